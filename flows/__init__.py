@@ -1,0 +1,1 @@
+"""Prefect flows and the ``sailor`` command line (the outermost layer)."""

@@ -1,0 +1,244 @@
+"""The plan: how a job is split into pipeline stages and data-parallel replicas.
+
+One format serves the CLI, the planner's output, the simulator and the engine
+(see the plan-file section of DESIGN.md).  ``load_plan``/``plan_from_dict``
+validate untrusted input with pydantic; ``validate_plan`` checks the plan
+against the model and GPU catalogs.
+
+Routing rule shared by simulator, planner and engine: micro-batch ``m`` of an
+iteration is processed in stage ``i`` by replica ``m mod D_i``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pydantic
+
+from sailor_core.catalog.gpus import get_gpu, normalize_gpu_name
+from sailor_core.catalog.models import ModelSpec, get_model, normalize_model_name
+from sailor_core.errors import InputError, PlanError, UnknownNameError
+from sailor_core.zones import parse_zone
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Replica:
+    """One data-parallel copy of a stage on ``tp_degree`` GPUs of one node."""
+
+    gpu: str
+    tp_degree: int
+    zone: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Stage:
+    layer_start: int  # inclusive
+    layer_end: int  # exclusive
+    replicas: tuple[Replica, ...]
+
+    @property
+    def num_layers(self) -> int:
+        return self.layer_end - self.layer_start
+
+    @property
+    def dp_degree(self) -> int:
+        return len(self.replicas)
+
+    @property
+    def num_gpus(self) -> int:
+        return sum(r.tp_degree for r in self.replicas)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Plan:
+    model: str
+    global_batch_size: int
+    micro_batch_size: int
+    stages: tuple[Stage, ...]
+    seq_len: int | None = None
+    regime: str | None = None
+
+    @property
+    def pp_degree(self) -> int:
+        return len(self.stages)
+
+    @property
+    def num_microbatches(self) -> int:
+        """Micro-batches per iteration, over all replicas."""
+        return self.global_batch_size // self.micro_batch_size
+
+    @property
+    def num_gpus(self) -> int:
+        return sum(s.num_gpus for s in self.stages)
+
+    def gpus_by_type_zone(self) -> dict[tuple[str, str], int]:
+        counts: dict[tuple[str, str], int] = {}
+        for stage in self.stages:
+            for r in stage.replicas:
+                key = (r.gpu, r.zone)
+                counts[key] = counts.get(key, 0) + r.tp_degree
+        return counts
+
+    def effective_seq_len(self) -> int:
+        return self.seq_len or get_model(self.model).seq_len
+
+    def replica_for_microbatch(self, stage_index: int, microbatch: int) -> int:
+        return microbatch % self.stages[stage_index].dp_degree
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "model": self.model,
+            "global_batch_size": self.global_batch_size,
+            "micro_batch_size": self.micro_batch_size,
+            "stages": [
+                {
+                    "layers": [s.layer_start, s.layer_end],
+                    "replicas": [
+                        {"gpu": r.gpu, "tp": r.tp_degree, "zone": r.zone} for r in s.replicas
+                    ],
+                }
+                for s in self.stages
+            ],
+        }
+        if self.seq_len is not None:
+            out["seq_len"] = self.seq_len
+        if self.regime is not None:
+            out["regime"] = self.regime
+        return out
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2)
+
+
+# ---- untrusted input -------------------------------------------------------
+
+
+class _ReplicaIn(pydantic.BaseModel):
+    model_config = pydantic.ConfigDict(extra="forbid", strict=True)
+    gpu: str
+    tp: int = pydantic.Field(1, ge=1)
+    zone: str = "local"
+
+
+class _StageIn(pydantic.BaseModel):
+    model_config = pydantic.ConfigDict(extra="forbid", strict=True)
+    layers: list[int] = pydantic.Field(min_length=2, max_length=2)
+    replicas: list[_ReplicaIn] = pydantic.Field(min_length=1)
+
+
+class _PlanIn(pydantic.BaseModel):
+    model_config = pydantic.ConfigDict(extra="forbid", strict=True)
+    model: str
+    global_batch_size: int = pydantic.Field(ge=1)
+    micro_batch_size: int = pydantic.Field(ge=1)
+    stages: list[_StageIn] = pydantic.Field(min_length=1)
+    seq_len: int | None = pydantic.Field(None, ge=1)
+    regime: str | None = None
+
+
+def format_validation_error(exc: pydantic.ValidationError, what: str) -> str:
+    """One line naming the first problem of a pydantic error."""
+    err = exc.errors()[0]
+    where = ".".join(str(p) for p in err.get("loc", ())) or "top level"
+    more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
+    return f"invalid {what}: {where}: {err.get('msg', 'invalid')}{more}"
+
+
+def plan_from_dict(data: Any, *, validate: bool = True) -> Plan:
+    """Build a Plan from parsed JSON; raises PlanError naming the problem."""
+    try:
+        raw = _PlanIn.model_validate(data)
+    except pydantic.ValidationError as exc:
+        raise PlanError(format_validation_error(exc, "plan")) from None
+    try:
+        plan = Plan(
+            model=normalize_model_name(raw.model),
+            global_batch_size=raw.global_batch_size,
+            micro_batch_size=raw.micro_batch_size,
+            seq_len=raw.seq_len,
+            regime=raw.regime,
+            stages=tuple(
+                Stage(
+                    layer_start=s.layers[0],
+                    layer_end=s.layers[1],
+                    replicas=tuple(
+                        Replica(gpu=normalize_gpu_name(r.gpu), tp_degree=r.tp, zone=r.zone)
+                        for r in s.replicas
+                    ),
+                )
+                for s in raw.stages
+            ),
+        )
+    except UnknownNameError as exc:
+        raise PlanError(f"invalid plan: {exc}") from None
+    if validate:
+        validate_plan(plan)
+    return plan
+
+
+def load_plan(path: str | Path) -> Plan:
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise InputError(f"cannot read plan file {str(path)!r}: {exc.strerror or exc}") from None
+    try:
+        data = json.loads(text)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise PlanError(f"plan file {str(path)!r} is not valid JSON: {exc}") from None
+    return plan_from_dict(data)
+
+
+def validate_plan(plan: Plan, model: ModelSpec | None = None) -> None:
+    """Check layer coverage, batch sizes, TP degrees and zones; PlanError on the first problem."""
+    model = model or get_model(plan.model)
+    n = model.num_layer_indices
+    if plan.global_batch_size % plan.micro_batch_size:
+        raise PlanError(
+            f"global_batch_size {plan.global_batch_size} is not a multiple of "
+            f"micro_batch_size {plan.micro_batch_size}"
+        )
+    expected = 0
+    for i, stage in enumerate(plan.stages):
+        if stage.layer_start != expected:
+            problem = "overlaps" if stage.layer_start < expected else "leaves a gap before"
+            raise PlanError(
+                f"stage {i} starts at layer {stage.layer_start} and {problem} layer {expected}: "
+                f"stages must cover layers 0..{n - 1} of {model.name} in order, each once"
+            )
+        if stage.layer_end <= stage.layer_start:
+            raise PlanError(f"stage {i} has an empty layer range [{stage.layer_start}, {stage.layer_end})")
+        expected = stage.layer_end
+        for j, rep in enumerate(stage.replicas):
+            gpu = get_gpu(rep.gpu)
+            if rep.tp_degree not in _valid_tp_degrees(gpu.max_gpus_per_node):
+                raise PlanError(
+                    f"stage {i} replica {j}: TP degree {rep.tp_degree} does not fit a {gpu.name} "
+                    f"node (at most {gpu.max_gpus_per_node} GPUs per node, power of two)"
+                )
+            if model.num_heads % rep.tp_degree:
+                raise PlanError(
+                    f"stage {i} replica {j}: TP degree {rep.tp_degree} does not divide "
+                    f"{model.name}'s {model.num_heads} attention heads"
+                )
+            try:
+                parse_zone(rep.zone)
+            except UnknownNameError as exc:
+                raise PlanError(f"stage {i} replica {j}: {exc}") from None
+    if expected != n:
+        raise PlanError(
+            f"stages end at layer {expected} but {model.name} has layers 0..{n - 1}: "
+            f"layers {expected}..{n - 1} are not covered"
+        )
+    if plan.num_microbatches < max(s.dp_degree for s in plan.stages):
+        raise PlanError(
+            f"{plan.num_microbatches} micro-batches per iteration cannot keep "
+            f"{max(s.dp_degree for s in plan.stages)} replicas of a stage busy"
+        )
+
+
+def _valid_tp_degrees(max_per_node: int) -> set[int]:
+    return {d for d in (1, 2, 4, 8, 16) if d <= max_per_node}
