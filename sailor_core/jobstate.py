@@ -1,0 +1,335 @@
+"""The state of one training job, and where it is kept between flow runs.
+
+A job outlives any one flow run: a restarted run (after a crash, a cancel, a
+lost flow process) loads this state and continues the same job -- same job id,
+next attempt, resume from the last checkpoint, spend carried over -- instead of
+starting over.  Every change is a pure function returning a new ``JobState``;
+``JobStore`` writes it as one JSON document per job to a local directory or
+any fsspec URL (``file://``, ``s3://``, ``gs://``).
+
+Spend is derived from the instance records (running time x price) so the
+persisted state needs no separate ledger document: the cost ledger is rebuilt
+from it on restart.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import secrets
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sailor_core.errors import InputError
+
+STATE_VERSION = 1
+
+# Final statuses: a job in one of them is never resumed.
+SUCCEEDED = "succeeded"
+STOPPED_BUDGET = "stopped_budget"
+FAILED = "failed"
+CANCELLED = "cancelled"
+FINAL_STATUSES = (SUCCEEDED, STOPPED_BUDGET, FAILED, CANCELLED)
+PENDING = "pending"
+RUNNING = "running"
+RECOVERING = "recovering"
+
+
+def sailor_home() -> Path:
+    """Root of Sailor's local files (jobs, Prefect server database): ``$SAILOR_HOME`` or ``~/.sailor``."""
+    return Path(os.environ.get("SAILOR_HOME") or Path.home() / ".sailor")
+
+
+def default_jobs_url() -> str:
+    return str(sailor_home() / "jobs")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobSpec:
+    """What the user asked for; fixed for the life of the job."""
+
+    model: str
+    budget_usd: float
+    steps: int
+    dataset: str = "synthetic"
+    max_usd_per_hr: float | None = None
+    min_throughput_samples_per_s: float | None = None
+    clouds: tuple[str, ...] = ()
+    zones: tuple[str, ...] = ()
+    gpus: tuple[str, ...] = ()
+    spot: bool = True
+    on_demand_fallback: bool = False
+    objective: str = "throughput"
+    checkpoint_url: str = ""
+    checkpoint_every_steps: int = 5
+    preempt_at_steps: tuple[int, ...] = ()  # injected on the embedded cloud only
+    global_batch_size: int | None = None
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.budget_usd > 0:
+            raise InputError(f"budget must be positive, got {self.budget_usd} USD")
+        if self.steps < 1:
+            raise InputError(f"steps must be at least 1, got {self.steps}")
+        if self.checkpoint_every_steps < 1:
+            raise InputError(f"checkpoint interval must be at least 1 step, got {self.checkpoint_every_steps}")
+        if self.max_usd_per_hr is not None and not self.max_usd_per_hr > 0:
+            raise InputError(f"USD/h cap must be positive, got {self.max_usd_per_hr}")
+        if any(s < 1 for s in self.preempt_at_steps):
+            raise InputError(f"preemption steps must be positive, got {list(self.preempt_at_steps)}")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class InstanceRecord:
+    """One rented instance, from launch to its end; what the ledger charges."""
+
+    instance_id: str
+    cloud: str
+    zone: str
+    instance_type: str
+    gpu: str
+    num_gpus: int
+    usd_per_hr: float
+    spot: bool
+    attempt: int
+    launched_unix_s: float
+    ended_unix_s: float | None = None
+    end_reason: str | None = None  # "preempted", "terminated", "lost"
+
+    @property
+    def running(self) -> bool:
+        return self.ended_unix_s is None
+
+    def cost_usd(self, now_unix_s: float) -> float:
+        end = self.ended_unix_s if self.ended_unix_s is not None else now_unix_s
+        return max(0.0, end - self.launched_unix_s) * self.usd_per_hr / 3600.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ReplanRecord:
+    """One (re-)plan: why it happened and what was chosen."""
+
+    attempt: int
+    at_step: int
+    reason: str
+    plan: dict[str, Any]
+    usd_per_hr: float
+    throughput_samples_per_s: float
+    at_unix_s: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobState:
+    job_id: str
+    spec: JobSpec
+    status: str = PENDING
+    status_reason: str = ""
+    attempt: int = 0  # 0 before the first launch; +1 per (re-)launch
+    plan: dict[str, Any] | None = None
+    instances: tuple[InstanceRecord, ...] = ()
+    steps_done: int = 0
+    last_checkpoint_step: int | None = None
+    last_loss: float | None = None
+    losses: tuple[tuple[int, float], ...] = ()  # (step, loss) as reported by rank 0
+    replans: tuple[ReplanRecord, ...] = ()
+    num_preemptions: int = 0
+    num_flow_runs: int = 0
+    created_unix_s: float = field(default_factory=time.time)
+    updated_unix_s: float = field(default_factory=time.time)
+    version: int = STATE_VERSION
+
+    @property
+    def finished(self) -> bool:
+        return self.status in FINAL_STATUSES
+
+    def running_instances(self) -> tuple[InstanceRecord, ...]:
+        return tuple(i for i in self.instances if i.running)
+
+    def usd_spent(self, now_unix_s: float | None = None) -> float:
+        now = time.time() if now_unix_s is None else now_unix_s
+        return sum(i.cost_usd(now) for i in self.instances)
+
+    def spend_by(self, now_unix_s: float | None = None) -> dict[str, float]:
+        """USD per (cloud, zone, instance type), for the cost report."""
+        now = time.time() if now_unix_s is None else now_unix_s
+        out: dict[str, float] = {}
+        for i in self.instances:
+            key = f"{i.cloud}/{i.zone}/{i.instance_type}"
+            out[key] = out.get(key, 0.0) + i.cost_usd(now)
+        return out
+
+
+# ---- transitions -------------------------------------------------------------
+
+
+def _touch(state: JobState, **changes: Any) -> JobState:
+    return dataclasses.replace(state, updated_unix_s=time.time(), **changes)
+
+
+def new_job(spec: JobSpec, job_id: str | None = None) -> JobState:
+    return JobState(job_id=job_id or new_job_id(spec.model), spec=spec)
+
+
+def new_job_id(model: str) -> str:
+    safe = "".join(c if c.isalnum() else "-" for c in model.lower()).strip("-")
+    return f"{safe}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{secrets.token_hex(2)}"
+
+
+def with_status(state: JobState, status: str, reason: str = "") -> JobState:
+    return _touch(state, status=status, status_reason=reason)
+
+
+def with_flow_run(state: JobState) -> JobState:
+    return _touch(state, num_flow_runs=state.num_flow_runs + 1)
+
+
+def with_plan(state: JobState, *, plan: dict[str, Any], reason: str, usd_per_hr: float,
+              throughput_samples_per_s: float, now_unix_s: float | None = None) -> JobState:
+    """A new attempt under ``plan``; the reason is kept for the re-plan history."""
+    attempt = state.attempt + 1
+    record = ReplanRecord(
+        attempt=attempt,
+        at_step=state.last_checkpoint_step or 0,
+        reason=reason,
+        plan=plan,
+        usd_per_hr=usd_per_hr,
+        throughput_samples_per_s=throughput_samples_per_s,
+        at_unix_s=time.time() if now_unix_s is None else now_unix_s,
+    )
+    return _touch(state, attempt=attempt, plan=plan, replans=state.replans + (record,))
+
+
+def with_instances_launched(state: JobState, records: tuple[InstanceRecord, ...]) -> JobState:
+    known = {i.instance_id for i in state.instances}
+    return _touch(state, instances=state.instances + tuple(r for r in records if r.instance_id not in known))
+
+
+def with_instances_ended(state: JobState, instance_ids: set[str] | frozenset[str], reason: str,
+                         now_unix_s: float | None = None) -> JobState:
+    """Close the records of ``instance_ids`` that are still open; preemptions are counted."""
+    now = time.time() if now_unix_s is None else now_unix_s
+    num_new_preemptions = 0
+    out = []
+    for i in state.instances:
+        if i.instance_id in instance_ids and i.running:
+            i = dataclasses.replace(i, ended_unix_s=now, end_reason=reason)
+            num_new_preemptions += reason == "preempted"
+        out.append(i)
+    return _touch(state, instances=tuple(out), num_preemptions=state.num_preemptions + num_new_preemptions)
+
+
+def with_progress(state: JobState, *, steps_done: int | None = None,
+                  last_checkpoint_step: int | None = None,
+                  losses: list[tuple[int, float]] | tuple[tuple[int, float], ...] = ()) -> JobState:
+    """Record progress; losses of re-done steps replace the earlier ones (same step, same samples)."""
+    by_step = dict(state.losses)
+    by_step.update((int(s), float(v)) for s, v in losses)
+    merged = tuple(sorted(by_step.items()))
+    changes: dict[str, Any] = {"losses": merged}
+    if merged:
+        changes["last_loss"] = merged[-1][1]
+    if steps_done is not None:
+        changes["steps_done"] = steps_done
+    if last_checkpoint_step is not None:
+        changes["last_checkpoint_step"] = last_checkpoint_step
+    return _touch(state, **changes)
+
+
+# ---- serialisation -----------------------------------------------------------
+
+
+def state_to_dict(state: JobState) -> dict[str, Any]:
+    return dataclasses.asdict(state)
+
+
+def state_from_dict(data: Any) -> JobState:
+    """Rebuild a JobState from its JSON form; InputError when it is not one."""
+    try:
+        if data.get("version") != STATE_VERSION:
+            raise InputError(f"job state version {data.get('version')!r} is not {STATE_VERSION}")
+        spec_raw = dict(data["spec"])
+        for key in ("clouds", "zones", "gpus", "preempt_at_steps"):
+            spec_raw[key] = tuple(spec_raw.get(key) or ())
+        spec = JobSpec(**spec_raw)
+        return JobState(
+            **{
+                **data,
+                "spec": spec,
+                "instances": tuple(InstanceRecord(**i) for i in data["instances"]),
+                "replans": tuple(ReplanRecord(**r) for r in data["replans"]),
+                "losses": tuple((int(s), float(v)) for s, v in data["losses"]),
+            }
+        )
+    except InputError:
+        raise
+    except (KeyError, TypeError, AttributeError, ValueError) as exc:
+        raise InputError(f"corrupt job state: {type(exc).__name__}: {exc}") from None
+
+
+class JobStore:
+    """One ``<root>/<job_id>/state.json`` per job; ``root`` is a path or fsspec URL."""
+
+    def __init__(self, root: str | None = None) -> None:
+        self.root = (root or default_jobs_url()).rstrip("/")
+
+    def _fs(self):
+        import fsspec
+
+        fs, path = fsspec.core.url_to_fs(self.root)
+        return fs, path
+
+    def job_url(self, job_id: str) -> str:
+        return f"{self.root}/{job_id}"
+
+    def save(self, state: JobState) -> None:
+        fs, root = self._fs()
+        path = f"{root}/{state.job_id}/state.json"
+        fs.makedirs(f"{root}/{state.job_id}", exist_ok=True)
+        text = json.dumps(state_to_dict(state), indent=1)
+        if _is_local(fs):
+            # Write then rename: a reader (or a crash) never sees half a state.
+            tmp = f"{path}.tmp-{os.getpid()}"
+            with open(tmp, "w") as f:
+                f.write(text)
+            os.replace(tmp, path)
+        else:
+            with fs.open(path, "w") as f:  # object stores replace whole objects
+                f.write(text)
+
+    def load(self, job_id: str) -> JobState:
+        fs, root = self._fs()
+        path = f"{root}/{job_id}/state.json"
+        if not fs.exists(path):
+            raise InputError(f"no job {job_id!r} under {self.root}")
+        with fs.open(path, "r") as f:
+            try:
+                data = json.load(f)
+            except json.JSONDecodeError as exc:
+                raise InputError(f"job state of {job_id!r} is not valid JSON: {exc}") from None
+        return state_from_dict(data)
+
+    def exists(self, job_id: str) -> bool:
+        fs, root = self._fs()
+        return fs.exists(f"{root}/{job_id}/state.json")
+
+    def list(self) -> list[JobState]:
+        """Every readable job, newest first; unreadable ones are skipped (a listing must not fail)."""
+        fs, root = self._fs()
+        if not fs.exists(root):
+            return []
+        out = []
+        for entry in fs.ls(root, detail=False):
+            job_id = entry.rstrip("/").rsplit("/", 1)[-1]
+            try:
+                out.append(self.load(job_id))
+            except InputError:
+                continue
+        return sorted(out, key=lambda s: s.created_unix_s, reverse=True)
+
+
+def _is_local(fs: Any) -> bool:
+    protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
+    return protocol in ("file", "local")

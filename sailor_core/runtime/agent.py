@@ -1,0 +1,262 @@
+"""The instance agent: turns a job assignment into training worker processes.
+
+Every instance a job rents runs this agent from its startup script
+(``python -m sailor_core.runtime.agent --job-url URL``).  The agent and the
+train-job flow talk through small JSON documents under the job's URL (a local
+directory or an fsspec URL such as ``s3://bucket/jobs/<job>``), so neither
+needs to reach the other over the network:
+
+- ``agents/<instance_id>/assignment.json`` (written by the flow): a generation
+  number, ``action`` (``run`` or ``stop``), the plan, this instance's global
+  ranks, the world size, the rendezvous address and port, the step target, the
+  checkpoint URL and whether to resume.  A higher generation replaces the
+  current one: the agent stops its workers and starts the new ones.
+- ``agents/<instance_id>/status.json`` (written by the agent): the generation it
+  runs, its state, each rank's exit code and a heartbeat.
+
+Workers are started in the agent's own process group, so a preemption (SIGTERM
+to the group, the notice period, then SIGKILL) reaches them directly and they
+can make their emergency checkpoint; the agent only waits for them and reports.
+No torch import here: the agent must start fast and stay small.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ASSIGNMENT = "assignment.json"
+STATUS = "status.json"
+POLL_S = 0.2
+STOP_GRACE_S = 5.0
+
+# Agent states in status.json
+IDLE = "idle"
+RUNNING = "running"
+EXITED = "exited"  # every worker of the generation exited 0
+FAILED = "failed"  # a worker exited non-zero
+PREEMPTED = "preempted"  # the agent itself got SIGTERM
+
+
+# ---- the shared JSON documents (used by the flow too) --------------------------
+
+
+def agent_url(job_url: str, instance_id: str) -> str:
+    return f"{job_url.rstrip('/')}/agents/{instance_id}"
+
+
+def write_json(url: str, data: dict[str, Any]) -> None:
+    """Write a whole document; readers see the old one or the new one, never half."""
+    text = json.dumps(data)
+    if "://" not in url or url.startswith("file://"):
+        path = Path(url.removeprefix("file://"))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(text)
+        os.replace(tmp, path)
+        return
+    import fsspec
+
+    with fsspec.open(url, "w") as f:
+        f.write(text)
+
+
+def read_json(url: str) -> dict[str, Any] | None:
+    """The document at ``url``, or None when it is missing or unreadable (being replaced)."""
+    try:
+        if "://" not in url or url.startswith("file://"):
+            return json.loads(Path(url.removeprefix("file://")).read_text())
+        import fsspec
+
+        with fsspec.open(url, "r") as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+    except Exception as exc:  # an object store's own not-found error types
+        if "NotFound" in type(exc).__name__ or "NoSuchKey" in str(exc):
+            return None
+        raise
+
+
+def write_assignment(job_url: str, instance_id: str, assignment: dict[str, Any]) -> None:
+    write_json(f"{agent_url(job_url, instance_id)}/{ASSIGNMENT}", assignment)
+
+
+def read_status(job_url: str, instance_id: str) -> dict[str, Any] | None:
+    return read_json(f"{agent_url(job_url, instance_id)}/{STATUS}")
+
+
+def worker_command(assignment: dict[str, Any], plan_path: Path, python: str = sys.executable) -> list[str]:
+    """The engine's worker command line (its contract: docs/CONTRACTS.md, Engine)."""
+    cmd = [
+        python, "-m", "sailor_core.runtime.worker",
+        "--plan", str(plan_path),
+        "--steps", str(int(assignment["steps"])),
+        "--data", str(assignment["data"]),
+        "--ckpt-dir", str(assignment["ckpt_url"]),
+        "--ckpt-every", str(int(assignment["ckpt_every"])),
+    ]
+    if assignment.get("resume"):
+        cmd.append("--resume")
+    cmd += [str(a) for a in assignment.get("extra_worker_args", ())]
+    return cmd
+
+
+# ---- the agent -----------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _Generation:
+    number: int
+    procs: dict[int, subprocess.Popen] = field(default_factory=dict)  # global rank -> process
+    exit_codes: dict[int, int] = field(default_factory=dict)
+    log_dir: Path | None = None
+
+
+class Agent:
+    def __init__(self, job_url: str, instance_id: str, work_dir: Path) -> None:
+        self.job_url = job_url
+        self.instance_id = instance_id
+        self.base = agent_url(job_url, instance_id)
+        self.work_dir = work_dir
+        self.current: _Generation | None = None
+        self.terminating = False
+        self._last_status: dict[str, Any] | None = None
+        self._last_status_s = 0.0
+
+    # -- workers --
+    def _start(self, assignment: dict[str, Any]) -> _Generation:
+        gen = _Generation(number=int(assignment["generation"]))
+        if assignment.get("action", "run") != "run":
+            return gen
+        log_dir = self.work_dir / f"gen{gen.number}"
+        log_dir.mkdir(parents=True, exist_ok=True)
+        gen.log_dir = log_dir
+        plan_path = log_dir / "plan.json"
+        plan_path.write_text(json.dumps(assignment["plan"]))
+        ranks = [int(r) for r in assignment["ranks"]]
+        cmd = worker_command(assignment, plan_path)
+        for local_rank, rank in enumerate(ranks):
+            env = {
+                **os.environ,
+                **{str(k): str(v) for k, v in assignment.get("env", {}).items()},
+                "MASTER_ADDR": str(assignment["master_addr"]),
+                "MASTER_PORT": str(assignment["master_port"]),
+                "RANK": str(rank),
+                "WORLD_SIZE": str(int(assignment["world_size"])),
+                "LOCAL_RANK": str(local_rank),
+                "LOCAL_WORLD_SIZE": str(len(ranks)),
+                "SAILOR_ATTEMPT": str(assignment.get("attempt", 0)),
+                "SAILOR_GENERATION": str(gen.number),
+            }
+            log = open(log_dir / f"rank{rank}.log", "ab")
+            # Same process group as the agent: a preemption's SIGTERM reaches the workers.
+            gen.procs[rank] = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                               stdin=subprocess.DEVNULL, cwd=assignment.get("cwd") or None)
+            log.close()
+        return gen
+
+    def _stop(self, gen: _Generation, grace_s: float = STOP_GRACE_S) -> None:
+        live = [p for p in gen.procs.values() if p.poll() is None]
+        for p in live:
+            p.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        for p in live:
+            try:
+                p.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        self._collect(gen)
+
+    @staticmethod
+    def _collect(gen: _Generation) -> None:
+        for rank, p in gen.procs.items():
+            code = p.poll()
+            if code is not None:
+                gen.exit_codes[rank] = code
+
+    def _state(self) -> str:
+        gen = self.current
+        if self.terminating:
+            return PREEMPTED
+        if gen is None or not gen.procs:
+            return IDLE
+        if any(code != 0 for code in gen.exit_codes.values()):
+            return FAILED
+        if len(gen.exit_codes) == len(gen.procs):
+            return EXITED
+        return RUNNING
+
+    def _report(self, force: bool = False) -> None:
+        gen = self.current
+        status = {
+            "instance_id": self.instance_id,
+            "generation": gen.number if gen else -1,
+            "state": self._state(),
+            "exit_codes": {str(r): c for r, c in sorted(gen.exit_codes.items())} if gen else {},
+            "pids": {str(r): p.pid for r, p in gen.procs.items()} if gen else {},
+            "log_dir": str(gen.log_dir) if gen and gen.log_dir else None,
+        }
+        now = time.time()
+        if force or status != self._last_status or now - self._last_status_s > 1.0:
+            write_json(f"{self.base}/{STATUS}", {**status, "heartbeat_unix_s": now})
+            self._last_status, self._last_status_s = status, now
+
+    # -- main loop --
+    def run(self, *, max_idle_s: float | None = None) -> int:
+        signal.signal(signal.SIGTERM, self._on_sigterm)
+        idle_since = time.monotonic()
+        self._report(force=True)
+        while not self.terminating:
+            assignment = read_json(f"{self.base}/{ASSIGNMENT}")
+            if assignment is not None and (self.current is None or int(assignment["generation"]) > self.current.number):
+                if self.current is not None:
+                    self._stop(self.current)
+                self.current = self._start(assignment)
+                self._report(force=True)
+                if assignment.get("action") == "shutdown":
+                    return 0
+            if self.current is not None:
+                self._collect(self.current)
+                idle_since = time.monotonic() if self._state() == RUNNING else idle_since
+            if max_idle_s is not None and time.monotonic() - idle_since > max_idle_s:
+                return 0
+            self._report()
+            time.sleep(POLL_S)
+        # Preempted: the workers got the same SIGTERM; give them the notice period to checkpoint.
+        if self.current is not None:
+            self._stop(self.current, grace_s=float(os.environ.get("SAILOR_NOTICE_S", "30")))
+        self._report(force=True)
+        return 128 + signal.SIGTERM
+
+    def _on_sigterm(self, signum, frame) -> None:
+        self.terminating = True
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m sailor_core.runtime.agent", description=__doc__.splitlines()[0])
+    parser.add_argument("--job-url", required=True, help="the job's directory or fsspec URL")
+    parser.add_argument("--instance-id", default=os.environ.get("SAILOR_INSTANCE_ID"))
+    parser.add_argument("--work-dir", default=None, help="local directory for plans and worker logs")
+    parser.add_argument("--max-idle-s", type=float, default=None,
+                        help="exit after this long with no running workers (default: never)")
+    args = parser.parse_args(argv)
+    if not args.instance_id:
+        sys.stderr.write("error: no instance id (--instance-id or SAILOR_INSTANCE_ID)\n")
+        return 2
+    work_dir = Path(args.work_dir or Path(os.environ.get("TMPDIR", "/tmp")) / f"sailor-agent-{args.instance_id}")
+    work_dir.mkdir(parents=True, exist_ok=True)
+    return Agent(args.job_url, args.instance_id, work_dir).run(max_idle_s=args.max_idle_s)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
