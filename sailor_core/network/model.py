@@ -1,0 +1,241 @@
+"""Bandwidth and egress price between GPU endpoints.
+
+Where Sailor measured a link (``multizone_bandwidths_het.json``: A100-40,
+V100-16, GH-96 and RTX cards in five GCP zones; ``intra_node_bandwidths.json``
+inside a node) its fitted curve is used, inside its measured range.  Every
+other pair (H100, H200, L4, T4, AWS zones, local processes, mixed pairs that
+were never measured) gets a default for its link class: a latency plus a
+bandwidth, so small messages stay latency-bound like the measured ones.
+
+Egress is charged per byte leaving a zone: Sailor's GCP table where it has the
+pair, otherwise the usual list prices by class (same zone free, cross-zone
+0.01, cross-region 0.02, intercontinental 0.05, across clouds over the
+internet 0.09 USD/GB).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass, field
+from enum import Enum
+from functools import lru_cache
+from typing import Sequence
+
+from sailor_core.network._data import load_egress_table, load_inter_fits, load_intra_fits
+from sailor_core.network.fits import BandwidthFit
+from sailor_core.zones import Zone, parse_zone
+
+# Sailor's data-parallel sync splits gradients into buckets of this size (DeepSpeed's default).
+ALLREDUCE_BUCKET_BYTES = 5e8
+
+
+class LinkClass(str, Enum):
+    INTRA_NODE = "intra_node"
+    LOCAL = "local"  # processes of one machine (zone "local"), e.g. gloo over loopback
+    SAME_ZONE = "same_zone"
+    CROSS_ZONE = "cross_zone"  # same region, another zone
+    CROSS_REGION = "cross_region"  # same cloud
+    CROSS_CLOUD = "cross_cloud"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Endpoint:
+    """One side of a transfer: ``num_gpus`` GPUs of one node sending (or receiving) at once."""
+
+    zone: str
+    gpu: str
+    num_gpus: int = 1
+    node: str | None = None  # equal non-None ids mean the same physical node
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LinkDefault:
+    """A link without a measured curve: ``time = latency_s + bytes / (bw_1gpu * k**count_exponent)``."""
+
+    bw_1gpu_bytes_per_s: float
+    latency_s: float
+
+
+# Defaults for one GPU per side, read off Sailor's own measurements where the
+# class has them (A100-40 in us-central1: ~2.4 GB/s same zone, ~2.2 GB/s across
+# zones, ~0.5 GB/s to us-west1; ~0.1 ms to move 64 KiB in a zone) and public
+# cloud figures elsewhere (cross-cloud over the internet, loopback TCP).
+DEFAULT_LINKS: dict[LinkClass, LinkDefault] = {
+    LinkClass.LOCAL: LinkDefault(bw_1gpu_bytes_per_s=3e9, latency_s=50e-6),
+    LinkClass.SAME_ZONE: LinkDefault(bw_1gpu_bytes_per_s=2.4e9, latency_s=0.1e-3),
+    LinkClass.CROSS_ZONE: LinkDefault(bw_1gpu_bytes_per_s=2.2e9, latency_s=0.3e-3),
+    LinkClass.CROSS_REGION: LinkDefault(bw_1gpu_bytes_per_s=0.5e9, latency_s=5e-3),
+    LinkClass.CROSS_CLOUD: LinkDefault(bw_1gpu_bytes_per_s=0.25e9, latency_s=10e-3),
+}
+# Aggregate bandwidth of k concurrent GPU pairs grows like k**0.65: Sailor's
+# A100-40 same-zone fits give 2.4 / 3.7 / 6.0 GB/s for k = 1 / 2 / 4.
+COUNT_EXPONENT = 0.65
+INTRA_NODE_LATENCY_S = 5e-6
+
+# USD per GB (1e9 bytes) leaving a zone, by class, where no table entry exists.
+DEFAULT_EGRESS_USD_PER_GB: dict[str, float] = {
+    "same_zone": 0.0,
+    "local": 0.0,
+    "cross_zone": 0.01,
+    "cross_region": 0.02,
+    "cross_continent": 0.05,
+    "cross_cloud": 0.09,
+}
+
+
+def link_class(src_zone: str, dst_zone: str) -> LinkClass:
+    a, b = parse_zone(src_zone), parse_zone(dst_zone)
+    if a.cloud == "local" and b.cloud == "local":
+        return LinkClass.LOCAL
+    if a.cloud != b.cloud:
+        return LinkClass.CROSS_CLOUD
+    if a.name == b.name:
+        return LinkClass.SAME_ZONE
+    if a.region == b.region:
+        return LinkClass.CROSS_ZONE
+    return LinkClass.CROSS_REGION
+
+
+def _continent(zone: Zone) -> str:
+    prefix = zone.region.split("-", 1)[0]
+    return {"eu": "europe", "ap": "asia"}.get(prefix, prefix)
+
+
+@dataclass(frozen=True, slots=True)
+class _Link:
+    """A resolved link: either a fit or a default, ready to time a message."""
+
+    fit: BandwidthFit | None
+    default_bw_bytes_per_s: float
+    latency_s: float
+    num_pairs: int
+    link_class: LinkClass
+
+    def time_s(self, num_bytes: float) -> float:
+        if num_bytes <= 0:
+            return 0.0
+        if self.fit is not None:
+            # Fits give aggregate bandwidth over k pairs for a per-pair message size.
+            return num_bytes / self.fit.bandwidth_bytes_per_s(num_bytes / self.num_pairs)
+        return self.latency_s + num_bytes / self.default_bw_bytes_per_s
+
+
+@dataclass(slots=True, kw_only=True)
+class NetworkModel:
+    """Transfer times and egress prices between endpoints; see the module docstring.
+
+    ``inter_fits[(src_zone, src_gpu, k_src, dst_zone, dst_gpu, k_dst)]``,
+    ``intra_fits[(gpu, world_size)]``, ``egress_usd_per_gb[(src_zone, dst_zone)]``.
+    """
+
+    inter_fits: dict[tuple[str, str, int, str, str, int], BandwidthFit] = field(default_factory=dict)
+    intra_fits: dict[tuple[str, int], BandwidthFit] = field(default_factory=dict)
+    egress_usd_per_gb: dict[tuple[str, str], float] = field(default_factory=dict)
+    defaults: dict[LinkClass, LinkDefault] = field(default_factory=lambda: dict(DEFAULT_LINKS))
+    _links: dict = field(default_factory=dict, repr=False)
+
+    # ---- point to point -------------------------------------------------------
+
+    def link(self, src: Endpoint, dst: Endpoint) -> _Link:
+        key = (src, dst)
+        found = self._links.get(key)
+        if found is None:
+            found = self._links[key] = self._resolve(src, dst)
+        return found
+
+    def p2p_time_s(self, num_bytes: float, src: Endpoint, dst: Endpoint) -> float:
+        """Seconds to move ``num_bytes`` (in total, split over min(k_src, k_dst) GPU pairs)."""
+        return self.link(src, dst).time_s(num_bytes)
+
+    def link_class(self, src: Endpoint, dst: Endpoint) -> LinkClass:
+        return self.link(src, dst).link_class
+
+    def _resolve(self, src: Endpoint, dst: Endpoint) -> _Link:
+        k = max(1, min(src.num_gpus, dst.num_gpus))
+        if src.node is not None and src.node == dst.node:
+            return self._intra_node(src.gpu, k)
+        cls = link_class(src.zone, dst.zone)
+        # Fits exist for 1, 2, 4 (and 8) GPUs per side: use the largest measured count <= k.
+        for count in (c for c in (8, 4, 2, 1) if c <= k):
+            fit = self.inter_fits.get((src.zone, src.gpu, count, dst.zone, dst.gpu, count))
+            if fit is not None:
+                return _Link(fit, 0.0, 0.0, count, cls)
+        d = self.defaults[cls]
+        return _Link(None, d.bw_1gpu_bytes_per_s * k**COUNT_EXPONENT, d.latency_s, k, cls)
+
+    def _intra_node(self, gpu: str, k: int) -> _Link:
+        # intra fits are keyed by the test's world size: k senders + k receivers.
+        for count in (c for c in (4, 2, 1) if c <= k):
+            fit = self.intra_fits.get((gpu, 2 * count))
+            if fit is not None:
+                return _Link(fit, 0.0, 0.0, count, LinkClass.INTRA_NODE)
+        from sailor_core.catalog.gpus import get_gpu
+
+        bw = get_gpu(gpu).intra_node_bw_bytes_per_s * k
+        return _Link(None, bw, INTRA_NODE_LATENCY_S, k, LinkClass.INTRA_NODE)
+
+    # ---- collectives ----------------------------------------------------------
+
+    def allreduce_time_s(
+        self, num_bytes: float, endpoints: Sequence[Endpoint], *,
+        bucket_bytes: float = ALLREDUCE_BUCKET_BYTES,
+    ) -> float:
+        """Bucketed ring all-reduce of ``num_bytes`` over ``endpoints``, paced by the slowest link.
+
+        One bucket of B bytes over N members takes 2(N-1) steps of B/N bytes each.
+        """
+        n = len(endpoints)
+        if n <= 1 or num_bytes <= 0:
+            return 0.0
+        num_full = int(num_bytes // bucket_bytes)
+        rest = num_bytes - num_full * bucket_bytes
+        distinct = list(dict.fromkeys(endpoints))
+        pairs = [(a, b) for a, b in itertools.permutations(distinct, 2)]
+        pairs += [(a, a) for a in distinct if endpoints.count(a) > 1]
+
+        def one_bucket(size: float) -> float:
+            if size <= 0:
+                return 0.0
+            step = max(self.p2p_time_s(size / n, a, b) for a, b in pairs)
+            return 2 * (n - 1) * step
+
+        return num_full * one_bucket(bucket_bytes) + one_bucket(rest)
+
+    # ---- money -----------------------------------------------------------------
+
+    def egress_usd_per_byte(self, src_zone: str, dst_zone: str) -> float:
+        return _egress_usd_per_gb(self.egress_usd_per_gb, src_zone, dst_zone) / 1e9
+
+
+def _egress_usd_per_gb(table: dict[tuple[str, str], float], src_zone: str, dst_zone: str) -> float:
+    price = table.get((src_zone, dst_zone))
+    if price is not None:
+        return price
+    return _default_egress_usd_per_gb(src_zone, dst_zone)
+
+
+@lru_cache(maxsize=4096)
+def _default_egress_usd_per_gb(src_zone: str, dst_zone: str) -> float:
+    cls = link_class(src_zone, dst_zone)
+    if cls is LinkClass.CROSS_REGION:
+        same = _continent(parse_zone(src_zone)) == _continent(parse_zone(dst_zone))
+        return DEFAULT_EGRESS_USD_PER_GB["cross_region" if same else "cross_continent"]
+    return DEFAULT_EGRESS_USD_PER_GB[cls.value]
+
+
+@lru_cache(maxsize=1)
+def default_network() -> NetworkModel:
+    """The network built from Sailor's published measurements plus the class defaults."""
+    return NetworkModel(
+        inter_fits=load_inter_fits(),
+        intra_fits=load_intra_fits(),
+        egress_usd_per_gb=load_egress_table(),
+    )
+
+
+def effective_bandwidth_bytes_per_s(network: NetworkModel, num_bytes: float,
+                                    src: Endpoint, dst: Endpoint) -> float:
+    """``num_bytes / time``: handy for tables and docs."""
+    t = network.p2p_time_s(num_bytes, src, dst)
+    return num_bytes / t if t > 0 else math.inf

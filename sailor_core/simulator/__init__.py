@@ -1,0 +1,46 @@
+"""Simulator: iteration time (by named parts), peak memory, cost and throughput of a plan.
+
+``simulate(plan)`` composes the per-stage building blocks in ``stage`` (compute,
+p2p, DP sync, update), ``memory`` (peak bytes per GPU) and ``schedule`` (1F1B);
+the planner calls the same blocks directly.  No torch, no cloud SDK.
+"""
+
+from sailor_core.simulator.memory import MemoryBreakdown, inflight_microbatches, stage_memory
+from sailor_core.simulator.result import BREAKDOWN_KEYS, ReplicaResult, SimResult, StageResult
+from sailor_core.simulator.schedule import PipelineTime, one_f_one_b
+from sailor_core.simulator.simulate import simulate, stage_memory_for, stage_peak_memory_bytes
+from sailor_core.simulator.stage import (
+    boundary_bytes,
+    boundary_transfer_s,
+    dp_sync_bytes,
+    link_microbatches,
+    microbatches_per_replica,
+    stage_compute_s,
+    stage_dp_sync_s,
+    stage_params,
+    stage_update_s,
+)
+
+__all__ = [
+    "BREAKDOWN_KEYS",
+    "MemoryBreakdown",
+    "PipelineTime",
+    "ReplicaResult",
+    "SimResult",
+    "StageResult",
+    "boundary_bytes",
+    "boundary_transfer_s",
+    "dp_sync_bytes",
+    "inflight_microbatches",
+    "link_microbatches",
+    "microbatches_per_replica",
+    "one_f_one_b",
+    "simulate",
+    "stage_compute_s",
+    "stage_dp_sync_s",
+    "stage_memory",
+    "stage_memory_for",
+    "stage_params",
+    "stage_peak_memory_bytes",
+    "stage_update_s",
+]

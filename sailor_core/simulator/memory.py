@@ -1,0 +1,107 @@
+"""Peak memory of one GPU holding a pipeline stage, from first principles.
+
+    peak = params x state_bytes_per_param            (weights + grads + optimizer, per regime)
+         + K x activation_bytes(stage, micro-batch)  (saved for backward; K micro-batches in flight)
+         + loss working memory                       (only the GPU holding the LM head)
+         + constant_overhead_bytes                   (CUDA context, workspaces; per regime)
+
+* ``activation_bytes`` is the profile's per-layer figure for one micro-batch.  It
+  includes what each micro-batch's forward keeps until its backward, e.g. the
+  bf16 weight copies autocast makes (``sailor_core/catalog/layers.py``).
+* K: under 1F1B, stage i of P starts at most P - i forwards before its first
+  backward, and never more than the micro-batches it processes, so
+  K = min(P - i, micro-batches routed to that replica).
+* Loss working memory: during the backward of the cross-entropy, the fp32
+  gradient of the log-probabilities and the fp32 gradient of the logits
+  (N x V/t elements each) exist at once on top of the saved tensors:
+  ``2 x 4 B x micro_batch x seq x ceil(V / tp)``.  It exists for one
+  micro-batch at a time (the last stage runs each backward right after its
+  forward), so it does not scale with K.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sailor_core.catalog.models import get_model
+from sailor_core.profiles.types import ModelProfile
+from sailor_core.regimes import TrainingRegime
+from sailor_core.simulator.tables import layer_table
+
+# fp32 gradient of the log-probabilities + fp32 gradient of the logits.
+LOSS_GRAD_BYTES_PER_LOGIT = 2 * 4
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MemoryBreakdown:
+    """Peak memory of one GPU, by part (bytes)."""
+
+    state_bytes: int  # weights + gradients + optimizer state
+    activation_bytes: int  # all micro-batches in flight
+    loss_working_bytes: int
+    overhead_bytes: int
+    num_params: int
+    num_inflight: int
+    capacity_bytes: int
+
+    @property
+    def peak_bytes(self) -> int:
+        return self.state_bytes + self.activation_bytes + self.loss_working_bytes + self.overhead_bytes
+
+    @property
+    def allocated_bytes(self) -> int:
+        """What the framework's allocator holds at the peak (all but the constant overhead)."""
+        return self.peak_bytes - self.overhead_bytes
+
+    @property
+    def fits(self) -> bool:
+        return self.peak_bytes <= self.capacity_bytes
+
+    def to_dict(self) -> dict[str, int | bool]:
+        return {
+            "peak_memory_bytes": self.peak_bytes,
+            "state_bytes": self.state_bytes,
+            "activation_bytes": self.activation_bytes,
+            "loss_working_bytes": self.loss_working_bytes,
+            "overhead_bytes": self.overhead_bytes,
+            "num_params": self.num_params,
+            "num_inflight": self.num_inflight,
+            "capacity_bytes": self.capacity_bytes,
+            "fits": self.fits,
+        }
+
+
+def inflight_microbatches(stage_index: int, num_stages: int, num_microbatches: int) -> int:
+    """Micro-batches whose activations a 1F1B stage holds at once: min(P - i, its micro-batches)."""
+    return max(1, min(num_stages - stage_index, num_microbatches))
+
+
+def loss_working_bytes(model: str, tp_degree: int, micro_batch_size: int, seq_len: int) -> int:
+    vocab_rows = -(-get_model(model).vocab_size // tp_degree)
+    return LOSS_GRAD_BYTES_PER_LOGIT * micro_batch_size * seq_len * vocab_rows
+
+
+def stage_memory(
+    profile: ModelProfile,
+    layer_start: int,
+    layer_end: int,
+    num_inflight: int,
+    regime: TrainingRegime,
+    capacity_bytes: int,
+) -> MemoryBreakdown:
+    """Memory of one GPU of ``profile``'s (GPU, TP) holding layers [start, end) with K in flight."""
+    table = layer_table(profile)
+    num_params = table.params(layer_start, layer_end)
+    holds_head = layer_end == table.num_layers
+    return MemoryBreakdown(
+        state_bytes=num_params * regime.state_bytes_per_param,
+        activation_bytes=num_inflight * table.activation_bytes(layer_start, layer_end),
+        loss_working_bytes=(
+            loss_working_bytes(profile.model, profile.tp_degree, profile.micro_batch_size, profile.seq_len)
+            if holds_head else 0
+        ),
+        overhead_bytes=regime.constant_overhead_bytes,
+        num_params=num_params,
+        num_inflight=num_inflight,
+        capacity_bytes=capacity_bytes,
+    )

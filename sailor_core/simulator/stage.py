@@ -1,0 +1,105 @@
+"""Per-stage building blocks of the simulator, exposed for the planner.
+
+Each function is one named part of the iteration time for one stage (or one
+stage boundary); ``simulate`` sums exactly these, so a planner that calls them
+directly evaluates candidates with the same model.  All are cheap: O(1) stage
+sums from prefix tables, network lookups cached per endpoint pair.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from itertools import accumulate
+from math import gcd
+from typing import Sequence
+
+from sailor_core.catalog.layers import layer_shapes
+from sailor_core.network.model import Endpoint, NetworkModel
+from sailor_core.profiles.types import ModelProfile
+from sailor_core.regimes import TrainingRegime
+from sailor_core.simulator.tables import layer_table
+
+
+def microbatches_per_replica(num_microbatches: int, dp_degree: int) -> list[int]:
+    """Micro-batch m goes to replica m mod D: replica r gets ceil((M - r) / D)."""
+    return [max(0, -(-(num_microbatches - r) // dp_degree)) for r in range(dp_degree)]
+
+
+def stage_compute_s(profile: ModelProfile, layer_start: int, layer_end: int) -> tuple[float, float]:
+    """(forward s, backward s) of one micro-batch on one replica holding layers [start, end)."""
+    table = layer_table(profile)
+    return table.fwd_s(layer_start, layer_end), table.bwd_s(layer_start, layer_end)
+
+
+def stage_params(profile: ModelProfile, layer_start: int, layer_end: int) -> int:
+    """Parameters one GPU of this replica holds (its TP shard)."""
+    return layer_table(profile).params(layer_start, layer_end)
+
+
+def stage_update_s(profile: ModelProfile, layer_start: int, layer_end: int) -> float:
+    """Optimizer step of one GPU holding layers [start, end) of ``profile``."""
+    return profile.update_s(layer_table(profile).params(layer_start, layer_end))
+
+
+def boundary_bytes(profile: ModelProfile, layer_end: int) -> int:
+    """Activation bytes one micro-batch sends from a stage ending at ``layer_end`` (its gradient
+    comes back with the same size)."""
+    return layer_table(profile).output_bytes[layer_end - 1]
+
+
+def endpoint(zone: str, gpu: str, tp_degree: int) -> Endpoint:
+    """A replica as a p2p endpoint: its ``tp`` GPUs send their slices at once (Sailor: GPU count
+    = min(tp, GPUs per node); TP never spans nodes, so that is tp)."""
+    return Endpoint(zone=zone, gpu=gpu, num_gpus=tp_degree)
+
+
+def p2p_pairs(num_microbatches: int, src_dp: int, dst_dp: int) -> dict[tuple[int, int], int]:
+    """Replica pairs (src, dst) micro-batches travel between and how many micro-batches each carries."""
+    period = src_dp * dst_dp // gcd(src_dp, dst_dp)
+    pairs: dict[tuple[int, int], int] = {}
+    for m in range(min(period, num_microbatches)):
+        key = (m % src_dp, m % dst_dp)
+        pairs[key] = pairs.get(key, 0) + (num_microbatches - m + period - 1) // period
+    return pairs
+
+
+def boundary_transfer_s(
+    network: NetworkModel, num_bytes: float, src: Endpoint, dst: Endpoint
+) -> float:
+    """Activation forward plus its gradient backward for one micro-batch over one replica pair."""
+    return network.p2p_time_s(num_bytes, src, dst) + network.p2p_time_s(num_bytes, dst, src)
+
+
+def link_microbatches(num_microbatches: int, src_dp: int, dst_dp: int) -> int:
+    """Micro-batches the busiest NIC on a boundary carries: ceil(M / min(D_src, D_dst))."""
+    return -(-num_microbatches // min(src_dp, dst_dp))
+
+
+def full_stage_params(model: str, layer_start: int, layer_end: int) -> int:
+    """Parameters of layers [start, end) of the whole model (no TP split)."""
+    cum = _full_params_cum(model)
+    return cum[layer_end] - cum[layer_start]
+
+
+@lru_cache(maxsize=64)
+def _full_params_cum(model: str) -> tuple[int, ...]:
+    return (0, *accumulate(s.params for s in layer_shapes(model, tp_degree=1, seq_len=1)))
+
+
+def dp_sync_bytes(model: str, layer_start: int, layer_end: int, min_tp_degree: int,
+                  regime: TrainingRegime) -> float:
+    """Gradient bytes each data-parallel ring all-reduces: the stage's full gradient divided by the
+    smallest TP degree among its replicas (Sailor's rule for replicas of different TP)."""
+    return full_stage_params(model, layer_start, layer_end) * regime.grad_bytes_per_param / min_tp_degree
+
+
+def stage_dp_sync_s(network: NetworkModel, sync_bytes: float, zones_gpus: Sequence[tuple[str, str]]) -> float:
+    """Bucketed ring all-reduce of ``sync_bytes`` over the replicas (one GPU per side, as Sailor)."""
+    if len(zones_gpus) <= 1:
+        return 0.0
+    return network.allreduce_time_s(sync_bytes, [Endpoint(zone=z, gpu=g) for z, g in zones_gpus])
+
+
+def ring_order(zones: Sequence[str]) -> list[int]:
+    """Replica order of the DP ring: grouped by zone so the ring crosses each zone boundary once."""
+    return sorted(range(len(zones)), key=lambda i: (zones[i], i))
