@@ -1,0 +1,269 @@
+"""One rank of a plan: its stage model shard, 1F1B with p2p, per-stage DP sync, AdamW, checkpoints.
+
+Process groups (created in the same order on every rank, as torch requires):
+one TP group per replica with TP > 1; per stage either one DP group per TP
+rank (all replicas share a TP degree: all-reduce shard gradients directly) or,
+when the replicas' TP degrees differ, one group of all the stage's ranks in
+which every rank contributes its replica's FULL gradient (TP-gathered) divided
+by its TP degree, so the sum over ranks is the sum over replicas; each rank
+then takes its own shard back.
+
+Loss of an iteration = mean over its global batch: each micro-batch's mean
+token loss is scaled by 1/M before backward and gradients are summed over
+replicas, which gives the gradient single-process training would.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from sailor_core.catalog.models import ModelSpec
+from sailor_core.plan import Plan
+from sailor_core.runtime import checkpoint as ckpt
+from sailor_core.runtime.data import TokenDataset
+from sailor_core.runtime.layout import RankRole, rank_layout, replica_ranks, stage_ranks
+from sailor_core.runtime.model import StageModel
+from sailor_core.runtime.schedule import local_microbatches, one_f_one_b, stage_lookahead
+from sailor_core.runtime.storage import Storage
+
+BETAS = (0.9, 0.95)
+WEIGHT_DECAY = 0.01
+
+
+def make_optimizer(params, lr: float) -> torch.optim.Optimizer:
+    """One optimizer configuration for the engine and the single-process reference."""
+    return torch.optim.AdamW(params, lr=lr, betas=BETAS, eps=1e-8, weight_decay=WEIGHT_DECAY,
+                             foreach=False)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Groups:
+    tp: object | None          # this replica's TP group (None for TP 1)
+    dp: object | None          # this rank's DP group (None when the stage has one replica)
+    dp_mixed_tp: bool          # True: the DP group spans all stage ranks (replicas differ in TP)
+
+
+def make_groups(plan: Plan, rank: int) -> Groups:
+    """Create every group on every rank (same order everywhere), return this rank's."""
+    my_tp = my_dp = None
+    mixed_mine = False
+    for s, stage in enumerate(plan.stages):
+        for r, rep in enumerate(stage.replicas):
+            if rep.tp_degree > 1:
+                ranks = replica_ranks(plan, s, r)
+                g = dist.new_group(ranks)
+                if rank in ranks:
+                    my_tp = g
+        if stage.dp_degree == 1:
+            continue
+        degrees = {rep.tp_degree for rep in stage.replicas}
+        if len(degrees) == 1:
+            for t in range(degrees.pop()):
+                ranks = [replica_ranks(plan, s, r)[t] for r in range(stage.dp_degree)]
+                g = dist.new_group(ranks)
+                if rank in ranks:
+                    my_dp = g
+        else:
+            ranks = stage_ranks(plan, s)
+            g = dist.new_group(ranks)
+            if rank in ranks:
+                my_dp, mixed_mine = g, True
+    return Groups(tp=my_tp, dp=my_dp, dp_mixed_tp=mixed_mine)
+
+
+class StageTrainer:
+    def __init__(self, *, plan: Plan, spec: ModelSpec, rank: int, data: TokenDataset, lr: float,
+                 seed: int, device: torch.device, groups: Groups) -> None:
+        self.plan, self.spec, self.rank, self.data = plan, spec, rank, data
+        self.roles = rank_layout(plan)
+        self.role: RankRole = self.roles[rank]
+        self.device = device
+        self.groups = groups
+        self.model = StageModel(spec, self.role.layer_start, self.role.layer_end,
+                                self.role.tp_degree, self.role.tp_rank, groups.tp, seed).to(device)
+        self.optimizer = make_optimizer(self.model.parameters(), lr)
+        self.seq_len = plan.effective_seq_len()
+        self.num_microbatches = plan.num_microbatches
+        dps = [s.dp_degree for s in plan.stages]
+        self.schedule = one_f_one_b(
+            local_microbatches(self.num_microbatches, dps[self.role.stage], self.role.replica),
+            stage_lookahead(self.role.stage, dps))
+        self.step = 0              # optimizer steps done
+        self.first_sample = 0      # global sample index of iteration `first_step`
+        self.first_step = 0
+        self.autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda"
+                         else contextlib.nullcontext())
+
+    # ---- pipeline neighbours -------------------------------------------------
+    def _peer_ranks(self, stage: int, m: int) -> list[int]:
+        dp = self.plan.stages[stage].dp_degree
+        return replica_ranks(self.plan, stage, m % dp)
+
+    @property
+    def next_sample(self) -> int:
+        return self.first_sample + (self.step - self.first_step) * self.plan.global_batch_size
+
+    def _microbatch(self, m: int):
+        x, y = self.data.microbatch(self.first_sample, self.step - self.first_step, m,
+                                    self.plan.global_batch_size, self.plan.micro_batch_size)
+        return x.to(self.device), y.to(self.device)
+
+    def _act_shape(self):
+        return (self.plan.micro_batch_size, self.seq_len, self.spec.hidden_size)
+
+    # ---- one iteration ------------------------------------------------------
+    def train_step(self, on_first_forward=None) -> float:
+        """Run one iteration (1F1B, DP sync, AdamW); returns this rank's sum of micro-batch losses
+        (non-zero only on TP rank 0 of last-stage replicas)."""
+        role, model = self.role, self.model
+        first, last = model.is_first, model.is_last
+        sends, saved = [], {}
+        loss_sum = torch.zeros((), device=self.device)
+        scale = 1.0 / self.num_microbatches
+        for kind, m in self.schedule:
+            if kind == "F":
+                if first:
+                    inp, labels = self._microbatch(m)
+                else:
+                    inp = torch.empty(self._act_shape(), device=self.device)
+                    dist.recv(inp, src=self._peer_ranks(role.stage - 1, m)[0], tag=2 * m)
+                    inp.requires_grad_(True)
+                    labels = self._microbatch(m)[1] if last else None
+                with self.autocast:
+                    out = model(inp, labels)
+                if on_first_forward is not None:
+                    on_first_forward()
+                    on_first_forward = None
+                if last:
+                    loss_sum += out.detach().float()
+                    saved[m] = (inp, out * scale)
+                else:
+                    out = out.float()
+                    saved[m] = (inp, out)
+                    if role.tp_rank == 0:
+                        payload = out.detach().contiguous()
+                        for dst in self._peer_ranks(role.stage + 1, m):
+                            sends.append((dist.isend(payload, dst=dst, tag=2 * m), payload))
+            else:
+                inp, out = saved.pop(m)
+                if last:
+                    out.backward()
+                else:
+                    grad = torch.empty_like(out)
+                    dist.recv(grad, src=self._peer_ranks(role.stage + 1, m)[0], tag=2 * m + 1)
+                    out.backward(grad)
+                if not first and role.tp_rank == 0:
+                    payload = inp.grad.contiguous()
+                    for dst in self._peer_ranks(role.stage - 1, m):
+                        sends.append((dist.isend(payload, dst=dst, tag=2 * m + 1), payload))
+        for work, _ in sends:
+            work.wait()
+        self._sync_grads()
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.step += 1
+        return float(loss_sum) if role.tp_rank == 0 else 0.0
+
+    def _sync_grads(self) -> None:
+        g = self.groups
+        params = [p for p in self.model.parameters()]
+        for p in params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        if g.dp is None:
+            return
+        if not g.dp_mixed_tp:
+            _allreduce_flat([p.grad for p in params], g.dp)
+            return
+        fulls = []
+        for layer, name, p in self.model.named_layer_params():
+            fulls.append(self._gather_full(layer, name, p.grad) / self.role.tp_degree)
+        _allreduce_flat(fulls, g.dp)
+        for (layer, name, p), full in zip(self.model.named_layer_params(), fulls):
+            p.grad.copy_(layer.shard(name, full))
+
+    def _gather_full(self, layer, name: str, shard: torch.Tensor) -> torch.Tensor:
+        dim = layer.shard_dims[name]
+        if dim is None or self.role.tp_degree == 1:
+            return shard.detach().clone()
+        parts = [torch.empty_like(shard) for _ in range(self.role.tp_degree)]
+        dist.all_gather(parts, shard.detach().contiguous(), group=self.groups.tp)
+        return torch.cat(parts, dim=dim)
+
+    # ---- checkpoints --------------------------------------------------------
+    def save_layers(self, storage: Storage) -> dict:
+        """Replica 0 of each stage gathers full tensors over TP; its TP rank 0 writes them."""
+        files: dict = {}
+        if self.role.replica != 0:
+            return files
+        for layer in self.model.layers:
+            state = {"params": {}, "exp_avg": {}, "exp_avg_sq": {}}
+            for name, p in layer.named_parameters(recurse=False):
+                st = self.optimizer.state.get(p, {})
+                state["params"][name] = self._gather_full(layer, name, p.data)
+                for key in ("exp_avg", "exp_avg_sq"):
+                    if key in st:
+                        state[key][name] = self._gather_full(layer, name, st[key])
+            if self.role.tp_rank == 0:
+                files.update(ckpt.write_layer(storage, self.step, layer.layer_index, state))
+        return files
+
+    def meta(self) -> dict:
+        return {"step": self.step, "next_sample": self.next_sample, "model": self.spec.name,
+                "plan": self.plan.to_dict(), "optimizer": "adamw",
+                "num_layer_indices": self.spec.num_layer_indices}
+
+    def load(self, storage: Storage, info: ckpt.CheckpointInfo) -> None:
+        if info.meta.get("model") != self.spec.name:
+            raise ckpt.CheckpointError(f"checkpoint {info.dirname} is of model "
+                                       f"{info.meta.get('model')!r}, not {self.spec.name!r}")
+        step_t = torch.tensor(float(info.step))
+        for layer in self.model.layers:
+            state = ckpt.read_layer(storage, info, layer.layer_index)
+            for name, p in layer.named_parameters(recurse=False):
+                full = state["params"].get(name)
+                if full is None or tuple(full.shape) != layer.full_shapes[name]:
+                    raise ckpt.CheckpointError(
+                        f"checkpoint {info.dirname}: layer {layer.layer_index} parameter {name} "
+                        "is missing or has another shape")
+                with torch.no_grad():
+                    p.copy_(layer.shard(name, full).to(p.device))
+                if name in state["exp_avg"]:
+                    self.optimizer.state[p] = {
+                        "step": step_t.clone(),
+                        "exp_avg": layer.shard(name, state["exp_avg"][name]).to(p.device),
+                        "exp_avg_sq": layer.shard(name, state["exp_avg_sq"][name]).to(p.device),
+                    }
+        self.step = self.first_step = info.step
+        self.first_sample = int(info.meta["next_sample"])
+
+
+def _allreduce_flat(tensors: list[torch.Tensor], group) -> None:
+    """Sum tensors over the group with one collective (a flat bucket)."""
+    if not tensors:
+        return
+    flat = torch.cat([t.reshape(-1) for t in tensors])
+    dist.all_reduce(flat, group=group)
+    offset = 0
+    for t in tensors:
+        n = t.numel()
+        t.copy_(flat[offset: offset + n].view_as(t))
+        offset += n
+
+
+def full_params_close(a: dict, b: dict) -> float:
+    """Largest absolute difference between two {layer: {name: tensor}} maps (inf if they differ in keys)."""
+    if a.keys() != b.keys():
+        return math.inf
+    worst = 0.0
+    for i in a:
+        if a[i].keys() != b[i].keys():
+            return math.inf
+        for n in a[i]:
+            worst = max(worst, float((a[i][n].float() - b[i][n].float()).abs().max()))
+    return worst

@@ -1,0 +1,199 @@
+"""Run a plan as local worker processes (gloo on 127.0.0.1) and collect what they report.
+
+A worker that dies (killed by a signal, or any exit other than the worker's
+documented codes for "done", "preempted" and "peer lost") is the dead rank;
+the others must then exit on their own within ``grace_s`` (collective
+timeouts + connection errors), else they are killed and listed as hung.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sailor_core.catalog.models import get_model
+from sailor_core.plan import Plan
+from sailor_core.runtime.layout import world_size
+from sailor_core.runtime.worker import (EXIT_OK, EXIT_PEER_LOST, EXIT_PREEMPTED,
+                                        EXIT_PREEMPTED_NO_CKPT)
+
+_EXPECTED_CODES = {EXIT_OK, EXIT_PREEMPTED, EXIT_PREEMPTED_NO_CKPT, EXIT_PEER_LOST}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LaunchResult:
+    status: str                       # "ok" | "preempted" | "failed" | "timeout"
+    losses: list[float]               # per step of this run (step numbers in `steps`)
+    steps: list[int]
+    step_times_s: list[float]
+    samples_per_s: float              # median over steps after the first
+    tokens_per_s: float
+    wall_s: float
+    exit_codes: dict[int, int | None]
+    dead_rank: int | None = None
+    hung_ranks: tuple[int, ...] = ()
+    exit_times_s: dict[int, float] = field(default_factory=dict)  # since launch
+    death_time_s: float | None = None
+    message: str = ""
+    stderr_tails: dict[int, str] = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return {"status": self.status, "losses": self.losses, "steps": self.steps,
+                "step_times_s": self.step_times_s, "throughput_samples_per_s": self.samples_per_s,
+                "tokens_per_s": self.tokens_per_s, "wall_s": self.wall_s,
+                "exit_codes": {str(k): v for k, v in self.exit_codes.items()},
+                "dead_rank": self.dead_rank, "hung_ranks": list(self.hung_ranks),
+                "message": self.message}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def ensure_corpus(workdir: Path, plan: Plan, *, num_tokens: int | None = None, seed: int = 0) -> Path:
+    from sailor_core.runtime.data import generate_corpus
+
+    spec = get_model(plan.model)
+    n = num_tokens or max(200_000, 64 * plan.global_batch_size * plan.effective_seq_len())
+    path = workdir / f"corpus-{spec.vocab_size}-{n}-{seed}.npy"
+    if not path.exists():
+        generate_corpus(path, vocab_size=spec.vocab_size, num_tokens=n, seed=seed)
+    return path
+
+
+def launch_local(plan: Plan, steps: int, *, data: str | Path | None = None,
+                 ckpt_dir: str | None = None, ckpt_every: int = 0, keep: int = 2,
+                 resume: bool = False, seed: int = 0, lr: float = 1e-3,
+                 workdir: str | Path | None = None, timeout_s: float = 600.0,
+                 collective_timeout_s: float = 30.0, grace_s: float | None = None,
+                 threads_per_rank: int = 1, env: dict[str, str] | None = None,
+                 on_started=None) -> LaunchResult:
+    """Train ``plan`` up to step ``steps`` on local processes; never hangs past ``timeout_s``."""
+    workdir = Path(workdir or tempfile.mkdtemp(prefix="sailor-engine-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    data = Path(data) if data else ensure_corpus(workdir, plan, seed=seed)
+    plan_path = workdir / "plan.json"
+    plan_path.write_text(plan.to_json())
+    metrics_path = workdir / f"metrics-{time.time_ns()}.jsonl"
+    grace_s = grace_s if grace_s is not None else collective_timeout_s + 10.0
+    n = world_size(plan)
+    port = free_port()
+    procs: dict[int, subprocess.Popen] = {}
+    logs = {}
+    t_start = time.monotonic()
+    for rank in range(n):
+        e = dict(os.environ)
+        e.update(env or {})
+        e.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(n),
+                 LOCAL_RANK=str(rank), OMP_NUM_THREADS=str(threads_per_rank))
+        cmd = [sys.executable, "-m", "sailor_core.runtime.worker", "--plan", str(plan_path),
+               "--steps", str(steps), "--data", str(data), "--seed", str(seed), "--lr", repr(lr),
+               "--metrics-file", str(metrics_path), "--timeout-s", str(collective_timeout_s),
+               "--threads", str(threads_per_rank), "--keep", str(keep)]
+        if ckpt_dir:
+            cmd += ["--ckpt-dir", str(ckpt_dir), "--ckpt-every", str(ckpt_every)]
+        if resume:
+            cmd.append("--resume")
+        logs[rank] = open(workdir / f"rank{rank}.log", "w+")
+        procs[rank] = subprocess.Popen(cmd, env=e, stdout=logs[rank], stderr=subprocess.STDOUT,
+                                       start_new_session=True)
+    if on_started is not None:
+        on_started(procs, workdir)
+
+    exit_codes: dict[int, int | None] = {r: None for r in range(n)}
+    exit_times: dict[int, float] = {}
+    dead_rank = death_time = None
+    hung: list[int] = []
+    status = "ok"
+    deadline = t_start + timeout_s
+    while True:
+        now = time.monotonic()
+        for r, p in procs.items():
+            if exit_codes[r] is None and p.poll() is not None:
+                exit_codes[r] = p.returncode
+                exit_times[r] = now - t_start
+                if dead_rank is None and p.returncode not in _EXPECTED_CODES:
+                    dead_rank, death_time = r, now - t_start
+                    deadline = min(deadline, now + grace_s)
+        if all(c is not None for c in exit_codes.values()):
+            break
+        if now > deadline:
+            hung = [r for r, c in exit_codes.items() if c is None]
+            for r in hung:
+                _kill(procs[r])
+            for r in hung:
+                procs[r].wait()
+                exit_codes[r] = procs[r].returncode
+            status = "timeout" if dead_rank is None else "failed"
+            break
+        time.sleep(0.05)
+    wall = time.monotonic() - t_start
+    for f in logs.values():
+        f.close()
+    tails = {r: _tail(workdir / f"rank{r}.log") for r in range(n)}
+
+    records = _read_metrics(metrics_path)
+    step_recs = [r for r in records if "step" in r and "loss" in r]
+    events = [r for r in records if "event" in r]
+    if status == "ok":
+        codes = set(exit_codes.values())
+        if dead_rank is not None or EXIT_PEER_LOST in codes:
+            status = "failed"
+        elif codes & {EXIT_PREEMPTED, EXIT_PREEMPTED_NO_CKPT}:
+            status = "preempted"
+        elif codes != {EXIT_OK}:
+            status = "failed"
+    message = ""
+    if dead_rank is not None:
+        message = f"rank {dead_rank} died (exit {exit_codes[dead_rank]})"
+        if hung:
+            message += f"; ranks {hung} did not exit within {grace_s:.0f} s and were killed"
+    elif status != "ok":
+        message = "; ".join(json.dumps(e) for e in events if e.get("event") != "done") or \
+            f"exit codes {exit_codes}"
+    times = [r["step_time_s"] for r in step_recs]
+    steady = sorted(times[1:] or times)
+    med = steady[len(steady) // 2] if steady else float("nan")
+    gbs, seq = plan.global_batch_size, plan.effective_seq_len()
+    return LaunchResult(
+        status=status, losses=[r["loss"] for r in step_recs], steps=[r["step"] for r in step_recs],
+        step_times_s=times, samples_per_s=gbs / med if steady else 0.0,
+        tokens_per_s=gbs * seq / med if steady else 0.0, wall_s=wall, exit_codes=exit_codes,
+        dead_rank=dead_rank, hung_ranks=tuple(hung), exit_times_s=exit_times,
+        death_time_s=death_time, message=message, stderr_tails=tails)
+
+
+def _kill(p: subprocess.Popen) -> None:
+    try:
+        os.killpg(p.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def _tail(path: Path, n: int = 2000) -> str:
+    try:
+        return path.read_text(errors="replace")[-n:]
+    except OSError:
+        return ""
+
+
+def _read_metrics(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return out

@@ -1,0 +1,35 @@
+"""The 1F1B order of forward and backward passes on one rank (pure, no torch).
+
+A stage's replica processes its micro-batches (``m`` with ``m mod D_i == r``)
+forwards in increasing order and backwards in increasing order; the backward
+of ``m`` runs once every local micro-batch up to ``m + lookahead`` has been
+forwarded.  With ``lookahead = (S - i - 1) * D`` and equal replica counts this
+is exactly 1F1B (``S - i - 1`` warm-up forwards, then alternate).  With
+different replica counts per stage we use ``(S - i - 1) * max_j D_j``: any
+lookahead that does not grow along the pipeline is deadlock-free (each rank
+only ever waits on a backward of a strictly earlier micro-batch or on a
+forward another rank is bound to produce), given non-blocking sends.
+"""
+
+from __future__ import annotations
+
+
+def local_microbatches(num_microbatches: int, dp_degree: int, replica: int) -> list[int]:
+    """Micro-batches of an iteration that a replica processes (routing rule of DESIGN.md)."""
+    return [m for m in range(num_microbatches) if m % dp_degree == replica]
+
+
+def stage_lookahead(stage: int, dp_degrees: list[int]) -> int:
+    return (len(dp_degrees) - stage - 1) * max(dp_degrees)
+
+
+def one_f_one_b(local: list[int], lookahead: int) -> list[tuple[str, int]]:
+    """[("F", m) | ("B", m), ...] for one rank."""
+    ops: list[tuple[str, int]] = []
+    next_fwd = 0
+    for m in local:
+        while next_fwd < len(local) and local[next_fwd] <= m + lookahead:
+            ops.append(("F", local[next_fwd]))
+            next_fwd += 1
+        ops.append(("B", m))
+    return ops

@@ -1,0 +1,218 @@
+"""The worker process: ``python -m sailor_core.runtime.worker --plan PLAN.json --steps N ...``.
+
+Rendezvous is torch's env:// (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE), so
+the same command runs as local processes or on cloud VMs.  ``--steps`` is the
+TOTAL number of optimizer steps of the job: a resumed worker continues from
+the checkpoint's step up to it.
+
+Exit codes (the orchestrator acts on them):
+  0   finished all steps
+  2   bad input (plan, data, checkpoint)
+  75  stopped on SIGTERM / preemption notice after an emergency checkpoint
+  76  stopped on SIGTERM / preemption notice without a checkpoint (no --ckpt-dir or save failed)
+  77  a peer died or a collective timed out (the job must be restarted)
+
+A preemption notice is SIGTERM to any worker, or the file named by
+``SAILOR_PREEMPT_FILE`` appearing.  Every step all ranks agree (one small
+all-reduce that also carries the loss) on whether any rank was told to stop,
+so they checkpoint the same step together.
+
+Rank 0 appends one JSON line per step to ``--metrics-file``:
+``{"step", "loss", "step_time_s", "samples_per_s", "tokens_per_s"}``, and a last
+line ``{"event": "done" | "preempted" | "peer_lost" | "error", ...}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+EXIT_OK = 0
+EXIT_BAD_INPUT = 2
+EXIT_PREEMPTED = 75
+EXIT_PREEMPTED_NO_CKPT = 76
+EXIT_PEER_LOST = 77
+
+# Test hook: SIGKILL this rank in the middle of the given step ("RANK:STEP"), a real process death.
+FAULT_ENV = "SAILOR_FAULT_KILL"
+PREEMPT_FILE_ENV = "SAILOR_PREEMPT_FILE"
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="python -m sailor_core.runtime.worker")
+    ap.add_argument("--plan", required=True)
+    ap.add_argument("--steps", type=int, required=True, help="total optimizer steps of the job")
+    ap.add_argument("--data", required=True, help=".npy or .bin token file")
+    ap.add_argument("--ckpt-dir", default=None, help="local path, file:// or s3:// URL")
+    ap.add_argument("--ckpt-every", type=int, default=0, help="checkpoint every K steps (0: only at the end)")
+    ap.add_argument("--keep", type=int, default=2, help="keep the latest K checkpoints")
+    ap.add_argument("--resume", action="store_true", help="start from the latest valid checkpoint")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--metrics-file", default=None)
+    ap.add_argument("--timeout-s", type=float, default=60.0, help="collective / rendezvous timeout")
+    ap.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: keep default)")
+    return ap.parse_args(argv)
+
+
+class _Metrics:
+    def __init__(self, path: str | None, enabled: bool) -> None:
+        self.fh = open(path, "a") if (path and enabled) else None
+
+    def write(self, record: dict) -> None:
+        if self.fh:
+            self.fh.write(json.dumps(record) + "\n")
+            self.fh.flush()
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    rank = int(os.environ.get("RANK", "0"))
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    stop = {"requested": False}
+    signal.signal(signal.SIGTERM, lambda *_: stop.__setitem__("requested", True))
+    metrics = _Metrics(args.metrics_file, rank == 0)
+
+    import torch
+    import torch.distributed as dist
+
+    from sailor_core.catalog.models import get_model
+    from sailor_core.errors import SailorError
+    from sailor_core.plan import load_plan
+    from sailor_core.runtime import checkpoint as ckpt
+    from sailor_core.runtime.data import TokenDataset
+    from sailor_core.runtime.engine import StageTrainer, make_groups
+    from sailor_core.runtime.layout import world_size
+    from sailor_core.runtime.storage import open_storage
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    try:
+        plan = load_plan(args.plan)
+        if world_size(plan) != world:
+            raise SailorError(f"plan needs {world_size(plan)} ranks but WORLD_SIZE is {world}")
+        spec = get_model(plan.model)
+        data = TokenDataset(args.data, plan.effective_seq_len(), spec.vocab_size)
+        storage = open_storage(args.ckpt_dir) if args.ckpt_dir else None
+    except SailorError as exc:
+        _log(rank, f"error: {exc}")
+        metrics.write({"event": "error", "rank": rank, "message": str(exc)})
+        return EXIT_BAD_INPUT
+
+    use_cuda = all(r.gpu != "cpu" for s in plan.stages for r in s.replicas) and torch.cuda.is_available()
+    if use_cuda:
+        local = int(os.environ.get("LOCAL_RANK", rank % torch.cuda.device_count()))
+        torch.cuda.set_device(local)
+        device = torch.device("cuda", local)
+    else:
+        device = torch.device("cpu")
+    timeout = _dt.timedelta(seconds=args.timeout_s)
+    fault = os.environ.get(FAULT_ENV, "")
+    fault_rank, fault_step = (int(x) for x in fault.split(":")) if fault else (-1, -1)
+    preempt_file = os.environ.get(PREEMPT_FILE_ENV)
+
+    try:
+        dist.init_process_group("nccl" if use_cuda else "gloo", init_method="env://", rank=rank,
+                                world_size=world, timeout=timeout)
+        trainer = StageTrainer(plan=plan, spec=spec, rank=rank, data=data, lr=args.lr,
+                               seed=args.seed, device=device, groups=make_groups(plan, rank))
+        if args.resume and storage is not None:
+            info = _agreed_checkpoint(args.ckpt_dir, rank)
+            if info is not None:
+                trainer.load(storage, info)
+                _log(rank, f"resumed from {info.dirname} (next sample {trainer.next_sample})")
+        status = torch.zeros(2, device=device)
+        while trainer.step < args.steps:
+            t0 = time.perf_counter()
+            hook = None
+            if rank == fault_rank and trainer.step + 1 == fault_step:
+                hook = lambda: os.kill(os.getpid(), signal.SIGKILL)  # noqa: E731
+            loss_sum = trainer.train_step(on_first_forward=hook)
+            if preempt_file and os.path.exists(preempt_file):
+                stop["requested"] = True
+            status[0], status[1] = loss_sum, float(stop["requested"])
+            dist.all_reduce(status)
+            dt = time.perf_counter() - t0
+            gbs = plan.global_batch_size
+            metrics.write({"step": trainer.step, "loss": float(status[0]) / plan.num_microbatches,
+                           "step_time_s": dt, "samples_per_s": gbs / dt,
+                           "tokens_per_s": gbs * trainer.seq_len / dt})
+            if status[1] > 0:
+                saved = storage is not None and _save(trainer, storage, args.keep, rank)
+                metrics.write({"event": "preempted", "step": trainer.step, "checkpoint": saved})
+                _log(rank, f"stopping at step {trainer.step} on a preemption notice "
+                           f"({'checkpoint saved' if saved else 'no checkpoint'})")
+                _finish(dist)
+                return EXIT_PREEMPTED if saved else EXIT_PREEMPTED_NO_CKPT
+            if storage is not None and args.ckpt_every and trainer.step % args.ckpt_every == 0:
+                _save(trainer, storage, args.keep, rank)
+        if storage is not None and (not args.ckpt_every or trainer.step % args.ckpt_every):
+            _save(trainer, storage, args.keep, rank)
+        metrics.write({"event": "done", "step": trainer.step})
+        _finish(dist)
+        return EXIT_OK
+    except SailorError as exc:
+        _log(rank, f"error: {exc}")
+        metrics.write({"event": "error", "rank": rank, "message": str(exc)})
+        return EXIT_BAD_INPUT
+    except Exception as exc:  # a peer vanished or a collective timed out: never hang
+        msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        _log(rank, f"peer lost: {type(exc).__name__}: {msg}")
+        metrics.write({"event": "peer_lost", "rank": rank, "message": msg})
+        sys.stderr.flush()
+        os._exit(EXIT_PEER_LOST)  # destroy_process_group could block on the dead peer
+
+
+def _agreed_checkpoint(url: str, rank: int):
+    """Rank 0 picks the latest valid checkpoint; everyone loads that same one."""
+    import torch.distributed as dist
+
+    from sailor_core.runtime import checkpoint as ckpt
+
+    pick = [None]
+    if rank == 0:
+        info = ckpt.latest_valid_checkpoint(url)
+        pick = [info.dirname if info else None]
+    dist.broadcast_object_list(pick, src=0)
+    if pick[0] is None:
+        return None
+    return ckpt.read_checkpoint(ckpt.open_storage(url), pick[0], url, verify=False)
+
+
+def _save(trainer, storage, keep: int, rank: int) -> bool:
+    import torch.distributed as dist
+
+    from sailor_core.runtime import checkpoint as ckpt
+
+    files = trainer.save_layers(storage)
+    gathered = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, files)
+    if rank == 0:
+        merged = {}
+        for f in gathered:
+            merged.update(f)
+        ckpt.commit(storage, trainer.step, merged, trainer.meta(), keep=keep)
+    dist.barrier()
+    return True
+
+
+def _finish(dist) -> None:
+    try:
+        dist.destroy_process_group()
+    except Exception:
+        pass
+
+
+def _log(rank: int, msg: str) -> None:
+    sys.stderr.write(f"[sailor worker rank {rank}] {msg}\n")
+    sys.stderr.flush()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
