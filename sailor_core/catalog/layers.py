@@ -1,0 +1,232 @@
+"""Per-layer sizes of a model from its architecture: parameters, FLOPs, activation and output bytes.
+
+Layer indices follow Sailor: 0 is the embedding, 1..L the transformer blocks, L+1 the final
+norm + LM head + loss.  Every figure is for ONE GPU holding its tensor-parallel shard
+(Megatron-style: column-parallel QKV/FC1, row-parallel out-proj/FC2, vocab-parallel embedding
+and head; norms, position embeddings and row-parallel biases replicated; no sequence parallel).
+
+Notation: h hidden, f FFN width, a heads, g KV heads, d = h/a head dim, kv = g*d, V vocab,
+s sequence length, t the TP degree, P the max positions, e the OPT-350m embedding projection width.
+
+Parameters (whole layer, t = 1):
+  * OPT embedding   V*e' + (P+2)*h + [e*h]          (e' = e if projected else h; OPT offsets positions by 2)
+  * GPT-Neo embed.  V*h + P*h
+  * LLaMA embed.    V*h
+  * OPT block       4h^2 + 4h (attention) + 2h*f + f + h (MLP) + 4h (two LayerNorms)
+  * GPT-Neo block   3h^2 (QKV, no bias) + h^2 + h (out) + 2h*f + f + h + 4h
+  * LLaMA block     2h^2 + 2h*kv (attention) + 3h*f (SwiGLU) + 2h (RMSNorms)
+  * head            final norm (2h LayerNorm / h RMSNorm; none for post-LN OPT) + [h*e out-proj]
+                    + V*e' unless the head is tied to the embedding
+  Sharded: matmul weights and their column-parallel biases / t, vocab rows ceil(V/t);
+  KV heads ceil(g/t) per GPU (replicated when t > g).
+
+Forward FLOPs per token (per GPU): 2 x (matmul weights of the shard) plus attention
+  2 * 2 * s_eff * (a/t)*d for Q K^T and P V, where s_eff = s/2 for a fused causal kernel
+  (masked tiles are skipped) and s for eager attention (the full square is computed).
+  Backward is 2x forward (input and weight gradients).
+
+Activation bytes kept for backward, per sequence, counted from the tensors autograd saves
+(r = residual/norm dtype bytes, c = activation dtype bytes; per token):
+  * norm inputs                          2 * h * r
+  * linear inputs: attention in          h * c, or 3*h*c when autocast casts the fp32 norm output
+                                         separately for each of Q, K, V (each linear keeps its copy)
+                   MLP in                h * c  (x2 for gate/up under autocast)
+  * Q, K, V                              (h + 2*kv)/t * c
+  * attention output (out-proj input)    h/t * c
+  * softmax probabilities (eager only)   (a/t) * s * c;  fused kernels keep a logsumexp (a/t)*4
+  * MLP: ReLU keeps its output f/t*c (shared with FC2's input); GELU its input as well 2f/t*c;
+    SwiGLU gate, up, silu(gate), product 4f/t*c
+  plus, per micro-batch and independent of its size, the compute-dtype copies of the weights
+  autocast makes (regime.weight_copy_bytes_per_param x params).
+  Embedding: token ids 8 B/token (+ the projection input e*c for OPT-350m).
+  Head: norm input h*r + head input h*c + logits V/t*c + fp32 log-softmax V/t*4
+  (fp32 regimes: logits and probabilities, 2 * V/t * 4).
+
+Output bytes per sequence (sent to the next stage): s*h*r for the embedding and the blocks
+(the residual stream); 0 for the last index (nothing follows it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+from sailor_core.catalog.models import ModelSpec, get_model
+from sailor_core.errors import InputError
+from sailor_core.regimes import DEFAULT_REGIME, TrainingRegime, get_regime
+
+_TOKEN_ID_BYTES = 8
+_LOGSUMEXP_BYTES = 4
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LayerShape:
+    """Sizes of one layer index on one GPU of a TP group."""
+
+    index: int
+    kind: str  # "embedding", "block" or "head"
+    params: int  # held by one GPU (its TP shard)
+    fwd_flops_per_token: float  # on one GPU
+    activation_bytes_per_seq: int  # saved for backward, grows with the micro-batch
+    activation_bytes_fixed: int  # per micro-batch whatever its size (autocast weight copies)
+    output_bytes_per_seq: int  # sent to the next stage
+
+    def activation_bytes(self, micro_batch_size: int) -> int:
+        return self.activation_bytes_per_seq * micro_batch_size + self.activation_bytes_fixed
+
+    def output_bytes(self, micro_batch_size: int) -> int:
+        return self.output_bytes_per_seq * micro_batch_size
+
+    def fwd_flops(self, micro_batch_size: int, seq_len: int) -> float:
+        return self.fwd_flops_per_token * micro_batch_size * seq_len
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _check(spec: ModelSpec, tp_degree: int, seq_len: int) -> None:
+    if tp_degree < 1:
+        raise InputError(f"TP degree must be >= 1, got {tp_degree}")
+    if spec.num_heads % tp_degree:
+        raise InputError(f"{spec.name}: {spec.num_heads} attention heads do not split over TP {tp_degree}")
+    if seq_len < 1:
+        raise InputError(f"sequence length must be >= 1, got {seq_len}")
+
+
+def _embedding(spec: ModelSpec, t: int, s: int, regime: TrainingRegime) -> LayerShape:
+    h, v = spec.hidden_size, spec.vocab_size
+    e = spec.word_embed_proj_dim or h
+    c = regime.activation_bytes_per_element
+    vocab_rows = _ceil_div(v, t)
+    params = vocab_rows * e
+    flops = 0.0
+    act = _TOKEN_ID_BYTES
+    if spec.family == "opt":
+        params += (spec.max_position_embeddings + 2) * h
+    elif spec.family == "gptneo":
+        params += spec.max_position_embeddings * h
+    if spec.word_embed_proj_dim:
+        params += e * h  # project_in, replicated
+        flops += 2.0 * e * h
+        act += e * c
+    return LayerShape(
+        index=0,
+        kind="embedding",
+        params=params,
+        fwd_flops_per_token=flops,
+        activation_bytes_per_seq=act * s,
+        activation_bytes_fixed=regime.weight_copy_bytes_per_param * (e * h if spec.word_embed_proj_dim else 0),
+        output_bytes_per_seq=s * h * regime.residual_bytes_per_element,
+    )
+
+
+def _block(spec: ModelSpec, t: int, s: int, regime: TrainingRegime, index: int) -> LayerShape:
+    h, f, a, d = spec.hidden_size, spec.ffn_size, spec.num_heads, spec.head_dim
+    kv = _ceil_div(spec.num_kv_heads, t) * d  # per GPU
+    q = h // t  # per GPU
+    fs = _ceil_div(f, t)
+    c, r = regime.activation_bytes_per_element, regime.residual_bytes_per_element
+    if spec.family == "llama":
+        matmul = h * q + 2 * h * kv + q * h + 3 * h * fs
+        params = matmul + 2 * h
+        mlp_saved, mlp_inputs = 4 * fs, 2
+    else:
+        qkv_bias = 0 if spec.family == "gptneo" else q + 2 * kv
+        matmul = h * q + 2 * h * kv + q * h + 2 * h * fs
+        params = matmul + qkv_bias + h + fs + h + 4 * h  # biases: QKV, out, fc1, fc2; two LayerNorms
+        mlp_saved = fs if spec.family == "opt" else 2 * fs  # ReLU keeps one tensor, GELU two
+        mlp_inputs = 1
+    eager = regime.attention_kernel == "eager"
+    s_eff = s if eager else s / 2
+    flops = 2.0 * matmul + 4.0 * s_eff * q
+    attn_in = 3 if regime.casts_linear_inputs else 1
+    mlp_in = mlp_inputs if regime.casts_linear_inputs else 1
+    heads = a // t
+    per_token = (
+        2 * h * r
+        + (attn_in + mlp_in) * h * c
+        + (q + 2 * kv) * c
+        + q * c
+        + mlp_saved * c
+        + (heads * s * c if eager else heads * _LOGSUMEXP_BYTES)
+    )
+    return LayerShape(
+        index=index,
+        kind="block",
+        params=params,
+        fwd_flops_per_token=flops,
+        activation_bytes_per_seq=per_token * s,
+        activation_bytes_fixed=regime.weight_copy_bytes_per_param * matmul,
+        output_bytes_per_seq=s * h * r,
+    )
+
+
+def _head(spec: ModelSpec, t: int, s: int, regime: TrainingRegime, index: int) -> LayerShape:
+    h, v = spec.hidden_size, spec.vocab_size
+    e = spec.word_embed_proj_dim or h
+    c, r = regime.activation_bytes_per_element, regime.residual_bytes_per_element
+    vocab_rows = _ceil_div(v, t)
+    matmul = vocab_rows * e
+    params = 0 if spec.tie_embeddings else matmul
+    if spec.pre_norm:
+        params += h if spec.family == "llama" else 2 * h
+    if spec.word_embed_proj_dim:
+        matmul += h * e  # project_out, replicated
+        params += h * e
+    if regime.casts_linear_inputs:
+        logits = vocab_rows * (c + 4)
+    else:
+        logits = vocab_rows * 2 * regime.activation_bytes_per_element
+    per_token = h * r + e * c + logits
+    return LayerShape(
+        index=index,
+        kind="head",
+        params=params,
+        fwd_flops_per_token=2.0 * matmul,
+        activation_bytes_per_seq=per_token * s,
+        activation_bytes_fixed=regime.weight_copy_bytes_per_param * matmul,
+        output_bytes_per_seq=0,
+    )
+
+
+@lru_cache(maxsize=512)
+def _layer_shapes(model: str, tp_degree: int, seq_len: int, regime_name: str) -> tuple[LayerShape, ...]:
+    spec = get_model(model)
+    regime = get_regime(regime_name)
+    _check(spec, tp_degree, seq_len)
+    emb = _embedding(spec, tp_degree, seq_len, regime)
+    block = _block(spec, tp_degree, seq_len, regime, 1)
+    blocks = [
+        LayerShape(
+            index=i,
+            kind="block",
+            params=block.params,
+            fwd_flops_per_token=block.fwd_flops_per_token,
+            activation_bytes_per_seq=block.activation_bytes_per_seq,
+            activation_bytes_fixed=block.activation_bytes_fixed,
+            output_bytes_per_seq=block.output_bytes_per_seq,
+        )
+        for i in range(1, spec.num_layers + 1)
+    ]
+    head = _head(spec, tp_degree, seq_len, regime, spec.num_layers + 1)
+    return (emb, *blocks, head)
+
+
+def layer_shapes(
+    model: ModelSpec | str,
+    *,
+    tp_degree: int = 1,
+    seq_len: int | None = None,
+    regime: TrainingRegime | str = DEFAULT_REGIME,
+) -> tuple[LayerShape, ...]:
+    """Sizes of every layer index 0..L+1 on one GPU of a ``tp_degree``-way TP group (cached)."""
+    name = model.name if isinstance(model, ModelSpec) else get_model(model).name
+    seq = int(seq_len) if seq_len is not None else get_model(name).seq_len
+    regime_name = regime.name if isinstance(regime, TrainingRegime) else get_regime(regime).name
+    return _layer_shapes(name, int(tp_degree), seq, regime_name)
+
+
+def total_params(model: ModelSpec | str, *, tp_degree: int = 1) -> int:
+    """Parameters of the whole model held by one GPU of each TP group (t = 1: the model's size)."""
+    return sum(layer.params for layer in layer_shapes(model, tp_degree=tp_degree, seq_len=1))

@@ -1,0 +1,118 @@
+"""Training regimes: how many bytes each parameter costs and how activations are stored.
+
+A regime is what a profile was measured under (optimizer, precision, attention
+kernel, framework).  The memory model and the analytic estimator read it; a
+profile carries the name of its regime so numbers from different frameworks are
+never mixed silently.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sailor_core.errors import UnknownNameError
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TrainingRegime:
+    """Precision, optimizer and framework of a training run.
+
+    Memory of a stage per GPU = params * state_bytes_per_param + activations
+    + constant_overhead_bytes.  The activation fields describe which dtype the
+    tensors saved for backward have (see ``sailor_core.catalog.layers``).
+    """
+
+    name: str
+    description: str
+    weight_bytes_per_param: int
+    grad_bytes_per_param: int
+    optimizer_bytes_per_param: int
+    # CUDA context, allocator slack, framework buffers: what a process holds besides the model.
+    constant_overhead_bytes: int
+    # dtype of the activations saved for backward (2 for bf16/fp16 compute, 4 for fp32).
+    activation_bytes_per_element: int
+    # dtype of the residual stream and the norm inputs (fp32 under autocast).
+    residual_bytes_per_element: int
+    # autocast casts an fp32 input separately for every linear that reads it and each
+    # linear keeps its own copy; frameworks computing in one dtype share one tensor.
+    casts_linear_inputs: bool
+    # autocast keeps a compute-dtype copy of every weight alive until backward.
+    weight_copy_bytes_per_param: int
+    # "flash": fused attention, nothing quadratic in seq is stored;
+    # "eager": the softmax probabilities (heads x seq x seq) are kept for backward.
+    attention_kernel: str
+    # matmul datapath: "bf16" (tensor cores), "tf32" (fp32 storage, TF32 tensor cores where the
+    # GPU has them, else plain fp32) or "fp32".
+    matmul_precision: str
+    # bytes read + written per parameter by one optimizer step (AdamW: weight, grad, 2 moments
+    # read; weight and 2 moments written).
+    optimizer_traffic_bytes_per_param: int
+
+    @property
+    def state_bytes_per_param(self) -> int:
+        return self.weight_bytes_per_param + self.grad_bytes_per_param + self.optimizer_bytes_per_param
+
+
+_REGIMES: dict[str, TrainingRegime] = {
+    r.name: r
+    for r in (
+        TrainingRegime(
+            name="megatron-fp32-adamw",
+            description=(
+                "Megatron-DeepSpeed, fp32 weights/activations (TF32 matmuls on Ampere+), AdamW, no ZeRO, "
+                "no recomputation: Sailor's published profiles"
+            ),
+            weight_bytes_per_param=4,
+            grad_bytes_per_param=4,
+            # two Adam moments (8 B) plus the two extra fp32 copies DeepSpeed keeps (8 B):
+            # Sailor's memory model charges 24 B per parameter in total.
+            optimizer_bytes_per_param=16,
+            # Sailor's validated memory check reserves about 5.06 GB for the framework.
+            constant_overhead_bytes=5_060_000_000,
+            activation_bytes_per_element=4,
+            residual_bytes_per_element=4,
+            casts_linear_inputs=False,
+            weight_copy_bytes_per_param=0,
+            attention_kernel="eager",
+            matmul_precision="tf32",
+            optimizer_traffic_bytes_per_param=28,
+        ),
+        TrainingRegime(
+            name="torch-bf16-autocast-adamw",
+            description=(
+                "PyTorch, fp32 parameters, torch.autocast(bfloat16), SDPA attention, fused AdamW: "
+                "../shared/measurements and Sailor's own engine"
+            ),
+            weight_bytes_per_param=4,
+            grad_bytes_per_param=4,
+            optimizer_bytes_per_param=8,
+            # CUDA context + cuBLAS workspaces; not visible in torch's allocated counters.
+            constant_overhead_bytes=1_000_000_000,
+            activation_bytes_per_element=2,
+            residual_bytes_per_element=4,
+            casts_linear_inputs=True,
+            weight_copy_bytes_per_param=2,
+            attention_kernel="flash",
+            matmul_precision="bf16",
+            optimizer_traffic_bytes_per_param=28,
+        ),
+    )
+}
+
+DEFAULT_REGIME = "torch-bf16-autocast-adamw"
+
+
+def regime_names() -> list[str]:
+    return list(_REGIMES)
+
+
+def get_regime(name: str) -> TrainingRegime:
+    try:
+        return _REGIMES[str(name).strip().lower()]
+    except KeyError:
+        raise UnknownNameError(f"unknown training regime {name!r}; known: {', '.join(_REGIMES)}") from None
+
+
+def register_regime(regime: TrainingRegime) -> None:
+    """Add a regime (e.g. from a user's profile) to the in-process table."""
+    _REGIMES[regime.name] = regime
