@@ -1,6 +1,10 @@
+import sys
 from pathlib import Path
 
 import pytest
+
+# --import-mode=importlib puts no test directory on sys.path; the tests share replay_helpers.
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 SHARED = Path(__file__).resolve().parents[2].parent / "shared"
 SPOT = SHARED / "spot_traces"

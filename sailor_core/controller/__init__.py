@@ -1,0 +1,47 @@
+"""The controller: pure decisions on capacity changes and the cost ledger that bounds them.
+
+Used by both the train-job flow (real clouds) and the replay (simulated time).
+"""
+
+from sailor_core.controller.ledger import CostLedger, LedgerEntry
+from sailor_core.controller.planning import (
+    CachedPlanner,
+    PlanFn,
+    PlanOption,
+    describe_gpus,
+    gpus_of_plan,
+    option_from_candidate,
+    planner_plan_fn,
+    restrict,
+)
+from sailor_core.controller.policy import (
+    STRATEGIES,
+    Action,
+    ControllerConfig,
+    ControllerState,
+    Decision,
+    Event,
+    EventKind,
+    decide,
+)
+
+__all__ = [
+    "STRATEGIES",
+    "Action",
+    "CachedPlanner",
+    "ControllerConfig",
+    "ControllerState",
+    "CostLedger",
+    "Decision",
+    "Event",
+    "EventKind",
+    "LedgerEntry",
+    "PlanFn",
+    "PlanOption",
+    "decide",
+    "describe_gpus",
+    "gpus_of_plan",
+    "option_from_candidate",
+    "planner_plan_fn",
+    "restrict",
+]

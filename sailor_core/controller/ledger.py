@@ -1,0 +1,182 @@
+"""The cost ledger: every instance's running time x its price, and what the budget still allows.
+
+Time is any monotonic clock in seconds (Unix time in the train-job flow,
+simulated time in the replay).  A price can change while an instance runs
+(spot price series); each instance keeps its price segments.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from sailor_core.errors import InputError
+
+_S_PER_HR = 3600.0
+
+
+@dataclass(slots=True, kw_only=True)
+class LedgerEntry:
+    instance_id: str
+    gpu: str
+    zone: str
+    num_gpus: int
+    start_s: float
+    # (from_s, usd_per_hr) segments, time-ordered; the first starts at start_s.
+    prices: list[tuple[float, float]] = field(default_factory=list)
+    end_s: float | None = None
+    end_reason: str | None = None
+
+    @property
+    def usd_per_hr(self) -> float:
+        return self.prices[-1][1]
+
+    def cost_usd(self, now_s: float) -> float:
+        end = self.end_s if self.end_s is not None else now_s
+        total = 0.0
+        for i, (since, rate) in enumerate(self.prices):
+            until = self.prices[i + 1][0] if i + 1 < len(self.prices) else end
+            total += max(0.0, min(until, end) - since) * rate / _S_PER_HR
+        return total
+
+
+class CostLedger:
+    """Accumulates spend as instances open, change price and close.
+
+    ``can_afford`` is the one budget test: spend so far plus running at a rate
+    for a duration plus the shutdown still to pay at that rate must stay within
+    the budget.  The controller asks it before every step forward, so the
+    budget is never crossed.
+    """
+
+    __slots__ = ("budget_usd", "_entries")
+
+    def __init__(self, *, budget_usd: float | None = None) -> None:
+        if budget_usd is not None and not (math.isfinite(budget_usd) and budget_usd > 0):
+            raise InputError(f"budget must be a positive number of USD, got {budget_usd!r}")
+        self.budget_usd = budget_usd
+        self._entries: dict[str, LedgerEntry] = {}
+
+    # ---- recording -------------------------------------------------------
+    def open(self, instance_id: str, *, gpu: str, zone: str, num_gpus: int, usd_per_hr: float,
+             start_s: float) -> None:
+        if instance_id in self._entries:
+            raise InputError(f"instance {instance_id!r} is already in the ledger")
+        if not (math.isfinite(usd_per_hr) and usd_per_hr >= 0):
+            raise InputError(f"price of {instance_id!r} must be >= 0 USD/h, got {usd_per_hr!r}")
+        self._entries[instance_id] = LedgerEntry(
+            instance_id=instance_id, gpu=gpu, zone=zone, num_gpus=int(num_gpus),
+            start_s=float(start_s), prices=[(float(start_s), float(usd_per_hr))],
+        )
+
+    def set_price(self, instance_id: str, usd_per_hr: float, at_s: float) -> None:
+        e = self._entry(instance_id)
+        if e.end_s is None and usd_per_hr != e.usd_per_hr:
+            at_s = max(at_s, e.prices[-1][0])
+            if at_s == e.prices[-1][0]:
+                e.prices[-1] = (at_s, float(usd_per_hr))
+            else:
+                e.prices.append((float(at_s), float(usd_per_hr)))
+
+    def close(self, instance_id: str, end_s: float, reason: str = "terminated") -> None:
+        e = self._entry(instance_id)
+        if e.end_s is None:
+            e.end_s = max(float(end_s), e.start_s)
+            e.end_reason = reason
+
+    def _entry(self, instance_id: str) -> LedgerEntry:
+        try:
+            return self._entries[instance_id]
+        except KeyError:
+            raise InputError(f"instance {instance_id!r} is not in the ledger") from None
+
+    # ---- reading ---------------------------------------------------------
+    def open_ids(self) -> list[str]:
+        return [i for i, e in self._entries.items() if e.end_s is None]
+
+    def usd_per_hr(self) -> float:
+        """What the instances still open cost per hour now."""
+        return sum(e.usd_per_hr for e in self._entries.values() if e.end_s is None)
+
+    def spent_usd(self, now_s: float) -> float:
+        return sum(e.cost_usd(now_s) for e in self._entries.values())
+
+    def budget_left_usd(self, now_s: float) -> float:
+        return math.inf if self.budget_usd is None else self.budget_usd - self.spent_usd(now_s)
+
+    def can_afford(self, usd_per_hr: float, duration_s: float, shutdown_s: float, *, now_s: float) -> bool:
+        """Would running at ``usd_per_hr`` for ``duration_s``, then ``shutdown_s`` more, stay in budget?"""
+        need = usd_per_hr * (max(duration_s, 0.0) + max(shutdown_s, 0.0)) / _S_PER_HR
+        return need <= self.budget_left_usd(now_s) + 1e-9
+
+    def affordable_s(self, usd_per_hr: float, shutdown_s: float, *, now_s: float) -> float:
+        """How long one can still run at ``usd_per_hr`` and pay the shutdown (inf without a budget)."""
+        left = self.budget_left_usd(now_s)
+        if math.isinf(left) or usd_per_hr <= 0:
+            return math.inf
+        return max(0.0, left * _S_PER_HR / usd_per_hr - max(shutdown_s, 0.0))
+
+    def by_instance(self, now_s: float) -> dict[str, float]:
+        return {i: e.cost_usd(now_s) for i, e in self._entries.items()}
+
+    def by_gpu_zone(self, now_s: float) -> dict[tuple[str, str], float]:
+        out: dict[tuple[str, str], float] = {}
+        for e in self._entries.values():
+            out[(e.gpu, e.zone)] = out.get((e.gpu, e.zone), 0.0) + e.cost_usd(now_s)
+        return out
+
+    def gpu_seconds(self, now_s: float) -> float:
+        total = 0.0
+        for e in self._entries.values():
+            end = e.end_s if e.end_s is not None else now_s
+            total += max(0.0, end - e.start_s) * e.num_gpus
+        return total
+
+    def entries(self) -> list[LedgerEntry]:
+        return list(self._entries.values())
+
+    # ---- persistence -----------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "budget_usd": self.budget_usd,
+            "instances": [
+                {
+                    "instance_id": e.instance_id, "gpu": e.gpu, "zone": e.zone, "num_gpus": e.num_gpus,
+                    "start_s": e.start_s, "prices": [list(p) for p in e.prices],
+                    "end_s": e.end_s, "end_reason": e.end_reason,
+                }
+                for e in self._entries.values()
+            ],
+        }
+
+    @classmethod
+    def from_dict(cls, data: Any) -> "CostLedger":
+        try:
+            ledger = cls(budget_usd=data.get("budget_usd"))
+            for row in data["instances"]:
+                prices = [(float(a), float(b)) for a, b in row["prices"]]
+                if not prices:
+                    raise ValueError(f"instance {row['instance_id']!r} has no price")
+                ledger._entries[str(row["instance_id"])] = LedgerEntry(
+                    instance_id=str(row["instance_id"]), gpu=str(row["gpu"]), zone=str(row["zone"]),
+                    num_gpus=int(row["num_gpus"]), start_s=float(row["start_s"]), prices=prices,
+                    end_s=None if row.get("end_s") is None else float(row["end_s"]),
+                    end_reason=row.get("end_reason"),
+                )
+            return ledger
+        except InputError:
+            raise
+        except (KeyError, TypeError, AttributeError, ValueError) as exc:
+            raise InputError(f"corrupt cost ledger: {type(exc).__name__}: {exc}") from None
+
+    @classmethod
+    def from_instance_records(cls, records, *, budget_usd: float | None = None) -> "CostLedger":
+        """Rebuild from the job state's instance records (``sailor_core.jobstate.InstanceRecord``)."""
+        ledger = cls(budget_usd=budget_usd)
+        for r in records:
+            ledger.open(r.instance_id, gpu=r.gpu, zone=r.zone, num_gpus=r.num_gpus,
+                        usd_per_hr=r.usd_per_hr, start_s=r.launched_unix_s)
+            if r.ended_unix_s is not None:
+                ledger.close(r.instance_id, r.ended_unix_s, r.end_reason or "terminated")
+        return ledger
