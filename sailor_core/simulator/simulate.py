@@ -28,7 +28,7 @@ from sailor_core.regimes import TrainingRegime, get_regime
 from sailor_core.simulator import stage as st
 from sailor_core.simulator.memory import MemoryBreakdown, inflight_microbatches, stage_memory
 from sailor_core.simulator.result import ReplicaResult, SimResult, StageResult
-from sailor_core.simulator.schedule import one_f_one_b
+from sailor_core.simulator.schedule import StageTiming, one_f_one_b, stage_timing
 from sailor_core.simulator.tables import layer_table
 
 
@@ -81,8 +81,7 @@ def simulate(
     first = plan.stages[0].replicas[0]
     regime = plan_regime(plan, profile_of(first.gpu, first.tp_degree))
 
-    stage_s: list[float] = []
-    stage_counts: list[int] = []
+    stage_timings: list[StageTiming] = []
     link_s: list[float] = []
     link_counts: list[int] = []
     egress_usd = 0.0
@@ -92,11 +91,13 @@ def simulate(
         start, end = stage.layer_start, stage.layer_end
         counts = st.microbatches_per_replica(num_mb, stage.dp_degree)
         replicas = []
+        steps: list[float] = []
         worst, straggler = -1.0, 0
         update_s = 0.0
         for r, rep in enumerate(stage.replicas):
             prof = profile_of(rep.gpu, rep.tp_degree)
             fwd, bwd = st.stage_compute_s(prof, start, end)
+            steps.append(fwd + bwd)
             if fwd + bwd > worst:
                 worst, straggler = fwd + bwd, r
             upd = st.stage_update_s(prof, start, end)
@@ -110,12 +111,12 @@ def simulate(
                 fwd_s=fwd, bwd_s=bwd, update_s=upd, memory=mem, profile_source=prof.source,
                 measured=layer_table(prof).measured(start, end),
             ))
-        stage_s.append(worst)
-        stage_counts.append(max(counts))
+        stage_timings.append(stage_timing(steps, counts))
 
         # Data-parallel gradient sync over the replicas, and the egress its ring pays.
-        min_tp = min(rep.tp_degree for rep in stage.replicas)
-        sync_bytes = st.dp_sync_bytes(plan.model, start, end, min_tp, regime)
+        thinnest = min(stage.replicas, key=lambda rep: rep.tp_degree)
+        min_tp = thinnest.tp_degree
+        sync_bytes = st.dp_sync_bytes(profile_of(thinnest.gpu, min_tp), start, end, regime)
         zones = [rep.zone for rep in stage.replicas]
         sync_s = st.stage_dp_sync_s(network, sync_bytes, [(rep.zone, rep.gpu) for rep in stage.replicas])
         if stage.dp_degree > 1:
@@ -154,7 +155,7 @@ def simulate(
             dp_sync_s=sync_s, dp_sync_bytes=sync_bytes, update_s=update_s,
         ))
 
-    pipe = one_f_one_b(stage_s, stage_counts, link_s, link_counts)
+    pipe = one_f_one_b(stage_timings, link_s, link_counts)
     # Stages sync and step in parallel after the pipeline drains: the slowest one ends the iteration.
     last = max(partial, key=lambda s: s["dp_sync_s"] + s["update_s"])
     breakdown = {

@@ -8,12 +8,9 @@ sums from prefix tables, network lookups cached per endpoint pair.
 
 from __future__ import annotations
 
-from functools import lru_cache
-from itertools import accumulate
 from math import gcd
 from typing import Sequence
 
-from sailor_core.catalog.layers import layer_shapes
 from sailor_core.network.model import Endpoint, NetworkModel
 from sailor_core.profiles.types import ModelProfile
 from sailor_core.regimes import TrainingRegime
@@ -75,22 +72,13 @@ def link_microbatches(num_microbatches: int, src_dp: int, dst_dp: int) -> int:
     return -(-num_microbatches // min(src_dp, dst_dp))
 
 
-def full_stage_params(model: str, layer_start: int, layer_end: int) -> int:
-    """Parameters of layers [start, end) of the whole model (no TP split)."""
-    cum = _full_params_cum(model)
-    return cum[layer_end] - cum[layer_start]
+def dp_sync_bytes(profile: ModelProfile, layer_start: int, layer_end: int, regime: TrainingRegime) -> float:
+    """Gradient bytes each data-parallel ring all-reduces.
 
-
-@lru_cache(maxsize=64)
-def _full_params_cum(model: str) -> tuple[int, ...]:
-    return (0, *accumulate(s.params for s in layer_shapes(model, tp_degree=1, seq_len=1)))
-
-
-def dp_sync_bytes(model: str, layer_start: int, layer_end: int, min_tp_degree: int,
-                  regime: TrainingRegime) -> float:
-    """Gradient bytes each data-parallel ring all-reduces: the stage's full gradient divided by the
-    smallest TP degree among its replicas (Sailor's rule for replicas of different TP)."""
-    return full_stage_params(model, layer_start, layer_end) * regime.grad_bytes_per_param / min_tp_degree
+    ``profile`` is that of the replica with the smallest TP degree: its GPU holds the stage's
+    gradient divided by that degree (Sailor's rule for replicas of different TP).
+    """
+    return layer_table(profile).params(layer_start, layer_end) * regime.grad_bytes_per_param
 
 
 def stage_dp_sync_s(network: NetworkModel, sync_bytes: float, zones_gpus: Sequence[tuple[str, str]]) -> float:

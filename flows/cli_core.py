@@ -1,0 +1,227 @@
+"""``sailor simulate``, ``sailor memory`` and ``sailor catalog``: the core model from the command line.
+
+Imports happen inside the commands so ``sailor --help`` stays light.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import typer
+
+from flows.cli_common import console, fail, parse_layers, print_json
+
+_CATALOGS = ("gpus", "models", "instances")
+
+
+def _gb(num_bytes: float) -> str:
+    return f"{num_bytes / 1e9:,.2f} GB"
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:,.2f} ms"
+
+
+def simulate_cmd(
+    plan_path: str = typer.Argument(..., metavar="PLAN.json", help="Plan file (DESIGN.md format)."),
+    on_demand: bool = typer.Option(False, "--on-demand", help="Price GPUs on demand instead of spot."),
+    as_json: bool = typer.Option(False, "--json", help="Print the SimResult as JSON."),
+) -> None:
+    """Simulate one training iteration of a plan: time by part, memory, cost, throughput."""
+    from sailor_core.plan import load_plan
+    from sailor_core.simulator import simulate
+
+    plan = load_plan(plan_path)
+    result = simulate(plan, spot=not on_demand)
+    if as_json:
+        out = result.to_dict()
+        out["plan"] = plan.to_dict()
+        print_json(out)
+        return
+    _print_sim(plan, result)
+
+
+def _print_sim(plan, result) -> None:
+    from rich.table import Table
+
+    con = console()
+    con.print(
+        f"[bold]{plan.model}[/bold]: {len(plan.stages)} stage(s), {result.num_gpus} GPU(s), "
+        f"global batch {plan.global_batch_size}, micro-batch {plan.micro_batch_size} "
+        f"({result.num_microbatches} micro-batches), seq {result.seq_len}, regime {result.regime}"
+    )
+    parts = Table(title="Iteration time")
+    parts.add_column("part")
+    parts.add_column("time", justify="right")
+    parts.add_column("share", justify="right")
+    total = result.iteration_time_s
+    for name, value in result.breakdown.items():
+        parts.add_row(name, _ms(value), f"{100 * value / total:.1f} %" if total else "-")
+    parts.add_row("[bold]iteration[/bold]", f"[bold]{_ms(total)}[/bold]", "100 %")
+    con.print(parts)
+
+    stages = Table(title="Stages")
+    for col in ("stage", "layers", "replicas", "micro-batches", "fwd+bwd / mb", "p2p / mb",
+                "dp sync", "update", "peak memory", "fits"):
+        stages.add_column(col, justify="right" if col not in ("replicas", "fits") else "left")
+    for s in result.stages:
+        reps = ", ".join(f"{r.gpu}x{r.tp_degree}@{r.zone}" for r in s.replicas)
+        stages.add_row(
+            str(s.index), f"{s.layer_start}:{s.layer_end}", reps, str(s.num_microbatches),
+            _ms(s.compute_s_per_microbatch), _ms(s.p2p_s_per_microbatch), _ms(s.dp_sync_s),
+            _ms(s.update_s), _gb(s.peak_memory_bytes), "yes" if s.fits else "[red]no[/red]",
+        )
+    con.print(stages)
+    con.print(
+        f"throughput {result.throughput_samples_per_s:,.2f} samples/s ({result.tokens_per_s:,.0f} tokens/s); "
+        f"cost {result.usd_per_iteration:.4f} USD/iteration (GPUs {result.gpu_usd_per_iteration:.4f}, "
+        f"egress {result.egress_usd_per_iteration:.4f}), GPUs {result.usd_per_hour:.2f} USD/h; "
+        f"bottleneck {result.bottleneck}"
+    )
+    if result.fits:
+        con.print(f"peak memory {_gb(result.peak_memory_bytes)} per GPU: fits")
+    else:
+        con.print(f"[red]does not fit[/red]: {result.why_not}")
+
+
+def memory_cmd(
+    model: str = typer.Option(..., "--model", help="Model name, e.g. opt-350m."),
+    gpu: str = typer.Option(..., "--gpu", help="GPU type, e.g. A100-40."),
+    mbs: int = typer.Option(..., "--mbs", help="Micro-batch size (sequences)."),
+    inflight: int = typer.Option(1, "--inflight", help="Micro-batches in flight (1F1B: P - stage index)."),
+    layers: Optional[str] = typer.Option(None, "--layers", help="Half-open layer range START:END (default: all)."),
+    tp: int = typer.Option(1, "--tp", help="Tensor-parallel degree."),
+    seq_len: Optional[int] = typer.Option(None, "--seq-len", help="Sequence length (default: the model's)."),
+    regime: Optional[str] = typer.Option(None, "--regime", help="Training regime (default: the profile's)."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+) -> None:
+    """Peak memory of one GPU holding a stage with K micro-batches in flight."""
+    from sailor_core.simulator import stage_memory_for
+
+    if mbs < 1:
+        raise fail(f"--mbs must be >= 1, got {mbs}")
+    if inflight < 1:
+        raise fail(f"--inflight must be >= 1, got {inflight}")
+    if seq_len is not None and seq_len < 1:
+        raise fail(f"--seq-len must be >= 1, got {seq_len}")
+    span = parse_layers(layers)
+    mem = stage_memory_for(model, gpu, tp, mbs, inflight, span, seq_len=seq_len, regime=regime)
+    if as_json:
+        print_json(mem.to_dict())
+        return
+    from rich.table import Table
+
+    table = Table(title=f"{model} on {gpu} (tp {tp}, micro-batch {mbs}, {inflight} in flight)")
+    table.add_column("part")
+    table.add_column("bytes", justify="right")
+    for name, value in (("weights + grads + optimizer", mem.state_bytes),
+                        ("activations in flight", mem.activation_bytes),
+                        ("loss working memory", mem.loss_working_bytes),
+                        ("constant overhead", mem.overhead_bytes),
+                        ("[bold]peak[/bold]", mem.peak_bytes),
+                        ("GPU memory", mem.capacity_bytes)):
+        table.add_row(name, _gb(value))
+    con = console()
+    con.print(table)
+    con.print("fits" if mem.fits else "[red]does not fit[/red]")
+
+
+def catalog_cmd(
+    what: str = typer.Argument(..., metavar="gpus|models|instances", help="Which catalog to list."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+) -> None:
+    """List the GPU, model or cloud-instance catalog."""
+    if what not in _CATALOGS:
+        raise fail(f"unknown catalog {what!r}; choose one of {', '.join(_CATALOGS)}")
+    rows = {"gpus": _gpu_rows, "models": _model_rows, "instances": _instance_rows}[what]()
+    if as_json:
+        print_json({what: rows})
+        return
+    from rich.table import Table
+
+    table = Table(title=f"{what} ({len(rows)})")
+    columns = _HUMAN[what]
+    for title, _ in columns:
+        table.add_column(title)
+    for row in rows:
+        table.add_row(*(fmt(row) for _, fmt in columns))
+    console().print(table)
+
+
+_HUMAN = {
+    "gpus": (
+        ("GPU", lambda r: r["name"]),
+        ("memory", lambda r: f"{r['memory_bytes'] / 2**30:.1f} GiB"),
+        ("bf16 TFLOP/s", lambda r: f"{r['peak_bf16_flops'] / 1e12:g}"),
+        ("fp32 TFLOP/s", lambda r: f"{r['peak_fp32_flops'] / 1e12:g}"),
+        ("HBM GB/s", lambda r: f"{r['memory_bw_bytes_per_s'] / 1e9:g}"),
+        ("intra-node", lambda r: f"{r['intra_node_link']} {r['intra_node_bw_bytes_per_s'] / 1e9:g} GB/s"),
+        ("GPUs/node", lambda r: ",".join(map(str, r["gpus_per_node"]))),
+    ),
+    "models": (
+        ("model", lambda r: r["name"]),
+        ("params", lambda r: f"{r['params'] / 1e9:.3f} B"),
+        ("layers", lambda r: str(r["num_layers"])),
+        ("hidden", lambda r: str(r["hidden_size"])),
+        ("FFN", lambda r: str(r["ffn_size"])),
+        ("heads (kv)", lambda r: f"{r['num_heads']} ({r['num_kv_heads']})"),
+        ("vocab", lambda r: str(r["vocab_size"])),
+        ("seq", lambda r: str(r["seq_len"])),
+    ),
+    "instances": (
+        ("cloud", lambda r: r["cloud"]),
+        ("zone", lambda r: r["zone"]),
+        ("instance", lambda r: r["instance_type"]),
+        ("GPUs", lambda r: f"{r['gpus_per_node']}x {r['gpu']}"),
+        ("spot $/h", lambda r: f"{r['spot_usd_per_hr']:.3f}"),
+        ("on-demand $/h", lambda r: f"{r['on_demand_usd_per_hr']:.3f}"),
+    ),
+}
+
+
+def _gpu_rows() -> list[dict]:
+    from sailor_core.catalog.gpus import get_gpu, gpu_names
+
+    return [
+        {
+            "name": g.name, "memory_bytes": g.memory_bytes, "peak_bf16_flops": g.peak_bf16_flops,
+            "peak_fp32_flops": g.peak_fp32_flops, "memory_bw_bytes_per_s": g.memory_bw_bytes_per_s,
+            "intra_node_bw_bytes_per_s": g.intra_node_bw_bytes_per_s, "intra_node_link": g.intra_node_link,
+            "gpus_per_node": list(g.gpus_per_node),
+        }
+        for g in map(get_gpu, gpu_names())
+    ]
+
+
+def _model_rows() -> list[dict]:
+    from sailor_core.catalog.layers import total_params
+    from sailor_core.catalog.models import get_model, model_names
+
+    return [
+        {
+            "name": m.name, "family": m.family, "params": total_params(m), "num_layers": m.num_layers,
+            "num_layer_indices": m.num_layer_indices, "hidden_size": m.hidden_size, "ffn_size": m.ffn_size,
+            "num_heads": m.num_heads, "num_kv_heads": m.num_kv_heads, "vocab_size": m.vocab_size,
+            "seq_len": m.seq_len,
+        }
+        for m in map(get_model, model_names())
+    ]
+
+
+def _instance_rows() -> list[dict]:
+    from sailor_core.catalog.instances import catalog_offers
+
+    return [
+        {
+            "cloud": o.cloud, "zone": o.zone, "instance_type": o.instance_type, "gpu": o.gpu,
+            "gpus_per_node": o.gpus_per_node, "spot_usd_per_hr": o.spot_usd_per_hr,
+            "on_demand_usd_per_hr": o.on_demand_usd_per_hr,
+        }
+        for o in catalog_offers()
+    ]
+
+
+def register(app: typer.Typer) -> None:
+    app.command("simulate")(simulate_cmd)
+    app.command("memory")(memory_cmd)
+    app.command("catalog")(catalog_cmd)

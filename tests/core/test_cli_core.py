@@ -1,0 +1,104 @@
+"""``sailor simulate / memory / catalog`` as a user runs them: real processes, real exit codes."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = ROOT / "examples"
+
+
+def sailor(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "flows.cli", *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+
+
+def _plan_file(tmp_path, **changes) -> str:
+    data = json.loads((EXAMPLES / "plan_tiny.json").read_text())
+    data.update(changes)
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(data))
+    return str(path)
+
+
+def test_simulate_json_has_the_design_keys():
+    out = sailor("simulate", str(EXAMPLES / "plan_opt350m.json"), "--json")
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    for key in ("iteration_time_s", "throughput_samples_per_s", "usd_per_iteration", "peak_memory_bytes",
+                "fits", "breakdown", "stages"):
+        assert key in data
+    assert sum(data["breakdown"].values()) == pytest.approx(data["iteration_time_s"])
+    assert len(data["stages"]) == 2 and data["stages"][0]["replicas"][1]["gpu"] == "V100-16"
+
+
+def test_simulate_table():
+    out = sailor("simulate", str(EXAMPLES / "plan_tiny.json"))
+    assert out.returncode == 0, out.stderr
+    assert "Iteration time" in out.stdout and "bubble" in out.stdout
+
+
+def test_memory_json_and_growth_with_inflight():
+    one = sailor("memory", "--model", "opt-350m", "--gpu", "A100-40", "--mbs", "2", "--inflight", "1",
+                 "--layers", "0:13", "--json")
+    four = sailor("memory", "--model", "opt-350m", "--gpu", "A100-40", "--mbs", "2", "--inflight", "4",
+                  "--layers", "0:13", "--json")
+    assert one.returncode == 0 and four.returncode == 0, one.stderr + four.stderr
+    a, b = json.loads(one.stdout), json.loads(four.stdout)
+    assert b["peak_memory_bytes"] - a["peak_memory_bytes"] == 3 * a["activation_bytes"]
+    assert a["loss_working_bytes"] == 0  # layers 0..12 do not hold the head
+
+
+def test_catalogs():
+    for what, key in (("gpus", "H200"), ("models", "opt-350m"), ("instances", "p5")):
+        out = sailor("catalog", what, "--json")
+        assert out.returncode == 0, out.stderr
+        assert key in out.stdout
+
+
+def _assert_one_line_error(out: subprocess.CompletedProcess, *words: str) -> None:
+    assert out.returncode != 0
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1, out.stderr
+    assert lines[0].startswith("error: ")
+    assert "Traceback" not in out.stderr + out.stdout
+    for w in words:
+        assert w in lines[0]
+
+
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (("memory", "--model", "gpt-5", "--gpu", "A100-40", "--mbs", "1", "--inflight", "1"), ("unknown model",)),
+        (("memory", "--model", "opt-350m", "--gpu", "B300", "--mbs", "1", "--inflight", "1"), ("unknown GPU",)),
+        (("memory", "--model", "opt-350m", "--gpu", "A100-40", "--mbs", "-2", "--inflight", "1"), ("--mbs",)),
+        (("memory", "--model", "opt-350m", "--gpu", "A100-40", "--mbs", "1", "--inflight", "0"), ("--inflight",)),
+        (("memory", "--model", "opt-350m", "--gpu", "A100-40", "--mbs", "1", "--inflight", "1",
+          "--layers", "20:40"), ("layers",)),
+        (("memory", "--model", "opt-350m", "--gpu", "A100-40", "--mbs", "1", "--inflight", "1",
+          "--layers", "x"), ("--layers",)),
+        (("memory", "--model", "opt-350m", "--gpu", "A100-40", "--mbs", "1", "--inflight", "1",
+          "--tp", "3"), ("TP degree",)),
+        (("catalog", "zones"), ("unknown catalog",)),
+        (("simulate", "/nonexistent/plan.json"), ("cannot read",)),
+    ],
+)
+def test_bad_input_gets_one_line(args, words):
+    _assert_one_line_error(sailor(*args), *words)
+
+
+def test_bad_plans_get_one_line(tmp_path):
+    _assert_one_line_error(sailor("simulate", _plan_file(tmp_path, model="gpt-5")), "unknown model")
+    _assert_one_line_error(sailor("simulate", _plan_file(tmp_path, global_batch_size=-8)), "global_batch_size")
+    stages = json.loads((EXAMPLES / "plan_tiny.json").read_text())["stages"]
+    stages[1]["layers"] = [2, 3]
+    _assert_one_line_error(sailor("simulate", _plan_file(tmp_path, stages=stages)), "not covered")
+    stages[1]["layers"] = [2, 4]
+    stages[1]["replicas"][0]["gpu"] = "B300"
+    _assert_one_line_error(sailor("simulate", _plan_file(tmp_path, stages=stages)), "unknown GPU")
+    corrupt = tmp_path / "corrupt.json"
+    corrupt.write_text('{"model": "tiny", "stages": [')
+    _assert_one_line_error(sailor("simulate", str(corrupt)), "not valid JSON")

@@ -1,0 +1,23 @@
+"""The simulator and planner load without torch, Prefect or any cloud SDK (DESIGN.md layering)."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+FORBIDDEN = ("torch", "prefect", "boto3", "botocore", "google.cloud", "moto")
+
+
+def test_simulator_and_planner_import_light():
+    code = (
+        "import json, sys\n"
+        "import sailor_core.network, sailor_core.simulator, sailor_core.planner\n"
+        "from sailor_core.simulator import simulate\n"
+        "print(json.dumps(sorted(sys.modules)))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    loaded = json.loads(out.stdout)
+    bad = [m for m in loaded if any(m == f or m.startswith(f + ".") for f in FORBIDDEN)]
+    assert bad == []

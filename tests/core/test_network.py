@@ -1,0 +1,107 @@
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from sailor_core.network import Endpoint, LinkClass, default_network, link_class
+from sailor_core.network.fits import MAX_FIT_BYTES, MIN_FIT_BYTES, BandwidthFit
+from tests.core.helpers import flat_network
+
+SAILOR_HET = Path(__file__).resolve().parents[2].parent / "shared/sailor_data/providers/multizone_bandwidths_het.json"
+
+
+def _raw_fit(src_zone, gpu, count, dst_zone):
+    data = json.loads(SAILOR_HET.read_text())
+    return data[src_zone][gpu][str(count)][dst_zone][gpu][str(count)]
+
+
+def test_fit_matches_the_published_formula_inside_its_range():
+    (a, b, c), max_bw = _raw_fit("us-central1-a", "A100-40", 1, "us-central1-b")
+    net = default_network()
+    src = Endpoint(zone="us-central1-a", gpu="A100-40")
+    dst = Endpoint(zone="us-central1-b", gpu="A100-40")
+    size = 16e6
+    x = math.log2(size / 1e6)
+    expected_bw = min((a * x * x + b * x + c) * 1e9, max_bw)
+    assert net.p2p_time_s(size, src, dst) == pytest.approx(size / expected_bw)
+
+
+def test_fits_are_clamped_to_their_measured_range_and_stay_positive():
+    net = default_network()
+    for fit in set(net.inter_fits.values()):
+        tiny, small = fit.bandwidth_bytes_per_s(10e3), fit.bandwidth_bytes_per_s(MIN_FIT_BYTES)
+        huge, big = fit.bandwidth_bytes_per_s(8 * MAX_FIT_BYTES), fit.bandwidth_bytes_per_s(MAX_FIT_BYTES)
+        assert tiny == small > 0  # below 64 KiB: no better per byte than 64 KiB, never <= 0
+        assert huge == big <= fit.max_bw_bytes_per_s
+
+
+def test_collapsing_quadratic_is_floored():
+    fit = BandwidthFit(a=-1.0, b=0.0, c=0.5, max_bw_bytes_per_s=1e9)
+    assert fit.bandwidth_bytes_per_s(1e8) > 0
+
+
+def test_link_classes():
+    assert link_class("us-central1-a", "us-central1-a") is LinkClass.SAME_ZONE
+    assert link_class("us-central1-a", "us-central1-b") is LinkClass.CROSS_ZONE
+    assert link_class("us-east-1a", "us-west-2b") is LinkClass.CROSS_REGION
+    assert link_class("us-east-1a", "us-central1-a") is LinkClass.CROSS_CLOUD
+    assert link_class("local", "local") is LinkClass.LOCAL
+
+
+def test_unmeasured_gpus_get_class_defaults_ordered_by_distance():
+    net = default_network()
+    size = 64e6
+    h = lambda z: Endpoint(zone=z, gpu="H100-80")  # noqa: E731
+    same = net.p2p_time_s(size, h("us-east-1a"), h("us-east-1a"))
+    zone = net.p2p_time_s(size, h("us-east-1a"), h("us-east-1b"))
+    region = net.p2p_time_s(size, h("us-east-1a"), h("us-west-2a"))
+    cloud = net.p2p_time_s(size, h("us-east-1a"), h("us-central1-a"))
+    assert 0 < same < zone < region < cloud
+
+
+def test_more_gpus_per_side_move_data_faster():
+    net = default_network()
+    one = net.p2p_time_s(64e6, Endpoint(zone="us-central1-a", gpu="A100-40", num_gpus=1),
+                         Endpoint(zone="us-central1-a", gpu="A100-40", num_gpus=1))
+    four = net.p2p_time_s(64e6, Endpoint(zone="us-central1-a", gpu="A100-40", num_gpus=4),
+                          Endpoint(zone="us-central1-a", gpu="A100-40", num_gpus=4))
+    assert four < one
+
+
+def test_same_node_uses_the_intra_node_fit():
+    net = default_network()
+    a = Endpoint(zone="us-central1-a", gpu="A100-40", node="n1")
+    b = Endpoint(zone="us-central1-a", gpu="A100-40", node="n1")
+    c = Endpoint(zone="us-central1-a", gpu="A100-40", node="n2")
+    assert net.link_class(a, b) is LinkClass.INTRA_NODE
+    assert net.p2p_time_s(64e6, a, b) < net.p2p_time_s(64e6, a, c) / 10
+
+
+def test_ring_allreduce_is_bucketed_and_hand_computable():
+    net = flat_network(bw_bytes_per_s=1e9)
+    eps = [Endpoint(zone="us-central1-a", gpu="A100-40")] * 4
+    # 1.2e9 bytes -> buckets 5e8, 5e8, 2e8; each bucket 2(N-1) steps of bucket/N bytes.
+    expected = sum(2 * 3 * (b / 4) / 1e9 for b in (5e8, 5e8, 2e8))
+    assert net.allreduce_time_s(1.2e9, eps) == pytest.approx(expected)
+    assert net.allreduce_time_s(1.2e9, eps[:1]) == 0.0
+
+
+def test_ring_allreduce_is_paced_by_the_slowest_link():
+    net = default_network()
+    near = [Endpoint(zone="us-central1-a", gpu="A100-40")] * 3
+    far = near[:2] + [Endpoint(zone="us-west1-b", gpu="A100-40")]
+    assert net.allreduce_time_s(4e8, far) > 2 * net.allreduce_time_s(4e8, near)
+
+
+def test_egress_prices():
+    net = default_network()
+    per_gb = lambda a, b: net.egress_usd_per_byte(a, b) * 1e9  # noqa: E731
+    assert per_gb("us-central1-a", "us-central1-a") == 0.0
+    assert per_gb("us-central1-a", "us-central1-b") == pytest.approx(0.01)
+    assert per_gb("us-central1-a", "us-west1-b") == pytest.approx(0.02)  # Sailor's table
+    assert per_gb("us-east-1a", "us-east-1b") == pytest.approx(0.01)  # class default
+    assert per_gb("us-east-1a", "us-west-2a") == pytest.approx(0.02)
+    assert per_gb("us-east-1a", "eu-west-1a") == pytest.approx(0.05)
+    assert per_gb("us-east-1a", "us-central1-a") == pytest.approx(0.09)
+    assert per_gb("local", "local") == 0.0

@@ -1,0 +1,63 @@
+"""Properties that must hold for any plan, checked with hypothesis."""
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sailor_core.simulator import one_f_one_b, simulate, stage_timing
+from sailor_core.simulator.memory import stage_memory
+from sailor_core.regimes import get_regime
+from tests.core.helpers import db_of, flat_network, hand_profile, plan
+
+DB = db_of(hand_profile("A100-40"), hand_profile("V100-16", fwd_s=(0.002, 0.003, 0.005, 0.004)))
+NET = flat_network(2e9, 1e-5)
+SPLITS = [[(0, 4)], [(0, 2), (2, 4)], [(0, 1), (1, 3), (3, 4)], [(0, 1), (1, 2), (2, 3), (3, 4)]]
+
+
+def _balanced(split, dp, gbs, gpu="A100-40"):
+    return plan([{"layers": list(s), "replicas": [{"gpu": gpu, "tp": 1, "zone": "local"}] * dp} for s in split],
+                gbs=gbs)
+
+
+@settings(max_examples=60, deadline=None)
+@given(split=st.sampled_from(SPLITS), dp=st.integers(1, 6), gbs=st.integers(7, 64),
+       stage=st.integers(0, 3), gpu=st.sampled_from(["A100-40", "V100-16"]))
+def test_adding_a_replica_never_increases_compute(split, dp, gbs, stage, gpu):
+    base = _balanced(split, dp, gbs, gpu)
+    stage = stage % len(split)
+    grown_stages = [{"layers": list(s), "replicas": [{"gpu": gpu, "tp": 1, "zone": "local"}] * (dp + (i == stage))}
+                    for i, s in enumerate(split)]
+    grown = plan(grown_stages, gbs=gbs)
+    a = simulate(base, profiles=DB, network=NET)
+    b = simulate(grown, profiles=DB, network=NET)
+    assert b.breakdown["compute"] <= a.breakdown["compute"] * (1 + 1e-12)
+    assert b.breakdown["compute"] + b.breakdown["bubble"] <= (a.breakdown["compute"] + a.breakdown["bubble"]) * (1 + 1e-12)
+
+
+@settings(max_examples=60, deadline=None)
+@given(k=st.integers(1, 63), start=st.integers(0, 3), length=st.integers(1, 4),
+       regime=st.sampled_from(["torch-bf16-autocast-adamw", "megatron-fp32-adamw"]))
+def test_memory_grows_with_microbatches_in_flight(k, start, length, regime):
+    prof = DB.get("tiny", "A100-40", 1, 1, 64)
+    end = min(4, start + length)
+    r = get_regime(regime)
+    less = stage_memory(prof, start, end, k, r, 10**12)
+    more = stage_memory(prof, start, end, k + 1, r, 10**12)
+    assert more.peak_bytes > less.peak_bytes
+    assert more.state_bytes == less.state_bytes
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    replicas=st.lists(st.lists(st.tuples(st.floats(1e-4, 1.0), st.integers(0, 40)), min_size=1, max_size=4),
+                      min_size=1, max_size=5),
+    links=st.lists(st.tuples(st.floats(0.0, 1.0), st.integers(1, 40)), min_size=4, max_size=4),
+)
+def test_pipeline_parts_are_consistent(replicas, links):
+    stages = [stage_timing([t for t, _ in reps], [n for _, n in reps]) for reps in replicas]
+    link_s = [t for t, _ in links[: len(stages) - 1]]
+    link_n = [n for _, n in links[: len(stages) - 1]]
+    pipe = one_f_one_b(stages, link_s, link_n)
+    assert pipe.compute_s >= 0 and pipe.bubble_s >= 0 and pipe.p2p_s >= sum(link_s) - 1e-12
+    # never faster than any stage's own work, nor than one micro-batch's round trip
+    assert pipe.total_s >= max(s.busy_s for s in stages) - 1e-9
+    assert pipe.total_s >= sum(s.step_s for s in stages) + sum(link_s) - 1e-9
