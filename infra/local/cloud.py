@@ -1,0 +1,337 @@
+"""The embedded local cloud: moto's EC2 + the GCE fake + local processes as machines.
+
+Both clouds share one capacity model (GPUs per (type, zone), from a trace or set
+by hand) and one fault injector. A ticker turns capacity drops into spot
+preemptions, and starts/stops the processes of EC2 instances as moto changes
+their state. Preempting posts the metadata notice, SIGTERMs the instance's
+process group, waits ``notice_s``, SIGKILLs it, then ends the instance as the
+cloud would: EC2 terminated with ``Server.SpotInstanceTermination``, GCE
+TERMINATED with a ``compute.instances.preempted`` operation, then deleted.
+"""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from google.auth.credentials import AnonymousCredentials
+
+from infra.aws import AWSProvider
+from infra.gcp import GCPProvider
+from infra.local.aws_server import FIXED_AMI, LIVE, MotoEC2, gpus_of_type
+from infra.local.capacity import Capacity
+from infra.local.faults import FaultRates, Faults
+from infra.local.gce_fake import GCEFake
+from infra.local.machines import LOCAL_ADDRESS, Machines
+from infra.records import LOCAL_ADDRESS_LABEL
+from infra.retry import RetryPolicy
+from sailor_core.catalog.instances import instance_types
+from sailor_core.errors import InputError
+from sailor_core.zones import parse_zone
+
+log = logging.getLogger("sailor.infra.local")
+PROJECT = "sailor-local"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LiveInstance:
+    cloud: str
+    instance_id: str
+    zone: str
+    gpu: str | None
+    num_gpus: int
+    started_at: float
+
+
+class EmbeddedCloud:
+    def __init__(
+        self,
+        *,
+        state_dir: str | Path | None = None,
+        notice_s: float = 2.0,
+        boot_s: float = 0.2,
+        tick_s: float = 0.2,
+        halt_grace_s: float = 1.0,
+        faults: FaultRates | None = None,
+    ) -> None:
+        self.state_dir = Path(state_dir) if state_dir else Path(tempfile.mkdtemp(prefix="sailor-cloud-"))
+        self.notice_s = notice_s
+        self.tick_s = tick_s
+        self.halt_grace_s = halt_grace_s
+        self.capacity = Capacity()
+        self.faults = Faults(faults)
+        self.aws_regions = sorted({parse_zone(z).region for r in instance_types() if r.cloud == "aws" for z in r.zones})
+        self.aws = MotoEC2(regions=self.aws_regions, capacity=self.capacity, faults=self.faults, on_change=self.reconcile)
+        self.gce = GCEFake(project=PROJECT, capacity=self.capacity, faults=self.faults, boot_s=boot_s,
+                           on_running=self._gce_running, on_halt=self._gce_halt)
+        self.machines: Machines | None = None
+        self.preemptions: list[dict] = []  # history: what was preempted, when, why
+        self._preempting: set[str] = set()
+        self._seen: dict[str, float] = {}  # first sighting: "newest first" when reclaiming
+        self._lock = threading.RLock()
+        self._stop = threading.Event()
+        self._ticker: threading.Thread | None = None
+        self._trace_events_done = 0
+        self.started = False
+
+    # ---- life cycle --------------------------------------------------------------
+
+    def start(self) -> EmbeddedCloud:
+        self.aws.start()
+        self.gce.start()
+        self.machines = Machines(self.state_dir / "instances", metadata_url=f"{self.gce.endpoint}/metadata")
+        self.gce.metadata_handler = self._metadata
+        self._ticker = threading.Thread(target=self._tick_loop, name="embedded-cloud", daemon=True)
+        self._ticker.start()
+        self.started = True
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._ticker is not None:
+            self._ticker.join(timeout=5)
+        if self.machines is not None:
+            self.machines.halt_all()
+        self.aws.stop()
+        self.gce.stop()
+        self.started = False
+
+    def __enter__(self) -> EmbeddedCloud:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    @property
+    def aws_endpoint(self) -> str:
+        return self.aws.endpoint
+
+    @property
+    def gce_endpoint(self) -> str:
+        return self.gce.endpoint
+
+    def providers(self, *, retry: RetryPolicy | None = None) -> dict:
+        return providers_for(self.aws_endpoint, self.gce_endpoint, retry=retry, aws_regions=self.aws_regions)
+
+    def reset(self) -> None:
+        """Back to an empty cloud (tests share one): no instances, capacity or faults."""
+        for inst in self.live_instances():
+            self._end_now(inst)
+        for region in self.aws_regions:
+            backend = self.aws._backend(region)
+            for inst in backend.all_instances():
+                if inst.state != "terminated":
+                    inst.terminate()
+            backend.reservations.clear()
+        with self.gce._lock:
+            self.gce.instances.clear()
+            self.gce.operations.clear()
+        self.capacity = self.aws.capacity = self.gce.capacity = Capacity()
+        self.faults.configure(FaultRates())
+        with self._lock:
+            self.preemptions.clear()
+            self._preempting.clear()
+            self._seen.clear()
+            self._trace_events_done = 0
+
+    # ---- instances of both clouds --------------------------------------------------
+
+    def live_instances(self) -> list[LiveInstance]:
+        out = []
+        for inst in self.aws.instances():
+            if inst.state in LIVE:
+                gpu, n = gpus_of_type(inst.instance_type)
+                out.append(LiveInstance(cloud="aws", instance_id=inst.id, zone=inst.placement.zone, gpu=gpu,
+                                        num_gpus=n, started_at=self._first_seen(inst.id)))
+        with self.gce._lock:
+            snapshot = list(self.gce.instances.items())
+        for (zone, name), inst in snapshot:
+            if inst["status"] in ("PROVISIONING", "STAGING", "RUNNING", "STOPPING"):
+                gpu, n = self.gce.gpus_of(inst)
+                out.append(LiveInstance(cloud="gcp", instance_id=name, zone=zone, gpu=gpu, num_gpus=n,
+                                        started_at=self._first_seen(name)))
+        return out
+
+    def _first_seen(self, instance_id: str) -> float:
+        with self._lock:
+            return self._seen.setdefault(instance_id, time.monotonic())
+
+    def _find(self, instance_id: str) -> LiveInstance | None:
+        return next((i for i in self.live_instances() if i.instance_id == instance_id), None)
+
+    # ---- preemption --------------------------------------------------------------
+
+    def preempt(self, instance_id: str, *, wait: bool = False, reason: str = "requested") -> bool:
+        """Reclaim one spot instance (after the notice period). False if not live."""
+        inst = self._find(instance_id)
+        thread = self._preempt(inst, reason=reason) if inst is not None else None
+        if thread is not None and wait:
+            thread.join()
+        return thread is not None
+
+    def preempt_zone(self, zone: str, *, gpu: str | None = None, num_gpus: int | None = None,
+                     wait: bool = False, reason: str = "requested") -> list[str]:
+        """Reclaim instances in ``zone`` (of ``gpu``), newest first, until ``num_gpus`` are taken."""
+        zone = parse_zone(zone).name
+        victims = sorted(
+            (i for i in self.live_instances()
+             if i.zone == zone and (gpu is None or i.gpu == gpu) and i.instance_id not in self._preempting),
+            key=lambda i: -i.started_at,
+        )
+        taken, threads, chosen = 0, [], []
+        for inst in victims:
+            if num_gpus is not None and taken >= num_gpus:
+                break
+            thread = self._preempt(inst, reason=reason)
+            if thread is not None:
+                threads.append(thread)
+                chosen.append(inst.instance_id)
+                taken += inst.num_gpus
+        if wait:
+            for thread in threads:
+                thread.join()
+        return chosen
+
+    def _preempt(self, inst: LiveInstance, *, reason: str) -> threading.Thread | None:
+        with self._lock:
+            if inst.instance_id in self._preempting:
+                return None
+            self._preempting.add(inst.instance_id)
+            self.preemptions.append({"time": time.time(), "cloud": inst.cloud, "instance_id": inst.instance_id,
+                                     "zone": inst.zone, "gpu": inst.gpu, "num_gpus": inst.num_gpus, "reason": reason})
+        if inst.cloud == "gcp":
+            self.gce.begin_preemption(inst.zone, inst.instance_id)
+        self.machines.give_notice(inst.instance_id, self.notice_s)
+        thread = threading.Thread(target=self._finish_preemption, args=(inst,), daemon=True)
+        thread.start()
+        return thread
+
+    def _finish_preemption(self, inst: LiveInstance) -> None:
+        time.sleep(self.notice_s)
+        self.machines.halt(inst.instance_id)
+        if inst.cloud == "aws":
+            self.aws.spot_interrupt(inst.instance_id)
+        else:
+            self.gce.finish_preemption(inst.zone, inst.instance_id)
+
+    def _end_now(self, inst: LiveInstance) -> None:
+        if self.machines is not None:
+            self.machines.halt(inst.instance_id)
+
+    # ---- capacity, faults, trace ---------------------------------------------------
+
+    def set_capacity(self, gpu: str, zone: str, num_gpus: int | None) -> None:
+        self.capacity.set(gpu, zone, num_gpus)
+
+    def set_faults(self, rates: FaultRates) -> None:
+        self.faults.configure(rates)
+
+    def play_trace(self, path: str | Path, *, time_scale: float = 1.0) -> None:
+        """Drive capacity (and so preemptions) from an availability trace, starting now."""
+        if time_scale <= 0:
+            raise InputError(f"time_scale must be > 0, got {time_scale}")
+        with self._lock:
+            self._trace_events_done = 0
+        self.capacity.load_trace(path, time_scale=time_scale)
+
+    # ---- the ticker: machines follow the clouds' state ---------------------------
+
+    def _tick_loop(self) -> None:
+        while not self._stop.wait(self.tick_s):
+            try:
+                self.reconcile()
+                self._enforce_capacity()
+            except Exception:  # noqa: BLE001 - the ticker must outlive one bad tick
+                log.exception("embedded cloud tick failed")
+
+    def reconcile(self) -> None:
+        """Boot EC2 instances moto reports running; halt the ones it reports ended."""
+        if self.machines is None:
+            return
+        for inst in self.aws.instances():
+            machine = self.machines.get(inst.id)
+            if inst.state == "running" and machine is None:
+                self.aws.tag(inst.id, LOCAL_ADDRESS_LABEL, LOCAL_ADDRESS)
+                self.machines.boot(instance_id=inst.id, cloud="aws", zone=inst.placement.zone, script=self.aws.user_data(inst))
+            elif inst.state not in LIVE and machine is not None and not machine.ended and inst.id not in self._preempting:
+                self.machines.halt(inst.id, grace_s=self.halt_grace_s)
+
+    def _enforce_capacity(self) -> None:
+        pools = self.capacity.limited_pools()
+        if not pools:
+            return
+        live = [i for i in self.live_instances() if i.instance_id not in self._preempting]
+        for gpu, zone in pools:
+            available = self.capacity.available(gpu, zone)
+            if available is None:
+                continue
+            used = sum(i.num_gpus for i in live if i.gpu == gpu and i.zone == zone)
+            if used > available:
+                self.preempt_zone(zone, gpu=gpu, num_gpus=used - available, reason=f"capacity fell to {available} GPUs")
+        self._trace_preemption_events()
+
+    def _trace_preemption_events(self) -> None:
+        trace, now_s = self.capacity._trace, self.capacity.trace_time_s()
+        if trace is None or now_s is None:
+            return
+        with self._lock:
+            due = [e for e in trace.preemptions[self._trace_events_done:] if e.time_s <= now_s]
+            self._trace_events_done += len(due)
+        for event in due:
+            self.preempt_zone(event.zone, gpu=event.gpu, num_gpus=event.num_gpus, reason="trace preemption event")
+
+    # ---- what the instances see ------------------------------------------------------
+
+    def _gce_running(self, inst: dict) -> None:
+        script = next((i["value"] for i in (inst.get("metadata") or {}).get("items", []) if i.get("key") == "startup-script"), None)
+        self.machines.boot(instance_id=inst["name"], cloud="gcp", zone=inst["zone"].rsplit("/", 1)[-1], script=script)
+
+    def _gce_halt(self, inst: dict) -> None:
+        if inst["name"] not in self._preempting:
+            threading.Thread(target=self.machines.halt, args=(inst["name"],),
+                             kwargs={"grace_s": self.halt_grace_s}, daemon=True).start()
+
+    def _metadata(self, instance_id: str, path: str) -> tuple[int, str]:
+        machine = self.machines.get(instance_id) if self.machines else None
+        if machine is None:
+            return 404, "no such instance"
+        target = (machine.metadata_dir / path).resolve()
+        if machine.metadata_dir.resolve() not in target.parents or not target.is_file():
+            return 404, "not found"
+        return 200, target.read_text()
+
+    def status(self) -> dict:
+        live = self.live_instances()
+        return {
+            "aws_endpoint": self.aws_endpoint,
+            "gce_endpoint": self.gce_endpoint,
+            "project": PROJECT,
+            "notice_s": self.notice_s,
+            "live_instances": [i.__repr__() for i in live],
+            "num_live_instances": len(live),
+            "capacity": self.capacity.describe(),
+            "faults": self.faults.rates.to_dict(),
+            "faults_injected": dict(self.faults.injected),
+            "preemptions": list(self.preemptions),
+        }
+
+
+def providers_for(aws_endpoint: str, gce_endpoint: str, *, retry: RetryPolicy | None = None,
+                  aws_regions: list[str] | None = None) -> dict:
+    """Providers aimed at an embedded cloud (this process's or a standalone one)."""
+    return {
+        "aws": AWSProvider(endpoint_url=aws_endpoint, ami_id=FIXED_AMI, regions=aws_regions,
+                           spot_prices_from_api=False, retry=retry, session=_local_session()),
+        "gcp": GCPProvider(project=PROJECT, api_endpoint=gce_endpoint, credentials=AnonymousCredentials(), retry=retry),
+    }
+
+
+def _local_session():
+    import boto3
+
+    # Fixed fake keys: never pick up (or send) the user's real AWS credentials locally.
+    return boto3.Session(aws_access_key_id="testing", aws_secret_access_key="testing", region_name="us-east-1")

@@ -1,0 +1,110 @@
+"""The one interface every cloud implements (verbs after SkyPilot's ``sky/provision``)."""
+
+from __future__ import annotations
+
+import abc
+import logging
+from collections.abc import Iterable, Mapping, Sequence
+
+from infra.records import RUNNING, ClusterInfo, InstanceInfo
+from infra.retry import RetryPolicy, with_retries
+from sailor_core.catalog.instances import Offer
+
+log = logging.getLogger("sailor.infra")
+
+
+class CloudProvider(abc.ABC):
+    """One cloud. Every method talks to the cloud; nothing is cached between calls,
+    so a new process (or a restarted flow) sees the same state by querying labels."""
+
+    cloud: str
+
+    def __init__(self, *, retry: RetryPolicy | None = None) -> None:
+        self.retry = retry or RetryPolicy()
+        self.num_retries = 0  # transient errors absorbed so far (for tests and reports)
+
+    def _call(self, fn, what: str):
+        def note(exc, attempt):
+            self.num_retries += 1
+            log.info("%s %s: %s; retry %d", self.cloud, what, exc, attempt)
+
+        return with_retries(fn, self.retry, on_retry=note)
+
+    @abc.abstractmethod
+    def list_offers(
+        self, gpu_types: Sequence[str] | None = None, regions: Sequence[str] | None = None
+    ) -> list[Offer]:
+        """Instance types with GPUs offered per zone, with spot and on-demand USD/h."""
+
+    @abc.abstractmethod
+    def run_instances(
+        self,
+        *,
+        zone: str,
+        instance_type: str,
+        count: int,
+        labels: Mapping[str, str],
+        spot: bool = True,
+        startup_script: str | None = None,
+    ) -> list[InstanceInfo]:
+        """Launch ``count`` instances (all or nothing). Raises CapacityError, QuotaError, ..."""
+
+    @abc.abstractmethod
+    def query_instances(
+        self, labels: Mapping[str, str], *, include_ended: bool = True
+    ) -> list[InstanceInfo]:
+        """Instances carrying all ``labels``, with their state as the cloud reports it now."""
+
+    @abc.abstractmethod
+    def terminate_instances(self, labels: Mapping[str, str]) -> list[str]:
+        """Terminate every live instance carrying ``labels``; returns their ids."""
+
+    def wait_instances(
+        self,
+        labels: Mapping[str, str],
+        *,
+        state: str = RUNNING,
+        timeout_s: float = 600.0,
+        poll_s: float = 0.2,
+        instance_ids: Iterable[str] | None = None,
+    ) -> list[InstanceInfo]:
+        """Poll until every live instance with ``labels`` is in ``state``.
+
+        Raises PreemptedError if one of ``instance_ids`` (or of the live set seen
+        first) ends preempted while waiting, TransientCloudError on timeout.
+        """
+        import time
+
+        from infra.errors import PreemptedError, TransientCloudError
+        from infra.records import PREEMPTED
+
+        deadline = time.monotonic() + timeout_s
+        wanted = set(instance_ids) if instance_ids is not None else None
+        while True:
+            found = self.query_instances(labels)
+            if wanted is None:
+                wanted = {i.instance_id for i in found if i.live}
+            mine = [i for i in found if i.instance_id in wanted]
+            lost = [i for i in mine if i.state == PREEMPTED]
+            if lost:
+                raise PreemptedError(
+                    f"{lost[0].instance_id} in {lost[0].zone} was preempted while starting "
+                    f"({lost[0].state_reason})",
+                    cloud=self.cloud,
+                    zone=lost[0].zone,
+                    code=lost[0].state_reason or "",
+                )
+            if len(mine) == len(wanted) and all(i.state == state for i in mine):
+                return mine
+            if time.monotonic() > deadline:
+                raise TransientCloudError(
+                    f"{self.cloud}: instances not {state} after {timeout_s:.0f} s",
+                    cloud=self.cloud,
+                )
+            time.sleep(poll_s)
+
+    def get_cluster_info(self, labels: Mapping[str, str]) -> ClusterInfo:
+        from infra.records import JOB_LABEL
+
+        found = self.query_instances(labels, include_ended=False)
+        return ClusterInfo(job_id=labels.get(JOB_LABEL, ""), instances=tuple(found))
