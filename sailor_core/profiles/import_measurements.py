@@ -10,8 +10,9 @@ analytic model's times for the two (the embedding is a gather, nearly all of it 
 
 Activation bytes per block come from differencing ``peak_alloc_bytes - static_bytes`` of the
 two depths the same way; the rest of the 2-block peak, minus the embedding's analytic
-activations, is charged to the head (it includes the logits and the loss's transient buffers,
-which is where a last stage peaks).  Parameters and output sizes come from
+activations and minus the loss's transient gradient buffers (which the simulator's memory model
+adds once, from first principles: ``sailor_core.simulator.memory.loss_working_bytes``), is
+charged to the head as what it keeps for backward (logits, log-probabilities).  Parameters and output sizes come from
 ``sailor_core.catalog.layers`` and are checked against the record's ``params``.
 
 The optimizer step is linear in parameters: ``optim_step_ms`` of all records is fitted as
@@ -138,7 +139,9 @@ def import_measurements(path: str | Path, *, gpu: str | None = None) -> list[Mod
         act_l = int(full["peak_alloc_bytes"]) - int(full["static_bytes"])
         act_2 = int(short["peak_alloc_bytes"]) - int(short["static_bytes"])
         block_act = (act_l - act_2) / span
-        rest_act = act_2 - 2 * block_act
+        from sailor_core.simulator.memory import loss_working_bytes
+
+        rest_act = act_2 - 2 * block_act - loss_working_bytes(model, 1, mbs, seq)
         if block_act <= 0 or rest_act <= 0:
             raise ProfileError(f"{where}: differencing peak memory of the two depths gives non-positive activations")
         shapes = layer_shapes(model, tp_degree=1, seq_len=seq, regime=regime)

@@ -34,7 +34,7 @@ from sailor_core.simulator.tables import layer_table
 
 class ProfileSource(Protocol):
     def get(self, model: str, gpu: str, tp_degree: int, micro_batch_size: int,
-            seq_len: int | None = None) -> ModelProfile: ...
+            seq_len: int | None = None, *, regime: str | None = None) -> ModelProfile: ...
 
 
 def _default_profiles() -> ProfileSource:
@@ -75,7 +75,8 @@ def simulate(
     def profile_of(gpu: str, tp: int) -> ModelProfile:
         p = lookup.get((gpu, tp))
         if p is None:
-            p = lookup[(gpu, tp)] = profiles.get(plan.model, gpu, tp, mbs, seq_len)
+            # A plan that names its regime gets profiles of that regime only (measured or estimated).
+            p = lookup[(gpu, tp)] = profiles.get(plan.model, gpu, tp, mbs, seq_len, regime=plan.regime)
         return p
 
     first = plan.stages[0].replicas[0]
@@ -252,7 +253,8 @@ def stage_memory_for(
     if not 0 <= start < end <= n:
         raise PlanError(f"layers {start}:{end} are not a non-empty range within {spec.name}'s layers 0..{n - 1}")
     profiles = profiles if profiles is not None else _default_profiles()
-    prof = profiles.get(spec.name, gpu_spec.name, tp_degree, micro_batch_size, seq_len or spec.seq_len)
+    prof = profiles.get(spec.name, gpu_spec.name, tp_degree, micro_batch_size, seq_len or spec.seq_len,
+                        regime=regime)
     reg = get_regime(regime or prof.regime)
     return stage_memory(prof, start, end, num_inflight, reg, gpu_spec.memory_bytes)
 
