@@ -44,6 +44,10 @@ Activation bytes kept for backward, per sequence, counted from the tensors autog
 
 Output bytes per sequence (sent to the next stage): s*h*r for the embedding and the blocks
 (the residual stream); 0 for the last index (nothing follows it).
+
+Forward kernel launches: embedding 2 (+1 projection), block 20 (two norms, Q/K/V/out and two MLP
+matmuls, attention, bias/activation/residual element-wise ops, dtype casts), head 6 (norm,
+matmul, log-softmax, loss); backward launches about twice as many.
 """
 
 from __future__ import annotations
@@ -57,6 +61,9 @@ from sailor_core.regimes import DEFAULT_REGIME, TrainingRegime, get_regime
 
 _TOKEN_ID_BYTES = 8
 _LOGSUMEXP_BYTES = 4
+_EMBEDDING_KERNELS = 2
+_BLOCK_KERNELS = 20
+_HEAD_KERNELS = 6
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -70,6 +77,9 @@ class LayerShape:
     activation_bytes_per_seq: int  # saved for backward, grows with the micro-batch
     activation_bytes_fixed: int  # per micro-batch whatever its size (autocast weight copies)
     output_bytes_per_seq: int  # sent to the next stage
+    # forward kernel launches (order of magnitude, from the layer's operators): what a layer costs
+    # at least when the GPU waits for the CPU to issue work
+    num_kernels: int = 1
 
     def activation_bytes(self, micro_batch_size: int) -> int:
         return self.activation_bytes_per_seq * micro_batch_size + self.activation_bytes_fixed
@@ -118,6 +128,7 @@ def _embedding(spec: ModelSpec, t: int, s: int, regime: TrainingRegime) -> Layer
         activation_bytes_per_seq=act * s,
         activation_bytes_fixed=regime.weight_copy_bytes_per_param * (e * h if spec.word_embed_proj_dim else 0),
         output_bytes_per_seq=s * h * regime.residual_bytes_per_element,
+        num_kernels=_EMBEDDING_KERNELS + (1 if spec.word_embed_proj_dim else 0),
     )
 
 
@@ -159,6 +170,7 @@ def _block(spec: ModelSpec, t: int, s: int, regime: TrainingRegime, index: int) 
         activation_bytes_per_seq=per_token * s,
         activation_bytes_fixed=regime.weight_copy_bytes_per_param * matmul,
         output_bytes_per_seq=s * h * r,
+        num_kernels=_BLOCK_KERNELS,
     )
 
 
@@ -187,6 +199,7 @@ def _head(spec: ModelSpec, t: int, s: int, regime: TrainingRegime, index: int) -
         activation_bytes_per_seq=per_token * s,
         activation_bytes_fixed=regime.weight_copy_bytes_per_param * matmul,
         output_bytes_per_seq=0,
+        num_kernels=_HEAD_KERNELS,
     )
 
 
@@ -206,6 +219,7 @@ def _layer_shapes(model: str, tp_degree: int, seq_len: int, regime_name: str) ->
             activation_bytes_per_seq=block.activation_bytes_per_seq,
             activation_bytes_fixed=block.activation_bytes_fixed,
             output_bytes_per_seq=block.output_bytes_per_seq,
+            num_kernels=block.num_kernels,
         )
         for i in range(1, spec.num_layers + 1)
     ]

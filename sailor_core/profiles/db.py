@@ -168,7 +168,10 @@ class ProfileDB:
         of_model = usable(self._by_model.get(m, ()))
         if of_model:
             ref_gpu = min({p.gpu for p in of_model}, key=lambda other: (est.gpu_distance(g, other, _regime_of(of_model, other)), other))
-            ref = _nearest([p for p in of_model if p.gpu == ref_gpu], tp, mbs, seq)
+            # a measurement at the target's TP carries the reference's TP communication; use it
+            # only when both GPUs have the same kind of link, else start from TP 1
+            same_link = get_gpu(ref_gpu).intra_node_link == get_gpu(g).intra_node_link
+            ref = _nearest([p for p in of_model if p.gpu == ref_gpu], tp if same_link else 1, mbs, seq)
             return self._scaled(ref, g, tp, mbs, seq, f"from {ref_gpu}, scaled from measured {_describe(ref)}")
         anything = usable(p for ps in self._by_gpu.values() for p in ps)
         # a GPU and model nobody profiled: assume Sailor's own engine (the default regime)

@@ -1,24 +1,32 @@
 """Analytic (roofline-style) estimate of per-layer forward and backward time.
 
-For one layer on one GPU, a micro-batch of ``b`` sequences of ``s`` tokens:
+For one layer on one GPU of a TP group of t, a micro-batch of ``b`` sequences of ``s`` tokens:
 
     compute_s = fwd_flops(b, s) / peak            (peak: the GPU's matmul peak for the regime)
-    memory_s  = (2 * activation_bytes(b) + params * weight_bytes) / memory_bandwidth
-    fwd_s     = compute_s * k_fwd + memory_s     + c_fwd
-    bwd_s     = 2 * compute_s * k_bwd + 2 * memory_s + c_bwd
+    memory_s  = (2 * activation_bytes(b) + params * weight_bytes [+ eager-score passes]) / memory_bw
+    comm_s    = n_allreduce * (latency + 2(t-1)/t * b*s*h*bytes / (intra_node_bw * bw_efficiency))
+    fwd_s     = max(k_fwd * compute_s + memory_s + comm_s, c_fwd * kernels)
+    bwd_s     = max(2 * k_bwd * compute_s + 2 * memory_s + comm_s, c_bwd * kernels)
 
 FLOPs and bytes come from first principles (``sailor_core.catalog.layers``): every tensor saved
 for backward is written once and read once in the forward pass (hence 2x), the weights are
-read once, and the backward pass does twice the forward's matmul work and traffic.  Matmuls
-and element-wise kernels run one after another, so their times add.
+read once, and the backward pass does twice the forward's matmul work and traffic.  With eager
+attention the (heads x s x s) scores make six passes through memory (Q K^T, mask, softmax in and
+out, P V).  Megatron TP all-reduces a block's output twice per pass (attention, MLP) and the
+embedding's and head's once.  Matmuls, element-wise kernels and all-reduces run one after
+another, so their times add; the CPU issues kernels ahead of the GPU, so a layer takes at least
+the time to launch its kernels (``c`` per kernel, ``kernels`` counted from the layer's operators)
+whatever the work (the ``max``), which is what small micro-batches show.
 
-Only four numbers are calibrated per (GPU type, regime), on that GPU's measured profiles:
-``k = 1 / achieved matmul efficiency`` and ``c``, a fixed per-layer launch/framework overhead,
-for each direction.  A GPU never profiled borrows the calibration of the most similar
-profiled GPU (closest matmul peak and memory bandwidth): efficiency and overheads are taken
-to carry over, while peak and bandwidth are the target's own.  When the model was measured on
-the reference GPU, the target's time is the reference's *measured* time scaled by the ratio of
-the two analytic times, so the model only has to get the ratio right.
+Calibrated per (GPU type, regime) on that GPU's measured profiles, six numbers:
+``k = 1 / achieved matmul efficiency`` and the launch time per kernel ``c`` for each direction
+(fitted on TP-1 profiles; ``c`` is bounded so no measured layer is faster than its floor), and the TP all-reduce latency and achieved fraction of the intra-node
+bandwidth (fitted on TP > 1 profiles; defaults where there are none).  A GPU never profiled
+borrows the calibration of the most similar profiled GPU (closest matmul peak and memory
+bandwidth): efficiencies and floors are taken to carry over, while peak, bandwidths and link are
+the target's own.  When the model was measured on the reference GPU, the target's time is the
+reference's *measured* time scaled by the ratio of the two analytic times, so the model only has
+to get the ratio right.
 """
 
 from __future__ import annotations
@@ -39,7 +47,10 @@ _TF32_GPUS = frozenset({"A100-40", "A100-80", "H100-80", "H200", "GH-96", "L4", 
 
 # Used only when no GPU of the regime has been profiled at all.
 DEFAULT_INV_EFFICIENCY = 2.0
-DEFAULT_OVERHEAD_S = 50e-6
+DEFAULT_OVERHEAD_S = 5e-6
+DEFAULT_TP_LATENCY_S = 30e-6
+DEFAULT_TP_BW_EFFICIENCY = 0.7
+_EAGER_SCORE_PASSES = 6
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -49,17 +60,20 @@ class Calibration:
     gpu: str
     regime: str
     fwd_inv_efficiency: float  # 1 / achieved fraction of matmul peak, forward
-    fwd_overhead_s: float  # per layer, forward
+    fwd_overhead_s: float  # launch time per kernel, forward (a layer's floor: x its kernels)
     bwd_inv_efficiency: float
     bwd_overhead_s: float
-    num_points: int  # distinct measured layers it was fitted on (0: defaults)
+    tp_latency_s: float = DEFAULT_TP_LATENCY_S  # per TP all-reduce
+    tp_bw_efficiency: float = DEFAULT_TP_BW_EFFICIENCY  # achieved fraction of the intra-node link
+    num_points: int = 0  # distinct measured layers it was fitted on (0: defaults)
 
     @property
     def describe(self) -> str:
         return (
             f"{self.gpu}/{self.regime}: matmul efficiency fwd {1 / self.fwd_inv_efficiency:.0%} "
-            f"bwd {1 / self.bwd_inv_efficiency:.0%}, overhead fwd {self.fwd_overhead_s * 1e6:.0f} us "
-            f"bwd {self.bwd_overhead_s * 1e6:.0f} us ({self.num_points} points)"
+            f"bwd {1 / self.bwd_inv_efficiency:.0%}, launch per kernel fwd {self.fwd_overhead_s * 1e6:.1f} us "
+            f"bwd {self.bwd_overhead_s * 1e6:.1f} us, TP all-reduce {self.tp_latency_s * 1e6:.0f} us + "
+            f"{self.tp_bw_efficiency:.0%} of link ({self.num_points} points)"
         )
 
 
@@ -71,7 +85,6 @@ def default_calibration(gpu: str, regime: str) -> Calibration:
         fwd_overhead_s=DEFAULT_OVERHEAD_S,
         bwd_inv_efficiency=DEFAULT_INV_EFFICIENCY,
         bwd_overhead_s=DEFAULT_OVERHEAD_S,
-        num_points=0,
     )
 
 
@@ -91,18 +104,30 @@ def analytic_terms(
     seq_len: int,
     tp_degree: int = 1,
     hidden_size: int = 0,
-) -> tuple[float, float]:
-    """(forward matmul seconds at peak, forward memory-traffic + TP-communication seconds)."""
-    compute_s = shape.fwd_flops(micro_batch_size, seq_len) / matmul_peak_flops(gpu, regime)
-    traffic = 2 * shape.activation_bytes(micro_batch_size) + shape.params * regime.weight_bytes_per_param
+    num_heads: int = 0,
+) -> tuple[float, float, int, float, int]:
+    """Forward terms of one layer: (matmul s at peak, memory-traffic s, number of TP all-reduces,
+    all-reduce wire s at the full intra-node bandwidth, kernel launches)."""
+    b, s = micro_batch_size, seq_len
+    compute_s = shape.fwd_flops(b, s) / matmul_peak_flops(gpu, regime)
+    traffic = 2 * shape.activation_bytes(b) + shape.params * regime.weight_bytes_per_param
+    if regime.attention_kernel == "eager" and shape.kind == "block" and num_heads:
+        # six passes over the scores; the saved-tensor count above covered two
+        traffic += (_EAGER_SCORE_PASSES - 2) * b * (num_heads // tp_degree) * s * s * regime.activation_bytes_per_element
     memory_s = traffic / gpu.memory_bw_bytes_per_s
-    if tp_degree > 1 and hidden_size:
-        # Megatron TP all-reduces the layer's output inside the node: two per block (attention,
-        # MLP), one for the vocab-parallel embedding and head; ring cost 2(t-1)/t x message.
-        num_allreduce = 2 if shape.kind == "block" else 1
-        message = micro_batch_size * seq_len * hidden_size * regime.activation_bytes_per_element
-        memory_s += num_allreduce * 2 * (tp_degree - 1) / tp_degree * message / gpu.intra_node_bw_bytes_per_s
-    return compute_s, memory_s
+    if tp_degree == 1 or not hidden_size:
+        return compute_s, memory_s, 0, 0.0, shape.num_kernels
+    num_allreduce = 2 if shape.kind == "block" else 1
+    message = b * s * hidden_size * regime.activation_bytes_per_element
+    wire_s = num_allreduce * 2 * (tp_degree - 1) / tp_degree * message / gpu.intra_node_bw_bytes_per_s
+    return compute_s, memory_s, num_allreduce, wire_s, shape.num_kernels
+
+
+def _combine(compute_s, memory_s, num_allreduce, wire_s, kernels, cal: Calibration) -> tuple[float, float]:
+    comm_s = num_allreduce * cal.tp_latency_s + wire_s / cal.tp_bw_efficiency
+    fwd = max(compute_s * cal.fwd_inv_efficiency + memory_s + comm_s, cal.fwd_overhead_s * kernels)
+    bwd = max(2 * compute_s * cal.bwd_inv_efficiency + 2 * memory_s + comm_s, cal.bwd_overhead_s * kernels)
+    return fwd, bwd
 
 
 def predict_layer(
@@ -114,12 +139,11 @@ def predict_layer(
     cal: Calibration,
     tp_degree: int = 1,
     hidden_size: int = 0,
+    num_heads: int = 0,
 ) -> tuple[float, float]:
     """(fwd_s, bwd_s) of one layer from the analytic model and a calibration."""
-    compute_s, memory_s = analytic_terms(shape, gpu, regime, micro_batch_size, seq_len, tp_degree, hidden_size)
-    fwd = compute_s * cal.fwd_inv_efficiency + memory_s + cal.fwd_overhead_s
-    bwd = 2 * compute_s * cal.bwd_inv_efficiency + 2 * memory_s + cal.bwd_overhead_s
-    return fwd, bwd
+    terms = analytic_terms(shape, gpu, regime, micro_batch_size, seq_len, tp_degree, hidden_size, num_heads)
+    return _combine(*terms, cal)
 
 
 @lru_cache(maxsize=4096)
@@ -130,70 +154,112 @@ def predict_model(
     spec = get_gpu(gpu)
     reg = get_regime(regime)
     shapes = layer_shapes(model, tp_degree=tp_degree, seq_len=seq_len, regime=reg)
-    hidden = get_model(model).hidden_size
-    return tuple(predict_layer(s, spec, reg, micro_batch_size, seq_len, cal, tp_degree, hidden) for s in shapes)
+    m = get_model(model)
+    return tuple(
+        predict_layer(s, spec, reg, micro_batch_size, seq_len, cal, tp_degree, m.hidden_size, m.num_heads)
+        for s in shapes
+    )
 
 
-def _fit_two(points: Sequence[tuple[float, float, float]]) -> tuple[float, float]:
-    """Weighted least squares of y = k*x + c with k >= 1, c >= 0; points are (x, y, weight)."""
+def _fit_two(points: Sequence[tuple[float, float, float, float, float]]) -> tuple[float, float]:
+    """Weighted least squares of y = max(k*x + m, c*q) over k >= 1, 0 <= c <= min(y/q).
+
+    Points are (x, m, q, y, weight).  The bound on c is physical: no measured layer can be
+    faster than its launch floor.  The max makes it non-linear but it has two parameters, so a
+    log grid over both, refined once around the best cell, is exact enough and cannot diverge.
+    """
     import numpy as np
 
     arr = np.asarray(points, dtype=float)
-    x, y, w = arr[:, 0], arr[:, 1], np.sqrt(arr[:, 2])
-    design = np.stack([x * w, w], axis=1)
-    (k, c), *_ = np.linalg.lstsq(design, y * w, rcond=None)
-    if k < 1.0 or not math.isfinite(k):  # faster than peak is impossible: clamp and refit c
-        k = 1.0
-        c = float(np.sum(w * w * (y - x)) / np.sum(w * w))
-    if c < 0.0:
-        c = 0.0
-        k = max(1.0, float(np.sum(w * w * x * y) / max(np.sum(w * w * x * x), 1e-30)))
-    return float(k), float(c)
+    x, m, q, y, w = (arr[:, i] for i in range(5))
+    c_max = float(np.min(y / q))
+
+    def best(ks, cs):
+        base = ks[:, None] * x[None, :] + m[None, :]  # (K, N)
+        top = (float("inf"), 1.0, 0.0)
+        for c in cs:
+            loss = (w[None, :] * (np.maximum(base, c * q[None, :]) - y[None, :]) ** 2).sum(axis=1)
+            i = int(np.argmin(loss))
+            if loss[i] < top[0]:
+                top = (float(loss[i]), float(ks[i]), float(c))
+        return top
+
+    _, k, c = best(np.logspace(0, 2.5, 250), np.concatenate([[0.0], np.logspace(-7, np.log10(c_max), 120)]))
+    ks = np.clip(np.linspace(k * 0.97, k * 1.03, 61), 1.0, None)
+    cs = np.clip(np.concatenate([[0.0], np.linspace(c * 0.9, c * 1.1, 41)]), 0.0, c_max) if c > 0 else np.array([0.0])
+    _, k, c = best(ks, cs)
+    return k, c
+
+
+def _fit_comm(points: list[tuple], kf: float, cf: float, kb: float, cb: float) -> tuple[float, float]:
+    """Latency and bandwidth efficiency of TP all-reduces, with the compute constants fixed.
+
+    Points are (compute_s, memory_s, num_allreduce, wire_s, kernels, fwd_s, bwd_s or None, weight)."""
+    import numpy as np
+
+    arr = np.asarray([(*p[:6], p[6] if p[6] is not None else -1.0, p[7]) for p in points], dtype=float)
+    x, m, n, wire, q, yf, yb, w = (arr[:, i] for i in range(8))
+    has_b = yb >= 0
+    lat = np.concatenate([[0.0], np.logspace(-6, -2, 60)])[:, None, None]
+    eff = np.logspace(-2.5, 0, 60)[None, :, None]
+    comm = n * lat + wire / eff  # (L, E, N)
+    pf = np.maximum(kf * x + m + comm, cf * q)
+    pb = np.maximum(2 * kb * x + 2 * m + comm, cb * q)
+    loss = (w * (pf - yf) ** 2).sum(axis=2) + (w * np.where(has_b, (pb - yb) ** 2, 0.0)).sum(axis=2)
+    i, j = np.unravel_index(int(np.argmin(loss)), loss.shape)
+    return float(lat[i, 0, 0]), float(eff[0, j, 0])
 
 
 def calibrate(profiles: Iterable, gpu: str, regime: str) -> Calibration:
-    """Fit the four constants on measured layer times of ``gpu`` under ``regime``.
+    """Fit the constants on measured layer times of ``gpu`` under ``regime``.
 
     Identical transformer blocks are fitted once, weighted by how many there are, and errors are
     relative to the profile's whole-model time, so every profile counts alike.  The
     embedding's backward is skipped: Sailor's profiler reports it as ~0 (a hook artifact).
+    Compute constants come from TP-1 profiles (all profiles when there are too few), the
+    all-reduce constants from TP > 1 profiles.
     """
     spec = get_gpu(gpu)
     reg = get_regime(regime)
-    fwd_pts: list[tuple[float, float, float]] = []
-    bwd_pts: list[tuple[float, float, float]] = []
+    points: list[tuple] = []  # (tp, compute, memory, n_allreduce, wire, kernels, fwd, bwd|None, weight)
     for p in profiles:
         if p.gpu != spec.name or p.regime != reg.name:
             continue
         shapes = layer_shapes(p.model, tp_degree=p.tp_degree, seq_len=p.seq_len, regime=reg)
-        hidden = get_model(p.model).hidden_size
+        m = get_model(p.model)
         if len(shapes) != len(p.layers):
             continue
         counts: dict[tuple[float, float], int] = {}
         rows: dict[tuple[float, float], tuple[int, LayerShape]] = {}
         for i, (layer, shape) in enumerate(zip(p.layers, shapes, strict=True)):
-            if not layer.measured:
+            if not layer.measured or layer.fwd_s <= 0:
                 continue
-            k = (layer.fwd_s, layer.bwd_s)
-            counts[k] = counts.get(k, 0) + 1
-            rows.setdefault(k, (i, shape))
+            key = (layer.fwd_s, layer.bwd_s)
+            counts[key] = counts.get(key, 0) + 1
+            rows.setdefault(key, (i, shape))
         total_t = p.fwd_bwd_s() or 1.0
         for key, (i, shape) in rows.items():
-            compute_s, memory_s = analytic_terms(
-                shape, spec, reg, p.micro_batch_size, p.seq_len, p.tp_degree, hidden
-            )
-            n = counts[key]
+            terms = analytic_terms(shape, spec, reg, p.micro_batch_size, p.seq_len, p.tp_degree, m.hidden_size, m.num_heads)
             fwd, bwd = key
             # n identical layers make n times the error; relative to the model's time
-            weight = (n / total_t) ** 2
-            if fwd > 0:
-                fwd_pts.append((compute_s, fwd - memory_s, weight))
-            if i > 0 and bwd > 0:
-                bwd_pts.append((2 * compute_s, bwd - 2 * memory_s, weight))
+            weight = (counts[key] / total_t) ** 2
+            points.append((p.tp_degree, *terms, fwd, bwd if i > 0 and bwd > 0 else None, weight))
+    single = [pt for pt in points if pt[0] == 1]
+    base = single if len(single) >= 4 else points
+    fwd_pts = [
+        (c, mem + n * DEFAULT_TP_LATENCY_S + w / DEFAULT_TP_BW_EFFICIENCY, q, f, wt) for _, c, mem, n, w, q, f, _, wt in base
+    ]
+    bwd_pts = [
+        (2 * c, 2 * mem + n * DEFAULT_TP_LATENCY_S + w / DEFAULT_TP_BW_EFFICIENCY, q, b, wt)
+        for _, c, mem, n, w, q, _, b, wt in base
+        if b is not None
+    ]
     if len(fwd_pts) < 2 or len(bwd_pts) < 2:
         return default_calibration(spec.name, reg.name)
     kf, cf = _fit_two(fwd_pts)
     kb, cb = _fit_two(bwd_pts)
+    multi = [pt[1:] for pt in points if pt[0] > 1]
+    lat, eff = _fit_comm(multi, kf, cf, kb, cb) if len(multi) >= 2 else (DEFAULT_TP_LATENCY_S, DEFAULT_TP_BW_EFFICIENCY)
     return Calibration(
         gpu=spec.name,
         regime=reg.name,
@@ -201,7 +267,9 @@ def calibrate(profiles: Iterable, gpu: str, regime: str) -> Calibration:
         fwd_overhead_s=cf,
         bwd_inv_efficiency=kb,
         bwd_overhead_s=cb,
-        num_points=len(fwd_pts),
+        tp_latency_s=lat,
+        tp_bw_efficiency=eff,
+        num_points=len(points),
     )
 
 

@@ -1,0 +1,142 @@
+"""How well the analytic estimator predicts profiles it has not seen.
+
+    .venv/bin/python benchmarks/bench_estimator.py
+
+1. H200 (../shared/measurements, bf16 autocast): calibrate on two OPT models, predict the third,
+   each way round; error of the whole-model forward+backward time of one micro-batch per mbs.
+2. GPU never profiled: drop every profile of one Sailor GPU, predict its OPT-350 profiles from
+   the other GPUs (the database picks the closest as reference); error of fwd+bwd per (tp, mbs).
+3. Other micro-batch sizes on a profiled GPU: drop one (tp, mbs) of a (model, GPU) and predict it
+   by scaling that GPU's other measurements.
+4. Speed of ProfileDB.get (cached answers, and first-time estimates).
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from sailor_core.profiles import ProfileDB, default_profile_db  # noqa: E402
+
+
+def _err(pred: float, true: float) -> float:
+    return (pred - true) / true
+
+
+def _summary(errors: list[float]) -> str:
+    a = [abs(e) for e in errors]
+    return f"median |err| {statistics.median(a):.1%}, max |err| {max(a):.1%} over {len(a)}"
+
+
+def cross_model_h200(profiles) -> list[float]:
+    h200 = [p for p in profiles if p.gpu == "H200"]
+    models = sorted({p.model for p in h200})
+    print("\n## 1. H200: calibrate on two OPT models, predict the third (fwd+bwd of one micro-batch)\n")
+    print("| predicted | calibrated on | mbs | measured ms | predicted ms | error |")
+    print("| --- | --- | ---: | ---: | ---: | ---: |")
+    errors = []
+    for held in models:
+        db = ProfileDB([p for p in h200 if p.model != held])
+        for true in sorted((p for p in h200 if p.model == held), key=lambda p: p.micro_batch_size):
+            pred = db.get(held, "H200", 1, true.micro_batch_size, true.seq_len)
+            assert not pred.measured
+            e = _err(pred.fwd_bwd_s(), true.fwd_bwd_s())
+            errors.append(e)
+            others = "+".join(m for m in models if m != held)
+            print(
+                f"| {held} | {others} | {true.micro_batch_size} | {true.fwd_bwd_s() * 1e3:.1f} | "
+                f"{pred.fwd_bwd_s() * 1e3:.1f} | {e:+.1%} |"
+            )
+    print(f"\nH200 cross-model: {_summary(errors)}")
+    return errors
+
+
+def unprofiled_gpu(profiles, model: str = "opt-350m") -> list[float]:
+    sailor = [p for p in profiles if p.regime == "megatron-fp32-adamw"]
+    gpus = sorted({p.gpu for p in sailor if p.model == model})
+    print(f"\n## 2. A GPU never profiled: {model} predicted from the other GPUs' profiles\n")
+    print("| predicted GPU | reference | points | median abs err | max abs err | worst (tp, mbs) |")
+    print("| --- | --- | ---: | ---: | ---: | --- |")
+    all_errors = []
+    for gpu in gpus:
+        db = ProfileDB([p for p in sailor if p.gpu != gpu])
+        errors = []
+        ref = ""
+        worst = (0.0, None)
+        for true in (p for p in sailor if p.gpu == gpu and p.model == model):
+            pred = db.get(model, gpu, true.tp_degree, true.micro_batch_size, true.seq_len)
+            ref = pred.source.split(",")[0].removeprefix("estimated: from ")
+            e = _err(pred.fwd_bwd_s(), true.fwd_bwd_s())
+            errors.append(e)
+            if abs(e) > abs(worst[0]):
+                worst = (e, (true.tp_degree, true.micro_batch_size))
+        all_errors += errors
+        a = [abs(e) for e in errors]
+        print(
+            f"| {gpu} | {ref} | {len(a)} | {statistics.median(a):.1%} | {max(a):.1%} | "
+            f"{worst[1]} {worst[0]:+.1%} |"
+        )
+    print(f"\nunprofiled GPU ({model}): {_summary(all_errors)}")
+    return all_errors
+
+
+def other_mbs(profiles) -> list[float]:
+    print("\n## 3. Same GPU, one (tp, mbs) left out, predicted by scaling the GPU's other measurements\n")
+    print("| model | GPU | points | median abs err | max abs err |")
+    print("| --- | --- | ---: | ---: | ---: |")
+    groups: dict[tuple[str, str], list] = {}
+    for p in profiles:
+        groups.setdefault((p.model, p.gpu), []).append(p)
+    all_errors = []
+    for (model, gpu), ps in sorted(groups.items()):
+        if len(ps) < 2:
+            continue
+        errors = []
+        for true in ps:
+            db = ProfileDB([p for p in profiles if p.key != true.key])
+            pred = db.get(model, gpu, true.tp_degree, true.micro_batch_size, true.seq_len)
+            errors.append(_err(pred.fwd_bwd_s(), true.fwd_bwd_s()))
+        all_errors += errors
+        a = [abs(e) for e in errors]
+        print(f"| {model} | {gpu} | {len(a)} | {statistics.median(a):.1%} | {max(a):.1%} |")
+    print(f"\nleave-one-out within a GPU: {_summary(all_errors)}")
+    return all_errors
+
+
+def speed() -> None:
+    from sailor_core.profiles.db import reset_default_profile_db
+
+    reset_default_profile_db()
+    t0 = time.perf_counter()
+    db = default_profile_db()
+    load_s = time.perf_counter() - t0
+    n = 200_000
+    t0 = time.perf_counter()
+    for _ in range(n):
+        db.get("opt-350m", "A100-40", 1, 2)
+    hit_s = (time.perf_counter() - t0) / n
+    keys = [(m, g, 1, b) for m in ("opt-350m", "opt-1.3b") for g in ("H100-80", "L4", "A10G", "T4") for b in (1, 2, 3, 5, 6, 7)]
+    t0 = time.perf_counter()
+    for k in keys:
+        db.get(*k)
+    miss_s = (time.perf_counter() - t0) / len(keys)
+    print("\n## 4. Speed\n")
+    print(f"default_profile_db() load: {load_s * 1e3:.0f} ms ({len(db)} profiles)")
+    print(f"get, cached answer: {hit_s * 1e6:.2f} us/call")
+    print(f"get, first estimate of a key: {miss_s * 1e3:.2f} ms/call")
+
+
+def main() -> None:
+    profiles = default_profile_db().profiles()
+    cross_model_h200(profiles)
+    unprofiled_gpu(profiles)
+    other_mbs(profiles)
+    speed()
+
+
+if __name__ == "__main__":
+    main()
