@@ -95,22 +95,30 @@ def simulate(
         steps: list[float] = []
         worst, straggler = -1.0, 0
         update_s = 0.0
+        # Replicas of one (GPU, TP) holding the same number of micro-batches are identical: evaluate once.
+        same: dict[tuple[str, int, int], tuple] = {}
         for r, rep in enumerate(stage.replicas):
-            prof = profile_of(rep.gpu, rep.tp_degree)
-            fwd, bwd = st.stage_compute_s(prof, start, end)
+            inflight = inflight_microbatches(i, num_stages, counts[r])
+            key = (rep.gpu, rep.tp_degree, inflight)
+            known = same.get(key)
+            if known is None:
+                prof = profile_of(rep.gpu, rep.tp_degree)
+                table = layer_table(prof)
+                mem = stage_memory(prof, start, end, inflight, regime, get_gpu(rep.gpu).memory_bytes)
+                known = same[key] = (
+                    prof, table.fwd_s(start, end), table.bwd_s(start, end),
+                    prof.update_s(table.params(start, end)), mem, table.measured(start, end),
+                )
+            prof, fwd, bwd, upd, mem, measured = known
             steps.append(fwd + bwd)
             if fwd + bwd > worst:
                 worst, straggler = fwd + bwd, r
-            upd = st.stage_update_s(prof, start, end)
-            update_s = max(update_s, upd)
-            mem = stage_memory(
-                prof, start, end, inflight_microbatches(i, num_stages, counts[r]), regime,
-                get_gpu(rep.gpu).memory_bytes,
-            )
+            if upd > update_s:
+                update_s = upd
             replicas.append(ReplicaResult(
                 gpu=rep.gpu, tp_degree=rep.tp_degree, zone=rep.zone, num_microbatches=counts[r],
                 fwd_s=fwd, bwd_s=bwd, update_s=upd, memory=mem, profile_source=prof.source,
-                measured=layer_table(prof).measured(start, end),
+                measured=measured,
             ))
         stage_timings.append(stage_timing(steps, counts))
 
@@ -133,14 +141,18 @@ def simulate(
         if i + 1 < num_stages:
             nxt = plan.stages[i + 1]
             p2p_bytes = st.boundary_bytes(profile_of(stage.replicas[0].gpu, stage.replicas[0].tp_degree), end)
+            pair_s: dict[tuple, float] = {}
             for (a, b), carried in st.p2p_pairs(num_mb, stage.dp_degree, nxt.dp_degree).items():
                 src, dst = stage.replicas[a], nxt.replicas[b]
-                t = st.boundary_transfer_s(
-                    network, p2p_bytes,
-                    st.endpoint(src.zone, src.gpu, src.tp_degree),
-                    st.endpoint(dst.zone, dst.gpu, dst.tp_degree),
-                )
-                p2p_s = max(p2p_s, t)
+                t = pair_s.get((src, dst))
+                if t is None:
+                    t = pair_s[(src, dst)] = st.boundary_transfer_s(
+                        network, p2p_bytes,
+                        st.endpoint(src.zone, src.gpu, src.tp_degree),
+                        st.endpoint(dst.zone, dst.gpu, dst.tp_degree),
+                    )
+                if t > p2p_s:
+                    p2p_s = t
                 if src.zone != dst.zone:
                     egress_usd += carried * p2p_bytes * (
                         network.egress_usd_per_byte(src.zone, dst.zone)
