@@ -7,9 +7,9 @@ starting over.  Every change is a pure function returning a new ``JobState``;
 ``JobStore`` writes it as one JSON document per job to a local directory or
 any fsspec URL (``file://``, ``s3://``, ``gs://``).
 
-Spend is derived from the instance records (running time x price) so the
-persisted state needs no separate ledger document: the cost ledger is rebuilt
-from it on restart.
+Spend is derived from the instance records (running time x price): the
+controller's ``CostLedger`` is rebuilt from them (``JobState.ledger()``), so
+the persisted state needs no separate ledger document.
 """
 
 from __future__ import annotations
@@ -103,9 +103,6 @@ class InstanceRecord:
     def running(self) -> bool:
         return self.ended_unix_s is None
 
-    def cost_usd(self, now_unix_s: float) -> float:
-        end = self.ended_unix_s if self.ended_unix_s is not None else now_unix_s
-        return max(0.0, end - self.launched_unix_s) * self.usd_per_hr / 3600.0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -136,6 +133,7 @@ class JobState:
     losses: tuple[tuple[int, float], ...] = ()  # (step, loss) as reported by rank 0
     replans: tuple[ReplanRecord, ...] = ()
     num_preemptions: int = 0
+    injected_preemption_steps: tuple[int, ...] = ()  # --preempt-at steps already injected
     num_flow_runs: int = 0
     created_unix_s: float = field(default_factory=time.time)
     updated_unix_s: float = field(default_factory=time.time)
@@ -148,18 +146,14 @@ class JobState:
     def running_instances(self) -> tuple[InstanceRecord, ...]:
         return tuple(i for i in self.instances if i.running)
 
-    def usd_spent(self, now_unix_s: float | None = None) -> float:
-        now = time.time() if now_unix_s is None else now_unix_s
-        return sum(i.cost_usd(now) for i in self.instances)
+    def ledger(self):
+        """The cost ledger of this job, rebuilt from the instance records (the controller's CostLedger)."""
+        from sailor_core.controller.ledger import CostLedger
 
-    def spend_by(self, now_unix_s: float | None = None) -> dict[str, float]:
-        """USD per (cloud, zone, instance type), for the cost report."""
-        now = time.time() if now_unix_s is None else now_unix_s
-        out: dict[str, float] = {}
-        for i in self.instances:
-            key = f"{i.cloud}/{i.zone}/{i.instance_type}"
-            out[key] = out.get(key, 0.0) + i.cost_usd(now)
-        return out
+        return CostLedger.from_instance_records(self.instances, budget_usd=self.spec.budget_usd)
+
+    def usd_spent(self, now_unix_s: float | None = None) -> float:
+        return self.ledger().spent_usd(time.time() if now_unix_s is None else now_unix_s)
 
 
 # ---- transitions -------------------------------------------------------------
@@ -221,6 +215,10 @@ def with_instances_ended(state: JobState, instance_ids: set[str] | frozenset[str
     return _touch(state, instances=tuple(out), num_preemptions=state.num_preemptions + num_new_preemptions)
 
 
+def with_injected_preemption(state: JobState, step: int) -> JobState:
+    return _touch(state, injected_preemption_steps=state.injected_preemption_steps + (step,))
+
+
 def with_progress(state: JobState, *, steps_done: int | None = None,
                   last_checkpoint_step: int | None = None,
                   losses: list[tuple[int, float]] | tuple[tuple[int, float], ...] = ()) -> JobState:
@@ -261,6 +259,7 @@ def state_from_dict(data: Any) -> JobState:
                 "instances": tuple(InstanceRecord(**i) for i in data["instances"]),
                 "replans": tuple(ReplanRecord(**r) for r in data["replans"]),
                 "losses": tuple((int(s), float(v)) for s, v in data["losses"]),
+                "injected_preemption_steps": tuple(int(s) for s in data.get("injected_preemption_steps", ())),
             }
         )
     except InputError:

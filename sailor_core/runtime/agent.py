@@ -36,6 +36,7 @@ from typing import Any
 ASSIGNMENT = "assignment.json"
 STATUS = "status.json"
 POLL_S = 0.2
+MAX_LOSSES = 5000  # per generation, in status.json
 STOP_GRACE_S = 5.0
 
 # Agent states in status.json
@@ -94,8 +95,9 @@ def read_status(job_url: str, instance_id: str) -> dict[str, Any] | None:
     return read_json(f"{agent_url(job_url, instance_id)}/{STATUS}")
 
 
-def worker_command(assignment: dict[str, Any], plan_path: Path, python: str = sys.executable) -> list[str]:
-    """The engine's worker command line (its contract: docs/CONTRACTS.md, Engine)."""
+def worker_command(assignment: dict[str, Any], plan_path: Path, metrics_path: Path,
+                   python: str = sys.executable) -> list[str]:
+    """The engine's worker command line (``sailor_core/runtime/worker.py``)."""
     cmd = [
         python, "-m", "sailor_core.runtime.worker",
         "--plan", str(plan_path),
@@ -103,6 +105,8 @@ def worker_command(assignment: dict[str, Any], plan_path: Path, python: str = sy
         "--data", str(assignment["data"]),
         "--ckpt-dir", str(assignment["ckpt_url"]),
         "--ckpt-every", str(int(assignment["ckpt_every"])),
+        "--seed", str(int(assignment.get("seed", 0))),
+        "--metrics-file", str(metrics_path),  # rank 0 writes it; the agent forwards it in status.json
     ]
     if assignment.get("resume"):
         cmd.append("--resume")
@@ -119,6 +123,10 @@ class _Generation:
     procs: dict[int, subprocess.Popen] = field(default_factory=dict)  # global rank -> process
     exit_codes: dict[int, int] = field(default_factory=dict)
     log_dir: Path | None = None
+    metrics_offset: int = 0
+    losses: list[list[float]] = field(default_factory=list)  # [step, loss] as rank 0 reported them
+    last_event: dict[str, Any] | None = None
+    samples_per_s: float | None = None
 
 
 class Agent:
@@ -143,7 +151,7 @@ class Agent:
         plan_path = log_dir / "plan.json"
         plan_path.write_text(json.dumps(assignment["plan"]))
         ranks = [int(r) for r in assignment["ranks"]]
-        cmd = worker_command(assignment, plan_path)
+        cmd = worker_command(assignment, plan_path, log_dir / "metrics.jsonl")
         for local_rank, rank in enumerate(ranks):
             env = {
                 **os.environ,
@@ -183,6 +191,27 @@ class Agent:
             code = p.poll()
             if code is not None:
                 gen.exit_codes[rank] = code
+        if gen.log_dir is None:
+            return
+        path = gen.log_dir / "metrics.jsonl"
+        try:
+            with open(path, "rb") as fh:
+                fh.seek(gen.metrics_offset)
+                chunk = fh.read()
+        except OSError:
+            return
+        end = chunk.rfind(b"\n") + 1  # a line still being written waits for the next poll
+        gen.metrics_offset += end
+        for line in chunk[:end].splitlines():
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            if "event" in record:
+                gen.last_event = record
+            elif "step" in record and "loss" in record:
+                gen.losses.append([int(record["step"]), float(record["loss"])])
+                gen.samples_per_s = record.get("samples_per_s")
 
     def _state(self) -> str:
         gen = self.current
@@ -205,6 +234,10 @@ class Agent:
             "exit_codes": {str(r): c for r, c in sorted(gen.exit_codes.items())} if gen else {},
             "pids": {str(r): p.pid for r, p in gen.procs.items()} if gen else {},
             "log_dir": str(gen.log_dir) if gen and gen.log_dir else None,
+            "step": gen.losses[-1][0] if gen and gen.losses else None,
+            "losses": gen.losses[-MAX_LOSSES:] if gen else [],
+            "samples_per_s": gen.samples_per_s if gen else None,
+            "event": gen.last_event if gen else None,
         }
         now = time.time()
         if force or status != self._last_status or now - self._last_status_s > 1.0:

@@ -30,7 +30,7 @@ def test_spend_is_running_time_times_price_and_preemptions_are_counted():
     assert s.num_preemptions == 1
     assert [i.instance_id for i in s.running_instances()] == ["b"]
     assert s.usd_spent(now_unix_s=110.0) == pytest.approx(0.005 + 0.01)
-    assert s.spend_by(now_unix_s=110.0) == {"aws/us-east-1a/p3.2xlarge": pytest.approx(0.015)}
+    assert s.ledger().by_instance(110.0) == {"a": pytest.approx(0.005), "b": pytest.approx(0.01)}
 
 
 def test_redone_steps_replace_their_losses_and_replans_keep_reasons():

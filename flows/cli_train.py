@@ -1,0 +1,219 @@
+"""``sailor train``, ``sailor ui``, ``sailor jobs``, ``sailor status``: the job commands.
+
+Prefect, torch and the clouds are imported inside the command bodies, after
+``flows.prefect_env`` has chosen the Prefect API (it must precede the import).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Optional
+
+import typer
+
+from flows.cli_common import console, fail, print_json
+
+SUMMARY_KEYS = ("status", "steps", "final_loss", "replans", "preemptions", "usd_spent", "budget_usd",
+                "instances_left_running")
+
+
+def parse_steps_list(text: str | None) -> list[int]:
+    """``"5,12"`` -> [5, 12]; raises InputError naming the bad item."""
+    from sailor_core.errors import InputError
+
+    if not text:
+        return []
+    out = []
+    for item in text.split(","):
+        item = item.strip()
+        try:
+            step = int(item)
+        except ValueError:
+            raise InputError(f"--preempt-at takes steps like 5,12; {item!r} is not a step number") from None
+        if step < 1:
+            raise InputError(f"--preempt-at steps must be >= 1, got {step}")
+        out.append(step)
+    return sorted(set(out))
+
+
+def _split(text: str | None) -> list[str]:
+    return [x.strip() for x in (text or "").split(",") if x.strip()]
+
+
+def register(app: typer.Typer) -> None:
+    @app.command()
+    def train(
+        model: str = typer.Option("tiny", "--model", "-m", help="model name (see `sailor models`)"),
+        budget_usd: float = typer.Option(..., "--budget-usd", help="total budget in USD; never crossed"),
+        steps: int = typer.Option(30, "--steps", help="training steps (iterations) to run"),
+        min_throughput: Optional[float] = typer.Option(None, "--min-throughput",
+                                                       help="throughput floor, samples/s"),
+        max_usd_per_hr: Optional[float] = typer.Option(None, "--max-usd-per-hr", help="cap on USD per hour"),
+        objective: str = typer.Option("throughput", "--objective", help="throughput or cost"),
+        gpus: Optional[str] = typer.Option(None, "--gpus", help="allowed GPU types, comma-separated"),
+        zones: Optional[str] = typer.Option(None, "--zones", help="allowed zones, comma-separated"),
+        clouds: Optional[str] = typer.Option(None, "--clouds", help="allowed clouds: aws,gcp"),
+        on_demand_fallback: bool = typer.Option(False, "--on-demand-fallback",
+                                                help="rent on-demand when no spot capacity is left"),
+        checkpoint_url: Optional[str] = typer.Option(None, "--checkpoint-url",
+                                                     help="where checkpoints go (path, s3://, gs://)"),
+        checkpoint_every: int = typer.Option(5, "--checkpoint-every", help="checkpoint every K steps"),
+        preempt_at: Optional[str] = typer.Option(None, "--preempt-at",
+                                                 help="inject preemptions at these steps (embedded cloud)"),
+        job_id: Optional[str] = typer.Option(None, "--job-id", help="continue this job (or name a new one)"),
+        cloud: str = typer.Option("auto", "--cloud",
+                                  help="auto (real clouds if credentials, else embedded), embedded, real"),
+        deployment: bool = typer.Option(False, "--deployment",
+                                        help="trigger the train-job deployment on the Prefect server instead"),
+        as_json: bool = typer.Option(False, "--json", help="print the summary as JSON"),
+    ) -> None:
+        """Plan, rent, train, survive preemptions and stay within the budget."""
+        from flows.prefect_env import configure_prefect_env
+        from sailor_core.errors import InputError
+
+        if budget_usd <= 0:
+            raise InputError(f"--budget-usd must be positive, got {budget_usd}")
+        if steps < 1:
+            raise InputError(f"--steps must be at least 1, got {steps}")
+        if objective not in ("throughput", "cost"):
+            raise InputError(f"--objective must be throughput or cost, got {objective!r}")
+        if cloud not in ("auto", "embedded", "real"):
+            raise InputError(f"--cloud must be auto, embedded or real, got {cloud!r}")
+        params = dict(
+            model=model, budget_usd=budget_usd, steps=steps, min_throughput=min_throughput,
+            max_usd_per_hr=max_usd_per_hr, objective=objective, gpus=_split(gpus), zones=_split(zones),
+            clouds=_split(clouds), on_demand_fallback=on_demand_fallback, checkpoint_url=checkpoint_url,
+            checkpoint_every=checkpoint_every, preempt_at=parse_steps_list(preempt_at), job_id=job_id,
+            cloud=cloud,
+        )
+        choice = configure_prefect_env()
+        out = console()
+        if not as_json:
+            out.print(f"[dim]{choice.describe()}[/dim]")
+        if deployment:
+            summary = _run_deployment(params, choice, show=not as_json)
+        else:
+            summary = _run_local(params, show=not as_json)
+        if as_json:
+            print_json({k: summary.get(k) for k in (*SUMMARY_KEYS, "job_id", "status_reason", "flow_run_id")})
+        else:
+            _print_summary(summary)
+        if summary.get("status") not in ("succeeded", "stopped_budget"):
+            raise typer.Exit(1)
+
+    @app.command()
+    def ui(
+        port: int = typer.Option(4200, "--port", help="port to serve on (next free one if taken)"),
+        stop: bool = typer.Option(False, "--stop", help="stop the server `sailor ui` started"),
+    ) -> None:
+        """Start a local Prefect server (SQLite under $SAILOR_HOME/prefect) and print its URL."""
+        from flows.prefect_env import prefect_home, start_local_server, stop_local_server
+
+        if stop:
+            typer.echo("stopped" if stop_local_server() else "no server was running")
+            return
+        api_url = start_local_server(port=port)
+        typer.echo(api_url.removesuffix("/api") + "/")
+        typer.echo(f"(API {api_url}; database and log under {prefect_home()}; "
+                   "`sailor train` now runs against it; stop with `sailor ui --stop`)", err=True)
+
+    @app.command()
+    def jobs(as_json: bool = typer.Option(False, "--json", help="print JSON")) -> None:
+        """Training jobs known here: status, attempts, steps, spend, recoveries."""
+        from sailor_core.jobstate import JobStore
+
+        store = JobStore()
+        rows = [_job_row(s) for s in store.list()]
+        if as_json:
+            print_json({"jobs_url": store.root, "jobs": rows})
+            return
+        from rich.table import Table
+
+        table = Table(title=f"jobs under {store.root}")
+        for col in ("job", "model", "status", "steps", "attempts", "preemptions", "USD spent / budget", "running"):
+            table.add_column(col)
+        for r in rows:
+            table.add_row(r["job_id"], r["model"], r["status"], f"{r['steps_done']}/{r['steps_target']}",
+                          str(r["attempts"]), str(r["preemptions"]), f"{r['usd_spent']:.4f} / {r['budget_usd']:.2f}",
+                          str(r["instances_running"]))
+        console().print(table)
+
+    @app.command()
+    def status(job_id: str = typer.Argument(..., help="job id (see `sailor jobs`)"),
+               as_json: bool = typer.Option(False, "--json", help="print JSON")) -> None:
+        """One job: attempts, re-plans with their reasons, instances and spend."""
+        from sailor_core.jobstate import JobStore
+
+        state = JobStore().load(job_id)
+        row = _job_row(state)
+        row["status_reason"] = state.status_reason
+        row["last_checkpoint_step"] = state.last_checkpoint_step
+        row["final_loss"] = state.last_loss
+        row["replans"] = [{"attempt": r.attempt, "at_step": r.at_step, "reason": r.reason,
+                           "usd_per_hr": r.usd_per_hr} for r in state.replans]
+        by_instance = state.ledger().by_instance(time.time())
+        row["instances"] = [{"instance_id": i.instance_id, "zone": i.zone, "instance_type": i.instance_type,
+                             "attempt": i.attempt, "end_reason": i.end_reason or "running",
+                             "usd": by_instance.get(i.instance_id, 0.0)} for i in state.instances]
+        if as_json:
+            print_json(row)
+            return
+        out = console()
+        out.print(f"[bold]{state.job_id}[/bold] {state.spec.model}: {state.status} {state.status_reason}")
+        out.print(f"steps {state.steps_done}/{state.spec.steps}, last checkpoint {state.last_checkpoint_step}, "
+                  f"loss {state.last_loss}, spent {row['usd_spent']:.4f} of {state.spec.budget_usd:.2f} USD")
+        for r in row["replans"]:
+            out.print(f"  attempt {r['attempt']} from step {r['at_step']}: {r['reason']} "
+                      f"({r['usd_per_hr']:.3f} USD/h)")
+        for i in row["instances"]:
+            out.print(f"  {i['instance_id']} {i['zone']} {i['instance_type']} attempt {i['attempt']}: "
+                      f"{i['end_reason']}, {i['usd']:.4f} USD")
+
+
+def _job_row(state) -> dict:
+    return {
+        "job_id": state.job_id, "model": state.spec.model, "status": state.status,
+        "steps_done": state.steps_done, "steps_target": state.spec.steps, "attempts": state.attempt,
+        "preemptions": state.num_preemptions, "replans": max(0, len(state.replans) - 1),
+        "usd_spent": state.usd_spent(), "budget_usd": state.spec.budget_usd,
+        "instances_running": len(state.running_instances()), "flow_runs": state.num_flow_runs,
+    }
+
+
+def _run_local(params: dict, *, show: bool) -> dict:
+    from flows.train_job import train_job
+    from flows.train_progress import progress_display
+
+    with progress_display(enabled=show, steps=params["steps"]):
+        return train_job(**params)
+
+
+def _run_deployment(params: dict, choice, *, show: bool) -> dict:
+    from flows.deploy_client import run_train_deployment
+    from sailor_core.errors import SailorError
+
+    if choice.api_url is None:
+        raise SailorError("--deployment needs a running Prefect server: start one with `sailor ui` "
+                          "(then `prefect --no-prompt deploy --all` and a worker), or set PREFECT_API_URL")
+    return run_train_deployment(params, show=show)
+
+
+def _print_summary(summary: dict) -> None:
+    from rich.table import Table
+
+    table = Table(title=f"job {summary.get('job_id')}: {summary.get('status')}", show_header=False)
+    table.add_column("what")
+    table.add_column("value")
+    loss = summary.get("final_loss")
+    rows = [
+        ("status", f"{summary.get('status')} {summary.get('status_reason') or ''}".strip()),
+        ("steps", str(summary.get("steps"))),
+        ("final loss", "-" if loss is None else f"{loss:.4f}"),
+        ("re-plans", str(summary.get("replans"))),
+        ("preemptions survived", str(summary.get("preemptions"))),
+        ("USD spent / budget", f"{summary.get('usd_spent', 0.0):.4f} / {summary.get('budget_usd', 0.0):.2f}"),
+        ("instances left running", str(summary.get("instances_left_running"))),
+    ]
+    for k, v in rows:
+        table.add_row(k, v)
+    console().print(table)

@@ -1,0 +1,199 @@
+"""The train-job flow: plan, rent, train, survive preemptions, never cross the budget.
+
+A thin loop; every decision is a core function's:
+
+    offers -> plan (planner) -> place nodes (sailor_core.assignment) -> budget check (controller)
+    -> provision (infra, zone failover) -> assign ranks (agents start the engine's workers)
+    -> watch (sailor_core.attempts; ledger; injected preemptions on the embedded cloud)
+    -> finished: done | preempted / lost / failed: stop survivors, latest valid checkpoint,
+       re-plan on what is available now, keep the survivors that still fit, resume
+    -> budget would be crossed: stop cleanly (status ``stopped_budget``)
+
+The job state (``sailor_core.jobstate``) is saved after every change, so a new
+flow run with the same ``job_id`` continues the job.  Every instance carrying
+the job's label is terminated at the end: in ``finally``, and from the
+cancellation/crash hooks when the flow process itself is being torn down.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from prefect import flow, get_run_logger
+from prefect.runtime import flow_run as current_flow_run
+
+from sailor_core import jobstate as js
+from sailor_core.attempts import FINISHED, INSTANCE_PREEMPTED
+from sailor_core.controller import Action, Event, EventKind
+from tasks import cloud as cloud_tasks
+from tasks import jobs as job_tasks
+from tasks import planning, reporting, workers
+
+# Consecutive attempts that end without a new checkpoint before the job gives up.
+MAX_ATTEMPTS_WITHOUT_PROGRESS = 3
+# While no plan fits what is offered: how long to wait between looks, and how many looks.
+WAIT_S = 10.0
+MAX_WAITS = 6
+
+
+def _job_id_for_run(model: str) -> str:
+    run_id = current_flow_run.get_id()
+    if run_id:
+        safe = "".join(c if c.isalnum() else "-" for c in model.lower()).strip("-")
+        return f"{safe}-{str(run_id).replace('-', '')[:10]}"
+    return js.new_job_id(model)
+
+
+def _cleanup_hook(flow_obj, flow_run, state) -> None:
+    """on_cancellation / on_crashed: terminate the job's instances even though the body did not finish."""
+    job_id = (flow_run.parameters or {}).get("job_id") or cloud_tasks.job_id_of_flow_run(flow_run.id)
+    if job_id:
+        cloud_tasks.terminate_job_everywhere(job_id, reason=f"flow run {state.name.lower()}")
+
+
+@flow(name="train-job", log_prints=False, on_cancellation=[_cleanup_hook], on_crashed=[_cleanup_hook],
+      description="Train a model on spot GPUs within a budget, re-planning on preemption.")
+def train_job(
+    model: str = "tiny",
+    budget_usd: float = 0.05,
+    steps: int = 30,
+    dataset: str = "synthetic",
+    min_throughput: float | None = None,
+    max_usd_per_hr: float | None = None,
+    objective: str = "throughput",
+    gpus: list[str] | None = None,
+    zones: list[str] | None = None,
+    clouds: list[str] | None = None,
+    spot: bool = True,
+    on_demand_fallback: bool = False,
+    checkpoint_url: str | None = None,
+    checkpoint_every: int = 5,
+    preempt_at: list[int] | None = None,
+    job_id: str | None = None,
+    jobs_url: str | None = None,
+    cloud: str = "auto",
+    max_gpus_per_zone: int = 2,
+    max_gpus: int | None = 2,
+    global_batch_size: int | None = 8,
+    seed: int = 0,
+) -> dict[str, Any]:
+    log = get_run_logger()
+    store = js.JobStore(jobs_url)
+    job_id = job_id or _job_id_for_run(model)
+    cloud_tasks.remember_flow_run_job(job_id)
+    spec = js.JobSpec(
+        model=model, budget_usd=budget_usd, steps=steps, dataset=dataset, max_usd_per_hr=max_usd_per_hr,
+        min_throughput_samples_per_s=min_throughput, clouds=tuple(clouds or ()), zones=tuple(zones or ()),
+        gpus=tuple(gpus or ()), spot=spot, on_demand_fallback=on_demand_fallback, objective=objective,
+        checkpoint_url=checkpoint_url or f"{store.job_url(job_id)}/checkpoints",
+        checkpoint_every_steps=checkpoint_every, preempt_at_steps=tuple(sorted(set(preempt_at or ()))),
+        global_batch_size=global_batch_size, seed=seed,
+    )
+    state = job_tasks.start_or_resume(store, spec, job_id)
+    if state.finished:
+        log.info("job %s already %s; nothing to do", job_id, state.status)
+        return job_tasks.summary(state, instances_left_running=0)
+
+    session = cloud_tasks.open_session(cloud, job_id=job_id, jobs_url=store.job_url(job_id), spec=spec)
+    progress = reporting.ProgressReporter(job_id)
+    left_running = 0
+    try:
+        state = cloud_tasks.reconcile(session, state)
+        store.save(state)
+        data_url = job_tasks.prepare_data(spec, store.job_url(job_id))
+        event = planning.start_event(state)
+        reason_prefix = "" if state.attempt == 0 else "flow run resumed the job; "
+        current = None  # the controller's PlanOption running now
+        excluded_zones: set[str] = set()
+        num_waits = no_progress = 0
+        while True:
+            offers = cloud_tasks.list_offers(session, spec)
+            planner = planning.Planner(spec=spec, offers=tuple(offers))
+            available = planning.availability(offers, max_gpus_per_zone=max_gpus_per_zone, max_gpus=max_gpus,
+                                              excluded_zones=sorted(excluded_zones))
+            decision = planning.decide_next(planner, state, available=available, event=event, current=current,
+                                            shutdown_s=session.shutdown_s, now_unix_s=time.time())
+            if decision.action == Action.STOP:
+                done = state.last_checkpoint_step is not None and state.last_checkpoint_step >= spec.steps
+                state = js.with_status(state, js.SUCCEEDED if done else js.STOPPED_BUDGET, decision.reason)
+                store.save(state)
+                break
+            if decision.action == Action.WAIT or decision.plan is None:
+                num_waits += 1
+                if num_waits > MAX_WAITS:
+                    state = js.with_status(state, js.FAILED, decision.reason)
+                    store.save(state)
+                    break
+                time.sleep(WAIT_S)
+                continue
+            num_waits = 0
+            option = decision.plan
+            nodes = planner.nodes(option)
+            reason = reason_prefix + decision.reason
+            reason_prefix = ""
+            state = js.with_plan(state, plan=option.plan.to_dict(), reason=reason, usd_per_hr=option.usd_per_hr,
+                                 throughput_samples_per_s=option.throughput_samples_per_s)
+            state = js.with_status(state, js.RUNNING if state.attempt == 1 else js.RECOVERING, reason)
+            store.save(state)
+            reporting.publish_plan(state, nodes=[cloud_tasks.node_dict(n) for n in nodes],
+                                   sim={"throughput_samples_per_s": option.throughput_samples_per_s}, reason=reason)
+            reporting.publish_pareto(job_id, planning.pareto_points(planner), planning.chosen_point(planner, option))
+            if state.attempt > 1:
+                reporting.emit_job_event("replanned", state, reason=reason, plan=state.plan)
+
+            placed = cloud_tasks.provision(session, state, nodes)
+            state = placed.state
+            store.save(state)
+            if placed.capacity_zones:
+                # The planner chose zones with no capacity now: plan again without them.
+                excluded_zones |= set(placed.capacity_zones)
+                event = Event(kind=EventKind.CAPACITY)
+                reason_prefix = f"no capacity in {', '.join(placed.capacity_zones)}; "
+                current = None
+                continue
+
+            workers.assign(session, state, placed.assignments, data_url=data_url)
+            outcome, state = workers.watch_attempt(session, store, state, placed.assignments, progress=progress,
+                                                   planner=planner, available=available, current=option)
+            if outcome.kind == FINISHED:
+                state = job_tasks.note_checkpoint(state)
+                state = js.with_status(state, js.SUCCEEDED, f"{state.steps_done} steps done")
+                store.save(state)
+                break
+            # The attempt ended early: stop the survivors (SIGTERM: they checkpoint if they can).
+            before = state.last_checkpoint_step
+            state = workers.stop_attempt(session, state, placed.assignments)
+            state = cloud_tasks.reconcile(session, state)
+            state = job_tasks.note_checkpoint(state)
+            store.save(state)
+            if outcome.kind == workers.BUDGET:
+                state = js.with_status(state, js.STOPPED_BUDGET, outcome.reason)
+                store.save(state)
+                break
+            if outcome.kind == INSTANCE_PREEMPTED:
+                reporting.emit_job_event("preempted", state, instances=list(outcome.instance_ids))
+                event = planning.preemption_event(state, outcome.instance_ids)
+            else:
+                event = Event(kind=EventKind.CAPACITY)
+            current = None if outcome.kind != workers.REPLAN else option
+            no_progress = 0 if state.last_checkpoint_step != before else no_progress + 1
+            if no_progress >= MAX_ATTEMPTS_WITHOUT_PROGRESS:
+                state = js.with_status(state, js.FAILED,
+                                       f"{no_progress} attempts without a new checkpoint; last: {outcome.reason}")
+                store.save(state)
+                break
+            reason_prefix = f"{outcome.reason} at step {state.steps_done}; "
+            log.info("job %s: %s; re-planning from step %s", job_id, outcome.reason, state.last_checkpoint_step)
+    except BaseException as exc:
+        status = js.CANCELLED if isinstance(exc, (KeyboardInterrupt,)) else js.FAILED
+        state = js.with_status(state, status, f"{type(exc).__name__}: {exc}".splitlines()[0][:300])
+        store.save(state)
+        raise
+    finally:
+        state, left_running = cloud_tasks.terminate_all(session, state)
+        store.save(state)
+        cloud_tasks.close_session(session)
+        reporting.publish_cost_report(state)
+    return job_tasks.summary(state, instances_left_running=left_running)
+

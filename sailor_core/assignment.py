@@ -1,0 +1,129 @@
+"""From a plan to instances and back: which nodes to rent, which ranks each runs.
+
+Pure functions the train-job flow uses between the planner and the clouds:
+
+- ``availability_from_offers``: what the planner may use, from the offers the
+  clouds list now (GPUs per type and zone, capped per job).
+- ``nodes_for_plan``: the instances a plan needs.  Each replica is ``tp``
+  GPUs of one node; replicas of the same GPU type and zone are packed into
+  nodes of the cheapest fitting instance type, first fit, so a plan of eight
+  TP=1 replicas rents one 8-GPU node where that is cheaper per GPU.
+- ``match_instances``: which of the nodes are served by instances still
+  running from the previous attempt (a re-plan keeps the survivors instead of
+  paying to start new ones), which must be launched, which are surplus.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from sailor_core.catalog.instances import Offer
+from sailor_core.errors import InfeasibleError
+from sailor_core.plan import Plan
+from sailor_core.runtime.layout import replica_ranks
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NodeRequest:
+    """One instance a plan needs, and the ranks its agent runs."""
+
+    cloud: str
+    zone: str
+    instance_type: str
+    gpu: str
+    gpus_per_node: int
+    spot: bool
+    usd_per_hr: float
+    ranks: tuple[int, ...]  # global ranks, ascending
+    replicas: tuple[tuple[int, int], ...]  # (stage, replica) pairs placed here
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunningInstance:
+    """What matching needs to know of an instance that is up."""
+
+    instance_id: str
+    zone: str
+    instance_type: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Placement:
+    keep: tuple[tuple[NodeRequest, str], ...]  # node served by a running instance id
+    launch: tuple[NodeRequest, ...]
+    surplus: tuple[str, ...]  # running instance ids the plan does not use
+
+
+def availability_from_offers(offers: Iterable[Offer], *, max_gpus_per_type_zone: int,
+                             gpus: Sequence[str] = (), zones: Sequence[str] = ()) -> dict[tuple[str, str], int]:
+    """GPUs the planner may use per (GPU type, zone): offered there, within the job's cap and filters."""
+    out: dict[tuple[str, str], int] = {}
+    for o in offers:
+        if (gpus and o.gpu not in gpus) or (zones and o.zone not in zones):
+            continue
+        out[(o.gpu, o.zone)] = max_gpus_per_type_zone
+    return out
+
+
+def _price(o: Offer, spot: bool) -> float:
+    return o.spot_usd_per_hr if spot else o.on_demand_usd_per_hr
+
+
+def nodes_for_plan(plan: Plan, offers: Sequence[Offer], *, spot: bool = True) -> list[NodeRequest]:
+    """The instances ``plan`` needs; InfeasibleError when a replica fits no offered instance type."""
+    groups: dict[tuple[str, str], list[tuple[int, int, int]]] = {}
+    for s, stage in enumerate(plan.stages):
+        for r, rep in enumerate(stage.replicas):
+            groups.setdefault((rep.gpu, rep.zone), []).append((s, r, rep.tp_degree))
+    nodes: list[NodeRequest] = []
+    for (gpu, zone), replicas in groups.items():
+        here = [o for o in offers if o.gpu == gpu and o.zone == zone]
+        need = sum(tp for _, _, tp in replicas)
+        largest_tp = max(tp for _, _, tp in replicas)
+        fitting = [o for o in here if o.gpus_per_node >= largest_tp]
+        if not fitting:
+            raise InfeasibleError(f"no instance type in {zone} has {largest_tp} {gpu} GPUs on one node")
+
+        def cost(o: Offer) -> tuple[float, int]:
+            # Whole nodes are paid for: the cheapest way to hold ``need`` GPUs, then fewer nodes.
+            num_nodes = -(-need // o.gpus_per_node)
+            return (num_nodes * _price(o, spot), num_nodes)
+
+        best = min(fitting, key=cost)
+        bins: list[list[tuple[int, int, int]]] = []
+        for item in sorted(replicas, key=lambda x: -x[2]):  # first fit decreasing
+            for b in bins:
+                if sum(tp for _, _, tp in b) + item[2] <= best.gpus_per_node:
+                    b.append(item)
+                    break
+            else:
+                bins.append([item])
+        for b in bins:
+            ranks = sorted(rk for s, r, _ in b for rk in replica_ranks(plan, s, r))
+            nodes.append(NodeRequest(
+                cloud=best.cloud, zone=zone, instance_type=best.instance_type, gpu=gpu,
+                gpus_per_node=best.gpus_per_node, spot=spot, usd_per_hr=_price(best, spot),
+                ranks=tuple(ranks), replicas=tuple(sorted((s, r) for s, r, _ in b)),
+            ))
+    return sorted(nodes, key=lambda n: n.ranks[0])
+
+
+def match_instances(nodes: Sequence[NodeRequest], running: Iterable[RunningInstance]) -> Placement:
+    """Serve nodes with running instances of the same type and zone first; the rest is launched."""
+    pool: dict[tuple[str, str], list[str]] = {}
+    for inst in sorted(running, key=lambda i: i.instance_id):
+        pool.setdefault((inst.zone, inst.instance_type), []).append(inst.instance_id)
+    keep, launch = [], []
+    for node in nodes:
+        ids = pool.get((node.zone, node.instance_type))
+        if ids:
+            keep.append((node, ids.pop(0)))
+        else:
+            launch.append(node)
+    surplus = tuple(i for ids in pool.values() for i in ids)
+    return Placement(keep=tuple(keep), launch=tuple(launch), surplus=surplus)
+
+
+def plan_usd_per_hr(nodes: Iterable[NodeRequest]) -> float:
+    return sum(n.usd_per_hr for n in nodes)

@@ -1,0 +1,74 @@
+"""How an attempt of a job is doing, from what its agents and the cloud report.
+
+An attempt is one plan running on one set of instances.  The train-job flow
+polls the agents' status documents and the cloud's instance states and asks
+``classify_attempt`` what that means; the answer is one of:
+
+- ``running``: keep watching;
+- ``finished``: every worker of the attempt exited 0 (the step target is reached);
+- ``preempted``: the cloud took instances (or their agents got the SIGTERM of a notice);
+- ``lost``: instances ended without a preemption, or their agents stopped reporting;
+- ``failed``: a worker exited non-zero and no instance is gone (a crash to retry from the
+  checkpoint; a peer's preemption shows up as this before the cloud reports it, so the
+  caller waits ``failure_grace_s`` before believing it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from sailor_core.runtime.agent import EXITED, FAILED, PREEMPTED
+
+RUNNING = "running"
+FINISHED = "finished"
+INSTANCE_PREEMPTED = "preempted"
+LOST = "lost"
+WORKER_FAILED = "failed"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AttemptOutcome:
+    kind: str
+    instance_ids: tuple[str, ...] = ()
+    reason: str = ""
+
+
+def run_generation(attempt: int) -> int:
+    """The assignment generation that runs ``attempt``'s workers (the one after it stops them)."""
+    return 2 * attempt
+
+
+def stop_generation(attempt: int) -> int:
+    return 2 * attempt + 1
+
+
+def classify_attempt(*, generation: int, statuses: Mapping[str, dict[str, Any] | None],
+                     cloud_states: Mapping[str, str | None], now_unix_s: float,
+                     heartbeat_timeout_s: float = 60.0) -> AttemptOutcome:
+    """``statuses``/``cloud_states`` are keyed by the attempt's instance ids (None: not seen)."""
+    preempted = sorted(i for i, s in cloud_states.items() if s == "preempted")
+    preempted += sorted(i for i, st in statuses.items()
+                        if st and st.get("state") == PREEMPTED and i not in preempted)
+    if preempted:
+        return AttemptOutcome(kind=INSTANCE_PREEMPTED, instance_ids=tuple(preempted),
+                              reason=f"preempted: {', '.join(preempted)}")
+    gone = sorted(i for i, s in cloud_states.items() if s in ("terminated", None))
+    if gone:
+        return AttemptOutcome(kind=LOST, instance_ids=tuple(gone),
+                              reason=f"instance ended outside the job: {', '.join(gone)}")
+    current = {i: st for i, st in statuses.items() if st and st.get("generation") == generation}
+    stale = sorted(i for i, st in current.items()
+                   if now_unix_s - float(st.get("heartbeat_unix_s", now_unix_s)) > heartbeat_timeout_s)
+    if stale:
+        return AttemptOutcome(kind=LOST, instance_ids=tuple(stale),
+                              reason=f"agent stopped reporting: {', '.join(stale)}")
+    failed = sorted(i for i, st in current.items() if st.get("state") == FAILED)
+    if failed:
+        codes = {i: current[i].get("exit_codes") for i in failed}
+        return AttemptOutcome(kind=WORKER_FAILED, instance_ids=tuple(failed),
+                              reason=f"worker exited non-zero: {codes}")
+    if len(current) == len(statuses) and all(st.get("state") == EXITED for st in current.values()):
+        return AttemptOutcome(kind=FINISHED, reason="step target reached")
+    return AttemptOutcome(kind=RUNNING)

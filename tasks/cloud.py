@@ -1,0 +1,380 @@
+"""Cloud tasks: offers, provisioning with zone failover, instance states, terminate-by-label.
+
+``CloudSession`` holds the providers one flow run uses -- the real clouds when
+credentials are configured, else the embedded local cloud (moto's EC2 server
+and the local GCE fake, whose instances are local process groups) -- and what
+differs between them (where instances reach each other, how long a shutdown
+takes).  Each task below wraps one provider call.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import socket
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from prefect import get_run_logger, task
+from prefect.cache_policies import NO_CACHE
+
+from infra.errors import CapacityError, CloudConfigError, QuotaError
+from infra.records import LOCAL_ADDRESS_LABEL, RUNNING, InstanceInfo, job_labels
+from sailor_core import jobstate as js
+from sailor_core.assignment import NodeRequest, RunningInstance, match_instances
+from sailor_core.catalog.instances import Offer
+from sailor_core.errors import InfeasibleError
+from tasks.workers import Assignment
+
+OFFERS_TTL = timedelta(minutes=10)
+# One label per instance, so a single instance can be terminated through the label-based interface.
+NODE_LABEL = "sailor-node"
+
+
+def node_dict(node: NodeRequest) -> dict[str, Any]:
+    return asdict(node)
+
+
+@dataclass(slots=True, kw_only=True)
+class CloudSession:
+    """The providers of one flow run and what the flow needs to know about them."""
+
+    mode: str  # "embedded" or "real"
+    job_id: str
+    jobs_url: str  # the job's directory/URL: agents' assignment and status documents
+    providers: dict[str, Any]  # cloud name -> infra CloudProvider
+    embedded: Any = None  # the embedded cloud (preemption injection), None on real clouds
+    shutdown_s: float = 120.0  # terminate -> billing stops (real clouds bill the shutdown)
+    worker_stop_s: float = 10.0  # SIGTERM -> workers checkpointed and exited
+    heartbeat_timeout_s: float = 120.0
+    _closers: list = field(default_factory=list)
+
+    @property
+    def labels(self) -> dict[str, str]:
+        return job_labels(self.job_id)
+
+    def cache_key(self) -> str:
+        return f"{self.mode}:{','.join(sorted(self.providers))}"
+
+    def provider(self, cloud: str):
+        try:
+            return self.providers[cloud]
+        except KeyError:
+            raise CloudConfigError(f"no {cloud} provider configured in this session", cloud=cloud) from None
+
+    def address_of(self, info: InstanceInfo) -> str:
+        addr = info.labels.get(LOCAL_ADDRESS_LABEL) or info.private_ip
+        if not addr:
+            raise CloudConfigError(f"{info.instance_id} has no private address yet", cloud=info.cloud)
+        return addr
+
+    def rendezvous_port(self, master: Assignment) -> int:
+        if self.mode == "embedded":  # every "instance" shares this machine's ports
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                return s.getsockname()[1]
+        return 29500
+
+    def worker_args(self, a: Assignment) -> list[str]:
+        # On the embedded cloud all ranks share this machine's cores: one thread each.
+        return ["--threads", "1", "--timeout-s", "30"] if self.mode == "embedded" else []
+
+    def worker_env(self, a: Assignment) -> dict[str, str]:
+        return {"GLOO_SOCKET_IFNAME": "lo"} if self.mode == "embedded" else {}
+
+    def startup_script(self) -> str:
+        """What every instance runs at boot: the agent, pointed at this job's documents."""
+        root = Path(__file__).resolve().parent.parent
+        lines = ["#!/bin/bash", "set -e"]
+        if self.mode == "embedded":
+            lines.append(f"export PYTHONPATH={shlex.quote(str(root))}${{PYTHONPATH:+:$PYTHONPATH}}")
+        lines.append(f'exec "${{SAILOR_PYTHON:-python3}}" -m sailor_core.runtime.agent '
+                     f"--job-url {shlex.quote(self.jobs_url)}")
+        return "\n".join(lines) + "\n"
+
+    def query(self) -> list[InstanceInfo]:
+        out: list[InstanceInfo] = []
+        for p in self.providers.values():
+            out += p.query_instances(self.labels)
+        return out
+
+    def instance_states(self, ids: Sequence[str]) -> dict[str, str | None]:
+        seen = {i.instance_id: i.state for i in self.query()}
+        return {i: seen.get(i) for i in ids}
+
+    def preempt(self, instance_id: str) -> None:
+        if self.embedded is None:
+            raise CloudConfigError("preemptions can only be injected on the embedded cloud")
+        self.embedded.preempt(instance_id)
+
+
+# ---- opening and closing --------------------------------------------------------
+
+# Sessions open in this process, by job id: the cancellation/crash hooks find them here.
+_sessions: dict[str, CloudSession] = {}
+_flow_run_jobs: dict[str, str] = {}
+_lock = threading.Lock()
+
+
+def remember_flow_run_job(job_id: str) -> None:
+    from prefect.runtime import flow_run
+
+    run_id = flow_run.get_id()
+    if run_id:
+        with _lock:
+            _flow_run_jobs[str(run_id)] = job_id
+
+
+def job_id_of_flow_run(flow_run_id) -> str | None:
+    with _lock:
+        return _flow_run_jobs.get(str(flow_run_id))
+
+
+def real_clouds_configured() -> list[str]:
+    """Clouds with credentials in their standard chains (nothing is read but their presence)."""
+    clouds = []
+    try:
+        import boto3
+
+        if boto3.Session().get_credentials() is not None:
+            clouds.append("aws")
+    except Exception:
+        pass
+    try:
+        import google.auth
+
+        google.auth.default()
+        clouds.append("gcp")
+    except Exception:
+        pass
+    return clouds
+
+
+def open_session(mode: str, *, job_id: str, jobs_url: str, spec: js.JobSpec) -> CloudSession:
+    """``auto``: the real clouds with credentials, else the embedded cloud."""
+    if mode not in ("auto", "embedded", "real"):
+        raise CloudConfigError(f"cloud mode must be auto, embedded or real, got {mode!r}")
+    real = [] if mode == "embedded" else real_clouds_configured()
+    if mode == "real" and not real:
+        raise CloudConfigError("no AWS or GCP credentials found (see docs/orchestration.md)")
+    if real and mode != "embedded":
+        session = _open_real(real, job_id=job_id, jobs_url=jobs_url, spec=spec)
+    else:
+        session = _open_embedded(job_id=job_id, jobs_url=jobs_url)
+    with _lock:
+        _sessions[job_id] = session
+    return session
+
+
+def _open_real(clouds: list[str], *, job_id: str, jobs_url: str, spec: js.JobSpec) -> CloudSession:
+    providers: dict[str, Any] = {}
+    wanted = set(spec.clouds) or set(clouds)
+    if "aws" in clouds and "aws" in wanted:
+        from infra.aws import AWSProvider
+
+        providers["aws"] = AWSProvider()
+    if "gcp" in clouds and "gcp" in wanted:
+        from infra.gcp import GCPProvider
+
+        providers["gcp"] = GCPProvider()
+    if "://" not in jobs_url or jobs_url.startswith("file://"):
+        raise CloudConfigError("on real clouds the job's URL must be an object store the instances can "
+                               "reach (set jobs_url to s3://... or gs://...)")
+    return CloudSession(mode="real", job_id=job_id, jobs_url=jobs_url, providers=providers)
+
+
+def _open_embedded(*, job_id: str, jobs_url: str) -> CloudSession:
+    from infra.local.cloud import EmbeddedCloud
+
+    root = Path(jobs_url.removeprefix("file://")) / "embedded-cloud"
+    cloud = EmbeddedCloud(state_dir=root)
+    cloud.start()
+    # Ending a local process group takes ~the halt grace; bill a little more to be safe.
+    session = CloudSession(mode="embedded", job_id=job_id, jobs_url=jobs_url, providers=cloud.providers(),
+                           embedded=cloud, shutdown_s=cloud.halt_grace_s + 4.0, worker_stop_s=8.0,
+                           heartbeat_timeout_s=60.0)
+    session._closers.append(cloud.stop)
+    return session
+
+
+def close_session(session: CloudSession) -> None:
+    with _lock:
+        _sessions.pop(session.job_id, None)
+    for close in reversed(session._closers):
+        close()
+
+
+def terminate_job_everywhere(job_id: str, *, reason: str) -> list[str]:
+    """From a hook: terminate by label through this process's session, or a fresh one to the real clouds."""
+    with _lock:
+        session = _sessions.get(job_id)
+    ids: list[str] = []
+    if session is not None:
+        for p in session.providers.values():
+            ids += p.terminate_instances(job_labels(job_id))
+        return ids
+    for cloud in real_clouds_configured():
+        try:
+            if cloud == "aws":
+                from infra.aws import AWSProvider as Provider
+            else:
+                from infra.gcp import GCPProvider as Provider
+            ids += Provider().terminate_instances(job_labels(job_id))
+        except Exception as exc:  # a hook must not raise; say what could not be done
+            sys.stderr.write(f"sailor: could not terminate {job_id} on {cloud} ({reason}): {exc}\n")
+    return ids
+
+
+# ---- tasks ----------------------------------------------------------------------------
+
+
+def _offers_key(context, parameters) -> str:
+    session: CloudSession = parameters["session"]
+    spec: js.JobSpec = parameters["spec"]
+    return f"offers-{session.cache_key()}-{sorted(spec.gpus)}-{sorted(spec.zones)}-{sorted(spec.clouds)}"
+
+
+@task(name="list-offers", tags=["cloud"], retries=3, retry_delay_seconds=[1, 2, 4],
+      cache_key_fn=_offers_key, cache_expiration=OFFERS_TTL, persist_result=True)
+def list_offers(session: CloudSession, spec: js.JobSpec) -> list[Offer]:
+    """GPU offers and prices per zone of every cloud in the session (cached for 10 minutes)."""
+    offers: list[Offer] = []
+    for name, provider in session.providers.items():
+        if spec.clouds and name not in spec.clouds:
+            continue
+        offers += provider.list_offers(gpu_types=list(spec.gpus) or None)
+    if spec.zones:
+        offers = [o for o in offers if o.zone in spec.zones]
+    if not offers:
+        raise InfeasibleError("the clouds offer no GPUs matching the job's GPU types, zones and clouds")
+    return offers
+
+
+def reconcile(session: CloudSession, state: js.JobState) -> js.JobState:
+    """Line the job's records up with the cloud: close what ended, adopt what is up but unrecorded."""
+    now = time.time()
+    found = {i.instance_id: i for i in session.query()}
+    ended_preempted = {r.instance_id for r in state.running_instances()
+                       if r.instance_id in found and found[r.instance_id].state == "preempted"}
+    ended_other = {r.instance_id for r in state.running_instances()
+                   if r.instance_id not in found or not found[r.instance_id].live} - ended_preempted
+    state = js.with_instances_ended(state, ended_preempted, "preempted", now_unix_s=now)
+    state = js.with_instances_ended(state, ended_other, "lost", now_unix_s=now)
+    known = {r.instance_id for r in state.instances}
+    orphans = [i for i in found.values() if i.live and i.instance_id not in known]
+    if orphans:  # launched by a flow run that died before saving: pay for them from now on
+        state = js.with_instances_launched(state, tuple(_record(i, None, state.attempt, now) for i in orphans))
+    return state
+
+
+def _record(info: InstanceInfo, node: NodeRequest | None, attempt: int, now: float) -> js.InstanceRecord:
+    from sailor_core.catalog.instances import get_instance_type
+
+    if node is not None:
+        price = node.usd_per_hr
+    else:
+        row = get_instance_type(info.cloud, info.instance_type)
+        price = row.spot_usd_per_hr if info.spot else row.on_demand_usd_per_hr
+    return js.InstanceRecord(instance_id=info.instance_id, cloud=info.cloud, zone=info.zone,
+                             instance_type=info.instance_type, gpu=info.gpu or "", num_gpus=info.gpus_per_node,
+                             usd_per_hr=price, spot=info.spot, attempt=attempt, launched_unix_s=now)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Provisioned:
+    state: js.JobState
+    assignments: tuple[Assignment, ...]
+    capacity_zones: tuple[str, ...]  # zones that refused: the flow re-plans without them
+
+
+@task(name="launch-instance", tags=["cloud"], retries=2, retry_delay_seconds=[2, 5], cache_policy=NO_CACHE)
+def launch_instance(session: CloudSession, node: NodeRequest, attempt: int) -> list[InstanceInfo]:
+    """One node of the plan; transient errors are retried by the provider, then by this task."""
+    return session.provider(node.cloud).run_instances(
+        zone=node.zone, instance_type=node.instance_type, count=1,
+        labels={**job_labels(session.job_id, attempt), NODE_LABEL: uuid.uuid4().hex[:12]},
+        spot=node.spot, startup_script=session.startup_script())
+
+
+@task(name="wait-running", tags=["cloud"], retries=1, cache_policy=NO_CACHE)
+def wait_running(session: CloudSession, cloud: str, instance_ids: list[str]) -> list[InstanceInfo]:
+    return session.provider(cloud).wait_instances(session.labels, instance_ids=instance_ids, timeout_s=600.0)
+
+
+@task(name="terminate", tags=["cloud"], retries=3, retry_delay_seconds=[1, 2, 4], cache_policy=NO_CACHE)
+def terminate_ids(session: CloudSession, instance_ids: list[str]) -> list[str]:
+    """Terminate some of the job's instances (the surplus after a re-plan), each by its node label."""
+    ended: list[str] = []
+    for info in session.query():
+        if info.instance_id in instance_ids and info.live:
+            node_label = info.labels.get(NODE_LABEL)
+            if not node_label:
+                raise CloudConfigError(f"{info.instance_id} has no {NODE_LABEL} label to terminate it alone")
+            ended += session.provider(info.cloud).terminate_instances({**session.labels, NODE_LABEL: node_label})
+    return ended
+
+
+def provision(session: CloudSession, state: js.JobState, nodes: Sequence[NodeRequest]) -> Provisioned:
+    """Keep running instances the plan can use, end the surplus, launch the rest; zones out of capacity are reported."""
+    log = get_run_logger()
+    now = time.time()
+    running = [RunningInstance(instance_id=r.instance_id, zone=r.zone, instance_type=r.instance_type)
+               for r in state.running_instances()]
+    placement = match_instances(nodes, running)
+    if placement.surplus:
+        terminate_ids(session, list(placement.surplus))
+        state = js.with_instances_ended(state, set(placement.surplus), "terminated")
+    launched: list[tuple[NodeRequest, InstanceInfo]] = []
+    refused: set[str] = set()
+    for node in placement.launch:
+        if node.zone in refused:
+            continue
+        try:
+            infos = launch_instance(session, node, state.attempt)
+        except (CapacityError, QuotaError) as exc:
+            log.warning("no %s in %s: %s", node.instance_type, node.zone, exc)
+            refused.add(node.zone)
+            continue
+        state = js.with_instances_launched(state, tuple(_record(i, node, state.attempt, now) for i in infos))
+        launched += [(node, i) for i in infos]
+    by_cloud: dict[str, list[str]] = {}
+    for node, info in launched:
+        by_cloud.setdefault(info.cloud, []).append(info.instance_id)
+    ready: dict[str, InstanceInfo] = {}
+    for cloud, ids in by_cloud.items():
+        for info in wait_running(session, cloud, ids):
+            ready[info.instance_id] = info
+    if refused:
+        return Provisioned(state=state, assignments=(), capacity_zones=tuple(sorted(refused)))
+    current = {i.instance_id: i for i in session.query()}
+    assignments = [Assignment(instance_id=iid, node=node, address=session.address_of(current[iid]))
+                   for node, iid in placement.keep]
+    assignments += [Assignment(instance_id=i.instance_id, node=n, address=session.address_of(ready[i.instance_id]))
+                    for n, i in launched]
+    return Provisioned(state=state, assignments=tuple(sorted(assignments, key=lambda a: a.node.ranks[0])),
+                       capacity_zones=())
+
+
+@task(name="terminate-job", tags=["cloud"], retries=3, retry_delay_seconds=[1, 2, 4], cache_policy=NO_CACHE)
+def terminate_all(session: CloudSession, state: js.JobState, timeout_s: float = 60.0) -> tuple[js.JobState, int]:
+    """Terminate every instance carrying the job's label; returns the state and how many are still up."""
+    for p in session.providers.values():
+        p.terminate_instances(session.labels)
+    deadline = time.monotonic() + timeout_s
+    live = [i for i in session.query() if i.live and i.state != "stopping"]
+    while live and time.monotonic() < deadline:
+        time.sleep(0.5)
+        live = [i for i in session.query() if i.live and i.state != "stopping"]
+    found = {i.instance_id: i for i in session.query()}
+    preempted = {r.instance_id for r in state.running_instances()
+                 if r.instance_id in found and found[r.instance_id].state == "preempted"}
+    state = js.with_instances_ended(state, preempted, "preempted")
+    state = js.with_instances_ended(state, {r.instance_id for r in state.running_instances()}, "terminated")
+    return state, len([i for i in session.query() if i.live])

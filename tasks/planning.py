@@ -1,0 +1,153 @@
+"""Planning tasks: the controller's decision on what runs next, over what the clouds offer now.
+
+The decision is ``sailor_core.controller.decide`` (shared with the trace
+replay); its plan options come from ``sailor_core.planner.plan_job`` on the
+GPUs offered now, priced as the whole instances ``sailor_core.assignment``
+places them on (what the ledger will actually be charged).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from prefect import get_run_logger, task
+from prefect.cache_policies import NO_CACHE
+
+from sailor_core import jobstate as js
+from sailor_core.assignment import NodeRequest, nodes_for_plan, plan_usd_per_hr
+from sailor_core.catalog.instances import Offer
+from sailor_core.controller import (
+    CachedPlanner,
+    ControllerConfig,
+    ControllerState,
+    Decision,
+    Event,
+    EventKind,
+    PlanOption,
+    decide,
+    describe_gpus,
+    gpus_of_plan,
+)
+from sailor_core.errors import InfeasibleError
+
+# Seconds a plan change costs before training resumes: boot, torch import, rendezvous, reload.
+CHANGE_COST_S = 30.0
+
+
+def availability(offers: Sequence[Offer], *, max_gpus_per_zone: int, max_gpus: int | None,
+                 excluded_zones: Sequence[str] = ()) -> dict[tuple[str, str], int]:
+    """GPUs the job may use per (type, zone): cheapest per GPU first, ``max_gpus_per_zone`` each, ``max_gpus`` in all."""
+    best: dict[tuple[str, str], float] = {}
+    for o in offers:
+        if o.zone in excluded_zones:
+            continue
+        key = (o.gpu, o.zone)
+        best[key] = min(best.get(key, math.inf), o.usd_per_gpu_hr())
+    out: dict[tuple[str, str], int] = {}
+    left = math.inf if max_gpus is None else max_gpus
+    for key in sorted(best, key=lambda k: (best[k], k)):
+        if left <= 0:
+            break
+        n = int(min(max_gpus_per_zone, left))
+        out[key] = n
+        left -= n
+    return out
+
+
+@dataclass(slots=True, kw_only=True)
+class Planner:
+    """The planner as the controller's PlanFn, memoised; remembers its last search for the UI."""
+
+    spec: js.JobSpec
+    offers: tuple[Offer, ...]
+    last_result: Any = None
+    cached: CachedPlanner | None = field(default=None)
+
+    def __post_init__(self) -> None:
+        self.cached = CachedPlanner(plan_fn=self._plan)
+
+    def _plan(self, available: Mapping[tuple[str, str], int]) -> list[PlanOption]:
+        from sailor_core.planner import make_request, plan_job
+
+        request = make_request(
+            model=self.spec.model, availability=available, objective=self.spec.objective,
+            global_batch_size=self.spec.global_batch_size, max_usd_per_hour=self.spec.max_usd_per_hr,
+            min_throughput_samples_per_s=self.spec.min_throughput_samples_per_s, spot=self.spec.spot,
+            collect_pareto=True,
+        )
+        try:
+            result = plan_job(request)
+        except InfeasibleError as exc:
+            get_run_logger().warning("planner: %s", exc)
+            return []
+        self.last_result = result
+        return [self.option(c.plan, c.sim.throughput_samples_per_s) for c in result.candidates]
+
+    def option(self, plan, throughput_samples_per_s: float) -> PlanOption:
+        nodes = nodes_for_plan(plan, self.offers, spot=self.spec.spot)
+        gpus = gpus_of_plan(plan)
+        return PlanOption(gpus=gpus, throughput_samples_per_s=throughput_samples_per_s,
+                          usd_per_hr=plan_usd_per_hr(nodes), plan=plan, label=describe_gpus(gpus))
+
+    def nodes(self, option: PlanOption) -> tuple[NodeRequest, ...]:
+        return tuple(nodes_for_plan(option.plan, self.offers, spot=self.spec.spot))
+
+    def __call__(self, available):
+        return self.cached(available)
+
+
+def controller_state(state: js.JobState, *, available: Mapping[tuple[str, str], int],
+                     current: PlanOption | None, now_unix_s: float) -> ControllerState:
+    gbs = (state.plan or {}).get("global_batch_size") or state.spec.global_batch_size or 1
+    return ControllerState(
+        plan=current, available=dict(available),
+        budget_left_usd=state.ledger().budget_left_usd(now_unix_s),
+        samples_done=float((state.last_checkpoint_step or 0) * gbs),
+        samples_target=float(state.spec.steps * gbs),
+        last_plan=current,
+    )
+
+
+def controller_config(shutdown_s: float) -> ControllerConfig:
+    return ControllerConfig(strategy="replan", gpu_types=None, shutdown_s=shutdown_s, change_cost_s=CHANGE_COST_S)
+
+
+@task(name="decide", tags=["controller", "planner"], cache_policy=NO_CACHE)
+def decide_next(planner: Planner, state: js.JobState, *, available: Mapping[tuple[str, str], int],
+                event: Event, current: PlanOption | None, shutdown_s: float, now_unix_s: float) -> Decision:
+    """The controller's decision (start, after a preemption, or on a timer), planning on ``available``."""
+    decision = decide(controller_state(state, available=available, current=current, now_unix_s=now_unix_s),
+                      event, config=controller_config(shutdown_s), plan_fn=planner)
+    get_run_logger().info("controller: %s (%s)", decision.action.value, decision.reason)
+    return decision
+
+
+def start_event(state: js.JobState) -> Event:
+    return Event(kind=EventKind.START)
+
+
+def preemption_event(state: js.JobState, instance_ids: Sequence[str]) -> Event:
+    lost: dict[tuple[str, str], int] = {}
+    for r in state.instances:
+        if r.instance_id in instance_ids:
+            lost[(r.gpu, r.zone)] = lost.get((r.gpu, r.zone), 0) + r.num_gpus
+    return Event(kind=EventKind.PREEMPTION, lost=lost, zone_hint=next(iter(lost))[1] if lost else None)
+
+
+def pareto_points(planner: Planner) -> list[tuple[float, float]]:
+    result = planner.last_result
+    if result is None:
+        return []
+    return [(p.throughput_samples_per_s, p.usd_per_iteration) for p in result.pareto]
+
+
+def chosen_point(planner: Planner, option: PlanOption) -> tuple[float, float] | None:
+    """(samples/s, USD/iteration) of the chosen plan, as the planner scored it (same terms as the front)."""
+    result = planner.last_result
+    for c in (result.candidates if result is not None else ()):
+        if c.plan == option.plan:
+            return (c.sim.throughput_samples_per_s, c.sim.usd_per_iteration)
+    return None

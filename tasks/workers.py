@@ -1,0 +1,198 @@
+"""Tasks that run an attempt on its instances: assign ranks, watch, stop.
+
+The flow talks to each instance's agent (``sailor_core.runtime.agent``)
+through the assignment/status documents under the job's URL; the agent starts
+the engine's workers and forwards rank 0's per-step metrics.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from prefect import get_run_logger, task
+from prefect.cache_policies import NO_CACHE
+
+from sailor_core import jobstate as js
+from sailor_core.assignment import NodeRequest
+from sailor_core.attempts import (
+    RUNNING,
+    WORKER_FAILED,
+    AttemptOutcome,
+    classify_attempt,
+    run_generation,
+    stop_generation,
+)
+from sailor_core.controller import Action, Event, EventKind, decide
+from sailor_core.runtime.agent import read_status, write_assignment
+from tasks.planning import controller_config, controller_state
+from sailor_core.runtime.layout import world_size
+from sailor_core.plan import plan_from_dict
+
+BUDGET = "budget"  # outcome: the controller stops the job before the budget would be crossed
+REPLAN = "replan"  # outcome: the controller switches plans (shrink to fit the budget, or new capacity)
+POLL_S = 0.3
+DECIDE_EVERY_S = 1.0
+SAVE_EVERY_S = 1.0
+CLOUD_POLL_S = 1.0
+# A worker that died because a peer was preempted is seen before the cloud reports the
+# preemption; wait this long for the cloud before calling it a crash.
+FAILURE_GRACE_S = 4.0
+
+# Listeners in this process (the CLI's progress bar): called with the job state on progress.
+_listeners: list[Callable[[js.JobState], None]] = []
+
+
+def add_progress_listener(fn: Callable[[js.JobState], None]) -> None:
+    _listeners.append(fn)
+
+
+def remove_progress_listener(fn: Callable[[js.JobState], None]) -> None:
+    if fn in _listeners:
+        _listeners.remove(fn)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Assignment:
+    """One instance of the attempt and the node of the plan it serves."""
+
+    instance_id: str
+    node: NodeRequest
+    address: str  # where its processes are reached from the other instances
+
+
+def assignment_doc(state: js.JobState, a: Assignment, *, master: Assignment, master_port: int,
+                   data_url: str, worker_args: Sequence[str], env: dict[str, str]) -> dict[str, Any]:
+    plan = state.plan or {}
+    return {
+        "generation": run_generation(state.attempt), "attempt": state.attempt, "action": "run",
+        "plan": plan, "ranks": list(a.node.ranks), "world_size": world_size(plan_from_dict(plan)),
+        "master_addr": master.address, "master_port": master_port, "steps": state.spec.steps,
+        "data": data_url, "ckpt_url": state.spec.checkpoint_url, "ckpt_every": state.spec.checkpoint_every_steps,
+        "resume": True, "seed": state.spec.seed, "extra_worker_args": list(worker_args), "env": env,
+    }
+
+
+@task(name="assign-workers", tags=["workers"], cache_policy=NO_CACHE)
+def assign(session, state: js.JobState, assignments: Sequence[Assignment], *, data_url: str) -> None:
+    """Tell every agent its ranks; the instance holding rank 0 hosts the rendezvous."""
+    master = min(assignments, key=lambda a: a.node.ranks[0])
+    port = session.rendezvous_port(master)
+    for a in assignments:
+        write_assignment(session.jobs_url, a.instance_id,
+                         assignment_doc(state, a, master=master, master_port=port, data_url=data_url,
+                                        worker_args=session.worker_args(a), env=session.worker_env(a)))
+    get_run_logger().info("attempt %d: %d instances, world size %d, rendezvous %s:%d", state.attempt,
+                          len(assignments), sum(len(a.node.ranks) for a in assignments), master.address, port)
+
+
+def _merge_progress(state: js.JobState, statuses: dict[str, dict | None], generation: int) -> js.JobState:
+    losses: list[tuple[int, float]] = []
+    step = state.steps_done
+    for st in statuses.values():
+        if st and st.get("generation") == generation:
+            losses += [(int(s), float(v)) for s, v in st.get("losses") or ()]
+            if st.get("step") is not None:
+                step = max(step, int(st["step"]))
+    if not losses and step == state.steps_done:
+        return state
+    return js.with_progress(state, steps_done=step, losses=losses)
+
+
+@task(name="watch-attempt", tags=["workers", "monitor"], cache_policy=NO_CACHE)
+def watch_attempt(session, store: js.JobStore, state: js.JobState, assignments: Sequence[Assignment],
+                  progress=None, planner=None, available=None, current=None) -> tuple[AttemptOutcome, js.JobState]:
+    """Poll agents and the cloud until the attempt finishes or breaks; keep the ledger within the budget.
+
+    Returns the outcome and the job state with the progress seen.  Injected preemptions
+    (``--preempt-at``, embedded cloud) are posted here when the job reaches their step.
+    """
+    log = get_run_logger()
+    generation = run_generation(state.attempt)
+    ids = [a.instance_id for a in assignments]
+    victim = max(assignments, key=lambda a: a.node.ranks[0]).instance_id
+    cloud_states: dict[str, str | None] = {i: "running" for i in ids}
+    last_cloud = last_save = last_decide = 0.0
+    failed_since: float | None = None
+    while True:
+        now = time.time()
+        statuses = {i: read_status(session.jobs_url, i) for i in ids}
+        new_state = _merge_progress(state, statuses, generation)
+        if new_state is not state:
+            state = new_state
+            if progress is not None:
+                progress.update(state.steps_done, state.spec.steps,
+                                f"step {state.steps_done}/{state.spec.steps}, loss {state.last_loss}, "
+                                f"attempt {state.attempt}")
+            for fn in list(_listeners):
+                fn(state)
+        if now - last_save > SAVE_EVERY_S:
+            store.save(state)
+            last_save = now
+        if now - last_cloud > CLOUD_POLL_S:
+            cloud_states = session.instance_states(ids)
+            last_cloud = now
+
+        # The controller, on a timer: keep going, switch to a plan that fits the budget, or stop
+        # while the spend so far, the next stretch and the shutdown still fit.
+        if planner is not None and now - last_decide > DECIDE_EVERY_S:
+            last_decide = now
+            decision = decide(controller_state(state, available=available, current=current, now_unix_s=now),
+                              Event(kind=EventKind.TIMER), config=controller_config(session.shutdown_s),
+                              plan_fn=planner)
+            horizon_s = 2 * max(DECIDE_EVERY_S, CLOUD_POLL_S) + session.worker_stop_s
+            if decision.action == Action.STOP or decision.stop_in_s <= horizon_s:
+                ledger = state.ledger()
+                reason = (f"budget: {ledger.spent_usd(now):.5f} of {state.spec.budget_usd:.5f} USD spent at "
+                          f"{ledger.usd_per_hr():.3f} USD/h; stopping now leaves the shutdown paid within it"
+                          if decision.action != Action.STOP or decision.reason.startswith("budget")
+                          else decision.reason)
+                log.warning("%s", reason)
+                return AttemptOutcome(kind=BUDGET, instance_ids=tuple(ids), reason=reason), state
+            if decision.changes_plan:
+                return AttemptOutcome(kind=REPLAN, reason=decision.reason), state
+
+        for step in state.spec.preempt_at_steps:
+            if step not in state.injected_preemption_steps and state.steps_done >= step:
+                log.info("injecting a preemption of %s at step %d", victim, state.steps_done)
+                session.preempt(victim)
+                state = js.with_injected_preemption(state, step)
+                store.save(state)
+                break
+
+        outcome = classify_attempt(generation=generation, statuses=statuses, cloud_states=cloud_states,
+                                   now_unix_s=now, heartbeat_timeout_s=session.heartbeat_timeout_s)
+        if outcome.kind == WORKER_FAILED:
+            failed_since = failed_since or now
+            if now - failed_since < FAILURE_GRACE_S:
+                last_cloud = 0.0  # look at the cloud again now: a peer may have been preempted
+                time.sleep(POLL_S)
+                continue
+        if outcome.kind != RUNNING:
+            store.save(state)
+            return outcome, state
+        time.sleep(POLL_S)
+
+
+@task(name="stop-workers", tags=["workers"], cache_policy=NO_CACHE)
+def stop_attempt(session, state: js.JobState, assignments: Sequence[Assignment], timeout_s: float = 15.0) -> js.JobState:
+    """Stop the attempt's workers on the instances still up (SIGTERM: they checkpoint if they can)."""
+    generation = stop_generation(state.attempt)
+    live = [a.instance_id for a in assignments
+            if session.instance_states([a.instance_id]).get(a.instance_id) == "running"]
+    for iid in live:
+        write_assignment(session.jobs_url, iid, {"generation": generation, "attempt": state.attempt,
+                                                 "action": "stop"})
+    deadline = time.monotonic() + timeout_s
+    pending = set(live)
+    while pending and time.monotonic() < deadline:
+        for iid in list(pending):
+            st = read_status(session.jobs_url, iid)
+            if st and st.get("generation", -1) >= generation:
+                pending.discard(iid)
+        time.sleep(POLL_S)
+    if pending:
+        get_run_logger().warning("agents did not confirm the stop: %s", sorted(pending))
+    return state
