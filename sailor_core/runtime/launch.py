@@ -108,7 +108,7 @@ def launch_local(plan: Plan, steps: int, *, data: str | Path | None = None,
         procs[rank] = subprocess.Popen(cmd, env=e, stdout=logs[rank], stderr=subprocess.STDOUT,
                                        start_new_session=True)
     if on_started is not None:
-        on_started(procs, workdir)
+        on_started(procs, metrics_path)
 
     exit_codes: dict[int, int | None] = {r: None for r in range(n)}
     exit_times: dict[int, float] = {}

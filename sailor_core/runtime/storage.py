@@ -112,8 +112,11 @@ class S3Storage(Storage):
         sig = hmac.new(k, to_sign.encode(), hashlib.sha256).hexdigest()
         headers["authorization"] = (f"AWS4-HMAC-SHA256 Credential={self.access_key}/{scope}, "
                                     f"SignedHeaders={signed}, Signature={sig}")
+        send = {k: v for k, v in headers.items() if k != "host"}
+        # urllib would label a body as a form, which servers may then parse away
+        send["content-type"] = "application/octet-stream"
         req = urllib.request.Request(url, data=data if method == "PUT" else None, method=method,
-                                     headers={k: v for k, v in headers.items() if k != "host"})
+                                     headers=send)
         with urllib.request.urlopen(req, timeout=60) as resp:
             return resp.read()
 

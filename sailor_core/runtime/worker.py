@@ -39,7 +39,9 @@ EXIT_PREEMPTED = 75
 EXIT_PREEMPTED_NO_CKPT = 76
 EXIT_PEER_LOST = 77
 
-# Test hook: SIGKILL this rank in the middle of the given step ("RANK:STEP"), a real process death.
+# Test hook, a real process death: "RANK:STEP" SIGKILLs that rank in the middle of that step
+# (after its first forward), "RANK:STEP:save" after it wrote its layer files of that step's
+# checkpoint but before the manifest is committed.
 FAULT_ENV = "SAILOR_FAULT_KILL"
 PREEMPT_FILE_ENV = "SAILOR_PREEMPT_FILE"
 
@@ -114,7 +116,10 @@ def main(argv=None) -> int:
         device = torch.device("cpu")
     timeout = _dt.timedelta(seconds=args.timeout_s)
     fault = os.environ.get(FAULT_ENV, "")
-    fault_rank, fault_step = (int(x) for x in fault.split(":")) if fault else (-1, -1)
+    fault_parts = fault.split(":") if fault else ["-1", "-1"]
+    fault_rank, fault_step = int(fault_parts[0]), int(fault_parts[1])
+    fault_in_save = fault_parts[2:] == ["save"]
+    kill_in_save = rank == fault_rank and fault_in_save
     preempt_file = os.environ.get(PREEMPT_FILE_ENV)
 
     try:
@@ -128,10 +133,21 @@ def main(argv=None) -> int:
                 trainer.load(storage, info)
                 _log(rank, f"resumed from {info.dirname} (next sample {trainer.next_sample})")
         status = torch.zeros(2, device=device)
+
+        saved_step = trainer.step if args.resume else -1
+
+        def save() -> bool:
+            nonlocal saved_step
+            if saved_step == trainer.step:
+                return True
+            _save(trainer, storage, args.keep, rank, kill_in_save and trainer.step == fault_step)
+            saved_step = trainer.step
+            return True
+
         while trainer.step < args.steps:
             t0 = time.perf_counter()
             hook = None
-            if rank == fault_rank and trainer.step + 1 == fault_step:
+            if rank == fault_rank and not fault_in_save and trainer.step + 1 == fault_step:
                 hook = lambda: os.kill(os.getpid(), signal.SIGKILL)  # noqa: E731
             loss_sum = trainer.train_step(on_first_forward=hook)
             if preempt_file and os.path.exists(preempt_file):
@@ -144,16 +160,16 @@ def main(argv=None) -> int:
                            "step_time_s": dt, "samples_per_s": gbs / dt,
                            "tokens_per_s": gbs * trainer.seq_len / dt})
             if status[1] > 0:
-                saved = storage is not None and _save(trainer, storage, args.keep, rank)
+                saved = storage is not None and save()
                 metrics.write({"event": "preempted", "step": trainer.step, "checkpoint": saved})
                 _log(rank, f"stopping at step {trainer.step} on a preemption notice "
                            f"({'checkpoint saved' if saved else 'no checkpoint'})")
                 _finish(dist)
                 return EXIT_PREEMPTED if saved else EXIT_PREEMPTED_NO_CKPT
             if storage is not None and args.ckpt_every and trainer.step % args.ckpt_every == 0:
-                _save(trainer, storage, args.keep, rank)
-        if storage is not None and (not args.ckpt_every or trainer.step % args.ckpt_every):
-            _save(trainer, storage, args.keep, rank)
+                save()
+        if storage is not None:
+            save()
         metrics.write({"event": "done", "step": trainer.step})
         _finish(dist)
         return EXIT_OK
@@ -185,12 +201,14 @@ def _agreed_checkpoint(url: str, rank: int):
     return ckpt.read_checkpoint(ckpt.open_storage(url), pick[0], url, verify=False)
 
 
-def _save(trainer, storage, keep: int, rank: int) -> bool:
+def _save(trainer, storage, keep: int, rank: int, die_before_commit: bool = False) -> bool:
     import torch.distributed as dist
 
     from sailor_core.runtime import checkpoint as ckpt
 
     files = trainer.save_layers(storage)
+    if die_before_commit:
+        os.kill(os.getpid(), signal.SIGKILL)
     gathered = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, files)
     if rank == 0:

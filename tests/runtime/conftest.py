@@ -1,0 +1,22 @@
+from __future__ import annotations
+
+import pytest
+
+from sailor_core.plan import plan_from_dict
+
+
+def make_plan(model: str, stages: list[tuple[int, int, list[int]]], *, gbs: int = 8, mbs: int = 2):
+    """stages: (layer_start, layer_end, [tp degree of each replica])."""
+    return plan_from_dict({
+        "model": model, "global_batch_size": gbs, "micro_batch_size": mbs,
+        "stages": [{"layers": [a, b], "replicas": [{"gpu": "cpu", "tp": t} for t in tps]}
+                   for a, b, tps in stages],
+    })
+
+
+@pytest.fixture(scope="session")
+def corpus(tmp_path_factory):
+    from sailor_core.runtime.data import generate_corpus
+
+    return generate_corpus(tmp_path_factory.mktemp("data") / "corpus.npy", vocab_size=512,
+                           num_tokens=60_000, seed=1)

@@ -1,0 +1,70 @@
+"""Checkpoint directories, manifest, keep-K and the S3 backend (moto's server), no worker processes."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from sailor_core.runtime import checkpoint as ckpt
+from sailor_core.runtime.storage import open_storage
+
+
+def _write(url: str, step: int, keep: int = 0, commit: bool = True) -> None:
+    storage = open_storage(url)
+    files = {}
+    for layer in range(3):
+        state = {"params": {"w": torch.full((4, 4), float(step * 10 + layer))},
+                 "exp_avg": {}, "exp_avg_sq": {}}
+        files.update(ckpt.write_layer(storage, step, layer, state))
+    if commit:
+        ckpt.commit(storage, step, files, {"step": step, "next_sample": step * 8,
+                                           "num_layer_indices": 3}, keep=keep)
+
+
+def _check_store(url: str) -> None:
+    assert ckpt.latest_valid_checkpoint(url) is None
+    for step in (1, 2, 3):
+        _write(url, step, keep=2)
+    storage = open_storage(url)
+    assert [d for d in storage.list_dirs()] == ["step_00000002", "step_00000003"]
+    info = ckpt.latest_valid_checkpoint(url)
+    assert info.step == 3 and info.meta["next_sample"] == 24
+    assert float(ckpt.read_layer(storage, info, 2)["params"]["w"][0, 0]) == 32.0
+    # a save that died before its manifest is not a checkpoint
+    _write(url, 4, commit=False)
+    assert ckpt.latest_valid_checkpoint(url).step == 3
+    # a file that does not match its manifest disqualifies that step, the previous one is used
+    storage.put("step_00000003/layer_0001.pt", b"garbage")
+    assert ckpt.latest_valid_checkpoint(url).step == 2
+    with pytest.raises(ckpt.CheckpointError):
+        ckpt.read_layer(storage, ckpt.latest_valid_checkpoint(url, verify=False) or info, 1)
+
+
+def test_local_store(tmp_path):
+    _check_store(str(tmp_path / "ck"))
+    manifest = json.loads((tmp_path / "ck" / "step_00000002" / "MANIFEST.json").read_text())
+    assert set(manifest["files"]) == {"layer_0000.pt", "layer_0001.pt", "layer_0002.pt", "meta.json"}
+
+
+def test_s3_store_against_moto_server(monkeypatch):
+    from moto.server import ThreadedMotoServer
+    import boto3
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0)
+    server.start()
+    try:
+        host, port = server.get_host_and_port()
+        endpoint = f"http://{host}:{port}"
+        for k, v in {"AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "testing",
+                     "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}.items():
+            monkeypatch.setenv(k, v)
+        boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket="ckpts")
+        _check_store("s3://ckpts/jobs/j1")
+        keys = [o["Key"] for o in boto3.client("s3", endpoint_url=endpoint)
+                .list_objects_v2(Bucket="ckpts")["Contents"]]
+        assert "jobs/j1/step_00000002/MANIFEST.json" in keys
+        assert not any(k.startswith("jobs/j1/step_00000001/") for k in keys)
+    finally:
+        server.stop()

@@ -1,0 +1,91 @@
+"""Preemption (SIGTERM) with an emergency checkpoint, resume under another plan, dead workers."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+
+import pytest
+
+from sailor_core.runtime import checkpoint as ckpt
+from sailor_core.runtime.engine import full_params_close
+from sailor_core.runtime.engine_run import final_params
+from sailor_core.runtime.launch import launch_local
+from sailor_core.runtime.reference import train_reference
+from sailor_core.runtime.worker import EXIT_PEER_LOST, EXIT_PREEMPTED, FAULT_ENV
+
+from .conftest import make_plan
+
+
+def _sigterm_rank_after_step(rank: int, step: int):
+    """on_started callback: SIGTERM one worker (as the cloud does) once rank 0 logged `step`."""
+    def on_started(procs, metrics_path):
+        def watch():
+            while procs[rank].poll() is None:
+                try:
+                    lines = metrics_path.read_text().splitlines()
+                except OSError:
+                    lines = []
+                if any(json.loads(l).get("step", 0) >= step for l in lines if l.strip()):
+                    os.kill(procs[rank].pid, signal.SIGTERM)
+                    return
+                time.sleep(0.02)
+        threading.Thread(target=watch, daemon=True).start()
+    return on_started
+
+
+def test_preempt_then_resume_under_another_plan(corpus, tmp_path):
+    url = str(tmp_path / "ck")
+    plan_a = make_plan("tiny", [(0, 3, [1]), (3, 4, [1, 1])])
+    a = launch_local(plan_a, 40, data=corpus, ckpt_dir=url, workdir=tmp_path / "a", timeout_s=240,
+                     on_started=_sigterm_rank_after_step(2, 2))
+    assert a.status == "preempted", (a.message, a.stderr_tails)
+    assert set(a.exit_codes.values()) == {EXIT_PREEMPTED}
+    stop_step = a.steps[-1]
+    assert 2 <= stop_step < 40
+    assert ckpt.latest_valid_checkpoint(url).step == stop_step
+
+    # plan B: other stage boundaries, DP and TP degrees
+    plan_b = make_plan("tiny", [(0, 1, [2]), (1, 4, [1])])
+    b = launch_local(plan_b, stop_step + 2, data=corpus, ckpt_dir=url, resume=True,
+                     workdir=tmp_path / "b", timeout_s=240)
+    assert b.status == "ok", (b.message, b.stderr_tails)
+    assert b.steps == [stop_step + 1, stop_step + 2]
+    ref = train_reference(plan_a, stop_step + 2, str(corpus))
+    assert a.losses == pytest.approx(ref.losses[:stop_step], abs=1e-5)
+    assert b.losses == pytest.approx(ref.losses[stop_step:], abs=1e-5)
+    _, params = final_params(url)
+    assert full_params_close(params, ref.params) < 2e-5
+
+
+def test_killed_worker_makes_the_others_exit_with_its_rank_named(corpus, tmp_path):
+    plan = make_plan("tiny", [(0, 2, [1]), (2, 4, [1, 1])])
+    res = launch_local(plan, 6, data=corpus, workdir=tmp_path, timeout_s=240,
+                       collective_timeout_s=15, env={FAULT_ENV: "1:3"})
+    assert res.status == "failed" and res.dead_rank == 1
+    assert res.exit_codes[1] == -signal.SIGKILL
+    assert not res.hung_ranks
+    for r in (0, 2):
+        assert res.exit_codes[r] == EXIT_PEER_LOST
+        assert res.exit_times_s[r] - res.death_time_s < 20
+    assert "rank 1 died" in res.message
+    assert res.steps == [1, 2]
+
+
+def test_crash_during_save_leaves_previous_checkpoint_usable(corpus, tmp_path):
+    url = str(tmp_path / "ck")
+    plan = make_plan("tiny", [(0, 2, [1]), (2, 4, [1])])
+    res = launch_local(plan, 4, data=corpus, ckpt_dir=url, ckpt_every=1, workdir=tmp_path / "a",
+                       timeout_s=240, collective_timeout_s=15, env={FAULT_ENV: "0:2:save"})
+    assert res.status == "failed" and res.dead_rank == 0 and not res.hung_ranks
+    assert (tmp_path / "ck" / "step_00000002" / "layer_0000.pt").exists()  # written, never committed
+    assert not (tmp_path / "ck" / "step_00000002" / "MANIFEST.json").exists()
+    assert ckpt.latest_valid_checkpoint(url).step == 1
+    again = launch_local(plan, 2, data=corpus, ckpt_dir=url, resume=True, workdir=tmp_path / "b",
+                         timeout_s=240)
+    assert again.status == "ok" and again.steps == [2]
+    ref = train_reference(plan, 2, str(corpus))
+    assert again.losses == pytest.approx(ref.losses[1:], abs=1e-5)
