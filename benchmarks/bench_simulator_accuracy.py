@@ -40,15 +40,13 @@ def spread(triple: list[float]) -> float:
     return (hi - lo) / median
 
 
-def main(argv: list[str]) -> int:
+def evaluate(path: Path) -> dict:
+    """Rows (one per full-depth record) and the summary; see the module docstring."""
     from sailor_core.catalog.models import get_model
     from sailor_core.plan import plan_from_dict
     from sailor_core.profiles import ProfileDB, default_profile_db
     from sailor_core.simulator import simulate
 
-    as_json = "--json" in argv
-    paths = [a for a in argv if not a.startswith("--")]
-    path = Path(paths[0]) if paths else DEFAULT
     db = default_profile_db()
     held_out = ProfileDB(p for p in db.profiles() if p.gpu != "H200")
     rows = []
@@ -94,8 +92,16 @@ def main(argv: list[str]) -> int:
         all_errs = [abs(row[key]) for row in rows]
         summary[f"{key}_median_all"] = statistics.median(all_errs)
         summary[f"{key}_max_all"] = max(all_errs)
+    return {"rows": rows, "summary": summary}
+
+
+def main(argv: list[str]) -> int:
+    as_json = "--json" in argv
+    paths = [a for a in argv if not a.startswith("--")]
+    result = evaluate(Path(paths[0]) if paths else DEFAULT)
+    rows, summary = result["rows"], result["summary"]
     if as_json:
-        print(json.dumps({"rows": rows, "summary": summary}, indent=2))
+        print(json.dumps(result, indent=2))
         return 0
     print(f"{'model':10} {'mbs':>3} {'meas ms':>9} {'pred ms':>9} {'err':>7}   {'meas GB':>8} {'pred GB':>8} {'err':>7}"
           f"  spread   held-out: {'time':>7} {'memory':>7}")

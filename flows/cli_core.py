@@ -60,16 +60,18 @@ def _print_sim(plan, result) -> None:
     parts.add_row("[bold]iteration[/bold]", f"[bold]{_ms(total)}[/bold]", "100 %")
     con.print(parts)
 
-    stages = Table(title="Stages")
-    for col in ("stage", "layers", "replicas", "micro-batches", "fwd+bwd / mb", "p2p / mb",
-                "dp sync", "update", "peak memory", "fits"):
-        stages.add_column(col, justify="right" if col not in ("replicas", "fits") else "left")
+    stages = Table(title="Stages (times per micro-batch)")
+    stages.add_column("#", justify="right", no_wrap=True)
+    stages.add_column("layers", justify="right", no_wrap=True)
+    stages.add_column("GPU x TP, zone", overflow="fold")
+    for col in ("mb", "f+b ms", "p2p ms", "sync ms", "GB"):
+        stages.add_column(col, justify="right", no_wrap=True)
     for s in result.stages:
-        reps = ", ".join(f"{r.gpu}x{r.tp_degree}@{r.zone}" for r in s.replicas)
         stages.add_row(
-            str(s.index), f"{s.layer_start}:{s.layer_end}", reps, str(s.num_microbatches),
-            _ms(s.compute_s_per_microbatch), _ms(s.p2p_s_per_microbatch), _ms(s.dp_sync_s),
-            _ms(s.update_s), _gb(s.peak_memory_bytes), "yes" if s.fits else "[red]no[/red]",
+            str(s.index), f"{s.layer_start}:{s.layer_end}", _replica_summary(s.replicas),
+            str(s.num_microbatches), f"{s.compute_s_per_microbatch * 1e3:,.1f}",
+            f"{s.p2p_s_per_microbatch * 1e3:,.1f}", f"{s.dp_sync_s * 1e3:,.1f}",
+            f"{s.peak_memory_bytes / 1e9:,.1f}" + ("" if s.fits else " [red]no fit[/red]"),
         )
     con.print(stages)
     con.print(
@@ -82,6 +84,14 @@ def _print_sim(plan, result) -> None:
         con.print(f"peak memory {_gb(result.peak_memory_bytes)} per GPU: fits")
     else:
         con.print(f"[red]does not fit[/red]: {result.why_not}")
+
+
+def _replica_summary(replicas) -> str:
+    counts: dict[str, int] = {}
+    for r in replicas:
+        key = f"{r.gpu}x{r.tp_degree} {r.zone}"
+        counts[key] = counts.get(key, 0) + 1
+    return "\n".join(f"{n}: {key}" if n > 1 else key for key, n in counts.items())
 
 
 def memory_cmd(
