@@ -12,8 +12,26 @@ EXAMPLES = ROOT / "examples"
 
 
 def sailor(*args: str) -> subprocess.CompletedProcess:
+    """The real ``sailor`` in its own process."""
     return subprocess.run([sys.executable, "-m", "flows.cli", *args], cwd=ROOT, capture_output=True,
                           text=True, timeout=120)
+
+
+@pytest.fixture
+def sailor_in_process(capsys):
+    """``flows.cli.main`` in this process (same code path as the console script, much faster)."""
+    from flows.cli import main
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        try:
+            main(list(args))
+            code = 0
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        out = capsys.readouterr()
+        return subprocess.CompletedProcess(args, code, out.out, out.err)
+
+    return run
 
 
 def _plan_file(tmp_path, **changes) -> str:
@@ -41,7 +59,8 @@ def test_simulate_table():
     assert "Iteration time" in out.stdout and "bubble" in out.stdout
 
 
-def test_memory_json_and_growth_with_inflight():
+def test_memory_json_and_growth_with_inflight(sailor_in_process):
+    sailor = sailor_in_process
     one = sailor("memory", "--model", "opt-350m", "--gpu", "A100-40", "--mbs", "2", "--inflight", "1",
                  "--layers", "0:13", "--json")
     four = sailor("memory", "--model", "opt-350m", "--gpu", "A100-40", "--mbs", "2", "--inflight", "4",
@@ -52,7 +71,8 @@ def test_memory_json_and_growth_with_inflight():
     assert a["loss_working_bytes"] == 0  # layers 0..12 do not hold the head
 
 
-def test_catalogs():
+def test_catalogs(sailor_in_process):
+    sailor = sailor_in_process
     for what, key in (("gpus", "H200"), ("models", "opt-350m"), ("instances", "p5")):
         out = sailor("catalog", what, "--json")
         assert out.returncode == 0, out.stderr
@@ -86,19 +106,23 @@ def _assert_one_line_error(out: subprocess.CompletedProcess, *words: str) -> Non
         (("simulate", "/nonexistent/plan.json"), ("cannot read",)),
     ],
 )
-def test_bad_input_gets_one_line(args, words):
-    _assert_one_line_error(sailor(*args), *words)
+def test_bad_input_gets_one_line(args, words, sailor_in_process):
+    _assert_one_line_error(sailor_in_process(*args), *words)
 
 
-def test_bad_plans_get_one_line(tmp_path):
-    _assert_one_line_error(sailor("simulate", _plan_file(tmp_path, model="gpt-5")), "unknown model")
-    _assert_one_line_error(sailor("simulate", _plan_file(tmp_path, global_batch_size=-8)), "global_batch_size")
+def test_bad_plans_get_one_line(tmp_path, sailor_in_process):
+    run = sailor_in_process
+    _assert_one_line_error(run("simulate", _plan_file(tmp_path, model="gpt-5")), "unknown model")
+    _assert_one_line_error(run("simulate", _plan_file(tmp_path, global_batch_size=-8)), "global_batch_size")
     stages = json.loads((EXAMPLES / "plan_tiny.json").read_text())["stages"]
     stages[1]["layers"] = [2, 3]
-    _assert_one_line_error(sailor("simulate", _plan_file(tmp_path, stages=stages)), "not covered")
+    _assert_one_line_error(run("simulate", _plan_file(tmp_path, stages=stages)), "not covered")
     stages[1]["layers"] = [2, 4]
     stages[1]["replicas"][0]["gpu"] = "B300"
-    _assert_one_line_error(sailor("simulate", _plan_file(tmp_path, stages=stages)), "unknown GPU")
+    _assert_one_line_error(run("simulate", _plan_file(tmp_path, stages=stages)), "unknown GPU")
+
+
+def test_corrupt_plan_file_in_a_real_process(tmp_path):
     corrupt = tmp_path / "corrupt.json"
     corrupt.write_text('{"model": "tiny", "stages": [')
     _assert_one_line_error(sailor("simulate", str(corrupt)), "not valid JSON")

@@ -46,7 +46,7 @@ def test_memory_grows_with_microbatches_in_flight(k, start, length, regime):
     assert more.state_bytes == less.state_bytes
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(
     replicas=st.lists(st.lists(st.tuples(st.floats(1e-4, 1.0), st.integers(0, 40)), min_size=1, max_size=4),
                       min_size=1, max_size=5),
