@@ -24,6 +24,7 @@ app = typer.Typer(
 # Modules that add commands to ``app``; one per area so they stay small.
 _COMMAND_MODULES = (
     "flows.cli_core",
+    "flows.cli_profiles",
     "flows.cli_plan",
     "flows.cli_cloud",
     "flows.cli_engine",

@@ -213,3 +213,14 @@ def profile_files(directory: str | Path) -> list[Path]:
     if not directory.is_dir():
         return []
     return sorted(directory.glob("*.parquet"))
+
+
+def write_user_profiles(name: str, profiles: Iterable[ModelProfile]) -> Path:
+    """Write profiles as ``<user profiles dir>/<name>.parquet``, where the default database finds
+    them; the cached default database is reset so the next ``default_profile_db()`` sees them."""
+    from sailor_core.profiles.db import reset_default_profile_db
+
+    safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in name).strip("._") or "profiles"
+    path = write_profiles(user_profiles_dir() / f"{safe}.parquet", profiles)
+    reset_default_profile_db()
+    return path
