@@ -96,6 +96,26 @@ _REGIMES: dict[str, TrainingRegime] = {
             matmul_precision="bf16",
             optimizer_traffic_bytes_per_param=28,
         ),
+        TrainingRegime(
+            name="torch-fp32-adamw",
+            description=(
+                "Sailor's engine on CPU: PyTorch fp32 throughout (no autocast), SDPA attention, "
+                "AdamW (foreach=False), gloo; what `sailor profile --device cpu` measures"
+            ),
+            weight_bytes_per_param=4,
+            grad_bytes_per_param=4,
+            optimizer_bytes_per_param=8,
+            # RSS of an idle worker (torch + gloo initialised, 1 intra-op thread), measured by
+            # sailor_core.profiler.overhead on a 2-core x86 VM: ~0.30 GB (half shared libraries).
+            constant_overhead_bytes=300_000_000,
+            activation_bytes_per_element=4,
+            residual_bytes_per_element=4,
+            casts_linear_inputs=False,
+            weight_copy_bytes_per_param=0,
+            attention_kernel="flash",
+            matmul_precision="fp32",
+            optimizer_traffic_bytes_per_param=28,
+        ),
     )
 }
 
