@@ -1,0 +1,256 @@
+"""``plan_job``: run the search, mix leftover GPUs into stages, rank, explain infeasibility."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+from sailor_core.errors import InfeasibleError
+from sailor_core.plan import Plan, Replica, Stage, validate_plan
+from sailor_core.planner.kinds import valid_tp_degrees
+from sailor_core.planner.request import Objective, PlanRequest
+from sailor_core.planner.result import ParetoPoint, PlannedCandidate, PlanResult, pareto_front
+from sailor_core.planner.search import Evaluated, Searcher, _better, run_search
+from sailor_core.planner.fastsim import FastStage
+from sailor_core.simulator.memory import inflight_microbatches
+from sailor_core.simulator.simulate import simulate
+
+
+def _check_agreement(ev: Evaluated, sim) -> None:
+    """The search's figures must be simulate's; a difference is a bug in fastsim, not a rounding."""
+    fast = ev.res
+    for name in ("iteration_time_s", "usd_per_iteration", "usd_per_hour"):
+        a, b = getattr(fast, name), getattr(sim, name)
+        assert abs(a - b) <= 1e-6 * max(abs(b), 1e-12), f"planner and simulate disagree on {name}: {a} vs {b}"
+    assert fast.fits == sim.fits and fast.peak_memory_bytes == sim.peak_memory_bytes
+
+
+def plan_job(request: PlanRequest, *, profiles=None, network=None) -> PlanResult:
+    """The top ``request.top_n`` plans, best first; InfeasibleError saying why if there are none."""
+    if profiles is None:
+        from sailor_core.profiles import default_profile_db
+
+        profiles = default_profile_db()
+    if network is None:
+        from sailor_core.network.model import default_network
+
+        network = default_network()
+    t0 = time.perf_counter()
+    searcher = Searcher(request, profiles=profiles, network=network)
+    run_search(searcher)
+    if request.mixed_stages:
+        for ev in list(searcher.top[: request.top_n]):
+            mixed = _mix_leftovers(searcher, ev)
+            if mixed is not ev:
+                searcher.offer(mixed)
+    top = [e for e in searcher.top if e.feasible][: request.top_n]
+    if not top:
+        raise InfeasibleError(_why_infeasible(searcher, profiles, network))
+    candidates = []
+    for ev in top:
+        plan = searcher.to_plan(ev)
+        validate_plan(plan)  # the search builds valid plans; this keeps it honest
+        sim = simulate(plan, profiles=profiles, network=network, spot=request.spot, validate=False)
+        _check_agreement(ev, sim)
+        candidates.append(PlannedCandidate(plan=plan, sim=sim))
+    elapsed = time.perf_counter() - t0
+    points = [
+        ParetoPoint(usd_per_iteration=e.res.usd_per_iteration,
+                    throughput_samples_per_s=e.res.throughput_samples_per_s, num_gpus=e.num_gpus)
+        for e in searcher.stats.fitting
+    ]
+    return PlanResult(
+        candidates=tuple(candidates),
+        search_time_s=elapsed,
+        pareto=pareto_front(points),
+        num_evaluated=searcher.stats.num_evaluated,
+        exhausted=searcher.stats.exhausted,
+        objective=request.objective.value,
+    )
+
+
+# ---- mixing GPU types inside a stage ------------------------------------------------
+
+
+def _leftover(searcher: Searcher, ev: Evaluated) -> dict[tuple[str, str], int]:
+    used: dict[tuple[str, str], int] = {}
+    for stage in ev.stages:
+        for k, z, n in stage.groups:
+            used[(k.gpu, z)] = used.get((k.gpu, z), 0) + n * k.tp_degree
+    return {k: n - used.get(k, 0) for k, n in searcher.req.availability.items() if n - used.get(k, 0) > 0}
+
+
+def _mix_leftovers(searcher: Searcher, ev: Evaluated, max_added: int = 64) -> Evaluated:
+    """Add leftover GPUs as extra replicas of the busiest stage while the objective improves.
+
+    A replica only joins a stage if it is not slower than the stage's straggler on that
+    stage's layers and fits its memory, so it takes micro-batches off the others.
+    """
+    best = ev
+    added = 0
+    tried: set = set()
+    num_mb = searcher.req.global_batch_size // ev.mbs
+    while added < max_added and searcher.stats.num_evaluated < searcher.req.max_evaluations:
+        left = _leftover(searcher, best)
+        if not left:
+            break
+        res = best.res
+        order = sorted(range(len(best.stages)), key=lambda i: -res.busy_s[i])
+        improved = False
+        for si in order[:2]:
+            stage = best.stages[si]
+            straggler_s = res.compute_s[si]
+            options = []
+            for (gpu, zone), count in sorted(left.items()):
+                for tp in valid_tp_degrees(searcher.req.model, gpu, searcher.req.max_tp_degree):
+                    if tp > count:
+                        continue
+                    kind = searcher.kinds.get(gpu, tp, ev.mbs)
+                    if kind is None:
+                        continue
+                    t = kind.time_s(stage.layer_start, stage.layer_end)
+                    if t > straggler_s * (1 + 1e-9):
+                        continue
+                    d_new = stage.dp_degree + 1
+                    if d_new > num_mb:
+                        continue
+                    # The new replica comes last, so it gets the fewest micro-batches: check the most.
+                    k = inflight_microbatches(si, len(best.stages), -(-num_mb // d_new))
+                    if not kind.fits(stage.layer_start, stage.layer_end, k):
+                        continue
+                    zone_match = any(z == zone for _, z, _ in stage.groups)
+                    options.append((not zone_match, tp, t, gpu, zone, kind))
+            for _, tp, _, gpu, zone, kind in sorted(options, key=lambda o: o[:5])[:3]:
+                key = (si, gpu, zone, tp, stage.dp_degree)
+                if key in tried:
+                    continue
+                tried.add(key)
+                groups = list(stage.groups)
+                if groups[-1][0] is kind and groups[-1][1] == zone:
+                    groups[-1] = (kind, zone, groups[-1][2] + 1)
+                else:
+                    groups.append((kind, zone, 1))
+                stages = list(best.stages)
+                stages[si] = FastStage(stage.layer_start, stage.layer_end, tuple(groups))
+                trial = searcher.evaluate(ev.mbs, tuple(stages))
+                if _better(trial, best):
+                    best, improved = trial, True
+                    added += 1
+                    break
+            if improved:
+                break
+        if not improved:
+            break
+    return best
+
+
+# ---- explaining an empty answer ------------------------------------------------------
+
+
+def _why_infeasible(searcher: Searcher, profiles, network) -> str:
+    req = searcher.req
+    st = searcher.stats
+    if not st.any_fits:
+        return _memory_reason(searcher)
+    reasons = []
+    relaxed_cost = None
+    if req.min_throughput_samples_per_s is not None:
+        best = _relaxed(req, profiles, network, objective=Objective.THROUGHPUT,
+                        keep_caps=True, keep_floor=False)
+        if best is None:  # the caps alone already rule everything out
+            best = _relaxed(req, profiles, network, objective=Objective.THROUGHPUT,
+                            keep_caps=False, keep_floor=False)
+            caps_too = True
+        else:
+            caps_too = False
+        if best is not None and best.res.throughput_samples_per_s < req.min_throughput_samples_per_s:
+            within = " within the cost caps" if not caps_too and _has_caps(req) else ""
+            reasons.append(
+                f"the throughput floor {req.min_throughput_samples_per_s:.4g} samples/s is above the best "
+                f"achievable{within}, {best.res.throughput_samples_per_s:.4g} samples/s "
+                f"({best.num_gpus} GPUs, {best.res.usd_per_iteration:.4g} USD/iteration)"
+            )
+    if _has_caps(req):
+        relaxed_cost = _relaxed(req, profiles, network, objective=Objective.COST,
+                                keep_caps=False, keep_floor=True)
+        if relaxed_cost is None:
+            relaxed_cost = _relaxed(req, profiles, network, objective=Objective.COST,
+                                    keep_caps=False, keep_floor=False)
+        cheapest = relaxed_cost
+        if cheapest is not None:
+            floor = " meeting the throughput floor" if req.min_throughput_samples_per_s else ""
+            if req.max_usd_per_iteration is not None and cheapest.res.usd_per_iteration > req.max_usd_per_iteration:
+                reasons.append(
+                    f"the cap {req.max_usd_per_iteration:.4g} USD/iteration is below the cheapest plan{floor}, "
+                    f"which costs {cheapest.res.usd_per_iteration:.4g} USD/iteration "
+                    f"({cheapest.res.usd_per_hour:.4g} USD/hour, {cheapest.num_gpus} GPUs)"
+                )
+            per_hour = searcher.stats.cheapest_per_hour
+            if req.max_usd_per_hour is not None and per_hour is not None and per_hour.res.usd_per_hour > req.max_usd_per_hour:
+                reasons.append(
+                    f"the cap {req.max_usd_per_hour:.4g} USD/hour is below the cheapest plan that fits, "
+                    f"which rents {per_hour.res.usd_per_hour:.4g} USD/hour ({per_hour.num_gpus} GPUs)"
+                )
+    if not reasons:
+        reasons.append("no plan meets the caps and the throughput floor together")
+    return "no feasible plan: " + "; ".join(reasons)
+
+
+def _has_caps(req: PlanRequest) -> bool:
+    return req.max_usd_per_iteration is not None or req.max_usd_per_hour is not None
+
+
+def _relaxed(req: PlanRequest, profiles, network, *, objective: Objective, keep_caps: bool,
+             keep_floor: bool) -> Evaluated | None:
+    relaxed = dataclasses.replace(
+        req,
+        objective=objective,
+        top_n=1,
+        max_usd_per_iteration=req.max_usd_per_iteration if keep_caps else None,
+        max_usd_per_hour=req.max_usd_per_hour if keep_caps else None,
+        min_throughput_samples_per_s=req.min_throughput_samples_per_s if keep_floor else None,
+        mixed_stages=False,
+    )
+    s = Searcher(relaxed, profiles=profiles, network=network)
+    run_search(s)
+    top = [e for e in s.top if e.feasible]
+    return top[0] if top else None
+
+
+def _memory_reason(searcher: Searcher) -> str:
+    req = searcher.req
+    from sailor_core.simulator.memory import stage_memory
+
+    best = None
+    for gpu in searcher.gpu_types:
+        for tp in valid_tp_degrees(req.model, gpu, req.max_tp_degree):
+            if tp > max(searcher.zone_gpus[gpu].values()):
+                continue
+            for mbs in searcher.micro_batch_sizes()[:1]:
+                kind = searcher.kinds.get(gpu, tp, mbs)
+                if kind is None:
+                    continue
+                # One layer per stage, one micro-batch in flight: no split needs less.
+                fits_all = [
+                    stage_memory(kind.profile, i, i + 1, 1, kind.regime, kind.capacity_bytes)
+                    for i in range(searcher.num_layers)
+                ]
+                worst = max(fits_all, key=lambda m: m.peak_bytes)
+                cand = (worst.peak_bytes / worst.capacity_bytes, gpu, tp, mbs, worst)
+                if best is None or cand[0] < best[0]:
+                    best = cand
+    if best is None:
+        errs = "; ".join(dict.fromkeys(searcher.kinds.errors)) or "no profile or estimate for any GPU"
+        return f"no plan: {errs}"
+    _, gpu, tp, mbs, mem = best
+    total = sum(req.availability.values())
+    if mem.peak_bytes > mem.capacity_bytes:
+        return (
+            f"no plan fits in GPU memory: even one layer of {req.model} per stage at micro-batch {mbs} "
+            f"needs {mem.peak_bytes / 1e9:.2f} GB on {gpu} (TP {tp}) but it has {mem.capacity_bytes / 1e9:.2f} GB"
+        )
+    return (
+        f"no plan fits in GPU memory: {req.model} at micro-batch {mbs} does not fit on the "
+        f"{total} GPUs available with up to {searcher.max_stages} pipeline stages and TP up to "
+        f"{req.max_tp_degree} (1F1B keeps up to P - i micro-batches in flight on stage i)"
+    )

@@ -1,0 +1,112 @@
+"""Replica kinds: one (GPU type, TP degree) at one micro-batch size, with O(1) stage sums.
+
+Everything here reads the simulator's own tables (``simulator.tables.layer_table``)
+and memory model (``simulator.memory.stage_memory``), so a stage the planner
+thinks fits is one ``simulate`` agrees fits.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from sailor_core.catalog.gpus import get_gpu
+from sailor_core.catalog.models import get_model
+from sailor_core.errors import ProfileError
+from sailor_core.profiles.types import ModelProfile
+from sailor_core.regimes import TrainingRegime, get_regime
+from sailor_core.simulator.memory import stage_memory
+from sailor_core.simulator.tables import layer_table
+
+
+@dataclass(slots=True, eq=False)
+class Kind:
+    """A replica kind.  ``comp_cum[i]`` is forward + backward of one micro-batch over layers [0, i)."""
+
+    gpu: str
+    tp_degree: int
+    micro_batch_size: int
+    profile: ModelProfile
+    regime: TrainingRegime
+    capacity_bytes: int
+    comp_cum: list[float]
+    num_layers: int
+    _max_end: dict[tuple[int, int], int] = field(default_factory=dict)
+
+    def time_s(self, start: int, end: int) -> float:
+        return self.comp_cum[end] - self.comp_cum[start]
+
+    @property
+    def total_params(self) -> int:
+        """Parameters one GPU of this kind holds for the whole model (its TP shard)."""
+        return layer_table(self.profile).params_cum[-1]
+
+    @property
+    def model_time_s(self) -> float:
+        return self.comp_cum[-1]
+
+    def fits(self, start: int, end: int, num_inflight: int) -> bool:
+        return stage_memory(self.profile, start, end, num_inflight, self.regime, self.capacity_bytes).fits
+
+    def max_end(self, start: int, num_inflight: int) -> int:
+        """Largest ``end`` such that layers [start, end) fit with K in flight; ``start`` if none does.
+
+        Memory grows with every added layer, so the fitting ends form a prefix: binary search.
+        """
+        key = (start, num_inflight)
+        found = self._max_end.get(key)
+        if found is not None:
+            return found
+        lo, hi = start, self.num_layers  # invariant: lo fits (or is start), answer in [lo, hi]
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if self.fits(start, mid, num_inflight):
+                lo = mid
+            else:
+                hi = mid - 1
+        self._max_end[key] = lo
+        return lo
+
+
+def valid_tp_degrees(model: str, gpu: str, max_tp_degree: int) -> list[int]:
+    """TP degrees a replica may use: powers of two inside one node that split the heads."""
+    spec = get_model(model)
+    node = get_gpu(gpu).max_gpus_per_node
+    return [d for d in (1, 2, 4, 8, 16) if d <= min(node, max_tp_degree) and spec.num_heads % d == 0]
+
+
+class KindCache:
+    """Builds and memoises kinds from a profile source."""
+
+    def __init__(self, model: str, seq_len: int | None, regime: str | None, profiles) -> None:
+        self.model = model
+        self.seq_len = seq_len
+        self.regime_name = regime
+        self.profiles = profiles
+        self._kinds: dict[tuple[str, int, int], Kind | None] = {}
+        self.errors: list[str] = []
+
+    def get(self, gpu: str, tp_degree: int, micro_batch_size: int) -> Kind | None:
+        key = (gpu, tp_degree, micro_batch_size)
+        if key in self._kinds:
+            return self._kinds[key]
+        try:
+            prof = self.profiles.get(self.model, gpu, tp_degree, micro_batch_size, self.seq_len,
+                                     regime=self.regime_name)
+        except ProfileError as exc:
+            self.errors.append(str(exc))
+            self._kinds[key] = None
+            return None
+        table = layer_table(prof)
+        comp = [f + b for f, b in zip(table.fwd_cum, table.bwd_cum)]
+        kind = Kind(
+            gpu=gpu,
+            tp_degree=tp_degree,
+            micro_batch_size=micro_batch_size,
+            profile=prof,
+            regime=get_regime(self.regime_name or prof.regime),
+            capacity_bytes=get_gpu(gpu).memory_bytes,
+            comp_cum=comp,
+            num_layers=table.num_layers,
+        )
+        self._kinds[key] = kind
+        return kind

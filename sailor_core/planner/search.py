@@ -1,0 +1,570 @@
+"""Best-first search over pipeline shapes, uneven layer splits and placements.
+
+Search space (per micro-batch size):
+
+* a *segment* is a run of consecutive stages on one GPU type: its TP degree,
+  data-parallel degree, number of stages and zone placement rule;
+* a *shape* is at most one segment per GPU type, in an order (larger-memory GPUs
+  first, where 1F1B keeps more micro-batches in flight, and the reverse);
+* each shape's layers are split unevenly (``split.min_max_split``) to balance
+  the segments' different speeds and memory, then polished by moving stage
+  boundaries one layer at a time while ``simulate`` says the objective improves;
+* optionally (``mixed_stages``) leftover GPUs of any type join a stage as extra
+  replicas when they are not slower than its straggler and the objective improves.
+
+Every candidate is scored by ``simulate`` itself, so the ranking, the caps and
+the floor are checked against the same figures ``sailor simulate`` prints.
+
+Pruning: shapes are generated lazily in order of a cheap, valid bound (an upper
+bound on throughput from the segments' compute capacity, or a lower bound on
+cost), re-ranked by a tighter valid bound (adds pipeline warm-up/cool-down), and
+the search stops once no unexplored shape's bound can enter the top N.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+from dataclasses import dataclass, field
+
+from sailor_core.catalog.gpus import get_gpu
+from sailor_core.catalog.instances import gpu_price_usd_per_hr
+from sailor_core.catalog.models import get_model
+from sailor_core.plan import Plan, Replica, Stage
+from sailor_core.planner.kinds import Kind, KindCache, valid_tp_degrees
+from sailor_core.planner.placement import StagePlacement, place_pipelines, place_stages
+from sailor_core.planner.request import Objective, PlanRequest
+from sailor_core.planner.split import StageSlot, min_max_split
+from sailor_core.planner.fastsim import FastResult, FastSim, FastStage
+from sailor_core.simulator.memory import inflight_microbatches
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Segment:
+    gpu: str
+    kind: Kind
+    tp_degree: int
+    dp_degree: int
+    num_stages: int
+    rule: str  # "stage" or "pipeline" (see placement)
+    capacity: float  # num_stages / (microbatches per replica * slowness)
+    slowness: float  # per-micro-batch time of a block on this kind / on the fastest kind (>= that)
+    num_microbatches: int  # per replica (the busiest)
+    min_usd_per_hr: float
+
+    @property
+    def num_gpus(self) -> int:
+        return self.num_stages * self.dp_degree * self.tp_degree
+
+
+_NONE = None  # "this GPU type is not used" in a per-type list
+
+
+@dataclass(slots=True)
+class Evaluated:
+    score: float  # lower is better: -throughput or USD/iteration
+    mbs: int
+    stages: tuple[FastStage, ...]
+    res: FastResult
+    feasible: bool  # fits memory and meets caps and floor
+
+    @property
+    def num_gpus(self) -> int:
+        return sum(k.tp_degree * n for s in self.stages for k, _, n in s.groups)
+
+    @property
+    def key(self) -> tuple:
+        return _stages_key(self.mbs, self.stages)
+
+
+def _stages_key(mbs: int, stages: tuple[FastStage, ...]) -> tuple:
+    return (mbs, tuple(
+        (s.layer_start, s.layer_end, tuple((k.gpu, k.tp_degree, z, n) for k, z, n in s.groups))
+        for s in stages
+    ))
+
+
+@dataclass(slots=True)
+class SearchStats:
+    num_evaluated: int = 0
+    num_shapes: int = 0
+    any_fits: bool = False
+    best_throughput: Evaluated | None = None  # fastest plan that fits, caps ignored
+    cheapest: Evaluated | None = None  # cheapest (USD/iteration) plan that fits, floor ignored
+    cheapest_per_hour: Evaluated | None = None
+    memory_failures: int = 0
+    exhausted: bool = False
+    fitting: list[Evaluated] = field(default_factory=list)
+
+
+def _d_grid(d_max: int) -> list[int]:
+    out, d = [], 1
+    while d <= d_max:
+        out.append(d)
+        if d * 3 // 2 <= d_max and d >= 2 and d * 3 // 2 != d:
+            out.append(d * 3 // 2)
+        d *= 2
+    out.append(d_max)
+    return sorted(set(out))
+
+
+def _largest_divisor_at_most(n: int, limit: int) -> int:
+    for d in range(min(n, limit), 0, -1):
+        if n % d == 0:
+            return d
+    return 1
+
+
+class Searcher:
+    """One planning run; see the module docstring."""
+
+    def __init__(self, request: PlanRequest, *, profiles, network) -> None:
+        self.req = request
+        self.profiles = profiles
+        self.network = network
+        spec = get_model(request.model)
+        self.model = spec
+        self.num_layers = spec.num_layer_indices
+        self.kinds = KindCache(request.model, request.seq_len, request.regime, profiles)
+        self.zone_gpus: dict[str, dict[str, int]] = {}
+        for (gpu, zone), n in request.availability.items():
+            self.zone_gpus.setdefault(gpu, {})[zone] = n
+        self.gpu_types = sorted(self.zone_gpus)
+        self.stats = SearchStats()
+        self.top: list[Evaluated] = []
+        self._seen_plans: set = set()
+        self._sim_cache: dict = {}
+        self.fast = FastSim(model=request.model, global_batch_size=request.global_batch_size,
+                            network=network, spot=request.spot, regime=request.regime)
+        self.max_stages = max(1, min(request.max_stages, self.num_layers))
+
+    # ---- scoring ----------------------------------------------------------------------
+
+    def score_of(self, res) -> float:
+        if self.req.objective is Objective.THROUGHPUT:
+            return -res.throughput_samples_per_s
+        return res.usd_per_iteration
+
+    def meets_limits(self, res) -> bool:
+        """Caps and floor, on a FastResult or a SimResult."""
+        r = self.req
+        if r.max_usd_per_iteration is not None and res.usd_per_iteration > r.max_usd_per_iteration:
+            return False
+        if r.max_usd_per_hour is not None and res.usd_per_hour > r.max_usd_per_hour:
+            return False
+        if (r.min_throughput_samples_per_s is not None
+                and res.throughput_samples_per_s < r.min_throughput_samples_per_s):
+            return False
+        return True
+
+    def evaluate(self, mbs: int, stages: tuple[FastStage, ...]) -> Evaluated:
+        key = (mbs, stages)
+        hit = self._sim_cache.get(key)
+        if hit is not None:
+            return hit
+        res = self.fast.evaluate(mbs, list(stages))
+        self.stats.num_evaluated += 1
+        ev = Evaluated(score=self.score_of(res), mbs=mbs, stages=stages, res=res,
+                       feasible=res.fits and self.meets_limits(res))
+        self._sim_cache[key] = ev
+        st = self.stats
+        if res.fits:
+            st.any_fits = True
+            st.fitting.append(ev)
+            if st.best_throughput is None or res.throughput_samples_per_s > st.best_throughput.res.throughput_samples_per_s:
+                st.best_throughput = ev
+            if st.cheapest is None or res.usd_per_iteration < st.cheapest.res.usd_per_iteration:
+                st.cheapest = ev
+            if st.cheapest_per_hour is None or res.usd_per_hour < st.cheapest_per_hour.res.usd_per_hour:
+                st.cheapest_per_hour = ev
+        else:
+            st.memory_failures += 1
+        return ev
+
+    def threshold(self) -> float:
+        """Score a shape's bound must beat to matter: the N-th best feasible score so far."""
+        n = self.req.top_n + (20 if self.req.collect_pareto else 0)
+        if len(self.top) < n:
+            return math.inf
+        return self.top[n - 1].score
+
+    def offer(self, ev: Evaluated) -> None:
+        if not ev.feasible:
+            return
+        key = ev.key
+        if key in self._seen_plans:
+            return
+        self._seen_plans.add(key)
+        limit = self.req.top_n + 20
+        if len(self.top) >= limit and ev.score >= self.top[-1].score:
+            return
+        self.top.append(ev)
+        self.top.sort(key=lambda e: (e.score, e.num_gpus))  # stable: earlier (better-bounded) first
+        del self.top[limit:]
+
+    # ---- segments ---------------------------------------------------------------------
+
+    def micro_batch_sizes(self) -> list[int]:
+        gbs = self.req.global_batch_size
+        if self.req.micro_batch_sizes:
+            return sorted({b for b in self.req.micro_batch_sizes if gbs % b == 0})
+        out, b = [], 1
+        while b <= min(gbs, 64):
+            if gbs % b == 0:
+                out.append(b)
+            b *= 2
+        return out
+
+    def segments_for(self, gpu: str, mbs: int, num_mb: int, ref: list[float]) -> list[Segment]:
+        zones = self.zone_gpus[gpu]
+        live = {z: n for z, n in zones.items() if n > 0}
+        min_price = min(gpu_price_usd_per_hr(gpu, z, spot=self.req.spot) for z in live)
+        full_range = (self.req.objective is Objective.COST or self.req.max_usd_per_hour is not None
+                      or self.req.max_usd_per_iteration is not None or self.req.collect_pareto)
+        out: list[Segment] = []
+        for tp in valid_tp_degrees(self.req.model, gpu, self.req.max_tp_degree):
+            kind = self.kinds.get(gpu, tp, mbs)
+            if kind is None:
+                continue
+            ratio = min(
+                (kind.time_s(i, i + 1) / ref[i]) for i in range(self.num_layers) if ref[i] > 0
+            ) if any(r > 0 for r in ref) else 1.0
+            total_rep = sum(n // tp for n in live.values())
+            zone_max = max(n // tp for n in live.values())
+            for num_stages in range(1, self.max_stages + 1):
+                d_max = min(total_rep // num_stages, num_mb)
+                if d_max < 1:
+                    break
+                if full_range:
+                    ds = set(_d_grid(d_max))
+                else:
+                    ds = {d_max}
+                ds.add(_largest_divisor_at_most(num_mb, d_max))
+                one_zone = min(d_max, zone_max)
+                ds.add(one_zone)
+                ds.add(_largest_divisor_at_most(num_mb, one_zone))
+                for d in sorted(ds):
+                    n_per_rep = -(-num_mb // d)
+                    cap = num_stages / (n_per_rep * ratio)
+                    rules = ["stage"]
+                    if len(live) > 1 and sum(n // (tp * num_stages) for n in live.values()) >= d:
+                        rules.append("pipeline")
+                    for rule in rules:
+                        out.append(Segment(
+                            gpu=gpu, kind=kind, tp_degree=tp, dp_degree=d, num_stages=num_stages,
+                            rule=rule, capacity=cap, slowness=ratio, num_microbatches=n_per_rep,
+                            min_usd_per_hr=num_stages * d * tp * min_price,
+                        ))
+        return out
+
+    # ---- building a plan from a shape -------------------------------------------------
+
+    def build_stages(self, shape: tuple[Segment, ...]) -> list[tuple[Kind, StagePlacement]] | None:
+        stages: list[tuple[Kind, StagePlacement]] = []
+        prev_zone: str | None = None
+        for seg in shape:
+            zones = {z: n for z, n in self.zone_gpus[seg.gpu].items() if n > 0}
+            if seg.rule == "pipeline":
+                placed = place_pipelines(zones, seg.tp_degree, seg.dp_degree, seg.num_stages)
+            else:
+                placed = place_stages(zones, seg.tp_degree, seg.dp_degree, seg.num_stages, prev_zone)
+            if placed is None:
+                return None
+            for p in placed:
+                stages.append((seg.kind, p))
+            last = placed[-1]
+            prev_zone = max(last, key=lambda p: (p[1], p[0]))[0]
+        return stages
+
+    def to_plan(self, ev: Evaluated) -> Plan:
+        return Plan(
+            model=self.req.model, global_batch_size=self.req.global_batch_size, micro_batch_size=ev.mbs,
+            stages=tuple(
+                Stage(layer_start=s.layer_start, layer_end=s.layer_end, replicas=tuple(
+                    Replica(gpu=k.gpu, tp_degree=k.tp_degree, zone=z) for k, z, n in s.groups for _ in range(n)))
+                for s in ev.stages
+            ),
+            seq_len=self.req.seq_len, regime=self.req.regime,
+        )
+
+    @staticmethod
+    def fast_stages(stages: list[tuple[Kind, StagePlacement]], ends: list[int]) -> tuple[FastStage, ...]:
+        out, start = [], 0
+        for (kind, placed), end in zip(stages, ends):
+            out.append(FastStage(start, end, tuple((kind, z, n) for z, n in placed)))
+            start = end
+        return tuple(out)
+
+    def evaluate_shape(self, mbs: int, shape: tuple[Segment, ...], tau_lb: float) -> Evaluated | None:
+        stages = self.build_stages(shape)
+        if stages is None:
+            return None
+        num_mb = self.req.global_batch_size // mbs
+        P = len(stages)
+        slots = []
+        for i, (kind, placed) in enumerate(stages):
+            d = sum(c for _, c in placed)
+            n = -(-num_mb // d)
+            slots.append(StageSlot(kind=kind, num_microbatches=n,
+                                   num_inflight=inflight_microbatches(i, P, n)))
+        ends = min_max_split(slots, self.num_layers, lower_bound_s=tau_lb)
+        self.stats.num_shapes += 1
+        if ends is None:
+            self.stats.memory_failures += 1
+            return None
+        ev = self.evaluate(mbs, self.fast_stages(stages, ends))
+        # Polish only shapes that may enter the top N (within 3 % of its last entry).
+        cutoff = self.threshold()
+        if ev.res.fits and ev.score < cutoff * (0.97 if cutoff < 0 else 1.03):
+            ev = self.polish(mbs, stages, ends, ev)
+        self.offer(ev)
+        return ev
+
+    def polish(self, mbs: int, stages, ends: list[int], ev: Evaluated) -> Evaluated:
+        """Move the boundaries of the busiest stage and of the stage that syncs longest one layer
+        at a time while the simulated objective improves (the min-max split ignores p2p, sync
+        and the warm-up, so a neighbour can be better)."""
+        best, best_ends = ev, list(ends)
+        for _ in range(6):
+            res = best.res
+            busiest = max(range(len(best_ends)), key=lambda i: res.busy_s[i])
+            movable = sorted({busiest - 1, busiest} & set(range(len(best_ends) - 1)))
+            improved = False
+            for b in movable:
+                for delta in (-1, 1):
+                    cand = list(best_ends)
+                    cand[b] += delta
+                    lo = cand[b - 1] if b > 0 else 0
+                    if not lo < cand[b] < cand[b + 1]:
+                        continue
+                    trial = self.evaluate(mbs, self.fast_stages(stages, cand))
+                    if _better(trial, best):
+                        best, best_ends, improved = trial, cand, True
+            if not improved:
+                break
+        return best
+
+
+def _better(a: Evaluated, b: Evaluated) -> bool:
+    """Feasible beats infeasible; fitting beats not fitting; then the score."""
+    return (not a.feasible, not a.res.fits, a.score) < (not b.feasible, not b.res.fits, b.score)
+
+
+# ---- lazy best-first enumeration of shapes -------------------------------------------
+
+
+class _ProductHeap:
+    """Index tuples over per-type lists in nondecreasing order of an additive key."""
+
+    def __init__(self, keys: list[list[float]]) -> None:
+        self.keys = keys
+        self.heap: list[tuple[float, tuple[int, ...]]] = []
+        self.seen: set[tuple[int, ...]] = set()
+        if all(keys):
+            start = tuple(0 for _ in keys)
+            self._push(start)
+
+    def _push(self, idx: tuple[int, ...]) -> None:
+        if idx in self.seen:
+            return
+        self.seen.add(idx)
+        heapq.heappush(self.heap, (sum(k[i] for k, i in zip(self.keys, idx)), idx))
+
+    def peek(self) -> float:
+        return self.heap[0][0] if self.heap else math.inf
+
+    def pop(self) -> tuple[int, ...]:
+        _, idx = heapq.heappop(self.heap)
+        for j in range(len(idx)):
+            if idx[j] + 1 < len(self.keys[j]):
+                self._push(idx[:j] + (idx[j] + 1,) + idx[j + 1:])
+        return idx
+
+
+@dataclass(slots=True)
+class _MbsSpace:
+    mbs: int
+    num_mb: int
+    ref: list[float]  # per layer: the fastest kind's forward + backward
+    ref_total_s: float  # over the layers the capacity bound counts
+    all_total_s: float  # every layer on its fastest kind: no iteration is shorter
+    lists: list[list[Segment | None]]
+    heap: _ProductHeap
+    min_time_by_kinds: dict = field(default_factory=dict)
+
+
+def run_search(searcher: Searcher) -> None:
+    req = searcher.req
+    throughput = req.objective is Objective.THROUGHPUT
+    spaces: list[_MbsSpace] = []
+    for mbs in searcher.micro_batch_sizes():
+        num_mb = req.global_batch_size // mbs
+        kinds = [k for g in searcher.gpu_types
+                 for tp in valid_tp_degrees(req.model, g, req.max_tp_degree)
+                 if (k := searcher.kinds.get(g, tp, mbs)) is not None]
+        if not kinds:
+            continue
+        ref_all = [min(k.time_s(i, i + 1) for k in kinds) for i in range(searcher.num_layers)]
+        # The capacity bound may count any subset of layers; the transformer blocks scale alike
+        # on every kind, whereas the embedding (whose backward Sailor's profiles miss) would make
+        # the slowest kind look as fast as the fastest.
+        blocks = range(1, searcher.num_layers - 1) if searcher.num_layers >= 3 else range(searcher.num_layers)
+        ref = [ref_all[i] if i in blocks else 0.0 for i in range(searcher.num_layers)]
+        lists: list[list[Segment | None]] = []
+        for gpu in searcher.gpu_types:
+            segs: list[Segment | None] = list(searcher.segments_for(gpu, mbs, num_mb, ref))
+            segs.append(_NONE)
+            if throughput:
+                segs.sort(key=lambda s: -s.capacity if s else 0.0)
+            else:
+                segs.sort(key=lambda s: s.min_usd_per_hr if s else 0.0)
+            lists.append(segs)
+        if throughput:
+            keys = [[-(s.capacity if s else 0.0) for s in lst] for lst in lists]
+        else:
+            keys = [[(s.min_usd_per_hr if s else 0.0) for s in lst] for lst in lists]
+        spaces.append(_MbsSpace(mbs=mbs, num_mb=num_mb, ref=ref, ref_total_s=sum(ref),
+                                all_total_s=sum(ref_all), lists=lists,
+                                heap=_ProductHeap(keys)))
+
+    gbs = req.global_batch_size
+
+    def loose(space: _MbsSpace) -> float:
+        key = space.heap.peek()
+        if key == math.inf:
+            return math.inf
+        if throughput:
+            return -gbs * (-key) / space.ref_total_s if key < 0 else 0.0
+        return key * space.all_total_s / 3600.0
+
+    pending: list[tuple[float, int, int, tuple[Segment, ...]]] = []
+    counter = itertools.count()
+
+    def tight(space: _MbsSpace, shape: tuple[Segment, ...]) -> tuple[float, float] | None:
+        """(score bound, busiest-stage bound) of a shape, or None if the limits rule it out."""
+        cap = sum(s.capacity for s in shape)
+        tau = space.ref_total_s / cap
+        t_lb = max(tau, _pipeline_lb(space.ref_total_s, shape)) + sync_lb(shape)
+        rate = sum(s.min_usd_per_hr for s in shape)
+        if req.max_usd_per_hour is not None and rate > req.max_usd_per_hour * (1 + 1e-9):
+            return None
+        if req.max_usd_per_iteration is not None and rate * t_lb / 3600 > req.max_usd_per_iteration * (1 + 1e-9):
+            return None
+        if req.min_throughput_samples_per_s is not None and gbs / t_lb < req.min_throughput_samples_per_s * (1 - 1e-9):
+            return None
+        score = -gbs / t_lb if throughput else rate * t_lb / 3600
+        return score, tau
+
+    sync_memo: dict = {}
+
+    def sync_lb(shape: tuple[Segment, ...]) -> float:
+        """The stage holding the most parameters holds at least 1/P of them; its ring is at best
+        a same-zone ring of its segment's replicas.  (A bound up to TP-sharding rounding.)"""
+        num_stages = sum(s.num_stages for s in shape)
+        best = math.inf
+        for seg in shape:
+            if seg.dp_degree == 1:
+                return 0.0
+            key = (seg.gpu, seg.tp_degree, seg.dp_degree, num_stages)
+            t = sync_memo.get(key)
+            if t is None:
+                kind = seg.kind
+                nbytes = kind.total_params * kind.regime.grad_bytes_per_param / num_stages
+                t = min(
+                    searcher.fast.ring_s(nbytes, seg.gpu, zone, seg.dp_degree)
+                    for zone, n in searcher.zone_gpus[seg.gpu].items() if n > 0
+                )
+                sync_memo[key] = t
+            best = min(best, t)
+        return best
+
+    space_heap = [(loose(sp), i) for i, sp in enumerate(spaces)]
+    heapq.heapify(space_heap)
+
+    def fill_pending() -> None:
+        # Move shapes from the lazy heaps while some heap's loose bound beats the best pending bound.
+        while space_heap:
+            lb, si = space_heap[0]
+            if lb == math.inf:
+                return
+            if pending and pending[0][0] <= lb:
+                return
+            best_space = spaces[si]
+            idx = best_space.heap.pop()
+            heapq.heapreplace(space_heap, (loose(best_space), si))
+            shape = tuple(s for lst, i in zip(best_space.lists, idx) if (s := lst[i]) is not None)
+            if not shape or sum(s.num_stages for s in shape) > searcher.max_stages:
+                continue
+            t = tight(best_space, shape)
+            if t is None:
+                continue
+            heapq.heappush(pending, (t[0], next(counter), si, shape, t[1]))
+
+    since_gain = 0
+    while True:
+        fill_pending()
+        if not pending:
+            searcher.stats.exhausted = True
+            return
+        bound, _, si, shape, tau = heapq.heappop(pending)
+        before = searcher.threshold()
+        if bound >= before:
+            searcher.stats.exhausted = True
+            return
+        if searcher.stats.num_evaluated >= req.max_evaluations or since_gain >= req.patience:
+            return
+        space = spaces[si]
+        for order in _orders(shape):
+            searcher.evaluate_shape(space.mbs, order, tau)
+        # Patience: the bounds are loose (memory and the embedding/head layers are not in them),
+        # so stop once many shapes in a row no longer move the top N by more than 0.1 %.
+        after = searcher.threshold()
+        if after < before and (before == math.inf or abs(after - before) > 1e-3 * abs(before)):
+            since_gain = 0
+        else:
+            since_gain += 1
+
+
+def _pipeline_lb(work_s: float, shape: tuple[Segment, ...]) -> float:
+    """Lower bound on the 1F1B time ``sum_s t_s + max_s (n_s - 1) t_s`` of a shape.
+
+    If segment k gets block work x_k (in fastest-kind seconds), its stages' steps sum to at
+    least a_k x_k (a_k = slowness) and its largest steady-state share is at least
+    b_k x_k (b_k = (n_k - 1) a_k / P_k, the average stage).  Minimise
+    sum_k a_k x_k + max_k b_k x_k over sum_k x_k = work: for a level L of the max, fill
+    the cheapest a_k first up to L / b_k; the optimum lies where a prefix saturates.
+    """
+    segs = sorted(shape, key=lambda s: s.slowness)
+    a = [s.slowness for s in segs]
+    b = [(s.num_microbatches - 1) * s.slowness / s.num_stages for s in segs]
+    best = math.inf
+    inv = 0.0
+    for j in range(len(segs)):
+        if b[j] == 0:
+            # This segment has no steady state: it could take all remaining work at cost a_j.
+            levels = [0.0] if j == 0 else []
+        else:
+            inv += 1.0 / b[j]
+            levels = [work_s / inv]
+        for level in levels:
+            left, cost = work_s, level
+            for k in range(len(segs)):
+                take = left if b[k] == 0 else min(left, level / b[k])
+                cost += a[k] * take
+                left -= take
+                if left <= 0:
+                    break
+            if left <= 1e-12 * work_s:
+                best = min(best, cost)
+        if b[j] == 0:
+            break
+    return best if best < math.inf else 0.0
+
+
+def _orders(shape: tuple[Segment, ...]) -> list[tuple[Segment, ...]]:
+    """Larger-memory GPUs first (early 1F1B stages hold more micro-batches), and the reverse."""
+    if len(shape) == 1:
+        return [shape]
+    first = tuple(sorted(shape, key=lambda s: (-get_gpu(s.gpu).memory_bytes, s.gpu)))
+    return [first, first[::-1]]

@@ -1,0 +1,87 @@
+"""Uneven layer split: the contiguous partition of layers over a fixed stage sequence that
+minimises the busiest stage's time ``n_i * t_i`` subject to every stage fitting in memory.
+
+For a bound ``tau`` a greedy pass (each stage takes as many layers as its time
+budget ``tau / n_i`` and its memory allow, leaving one layer for each later
+stage) finds a feasible split whenever one exists: taking more layers early
+only shrinks what later stages must hold, and a stage's memory only falls
+when it starts later.  Bisection on ``tau`` then gives the min-max split to a
+relative tolerance; ``Kind.max_end`` memoises the memory limits per
+(start layer, micro-batches in flight), so repeated splits over the same kinds
+are cheap.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from dataclasses import dataclass
+
+from sailor_core.planner.kinds import Kind
+
+
+@dataclass(frozen=True, slots=True)
+class StageSlot:
+    kind: Kind
+    num_microbatches: int  # the busiest replica's micro-batches per iteration
+    num_inflight: int
+
+
+def greedy_split(slots: list[StageSlot], num_layers: int, tau: float) -> list[int] | None:
+    """Stage end indices for bound ``tau`` (``inf`` = memory only), or None if infeasible."""
+    ends: list[int] = []
+    start = 0
+    num_stages = len(slots)
+    for i, slot in enumerate(slots):
+        kind = slot.kind
+        limit = num_layers - (num_stages - i - 1)
+        if tau == float("inf"):
+            end = limit
+        else:
+            end = bisect_right(kind.comp_cum, kind.comp_cum[start] + tau / slot.num_microbatches) - 1
+            end = min(end, limit)
+        end = min(end, kind.max_end(start, slot.num_inflight))
+        if end <= start:
+            return None
+        ends.append(end)
+        start = end
+    return ends if start == num_layers else None
+
+
+def busiest_s(slots: list[StageSlot], ends: list[int]) -> float:
+    start, worst = 0, 0.0
+    for slot, end in zip(slots, ends):
+        worst = max(worst, slot.num_microbatches * slot.kind.time_s(start, end))
+        start = end
+    return worst
+
+
+def min_max_split(slots: list[StageSlot], num_layers: int, *, lower_bound_s: float = 0.0,
+                  rel_tol: float = 1e-3) -> list[int] | None:
+    """The split minimising the busiest stage (within ``rel_tol``), or None if nothing fits."""
+    if len(slots) > num_layers:
+        return None
+    loose = greedy_split(slots, num_layers, float("inf"))
+    if loose is None:
+        return None
+    hi = busiest_s(slots, loose)
+    lo = max(lower_bound_s, 0.0)
+    best = loose
+    if lo >= hi:
+        return best
+    # Start from the bound: most splits land within a few percent of it.
+    probe = lo * 1.02
+    while probe < hi:
+        ends = greedy_split(slots, num_layers, probe)
+        if ends is not None:
+            best, hi = ends, busiest_s(slots, ends)
+            break
+        lo = probe
+        probe *= 1.25
+    while hi - lo > rel_tol * hi:
+        mid = 0.5 * (lo + hi)
+        ends = greedy_split(slots, num_layers, mid)
+        if ends is None:
+            lo = mid
+        else:
+            best, hi = ends, busiest_s(slots, ends)
+    return best
