@@ -7,12 +7,14 @@ Credentials come from boto3's standard chain (env, ~/.aws, SSO, instance role);
 from __future__ import annotations
 
 import dataclasses
+import re
 import uuid
 from collections.abc import Mapping, Sequence
 
 import boto3
 import botocore.exceptions as bexc
 from botocore.config import Config
+from botocore.parsers import ResponseParserError
 
 from infra.errors import (
     CapacityError,
@@ -38,6 +40,7 @@ from sailor_core.errors import UnknownNameError
 from sailor_core.zones import parse_zone
 
 SPOT_INTERRUPTION = "Server.SpotInstanceTermination"
+AWS_REGION = re.compile(r"^[a-z]{2}(?:-gov)?-[a-z]+-\d+$")
 
 _CAPACITY = {
     "InsufficientInstanceCapacity",
@@ -100,6 +103,7 @@ def translate_aws_error(exc: Exception, *, zone: str = "", what: str = "") -> Ex
     if isinstance(
         exc,
         (
+            ResponseParserError,  # a 5xx answered with an HTML page (load balancers, moto crashes)
             bexc.EndpointConnectionError,
             bexc.ConnectTimeoutError,
             bexc.ReadTimeoutError,
@@ -149,7 +153,7 @@ class AWSProvider(CloudProvider):
         self.spot_prices_from_api = (endpoint_url is None) if spot_prices_from_api is None else spot_prices_from_api
         self._session = session or boto3.Session()
         self._config = Config(
-            retries={"max_attempts": 1, "mode": "standard"},  # we retry, with our own policy
+            retries={"total_max_attempts": 1, "mode": "standard"},  # we retry, with our own policy
             connect_timeout=5,
             read_timeout=read_timeout_s,
         )
@@ -188,7 +192,7 @@ class AWSProvider(CloudProvider):
         wanted = {normalize_gpu_name(g) for g in gpu_types} if gpu_types else None
         rows = {r.instance_type: r for r in instance_types() if r.cloud == "aws" and (wanted is None or r.gpu in wanted)}
         offers: list[Offer] = []
-        for region in regions or self.regions:
+        for region in [r for r in regions if AWS_REGION.match(r)] if regions else self.regions:
             if not rows:
                 break
             found = self._pages(
@@ -302,8 +306,10 @@ class AWSProvider(CloudProvider):
                 out.extend(self._info(i) for i in res["Instances"])
         return sorted(out, key=lambda i: (i.zone, i.instance_id))
 
-    def terminate_instances(self, labels: Mapping[str, str]) -> list[str]:
-        live = [i for i in self.query_instances(labels, include_ended=False) if i.live]
+    def terminate_instances(self, labels: Mapping[str, str], *, instance_ids=None) -> list[str]:
+        only = set(instance_ids) if instance_ids is not None else None
+        live = [i for i in self.query_instances(labels, include_ended=False)
+                if i.live and (only is None or i.instance_id in only)]
         by_region: dict[str, list[str]] = {}
         for i in live:
             by_region.setdefault(parse_zone(i.zone).region, []).append(i.instance_id)

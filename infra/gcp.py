@@ -163,7 +163,7 @@ class GCPProvider(CloudProvider):
         region_set = set(regions) if regions else None
         zones = [
             z.name
-            for z in self._do("zones.list", lambda: list(self._zones.list(project=self.project, timeout=self.timeout_s)))
+            for z in self._do("zones.list", lambda: list(self._zones.list(project=self.project, retry=None, timeout=self.timeout_s)))
             if z.name in self.zones and (region_set is None or _last(z.region) in region_set) and z.status == "UP"
         ]
         names = sorted({r.machine_type for r in rows})
@@ -174,12 +174,12 @@ class GCPProvider(CloudProvider):
                 m.name
                 for m in self._do("machineTypes.list", lambda: list(self._machine_types.list(
                     request=compute_v1.ListMachineTypesRequest(project=self.project, zone=zone, filter=mt_filter),
-                    timeout=self.timeout_s)), zone=zone)
+                    retry=None, timeout=self.timeout_s)), zone=zone)
             }
             accels = {
                 a.name: a.maximum_cards_per_instance
                 for a in self._do("acceleratorTypes.list", lambda: list(self._accelerators.list(
-                    project=self.project, zone=zone, timeout=self.timeout_s)), zone=zone)
+                    project=self.project, zone=zone, retry=None, timeout=self.timeout_s)), zone=zone)
             }
             for row in rows:
                 if row.machine_type in machine_types and accels.get(row.accelerator_type, 0) >= row.gpus_per_node:
@@ -230,14 +230,14 @@ class GCPProvider(CloudProvider):
                 self._delete(zone, name, missing_ok=True)
             raise
         return [self._info(self._do("instances.get", lambda n=n: self._instances.get(
-            project=self.project, zone=zone, instance=n, timeout=self.timeout_s), zone=zone)) for n in created]
+            project=self.project, zone=zone, instance=n, retry=None, timeout=self.timeout_s), zone=zone)) for n in created]
 
     def _insert(self, zone: str, resource: compute_v1.Instance) -> None:
         def attempt():
             try:
                 op = self._instances.insert(project=self.project, zone=zone, instance_resource=resource,
-                                            timeout=self.timeout_s)
-                done = self._zone_ops.wait(project=self.project, zone=zone, operation=op.name, timeout=self.timeout_s)
+                                            retry=None, timeout=self.timeout_s)
+                done = self._zone_ops.wait(project=self.project, zone=zone, operation=op.name, retry=None, timeout=self.timeout_s)
             except gexc.Conflict:
                 return  # our earlier attempt got through before its answer was lost
             except Exception as exc:  # noqa: BLE001
@@ -251,8 +251,8 @@ class GCPProvider(CloudProvider):
     def _delete(self, zone: str, name: str, *, missing_ok: bool = False) -> None:
         def attempt():
             try:
-                op = self._instances.delete(project=self.project, zone=zone, instance=name, timeout=self.timeout_s)
-                self._zone_ops.wait(project=self.project, zone=zone, operation=op.name, timeout=self.timeout_s)
+                op = self._instances.delete(project=self.project, zone=zone, instance=name, retry=None, timeout=self.timeout_s)
+                self._zone_ops.wait(project=self.project, zone=zone, operation=op.name, retry=None, timeout=self.timeout_s)
             except gexc.NotFound:
                 if not missing_ok:
                     raise CloudError(f"gcp: instance {name} in {zone} not found", cloud="gcp", zone=zone) from None
@@ -294,7 +294,7 @@ class GCPProvider(CloudProvider):
         flt = " AND ".join(f'labels.{k} = "{v}"' for k, v in labels.items())
         pager = self._do("instances.aggregatedList", lambda: list(self._instances.aggregated_list(
             request=compute_v1.AggregatedListInstancesRequest(project=self.project, filter=flt),
-            timeout=self.timeout_s)))
+            retry=None, timeout=self.timeout_s)))
         found = [
             self._info(i)
             for _, scoped in pager
@@ -312,7 +312,7 @@ class GCPProvider(CloudProvider):
             ops = self._do("globalOperations.aggregatedList", lambda: list(self._global_ops.aggregated_list(
                 request=compute_v1.AggregatedListGlobalOperationsRequest(
                     project=self.project, filter=f'operationType = "{PREEMPTED_OPERATION}"'),
-                timeout=self.timeout_s)))
+                retry=None, timeout=self.timeout_s)))
             for _, scoped in ops:
                 for op in scoped.operations:
                     m = _NAME.match(_last(op.target_link))
@@ -333,8 +333,10 @@ class GCPProvider(CloudProvider):
         # A spot VM that was preempted but kept (termination action STOP) shows TERMINATED.
         return sorted(found, key=lambda i: (i.zone, i.instance_id))
 
-    def terminate_instances(self, labels: Mapping[str, str]) -> list[str]:
-        live = [i for i in self.query_instances(labels, include_ended=False)]
+    def terminate_instances(self, labels: Mapping[str, str], *, instance_ids=None) -> list[str]:
+        only = set(instance_ids) if instance_ids is not None else None
+        live = [i for i in self.query_instances(labels, include_ended=False)
+                if only is None or i.instance_id in only]
         for i in live:
             self._delete(i.zone, i.instance_id, missing_ok=True)
         return [i.instance_id for i in live]

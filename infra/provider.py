@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import abc
 import logging
+import time
 from collections.abc import Iterable, Mapping, Sequence
 
-from infra.records import RUNNING, ClusterInfo, InstanceInfo
+from infra.errors import PreemptedError, TransientCloudError
+from infra.records import JOB_LABEL, PREEMPTED, RUNNING, ClusterInfo, InstanceInfo
 from infra.retry import RetryPolicy, with_retries
 from sailor_core.catalog.instances import Offer
 
@@ -56,8 +58,11 @@ class CloudProvider(abc.ABC):
         """Instances carrying all ``labels``, with their state as the cloud reports it now."""
 
     @abc.abstractmethod
-    def terminate_instances(self, labels: Mapping[str, str]) -> list[str]:
-        """Terminate every live instance carrying ``labels``; returns their ids."""
+    def terminate_instances(
+        self, labels: Mapping[str, str], *, instance_ids: Iterable[str] | None = None
+    ) -> list[str]:
+        """Terminate every live instance carrying ``labels`` (only ``instance_ids`` of
+        them, if given); returns the ids terminated."""
 
     def wait_instances(
         self,
@@ -73,11 +78,6 @@ class CloudProvider(abc.ABC):
         Raises PreemptedError if one of ``instance_ids`` (or of the live set seen
         first) ends preempted while waiting, TransientCloudError on timeout.
         """
-        import time
-
-        from infra.errors import PreemptedError, TransientCloudError
-        from infra.records import PREEMPTED
-
         deadline = time.monotonic() + timeout_s
         wanted = set(instance_ids) if instance_ids is not None else None
         while True:
@@ -104,7 +104,5 @@ class CloudProvider(abc.ABC):
             time.sleep(poll_s)
 
     def get_cluster_info(self, labels: Mapping[str, str]) -> ClusterInfo:
-        from infra.records import JOB_LABEL
-
         found = self.query_instances(labels, include_ended=False)
         return ClusterInfo(job_id=labels.get(JOB_LABEL, ""), instances=tuple(found))

@@ -24,13 +24,13 @@ from infra.aws import AWSProvider
 from infra.gcp import GCPProvider
 from infra.local.aws_server import FIXED_AMI, LIVE, MotoEC2, gpus_of_type
 from infra.local.capacity import Capacity
-from infra.local.faults import FaultRates, Faults
+from infra.local.faults import FaultRates, Faults, parse_fault_rates
 from infra.local.gce_fake import GCEFake
 from infra.local.machines import LOCAL_ADDRESS, Machines
 from infra.records import LOCAL_ADDRESS_LABEL
 from infra.retry import RetryPolicy
 from sailor_core.catalog.instances import instance_types
-from sailor_core.errors import InputError
+from sailor_core.errors import InputError, SailorError
 from sailor_core.zones import parse_zone
 
 log = logging.getLogger("sailor.infra.local")
@@ -76,6 +76,7 @@ class EmbeddedCloud:
         self._stop = threading.Event()
         self._ticker: threading.Thread | None = None
         self._trace_events_done = 0
+        self.shutdown_requested = threading.Event()  # a standalone daemon waits on it
         self.started = False
 
     # ---- life cycle --------------------------------------------------------------
@@ -85,6 +86,7 @@ class EmbeddedCloud:
         self.gce.start()
         self.machines = Machines(self.state_dir / "instances", metadata_url=f"{self.gce.endpoint}/metadata")
         self.gce.metadata_handler = self._metadata
+        self.gce.control_handler = self.control
         self._ticker = threading.Thread(target=self._tick_loop, name="embedded-cloud", daemon=True)
         self._ticker.start()
         self.started = True
@@ -304,6 +306,39 @@ class EmbeddedCloud:
             return 404, "not found"
         return 200, target.read_text()
 
+    def control(self, method: str, route: str, params: dict) -> tuple[int, dict]:
+        """The HTTP control surface (``<gce_endpoint>/sailor/<route>``) for other processes."""
+        try:
+            if route == "status" and method == "GET":
+                return 200, self.status()
+            if method != "POST":
+                return 405, {"error": f"{method} {route} not supported"}
+            if route == "preempt":
+                wait = bool(params.get("wait", False))
+                if params.get("instance_id"):
+                    ok = self.preempt(str(params["instance_id"]), wait=wait)
+                    return (200, {"preempted": [params["instance_id"]]}) if ok else (404, {"error": "no such live instance"})
+                ids = self.preempt_zone(str(params["zone"]), gpu=params.get("gpu"), num_gpus=params.get("num_gpus"), wait=wait)
+                return 200, {"preempted": ids}
+            if route == "capacity":
+                self.set_capacity(str(params["gpu"]), str(params["zone"]), params.get("num_gpus"))
+                return 200, {"capacity": self.capacity.describe()}
+            if route == "faults":
+                text = ",".join(f"{k}={v}" for k, v in params.items())
+                self.set_faults(parse_fault_rates(text))
+                return 200, {"faults": self.faults.rates.to_dict()}
+            if route == "trace":
+                self.play_trace(str(params["path"]), time_scale=float(params.get("time_scale", 1.0)))
+                return 200, {"capacity": self.capacity.describe()}
+            if route == "shutdown":
+                self.shutdown_requested.set()
+                return 200, {"stopping": True}
+            return 404, {"error": f"no control route {route!r}"}
+        except KeyError as exc:
+            return 400, {"error": f"missing parameter {exc}"}
+        except SailorError as exc:
+            return 400, {"error": str(exc)}
+
     def status(self) -> dict:
         live = self.live_instances()
         return {
@@ -311,7 +346,8 @@ class EmbeddedCloud:
             "gce_endpoint": self.gce_endpoint,
             "project": PROJECT,
             "notice_s": self.notice_s,
-            "live_instances": [i.__repr__() for i in live],
+            "live_instances": [{"cloud": i.cloud, "instance_id": i.instance_id, "zone": i.zone, "gpu": i.gpu,
+                                "num_gpus": i.num_gpus} for i in live],
             "num_live_instances": len(live),
             "capacity": self.capacity.describe(),
             "faults": self.faults.rates.to_dict(),

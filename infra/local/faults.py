@@ -11,6 +11,8 @@ import random
 import threading
 from dataclasses import asdict, dataclass
 
+from sailor_core.errors import InputError
+
 KINDS = ("throttle", "server_error", "capacity", "quota", "timeout")
 LAUNCH_ONLY = frozenset({"capacity", "quota"})
 
@@ -32,13 +34,14 @@ class FaultRates:
 class Faults:
     def __init__(self, rates: FaultRates | None = None) -> None:
         self._lock = threading.Lock()
+        self.injected: dict[str, int] = {}
         self.configure(rates or FaultRates())
-        self.injected: dict[str, int] = {k: 0 for k in KINDS}
 
     def configure(self, rates: FaultRates) -> None:
         with self._lock:
             self.rates = rates
             self._rng = random.Random(rates.seed)
+            self.injected = {k: 0 for k in KINDS}
 
     def draw(self, *, launch: bool) -> str | None:
         """The fault this request gets, if any."""
@@ -53,3 +56,19 @@ class Faults:
                     self.injected[kind] += 1
                     return kind
             return None
+
+
+def parse_fault_rates(text: str) -> FaultRates:
+    """``"throttle=0.1,server_error=0.05,seed=1"`` -> FaultRates (the CLI's and control's format)."""
+    values: dict = {}
+    for item in filter(None, (t.strip() for t in text.split(","))):
+        key, _, val = item.partition("=")
+        if key not in FaultRates.__dataclass_fields__:
+            raise InputError(f"unknown fault {key!r}; known: {', '.join(FaultRates.__dataclass_fields__)}")
+        try:
+            values[key] = int(val) if key == "seed" else float(val)
+        except ValueError:
+            raise InputError(f"fault {key!r} needs a number, got {val!r}") from None
+        if key not in ("seed", "timeout_s") and not 0 <= values[key] <= 1:
+            raise InputError(f"fault rate {key}={val} must be within [0, 1]")
+    return FaultRates(**values)

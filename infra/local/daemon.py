@@ -1,0 +1,68 @@
+"""``python -m infra.local.daemon``: the embedded cloud as a standalone process.
+
+Writes ``$SAILOR_HOME/cloud.json`` (pid, endpoints) once it serves, removes it on
+SIGTERM/SIGINT or ``POST <control_url>/shutdown``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import time
+
+from infra.config import state_file
+from infra.local.cloud import PROJECT, EmbeddedCloud
+from infra.local.faults import parse_fault_rates
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m infra.local.daemon")
+    ap.add_argument("--notice-s", type=float, default=2.0)
+    ap.add_argument("--trace", default=None)
+    ap.add_argument("--time-scale", type=float, default=1.0)
+    ap.add_argument("--faults", default="", help="e.g. throttle=0.1,server_error=0.05,seed=1")
+    args = ap.parse_args(argv)
+
+    path = state_file()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    cloud = EmbeddedCloud(state_dir=path.parent / "cloud", notice_s=args.notice_s, faults=parse_fault_rates(args.faults))
+    cloud.start()
+    if args.trace:
+        cloud.play_trace(args.trace, time_scale=args.time_scale)
+    state = {
+        "pid": os.getpid(),
+        "aws_endpoint": cloud.aws_endpoint,
+        "gce_endpoint": cloud.gce_endpoint,
+        "control_url": f"{cloud.gce_endpoint}/sailor",
+        "metadata_url": f"{cloud.gce_endpoint}/metadata",
+        "project": PROJECT,
+        "state_dir": str(cloud.state_dir),
+        "started_at": time.time(),
+    }
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(state, indent=2))
+    tmp.replace(path)
+
+    def stop(*_):
+        cloud.shutdown_requested.set()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    print(json.dumps(state), flush=True)
+    try:
+        cloud.shutdown_requested.wait()
+    finally:
+        cloud.stop()
+        try:
+            if json.loads(path.read_text()).get("pid") == os.getpid():
+                path.unlink()
+        except (OSError, ValueError):
+            pass
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,174 @@
+"""The provider verbs on both clouds: moto's EC2 server and the GCE fake, through the
+real boto3 and google-cloud-compute clients."""
+
+from __future__ import annotations
+
+import os
+import time
+import urllib.request
+
+import pytest
+
+from infra.errors import CapacityError, CloudConfigError, QuotaError, TransientCloudError
+from infra.local.faults import FaultRates
+from infra.provisioner import GpuNeed, Provisioner
+from infra.records import PREEMPTED, RUNNING, job_labels
+from sailor_core.catalog.instances import catalog_offers, offer_for, get_instance_type
+
+# (cloud, a zone, a second zone, a 1-GPU instance type sold in both, its GPU)
+CASES = {
+    "aws": ("us-east-1a", "us-west-2a", "g4dn.xlarge", "T4"),
+    "gcp": ("us-central1-a", "us-west1-b", "n1-standard-4-t4x1", "T4"),
+}
+PREEMPT_REASON = {"aws": "Server.SpotInstanceTermination", "gcp": "compute.instances.preempted"}
+CAPACITY_CODE = {"aws": "InsufficientInstanceCapacity", "gcp": "ZONE_RESOURCE_POOL_EXHAUSTED"}
+
+pytestmark = pytest.mark.parametrize("cloud_name", ["aws", "gcp"])
+
+
+def wait_until(predicate, timeout_s=5.0):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return predicate()
+
+
+def group_gone(pid: int) -> bool:
+    try:
+        os.killpg(pid, 0)
+        return False
+    except ProcessLookupError:
+        return True
+
+
+def test_offers_come_from_the_cloud_api_priced_from_the_catalog(providers, cloud_name):
+    zone, other, itype, gpu = CASES[cloud_name]
+    offers = providers[cloud_name].list_offers(gpu_types=["A100-40", gpu])
+    assert offers and {o.cloud for o in offers} == {cloud_name}
+    assert {o.gpu for o in offers} == {"A100-40", gpu}
+    by_key = {(o.zone, o.instance_type): o for o in offers}
+    assert (zone, itype) in by_key and (other, itype) in by_key
+    assert by_key[(zone, itype)] == offer_for(get_instance_type(cloud_name, itype), zone)
+    # Every offer the API returns is also in the catalog for that zone.
+    catalog = {(o.zone, o.instance_type) for o in catalog_offers(clouds=[cloud_name])}
+    assert set(by_key) <= catalog
+
+
+def test_spot_launch_labels_wait_query_terminate_no_leaks(cloud, providers, new_providers, cloud_name):
+    zone, _, itype, gpu = CASES[cloud_name]
+    p = providers[cloud_name]
+    labels = job_labels("job-a", 3)
+    launched = p.run_instances(zone=zone, instance_type=itype, count=2, labels=labels, spot=True)
+    assert len(launched) == 2 and all(i.spot and i.zone == zone and i.gpu == gpu for i in launched)
+    ready = p.wait_instances(labels, instance_ids=[i.instance_id for i in launched], timeout_s=10)
+    assert {i.state for i in ready} == {RUNNING}
+    # State is rediscovered from the cloud by label, by a provider that never launched anything.
+    fresh = new_providers()[cloud_name]
+    found = fresh.query_instances(job_labels("job-a"))
+    assert sorted(i.instance_id for i in found) == sorted(i.instance_id for i in launched)
+    assert all(i.labels["sailor-job"] == "job-a" and i.labels["sailor-attempt"] == "3" for i in found)
+    assert fresh.get_cluster_info(labels).addresses == {i.instance_id: "127.0.0.1" for i in launched}
+    assert fresh.query_instances(job_labels("someone-else")) == []
+
+    ended = fresh.terminate_instances(job_labels("job-a"))
+    assert sorted(ended) == sorted(i.instance_id for i in launched)
+    assert p.query_instances(job_labels("job-a"), include_ended=False) == []
+    assert wait_until(lambda: not [i for i in cloud.live_instances() if i.cloud == cloud_name])
+
+
+def test_capacity_error_is_translated_and_the_next_zone_is_used(cloud, providers, cloud_name):
+    zone, other, itype, gpu = CASES[cloud_name]
+    p = providers[cloud_name]
+    cloud.set_capacity(gpu, zone, 0)
+    with pytest.raises(CapacityError) as info:
+        p.run_instances(zone=zone, instance_type=itype, count=1, labels=job_labels("job-c", 0))
+    assert info.value.code == CAPACITY_CODE[cloud_name] and info.value.zone == zone
+    assert p.num_retries == 0  # capacity fails fast, never retried in place
+
+    offers = [o for o in p.list_offers(gpu_types=[gpu]) if o.instance_type == itype and o.zone in (zone, other)]
+    result = Provisioner({cloud_name: p}).provision(
+        [GpuNeed(gpu=gpu, zone=zone, num_gpus=1)], job_id="job-c", offers=offers)
+    assert [a.offer.zone for a in result.allocations] == [other]
+    assert [(h.zone, h.outcome) for h in result.history] == [(zone, "capacity"), (other, "ok")]
+    assert CAPACITY_CODE[cloud_name] in result.history[0].message
+    Provisioner({cloud_name: p}).teardown("job-c")
+
+
+def test_throttling_and_server_errors_are_retried(cloud, providers, cloud_name):
+    zone, _, itype, _ = CASES[cloud_name]
+    p = providers[cloud_name]
+    cloud.set_faults(FaultRates(throttle=0.3, server_error=0.2, seed=7))
+    labels = job_labels("job-t", 0)
+    launched = p.run_instances(zone=zone, instance_type=itype, count=1, labels=labels)
+    for _ in range(4):
+        assert [i.instance_id for i in p.query_instances(labels)] == [launched[0].instance_id]
+    assert cloud.faults.injected["throttle"] + cloud.faults.injected["server_error"] > 0
+    assert p.num_retries == cloud.faults.injected["throttle"] + cloud.faults.injected["server_error"], (p.num_retries, cloud.faults.injected)
+    cloud.set_faults(FaultRates())
+    p.terminate_instances(labels)
+
+
+def test_quota_and_persistent_errors_surface_as_project_errors(cloud, providers, cloud_name):
+    zone, _, itype, _ = CASES[cloud_name]
+    p = providers[cloud_name]
+    cloud.set_faults(FaultRates(quota=1.0))
+    with pytest.raises(QuotaError):
+        p.run_instances(zone=zone, instance_type=itype, count=1, labels=job_labels("job-q", 0))
+    cloud.set_faults(FaultRates(server_error=1.0))
+    with pytest.raises(TransientCloudError):
+        p.query_instances(job_labels("job-q"))
+    assert p.num_retries == p.retry.max_attempts - 1
+    cloud.set_faults(FaultRates())
+    assert p.query_instances(job_labels("job-q")) == []
+
+
+def test_interruption_is_detected_with_the_clouds_reason_and_kills_the_script(cloud, providers, cloud_name, tmp_path):
+    zone, _, itype, _ = CASES[cloud_name]
+    p = providers[cloud_name]
+    out = tmp_path / "seen"
+    # The "worker": records its identity, ignores SIGTERM (so the notice period is observable).
+    script = (
+        "#!/bin/bash\n"
+        f"echo \"$SAILOR_INSTANCE_ID $SAILOR_ZONE $SAILOR_CLOUD $SAILOR_PRIVATE_IP\" > {out}\n"
+        f"trap 'echo term >> {out}' TERM\n"
+        "while true; do sleep 0.05; done\n"
+    )
+    labels = job_labels("job-p", 1)
+    (inst,) = p.run_instances(zone=zone, instance_type=itype, count=1, labels=labels, startup_script=script)
+    p.wait_instances(labels, timeout_s=10)
+    assert wait_until(lambda: out.exists() and out.read_text().strip())
+    assert out.read_text().split() == [inst.instance_id, zone, cloud_name, "127.0.0.1"]
+    machine = cloud.machines.get(inst.instance_id)
+    url = f"{cloud.gce_endpoint}/metadata/{inst.instance_id}/computeMetadata/v1/instance/preempted"
+    assert urllib.request.urlopen(url).read() == b"FALSE"
+
+    assert cloud.preempt(inst.instance_id)
+    assert wait_until(lambda: "term" in out.read_text(), 2)  # SIGTERM at the notice
+    assert not group_gone(machine.process.pid)  # still alive during the notice period
+    assert urllib.request.urlopen(url).read() == b"TRUE"
+    notice = machine.metadata_dir / "latest/meta-data/spot/instance-action"
+    assert '"action": "terminate"' in notice.read_text()
+    assert wait_until(lambda: group_gone(machine.process.pid), 3)  # SIGKILL after it
+    assert wait_until(lambda: [i.state for i in p.query_instances(labels)] == [PREEMPTED], 3)
+    (seen,) = p.query_instances(labels)
+    assert seen.instance_id == inst.instance_id and seen.state_reason == PREEMPT_REASON[cloud_name]
+    assert seen.labels["sailor-attempt"] == "1"
+    assert p.query_instances(labels, include_ended=False) == []
+
+
+def test_wrong_configuration_is_a_config_error(cloud, cloud_name):
+    from google.auth.credentials import AnonymousCredentials
+
+    from infra.aws import AWSProvider
+    from infra.gcp import GCPProvider
+
+    zone, _, itype, _ = CASES[cloud_name]
+    if cloud_name == "aws":
+        p = AWSProvider(endpoint_url=cloud.aws_endpoint, ami_id=None, regions=["us-east-1"])
+        with pytest.raises(CloudConfigError, match="SAILOR_AWS_AMI"):
+            p.run_instances(zone=zone, instance_type=itype, count=1, labels=job_labels("job-x"))
+    else:
+        with pytest.raises(CloudConfigError, match="project"):
+            GCPProvider(project="", api_endpoint=cloud.gce_endpoint, credentials=AnonymousCredentials())
