@@ -286,7 +286,10 @@ def main(argv: list[str] | None = None) -> int:
     if not args.instance_id:
         sys.stderr.write("error: no instance id (--instance-id or SAILOR_INSTANCE_ID)\n")
         return 2
-    work_dir = Path(args.work_dir or Path(os.environ.get("TMPDIR", "/tmp")) / f"sailor-agent-{args.instance_id}")
+    # The embedded cloud gives each instance a directory; elsewhere the temp dir.
+    default_dir = (Path(os.environ["SAILOR_INSTANCE_DIR"]) / "agent" if os.environ.get("SAILOR_INSTANCE_DIR")
+                   else Path(os.environ.get("TMPDIR", "/tmp")) / f"sailor-agent-{args.instance_id}")
+    work_dir = Path(args.work_dir or default_dir)
     work_dir.mkdir(parents=True, exist_ok=True)
     return Agent(args.job_url, args.instance_id, work_dir).run(max_idle_s=args.max_idle_s)
 

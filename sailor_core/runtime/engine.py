@@ -46,10 +46,19 @@ class Groups:
     tp: object | None          # this replica's TP group (None for TP 1)
     dp: object | None          # this rank's DP group (None when the stage has one replica)
     dp_mixed_tp: bool          # True: the DP group spans all stage ranks (replicas differ in TP)
+    fwd: object                # world group for activations (downstream)
+    bwd: object                # world group for gradients (upstream)
 
 
 def make_groups(plan: Plan, rank: int) -> Groups:
-    """Create every group on every rank (same order everywhere), return this rank's."""
+    """Create every group on every rank (same order everywhere), return this rank's.
+
+    Activations and gradients travel in two separate world groups: with NCCL each
+    group's pair has its own stream, so a stage's queued forward sends never wait
+    behind a backward receive (which would deadlock 1F1B); gloo does not mind.
+    """
+    world = list(range(sum(rep.tp_degree for st in plan.stages for rep in st.replicas)))
+    fwd, bwd = dist.new_group(world), dist.new_group(world)
     my_tp = my_dp = None
     mixed_mine = False
     for s, stage in enumerate(plan.stages):
@@ -73,7 +82,7 @@ def make_groups(plan: Plan, rank: int) -> Groups:
             g = dist.new_group(ranks)
             if rank in ranks:
                 my_dp, mixed_mine = g, True
-    return Groups(tp=my_tp, dp=my_dp, dp_mixed_tp=mixed_mine)
+    return Groups(tp=my_tp, dp=my_dp, dp_mixed_tp=mixed_mine, fwd=fwd, bwd=bwd)
 
 
 class StageTrainer:
@@ -131,7 +140,8 @@ class StageTrainer:
                     inp, labels = self._microbatch(m)
                 else:
                     inp = torch.empty(self._act_shape(), device=self.device)
-                    dist.recv(inp, src=self._peer_ranks(role.stage - 1, m)[0], tag=2 * m)
+                    dist.recv(inp, src=self._peer_ranks(role.stage - 1, m)[0], tag=2 * m,
+                              group=self.groups.fwd)
                     inp.requires_grad_(True)
                     labels = self._microbatch(m)[1] if last else None
                 with self.autocast:
@@ -148,19 +158,22 @@ class StageTrainer:
                     if role.tp_rank == 0:
                         payload = out.detach().contiguous()
                         for dst in self._peer_ranks(role.stage + 1, m):
-                            sends.append((dist.isend(payload, dst=dst, tag=2 * m), payload))
+                            work = dist.isend(payload, dst=dst, tag=2 * m, group=self.groups.fwd)
+                            sends.append((work, payload))
             else:
                 inp, out = saved.pop(m)
                 if last:
                     out.backward()
                 else:
                     grad = torch.empty_like(out)
-                    dist.recv(grad, src=self._peer_ranks(role.stage + 1, m)[0], tag=2 * m + 1)
+                    dist.recv(grad, src=self._peer_ranks(role.stage + 1, m)[0], tag=2 * m + 1,
+                              group=self.groups.bwd)
                     out.backward(grad)
                 if not first and role.tp_rank == 0:
                     payload = inp.grad.contiguous()
                     for dst in self._peer_ranks(role.stage - 1, m):
-                        sends.append((dist.isend(payload, dst=dst, tag=2 * m + 1), payload))
+                        work = dist.isend(payload, dst=dst, tag=2 * m + 1, group=self.groups.bwd)
+                        sends.append((work, payload))
         for work, _ in sends:
             work.wait()
         self._sync_grads()

@@ -15,6 +15,7 @@ from sailor_core.runtime.engine import full_params_close
 from sailor_core.runtime.engine_run import final_params
 from sailor_core.runtime.launch import launch_local
 from sailor_core.runtime.reference import train_reference
+from sailor_core.runtime.storage import open_storage
 from sailor_core.runtime.worker import EXIT_PEER_LOST, EXIT_PREEMPTED, FAULT_ENV
 
 from .conftest import make_plan
@@ -83,9 +84,10 @@ def test_crash_during_save_leaves_previous_checkpoint_usable(corpus, tmp_path):
     assert res.status == "failed" and res.dead_rank == 0 and not res.hung_ranks
     assert (tmp_path / "ck" / "step_00000002" / "layer_0000.pt").exists()  # written, never committed
     assert not (tmp_path / "ck" / "step_00000002" / "MANIFEST.json").exists()
-    assert ckpt.latest_valid_checkpoint(url).step == 1
-    again = launch_local(plan, 2, data=corpus, ckpt_dir=url, resume=True, workdir=tmp_path / "b",
-                         timeout_s=240)
-    assert again.status == "ok" and again.steps == [2]
-    ref = train_reference(plan, 2, str(corpus))
-    assert again.losses == pytest.approx(ref.losses[1:], abs=1e-5)
+    info = ckpt.latest_valid_checkpoint(url)  # verifies every file against the manifest
+    assert info.step == 1 and info.meta["next_sample"] == plan.global_batch_size
+    # it loads (resuming from a checkpoint is exercised by the preemption test above)
+    storage = open_storage(url)
+    ref = train_reference(plan, 1, str(corpus))
+    params = {i: ckpt.read_layer(storage, info, i)["params"] for i in ref.params}
+    assert full_params_close(params, ref.params) < 2e-5
