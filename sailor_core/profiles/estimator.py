@@ -5,8 +5,8 @@ For one layer on one GPU of a TP group of t, a micro-batch of ``b`` sequences of
     compute_s = fwd_flops(b, s) / peak            (peak: the GPU's matmul peak for the regime)
     memory_s  = (2 * activation_bytes(b) + params * weight_bytes [+ eager-score passes]) / memory_bw
     comm_s    = n_allreduce * (latency + 2(t-1)/t * b*s*h*bytes / (intra_node_bw * bw_efficiency))
-    fwd_s     = max(k_fwd * compute_s + memory_s + comm_s, c_fwd * kernels)
-    bwd_s     = max(2 * k_bwd * compute_s + 2 * memory_s + comm_s, c_bwd * kernels)
+    fwd_s     = max(kc_fwd * compute_s + km_fwd * memory_s + comm_s, c_fwd * kernels)
+    bwd_s     = max(2 * kc_bwd * compute_s + 2 * km_bwd * memory_s + comm_s, c_bwd * 2 * kernels)
 
 FLOPs and bytes come from first principles (``sailor_core.catalog.layers``): every tensor saved
 for backward is written once and read once in the forward pass (hence 2x), the weights are
@@ -15,18 +15,22 @@ attention the (heads x s x s) scores make six passes through memory (Q K^T, mask
 out, P V).  Megatron TP all-reduces a block's output twice per pass (attention, MLP) and the
 embedding's and head's once.  Matmuls, element-wise kernels and all-reduces run one after
 another, so their times add; the CPU issues kernels ahead of the GPU, so a layer takes at least
-the time to launch its kernels (``c`` per kernel, ``kernels`` counted from the layer's operators)
-whatever the work (the ``max``), which is what small micro-batches show.
+the time to launch its kernels (``c`` per kernel, ``kernels`` counted from the layer's operators,
+twice as many backward) whatever the work (the ``max``), which is what small micro-batches show.
 
-Calibrated per (GPU type, regime) on that GPU's measured profiles, six numbers:
-``k = 1 / achieved matmul efficiency`` and the launch time per kernel ``c`` for each direction
-(fitted on TP-1 profiles; ``c`` is bounded so no measured layer is faster than its floor), and the TP all-reduce latency and achieved fraction of the intra-node
-bandwidth (fitted on TP > 1 profiles; defaults where there are none).  A GPU never profiled
-borrows the calibration of the most similar profiled GPU (closest matmul peak and memory
-bandwidth): efficiencies and floors are taken to carry over, while peak, bandwidths and link are
-the target's own.  When the model was measured on the reference GPU, the target's time is the
-reference's *measured* time scaled by the ratio of the two analytic times, so the model only has
-to get the ratio right.
+Calibrated per (GPU type, regime) on that GPU's measured profiles, per direction:
+``kc = 1 / achieved matmul efficiency`` (>= 1), ``km`` = counted traffic's slowdown against the
+memory bandwidth (element-wise kernels move more than the saved tensors; fitted only where
+models of different widths were measured, since one model's compute and traffic grow together,
+else 1), the launch time per kernel ``c`` (at most 50 us and never above what a measured block
+allows); fitted on TP-1 profiles.  Then the TP all-reduce latency and achieved fraction of the
+intra-node bandwidth, on TP > 1 profiles (defaults where there are none).
+
+A GPU never profiled borrows the calibration of the most similar profiled GPU (closest matmul
+peak and memory bandwidth): efficiencies and floors are taken to carry over, while peak,
+bandwidths and link are the target's own.  When the model was measured on the reference GPU, the
+target's time is the reference's *measured* time scaled by the ratio of the two analytic times,
+so the model only has to get the ratio right.
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from sailor_core.catalog.gpus import GPUSpec, get_gpu
-from sailor_core.catalog.layers import LayerShape, layer_shapes
+from sailor_core.catalog.layers import _BLOCK_KERNELS, LayerShape, layer_shapes
 from sailor_core.catalog.models import get_model
 from sailor_core.regimes import TrainingRegime, get_regime
 
@@ -50,6 +54,10 @@ DEFAULT_INV_EFFICIENCY = 2.0
 DEFAULT_OVERHEAD_S = 5e-6
 DEFAULT_TP_LATENCY_S = 30e-6
 DEFAULT_TP_BW_EFFICIENCY = 0.7
+_MEMORY_FACTOR_RANGE = (0.5, 20.0)
+# Eager PyTorch/Megatron spend 5-50 us of CPU per operator; a larger fitted floor would only be
+# absorbing a misfit elsewhere and would not carry over to another GPU.
+MAX_LAUNCH_S_PER_KERNEL = 50e-6
 _EAGER_SCORE_PASSES = 6
 
 
@@ -63,6 +71,9 @@ class Calibration:
     fwd_overhead_s: float  # launch time per kernel, forward (a layer's floor: x its kernels)
     bwd_inv_efficiency: float
     bwd_overhead_s: float
+    # achieved fraction of memory bandwidth, inverted, on the counted traffic (1: as counted)
+    fwd_memory_factor: float = 1.0
+    bwd_memory_factor: float = 1.0
     tp_latency_s: float = DEFAULT_TP_LATENCY_S  # per TP all-reduce
     tp_bw_efficiency: float = DEFAULT_TP_BW_EFFICIENCY  # achieved fraction of the intra-node link
     num_points: int = 0  # distinct measured layers it was fitted on (0: defaults)
@@ -71,7 +82,8 @@ class Calibration:
     def describe(self) -> str:
         return (
             f"{self.gpu}/{self.regime}: matmul efficiency fwd {1 / self.fwd_inv_efficiency:.0%} "
-            f"bwd {1 / self.bwd_inv_efficiency:.0%}, launch per kernel fwd {self.fwd_overhead_s * 1e6:.1f} us "
+            f"bwd {1 / self.bwd_inv_efficiency:.0%}, memory traffic x{self.fwd_memory_factor:.2f} fwd "
+            f"x{self.bwd_memory_factor:.2f} bwd, launch per kernel fwd {self.fwd_overhead_s * 1e6:.1f} us "
             f"bwd {self.bwd_overhead_s * 1e6:.1f} us, TP all-reduce {self.tp_latency_s * 1e6:.0f} us + "
             f"{self.tp_bw_efficiency:.0%} of link ({self.num_points} points)"
         )
@@ -125,8 +137,13 @@ def analytic_terms(
 
 def _combine(compute_s, memory_s, num_allreduce, wire_s, kernels, cal: Calibration) -> tuple[float, float]:
     comm_s = num_allreduce * cal.tp_latency_s + wire_s / cal.tp_bw_efficiency
-    fwd = max(compute_s * cal.fwd_inv_efficiency + memory_s + comm_s, cal.fwd_overhead_s * kernels)
-    bwd = max(2 * compute_s * cal.bwd_inv_efficiency + 2 * memory_s + comm_s, cal.bwd_overhead_s * kernels)
+    fwd = max(
+        compute_s * cal.fwd_inv_efficiency + memory_s * cal.fwd_memory_factor + comm_s, cal.fwd_overhead_s * kernels
+    )
+    bwd = max(
+        2 * compute_s * cal.bwd_inv_efficiency + 2 * memory_s * cal.bwd_memory_factor + comm_s,
+        cal.bwd_overhead_s * 2 * kernels,
+    )
     return fwd, bwd
 
 
@@ -161,40 +178,54 @@ def predict_model(
     )
 
 
-def _fit_two(points: Sequence[tuple[float, float, float, float, float]]) -> tuple[float, float]:
-    """Weighted least squares of y = max(k*x + m, c*q) over k >= 1, 0 <= c <= min(y/q).
+def _fit_three(points: Sequence[tuple], *, fit_memory: bool) -> tuple[float, float, float]:
+    """Weighted least squares of y = max(kc*x + km*m + z, c*q): (kc, km, c).
 
-    Points are (x, m, q, y, weight).  The bound on c is physical: no measured layer can be
-    faster than its launch floor.  The max makes it non-linear but it has two parameters, so a
-    log grid over both, refined once around the best cell, is exact enough and cannot diverge.
+    Points are (x, m, z, q, y, weight, is_block); kc >= 1 (nothing beats peak), km in [0.5, 20],
+    and 0 <= c <= min(y/q) over the blocks (no measured block is faster than its launch floor;
+    blocks are timed directly in every source, embedding and head times may be split estimates).  For each candidate
+    floor the two factors are a linear least-squares fit over the points above it; the floor
+    with the smallest error over all points wins.  Without ``fit_memory`` (one model only:
+    compute and traffic grow together and cannot be told apart) km stays 1, the counted traffic.
     """
     import numpy as np
 
     arr = np.asarray(points, dtype=float)
-    x, m, q, y, w = (arr[:, i] for i in range(5))
-    c_max = float(np.min(y / q))
+    x, m, z, q, y, w, is_block = (arr[:, i] for i in range(7))
+    blocks = is_block > 0
+    c_max = min(float(np.min((y / q)[blocks] if blocks.any() else y / q)), MAX_LAUNCH_S_PER_KERNEL)
+    sw = np.sqrt(w)
 
-    def best(ks, cs):
-        base = ks[:, None] * x[None, :] + m[None, :]  # (K, N)
-        top = (float("inf"), 1.0, 0.0)
-        for c in cs:
-            loss = (w[None, :] * (np.maximum(base, c * q[None, :]) - y[None, :]) ** 2).sum(axis=1)
-            i = int(np.argmin(loss))
-            if loss[i] < top[0]:
-                top = (float(loss[i]), float(ks[i]), float(c))
-        return top
+    def factors(mask):
+        xs, ms, ys, ws = x[mask], m[mask], (y - z)[mask], sw[mask]
+        if fit_memory and mask.sum() >= 3:
+            (kc, km), *_ = np.linalg.lstsq(np.stack([xs * ws, ms * ws], axis=1), ys * ws, rcond=None)
+            km = float(np.clip(km, _MEMORY_FACTOR_RANGE[0], _MEMORY_FACTOR_RANGE[1]))
+        else:
+            km = 1.0
+        rest = ys - km * ms
+        kc = float(np.sum(ws * ws * xs * rest) / max(np.sum(ws * ws * xs * xs), 1e-300))
+        return max(kc, 1.0), km
 
-    _, k, c = best(np.logspace(0, 2.5, 250), np.concatenate([[0.0], np.logspace(-7, np.log10(c_max), 120)]))
-    ks = np.clip(np.linspace(k * 0.97, k * 1.03, 61), 1.0, None)
-    cs = np.clip(np.concatenate([[0.0], np.linspace(c * 0.9, c * 1.1, 41)]), 0.0, c_max) if c > 0 else np.array([0.0])
-    _, k, c = best(ks, cs)
-    return k, c
+    best = (float("inf"), 1.0, 1.0, 0.0)
+    for c in np.concatenate([[0.0], np.logspace(-7, np.log10(c_max), 80)]):
+        mask = y > c * q * 1.0001
+        if mask.sum() < 2:
+            continue
+        kc, km = factors(mask)
+        loss = float(np.sum(w * (np.maximum(kc * x + km * m + z, c * q) - y) ** 2))
+        if loss < best[0]:
+            best = (loss, kc, km, float(c))
+    return best[1], best[2], best[3]
 
 
-def _fit_comm(points: list[tuple], kf: float, cf: float, kb: float, cb: float) -> tuple[float, float]:
+def _fit_comm(
+    points: list[tuple], kf: float, cf: float, kb: float, cb: float, mf: float = 1.0, mb: float = 1.0
+) -> tuple[float, float]:
     """Latency and bandwidth efficiency of TP all-reduces, with the compute constants fixed.
 
-    Points are (compute_s, memory_s, num_allreduce, wire_s, kernels, fwd_s, bwd_s or None, weight)."""
+    Points are (compute_s, memory_s, num_allreduce, wire_s, kernels, fwd_s, bwd_s or None, weight);
+    the memory factors are folded into memory_s by the caller."""
     import numpy as np
 
     arr = np.asarray([(*p[:6], p[6] if p[6] is not None else -1.0, p[7]) for p in points], dtype=float)
@@ -203,8 +234,8 @@ def _fit_comm(points: list[tuple], kf: float, cf: float, kb: float, cb: float) -
     lat = np.concatenate([[0.0], np.logspace(-6, -2, 60)])[:, None, None]
     eff = np.logspace(-2.5, 0, 60)[None, :, None]
     comm = n * lat + wire / eff  # (L, E, N)
-    pf = np.maximum(kf * x + m + comm, cf * q)
-    pb = np.maximum(2 * kb * x + 2 * m + comm, cb * q)
+    pf = np.maximum(kf * x + mf * m + comm, cf * q)
+    pb = np.maximum(2 * kb * x + 2 * mb * m + comm, cb * 2 * q)
     loss = (w * (pf - yf) ** 2).sum(axis=2) + (w * np.where(has_b, (pb - yb) ** 2, 0.0)).sum(axis=2)
     i, j = np.unravel_index(int(np.argmin(loss)), loss.shape)
     return float(lat[i, 0, 0]), float(eff[0, j, 0])
@@ -222,6 +253,7 @@ def calibrate(profiles: Iterable, gpu: str, regime: str) -> Calibration:
     spec = get_gpu(gpu)
     reg = get_regime(regime)
     points: list[tuple] = []  # (tp, compute, memory, n_allreduce, wire, kernels, fwd, bwd|None, weight)
+    block_models: set[int] = set()  # hidden sizes seen: traffic/FLOP differs between them
     for p in profiles:
         if p.gpu != spec.name or p.regime != reg.name:
             continue
@@ -238,6 +270,8 @@ def calibrate(profiles: Iterable, gpu: str, regime: str) -> Calibration:
             counts[key] = counts.get(key, 0) + 1
             rows.setdefault(key, (i, shape))
         total_t = p.fwd_bwd_s() or 1.0
+        if p.tp_degree == 1:
+            block_models.add(m.hidden_size)
         for key, (i, shape) in rows.items():
             terms = analytic_terms(shape, spec, reg, p.micro_batch_size, p.seq_len, p.tp_degree, m.hidden_size, m.num_heads)
             fwd, bwd = key
@@ -246,20 +280,24 @@ def calibrate(profiles: Iterable, gpu: str, regime: str) -> Calibration:
             points.append((p.tp_degree, *terms, fwd, bwd if i > 0 and bwd > 0 else None, weight))
     single = [pt for pt in points if pt[0] == 1]
     base = single if len(single) >= 4 else points
-    fwd_pts = [
-        (c, mem + n * DEFAULT_TP_LATENCY_S + w / DEFAULT_TP_BW_EFFICIENCY, q, f, wt) for _, c, mem, n, w, q, f, _, wt in base
-    ]
+    def comm(n, w):
+        return n * DEFAULT_TP_LATENCY_S + w / DEFAULT_TP_BW_EFFICIENCY
+
+    fwd_pts = [(c, mem, comm(n, w), q, f, wt, q == _BLOCK_KERNELS) for _, c, mem, n, w, q, f, _, wt in base]
     bwd_pts = [
-        (2 * c, 2 * mem + n * DEFAULT_TP_LATENCY_S + w / DEFAULT_TP_BW_EFFICIENCY, q, b, wt)
+        (2 * c, 2 * mem, comm(n, w), 2 * q, b, wt, q == _BLOCK_KERNELS)
         for _, c, mem, n, w, q, _, b, wt in base
         if b is not None
     ]
     if len(fwd_pts) < 2 or len(bwd_pts) < 2:
         return default_calibration(spec.name, reg.name)
-    kf, cf = _fit_two(fwd_pts)
-    kb, cb = _fit_two(bwd_pts)
+    fit_memory = len(block_models) >= 2
+    kf, mf, cf = _fit_three(fwd_pts, fit_memory=fit_memory)
+    kb, mb, cb = _fit_three(bwd_pts, fit_memory=fit_memory)
     multi = [pt[1:] for pt in points if pt[0] > 1]
-    lat, eff = _fit_comm(multi, kf, cf, kb, cb) if len(multi) >= 2 else (DEFAULT_TP_LATENCY_S, DEFAULT_TP_BW_EFFICIENCY)
+    lat, eff = (
+        _fit_comm(multi, kf, cf, kb, cb, mf, mb) if len(multi) >= 2 else (DEFAULT_TP_LATENCY_S, DEFAULT_TP_BW_EFFICIENCY)
+    )
     return Calibration(
         gpu=spec.name,
         regime=reg.name,
@@ -267,6 +305,8 @@ def calibrate(profiles: Iterable, gpu: str, regime: str) -> Calibration:
         fwd_overhead_s=cf,
         bwd_inv_efficiency=kb,
         bwd_overhead_s=cb,
+        fwd_memory_factor=mf,
+        bwd_memory_factor=mb,
         tp_latency_s=lat,
         tp_bw_efficiency=eff,
         num_points=len(points),
