@@ -93,6 +93,7 @@ def simulate(
         counts = st.microbatches_per_replica(num_mb, stage.dp_degree)
         replicas = []
         steps: list[float] = []
+        fwds: list[float] = []
         worst, straggler = -1.0, 0
         update_s = 0.0
         # Replicas of one (GPU, TP) holding the same number of micro-batches are identical: evaluate once.
@@ -111,6 +112,7 @@ def simulate(
                 )
             prof, fwd, bwd, upd, mem, measured = known
             steps.append(fwd + bwd)
+            fwds.append(fwd)
             if fwd + bwd > worst:
                 worst, straggler = fwd + bwd, r
             if upd > update_s:
@@ -120,7 +122,7 @@ def simulate(
                 fwd_s=fwd, bwd_s=bwd, update_s=upd, memory=mem, profile_source=prof.source,
                 measured=measured,
             ))
-        stage_timings.append(stage_timing(steps, counts))
+        stage_timings.append(stage_timing(steps, counts, fwds))
 
         # Data-parallel gradient sync over the replicas, and the egress its ring pays.
         thinnest = min(stage.replicas, key=lambda rep: rep.tp_degree)
