@@ -105,3 +105,14 @@ def test_egress_prices():
     assert per_gb("us-east-1a", "eu-west-1a") == pytest.approx(0.05)
     assert per_gb("us-east-1a", "us-central1-a") == pytest.approx(0.09)
     assert per_gb("local", "local") == 0.0
+
+
+def test_same_node_without_a_fit_uses_the_catalog_link():
+    from sailor_core.catalog.gpus import get_gpu
+
+    net = default_network()
+    a = Endpoint(zone="us-east-1a", gpu="H100-80", node="n1")
+    b = Endpoint(zone="us-east-1a", gpu="H100-80", node="n1")
+    size = 1e9
+    expected = 5e-6 + size / get_gpu("H100-80").intra_node_bw_bytes_per_s
+    assert net.p2p_time_s(size, a, b) == pytest.approx(expected)

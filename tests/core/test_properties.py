@@ -3,6 +3,7 @@
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from sailor_core.catalog.gpus import get_gpu
 from sailor_core.simulator import one_f_one_b, simulate, stage_timing
 from sailor_core.simulator.memory import stage_memory
 from sailor_core.regimes import get_regime
@@ -65,3 +66,41 @@ def test_pipeline_parts_are_consistent(replicas, links):
     if link_s:
         slower = one_f_one_b(stages, [t * 1.5 + 0.01 for t in link_s], link_n)
         assert slower.total_s >= pipe.total_s - 1e-9
+
+
+GPUS = ["A100-40", "V100-16", "H100-80", "H200", "GH-96", "RTX-3090", "T4", "L4", "A10G"]
+ZONES = ["us-central1-a", "us-central1-b", "us-west1-b", "us-east-1a", "us-east-1b", "eu-west-1a"]
+
+
+@st.composite
+def real_plans(draw):
+    num_stages = draw(st.integers(1, 4))
+    cuts = sorted(draw(st.sets(st.integers(1, 25), min_size=num_stages - 1, max_size=num_stages - 1)))
+    bounds = [0, *cuts, 26]
+    stages = []
+    for a, b in zip(bounds, bounds[1:]):
+        reps = []
+        for _ in range(draw(st.integers(1, 4))):
+            gpu = draw(st.sampled_from(GPUS))
+            tp = draw(st.sampled_from([t for t in (1, 2, 4, 8) if t in get_gpu(gpu).gpus_per_node]))
+            reps.append({"gpu": gpu, "tp": tp, "zone": draw(st.sampled_from(ZONES))})
+        stages.append({"layers": [a, b], "replicas": reps})
+    mbs = draw(st.sampled_from([1, 2, 4]))
+    return plan(stages, model="opt-350m", mbs=mbs, gbs=mbs * draw(st.integers(4, 64)))
+
+
+@settings(max_examples=40, deadline=None)
+@given(p=real_plans())
+def test_any_valid_plan_simulates_consistently_with_the_shipped_data(p):
+    from sailor_core.network import default_network
+    from sailor_core.profiles import default_profile_db
+
+    r = simulate(p, profiles=default_profile_db(), network=default_network())
+    assert r.iteration_time_s > 0
+    assert abs(sum(r.breakdown.values()) - r.iteration_time_s) <= 1e-9 * r.iteration_time_s
+    assert all(v >= 0 for v in r.breakdown.values())
+    assert r.usd_per_iteration >= r.gpu_usd_per_iteration > 0 and r.egress_usd_per_iteration >= 0
+    assert r.fits == all(rep.memory.peak_bytes <= rep.memory.capacity_bytes
+                         for s in r.stages for rep in s.replicas)
+    assert (r.why_not is None) == r.fits
+    assert r.peak_memory_bytes == max(rep.memory.peak_bytes for s in r.stages for rep in s.replicas)
