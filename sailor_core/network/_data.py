@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from sailor_core.network.fits import BandwidthFit
@@ -16,8 +17,28 @@ def _read(name: str) -> dict:
 
 
 def load_inter_fits() -> dict[tuple[str, str, int, str, str, int], BandwidthFit]:
+    return _inter_fits(_read("multizone_bandwidths_het.json"))
+
+
+def user_network_dir() -> Path:
+    """Where ``sailor profile network`` writes: $SAILOR_HOME/network or ~/.sailor/network."""
+    home = os.environ.get("SAILOR_HOME")
+    return (Path(home).expanduser() if home else Path.home() / ".sailor") / "network"
+
+
+def load_user_inter_fits() -> dict[tuple[str, str, int, str, str, int], BandwidthFit]:
+    """Fits measured by the profiler (``sailor_core.profiler.network``), same nested layout under "fits"."""
     out = {}
-    for sz, by_gpu in _read("multizone_bandwidths_het.json").items():
+    directory = user_network_dir()
+    for path in sorted(directory.glob("*.json")) if directory.is_dir() else ():
+        with path.open() as f:
+            out.update(_inter_fits(json.load(f).get("fits", {})))
+    return out
+
+
+def _inter_fits(tree: dict) -> dict[tuple[str, str, int, str, str, int], BandwidthFit]:
+    out = {}
+    for sz, by_gpu in tree.items():
         for sg, by_count in by_gpu.items():
             for sc, by_dst_zone in by_count.items():
                 for dz, by_dst_gpu in by_dst_zone.items():

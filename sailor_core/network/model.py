@@ -22,7 +22,7 @@ from enum import Enum
 from functools import lru_cache
 from typing import Sequence
 
-from sailor_core.network._data import load_egress_table, load_inter_fits, load_intra_fits
+from sailor_core.network._data import load_egress_table, load_inter_fits, load_intra_fits, load_user_inter_fits
 from sailor_core.network.fits import BandwidthFit
 from sailor_core.zones import Zone, parse_zone
 
@@ -226,9 +226,10 @@ def _default_egress_usd_per_gb(src_zone: str, dst_zone: str) -> float:
 
 @lru_cache(maxsize=1)
 def default_network() -> NetworkModel:
-    """The network built from Sailor's published measurements plus the class defaults."""
+    """The network built from Sailor's published measurements plus the class defaults, and the
+    user's own measured links (``sailor profile network``), which win on equal keys."""
     return NetworkModel(
-        inter_fits=load_inter_fits(),
+        inter_fits={**load_inter_fits(), **load_user_inter_fits()},
         intra_fits=load_intra_fits(),
         egress_usd_per_gb=load_egress_table(),
     )

@@ -233,8 +233,6 @@ def profile_model(model: str, *, micro_batch_sizes: list[int] = (1,), tp_degrees
     process CPU time, i.e. the layer's own work without what other jobs on a shared machine take
     (a TP group's waits on its peers are not CPU time, so TP > 1 always keeps wall clock).
     """
-    import torch
-
     spec = get_model(model)
     mbs_list = _positive_list(micro_batch_sizes, "micro-batch size")
     tps = _positive_list(tp_degrees, "TP degree")
@@ -252,6 +250,8 @@ def profile_model(model: str, *, micro_batch_sizes: list[int] = (1,), tp_degrees
                         ("FFN size", spec.ffn_size)):
             if n % t:
                 raise InputError(f"TP degree {t} does not divide {spec.name}'s {n} {what}")
+    import torch
+
     if device == "cuda":
         if not torch.cuda.is_available():
             raise InputError("--device cuda: no CUDA GPU is visible to torch on this machine")
@@ -291,7 +291,7 @@ def profile_model(model: str, *, micro_batch_sizes: list[int] = (1,), tp_degrees
             layers = res["by_mbs"][str(mbs)]
             profiles.append(to_model_profile(spec.name, gpu_type, tp, mbs, seq, layers, points, regime,
                                              f"{source}; {used} clock", timer=used))
-            details.append({"layers": layers, "update_points": res["update_points"]})
+            details.append({"layers": layers, "update_points": points, "timer": used})
     overhead = None
     if measure_overhead:
         from sailor_core.profiler.overhead import idle_worker_rss_bytes

@@ -1,0 +1,254 @@
+"""Network profiler: p2p bandwidth vs message size between two workers and all-reduce among N.
+
+The measurement runs in the workers themselves (torch.distributed, gloo on CPU, nccl on GPUs),
+so it sees the same transport the engine uses:
+
+* p2p: ping-pong between ranks 0 and 1 (send, the peer receives and sends back); one-way time =
+  round trip / 2, median over repetitions, message sizes 64 KiB .. 256 MiB.
+* all-reduce: ``dist.all_reduce`` of a float32 buffer among all N ranks, timed on rank 0 between
+  barriers, median over repetitions.
+
+The p2p points are fitted to the network model's curve format (``sailor_core.network.fits``:
+``bw(x) = a x^2 + b x + c`` GB/s with ``x = log2(bytes / 1e6)``, capped at ``max_bw``), in
+relative error; the largest relative error of the fit over the measured points is stated with
+it.  Beyond the largest measured message the curve is held at the last measured bandwidth
+(the fit is anchored there), as a link's bandwidth plateaus for large messages.
+
+Locally: ``profile_network(num_workers)`` starts N processes on this machine.  In a cloud the
+orchestration starts ``python -m sailor_core.profiler.net_worker`` on each instance with env://
+rendezvous (MASTER_ADDR/MASTER_PORT/RANK/WORLD_SIZE) and ``--out``; rank 0 writes the points,
+which ``network_profile_from_points`` turns into a profile for (src zone/GPU, dst zone/GPU).
+Profiles are saved as JSON where ``sailor_core.network.default_network`` reads them.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sailor_core.errors import InputError, ProfileError
+from sailor_core.network.fits import MAX_FIT_BYTES, MIN_FIT_BYTES, BandwidthFit
+
+DEFAULT_SIZES = tuple(2**k for k in range(16, 29, 2))  # 64 KiB .. 256 MiB
+NETWORK_FORMAT = 1
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NetworkProfile:
+    src_zone: str
+    src_gpu: str
+    dst_zone: str
+    dst_gpu: str
+    fit: BandwidthFit
+    max_rel_error: float  # of the fit's time over the measured p2p points
+    p2p_points: tuple[tuple[int, float], ...]  # (bytes, one-way seconds)
+    allreduce_points: dict = field(default_factory=dict)  # N -> ((bytes, seconds), ...)
+    source: str = ""
+
+    def to_json(self) -> dict:
+        fit = [[self.fit.a, self.fit.b, self.fit.c], self.fit.max_bw_bytes_per_s]
+        return {
+            "sailor_network_format": NETWORK_FORMAT,
+            "source": self.source,
+            # the nested layout of Sailor's multizone_bandwidths_het.json, one GPU per side
+            "fits": {self.src_zone: {self.src_gpu: {"1": {self.dst_zone: {self.dst_gpu: {"1": fit}}}}}},
+            "max_rel_error": self.max_rel_error,
+            "p2p_points": [list(p) for p in self.p2p_points],
+            "allreduce_points": {str(n): [list(p) for p in pts] for n, pts in self.allreduce_points.items()},
+        }
+
+
+# ---- inside the workers --------------------------------------------------------------------
+
+def _reps_for(size: int, reps: int) -> int:
+    """More repetitions for small messages: they are cheap and the noisiest (scheduler latency)."""
+    return max(reps, min(40, int(32e6 // size)))
+
+
+def _sync(device) -> None:
+    if device.type == "cuda":
+        import torch
+
+        torch.cuda.synchronize()
+
+
+def measure_in_group(sizes=DEFAULT_SIZES, *, reps: int = 5, allreduce: bool = True, progress=None) -> dict | None:
+    """Run the measurements in an initialised process group; rank 0 returns the points."""
+    import torch
+    import torch.distributed as dist
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+    p2p, ar = [], []
+    for size in sizes:
+        buf = torch.ones(size // 4, dtype=torch.float32, device=device)
+        times = []
+        dist.barrier()
+        n = _reps_for(size, reps)
+        for i in range(n + 1):  # the first exchange sets the connection up: a warm-up
+            if rank == 0:
+                t0 = time.perf_counter()
+                dist.send(buf, dst=1)
+                dist.recv(buf, src=1)
+                _sync(device)
+                if i:
+                    times.append((time.perf_counter() - t0) / 2)
+            elif rank == 1:
+                dist.recv(buf, src=0)
+                dist.send(buf, dst=0)
+        dist.barrier()
+        if rank == 0:
+            p2p.append((size, sorted(times)[len(times) // 2]))
+            if progress:
+                progress({"event": "p2p", "bytes": size})
+        if allreduce and world >= 2:
+            times = []
+            for i in range(n + 1):
+                dist.barrier()
+                t0 = time.perf_counter()
+                dist.all_reduce(buf)
+                _sync(device)
+                if i:
+                    times.append(time.perf_counter() - t0)
+            if rank == 0:
+                ar.append((size, sorted(times)[len(times) // 2]))
+                if progress:
+                    progress({"event": "allreduce", "bytes": size})
+        del buf
+    if rank != 0:
+        return None
+    return {"world_size": world, "p2p": p2p, "allreduce": ar}
+
+
+# ---- fitting ---------------------------------------------------------------------------------
+
+def _x(num_bytes: float) -> float:
+    return math.log2(num_bytes / 1e6)
+
+
+def fit_bandwidth(points) -> tuple[BandwidthFit, float]:
+    """Fit (bytes, seconds) points to the network model's curve; (fit, largest relative time error)."""
+    import numpy as np
+
+    pts = sorted((int(b), float(t)) for b, t in points if b > 0 and t > 0)
+    if len(pts) < 3:
+        raise ProfileError(f"need at least 3 message sizes to fit a bandwidth curve, got {len(pts)}")
+    xs = np.array([_x(b) for b, _ in pts])
+    bws = np.array([b / t / 1e9 for b, t in pts])  # GB/s
+    # Hold the last measured bandwidth out to the fit's upper end (1 GiB) so the quadratic does
+    # not bend down where nothing was measured.
+    anchor_x = [x for x in np.linspace(xs[-1], _x(MAX_FIT_BYTES), 4)[1:] if x > xs[-1] + 1e-9]
+    fx = np.concatenate([xs, anchor_x])
+    fy = np.concatenate([bws, [bws[-1]] * len(anchor_x)])
+    a, b, c = np.polyfit(fx, fy, 2, w=1.0 / fy)  # weights 1/bw: relative residuals
+    fit = BandwidthFit(a=float(a), b=float(b), c=float(c), max_bw_bytes_per_s=float(bws.max() * 1e9))
+    err = max(abs(nb / fit.bandwidth_bytes_per_s(nb) - t) / t for nb, t in pts if nb >= MIN_FIT_BYTES)
+    return fit, float(err)
+
+
+def network_profile_from_points(result: dict, *, src_zone: str = "local", src_gpu: str = "cpu",
+                                dst_zone: str | None = None, dst_gpu: str | None = None,
+                                source: str = "") -> NetworkProfile:
+    """A profile of the link from ``measure_in_group``'s points (rank 0's answer)."""
+    from sailor_core.catalog.gpus import normalize_gpu_name
+    from sailor_core.zones import parse_zone
+
+    parse_zone(src_zone)
+    parse_zone(dst_zone or src_zone)
+    fit, err = fit_bandwidth(result["p2p"])
+    ar = {int(result["world_size"]): tuple((int(b), float(t)) for b, t in result.get("allreduce", ()))}
+    return NetworkProfile(src_zone=src_zone, src_gpu=normalize_gpu_name(src_gpu), dst_zone=dst_zone or src_zone,
+                          dst_gpu=normalize_gpu_name(dst_gpu or src_gpu), fit=fit, max_rel_error=err,
+                          p2p_points=tuple((int(b), float(t)) for b, t in result["p2p"]),
+                          allreduce_points=ar if ar[int(result["world_size"])] else {}, source=source)
+
+
+# ---- running it locally ---------------------------------------------------------------------
+
+def profile_network(num_workers: int = 2, *, sizes=DEFAULT_SIZES, reps: int = 5, device: str = "cpu",
+                    threads: int = 1, timeout_s: float = 600.0, progress=None) -> NetworkProfile:
+    """Measure between ``num_workers`` local processes (gloo on CPU) and fit the p2p curve."""
+    if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 2:
+        raise InputError(f"--workers must be an integer >= 2 (p2p needs two), got {num_workers!r}")
+    sizes = sorted(int(s) for s in sizes)
+    if len(sizes) < 3 or sizes[0] < 4:
+        raise InputError("give at least 3 message sizes of 4 bytes or more")
+    if device not in ("cpu", "cuda"):
+        raise InputError(f"device must be 'cpu' or 'cuda', got {device!r}")
+    from sailor_core.profiler.compute import _free_port, cpu_name
+
+    port = _free_port()
+    workdir = Path(tempfile.mkdtemp(prefix="sailor-profile-net-"))
+    args = ["--sizes", ",".join(map(str, sizes)), "--reps", str(reps), "--device", device,
+            "--threads", str(threads)]
+    procs = []
+    for rank in range(num_workers):
+        env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                   WORLD_SIZE=str(num_workers), LOCAL_RANK=str(rank), OMP_NUM_THREADS=str(threads))
+        log = open(workdir / f"rank{rank}.log", "w")
+        procs.append((subprocess.Popen([sys.executable, "-m", "sailor_core.profiler.net_worker", *args], env=env,
+                                       stdout=subprocess.PIPE if rank == 0 else subprocess.DEVNULL, stderr=log,
+                                       text=True, start_new_session=True), log))
+    result = None
+    deadline = time.monotonic() + timeout_s
+    try:
+        for line in procs[0][0].stdout:
+            try:
+                msg = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if msg.get("event") == "result":
+                result = msg["result"]
+            elif progress:
+                progress(msg)
+            if time.monotonic() > deadline:
+                break
+        for p, _ in procs:
+            p.wait(timeout=max(1.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        pass
+    finally:
+        for p, log in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+            log.close()
+    if result is None:
+        tail = (workdir / "rank0.log").read_text(errors="replace").strip().splitlines()[-1:] or ["no output"]
+        raise ProfileError(f"network profiling processes failed: {tail[0]}")
+    date = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d")
+    import torch
+
+    backend = "nccl" if device == "cuda" else "gloo"
+    source = (f"sailor-profiler network: {num_workers} local processes, {backend}, {cpu_name()}; "
+              f"torch {torch.__version__}; {date}")
+    gpu = "cpu"
+    if device == "cuda":
+        from sailor_core.profiler.compute import gpu_type_of
+
+        gpu = gpu_type_of(torch.cuda.get_device_name(0))
+    return network_profile_from_points(result, src_zone="local", src_gpu=gpu, source=source)
+
+
+def save_network_profile(profile: NetworkProfile, directory: str | Path | None = None) -> Path:
+    """Write ``<dir>/<src_zone>-<src_gpu>--<dst_zone>-<dst_gpu>.json`` (default: the user's network
+    folder, which ``default_network`` reads) and make the default network see it."""
+    from sailor_core.network._data import user_network_dir
+    from sailor_core.network.model import default_network
+
+    directory = Path(directory) if directory is not None else user_network_dir()
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"{profile.src_zone}-{profile.src_gpu}--{profile.dst_zone}-{profile.dst_gpu}.json"
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(profile.to_json(), indent=2))
+    os.replace(tmp, path)
+    default_network.cache_clear()
+    return path

@@ -1,0 +1,68 @@
+"""The framework's constant memory per worker process: what a worker holds before any model.
+
+CPU: the resident set (VmRSS) of an idle worker that imported what the engine's worker imports,
+set its threads and initialised gloo with a peer (the largest of the two ranks).  CUDA: device
+memory in use that torch's allocator does not account for (CUDA context, cuBLAS/NCCL
+workspaces) after one matmul and one NCCL all-reduce.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+from sailor_core.errors import ProfileError
+
+_IDLE = r"""
+import json, os, datetime
+import torch, torch.distributed as dist
+import sailor_core.runtime.engine, sailor_core.runtime.data  # the worker's imports
+threads = int(os.environ["SAILOR_THREADS"]); cuda = os.environ["SAILOR_DEVICE"] == "cuda"
+torch.set_num_threads(threads)
+rank = int(os.environ["RANK"])
+if cuda:
+    torch.cuda.set_device(rank)
+dist.init_process_group("nccl" if cuda else "gloo", init_method="env://", rank=rank,
+                        world_size=int(os.environ["WORLD_SIZE"]), timeout=datetime.timedelta(seconds=120))
+t = torch.ones(1024, device="cuda" if cuda else "cpu")
+dist.all_reduce(t)
+out = {}
+if cuda:
+    a = torch.randn(1024, 1024, device="cuda"); (a @ a).sum().item()
+    free, total = torch.cuda.mem_get_info()
+    out["bytes"] = total - free - torch.cuda.memory_allocated()
+else:
+    rss = [l for l in open("/proc/self/status") if l.startswith("VmRSS")][0]
+    out["bytes"] = int(rss.split()[1]) * 1024
+print(json.dumps(out), flush=True)
+dist.barrier()
+dist.destroy_process_group()
+"""
+
+
+def idle_worker_rss_bytes(*, device: str = "cpu", threads: int = 1, timeout_s: float = 120.0) -> int:
+    """Constant memory of one worker process (see the module doc); the larger of two ranks."""
+    from sailor_core.profiler.compute import _free_port
+
+    port = _free_port()
+    procs = []
+    for rank in range(2):
+        env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2",
+                   OMP_NUM_THREADS=str(threads), SAILOR_THREADS=str(threads), SAILOR_DEVICE=device)
+        procs.append(subprocess.Popen([sys.executable, "-c", _IDLE], env=env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True, start_new_session=True))
+    values = []
+    for p in procs:
+        try:
+            out, err = p.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            raise ProfileError("the idle-worker memory probe did not finish") from None
+        if p.returncode != 0:
+            last = (err.strip().splitlines() or ["no output"])[-1]
+            raise ProfileError(f"the idle-worker memory probe failed: {last}")
+        values.append(json.loads(out.strip().splitlines()[-1])["bytes"])
+    return max(values)

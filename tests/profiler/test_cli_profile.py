@@ -1,0 +1,52 @@
+"""``sailor profile`` bad input: one ``error:`` line, non-zero exit, no traceback."""
+
+import subprocess
+
+import pytest
+
+
+@pytest.fixture
+def sailor(capsys):
+    from flows.cli import main
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        try:
+            main(list(args))
+            code = 0
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        out = capsys.readouterr()
+        return subprocess.CompletedProcess(args, code, out.out, out.err)
+
+    return run
+
+
+@pytest.mark.parametrize("args, words", [
+    (("profile", "--model", "nope"), "unknown model"),
+    (("profile",), "--model is required"),
+    (("profile", "--model", "tiny", "--mbs", "0"), "--mbs"),
+    (("profile", "--model", "tiny", "--mbs", "a,b"), "--mbs"),
+    (("profile", "--model", "tiny", "--tp", "3"), "TP degree 3"),
+    (("profile", "--model", "tiny", "--device", "tpu"), "device"),
+    (("profile", "--model", "tiny", "--timer", "cpu", "--device", "cuda"), "timer"),
+    (("profile", "network", "--workers", "1"), "--workers"),
+    (("profile", "network", "--reps", "0"), "--reps"),
+])
+def test_bad_input_is_one_error_line(sailor, args, words):
+    res = sailor(*args)
+    assert res.returncode != 0
+    lines = [line for line in res.stderr.strip().splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and words in lines[0], res.stderr
+    assert "Traceback" not in res.stderr + res.stdout
+
+
+def test_profile_json_output_saves_and_reports(sailor, tmp_path):
+    import json
+
+    res = sailor("profile", "--model", "tiny", "--mbs", "1", "--reps", "1", "--no-overhead", "--json")
+    assert res.returncode == 0, res.stderr
+    out = json.loads(res.stdout)
+    (p,) = out["profiles"]
+    assert p["model"] == "tiny" and p["gpu"] == "cpu" and len(p["layers"]) == 4
+    assert out["saved_to"].endswith("profiled-tiny-cpu.parquet")
+    assert all(layer["fwd"]["num_samples"] == 1 for layer in p["detail"]["layers"])

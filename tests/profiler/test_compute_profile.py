@@ -1,0 +1,80 @@
+"""Profiling the engine's own layers on CPU: plausible times, activation and output sizes, TP shards."""
+
+import pytest
+
+from sailor_core.catalog.layers import layer_shapes
+from sailor_core.catalog.models import get_model
+from sailor_core.profiler.compute import CPU_REGIME, fit_update_line
+
+
+def _by_mbs(run):
+    return {p.micro_batch_size: p for p in run.profiles}
+
+
+def test_times_are_positive_and_plausible(tiny_run):
+    for p in tiny_run.profiles:
+        assert p.gpu == "cpu" and p.regime == CPU_REGIME and p.measured
+        assert len(p.layers) == get_model("tiny").num_layer_indices
+        for layer in p.layers:
+            # a layer of a 64-wide model on a few hundred tokens: well above a microsecond, well below a second
+            assert 1e-6 < layer.fwd_s < 1.0 and 1e-6 < layer.bwd_s < 1.0
+        # a block does more arithmetic than the embedding lookup, forward and backward
+        assert p.layers[1].fwd_s + p.layers[1].bwd_s > p.layers[0].fwd_s + p.layers[0].bwd_s
+        assert p.update_s_per_param > 0 and p.update_fixed_s >= 0
+    assert "torch 2." in tiny_run.profiles[0].source and tiny_run.torch_version.startswith("2.")
+
+
+def test_activation_bytes_grow_with_mbs_and_match_first_principles(tiny_run):
+    one, four = _by_mbs(tiny_run)[1], _by_mbs(tiny_run)[4]
+    spec = get_model("tiny")
+    for a, b in zip(one.layers, four.layers):
+        assert b.activation_bytes > a.activation_bytes > 0
+        # everything saved scales with the tokens, nothing is per micro-batch in fp32
+        assert b.activation_bytes == pytest.approx(4 * a.activation_bytes, rel=0.02)
+    # a block's saved tensors counted by the hooks = the analytic count for this regime
+    shapes = layer_shapes("tiny", tp_degree=1, seq_len=spec.seq_len, regime=CPU_REGIME)
+    assert four.layers[1].activation_bytes == pytest.approx(shapes[1].activation_bytes(4), rel=0.05)
+    # the embedding keeps only the token ids (int64)
+    assert four.layers[0].activation_bytes == 8 * 4 * spec.seq_len
+
+
+def test_output_bytes_and_params_are_the_engines(tiny_run):
+    spec = get_model("tiny")
+    p = _by_mbs(tiny_run)[4]
+    for layer in p.layers[:-1]:
+        assert layer.output_bytes == 4 * spec.seq_len * spec.hidden_size * 4  # fp32 residual stream
+    assert p.layers[-1].output_bytes == 0
+    import torch  # noqa: F401  (the engine's modules)
+
+    from sailor_core.runtime.model import build_layer
+
+    for i, layer in enumerate(p.layers):
+        assert layer.params == sum(t.numel() for t in build_layer(spec, i).parameters())
+
+
+def test_tp2_profile_runs_two_gloo_processes_and_halves_block_params(tiny_run):
+    from sailor_core.profiler.compute import profile_model
+
+    run = profile_model("tiny", micro_batch_sizes=[2], tp_degrees=[2], device="cpu", warmups=1, reps=2)
+    (tp2,) = run.profiles
+    tp1 = _by_mbs(tiny_run)[1]
+    assert tp2.tp_degree == 2 and tp2.measured
+    block1, block2 = tp1.layers[1], tp2.layers[1]
+    # the sharded matmuls halve; norms and the row-parallel output biases stay whole on each rank
+    spec = get_model("tiny")
+    h = spec.hidden_size
+    replicated = 4 * h + 2 * h
+    assert block2.params == (block1.params - replicated) // 2 + replicated
+    assert block2.params < 0.55 * block1.params
+    # the engine does not shard embedding and head
+    assert tp2.layers[0].params == tp1.layers[0].params and tp2.layers[-1].params == tp1.layers[-1].params
+    assert all(layer.fwd_s > 0 and layer.bwd_s > 0 for layer in tp2.layers)
+
+
+def test_update_line_fit_recovers_a_known_line():
+    pts = [(n, 2e-3 + 5e-9 * n) for n in (1_000, 50_000, 400_000, 3_000_000)]
+    rate, fixed = fit_update_line(pts)
+    assert rate == pytest.approx(5e-9, rel=1e-6) and fixed == pytest.approx(2e-3, rel=1e-6)
+    # a negative intercept is not physical: the fit goes through the origin instead
+    rate, fixed = fit_update_line([(1_000, 1e-6), (1_000_000, 1e-2)])
+    assert fixed == 0.0 and rate > 0
