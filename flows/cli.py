@@ -25,6 +25,7 @@ app = typer.Typer(
 _COMMAND_MODULES = (
     "flows.cli_core",
     "flows.cli_profiles",
+    "flows.cli_profile",
     "flows.cli_plan",
     "flows.cli_cloud",
     "flows.cli_engine",
