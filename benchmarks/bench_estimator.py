@@ -8,7 +8,10 @@
    the other GPUs (the database picks the closest as reference); error of fwd+bwd per (tp, mbs).
 3. Other micro-batch sizes on a profiled GPU: drop one (tp, mbs) of a (model, GPU) and predict it
    by scaling that GPU's other measurements.
-4. Speed of ProfileDB.get (cached answers, and first-time estimates).
+4. A100-80 from A100-40 in detail (the brief's example), against Sailor's real A100-80 profile.
+5. First-principles activation bytes per block (sailor_core.catalog.layers) against the H200
+   peak-memory differences and Sailor's llm_info.json.
+6. Speed of ProfileDB.get (cached answers, and first-time estimates).
 """
 
 from __future__ import annotations
@@ -107,6 +110,50 @@ def other_mbs(profiles) -> list[float]:
     return all_errors
 
 
+def a100_80_from_a100_40(profiles) -> list[float]:
+    sailor = [p for p in profiles if p.regime == "megatron-fp32-adamw"]
+    db = ProfileDB([p for p in sailor if p.gpu != "A100-80"])
+    print("\n## 4. OPT-350 on A100-80 predicted from A100-40 (no A100-80 data), vs Sailor's A100-80 profile\n")
+    print("| tp | mbs | measured ms | predicted ms | error |")
+    print("| ---: | ---: | ---: | ---: | ---: |")
+    errors = []
+    for true in sorted(
+        (p for p in sailor if p.gpu == "A100-80" and p.model == "opt-350m"), key=lambda p: (p.tp_degree, p.micro_batch_size)
+    ):
+        pred = db.get("opt-350m", "A100-80", true.tp_degree, true.micro_batch_size)
+        assert "from A100-40" in pred.source
+        e = _err(pred.fwd_bwd_s(), true.fwd_bwd_s())
+        errors.append(e)
+        print(f"| {true.tp_degree} | {true.micro_batch_size} | {true.fwd_bwd_s() * 1e3:.1f} | {pred.fwd_bwd_s() * 1e3:.1f} | {e:+.1%} |")
+    print(f"\nA100-80 from A100-40: {_summary(errors)}")
+    return errors
+
+
+def activation_bytes() -> None:
+    import json
+
+    from sailor_core.catalog.layers import layer_shapes
+
+    shared = Path(__file__).resolve().parents[2] / "shared"
+    print("\n## 5. Activation bytes kept per block and sequence: first principles vs measured\n")
+    print("| model | regime | tp | source | measured MB | predicted MB | error |")
+    print("| --- | --- | ---: | --- | ---: | ---: | ---: |")
+    rows = [json.loads(line) for line in (shared / "measurements" / "h200_opt_training.jsonl").read_text().splitlines()[1:]]
+    rec = {(r["model"], r["layers"], r["mbs"]): r for r in rows}
+    for model, depth in (("opt-350m", 24), ("opt-1.3b", 24), ("opt-2.7b", 32)):
+        for mbs in (1, 8):
+            full, short = rec[(model, depth, mbs)], rec[(model, 2, mbs)]
+            measured = ((full["peak_alloc_bytes"] - full["static_bytes"]) - (short["peak_alloc_bytes"] - short["static_bytes"])) / (depth - 2)
+            pred = layer_shapes(model)[1].activation_bytes(mbs)
+            print(f"| {model} mbs {mbs} | bf16 autocast | 1 | H200 peak difference | {measured / 1e6:.1f} | {pred / 1e6:.1f} | {_err(pred, measured):+.1%} |")
+    info = json.loads((shared / "sailor_data" / "planner" / "llm_info.json").read_text())
+    for sailor, model in (("OPT-350", "opt-350m"), ("GPT-Neo-2.7", "gpt-neo-2.7b"), ("OPT-30", "opt-30b")):
+        for tp in ("1", "2", "4"):
+            measured = info[sailor][tp]["2"]["act_mem_bytes"]
+            pred = layer_shapes(model, tp_degree=int(tp), regime="megatron-fp32-adamw")[2].activation_bytes(1)
+            print(f"| {model} | megatron fp32 | {tp} | Sailor llm_info | {measured / 1e6:.1f} | {pred / 1e6:.1f} | {_err(pred, measured):+.1%} |")
+
+
 def speed() -> None:
     from sailor_core.profiles.db import reset_default_profile_db
 
@@ -124,7 +171,7 @@ def speed() -> None:
     for k in keys:
         db.get(*k)
     miss_s = (time.perf_counter() - t0) / len(keys)
-    print("\n## 4. Speed\n")
+    print("\n## 6. Speed\n")
     print(f"default_profile_db() load: {load_s * 1e3:.0f} ms ({len(db)} profiles)")
     print(f"get, cached answer: {hit_s * 1e6:.2f} us/call")
     print(f"get, first estimate of a key: {miss_s * 1e3:.2f} ms/call")
@@ -135,6 +182,8 @@ def main() -> None:
     cross_model_h200(profiles)
     unprofiled_gpu(profiles)
     other_mbs(profiles)
+    a100_80_from_a100_40(profiles)
+    activation_bytes()
     speed()
 
 
