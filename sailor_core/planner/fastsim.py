@@ -129,6 +129,7 @@ class FastSim:
             a, b = stage.layer_start, stage.layer_end
             d = stage.dp_degree
             steps: list[float] = []
+            fwds: list[float] = []
             counts: list[int] = []
             update = 0.0
             first_index = 0
@@ -139,6 +140,7 @@ class FastSim:
                 # so it alone decides the group's busy and steady-state time and its memory.
                 count = max(0, -(-(num_mb - first_index) // d))
                 steps.append(fwd + bwd)
+                fwds.append(fwd)
                 counts.append(count)
                 mem = stage_memory(kind.profile, a, b, inflight_microbatches(i, num_stages, count),
                                    regime, kind.capacity_bytes)
@@ -146,7 +148,7 @@ class FastSim:
                 fits = fits and mem.fits
                 usd_per_hr += n * kind.tp_degree * self.price(kind.gpu, zone)
                 first_index += n
-            timings.append(stage_timing(steps, counts))
+            timings.append(stage_timing(steps, counts, fwds))
             thinnest = min((g[0] for g in stage.groups), key=lambda k: k.tp_degree)
             min_tp = thinnest.tp_degree
             sync_bytes = st.dp_sync_bytes(thinnest.profile, a, b, regime)

@@ -60,6 +60,7 @@ class PlanResult:
     num_evaluated: int  # simulate() calls
     exhausted: bool  # True when the bounds proved nothing unexplored can enter the top N
     objective: str
+    num_disagreements: int = 0  # plans where the search's evaluator and simulate differed (a bug if > 0)
 
     @property
     def best(self) -> PlannedCandidate:
@@ -71,6 +72,7 @@ class PlanResult:
             "objective": self.objective,
             "num_evaluated": self.num_evaluated,
             "exhausted": self.exhausted,
+            "num_disagreements": self.num_disagreements,
             "plans": [c.to_dict() for c in self.candidates],
             "pareto": [
                 {"usd_per_iteration": p.usd_per_iteration,

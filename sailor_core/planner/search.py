@@ -35,9 +35,11 @@ from sailor_core.plan import Plan, Replica, Stage
 from sailor_core.planner.kinds import Kind, KindCache, valid_tp_degrees
 from sailor_core.planner.placement import StagePlacement, place_pipelines, place_stages
 from sailor_core.planner.request import Objective, PlanRequest
-from sailor_core.planner.split import StageSlot, min_max_split
+from sailor_core.planner.split import StageSlot, busiest_s, min_max_split
 from sailor_core.planner.fastsim import FastResult, FastSim, FastStage
 from sailor_core.simulator.memory import inflight_microbatches
+from sailor_core.simulator.stage import boundary_transfer_s, endpoint
+from sailor_core.simulator.tables import layer_table
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -95,6 +97,7 @@ class SearchStats:
     cheapest_per_hour: Evaluated | None = None
     memory_failures: int = 0
     exhausted: bool = False
+    num_disagreements: int = 0  # returned plans whose fastsim figures differ from simulate's
     fitting: list[Evaluated] = field(default_factory=list)
 
 
@@ -138,6 +141,8 @@ class Searcher:
         self.fast = FastSim(model=request.model, global_batch_size=request.global_batch_size,
                             network=network, spot=request.spot, regime=request.regime)
         self.max_stages = max(1, min(request.max_stages, self.num_layers))
+        # Shapes whose throughput bound clears the floor by this factor are searched (see plan_job).
+        self.floor_margin = 1.0
 
     # ---- scoring ----------------------------------------------------------------------
 
@@ -296,7 +301,8 @@ class Searcher:
             start = end
         return tuple(out)
 
-    def evaluate_shape(self, mbs: int, shape: tuple[Segment, ...], tau_lb: float) -> Evaluated | None:
+    def prepare(self, mbs: int, shape: tuple[Segment, ...], tau_lb: float):
+        """(stages, ends, busiest-stage time) of the min-max split of one ordered shape, or None."""
         stages = self.build_stages(shape)
         if stages is None:
             return None
@@ -309,10 +315,19 @@ class Searcher:
             slots.append(StageSlot(kind=kind, num_microbatches=n,
                                    num_inflight=inflight_microbatches(i, P, n)))
         ends = min_max_split(slots, self.num_layers, lower_bound_s=tau_lb)
-        self.stats.num_shapes += 1
         if ends is None:
             self.stats.memory_failures += 1
             return None
+        return stages, ends, busiest_s(slots, ends)
+
+    def evaluate_shape(self, mbs: int, shape: tuple[Segment, ...], tau_lb: float,
+                       prepared=None) -> Evaluated | None:
+        if prepared is None:
+            prepared = self.prepare(mbs, shape, tau_lb)
+            if prepared is None:
+                return None
+        stages, ends, _ = prepared
+        self.stats.num_shapes += 1
         ev = self.evaluate(mbs, self.fast_stages(stages, ends))
         # Polish only shapes that may enter the top N (within 3 % of its last entry).
         cutoff = self.threshold()
@@ -441,22 +456,55 @@ def run_search(searcher: Searcher) -> None:
     pending: list[tuple[float, int, int, tuple[Segment, ...]]] = []
     counter = itertools.count()
 
-    def tight(space: _MbsSpace, shape: tuple[Segment, ...]) -> tuple[float, float] | None:
-        """(score bound, busiest-stage bound) of a shape, or None if the limits rule it out."""
+    def tight(space: _MbsSpace, shape: tuple[Segment, ...], busiest: float = 0.0
+              ) -> tuple[float, float] | None:
+        """(score bound, busiest-stage bound) of a shape, or None if the limits rule it out.
+
+        ``busiest``: the busiest stage of the shape's min-max split when known; every split of
+        the shape has a stage at least that busy, and no iteration is shorter than its busiest stage.
+        """
         cap = sum(s.capacity for s in shape)
         tau = space.ref_total_s / cap
-        t_lb = max(tau, _pipeline_lb(space.ref_total_s, shape)) + sync_lb(shape)
+        t_lb = max(tau, _pipeline_lb(space.ref_total_s, shape), busiest, link_lb(space, shape)) + sync_lb(shape)
         rate = sum(s.min_usd_per_hr for s in shape)
         if req.max_usd_per_hour is not None and rate > req.max_usd_per_hour * (1 + 1e-9):
             return None
         if req.max_usd_per_iteration is not None and rate * t_lb / 3600 > req.max_usd_per_iteration * (1 + 1e-9):
             return None
-        if req.min_throughput_samples_per_s is not None and gbs / t_lb < req.min_throughput_samples_per_s * (1 - 1e-9):
+        if req.min_throughput_samples_per_s is not None and gbs / t_lb < req.min_throughput_samples_per_s * searcher.floor_margin * (1 - 1e-9):
             return None
         score = -gbs / t_lb if throughput else rate * t_lb / 3600
         return score, tau
 
     sync_memo: dict = {}
+    link_memo: dict = {}
+
+    def link_s(a: Segment, b: Segment) -> float:
+        """Activation + gradient of one micro-batch between replicas of a and b (same zone if any)."""
+        key = (a.gpu, a.tp_degree, b.gpu, b.tp_degree, a.kind.micro_batch_size)
+        t = link_memo.get(key)
+        if t is None:
+            za = sorted(searcher.zone_gpus[a.gpu])
+            zb = sorted(searcher.zone_gpus[b.gpu])
+            common = sorted(set(za) & set(zb))
+            pair = (common[0], common[0]) if common else (za[0], zb[0])
+            nbytes = layer_table(a.kind.profile).output_bytes[min(1, searcher.num_layers - 1)]
+            t = link_memo[key] = boundary_transfer_s(
+                searcher.network, nbytes, endpoint(pair[0], a.gpu, a.tp_degree),
+                endpoint(pair[1], b.gpu, b.tp_degree))
+        return t
+
+    def link_lb(space: _MbsSpace, shape: tuple[Segment, ...]) -> float:
+        """A link's steady state alone, (n - 1) l / 2, bounds the iteration (schedule._longest):
+        inside a segment n = ceil(M / D); between segments the narrower side's NIC carries more."""
+        worst = 0.0
+        for seg in shape:
+            if seg.num_stages > 1:
+                worst = max(worst, (seg.num_microbatches - 1) * link_s(seg, seg) / 2)
+        for a, b in itertools.combinations(shape, 2):
+            n = -(-space.num_mb // min(a.dp_degree, b.dp_degree))
+            worst = max(worst, (n - 1) * min(link_s(a, b), link_s(b, a)) / 2)
+        return worst
 
     def sync_lb(shape: tuple[Segment, ...]) -> float:
         """The stage holding the most parameters holds at least 1/P of them; its ring is at best
@@ -478,6 +526,17 @@ def run_search(searcher: Searcher) -> None:
                 sync_memo[key] = t
             best = min(best, t)
         return best
+
+    # With caps or a floor the good shapes sit in a band of cost or capacity that the lazy
+    # order reaches late; for up to two GPU types, score every shape at once instead.
+    banded = not throughput or req.max_usd_per_hour is not None or req.max_usd_per_iteration is not None
+    for si, space in enumerate(spaces):
+        if banded and len(space.lists) <= 2:
+            for shape in _materialize(space, searcher, req, limit=4000):
+                t = tight(space, shape)
+                if t is not None:
+                    heapq.heappush(pending, (t[0], next(counter), si, shape, t[1]))
+            space.heap = _ProductHeap([])
 
     space_heap = [(loose(sp), i) for i, sp in enumerate(spaces)]
     heapq.heapify(space_heap)
@@ -507,7 +566,7 @@ def run_search(searcher: Searcher) -> None:
         if not pending:
             searcher.stats.exhausted = True
             return
-        bound, _, si, shape, tau = heapq.heappop(pending)
+        bound, _, si, shape, tau, *prepared = heapq.heappop(pending)
         before = searcher.threshold()
         if bound >= before:
             searcher.stats.exhausted = True
@@ -515,15 +574,99 @@ def run_search(searcher: Searcher) -> None:
         if searcher.stats.num_evaluated >= req.max_evaluations or since_gain >= req.patience:
             return
         space = spaces[si]
-        for order in _orders(shape):
-            searcher.evaluate_shape(space.mbs, order, tau)
+        if not prepared:
+            # Refine the bound with the real split (memory, layer granularity, the heavy head
+            # layer): cheap next to an evaluation, and it reorders most optimistic shapes.
+            splits = [(order, searcher.prepare(space.mbs, order, tau)) for order in _orders(shape)]
+            splits = [(o, p) for o, p in splits if p is not None]
+            if not splits:
+                continue
+            t = tight(space, shape, min(p[2] for _, p in splits))
+            if t is None:
+                continue
+            heapq.heappush(pending, (t[0], next(counter), si, shape, tau, splits))
+            continue
+        for order, prep in prepared[0]:
+            searcher.evaluate_shape(space.mbs, order, tau, prep)
         # Patience: the bounds are loose (memory and the embedding/head layers are not in them),
         # so stop once many shapes in a row no longer move the top N by more than 0.1 %.
         after = searcher.threshold()
         if after < before and (before == math.inf or abs(after - before) > 1e-3 * abs(before)):
             since_gain = 0
-        else:
+        elif after < math.inf:  # no patience before the first plan that meets the request
             since_gain += 1
+
+
+def _materialize(space: _MbsSpace, searcher: Searcher, req: PlanRequest, *, limit: int
+                 ) -> list[tuple[Segment, ...]]:
+    """Every shape over (at most) two per-type lists, pre-scored with numpy; the best ``limit``."""
+    import numpy as np
+
+    lists = [[s for s in lst if s is not None] for lst in space.lists]
+    arrays = []
+    for lst in lists:
+        arrays.append(dict(
+            cap=np.array([s.capacity for s in lst] + [0.0]),
+            rate=np.array([s.min_usd_per_hr for s in lst] + [0.0]),
+            stages=np.array([s.num_stages for s in lst] + [0]),
+            a=np.array([s.slowness for s in lst] + [np.inf]),
+            b=np.array([max((s.num_microbatches - 1) * s.slowness / s.num_stages, 1e-12) for s in lst] + [1e-12]),
+        ))
+    if len(arrays) == 1:
+        idx = [np.arange(len(lists[0]))]
+        grid = [{k: v[idx[0]] for k, v in arrays[0].items()}]
+        absent = [np.zeros(len(idx[0]), dtype=bool)]
+    else:
+        ia, ib = np.meshgrid(np.arange(len(lists[0]) + 1), np.arange(len(lists[1]) + 1), indexing="ij")
+        ia, ib = ia.ravel(), ib.ravel()
+        keep = ~((ia == len(lists[0])) & (ib == len(lists[1])))
+        ia, ib = ia[keep], ib[keep]
+        idx = [ia, ib]
+        grid = [{k: v[i] for k, v in arr.items()} for arr, i in zip(arrays, idx)]
+        absent = [ia == len(lists[0]), ib == len(lists[1])]
+    cap = sum(g["cap"] for g in grid)
+    rate = sum(g["rate"] for g in grid)
+    stages = sum(g["stages"] for g in grid)
+    work = space.ref_total_s
+    tau = work / cap
+    if len(grid) == 1:
+        g = grid[0]
+        lp = work * g["b"] + g["a"] * work
+    else:
+        g1, g2 = grid
+        first = g1["a"] <= g2["a"]
+        a1 = np.where(first, g1["a"], g2["a"])
+        b1 = np.where(first, g1["b"], g2["b"])
+        a2 = np.where(first, g2["a"], g1["a"])
+        b2 = np.where(first, g2["b"], g1["b"])
+        both = ~(absent[0] | absent[1])
+        with np.errstate(invalid="ignore", over="ignore"):
+            cost1 = work * b1 + a1 * work
+            lvl = work / (1 / b1 + 1 / b2)
+            cost2 = lvl + a1 * lvl / b1 + a2 * lvl / b2
+        lp = np.where(both, np.minimum(cost1, np.nan_to_num(cost2, nan=np.inf)), cost1)
+    t_lb = np.maximum(tau, lp)
+    ok = stages <= searcher.max_stages
+    if req.max_usd_per_hour is not None:
+        ok &= rate <= req.max_usd_per_hour * (1 + 1e-9)
+    if req.max_usd_per_iteration is not None:
+        ok &= rate * t_lb / 3600 <= req.max_usd_per_iteration * (1 + 1e-9)
+    if req.min_throughput_samples_per_s is not None:
+        ok &= req.global_batch_size / t_lb >= req.min_throughput_samples_per_s * searcher.floor_margin * (1 - 1e-9)
+    score = -req.global_batch_size / t_lb if req.objective is Objective.THROUGHPUT else rate * t_lb / 3600
+    score = np.where(ok, score, np.inf)
+    count = int(ok.sum())
+    if count == 0:
+        return []
+    take = min(limit, count)
+    best = np.argpartition(score, take - 1)[:take] if take < len(score) else np.arange(len(score))
+    best = best[np.argsort(score[best], kind="stable")]
+    out = []
+    for j in best:
+        if not np.isfinite(score[j]):
+            continue
+        out.append(tuple(lists[t][int(idx[t][j])] for t in range(len(lists)) if not absent[t][j]))
+    return out
 
 
 def _pipeline_lb(work_s: float, shape: tuple[Segment, ...]) -> float:
