@@ -134,6 +134,7 @@ class NetworkModel:
     egress_usd_per_gb: dict[tuple[str, str], float] = field(default_factory=dict)
     defaults: dict[LinkClass, LinkDefault] = field(default_factory=lambda: dict(DEFAULT_LINKS))
     _links: dict = field(default_factory=dict, repr=False)
+    _rings: dict = field(default_factory=dict, repr=False)
 
     # ---- point to point -------------------------------------------------------
 
@@ -188,6 +189,16 @@ class NetworkModel:
         n = len(endpoints)
         if n <= 1 or num_bytes <= 0:
             return 0.0
+        key = (num_bytes, bucket_bytes, tuple(endpoints))
+        hit = self._rings.get(key)
+        if hit is None:
+            if len(self._rings) > 65536:
+                self._rings.clear()
+            hit = self._rings[key] = self._ring_s(num_bytes, endpoints, bucket_bytes)
+        return hit
+
+    def _ring_s(self, num_bytes: float, endpoints: Sequence[Endpoint], bucket_bytes: float) -> float:
+        n = len(endpoints)
         num_full = int(num_bytes // bucket_bytes)
         rest = num_bytes - num_full * bucket_bytes
         distinct = list(dict.fromkeys(endpoints))

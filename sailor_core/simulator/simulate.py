@@ -98,6 +98,7 @@ def simulate(
         update_s = 0.0
         # Replicas of one (GPU, TP) holding the same number of micro-batches are identical: evaluate once.
         same: dict[tuple[str, int, int], tuple] = {}
+        results: dict[tuple, ReplicaResult] = {}
         for r, rep in enumerate(stage.replicas):
             inflight = inflight_microbatches(i, num_stages, counts[r])
             key = (rep.gpu, rep.tp_degree, inflight)
@@ -117,11 +118,16 @@ def simulate(
                 worst, straggler = fwd + bwd, r
             if upd > update_s:
                 update_s = upd
-            replicas.append(ReplicaResult(
-                gpu=rep.gpu, tp_degree=rep.tp_degree, zone=rep.zone, num_microbatches=counts[r],
-                fwd_s=fwd, bwd_s=bwd, update_s=upd, memory=mem, profile_source=prof.source,
-                measured=measured,
-            ))
+            # Results are frozen, so identical replicas share one.
+            rkey = (rep, counts[r], inflight)
+            result = results.get(rkey)
+            if result is None:
+                result = results[rkey] = ReplicaResult(
+                    gpu=rep.gpu, tp_degree=rep.tp_degree, zone=rep.zone, num_microbatches=counts[r],
+                    fwd_s=fwd, bwd_s=bwd, update_s=upd, memory=mem, profile_source=prof.source,
+                    measured=measured,
+                )
+            replicas.append(result)
         stage_timings.append(stage_timing(steps, counts, fwds))
 
         # Data-parallel gradient sync over the replicas, and the egress its ring pays.
