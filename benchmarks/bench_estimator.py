@@ -4,6 +4,7 @@
 
 1. H200 (../shared/measurements, bf16 autocast): calibrate on two OPT models, predict the third,
    each way round; error of the whole-model forward+backward time of one micro-batch per mbs.
+1b. The H200 with none of its data, from Sailor's GPUs (another regime: Megatron fp32).
 2. GPU never profiled: drop every profile of one Sailor GPU, predict its OPT-350 profiles from
    the other GPUs (the database picks the closest as reference); error of fwd+bwd per (tp, mbs).
 3. Other micro-batch sizes on a profiled GPU: drop one (tp, mbs) of a (model, GPU) and predict it
@@ -55,6 +56,25 @@ def cross_model_h200(profiles) -> list[float]:
                 f"{pred.fwd_bwd_s() * 1e3:.1f} | {e:+.1%} |"
             )
     print(f"\nH200 cross-model: {_summary(errors)}")
+    return errors
+
+
+def h200_without_h200(profiles) -> list[float]:
+    """The H200 as a GPU never profiled: only Sailor's GPUs (Megatron fp32) are known."""
+    db = ProfileDB([p for p in profiles if p.gpu != "H200"])
+    print("\n## 1b. H200 with no H200 data at all: bf16 requested, calibration borrowed from Sailor's GPUs\n")
+    print("| model | mbs | measured ms | predicted ms | error | source |")
+    print("| --- | ---: | ---: | ---: | ---: | --- |")
+    errors = []
+    for true in sorted((p for p in profiles if p.gpu == "H200"), key=lambda p: (p.model, p.micro_batch_size)):
+        pred = db.get(true.model, "H200", 1, true.micro_batch_size, regime="torch-bf16-autocast-adamw")
+        e = _err(pred.fwd_bwd_s(), true.fwd_bwd_s())
+        errors.append(e)
+        print(
+            f"| {true.model} | {true.micro_batch_size} | {true.fwd_bwd_s() * 1e3:.1f} | {pred.fwd_bwd_s() * 1e3:.1f} | "
+            f"{e:+.1%} | {pred.source.removeprefix('estimated: ')} |"
+        )
+    print(f"\nH200 from Sailor's GPUs: {_summary(errors)}")
     return errors
 
 
@@ -180,6 +200,7 @@ def speed() -> None:
 def main() -> None:
     profiles = default_profile_db().profiles()
     cross_model_h200(profiles)
+    h200_without_h200(profiles)
     unprofiled_gpu(profiles)
     other_mbs(profiles)
     a100_80_from_a100_40(profiles)

@@ -10,7 +10,8 @@
    ratio target/reference, using the reference GPU's calibration (the closest GPU in matmul
    peak and memory bandwidth is the reference);
 5. nothing about this GPU or model: the analytic model with the calibration of the closest
-   profiled GPU (or uncalibrated defaults when nothing at all is profiled).
+   profiled GPU (of another regime when none was measured under the requested one; uncalibrated
+   defaults when nothing at all is profiled).
 
 Every estimated profile says so (``LayerProfile.measured`` False) and ``source`` names what it
 was derived from.  Answers are cached; the planner calls ``get`` many times per plan.
@@ -183,8 +184,16 @@ class ProfileDB:
             cal = self.calibration(ref_gpu, regime)
             why = f"analytic, calibration borrowed from {ref_gpu}"
         else:
-            cal = est.default_calibration(g, regime)
-            why = "analytic, uncalibrated defaults (nothing profiled)"
+            # no GPU measured under this regime: kernel efficiencies and launch costs of another
+            # framework on a similar GPU are still closer than no calibration at all
+            every = {(p.gpu, p.regime) for ps in self._by_gpu.values() for p in ps if p.measured}
+            if every:
+                ref_gpu, ref_regime = min(every, key=lambda gr: (est.gpu_distance(g, gr[0], regime), gr))
+                cal = self.calibration(ref_gpu, ref_regime)
+                why = f"analytic, calibration borrowed from {ref_gpu} measured under {ref_regime}"
+            else:
+                cal = est.default_calibration(g, regime)
+                why = "analytic, uncalibrated defaults (nothing profiled)"
         return self._analytic(m, g, tp, mbs, seq, regime, cal, why)
 
     def _update_rate(self, g: str, regime: str) -> tuple[float, float, bool]:
