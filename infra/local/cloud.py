@@ -277,6 +277,9 @@ class EmbeddedCloud:
         self._trace_preemption_events()
 
     def _trace_preemption_events(self) -> None:
+        """A trace's preemption event takes ``num_gpus`` of the pool: we lose what we held
+        beyond the rest (a reclaim hits idle capacity first). Events that only restate a
+        count drop thus take nothing more than the drop itself already took."""
         trace, now_s = self.capacity._trace, self.capacity.trace_time_s()
         if trace is None or now_s is None:
             return
@@ -284,7 +287,13 @@ class EmbeddedCloud:
             due = [e for e in trace.preemptions[self._trace_events_done:] if e.time_s <= now_s]
             self._trace_events_done += len(due)
         for event in due:
-            self.preempt_zone(event.zone, gpu=event.gpu, num_gpus=event.num_gpus, reason="trace preemption event")
+            key = (event.gpu, event.zone)
+            before = trace.counts_at(max(event.time_s - 1e-6, 0.0)).get(key, 0)
+            used = sum(i.num_gpus for i in self.live_instances()
+                       if (i.gpu, i.zone) == key and i.instance_id not in self._preempting)
+            excess = used - max(before - event.num_gpus, 0)
+            if excess > 0:
+                self.preempt_zone(event.zone, gpu=event.gpu, num_gpus=excess, reason="trace preemption event")
 
     # ---- what the instances see ------------------------------------------------------
 
