@@ -70,17 +70,18 @@ def simulate(
     num_mb = plan.num_microbatches
     num_stages = len(plan.stages)
 
-    lookup: dict[tuple[str, int], ModelProfile] = {}
+    # One job runs under one regime: the plan's, else that of the first replica's profile; every
+    # other replica's profile is then taken (measured or estimated) under the same regime.
+    first = plan.stages[0].replicas[0]
+    first_profile = profiles.get(plan.model, first.gpu, first.tp_degree, mbs, seq_len, regime=plan.regime)
+    regime = plan_regime(plan, first_profile)
+    lookup: dict[tuple[str, int], ModelProfile] = {(first.gpu, first.tp_degree): first_profile}
 
     def profile_of(gpu: str, tp: int) -> ModelProfile:
         p = lookup.get((gpu, tp))
         if p is None:
-            # A plan that names its regime gets profiles of that regime only (measured or estimated).
-            p = lookup[(gpu, tp)] = profiles.get(plan.model, gpu, tp, mbs, seq_len, regime=plan.regime)
+            p = lookup[(gpu, tp)] = profiles.get(plan.model, gpu, tp, mbs, seq_len, regime=regime.name)
         return p
-
-    first = plan.stages[0].replicas[0]
-    regime = plan_regime(plan, profile_of(first.gpu, first.tp_degree))
 
     stage_timings: list[StageTiming] = []
     link_s: list[float] = []

@@ -89,7 +89,7 @@ def real_plans(draw):
     return plan(stages, model="opt-350m", mbs=mbs, gbs=mbs * draw(st.integers(4, 64)))
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=20, deadline=None)
 @given(p=real_plans())
 def test_any_valid_plan_simulates_consistently_with_the_shipped_data(p):
     from sailor_core.network import default_network
