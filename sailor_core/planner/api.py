@@ -172,7 +172,12 @@ def _why_infeasible(searcher: Searcher, profiles, network) -> str:
     req = searcher.req
     st = searcher.stats
     if not st.any_fits:
-        return _memory_reason(searcher)
+        # The limits may have ruled out every shape before one was simulated: check that
+        # something fits at all before blaming memory.
+        if not (_has_caps(req) or req.min_throughput_samples_per_s is not None) or _relaxed(
+                req, profiles, network, objective=Objective.THROUGHPUT, keep_caps=False,
+                keep_floor=False) is None:
+            return _memory_reason(searcher)
     reasons = []
     relaxed_cost = None
     if req.min_throughput_samples_per_s is not None:
