@@ -124,14 +124,15 @@ def planner_plan_fn(
 
 
 def option_from_candidate(candidate: Any) -> PlanOption:
-    """PlanOption from a planner candidate (``.plan`` and ``.result``, a SimResult)."""
-    sim = candidate.result
+    """PlanOption from a planner candidate (``.plan`` and ``.sim``, the simulator's SimResult)."""
+    sim = candidate.sim
+    gpus = gpus_of_plan(candidate.plan)
     return PlanOption(
-        gpus=gpus_of_plan(candidate.plan),
+        gpus=gpus,
         throughput_samples_per_s=float(sim.throughput_samples_per_s),
         usd_per_hr=float(sim.usd_per_hour),
         plan=candidate.plan,
-        label=describe_gpus(gpus_of_plan(candidate.plan)),
+        label=describe_gpus(gpus),
     )
 
 

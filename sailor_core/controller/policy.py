@@ -64,13 +64,17 @@ class ControllerConfig:
     shutdown_s: float = 120.0     # paid after deciding to stop: final checkpoint + terminate
     change_cost_s: float = 300.0  # time a plan change loses (provision, start-up, checkpoint, lost work)
     min_gain: float = 0.05        # re-plan on new capacity only when it finishes this much sooner
+    # Ask the planner about new capacity only once the GPUs beyond what the
+    # current plan was chosen from reach this fraction of them (or a new pool
+    # appears): small returns cannot pay for a restart, and each call costs.
+    min_growth: float = 0.10
 
     def __post_init__(self) -> None:
         if self.strategy not in STRATEGIES:
             raise InputError(f"unknown controller strategy {self.strategy!r}; known: {', '.join(STRATEGIES)}")
         if self.strategy == "failover" and not self.gpu_types:
             raise InputError("the failover strategy needs exactly one GPU type")
-        if self.shutdown_s < 0 or self.change_cost_s < 0 or self.min_gain < 0:
+        if self.shutdown_s < 0 or self.change_cost_s < 0 or self.min_gain < 0 or self.min_growth < 0:
             raise InputError("controller times and gain must be >= 0")
 
 
@@ -82,6 +86,7 @@ class ControllerState:
     samples_done: float = 0.0
     samples_target: float = math.inf
     last_plan: PlanOption | None = None     # the last plan that ran (failover keeps its request)
+    planned_on: Mapping[GpuZone, int] | None = None  # availability the current plan was chosen from
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -90,6 +95,7 @@ class Decision:
     reason: str
     plan: PlanOption | None = None  # what runs after this decision
     stop_in_s: float = math.inf     # ask again (TIMER) at the latest after this long
+    planned_on: Mapping[GpuZone, int] | None = None  # keep it for the next ControllerState
 
     @property
     def changes_plan(self) -> bool:
@@ -105,7 +111,7 @@ def decide(state: ControllerState, event: Event, *, config: ControllerConfig, pl
     broken = current is not None and (bool(lost) or not current.fits_in(state.available))
     if current is not None and not broken:
         deadline = _stop_in_s(current, state, config)
-        if deadline <= 0:
+        if deadline <= 1e-3:  # seconds; rounding must not keep a spent job alive
             return Decision(action=Action.STOP, reason="budget: only the shutdown is left to pay")
     elif state.budget_left_usd <= 0:
         return Decision(action=Action.STOP, reason="budget: spent")
@@ -122,25 +128,29 @@ def decide(state: ControllerState, event: Event, *, config: ControllerConfig, pl
 
 def _decide_replan(state, event, lost, broken, config, plan_fn, remaining) -> Decision:
     current = state.plan
-    options = plan_fn(restrict(state.available, config.gpu_types))
+    avail = restrict(state.available, config.gpu_types)
+    if current is not None and not broken and not _grew(avail, state.planned_on, config.min_growth):
+        return _keep(current, state, config)
+    options = plan_fn(avail)
     if current is None or broken:
         choice = _choose(options, state, config, remaining)
         why = _why_new(current, lost, event)
         if choice is None:
             return _nothing_runs(why, options, state, config)
-        return _run(Action.REPLAN, f"{why}: {choice.label or describe_gpus(choice.gpus)}", choice, state, config)
+        return _run(Action.REPLAN, f"{why}: {choice.label or describe_gpus(choice.gpus)}", choice, state, config,
+                    planned_on=avail)
     choice = _choose(options, state, config, remaining)
     if choice is None or choice.gpus == current.gpus:
-        return _keep(current, state, config)
+        return _keep(current, state, config, planned_on=avail)
     if not _finishes(current, state, config, remaining) and _finishes(choice, state, config, remaining):
         return _run(Action.SHRINK, f"budget: switch to a plan that finishes within it ({choice.label})",
-                    choice, state, config)
+                    choice, state, config, planned_on=avail)
     t_now = _time_to_finish_s(current, remaining)
     t_new = config.change_cost_s + _time_to_finish_s(choice, remaining)
     if t_new < t_now * (1.0 - config.min_gain):
         return _run(Action.REPLAN, f"capacity: {choice.label} finishes in {t_new / _S_PER_HR:.2f} h "
-                    f"instead of {t_now / _S_PER_HR:.2f} h", choice, state, config)
-    return _keep(current, state, config)
+                    f"instead of {t_now / _S_PER_HR:.2f} h", choice, state, config, planned_on=avail)
+    return _keep(current, state, config, planned_on=avail)
 
 
 def _decide_failover(state, event, lost, broken, config, plan_fn, remaining) -> Decision:
@@ -233,13 +243,24 @@ def _stop_in_s(option: PlanOption, state: ControllerState, config: ControllerCon
     return state.budget_left_usd * _S_PER_HR / option.usd_per_hr - config.shutdown_s
 
 
-def _run(action: Action, reason: str, option: PlanOption, state, config) -> Decision:
-    return Decision(action=action, reason=reason, plan=option, stop_in_s=_stop_in_s(option, state, config))
+def _grew(avail: Mapping[GpuZone, int], planned_on: Mapping[GpuZone, int] | None, min_growth: float) -> bool:
+    if planned_on is None:
+        return True
+    extra = sum(max(0, n - planned_on.get(k, 0)) for k, n in avail.items())
+    if any(n > 0 and planned_on.get(k, 0) == 0 for k, n in avail.items()):
+        return True
+    return extra > 0 and extra >= min_growth * sum(planned_on.values())
 
 
-def _keep(current: PlanOption, state, config) -> Decision:
+def _run(action: Action, reason: str, option: PlanOption, state, config, planned_on=None) -> Decision:
+    return Decision(action=action, reason=reason, plan=option, stop_in_s=_stop_in_s(option, state, config),
+                    planned_on=planned_on)
+
+
+def _keep(current: PlanOption, state, config, planned_on=None) -> Decision:
     return Decision(action=Action.CONTINUE, reason="no better plan", plan=current,
-                    stop_in_s=_stop_in_s(current, state, config))
+                    stop_in_s=_stop_in_s(current, state, config),
+                    planned_on=planned_on if planned_on is not None else state.planned_on)
 
 
 def _nothing_runs(why: str, options, state, config) -> Decision:

@@ -1,0 +1,58 @@
+"""Costs of a change, the same for every policy: provisioning, start-up, checkpoints, notice."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sailor_core.errors import InputError
+from sailor_core.zones import parse_zone
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ChangeCosts:
+    provisioning_s: float = 90.0          # spot request to a running VM (typically 1-2 min)
+    startup_s: float = 60.0               # worker processes start, import, NCCL/gloo rendezvous
+    checkpoint_bytes: float = 0.0         # model + optimizer state written per checkpoint
+    storage_bw_bytes_per_s: float = 1e9   # aggregate write/read bandwidth to the checkpoint store
+    checkpoint_interval_s: float = 1800.0  # periodic checkpoints while training
+    terminate_s: float = 30.0             # instance shutdown after the final checkpoint
+    # Preemption notice per cloud: AWS warns 2 min ahead, GCP 30 s.  When the
+    # checkpoint save fits in it, an emergency save loses no work.
+    notice_s_by_cloud: tuple[tuple[str, float], ...] = (("aws", 120.0), ("gcp", 30.0), ("local", 0.0))
+
+    def __post_init__(self) -> None:
+        for name in ("provisioning_s", "startup_s", "checkpoint_bytes", "terminate_s"):
+            if getattr(self, name) < 0:
+                raise InputError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.storage_bw_bytes_per_s <= 0 or self.checkpoint_interval_s <= 0:
+            raise InputError("storage bandwidth and checkpoint interval must be positive")
+
+    @property
+    def save_s(self) -> float:
+        return self.checkpoint_bytes / self.storage_bw_bytes_per_s
+
+    @property
+    def load_s(self) -> float:
+        return self.checkpoint_bytes / self.storage_bw_bytes_per_s
+
+    @property
+    def shutdown_s(self) -> float:
+        """Paid after the decision to stop: the final checkpoint, then termination."""
+        return self.save_s + self.terminate_s
+
+    @property
+    def planned_change_s(self) -> float:
+        """Downtime of a planned switch: save, provision, start, load."""
+        return self.save_s + self.provisioning_s + self.startup_s + self.load_s
+
+    def notice_s(self, zone: str) -> float:
+        return dict(self.notice_s_by_cloud).get(parse_zone(zone).cloud, 0.0)
+
+
+def checkpoint_bytes_for(model: str, regime: str | None = None) -> float:
+    """Bytes of one full checkpoint: weights plus optimizer state (gradients are not saved)."""
+    from sailor_core.catalog.layers import total_params
+    from sailor_core.regimes import DEFAULT_REGIME, get_regime
+
+    r = get_regime(regime or DEFAULT_REGIME)
+    return float(total_params(model)) * (r.weight_bytes_per_param + r.optimizer_bytes_per_param)

@@ -1,0 +1,48 @@
+"""The four policies compared by the replay, as controller configurations."""
+
+from __future__ import annotations
+
+from sailor_core.controller import ControllerConfig, PlanFn, restrict
+from sailor_core.errors import InputError
+from sailor_core.replay.costs import ChangeCosts
+from sailor_core.traces import AvailabilityTrace
+
+POLICIES = ("ours", "skypilot", "single-type", "static")
+POLICY_HELP = {
+    "ours": "re-plan on every change over all GPU types and zones",
+    "skypilot": "SkyPilot-style managed job: one fixed GPU request in one zone, restarted in the next cheapest zone",
+    "single-type": "our planner restricted to one GPU type (all zones)",
+    "static": "the plan chosen at the start; shrinks on losses, never grows back",
+}
+
+
+def controller_config(policy: str, *, costs: ChangeCosts, gpu_type: str | None = None,
+                      min_gain: float = 0.05) -> ControllerConfig:
+    common = dict(shutdown_s=costs.shutdown_s, change_cost_s=costs.planned_change_s, min_gain=min_gain)
+    if policy == "ours":
+        return ControllerConfig(strategy="replan", **common)
+    if policy == "static":
+        return ControllerConfig(strategy="static", **common)
+    if policy in ("skypilot", "single-type"):
+        if gpu_type is None:
+            raise InputError(f"policy {policy!r} needs a GPU type")
+        strategy = "failover" if policy == "skypilot" else "replan"
+        return ControllerConfig(strategy=strategy, gpu_types=(gpu_type,), **common)
+    raise InputError(f"unknown policy {policy!r}; known: {', '.join(POLICIES)}")
+
+
+def pick_single_type(trace: AvailabilityTrace, plan_fn: PlanFn) -> str:
+    """The GPU type a user would pick at the start: the one whose best plan on the
+    first row's availability is fastest (the largest pools if the first row is empty)."""
+    first = {k: n for k, n in trace.rows[0][1].items() if n > 0}
+    if not first:
+        first = {k: max(c.get(k, 0) for _, c in trace.rows) for k in trace.keys}
+    best_type, best_x = None, -1.0
+    for gpu in sorted({g for g, _ in first}):
+        options = plan_fn(restrict(first, (gpu,)))
+        x = options[0].throughput_samples_per_s if options else 0.0
+        if x > best_x:
+            best_type, best_x = gpu, x
+    if best_type is None or best_x <= 0:
+        raise InputError("no GPU type of the trace can run the model")
+    return best_type

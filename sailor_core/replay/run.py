@@ -1,0 +1,146 @@
+"""Replay one trace under several policies with the real planner (the CLI and the flow call this)."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+from sailor_core.controller import CachedPlanner, PlanFn, planner_plan_fn
+from sailor_core.errors import InputError
+from sailor_core.replay.costs import ChangeCosts, checkpoint_bytes_for
+from sailor_core.replay.engine import PriceFn, ReplayResult, replay
+from sailor_core.replay.policies import POLICIES, controller_config, pick_single_type
+from sailor_core.replay.prices import PriceSeries
+from sailor_core.traces import AvailabilityTrace
+
+# Search knobs for re-planning inside a replay: a smaller budget of simulate()
+# calls than `sailor plan` (4000) keeps one planner call near a second here.
+REPLAY_PLANNER_KNOBS: dict[str, Any] = {"max_evaluations": 400, "top_n": 3}
+
+
+def grid_floor(n: int) -> int:
+    """``n`` rounded down to a grid that is exact below 16 GPUs and then steps by
+    at most 1/8 (16, 18, ..., 32, 36, ..., 64, 72, ...).  The planner in a
+    replay sees pools on this grid, so nearby availabilities share one planner
+    call; preemptions are still counted on the exact counts."""
+    if n < 16:
+        return max(n, 0)
+    step = 1 << (n.bit_length() - 4)
+    return n - n % step
+
+
+def on_grid(plan_fn: PlanFn) -> PlanFn:
+    def fn(available):
+        return plan_fn({k: grid_floor(n) for k, n in available.items() if grid_floor(n) > 0})
+
+    return fn
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ReplaySuite:
+    results: dict[str, ReplayResult]
+    single_gpu_type: str | None
+    samples_target: float
+    wall_s: float
+    planner_calls: int
+    planner_time_s: float
+    trace_source: str
+    trace_notes: tuple[str, ...]
+
+    def to_dict(self, *, with_timeline: bool = False) -> dict[str, Any]:
+        ours = self.results.get("ours")
+        out: dict[str, Any] = {
+            "trace": self.trace_source, "trace_notes": list(self.trace_notes),
+            "samples_target": self.samples_target, "single_gpu_type": self.single_gpu_type,
+            "wall_s": self.wall_s, "planner_calls": self.planner_calls, "planner_time_s": self.planner_time_s,
+            "policies": {},
+        }
+        for name, r in self.results.items():
+            row = r.to_dict(with_timeline=with_timeline)
+            if ours is not None and name != "ours":
+                row["cost_ratio_to_ours"] = _ratio(r.usd_spent, ours.usd_spent)
+                row["time_ratio_to_ours"] = (
+                    _ratio(r.time_to_train_s, ours.time_to_train_s)
+                    if r.time_to_train_s is not None and ours.time_to_train_s is not None else None
+                )
+            out["policies"][name] = row
+        return out
+
+
+def _ratio(a: float, b: float) -> float | None:
+    return a / b if b and math.isfinite(a) and math.isfinite(b) else None
+
+
+def catalog_price_fn() -> PriceFn:
+    from sailor_core.catalog.instances import gpu_price_usd_per_hr
+
+    @lru_cache(maxsize=None)
+    def per_gpu(gpu: str, zone: str) -> float:
+        return gpu_price_usd_per_hr(gpu, zone, spot=True)
+
+    return lambda gpu, zone, _t: per_gpu(gpu, zone)
+
+
+def run_policies(
+    trace: AvailabilityTrace,
+    *,
+    model: str,
+    tokens: float,
+    policies: Sequence[str] = POLICIES,
+    global_batch_size: int | None = None,
+    budget_usd: float | None = None,
+    costs: ChangeCosts | None = None,
+    gpu_type: str | None = None,
+    prices: PriceSeries | None = None,
+    plan_fn: PlanFn | None = None,
+    seq_len: int | None = None,
+    seed: int = 0,
+    max_time_s: float | None = None,
+    exact_availability: bool = False,
+) -> ReplaySuite:
+    from sailor_core.catalog import get_model, normalize_gpu_name
+
+    spec = get_model(model)
+    if not (tokens > 0 and math.isfinite(tokens)):
+        raise InputError(f"tokens to train must be a positive number, got {tokens!r}")
+    if budget_usd is not None and not budget_usd > 0:
+        raise InputError(f"budget must be positive, got {budget_usd} USD")
+    for p in policies:
+        if p not in POLICIES:
+            raise InputError(f"unknown policy {p!r}; known: {', '.join(POLICIES)} or all")
+    t0 = time.perf_counter()
+    samples_target = float(tokens) / float(seq_len or spec.seq_len)
+    if costs is None:
+        costs = ChangeCosts(checkpoint_bytes=checkpoint_bytes_for(spec.name))
+    base = plan_fn or planner_plan_fn(model=spec.name, global_batch_size=global_batch_size,
+                                      **REPLAY_PLANNER_KNOBS)
+    cached = base if isinstance(base, CachedPlanner) else CachedPlanner(plan_fn=base)
+    planner = cached if exact_availability else on_grid(cached)
+    price_fn = prices.price_fn(fallback=catalog_price_fn()) if prices is not None else catalog_price_fn()
+    change_times = prices.change_times() if prices is not None else ()
+    single = None
+    if any(p in ("skypilot", "single-type") for p in policies):
+        single = normalize_gpu_name(gpu_type) if gpu_type else pick_single_type(trace, planner)
+    results: dict[str, ReplayResult] = {}
+    for p in policies:
+        calls_before = cached.num_calls
+        config = controller_config(p, costs=costs, gpu_type=single)
+        r = replay(trace, plan_fn=planner, config=config, costs=costs, samples_target=samples_target,
+                   price_fn=price_fn, budget_usd=budget_usd, policy=p, seed=seed, max_time_s=max_time_s,
+                   price_change_times=change_times)
+        results[p] = _with_calls(r, cached.num_calls - calls_before)
+    return ReplaySuite(
+        results=results, single_gpu_type=single, samples_target=samples_target,
+        wall_s=time.perf_counter() - t0, planner_calls=cached.num_calls, planner_time_s=cached.planner_time_s,
+        trace_source=trace.source, trace_notes=trace.notes,
+    )
+
+
+def _with_calls(r: ReplayResult, calls: int) -> ReplayResult:
+    import dataclasses
+
+    return dataclasses.replace(r, planner_calls=calls)

@@ -1,0 +1,100 @@
+"""The replay's accounting on small hand-computed traces (linear planner: 10 samples/s per A100,
+4 per V100; every GPU costs 1 USD/h)."""
+
+import math
+
+import pytest
+
+from sailor_core.controller import ControllerConfig
+from sailor_core.replay import ChangeCosts, controller_config, replay
+from sailor_core.traces import build_trace, derive_preset
+
+from replay_helpers import linear_planner
+
+A = ("A100-40", "us-central1-a")   # GCP: 30 s notice
+V = ("V100-16", "us-east-1a")      # AWS: 120 s notice
+ONE_USD = lambda gpu, zone, t: 1.0  # noqa: E731
+
+# 4 A100s, 2 of them preempted at 1 h, back at 2 h.
+DIP = build_trace([(0.0, {A: 4}), (3600.0, {A: 2}), (7200.0, {A: 4})])
+FAST = ChangeCosts(provisioning_s=100, startup_s=50, checkpoint_bytes=0, checkpoint_interval_s=1e9, terminate_s=0)
+
+
+def run(trace, policy, costs=FAST, target=288_000, budget=None, gpu="A100-40"):
+    return replay(trace, plan_fn=linear_planner, config=controller_config(policy, costs=costs, gpu_type=gpu),
+                  costs=costs, samples_target=target, price_fn=ONE_USD, budget_usd=budget, policy=policy)
+
+
+def test_ours_replans_on_loss_and_grows_back():
+    r = run(DIP, "ours")
+    # 0-150 start-up; 150-3600 at 40/s (138000); 3600 lose 2, restart on the 2 left (no VMs to
+    # provision: 50 s start-up); 3650-7200 at 20/s (71000); 7200 grow back: 150 s change;
+    # 7350 + 79000/40 = 9325.
+    assert r.finished and r.time_to_train_s == pytest.approx(9325)
+    assert r.usd_spent == pytest.approx(4 + 2 + 4 * 2125 / 3600)
+    assert (r.num_replans, r.num_restarts, r.num_preemptions_hit) == (2, 1, 1)
+    assert r.work_lost_samples == 0  # nothing to save: the emergency checkpoint fits the notice
+    assert r.useful_work_fraction == pytest.approx((4 * 3450 + 2 * 3550 + 4 * 1975) / (14400 + 7200 + 8500))
+
+
+def test_static_never_grows_back():
+    r = run(DIP, "static")
+    # After the loss it keeps 2 GPUs: 79000 samples left at 7200 take 3950 s more.
+    assert r.time_to_train_s == pytest.approx(11150)
+    assert r.usd_spent == pytest.approx(4 + 2 * (11150 - 3600) / 3600)
+    assert (r.num_replans, r.num_restarts) == (1, 1)
+
+
+def test_skypilot_waits_for_its_whole_request():
+    r = run(DIP, "skypilot")
+    # Needs 4 A100s in one zone: waits 3600-7200, restarts with 150 s start-up, 150000 left at 40/s.
+    assert r.time_to_train_s == pytest.approx(7350 + 3750)
+    assert r.usd_spent == pytest.approx(4 + 4 * 3900 / 3600)
+    assert r.wait_s == pytest.approx(3600)
+    assert (r.num_replans, r.num_restarts) == (1, 1)
+
+
+def test_work_since_checkpoint_is_lost_when_the_notice_is_too_short():
+    trace = build_trace([(0.0, {V: 2}), (3000.0, {V: 1})])
+    costs = ChangeCosts(provisioning_s=100, startup_s=50, checkpoint_bytes=200e9, storage_bw_bytes_per_s=1e9,
+                        checkpoint_interval_s=1000, terminate_s=0)  # 200 s saves > AWS's 120 s notice
+    r = run(trace, "ours", costs=costs, target=20_400, gpu="V100-16")
+    # Checkpoints at 1150 (8000) and 2350 (16000), each pausing 200 s; 19600 at 3000 when 1 GPU goes:
+    # 3600 samples lost.  Restart on the survivor: 50 s start-up + 200 s load, ready at 3250;
+    # checkpoint at 4250 (20000) pauses till 4450; 400 more at 4/s: done at 4550, then a 200 s final save.
+    assert r.work_lost_samples == pytest.approx(3600)
+    assert r.time_to_train_s == pytest.approx(4550)
+    assert r.end_s == pytest.approx(4750)
+    assert r.usd_spent == pytest.approx(2 * 3000 / 3600 + 1750 / 3600)
+    assert r.useful_work_fraction == pytest.approx((4900 + 1100 - 900) / 7750)
+
+
+@pytest.mark.parametrize("terminate_s", [0, 60])
+def test_budget_stop_lands_exactly_on_the_budget(terminate_s):
+    costs = ChangeCosts(provisioning_s=100, startup_s=50, checkpoint_bytes=0, checkpoint_interval_s=1e9,
+                        terminate_s=terminate_s)
+    r = run(build_trace([(0.0, {A: 4})]), "ours", costs=costs, budget=1.0)
+    # 4 USD/h: the budget buys 900 s, the last `terminate_s` of them for the shutdown.
+    assert not r.finished and r.stop_reason.startswith("budget")
+    assert r.usd_spent == pytest.approx(1.0)
+    assert r.samples_done == pytest.approx(40 * (900 - terminate_s - 150))
+
+
+@pytest.mark.parametrize("policy", ["ours", "skypilot", "single-type", "static"])
+@pytest.mark.parametrize("budget", [3.0, 40.0, 250.0])
+def test_ledger_never_crosses_the_budget(policy, budget):
+    trace = derive_preset("gcp-4d", seed=2)
+    costs = ChangeCosts(provisioning_s=90, startup_s=60, checkpoint_bytes=4e9, terminate_s=30)
+    r = replay(trace, plan_fn=linear_planner, config=controller_config(policy, costs=costs, gpu_type="A100-40"),
+               costs=costs, samples_target=5e7, price_fn=lambda g, z, t: 1.0 + 0.1 * len(z), budget_usd=budget)
+    assert r.usd_spent <= budget + 1e-6
+    assert r.finished or r.stop_reason.startswith(("budget", "static", "horizon"))
+
+
+def test_trivial_config_without_changes():
+    trace = build_trace([(0.0, {A: 2})])
+    r = replay(trace, plan_fn=linear_planner, config=ControllerConfig(), costs=FAST, samples_target=72_000,
+               price_fn=ONE_USD)
+    assert r.time_to_train_s == pytest.approx(150 + 3600)
+    assert r.usd_spent == pytest.approx(2 * 3750 / 3600)
+    assert r.num_replans == 0 and math.isclose(r.useful_work_fraction, 3600 / 3750)
