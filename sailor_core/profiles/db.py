@@ -49,8 +49,10 @@ class ProfileDB:
 
     def __init__(self, profiles: Iterable[ModelProfile] = ()) -> None:
         self._stored: dict[ProfileKey, ModelProfile] = {}
+        self._measured: set[ProfileKey] = set()  # keys whose every layer was measured
         self._answers: dict[tuple, ModelProfile] = {}
         self._calibrations: dict[tuple[str, str], est.Calibration] = {}
+        self._update_rates: dict[tuple[str, str], tuple[float, float, bool]] = {}
         self._by_model_gpu: dict[tuple[str, str], list[ModelProfile]] = defaultdict(list)
         self._by_gpu: dict[str, list[ModelProfile]] = defaultdict(list)
         self._by_model: dict[str, list[ModelProfile]] = defaultdict(list)
@@ -78,6 +80,10 @@ class ProfileDB:
             for index in (self._by_model_gpu[(model, gpu)], self._by_gpu[gpu], self._by_model[model]):
                 index.remove(old)
         self._stored[p.key] = p
+        if p.measured:
+            self._measured.add(p.key)
+        else:
+            self._measured.discard(p.key)
         self._by_model_gpu[(model, gpu)].append(p)
         self._by_gpu[gpu].append(p)
         self._by_model[model].append(p)
@@ -87,19 +93,21 @@ class ProfileDB:
         self._insert(p)
         self._answers.clear()
         self._calibrations.clear()
+        self._update_rates.clear()
 
     def extend(self, profiles: Iterable[ModelProfile]) -> None:
         for p in profiles:
             self._insert(p)
         self._answers.clear()
         self._calibrations.clear()
+        self._update_rates.clear()
 
     def profiles(self) -> list[ModelProfile]:
         """Stored profiles (measured or added), sorted by key."""
         return [self._stored[k] for k in sorted(self._stored)]
 
     def measured_keys(self) -> list[ProfileKey]:
-        return sorted(k for k, p in self._stored.items() if p.measured)
+        return sorted(self._measured)
 
     def save(self, path: str | Path) -> Path:
         from sailor_core.profiles.store import write_profiles
@@ -153,7 +161,7 @@ class ProfileDB:
 
     def _estimate(self, m: str, g: str, tp: int, mbs: int, seq: int, reg: str | None) -> ModelProfile:
         def usable(ps: Iterable[ModelProfile]) -> list[ModelProfile]:
-            return [p for p in ps if p.measured and (reg is None or p.regime == reg)]
+            return [p for p in ps if p.key in self._measured and (reg is None or p.regime == reg)]
 
         own = usable(self._by_model_gpu.get((m, g), ()))
         if own:
@@ -186,7 +194,7 @@ class ProfileDB:
         else:
             # no GPU measured under this regime: kernel efficiencies and launch costs of another
             # framework on a similar GPU are still closer than no calibration at all
-            every = {(p.gpu, p.regime) for ps in self._by_gpu.values() for p in ps if p.measured}
+            every = {(p.gpu, p.regime) for ps in self._by_gpu.values() for p in ps if p.key in self._measured}
             if every:
                 ref_gpu, ref_regime = min(every, key=lambda gr: (est.gpu_distance(g, gr[0], regime), gr))
                 cal = self.calibration(ref_gpu, ref_regime)
@@ -198,7 +206,14 @@ class ProfileDB:
 
     def _update_rate(self, g: str, regime: str) -> tuple[float, float, bool]:
         """(s/param, fixed s, measured?) of the optimizer step on ``g``: measured on this GPU, else
-        the closest GPU's rate scaled by bandwidth, else bytes touched / bandwidth."""
+        the closest GPU's rate scaled by bandwidth, else bytes touched / bandwidth (cached)."""
+        key = (g, regime)
+        rate = self._update_rates.get(key)
+        if rate is None:
+            rate = self._update_rates[key] = self._find_update_rate(g, regime)
+        return rate
+
+    def _find_update_rate(self, g: str, regime: str) -> tuple[float, float, bool]:
         own = [p for p in self._by_gpu.get(g, ()) if p.regime == regime and p.update_measured]
         if own:
             best = max(own, key=lambda p: p.params())

@@ -313,6 +313,7 @@ def calibrate(profiles: Iterable, gpu: str, regime: str) -> Calibration:
     )
 
 
+@lru_cache(maxsize=1024)
 def gpu_distance(a: str, b: str, regime: str) -> float:
     """How unlike two GPUs are for this model: log-distance of matmul peak and memory bandwidth."""
     reg = get_regime(regime)
