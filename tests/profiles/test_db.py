@@ -33,6 +33,17 @@ def test_missing_mbs_is_scaled_from_the_same_gpu():
     assert p.params() == eight.params()  # Sailor's own model (untied head, padded vocab) is kept
 
 
+def test_other_sequence_length_is_scaled():
+    db = default_profile_db()
+    short = db.get("llama-3-8b", "GH-96", 1, 1, 2048)  # Sailor profiled LLaMA at 8192 only
+    full = db.get("llama-3-8b", "GH-96", 1, 1)
+    assert full.measured and full.seq_len == 8192
+    assert not short.measured and "seq 8192" in short.source
+    assert short.fwd_bwd_s() < full.fwd_bwd_s() / 3  # 4x fewer tokens, attention quadratic
+    assert short.layers[5].activation_bytes < full.layers[5].activation_bytes / 4  # the s^2 scores shrink 16x
+    assert short.layers[5].params == full.layers[5].params
+
+
 def test_unprofiled_gpu_from_the_closest_profiled_one():
     db = default_profile_db()
     p = db.get("opt-350m", "H100-80", 1, 4, regime="megatron-fp32-adamw")
