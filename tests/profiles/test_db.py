@@ -1,7 +1,10 @@
 """ProfileDB.get: measured where present, estimated (and saying from what) elsewhere."""
 
 import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
 
+from sailor_core.catalog.models import get_model
 from sailor_core.errors import ProfileError, UnknownNameError
 from sailor_core.profiles import ProfileDB, default_profile_db
 
@@ -110,3 +113,23 @@ def test_profile_with_wrong_layer_count_is_refused(h200_profiles):
     p = h200_profiles[0]
     with pytest.raises(ProfileError, match="layer indices"):
         ProfileDB([replace(p, layers=p.layers[:-1])])
+
+
+_MODELS = ["opt-350m", "opt-1.3b", "opt-30b", "gpt-neo-2.7b", "llama-3.2-1b", "llama-3-8b", "tiny"]
+_GPUS = ["A100-40", "A100-80", "H100-80", "H200", "GH-96", "V100-16", "T4", "L4", "A10G", "RTX-3090"]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.sampled_from(_MODELS), st.sampled_from(_GPUS), st.sampled_from([1, 2, 4, 8]), st.integers(1, 63), st.integers(1, 64))
+def test_estimates_never_get_faster_with_more_work(model, gpu, tp, mbs, more):
+    """Where the model was never measured on this GPU, a bigger micro-batch or a smaller TP
+    degree never takes less time (measured data may: the H200 ran OPT-350m faster at mbs 2 than 1)."""
+    db = default_profile_db()
+    assume(get_model(model).num_heads % tp == 0)
+    assume(not any(k[0] == get_model(model).name and k[1] == gpu for k in db.measured_keys()))
+    small, big = db.get(model, gpu, tp, mbs), db.get(model, gpu, tp, mbs + more)
+    assert small.fwd_bwd_s() <= big.fwd_bwd_s() * (1 + 1e-9)
+    assert small.layers[1].activation_bytes <= big.layers[1].activation_bytes
+    if tp > 1:
+        wider = db.get(model, gpu, tp // 2, mbs)
+        assert wider.params() >= small.params()
