@@ -1,7 +1,10 @@
 """The framework's constant memory per worker process: what a worker holds before any model.
 
-CPU: the resident set (VmRSS) of an idle worker that imported what the engine's worker imports,
-set its threads and initialised gloo with a peer (the largest of the two ranks).  CUDA: device
+CPU: the resident set (VmRSS) of a worker that imported what the engine's worker imports, set its
+threads, initialised gloo with a peer and trained two steps of ``tiny`` (so the kernels' code,
+oneDNN/BLAS buffers and gloo's buffers are in memory as they are in a real worker), minus tiny's
+own weights, gradients and AdamW state; the larger of the two ranks.  Just after gloo's
+initialisation a worker holds ~0.1 GB less: that part only appears once it computes.  CUDA: device
 memory in use that torch's allocator does not account for (CUDA context, cuBLAS/NCCL
 workspaces) after one matmul and one NCCL all-reduce.
 """
@@ -26,8 +29,21 @@ if cuda:
     torch.cuda.set_device(rank)
 dist.init_process_group("nccl" if cuda else "gloo", init_method="env://", rank=rank,
                         world_size=int(os.environ["WORLD_SIZE"]), timeout=datetime.timedelta(seconds=120))
-t = torch.ones(1024, device="cuda" if cuda else "cpu")
-dist.all_reduce(t)
+dev = "cuda" if cuda else "cpu"
+from sailor_core.catalog.models import get_model
+from sailor_core.runtime.engine import make_optimizer
+from sailor_core.runtime.model import StageModel
+spec = get_model("tiny")
+model = StageModel(spec, 0, spec.num_layer_indices).to(dev)
+opt = make_optimizer(model.parameters(), 1e-3)
+x = torch.randint(0, spec.vocab_size, (1, spec.seq_len), device=dev)
+for _ in range(2):
+    model(x, x).backward()
+    grads = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
+    dist.all_reduce(grads)
+    opt.step()
+    opt.zero_grad(set_to_none=False)
+own = 16 * sum(p.numel() for p in model.parameters())  # fp32 weights, grads, two AdamW moments
 out = {}
 if cuda:
     a = torch.randn(1024, 1024, device="cuda"); (a @ a).sum().item()
@@ -35,7 +51,7 @@ if cuda:
     out["bytes"] = total - free - torch.cuda.memory_allocated()
 else:
     rss = [l for l in open("/proc/self/status") if l.startswith("VmRSS")][0]
-    out["bytes"] = int(rss.split()[1]) * 1024
+    out["bytes"] = int(rss.split()[1]) * 1024 - own
 print(json.dumps(out), flush=True)
 dist.barrier()
 dist.destroy_process_group()

@@ -1,0 +1,90 @@
+"""Ranks of a plan that share one machine's CPU cores: the iteration time the simulator's parts imply.
+
+The simulator (``sailor_core.simulator.simulate``) gives every replica its own device.  Local CPU
+"replicas" are processes with ``threads_per_rank`` intra-op threads each, on ``C`` cores; when
+there are more runnable threads than cores they share them.  First principles, no fitted constant:
+
+* every rank's CPU work per iteration is what the simulator already charges it: its micro-batches'
+  forward + backward (measured profile), its optimizer update, and, for a stage with replicas, the
+  gradient all-reduce (over loopback the "network" is the same CPUs copying and adding);
+* the cores are work-conserving and 1F1B keeps them busy (while a stage waits for its peer, the
+  peer's stage computes), so the iteration takes at least ``total work / effective cores``;
+* other jobs on the machine: with ``L`` other runnable threads, the scheduler shares the cores
+  fairly, so our ``R`` threads get ``C R / (R + L)`` of them (``probe_other_load`` measures L).
+
+    T = max(T_simulator, W / C_eff)
+
+This module imports nothing heavy (no torch); it reads a ``SimResult``.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+
+from sailor_core.plan import Plan
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SharedCpuTime:
+    iteration_time_s: float  # max(simulated, work / effective cores)
+    simulated_s: float  # the simulator's, every rank on its own core
+    work_s: float  # CPU seconds of all ranks' work per iteration
+    effective_cores: float
+    cpu_sharing_s: float  # what sharing adds to the simulated time
+
+    def to_dict(self) -> dict:
+        return {"iteration_time_s": self.iteration_time_s, "simulated_s": self.simulated_s, "work_s": self.work_s,
+                "effective_cores": self.effective_cores, "cpu_sharing_s": self.cpu_sharing_s}
+
+
+def effective_cores(num_cores: float, busy_threads: int, other_load: float = 0.0) -> float:
+    """Cores our ``busy_threads`` get next to ``other_load`` runnable threads of other jobs."""
+    if busy_threads + other_load <= num_cores:
+        return float(min(num_cores, busy_threads))
+    return num_cores * busy_threads / (busy_threads + other_load)
+
+
+def rank_work_s(sim) -> float:
+    """CPU seconds of all ranks' work in one iteration (see the module doc)."""
+    work = 0.0
+    for stage in sim.stages:
+        dp = len(stage.replicas)
+        for rep in stage.replicas:
+            per_rank = rep.num_microbatches * (rep.fwd_s + rep.bwd_s) + rep.update_s
+            if dp > 1:
+                per_rank += stage.dp_sync_s
+            work += per_rank * rep.tp_degree
+    return work
+
+
+def shared_cpu_time(plan: Plan, sim, *, num_cores: float | None = None, threads_per_rank: int = 1,
+                    other_load: float = 0.0) -> SharedCpuTime:
+    """Iteration time of ``plan`` (simulated as ``sim``) when all its ranks share ``num_cores``."""
+    cores = float(num_cores or os.cpu_count() or 1)
+    ranks = sum(rep.tp_degree for s in plan.stages for rep in s.replicas)
+    eff = effective_cores(cores, ranks * threads_per_rank, other_load)
+    work = rank_work_s(sim)
+    t = max(sim.iteration_time_s, work / eff)
+    return SharedCpuTime(iteration_time_s=t, simulated_s=sim.iteration_time_s, work_s=work, effective_cores=eff,
+                         cpu_sharing_s=t - sim.iteration_time_s)
+
+
+_SPIN = "import time,sys\nw=time.perf_counter()+float(sys.argv[1]);c=time.process_time()\n" \
+        "while time.perf_counter()<w: pass\nprint(time.process_time()-c)"
+
+
+def probe_other_load(seconds: float = 1.0, num_cores: int | None = None) -> float:
+    """Runnable threads of other jobs, measured: ``C`` spinning processes each get ``C / (C + L)``
+    of a core, so ``L = C / share - C`` (0 on an idle machine)."""
+    cores = num_cores or os.cpu_count() or 1
+    procs = [subprocess.Popen([sys.executable, "-c", _SPIN, str(seconds)], stdout=subprocess.PIPE, text=True)
+             for _ in range(cores)]
+    t0 = time.perf_counter()
+    shares = [float(p.communicate()[0]) / seconds for p in procs]
+    del t0
+    share = min(1.0, sum(shares) / len(shares))
+    return max(0.0, cores / share - cores) if share > 0 else float("inf")
