@@ -105,9 +105,10 @@ _REGIMES: dict[str, TrainingRegime] = {
             weight_bytes_per_param=4,
             grad_bytes_per_param=4,
             optimizer_bytes_per_param=8,
-            # RSS of an idle worker (torch + gloo initialised, 1 intra-op thread), measured by
-            # sailor_core.profiler.overhead on a 2-core x86 VM: ~0.30 GB (half shared libraries).
-            constant_overhead_bytes=300_000_000,
+            # RSS of a worker with torch + gloo initialised after it trained a few steps of a tiny
+            # model (1 intra-op thread), measured by sailor_core.profiler.overhead on a 2-core x86
+            # VM: ~0.42 GB (a third of it shared-library code).
+            constant_overhead_bytes=420_000_000,
             activation_bytes_per_element=4,
             residual_bytes_per_element=4,
             casts_linear_inputs=False,
