@@ -60,6 +60,9 @@ def register(app: typer.Typer) -> None:
         checkpoint_every: int = typer.Option(5, "--checkpoint-every", help="checkpoint every K steps"),
         preempt_at: Optional[str] = typer.Option(None, "--preempt-at",
                                                  help="inject preemptions at these steps (embedded cloud)"),
+        global_batch_size: int = typer.Option(8, "--global-batch-size", help="samples per step"),
+        max_gpus: Optional[int] = typer.Option(2, "--max-gpus", help="most GPUs the job may rent at once"),
+        max_gpus_per_zone: int = typer.Option(2, "--max-gpus-per-zone", help="most GPUs of one type per zone"),
         job_id: Optional[str] = typer.Option(None, "--job-id", help="continue this job (or name a new one)"),
         cloud: str = typer.Option("auto", "--cloud",
                                   help="auto (real clouds if credentials, else embedded), embedded, real"),
@@ -77,6 +80,8 @@ def register(app: typer.Typer) -> None:
             raise InputError(f"--steps must be at least 1, got {steps}")
         if objective not in ("throughput", "cost"):
             raise InputError(f"--objective must be throughput or cost, got {objective!r}")
+        if global_batch_size < 1 or (max_gpus is not None and max_gpus < 1) or max_gpus_per_zone < 1:
+            raise InputError("--global-batch-size, --max-gpus and --max-gpus-per-zone must be at least 1")
         if cloud not in ("auto", "embedded", "real"):
             raise InputError(f"--cloud must be auto, embedded or real, got {cloud!r}")
         params = dict(
@@ -84,7 +89,7 @@ def register(app: typer.Typer) -> None:
             max_usd_per_hr=max_usd_per_hr, objective=objective, gpus=_split(gpus), zones=_split(zones),
             clouds=_split(clouds), on_demand_fallback=on_demand_fallback, checkpoint_url=checkpoint_url,
             checkpoint_every=checkpoint_every, preempt_at=parse_steps_list(preempt_at), job_id=job_id,
-            cloud=cloud,
+            cloud=cloud, global_batch_size=global_batch_size, max_gpus=max_gpus, max_gpus_per_zone=max_gpus_per_zone,
         )
         choice = configure_prefect_env()
         out = console()

@@ -17,6 +17,7 @@ cancellation/crash hooks when the flow process itself is being torn down.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Any
 
@@ -25,7 +26,9 @@ from prefect.runtime import flow_run as current_flow_run
 
 from sailor_core import jobstate as js
 from sailor_core.attempts import FINISHED, INSTANCE_PREEMPTED
+from infra.errors import CapacityError
 from sailor_core.controller import Action, Event, EventKind
+from sailor_core.plan import plan_from_dict
 from tasks import cloud as cloud_tasks
 from tasks import jobs as job_tasks
 from tasks import planning, reporting, workers
@@ -101,17 +104,15 @@ def train_job(
     try:
         state = cloud_tasks.reconcile(session, state)
         store.save(state)
-        data_url = job_tasks.prepare_data(spec, store.job_url(job_id))
+        data_url = job_tasks.prepare_data(spec.dataset, spec.model, spec.seed, data_dir=str(js.sailor_home() / "data"))
         event = planning.start_event(state)
         reason_prefix = "" if state.attempt == 0 else "flow run resumed the job; "
         current = None  # the controller's PlanOption running now
-        excluded_zones: set[str] = set()
         num_waits = no_progress = 0
         while True:
             offers = cloud_tasks.list_offers(session, spec)
             planner = planning.Planner(spec=spec, offers=tuple(offers))
-            available = planning.availability(offers, max_gpus_per_zone=max_gpus_per_zone, max_gpus=max_gpus,
-                                              excluded_zones=sorted(excluded_zones))
+            available = planning.availability(offers, max_gpus_per_zone=max_gpus_per_zone, max_gpus=max_gpus)
             decision = planning.decide_next(planner, state, available=available, event=event, current=current,
                                             shutdown_s=session.shutdown_s, now_unix_s=time.time())
             if decision.action == Action.STOP:
@@ -119,6 +120,8 @@ def train_job(
                 state = js.with_status(state, js.SUCCEEDED if done else js.STOPPED_BUDGET, decision.reason)
                 store.save(state)
                 break
+            if decision.action == Action.CONTINUE and current is not None:
+                decision = dataclasses.replace(decision, reason=f"restart the same plan ({current.label})")
             if decision.action == Action.WAIT or decision.plan is None:
                 num_waits += 1
                 if num_waits > MAX_WAITS:
@@ -136,22 +139,32 @@ def train_job(
                                  throughput_samples_per_s=option.throughput_samples_per_s)
             state = js.with_status(state, js.RUNNING if state.attempt == 1 else js.RECOVERING, reason)
             store.save(state)
-            reporting.publish_plan(state, nodes=[cloud_tasks.node_dict(n) for n in nodes],
-                                   sim={"throughput_samples_per_s": option.throughput_samples_per_s}, reason=reason)
+            try:
+                placed = cloud_tasks.provision(session, state, nodes, offers)
+            except CapacityError as exc:
+                # Nowhere to put some node now: count it as a wait and ask the controller again.
+                log.warning("provisioning failed: %s", exc)
+                state = js.with_status(state, js.RECOVERING, f"no capacity: {exc}")
+                store.save(state)
+                event, current, num_waits = Event(kind=EventKind.CAPACITY), None, num_waits + 1
+                reason_prefix = "no capacity for the last plan; "
+                if num_waits > MAX_WAITS:
+                    state = js.with_status(state, js.FAILED, f"no capacity: {exc}")
+                    store.save(state)
+                    break
+                time.sleep(WAIT_S)
+                continue
+            state = placed.state
+            store.save(state)
+            if state.plan != option.plan.to_dict():  # the failover moved nodes: watch the plan as placed
+                option = planner.option(plan_from_dict(state.plan), option.throughput_samples_per_s)
+                available = {**available, **{k: max(n, available.get(k, 0)) for k, n in option.gpus.items()}}
+            reporting.publish_plan(state, nodes=[cloud_tasks.node_dict(n) for n in placed.nodes],
+                                   sim={"throughput_samples_per_s": option.throughput_samples_per_s}, reason=reason,
+                                   history=list(placed.history))
             reporting.publish_pareto(job_id, planning.pareto_points(planner), planning.chosen_point(planner, option))
             if state.attempt > 1:
                 reporting.emit_job_event("replanned", state, reason=reason, plan=state.plan)
-
-            placed = cloud_tasks.provision(session, state, nodes)
-            state = placed.state
-            store.save(state)
-            if placed.capacity_zones:
-                # The planner chose zones with no capacity now: plan again without them.
-                excluded_zones |= set(placed.capacity_zones)
-                event = Event(kind=EventKind.CAPACITY)
-                reason_prefix = f"no capacity in {', '.join(placed.capacity_zones)}; "
-                current = None
-                continue
 
             workers.assign(session, state, placed.assignments, data_url=data_url)
             outcome, state = workers.watch_attempt(session, store, state, placed.assignments, progress=progress,
@@ -176,7 +189,7 @@ def train_job(
                 event = planning.preemption_event(state, outcome.instance_ids)
             else:
                 event = Event(kind=EventKind.CAPACITY)
-            current = None if outcome.kind != workers.REPLAN else option
+            current = option  # broken by the preemption's lost GPUs, or still whole after a crash
             no_progress = 0 if state.last_checkpoint_step != before else no_progress + 1
             if no_progress >= MAX_ATTEMPTS_WITHOUT_PROGRESS:
                 state = js.with_status(state, js.FAILED,

@@ -196,6 +196,19 @@ def with_plan(state: JobState, *, plan: dict[str, Any], reason: str, usd_per_hr:
     return _touch(state, attempt=attempt, plan=plan, replans=state.replans + (record,))
 
 
+def with_plan_zones(state: JobState, zones: dict[tuple[int, int], str]) -> JobState:
+    """Move replicas ``(stage, replica) -> zone`` (the provisioner's zone failover placed them there)."""
+    if not zones or state.plan is None:
+        return state
+    plan = json.loads(json.dumps(state.plan))
+    for (s, r), zone in zones.items():
+        plan["stages"][s]["replicas"][r]["zone"] = zone
+    replans = state.replans
+    if replans and replans[-1].attempt == state.attempt:
+        replans = replans[:-1] + (dataclasses.replace(replans[-1], plan=plan),)
+    return _touch(state, plan=plan, replans=replans)
+
+
 def with_instances_launched(state: JobState, records: tuple[InstanceRecord, ...]) -> JobState:
     known = {i.instance_id for i in state.instances}
     return _touch(state, instances=state.instances + tuple(r for r in records if r.instance_id not in known))

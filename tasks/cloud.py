@@ -14,9 +14,11 @@ import shlex
 import socket
 import sys
 import threading
+import urllib.request
+import json
 import time
-import uuid
 from collections.abc import Sequence
+import dataclasses
 from dataclasses import asdict, dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -25,7 +27,7 @@ from typing import Any
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from infra.errors import CapacityError, CloudConfigError, QuotaError
+from infra.errors import CloudConfigError
 from infra.records import LOCAL_ADDRESS_LABEL, RUNNING, InstanceInfo, job_labels
 from sailor_core import jobstate as js
 from sailor_core.assignment import NodeRequest, RunningInstance, match_instances
@@ -34,8 +36,6 @@ from sailor_core.errors import InfeasibleError
 from tasks.workers import Assignment
 
 OFFERS_TTL = timedelta(minutes=10)
-# One label per instance, so a single instance can be terminated through the label-based interface.
-NODE_LABEL = "sailor-node"
 
 
 def node_dict(node: NodeRequest) -> dict[str, Any]:
@@ -50,7 +50,7 @@ class CloudSession:
     job_id: str
     jobs_url: str  # the job's directory/URL: agents' assignment and status documents
     providers: dict[str, Any]  # cloud name -> infra CloudProvider
-    embedded: Any = None  # the embedded cloud (preemption injection), None on real clouds
+    control_url: str | None = None  # the embedded cloud's control surface (preemption injection)
     shutdown_s: float = 120.0  # terminate -> billing stops (real clouds bill the shutdown)
     worker_stop_s: float = 10.0  # SIGTERM -> workers checkpointed and exited
     heartbeat_timeout_s: float = 120.0
@@ -87,7 +87,7 @@ class CloudSession:
         return ["--threads", "1", "--timeout-s", "30"] if self.mode == "embedded" else []
 
     def worker_env(self, a: Assignment) -> dict[str, str]:
-        return {"GLOO_SOCKET_IFNAME": "lo"} if self.mode == "embedded" else {}
+        return {"GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"} if self.mode == "embedded" else {}
 
     def startup_script(self) -> str:
         """What every instance runs at boot: the agent, pointed at this job's documents."""
@@ -110,9 +110,14 @@ class CloudSession:
         return {i: seen.get(i) for i in ids}
 
     def preempt(self, instance_id: str) -> None:
-        if self.embedded is None:
+        """Inject a spot preemption (notice, SIGTERM, notice period, SIGKILL) on the embedded cloud."""
+        if self.control_url is None:
             raise CloudConfigError("preemptions can only be injected on the embedded cloud")
-        self.embedded.preempt(instance_id)
+        request = urllib.request.Request(f"{self.control_url}/preempt", method="POST",
+                                         data=json.dumps({"instance_id": instance_id}).encode(),
+                                         headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=10) as resp:
+            resp.read()
 
 
 # ---- opening and closing --------------------------------------------------------
@@ -137,70 +142,36 @@ def job_id_of_flow_run(flow_run_id) -> str | None:
         return _flow_run_jobs.get(str(flow_run_id))
 
 
-def real_clouds_configured() -> list[str]:
-    """Clouds with credentials in their standard chains (nothing is read but their presence)."""
-    clouds = []
-    try:
-        import boto3
-
-        if boto3.Session().get_credentials() is not None:
-            clouds.append("aws")
-    except Exception:
-        pass
-    try:
-        import google.auth
-
-        google.auth.default()
-        clouds.append("gcp")
-    except Exception:
-        pass
-    return clouds
-
-
 def open_session(mode: str, *, job_id: str, jobs_url: str, spec: js.JobSpec) -> CloudSession:
-    """``auto``: the real clouds with credentials, else the embedded cloud."""
+    """``auto``: what ``SAILOR_CLOUDS`` says (infra.config: the embedded cloud unless real clouds are
+    asked for); ``embedded``: the embedded cloud; ``real``: the real clouds ``SAILOR_CLOUDS`` names."""
+    from infra import config
+
     if mode not in ("auto", "embedded", "real"):
         raise CloudConfigError(f"cloud mode must be auto, embedded or real, got {mode!r}")
-    real = [] if mode == "embedded" else real_clouds_configured()
+    real = config.real_clouds()
     if mode == "real" and not real:
-        raise CloudConfigError("no AWS or GCP credentials found (see docs/orchestration.md)")
-    if real and mode != "embedded":
-        session = _open_real(real, job_id=job_id, jobs_url=jobs_url, spec=spec)
+        raise CloudConfigError(f"real clouds are used only when asked: set {config.MODE_ENV}=real (or aws, gcp); "
+                               "credentials come from the SDKs' usual chains (docs/orchestration.md)")
+    if mode == "real" or (mode == "auto" and real):
+        if "://" not in jobs_url or jobs_url.startswith("file://"):
+            raise CloudConfigError("on real clouds the job's documents must be where instances reach them: "
+                                   "set jobs_url (or SAILOR_JOBS_URL) to an s3:// or gs:// URL")
+        session = CloudSession(mode="real", job_id=job_id, jobs_url=jobs_url,
+                               providers=config.get_providers(list(spec.clouds) or None))
     else:
-        session = _open_embedded(job_id=job_id, jobs_url=jobs_url)
+        from infra.local.cloud import providers_for
+
+        ends = config.embedded_endpoints()  # `sailor cloud up`'s standalone cloud, else one in this process
+        providers = providers_for(ends["aws_endpoint"], ends["gce_endpoint"])
+        if spec.clouds:
+            providers = {c: p for c, p in providers.items() if c in spec.clouds}
+        # Ending a local process group takes about the cloud's halt grace (1 s); bill a margin.
+        session = CloudSession(mode="embedded", job_id=job_id, jobs_url=jobs_url, providers=providers,
+                               control_url=ends["control_url"], shutdown_s=5.0, worker_stop_s=8.0,
+                               heartbeat_timeout_s=60.0)
     with _lock:
         _sessions[job_id] = session
-    return session
-
-
-def _open_real(clouds: list[str], *, job_id: str, jobs_url: str, spec: js.JobSpec) -> CloudSession:
-    providers: dict[str, Any] = {}
-    wanted = set(spec.clouds) or set(clouds)
-    if "aws" in clouds and "aws" in wanted:
-        from infra.aws import AWSProvider
-
-        providers["aws"] = AWSProvider()
-    if "gcp" in clouds and "gcp" in wanted:
-        from infra.gcp import GCPProvider
-
-        providers["gcp"] = GCPProvider()
-    if "://" not in jobs_url or jobs_url.startswith("file://"):
-        raise CloudConfigError("on real clouds the job's URL must be an object store the instances can "
-                               "reach (set jobs_url to s3://... or gs://...)")
-    return CloudSession(mode="real", job_id=job_id, jobs_url=jobs_url, providers=providers)
-
-
-def _open_embedded(*, job_id: str, jobs_url: str) -> CloudSession:
-    from infra.local.cloud import EmbeddedCloud
-
-    root = Path(jobs_url.removeprefix("file://")) / "embedded-cloud"
-    cloud = EmbeddedCloud(state_dir=root)
-    cloud.start()
-    # Ending a local process group takes ~the halt grace; bill a little more to be safe.
-    session = CloudSession(mode="embedded", job_id=job_id, jobs_url=jobs_url, providers=cloud.providers(),
-                           embedded=cloud, shutdown_s=cloud.halt_grace_s + 4.0, worker_stop_s=8.0,
-                           heartbeat_timeout_s=60.0)
-    session._closers.append(cloud.stop)
     return session
 
 
@@ -212,21 +183,16 @@ def close_session(session: CloudSession) -> None:
 
 
 def terminate_job_everywhere(job_id: str, *, reason: str) -> list[str]:
-    """From a hook: terminate by label through this process's session, or a fresh one to the real clouds."""
+    """From a hook: terminate by label through this process's session, else through freshly made providers."""
+    from infra.config import get_providers
+
     with _lock:
         session = _sessions.get(job_id)
+    providers = session.providers if session is not None else get_providers()
     ids: list[str] = []
-    if session is not None:
-        for p in session.providers.values():
-            ids += p.terminate_instances(job_labels(job_id))
-        return ids
-    for cloud in real_clouds_configured():
+    for cloud, provider in providers.items():
         try:
-            if cloud == "aws":
-                from infra.aws import AWSProvider as Provider
-            else:
-                from infra.gcp import GCPProvider as Provider
-            ids += Provider().terminate_instances(job_labels(job_id))
+            ids += provider.terminate_instances(job_labels(job_id))
         except Exception as exc:  # a hook must not raise; say what could not be done
             sys.stderr.write(f"sailor: could not terminate {job_id} on {cloud} ({reason}): {exc}\n")
     return ids
@@ -290,39 +256,40 @@ def _record(info: InstanceInfo, node: NodeRequest | None, attempt: int, now: flo
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Provisioned:
     state: js.JobState
+    nodes: tuple[NodeRequest, ...]  # as placed: a node moved to another zone by the failover says so
     assignments: tuple[Assignment, ...]
-    capacity_zones: tuple[str, ...]  # zones that refused: the flow re-plans without them
+    history: tuple[str, ...]  # the provisioner's tries, zone by zone
 
 
-@task(name="launch-instance", tags=["cloud"], retries=2, retry_delay_seconds=[2, 5], cache_policy=NO_CACHE)
-def launch_instance(session: CloudSession, node: NodeRequest, attempt: int) -> list[InstanceInfo]:
-    """One node of the plan; transient errors are retried by the provider, then by this task."""
-    return session.provider(node.cloud).run_instances(
-        zone=node.zone, instance_type=node.instance_type, count=1,
-        labels={**job_labels(session.job_id, attempt), NODE_LABEL: uuid.uuid4().hex[:12]},
-        spot=node.spot, startup_script=session.startup_script())
+@task(name="provision", tags=["cloud"], retries=1, retry_delay_seconds=[5], cache_policy=NO_CACHE)
+def launch_nodes(session: CloudSession, needs: list, attempt: int, offers: list[Offer], spot: bool):
+    """Rent the new nodes: each in its own zone first, then the next cheapest zone or cloud (infra's failover)."""
+    from infra.provisioner import Provisioner
 
-
-@task(name="wait-running", tags=["cloud"], retries=1, cache_policy=NO_CACHE)
-def wait_running(session: CloudSession, cloud: str, instance_ids: list[str]) -> list[InstanceInfo]:
-    return session.provider(cloud).wait_instances(session.labels, instance_ids=instance_ids, timeout_s=600.0)
+    return Provisioner(session.providers).provision(
+        needs, job_id=session.job_id, attempt=attempt, spot=spot, substitute_zones=True, all_or_nothing=True,
+        startup_script=session.startup_script(), offers=offers)
 
 
 @task(name="terminate", tags=["cloud"], retries=3, retry_delay_seconds=[1, 2, 4], cache_policy=NO_CACHE)
 def terminate_ids(session: CloudSession, instance_ids: list[str]) -> list[str]:
-    """Terminate some of the job's instances (the surplus after a re-plan), each by its node label."""
+    """Terminate some of the job's instances (the surplus after a re-plan)."""
     ended: list[str] = []
-    for info in session.query():
-        if info.instance_id in instance_ids and info.live:
-            node_label = info.labels.get(NODE_LABEL)
-            if not node_label:
-                raise CloudConfigError(f"{info.instance_id} has no {NODE_LABEL} label to terminate it alone")
-            ended += session.provider(info.cloud).terminate_instances({**session.labels, NODE_LABEL: node_label})
+    for provider in session.providers.values():
+        ended += provider.terminate_instances(session.labels, instance_ids=instance_ids)
     return ended
 
 
-def provision(session: CloudSession, state: js.JobState, nodes: Sequence[NodeRequest]) -> Provisioned:
-    """Keep running instances the plan can use, end the surplus, launch the rest; zones out of capacity are reported."""
+def provision(session: CloudSession, state: js.JobState, nodes: Sequence[NodeRequest],
+              offers: Sequence[Offer]) -> Provisioned:
+    """Keep running instances the plan can use, end the surplus, rent the rest (with zone failover).
+
+    A node the failover placed in another zone moves its replicas there: the plan in the job
+    state is updated to say where they really run.  Raises the provisioner's ProvisionError
+    (a CapacityError) when some node could be had nowhere; nothing of this attempt is left running.
+    """
+    from infra.provisioner import GpuNeed
+
     log = get_run_logger()
     now = time.time()
     running = [RunningInstance(instance_id=r.instance_id, zone=r.zone, instance_type=r.instance_type)
@@ -331,35 +298,32 @@ def provision(session: CloudSession, state: js.JobState, nodes: Sequence[NodeReq
     if placement.surplus:
         terminate_ids(session, list(placement.surplus))
         state = js.with_instances_ended(state, set(placement.surplus), "terminated")
-    launched: list[tuple[NodeRequest, InstanceInfo]] = []
-    refused: set[str] = set()
-    for node in placement.launch:
-        if node.zone in refused:
-            continue
-        try:
-            infos = launch_instance(session, node, state.attempt)
-        except (CapacityError, QuotaError) as exc:
-            log.warning("no %s in %s: %s", node.instance_type, node.zone, exc)
-            refused.add(node.zone)
-            continue
-        state = js.with_instances_launched(state, tuple(_record(i, node, state.attempt, now) for i in infos))
-        launched += [(node, i) for i in infos]
-    by_cloud: dict[str, list[str]] = {}
-    for node, info in launched:
-        by_cloud.setdefault(info.cloud, []).append(info.instance_id)
-    ready: dict[str, InstanceInfo] = {}
-    for cloud, ids in by_cloud.items():
-        for info in wait_running(session, cloud, ids):
-            ready[info.instance_id] = info
-    if refused:
-        return Provisioned(state=state, assignments=(), capacity_zones=tuple(sorted(refused)))
+    history: tuple[str, ...] = ()
+    placed: list[tuple[NodeRequest, InstanceInfo]] = []
+    if placement.launch:
+        needs = [GpuNeed(gpu=n.gpu, zone=n.zone, num_gpus=len(n.ranks), min_gpus_per_node=len(n.ranks))
+                 for n in placement.launch]
+        result = launch_nodes(session, needs, state.attempt, list(offers), state.spec.spot)
+        history = tuple(result.history_lines())
+        for line in history:
+            log.info("provision: %s", line)
+        for node, alloc in zip(placement.launch, result.allocations, strict=True):
+            info = alloc.instances[0]
+            moved = dataclasses.replace(node, cloud=alloc.offer.cloud, zone=alloc.offer.zone,
+                                        instance_type=alloc.offer.instance_type,
+                                        gpus_per_node=alloc.offer.gpus_per_node,
+                                        usd_per_hr=alloc.usd_per_hr / max(1, len(alloc.instances)))
+            placed.append((moved, info))
+            state = js.with_instances_launched(state, (_record(info, moved, state.attempt, now),))
+        state = js.with_plan_zones(state, {rep: n.zone for n, _ in placed for rep in n.replicas})
     current = {i.instance_id: i for i in session.query()}
     assignments = [Assignment(instance_id=iid, node=node, address=session.address_of(current[iid]))
                    for node, iid in placement.keep]
-    assignments += [Assignment(instance_id=i.instance_id, node=n, address=session.address_of(ready[i.instance_id]))
-                    for n, i in launched]
-    return Provisioned(state=state, assignments=tuple(sorted(assignments, key=lambda a: a.node.ranks[0])),
-                       capacity_zones=())
+    assignments += [Assignment(instance_id=i.instance_id, node=n, address=session.address_of(current.get(i.instance_id, i)))
+                    for n, i in placed]
+    assignments.sort(key=lambda a: a.node.ranks[0])
+    return Provisioned(state=state, nodes=tuple(a.node for a in assignments), assignments=tuple(assignments),
+                       history=history)
 
 
 @task(name="terminate-job", tags=["cloud"], retries=3, retry_delay_seconds=[1, 2, 4], cache_policy=NO_CACHE)

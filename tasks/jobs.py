@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 from prefect import get_run_logger, task
-from prefect.cache_policies import INPUTS, NO_CACHE, TASK_SOURCE
+from prefect.cache_policies import NO_CACHE
 
 from sailor_core import jobstate as js
 
 SYNTHETIC = "synthetic"
-SYNTHETIC_TOKENS = 1 << 17
+SYNTHETIC_TOKENS = 1 << 16
 
 
 def start_or_resume(store: js.JobStore, spec: js.JobSpec, job_id: str) -> js.JobState:
@@ -31,19 +30,18 @@ def start_or_resume(store: js.JobStore, spec: js.JobSpec, job_id: str) -> js.Job
     return state
 
 
-@task(name="prepare-data", tags=["data"], cache_policy=INPUTS + TASK_SOURCE,
-      cache_expiration=timedelta(days=7), persist_result=True)
-def prepare_data(spec: js.JobSpec, job_url: str) -> str:
+# No result cache: the file itself is the cache (a cached path whose file was removed would break the job).
+@task(name="prepare-data", tags=["data"], cache_policy=NO_CACHE)
+def prepare_data(dataset: str, model: str, seed: int, data_dir: str) -> str:
     """A synthetic token corpus for ``dataset="synthetic"``; any other dataset is a path or URL used as is."""
-    if spec.dataset != SYNTHETIC:
-        return spec.dataset
-    from sailor_core.catalog.models import get_model
-    from sailor_core.runtime.data import generate_corpus
-
-    path = Path(job_url.removeprefix("file://")) / "data" / f"synthetic-{spec.model}-seed{spec.seed}.npy"
+    if dataset != SYNTHETIC:
+        return dataset
+    path = Path(data_dir) / f"synthetic-{model}-seed{seed}.npy"
     if not path.exists():
-        generate_corpus(path, vocab_size=get_model(spec.model).vocab_size, num_tokens=SYNTHETIC_TOKENS,
-                        seed=spec.seed)
+        from sailor_core.catalog.models import get_model
+        from sailor_core.runtime.data import generate_corpus
+
+        generate_corpus(path, vocab_size=get_model(model).vocab_size, num_tokens=SYNTHETIC_TOKENS, seed=seed)
     return str(path)
 
 

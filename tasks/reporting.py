@@ -40,7 +40,8 @@ def plan_rows(plan: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 @task(name="publish-plan", tags=["report"], cache_policy=NO_CACHE)
-def publish_plan(state: JobState, *, nodes: list[dict[str, Any]], sim: dict[str, Any], reason: str) -> None:
+def publish_plan(state: JobState, *, nodes: list[dict[str, Any]], sim: dict[str, Any], reason: str,
+                 history: list[str] | None = None) -> None:
     """The chosen plan as a table, and the re-plan with its reason as markdown."""
     plan = state.plan or {}
     create_table_artifact(
@@ -58,6 +59,8 @@ def publish_plan(state: JobState, *, nodes: list[dict[str, Any]], sim: dict[str,
     for n in nodes:
         lines.append(f"| {n['instance_type']} | {n['zone']} | {n['gpus_per_node']} x {n['gpu']} | "
                      f"{','.join(map(str, n['ranks']))} | {n['usd_per_hr']:.3f} |")
+    if history:
+        lines += ["", "Provisioning (zone by zone, cheapest first):", ""] + [f"- {h}" for h in history]
     create_markdown_artifact(key=artifact_key("replan", state.job_id), markdown="\n".join(lines),
                              description=f"attempt {state.attempt}: {reason}")
 

@@ -91,8 +91,10 @@ def assign(session, state: js.JobState, assignments: Sequence[Assignment], *, da
 def _merge_progress(state: js.JobState, statuses: dict[str, dict | None], generation: int) -> js.JobState:
     losses: list[tuple[int, float]] = []
     step = state.steps_done
-    for st in statuses.values():
-        if st and st.get("generation") == generation:
+    reports = [st for st in statuses.values() if st] + [st["previous"] for st in statuses.values()
+                                                         if st and st.get("previous")]
+    for st in reports:
+        if st.get("generation") == generation:
             losses += [(int(s), float(v)) for s, v in st.get("losses") or ()]
             if st.get("step") is not None:
                 step = max(step, int(st["step"]))
@@ -178,7 +180,12 @@ def watch_attempt(session, store: js.JobStore, state: js.JobState, assignments: 
 
 @task(name="stop-workers", tags=["workers"], cache_policy=NO_CACHE)
 def stop_attempt(session, state: js.JobState, assignments: Sequence[Assignment], timeout_s: float = 15.0) -> js.JobState:
-    """Stop the attempt's workers on the instances still up (SIGTERM: they checkpoint if they can)."""
+    """Stop the attempt's workers on the instances still up (SIGTERM: they checkpoint if they can).
+
+    The agents' last reports of the attempt are merged first: the stop replaces them.
+    """
+    statuses = {a.instance_id: read_status(session.jobs_url, a.instance_id) for a in assignments}
+    state = _merge_progress(state, statuses, run_generation(state.attempt))
     generation = stop_generation(state.attempt)
     live = [a.instance_id for a in assignments
             if session.instance_states([a.instance_id]).get(a.instance_id) == "running"]
@@ -195,4 +202,6 @@ def stop_attempt(session, state: js.JobState, assignments: Sequence[Assignment],
         time.sleep(POLL_S)
     if pending:
         get_run_logger().warning("agents did not confirm the stop: %s", sorted(pending))
-    return state
+    # The stopped generation's final report (under "previous") has the steps run until the stop.
+    statuses = {a.instance_id: read_status(session.jobs_url, a.instance_id) for a in assignments}
+    return _merge_progress(state, statuses, run_generation(state.attempt))

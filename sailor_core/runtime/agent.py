@@ -12,7 +12,8 @@ needs to reach the other over the network:
   checkpoint URL and whether to resume.  A higher generation replaces the
   current one: the agent stops its workers and starts the new ones.
 - ``agents/<instance_id>/status.json`` (written by the agent): the generation it
-  runs, its state, each rank's exit code and a heartbeat.
+  runs, its state, each rank's exit code, rank 0's per-step losses, a heartbeat,
+  and under ``previous`` the last report of the generation it replaced.
 
 Workers are started in the agent's own process group, so a preemption (SIGTERM
 to the group, the notice period, then SIGKILL) reaches them directly and they
@@ -44,7 +45,8 @@ IDLE = "idle"
 RUNNING = "running"
 EXITED = "exited"  # every worker of the generation exited 0
 FAILED = "failed"  # a worker exited non-zero
-PREEMPTED = "preempted"  # the agent itself got SIGTERM
+PREEMPTING = "preempting"  # the agent got SIGTERM; its workers are checkpointing
+PREEMPTED = "preempted"  # ... and are gone: this report is the generation's last
 
 
 # ---- the shared JSON documents (used by the flow too) --------------------------
@@ -136,7 +138,9 @@ class Agent:
         self.base = agent_url(job_url, instance_id)
         self.work_dir = work_dir
         self.current: _Generation | None = None
+        self.previous: dict[str, Any] | None = None  # the replaced generation's last report
         self.terminating = False
+        self.final = False
         self._last_status: dict[str, Any] | None = None
         self._last_status_s = 0.0
 
@@ -216,7 +220,7 @@ class Agent:
     def _state(self) -> str:
         gen = self.current
         if self.terminating:
-            return PREEMPTED
+            return PREEMPTED if self.final else PREEMPTING
         if gen is None or not gen.procs:
             return IDLE
         if any(code != 0 for code in gen.exit_codes.values()):
@@ -226,8 +230,15 @@ class Agent:
         return RUNNING
 
     def _report(self, force: bool = False) -> None:
+        status = self._status_body()
+        now = time.time()
+        if force or status != self._last_status or now - self._last_status_s > 1.0:
+            write_json(f"{self.base}/{STATUS}", {**status, "heartbeat_unix_s": now})
+            self._last_status, self._last_status_s = status, now
+
+    def _status_body(self) -> dict[str, Any]:
         gen = self.current
-        status = {
+        return {
             "instance_id": self.instance_id,
             "generation": gen.number if gen else -1,
             "state": self._state(),
@@ -238,11 +249,8 @@ class Agent:
             "losses": gen.losses[-MAX_LOSSES:] if gen else [],
             "samples_per_s": gen.samples_per_s if gen else None,
             "event": gen.last_event if gen else None,
+            "previous": self.previous,
         }
-        now = time.time()
-        if force or status != self._last_status or now - self._last_status_s > 1.0:
-            write_json(f"{self.base}/{STATUS}", {**status, "heartbeat_unix_s": now})
-            self._last_status, self._last_status_s = status, now
 
     # -- main loop --
     def run(self, *, max_idle_s: float | None = None) -> int:
@@ -254,6 +262,7 @@ class Agent:
             if assignment is not None and (self.current is None or int(assignment["generation"]) > self.current.number):
                 if self.current is not None:
                     self._stop(self.current)
+                    self.previous = {k: v for k, v in self._status_body().items() if k != "previous"}
                 self.current = self._start(assignment)
                 self._report(force=True)
                 if assignment.get("action") == "shutdown":
@@ -265,9 +274,17 @@ class Agent:
                 return 0
             self._report()
             time.sleep(POLL_S)
-        # Preempted: the workers got the same SIGTERM; give them the notice period to checkpoint.
-        if self.current is not None:
-            self._stop(self.current, grace_s=float(os.environ.get("SAILOR_NOTICE_S", "30")))
+        # Preempted: the workers got the same SIGTERM and checkpoint within the notice period.
+        # Keep forwarding their metrics meanwhile: the SIGKILL may come before they are done.
+        gen = self.current
+        deadline = time.monotonic() + float(os.environ.get("SAILOR_NOTICE_S", "30"))
+        while gen is not None and time.monotonic() < deadline and any(p.poll() is None for p in gen.procs.values()):
+            self._collect(gen)
+            self._report()
+            time.sleep(POLL_S / 2)
+        if gen is not None:
+            self._stop(gen, grace_s=0.0)
+        self.final = True
         self._report(force=True)
         return 128 + signal.SIGTERM
 

@@ -1,0 +1,79 @@
+"""One real Prefect server for the flow tests (SQLite in a temp dir), started once per session.
+
+A real server rather than ``prefect_test_harness``: the end-to-end test deploys
+from prefect.yaml and runs a process worker against it, which needs an API a
+separate process can reach; the in-process flows use the same server.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def sailor_home(tmp_path_factory) -> Path:
+    home = tmp_path_factory.mktemp("sailor-home")
+    old = os.environ.get("SAILOR_HOME")
+    os.environ["SAILOR_HOME"] = str(home)
+    yield home
+    if old is None:
+        os.environ.pop("SAILOR_HOME", None)
+    else:
+        os.environ["SAILOR_HOME"] = old
+
+
+@pytest.fixture(scope="session")
+def prefect_api(sailor_home) -> str:
+    """API URL of a server started the way `sailor ui` starts one; this process points at it."""
+    from flows.prefect_env import start_local_server, stop_local_server
+
+    saved = {k: os.environ.get(k) for k in ("PREFECT_API_URL", "PREFECT_HOME")}
+    api_url = start_local_server(port=_free_port())
+    os.environ["PREFECT_API_URL"] = api_url
+    os.environ["PREFECT_HOME"] = str(sailor_home / "prefect")
+    from prefect.settings import (
+        PREFECT_API_URL,
+        PREFECT_HOME,
+        PREFECT_LOGGING_LEVEL,
+        PREFECT_SERVER_ANALYTICS_ENABLED,
+        temporary_settings,
+    )
+
+    with temporary_settings({PREFECT_API_URL: api_url, PREFECT_HOME: str(sailor_home / "prefect"),
+                             PREFECT_SERVER_ANALYTICS_ENABLED: False, PREFECT_LOGGING_LEVEL: "WARNING"}):
+        yield api_url
+    stop_local_server()
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
+def process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie (exited, not yet reaped) is not running.
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False

@@ -1,0 +1,86 @@
+"""The train-job flow under a real Prefect server, on the embedded local cloud.
+
+Real parts throughout: moto's EC2 server and the GCE fake provision the
+instances, each instance's startup script runs the agent, the agent runs the
+engine's torch workers (gloo), preemptions are the embedded cloud's (notice,
+SIGTERM, SIGKILL), the controller and the planner decide.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from sailor_core import jobstate as js
+from tests.flows.conftest import process_alive
+
+pytestmark = pytest.mark.e2e
+
+
+def _live_instances(job_id: str) -> list:
+    from infra.config import embedded_endpoints
+    from infra.local.cloud import providers_for
+    from infra.records import job_labels
+
+    ends = embedded_endpoints()
+    return [i for p in providers_for(ends["aws_endpoint"], ends["gce_endpoint"]).values()
+            for i in p.query_instances(job_labels(job_id)) if i.live]
+
+
+def _assert_nothing_left(state: js.JobState) -> None:
+    assert not state.running_instances()
+    assert _live_instances(state.job_id) == []
+    agents = Path(js.JobStore().job_url(state.job_id)) / "agents"
+    pids = [pid for status in agents.glob("*/status.json")
+            for pid in json.loads(status.read_text()).get("pids", {}).values()]
+    assert pids, "the agents reported no workers"
+    assert not [pid for pid in pids if process_alive(pid)], "a worker process outlived the job"
+
+
+def test_two_preemptions_end_with_the_loss_of_an_uninterrupted_run(prefect_api, tmp_path):
+    from flows.train_job import train_job
+    from sailor_core.plan import plan_from_dict
+    from sailor_core.runtime.launch import launch_local
+
+    steps, budget = 30, 0.05
+    summary = train_job(model="tiny", budget_usd=budget, steps=steps, preempt_at=[5, 15], checkpoint_every=5,
+                        global_batch_size=64, cloud="embedded", max_gpus=2, max_gpus_per_zone=1)
+    state = js.JobStore().load(summary["job_id"])
+    assert summary["status"] == "succeeded", summary
+    assert summary["preemptions"] == 2 and summary["replans"] == 2
+    assert summary["steps"] == steps
+    assert summary["instances_left_running"] == 0
+    assert 0 < summary["usd_spent"] <= budget
+    assert [i.end_reason for i in state.instances].count("preempted") == 2
+    assert all(r.at_step > 0 for r in state.replans[1:]), "each recovery resumed from a checkpoint"
+    _assert_nothing_left(state)
+
+    # The same samples, uninterrupted, on local processes under the plan the job ended with.
+    data = js.sailor_home() / "data" / "synthetic-tiny-seed0.npy"
+    ref = launch_local(plan_from_dict(state.plan), steps, data=data, seed=0, workdir=tmp_path / "ref")
+    assert ref.status == "ok", ref.message
+    assert summary["final_loss"] == pytest.approx(ref.losses[-1], rel=1e-5, abs=1e-6)
+    job_losses = dict(state.losses)
+    for step, loss in zip(ref.steps, ref.losses):
+        assert job_losses[step] == pytest.approx(loss, rel=1e-5, abs=1e-6), f"step {step}"
+
+
+def test_a_job_whose_budget_runs_out_stops_cleanly(prefect_api):
+    from flows.train_job import train_job
+    from sailor_core.catalog.instances import catalog_offers
+
+    # Enough for ~40 s of the cheapest single-GPU instance: it starts, trains, and must stop in time.
+    cheapest = min(o.spot_usd_per_hr for o in catalog_offers() if o.gpus_per_node == 1)
+    budget = cheapest * 40.0 / 3600.0
+    summary = train_job(model="tiny", budget_usd=budget, steps=100_000, checkpoint_every=5, global_batch_size=8,
+                        cloud="embedded", max_gpus=1, max_gpus_per_zone=1)
+    state = js.JobStore().load(summary["job_id"])
+    assert summary["status"] == "stopped_budget", summary
+    assert "budget" in summary["status_reason"]
+    assert summary["steps"] < 100_000
+    assert summary["usd_spent"] <= budget
+    assert state.ledger().spent_usd(state.updated_unix_s) <= budget
+    assert summary["instances_left_running"] == 0
+    _assert_nothing_left(state)
