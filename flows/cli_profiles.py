@@ -57,11 +57,17 @@ def list_cmd(
         return
     from rich.table import Table
 
-    table = Table(title=f"profiles ({len(rows)})")
-    for column in ("model", "GPU", "tp", "mbs", "seq", "regime", "source"):
-        table.add_column(column)
+    # one line per (model, GPU, regime, source): the (tp, mbs) pairs it covers
+    groups: dict[tuple, dict[int, list[int]]] = {}
     for r in rows:
-        table.add_row(r["model"], r["gpu"], str(r["tp"]), str(r["mbs"]), str(r["seq"]), r["regime"], r["source"])
+        key = (r["model"], r["gpu"], r["seq"], r["regime"], r["source"])
+        groups.setdefault(key, {}).setdefault(r["tp"], []).append(r["mbs"])
+    table = Table(title=f"{len(rows)} profiles (tp: micro-batch sizes)")
+    for column in ("model", "GPU", "seq", "tp: mbs", "regime", "source"):
+        table.add_column(column, overflow="fold")
+    for (m, g, seq, regime, source), cover in groups.items():
+        coverage = "; ".join(f"{tp}: {','.join(map(str, sorted(b)))}" for tp, b in sorted(cover.items()))
+        table.add_row(m, g, str(seq), coverage, regime, source)
     console().print(table)
 
 

@@ -27,6 +27,9 @@ def test_list_json_has_the_keys():
     rows = json.loads(out.stdout)["profiles"]
     assert len(rows) == 12
     assert set(rows[0]) >= {"model", "gpu", "tp", "mbs", "seq", "source", "regime", "measured"}
+    table = _run("profiles", "list", "--model", "OPT-30")
+    assert table.exit_code == 0 and "32 profiles (tp: micro-batch sizes)" in table.stdout
+    assert table.stdout.count("opt-30b") == 3  # one line per GPU: A100-40, GH-96, V100-16
 
 
 def test_show_says_what_is_estimated():
