@@ -70,7 +70,7 @@ def up_cmd(
     trace: Optional[str] = typer.Option(None, "--trace", help="Availability trace that drives capacity."),
     time_scale: float = typer.Option(1.0, "--time-scale", help="Trace seconds per real second."),
     faults: str = typer.Option("", "--faults", help="API fault rates, e.g. throttle=0.1,server_error=0.05,seed=1"),
-    wait_s: float = typer.Option(20.0, "--wait-s", help="How long to wait for it to serve."),
+    wait_s: float = typer.Option(90.0, "--wait-s", help="How long to wait for it to serve."),
 ) -> None:
     """Start the embedded cloud in the background ($SAILOR_HOME/cloud.json holds its endpoints)."""
     from infra.config import standalone_state, state_file
@@ -101,6 +101,7 @@ def up_cmd(
         if proc.poll() is not None:
             raise fail(f"the embedded cloud exited with code {proc.returncode}; see {path.parent / 'cloud.log'}")
         time.sleep(0.1)
+    proc.terminate()  # do not leave a half-started cloud behind
     raise fail(f"the embedded cloud did not answer within {wait_s:.0f} s; see {path.parent / 'cloud.log'}")
 
 

@@ -11,6 +11,7 @@ import pytest
 
 from infra.errors import CapacityError, CloudConfigError, QuotaError, TransientCloudError
 from infra.local.faults import FaultRates
+from infra.metadata import preemption_notice
 from infra.provisioner import GpuNeed, Provisioner
 from infra.records import PREEMPTED, RUNNING, job_labels
 from sailor_core.catalog.instances import catalog_offers, offer_for, get_instance_type
@@ -143,11 +144,20 @@ def test_interruption_is_detected_with_the_clouds_reason_and_kills_the_script(cl
     machine = cloud.machines.get(inst.instance_id)
     url = f"{cloud.gce_endpoint}/metadata/{inst.instance_id}/computeMetadata/v1/instance/preempted"
     assert urllib.request.urlopen(url).read() == b"FALSE"
+    env = {"SAILOR_METADATA_URL": f"{cloud.gce_endpoint}/metadata/{inst.instance_id}", "SAILOR_CLOUD": cloud_name}
+    with pytest.MonkeyPatch.context() as mp:
+        for k, v in env.items():
+            mp.setenv(k, v)
+        assert preemption_notice() is None
 
     assert cloud.preempt(inst.instance_id)
     assert wait_until(lambda: "term" in out.read_text(), 2)  # SIGTERM at the notice
     assert not group_gone(machine.process.pid)  # still alive during the notice period
     assert urllib.request.urlopen(url).read() == b"TRUE"
+    with pytest.MonkeyPatch.context() as mp:
+        for k, v in env.items():
+            mp.setenv(k, v)
+        assert preemption_notice()  # what the worker's poller sees during the notice
     notice = machine.metadata_dir / "latest/meta-data/spot/instance-action"
     assert '"action": "terminate"' in notice.read_text()
     assert wait_until(lambda: group_gone(machine.process.pid), 3)  # SIGKILL after it

@@ -1,0 +1,61 @@
+"""`sailor cloud up|status|preempt|down`: the embedded cloud as its own process (slow: ~3
+Python start-ups of the SDKs)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+
+def sailor(*args, env):
+    return subprocess.run([sys.executable, "-m", "flows.cli", *args], env=env, capture_output=True, text=True,
+                          timeout=120)
+
+
+def test_standalone_cloud_up_status_preempt_down(tmp_path):
+    env = {**os.environ, "SAILOR_HOME": str(tmp_path), "COLUMNS": "200"}
+    env.pop("SAILOR_CLOUDS", None)
+    up = sailor("cloud", "up", "--notice-s", "0.5", env=env)
+    assert up.returncode == 0, up.stderr
+    try:
+        state = json.loads((tmp_path / "cloud.json").read_text())
+        # Another process provisions through the endpoints in the state file.
+        script = (
+            "from infra.config import get_providers\n"
+            "from infra.records import job_labels\n"
+            "p = get_providers(['gcp'])['gcp']\n"
+            "(i,) = p.run_instances(zone='us-central1-a', instance_type='a2-highgpu-1g', count=1,"
+            " labels=job_labels('cli-1', 0), startup_script='sleep 60')\n"
+            "p.wait_instances(job_labels('cli-1'), timeout_s=20)\n"
+            "print(i.instance_id)\n"
+        )
+        launched = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+        assert launched.returncode == 0, launched.stderr
+        instance_id = launched.stdout.split()[-1]
+
+        status = sailor("cloud", "status", "--json", env=env)
+        data = json.loads(status.stdout)
+        assert data["running"] and data["pid"] == state["pid"]
+        assert [i["instance_id"] for i in data["live_instances"]] == [instance_id]
+
+        pre = sailor("cloud", "preempt", instance_id, env=env)
+        assert pre.returncode == 0 and instance_id in pre.stdout
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            data = json.loads(sailor("cloud", "status", "--json", env=env).stdout)
+            if not data["live_instances"]:
+                break
+            time.sleep(0.5)
+        assert data["live_instances"] == [] and data["preemptions"][0]["instance_id"] == instance_id
+    finally:
+        down = sailor("cloud", "down", env=env)
+    assert down.returncode == 0 and "stopped" in down.stdout
+    assert not (tmp_path / "cloud.json").exists()
+    assert sailor("cloud", "status", env=env).returncode == 1
