@@ -18,18 +18,20 @@ from sailor_core.replay.prices import PriceSeries
 from sailor_core.traces import AvailabilityTrace
 
 # Search knobs for re-planning inside a replay: a smaller budget of simulate()
-# calls than `sailor plan` (4000) keeps one planner call near a second here.
-REPLAY_PLANNER_KNOBS: dict[str, Any] = {"max_evaluations": 400, "top_n": 3}
+# calls than `sailor plan` (4000) keeps one planner call to a few seconds on a
+# busy 2-core machine.
+REPLAY_PLANNER_KNOBS: dict[str, Any] = {"max_evaluations": 200, "top_n": 3}
 
 
-def grid_floor(n: int) -> int:
-    """``n`` rounded down to a grid that is exact below 16 GPUs and then steps by
-    at most 1/8 (16, 18, ..., 32, 36, ..., 64, 72, ...).  The planner in a
-    replay sees pools on this grid, so nearby availabilities share one planner
-    call; preemptions are still counted on the exact counts."""
-    if n < 16:
+def grid_floor(n: int, *, fine_below: int = 8) -> int:
+    """``n`` rounded down to a grid that is exact below ``fine_below`` GPUs and
+    then has 4 steps per doubling (8, 10, 12, 14, 16, 20, 24, 28, 32, 40, ...).
+    The planner in a replay sees pools on this grid, so the many availabilities
+    of a trace that differ by a node or two share one planner call; preemptions
+    are still counted on the exact counts, and every policy sees the same grid."""
+    if n < fine_below:
         return max(n, 0)
-    step = 1 << (n.bit_length() - 4)
+    step = 1 << (n.bit_length() - 3)
     return n - n % step
 
 
@@ -101,6 +103,7 @@ def run_policies(
     seed: int = 0,
     max_time_s: float | None = None,
     exact_availability: bool = False,
+    plan_cache_path: str | None = None,
 ) -> ReplaySuite:
     from sailor_core.catalog import get_model, normalize_gpu_name
 
@@ -116,8 +119,14 @@ def run_policies(
     samples_target = float(tokens) / float(seq_len or spec.seq_len)
     if costs is None:
         costs = ChangeCosts(checkpoint_bytes=checkpoint_bytes_for(spec.name))
-    base = plan_fn or planner_plan_fn(model=spec.name, global_batch_size=global_batch_size,
-                                      **REPLAY_PLANNER_KNOBS)
+    base = plan_fn
+    if base is None:
+        base = planner_plan_fn(model=spec.name, global_batch_size=global_batch_size, **REPLAY_PLANNER_KNOBS)
+        if plan_cache_path:
+            from sailor_core.replay.plan_cache import persistent
+
+            knobs = ",".join(f"{k}={v}" for k, v in sorted(REPLAY_PLANNER_KNOBS.items()))
+            base = persistent(base, plan_cache_path, prefix=f"{spec.name}|gbs={global_batch_size}|{knobs}")
     cached = base if isinstance(base, CachedPlanner) else CachedPlanner(plan_fn=base)
     planner = cached if exact_availability else on_grid(cached)
     price_fn = prices.price_fn(fallback=catalog_price_fn()) if prices is not None else catalog_price_fn()

@@ -86,23 +86,24 @@ class PoolSpec:
     behaviour: str      # key of MEASURED_BEHAVIOURS
 
 
-# Two ready-made multi-day scenarios used by the benchmarks.
+# Two ready-made multi-day scenarios used by the benchmarks.  Pools are kept to
+# 8-16 GPUs (a few nodes per zone) so re-planning stays affordable on a laptop.
 DERIVED_PRESETS: dict[str, tuple[float, tuple[PoolSpec, ...]]] = {
     "aws-3d": (3 * 24 * _H, (
-        PoolSpec(gpu="V100-16", zone="us-east-1a", capacity=32, behaviour="aws-p3"),
-        PoolSpec(gpu="V100-16", zone="us-east-1b", capacity=32, behaviour="aws-p3"),
-        PoolSpec(gpu="V100-16", zone="us-east-1c", capacity=16, behaviour="aws-p3"),
-        PoolSpec(gpu="T4", zone="us-east-1c", capacity=24, behaviour="aws-g4dn"),
-        PoolSpec(gpu="T4", zone="us-east-1d", capacity=24, behaviour="aws-g4dn"),
-        PoolSpec(gpu="T4", zone="us-west-2a", capacity=16, behaviour="aws-p2"),
+        PoolSpec(gpu="V100-16", zone="us-east-1a", capacity=16, behaviour="aws-p3"),
+        PoolSpec(gpu="V100-16", zone="us-east-1b", capacity=16, behaviour="aws-p3"),
+        PoolSpec(gpu="V100-16", zone="us-east-1c", capacity=8, behaviour="aws-p3"),
+        PoolSpec(gpu="T4", zone="us-east-1c", capacity=12, behaviour="aws-g4dn"),
+        PoolSpec(gpu="T4", zone="us-east-1d", capacity=12, behaviour="aws-g4dn"),
+        PoolSpec(gpu="T4", zone="us-west-2a", capacity=8, behaviour="aws-p2"),
     )),
     "gcp-4d": (4 * 24 * _H, (
-        PoolSpec(gpu="A100-40", zone="us-central1-a", capacity=32, behaviour="gcp-a100"),
-        PoolSpec(gpu="A100-40", zone="us-east1-b", capacity=32, behaviour="gcp-a100"),
-        PoolSpec(gpu="A100-40", zone="us-west1-b", capacity=16, behaviour="gcp-a100"),
-        PoolSpec(gpu="V100-16", zone="us-central1-a", capacity=40, behaviour="gcp-v100"),
-        PoolSpec(gpu="V100-16", zone="us-east1-c", capacity=40, behaviour="gcp-v100"),
-        PoolSpec(gpu="V100-16", zone="us-west1-b", capacity=24, behaviour="gcp-v100"),
+        PoolSpec(gpu="A100-40", zone="us-central1-a", capacity=16, behaviour="gcp-a100"),
+        PoolSpec(gpu="A100-40", zone="us-east1-b", capacity=16, behaviour="gcp-a100"),
+        PoolSpec(gpu="A100-40", zone="us-west1-b", capacity=8, behaviour="gcp-a100"),
+        PoolSpec(gpu="V100-16", zone="us-central1-a", capacity=16, behaviour="gcp-v100"),
+        PoolSpec(gpu="V100-16", zone="us-east1-c", capacity=16, behaviour="gcp-v100"),
+        PoolSpec(gpu="V100-16", zone="us-west1-b", capacity=8, behaviour="gcp-v100"),
     )),
 }
 

@@ -1,17 +1,21 @@
 """`sailor replay` bad input: one `error:` line, non-zero exit, no traceback."""
 
-import subprocess
-import sys
-from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from flows.cli import main
 
 
-def sailor(*args):
-    return subprocess.run([sys.executable, "-c", "from flows.cli import main; main()", *args],
-                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+@pytest.fixture
+def sailor(capsys):
+    def run(*args):
+        with pytest.raises(SystemExit) as exc:
+            main(list(args))
+        out = capsys.readouterr()
+        return SimpleNamespace(returncode=exc.value.code, stdout=out.out, stderr=out.err)
+
+    return run
 
 
 @pytest.mark.parametrize(
@@ -24,7 +28,7 @@ def sailor(*args):
         (["--trace", "derived:nope", "--model", "opt-350m", "--tokens", "1e9"], "unknown derived trace"),
     ],
 )
-def test_bad_input_one_error_line(args, words):
+def test_bad_input_one_error_line(sailor, args, words):
     p = sailor("replay", *args)
     assert p.returncode != 0
     lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
@@ -32,8 +36,29 @@ def test_bad_input_one_error_line(args, words):
     assert "Traceback" not in p.stderr
 
 
-def test_bad_trace_file(tmp_path):
+def test_bad_trace_file(sailor, tmp_path):
     bad = tmp_path / "bad.csv"
     bad.write_text("hello,world\nfoo,bar\n")
     p = sailor("replay", "--trace", str(bad), "--model", "opt-350m", "--tokens", "1e9")
     assert p.returncode != 0 and p.stderr.startswith("error:") and "trace format" in p.stderr
+
+
+def test_json_and_plot(sailor, tmp_path, monkeypatch):
+    import json
+
+    import sailor_core.replay.run as run_mod
+    from replay_helpers import linear_planner
+
+    monkeypatch.setattr(run_mod, "planner_plan_fn", lambda **kw: linear_planner)  # real planner: slow test
+    trace = tmp_path / "t.csv"
+    trace.write_text(",Timestamp,A100-40_us-central1-a,V100-16_us-central1-b\n0,0,4,4\n1,3600,2,4\n2,7200,4,4\n")
+    png = tmp_path / "timeline.png"
+    p = sailor("replay", "--trace", str(trace), "--model", "opt-350m", "--tokens", "2B", "--json",
+               "--plot", str(png))
+    assert p.returncode in (0, None), p.stderr
+    out = json.loads(p.stdout)
+    assert set(out["policies"]) == {"ours", "skypilot", "single-type", "static"}
+    for row in out["policies"].values():
+        assert {"time_to_train_s", "usd_spent", "useful_work_fraction", "num_replans", "num_restarts"} <= set(row)
+    assert out["policies"]["static"]["cost_ratio_to_ours"] > 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

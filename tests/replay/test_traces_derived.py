@@ -20,12 +20,12 @@ H = 3600.0
 @pytest.mark.parametrize("behaviour", sorted(MEASURED_BEHAVIOURS))
 def test_long_derived_pool_matches_its_source(behaviour):
     b = MEASURED_BEHAVIOURS[behaviour]
-    t = derive_trace([PoolSpec(gpu="V100-16", zone="us-east-1a", capacity=64, behaviour=behaviour)],
-                     duration_s=20 * 24 * H, seed=7, stockouts=False)
+    t = derive_trace([PoolSpec(gpu="V100-16", zone="us-east-1a", capacity=32, behaviour=behaviour)],
+                     duration_s=12 * 24 * H, seed=7, stockouts=False)
     s = pool_statistics(t, t.keys[0])
     assert s.duration_s / s.num_preemption_events == pytest.approx(b.mtbp_s, rel=0.2)
-    assert s.mean_count / 64 == pytest.approx(b.mean_available_fraction, abs=0.08)
-    assert s.largest_drop <= round(b.largest_bulk_fraction * 64)
+    assert s.mean_count / 32 == pytest.approx(b.mean_available_fraction, abs=0.08)
+    assert s.largest_drop <= max(1, round(b.largest_bulk_fraction * 32))
 
 
 def test_presets_are_multi_day_multi_zone_multi_gpu_and_deterministic():

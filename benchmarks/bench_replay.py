@@ -1,0 +1,70 @@
+"""Replay benchmark: the four policies on one trace with the real planner.
+
+    .venv/bin/python benchmarks/bench_replay.py --trace derived:gcp-4d:1 --model opt-350m --tokens 2e10 \
+        --out results.json --plot timeline.png [--plan-cache /tmp/sailor_replay_plans.json]
+
+Prints time to train, USD, cost and time ratios to ours, re-plans, restarts,
+useful-work fraction, and the replay's wall time (cold: with planner calls;
+warm: the same replay again with every plan cached, i.e. the replay itself).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+from sailor_core.replay import POLICIES, run_policies
+from sailor_core.replay.plot import plot_timeline
+from sailor_core.traces import load_trace
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--trace", required=True)
+    ap.add_argument("--model", default="opt-350m")
+    ap.add_argument("--tokens", type=float, required=True)
+    ap.add_argument("--budget-usd", type=float, default=None)
+    ap.add_argument("--policies", default=",".join(POLICIES))
+    ap.add_argument("--plan-cache", default="/tmp/sailor_replay_plans.json")
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--plot", default=None)
+    args = ap.parse_args()
+
+    trace = load_trace(args.trace)
+    policies = args.policies.split(",")
+    t0 = time.perf_counter()
+    cold = run_policies(trace, model=args.model, tokens=args.tokens, policies=policies,
+                        budget_usd=args.budget_usd, plan_cache_path=args.plan_cache)
+    cold_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    warm = run_policies(trace, model=args.model, tokens=args.tokens, policies=policies,
+                        budget_usd=args.budget_usd, plan_cache_path=args.plan_cache)
+    warm_s = time.perf_counter() - t0
+    out = cold.to_dict()
+    out.update(trace_arg=args.trace, model=args.model, tokens=args.tokens, trace_rows=trace.num_rows,
+               trace_hours=trace.duration_s / 3600, num_trace_preemptions=len(trace.preemptions),
+               wall_cold_s=cold_s, wall_warm_s=warm_s, warm_planner_calls=warm.planner_calls)
+    assert {k: v.usd_spent for k, v in warm.results.items()} == {k: v.usd_spent for k, v in cold.results.items()}
+    print(f"{args.trace}: {trace.num_rows} rows, {trace.duration_s / 3600:.1f} h, "
+          f"{len(trace.preemptions)} preemption events; model {args.model}, {args.tokens:.3g} tokens; "
+          f"single-type GPU {cold.single_gpu_type}")
+    print(f"{'policy':12} {'done':>5} {'time h':>8} {'USD':>9} {'cost/ours':>9} {'time/ours':>9} "
+          f"{'useful':>7} {'replans':>7} {'restarts':>8} {'wait h':>7}")
+    for name, r in out["policies"].items():
+        t = r["time_to_train_s"]
+        print(f"{name:12} {'yes' if r['finished'] else 'no':>5} {t / 3600 if t else float('nan'):8.2f} "
+              f"{r['usd_spent']:9.2f} {r.get('cost_ratio_to_ours') or 1.0:9.2f} "
+              f"{(r.get('time_ratio_to_ours') or (1.0 if name == 'ours' else float('nan'))):9.2f} "
+              f"{r['useful_work_fraction']:7.2f} {r['num_replans']:7d} {r['num_restarts']:8d} {r['wait_s'] / 3600:7.2f}")
+    print(f"wall: cold {cold_s:.1f} s ({cold.planner_calls} planner calls, {cold.planner_time_s:.1f} s in them); "
+          f"warm {warm_s:.2f} s")
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(out, f, indent=1)
+    if args.plot:
+        plot_timeline(cold.results, args.plot, trace=trace, title=f"{args.model}, {args.tokens:.3g} tokens, {args.trace}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,68 @@
+"""``replay`` flow: a thin Prefect wrapper around ``sailor_core.replay.run_policies``.
+
+Publishes the comparison as a table artifact and the timeline PNG (embedded in
+a markdown artifact) so the UI shows what each policy would cost and take.
+"""
+
+from __future__ import annotations
+
+import base64
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from prefect import flow, task
+from prefect.artifacts import create_markdown_artifact, create_table_artifact
+
+
+@task(name="replay-policies", tags=["replay"])
+def replay_task(trace: str, model: str, tokens: float, policies: list[str],
+                budget_usd: float | None, plan_cache_path: str | None) -> tuple[dict[str, Any], bytes]:
+    from sailor_core.replay import run_policies
+    from sailor_core.replay.plot import plot_timeline
+    from sailor_core.traces import load_trace
+
+    availability = load_trace(trace)
+    suite = run_policies(availability, model=model, tokens=tokens, policies=policies,
+                         budget_usd=budget_usd, plan_cache_path=plan_cache_path)
+    with tempfile.TemporaryDirectory() as tmp:
+        png = Path(tmp) / "timeline.png"
+        plot_timeline(suite.results, png, trace=availability, title=f"{model}, {tokens:.3g} tokens, {trace}")
+        return suite.to_dict(), png.read_bytes()
+
+
+def summary_rows(summary: dict[str, Any]) -> list[dict[str, Any]]:
+    rows = []
+    for name, r in summary["policies"].items():
+        t = r["time_to_train_s"]
+        rows.append({
+            "policy": name,
+            "finished": r["finished"],
+            "time_to_train_h": round(t / 3600, 3) if t is not None else None,
+            "usd_spent": round(r["usd_spent"], 2),
+            "cost_ratio_to_ours": None if r.get("cost_ratio_to_ours") is None else round(r["cost_ratio_to_ours"], 3),
+            "time_ratio_to_ours": None if r.get("time_ratio_to_ours") is None else round(r["time_ratio_to_ours"], 3),
+            "useful_work_fraction": round(r["useful_work_fraction"], 3),
+            "replans": r["num_replans"],
+            "restarts": r["num_restarts"],
+            "stop_reason": r["stop_reason"],
+        })
+    return rows
+
+
+@flow(name="replay", log_prints=True)
+def replay_flow(trace: str, model: str = "opt-350m", tokens: float = 2e10,
+                policies: list[str] | None = None, budget_usd: float | None = None,
+                plan_cache_path: str | None = None) -> dict[str, Any]:
+    from sailor_core.replay import POLICIES
+
+    summary, png = replay_task(trace, model, tokens, list(policies or POLICIES), budget_usd, plan_cache_path)
+    create_table_artifact(key="replay-summary", table=summary_rows(summary),
+                          description=f"Replay of {trace}: {model}, {tokens:.3g} tokens")
+    data = base64.b64encode(png).decode()
+    create_markdown_artifact(key="replay-timeline",
+                             markdown=f"### Replay timeline: {trace}\n\n![timeline](data:image/png;base64,{data})\n",
+                             description="GPUs in use per type and throughput over time, per policy")
+    for row in summary_rows(summary):
+        print(row)
+    return summary
