@@ -64,8 +64,9 @@ def idle_worker_rss_bytes(*, device: str = "cpu", threads: int = 1, timeout_s: f
 
     port = _free_port()
     procs = []
-    for rank in range(2):
-        env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2",
+    world = 1 if device == "cuda" else 2  # one GPU may be all there is; NCCL initialises with one rank
+    for rank in range(world):
+        env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
                    OMP_NUM_THREADS=str(threads), SAILOR_THREADS=str(threads), SAILOR_DEVICE=device)
         procs.append(subprocess.Popen([sys.executable, "-c", _IDLE], env=env, stdout=subprocess.PIPE,
                                       stderr=subprocess.PIPE, text=True, start_new_session=True))

@@ -40,6 +40,7 @@ def test_bad_input_is_one_error_line(sailor, args, words):
     assert "Traceback" not in res.stderr + res.stdout
 
 
+@pytest.mark.slow  # ~10 s of profiling on a loaded 2-core machine; the same code runs in test_compute_profile
 def test_profile_json_output_saves_and_reports(sailor, tmp_path):
     import json
 

@@ -78,3 +78,27 @@ def test_update_line_fit_recovers_a_known_line():
     # a negative intercept is not physical: the fit goes through the origin instead
     rate, fixed = fit_update_line([(1_000, 1e-6), (1_000_000, 1e-2)])
     assert fixed == 0.0 and rate > 0
+
+
+def test_cpu_sharing_from_first_principles(tiny_run):
+    """4 ranks on 2 idle cores: the iteration is the ranks' summed work over 2 cores when that
+    exceeds the one-core-per-rank pipeline; other jobs' load shrinks the cores we get."""
+    from sailor_core.plan import plan_from_dict
+    from sailor_core.profiler.cpu_sharing import effective_cores, rank_work_s, shared_cpu_time
+    from sailor_core.profiles import ProfileDB
+    from sailor_core.simulator import simulate
+
+    prof = next(p for p in tiny_run.profiles if p.micro_batch_size == 4)
+    reps = [{"gpu": "cpu", "tp": 1}] * 2
+    plan = plan_from_dict({"model": "tiny", "global_batch_size": 32, "micro_batch_size": 4,
+                           "stages": [{"layers": [0, 2], "replicas": reps}, {"layers": [2, 4], "replicas": reps}]})
+    sim = simulate(plan, profiles=ProfileDB([prof]))
+    work = rank_work_s(sim)
+    per_mb = [sum(layer.fwd_s + layer.bwd_s for layer in prof.layers[a:b]) for a, b in ((0, 2), (2, 4))]
+    assert work >= 2 * 4 * sum(per_mb)  # every rank runs its 4 micro-batches
+    idle = shared_cpu_time(plan, sim, num_cores=2)
+    assert idle.effective_cores == 2 and idle.iteration_time_s == max(sim.iteration_time_s, work / 2)
+    assert shared_cpu_time(plan, sim, num_cores=8).iteration_time_s == max(sim.iteration_time_s, work / 4)
+    assert effective_cores(2, 4, other_load=4) == pytest.approx(1.0)
+    loaded = shared_cpu_time(plan, sim, num_cores=2, other_load=4)
+    assert loaded.iteration_time_s == pytest.approx(max(sim.iteration_time_s, work))

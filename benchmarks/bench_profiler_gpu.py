@@ -1,0 +1,129 @@
+"""Profile models with Sailor's profiler on this machine's device, compare with ../shared/measurements,
+and run one full-model training step with the engine to compare with the simulator's prediction.
+
+Meant for the H200 (``benchmarks/gpu_profile_h200.sh``); it runs on CPU too (``--device cpu
+--models tiny``), which is how it was checked on a machine without a GPU.
+
+    .venv/bin/python benchmarks/bench_profiler_gpu.py --device cuda --models opt-350m,opt-1.3b --mbs 1,2,4
+
+For each model and micro-batch size it prints: the profiler's whole-model forward+backward of one
+micro-batch (sum over layer indices) and optimizer step, next to the measured ones in
+``../shared/measurements/h200_opt_training.jsonl`` (same dimensions, Hugging Face implementation,
+fused AdamW where the engine uses AdamW(foreach=False)); then one training step of a 1-stage,
+1-replica plan (global batch = 4 micro-batches, as the measurements' ``iteration_ms``) run by
+``launch_local`` next to ``simulate`` of that plan with the new profile.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+MEASUREMENTS = Path(__file__).resolve().parents[2] / "shared" / "measurements" / "h200_opt_training.jsonl"
+
+
+def measured_rows(model: str) -> dict[int, dict]:
+    """Full-depth rows of the H200 measurements for ``model``, by micro-batch size."""
+    if not MEASUREMENTS.exists():
+        return {}
+    from sailor_core.catalog.models import get_model
+
+    full = get_model(model).num_layers
+    rows = {}
+    for line in MEASUREMENTS.read_text().splitlines():
+        r = json.loads(line)
+        if r.get("model") == model and r.get("layers") == full:
+            rows[int(r["mbs"])] = r
+    return rows
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
+    ap.add_argument("--models", default="opt-350m,opt-1.3b")
+    ap.add_argument("--mbs", default="1,2,4")
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--steps", type=int, default=3, help="engine steps (the first is a warm-up)")
+    ap.add_argument("--step-mbs", type=int, default=1, help="micro-batch size of the engine step")
+    ap.add_argument("--workdir", default=None)
+    ap.add_argument("--json-out", default=None)
+    args = ap.parse_args(argv)
+    workdir = Path(args.workdir or tempfile.mkdtemp(prefix="sailor-profile-gpu-"))
+    os.environ["SAILOR_HOME"] = str(workdir / "sailor_home")
+
+    from sailor_core.plan import plan_from_dict
+    from sailor_core.profiler.compute import profile_model, save_profiles
+    from sailor_core.profiles import ProfileDB
+    from sailor_core.runtime.launch import launch_local
+    from sailor_core.simulator import simulate
+
+    mbs_list = [int(x) for x in args.mbs.split(",")]
+    report: dict = {"device": args.device, "models": {}}
+    for model in args.models.split(","):
+        run = profile_model(model, micro_batch_sizes=mbs_list, tp_degrees=[1], device=args.device, reps=args.reps,
+                            measure_overhead=True)
+        save_profiles(run.profiles)
+        meas = measured_rows(model) if run.profiles[0].gpu == "H200" else {}
+        entry = {"device_name": run.device_name, "profile_wall_s": run.wall_s, "overhead_bytes": run.overhead_bytes,
+                 "by_mbs": {}}
+        print(f"== {model} on {run.device_name} (torch {run.torch_version}); profiling took {run.wall_s:.0f} s; "
+              f"constant memory per process {run.overhead_bytes / 1e9:.2f} GB")
+        for p in run.profiles:
+            fb = p.fwd_bwd_s()
+            upd = p.update_s(p.params())
+            act = sum(layer.activation_bytes for layer in p.layers)
+            row = {"fwd_bwd_s": fb, "update_s": upd, "activation_bytes": act, "params": p.params()}
+            m = meas.get(p.micro_batch_size)
+            line = f"mbs {p.micro_batch_size}: fwd+bwd {fb * 1e3:8.2f} ms, AdamW {upd * 1e3:7.2f} ms, " \
+                   f"activations {act / 1e9:6.2f} GB"
+            if m:
+                mfb, mopt = m["fwd_bwd_ms"][0] / 1e3, m["optim_step_ms"][0] / 1e3
+                mact = m["peak_alloc_bytes"] - m["static_bytes"]
+                row.update(measured_fwd_bwd_s=mfb, measured_optim_s=mopt, measured_activation_bytes=mact)
+                line += f" | measurements: fwd+bwd {mfb * 1e3:8.2f} ms ({fb / mfb - 1:+.0%}), fused AdamW " \
+                        f"{mopt * 1e3:7.2f} ms, peak - static {mact / 1e9:6.2f} GB"
+            print(line)
+            entry["by_mbs"][p.micro_batch_size] = row
+
+        # one full-model training step with the engine vs the simulator with this profile
+        gpu = run.profiles[0].gpu
+        plan = plan_from_dict({"model": model, "global_batch_size": 4 * args.step_mbs,
+                               "micro_batch_size": args.step_mbs,
+                               "stages": [{"layers": [0, run.profiles[0].num_layer_indices],
+                                           "replicas": [{"gpu": gpu, "tp": 1, "zone": "local"}]}]})
+        prof = next((p for p in run.profiles if p.micro_batch_size == args.step_mbs), None)
+        if prof is None:
+            print(f"(no profile at mbs {args.step_mbs}; engine step skipped)")
+            continue
+        sim = simulate(plan, profiles=ProfileDB([prof]))
+        res = launch_local(plan, args.steps, workdir=workdir / f"engine-{model}", timeout_s=900)
+        if res.status != "ok":
+            print(f"engine run failed: {res.status} {res.message}")
+            entry["engine"] = {"status": res.status, "message": res.message}
+        else:
+            steady = res.step_times_s[1:] or res.step_times_s
+            med = statistics.median(steady)
+            mem = sim.stages[0].replicas[0].memory
+            print(f"one step, gbs {plan.global_batch_size} (4 x mbs {args.step_mbs}): engine {med * 1e3:.1f} ms "
+                  f"(steps {', '.join(f'{t * 1e3:.1f}' for t in res.step_times_s)}), simulator "
+                  f"{sim.iteration_time_s * 1e3:.1f} ms ({sim.iteration_time_s / med - 1:+.0%}); predicted peak "
+                  f"memory {mem.peak_bytes / 1e9:.2f} GB")
+            m = meas.get(args.step_mbs)
+            if m:
+                print(f"measurements' iteration_ms (HF OPT, acc 4): {m['iteration_ms'][0]:.1f} ms")
+            entry["engine"] = {"status": "ok", "step_times_s": res.step_times_s, "median_s": med,
+                               "simulated_s": sim.iteration_time_s, "predicted_peak_bytes": mem.peak_bytes}
+        report["models"][model] = entry
+    if args.json_out:
+        Path(args.json_out).write_text(json.dumps(report, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
