@@ -41,11 +41,11 @@ MAX_WAITS = 6
 
 
 def _job_id_for_run(model: str) -> str:
+    """Derived from the flow run's id: the CLI finds a deployment run's job state without asking."""
+    from flows.deploy_client import job_id_for
+
     run_id = current_flow_run.get_id()
-    if run_id:
-        safe = "".join(c if c.isalnum() else "-" for c in model.lower()).strip("-")
-        return f"{safe}-{str(run_id).replace('-', '')[:10]}"
-    return js.new_job_id(model)
+    return job_id_for(model, run_id) if run_id else js.new_job_id(model)
 
 
 def _cleanup_hook(flow_obj, flow_run, state) -> None:
@@ -110,7 +110,7 @@ def train_job(
         current = None  # the controller's PlanOption running now
         num_waits = no_progress = 0
         while True:
-            offers = cloud_tasks.list_offers(session, spec)
+            offers = cloud_tasks.list_offers(session, spec.gpus, spec.zones, spec.clouds)
             planner = planning.Planner(spec=spec, offers=tuple(offers))
             available = planning.availability(offers, max_gpus_per_zone=max_gpus_per_zone, max_gpus=max_gpus)
             decision = planning.decide_next(planner, state, available=available, event=event, current=current,

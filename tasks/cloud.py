@@ -142,9 +142,12 @@ def job_id_of_flow_run(flow_run_id) -> str | None:
         return _flow_run_jobs.get(str(flow_run_id))
 
 
-def open_session(mode: str, *, job_id: str, jobs_url: str, spec: js.JobSpec) -> CloudSession:
-    """``auto``: what ``SAILOR_CLOUDS`` says (infra.config: the embedded cloud unless real clouds are
-    asked for); ``embedded``: the embedded cloud; ``real``: the real clouds ``SAILOR_CLOUDS`` names."""
+def providers_for_mode(mode: str, clouds: Sequence[str] = ()) -> tuple[str, dict[str, Any], str | None]:
+    """(mode used, providers, embedded control URL) for ``auto`` / ``embedded`` / ``real``.
+
+    ``auto`` follows ``SAILOR_CLOUDS`` (infra.config): the embedded cloud unless real clouds
+    are asked for, so credentials lying around never spend money by surprise.
+    """
     from infra import config
 
     if mode not in ("auto", "embedded", "real"):
@@ -154,21 +157,33 @@ def open_session(mode: str, *, job_id: str, jobs_url: str, spec: js.JobSpec) -> 
         raise CloudConfigError(f"real clouds are used only when asked: set {config.MODE_ENV}=real (or aws, gcp); "
                                "credentials come from the SDKs' usual chains (docs/orchestration.md)")
     if mode == "real" or (mode == "auto" and real):
+        return "real", config.get_providers(list(clouds) or None), None
+    from infra.local.cloud import providers_for
+
+    ends = config.embedded_endpoints()  # `sailor cloud up`'s standalone cloud, else one in this process
+    providers = providers_for(ends["aws_endpoint"], ends["gce_endpoint"])
+    if clouds:
+        providers = {c: p for c, p in providers.items() if c in clouds}
+    return "embedded", providers, ends["control_url"]
+
+
+def offers_session(mode: str, clouds: Sequence[str] = ()) -> CloudSession:
+    """A session that only reads offers (plan and refresh-offers flows)."""
+    used, providers, control_url = providers_for_mode(mode, clouds)
+    return CloudSession(mode=used, job_id="offers", jobs_url="", providers=providers, control_url=control_url)
+
+
+def open_session(mode: str, *, job_id: str, jobs_url: str, spec: js.JobSpec) -> CloudSession:
+    used, providers, control_url = providers_for_mode(mode, spec.clouds)
+    if used == "real":
         if "://" not in jobs_url or jobs_url.startswith("file://"):
             raise CloudConfigError("on real clouds the job's documents must be where instances reach them: "
                                    "set jobs_url (or SAILOR_JOBS_URL) to an s3:// or gs:// URL")
-        session = CloudSession(mode="real", job_id=job_id, jobs_url=jobs_url,
-                               providers=config.get_providers(list(spec.clouds) or None))
+        session = CloudSession(mode=used, job_id=job_id, jobs_url=jobs_url, providers=providers)
     else:
-        from infra.local.cloud import providers_for
-
-        ends = config.embedded_endpoints()  # `sailor cloud up`'s standalone cloud, else one in this process
-        providers = providers_for(ends["aws_endpoint"], ends["gce_endpoint"])
-        if spec.clouds:
-            providers = {c: p for c, p in providers.items() if c in spec.clouds}
         # Ending a local process group takes about the cloud's halt grace (1 s); bill a margin.
-        session = CloudSession(mode="embedded", job_id=job_id, jobs_url=jobs_url, providers=providers,
-                               control_url=ends["control_url"], shutdown_s=5.0, worker_stop_s=8.0,
+        session = CloudSession(mode=used, job_id=job_id, jobs_url=jobs_url, providers=providers,
+                               control_url=control_url, shutdown_s=5.0, worker_stop_s=8.0,
                                heartbeat_timeout_s=60.0)
     with _lock:
         _sessions[job_id] = session
@@ -203,21 +218,22 @@ def terminate_job_everywhere(job_id: str, *, reason: str) -> list[str]:
 
 def _offers_key(context, parameters) -> str:
     session: CloudSession = parameters["session"]
-    spec: js.JobSpec = parameters["spec"]
-    return f"offers-{session.cache_key()}-{sorted(spec.gpus)}-{sorted(spec.zones)}-{sorted(spec.clouds)}"
+    filters = [sorted(parameters.get(k) or ()) for k in ("gpus", "zones", "clouds")]
+    return f"offers-{session.cache_key()}-{filters}"
 
 
 @task(name="list-offers", tags=["cloud"], retries=3, retry_delay_seconds=[1, 2, 4],
       cache_key_fn=_offers_key, cache_expiration=OFFERS_TTL, persist_result=True)
-def list_offers(session: CloudSession, spec: js.JobSpec) -> list[Offer]:
+def list_offers(session: CloudSession, gpus: Sequence[str] = (), zones: Sequence[str] = (),
+                clouds: Sequence[str] = ()) -> list[Offer]:
     """GPU offers and prices per zone of every cloud in the session (cached for 10 minutes)."""
     offers: list[Offer] = []
     for name, provider in session.providers.items():
-        if spec.clouds and name not in spec.clouds:
+        if clouds and name not in clouds:
             continue
-        offers += provider.list_offers(gpu_types=list(spec.gpus) or None)
-    if spec.zones:
-        offers = [o for o in offers if o.zone in spec.zones]
+        offers += provider.list_offers(gpu_types=list(gpus) or None)
+    if zones:
+        offers = [o for o in offers if o.zone in zones]
     if not offers:
         raise InfeasibleError("the clouds offer no GPUs matching the job's GPU types, zones and clouds")
     return offers

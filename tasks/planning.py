@@ -151,3 +151,9 @@ def chosen_point(planner: Planner, option: PlanOption) -> tuple[float, float] | 
         if c.plan == option.plan:
             return (c.sim.throughput_samples_per_s, c.sim.usd_per_iteration)
     return None
+
+
+@task(name="plan", tags=["planner"], cache_policy=NO_CACHE)
+def plan_options(planner: Planner, available: Mapping[tuple[str, str], int]) -> list[PlanOption]:
+    """The planner's ranked plans on ``available``, priced as whole instances."""
+    return list(planner(available))

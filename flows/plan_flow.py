@@ -1,0 +1,38 @@
+"""The plan flow: the best plans for a model on the GPUs the clouds offer now; nothing is rented."""
+
+from __future__ import annotations
+
+from prefect import flow
+from prefect.artifacts import create_table_artifact
+
+from sailor_core import jobstate as js
+from tasks import cloud as cloud_tasks
+from tasks import planning, reporting
+
+
+@flow(name="plan", description="Plan a training job on current offers (no instances are rented).")
+def plan_flow(model: str = "opt-350m", objective: str = "throughput", global_batch_size: int | None = None,
+              max_usd_per_hr: float | None = None, min_throughput: float | None = None,
+              gpus: list[str] | None = None, zones: list[str] | None = None, clouds: list[str] | None = None,
+              max_gpus_per_zone: int = 8, max_gpus: int | None = None, spot: bool = True,
+              cloud: str = "auto") -> dict:
+    session = cloud_tasks.offers_session(cloud, clouds or ())
+    offers = cloud_tasks.list_offers(session, gpus or (), zones or (), clouds or ())
+    # A spec only to carry the planning request (budget and steps play no part in planning).
+    spec = js.JobSpec(model=model, budget_usd=1.0, steps=1, objective=objective, global_batch_size=global_batch_size,
+                      max_usd_per_hr=max_usd_per_hr, min_throughput_samples_per_s=min_throughput, spot=spot)
+    planner = planning.Planner(spec=spec, offers=tuple(offers))
+    available = planning.availability(offers, max_gpus_per_zone=max_gpus_per_zone, max_gpus=max_gpus)
+    options = planning.plan_options(planner, available)
+    rows = [{"rank": i + 1, "gpus": o.label, "samples_per_s": round(o.throughput_samples_per_s, 3),
+             "usd_per_hr": round(o.usd_per_hr, 4), "stages": o.plan.pp_degree,
+             "micro_batch_size": o.plan.micro_batch_size} for i, o in enumerate(options)]
+    create_table_artifact(key=reporting.artifact_key("plans", model), table=rows or [{"rank": "none"}],
+                          description=f"plans for {model} on {sum(available.values())} GPUs offered now ({session.mode})")
+    if options:
+        reporting.publish_pareto(f"plan-{model}", planning.pareto_points(planner),
+                                 planning.chosen_point(planner, options[0]))
+    result = planner.last_result
+    return {"search_time_s": result.search_time_s if result else None,
+            "plans": [{"plan": o.plan.to_dict(), "throughput_samples_per_s": o.throughput_samples_per_s,
+                       "usd_per_hour": o.usd_per_hr} for o in options]}
