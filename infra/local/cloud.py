@@ -18,10 +18,6 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from google.auth.credentials import AnonymousCredentials
-
-from infra.aws import AWSProvider
-from infra.gcp import GCPProvider
 from infra.local.aws_server import FIXED_AMI, LIVE, MotoEC2, gpus_of_type
 from infra.local.capacity import Capacity
 from infra.local.faults import FaultRates, Faults, parse_fault_rates
@@ -368,6 +364,12 @@ class EmbeddedCloud:
 def providers_for(aws_endpoint: str, gce_endpoint: str, *, retry: RetryPolicy | None = None,
                   aws_regions: list[str] | None = None) -> dict:
     """Providers aimed at an embedded cloud (this process's or a standalone one)."""
+    # Imported here: the cloud itself (e.g. the daemon) needs neither SDK's client.
+    from google.auth.credentials import AnonymousCredentials
+
+    from infra.aws import AWSProvider
+    from infra.gcp import GCPProvider
+
     return {
         "aws": AWSProvider(endpoint_url=aws_endpoint, ami_id=FIXED_AMI, regions=aws_regions,
                            spot_prices_from_api=False, retry=retry, session=_local_session()),
