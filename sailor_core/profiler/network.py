@@ -171,6 +171,17 @@ def network_profile_from_points(result: dict, *, src_zone: str = "local", src_gp
                           allreduce_points=ar if ar[int(result["world_size"])] else {}, source=source)
 
 
+def network_worker_command(*, out_path: str | None = None, sizes=DEFAULT_SIZES, reps: int = 5,
+                           device: str = "cpu", python: str = sys.executable) -> list[str]:
+    """The command each instance runs for a cloud network profile (rendezvous from the environment:
+    MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE); rank 0 writes the points to ``out_path``, which
+    ``network_profile_from_points(json.load(...), src_zone=..., src_gpu=..., dst_zone=..., dst_gpu=...)``
+    fits and ``save_network_profile`` stores."""
+    cmd = [python, "-m", "sailor_core.profiler.net_worker", "--sizes", ",".join(map(str, sizes)),
+           "--reps", str(reps), "--device", device]
+    return cmd + (["--out", out_path] if out_path else [])
+
+
 # ---- running it locally ---------------------------------------------------------------------
 
 def profile_network(num_workers: int = 2, *, sizes=DEFAULT_SIZES, reps: int = 5, device: str = "cpu",
@@ -187,14 +198,14 @@ def profile_network(num_workers: int = 2, *, sizes=DEFAULT_SIZES, reps: int = 5,
 
     port = _free_port()
     workdir = Path(tempfile.mkdtemp(prefix="sailor-profile-net-"))
-    args = ["--sizes", ",".join(map(str, sizes)), "--reps", str(reps), "--device", device,
-            "--threads", str(threads)]
+    args = ["--threads", str(threads)]
     procs = []
     for rank in range(num_workers):
         env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                    WORLD_SIZE=str(num_workers), LOCAL_RANK=str(rank), OMP_NUM_THREADS=str(threads))
         log = open(workdir / f"rank{rank}.log", "w")
-        procs.append((subprocess.Popen([sys.executable, "-m", "sailor_core.profiler.net_worker", *args], env=env,
+        procs.append((subprocess.Popen(network_worker_command(sizes=sizes, reps=reps, device=device) + args,
+                                       env=env,
                                        stdout=subprocess.PIPE if rank == 0 else subprocess.DEVNULL, stderr=log,
                                        text=True, start_new_session=True), log))
     result = None
