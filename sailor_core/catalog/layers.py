@@ -62,7 +62,7 @@ from sailor_core.regimes import DEFAULT_REGIME, TrainingRegime, get_regime
 _TOKEN_ID_BYTES = 8
 _LOGSUMEXP_BYTES = 4
 _EMBEDDING_KERNELS = 2
-_BLOCK_KERNELS = 20
+BLOCK_KERNELS = 20
 _HEAD_KERNELS = 6
 
 
@@ -170,7 +170,7 @@ def _block(spec: ModelSpec, t: int, s: int, regime: TrainingRegime, index: int) 
         activation_bytes_per_seq=per_token * s,
         activation_bytes_fixed=regime.weight_copy_bytes_per_param * matmul,
         output_bytes_per_seq=s * h * r,
-        num_kernels=_BLOCK_KERNELS,
+        num_kernels=BLOCK_KERNELS,
     )
 
 

@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from sailor_core.catalog.gpus import GPUSpec, get_gpu
-from sailor_core.catalog.layers import _BLOCK_KERNELS, LayerShape, layer_shapes
+from sailor_core.catalog.layers import LayerShape, layer_shapes
 from sailor_core.catalog.models import get_model
 from sailor_core.regimes import TrainingRegime, get_regime
 
@@ -224,8 +224,7 @@ def _fit_comm(
 ) -> tuple[float, float]:
     """Latency and bandwidth efficiency of TP all-reduces, with the compute constants fixed.
 
-    Points are (compute_s, memory_s, num_allreduce, wire_s, kernels, fwd_s, bwd_s or None, weight);
-    the memory factors are folded into memory_s by the caller."""
+    Points are (compute_s, memory_s, num_allreduce, wire_s, kernels, fwd_s, bwd_s or None, weight)."""
     import numpy as np
 
     arr = np.asarray([(*p[:6], p[6] if p[6] is not None else -1.0, p[7]) for p in points], dtype=float)
@@ -252,7 +251,8 @@ def calibrate(profiles: Iterable, gpu: str, regime: str) -> Calibration:
     """
     spec = get_gpu(gpu)
     reg = get_regime(regime)
-    points: list[tuple] = []  # (tp, compute, memory, n_allreduce, wire, kernels, fwd, bwd|None, weight)
+    # (tp, compute, memory, n_allreduce, wire, kernels, fwd, bwd|None, weight, is_block)
+    points: list[tuple] = []
     block_models: set[int] = set()  # hidden sizes seen: traffic/FLOP differs between them
     for p in profiles:
         if p.gpu != spec.name or p.regime != reg.name:
@@ -277,24 +277,23 @@ def calibrate(profiles: Iterable, gpu: str, regime: str) -> Calibration:
             fwd, bwd = key
             # n identical layers make n times the error; relative to the model's time
             weight = (counts[key] / total_t) ** 2
-            points.append((p.tp_degree, *terms, fwd, bwd if i > 0 and bwd > 0 else None, weight))
+            points.append((p.tp_degree, *terms, fwd, bwd if i > 0 and bwd > 0 else None, weight, shape.kind == "block"))
     single = [pt for pt in points if pt[0] == 1]
     base = single if len(single) >= 4 else points
+
     def comm(n, w):
         return n * DEFAULT_TP_LATENCY_S + w / DEFAULT_TP_BW_EFFICIENCY
 
-    fwd_pts = [(c, mem, comm(n, w), q, f, wt, q == _BLOCK_KERNELS) for _, c, mem, n, w, q, f, _, wt in base]
+    fwd_pts = [(c, mem, comm(n, w), q, f, wt, blk) for _, c, mem, n, w, q, f, _, wt, blk in base]
     bwd_pts = [
-        (2 * c, 2 * mem, comm(n, w), 2 * q, b, wt, q == _BLOCK_KERNELS)
-        for _, c, mem, n, w, q, _, b, wt in base
-        if b is not None
+        (2 * c, 2 * mem, comm(n, w), 2 * q, b, wt, blk) for _, c, mem, n, w, q, _, b, wt, blk in base if b is not None
     ]
     if len(fwd_pts) < 2 or len(bwd_pts) < 2:
         return default_calibration(spec.name, reg.name)
     fit_memory = len(block_models) >= 2
     kf, mf, cf = _fit_three(fwd_pts, fit_memory=fit_memory)
     kb, mb, cb = _fit_three(bwd_pts, fit_memory=fit_memory)
-    multi = [pt[1:] for pt in points if pt[0] > 1]
+    multi = [pt[1:-1] for pt in points if pt[0] > 1]
     lat, eff = (
         _fit_comm(multi, kf, cf, kb, cb, mf, mb) if len(multi) >= 2 else (DEFAULT_TP_LATENCY_S, DEFAULT_TP_BW_EFFICIENCY)
     )
