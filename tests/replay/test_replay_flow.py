@@ -1,38 +1,49 @@
-"""The replay flow under Prefect's test harness: it runs and publishes its artifacts."""
+"""The replay flow against a real local Prefect server: it runs and publishes its artifacts."""
+
+import socket
 
 import pytest
 
 pytestmark = pytest.mark.slow
 
 
-def test_replay_flow_publishes_summary_and_timeline(tmp_path):
-    import sys
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
-    from prefect.testing.utilities import prefect_test_harness
 
-    sys.path.insert(0, str(__import__("pathlib").Path(__file__).parent))
-    from replay_helpers import linear_planner
+def test_replay_flow_publishes_summary_and_timeline(tmp_path, monkeypatch):
+    import anyio
 
     import sailor_core.replay.run as run_mod
-    from flows.replay_flow import replay_flow
+    from flows.prefect_env import start_local_server, stop_local_server
+    from replay_helpers import linear_planner
 
-    trace = tmp_path / "t.csv"
-    trace.write_text(",Timestamp,A100-40_us-central1-a,V100-16_us-central1-a\n0,0,4,4\n1,3600,2,4\n2,7200,4,4\n")
-    original = run_mod.planner_plan_fn
-    run_mod.planner_plan_fn = lambda **kw: linear_planner  # the real planner is covered elsewhere; keep it fast
+    monkeypatch.setenv("SAILOR_HOME", str(tmp_path / "home"))
+    api_url = start_local_server(port=_free_port())
     try:
-        with prefect_test_harness():
-            summary = replay_flow(trace=str(trace), model="opt-350m", tokens=2e9)
+        from prefect.settings import PREFECT_API_URL, temporary_settings
+
+        monkeypatch.setenv("PREFECT_API_URL", api_url)
+        # The real planner is exercised by the benchmarks and the CLI; here the flow's plumbing.
+        monkeypatch.setattr(run_mod, "planner_plan_fn", lambda **kw: linear_planner)
+        trace = tmp_path / "t.csv"
+        trace.write_text(",Timestamp,A100-40_us-central1-a,V100-16_us-central1-a\n0,0,4,4\n1,3600,2,4\n2,7200,4,4\n")
+        with temporary_settings({PREFECT_API_URL: api_url}):
             from prefect.client.orchestration import get_client
 
-            import anyio
+            from flows.replay_flow import replay_flow
+
+            summary = replay_flow(trace=str(trace), model="opt-350m", tokens=2e9)
 
             async def artifacts():
                 async with get_client() as client:
                     return await client.read_artifacts()
 
-            keys = {a.key for a in anyio.run(artifacts)}
+            found = {a.key: a for a in anyio.run(artifacts)}
     finally:
-        run_mod.planner_plan_fn = original
+        stop_local_server()
     assert set(summary["policies"]) == {"ours", "skypilot", "single-type", "static"}
-    assert {"replay-summary", "replay-timeline"} <= keys
+    assert "replay-summary" in found and "replay-timeline" in found
+    assert "data:image/png;base64," in found["replay-timeline"].data
