@@ -33,6 +33,7 @@ from sailor_core.profiles.types import LayerProfile, ModelProfile
 from sailor_core.regimes import get_regime
 
 REGIME = "torch-bf16-autocast-adamw"
+_INT_FIELDS = ("layers", "params", "seq", "mbs", "static_bytes", "peak_alloc_bytes")
 _FIELDS = ("model", "layers", "params", "seq", "mbs", "fwd_nograd_ms", "fwd_bwd_ms", "optim_step_ms", "static_bytes", "peak_alloc_bytes")
 
 
@@ -63,6 +64,9 @@ def _read_records(path: Path) -> tuple[Path, dict, list[dict]]:
         missing = [f for f in _FIELDS if f not in row]
         if missing:
             raise ProfileError(f"{path}:{number}: missing {', '.join(missing)}")
+        bad = [f for f in _INT_FIELDS if isinstance(row[f], bool) or not isinstance(row[f], int) or row[f] < 0]
+        if bad:
+            raise ProfileError(f"{path}:{number}: {', '.join(bad)} must be non-negative integers")
         records.append(row)
     if not records:
         raise ProfileError(f"{path}: no measurement records")

@@ -56,19 +56,32 @@ def _load_json(path: Path) -> dict:
     return data
 
 
+def _check_table(table: object, where: str) -> dict:
+    """A timing table must be {mbs: {tp: {index: [fwd, bwd, update]}}}."""
+    if not isinstance(table, dict) or not all(
+        isinstance(tps, dict) and all(isinstance(layers, dict) for layers in tps.values()) for tps in table.values()
+    ):
+        raise ProfileError(f"{where}: expected {{mbs: {{tp: {{layer index: [fwd_s, bwd_s, update_s]}}}}}}")
+    return table
+
+
 def _timings_sources(root: Path) -> dict[tuple[str, str], list[tuple[str, dict]]]:
     """(sailor model, gpu) -> candidate timing tables, preferred first."""
     found: dict[tuple[str, str], list[tuple[str, dict]]] = {}
     tmp = root / "simulations" / "profiles_tmp.json"
     if tmp.exists():
         for model, gpus in _load_json(tmp).items():
+            if not isinstance(gpus, dict):
+                raise ProfileError(f"{tmp}: {model!r} must map GPU types to timing tables")
             for gpu, table in gpus.items():
+                _check_table(table, f"{tmp} {model}/{gpu}")
                 found.setdefault((model, gpu), []).append(("sailor:simulations/profiles_tmp.json", table))
     planner = root / "planner_profiles"
     if planner.is_dir():
         for path in sorted(planner.glob("*/*/profile.json")):
             model, gpu = path.parent.parent.name, path.parent.name
-            found.setdefault((model, gpu), []).append((f"sailor:planner_profiles/{model}/{gpu}", _load_json(path)))
+            table = _check_table(_load_json(path), str(path))
+            found.setdefault((model, gpu), []).append((f"sailor:planner_profiles/{model}/{gpu}", table))
     return found
 
 
@@ -88,13 +101,13 @@ def _layer_count(table: dict) -> int | None:
 def _sizes(llm_info: dict, sailor_model: str, tp: int, num_indices: int, where: str) -> list[tuple[int, int, int]]:
     """Per Sailor index: (params, activation bytes at mbs 1, output bytes at mbs 1), per GPU."""
     info = llm_info.get(sailor_model)
-    if info is None:
-        raise ProfileError(f"{where}: llm_info.json has no sizes for {sailor_model}")
+    if not isinstance(info, dict):
+        raise ProfileError(f"{where}: llm_info.json has no {{tp: {{index: sizes}}}} table for {sailor_model}")
     divide = 1
     table = info.get(str(tp))
-    if table is None:
+    if not isinstance(table, dict):
         table, divide = info.get("1"), tp
-        if table is None:
+        if not isinstance(table, dict):
             raise ProfileError(f"{where}: llm_info.json has no tp 1 sizes for {sailor_model}")
     try:
         sizes = [

@@ -56,6 +56,10 @@ def test_corrupt_measurements_are_one_clear_error(tmp_path):
     bad.write_text(json.dumps({"model": "opt-350m", "layers": 24}) + "\n")
     with pytest.raises(ProfileError, match="missing"):
         import_measurements(bad)
+    record = json.loads(JSONL.read_text().splitlines()[1])
+    bad.write_text(json.dumps({**record, "mbs": "two"}) + "\n")
+    with pytest.raises(ProfileError, match="mbs must be non-negative integers"):
+        import_measurements(bad)
     only_full = tmp_path / "full.jsonl"
     only_full.write_text("\n".join(JSONL.read_text().splitlines()[:3]) + "\n")
     with pytest.raises(ProfileError, match="both its full depth and 2 blocks"):

@@ -101,5 +101,8 @@ def test_corrupt_sailor_folder_is_one_clear_error(tmp_path):
     )
     with pytest.raises(ProfileError, match="OPT-350/A100-40 mbs 1 tp 1"):
         import_sailor(root)
+    (root / "simulations" / "profiles_tmp.json").write_text(json.dumps({"OPT-350": {"A100-40": {"1": [0.1]}}}))
+    with pytest.raises(ProfileError, match="OPT-350/A100-40: expected {mbs: {tp:"):
+        import_sailor(root)
     with pytest.raises(ProfileError, match="not a directory"):
         import_sailor(tmp_path / "nowhere")
