@@ -140,6 +140,8 @@ class ProfileDB:
         seq = get_model(m).seq_len if seq_len is None else _positive_int(seq_len, "sequence length")
         reg = None if regime is None else get_regime(regime).name
         spec = get_model(m)
+        if seq > spec.max_position_embeddings:
+            raise ProfileError(f"{m} takes at most {spec.max_position_embeddings} tokens per sequence, not {seq}")
         if spec.num_heads % tp:
             raise ProfileError(f"{m} cannot run at TP {tp}: its {spec.num_heads} heads do not split {tp} ways")
         stored = self._stored.get((m, g, tp, mbs, seq))

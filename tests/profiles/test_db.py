@@ -103,6 +103,8 @@ def test_bad_requests():
         db.get("opt-350m", "B300", 1, 1)
     with pytest.raises(ProfileError, match="heads do not split 3 ways"):
         db.get("opt-350m", "A100-40", 3, 1)
+    with pytest.raises(ProfileError, match="at most 2048 tokens"):
+        db.get("opt-350m", "A100-40", 1, 1, 4096)
     with pytest.raises(ValueError, match="micro-batch size must be a positive integer"):
         db.get("opt-350m", "A100-40", 1, -2)
 
