@@ -113,3 +113,28 @@ def test_policy_counts_on_a_two_type_trace():
     assert single.wait_s == pytest.approx(3600)
     assert single.usd_spent < ours.usd_spent and single.time_to_train_s > ours.time_to_train_s
     assert set(single.usd_by_gpu_zone) == {"A100-40@us-central1-a"}
+
+
+def test_spot_price_series_is_charged_as_it_changes(tmp_path):
+    from sailor_core.replay import load_price_series
+
+    p = tmp_path / "prices.csv"
+    p.write_text(",Timestamp,A100-40_us-central1-a\n0,1000,1.0\n1,2800,2.0\n")
+    series = load_price_series(p)
+    trace = build_trace([(0.0, {A: 4})])
+    r = replay(trace, plan_fn=linear_planner, config=controller_config("ours", costs=FAST), costs=FAST,
+               samples_target=40 * 3600, price_fn=series.price_fn(fallback=ONE_USD),
+               price_change_times=series.change_times())
+    # 4 GPUs: 1800 s at 1 USD/h each, then 1950 s at 2 USD/h until the end at 150 + 3600 s.
+    assert r.time_to_train_s == pytest.approx(3750)
+    assert r.usd_spent == pytest.approx(4 * (1800 / 3600 * 1.0 + 1950 / 3600 * 2.0))
+
+
+def test_bad_price_series(tmp_path):
+    from sailor_core.errors import InputError
+    from sailor_core.replay import load_price_series
+
+    p = tmp_path / "prices.csv"
+    p.write_text(",Timestamp,A100-40_us-central1-a\n0,1000,-1\n")
+    with pytest.raises(InputError, match=">= 0"):
+        load_price_series(p)
