@@ -189,6 +189,9 @@ class Provisioner:
         allocations: list[Allocation] = []
         missing: list[GpuNeed] = []
         blocked_regions: set[tuple[str, str]] = set()
+        # What already ran under these labels is not ours to undo; anything else is,
+        # including a launch whose answer was lost in a timeout.
+        existing = self._live_ids(labels)
         t0 = time.monotonic()
 
         def note(offer: Offer, count: int, outcome: str, message: str = "") -> None:
@@ -230,12 +233,12 @@ class Provisioner:
                 else:
                     allocations.append(got)
         except BaseException:
-            self.teardown(job_id, attempt)  # config errors, bugs, Ctrl-C: leave nothing behind
+            self._undo(labels, existing)  # config errors, bugs, Ctrl-C: leave nothing behind
             raise
         result = ProvisionResult(job_id=job_id, attempt=attempt, allocations=tuple(allocations),
                                  missing=tuple(missing), history=tuple(history))
         if missing and all_or_nothing:
-            self.teardown(job_id, attempt)
+            self._undo(labels, existing)
             need = missing[0]
             tried = "; ".join(result.history_lines()) or "no zone sells it"
             raise ProvisionError(
@@ -250,6 +253,20 @@ class Provisioner:
             provider.terminate_instances(labels, instance_ids=instance_ids)
         except CloudError as exc:
             log.warning("cleanup after a failed start: %s", exc)
+
+    def _live_ids(self, labels) -> set[str]:
+        return {i.instance_id for p in self.providers.values()
+                for i in p.query_instances(labels, include_ended=False) if i.live}
+
+    def _undo(self, labels, existing: set[str]) -> None:
+        for cloud, provider in self.providers.items():
+            try:
+                mine = [i.instance_id for i in provider.query_instances(labels, include_ended=False)
+                        if i.live and i.instance_id not in existing]
+                if mine:
+                    provider.terminate_instances(labels, instance_ids=mine)
+            except CloudError as exc:
+                log.error("could not give back %s instances labelled %s: %s", cloud, labels, exc)
 
     def teardown(self, job_id: str, attempt: int | None = None) -> list[str]:
         """Terminate everything labelled with the job (and attempt) on every cloud."""

@@ -38,8 +38,8 @@ def test_cheapest_zone_out_of_capacity_lands_in_the_next_cheapest(cloud, provide
     assert result.availability() == {("T4", order[1]): 2}
     assert result.usd_per_hr == pytest.approx(2 * min(o.spot_usd_per_hr for o in offers if o.zone == order[1] and o.gpus_per_node == 1))
 
-    # Both clouds' cheaper zones full: it crosses to the remaining cloud.
-    cloud.set_capacity("T4", order[1], 0)
+    # Both cheaper zones full (the second holds just our 2): it crosses to the remaining zone.
+    cloud.set_capacity("T4", order[1], 2)
     second = prov.provision([GpuNeed(gpu="T4", zone=None, num_gpus=1)], job_id="prov-1", attempt=1, offers=offers)
     assert second.allocations[0].offer.zone == order[2]
     assert [h.outcome for h in second.history] == ["capacity", "capacity", "ok"]
