@@ -3,7 +3,7 @@
 Every instance a job rents runs this agent from its startup script
 (``python -m sailor_core.runtime.agent --job-url URL``).  The agent and the
 train-job flow talk through small JSON documents under the job's URL (a local
-directory or an fsspec URL such as ``s3://bucket/jobs/<job>``), so neither
+directory, ``file://`` or ``s3://bucket/jobs/<job>``), so neither
 needs to reach the other over the network:
 
 - ``agents/<instance_id>/assignment.json`` (written by the flow): a generation
@@ -57,36 +57,29 @@ def agent_url(job_url: str, instance_id: str) -> str:
 
 
 def write_json(url: str, data: dict[str, Any]) -> None:
-    """Write a whole document; readers see the old one or the new one, never half."""
-    text = json.dumps(data)
-    if "://" not in url or url.startswith("file://"):
-        path = Path(url.removeprefix("file://"))
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(text)
-        os.replace(tmp, path)
-        return
-    import fsspec
-
-    with fsspec.open(url, "w") as f:
-        f.write(text)
+    """Write a whole document at ``<root>/<key>`` (the engine's storage: path, file:// or s3://);
+    readers see the old one or the new one, never half."""
+    root, _, key = url.rpartition("/agents/")
+    _storage(root).put_atomic(f"agents/{key}", json.dumps(data).encode())
 
 
 def read_json(url: str) -> dict[str, Any] | None:
     """The document at ``url``, or None when it is missing or unreadable (being replaced)."""
+    root, _, key = url.rpartition("/agents/")
     try:
-        if "://" not in url or url.startswith("file://"):
-            return json.loads(Path(url.removeprefix("file://")).read_text())
-        import fsspec
-
-        with fsspec.open(url, "r") as f:
-            return json.load(f)
-    except (OSError, ValueError):
+        return json.loads(_storage(root).get(f"agents/{key}"))
+    except (OSError, ValueError, KeyError):
         return None
-    except Exception as exc:  # an object store's own not-found error types
-        if "NotFound" in type(exc).__name__ or "NoSuchKey" in str(exc):
+    except Exception as exc:  # the storage's own not-found errors (S3 404)
+        if "404" in str(exc) or "NoSuchKey" in str(exc) or "not found" in str(exc).lower():
             return None
         raise
+
+
+def _storage(root: str):
+    from sailor_core.runtime.storage import open_storage
+
+    return open_storage(root)
 
 
 def write_assignment(job_url: str, instance_id: str, assignment: dict[str, Any]) -> None:
@@ -294,7 +287,7 @@ class Agent:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m sailor_core.runtime.agent", description=__doc__.splitlines()[0])
-    parser.add_argument("--job-url", required=True, help="the job's directory or fsspec URL")
+    parser.add_argument("--job-url", required=True, help="the job's directory, file:// or s3:// URL")
     parser.add_argument("--instance-id", default=os.environ.get("SAILOR_INSTANCE_ID"))
     parser.add_argument("--work-dir", default=None, help="local directory for plans and worker logs")
     parser.add_argument("--max-idle-s", type=float, default=None,

@@ -87,7 +87,12 @@ def launch_local(plan: Plan, steps: int, *, data: str | Path | None = None,
     metrics_path = workdir / f"metrics-{time.time_ns()}.jsonl"
     grace_s = grace_s if grace_s is not None else collective_timeout_s + 10.0
     n = world_size(plan)
-    port = free_port()
+    # The launcher hosts the rendezvous store (as torchrun's agent does), so it outlives any
+    # worker and survivors can still read the heartbeats of a dead rank 0.
+    from torch.distributed import TCPStore
+
+    store = TCPStore("127.0.0.1", 0, n, is_master=True, wait_for_workers=False)
+    port = store.port
     procs: dict[int, subprocess.Popen] = {}
     logs = {}
     t_start = time.monotonic()
@@ -95,7 +100,8 @@ def launch_local(plan: Plan, steps: int, *, data: str | Path | None = None,
         e = dict(os.environ)
         e.update(env or {})
         e.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(n),
-                 LOCAL_RANK=str(rank), OMP_NUM_THREADS=str(threads_per_rank))
+                 LOCAL_RANK=str(rank), OMP_NUM_THREADS=str(threads_per_rank),
+                 TORCHELASTIC_USE_AGENT_STORE="True")
         cmd = [sys.executable, "-m", "sailor_core.runtime.worker", "--plan", str(plan_path),
                "--steps", str(steps), "--data", str(data), "--seed", str(seed), "--lr", repr(lr),
                "--metrics-file", str(metrics_path), "--timeout-s", str(collective_timeout_s),
@@ -138,6 +144,7 @@ def launch_local(plan: Plan, steps: int, *, data: str | Path | None = None,
             break
         time.sleep(0.05)
     wall = time.monotonic() - t_start
+    del store
     for f in logs.values():
         f.close()
     tails = {r: _tail(workdir / f"rank{r}.log") for r in range(n)}

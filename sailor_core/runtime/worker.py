@@ -12,14 +12,16 @@ Exit codes (the orchestrator acts on them):
   76  stopped on SIGTERM / preemption notice without a checkpoint (no --ckpt-dir or save failed)
   77  a peer died or a collective timed out (the job must be restarted)
 
-A preemption notice is SIGTERM to any worker, or the file named by
-``SAILOR_PREEMPT_FILE`` appearing.  Every step all ranks agree (one small
+A preemption notice is SIGTERM to any worker, the file named by
+``SAILOR_PREEMPT_FILE`` appearing, or the URL in ``SAILOR_PREEMPT_URL`` (polled
+every second, e.g. a spot instance-action metadata endpoint) answering 200.  Every step all ranks agree (one small
 all-reduce that also carries the loss) on whether any rank was told to stop,
 so they checkpoint the same step together.
 
 Rank 0 appends one JSON line per step to ``--metrics-file``:
 ``{"step", "loss", "step_time_s", "samples_per_s", "tokens_per_s"}``, and a last
-line ``{"event": "done" | "preempted" | "peer_lost" | "error", ...}``.
+line ``{"event": "done" | "preempted" | "peer_lost" | "error", ...}``; ``peer_lost``
+carries ``dead_ranks`` (from heartbeats through the rendezvous store).
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ EXIT_PEER_LOST = 77
 # checkpoint but before the manifest is committed.
 FAULT_ENV = "SAILOR_FAULT_KILL"
 PREEMPT_FILE_ENV = "SAILOR_PREEMPT_FILE"
+PREEMPT_URL_ENV = "SAILOR_PREEMPT_URL"
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -121,10 +124,19 @@ def main(argv=None) -> int:
     fault_in_save = fault_parts[2:] == ["save"]
     kill_in_save = rank == fault_rank and fault_in_save
     preempt_file = os.environ.get(PREEMPT_FILE_ENV)
+    if os.environ.get(PREEMPT_URL_ENV):
+        from sailor_core.runtime.heartbeat import watch_preempt_url
+
+        watch_preempt_url(os.environ[PREEMPT_URL_ENV], lambda: stop.__setitem__("requested", True))
+    heartbeat = None
 
     try:
         dist.init_process_group("nccl" if use_cuda else "gloo", init_method="env://", rank=rank,
                                 world_size=world, timeout=timeout)
+        from sailor_core.runtime.heartbeat import Heartbeat
+
+        heartbeat = Heartbeat(rank, world, os.environ["MASTER_ADDR"],
+                              int(os.environ["MASTER_PORT"])).start()
         trainer = StageTrainer(plan=plan, spec=spec, rank=rank, data=data, lr=args.lr,
                                seed=args.seed, device=device, groups=make_groups(plan, rank))
         if args.resume and storage is not None:
@@ -164,6 +176,8 @@ def main(argv=None) -> int:
                 metrics.write({"event": "preempted", "step": trainer.step, "checkpoint": saved})
                 _log(rank, f"stopping at step {trainer.step} on a preemption notice "
                            f"({'checkpoint saved' if saved else 'no checkpoint'})")
+                heartbeat.stop()
+                heartbeat.note_exit("preempted")
                 _finish(dist)
                 return EXIT_PREEMPTED if saved else EXIT_PREEMPTED_NO_CKPT
             if storage is not None and args.ckpt_every and trainer.step % args.ckpt_every == 0:
@@ -171,6 +185,8 @@ def main(argv=None) -> int:
         if storage is not None:
             save()
         metrics.write({"event": "done", "step": trainer.step})
+        heartbeat.stop()
+        heartbeat.note_exit("done")
         _finish(dist)
         return EXIT_OK
     except SailorError as exc:
@@ -179,8 +195,12 @@ def main(argv=None) -> int:
         return EXIT_BAD_INPUT
     except Exception as exc:  # a peer vanished or a collective timed out: never hang
         msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        _log(rank, f"peer lost: {type(exc).__name__}: {msg}")
-        metrics.write({"event": "peer_lost", "rank": rank, "message": msg})
+        dead = heartbeat.dead_ranks() if heartbeat is not None else None
+        if heartbeat is not None:
+            heartbeat.note_exit("peer_lost")
+        _log(rank, f"{type(exc).__name__}: {msg[:500]}")
+        _log(rank, f"peer lost: dead ranks {dead if dead is not None else 'unknown (store unreachable)'}")
+        metrics.write({"event": "peer_lost", "rank": rank, "dead_ranks": dead, "message": msg})
         sys.stderr.flush()
         os._exit(EXIT_PEER_LOST)  # destroy_process_group could block on the dead peer
 

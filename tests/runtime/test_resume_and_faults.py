@@ -74,6 +74,8 @@ def test_killed_worker_makes_the_others_exit_with_its_rank_named(corpus, tmp_pat
         assert res.exit_times_s[r] - res.death_time_s < 20
     assert "rank 1 died" in res.message
     assert res.steps == [1, 2]
+    for r in (0, 2):  # the survivors name the dead rank themselves (heartbeats), as a VM would
+        assert "peer lost: dead ranks [1]" in res.stderr_tails[r]
 
 
 def test_crash_during_save_leaves_previous_checkpoint_usable(corpus, tmp_path):
@@ -82,6 +84,7 @@ def test_crash_during_save_leaves_previous_checkpoint_usable(corpus, tmp_path):
     res = launch_local(plan, 4, data=corpus, ckpt_dir=url, ckpt_every=1, workdir=tmp_path / "a",
                        timeout_s=240, collective_timeout_s=15, env={FAULT_ENV: "0:2:save"})
     assert res.status == "failed" and res.dead_rank == 0 and not res.hung_ranks
+    assert "peer lost: dead ranks [0]" in res.stderr_tails[1]
     assert (tmp_path / "ck" / "step_00000002" / "layer_0000.pt").exists()  # written, never committed
     assert not (tmp_path / "ck" / "step_00000002" / "MANIFEST.json").exists()
     info = ckpt.latest_valid_checkpoint(url)  # verifies every file against the manifest
