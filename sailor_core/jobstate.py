@@ -4,8 +4,8 @@ A job outlives any one flow run: a restarted run (after a crash, a cancel, a
 lost flow process) loads this state and continues the same job -- same job id,
 next attempt, resume from the last checkpoint, spend carried over -- instead of
 starting over.  Every change is a pure function returning a new ``JobState``;
-``JobStore`` writes it as one JSON document per job to a local directory or
-any fsspec URL (``file://``, ``s3://``, ``gs://``).
+``JobStore`` writes it as one JSON document per job to a local directory or a
+``file://`` / ``s3://`` URL (the engine's storage).
 
 Spend is derived from the instance records (running time x price): the
 controller's ``CostLedger`` is rebuilt from them (``JobState.ledger()``), so
@@ -44,7 +44,8 @@ def sailor_home() -> Path:
 
 
 def default_jobs_url() -> str:
-    return str(sailor_home() / "jobs")
+    """``$SAILOR_JOBS_URL`` (e.g. an object store real instances can reach), else ``$SAILOR_HOME/jobs``."""
+    return os.environ.get("SAILOR_JOBS_URL") or str(sailor_home() / "jobs")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -282,66 +283,45 @@ def state_from_dict(data: Any) -> JobState:
 
 
 class JobStore:
-    """One ``<root>/<job_id>/state.json`` per job; ``root`` is a path or fsspec URL."""
+    """One ``<root>/<job_id>/state.json`` per job; ``root`` is a path, ``file://`` or ``s3://`` URL
+    (the engine's checkpoint storage, so one set of URL schemes serves jobs and checkpoints)."""
 
     def __init__(self, root: str | None = None) -> None:
         self.root = (root or default_jobs_url()).rstrip("/")
 
-    def _fs(self):
-        import fsspec
+    def _storage(self):
+        from sailor_core.runtime.storage import open_storage
 
-        fs, path = fsspec.core.url_to_fs(self.root)
-        return fs, path
+        return open_storage(self.root)
 
     def job_url(self, job_id: str) -> str:
         return f"{self.root}/{job_id}"
 
     def save(self, state: JobState) -> None:
-        fs, root = self._fs()
-        path = f"{root}/{state.job_id}/state.json"
-        fs.makedirs(f"{root}/{state.job_id}", exist_ok=True)
-        text = json.dumps(state_to_dict(state), indent=1)
-        if _is_local(fs):
-            # Write then rename: a reader (or a crash) never sees half a state.
-            tmp = f"{path}.tmp-{os.getpid()}"
-            with open(tmp, "w") as f:
-                f.write(text)
-            os.replace(tmp, path)
-        else:
-            with fs.open(path, "w") as f:  # object stores replace whole objects
-                f.write(text)
+        # Written aside then renamed (locally), one whole object (S3): a reader never sees half a state.
+        self._storage().put_atomic(f"{state.job_id}/state.json",
+                                   json.dumps(state_to_dict(state), indent=1).encode())
 
     def load(self, job_id: str) -> JobState:
-        fs, root = self._fs()
-        path = f"{root}/{job_id}/state.json"
-        if not fs.exists(path):
+        storage = self._storage()
+        key = f"{job_id}/state.json"
+        if not storage.exists(key):
             raise InputError(f"no job {job_id!r} under {self.root}")
-        with fs.open(path, "r") as f:
-            try:
-                data = json.load(f)
-            except json.JSONDecodeError as exc:
-                raise InputError(f"job state of {job_id!r} is not valid JSON: {exc}") from None
+        try:
+            data = json.loads(storage.get(key))
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise InputError(f"job state of {job_id!r} is not valid JSON: {exc}") from None
         return state_from_dict(data)
 
     def exists(self, job_id: str) -> bool:
-        fs, root = self._fs()
-        return fs.exists(f"{root}/{job_id}/state.json")
+        return self._storage().exists(f"{job_id}/state.json")
 
     def list(self) -> list[JobState]:
         """Every readable job, newest first; unreadable ones are skipped (a listing must not fail)."""
-        fs, root = self._fs()
-        if not fs.exists(root):
-            return []
         out = []
-        for entry in fs.ls(root, detail=False):
-            job_id = entry.rstrip("/").rsplit("/", 1)[-1]
+        for job_id in self._storage().list_dirs():
             try:
                 out.append(self.load(job_id))
             except InputError:
                 continue
         return sorted(out, key=lambda s: s.created_unix_s, reverse=True)
-
-
-def _is_local(fs: Any) -> bool:
-    protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
-    return protocol in ("file", "local")

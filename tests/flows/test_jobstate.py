@@ -67,8 +67,8 @@ def test_store_round_trip_and_listing(tmp_path):
         js.state_from_dict(data)
 
 
-def test_store_on_an_fsspec_url():
-    store = js.JobStore("memory://sailor-test-jobs")
+def test_store_at_a_file_url(tmp_path):
+    store = js.JobStore(f"file://{tmp_path}/jobs")
     s = js.new_job(_spec(), job_id="m1")
     store.save(s)
     assert store.load("m1") == s and store.exists("m1")

@@ -1,0 +1,76 @@
+"""Plan -> nodes -> instances, and what the agents' reports mean (pure functions)."""
+
+from __future__ import annotations
+
+import pytest
+
+from sailor_core.assignment import RunningInstance, match_instances, nodes_for_plan, plan_usd_per_hr
+from sailor_core.attempts import FINISHED, INSTANCE_PREEMPTED, LOST, RUNNING, WORKER_FAILED, classify_attempt
+from sailor_core.catalog.instances import Offer
+from sailor_core.errors import InfeasibleError
+from sailor_core.plan import plan_from_dict
+
+ZONE = "us-central1-a"
+
+
+def _offer(name: str, n: int, spot: float, zone: str = ZONE) -> Offer:
+    return Offer(cloud="gcp", zone=zone, instance_type=name, gpu="A100-40", gpus_per_node=n,
+                 spot_usd_per_hr=spot, on_demand_usd_per_hr=3 * spot)
+
+
+def _plan(replicas_per_stage: list[list[int]], zone: str = ZONE):
+    stages, start = [], 0
+    for i, tps in enumerate(replicas_per_stage):
+        end = start + (2 if i == 0 else 26 - start) if len(replicas_per_stage) > 1 else 26
+        stages.append({"layers": [start, end], "replicas": [{"gpu": "A100-40", "tp": t, "zone": zone} for t in tps]})
+        start = end
+    return plan_from_dict({"model": "opt-350m", "global_batch_size": 8, "micro_batch_size": 1, "stages": stages})
+
+
+def test_replicas_are_packed_on_the_cheapest_whole_nodes():
+    plan = _plan([[1, 1], [1, 1]])  # four TP=1 replicas: ranks 0..3
+    cheap_big = nodes_for_plan(plan, [_offer("x1", 1, 1.0), _offer("x4", 4, 3.0)])
+    assert [(n.instance_type, n.ranks) for n in cheap_big] == [("x4", (0, 1, 2, 3))]
+    assert plan_usd_per_hr(cheap_big) == 3.0
+    cheap_small = nodes_for_plan(plan, [_offer("x1", 1, 0.5), _offer("x4", 4, 3.0)])
+    assert [(n.instance_type, n.ranks) for n in cheap_small] == [("x1", (0,)), ("x1", (1,)), ("x1", (2,)), ("x1", (3,))]
+
+
+def test_a_tp_group_never_spans_nodes():
+    plan = _plan([[2]])
+    with pytest.raises(InfeasibleError, match="2 A100-40 GPUs on one node"):
+        nodes_for_plan(plan, [_offer("x1", 1, 0.1)])
+    [node] = nodes_for_plan(plan, [_offer("x1", 1, 0.1), _offer("x4", 4, 3.0)])
+    assert node.instance_type == "x4" and node.ranks == (0, 1)
+
+
+def test_survivors_of_the_same_type_and_zone_are_kept_and_the_rest_ended():
+    nodes = nodes_for_plan(_plan([[1, 1]]), [_offer("x1", 1, 0.5)])
+    running = [RunningInstance(instance_id="i-b", zone=ZONE, instance_type="x1"),
+               RunningInstance(instance_id="i-c", zone="us-central1-b", instance_type="x1")]
+    placement = match_instances(nodes, running)
+    assert [(n.ranks, i) for n, i in placement.keep] == [((0,), "i-b")]
+    assert [n.ranks for n in placement.launch] == [(1,)]
+    assert placement.surplus == ("i-c",)
+
+
+def _status(gen: int, state: str, now: float = 100.0, **kw) -> dict:
+    return {"generation": gen, "state": state, "heartbeat_unix_s": now, **kw}
+
+
+@pytest.mark.parametrize("statuses, clouds, kind", [
+    ({"a": _status(2, "running"), "b": _status(2, "running")}, {"a": "running", "b": "running"}, RUNNING),
+    ({"a": _status(2, "exited"), "b": _status(2, "exited")}, {"a": "running", "b": "running"}, FINISHED),
+    ({"a": _status(2, "exited"), "b": _status(2, "running")}, {"a": "running", "b": "running"}, RUNNING),
+    ({"a": _status(2, "failed"), "b": _status(2, "running")}, {"a": "running", "b": "preempted"}, INSTANCE_PREEMPTED),
+    ({"a": _status(2, "preempted"), "b": _status(2, "failed")}, {"a": "running", "b": "running"}, INSTANCE_PREEMPTED),
+    ({"a": _status(2, "preempting"), "b": _status(2, "running")}, {"a": "running", "b": "running"}, RUNNING),
+    ({"a": _status(2, "failed"), "b": _status(2, "running")}, {"a": "running", "b": "running"}, WORKER_FAILED),
+    ({"a": _status(2, "running"), "b": None}, {"a": "running", "b": None}, LOST),
+    ({"a": _status(2, "running", now=0.0), "b": _status(2, "running")}, {"a": "running", "b": "running"}, LOST),
+    ({"a": _status(0, "exited"), "b": _status(2, "running")}, {"a": "running", "b": "running"}, RUNNING),
+])
+def test_classify_attempt(statuses, clouds, kind):
+    outcome = classify_attempt(generation=2, statuses=statuses, cloud_states=clouds, now_unix_s=100.0,
+                               heartbeat_timeout_s=30.0)
+    assert outcome.kind == kind, outcome
