@@ -45,7 +45,8 @@ def main() -> None:
     out.update(trace_arg=args.trace, model=args.model, tokens=args.tokens, trace_rows=trace.num_rows,
                trace_hours=trace.duration_s / 3600, num_trace_preemptions=len(trace.preemptions),
                wall_cold_s=cold_s, wall_warm_s=warm_s, warm_planner_calls=warm.planner_calls)
-    assert {k: v.usd_spent for k, v in warm.results.items()} == {k: v.usd_spent for k, v in cold.results.items()}
+    for k, v in cold.results.items():  # same decisions from cached plans (sums may differ in the last bits)
+        assert abs(warm.results[k].usd_spent - v.usd_spent) <= 1e-6 * max(1.0, v.usd_spent), k
     print(f"{args.trace}: {trace.num_rows} rows, {trace.duration_s / 3600:.1f} h, "
           f"{len(trace.preemptions)} preemption events; model {args.model}, {args.tokens:.3g} tokens; "
           f"single-type GPU {cold.single_gpu_type}")

@@ -191,7 +191,7 @@ def _decide_static(state, event, lost, broken, config, plan_fn, remaining) -> De
     if current is None and state.last_plan is None:
         return _decide_replan(state, event, lost, broken, config, plan_fn, remaining)
     if current is None:
-        return Decision(action=Action.STOP, reason="static plan lost all its GPUs and never grows back")
+        return Decision(action=Action.STOP, reason="static: the plan lost all its GPUs and never grows back")
     if not broken:
         return _keep(current, state, config)
     held = {k: min(n - lost.get(k, 0), state.available.get(k, 0)) for k, n in current.gpus.items()}
@@ -200,7 +200,8 @@ def _decide_static(state, event, lost, broken, config, plan_fn, remaining) -> De
     choice = _choose(options, state, config, remaining)
     why = _why_new(current, lost, event)
     if choice is None:
-        return Decision(action=Action.STOP, reason=f"{why}: the GPUs left run no plan and a static plan never grows back")
+        return Decision(action=Action.STOP,
+                        reason=f"static: {why}; the GPUs left run no plan and a static plan never grows back")
     return _run(Action.REPLAN, f"{why}: shrink to {choice.label}", choice, state, config)
 
 

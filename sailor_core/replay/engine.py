@@ -271,17 +271,21 @@ def replay(
                 continue
             # running
             plan = s.plan
+            if s.t < s.paused_until:  # a periodic checkpoint is being written: no progress
+                tn = min(until, s.paused_until, deadline)
+                s.t = tn
+                if tn == deadline:
+                    at_deadline()
+                elif tn == s.paused_until:
+                    record()
+                continue
             x = plan.throughput_samples_per_s
-            start = max(s.t, s.paused_until)
-            t_done = start + (samples_target - s.done) / x if x > 0 else math.inf
+            t_done = s.t + (samples_target - s.done) / x if x > 0 else math.inf
             tn = min(until, t_done, s.next_ckpt_at, deadline)
-            if tn > start:
-                s.done += x * (tn - start)
-                s.productive_gpu_s += plan.num_gpus * (tn - start)
-            was_paused = s.t < s.paused_until <= tn
-            s.t = max(tn, s.t)
-            if was_paused:
-                record()
+            if tn > s.t:
+                s.done += x * (tn - s.t)
+                s.productive_gpu_s += plan.num_gpus * (tn - s.t)
+            s.t = tn
             if tn == t_done:
                 s.done = samples_target
                 ask(Event(kind=EventKind.PROGRESS))
