@@ -182,3 +182,35 @@ def test_wrong_configuration_is_a_config_error(cloud, cloud_name):
     else:
         with pytest.raises(CloudConfigError, match="project"):
             GCPProvider(project="", api_endpoint=cloud.gce_endpoint, credentials=AnonymousCredentials())
+
+
+def test_a_launch_is_all_or_nothing(cloud, providers, cloud_name):
+    zone, _, itype, gpu = CASES[cloud_name]
+    p = providers[cloud_name]
+    cloud.set_capacity(gpu, zone, 1)  # room for one of the two
+    with pytest.raises(CapacityError):
+        p.run_instances(zone=zone, instance_type=itype, count=2, labels=job_labels("job-n", 0))
+    assert p.query_instances(job_labels("job-n"), include_ended=False) == []
+
+
+def test_timeouts_are_transient_and_retried(cloud, cloud_name):
+    from google.auth.credentials import AnonymousCredentials
+
+    from infra.aws import AWSProvider
+    from infra.gcp import GCPProvider
+    from infra.local.cloud import FIXED_AMI, PROJECT, _local_session
+    from infra.retry import RetryPolicy
+
+    retry = RetryPolicy(max_attempts=2, base_delay_s=0.01, max_delay_s=0.02)
+    if cloud_name == "aws":
+        p = AWSProvider(endpoint_url=cloud.aws_endpoint, ami_id=FIXED_AMI, regions=["us-east-1"], retry=retry,
+                        read_timeout_s=0.3, session=_local_session())
+    else:
+        p = GCPProvider(project=PROJECT, api_endpoint=cloud.gce_endpoint, credentials=AnonymousCredentials(),
+                        zones=["us-central1-a"], retry=retry, timeout_s=0.3)
+    cloud.set_faults(FaultRates(timeout=1.0, timeout_s=0.8))
+    with pytest.raises(TransientCloudError):
+        p.query_instances(job_labels("job-slow"))
+    assert p.num_retries == 1
+    cloud.set_faults(FaultRates())
+    assert p.query_instances(job_labels("job-slow")) == []
