@@ -6,7 +6,9 @@ DP: a 1-stage x 2-replica plan vs torch DDP (gradient accumulation with no_sync)
 PP: a 2-stage x 1-replica plan vs torch.distributed.pipelining Schedule1F1B.
 Every variant: 2 processes, 1 thread each, same initial weights, same micro-batches
 (global batch 8, micro-batch 2), fp32, AdamW; time per optimizer step as the median
-over the steps after the first two, measured inside rank 0 (process start-up excluded).
+over the steps after the first two, measured inside rank 0 (process start-up excluded);
+also rank 0's process CPU time per step, which a busy shared machine distorts less.
+ratio = baseline time / engine time = engine throughput / baseline throughput.
 """
 
 from __future__ import annotations
@@ -43,16 +45,17 @@ def _median_step_s(times: list[float]) -> float:
     return statistics.median(times[2:] if len(times) > 4 else times)
 
 
-def run_engine(plan, steps: int, data: Path, workdir: Path) -> float:
+def run_engine(plan, steps: int, data: Path, workdir: Path) -> tuple[float, float]:
     from sailor_core.runtime.launch import launch_local
 
     res = launch_local(plan, steps, data=data, workdir=workdir, threads_per_rank=1, timeout_s=1200)
     if res.status != "ok":
         raise RuntimeError(f"engine run failed: {res.message} {res.stderr_tails}")
-    return _median_step_s(res.step_times_s)
+    return _median_step_s(res.step_times_s), _median_step_s(res.step_cpu_s)
 
 
-def run_baseline(kind: str, model: str, steps: int, gbs: int, mbs: int, data: Path) -> float:
+def run_baseline(kind: str, model: str, steps: int, gbs: int, mbs: int,
+                 data: Path) -> tuple[float, float]:
     from sailor_core.runtime.launch import free_port
 
     port = free_port()
@@ -68,7 +71,8 @@ def run_baseline(kind: str, model: str, steps: int, gbs: int, mbs: int, data: Pa
     for p in procs:
         if p.wait(timeout=1200):
             raise RuntimeError(f"baseline {kind} failed")
-    return _median_step_s(json.loads(out.read_text()))
+    rec = json.loads(out.read_text())
+    return _median_step_s(rec["wall"]), _median_step_s(rec["cpu"])
 
 
 def baseline_worker(args) -> None:
@@ -88,7 +92,7 @@ def baseline_worker(args) -> None:
     data = TokenDataset(args.data, spec.seq_len, spec.vocab_size)
     n = spec.num_layer_indices
     m_count = args.gbs // args.mbs
-    times = []
+    times, cpu = [], []
     if args.baseline_worker == "ddp":
         from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -96,7 +100,7 @@ def baseline_worker(args) -> None:
         opt = make_optimizer(model.parameters(), 1e-3)
         mine = [m for m in range(m_count) if m % 2 == rank]
         for it in range(args.steps):
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             total = torch.zeros(())
             for j, m in enumerate(mine):
                 x, y = data.microbatch(0, it, m, args.gbs, args.mbs)
@@ -109,6 +113,7 @@ def baseline_worker(args) -> None:
             opt.zero_grad(set_to_none=True)
             dist.all_reduce(total)
             times.append(time.perf_counter() - t0)
+            cpu.append(time.process_time() - c0)
     else:
         from torch.distributed.pipelining import PipelineStage, Schedule1F1B
 
@@ -123,7 +128,7 @@ def baseline_worker(args) -> None:
         sched = Schedule1F1B(stage, m_count, loss_fn=loss_fn, scale_grads=True)
         opt = make_optimizer(module.parameters(), 1e-3)
         for it in range(args.steps):
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             x, y = data.samples(list(range(it * args.gbs, (it + 1) * args.gbs)))
             total = torch.zeros(())
             if rank == 0:
@@ -136,8 +141,9 @@ def baseline_worker(args) -> None:
             opt.zero_grad(set_to_none=True)
             dist.all_reduce(total)
             times.append(time.perf_counter() - t0)
+            cpu.append(time.process_time() - c0)
     if rank == 0:
-        Path(args.out).write_text(json.dumps(times))
+        Path(args.out).write_text(json.dumps({"wall": times, "cpu": cpu}))
     dist.destroy_process_group()
 
 
@@ -203,16 +209,20 @@ def main() -> None:
         for _ in range(args.repeats):  # alternate so a busy neighbour hurts both alike
             eng.append(run_engine(plan, args.steps, data, work / f"{kind}-{len(eng)}"))
             base.append(run_baseline(kind, args.model, args.steps, args.gbs, args.mbs, data))
-        e, b = min(eng), min(base)
+        e, b = min(x[0] for x in eng), min(x[0] for x in base)
+        ec, bc = min(x[1] for x in eng), min(x[1] for x in base)
         rows.append({"config": kind, "baseline": base_name, "engine_step_s": e, "baseline_step_s": b,
                      "engine_samples_per_s": args.gbs / e, "baseline_samples_per_s": args.gbs / b,
-                     "throughput_ratio": b / e})
+                     "throughput_ratio": b / e, "engine_cpu_s": ec, "baseline_cpu_s": bc,
+                     "cpu_ratio": bc / ec})
     print(f"model {args.model}, global batch {args.gbs}, micro-batch {args.mbs}, {args.steps} steps, "
           f"2 processes x 1 thread, best of {args.repeats} runs (median step)")
-    print(f"{'config':6} {'baseline':36} {'engine s/step':>14} {'baseline s/step':>16} {'ratio':>7}")
+    print(f"{'config':6} {'baseline':36} {'engine s/step':>14} {'baseline s/step':>16} {'ratio':>7}"
+          f" {'engine cpu s':>13} {'baseline cpu s':>15} {'cpu ratio':>10}")
     for r in rows:
         print(f"{r['config']:6} {r['baseline']:36} {r['engine_step_s']:14.4f} "
-              f"{r['baseline_step_s']:16.4f} {r['throughput_ratio']:7.3f}")
+              f"{r['baseline_step_s']:16.4f} {r['throughput_ratio']:7.3f} {r['engine_cpu_s']:13.4f} "
+              f"{r['baseline_cpu_s']:15.4f} {r['cpu_ratio']:10.3f}")
     print(json.dumps(rows))
 
 

@@ -34,6 +34,7 @@ class LaunchResult:
     losses: list[float]               # per step of this run (step numbers in `steps`)
     steps: list[int]
     step_times_s: list[float]
+    step_cpu_s: list[float]           # rank 0's CPU time per step (robust on a busy machine)
     samples_per_s: float              # median over steps after the first
     tokens_per_s: float
     wall_s: float
@@ -174,7 +175,8 @@ def launch_local(plan: Plan, steps: int, *, data: str | Path | None = None,
     gbs, seq = plan.global_batch_size, plan.effective_seq_len()
     return LaunchResult(
         status=status, losses=[r["loss"] for r in step_recs], steps=[r["step"] for r in step_recs],
-        step_times_s=times, samples_per_s=gbs / med if steady else 0.0,
+        step_times_s=times, step_cpu_s=[r.get("cpu_time_s", 0.0) for r in step_recs],
+        samples_per_s=gbs / med if steady else 0.0,
         tokens_per_s=gbs * seq / med if steady else 0.0, wall_s=wall, exit_codes=exit_codes,
         dead_rank=dead_rank, hung_ranks=tuple(hung), exit_times_s=exit_times,
         death_time_s=death_time, message=message, stderr_tails=tails)

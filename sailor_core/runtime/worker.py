@@ -19,7 +19,8 @@ all-reduce that also carries the loss) on whether any rank was told to stop,
 so they checkpoint the same step together.
 
 Rank 0 appends one JSON line per step to ``--metrics-file``:
-``{"step", "loss", "step_time_s", "samples_per_s", "tokens_per_s"}``, and a last
+``{"step", "loss", "step_time_s", "cpu_time_s", "samples_per_s", "tokens_per_s"}``
+(``cpu_time_s``: rank 0's process CPU time in the step, all threads), and a last
 line ``{"event": "done" | "preempted" | "peer_lost" | "error", ...}``; ``peer_lost``
 carries ``dead_ranks`` (from heartbeats through the rendezvous store).
 """
@@ -157,7 +158,7 @@ def main(argv=None) -> int:
             return True
 
         while trainer.step < args.steps:
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             hook = None
             if rank == fault_rank and not fault_in_save and trainer.step + 1 == fault_step:
                 hook = lambda: os.kill(os.getpid(), signal.SIGKILL)  # noqa: E731
@@ -169,7 +170,8 @@ def main(argv=None) -> int:
             dt = time.perf_counter() - t0
             gbs = plan.global_batch_size
             metrics.write({"step": trainer.step, "loss": float(status[0]) / plan.num_microbatches,
-                           "step_time_s": dt, "samples_per_s": gbs / dt,
+                           "step_time_s": dt, "cpu_time_s": time.process_time() - c0,
+                           "samples_per_s": gbs / dt,
                            "tokens_per_s": gbs * trainer.seq_len / dt})
             if status[1] > 0:
                 saved = storage is not None and save()
