@@ -31,12 +31,25 @@ def artifact_key(kind: str, job_id: str) -> str:
 
 
 def plan_rows(plan: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per replica, with where its timing comes from (a measured profile or the estimator)."""
     rows = []
     for s, stage in enumerate(plan["stages"]):
         for r, rep in enumerate(stage["replicas"]):
             rows.append({"stage": s, "layers": f"[{stage['layers'][0]}, {stage['layers'][1]})", "replica": r,
-                         "gpu": rep["gpu"], "tp": rep["tp"], "zone": rep["zone"]})
+                         "gpu": rep["gpu"], "tp": rep["tp"], "zone": rep["zone"],
+                         "profile": _profile_source(plan, rep["gpu"], rep["tp"])})
     return rows
+
+
+def _profile_source(plan: dict[str, Any], gpu: str, tp: int) -> str:
+    from sailor_core.errors import SailorError
+    from sailor_core.profiles import default_profile_db
+
+    try:
+        p = default_profile_db().get(plan["model"], gpu, tp, plan["micro_batch_size"], plan.get("seq_len"))
+    except SailorError as exc:
+        return f"none ({exc})"
+    return "measured" if all(layer.measured for layer in p.layers) else f"estimated ({p.source})"
 
 
 @task(name="publish-plan", tags=["report"], cache_policy=NO_CACHE)

@@ -1,0 +1,71 @@
+"""`sailor train` argument errors, `sailor jobs` and `sailor status` on stored job states (no flow runs here)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from sailor_core import jobstate as js
+
+
+def _main(capsys, *args):
+    import flows.cli
+
+    try:
+        flows.cli.main(list(args))
+    except SystemExit as exc:
+        out = capsys.readouterr()
+        return exc.code, out.out, out.err
+    out = capsys.readouterr()
+    return 0, out.out, out.err
+
+
+@pytest.fixture()
+def home(tmp_path, monkeypatch):
+    monkeypatch.setenv("SAILOR_HOME", str(tmp_path))
+    monkeypatch.delenv("SAILOR_JOBS_URL", raising=False)
+    return tmp_path
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--budget-usd", "-1"], "--budget-usd must be positive"),
+    (["--budget-usd", "1", "--steps", "0"], "--steps must be at least 1"),
+    (["--budget-usd", "1", "--preempt-at", "3,x"], "'x' is not a step number"),
+    (["--budget-usd", "1", "--cloud", "moon"], "--cloud must be auto, embedded or real"),
+    (["--budget-usd", "1", "--objective", "fast"], "--objective must be throughput or cost"),
+])
+def test_train_rejects_bad_arguments_in_one_line(home, capsys, args, needle):
+    code, _, err = _main(capsys, "train", *args)
+    lines = err.strip().splitlines()
+    assert code != 0 and len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], err
+
+
+def test_jobs_and_status_read_the_persisted_states(home, capsys):
+    store = js.JobStore()
+    s = js.new_job(js.JobSpec(model="tiny", budget_usd=0.5, steps=10), job_id="tiny-abc")
+    s = js.with_plan(s, plan={"model": "tiny"}, reason="start: 1xT4@us-east-1a", usd_per_hr=0.2,
+                     throughput_samples_per_s=5.0)
+    s = js.with_instances_launched(s, (js.InstanceRecord(
+        instance_id="i-1", cloud="aws", zone="us-east-1a", instance_type="g4dn.xlarge", gpu="T4", num_gpus=1,
+        usd_per_hr=0.2, spot=True, attempt=1, launched_unix_s=1000.0),))
+    s = js.with_instances_ended(s, {"i-1"}, "preempted", now_unix_s=1000.0 + 3600.0)
+    s = js.with_plan(s, plan={"model": "tiny"}, reason="preempted: i-1 at step 4", usd_per_hr=0.2,
+                     throughput_samples_per_s=5.0)
+    s = js.with_status(s, js.STOPPED_BUDGET, "budget: ...")
+    store.save(s)
+
+    code, out, err = _main(capsys, "jobs", "--json")
+    assert code == 0, err
+    [row] = json.loads(out)["jobs"]
+    assert row["job_id"] == "tiny-abc" and row["status"] == "stopped_budget"
+    assert row["attempts"] == 2 and row["preemptions"] == 1 and row["usd_spent"] == pytest.approx(0.2)
+
+    code, out, err = _main(capsys, "status", "tiny-abc", "--json")
+    assert code == 0, err
+    detail = json.loads(out)
+    assert [r["reason"] for r in detail["replans"]] == ["start: 1xT4@us-east-1a", "preempted: i-1 at step 4"]
+    assert detail["instances"][0]["end_reason"] == "preempted"
+
+    code, _, err = _main(capsys, "status", "nope")
+    assert code != 0 and err.strip() == f"error: no job 'nope' under {home / 'jobs'}"
