@@ -45,36 +45,59 @@ def loadavg() -> float:
     return float(Path("/proc/loadavg").read_text().split()[0])
 
 
-class PeakRSS:
-    """Samples each worker's VmHWM (peak resident set) until it exits."""
+class RunMonitor:
+    """Samples the workers while they run: each one's peak resident set (VmHWM) and the CPU
+    seconds all of them used (utime + stime), read at each step boundary (a new line in rank 0's
+    metrics file), which gives the CPU work per step whatever the load of the machine."""
 
     def __init__(self) -> None:
         self.peaks: dict[int, int] = {}
-        self._threads = []
+        self.cpu_at_step: list[tuple[int, float]] = []
+        self._thread = None
+        self._tick = os.sysconf("SC_CLK_TCK")
 
-    def on_started(self, procs, _metrics_path) -> None:
-        for rank, p in procs.items():
-            t = threading.Thread(target=self._watch, args=(rank, p.pid), daemon=True)
-            t.start()
-            self._threads.append(t)
+    def on_started(self, procs, metrics_path) -> None:
+        self._thread = threading.Thread(target=self._watch, args=(procs, Path(metrics_path)), daemon=True)
+        self._thread.start()
 
-    def _watch(self, rank: int, pid: int) -> None:
-        path = Path(f"/proc/{pid}/status")
-        while True:
+    def _cpu_s(self, pid: int) -> float | None:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            return None
+        return (int(fields[11]) + int(fields[12])) / self._tick
+
+    def _watch(self, procs, metrics: Path) -> None:
+        seen = 0
+        while any(p.poll() is None for p in procs.values()):
+            for rank, p in procs.items():
+                try:
+                    for line in Path(f"/proc/{p.pid}/status").read_text().splitlines():
+                        if line.startswith("VmHWM"):
+                            self.peaks[rank] = max(self.peaks.get(rank, 0), int(line.split()[1]) * 1024)
+                except OSError:
+                    pass
             try:
-                text = path.read_text()
+                steps = sum(1 for line in metrics.read_text().splitlines() if '"loss"' in line)
             except OSError:
-                return
-            for line in text.splitlines():
-                if line.startswith("VmHWM"):
-                    self.peaks[rank] = max(self.peaks.get(rank, 0), int(line.split()[1]) * 1024)
-            if "State:\tZ" in text:
-                return
-            time.sleep(0.05)
+                steps = 0
+            if steps > seen:
+                cpus = [self._cpu_s(p.pid) for p in procs.values()]
+                if all(c is not None for c in cpus):
+                    self.cpu_at_step.append((steps, sum(cpus)))
+                seen = steps
+            time.sleep(0.02)
 
     def join(self) -> None:
-        for t in self._threads:
-            t.join(timeout=5)
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+
+    def cpu_per_step_s(self) -> float | None:
+        """CPU seconds of all workers per steady step (from the first step boundary on)."""
+        if len(self.cpu_at_step) < 2:
+            return None
+        (s0, c0), (s1, c1) = self.cpu_at_step[0], self.cpu_at_step[-1]
+        return (c1 - c0) / (s1 - s0)
 
 
 def main(argv=None) -> int:
@@ -116,7 +139,7 @@ def main(argv=None) -> int:
                                  [[m["params"], m["update"]["median_s"]] for m in detail["layers"]],
                                  prof_cpu.regime, prof_cpu.source.replace("cpu clock", "wall clock"), timer="wall")
     save_profiles([prof_cpu])
-    net_prof = profile_network(2, sizes=[2**k for k in range(16, 27, 2)], reps=5)
+    net_prof = profile_network(2, sizes=[2**k for k in range(16, 27, 2)], reps=7)
     save_network_profile(net_prof)
     overhead = idle_worker_rss_bytes()
     out["profile_s"] = time.monotonic() - t0
@@ -132,7 +155,8 @@ def main(argv=None) -> int:
     for name, prof in (("cpu_clock", prof_cpu), ("wall_clock", prof_wall)):
         sim = simulate(plan, profiles=ProfileDB([prof]), network=net)
         sims = sims if name != "cpu_clock" else sim
-        shared = shared_cpu_time(plan, sim, threads_per_rank=1, other_load=0.0)
+        shared = shared_cpu_time(plan, sim, threads_per_rank=1, other_load=0.0,
+                                 allreduce_s=net_prof.allreduce_time_s)
         preds[name] = {"iteration_time_s": sim.iteration_time_s, "breakdown": sim.breakdown,
                        "shared_idle_machine": shared.to_dict(),
                        "peak_memory_bytes": [[r.memory.peak_bytes for r in s.replicas] for s in sim.stages],
@@ -147,7 +171,7 @@ def main(argv=None) -> int:
     data = ensure_corpus(workdir, plan)
     runs = []
     for k in range(args.runs):
-        rss = PeakRSS()
+        rss = RunMonitor()
         la = loadavg()
         load_before = probe_other_load()
         res = launch_local(plan, args.steps, data=data, workdir=workdir / f"run{k}", threads_per_rank=1,
@@ -155,7 +179,8 @@ def main(argv=None) -> int:
         rss.join()
         load_after = probe_other_load()
         other = (load_before + load_after) / 2
-        pred = shared_cpu_time(plan, sims, threads_per_rank=1, other_load=other)
+        pred = shared_cpu_time(plan, sims, threads_per_rank=1, other_load=other,
+                               allreduce_s=net_prof.allreduce_time_s)
         if res.status != "ok":
             print(f"run {k}: {res.status} {res.message}", file=sys.stderr)
             return 1
@@ -163,6 +188,8 @@ def main(argv=None) -> int:
         runs.append({"loadavg_before": la, "step_times_s": res.step_times_s,
                      "other_load_probed": [load_before, load_after], "predicted": pred.to_dict(),
                      "median_step_s": statistics.median(steady),
+                     "cpu_work_per_step_s": rss.cpu_per_step_s(),
+                     "mean_steady_step_s": statistics.mean(steady),
                      "peak_rss_bytes": {str(r): v for r, v in sorted(rss.peaks.items())}})
     out["runs"] = runs
     meds = [r["median_step_s"] for r in runs]
@@ -199,6 +226,12 @@ def report(out: dict) -> None:
         print(f"simulator ({name} profile), one core per rank: {p['iteration_time_s']:.3f} s [{parts}]; "
               f"4 ranks sharing {sh['effective_cores']:.1f} idle cores: {sh['iteration_time_s']:.3f} s "
               f"(work {sh['work_s']:.3f} CPU-s)")
+    work = out["predicted"]["cpu_clock"]["shared_idle_machine"]["work_s"]
+    print(f"CPU work per step (all 4 workers): predicted {work:.3f} CPU-s from the cpu-clock profile; measured "
+          + ", ".join(f"{r['cpu_work_per_step_s']:.3f}" for r in out["runs"] if r["cpu_work_per_step_s"])
+          + " CPU-s; CPU share our workers got: "
+          + ", ".join(f"{r['cpu_work_per_step_s'] / r['mean_steady_step_s']:.2f}" for r in out["runs"]
+                      if r["cpu_work_per_step_s"]) + " cores")
     print("per run (cpu-clock profile, cores shared with the other jobs' probed load):")
     for k, r in enumerate(out["runs"]):
         p = r["predicted"]

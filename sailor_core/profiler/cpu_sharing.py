@@ -9,6 +9,9 @@ there are more runnable threads than cores they share them.  First principles, n
   gradient all-reduce (over loopback the "network" is the same CPUs copying and adding);
 * the cores are work-conserving and 1F1B keeps them busy (while a stage waits for its peer, the
   peer's stage computes), so the iteration takes at least ``total work / effective cores``;
+* gradient all-reduce: the simulator's (ring over the p2p curve), or, when given, a measured
+  all-reduce of the same group size (``NetworkProfile.allreduce_time_s``): gloo between local
+  processes reduces and copies on the same CPUs and measures 1.5-4x the ring over the p2p curve;
 * other jobs on the machine: with ``L`` other runnable threads, the scheduler shares the cores
   fairly, so our ``R`` threads get ``C R / (R + L)`` of them (``probe_other_load`` measures L).
 
@@ -48,29 +51,38 @@ def effective_cores(num_cores: float, busy_threads: int, other_load: float = 0.0
     return num_cores * busy_threads / (busy_threads + other_load)
 
 
-def rank_work_s(sim) -> float:
-    """CPU seconds of all ranks' work in one iteration (see the module doc)."""
+def _sync_s(stage, allreduce_s) -> float:
+    dp = len(stage.replicas)
+    if dp <= 1:
+        return 0.0
+    measured = allreduce_s(stage.dp_sync_bytes, dp) if allreduce_s is not None else None
+    return stage.dp_sync_s if measured is None else measured
+
+
+def rank_work_s(sim, allreduce_s=None) -> float:
+    """CPU seconds of all ranks' work in one iteration (see the module doc); ``allreduce_s(bytes,
+    ranks)`` a measured all-reduce time (None where not measured) replacing the simulator's."""
     work = 0.0
     for stage in sim.stages:
-        dp = len(stage.replicas)
+        sync = _sync_s(stage, allreduce_s)
         for rep in stage.replicas:
-            per_rank = rep.num_microbatches * (rep.fwd_s + rep.bwd_s) + rep.update_s
-            if dp > 1:
-                per_rank += stage.dp_sync_s
-            work += per_rank * rep.tp_degree
+            work += (rep.num_microbatches * (rep.fwd_s + rep.bwd_s) + rep.update_s + sync) * rep.tp_degree
     return work
 
 
 def shared_cpu_time(plan: Plan, sim, *, num_cores: float | None = None, threads_per_rank: int = 1,
-                    other_load: float = 0.0) -> SharedCpuTime:
+                    other_load: float = 0.0, allreduce_s=None) -> SharedCpuTime:
     """Iteration time of ``plan`` (simulated as ``sim``) when all its ranks share ``num_cores``."""
     cores = float(num_cores or os.cpu_count() or 1)
     ranks = sum(rep.tp_degree for s in plan.stages for rep in s.replicas)
     eff = effective_cores(cores, ranks * threads_per_rank, other_load)
-    work = rank_work_s(sim)
-    t = max(sim.iteration_time_s, work / eff)
-    return SharedCpuTime(iteration_time_s=t, simulated_s=sim.iteration_time_s, work_s=work, effective_cores=eff,
-                         cpu_sharing_s=t - sim.iteration_time_s)
+    work = rank_work_s(sim, allreduce_s)
+    # the simulator's own time with its slowest stage's sync + update replaced by the measured sync
+    tail = max(_sync_s(s, allreduce_s) + s.update_s for s in sim.stages)
+    simulated = sim.iteration_time_s - sim.breakdown["dp_sync"] - sim.breakdown["update"] + tail
+    t = max(simulated, work / eff)
+    return SharedCpuTime(iteration_time_s=t, simulated_s=simulated, work_s=work, effective_cores=eff,
+                         cpu_sharing_s=t - simulated)
 
 
 _SPIN = "import time,sys\nw=time.perf_counter()+float(sys.argv[1]);c=time.process_time()\n" \

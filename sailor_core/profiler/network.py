@@ -53,6 +53,21 @@ class NetworkProfile:
     allreduce_points: dict = field(default_factory=dict)  # N -> ((bytes, seconds), ...)
     source: str = ""
 
+    def allreduce_time_s(self, num_bytes: float, num_ranks: int) -> float | None:
+        """Measured all-reduce time among ``num_ranks``, interpolated log-log between the measured
+        sizes (clamped to the ends); None when that group size was not measured."""
+        pts = sorted(self.allreduce_points.get(num_ranks, ()))
+        if not pts or num_bytes <= 0:
+            return None if not pts else 0.0
+        if num_bytes <= pts[0][0]:
+            return pts[0][1] * num_bytes / pts[0][0] if num_bytes < pts[0][0] else pts[0][1]
+        for (b0, t0), (b1, t1) in zip(pts, pts[1:]):
+            if num_bytes <= b1:
+                f = math.log(num_bytes / b0) / math.log(b1 / b0)
+                return math.exp(math.log(t0) + f * (math.log(t1) - math.log(t0)))
+        b_last, t_last = pts[-1]
+        return t_last * num_bytes / b_last  # bandwidth-bound beyond the largest size
+
     def to_json(self) -> dict:
         fit = [[self.fit.a, self.fit.b, self.fit.c], self.fit.max_bw_bytes_per_s]
         return {

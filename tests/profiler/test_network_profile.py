@@ -42,3 +42,15 @@ def test_from_points_rejects_too_few_sizes():
 
     with pytest.raises(ProfileError, match="at least 3"):
         network_profile_from_points({"world_size": 2, "p2p": [(2**16, 1e-4), (2**18, 3e-4)]})
+
+
+def test_measured_allreduce_interpolates_between_sizes():
+    from sailor_core.profiler.network import NetworkProfile
+
+    fit = BandwidthFit(a=0.0, b=0.0, c=1.0, max_bw_bytes_per_s=1e9)
+    prof = NetworkProfile(src_zone="local", src_gpu="cpu", dst_zone="local", dst_gpu="cpu", fit=fit,
+                          max_rel_error=0.0, p2p_points=(), allreduce_points={2: ((2**20, 1e-3), (2**22, 4e-3))})
+    assert prof.allreduce_time_s(2**20, 2) == pytest.approx(1e-3)
+    assert prof.allreduce_time_s(2**21, 2) == pytest.approx(2e-3)  # log-log: time proportional to size here
+    assert prof.allreduce_time_s(2**23, 2) == pytest.approx(8e-3)
+    assert prof.allreduce_time_s(2**20, 3) is None
