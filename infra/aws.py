@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import re
 import uuid
+from datetime import datetime, timezone
 from collections.abc import Mapping, Sequence
 
 import boto3
@@ -235,6 +236,7 @@ class AWSProvider(CloudProvider):
             "SpotPriceHistory",
             InstanceTypes=types,
             ProductDescriptions=["Linux/UNIX"],
+            StartTime=datetime.now(timezone.utc),  # "now": the current price per AZ, not 90 days of history
             MaxResults=1000,
         ):
             key = (rec["InstanceType"], rec["AvailabilityZone"])

@@ -96,3 +96,18 @@ def test_sailor_offers_lists_both_clouds_on_the_embedded_cloud(cloud, monkeypatc
     assert table.exit_code == 0 and "us-west1-b" in table.output and "n1-standard-8-v100x1" in table.output
     bad = runner.invoke(app, ["offers", "--cloud", "azure"])
     assert bad.exit_code != 0
+
+
+def test_aws_spot_prices_come_from_the_spot_price_history_when_asked(cloud):
+    from infra.aws import AWSProvider
+    from infra.local.cloud import FIXED_AMI, _local_session
+    from sailor_core.catalog.instances import get_instance_type
+
+    live = AWSProvider(endpoint_url=cloud.aws_endpoint, ami_id=FIXED_AMI, regions=["us-east-1"],
+                       spot_prices_from_api=True, session=_local_session())
+    offers = live.list_offers(gpu_types=["T4"])
+    row = get_instance_type("aws", "g4dn.xlarge")
+    g4 = [o for o in offers if o.instance_type == "g4dn.xlarge"]
+    assert g4 and all(o.on_demand_usd_per_hr == row.on_demand_usd_per_hr for o in g4)
+    # moto's history is one constant price; the catalog's typical spot price is what the embedded cloud uses.
+    assert {o.spot_usd_per_hr for o in g4} == {0.00001}
