@@ -173,7 +173,12 @@ class MotoEC2:
     def instances(self) -> list:
         out = []
         for region in self.regions:
-            out.extend(self._backend(region).all_instances())
+            for _ in range(5):  # moto's dicts may change under us while a request is served
+                try:
+                    out.extend(self._backend(region).all_instances())
+                    break
+                except RuntimeError:
+                    time.sleep(0.01)
         return out
 
     def find(self, instance_id: str):

@@ -189,10 +189,12 @@ class GCEFake:
 
     def _route(self, method: str, rest: list[str], query: dict, body, forced_capacity: bool = False):
         if rest[:1] == ["aggregated"] and method == "GET":
+            with self._lock:  # snapshots: other requests and the ticker change these dicts
+                instances, operations = list(self.instances.values()), list(self.operations.values())
             if rest[1:] == ["instances"]:
-                return self._aggregated("instances", self._filter_instances(self.instances.values(), query))
+                return self._aggregated("instances", self._filter_instances(instances, query))
             if rest[1:] == ["operations"]:
-                return self._aggregated("operations", list(self.operations.values()))
+                return self._aggregated("operations", operations)
         if rest[:1] != ["zones"]:
             raise ApiError(404, "notFound", "unsupported collection")
         if len(rest) == 1 and method == "GET":
@@ -222,7 +224,8 @@ class GCEFake:
                 return self._delete(zone, sub[1])
         if sub == ["operations"] and method == "GET":
             with self._lock:
-                return {"kind": "compute#operationList", "items": [o for (z, _), o in self.operations.items() if z == zone]}
+                return {"kind": "compute#operationList",
+                        "items": [json.loads(json.dumps(o)) for (z, _), o in self.operations.items() if z == zone]}
         if len(sub) in (2, 3) and sub[0] == "operations":
             with self._lock:
                 op = self.operations.get((zone, sub[1]))
