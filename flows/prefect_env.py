@@ -98,7 +98,7 @@ def _free_port(preferred: int) -> int:
     raise SailorError("no free TCP port for the Prefect server")
 
 
-def start_local_server(port: int = DEFAULT_PORT, timeout_s: float = 90.0) -> str:
+def start_local_server(port: int = DEFAULT_PORT, timeout_s: float = 240.0) -> str:
     """Start (or find) the local Prefect server with SQLite under ``$SAILOR_HOME/prefect``; return its API URL."""
     url = running_local_server()
     if url:
@@ -125,7 +125,7 @@ def start_local_server(port: int = DEFAULT_PORT, timeout_s: float = 90.0) -> str
             _server_record().write_text(json.dumps({"api_url": api_url, "pid": proc.pid, "port": port}))
             return api_url
         time.sleep(0.5)
-    proc.terminate()
+    os.killpg(proc.pid, 15)  # its own session: the server and its children
     raise SailorError(f"the Prefect server did not answer within {timeout_s:.0f} s; see {home / 'server.log'}")
 
 

@@ -101,6 +101,7 @@ def train_job(
     session = cloud_tasks.open_session(cloud, job_id=job_id, jobs_url=store.job_url(job_id), spec=spec)
     progress = reporting.ProgressReporter(job_id)
     left_running = 0
+    body_failed = False
     try:
         state = cloud_tasks.reconcile(session, state)
         store.save(state)
@@ -199,14 +200,26 @@ def train_job(
             reason_prefix = f"{outcome.reason} at step {state.steps_done}; "
             log.info("job %s: %s; re-planning from step %s", job_id, outcome.reason, state.last_checkpoint_step)
     except BaseException as exc:
-        status = js.CANCELLED if isinstance(exc, (KeyboardInterrupt,)) else js.FAILED
-        state = js.with_status(state, status, f"{type(exc).__name__}: {exc}".splitlines()[0][:300])
+        body_failed = True
+        # Ctrl-C, or Prefect cancelling the run (it signals the flow process): cancelled, not failed.
+        cancelled = isinstance(exc, KeyboardInterrupt) or any(
+            word in type(exc).__name__ for word in ("Cancel", "Terminat", "Abort"))
+        state = js.with_status(state, js.CANCELLED if cancelled else js.FAILED,
+                               f"{type(exc).__name__}: {exc}".splitlines()[0][:300])
         store.save(state)
         raise
     finally:
-        state, left_running = cloud_tasks.terminate_all(session, state)
-        store.save(state)
-        cloud_tasks.close_session(session)
-        reporting.publish_cost_report(state)
+        # Nothing may stay rented: terminate by label even if the body failed; cleanup errors are
+        # logged (and re-raised only when the body itself succeeded).
+        try:
+            state, left_running = cloud_tasks.terminate_all(session, state)
+            store.save(state)
+            reporting.publish_cost_report(state)
+        except Exception as cleanup_error:
+            log.error("cleanup of job %s failed: %s", job_id, cleanup_error)
+            if not body_failed:
+                raise
+        finally:
+            cloud_tasks.close_session(session)
     return job_tasks.summary(state, instances_left_running=left_running)
 

@@ -111,12 +111,14 @@ class ReplanRecord:
     """One (re-)plan: why it happened and what was chosen."""
 
     attempt: int
-    at_step: int
+    at_step: int  # the checkpoint this attempt resumes from
     reason: str
     plan: dict[str, Any]
     usd_per_hr: float
     throughput_samples_per_s: float
     at_unix_s: float
+    steps_done_before: int = 0  # the furthest step reached before: steps_done_before - at_step are redone
+    first_step_unix_s: float | None = None  # when this attempt's first step completed (recovery time)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -187,6 +189,7 @@ def with_plan(state: JobState, *, plan: dict[str, Any], reason: str, usd_per_hr:
     attempt = state.attempt + 1
     record = ReplanRecord(
         attempt=attempt,
+        steps_done_before=state.steps_done,
         at_step=state.last_checkpoint_step or 0,
         reason=reason,
         plan=plan,
@@ -227,6 +230,14 @@ def with_instances_ended(state: JobState, instance_ids: set[str] | frozenset[str
             num_new_preemptions += reason == "preempted"
         out.append(i)
     return _touch(state, instances=tuple(out), num_preemptions=state.num_preemptions + num_new_preemptions)
+
+
+def with_first_step(state: JobState, now_unix_s: float) -> JobState:
+    """Note when the current attempt completed its first step (once)."""
+    if not state.replans or state.replans[-1].first_step_unix_s is not None:
+        return state
+    last = dataclasses.replace(state.replans[-1], first_step_unix_s=now_unix_s)
+    return _touch(state, replans=state.replans[:-1] + (last,))
 
 
 def with_injected_preemption(state: JobState, step: int) -> JobState:

@@ -93,8 +93,11 @@ def _merge_progress(state: js.JobState, statuses: dict[str, dict | None], genera
     step = state.steps_done
     reports = [st for st in statuses.values() if st] + [st["previous"] for st in statuses.values()
                                                          if st and st.get("previous")]
-    for st in reports:
-        if st.get("generation") == generation:
+    # Earlier generations count too: workers a killed flow run left behind keep training (and
+    # checkpointing) until the next run replaces them; their steps are the job's.  Older first,
+    # so a redone step's newer loss wins.
+    for st in sorted(reports, key=lambda r: int(r.get("generation", -1))):
+        if -1 < int(st.get("generation", -1)) <= generation:
             losses += [(int(s), float(v)) for s, v in st.get("losses") or ()]
             if st.get("step") is not None:
                 step = max(step, int(st["step"]))
@@ -123,7 +126,7 @@ def watch_attempt(session, store: js.JobStore, state: js.JobState, assignments: 
         statuses = {i: read_status(session.jobs_url, i) for i in ids}
         new_state = _merge_progress(state, statuses, generation)
         if new_state is not state:
-            state = new_state
+            state = js.with_first_step(new_state, now)
             if progress is not None:
                 progress.update(state.steps_done, state.spec.steps,
                                 f"step {state.steps_done}/{state.spec.steps}, loss {state.last_loss}, "

@@ -33,8 +33,9 @@ def _assert_nothing_left(state: js.JobState) -> None:
     assert not state.running_instances()
     assert _live_instances(state.job_id) == []
     agents = Path(js.JobStore().job_url(state.job_id)) / "agents"
-    pids = [pid for status in agents.glob("*/status.json")
-            for pid in json.loads(status.read_text()).get("pids", {}).values()]
+    reports = [json.loads(p.read_text()) for p in agents.glob("*/status.json")]
+    reports += [r["previous"] for r in reports if r.get("previous")]  # a stopped generation's last report
+    pids = [pid for r in reports for pid in r.get("pids", {}).values()]
     assert pids, "the agents reported no workers"
     assert not [pid for pid in pids if process_alive(pid)], "a worker process outlived the job"
 
