@@ -31,11 +31,12 @@ def run_cmd(
     """Train PLAN on local worker processes, print per-step loss and throughput."""
     from sailor_core.errors import InputError
     from sailor_core.plan import load_plan
-    from sailor_core.runtime.engine_run import run_plan
 
-    p = load_plan(plan)
+    p = load_plan(plan)  # bad input fails before torch is imported
     if data is not None and not data.exists():
         raise InputError(f"data file {str(data)!r} does not exist")
+    from sailor_core.runtime.engine_run import run_plan
+
     workdir = Path(tempfile.mkdtemp(prefix="sailor-engine-"))
     out = run_plan(p, steps, workdir=workdir, data=data, ckpt_dir=ckpt_dir, ckpt_every=ckpt_every,
                    resume=resume, lr=lr, seed=seed, reference=reference, timeout_s=timeout_s)

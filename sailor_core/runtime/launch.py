@@ -80,6 +80,9 @@ def launch_local(plan: Plan, steps: int, *, data: str | Path | None = None,
                  threads_per_rank: int = 1, env: dict[str, str] | None = None,
                  on_started=None) -> LaunchResult:
     """Train ``plan`` up to step ``steps`` on local processes; never hangs past ``timeout_s``."""
+    from sailor_core.runtime.model import check_plan_for_engine
+
+    check_plan_for_engine(plan)
     workdir = Path(workdir or tempfile.mkdtemp(prefix="sailor-engine-"))
     workdir.mkdir(parents=True, exist_ok=True)
     data = Path(data) if data else ensure_corpus(workdir, plan, seed=seed)

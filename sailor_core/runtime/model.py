@@ -42,6 +42,19 @@ def check_tp_degree(spec: ModelSpec, tp_degree: int) -> None:
             raise PlanError(f"TP degree {tp_degree} does not divide {spec.name}'s {n} {what}")
 
 
+def check_plan_for_engine(plan) -> None:
+    """What the engine needs beyond plan validation: TP splits evenly; all-CPU or all-GPU."""
+    from sailor_core.catalog.models import get_model
+
+    spec = get_model(plan.model)
+    for stage in plan.stages:
+        for rep in stage.replicas:
+            check_tp_degree(spec, rep.tp_degree)
+    kinds = {rep.gpu == "cpu" for stage in plan.stages for rep in stage.replicas}
+    if len(kinds) > 1:
+        raise PlanError("the engine runs a plan entirely on CPUs or entirely on GPUs, not both")
+
+
 def _seed_for(seed: int, layer_index: int, name: str) -> int:
     return zlib.crc32(f"{seed}/{layer_index}/{name}".encode())
 

@@ -95,6 +95,7 @@ def main(argv=None) -> int:
     from sailor_core.runtime.data import TokenDataset
     from sailor_core.runtime.engine import StageTrainer, make_groups
     from sailor_core.runtime.layout import world_size
+    from sailor_core.runtime.model import check_plan_for_engine
     from sailor_core.runtime.storage import open_storage
 
     if args.threads:
@@ -104,6 +105,7 @@ def main(argv=None) -> int:
         if world_size(plan) != world:
             raise SailorError(f"plan needs {world_size(plan)} ranks but WORLD_SIZE is {world}")
         spec = get_model(plan.model)
+        check_plan_for_engine(plan)
         data = TokenDataset(args.data, plan.effective_seq_len(), spec.vocab_size)
         storage = open_storage(args.ckpt_dir) if args.ckpt_dir else None
     except SailorError as exc:
