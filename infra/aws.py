@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import threading
 import uuid
 from datetime import datetime, timezone
 from collections.abc import Mapping, Sequence
@@ -41,6 +42,7 @@ from sailor_core.errors import UnknownNameError
 from sailor_core.zones import parse_zone
 
 SPOT_INTERRUPTION = "Server.SpotInstanceTermination"
+_CLIENT_LOCK = threading.Lock()
 AWS_REGION = re.compile(r"^[a-z]{2}(?:-gov)?-[a-z]+-\d+$")
 
 _CAPACITY = {
@@ -161,11 +163,12 @@ class AWSProvider(CloudProvider):
         self._clients: dict[str, object] = {}
 
     def _ec2(self, region: str):
-        if region not in self._clients:
-            self._clients[region] = self._session.client(
-                "ec2", region_name=region, endpoint_url=self.endpoint_url, config=self._config
-            )
-        return self._clients[region]
+        with _CLIENT_LOCK:  # boto3 sessions are not thread-safe while making clients
+            if region not in self._clients:
+                self._clients[region] = self._session.client(
+                    "ec2", region_name=region, endpoint_url=self.endpoint_url, config=self._config
+                )
+            return self._clients[region]
 
     def _do(self, region: str, method: str, *, zone: str = "", **kwargs):
         def call():

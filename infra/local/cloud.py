@@ -11,6 +11,7 @@ TERMINATED with a ``compute.instances.preempted`` operation, then deleted.
 
 from __future__ import annotations
 
+import functools
 import logging
 import tempfile
 import threading
@@ -377,7 +378,9 @@ def providers_for(aws_endpoint: str, gce_endpoint: str, *, retry: RetryPolicy | 
     }
 
 
+@functools.lru_cache(maxsize=1)
 def _local_session():
+    """One session for all embedded providers: each new one re-reads EC2's service model (~0.5 s)."""
     import boto3
 
     # Fixed fake keys: never pick up (or send) the user's real AWS credentials locally.
