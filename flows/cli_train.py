@@ -11,7 +11,7 @@ from typing import Optional
 
 import typer
 
-from flows.cli_common import console, fail, print_json
+from flows.cli_common import console, print_json
 
 SUMMARY_KEYS = ("status", "steps", "final_loss", "replans", "preemptions", "usd_spent", "budget_usd",
                 "instances_left_running")

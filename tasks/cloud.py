@@ -1,24 +1,23 @@
 """Cloud tasks: offers, provisioning with zone failover, instance states, terminate-by-label.
 
 ``CloudSession`` holds the providers one flow run uses -- the real clouds when
-credentials are configured, else the embedded local cloud (moto's EC2 server
-and the local GCE fake, whose instances are local process groups) -- and what
-differs between them (where instances reach each other, how long a shutdown
-takes).  Each task below wraps one provider call.
+``SAILOR_CLOUDS`` asks for them (infra.config), else the embedded local cloud
+(moto's EC2 server and the local GCE fake, whose instances are local process
+groups) -- and what differs between them (where instances reach each other,
+how long a shutdown takes).  Each task below wraps one provider call.
 """
 
 from __future__ import annotations
 
-import os
+import dataclasses
+import json
 import shlex
 import socket
 import sys
 import threading
-import urllib.request
-import json
 import time
+import urllib.request
 from collections.abc import Sequence
-import dataclasses
 from dataclasses import asdict, dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -28,7 +27,7 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from infra.errors import CloudConfigError
-from infra.records import LOCAL_ADDRESS_LABEL, RUNNING, InstanceInfo, job_labels
+from infra.records import LOCAL_ADDRESS_LABEL, InstanceInfo, job_labels
 from sailor_core import jobstate as js
 from sailor_core.assignment import NodeRequest, RunningInstance, match_instances
 from sailor_core.catalog.instances import Offer
