@@ -71,4 +71,6 @@ def parse_fault_rates(text: str) -> FaultRates:
             raise InputError(f"fault {key!r} needs a number, got {val!r}") from None
         if key not in ("seed", "timeout_s") and not 0 <= values[key] <= 1:
             raise InputError(f"fault rate {key}={val} must be within [0, 1]")
+        if key == "timeout_s" and not 0 <= values[key] <= 600:
+            raise InputError(f"timeout_s={val} must be within [0, 600] seconds")
     return FaultRates(**values)

@@ -109,7 +109,11 @@ class GCEFake:
             def _handle(self, method: str) -> None:
                 try:
                     status, payload, ctype = fake.dispatch(method, self.path, self._body)
-                except ApiError as exc:
+                except Exception as exc:  # noqa: BLE001 - every failure answers as the API would
+                    if not isinstance(exc, ApiError):
+                        bad_input = isinstance(exc, (ValueError, KeyError, TypeError))
+                        exc = ApiError(400 if bad_input else 500, "invalid" if bad_input else "backendError",
+                                       f"{type(exc).__name__}: {exc}")
                     status, ctype = exc.code, "application/json"
                     payload = {"error": {"code": exc.code, "message": exc.message,
                                          "errors": [{"domain": "global", "reason": exc.reason, "message": exc.message}]}}
