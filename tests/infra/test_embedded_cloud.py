@@ -111,3 +111,26 @@ def test_aws_spot_prices_come_from_the_spot_price_history_when_asked(cloud):
     assert g4 and all(o.on_demand_usd_per_hr == row.on_demand_usd_per_hr for o in g4)
     # moto's history is one constant price; the catalog's typical spot price is what the embedded cloud uses.
     assert {o.spot_usd_per_hr for o in g4} == {0.00001}
+
+
+def test_real_clouds_without_credentials_fail_with_one_config_error(monkeypatch, tmp_path):
+    import pytest
+
+    from infra.config import get_providers
+    from infra.errors import CloudConfigError
+
+    monkeypatch.setenv("SAILOR_CLOUDS", "real")
+    for var in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE", "AWS_ENDPOINT_URL"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")  # no instance-role probe
+    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(tmp_path / "missing.json"))
+    aws = get_providers(["aws"])["aws"]
+    with pytest.raises(CloudConfigError, match="credentials"):
+        aws.list_offers(regions=["us-east-1"])
+    with pytest.raises(CloudConfigError, match="credentials"):
+        get_providers(["gcp"])
+    monkeypatch.setenv("SAILOR_CLOUDS", "azure")
+    with pytest.raises(CloudConfigError):
+        get_providers()

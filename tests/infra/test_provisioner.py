@@ -86,3 +86,16 @@ def test_substitution_off_keeps_the_zone(cloud, providers):
         prov.provision([GpuNeed(gpu="T4", zone="us-east-1a", num_gpus=1)], job_id="prov-3",
                        offers=offers, substitute_zones=False)
     assert prov.leftovers("prov-3") == []
+
+
+def test_quota_skips_the_rest_of_the_region(cloud, providers):
+    from infra.local.faults import FaultRates
+
+    prov = Provisioner(providers)
+    offers = [o for o in prov.offers(["T4"], zones=["us-central1-a", "us-central1-b"]) if o.gpus_per_node == 1]
+    cloud.set_faults(FaultRates(quota=1.0))
+    with pytest.raises(ProvisionError) as info:
+        prov.provision([GpuNeed(gpu="T4", zone=None, num_gpus=1)], job_id="prov-q", offers=offers)
+    assert [h.outcome for h in info.value.history] == ["quota", "skipped"]
+    cloud.set_faults(FaultRates())
+    assert prov.leftovers("prov-q") == []
