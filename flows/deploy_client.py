@@ -62,5 +62,5 @@ def run_train_deployment(params: dict[str, Any], *, show: bool, timeout_s: float
         summary = {**job_summary(job, instances_left_running=len(job.running_instances())), **{
             "flow_run_id": str(run.id)}}
         if state != "COMPLETED":
-            summary["status"] = job.status if job.finished else state.lower()
+            summary["status"] = job.status if job.status in js.ENDED_STATUSES else state.lower()
     return summary

@@ -27,12 +27,14 @@ from sailor_core.errors import InputError
 
 STATE_VERSION = 1
 
-# Final statuses: a job in one of them is never resumed.
 SUCCEEDED = "succeeded"
 STOPPED_BUDGET = "stopped_budget"
 FAILED = "failed"
 CANCELLED = "cancelled"
-FINAL_STATUSES = (SUCCEEDED, STOPPED_BUDGET, FAILED, CANCELLED)
+# A job in a final status is never resumed; a failed or cancelled one is, by a new flow run
+# with its job id (the run that failed may have died with its flow process, not the job).
+FINAL_STATUSES = (SUCCEEDED, STOPPED_BUDGET)
+ENDED_STATUSES = (SUCCEEDED, STOPPED_BUDGET, FAILED, CANCELLED)
 PENDING = "pending"
 RUNNING = "running"
 RECOVERING = "recovering"

@@ -85,3 +85,46 @@ def test_a_job_whose_budget_runs_out_stops_cleanly(prefect_api):
     assert state.ledger().spent_usd(state.updated_unix_s) <= budget
     assert summary["instances_left_running"] == 0
     _assert_nothing_left(state)
+
+
+@pytest.mark.slow
+def test_an_interrupted_flow_run_is_continued_by_the_next_one(prefect_api):
+    """The flow process is interrupted mid-training (Ctrl-C in the flow's thread): its instances are
+    terminated, the job is left `cancelled`; a new flow run with the same job id continues it from the
+    last checkpoint, with the spend carried over, and finishes it."""
+    import _thread
+    import threading
+    import time
+
+    from flows.train_job import train_job
+
+    job_id, steps = "tiny-restart-test", 20
+    params = dict(model="tiny", budget_usd=0.05, steps=steps, checkpoint_every=2, global_batch_size=64,
+                  cloud="embedded", max_gpus=1, max_gpus_per_zone=1, job_id=job_id)
+    store = js.JobStore()
+
+    def interrupt_when_training() -> None:
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline:
+            if store.exists(job_id) and store.load(job_id).steps_done >= 6:
+                _thread.interrupt_main()
+                return
+            time.sleep(0.2)
+
+    watcher = threading.Thread(target=interrupt_when_training, daemon=True)
+    watcher.start()
+    with pytest.raises(KeyboardInterrupt):
+        train_job(**params)
+    first = store.load(job_id)
+    assert first.status == js.CANCELLED and not first.running_instances()
+    assert _live_instances(job_id) == []
+    spent_before = first.usd_spent(first.updated_unix_s)
+
+    summary = train_job(**params)
+    state = store.load(job_id)
+    assert summary["status"] == "succeeded" and summary["steps"] == steps
+    assert state.num_flow_runs == 2 and state.attempt == 2
+    assert state.replans[1].at_step > 0, "the second flow run resumed from a checkpoint"
+    assert state.replans[1].reason.startswith("flow run resumed the job")
+    assert summary["usd_spent"] > spent_before
+    _assert_nothing_left(state)
