@@ -44,6 +44,13 @@ class Capacity:
             self._trace_t0 = time.monotonic()
             self._time_scale = float(time_scale)
 
+    def playing(self) -> tuple[AvailabilityTrace | None, float | None]:
+        """The trace being played and how far into it we are (trace seconds)."""
+        with self._lock:
+            if self._trace is None:
+                return None, None
+            return self._trace, (time.monotonic() - self._trace_t0) * self._time_scale
+
     def trace_time_s(self) -> float | None:
         with self._lock:
             if self._trace is None:

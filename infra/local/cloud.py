@@ -277,7 +277,7 @@ class EmbeddedCloud:
         """A trace's preemption event takes ``num_gpus`` of the pool: we lose what we held
         beyond the rest (a reclaim hits idle capacity first). Events that only restate a
         count drop thus take nothing more than the drop itself already took."""
-        trace, now_s = self.capacity._trace, self.capacity.trace_time_s()
+        trace, now_s = self.capacity.playing()
         if trace is None or now_s is None:
             return
         with self._lock:
