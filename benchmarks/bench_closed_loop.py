@@ -156,7 +156,7 @@ def main(argv=None) -> int:
         sim = simulate(plan, profiles=ProfileDB([prof]), network=net)
         sims = sims if name != "cpu_clock" else sim
         shared = shared_cpu_time(plan, sim, threads_per_rank=1, other_load=0.0,
-                                 allreduce_s=net_prof.allreduce_time_s)
+                                 allreduce_s=net_prof.allreduce_time_s, allreduce_cpu_s=net_prof.allreduce_cpu_s)
         preds[name] = {"iteration_time_s": sim.iteration_time_s, "breakdown": sim.breakdown,
                        "shared_idle_machine": shared.to_dict(),
                        "peak_memory_bytes": [[r.memory.peak_bytes for r in s.replicas] for s in sim.stages],
@@ -164,7 +164,8 @@ def main(argv=None) -> int:
     out["predicted"] = preds
     e = Endpoint(zone="local", gpu="cpu")
     out["allreduce_check"] = [
-        {"bytes": b, "measured_s": t, "ring_model_s": net.allreduce_time_s(b, [e, e])}
+        {"bytes": b, "measured_s": t, "measured_cpu_s": net_prof.allreduce_cpu_s(b, 2),
+         "ring_model_s": net.allreduce_time_s(b, [e, e])}
         for b, t in net_prof.allreduce_points.get(2, ())]
 
     # 3. the engine, several runs
@@ -180,7 +181,7 @@ def main(argv=None) -> int:
         load_after = probe_other_load()
         other = (load_before + load_after) / 2
         pred = shared_cpu_time(plan, sims, threads_per_rank=1, other_load=other,
-                               allreduce_s=net_prof.allreduce_time_s)
+                               allreduce_s=net_prof.allreduce_time_s, allreduce_cpu_s=net_prof.allreduce_cpu_s)
         if res.status != "ok":
             print(f"run {k}: {res.status} {res.message}", file=sys.stderr)
             return 1
@@ -248,7 +249,8 @@ def report(out: dict) -> None:
     print(f"idle worker: {out['overhead_bytes_measured'] / 1e6:.0f} MB measured, regime constant "
           f"{out['overhead_bytes_regime'] / 1e6:.0f} MB")
     for c in out["allreduce_check"]:
-        print(f"all-reduce 2 ranks {c['bytes']:>10,} B: measured {c['measured_s'] * 1e3:8.2f} ms, "
+        print(f"all-reduce 2 ranks {c['bytes']:>10,} B: measured {c['measured_s'] * 1e3:8.2f} ms "
+              f"({c['measured_cpu_s'] * 1e3:.2f} CPU-ms), "
               f"ring model from the p2p fit {c['ring_model_s'] * 1e3:8.2f} ms")
 
 

@@ -9,9 +9,9 @@ there are more runnable threads than cores they share them.  First principles, n
   gradient all-reduce (over loopback the "network" is the same CPUs copying and adding);
 * the cores are work-conserving and 1F1B keeps them busy (while a stage waits for its peer, the
   peer's stage computes), so the iteration takes at least ``total work / effective cores``;
-* gradient all-reduce: the simulator's (ring over the p2p curve), or, when given, a measured
-  all-reduce of the same group size (``NetworkProfile.allreduce_time_s``): gloo between local
-  processes reduces and copies on the same CPUs and measures 1.5-4x the ring over the p2p curve;
+* gradient all-reduce: the simulator's (ring over the p2p curve), or, when given, the measured
+  CPU seconds of an all-reduce of the same group size (``NetworkProfile.allreduce_cpu_s``): gloo
+  between local processes reduces and copies on the same CPUs;
 * other jobs on the machine: with ``L`` other runnable threads, the scheduler shares the cores
   fairly, so our ``R`` threads get ``C R / (R + L)`` of them (``probe_other_load`` measures L).
 
@@ -51,7 +51,7 @@ def effective_cores(num_cores: float, busy_threads: int, other_load: float = 0.0
     return num_cores * busy_threads / (busy_threads + other_load)
 
 
-def _sync_s(stage, allreduce_s) -> float:
+def _sync_s(stage, allreduce_s=None) -> float:
     dp = len(stage.replicas)
     if dp <= 1:
         return 0.0
@@ -61,7 +61,8 @@ def _sync_s(stage, allreduce_s) -> float:
 
 def rank_work_s(sim, allreduce_s=None) -> float:
     """CPU seconds of all ranks' work in one iteration (see the module doc); ``allreduce_s(bytes,
-    ranks)`` a measured all-reduce time (None where not measured) replacing the simulator's."""
+    ranks)`` the measured CPU seconds of one rank's all-reduce (None where not measured)
+    replacing the simulator's all-reduce time."""
     work = 0.0
     for stage in sim.stages:
         sync = _sync_s(stage, allreduce_s)
@@ -71,12 +72,15 @@ def rank_work_s(sim, allreduce_s=None) -> float:
 
 
 def shared_cpu_time(plan: Plan, sim, *, num_cores: float | None = None, threads_per_rank: int = 1,
-                    other_load: float = 0.0, allreduce_s=None) -> SharedCpuTime:
-    """Iteration time of ``plan`` (simulated as ``sim``) when all its ranks share ``num_cores``."""
+                    other_load: float = 0.0, allreduce_s=None, allreduce_cpu_s=None) -> SharedCpuTime:
+    """Iteration time of ``plan`` (simulated as ``sim``) when all its ranks share ``num_cores``.
+
+    ``allreduce_s`` / ``allreduce_cpu_s`` (``NetworkProfile.allreduce_time_s`` / ``allreduce_cpu_s``):
+    measured wall time (critical path) and CPU seconds (work) of an all-reduce, where measured."""
     cores = float(num_cores or os.cpu_count() or 1)
     ranks = sum(rep.tp_degree for s in plan.stages for rep in s.replicas)
     eff = effective_cores(cores, ranks * threads_per_rank, other_load)
-    work = rank_work_s(sim, allreduce_s)
+    work = rank_work_s(sim, allreduce_cpu_s or allreduce_s)
     # the simulator's own time with its slowest stage's sync + update replaced by the measured sync
     tail = max(_sync_s(s, allreduce_s) + s.update_s for s in sim.stages)
     simulated = sim.iteration_time_s - sim.breakdown["dp_sync"] - sim.breakdown["update"] + tail

@@ -51,22 +51,19 @@ class NetworkProfile:
     max_rel_error: float  # of the fit's time over the measured p2p points
     p2p_points: tuple[tuple[int, float], ...]  # (bytes, one-way seconds)
     allreduce_points: dict = field(default_factory=dict)  # N -> ((bytes, seconds), ...)
+    # N -> ((bytes, CPU seconds of one rank), ...): on CPU the collective's own work, which a
+    # machine shared with other jobs does not inflate (waiting for the peer is not CPU time)
+    allreduce_cpu_points: dict = field(default_factory=dict)
     source: str = ""
 
     def allreduce_time_s(self, num_bytes: float, num_ranks: int) -> float | None:
         """Measured all-reduce time among ``num_ranks``, interpolated log-log between the measured
         sizes (clamped to the ends); None when that group size was not measured."""
-        pts = sorted(self.allreduce_points.get(num_ranks, ()))
-        if not pts or num_bytes <= 0:
-            return None if not pts else 0.0
-        if num_bytes <= pts[0][0]:
-            return pts[0][1] * num_bytes / pts[0][0] if num_bytes < pts[0][0] else pts[0][1]
-        for (b0, t0), (b1, t1) in zip(pts, pts[1:]):
-            if num_bytes <= b1:
-                f = math.log(num_bytes / b0) / math.log(b1 / b0)
-                return math.exp(math.log(t0) + f * (math.log(t1) - math.log(t0)))
-        b_last, t_last = pts[-1]
-        return t_last * num_bytes / b_last  # bandwidth-bound beyond the largest size
+        return _interpolate(sorted(self.allreduce_points.get(num_ranks, ())), num_bytes)
+
+    def allreduce_cpu_s(self, num_bytes: float, num_ranks: int) -> float | None:
+        """CPU seconds one rank spends in that all-reduce (CPU workers), interpolated likewise."""
+        return _interpolate(sorted(self.allreduce_cpu_points.get(num_ranks, ())), num_bytes)
 
     def to_json(self) -> dict:
         fit = [[self.fit.a, self.fit.b, self.fit.c], self.fit.max_bw_bytes_per_s]
@@ -78,7 +75,25 @@ class NetworkProfile:
             "max_rel_error": self.max_rel_error,
             "p2p_points": [list(p) for p in self.p2p_points],
             "allreduce_points": {str(n): [list(p) for p in pts] for n, pts in self.allreduce_points.items()},
+            "allreduce_cpu_points": {str(n): [list(p) for p in pts] for n, pts in self.allreduce_cpu_points.items()},
         }
+
+
+def _interpolate(pts, num_bytes: float) -> float | None:
+    """Log-log interpolation of sorted (bytes, seconds) points: the smallest size's time below it
+    (latency-bound), proportional to size beyond the largest (bandwidth-bound); None without points."""
+    if not pts:
+        return None
+    if num_bytes <= 0:
+        return 0.0
+    if num_bytes <= pts[0][0]:
+        return pts[0][1]
+    for (b0, t0), (b1, t1) in zip(pts, pts[1:]):
+        if num_bytes <= b1:
+            f = math.log(num_bytes / b0) / math.log(b1 / b0)
+            return math.exp(math.log(t0) + f * (math.log(t1) - math.log(t0)))
+    b_last, t_last = pts[-1]
+    return t_last * num_bytes / b_last
 
 
 # ---- inside the workers --------------------------------------------------------------------
@@ -102,7 +117,7 @@ def measure_in_group(sizes=DEFAULT_SIZES, *, reps: int = 5, allreduce: bool = Tr
 
     rank, world = dist.get_rank(), dist.get_world_size()
     device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
-    p2p, ar = [], []
+    p2p, ar, ar_cpu = [], [], []
     for size in sizes:
         buf = torch.ones(size // 4, dtype=torch.float32, device=device)
         times = []
@@ -125,22 +140,27 @@ def measure_in_group(sizes=DEFAULT_SIZES, *, reps: int = 5, allreduce: bool = Tr
             if progress:
                 progress({"event": "p2p", "bytes": size})
         if allreduce and world >= 2:
-            times = []
+            times, cpu = [], []
             for i in range(n + 1):
                 dist.barrier()
-                t0 = time.perf_counter()
+                c0, t0 = time.process_time(), time.perf_counter()
                 dist.all_reduce(buf)
                 _sync(device)
                 if i:
                     times.append(time.perf_counter() - t0)
+                    cpu.append(time.process_time() - c0)
             if rank == 0:
                 ar.append((size, sorted(times)[len(times) // 2]))
+                ar_cpu.append((size, sorted(cpu)[len(cpu) // 2]))
                 if progress:
                     progress({"event": "allreduce", "bytes": size})
         del buf
     if rank != 0:
         return None
-    return {"world_size": world, "p2p": p2p, "allreduce": ar}
+    out = {"world_size": world, "p2p": p2p, "allreduce": ar}
+    if device.type == "cpu":
+        out["allreduce_cpu"] = ar_cpu
+    return out
 
 
 # ---- fitting ---------------------------------------------------------------------------------
@@ -179,11 +199,14 @@ def network_profile_from_points(result: dict, *, src_zone: str = "local", src_gp
     parse_zone(src_zone)
     parse_zone(dst_zone or src_zone)
     fit, err = fit_bandwidth(result["p2p"])
-    ar = {int(result["world_size"]): tuple((int(b), float(t)) for b, t in result.get("allreduce", ()))}
+    n = int(result["world_size"])
+    ar = {n: tuple((int(b), float(t)) for b, t in result.get("allreduce", ()))}
+    ar_cpu = {n: tuple((int(b), float(t)) for b, t in result.get("allreduce_cpu", ()))}
     return NetworkProfile(src_zone=src_zone, src_gpu=normalize_gpu_name(src_gpu), dst_zone=dst_zone or src_zone,
                           dst_gpu=normalize_gpu_name(dst_gpu or src_gpu), fit=fit, max_rel_error=err,
                           p2p_points=tuple((int(b), float(t)) for b, t in result["p2p"]),
-                          allreduce_points=ar if ar[int(result["world_size"])] else {}, source=source)
+                          allreduce_points=ar if ar[n] else {}, allreduce_cpu_points=ar_cpu if ar_cpu[n] else {},
+                          source=source)
 
 
 def network_worker_command(*, out_path: str | None = None, sizes=DEFAULT_SIZES, reps: int = 5,

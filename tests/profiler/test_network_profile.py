@@ -54,3 +54,4 @@ def test_measured_allreduce_interpolates_between_sizes():
     assert prof.allreduce_time_s(2**21, 2) == pytest.approx(2e-3)  # log-log: time proportional to size here
     assert prof.allreduce_time_s(2**23, 2) == pytest.approx(8e-3)
     assert prof.allreduce_time_s(2**20, 3) is None
+    assert prof.allreduce_time_s(2**10, 2) == pytest.approx(1e-3)  # latency-bound below the smallest size
