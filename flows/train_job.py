@@ -49,10 +49,13 @@ def _job_id_for_run(model: str) -> str:
 
 
 def _cleanup_hook(flow_obj, flow_run, state) -> None:
-    """on_cancellation / on_crashed: terminate the job's instances even though the body did not finish."""
-    job_id = (flow_run.parameters or {}).get("job_id") or cloud_tasks.job_id_of_flow_run(flow_run.id)
-    if job_id:
-        cloud_tasks.terminate_job_everywhere(job_id, reason=f"flow run {state.name.lower()}")
+    """on_cancellation / on_crashed: terminate the job's instances even though the body did not finish
+    (this may run in another process than the flow body: the job id follows from the run's id)."""
+    from flows.deploy_client import job_id_for
+
+    params = flow_run.parameters or {}
+    job_id = params.get("job_id") or job_id_for(params.get("model") or "tiny", flow_run.id)
+    cloud_tasks.terminate_job_everywhere(job_id, reason=f"flow run {state.name.lower()}")
 
 
 @flow(name="train-job", log_prints=False, on_cancellation=[_cleanup_hook], on_crashed=[_cleanup_hook],
@@ -84,7 +87,6 @@ def train_job(
     log = get_run_logger()
     store = js.JobStore(jobs_url)
     job_id = job_id or _job_id_for_run(model)
-    cloud_tasks.remember_flow_run_job(job_id)
     spec = js.JobSpec(
         model=model, budget_usd=budget_usd, steps=steps, dataset=dataset, max_usd_per_hr=max_usd_per_hr,
         min_throughput_samples_per_s=min_throughput, clouds=tuple(clouds or ()), zones=tuple(zones or ()),

@@ -123,22 +123,7 @@ class CloudSession:
 
 # Sessions open in this process, by job id: the cancellation/crash hooks find them here.
 _sessions: dict[str, CloudSession] = {}
-_flow_run_jobs: dict[str, str] = {}
 _lock = threading.Lock()
-
-
-def remember_flow_run_job(job_id: str) -> None:
-    from prefect.runtime import flow_run
-
-    run_id = flow_run.get_id()
-    if run_id:
-        with _lock:
-            _flow_run_jobs[str(run_id)] = job_id
-
-
-def job_id_of_flow_run(flow_run_id) -> str | None:
-    with _lock:
-        return _flow_run_jobs.get(str(flow_run_id))
 
 
 def providers_for_mode(mode: str, clouds: Sequence[str] = ()) -> tuple[str, dict[str, Any], str | None]:
@@ -198,11 +183,16 @@ def close_session(session: CloudSession) -> None:
 
 def terminate_job_everywhere(job_id: str, *, reason: str) -> list[str]:
     """From a hook: terminate by label through this process's session, else through freshly made providers."""
-    from infra.config import get_providers
+    from infra import config
 
     with _lock:
         session = _sessions.get(job_id)
-    providers = session.providers if session is not None else get_providers()
+    if session is not None:
+        providers = session.providers
+    elif config.real_clouds() or config.standalone_state():
+        providers = config.get_providers()
+    else:  # an in-process embedded cloud died with the flow's process, and its instances with it
+        return []
     ids: list[str] = []
     for cloud, provider in providers.items():
         try:
