@@ -27,22 +27,27 @@ def main() -> None:
     ap.add_argument("--budget-usd", type=float, default=None)
     ap.add_argument("--policies", default=",".join(POLICIES))
     ap.add_argument("--plan-cache", default="/tmp/sailor_replay_plans.json")
+    ap.add_argument("--max-evaluations", type=int, default=None,
+                    help="planner search budget (default: the replay's 200; `sailor plan` uses 4000)")
     ap.add_argument("--out", default=None)
     ap.add_argument("--plot", default=None)
     args = ap.parse_args()
 
     trace = load_trace(args.trace)
     policies = args.policies.split(",")
+    knobs = {"max_evaluations": args.max_evaluations} if args.max_evaluations else None
     t0 = time.perf_counter()
     cold = run_policies(trace, model=args.model, tokens=args.tokens, policies=policies,
-                        budget_usd=args.budget_usd, plan_cache_path=args.plan_cache)
+                        budget_usd=args.budget_usd, plan_cache_path=args.plan_cache,
+                        planner_knobs=knobs)
     cold_s = time.perf_counter() - t0
     t0 = time.perf_counter()
     warm = run_policies(trace, model=args.model, tokens=args.tokens, policies=policies,
-                        budget_usd=args.budget_usd, plan_cache_path=args.plan_cache)
+                        budget_usd=args.budget_usd, plan_cache_path=args.plan_cache,
+                        planner_knobs=knobs)
     warm_s = time.perf_counter() - t0
     out = cold.to_dict()
-    out.update(trace_arg=args.trace, model=args.model, tokens=args.tokens, trace_rows=trace.num_rows,
+    out.update(max_evaluations=args.max_evaluations or 200, trace_arg=args.trace, model=args.model, tokens=args.tokens, trace_rows=trace.num_rows,
                trace_hours=trace.duration_s / 3600, num_trace_preemptions=len(trace.preemptions),
                wall_cold_s=cold_s, wall_warm_s=warm_s, warm_planner_calls=warm.planner_calls)
     for k, v in cold.results.items():  # same decisions from cached plans (sums may differ in the last bits)

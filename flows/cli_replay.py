@@ -45,6 +45,8 @@ def replay_cmd(
     checkpoint_interval_s: float = typer.Option(1800.0, "--checkpoint-interval-s", help="Periodic checkpoints."),
     exact: bool = typer.Option(False, "--exact-availability", help="Plan on exact counts (slower; default rounds pools to a 1/8 grid)."),
     seed: int = typer.Option(0, "--seed", help="Seed of which of our GPUs a preemption picks."),
+    plan_cache: Optional[str] = typer.Option(None, "--plan-cache", help="JSON file keeping the planner's answers "
+                                             "between replays (delete it after changing planner or profiles)."),
     plot: Optional[str] = typer.Option(None, "--plot", help="Write the timeline PNG here."),
     as_json: bool = typer.Option(False, "--json", help="Print the results as JSON."),
 ) -> None:
@@ -69,6 +71,7 @@ def replay_cmd(
     suite = run_policies(
         availability, model=spec.name, tokens=num_tokens, policies=names, global_batch_size=global_batch,
         budget_usd=budget_usd, costs=costs, gpu_type=gpu, prices=series, seed=seed, exact_availability=exact,
+        plan_cache_path=plan_cache,
     )
     out = suite.to_dict()
     if plot:
@@ -97,7 +100,7 @@ def _print_suite(out: dict) -> None:
     for name, r in out["policies"].items():
         t = r["time_to_train_s"]
         table.add_row(
-            name, "yes" if r["finished"] else f"no ({r['stop_reason']})",
+            name, "yes" if r["finished"] else f"no ({r['stop_reason'].split(':')[0]})",
             f"{t / 3600:,.2f}" if t is not None else "-", f"{r['usd_spent']:,.2f}",
             _fmt_ratio(r.get("cost_ratio_to_ours")), _fmt_ratio(r.get("time_ratio_to_ours")),
             f"{r['useful_work_fraction']:.0%}", str(r["num_replans"]), str(r["num_restarts"]),

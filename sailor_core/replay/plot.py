@@ -21,6 +21,17 @@ def _steps(points, end_s):
     return xs, ys
 
 
+def _visible(points, end_s):
+    """Drops points that last under 1/1000 of the plot (checkpoint pauses of seconds)."""
+    out = []
+    for i, p in enumerate(points):
+        t_next = points[i + 1].time_s if i + 1 < len(points) else end_s
+        if out and i + 1 < len(points) and t_next - p.time_s < end_s / 1000:
+            continue
+        out.append(p)
+    return out
+
+
 def plot_timeline(results: Mapping[str, ReplayResult], path: str | Path, *,
                   trace: AvailabilityTrace | None = None, title: str = "") -> Path:
     import matplotlib
@@ -35,9 +46,10 @@ def plot_timeline(results: Mapping[str, ReplayResult], path: str | Path, *,
     fig, axes = plt.subplots(len(names), 1, figsize=(11, 2.6 * len(names) + 0.6), sharex=True, squeeze=False)
     for ax, name in zip(axes[:, 0], names):
         r = results[name]
-        bottom_pts = [(p.time_s, 0) for p in r.timeline]
+        timeline = _visible(list(r.timeline), end_s)
+        bottom_pts = [(p.time_s, 0) for p in timeline]
         for g in types:
-            pts = [(p.time_s, p.gpus_by_type.get(g, 0)) for p in r.timeline]
+            pts = [(p.time_s, p.gpus_by_type.get(g, 0)) for p in timeline]
             xs, lo = _steps(bottom_pts, end_s)
             _, hi = _steps([(t, b + n) for (t, b), (_, n) in zip(bottom_pts, pts)], end_s)
             ax.fill_between(xs, lo, hi, color=colors[g], alpha=0.55, linewidth=0, label=f"{g} in use")
@@ -48,11 +60,12 @@ def plot_timeline(results: Mapping[str, ReplayResult], path: str | Path, *,
             ax.plot(xs, ys, color="0.5", linestyle="--", linewidth=0.8, label="available (all types)")
         ax.set_ylabel("GPUs")
         ax2 = ax.twinx()
-        xs, ys = _steps([(p.time_s, p.throughput_samples_per_s) for p in r.timeline], end_s)
+        xs, ys = _steps([(p.time_s, p.throughput_samples_per_s) for p in timeline], end_s)
         ax2.plot(xs, ys, color="black", linewidth=1.0, label="throughput")
         ax2.set_ylabel("samples/s")
         ax2.set_ylim(bottom=0)
-        status = (f"{r.time_to_train_s / _H:.1f} h" if r.time_to_train_s is not None else r.stop_reason.split(":")[0])
+        status = (f"{r.time_to_train_s / _H:.1f} h" if r.time_to_train_s is not None
+                  else f"stopped ({r.stop_reason.split(':')[0]})")
         ax.set_title(f"{name}: {status}, {r.usd_spent:,.0f} USD, {r.num_replans} re-plans, "
                      f"{r.num_restarts} restarts, useful work {r.useful_work_fraction:.0%}", fontsize=9)
         handles, labels = ax.get_legend_handles_labels()

@@ -33,16 +33,17 @@ def controller_config(policy: str, *, costs: ChangeCosts, gpu_type: str | None =
 
 def pick_single_type(trace: AvailabilityTrace, plan_fn: PlanFn) -> str:
     """The GPU type a user would pick at the start: the one whose best plan on the
-    first row's availability is fastest (the largest pools if the first row is empty)."""
+    first row's availability is fastest; if nothing runs there, on each pool's
+    largest count over the trace."""
     first = {k: n for k, n in trace.rows[0][1].items() if n > 0}
-    if not first:
-        first = {k: max(c.get(k, 0) for _, c in trace.rows) for k in trace.keys}
-    best_type, best_x = None, -1.0
-    for gpu in sorted({g for g, _ in first}):
-        options = plan_fn(restrict(first, (gpu,)))
-        x = options[0].throughput_samples_per_s if options else 0.0
-        if x > best_x:
-            best_type, best_x = gpu, x
-    if best_type is None or best_x <= 0:
-        raise InputError("no GPU type of the trace can run the model")
-    return best_type
+    peak = {k: max(c.get(k, 0) for _, c in trace.rows) for k in trace.keys}
+    for avail in (first, peak):
+        best_type, best_x = None, 0.0
+        for gpu in sorted({g for (g, _), n in avail.items() if n > 0}):
+            options = plan_fn(restrict(avail, (gpu,)))
+            x = options[0].throughput_samples_per_s if options else 0.0
+            if x > best_x:
+                best_type, best_x = gpu, x
+        if best_type is not None:
+            return best_type
+    raise InputError("no GPU type of the trace can run the model, even at its peak availability")

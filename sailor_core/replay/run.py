@@ -104,6 +104,7 @@ def run_policies(
     max_time_s: float | None = None,
     exact_availability: bool = False,
     plan_cache_path: str | None = None,
+    planner_knobs: dict[str, Any] | None = None,
 ) -> ReplaySuite:
     from sailor_core.catalog import get_model, normalize_gpu_name
 
@@ -121,11 +122,12 @@ def run_policies(
         costs = ChangeCosts(checkpoint_bytes=checkpoint_bytes_for(spec.name))
     base = plan_fn
     if base is None:
-        base = planner_plan_fn(model=spec.name, global_batch_size=global_batch_size, **REPLAY_PLANNER_KNOBS)
+        knobs_used = {**REPLAY_PLANNER_KNOBS, **(planner_knobs or {})}
+        base = planner_plan_fn(model=spec.name, global_batch_size=global_batch_size, **knobs_used)
         if plan_cache_path:
             from sailor_core.replay.plan_cache import persistent
 
-            knobs = ",".join(f"{k}={v}" for k, v in sorted(REPLAY_PLANNER_KNOBS.items()))
+            knobs = ",".join(f"{k}={v}" for k, v in sorted(knobs_used.items()))
             base = persistent(base, plan_cache_path, prefix=f"{spec.name}|gbs={global_batch_size}|{knobs}")
     cached = base if isinstance(base, CachedPlanner) else CachedPlanner(plan_fn=base)
     planner = cached if exact_availability else on_grid(cached)
