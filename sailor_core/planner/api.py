@@ -129,6 +129,7 @@ def _mix_leftovers(searcher: Searcher, ev: Evaluated, max_added: int = 64) -> Ev
                     kind = searcher.kinds.get(gpu, tp, ev.mbs)
                     if kind is None:
                         continue
+                    kind = searcher.kinds.in_regime_of(kind, best.stages[0].groups[0][0])
                     t = kind.time_s(stage.layer_start, stage.layer_end)
                     if t > straggler_s * (1 + 1e-9):
                         continue

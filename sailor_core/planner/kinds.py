@@ -85,13 +85,19 @@ class KindCache:
         self._kinds: dict[tuple[str, int, int], Kind | None] = {}
         self.errors: list[str] = []
 
-    def get(self, gpu: str, tp_degree: int, micro_batch_size: int) -> Kind | None:
-        key = (gpu, tp_degree, micro_batch_size)
+    def get(self, gpu: str, tp_degree: int, micro_batch_size: int, regime: str | None = None) -> Kind | None:
+        """The kind under ``regime`` (default: the request's, else the profile's own).
+
+        ``simulate`` runs a whole plan under one regime, the plan's or else its first replica's
+        profile's, and takes every other replica's profile under it: ``in_regime_of`` does that.
+        """
+        regime = regime or self.regime_name
+        key = (gpu, tp_degree, micro_batch_size, regime)
         if key in self._kinds:
             return self._kinds[key]
         try:
             prof = self.profiles.get(self.model, gpu, tp_degree, micro_batch_size, self.seq_len,
-                                     regime=self.regime_name)
+                                     regime=regime)
         except ProfileError as exc:
             self.errors.append(str(exc))
             self._kinds[key] = None
@@ -103,10 +109,20 @@ class KindCache:
             tp_degree=tp_degree,
             micro_batch_size=micro_batch_size,
             profile=prof,
-            regime=get_regime(self.regime_name or prof.regime),
+            regime=get_regime(regime or prof.regime),
             capacity_bytes=get_gpu(gpu).memory_bytes,
             comp_cum=comp,
             num_layers=table.num_layers,
         )
         self._kinds[key] = kind
         return kind
+
+    def in_regime_of(self, kind: Kind, first: Kind) -> Kind:
+        """``kind`` as ``simulate`` sees it in a plan whose first replica is of kind ``first``:
+        replicas of the first's (GPU, TP) share its profile; every other profile is taken under
+        the plan's regime (the request's, else the first profile's)."""
+        if (kind.gpu, kind.tp_degree) == (first.gpu, first.tp_degree):
+            return first
+        other = self.get(kind.gpu, kind.tp_degree, kind.micro_batch_size,
+                         self.regime_name or first.profile.regime)
+        return other if other is not None else kind

@@ -141,6 +141,10 @@ class Searcher:
         self.fast = FastSim(model=request.model, global_batch_size=request.global_batch_size,
                             network=network, spot=request.spot, regime=request.regime)
         self.max_stages = max(1, min(request.max_stages, self.num_layers))
+        # With three or more GPU types most combinations of per-type stage counts overflow
+        # max_stages and the lazy order wades through them: cap each type's share instead.
+        k = len(self.gpu_types)
+        self.max_stages_per_type = self.max_stages if k <= 2 else max(2, self.max_stages // k + 2)
         # Shapes whose throughput bound clears the floor by this factor are searched (see plan_job).
         self.floor_margin = 1.0
 
@@ -237,7 +241,7 @@ class Searcher:
             ) if any(r > 0 for r in ref) else 1.0
             total_rep = sum(n // tp for n in live.values())
             zone_max = max(n // tp for n in live.values())
-            for num_stages in range(1, self.max_stages + 1):
+            for num_stages in range(1, self.max_stages_per_type + 1):
                 d_max = min(total_rep // num_stages, num_mb)
                 if d_max < 1:
                     break
@@ -253,7 +257,10 @@ class Searcher:
                     n_per_rep = -(-num_mb // d)
                     cap = num_stages / (n_per_rep * ratio)
                     rules = ["stage"]
-                    if len(live) > 1 and sum(n // (tp * num_stages) for n in live.values()) >= d:
+                    # Whole pipelines per zone only differ from the stage rule when a stage's
+                    # replicas do not fit one zone (else the stage rule keeps everything local).
+                    if (len(live) > 1 and d > zone_max
+                            and sum(n // (tp * num_stages) for n in live.values()) >= d):
                         rules.append("pipeline")
                     for rule in rules:
                         out.append(Segment(
@@ -268,6 +275,7 @@ class Searcher:
     def build_stages(self, shape: tuple[Segment, ...]) -> list[tuple[Kind, StagePlacement]] | None:
         stages: list[tuple[Kind, StagePlacement]] = []
         prev_zone: str | None = None
+        first = shape[0].kind
         for seg in shape:
             zones = {z: n for z, n in self.zone_gpus[seg.gpu].items() if n > 0}
             if seg.rule == "pipeline":
@@ -276,8 +284,9 @@ class Searcher:
                 placed = place_stages(zones, seg.tp_degree, seg.dp_degree, seg.num_stages, prev_zone)
             if placed is None:
                 return None
+            kind = self.kinds.in_regime_of(seg.kind, first)
             for p in placed:
-                stages.append((seg.kind, p))
+                stages.append((kind, p))
             last = placed[-1]
             prev_zone = max(last, key=lambda p: (p[1], p[0]))[0]
         return stages
@@ -541,13 +550,25 @@ def run_search(searcher: Searcher) -> None:
     space_heap = [(loose(sp), i) for i, sp in enumerate(spaces)]
     heapq.heapify(space_heap)
 
+    # The capacity bound that orders the lazy heaps is far looser than the tight bound, so
+    # moving shapes until it crosses the best pending bound would score tens of thousands of
+    # shapes.  After a sample, scale it by the most optimistic tight/loose ratio seen so far:
+    # an estimate, not a bound, so a stop it causes is not reported as exhausted.
+    calib = {"ratio": None, "seen": 0}
+
+    def calibrated(lb: float) -> float:
+        r = calib["ratio"]
+        if r is None or calib["seen"] < 64 or lb in (math.inf, 0.0):
+            return lb
+        return lb * r
+
     def fill_pending() -> None:
-        # Move shapes from the lazy heaps while some heap's loose bound beats the best pending bound.
+        # Move shapes from the lazy heaps while some heap's (calibrated) bound beats the best pending one.
         while space_heap:
             lb, si = space_heap[0]
-            if lb == math.inf:
+            if lb == math.inf or calib["seen"] >= req.max_shapes_scored:
                 return
-            if pending and pending[0][0] <= lb:
+            if pending and pending[0][0] <= calibrated(lb):
                 return
             best_space = spaces[si]
             idx = best_space.heap.pop()
@@ -558,18 +579,27 @@ def run_search(searcher: Searcher) -> None:
             t = tight(best_space, shape)
             if t is None:
                 continue
+            if lb not in (math.inf, 0.0):
+                # Scores are -throughput (< 0) or cost (> 0); tight >= loose either way.
+                r = t[0] / lb
+                calib["ratio"] = r if calib["ratio"] is None else (
+                    max(calib["ratio"], r) if lb < 0 else min(calib["ratio"], r))
+                calib["seen"] += 1
             heapq.heappush(pending, (t[0], next(counter), si, shape, t[1]))
+
+    def proven_done(threshold: float) -> bool:
+        return all(lb >= threshold for lb, _ in space_heap)
 
     since_gain = 0
     while True:
         fill_pending()
         if not pending:
-            searcher.stats.exhausted = True
+            searcher.stats.exhausted = not space_heap or proven_done(searcher.threshold())
             return
         bound, _, si, shape, tau, *prepared = heapq.heappop(pending)
         before = searcher.threshold()
         if bound >= before:
-            searcher.stats.exhausted = True
+            searcher.stats.exhausted = proven_done(before)
             return
         if searcher.stats.num_evaluated >= req.max_evaluations or since_gain >= req.patience:
             return

@@ -56,7 +56,7 @@ def busiest_s(slots: list[StageSlot], ends: list[int]) -> float:
 
 
 def min_max_split(slots: list[StageSlot], num_layers: int, *, lower_bound_s: float = 0.0,
-                  rel_tol: float = 1e-3) -> list[int] | None:
+                  rel_tol: float = 5e-3) -> list[int] | None:
     """The split minimising the busiest stage (within ``rel_tol``), or None if nothing fits."""
     if len(slots) > num_layers:
         return None

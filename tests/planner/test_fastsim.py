@@ -18,11 +18,15 @@ def _random_plan(rng, searcher, kinds, model_layers):
     cuts = sorted(rng.sample(range(1, model_layers), num_stages - 1))
     ends = [*cuts, model_layers]
     stages, start = [], 0
+    first = None
     for end in ends:
         groups = []
         for _ in range(rng.randint(1, 3)):
             gpu, tp = rng.choice(kinds)
             kind = searcher.kinds.get(gpu, tp, mbs)
+            # simulate takes every profile under the first replica's regime: so must the planner.
+            first = first or kind
+            kind = searcher.kinds.in_regime_of(kind, first)
             groups.append((kind, rng.choice(ZONES), rng.randint(1, 5)))
         stages.append(FastStage(start, end, tuple(groups)))
         start = end
@@ -34,7 +38,9 @@ def test_fastsim_matches_simulate_on_random_plans(model, profiles, network):
     rng = random.Random(7)
     req = make_request(model=model, availability={("A100-40", "us-central1-a"): 8}, global_batch_size=256)
     s = Searcher(req, profiles=profiles, network=network)
-    kinds = [("A100-40", 1), ("A100-40", 2), ("V100-16", 1), ("V100-16", 4)]
+    # Sailor-profiled GPUs (Megatron regime) mixed with ones only estimated or measured under
+    # another regime (T4, H200), so the one-regime-per-plan rule is exercised.
+    kinds = [("A100-40", 1), ("A100-40", 2), ("V100-16", 1), ("V100-16", 4), ("T4", 1), ("H200", 2)]
     for _ in range(40):
         mbs, stages = _random_plan(rng, s, kinds, s.num_layers)
         res = s.fast.evaluate(mbs, list(stages))
