@@ -185,6 +185,8 @@ def load_plan(path: str | Path) -> Plan:
         text = path.read_text()
     except OSError as exc:
         raise InputError(f"cannot read plan file {str(path)!r}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise PlanError(f"plan file {str(path)!r} is not valid JSON (not UTF-8 text: {exc.reason})") from None
     try:
         data = json.loads(text)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:

@@ -93,9 +93,11 @@ def launch_local(plan: Plan, steps: int, *, data: str | Path | None = None,
     n = world_size(plan)
     # The launcher hosts the rendezvous store (as torchrun's agent does), so it outlives any
     # worker and survivors can still read the heartbeats of a dead rank 0.
-    from torch.distributed import TCPStore
+    import datetime
 
-    store = TCPStore("127.0.0.1", 0, n, is_master=True, wait_for_workers=False)
+    from sailor_core.runtime.rendezvous import private_store
+
+    store = private_store("127.0.0.1", 0, n, is_master=True, timeout=datetime.timedelta(seconds=300))
     port = store.port
     procs: dict[int, subprocess.Popen] = {}
     logs = {}

@@ -134,7 +134,12 @@ def main(argv=None) -> int:
     heartbeat = None
 
     try:
-        dist.init_process_group("nccl" if use_cuda else "gloo", init_method="env://", rank=rank,
+        from sailor_core.runtime.rendezvous import private_store, uses_agent_store
+
+        # Our own store rather than env://'s: its server listens on MASTER_ADDR only, not every interface.
+        store = private_store(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world,
+                              is_master=rank == 0 and not uses_agent_store(), timeout=timeout)
+        dist.init_process_group("nccl" if use_cuda else "gloo", store=store, rank=rank,
                                 world_size=world, timeout=timeout)
         from sailor_core.runtime.heartbeat import Heartbeat
 
