@@ -106,6 +106,7 @@ def train_job(
     body_failed = False
     try:
         state = cloud_tasks.reconcile(session, state)
+        state = job_tasks.note_checkpoint(state)  # the checkpoints, not a possibly stale state, say where to resume
         store.save(state)
         data_url = job_tasks.prepare_data(spec.dataset, spec.model, spec.seed, data_dir=str(js.sailor_home() / "data"))
         event = planning.start_event(state)
@@ -206,6 +207,9 @@ def train_job(
         # Ctrl-C, or Prefect cancelling the run (it signals the flow process): cancelled, not failed.
         cancelled = isinstance(exc, KeyboardInterrupt) or any(
             word in type(exc).__name__ for word in ("Cancel", "Terminat", "Abort"))
+        # A task interrupted mid-way (the watch) saved progress this frame never saw: start from that.
+        saved = store.load(job_id) if store.exists(job_id) else state
+        state = saved if saved.updated_unix_s > state.updated_unix_s else state
         state = js.with_status(state, js.CANCELLED if cancelled else js.FAILED,
                                f"{type(exc).__name__}: {exc}".splitlines()[0][:300])
         store.save(state)
