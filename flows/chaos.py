@@ -316,7 +316,8 @@ def _fire(env: ChaosEnv, fault: Fault, job_id: str, pids: list[int], ckpt_dir: P
 
 def run_trial(env: ChaosEnv, seed: int, *, steps: int = 20, ckpt_every: int = 4, budget_usd: float = 0.05,
               num_faults: int = 2, kinds: tuple[str, ...] = KINDS, timeout_s: float = 420.0,
-              references: dict | None = None) -> TrialResult:
+              references: dict | None = None, observer=None) -> TrialResult:
+    """One seeded trial; ``observer(pids)``, if given, sees the live worker pids at every poll."""
     from sailor_core import jobstate as js
 
     rng = random.Random(seed * 7919 + 1)
@@ -341,6 +342,8 @@ def run_trial(env: ChaosEnv, seed: int, *, steps: int = 20, ckpt_every: int = 4,
             _kill_group(flow)
             break
         gen, step, pids = watcher.snapshot()
+        if observer is not None and pids:
+            observer(pids)
         last = records[-1] if records else None
         if last is not None and last.recovered_unix_s is None and gen > last.generation and step is not None:
             last.recovered_unix_s = time.time()

@@ -169,6 +169,10 @@ def open_session(mode: str, *, job_id: str, jobs_url: str, spec: js.JobSpec) -> 
         session = CloudSession(mode=used, job_id=job_id, jobs_url=jobs_url, providers=providers,
                                control_url=control_url, shutdown_s=5.0, worker_stop_s=8.0,
                                heartbeat_timeout_s=60.0)
+    from infra.buckets import ensure_private_bucket
+
+    for url in sorted({spec.checkpoint_url, jobs_url}):
+        ensure_private_bucket(url)  # s3:// only: created private and encrypted, refused if public
     with _lock:
         _sessions[job_id] = session
     return session

@@ -25,6 +25,18 @@ GCP_PREEMPTED = "computeMetadata/v1/instance/preempted"
 LOCAL_ADDRESS = "127.0.0.1"
 
 
+_SECRET_ENV = frozenset({"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN",
+                         "AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_SHARED_CREDENTIALS_FILE", "AWS_CONFIG_FILE",
+                         "AWS_WEB_IDENTITY_TOKEN_FILE", "AWS_ROLE_ARN", "GOOGLE_APPLICATION_CREDENTIALS",
+                         "GOOGLE_OAUTH_ACCESS_TOKEN", "CLOUDSDK_AUTH_ACCESS_TOKEN_FILE", "PREFECT_API_KEY"})
+
+
+def _is_secret_env(name: str) -> bool:
+    upper = name.upper()
+    return (upper in _SECRET_ENV or upper.startswith("CLOUDSDK_AUTH")
+            or upper.endswith(("_SECRET", "_SECRET_KEY", "_TOKEN", "_PASSWORD", "_API_KEY", "_CREDENTIALS")))
+
+
 @dataclass(slots=True, kw_only=True)
 class Machine:
     instance_id: str
@@ -78,7 +90,9 @@ class Machines:
         path.write_text(script)
         path.chmod(0o755)
         argv = [str(path)] if script.startswith("#!") else ["/bin/bash", str(path)]
-        env = dict(os.environ)
+        # A real VM starts without the launching user's environment: keep their cloud
+        # credentials (and other secrets) out of the "instance" as the clouds would.
+        env = {k: v for k, v in os.environ.items() if not _is_secret_env(k)}
         env.update(
             SAILOR_INSTANCE_ID=machine.instance_id,
             SAILOR_ZONE=machine.zone,
