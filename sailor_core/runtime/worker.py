@@ -10,7 +10,8 @@ Exit codes (the orchestrator acts on them):
   2   bad input (plan, data, checkpoint)
   75  stopped on SIGTERM / preemption notice after an emergency checkpoint
   76  stopped on SIGTERM / preemption notice without a checkpoint (no --ckpt-dir or save failed)
-  77  a peer died or a collective timed out (the job must be restarted)
+  77  a peer died or a collective timed out, or this rank's checkpoint I/O failed
+      (the job must be restarted from the latest valid checkpoint)
 
 A preemption notice is SIGTERM to any worker, the file named by
 ``SAILOR_PREEMPT_FILE`` appearing, or the URL in ``SAILOR_PREEMPT_URL`` (polled
@@ -204,6 +205,11 @@ def main(argv=None) -> int:
         return EXIT_BAD_INPUT
     except Exception as exc:  # a peer vanished or a collective timed out: never hang
         msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        if isinstance(exc, OSError):  # this rank's checkpoint I/O failed: it is the one to blame
+            _log(rank, f"checkpoint I/O failed: {type(exc).__name__}: {msg[:500]}")
+            metrics.write({"event": "error", "rank": rank, "message": f"checkpoint I/O: {msg}"})
+            sys.stderr.flush()
+            os._exit(EXIT_PEER_LOST)  # the job must restart from the previous checkpoint
         dead = heartbeat.dead_ranks() if heartbeat is not None else None
         if heartbeat is not None:
             heartbeat.note_exit("peer_lost")
