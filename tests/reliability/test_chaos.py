@@ -1,0 +1,109 @@
+"""Chaos trials of the train-job flow (flows/chaos.py), and the checkpoint faults they rely on.
+
+Default run: the fault plan is seeded, an injected upload failure leaves a partial
+checkpoint that the manifest rejects, a corrupt one is skipped for the previous one.
+Slow: whole trials on the embedded cloud -- one per fault kind, then seeded mixes.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from flows.chaos import BREAKING, KINDS, plan_faults
+from sailor_core.runtime import checkpoint as ckpt
+from sailor_core.runtime.storage import open_storage
+
+
+def test_fault_plans_are_seeded_and_inside_the_run():
+    a = plan_faults(3, steps=16, ckpt_every=4, num_faults=3)
+    assert a == plan_faults(3, steps=16, ckpt_every=4, num_faults=3)
+    assert a != plan_faults(4, steps=16, ckpt_every=4, num_faults=3)
+    assert all(2 <= f.at_step < 14 and f.kind in KINDS for f in a)
+    assert [f.at_step for f in a] == sorted({f.at_step for f in a})
+    assert BREAKING < set(KINDS)
+
+
+def _save(storage, step: int, value: float) -> None:
+    files = {}
+    for layer in range(2):
+        files.update(ckpt.write_layer(storage, step, layer, {"params": {"w": torch.full((4,), value + layer)}}))
+    ckpt.commit(storage, step, files, {"step": step}, keep=0)
+
+
+def test_a_failed_upload_leaves_a_partial_checkpoint_that_is_never_used(tmp_path, monkeypatch):
+    storage = open_storage(str(tmp_path / "ck"))
+    _save(storage, 4, 1.0)
+    fault = tmp_path / "fault.json"
+    monkeypatch.setenv(ckpt.UPLOAD_FAULT_ENV, str(fault))
+    fault.write_text(json.dumps({"fail": True}))
+    with pytest.raises(OSError, match="injected"):
+        _save(storage, 8, 2.0)
+    assert not fault.exists(), "the fault is claimed once"
+    info = ckpt.latest_valid_checkpoint(str(tmp_path / "ck"))
+    assert info.step == 4
+    _save(storage, 8, 2.0)  # the next save works again
+    assert ckpt.latest_valid_checkpoint(str(tmp_path / "ck")).step == 8
+
+
+def test_a_corrupt_checkpoint_is_detected_by_its_manifest_and_the_previous_one_is_used(tmp_path):
+    storage = open_storage(str(tmp_path / "ck"))
+    _save(storage, 4, 1.0)
+    _save(storage, 8, 2.0)
+    layer = tmp_path / "ck" / "step_00000008" / "layer_0001.pt"
+    data = bytearray(layer.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    layer.write_bytes(bytes(data))
+    info = ckpt.latest_valid_checkpoint(str(tmp_path / "ck"))
+    assert info.step == 4
+    assert torch.equal(ckpt.read_layer(storage, info, 1)["params"]["w"], torch.full((4,), 2.0))
+    # Truncated (a torn write) and a missing manifest are both skipped the same way.
+    (tmp_path / "ck" / "step_00000004" / "layer_0000.pt").write_bytes(b"")
+    assert ckpt.latest_valid_checkpoint(str(tmp_path / "ck")) is None
+
+
+# ---- whole trials (slow) ---------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def chaos_env(tmp_path_factory):
+    from flows.chaos import ChaosEnv
+
+    with ChaosEnv(tmp_path_factory.mktemp("chaos-home")) as env:
+        yield env
+
+
+@pytest.fixture(scope="module")
+def references():
+    return {}
+
+
+def _assert_passed(result) -> None:
+    assert result.passed, (result.failures, [f"{f.kind}@{f.fired_step}: {f.detail}" for f in result.faults])
+    assert result.faults, "no fault was injected"
+    assert result.instances_left_running == 0 and result.usd_spent <= result.budget_usd
+    assert result.steps_redone <= result.redo_bound
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", KINDS)
+def test_one_fault_of_each_kind(chaos_env, references, kind):
+    from flows.chaos import run_trial
+
+    result = run_trial(chaos_env, seed=100 + KINDS.index(kind), steps=16, ckpt_every=4, num_faults=1,
+                       kinds=(kind,), references=references)
+    _assert_passed(result)
+    if kind in ("preempt", "preempt_zone", "kill_worker", "kill_flow"):
+        assert result.faults[0].recover_s is not None or result.steps_executed >= result.steps
+    if kind == "kill_flow":
+        assert result.num_flow_runs == 2
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_seeded_trials_with_two_faults(chaos_env, references, seed):
+    from flows.chaos import run_trial
+
+    _assert_passed(run_trial(chaos_env, seed=seed, steps=16, ckpt_every=4, num_faults=2, references=references))
