@@ -195,7 +195,7 @@ def terminate_job_everywhere(job_id: str, *, reason: str) -> list[str]:
         providers = session.providers
     elif config.real_clouds() or config.standalone_state():
         providers = config.get_providers()
-    else:  # an in-process embedded cloud died with the flow's process, and its instances with it
+    else:  # an in-process embedded cloud ended with the flow process: no API is left to call
         return []
     ids: list[str] = []
     for cloud, provider in providers.items():
