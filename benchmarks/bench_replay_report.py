@@ -29,11 +29,12 @@ def main(paths: list[str]) -> None:
                   f"{_x(r.get('time_ratio_to_ours', 1.0 if name == 'ours' else None))} | "
                   f"{r['useful_work_fraction']:.2f} | {r['num_replans']} | {r['num_restarts']} | {_h(r['wait_s'])} |")
     print()
-    print("| trace | rows | hours | preemption events | tokens | single-type GPU | planner calls | planning (s) | wall cold (s) | wall warm (s) |")
-    print("| --- | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: |")
+    print("| trace | rows | hours | preemption events | tokens | single-type GPU | planner evaluations cap | planner calls | planning (s) | wall cold (s) | wall warm (s) |")
+    print("| --- | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: |")
     for run in runs:
         print(f"| {run['trace_arg'].split('/')[-1]} | {run['trace_rows']} | {run['trace_hours']:.1f} | "
               f"{run['num_trace_preemptions']} | {run['tokens']:.3g} | {run['single_gpu_type']} | "
+              f"{run.get('max_evaluations', 200)} | "
               f"{run['planner_calls']} | {run['planner_time_s']:.1f} | {run['wall_cold_s']:.1f} | {run['wall_warm_s']:.2f} |")
 
 

@@ -68,6 +68,9 @@ class ControllerConfig:
     # current plan was chosen from reach this fraction of them (or a new pool
     # appears): small returns cannot pay for a restart, and each call costs.
     min_growth: float = 0.10
+    # Also ask the planner for each GPU type alone: a plan over fewer, calmer pools
+    # can finish sooner once restarts are counted (and a capped search may miss it).
+    per_type_options: bool = True
 
     def __post_init__(self) -> None:
         if self.strategy not in STRATEGIES:
@@ -87,6 +90,8 @@ class ControllerState:
     samples_target: float = math.inf
     last_plan: PlanOption | None = None     # the last plan that ran (failover keeps its request)
     planned_on: Mapping[GpuZone, int] | None = None  # availability the current plan was chosen from
+    # Preemption events per second seen so far on each pool (empty: unknown, treated as 0).
+    preemption_rate_per_s: Mapping[GpuZone, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -131,7 +136,12 @@ def _decide_replan(state, event, lost, broken, config, plan_fn, remaining) -> De
     avail = restrict(state.available, config.gpu_types)
     if current is not None and not broken and not _grew(avail, state.planned_on, config.min_growth):
         return _keep(current, state, config)
-    options = plan_fn(avail)
+    options = list(plan_fn(avail))
+    types = sorted({g for g, _ in avail})
+    if config.per_type_options and len(types) > 1:
+        for gpu in types:
+            options += list(plan_fn(restrict(avail, (gpu,))))[:1]
+    options.sort(key=lambda o: _expected_s(o, remaining, state, config))
     if current is None or broken:
         choice = _choose(options, state, config, remaining)
         why = _why_new(current, lost, event)
@@ -145,8 +155,8 @@ def _decide_replan(state, event, lost, broken, config, plan_fn, remaining) -> De
     if not _finishes(current, state, config, remaining) and _finishes(choice, state, config, remaining):
         return _run(Action.SHRINK, f"budget: switch to a plan that finishes within it ({choice.label})",
                     choice, state, config, planned_on=avail)
-    t_now = _time_to_finish_s(current, remaining)
-    t_new = config.change_cost_s + _time_to_finish_s(choice, remaining)
+    t_now = _expected_s(current, remaining, state, config)
+    t_new = config.change_cost_s + _expected_s(choice, remaining, state, config)
     if t_new < t_now * (1.0 - config.min_gain):
         return _run(Action.REPLAN, f"capacity: {choice.label} finishes in {t_new / _S_PER_HR:.2f} h "
                     f"instead of {t_now / _S_PER_HR:.2f} h", choice, state, config, planned_on=avail)
@@ -211,6 +221,13 @@ def _decide_static(state, event, lost, broken, config, plan_fn, remaining) -> De
 def _time_to_finish_s(option: PlanOption, remaining: float) -> float:
     x = option.throughput_samples_per_s
     return remaining / x if x > 0 else math.inf
+
+
+def _expected_s(option: PlanOption, remaining: float, state: ControllerState, config: ControllerConfig) -> float:
+    """Time to finish counting restarts: each preemption of a pool the plan uses costs
+    about one change (``change_cost_s``) of downtime, at the rate seen on that pool."""
+    rate = sum(state.preemption_rate_per_s.get(k, 0.0) for k, n in option.gpus.items() if n > 0)
+    return _time_to_finish_s(option, remaining) * (1.0 + rate * config.change_cost_s)
 
 
 def _finishes(option: PlanOption, state: ControllerState, config: ControllerConfig, remaining: float) -> bool:

@@ -177,12 +177,20 @@ def replay(
             ledger.open(lease, gpu=g, zone=z, num_gpus=n, usd_per_hr=n * price_fn(g, z, at_s), start_s=at_s)
             s.leases[(g, z)] = lease
 
+    seen_events: dict[GpuZone, int] = {}
+
+    def rates() -> dict[GpuZone, float]:
+        # Only what has been seen so far; at least an hour in the denominator so
+        # the first event does not read as a storm.
+        return {k: n / max(s.t, _S_PER_HR) for k, n in seen_events.items()}
+
     def ask(event: Event) -> None:
         holding = s.plan if s.phase in ("starting", "running") else None
         state = ControllerState(
             plan=holding, available=dict(s.avail), budget_left_usd=ledger.budget_left_usd(s.t),
             samples_done=s.done, samples_target=samples_target, last_plan=s.last_plan,
             planned_on=s.planned_on if holding is not None else None,
+            preemption_rate_per_s=rates(),
         )
         d = decide(state, event, config=config, plan_fn=plan_fn)
         apply(d, event)
@@ -313,6 +321,9 @@ def replay(
         if s.phase == "ended":
             break
         new_counts = trace.counts_at(t)
+        for i in by_time.get(t, []):
+            e = trace.preemptions[i]
+            seen_events[(e.gpu, e.zone)] = seen_events.get((e.gpu, e.zone), 0) + 1
         lost: dict[GpuZone, int] = {}
         if s.phase in ("starting", "running") and s.plan is not None:
             for i in by_time.get(t, []):

@@ -149,3 +149,15 @@ def test_cached_planner_reuses_results_for_covered_availability():
     cp({("A100-40", A): 6})          # 4 <= 6 <= 8: covered
     cp({("A100-40", A): 3})          # best (4) no longer fits: planner again
     assert len(calls) == 2 and cp.num_hits == 2
+
+
+def test_preemption_rates_steer_away_from_stormy_pools():
+    avail = {("A100-40", A): 4, ("V100-16", B): 8}  # all: 72 samples/s; A100s alone: 40
+    calm = run(ControllerState(plan=None, available=avail, samples_target=1e6), START, change_cost_s=300)
+    assert calm.plan.gpus == avail
+    # The V100 pool loses nodes every 5 min: each costs a 300 s restart, so using it
+    # doubles the time per sample (72 / 2 = 36 < 40).
+    stormy = ControllerState(plan=None, available=avail, samples_target=1e6,
+                             preemption_rate_per_s={("V100-16", B): 1 / 300})
+    d = run(stormy, START, change_cost_s=300)
+    assert d.plan.gpus == {("A100-40", A): 4}
