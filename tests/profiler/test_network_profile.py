@@ -21,10 +21,11 @@ def test_local_processes_measured_fitted_and_loaded_by_the_network_model():
     from sailor_core.network import Endpoint, default_network
     from sailor_core.profiler.network import profile_network, save_network_profile
 
-    prof = profile_network(2, sizes=[2**16, 2**18, 2**20, 2**22], reps=3)
-    assert [b for b, _ in prof.p2p_points] == [2**16, 2**18, 2**20, 2**22]
+    prof = profile_network(2, sizes=[2**16, 2**18, 2**20], reps=2)
+    assert [b for b, _ in prof.p2p_points] == [2**16, 2**18, 2**20]
     assert all(t > 0 for _, t in prof.p2p_points)
-    assert 2 in prof.allreduce_points and len(prof.allreduce_points[2]) == 4
+    assert 2 in prof.allreduce_points and len(prof.allreduce_points[2]) == 3
+    assert all(t >= 0 for _, t in prof.allreduce_cpu_points[2])
     assert math.isfinite(prof.max_rel_error)
     # every measured point is reproduced within the stated error
     for b, t in prof.p2p_points:
