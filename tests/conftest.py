@@ -8,7 +8,9 @@ module imports it.  Areas that need a Prefect server use their own fixtures
 import os
 import tempfile
 
+# Forced, not defaulted: a test run must never read or write the user's jobs, profiles or Prefect DB.
 _home = tempfile.mkdtemp(prefix="sailor-test-home-")
-os.environ.setdefault("SAILOR_HOME", _home)
-os.environ.setdefault("PREFECT_HOME", os.path.join(_home, "prefect"))
+os.environ["SAILOR_HOME"] = _home
+os.environ["PREFECT_HOME"] = os.path.join(_home, "prefect")
+os.environ.pop("SAILOR_JOBS_URL", None)
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
