@@ -191,6 +191,7 @@ def main() -> None:
     ap.add_argument("--gbs", type=int, default=8)
     ap.add_argument("--mbs", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=2, help="alternate engine/baseline runs")
+    ap.add_argument("--configs", default="dp,pp", help="which comparisons: dp, pp")
     ap.add_argument("--baseline-worker", default=None)
     ap.add_argument("--data", default=None)
     ap.add_argument("--out", default=None)
@@ -203,6 +204,8 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="bench-engine-"))
     rows = []
     for kind, base_name in (("dp", "torch DDP"), ("pp", "torch.distributed.pipelining 1F1B")):
+        if kind not in args.configs.split(","):
+            continue
         plan = _plan(args.model, kind, args.gbs, args.mbs)
         data = ensure_corpus(work, plan)
         eng, base = [], []

@@ -107,6 +107,9 @@ class StageTrainer:
         self.first_step = 0
         self.autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda"
                          else contextlib.nullcontext())
+        self._overlap = (_OverlappedAllReduce(list(self.model.parameters()), groups.dp)
+                         if groups.dp is not None and not groups.dp_mixed_tp else None)
+        self._last_backward = max(i for i, (kind, _) in enumerate(self.schedule) if kind == "B")
 
     # ---- pipeline neighbours -------------------------------------------------
     def _peer_ranks(self, stage: int, m: int) -> list[int]:
@@ -134,7 +137,9 @@ class StageTrainer:
         sends, saved = [], {}
         loss_sum = torch.zeros((), device=self.device)
         scale = 1.0 / self.num_microbatches
-        for kind, m in self.schedule:
+        for op_index, (kind, m) in enumerate(self.schedule):
+            if self._overlap is not None and op_index == self._last_backward:
+                self._overlap.arm()  # gradients become final during this backward
             if kind == "F":
                 if first:
                     inp, labels = self._microbatch(m)
@@ -191,7 +196,7 @@ class StageTrainer:
         if g.dp is None:
             return
         if not g.dp_mixed_tp:
-            _allreduce_flat([p.grad for p in params], g.dp)
+            self._overlap.finish()
             return
         fulls = []
         for layer, name, p in self.model.named_layer_params():
@@ -254,6 +259,69 @@ class StageTrainer:
                     }
         self.step = self.first_step = info.step
         self.first_sample = int(info.meta["next_sample"])
+
+
+class _OverlappedAllReduce:
+    """Sum gradients over a DP group in buckets launched during the last backward (as DDP does).
+
+    Buckets hold parameters in reverse registration order (about the order backward
+    finishes them) and are launched strictly in bucket order on every rank, so the
+    collectives match across ranks whatever order the hooks fire in.
+    """
+
+    BUCKET_BYTES = 8 << 20
+
+    def __init__(self, params: list[torch.Tensor], group) -> None:
+        self.group = group
+        self.buckets: list[list[torch.Tensor]] = [[]]
+        size = 0
+        for p in reversed(params):
+            if size and size + p.numel() * p.element_size() > self.BUCKET_BYTES:
+                self.buckets.append([])
+                size = 0
+            self.buckets[-1].append(p)
+            size += p.numel() * p.element_size()
+        self.bucket_of = {id(p): b for b, ps in enumerate(self.buckets) for p in ps}
+        self.armed = False
+        for p in params:
+            p.register_post_accumulate_grad_hook(self._on_grad)
+        self._reset()
+
+    def _reset(self) -> None:
+        self.ready = [0] * len(self.buckets)
+        self.next_bucket = 0
+        self.pending: list[tuple[object, torch.Tensor, int]] = []
+
+    def arm(self) -> None:
+        self._reset()
+        self.armed = True
+
+    def _on_grad(self, p: torch.Tensor) -> None:
+        if not self.armed:
+            return
+        self.ready[self.bucket_of[id(p)]] += 1
+        while (self.next_bucket < len(self.buckets)
+               and self.ready[self.next_bucket] == len(self.buckets[self.next_bucket])):
+            self._launch(self.next_bucket)
+
+    def _launch(self, b: int) -> None:
+        flat = torch.cat([p.grad.reshape(-1) for p in self.buckets[b]])
+        self.pending.append((dist.all_reduce(flat, group=self.group, async_op=True), flat, b))
+        self.next_bucket = b + 1
+
+    def finish(self) -> None:
+        """Launch what is left (in order), wait, write the sums back into the gradients."""
+        self.armed = False
+        while self.next_bucket < len(self.buckets):
+            self._launch(self.next_bucket)
+        for work, flat, b in self.pending:
+            work.wait()
+            offset = 0
+            for p in self.buckets[b]:
+                n = p.numel()
+                p.grad.copy_(flat[offset: offset + n].view_as(p.grad))
+                offset += n
+        self.pending = []
 
 
 def _allreduce_flat(tensors: list[torch.Tensor], group) -> None:
