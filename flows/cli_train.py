@@ -6,6 +6,7 @@ Prefect, torch and the clouds are imported inside the command bodies, after
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Optional
 
@@ -91,8 +92,14 @@ def register(app: typer.Typer) -> None:
             checkpoint_every=checkpoint_every, preempt_at=parse_steps_list(preempt_at), job_id=job_id,
             cloud=cloud, global_batch_size=global_batch_size, max_gpus=max_gpus, max_gpus_per_zone=max_gpus_per_zone,
         )
-        choice = configure_prefect_env()
         out = console()
+        if not as_json and not deployment:
+            from flows.prefect_env import running_local_server
+
+            if not os.environ.get("PREFECT_API_URL") and not running_local_server() \
+                    and not os.environ.get("SAILOR_PREFECT_EPHEMERAL"):
+                out.print("[dim]starting a local Prefect server (first time ~15-60 s)...[/dim]")
+        choice = configure_prefect_env(start_server=not deployment)
         if not as_json:
             out.print(f"[dim]{choice.describe()}[/dim]")
         if deployment:

@@ -8,8 +8,10 @@ CLI avoids that when it can, in this order:
 2. A server started by ``sailor ui`` is running (recorded in
    ``$SAILOR_HOME/prefect/server.json`` and answering ``/api/health``): use it,
    so runs appear in its UI and start at once.
-3. Otherwise Prefect's temporary server, with its database under
-   ``$SAILOR_HOME/prefect`` -- the CLI says so, since it costs ~20 s.
+3. ``sailor train`` starts that local server itself (once; it keeps running so
+   the run stays visible in the UI, and later runs start at once).  With
+   ``SAILOR_PREFECT_EPHEMERAL=1``, or for callers that do not ask for a server,
+   Prefect's temporary server, with its database under ``$SAILOR_HOME/prefect``.
 
 Everything here must run before ``prefect`` is imported (its settings are read
 at import), so this module imports no Prefect itself.
@@ -36,13 +38,17 @@ DEFAULT_PORT = 4200
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ApiChoice:
     api_url: str | None  # None: Prefect's temporary in-process server
-    source: str  # "env", "sailor-ui", "ephemeral"
+    source: str  # "env", "sailor-ui", "started", "ephemeral"
 
     def describe(self) -> str:
         if self.source == "env":
             return f"Prefect API {self.api_url} (PREFECT_API_URL)"
         if self.source == "sailor-ui":
             return f"Prefect server {self.api_url} (started by `sailor ui`; runs show in its UI)"
+        if self.source == "started":
+            return (f"started a local Prefect server at {self.api_url.removesuffix('/api')}/ "
+                    f"(SQLite under {prefect_home()}); it keeps running so this run stays in its UI; "
+                    "`sailor ui --stop` stops it")
         return ("no Prefect server running: using a temporary one for this run (~20 s to start; "
                 "start one with `sailor ui` to skip that and watch runs in the UI)")
 
@@ -73,8 +79,12 @@ def running_local_server() -> str | None:
     return url if isinstance(url, str) and healthy(url) else None
 
 
-def configure_prefect_env() -> ApiChoice:
-    """Point this process (and its children) at the right Prefect API; call before importing prefect."""
+def configure_prefect_env(*, start_server: bool = False) -> ApiChoice:
+    """Point this process (and its children) at the right Prefect API; call before importing prefect.
+
+    ``start_server``: with no server running, start the local one rather than
+    paying Prefect's temporary in-process server (~20 s per run, runs vanish).
+    """
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
     if os.environ.get("PREFECT_API_URL"):
@@ -83,7 +93,14 @@ def configure_prefect_env() -> ApiChoice:
     if url:
         os.environ["PREFECT_API_URL"] = url
         return ApiChoice(api_url=url, source="sailor-ui")
+    if start_server and not os.environ.get("SAILOR_PREFECT_EPHEMERAL"):
+        url = start_local_server()
+        os.environ["PREFECT_API_URL"] = url
+        return ApiChoice(api_url=url, source="started")
+    prefect_home().mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("PREFECT_HOME", str(prefect_home()))
+    # A loaded machine can take longer than Prefect's default to start it.
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
     return ApiChoice(api_url=None, source="ephemeral")
 
 
