@@ -147,6 +147,7 @@ class Searcher:
         self.max_stages_per_type = self.max_stages if k <= 2 else max(2, self.max_stages // k + 2)
         # Shapes whose throughput bound clears the floor by this factor are searched (see plan_job).
         self.floor_margin = 1.0
+        self.cap_margin = 1.0  # likewise for the cost caps (< 1 looks only well under the cap)
 
     # ---- scoring ----------------------------------------------------------------------
 
@@ -338,9 +339,10 @@ class Searcher:
         stages, ends, _ = prepared
         self.stats.num_shapes += 1
         ev = self.evaluate(mbs, self.fast_stages(stages, ends))
-        # Polish only shapes that may enter the top N (within 3 % of its last entry).
+        # Polish only shapes that may enter the top N: within 12 % of its last entry (the
+        # min-max split ignores p2p, sync and warm-up, and polishing gains up to ~10 %).
         cutoff = self.threshold()
-        if ev.res.fits and ev.score < cutoff * (0.97 if cutoff < 0 else 1.03):
+        if ev.res.fits and ev.score < cutoff * (0.88 if cutoff < 0 else 1.12):
             ev = self.polish(mbs, stages, ends, ev)
         self.offer(ev)
         return ev
@@ -350,10 +352,13 @@ class Searcher:
         at a time while the simulated objective improves (the min-max split ignores p2p, sync
         and the warm-up, so a neighbour can be better)."""
         best, best_ends = ev, list(ends)
-        for _ in range(6):
+        for _ in range(8):
             res = best.res
             busiest = max(range(len(best_ends)), key=lambda i: res.busy_s[i])
-            movable = sorted({busiest - 1, busiest} & set(range(len(best_ends) - 1)))
+            if len(best_ends) <= 6:
+                movable = list(range(len(best_ends) - 1))  # short pipelines: every boundary
+            else:
+                movable = sorted({busiest - 1, busiest} & set(range(len(best_ends) - 1)))
             improved = False
             for b in movable:
                 for delta in (-1, 1):
@@ -418,8 +423,10 @@ class _MbsSpace:
     min_time_by_kinds: dict = field(default_factory=dict)
 
 
-def run_search(searcher: Searcher) -> None:
+def run_search(searcher: Searcher, budget: int | None = None) -> None:
+    """Best-first search (see the module docstring); ``budget`` caps this call's evaluations."""
     req = searcher.req
+    stop_at = searcher.stats.num_evaluated + (budget if budget is not None else req.max_evaluations)
     throughput = req.objective is Objective.THROUGHPUT
     spaces: list[_MbsSpace] = []
     for mbs in searcher.micro_batch_sizes():
@@ -474,13 +481,21 @@ def run_search(searcher: Searcher) -> None:
         """
         cap = sum(s.capacity for s in shape)
         tau = space.ref_total_s / cap
-        t_lb = max(tau, _pipeline_lb(space.ref_total_s, shape), busiest, link_lb(space, shape)) + sync_lb(shape)
+        t_lb = max(tau, busiest, link_lb(space, shape)) + sync_lb(shape)
         rate = sum(s.min_usd_per_hr for s in shape)
-        if req.max_usd_per_hour is not None and rate > req.max_usd_per_hour * (1 + 1e-9):
+        # Limits are checked on the bound; once the split is known, also on an estimate adding
+        # the warm-up/cool-down of the other stages ((P - 1) busiest steps over n micro-batches),
+        # which is not a bound but keeps far-off shapes from eating the budget of the margin passes.
+        t_chk = t_lb
+        if busiest > 0 and (searcher.cap_margin < 1 or searcher.floor_margin > 1):
+            num_stages = sum(s.num_stages for s in shape)
+            n_min = min(s.num_microbatches for s in shape)
+            t_chk = t_lb + busiest * (num_stages - 1) / max(n_min, 1)
+        if req.max_usd_per_hour is not None and rate > req.max_usd_per_hour * searcher.cap_margin * (1 + 1e-9):
             return None
-        if req.max_usd_per_iteration is not None and rate * t_lb / 3600 > req.max_usd_per_iteration * (1 + 1e-9):
+        if req.max_usd_per_iteration is not None and rate * t_chk / 3600 > req.max_usd_per_iteration * searcher.cap_margin * (1 + 1e-9):
             return None
-        if req.min_throughput_samples_per_s is not None and gbs / t_lb < req.min_throughput_samples_per_s * searcher.floor_margin * (1 - 1e-9):
+        if req.min_throughput_samples_per_s is not None and gbs / t_chk < req.min_throughput_samples_per_s * searcher.floor_margin * (1 - 1e-9):
             return None
         score = -gbs / t_lb if throughput else rate * t_lb / 3600
         return score, tau
@@ -601,7 +616,7 @@ def run_search(searcher: Searcher) -> None:
         if bound >= before:
             searcher.stats.exhausted = proven_done(before)
             return
-        if searcher.stats.num_evaluated >= req.max_evaluations or since_gain >= req.patience:
+        if searcher.stats.num_evaluated >= stop_at or since_gain >= req.patience:
             return
         space = spaces[si]
         if not prepared:
@@ -639,8 +654,6 @@ def _materialize(space: _MbsSpace, searcher: Searcher, req: PlanRequest, *, limi
             cap=np.array([s.capacity for s in lst] + [0.0]),
             rate=np.array([s.min_usd_per_hr for s in lst] + [0.0]),
             stages=np.array([s.num_stages for s in lst] + [0]),
-            a=np.array([s.slowness for s in lst] + [np.inf]),
-            b=np.array([max((s.num_microbatches - 1) * s.slowness / s.num_stages, 1e-12) for s in lst] + [1e-12]),
         ))
     if len(arrays) == 1:
         idx = [np.arange(len(lists[0]))]
@@ -657,30 +670,12 @@ def _materialize(space: _MbsSpace, searcher: Searcher, req: PlanRequest, *, limi
     cap = sum(g["cap"] for g in grid)
     rate = sum(g["rate"] for g in grid)
     stages = sum(g["stages"] for g in grid)
-    work = space.ref_total_s
-    tau = work / cap
-    if len(grid) == 1:
-        g = grid[0]
-        lp = work * g["b"] + g["a"] * work
-    else:
-        g1, g2 = grid
-        first = g1["a"] <= g2["a"]
-        a1 = np.where(first, g1["a"], g2["a"])
-        b1 = np.where(first, g1["b"], g2["b"])
-        a2 = np.where(first, g2["a"], g1["a"])
-        b2 = np.where(first, g2["b"], g1["b"])
-        both = ~(absent[0] | absent[1])
-        with np.errstate(invalid="ignore", over="ignore"):
-            cost1 = work * b1 + a1 * work
-            lvl = work / (1 / b1 + 1 / b2)
-            cost2 = lvl + a1 * lvl / b1 + a2 * lvl / b2
-        lp = np.where(both, np.minimum(cost1, np.nan_to_num(cost2, nan=np.inf)), cost1)
-    t_lb = np.maximum(tau, lp)
+    t_lb = space.ref_total_s / cap
     ok = stages <= searcher.max_stages
     if req.max_usd_per_hour is not None:
-        ok &= rate <= req.max_usd_per_hour * (1 + 1e-9)
+        ok &= rate <= req.max_usd_per_hour * searcher.cap_margin * (1 + 1e-9)
     if req.max_usd_per_iteration is not None:
-        ok &= rate * t_lb / 3600 <= req.max_usd_per_iteration * (1 + 1e-9)
+        ok &= rate * t_lb / 3600 <= req.max_usd_per_iteration * searcher.cap_margin * (1 + 1e-9)
     if req.min_throughput_samples_per_s is not None:
         ok &= req.global_batch_size / t_lb >= req.min_throughput_samples_per_s * searcher.floor_margin * (1 - 1e-9)
     score = -req.global_batch_size / t_lb if req.objective is Objective.THROUGHPUT else rate * t_lb / 3600
@@ -697,42 +692,6 @@ def _materialize(space: _MbsSpace, searcher: Searcher, req: PlanRequest, *, limi
             continue
         out.append(tuple(lists[t][int(idx[t][j])] for t in range(len(lists)) if not absent[t][j]))
     return out
-
-
-def _pipeline_lb(work_s: float, shape: tuple[Segment, ...]) -> float:
-    """Lower bound on the 1F1B time ``sum_s t_s + max_s (n_s - 1) t_s`` of a shape.
-
-    If segment k gets block work x_k (in fastest-kind seconds), its stages' steps sum to at
-    least a_k x_k (a_k = slowness) and its largest steady-state share is at least
-    b_k x_k (b_k = (n_k - 1) a_k / P_k, the average stage).  Minimise
-    sum_k a_k x_k + max_k b_k x_k over sum_k x_k = work: for a level L of the max, fill
-    the cheapest a_k first up to L / b_k; the optimum lies where a prefix saturates.
-    """
-    segs = sorted(shape, key=lambda s: s.slowness)
-    a = [s.slowness for s in segs]
-    b = [(s.num_microbatches - 1) * s.slowness / s.num_stages for s in segs]
-    best = math.inf
-    inv = 0.0
-    for j in range(len(segs)):
-        if b[j] == 0:
-            # This segment has no steady state: it could take all remaining work at cost a_j.
-            levels = [0.0] if j == 0 else []
-        else:
-            inv += 1.0 / b[j]
-            levels = [work_s / inv]
-        for level in levels:
-            left, cost = work_s, level
-            for k in range(len(segs)):
-                take = left if b[k] == 0 else min(left, level / b[k])
-                cost += a[k] * take
-                left -= take
-                if left <= 0:
-                    break
-            if left <= 1e-12 * work_s:
-                best = min(best, cost)
-        if b[j] == 0:
-            break
-    return best if best < math.inf else 0.0
 
 
 def _orders(shape: tuple[Segment, ...]) -> list[tuple[Segment, ...]]:

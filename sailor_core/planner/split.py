@@ -69,7 +69,7 @@ def min_max_split(slots: list[StageSlot], num_layers: int, *, lower_bound_s: flo
     if lo >= hi:
         return best
     # Start from the bound: most splits land within a few percent of it.
-    probe = lo * 1.02
+    probe = max(lo * 1.02, hi * 0.01)
     while probe < hi:
         ends = greedy_split(slots, num_layers, probe)
         if ends is not None:
