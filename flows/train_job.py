@@ -107,6 +107,7 @@ def train_job(
     try:
         state = cloud_tasks.reconcile(session, state)
         state = job_tasks.note_checkpoint(state)  # the checkpoints, not a possibly stale state, say where to resume
+        state = workers.merge_agent_reports(session, state)  # a killed run's workers may have trained on
         store.save(state)
         data_url = job_tasks.prepare_data(spec.dataset, spec.model, spec.seed, data_dir=str(js.sailor_home() / "data"))
         event = planning.start_event(state)

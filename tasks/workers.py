@@ -208,3 +208,13 @@ def stop_attempt(session, state: js.JobState, assignments: Sequence[Assignment],
     # The stopped generation's final report (under "previous") has the steps run until the stop.
     statuses = {a.instance_id: read_status(session.jobs_url, a.instance_id) for a in assignments}
     return _merge_progress(state, statuses, run_generation(state.attempt))
+
+
+def merge_agent_reports(session, state: js.JobState) -> js.JobState:
+    """Steps and losses the job's agents reported, whichever flow run started their workers.
+
+    A flow run started after another was killed finds that run's workers' progress here (they
+    kept training, maybe to the end): without it the job would claim fewer steps than it ran.
+    """
+    statuses = {r.instance_id: read_status(session.jobs_url, r.instance_id) for r in state.instances}
+    return _merge_progress(state, statuses, run_generation(state.attempt))
