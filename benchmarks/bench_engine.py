@@ -68,9 +68,11 @@ def run_baseline(kind: str, model: str, steps: int, gbs: int, mbs: int,
             [sys.executable, __file__, "--baseline-worker", kind, "--model", model, "--steps",
              str(steps), "--gbs", str(gbs), "--mbs", str(mbs), "--data", str(data), "--out", str(out)],
             env=env))
-    for p in procs:
-        if p.wait(timeout=1200):
-            raise RuntimeError(f"baseline {kind} failed")
+    codes = [p.wait(timeout=1200) for p in procs]
+    # gloo sometimes aborts at interpreter teardown ("terminate called without an active
+    # exception") after the measurement was written; only a missing measurement is a failure.
+    if not out.exists():
+        raise RuntimeError(f"baseline {kind} failed (exit codes {codes})")
     rec = json.loads(out.read_text())
     return _median_step_s(rec["wall"]), _median_step_s(rec["cpu"])
 
