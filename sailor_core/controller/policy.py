@@ -155,9 +155,9 @@ def _decide_replan(state, event, lost, broken, config, plan_fn, remaining) -> De
     if not _finishes(current, state, config, remaining) and _finishes(choice, state, config, remaining):
         return _run(Action.SHRINK, f"budget: switch to a plan that finishes within it ({choice.label})",
                     choice, state, config, planned_on=avail)
-    t_now = _expected_s(current, remaining, state, config)
-    t_new = config.change_cost_s + _expected_s(choice, remaining, state, config)
-    if t_new < t_now * (1.0 - config.min_gain):
+    if _switch_pays(current, choice, remaining, state, config):
+        t_now = _expected_s(current, remaining, state, config)
+        t_new = config.change_cost_s + _expected_s(choice, remaining, state, config)
         return _run(Action.REPLAN, f"capacity: {choice.label} finishes in {t_new / _S_PER_HR:.2f} h "
                     f"instead of {t_now / _S_PER_HR:.2f} h", choice, state, config, planned_on=avail)
     return _keep(current, state, config, planned_on=avail)
@@ -228,6 +228,28 @@ def _expected_s(option: PlanOption, remaining: float, state: ControllerState, co
     about one change (``change_cost_s``) of downtime, at the rate seen on that pool."""
     rate = sum(state.preemption_rate_per_s.get(k, 0.0) for k, n in option.gpus.items() if n > 0)
     return _time_to_finish_s(option, remaining) * (1.0 + rate * config.change_cost_s)
+
+
+def _switch_pays(current: PlanOption, choice: PlanOption, remaining: float, state: ControllerState,
+                 config: ControllerConfig) -> bool:
+    """A voluntary switch gains only until the work ends or the next preemption forces
+    a re-plan anyway; it pays when that gain beats the work the switch itself stops.
+
+    Gain: (x_new - x_now) over min(time to finish, 1 / preemption rate of the new
+    plan), with x the throughput after expected restarts.  Cost: ``change_cost_s``
+    of the current throughput.  Without preemption rates this is the plain test
+    "finishes sooner after paying the change"; ``min_gain`` is the margin.
+    """
+    x_now = remaining / _expected_s(current, remaining, state, config) if remaining > 0 else 0.0
+    t_new = _expected_s(choice, remaining, state, config)
+    x_new = remaining / t_new if t_new > 0 else 0.0
+    if x_new <= x_now:
+        return False
+    rate = sum(state.preemption_rate_per_s.get(k, 0.0) for k, n in choice.gpus.items() if n > 0)
+    horizon_s = min(t_new, 1.0 / rate) if rate > 0 else t_new
+    gain = (x_new - x_now) * horizon_s
+    cost = x_now * config.change_cost_s
+    return gain > cost * (1.0 + config.min_gain) + config.min_gain * x_now * horizon_s
 
 
 def _finishes(option: PlanOption, state: ControllerState, config: ControllerConfig, remaining: float) -> bool:
