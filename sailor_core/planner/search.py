@@ -348,24 +348,29 @@ class Searcher:
         return ev
 
     def polish(self, mbs: int, stages, ends: list[int], ev: Evaluated) -> Evaluated:
-        """Move the boundaries of the busiest stage and of the stage that syncs longest one layer
-        at a time while the simulated objective improves (the min-max split ignores p2p, sync
-        and the warm-up, so a neighbour can be better)."""
+        """Move stage boundaries one layer at a time while the simulated objective improves (the
+        min-max split ignores p2p, sync and the warm-up, so a neighbour can be better).
+
+        Short pipelines (<= 6 stages) try every boundary and also shift a whole inner stage (two
+        adjacent boundaries together, which single moves cannot reach when either alone is
+        worse); longer ones move the boundaries of the busiest stage.
+        """
         best, best_ends = ev, list(ends)
         for _ in range(8):
             res = best.res
+            last = len(best_ends) - 1
             busiest = max(range(len(best_ends)), key=lambda i: res.busy_s[i])
             if len(best_ends) <= 6:
-                movable = list(range(len(best_ends) - 1))  # short pipelines: every boundary
+                moves = [(b,) for b in range(last)] + [(b, b + 1) for b in range(last - 1)]
             else:
-                movable = sorted({busiest - 1, busiest} & set(range(len(best_ends) - 1)))
+                moves = [(b,) for b in sorted({busiest - 1, busiest} & set(range(last)))]
             improved = False
-            for b in movable:
+            for bounds in moves:
                 for delta in (-1, 1):
                     cand = list(best_ends)
-                    cand[b] += delta
-                    lo = cand[b - 1] if b > 0 else 0
-                    if not lo < cand[b] < cand[b + 1]:
+                    for b in bounds:
+                        cand[b] += delta
+                    if not all(x < y for x, y in zip([0, *cand], cand)) or cand[-1] != best_ends[-1]:
                         continue
                     trial = self.evaluate(mbs, self.fast_stages(stages, cand))
                     if _better(trial, best):
