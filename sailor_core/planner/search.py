@@ -339,10 +339,11 @@ class Searcher:
         stages, ends, _ = prepared
         self.stats.num_shapes += 1
         ev = self.evaluate(mbs, self.fast_stages(stages, ends))
-        # Polish only shapes that may enter the top N: within 12 % of its last entry (the
-        # min-max split ignores p2p, sync and warm-up, and polishing gains up to ~10 %).
+        # Polish only shapes that may enter the top N: within 25 % of its last entry (the
+        # min-max split ignores p2p, sync and warm-up; polishing has gained up to ~20 %).
         cutoff = self.threshold()
-        if ev.res.fits and ev.score < cutoff * (0.88 if cutoff < 0 else 1.12):
+        gate = 0.25 if len(stages) <= 6 else 0.05  # long pipelines polish only their busiest stage
+        if ev.res.fits and ev.score < cutoff * (1 - gate if cutoff < 0 else 1 + gate):
             ev = self.polish(mbs, stages, ends, ev)
         self.offer(ev)
         return ev
@@ -361,23 +362,33 @@ class Searcher:
             last = len(best_ends) - 1
             busiest = max(range(len(best_ends)), key=lambda i: res.busy_s[i])
             if len(best_ends) <= 6:
-                moves = [(b,) for b in range(last)] + [(b, b + 1) for b in range(last - 1)]
+                singles = [(b,) for b in range(last)]
+                shifts = [(b, b + 1) for b in range(last - 1)]
             else:
-                moves = [(b,) for b in sorted({busiest - 1, busiest} & set(range(last)))]
-            improved = False
-            for bounds in moves:
-                for delta in (-1, 1):
-                    cand = list(best_ends)
-                    for b in bounds:
-                        cand[b] += delta
-                    if not all(x < y for x, y in zip([0, *cand], cand)) or cand[-1] != best_ends[-1]:
-                        continue
-                    trial = self.evaluate(mbs, self.fast_stages(stages, cand))
-                    if _better(trial, best):
-                        best, best_ends, improved = trial, cand, True
+                singles = [(b,) for b in sorted({busiest - 1, busiest} & set(range(last)))]
+                shifts = []
+            improved = self._try_moves(mbs, stages, best_ends, best, singles)
+            if not improved and shifts:
+                improved = self._try_moves(mbs, stages, best_ends, best, shifts)
             if not improved:
                 break
+            best, best_ends = improved
         return best
+
+    def _try_moves(self, mbs: int, stages, best_ends: list[int], best: Evaluated, moves):
+        """First-improvement pass over ``moves``; (best, ends) after it, or None if none helped."""
+        found = False
+        for bounds in moves:
+            for delta in (-1, 1):
+                cand = list(best_ends)
+                for b in bounds:
+                    cand[b] += delta
+                if not all(x < y for x, y in zip([0, *cand], cand)) or cand[-1] != best_ends[-1]:
+                    continue
+                trial = self.evaluate(mbs, self.fast_stages(stages, cand))
+                if _better(trial, best):
+                    best, best_ends, found = trial, cand, True
+        return (best, best_ends) if found else None
 
 
 def _better(a: Evaluated, b: Evaluated) -> bool:
