@@ -194,10 +194,12 @@ def _job_row(state) -> dict:
 
 def _run_local(params: dict, *, show: bool) -> dict:
     from flows.train_job import train_job
-    from flows.train_progress import progress_display
+    from flows.train_progress import progress_display, quiet_engine_failures
 
-    with progress_display(enabled=show, steps=params["steps"]):
-        return train_job(**params)
+    with quiet_engine_failures(), progress_display(enabled=show, steps=params["steps"]) as finish:
+        summary = train_job(**params)
+        finish(summary)
+        return summary
 
 
 def _run_deployment(params: dict, choice, *, show: bool) -> dict:

@@ -10,13 +10,11 @@ how long a shutdown takes).  Each task below wraps one provider call.
 from __future__ import annotations
 
 import dataclasses
-import json
 import shlex
 import socket
 import sys
 import threading
 import time
-import urllib.request
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import timedelta
@@ -108,15 +106,22 @@ class CloudSession:
         seen = {i.instance_id: i.state for i in self.query()}
         return {i: seen.get(i) for i in ids}
 
-    def preempt(self, instance_id: str) -> None:
-        """Inject a spot preemption (notice, SIGTERM, notice period, SIGKILL) on the embedded cloud."""
+    def preempt(self, instance_id: str) -> bool:
+        """Inject a spot preemption (notice, SIGTERM, notice period, SIGKILL) on the embedded cloud.
+
+        False when the cloud has no such live instance (gone, or already being preempted);
+        CloudConfigError when no embedded cloud is there to ask.
+        """
         if self.control_url is None:
             raise CloudConfigError("preemptions can only be injected on the embedded cloud")
-        request = urllib.request.Request(f"{self.control_url}/preempt", method="POST",
-                                         data=json.dumps({"instance_id": instance_id}).encode(),
-                                         headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(request, timeout=10) as resp:
-            resp.read()
+        from sailor_core.runtime.agent import post_preemption
+
+        result = post_preemption(self.control_url, instance_id)
+        if result["ok"]:
+            return True
+        if result.get("http_status") == 404:
+            return False
+        raise CloudConfigError(f"the embedded cloud could not preempt {instance_id}: {result['error']}")
 
 
 # ---- opening and closing --------------------------------------------------------

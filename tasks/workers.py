@@ -36,6 +36,7 @@ REPLAN = "replan"  # outcome: the controller switches plans (shrink to fit the b
 POLL_S = 0.3
 DECIDE_EVERY_S = 1.0
 SAVE_EVERY_S = 1.0
+PROGRESS_EVERY_S = 1.0  # the Prefect progress artifact: one API call each
 CLOUD_POLL_S = 1.0
 # A worker that died because a peer was preempted is seen before the cloud reports the
 # preemption; wait this long for the cloud before calling it a crash.
@@ -80,10 +81,15 @@ def assign(session, state: js.JobState, assignments: Sequence[Assignment], *, da
     """Tell every agent its ranks; the instance holding rank 0 hosts the rendezvous."""
     master = min(assignments, key=lambda a: a.node.ranks[0])
     port = session.rendezvous_port(master)
+    inject = injection_doc(session, state, assignments)
+    if inject is None and preemption_for_attempt(state) is not None:
+        get_run_logger().warning("--preempt-at is for the embedded cloud only; no preemption is injected here")
     for a in assignments:
-        write_assignment(session.jobs_url, a.instance_id,
-                         assignment_doc(state, a, master=master, master_port=port, data_url=data_url,
-                                        worker_args=session.worker_args(a), env=session.worker_env(a)))
+        doc = assignment_doc(state, a, master=master, master_port=port, data_url=data_url,
+                             worker_args=session.worker_args(a), env=session.worker_env(a))
+        if inject is not None and a is master:
+            doc["inject_preemption"] = inject
+        write_assignment(session.jobs_url, a.instance_id, doc)
     get_run_logger().info("attempt %d: %d instances, world size %d, rendezvous %s:%d", state.attempt,
                           len(assignments), sum(len(a.node.ranks) for a in assignments), master.address, port)
 
@@ -106,33 +112,84 @@ def _merge_progress(state: js.JobState, statuses: dict[str, dict | None], genera
     return js.with_progress(state, steps_done=step, losses=losses)
 
 
+def preemption_for_attempt(state: js.JobState) -> int | None:
+    """The ``--preempt-at`` step this attempt injects: the first one not injected yet.
+
+    One per attempt: the workers train on through the preemption notice (the tiny model runs
+    ~30 steps a second), so the job can pass the next step before the first preemption ends
+    the attempt; a second injection then would only hit the instance already being preempted.
+    A step the job has already passed is injected at the attempt's first own step.
+    """
+    return next((s for s in state.spec.preempt_at_steps if s not in state.injected_preemption_steps), None)
+
+
+def injection_doc(session, state: js.JobState, assignments: Sequence[Assignment]) -> dict[str, Any] | None:
+    """``inject_preemption`` for rank 0's agent (it sees every step as it is made), or None."""
+    step = preemption_for_attempt(state)
+    if step is None or session.control_url is None:
+        return None
+    victim = max(assignments, key=lambda a: a.node.ranks[0])  # never the rendezvous host when there is a choice
+    return {"at_step": step, "instance_id": victim.instance_id, "control_url": session.control_url}
+
+
+def note_injection(state: js.JobState, report: dict[str, Any] | None, log) -> js.JobState:
+    """Record what rank 0's agent did with the injected preemption; a failed one is a log line.
+
+    Refused (404: the instance is gone or already being preempted): the next attempt tries again.
+    Anything else (the cloud's control surface unreachable): skipped, not retried.
+    """
+    if not report or int(report["at_step"]) in state.injected_preemption_steps:
+        return state
+    at = f"step {report['step']}" + ("" if report["step"] == report["at_step"] else
+                                      f" (--preempt-at {report['at_step']})")
+    if report.get("ok"):
+        log.info("injected a preemption of %s at %s", report["instance_id"], at)
+        return js.with_injected_preemption(state, int(report["at_step"]))
+    if report.get("http_status") == 404:
+        log.warning("preemption at %s not injected: %s is no longer live; the next attempt gets it",
+                    at, report["instance_id"])
+        return state
+    log.warning("could not inject the preemption at %s: %s; continuing without it", at, report.get("error"))
+    return js.with_injected_preemption(state, int(report["at_step"]))
+
+
 @task(name="watch-attempt", tags=["workers", "monitor"], cache_policy=NO_CACHE)
 def watch_attempt(session, store: js.JobStore, state: js.JobState, assignments: Sequence[Assignment],
                   progress=None, planner=None, available=None, current=None) -> tuple[AttemptOutcome, js.JobState]:
     """Poll agents and the cloud until the attempt finishes or breaks; keep the ledger within the budget.
 
-    Returns the outcome and the job state with the progress seen.  Injected preemptions
-    (``--preempt-at``, embedded cloud) are posted here when the job reaches their step.
+    Returns the outcome and the job state with the progress seen.  An injected preemption
+    (``--preempt-at``, embedded cloud) is posted by rank 0's agent; its report is noted here.
     """
     log = get_run_logger()
     generation = run_generation(state.attempt)
     ids = [a.instance_id for a in assignments]
-    victim = max(assignments, key=lambda a: a.node.ranks[0]).instance_id
     cloud_states: dict[str, str | None] = {i: "running" for i in ids}
-    last_cloud = last_save = last_decide = 0.0
+    last_cloud = last_save = last_decide = last_progress = 0.0
     failed_since: float | None = None
+    injection_noted = False
     while True:
         now = time.time()
         statuses = {i: read_status(session.jobs_url, i) for i in ids}
         new_state = _merge_progress(state, statuses, generation)
-        if new_state is not state:
+        moved = new_state is not state
+        if moved:
             state = js.with_first_step(new_state, now)
-            if progress is not None:
+        reports = [st["injected_preemption"] for st in statuses.values()
+                   if st and st.get("generation") == generation and st.get("injected_preemption")]
+        if reports and not injection_noted:
+            injection_noted = True  # one per attempt, and one log line about it
+            state = note_injection(state, reports[0], log)
+            store.save(state)
+        if moved:
+            for fn in list(_listeners):
+                fn(state)
+            if progress is not None and (now - last_progress > PROGRESS_EVERY_S
+                                         or state.steps_done >= state.spec.steps):
+                last_progress = now
                 progress.update(state.steps_done, state.spec.steps,
                                 f"step {state.steps_done}/{state.spec.steps}, loss {state.last_loss}, "
                                 f"attempt {state.attempt}")
-            for fn in list(_listeners):
-                fn(state)
         if now - last_save > SAVE_EVERY_S:
             store.save(state)
             last_save = now
@@ -158,14 +215,6 @@ def watch_attempt(session, store: js.JobStore, state: js.JobState, assignments: 
                 return AttemptOutcome(kind=BUDGET, instance_ids=tuple(ids), reason=reason), state
             if decision.changes_plan:
                 return AttemptOutcome(kind=REPLAN, reason=decision.reason), state
-
-        for step in state.spec.preempt_at_steps:
-            if step not in state.injected_preemption_steps and state.steps_done >= step:
-                log.info("injecting a preemption of %s at step %d", victim, state.steps_done)
-                session.preempt(victim)
-                state = js.with_injected_preemption(state, step)
-                store.save(state)
-                break
 
         outcome = classify_attempt(generation=generation, statuses=statuses, cloud_states=cloud_states,
                                    now_unix_s=now, heartbeat_timeout_s=session.heartbeat_timeout_s)

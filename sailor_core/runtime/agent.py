@@ -10,10 +10,16 @@ needs to reach the other over the network:
   number, ``action`` (``run`` or ``stop``), the plan, this instance's global
   ranks, the world size, the rendezvous address and port, the step target, the
   checkpoint URL and whether to resume.  A higher generation replaces the
-  current one: the agent stops its workers and starts the new ones.
+  current one: the agent stops its workers and starts the new ones.  On the
+  embedded cloud, ``inject_preemption`` (``at_step``, ``instance_id``,
+  ``control_url``) asks the agent of rank 0 to have the cloud preempt that
+  instance once its workers reach the step (``--preempt-at``): the agent sees
+  each step as rank 0 writes it, the flow only some polls later, and a small
+  model runs tens of steps a second.
 - ``agents/<instance_id>/status.json`` (written by the agent): the generation it
   runs, its state, each rank's exit code, rank 0's per-step losses, a heartbeat,
-  and under ``previous`` the last report of the generation it replaced.
+  ``injected_preemption`` (what became of ``inject_preemption``) and under
+  ``previous`` the last report of the generation it replaced.
 
 Workers are started in the agent's own process group, so a preemption (SIGTERM
 to the group, the notice period, then SIGKILL) reaches them directly and they
@@ -37,6 +43,7 @@ from typing import Any
 ASSIGNMENT = "assignment.json"
 STATUS = "status.json"
 POLL_S = 0.2
+INJECT_POLL_S = 0.02  # while a preemption waits for its step: land it within a step or two
 MAX_LOSSES = 5000  # per generation, in status.json
 STOP_GRACE_S = 5.0
 
@@ -90,6 +97,29 @@ def read_status(job_url: str, instance_id: str) -> dict[str, Any] | None:
     return read_json(f"{agent_url(job_url, instance_id)}/{STATUS}")
 
 
+def post_preemption(control_url: str, instance_id: str, timeout_s: float = 10.0) -> dict[str, Any]:
+    """Ask the embedded cloud's control surface to preempt ``instance_id``.
+
+    ``{"ok": True}``, or ``{"ok": False, "http_status": code or None, "error": why}``: an
+    injected preemption that cannot be had is reported, never raised.
+    """
+    import urllib.error
+    import urllib.request
+
+    request = urllib.request.Request(f"{control_url.rstrip('/')}/preempt", method="POST",
+                                     data=json.dumps({"instance_id": instance_id}).encode(),
+                                     headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as resp:
+            resp.read()
+        return {"ok": True}
+    except urllib.error.HTTPError as exc:
+        body = exc.read()[:200].decode(errors="replace")
+        return {"ok": False, "http_status": exc.code, "error": f"HTTP {exc.code} {body}".strip()}
+    except OSError as exc:  # refused, unreachable, timed out
+        return {"ok": False, "http_status": None, "error": f"{control_url} did not answer: {exc}"}
+
+
 def worker_command(assignment: dict[str, Any], plan_path: Path, metrics_path: Path,
                    python: str = sys.executable) -> list[str]:
     """The engine's worker command line (``sailor_core/runtime/worker.py``)."""
@@ -122,6 +152,8 @@ class _Generation:
     losses: list[list[float]] = field(default_factory=list)  # [step, loss] as rank 0 reported them
     last_event: dict[str, Any] | None = None
     samples_per_s: float | None = None
+    inject: dict[str, Any] | None = None  # the assignment's inject_preemption, until done
+    injected: dict[str, Any] | None = None  # what became of it
 
 
 class Agent:
@@ -142,6 +174,7 @@ class Agent:
         gen = _Generation(number=int(assignment["generation"]))
         if assignment.get("action", "run") != "run":
             return gen
+        gen.inject = assignment.get("inject_preemption") or None
         log_dir = self.work_dir / f"gen{gen.number}"
         log_dir.mkdir(parents=True, exist_ok=True)
         gen.log_dir = log_dir
@@ -210,6 +243,16 @@ class Agent:
                 gen.losses.append([int(record["step"]), float(record["loss"])])
                 gen.samples_per_s = record.get("samples_per_s")
 
+    def _maybe_inject(self, gen: _Generation) -> None:
+        """Post the assignment's injected preemption once rank 0 has reached its step."""
+        want = gen.inject
+        if not want or not gen.losses or gen.losses[-1][0] < int(want["at_step"]):
+            return
+        gen.inject = None
+        step = gen.losses[-1][0]
+        gen.injected = {"at_step": int(want["at_step"]), "step": step, "instance_id": want["instance_id"],
+                        **post_preemption(str(want["control_url"]), str(want["instance_id"]))}
+
     def _state(self) -> str:
         gen = self.current
         if self.terminating:
@@ -242,6 +285,7 @@ class Agent:
             "losses": gen.losses[-MAX_LOSSES:] if gen else [],
             "samples_per_s": gen.samples_per_s if gen else None,
             "event": gen.last_event if gen else None,
+            "injected_preemption": gen.injected if gen else None,
             "previous": self.previous,
         }
 
@@ -262,11 +306,13 @@ class Agent:
                     return 0
             if self.current is not None:
                 self._collect(self.current)
+                self._maybe_inject(self.current)
                 idle_since = time.monotonic() if self._state() == RUNNING else idle_since
             if max_idle_s is not None and time.monotonic() - idle_since > max_idle_s:
                 return 0
             self._report()
-            time.sleep(POLL_S)
+            pending = self.current is not None and self.current.inject and self._state() == RUNNING
+            time.sleep(INJECT_POLL_S if pending else POLL_S)
         # Preempted: the workers got the same SIGTERM and checkpoint within the notice period.
         # Keep forwarding their metrics meanwhile: the SIGKILL may come before they are done.
         gen = self.current
