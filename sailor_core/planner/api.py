@@ -38,22 +38,22 @@ def plan_job(request: PlanRequest, *, profiles=None, network=None) -> PlanResult
         network = default_network()
     t0 = time.perf_counter()
     searcher = Searcher(request, profiles=profiles, network=network)
-    floor_binds = request.min_throughput_samples_per_s is not None and request.objective is Objective.COST
-    caps_bind = _has_caps(request) and request.objective is Objective.THROUGHPUT
-    if floor_binds or caps_bind:
-        # The bounds leave out most bubbles, links and sync, so the shapes that meet a floor or
-        # a cap on paper by the narrowest margin mostly miss it in simulation: first look only at
-        # shapes meeting it with 30 % to spare, then at all of them if that finds nothing.
-        # How far the bounds are off depends on the scenario, so widen the margin until a pass
-        # finds a plan (each pass gets a share of the evaluation budget), then end with none.
-        for margin in (1.3, 2.0, 4.0, 1.0):
-            searcher.floor_margin = margin if floor_binds else 1.0
-            searcher.cap_margin = 1 / margin if caps_bind else 1.0
-            run_search(searcher, budget=request.max_evaluations // 4)
-            if any(e.feasible for e in searcher.top):
-                break
-    else:
-        run_search(searcher)
+    _search(searcher)
+    if len(searcher.gpu_types) > 1:
+        # Every plan on one GPU type is also a plan when more types are available, but the
+        # bounds and the patience stop of the larger search can miss it: search each type on
+        # its own (a much smaller space) and let its best plans compete.
+        for gpu in searcher.gpu_types:
+            only = {k: n for k, n in request.availability.items() if k[0] == gpu}
+            _adopt(searcher, _sub_search(searcher, availability=only))
+    if not any(e.feasible for e in searcher.top) and (_has_caps(request)
+                                                       or request.min_throughput_samples_per_s is not None):
+        # The bounds under-estimate cost (or over-estimate speed) several-fold on large shapes,
+        # so a search ordered by one objective can spend its budget on shapes that miss the
+        # other's limit: before declaring the request infeasible, search by the other objective
+        # (which reaches the cheap, or the fast, plans first) under the same limits.
+        other = Objective.COST if request.objective is Objective.THROUGHPUT else Objective.THROUGHPUT
+        _adopt(searcher, _sub_search(searcher, objective=other))
     if request.mixed_stages:
         for ev in list(searcher.top[: request.top_n]):
             mixed = _mix_leftovers(searcher, ev)
@@ -93,6 +93,42 @@ def plan_job(request: PlanRequest, *, profiles=None, network=None) -> PlanResult
         objective=request.objective.value,
         num_disagreements=searcher.stats.num_disagreements,
     )
+
+
+def _search(searcher: Searcher) -> None:
+    request = searcher.req
+    floor_binds = request.min_throughput_samples_per_s is not None and request.objective is Objective.COST
+    caps_bind = _has_caps(request) and request.objective is Objective.THROUGHPUT
+    if floor_binds or caps_bind:
+        # The bounds leave out most bubbles, links and sync, so the shapes that meet a floor or
+        # a cap on paper by the narrowest margin mostly miss it in simulation: first look only at
+        # shapes meeting it with 30 % to spare, then at all of them if that finds nothing.
+        # How far the bounds are off depends on the scenario, so widen the margin until a pass
+        # finds a plan (each pass gets a share of the evaluation budget), then end with none.
+        for margin in (1.3, 2.0, 4.0, 1.0):
+            searcher.floor_margin = margin if floor_binds else 1.0
+            searcher.cap_margin = 1 / margin if caps_bind else 1.0
+            run_search(searcher, budget=request.max_evaluations // 4)
+            if any(e.feasible for e in searcher.top):
+                break
+    else:
+        run_search(searcher)
+
+
+def _sub_search(searcher: Searcher, **changes) -> Searcher:
+    """A search of part of the request's space (same model, limits and profiles)."""
+    req = dataclasses.replace(searcher.req, mixed_stages=False, collect_pareto=False, **changes)
+    sub = Searcher(req, profiles=searcher.profiles, network=searcher.network)
+    sub.kinds = searcher.kinds  # same model and regime: share the kinds (and their memo)
+    _search(sub)
+    return sub
+
+
+def _adopt(searcher: Searcher, sub: Searcher) -> None:
+    """Offer a sub-search's plans to the main search, scored by the main request."""
+    for ev in sub.top:
+        if ev.feasible:
+            searcher.offer(searcher.evaluate(ev.mbs, ev.stages))
 
 
 # ---- mixing GPU types inside a stage ------------------------------------------------

@@ -138,6 +138,7 @@ class Searcher:
         self.top: list[Evaluated] = []
         self._seen_plans: set = set()
         self._sim_cache: dict = {}
+        self._variants: dict = {}
         self.fast = FastSim(model=request.model, global_batch_size=request.global_batch_size,
                             network=network, spot=request.spot, regime=request.regime)
         self.max_stages = max(1, min(request.max_stages, self.num_layers))
@@ -148,6 +149,29 @@ class Searcher:
         # Shapes whose throughput bound clears the floor by this factor are searched (see plan_job).
         self.floor_margin = 1.0
         self.cap_margin = 1.0  # likewise for the cost caps (< 1 looks only well under the cap)
+
+    def variants(self, kind: Kind) -> list[Kind]:
+        """``kind`` under every regime a plan holding it may run in.
+
+        ``simulate`` runs a plan under its first replica's profile's regime (unless the request
+        names one), and another regime can make a GPU type several times faster or slower
+        (estimated profiles), so a valid bound must take the fastest of these.
+        """
+        if self.req.regime is not None:
+            return [kind]
+        key = (kind.gpu, kind.tp_degree, kind.micro_batch_size)
+        hit = self._variants.get(key)
+        if hit is not None:
+            return hit
+        firsts = [f for g in self.gpu_types for tp in valid_tp_degrees(self.req.model, g, self.req.max_tp_degree)
+                  if (f := self.kinds.get(g, tp, kind.micro_batch_size)) is not None]
+        out = [kind]
+        for f in firsts:
+            v = self.kinds.in_regime_of(kind, f)
+            if all(v is not o for o in out):
+                out.append(v)
+        self._variants[key] = out
+        return out
 
     # ---- scoring ----------------------------------------------------------------------
 
@@ -238,7 +262,8 @@ class Searcher:
             if kind is None:
                 continue
             ratio = min(
-                (kind.time_s(i, i + 1) / ref[i]) for i in range(self.num_layers) if ref[i] > 0
+                (v.time_s(i, i + 1) / ref[i]) for v in self.variants(kind)
+                for i in range(self.num_layers) if ref[i] > 0
             ) if any(r > 0 for r in ref) else 1.0
             total_rep = sum(n // tp for n in live.values())
             zone_max = max(n // tp for n in live.values())
@@ -452,7 +477,8 @@ def run_search(searcher: Searcher, budget: int | None = None) -> None:
                  if (k := searcher.kinds.get(g, tp, mbs)) is not None]
         if not kinds:
             continue
-        ref_all = [min(k.time_s(i, i + 1) for k in kinds) for i in range(searcher.num_layers)]
+        variants = [v for k in kinds for v in searcher.variants(k)]
+        ref_all = [min(k.time_s(i, i + 1) for k in variants) for i in range(searcher.num_layers)]
         # The capacity bound may count any subset of layers; the transformer blocks scale alike
         # on every kind, whereas the embedding (whose backward Sailor's profiles miss) would make
         # the slowest kind look as fast as the fastest.
@@ -528,7 +554,8 @@ def run_search(searcher: Searcher, budget: int | None = None) -> None:
             zb = sorted(searcher.zone_gpus[b.gpu])
             common = sorted(set(za) & set(zb))
             pair = (common[0], common[0]) if common else (za[0], zb[0])
-            nbytes = layer_table(a.kind.profile).output_bytes[min(1, searcher.num_layers - 1)]
+            nbytes = min(layer_table(v.profile).output_bytes[min(1, searcher.num_layers - 1)]
+                         for v in searcher.variants(a.kind))
             t = link_memo[key] = boundary_transfer_s(
                 searcher.network, nbytes, endpoint(pair[0], a.gpu, a.tp_degree),
                 endpoint(pair[1], b.gpu, b.tp_degree))
@@ -558,7 +585,8 @@ def run_search(searcher: Searcher, budget: int | None = None) -> None:
             t = sync_memo.get(key)
             if t is None:
                 kind = seg.kind
-                nbytes = kind.total_params * kind.regime.grad_bytes_per_param / num_stages
+                nbytes = min(v.total_params * v.regime.grad_bytes_per_param
+                             for v in searcher.variants(kind)) / num_stages
                 t = min(
                     searcher.fast.ring_s(nbytes, seg.gpu, zone, seg.dp_degree)
                     for zone, n in searcher.zone_gpus[seg.gpu].items() if n > 0
