@@ -335,6 +335,34 @@ def run_trial(env: ChaosEnv, seed: int, *, steps: int = 20, ckpt_every: int = 4,
     pending = list(faults)
     corrupted: list[tuple[str, int]] = []  # (dirname, generation when corrupted)
     failures: list[str] = []
+    _watch(env, job_id, pending, records, corrupted, failures, params, log_path, watcher, ckpt_dir,
+           rng, t0, timeout_s, observer, flow)
+    wall_s = time.time() - t0
+    return _verify(env, store, job_id, seed=seed, steps=steps, ckpt_every=ckpt_every, records=records,
+                   corrupted=corrupted, failures=failures, wall_s=wall_s, references=references)
+
+
+def _watch(env, job_id, pending, records, corrupted, failures, params, log_path, watcher, ckpt_dir,
+           rng, t0, timeout_s, observer, flow) -> None:
+    """Fire the faults as the job reaches their steps; return when the flow process has ended."""
+    flows = [flow]
+    try:
+        _watch_loop(env, job_id, pending, records, corrupted, failures, params, log_path, watcher, ckpt_dir,
+                    rng, t0, timeout_s, observer, flows)
+    finally:  # an interrupted harness (Ctrl-C, a test timeout) must not leave a flow process behind
+        killed = [f for f in flows if f.poll() is None]
+        for f in killed:
+            _kill_group(f)
+        if killed:  # ... nor the instances that flow would have terminated
+            from infra.records import job_labels
+
+            for p in env.providers().values():
+                p.terminate_instances(job_labels(job_id))
+
+
+def _watch_loop(env, job_id, pending, records, corrupted, failures, params, log_path, watcher, ckpt_dir,
+                rng, t0, timeout_s, observer, flows) -> None:
+    flow = flows[-1]
     restart_at: float | None = None
     while True:
         if time.time() - t0 > timeout_s:
@@ -349,6 +377,7 @@ def run_trial(env: ChaosEnv, seed: int, *, steps: int = 20, ckpt_every: int = 4,
             last.recovered_unix_s = time.time()
         if restart_at is not None and time.time() >= restart_at:
             flow = _start_flow(env, params, log_path)
+            flows.append(flow)
             restart_at = None
         ready = last is None or last.recovered_unix_s is not None or last.kind not in BREAKING | {"corrupt_checkpoint"}
         if pending and ready and step is not None and step >= pending[0].at_step and pids:
@@ -371,9 +400,6 @@ def run_trial(env: ChaosEnv, seed: int, *, steps: int = 20, ckpt_every: int = 4,
         if restart_at is None and flow.poll() is not None:
             break
         time.sleep(POLL_S)
-    wall_s = time.time() - t0
-    return _verify(env, store, job_id, seed=seed, steps=steps, ckpt_every=ckpt_every, records=records,
-                   corrupted=corrupted, failures=failures, wall_s=wall_s, references=references)
 
 
 def _kill_group(proc: subprocess.Popen) -> None:

@@ -151,6 +151,7 @@ def test_a_job_completes_under_moderate_api_faults(chaos_env):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1500)  # the flow tries every zone of both clouds in 7 rounds before it gives up
 def test_a_job_with_no_launchable_capacity_stops_with_a_clear_reason(chaos_env):
     from flows.chaos import run_trial
     from sailor_core import jobstate as js
