@@ -44,7 +44,7 @@ def _split(text: str | None) -> list[str]:
 def register(app: typer.Typer) -> None:
     @app.command()
     def train(
-        model: str = typer.Option("tiny", "--model", "-m", help="model name (see `sailor models`)"),
+        model: str = typer.Option("tiny", "--model", "-m", help="model name (see `sailor catalog models`)"),
         budget_usd: float = typer.Option(..., "--budget-usd", help="total budget in USD; never crossed"),
         steps: int = typer.Option(30, "--steps", help="training steps (iterations) to run"),
         min_throughput: Optional[float] = typer.Option(None, "--min-throughput",
@@ -66,7 +66,7 @@ def register(app: typer.Typer) -> None:
         max_gpus_per_zone: int = typer.Option(2, "--max-gpus-per-zone", help="most GPUs of one type per zone"),
         job_id: Optional[str] = typer.Option(None, "--job-id", help="continue this job (or name a new one)"),
         cloud: str = typer.Option("auto", "--cloud",
-                                  help="auto (real clouds if credentials, else embedded), embedded, real"),
+                                  help="auto (real clouds when SAILOR_CLOUDS asks for them, else embedded), embedded, real"),
         deployment: bool = typer.Option(False, "--deployment",
                                         help="trigger the train-job deployment on the Prefect server instead"),
         as_json: bool = typer.Option(False, "--json", help="print the summary as JSON"),
