@@ -125,10 +125,13 @@ def _sub_search(searcher: Searcher, **changes) -> Searcher:
 
 
 def _adopt(searcher: Searcher, sub: Searcher) -> None:
-    """Offer a sub-search's plans to the main search, scored by the main request."""
-    for ev in sub.top:
-        if ev.feasible:
-            searcher.offer(searcher.evaluate(ev.mbs, ev.stages))
+    """Offer a sub-search's plans to the main search, scored by the main request: its top and,
+    as it may rank by the other objective, the best by the main one of all it evaluated (the
+    limits are the same, so its feasible plans are feasible here)."""
+    seen = [e for e in (*sub.top, *sub.stats.fitting) if e.feasible]
+    seen.sort(key=lambda e: searcher.score_of(e.res))
+    for ev in seen[: searcher.req.top_n + 20]:
+        searcher.offer(searcher.evaluate(ev.mbs, ev.stages))
 
 
 # ---- mixing GPU types inside a stage ------------------------------------------------
