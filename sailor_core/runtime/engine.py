@@ -282,6 +282,10 @@ class _OverlappedAllReduce:
             self.buckets[-1].append(p)
             size += p.numel() * p.element_size()
         self.bucket_of = {id(p): b for b, ps in enumerate(self.buckets) for p in ps}
+        # One flat buffer per bucket for the whole run (as DDP keeps its buckets): a fresh
+        # multi-MB buffer per step costs page faults and zeroing on every iteration.
+        self.flats = [torch.empty(sum(p.numel() for p in ps), dtype=ps[0].dtype, device=ps[0].device)
+                      for ps in self.buckets]
         self.armed = False
         for p in params:
             p.register_post_accumulate_grad_hook(self._on_grad)
@@ -305,7 +309,8 @@ class _OverlappedAllReduce:
             self._launch(self.next_bucket)
 
     def _launch(self, b: int) -> None:
-        flat = torch.cat([p.grad.reshape(-1) for p in self.buckets[b]])
+        flat = self.flats[b]
+        torch.cat([p.grad.reshape(-1) for p in self.buckets[b]], out=flat)
         self.pending.append((dist.all_reduce(flat, group=self.group, async_op=True), flat, b))
         self.next_bucket = b + 1
 
