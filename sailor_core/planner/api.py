@@ -105,12 +105,17 @@ def _search(searcher: Searcher) -> None:
         # shapes meeting it with 30 % to spare, then at all of them if that finds nothing.
         # How far the bounds are off depends on the scenario, so widen the margin until a pass
         # finds a plan (each pass gets a share of the evaluation budget), then end with none.
-        for margin in (1.3, 2.0, 4.0, 1.0):
+        # The last pass, with the limit as given, always runs: shapes meeting the limit by less
+        # than the margin on paper (a plan just under a cap) are only searched there; the plans
+        # found so far prune it.
+        for margin in (1.3, 2.0, 4.0):
             searcher.floor_margin = margin if floor_binds else 1.0
             searcher.cap_margin = 1 / margin if caps_bind else 1.0
             run_search(searcher, budget=request.max_evaluations // 4)
             if any(e.feasible for e in searcher.top):
                 break
+        searcher.floor_margin = searcher.cap_margin = 1.0
+        run_search(searcher, budget=request.max_evaluations // 4)
     else:
         run_search(searcher)
 
