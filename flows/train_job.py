@@ -135,7 +135,6 @@ def train_job(
                     break
                 time.sleep(WAIT_S)
                 continue
-            num_waits = 0
             option = decision.plan
             nodes = planner.nodes(option)
             reason = reason_prefix + decision.reason
@@ -161,6 +160,9 @@ def train_job(
                 continue
             state = placed.state
             store.save(state)
+            # Only a launch that worked ends a streak of waits: a plan that can never be placed
+            # (every launch refused) must not restart the count, or the job would retry forever.
+            num_waits = 0
             if state.plan != option.plan.to_dict():  # the failover moved nodes: watch the plan as placed
                 option = planner.option(plan_from_dict(state.plan), option.throughput_samples_per_s)
                 available = {**available, **{k: max(n, available.get(k, 0)) for k, n in option.gpus.items()}}
