@@ -316,14 +316,15 @@ def _fire(env: ChaosEnv, fault: Fault, job_id: str, pids: list[int], ckpt_dir: P
 
 def run_trial(env: ChaosEnv, seed: int, *, steps: int = 20, ckpt_every: int = 4, budget_usd: float = 0.05,
               num_faults: int = 2, kinds: tuple[str, ...] = KINDS, timeout_s: float = 420.0,
-              references: dict | None = None, observer=None) -> TrialResult:
+              references: dict | None = None, observer=None, flow_overrides: dict | None = None) -> TrialResult:
     """One seeded trial; ``observer(pids)``, if given, sees the live worker pids at every poll."""
     from sailor_core import jobstate as js
 
     rng = random.Random(seed * 7919 + 1)
     faults = plan_faults(seed, steps=steps, ckpt_every=ckpt_every, num_faults=num_faults, kinds=kinds)
     job_id = f"chaos-{seed}-{os.urandom(2).hex()}"
-    params = _flow_params(job_id, steps=steps, ckpt_every=ckpt_every, budget_usd=budget_usd, seed=seed)
+    params = {**_flow_params(job_id, steps=steps, ckpt_every=ckpt_every, budget_usd=budget_usd, seed=seed),
+              **(flow_overrides or {})}
     store = js.JobStore(env.jobs_url())
     ckpt_dir = Path(store.job_url(job_id)) / "checkpoints"
     log_path = env.home / f"{job_id}.flow.log"

@@ -158,7 +158,9 @@ def test_a_job_with_no_launchable_capacity_stops_with_a_clear_reason(chaos_env):
 
     chaos_env.control("faults", {"quota": 1.0, "seed": 12})
     try:
-        result = run_trial(chaos_env, seed=12, steps=4, ckpt_every=2, num_faults=0, timeout_s=1200)  # ~7 rounds of failover over every zone
+        # Two zones (one per cloud) keep each of the flow's 7 failover rounds short.
+        result = run_trial(chaos_env, seed=12, steps=4, ckpt_every=2, num_faults=0, timeout_s=1200,
+                           flow_overrides={"zones": ["us-central1-a", "us-east-1a"]})
     finally:
         chaos_env.control("faults", {})
     state = js.JobStore(chaos_env.jobs_url()).load(result.job_id)
