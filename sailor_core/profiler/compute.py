@@ -9,12 +9,8 @@ default): the profile must be taken under the threads the engine will run with.
 from __future__ import annotations
 
 import datetime as _dt
-import json
-import os
 import platform
-import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,7 +18,7 @@ from typing import Callable
 
 from sailor_core.catalog.models import get_model
 from sailor_core.errors import InputError, ProfileError
-from sailor_core.profiler.stats import Timing
+from sailor_core.profiler.group import run_local_group
 from sailor_core.profiles.types import LayerProfile, ModelProfile
 
 CPU_REGIME = "torch-fp32-adamw"          # the engine on CPU: fp32, AdamW
@@ -167,59 +163,17 @@ def to_model_profile(model: str, gpu: str, tp_degree: int, micro_batch_size: int
     )
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run_tp_group(model: str, micro_batch_sizes: list[int], *, tp_degree: int, device: str, threads: int,
                  seq_len: int | None = None, warmups: int = 2, reps: int = 10, timeout_s: float = 1800.0,
                  progress: Progress | None = None) -> dict:
     """Run the TP group as ``tp_degree`` local processes; rank 0's measurements."""
-    port = _free_port()
-    workdir = Path(tempfile.mkdtemp(prefix="sailor-profile-tp-"))
-    procs = []
     args = ["--model", model, "--mbs", ",".join(map(str, micro_batch_sizes)), "--device", device,
             "--threads", str(threads), "--warmups", str(warmups), "--reps", str(reps)]
     if seq_len:
         args += ["--seq-len", str(seq_len)]
-    for rank in range(tp_degree):
-        env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                   WORLD_SIZE=str(tp_degree), LOCAL_RANK=str(rank), OMP_NUM_THREADS=str(threads))
-        log = open(workdir / f"rank{rank}.log", "w")
-        procs.append((subprocess.Popen([sys.executable, "-m", "sailor_core.profiler.tp_worker", *args],
-                                       env=env, stdout=subprocess.PIPE if rank == 0 else subprocess.DEVNULL,
-                                       stderr=log, text=True, start_new_session=True), log))
-    result = None
-    deadline = time.monotonic() + timeout_s
-    try:
-        for line in procs[0][0].stdout:
-            try:
-                msg = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if msg.get("event") == "result":
-                result = msg["result"]
-            elif progress:
-                progress(msg)
-            if time.monotonic() > deadline:
-                break
-        for p, _ in procs:
-            p.wait(timeout=max(1.0, deadline - time.monotonic()))
-    except subprocess.TimeoutExpired:
-        pass
-    finally:
-        for p, log in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-            log.close()
-    if result is None or any(p.returncode != 0 for p, _ in procs):
-        tail = (workdir / "rank0.log").read_text(errors="replace").strip().splitlines()[-1:] or ["no output"]
-        raise ProfileError(f"TP-{tp_degree} profiling processes failed: {tail[0]}")
+    result = run_local_group([sys.executable, "-m", "sailor_core.profiler.tp_worker", *args],
+                             num_ranks=tp_degree, threads=threads, timeout_s=timeout_s, progress=progress,
+                             what=f"TP-{tp_degree} profiling", workdir_prefix="sailor-profile-tp-")
     return result
 
 

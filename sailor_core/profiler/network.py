@@ -27,9 +27,7 @@ import datetime as _dt
 import json
 import math
 import os
-import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -232,47 +230,13 @@ def profile_network(num_workers: int = 2, *, sizes=DEFAULT_SIZES, reps: int = 5,
         raise InputError("give at least 3 message sizes of 4 bytes or more")
     if device not in ("cpu", "cuda"):
         raise InputError(f"device must be 'cpu' or 'cuda', got {device!r}")
-    from sailor_core.profiler.compute import _free_port, cpu_name
+    from sailor_core.profiler.compute import cpu_name
+    from sailor_core.profiler.group import run_local_group
 
-    port = _free_port()
-    workdir = Path(tempfile.mkdtemp(prefix="sailor-profile-net-"))
-    args = ["--threads", str(threads)]
-    procs = []
-    for rank in range(num_workers):
-        env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                   WORLD_SIZE=str(num_workers), LOCAL_RANK=str(rank), OMP_NUM_THREADS=str(threads))
-        log = open(workdir / f"rank{rank}.log", "w")
-        procs.append((subprocess.Popen(network_worker_command(sizes=sizes, reps=reps, device=device) + args,
-                                       env=env,
-                                       stdout=subprocess.PIPE if rank == 0 else subprocess.DEVNULL, stderr=log,
-                                       text=True, start_new_session=True), log))
-    result = None
-    deadline = time.monotonic() + timeout_s
-    try:
-        for line in procs[0][0].stdout:
-            try:
-                msg = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if msg.get("event") == "result":
-                result = msg["result"]
-            elif progress:
-                progress(msg)
-            if time.monotonic() > deadline:
-                break
-        for p, _ in procs:
-            p.wait(timeout=max(1.0, deadline - time.monotonic()))
-    except subprocess.TimeoutExpired:
-        pass
-    finally:
-        for p, log in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-            log.close()
-    if result is None:
-        tail = (workdir / "rank0.log").read_text(errors="replace").strip().splitlines()[-1:] or ["no output"]
-        raise ProfileError(f"network profiling processes failed: {tail[0]}")
+    argv = network_worker_command(sizes=sizes, reps=reps, device=device) + ["--threads", str(threads)]
+    result = run_local_group(argv, num_ranks=num_workers, threads=threads, timeout_s=timeout_s,
+                             progress=progress, what="network profiling", all_ranks_must_succeed=False,
+                             workdir_prefix="sailor-profile-net-")
     date = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d")
     import torch
 

@@ -60,7 +60,7 @@ dist.destroy_process_group()
 
 def idle_worker_rss_bytes(*, device: str = "cpu", threads: int = 1, timeout_s: float = 120.0) -> int:
     """Constant memory of one worker process (see the module doc); the larger of two ranks."""
-    from sailor_core.profiler.compute import _free_port
+    from sailor_core.profiler.group import free_port as _free_port
 
     port = _free_port()
     procs = []

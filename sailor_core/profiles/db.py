@@ -19,6 +19,8 @@ was derived from.  Answers are cached; the planner calls ``get`` many times per 
 
 from __future__ import annotations
 
+import dataclasses
+
 import math
 from collections import Counter, defaultdict
 from collections.abc import Iterable
@@ -300,19 +302,7 @@ def _layer_from_shape(shape: LayerShape, mbs: int, fwd_s: float, bwd_s: float) -
 
 
 def _replace_names(p: ModelProfile, model: str, gpu: str) -> ModelProfile:
-    return ModelProfile(
-        model=model,
-        gpu=gpu,
-        tp_degree=p.tp_degree,
-        micro_batch_size=p.micro_batch_size,
-        seq_len=p.seq_len,
-        layers=p.layers,
-        regime=p.regime,
-        source=p.source,
-        update_s_per_param=p.update_s_per_param,
-        update_fixed_s=p.update_fixed_s,
-        update_measured=p.update_measured,
-    )
+    return dataclasses.replace(p, model=model, gpu=gpu)
 
 
 def _nearest(profiles: list[ModelProfile], tp: int, mbs: int, seq: int) -> ModelProfile:

@@ -27,6 +27,8 @@ Choices, following the oddities its README lists:
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 from pathlib import Path
 from statistics import median
@@ -193,19 +195,7 @@ def _fill_update_rates(profiles: list[ModelProfile]) -> list[ModelProfile]:
                 rate = est.optimizer_rate_s_per_param(REGIME, p.gpu, like_gpu=like, like_rate=gpu_rate[like])
             else:
                 rate = est.optimizer_rate_s_per_param(REGIME, p.gpu)
-            p = ModelProfile(
-                model=p.model,
-                gpu=p.gpu,
-                tp_degree=p.tp_degree,
-                micro_batch_size=p.micro_batch_size,
-                seq_len=p.seq_len,
-                layers=p.layers,
-                regime=p.regime,
-                source=p.source,
-                update_s_per_param=rate,
-                update_fixed_s=0.0,
-                update_measured=False,
-            )
+            p = dataclasses.replace(p, update_s_per_param=rate, update_fixed_s=0.0, update_measured=False)
         filled.append(p)
     return filled
 
