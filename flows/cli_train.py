@@ -7,6 +7,7 @@ Prefect, torch and the clouds are imported inside the command bodies, after
 from __future__ import annotations
 
 import os
+import sys
 import time
 from typing import Optional
 
@@ -102,10 +103,18 @@ def register(app: typer.Typer) -> None:
         choice = configure_prefect_env(start_server=not deployment)
         if not as_json:
             out.print(f"[dim]{choice.describe()}[/dim]")
-        if deployment:
-            summary = _run_deployment(params, choice, show=not as_json)
-        else:
-            summary = _run_local(params, show=not as_json)
+        try:
+            if deployment:
+                summary = _run_deployment(params, choice, show=not as_json)
+            else:
+                summary = _run_local(params, show=not as_json)
+        except KeyboardInterrupt:
+            # Typer turns Ctrl-C into a silent exit 130; say what became of the job. Locally the flow's
+            # `finally` has terminated the instances and saved the job as cancelled by now.
+            what = ("the flow run goes on on its worker (cancel it in the Prefect UI)" if deployment
+                    else "job cancelled, its instances terminated (see `sailor jobs`)")
+            sys.stderr.write(f"error: interrupted; {what}\n")
+            raise typer.Exit(130) from None
         if as_json:
             print_json({k: summary.get(k) for k in (*SUMMARY_KEYS, "job_id", "status_reason", "flow_run_id")})
         else:
