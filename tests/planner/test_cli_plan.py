@@ -9,7 +9,7 @@ import pytest
 
 SAILOR = [sys.executable, "-m", "flows.cli"]
 ROOT = Path(__file__).resolve().parents[2]
-TRACES = Path("/work/shared/sailor_data/simulations/configs")
+TRACES = Path(__file__).resolve().parents[2].parent / "shared" / "sailor_data" / "simulations" / "configs"
 
 
 def _run(*args, check=True):

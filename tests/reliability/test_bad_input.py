@@ -22,7 +22,7 @@ from sailor_core.errors import SailorError
 
 ROOT = Path(__file__).resolve().parents[2]
 PLAN = (ROOT / "examples" / "plan_tiny.json").read_text()
-SHARED = Path("/work/shared")
+SHARED = Path(__file__).resolve().parents[2].parent / "shared"
 TRACE_CSV = SHARED / "sailor_data" / "simulations" / "configs" / "gpu_trace_2zones_2gpus.csv"
 BAMBOO = SHARED / "spot_traces" / "bamboo" / "traces" / "p3-trace.csv"
 MEASUREMENTS = SHARED / "measurements" / "h200_opt_training.jsonl"
