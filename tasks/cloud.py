@@ -306,8 +306,22 @@ def provision(session: CloudSession, state: js.JobState, nodes: Sequence[NodeReq
 
     log = get_run_logger()
     now = time.time()
+    # The job state can lag the cloud (a preemption may land while the flow re-plans): keep only
+    # instances the cloud says are running with an address, and close the others' records.
+    seen = {i.instance_id: i for i in session.query()}
+    usable = []
+    for r in state.running_instances():
+        info = seen.get(r.instance_id)
+        if info is not None and info.state == "running" and (info.labels.get(LOCAL_ADDRESS_LABEL) or info.private_ip):
+            usable.append(r)
+            continue
+        if info is not None and info.live:
+            terminate_ids(session, [r.instance_id])
+        reason = "preempted" if info is not None and info.state == "preempted" else "terminated"
+        log.info("instance %s is %s in the cloud: not reused", r.instance_id, info.state if info else "gone")
+        state = js.with_instances_ended(state, {r.instance_id}, reason)
     running = [RunningInstance(instance_id=r.instance_id, zone=r.zone, instance_type=r.instance_type)
-               for r in state.running_instances()]
+               for r in usable]
     placement = match_instances(nodes, running)
     if placement.surplus:
         terminate_ids(session, list(placement.surplus))
