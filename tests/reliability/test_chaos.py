@@ -101,9 +101,9 @@ def test_one_fault_of_each_kind(chaos_env, references, kind):
         assert result.num_flow_runs == 2
 
 
-# Seed 0 (a preemption at step 8, then a worker SIGKILL at step 13) stays in the default run: one whole trial,
-# about a minute on an idle 2-core machine; the rest of the seeds are slow.
-@pytest.mark.parametrize("seed", [0, pytest.param(1, marks=pytest.mark.slow), pytest.param(2, marks=pytest.mark.slow)])
+# Seeds 0 (a preemption, then a worker SIGKILL) and 1 (two corrupted checkpoints) stay in the default
+# run: about a minute each on an idle 2-core machine; the rest of the seeds are slow.
+@pytest.mark.parametrize("seed", [0, 1, pytest.param(2, marks=pytest.mark.slow)])
 def test_seeded_trials_with_two_faults(chaos_env, references, seed):
     from flows.chaos import run_trial
 
