@@ -6,7 +6,10 @@ module imports it.  Areas that need a Prefect server use their own fixtures
 """
 
 import os
+import subprocess
 import tempfile
+
+import pytest
 
 # Forced, not defaulted: a test run must never read or write the user's jobs, profiles or Prefect DB.
 _home = tempfile.mkdtemp(prefix="sailor-test-home-")
@@ -14,3 +17,21 @@ os.environ["SAILOR_HOME"] = _home
 os.environ["PREFECT_HOME"] = os.path.join(_home, "prefect")
 os.environ.pop("SAILOR_JOBS_URL", None)
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+
+
+@pytest.fixture
+def sailor_cli(capsys):
+    """Run ``flows.cli.main`` in this process (the console script's code path, much faster than a
+    subprocess); returns a CompletedProcess with the exit code, stdout and stderr."""
+    from flows.cli import main
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        try:
+            main(list(args))
+            code = 0
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        out = capsys.readouterr()
+        return subprocess.CompletedProcess(args, code, out.out, out.err)
+
+    return run

@@ -17,23 +17,6 @@ def sailor(*args: str) -> subprocess.CompletedProcess:
                           text=True, timeout=120)
 
 
-@pytest.fixture
-def sailor_in_process(capsys):
-    """``flows.cli.main`` in this process (same code path as the console script, much faster)."""
-    from flows.cli import main
-
-    def run(*args: str) -> subprocess.CompletedProcess:
-        try:
-            main(list(args))
-            code = 0
-        except SystemExit as exc:
-            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-        out = capsys.readouterr()
-        return subprocess.CompletedProcess(args, code, out.out, out.err)
-
-    return run
-
-
 def _plan_file(tmp_path, **changes) -> str:
     data = json.loads((EXAMPLES / "plan_tiny.json").read_text())
     data.update(changes)
@@ -59,8 +42,8 @@ def test_simulate_table():
     assert "Iteration time" in out.stdout and "bubble" in out.stdout
 
 
-def test_memory_json_and_growth_with_inflight(sailor_in_process):
-    sailor = sailor_in_process
+def test_memory_json_and_growth_with_inflight(sailor_cli):
+    sailor = sailor_cli
     one = sailor("memory", "--model", "opt-350m", "--gpu", "A100-40", "--mbs", "2", "--inflight", "1",
                  "--layers", "0:13", "--json")
     four = sailor("memory", "--model", "opt-350m", "--gpu", "A100-40", "--mbs", "2", "--inflight", "4",
@@ -71,8 +54,8 @@ def test_memory_json_and_growth_with_inflight(sailor_in_process):
     assert a["loss_working_bytes"] == 0  # layers 0..12 do not hold the head
 
 
-def test_catalogs(sailor_in_process):
-    sailor = sailor_in_process
+def test_catalogs(sailor_cli):
+    sailor = sailor_cli
     for what, key in (("gpus", "H200"), ("models", "opt-350m"), ("instances", "p5")):
         out = sailor("catalog", what, "--json")
         assert out.returncode == 0, out.stderr
@@ -106,12 +89,12 @@ def _assert_one_line_error(out: subprocess.CompletedProcess, *words: str) -> Non
         (("simulate", "/nonexistent/plan.json"), ("cannot read",)),
     ],
 )
-def test_bad_input_gets_one_line(args, words, sailor_in_process):
-    _assert_one_line_error(sailor_in_process(*args), *words)
+def test_bad_input_gets_one_line(args, words, sailor_cli):
+    _assert_one_line_error(sailor_cli(*args), *words)
 
 
-def test_bad_plans_get_one_line(tmp_path, sailor_in_process):
-    run = sailor_in_process
+def test_bad_plans_get_one_line(tmp_path, sailor_cli):
+    run = sailor_cli
     _assert_one_line_error(run("simulate", _plan_file(tmp_path, model="gpt-5")), "unknown model")
     _assert_one_line_error(run("simulate", _plan_file(tmp_path, global_batch_size=-8)), "global_batch_size")
     stages = json.loads((EXAMPLES / "plan_tiny.json").read_text())["stages"]

@@ -1,24 +1,6 @@
 """``sailor profile`` bad input: one ``error:`` line, non-zero exit, no traceback."""
 
-import subprocess
-
 import pytest
-
-
-@pytest.fixture
-def sailor(capsys):
-    from flows.cli import main
-
-    def run(*args: str) -> subprocess.CompletedProcess:
-        try:
-            main(list(args))
-            code = 0
-        except SystemExit as exc:
-            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-        out = capsys.readouterr()
-        return subprocess.CompletedProcess(args, code, out.out, out.err)
-
-    return run
 
 
 @pytest.mark.parametrize("args, words", [
@@ -32,8 +14,8 @@ def sailor(capsys):
     (("profile", "network", "--workers", "1"), "--workers"),
     (("profile", "network", "--reps", "0"), "--reps"),
 ])
-def test_bad_input_is_one_error_line(sailor, args, words):
-    res = sailor(*args)
+def test_bad_input_is_one_error_line(sailor_cli, args, words):
+    res = sailor_cli(*args)
     assert res.returncode != 0
     lines = [line for line in res.stderr.strip().splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: ") and words in lines[0], res.stderr
@@ -41,10 +23,10 @@ def test_bad_input_is_one_error_line(sailor, args, words):
 
 
 @pytest.mark.slow  # ~10 s of profiling on a loaded 2-core machine; the same code runs in test_compute_profile
-def test_profile_json_output_saves_and_reports(sailor, tmp_path):
+def test_profile_json_output_saves_and_reports(sailor_cli, tmp_path):
     import json
 
-    res = sailor("profile", "--model", "tiny", "--mbs", "1", "--reps", "1", "--no-overhead", "--json")
+    res = sailor_cli("profile", "--model", "tiny", "--mbs", "1", "--reps", "1", "--no-overhead", "--json")
     assert res.returncode == 0, res.stderr
     out = json.loads(res.stdout)
     (p,) = out["profiles"]

@@ -104,17 +104,10 @@ def _write(tmp_path: Path, name: str, data: bytes) -> Path:
 
 
 @pytest.fixture
-def sailor(capsys):
-    from flows.cli import main
-
+def sailor(sailor_cli):
     def run(*args: str) -> tuple[int, str, str]:
-        try:
-            main(list(args))
-            code = 0
-        except SystemExit as exc:
-            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-        out = capsys.readouterr()
-        return code, out.out, out.err
+        res = sailor_cli(*args)
+        return res.returncode, res.stdout, res.stderr
 
     return run
 

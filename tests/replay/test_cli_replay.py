@@ -1,21 +1,6 @@
 """`sailor replay` bad input: one `error:` line, non-zero exit, no traceback."""
 
-from types import SimpleNamespace
-
 import pytest
-
-from flows.cli import main
-
-
-@pytest.fixture
-def sailor(capsys):
-    def run(*args):
-        with pytest.raises(SystemExit) as exc:
-            main(list(args))
-        out = capsys.readouterr()
-        return SimpleNamespace(returncode=exc.value.code, stdout=out.out, stderr=out.err)
-
-    return run
 
 
 @pytest.mark.parametrize(
@@ -28,22 +13,22 @@ def sailor(capsys):
         (["--trace", "derived:nope", "--model", "opt-350m", "--tokens", "1e9"], "unknown derived trace"),
     ],
 )
-def test_bad_input_one_error_line(sailor, args, words):
-    p = sailor("replay", *args)
+def test_bad_input_one_error_line(sailor_cli, args, words):
+    p = sailor_cli("replay", *args)
     assert p.returncode != 0
     lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and lines[0].startswith("error:") and words in lines[0], p.stderr
     assert "Traceback" not in p.stderr
 
 
-def test_bad_trace_file(sailor, tmp_path):
+def test_bad_trace_file(sailor_cli, tmp_path):
     bad = tmp_path / "bad.csv"
     bad.write_text("hello,world\nfoo,bar\n")
-    p = sailor("replay", "--trace", str(bad), "--model", "opt-350m", "--tokens", "1e9")
+    p = sailor_cli("replay", "--trace", str(bad), "--model", "opt-350m", "--tokens", "1e9")
     assert p.returncode != 0 and p.stderr.startswith("error:") and "trace format" in p.stderr
 
 
-def test_json_and_plot(sailor, tmp_path, monkeypatch):
+def test_json_and_plot(sailor_cli, tmp_path, monkeypatch):
     import json
 
     import sailor_core.replay.run as run_mod
@@ -53,7 +38,7 @@ def test_json_and_plot(sailor, tmp_path, monkeypatch):
     trace = tmp_path / "t.csv"
     trace.write_text(",Timestamp,A100-40_us-central1-a,V100-16_us-central1-b\n0,0,4,4\n1,3600,2,4\n2,7200,4,4\n")
     png = tmp_path / "timeline.png"
-    p = sailor("replay", "--trace", str(trace), "--model", "opt-350m", "--tokens", "2B", "--json",
+    p = sailor_cli("replay", "--trace", str(trace), "--model", "opt-350m", "--tokens", "2B", "--json",
                "--plot", str(png))
     assert p.returncode in (0, None), p.stderr
     out = json.loads(p.stdout)
