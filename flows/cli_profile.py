@@ -133,38 +133,75 @@ def _print_summary(run, path) -> None:
         c.print(f"saved to {path}")
 
 
+CLOUD_MODES = {"auto": "auto", "embedded": "embedded", "local": "embedded", "real": "real"}
+
+
 @profile_app.command("network")
 def network_cmd(
-    workers: int = typer.Option(2, "--workers", help="local worker processes (p2p uses two, all-reduce all)"),
+    workers: int = typer.Option(2, "--workers", help="workers: local processes, or cloud instances (p2p uses "
+                                                     "two, all-reduce all)"),
     reps: int = typer.Option(5, "--reps", help="repetitions per message size (more for small ones)"),
-    max_mib: int = typer.Option(256, "--max-mib", help="largest message in MiB (sizes 64 KiB x 4^k)"),
-    device: str = typer.Option("cpu", "--device", help="cpu (gloo) or cuda (nccl)"),
-    save: bool = typer.Option(True, "--save/--no-save", help="write the fit to your network folder"),
+    max_mib: Optional[int] = typer.Option(None, "--max-mib", help="largest message in MiB (sizes 64 KiB x 4^k; "
+                                                                  "default 256, 16 on the embedded cloud)"),
+    device: Optional[str] = typer.Option(None, "--device", help="cpu (gloo) or cuda (nccl); default cpu locally, "
+                                                                "cuda on real clouds"),
+    cloud: Optional[str] = typer.Option(None, "--cloud", help="profile between cloud instances: auto (real clouds "
+                                                              "when SAILOR_CLOUDS asks for them), embedded, real"),
+    gpu: Optional[str] = typer.Option(None, "--gpu", help="GPU type of the instances (with --cloud)"),
+    zone: Optional[str] = typer.Option(None, "--zone", help="zone of the instances / of rank 0 (with --cloud)"),
+    dst_zone: Optional[str] = typer.Option(None, "--dst-zone", help="zone of rank 1: measure a cross-zone link"),
+    spot: bool = typer.Option(True, "--spot/--on-demand", help="rent spot instances (with --cloud)"),
+    budget_usd: float = typer.Option(5.0, "--budget-usd", help="refuse to start when the instances could cost "
+                                                               "more if run to the deadlines (with --cloud)"),
+    timeout_s: float = typer.Option(600.0, "--timeout-s", help="deadline for the measurement once the instances "
+                                                               "run (with --cloud)"),
+    save: Optional[bool] = typer.Option(None, "--save/--no-save", help="write the fit to your network folder "
+                                                                       "(default: yes, but not from the embedded cloud)"),
     json_out: bool = typer.Option(False, "--json", help="machine-readable output"),
 ) -> None:
-    """Measure p2p bandwidth vs message size and all-reduce among local workers; fit the curve."""
+    """Measure p2p bandwidth vs message size and all-reduce among workers; fit the network model's curve.
+
+    Without --cloud between processes of this machine; with --cloud between rented instances
+    (the network-profile flow), which are always terminated at the end.
+    """
     from sailor_core.errors import InputError
-    from sailor_core.profiler.network import profile_network, save_network_profile
 
     if reps < 1:
         raise InputError(f"--reps must be >= 1, got {reps}")
-    if max_mib < 1:
+    if max_mib is not None and max_mib < 1:
         raise InputError(f"--max-mib must be >= 1, got {max_mib}")
-    sizes = [2**k for k in range(16, 41, 2) if 2**k <= max_mib * 2**20]
-    if len(sizes) < 3:
-        sizes = [2**16, 2**18, 2**20]
+    if device is not None and device not in ("cpu", "cuda"):
+        raise InputError(f"--device must be cpu or cuda, got {device!r}")
+    if cloud is not None:
+        if cloud not in CLOUD_MODES:
+            raise InputError(f"--cloud must be auto, embedded (or local) or real, got {cloud!r}")
+        _network_cloud(dict(gpu=gpu, zone=zone, dst_zone=dst_zone, workers=workers, cloud=CLOUD_MODES[cloud],
+                            device=device or "auto", reps=reps, max_mib=max_mib, spot=spot, save=save,
+                            budget_usd=budget_usd, timeout_s=timeout_s), json_out)
+        return
+    if gpu or zone or dst_zone:
+        raise InputError("--gpu, --zone and --dst-zone are for cloud instances: add --cloud auto|embedded|real")
+    from sailor_core.profiler.network import profile_network, save_network_profile, sizes_up_to
+
+    sizes = sizes_up_to(max_mib or 256)
     bar, on_event = _progress_bar(len(sizes) * 2, json_out)
     try:
-        prof = profile_network(workers, sizes=sizes, reps=reps, device=device, progress=on_event)
+        prof = profile_network(workers, sizes=sizes, reps=reps, device=device or "cpu", progress=on_event)
     finally:
         if bar:
             bar.stop()
-    path = save_network_profile(prof) if save else None
+    path = save_network_profile(prof) if save is not False else None
     out = prof.to_json()
     out["saved_to"] = str(path) if path else None
     if json_out:
         print_json(out)
         return
+    _print_network(prof, f"network: {workers} local workers ({prof.src_zone}/{prof.src_gpu})")
+    if path:
+        console().print(f"saved to {path}")
+
+
+def _print_network(prof, title: str) -> None:
     from rich.table import Table
 
     from sailor_core.network.model import Endpoint, NetworkModel
@@ -172,8 +209,8 @@ def network_cmd(
     model = NetworkModel(inter_fits={(prof.src_zone, prof.src_gpu, 1, prof.dst_zone, prof.dst_gpu, 1): prof.fit})
     e = Endpoint(zone=prof.src_zone, gpu=prof.src_gpu)
     ar = dict(next(iter(prof.allreduce_points.values()), ()))
-    n = next(iter(prof.allreduce_points), workers)
-    table = Table(title=f"network: {workers} local workers ({prof.src_zone}/{prof.src_gpu})")
+    n = next(iter(prof.allreduce_points), 2)
+    table = Table(title=title)
     for col in ("bytes", "p2p ms", "p2p GB/s", "fit GB/s", f"all-reduce ({n}) ms", "ring model ms"):
         table.add_column(col, justify="right")
     for b, t in prof.p2p_points:
@@ -186,8 +223,89 @@ def network_cmd(
     c.print(f"fit: bw(x) = {prof.fit.a:.4g} x^2 + {prof.fit.b:.4g} x + {prof.fit.c:.4g} GB/s, x = log2(bytes/1e6), "
             f"max {prof.fit.max_bw_bytes_per_s / 1e9:.3f} GB/s; largest error over the points "
             f"{prof.max_rel_error:.0%}")
-    if path:
-        c.print(f"saved to {path}")
+
+
+def _network_cloud(params: dict, json_out: bool) -> None:
+    """Run the network-profile flow in this process (Prefect API chosen as `sailor train` does)."""
+    import os
+    import sys
+
+    from flows.prefect_env import configure_prefect_env, running_local_server
+
+    out = console()
+    if not json_out and not os.environ.get("PREFECT_API_URL") and not running_local_server() \
+            and not os.environ.get("SAILOR_PREFECT_EPHEMERAL"):
+        out.print("[dim]starting a local Prefect server (first time ~15-60 s)...[/dim]")
+    choice = configure_prefect_env(start_server=True)
+    if not json_out:
+        out.print(f"[dim]{choice.describe()}[/dim]")
+    from flows.network_profile_flow import network_profile_flow
+    from flows.train_progress import quiet_engine_failures
+    from tasks import net_profiling
+
+    bar, on_event = _cloud_progress(json_out)
+    net_profiling.add_progress_listener(on_event)
+    try:
+        with quiet_engine_failures():
+            summary = network_profile_flow(**params)
+    except KeyboardInterrupt:
+        if bar:
+            bar.stop()
+        sys.stderr.write("error: interrupted; the profile's instances were terminated (see `sailor jobs`)\n")
+        raise typer.Exit(130) from None
+    finally:
+        net_profiling.remove_progress_listener(on_event)
+        if bar:
+            bar.stop()
+    if json_out:
+        print_json({k: v for k, v in summary.items() if k != "rows"})
+        return
+    from sailor_core.profiler.network import NetworkProfile
+
+    prof = NetworkProfile.from_json(summary["profile"])
+    where = "embedded cloud" if summary["mode"] == "embedded" else "cloud"
+    _print_network(prof, f"network: {summary['num_workers']} x {summary['gpu']} instances "
+                         f"({'/'.join(summary['instance_types'])}), {summary['src_zone']} -> {summary['dst_zone']}, "
+                         f"{where}")
+    out.print(f"job {summary['job_id']}: {len(summary['instances'])} instances, {summary['usd_spent']:.4f} USD, "
+              f"{summary['instances_left_running']} left running")
+    if summary["saved_to"]:
+        out.print(f"saved to {summary['saved_to']}")
+    elif summary["mode"] == "embedded":
+        out.print("not saved: the embedded cloud's instances are this machine's processes (loopback), which must "
+                  "not stand in for the zone's network; --save saves it anyway")
+    else:
+        out.print("not saved (--no-save)")
+
+
+def _cloud_progress(quiet: bool):
+    """A Rich bar fed by the network-profile flow's events (tasks.net_profiling listeners)."""
+    if quiet:
+        return None, (lambda _msg: None)
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    bar = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                   TimeElapsedColumn(), console=console(), transient=False)
+    task = bar.add_task("network profile", total=None)
+    started = []
+
+    def on_event(msg: dict) -> None:
+        if not started:
+            bar.start()
+            started.append(True)
+        what = msg.get("event")
+        if what == "launching":
+            bar.update(task, total=msg["total"], description=f"renting {msg['num_workers']} x {msg['gpu']} in "
+                                                            f"{', '.join(msg['zones'])}")
+        elif what == "launched":
+            bar.update(task, description=f"{len(msg['instances'])} instances up; starting workers")
+        elif what == "workers":
+            bar.update(task, description="workers rendezvous")
+        elif "done" in msg:
+            desc = "measured" if what == "measured" else f"{what} {msg.get('bytes', 0) / 2**20:.2f} MiB"
+            bar.update(task, completed=msg["done"], total=msg["total"], description=desc)
+
+    return bar, on_event
 
 
 def register(app: typer.Typer) -> None:

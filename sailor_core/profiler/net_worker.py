@@ -2,8 +2,10 @@
 
 env:// rendezvous (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE), so the same command runs as
 local processes or, launched by the orchestration, one per cloud instance.  Rank 0 prints JSON
-progress lines and a last ``{"event": "result", "result": ...}`` line, and writes the result to
-``--out`` when given (``network.network_profile_from_points`` turns it into a profile).
+progress lines and a last ``{"event": "result", "result": ...}`` line, writes the result to
+``--out`` when given (``network.network_profile_from_points`` turns it into a profile), and
+appends the same lines to ``--metrics-file``: on a cloud instance the agent
+(``sailor_core.runtime.agent``) forwards that file's last event to the flow in its status document.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ def main(argv=None) -> int:
     ap.add_argument("--no-allreduce", action="store_true")
     ap.add_argument("--out", default=None, help="rank 0 writes the measured points here (JSON)")
     ap.add_argument("--timeout-s", type=float, default=300.0)
+    ap.add_argument("--metrics-file", default=None, help="rank 0 appends its JSON lines here too (the agent's)")
     args = ap.parse_args(argv)
 
     import torch
@@ -40,8 +43,14 @@ def main(argv=None) -> int:
     dist.init_process_group("nccl" if args.device == "cuda" else "gloo", init_method="env://", rank=rank,
                             world_size=world, timeout=_dt.timedelta(seconds=args.timeout_s))
 
+    metrics = open(args.metrics_file, "a") if args.metrics_file and rank == 0 else None
+
     def progress(msg: dict) -> None:
-        print(json.dumps(msg), flush=True)
+        line = json.dumps(msg)
+        print(line, flush=True)
+        if metrics is not None:
+            metrics.write(line + "\n")
+            metrics.flush()
 
     res = measure_in_group([int(s) for s in args.sizes.split(",")], reps=args.reps,
                            allreduce=not args.no_allreduce, progress=progress)
@@ -49,7 +58,7 @@ def main(argv=None) -> int:
         if args.out:
             with open(args.out, "w") as f:
                 json.dump(res, f)
-        print(json.dumps({"event": "result", "result": res}), flush=True)
+        progress({"event": "result", "result": res})
     dist.destroy_process_group()
     return 0
 

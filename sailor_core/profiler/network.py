@@ -15,9 +15,11 @@ it.  Beyond the largest measured message the curve is held at the last measured 
 (the fit is anchored there), as a link's bandwidth plateaus for large messages.
 
 Locally: ``profile_network(num_workers)`` starts N processes on this machine.  In a cloud the
-orchestration starts ``python -m sailor_core.profiler.net_worker`` on each instance with env://
-rendezvous (MASTER_ADDR/MASTER_PORT/RANK/WORLD_SIZE) and ``--out``; rank 0 writes the points,
-which ``network_profile_from_points`` turns into a profile for (src zone/GPU, dst zone/GPU).
+network-profile flow (flows/network_profile_flow.py) rents the instances and has each one's
+agent start ``python -m sailor_core.profiler.net_worker`` with env:// rendezvous
+(MASTER_ADDR/MASTER_PORT/RANK/WORLD_SIZE); rank 0's points come back through its agent's status
+document, and ``network_profile_from_points`` turns them into a profile for (src zone/GPU, dst
+zone/GPU).
 Profiles are saved as JSON where ``sailor_core.network.default_network`` reads them.
 """
 
@@ -75,6 +77,29 @@ class NetworkProfile:
             "allreduce_points": {str(n): [list(p) for p in pts] for n, pts in self.allreduce_points.items()},
             "allreduce_cpu_points": {str(n): [list(p) for p in pts] for n, pts in self.allreduce_cpu_points.items()},
         }
+
+
+    @classmethod
+    def from_json(cls, data: dict) -> NetworkProfile:
+        """The inverse of ``to_json`` (one link per document)."""
+        try:
+            (src_zone, by_gpu), = data["fits"].items()
+            (src_gpu, by_count), = by_gpu.items()
+            (dst_zone, by_dst_gpu), = by_count["1"].items()
+            (dst_gpu, entry), = by_dst_gpu.items()
+            fit = BandwidthFit.from_json(entry["1"])
+
+            def points(tree: dict) -> dict:
+                return {int(n): tuple((int(b), float(t)) for b, t in pts) for n, pts in tree.items()}
+
+            return cls(src_zone=src_zone, src_gpu=src_gpu, dst_zone=dst_zone, dst_gpu=dst_gpu, fit=fit,
+                       max_rel_error=float(data["max_rel_error"]),
+                       p2p_points=tuple((int(b), float(t)) for b, t in data["p2p_points"]),
+                       allreduce_points=points(data.get("allreduce_points", {})),
+                       allreduce_cpu_points=points(data.get("allreduce_cpu_points", {})),
+                       source=str(data.get("source", "")))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ProfileError(f"not a network profile of one link: {exc}") from None
 
 
 def _interpolate(pts, num_bytes: float) -> float | None:
@@ -207,14 +232,30 @@ def network_profile_from_points(result: dict, *, src_zone: str = "local", src_gp
                           source=source)
 
 
+NET_WORKER_MODULE = "sailor_core.profiler.net_worker"
+
+
+def sizes_up_to(max_mib: int) -> list[int]:
+    """Message sizes 64 KiB x 4^k up to ``max_mib`` MiB (at least three: a curve needs them)."""
+    if isinstance(max_mib, bool) or not isinstance(max_mib, int) or max_mib < 1:
+        raise InputError(f"--max-mib must be an integer >= 1, got {max_mib!r}")
+    sizes = [2**k for k in range(16, 41, 2) if 2**k <= max_mib * 2**20]
+    return sizes if len(sizes) >= 3 else [2**16, 2**18, 2**20]
+
+
+def network_worker_args(*, sizes=DEFAULT_SIZES, reps: int = 5, device: str = "cpu") -> list[str]:
+    """The worker's arguments after ``python -m sailor_core.profiler.net_worker``."""
+    return ["--sizes", ",".join(map(str, sizes)), "--reps", str(reps), "--device", device]
+
+
 def network_worker_command(*, out_path: str | None = None, sizes=DEFAULT_SIZES, reps: int = 5,
                            device: str = "cpu", python: str = sys.executable) -> list[str]:
-    """The command each instance runs for a cloud network profile (rendezvous from the environment:
-    MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE); rank 0 writes the points to ``out_path``, which
+    """The command each worker runs (rendezvous from the environment: MASTER_ADDR, MASTER_PORT,
+    RANK, WORLD_SIZE); rank 0 writes the points to ``out_path``, which
     ``network_profile_from_points(json.load(...), src_zone=..., src_gpu=..., dst_zone=..., dst_gpu=...)``
-    fits and ``save_network_profile`` stores."""
-    cmd = [python, "-m", "sailor_core.profiler.net_worker", "--sizes", ",".join(map(str, sizes)),
-           "--reps", str(reps), "--device", device]
+    fits and ``save_network_profile`` stores.  On cloud instances the orchestration has each
+    instance's agent run the same module with these arguments (tasks/net_profiling.py)."""
+    cmd = [python, "-m", NET_WORKER_MODULE, *network_worker_args(sizes=sizes, reps=reps, device=device)]
     return cmd + (["--out", out_path] if out_path else [])
 
 

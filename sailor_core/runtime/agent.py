@@ -122,7 +122,15 @@ def post_preemption(control_url: str, instance_id: str, timeout_s: float = 10.0)
 
 def worker_command(assignment: dict[str, Any], plan_path: Path, metrics_path: Path,
                    python: str = sys.executable) -> list[str]:
-    """The engine's worker command line (``sailor_core/runtime/worker.py``)."""
+    """The engine's worker command line (``sailor_core/runtime/worker.py``), or with ``module`` in the
+    assignment another of Sailor's jobs on the same instances (the network profiler's
+    ``sailor_core.profiler.net_worker``): ``python -m MODULE --metrics-file PATH`` + extra_worker_args."""
+    module = assignment.get("module")
+    if module:
+        if not str(module).startswith("sailor_core."):  # the documents may start Sailor's own jobs only
+            raise ValueError(f"assignment names module {module!r}, which is not one of Sailor's")
+        return [python, "-m", str(module), "--metrics-file", str(metrics_path),
+                *(str(a) for a in assignment.get("extra_worker_args", ()))]
     cmd = [
         python, "-m", "sailor_core.runtime.worker",
         "--plan", str(plan_path),

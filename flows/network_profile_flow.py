@@ -1,0 +1,149 @@
+"""The network-profile flow: measure the network between cloud instances and save it for the planner.
+
+    offers -> worst-case cost check -> rent N instances of one GPU type (one zone, or rank 0 in
+    ``zone`` and rank 1 in ``dst_zone``) -> each instance's agent runs the profiler's worker
+    (p2p ping-pong between ranks 0 and 1, all-reduce among all) -> rank 0's points -> fit to the
+    network model's curve -> save (``default_network()`` then uses the link) -> table artifact
+
+The instances carry the run's job labels and its job state (``sailor jobs`` / ``sailor status``
+show them and what they cost); they are terminated in ``finally`` whatever happened, and by
+the cancellation/crash hooks when the flow process itself is torn down.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+from typing import Any
+
+from prefect import flow, get_run_logger
+from prefect.artifacts import create_table_artifact
+from prefect.runtime import flow_run as current_flow_run
+
+from sailor_core import jobstate as js
+from tasks import cloud as cloud_tasks
+from tasks import net_profiling as net
+
+JOB_PREFIX = "network-profile"
+
+
+def _job_id_for_run() -> str:
+    from flows.deploy_client import job_id_for
+
+    run_id = current_flow_run.get_id()
+    return job_id_for(JOB_PREFIX, run_id) if run_id else js.new_job_id(JOB_PREFIX)
+
+
+def _cleanup_hook(flow_obj, flow_run, state) -> None:
+    """on_cancellation / on_crashed: terminate the run's instances although the body did not finish."""
+    from flows.deploy_client import job_id_for
+
+    params = flow_run.parameters or {}
+    job_id = params.get("job_id") or job_id_for(JOB_PREFIX, flow_run.id)
+    cloud_tasks.terminate_job_everywhere(job_id, reason=f"flow run {state.name.lower()}")
+
+
+@flow(name="network-profile", log_prints=False, on_cancellation=[_cleanup_hook], on_crashed=[_cleanup_hook],
+      description="Measure p2p bandwidth and all-reduce between cloud instances; save the fitted link.")
+def network_profile_flow(
+    gpu: str = "T4",
+    zone: str = "us-central1-a",
+    dst_zone: str | None = None,
+    workers: int = 2,
+    cloud: str = "auto",
+    device: str = "auto",
+    reps: int = 5,
+    max_mib: int | None = None,
+    spot: bool = True,
+    save: bool | None = None,
+    budget_usd: float = 5.0,
+    timeout_s: float = 600.0,
+    job_id: str | None = None,
+    jobs_url: str | None = None,
+) -> dict[str, Any]:
+    """``device``: auto = cuda (nccl) on real clouds, cpu (gloo) on the embedded one, whose
+    instances are local processes.  ``save``: None = on real clouds only (the embedded cloud
+    measures this machine's loopback, which must not stand in for the named zones' network).
+    ``max_mib``: the largest message, None = 256 MiB (16 MiB on the embedded cloud, whose
+    instances share this machine's cores)."""
+    from sailor_core.errors import InputError
+    from sailor_core.profiler.network import network_profile_from_points, save_network_profile, sizes_up_to
+
+    log = get_run_logger()
+    link = net.link_for(gpu, zone, dst_zone, workers)
+    if max_mib is not None:
+        sizes_up_to(max_mib)  # bad input fails before anything is rented
+    if isinstance(reps, bool) or not isinstance(reps, int) or reps < 1:
+        raise InputError(f"--reps must be an integer >= 1, got {reps!r}")
+    if not timeout_s > 0:
+        raise InputError(f"--timeout-s must be positive, got {timeout_s}")
+    if device not in ("auto", "cpu", "cuda"):
+        raise InputError(f"--device must be auto, cpu or cuda, got {device!r}")
+    store = js.JobStore(jobs_url)
+    job_id = job_id or _job_id_for_run()
+    spec = js.JobSpec(model=JOB_PREFIX, budget_usd=budget_usd, steps=1, clouds=link.clouds,
+                      zones=tuple(dict.fromkeys((link.src_zone, link.dst_zone))), gpus=(link.gpu,), spot=spot,
+                      checkpoint_url=store.job_url(job_id))
+    session = cloud_tasks.open_session(cloud, job_id=job_id, jobs_url=store.job_url(job_id), spec=spec)
+    device = device if device != "auto" else ("cpu" if session.mode == "embedded" else "cuda")
+    save = session.mode == "real" if save is None else save
+    sizes = sizes_up_to(max_mib if max_mib is not None else (16 if session.mode == "embedded" else 256))
+    state = js.with_status(js.new_job(spec, job_id), js.RUNNING, f"profiling {link.src_zone} -> {link.dst_zone}")
+    store.save(state)
+    left_running = 0
+    body_failed = False
+    try:
+        offers = net.offers_for(link, cloud_tasks.list_offers(session, [link.gpu], spec.zones, link.clouds))
+        usd_per_hr = net.check_worst_case_cost(link, offers, spot=spot, budget_usd=budget_usd, timeout_s=timeout_s,
+                                               shutdown_s=session.shutdown_s)
+        net.emit({"event": "launching", "num_workers": link.num_workers, "gpu": link.gpu,
+                  "zones": sorted(set(link.zones_by_rank())), "usd_per_hr": usd_per_hr, "total": 2 * len(sizes)})
+        infos = net.launch_instances(session, link, offers, spot, net.LAUNCH_WAIT_S)
+        ids = [i.instance_id for i in infos]
+        # The provisioner's instances are unrecorded yet: reconcile adopts every live one of the job.
+        state = cloud_tasks.reconcile(session, state)
+        store.save(state)
+        net.emit({"event": "launched", "instances": ids})
+        addresses = net.addresses_of(session, ids)
+        result = net.run_workers(session, ids, addresses, link.zones_by_rank(), sizes=sizes, reps=reps,
+                                 device=device, timeout_s=timeout_s)
+        date = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d")
+        where = "embedded cloud: local processes over loopback" if session.mode == "embedded" else "cloud instances"
+        types = sorted({i.instance_type for i in infos})
+        source = (f"sailor-profiler network: {link.num_workers} x {'/'.join(types)} ({where}), "
+                  f"{'nccl' if device == 'cuda' else 'gloo'}, job {job_id}; {date}")
+        profile = network_profile_from_points(result, src_zone=link.src_zone, src_gpu=link.gpu,
+                                              dst_zone=link.dst_zone, dst_gpu=link.gpu, source=source)
+        path = save_network_profile(profile) if save else None
+        rows = net.table_rows(profile)
+        create_table_artifact(key=f"network-{link.src_zone}-{link.dst_zone}-{link.gpu.lower()}".replace(".", "-"),
+                              table=rows, description=f"{link.num_workers} x {link.gpu}, {link.src_zone} -> "
+                                                      f"{link.dst_zone} ({where}): p2p and all-reduce vs message size")
+        log.info("fit max %.3f GB/s, largest error %.0f%%; %s", profile.fit.max_bw_bytes_per_s / 1e9,
+                 profile.max_rel_error * 100, f"saved to {path}" if path else "not saved")
+        state = js.with_status(state, js.SUCCEEDED, f"{len(sizes)} message sizes measured")
+    except BaseException as exc:
+        body_failed = True
+        cancelled = isinstance(exc, KeyboardInterrupt) or any(
+            word in type(exc).__name__ for word in ("Cancel", "Terminat", "Abort"))
+        state = js.with_status(state, js.CANCELLED if cancelled else js.FAILED,
+                               f"{type(exc).__name__}: {exc}".splitlines()[0][:300])
+        raise
+    finally:
+        # Nothing may stay rented, whatever happened above; a cleanup error is raised only when
+        # it is the run's one error (the body's own error says more).
+        try:
+            state, left_running = cloud_tasks.terminate_all(session, state)
+            store.save(state)
+        except Exception as cleanup_error:
+            log.error("cleanup of %s failed: %s", job_id, cleanup_error)
+            if not body_failed:
+                raise
+        finally:
+            cloud_tasks.close_session(session)
+    return {
+        "job_id": job_id, "mode": session.mode, "gpu": link.gpu, "src_zone": link.src_zone,
+        "dst_zone": link.dst_zone, "num_workers": link.num_workers, "instances": ids,
+        "instance_types": types, "device": device, "profile": profile.to_json(), "rows": rows,
+        "saved_to": str(path) if path else None, "usd_spent": state.usd_spent(),
+        "instances_left_running": left_running,
+    }

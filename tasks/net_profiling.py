@@ -1,0 +1,250 @@
+"""Network-profiling tasks: rent instances for one link, run the profiler's workers there, collect the points.
+
+The instances are rented like a training job's (infra's provisioner, the job's labels, each
+instance's startup script runs the agent), and the workers are started the same way too: the
+flow writes each agent an assignment document, here naming the profiler's worker module
+(``sailor_core.profiler.net_worker``) instead of the engine's.  Rank 0 appends its progress and
+its result to the agent's metrics file; the agent forwards the last line in its status
+document, which is where this module reads the points from -- on a real cloud as on the
+embedded one, without reaching the instances over the network.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from prefect import get_run_logger, task
+from prefect.cache_policies import NO_CACHE
+
+from infra.records import LOCAL_ADDRESS_LABEL, InstanceInfo
+from sailor_core.catalog.instances import Offer
+from sailor_core.errors import BudgetExceededError, InputError, SailorError
+from sailor_core.runtime.agent import read_status, write_assignment
+
+POLL_S = 0.3
+CLOUD_POLL_S = 1.0
+LAUNCH_WAIT_S = 600.0  # launch -> running, per zone tried
+ADDRESS_WAIT_S = 30.0  # a running instance gets its private address within seconds
+GENERATION = 1  # one assignment per instance: the profile is a single run
+
+# Listeners in this process (the CLI's progress bar): called with {"event": ..., ...} dicts.
+_listeners: list[Callable[[dict], None]] = []
+
+
+class NetworkProfilingError(SailorError):
+    """The profile's workers failed, an instance went away, or the run passed its deadline."""
+
+    exit_code = 6
+
+
+def add_progress_listener(fn: Callable[[dict], None]) -> None:
+    _listeners.append(fn)
+
+
+def remove_progress_listener(fn: Callable[[dict], None]) -> None:
+    if fn in _listeners:
+        _listeners.remove(fn)
+
+
+def emit(msg: dict) -> None:
+    for fn in list(_listeners):
+        fn(msg)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Link:
+    """What to measure: ``num_workers`` instances of ``gpu``, rank 0 in ``src_zone`` and rank 1 in
+    ``dst_zone`` (the p2p pair); further ranks alternate between the two (all-reduce among all)."""
+
+    gpu: str
+    src_zone: str
+    dst_zone: str
+    num_workers: int
+
+    @property
+    def cross_zone(self) -> bool:
+        return self.src_zone != self.dst_zone
+
+    def zones_by_rank(self) -> list[str]:
+        return [self.src_zone if rank % 2 == 0 else self.dst_zone for rank in range(self.num_workers)]
+
+    @property
+    def clouds(self) -> tuple[str, ...]:
+        from sailor_core.zones import parse_zone
+
+        return tuple(sorted({parse_zone(z).cloud for z in (self.src_zone, self.dst_zone)}))
+
+
+def link_for(gpu: str, zone: str, dst_zone: str | None, num_workers: int) -> Link:
+    """Checked input: a catalog GPU, known zones, at least two workers (p2p needs a pair)."""
+    from sailor_core.catalog.gpus import normalize_gpu_name
+    from sailor_core.catalog import get_gpu
+    from sailor_core.zones import parse_zone
+
+    if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 2:
+        raise InputError(f"--workers must be an integer >= 2 (p2p needs two instances), got {num_workers!r}")
+    if not gpu:
+        raise InputError("--gpu is required to profile cloud instances (e.g. --gpu T4)")
+    if not zone:
+        raise InputError("--zone is required to profile cloud instances (e.g. --zone us-central1-a)")
+    gpu = get_gpu(normalize_gpu_name(gpu)).name
+    src = parse_zone(zone).name
+    dst = parse_zone(dst_zone).name if dst_zone else src
+    return Link(gpu=gpu, src_zone=src, dst_zone=dst, num_workers=num_workers)
+
+
+def offers_for(link: Link, offers: Sequence[Offer]) -> list[Offer]:
+    """The offers of the link's GPU in its zones; InputError naming a zone that has none."""
+    mine = [o for o in offers if o.gpu == link.gpu and o.zone in (link.src_zone, link.dst_zone)]
+    for zone in dict.fromkeys((link.src_zone, link.dst_zone)):
+        if not any(o.zone == zone for o in mine):
+            raise InputError(f"no {link.gpu} instances are offered in {zone} (see `sailor cloud offers`)")
+    return mine
+
+
+def check_worst_case_cost(link: Link, offers: Sequence[Offer], *, spot: bool, budget_usd: float,
+                          timeout_s: float, shutdown_s: float) -> float:
+    """USD/h of the cheapest instances the link needs; refuses before renting when running them to
+    the deadlines (the launch wait, the measurement's ``timeout_s``, the shutdown) could cross the budget."""
+    def price(o: Offer) -> float:
+        return o.spot_usd_per_hr if spot else o.on_demand_usd_per_hr
+
+    usd_per_hr = sum(min(price(o) for o in offers if o.zone == zone) for zone in link.zones_by_rank())
+    worst_usd = usd_per_hr * (LAUNCH_WAIT_S + timeout_s + shutdown_s) / 3600.0
+    if worst_usd > budget_usd:
+        raise BudgetExceededError(
+            f"{link.num_workers} x {link.gpu} at {usd_per_hr:.2f} USD/h could cost up to {worst_usd:.2f} USD "
+            f"if the profile ran to its deadlines ({LAUNCH_WAIT_S:.0f} s launch, {timeout_s:.0f} s run); "
+            "raise --budget-usd or lower --timeout-s")
+    return usd_per_hr
+
+
+@task(name="launch-profile-instances", tags=["cloud", "profiler"], cache_policy=NO_CACHE)
+def launch_instances(session, link: Link, offers: list[Offer], spot: bool, wait_timeout_s: float) -> list[InstanceInfo]:
+    """One instance per rank in its zone (no failover to other zones: that would measure another
+    link); all or nothing.  Raises the provisioner's ProvisionError (a CapacityError) or QuotaError."""
+    from infra.provisioner import GpuNeed, Provisioner
+
+    log = get_run_logger()
+    needs = [GpuNeed(gpu=link.gpu, zone=z, num_gpus=1) for z in link.zones_by_rank()]
+    result = Provisioner(session.providers, wait_timeout_s=wait_timeout_s).provision(
+        needs, job_id=session.job_id, attempt=1, spot=spot, substitute_zones=False, all_or_nothing=True,
+        startup_script=session.startup_script(), offers=offers)
+    for line in result.history_lines():
+        log.info("provision: %s", line)
+    return [alloc.instances[0] for alloc in result.allocations]  # in the needs' order: by rank
+
+
+def addresses_of(session, instance_ids: Sequence[str], timeout_s: float = ADDRESS_WAIT_S) -> list[str]:
+    """Each instance's address for the rendezvous, waiting briefly for the cloud to report it."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        seen = {i.instance_id: i for i in session.query()}
+        missing = [iid for iid in instance_ids if iid not in seen or not (
+            seen[iid].labels.get(LOCAL_ADDRESS_LABEL) or seen[iid].private_ip)]
+        if not missing:
+            return [session.address_of(seen[iid]) for iid in instance_ids]
+        if time.monotonic() > deadline:
+            raise NetworkProfilingError(f"instance {missing[0]} has no private address after {timeout_s:.0f} s")
+        time.sleep(POLL_S)
+
+
+def assignment_doc(*, rank: int, world_size: int, master_addr: str, master_port: int,
+                   worker_args: Sequence[str], env: dict[str, str]) -> dict[str, Any]:
+    from sailor_core.profiler.network import NET_WORKER_MODULE
+
+    return {"generation": GENERATION, "attempt": 1, "action": "run", "module": NET_WORKER_MODULE, "plan": {},
+            "ranks": [rank], "world_size": world_size, "master_addr": master_addr, "master_port": master_port,
+            "extra_worker_args": list(worker_args), "env": env}
+
+
+def _log_tail(status: dict, rank: int) -> str:
+    """The last line a failed rank logged, when its log is on this machine (the embedded cloud)."""
+    log_dir = status.get("log_dir")
+    try:
+        lines = [ln for ln in (Path(log_dir) / f"rank{rank}.log").read_text(errors="replace").splitlines() if ln.strip()]
+    except (OSError, TypeError):
+        return f"see rank{rank}.log under {log_dir or 'the agent work dir'} on the instance"
+    return lines[-1].strip()[:300] if lines else "no output"
+
+
+def _progress_step(event: dict, sizes: Sequence[int]) -> int | None:
+    """How many of the 2 x len(sizes) measurements are done after this event of rank 0."""
+    try:
+        i = list(sizes).index(int(event.get("bytes", -1)))
+    except ValueError:
+        return None
+    return 2 * i + (1 if event.get("event") == "p2p" else 2)
+
+
+@task(name="run-network-workers", tags=["profiler", "workers"], cache_policy=NO_CACHE)
+def run_workers(session, instance_ids: list[str], addresses: list[str], zones: list[str], *, sizes: list[int],
+                reps: int, device: str, timeout_s: float) -> dict:
+    """Have every instance's agent start its rank of the profiler; rank 0's points when it is done.
+
+    Fails (NetworkProfilingError) when a rank fails, an instance stops running (preempted), or
+    the deadline passes; the flow terminates the instances in every case.
+    """
+    from sailor_core.profiler.network import network_worker_args
+
+    log = get_run_logger()
+    world = len(instance_ids)
+    port = session.rendezvous_port(None)  # the embedded cloud picks a free port; real clouds use 29500
+    args = network_worker_args(sizes=sizes, reps=reps, device=device) + session.worker_args(None)
+    for rank, iid in enumerate(instance_ids):
+        write_assignment(session.jobs_url, iid, assignment_doc(
+            rank=rank, world_size=world, master_addr=addresses[0], master_port=port, worker_args=args,
+            env=session.worker_env(None)))
+    log.info("%d workers, rendezvous %s:%d", world, addresses[0], port)
+    emit({"event": "workers", "num_workers": world})
+    deadline = time.monotonic() + timeout_s
+    last_cloud = 0.0
+    done = 0
+    while True:
+        statuses = {iid: read_status(session.jobs_url, iid) for iid in instance_ids}
+        mine = {iid: st for iid, st in statuses.items() if st and int(st.get("generation", -1)) == GENERATION}
+        first = mine.get(instance_ids[0]) or {}
+        event = first.get("event") or {}
+        if event.get("event") == "result":
+            emit({"event": "measured", "done": 2 * len(sizes), "total": 2 * len(sizes)})
+            return event["result"]
+        step = _progress_step(event, sizes)
+        if step is not None and step > done:
+            done = step
+            emit({**event, "done": done, "total": 2 * len(sizes)})
+        for rank, iid in enumerate(instance_ids):
+            st = mine.get(iid)
+            if st and st.get("state") in ("failed", "exited"):
+                codes = st.get("exit_codes") or {}
+                if st["state"] == "exited" and rank != 0:
+                    continue  # a peer may finish before rank 0's report arrives
+                if st["state"] == "exited":
+                    raise NetworkProfilingError(f"rank 0 on {iid} exited without a result")
+                raise NetworkProfilingError(
+                    f"rank {rank} on {iid} ({zones[rank]}) failed with exit code {codes.get(str(rank))}: "
+                    f"{_log_tail(st, rank)}")
+        now = time.monotonic()
+        if now - last_cloud > CLOUD_POLL_S:
+            last_cloud = now
+            for iid, state in session.instance_states(instance_ids).items():
+                if state != "running":
+                    raise NetworkProfilingError(f"instance {iid} ({zones[instance_ids.index(iid)]}) is "
+                                                f"{state or 'gone'} before the profile finished")
+        if now > deadline:
+            raise NetworkProfilingError(
+                f"network profiling did not finish within {timeout_s:.0f} s (last: "
+                f"{event.get('event', 'no report from rank 0')}); raise --timeout-s or lower --max-mib")
+        time.sleep(POLL_S)
+
+
+def table_rows(profile) -> list[dict]:
+    """One row per measured message size: p2p time, bandwidth and the fit, all-reduce time."""
+    ar = dict(next(iter(profile.allreduce_points.values()), ()))
+    return [{"bytes": b, "p2p_ms": round(t * 1e3, 4), "p2p_GBps": round(b / t / 1e9, 4),
+             "fit_GBps": round(profile.fit.bandwidth_bytes_per_s(b) / 1e9, 4),
+             "allreduce_ms": round(ar[b] * 1e3, 4) if b in ar else None}
+            for b, t in profile.p2p_points]
