@@ -130,7 +130,7 @@ def _print_summary(run, path) -> None:
         c.print(f"constant memory per worker process: {run.overhead_bytes / 1e6:,.0f} MB")
     c.print(f"spread = (p90 - p10) / median of the repetitions; took {run.wall_s:.1f} s")
     if path:
-        c.print(f"saved to {path}")
+        c.print(f"saved to {path}", soft_wrap=True)
 
 
 CLOUD_MODES = {"auto": "auto", "embedded": "embedded", "local": "embedded", "real": "real"}
@@ -175,6 +175,9 @@ def network_cmd(
     if cloud is not None:
         if cloud not in CLOUD_MODES:
             raise InputError(f"--cloud must be auto, embedded (or local) or real, got {cloud!r}")
+        from sailor_core.profiler.network import network_link
+
+        network_link(gpu, zone, dst_zone, workers)  # bad input fails before a Prefect server is started
         _network_cloud(dict(gpu=gpu, zone=zone, dst_zone=dst_zone, workers=workers, cloud=CLOUD_MODES[cloud],
                             device=device or "auto", reps=reps, max_mib=max_mib, spot=spot, save=save,
                             budget_usd=budget_usd, timeout_s=timeout_s), json_out)
@@ -198,7 +201,7 @@ def network_cmd(
         return
     _print_network(prof, f"network: {workers} local workers ({prof.src_zone}/{prof.src_gpu})")
     if path:
-        console().print(f"saved to {path}")
+        console().print(f"saved to {path}", soft_wrap=True)
 
 
 def _print_network(prof, title: str) -> None:
@@ -270,7 +273,7 @@ def _network_cloud(params: dict, json_out: bool) -> None:
     out.print(f"job {summary['job_id']}: {len(summary['instances'])} instances, {summary['usd_spent']:.4f} USD, "
               f"{summary['instances_left_running']} left running")
     if summary["saved_to"]:
-        out.print(f"saved to {summary['saved_to']}")
+        out.print(f"saved to {summary['saved_to']}", soft_wrap=True)  # a path to copy: never wrapped
     elif summary["mode"] == "embedded":
         out.print("not saved: the embedded cloud's instances are this machine's processes (loopback), which must "
                   "not stand in for the zone's network; --save saves it anyway")

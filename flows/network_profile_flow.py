@@ -66,10 +66,11 @@ def network_profile_flow(
     ``max_mib``: the largest message, None = 256 MiB (16 MiB on the embedded cloud, whose
     instances share this machine's cores)."""
     from sailor_core.errors import InputError
-    from sailor_core.profiler.network import network_profile_from_points, save_network_profile, sizes_up_to
+    from sailor_core.profiler.network import (network_link, network_profile_from_points, save_network_profile,
+                                              sizes_up_to)
 
     log = get_run_logger()
-    link = net.link_for(gpu, zone, dst_zone, workers)
+    link = network_link(gpu, zone, dst_zone, workers)
     if max_mib is not None:
         sizes_up_to(max_mib)  # bad input fails before anything is rented
     if isinstance(reps, bool) or not isinstance(reps, int) or reps < 1:

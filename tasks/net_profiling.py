@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +22,7 @@ from prefect.cache_policies import NO_CACHE
 from infra.records import LOCAL_ADDRESS_LABEL, InstanceInfo
 from sailor_core.catalog.instances import Offer
 from sailor_core.errors import BudgetExceededError, InputError, SailorError
+from sailor_core.profiler.network import NetworkLink
 from sailor_core.runtime.agent import read_status, write_assignment
 
 POLL_S = 0.3
@@ -55,49 +55,7 @@ def emit(msg: dict) -> None:
         fn(msg)
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Link:
-    """What to measure: ``num_workers`` instances of ``gpu``, rank 0 in ``src_zone`` and rank 1 in
-    ``dst_zone`` (the p2p pair); further ranks alternate between the two (all-reduce among all)."""
-
-    gpu: str
-    src_zone: str
-    dst_zone: str
-    num_workers: int
-
-    @property
-    def cross_zone(self) -> bool:
-        return self.src_zone != self.dst_zone
-
-    def zones_by_rank(self) -> list[str]:
-        return [self.src_zone if rank % 2 == 0 else self.dst_zone for rank in range(self.num_workers)]
-
-    @property
-    def clouds(self) -> tuple[str, ...]:
-        from sailor_core.zones import parse_zone
-
-        return tuple(sorted({parse_zone(z).cloud for z in (self.src_zone, self.dst_zone)}))
-
-
-def link_for(gpu: str, zone: str, dst_zone: str | None, num_workers: int) -> Link:
-    """Checked input: a catalog GPU, known zones, at least two workers (p2p needs a pair)."""
-    from sailor_core.catalog.gpus import normalize_gpu_name
-    from sailor_core.catalog import get_gpu
-    from sailor_core.zones import parse_zone
-
-    if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 2:
-        raise InputError(f"--workers must be an integer >= 2 (p2p needs two instances), got {num_workers!r}")
-    if not gpu:
-        raise InputError("--gpu is required to profile cloud instances (e.g. --gpu T4)")
-    if not zone:
-        raise InputError("--zone is required to profile cloud instances (e.g. --zone us-central1-a)")
-    gpu = get_gpu(normalize_gpu_name(gpu)).name
-    src = parse_zone(zone).name
-    dst = parse_zone(dst_zone).name if dst_zone else src
-    return Link(gpu=gpu, src_zone=src, dst_zone=dst, num_workers=num_workers)
-
-
-def offers_for(link: Link, offers: Sequence[Offer]) -> list[Offer]:
+def offers_for(link: NetworkLink, offers: Sequence[Offer]) -> list[Offer]:
     """The offers of the link's GPU in its zones; InputError naming a zone that has none."""
     mine = [o for o in offers if o.gpu == link.gpu and o.zone in (link.src_zone, link.dst_zone)]
     for zone in dict.fromkeys((link.src_zone, link.dst_zone)):
@@ -106,7 +64,7 @@ def offers_for(link: Link, offers: Sequence[Offer]) -> list[Offer]:
     return mine
 
 
-def check_worst_case_cost(link: Link, offers: Sequence[Offer], *, spot: bool, budget_usd: float,
+def check_worst_case_cost(link: NetworkLink, offers: Sequence[Offer], *, spot: bool, budget_usd: float,
                           timeout_s: float, shutdown_s: float) -> float:
     """USD/h of the cheapest instances the link needs; refuses before renting when running them to
     the deadlines (the launch wait, the measurement's ``timeout_s``, the shutdown) could cross the budget."""
@@ -124,7 +82,7 @@ def check_worst_case_cost(link: Link, offers: Sequence[Offer], *, spot: bool, bu
 
 
 @task(name="launch-profile-instances", tags=["cloud", "profiler"], cache_policy=NO_CACHE)
-def launch_instances(session, link: Link, offers: list[Offer], spot: bool, wait_timeout_s: float) -> list[InstanceInfo]:
+def launch_instances(session, link: NetworkLink, offers: list[Offer], spot: bool, wait_timeout_s: float) -> list[InstanceInfo]:
     """One instance per rank in its zone (no failover to other zones: that would measure another
     link); all or nothing.  Raises the provisioner's ProvisionError (a CapacityError) or QuotaError."""
     from infra.provisioner import GpuNeed, Provisioner

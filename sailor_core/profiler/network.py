@@ -259,6 +259,48 @@ def network_worker_command(*, out_path: str | None = None, sizes=DEFAULT_SIZES, 
     return cmd + (["--out", out_path] if out_path else [])
 
 
+# ---- a link between cloud instances (the network-profile flow rents them) --------------------
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NetworkLink:
+    """What to measure between cloud instances: ``num_workers`` instances of ``gpu``, rank 0 in
+    ``src_zone`` and rank 1 in ``dst_zone`` (the p2p pair); further ranks alternate between the
+    two zones (the all-reduce among all of them)."""
+
+    gpu: str
+    src_zone: str
+    dst_zone: str
+    num_workers: int
+
+    def zones_by_rank(self) -> list[str]:
+        return [self.src_zone if rank % 2 == 0 else self.dst_zone for rank in range(self.num_workers)]
+
+    @property
+    def clouds(self) -> tuple[str, ...]:
+        from sailor_core.zones import parse_zone
+
+        return tuple(sorted({parse_zone(z).cloud for z in (self.src_zone, self.dst_zone)}))
+
+
+def network_link(gpu: str | None, zone: str | None, dst_zone: str | None = None, num_workers: int = 2) -> NetworkLink:
+    """Checked input: a catalog GPU, known zones (``dst_zone`` defaults to ``zone``), two workers or more."""
+    from sailor_core.catalog import get_gpu, normalize_gpu_name
+    from sailor_core.zones import parse_zone
+
+    if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 2:
+        raise InputError(f"--workers must be an integer >= 2 (p2p needs two instances), got {num_workers!r}")
+    if not gpu:
+        raise InputError("--gpu is required to profile cloud instances (e.g. --gpu T4)")
+    if not zone:
+        raise InputError("--zone is required to profile cloud instances (e.g. --zone us-central1-a)")
+    zones = [parse_zone(zone)] + ([parse_zone(dst_zone)] if dst_zone else [])
+    if any(z.cloud == "local" for z in zones):
+        raise InputError("zone 'local' is this machine's processes, not a cloud's: drop --cloud to profile them")
+    src, dst = zones[0].name, zones[-1].name
+    return NetworkLink(gpu=get_gpu(normalize_gpu_name(gpu)).name, src_zone=src, dst_zone=dst,
+                       num_workers=num_workers)
+
+
 # ---- running it locally ---------------------------------------------------------------------
 
 def profile_network(num_workers: int = 2, *, sizes=DEFAULT_SIZES, reps: int = 5, device: str = "cpu",

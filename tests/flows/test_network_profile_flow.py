@@ -109,6 +109,7 @@ def test_no_capacity_in_the_destination_zone_is_one_line_and_leaves_nothing(pref
     _assert_nothing_left("netprof-nocap", expect_workers=False)
 
 
+@pytest.mark.slow  # 8 s; the default run covers failures with the no-capacity and deadline tests
 def test_a_worker_failure_fails_the_run_with_its_log_line_and_terminates(prefect_api):
     from flows.network_profile_flow import network_profile_flow
     from tasks import net_profiling
