@@ -121,7 +121,9 @@ def network_profile_flow(
                                                       f"{link.dst_zone} ({where}): p2p and all-reduce vs message size")
         log.info("fit max %.3f GB/s, largest error %.0f%%; %s", profile.fit.max_bw_bytes_per_s / 1e9,
                  profile.max_rel_error * 100, f"saved to {path}" if path else "not saved")
-        state = js.with_status(state, js.SUCCEEDED, f"{len(sizes)} message sizes measured")
+        # The job state's one "step" is the measurement: `sailor jobs` shows 1/1 when it is done.
+        state = js.with_status(js.with_progress(state, steps_done=1), js.SUCCEEDED,
+                               f"{len(sizes)} message sizes measured")
     except BaseException as exc:
         body_failed = True
         cancelled = isinstance(exc, KeyboardInterrupt) or any(
