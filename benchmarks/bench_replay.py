@@ -2,16 +2,21 @@
 
     .venv/bin/python benchmarks/bench_replay.py --trace derived:gcp-4d:1 --model opt-350m --tokens 2e10 \
         --out results.json --plot timeline.png [--plan-cache /tmp/sailor_replay_plans.json]
+    .venv/bin/python benchmarks/bench_replay.py --trace derived:aws-3d:1 --tokens 1e9 --cold
 
 Prints time to train, USD, cost and time ratios to ours, re-plans, restarts,
 useful-work fraction, and the replay's wall time (cold: with planner calls;
 warm: the same replay again with every plan cached, i.e. the replay itself).
+``--cold`` replays once with no plan cache on disk (what a user's first replay
+costs) and prints wall and CPU seconds, the planner's share, and its calls by
+the number of GPU types and pools they were asked about.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import time
 
 from sailor_core.replay import POLICIES, run_policies
@@ -31,11 +36,15 @@ def main() -> None:
                     help="planner search budget (default: the replay's 200; `sailor plan` uses 4000)")
     ap.add_argument("--out", default=None)
     ap.add_argument("--plot", default=None)
+    ap.add_argument("--cold", action="store_true",
+                    help="one replay with no plan cache on disk; print where its time goes")
     args = ap.parse_args()
 
     trace = load_trace(args.trace)
     policies = args.policies.split(",")
     knobs = {"max_evaluations": args.max_evaluations} if args.max_evaluations else None
+    if args.cold:
+        return cold_report(args, trace, policies, knobs)
     t0 = time.perf_counter()
     cold = run_policies(trace, model=args.model, tokens=args.tokens, policies=policies,
                         budget_usd=args.budget_usd, plan_cache_path=args.plan_cache,
@@ -70,6 +79,36 @@ def main() -> None:
             json.dump(out, f, indent=1)
     if args.plot:
         plot_timeline(cold.results, args.plot, trace=trace, title=f"{args.model}, {args.tokens:.3g} tokens, {args.trace}")
+
+
+def cold_report(args, trace, policies, knobs) -> None:
+    t0, c0 = time.perf_counter(), time.process_time()
+    suite = run_policies(trace, model=args.model, tokens=args.tokens, policies=policies,
+                         budget_usd=args.budget_usd, planner_knobs=knobs)
+    wall_s, cpu_s = time.perf_counter() - t0, time.process_time() - c0
+    calls = suite.planner_call_log
+    print(f"{args.trace}: {trace.num_rows} rows, {trace.duration_s / 3600:.1f} h, "
+          f"{len(trace.preemptions)} preemption events; model {args.model}, {args.tokens:.3g} tokens; cold, no plan cache")
+    for name, r in suite.results.items():
+        t = r.time_to_train_s
+        print(f"  {name:12} {'done' if r.finished else 'not done':8} {t / 3600 if t else float('nan'):7.3f} h "
+              f"{r.usd_spent:9.2f} USD  {r.num_replans:4d} re-plans  {r.planner_calls:4d} planner calls")
+    print(f"wall {wall_s:.2f} s, CPU {cpu_s:.2f} s; {len(calls)} planner calls {suite.planner_time_s:.2f} s, "
+          f"the rest {wall_s - suite.planner_time_s:.2f} s")
+    groups: dict[tuple[int, int], list[float]] = {}
+    for c in calls:
+        groups.setdefault((c.num_gpu_types, len(c.available)), []).append(c.seconds)
+    print(f"  {'GPU types':>9} {'pools':>5} {'calls':>5} {'total s':>8} {'median s':>8} {'max s':>7}")
+    for (types, pools), secs in sorted(groups.items()):
+        print(f"  {types:9d} {pools:5d} {len(secs):5d} {sum(secs):8.2f} {statistics.median(secs):8.3f} {max(secs):7.3f}")
+    out = suite.to_dict()
+    out.update(trace_arg=args.trace, model=args.model, tokens=args.tokens, cold=True, wall_cold_s=wall_s,
+               cpu_cold_s=cpu_s, max_evaluations=(knobs or {}).get("max_evaluations", 200),
+               calls_by_shape=[{"gpu_types": t, "pools": p, "calls": len(v), "total_s": sum(v)}
+                               for (t, p), v in sorted(groups.items())])
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(out, f, indent=1)
 
 
 if __name__ == "__main__":

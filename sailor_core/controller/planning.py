@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -50,45 +51,81 @@ def restrict(available: Mapping[GpuZone, int], gpu_types: Sequence[str] | None) 
     return {k: n for k, n in available.items() if n > 0 and (gpu_types is None or k[0] in gpu_types)}
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PlannerCall:
+    """One call that reached the planner (a cache miss) and how long it took."""
+
+    available: Mapping[GpuZone, int]
+    seconds: float
+    num_options: int
+
+    @property
+    def num_gpu_types(self) -> int:
+        return len({g for g, _ in self.available})
+
+
 @dataclass(slots=True, kw_only=True)
 class CachedPlanner:
-    """Memoises a PlanFn per distinct availability.
+    """Memoises a PlanFn per distinct availability, and answers from earlier calls
+    whenever monotonicity makes them the answer.
 
-    Beyond exact hits it reuses a result for availability A' when an earlier
-    call on A found best plan using U with U <= A' <= A: the best over A is
-    also the best over any subset of A that still contains it.  (Exact for an
-    exhaustive planner; for a heuristic one it is the answer it gave on the
-    larger set.)  This is what lets a multi-day trace replay in seconds.
+    The best throughput on a subset of an availability is at most the best on
+    the availability itself.  So for a new availability A', any plan known from
+    an earlier answer that fits A' and is as fast as the best found on some
+    earlier A that contains A' is a best plan on A' too.  The common case: the
+    best plan on A still fits A' (the answer is then A's plans that fit A'); else
+    a plan from another answer may match A's best (then it comes first).  Nothing
+    runs on A' if nothing ran on A.  Exact for an exhaustive planner; for a
+    heuristic one it is the answer it gave on the larger set.  Each miss costs a
+    planner search: nearly all of a cold replay's time (``calls`` lists them).
     """
 
     plan_fn: PlanFn
     num_calls: int = 0
     num_hits: int = 0
     planner_time_s: float = 0.0
+    calls: list[PlannerCall] = field(default_factory=list)
     _exact: dict[frozenset, tuple[PlanOption, ...]] = field(default_factory=dict)
-    _covering: list[tuple[dict[GpuZone, int], tuple[PlanOption, ...]]] = field(default_factory=list)
+    _answers: list[tuple[dict[GpuZone, int], tuple[PlanOption, ...]]] = field(default_factory=list)
 
     def __call__(self, available: Mapping[GpuZone, int]) -> tuple[PlanOption, ...]:
         avail = {k: n for k, n in available.items() if n > 0}
         key = frozenset(avail.items())
         hit = self._exact.get(key)
         if hit is None:
-            for big, options in reversed(self._covering):
-                if options and options[0].fits_in(avail) and all(big.get(k, 0) >= n for k, n in avail.items()):
-                    hit = tuple(o for o in options if o.fits_in(avail))
-                    break
+            hit = self._implied(avail)
         if hit is not None:
             self.num_hits += 1
             self._exact[key] = hit
             return hit
         t0 = time.perf_counter()
         options = tuple(self.plan_fn(avail)) if avail else ()
-        self.planner_time_s += time.perf_counter() - t0
+        seconds = time.perf_counter() - t0
+        self.planner_time_s += seconds
         self.num_calls += 1
+        self.calls.append(PlannerCall(available=avail, seconds=seconds, num_options=len(options)))
         self._exact[key] = options
-        if options:
-            self._covering.append((avail, options))
+        self._answers.append((avail, options))
         return options
+
+    def _implied(self, avail: Mapping[GpuZone, int]) -> tuple[PlanOption, ...] | None:
+        """The answer on ``avail`` that earlier answers imply, or None."""
+        supersets = [(big, options) for big, options in self._answers
+                     if all(big.get(k, 0) >= n for k, n in avail.items())]
+        if not supersets:
+            return None
+        for _, options in reversed(supersets):
+            if options and options[0].fits_in(avail):  # the best on a superset still fits
+                return tuple(o for o in options if o.fits_in(avail))
+        if any(not options for _, options in supersets):
+            return ()  # nothing runs on a superset, so nothing runs here
+        bound = min(options[0].throughput_samples_per_s for _, options in supersets)
+        best = max((o for _, options in self._answers for o in options if o.fits_in(avail)),
+                   key=lambda o: o.throughput_samples_per_s, default=None)
+        if best is None or best.throughput_samples_per_s < bound:
+            return None
+        _, options = min(supersets, key=lambda s: s[1][0].throughput_samples_per_s)
+        return (best, *(o for o in options if o is not best and o.fits_in(avail)))
 
 
 def planner_plan_fn(

@@ -10,6 +10,7 @@ from functools import lru_cache
 from typing import Any
 
 from sailor_core.controller import CachedPlanner, PlanFn, planner_plan_fn
+from sailor_core.controller.planning import PlannerCall
 from sailor_core.errors import InputError
 from sailor_core.replay.costs import ChangeCosts, checkpoint_bytes_for
 from sailor_core.replay.engine import PriceFn, ReplayResult, replay
@@ -52,6 +53,7 @@ class ReplaySuite:
     planner_time_s: float
     trace_source: str
     trace_notes: tuple[str, ...]
+    planner_call_log: tuple[PlannerCall, ...] = ()  # the calls that reached the planner, in order
 
     def to_dict(self, *, with_timeline: bool = False) -> dict[str, Any]:
         ours = self.results.get("ours")
@@ -147,7 +149,7 @@ def run_policies(
     return ReplaySuite(
         results=results, single_gpu_type=single, samples_target=samples_target,
         wall_s=time.perf_counter() - t0, planner_calls=cached.num_calls, planner_time_s=cached.planner_time_s,
-        trace_source=trace.source, trace_notes=trace.notes,
+        trace_source=trace.source, trace_notes=trace.notes, planner_call_log=tuple(cached.calls),
     )
 
 
