@@ -155,8 +155,9 @@ def network_cmd(
                                                                "more if run to the deadlines (with --cloud)"),
     timeout_s: float = typer.Option(600.0, "--timeout-s", help="deadline for the measurement once the instances "
                                                                "run (with --cloud)"),
-    save: Optional[bool] = typer.Option(None, "--save/--no-save", help="write the fit to your network folder "
-                                                                       "(default: yes, but not from the embedded cloud)"),
+    save: Optional[bool] = typer.Option(None, "--save/--no-save",
+                                        help="write the fit to your network folder (default: yes, but not "
+                                             "from the embedded cloud)"),
     json_out: bool = typer.Option(False, "--json", help="machine-readable output"),
 ) -> None:
     """Measure p2p bandwidth vs message size and all-reduce among workers; fit the network model's curve.
@@ -246,20 +247,19 @@ def _network_cloud(params: dict, json_out: bool) -> None:
     from flows.train_progress import quiet_engine_failures
     from tasks import net_profiling
 
-    bar, on_event = _cloud_progress(json_out)
+    stop_bar, on_event = _cloud_progress(json_out)
     net_profiling.add_progress_listener(on_event)
     try:
         with quiet_engine_failures():
             summary = network_profile_flow(**params)
     except KeyboardInterrupt:
-        if bar:
-            bar.stop()
+        # Typer would turn it into a silent exit 130; the flow's `finally` has terminated the instances.
+        stop_bar()
         sys.stderr.write("error: interrupted; the profile's instances were terminated (see `sailor jobs`)\n")
         raise typer.Exit(130) from None
     finally:
         net_profiling.remove_progress_listener(on_event)
-        if bar:
-            bar.stop()
+        stop_bar()
     if json_out:
         print_json({k: v for k, v in summary.items() if k != "rows"})
         return
@@ -284,13 +284,17 @@ def _network_cloud(params: dict, json_out: bool) -> None:
 def _cloud_progress(quiet: bool):
     """A Rich bar fed by the network-profile flow's events (tasks.net_profiling listeners)."""
     if quiet:
-        return None, (lambda _msg: None)
+        return (lambda: None), (lambda _msg: None)
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     bar = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                    TimeElapsedColumn(), console=console(), transient=False)
     task = bar.add_task("network profile", total=None)
     started = []
+
+    def stop() -> None:  # drawn only once something happened: bad input leaves no empty bar behind
+        if started:
+            bar.stop()
 
     def on_event(msg: dict) -> None:
         if not started:
@@ -308,7 +312,7 @@ def _cloud_progress(quiet: bool):
             desc = "measured" if what == "measured" else f"{what} {msg.get('bytes', 0) / 2**20:.2f} MiB"
             bar.update(task, completed=msg["done"], total=msg["total"], description=desc)
 
-    return bar, on_event
+    return stop, on_event
 
 
 def register(app: typer.Typer) -> None:

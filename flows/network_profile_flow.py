@@ -93,7 +93,8 @@ def network_profile_flow(
     left_running = 0
     body_failed = False
     try:
-        offers = net.offers_for(link, cloud_tasks.list_offers(session, [link.gpu], spec.zones, link.clouds))
+        # Offers of the GPU anywhere in the clouds, then the zones': a zone without it gets its own message.
+        offers = net.offers_for(link, cloud_tasks.list_offers(session, [link.gpu], (), link.clouds))
         usd_per_hr = net.check_worst_case_cost(link, offers, spot=spot, budget_usd=budget_usd, timeout_s=timeout_s,
                                                shutdown_s=session.shutdown_s)
         net.emit({"event": "launching", "num_workers": link.num_workers, "gpu": link.gpu,

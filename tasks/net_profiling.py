@@ -60,7 +60,8 @@ def offers_for(link: NetworkLink, offers: Sequence[Offer]) -> list[Offer]:
     mine = [o for o in offers if o.gpu == link.gpu and o.zone in (link.src_zone, link.dst_zone)]
     for zone in dict.fromkeys((link.src_zone, link.dst_zone)):
         if not any(o.zone == zone for o in mine):
-            raise InputError(f"no {link.gpu} instances are offered in {zone} (see `sailor cloud offers`)")
+            raise InputError(f"no {link.gpu} instances are offered in {zone} "
+                             f"(see `sailor offers --gpu {link.gpu}`)")
     return mine
 
 
@@ -82,7 +83,8 @@ def check_worst_case_cost(link: NetworkLink, offers: Sequence[Offer], *, spot: b
 
 
 @task(name="launch-profile-instances", tags=["cloud", "profiler"], cache_policy=NO_CACHE)
-def launch_instances(session, link: NetworkLink, offers: list[Offer], spot: bool, wait_timeout_s: float) -> list[InstanceInfo]:
+def launch_instances(session, link: NetworkLink, offers: list[Offer], spot: bool,
+                     wait_timeout_s: float) -> list[InstanceInfo]:
     """One instance per rank in its zone (no failover to other zones: that would measure another
     link); all or nothing.  Raises the provisioner's ProvisionError (a CapacityError) or QuotaError."""
     from infra.provisioner import GpuNeed, Provisioner
@@ -124,10 +126,11 @@ def _log_tail(status: dict, rank: int) -> str:
     """The last line a failed rank logged, when its log is on this machine (the embedded cloud)."""
     log_dir = status.get("log_dir")
     try:
-        lines = [ln for ln in (Path(log_dir) / f"rank{rank}.log").read_text(errors="replace").splitlines() if ln.strip()]
+        text = (Path(log_dir) / f"rank{rank}.log").read_text(errors="replace")
     except (OSError, TypeError):
         return f"see rank{rank}.log under {log_dir or 'the agent work dir'} on the instance"
-    return lines[-1].strip()[:300] if lines else "no output"
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    return lines[-1][:300] if lines else "no output"
 
 
 def _progress_step(event: dict, sizes: Sequence[int]) -> int | None:

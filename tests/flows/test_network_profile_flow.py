@@ -34,7 +34,8 @@ def _assert_nothing_left(job_id: str, *, expect_workers: bool = True) -> None:
     state = js.JobStore().load(job_id)
     assert not state.running_instances()
     assert _live_instances(job_id) == []
-    reports = [json.loads(p.read_text()) for p in (Path(js.JobStore().job_url(job_id)) / "agents").glob("*/status.json")]
+    agents = Path(js.JobStore().job_url(job_id)) / "agents"
+    reports = [json.loads(p.read_text()) for p in agents.glob("*/status.json")]
     pids = [pid for r in reports for pid in r.get("pids", {}).values()]
     if expect_workers:
         assert pids, "the agents reported no workers"

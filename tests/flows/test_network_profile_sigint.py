@@ -1,0 +1,110 @@
+"""Ctrl-C on `sailor profile network --cloud` while the workers measure leaves nothing running.
+
+A standalone embedded cloud (its instances outlive the CLI process and can be checked after it
+exits); SIGINT to the CLI's process group, as a terminal's Ctrl-C.  Slow (~40 s): the default
+run covers the flow's cleanup with an in-process KeyboardInterrupt
+(tests/flows/test_network_profile_flow.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.flows.conftest import ROOT, process_alive
+from tests.flows.test_cancellation import _env, _stop_group, standalone_cloud  # noqa: F401  (fixture)
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+
+def _statuses(home: Path) -> list[dict]:
+    out = []
+    for p in (home / "jobs").glob("network-profile-*/agents/*/status.json"):
+        try:
+            out.append(json.loads(p.read_text()))
+        except (OSError, ValueError):
+            continue
+    return out
+
+
+def _instances(cloud: dict, home: Path) -> list:
+    """Every instance of the profile's job (its id comes from the flow run: found in the jobs folder)."""
+    from infra.local.cloud import providers_for
+    from infra.records import job_labels
+
+    providers = providers_for(cloud["aws_endpoint"], cloud["gce_endpoint"])
+    return [i for job in (home / "jobs").glob("network-profile-*") for p in providers.values()
+            for i in p.query_instances(job_labels(job.name))]
+
+
+def _sailor_pids(home: Path) -> set[int]:
+    """Live agent/profiler processes started for this test's SAILOR_HOME."""
+    found = set()
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            cmdline = (d / "cmdline").read_bytes().replace(b"\0", b" ")
+            if b"sailor_core.runtime.agent" not in cmdline and b"sailor_core.profiler.net_worker" not in cmdline:
+                continue
+            environ = (d / "environ").read_bytes()
+        except OSError:
+            continue
+        if str(home).encode() in cmdline + environ and process_alive(int(d.name)):
+            found.add(int(d.name))
+    return found
+
+
+def test_sigint_while_measuring_terminates_the_instances(standalone_cloud, prefect_api):
+    home, cloud = standalone_cloud
+    err_path = home / "profile.err"
+    with open(home / "profile.out", "wb") as out, open(err_path, "wb") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "flows.cli", "profile", "network", "--cloud", "embedded", "--gpu", "T4",
+             "--zone", "us-central1-a", "--workers", "2", "--max-mib", "256", "--reps", "40", "--timeout-s", "300"],
+            env=_env(home, prefect_api), cwd=str(ROOT), stdout=out, stderr=err, stdin=subprocess.DEVNULL,
+            start_new_session=True)
+    try:
+        deadline = time.monotonic() + 180
+        worker_pids: set[int] = set()
+        while time.monotonic() < deadline:
+            assert proc.poll() is None, f"exited early ({proc.returncode}): {err_path.read_text()[-2000:]}"
+            running = [s for s in _statuses(home) if s.get("state") == "running" and s.get("generation") == 1]
+            worker_pids = {int(p) for s in running for p in (s.get("pids") or {}).values()}
+            if len(running) == 2 and any((s.get("event") or {}).get("event") == "p2p" for s in running):
+                break  # both ranks up and measuring
+            time.sleep(0.5)
+        else:
+            pytest.fail(f"the workers did not start measuring within 180 s: {err_path.read_text()[-2000:]}")
+        assert [i for i in _instances(cloud, home) if i.live], "no live instances to watch"
+        os.killpg(proc.pid, signal.SIGINT)
+        try:
+            code = proc.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            pytest.fail("sailor profile network was still running 120 s after SIGINT")
+    finally:
+        _stop_group(proc, signal.SIGKILL)
+
+    stderr = err_path.read_text()
+    assert code == 130, (code, stderr[-2000:])
+    assert "Traceback" not in stderr, stderr[-4000:]
+    errors = [ln for ln in stderr.splitlines() if ln.startswith("error:")]
+    assert errors == ["error: interrupted; the profile's instances were terminated (see `sailor jobs`)"], stderr
+    left = [(i.instance_id, i.state) for i in _instances(cloud, home) if i.state in ("pending", "running")]
+    assert not left, f"instances still up after Ctrl-C: {left}"
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and (_sailor_pids(home) or any(process_alive(p) for p in worker_pids)):
+        time.sleep(0.5)
+    assert not _sailor_pids(home) and not [p for p in worker_pids if process_alive(p)]
+
+    from sailor_core import jobstate as js
+
+    (state,) = js.JobStore(str(home / "jobs")).list()
+    assert state.status == js.CANCELLED and not state.running_instances() and len(state.instances) == 2
