@@ -28,7 +28,9 @@ from sailor_core.runtime.agent import read_status, write_assignment
 POLL_S = 0.3
 CLOUD_POLL_S = 1.0
 LAUNCH_WAIT_S = 600.0  # launch -> running, per zone tried
-ADDRESS_WAIT_S = 30.0  # a running instance gets its private address within seconds
+ADDRESS_WAIT_S = 30.0
+FAILURE_GRACE_S = 4.0
+SETTLE_S = 10.0  # a stopping instance: how long to wait for its end state (preempted, terminated)  # a failed rank: how long to wait for the cloud to report a preempted peer  # a running instance gets its private address within seconds
 GENERATION = 1  # one assignment per instance: the profile is a single run
 
 # Listeners in this process (the CLI's progress bar): called with {"event": ..., ...} dicts.
@@ -142,6 +144,31 @@ def _progress_step(event: dict, sizes: Sequence[int]) -> int | None:
     return 2 * i + (1 if event.get("event") == "p2p" else 2)
 
 
+def _worker_failure(statuses: dict, instance_ids: Sequence[str], zones: Sequence[str]) -> str | None:
+    """Why the run cannot finish, from the agents' reports of this generation; None while it can."""
+    for rank, iid in enumerate(instance_ids):
+        st = statuses.get(iid)
+        if not st or st.get("state") not in ("failed", "exited"):
+            continue
+        if st["state"] == "exited":
+            if rank == 0:  # its result is forwarded before the agent reports the exit
+                return f"rank 0 on {iid} exited without a result"
+            continue  # a peer may finish before rank 0's report arrives
+        code = (st.get("exit_codes") or {}).get(str(rank))
+        return f"rank {rank} on {iid} ({zones[rank]}) failed with exit code {code}: {_log_tail(st, rank)}"
+    return None
+
+
+def _settled_state(session, instance_id: str, state: str | None) -> str:
+    """What became of an instance that left "running": a stopping one (the preemption notice) is
+    given a few seconds to say whether it was preempted."""
+    deadline = time.monotonic() + SETTLE_S
+    while state == "stopping" and time.monotonic() < deadline:
+        time.sleep(POLL_S)
+        state = session.instance_states([instance_id]).get(instance_id)
+    return {"stopping": "stopping (preempted or stopped)", None: "gone"}.get(state, state)
+
+
 @task(name="run-network-workers", tags=["profiler", "workers"], cache_policy=NO_CACHE)
 def run_workers(session, instance_ids: list[str], addresses: list[str], zones: list[str], *, sizes: list[int],
                 reps: int, device: str, timeout_s: float) -> dict:
@@ -164,6 +191,7 @@ def run_workers(session, instance_ids: list[str], addresses: list[str], zones: l
     emit({"event": "workers", "num_workers": world})
     deadline = time.monotonic() + timeout_s
     last_cloud = 0.0
+    failed_since: float | None = None
     done = 0
     while True:
         statuses = {iid: read_status(session.jobs_url, iid) for iid in instance_ids}
@@ -177,24 +205,22 @@ def run_workers(session, instance_ids: list[str], addresses: list[str], zones: l
         if step is not None and step > done:
             done = step
             emit({**event, "done": done, "total": 2 * len(sizes)})
-        for rank, iid in enumerate(instance_ids):
-            st = mine.get(iid)
-            if st and st.get("state") in ("failed", "exited"):
-                codes = st.get("exit_codes") or {}
-                if st["state"] == "exited" and rank != 0:
-                    continue  # a peer may finish before rank 0's report arrives
-                if st["state"] == "exited":
-                    raise NetworkProfilingError(f"rank 0 on {iid} exited without a result")
-                raise NetworkProfilingError(
-                    f"rank {rank} on {iid} ({zones[rank]}) failed with exit code {codes.get(str(rank))}: "
-                    f"{_log_tail(st, rank)}")
+        failure = _worker_failure(mine, instance_ids, zones)
         now = time.monotonic()
+        if failure is not None:
+            # A rank whose peer was preempted dies before the cloud reports the preemption: give the
+            # cloud a few seconds to say so, the real cause, before blaming the worker.
+            failed_since = failed_since or now
+            last_cloud = 0.0 if now - failed_since < FAILURE_GRACE_S else last_cloud
         if now - last_cloud > CLOUD_POLL_S:
             last_cloud = now
-            for iid, state in session.instance_states(instance_ids).items():
-                if state != "running":
-                    raise NetworkProfilingError(f"instance {iid} ({zones[instance_ids.index(iid)]}) is "
-                                                f"{state or 'gone'} before the profile finished")
+            gone = [(iid, st) for iid, st in session.instance_states(instance_ids).items() if st != "running"]
+            if gone:
+                iid, state = gone[0]
+                raise NetworkProfilingError(f"instance {iid} ({zones[instance_ids.index(iid)]}) is "
+                                            f"{_settled_state(session, iid, state)} before the profile finished")
+        if failure is not None and now - failed_since >= FAILURE_GRACE_S:
+            raise NetworkProfilingError(failure)
         if now > deadline:
             raise NetworkProfilingError(
                 f"network profiling did not finish within {timeout_s:.0f} s (last: "

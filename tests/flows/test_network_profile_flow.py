@@ -153,3 +153,31 @@ def test_ctrl_c_after_the_launch_terminates_the_instances(prefect_api):
     state = js.JobStore().load("netprof-ctrl-c")
     assert state.status == js.CANCELLED and len(state.instances) == 2
     _assert_nothing_left("netprof-ctrl-c", expect_workers=False)
+
+
+@pytest.mark.slow  # ~15 s
+def test_a_preempted_instance_fails_the_run_with_that_reason_and_terminates(prefect_api):
+    from flows.network_profile_flow import network_profile_flow
+    from infra.config import in_process_cloud
+    from tasks import net_profiling
+
+    cloud = in_process_cloud()
+
+    def preempt_rank1(msg: dict) -> None:
+        if msg["event"] == "p2p":  # measuring: both ranks are up
+            net_profiling.remove_progress_listener(preempt_rank1)
+            state = js.JobStore().load("netprof-preempted")
+            victim = sorted(state.instances, key=lambda r: r.instance_id)[-1].instance_id
+            assert cloud.preempt(victim)
+
+    net_profiling.add_progress_listener(preempt_rank1)
+    try:
+        with pytest.raises(net_profiling.NetworkProfilingError, match="is preempted before the profile finished"):
+            network_profile_flow(gpu="T4", zone="us-central1-a", workers=2, job_id="netprof-preempted",
+                                 **{**FAST, "max_mib": 256, "reps": 20})
+    finally:
+        net_profiling.remove_progress_listener(preempt_rank1)
+    state = js.JobStore().load("netprof-preempted")
+    assert state.status == js.FAILED
+    assert sorted(r.end_reason for r in state.instances) == ["preempted", "terminated"]
+    _assert_nothing_left("netprof-preempted")
