@@ -38,20 +38,21 @@ def plan_job(request: PlanRequest, *, profiles=None, network=None) -> PlanResult
         network = default_network()
     t0 = time.perf_counter()
     searcher = Searcher(request, profiles=profiles, network=network)
-    _search(searcher)
     if len(searcher.gpu_types) > 1:
         # Every plan on one GPU type is also a plan when more types are available, but the
-        # bounds and the patience stop of the larger search can miss it: search each type on
-        # its own (a much smaller space) and let its best plans compete.
+        # estimates and the patience stop of the larger search can miss it: search each type
+        # on its own first (a much smaller space); its best plans then prune the larger search.
         for gpu in searcher.gpu_types:
             only = {k: n for k, n in request.availability.items() if k[0] == gpu}
             _adopt(searcher, _sub_search(searcher, availability=only))
-    if not any(e.feasible for e in searcher.top) and (_has_caps(request)
-                                                       or request.min_throughput_samples_per_s is not None):
+    _search(searcher)
+    if not any(e.feasible for e in searcher.top) and not searcher.stats.exhausted and (
+            _has_caps(request) or request.min_throughput_samples_per_s is not None):
         # The bounds under-estimate cost (or over-estimate speed) several-fold on large shapes,
         # so a search ordered by one objective can spend its budget on shapes that miss the
         # other's limit: before declaring the request infeasible, search by the other objective
-        # (which reaches the cheap, or the fast, plans first) under the same limits.
+        # (which reaches the cheap, or the fast, plans first) under the same limits, unless
+        # the search proved that no plan meets them.
         other = Objective.COST if request.objective is Objective.THROUGHPUT else Objective.THROUGHPUT
         _adopt(searcher, _sub_search(searcher, objective=other))
     if request.mixed_stages:
@@ -100,21 +101,15 @@ def _search(searcher: Searcher) -> None:
     floor_binds = request.min_throughput_samples_per_s is not None and request.objective is Objective.COST
     caps_bind = _has_caps(request) and request.objective is Objective.THROUGHPUT
     if floor_binds or caps_bind:
-        # The bounds leave out most bubbles, links and sync, so the shapes that meet a floor or
-        # a cap on paper by the narrowest margin mostly miss it in simulation: first look only at
-        # shapes meeting it with 30 % to spare, then at all of them if that finds nothing.
-        # How far the bounds are off depends on the scenario, so widen the margin until a pass
-        # finds a plan (each pass gets a share of the evaluation budget), then end with none.
-        # The last pass, with the limit as given, always runs: shapes meeting the limit by less
-        # than the margin on paper (a plan just under a cap) are only searched there; the plans
-        # found so far prune it.
-        for margin in (1.3, 2.0, 4.0):
-            searcher.floor_margin = margin if floor_binds else 1.0
-            searcher.cap_margin = 1 / margin if caps_bind else 1.0
-            run_search(searcher, budget=request.max_evaluations // 4)
-            if any(e.feasible for e in searcher.top):
-                break
-        searcher.floor_margin = searcher.cap_margin = 1.0
+        # The bound leaves out part of the bubbles, links and sync, so shapes that meet a floor
+        # or a cap on paper by a narrow margin mostly miss it in simulation.  First search with
+        # the limits checked on an estimate (the bound times the excess seen on pipelines as
+        # deep), which keeps the budget for shapes that may meet them; then, with the plans
+        # found pruning it, once more with the limits checked on the bound alone, for the
+        # shapes just under a cap that the estimate ruled out.
+        searcher.estimate_limits = True
+        run_search(searcher, budget=request.max_evaluations // 2)
+        searcher.estimate_limits = False
         run_search(searcher, budget=request.max_evaluations // 4)
     else:
         run_search(searcher)
@@ -125,6 +120,11 @@ def _sub_search(searcher: Searcher, **changes) -> Searcher:
     req = dataclasses.replace(searcher.req, mixed_stages=False, collect_pareto=False, **changes)
     sub = Searcher(req, profiles=searcher.profiles, network=searcher.network)
     sub.kinds = searcher.kinds  # same model and regime: share the kinds (and their memo)
+    # Same kinds and zones per GPU type: a shape's split and placement are the same here.
+    sub.prepared_memo = searcher.prepared_memo
+    sub.placed_memo = searcher.placed_memo
+    sub.placed_costs_memo = searcher.placed_costs_memo
+    sub.segment_egress_memo = searcher.segment_egress_memo
     _search(sub)
     return sub
 
@@ -221,6 +221,16 @@ def _mix_leftovers(searcher: Searcher, ev: Evaluated, max_added: int = 64) -> Ev
 def _why_infeasible(searcher: Searcher, profiles, network) -> str:
     req = searcher.req
     st = searcher.stats
+    memo: dict = {}
+
+    def _relaxed(req, profiles, network, *, objective, keep_caps, keep_floor):
+        # Keeping limits the request does not set changes nothing: search each variant once.
+        key = (objective, keep_caps and _has_caps(req), keep_floor and req.min_throughput_samples_per_s is not None)
+        kw = dict(objective=objective, keep_caps=keep_caps, keep_floor=keep_floor)
+        if key not in memo:
+            memo[key] = _relaxed_search(req, profiles, network, **kw)
+        return memo[key]
+
     if not st.any_fits:
         # The limits may have ruled out every shape before one was simulated: check that
         # something fits at all before blaming memory.
@@ -282,8 +292,8 @@ def _has_caps(req: PlanRequest) -> bool:
     return req.max_usd_per_iteration is not None or req.max_usd_per_hour is not None
 
 
-def _relaxed(req: PlanRequest, profiles, network, *, objective: Objective, keep_caps: bool,
-             keep_floor: bool) -> Evaluated | None:
+def _relaxed_search(req: PlanRequest, profiles, network, *, objective: Objective, keep_caps: bool,
+                    keep_floor: bool) -> Evaluated | None:
     relaxed = dataclasses.replace(
         req,
         objective=objective,

@@ -116,19 +116,46 @@ class FastSim:
             self._pairs[key] = hit
         return hit
 
+    def rent_and_egress(self, micro_batch_size: int, stages) -> tuple[float, float]:
+        """(USD per hour of the GPUs, USD per iteration of cross-zone traffic) of a plan: exact
+        from the split and placement alone, so the search can check a cost cap before timing it."""
+        num_mb = self.gbs // micro_batch_size
+        regime = self.regime_for(stages[0].groups[0][0])
+        net = self.network
+        usd_per_hr = egress = 0.0
+        for i, stage in enumerate(stages):
+            a, b = stage.layer_start, stage.layer_end
+            d = stage.dp_degree
+            for kind, zone, n in stage.groups:
+                usd_per_hr += n * kind.tp_degree * self.price(kind.gpu, zone)
+            if d > 1:
+                zones = sorted({z for _, z, _ in stage.groups})
+                if len(zones) > 1:
+                    thinnest = min((g[0] for g in stage.groups), key=lambda k: k.tp_degree)
+                    sync_bytes = st.dp_sync_bytes(thinnest.profile, a, b, regime)
+                    hop = 2 * (d - 1) / d * sync_bytes * thinnest.tp_degree
+                    for za, zb in zip(zones, zones[1:] + zones[:1]):
+                        egress += hop * net.egress_usd_per_byte(za, zb)
+            if i + 1 < len(stages):
+                nxt = stages[i + 1]
+                nbytes = st.boundary_bytes(stage.groups[0][0].profile, b)
+                for (ga, gb), carried in self._group_pairs(num_mb, stage.groups, nxt.groups).items():
+                    za, zb = stage.groups[ga][1], nxt.groups[gb][1]
+                    if za != zb:
+                        egress += carried * nbytes * (net.egress_usd_per_byte(za, zb)
+                                                      + net.egress_usd_per_byte(zb, za))
+        return usd_per_hr, egress
+
     def evaluate(self, micro_batch_size: int, stages: list[FastStage]) -> FastResult:
         num_mb = self.gbs // micro_batch_size
         num_stages = len(stages)
         regime = self.regime_for(stages[0].groups[0][0])
-        net = self.network
         timings = []
         link_s: list[float] = []
         link_counts: list[int] = []
-        egress = 0.0
         fits = True
         peak = 0
         end_part = 0.0
-        usd_per_hr = 0.0
         for i, stage in enumerate(stages):
             a, b = stage.layer_start, stage.layer_end
             d = stage.dp_degree
@@ -150,32 +177,21 @@ class FastSim:
                                    regime, kind.capacity_bytes)
                 peak = max(peak, mem.peak_bytes)
                 fits = fits and mem.fits
-                usd_per_hr += n * kind.tp_degree * self.price(kind.gpu, zone)
                 first_index += n
             timings.append(stage_timing(steps, counts, fwds))
             thinnest = min((g[0] for g in stage.groups), key=lambda k: k.tp_degree)
-            min_tp = thinnest.tp_degree
             sync_bytes = st.dp_sync_bytes(thinnest.profile, a, b, regime)
             sync = self._sync_s(sync_bytes, stage.groups) if d > 1 else 0.0
-            if d > 1:
-                zones = sorted({z for _, z, _ in stage.groups})
-                if len(zones) > 1:
-                    hop = 2 * (d - 1) / d * sync_bytes * min_tp
-                    for za, zb in zip(zones, zones[1:] + zones[:1]):
-                        egress += hop * net.egress_usd_per_byte(za, zb)
             end_part = max(end_part, sync + update)
             if i + 1 < num_stages:
                 nxt = stages[i + 1]
                 nbytes = st.boundary_bytes(stage.groups[0][0].profile, b)
                 worst_link = 0.0
                 for (ga, gb), carried in self._group_pairs(num_mb, stage.groups, nxt.groups).items():
-                    src, dst = stage.groups[ga], nxt.groups[gb]
-                    worst_link = max(worst_link, self._transfer_s(nbytes, src, dst))
-                    if src[1] != dst[1]:
-                        egress += carried * nbytes * (net.egress_usd_per_byte(src[1], dst[1])
-                                                      + net.egress_usd_per_byte(dst[1], src[1]))
+                    worst_link = max(worst_link, self._transfer_s(nbytes, stage.groups[ga], nxt.groups[gb]))
                 link_s.append(worst_link)
                 link_counts.append(st.link_microbatches(num_mb, d, nxt.dp_degree))
+        usd_per_hr, egress = self.rent_and_egress(micro_batch_size, stages)
         pipe = one_f_one_b(timings, link_s, link_counts)
         iteration = pipe.compute_s + pipe.bubble_s + pipe.p2p_s + end_part
         return FastResult(

@@ -15,10 +15,26 @@ Search space (per micro-batch size):
 Every candidate is scored by ``simulate`` itself, so the ranking, the caps and
 the floor are checked against the same figures ``sailor simulate`` prints.
 
-Pruning: shapes are generated lazily in order of a cheap, valid bound (an upper
-bound on throughput from the segments' compute capacity, or a lower bound on
-cost), re-ranked by a tighter valid bound (adds pipeline warm-up/cool-down), and
-the search stops once no unexplored shape's bound can enter the top N.
+Bounds, refined in steps so that only shapes still in front pay for the next:
+
+0. capacity: the segments' compute capacity with fractional layers (an upper bound
+   on throughput, or a lower bound on cost), plus the smallest DP ring, the
+   busiest link's steady state, and the rings and stage boundaries that must
+   cross zones (egress);
+1. granular: whole blocks per stage and the LM head on one of them
+   (``granular_busiest_s``), and, when cost matters, the placement's exact rent
+   and the egress of every micro-batch crossing a zone between stages;
+2. split: the real min-max split of each order (memory, real layer times) and its
+   exact rent and egress; each order is queued on its own.
+
+All three are valid bounds, so pruning (a bound that cannot enter the top N) is
+safe.  The queue, though, is ordered by an *estimate*: the bound with its
+iteration time scaled by the typical excess of simulated over bounded time seen
+so far on pipelines as deep (deep pipelines lose more to p2p and bubbles than a
+bound can see).  That finds the good plans early; once many evaluations in a row
+bring nothing (``patience``) the search switches to bound order, which either
+proves the top N optimal (``exhausted``, as on small clusters) or stops after
+twice the patience.
 """
 
 from __future__ import annotations
@@ -54,6 +70,9 @@ class Segment:
     slowness: float  # per-micro-batch time of a block on this kind / on the fastest kind (>= that)
     num_microbatches: int  # per replica (the busiest)
     min_usd_per_hr: float
+    block_busy_s: float  # num_microbatches x the fastest block (any variant): a stage's busy time per block
+    head_busy_s: float  # num_microbatches x the fastest last layer: what the stage holding it adds
+    egress_usd: float = 0.0  # a lower bound on its own p2p egress per iteration (stages in different zones)
 
     @property
     def num_gpus(self) -> int:
@@ -139,6 +158,19 @@ class Searcher:
         self._seen_plans: set = set()
         self._sim_cache: dict = {}
         self._variants: dict = {}
+        self._block_head: dict = {}
+        self._granular: dict = {}
+        # Splits and placements of ordered shapes, by segment attributes: the passes and
+        # the sub-searches of one request meet the same shapes again.
+        self.prepared_memo: dict = {}
+        self.placed_memo: dict = {}
+        self._segment_places: dict = {}
+        self.placed_costs_memo: dict = {}
+        self.bound_memos: dict[str, dict] = {}  # run_search's per-segment bound parts, kept across passes
+        self._boundary_bytes: dict = {}
+        self._round_trip: dict = {}
+        self._segments: dict = {}
+        self.segment_egress_memo: dict = {}
         self.fast = FastSim(model=request.model, global_batch_size=request.global_batch_size,
                             network=network, spot=request.spot, regime=request.regime)
         self.max_stages = max(1, min(request.max_stages, self.num_layers))
@@ -146,9 +178,11 @@ class Searcher:
         # max_stages and the lazy order wades through them: cap each type's share instead.
         k = len(self.gpu_types)
         self.max_stages_per_type = self.max_stages if k <= 2 else max(2, self.max_stages // k + 2)
-        # Shapes whose throughput bound clears the floor by this factor are searched (see plan_job).
-        self.floor_margin = 1.0
-        self.cap_margin = 1.0  # likewise for the cost caps (< 1 looks only well under the cap)
+        # Per pipeline depth: the smallest ratio of a simulated iteration to its shape's bound,
+        # and the sum of log ratios and their count (their geometric mean orders the queue).
+        self.excess: dict[int, float] = {}
+        self._log_excess: dict[int, tuple[float, int]] = {}
+        self.estimate_limits = False  # check caps and floor on bound x excess too (see plan_job)
 
     def variants(self, kind: Kind) -> list[Kind]:
         """``kind`` under every regime a plan holding it may run in.
@@ -172,6 +206,43 @@ class Searcher:
                 out.append(v)
         self._variants[key] = out
         return out
+
+    def block_and_head_s(self, kind: Kind) -> tuple[float, float]:
+        """(fastest block, fastest last layer) of ``kind`` over its variants, per micro-batch.
+
+        A stage holding b blocks takes at least b times the first; the stage holding the last
+        layer (the LM head: one to two blocks' worth of compute) also the second.
+        """
+        key = (kind.gpu, kind.tp_degree, kind.micro_batch_size)
+        hit = self._block_head.get(key)
+        if hit is None:
+            L = self.num_layers
+            vs = self.variants(kind)
+            if L >= 3:
+                block = min(v.time_s(i, i + 1) for v in vs for i in range(1, L - 1))
+                head = min(v.time_s(L - 1, L) for v in vs)
+            else:
+                block, head = min(v.time_s(i, i + 1) for v in vs for i in range(L)), 0.0
+            hit = self._block_head[key] = (block, head)
+        return hit
+
+    def learn_excess(self, num_stages: int, ratio: float) -> None:
+        self.excess[num_stages] = min(self.excess.get(num_stages, math.inf), ratio)
+        total, count = self._log_excess.get(num_stages, (0.0, 0))
+        self._log_excess[num_stages] = (total + math.log(max(ratio, 1.0)), count + 1)
+
+    def typical_excess(self, num_stages: int) -> float:
+        hit = self._log_excess.get(num_stages)
+        return math.exp(hit[0] / hit[1]) if hit else 1.0
+
+    def granular_busiest_s(self, shape: tuple[Segment, ...]) -> float:
+        """A lower bound on the busiest stage of every split of ``shape`` (see ``granular_busiest_s``)."""
+        key = tuple(sorted((s.num_stages, s.block_busy_s, s.head_busy_s) for s in shape))
+        hit = self._granular.get(key)
+        if hit is None:
+            num_blocks = self.num_layers - 2 if self.num_layers >= 3 else self.num_layers
+            hit = self._granular[key] = granular_busiest_s(key, num_blocks)
+        return hit
 
     # ---- scoring ----------------------------------------------------------------------
 
@@ -251,6 +322,13 @@ class Searcher:
         return out
 
     def segments_for(self, gpu: str, mbs: int, num_mb: int, ref: list[float]) -> list[Segment]:
+        key = (gpu, mbs, num_mb, tuple(ref))
+        hit = self._segments.get(key)
+        if hit is None:
+            hit = self._segments[key] = self._segments_for(gpu, mbs, num_mb, ref)
+        return hit
+
+    def _segments_for(self, gpu: str, mbs: int, num_mb: int, ref: list[float]) -> list[Segment]:
         zones = self.zone_gpus[gpu]
         live = {z: n for z, n in zones.items() if n > 0}
         min_price = min(gpu_price_usd_per_hr(gpu, z, spot=self.req.spot) for z in live)
@@ -265,6 +343,7 @@ class Searcher:
                 (v.time_s(i, i + 1) / ref[i]) for v in self.variants(kind)
                 for i in range(self.num_layers) if ref[i] > 0
             ) if any(r > 0 for r in ref) else 1.0
+            block_s, head_s = self.block_and_head_s(kind)
             total_rep = sum(n // tp for n in live.values())
             zone_max = max(n // tp for n in live.values())
             for num_stages in range(1, self.max_stages_per_type + 1):
@@ -289,25 +368,41 @@ class Searcher:
                             and sum(n // (tp * num_stages) for n in live.values()) >= d):
                         rules.append("pipeline")
                     for rule in rules:
+                        egress = self.segment_egress_lb(kind, tp, d, num_stages, rule, num_mb)
                         out.append(Segment(
                             gpu=gpu, kind=kind, tp_degree=tp, dp_degree=d, num_stages=num_stages,
                             rule=rule, capacity=cap, slowness=ratio, num_microbatches=n_per_rep,
                             min_usd_per_hr=num_stages * d * tp * min_price,
+                            block_busy_s=n_per_rep * block_s, head_busy_s=n_per_rep * head_s,
+                            egress_usd=egress,
                         ))
         return out
 
     # ---- building a plan from a shape -------------------------------------------------
 
     def build_stages(self, shape: tuple[Segment, ...]) -> list[tuple[Kind, StagePlacement]] | None:
+        key = _order_key(shape)
+        if key in self.placed_memo:
+            return self.placed_memo[key]
+        out = self.placed_memo[key] = self._build_stages(shape)
+        return out
+
+    def _build_stages(self, shape: tuple[Segment, ...]) -> list[tuple[Kind, StagePlacement]] | None:
         stages: list[tuple[Kind, StagePlacement]] = []
         prev_zone: str | None = None
         first = shape[0].kind
         for seg in shape:
             zones = {z: n for z, n in self.zone_gpus[seg.gpu].items() if n > 0}
-            if seg.rule == "pipeline":
-                placed = place_pipelines(zones, seg.tp_degree, seg.dp_degree, seg.num_stages)
+            key = (seg.gpu, seg.tp_degree, seg.dp_degree, seg.num_stages, seg.rule,
+                   prev_zone if seg.rule == "stage" else None)
+            if key in self._segment_places:
+                placed = self._segment_places[key]
+            elif seg.rule == "pipeline":
+                placed = self._segment_places[key] = place_pipelines(
+                    zones, seg.tp_degree, seg.dp_degree, seg.num_stages)
             else:
-                placed = place_stages(zones, seg.tp_degree, seg.dp_degree, seg.num_stages, prev_zone)
+                placed = self._segment_places[key] = place_stages(
+                    zones, seg.tp_degree, seg.dp_degree, seg.num_stages, prev_zone)
             if placed is None:
                 return None
             kind = self.kinds.in_regime_of(seg.kind, first)
@@ -316,6 +411,78 @@ class Searcher:
             last = placed[-1]
             prev_zone = max(last, key=lambda p: (p[1], p[0]))[0]
         return stages
+
+    def placed_costs_lb(self, mbs: int, stages: list[tuple[Kind, StagePlacement]]) -> tuple[float, float]:
+        """(USD per hour, a lower bound on the egress USD per iteration) of a placed shape before
+        its split: the rent is exact; every micro-batch routed across a zone boundary carries at
+        least the smallest activation both ways (the rings' egress depends on the split: left out)."""
+        fast = self.fast
+        num_mb = self.req.global_batch_size // mbs
+        usd_per_hr = egress = 0.0
+        for i, (kind, placed) in enumerate(stages):
+            for zone, n in placed:
+                usd_per_hr += n * kind.tp_degree * fast.price(kind.gpu, zone)
+            if i + 1 == len(stages):
+                break
+            nxt_kind, nxt = stages[i + 1]
+            if len(placed) == 1 and len(nxt) == 1:
+                if placed[0][0] == nxt[0][0]:
+                    continue
+                crossing = num_mb * self.round_trip_usd_per_byte(placed[0][0], nxt[0][0])
+            else:
+                src = tuple((kind, z, n) for z, n in placed)
+                dst = tuple((nxt_kind, z, n) for z, n in nxt)
+                crossing = sum(carried * self.round_trip_usd_per_byte(src[a][1], dst[b][1])
+                               for (a, b), carried in fast._group_pairs(num_mb, src, dst).items()
+                               if src[a][1] != dst[b][1])
+            if crossing:
+                egress += crossing * self.min_boundary_bytes(kind)
+        return usd_per_hr, egress
+
+    def segment_egress_lb(self, kind: Kind, tp: int, d: int, num_stages: int, rule: str, num_mb: int) -> float:
+        """USD per iteration that consecutive stages of the segment placed whole in different
+        zones send each other (every micro-batch crosses, both ways), whatever zone it starts
+        after; 0 for the pipeline rule (its p2p stays in a zone) and one-zone types."""
+        zones = {z: n for z, n in self.zone_gpus[kind.gpu].items() if n > 0}
+        if rule != "stage" or num_stages < 2 or len(zones) < 2:
+            return 0.0
+        key = (kind.gpu, tp, d, num_stages, num_mb, kind.micro_batch_size)
+        hit = self.segment_egress_memo.get(key)
+        if hit is None:
+            hit = self.segment_egress_memo[key] = self._segment_egress_lb(kind, zones, tp, d, num_stages, num_mb)
+        return hit
+
+    def _segment_egress_lb(self, kind: Kind, zones: dict[str, int], tp: int, d: int, num_stages: int,
+                           num_mb: int) -> float:
+        fewest = math.inf
+        for prev in (None, *sorted(zones)):
+            placed = place_stages(zones, tp, d, num_stages, prev)
+            if placed is None:
+                return 0.0
+            crossings = sum(1 for a, b in zip(placed, placed[1:])
+                            if len(a) == 1 and len(b) == 1 and a[0][0] != b[0][0])
+            fewest = min(fewest, crossings)
+        if not fewest:
+            return 0.0
+        price = min(self.round_trip_usd_per_byte(a, b) for a in zones for b in zones if a != b)
+        nbytes = min(self.min_boundary_bytes(v) for v in self.variants(kind))
+        return fewest * num_mb * nbytes * price
+
+    def round_trip_usd_per_byte(self, za: str, zb: str) -> float:
+        key = (za, zb)
+        hit = self._round_trip.get(key)
+        if hit is None:
+            hit = self._round_trip[key] = (self.network.egress_usd_per_byte(za, zb)
+                                           + self.network.egress_usd_per_byte(zb, za))
+        return hit
+
+    def min_boundary_bytes(self, kind: Kind) -> int:
+        key = id(kind)
+        hit = self._boundary_bytes.get(key)
+        if hit is None:
+            out = layer_table(kind.profile).output_bytes
+            hit = self._boundary_bytes[key] = min(out[: max(1, self.num_layers - 1)])
+        return hit
 
     def to_plan(self, ev: Evaluated) -> Plan:
         return Plan(
@@ -338,6 +505,13 @@ class Searcher:
 
     def prepare(self, mbs: int, shape: tuple[Segment, ...], tau_lb: float):
         """(stages, ends, busiest-stage time) of the min-max split of one ordered shape, or None."""
+        key = (mbs, _order_key(shape))
+        if key in self.prepared_memo:
+            return self.prepared_memo[key]
+        out = self.prepared_memo[key] = self._prepare(mbs, shape, tau_lb)
+        return out
+
+    def _prepare(self, mbs: int, shape: tuple[Segment, ...], tau_lb: float):
         stages = self.build_stages(shape)
         if stages is None:
             return None
@@ -364,9 +538,9 @@ class Searcher:
         stages, ends, _ = prepared
         self.stats.num_shapes += 1
         ev = self.evaluate(mbs, self.fast_stages(stages, ends))
-        # Polish only shapes that may enter the top N: within 25 % of its last entry (the
-        # min-max split ignores p2p, sync and warm-up; polishing has gained up to ~20 %).
-        cutoff = self.threshold()
+        # Polish only shapes that may become the best plan: within a margin of it (the min-max
+        # split ignores p2p, sync and warm-up; polishing has gained up to ~20 %, mostly a few %).
+        cutoff = self.top[0].score if self.top else math.inf
         gate = 0.25 if len(stages) <= 6 else 0.05  # long pipelines polish only their busiest stage
         if ev.res.fits and ev.score < cutoff * (1 - gate if cutoff < 0 else 1 + gate):
             ev = self.polish(mbs, stages, ends, ev)
@@ -414,6 +588,36 @@ class Searcher:
                 if _better(trial, best):
                     best, best_ends, found = trial, cand, True
         return (best, best_ends) if found else None
+
+
+def granular_busiest_s(segments, num_blocks: int) -> float:
+    """Smallest ``t`` such that stages of busy time at most ``t`` can hold every block whole.
+
+    ``segments``: (stages, busy seconds per block, busy seconds of the last layer) per segment.
+    A stage of busy time <= t holds at most floor(t / r) blocks, the one holding the last layer
+    floor((t - h) / r); the capacity bound (``tau``) counts fractions of blocks, which on deep
+    pipelines of a few blocks per stage and with the heavy LM head is 25-35 % too optimistic.
+    Counts only change at the breakpoints k r and h + k r, so step through them from the
+    fractional bound.  (The embedding is left out: a bound may ignore work.)
+    """
+    if num_blocks <= 0 or any(r <= 0 for _, r, _ in segments):
+        return 0.0
+    t = num_blocks / sum(n / r for n, r, _ in segments)
+    while True:
+        count, loss, nxt = 0, math.inf, math.inf
+        for n, r, h in segments:
+            k = int(t / r + 1e-9)
+            count += n * k
+            nxt = min(nxt, (k + 1) * r)
+            if t >= h:
+                kh = int((t - h) / r + 1e-9)
+                loss = min(loss, k - kh)
+                nxt = min(nxt, h + (kh + 1) * r)
+            else:
+                nxt = min(nxt, h)
+        if loss < math.inf and count - loss >= num_blocks:
+            return t
+        t = nxt
 
 
 def _better(a: Evaluated, b: Evaluated) -> bool:
@@ -502,6 +706,8 @@ def run_search(searcher: Searcher, budget: int | None = None) -> None:
                                 heap=_ProductHeap(keys)))
 
     gbs = req.global_batch_size
+    # Placement decides rent and egress, which only the cost objective and the caps look at.
+    cost_matters = not throughput or req.max_usd_per_hour is not None or req.max_usd_per_iteration is not None
 
     def loose(space: _MbsSpace) -> float:
         key = space.heap.peek()
@@ -511,39 +717,90 @@ def run_search(searcher: Searcher, budget: int | None = None) -> None:
             return -gbs * (-key) / space.ref_total_s if key < 0 else 0.0
         return key * space.all_total_s / 3600.0
 
-    pending: list[tuple[float, int, int, tuple[Segment, ...]]] = []
+    # (key, tie, space, shape, busiest bound, level, level data, score bound, bound parts)
+    pending: list[tuple] = []
     counter = itertools.count()
 
-    def tight(space: _MbsSpace, shape: tuple[Segment, ...], busiest: float = 0.0
-              ) -> tuple[float, float] | None:
-        """(score bound, busiest-stage bound) of a shape, or None if the limits rule it out.
+    def tight(space: _MbsSpace, shape: tuple[Segment, ...], busiest: float = 0.0,
+              costs: tuple[float, float] | None = None):
+        """(score bound, busiest-stage bound, (iteration-time bound, USD/hour, egress USD per
+        iteration, stages)) of a shape, or None if the limits rule it out.
 
         ``busiest``: the busiest stage of the shape's min-max split when known; every split of
         the shape has a stage at least that busy, and no iteration is shorter than its busiest stage.
+        ``costs``: (USD per hour, egress USD per iteration) of its placed split, once known.
         """
         cap = sum(s.capacity for s in shape)
         tau = space.ref_total_s / cap
         t_lb = max(tau, busiest, link_lb(space, shape)) + sync_lb(shape)
-        rate = sum(s.min_usd_per_hr for s in shape)
-        # Limits are checked on the bound; once the split is known, also on an estimate adding
-        # the warm-up/cool-down of the other stages ((P - 1) busiest steps over n micro-batches),
-        # which is not a bound but keeps far-off shapes from eating the budget of the margin passes.
+        rate = sum(s.min_usd_per_hr for s in shape) if costs is None else costs[0]
+        # Limits are checked on the bound, and in the estimating pass also on an estimate: the
+        # warm-up/cool-down of the other stages once the split is known ((P - 1) busiest steps
+        # over n micro-batches), and the bound scaled by the smallest excess seen so far on
+        # pipelines as deep (the bound leaves out more p2p and bubble time on deep ones).
         t_chk = t_lb
-        if busiest > 0 and (searcher.cap_margin < 1 or searcher.floor_margin > 1):
+        if searcher.estimate_limits:
             num_stages = sum(s.num_stages for s in shape)
-            n_min = min(s.num_microbatches for s in shape)
-            t_chk = t_lb + busiest * (num_stages - 1) / max(n_min, 1)
-        if req.max_usd_per_hour is not None and rate > req.max_usd_per_hour * searcher.cap_margin * (1 + 1e-9):
+            if busiest > 0:
+                n_min = min(s.num_microbatches for s in shape)
+                t_chk = t_lb + busiest * (num_stages - 1) / max(n_min, 1)
+            t_chk = max(t_chk, t_lb * searcher.excess.get(num_stages, 1.0))
+        if req.max_usd_per_hour is not None and rate > req.max_usd_per_hour * (1 + 1e-9):
             return None
-        if req.max_usd_per_iteration is not None and rate * t_chk / 3600 > req.max_usd_per_iteration * searcher.cap_margin * (1 + 1e-9):
+        egress = sum(egress_lb(seg, len(shape) == 1) + seg.egress_usd for seg in shape) \
+            if costs is None else costs[1]
+        if req.max_usd_per_iteration is not None and rate * t_chk / 3600 + egress > req.max_usd_per_iteration * (1 + 1e-9):
             return None
-        if req.min_throughput_samples_per_s is not None and gbs / t_chk < req.min_throughput_samples_per_s * searcher.floor_margin * (1 - 1e-9):
+        if req.min_throughput_samples_per_s is not None and gbs / t_chk < req.min_throughput_samples_per_s * (1 - 1e-9):
             return None
-        score = -gbs / t_lb if throughput else rate * t_lb / 3600
-        return score, tau
+        score = -gbs / t_lb if throughput else rate * t_lb / 3600 + egress
+        return score, tau, (t_lb, rate, egress, sum(s.num_stages for s in shape))
 
-    sync_memo: dict = {}
-    link_memo: dict = {}
+    def estimate(parts) -> float:
+        """The queue's key: the bound's score with its iteration time scaled by the typical excess
+        of simulated over bounded time seen so far on pipelines as deep (1 until one is seen,
+        so unexplored depths come first).  Not a bound: ``bound`` decides pruning."""
+        t_lb, rate, egress, num_stages = parts
+        t = t_lb * searcher.typical_excess(num_stages)
+        return -gbs / t if throughput else rate * t / 3600 + egress
+
+    by_bound = [False]  # the second phase orders by the bound itself (see the main loop)
+
+    def push(t, si, shape, tau, level, payload) -> None:
+        key = t[0] if by_bound[0] else estimate(t[2])
+        heapq.heappush(pending, (key, next(counter), si, shape, tau, level, payload, t[0], t[2]))
+
+    sync_memo = searcher.bound_memos.setdefault("sync", {})
+    link_memo = searcher.bound_memos.setdefault("link", {})
+    egress_memo = searcher.bound_memos.setdefault("egress", {})
+
+    def egress_lb(seg: Segment, whole_model: bool) -> float:
+        """USD per iteration of the gradient rings that must cross zones: when no zone holds
+        ``dp_degree`` replicas every stage's ring spans two zones or more, each zone boundary
+        carrying 2 (d - 1) / d of the stage's gradient (as fastsim charges it); a segment holds
+        the whole model, or else at least a block (or the embedding) per stage but one."""
+        key = (seg.gpu, seg.tp_degree, seg.dp_degree, seg.num_stages, seg.kind.micro_batch_size, whole_model)
+        usd = egress_memo.get(key)
+        if usd is None:
+            live = sorted(z for z, n in searcher.zone_gpus[seg.gpu].items() if n > 0)
+            usd = 0.0
+            if seg.dp_degree > 1 and len(live) > 1 and seg.dp_degree > max(
+                    searcher.zone_gpus[seg.gpu][z] // seg.tp_degree for z in live):
+                price = min(searcher.network.egress_usd_per_byte(a, b) for a in live for b in live if a != b)
+                per_gpu = math.inf
+                for v in searcher.variants(seg.kind):
+                    table = layer_table(v.profile)
+                    if whole_model:
+                        held = table.params_cum[-1]
+                    else:
+                        L = searcher.num_layers
+                        one = min(table.params(i, i + 1) for i in range(min(1, L - 1), max(L - 1, 1)))
+                        held = (seg.num_stages - 1) * one
+                    per_gpu = min(per_gpu, held * v.regime.grad_bytes_per_param)
+                hop = 2 * (seg.dp_degree - 1) / seg.dp_degree * per_gpu * seg.tp_degree
+                usd = 2 * hop * price
+            egress_memo[key] = usd
+        return usd
 
     def link_s(a: Segment, b: Segment) -> float:
         """Activation + gradient of one micro-batch between replicas of a and b (same zone if any)."""
@@ -598,13 +855,23 @@ def run_search(searcher: Searcher, budget: int | None = None) -> None:
     # With caps or a floor the good shapes sit in a band of cost or capacity that the lazy
     # order reaches late; for up to two GPU types, score every shape at once instead.
     banded = not throughput or req.max_usd_per_hour is not None or req.max_usd_per_iteration is not None
+    # The best 4000 bounds over all micro-batch sizes (more only cost time: every one that
+    # passes its bound is refined before the search can tell it misses the limits).
+    scored = []
+    left_out = math.inf  # the best bound of the shapes never queued
     for si, space in enumerate(spaces):
         if banded and len(space.lists) <= 2:
-            for shape in _materialize(space, searcher, req, limit=4000):
-                t = tight(space, shape)
-                if t is not None:
-                    heapq.heappush(pending, (t[0], next(counter), si, shape, t[1]))
+            pairs, rest = _materialize(space, searcher, req, limit=4000)
+            scored.extend((score, si, shape) for score, shape in pairs)
+            left_out = min(left_out, rest)
             space.heap = _ProductHeap([])
+    scored.sort(key=lambda x: x[0])
+    if len(scored) > 4000:
+        left_out = min(left_out, scored[4000][0])
+    for _, si, shape in scored[:4000]:
+        t = tight(spaces[si], shape)
+        if t is not None:
+            push(t, si, shape, t[1], 0, None)
 
     space_heap = [(loose(sp), i) for i, sp in enumerate(spaces)]
     heapq.heapify(space_heap)
@@ -639,15 +906,15 @@ def run_search(searcher: Searcher, budget: int | None = None) -> None:
             if t is None:
                 continue
             if lb not in (math.inf, 0.0):
-                # Scores are -throughput (< 0) or cost (> 0); tight >= loose either way.
-                r = t[0] / lb
+                # Scores are -throughput (< 0) or cost (> 0); keys are >= loose either way.
+                r = (t[0] if by_bound[0] else estimate(t[2])) / lb
                 calib["ratio"] = r if calib["ratio"] is None else (
                     max(calib["ratio"], r) if lb < 0 else min(calib["ratio"], r))
                 calib["seen"] += 1
-            heapq.heappush(pending, (t[0], next(counter), si, shape, t[1]))
+            push(t, si, shape, t[1], 0, None)
 
     def proven_done(threshold: float) -> bool:
-        return all(lb >= threshold for lb, _ in space_heap)
+        return left_out >= threshold and all(lb >= threshold for lb, _ in space_heap)
 
     since_gain = 0
     while True:
@@ -655,30 +922,78 @@ def run_search(searcher: Searcher, budget: int | None = None) -> None:
         if not pending:
             searcher.stats.exhausted = not space_heap or proven_done(searcher.threshold())
             return
-        bound, _, si, shape, tau, *prepared = heapq.heappop(pending)
+        if since_gain >= req.patience and not by_bound[0]:
+            # Phase two: the estimates found the good plans; now go through the rest in order
+            # of the bound, which proves the top N optimal (exhausted) where the space is small
+            # and otherwise stops after twice as many fruitless evaluations.
+            by_bound[0] = True
+            since_gain = 0
+            pending[:] = [(e[7], *e[1:]) for e in pending]
+            heapq.heapify(pending)
+            calib["ratio"], calib["seen"] = None, 0
+            continue
+        key, _, si, shape, tau, level, payload, bound, parts = heapq.heappop(pending)
         before = searcher.threshold()
         if bound >= before:
-            searcher.stats.exhausted = proven_done(before)
+            if by_bound[0]:
+                searcher.stats.exhausted = proven_done(before)
+                return
+            continue  # cannot enter the top N
+        if searcher.stats.num_evaluated >= stop_at or since_gain >= req.patience * (2 if by_bound[0] else 1):
             return
-        if searcher.stats.num_evaluated >= stop_at or since_gain >= req.patience:
-            return
-        space = spaces[si]
-        if not prepared:
-            # Refine the bound with the real split (memory, layer granularity, the heavy head
-            # layer): cheap next to an evaluation, and it reorders most optimistic shapes.
-            splits = [(order, searcher.prepare(space.mbs, order, tau)) for order in _orders(shape)]
-            splits = [(o, p) for o, p in splits if p is not None]
-            if not splits:
-                continue
-            t = tight(space, shape, min(p[2] for _, p in splits))
-            if t is None:
-                continue
-            heapq.heappush(pending, (t[0], next(counter), si, shape, tau, splits))
+        fresh = key if by_bound[0] else estimate(parts)
+        if fresh > key and pending and fresh > pending[0][0]:
+            # What was learnt since it was queued puts it behind others: re-queue.
+            heapq.heappush(pending, (fresh, next(counter), si, shape, tau, level, payload, bound, parts))
             continue
-        for order, prep in prepared[0]:
-            searcher.evaluate_shape(space.mbs, order, tau, prep)
-        # Patience: the bounds are loose (memory and the embedding/head layers are not in them),
-        # so stop once many shapes in a row no longer move the top N by more than 0.1 %.
+        space = spaces[si]
+        if level == 0:
+            # Refine the bound in two steps, each re-queued so that only shapes still in front
+            # pay for the next: whole blocks and the head layer (a few microseconds), then the
+            # real split (memory, the real layer times; a tenth of an evaluation).
+            g = searcher.granular_busiest_s(shape)
+            if not cost_matters:
+                t = tight(space, shape, g)
+                if t is not None:
+                    push(t, si, shape, max(tau, g), 1, None)
+                continue
+            best = None
+            for order in _orders(shape):
+                placed = searcher.build_stages(order)
+                if placed is None:
+                    continue
+                ckey = (space.mbs, _order_key(order))
+                costs = searcher.placed_costs_memo.get(ckey)
+                if costs is None:
+                    costs = searcher.placed_costs_memo[ckey] = searcher.placed_costs_lb(space.mbs, placed)
+                rent, p2p = costs
+                rings = sum(egress_lb(seg, len(shape) == 1) for seg in shape)
+                t = tight(space, shape, g, (rent, p2p + rings))
+                if t is not None and (best is None or t[0] < best[0]):
+                    best = t
+            if best is not None:
+                push(best, si, shape, max(tau, g), 1, None)
+            continue
+        if level == 1:
+            # Each order's split and placement give its rent and cross-zone traffic exactly (a
+            # pipeline or ring crossing zones can cost more than the GPUs).  Each order is
+            # queued on its own bound: the worse one is often never evaluated.
+            for order in _orders(shape):
+                prep = searcher.prepare(space.mbs, order, tau)
+                if prep is None:
+                    continue
+                costs = searcher.fast.rent_and_egress(space.mbs, searcher.fast_stages(prep[0], prep[1])) \
+                    if cost_matters else None
+                t = tight(space, shape, prep[2], costs)
+                if t is not None:
+                    push(t, si, shape, tau, 2, (order, prep))
+            continue
+        order, prep = payload
+        ev = searcher.evaluate_shape(space.mbs, order, tau, prep)
+        if ev is not None and ev.res.fits:
+            searcher.learn_excess(parts[3], ev.res.iteration_time_s / parts[0])
+        # Patience: the queue's order is an estimate, so stop once many evaluations in a row no
+        # longer move the top N by more than 0.1 %.
         after = searcher.threshold()
         if after < before and (before == math.inf or abs(after - before) > 1e-3 * abs(before)):
             since_gain = 0
@@ -687,8 +1002,9 @@ def run_search(searcher: Searcher, budget: int | None = None) -> None:
 
 
 def _materialize(space: _MbsSpace, searcher: Searcher, req: PlanRequest, *, limit: int
-                 ) -> list[tuple[Segment, ...]]:
-    """Every shape over (at most) two per-type lists, pre-scored with numpy; the best ``limit``."""
+                 ) -> tuple[list[tuple[float, tuple[Segment, ...]]], float]:
+    """Every shape over (at most) two per-type lists, pre-scored with numpy: the best ``limit``
+    (score bound, shape) pairs, best first, and the best bound of those left out."""
     import numpy as np
 
     lists = [[s for s in lst if s is not None] for lst in space.lists]
@@ -697,6 +1013,7 @@ def _materialize(space: _MbsSpace, searcher: Searcher, req: PlanRequest, *, limi
         arrays.append(dict(
             cap=np.array([s.capacity for s in lst] + [0.0]),
             rate=np.array([s.min_usd_per_hr for s in lst] + [0.0]),
+            egress=np.array([s.egress_usd for s in lst] + [0.0]),
             stages=np.array([s.num_stages for s in lst] + [0]),
         ))
     if len(arrays) == 1:
@@ -713,20 +1030,21 @@ def _materialize(space: _MbsSpace, searcher: Searcher, req: PlanRequest, *, limi
         absent = [ia == len(lists[0]), ib == len(lists[1])]
     cap = sum(g["cap"] for g in grid)
     rate = sum(g["rate"] for g in grid)
+    egress = sum(g["egress"] for g in grid)
     stages = sum(g["stages"] for g in grid)
     t_lb = space.ref_total_s / cap
     ok = stages <= searcher.max_stages
     if req.max_usd_per_hour is not None:
-        ok &= rate <= req.max_usd_per_hour * searcher.cap_margin * (1 + 1e-9)
+        ok &= rate <= req.max_usd_per_hour * (1 + 1e-9)
     if req.max_usd_per_iteration is not None:
-        ok &= rate * t_lb / 3600 <= req.max_usd_per_iteration * searcher.cap_margin * (1 + 1e-9)
+        ok &= rate * t_lb / 3600 + egress <= req.max_usd_per_iteration * (1 + 1e-9)
     if req.min_throughput_samples_per_s is not None:
-        ok &= req.global_batch_size / t_lb >= req.min_throughput_samples_per_s * searcher.floor_margin * (1 - 1e-9)
-    score = -req.global_batch_size / t_lb if req.objective is Objective.THROUGHPUT else rate * t_lb / 3600
+        ok &= req.global_batch_size / t_lb >= req.min_throughput_samples_per_s * (1 - 1e-9)
+    score = -req.global_batch_size / t_lb if req.objective is Objective.THROUGHPUT else rate * t_lb / 3600 + egress
     score = np.where(ok, score, np.inf)
     count = int(ok.sum())
     if count == 0:
-        return []
+        return [], math.inf
     take = min(limit, count)
     best = np.argpartition(score, take - 1)[:take] if take < len(score) else np.arange(len(score))
     best = best[np.argsort(score[best], kind="stable")]
@@ -734,8 +1052,14 @@ def _materialize(space: _MbsSpace, searcher: Searcher, req: PlanRequest, *, limi
     for j in best:
         if not np.isfinite(score[j]):
             continue
-        out.append(tuple(lists[t][int(idx[t][j])] for t in range(len(lists)) if not absent[t][j]))
-    return out
+        out.append((float(score[j]), tuple(lists[t][int(idx[t][j])] for t in range(len(lists)) if not absent[t][j])))
+    # Every shape left out scores at least the best of them: what a proof must still beat.
+    left_out = float(np.partition(score, take)[take]) if take < count else math.inf
+    return out, left_out
+
+
+def _order_key(shape: tuple[Segment, ...]) -> tuple:
+    return tuple((s.gpu, s.tp_degree, s.dp_degree, s.num_stages, s.rule, s.kind.micro_batch_size) for s in shape)
 
 
 def _orders(shape: tuple[Segment, ...]) -> list[tuple[Segment, ...]]:
