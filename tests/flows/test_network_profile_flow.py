@@ -8,6 +8,7 @@ instances; the fit and the saved file are the profiler's.
 from __future__ import annotations
 
 import json
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -69,6 +70,15 @@ def test_two_instances_in_one_zone_give_a_saved_profile_and_leave_nothing_runnin
     assert all(r.end_reason == "terminated" for r in state.instances)
     assert out["usd_spent"] > 0
     _assert_nothing_left(out["job_id"])
+    # The rows are a table artifact on the Prefect server.
+    key = "network-us-central1-a-us-central1-a-t4"
+    req = urllib.request.Request(f"{prefect_api}/artifacts/filter", method="POST",
+                                 headers={"Content-Type": "application/json"}, data=json.dumps({"artifacts": {"key": {"any_": [key]}}}).encode())
+    with urllib.request.urlopen(req, timeout=30) as resp:
+        artifacts = json.loads(resp.read())
+    assert artifacts and artifacts[0]["type"] == "table"
+    rows = json.loads(artifacts[0]["data"]) if isinstance(artifacts[0]["data"], str) else artifacts[0]["data"]
+    assert [r["bytes"] for r in rows] == [2**16, 2**18, 2**20]
 
 
 def test_cross_zone_records_both_zones_and_is_not_saved_from_the_embedded_cloud_unless_asked(prefect_api):
