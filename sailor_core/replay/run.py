@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from sailor_core.controller import CachedPlanner, PlanFn, planner_plan_fn
+from sailor_core.controller import CachedPlanner, PlanFn, planner_plan_fn, restrict
 from sailor_core.controller.planning import PlannerCall
 from sailor_core.errors import InputError
 from sailor_core.replay.costs import ChangeCosts, checkpoint_bytes_for
@@ -19,8 +19,9 @@ from sailor_core.replay.prices import PriceSeries
 from sailor_core.traces import AvailabilityTrace
 
 # Search knobs for re-planning inside a replay: a smaller budget of simulate()
-# calls than `sailor plan` (4000) keeps one planner call to a few seconds on a
-# busy 2-core machine.
+# calls than `sailor plan` (4000) keeps one planner call short.  Unless the knobs
+# name micro_batch_sizes, run_policies also narrows them to what the trace's GPU
+# types use (probed_micro_batch_sizes).
 REPLAY_PLANNER_KNOBS: dict[str, Any] = {"max_evaluations": 200, "top_n": 3}
 
 
@@ -41,6 +42,47 @@ def on_grid(plan_fn: PlanFn) -> PlanFn:
         return plan_fn({k: grid_floor(n) for k, n in available.items() if grid_floor(n) > 0})
 
     return fn
+
+
+# The planner's default micro-batch sizes: the powers of two up to this (that divide the batch).
+_PLANNER_MAX_MICRO_BATCH = 64
+
+
+def probed_micro_batch_sizes(trace: AvailabilityTrace, plan_fn: PlanFn) -> tuple[int, ...] | None:
+    """The micro-batch sizes a replay's searches need: from half the smallest to twice the
+    largest that the planner's best plans use on each GPU type's peak pools of the trace.
+
+    Which micro-batch runs fastest depends on the model and the GPU (OPT-350M: 1-4; a
+    tiny model: 16-64), much less on how many GPUs a pool has, and each size is one more
+    space for every search to bound and walk.  None (search them all) when the planner's
+    options carry no plan (test planners) or nothing runs.
+    """
+    peak = {k: max(c.get(k, 0) for _, c in trace.rows) for k in trace.keys}
+    used: set[int] = set()
+    for gpu in sorted({g for (g, _), n in peak.items() if n > 0}):
+        for option in plan_fn(restrict(peak, (gpu,))):
+            if option.plan is None:
+                return None
+            used.add(option.plan.micro_batch_size)
+    if not used:
+        return None
+    lo, hi = max(1, min(used) // 2), min(2 * max(used), max(_PLANNER_MAX_MICRO_BATCH, max(used)))
+    sizes, b = [], 1
+    while b <= hi:
+        if b >= lo:
+            sizes.append(b)
+        b *= 2
+    return tuple(sizes)
+
+
+def _planner(model: str, global_batch_size: int | None, knobs: dict[str, Any], plan_cache_path: str | None) -> PlanFn:
+    fn = planner_plan_fn(model=model, global_batch_size=global_batch_size, **knobs)
+    if not plan_cache_path:
+        return fn
+    from sailor_core.replay.plan_cache import persistent
+
+    text = ",".join(f"{k}={v}" for k, v in sorted(knobs.items()))
+    return persistent(fn, plan_cache_path, prefix=f"{model}|gbs={global_batch_size}|{text}")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -123,14 +165,15 @@ def run_policies(
     if costs is None:
         costs = ChangeCosts(checkpoint_bytes=checkpoint_bytes_for(spec.name))
     base = plan_fn
+    probe = CachedPlanner(plan_fn=lambda _avail: ())
     if base is None:
         knobs_used = {**REPLAY_PLANNER_KNOBS, **(planner_knobs or {})}
-        base = planner_plan_fn(model=spec.name, global_batch_size=global_batch_size, **knobs_used)
-        if plan_cache_path:
-            from sailor_core.replay.plan_cache import persistent
-
-            knobs = ",".join(f"{k}={v}" for k, v in sorted(knobs_used.items()))
-            base = persistent(base, plan_cache_path, prefix=f"{spec.name}|gbs={global_batch_size}|{knobs}")
+        if "micro_batch_sizes" not in knobs_used:
+            probe = CachedPlanner(plan_fn=_planner(spec.name, global_batch_size, knobs_used, plan_cache_path))
+            sizes = probed_micro_batch_sizes(trace, probe if exact_availability else on_grid(probe))
+            if sizes:
+                knobs_used["micro_batch_sizes"] = sizes
+        base = _planner(spec.name, global_batch_size, knobs_used, plan_cache_path)
     cached = base if isinstance(base, CachedPlanner) else CachedPlanner(plan_fn=base)
     planner = cached if exact_availability else on_grid(cached)
     price_fn = prices.price_fn(fallback=catalog_price_fn()) if prices is not None else catalog_price_fn()
@@ -148,8 +191,9 @@ def run_policies(
         results[p] = _with_calls(r, cached.num_calls - calls_before)
     return ReplaySuite(
         results=results, single_gpu_type=single, samples_target=samples_target,
-        wall_s=time.perf_counter() - t0, planner_calls=cached.num_calls, planner_time_s=cached.planner_time_s,
-        trace_source=trace.source, trace_notes=trace.notes, planner_call_log=tuple(cached.calls),
+        wall_s=time.perf_counter() - t0, planner_calls=probe.num_calls + cached.num_calls,
+        planner_time_s=probe.planner_time_s + cached.planner_time_s,
+        trace_source=trace.source, trace_notes=trace.notes, planner_call_log=(*probe.calls, *cached.calls),
     )
 
 
