@@ -89,10 +89,10 @@ def network_profile_flow(
     save = session.mode == "real" if save is None else save
     sizes = sizes_up_to(max_mib if max_mib is not None else (16 if session.mode == "embedded" else 256))
     state = js.with_status(js.new_job(spec, job_id), js.RUNNING, f"profiling {link.src_zone} -> {link.dst_zone}")
-    store.save(state)
     left_running = 0
     body_failed = False
     try:
+        store.save(state)  # inside: a store that cannot be written still closes the session
         # Offers of the GPU anywhere in the clouds, then the zones': a zone without it gets its own message.
         offers = net.offers_for(link, cloud_tasks.list_offers(session, [link.gpu], (), link.clouds))
         usd_per_hr = net.check_worst_case_cost(link, offers, spot=spot, budget_usd=budget_usd, timeout_s=timeout_s,

@@ -99,10 +99,11 @@ def test_cross_zone_records_both_zones_and_is_not_saved_from_the_embedded_cloud_
     _assert_nothing_left(out["job_id"])
 
 
-def test_no_capacity_in_the_destination_zone_is_one_line_and_leaves_nothing(prefect_api):
+def test_no_capacity_or_no_quota_is_one_line_and_leaves_nothing(prefect_api):
     from flows.network_profile_flow import network_profile_flow
     from infra.config import in_process_cloud
     from infra.errors import CapacityError
+    from infra.local.faults import FaultRates
 
     cloud = in_process_cloud()
     cloud.set_capacity("T4", "us-central1-c", 0)
@@ -114,13 +115,23 @@ def test_no_capacity_in_the_destination_zone_is_one_line_and_leaves_nothing(pref
         cloud.set_capacity("T4", "us-central1-c", None)
     msg = str(info.value)
     assert "\n" not in msg and "us-central1-c" in msg and "capacity" in msg.lower(), msg
-    state = js.JobStore().load("netprof-nocap")
-    assert state.status == js.FAILED
-    # rank 0's instance in us-central1-a was launched first, then given back when rank 1 found none
+    assert js.JobStore().load("netprof-nocap").status == js.FAILED
+    # rank 0's instance in us-central1-a was rented first, then given back when rank 1 found none
+    assert "us-central1-a n1-standard-4-t4x1 x1: ok" in msg, msg
     _assert_nothing_left("netprof-nocap", expect_workers=False)
 
+    cloud.set_faults(FaultRates(quota=1.0))
+    try:
+        with pytest.raises(CapacityError) as info:  # the provisioner's ProvisionError names the quota
+            network_profile_flow(gpu="T4", zone="us-east-1a", job_id="netprof-noquota", **FAST)
+    finally:
+        cloud.set_faults(FaultRates())
+    msg = str(info.value)
+    assert "\n" not in msg and "us-east-1a" in msg and "quota" in msg.lower(), msg
+    _assert_nothing_left("netprof-noquota", expect_workers=False)
 
-@pytest.mark.slow  # 8 s; the default run covers failures with the no-capacity and deadline tests
+
+@pytest.mark.slow  # ~8 s; the default run covers failures with the no-capacity/quota and Ctrl-C tests
 def test_a_worker_failure_fails_the_run_with_its_log_line_and_terminates(prefect_api):
     from flows.network_profile_flow import network_profile_flow
     from tasks import net_profiling
@@ -135,6 +146,7 @@ def test_a_worker_failure_fails_the_run_with_its_log_line_and_terminates(prefect
     _assert_nothing_left("netprof-fail")
 
 
+@pytest.mark.slow  # ~6 s: keeps the default run of this area under a minute
 def test_the_deadline_stops_the_run_and_terminates(prefect_api):
     from flows.network_profile_flow import network_profile_flow
     from tasks.net_profiling import NetworkProfilingError
