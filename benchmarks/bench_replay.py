@@ -38,6 +38,9 @@ def main() -> None:
     ap.add_argument("--plot", default=None)
     ap.add_argument("--cold", action="store_true",
                     help="one replay with no plan cache on disk; print where its time goes")
+    ap.add_argument("--vs-all-micro-batches", action="store_true",
+                    help="with --cold: replay again searching every micro-batch size; print its time and "
+                         "how far each policy's time to train and USD move")
     args = ap.parse_args()
 
     trace = load_trace(args.trace)
@@ -94,7 +97,7 @@ def cold_report(args, trace, policies, knobs) -> None:
         print(f"  {name:12} {'done' if r.finished else 'not done':8} {t / 3600 if t else float('nan'):7.3f} h "
               f"{r.usd_spent:9.2f} USD  {r.num_replans:4d} re-plans  {r.planner_calls:4d} planner calls")
     print(f"wall {wall_s:.2f} s, CPU {cpu_s:.2f} s; {len(calls)} planner calls {suite.planner_time_s:.2f} s, "
-          f"the rest {wall_s - suite.planner_time_s:.2f} s")
+          f"the rest {wall_s - suite.planner_time_s:.2f} s; micro-batch sizes searched {suite.micro_batch_sizes or 'all'}")
     groups: dict[tuple[int, int], list[float]] = {}
     for c in calls:
         groups.setdefault((c.num_gpu_types, len(c.available)), []).append(c.seconds)
@@ -102,6 +105,24 @@ def cold_report(args, trace, policies, knobs) -> None:
     for (types, pools), secs in sorted(groups.items()):
         print(f"  {types:9d} {pools:5d} {len(secs):5d} {sum(secs):8.2f} {statistics.median(secs):8.3f} {max(secs):7.3f}")
     out = suite.to_dict()
+    if args.vs_all_micro_batches:
+        t0, c0 = time.perf_counter(), time.process_time()
+        full = run_policies(trace, model=args.model, tokens=args.tokens, policies=policies, budget_usd=args.budget_usd,
+                            planner_knobs={**(knobs or {}), "micro_batch_sizes": None})
+        full_wall_s, full_cpu_s = time.perf_counter() - t0, time.process_time() - c0
+        print(f"every micro-batch size: wall {full_wall_s:.2f} s, CPU {full_cpu_s:.2f} s, "
+              f"{full.planner_calls} planner calls {full.planner_time_s:.2f} s")
+        drift = {}
+        for name, r in suite.results.items():
+            f = full.results[name]
+            d_time = (r.time_to_train_s / f.time_to_train_s - 1) if r.time_to_train_s and f.time_to_train_s else None
+            d_usd = r.usd_spent / f.usd_spent - 1 if f.usd_spent else None
+            drift[name] = {"time_to_train": d_time, "usd": d_usd, "same_finish": r.finished == f.finished}
+            print(f"  {name:12} time to train {'-' if d_time is None else f'{d_time * 100:+.2f} %':>9}  "
+                  f"USD {'-' if d_usd is None else f'{d_usd * 100:+.2f} %':>9}  "
+                  f"{'same' if r.finished == f.finished else 'DIFFERENT'} finish")
+        out.update(all_micro_batches={"wall_s": full_wall_s, "cpu_s": full_cpu_s, "planner_calls": full.planner_calls,
+                                      "drift": drift})
     out.update(trace_arg=args.trace, model=args.model, tokens=args.tokens, cold=True, wall_cold_s=wall_s,
                cpu_cold_s=cpu_s, max_evaluations=(knobs or {}).get("max_evaluations", 200),
                calls_by_shape=[{"gpu_types": t, "pools": p, "calls": len(v), "total_s": sum(v)}

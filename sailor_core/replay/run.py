@@ -96,6 +96,7 @@ class ReplaySuite:
     trace_source: str
     trace_notes: tuple[str, ...]
     planner_call_log: tuple[PlannerCall, ...] = ()  # the calls that reached the planner, in order
+    micro_batch_sizes: tuple[int, ...] | None = None  # what the planner searched (None: its default)
 
     def to_dict(self, *, with_timeline: bool = False) -> dict[str, Any]:
         ours = self.results.get("ours")
@@ -103,6 +104,7 @@ class ReplaySuite:
             "trace": self.trace_source, "trace_notes": list(self.trace_notes),
             "samples_target": self.samples_target, "single_gpu_type": self.single_gpu_type,
             "wall_s": self.wall_s, "planner_calls": self.planner_calls, "planner_time_s": self.planner_time_s,
+            "micro_batch_sizes": list(self.micro_batch_sizes) if self.micro_batch_sizes else None,
             "policies": {},
         }
         for name, r in self.results.items():
@@ -166,6 +168,7 @@ def run_policies(
         costs = ChangeCosts(checkpoint_bytes=checkpoint_bytes_for(spec.name))
     base = plan_fn
     probe = CachedPlanner(plan_fn=lambda _avail: ())
+    mbs = None
     if base is None:
         knobs_used = {**REPLAY_PLANNER_KNOBS, **(planner_knobs or {})}
         if "micro_batch_sizes" not in knobs_used:
@@ -174,6 +177,7 @@ def run_policies(
             if sizes:
                 knobs_used["micro_batch_sizes"] = sizes
         base = _planner(spec.name, global_batch_size, knobs_used, plan_cache_path)
+        mbs = knobs_used.get("micro_batch_sizes")
     cached = base if isinstance(base, CachedPlanner) else CachedPlanner(plan_fn=base)
     planner = cached if exact_availability else on_grid(cached)
     price_fn = prices.price_fn(fallback=catalog_price_fn()) if prices is not None else catalog_price_fn()
@@ -194,6 +198,7 @@ def run_policies(
         wall_s=time.perf_counter() - t0, planner_calls=probe.num_calls + cached.num_calls,
         planner_time_s=probe.planner_time_s + cached.planner_time_s,
         trace_source=trace.source, trace_notes=trace.notes, planner_call_log=(*probe.calls, *cached.calls),
+        micro_batch_sizes=tuple(mbs) if mbs else None,
     )
 
 

@@ -48,5 +48,8 @@ def test_probed_sizes_leave_a_real_replay_unchanged():
     kwargs = dict(model="opt-350m", tokens=2e8, policies=("ours", "static"))
     probed = run_policies(trace, **kwargs)
     everything = run_policies(trace, **kwargs, planner_knobs={"micro_batch_sizes": None})
+    assert probed.micro_batch_sizes and 1 in probed.micro_batch_sizes and everything.micro_batch_sizes is None
+    # The probe's own calls (one per GPU type) count as planner calls.
+    assert len(probed.planner_call_log) == probed.planner_calls
     for name, r in everything.results.items():
         assert (probed.results[name].time_to_train_s, probed.results[name].usd_spent) == (r.time_to_train_s, r.usd_spent)
