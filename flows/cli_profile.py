@@ -175,7 +175,8 @@ def network_cmd(
         raise InputError(f"--device must be cpu or cuda, got {device!r}")
     if cloud is not None:
         if cloud not in CLOUD_MODES:
-            raise InputError(f"--cloud must be auto, embedded (or local) or real, got {cloud!r}")
+            raise InputError(f"--cloud must be auto, embedded (or local) or real, got {cloud!r}; the zone says "
+                             "which cloud (us-east-1a is AWS, us-central1-a GCP)")
         from sailor_core.profiler.network import network_link
 
         network_link(gpu, zone, dst_zone, workers)  # bad input fails before a Prefect server is started
