@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -38,28 +39,49 @@ def _from_json(d: dict) -> PlanOption:
     )
 
 
-def persistent(plan_fn: PlanFn, path: str | Path, *, prefix: str) -> PlanFn:
+class PersistentPlanner:
     """``plan_fn`` with its answers stored in the JSON file ``path`` under ``prefix``
-    (which must name everything the answers depend on: model, batch, knobs)."""
-    path = Path(path)
-    try:
-        store: dict = json.loads(path.read_text()) if path.exists() else {}
-    except (OSError, json.JSONDecodeError):
-        store = {}  # a damaged cache only costs time
+    (which must name everything the answers depend on: model, batch, knobs).
 
-    def fn(available: Mapping[GpuZone, int]):
-        key = _key(prefix, available)
-        if key in store:
+    The file is rewritten at most every ``write_interval_s`` while answers come in
+    (rewriting a few MB after every one of a cold replay's hundreds of calls took
+    longer than many of the calls), and by ``flush()``.
+    """
+
+    def __init__(self, plan_fn: PlanFn, path: str | Path, *, prefix: str, write_interval_s: float = 5.0) -> None:
+        self.plan_fn, self.path, self.prefix, self.write_interval_s = plan_fn, Path(path), prefix, write_interval_s
+        try:
+            self.store: dict = json.loads(self.path.read_text()) if self.path.exists() else {}
+        except (OSError, json.JSONDecodeError):
+            self.store = {}  # a damaged cache only costs time
+        self._dirty = False
+        self._written_at = time.monotonic()
+
+    def __call__(self, available: Mapping[GpuZone, int]):
+        key = _key(self.prefix, available)
+        if key in self.store:
             try:
-                return [_from_json(d) for d in store[key]]
+                return [_from_json(d) for d in self.store[key]]
             except (KeyError, TypeError, ValueError):
                 pass
-        options = list(plan_fn(available))
-        store[key] = [_to_json(o) for o in options]
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".tmp{os.getpid()}")
-        tmp.write_text(json.dumps(store))
-        os.replace(tmp, path)
+        options = list(self.plan_fn(available))
+        self.store[key] = [_to_json(o) for o in options]
+        self._dirty = True
+        if time.monotonic() - self._written_at >= self.write_interval_s:
+            self.flush()
         return options
 
-    return fn
+    def flush(self) -> None:
+        if not self._dirty:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_suffix(f".tmp{os.getpid()}")
+        tmp.write_text(json.dumps(self.store))
+        os.replace(tmp, self.path)
+        self._dirty = False
+        self._written_at = time.monotonic()
+
+
+def persistent(plan_fn: PlanFn, path: str | Path, *, prefix: str) -> PersistentPlanner:
+    """``plan_fn`` with its answers kept on disk (see PersistentPlanner); call ``flush()`` when done."""
+    return PersistentPlanner(plan_fn, path, prefix=prefix)

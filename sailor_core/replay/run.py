@@ -174,6 +174,7 @@ def run_policies(
         if "micro_batch_sizes" not in knobs_used:
             probe = CachedPlanner(plan_fn=_planner(spec.name, global_batch_size, knobs_used, plan_cache_path))
             sizes = probed_micro_batch_sizes(trace, probe if exact_availability else on_grid(probe))
+            _flush(probe.plan_fn)  # before the main planner reads the same file
             if sizes:
                 knobs_used["micro_batch_sizes"] = sizes
         base = _planner(spec.name, global_batch_size, knobs_used, plan_cache_path)
@@ -186,13 +187,16 @@ def run_policies(
     if any(p in ("skypilot", "single-type") for p in policies):
         single = normalize_gpu_name(gpu_type) if gpu_type else pick_single_type(trace, planner)
     results: dict[str, ReplayResult] = {}
-    for p in policies:
-        calls_before = cached.num_calls
-        config = controller_config(p, costs=costs, gpu_type=single)
-        r = replay(trace, plan_fn=planner, config=config, costs=costs, samples_target=samples_target,
-                   price_fn=price_fn, budget_usd=budget_usd, policy=p, seed=seed, max_time_s=max_time_s,
-                   price_change_times=change_times)
-        results[p] = _with_calls(r, cached.num_calls - calls_before)
+    try:
+        for p in policies:
+            calls_before = cached.num_calls
+            config = controller_config(p, costs=costs, gpu_type=single)
+            r = replay(trace, plan_fn=planner, config=config, costs=costs, samples_target=samples_target,
+                       price_fn=price_fn, budget_usd=budget_usd, policy=p, seed=seed, max_time_s=max_time_s,
+                       price_change_times=change_times)
+            results[p] = _with_calls(r, cached.num_calls - calls_before)
+    finally:
+        _flush(cached.plan_fn)
     return ReplaySuite(
         results=results, single_gpu_type=single, samples_target=samples_target,
         wall_s=time.perf_counter() - t0, planner_calls=probe.num_calls + cached.num_calls,
@@ -200,6 +204,13 @@ def run_policies(
         trace_source=trace.source, trace_notes=trace.notes, planner_call_log=(*probe.calls, *cached.calls),
         micro_batch_sizes=tuple(mbs) if mbs else None,
     )
+
+
+def _flush(plan_fn: PlanFn) -> None:
+    from sailor_core.replay.plan_cache import PersistentPlanner
+
+    if isinstance(plan_fn, PersistentPlanner):
+        plan_fn.flush()
 
 
 def _with_calls(r: ReplayResult, calls: int) -> ReplayResult:

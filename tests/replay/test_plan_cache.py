@@ -1,0 +1,70 @@
+"""Planner answers kept on disk: what a second replay reads back, and when the file is written."""
+
+import json
+
+from sailor_core.replay import run_policies
+from sailor_core.replay.plan_cache import persistent
+from sailor_core.traces import build_trace
+
+from replay_helpers import linear_planner
+
+A = ("A100-40", "us-central1-a")
+V = ("V100-16", "us-central1-a")
+
+
+def counted(calls):
+    def fn(avail):
+        calls.append(dict(avail))
+        return linear_planner(avail)
+    return fn
+
+
+def test_answers_come_back_from_the_file(tmp_path):
+    path = tmp_path / "plans.json"
+    calls = []
+    first = persistent(counted(calls), path, prefix="m|k")
+    want = first({A: 4, V: 2})
+    first.flush()
+    again = persistent(counted(calls), path, prefix="m|k")
+    got = again({A: 4, V: 2})
+    assert len(calls) == 1
+    assert [(o.gpus, o.throughput_samples_per_s, o.usd_per_hr) for o in got] == \
+        [(o.gpus, o.throughput_samples_per_s, o.usd_per_hr) for o in want]
+    other_knobs = persistent(counted(calls), path, prefix="m|other")
+    other_knobs({A: 4, V: 2})
+    assert len(calls) == 2  # another prefix is another request
+
+
+def test_the_file_is_rewritten_at_most_every_interval_and_on_flush(tmp_path):
+    path = tmp_path / "plans.json"
+    fn = persistent(counted([]), path, prefix="p")
+    fn.write_interval_s = 3600.0
+    for n in range(1, 6):
+        fn({A: n})
+    assert not path.exists()  # five answers, no rewrite yet
+    fn.flush()
+    assert len(json.loads(path.read_text())) == 5
+    fn.write_interval_s = 0.0
+    fn({A: 9})
+    assert len(json.loads(path.read_text())) == 6
+
+
+def test_a_damaged_file_only_costs_time(tmp_path):
+    path = tmp_path / "plans.json"
+    path.write_text("{not json")
+    calls = []
+    fn = persistent(counted(calls), path, prefix="p")
+    assert fn({A: 2}) and len(calls) == 1
+
+
+def test_a_second_replay_plans_nothing(tmp_path):
+    trace = build_trace([(0.0, {A: 8}), (3600.0, {A: 4}), (7200.0, {A: 8})])
+    path = tmp_path / "plans.json"
+    kwargs = dict(model="opt-350m", tokens=2e8, policies=("ours", "static"), plan_cache_path=str(path))
+    cold = run_policies(trace, **kwargs)
+    warm = run_policies(trace, **kwargs)
+    assert cold.planner_calls > 0 and path.exists()
+    assert warm.planner_calls == cold.planner_calls  # same calls, answered from the file
+    assert warm.planner_time_s < cold.planner_time_s
+    for name, r in cold.results.items():
+        assert (warm.results[name].time_to_train_s, warm.results[name].usd_spent) == (r.time_to_train_s, r.usd_spent)
