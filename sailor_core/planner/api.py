@@ -55,6 +55,7 @@ def plan_job(request: PlanRequest, *, profiles=None, network=None) -> PlanResult
         # the search proved that no plan meets them.
         other = Objective.COST if request.objective is Objective.THROUGHPUT else Objective.THROUGHPUT
         _adopt(searcher, _sub_search(searcher, objective=other))
+    searcher.polish_top(request.top_n + 5)
     if request.mixed_stages:
         for ev in list(searcher.top[: request.top_n]):
             mixed = _mix_leftovers(searcher, ev)

@@ -46,7 +46,7 @@ class PlanRequest:
     max_stages: int = 16
     max_tp_degree: int = 8
     mixed_stages: bool = True  # let leftover GPUs of other types join a stage as extra replicas
-    max_evaluations: int = 4000  # plan evaluations of the best-first search before it stops
+    max_evaluations: int = 4000  # work of the best-first search before it stops: evaluations (a split: 1/4)
     max_shapes_scored: int = 20000  # shapes given a bound by the lazy order before it stops adding
     patience: int = 80  # evaluated shape orders in a row that do not improve the top N before the search stops
     collect_pareto: bool = False  # evaluate more candidates so the cost/throughput front is wider

@@ -39,6 +39,7 @@ twice the patience.
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import itertools
 import math
@@ -117,7 +118,13 @@ class SearchStats:
     memory_failures: int = 0
     exhausted: bool = False
     num_disagreements: int = 0  # returned plans whose fastsim figures differ from simulate's
+    num_splits: int = 0  # min-max splits computed (a split costs about a quarter of an evaluation)
     fitting: list[Evaluated] = field(default_factory=list)
+
+    @property
+    def work(self) -> int:
+        """What the evaluation budget counts: evaluations, and splits at four to one."""
+        return self.num_evaluated + self.num_splits // 4
 
 
 def _d_grid(d_max: int) -> list[int]:
@@ -171,6 +178,8 @@ class Searcher:
         self._round_trip: dict = {}
         self._segments: dict = {}
         self.segment_egress_memo: dict = {}
+        self._fewest_crossings: dict = {}
+        self.sorted_memo: dict = {}  # micro-batch size -> every shape scored (see run_search)
         self.fast = FastSim(model=request.model, global_batch_size=request.global_batch_size,
                             network=network, spot=request.spot, regime=request.regime)
         self.max_stages = max(1, min(request.max_stages, self.num_layers))
@@ -235,13 +244,16 @@ class Searcher:
         hit = self._log_excess.get(num_stages)
         return math.exp(hit[0] / hit[1]) if hit else 1.0
 
+    @property
+    def num_blocks(self) -> int:
+        return self.num_layers - 2 if self.num_layers >= 3 else self.num_layers
+
     def granular_busiest_s(self, shape: tuple[Segment, ...]) -> float:
         """A lower bound on the busiest stage of every split of ``shape`` (see ``granular_busiest_s``)."""
         key = tuple(sorted((s.num_stages, s.block_busy_s, s.head_busy_s) for s in shape))
         hit = self._granular.get(key)
         if hit is None:
-            num_blocks = self.num_layers - 2 if self.num_layers >= 3 else self.num_layers
-            hit = self._granular[key] = granular_busiest_s(key, num_blocks)
+            hit = self._granular[key] = granular_busiest_s(key, self.num_blocks)
         return hit
 
     # ---- scoring ----------------------------------------------------------------------
@@ -362,9 +374,10 @@ class Searcher:
                     n_per_rep = -(-num_mb // d)
                     cap = num_stages / (n_per_rep * ratio)
                     rules = ["stage"]
-                    # Whole pipelines per zone only differ from the stage rule when a stage's
-                    # replicas do not fit one zone (else the stage rule keeps everything local).
-                    if (len(live) > 1 and d > zone_max
+                    # Whole pipelines per zone only differ from the stage rule when the segment
+                    # does not fit one zone: the stage rule then sends every micro-batch across
+                    # a zone boundary between stages, this one crosses zones in the DP rings.
+                    if (len(live) > 1 and d * num_stages > zone_max
                             and sum(n // (tp * num_stages) for n in live.values()) >= d):
                         rules.append("pipeline")
                     for rule in rules:
@@ -454,14 +467,19 @@ class Searcher:
 
     def _segment_egress_lb(self, kind: Kind, zones: dict[str, int], tp: int, d: int, num_stages: int,
                            num_mb: int) -> float:
-        fewest = math.inf
-        for prev in (None, *sorted(zones)):
-            placed = place_stages(zones, tp, d, num_stages, prev)
-            if placed is None:
-                return 0.0
-            crossings = sum(1 for a, b in zip(placed, placed[1:])
-                            if len(a) == 1 and len(b) == 1 and a[0][0] != b[0][0])
-            fewest = min(fewest, crossings)
+        key = (kind.gpu, tp, d, num_stages)
+        fewest = self._fewest_crossings.get(key)
+        if fewest is None:
+            fewest = math.inf
+            for prev in (None, *sorted(zones)):
+                placed = place_stages(zones, tp, d, num_stages, prev)
+                if placed is None:
+                    fewest = 0
+                    break
+                crossings = sum(1 for a, b in zip(placed, placed[1:])
+                                if len(a) == 1 and len(b) == 1 and a[0][0] != b[0][0])
+                fewest = min(fewest, crossings)
+            self._fewest_crossings[key] = fewest
         if not fewest:
             return 0.0
         price = min(self.round_trip_usd_per_byte(a, b) for a in zones for b in zones if a != b)
@@ -512,6 +530,7 @@ class Searcher:
         return out
 
     def _prepare(self, mbs: int, shape: tuple[Segment, ...], tau_lb: float):
+        self.stats.num_splits += 1
         stages = self.build_stages(shape)
         if stages is None:
             return None
@@ -547,20 +566,21 @@ class Searcher:
         self.offer(ev)
         return ev
 
-    def polish(self, mbs: int, stages, ends: list[int], ev: Evaluated) -> Evaluated:
+    def polish(self, mbs: int, stages, ends: list[int], ev: Evaluated, *, full: bool = False) -> Evaluated:
         """Move stage boundaries one layer at a time while the simulated objective improves (the
         min-max split ignores p2p, sync and the warm-up, so a neighbour can be better).
 
-        Short pipelines (<= 6 stages) try every boundary and also shift a whole inner stage (two
-        adjacent boundaries together, which single moves cannot reach when either alone is
-        worse); longer ones move the boundaries of the busiest stage.
+        During the search only the boundaries of the busiest stage move; ``full`` (the plans
+        that end in the top N, see ``polish_top``) tries every boundary of short pipelines (<= 6
+        stages) and also shifts a whole inner stage (two adjacent boundaries together, which
+        single moves cannot reach when either alone is worse).
         """
         best, best_ends = ev, list(ends)
         for _ in range(8):
             res = best.res
             last = len(best_ends) - 1
             busiest = max(range(len(best_ends)), key=lambda i: res.busy_s[i])
-            if len(best_ends) <= 6:
+            if full and len(best_ends) <= 6:
                 singles = [(b,) for b in range(last)]
                 shifts = [(b, b + 1) for b in range(last - 1)]
             else:
@@ -573,6 +593,17 @@ class Searcher:
                 break
             best, best_ends = improved
         return best
+
+    def polish_top(self, count: int) -> None:
+        """Fully polish the best ``count`` plans found (one GPU kind per stage) and offer the results."""
+        for ev in list(self.top[:count]):
+            if any(len(st.groups) != 1 and len({k for k, _, _ in st.groups}) != 1 for st in ev.stages):
+                continue  # leftover replicas mixed in: not a split of one placement
+            placed = [(st.groups[0][0], tuple((z, n) for _, z, n in st.groups)) for st in ev.stages]
+            ends = [st.layer_end for st in ev.stages]
+            better = self.polish(ev.mbs, placed, ends, ev, full=True)
+            if better is not ev:
+                self.offer(better)
 
     def _try_moves(self, mbs: int, stages, best_ends: list[int], best: Evaluated, moves):
         """First-improvement pass over ``moves``; (best, ends) after it, or None if none helped."""
@@ -656,6 +687,85 @@ class _ProductHeap:
         return idx
 
 
+class _SortedShapes:
+    """Shapes of at most two per-type lists (index -1 or past the end: type unused), best first."""
+
+    def __init__(self, first: list[Segment], second: list[Segment], ia, ib, scores) -> None:
+        self.first, self.second = first, second
+        self.ia, self.ib, self.scores = ia.tolist(), ib.tolist(), scores.tolist()
+        self.pos = 0
+        self.cut = math.inf
+
+    def peek(self) -> float:
+        """The best bound left (those cut off included)."""
+        return self.scores[self.pos] if self.pos < len(self.scores) else self.cut
+
+    def fresh(self) -> _SortedShapes:
+        """A copy to walk from the start (the lists are shared, never changed in place)."""
+        out = _SortedShapes.__new__(_SortedShapes)
+        out.first, out.second, out.ia, out.ib, out.scores = self.first, self.second, self.ia, self.ib, self.scores
+        out.pos, out.cut = 0, self.cut
+        return out
+
+    def has_next(self) -> bool:
+        return self.pos < len(self.scores)
+
+    def truncate(self, cut: float) -> None:
+        """Drop the shapes scoring ``cut`` or worse; ``cut`` stays the bound on them."""
+        n = bisect.bisect_left(self.scores, cut)
+        if n < len(self.scores):
+            self.ia, self.ib, self.scores = self.ia[:n], self.ib[:n], self.scores[:n]
+            self.cut = cut
+
+    def count_below(self, score: float) -> int:
+        if self.cut < score:
+            return 1 << 30  # some were cut off: no proof
+        return bisect.bisect_left(self.scores, score, lo=self.pos) - self.pos
+
+    def peek_stages(self) -> int:
+        a, b = self.ia[self.pos], self.ib[self.pos]
+        return ((self.first[a].num_stages if a < len(self.first) else 0)
+                + (self.second[b].num_stages if b < len(self.second) else 0))
+
+    def pop(self) -> tuple[Segment, ...]:
+        a, b = self.ia[self.pos], self.ib[self.pos]
+        self.pos += 1
+        return tuple(seg for seg in (self.first[a] if a < len(self.first) else None,
+                                     self.second[b] if b < len(self.second) else None) if seg is not None)
+
+
+def _granular_many(sa, ra, ha, sb, rb, hb, num_blocks: int, iterations: int = 24):
+    """``granular_busiest_s`` of many two-segment shapes at once (numpy bisection; an absent
+    segment has 0 stages).  Returns the low end of the last interval: a bound, to ~1e-7."""
+    import numpy as np
+
+    if num_blocks <= 0:
+        return np.zeros(len(sa))
+    inv = np.where(sa > 0, sa / ra, 0.0) + np.where(sb > 0, sb / rb, 0.0)
+    lo = num_blocks / inv
+    hi = lo + np.where(sa > 0, ra + ha, 0.0) + np.where(sb > 0, rb + hb, 0.0)
+
+    def fits(t):
+        ka = np.where(sa > 0, np.floor(t / np.where(sa > 0, ra, 1.0) + 1e-9), 0.0)
+        kb = np.where(sb > 0, np.floor(t / np.where(sb > 0, rb, 1.0) + 1e-9), 0.0)
+        base = sa * ka + sb * kb
+        # The last layer's stage loses the blocks its head time displaces (or cannot be it).
+        loss_a = np.where((sa > 0) & (t >= ha), ka - np.floor(np.maximum(t - ha, 0.0) / np.where(sa > 0, ra, 1.0) + 1e-9), np.inf)
+        loss_b = np.where((sb > 0) & (t >= hb), kb - np.floor(np.maximum(t - hb, 0.0) / np.where(sb > 0, rb, 1.0) + 1e-9), np.inf)
+        return base - np.minimum(loss_a, loss_b) >= num_blocks
+
+    for _ in range(iterations):
+        mid = 0.5 * (lo + hi)
+        ok = fits(mid)
+        hi = np.where(ok, mid, hi)
+        lo = np.where(ok, lo, mid)
+    return lo
+
+
+def _probe(segs: list[Segment], tp: int) -> Segment:
+    return next(seg for seg in segs if seg.tp_degree == tp)
+
+
 @dataclass(slots=True)
 class _MbsSpace:
     mbs: int
@@ -665,13 +775,13 @@ class _MbsSpace:
     all_total_s: float  # every layer on its fastest kind: no iteration is shorter
     lists: list[list[Segment | None]]
     heap: _ProductHeap
-    min_time_by_kinds: dict = field(default_factory=dict)
+    sorted: _SortedShapes | None = None
 
 
 def run_search(searcher: Searcher, budget: int | None = None) -> None:
     """Best-first search (see the module docstring); ``budget`` caps this call's evaluations."""
     req = searcher.req
-    stop_at = searcher.stats.num_evaluated + (budget if budget is not None else req.max_evaluations)
+    stop_at = searcher.stats.work + (budget if budget is not None else req.max_evaluations)
     throughput = req.objective is Objective.THROUGHPUT
     spaces: list[_MbsSpace] = []
     for mbs in searcher.micro_batch_sizes():
@@ -747,8 +857,12 @@ def run_search(searcher: Searcher, budget: int | None = None) -> None:
             t_chk = max(t_chk, t_lb * searcher.excess.get(num_stages, 1.0))
         if req.max_usd_per_hour is not None and rate > req.max_usd_per_hour * (1 + 1e-9):
             return None
-        egress = sum(egress_lb(seg, len(shape) == 1) + seg.egress_usd for seg in shape) \
-            if costs is None else costs[1]
+        if costs is not None:
+            egress = costs[1]
+        elif cost_matters:
+            egress = sum(egress_lb(seg, len(shape) == 1) + seg.egress_usd for seg in shape)
+        else:
+            egress = 0.0
         if req.max_usd_per_iteration is not None and rate * t_chk / 3600 + egress > req.max_usd_per_iteration * (1 + 1e-9):
             return None
         if req.min_throughput_samples_per_s is not None and gbs / t_chk < req.min_throughput_samples_per_s * (1 - 1e-9):
@@ -830,57 +944,147 @@ def run_search(searcher: Searcher, budget: int | None = None) -> None:
             worst = max(worst, (n - 1) * min(link_s(a, b), link_s(b, a)) / 2)
         return worst
 
-    def sync_lb(shape: tuple[Segment, ...]) -> float:
+    def ring_lb(seg: Segment, num_stages: int) -> float:
         """The stage holding the most parameters holds at least 1/P of them; its ring is at best
         a same-zone ring of its segment's replicas.  (A bound up to TP-sharding rounding.)"""
+        key = (seg.gpu, seg.tp_degree, seg.dp_degree, num_stages)
+        t = sync_memo.get(key)
+        if t is None:
+            nbytes = min(v.total_params * v.regime.grad_bytes_per_param
+                         for v in searcher.variants(seg.kind)) / num_stages
+            t = sync_memo[key] = min(
+                searcher.fast.ring_s(nbytes, seg.gpu, zone, seg.dp_degree)
+                for zone, n in searcher.zone_gpus[seg.gpu].items() if n > 0
+            )
+        return t
+
+    def sync_lb(shape: tuple[Segment, ...]) -> float:
         num_stages = sum(s.num_stages for s in shape)
-        best = math.inf
-        for seg in shape:
-            if seg.dp_degree == 1:
-                return 0.0
-            key = (seg.gpu, seg.tp_degree, seg.dp_degree, num_stages)
-            t = sync_memo.get(key)
-            if t is None:
-                kind = seg.kind
-                nbytes = min(v.total_params * v.regime.grad_bytes_per_param
-                             for v in searcher.variants(kind)) / num_stages
-                t = min(
-                    searcher.fast.ring_s(nbytes, seg.gpu, zone, seg.dp_degree)
-                    for zone, n in searcher.zone_gpus[seg.gpu].items() if n > 0
-                )
-                sync_memo[key] = t
-            best = min(best, t)
-        return best
+        if any(seg.dp_degree == 1 for seg in shape):
+            return 0.0
+        return min(ring_lb(seg, num_stages) for seg in shape)
 
-    # With caps or a floor the good shapes sit in a band of cost or capacity that the lazy
-    # order reaches late; for up to two GPU types, score every shape at once instead.
+    def sorted_shapes(space: _MbsSpace) -> _SortedShapes:
+        """Every shape of one or two GPU types, scored at once (numpy) with the bound ``tight``
+        gives it before refinement, and those within the limits sorted by it."""
+        import numpy as np
+
+        lists = [[seg for seg in lst if seg is not None] for lst in space.lists]
+        if len(lists) == 1:
+            lists.append([])
+        max_p = searcher.max_stages
+
+        def arrays(segs: list[Segment]) -> dict:
+            ring = np.full((len(segs) + 1, max_p + 1), np.inf)
+            rows: dict = {}
+            for i, seg in enumerate(segs):
+                if seg.dp_degree > 1:
+                    key = (seg.tp_degree, seg.dp_degree)
+                    row = rows.get(key)
+                    if row is None:
+                        row = rows[key] = [math.inf] + [ring_lb(seg, p) for p in range(1, max_p + 1)]
+                    ring[i] = row
+            tps = sorted({seg.tp_degree for seg in segs})
+            return dict(
+                segs=segs, tps=tps, ring=ring,
+                cap=np.array([seg.capacity for seg in segs] + [0.0]),
+                rate=np.array([seg.min_usd_per_hr for seg in segs] + [0.0]),
+                stages=np.array([seg.num_stages for seg in segs] + [0]),
+                dp=np.array([seg.dp_degree for seg in segs] + [1 << 30]),
+                d1=np.array([seg.dp_degree == 1 for seg in segs] + [False]),
+                tpi=np.array([tps.index(seg.tp_degree) for seg in segs] + [0]),
+                self_link=np.array([(seg.num_microbatches - 1) * link_s(seg, seg) / 2 if seg.num_stages > 1
+                                    else 0.0 for seg in segs] + [0.0]),
+                eg_alone=np.array([egress_lb(seg, True) + seg.egress_usd if cost_matters else 0.0
+                                   for seg in segs] + [0.0]),
+                eg_with=np.array([egress_lb(seg, False) + seg.egress_usd if cost_matters else 0.0
+                                  for seg in segs] + [0.0]),
+                block=np.array([seg.block_busy_s for seg in segs] + [np.inf]),
+                head=np.array([seg.head_busy_s for seg in segs] + [np.inf]),
+            )
+
+        a, b = arrays(lists[0]), arrays(lists[1])
+        na, nb = len(lists[0]), len(lists[1])
+        ia, ib = np.meshgrid(np.arange(na + 1), np.arange(nb + 1), indexing="ij")
+        ia, ib = ia.ravel(), ib.ravel()
+        stages = a["stages"][ia] + b["stages"][ib]
+        keep = (stages >= 1) & (stages <= max_p)
+        ia, ib, stages = ia[keep], ib[keep], stages[keep]
+        both = (ia < na) & (ib < nb)
+        tau = space.ref_total_s / (a["cap"][ia] + b["cap"][ib])
+        cross = np.zeros(len(ia))
+        if na and nb:
+            lmat = np.array([[min(link_s(_probe(lists[0], ta), _probe(lists[1], tb)),
+                                  link_s(_probe(lists[1], tb), _probe(lists[0], ta)))
+                              for tb in b["tps"]] for ta in a["tps"]])
+            n = -(-space.num_mb // np.minimum(a["dp"][ia], b["dp"][ib]))
+            cross = np.where(both, (n - 1) * lmat[a["tpi"][ia], b["tpi"][ib]] / 2, 0.0)
+        link = np.maximum(np.maximum(a["self_link"][ia], b["self_link"][ib]), cross)
+        sync = np.where(a["d1"][ia] | b["d1"][ib], 0.0,
+                        np.minimum(a["ring"][ia, stages], b["ring"][ib, stages]))
+        rate = a["rate"][ia] + b["rate"][ib]
+        egress = np.where(both, a["eg_with"][ia] + b["eg_with"][ib], a["eg_alone"][ia] + b["eg_alone"][ib])
+
+        def within_limits(t_lb):
+            ok = np.ones(len(t_lb), dtype=bool)
+            if req.max_usd_per_hour is not None:
+                ok &= rate <= req.max_usd_per_hour * (1 + 1e-9)
+            if req.max_usd_per_iteration is not None:
+                ok &= rate * t_lb / 3600 + egress <= req.max_usd_per_iteration * (1 + 1e-9)
+            if req.min_throughput_samples_per_s is not None:
+                ok &= gbs / t_lb >= req.min_throughput_samples_per_s * (1 - 1e-9)
+            return ok
+
+        # The limits on the capacity bound first (the granular one only adds), then on both.
+        t_lb = np.maximum(tau, link) + sync
+        ok = within_limits(t_lb)
+        ia, ib, tau, link, sync, rate, egress, t_lb = (
+            x[ok] for x in (ia, ib, tau, link, sync, rate, egress, t_lb))
+        # The granular bound for the 20000 best on the capacity bound (the rest keep that one:
+        # weaker, still a bound; the search rarely gets that far down).
+        first = np.argsort(-gbs / t_lb if throughput else rate * t_lb / 3600 + egress, kind="stable")[:20000]
+        gran = _granular_many(a["stages"][ia[first]], a["block"][ia[first]], a["head"][ia[first]],
+                              b["stages"][ib[first]], b["block"][ib[first]], b["head"][ib[first]],
+                              searcher.num_blocks)
+        tau = tau.copy()
+        tau[first] = np.maximum(tau[first], gran)
+        t_lb = np.maximum(tau, link) + sync
+        ok = within_limits(t_lb)
+        score = -gbs / t_lb if throughput else rate * t_lb / 3600 + egress
+        ia, ib, score = ia[ok], ib[ok], score[ok]
+        order = np.argsort(score, kind="stable")
+        return _SortedShapes(lists[0], lists[1], ia[order], ib[order], score[order])
+
+    # Up to two GPU types: every shape at once, in exact order of its first bound (cheap with
+    # numpy); more types: lazily, in order of the looser capacity bound.
+    for space in spaces:
+        if len(space.lists) <= 2:
+            # The same in every pass of one request: scored once.
+            cached = searcher.sorted_memo.get(space.mbs)
+            if cached is None:
+                cached = searcher.sorted_memo[space.mbs] = sorted_shapes(space)
+            space.sorted = cached.fresh()
+    # With caps, a floor or the cost objective the shapes within the limits on paper form a
+    # wide band, and every one is refined before the search can tell it misses them: keep the
+    # best 4000 bounds over all micro-batch sizes (the rest stay in the proof as a bound).
     banded = not throughput or req.max_usd_per_hour is not None or req.max_usd_per_iteration is not None
-    # The best 4000 bounds over all micro-batch sizes (more only cost time: every one that
-    # passes its bound is refined before the search can tell it misses the limits).
-    scored = []
-    left_out = math.inf  # the best bound of the shapes never queued
-    for si, space in enumerate(spaces):
-        if banded and len(space.lists) <= 2:
-            pairs, rest = _materialize(space, searcher, req, limit=4000)
-            scored.extend((score, si, shape) for score, shape in pairs)
-            left_out = min(left_out, rest)
-            space.heap = _ProductHeap([])
-    scored.sort(key=lambda x: x[0])
-    if len(scored) > 4000:
-        left_out = min(left_out, scored[4000][0])
-    for _, si, shape in scored[:4000]:
-        t = tight(spaces[si], shape)
-        if t is not None:
-            push(t, si, shape, t[1], 0, None)
+    kept = sorted(x for sp in spaces if sp.sorted is not None for x in sp.sorted.scores)
+    if banded and len(kept) > 4000:
+        cut = kept[4000]
+        for sp in spaces:
+            if sp.sorted is not None:
+                sp.sorted.truncate(cut)
 
-    space_heap = [(loose(sp), i) for i, sp in enumerate(spaces)]
-    heapq.heapify(space_heap)
+    def next_bound(space: _MbsSpace) -> float:
+        return space.sorted.peek() if space.sorted is not None else loose(space)
 
-    # The capacity bound that orders the lazy heaps is far looser than the tight bound, so
-    # moving shapes until it crosses the best pending bound would score tens of thousands of
-    # shapes.  After a sample, scale it by the most optimistic tight/loose ratio seen so far:
-    # an estimate, not a bound, so a stop it causes is not reported as exhausted.
-    calib = {"ratio": None, "seen": 0}
+    # The capacity bound that orders the lazy heaps (three types or more) is far looser than
+    # the queue's keys, so moving shapes until it crosses the best queued key would score tens
+    # of thousands of shapes.  After a sample, scale it by a key/loose ratio seen so far: the
+    # most optimistic one when ordering by the bound (phase two), the 90th percentile towards
+    # optimistic when ordering by the estimate.  Not a bound, so a stop it causes is not
+    # reported as exhausted.
+    calib = {"ratio": None, "seen": 0, "ratios": []}
 
     def calibrated(lb: float) -> float:
         r = calib["ratio"]
@@ -888,41 +1092,71 @@ def run_search(searcher: Searcher, budget: int | None = None) -> None:
             return lb
         return lb * r
 
+    def next_key(space: _MbsSpace) -> float:
+        """What the next shape of a space would be queued at, or a guess of it."""
+        if space.sorted is None:
+            return calibrated(loose(space))
+        if not space.sorted.has_next():
+            return math.inf
+        bound = space.sorted.peek()
+        if by_bound[0]:
+            return bound
+        excess = searcher.typical_excess(space.sorted.peek_stages())
+        return bound / excess if throughput else bound * excess  # (cost: the egress too, a guess)
+
     def fill_pending() -> None:
-        # Move shapes from the lazy heaps while some heap's (calibrated) bound beats the best pending one.
-        while space_heap:
-            lb, si = space_heap[0]
-            if lb == math.inf or calib["seen"] >= req.max_shapes_scored:
+        # Move shapes to the queue while some space's next one would go in front of it.
+        while True:
+            key, si = min(((next_key(sp), i) for i, sp in enumerate(spaces)), default=(math.inf, -1))
+            if key == math.inf or calib["seen"] >= req.max_shapes_scored:
                 return
-            if pending and pending[0][0] <= calibrated(lb):
+            if pending and pending[0][0] <= key:
                 return
             best_space = spaces[si]
-            idx = best_space.heap.pop()
-            heapq.heapreplace(space_heap, (loose(best_space), si))
-            shape = tuple(s for lst, i in zip(best_space.lists, idx) if (s := lst[i]) is not None)
+            if best_space.sorted is not None:
+                shape = best_space.sorted.pop()
+            else:
+                lb = loose(best_space)
+                idx = best_space.heap.pop()
+                shape = tuple(s for lst, i in zip(best_space.lists, idx) if (s := lst[i]) is not None)
             if not shape or sum(s.num_stages for s in shape) > searcher.max_stages:
                 continue
-            t = tight(best_space, shape)
+            g = searcher.granular_busiest_s(shape)
+            t = tight(best_space, shape, g)
             if t is None:
                 continue
-            if lb not in (math.inf, 0.0):
+            if best_space.sorted is None and lb not in (math.inf, 0.0):
                 # Scores are -throughput (< 0) or cost (> 0); keys are >= loose either way.
                 r = (t[0] if by_bound[0] else estimate(t[2])) / lb
-                calib["ratio"] = r if calib["ratio"] is None else (
-                    max(calib["ratio"], r) if lb < 0 else min(calib["ratio"], r))
                 calib["seen"] += 1
-            push(t, si, shape, t[1], 0, None)
+                if by_bound[0]:
+                    calib["ratio"] = r if calib["ratio"] is None else (
+                        max(calib["ratio"], r) if lb < 0 else min(calib["ratio"], r))
+                else:
+                    calib["ratios"].append(r)
+                    if calib["seen"] >= 64 and calib["seen"] & (calib["seen"] - 1) == 0:  # 64, 128, 256, ...
+                        ranked = sorted(calib["ratios"], reverse=lb < 0)
+                        calib["ratio"] = ranked[len(ranked) // 10]
+            # Its granular bound is in already: without costs to look at, go straight to the split.
+            push(t, si, shape, max(t[1], g), 0 if cost_matters else 1, None)
+
+    def proof_is_near(threshold: float) -> bool:
+        """Few shapes left whose bound beats the threshold: finish the proof rather than stop."""
+        if any(sp.sorted is None for sp in spaces):
+            return False
+        left = len(pending) + sum(sp.sorted.count_below(threshold) for sp in spaces)
+        return left <= 4 * req.patience
 
     def proven_done(threshold: float) -> bool:
-        return left_out >= threshold and all(lb >= threshold for lb, _ in space_heap)
+        return all(next_bound(sp) >= threshold for sp in spaces)
 
     since_gain = 0
     while True:
         fill_pending()
         if not pending:
-            searcher.stats.exhausted = not space_heap or proven_done(searcher.threshold())
+            searcher.stats.exhausted = proven_done(searcher.threshold())
             return
-        if since_gain >= req.patience and not by_bound[0]:
+        if since_gain >= req.patience and not by_bound[0] and __import__("os").environ.get("NOPH2") != "1":
             # Phase two: the estimates found the good plans; now go through the rest in order
             # of the bound, which proves the top N optimal (exhausted) where the space is small
             # and otherwise stops after twice as many fruitless evaluations.
@@ -930,7 +1164,7 @@ def run_search(searcher: Searcher, budget: int | None = None) -> None:
             since_gain = 0
             pending[:] = [(e[7], *e[1:]) for e in pending]
             heapq.heapify(pending)
-            calib["ratio"], calib["seen"] = None, 0
+            calib["ratio"], calib["seen"], calib["ratios"] = None, 0, []
             continue
         key, _, si, shape, tau, level, payload, bound, parts = heapq.heappop(pending)
         before = searcher.threshold()
@@ -939,7 +1173,9 @@ def run_search(searcher: Searcher, budget: int | None = None) -> None:
                 searcher.stats.exhausted = proven_done(before)
                 return
             continue  # cannot enter the top N
-        if searcher.stats.num_evaluated >= stop_at or since_gain >= req.patience * (2 if by_bound[0] else 1):
+        if searcher.stats.work >= stop_at:
+            return
+        if since_gain >= req.patience * (2 if by_bound[0] else 1) and not (by_bound[0] and proof_is_near(before)):
             return
         fresh = key if by_bound[0] else estimate(parts)
         if fresh > key and pending and fresh > pending[0][0]:
@@ -999,63 +1235,6 @@ def run_search(searcher: Searcher, budget: int | None = None) -> None:
             since_gain = 0
         elif after < math.inf:  # no patience before the first plan that meets the request
             since_gain += 1
-
-
-def _materialize(space: _MbsSpace, searcher: Searcher, req: PlanRequest, *, limit: int
-                 ) -> tuple[list[tuple[float, tuple[Segment, ...]]], float]:
-    """Every shape over (at most) two per-type lists, pre-scored with numpy: the best ``limit``
-    (score bound, shape) pairs, best first, and the best bound of those left out."""
-    import numpy as np
-
-    lists = [[s for s in lst if s is not None] for lst in space.lists]
-    arrays = []
-    for lst in lists:
-        arrays.append(dict(
-            cap=np.array([s.capacity for s in lst] + [0.0]),
-            rate=np.array([s.min_usd_per_hr for s in lst] + [0.0]),
-            egress=np.array([s.egress_usd for s in lst] + [0.0]),
-            stages=np.array([s.num_stages for s in lst] + [0]),
-        ))
-    if len(arrays) == 1:
-        idx = [np.arange(len(lists[0]))]
-        grid = [{k: v[idx[0]] for k, v in arrays[0].items()}]
-        absent = [np.zeros(len(idx[0]), dtype=bool)]
-    else:
-        ia, ib = np.meshgrid(np.arange(len(lists[0]) + 1), np.arange(len(lists[1]) + 1), indexing="ij")
-        ia, ib = ia.ravel(), ib.ravel()
-        keep = ~((ia == len(lists[0])) & (ib == len(lists[1])))
-        ia, ib = ia[keep], ib[keep]
-        idx = [ia, ib]
-        grid = [{k: v[i] for k, v in arr.items()} for arr, i in zip(arrays, idx)]
-        absent = [ia == len(lists[0]), ib == len(lists[1])]
-    cap = sum(g["cap"] for g in grid)
-    rate = sum(g["rate"] for g in grid)
-    egress = sum(g["egress"] for g in grid)
-    stages = sum(g["stages"] for g in grid)
-    t_lb = space.ref_total_s / cap
-    ok = stages <= searcher.max_stages
-    if req.max_usd_per_hour is not None:
-        ok &= rate <= req.max_usd_per_hour * (1 + 1e-9)
-    if req.max_usd_per_iteration is not None:
-        ok &= rate * t_lb / 3600 + egress <= req.max_usd_per_iteration * (1 + 1e-9)
-    if req.min_throughput_samples_per_s is not None:
-        ok &= req.global_batch_size / t_lb >= req.min_throughput_samples_per_s * (1 - 1e-9)
-    score = -req.global_batch_size / t_lb if req.objective is Objective.THROUGHPUT else rate * t_lb / 3600 + egress
-    score = np.where(ok, score, np.inf)
-    count = int(ok.sum())
-    if count == 0:
-        return [], math.inf
-    take = min(limit, count)
-    best = np.argpartition(score, take - 1)[:take] if take < len(score) else np.arange(len(score))
-    best = best[np.argsort(score[best], kind="stable")]
-    out = []
-    for j in best:
-        if not np.isfinite(score[j]):
-            continue
-        out.append((float(score[j]), tuple(lists[t][int(idx[t][j])] for t in range(len(lists)) if not absent[t][j])))
-    # Every shape left out scores at least the best of them: what a proof must still beat.
-    left_out = float(np.partition(score, take)[take]) if take < count else math.inf
-    return out, left_out
 
 
 def _order_key(shape: tuple[Segment, ...]) -> tuple:
