@@ -1,0 +1,110 @@
+"""The search's bounds must never exceed what they bound (a pruned shape is gone for good)."""
+
+import random
+
+import numpy as np
+import pytest
+
+from sailor_core.planner import make_request, plan_job
+from sailor_core.planner.baseline import sailor_rule_best
+from sailor_core.planner.search import Searcher, _granular_many, _orders, granular_busiest_s
+from sailor_core.planner.split import StageSlot, busiest_s, min_max_split
+from sailor_core.simulator.memory import inflight_microbatches
+
+A, V, A80 = "A100-40", "V100-16", "A100-80"
+ZA, ZB = "us-central1-a", "us-central1-b"
+
+
+def _random_shapes(searcher, rng, count):
+    """Random one- and two-segment shapes from the searcher's own segment lists."""
+    out = []
+    for _ in range(count):
+        mbs = rng.choice(searcher.micro_batch_sizes())
+        num_mb = searcher.req.global_batch_size // mbs
+        ref = [1.0] * searcher.num_layers
+        per_type = [searcher.segments_for(g, mbs, num_mb, ref) for g in searcher.gpu_types]
+        picked = [rng.choice(segs) for segs in per_type if segs and rng.random() < 0.8]
+        if picked and sum(s.num_stages for s in picked) <= searcher.num_layers:
+            out.append((mbs, tuple(picked)))
+    return out
+
+
+@pytest.mark.parametrize("model", ["opt-350m", "gpt-neo-2.7b"])
+def test_granular_bound_never_exceeds_the_min_max_split(model, profiles, network):
+    req = make_request(model=model, availability={(A, ZA): 24, (V, ZA): 32, (V, ZB): 16},
+                       global_batch_size=256)
+    s = Searcher(req, profiles=profiles, network=network)
+    rng = random.Random(3)
+    checked = 0
+    for mbs, shape in _random_shapes(s, rng, 150):
+        g = s.granular_busiest_s(shape)
+        for order in _orders(shape):
+            stages = s.build_stages(order)
+            if stages is None:
+                continue
+            num_mb = req.global_batch_size // mbs
+            slots = [StageSlot(kind=k, num_microbatches=-(-num_mb // sum(c for _, c in p)),
+                               num_inflight=inflight_microbatches(i, len(stages), -(-num_mb // sum(c for _, c in p))))
+                     for i, (k, p) in enumerate(stages)]
+            ends = min_max_split(slots, s.num_layers)
+            if ends is None:
+                continue
+            assert g <= busiest_s(slots, ends) * (1 + 1e-9)
+            checked += 1
+    assert checked > 50
+
+
+def test_vectorised_granular_bound_matches_the_exact_one():
+    rng = random.Random(7)
+    rows = []
+    for _ in range(300):
+        sa, sb = rng.randint(0, 8), rng.randint(1, 8)
+        ra, rb = rng.uniform(0.01, 0.2), rng.uniform(0.01, 0.2)
+        ha, hb = rng.uniform(0, 0.3), rng.uniform(0, 0.3)
+        rows.append((sa, ra, ha, sb, rb, hb))
+    arr = np.array(rows)
+    got = _granular_many(arr[:, 0], arr[:, 1], arr[:, 2], arr[:, 3], arr[:, 4], arr[:, 5], 24)
+    for (sa, ra, ha, sb, rb, hb), g in zip(rows, got):
+        segs = [(sb, rb, hb)] + ([(sa, ra, ha)] if sa else [])
+        exact = granular_busiest_s(segs, 24)
+        assert g <= exact * (1 + 1e-9)  # still a bound
+        assert g >= exact * (1 - 1e-5)  # and as tight
+
+
+def test_every_evaluated_plan_is_no_better_than_its_shape_bound(profiles, network):
+    # Bound validity end to end: no simulated plan may beat the bound its shape was queued with.
+    import sailor_core.planner.search as search
+
+    seen = []
+    original = search.Searcher.evaluate_shape
+
+    def spy(self, mbs, order, tau, prepared=None):
+        ev = original(self, mbs, order, tau, prepared)
+        if ev is not None:
+            seen.append((ev, self.granular_busiest_s(order)))
+        return ev
+
+    search.Searcher.evaluate_shape = spy
+    try:
+        req = make_request(model="opt-350m", availability={(A, ZA): 16, (V, ZA): 24, (V, ZB): 8},
+                           global_batch_size=256, max_usd_per_iteration=0.02)
+        plan_job(req, profiles=profiles, network=network)
+    finally:
+        search.Searcher.evaluate_shape = original
+    assert seen
+    for ev, g in seen:
+        # The busiest stage's work is at least the granular bound, whatever the polish did.
+        assert max(ev.res.busy_s) >= g * (1 - 1e-9)
+
+
+def test_two_zone_cost_cap_beats_the_sailor_rule(profiles, network):
+    # gpt-neo-2.7b on gpu_trace_2zones_2gpus under the artifact's 1.2 USD/iteration cap used to
+    # return 0.76x the Sailor-rule baseline: bounds without egress sent the search to pipelines
+    # that cross zones between stages (0.9 USD/iteration of egress alone).
+    avail = {(A, ZA): 128, (A, ZB): 128, (V, ZA): 128, (V, ZB): 128}
+    req = make_request(model="gpt-neo-2.7b", availability=avail, global_batch_size=2048,
+                       max_usd_per_iteration=1.2)
+    result = plan_job(req, profiles=profiles, network=network)
+    base = sailor_rule_best(req, profiles=profiles, network=network)
+    assert all(c.usd_per_iteration <= 1.2 for c in result.candidates)
+    assert result.best.throughput_samples_per_s >= base.res.throughput_samples_per_s
