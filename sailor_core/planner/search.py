@@ -974,11 +974,15 @@ def run_search(searcher: Searcher, budget: int | None = None) -> None:
             lists.append([])
         max_p = searcher.max_stages
 
+        alone = not lists[1]  # one GPU type: a shape's depth is its one segment's
+
         def arrays(segs: list[Segment]) -> dict:
             ring = np.full((len(segs) + 1, max_p + 1), np.inf)
             rows: dict = {}
             for i, seg in enumerate(segs):
-                if seg.dp_degree > 1:
+                if seg.dp_degree > 1 and alone:
+                    ring[i, seg.num_stages] = ring_lb(seg, seg.num_stages)
+                elif seg.dp_degree > 1:
                     key = (seg.tp_degree, seg.dp_degree)
                     row = rows.get(key)
                     if row is None:
