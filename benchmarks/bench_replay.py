@@ -38,9 +38,11 @@ def main() -> None:
     ap.add_argument("--plot", default=None)
     ap.add_argument("--cold", action="store_true",
                     help="one replay with no plan cache on disk; print where its time goes")
+    ap.add_argument("--probe-micro-batches", action="store_true",
+                    help="with --cold: search only the micro-batch sizes the trace's GPU types use")
     ap.add_argument("--vs-all-micro-batches", action="store_true",
-                    help="with --cold: replay again searching every micro-batch size; print its time and "
-                         "how far each policy's time to train and USD move")
+                    help="with --cold --probe-micro-batches: replay again searching every micro-batch size; "
+                         "print its time and how far each policy's time to train and USD move")
     args = ap.parse_args()
 
     trace = load_trace(args.trace)
@@ -87,7 +89,7 @@ def main() -> None:
 def cold_report(args, trace, policies, knobs) -> None:
     t0, c0 = time.perf_counter(), time.process_time()
     suite = run_policies(trace, model=args.model, tokens=args.tokens, policies=policies,
-                         budget_usd=args.budget_usd, planner_knobs=knobs)
+                         budget_usd=args.budget_usd, planner_knobs=knobs, probe_micro_batches=args.probe_micro_batches)
     wall_s, cpu_s = time.perf_counter() - t0, time.process_time() - c0
     calls = suite.planner_call_log
     print(f"{args.trace}: {trace.num_rows} rows, {trace.duration_s / 3600:.1f} h, "
@@ -108,7 +110,7 @@ def cold_report(args, trace, policies, knobs) -> None:
     if args.vs_all_micro_batches:
         t0, c0 = time.perf_counter(), time.process_time()
         full = run_policies(trace, model=args.model, tokens=args.tokens, policies=policies, budget_usd=args.budget_usd,
-                            planner_knobs={**(knobs or {}), "micro_batch_sizes": None})
+                            planner_knobs=knobs)
         full_wall_s, full_cpu_s = time.perf_counter() - t0, time.process_time() - c0
         print(f"every micro-batch size: wall {full_wall_s:.2f} s, CPU {full_cpu_s:.2f} s, "
               f"{full.planner_calls} planner calls {full.planner_time_s:.2f} s")

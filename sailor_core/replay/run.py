@@ -19,9 +19,9 @@ from sailor_core.replay.prices import PriceSeries
 from sailor_core.traces import AvailabilityTrace
 
 # Search knobs for re-planning inside a replay: a smaller budget of simulate()
-# calls than `sailor plan` (4000) keeps one planner call short.  Unless the knobs
-# name micro_batch_sizes, run_policies also narrows them to what the trace's GPU
-# types use (probed_micro_batch_sizes).
+# calls than `sailor plan` (4000) keeps one planner call short.
+# run_policies(probe_micro_batches=True) also narrows the micro-batch sizes to what
+# the trace's GPU types use (probed_micro_batch_sizes): faster, but it moves results.
 REPLAY_PLANNER_KNOBS: dict[str, Any] = {"max_evaluations": 200, "top_n": 3}
 
 
@@ -151,6 +151,7 @@ def run_policies(
     exact_availability: bool = False,
     plan_cache_path: str | None = None,
     planner_knobs: dict[str, Any] | None = None,
+    probe_micro_batches: bool = False,
 ) -> ReplaySuite:
     from sailor_core.catalog import get_model, normalize_gpu_name
 
@@ -171,7 +172,7 @@ def run_policies(
     mbs = None
     if base is None:
         knobs_used = {**REPLAY_PLANNER_KNOBS, **(planner_knobs or {})}
-        if "micro_batch_sizes" not in knobs_used:
+        if probe_micro_batches and "micro_batch_sizes" not in knobs_used:
             probe = CachedPlanner(plan_fn=_planner(spec.name, global_batch_size, knobs_used, plan_cache_path))
             sizes = probed_micro_batch_sizes(trace, probe if exact_availability else on_grid(probe))
             _flush(probe.plan_fn)  # before the main planner reads the same file

@@ -1,5 +1,5 @@
-"""The replay's planner requests: which micro-batch sizes they search, and that the probe
-that picks them leaves the replay's answer alone."""
+"""The replay's planner requests: which micro-batch sizes the optional probe picks, and
+that it leaves a small replay's answer alone."""
 
 from types import SimpleNamespace
 
@@ -42,12 +42,12 @@ def test_no_restriction_without_plans():
     assert probed_micro_batch_sizes(trace, no_plan) is None
 
 
-def test_probed_sizes_leave_a_real_replay_unchanged():
+def test_probed_sizes_leave_a_small_real_replay_unchanged():
     # One A100 pool that dips and returns, one V100 pool: real planner, both ways.
     trace = build_trace([(0.0, {A: 8, V: 4}), (3600.0, {A: 4, V: 4}), (7200.0, {A: 8, V: 4})])
     kwargs = dict(model="opt-350m", tokens=2e8, policies=("ours", "static"))
-    probed = run_policies(trace, **kwargs)
-    everything = run_policies(trace, **kwargs, planner_knobs={"micro_batch_sizes": None})
+    probed = run_policies(trace, **kwargs, probe_micro_batches=True)
+    everything = run_policies(trace, **kwargs)  # the default: every size
     assert probed.micro_batch_sizes and 1 in probed.micro_batch_sizes and everything.micro_batch_sizes is None
     # The probe's own calls (one per GPU type) count as planner calls.
     assert len(probed.planner_call_log) == probed.planner_calls
