@@ -53,8 +53,15 @@ def plan_job(request: PlanRequest, *, profiles=None, network=None) -> PlanResult
         # other's limit: before declaring the request infeasible, search by the other objective
         # (which reaches the cheap, or the fast, plans first) under the same limits, unless
         # the search proved that no plan meets them.
-        other = Objective.COST if request.objective is Objective.THROUGHPUT else Objective.THROUGHPUT
-        _adopt(searcher, _sub_search(searcher, objective=other))
+        if request.objective is Objective.COST and not _has_caps(request):
+            # A floor alone: the fastest plan there is decides.  It meets the floor (then it is
+            # a plan, if not the cheapest) or it is the "best achievable" the error reports.
+            fastest = relaxed(searcher, Objective.THROUGHPUT, keep_caps=False, keep_floor=False)
+            if fastest is not None:
+                searcher.offer(searcher.evaluate(fastest.mbs, fastest.stages))
+        else:
+            other = Objective.COST if request.objective is Objective.THROUGHPUT else Objective.THROUGHPUT
+            _adopt(searcher, _sub_search(searcher, objective=other))
     searcher.polish_top(request.top_n + 5)
     if request.mixed_stages:
         for ev in list(searcher.top[: request.top_n]):
@@ -119,14 +126,26 @@ def _search(searcher: Searcher) -> None:
 def _sub_search(searcher: Searcher, **changes) -> Searcher:
     """A search of part of the request's space (same model, limits and profiles)."""
     req = dataclasses.replace(searcher.req, mixed_stages=False, collect_pareto=False, **changes)
+    sub = _sharing(searcher, req)
+    _search(sub)
+    return sub
+
+
+def _sharing(searcher: Searcher, req: PlanRequest) -> Searcher:
+    """A Searcher for ``req`` (same model) that reuses what ``searcher`` worked out."""
     sub = Searcher(req, profiles=searcher.profiles, network=searcher.network)
     sub.kinds = searcher.kinds  # same model and regime: share the kinds (and their memo)
-    # Same kinds and zones per GPU type: a shape's split and placement are the same here.
+    # Same kinds and zones per GPU type: a shape's split, placement and rent are the same here.
     sub.prepared_memo = searcher.prepared_memo
     sub.placed_memo = searcher.placed_memo
     sub.placed_costs_memo = searcher.placed_costs_memo
     sub.segment_egress_memo = searcher.segment_egress_memo
-    _search(sub)
+    if req.availability == searcher.req.availability:
+        # Same GPU types too: the same regime variants, so the same bound parts.
+        sub.bound_memos = searcher.bound_memos
+        sub._variants = searcher._variants
+        sub._block_head = searcher._block_head
+        sub._granular = searcher._granular
     return sub
 
 
@@ -222,15 +241,9 @@ def _mix_leftovers(searcher: Searcher, ev: Evaluated, max_added: int = 64) -> Ev
 def _why_infeasible(searcher: Searcher, profiles, network) -> str:
     req = searcher.req
     st = searcher.stats
-    memo: dict = {}
 
     def _relaxed(req, profiles, network, *, objective, keep_caps, keep_floor):
-        # Keeping limits the request does not set changes nothing: search each variant once.
-        key = (objective, keep_caps and _has_caps(req), keep_floor and req.min_throughput_samples_per_s is not None)
-        kw = dict(objective=objective, keep_caps=keep_caps, keep_floor=keep_floor)
-        if key not in memo:
-            memo[key] = _relaxed_search(req, profiles, network, **kw)
-        return memo[key]
+        return relaxed(searcher, objective, keep_caps=keep_caps, keep_floor=keep_floor)
 
     if not st.any_fits:
         # The limits may have ruled out every shape before one was simulated: check that
@@ -293,8 +306,20 @@ def _has_caps(req: PlanRequest) -> bool:
     return req.max_usd_per_iteration is not None or req.max_usd_per_hour is not None
 
 
-def _relaxed_search(req: PlanRequest, profiles, network, *, objective: Objective, keep_caps: bool,
+def relaxed(searcher: Searcher, objective: Objective, *, keep_caps: bool, keep_floor: bool) -> Evaluated | None:
+    """The best plan of the request with some of its limits dropped (memoised on the searcher:
+    keeping limits the request does not set changes nothing, so each variant is searched once)."""
+    req = searcher.req
+    key = (objective, keep_caps and _has_caps(req), keep_floor and req.min_throughput_samples_per_s is not None)
+    if key not in searcher.relaxed_memo:
+        searcher.relaxed_memo[key] = _relaxed_search(searcher, objective=objective,
+                                                     keep_caps=keep_caps, keep_floor=keep_floor)
+    return searcher.relaxed_memo[key]
+
+
+def _relaxed_search(searcher: Searcher, *, objective: Objective, keep_caps: bool,
                     keep_floor: bool) -> Evaluated | None:
+    req = searcher.req
     relaxed = dataclasses.replace(
         req,
         objective=objective,
@@ -304,7 +329,7 @@ def _relaxed_search(req: PlanRequest, profiles, network, *, objective: Objective
         min_throughput_samples_per_s=req.min_throughput_samples_per_s if keep_floor else None,
         mixed_stages=False,
     )
-    s = Searcher(relaxed, profiles=profiles, network=network)
+    s = _sharing(searcher, relaxed)
     run_search(s)
     top = [e for e in s.top if e.feasible]
     return top[0] if top else None

@@ -191,6 +191,8 @@ class Searcher:
         # and the sum of log ratios and their count (their geometric mean orders the queue).
         self.excess: dict[int, float] = {}
         self._log_excess: dict[int, tuple[float, int]] = {}
+        self.excess_version = 0
+        self.relaxed_memo: dict = {}  # see api.relaxed
         self.estimate_limits = False  # check caps and floor on bound x excess too (see plan_job)
 
     def variants(self, kind: Kind) -> list[Kind]:
@@ -236,6 +238,7 @@ class Searcher:
         return hit
 
     def learn_excess(self, num_stages: int, ratio: float) -> None:
+        self.excess_version += 1
         self.excess[num_stages] = min(self.excess.get(num_stages, math.inf), ratio)
         total, count = self._log_excess.get(num_stages, (0.0, 0))
         self._log_excess[num_stages] = (total + math.log(max(ratio, 1.0)), count + 1)
@@ -1072,9 +1075,15 @@ def run_search(searcher: Searcher, budget: int | None = None) -> None:
     # wide band, and every one is refined before the search can tell it misses them: keep the
     # best 4000 bounds over all micro-batch sizes (the rest stay in the proof as a bound).
     banded = not throughput or req.max_usd_per_hour is not None or req.max_usd_per_iteration is not None
-    kept = sorted(x for sp in spaces if sp.sorted is not None for x in sp.sorted.scores)
-    if banded and len(kept) > 4000:
-        cut = kept[4000]
+    if banded:
+        cut = searcher.sorted_memo.get("cut")
+        if cut is None:
+            import numpy as np
+
+            scores = [np.asarray(sp.sorted.scores) for sp in spaces if sp.sorted is not None]
+            every = np.concatenate(scores) if scores else np.empty(0)
+            cut = searcher.sorted_memo["cut"] = (float(np.partition(every, 4000)[4000])
+                                                 if len(every) > 4000 else math.inf)
         for sp in spaces:
             if sp.sorted is not None:
                 sp.sorted.truncate(cut)
@@ -1108,10 +1117,16 @@ def run_search(searcher: Searcher, budget: int | None = None) -> None:
         excess = searcher.typical_excess(space.sorted.peek_stages())
         return bound / excess if throughput else bound * excess  # (cost: the egress too, a guess)
 
+    keys_seen = {"version": -1, "keys": []}  # next_key per space, until the excess or the space changes
+
     def fill_pending() -> None:
         # Move shapes to the queue while some space's next one would go in front of it.
+        if keys_seen["version"] != searcher.excess_version:
+            keys_seen["version"] = searcher.excess_version
+            keys_seen["keys"] = [next_key(sp) for sp in spaces]
+        keys = keys_seen["keys"]
         while True:
-            key, si = min(((next_key(sp), i) for i, sp in enumerate(spaces)), default=(math.inf, -1))
+            key, si = min(((k, i) for i, k in enumerate(keys)), default=(math.inf, -1))
             if key == math.inf or calib["seen"] >= req.max_shapes_scored:
                 return
             if pending and pending[0][0] <= key:
@@ -1123,6 +1138,7 @@ def run_search(searcher: Searcher, budget: int | None = None) -> None:
                 lb = loose(best_space)
                 idx = best_space.heap.pop()
                 shape = tuple(s for lst, i in zip(best_space.lists, idx) if (s := lst[i]) is not None)
+            keys[si] = next_key(best_space)
             if not shape or sum(s.num_stages for s in shape) > searcher.max_stages:
                 continue
             g = searcher.granular_busiest_s(shape)
@@ -1169,6 +1185,7 @@ def run_search(searcher: Searcher, budget: int | None = None) -> None:
             pending[:] = [(e[7], *e[1:]) for e in pending]
             heapq.heapify(pending)
             calib["ratio"], calib["seen"], calib["ratios"] = None, 0, []
+            keys_seen["version"] = -1
             continue
         key, _, si, shape, tau, level, payload, bound, parts = heapq.heappop(pending)
         before = searcher.threshold()
