@@ -1125,7 +1125,10 @@ def run_search(searcher: Searcher, budget: int | None = None) -> None:
             keys_seen["version"] = searcher.excess_version
             keys_seen["keys"] = [next_key(sp) for sp in spaces]
         keys = keys_seen["keys"]
+        lazy = [i for i, sp in enumerate(spaces) if sp.sorted is None]
         while True:
+            for i in lazy:  # their key follows the calibration, which moves with every pull
+                keys[i] = next_key(spaces[i])
             key, si = min(((k, i) for i, k in enumerate(keys)), default=(math.inf, -1))
             if key == math.inf or calib["seen"] >= req.max_shapes_scored:
                 return
@@ -1176,7 +1179,7 @@ def run_search(searcher: Searcher, budget: int | None = None) -> None:
         if not pending:
             searcher.stats.exhausted = proven_done(searcher.threshold())
             return
-        if since_gain >= req.patience and not by_bound[0] and __import__("os").environ.get("NOPH2") != "1":
+        if since_gain >= req.patience and not by_bound[0]:
             # Phase two: the estimates found the good plans; now go through the rest in order
             # of the bound, which proves the top N optimal (exhausted) where the space is small
             # and otherwise stops after twice as many fruitless evaluations.
