@@ -61,6 +61,9 @@ class FastSim:
         self._p2p: dict = {}
         self._pairs: dict = {}
         self._price: dict = {}
+        # Keyed by id(profile): the profiles live as long as the kinds that hold them (the search).
+        self._stage_parts: dict = {}
+        self._memory: dict = {}
 
     def regime_for(self, first: Kind) -> TrainingRegime:
         # simulate: the plan's regime if it names one, else the first replica's profile regime.
@@ -165,18 +168,28 @@ class FastSim:
             update = 0.0
             first_index = 0
             for kind, zone, n in stage.groups:
-                fwd, bwd = st.stage_compute_s(kind.profile, a, b)
-                update = max(update, st.stage_update_s(kind.profile, a, b))
+                # Neighbouring candidates share most stages: memoise a stage's parts.
+                key = (id(kind.profile), a, b)
+                parts = self._stage_parts.get(key)
+                if parts is None:
+                    fwd, bwd = st.stage_compute_s(kind.profile, a, b)
+                    parts = self._stage_parts[key] = (fwd, bwd, st.stage_update_s(kind.profile, a, b))
+                fwd, bwd, upd = parts
+                update = max(update, upd)
                 # Under m mod D a group's first (lowest-index) replica gets the most micro-batches,
                 # so it alone decides the group's busy and steady-state time and its memory.
                 count = max(0, -(-(num_mb - first_index) // d))
                 steps.append(fwd + bwd)
                 fwds.append(fwd)
                 counts.append(count)
-                mem = stage_memory(kind.profile, a, b, inflight_microbatches(i, num_stages, count),
-                                   regime, kind.capacity_bytes)
-                peak = max(peak, mem.peak_bytes)
-                fits = fits and mem.fits
+                inflight = inflight_microbatches(i, num_stages, count)
+                mkey = (id(kind.profile), a, b, inflight, regime.name, kind.capacity_bytes)
+                mem = self._memory.get(mkey)
+                if mem is None:
+                    m = stage_memory(kind.profile, a, b, inflight, regime, kind.capacity_bytes)
+                    mem = self._memory[mkey] = (m.peak_bytes, m.fits)
+                peak = max(peak, mem[0])
+                fits = fits and mem[1]
                 first_index += n
             timings.append(stage_timing(steps, counts, fwds))
             thinnest = min((g[0] for g in stage.groups), key=lambda k: k.tp_degree)
