@@ -77,3 +77,24 @@ def process_alive(pid: int) -> bool:
             return f.read().split(")")[-1].split()[0] != "Z"
     except OSError:
         return False
+
+
+def home_pids(home, markers: tuple[bytes, ...]) -> set[int]:
+    """Live processes whose command line holds one of ``markers`` and that belong to the test's
+    SAILOR_HOME ``home`` (named on their command line or in their environment)."""
+    from pathlib import Path
+
+    found = set()
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            cmdline = (d / "cmdline").read_bytes().replace(b"\0", b" ")
+            if not any(m in cmdline for m in markers):
+                continue
+            environ = (d / "environ").read_bytes()
+        except OSError:
+            continue
+        if str(home).encode() in cmdline + environ and process_alive(int(d.name)):
+            found.add(int(d.name))
+    return found

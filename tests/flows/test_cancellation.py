@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.flows.conftest import ROOT, process_alive
+from tests.flows.conftest import ROOT, home_pids, process_alive
 
 JOB_ID = "cancel-test"
 
@@ -95,20 +95,7 @@ def _agent_statuses(home: Path) -> list[dict]:
 
 def _runtime_pids(home: Path) -> set[int]:
     """Live agent/worker processes (``sailor_core.runtime.*``) that belong to this test's SAILOR_HOME."""
-    found = set()
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            cmdline = (d / "cmdline").read_bytes().replace(b"\0", b" ")
-            if b"sailor_core.runtime" not in cmdline:
-                continue
-            environ = (d / "environ").read_bytes()
-        except OSError:
-            continue
-        if str(home).encode() in cmdline + environ and process_alive(int(d.name)):
-            found.add(int(d.name))
-    return found
+    return home_pids(home, (b"sailor_core.runtime",))
 
 
 def test_sigint_terminates_instances_and_workers(standalone_cloud, prefect_api):

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.flows.conftest import ROOT, process_alive
+from tests.flows.conftest import ROOT, home_pids, process_alive
 from tests.flows.test_cancellation import _env, _stop_group, standalone_cloud  # noqa: F401  (fixture)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -46,20 +46,7 @@ def _instances(cloud: dict, home: Path) -> list:
 
 def _sailor_pids(home: Path) -> set[int]:
     """Live agent/profiler processes started for this test's SAILOR_HOME."""
-    found = set()
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            cmdline = (d / "cmdline").read_bytes().replace(b"\0", b" ")
-            if b"sailor_core.runtime.agent" not in cmdline and b"sailor_core.profiler.net_worker" not in cmdline:
-                continue
-            environ = (d / "environ").read_bytes()
-        except OSError:
-            continue
-        if str(home).encode() in cmdline + environ and process_alive(int(d.name)):
-            found.add(int(d.name))
-    return found
+    return home_pids(home, (b"sailor_core.runtime.agent", b"sailor_core.profiler.net_worker"))
 
 
 def test_sigint_while_measuring_terminates_the_instances(standalone_cloud, prefect_api):
