@@ -127,23 +127,14 @@ def network_profile_flow(
                                f"{len(sizes)} message sizes measured")
     except BaseException as exc:
         body_failed = True
-        cancelled = isinstance(exc, KeyboardInterrupt) or any(
-            word in type(exc).__name__ for word in ("Cancel", "Terminat", "Abort"))
+        cancelled = cloud_tasks.is_cancellation(exc)
         state = js.with_status(state, js.CANCELLED if cancelled else js.FAILED,
                                f"{type(exc).__name__}: {exc}".splitlines()[0][:300])
         raise
     finally:
-        # Nothing may stay rented, whatever happened above; a cleanup error is raised only when
-        # it is the run's one error (the body's own error says more).
-        try:
-            state, left_running = cloud_tasks.terminate_all(session, state)
-            store.save(state)
-        except Exception as cleanup_error:
-            log.error("cleanup of %s failed: %s", job_id, cleanup_error)
-            if not body_failed:
-                raise
-        finally:
-            cloud_tasks.close_session(session)
+        # Nothing may stay rented, whatever happened above.
+        state, left_running = cloud_tasks.release(session, state, store, body_failed=body_failed, log=log,
+                                                  what=job_id)
     return {
         "job_id": job_id, "mode": session.mode, "gpu": link.gpu, "src_zone": link.src_zone,
         "dst_zone": link.dst_zone, "num_workers": link.num_workers, "instances": ids,

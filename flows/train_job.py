@@ -207,9 +207,7 @@ def train_job(
             log.info("job %s: %s; re-planning from step %s", job_id, outcome.reason, state.last_checkpoint_step)
     except BaseException as exc:
         body_failed = True
-        # Ctrl-C, or Prefect cancelling the run (it signals the flow process): cancelled, not failed.
-        cancelled = isinstance(exc, KeyboardInterrupt) or any(
-            word in type(exc).__name__ for word in ("Cancel", "Terminat", "Abort"))
+        cancelled = cloud_tasks.is_cancellation(exc)
         # A task interrupted mid-way (the watch) saved progress this frame never saw: start from that.
         saved = store.load(job_id) if store.exists(job_id) else state
         state = saved if saved.updated_unix_s > state.updated_unix_s else state
@@ -218,17 +216,8 @@ def train_job(
         store.save(state)
         raise
     finally:
-        # Nothing may stay rented: terminate by label even if the body failed; cleanup errors are
-        # logged (and re-raised only when the body itself succeeded).
-        try:
-            state, left_running = cloud_tasks.terminate_all(session, state)
-            store.save(state)
-            reporting.publish_cost_report(state)
-        except Exception as cleanup_error:
-            log.error("cleanup of job %s failed: %s", job_id, cleanup_error)
-            if not body_failed:
-                raise
-        finally:
-            cloud_tasks.close_session(session)
+        # Nothing may stay rented: terminate by label even if the body failed.
+        state, left_running = cloud_tasks.release(session, state, store, body_failed=body_failed, log=log,
+                                                  what=f"job {job_id}", after=reporting.publish_cost_report)
     return job_tasks.summary(state, instances_left_running=left_running)
 

@@ -370,3 +370,29 @@ def terminate_all(session: CloudSession, state: js.JobState, timeout_s: float = 
     state = js.with_instances_ended(state, preempted, "preempted")
     state = js.with_instances_ended(state, {r.instance_id for r in state.running_instances()}, "terminated")
     return state, len([i for i in session.query() if i.live])
+
+
+def is_cancellation(exc: BaseException) -> bool:
+    """Ctrl-C, or Prefect cancelling the run (it signals the flow process): cancelled, not failed."""
+    return isinstance(exc, KeyboardInterrupt) or any(
+        word in type(exc).__name__ for word in ("Cancel", "Terminat", "Abort"))
+
+
+def release(session: CloudSession, state: js.JobState, store, *, body_failed: bool, log, what: str,
+            after=None) -> tuple[js.JobState, int | None]:
+    """Terminate everything the job rented and close the session, whatever the flow's body did:
+    a cleanup error is logged, and raised only when it is the run's one error (the body's own
+    error says more).  ``after(state)`` runs once the instances are gone (a cost report)."""
+    left_running = None
+    try:
+        state, left_running = terminate_all(session, state)
+        store.save(state)
+        if after is not None:
+            after(state)
+    except Exception as cleanup_error:
+        log.error("cleanup of %s failed: %s", what, cleanup_error)
+        if not body_failed:
+            raise
+    finally:
+        close_session(session)
+    return state, left_running
