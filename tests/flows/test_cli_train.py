@@ -9,18 +9,6 @@ import pytest
 from sailor_core import jobstate as js
 
 
-def _main(capsys, *args):
-    import flows.cli
-
-    try:
-        flows.cli.main(list(args))
-    except SystemExit as exc:
-        out = capsys.readouterr()
-        return exc.code, out.out, out.err
-    out = capsys.readouterr()
-    return 0, out.out, out.err
-
-
 @pytest.fixture()
 def home(tmp_path, monkeypatch):
     monkeypatch.setenv("SAILOR_HOME", str(tmp_path))
@@ -35,13 +23,14 @@ def home(tmp_path, monkeypatch):
     (["--budget-usd", "1", "--cloud", "moon"], "--cloud must be auto, embedded or real"),
     (["--budget-usd", "1", "--objective", "fast"], "--objective must be throughput or cost"),
 ])
-def test_train_rejects_bad_arguments_in_one_line(home, capsys, args, needle):
-    code, _, err = _main(capsys, "train", *args)
+def test_train_rejects_bad_arguments_in_one_line(home, sailor_cli, args, needle):
+    r = sailor_cli("train", *args)
+    code, err = r.returncode, r.stderr
     lines = err.strip().splitlines()
     assert code != 0 and len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], err
 
 
-def test_jobs_and_status_read_the_persisted_states(home, capsys):
+def test_jobs_and_status_read_the_persisted_states(home, sailor_cli):
     store = js.JobStore()
     s = js.new_job(js.JobSpec(model="tiny", budget_usd=0.5, steps=10), job_id="tiny-abc")
     s = js.with_plan(s, plan={"model": "tiny"}, reason="start: 1xT4@us-east-1a", usd_per_hr=0.2,
@@ -55,17 +44,17 @@ def test_jobs_and_status_read_the_persisted_states(home, capsys):
     s = js.with_status(s, js.STOPPED_BUDGET, "budget: ...")
     store.save(s)
 
-    code, out, err = _main(capsys, "jobs", "--json")
-    assert code == 0, err
-    [row] = json.loads(out)["jobs"]
+    r = sailor_cli("jobs", "--json")
+    assert r.returncode == 0, r.stderr
+    [row] = json.loads(r.stdout)["jobs"]
     assert row["job_id"] == "tiny-abc" and row["status"] == "stopped_budget"
     assert row["attempts"] == 2 and row["preemptions"] == 1 and row["usd_spent"] == pytest.approx(0.2)
 
-    code, out, err = _main(capsys, "status", "tiny-abc", "--json")
-    assert code == 0, err
-    detail = json.loads(out)
+    r = sailor_cli("status", "tiny-abc", "--json")
+    assert r.returncode == 0, r.stderr
+    detail = json.loads(r.stdout)
     assert [r["reason"] for r in detail["replans"]] == ["start: 1xT4@us-east-1a", "preempted: i-1 at step 4"]
     assert detail["instances"][0]["end_reason"] == "preempted"
 
-    code, _, err = _main(capsys, "status", "nope")
-    assert code != 0 and err.strip() == f"error: no job 'nope' under {home / 'jobs'}"
+    r = sailor_cli("status", "nope")
+    assert r.returncode != 0 and r.stderr.strip() == f"error: no job 'nope' under {home / 'jobs'}"

@@ -58,22 +58,12 @@ def test_import_sailor_then_list():
     assert {r["gpu"] for r in rows} == {"A100-40", "GH-96", "V100-16"}
 
 
-def _main(capsys, *args):
-    """flows.cli.main in this process: the same error handling as the ``sailor`` script."""
-    import flows.cli
-
-    try:
-        flows.cli.main(list(args))
-    except SystemExit as exc:
-        return exc.code, capsys.readouterr().err
-    return 0, capsys.readouterr().err
-
-
-def test_bad_input_is_one_line_and_non_zero(capsys):
+def test_bad_input_is_one_line_and_non_zero(sailor_cli):
     user = Path(os.environ["SAILOR_HOME"]) / "profiles"
 
     def check(args, needle):
-        code, err = _main(capsys, *args)
+        r = sailor_cli(*args)
+        code, err = r.returncode, r.stderr
         lines = err.strip().splitlines()
         assert code != 0 and len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], (args, code, err)
 
