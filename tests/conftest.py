@@ -35,3 +35,20 @@ def sailor_cli(capsys):
         return subprocess.CompletedProcess(args, code, out.out, out.err)
 
     return run
+
+
+@pytest.fixture
+def moto_s3(monkeypatch):
+    """A real moto S3 server; its endpoint and test credentials are in the environment (workers
+    started by the test inherit them).  Yields the endpoint URL."""
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0)
+    server.start()
+    host, port = server.get_host_and_port()
+    endpoint = f"http://{host}:{port}"
+    for k, v in {"AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "testing",
+                 "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}.items():
+        monkeypatch.setenv(k, v)
+    yield endpoint
+    server.stop()

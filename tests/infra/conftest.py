@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from infra.local.cloud import EmbeddedCloud, providers_for
@@ -43,3 +45,12 @@ def providers(cloud):
 def new_providers(cloud):
     """Providers made from scratch, as another process would (no shared memory)."""
     return lambda: make_providers(cloud)
+
+
+def wait_until(predicate, timeout_s=5.0):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return predicate()

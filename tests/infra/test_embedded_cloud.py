@@ -3,22 +3,13 @@
 from __future__ import annotations
 
 import json
-import time
 import urllib.request
 
 from typer.testing import CliRunner
 
 from infra.provisioner import GpuNeed, Provisioner
 from infra.records import PREEMPTED, RUNNING, job_labels
-
-
-def wait_until(predicate, timeout_s=5.0):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return predicate()
+from tests.infra.conftest import wait_until
 
 
 def test_a_sailor_trace_drives_capacity_and_preemptions(cloud, providers, tmp_path):

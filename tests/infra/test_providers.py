@@ -4,7 +4,6 @@ real boto3 and google-cloud-compute clients."""
 from __future__ import annotations
 
 import os
-import time
 import urllib.request
 
 import pytest
@@ -14,6 +13,7 @@ from infra.local.faults import FaultRates
 from infra.metadata import preemption_notice
 from infra.provisioner import GpuNeed, Provisioner
 from infra.records import PREEMPTED, RUNNING, job_labels
+from tests.infra.conftest import wait_until
 from sailor_core.catalog.instances import catalog_offers, offer_for, get_instance_type
 
 # (cloud, a zone, a second zone, a 1-GPU instance type sold in both, its GPU)
@@ -25,15 +25,6 @@ PREEMPT_REASON = {"aws": "Server.SpotInstanceTermination", "gcp": "compute.insta
 CAPACITY_CODE = {"aws": "InsufficientInstanceCapacity", "gcp": "ZONE_RESOURCE_POOL_EXHAUSTED"}
 
 pytestmark = pytest.mark.parametrize("cloud_name", ["aws", "gcp"])
-
-
-def wait_until(predicate, timeout_s=5.0):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return predicate()
 
 
 def group_gone(pid: int) -> bool:

@@ -104,21 +104,6 @@ def test_rendezvous_and_worker_ports_listen_on_the_private_address_only(tmp_path
 # ---- buckets (moto's S3 server) --------------------------------------------------------------
 
 
-@pytest.fixture
-def moto_s3(monkeypatch):
-    from moto.server import ThreadedMotoServer
-
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0)
-    server.start()
-    host, port = server.get_host_and_port()
-    endpoint = f"http://{host}:{port}"
-    for k, v in {"AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "testing",
-                 "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}.items():
-        monkeypatch.setenv(k, v)
-    yield endpoint
-    server.stop()
-
-
 def test_checkpoint_bucket_is_created_private_and_encrypted(moto_s3):
     import boto3
 

@@ -48,23 +48,13 @@ def test_local_store(tmp_path):
     assert set(manifest["files"]) == {"layer_0000.pt", "layer_0001.pt", "layer_0002.pt", "meta.json"}
 
 
-def test_s3_store_against_moto_server(monkeypatch):
-    from moto.server import ThreadedMotoServer
+def test_s3_store_against_moto_server(moto_s3):
     import boto3
 
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0)
-    server.start()
-    try:
-        host, port = server.get_host_and_port()
-        endpoint = f"http://{host}:{port}"
-        for k, v in {"AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "testing",
-                     "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}.items():
-            monkeypatch.setenv(k, v)
-        boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket="ckpts")
-        _check_store("s3://ckpts/jobs/j1")
-        keys = [o["Key"] for o in boto3.client("s3", endpoint_url=endpoint)
-                .list_objects_v2(Bucket="ckpts")["Contents"]]
-        assert "jobs/j1/step_00000002/MANIFEST.json" in keys
-        assert not any(k.startswith("jobs/j1/step_00000001/") for k in keys)
-    finally:
-        server.stop()
+    endpoint = moto_s3
+    boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket="ckpts")
+    _check_store("s3://ckpts/jobs/j1")
+    keys = [o["Key"] for o in boto3.client("s3", endpoint_url=endpoint)
+            .list_objects_v2(Bucket="ckpts")["Contents"]]
+    assert "jobs/j1/step_00000002/MANIFEST.json" in keys
+    assert not any(k.startswith("jobs/j1/step_00000001/") for k in keys)

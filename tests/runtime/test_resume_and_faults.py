@@ -97,29 +97,19 @@ def test_crash_during_save_leaves_previous_checkpoint_usable(corpus, tmp_path):
 
 
 @pytest.mark.slow
-def test_checkpoint_to_s3_and_resume(corpus, tmp_path, monkeypatch):
+def test_checkpoint_to_s3_and_resume(corpus, tmp_path, moto_s3):
     import boto3
-    from moto.server import ThreadedMotoServer
 
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0)
-    server.start()
-    try:
-        host, port = server.get_host_and_port()
-        endpoint = f"http://{host}:{port}"
-        for k, v in {"AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "testing",
-                     "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}.items():
-            monkeypatch.setenv(k, v)  # the workers inherit them
-        boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket="sailor-ckpt")
-        url = "s3://sailor-ckpt/job-1"
-        plan = make_plan("tiny", [(0, 2, [1]), (2, 4, [1])])
-        a = launch_local(plan, 2, data=corpus, ckpt_dir=url, workdir=tmp_path / "a", timeout_s=240)
-        assert a.status == "ok", (a.message, a.stderr_tails)
-        assert ckpt.latest_valid_checkpoint(url).step == 2
-        plan_b = make_plan("tiny", [(0, 4, [2])])
-        b = launch_local(plan_b, 3, data=corpus, ckpt_dir=url, resume=True, workdir=tmp_path / "b",
-                         timeout_s=240)
-        assert b.status == "ok" and b.steps == [3], (b.message, b.stderr_tails)
-        ref = train_reference(plan, 3, str(corpus))
-        assert a.losses + b.losses == pytest.approx(ref.losses, abs=1e-5)
-    finally:
-        server.stop()
+    endpoint = moto_s3
+    boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket="sailor-ckpt")
+    url = "s3://sailor-ckpt/job-1"
+    plan = make_plan("tiny", [(0, 2, [1]), (2, 4, [1])])
+    a = launch_local(plan, 2, data=corpus, ckpt_dir=url, workdir=tmp_path / "a", timeout_s=240)
+    assert a.status == "ok", (a.message, a.stderr_tails)
+    assert ckpt.latest_valid_checkpoint(url).step == 2
+    plan_b = make_plan("tiny", [(0, 4, [2])])
+    b = launch_local(plan_b, 3, data=corpus, ckpt_dir=url, resume=True, workdir=tmp_path / "b",
+                     timeout_s=240)
+    assert b.status == "ok" and b.steps == [3], (b.message, b.stderr_tails)
+    ref = train_reference(plan, 3, str(corpus))
+    assert a.losses + b.losses == pytest.approx(ref.losses, abs=1e-5)
