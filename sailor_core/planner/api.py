@@ -6,7 +6,7 @@ import dataclasses
 import time
 
 from sailor_core.errors import InfeasibleError
-from sailor_core.plan import Plan, Replica, Stage, validate_plan
+from sailor_core.plan import validate_plan
 from sailor_core.planner.kinds import valid_tp_degrees
 from sailor_core.planner.request import Objective, PlanRequest
 from sailor_core.planner.result import ParetoPoint, PlannedCandidate, PlanResult, pareto_front
@@ -70,7 +70,7 @@ def plan_job(request: PlanRequest, *, profiles=None, network=None) -> PlanResult
                 searcher.offer(mixed)
     top = [e for e in searcher.top if e.feasible][: request.top_n]
     if not top:
-        raise InfeasibleError(_why_infeasible(searcher, profiles, network))
+        raise InfeasibleError(_why_infeasible(searcher))
     candidates = []
     for ev in top:
         plan = searcher.to_plan(ev)
@@ -83,7 +83,7 @@ def plan_job(request: PlanRequest, *, profiles=None, network=None) -> PlanResult
                 continue
         candidates.append(PlannedCandidate(plan=plan, sim=sim))
     if not candidates:
-        raise InfeasibleError(_why_infeasible(searcher, profiles, network))
+        raise InfeasibleError(_why_infeasible(searcher))
     key = (lambda c: -c.sim.throughput_samples_per_s) if request.objective is Objective.THROUGHPUT \
         else (lambda c: c.sim.usd_per_iteration)
     candidates.sort(key=key)
@@ -238,28 +238,22 @@ def _mix_leftovers(searcher: Searcher, ev: Evaluated, max_added: int = 64) -> Ev
 # ---- explaining an empty answer ------------------------------------------------------
 
 
-def _why_infeasible(searcher: Searcher, profiles, network) -> str:
+def _why_infeasible(searcher: Searcher) -> str:
     req = searcher.req
     st = searcher.stats
-
-    def _relaxed(req, profiles, network, *, objective, keep_caps, keep_floor):
-        return relaxed(searcher, objective, keep_caps=keep_caps, keep_floor=keep_floor)
 
     if not st.any_fits:
         # The limits may have ruled out every shape before one was simulated: check that
         # something fits at all before blaming memory.
-        if not (_has_caps(req) or req.min_throughput_samples_per_s is not None) or _relaxed(
-                req, profiles, network, objective=Objective.THROUGHPUT, keep_caps=False,
-                keep_floor=False) is None:
+        limited = _has_caps(req) or req.min_throughput_samples_per_s is not None
+        if not limited or relaxed(searcher, Objective.THROUGHPUT, keep_caps=False, keep_floor=False) is None:
             return _memory_reason(searcher)
     reasons = []
     relaxed_cost = None
     if req.min_throughput_samples_per_s is not None:
-        best = _relaxed(req, profiles, network, objective=Objective.THROUGHPUT,
-                        keep_caps=True, keep_floor=False)
+        best = relaxed(searcher, Objective.THROUGHPUT, keep_caps=True, keep_floor=False)
         if best is None:  # the caps alone already rule everything out
-            best = _relaxed(req, profiles, network, objective=Objective.THROUGHPUT,
-                            keep_caps=False, keep_floor=False)
+            best = relaxed(searcher, Objective.THROUGHPUT, keep_caps=False, keep_floor=False)
             caps_too = True
         else:
             caps_too = False
@@ -271,11 +265,9 @@ def _why_infeasible(searcher: Searcher, profiles, network) -> str:
                 f"({best.num_gpus} GPUs, {best.res.usd_per_iteration:.4g} USD/iteration)"
             )
     if _has_caps(req):
-        relaxed_cost = _relaxed(req, profiles, network, objective=Objective.COST,
-                                keep_caps=False, keep_floor=True)
+        relaxed_cost = relaxed(searcher, Objective.COST, keep_caps=False, keep_floor=True)
         if relaxed_cost is None:
-            relaxed_cost = _relaxed(req, profiles, network, objective=Objective.COST,
-                                    keep_caps=False, keep_floor=False)
+            relaxed_cost = relaxed(searcher, Objective.COST, keep_caps=False, keep_floor=False)
         cheapest = relaxed_cost
         if cheapest is not None:
             floor = " meeting the throughput floor" if req.min_throughput_samples_per_s else ""
