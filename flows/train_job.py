@@ -185,6 +185,11 @@ def train_job(
             before = state.last_checkpoint_step
             state = workers.stop_attempt(session, state, placed.assignments)
             state = cloud_tasks.reconcile(session, state)
+            if outcome.kind == INSTANCE_PREEMPTED:
+                # The cloud or the agent reported these preempted, but the cloud may still say
+                # "stopping" (its notice window), and re-provisioning would then close them as
+                # merely terminated: they will not run again, so close them as preemptions now.
+                state = js.with_instances_ended(state, set(outcome.instance_ids), "preempted")
             state = job_tasks.note_checkpoint(state)
             store.save(state)
             if outcome.kind == workers.BUDGET:
