@@ -412,10 +412,12 @@ def _kill_group(proc: subprocess.Popen) -> None:
         proc.wait()
 
 
-def _executed_steps(env: ChaosEnv, state) -> tuple[int, list[str]]:
-    """Rank 0's step records over every generation on every instance of the job, and resume lines."""
+def _executed_steps(env: ChaosEnv, state) -> tuple[int, list[str], dict[int, int]]:
+    """Rank 0's step records over every generation on every instance of the job, its resume lines,
+    and the highest step each generation trained."""
     executed = 0
     resumed: list[str] = []
+    max_step: dict[int, int] = {}
     for rec in state.instances:
         agent = env.instance_dir(rec.instance_id) / "agent"
         for gen_dir in sorted(agent.glob("gen*"), key=lambda p: int(p.name[3:])):
@@ -426,12 +428,34 @@ def _executed_steps(env: ChaosEnv, state) -> tuple[int, list[str]]:
                         r = json.loads(line)
                     except ValueError:
                         continue
-                    executed += "loss" in r and "step" in r
+                    if "loss" in r and "step" in r:
+                        executed += 1
+                        gen = int(gen_dir.name[3:])
+                        max_step[gen] = max(max_step.get(gen, 0), int(r["step"]))
             for log in gen_dir.glob("rank*.log"):
                 for line in log.read_text(errors="replace").splitlines():
                     if "resumed from" in line and "rank 0]" in line:
                         resumed.append(f"{gen_dir.name}:{line.split('resumed from ')[1].split()[0]}")
-    return executed, resumed
+    resumed.sort(key=lambda r: int(r.split(":")[0][3:]))
+    return executed, resumed, max_step
+
+
+def corrupt_resumes(corrupted: list[tuple[str, int]], resumed: list[str], max_step: dict[int, int]) -> list[str]:
+    """The corrupted checkpoint directories the job resumed from while they still held corrupted data.
+
+    ``resumed`` holds ``gen<N>:<dirname>`` in generation order. A generation that trained to the
+    corrupted step again, after falling back to an older checkpoint, re-committed that directory
+    with good data; a later resume from it is right.
+    """
+    bad = []
+    for dirname, gen in corrupted:
+        after = [r for r in resumed if int(r.split(":")[0][3:]) > gen]
+        if not after or after[0].split(":")[1] != dirname:
+            continue
+        resume_gen, ckpt_step = int(after[0].split(":")[0][3:]), int(dirname.split("_")[-1])
+        if not any(max_step.get(g, 0) >= ckpt_step for g in range(gen + 1, resume_gen)):
+            bad.append(dirname)
+    return bad
 
 
 def _final_params_diff(ckpt_dir: Path, ref_dir: Path, steps: int) -> tuple[float | None, bool | None, str]:
@@ -516,16 +540,13 @@ def _verify(env: ChaosEnv, store, job_id: str, *, seed: int, steps: int, ckpt_ev
     spent = state.usd_spent(state.updated_unix_s)
     if spent > state.spec.budget_usd:
         failures.append(f"spent {spent:.6f} > budget {state.spec.budget_usd:.6f} USD")
-    executed, resumed = _executed_steps(env, state)
+    executed, resumed, max_step = _executed_steps(env, state)
     redone = executed - steps
     num_breaking = sum(r.kind in BREAKING for r in records) + 2 * sum(r.kind == "corrupt_checkpoint" for r in records)
     bound = ckpt_every * num_breaking
     if redone > bound:
         failures.append(f"{redone} steps redone > {bound} (one interval of {ckpt_every} per fault)")
-    for dirname, gen in corrupted:
-        after = [r for r in resumed if int(r.split(":")[0][3:]) > gen]
-        if after and after[0].split(":")[1] == dirname:
-            failures.append(f"resumed from corrupted checkpoint {dirname}")
+    failures.extend(f"resumed from corrupted checkpoint {d}" for d in corrupt_resumes(corrupted, resumed, max_step))
     diff = bitwise = None
     if state.status == "succeeded" and state.plan:
         plans = {_numerics_key(r.plan) for r in state.replans}

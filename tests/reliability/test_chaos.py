@@ -64,6 +64,17 @@ def test_a_corrupt_checkpoint_is_detected_by_its_manifest_and_the_previous_one_i
     assert ckpt.latest_valid_checkpoint(str(tmp_path / "ck")) is None
 
 
+def test_a_resume_counts_as_corrupt_only_until_the_directory_is_recommitted():
+    from flows.chaos import corrupt_resumes
+
+    # step 4 corrupted in gen 2; gen 3 fell back to scratch and trained to step 7 (re-committing
+    # step 4), was killed; gen 4 resumed from the good step 4. As seen in a CI run.
+    assert corrupt_resumes([("step_00000004", 2)], ["gen4:step_00000004"], {2: 4, 3: 7, 4: 16}) == []
+    # Without a generation in between that reached step 4 again, the resume read corrupt data.
+    assert corrupt_resumes([("step_00000004", 2)], ["gen3:step_00000004"], {2: 4, 3: 16}) == ["step_00000004"]
+    assert corrupt_resumes([("step_00000008", 2)], ["gen3:step_00000004"], {2: 9, 3: 16}) == []
+
+
 # ---- whole trials (slow) ---------------------------------------------------------------
 
 
