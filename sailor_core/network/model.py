@@ -189,6 +189,8 @@ class NetworkModel:
         n = len(endpoints)
         if n <= 1 or num_bytes <= 0:
             return 0.0
+        if endpoints.count(endpoints[0]) == n:  # (count compares identity first: cheap on [e] * n)
+            return self.uniform_allreduce_time_s(num_bytes, endpoints[0], n, bucket_bytes=bucket_bytes)
         key = (num_bytes, bucket_bytes, tuple(endpoints))
         hit = self._rings.get(key)
         if hit is None:
@@ -197,21 +199,30 @@ class NetworkModel:
             hit = self._rings[key] = self._ring_s(num_bytes, endpoints, bucket_bytes)
         return hit
 
+    def uniform_allreduce_time_s(
+        self, num_bytes: float, endpoint: Endpoint, n: int, *,
+        bucket_bytes: float = ALLREDUCE_BUCKET_BYTES,
+    ) -> float:
+        """``allreduce_time_s`` over ``n`` members at one endpoint, without building the n of them
+        (the planner's bounds ask for thousands of these)."""
+        if n <= 1 or num_bytes <= 0:
+            return 0.0
+        key = (num_bytes, bucket_bytes, endpoint, n)
+        hit = self._rings.get(key)
+        if hit is None:
+            if len(self._rings) > 65536:
+                self._rings.clear()
+            hit = self._rings[key] = _bucketed_ring_s(
+                num_bytes, n, bucket_bytes, lambda size: self.p2p_time_s(size / n, endpoint, endpoint))
+        return hit
+
     def _ring_s(self, num_bytes: float, endpoints: Sequence[Endpoint], bucket_bytes: float) -> float:
         n = len(endpoints)
-        num_full = int(num_bytes // bucket_bytes)
-        rest = num_bytes - num_full * bucket_bytes
         distinct = list(dict.fromkeys(endpoints))
         pairs = [(a, b) for a, b in itertools.permutations(distinct, 2)]
         pairs += [(a, a) for a in distinct if endpoints.count(a) > 1]
-
-        def one_bucket(size: float) -> float:
-            if size <= 0:
-                return 0.0
-            step = max(self.p2p_time_s(size / n, a, b) for a, b in pairs)
-            return 2 * (n - 1) * step
-
-        return num_full * one_bucket(bucket_bytes) + one_bucket(rest)
+        return _bucketed_ring_s(num_bytes, n, bucket_bytes,
+                                lambda size: max(self.p2p_time_s(size / n, a, b) for a, b in pairs))
 
     # ---- money -----------------------------------------------------------------
 
@@ -251,3 +262,14 @@ def effective_bandwidth_bytes_per_s(network: NetworkModel, num_bytes: float,
     """``num_bytes / time``: handy for tables and docs."""
     t = network.p2p_time_s(num_bytes, src, dst)
     return num_bytes / t if t > 0 else math.inf
+
+
+def _bucketed_ring_s(num_bytes: float, n: int, bucket_bytes: float, step_s) -> float:
+    """Buckets of ``bucket_bytes`` (and one of the rest), each 2(n-1) steps of ``step_s(bucket)``."""
+    num_full = int(num_bytes // bucket_bytes)
+    rest = num_bytes - num_full * bucket_bytes
+
+    def one_bucket(size: float) -> float:
+        return 2 * (n - 1) * step_s(size) if size > 0 else 0.0
+
+    return num_full * one_bucket(bucket_bytes) + one_bucket(rest)

@@ -42,9 +42,11 @@ def plan_job(request: PlanRequest, *, profiles=None, network=None) -> PlanResult
         # Every plan on one GPU type is also a plan when more types are available, but the
         # estimates and the patience stop of the larger search can miss it: search each type
         # on its own first (a much smaller space); its best plans then prune the larger search.
-        for gpu in searcher.gpu_types:
+        # The most promising type goes first, and each later search starts from the plans
+        # found so far: a type that cannot beat them is done in a few bounds.
+        for gpu in _by_promise(searcher):
             only = {k: n for k, n in request.availability.items() if k[0] == gpu}
-            _adopt(searcher, _sub_search(searcher, availability=only))
+            _adopt(searcher, _sub_search(searcher, seeded=True, availability=only))
     _search(searcher)
     if not any(e.feasible for e in searcher.top) and not searcher.stats.exhausted and (
             _has_caps(request) or request.min_throughput_samples_per_s is not None):
@@ -123,12 +125,34 @@ def _search(searcher: Searcher) -> None:
         run_search(searcher)
 
 
-def _sub_search(searcher: Searcher, **changes) -> Searcher:
-    """A search of part of the request's space (same model, limits and profiles)."""
+def _sub_search(searcher: Searcher, *, seeded: bool = False, **changes) -> Searcher:
+    """A search of part of the request's space (same model, limits and profiles); ``seeded``:
+    it only looks for plans that beat the top N ``searcher`` has (same objective)."""
     req = dataclasses.replace(searcher.req, mixed_stages=False, collect_pareto=False, **changes)
     sub = _sharing(searcher, req)
+    if seeded:
+        sub.top = list(searcher.top)
+        sub._seen_plans = set(searcher._seen_plans)
     _search(sub)
     return sub
+
+
+def _by_promise(searcher: Searcher) -> list[str]:
+    """GPU types, the likeliest to hold the best plan first: the most peak FLOP/s available, or
+    per USD for the cost objective."""
+    from sailor_core.catalog.gpus import get_gpu
+    from sailor_core.catalog.instances import gpu_price_usd_per_hr
+
+    req = searcher.req
+
+    def promise(gpu: str) -> float:
+        pools = {z: n for (g, z), n in req.availability.items() if g == gpu and n > 0}
+        flops = get_gpu(gpu).peak_bf16_flops
+        if req.objective is Objective.COST:
+            return flops / min(gpu_price_usd_per_hr(gpu, z, spot=req.spot) for z in pools)
+        return flops * sum(pools.values())
+
+    return sorted(searcher.gpu_types, key=lambda g: (-promise(g), g))
 
 
 def _sharing(searcher: Searcher, req: PlanRequest) -> Searcher:
@@ -153,7 +177,7 @@ def _adopt(searcher: Searcher, sub: Searcher) -> None:
     """Offer a sub-search's plans to the main search, scored by the main request: its top and,
     as it may rank by the other objective, the best by the main one of all it evaluated (the
     limits are the same, so its feasible plans are feasible here)."""
-    seen = [e for e in (*sub.top, *sub.stats.fitting) if e.feasible]
+    seen = [e for e in (*sub.top, *sub.stats.fitting) if e.feasible and e.key not in searcher._seen_plans]
     seen.sort(key=lambda e: searcher.score_of(e.res))
     for ev in seen[: searcher.req.top_n + 20]:
         searcher.offer(searcher.evaluate(ev.mbs, ev.stages))

@@ -88,9 +88,7 @@ class FastSim:
         """DP sync of ``dp_degree`` replicas of one GPU type inside one zone (for bounds)."""
         if dp_degree <= 1:
             return 0.0
-        # What stage_dp_sync_s computes for dp identical endpoints, without building dp of them.
-        one = Endpoint(zone=zone, gpu=gpu)
-        return self.network.allreduce_time_s(sync_bytes, [one] * dp_degree)
+        return self.network.uniform_allreduce_time_s(sync_bytes, Endpoint(zone=zone, gpu=gpu), dp_degree)
 
     def _transfer_s(self, nbytes: int, a: Group, b: Group) -> float:
         key = (nbytes, a[0].gpu, a[0].tp_degree, a[1], b[0].gpu, b[0].tp_degree, b[1])

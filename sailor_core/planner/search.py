@@ -19,8 +19,10 @@ Bounds, refined in steps so that only shapes still in front pay for the next:
 
 0. capacity: the segments' compute capacity with fractional layers (an upper bound
    on throughput, or a lower bound on cost), plus the smallest DP ring, the
-   busiest link's steady state, and the rings and stage boundaries that must
-   cross zones (egress);
+   busiest link's steady state, the pipeline's warm-up and cool-down
+   (``_pipe_work_rate``), compute and DP sync together for two segments
+   (``joint_lb``: moving work off one segment shortens its ring but lengthens the
+   other's compute), and the rings and stage boundaries that must cross zones (egress);
 1. granular: whole blocks per stage and the LM head on one of them
    (``granular_busiest_s``), and, when cost matters, the placement's exact rent
    and the egress of every micro-batch crossing a zone between stages;
@@ -81,6 +83,7 @@ class Segment:
 
 
 _NONE = None  # "this GPU type is not used" in a per-type list
+_GRID = 16  # intervals of a segment's share of the blocks in the joint compute/sync bound
 
 
 @dataclass(slots=True)
@@ -845,7 +848,10 @@ def run_search(searcher: Searcher, budget: int | None = None) -> None:
         """
         cap = sum(s.capacity for s in shape)
         tau = space.ref_total_s / cap
-        t_lb = max(tau, busiest, link_lb(space, shape)) + sync_lb(shape)
+        floor_s = max(tau, busiest, link_lb(space, shape), pipe_lb(space.ref_total_s, shape))
+        t_lb = floor_s + sync_lb(shape)
+        if len(shape) == 2:
+            t_lb = max(t_lb, joint_lb(space.ref_total_s, shape, floor_s))
         rate = sum(s.min_usd_per_hr for s in shape) if costs is None else costs[0]
         # Limits are checked on the bound, and in the estimating pass also on an estimate: the
         # warm-up/cool-down of the other stages once the split is known ((P - 1) busiest steps
@@ -961,6 +967,54 @@ def run_search(searcher: Searcher, budget: int | None = None) -> None:
             )
         return t
 
+    def pipe_lb(work_s: float, shape: tuple[Segment, ...]) -> float:
+        """The pipeline's warm-up and cool-down: no iteration is shorter than ``_pipe_work_rate``
+        allows, in the better of the shape's orders."""
+        return work_s / max(_pipe_work_rate(order) for order in _orders(shape))
+
+    curve_memo = searcher.bound_memos.setdefault("sync_curve", {})
+
+    def sync_curve(seg: Segment) -> tuple[float, ...]:
+        """Lower bounds on the slowest DP ring of a segment holding the fraction k / _GRID of the
+        blocks, k = 0.._GRID: one of its stages holds at least 1 / P of that share's gradient, and
+        its ring is at best a same-zone ring of the segment's replicas."""
+        key = (seg.gpu, seg.tp_degree, seg.dp_degree, seg.num_stages)
+        curve = curve_memo.get(key)
+        if curve is None:
+            L = searcher.num_layers
+            if seg.dp_degree <= 1 or L < 3:
+                curve = (0.0,) * (_GRID + 1)
+            else:
+                blocks = min(layer_table(v.profile).params(1, L - 1) * v.regime.grad_bytes_per_param
+                             for v in searcher.variants(seg.kind))
+                zones = [z for z, n in searcher.zone_gpus[seg.gpu].items() if n > 0]
+                curve = tuple(
+                    min(searcher.fast.ring_s(blocks * k / _GRID / seg.num_stages, seg.gpu, z, seg.dp_degree)
+                        for z in zones)
+                    for k in range(_GRID + 1))
+            curve_memo[key] = curve
+        return curve
+
+    def joint_lb(work_s: float, shape: tuple[Segment, ...], floor_s: float) -> float:
+        """Compute and gradient sync together, for a shape of two segments.
+
+        An iteration lasts at least its busiest stage plus its slowest ring (fastsim: the
+        pipeline, then each stage's sync).  A segment doing the share x of the block work has a
+        stage at least x * work / capacity busy and a ring of at least ``sync_curve`` at x, so
+        shifting work to one segment to shorten the other's ring lengthens its own compute; the
+        bound is the best x (over the _GRID intervals, each ring at its interval's low end).
+        ``floor_s`` already bounds the busiest stage (capacity, granular, links)."""
+        s1, s2 = sync_curve(shape[0]), sync_curve(shape[1])
+        if not (s1[-1] or s2[-1]):
+            return 0.0
+        a1, a2 = work_s / shape[0].capacity, work_s / shape[1].capacity
+        balanced = a2 / (a1 + a2)
+        best = math.inf
+        for k in range(_GRID):
+            x = min(max(balanced, k / _GRID), (k + 1) / _GRID)
+            best = min(best, max(floor_s, a1 * x, a2 * (1 - x)) + max(s1[k], s2[_GRID - 1 - k]))
+        return best
+
     def sync_lb(shape: tuple[Segment, ...]) -> float:
         num_stages = sum(s.num_stages for s in shape)
         if any(seg.dp_degree == 1 for seg in shape):
@@ -1006,6 +1060,9 @@ def run_search(searcher: Searcher, budget: int | None = None) -> None:
                                    for seg in segs] + [0.0]),
                 eg_with=np.array([egress_lb(seg, False) + seg.egress_usd if cost_matters else 0.0
                                   for seg in segs] + [0.0]),
+                curve=np.array([sync_curve(seg) for seg in segs] + [(0.0,) * (_GRID + 1)]) if not alone else None,
+                inv=np.array([1.0 / seg.slowness for seg in segs] + [0.0]),
+                drain=np.array([(1 - 1 / seg.num_microbatches) ** seg.num_stages for seg in segs] + [1.0]),
                 block=np.array([seg.block_busy_s for seg in segs] + [np.inf]),
                 head=np.array([seg.head_busy_s for seg in segs] + [np.inf]),
             )
@@ -1027,6 +1084,12 @@ def run_search(searcher: Searcher, budget: int | None = None) -> None:
             n = -(-space.num_mb // np.minimum(a["dp"][ia], b["dp"][ib]))
             cross = np.where(both, (n - 1) * lmat[a["tpi"][ia], b["tpi"][ib]] / 2, 0.0)
         link = np.maximum(np.maximum(a["self_link"][ia], b["self_link"][ib]), cross)
+        # pipe_lb: _pipe_work_rate of both orders (an unused type holds nothing, holds nothing back).
+        inv_a, inv_b, qa, qb = a["inv"][ia], b["inv"][ib], a["drain"][ia], b["drain"][ib]
+        work_ab = np.where(inv_b * (1 - qb) >= inv_a, inv_b * (1 - qb), inv_a - (inv_a - inv_b * (1 - qb)) * qa)
+        work_ba = np.where(inv_a * (1 - qa) >= inv_b, inv_a * (1 - qa), inv_b - (inv_b - inv_a * (1 - qa)) * qb)
+        # Links and the pipeline's warm-up bound the pipeline whatever the split.
+        pipe = np.maximum(link, space.ref_total_s / np.maximum(work_ab, work_ba))
         sync = np.where(a["d1"][ia] | b["d1"][ib], 0.0,
                         np.minimum(a["ring"][ia, stages], b["ring"][ib, stages]))
         rate = a["rate"][ia] + b["rate"][ib]
@@ -1042,25 +1105,50 @@ def run_search(searcher: Searcher, budget: int | None = None) -> None:
                 ok &= gbs / t_lb >= req.min_throughput_samples_per_s * (1 - 1e-9)
             return ok
 
+        # Shapes whose bound cannot enter the top N found so far (by the one-type searches, or
+        # an earlier pass) are dropped now; the threshold stays their bound (it only falls).
+        limit = searcher.threshold()
+
+        def score_of(t_lb):
+            return -gbs / t_lb if throughput else rate * t_lb / 3600 + egress
+
         # The limits on the capacity bound first (the granular one only adds), then on both.
-        t_lb = np.maximum(tau, link) + sync
-        ok = within_limits(t_lb)
-        ia, ib, tau, link, sync, rate, egress, t_lb = (
-            x[ok] for x in (ia, ib, tau, link, sync, rate, egress, t_lb))
+        t_lb = np.maximum(tau, pipe) + sync
+        ok = within_limits(t_lb) & (score_of(t_lb) < limit)
+        ia, ib, tau, pipe, sync, rate, egress, t_lb = (
+            x[ok] for x in (ia, ib, tau, pipe, sync, rate, egress, t_lb))
         # The granular bound for the 20000 best on the capacity bound (the rest keep that one:
         # weaker, still a bound; the search rarely gets that far down).
-        first = np.argsort(-gbs / t_lb if throughput else rate * t_lb / 3600 + egress, kind="stable")[:20000]
+        first = np.argsort(score_of(t_lb), kind="stable")[:20000]
         gran = _granular_many(a["stages"][ia[first]], a["block"][ia[first]], a["head"][ia[first]],
                               b["stages"][ib[first]], b["block"][ib[first]], b["head"][ib[first]],
                               searcher.num_blocks)
         tau = tau.copy()
         tau[first] = np.maximum(tau[first], gran)
-        t_lb = np.maximum(tau, link) + sync
-        ok = within_limits(t_lb)
-        score = -gbs / t_lb if throughput else rate * t_lb / 3600 + egress
+        t_lb = np.maximum(tau, pipe) + sync
+        # Two segments: compute and sync together (joint_lb, the same bound for every shape).
+        two = first[(ia[first] < na) & (ib[first] < nb)]  # (the rest keep the weaker bound)
+        if len(two):
+            c1, c2 = a["curve"][ia[two]], b["curve"][ib[two]]
+            live = (c1[:, -1] > 0) | (c2[:, -1] > 0)
+            two, c1, c2 = two[live], c1[live], c2[live]
+            a1 = space.ref_total_s / a["cap"][ia[two]]
+            a2 = space.ref_total_s / b["cap"][ib[two]]
+            floor_s = np.maximum(tau[two], pipe[two])
+            balanced = a2 / (a1 + a2)
+            joint = np.full(len(two), np.inf)
+            for k in range(_GRID):
+                x = np.clip(balanced, k / _GRID, (k + 1) / _GRID)
+                h = np.maximum(np.maximum(floor_s, a1 * x), a2 * (1 - x))
+                joint = np.minimum(joint, h + np.maximum(c1[:, k], c2[:, _GRID - 1 - k]))
+            t_lb[two] = np.maximum(t_lb[two], joint)
+        score = score_of(t_lb)
+        ok = within_limits(t_lb) & (score < limit)
         ia, ib, score = ia[ok], ib[ok], score[ok]
         order = np.argsort(score, kind="stable")
-        return _SortedShapes(lists[0], lists[1], ia[order], ib[order], score[order])
+        out = _SortedShapes(lists[0], lists[1], ia[order], ib[order], score[order])
+        out.cut = limit
+        return out
 
     # Up to two GPU types: every shape at once, in exact order of its first bound (cheap with
     # numpy); more types: lazily, in order of the looser capacity bound.
@@ -1173,7 +1261,7 @@ def run_search(searcher: Searcher, budget: int | None = None) -> None:
     def proven_done(threshold: float) -> bool:
         return all(next_bound(sp) >= threshold for sp in spaces)
 
-    since_gain = 0
+    since_gain = 0.0
     while True:
         fill_pending()
         if not pending:
@@ -1184,7 +1272,7 @@ def run_search(searcher: Searcher, budget: int | None = None) -> None:
             # of the bound, which proves the top N optimal (exhausted) where the space is small
             # and otherwise stops after twice as many fruitless evaluations.
             by_bound[0] = True
-            since_gain = 0
+            since_gain = 0.0
             pending[:] = [(e[7], *e[1:]) for e in pending]
             heapq.heapify(pending)
             calib["ratio"], calib["seen"], calib["ratios"] = None, 0, []
@@ -1247,6 +1335,11 @@ def run_search(searcher: Searcher, budget: int | None = None) -> None:
                 t = tight(space, shape, prep[2], costs)
                 if t is not None:
                     push(t, si, shape, tau, 2, (order, prep))
+                elif before < math.inf:
+                    # Split only to miss a cap, a floor or the top N: a quarter of an evaluation
+                    # of patience (the work budget counts it the same), or a search whose
+                    # shapes mostly miss a limit after the split would run to its budget.
+                    since_gain += 0.25
             continue
         order, prep = payload
         ev = searcher.evaluate_shape(space.mbs, order, tau, prep)
@@ -1256,9 +1349,29 @@ def run_search(searcher: Searcher, budget: int | None = None) -> None:
         # longer move the top N by more than 0.1 %.
         after = searcher.threshold()
         if after < before and (before == math.inf or abs(after - before) > 1e-3 * abs(before)):
-            since_gain = 0
+            since_gain = 0.0
         elif after < math.inf:  # no patience before the first plan that meets the request
-            since_gain += 1
+            since_gain += 1.0
+
+
+def _pipe_work_rate(order: tuple[Segment, ...]) -> float:
+    """Block work (in fastest-kind seconds per micro-batch) a pipeline of these segments, in this
+    order, can hold per second of iteration.
+
+    In 1F1B (``schedule._longest``) stage k's busiest replica needs at least
+    ``n_k t_k + sum_{j<k} t_j``: its own micro-batches, after the first one's forward through
+    the stages before it and before the last one's backward through them.  For an iteration
+    of T, the most work the stages can hold with every such path within T is a linear
+    programme solved from the last stage back: a stage that holds anything takes all the time
+    its path allows, ``(T - sum_{j<k} t_j) / n_k``, and holds that over its slowness; it is
+    worth it while 1 / slowness beats what the time is worth to the stages after it.
+    Capacity (``Segment.capacity``) is the same with the warm-up left out."""
+    rate = 0.0
+    for seg in reversed(order):
+        inv = 1.0 / seg.slowness
+        if rate < inv:
+            rate = inv - (inv - rate) * (1 - 1 / seg.num_microbatches) ** seg.num_stages
+    return rate
 
 
 def _order_key(shape: tuple[Segment, ...]) -> tuple:

@@ -108,3 +108,68 @@ def test_two_zone_cost_cap_beats_the_sailor_rule(profiles, network):
     base = sailor_rule_best(req, profiles=profiles, network=network)
     assert all(c.usd_per_iteration <= 1.2 for c in result.candidates)
     assert result.best.throughput_samples_per_s >= base.res.throughput_samples_per_s
+
+
+def test_pipeline_warm_up_bound_never_exceeds_the_1f1b_schedule():
+    # _pipe_work_rate against the simulator's own 1F1B model, on random pipelines of one to
+    # three segments: whatever the split, the pipeline takes at least work / rate.
+    from types import SimpleNamespace
+
+    from sailor_core.planner.search import _pipe_work_rate
+    from sailor_core.simulator.schedule import StageTiming, one_f_one_b
+
+    rng = random.Random(11)
+    tight = 0
+    for _ in range(400):
+        order = tuple(SimpleNamespace(slowness=rng.uniform(1.0, 4.0), num_microbatches=rng.randint(1, 24),
+                                      num_stages=rng.randint(1, 6)) for _ in range(rng.randint(1, 3)))
+        stages, work = [], 0.0
+        for seg in order:
+            for _ in range(seg.num_stages):
+                held = rng.choice([0.0, rng.uniform(0.0, 1.0), 1.0])  # block work per micro-batch
+                work += held
+                step = seg.slowness * held + rng.choice([0.0, rng.uniform(0.0, 0.2)])  # + embedding/head
+                n = seg.num_microbatches
+                stages.append(StageTiming(step, n * step, (n - 1) * step, step / 3, n))
+        links = [rng.choice([0.0, rng.uniform(0.0, 0.1)]) for _ in stages[1:]]
+        counts = [rng.randint(1, 24) for _ in links]
+        total = one_f_one_b(stages, links, counts).total_s
+        bound = work / _pipe_work_rate(order)
+        assert bound <= total * (1 + 1e-9)
+        tight += bound >= 0.9 * total
+    assert tight > 20  # and it is not a trivially low bound
+
+
+def test_search_bounds_hold_for_every_evaluated_order(profiles, network):
+    # End to end, with the warm-up and joint compute/sync bounds: no evaluated plan's iteration
+    # may be shorter than the bound its order was queued with at the last level.
+    import sailor_core.planner.search as search
+
+    seen = []
+    original = search.Searcher.evaluate_shape
+
+    def spy(self, mbs, order, tau, prepared=None):
+        ev = original(self, mbs, order, tau, prepared)
+        if ev is not None and ev.res.fits:
+            seen.append(ev)
+        return ev
+
+    captured = []
+    original_learn = search.Searcher.learn_excess
+
+    def learn(self, num_stages, ratio):
+        captured.append(ratio)  # simulated / bounded iteration time of the shape just evaluated
+        return original_learn(self, num_stages, ratio)
+
+    search.Searcher.evaluate_shape = spy
+    search.Searcher.learn_excess = learn
+    try:
+        for model, avail in (("opt-350m", {(A, ZA): 32, (V, ZA): 48}),
+                             ("gpt-neo-2.7b", {(A, ZA): 24, (V, ZA): 24, (V, ZB): 16})):
+            req = make_request(model=model, availability=avail, global_batch_size=512)
+            plan_job(req, profiles=profiles, network=network)
+    finally:
+        search.Searcher.evaluate_shape = original
+        search.Searcher.learn_excess = original_learn
+    assert len(captured) > 100 and seen
+    assert min(captured) >= 1 - 1e-9
