@@ -36,6 +36,14 @@ class BandwidthFit:
             return self.max_bw_bytes_per_s
         return bw if bw > MIN_BW_BYTES_PER_S else MIN_BW_BYTES_PER_S
 
+    def bandwidths_bytes_per_s(self, num_bytes):
+        """``bandwidth_bytes_per_s`` of a numpy array of message sizes."""
+        import numpy as np
+
+        x = np.clip(np.log2(np.maximum(num_bytes, 1.0) / 1e6), _X_MIN, _X_MAX)
+        bw = (self.a * x * x + self.b * x + self.c) * 1e9
+        return np.clip(bw, MIN_BW_BYTES_PER_S, max(self.max_bw_bytes_per_s, MIN_BW_BYTES_PER_S))
+
     @classmethod
     def from_json(cls, entry: list) -> "BandwidthFit":
         (a, b, c), max_bw = entry

@@ -120,6 +120,18 @@ class _Link:
             return num_bytes / self.fit.bandwidth_bytes_per_s(num_bytes / self.num_pairs)
         return self.latency_s + num_bytes / self.default_bw_bytes_per_s
 
+    def times_s(self, num_bytes):
+        """``time_s`` of a numpy array of message sizes."""
+        import numpy as np
+
+        nb = np.asarray(num_bytes, dtype=float)
+        safe = np.maximum(nb, 1e-300)
+        if self.fit is not None:
+            t = nb / self.fit.bandwidths_bytes_per_s(safe / self.num_pairs)
+        else:
+            t = self.latency_s + nb / self.default_bw_bytes_per_s
+        return np.where(nb > 0, t, 0.0)
+
 
 @dataclass(slots=True, kw_only=True)
 class NetworkModel:
@@ -215,6 +227,23 @@ class NetworkModel:
             hit = self._rings[key] = _bucketed_ring_s(
                 num_bytes, n, bucket_bytes, lambda size: self.p2p_time_s(size / n, endpoint, endpoint))
         return hit
+
+    def uniform_allreduce_times_s(self, num_bytes, endpoint: Endpoint, n: int, *,
+                                  bucket_bytes: float = ALLREDUCE_BUCKET_BYTES):
+        """``uniform_allreduce_time_s`` of a numpy array of sizes at once (the planner's bounds
+        ask for rings of every pipeline depth)."""
+        import numpy as np
+
+        nb = np.asarray(num_bytes, dtype=float)
+        if n <= 1:
+            return np.zeros(nb.shape)
+        link = self.link(endpoint, endpoint)
+        num_full = np.floor(nb / bucket_bytes)
+        rest = nb - num_full * bucket_bytes
+        steps = 2 * (n - 1)
+        full = steps * float(link.times_s(bucket_bytes / n))
+        part = steps * link.times_s(rest / n)
+        return np.where(nb > 0, num_full * full + part, 0.0)
 
     def _ring_s(self, num_bytes: float, endpoints: Sequence[Endpoint], bucket_bytes: float) -> float:
         n = len(endpoints)

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sailor_core.catalog.instances import gpu_price_usd_per_hr
-from sailor_core.network.model import Endpoint, NetworkModel
+from sailor_core.network.model import NetworkModel
 from sailor_core.planner.kinds import Kind
 from sailor_core.regimes import TrainingRegime, get_regime
 from sailor_core.simulator import stage as st
@@ -83,12 +83,6 @@ class FastSim:
             hit = self._sync[key] = st.stage_dp_sync_s(
                 self.network, sync_bytes, [(z, k.gpu) for k, z, n in groups for _ in range(n)])
         return hit
-
-    def ring_s(self, sync_bytes: float, gpu: str, zone: str, dp_degree: int) -> float:
-        """DP sync of ``dp_degree`` replicas of one GPU type inside one zone (for bounds)."""
-        if dp_degree <= 1:
-            return 0.0
-        return self.network.uniform_allreduce_time_s(sync_bytes, Endpoint(zone=zone, gpu=gpu), dp_degree)
 
     def _transfer_s(self, nbytes: int, a: Group, b: Group) -> float:
         key = (nbytes, a[0].gpu, a[0].tp_degree, a[1], b[0].gpu, b[0].tp_degree, b[1])

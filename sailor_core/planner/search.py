@@ -57,6 +57,7 @@ from sailor_core.planner.request import Objective, PlanRequest
 from sailor_core.planner.split import StageSlot, busiest_s, min_max_split
 from sailor_core.planner.fastsim import FastResult, FastSim, FastStage
 from sailor_core.simulator.memory import inflight_microbatches
+from sailor_core.network.model import Endpoint
 from sailor_core.simulator.stage import boundary_transfer_s, endpoint
 from sailor_core.simulator.tables import layer_table
 
@@ -83,7 +84,7 @@ class Segment:
 
 
 _NONE = None  # "this GPU type is not used" in a per-type list
-_GRID = 16  # intervals of a segment's share of the blocks in the joint compute/sync bound
+_GRID = 8  # intervals of a segment's share of the blocks in the joint compute/sync bound
 
 
 @dataclass(slots=True)
@@ -768,6 +769,18 @@ def _granular_many(sa, ra, ha, sb, rb, hb, num_blocks: int, iterations: int = 24
     return lo
 
 
+def _curves(segs: list[Segment], idx, curve_of):
+    """``curve_of(segs[i])`` for each i of ``idx`` (an index past the end: no segment, no ring)."""
+    import numpy as np
+
+    used = np.unique(idx)
+    table = np.zeros((len(segs) + 1, _GRID + 1))
+    for i in used.tolist():
+        if i < len(segs):
+            table[i] = curve_of(segs[i])
+    return table[idx]
+
+
 def _probe(segs: list[Segment], tp: int) -> Segment:
     return next(seg for seg in segs if seg.tp_degree == tp)
 
@@ -953,19 +966,31 @@ def run_search(searcher: Searcher, budget: int | None = None) -> None:
             worst = max(worst, (n - 1) * min(link_s(a, b), link_s(b, a)) / 2)
         return worst
 
+    def rings_s(seg: Segment, nbytes) -> "np.ndarray":
+        """The fastest ring of the segment's replicas (a same-zone one) for each of ``nbytes``."""
+        import numpy as np
+
+        return np.min([searcher.network.uniform_allreduce_times_s(nbytes, Endpoint(zone=z, gpu=seg.gpu),
+                                                                  seg.dp_degree)
+                       for z, n in searcher.zone_gpus[seg.gpu].items() if n > 0], axis=0)
+
+    def ring_row(seg: Segment) -> list[float]:
+        """``ring_lb`` of the segment's GPU type, TP and DP degree at every depth 1..max_stages
+        (index 0: inf), at once."""
+        import numpy as np
+
+        key = (seg.gpu, seg.tp_degree, seg.dp_degree)
+        row = sync_memo.get(key)
+        if row is None:
+            nbytes = min(v.total_params * v.regime.grad_bytes_per_param for v in searcher.variants(seg.kind))
+            depths = np.arange(1, searcher.max_stages + 1, dtype=float)
+            row = sync_memo[key] = [math.inf] + rings_s(seg, nbytes / depths).tolist()
+        return row
+
     def ring_lb(seg: Segment, num_stages: int) -> float:
         """The stage holding the most parameters holds at least 1/P of them; its ring is at best
         a same-zone ring of its segment's replicas.  (A bound up to TP-sharding rounding.)"""
-        key = (seg.gpu, seg.tp_degree, seg.dp_degree, num_stages)
-        t = sync_memo.get(key)
-        if t is None:
-            nbytes = min(v.total_params * v.regime.grad_bytes_per_param
-                         for v in searcher.variants(seg.kind)) / num_stages
-            t = sync_memo[key] = min(
-                searcher.fast.ring_s(nbytes, seg.gpu, zone, seg.dp_degree)
-                for zone, n in searcher.zone_gpus[seg.gpu].items() if n > 0
-            )
-        return t
+        return ring_row(seg)[num_stages] if seg.dp_degree > 1 else 0.0
 
     def pipe_lb(work_s: float, shape: tuple[Segment, ...]) -> float:
         """The pipeline's warm-up and cool-down: no iteration is shorter than ``_pipe_work_rate``
@@ -985,13 +1010,11 @@ def run_search(searcher: Searcher, budget: int | None = None) -> None:
             if seg.dp_degree <= 1 or L < 3:
                 curve = (0.0,) * (_GRID + 1)
             else:
+                import numpy as np
+
                 blocks = min(layer_table(v.profile).params(1, L - 1) * v.regime.grad_bytes_per_param
                              for v in searcher.variants(seg.kind))
-                zones = [z for z, n in searcher.zone_gpus[seg.gpu].items() if n > 0]
-                curve = tuple(
-                    min(searcher.fast.ring_s(blocks * k / _GRID / seg.num_stages, seg.gpu, z, seg.dp_degree)
-                        for z in zones)
-                    for k in range(_GRID + 1))
+                curve = tuple(rings_s(seg, blocks * np.arange(_GRID + 1) / _GRID / seg.num_stages).tolist())
             curve_memo[key] = curve
         return curve
 
@@ -1035,16 +1058,11 @@ def run_search(searcher: Searcher, budget: int | None = None) -> None:
 
         def arrays(segs: list[Segment]) -> dict:
             ring = np.full((len(segs) + 1, max_p + 1), np.inf)
-            rows: dict = {}
             for i, seg in enumerate(segs):
                 if seg.dp_degree > 1 and alone:
                     ring[i, seg.num_stages] = ring_lb(seg, seg.num_stages)
                 elif seg.dp_degree > 1:
-                    key = (seg.tp_degree, seg.dp_degree)
-                    row = rows.get(key)
-                    if row is None:
-                        row = rows[key] = [math.inf] + [ring_lb(seg, p) for p in range(1, max_p + 1)]
-                    ring[i] = row
+                    ring[i] = ring_row(seg)[: max_p + 1]
             tps = sorted({seg.tp_degree for seg in segs})
             return dict(
                 segs=segs, tps=tps, ring=ring,
@@ -1060,7 +1078,6 @@ def run_search(searcher: Searcher, budget: int | None = None) -> None:
                                    for seg in segs] + [0.0]),
                 eg_with=np.array([egress_lb(seg, False) + seg.egress_usd if cost_matters else 0.0
                                   for seg in segs] + [0.0]),
-                curve=np.array([sync_curve(seg) for seg in segs] + [(0.0,) * (_GRID + 1)]) if not alone else None,
                 inv=np.array([1.0 / seg.slowness for seg in segs] + [0.0]),
                 drain=np.array([(1 - 1 / seg.num_microbatches) ** seg.num_stages for seg in segs] + [1.0]),
                 block=np.array([seg.block_busy_s for seg in segs] + [np.inf]),
@@ -1129,7 +1146,8 @@ def run_search(searcher: Searcher, budget: int | None = None) -> None:
         # Two segments: compute and sync together (joint_lb, the same bound for every shape).
         two = first[(ia[first] < na) & (ib[first] < nb)]  # (the rest keep the weaker bound)
         if len(two):
-            c1, c2 = a["curve"][ia[two]], b["curve"][ib[two]]
+            # Rings only for the segments these shapes use (the curves cost a few rings each).
+            c1, c2 = (_curves(x["segs"], idx[two], sync_curve) for x, idx in ((a, ia), (b, ib)))
             live = (c1[:, -1] > 0) | (c2[:, -1] > 0)
             two, c1, c2 = two[live], c1[live], c2[live]
             a1 = space.ref_total_s / a["cap"][ia[two]]

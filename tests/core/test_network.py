@@ -116,3 +116,22 @@ def test_same_node_without_a_fit_uses_the_catalog_link():
     size = 1e9
     expected = 5e-6 + size / get_gpu("H100-80").intra_node_bw_bytes_per_s
     assert net.p2p_time_s(size, a, b) == pytest.approx(expected)
+
+
+def test_vectorised_uniform_ring_equals_the_general_all_reduce():
+    # The planner's bounds time thousands of rings at once (uniform_allreduce_times_s); they
+    # must be the rings allreduce_time_s gives for n copies of one endpoint, fits and defaults.
+    import random
+
+    import numpy as np
+
+    net = default_network()
+    rng = random.Random(5)
+    for _ in range(60):
+        e = Endpoint(zone=rng.choice(["us-central1-a", "us-east-1a", "europe-west4-a"]),
+                     gpu=rng.choice(["A100-40", "V100-16", "T4", "H100-80"]))
+        n = rng.randint(1, 200)
+        sizes = np.array([0.0, 1e3, 6e4, 2e7, 5e8, 7.5e8, 3e9]) * rng.uniform(0.5, 2.0)
+        got = net.uniform_allreduce_times_s(sizes, e, n)
+        want = [net.allreduce_time_s(float(b), [e] * n) for b in sizes]
+        assert got.tolist() == want
