@@ -46,7 +46,12 @@ def plan_job(request: PlanRequest, *, profiles=None, network=None) -> PlanResult
         # found so far: a type that cannot beat them is done in a few bounds.
         for gpu in _by_promise(searcher):
             only = {k: n for k, n in request.availability.items() if k[0] == gpu}
-            _adopt(searcher, _sub_search(searcher, seeded=True, availability=only))
+            sub = _sub_search(searcher, seeded=True, availability=only)
+            _adopt(searcher, sub)
+            if sub.stats.exhausted and not request.collect_pareto:
+                # Proven: no other one-type shape of it beats the N-th plan the sub-search had,
+                # which is at least as good as this search's N-th now.
+                searcher.settled_types.add(gpu)
     _search(searcher)
     if not any(e.feasible for e in searcher.top) and not searcher.stats.exhausted and (
             _has_caps(request) or request.min_throughput_samples_per_s is not None):

@@ -198,6 +198,9 @@ class Searcher:
         self.excess_version = 0
         self.relaxed_memo: dict = {}  # see api.relaxed
         self.estimate_limits = False  # check caps and floor on bound x excess too (see plan_job)
+        # GPU types whose one-type shapes a search of their own has settled: every one that could
+        # enter this search's top N was evaluated there and its plans offered here (plan_job).
+        self.settled_types: set[str] = set()
 
     def variants(self, kind: Kind) -> list[Kind]:
         """``kind`` under every regime a plan holding it may run in.
@@ -800,6 +803,7 @@ class _MbsSpace:
 def run_search(searcher: Searcher, budget: int | None = None) -> None:
     """Best-first search (see the module docstring); ``budget`` caps this call's evaluations."""
     req = searcher.req
+    searcher.stats.exhausted = False  # this pass's own proof, or none
     stop_at = searcher.stats.work + (budget if budget is not None else req.max_evaluations)
     throughput = req.objective is Objective.THROUGHPUT
     spaces: list[_MbsSpace] = []
@@ -1090,6 +1094,11 @@ def run_search(searcher: Searcher, budget: int | None = None) -> None:
         ia, ib = ia.ravel(), ib.ravel()
         stages = a["stages"][ia] + b["stages"][ib]
         keep = (stages >= 1) & (stages <= max_p)
+        # One-type shapes of a type whose own search proved its best (see plan_job) are settled.
+        if len(searcher.gpu_types) == 2:
+            for idx, none, gpu in ((ib, nb, searcher.gpu_types[0]), (ia, na, searcher.gpu_types[1])):
+                if gpu in searcher.settled_types:
+                    keep &= idx != none
         ia, ib, stages = ia[keep], ib[keep], stages[keep]
         both = (ia < na) & (ib < nb)
         tau = space.ref_total_s / (a["cap"][ia] + b["cap"][ib])
@@ -1248,7 +1257,8 @@ def run_search(searcher: Searcher, budget: int | None = None) -> None:
                 idx = best_space.heap.pop()
                 shape = tuple(s for lst, i in zip(best_space.lists, idx) if (s := lst[i]) is not None)
             keys[si] = next_key(best_space)
-            if not shape or sum(s.num_stages for s in shape) > searcher.max_stages:
+            if not shape or sum(s.num_stages for s in shape) > searcher.max_stages or (
+                    len(shape) == 1 and shape[0].gpu in searcher.settled_types):
                 continue
             g = searcher.granular_busiest_s(shape)
             t = tight(best_space, shape, g)
