@@ -351,6 +351,12 @@ def _relaxed_search(searcher: Searcher, *, objective: Objective, keep_caps: bool
         mixed_stages=False,
     )
     s = _sharing(searcher, relaxed)
+    # Start from the best plan the request's own search simulated that meets what is kept: the
+    # relaxed search then only looks at shapes that may beat it.
+    seeds = [e for e in searcher.stats.fitting if s.meets_limits(e.res)]
+    if seeds:
+        best = min(seeds, key=lambda e: s.score_of(e.res))
+        s.offer(s.evaluate(best.mbs, best.stages))
     run_search(s)
     top = [e for e in s.top if e.feasible]
     return top[0] if top else None
