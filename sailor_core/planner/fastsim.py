@@ -133,6 +133,9 @@ class FastSim:
                         egress += hop * net.egress_usd_per_byte(za, zb)
             if i + 1 < len(stages):
                 nxt = stages[i + 1]
+                if len(stage.groups) == len(nxt.groups) and all(
+                        ga[1:] == gb[1:] for ga, gb in zip(stage.groups, nxt.groups)):
+                    continue  # the same replicas per zone: m mod D keeps every micro-batch in its zone
                 nbytes = st.boundary_bytes(stage.groups[0][0].profile, b)
                 for (ga, gb), carried in self._group_pairs(num_mb, stage.groups, nxt.groups).items():
                     za, zb = stage.groups[ga][1], nxt.groups[gb][1]

@@ -448,9 +448,9 @@ class Searcher:
             if i + 1 == len(stages):
                 break
             nxt_kind, nxt = stages[i + 1]
+            if placed == nxt:
+                continue  # the same replicas per zone: m mod D sends every micro-batch within its zone
             if len(placed) == 1 and len(nxt) == 1:
-                if placed[0][0] == nxt[0][0]:
-                    continue
                 crossing = num_mb * self.round_trip_usd_per_byte(placed[0][0], nxt[0][0])
             else:
                 src = tuple((kind, z, n) for z, n in placed)
