@@ -18,7 +18,7 @@ pytestmark = pytest.mark.e2e
 
 # Longer than detecting the preemption, stopping the attempt and re-provisioning take together
 # (a few seconds here), far shorter than the rest of the job: the race is forced every time.
-NOTICE_S = 15.0
+NOTICE_S = 30.0
 
 
 @pytest.fixture
