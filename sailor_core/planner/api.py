@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import math
 import time
 
 from sailor_core.errors import InfeasibleError
@@ -49,7 +48,8 @@ def plan_job(request: PlanRequest, *, profiles=None, network=None) -> PlanResult
             only = {k: n for k, n in request.availability.items() if k[0] == gpu}
             sub = _sub_search(searcher, seeded=True, availability=only)
             _adopt(searcher, sub)
-            _learn_from(searcher, sub)
+            # Its simulated-over-bounded times by depth start the mixed search's queue estimate.
+            searcher.learn_excess_from(sub)
             if sub.stats.exhausted and not request.collect_pareto:
                 # Proven: no other one-type shape of it beats the N-th plan the sub-search had,
                 # which is at least as good as this search's N-th now.
@@ -142,17 +142,6 @@ def _sub_search(searcher: Searcher, *, seeded: bool = False, **changes) -> Searc
         sub._seen_plans = set(searcher._seen_plans)
     _search(sub)
     return sub
-
-
-def _learn_from(searcher: Searcher, sub: Searcher) -> None:
-    """Start the queue's estimate from what a sub-search learnt: simulated over bounded time by
-    pipeline depth (the same bounds and simulator, on part of the same GPUs)."""
-    for num_stages, ratio in sub.excess.items():
-        searcher.excess[num_stages] = min(searcher.excess.get(num_stages, math.inf), ratio)
-    for num_stages, (total, count) in sub._log_excess.items():
-        mine = searcher._log_excess.get(num_stages, (0.0, 0))
-        searcher._log_excess[num_stages] = (mine[0] + total, mine[1] + count)
-    searcher.excess_version += 1
 
 
 def _by_promise(searcher: Searcher) -> list[str]:

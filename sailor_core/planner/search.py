@@ -250,6 +250,16 @@ class Searcher:
         total, count = self._log_excess.get(num_stages, (0.0, 0))
         self._log_excess[num_stages] = (total + math.log(max(ratio, 1.0)), count + 1)
 
+    def learn_excess_from(self, other: "Searcher") -> None:
+        """Take in what another search of the same model learnt (a one-type sub-search: the same
+        bounds and simulator on part of the same GPUs)."""
+        for num_stages, ratio in other.excess.items():
+            self.excess[num_stages] = min(self.excess.get(num_stages, math.inf), ratio)
+        for num_stages, (total, count) in other._log_excess.items():
+            mine = self._log_excess.get(num_stages, (0.0, 0))
+            self._log_excess[num_stages] = (mine[0] + total, mine[1] + count)
+        self.excess_version += 1
+
     def typical_excess(self, num_stages: int) -> float:
         hit = self._log_excess.get(num_stages)
         return math.exp(hit[0] / hit[1]) if hit else 1.0
