@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 import time
 
+from sailor_core.catalog.gpus import get_gpu
+from sailor_core.catalog.instances import gpu_price_usd_per_hr
 from sailor_core.errors import InfeasibleError
 from sailor_core.plan import validate_plan
 from sailor_core.planner.kinds import valid_tp_degrees
@@ -147,9 +149,6 @@ def _sub_search(searcher: Searcher, *, seeded: bool = False, **changes) -> Searc
 def _by_promise(searcher: Searcher) -> list[str]:
     """GPU types, the likeliest to hold the best plan first: the most peak FLOP/s available, or
     per USD for the cost objective."""
-    from sailor_core.catalog.gpus import get_gpu
-    from sailor_core.catalog.instances import gpu_price_usd_per_hr
-
     req = searcher.req
 
     def promise(gpu: str) -> float:
