@@ -98,7 +98,9 @@ def test_an_interrupted_flow_run_is_continued_by_the_next_one(prefect_api):
 
     from flows.train_job import train_job
 
-    job_id, steps = "tiny-restart-test", 20
+    # Long enough that the job is still training when the interrupt lands (on a quiet machine
+    # tiny runs 20 steps before the flow has even noticed the sixth).
+    job_id, steps = "tiny-restart-test", 60
     params = dict(model="tiny", budget_usd=0.05, steps=steps, checkpoint_every=2, global_batch_size=64,
                   cloud="embedded", max_gpus=1, max_gpus_per_zone=1, job_id=job_id)
     store = js.JobStore()
@@ -106,7 +108,7 @@ def test_an_interrupted_flow_run_is_continued_by_the_next_one(prefect_api):
     def interrupt_when_training() -> None:
         deadline = time.monotonic() + 600
         while time.monotonic() < deadline:
-            if store.exists(job_id) and store.load(job_id).steps_done >= 6:
+            if store.exists(job_id) and store.load(job_id).steps_done >= 4:
                 _thread.interrupt_main()
                 return
             time.sleep(0.2)
