@@ -42,7 +42,7 @@ class BandwidthFit:
 
         x = np.clip(np.log2(np.maximum(num_bytes, 1.0) / 1e6), _X_MIN, _X_MAX)
         bw = (self.a * x * x + self.b * x + self.c) * 1e9
-        return np.clip(bw, MIN_BW_BYTES_PER_S, max(self.max_bw_bytes_per_s, MIN_BW_BYTES_PER_S))
+        return np.where(bw > self.max_bw_bytes_per_s, self.max_bw_bytes_per_s, np.maximum(bw, MIN_BW_BYTES_PER_S))
 
     @classmethod
     def from_json(cls, entry: list) -> "BandwidthFit":
