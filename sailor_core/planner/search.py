@@ -1120,12 +1120,9 @@ def run_search(searcher: Searcher, budget: int | None = None) -> None:
             n = -(-space.num_mb // np.minimum(a["dp"][ia], b["dp"][ib]))
             cross = np.where(both, (n - 1) * lmat[a["tpi"][ia], b["tpi"][ib]] / 2, 0.0)
         link = np.maximum(np.maximum(a["self_link"][ia], b["self_link"][ib]), cross)
-        # pipe_lb: _pipe_work_rate of both orders (an unused type holds nothing, holds nothing back).
-        inv_a, inv_b, qa, qb = a["inv"][ia], b["inv"][ib], a["drain"][ia], b["drain"][ib]
-        work_ab = np.where(inv_b * (1 - qb) >= inv_a, inv_b * (1 - qb), inv_a - (inv_a - inv_b * (1 - qb)) * qa)
-        work_ba = np.where(inv_a * (1 - qa) >= inv_b, inv_a * (1 - qa), inv_b - (inv_b - inv_a * (1 - qa)) * qb)
-        # Links and the pipeline's warm-up bound the pipeline whatever the split.
-        pipe = np.maximum(link, space.ref_total_s / np.maximum(work_ab, work_ba))
+        # Links and the pipeline's warm-up (pipe_lb, the better order) bound the pipeline whatever the split.
+        pipe = np.maximum(link, space.ref_total_s / _pipe_work_rate_many(
+            a["inv"][ia], a["drain"][ia], b["inv"][ib], b["drain"][ib]))
         sync = np.where(a["d1"][ia] | b["d1"][ib], 0.0,
                         np.minimum(a["ring"][ia, stages], b["ring"][ib, stages]))
         rate = a["rate"][ia] + b["rate"][ib]
@@ -1410,6 +1407,17 @@ def _pipe_work_rate(order: tuple[Segment, ...]) -> float:
         if rate < inv:
             rate = inv - (inv - rate) * (1 - 1 / seg.num_microbatches) ** seg.num_stages
     return rate
+
+
+def _pipe_work_rate_many(inv_a, drain_a, inv_b, drain_b):
+    """``_pipe_work_rate`` of many two-segment shapes at once, in the better of their two orders
+    (numpy; per segment 1 / slowness and (1 - 1 / n) ** stages; an unused type: 0 and 1)."""
+    import numpy as np
+
+    held_a, held_b = inv_a * (1 - drain_a), inv_b * (1 - drain_b)  # each segment last, alone
+    a_then_b = np.where(held_b >= inv_a, held_b, inv_a - (inv_a - held_b) * drain_a)
+    b_then_a = np.where(held_a >= inv_b, held_a, inv_b - (inv_b - held_a) * drain_b)
+    return np.maximum(a_then_b, b_then_a)
 
 
 def _order_key(shape: tuple[Segment, ...]) -> tuple:

@@ -140,6 +140,26 @@ def test_pipeline_warm_up_bound_never_exceeds_the_1f1b_schedule():
     assert tight > 20  # and it is not a trivially low bound
 
 
+def test_vectorised_warm_up_bound_matches_the_exact_one():
+    from types import SimpleNamespace
+
+    from sailor_core.planner.search import _pipe_work_rate, _pipe_work_rate_many
+
+    rng = random.Random(13)
+    segs = [SimpleNamespace(slowness=rng.uniform(1.0, 4.0), num_microbatches=rng.randint(1, 24),
+                            num_stages=rng.randint(1, 6)) for _ in range(300)]
+    pairs = [(rng.choice(segs), rng.choice(segs + [None])) for _ in range(300)]
+
+    def parts(seg):
+        return (0.0, 1.0) if seg is None else (1 / seg.slowness, (1 - 1 / seg.num_microbatches) ** seg.num_stages)
+
+    cols = np.array([parts(x) + parts(y) for x, y in pairs])
+    got = _pipe_work_rate_many(cols[:, 0], cols[:, 1], cols[:, 2], cols[:, 3])
+    for (x, y), g in zip(pairs, got):
+        exact = _pipe_work_rate((x,)) if y is None else max(_pipe_work_rate((x, y)), _pipe_work_rate((y, x)))
+        assert abs(g - exact) <= 1e-12 * exact
+
+
 def test_search_bounds_hold_for_every_evaluated_order(profiles, network):
     # End to end, with the warm-up and joint compute/sync bounds: no evaluated plan's iteration
     # may be shorter than the bound its order was queued with at the last level.
