@@ -179,6 +179,7 @@ class Searcher:
         self.placed_costs_memo: dict = {}
         self.bound_memos: dict[str, dict] = {}  # run_search's per-segment bound parts, kept across passes
         self._boundary_bytes: dict = {}
+        self._gradient_bytes: dict = {}
         self._round_trip: dict = {}
         self._segments: dict = {}
         self.segment_egress_memo: dict = {}
@@ -242,6 +243,27 @@ class Searcher:
             else:
                 block, head = min(v.time_s(i, i + 1) for v in vs for i in range(L)), 0.0
             hit = self._block_head[key] = (block, head)
+        return hit
+
+    def gradient_bytes_lb(self, mbs: int) -> tuple[float, float]:
+        """(whole model, one block): gradient bytes a DP ring of any kind of this search carries
+        for them, TP shards counted whole (shard x degree), the least over kinds and regime
+        variants layer by layer, so that the bytes of any split's stages add up to at least the
+        first."""
+        hit = self._gradient_bytes.get(mbs)
+        if hit is None:
+            L = self.num_layers
+            per_layer = [math.inf] * L
+            for g in self.gpu_types:
+                for tp in valid_tp_degrees(self.req.model, g, self.req.max_tp_degree):
+                    kind = self.kinds.get(g, tp, mbs)
+                    for v in self.variants(kind) if kind is not None else ():
+                        table = layer_table(v.profile)
+                        scale = tp * v.regime.grad_bytes_per_param
+                        for i in range(L):
+                            per_layer[i] = min(per_layer[i], scale * table.params(i, i + 1))
+            blocks = per_layer[1:L - 1] if L >= 3 else per_layer
+            hit = self._gradient_bytes[mbs] = (sum(per_layer), min(blocks))
         return hit
 
     def learn_excess(self, num_stages: int, ratio: float) -> None:
@@ -708,11 +730,15 @@ class _ProductHeap:
 
 
 class _SortedShapes:
-    """Shapes of at most two per-type lists (index -1 or past the end: type unused), best first."""
+    """Shapes of at most two per-type lists (index -1 or past the end: type unused), best first,
+    with their bound's parts: a bound on the busiest stage, and ``tight``'s (iteration time,
+    USD per hour, egress USD per iteration, stages)."""
 
-    def __init__(self, first: list[Segment], second: list[Segment], ia, ib, scores) -> None:
+    def __init__(self, first: list[Segment], second: list[Segment], ia, ib, scores, busiest, parts) -> None:
         self.first, self.second = first, second
         self.ia, self.ib, self.scores = ia.tolist(), ib.tolist(), scores.tolist()
+        self.busiest = busiest.tolist()
+        self.parts = list(zip(*(x.tolist() for x in parts)))
         self.pos = 0
         self.cut = math.inf
 
@@ -724,6 +750,7 @@ class _SortedShapes:
         """A copy to walk from the start (the lists are shared, never changed in place)."""
         out = _SortedShapes.__new__(_SortedShapes)
         out.first, out.second, out.ia, out.ib, out.scores = self.first, self.second, self.ia, self.ib, self.scores
+        out.busiest, out.parts = self.busiest, self.parts
         out.pos, out.cut = 0, self.cut
         return out
 
@@ -735,6 +762,7 @@ class _SortedShapes:
         n = bisect.bisect_left(self.scores, cut)
         if n < len(self.scores):
             self.ia, self.ib, self.scores = self.ia[:n], self.ib[:n], self.scores[:n]
+            self.busiest, self.parts = self.busiest[:n], self.parts[:n]
             self.cut = cut
 
     def count_below(self, score: float) -> int:
@@ -747,11 +775,14 @@ class _SortedShapes:
         return ((self.first[a].num_stages if a < len(self.first) else 0)
                 + (self.second[b].num_stages if b < len(self.second) else 0))
 
-    def pop(self) -> tuple[Segment, ...]:
-        a, b = self.ia[self.pos], self.ib[self.pos]
+    def pop(self) -> tuple[tuple[Segment, ...], tuple]:
+        """The next shape and its bound as ``tight`` gives it: (score, busiest stage, parts)."""
+        i = self.pos
+        a, b = self.ia[i], self.ib[i]
         self.pos += 1
-        return tuple(seg for seg in (self.first[a] if a < len(self.first) else None,
-                                     self.second[b] if b < len(self.second) else None) if seg is not None)
+        shape = tuple(seg for seg in (self.first[a] if a < len(self.first) else None,
+                                      self.second[b] if b < len(self.second) else None) if seg is not None)
+        return shape, (self.scores[i], self.busiest[i], self.parts[i])
 
 
 def _granular_many(sa, ra, ha, sb, rb, hb, num_blocks: int, iterations: int = 24):
@@ -805,6 +836,7 @@ class _MbsSpace:
     ref: list[float]  # per layer: the fastest kind's forward + backward
     ref_total_s: float  # over the layers the capacity bound counts
     all_total_s: float  # every layer on its fastest kind: no iteration is shorter
+    num_blocks_lb: float  # ref_total_s / the largest block's ref: blocks a share x of the work holds >= x times it
     lists: list[list[Segment | None]]
     heap: _ProductHeap
     sorted: _SortedShapes | None = None
@@ -845,7 +877,8 @@ def run_search(searcher: Searcher, budget: int | None = None) -> None:
         else:
             keys = [[(s.min_usd_per_hr if s else 0.0) for s in lst] for lst in lists]
         spaces.append(_MbsSpace(mbs=mbs, num_mb=num_mb, ref=ref, ref_total_s=sum(ref),
-                                all_total_s=sum(ref_all), lists=lists,
+                                all_total_s=sum(ref_all), num_blocks_lb=sum(ref) / max(max(ref), 1e-300),
+                                lists=lists,
                                 heap=_ProductHeap(keys)))
 
     gbs = req.global_batch_size
@@ -865,17 +898,21 @@ def run_search(searcher: Searcher, budget: int | None = None) -> None:
     counter = itertools.count()
 
     def tight(space: _MbsSpace, shape: tuple[Segment, ...], busiest: float = 0.0,
-              costs: tuple[float, float] | None = None):
+              costs: tuple[float, float] | None = None, split_known: bool = False):
         """(score bound, busiest-stage bound, (iteration-time bound, USD/hour, egress USD per
         iteration, stages)) of a shape, or None if the limits rule it out.
 
         ``busiest``: the busiest stage of the shape's min-max split when known; every split of
         the shape has a stage at least that busy, and no iteration is shorter than its busiest stage.
-        ``costs``: (USD per hour, egress USD per iteration) of its placed split, once known.
+        ``costs``: (USD per hour, egress USD per iteration) of its placement, once known: exact
+        for its split when ``split_known``, else the rent and a bound (``rings_egress_lb`` and
+        the placement's p2p).
         """
         cap = sum(s.capacity for s in shape)
         tau = space.ref_total_s / cap
         floor_s = max(tau, busiest, link_lb(space, shape), pipe_lb(space.ref_total_s, shape))
+        if len(shape) == 1:
+            floor_s = max(floor_s, tau + steady_links_s(shape[0]))
         t_lb = floor_s + sync_lb(shape)
         if len(shape) == 2:
             t_lb = max(t_lb, joint_lb(space.ref_total_s, shape, floor_s))
@@ -884,27 +921,53 @@ def run_search(searcher: Searcher, budget: int | None = None) -> None:
         # warm-up/cool-down of the other stages once the split is known ((P - 1) busiest steps
         # over n micro-batches), and the bound scaled by the smallest excess seen so far on
         # pipelines as deep (the bound leaves out more p2p and bubble time on deep ones).
-        t_chk = t_lb
-        if searcher.estimate_limits:
-            num_stages = sum(s.num_stages for s in shape)
-            if busiest > 0:
-                n_min = min(s.num_microbatches for s in shape)
-                t_chk = t_lb + busiest * (num_stages - 1) / max(n_min, 1)
-            t_chk = max(t_chk, t_lb * searcher.excess.get(num_stages, 1.0))
+        t_chk = checked_time_s(shape, t_lb, busiest)
         if req.max_usd_per_hour is not None and rate > req.max_usd_per_hour * (1 + 1e-9):
             return None
         if costs is not None:
             egress = costs[1]
         elif cost_matters:
-            egress = sum(egress_lb(seg, len(shape) == 1) + seg.egress_usd for seg in shape)
+            egress = rings_egress_lb(shape) + sum(seg.egress_usd for seg in shape)
         else:
             egress = 0.0
-        if req.max_usd_per_iteration is not None and rate * t_chk / 3600 + egress > req.max_usd_per_iteration * (1 + 1e-9):
-            return None
+        joint = len(shape) == 2 and cost_matters and not split_known
+        if req.max_usd_per_iteration is not None:
+            usd = rate * t_chk / 3600 + egress
+            if joint and usd <= req.max_usd_per_iteration * (1 + 1e-9):
+                fixed = egress - rings_egress_lb(shape)
+                usd = max(usd, joint_cost_lb(space, shape, floor_s, rate * t_chk / t_lb, fixed))
+            if usd > req.max_usd_per_iteration * (1 + 1e-9):
+                return None
         if req.min_throughput_samples_per_s is not None and gbs / t_chk < req.min_throughput_samples_per_s * (1 - 1e-9):
             return None
+        if not throughput and joint:
+            # The estimate (``estimate``) scales the time: carry the joint bound in the egress.
+            usd = joint_cost_lb(space, shape, floor_s, rate, egress - rings_egress_lb(shape))
+            egress = max(egress, usd - rate * t_lb / 3600)
         score = -gbs / t_lb if throughput else rate * t_lb / 3600 + egress
         return score, tau, (t_lb, rate, egress, sum(s.num_stages for s in shape))
+
+    def checked_time_s(shape: tuple[Segment, ...], t_lb: float, busiest: float) -> float:
+        """The iteration time the limits are checked on: the bound, or in the estimating pass an
+        estimate (see ``tight``)."""
+        if not searcher.estimate_limits:
+            return t_lb
+        num_stages = sum(s.num_stages for s in shape)
+        t_chk = t_lb
+        if busiest > 0:
+            n_min = min(s.num_microbatches for s in shape)
+            t_chk = t_lb + busiest * (num_stages - 1) / max(n_min, 1)
+        return max(t_chk, t_lb * searcher.excess.get(num_stages, 1.0))
+
+    def within_estimate(shape: tuple[Segment, ...], parts, busiest: float) -> bool:
+        """The limits on ``checked_time_s`` for a shape whose bound parts are known."""
+        t_lb, rate, egress, _ = parts
+        t_chk = checked_time_s(shape, t_lb, busiest)
+        if t_chk == t_lb:
+            return True  # the bound itself met them
+        if req.max_usd_per_iteration is not None and rate * t_chk / 3600 + egress > req.max_usd_per_iteration * (1 + 1e-9):
+            return False
+        return req.min_throughput_samples_per_s is None or gbs / t_chk >= req.min_throughput_samples_per_s * (1 - 1e-9)
 
     def estimate(parts) -> float:
         """The queue's key: the bound's score with its iteration time scaled by the typical excess
@@ -924,33 +987,39 @@ def run_search(searcher: Searcher, budget: int | None = None) -> None:
     link_memo = searcher.bound_memos.setdefault("link", {})
     egress_memo = searcher.bound_memos.setdefault("egress", {})
 
-    def egress_lb(seg: Segment, whole_model: bool) -> float:
-        """USD per iteration of the gradient rings that must cross zones: when no zone holds
-        ``dp_degree`` replicas every stage's ring spans two zones or more, each zone boundary
-        carrying 2 (d - 1) / d of the stage's gradient (as fastsim charges it); a segment holds
-        the whole model, or else at least a block (or the embedding) per stage but one."""
-        key = (seg.gpu, seg.tp_degree, seg.dp_degree, seg.num_stages, seg.kind.micro_batch_size, whole_model)
-        usd = egress_memo.get(key)
-        if usd is None:
+    def ring_egress_parts(seg: Segment) -> tuple[float, float, float]:
+        """(USD per gradient byte its rings send across zones, bytes of the whole model's
+        gradient, bytes a stage holds at the least), the first 0 when its rings can stay in a
+        zone.  When no zone holds ``dp_degree`` replicas, or under the pipeline rule (only
+        searched for segments no zone holds whole, so its pipelines span zones), every stage's
+        ring spans two zones or more, each boundary carrying 2 (d - 1) / d of the stage's
+        gradient times its TP degree (as fastsim charges it).  Byte counts are of the whole
+        gradient (a TP shard's times the degree: ``Searcher.gradient_bytes_lb``), so that two
+        segments' shares add up to the model's."""
+        key = (seg.gpu, seg.tp_degree, seg.dp_degree, seg.rule, seg.kind.micro_batch_size)
+        parts = egress_memo.get(key)
+        if parts is None:
             live = sorted(z for z, n in searcher.zone_gpus[seg.gpu].items() if n > 0)
-            usd = 0.0
-            if seg.dp_degree > 1 and len(live) > 1 and seg.dp_degree > max(
-                    searcher.zone_gpus[seg.gpu][z] // seg.tp_degree for z in live):
+            per_byte = 0.0
+            if seg.dp_degree > 1 and len(live) > 1 and (seg.rule == "pipeline" or seg.dp_degree > max(
+                    searcher.zone_gpus[seg.gpu][z] // seg.tp_degree for z in live)):
                 price = min(searcher.network.egress_usd_per_byte(a, b) for a in live for b in live if a != b)
-                per_gpu = math.inf
-                for v in searcher.variants(seg.kind):
-                    table = layer_table(v.profile)
-                    if whole_model:
-                        held = table.params_cum[-1]
-                    else:
-                        L = searcher.num_layers
-                        one = min(table.params(i, i + 1) for i in range(min(1, L - 1), max(L - 1, 1)))
-                        held = (seg.num_stages - 1) * one
-                    per_gpu = min(per_gpu, held * v.regime.grad_bytes_per_param)
-                hop = 2 * (seg.dp_degree - 1) / seg.dp_degree * per_gpu * seg.tp_degree
-                usd = 2 * hop * price
-            egress_memo[key] = usd
-        return usd
+                per_byte = 2 * 2 * (seg.dp_degree - 1) / seg.dp_degree * price
+            whole, block = searcher.gradient_bytes_lb(seg.kind.micro_batch_size)
+            parts = egress_memo[key] = (per_byte, whole, block)
+        return parts
+
+    def rings_egress_lb(shape: tuple[Segment, ...]) -> float:
+        """USD per iteration of the gradient rings that must cross zones (``ring_egress_parts``).
+        One segment holds the whole model; of two, each holds at least a block (or the
+        embedding) per stage but one and together the whole model, so the cheapest split of
+        the gradient between their rings puts all it can on the cheaper one."""
+        if len(shape) == 1:
+            per_byte, whole, _ = ring_egress_parts(shape[0])
+            return per_byte * whole
+        (fa, whole, block), (fb, _, _) = (ring_egress_parts(seg) for seg in shape)
+        least_a, least_b = (shape[0].num_stages - 1) * block, (shape[1].num_stages - 1) * block
+        return fa * whole + (fb - fa) * least_b if fa <= fb else fb * whole + (fa - fb) * least_a
 
     def link_s(a: Segment, b: Segment) -> float:
         """Activation + gradient of one micro-batch between replicas of a and b (same zone if any)."""
@@ -1032,31 +1101,119 @@ def run_search(searcher: Searcher, budget: int | None = None) -> None:
             curve_memo[key] = curve
         return curve
 
-    def joint_lb(work_s: float, shape: tuple[Segment, ...], floor_s: float) -> float:
-        """Compute and gradient sync together, for a shape of two segments.
+    def steady_links_s(seg: Segment) -> float:
+        return _steady_links_s(seg.num_microbatches, link_s(seg, seg), seg.num_stages)
 
-        An iteration lasts at least its busiest stage plus its slowest ring (fastsim: the
-        pipeline, then each stage's sync).  A segment doing the share x of the block work has a
-        stage at least x * work / capacity busy and a ring of at least ``sync_curve`` at x, so
-        shifting work to one segment to shorten the other's ring lengthens its own compute; the
-        bound is the best x (over the _GRID intervals, each ring at its interval's low end).
-        ``floor_s`` already bounds the busiest stage (capacity, granular, links)."""
+    def joint_lb(work_s: float, shape: tuple[Segment, ...], floor_s: float) -> float:
+        """Compute, links and gradient sync together, for a shape of two segments.
+
+        An iteration lasts at least its pipeline plus its slowest ring (fastsim: the pipeline,
+        then each stage's sync).  A segment doing the share x of the block work has stages
+        whose steps sum to at least x work slowness, so its pipeline lasts at least x work /
+        capacity plus its links' steady state (``_steady_links_s``), and its ring at least
+        ``sync_curve`` at x: shifting work to one segment to shorten the other's ring or
+        pipeline lengthens its own; the bound is the best x (over the _GRID intervals, each
+        ring at its interval's low end).  ``floor_s`` already bounds the pipeline (capacity,
+        granular, links, warm-up)."""
         s1, s2 = sync_curve(shape[0]), sync_curve(shape[1])
-        if not (s1[-1] or s2[-1]):
-            return 0.0
         a1, a2 = work_s / shape[0].capacity, work_s / shape[1].capacity
-        balanced = a2 / (a1 + a2)
+        k1, k2 = steady_links_s(shape[0]), steady_links_s(shape[1])
+        balanced = (a2 + k2 - k1) / (a1 + a2)
         best = math.inf
         for k in range(_GRID):
             x = min(max(balanced, k / _GRID), (k + 1) / _GRID)
-            best = min(best, max(floor_s, a1 * x, a2 * (1 - x)) + max(s1[k], s2[_GRID - 1 - k]))
+            best = min(best, max(floor_s, a1 * x + k1, a2 * (1 - x) + k2) + max(s1[k], s2[_GRID - 1 - k]))
         return best
+
+    def joint_cost_lb(space: _MbsSpace, shape: tuple[Segment, ...], floor_s: float, usd_per_hr: float,
+                      fixed_usd: float) -> float:
+        """USD per iteration of a two-segment shape: rent over ``joint_lb``'s time and the
+        egress of its rings together, ``fixed_usd`` (its p2p) added.  The segment doing the
+        share x of the block work holds at least x ``num_blocks_lb`` blocks, whose gradient its
+        rings carry across zones (``ring_egress_parts``) if they must: shifting blocks to the
+        segment whose rings stay in a zone saves egress but lengthens its pipeline.  On each
+        _GRID interval the cost is convex and piecewise linear in x, so its least is at an end
+        or where two of its pieces meet."""
+        s1, s2 = sync_curve(shape[0]), sync_curve(shape[1])
+        work_s = space.ref_total_s
+        a1, a2 = work_s / shape[0].capacity, work_s / shape[1].capacity
+        k1, k2 = steady_links_s(shape[0]), steady_links_s(shape[1])
+        (f1, _, block), (f2, _, _) = ring_egress_parts(shape[0]), ring_egress_parts(shape[1])
+        e1, e2 = f1 * block * space.num_blocks_lb, f2 * block * space.num_blocks_lb
+        per_s = usd_per_hr / 3600
+        breaks = ((a2 + k2 - k1) / (a1 + a2), (floor_s - k1) / a1, 1 - (floor_s - k2) / a2)
+        best = math.inf
+        for k in range(_GRID):
+            lo, hi = k / _GRID, (k + 1) / _GRID
+            ring = max(s1[k], s2[_GRID - 1 - k])
+            for x in (lo, hi, *breaks):
+                x = min(max(x, lo), hi)
+                usd = per_s * (max(floor_s, a1 * x + k1, a2 * (1 - x) + k2) + ring) + e1 * x + e2 * (1 - x)
+                if usd < best:
+                    best = usd
+        return best + fixed_usd
 
     def sync_lb(shape: tuple[Segment, ...]) -> float:
         num_stages = sum(s.num_stages for s in shape)
         if any(seg.dp_degree == 1 for seg in shape):
             return 0.0
         return min(ring_lb(seg, num_stages) for seg in shape)
+
+    def between_segments_usd(space: _MbsSpace, first: list[Segment], second: list[Segment]):
+        """USD per iteration, at the least, of the micro-batches crossing zones between two
+        segments, per pair (numpy matrix).  Under the pipeline rule every stage of a segment has
+        the same replicas per zone, whatever comes before it, so the boundary between two such
+        segments routes micro-batch m from replica m mod D to replica m mod D' (``p2p_pairs``)
+        between known zones, in either order; a segment under the stage rule whose zones have
+        room for each of its stages whole puts every stage in one zone, which at best is the
+        zone the other segment routes the most micro-batches to.  Each crossing carries the
+        smallest boundary activation both ways."""
+        import numpy as np
+
+        zones = sorted({z for seg in (*first, *second) for z in searcher.zone_gpus[seg.gpu]})
+        m = np.arange(space.num_mb)
+
+        def routes(segs: list[Segment]):
+            """(per segment: its row in ``rows``, -2 for one zone a stage, or -1: unknown;
+            rows: the zone of micro-batch m)."""
+            index, rows, seen = np.full(len(segs), -1), [], {}
+            for i, seg in enumerate(segs):
+                if seg.rule == "stage":
+                    room = sum((n // seg.tp_degree) // seg.dp_degree for n in searcher.zone_gpus[seg.gpu].values())
+                    if room >= seg.num_stages:
+                        index[i] = -2
+                    continue
+                placed = searcher.build_stages((seg,))
+                if placed is None:
+                    continue
+                key = placed[0][1]
+                if key not in seen:
+                    of_replica = np.array([zones.index(z) for z, n in key for _ in range(n)])
+                    seen[key] = len(rows)
+                    rows.append(of_replica[m % len(of_replica)])
+                index[i] = seen[key]
+            return index, np.array(rows, dtype=int).reshape(len(rows), len(m))
+
+        (ia, ra), (ib, rb) = routes(first), routes(second)
+        out = np.zeros((len(first), len(second)))
+        if not (len(ra) or len(rb)):
+            return out
+        # Crossings between rows, and between a row and a one-zone stage (the last column/row).
+        crossing = np.zeros((len(ra) + 1, len(rb) + 1))
+        crossing[:-1, :-1] = (ra[:, None, :] != rb[None, :, :]).sum(axis=2)
+        for rows, put in ((ra, lambda v: crossing.__setitem__((slice(0, -1), -1), v)),
+                          (rb, lambda v: crossing.__setitem__((-1, slice(0, -1)), v))):
+            if len(rows):
+                most = np.stack([(rows == z).sum(axis=1) for z in range(len(zones))], axis=1).max(axis=1)
+                put(len(m) - most)
+        live = {z for seg in (*first, *second) for z, n in searcher.zone_gpus[seg.gpu].items() if n > 0}
+        price = min(searcher.round_trip_usd_per_byte(x, y) for x in live for y in live if x != y)
+        nbytes = min(searcher.min_boundary_bytes(v) for seg in (first[0], second[0]) for v in searcher.variants(seg.kind))
+        ra_of = np.where(ia == -2, len(ra), ia)  # -2: the one-zone row/column; -1 stays unknown
+        rb_of = np.where(ib == -2, len(rb), ib)
+        known = (ia[:, None] != -1) & (ib[None, :] != -1) & ~((ia[:, None] == -2) & (ib[None, :] == -2))
+        out[known] = (crossing[ra_of[:, None], rb_of[None, :]] * nbytes * price)[known]
+        return out
 
     def sorted_shapes(space: _MbsSpace) -> _SortedShapes:
         """Every shape of one or two GPU types, scored at once (numpy) with the bound ``tight``
@@ -1088,10 +1245,11 @@ def run_search(searcher: Searcher, budget: int | None = None) -> None:
                 tpi=np.array([tps.index(seg.tp_degree) for seg in segs] + [0]),
                 self_link=np.array([(seg.num_microbatches - 1) * link_s(seg, seg) / 2 if seg.num_stages > 1
                                     else 0.0 for seg in segs] + [0.0]),
-                eg_alone=np.array([egress_lb(seg, True) + seg.egress_usd if cost_matters else 0.0
-                                   for seg in segs] + [0.0]),
-                eg_with=np.array([egress_lb(seg, False) + seg.egress_usd if cost_matters else 0.0
-                                  for seg in segs] + [0.0]),
+                steady=np.array([steady_links_s(seg) for seg in segs] + [0.0]),
+                p2p_usd=np.array([seg.egress_usd if cost_matters else 0.0 for seg in segs] + [0.0]),
+                ring_usd=np.array([ring_egress_parts(seg)[0] if cost_matters else 0.0 for seg in segs] + [0.0]),
+                whole=np.array([ring_egress_parts(seg)[1] for seg in segs] + [np.inf]),
+                least=np.array([(seg.num_stages - 1) * ring_egress_parts(seg)[2] for seg in segs] + [0.0]),
                 inv=np.array([1.0 / seg.slowness for seg in segs] + [0.0]),
                 drain=np.array([(1 - 1 / seg.num_microbatches) ** seg.num_stages for seg in segs] + [1.0]),
                 block=np.array([seg.block_busy_s for seg in segs] + [np.inf]),
@@ -1123,10 +1281,24 @@ def run_search(searcher: Searcher, budget: int | None = None) -> None:
         # Links and the pipeline's warm-up (pipe_lb, the better order) bound the pipeline whatever the split.
         pipe = np.maximum(link, space.ref_total_s / _pipe_work_rate_many(
             a["inv"][ia], a["drain"][ia], b["inv"][ib], b["drain"][ib]))
+        # One segment: its compute and its links' steady state add (steady_links_s).
+        pipe = np.maximum(pipe, np.where(both, 0.0, tau + a["steady"][ia] + b["steady"][ib]))
         sync = np.where(a["d1"][ia] | b["d1"][ib], 0.0,
                         np.minimum(a["ring"][ia, stages], b["ring"][ib, stages]))
         rate = a["rate"][ia] + b["rate"][ib]
-        egress = np.where(both, a["eg_with"][ia] + b["eg_with"][ib], a["eg_alone"][ia] + b["eg_alone"][ib])
+        if cost_matters and na and nb:
+            rings_p2p = np.zeros((na + 1, nb + 1))
+            rings_p2p[:na, :nb] = between_segments_usd(space, lists[0], lists[1])
+            egress_between = rings_p2p[ia, ib]
+        else:
+            egress_between = 0.0
+        # rings_egress_lb: one segment's rings carry the whole model; two share it.
+        fa, fb = a["ring_usd"][ia], b["ring_usd"][ib]
+        whole = np.minimum(a["whole"][ia], b["whole"][ib])
+        rings = np.where(both, np.where(fa <= fb, fa * whole + (fb - fa) * b["least"][ib],
+                                        fb * whole + (fa - fb) * a["least"][ia]),
+                         (fa + fb) * whole)
+        egress = a["p2p_usd"][ia] + b["p2p_usd"][ib] + rings + egress_between
 
         def within_limits(t_lb):
             ok = np.ones(len(t_lb), dtype=bool)
@@ -1148,8 +1320,8 @@ def run_search(searcher: Searcher, budget: int | None = None) -> None:
         # The limits on the capacity bound first (the granular one only adds), then on both.
         t_lb = np.maximum(tau, pipe) + sync
         ok = within_limits(t_lb) & (score_of(t_lb) < limit)
-        ia, ib, tau, pipe, sync, rate, egress, t_lb = (
-            x[ok] for x in (ia, ib, tau, pipe, sync, rate, egress, t_lb))
+        ia, ib, stages, tau, pipe, sync, rate, egress, t_lb = (
+            x[ok] for x in (ia, ib, stages, tau, pipe, sync, rate, egress, t_lb))
         # The granular bound for the 20000 best on the capacity bound (the rest keep that one:
         # weaker, still a bound; the search rarely gets that far down).
         first = np.argsort(score_of(t_lb), kind="stable")[:20000]
@@ -1159,28 +1331,45 @@ def run_search(searcher: Searcher, budget: int | None = None) -> None:
         tau = tau.copy()
         tau[first] = np.maximum(tau[first], gran)
         t_lb = np.maximum(tau, pipe) + sync
-        # Two segments: compute and sync together (joint_lb, the same bound for every shape).
+        # Two segments: compute, links and sync together (joint_lb, the same bound for every shape).
         two = first[(ia[first] < na) & (ib[first] < nb)]  # (the rest keep the weaker bound)
         if len(two):
             # Rings only for the segments these shapes use (the curves cost a few rings each).
             c1, c2 = (_curves(x["segs"], idx[two], sync_curve) for x, idx in ((a, ia), (b, ib)))
-            live = (c1[:, -1] > 0) | (c2[:, -1] > 0)
-            two, c1, c2 = two[live], c1[live], c2[live]
             a1 = space.ref_total_s / a["cap"][ia[two]]
             a2 = space.ref_total_s / b["cap"][ib[two]]
+            k1, k2 = a["steady"][ia[two]], b["steady"][ib[two]]
             floor_s = np.maximum(tau[two], pipe[two])
-            balanced = a2 / (a1 + a2)
+            balanced = (a2 + k2 - k1) / (a1 + a2)
             joint = np.full(len(two), np.inf)
             for k in range(_GRID):
                 x = np.clip(balanced, k / _GRID, (k + 1) / _GRID)
-                h = np.maximum(np.maximum(floor_s, a1 * x), a2 * (1 - x))
+                h = np.maximum(np.maximum(floor_s, a1 * x + k1), a2 * (1 - x) + k2)
                 joint = np.minimum(joint, h + np.maximum(c1[:, k], c2[:, _GRID - 1 - k]))
             t_lb[two] = np.maximum(t_lb[two], joint)
+            if cost_matters:
+                # Rent, time and the rings' egress together (joint_cost_lb), in the egress.
+                per_blocks = space.num_blocks_lb * searcher.gradient_bytes_lb(space.mbs)[1]
+                e1 = a["ring_usd"][ia[two]] * per_blocks
+                e2 = b["ring_usd"][ib[two]] * per_blocks
+                per_s = rate[two] / 3600
+                breaks = (balanced, (floor_s - k1) / a1, 1 - (floor_s - k2) / a2)
+                usd = np.full(len(two), np.inf)
+                for k in range(_GRID):
+                    lo, hi = k / _GRID, (k + 1) / _GRID
+                    ring = np.maximum(c1[:, k], c2[:, _GRID - 1 - k])
+                    for x in (lo, hi, *breaks):
+                        x = np.clip(x, lo, hi)
+                        h = np.maximum(np.maximum(floor_s, a1 * x + k1), a2 * (1 - x) + k2)
+                        usd = np.minimum(usd, per_s * (h + ring) + e1 * x + e2 * (1 - x))
+                fixed = a["p2p_usd"][ia[two]] + b["p2p_usd"][ib[two]] + rings_p2p[ia[two], ib[two]]
+                egress = egress.copy()
+                egress[two] = np.maximum(egress[two], usd + fixed - rate[two] * t_lb[two] / 3600)
         score = score_of(t_lb)
         ok = within_limits(t_lb) & (score < limit)
-        ia, ib, score = ia[ok], ib[ok], score[ok]
-        order = np.argsort(score, kind="stable")
-        out = _SortedShapes(lists[0], lists[1], ia[order], ib[order], score[order])
+        order = np.flatnonzero(ok)[np.argsort(score[ok], kind="stable")]
+        out = _SortedShapes(lists[0], lists[1], ia[order], ib[order], score[order], tau[order],
+                            (t_lb[order], rate[order], egress[order], stages[order]))
         out.cut = limit
         return out
 
@@ -1258,7 +1447,14 @@ def run_search(searcher: Searcher, budget: int | None = None) -> None:
                 return
             best_space = spaces[si]
             if best_space.sorted is not None:
-                shape = best_space.sorted.pop()
+                # Scored with the same bound as ``tight`` (numpy): only the estimate is left to check.
+                shape, t = best_space.sorted.pop()
+                keys[si] = next_key(best_space)
+                if len(shape) == 1 and shape[0].gpu in searcher.settled_types:
+                    continue
+                if within_estimate(shape, t[2], t[1]):
+                    push(t, si, shape, t[1], 0 if cost_matters else 1, None)
+                continue
             else:
                 lb = loose(best_space)
                 idx = best_space.heap.pop()
@@ -1350,7 +1546,7 @@ def run_search(searcher: Searcher, budget: int | None = None) -> None:
                 if costs is None:
                     costs = searcher.placed_costs_memo[ckey] = searcher.placed_costs_lb(space.mbs, placed)
                 rent, p2p = costs
-                rings = sum(egress_lb(seg, len(shape) == 1) for seg in shape)
+                rings = rings_egress_lb(shape)
                 t = tight(space, shape, g, (rent, p2p + rings))
                 if t is not None and (best is None or t[0] < best[0]):
                     best = t
@@ -1367,7 +1563,7 @@ def run_search(searcher: Searcher, budget: int | None = None) -> None:
                     continue
                 costs = searcher.fast.rent_and_egress(space.mbs, searcher.fast_stages(prep[0], prep[1])) \
                     if cost_matters else None
-                t = tight(space, shape, prep[2], costs)
+                t = tight(space, shape, prep[2], costs, split_known=True)
                 if t is not None:
                     push(t, si, shape, tau, 2, (order, prep))
                 elif before < math.inf:
@@ -1387,6 +1583,19 @@ def run_search(searcher: Searcher, budget: int | None = None) -> None:
             since_gain = 0.0
         elif after < math.inf:  # no patience before the first plan that meets the request
             since_gain += 1.0
+
+
+def _steady_links_s(num_microbatches: int, link_s: float, num_stages: int) -> float:
+    """What links add, at the least, to the pipeline time of a segment beyond n sum(t) / s.
+
+    In 1F1B (``schedule._longest``) a stage's path holds its step and (n - 1) times the mean
+    of its and a neighbour's step plus their link l, so for the neighbours (t, t') with the
+    largest sum an iteration lasts at least n (t + t') / 2 + (n - 1) l / 2, and at least
+    n t_max.  The largest neighbour sum is at least (2 sum t - 2 t_max) / (s - 1); the least
+    over t_max of the larger of the two is n sum(t) / s + (n - 1) l / 2 (s - 1) / s."""
+    if num_stages < 2:
+        return 0.0
+    return (num_microbatches - 1) * link_s / 2 * (num_stages - 1) / num_stages
 
 
 def _pipe_work_rate(order: tuple[Segment, ...]) -> float:
