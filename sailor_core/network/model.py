@@ -147,6 +147,7 @@ class NetworkModel:
     defaults: dict[LinkClass, LinkDefault] = field(default_factory=lambda: dict(DEFAULT_LINKS))
     _links: dict = field(default_factory=dict, repr=False)
     _rings: dict = field(default_factory=dict, repr=False)
+    _ring_parts: dict = field(default_factory=dict, repr=False)
 
     # ---- point to point -------------------------------------------------------
 
@@ -246,12 +247,26 @@ class NetworkModel:
         return np.where(nb > 0, num_full * full + part, 0.0)
 
     def _ring_s(self, num_bytes: float, endpoints: Sequence[Endpoint], bucket_bytes: float) -> float:
-        n = len(endpoints)
-        distinct = list(dict.fromkeys(endpoints))
-        pairs = [(a, b) for a, b in itertools.permutations(distinct, 2)]
-        pairs += [(a, a) for a in distinct if endpoints.count(a) > 1]
-        return _bucketed_ring_s(num_bytes, n, bucket_bytes,
-                                lambda size: max(self.p2p_time_s(size / n, a, b) for a, b in pairs))
+        # One ring's slowest link per full bucket is the same whatever the gradient's size (the
+        # planner asks for one ring at many sizes): keep it with the ring's pairs.
+        key = (tuple(endpoints), bucket_bytes)
+        ring = self._ring_parts.get(key)
+        if ring is None:
+            n = len(endpoints)
+            distinct = list(dict.fromkeys(endpoints))
+            pairs = [(a, b) for a, b in itertools.permutations(distinct, 2)]
+            pairs += [(a, a) for a in distinct if endpoints.count(a) > 1]
+
+            def step_s(size: float) -> float:
+                return max(self.p2p_time_s(size / n, a, b) for a, b in pairs)
+
+            if len(self._ring_parts) > 4096:
+                self._ring_parts.clear()
+            ring = self._ring_parts[key] = (n, step_s, 2 * (n - 1) * step_s(bucket_bytes))
+        n, step_s, full_s = ring
+        num_full = int(num_bytes // bucket_bytes)
+        rest = num_bytes - num_full * bucket_bytes
+        return num_full * full_s + (2 * (n - 1) * step_s(rest) if rest > 0 else 0.0)
 
     # ---- money -----------------------------------------------------------------
 

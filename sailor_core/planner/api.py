@@ -47,6 +47,10 @@ def plan_job(request: PlanRequest, *, profiles=None, network=None) -> PlanResult
         # The most promising type goes first, and each later search starts from the plans
         # found so far: a type that cannot beat them is done in a few bounds.
         for gpu in _by_promise(searcher):
+            if not request.collect_pareto and searcher.ideal_score([gpu]) >= searcher.threshold():
+                # Even perfect scaling on it alone cannot enter the top N found so far.
+                searcher.settled_types.add(gpu)
+                continue
             only = {k: n for k, n in request.availability.items() if k[0] == gpu}
             sub = _sub_search(searcher, seeded=True, availability=only)
             _adopt(searcher, sub)
@@ -129,7 +133,7 @@ def _search(searcher: Searcher) -> None:
         searcher.estimate_limits = True
         run_search(searcher, budget=request.max_evaluations // 2)
         searcher.estimate_limits = False
-        run_search(searcher, budget=request.max_evaluations // 4)
+        run_search(searcher, budget=request.max_evaluations // 4, by_bound_only=True)
     else:
         run_search(searcher)
 

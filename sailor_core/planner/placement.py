@@ -12,6 +12,8 @@ Two deterministic rules, both searched:
 
 from __future__ import annotations
 
+import functools
+
 from sailor_core.zones import parse_zone
 
 StagePlacement = tuple[tuple[str, int], ...]  # (zone, replicas) in ring/routing order
@@ -23,7 +25,14 @@ def _region(zone: str) -> str:
 
 def place_stages(zone_gpus: dict[str, int], tp_degree: int, dp_degree: int, num_stages: int,
                  prev_zone: str | None = None) -> tuple[StagePlacement, ...] | None:
-    rem = {z: n // tp_degree for z, n in zone_gpus.items()}
+    # Searches and replays place the same segments over and over: the rule is pure, so cache it.
+    return _place_stages(tuple(sorted(zone_gpus.items())), tp_degree, dp_degree, num_stages, prev_zone)
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _place_stages(zone_gpus: tuple[tuple[str, int], ...], tp_degree: int, dp_degree: int, num_stages: int,
+                  prev_zone: str | None) -> tuple[StagePlacement, ...] | None:
+    rem = {z: n // tp_degree for z, n in zone_gpus}
     out: list[StagePlacement] = []
     prev = prev_zone
     for _ in range(num_stages):

@@ -184,6 +184,7 @@ class Searcher:
         self._segments: dict = {}
         self.segment_egress_memo: dict = {}
         self._fewest_crossings: dict = {}
+        self._crossing_usd: dict = {}  # per kind: USD of one micro-batch's boundary both ways across zones
         self.sorted_memo: dict = {}  # micro-batch size -> every shape scored (see run_search)
         self.fast = FastSim(model=request.model, global_batch_size=request.global_batch_size,
                             network=network, spot=request.spot, regime=request.regime)
@@ -202,6 +203,13 @@ class Searcher:
         # GPU types whose one-type shapes a search of their own has settled: every one that could
         # enter this search's top N was evaluated there and its plans offered here (plan_job).
         self.settled_types: set[str] = set()
+
+    @property
+    def cost_matters(self) -> bool:
+        """Placement decides rent and egress, which only the cost objective and the caps look at."""
+        r = self.req
+        return (r.objective is Objective.COST or r.max_usd_per_hour is not None
+                or r.max_usd_per_iteration is not None)
 
     def variants(self, kind: Kind) -> list[Kind]:
         """``kind`` under every regime a plan holding it may run in.
@@ -265,6 +273,35 @@ class Searcher:
             blocks = per_layer[1:L - 1] if L >= 3 else per_layer
             hit = self._gradient_bytes[mbs] = (sum(per_layer), min(blocks))
         return hit
+
+    def ideal_score(self, gpus: list[str]) -> float:
+        """The best score any plan on only these GPU types could have (inf: none meets the
+        limits): every GPU busy the whole iteration on its fastest kind for each layer, with no
+        bubble, link or sync.  A micro-batch's layer takes its kind's TP degree times its time
+        in GPU-seconds, so an iteration on N GPUs lasts at least the least GPU-seconds of the
+        batch over N, and costs at least those GPU-seconds at the cheapest price."""
+        L, gbs = self.num_layers, self.req.global_batch_size
+        gpu_s = math.inf
+        for mbs in self.micro_batch_sizes():
+            per_layer = [math.inf] * L
+            for g in gpus:
+                for tp in valid_tp_degrees(self.req.model, g, self.req.max_tp_degree):
+                    kind = self.kinds.get(g, tp, mbs)
+                    for v in self.variants(kind) if kind is not None else ():
+                        for i in range(L):
+                            per_layer[i] = min(per_layer[i], tp * v.time_s(i, i + 1))
+            gpu_s = min(gpu_s, gbs // mbs * sum(per_layer))
+        pools = [(g, z, n) for g in gpus for z, n in self.zone_gpus.get(g, {}).items() if n > 0]
+        if gpu_s == math.inf or not pools:
+            return math.inf
+        t = gpu_s / sum(n for _, _, n in pools)
+        usd = gpu_s * min(gpu_price_usd_per_hr(g, z, spot=self.req.spot) for g, z, _ in pools) / 3600
+        r = self.req
+        if r.min_throughput_samples_per_s is not None and gbs / t < r.min_throughput_samples_per_s * (1 - 1e-9):
+            return math.inf
+        if r.max_usd_per_iteration is not None and usd > r.max_usd_per_iteration * (1 + 1e-9):
+            return math.inf
+        return -gbs / t if r.objective is Objective.THROUGHPUT else usd
 
     def learn_excess(self, num_stages: int, ratio: float) -> None:
         self.excess_version += 1
@@ -423,7 +460,8 @@ class Searcher:
                             and sum(n // (tp * num_stages) for n in live.values()) >= d):
                         rules.append("pipeline")
                     for rule in rules:
-                        egress = self.segment_egress_lb(kind, tp, d, num_stages, rule, num_mb)
+                        egress = self.segment_egress_lb(kind, tp, d, num_stages, rule, num_mb) \
+                            if self.cost_matters else 0.0
                         out.append(Segment(
                             gpu=gpu, kind=kind, tp_degree=tp, dp_degree=d, num_stages=num_stages,
                             rule=rule, capacity=cap, slowness=ratio, num_microbatches=n_per_rep,
@@ -524,9 +562,12 @@ class Searcher:
             self._fewest_crossings[key] = fewest
         if not fewest:
             return 0.0
-        price = min(self.round_trip_usd_per_byte(a, b) for a in zones for b in zones if a != b)
-        nbytes = min(self.min_boundary_bytes(v) for v in self.variants(kind))
-        return fewest * num_mb * nbytes * price
+        pkey = (kind.gpu, kind.tp_degree, kind.micro_batch_size)
+        per_byte = self._crossing_usd.get(pkey)
+        if per_byte is None:
+            price = min(self.round_trip_usd_per_byte(a, b) for a in zones for b in zones if a != b)
+            per_byte = self._crossing_usd[pkey] = price * min(self.min_boundary_bytes(v) for v in self.variants(kind))
+        return fewest * num_mb * per_byte
 
     def round_trip_usd_per_byte(self, za: str, zb: str) -> float:
         key = (za, zb)
@@ -842,8 +883,10 @@ class _MbsSpace:
     sorted: _SortedShapes | None = None
 
 
-def run_search(searcher: Searcher, budget: int | None = None) -> None:
-    """Best-first search (see the module docstring); ``budget`` caps this call's evaluations."""
+def run_search(searcher: Searcher, budget: int | None = None, *, by_bound_only: bool = False) -> None:
+    """Best-first search (see the module docstring); ``budget`` caps this call's evaluations;
+    ``by_bound_only``: skip the estimate-ordered phase (a pass over shapes an earlier pass of the
+    same search already ordered by estimate)."""
     req = searcher.req
     searcher.stats.exhausted = False  # this pass's own proof, or none
     stop_at = searcher.stats.work + (budget if budget is not None else req.max_evaluations)
@@ -882,8 +925,7 @@ def run_search(searcher: Searcher, budget: int | None = None) -> None:
                                 heap=_ProductHeap(keys)))
 
     gbs = req.global_batch_size
-    # Placement decides rent and egress, which only the cost objective and the caps look at.
-    cost_matters = not throughput or req.max_usd_per_hour is not None or req.max_usd_per_iteration is not None
+    cost_matters = searcher.cost_matters
 
     def loose(space: _MbsSpace) -> float:
         key = space.heap.peek()
@@ -898,7 +940,8 @@ def run_search(searcher: Searcher, budget: int | None = None) -> None:
     counter = itertools.count()
 
     def tight(space: _MbsSpace, shape: tuple[Segment, ...], busiest: float = 0.0,
-              costs: tuple[float, float] | None = None, split_known: bool = False):
+              costs: tuple[float, float] | None = None, split_known: bool = False,
+              known: tuple[float, float] | None = None):
         """(score bound, busiest-stage bound, (iteration-time bound, USD/hour, egress USD per
         iteration, stages)) of a shape, or None if the limits rule it out.
 
@@ -907,6 +950,9 @@ def run_search(searcher: Searcher, budget: int | None = None) -> None:
         ``costs``: (USD per hour, egress USD per iteration) of its placement, once known: exact
         for its split when ``split_known``, else the rent and a bound (``rings_egress_lb`` and
         the placement's p2p).
+        ``known``: (iteration time, egress USD per iteration) bounds the shape was queued with
+        (``sorted_shapes`` scores more terms than this does); they still hold, for every split
+        and placement.
         """
         cap = sum(s.capacity for s in shape)
         tau = space.ref_total_s / cap
@@ -916,6 +962,8 @@ def run_search(searcher: Searcher, budget: int | None = None) -> None:
         t_lb = floor_s + sync_lb(shape)
         if len(shape) == 2:
             t_lb = max(t_lb, joint_lb(space.ref_total_s, shape, floor_s))
+        if known is not None:
+            t_lb = max(t_lb, known[0])
         rate = sum(s.min_usd_per_hr for s in shape) if costs is None else costs[0]
         # Limits are checked on the bound, and in the estimating pass also on an estimate: the
         # warm-up/cool-down of the other stages once the split is known ((P - 1) busiest steps
@@ -930,7 +978,9 @@ def run_search(searcher: Searcher, budget: int | None = None) -> None:
             egress = rings_egress_lb(shape) + sum(seg.egress_usd for seg in shape)
         else:
             egress = 0.0
-        joint = len(shape) == 2 and cost_matters and not split_known
+        if known is not None and not split_known:
+            egress = max(egress, known[1])  # (the joint cost bound included: see sorted_shapes)
+        joint = len(shape) == 2 and cost_matters and not split_known and known is None
         if req.max_usd_per_iteration is not None:
             usd = rate * t_chk / 3600 + egress
             if joint and usd <= req.max_usd_per_iteration * (1 + 1e-9):
@@ -977,7 +1027,7 @@ def run_search(searcher: Searcher, budget: int | None = None) -> None:
         t = t_lb * searcher.typical_excess(num_stages)
         return -gbs / t if throughput else rate * t / 3600 + egress
 
-    by_bound = [False]  # the second phase orders by the bound itself (see the main loop)
+    by_bound = [by_bound_only]  # the second phase orders by the bound itself (see the main loop)
 
     def push(t, si, shape, tau, level, payload) -> None:
         key = t[0] if by_bound[0] else estimate(t[2])
@@ -1208,7 +1258,8 @@ def run_search(searcher: Searcher, budget: int | None = None) -> None:
                 put(len(m) - most)
         live = {z for seg in (*first, *second) for z, n in searcher.zone_gpus[seg.gpu].items() if n > 0}
         price = min(searcher.round_trip_usd_per_byte(x, y) for x in live for y in live if x != y)
-        nbytes = min(searcher.min_boundary_bytes(v) for seg in (first[0], second[0]) for v in searcher.variants(seg.kind))
+        kinds = {id(seg.kind): seg.kind for seg in (*first, *second)}.values()
+        nbytes = min(searcher.min_boundary_bytes(v) for kind in kinds for v in searcher.variants(kind))
         ra_of = np.where(ia == -2, len(ra), ia)  # -2: the one-zone row/column; -1 stays unknown
         rb_of = np.where(ib == -2, len(rb), ib)
         known = (ia[:, None] != -1) & (ib[None, :] != -1) & ~((ia[:, None] == -2) & (ib[None, :] == -2))
@@ -1248,8 +1299,6 @@ def run_search(searcher: Searcher, budget: int | None = None) -> None:
                 steady=np.array([steady_links_s(seg) for seg in segs] + [0.0]),
                 p2p_usd=np.array([seg.egress_usd if cost_matters else 0.0 for seg in segs] + [0.0]),
                 ring_usd=np.array([ring_egress_parts(seg)[0] if cost_matters else 0.0 for seg in segs] + [0.0]),
-                whole=np.array([ring_egress_parts(seg)[1] for seg in segs] + [np.inf]),
-                least=np.array([(seg.num_stages - 1) * ring_egress_parts(seg)[2] for seg in segs] + [0.0]),
                 inv=np.array([1.0 / seg.slowness for seg in segs] + [0.0]),
                 drain=np.array([(1 - 1 / seg.num_microbatches) ** seg.num_stages for seg in segs] + [1.0]),
                 block=np.array([seg.block_busy_s for seg in segs] + [np.inf]),
@@ -1268,8 +1317,29 @@ def run_search(searcher: Searcher, budget: int | None = None) -> None:
                 if gpu in searcher.settled_types:
                     keep &= idx != none
         ia, ib, stages = ia[keep], ib[keep], stages[keep]
-        both = (ia < na) & (ib < nb)
         tau = space.ref_total_s / (a["cap"][ia] + b["cap"][ib])
+        rate = a["rate"][ia] + b["rate"][ib]
+        # Shapes whose bound cannot enter the top N found so far (by the one-type searches, or
+        # an earlier pass) are dropped now; the threshold stays their bound (it only falls).
+        limit = searcher.threshold()
+
+        def within_limits(t_lb, rate, egress):
+            ok = np.ones(len(t_lb), dtype=bool)
+            if req.max_usd_per_hour is not None:
+                ok &= rate <= req.max_usd_per_hour * (1 + 1e-9)
+            if req.max_usd_per_iteration is not None:
+                ok &= rate * t_lb / 3600 + egress <= req.max_usd_per_iteration * (1 + 1e-9)
+            if req.min_throughput_samples_per_s is not None:
+                ok &= gbs / t_lb >= req.min_throughput_samples_per_s * (1 - 1e-9)
+            return ok
+
+        def score_of(t_lb, rate, egress):
+            return -gbs / t_lb if throughput else rate * t_lb / 3600 + egress
+
+        # Most shapes miss on capacity and rent alone: drop them before the other terms.
+        ok = within_limits(tau, rate, 0.0) & (score_of(tau, rate, 0.0) < limit)
+        ia, ib, stages, tau, rate = (x[ok] for x in (ia, ib, stages, tau, rate))
+        both = (ia < na) & (ib < nb)
         cross = np.zeros(len(ia))
         if na and nb:
             lmat = np.array([[min(link_s(_probe(lists[0], ta), _probe(lists[1], tb)),
@@ -1285,46 +1355,29 @@ def run_search(searcher: Searcher, budget: int | None = None) -> None:
         pipe = np.maximum(pipe, np.where(both, 0.0, tau + a["steady"][ia] + b["steady"][ib]))
         sync = np.where(a["d1"][ia] | b["d1"][ib], 0.0,
                         np.minimum(a["ring"][ia, stages], b["ring"][ib, stages]))
-        rate = a["rate"][ia] + b["rate"][ib]
-        if cost_matters and na and nb:
-            rings_p2p = np.zeros((na + 1, nb + 1))
-            rings_p2p[:na, :nb] = between_segments_usd(space, lists[0], lists[1])
-            egress_between = rings_p2p[ia, ib]
-        else:
-            egress_between = 0.0
+        rings_p2p = np.zeros((na + 1, nb + 1))
+        if cost_matters and both.any():
+            # Only for the segments of the shapes left.
+            ua, ub = np.unique(ia[both]), np.unique(ib[both])
+            rings_p2p[np.ix_(ua, ub)] = between_segments_usd(space, [lists[0][i] for i in ua.tolist()],
+                                                              [lists[1][i] for i in ub.tolist()])
+        egress_between = rings_p2p[ia, ib]
         # rings_egress_lb: one segment's rings carry the whole model; two share it.
         fa, fb = a["ring_usd"][ia], b["ring_usd"][ib]
-        whole = np.minimum(a["whole"][ia], b["whole"][ib])
-        rings = np.where(both, np.where(fa <= fb, fa * whole + (fb - fa) * b["least"][ib],
-                                        fb * whole + (fa - fb) * a["least"][ia]),
+        whole, block = searcher.gradient_bytes_lb(space.mbs)
+        least_a, least_b = (a["stages"][ia] - 1) * block, (b["stages"][ib] - 1) * block
+        rings = np.where(both, np.where(fa <= fb, fa * whole + (fb - fa) * least_b, fb * whole + (fa - fb) * least_a),
                          (fa + fb) * whole)
         egress = a["p2p_usd"][ia] + b["p2p_usd"][ib] + rings + egress_between
 
-        def within_limits(t_lb):
-            ok = np.ones(len(t_lb), dtype=bool)
-            if req.max_usd_per_hour is not None:
-                ok &= rate <= req.max_usd_per_hour * (1 + 1e-9)
-            if req.max_usd_per_iteration is not None:
-                ok &= rate * t_lb / 3600 + egress <= req.max_usd_per_iteration * (1 + 1e-9)
-            if req.min_throughput_samples_per_s is not None:
-                ok &= gbs / t_lb >= req.min_throughput_samples_per_s * (1 - 1e-9)
-            return ok
-
-        # Shapes whose bound cannot enter the top N found so far (by the one-type searches, or
-        # an earlier pass) are dropped now; the threshold stays their bound (it only falls).
-        limit = searcher.threshold()
-
-        def score_of(t_lb):
-            return -gbs / t_lb if throughput else rate * t_lb / 3600 + egress
-
-        # The limits on the capacity bound first (the granular one only adds), then on both.
+        # The limits on the capacity bound with links, warm-up and sync, then with the rest.
         t_lb = np.maximum(tau, pipe) + sync
-        ok = within_limits(t_lb) & (score_of(t_lb) < limit)
+        ok = within_limits(t_lb, rate, egress) & (score_of(t_lb, rate, egress) < limit)
         ia, ib, stages, tau, pipe, sync, rate, egress, t_lb = (
             x[ok] for x in (ia, ib, stages, tau, pipe, sync, rate, egress, t_lb))
         # The granular bound for the 20000 best on the capacity bound (the rest keep that one:
         # weaker, still a bound; the search rarely gets that far down).
-        first = np.argsort(score_of(t_lb), kind="stable")[:20000]
+        first = np.argsort(score_of(t_lb, rate, egress), kind="stable")[:20000]
         gran = _granular_many(a["stages"][ia[first]], a["block"][ia[first]], a["head"][ia[first]],
                               b["stages"][ib[first]], b["block"][ib[first]], b["head"][ib[first]],
                               searcher.num_blocks)
@@ -1365,8 +1418,8 @@ def run_search(searcher: Searcher, budget: int | None = None) -> None:
                 fixed = a["p2p_usd"][ia[two]] + b["p2p_usd"][ib[two]] + rings_p2p[ia[two], ib[two]]
                 egress = egress.copy()
                 egress[two] = np.maximum(egress[two], usd + fixed - rate[two] * t_lb[two] / 3600)
-        score = score_of(t_lb)
-        ok = within_limits(t_lb) & (score < limit)
+        score = score_of(t_lb, rate, egress)
+        ok = within_limits(t_lb, rate, egress) & (score < limit)
         order = np.flatnonzero(ok)[np.argsort(score[ok], kind="stable")]
         out = _SortedShapes(lists[0], lists[1], ia[order], ib[order], score[order], tau[order],
                             (t_lb[order], rate[order], egress[order], stages[order]))
@@ -1518,6 +1571,7 @@ def run_search(searcher: Searcher, budget: int | None = None) -> None:
             continue  # cannot enter the top N
         if searcher.stats.work >= stop_at:
             return
+        best_before = searcher.top[0].score if searcher.top else math.inf
         if since_gain >= req.patience * (2 if by_bound[0] else 1) and not (by_bound[0] and proof_is_near(before)):
             return
         fresh = key if by_bound[0] else estimate(parts)
@@ -1531,8 +1585,9 @@ def run_search(searcher: Searcher, budget: int | None = None) -> None:
             # pay for the next: whole blocks and the head layer (a few microseconds), then the
             # real split (memory, the real layer times; a tenth of an evaluation).
             g = searcher.granular_busiest_s(shape)
+            known = (parts[0], parts[2])
             if not cost_matters:
-                t = tight(space, shape, g)
+                t = tight(space, shape, g, known=known)
                 if t is not None:
                     push(t, si, shape, max(tau, g), 1, None)
                 continue
@@ -1547,7 +1602,7 @@ def run_search(searcher: Searcher, budget: int | None = None) -> None:
                     costs = searcher.placed_costs_memo[ckey] = searcher.placed_costs_lb(space.mbs, placed)
                 rent, p2p = costs
                 rings = rings_egress_lb(shape)
-                t = tight(space, shape, g, (rent, p2p + rings))
+                t = tight(space, shape, g, (rent, p2p + rings), known=known)
                 if t is not None and (best is None or t[0] < best[0]):
                     best = t
             if best is not None:
@@ -1563,7 +1618,7 @@ def run_search(searcher: Searcher, budget: int | None = None) -> None:
                     continue
                 costs = searcher.fast.rent_and_egress(space.mbs, searcher.fast_stages(prep[0], prep[1])) \
                     if cost_matters else None
-                t = tight(space, shape, prep[2], costs, split_known=True)
+                t = tight(space, shape, prep[2], costs, split_known=True, known=(parts[0], 0.0))
                 if t is not None:
                     push(t, si, shape, tau, 2, (order, prep))
                 elif before < math.inf:
@@ -1579,7 +1634,8 @@ def run_search(searcher: Searcher, budget: int | None = None) -> None:
         # Patience: the queue's order is an estimate, so stop once many evaluations in a row no
         # longer move the top N by more than 0.1 %.
         after = searcher.threshold()
-        if after < before and (before == math.inf or abs(after - before) > 1e-3 * abs(before)):
+        best_after = searcher.top[0].score if searcher.top else math.inf
+        if best_after < best_before and (best_before == math.inf or best_before - best_after > 1e-3 * abs(best_before)):
             since_gain = 0.0
         elif after < math.inf:  # no patience before the first plan that meets the request
             since_gain += 1.0
