@@ -390,7 +390,8 @@ def _memory_reason(searcher: Searcher) -> str:
                 if best is None or cand[0] < best[0]:
                     best = cand
     if best is None:
-        errs = "; ".join(dict.fromkeys(searcher.kinds.errors)) or "no profile or estimate for any GPU"
+        errs = "; ".join(dict.fromkeys(searcher.kinds.errors_for(searcher.gpu_types))) \
+            or "no profile or estimate for any GPU"
         return f"no plan: {errs}"
     _, gpu, tp, mbs, mem = best
     total = sum(req.availability.values())

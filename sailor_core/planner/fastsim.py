@@ -61,9 +61,16 @@ class FastSim:
         self._p2p: dict = {}
         self._pairs: dict = {}
         self._price: dict = {}
-        # Keyed by id(profile): the profiles live as long as the kinds that hold them (the search).
+        # Keyed by id(profile): the profiles live as long as the kinds that hold them (the
+        # KindCache this instance is kept with).
         self._stage_parts: dict = {}
         self._memory: dict = {}
+
+    def trim(self, max_entries: int = 1 << 17) -> None:
+        """Forget memoised figures past a size (the instance outlives one search: see Searcher)."""
+        for memo in (self._sync, self._p2p, self._pairs, self._stage_parts, self._memory):
+            if len(memo) > max_entries:
+                memo.clear()
 
     def regime_for(self, first: Kind) -> TrainingRegime:
         # simulate: the plan's regime if it names one, else the first replica's profile regime.

@@ -67,6 +67,27 @@ class Kind:
         return lo
 
 
+_SHARED: dict[tuple, KindCache] = {}
+
+
+def shared_kind_cache(model: str, seq_len: int | None, regime: str | None, profiles) -> KindCache:
+    """The process's KindCache for these arguments: planning calls that follow each other (a
+    replay, a job re-planning after preemptions) meet the same kinds, with their memory
+    limits and the simulator's stage figures memoised on them.  A profile source with a
+    ``version`` (ProfileDB counts its changes) is shared until it changes; one without gets
+    a cache of its own."""
+    version = getattr(profiles, "version", None)
+    if version is None:
+        return KindCache(model, seq_len, regime, profiles)
+    key = (model, seq_len, regime, id(profiles), version)
+    hit = _SHARED.get(key)
+    if hit is None or hit.profiles is not profiles:
+        if len(_SHARED) >= 8:
+            _SHARED.clear()
+        hit = _SHARED[key] = KindCache(model, seq_len, regime, profiles)
+    return hit
+
+
 def valid_tp_degrees(model: str, gpu: str, max_tp_degree: int) -> list[int]:
     """TP degrees a replica may use: powers of two inside one node that split the heads."""
     spec = get_model(model)
@@ -83,7 +104,13 @@ class KindCache:
         self.regime_name = regime
         self.profiles = profiles
         self._kinds: dict[tuple[str, int, int], Kind | None] = {}
-        self.errors: list[str] = []
+        self._errors: dict[tuple, str] = {}
+        self.extras: dict = {}  # what lives as long as these kinds (see planner.search.Searcher)
+
+    def errors_for(self, gpus) -> list[str]:
+        """Why kinds of these GPU types could not be built (one message per missing profile)."""
+        wanted = set(gpus)
+        return [msg for key, msg in self._errors.items() if key[0] in wanted]
 
     def get(self, gpu: str, tp_degree: int, micro_batch_size: int, regime: str | None = None) -> Kind | None:
         """The kind under ``regime`` (default: the request's, else the profile's own).
@@ -99,7 +126,7 @@ class KindCache:
             prof = self.profiles.get(self.model, gpu, tp_degree, micro_batch_size, self.seq_len,
                                      regime=regime)
         except ProfileError as exc:
-            self.errors.append(str(exc))
+            self._errors[key] = str(exc)
             self._kinds[key] = None
             return None
         table = layer_table(prof)

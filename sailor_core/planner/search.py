@@ -51,7 +51,7 @@ from sailor_core.catalog.gpus import get_gpu
 from sailor_core.catalog.instances import gpu_price_usd_per_hr
 from sailor_core.catalog.models import get_model
 from sailor_core.plan import Plan, Replica, Stage
-from sailor_core.planner.kinds import Kind, KindCache, valid_tp_degrees
+from sailor_core.planner.kinds import Kind, shared_kind_cache, valid_tp_degrees
 from sailor_core.planner.placement import StagePlacement, place_pipelines, place_stages
 from sailor_core.planner.request import Objective, PlanRequest
 from sailor_core.planner.split import StageSlot, busiest_s, min_max_split
@@ -159,7 +159,7 @@ class Searcher:
         spec = get_model(request.model)
         self.model = spec
         self.num_layers = spec.num_layer_indices
-        self.kinds = KindCache(request.model, request.seq_len, request.regime, profiles)
+        self.kinds = shared_kind_cache(request.model, request.seq_len, request.regime, profiles)
         self.zone_gpus: dict[str, dict[str, int]] = {}
         for (gpu, zone), n in request.availability.items():
             self.zone_gpus.setdefault(gpu, {})[zone] = n
@@ -186,8 +186,15 @@ class Searcher:
         self._fewest_crossings: dict = {}
         self._crossing_usd: dict = {}  # per kind: USD of one micro-batch's boundary both ways across zones
         self.sorted_memo: dict = {}  # micro-batch size -> every shape scored (see run_search)
-        self.fast = FastSim(model=request.model, global_batch_size=request.global_batch_size,
-                            network=network, spot=request.spot, regime=request.regime)
+        # The simulator's memoised figures live as long as the kinds they were keyed on (by id).
+        fkey = ("fastsim", request.global_batch_size, id(network), request.spot, request.regime)
+        fast = self.kinds.extras.get(fkey)
+        if fast is None or fast.network is not network:
+            fast = self.kinds.extras[fkey] = FastSim(
+                model=request.model, global_batch_size=request.global_batch_size,
+                network=network, spot=request.spot, regime=request.regime)
+        fast.trim()
+        self.fast = fast
         self.max_stages = max(1, min(request.max_stages, self.num_layers))
         # With three or more GPU types most combinations of per-type stage counts overflow
         # max_stages and the lazy order wades through them: cap each type's share instead.

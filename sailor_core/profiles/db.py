@@ -58,6 +58,7 @@ class ProfileDB:
         self._by_model_gpu: dict[tuple[str, str], list[ModelProfile]] = defaultdict(list)
         self._by_gpu: dict[str, list[ModelProfile]] = defaultdict(list)
         self._by_model: dict[str, list[ModelProfile]] = defaultdict(list)
+        self.version = 0  # counts changes: what was worked out from the profiles may be stale
         for p in profiles:
             self._insert(p)
 
@@ -93,6 +94,7 @@ class ProfileDB:
     def add(self, p: ModelProfile) -> None:
         """Store a profile (replacing one with the same key); later answers take it into account."""
         self._insert(p)
+        self.version += 1
         self._answers.clear()
         self._calibrations.clear()
         self._update_rates.clear()
@@ -100,6 +102,7 @@ class ProfileDB:
     def extend(self, profiles: Iterable[ModelProfile]) -> None:
         for p in profiles:
             self._insert(p)
+        self.version += 1
         self._answers.clear()
         self._calibrations.clear()
         self._update_rates.clear()
