@@ -230,15 +230,16 @@ class NetworkModel:
         return hit
 
     def uniform_allreduce_times_s(self, num_bytes, endpoint: Endpoint, n: int, *,
-                                  bucket_bytes: float = ALLREDUCE_BUCKET_BYTES):
+                                  bucket_bytes: float = ALLREDUCE_BUCKET_BYTES, to: Endpoint | None = None):
         """``uniform_allreduce_time_s`` of a numpy array of sizes at once (the planner's bounds
-        ask for rings of every pipeline depth)."""
+        ask for rings of every pipeline depth); ``to``: every hop as slow as ``endpoint`` to
+        ``to`` (a ring paced by that pair)."""
         import numpy as np
 
         nb = np.asarray(num_bytes, dtype=float)
         if n <= 1:
             return np.zeros(nb.shape)
-        link = self.link(endpoint, endpoint)
+        link = self.link(endpoint, to if to is not None else endpoint)
         num_full = np.floor(nb / bucket_bytes)
         rest = nb - num_full * bucket_bytes
         steps = 2 * (n - 1)

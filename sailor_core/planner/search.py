@@ -1107,12 +1107,30 @@ def run_search(searcher: Searcher, budget: int | None = None, *, by_bound_only: 
         return worst
 
     def rings_s(seg: Segment, nbytes) -> "np.ndarray":
-        """The fastest ring of the segment's replicas (a same-zone one) for each of ``nbytes``."""
+        """The fastest ring the segment's replicas can form, for each of ``nbytes``: a ring in
+        one zone that holds them all, else one over a set of zones that does.  A ring is paced
+        by the slowest of its replicas' pairs (``NetworkModel._ring_s``), so over a set of
+        zones it is at least the ring whose every hop is the set's slowest zone pair."""
         import numpy as np
+        from itertools import combinations, permutations
 
-        return np.min([searcher.network.uniform_allreduce_times_s(nbytes, Endpoint(zone=z, gpu=seg.gpu),
-                                                                  seg.dp_degree)
-                       for z, n in searcher.zone_gpus[seg.gpu].items() if n > 0], axis=0)
+        net, gpu, d = searcher.network, seg.gpu, seg.dp_degree
+        room = {z: n // seg.tp_degree for z, n in searcher.zone_gpus[gpu].items() if n // seg.tp_degree > 0}
+        alone = [z for z, c in room.items() if c >= d]
+        if alone:
+            return np.min([net.uniform_allreduce_times_s(nbytes, Endpoint(zone=z, gpu=gpu), d) for z in alone],
+                          axis=0)
+        best = None
+        for size in range(2, len(room) + 1):
+            for zones in combinations(sorted(room), size):
+                if sum(room[z] for z in zones) < d:
+                    continue
+                ring = np.max([net.uniform_allreduce_times_s(nbytes, Endpoint(zone=a, gpu=gpu), d,
+                                                             to=Endpoint(zone=b, gpu=gpu))
+                               for a, b in permutations(zones, 2)], axis=0)
+                best = ring if best is None else np.minimum(best, ring)
+        assert best is not None, "a segment's replicas fit its GPU type's zones"
+        return best
 
     def ring_row(seg: Segment) -> list[float]:
         """``ring_lb`` of the segment's GPU type, TP and DP degree at every depth 1..max_stages
@@ -1171,7 +1189,7 @@ def run_search(searcher: Searcher, budget: int | None = None, *, by_bound_only: 
         ``sync_curve`` at x: shifting work to one segment to shorten the other's ring or
         pipeline lengthens its own; the bound is the best x (over the _GRID intervals, each
         ring at its interval's low end).  ``floor_s`` already bounds the pipeline (capacity,
-        granular, links, warm-up)."""
+        granular, links, warm-up).  (``sorted_shapes`` also counts where the segments meet.)"""
         s1, s2 = sync_curve(shape[0]), sync_curve(shape[1])
         a1, a2 = work_s / shape[0].capacity, work_s / shape[1].capacity
         k1, k2 = steady_links_s(shape[0]), steady_links_s(shape[1])
@@ -1198,12 +1216,11 @@ def run_search(searcher: Searcher, budget: int | None = None, *, by_bound_only: 
         (f1, _, block), (f2, _, _) = ring_egress_parts(shape[0]), ring_egress_parts(shape[1])
         e1, e2 = f1 * block * space.num_blocks_lb, f2 * block * space.num_blocks_lb
         per_s = usd_per_hr / 3600
-        breaks = ((a2 + k2 - k1) / (a1 + a2), (floor_s - k1) / a1, 1 - (floor_s - k2) / a2)
         best = math.inf
         for k in range(_GRID):
             lo, hi = k / _GRID, (k + 1) / _GRID
             ring = max(s1[k], s2[_GRID - 1 - k])
-            for x in (lo, hi, *breaks):
+            for x in (lo, hi, (a2 + k2 - k1) / (a1 + a2), (floor_s - k1) / a1, 1 - (floor_s - k2) / a2):
                 x = min(max(x, lo), hi)
                 usd = per_s * (max(floor_s, a1 * x + k1, a2 * (1 - x) + k2) + ring) + e1 * x + e2 * (1 - x)
                 if usd < best:
@@ -1307,6 +1324,8 @@ def run_search(searcher: Searcher, budget: int | None = None, *, by_bound_only: 
                 p2p_usd=np.array([seg.egress_usd if cost_matters else 0.0 for seg in segs] + [0.0]),
                 ring_usd=np.array([ring_egress_parts(seg)[0] if cost_matters else 0.0 for seg in segs] + [0.0]),
                 inv=np.array([1.0 / seg.slowness for seg in segs] + [0.0]),
+                slow=np.array([seg.slowness for seg in segs] + [0.0]),
+                nmb=np.array([seg.num_microbatches for seg in segs] + [1]),
                 drain=np.array([(1 - 1 / seg.num_microbatches) ** seg.num_stages for seg in segs] + [1.0]),
                 block=np.array([seg.block_busy_s for seg in segs] + [np.inf]),
                 head=np.array([seg.head_busy_s for seg in segs] + [np.inf]),
@@ -1354,6 +1373,8 @@ def run_search(searcher: Searcher, budget: int | None = None, *, by_bound_only: 
                               for tb in b["tps"]] for ta in a["tps"]])
             n = -(-space.num_mb // np.minimum(a["dp"][ia], b["dp"][ib]))
             cross = np.where(both, (n - 1) * lmat[a["tpi"][ia], b["tpi"][ib]] / 2, 0.0)
+        else:
+            lmat = np.zeros((1, 1))
         link = np.maximum(np.maximum(a["self_link"][ia], b["self_link"][ib]), cross)
         # Links and the pipeline's warm-up (pipe_lb, the better order) bound the pipeline whatever the split.
         pipe = np.maximum(link, space.ref_total_s / _pipe_work_rate_many(
@@ -1400,12 +1421,14 @@ def run_search(searcher: Searcher, budget: int | None = None, *, by_bound_only: 
             a2 = space.ref_total_s / b["cap"][ib[two]]
             k1, k2 = a["steady"][ia[two]], b["steady"][ib[two]]
             floor_s = np.maximum(tau[two], pipe[two])
-            balanced = (a2 + k2 - k1) / (a1 + a2)
-            joint = np.full(len(two), np.inf)
-            for k in range(_GRID):
-                x = np.clip(balanced, k / _GRID, (k + 1) / _GRID)
-                h = np.maximum(np.maximum(floor_s, a1 * x + k1), a2 * (1 - x) + k2)
-                joint = np.minimum(joint, h + np.maximum(c1[:, k], c2[:, _GRID - 1 - k]))
+            # The pipeline as lines in the first segment's share x (where the segments meet too).
+            u, v = _pipeline_lines(floor_s, a1, k1, a2, k2,
+                                   space.ref_total_s * a["slow"][ia[two]], space.ref_total_s * b["slow"][ib[two]],
+                                   a["stages"][ia[two]], b["stages"][ib[two]], a["nmb"][ia[two]],
+                                   b["nmb"][ib[two]], lmat[a["tpi"][ia[two]], b["tpi"][ib[two]]])
+            intervals = [(k / _GRID, (k + 1) / _GRID) for k in range(_GRID)]
+            rings = [np.maximum(c1[:, k], c2[:, _GRID - 1 - k]) for k in range(_GRID)]
+            joint = np.min([h + ring for h, ring in zip(_min_max_lines(u, v, intervals), rings)], axis=0)
             t_lb[two] = np.maximum(t_lb[two], joint)
             if cost_matters:
                 # Rent, time and the rings' egress together (joint_cost_lb), in the egress.
@@ -1413,15 +1436,9 @@ def run_search(searcher: Searcher, budget: int | None = None, *, by_bound_only: 
                 e1 = a["ring_usd"][ia[two]] * per_blocks
                 e2 = b["ring_usd"][ib[two]] * per_blocks
                 per_s = rate[two] / 3600
-                breaks = (balanced, (floor_s - k1) / a1, 1 - (floor_s - k2) / a2)
-                usd = np.full(len(two), np.inf)
-                for k in range(_GRID):
-                    lo, hi = k / _GRID, (k + 1) / _GRID
-                    ring = np.maximum(c1[:, k], c2[:, _GRID - 1 - k])
-                    for x in (lo, hi, *breaks):
-                        x = np.clip(x, lo, hi)
-                        h = np.maximum(np.maximum(floor_s, a1 * x + k1), a2 * (1 - x) + k2)
-                        usd = np.minimum(usd, per_s * (h + ring) + e1 * x + e2 * (1 - x))
+                # Cost lines: rent over each time line plus the rings' egress, e2 + (e1 - e2) x.
+                usd = np.min([h + per_s * ring for h, ring in zip(
+                    _min_max_lines(per_s * u + e2, per_s * v + (e1 - e2), intervals), rings)], axis=0)
                 fixed = a["p2p_usd"][ia[two]] + b["p2p_usd"][ib[two]] + rings_p2p[ia[two], ib[two]]
                 egress = egress.copy()
                 egress[two] = np.maximum(egress[two], usd + fixed - rate[two] * t_lb[two] / 3600)
@@ -1659,6 +1676,51 @@ def _steady_links_s(num_microbatches: int, link_s: float, num_stages: int) -> fl
     if num_stages < 2:
         return 0.0
     return (num_microbatches - 1) * link_s / 2 * (num_stages - 1) / num_stages
+
+
+def _pipeline_lines(floor_s, a1, k1, a2, k2, steps_a, steps_b, num_stages_a, num_stages_b, n_a, n_b, link_s):
+    """Lower bounds on the pipeline time of a two-segment shape as lines in x, the share of the
+    block work segment a does: (intercepts, slopes), numpy arrays with the lines on axis 0.
+
+    ``floor_s``: a bound whatever the split.  Each segment's compute and links' steady state:
+    a1 x + k1 and a2 (1 - x) + k2 (see ``joint_lb``).  Where the segments meet: in 1F1B
+    (``schedule._longest``) each of the two boundary stages' paths holds its step and n - 1
+    times the mean of both steps plus the link l, with its own n, so an iteration T lasts at
+    least ((n_a + 1) t_a + (n_a - 1) t_b + (n_a - 1) l) / 2, and the same from b's side.  No
+    stage is busier than T, so a boundary stage's step is at least its segment's step sum
+    (x steps_a, (1 - x) steps_b: the work times the slowness) minus (stages - 1) T / n.  The
+    least T meeting that is the largest of the linear solutions with each side counted or
+    dropped: each a line in x."""
+    import numpy as np
+
+    ones = np.ones_like(np.asarray(floor_s, dtype=float))
+    us, vs = [floor_s * ones, k1 * ones, (a2 + k2) * ones], [0 * ones, a1 * ones, -a2 * ones]
+    p, q = (num_stages_a - 1) / n_a, (num_stages_b - 1) / n_b
+    for n, ca, cb in ((n_a, (n_a + 1) / 2, (n_a - 1) / 2), (n_b, (n_b - 1) / 2, (n_b + 1) / 2)):
+        fixed = (n - 1) * link_s / 2
+        d_a, d_b, d_ab = 1 + ca * p, 1 + cb * q, 1 + ca * p + cb * q
+        us += [fixed * ones, fixed / d_a, (cb * steps_b + fixed) / d_b, (cb * steps_b + fixed) / d_ab]
+        vs += [0 * ones, ca * steps_a / d_a, -cb * steps_b / d_b, (ca * steps_a - cb * steps_b) / d_ab]
+    return np.array(us, dtype=float), np.array(vs, dtype=float)
+
+
+def _min_max_lines(u, v, intervals):
+    """For each interval [lo, hi]: the least over x in it of the largest line u + v x, per
+    column (numpy; lines on axis 0).  The largest line is convex in x: its least is where the
+    rising and falling lines cross, the largest of any rising/falling pair's crossing, unless
+    that lies outside the interval, where the rising lines at lo or the falling ones at hi
+    decide; flat lines count throughout."""
+    import numpy as np
+
+    rise, fall = v > 0, v < 0
+    with np.errstate(divide="ignore", invalid="ignore"):
+        pair = (v[:, None] * u[None, :] - v[None, :] * u[:, None]) / (v[:, None] - v[None, :])
+    cross = np.where(rise[:, None] & fall[None, :], pair, -np.inf).max(axis=(0, 1))
+    flat = np.where(rise | fall, -np.inf, u).max(axis=0)
+    base = np.maximum(cross, flat)
+    return [np.maximum(base, np.maximum(np.where(rise, u + v * lo, -np.inf).max(axis=0),
+                                        np.where(fall, u + v * hi, -np.inf).max(axis=0)))
+            for lo, hi in intervals]
 
 
 def _pipe_work_rate(order: tuple[Segment, ...]) -> float:

@@ -272,3 +272,49 @@ def test_scored_shape_bounds_hold_for_their_splits(objective, limits, profiles, 
                 assert ev.res.usd_per_iteration >= (rate * t_lb / 3600 + egress) * (1 - 1e-9)
                 assert main.score_of(ev.res) >= table.scores[i] - 1e-9 * abs(table.scores[i])
     assert checked > 50 and mixed > 20
+
+
+def test_pipeline_lines_never_exceed_the_1f1b_schedule():
+    # _pipeline_lines at a pipeline's own work share against the simulator's 1F1B model, on
+    # random two-segment pipelines in either order, with uneven splits inside each segment.
+    from sailor_core.planner.search import _pipeline_lines, _steady_links_s
+    from sailor_core.simulator.schedule import StageTiming, one_f_one_b
+
+    rng = random.Random(19)
+    tight = 0
+    for _ in range(400):
+        segs = []
+        for _ in range(2):
+            s, n = rng.randint(1, 8), rng.choice([1, 2, 4, 8, 16, 64, 256])
+            steps = [rng.uniform(0.001, 0.1) * rng.choice([1.0, 0.2, 3.0]) for _ in range(s)]
+            segs.append((s, n, steps))
+        link = rng.choice([0.0, rng.uniform(0.0, 0.05)])
+        (s_a, n_a, st_a), (s_b, n_b, st_b) = segs
+        work = sum(st_a) + sum(st_b)
+        x = sum(st_a) / work
+        u, v = _pipeline_lines(np.array([0.0]), np.array([work * n_a / s_a]), np.array([_steady_links_s(n_a, link, s_a)]),
+                               np.array([work * n_b / s_b]), np.array([_steady_links_s(n_b, link, s_b)]),
+                               np.array([work]), np.array([work]), np.array([s_a]), np.array([s_b]),
+                               np.array([n_a]), np.array([n_b]), np.array([link]))
+        bound = float((u + v * x).max())
+        for first, second in ((segs[0], segs[1]), (segs[1], segs[0])):
+            stages = [StageTiming(t, n * t, (n - 1) * t, t / 3, n) for s, n, steps in (first, second) for t in steps]
+            links = [link + rng.choice([0.0, rng.uniform(0.0, 0.02)]) for _ in stages[1:]]
+            total = one_f_one_b(stages, links, [1] * len(links)).total_s
+            assert bound <= total * (1 + 1e-9)
+            tight += bound >= 0.8 * total
+    assert tight > 25  # and it is not a trivially low bound
+
+
+def test_least_of_the_largest_line_matches_a_fine_grid():
+    from sailor_core.planner.search import _min_max_lines
+
+    rng = np.random.default_rng(23)
+    u, v = rng.uniform(-1, 1, (7, 200)), rng.uniform(-3, 3, (7, 200))
+    v[rng.uniform(size=v.shape) < 0.15] = 0.0  # flat lines too
+    intervals = [(0.0, 0.25), (0.25, 0.6), (0.6, 1.0)]
+    for (lo, hi), got in zip(intervals, _min_max_lines(u, v, intervals)):
+        xs = np.linspace(lo, hi, 4001)
+        grid = (u[:, :, None] + v[:, :, None] * xs).max(axis=0).min(axis=1)
+        assert np.all(got <= grid + 1e-12)  # a bound on the least
+        assert np.all(got >= grid - 1e-3)  # and the least itself, to the grid's step
