@@ -40,26 +40,7 @@ def plan_job(request: PlanRequest, *, profiles=None, network=None) -> PlanResult
         network = default_network()
     t0 = time.perf_counter()
     searcher = Searcher(request, profiles=profiles, network=network)
-    if len(searcher.gpu_types) > 1:
-        # Every plan on one GPU type is also a plan when more types are available, but the
-        # estimates and the patience stop of the larger search can miss it: search each type
-        # on its own first (a much smaller space); its best plans then prune the larger search.
-        # The most promising type goes first, and each later search starts from the plans
-        # found so far: a type that cannot beat them is done in a few bounds.
-        for gpu in _by_promise(searcher):
-            if not request.collect_pareto and searcher.ideal_score([gpu]) >= searcher.threshold():
-                # Even perfect scaling on it alone cannot enter the top N found so far.
-                searcher.settled_types.add(gpu)
-                continue
-            only = {k: n for k, n in request.availability.items() if k[0] == gpu}
-            sub = _sub_search(searcher, seeded=True, availability=only)
-            _adopt(searcher, sub)
-            # Its simulated-over-bounded times by depth start the mixed search's queue estimate.
-            searcher.learn_excess_from(sub)
-            if sub.stats.exhausted and not request.collect_pareto:
-                # Proven: no other one-type shape of it beats the N-th plan the sub-search had,
-                # which is at least as good as this search's N-th now.
-                searcher.settled_types.add(gpu)
+    _search_each_type(searcher)
     _search(searcher)
     if not any(e.feasible for e in searcher.top) and not searcher.stats.exhausted and (
             _has_caps(request) or request.min_throughput_samples_per_s is not None):
@@ -117,6 +98,31 @@ def plan_job(request: PlanRequest, *, profiles=None, network=None) -> PlanResult
         objective=request.objective.value,
         num_disagreements=searcher.stats.num_disagreements,
     )
+
+
+def _search_each_type(searcher: Searcher) -> None:
+    """Every plan on one GPU type is also a plan when more types are available, but the
+    estimates and the patience stop of the larger search can miss it: search each type on
+    its own first (a much smaller space); its best plans then prune the larger search.  The
+    most promising type goes first, and each later search starts from the plans found so far:
+    a type that cannot beat them is done in a few bounds."""
+    request = searcher.req
+    if len(searcher.gpu_types) < 2:
+        return
+    for gpu in _by_promise(searcher):
+        if not request.collect_pareto and searcher.ideal_score([gpu]) >= searcher.threshold():
+            # Even perfect scaling on it alone cannot enter the top N found so far.
+            searcher.settled_types.add(gpu)
+            continue
+        only = {k: n for k, n in request.availability.items() if k[0] == gpu}
+        sub = _sub_search(searcher, seeded=True, availability=only)
+        _adopt(searcher, sub)
+        # Its simulated-over-bounded times by depth start the mixed search's queue estimate.
+        searcher.learn_excess_from(sub)
+        if sub.stats.exhausted and not request.collect_pareto:
+            # Proven: no other one-type shape of it beats the N-th plan the sub-search had,
+            # which is at least as good as this search's N-th now.
+            searcher.settled_types.add(gpu)
 
 
 def _search(searcher: Searcher) -> None:
