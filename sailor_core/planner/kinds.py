@@ -1,8 +1,8 @@
 """Replica kinds: one (GPU type, TP degree) at one micro-batch size, with O(1) stage sums.
 
 Everything here reads the simulator's own tables (``simulator.tables.layer_table``)
-and memory model (``simulator.memory.stage_memory``), so a stage the planner
-thinks fits is one ``simulate`` agrees fits.
+and memory model (``simulator.memory``: ``stage_peak_bytes`` is ``stage_memory``'s peak),
+so a stage the planner thinks fits is one ``simulate`` agrees fits.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from sailor_core.catalog.models import get_model
 from sailor_core.errors import ProfileError
 from sailor_core.profiles.types import ModelProfile
 from sailor_core.regimes import TrainingRegime, get_regime
-from sailor_core.simulator.memory import stage_memory
-from sailor_core.simulator.tables import layer_table
+from sailor_core.simulator.memory import head_loss_bytes, stage_peak_bytes
+from sailor_core.simulator.tables import LayerTable, layer_table
 
 
 @dataclass(slots=True, eq=False)
@@ -31,6 +31,8 @@ class Kind:
     comp_cum: list[float]
     num_layers: int
     _max_end: dict[tuple[int, int], int] = field(default_factory=dict)
+    _table: LayerTable | None = None  # the profile's, set with _loss_bytes on first use
+    _loss_bytes: int = -1
 
     def time_s(self, start: int, end: int) -> float:
         return self.comp_cum[end] - self.comp_cum[start]
@@ -45,7 +47,15 @@ class Kind:
         return self.comp_cum[-1]
 
     def fits(self, start: int, end: int, num_inflight: int) -> bool:
-        return stage_memory(self.profile, start, end, num_inflight, self.regime, self.capacity_bytes).fits
+        return self.peak_bytes(start, end, num_inflight) <= self.capacity_bytes
+
+    def peak_bytes(self, start: int, end: int, num_inflight: int, regime: TrainingRegime | None = None) -> int:
+        """``stage_memory(...).peak_bytes`` of one GPU holding layers [start, end) with K in flight,
+        under ``regime`` (default: the kind's), without building the breakdown."""
+        if self._loss_bytes < 0:
+            self._table = layer_table(self.profile)
+            self._loss_bytes = head_loss_bytes(self.profile)
+        return stage_peak_bytes(self._table, start, end, num_inflight, regime or self.regime, self._loss_bytes)
 
     def max_end(self, start: int, num_inflight: int) -> int:
         """Largest ``end`` such that layers [start, end) fit with K in flight; ``start`` if none does.
@@ -56,10 +66,11 @@ class Kind:
         found = self._max_end.get(key)
         if found is not None:
             return found
+        peak, capacity = self.peak_bytes, self.capacity_bytes
         lo, hi = start, self.num_layers  # invariant: lo fits (or is start), answer in [lo, hi]
         while lo < hi:
             mid = (lo + hi + 1) // 2
-            if self.fits(start, mid, num_inflight):
+            if peak(start, mid, num_inflight) <= capacity:
                 lo = mid
             else:
                 hi = mid - 1

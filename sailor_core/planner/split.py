@@ -18,6 +18,8 @@ from dataclasses import dataclass
 
 from sailor_core.planner.kinds import Kind
 
+_INF = float("inf")
+
 
 @dataclass(frozen=True, slots=True)
 class StageSlot:
@@ -30,16 +32,22 @@ def greedy_split(slots: list[StageSlot], num_layers: int, tau: float) -> list[in
     """Stage end indices for bound ``tau`` (``inf`` = memory only), or None if infeasible."""
     ends: list[int] = []
     start = 0
-    num_stages = len(slots)
-    for i, slot in enumerate(slots):
+    limit = num_layers - len(slots)  # stage i leaves one layer for each later stage
+    bounded = tau != _INF
+    for slot in slots:
         kind = slot.kind
-        limit = num_layers - (num_stages - i - 1)
-        if tau == float("inf"):
-            end = limit
-        else:
-            end = bisect_right(kind.comp_cum, kind.comp_cum[start] + tau / slot.num_microbatches) - 1
-            end = min(end, limit)
-        end = min(end, kind.max_end(start, slot.num_inflight))
+        limit += 1
+        end = limit
+        if bounded:
+            cum = kind.comp_cum
+            within = bisect_right(cum, cum[start] + tau / slot.num_microbatches) - 1
+            if within < end:
+                end = within
+        fit = kind._max_end.get((start, slot.num_inflight))
+        if fit is None:
+            fit = kind.max_end(start, slot.num_inflight)
+        if fit < end:
+            end = fit
         if end <= start:
             return None
         ends.append(end)
@@ -50,7 +58,10 @@ def greedy_split(slots: list[StageSlot], num_layers: int, tau: float) -> list[in
 def busiest_s(slots: list[StageSlot], ends: list[int]) -> float:
     start, worst = 0, 0.0
     for slot, end in zip(slots, ends):
-        worst = max(worst, slot.num_microbatches * slot.kind.time_s(start, end))
+        cum = slot.kind.comp_cum
+        t = slot.num_microbatches * (cum[end] - cum[start])  # Kind.time_s
+        if t > worst:
+            worst = t
         start = end
     return worst
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from sailor_core.catalog.models import get_model
 from sailor_core.profiles.types import ModelProfile
 from sailor_core.regimes import TrainingRegime
-from sailor_core.simulator.tables import layer_table
+from sailor_core.simulator.tables import LayerTable, layer_table
 
 # fp32 gradient of the log-probabilities + fp32 gradient of the logits.
 LOSS_GRAD_BYTES_PER_LOGIT = 2 * 4
@@ -81,6 +81,40 @@ def loss_working_bytes(model: str, tp_degree: int, micro_batch_size: int, seq_le
     return LOSS_GRAD_BYTES_PER_LOGIT * micro_batch_size * seq_len * vocab_rows
 
 
+def head_loss_bytes(profile: ModelProfile) -> int:
+    """Loss working memory of the GPU of ``profile``'s (GPU, TP) that holds the LM head."""
+    return loss_working_bytes(profile.model, profile.tp_degree, profile.micro_batch_size, profile.seq_len)
+
+
+def stage_memory_parts(
+    table: LayerTable, layer_start: int, layer_end: int, num_inflight: int, regime: TrainingRegime,
+    loss_bytes: int,
+) -> tuple[int, int, int, int, int]:
+    """(params, state, activation, loss working, overhead) bytes of one GPU holding layers
+    [start, end) with K in flight; ``loss_bytes`` is ``head_loss_bytes`` of the profile (counted
+    only when the stage holds the head).  The memory model's arithmetic, in one place: the
+    breakdown (``stage_memory``) and the planner's bare peak (``stage_peak_bytes``) both use it."""
+    num_params = table.params_cum[layer_end] - table.params_cum[layer_start]
+    return (
+        num_params,
+        num_params * regime.state_bytes_per_param,
+        num_inflight * (table.act_cum[layer_end] - table.act_cum[layer_start]),
+        loss_bytes if layer_end == len(table.output_bytes) else 0,
+        regime.constant_overhead_bytes,
+    )
+
+
+def stage_peak_bytes(
+    table: LayerTable, layer_start: int, layer_end: int, num_inflight: int, regime: TrainingRegime,
+    loss_bytes: int,
+) -> int:
+    """``stage_memory(...).peak_bytes`` without building the breakdown (the planner's searches
+    for the largest stage that fits ask for many)."""
+    _, state, act, loss, overhead = stage_memory_parts(table, layer_start, layer_end, num_inflight, regime,
+                                                       loss_bytes)
+    return state + act + loss + overhead
+
+
 def stage_memory(
     profile: ModelProfile,
     layer_start: int,
@@ -91,16 +125,14 @@ def stage_memory(
 ) -> MemoryBreakdown:
     """Memory of one GPU of ``profile``'s (GPU, TP) holding layers [start, end) with K in flight."""
     table = layer_table(profile)
-    num_params = table.params(layer_start, layer_end)
     holds_head = layer_end == table.num_layers
+    num_params, state, act, loss, overhead = stage_memory_parts(
+        table, layer_start, layer_end, num_inflight, regime, head_loss_bytes(profile) if holds_head else 0)
     return MemoryBreakdown(
-        state_bytes=num_params * regime.state_bytes_per_param,
-        activation_bytes=num_inflight * table.activation_bytes(layer_start, layer_end),
-        loss_working_bytes=(
-            loss_working_bytes(profile.model, profile.tp_degree, profile.micro_batch_size, profile.seq_len)
-            if holds_head else 0
-        ),
-        overhead_bytes=regime.constant_overhead_bytes,
+        state_bytes=state,
+        activation_bytes=act,
+        loss_working_bytes=loss,
+        overhead_bytes=overhead,
         num_params=num_params,
         num_inflight=num_inflight,
         capacity_bytes=capacity_bytes,

@@ -79,50 +79,90 @@ def stage_timing(
     step = busy = repeat = 0.0
     straggler = 0
     most = 0
-    for r, (t, n) in enumerate(zip(replica_step_s, replica_counts)):
+    r = 0
+    for t, n in zip(replica_step_s, replica_counts):
         if t > step:
             step, straggler = t, r
-        busy = n * t if n * t > busy else busy
-        rep = (n - 1) * t if n > 0 else 0.0
-        repeat = rep if rep > repeat else repeat
-        most = n if n > most else most
+        work = n * t
+        if work > busy:
+            busy = work
+        if n > 0:
+            rep = (n - 1) * t
+            if rep > repeat:
+                repeat = rep
+        if n > most:
+            most = n
+        r += 1
     fwd = replica_fwd_s[straggler] if replica_fwd_s is not None else step * DEFAULT_FORWARD_SHARE
-    return StageTiming(step, busy, repeat, fwd, max(1, most))
+    return StageTiming(step, busy, repeat, fwd, most if most > 1 else 1)
 
 
 def _longest(stages: Sequence[StageTiming], link_s: Sequence[float], link_counts: Sequence[int],
              ) -> tuple[float, str]:
+    best, k, at_link, _ = _longest_both(stages, link_s, link_counts)
+    return best, (f"link {k}->{k + 1}" if at_link else f"stage {k}")
+
+
+def _longest_both(stages: Sequence[StageTiming], link_s: Sequence[float], link_counts: Sequence[int],
+                  ) -> tuple[float, int, bool, float]:
+    """(the largest candidate time, its stage or link index, whether it is a link, the largest
+    candidate time were every link instant).  The second walk is the first with each ``l`` = 0,
+    its sums written without those zeros (adding 0.0 changes no float)."""
     p = len(stages)
     steps = [s.step_s for s in stages]
     total_steps = sum(steps)
     total_links = sum(link_s)
-    best, where = -1.0, "stage 0"
-    before = 0.0  # sum_{j<k} (t_j + l_j)
+    best, where, at_link = -1.0, 0, False
+    best0 = -1.0
+    before = before0 = 0.0  # sum_{j<k} (t_j + l_j)
     after_steps = total_steps  # sum_{j>=k} t_j, then minus t_k inside the loop
     after_links = total_links  # sum_{j>=k} l_j
+    last = p - 1
+    pair = pair0 = 0.0
     for k, s in enumerate(stages):
-        after_steps -= s.step_s
-        pair = 0.0
-        if k + 1 < p:
-            pair = (s.step_s + steps[k + 1] + link_s[k]) / 2
+        step = steps[k]
+        after_steps -= step
         if k > 0:
-            left = (steps[k - 1] + s.step_s + link_s[k - 1]) / 2
-            pair = left if left > pair else pair
+            # this stage's pair with the previous one: that stage's pair with its next
+            left, left0 = pair, pair0
+        if k < last:
+            pair = (step + steps[k + 1] + link_s[k]) / 2
+            pair0 = (step + steps[k + 1]) / 2
+        else:
+            pair = pair0 = 0.0
+        if k > 0:
+            mine, mine0 = (left if left > pair else pair), (left0 if left0 > pair0 else pair0)
+        else:
+            mine, mine0 = pair, pair0
         n = s.num_microbatches
-        steady = (n - 1) * pair if (n - 1) * pair > s.repeat_s else s.repeat_s
-        warmup = min(p - k - 1, n - 1)
-        exposed = after_steps + after_links - warmup * s.fwd_s
-        t_k = before + s.step_s + steady + (exposed if exposed > 0 else 0.0)
+        repeat = s.repeat_s
+        steady = (n - 1) * mine
+        if not steady > repeat:
+            steady = repeat
+        steady0 = (n - 1) * mine0
+        if not steady0 > repeat:
+            steady0 = repeat
+        warmup_s = (last - k if last - k < n - 1 else n - 1) * s.fwd_s
+        exposed = after_steps + after_links - warmup_s
+        t_k = before + step + steady + (exposed if exposed > 0 else 0.0)
         if t_k > best:
-            best, where = t_k, f"stage {k}"
-        if k + 1 < p:
-            before += s.step_s + link_s[k]
+            best, where = t_k, k
+        exposed = after_steps - warmup_s
+        t_k = before0 + step + steady0 + (exposed if exposed > 0 else 0.0)
+        if t_k > best0:
+            best0 = t_k
+        if k < last:
+            before += step + link_s[k]
+            before0 += step
             after_links -= link_s[k]
+    base = total_steps + total_links
     for i, (l, n) in enumerate(zip(link_s, link_counts)):
-        t_link = total_steps + total_links + (n - 1) * l / 2
+        t_link = base + (n - 1) * l / 2
         if t_link > best:
-            best, where = t_link, f"link {i}->{i + 1}"
-    return best, where
+            best, where, at_link = t_link, i, True
+        if total_steps > best0:
+            best0 = total_steps
+    return best, where, at_link, best0
 
 
 def one_f_one_b(
@@ -131,10 +171,12 @@ def one_f_one_b(
     link_counts: Sequence[int],
 ) -> PipelineTime:
     """The 1F1B pipeline time of stage resources and per-micro-batch link times (see module doc)."""
-    total, bottleneck = _longest(stages, link_s, link_counts)
-    without_links, _ = _longest(stages, [0.0] * len(link_s), link_counts) if any(link_s) else (total, "")
-    busiest = max(range(len(stages)), key=lambda k: stages[k].busy_s)
-    compute = stages[busiest].busy_s
+    total, k, at_link, without_links = _longest_both(stages, link_s, link_counts)
+    bottleneck = f"link {k}->{k + 1}" if at_link else f"stage {k}"
+    busiest, compute = 0, stages[0].busy_s
+    for i in range(1, len(stages)):
+        if stages[i].busy_s > compute:
+            busiest, compute = i, stages[i].busy_s
     return PipelineTime(
         compute_s=compute,
         bubble_s=max(0.0, without_links - compute),

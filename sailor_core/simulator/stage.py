@@ -53,11 +53,11 @@ def endpoint(zone: str, gpu: str, tp_degree: int) -> Endpoint:
 def p2p_pairs(num_microbatches: int, src_dp: int, dst_dp: int) -> dict[tuple[int, int], int]:
     """Replica pairs (src, dst) micro-batches travel between and how many micro-batches each carries."""
     period = src_dp * dst_dp // gcd(src_dp, dst_dp)
-    pairs: dict[tuple[int, int], int] = {}
-    for m in range(min(period, num_microbatches)):
-        key = (m % src_dp, m % dst_dp)
-        pairs[key] = pairs.get(key, 0) + (num_microbatches - m + period - 1) // period
-    return pairs
+    # m and m + period use the same pair, and within one period every m has a pair of its own
+    # (m mod lcm is fixed by m mod src_dp and m mod dst_dp): micro-batch m's pair carries
+    # ceil((M - m) / period) of them.
+    return {(m % src_dp, m % dst_dp): (num_microbatches - m + period - 1) // period
+            for m in range(min(period, num_microbatches))}
 
 
 def boundary_transfer_s(
@@ -85,7 +85,18 @@ def stage_dp_sync_s(network: NetworkModel, sync_bytes: float, zones_gpus: Sequen
     """Bucketed ring all-reduce of ``sync_bytes`` over the replicas (one GPU per side, as Sailor)."""
     if len(zones_gpus) <= 1:
         return 0.0
-    return network.allreduce_time_s(sync_bytes, [Endpoint(zone=z, gpu=g) for z, g in zones_gpus])
+    # One Endpoint per distinct (zone, GPU), repeated: the network compares and hashes the ring's
+    # members, which is quick for the same object (it answers exactly as for equal ones).
+    distinct: dict[tuple[str, str], Endpoint] = {}
+    endpoints = []
+    for zg in zones_gpus:
+        e = distinct.get(zg)
+        if e is None:
+            e = distinct[zg] = Endpoint(zone=zg[0], gpu=zg[1])
+        endpoints.append(e)
+    if len(distinct) == 1:  # what allreduce_time_s does for a ring at one endpoint, without its scan
+        return network.uniform_allreduce_time_s(sync_bytes, endpoints[0], len(endpoints))
+    return network.allreduce_time_s(sync_bytes, endpoints)
 
 
 def ring_order(zones: Sequence[str]) -> list[int]:
