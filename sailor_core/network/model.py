@@ -239,13 +239,23 @@ class NetworkModel:
         nb = np.asarray(num_bytes, dtype=float)
         if n <= 1:
             return np.zeros(nb.shape)
+        # Planning calls in a row ask for the same rings (same model, so the same sizes).
+        key = ("times", endpoint, to, n, bucket_bytes, nb.shape, nb.tobytes())
+        hit = self._rings.get(key)
+        if hit is not None:
+            return hit
         link = self.link(endpoint, to if to is not None else endpoint)
         num_full = np.floor(nb / bucket_bytes)
         rest = nb - num_full * bucket_bytes
         steps = 2 * (n - 1)
         full = steps * float(link.times_s(bucket_bytes / n))
         part = steps * link.times_s(rest / n)
-        return np.where(nb > 0, num_full * full + part, 0.0)
+        out = np.where(nb > 0, num_full * full + part, 0.0)
+        out.flags.writeable = False
+        if len(self._rings) > 65536:
+            self._rings.clear()
+        self._rings[key] = out
+        return out
 
     def _ring_s(self, num_bytes: float, endpoints: Sequence[Endpoint], bucket_bytes: float) -> float:
         # One ring's slowest link per full bucket is the same whatever the gradient's size (the

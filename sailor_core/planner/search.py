@@ -179,7 +179,6 @@ class Searcher:
         self.placed_costs_memo: dict = {}
         self.bound_memos: dict[str, dict] = {}  # run_search's per-segment bound parts, kept across passes
         self._boundary_bytes: dict = {}
-        self._gradient_bytes: dict = {}
         self._round_trip: dict = {}
         self._segments: dict = {}
         self.segment_egress_memo: dict = {}
@@ -265,7 +264,9 @@ class Searcher:
         for them, TP shards counted whole (shard x degree), the least over kinds and regime
         variants layer by layer, so that the bytes of any split's stages add up to at least the
         first."""
-        hit = self._gradient_bytes.get(mbs)
+        # Kinds and variants only: the same for every search of these GPU types in the process.
+        key = ("gradient bytes", mbs, tuple(self.gpu_types), self.req.max_tp_degree)
+        hit = self.kinds.extras.get(key)
         if hit is None:
             L = self.num_layers
             per_layer = [math.inf] * L
@@ -278,7 +279,7 @@ class Searcher:
                         for i in range(L):
                             per_layer[i] = min(per_layer[i], scale * table.params(i, i + 1))
             blocks = per_layer[1:L - 1] if L >= 3 else per_layer
-            hit = self._gradient_bytes[mbs] = (sum(per_layer), min(blocks))
+            hit = self.kinds.extras[key] = (sum(per_layer), min(blocks))
         return hit
 
     def ideal_score(self, gpus: list[str]) -> float:
@@ -288,16 +289,21 @@ class Searcher:
         in GPU-seconds, so an iteration on N GPUs lasts at least the least GPU-seconds of the
         batch over N, and costs at least those GPU-seconds at the cheapest price."""
         L, gbs = self.num_layers, self.req.global_batch_size
-        gpu_s = math.inf
-        for mbs in self.micro_batch_sizes():
-            per_layer = [math.inf] * L
-            for g in gpus:
-                for tp in valid_tp_degrees(self.req.model, g, self.req.max_tp_degree):
-                    kind = self.kinds.get(g, tp, mbs)
-                    for v in self.variants(kind) if kind is not None else ():
-                        for i in range(L):
-                            per_layer[i] = min(per_layer[i], tp * v.time_s(i, i + 1))
-            gpu_s = min(gpu_s, gbs // mbs * sum(per_layer))
+        key = ("ideal GPU-seconds", tuple(gpus), tuple(self.gpu_types), tuple(self.micro_batch_sizes()), gbs,
+               self.req.max_tp_degree)
+        gpu_s = self.kinds.extras.get(key)
+        if gpu_s is None:
+            gpu_s = math.inf
+            for mbs in self.micro_batch_sizes():
+                per_layer = [math.inf] * L
+                for g in gpus:
+                    for tp in valid_tp_degrees(self.req.model, g, self.req.max_tp_degree):
+                        kind = self.kinds.get(g, tp, mbs)
+                        for v in self.variants(kind) if kind is not None else ():
+                            for i in range(L):
+                                per_layer[i] = min(per_layer[i], tp * v.time_s(i, i + 1))
+                gpu_s = min(gpu_s, gbs // mbs * sum(per_layer))
+            self.kinds.extras[key] = gpu_s
         pools = [(g, z, n) for g in gpus for z, n in self.zone_gpus.get(g, {}).items() if n > 0]
         if gpu_s == math.inf or not pools:
             return math.inf
@@ -1408,7 +1414,7 @@ def run_search(searcher: Searcher, budget: int | None = None, *, by_bound_only: 
         first = np.argsort(score_of(t_lb, rate, egress), kind="stable")[:20000]
         gran = _granular_many(a["stages"][ia[first]], a["block"][ia[first]], a["head"][ia[first]],
                               b["stages"][ib[first]], b["block"][ib[first]], b["head"][ib[first]],
-                              searcher.num_blocks)
+                              searcher.num_blocks, iterations=16)
         tau = tau.copy()
         tau[first] = np.maximum(tau[first], gran)
         t_lb = np.maximum(tau, pipe) + sync
@@ -1428,7 +1434,8 @@ def run_search(searcher: Searcher, budget: int | None = None, *, by_bound_only: 
                                    b["nmb"][ib[two]], lmat[a["tpi"][ia[two]], b["tpi"][ib[two]]])
             intervals = [(k / _GRID, (k + 1) / _GRID) for k in range(_GRID)]
             rings = [np.maximum(c1[:, k], c2[:, _GRID - 1 - k]) for k in range(_GRID)]
-            joint = np.min([h + ring for h, ring in zip(_min_max_lines(u, v, intervals), rings)], axis=0)
+            joint = np.min([h + ring for h, ring in zip(
+                _min_max_lines(u, v, intervals, PIPELINE_RISING, PIPELINE_FALLING), rings)], axis=0)
             t_lb[two] = np.maximum(t_lb[two], joint)
             if cost_matters:
                 # Rent, time and the rings' egress together (joint_cost_lb), in the egress.
@@ -1690,7 +1697,8 @@ def _pipeline_lines(floor_s, a1, k1, a2, k2, steps_a, steps_b, num_stages_a, num
     stage is busier than T, so a boundary stage's step is at least its segment's step sum
     (x steps_a, (1 - x) steps_b: the work times the slowness) minus (stages - 1) T / n.  The
     least T meeting that is the largest of the linear solutions with each side counted or
-    dropped: each a line in x."""
+    dropped: each a line in x.  ``PIPELINE_RISING`` / ``PIPELINE_FALLING`` name the lines
+    that may rise / fall."""
     import numpy as np
 
     ones = np.ones_like(np.asarray(floor_s, dtype=float))
@@ -1704,18 +1712,27 @@ def _pipeline_lines(floor_s, a1, k1, a2, k2, steps_a, steps_b, num_stages_a, num
     return np.array(us, dtype=float), np.array(vs, dtype=float)
 
 
-def _min_max_lines(u, v, intervals):
+# _pipeline_lines' order: floor, a's compute, b's compute, then per boundary side: the link
+# alone (flat), a's step (rises), b's step (falls), both (either).
+PIPELINE_RISING, PIPELINE_FALLING = (1, 4, 6, 8, 10), (2, 5, 6, 9, 10)
+
+
+def _min_max_lines(u, v, intervals, rising=None, falling=None):
     """For each interval [lo, hi]: the least over x in it of the largest line u + v x, per
     column (numpy; lines on axis 0).  The largest line is convex in x: its least is where the
     rising and falling lines cross, the largest of any rising/falling pair's crossing, unless
     that lies outside the interval, where the rising lines at lo or the falling ones at hi
-    decide; flat lines count throughout."""
+    decide; flat lines count throughout.  ``rising`` / ``falling``: the only lines that may
+    rise / fall (indices; default all), to pair fewer."""
     import numpy as np
 
     rise, fall = v > 0, v < 0
+    r = np.arange(len(u)) if rising is None else np.asarray(rising)
+    f = np.arange(len(u)) if falling is None else np.asarray(falling)
+    ur, vr, uf, vf = u[r][:, None], v[r][:, None], u[f][None, :], v[f][None, :]
     with np.errstate(divide="ignore", invalid="ignore"):
-        pair = (v[:, None] * u[None, :] - v[None, :] * u[:, None]) / (v[:, None] - v[None, :])
-    cross = np.where(rise[:, None] & fall[None, :], pair, -np.inf).max(axis=(0, 1))
+        pair = (vr * uf - vf * ur) / (vr - vf)
+    cross = np.where(rise[r][:, None] & fall[f][None, :], pair, -np.inf).max(axis=(0, 1))
     flat = np.where(rise | fall, -np.inf, u).max(axis=0)
     base = np.maximum(cross, flat)
     return [np.maximum(base, np.maximum(np.where(rise, u + v * lo, -np.inf).max(axis=0),
