@@ -7,6 +7,14 @@ network answers, calling exactly the functions ``simulate`` sums
 (``simulator.stage``, ``simulator.memory``, ``simulator.schedule``) in the same
 way, so the figures agree to rounding; ``tests/planner`` checks that on random
 plans, and ``plan_job`` re-runs ``simulate`` on every plan it returns.
+
+Neighbouring candidates share most of their stages, so what a stage needs of
+its groups and its next stage's groups alone is memoised (``_Costs``,
+``_Context``), and so
+is each stage's part of the result, per (layers, groups, next groups).  Sums
+over a plan add the same terms in the same order as a plain walk over its
+groups, ring hops and replica pairs, so every figure is the same to the last
+bit as without the memos (``tests/planner/test_leaf_replay.py``).
 """
 
 from __future__ import annotations
@@ -22,6 +30,31 @@ from sailor_core.simulator.memory import inflight_microbatches
 from sailor_core.simulator.schedule import one_f_one_b, stage_timing
 
 Group = tuple[Kind, str, int]  # (kind, zone, replicas), in replica order
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Costs:
+    """What a stage's rent and egress need of its groups and its next stage's, whatever its layers."""
+
+    rent_usd_per_hr: tuple[float, ...]  # per group
+    dp_degree: int
+    thinnest: Kind  # the smallest TP degree: its GPU holds the most gradient
+    hop_usd_per_byte: tuple[float, ...]  # per ring hop that leaves a zone
+    crossing: tuple[tuple[int, float], ...]  # (micro-batches, USD per byte both ways) per pair leaving a zone
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Context:
+    """What a stage's times and memory need of its groups and its next stage's, whatever its layers."""
+
+    costs: _Costs
+    kinds_counts: tuple[tuple[Kind, int], ...]  # each group's kind, micro-batches of its first replica
+    counts: list[int]
+    most_microbatches: int  # the most a replica gets, at least 1
+    ring_key: tuple  # (gpu, zone, replicas) per group: names the ring for the sync memo
+    ring: list[tuple[str, str]]  # (zone, gpu) per replica
+    link_ends: tuple[tuple, ...]  # distinct (gpu, tp, zone, gpu, tp, zone) the next boundary uses
+    link_microbatches: int  # micro-batches the busiest NIC on it carries
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,15 +97,15 @@ class FastSim:
         # Keyed by id(profile): the profiles live as long as the kinds that hold them (the
         # KindCache this instance is kept with).
         self._stage_parts: dict = {}
-        # Keyed by groups of kinds (the keys hold them): see _shape and _boundary.
-        self._shapes: dict = {}
-        self._boundaries: dict = {}
+        # Keyed by groups of kinds (the keys hold them).
+        self._costs: dict = {}
+        self._contexts: dict = {}
         self._stages: dict = {}
 
     def trim(self, max_entries: int = 1 << 17) -> None:
         """Forget memoised figures past a size (the instance outlives one search: see Searcher)."""
-        for memo in (self._sync, self._p2p, self._pairs, self._stage_parts,
-                     self._shapes, self._boundaries, self._stages):
+        for memo in (self._sync, self._p2p, self._pairs, self._stage_parts, self._costs, self._contexts,
+                     self._stages):
             if len(memo) > max_entries:
                 memo.clear()
 
@@ -87,81 +120,11 @@ class FastSim:
             p = self._price[key] = gpu_price_usd_per_hr(gpu, zone, spot=self.spot)
         return p
 
-    def _sync_s(self, sync_bytes: float, ring_key: tuple, ring: list[tuple[str, str]]) -> float:
-        """``stage_dp_sync_s`` over ``ring`` ((zone, GPU) per replica; ``ring_key`` names it)."""
-        key = (sync_bytes, ring_key)
+    def _sync_s(self, sync_bytes: float, ctx: _Context) -> float:
+        key = (sync_bytes, ctx.ring_key)
         hit = self._sync.get(key)
         if hit is None:
-            hit = self._sync[key] = st.stage_dp_sync_s(self.network, sync_bytes, ring)
-        return hit
-
-    def _group_pairs(self, num_mb: int, src: tuple[Group, ...], dst: tuple[Group, ...]) -> dict:
-        """{(src group, dst group): micro-batches carried} under the m mod D routing."""
-        if len(src) == 1 and len(dst) == 1:
-            return {(0, 0): num_mb}
-        key = (num_mb, tuple(g[2] for g in src), tuple(g[2] for g in dst))
-        hit = self._pairs.get(key)
-        if hit is None:
-            src_of = [gi for gi, g in enumerate(src) for _ in range(g[2])]
-            dst_of = [gi for gi, g in enumerate(dst) for _ in range(g[2])]
-            hit = {}
-            for (a, b), carried in st.p2p_pairs(num_mb, len(src_of), len(dst_of)).items():
-                k = (src_of[a], dst_of[b])
-                hit[k] = hit.get(k, 0) + carried
-            self._pairs[key] = hit
-        return hit
-
-    def _shape(self, groups: tuple[Group, ...], num_mb: int) -> tuple:
-        """What a stage's figures need of its groups alone, whatever its layers: (dp degree,
-        ((kind, micro-batches of the group's first replica), ...), the most micro-batches a
-        replica gets (at least 1), the thinnest kind, the ring's key for ``_sync``, its (zone,
-        GPU) per replica, USD per hour of each group, USD per byte of each ring hop that leaves
-        a zone)."""
-        d = sum(g[2] for g in groups)
-        counts = []
-        first_index = 0
-        for _, _, n in groups:
-            # Under m mod D a group's first (lowest-index) replica gets the most micro-batches,
-            # so it alone decides the group's busy and steady-state time and its memory.
-            counts.append(max(0, -(-(num_mb - first_index) // d)))
-            first_index += n
-        thinnest = min((g[0] for g in groups), key=lambda k: k.tp_degree)
-        rent = tuple(n * kind.tp_degree * self.price(kind.gpu, zone) for kind, zone, n in groups)
-        hop_usd_per_byte: tuple[float, ...] = ()
-        if d > 1:
-            zones = sorted({z for _, z, _ in groups})
-            if len(zones) > 1:
-                hop_usd_per_byte = tuple(self.network.egress_usd_per_byte(za, zb)
-                                         for za, zb in zip(zones, zones[1:] + zones[:1]))
-        hit = self._shapes[(groups, num_mb)] = (
-            d, tuple((g[0], c) for g, c in zip(groups, counts)), max(1, *counts), thinnest,
-            tuple((k.gpu, z, n) for k, z, n in groups), [(z, k.gpu) for k, z, n in groups for _ in range(n)],
-            rent, hop_usd_per_byte,
-        )
-        return hit
-
-    def _boundary(self, src: tuple[Group, ...], dst: tuple[Group, ...], num_mb: int) -> tuple:
-        """What a stage boundary's figures need of the groups on its two sides alone: (the
-        distinct (src, dst) endpoints of the replica pairs micro-batches travel between,
-        micro-batches the busiest NIC carries, (micro-batches, USD per byte both ways) of each
-        pair that leaves a zone, in ``_group_pairs`` order, or () when the same replicas per
-        zone follow each other)."""
-        net = self.network
-        pairs = self._group_pairs(num_mb, src, dst)
-        ends = {}
-        for ga, gb in pairs:
-            (ka, za, _), (kb, zb, _) = src[ga], dst[gb]
-            ends[(ka.gpu, ka.tp_degree, za, kb.gpu, kb.tp_degree, zb)] = None
-        crossing = []
-        if not (len(src) == len(dst) and all(ga[1:] == gb[1:] for ga, gb in zip(src, dst))):
-            # (else m mod D keeps every micro-batch in its zone)
-            for (ga, gb), carried in pairs.items():
-                za, zb = src[ga][1], dst[gb][1]
-                if za != zb:
-                    crossing.append((carried, net.egress_usd_per_byte(za, zb) + net.egress_usd_per_byte(zb, za)))
-        d_src, d_dst = sum(g[2] for g in src), sum(g[2] for g in dst)
-        hit = self._boundaries[(src, dst, num_mb)] = (
-            tuple(ends), st.link_microbatches(num_mb, d_src, d_dst), tuple(crossing))
+            hit = self._sync[key] = st.stage_dp_sync_s(self.network, sync_bytes, ctx.ring)
         return hit
 
     def _transfer_s(self, nbytes: int, ends: tuple) -> float:
@@ -174,39 +137,125 @@ class FastSim:
                 self.network, nbytes, st.endpoint(za, ga, ta), st.endpoint(zb, gb, tb))
         return hit
 
-    def _stage(self, stages, i: int, num_mb: int, regime: TrainingRegime, key: tuple, figures: bool) -> list:
-        """Stage ``i``'s memo entry: [USD per hour of each group, USD per iteration of each ring
-        hop and then each replica pair to the next stage that leaves a zone (in the order a
-        plain walk meets them), ``evaluate``'s figures (None unless ``figures``): (its
-        StageTiming, sync + update seconds, its link to the next stage (seconds per micro-batch,
-        micro-batches the busiest NIC carries) or None, the most micro-batches a replica gets,
-        the kind and micro-batches of each group's first replica, {stages from it to the
-        pipeline's end: (peak bytes, fits)} that ``evaluate`` fills)]."""
+    def _group_pairs(self, num_mb: int, src: tuple[Group, ...], dst: tuple[Group, ...]) -> dict:
+        """{(src group, dst group): micro-batches carried} under the m mod D routing."""
+        if len(src) == 1 and len(dst) == 1:
+            return {(0, 0): num_mb}
+        key = (num_mb, tuple([g[2] for g in src]), tuple([g[2] for g in dst]))
+        hit = self._pairs.get(key)
+        if hit is None:
+            src_of = [gi for gi, g in enumerate(src) for _ in range(g[2])]
+            dst_of = [gi for gi, g in enumerate(dst) for _ in range(g[2])]
+            hit = {}
+            for (a, b), carried in st.p2p_pairs(num_mb, len(src_of), len(dst_of)).items():
+                k = (src_of[a], dst_of[b])
+                hit[k] = hit.get(k, 0) + carried
+            self._pairs[key] = hit
+        return hit
+
+    def _costs_of(self, groups: tuple[Group, ...], nxt: tuple[Group, ...] | None, num_mb: int) -> _Costs:
+        d = sum(g[2] for g in groups)
+        net = self.network
+        hops: tuple[float, ...] = ()
+        if d > 1:
+            zones = sorted({z for _, z, _ in groups})
+            if len(zones) > 1:
+                hops = tuple(net.egress_usd_per_byte(za, zb) for za, zb in zip(zones, zones[1:] + zones[:1]))
+        crossing = []
+        if nxt is not None and not (len(groups) == len(nxt) and all(
+                ga[1:] == gb[1:] for ga, gb in zip(groups, nxt))):
+            # (else the same replicas per zone: m mod D keeps every micro-batch in its zone)
+            for (ga, gb), carried in self._group_pairs(num_mb, groups, nxt).items():
+                za, zb = groups[ga][1], nxt[gb][1]
+                if za != zb:
+                    crossing.append((carried, net.egress_usd_per_byte(za, zb) + net.egress_usd_per_byte(zb, za)))
+        costs = self._costs[(groups, nxt, num_mb)] = _Costs(
+            rent_usd_per_hr=tuple(n * kind.tp_degree * self.price(kind.gpu, zone) for kind, zone, n in groups),
+            dp_degree=d,
+            thinnest=min((g[0] for g in groups), key=lambda k: k.tp_degree),
+            hop_usd_per_byte=hops,
+            crossing=tuple(crossing),
+        )
+        return costs
+
+    def _context(self, groups: tuple[Group, ...], nxt: tuple[Group, ...] | None, num_mb: int) -> _Context:
+        key = (groups, nxt, num_mb)
+        costs = self._costs.get(key) or self._costs_of(groups, nxt, num_mb)
+        d = costs.dp_degree
+        counts = []
+        first_index = 0
+        for _, _, n in groups:
+            # Under m mod D a group's first (lowest-index) replica gets the most micro-batches,
+            # so it alone decides the group's busy and steady-state time and its memory.
+            counts.append(max(0, -(-(num_mb - first_index) // d)))
+            first_index += n
+        ends: dict = {}
+        link_microbatches = 0
+        if nxt is not None:
+            for ga, gb in self._group_pairs(num_mb, groups, nxt):
+                (ka, za, _), (kb, zb, _) = groups[ga], nxt[gb]
+                ends[(ka.gpu, ka.tp_degree, za, kb.gpu, kb.tp_degree, zb)] = None
+            link_microbatches = st.link_microbatches(num_mb, d, sum(g[2] for g in nxt))
+        ctx = self._contexts[key] = _Context(
+            costs=costs,
+            kinds_counts=tuple((g[0], c) for g, c in zip(groups, counts)),
+            counts=counts,
+            most_microbatches=max(1, *counts),
+            ring_key=tuple((k.gpu, z, n) for k, z, n in groups),
+            ring=[ring for k, z, n in groups for ring in [(z, k.gpu)] * n],
+            link_ends=tuple(ends),
+            link_microbatches=link_microbatches,
+        )
+        return ctx
+
+    @staticmethod
+    def _egress_terms(costs: _Costs, stage: FastStage, regime: TrainingRegime) -> list[float]:
+        """USD per iteration of each ring hop and then each replica pair to the next stage that
+        leaves a zone, in the order a plain walk meets them."""
+        terms = []
+        if costs.hop_usd_per_byte:
+            d, thinnest = costs.dp_degree, costs.thinnest
+            sync_bytes = st.dp_sync_bytes(thinnest.profile, stage.layer_start, stage.layer_end, regime)
+            hop = 2 * (d - 1) / d * sync_bytes * thinnest.tp_degree
+            terms = [hop * usd_per_byte for usd_per_byte in costs.hop_usd_per_byte]
+        if costs.crossing:
+            nbytes = st.boundary_bytes(stage.groups[0][0].profile, stage.layer_end)
+            terms += [carried * nbytes * usd_per_byte for carried, usd_per_byte in costs.crossing]
+        return terms
+
+    def rent_and_egress(self, micro_batch_size: int, stages) -> tuple[float, float]:
+        """(USD per hour of the GPUs, USD per iteration of cross-zone traffic) of a plan: exact
+        from the split and placement alone, so the search can check a cost cap before timing it."""
+        num_mb = self.gbs // micro_batch_size
+        regime = self.regime_for(stages[0].groups[0][0])
+        memo = self._costs
+        last = len(stages) - 1
+        usd_per_hr = egress = 0.0
+        for i, stage in enumerate(stages):
+            groups = stage.groups
+            nxt = stages[i + 1].groups if i < last else None
+            costs = memo.get((groups, nxt, num_mb)) or self._costs_of(groups, nxt, num_mb)
+            for usd in costs.rent_usd_per_hr:
+                usd_per_hr += usd
+            if costs.hop_usd_per_byte or costs.crossing:
+                for usd in self._egress_terms(costs, stage, regime):
+                    egress += usd
+        return usd_per_hr, egress
+
+    def _stage(self, stages, i: int, num_mb: int, regime: TrainingRegime, key: tuple) -> tuple:
+        """Stage ``i``'s part of ``evaluate``: (its USD per hour per group, its egress terms (see
+        ``_egress_terms``), its StageTiming, sync + update seconds, its link to the next stage
+        (seconds per micro-batch, micro-batches the busiest NIC carries) or None, its context,
+        {stages from it to the pipeline's end: (peak bytes, fits)} that ``evaluate`` fills)."""
         stage = stages[i]
         a, b, groups = stage.layer_start, stage.layer_end, stage.groups
-        nxt = stages[i + 1].groups if i + 1 < len(stages) else None
-        shape = self._shapes.get((groups, num_mb)) or self._shape(groups, num_mb)
-        d, kinds_counts, most, thinnest, ring_key, ring, rent, hop_usd_per_byte = shape
-        boundary = None
-        if nxt is not None:
-            boundary = self._boundaries.get((groups, nxt, num_mb)) or self._boundary(groups, nxt, num_mb)
-        sync_bytes = st.dp_sync_bytes(thinnest.profile, a, b, regime) if d > 1 else 0.0
-        egress: list[float] = []
-        if hop_usd_per_byte:
-            hop = 2 * (d - 1) / d * sync_bytes * thinnest.tp_degree
-            egress.extend(hop * usd_per_byte for usd_per_byte in hop_usd_per_byte)
-        nbytes = st.boundary_bytes(groups[0][0].profile, b) if boundary is not None else 0
-        if boundary is not None and boundary[2]:
-            egress.extend(carried * nbytes * usd_per_byte for carried, usd_per_byte in boundary[2])
-        entry = self._stages[key] = [rent, tuple(egress), None]
-        if not figures:
-            return entry
+        nxt = key[3]
+        ctx = self._contexts.get((groups, nxt, num_mb)) or self._context(groups, nxt, num_mb)
         steps: list[float] = []
         fwds: list[float] = []
-        counts: list[int] = []
         update = 0.0
         stage_parts = self._stage_parts
-        for kind, count in kinds_counts:
+        for kind, _ in ctx.kinds_counts:
             pkey = (id(kind.profile), a, b)
             parts = stage_parts.get(pkey)
             if parts is None:
@@ -216,44 +265,28 @@ class FastSim:
             update = max(update, upd)
             steps.append(fwd + bwd)
             fwds.append(fwd)
-            counts.append(count)
-        sync = self._sync_s(sync_bytes, ring_key, ring) if d > 1 else 0.0
+        costs = ctx.costs
+        sync = 0.0
+        if costs.dp_degree > 1:
+            sync = self._sync_s(st.dp_sync_bytes(costs.thinnest.profile, a, b, regime), ctx)
         link = None
-        if boundary is not None:
+        if nxt is not None:
+            nbytes = st.boundary_bytes(groups[0][0].profile, b)
             worst_link = 0.0
-            for ends in boundary[0]:
+            for ends in ctx.link_ends:
                 worst_link = max(worst_link, self._transfer_s(nbytes, ends))
-            link = (worst_link, boundary[1])
-        entry[2] = (stage_timing(steps, counts, fwds), sync + update, link, most, kinds_counts, {})
+            link = (worst_link, ctx.link_microbatches)
+        egress = self._egress_terms(costs, stage, regime) if costs.hop_usd_per_byte or costs.crossing else ()
+        entry = self._stages[key] = (costs.rent_usd_per_hr, egress, stage_timing(steps, ctx.counts, fwds),
+                                     sync + update, link, ctx, {})
         return entry
 
-    def rent_and_egress(self, micro_batch_size: int, stages) -> tuple[float, float]:
-        """(USD per hour of the GPUs, USD per iteration of cross-zone traffic) of a plan: exact
-        from the split and placement alone, so the search can check a cost cap before timing it."""
-        num_mb = self.gbs // micro_batch_size
-        regime = self.regime_for(stages[0].groups[0][0])
-        rname = regime.name
-        memo = self._stages
-        last = len(stages) - 1
-        usd_per_hr = egress = 0.0
-        # The terms are summed in the order of a plain walk over groups, ring hops and replica
-        # pairs, so the sums are the same to the last bit however they are memoised.
-        for i, stage in enumerate(stages):
-            key = (stage.layer_start, stage.layer_end, stage.groups,
-                   stages[i + 1].groups if i < last else None, num_mb, rname)
-            entry = memo.get(key) or self._stage(stages, i, num_mb, regime, key, False)
-            for usd in entry[0]:
-                usd_per_hr += usd
-            for usd in entry[1]:
-                egress += usd
-        return usd_per_hr, egress
-
     @staticmethod
-    def _stage_memory(stage: FastStage, kinds_counts, depth: int, regime: TrainingRegime) -> tuple[int, bool]:
+    def _stage_memory(stage: FastStage, ctx: _Context, depth: int, regime: TrainingRegime) -> tuple[int, bool]:
         """(peak bytes, fits) of a stage with ``depth`` = P - i stages from it to the pipeline's end."""
         a, b = stage.layer_start, stage.layer_end
         peak, fits = 0, True
-        for kind, count in kinds_counts:
+        for kind, count in ctx.kinds_counts:
             # simulate's stage_memory, without its breakdown
             mem = kind.peak_bytes(a, b, inflight_microbatches(0, depth, count), regime)
             if mem > peak:
@@ -275,19 +308,16 @@ class FastSim:
         peak = 0
         end_part = 0.0
         usd_per_hr = egress = 0.0
-        # Neighbouring candidates share about half their stages (layers, groups, next groups).
         for i, stage in enumerate(stages):
             key = (stage.layer_start, stage.layer_end, stage.groups,
                    stages[i + 1].groups if i < last else None, num_mb, rname)
-            entry = memo.get(key)
-            if entry is None or entry[2] is None:
-                entry = self._stage(stages, i, num_mb, regime, key, True)
-            timing, sync_update, link, most, kinds_counts, mems = entry[2]
+            entry = memo.get(key) or self._stage(stages, i, num_mb, regime, key)
+            rent, egress_terms, timing, sync_update, link, ctx, mems = entry
             # A group's replicas hold min(P - i, their micro-batches) in flight: deeper is the same.
-            depth = num_stages - i if num_stages - i < most else most
+            depth = num_stages - i if num_stages - i < ctx.most_microbatches else ctx.most_microbatches
             mem = mems.get(depth)
             if mem is None:
-                mem = mems[depth] = self._stage_memory(stage, kinds_counts, depth, regime)
+                mem = mems[depth] = self._stage_memory(stage, ctx, depth, regime)
             if mem[0] > peak:
                 peak = mem[0]
             fits = fits and mem[1]
@@ -297,9 +327,9 @@ class FastSim:
                 link_s.append(link[0])
                 link_counts.append(link[1])
             # rent_and_egress's sums, in its order
-            for usd in entry[0]:
+            for usd in rent:
                 usd_per_hr += usd
-            for usd in entry[1]:
+            for usd in egress_terms:
                 egress += usd
         pipe = one_f_one_b(timings, link_s, link_counts)
         iteration = pipe.compute_s + pipe.bubble_s + pipe.p2p_s + end_part
