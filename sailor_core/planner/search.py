@@ -971,7 +971,9 @@ def run_search(searcher: Searcher, budget: int | None = None, *, by_bound_only: 
         tau = space.ref_total_s / cap
         floor_s = max(tau, busiest, link_lb(space, shape), pipe_lb(space.ref_total_s, shape))
         if len(shape) == 1:
-            floor_s = max(floor_s, tau + steady_links_s(shape[0]))
+            seg = shape[0]
+            floor_s = max(floor_s, tau + steady_links_s(seg), float(_warm_up_with_links_s(
+                space.ref_total_s * seg.slowness, seg.num_microbatches, seg.num_stages, link_s(seg, seg))))
         t_lb = floor_s + sync_lb(shape)
         if len(shape) == 2:
             t_lb = max(t_lb, joint_lb(space.ref_total_s, shape, floor_s))
@@ -1327,6 +1329,11 @@ def run_search(searcher: Searcher, budget: int | None = None, *, by_bound_only: 
                 self_link=np.array([(seg.num_microbatches - 1) * link_s(seg, seg) / 2 if seg.num_stages > 1
                                     else 0.0 for seg in segs] + [0.0]),
                 steady=np.array([steady_links_s(seg) for seg in segs] + [0.0]),
+                warm=np.append(_warm_up_with_links_s(
+                    space.ref_total_s * np.array([seg.slowness for seg in segs], dtype=float),
+                    np.array([seg.num_microbatches for seg in segs], dtype=float),
+                    np.array([seg.num_stages for seg in segs], dtype=int),
+                    np.array([link_s(seg, seg) for seg in segs], dtype=float)), 0.0) if segs else np.zeros(1),
                 p2p_usd=np.array([seg.egress_usd if cost_matters else 0.0 for seg in segs] + [0.0]),
                 ring_usd=np.array([ring_egress_parts(seg)[0] if cost_matters else 0.0 for seg in segs] + [0.0]),
                 inv=np.array([1.0 / seg.slowness for seg in segs] + [0.0]),
@@ -1387,6 +1394,10 @@ def run_search(searcher: Searcher, budget: int | None = None, *, by_bound_only: 
             a["inv"][ia], a["drain"][ia], b["inv"][ib], b["drain"][ib]))
         # One segment: its compute and its links' steady state add (steady_links_s).
         pipe = np.maximum(pipe, np.where(both, 0.0, tau + a["steady"][ia] + b["steady"][ib]))
+        # One segment: its warm-up with the links on the way (_warm_up_with_links_s).
+        alone_a, alone_b = ia[~both], ib[~both]
+        warm = np.where(alone_a < na, a["warm"][alone_a], b["warm"][alone_b])
+        pipe[~both] = np.maximum(pipe[~both], warm)
         sync = np.where(a["d1"][ia] | b["d1"][ib], 0.0,
                         np.minimum(a["ring"][ia, stages], b["ring"][ib, stages]))
         rings_p2p = np.zeros((na + 1, nb + 1))
@@ -1738,6 +1749,27 @@ def _min_max_lines(u, v, intervals, rising=None, falling=None):
     return [np.maximum(base, np.maximum(np.where(rise, u + v * lo, -np.inf).max(axis=0),
                                         np.where(fall, u + v * hi, -np.inf).max(axis=0)))
             for lo, hi in intervals]
+
+
+def _warm_up_with_links_s(steps_s, num_microbatches, num_stages, link_s):
+    """A lower bound on the pipeline time of one segment whose stage steps sum to ``steps_s``,
+    with links of at least ``link_s`` between its stages (numpy arrays or floats).
+
+    ``_pipe_work_rate`` with the links: in 1F1B stage k's path holds the steps and the links
+    before it and its own n steps, ``sum_{j<k} (t_j + l) + n t_k <= T``.  Every stage taking
+    all the time its path allows holds the most; the step sum so reached is affine in T,
+    alpha T - gamma l, with alpha = 1 - (1 - 1/n)^s (the warm-up bound) and gamma from the
+    same recursion with T = 0, l = 1.  (Allowing negative steps only loosens it.)"""
+    import numpy as np
+
+    n = np.asarray(num_microbatches, dtype=float)
+    s = np.asarray(num_stages)
+    keep = 1 - 1 / n
+    reached = np.zeros(np.broadcast(n, s).shape)
+    for k in range(int(np.max(s))):
+        reached = np.where(k < s, reached * keep - k / n, reached)
+    alpha = 1 - keep ** s
+    return (steps_s - reached * link_s) / alpha
 
 
 def _pipe_work_rate(order: tuple[Segment, ...]) -> float:

@@ -318,3 +318,24 @@ def test_least_of_the_largest_line_matches_a_fine_grid():
         grid = (u[:, :, None] + v[:, :, None] * xs).max(axis=0).min(axis=1)
         assert np.all(got <= grid + 1e-12)  # a bound on the least
         assert np.all(got >= grid - 1e-3)  # and the least itself, to the grid's step
+
+
+def test_warm_up_with_links_never_exceeds_the_1f1b_schedule():
+    # _warm_up_with_links_s against the simulator's 1F1B model on random one-segment pipelines
+    # with uneven steps and links of at least l.
+    from sailor_core.planner.search import _warm_up_with_links_s
+    from sailor_core.simulator.schedule import StageTiming, one_f_one_b
+
+    rng = random.Random(29)
+    tight = 0
+    for _ in range(400):
+        s, n = rng.randint(1, 16), rng.choice([1, 2, 3, 4, 8, 16, 32, 128])
+        steps = [rng.uniform(0.001, 0.1) * rng.choice([1.0, 0.3, 2.0]) for _ in range(s)]
+        link = rng.choice([0.0, rng.uniform(0.0, 0.05)])
+        stages = [StageTiming(t, n * t, (n - 1) * t, t / 3, n) for t in steps]
+        links = [link + rng.choice([0.0, rng.uniform(0.0, 0.02)]) for _ in stages[1:]]
+        total = one_f_one_b(stages, links, [n] * len(links)).total_s
+        bound = float(_warm_up_with_links_s(sum(steps), n, s, link))
+        assert bound <= total * (1 + 1e-9)
+        tight += bound >= 0.85 * total
+    assert tight > 50
