@@ -51,8 +51,7 @@ class _Context:
     kinds_counts: tuple[tuple[Kind, int], ...]  # each group's kind, micro-batches of its first replica
     counts: list[int]
     most_microbatches: int  # the most a replica gets, at least 1
-    ring_key: tuple  # (gpu, zone, replicas) per group: names the ring for the sync memo
-    ring: list[tuple[str, str]]  # (zone, gpu) per replica
+    ring: tuple[tuple[str, str, int], ...]  # (gpu, zone, replicas) per group
     link_ends: tuple[tuple, ...]  # distinct (gpu, tp, zone, gpu, tp, zone) the next boundary uses
     link_microbatches: int  # micro-batches the busiest NIC on it carries
 
@@ -120,11 +119,13 @@ class FastSim:
             p = self._price[key] = gpu_price_usd_per_hr(gpu, zone, spot=self.spot)
         return p
 
-    def _sync_s(self, sync_bytes: float, ctx: _Context) -> float:
-        key = (sync_bytes, ctx.ring_key)
+    def _sync_s(self, sync_bytes: float, ring: tuple[tuple[str, str, int], ...]) -> float:
+        """``stage_dp_sync_s`` over a ring of (gpu, zone, replicas) groups."""
+        key = (sync_bytes, ring)
         hit = self._sync.get(key)
         if hit is None:
-            hit = self._sync[key] = st.stage_dp_sync_s(self.network, sync_bytes, ctx.ring)
+            hit = self._sync[key] = st.stage_dp_sync_s(
+                self.network, sync_bytes, [zg for gpu, zone, n in ring for zg in [(zone, gpu)] * n])
         return hit
 
     def _transfer_s(self, nbytes: int, ends: tuple) -> float:
@@ -144,13 +145,7 @@ class FastSim:
         key = (num_mb, tuple([g[2] for g in src]), tuple([g[2] for g in dst]))
         hit = self._pairs.get(key)
         if hit is None:
-            src_of = [gi for gi, g in enumerate(src) for _ in range(g[2])]
-            dst_of = [gi for gi, g in enumerate(dst) for _ in range(g[2])]
-            hit = {}
-            for (a, b), carried in st.p2p_pairs(num_mb, len(src_of), len(dst_of)).items():
-                k = (src_of[a], dst_of[b])
-                hit[k] = hit.get(k, 0) + carried
-            self._pairs[key] = hit
+            hit = self._pairs[key] = st.group_p2p_pairs(num_mb, key[1], key[2])
         return hit
 
     def _costs_of(self, groups: tuple[Group, ...], nxt: tuple[Group, ...] | None, num_mb: int) -> _Costs:
@@ -201,8 +196,7 @@ class FastSim:
             kinds_counts=tuple((g[0], c) for g, c in zip(groups, counts)),
             counts=counts,
             most_microbatches=max(1, *counts),
-            ring_key=tuple((k.gpu, z, n) for k, z, n in groups),
-            ring=[ring for k, z, n in groups for ring in [(z, k.gpu)] * n],
+            ring=tuple([(k.gpu, z, n) for k, z, n in groups]),
             link_ends=tuple(ends),
             link_microbatches=link_microbatches,
         )
@@ -268,7 +262,7 @@ class FastSim:
         costs = ctx.costs
         sync = 0.0
         if costs.dp_degree > 1:
-            sync = self._sync_s(st.dp_sync_bytes(costs.thinnest.profile, a, b, regime), ctx)
+            sync = self._sync_s(st.dp_sync_bytes(costs.thinnest.profile, a, b, regime), ctx.ring)
         link = None
         if nxt is not None:
             nbytes = st.boundary_bytes(groups[0][0].profile, b)

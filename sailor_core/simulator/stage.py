@@ -8,6 +8,7 @@ sums from prefix tables, network lookups cached per endpoint pair.
 
 from __future__ import annotations
 
+from collections import Counter
 from math import gcd
 from typing import Sequence
 
@@ -60,6 +61,28 @@ def p2p_pairs(num_microbatches: int, src_dp: int, dst_dp: int) -> dict[tuple[int
             for m in range(min(period, num_microbatches))}
 
 
+def group_p2p_pairs(num_microbatches: int, src_sizes: Sequence[int], dst_sizes: Sequence[int],
+                    ) -> dict[tuple[int, int], int]:
+    """``p2p_pairs`` summed over groups of consecutive replicas (``src_sizes`` replicas in each
+    source group, ``dst_sizes`` in each destination group): {(src group, dst group): micro-batches},
+    in the order ``p2p_pairs`` first meets each pair."""
+    src_of = [g for g, n in enumerate(src_sizes) for _ in range(n)]
+    dst_of = [g for g, n in enumerate(dst_sizes) for _ in range(n)]
+    src_dp, dst_dp = len(src_of), len(dst_of)
+    period = src_dp * dst_dp // gcd(src_dp, dst_dp)
+    # Micro-batch m < min(period, M) opens pair (m mod src_dp, m mod dst_dp), which carries
+    # ceil((M - m) / period) of them: q + 1 for m below M mod period, q above (q = M // period).
+    n = min(period, num_microbatches)
+    srcs = (src_of * -(-n // src_dp))[:n]
+    dsts = (dst_of * -(-n // dst_dp))[:n]
+    opened = Counter(zip(srcs, dsts))
+    q, r = divmod(num_microbatches, period)
+    if q == 0:  # every m < M carries one micro-batch
+        return dict(opened)
+    first = Counter(zip(srcs[:r], dsts[:r])) if r else {}
+    return {k: q * c + first.get(k, 0) for k, c in opened.items()}
+
+
 def boundary_transfer_s(
     network: NetworkModel, num_bytes: float, src: Endpoint, dst: Endpoint
 ) -> float:
@@ -87,16 +110,10 @@ def stage_dp_sync_s(network: NetworkModel, sync_bytes: float, zones_gpus: Sequen
         return 0.0
     # One Endpoint per distinct (zone, GPU), repeated: the network compares and hashes the ring's
     # members, which is quick for the same object (it answers exactly as for equal ones).
-    distinct: dict[tuple[str, str], Endpoint] = {}
-    endpoints = []
-    for zg in zones_gpus:
-        e = distinct.get(zg)
-        if e is None:
-            e = distinct[zg] = Endpoint(zone=zg[0], gpu=zg[1])
-        endpoints.append(e)
+    distinct = {zg: Endpoint(zone=zg[0], gpu=zg[1]) for zg in dict.fromkeys(zones_gpus)}
     if len(distinct) == 1:  # what allreduce_time_s does for a ring at one endpoint, without its scan
-        return network.uniform_allreduce_time_s(sync_bytes, endpoints[0], len(endpoints))
-    return network.allreduce_time_s(sync_bytes, endpoints)
+        return network.uniform_allreduce_time_s(sync_bytes, next(iter(distinct.values())), len(zones_gpus))
+    return network.allreduce_time_s(sync_bytes, [distinct[zg] for zg in zones_gpus])
 
 
 def ring_order(zones: Sequence[str]) -> list[int]:
