@@ -37,3 +37,23 @@ def test_replay_check_notices_a_changed_figure(profiles, network):
     data["min_max_split"][2][4] = None
     bad = leaves.mismatches(leaves.Replay(data, profiles, network))
     assert [line.split(":")[0] for line in bad] == ["evaluate #0", "rent_and_egress #1", "min_max_split #2"]
+
+
+def test_group_pairs_are_replica_pairs_summed_per_group():
+    import random
+
+    from sailor_core.simulator.stage import group_p2p_pairs, p2p_pairs
+
+    rng = random.Random(3)
+    for _ in range(3000):
+        src = [rng.randint(1, 12) for _ in range(rng.randint(1, 4))]
+        dst = [rng.randint(1, 12) for _ in range(rng.randint(1, 4))]
+        num_mb = rng.randint(1, 400)
+        src_of = [g for g, n in enumerate(src) for _ in range(n)]
+        dst_of = [g for g, n in enumerate(dst) for _ in range(n)]
+        want: dict = {}
+        for (a, b), carried in p2p_pairs(num_mb, len(src_of), len(dst_of)).items():
+            key = (src_of[a], dst_of[b])
+            want[key] = want.get(key, 0) + carried
+        got = group_p2p_pairs(num_mb, src, dst)
+        assert list(got.items()) == list(want.items())  # same pairs, counts and order
