@@ -32,7 +32,9 @@ from sailor_core.simulator.schedule import one_f_one_b, stage_timing
 Group = tuple[Kind, str, int]  # (kind, zone, replicas), in replica order
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+# The memo records below are internal and never change once built; not frozen only because a
+# frozen dataclass takes twice as long to build and the search builds thousands.
+@dataclass(slots=True, kw_only=True)
 class _Costs:
     """What a stage's rent and egress need of its groups and its next stage's, whatever its layers."""
 
@@ -43,13 +45,13 @@ class _Costs:
     crossing: tuple[tuple[int, float], ...]  # (micro-batches, USD per byte both ways) per pair leaving a zone
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(slots=True, kw_only=True)
 class _Context:
     """What a stage's times and memory need of its groups and its next stage's, whatever its layers."""
 
     costs: _Costs
     kinds_counts: tuple[tuple[Kind, int], ...]  # each group's kind, micro-batches of its first replica
-    counts: list[int]
+    counts: tuple[int, ...]
     most_microbatches: int  # the most a replica gets, at least 1
     ring: tuple[tuple[str, str, int], ...]  # (gpu, zone, replicas) per group
     link_ends: tuple[tuple, ...]  # distinct (gpu, tp, zone, gpu, tp, zone) the next boundary uses
@@ -99,12 +101,14 @@ class FastSim:
         # Keyed by groups of kinds (the keys hold them).
         self._costs: dict = {}
         self._contexts: dict = {}
+        # Keyed by (layers, groups, next groups, micro-batches, regime): a stage of a candidate.
+        self._stage_costs_memo: dict = {}
         self._stages: dict = {}
 
     def trim(self, max_entries: int = 1 << 17) -> None:
         """Forget memoised figures past a size (the instance outlives one search: see Searcher)."""
         for memo in (self._sync, self._p2p, self._pairs, self._stage_parts, self._costs, self._contexts,
-                     self._stages):
+                     self._stage_costs_memo, self._stages):
             if len(memo) > max_entries:
                 memo.clear()
 
@@ -194,7 +198,7 @@ class FastSim:
         ctx = self._contexts[key] = _Context(
             costs=costs,
             kinds_counts=tuple((g[0], c) for g, c in zip(groups, counts)),
-            counts=counts,
+            counts=tuple(counts),
             most_microbatches=max(1, *counts),
             ring=tuple([(k.gpu, z, n) for k, z, n in groups]),
             link_ends=tuple(ends),
@@ -203,7 +207,7 @@ class FastSim:
         return ctx
 
     @staticmethod
-    def _egress_terms(costs: _Costs, stage: FastStage, regime: TrainingRegime) -> list[float]:
+    def _egress_terms(costs: _Costs, stage: FastStage, regime: TrainingRegime) -> tuple[float, ...]:
         """USD per iteration of each ring hop and then each replica pair to the next stage that
         leaves a zone, in the order a plain walk meets them."""
         terms = []
@@ -215,25 +219,34 @@ class FastSim:
         if costs.crossing:
             nbytes = st.boundary_bytes(stage.groups[0][0].profile, stage.layer_end)
             terms += [carried * nbytes * usd_per_byte for carried, usd_per_byte in costs.crossing]
-        return terms
+        return tuple(terms)
+
+    def _stage_costs(self, stage: FastStage, nxt: tuple[Group, ...] | None, num_mb: int,
+                     regime: TrainingRegime, key: tuple) -> tuple[tuple[float, ...], tuple[float, ...]]:
+        """(USD per hour of each group, ``_egress_terms``) of a stage, memoised under ``key``."""
+        groups = stage.groups
+        costs = self._costs.get((groups, nxt, num_mb)) or self._costs_of(groups, nxt, num_mb)
+        egress = self._egress_terms(costs, stage, regime) if costs.hop_usd_per_byte or costs.crossing else ()
+        hit = self._stage_costs_memo[key] = (costs.rent_usd_per_hr, egress)
+        return hit
 
     def rent_and_egress(self, micro_batch_size: int, stages) -> tuple[float, float]:
         """(USD per hour of the GPUs, USD per iteration of cross-zone traffic) of a plan: exact
         from the split and placement alone, so the search can check a cost cap before timing it."""
         num_mb = self.gbs // micro_batch_size
         regime = self.regime_for(stages[0].groups[0][0])
-        memo = self._costs
+        rname = regime.name
+        memo = self._stage_costs_memo
         last = len(stages) - 1
         usd_per_hr = egress = 0.0
         for i, stage in enumerate(stages):
-            groups = stage.groups
             nxt = stages[i + 1].groups if i < last else None
-            costs = memo.get((groups, nxt, num_mb)) or self._costs_of(groups, nxt, num_mb)
-            for usd in costs.rent_usd_per_hr:
+            key = (stage.layer_start, stage.layer_end, stage.groups, nxt, num_mb, rname)
+            rent, egress_terms = memo.get(key) or self._stage_costs(stage, nxt, num_mb, regime, key)
+            for usd in rent:
                 usd_per_hr += usd
-            if costs.hop_usd_per_byte or costs.crossing:
-                for usd in self._egress_terms(costs, stage, regime):
-                    egress += usd
+            for usd in egress_terms:
+                egress += usd
         return usd_per_hr, egress
 
     def _stage(self, stages, i: int, num_mb: int, regime: TrainingRegime, key: tuple) -> tuple:
@@ -270,8 +283,8 @@ class FastSim:
             for ends in ctx.link_ends:
                 worst_link = max(worst_link, self._transfer_s(nbytes, ends))
             link = (worst_link, ctx.link_microbatches)
-        egress = self._egress_terms(costs, stage, regime) if costs.hop_usd_per_byte or costs.crossing else ()
-        entry = self._stages[key] = (costs.rent_usd_per_hr, egress, stage_timing(steps, ctx.counts, fwds),
+        rent, egress = self._stage_costs_memo.get(key) or self._stage_costs(stage, nxt, num_mb, regime, key)
+        entry = self._stages[key] = (rent, egress, stage_timing(steps, ctx.counts, fwds),
                                      sync + update, link, ctx, {})
         return entry
 
