@@ -37,6 +37,7 @@ any transfer time (warm-up, cool-down, waiting for slower neighbours);
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -108,7 +109,6 @@ def _longest_both(stages: Sequence[StageTiming], link_s: Sequence[float], link_c
     """(the largest candidate time, its stage or link index, whether it is a link, the largest
     candidate time were every link instant).  The second walk is the first with each ``l`` = 0,
     its sums written without those zeros (adding 0.0 changes no float)."""
-    p = len(stages)
     steps = [s.step_s for s in stages]
     total_steps = sum(steps)
     total_links = sum(link_s)
@@ -117,23 +117,19 @@ def _longest_both(stages: Sequence[StageTiming], link_s: Sequence[float], link_c
     before = before0 = 0.0  # sum_{j<k} (t_j + l_j)
     after_steps = total_steps  # sum_{j>=k} t_j, then minus t_k inside the loop
     after_links = total_links  # sum_{j>=k} l_j
-    last = p - 1
-    pair = pair0 = 0.0
-    for k, s in enumerate(stages):
-        step = steps[k]
+    left = left0 = -math.inf  # the previous stage's pair with this one (none before the first)
+    to_end = len(stages) - 1  # stages after this one
+    k = 0
+    # (t_{k+1}, l_k) for every stage but the last; the last has no next stage
+    for s, step, nxt, link in zip(stages, steps, [*steps[1:], None], [*link_s, None]):
         after_steps -= step
-        if k > 0:
-            # this stage's pair with the previous one: that stage's pair with its next
-            left, left0 = pair, pair0
-        if k < last:
-            pair = (step + steps[k + 1] + link_s[k]) / 2
-            pair0 = (step + steps[k + 1]) / 2
+        if nxt is not None:
+            pair = (step + nxt + link) / 2
+            pair0 = (step + nxt) / 2
         else:
             pair = pair0 = 0.0
-        if k > 0:
-            mine, mine0 = (left if left > pair else pair), (left0 if left0 > pair0 else pair0)
-        else:
-            mine, mine0 = pair, pair0
+        mine = left if left > pair else pair
+        mine0 = left0 if left0 > pair0 else pair0
         n = s.num_microbatches
         repeat = s.repeat_s
         steady = (n - 1) * mine
@@ -142,7 +138,7 @@ def _longest_both(stages: Sequence[StageTiming], link_s: Sequence[float], link_c
         steady0 = (n - 1) * mine0
         if not steady0 > repeat:
             steady0 = repeat
-        warmup_s = (last - k if last - k < n - 1 else n - 1) * s.fwd_s
+        warmup_s = (to_end if to_end < n - 1 else n - 1) * s.fwd_s
         exposed = after_steps + after_links - warmup_s
         t_k = before + step + steady + (exposed if exposed > 0 else 0.0)
         if t_k > best:
@@ -151,10 +147,13 @@ def _longest_both(stages: Sequence[StageTiming], link_s: Sequence[float], link_c
         t_k = before0 + step + steady0 + (exposed if exposed > 0 else 0.0)
         if t_k > best0:
             best0 = t_k
-        if k < last:
-            before += step + link_s[k]
+        if nxt is not None:
+            before += step + link
             before0 += step
-            after_links -= link_s[k]
+            after_links -= link
+        left, left0 = pair, pair0
+        to_end -= 1
+        k += 1
     base = total_steps + total_links
     for i, (l, n) in enumerate(zip(link_s, link_counts)):
         t_link = base + (n - 1) * l / 2
