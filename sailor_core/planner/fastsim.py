@@ -31,6 +31,10 @@ from sailor_core.simulator.schedule import one_f_one_b, stage_timing
 
 Group = tuple[Kind, str, int]  # (kind, zone, replicas), in replica order
 
+# A memoised candidate stage takes about 1.5 kB: past this many, start afresh (about 50 MB;
+# a search of a few thousand candidates makes about 4 new stages each).
+_MAX_STAGE_ENTRIES = 1 << 15
+
 
 # The memo records below are internal and never change once built; not frozen only because a
 # frozen dataclass takes twice as long to build and the search builds thousands.
@@ -227,7 +231,10 @@ class FastSim:
         groups = stage.groups
         costs = self._costs.get((groups, nxt, num_mb)) or self._costs_of(groups, nxt, num_mb)
         egress = self._egress_terms(costs, stage, regime) if costs.hop_usd_per_byte or costs.crossing else ()
-        hit = self._stage_costs_memo[key] = (costs.rent_usd_per_hr, egress)
+        memo = self._stage_costs_memo
+        if len(memo) >= _MAX_STAGE_ENTRIES:
+            memo.clear()
+        hit = memo[key] = (costs.rent_usd_per_hr, egress)
         return hit
 
     def rent_and_egress(self, micro_batch_size: int, stages) -> tuple[float, float]:
@@ -284,8 +291,10 @@ class FastSim:
                 worst_link = max(worst_link, self._transfer_s(nbytes, ends))
             link = (worst_link, ctx.link_microbatches)
         rent, egress = self._stage_costs_memo.get(key) or self._stage_costs(stage, nxt, num_mb, regime, key)
-        entry = self._stages[key] = (rent, egress, stage_timing(steps, ctx.counts, fwds),
-                                     sync + update, link, ctx, {})
+        memo = self._stages
+        if len(memo) >= _MAX_STAGE_ENTRIES:
+            memo.clear()
+        entry = memo[key] = (rent, egress, stage_timing(steps, ctx.counts, fwds), sync + update, link, ctx, {})
         return entry
 
     @staticmethod
