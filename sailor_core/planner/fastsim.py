@@ -99,8 +99,7 @@ class FastSim:
         self._p2p: dict = {}
         self._pairs: dict = {}
         self._price: dict = {}
-        # Keyed by id(profile): the profiles live as long as the kinds that hold them (the
-        # KindCache this instance is kept with).
+        # Keyed by kind (it holds the profile): (forward, backward, update) per layer range.
         self._stage_parts: dict = {}
         # Keyed by groups of kinds (the keys hold them).
         self._costs: dict = {}
@@ -226,10 +225,12 @@ class FastSim:
         return tuple(terms)
 
     def _stage_costs(self, stage: FastStage, nxt: tuple[Group, ...] | None, num_mb: int,
-                     regime: TrainingRegime, key: tuple) -> tuple[tuple[float, ...], tuple[float, ...]]:
+                     regime: TrainingRegime, key: tuple, costs: _Costs | None = None,
+                     ) -> tuple[tuple[float, ...], tuple[float, ...]]:
         """(USD per hour of each group, ``_egress_terms``) of a stage, memoised under ``key``."""
-        groups = stage.groups
-        costs = self._costs.get((groups, nxt, num_mb)) or self._costs_of(groups, nxt, num_mb)
+        if costs is None:
+            groups = stage.groups
+            costs = self._costs.get((groups, nxt, num_mb)) or self._costs_of(groups, nxt, num_mb)
         egress = self._egress_terms(costs, stage, regime) if costs.hop_usd_per_byte or costs.crossing else ()
         memo = self._stage_costs_memo
         if len(memo) >= _MAX_STAGE_ENTRIES:
@@ -256,21 +257,20 @@ class FastSim:
                 egress += usd
         return usd_per_hr, egress
 
-    def _stage(self, stages, i: int, num_mb: int, regime: TrainingRegime, key: tuple) -> tuple:
-        """Stage ``i``'s part of ``evaluate``: (its USD per hour per group, its egress terms (see
-        ``_egress_terms``), its StageTiming, sync + update seconds, its link to the next stage
-        (seconds per micro-batch, micro-batches the busiest NIC carries) or None, its context,
-        {stages from it to the pipeline's end: (peak bytes, fits)} that ``evaluate`` fills)."""
-        stage = stages[i]
-        a, b, groups = stage.layer_start, stage.layer_end, stage.groups
-        nxt = key[3]
+    def _stage(self, stage: FastStage, depth: int, regime: TrainingRegime, key: tuple) -> tuple:
+        """A stage's part of ``evaluate`` (``key``: see there): (its USD per hour per group, its
+        egress terms (see ``_egress_terms``), its StageTiming, sync + update seconds, its link to
+        the next stage (seconds per micro-batch, micro-batches the busiest NIC carries) or None,
+        its context, {stages from it to the pipeline's end: (peak bytes, fits)}, filled here for
+        ``depth`` and by ``evaluate`` for others)."""
+        a, b, groups, nxt, num_mb, _ = key
         ctx = self._contexts.get((groups, nxt, num_mb)) or self._context(groups, nxt, num_mb)
         steps: list[float] = []
         fwds: list[float] = []
         update = 0.0
         stage_parts = self._stage_parts
         for kind, _ in ctx.kinds_counts:
-            pkey = (id(kind.profile), a, b)
+            pkey = (kind, a, b)
             parts = stage_parts.get(pkey)
             if parts is None:
                 fwd, bwd = st.stage_compute_s(kind.profile, a, b)
@@ -290,11 +290,14 @@ class FastSim:
             for ends in ctx.link_ends:
                 worst_link = max(worst_link, self._transfer_s(nbytes, ends))
             link = (worst_link, ctx.link_microbatches)
-        rent, egress = self._stage_costs_memo.get(key) or self._stage_costs(stage, nxt, num_mb, regime, key)
+        rent, egress = (self._stage_costs_memo.get(key)
+                        or self._stage_costs(stage, nxt, num_mb, regime, key, costs))
+        depth = depth if depth < ctx.most_microbatches else ctx.most_microbatches
         memo = self._stages
         if len(memo) >= _MAX_STAGE_ENTRIES:
             memo.clear()
-        entry = memo[key] = (rent, egress, stage_timing(steps, ctx.counts, fwds), sync + update, link, ctx, {})
+        entry = memo[key] = (rent, egress, stage_timing(steps, ctx.counts, fwds), sync + update, link, ctx,
+                             {depth: self._stage_memory(stage, ctx, depth, regime)})
         return entry
 
     @staticmethod
@@ -327,7 +330,7 @@ class FastSim:
         for i, stage in enumerate(stages):
             key = (stage.layer_start, stage.layer_end, stage.groups,
                    stages[i + 1].groups if i < last else None, num_mb, rname)
-            entry = memo.get(key) or self._stage(stages, i, num_mb, regime, key)
+            entry = memo.get(key) or self._stage(stage, num_stages - i, regime, key)
             rent, egress_terms, timing, sync_update, link, ctx, mems = entry
             # A group's replicas hold min(P - i, their micro-batches) in flight: deeper is the same.
             depth = num_stages - i if num_stages - i < ctx.most_microbatches else ctx.most_microbatches
