@@ -792,7 +792,7 @@ class _SortedShapes:
         self.first, self.second = first, second
         self.ia, self.ib, self.scores = ia.tolist(), ib.tolist(), scores.tolist()
         self.busiest = busiest.tolist()
-        self.parts = list(zip(*(x.tolist() for x in parts)))
+        self.parts = [x.tolist() for x in parts]  # per part, a list over the shapes
         self.pos = 0
         self.cut = math.inf
 
@@ -816,7 +816,7 @@ class _SortedShapes:
         n = bisect.bisect_left(self.scores, cut)
         if n < len(self.scores):
             self.ia, self.ib, self.scores = self.ia[:n], self.ib[:n], self.scores[:n]
-            self.busiest, self.parts = self.busiest[:n], self.parts[:n]
+            self.busiest, self.parts = self.busiest[:n], [x[:n] for x in self.parts]
             self.cut = cut
 
     def count_below(self, score: float) -> int:
@@ -836,7 +836,7 @@ class _SortedShapes:
         self.pos += 1
         shape = tuple(seg for seg in (self.first[a] if a < len(self.first) else None,
                                       self.second[b] if b < len(self.second) else None) if seg is not None)
-        return shape, (self.scores[i], self.busiest[i], self.parts[i])
+        return shape, (self.scores[i], self.busiest[i], tuple(x[i] for x in self.parts))
 
 
 def _granular_many(sa, ra, ha, sb, rb, hb, num_blocks: int, iterations: int = 24):
@@ -1455,8 +1455,11 @@ def run_search(searcher: Searcher, budget: int | None = None, *, by_bound_only: 
                 e2 = b["ring_usd"][ib[two]] * per_blocks
                 per_s = rate[two] / 3600
                 # Cost lines: rent over each time line plus the rings' egress, e2 + (e1 - e2) x.
-                usd = np.min([h + per_s * ring for h, ring in zip(
-                    _min_max_lines(per_s * u + e2, per_s * v + (e1 - e2), intervals), rings)], axis=0)
+                # The flat time lines (floor, the links alone) share one slope here: keep their top.
+                flat = [0, 3, 7]
+                cu = np.vstack([per_s * u[flat].max(axis=0), per_s * np.delete(u, flat, axis=0)]) + e2
+                cv = np.vstack([np.zeros((1, len(two))), per_s * np.delete(v, flat, axis=0)]) + (e1 - e2)
+                usd = np.min([h + per_s * ring for h, ring in zip(_min_max_lines(cu, cv, intervals), rings)], axis=0)
                 fixed = a["p2p_usd"][ia[two]] + b["p2p_usd"][ib[two]] + rings_p2p[ia[two], ib[two]]
                 egress = egress.copy()
                 egress[two] = np.maximum(egress[two], usd + fixed - rate[two] * t_lb[two] / 3600)

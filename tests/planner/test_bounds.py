@@ -257,7 +257,7 @@ def test_scored_shape_bounds_hold_for_their_splits(objective, limits, profiles, 
             a, b = table.ia[i], table.ib[i]
             shape = tuple(x for x in (table.first[a] if a < len(table.first) else None,
                                       table.second[b] if b < len(table.second) else None) if x is not None)
-            t_lb, rate, egress, _ = table.parts[i]
+            t_lb, rate, egress, _ = (part[i] for part in table.parts)
             mbs = shape[0].kind.micro_batch_size
             for order in _orders(shape):
                 prep = main.prepare(mbs, order, 0.0)
