@@ -1429,8 +1429,11 @@ def run_search(searcher: Searcher, budget: int | None = None, *, by_bound_only: 
         tau = tau.copy()
         tau[first] = np.maximum(tau[first], gran)
         t_lb = np.maximum(tau, pipe) + sync
-        # Two segments: compute, links and sync together (joint_lb, the same bound for every shape).
-        two = first[(ia[first] < na) & (ib[first] < nb)]  # (the rest keep the weaker bound)
+        # Two segments: compute, links and sync together (joint_lb, the same bound for every shape),
+        # for those the granular bound left in.
+        alive = within_limits(t_lb[first], rate[first], egress[first]) & (
+            score_of(t_lb[first], rate[first], egress[first]) < limit)
+        two = first[alive & (ia[first] < na) & (ib[first] < nb)]  # (the rest keep the weaker bound)
         if len(two):
             # Rings only for the segments these shapes use (the curves cost a few rings each).
             c1, c2 = (_curves(x["segs"], idx[two], sync_curve) for x, idx in ((a, ia), (b, ib)))
