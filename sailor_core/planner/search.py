@@ -42,6 +42,7 @@ twice the patience.
 from __future__ import annotations
 
 import bisect
+import functools
 import heapq
 import itertools
 import math
@@ -972,8 +973,8 @@ def run_search(searcher: Searcher, budget: int | None = None, *, by_bound_only: 
         floor_s = max(tau, busiest, link_lb(space, shape), pipe_lb(space.ref_total_s, shape))
         if len(shape) == 1:
             seg = shape[0]
-            floor_s = max(floor_s, tau + steady_links_s(seg), float(_warm_up_with_links_s(
-                space.ref_total_s * seg.slowness, seg.num_microbatches, seg.num_stages, link_s(seg, seg))))
+            floor_s = max(floor_s, tau + steady_links_s(seg), _warm_up_with_links_s(
+                space.ref_total_s * seg.slowness, seg.num_microbatches, seg.num_stages, link_s(seg, seg)))
         t_lb = floor_s + sync_lb(shape)
         if len(shape) == 2:
             t_lb = max(t_lb, joint_lb(space.ref_total_s, shape, floor_s))
@@ -1757,6 +1758,16 @@ def _min_max_lines(u, v, intervals, rising=None, falling=None):
             for lo, hi in intervals]
 
 
+@functools.lru_cache(maxsize=1 << 12)
+def _warm_up_coefficients(num_microbatches: int, num_stages: int) -> tuple[float, float]:
+    """(alpha, reached) of ``_warm_up_with_links_s`` for one segment."""
+    keep = 1 - 1 / num_microbatches
+    reached = 0.0
+    for k in range(num_stages):
+        reached = reached * keep - k / num_microbatches
+    return 1 - keep ** num_stages, reached
+
+
 def _warm_up_with_links_s(steps_s, num_microbatches, num_stages, link_s):
     """A lower bound on the pipeline time of one segment whose stage steps sum to ``steps_s``,
     with links of at least ``link_s`` between its stages (numpy arrays or floats).
@@ -1768,6 +1779,9 @@ def _warm_up_with_links_s(steps_s, num_microbatches, num_stages, link_s):
     same recursion with T = 0, l = 1.  (Allowing negative steps only loosens it.)"""
     import numpy as np
 
+    if not isinstance(steps_s, np.ndarray):
+        alpha, reached = _warm_up_coefficients(int(num_microbatches), int(num_stages))
+        return (steps_s - reached * link_s) / alpha
     n = np.asarray(num_microbatches, dtype=float)
     s = np.asarray(num_stages)
     keep = 1 - 1 / n

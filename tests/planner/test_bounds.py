@@ -327,7 +327,7 @@ def test_warm_up_with_links_never_exceeds_the_1f1b_schedule():
     from sailor_core.simulator.schedule import StageTiming, one_f_one_b
 
     rng = random.Random(29)
-    tight = 0
+    tight, cases = 0, []
     for _ in range(400):
         s, n = rng.randint(1, 16), rng.choice([1, 2, 3, 4, 8, 16, 32, 128])
         steps = [rng.uniform(0.001, 0.1) * rng.choice([1.0, 0.3, 2.0]) for _ in range(s)]
@@ -338,4 +338,9 @@ def test_warm_up_with_links_never_exceeds_the_1f1b_schedule():
         bound = float(_warm_up_with_links_s(sum(steps), n, s, link))
         assert bound <= total * (1 + 1e-9)
         tight += bound >= 0.85 * total
+        cases.append((sum(steps), n, s, link, bound))
     assert tight > 50
+    # The numpy form (sorted_shapes) gives the same bounds.
+    cols = np.array(cases, dtype=float)
+    vector = _warm_up_with_links_s(cols[:, 0], cols[:, 1], cols[:, 2].astype(int), cols[:, 3])
+    assert np.allclose(vector, cols[:, 4], rtol=1e-12, atol=0.0)
