@@ -115,11 +115,11 @@ def _search_each_type(searcher: Searcher) -> None:
             searcher.settled_types.add(gpu)
             continue
         only = {k: n for k, n in request.availability.items() if k[0] == gpu}
-        sub = _sub_search(searcher, seeded=True, availability=only)
+        sub = _sub_search(searcher, seeded=True, availability=only, top_n=1)
         _adopt(searcher, sub)
         # Its simulated-over-bounded times by depth start the mixed search's queue estimate.
         searcher.learn_excess_from(sub)
-        if sub.stats.exhausted and not request.collect_pareto:
+        if sub.stats.exhausted and not request.collect_pareto and request.top_n == 1:
             # Proven: no other one-type shape of it beats the N-th plan the sub-search had,
             # which is at least as good as this search's N-th now.
             searcher.settled_types.add(gpu)
