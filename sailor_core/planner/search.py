@@ -18,11 +18,13 @@ the floor are checked against the same figures ``sailor simulate`` prints.
 Bounds, refined in steps so that only shapes still in front pay for the next:
 
 0. capacity: the segments' compute capacity with fractional layers (an upper bound
-   on throughput, or a lower bound on cost), plus the smallest DP ring, the
-   busiest link's steady state, the pipeline's warm-up and cool-down
-   (``_pipe_work_rate``), compute and DP sync together for two segments
-   (``joint_lb``: moving work off one segment shortens its ring but lengthens the
-   other's compute), and the rings and stage boundaries that must cross zones (egress);
+   on throughput, or a lower bound on cost), plus the smallest DP ring, the links'
+   steady state (``_steady_links_s``), the pipeline's warm-up and cool-down
+   (``_pipe_work_rate``, ``_warm_up_with_links_s``), compute, links and DP sync
+   together for two segments (``joint_lb``, and in numpy ``_pipeline_lines`` with the
+   stages where the segments meet: moving work off one segment shortens its ring but
+   lengthens the other's compute), and the rings and stage boundaries that must cross
+   zones (egress, with rent and time together: ``joint_cost_lb``);
 1. granular: whole blocks per stage and the LM head on one of them
    (``granular_busiest_s``), and, when cost matters, the placement's exact rent
    and the egress of every micro-batch crossing a zone between stages;
@@ -34,7 +36,7 @@ safe.  The queue, though, is ordered by an *estimate*: the bound with its
 iteration time scaled by the typical excess of simulated over bounded time seen
 so far on pipelines as deep (deep pipelines lose more to p2p and bubbles than a
 bound can see).  That finds the good plans early; once many evaluations in a row
-bring nothing (``patience``) the search switches to bound order, which either
+do not improve the best plan (``patience``) the search switches to bound order, which either
 proves the top N optimal (``exhausted``, as on small clusters) or stops after
 twice the patience.
 """
@@ -1053,37 +1055,34 @@ def run_search(searcher: Searcher, budget: int | None = None, *, by_bound_only: 
     link_memo = searcher.bound_memos.setdefault("link", {})
     egress_memo = searcher.bound_memos.setdefault("egress", {})
 
-    def ring_egress_parts(seg: Segment) -> tuple[float, float, float]:
-        """(USD per gradient byte its rings send across zones, bytes of the whole model's
-        gradient, bytes a stage holds at the least), the first 0 when its rings can stay in a
-        zone.  When no zone holds ``dp_degree`` replicas, or under the pipeline rule (only
-        searched for segments no zone holds whole, so its pipelines span zones), every stage's
-        ring spans two zones or more, each boundary carrying 2 (d - 1) / d of the stage's
-        gradient times its TP degree (as fastsim charges it).  Byte counts are of the whole
-        gradient (a TP shard's times the degree: ``Searcher.gradient_bytes_lb``), so that two
-        segments' shares add up to the model's."""
-        key = (seg.gpu, seg.tp_degree, seg.dp_degree, seg.rule, seg.kind.micro_batch_size)
-        parts = egress_memo.get(key)
-        if parts is None:
+    def ring_usd_per_byte(seg: Segment) -> float:
+        """USD per gradient byte (whole-model bytes: ``Searcher.gradient_bytes_lb``) the
+        segment's rings send across zones, 0 when they can stay in a zone.  When no zone holds
+        ``dp_degree`` replicas, or under the pipeline rule (only searched for segments no zone
+        holds whole, so its pipelines span zones), every stage's ring spans two zones or more,
+        each boundary carrying 2 (d - 1) / d of the stage's gradient times its TP degree (as
+        fastsim charges it): counted in whole bytes, two segments' shares add up to the model's."""
+        key = (seg.gpu, seg.tp_degree, seg.dp_degree, seg.rule)
+        per_byte = egress_memo.get(key)
+        if per_byte is None:
             live = sorted(z for z, n in searcher.zone_gpus[seg.gpu].items() if n > 0)
             per_byte = 0.0
             if seg.dp_degree > 1 and len(live) > 1 and (seg.rule == "pipeline" or seg.dp_degree > max(
                     searcher.zone_gpus[seg.gpu][z] // seg.tp_degree for z in live)):
                 price = min(searcher.network.egress_usd_per_byte(a, b) for a in live for b in live if a != b)
                 per_byte = 2 * 2 * (seg.dp_degree - 1) / seg.dp_degree * price
-            whole, block = searcher.gradient_bytes_lb(seg.kind.micro_batch_size)
-            parts = egress_memo[key] = (per_byte, whole, block)
-        return parts
+            egress_memo[key] = per_byte
+        return per_byte
 
     def rings_egress_lb(shape: tuple[Segment, ...]) -> float:
-        """USD per iteration of the gradient rings that must cross zones (``ring_egress_parts``).
+        """USD per iteration of the gradient rings that must cross zones (``ring_usd_per_byte``).
         One segment holds the whole model; of two, each holds at least a block (or the
         embedding) per stage but one and together the whole model, so the cheapest split of
         the gradient between their rings puts all it can on the cheaper one."""
+        whole, block = searcher.gradient_bytes_lb(shape[0].kind.micro_batch_size)
         if len(shape) == 1:
-            per_byte, whole, _ = ring_egress_parts(shape[0])
-            return per_byte * whole
-        (fa, whole, block), (fb, _, _) = (ring_egress_parts(seg) for seg in shape)
+            return ring_usd_per_byte(shape[0]) * whole
+        fa, fb = ring_usd_per_byte(shape[0]), ring_usd_per_byte(shape[1])
         least_a, least_b = (shape[0].num_stages - 1) * block, (shape[1].num_stages - 1) * block
         return fa * whole + (fb - fa) * least_b if fa <= fb else fb * whole + (fa - fb) * least_a
 
@@ -1121,7 +1120,6 @@ def run_search(searcher: Searcher, budget: int | None = None, *, by_bound_only: 
         by the slowest of its replicas' pairs (``NetworkModel._ring_s``), so over a set of
         zones it is at least the ring whose every hop is the set's slowest zone pair."""
         import numpy as np
-        from itertools import combinations, permutations
 
         net, gpu, d = searcher.network, seg.gpu, seg.dp_degree
         room = {z: n // seg.tp_degree for z, n in searcher.zone_gpus[gpu].items() if n // seg.tp_degree > 0}
@@ -1131,12 +1129,12 @@ def run_search(searcher: Searcher, budget: int | None = None, *, by_bound_only: 
                           axis=0)
         best = None
         for size in range(2, len(room) + 1):
-            for zones in combinations(sorted(room), size):
+            for zones in itertools.combinations(sorted(room), size):
                 if sum(room[z] for z in zones) < d:
                     continue
                 ring = np.max([net.uniform_allreduce_times_s(nbytes, Endpoint(zone=a, gpu=gpu), d,
                                                              to=Endpoint(zone=b, gpu=gpu))
-                               for a, b in permutations(zones, 2)], axis=0)
+                               for a, b in itertools.permutations(zones, 2)], axis=0)
                 best = ring if best is None else np.minimum(best, ring)
         assert best is not None, "a segment's replicas fit its GPU type's zones"
         return best
@@ -1214,7 +1212,7 @@ def run_search(searcher: Searcher, budget: int | None = None, *, by_bound_only: 
         """USD per iteration of a two-segment shape: rent over ``joint_lb``'s time and the
         egress of its rings together, ``fixed_usd`` (its p2p) added.  The segment doing the
         share x of the block work holds at least x ``num_blocks_lb`` blocks, whose gradient its
-        rings carry across zones (``ring_egress_parts``) if they must: shifting blocks to the
+        rings carry across zones (``ring_usd_per_byte``) if they must: shifting blocks to the
         segment whose rings stay in a zone saves egress but lengthens its pipeline.  On each
         _GRID interval the cost is convex and piecewise linear in x, so its least is at an end
         or where two of its pieces meet."""
@@ -1222,8 +1220,9 @@ def run_search(searcher: Searcher, budget: int | None = None, *, by_bound_only: 
         work_s = space.ref_total_s
         a1, a2 = work_s / shape[0].capacity, work_s / shape[1].capacity
         k1, k2 = steady_links_s(shape[0]), steady_links_s(shape[1])
-        (f1, _, block), (f2, _, _) = ring_egress_parts(shape[0]), ring_egress_parts(shape[1])
-        e1, e2 = f1 * block * space.num_blocks_lb, f2 * block * space.num_blocks_lb
+        block = searcher.gradient_bytes_lb(space.mbs)[1]
+        e1 = ring_usd_per_byte(shape[0]) * block * space.num_blocks_lb
+        e2 = ring_usd_per_byte(shape[1]) * block * space.num_blocks_lb
         per_s = usd_per_hr / 3600
         best = math.inf
         for k in range(_GRID):
@@ -1282,13 +1281,15 @@ def run_search(searcher: Searcher, budget: int | None = None, *, by_bound_only: 
         if not (len(ra) or len(rb)):
             return out
         # Crossings between rows, and between a row and a one-zone stage (the last column/row).
+        def off_the_busiest_zone(rows):
+            return len(m) - np.stack([(rows == z).sum(axis=1) for z in range(len(zones))], axis=1).max(axis=1)
+
         crossing = np.zeros((len(ra) + 1, len(rb) + 1))
         crossing[:-1, :-1] = (ra[:, None, :] != rb[None, :, :]).sum(axis=2)
-        for rows, put in ((ra, lambda v: crossing.__setitem__((slice(0, -1), -1), v)),
-                          (rb, lambda v: crossing.__setitem__((-1, slice(0, -1)), v))):
-            if len(rows):
-                most = np.stack([(rows == z).sum(axis=1) for z in range(len(zones))], axis=1).max(axis=1)
-                put(len(m) - most)
+        if len(ra):
+            crossing[:-1, -1] = off_the_busiest_zone(ra)
+        if len(rb):
+            crossing[-1, :-1] = off_the_busiest_zone(rb)
         live = {z for seg in (*first, *second) for z, n in searcher.zone_gpus[seg.gpu].items() if n > 0}
         price = min(searcher.round_trip_usd_per_byte(x, y) for x in live for y in live if x != y)
         kinds = {id(seg.kind): seg.kind for seg in (*first, *second)}.values()
@@ -1336,7 +1337,7 @@ def run_search(searcher: Searcher, budget: int | None = None, *, by_bound_only: 
                     np.array([seg.num_stages for seg in segs], dtype=int),
                     np.array([link_s(seg, seg) for seg in segs], dtype=float)), 0.0) if segs else np.zeros(1),
                 p2p_usd=np.array([seg.egress_usd if cost_matters else 0.0 for seg in segs] + [0.0]),
-                ring_usd=np.array([ring_egress_parts(seg)[0] if cost_matters else 0.0 for seg in segs] + [0.0]),
+                ring_usd=np.array([ring_usd_per_byte(seg) if cost_matters else 0.0 for seg in segs] + [0.0]),
                 inv=np.array([1.0 / seg.slowness for seg in segs] + [0.0]),
                 slow=np.array([seg.slowness for seg in segs] + [0.0]),
                 nmb=np.array([seg.num_microbatches for seg in segs] + [1]),
@@ -1681,7 +1682,7 @@ def run_search(searcher: Searcher, budget: int | None = None, *, by_bound_only: 
         if ev is not None and ev.res.fits:
             searcher.learn_excess(parts[3], ev.res.iteration_time_s / parts[0])
         # Patience: the queue's order is an estimate, so stop once many evaluations in a row no
-        # longer move the top N by more than 0.1 %.
+        # longer improve the best plan by more than 0.1 %.
         after = searcher.threshold()
         best_after = searcher.top[0].score if searcher.top else math.inf
         if best_after < best_before and (best_before == math.inf or best_before - best_after > 1e-3 * abs(best_before)):
