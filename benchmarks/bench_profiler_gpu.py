@@ -28,15 +28,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 MEASUREMENTS = Path(__file__).resolve().parents[2] / "shared" / "measurements" / "h200_opt_training.jsonl"
 
 
-def measured_rows(model: str) -> dict[int, dict]:
+def measured_rows(model: str, path: Path = MEASUREMENTS) -> dict[int, dict]:
     """Full-depth rows of the H200 measurements for ``model``, by micro-batch size."""
-    if not MEASUREMENTS.exists():
+    if not path.exists():
         return {}
     from sailor_core.catalog.models import get_model
 
     full = get_model(model).num_layers
     rows = {}
-    for line in MEASUREMENTS.read_text().splitlines():
+    for line in path.read_text().splitlines():
         r = json.loads(line)
         if r.get("model") == model and r.get("layers") == full:
             rows[int(r["mbs"])] = r
@@ -50,9 +50,11 @@ def main(argv=None) -> int:
     ap.add_argument("--mbs", default="1,2,4")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--steps", type=int, default=3, help="engine steps (the first is a warm-up)")
-    ap.add_argument("--step-mbs", type=int, default=1, help="micro-batch size of the engine step")
+    ap.add_argument("--step-mbs", default="1", help="micro-batch sizes of the engine steps, comma-separated")
     ap.add_argument("--workdir", default=None)
     ap.add_argument("--json-out", default=None)
+    ap.add_argument("--measurements", default=str(MEASUREMENTS),
+                    help="the H200 measurements JSONL (default: ../shared/measurements/...)")
     args = ap.parse_args(argv)
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="sailor-profile-gpu-"))
     os.environ["SAILOR_HOME"] = str(workdir / "sailor_home")
@@ -69,7 +71,7 @@ def main(argv=None) -> int:
         run = profile_model(model, micro_batch_sizes=mbs_list, tp_degrees=[1], device=args.device, reps=args.reps,
                             measure_overhead=True)
         save_profiles(run.profiles)
-        meas = measured_rows(model) if run.profiles[0].gpu == "H200" else {}
+        meas = measured_rows(model, Path(args.measurements)) if run.profiles[0].gpu == "H200" else {}
         entry = {"device_name": run.device_name, "profile_wall_s": run.wall_s, "overhead_bytes": run.overhead_bytes,
                  "by_mbs": {}}
         print(f"== {model} on {run.device_name} (torch {run.torch_version}); profiling took {run.wall_s:.0f} s; "
@@ -93,35 +95,43 @@ def main(argv=None) -> int:
 
         # one full-model training step with the engine vs the simulator with this profile
         gpu = run.profiles[0].gpu
-        plan = plan_from_dict({"model": model, "global_batch_size": 4 * args.step_mbs,
-                               "micro_batch_size": args.step_mbs,
-                               "stages": [{"layers": [0, run.profiles[0].num_layer_indices],
-                                           "replicas": [{"gpu": gpu, "tp": 1, "zone": "local"}]}]})
-        prof = next((p for p in run.profiles if p.micro_batch_size == args.step_mbs), None)
-        if prof is None:
-            print(f"(no profile at mbs {args.step_mbs}; engine step skipped)")
-            continue
-        sim = simulate(plan, profiles=ProfileDB([prof]))
-        res = launch_local(plan, args.steps, workdir=workdir / f"engine-{model}", timeout_s=900)
-        if res.status != "ok":
-            print(f"engine run failed: {res.status} {res.message}")
-            entry["engine"] = {"status": res.status, "message": res.message}
-        else:
-            steady = res.step_times_s[1:] or res.step_times_s
-            med = statistics.median(steady)
-            mem = sim.stages[0].replicas[0].memory
-            print(f"one step, gbs {plan.global_batch_size} (4 x mbs {args.step_mbs}): engine {med * 1e3:.1f} ms "
-                  f"(steps {', '.join(f'{t * 1e3:.1f}' for t in res.step_times_s)}), simulator "
-                  f"{sim.iteration_time_s * 1e3:.1f} ms ({sim.iteration_time_s / med - 1:+.0%}); predicted peak "
-                  f"memory {mem.peak_bytes / 1e9:.2f} GB")
-            m = meas.get(args.step_mbs)
-            if m:
-                print(f"measurements' iteration_ms (HF OPT, acc 4): {m['iteration_ms'][0]:.1f} ms")
-            entry["engine"] = {"status": "ok", "step_times_s": res.step_times_s, "median_s": med,
-                               "simulated_s": sim.iteration_time_s, "predicted_peak_bytes": mem.peak_bytes}
+        entry["engine"] = {}
+        for step_mbs in [int(x) for x in args.step_mbs.split(",")]:
+            plan = plan_from_dict({"model": model, "global_batch_size": 4 * step_mbs,
+                                   "micro_batch_size": step_mbs,
+                                   "stages": [{"layers": [0, run.profiles[0].num_layer_indices],
+                                               "replicas": [{"gpu": gpu, "tp": 1, "zone": "local"}]}]})
+            prof = next((p for p in run.profiles if p.micro_batch_size == step_mbs), None)
+            if prof is None:
+                print(f"(no profile at mbs {step_mbs}; engine step skipped)")
+                continue
+            sim = simulate(plan, profiles=ProfileDB([prof]))
+            res = launch_local(plan, args.steps, workdir=workdir / f"engine-{model}-{step_mbs}", timeout_s=900)
+            if res.status != "ok":
+                print(f"engine run failed: {res.status} {res.message}")
+                entry["engine"][step_mbs] = {"status": res.status, "message": res.message}
+            else:
+                steady = res.step_times_s[1:] or res.step_times_s
+                med = statistics.median(steady)
+                mem = sim.stages[0].replicas[0].memory
+                print(f"one step, gbs {plan.global_batch_size} (4 x mbs {step_mbs}): engine {med * 1e3:.1f} ms "
+                      f"(steps {', '.join(f'{t * 1e3:.1f}' for t in res.step_times_s)}), simulator "
+                      f"{sim.iteration_time_s * 1e3:.1f} ms ({sim.iteration_time_s / med - 1:+.0%}); predicted peak "
+                      f"memory {mem.peak_bytes / 1e9:.2f} GB"
+                      + (f", of which allocated {mem.allocated_bytes / 1e9:.2f} GB; engine's peak allocated "
+                         f"{res.peak_memory_bytes / 1e9:.2f} GB ({mem.allocated_bytes / res.peak_memory_bytes - 1:+.1%})"
+                         if res.peak_memory_bytes else ""))
+                m = meas.get(step_mbs)
+                if m:
+                    print(f"measurements' iteration_ms (HF OPT, acc 4): {m['iteration_ms'][0]:.1f} ms, "
+                          f"peak allocated {m['peak_alloc_bytes'] / 1e9:.2f} GB")
+                entry["engine"][step_mbs] = {"status": "ok", "step_times_s": res.step_times_s, "median_s": med,
+                                             "simulated_s": sim.iteration_time_s, "predicted_peak_bytes": mem.peak_bytes,
+                                             "predicted_allocated_bytes": mem.allocated_bytes,
+                                             "peak_memory_bytes": res.peak_memory_bytes}
         report["models"][model] = entry
-    if args.json_out:
-        Path(args.json_out).write_text(json.dumps(report, indent=2))
+        if args.json_out:  # after each model, so a run cut short keeps what it measured
+            Path(args.json_out).write_text(json.dumps(report, indent=2))
     return 0
 
 

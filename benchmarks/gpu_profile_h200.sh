@@ -3,8 +3,7 @@
 # ../shared/measurements, and run one full-model training step with the engine against the
 # simulator's prediction from the new profile.  Prints the comparison; writes JSON to $OUT (or /tmp).
 #
-# NOT RUN YET: the session that wrote it had no GPU.  Expected wall time: ~5 min
-# (torch start-up, 2 models x 3 micro-batch sizes x 26 layer indices x (2 warm-ups + 5 reps), 2 engine runs).
+# Ran on an H200 in session 5 (figures: docs/benchmarks/profiler.md, "H200"): ~3 min for these two models.
 #
 #   bash benchmarks/gpu_profile_h200.sh
 set -euo pipefail
@@ -14,4 +13,4 @@ OUT=${OUT:-/tmp}
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
 "$PY" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.get_device_name(0))"
 "$PY" benchmarks/bench_profiler_gpu.py --device cuda --models opt-350m,opt-1.3b --mbs 1,2,4 --reps 5 \
-    --steps 3 --step-mbs 1 --workdir "$OUT/sailor-profile-h200" --json-out "$OUT/profile_h200.json"
+    --steps 6 --step-mbs 1,4 --workdir "$OUT/sailor-profile-h200" --json-out "$OUT/profile_h200.json"

@@ -107,7 +107,10 @@ def saved_activation_bytes(fn, exclude: set[int]) -> tuple[int, object]:
         ptr = storage.data_ptr()
         if ptr not in exclude and ptr != 0:
             seen[ptr] = max(seen.get(ptr, 0), storage.nbytes())
-        return t
+        # Not `t` itself: a node that saves its own output would then hold its grad_fn, a cycle
+        # outside Python's GC that kept every profiled layer and its activations alive (on CUDA
+        # the profiler ran out of memory on an H200 after ~100 GB of layers).
+        return t.detach()
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         out = fn()

@@ -6,7 +6,9 @@ oneDNN/BLAS buffers and gloo's buffers are in memory as they are in a real worke
 own weights, gradients and AdamW state; the larger of the two ranks.  Just after gloo's
 initialisation a worker holds ~0.1 GB less: that part only appears once it computes.  CUDA: device
 memory in use that torch's allocator does not account for (CUDA context, cuBLAS/NCCL
-workspaces) after one matmul and one NCCL all-reduce.
+workspaces) after one matmul and one NCCL all-reduce, less what the calling process holds on the
+device (the GPU's free memory is device-wide: a profiler that has just measured layers holds its
+own context and cache).
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ out = {}
 if cuda:
     a = torch.randn(1024, 1024, device="cuda"); (a @ a).sum().item()
     free, total = torch.cuda.mem_get_info()
-    out["bytes"] = total - free - torch.cuda.memory_allocated()
+    out["bytes"] = total - free - int(os.environ["SAILOR_OTHER_USED_BYTES"]) - torch.cuda.memory_allocated()
 else:
     rss = [l for l in open("/proc/self/status") if l.startswith("VmRSS")][0]
     out["bytes"] = int(rss.split()[1]) * 1024 - own
@@ -63,11 +65,20 @@ def idle_worker_rss_bytes(*, device: str = "cpu", threads: int = 1, timeout_s: f
     from sailor_core.profiler.group import free_port as _free_port
 
     port = _free_port()
+    other_used = 0
+    if device == "cuda" and "torch" in sys.modules:
+        import torch
+
+        if torch.cuda.is_initialized():
+            torch.cuda.empty_cache()
+            free, total = torch.cuda.mem_get_info()
+            other_used = total - free
     procs = []
     world = 1 if device == "cuda" else 2  # one GPU may be all there is; NCCL initialises with one rank
     for rank in range(world):
         env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
-                   OMP_NUM_THREADS=str(threads), SAILOR_THREADS=str(threads), SAILOR_DEVICE=device)
+                   OMP_NUM_THREADS=str(threads), SAILOR_THREADS=str(threads), SAILOR_DEVICE=device,
+                   SAILOR_OTHER_USED_BYTES=str(other_used))
         procs.append(subprocess.Popen([sys.executable, "-c", _IDLE], env=env, stdout=subprocess.PIPE,
                                       stderr=subprocess.PIPE, text=True, start_new_session=True))
     values = []

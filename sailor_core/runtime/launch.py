@@ -45,6 +45,7 @@ class LaunchResult:
     death_time_s: float | None = None
     message: str = ""
     stderr_tails: dict[int, str] = field(default_factory=dict)
+    peak_memory_bytes: int | None = None  # rank 0's torch.cuda.max_memory_allocated; None on CPU
 
     def to_dict(self) -> dict:
         return {"status": self.status, "losses": self.losses, "steps": self.steps,
@@ -184,7 +185,9 @@ def launch_local(plan: Plan, steps: int, *, data: str | Path | None = None,
         samples_per_s=gbs / med if steady else 0.0,
         tokens_per_s=gbs * seq / med if steady else 0.0, wall_s=wall, exit_codes=exit_codes,
         dead_rank=dead_rank, hung_ranks=tuple(hung), exit_times_s=exit_times,
-        death_time_s=death_time, message=message, stderr_tails=tails)
+        death_time_s=death_time, message=message, stderr_tails=tails,
+        peak_memory_bytes=max((r["peak_memory_bytes"] for r in step_recs if "peak_memory_bytes" in r),
+                              default=None))
 
 
 def _kill(p: subprocess.Popen) -> None:

@@ -21,7 +21,8 @@ so they checkpoint the same step together.
 
 Rank 0 appends one JSON line per step to ``--metrics-file``:
 ``{"step", "loss", "step_time_s", "cpu_time_s", "samples_per_s", "tokens_per_s"}``
-(``cpu_time_s``: rank 0's process CPU time in the step, all threads), and a last
+(``cpu_time_s``: rank 0's process CPU time in the step, all threads; on CUDA also
+``peak_memory_bytes``, rank 0's ``torch.cuda.max_memory_allocated`` so far), and a last
 line ``{"event": "done" | "preempted" | "peer_lost" | "error", ...}``; ``peer_lost``
 carries ``dead_ranks`` (from heartbeats through the rendezvous store).
 """
@@ -175,13 +176,18 @@ def main(argv=None) -> int:
                 stop["requested"] = True
             status[0], status[1] = loss_sum, float(stop["requested"])
             dist.all_reduce(status)
+            # Reading the agreed status waits for the device, so the step time covers the GPU's
+            # queued kernels too (CUDA runs ahead of the host until something is read back).
+            loss_total, stop_any = (float(v) for v in status.tolist())
             dt = time.perf_counter() - t0
             gbs = plan.global_batch_size
-            metrics.write({"step": trainer.step, "loss": float(status[0]) / plan.num_microbatches,
-                           "step_time_s": dt, "cpu_time_s": time.process_time() - c0,
-                           "samples_per_s": gbs / dt,
-                           "tokens_per_s": gbs * trainer.seq_len / dt})
-            if status[1] > 0:
+            record = {"step": trainer.step, "loss": loss_total / plan.num_microbatches,
+                      "step_time_s": dt, "cpu_time_s": time.process_time() - c0,
+                      "samples_per_s": gbs / dt, "tokens_per_s": gbs * trainer.seq_len / dt}
+            if device.type == "cuda":
+                record["peak_memory_bytes"] = torch.cuda.max_memory_allocated(device)
+            metrics.write(record)
+            if stop_any > 0:
                 saved = storage is not None and save()
                 metrics.write({"event": "preempted", "step": trainer.step, "checkpoint": saved})
                 _log(rank, f"stopping at step {trainer.step} on a preemption notice "

@@ -104,3 +104,39 @@ def test_cpu_sharing_from_first_principles(tiny_run):
     assert effective_cores(2, 4, other_load=4) == pytest.approx(1.0)
     loaded = shared_cpu_time(plan, sim, num_cores=2, other_load=4)
     assert loaded.iteration_time_s == pytest.approx(max(sim.iteration_time_s, work))
+
+
+def test_measuring_a_layer_frees_it_without_the_cyclic_gc(monkeypatch):
+    # On an H200 the profiler ran out of memory after ~100 GB: the activation-size hook returned
+    # the saved tensor itself, so a node saving its own output held its own grad_fn, a cycle that
+    # nothing frees. Reference counting alone must free every layer and its parameters.
+    import gc
+    import weakref
+
+    import torch
+
+    from sailor_core.catalog.models import get_model
+    import sailor_core.profiler.measure as measure
+
+    spec = get_model("tiny")
+    cpu = torch.device("cpu")
+    # torch's first embedding call in a process keeps its arguments once; not what is checked here
+    measure.measure_layer(spec, 0, micro_batch_size=1, seq_len=32, device=cpu, warmups=1, reps=1, update_reps=1)
+    params = []
+    build = measure.build_layer
+
+    def watched_build(*args, **kwargs):
+        layer = build(*args, **kwargs)
+        params.extend(weakref.ref(p) for p in layer.parameters())
+        return layer
+
+    monkeypatch.setattr(measure, "build_layer", watched_build)
+    gc.disable()
+    try:
+        for index in range(spec.num_layer_indices):
+            measure.measure_layer(spec, index, micro_batch_size=1, seq_len=32, device=cpu, warmups=1, reps=1,
+                                  update_reps=1)
+        alive = sum(ref() is not None for ref in params)
+    finally:
+        gc.enable()
+    assert params and alive == 0, f"{alive} of {len(params)} parameters outlived their measurement"
