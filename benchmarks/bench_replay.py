@@ -8,14 +8,17 @@ Prints time to train, USD, cost and time ratios to ours, re-plans, restarts,
 useful-work fraction, and the replay's wall time (cold: with planner calls;
 warm: the same replay again with every plan cached, i.e. the replay itself).
 ``--cold`` replays once with no plan cache on disk (what a user's first replay
-costs) and prints wall and CPU seconds, the planner's share, and its calls by
-the number of GPU types and pools they were asked about.
+costs) and prints wall and CPU seconds (this process plus the planner's worker
+processes), the planner's share, and its calls by the number of GPU types and
+pools they were asked about.  ``--workers N`` sets the worker processes that
+search ahead (default: one per CPU; 0: none, every search in this process).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import resource
 import statistics
 import time
 
@@ -40,6 +43,8 @@ def main() -> None:
                     help="one replay with no plan cache on disk; print where its time goes")
     ap.add_argument("--probe-micro-batches", action="store_true",
                     help="with --cold: search only the micro-batch sizes the trace's GPU types use")
+    ap.add_argument("--workers", type=int, default=None,
+                    help="planner worker processes that search ahead (default: one per CPU; 0: none)")
     ap.add_argument("--vs-all-micro-batches", action="store_true",
                     help="with --cold --probe-micro-batches: replay again searching every micro-batch size; "
                          "print its time and how far each policy's time to train and USD move")
@@ -53,7 +58,7 @@ def main() -> None:
     t0 = time.perf_counter()
     cold = run_policies(trace, model=args.model, tokens=args.tokens, policies=policies,
                         budget_usd=args.budget_usd, plan_cache_path=args.plan_cache,
-                        planner_knobs=knobs)
+                        planner_knobs=knobs, workers=args.workers)
     cold_s = time.perf_counter() - t0
     t0 = time.perf_counter()
     warm = run_policies(trace, model=args.model, tokens=args.tokens, policies=policies,
@@ -86,11 +91,18 @@ def main() -> None:
         plot_timeline(cold.results, args.plot, trace=trace, title=f"{args.model}, {args.tokens:.3g} tokens, {args.trace}")
 
 
+def _cpu_s() -> float:
+    """CPU seconds of this process and of its finished children (the planner's workers)."""
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+
 def cold_report(args, trace, policies, knobs) -> None:
-    t0, c0 = time.perf_counter(), time.process_time()
+    t0, c0, own0 = time.perf_counter(), _cpu_s(), time.process_time()
     suite = run_policies(trace, model=args.model, tokens=args.tokens, policies=policies,
-                         budget_usd=args.budget_usd, planner_knobs=knobs, probe_micro_batches=args.probe_micro_batches)
-    wall_s, cpu_s = time.perf_counter() - t0, time.process_time() - c0
+                         budget_usd=args.budget_usd, planner_knobs=knobs, probe_micro_batches=args.probe_micro_batches,
+                         workers=args.workers)
+    wall_s, cpu_s, own_cpu_s = time.perf_counter() - t0, _cpu_s() - c0, time.process_time() - own0
     calls = suite.planner_call_log
     print(f"{args.trace}: {trace.num_rows} rows, {trace.duration_s / 3600:.1f} h, "
           f"{len(trace.preemptions)} preemption events; model {args.model}, {args.tokens:.3g} tokens; cold, no plan cache")
@@ -98,8 +110,15 @@ def cold_report(args, trace, policies, knobs) -> None:
         t = r.time_to_train_s
         print(f"  {name:12} {'done' if r.finished else 'not done':8} {t / 3600 if t else float('nan'):7.3f} h "
               f"{r.usd_spent:9.2f} USD  {r.num_replans:4d} re-plans  {r.planner_calls:4d} planner calls")
-    print(f"wall {wall_s:.2f} s, CPU {cpu_s:.2f} s; {len(calls)} planner calls {suite.planner_time_s:.2f} s, "
-          f"the rest {wall_s - suite.planner_time_s:.2f} s; micro-batch sizes searched {suite.micro_batch_sizes or 'all'}")
+    print(f"wall {wall_s:.2f} s, CPU {cpu_s:.2f} s (this process {own_cpu_s:.2f} s); {len(calls)} planner calls, "
+          f"waited {suite.planner_time_s:.2f} s for them, the rest {wall_s - suite.planner_time_s:.2f} s; "
+          f"micro-batch sizes searched {suite.micro_batch_sizes or 'all'}")
+    pf = suite.prefetch
+    if pf is not None:
+        print(f"  workers {args.workers if args.workers is not None else 'one per CPU'}: {pf.num_from_workers} of "
+              f"{pf.num_asked} searches answered by a worker, {pf.num_in_process} here; {pf.num_searched_ahead} searched "
+              f"ahead ({pf.num_searched_ahead - pf.num_from_workers} wasted, {pf.worker_cpu_s:.2f} s worker CPU); "
+              f"waited {pf.wait_s:.2f} s for workers")
     groups: dict[tuple[int, int], list[float]] = {}
     for c in calls:
         groups.setdefault((c.num_gpu_types, len(c.available)), []).append(c.seconds)
@@ -108,10 +127,10 @@ def cold_report(args, trace, policies, knobs) -> None:
         print(f"  {types:9d} {pools:5d} {len(secs):5d} {sum(secs):8.2f} {statistics.median(secs):8.3f} {max(secs):7.3f}")
     out = suite.to_dict()
     if args.vs_all_micro_batches:
-        t0, c0 = time.perf_counter(), time.process_time()
+        t0, c0 = time.perf_counter(), _cpu_s()
         full = run_policies(trace, model=args.model, tokens=args.tokens, policies=policies, budget_usd=args.budget_usd,
-                            planner_knobs=knobs)
-        full_wall_s, full_cpu_s = time.perf_counter() - t0, time.process_time() - c0
+                            planner_knobs=knobs, workers=args.workers)
+        full_wall_s, full_cpu_s = time.perf_counter() - t0, _cpu_s() - c0
         print(f"every micro-batch size: wall {full_wall_s:.2f} s, CPU {full_cpu_s:.2f} s, "
               f"{full.planner_calls} planner calls {full.planner_time_s:.2f} s")
         drift = {}
@@ -126,7 +145,7 @@ def cold_report(args, trace, policies, knobs) -> None:
         out.update(all_micro_batches={"wall_s": full_wall_s, "cpu_s": full_cpu_s, "planner_calls": full.planner_calls,
                                       "drift": drift})
     out.update(trace_arg=args.trace, model=args.model, tokens=args.tokens, cold=True, wall_cold_s=wall_s,
-               cpu_cold_s=cpu_s, max_evaluations=(knobs or {}).get("max_evaluations", 200),
+               cpu_cold_s=cpu_s, cpu_cold_this_process_s=own_cpu_s, workers=args.workers, max_evaluations=(knobs or {}).get("max_evaluations", 200),
                calls_by_shape=[{"gpu_types": t, "pools": p, "calls": len(v), "total_s": sum(v)}
                                for (t, p), v in sorted(groups.items())])
     if args.out:

@@ -32,6 +32,7 @@ from sailor_core.controller import (
     decide,
 )
 from sailor_core.replay.costs import ChangeCosts
+from sailor_core.replay.lookahead import upcoming_requests
 from sailor_core.traces import AvailabilityTrace, GpuZone
 
 PriceFn = Callable[[str, str, float], float]  # (gpu, zone, time_s) -> USD per GPU-hour
@@ -129,6 +130,14 @@ class _Sim:
     stop_reason: str = ""
     timeline: list = field(default_factory=list)
     decisions: list = field(default_factory=list)
+    next_event: int = 0             # index of the next external event time (for the lookahead)
+
+
+def gpus_taken(*, held: int, before: int, after: int, num_taken: int, share: float) -> int:
+    """How many of the ``held`` GPUs of a pool a preemption takes (see the module doc)."""
+    if held <= 0 or before <= 0:
+        return 0
+    return max(0, min(held, max(held - after, math.floor(held * num_taken / before + share))))
 
 
 def replay(
@@ -144,8 +153,15 @@ def replay(
     seed: int = 0,
     max_time_s: float | None = None,
     price_change_times: tuple[float, ...] = (),
+    prefetch: Callable[[list[dict[GpuZone, int]]], None] | None = None,
+    prefetch_decisions: int = 2,
 ) -> ReplayResult:
-    """Replay ``trace`` under one controller configuration; see the module doc."""
+    """Replay ``trace`` under one controller configuration; see the module doc.
+
+    ``prefetch``, when given, is told after every decision which availabilities the
+    controller will likely ask ``plan_fn`` about in its next ``prefetch_decisions``
+    re-plans (``lookahead.upcoming_requests``), so that they can be answered ahead.
+    """
     ledger = CostLedger(budget_usd=budget_usd)
     s = _Sim(avail=dict(trace.rows[0][1]))
     horizon = max_time_s if max_time_s is not None else trace.duration_s + 30 * 24 * _S_PER_HR
@@ -193,7 +209,17 @@ def replay(
             preemption_rate_per_s=rates(),
         )
         d = decide(state, event, config=config, plan_fn=plan_fn)
+        plan_before, planned_on_before = s.plan, s.planned_on
         apply(d, event)
+        if prefetch is not None and (s.plan is not plan_before or s.planned_on is not planned_on_before):
+            look_ahead()
+
+    def look_ahead() -> None:
+        holding = s.plan.gpus if s.plan is not None and s.phase in ("starting", "running") else None
+        prefetch(upcoming_requests(
+            trace=trace, times=times, start=s.next_event, preemptions_at=by_time, shares=shares,
+            plan_gpus=holding, planned_on=s.planned_on, available=s.avail, config=config,
+            num_decisions=prefetch_decisions))
 
     def apply(d: Decision, event: Event) -> None:
         if d.action == Action.CONTINUE:
@@ -314,9 +340,10 @@ def replay(
 
     record()
     ask(Event(kind=EventKind.START))
-    for t in times:
+    for j, t in enumerate(times):
         if s.phase == "ended" or t > horizon:
             break
+        s.next_event = j + 1
         advance(t)
         if s.phase == "ended":
             break
@@ -329,13 +356,10 @@ def replay(
             for i in by_time.get(t, []):
                 e = trace.preemptions[i]
                 key = (e.gpu, e.zone)
-                u = s.plan.gpus.get(key, 0) - lost.get(key, 0)
-                n_before = s.avail.get(key, 0)
-                if u <= 0 or n_before <= 0:
-                    continue
-                take = max(u - new_counts.get(key, 0), math.floor(u * e.num_gpus / n_before + shares[i]))
+                take = gpus_taken(held=s.plan.gpus.get(key, 0) - lost.get(key, 0), before=s.avail.get(key, 0),
+                                  after=new_counts.get(key, 0), num_taken=e.num_gpus, share=shares[i])
                 if take > 0:
-                    lost[key] = lost.get(key, 0) + min(u, take)
+                    lost[key] = lost.get(key, 0) + take
         for lease_key in s.leases:
             price = price_fn(lease_key[0], lease_key[1], t)
             ledger.set_price(s.leases[lease_key], price * s.plan.gpus[lease_key], t)

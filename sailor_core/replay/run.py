@@ -2,21 +2,23 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from sailor_core.controller import CachedPlanner, PlanFn, planner_plan_fn, restrict
+from sailor_core.controller import CachedPlanner, PlanFn, PlanOption, planner_plan_fn, restrict
 from sailor_core.controller.planning import PlannerCall
 from sailor_core.errors import InputError
 from sailor_core.replay.costs import ChangeCosts, checkpoint_bytes_for
 from sailor_core.replay.engine import PriceFn, ReplayResult, replay
 from sailor_core.replay.policies import POLICIES, controller_config, pick_single_type
+from sailor_core.replay.prefetch import PrefetchingPlanner, PrefetchStats, default_workers
 from sailor_core.replay.prices import PriceSeries
-from sailor_core.traces import AvailabilityTrace
+from sailor_core.traces import AvailabilityTrace, GpuZone
 
 # Search knobs for re-planning inside a replay: a smaller budget of simulate()
 # calls than `sailor plan` (4000) keeps one planner call short.
@@ -37,9 +39,13 @@ def grid_floor(n: int, *, fine_below: int = 8) -> int:
     return n - n % step
 
 
+def gridded(available: Mapping[GpuZone, int]) -> dict[GpuZone, int]:
+    return {k: grid_floor(n) for k, n in available.items() if grid_floor(n) > 0}
+
+
 def on_grid(plan_fn: PlanFn) -> PlanFn:
     def fn(available):
-        return plan_fn({k: grid_floor(n) for k, n in available.items() if grid_floor(n) > 0})
+        return plan_fn(gridded(available))
 
     return fn
 
@@ -75,8 +81,10 @@ def probed_micro_batch_sizes(trace: AvailabilityTrace, plan_fn: PlanFn) -> tuple
     return tuple(sizes)
 
 
-def _planner(model: str, global_batch_size: int | None, knobs: dict[str, Any], plan_cache_path: str | None) -> PlanFn:
-    fn = planner_plan_fn(model=model, global_batch_size=global_batch_size, **knobs)
+def _planner(model: str, global_batch_size: int | None, knobs: dict[str, Any], plan_cache_path: str | None,
+             *, workers: int = 0) -> PlanFn:
+    args = dict(model=model, global_batch_size=global_batch_size, **knobs)
+    fn = PrefetchingPlanner(args, workers=workers) if workers > 0 else planner_plan_fn(**args)
     if not plan_cache_path:
         return fn
     from sailor_core.replay.plan_cache import persistent
@@ -97,6 +105,7 @@ class ReplaySuite:
     trace_notes: tuple[str, ...]
     planner_call_log: tuple[PlannerCall, ...] = ()  # the calls that reached the planner, in order
     micro_batch_sizes: tuple[int, ...] | None = None  # what the planner searched (None: its default)
+    prefetch: PrefetchStats | None = None  # the worker processes' share of the planning (None: none ran)
 
     def to_dict(self, *, with_timeline: bool = False) -> dict[str, Any]:
         ours = self.results.get("ours")
@@ -105,6 +114,7 @@ class ReplaySuite:
             "samples_target": self.samples_target, "single_gpu_type": self.single_gpu_type,
             "wall_s": self.wall_s, "planner_calls": self.planner_calls, "planner_time_s": self.planner_time_s,
             "micro_batch_sizes": list(self.micro_batch_sizes) if self.micro_batch_sizes else None,
+            "prefetch": dataclasses.asdict(self.prefetch) if self.prefetch is not None else None,
             "policies": {},
         }
         for name, r in self.results.items():
@@ -152,7 +162,15 @@ def run_policies(
     plan_cache_path: str | None = None,
     planner_knobs: dict[str, Any] | None = None,
     probe_micro_batches: bool = False,
+    workers: int | None = None,
 ) -> ReplaySuite:
+    """Replay ``trace`` under each policy (in turn, sharing one planner cache).
+
+    With the real planner (no ``plan_fn``), ``workers`` processes (default: one per CPU,
+    ``prefetch.default_workers``; 0: none) search the availabilities the policies will
+    likely ask about next while the replay runs; the results are those of a replay
+    without them.
+    """
     from sailor_core.catalog import get_model, normalize_gpu_name
 
     spec = get_model(model)
@@ -178,33 +196,104 @@ def run_policies(
             _flush(probe.plan_fn)  # before the main planner reads the same file
             if sizes:
                 knobs_used["micro_batch_sizes"] = sizes
-        base = _planner(spec.name, global_batch_size, knobs_used, plan_cache_path)
+        base = _planner(spec.name, global_batch_size, knobs_used, plan_cache_path,
+                        workers=default_workers() if workers is None else workers)
         mbs = knobs_used.get("micro_batch_sizes")
     cached = base if isinstance(base, CachedPlanner) else CachedPlanner(plan_fn=base)
     planner = cached if exact_availability else on_grid(cached)
-    price_fn = prices.price_fn(fallback=catalog_price_fn()) if prices is not None else catalog_price_fn()
+    prefetcher, prefetch = _prefetcher(cached.plan_fn), None
+    if prefetcher is not None:
+        prefetcher.known = _known_to(cached)
+        to_planner = (lambda a: a) if exact_availability else gridded
+        prefetch = lambda requests: prefetcher.prefetch(to_planner(a) for a in requests)  # noqa: E731
+    price_fn = _price_fn(prices)
     change_times = prices.change_times() if prices is not None else ()
     single = None
     if any(p in ("skypilot", "single-type") for p in policies):
         single = normalize_gpu_name(gpu_type) if gpu_type else pick_single_type(trace, planner)
     results: dict[str, ReplayResult] = {}
     try:
+        shadows = {}
+        if prefetcher is not None:
+            # The requests of a static or failover policy depend on the plans it picks, so
+            # they cannot be guessed from the trace; a worker replays it meanwhile with a
+            # cache of its own and hands over what it searched.  Its cache lacks the
+            # earlier policies' answers, so a few of its decisions (and then requests) may
+            # differ: those are searched here.
+            for p in policies[1:]:
+                config = controller_config(p, costs=costs, gpu_type=single)
+                if config.strategy in ("static", "failover"):
+                    shadows[p] = prefetcher.run_in_worker(_shadow_replay, exact_availability, prices, dict(
+                        trace=trace, config=config, costs=costs, samples_target=samples_target,
+                        budget_usd=budget_usd, policy=p, seed=seed, max_time_s=max_time_s,
+                        price_change_times=change_times))
         for p in policies:
             calls_before = cached.num_calls
             config = controller_config(p, costs=costs, gpu_type=single)
+            if p in shadows:
+                answers, cpu_s = shadows[p].result()
+                prefetcher.adopt(answers, cpu_s=cpu_s)
             r = replay(trace, plan_fn=planner, config=config, costs=costs, samples_target=samples_target,
                        price_fn=price_fn, budget_usd=budget_usd, policy=p, seed=seed, max_time_s=max_time_s,
-                       price_change_times=change_times)
+                       price_change_times=change_times, prefetch=prefetch)
             results[p] = _with_calls(r, cached.num_calls - calls_before)
     finally:
         _flush(cached.plan_fn)
+        if prefetcher is not None:
+            prefetcher.close()
     return ReplaySuite(
         results=results, single_gpu_type=single, samples_target=samples_target,
         wall_s=time.perf_counter() - t0, planner_calls=probe.num_calls + cached.num_calls,
         planner_time_s=probe.planner_time_s + cached.planner_time_s,
         trace_source=trace.source, trace_notes=trace.notes, planner_call_log=(*probe.calls, *cached.calls),
         micro_batch_sizes=tuple(mbs) if mbs else None,
+        prefetch=prefetcher.stats() if prefetcher is not None else None,
     )
+
+
+def _price_fn(prices: PriceSeries | None) -> PriceFn:
+    return prices.price_fn(fallback=catalog_price_fn()) if prices is not None else catalog_price_fn()
+
+
+def _shadow_replay(plan_fn: PlanFn, exact_availability: bool, prices: PriceSeries | None,
+                   replay_args: dict[str, Any]) -> dict[frozenset, tuple[PlanOption, ...]]:
+    """In a planner worker: one policy's replay with a planner cache of its own; the
+    planner answers it searched, by ``frozenset(available.items())``."""
+    searched: dict[frozenset, tuple[PlanOption, ...]] = {}
+
+    def search(available: Mapping[GpuZone, int]) -> tuple[PlanOption, ...]:
+        options = tuple(plan_fn(available))
+        searched[frozenset(available.items())] = options
+        return options
+
+    cached = CachedPlanner(plan_fn=search)
+    replay(plan_fn=cached if exact_availability else on_grid(cached), price_fn=_price_fn(prices), **replay_args)
+    return searched
+
+
+def _prefetcher(plan_fn: PlanFn) -> PrefetchingPlanner | None:
+    from sailor_core.replay.plan_cache import PersistentPlanner
+
+    if isinstance(plan_fn, PersistentPlanner):
+        plan_fn = plan_fn.plan_fn
+    return plan_fn if isinstance(plan_fn, PrefetchingPlanner) and plan_fn.workers > 0 else None
+
+
+def _known_to(cached: CachedPlanner) -> Callable[[Mapping[GpuZone, int]], bool]:
+    """Whether ``cached`` answers an availability without a search: seen before, implied by
+    earlier answers (as it stands now), or stored in its plan cache on disk."""
+    from sailor_core.replay.plan_cache import PersistentPlanner, _key
+
+    disk = cached.plan_fn if isinstance(cached.plan_fn, PersistentPlanner) else None
+
+    def known(available: Mapping[GpuZone, int]) -> bool:
+        if frozenset(available.items()) in cached._exact:
+            return True
+        if disk is not None and _key(disk.prefix, available) in disk.store:
+            return True
+        return cached._implied(available) is not None
+
+    return known
 
 
 def _flush(plan_fn: PlanFn) -> None:
@@ -215,6 +304,4 @@ def _flush(plan_fn: PlanFn) -> None:
 
 
 def _with_calls(r: ReplayResult, calls: int) -> ReplayResult:
-    import dataclasses
-
     return dataclasses.replace(r, planner_calls=calls)
