@@ -88,6 +88,7 @@ class Segment:
 
 _NONE = None  # "this GPU type is not used" in a per-type list
 _GRID = 8  # intervals of a segment's share of the blocks in the joint compute/sync bound
+_CHUNK = 2048  # shapes refined at once (numpy temporaries of a few lines x this stay in cache)
 
 
 @dataclass(slots=True)
@@ -814,14 +815,6 @@ class _SortedShapes:
     def has_next(self) -> bool:
         return self.pos < len(self.scores)
 
-    def truncate(self, cut: float) -> None:
-        """Drop the shapes scoring ``cut`` or worse; ``cut`` stays the bound on them."""
-        n = bisect.bisect_left(self.scores, cut)
-        if n < len(self.scores):
-            self.ia, self.ib, self.scores = self.ia[:n], self.ib[:n], self.scores[:n]
-            self.busiest, self.parts = self.busiest[:n], [x[:n] for x in self.parts]
-            self.cut = cut
-
     def count_below(self, score: float) -> int:
         if self.cut < score:
             return 1 << 30  # some were cut off: no proof
@@ -840,6 +833,51 @@ class _SortedShapes:
         shape = tuple(seg for seg in (self.first[a] if a < len(self.first) else None,
                                       self.second[b] if b < len(self.second) else None) if seg is not None)
         return shape, (self.scores[i], self.busiest[i], tuple(x[i] for x in self.parts))
+
+
+class _ScoredShapes:
+    """Shapes of one micro-batch size with a first bound, refined (``refine``: the granular
+    and joint bounds, which only raise it) in order of that bound, as far as asked."""
+
+    __slots__ = ("refine", "_sorted_below", "pre", "first", "num_refined", "final", "never_refined")
+
+    def __init__(self, *, refine, sorted_below, pre, first, never_refined) -> None:
+        self.refine, self._sorted_below = refine, sorted_below
+        self.pre, self.first = pre, first  # first bound; the shapes to refine, best first
+        self.num_refined = 0
+        self.final = []  # arrays of refined bounds within the limits
+        self.never_refined = never_refined  # sorted first bounds of the rest: final as they are
+
+    def next_pre(self) -> float:
+        return float(self.pre[self.first[self.num_refined]]) if self.num_refined < len(self.first) else math.inf
+
+    def sorted_below(self, cut: float) -> _SortedShapes:
+        """The shapes whose bound is below ``cut``, best first (no shape left to refine may be)."""
+        return self._sorted_below(cut, self.num_refined)
+
+    def refine_next(self, count: int) -> None:
+        sel = self.first[self.num_refined:self.num_refined + count]
+        self.num_refined += len(sel)
+        if len(sel):
+            self.final.append(self.refine(sel))
+
+
+def _settle_cut(scored: list[_ScoredShapes], keep: int, chunk: int = _CHUNK) -> float:
+    """The (keep + 1)-th best final bound over every shape of ``scored`` (inf if there are no
+    more than ``keep``), refining shapes only as far as that needs: best first bound first,
+    until the next first bound is no better than the (keep + 1)-th best final bound known.
+    Refining only raises a bound, so the shapes left unrefined cannot come below it (and the
+    shapes below it are exactly those a full refinement would put there)."""
+    import numpy as np
+
+    while True:
+        pool = np.concatenate([s.never_refined[:keep + 1] for s in scored]
+                              + [x for s in scored for x in s.final] or [np.empty(0)])
+        cut = float(np.partition(pool, keep)[keep]) if len(pool) > keep else math.inf
+        nxt = min(scored, key=lambda s: s.next_pre(), default=None)
+        if nxt is None or nxt.next_pre() >= cut:
+            return cut
+        nxt.refine_next(chunk)
 
 
 def _granular_many(sa, ra, ha, sb, rb, hb, num_blocks: int, iterations: int = 24):
@@ -1300,9 +1338,9 @@ def run_search(searcher: Searcher, budget: int | None = None, *, by_bound_only: 
         out[known] = (crossing[ra_of[:, None], rb_of[None, :]] * nbytes * price)[known]
         return out
 
-    def sorted_shapes(space: _MbsSpace) -> _SortedShapes:
+    def sorted_shapes(space: _MbsSpace) -> _ScoredShapes:
         """Every shape of one or two GPU types, scored at once (numpy) with the bound ``tight``
-        gives it before refinement, and those within the limits sorted by it."""
+        gives it before refinement; ``sorted_below`` sorts those within the limits by it."""
         import numpy as np
 
         lists = [[seg for seg in lst if seg is not None] for lst in space.lists]
@@ -1423,20 +1461,34 @@ def run_search(searcher: Searcher, budget: int | None = None, *, by_bound_only: 
         ia, ib, stages, tau, pipe, sync, rate, egress, t_lb = (
             x[ok] for x in (ia, ib, stages, tau, pipe, sync, rate, egress, t_lb))
         # The granular bound for the 20000 best on the capacity bound (the rest keep that one:
-        # weaker, still a bound; the search rarely gets that far down).
-        first = np.argsort(score_of(t_lb, rate, egress), kind="stable")[:20000]
-        gran = _granular_many(a["stages"][ia[first]], a["block"][ia[first]], a["head"][ia[first]],
-                              b["stages"][ib[first]], b["block"][ib[first]], b["head"][ib[first]],
-                              searcher.num_blocks, iterations=16)
-        tau = tau.copy()
-        tau[first] = np.maximum(tau[first], gran)
-        t_lb = np.maximum(tau, pipe) + sync
-        # Two segments: compute, links and sync together (joint_lb, the same bound for every shape),
-        # for those the granular bound left in.
-        alive = within_limits(t_lb[first], rate[first], egress[first]) & (
-            score_of(t_lb[first], rate[first], egress[first]) < limit)
-        two = first[alive & (ia[first] < na) & (ib[first] < nb)]  # (the rest keep the weaker bound)
-        if len(two):
+        # weaker, still a bound; the search rarely gets that far down), then the joint bounds,
+        # both in that order and only as far as the caller needs (``_ScoredShapes.refine``).
+        pre = score_of(t_lb, rate, egress)
+        first = np.argsort(pre, kind="stable")[:20000]
+        tau, egress = tau.copy(), egress.copy()  # refined in place
+        intervals = [(k / _GRID, (k + 1) / _GRID) for k in range(_GRID)]
+
+        def refine(sel):
+            """Refine the shapes ``sel`` (a run of ``first``); the final scores of those still
+            within the limits.  Each shape's figures depend on itself alone, so refining in
+            chunks gives what refining all at once does."""
+            refine_bounds(sel)
+            score = score_of(t_lb[sel], rate[sel], egress[sel])
+            return score[within_limits(t_lb[sel], rate[sel], egress[sel]) & (score < limit)]
+
+        def refine_bounds(sel) -> None:
+            gran = _granular_many(a["stages"][ia[sel]], a["block"][ia[sel]], a["head"][ia[sel]],
+                                  b["stages"][ib[sel]], b["block"][ib[sel]], b["head"][ib[sel]],
+                                  searcher.num_blocks, iterations=16)
+            tau[sel] = np.maximum(tau[sel], gran)
+            t_lb[sel] = np.maximum(tau[sel], pipe[sel]) + sync[sel]
+            # Two segments: compute, links and sync together (joint_lb, the same bound for every
+            # shape), for those the granular bound left in.
+            alive = within_limits(t_lb[sel], rate[sel], egress[sel]) & (
+                score_of(t_lb[sel], rate[sel], egress[sel]) < limit)
+            two = sel[alive & (ia[sel] < na) & (ib[sel] < nb)]  # (the rest keep the weaker bound)
+            if not len(two):
+                return
             # Rings only for the segments these shapes use (the curves cost a few rings each).
             c1, c2 = (_curves(x["segs"], idx[two], sync_curve) for x, idx in ((a, ia), (b, ib)))
             a1 = space.ref_total_s / a["cap"][ia[two]]
@@ -1448,7 +1500,6 @@ def run_search(searcher: Searcher, budget: int | None = None, *, by_bound_only: 
                                    space.ref_total_s * a["slow"][ia[two]], space.ref_total_s * b["slow"][ib[two]],
                                    a["stages"][ia[two]], b["stages"][ib[two]], a["nmb"][ia[two]],
                                    b["nmb"][ib[two]], lmat[a["tpi"][ia[two]], b["tpi"][ib[two]]])
-            intervals = [(k / _GRID, (k + 1) / _GRID) for k in range(_GRID)]
             rings = [np.maximum(c1[:, k], c2[:, _GRID - 1 - k]) for k in range(_GRID)]
             joint = np.min([h + ring for h, ring in zip(
                 _min_max_lines(u, v, intervals, PIPELINE_RISING, PIPELINE_FALLING), rings)], axis=0)
@@ -1466,42 +1517,44 @@ def run_search(searcher: Searcher, budget: int | None = None, *, by_bound_only: 
                 cv = np.vstack([np.zeros((1, len(two))), per_s * np.delete(v, flat, axis=0)]) + (e1 - e2)
                 usd = np.min([h + per_s * ring for h, ring in zip(_min_max_lines(cu, cv, intervals), rings)], axis=0)
                 fixed = a["p2p_usd"][ia[two]] + b["p2p_usd"][ib[two]] + rings_p2p[ia[two], ib[two]]
-                egress = egress.copy()
                 egress[two] = np.maximum(egress[two], usd + fixed - rate[two] * t_lb[two] / 3600)
-        score = score_of(t_lb, rate, egress)
-        ok = within_limits(t_lb, rate, egress) & (score < limit)
-        order = np.flatnonzero(ok)[np.argsort(score[ok], kind="stable")]
-        out = _SortedShapes(lists[0], lists[1], ia[order], ib[order], score[order], tau[order],
-                            (t_lb[order], rate[order], egress[order], stages[order]))
-        out.cut = limit
-        return out
+
+        def sorted_below(cut: float, num_refined: int) -> _SortedShapes:
+            """The shapes refined so far (the first ``num_refined`` of ``first``) and those never
+            refined whose bound is below ``cut``, best first (ties in scoring order); shapes
+            still to refine must not be below it."""
+            done = np.ones(len(ia), dtype=bool)
+            done[first[num_refined:]] = False
+            score = score_of(t_lb, rate, egress)
+            ok = done & within_limits(t_lb, rate, egress) & (score < min(limit, cut))
+            order = np.flatnonzero(ok)[np.argsort(score[ok], kind="stable")]
+            out = _SortedShapes(lists[0], lists[1], ia[order], ib[order], score[order], tau[order],
+                                (t_lb[order], rate[order], egress[order], stages[order]))
+            out.cut = min(limit, cut)
+            return out
+
+        never = np.ones(len(ia), dtype=bool)
+        never[first] = False
+        return _ScoredShapes(refine=refine, sorted_below=sorted_below, pre=pre, first=first,
+                             never_refined=np.sort(pre[never]))
 
     # Up to two GPU types: every shape at once, in exact order of its first bound (cheap with
-    # numpy); more types: lazily, in order of the looser capacity bound.
-    for space in spaces:
-        if len(space.lists) <= 2:
-            # The same in every pass of one request: scored once.
-            cached = searcher.sorted_memo.get(space.mbs)
-            if cached is None:
-                cached = searcher.sorted_memo[space.mbs] = sorted_shapes(space)
-            space.sorted = cached.fresh()
+    # numpy); more types: lazily, in order of the looser capacity bound.  The same in every
+    # pass of one request: scored once.
     # With caps, a floor or the cost objective the shapes within the limits on paper form a
     # wide band, and every one is refined before the search can tell it misses them: keep the
     # best 4000 bounds over all micro-batch sizes (the rest stay in the proof as a bound).
     banded = not throughput or req.max_usd_per_hour is not None or req.max_usd_per_iteration is not None
-    if banded:
-        cut = searcher.sorted_memo.get("cut")
-        if cut is None:
-            import numpy as np
-
-            scores = [np.asarray(sp.sorted.scores) for sp in spaces if sp.sorted is not None]
-            every = np.concatenate(scores) if scores else np.empty(0)
-            cut = searcher.sorted_memo["cut"] = (float(np.partition(every, 4000)[4000])
-                                                 if len(every) > 4000 else math.inf)
-        for sp in spaces:
-            if sp.sorted is not None:
-                sp.sorted.truncate(cut)
-
+    if any(len(sp.lists) <= 2 and sp.mbs not in searcher.sorted_memo for sp in spaces):
+        fresh = {sp.mbs: sorted_shapes(sp) for sp in spaces if len(sp.lists) <= 2}
+        cut = _settle_cut(list(fresh.values()), 4000) if banded else math.inf
+        for mbs, scored in fresh.items():
+            while not banded and scored.num_refined < len(scored.first):
+                scored.refine_next(_CHUNK)
+            searcher.sorted_memo[mbs] = scored.sorted_below(cut)
+    for space in spaces:
+        if len(space.lists) <= 2:
+            space.sorted = searcher.sorted_memo[space.mbs].fresh()
     def next_bound(space: _MbsSpace) -> float:
         return space.sorted.peek() if space.sorted is not None else loose(space)
 
@@ -1746,17 +1799,38 @@ def _min_max_lines(u, v, intervals, rising=None, falling=None):
     import numpy as np
 
     rise, fall = v > 0, v < 0
-    r = np.arange(len(u)) if rising is None else np.asarray(rising)
-    f = np.arange(len(u)) if falling is None else np.asarray(falling)
-    ur, vr, uf, vf = u[r][:, None], v[r][:, None], u[f][None, :], v[f][None, :]
+    i, j, i_rises, j_rises = _line_pairs(len(u), rising, falling)
+    # A pair's crossing, (v_i u_j - v_j u_i) / (v_i - v_j), is the same number either way
+    # round, so each unordered pair is computed once and counts if either line may rise
+    # while the other falls.
+    ui, vi, uj, vj = u[i], v[i], u[j], v[j]
     with np.errstate(divide="ignore", invalid="ignore"):
-        pair = (vr * uf - vf * ur) / (vr - vf)
-    cross = np.where(rise[r][:, None] & fall[f][None, :], pair, -np.inf).max(axis=(0, 1))
+        pair = (vi * uj - vj * ui) / (vi - vj)
+    counts = (i_rises[:, None] & rise[i] & fall[j]) | (j_rises[:, None] & rise[j] & fall[i])
+    cross = np.where(counts, pair, -np.inf).max(axis=0) if len(i) else np.full(u.shape[1:], -np.inf)
     flat = np.where(rise | fall, -np.inf, u).max(axis=0)
     base = np.maximum(cross, flat)
-    return [np.maximum(base, np.maximum(np.where(rise, u + v * lo, -np.inf).max(axis=0),
-                                        np.where(fall, u + v * hi, -np.inf).max(axis=0)))
+    r = slice(None) if rising is None else list(rising)
+    f = slice(None) if falling is None else list(falling)
+    up_u, up_v = np.where(rise[r], u[r], -np.inf), np.where(rise[r], v[r], 0.0)
+    down_u, down_v = np.where(fall[f], u[f], -np.inf), np.where(fall[f], v[f], 0.0)
+    return [np.maximum(base, np.maximum((up_u + up_v * lo).max(axis=0), (down_u + down_v * hi).max(axis=0)))
             for lo, hi in intervals]
+
+
+@functools.lru_cache(maxsize=64)
+def _line_pairs(num_lines: int, rising, falling):
+    """Unordered pairs (i < j) of lines where one may rise while the other falls: (i, j, whether
+    i may rise with j falling, whether j may rise with i falling), as numpy arrays."""
+    import numpy as np
+
+    may_rise = set(range(num_lines)) if rising is None else set(rising)
+    may_fall = set(range(num_lines)) if falling is None else set(falling)
+    pairs = [(a, b, a in may_rise and b in may_fall, b in may_rise and a in may_fall)
+             for a in range(num_lines) for b in range(a + 1, num_lines)]
+    pairs = [p for p in pairs if p[2] or p[3]]
+    return (np.array([p[0] for p in pairs], dtype=int), np.array([p[1] for p in pairs], dtype=int),
+            np.array([p[2] for p in pairs], dtype=bool), np.array([p[3] for p in pairs], dtype=bool))
 
 
 @functools.lru_cache(maxsize=1 << 12)
