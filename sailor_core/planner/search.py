@@ -1358,6 +1358,9 @@ def run_search(searcher: Searcher, budget: int | None = None, *, by_bound_only: 
                 elif seg.dp_degree > 1:
                     ring[i] = ring_row(seg)[: max_p + 1]
             tps = sorted({seg.tp_degree for seg in segs})
+            # A segment's own link depends on its GPU type, TP and micro-batch size only.
+            by_tp = {tp: link_s(seg, seg) for tp in tps for seg in (_probe(segs, tp),)}
+            links = [by_tp[seg.tp_degree] for seg in segs]
             return dict(
                 segs=segs, tps=tps, ring=ring,
                 cap=np.array([seg.capacity for seg in segs] + [0.0]),
@@ -1366,14 +1369,15 @@ def run_search(searcher: Searcher, budget: int | None = None, *, by_bound_only: 
                 dp=np.array([seg.dp_degree for seg in segs] + [1 << 30]),
                 d1=np.array([seg.dp_degree == 1 for seg in segs] + [False]),
                 tpi=np.array([tps.index(seg.tp_degree) for seg in segs] + [0]),
-                self_link=np.array([(seg.num_microbatches - 1) * link_s(seg, seg) / 2 if seg.num_stages > 1
-                                    else 0.0 for seg in segs] + [0.0]),
-                steady=np.array([steady_links_s(seg) for seg in segs] + [0.0]),
+                self_link=np.array([(seg.num_microbatches - 1) * link / 2 if seg.num_stages > 1
+                                    else 0.0 for seg, link in zip(segs, links)] + [0.0]),
+                steady=np.array([_steady_links_s(seg.num_microbatches, link, seg.num_stages)
+                                 for seg, link in zip(segs, links)] + [0.0]),
                 warm=np.append(_warm_up_with_links_s(
                     space.ref_total_s * np.array([seg.slowness for seg in segs], dtype=float),
                     np.array([seg.num_microbatches for seg in segs], dtype=float),
                     np.array([seg.num_stages for seg in segs], dtype=int),
-                    np.array([link_s(seg, seg) for seg in segs], dtype=float)), 0.0) if segs else np.zeros(1),
+                    np.array(links, dtype=float)), 0.0) if segs else np.zeros(1),
                 p2p_usd=np.array([seg.egress_usd if cost_matters else 0.0 for seg in segs] + [0.0]),
                 ring_usd=np.array([ring_usd_per_byte(seg) if cost_matters else 0.0 for seg in segs] + [0.0]),
                 inv=np.array([1.0 / seg.slowness for seg in segs] + [0.0]),
@@ -1386,24 +1390,25 @@ def run_search(searcher: Searcher, budget: int | None = None, *, by_bound_only: 
 
         a, b = arrays(lists[0]), arrays(lists[1])
         na, nb = len(lists[0]), len(lists[1])
-        ia, ib = np.meshgrid(np.arange(na + 1), np.arange(nb + 1), indexing="ij")
-        ia, ib = ia.ravel(), ib.ravel()
-        stages = a["stages"][ia] + b["stages"][ib]
+        # Every pair of segments (index na / nb: that type unused) as a grid, where the
+        # cheapest terms are broadcast sums; the pairs left are taken out in the grid's order.
+        stages = a["stages"][:, None] + b["stages"][None, :]
         keep = (stages >= 1) & (stages <= max_p)
         # One-type shapes of a type whose own search proved its best (see plan_job) are settled.
         if len(searcher.gpu_types) == 2:
-            for idx, none, gpu in ((ib, nb, searcher.gpu_types[0]), (ia, na, searcher.gpu_types[1])):
-                if gpu in searcher.settled_types:
-                    keep &= idx != none
-        ia, ib, stages = ia[keep], ib[keep], stages[keep]
-        tau = space.ref_total_s / (a["cap"][ia] + b["cap"][ib])
-        rate = a["rate"][ia] + b["rate"][ib]
+            if searcher.gpu_types[0] in searcher.settled_types:
+                keep[:, nb] = False
+            if searcher.gpu_types[1] in searcher.settled_types:
+                keep[na, :] = False
+        with np.errstate(divide="ignore", invalid="ignore"):  # (no segment at all: not kept)
+            tau = space.ref_total_s / (a["cap"][:, None] + b["cap"][None, :])
+        rate = a["rate"][:, None] + b["rate"][None, :]
         # Shapes whose bound cannot enter the top N found so far (by the one-type searches, or
         # an earlier pass) are dropped now; the threshold stays their bound (it only falls).
         limit = searcher.threshold()
 
         def within_limits(t_lb, rate, egress):
-            ok = np.ones(len(t_lb), dtype=bool)
+            ok = np.ones(np.shape(t_lb), dtype=bool)
             if req.max_usd_per_hour is not None:
                 ok &= rate <= req.max_usd_per_hour * (1 + 1e-9)
             if req.max_usd_per_iteration is not None:
@@ -1416,8 +1421,10 @@ def run_search(searcher: Searcher, budget: int | None = None, *, by_bound_only: 
             return -gbs / t_lb if throughput else rate * t_lb / 3600 + egress
 
         # Most shapes miss on capacity and rent alone: drop them before the other terms.
-        ok = within_limits(tau, rate, 0.0) & (score_of(tau, rate, 0.0) < limit)
-        ia, ib, stages, tau, rate = (x[ok] for x in (ia, ib, stages, tau, rate))
+        with np.errstate(divide="ignore", invalid="ignore"):
+            keep &= within_limits(tau, rate, 0.0) & (score_of(tau, rate, 0.0) < limit)
+        ia, ib = np.nonzero(keep)
+        stages, tau, rate = stages[ia, ib], tau[ia, ib], rate[ia, ib]
         both = (ia < na) & (ib < nb)
         cross = np.zeros(len(ia))
         if na and nb:
