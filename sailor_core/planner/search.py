@@ -442,6 +442,9 @@ class Searcher:
         min_price = min(gpu_price_usd_per_hr(gpu, z, spot=self.req.spot) for z in live)
         full_range = (self.req.objective is Objective.COST or self.req.max_usd_per_hour is not None
                       or self.req.max_usd_per_iteration is not None or self.req.collect_pareto)
+        # Only a segment of consecutive stages placed whole in different zones sends p2p
+        # across them (see segment_egress_lb).
+        p2p_crosses = self.cost_matters and len(live) > 1
         out: list[Segment] = []
         for tp in valid_tp_degrees(self.req.model, gpu, self.req.max_tp_degree):
             kind = self.kinds.get(gpu, tp, mbs)
@@ -478,7 +481,7 @@ class Searcher:
                         rules.append("pipeline")
                     for rule in rules:
                         egress = self.segment_egress_lb(kind, tp, d, num_stages, rule, num_mb) \
-                            if self.cost_matters else 0.0
+                            if p2p_crosses and rule == "stage" and num_stages > 1 else 0.0
                         out.append(Segment(
                             gpu=gpu, kind=kind, tp_degree=tp, dp_degree=d, num_stages=num_stages,
                             rule=rule, capacity=cap, slowness=ratio, num_microbatches=n_per_rep,
@@ -553,13 +556,15 @@ class Searcher:
         """USD per iteration that consecutive stages of the segment placed whole in different
         zones send each other (every micro-batch crosses, both ways), whatever zone it starts
         after; 0 for the pipeline rule (its p2p stays in a zone) and one-zone types."""
-        zones = {z: n for z, n in self.zone_gpus[kind.gpu].items() if n > 0}
-        if rule != "stage" or num_stages < 2 or len(zones) < 2:
+        if rule != "stage" or num_stages < 2:
             return 0.0
-        key = (kind.gpu, tp, d, num_stages, num_mb, kind.micro_batch_size)
+        # (Shared by the sub-searches: the GPU types decide the regime variants it is the least over.)
+        key = (kind.gpu, tp, d, num_stages, num_mb, kind.micro_batch_size, tuple(self.gpu_types))
         hit = self.segment_egress_memo.get(key)
         if hit is None:
-            hit = self.segment_egress_memo[key] = self._segment_egress_lb(kind, zones, tp, d, num_stages, num_mb)
+            zones = {z: n for z, n in self.zone_gpus[kind.gpu].items() if n > 0}
+            hit = self.segment_egress_memo[key] = 0.0 if len(zones) < 2 else self._segment_egress_lb(
+                kind, zones, tp, d, num_stages, num_mb)
         return hit
 
     def _segment_egress_lb(self, kind: Kind, zones: dict[str, int], tp: int, d: int, num_stages: int,
