@@ -896,13 +896,16 @@ def _granular_many(sa, ra, ha, sb, rb, hb, num_blocks: int, iterations: int = 24
     lo = num_blocks / inv
     hi = lo + np.where(sa > 0, ra + ha, 0.0) + np.where(sb > 0, rb + hb, 0.0)
 
+    has_a, has_b = sa > 0, sb > 0
+    ra1, rb1 = np.where(has_a, ra, 1.0), np.where(has_b, rb, 1.0)
+
     def fits(t):
-        ka = np.where(sa > 0, np.floor(t / np.where(sa > 0, ra, 1.0) + 1e-9), 0.0)
-        kb = np.where(sb > 0, np.floor(t / np.where(sb > 0, rb, 1.0) + 1e-9), 0.0)
+        ka = np.where(has_a, np.floor(t / ra1 + 1e-9), 0.0)
+        kb = np.where(has_b, np.floor(t / rb1 + 1e-9), 0.0)
         base = sa * ka + sb * kb
         # The last layer's stage loses the blocks its head time displaces (or cannot be it).
-        loss_a = np.where((sa > 0) & (t >= ha), ka - np.floor(np.maximum(t - ha, 0.0) / np.where(sa > 0, ra, 1.0) + 1e-9), np.inf)
-        loss_b = np.where((sb > 0) & (t >= hb), kb - np.floor(np.maximum(t - hb, 0.0) / np.where(sb > 0, rb, 1.0) + 1e-9), np.inf)
+        loss_a = np.where(has_a & (t >= ha), ka - np.floor(np.maximum(t - ha, 0.0) / ra1 + 1e-9), np.inf)
+        loss_b = np.where(has_b & (t >= hb), kb - np.floor(np.maximum(t - hb, 0.0) / rb1 + 1e-9), np.inf)
         return base - np.minimum(loss_a, loss_b) >= num_blocks
 
     for _ in range(iterations):
@@ -911,18 +914,6 @@ def _granular_many(sa, ra, ha, sb, rb, hb, num_blocks: int, iterations: int = 24
         hi = np.where(ok, mid, hi)
         lo = np.where(ok, lo, mid)
     return lo
-
-
-def _curves(segs: list[Segment], idx, curve_of):
-    """``curve_of(segs[i])`` for each i of ``idx`` (an index past the end: no segment, no ring)."""
-    import numpy as np
-
-    used = np.unique(idx)
-    table = np.zeros((len(segs) + 1, _GRID + 1))
-    for i in used.tolist():
-        if i < len(segs):
-            table[i] = curve_of(segs[i])
-    return table[idx]
 
 
 def _probe(segs: list[Segment], tp: int) -> Segment:
@@ -1363,11 +1354,12 @@ def run_search(searcher: Searcher, budget: int | None = None, *, by_bound_only: 
                 elif seg.dp_degree > 1:
                     ring[i] = ring_row(seg)[: max_p + 1]
             tps = sorted({seg.tp_degree for seg in segs})
+            curves = np.zeros((len(segs) + 1, _GRID + 1))  # sync_curve per segment, as needed
             # A segment's own link depends on its GPU type, TP and micro-batch size only.
             by_tp = {tp: link_s(seg, seg) for tp in tps for seg in (_probe(segs, tp),)}
             links = [by_tp[seg.tp_degree] for seg in segs]
             return dict(
-                segs=segs, tps=tps, ring=ring,
+                segs=segs, tps=tps, ring=ring, curves=curves, have_curve=np.zeros(len(segs) + 1, dtype=bool),
                 cap=np.array([seg.capacity for seg in segs] + [0.0]),
                 rate=np.array([seg.min_usd_per_hr for seg in segs] + [0.0]),
                 stages=np.array([seg.num_stages for seg in segs] + [0]),
@@ -1488,6 +1480,15 @@ def run_search(searcher: Searcher, budget: int | None = None, *, by_bound_only: 
             score = score_of(t_lb[sel], rate[sel], egress[sel])
             return score[within_limits(t_lb[sel], rate[sel], egress[sel]) & (score < limit)]
 
+        def curves_of(x: dict, idx):
+            """``sync_curve`` of the segments ``idx`` of a list (past its end: no segment, no ring)."""
+            need = np.unique(idx[~x["have_curve"][idx]])
+            for i in need.tolist():
+                if i < len(x["segs"]):
+                    x["curves"][i] = sync_curve(x["segs"][i])
+            x["have_curve"][need] = True
+            return x["curves"][idx]
+
         def refine_bounds(sel) -> None:
             gran = _granular_many(a["stages"][ia[sel]], a["block"][ia[sel]], a["head"][ia[sel]],
                                   b["stages"][ib[sel]], b["block"][ib[sel]], b["head"][ib[sel]],
@@ -1502,7 +1503,7 @@ def run_search(searcher: Searcher, budget: int | None = None, *, by_bound_only: 
             if not len(two):
                 return
             # Rings only for the segments these shapes use (the curves cost a few rings each).
-            c1, c2 = (_curves(x["segs"], idx[two], sync_curve) for x, idx in ((a, ia), (b, ib)))
+            c1, c2 = (curves_of(x, idx[two]) for x, idx in ((a, ia), (b, ib)))
             a1 = space.ref_total_s / a["cap"][ia[two]]
             a2 = space.ref_total_s / b["cap"][ib[two]]
             k1, k2 = a["steady"][ia[two]], b["steady"][ib[two]]
