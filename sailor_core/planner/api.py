@@ -200,7 +200,7 @@ def _sharing(searcher: Searcher, req: PlanRequest) -> Searcher:
     sub.prepared_memo = searcher.prepared_memo
     sub.placed_memo = searcher.placed_memo
     sub.placed_costs_memo = searcher.placed_costs_memo
-    sub.segment_egress_memo = searcher.segment_egress_memo
+    sub.fewest_crossings_memo = searcher.fewest_crossings_memo
     if req.availability == searcher.req.availability:
         # Same GPU types too: the same regime variants, so the same bound parts.
         sub.bound_memos = searcher.bound_memos

@@ -185,8 +185,7 @@ class Searcher:
         self._boundary_bytes: dict = {}
         self._round_trip: dict = {}
         self._segments: dict = {}
-        self.segment_egress_memo: dict = {}
-        self._fewest_crossings: dict = {}
+        self.fewest_crossings_memo: dict = {}  # (shared by sub-searches: same zones per GPU type)
         self._crossing_usd: dict = {}  # per kind: USD of one micro-batch's boundary both ways across zones
         self.sorted_memo: dict = {}  # micro-batch size -> every shape scored (see run_search)
         # The simulator's memoised figures live as long as the kinds they were keyed on (by id).
@@ -558,22 +557,26 @@ class Searcher:
         after; 0 for the pipeline rule (its p2p stays in a zone) and one-zone types."""
         if rule != "stage" or num_stages < 2:
             return 0.0
-        # (Shared by the sub-searches: the GPU types decide the regime variants it is the least over.)
-        key = (kind.gpu, tp, d, num_stages, num_mb, kind.micro_batch_size, tuple(self.gpu_types))
-        hit = self.segment_egress_memo.get(key)
-        if hit is None:
-            zones = {z: n for z, n in self.zone_gpus[kind.gpu].items() if n > 0}
-            hit = self.segment_egress_memo[key] = 0.0 if len(zones) < 2 else self._segment_egress_lb(
-                kind, zones, tp, d, num_stages, num_mb)
-        return hit
+        fewest = self.fewest_crossings(kind.gpu, tp, d, num_stages)
+        if not fewest:
+            return 0.0
+        pkey = (kind.gpu, kind.tp_degree, kind.micro_batch_size)
+        per_byte = self._crossing_usd.get(pkey)
+        if per_byte is None:
+            zones = [z for z, n in self.zone_gpus[kind.gpu].items() if n > 0]
+            price = min(self.round_trip_usd_per_byte(a, b) for a in zones for b in zones if a != b)
+            per_byte = self._crossing_usd[pkey] = price * min(self.min_boundary_bytes(v) for v in self.variants(kind))
+        return fewest * num_mb * per_byte
 
-    def _segment_egress_lb(self, kind: Kind, zones: dict[str, int], tp: int, d: int, num_stages: int,
-                           num_mb: int) -> float:
-        key = (kind.gpu, tp, d, num_stages)
-        fewest = self._fewest_crossings.get(key)
+    def fewest_crossings(self, gpu: str, tp: int, d: int, num_stages: int) -> int:
+        """The fewest boundaries between consecutive stages placed whole in different zones,
+        over the zones the stage placement may start after (0 for a one-zone type)."""
+        key = (gpu, tp, d, num_stages)
+        fewest = self.fewest_crossings_memo.get(key)
         if fewest is None:
-            fewest = math.inf
-            for prev in (None, *sorted(zones)):
+            zones = {z: n for z, n in self.zone_gpus[gpu].items() if n > 0}
+            fewest = 0 if len(zones) < 2 else math.inf
+            for prev in (None, *sorted(zones)) if fewest else ():
                 placed = place_stages(zones, tp, d, num_stages, prev)
                 if placed is None:
                     fewest = 0
@@ -581,15 +584,8 @@ class Searcher:
                 crossings = sum(1 for a, b in zip(placed, placed[1:])
                                 if len(a) == 1 and len(b) == 1 and a[0][0] != b[0][0])
                 fewest = min(fewest, crossings)
-            self._fewest_crossings[key] = fewest
-        if not fewest:
-            return 0.0
-        pkey = (kind.gpu, kind.tp_degree, kind.micro_batch_size)
-        per_byte = self._crossing_usd.get(pkey)
-        if per_byte is None:
-            price = min(self.round_trip_usd_per_byte(a, b) for a in zones for b in zones if a != b)
-            per_byte = self._crossing_usd[pkey] = price * min(self.min_boundary_bytes(v) for v in self.variants(kind))
-        return fewest * num_mb * per_byte
+            self.fewest_crossings_memo[key] = fewest
+        return fewest
 
     def round_trip_usd_per_byte(self, za: str, zb: str) -> float:
         key = (za, zb)
