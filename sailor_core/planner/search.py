@@ -1344,11 +1344,14 @@ def run_search(searcher: Searcher, budget: int | None = None, *, by_bound_only: 
 
         def arrays(segs: list[Segment]) -> dict:
             ring = np.full((len(segs) + 1, max_p + 1), np.inf)
+            rows: dict = {}  # ring_row by (TP, DP degree): the same for every stage count
             for i, seg in enumerate(segs):
                 if seg.dp_degree > 1 and alone:
                     ring[i, seg.num_stages] = ring_lb(seg, seg.num_stages)
                 elif seg.dp_degree > 1:
-                    ring[i] = ring_row(seg)[: max_p + 1]
+                    rows.setdefault((seg.tp_degree, seg.dp_degree), (seg, []))[1].append(i)
+            for seg, at in rows.values():
+                ring[at] = ring_row(seg)[: max_p + 1]
             tps = sorted({seg.tp_degree for seg in segs})
             curves = np.zeros((len(segs) + 1, _GRID + 1))  # sync_curve per segment, as needed
             # A segment's own link depends on its GPU type, TP and micro-batch size only.
@@ -1443,7 +1446,7 @@ def run_search(searcher: Searcher, budget: int | None = None, *, by_bound_only: 
         rings_p2p = np.zeros((na + 1, nb + 1))
         if cost_matters and both.any():
             # Only for the segments of the shapes left.
-            ua, ub = np.unique(ia[both]), np.unique(ib[both])
+            ua, ub = (np.flatnonzero(np.bincount(idx[both], minlength=n)) for idx, n in ((ia, na), (ib, nb)))
             rings_p2p[np.ix_(ua, ub)] = between_segments_usd(space, [lists[0][i] for i in ua.tolist()],
                                                               [lists[1][i] for i in ub.tolist()])
         egress_between = rings_p2p[ia, ib]
@@ -1478,7 +1481,7 @@ def run_search(searcher: Searcher, budget: int | None = None, *, by_bound_only: 
 
         def curves_of(x: dict, idx):
             """``sync_curve`` of the segments ``idx`` of a list (past its end: no segment, no ring)."""
-            need = np.unique(idx[~x["have_curve"][idx]])
+            need = np.flatnonzero(np.bincount(idx[~x["have_curve"][idx]], minlength=len(x["have_curve"])))
             for i in need.tolist():
                 if i < len(x["segs"]):
                     x["curves"][i] = sync_curve(x["segs"][i])
