@@ -201,6 +201,7 @@ def _sharing(searcher: Searcher, req: PlanRequest) -> Searcher:
     sub.placed_memo = searcher.placed_memo
     sub.placed_costs_memo = searcher.placed_costs_memo
     sub.fewest_crossings_memo = searcher.fewest_crossings_memo
+    sub.segment_lists = searcher.segment_lists
     if req.availability == searcher.req.availability:
         # Same GPU types too: the same regime variants, so the same bound parts.
         sub.bound_memos = searcher.bound_memos

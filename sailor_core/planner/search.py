@@ -190,6 +190,7 @@ class Searcher:
         self._round_trip: dict = {}
         self._segments: dict = {}
         self.fewest_crossings_memo: dict = {}  # (shared by sub-searches: same zones per GPU type)
+        self.segment_lists: dict = {}  # (shared too; see segments_for)
         self._crossing_usd: dict = {}  # per kind: USD of one micro-batch's boundary both ways across zones
         self.sorted_memo: dict = {}  # micro-batch size -> every shape scored (see run_search)
         # The simulator's memoised figures live as long as the kinds they were keyed on (by id).
@@ -436,19 +437,23 @@ class Searcher:
         key = (gpu, mbs, num_mb, tuple(ref))
         hit = self._segments.get(key)
         if hit is None:
-            hit = self._segments[key] = self._segments_for(gpu, mbs, num_mb, ref)
+            terms = self._segment_terms(gpu, mbs, ref)
+            # Sub-searches of one request (same zones per GPU type) often work the same list out:
+            # shared by everything it depends on.
+            full_range = (self.req.objective is Objective.COST or self.req.max_usd_per_hour is not None
+                          or self.req.max_usd_per_iteration is not None or self.req.collect_pareto)
+            shared = (gpu, num_mb, full_range, self.max_stages_per_type, terms)
+            hit = self.segment_lists.get(shared)
+            if hit is None:
+                hit = self.segment_lists[shared] = self._segments_for(gpu, num_mb, full_range, terms)
+            self._segments[key] = hit
         return hit
 
-    def _segments_for(self, gpu: str, mbs: int, num_mb: int, ref: list[float]) -> list[Segment]:
-        zones = self.zone_gpus[gpu]
-        live = {z: n for z, n in zones.items() if n > 0}
-        min_price = min(gpu_price_usd_per_hr(gpu, z, spot=self.req.spot) for z in live)
-        full_range = (self.req.objective is Objective.COST or self.req.max_usd_per_hour is not None
-                      or self.req.max_usd_per_iteration is not None or self.req.collect_pareto)
-        # Only a segment of consecutive stages placed whole in different zones sends p2p
-        # across them (see segment_egress_lb).
-        p2p_crosses = self.cost_matters and len(live) > 1
-        out: list[Segment] = []
+    def _segment_terms(self, gpu: str, mbs: int, ref: list[float]) -> tuple:
+        """Per TP degree with a kind: (TP, kind, slowness against ``ref``, fastest block and last
+        layer (``block_and_head_s``), USD per micro-batch crossing zones (None: no p2p crosses))."""
+        p2p_crosses = self.cost_matters and sum(1 for n in self.zone_gpus[gpu].values() if n > 0) > 1
+        out = []
         for tp in valid_tp_degrees(self.req.model, gpu, self.req.max_tp_degree):
             kind = self.kinds.get(gpu, tp, mbs)
             if kind is None:
@@ -457,7 +462,15 @@ class Searcher:
                 (v.time_s(i, i + 1) / ref[i]) for v in self.variants(kind)
                 for i in range(self.num_layers) if ref[i] > 0
             ) if any(r > 0 for r in ref) else 1.0
-            block_s, head_s = self.block_and_head_s(kind)
+            out.append((tp, kind, ratio, *self.block_and_head_s(kind),
+                        self.crossing_usd_per_byte(kind) if p2p_crosses else None))
+        return tuple(out)
+
+    def _segments_for(self, gpu: str, num_mb: int, full_range: bool, terms: tuple) -> list[Segment]:
+        live = {z: n for z, n in self.zone_gpus[gpu].items() if n > 0}
+        min_price = min(gpu_price_usd_per_hr(gpu, z, spot=self.req.spot) for z in live)
+        out: list[Segment] = []
+        for tp, kind, ratio, block_s, head_s, per_byte in terms:
             total_rep = sum(n // tp for n in live.values())
             zone_max = max(n // tp for n in live.values())
             for num_stages in range(1, self.max_stages_per_type + 1):
@@ -483,8 +496,12 @@ class Searcher:
                             and sum(n // (tp * num_stages) for n in live.values()) >= d):
                         rules.append("pipeline")
                     for rule in rules:
-                        egress = self.segment_egress_lb(kind, tp, d, num_stages, rule, num_mb) \
-                            if p2p_crosses and rule == "stage" and num_stages > 1 else 0.0
+                        # A lower bound on the segment's own p2p egress: consecutive stages placed
+                        # whole in different zones send every micro-batch across, both ways,
+                        # whatever zone the segment starts after; none under the pipeline rule
+                        # (its p2p stays in a zone) or for a one-zone type.
+                        egress = self.fewest_crossings(gpu, tp, d, num_stages) * num_mb * per_byte \
+                            if per_byte is not None and rule == "stage" and num_stages > 1 else 0.0
                         out.append(Segment(
                             gpu=gpu, kind=kind, tp_degree=tp, dp_degree=d, num_stages=num_stages,
                             rule=rule, capacity=cap, slowness=ratio, num_microbatches=n_per_rep,
@@ -555,22 +572,16 @@ class Searcher:
                 egress += crossing * self.min_boundary_bytes(kind)
         return usd_per_hr, egress
 
-    def segment_egress_lb(self, kind: Kind, tp: int, d: int, num_stages: int, rule: str, num_mb: int) -> float:
-        """USD per iteration that consecutive stages of the segment placed whole in different
-        zones send each other (every micro-batch crosses, both ways), whatever zone it starts
-        after; 0 for the pipeline rule (its p2p stays in a zone) and one-zone types."""
-        if rule != "stage" or num_stages < 2:
-            return 0.0
-        fewest = self.fewest_crossings(kind.gpu, tp, d, num_stages)
-        if not fewest:
-            return 0.0
+    def crossing_usd_per_byte(self, kind: Kind) -> float:
+        """USD of one micro-batch's boundary, both ways, between two zones of its GPU type, at
+        the least (the cheapest pair, the smallest activation over its regime variants)."""
         pkey = (kind.gpu, kind.tp_degree, kind.micro_batch_size)
         per_byte = self._crossing_usd.get(pkey)
         if per_byte is None:
             zones = [z for z, n in self.zone_gpus[kind.gpu].items() if n > 0]
             price = min(self.round_trip_usd_per_byte(a, b) for a in zones for b in zones if a != b)
             per_byte = self._crossing_usd[pkey] = price * min(self.min_boundary_bytes(v) for v in self.variants(kind))
-        return fewest * num_mb * per_byte
+        return per_byte
 
     def fewest_crossings(self, gpu: str, tp: int, d: int, num_stages: int) -> int:
         """The fewest boundaries between consecutive stages placed whole in different zones,
