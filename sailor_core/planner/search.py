@@ -1286,6 +1286,8 @@ def run_search(searcher: Searcher, budget: int | None = None, *, by_bound_only: 
             return 0.0
         return min(ring_lb(seg, num_stages) for seg in shape)
 
+    route_memo = searcher.bound_memos.setdefault("route", {})
+
     def between_segments_usd(space: _MbsSpace, first: list[Segment], second: list[Segment]):
         """USD per iteration, at the least, of the micro-batches crossing zones between two
         segments, per pair (numpy matrix).  Under the pipeline rule every stage of a segment has
@@ -1297,29 +1299,42 @@ def run_search(searcher: Searcher, budget: int | None = None, *, by_bound_only: 
         smallest boundary activation both ways."""
         import numpy as np
 
-        zones = sorted({z for seg in (*first, *second) for z in searcher.zone_gpus[seg.gpu]})
+        gpus = {seg.gpu for seg in (*first, *second)}
+        zones = sorted({z for gpu in gpus for z in searcher.zone_gpus[gpu]})
         m = np.arange(space.num_mb)
+
+        def route(seg: Segment):
+            """"one zone" (a stage in one zone), None (unknown) or the replicas per zone of
+            every stage (the pipeline rule); the same for every micro-batch size."""
+            key = (seg.gpu, seg.tp_degree, seg.dp_degree, seg.num_stages, seg.rule)
+            hit = route_memo.get(key, route_memo)
+            if hit is route_memo:
+                if seg.rule == "stage":
+                    room = sum((n // seg.tp_degree) // seg.dp_degree for n in searcher.zone_gpus[seg.gpu].values())
+                    hit = "one zone" if room >= seg.num_stages else None
+                else:
+                    placed = searcher.build_stages((seg,))
+                    hit = None if placed is None else placed[0][1]
+                route_memo[key] = hit
+            return hit
 
         def routes(segs: list[Segment]):
             """(per segment: its row in ``rows``, -2 for one zone a stage, or -1: unknown;
             rows: the zone of micro-batch m)."""
-            index, rows, seen = np.full(len(segs), -1), [], {}
+            index, rows, seen = [-1] * len(segs), [], {}
             for i, seg in enumerate(segs):
-                if seg.rule == "stage":
-                    room = sum((n // seg.tp_degree) // seg.dp_degree for n in searcher.zone_gpus[seg.gpu].values())
-                    if room >= seg.num_stages:
-                        index[i] = -2
+                key = route(seg)
+                if key is None:
                     continue
-                placed = searcher.build_stages((seg,))
-                if placed is None:
+                if key == "one zone":
+                    index[i] = -2
                     continue
-                key = placed[0][1]
                 if key not in seen:
                     of_replica = np.array([zones.index(z) for z, n in key for _ in range(n)])
                     seen[key] = len(rows)
                     rows.append(of_replica[m % len(of_replica)])
                 index[i] = seen[key]
-            return index, np.array(rows, dtype=int).reshape(len(rows), len(m))
+            return np.array(index, dtype=int), np.array(rows, dtype=int).reshape(len(rows), len(m))
 
         (ia, ra), (ib, rb) = routes(first), routes(second)
         out = np.zeros((len(first), len(second)))
@@ -1335,7 +1350,7 @@ def run_search(searcher: Searcher, budget: int | None = None, *, by_bound_only: 
             crossing[:-1, -1] = off_the_busiest_zone(ra)
         if len(rb):
             crossing[-1, :-1] = off_the_busiest_zone(rb)
-        live = {z for seg in (*first, *second) for z, n in searcher.zone_gpus[seg.gpu].items() if n > 0}
+        live = {z for gpu in gpus for z, n in searcher.zone_gpus[gpu].items() if n > 0}
         price = min(searcher.round_trip_usd_per_byte(x, y) for x in live for y in live if x != y)
         kinds = {id(seg.kind): seg.kind for seg in (*first, *second)}.values()
         nbytes = min(searcher.min_boundary_bytes(v) for kind in kinds for v in searcher.variants(kind))
