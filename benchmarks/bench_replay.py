@@ -17,6 +17,7 @@ search ahead (default: one per CPU; 0: none, every search in this process).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import resource
 import statistics
@@ -45,6 +46,9 @@ def main() -> None:
                     help="with --cold: search only the micro-batch sizes the trace's GPU types use")
     ap.add_argument("--workers", type=int, default=None,
                     help="planner worker processes that search ahead (default: one per CPU; 0: none)")
+    ap.add_argument("--virtual-workers", default=None,
+                    help="with --cold --workers 0: also estimate the wall time with N free CPUs (comma list), "
+                         "replaying with the prefetcher's own guesses on a virtual clock (see virtual_workers)")
     ap.add_argument("--vs-all-micro-batches", action="store_true",
                     help="with --cold --probe-micro-batches: replay again searching every micro-batch size; "
                          "print its time and how far each policy's time to train and USD move")
@@ -91,6 +95,144 @@ def main() -> None:
         plot_timeline(cold.results, args.plot, trace=trace, title=f"{args.model}, {args.tokens:.3g} tokens, {args.trace}")
 
 
+class _VirtualJob:
+    """A search in a virtual worker pool: FIFO, started when a worker is free."""
+
+    def __init__(self, pool, duration_s, result):
+        self.pool, self.duration_s, self._result = pool, duration_s, result
+        self.submit_s, self.start_s, self.is_cancelled = pool.clock[0], None, False
+
+    def cancel(self):
+        self.pool.advance(self.pool.clock[0])
+        if self.start_s is None and not self.is_cancelled:
+            self.is_cancelled = True
+            self.pool.pending.remove(self)
+        return self.is_cancelled
+
+    def cancelled(self):
+        return self.is_cancelled
+
+    def done(self):
+        self.pool.advance(self.pool.clock[0])
+        return self.is_cancelled or (self.start_s is not None and self.start_s + self.duration_s <= self.pool.clock[0])
+
+    def exception(self):
+        return None
+
+    def result(self):
+        self.pool.advance(self.pool.clock[0], until=self)
+        self.pool.clock[0] = max(self.pool.clock[0], self.start_s + self.duration_s)
+        return self._result
+
+
+class _VirtualPool:
+    def __init__(self, workers, clock, run):
+        self.free_at, self.clock, self.run, self.pending = [0.0] * workers, clock, run, []
+
+    def submit(self, fn, *args):
+        job = _VirtualJob(self, *self.run(fn, args))
+        self.pending.append(job)
+        return job
+
+    def advance(self, now_s, until=None):
+        """Start queued jobs in order while a worker is free by ``now_s`` (or until ``until`` started)."""
+        while self.pending:
+            w = min(range(len(self.free_at)), key=self.free_at.__getitem__)
+            job = self.pending[0]
+            start = max(job.submit_s, self.free_at[w])
+            if until is None and start > now_s or until is not None and until.start_s is not None:
+                return
+            job.start_s = start
+            self.free_at[w] = start + job.duration_s
+            self.pending.pop(0)
+
+    def shutdown(self, **_kw):
+        pass
+
+
+@contextlib.contextmanager
+def _recording_searches():
+    """Within: every search of run_policies(workers=0) is recorded, answer and seconds."""
+    import sailor_core.replay.run as rr
+
+    answers, seconds = {}, {}
+    real_factory = rr.planner_plan_fn
+
+    def recording(**kw):
+        fn = real_factory(**kw)
+
+        def plan(avail):
+            t0 = time.perf_counter()
+            out = tuple(fn(avail))
+            seconds[frozenset(avail.items())] = time.perf_counter() - t0
+            answers[frozenset(avail.items())] = out
+            return out
+        return plan
+
+    rr.planner_plan_fn = recording
+    try:
+        yield answers, seconds
+    finally:
+        rr.planner_plan_fn = real_factory
+
+
+def virtual_workers(args, trace, policies, knobs, counts, base, base_wall_s, answers, seconds) -> dict[int, dict]:
+    """Estimated wall time of a cold replay with N worker processes on N free CPUs.
+
+    The cold replay ``base`` (one process, ``workers=0``) recorded every planner answer and
+    how long its search took.  The replay runs again with ``workers=N`` and the real
+    prefetcher (its own guesses, queue and cancellations), but each search, in a worker or
+    here, takes the recorded seconds on a virtual clock instead of running.  The estimate
+    leaves out what more processes cost (each worker warms its own planner memos; shared
+    caches) and adds the rest of the replay as measured.
+    """
+    import sailor_core.replay.prefetch as pf
+
+    rest_s = base_wall_s - base.planner_time_s
+    fallback_s = statistics.median(seconds.values())
+    out = {}
+    for n in counts:
+        clock = [0.0]
+
+        def lookup(avail, clock=clock, charge=True):
+            key = frozenset(avail.items())
+            if charge:
+                clock[0] += seconds.get(key, fallback_s)
+            return answers.get(key, ())
+
+        def run(fn, fn_args):
+            if fn is pf._worker_plan:
+                key = frozenset(fn_args[0])
+                return seconds.get(key, fallback_s), (answers.get(key, ()), 0.0)
+            inner, inner_args = fn_args  # a policy replayed in a worker: its searches, one after the other
+            spent = [0.0]
+
+            def timed(avail):
+                spent[0] += seconds.get(frozenset(avail.items()), fallback_s)
+                return lookup(avail, charge=False)
+            result = inner(timed, *inner_args)
+            return spent[0], (result, 0.0)
+
+        pool = _VirtualPool(n, clock, run)
+        saved = pf.planner_plan_fn, pf.PrefetchingPlanner._executor
+        pf.planner_plan_fn = lambda **kw: lookup
+        pf.PrefetchingPlanner._executor = lambda self: pool
+        try:
+            suite = run_policies(trace, model=args.model, tokens=args.tokens, policies=policies,
+                                 budget_usd=args.budget_usd, planner_knobs=knobs, workers=n)
+        finally:
+            pf.planner_plan_fn, pf.PrefetchingPlanner._executor = saved
+        same = all((suite.results[p].usd_spent, suite.results[p].time_to_train_s)
+                   == (r.usd_spent, r.time_to_train_s) for p, r in base.results.items())
+        st = suite.prefetch
+        out[n] = {"wall_s": clock[0] + rest_s, "planning_s": clock[0], "searched_ahead": st.num_searched_ahead,
+                  "from_workers": st.num_from_workers, "in_process": st.num_in_process, "same_results": same}
+        print(f"  {n} workers (virtual): wall ~{clock[0] + rest_s:.2f} s ({clock[0]:.2f} s waiting for or running "
+              f"searches + {rest_s:.2f} s the rest); {st.num_from_workers} of {st.num_asked} searches from workers, "
+              f"{st.num_searched_ahead - st.num_from_workers} wasted; results {'same' if same else 'DIFFERENT'}")
+    return out
+
+
 def _cpu_s() -> float:
     """CPU seconds of this process and of its finished children (the planner's workers)."""
     me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -98,11 +240,14 @@ def _cpu_s() -> float:
 
 
 def cold_report(args, trace, policies, knobs) -> None:
-    t0, c0, own0 = time.perf_counter(), _cpu_s(), time.process_time()
-    suite = run_policies(trace, model=args.model, tokens=args.tokens, policies=policies,
-                         budget_usd=args.budget_usd, planner_knobs=knobs, probe_micro_batches=args.probe_micro_batches,
-                         workers=args.workers)
-    wall_s, cpu_s, own_cpu_s = time.perf_counter() - t0, _cpu_s() - c0, time.process_time() - own0
+    if args.virtual_workers and (args.workers != 0 or args.probe_micro_batches):
+        raise SystemExit("--virtual-workers needs --workers 0 (it records one process's searches) and no probe")
+    with _recording_searches() if args.virtual_workers else contextlib.nullcontext(({}, {})) as (answers, seconds):
+        t0, c0, own0 = time.perf_counter(), _cpu_s(), time.process_time()
+        suite = run_policies(trace, model=args.model, tokens=args.tokens, policies=policies,
+                             budget_usd=args.budget_usd, planner_knobs=knobs,
+                             probe_micro_batches=args.probe_micro_batches, workers=args.workers)
+        wall_s, cpu_s, own_cpu_s = time.perf_counter() - t0, _cpu_s() - c0, time.process_time() - own0
     calls = suite.planner_call_log
     print(f"{args.trace}: {trace.num_rows} rows, {trace.duration_s / 3600:.1f} h, "
           f"{len(trace.preemptions)} preemption events; model {args.model}, {args.tokens:.3g} tokens; cold, no plan cache")
@@ -126,6 +271,10 @@ def cold_report(args, trace, policies, knobs) -> None:
     for (types, pools), secs in sorted(groups.items()):
         print(f"  {types:9d} {pools:5d} {len(secs):5d} {sum(secs):8.2f} {statistics.median(secs):8.3f} {max(secs):7.3f}")
     out = suite.to_dict()
+    if args.virtual_workers:
+        out["virtual_workers"] = virtual_workers(args, trace, policies, knobs,
+                                                 [int(n) for n in args.virtual_workers.split(",")],
+                                                 suite, wall_s, answers, seconds)
     if args.vs_all_micro_batches:
         t0, c0 = time.perf_counter(), _cpu_s()
         full = run_policies(trace, model=args.model, tokens=args.tokens, policies=policies, budget_usd=args.budget_usd,

@@ -91,6 +91,12 @@ class PrefetchingPlanner:
         self._num_in_process += 1
         return tuple(self._plan_here(available))
 
+    @property
+    def lookahead_decisions(self) -> int:
+        """Re-plans to guess ahead: enough requests (about 3 a re-plan) to keep the workers
+        busy; later guesses are less often right (they assume the plans in between)."""
+        return max(2, -(-2 * self.workers // 3))
+
     def prefetch(self, requests: Iterable[Mapping[GpuZone, int]]) -> None:
         """Search ``requests`` (most urgent first) ahead, those neither known nor started,
         keeping at most ``2 * workers`` searches running or queued.  Queued searches of

@@ -235,7 +235,8 @@ def run_policies(
                 prefetcher.adopt(answers, cpu_s=cpu_s)
             r = replay(trace, plan_fn=planner, config=config, costs=costs, samples_target=samples_target,
                        price_fn=price_fn, budget_usd=budget_usd, policy=p, seed=seed, max_time_s=max_time_s,
-                       price_change_times=change_times, prefetch=prefetch)
+                       price_change_times=change_times, prefetch=prefetch,
+                       prefetch_decisions=prefetcher.lookahead_decisions if prefetcher is not None else 0)
             results[p] = _with_calls(r, cached.num_calls - calls_before)
     finally:
         _flush(cached.plan_fn)
