@@ -1638,7 +1638,8 @@ def run_search(searcher: Searcher, budget: int | None = None, *, by_bound_only: 
         while True:
             for i in lazy:  # their key follows the calibration, which moves with every pull
                 keys[i] = next_key(spaces[i])
-            key, si = min(((k, i) for i, k in enumerate(keys)), default=(math.inf, -1))
+            key = min(keys, default=math.inf)
+            si = keys.index(key) if keys else -1  # (the first space with the least key)
             if key == math.inf or calib["seen"] >= req.max_shapes_scored:
                 return
             if pending and pending[0][0] <= key:
@@ -1944,9 +1945,14 @@ def _order_key(shape: tuple[Segment, ...]) -> tuple:
     return tuple((s.gpu, s.tp_degree, s.dp_degree, s.num_stages, s.rule, s.kind.micro_batch_size) for s in shape)
 
 
-def _orders(shape: tuple[Segment, ...]) -> list[tuple[Segment, ...]]:
+def _orders(shape: tuple[Segment, ...]) -> tuple[tuple[Segment, ...], ...]:
     """Larger-memory GPUs first (early 1F1B stages hold more micro-batches), and the reverse."""
     if len(shape) == 1:
-        return [shape]
-    first = tuple(sorted(shape, key=lambda s: (-get_gpu(s.gpu).memory_bytes, s.gpu)))
-    return [first, first[::-1]]
+        return (shape,)
+    return tuple(order if larger_first else order[::-1]
+                 for order in (_larger_memory_first(shape),) for larger_first in (True, False))
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def _larger_memory_first(shape: tuple[Segment, ...]) -> tuple[Segment, ...]:
+    return tuple(sorted(shape, key=lambda s: (-get_gpu(s.gpu).memory_bytes, s.gpu)))
