@@ -19,6 +19,7 @@ from sailor_core.zones import parse_zone
 StagePlacement = tuple[tuple[str, int], ...]  # (zone, replicas) in ring/routing order
 
 
+@functools.lru_cache(maxsize=1024)
 def _region(zone: str) -> str:
     return parse_zone(zone).region
 
