@@ -1945,14 +1945,9 @@ def _order_key(shape: tuple[Segment, ...]) -> tuple:
     return tuple((s.gpu, s.tp_degree, s.dp_degree, s.num_stages, s.rule, s.kind.micro_batch_size) for s in shape)
 
 
-def _orders(shape: tuple[Segment, ...]) -> tuple[tuple[Segment, ...], ...]:
+def _orders(shape: tuple[Segment, ...]) -> list[tuple[Segment, ...]]:
     """Larger-memory GPUs first (early 1F1B stages hold more micro-batches), and the reverse."""
     if len(shape) == 1:
-        return (shape,)
-    return tuple(order if larger_first else order[::-1]
-                 for order in (_larger_memory_first(shape),) for larger_first in (True, False))
-
-
-@functools.lru_cache(maxsize=1 << 14)
-def _larger_memory_first(shape: tuple[Segment, ...]) -> tuple[Segment, ...]:
-    return tuple(sorted(shape, key=lambda s: (-get_gpu(s.gpu).memory_bytes, s.gpu)))
+        return [shape]
+    first = tuple(sorted(shape, key=lambda s: (-get_gpu(s.gpu).memory_bytes, s.gpu)))
+    return [first, first[::-1]]
