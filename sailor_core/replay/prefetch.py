@@ -81,7 +81,10 @@ class PrefetchingPlanner:
         self._num_asked += 1
         key = frozenset(available.items())
         future = self._futures.pop(key, None)
-        if future is not None and not future.cancel():
+        # A search still queued is waited for too: it is the most urgent of the queue
+        # (``prefetch`` orders it), and searching it here as well would make one more
+        # process than CPUs.
+        if future is not None:
             t0 = time.perf_counter()
             options, cpu_s = future.result()
             self._wait_s += time.perf_counter() - t0
@@ -99,8 +102,9 @@ class PrefetchingPlanner:
 
     def prefetch(self, requests: Iterable[Mapping[GpuZone, int]]) -> None:
         """Search ``requests`` (most urgent first) ahead, those neither known nor started,
-        keeping at most ``2 * workers`` searches running or queued.  Queued searches of
-        earlier guesses that are no longer among ``requests`` are dropped first."""
+        keeping at most ``2 * workers`` searches running or queued.  The searches not
+        started yet are queued again in the order of ``requests`` (earlier guesses no
+        longer among them are dropped)."""
         if self.workers <= 0:
             return
         wanted: dict[frozenset, Mapping[GpuZone, int]] = {}
@@ -109,7 +113,7 @@ class PrefetchingPlanner:
             if key and key not in wanted and (key in self._futures or not self.known(available)):
                 wanted[key] = available
         for key, future in list(self._futures.items()):
-            if key not in wanted and future.cancel():
+            if future.cancel():
                 del self._futures[key]
         busy = sum(not f.done() for f in self._futures.values())
         for key, available in wanted.items():

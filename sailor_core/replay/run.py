@@ -286,13 +286,22 @@ def _known_to(cached: CachedPlanner) -> Callable[[Mapping[GpuZone, int]], bool]:
     from sailor_core.replay.plan_cache import PersistentPlanner, _key
 
     disk = cached.plan_fn if isinstance(cached.plan_fn, PersistentPlanner) else None
+    # What earlier answers imply only changes when an answer is added, so a "no" holds
+    # until the planner's next search (guesses are checked again after every decision).
+    unknown_at: dict[frozenset, int] = {}
 
     def known(available: Mapping[GpuZone, int]) -> bool:
-        if frozenset(available.items()) in cached._exact:
+        key = frozenset(available.items())
+        if key in cached._exact:
             return True
+        if unknown_at.get(key) == cached.num_calls:
+            return False
         if disk is not None and _key(disk.prefix, available) in disk.store:
             return True
-        return cached._implied(available) is not None
+        if cached._implied(available) is not None:
+            return True
+        unknown_at[key] = cached.num_calls
+        return False
 
     return known
 
