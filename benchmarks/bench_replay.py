@@ -11,7 +11,7 @@ warm: the same replay again with every plan cached, i.e. the replay itself).
 costs) and prints wall and CPU seconds (this process plus the planner's worker
 processes), the planner's share, and its calls by the number of GPU types and
 pools they were asked about.  ``--workers N`` sets the worker processes that
-search ahead (default: one per CPU; 0: none, every search in this process).
+search ahead (default: one per idle CPU, none if fewer than two are idle; 0: none).
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ def main() -> None:
     ap.add_argument("--probe-micro-batches", action="store_true",
                     help="with --cold: search only the micro-batch sizes the trace's GPU types use")
     ap.add_argument("--workers", type=int, default=None,
-                    help="planner worker processes that search ahead (default: one per CPU; 0: none)")
+                    help="planner worker processes that search ahead (default: one per idle CPU, none if fewer than two; 0: none)")
     ap.add_argument("--virtual-workers", default=None,
                     help="with --cold --workers 0: also estimate the wall time with N free CPUs (comma list), "
                          "replaying with the prefetcher's own guesses on a virtual clock (see virtual_workers)")
@@ -260,7 +260,7 @@ def cold_report(args, trace, policies, knobs) -> None:
           f"micro-batch sizes searched {suite.micro_batch_sizes or 'all'}")
     pf = suite.prefetch
     if pf is not None:
-        print(f"  workers {args.workers if args.workers is not None else 'one per CPU'}: {pf.num_from_workers} of "
+        print(f"  workers {args.workers if args.workers is not None else 'one per idle CPU'}: {pf.num_from_workers} of "
               f"{pf.num_asked} searches answered by a worker, {pf.num_in_process} here; {pf.num_searched_ahead} searched "
               f"ahead ({pf.num_searched_ahead - pf.num_from_workers} wasted, {pf.worker_cpu_s:.2f} s worker CPU); "
               f"waited {pf.wait_s:.2f} s for workers")

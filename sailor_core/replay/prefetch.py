@@ -44,12 +44,19 @@ def _worker_call(fn: Callable[..., Any], args: tuple) -> tuple[Any, float]:
 
 
 def default_workers() -> int:
-    """Worker processes for a replay: one per CPU this process may use (none on one CPU)."""
+    """Worker processes for a replay: one per CPU this process may use that other work
+    leaves idle (by the 1-minute load average); none when fewer than two are, since
+    workers taking turns on one CPU are slower than one process."""
     try:
         cpus = len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
         cpus = os.cpu_count() or 1
-    return cpus if cpus > 1 else 0
+    try:
+        busy = os.getloadavg()[0]
+    except (AttributeError, OSError):
+        busy = 0.0
+    idle = int(cpus - busy + 0.5)
+    return min(idle, cpus) if idle >= 2 else 0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

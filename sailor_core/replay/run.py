@@ -166,10 +166,10 @@ def run_policies(
 ) -> ReplaySuite:
     """Replay ``trace`` under each policy (in turn, sharing one planner cache).
 
-    With the real planner (no ``plan_fn``), ``workers`` processes (default: one per CPU,
-    ``prefetch.default_workers``; 0: none) search the availabilities the policies will
-    likely ask about next while the replay runs; the results are those of a replay
-    without them.
+    With the real planner (no ``plan_fn``), ``workers`` processes (default: one per idle
+    CPU, none if fewer than two are idle: ``prefetch.default_workers``; 0: none) search
+    the availabilities the policies will likely ask about next while the replay runs;
+    the results are those of a replay without them.
     """
     from sailor_core.catalog import get_model, normalize_gpu_name
 

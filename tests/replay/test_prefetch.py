@@ -81,3 +81,14 @@ def test_worker_processes_leave_a_real_replay_unchanged():
         h = helped.results[name]
         assert (h.time_to_train_s, h.usd_spent, h.num_replans, h.decisions) == \
             (r.time_to_train_s, r.usd_spent, r.num_replans, r.decisions)
+
+
+@pytest.mark.parametrize("cpus, load, expected", [(2, 0.1, 2), (2, 1.0, 0), (8, 3.2, 5), (1, 0.0, 0), (4, 9.0, 0)])
+def test_default_workers_are_the_idle_cpus_or_none(monkeypatch, cpus, load, expected):
+    import os
+
+    from sailor_core.replay.prefetch import default_workers
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda _pid: set(range(cpus)), raising=False)
+    monkeypatch.setattr(os, "getloadavg", lambda: (load, load, load))
+    assert default_workers() == expected
