@@ -1000,6 +1000,8 @@ def run_search(searcher: Searcher, budget: int | None = None, *, by_bound_only: 
     pending: list[tuple] = []
     counter = itertools.count()
 
+    last_time_lb: list = [None]  # (arguments, (tau, floor, bound)) of tight's last time bound
+
     def tight(space: _MbsSpace, shape: tuple[Segment, ...], busiest: float = 0.0,
               costs: tuple[float, float] | None = None, split_known: bool = False,
               known: tuple[float, float] | None = None):
@@ -1015,18 +1017,26 @@ def run_search(searcher: Searcher, budget: int | None = None, *, by_bound_only: 
         (``sorted_shapes`` scores more terms than this does); they still hold, for every split
         and placement.
         """
-        cap = sum(s.capacity for s in shape)
-        tau = space.ref_total_s / cap
-        floor_s = max(tau, busiest, link_lb(space, shape), pipe_lb(space.ref_total_s, shape))
-        if len(shape) == 1:
-            seg = shape[0]
-            floor_s = max(floor_s, tau + steady_links_s(seg), _warm_up_with_links_s(
-                space.ref_total_s * seg.slowness, seg.num_microbatches, seg.num_stages, link_s(seg, seg)))
-        t_lb = floor_s + sync_lb(shape)
-        if len(shape) == 2:
-            t_lb = max(t_lb, joint_lb(space.ref_total_s, shape, floor_s))
-        if known is not None:
-            t_lb = max(t_lb, known[0])
+        # The time bound does not depend on the costs: each order of a shape refined at level 0
+        # asks for it in turn with the same arguments.
+        args = (space, shape, busiest, None if known is None else known[0])
+        last = last_time_lb[0]
+        if last is not None and all(x is y or x == y for x, y in zip(last[0], args)):
+            tau, floor_s, t_lb = last[1]
+        else:
+            cap = sum(s.capacity for s in shape)
+            tau = space.ref_total_s / cap
+            floor_s = max(tau, busiest, link_lb(space, shape), pipe_lb(space.ref_total_s, shape))
+            if len(shape) == 1:
+                seg = shape[0]
+                floor_s = max(floor_s, tau + steady_links_s(seg), _warm_up_with_links_s(
+                    space.ref_total_s * seg.slowness, seg.num_microbatches, seg.num_stages, link_s(seg, seg)))
+            t_lb = floor_s + sync_lb(shape)
+            if len(shape) == 2:
+                t_lb = max(t_lb, joint_lb(space.ref_total_s, shape, floor_s))
+            if known is not None:
+                t_lb = max(t_lb, known[0])
+            last_time_lb[0] = (args, (tau, floor_s, t_lb))
         rate = sum(s.min_usd_per_hr for s in shape) if costs is None else costs[0]
         # Limits are checked on the bound, and in the estimating pass also on an estimate: the
         # warm-up/cool-down of the other stages once the split is known ((P - 1) busiest steps
