@@ -107,6 +107,11 @@ class CachedPlanner:
         self._answers.append((avail, options))
         return options
 
+    def knows(self, available: Mapping[GpuZone, int]) -> bool:
+        """Whether a call on ``available`` would be answered without a planner search."""
+        avail = {k: n for k, n in available.items() if n > 0}
+        return frozenset(avail.items()) in self._exact or self._implied(avail) is not None
+
     def _implied(self, avail: Mapping[GpuZone, int]) -> tuple[PlanOption, ...] | None:
         """The answer on ``avail`` that earlier answers imply, or None."""
         supersets = [(big, options) for big, options in self._answers

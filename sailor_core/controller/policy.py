@@ -134,7 +134,7 @@ def decide(state: ControllerState, event: Event, *, config: ControllerConfig, pl
 def _decide_replan(state, event, lost, broken, config, plan_fn, remaining) -> Decision:
     current = state.plan
     avail = restrict(state.available, config.gpu_types)
-    if current is not None and not broken and not _grew(avail, state.planned_on, config.min_growth):
+    if current is not None and not broken and not grew(avail, state.planned_on, config.min_growth):
         return _keep(current, state, config)
     options = list(plan_fn(avail))
     types = sorted({g for g, _ in avail})
@@ -283,7 +283,9 @@ def _stop_in_s(option: PlanOption, state: ControllerState, config: ControllerCon
     return state.budget_left_usd * _S_PER_HR / option.usd_per_hr - config.shutdown_s
 
 
-def _grew(avail: Mapping[GpuZone, int], planned_on: Mapping[GpuZone, int] | None, min_growth: float) -> bool:
+def grew(avail: Mapping[GpuZone, int], planned_on: Mapping[GpuZone, int] | None, min_growth: float) -> bool:
+    """Whether ``avail`` has grown enough past the availability the plan in use was made on to re-plan
+    (a new pool, or ``min_growth`` more GPUs); the replay's lookahead asks the same question."""
     if planned_on is None:
         return True
     extra = sum(max(0, n - planned_on.get(k, 0)) for k, n in avail.items())

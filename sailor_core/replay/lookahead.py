@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from sailor_core.controller import ControllerConfig, restrict
-from sailor_core.controller.policy import _grew
+from sailor_core.controller.policy import grew
 from sailor_core.traces import AvailabilityTrace, GpuZone
 
 
@@ -60,7 +60,7 @@ def upcoming_requests(
         avail = restrict(counts, config.gpu_types)
         if gpus:
             broken = bool(lost) or any(counts.get(k, 0) < n for k, n in gpus.items())
-            if not broken and not _grew(avail, planned_on, config.min_growth):
+            if not broken and not grew(avail, planned_on, config.min_growth):
                 continue
         elif not changed and decisions:
             continue

@@ -292,13 +292,11 @@ def _known_to(cached: CachedPlanner) -> Callable[[Mapping[GpuZone, int]], bool]:
 
     def known(available: Mapping[GpuZone, int]) -> bool:
         key = frozenset(available.items())
-        if key in cached._exact:
-            return True
         if unknown_at.get(key) == cached.num_calls:
             return False
         if disk is not None and _key(disk.prefix, available) in disk.store:
             return True
-        if cached._implied(available) is not None:
+        if cached.knows(available):
             return True
         unknown_at[key] = cached.num_calls
         return False

@@ -70,3 +70,15 @@ def test_calls_lists_each_planner_search():
     assert [c.num_gpu_types for c in cp.calls] == [1, 1]
     assert all(c.seconds >= 0 for c in cp.calls) and cp.planner_time_s == sum(c.seconds for c in cp.calls)
     assert cp.num_calls == 2 and cp.num_hits == 1
+
+
+def test_knows_says_which_calls_need_no_planner_search_without_searching():
+    fn, calls = counted(saturating)
+    cp = CachedPlanner(plan_fn=fn)
+    assert not cp.knows({A: 4})
+    cp({A: 4, B: 4})
+    assert cp.knows({A: 4, B: 4, ("V100-16", "us-central1-a"): 0})  # empty pools do not count
+    assert cp.knows({A: 4, B: 1})        # implied: the superset's best still fits
+    assert not cp.knows({A: 2, B: 1})    # the best no longer fits and nothing as fast is known
+    assert not cp.knows({A: 5})          # not inside anything searched
+    assert len(calls) == 1 and cp.num_hits == 0
