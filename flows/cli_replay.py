@@ -47,6 +47,9 @@ def replay_cmd(
     seed: int = typer.Option(0, "--seed", help="Seed of which of our GPUs a preemption picks."),
     plan_cache: Optional[str] = typer.Option(None, "--plan-cache", help="JSON file keeping the planner's answers "
                                              "between replays (delete it after changing planner or profiles)."),
+    workers: Optional[int] = typer.Option(None, "--workers", help="Processes that search the next re-plans ahead "
+                                          "(default: one per idle CPU, none if fewer than two are idle; 0: none). "
+                                          "Results do not depend on it."),
     plot: Optional[str] = typer.Option(None, "--plot", help="Write the timeline PNG here."),
     as_json: bool = typer.Option(False, "--json", help="Print the results as JSON."),
 ) -> None:
@@ -60,6 +63,8 @@ def replay_cmd(
     for p in names:
         if p not in POLICIES:
             raise InputError(f"unknown policy {p!r}; known: {', '.join(POLICIES)} or all")
+    if workers is not None and workers < 0:
+        raise InputError(f"--workers must be 0 or more, got {workers}")
     spec = get_model(model)
     num_tokens = _parse_tokens(tokens)
     costs = ChangeCosts(
@@ -71,7 +76,7 @@ def replay_cmd(
     suite = run_policies(
         availability, model=spec.name, tokens=num_tokens, policies=names, global_batch_size=global_batch,
         budget_usd=budget_usd, costs=costs, gpu_type=gpu, prices=series, seed=seed, exact_availability=exact,
-        plan_cache_path=plan_cache,
+        plan_cache_path=plan_cache, workers=workers,
     )
     out = suite.to_dict()
     if plot:

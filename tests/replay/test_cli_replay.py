@@ -11,6 +11,7 @@ import pytest
         (["--trace", "derived:gcp-4d", "--model", "opt-350m", "--tokens", "-5"], "tokens"),
         (["--trace", "derived:gcp-4d", "--model", "opt-350m", "--tokens", "1e9", "--policy", "yolo"], "unknown policy"),
         (["--trace", "derived:nope", "--model", "opt-350m", "--tokens", "1e9"], "unknown derived trace"),
+        (["--trace", "derived:gcp-4d", "--model", "opt-350m", "--tokens", "1e9", "--workers", "-1"], "--workers"),
     ],
 )
 def test_bad_input_one_error_line(sailor_cli, args, words):
@@ -39,7 +40,7 @@ def test_json_and_plot(sailor_cli, tmp_path, monkeypatch):
     trace.write_text(",Timestamp,A100-40_us-central1-a,V100-16_us-central1-b\n0,0,4,4\n1,3600,2,4\n2,7200,4,4\n")
     png = tmp_path / "timeline.png"
     p = sailor_cli("replay", "--trace", str(trace), "--model", "opt-350m", "--tokens", "2B", "--json",
-               "--plot", str(png))
+                   "--plot", str(png), "--workers", "0")
     assert p.returncode in (0, None), p.stderr
     out = json.loads(p.stdout)
     assert set(out["policies"]) == {"ours", "skypilot", "single-type", "static"}
