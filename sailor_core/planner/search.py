@@ -1607,6 +1607,7 @@ def run_search(searcher: Searcher, budget: int | None = None, *, by_bound_only: 
     for space in spaces:
         if len(space.lists) <= 2:
             space.sorted = searcher.sorted_memo[space.mbs].fresh()
+
     def next_bound(space: _MbsSpace) -> float:
         return space.sorted.peek() if space.sorted is not None else loose(space)
 

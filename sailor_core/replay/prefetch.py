@@ -17,6 +17,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from typing import Any
 
@@ -93,11 +94,15 @@ class PrefetchingPlanner:
         # process than CPUs.
         if future is not None:
             t0 = time.perf_counter()
-            options, cpu_s = future.result()
-            self._wait_s += time.perf_counter() - t0
-            self._worker_cpu_s += cpu_s
-            self._num_from_workers += 1
-            return options
+            try:
+                options, cpu_s = future.result()
+            except BrokenProcessPool:
+                self.stop_workers()
+            else:
+                self._wait_s += time.perf_counter() - t0
+                self._worker_cpu_s += cpu_s
+                self._num_from_workers += 1
+                return options
         self._num_in_process += 1
         return tuple(self._plan_here(available))
 
@@ -127,7 +132,11 @@ class PrefetchingPlanner:
             if busy >= 2 * self.workers:
                 return
             if key not in self._futures:
-                self._futures[key] = self._executor().submit(_worker_plan, tuple(sorted(available.items())))
+                try:
+                    self._futures[key] = self._executor().submit(_worker_plan, tuple(sorted(available.items())))
+                except BrokenProcessPool:
+                    self.stop_workers()
+                    return
                 busy += 1
 
     def run_in_worker(self, fn: Callable[..., Any], *args: Any) -> Future:
@@ -152,6 +161,13 @@ class PrefetchingPlanner:
             num_in_process=self._num_in_process, num_searched_ahead=self._num_from_workers + len(unused),
             wait_s=self._wait_s, worker_cpu_s=self._worker_cpu_s + sum(f.result()[1] for f in unused),
         )
+
+    def stop_workers(self) -> None:
+        """Search everything here from now on: a worker died (killed for memory, say), which
+        breaks the pool.  Nothing is lost but time: its searches are done again here."""
+        self.workers = 0
+        self._futures = {k: f for k, f in self._futures.items() if f.done() and f.exception() is None}
+        self.close()
 
     def close(self) -> None:
         if self._pool is not None:

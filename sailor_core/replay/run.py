@@ -6,6 +6,7 @@ import dataclasses
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
@@ -231,8 +232,12 @@ def run_policies(
             calls_before = cached.num_calls
             config = controller_config(p, costs=costs, gpu_type=single)
             if p in shadows:
-                answers, cpu_s = shadows[p].result()
-                prefetcher.adopt(answers, cpu_s=cpu_s)
+                try:
+                    answers, cpu_s = shadows[p].result()
+                except BrokenProcessPool:
+                    prefetcher.stop_workers()
+                else:
+                    prefetcher.adopt(answers, cpu_s=cpu_s)
             r = replay(trace, plan_fn=planner, config=config, costs=costs, samples_target=samples_target,
                        price_fn=price_fn, budget_usd=budget_usd, policy=p, seed=seed, max_time_s=max_time_s,
                        price_change_times=change_times, prefetch=prefetch,

@@ -92,3 +92,26 @@ def test_default_workers_are_the_idle_cpus_or_none(monkeypatch, cpus, load, expe
     monkeypatch.setattr(os, "sched_getaffinity", lambda _pid: set(range(cpus)), raising=False)
     monkeypatch.setattr(os, "getloadavg", lambda: (load, load, load))
     assert default_workers() == expected
+
+
+def test_a_worker_killed_mid_search_costs_time_not_the_answer():
+    import os
+    import signal
+
+    from sailor_core.controller import planner_plan_fn
+    from sailor_core.replay.prefetch import PrefetchingPlanner
+
+    args = dict(model="opt-350m", global_batch_size=None, max_evaluations=50)
+    request = {A: 8, V: 8}
+    planner = PrefetchingPlanner(args, workers=1)
+    try:
+        planner.prefetch([request])
+        # A worker killed (say by the kernel, for memory) breaks the whole pool.
+        for pid in list(planner._pool._processes):
+            os.kill(pid, signal.SIGKILL)
+        got = planner(request)
+        assert planner.workers == 0 and planner.stats().num_in_process == 1
+        planner.prefetch([{A: 4}])  # later guesses are ignored, not a crash
+    finally:
+        planner.close()
+    assert got == tuple(planner_plan_fn(**args)(request))
