@@ -53,7 +53,7 @@ class LaunchResult:
                 "tokens_per_s": self.tokens_per_s, "wall_s": self.wall_s,
                 "exit_codes": {str(k): v for k, v in self.exit_codes.items()},
                 "dead_rank": self.dead_rank, "hung_ranks": list(self.hung_ranks),
-                "message": self.message}
+                "message": self.message, "peak_memory_bytes": self.peak_memory_bytes}
 
 
 def free_port() -> int:
