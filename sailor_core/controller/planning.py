@@ -27,10 +27,20 @@ class PlanOption:
         return sum(self.gpus.values())
 
     def fits_in(self, available: Mapping[GpuZone, int]) -> bool:
-        return all(available.get(k, 0) >= n for k, n in self.gpus.items())
+        return _covers(available, self.gpus)
 
     def samples_per_usd(self) -> float:
         return self.throughput_samples_per_s * 3600.0 / self.usd_per_hr if self.usd_per_hr > 0 else float("inf")
+
+
+def _covers(big: Mapping[GpuZone, int], small: Mapping[GpuZone, int]) -> bool:
+    """Whether ``big`` holds at least ``small``'s count of every pool.  A loop rather than
+    ``all()`` over a generator: a cold replay asks this about every earlier answer on every
+    guess of its lookahead (~0.5 s in all otherwise)."""
+    for k, n in small.items():
+        if big.get(k, 0) < n:
+            return False
+    return True
 
 
 # A planning function: availability -> options, best first; empty when nothing runs.
@@ -114,8 +124,7 @@ class CachedPlanner:
 
     def _implied(self, avail: Mapping[GpuZone, int]) -> tuple[PlanOption, ...] | None:
         """The answer on ``avail`` that earlier answers imply, or None."""
-        supersets = [(big, options) for big, options in self._answers
-                     if all(big.get(k, 0) >= n for k, n in avail.items())]
+        supersets = [(big, options) for big, options in self._answers if _covers(big, avail)]
         if not supersets:
             return None
         for _, options in reversed(supersets):

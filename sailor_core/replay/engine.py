@@ -32,7 +32,7 @@ from sailor_core.controller import (
     decide,
 )
 from sailor_core.replay.costs import ChangeCosts
-from sailor_core.replay.lookahead import upcoming_requests
+from sailor_core.replay.lookahead import first_requests, upcoming_requests
 from sailor_core.traces import AvailabilityTrace, GpuZone
 
 PriceFn = Callable[[str, str, float], float]  # (gpu, zone, time_s) -> USD per GPU-hour
@@ -339,6 +339,8 @@ def replay(
         by_time.setdefault(e.time_s, []).append(i)
 
     record()
+    if prefetch is not None:
+        prefetch(first_requests(trace, config))
     ask(Event(kind=EventKind.START))
     for j, t in enumerate(times):
         if s.phase == "ended" or t > horizon:

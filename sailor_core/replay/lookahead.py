@@ -77,3 +77,9 @@ def upcoming_requests(
         if decisions >= num_decisions:
             break
     return out
+
+
+def first_requests(trace: AvailabilityTrace, config: ControllerConfig) -> list[dict[GpuZone, int]]:
+    """The planner requests of a ``replan`` controller's first decision (on the first row)."""
+    return upcoming_requests(trace=trace, times=[trace.rows[0][0]], start=0, preemptions_at={}, shares=(),
+                             plan_gpus=None, planned_on=None, available={}, config=config, num_decisions=1)

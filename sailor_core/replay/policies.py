@@ -35,11 +35,10 @@ def pick_single_type(trace: AvailabilityTrace, plan_fn: PlanFn) -> str:
     """The GPU type a user would pick at the start: the one whose best plan on the
     first row's availability is fastest; if nothing runs there, on each pool's
     largest count over the trace."""
-    first = {k: n for k, n in trace.rows[0][1].items() if n > 0}
     peak = {k: max(c.get(k, 0) for _, c in trace.rows) for k in trace.keys}
-    for avail in (first, peak):
+    for avail in (_first_row(trace), peak):
         best_type, best_x = None, 0.0
-        for gpu in sorted({g for (g, _), n in avail.items() if n > 0}):
+        for gpu in _gpu_types(avail):
             options = plan_fn(restrict(avail, (gpu,)))
             x = options[0].throughput_samples_per_s if options else 0.0
             if x > best_x:
@@ -47,3 +46,18 @@ def pick_single_type(trace: AvailabilityTrace, plan_fn: PlanFn) -> str:
         if best_type is not None:
             return best_type
     raise InputError("no GPU type of the trace can run the model, even at its peak availability")
+
+
+def single_type_requests(trace: AvailabilityTrace) -> list[dict]:
+    """What ``pick_single_type`` asks the planner first (each GPU type alone on the first
+    row), so that worker processes can search it while the replay starts."""
+    first = _first_row(trace)
+    return [restrict(first, (gpu,)) for gpu in _gpu_types(first)]
+
+
+def _first_row(trace: AvailabilityTrace) -> dict:
+    return {k: n for k, n in trace.rows[0][1].items() if n > 0}
+
+
+def _gpu_types(avail) -> list[str]:
+    return sorted({g for (g, _), n in avail.items() if n > 0})

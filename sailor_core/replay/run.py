@@ -16,7 +16,8 @@ from sailor_core.controller.planning import PlannerCall
 from sailor_core.errors import InputError
 from sailor_core.replay.costs import ChangeCosts, checkpoint_bytes_for
 from sailor_core.replay.engine import PriceFn, ReplayResult, replay
-from sailor_core.replay.policies import POLICIES, controller_config, pick_single_type
+from sailor_core.replay.lookahead import first_requests
+from sailor_core.replay.policies import POLICIES, controller_config, pick_single_type, single_type_requests
 from sailor_core.replay.prefetch import PrefetchingPlanner, PrefetchStats, default_workers
 from sailor_core.replay.prices import PriceSeries
 from sailor_core.traces import AvailabilityTrace, GpuZone
@@ -211,6 +212,11 @@ def run_policies(
     change_times = prices.change_times() if prices is not None else ()
     single = None
     if any(p in ("skypilot", "single-type") for p in policies):
+        if gpu_type is None and prefetch is not None:
+            # The replay's first searches, started together in the workers: the first plan of
+            # `ours` (the largest of them) and what pick_single_type asks here.
+            lead = first_requests(trace, controller_config("ours", costs=costs)) if policies[0] == "ours" else []
+            prefetch([*lead, *single_type_requests(trace)])
         single = normalize_gpu_name(gpu_type) if gpu_type else pick_single_type(trace, planner)
     results: dict[str, ReplayResult] = {}
     try:

@@ -32,16 +32,17 @@ def recorded_replay(trace, policy, *, target, decisions=1):
 
 
 @pytest.mark.parametrize("policy", ["ours", "single-type"])
-def test_every_request_after_the_start_was_guessed_by_the_lookahead_before_it(policy):
+def test_every_request_was_guessed_by_the_lookahead_before_it(policy):
     trace = derive_preset("aws-3d", seed=1)
     events, result = recorded_replay(trace, policy, target=3e7)
     assert result.num_restarts > 20  # many forced re-plans to guess
+    assert events[0][0] == "guess"  # the first plan's requests too, before the replay asks them
     asked, guess, num_guessed = [], None, 0
     for kind, what in events:
         if kind == "guess":
             guess = what
             continue
-        if guess is not None and what not in asked:
+        if what not in asked:
             # The first re-plan after a decision depends only on the plan in use: never missed.
             assert what in guess, what
             num_guessed += 1
@@ -115,3 +116,18 @@ def test_a_worker_killed_mid_search_costs_time_not_the_answer():
     finally:
         planner.close()
     assert got == tuple(planner_plan_fn(**args)(request))
+
+
+def test_the_single_type_pick_asks_what_the_replay_searches_ahead_for_it():
+    from sailor_core.replay.policies import pick_single_type, single_type_requests
+
+    trace = derive_preset("aws-3d", seed=1)
+    asked = []
+
+    def plan_fn(available):
+        asked.append(dict(available))
+        return linear_planner(available)
+
+    pick_single_type(trace, plan_fn)
+    assert asked == single_type_requests(trace)
+    assert {frozenset(gpu for gpu, _ in a) for a in asked} == {frozenset({"V100-16"}), frozenset({"T4"})}
