@@ -25,9 +25,15 @@ def print_json(data: Any) -> None:
 
 
 def console():
+    """Rich output.  Piped or redirected (no terminal to measure), Rich would assume 80
+    columns and cut the wide tables' headers and figures to "…": use 160 unless COLUMNS says."""
+    import os
+
     from rich.console import Console
 
-    return Console()
+    if sys.stdout.isatty() or os.environ.get("COLUMNS"):
+        return Console()
+    return Console(width=160)
 
 
 def fail(message: str, code: int = 2) -> "typer.Exit":
