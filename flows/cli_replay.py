@@ -5,6 +5,8 @@ Imports happen inside the command so ``sailor --help`` stays light.
 
 from __future__ import annotations
 
+import contextlib
+import sys
 from typing import Optional
 
 import typer
@@ -73,11 +75,12 @@ def replay_cmd(
     )
     availability = load_trace(trace, gpu=trace_gpu, zone=trace_zone)
     series = load_price_series(prices) if prices else None
-    suite = run_policies(
-        availability, model=spec.name, tokens=num_tokens, policies=names, global_batch_size=global_batch,
-        budget_usd=budget_usd, costs=costs, gpu_type=gpu, prices=series, seed=seed, exact_availability=exact,
-        plan_cache_path=plan_cache, workers=workers,
-    )
+    with _progress_line(quiet=as_json) as on_progress:
+        suite = run_policies(
+            availability, model=spec.name, tokens=num_tokens, policies=names, global_batch_size=global_batch,
+            budget_usd=budget_usd, costs=costs, gpu_type=gpu, prices=series, seed=seed, exact_availability=exact,
+            plan_cache_path=plan_cache, workers=workers, progress=on_progress,
+        )
     out = suite.to_dict()
     if plot:
         from sailor_core.replay.plot import plot_timeline
@@ -89,6 +92,30 @@ def replay_cmd(
         print_json(out)
         return
     _print_suite(out)
+
+
+@contextlib.contextmanager
+def _progress_line(*, quiet: bool):
+    """A status line on stderr while the replay runs (where it is in simulated time, and the
+    planner searches so far: the slow part of a first replay); nothing under --json or
+    when stderr is not a terminal."""
+    if quiet or not sys.stderr.isatty():
+        yield None
+        return
+    import time
+
+    from rich.console import Console
+
+    t0, shown = time.monotonic(), [0.0]
+    with Console(stderr=True).status("replaying") as status:
+        def on_progress(policy: str, t_s: float, num_searches: int) -> None:
+            now = time.monotonic()
+            if now - shown[0] >= 0.1:  # a few updates a second, not one per trace event
+                shown[0] = now
+                status.update(f"replaying {policy}: {t_s / 3600:.1f} h simulated, "
+                              f"{num_searches} planner searches, {now - t0:.0f} s")
+
+        yield on_progress
 
 
 def _print_suite(out: dict) -> None:

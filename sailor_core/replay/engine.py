@@ -155,8 +155,11 @@ def replay(
     price_change_times: tuple[float, ...] = (),
     prefetch: Callable[[list[dict[GpuZone, int]]], None] | None = None,
     prefetch_decisions: int = 2,
+    progress: Callable[[float], None] | None = None,
 ) -> ReplayResult:
     """Replay ``trace`` under one controller configuration; see the module doc.
+
+    ``progress``, when given, is called with the simulated time at every external event.
 
     ``prefetch``, when given, is told after every decision which availabilities the
     controller will likely ask ``plan_fn`` about in its next ``prefetch_decisions``
@@ -346,6 +349,8 @@ def replay(
         if s.phase == "ended" or t > horizon:
             break
         s.next_event = j + 1
+        if progress is not None:
+            progress(t)
         advance(t)
         if s.phase == "ended":
             break

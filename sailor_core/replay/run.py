@@ -165,8 +165,12 @@ def run_policies(
     planner_knobs: dict[str, Any] | None = None,
     probe_micro_batches: bool = False,
     workers: int | None = None,
+    progress: Callable[[str, float, int], None] | None = None,
 ) -> ReplaySuite:
     """Replay ``trace`` under each policy (in turn, sharing one planner cache).
+
+    ``progress``, when given, is called as the replay goes with the policy, its simulated
+    time and the planner searches made so far.
 
     With the real planner (no ``plan_fn``), ``workers`` processes (default: one per idle
     CPU, none if fewer than two are idle: ``prefetch.default_workers``; 0: none) search
@@ -247,7 +251,8 @@ def run_policies(
             r = replay(trace, plan_fn=planner, config=config, costs=costs, samples_target=samples_target,
                        price_fn=price_fn, budget_usd=budget_usd, policy=p, seed=seed, max_time_s=max_time_s,
                        price_change_times=change_times, prefetch=prefetch,
-                       prefetch_decisions=prefetcher.lookahead_decisions if prefetcher is not None else 0)
+                       prefetch_decisions=prefetcher.lookahead_decisions if prefetcher is not None else 0,
+                       progress=(lambda t, p=p: progress(p, t, cached.num_calls)) if progress is not None else None)
             results[p] = _with_calls(r, cached.num_calls - calls_before)
     finally:
         _flush(cached.plan_fn)

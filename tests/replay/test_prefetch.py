@@ -131,3 +131,17 @@ def test_the_single_type_pick_asks_what_the_replay_searches_ahead_for_it():
     pick_single_type(trace, plan_fn)
     assert asked == single_type_requests(trace)
     assert {frozenset(gpu for gpu, _ in a) for a in asked} == {frozenset({"V100-16"}), frozenset({"T4"})}
+
+
+def test_progress_follows_each_policy_through_simulated_time():
+    trace = derive_preset("aws-3d", seed=1)
+    seen = []
+    suite = run_policies(trace, model="opt-350m", tokens=6e10, policies=("ours", "static"), gpu_type="V100-16",
+                         plan_fn=linear_planner, workers=0, progress=lambda *a: seen.append(a))
+    for policy in ("ours", "static"):
+        times = [t for p, t, _ in seen if p == policy]
+        assert len(times) > 2 and times == sorted(times)
+    assert len([p for p, *_ in seen if p == "ours"]) > 10
+    assert [p for p, *_ in seen] == sorted((p for p, *_ in seen), key=("ours", "static").index)
+    searches = [n for *_, n in seen]
+    assert searches == sorted(searches) and searches[-1] <= suite.planner_calls
