@@ -96,43 +96,67 @@ def main() -> None:
 
 
 class _VirtualJob:
-    """A search in a virtual worker pool: FIFO, started when a worker is free."""
+    """A search in a virtual worker pool: started in order of submission when a worker is free."""
 
     def __init__(self, pool, duration_s, result):
         self.pool, self.duration_s, self._result = pool, duration_s, result
-        self.submit_s, self.start_s, self.is_cancelled = pool.clock[0], None, False
+        self.submit_s, self.start_s, self.is_cancelled = pool.now(), None, False
 
     def cancel(self):
-        self.pool.advance(self.pool.clock[0])
-        if self.start_s is None and not self.is_cancelled:
-            self.is_cancelled = True
-            self.pool.pending.remove(self)
-        return self.is_cancelled
+        with self.pool.lock:
+            self.pool.advance(self.pool.now())
+            if self.start_s is None and not self.is_cancelled:
+                self.is_cancelled = True
+                self.pool.pending.remove(self)
+            return self.is_cancelled
 
     def cancelled(self):
         return self.is_cancelled
 
     def done(self):
-        self.pool.advance(self.pool.clock[0])
-        return self.is_cancelled or (self.start_s is not None and self.start_s + self.duration_s <= self.pool.clock[0])
+        with self.pool.lock:
+            self.pool.advance(self.pool.now())
+            return self.is_cancelled or (self.start_s is not None and self.start_s + self.duration_s <= self.pool.now())
 
     def exception(self):
         return None
 
     def result(self):
-        self.pool.advance(self.pool.clock[0], until=self)
-        self.pool.clock[0] = max(self.pool.clock[0], self.start_s + self.duration_s)
-        return self._result
+        with self.pool.lock:
+            self.pool.advance(self.pool.now(), until=self)
+            self.pool.set_now(max(self.pool.now(), self.start_s + self.duration_s))
+            return self._result
 
 
 class _VirtualPool:
+    """Worker processes on a virtual clock.  The replay's thread keeps ``clock[0]``; a policy
+    replayed ahead in a thread of its own (a shadow) keeps its own clock, which starts where
+    the replay's was.  The threads run for real, so the order in which they submit (and the
+    estimate) can vary a little from run to run."""
+
     def __init__(self, workers, clock, run):
+        import threading
+
         self.free_at, self.clock, self.run, self.pending = [0.0] * workers, clock, run, []
+        self.lock, self.main, self.clocks = threading.RLock(), threading.get_ident(), {}
+        self._ident = threading.get_ident
+
+    def now(self):
+        tid = self._ident()
+        return self.clock[0] if tid == self.main else self.clocks.setdefault(tid, self.clock[0])
+
+    def set_now(self, t):
+        if self._ident() == self.main:
+            self.clock[0] = t
+        else:
+            self.clocks[self._ident()] = t
 
     def submit(self, fn, *args):
-        job = _VirtualJob(self, *self.run(fn, args))
-        self.pending.append(job)
-        return job
+        with self.lock:
+            job = _VirtualJob(self, *self.run(fn, args))
+            self.pending.append(job)
+            self.pending.sort(key=lambda j: j.submit_s)
+            return job
 
     def advance(self, now_s, until=None):
         """Start queued jobs in order while a worker is free by ``now_s`` (or until ``until`` started)."""
@@ -201,17 +225,9 @@ def virtual_workers(args, trace, policies, knobs, counts, base, base_wall_s, ans
             return answers.get(key, ())
 
         def run(fn, fn_args):
-            if fn is pf._worker_plan:
-                key = frozenset(fn_args[0])
-                return seconds.get(key, fallback_s), (answers.get(key, ()), 0.0)
-            inner, inner_args = fn_args  # a policy replayed in a worker: its searches, one after the other
-            spent = [0.0]
-
-            def timed(avail):
-                spent[0] += seconds.get(frozenset(avail.items()), fallback_s)
-                return lookup(avail, charge=False)
-            result = inner(timed, *inner_args)
-            return spent[0], (result, 0.0)
+            assert fn is pf._worker_plan
+            key = frozenset(fn_args[0])
+            return seconds.get(key, fallback_s), (answers.get(key, ()), 0.0)
 
         pool = _VirtualPool(n, clock, run)
         saved = pf.planner_plan_fn, pf.PrefetchingPlanner._executor
@@ -225,11 +241,11 @@ def virtual_workers(args, trace, policies, knobs, counts, base, base_wall_s, ans
         same = all((suite.results[p].usd_spent, suite.results[p].time_to_train_s)
                    == (r.usd_spent, r.time_to_train_s) for p, r in base.results.items())
         st = suite.prefetch
-        out[n] = {"wall_s": clock[0] + rest_s, "planning_s": clock[0], "searched_ahead": st.num_searched_ahead,
+        out[n] = {"wall_s": clock[0] + rest_s, "planning_s": clock[0], "searched_ahead": st.num_searched_ahead, "unused": st.num_unused,
                   "from_workers": st.num_from_workers, "in_process": st.num_in_process, "same_results": same}
         print(f"  {n} workers (virtual): wall ~{clock[0] + rest_s:.2f} s ({clock[0]:.2f} s waiting for or running "
               f"searches + {rest_s:.2f} s the rest); {st.num_from_workers} of {st.num_asked} searches from workers, "
-              f"{st.num_searched_ahead - st.num_from_workers} wasted; results {'same' if same else 'DIFFERENT'}")
+              f"{st.num_unused} wasted; results {'same' if same else 'DIFFERENT'}")
     return out
 
 
@@ -262,7 +278,7 @@ def cold_report(args, trace, policies, knobs) -> None:
     if pf is not None:
         print(f"  workers {args.workers if args.workers is not None else 'one per idle CPU'}: {pf.num_from_workers} of "
               f"{pf.num_asked} searches answered by a worker, {pf.num_in_process} here; {pf.num_searched_ahead} searched "
-              f"ahead ({pf.num_searched_ahead - pf.num_from_workers} wasted, {pf.worker_cpu_s:.2f} s worker CPU); "
+              f"ahead ({pf.num_unused} wasted, {pf.worker_cpu_s:.2f} s worker CPU); "
               f"waited {pf.wait_s:.2f} s for workers")
     groups: dict[tuple[int, int], list[float]] = {}
     for c in calls:

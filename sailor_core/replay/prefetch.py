@@ -16,7 +16,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
-from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures import CancelledError, Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from typing import Any
@@ -36,12 +36,6 @@ def _worker_plan(available: tuple[tuple[GpuZone, int], ...]) -> tuple[tuple[Plan
     t0 = time.process_time()
     options = tuple(_WORKER_FN(dict(available)))
     return options, time.process_time() - t0
-
-
-def _worker_call(fn: Callable[..., Any], args: tuple) -> tuple[Any, float]:
-    t0 = time.process_time()
-    out = fn(_WORKER_FN, *args)
-    return out, time.process_time() - t0
 
 
 def default_workers() -> int:
@@ -65,7 +59,8 @@ class PrefetchStats:
     num_asked: int            # requests that reached this planner
     num_from_workers: int     # of which answered by a worker's search
     num_in_process: int       # of which searched here (nobody had guessed them)
-    num_searched_ahead: int   # searches started in workers (the rest of them were wasted)
+    num_searched_ahead: int   # searches the workers finished
+    num_unused: int           # of which nobody asked for (wrong guesses)
     wait_s: float             # time spent waiting for a worker's answer
     worker_cpu_s: float       # CPU seconds of the workers' finished searches
 
@@ -82,29 +77,72 @@ class PrefetchingPlanner:
         self._plan_here = planner_plan_fn(**self.planner_args)
         self._pool: ProcessPoolExecutor | None = None
         self._futures: dict[frozenset, Future] = {}
+        # Every answer a worker gave, for whichever caller asks it next: a policy replayed
+        # later, or a shadow replay in a thread (``search_in_worker``).
+        self._answers: dict[frozenset, tuple[PlanOption, ...]] = {}
+        self._pinned: set[frozenset] = set()  # searches a thread waits for: never cancelled
+        self._lock = threading.Lock()  # the dicts above, between the replay and shadow threads
         self._num_asked = self._num_from_workers = self._num_in_process = 0
         self._wait_s = self._worker_cpu_s = 0.0
 
     def __call__(self, available: Mapping[GpuZone, int]) -> tuple[PlanOption, ...]:
         self._num_asked += 1
         key = frozenset(available.items())
-        future = self._futures.pop(key, None)
+        with self._lock:
+            options = self._answers.get(key)
+            future = self._futures.get(key) if options is None else None
+        if options is not None:
+            self._num_from_workers += 1
+            return options
         # A search still queued is waited for too: it is the most urgent of the queue
         # (``prefetch`` orders it), and searching it here as well would make one more
         # process than CPUs.
         if future is not None:
             t0 = time.perf_counter()
-            try:
-                options, cpu_s = future.result()
-            except BrokenProcessPool:
-                self.stop_workers()
-            else:
+            options = self._result(key, future)
+            if options is not None:
                 self._wait_s += time.perf_counter() - t0
-                self._worker_cpu_s += cpu_s
                 self._num_from_workers += 1
                 return options
         self._num_in_process += 1
         return tuple(self._plan_here(available))
+
+    def search_in_worker(self, available: Mapping[GpuZone, int]) -> tuple[PlanOption, ...] | None:
+        """The answer to ``available`` from a worker (searched ahead already, or now), for a
+        thread other than the replay's: the same search is never made twice.  None if the
+        workers stopped (the caller then leaves the search to the replay)."""
+        key = frozenset(available.items())
+        with self._lock:
+            options = self._answers.get(key)
+            if options is not None:
+                return options
+            future = self._futures.get(key)
+            if future is None or future.cancelled():
+                if self.workers <= 0:
+                    return None
+                try:
+                    future = self._futures[key] = self._executor().submit(
+                        _worker_plan, tuple(sorted(available.items())))
+                except BrokenProcessPool:
+                    return None
+            self._pinned.add(key)
+        return self._result(key, future)
+
+    def _result(self, key: frozenset, future: Future) -> tuple[PlanOption, ...] | None:
+        """A worker's answer, kept for later callers; None if the pool broke."""
+        try:
+            options, cpu_s = future.result()
+        except (BrokenProcessPool, CancelledError):
+            if not future.cancelled():
+                self.stop_workers()
+            return None
+        with self._lock:
+            if self._futures.get(key) is future:
+                del self._futures[key]
+                self._answers[key] = options
+                self._worker_cpu_s += cpu_s
+            self._pinned.discard(key)
+        return options
 
     @property
     def lookahead_decisions(self) -> int:
@@ -122,57 +160,60 @@ class PrefetchingPlanner:
         wanted: dict[frozenset, Mapping[GpuZone, int]] = {}
         for available in requests:
             key = frozenset(available.items())
-            if key and key not in wanted and (key in self._futures or not self.known(available)):
+            if key and key not in wanted and key not in self._answers and (
+                    key in self._futures or not self.known(available)):
                 wanted[key] = available
-        for key, future in list(self._futures.items()):
-            if future.cancel():
-                del self._futures[key]
-        busy = sum(not f.done() for f in self._futures.values())
-        for key, available in wanted.items():
-            if busy >= 2 * self.workers:
-                return
-            if key not in self._futures:
-                try:
-                    self._futures[key] = self._executor().submit(_worker_plan, tuple(sorted(available.items())))
-                except BrokenProcessPool:
-                    self.stop_workers()
+        with self._lock:
+            for key, future in list(self._futures.items()):
+                if key not in self._pinned and future.cancel():
+                    del self._futures[key]
+            busy = sum(not f.done() for f in self._futures.values())
+            for key, available in wanted.items():
+                if busy >= 2 * self.workers:
                     return
-                busy += 1
+                if key not in self._futures:
+                    try:
+                        self._futures[key] = self._executor().submit(
+                            _worker_plan, tuple(sorted(available.items())))
+                    except BrokenProcessPool:
+                        break
+                    busy += 1
+            else:
+                return
+        self.stop_workers()
 
-    def run_in_worker(self, fn: Callable[..., Any], *args: Any) -> Future:
-        """``fn(plan_fn, *args)`` in a worker, with that worker's planner as ``plan_fn``
-        (``fn`` and ``args`` must pickle).  The future gives ``(fn's result, its CPU seconds)``."""
-        return self._executor().submit(_worker_call, fn, args)
-
-    def adopt(self, answers: Mapping[frozenset, tuple[PlanOption, ...]], *, cpu_s: float = 0.0) -> None:
-        """Planner answers a worker found some other way (keyed by ``frozenset(available.items())``)."""
-        for key, options in answers.items():
-            if key not in self._futures:
-                future: Future = Future()
-                future.set_result((tuple(options), 0.0))
-                self._futures[key] = future
-        self._worker_cpu_s += cpu_s
+    def start(self) -> None:
+        """Start the worker processes now, before the caller starts threads of its own (a
+        process forks them only while it has one thread)."""
+        if self.workers > 0:
+            self._executor()
 
     def stats(self) -> PrefetchStats:
         """Call after ``close()`` to count every search the workers finished."""
         unused = [f for f in self._futures.values() if f.done() and not f.cancelled() and f.exception() is None]
         return PrefetchStats(
             num_asked=self._num_asked, num_from_workers=self._num_from_workers,
-            num_in_process=self._num_in_process, num_searched_ahead=self._num_from_workers + len(unused),
+            num_in_process=self._num_in_process, num_searched_ahead=len(self._answers) + len(unused),
+            num_unused=len(unused),
             wait_s=self._wait_s, worker_cpu_s=self._worker_cpu_s + sum(f.result()[1] for f in unused),
         )
 
     def stop_workers(self) -> None:
         """Search everything here from now on: a worker died (killed for memory, say), which
         breaks the pool.  Nothing is lost but time: its searches are done again here."""
-        self.workers = 0
-        self._futures = {k: f for k, f in self._futures.items() if f.done() and f.exception() is None}
+        with self._lock:
+            self.workers = 0
+            self._futures = {k: f for k, f in self._futures.items()
+                             if f.done() and not f.cancelled() and f.exception() is None}
         self.close()
 
     def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=True, cancel_futures=True)
-            self._pool = None
+        """No more worker searches: the queued ones are cancelled, the running ones finish."""
+        with self._lock:
+            self.workers = 0  # (a shadow thread may not start the pool again)
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
 
     def _executor(self) -> ProcessPoolExecutor:
         if self._pool is None:

@@ -6,7 +6,7 @@ import dataclasses
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures.process import BrokenProcessPool
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
@@ -223,18 +223,22 @@ def run_policies(
             prefetch([*lead, *single_type_requests(trace)])
         single = normalize_gpu_name(gpu_type) if gpu_type else pick_single_type(trace, planner)
     results: dict[str, ReplayResult] = {}
+    threads: ThreadPoolExecutor | None = None
     try:
-        shadows = {}
+        shadows: dict[str, Future] = {}
         if prefetcher is not None:
             # The requests of a static or failover policy depend on the plans it picks, so
-            # they cannot be guessed from the trace; a worker replays it meanwhile with a
-            # cache of its own and hands over what it searched.  Its cache lacks the
-            # earlier policies' answers, so a few of its decisions (and then requests) may
-            # differ: those are searched here.
+            # they cannot be guessed from the trace; a thread replays it meanwhile with a
+            # cache of its own, its searches made by the workers (which share every answer,
+            # so none is searched twice).  Its cache lacks the earlier policies' answers, so
+            # a few of its decisions (and then requests) may differ: those are searched when
+            # the policy's own replay gets to them.
+            prefetcher.start()
             for p in policies[1:]:
                 config = controller_config(p, costs=costs, gpu_type=single)
                 if config.strategy in ("static", "failover"):
-                    shadows[p] = prefetcher.run_in_worker(_shadow_replay, exact_availability, prices, dict(
+                    threads = threads or ThreadPoolExecutor(max_workers=len(policies) - 1)
+                    shadows[p] = threads.submit(_shadow_replay, prefetcher, exact_availability, prices, dict(
                         trace=trace, config=config, costs=costs, samples_target=samples_target,
                         budget_usd=budget_usd, policy=p, seed=seed, max_time_s=max_time_s,
                         price_change_times=change_times))
@@ -242,12 +246,7 @@ def run_policies(
             calls_before = cached.num_calls
             config = controller_config(p, costs=costs, gpu_type=single)
             if p in shadows:
-                try:
-                    answers, cpu_s = shadows[p].result()
-                except BrokenProcessPool:
-                    prefetcher.stop_workers()
-                else:
-                    prefetcher.adopt(answers, cpu_s=cpu_s)
+                shadows[p].result()  # what it searched is with the workers' answers now
             r = replay(trace, plan_fn=planner, config=config, costs=costs, samples_target=samples_target,
                        price_fn=price_fn, budget_usd=budget_usd, policy=p, seed=seed, max_time_s=max_time_s,
                        price_change_times=change_times, prefetch=prefetch,
@@ -257,7 +256,9 @@ def run_policies(
     finally:
         _flush(cached.plan_fn)
         if prefetcher is not None:
-            prefetcher.close()
+            prefetcher.close()  # (a shadow thread still waiting on a search then stops)
+        if threads is not None:
+            threads.shutdown(wait=True)
     return ReplaySuite(
         results=results, single_gpu_type=single, samples_target=samples_target,
         wall_s=time.perf_counter() - t0, planner_calls=probe.num_calls + cached.num_calls,
@@ -272,20 +273,27 @@ def _price_fn(prices: PriceSeries | None) -> PriceFn:
     return prices.price_fn(fallback=catalog_price_fn()) if prices is not None else catalog_price_fn()
 
 
-def _shadow_replay(plan_fn: PlanFn, exact_availability: bool, prices: PriceSeries | None,
-                   replay_args: dict[str, Any]) -> dict[frozenset, tuple[PlanOption, ...]]:
-    """In a planner worker: one policy's replay with a planner cache of its own; the
-    planner answers it searched, by ``frozenset(available.items())``."""
-    searched: dict[frozenset, tuple[PlanOption, ...]] = {}
+class _WorkersStopped(Exception):
+    pass
+
+
+def _shadow_replay(prefetcher: PrefetchingPlanner, exact_availability: bool, prices: PriceSeries | None,
+                   replay_args: dict[str, Any]) -> None:
+    """In a thread: one policy's replay with a planner cache of its own, searching in the
+    workers; its answers stay with them for the policy's own replay.  It stops early if the
+    workers stop (that replay then searches what is left itself)."""
 
     def search(available: Mapping[GpuZone, int]) -> tuple[PlanOption, ...]:
-        options = tuple(plan_fn(available))
-        searched[frozenset(available.items())] = options
+        options = prefetcher.search_in_worker(available)
+        if options is None:
+            raise _WorkersStopped
         return options
 
     cached = CachedPlanner(plan_fn=search)
-    replay(plan_fn=cached if exact_availability else on_grid(cached), price_fn=_price_fn(prices), **replay_args)
-    return searched
+    try:
+        replay(plan_fn=cached if exact_availability else on_grid(cached), price_fn=_price_fn(prices), **replay_args)
+    except _WorkersStopped:
+        pass
 
 
 def _prefetcher(plan_fn: PlanFn) -> PrefetchingPlanner | None:

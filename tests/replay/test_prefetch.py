@@ -145,3 +145,29 @@ def test_progress_follows_each_policy_through_simulated_time():
     assert [p for p, *_ in seen] == sorted((p for p, *_ in seen), key=("ours", "static").index)
     searches = [n for *_, n in seen]
     assert searches == sorted(searches) and searches[-1] <= suite.planner_calls
+
+
+def test_a_shadow_search_shares_the_workers_answers_and_stops_when_they_stop():
+    import os
+    import signal
+
+    from sailor_core.controller import planner_plan_fn
+    from sailor_core.replay.prefetch import PrefetchingPlanner
+
+    args = dict(model="opt-350m", global_batch_size=None, max_evaluations=50)
+    request, other = {A: 8, V: 8}, {A: 4}
+    planner = PrefetchingPlanner(args, workers=1)
+    try:
+        planner.start()
+        planner.prefetch([request])
+        shadow_answer = planner.search_in_worker(request)  # the guess already searching: waited for
+        assert planner(request) == shadow_answer  # and kept for the replay: not searched again
+        assert planner.stats().num_searched_ahead == 1 and planner.stats().num_in_process == 0
+        for pid in list(planner._pool._processes):
+            os.kill(pid, signal.SIGKILL)
+        assert planner.search_in_worker(other) is None  # the shadow stops; the replay searches it
+        assert planner.workers == 0
+        assert planner(other) == tuple(planner_plan_fn(**args)(other))
+    finally:
+        planner.close()
+    assert shadow_answer == tuple(planner_plan_fn(**args)(request))
