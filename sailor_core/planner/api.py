@@ -64,6 +64,7 @@ def _plan_job(request: PlanRequest, *, profiles, network) -> PlanResult:
     searcher = Searcher(request, profiles=profiles, network=network)
     _search_each_type(searcher)
     _search(searcher)
+    searcher.done_searching()
     if not any(e.feasible for e in searcher.top) and not searcher.stats.exhausted and (
             _has_caps(request) or request.min_throughput_samples_per_s is not None):
         # The bounds under-estimate cost (or over-estimate speed) several-fold on large shapes,
@@ -189,6 +190,7 @@ def _sub_search(searcher: Searcher, *, seeded: bool = False, **changes) -> Searc
         sub.top = list(searcher.top)
         sub._seen_plans = set(searcher._seen_plans)
     _search(sub)
+    sub.done_searching()
     return sub
 
 
@@ -216,7 +218,6 @@ def _sharing(searcher: Searcher, req: PlanRequest) -> Searcher:
     sub.placed_memo = searcher.placed_memo
     sub.placed_costs_memo = searcher.placed_costs_memo
     sub.fewest_crossings_memo = searcher.fewest_crossings_memo
-    sub.segment_lists = searcher.segment_lists
     if req.availability == searcher.req.availability:
         # Same GPU types too: the same regime variants, so the same bound parts.
         sub.bound_memos = searcher.bound_memos
@@ -406,6 +407,7 @@ def _relaxed_search(searcher: Searcher, *, objective: Objective, keep_caps: bool
         best = min(seeds, key=lambda e: s.score_of(e.res))
         s.offer(s.evaluate(best.mbs, best.stages))
     run_search(s)
+    s.done_searching()
     top = [e for e in s.top if e.feasible]
     return top[0] if top else None
 

@@ -190,7 +190,9 @@ class Searcher:
         self._round_trip: dict = {}
         self._segments: dict = {}
         self.fewest_crossings_memo: dict = {}  # (shared by sub-searches: same zones per GPU type)
-        self.segment_lists: dict = {}  # (shared too; see segments_for)
+        # Segment lists and their numpy columns, for the process (see segments_for): replay
+        # requests one after the other mostly change one GPU type's pools, not the other's.
+        self.segment_lists = process_memo(self.kinds, network, "segment lists")
         self._crossing_usd: dict = {}  # per kind: USD of one micro-batch's boundary both ways across zones
         self.sorted_memo: dict = {}  # micro-batch size -> every shape scored (see run_search)
         # The simulator's memoised figures live as long as the kinds they were keyed on (by id).
@@ -217,6 +219,11 @@ class Searcher:
         # GPU types whose one-type shapes a search of their own has settled: every one that could
         # enter this search's top N was evaluated there and its plans offered here (plan_job).
         self.settled_types: set[str] = set()
+
+    def done_searching(self) -> None:
+        """No more ``run_search`` passes: drop the scored shapes, whose streams hold the search's
+        closures and so the searcher (a cycle that would wait for the collector plan_job pauses)."""
+        self.sorted_memo.clear()
 
     @property
     def cost_matters(self) -> bool:
@@ -442,7 +449,10 @@ class Searcher:
             # shared by everything it depends on.
             full_range = (self.req.objective is Objective.COST or self.req.max_usd_per_hour is not None
                           or self.req.max_usd_per_iteration is not None or self.req.collect_pareto)
-            shared = (gpu, num_mb, full_range, self.max_stages_per_type, terms)
+            # Shared by the process (kinds and network are the memo's): the type's pools (prices,
+            # placements and crossings follow from them) and the terms decide the list.
+            shared = (gpu, tuple(self.zone_gpus[gpu].items()), self.req.spot, num_mb, full_range,
+                      self.max_stages_per_type, terms)
             hit = self.segment_lists.get(shared)
             if hit is None:
                 hit = self.segment_lists[shared] = self._segments_for(gpu, num_mb, full_range, terms)
@@ -809,17 +819,14 @@ class _SortedShapes:
     USD per hour, egress USD per iteration, stages).  With a ``stream`` (``_ShapeStream``) the
     lists are grown on demand, in the same order a full sort would give."""
 
-    def __init__(self, first: list[Segment], second: list[Segment], ia, ib, scores, busiest, parts,
-                 stream: _ShapeStream | None = None) -> None:
+    def __init__(self, first: list[Segment], second: list[Segment], ia, ib, scores, busiest, parts) -> None:
         self.first, self.second = first, second
         self.ia, self.ib, self.scores = ia.tolist(), ib.tolist(), scores.tolist()
         self.busiest = busiest.tolist()
         self.parts = [x.tolist() for x in parts]  # per part, a list over the shapes
         self.pos = 0
         self.cut = math.inf
-        self.stream = stream
-        if stream is not None:
-            stream.attach(self)
+        self.stream: _ShapeStream | None = None
 
     def _have(self, count: int) -> bool:
         """Whether there are at least ``count`` shapes (growing the lists if need be)."""
@@ -875,24 +882,22 @@ class _ShapeStream:
     shape's first bound: they join once all are refined.  A search walks a few hundred of
     some 15000 shapes: the refinement (a fifth of a two-type search) mostly goes."""
 
-    __slots__ = ("scored", "final_of", "never", "rows", "target", "pool_idx", "pool_score",
+    __slots__ = ("scored", "final_of", "never", "rows", "lists", "pool_idx", "pool_score",
                  "never_added", "chunk")
 
-    def __init__(self, scored: _ScoredShapes, *, final_of, never, rows) -> None:
+    def __init__(self, scored: _ScoredShapes, target: _SortedShapes, *, final_of, never, rows) -> None:
         import numpy as np
 
         self.scored = scored
         self.final_of = final_of  # refined indices -> (those within the limits, their final bounds)
         self.never = never  # () -> the same for the shapes never refined
         self.rows = rows  # indices -> (ia, ib, busiest, parts) arrays, as _SortedShapes takes them
-        self.target: _SortedShapes | None = None
+        # The lists it grows (not the _SortedShapes itself, which holds the stream: no cycle).
+        self.lists = (target.ia, target.ib, target.scores, target.busiest, *target.parts)
         self.pool_idx = np.empty(0, dtype=np.int64)  # final, not placed yet, sorted by (bound, index)
         self.pool_score = np.empty(0)
         self.never_added = False
         self.chunk = 256  # shapes refined at once, doubling to _CHUNK (few are needed at first)
-
-    def attach(self, target: _SortedShapes) -> None:
-        self.target = target
 
     def _next_unplaced_lb(self) -> float:
         """A bound on every shape not in the pool or placed yet (inf: none)."""
@@ -913,13 +918,8 @@ class _ShapeStream:
         if take:
             idx, score = self.pool_idx[:take], self.pool_score[:take]
             self.pool_idx, self.pool_score = self.pool_idx[take:], self.pool_score[take:]
-            t = self.target
             ia, ib, busiest, parts = self.rows(idx)
-            t.ia.extend(ia.tolist())
-            t.ib.extend(ib.tolist())
-            t.scores.extend(score.tolist())
-            t.busiest.extend(busiest.tolist())
-            for mine, more in zip(t.parts, parts):
+            for mine, more in zip(self.lists, (ia, ib, score, busiest, *parts)):
                 mine.extend(more.tolist())
             return True
         s = self.scored
@@ -942,16 +942,16 @@ class _ShapeStream:
         self.pool_idx, self.pool_score = all_idx[order], all_score[order]
 
     def grow(self, count: int) -> bool:
-        t = self.target
-        while len(t.scores) < count:
+        scores = self.lists[2]
+        while len(scores) < count:
             if not self._step():
                 return False
         return True
 
     def grow_below(self, score: float) -> None:
         """Place every shape whose bound is below ``score``."""
-        t = self.target
-        while not (t.scores and t.scores[-1] >= score) and self._step():
+        scores = self.lists[2]
+        while not (scores and scores[-1] >= score) and self._step():
             pass
 
 
@@ -959,11 +959,11 @@ class _ScoredShapes:
     """Shapes of one micro-batch size with a first bound, refined (``refine``: the granular
     and joint bounds, which only raise it) in order of that bound, as far as asked."""
 
-    __slots__ = ("refine", "_sorted_below", "pre", "first", "num_refined", "final", "never_refined", "streamed")
+    __slots__ = ("refine", "_sorted_below", "pre", "first", "num_refined", "final", "never_refined", "_streamed")
 
     def __init__(self, *, refine, sorted_below, pre, first, never_refined, streamed) -> None:
         self.refine, self._sorted_below = refine, sorted_below
-        self.streamed = streamed  # () -> every shape within the limits, refined on demand (_ShapeStream)
+        self._streamed = streamed  # (self) -> _SortedShapes (no cycle: the searcher's memos are freed by refcount)
         self.pre, self.first = pre, first  # first bound; the shapes to refine, best first
         self.num_refined = 0
         self.final = []  # arrays of refined bounds within the limits
@@ -975,6 +975,10 @@ class _ScoredShapes:
     def sorted_below(self, cut: float) -> _SortedShapes:
         """The shapes whose bound is below ``cut``, best first (no shape left to refine may be)."""
         return self._sorted_below(cut, self.num_refined)
+
+    def streamed(self) -> _SortedShapes:
+        """Every shape within the limits, best first, refined on demand (``_ShapeStream``)."""
+        return self._streamed(self)
 
     def refine_next(self, count: int) -> None:
         sel = self.first[self.num_refined:self.num_refined + count]
@@ -1032,6 +1036,25 @@ def _granular_many(sa, ra, ha, sb, rb, hb, num_blocks: int, iterations: int = 24
     return lo
 
 
+_PROCESS_MEMO_SIZE = 1024  # entries per process memo (a replay's requests meet a few hundred lists)
+
+
+def process_memo(kinds, network, name: str) -> dict:
+    """A dict that lives as long as ``kinds`` (one model's, see ``kinds.shared_kind_cache``) for
+    ``network``, for what planning calls one after the other can share; emptied when full."""
+    key = ("process memo", name)
+    hit = kinds.extras.get(key)
+    if hit is None or hit[0] is not network:
+        hit = kinds.extras[key] = (network, {})
+    memo = hit[1]
+    if len(memo) >= _PROCESS_MEMO_SIZE:
+        memo.clear()
+    return memo
+
+
+_NO_SEGMENTS: list[Segment] = []  # the second type's list of a one-type space (never changed)
+
+
 def _probe(segs: list[Segment], tp: int) -> Segment:
     return next(seg for seg in segs if seg.tp_degree == tp)
 
@@ -1044,7 +1067,8 @@ class _MbsSpace:
     ref_total_s: float  # over the layers the capacity bound counts
     all_total_s: float  # every layer on its fastest kind: no iteration is shorter
     num_blocks_lb: float  # ref_total_s / the largest block's ref: blocks a share x of the work holds >= x times it
-    lists: list[list[Segment | None]]
+    lists: list[list[Segment | None]]  # per type: its segments and _NONE, in the heap's order
+    present: list[list[Segment]]  # the same without _NONE (shared: never changed)
     heap: _ProductHeap
     sorted: _SortedShapes | None = None
 
@@ -1058,6 +1082,7 @@ def run_search(searcher: Searcher, budget: int | None = None, *, by_bound_only: 
     stop_at = searcher.stats.work + (budget if budget is not None else req.max_evaluations)
     throughput = req.objective is Objective.THROUGHPUT
     spaces: list[_MbsSpace] = []
+    ordered_memo = process_memo(searcher.kinds, searcher.network, "ordered segment lists")
     for mbs in searcher.micro_batch_sizes():
         num_mb = req.global_batch_size // mbs
         kinds = [k for g in searcher.gpu_types
@@ -1073,21 +1098,27 @@ def run_search(searcher: Searcher, budget: int | None = None, *, by_bound_only: 
         blocks = range(1, searcher.num_layers - 1) if searcher.num_layers >= 3 else range(searcher.num_layers)
         ref = [ref_all[i] if i in blocks else 0.0 for i in range(searcher.num_layers)]
         lists: list[list[Segment | None]] = []
+        present: list[list[Segment]] = []
         for gpu in searcher.gpu_types:
-            segs: list[Segment | None] = list(searcher.segments_for(gpu, mbs, num_mb, ref))
-            segs.append(_NONE)
-            if throughput:
-                segs.sort(key=lambda s: -s.capacity if s else 0.0)
-            else:
-                segs.sort(key=lambda s: s.min_usd_per_hr if s else 0.0)
-            lists.append(segs)
+            base = searcher.segments_for(gpu, mbs, num_mb, ref)
+            hit = ordered_memo.get((id(base), throughput))
+            if hit is None or hit[0] is not base:
+                segs: list[Segment | None] = list(base)
+                segs.append(_NONE)
+                if throughput:
+                    segs.sort(key=lambda s: -s.capacity if s else 0.0)
+                else:
+                    segs.sort(key=lambda s: s.min_usd_per_hr if s else 0.0)
+                hit = ordered_memo[(id(base), throughput)] = (base, segs, [seg for seg in segs if seg is not None])
+            lists.append(hit[1])
+            present.append(hit[2])
         if throughput:
             keys = [[-(s.capacity if s else 0.0) for s in lst] for lst in lists]
         else:
             keys = [[(s.min_usd_per_hr if s else 0.0) for s in lst] for lst in lists]
         spaces.append(_MbsSpace(mbs=mbs, num_mb=num_mb, ref=ref, ref_total_s=sum(ref),
                                 all_total_s=sum(ref_all), num_blocks_lb=sum(ref) / max(max(ref), 1e-300),
-                                lists=lists,
+                                lists=lists, present=present,
                                 heap=_ProductHeap(keys)))
 
     gbs = req.global_batch_size
@@ -1402,6 +1433,7 @@ def run_search(searcher: Searcher, budget: int | None = None, *, by_bound_only: 
         return min(ring_lb(seg, num_stages) for seg in shape)
 
     route_memo = searcher.bound_memos.setdefault("route", {})
+    arrays_memo = process_memo(searcher.kinds, searcher.network, "segment columns")
 
     def between_segments_usd(space: _MbsSpace, first: list[Segment], second: list[Segment]):
         """USD per iteration, at the least, of the micro-batches crossing zones between two
@@ -1480,9 +1512,9 @@ def run_search(searcher: Searcher, budget: int | None = None, *, by_bound_only: 
         gives it before refinement; ``sorted_below`` sorts those within the limits by it."""
         import numpy as np
 
-        lists = [[seg for seg in lst if seg is not None] for lst in space.lists]
+        lists = list(space.present)
         if len(lists) == 1:
-            lists.append([])
+            lists.append(_NO_SEGMENTS)
         max_p = searcher.max_stages
 
         alone = not lists[1]  # one GPU type: a shape's depth is its one segment's
@@ -1529,7 +1561,18 @@ def run_search(searcher: Searcher, budget: int | None = None, *, by_bound_only: 
                 head=np.array([seg.head_busy_s for seg in segs] + [np.inf]),
             )
 
-        a, b = arrays(lists[0]), arrays(lists[1])
+        # A list's columns depend on it and on these (the regime variants on the GPU types, the
+        # rings and links on the type's pools, which the list is keyed on, and the network).
+        context = (alone, max_p, cost_matters, space.ref_total_s, tuple(searcher.gpu_types), req.regime,
+                   req.max_tp_degree)
+
+        def arrays_of(segs: list[Segment]) -> dict:
+            hit = arrays_memo.get((id(segs), context))
+            if hit is None or hit[0] is not segs:
+                hit = arrays_memo[(id(segs), context)] = (segs, arrays(segs))
+            return hit[1]
+
+        a, b = arrays_of(lists[0]), arrays_of(lists[1])
         na, nb = len(lists[0]), len(lists[1])
         # Every pair of segments (index na / nb: that type unused) as a grid, where the
         # cheapest terms are broadcast sums; the pairs left are taken out in the grid's order.
@@ -1633,6 +1676,9 @@ def run_search(searcher: Searcher, budget: int | None = None, *, by_bound_only: 
             x["have_curve"][need] = True
             return x["curves"][idx]
 
+        # (Not ``space`` itself in the closures a stream keeps: it holds the stream.)
+        work_s, mbs, num_blocks_lb = space.ref_total_s, space.mbs, space.num_blocks_lb
+
         def refine_bounds(sel) -> None:
             gran = _granular_many(a["stages"][ia[sel]], a["block"][ia[sel]], a["head"][ia[sel]],
                                   b["stages"][ib[sel]], b["block"][ib[sel]], b["head"][ib[sel]],
@@ -1648,13 +1694,13 @@ def run_search(searcher: Searcher, budget: int | None = None, *, by_bound_only: 
                 return
             # Rings only for the segments these shapes use (the curves cost a few rings each).
             c1, c2 = (curves_of(x, idx[two]) for x, idx in ((a, ia), (b, ib)))
-            a1 = space.ref_total_s / a["cap"][ia[two]]
-            a2 = space.ref_total_s / b["cap"][ib[two]]
+            a1 = work_s / a["cap"][ia[two]]
+            a2 = work_s / b["cap"][ib[two]]
             k1, k2 = a["steady"][ia[two]], b["steady"][ib[two]]
             floor_s = np.maximum(tau[two], pipe[two])
             # The pipeline as lines in the first segment's share x (where the segments meet too).
             u, v = _pipeline_lines(floor_s, a1, k1, a2, k2,
-                                   space.ref_total_s * a["slow"][ia[two]], space.ref_total_s * b["slow"][ib[two]],
+                                   work_s * a["slow"][ia[two]], work_s * b["slow"][ib[two]],
                                    a["stages"][ia[two]], b["stages"][ib[two]], a["nmb"][ia[two]],
                                    b["nmb"][ib[two]], lmat[a["tpi"][ia[two]], b["tpi"][ib[two]]])
             rings = [np.maximum(c1[:, k], c2[:, _GRID - 1 - k]) for k in range(_GRID)]
@@ -1663,7 +1709,7 @@ def run_search(searcher: Searcher, budget: int | None = None, *, by_bound_only: 
             t_lb[two] = np.maximum(t_lb[two], joint)
             if cost_matters:
                 # Rent, time and the rings' egress together (joint_cost_lb), in the egress.
-                per_blocks = space.num_blocks_lb * searcher.gradient_bytes_lb(space.mbs)[1]
+                per_blocks = num_blocks_lb * searcher.gradient_bytes_lb(mbs)[1]
                 e1 = a["ring_usd"][ia[two]] * per_blocks
                 e2 = b["ring_usd"][ib[two]] * per_blocks
                 per_s = rate[two] / 3600
@@ -1707,18 +1753,18 @@ def run_search(searcher: Searcher, budget: int | None = None, *, by_bound_only: 
         never = np.ones(len(ia), dtype=bool)
         never[first] = False
 
-        def streamed() -> _SortedShapes:
+        def streamed(of: _ScoredShapes) -> _SortedShapes:
             """Every shape within the limits, best first, refined as the walk gets there
             (``_ShapeStream``): what ``sorted_below(inf)`` gives after refining them all."""
-            stream = _ShapeStream(scored, final_of=final_of, never=lambda: kept(np.flatnonzero(never)), rows=rows)
             empty = np.empty(0)
-            out = _SortedShapes(lists[0], lists[1], empty, empty, empty, empty, (empty,) * 4, stream=stream)
+            out = _SortedShapes(lists[0], lists[1], empty, empty, empty, empty, (empty,) * 4)
+            out.stream = _ShapeStream(of, out, final_of=final_of, never=lambda: kept(np.flatnonzero(never)),
+                                      rows=rows)
             out.cut = limit
             return out
 
-        scored = _ScoredShapes(refine=refine, sorted_below=sorted_below, pre=pre, first=first,
-                               never_refined=np.sort(pre[never]), streamed=streamed)
-        return scored
+        return _ScoredShapes(refine=refine, sorted_below=sorted_below, pre=pre, first=first,
+                             never_refined=np.sort(pre[never]), streamed=streamed)
 
     # Up to two GPU types: every shape at once, in exact order of its first bound (cheap with
     # numpy); more types: lazily, in order of the looser capacity bound.  The same in every
