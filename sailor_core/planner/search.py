@@ -182,6 +182,9 @@ class Searcher:
         # Splits and placements of ordered shapes, by segment attributes: the passes and
         # the sub-searches of one request meet the same shapes again.
         self.prepared_memo: dict = {}
+        # The same for the process, keyed by all a split depends on besides the kinds (which
+        # the memo lives with): placements by the pools of the shape's GPU types.
+        self._process_splits = process_memo(self.kinds, network, "splits", max_entries=1 << 15)
         self.placed_memo: dict = {}
         self._segment_places: dict = {}
         self.placed_costs_memo: dict = {}
@@ -661,18 +664,24 @@ class Searcher:
         if stages is None:
             return None
         num_mb = self.req.global_batch_size // mbs
-        P = len(stages)
-        slots = []
-        for i, (kind, placed) in enumerate(stages):
-            d = sum(c for _, c in placed)
-            n = -(-num_mb // d)
-            slots.append(StageSlot(kind=kind, num_microbatches=n,
-                                   num_inflight=inflight_microbatches(i, P, n)))
-        ends = min_max_split(slots, self.num_layers, lower_bound_s=tau_lb)
+        # The split depends on the stages' kinds and replica counts, not their zones: shared by
+        # the process (the first bound asked decides where the bisection ends: in the key).
+        split_key = (num_mb, tau_lb, tuple([(kind, sum(c for _, c in placed)) for kind, placed in stages]))
+        hit = self._process_splits.get(split_key)
+        if hit is None:
+            P = len(stages)
+            slots = []
+            for i, (kind, d) in enumerate(split_key[2]):
+                n = -(-num_mb // d)
+                slots.append(StageSlot(kind=kind, num_microbatches=n,
+                                       num_inflight=inflight_microbatches(i, P, n)))
+            ends = min_max_split(slots, self.num_layers, lower_bound_s=tau_lb)
+            hit = self._process_splits[split_key] = (ends, None if ends is None else busiest_s(slots, ends))
+        ends, busiest = hit
         if ends is None:
             self.stats.memory_failures += 1
             return None
-        return stages, ends, busiest_s(slots, ends)
+        return stages, ends, busiest
 
     def evaluate_shape(self, mbs: int, shape: tuple[Segment, ...], tau_lb: float,
                        prepared=None) -> Evaluated | None:
@@ -1039,7 +1048,7 @@ def _granular_many(sa, ra, ha, sb, rb, hb, num_blocks: int, iterations: int = 24
 _PROCESS_MEMO_SIZE = 1024  # entries per process memo (a replay's requests meet a few hundred lists)
 
 
-def process_memo(kinds, network, name: str) -> dict:
+def process_memo(kinds, network, name: str, max_entries: int = _PROCESS_MEMO_SIZE) -> dict:
     """A dict that lives as long as ``kinds`` (one model's, see ``kinds.shared_kind_cache``) for
     ``network``, for what planning calls one after the other can share; emptied when full."""
     key = ("process memo", name)
@@ -1047,12 +1056,13 @@ def process_memo(kinds, network, name: str) -> dict:
     if hit is None or hit[0] is not network:
         hit = kinds.extras[key] = (network, {})
     memo = hit[1]
-    if len(memo) >= _PROCESS_MEMO_SIZE:
+    if len(memo) >= max_entries:
         memo.clear()
     return memo
 
 
-_NO_SEGMENTS: list[Segment] = []  # the second type's list of a one-type space (never changed)
+_NO_SEGMENTS: list[Segment] = []
+_GRANULAR_MEMO_SIZE = 1 << 16  # the second type's list of a one-type space (never changed)
 
 
 def _probe(segs: list[Segment], tp: int) -> Segment:
@@ -1243,6 +1253,20 @@ def run_search(searcher: Searcher, budget: int | None = None, *, by_bound_only: 
         heapq.heappush(pending, (key, next(counter), si, shape, tau, level, payload, t[0], t[2]))
 
     sync_memo = searcher.bound_memos.setdefault("sync", {})
+    # Behind the request's memos, the process's: rings and links depend on a GPU type's pools
+    # (its zones), the regime variants (the GPU types, the regime, the largest TP degree) and
+    # the network, which the memo lives with.
+    bounds_memo = process_memo(searcher.kinds, searcher.network, "bound parts", max_entries=1 << 15)
+    zones_key = {gpu: tuple(searcher.zone_gpus[gpu].items()) for gpu in searcher.gpu_types}
+    variants_key = (tuple(searcher.gpu_types), req.regime, req.max_tp_degree)
+
+    def shared_bound(key: tuple, make, *args):
+        key = (key, variants_key)
+        hit = bounds_memo.get(key)
+        if hit is None:
+            hit = bounds_memo[key] = make(*args)
+        return hit
+
     link_memo = searcher.bound_memos.setdefault("link", {})
     egress_memo = searcher.bound_memos.setdefault("egress", {})
 
@@ -1282,16 +1306,19 @@ def run_search(searcher: Searcher, budget: int | None = None, *, by_bound_only: 
         key = (a.gpu, a.tp_degree, b.gpu, b.tp_degree, a.kind.micro_batch_size)
         t = link_memo.get(key)
         if t is None:
-            za = sorted(searcher.zone_gpus[a.gpu])
-            zb = sorted(searcher.zone_gpus[b.gpu])
-            common = sorted(set(za) & set(zb))
-            pair = (common[0], common[0]) if common else (za[0], zb[0])
-            nbytes = min(layer_table(v.profile).output_bytes[min(1, searcher.num_layers - 1)]
-                         for v in searcher.variants(a.kind))
-            t = link_memo[key] = boundary_transfer_s(
-                searcher.network, nbytes, endpoint(pair[0], a.gpu, a.tp_degree),
-                endpoint(pair[1], b.gpu, b.tp_degree))
+            t = link_memo[key] = shared_bound(("link", key, zones_key[a.gpu], zones_key[b.gpu]), _link_s, a, b)
         return t
+
+    def _link_s(a: Segment, b: Segment) -> float:
+        za = sorted(searcher.zone_gpus[a.gpu])
+        zb = sorted(searcher.zone_gpus[b.gpu])
+        common = sorted(set(za) & set(zb))
+        pair = (common[0], common[0]) if common else (za[0], zb[0])
+        nbytes = min(layer_table(v.profile).output_bytes[min(1, searcher.num_layers - 1)]
+                     for v in searcher.variants(a.kind))
+        return boundary_transfer_s(
+            searcher.network, nbytes, endpoint(pair[0], a.gpu, a.tp_degree),
+            endpoint(pair[1], b.gpu, b.tp_degree))
 
     def link_lb(space: _MbsSpace, shape: tuple[Segment, ...]) -> float:
         """A link's steady state alone, (n - 1) l / 2, bounds the iteration (schedule._longest):
@@ -1338,10 +1365,15 @@ def run_search(searcher: Searcher, budget: int | None = None, *, by_bound_only: 
         key = (seg.gpu, seg.tp_degree, seg.dp_degree)
         row = sync_memo.get(key)
         if row is None:
-            nbytes = min(v.total_params * v.regime.grad_bytes_per_param for v in searcher.variants(seg.kind))
-            depths = np.arange(1, searcher.max_stages + 1, dtype=float)
-            row = sync_memo[key] = [math.inf] + rings_s(seg, nbytes / depths).tolist()
+            row = sync_memo[key] = shared_bound(("sync", key, zones_key[seg.gpu], searcher.max_stages), _ring_row, seg)
         return row
+
+    def _ring_row(seg: Segment) -> list[float]:
+        import numpy as np
+
+        nbytes = min(v.total_params * v.regime.grad_bytes_per_param for v in searcher.variants(seg.kind))
+        depths = np.arange(1, searcher.max_stages + 1, dtype=float)
+        return [math.inf] + rings_s(seg, nbytes / depths).tolist()
 
     def ring_lb(seg: Segment, num_stages: int) -> float:
         """The stage holding the most parameters holds at least 1/P of them; its ring is at best
@@ -1362,17 +1394,18 @@ def run_search(searcher: Searcher, budget: int | None = None, *, by_bound_only: 
         key = (seg.gpu, seg.tp_degree, seg.dp_degree, seg.num_stages)
         curve = curve_memo.get(key)
         if curve is None:
-            L = searcher.num_layers
-            if seg.dp_degree <= 1 or L < 3:
-                curve = (0.0,) * (_GRID + 1)
-            else:
-                import numpy as np
-
-                blocks = min(layer_table(v.profile).params(1, L - 1) * v.regime.grad_bytes_per_param
-                             for v in searcher.variants(seg.kind))
-                curve = tuple(rings_s(seg, blocks * np.arange(_GRID + 1) / _GRID / seg.num_stages).tolist())
-            curve_memo[key] = curve
+            curve = curve_memo[key] = shared_bound(("sync curve", key, zones_key[seg.gpu]), _sync_curve, seg)
         return curve
+
+    def _sync_curve(seg: Segment) -> tuple[float, ...]:
+        L = searcher.num_layers
+        if seg.dp_degree <= 1 or L < 3:
+            return (0.0,) * (_GRID + 1)
+        import numpy as np
+
+        blocks = min(layer_table(v.profile).params(1, L - 1) * v.regime.grad_bytes_per_param
+                     for v in searcher.variants(seg.kind))
+        return tuple(rings_s(seg, blocks * np.arange(_GRID + 1) / _GRID / seg.num_stages).tolist())
 
     def steady_links_s(seg: Segment) -> float:
         return _steady_links_s(seg.num_microbatches, link_s(seg, seg), seg.num_stages)
@@ -1433,6 +1466,35 @@ def run_search(searcher: Searcher, budget: int | None = None, *, by_bound_only: 
         return min(ring_lb(seg, num_stages) for seg in shape)
 
     route_memo = searcher.bound_memos.setdefault("route", {})
+    # The granular bound of a two-segment shape depends on each segment's (stages, busy time per
+    # block, of the head) alone, which recur from request to request: numbered for the process
+    # (never renumbered: cached columns hold the numbers), the bounds kept by pair of numbers.
+    granular_ids = searcher.kinds.extras.setdefault("granular ids", {})
+    granular_memo = searcher.kinds.extras.setdefault(("granular bounds", searcher.num_blocks), {})
+
+    def granular_id(num_stages: int, block_s: float, head_s: float) -> int:
+        return granular_ids.setdefault((num_stages, block_s, head_s), len(granular_ids))
+
+    def granular_of(a: dict, ia, b: dict, ib):
+        """``_granular_many`` of the shapes (ia, ib), each pair of segment numbers worked out
+        once (in one batch: each shape's figures depend on its own inputs alone)."""
+        import numpy as np
+
+        codes = a["gid"][ia] * (1 << 32) + b["gid"][ib]
+        uniq, at, inverse = np.unique(codes, return_index=True, return_inverse=True)
+        known = [granular_memo.get(c) for c in uniq.tolist()]
+        miss = [j for j, v in enumerate(known) if v is None]
+        if miss:
+            m = at[miss]
+            got = _granular_many(a["stages"][ia[m]], a["block"][ia[m]], a["head"][ia[m]],
+                                 b["stages"][ib[m]], b["block"][ib[m]], b["head"][ib[m]],
+                                 searcher.num_blocks, iterations=16).tolist()
+            if len(granular_memo) > _GRANULAR_MEMO_SIZE:
+                granular_memo.clear()
+            for j, v in zip(miss, got):
+                known[j] = granular_memo[int(uniq[j])] = v
+        return np.array(known, dtype=float)[inverse]
+
     arrays_memo = process_memo(searcher.kinds, searcher.network, "segment columns")
 
     def between_segments_usd(space: _MbsSpace, first: list[Segment], second: list[Segment]):
@@ -1559,6 +1621,8 @@ def run_search(searcher: Searcher, budget: int | None = None, *, by_bound_only: 
                 drain=np.array([(1 - 1 / seg.num_microbatches) ** seg.num_stages for seg in segs] + [1.0]),
                 block=np.array([seg.block_busy_s for seg in segs] + [np.inf]),
                 head=np.array([seg.head_busy_s for seg in segs] + [np.inf]),
+                gid=np.array([granular_id(seg.num_stages, seg.block_busy_s, seg.head_busy_s) for seg in segs]
+                             + [granular_id(0, math.inf, math.inf)], dtype=np.int64),
             )
 
         # A list's columns depend on it and on these (the regime variants on the GPU types, the
@@ -1680,9 +1744,7 @@ def run_search(searcher: Searcher, budget: int | None = None, *, by_bound_only: 
         work_s, mbs, num_blocks_lb = space.ref_total_s, space.mbs, space.num_blocks_lb
 
         def refine_bounds(sel) -> None:
-            gran = _granular_many(a["stages"][ia[sel]], a["block"][ia[sel]], a["head"][ia[sel]],
-                                  b["stages"][ib[sel]], b["block"][ib[sel]], b["head"][ib[sel]],
-                                  searcher.num_blocks, iterations=16)
+            gran = granular_of(a, ia[sel], b, ib[sel])
             tau[sel] = np.maximum(tau[sel], gran)
             t_lb[sel] = np.maximum(tau[sel], pipe[sel]) + sync[sel]
             # Two segments: compute, links and sync together (joint_lb, the same bound for every
