@@ -34,7 +34,6 @@ Group = tuple[Kind, str, int]  # (kind, zone, replicas), in replica order
 # A memoised candidate stage takes about 1.5 kB: past this many, start afresh (about 50 MB;
 # a search of a few thousand candidates makes about 4 new stages each).
 _MAX_STAGE_ENTRIES = 1 << 15
-_MAX_PLAN_ENTRIES = 1 << 15  # whole results (about 1 kB each with their keys)
 
 
 # The memo records below are internal and never change once built; not frozen only because a
@@ -108,9 +107,6 @@ class FastSim:
         # Keyed by (layers, groups, next groups, micro-batches, regime): a stage of a candidate.
         self._stage_costs_memo: dict = {}
         self._stages: dict = {}
-        # Keyed by (micro-batch size, stages): whole results, which the searches of a replay's
-        # requests one after the other meet again (a type whose pools did not change).
-        self._plans: dict = {}
 
     def trim(self, max_entries: int = 1 << 17) -> None:
         """Forget memoised figures past a size (the instance outlives one search: see Searcher)."""
@@ -118,8 +114,6 @@ class FastSim:
                      self._stage_costs_memo, self._stages):
             if len(memo) > max_entries:
                 memo.clear()
-        if len(self._plans) > _MAX_PLAN_ENTRIES:
-            self._plans.clear()
 
     def regime_for(self, first: Kind) -> TrainingRegime:
         # simulate: the plan's regime if it names one, else the first replica's profile regime.
@@ -320,13 +314,6 @@ class FastSim:
         return peak, fits
 
     def evaluate(self, micro_batch_size: int, stages: list[FastStage]) -> FastResult:
-        key = (micro_batch_size, tuple(stages))
-        hit = self._plans.get(key)
-        if hit is None:
-            hit = self._plans[key] = self._evaluate(micro_batch_size, stages)
-        return hit
-
-    def _evaluate(self, micro_batch_size: int, stages: list[FastStage]) -> FastResult:
         num_mb = self.gbs // micro_batch_size
         num_stages = len(stages)
         regime = self.regime_for(stages[0].groups[0][0])

@@ -1254,17 +1254,16 @@ def run_search(searcher: Searcher, budget: int | None = None, *, by_bound_only: 
 
     sync_memo = searcher.bound_memos.setdefault("sync", {})
     # Behind the request's memos, the process's: rings and links depend on a GPU type's pools
-    # (its zones), the regime variants (the GPU types, the regime, the largest TP degree) and
-    # the network, which the memo lives with.
+    # (its zones), the segment's kind under each regime it may run in (``Searcher.variants``)
+    # and the network, which the memo lives with.
     bounds_memo = process_memo(searcher.kinds, searcher.network, "bound parts", max_entries=1 << 15)
     zones_key = {gpu: tuple(searcher.zone_gpus[gpu].items()) for gpu in searcher.gpu_types}
-    variants_key = (tuple(searcher.gpu_types), req.regime, req.max_tp_degree)
 
-    def shared_bound(key: tuple, make, *args):
-        key = (key, variants_key)
+    def shared_bound(key: tuple, make, seg: Segment, *args):
+        key = (key, tuple(searcher.variants(seg.kind)))
         hit = bounds_memo.get(key)
         if hit is None:
-            hit = bounds_memo[key] = make(*args)
+            hit = bounds_memo[key] = make(seg, *args)
         return hit
 
     link_memo = searcher.bound_memos.setdefault("link", {})
