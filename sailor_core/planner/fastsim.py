@@ -34,6 +34,7 @@ Group = tuple[Kind, str, int]  # (kind, zone, replicas), in replica order
 # A memoised candidate stage takes about 1.5 kB: past this many, start afresh (about 50 MB;
 # a search of a few thousand candidates makes about 4 new stages each).
 _MAX_STAGE_ENTRIES = 1 << 15
+_MAX_PLAN_ENTRIES = 1 << 12  # whole results (see FastSim._plans)
 
 
 # The memo records below are internal and never change once built; not frozen only because a
@@ -107,6 +108,10 @@ class FastSim:
         # Keyed by (layers, groups, next groups, micro-batches, regime): a stage of a candidate.
         self._stage_costs_memo: dict = {}
         self._stages: dict = {}
+        # Keyed by (micro-batch size, stages): recent whole results, which a request's searches
+        # meet again (a sub-search's plans offered to the main search, the final polish) and
+        # so do the next requests of a replay; kept few, as each holds its stages for the collector.
+        self._plans: dict = {}
 
     def trim(self, max_entries: int = 1 << 17) -> None:
         """Forget memoised figures past a size (the instance outlives one search: see Searcher)."""
@@ -314,6 +319,15 @@ class FastSim:
         return peak, fits
 
     def evaluate(self, micro_batch_size: int, stages: list[FastStage]) -> FastResult:
+        key = (micro_batch_size, tuple(stages))
+        hit = self._plans.get(key)
+        if hit is None:
+            if len(self._plans) >= _MAX_PLAN_ENTRIES:
+                self._plans.clear()
+            hit = self._plans[key] = self._evaluate(micro_batch_size, stages)
+        return hit
+
+    def _evaluate(self, micro_batch_size: int, stages: list[FastStage]) -> FastResult:
         num_mb = self.gbs // micro_batch_size
         num_stages = len(stages)
         regime = self.regime_for(stages[0].groups[0][0])

@@ -185,6 +185,7 @@ class Searcher:
         # The same for the process, keyed by all a split depends on besides the kinds (which
         # the memo lives with): placements by the pools of the shape's GPU types.
         self._process_splits = process_memo(self.kinds, network, "splits", max_entries=1 << 15)
+        self._kind_figures = process_memo(self.kinds, network, "kind figures", max_entries=1 << 14)
         self.placed_memo: dict = {}
         self._segment_places: dict = {}
         self.placed_costs_memo: dict = {}
@@ -267,14 +268,17 @@ class Searcher:
         key = (kind.gpu, kind.tp_degree, kind.micro_batch_size)
         hit = self._block_head.get(key)
         if hit is None:
-            L = self.num_layers
             vs = self.variants(kind)
-            if L >= 3:
-                block = min(v.time_s(i, i + 1) for v in vs for i in range(1, L - 1))
-                head = min(v.time_s(L - 1, L) for v in vs)
-            else:
-                block, head = min(v.time_s(i, i + 1) for v in vs for i in range(L)), 0.0
-            hit = self._block_head[key] = (block, head)
+            hit = self._kind_figures.get(("block and head", tuple(vs)))
+            if hit is None:
+                L = self.num_layers
+                if L >= 3:
+                    block = min(v.time_s(i, i + 1) for v in vs for i in range(1, L - 1))
+                    head = min(v.time_s(L - 1, L) for v in vs)
+                else:
+                    block, head = min(v.time_s(i, i + 1) for v in vs for i in range(L)), 0.0
+                hit = self._kind_figures[("block and head", tuple(vs))] = (block, head)
+            self._block_head[key] = hit
         return hit
 
     def gradient_bytes_lb(self, mbs: int) -> tuple[float, float]:
@@ -467,14 +471,19 @@ class Searcher:
         layer (``block_and_head_s``), USD per micro-batch crossing zones (None: no p2p crosses))."""
         p2p_crosses = self.cost_matters and sum(1 for n in self.zone_gpus[gpu].values() if n > 0) > 1
         out = []
+        ref_key = tuple(ref)
         for tp in valid_tp_degrees(self.req.model, gpu, self.req.max_tp_degree):
             kind = self.kinds.get(gpu, tp, mbs)
             if kind is None:
                 continue
-            ratio = min(
-                (v.time_s(i, i + 1) / ref[i]) for v in self.variants(kind)
-                for i in range(self.num_layers) if ref[i] > 0
-            ) if any(r > 0 for r in ref) else 1.0
+            # The same variants against the same reference, in every request of these GPU types.
+            key = ("slowness", tuple(self.variants(kind)), ref_key)
+            ratio = self._kind_figures.get(key)
+            if ratio is None:
+                ratio = self._kind_figures[key] = min(
+                    (v.time_s(i, i + 1) / ref[i]) for v in self.variants(kind)
+                    for i in range(self.num_layers) if ref[i] > 0
+                ) if any(r > 0 for r in ref) else 1.0
             out.append((tp, kind, ratio, *self.block_and_head_s(kind),
                         self.crossing_usd_per_byte(kind) if p2p_crosses else None))
         return tuple(out)
@@ -1065,6 +1074,11 @@ _NO_SEGMENTS: list[Segment] = []
 _GRANULAR_MEMO_SIZE = 1 << 16  # the second type's list of a one-type space (never changed)
 
 
+def _ring_room(pools: dict[str, int], tp_degree: int) -> dict[str, int]:
+    """Replicas of a TP degree each zone of a GPU type has room for (zones with none left out)."""
+    return {z: n // tp_degree for z, n in pools.items() if n // tp_degree > 0}
+
+
 def _probe(segs: list[Segment], tp: int) -> Segment:
     return next(seg for seg in segs if seg.tp_degree == tp)
 
@@ -1253,11 +1267,11 @@ def run_search(searcher: Searcher, budget: int | None = None, *, by_bound_only: 
         heapq.heappush(pending, (key, next(counter), si, shape, tau, level, payload, t[0], t[2]))
 
     sync_memo = searcher.bound_memos.setdefault("sync", {})
-    # Behind the request's memos, the process's: rings and links depend on a GPU type's pools
-    # (its zones), the segment's kind under each regime it may run in (``Searcher.variants``)
-    # and the network, which the memo lives with.
+    # Behind the request's memos, the process's: rings depend on the zones that can hold a
+    # segment's replicas (``ring_zones``), links on a type's zones, both on the segment's kind
+    # under each regime it may run in (``Searcher.variants``) and the network (the memo's).
     bounds_memo = process_memo(searcher.kinds, searcher.network, "bound parts", max_entries=1 << 15)
-    zones_key = {gpu: tuple(searcher.zone_gpus[gpu].items()) for gpu in searcher.gpu_types}
+    zone_names = {gpu: tuple(sorted(searcher.zone_gpus[gpu])) for gpu in searcher.gpu_types}
 
     def shared_bound(key: tuple, make, seg: Segment, *args):
         key = (key, tuple(searcher.variants(seg.kind)))
@@ -1305,7 +1319,7 @@ def run_search(searcher: Searcher, budget: int | None = None, *, by_bound_only: 
         key = (a.gpu, a.tp_degree, b.gpu, b.tp_degree, a.kind.micro_batch_size)
         t = link_memo.get(key)
         if t is None:
-            t = link_memo[key] = shared_bound(("link", key, zones_key[a.gpu], zones_key[b.gpu]), _link_s, a, b)
+            t = link_memo[key] = shared_bound(("link", key, zone_names[a.gpu], zone_names[b.gpu]), _link_s, a, b)
         return t
 
     def _link_s(a: Segment, b: Segment) -> float:
@@ -1339,7 +1353,7 @@ def run_search(searcher: Searcher, budget: int | None = None, *, by_bound_only: 
         import numpy as np
 
         net, gpu, d = searcher.network, seg.gpu, seg.dp_degree
-        room = {z: n // seg.tp_degree for z, n in searcher.zone_gpus[gpu].items() if n // seg.tp_degree > 0}
+        room = _ring_room(searcher.zone_gpus[gpu], seg.tp_degree)
         alone = [z for z, c in room.items() if c >= d]
         if alone:
             return np.min([net.uniform_allreduce_times_s(nbytes, Endpoint(zone=z, gpu=gpu), d) for z in alone],
@@ -1356,6 +1370,13 @@ def run_search(searcher: Searcher, budget: int | None = None, *, by_bound_only: 
         assert best is not None, "a segment's replicas fit its GPU type's zones"
         return best
 
+    def ring_zones(seg: Segment) -> tuple:
+        """All ``rings_s`` depends on of the type's pools: the zones that hold the segment's
+        replicas alone (it takes the least ring over them), else every zone's room."""
+        room = _ring_room(searcher.zone_gpus[seg.gpu], seg.tp_degree)
+        alone = sorted(z for z, c in room.items() if c >= seg.dp_degree)
+        return ("alone", tuple(alone)) if alone else ("spread", tuple(sorted(room.items())))
+
     def ring_row(seg: Segment) -> list[float]:
         """``ring_lb`` of the segment's GPU type, TP and DP degree at every depth 1..max_stages
         (index 0: inf), at once."""
@@ -1364,7 +1385,7 @@ def run_search(searcher: Searcher, budget: int | None = None, *, by_bound_only: 
         key = (seg.gpu, seg.tp_degree, seg.dp_degree)
         row = sync_memo.get(key)
         if row is None:
-            row = sync_memo[key] = shared_bound(("sync", key, zones_key[seg.gpu], searcher.max_stages), _ring_row, seg)
+            row = sync_memo[key] = shared_bound(("sync", key, ring_zones(seg), searcher.max_stages), _ring_row, seg)
         return row
 
     def _ring_row(seg: Segment) -> list[float]:
@@ -1393,7 +1414,7 @@ def run_search(searcher: Searcher, budget: int | None = None, *, by_bound_only: 
         key = (seg.gpu, seg.tp_degree, seg.dp_degree, seg.num_stages)
         curve = curve_memo.get(key)
         if curve is None:
-            curve = curve_memo[key] = shared_bound(("sync curve", key, zones_key[seg.gpu]), _sync_curve, seg)
+            curve = curve_memo[key] = shared_bound(("sync curve", key, ring_zones(seg)), _sync_curve, seg)
         return curve
 
     def _sync_curve(seg: Segment) -> tuple[float, ...]:
