@@ -187,7 +187,8 @@ class Searcher:
         self._process_splits = process_memo(self.kinds, network, "splits", max_entries=1 << 15)
         self._kind_figures = process_memo(self.kinds, network, "kind figures", max_entries=1 << 14)
         self.placed_memo: dict = {}
-        self._segment_places: dict = {}
+        # A segment's placement depends on its type's pools alone: for the process.
+        self._segment_places = process_memo(self.kinds, network, "segment placements", max_entries=1 << 15)
         self.placed_costs_memo: dict = {}
         self.bound_memos: dict[str, dict] = {}  # run_search's per-segment bound parts, kept across passes
         self._boundary_bytes: dict = {}
@@ -548,7 +549,7 @@ class Searcher:
         first = shape[0].kind
         for seg in shape:
             zones = {z: n for z, n in self.zone_gpus[seg.gpu].items() if n > 0}
-            key = (seg.gpu, seg.tp_degree, seg.dp_degree, seg.num_stages, seg.rule,
+            key = (seg.gpu, tuple(zones.items()), seg.tp_degree, seg.dp_degree, seg.num_stages, seg.rule,
                    prev_zone if seg.rule == "stage" else None)
             if key in self._segment_places:
                 placed = self._segment_places[key]
