@@ -96,7 +96,11 @@ class PrefetchingPlanner:
             return options
         # A search still queued is waited for too: it is the most urgent of the queue
         # (``prefetch`` orders it), and searching it here as well would make one more
-        # process than CPUs.
+        # process than CPUs.  One nobody guessed goes to a worker too, ahead of the
+        # guesses still queued: a worker's memos are warm, and this process would have
+        # to load the profiles first.
+        if future is None and self.workers > 0:
+            future = self._submit_first(key, available)
         if future is not None:
             t0 = time.perf_counter()
             options = self._result(key, future)
@@ -127,6 +131,21 @@ class PrefetchingPlanner:
                     return None
             self._pinned.add(key)
         return self._result(key, future)
+
+    def _submit_first(self, key: frozenset, available: Mapping[GpuZone, int]) -> Future | None:
+        """Search ``available`` in a worker before the guesses not started yet (the next
+        ``prefetch`` queues those again); None if the pool broke."""
+        with self._lock:
+            for k, f in list(self._futures.items()):
+                if k not in self._pinned and f.cancel():
+                    del self._futures[k]
+            try:
+                future = self._futures[key] = self._executor().submit(_worker_plan, tuple(sorted(available.items())))
+            except BrokenProcessPool:
+                future = None
+        if future is None:
+            self.stop_workers()
+        return future
 
     def _result(self, key: frozenset, future: Future) -> tuple[PlanOption, ...] | None:
         """A worker's answer, kept for later callers; None if the pool broke."""
