@@ -40,18 +40,49 @@ def _worker_plan(available: tuple[tuple[GpuZone, int], ...]) -> tuple[tuple[Plan
 
 def default_workers() -> int:
     """Worker processes for a replay: one per CPU this process may use that other work
-    leaves idle (by the 1-minute load average); none when fewer than two are, since
-    workers taking turns on one CPU are slower than one process."""
+    leaves idle; none when fewer than two are, since workers taking turns on one CPU are
+    slower than one process.  Idle is measured now (``idle_cpus_now``) where the system
+    tells, else read off the 1-minute load average, which still counts a run that just
+    ended (a second replay right after a first would get no workers)."""
     try:
         cpus = len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
         cpus = os.cpu_count() or 1
-    try:
-        busy = os.getloadavg()[0]
-    except (AttributeError, OSError):
-        busy = 0.0
-    idle = int(cpus - busy + 0.5)
+    idle_now = idle_cpus_now()
+    if idle_now is not None:
+        idle = int(idle_now + 0.5)
+    else:
+        try:
+            busy = os.getloadavg()[0]
+        except (AttributeError, OSError):
+            busy = 0.0
+        idle = int(cpus - busy + 0.5)
     return min(idle, cpus) if idle >= 2 else 0
+
+
+def idle_cpus_now(window_s: float = 0.1, *, read_stat: Callable[[], str] | None = None) -> float | None:
+    """How many of the machine's CPUs were idle over the next ``window_s``, from the first
+    line of Linux's /proc/stat (``read_stat`` reads it); None where that cannot be read."""
+
+    def snapshot() -> tuple[int, int]:
+        line = read_stat() if read_stat is not None else _first_stat_line()
+        fields = [int(x) for x in line.split()[1:9]]  # user .. steal (guest is counted in user)
+        return fields[3] + fields[4], sum(fields)  # idle + iowait, all
+
+    try:
+        idle0, total0 = snapshot()
+        time.sleep(window_s)
+        idle1, total1 = snapshot()
+    except (OSError, ValueError, IndexError):
+        return None
+    if total1 <= total0:
+        return None
+    return (idle1 - idle0) / (total1 - total0) * (os.cpu_count() or 1)
+
+
+def _first_stat_line() -> str:
+    with open("/proc/stat") as f:
+        return f.readline()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -88,11 +88,52 @@ def test_worker_processes_leave_a_real_replay_unchanged():
 def test_default_workers_are_the_idle_cpus_or_none(monkeypatch, cpus, load, expected):
     import os
 
-    from sailor_core.replay.prefetch import default_workers
+    import sailor_core.replay.prefetch as prefetch
 
     monkeypatch.setattr(os, "sched_getaffinity", lambda _pid: set(range(cpus)), raising=False)
+    # Idle now, where the system tells (Linux), else by the load average.
+    monkeypatch.setattr(prefetch, "idle_cpus_now", lambda: cpus - load)
+    assert prefetch.default_workers() == expected
+    monkeypatch.setattr(prefetch, "idle_cpus_now", lambda: None)
     monkeypatch.setattr(os, "getloadavg", lambda: (load, load, load))
-    assert default_workers() == expected
+    assert prefetch.default_workers() == expected
+
+
+def test_idle_cpus_now_are_the_idle_share_of_the_cpu_time_between_two_readings(monkeypatch):
+    import os
+
+    from sailor_core.replay.prefetch import idle_cpus_now
+
+    monkeypatch.setattr(os, "cpu_count", lambda: 4)
+    # user nice system idle iowait irq softirq steal: 100 jiffies pass, 60 of them idle or iowait.
+    lines = iter(["cpu  100 0 50 1000 10 0 0 0 0 0", "cpu  130 0 60 1055 15 0 0 0 0 0"])
+    assert idle_cpus_now(window_s=0.0, read_stat=lambda: next(lines)) == 4 * 60 / 100
+    assert idle_cpus_now(window_s=0.0, read_stat=lambda: "garbage") is None
+
+
+def test_idle_cpus_are_measured_now_on_this_machine():
+    import multiprocessing
+    import os
+
+    from sailor_core.replay.prefetch import idle_cpus_now
+
+    quiet = idle_cpus_now(window_s=0.3)
+    assert quiet is not None and 0.0 <= quiet <= os.cpu_count()
+    # One process spinning takes about one CPU away (seen only where one was free).
+    stop = multiprocessing.Event()
+    spinner = multiprocessing.Process(target=_spin, args=(stop,))
+    spinner.start()
+    try:
+        busy = idle_cpus_now(window_s=0.3)
+    finally:
+        stop.set()
+        spinner.join()
+    assert busy <= max(quiet - 0.5, 0.5)
+
+
+def _spin(stop) -> None:
+    while not stop.is_set():
+        pass
 
 
 def test_a_worker_killed_mid_search_costs_time_not_the_answer():
