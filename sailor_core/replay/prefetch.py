@@ -153,12 +153,8 @@ class PrefetchingPlanner:
                 return options
             future = self._futures.get(key)
             if future is None or future.cancelled():
-                if self.workers <= 0:
-                    return None
-                try:
-                    future = self._futures[key] = self._executor().submit(
-                        _worker_plan, tuple(sorted(available.items())))
-                except BrokenProcessPool:
+                future = self._submit(key, available) if self.workers > 0 else None
+                if future is None:
                     return None
             self._pinned.add(key)
         return self._result(key, future)
@@ -167,16 +163,26 @@ class PrefetchingPlanner:
         """Search ``available`` in a worker before the guesses not started yet (the next
         ``prefetch`` queues those again); None if the pool broke."""
         with self._lock:
-            for k, f in list(self._futures.items()):
-                if k not in self._pinned and f.cancel():
-                    del self._futures[k]
-            try:
-                future = self._futures[key] = self._executor().submit(_worker_plan, tuple(sorted(available.items())))
-            except BrokenProcessPool:
-                future = None
+            self._cancel_queued()
+            future = self._submit(key, available)
         if future is None:
             self.stop_workers()
         return future
+
+    def _submit(self, key: frozenset, available: Mapping[GpuZone, int]) -> Future | None:
+        """(Holding the lock.)  A worker's search of ``available``; None if the pool broke."""
+        try:
+            future = self._executor().submit(_worker_plan, tuple(sorted(available.items())))
+        except BrokenProcessPool:
+            return None
+        self._futures[key] = future
+        return future
+
+    def _cancel_queued(self) -> None:
+        """(Holding the lock.)  Drop the searches not started yet that no thread waits for."""
+        for key, future in list(self._futures.items()):
+            if key not in self._pinned and future.cancel():
+                del self._futures[key]
 
     def _result(self, key: frozenset, future: Future) -> tuple[PlanOption, ...] | None:
         """A worker's answer, kept for later callers; None if the pool broke."""
@@ -213,24 +219,20 @@ class PrefetchingPlanner:
             if key and key not in wanted and key not in self._answers and (
                     key in self._futures or not self.known(available)):
                 wanted[key] = available
+        broke = False
         with self._lock:
-            for key, future in list(self._futures.items()):
-                if key not in self._pinned and future.cancel():
-                    del self._futures[key]
+            self._cancel_queued()
             busy = sum(not f.done() for f in self._futures.values())
             for key, available in wanted.items():
                 if busy >= 2 * self.workers:
-                    return
+                    break
                 if key not in self._futures:
-                    try:
-                        self._futures[key] = self._executor().submit(
-                            _worker_plan, tuple(sorted(available.items())))
-                    except BrokenProcessPool:
+                    if self._submit(key, available) is None:
+                        broke = True
                         break
                     busy += 1
-            else:
-                return
-        self.stop_workers()
+        if broke:
+            self.stop_workers()
 
     def start(self) -> None:
         """Start the worker processes now, before the caller starts threads of its own (a
