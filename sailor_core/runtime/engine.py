@@ -36,7 +36,17 @@ WEIGHT_DECAY = 0.01
 
 
 def make_optimizer(params, lr: float) -> torch.optim.Optimizer:
-    """One optimizer configuration for the engine and the single-process reference."""
+    """One optimizer configuration for the engine, the profiler and the single-process reference.
+
+    On CUDA, fused AdamW: one kernel for all parameters instead of a handful per parameter
+    (opt-350m on an H200: 22 ms per step with ``foreach=False``), and what the
+    ``torch-bf16-autocast-adamw`` regime's measurements used. On CPU, ``foreach=False``: the
+    engine's ranks and the reference then update each parameter with the same arithmetic.
+    """
+    params = list(params)
+    if params and all(p.is_cuda for p in params):
+        return torch.optim.AdamW(params, lr=lr, betas=BETAS, eps=1e-8, weight_decay=WEIGHT_DECAY,
+                                 fused=True)
     return torch.optim.AdamW(params, lr=lr, betas=BETAS, eps=1e-8, weight_decay=WEIGHT_DECAY,
                              foreach=False)
 
@@ -241,6 +251,8 @@ class StageTrainer:
             raise ckpt.CheckpointError(f"checkpoint {info.dirname} is of model "
                                        f"{info.meta.get('model')!r}, not {self.spec.name!r}")
         step_t = torch.tensor(float(info.step))
+        # The fused kernel reads its step counts on the parameters' device; the others on the CPU.
+        fused = bool(self.optimizer.defaults.get("fused"))
         for layer in self.model.layers:
             state = ckpt.read_layer(storage, info, layer.layer_index)
             for name, p in layer.named_parameters(recurse=False):
@@ -253,7 +265,7 @@ class StageTrainer:
                     p.copy_(layer.shard(name, full).to(p.device))
                 if name in state["exp_avg"]:
                     self.optimizer.state[p] = {
-                        "step": step_t.clone(),
+                        "step": step_t.to(p.device) if fused else step_t.clone(),
                         "exp_avg": layer.shard(name, state["exp_avg"][name]).to(p.device),
                         "exp_avg_sq": layer.shard(name, state["exp_avg_sq"][name]).to(p.device),
                     }
