@@ -50,7 +50,7 @@ def replay_cmd(
     plan_cache: Optional[str] = typer.Option(None, "--plan-cache", help="JSON file keeping the planner's answers "
                                              "between replays (delete it after changing planner or profiles)."),
     workers: Optional[int] = typer.Option(None, "--workers", help="Processes that search the next re-plans ahead "
-                                          "(default: one per idle CPU, none if fewer than two are idle; 0: none). "
+                                          "(default: one per idle CPU up to 8, none if fewer than two are idle; 0: none). "
                                           "Results do not depend on it."),
     plot: Optional[str] = typer.Option(None, "--plot", help="Write the timeline PNG here."),
     as_json: bool = typer.Option(False, "--json", help="Print the results as JSON."),

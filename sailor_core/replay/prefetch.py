@@ -38,10 +38,16 @@ def _worker_plan(available: tuple[tuple[GpuZone, int], ...]) -> tuple[tuple[Plan
     return options, time.process_time() - t0
 
 
+# Past 8 the lookahead guesses more requests than it gets right: on 16 idle CPUs the 3-day
+# aws-3d replay took 5.2-5.4 s with 8 workers and 5.0 s with 15, for 33 against 42 CPU s
+# and twice the memory (each worker holds its own memos, ~230 MB).
+MAX_DEFAULT_WORKERS = 8
+
+
 def default_workers() -> int:
     """Worker processes for a replay: one per CPU this process may use that other work
-    leaves idle; none when fewer than two are, since workers taking turns on one CPU are
-    slower than one process.  Idle is measured now (``idle_cpus_now``) where the system
+    leaves idle, at most ``MAX_DEFAULT_WORKERS``; none when fewer than two are, since
+    workers taking turns on one CPU are slower than one process.  Idle is measured now (``idle_cpus_now``) where the system
     tells, else read off the 1-minute load average, which still counts a run that just
     ended (a second replay right after a first would get no workers)."""
     try:
@@ -57,7 +63,7 @@ def default_workers() -> int:
         except (AttributeError, OSError):
             busy = 0.0
         idle = int(cpus - busy + 0.5)
-    return min(idle, cpus) if idle >= 2 else 0
+    return min(idle, cpus, MAX_DEFAULT_WORKERS) if idle >= 2 else 0
 
 
 def idle_cpus_now(window_s: float = 0.1, *, read_stat: Callable[[], str] | None = None) -> float | None:

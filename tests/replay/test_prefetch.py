@@ -84,7 +84,7 @@ def test_worker_processes_leave_a_real_replay_unchanged():
             (r.time_to_train_s, r.usd_spent, r.num_replans, r.decisions)
 
 
-@pytest.mark.parametrize("cpus, load, expected", [(2, 0.1, 2), (2, 1.0, 0), (8, 3.2, 5), (1, 0.0, 0), (4, 9.0, 0)])
+@pytest.mark.parametrize("cpus, load, expected", [(2, 0.1, 2), (2, 1.0, 0), (8, 3.2, 5), (1, 0.0, 0), (4, 9.0, 0), (16, 0.2, 8)])
 def test_default_workers_are_the_idle_cpus_or_none(monkeypatch, cpus, load, expected):
     import os
 
