@@ -47,9 +47,10 @@ MAX_DEFAULT_WORKERS = 8
 def default_workers() -> int:
     """Worker processes for a replay: one per CPU this process may use that other work
     leaves idle, at most ``MAX_DEFAULT_WORKERS``; none when fewer than two are, since
-    workers taking turns on one CPU are slower than one process.  Idle is measured now (``idle_cpus_now``) where the system
-    tells, else read off the 1-minute load average, which still counts a run that just
-    ended (a second replay right after a first would get no workers)."""
+    workers taking turns on one CPU are slower than one process.  Idle is measured now
+    (``idle_cpus_now``) where the system tells, else read off the 1-minute load average,
+    which still counts a run that just ended (a second replay right after a first would
+    get no workers)."""
     try:
         cpus = len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux

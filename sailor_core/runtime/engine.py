@@ -39,7 +39,7 @@ def make_optimizer(params, lr: float) -> torch.optim.Optimizer:
     """One optimizer configuration for the engine, the profiler and the single-process reference.
 
     On CUDA, fused AdamW: one kernel for all parameters instead of a handful per parameter
-    (opt-350m on an H200: 22 ms per step with ``foreach=False``), and what the
+    (opt-350m on an H200: 3.6 ms per step, against 22-28 ms with ``foreach=False``), and what the
     ``torch-bf16-autocast-adamw`` regime's measurements used. On CPU, ``foreach=False``: the
     engine's ranks and the reference then update each parameter with the same arithmetic.
     """
