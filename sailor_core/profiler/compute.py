@@ -95,7 +95,7 @@ def run_measurements(model: str, micro_batch_sizes: list[int], *, device: str, s
     """Measure every layer index at every micro-batch size on this rank; JSON-able result."""
     import torch
 
-    from sailor_core.profiler.measure import measure_layer, measure_model_update
+    from sailor_core.profiler.measure import measure_chained, measure_layer, measure_model_update
 
     spec = get_model(model)
     dev = torch.device(device)
@@ -110,6 +110,15 @@ def run_measurements(model: str, micro_batch_sizes: list[int], *, device: str, s
             layers.append(m.to_dict())
             if progress:
                 progress({"event": "layer", "tp": tp_degree, "mbs": mbs, "layer": i})
+        if dev.type == "cuda" and tp_degree == 1:
+            # The times the engine sees (see measure.py); the layers alone are kept beside them.
+            chained = measure_chained(spec, micro_batch_size=mbs, seq_len=seq, device=dev, warmups=warmups,
+                                      reps=reps)
+            if chained is not None:
+                for m, (f, b) in zip(layers, chained):
+                    m["fwd_alone"], m["bwd_alone"] = m["fwd"], m["bwd"]
+                    m["fwd"], m["bwd"] = f.to_dict(), b.to_dict()
+            out.setdefault("timing_by_mbs", {})[str(mbs)] = "alone" if chained is None else "chained"
         out["by_mbs"][str(mbs)] = layers
     # the update line: every single layer (from the first mbs) plus the whole model in one optimizer
     first = out["by_mbs"][str(micro_batch_sizes[0])]

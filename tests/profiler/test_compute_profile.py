@@ -140,3 +140,36 @@ def test_measuring_a_layer_frees_it_without_the_cyclic_gc(monkeypatch):
     finally:
         gc.enable()
     assert params and alive == 0, f"{alive} of {len(params)} parameters outlived their measurement"
+
+
+def test_chained_layer_times_cover_a_whole_pass_in_layer_order():
+    """measure_chained's per-layer times come from one pass's events: each layer's forward ends
+    where the next begins and its backward where the previous layer's begins, so the layers of
+    a pass sum to the pass."""
+    import time
+
+    import torch
+
+    from sailor_core.profiler.measure import measure_chained
+    from sailor_core.runtime.model import StageModel
+
+    spec = get_model("tiny")
+    timings = measure_chained(spec, micro_batch_size=2, seq_len=spec.seq_len, device=torch.device("cpu"),
+                              warmups=1, reps=5)
+    assert len(timings) == spec.num_layer_indices
+    assert all(f.median_s > 0 and b.median_s > 0 for f, b in timings)
+    # A block's backward costs more than its forward (two matmuls per one); the head's forward
+    # includes the loss over the vocabulary.
+    blocks = timings[1:-1]
+    assert sum(b.median_s for _, b in blocks) > sum(f.median_s for f, _ in blocks)
+    # The sum over layers is one whole pass, timed here without any events in between.
+    model = StageModel(spec, 0, spec.num_layer_indices)
+    tokens = torch.randint(0, spec.vocab_size, (2, spec.seq_len))
+    whole = []
+    for _ in range(7):
+        t0 = time.perf_counter()
+        model(tokens, tokens).backward()
+        whole.append(time.perf_counter() - t0)
+        model.zero_grad(set_to_none=True)
+    total = sum(f.median_s + b.median_s for f, b in timings)
+    assert 0.5 * min(whole) < total < 2.0 * max(whole)
