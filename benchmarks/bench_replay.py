@@ -11,7 +11,7 @@ warm: the same replay again with every plan cached, i.e. the replay itself).
 costs) and prints wall and CPU seconds (this process plus the planner's worker
 processes), the planner's share, and its calls by the number of GPU types and
 pools they were asked about.  ``--workers N`` sets the worker processes that
-search ahead (default: one per idle CPU, none if fewer than two are idle; 0: none).
+search ahead (default: one per idle CPU up to 8, none if fewer than two are idle; 0: none).
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ def main() -> None:
     ap.add_argument("--probe-micro-batches", action="store_true",
                     help="with --cold: search only the micro-batch sizes the trace's GPU types use")
     ap.add_argument("--workers", type=int, default=None,
-                    help="planner worker processes that search ahead (default: one per idle CPU, none if fewer than two; 0: none)")
+                    help="planner worker processes that search ahead (default: one per idle CPU up to 8, none if fewer than two; 0: none)")
     ap.add_argument("--virtual-workers", default=None,
                     help="with --cold --workers 0: also estimate the wall time with N free CPUs (comma list), "
                          "replaying with the prefetcher's own guesses on a virtual clock (see virtual_workers)")
