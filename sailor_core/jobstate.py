@@ -160,6 +160,21 @@ class JobState:
     def usd_spent(self, now_unix_s: float | None = None) -> float:
         return self.ledger().spent_usd(time.time() if now_unix_s is None else now_unix_s)
 
+    def preemption_rates_per_s(self, now_unix_s: float) -> dict[tuple[str, str], float]:
+        """Preemptions per second seen on each (GPU type, zone) since the first launch: the
+        controller's ``preemption_rate_per_s``.  Instances of one pool preempted at the same
+        second are one event (a zone's capacity taken at once)."""
+        from sailor_core.controller import observed_preemption_rates_per_s
+
+        if not self.instances:
+            return {}
+        events = {(i.gpu, i.zone, i.ended_unix_s) for i in self.instances if i.end_reason == "preempted"}
+        num_events: dict[tuple[str, str], int] = {}
+        for gpu, zone, _ in events:
+            num_events[(gpu, zone)] = num_events.get((gpu, zone), 0) + 1
+        first_launch = min(i.launched_unix_s for i in self.instances)
+        return observed_preemption_rates_per_s(num_events, now_unix_s - first_launch)
+
 
 # ---- transitions -------------------------------------------------------------
 

@@ -108,6 +108,8 @@ def controller_state(state: js.JobState, *, available: Mapping[tuple[str, str], 
         samples_done=float((state.last_checkpoint_step or 0) * gbs),
         samples_target=float(state.spec.steps * gbs),
         last_plan=current,
+        # What the replay's controller sees too, so both rank plans by expected restarts.
+        preemption_rate_per_s=state.preemption_rates_per_s(now_unix_s),
     )
 
 

@@ -23,6 +23,7 @@ from sailor_core.controller.policy import (
     Event,
     EventKind,
     decide,
+    observed_preemption_rates_per_s,
 )
 
 __all__ = [
@@ -41,6 +42,7 @@ __all__ = [
     "decide",
     "describe_gpus",
     "gpus_of_plan",
+    "observed_preemption_rates_per_s",
     "option_from_candidate",
     "planner_plan_fn",
     "restrict",

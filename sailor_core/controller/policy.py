@@ -107,6 +107,13 @@ class Decision:
         return self.action in (Action.REPLAN, Action.SHRINK)
 
 
+def observed_preemption_rates_per_s(num_events: Mapping[GpuZone, int], observed_s: float) -> dict[GpuZone, float]:
+    """Preemption events per second on each pool from what was seen so far, for
+    ``ControllerState.preemption_rate_per_s``: at least an hour in the denominator, so the
+    first event does not read as a storm.  The replay and the train-job flow both use it."""
+    return {k: n / max(observed_s, _S_PER_HR) for k, n in num_events.items() if n > 0}
+
+
 def decide(state: ControllerState, event: Event, *, config: ControllerConfig, plan_fn: PlanFn) -> Decision:
     remaining = max(0.0, state.samples_target - state.samples_done)
     if remaining <= 0:

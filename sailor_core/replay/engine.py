@@ -30,6 +30,7 @@ from sailor_core.controller import (
     PlanFn,
     PlanOption,
     decide,
+    observed_preemption_rates_per_s,
 )
 from sailor_core.replay.costs import ChangeCosts
 from sailor_core.replay.lookahead import first_requests, upcoming_requests
@@ -199,9 +200,7 @@ def replay(
     seen_events: dict[GpuZone, int] = {}
 
     def rates() -> dict[GpuZone, float]:
-        # Only what has been seen so far; at least an hour in the denominator so
-        # the first event does not read as a storm.
-        return {k: n / max(s.t, _S_PER_HR) for k, n in seen_events.items()}
+        return observed_preemption_rates_per_s(seen_events, s.t)
 
     def ask(event: Event) -> None:
         holding = s.plan if s.phase in ("starting", "running") else None

@@ -80,3 +80,21 @@ def test_bad_specs_are_input_errors(kw, msg):
     base = {"model": "tiny", "budget_usd": 1.0, "steps": 5}
     with pytest.raises(InputError, match=msg):
         js.JobSpec(**{**base, **kw})
+
+
+def test_preemption_rates_count_events_per_pool_since_the_first_launch():
+    s = js.new_job(_spec(), job_id="j9")
+    assert s.preemption_rates_per_s(now_unix_s=1000.0) == {}
+    s = js.with_instances_launched(s, (_instance("a", launched=100.0), _instance("b", launched=100.0),
+                                       _instance("c", launched=100.0)))
+    # a and b go at the same second (one event), c later: two events on the pool.
+    s = js.with_instances_ended(s, {"a", "b"}, "preempted", now_unix_s=500.0)
+    s = js.with_instances_ended(s, {"c"}, "preempted", now_unix_s=900.0)
+    # Under an hour observed: an hour in the denominator.
+    assert s.preemption_rates_per_s(now_unix_s=1000.0) == {("V100-16", "us-east-1a"): pytest.approx(2 / 3600)}
+    # Two hours after the first launch.
+    assert s.preemption_rates_per_s(now_unix_s=100.0 + 7200.0) == {("V100-16", "us-east-1a"): pytest.approx(2 / 7200)}
+    # Terminated instances are not preemptions.
+    t = js.with_instances_launched(js.new_job(_spec(), job_id="j10"), (_instance("d", launched=0.0),))
+    t = js.with_instances_ended(t, {"d"}, "terminated", now_unix_s=50.0)
+    assert t.preemption_rates_per_s(now_unix_s=100.0) == {}
