@@ -26,22 +26,6 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
-def optimizer_step_ms(spec, device, make, reps: int) -> float:
-    import torch
-
-    from sailor_core.profiler.measure import Stopwatch
-    from sailor_core.runtime.model import build_layer
-
-    mods = [build_layer(spec, i).to(device) for i in range(spec.num_layer_indices)]
-    params = [p for m in mods for p in m.parameters()]
-    for p in params:
-        p.grad = torch.randn_like(p)
-    opt = make(params)
-    watch = Stopwatch(device)
-    times = [watch(opt.step)[0] for _ in range(1 + reps)][1:]
-    return statistics.median(times) * 1e3
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
@@ -60,6 +44,7 @@ def main(argv=None) -> int:
     from sailor_core.catalog.models import get_model
     from sailor_core.plan import plan_from_dict
     from sailor_core.profiler.compute import gpu_type_of
+    from sailor_core.profiler.measure import measure_model_update
     from sailor_core.runtime.engine import BETAS, WEIGHT_DECAY, make_optimizer
     from sailor_core.runtime.launch import launch_local
 
@@ -76,7 +61,8 @@ def main(argv=None) -> int:
     variants = {"make_optimizer (engine)": lambda ps: make_optimizer(ps, 1e-3),
                 "AdamW(foreach=False)": adamw(foreach=False), "AdamW(foreach=True)": adamw(foreach=True)}
     for name, make in variants.items():
-        print(f"optimizer step, {name}: {optimizer_step_ms(spec, device, make, args.reps):.2f} ms", flush=True)
+        _, step, _ = measure_model_update(spec, device=device, reps=args.reps, make=make)
+        print(f"optimizer step, {name}: {step.median_s * 1e3:.2f} ms", flush=True)
 
     def plan_for(mbs: int):
         return plan_from_dict({"model": args.model, "global_batch_size": 4 * mbs, "micro_batch_size": mbs,

@@ -189,16 +189,17 @@ def measure_layer(spec: ModelSpec, index: int, *, micro_batch_size: int, seq_len
 
 
 def measure_model_update(spec: ModelSpec, *, device: torch.device, reps: int = 3, tp_degree: int = 1,
-                         tp_rank: int = 0, tp_group=None,
-                         layers: range | None = None) -> tuple[int, Timing, Timing | None]:
+                         tp_rank: int = 0, tp_group=None, layers: range | None = None,
+                         make=None) -> tuple[int, Timing, Timing | None]:
     """(params, AdamW step time) of one optimizer over ``layers`` (default: the whole model) with
-    gradients present: a second point, besides single layers, for the update-time line."""
+    gradients present: a second point, besides single layers, for the update-time line.
+    ``make(params)`` builds the optimizer (default: the engine's ``make_optimizer``)."""
     layers = layers if layers is not None else range(spec.num_layer_indices)
     mods = [build_layer(spec, i, tp_degree, tp_group, tp_rank=tp_rank).to(device) for i in layers]
     params = [p for m in mods for p in m.parameters()]
     for p in params:
         p.grad = torch.randn_like(p)
-    opt = make_optimizer(params, lr=1e-3)
+    opt = make(params) if make is not None else make_optimizer(params, lr=1e-3)
     watch = Stopwatch(device)
     times, cpu = [], []
     for i in range(1 + reps):
