@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/bench_estimator.py
 
-1. H200 (../shared/measurements, bf16 autocast): calibrate on two OPT models, predict the third,
+1. H200 (data/measurements, bf16 autocast): calibrate on two OPT models, predict the third,
    each way round; error of the whole-model forward+backward time of one micro-batch per mbs.
 1b. The H200 with none of its data, from Sailor's GPUs (another regime: Megatron fp32).
 2. GPU never profiled: drop every profile of one Sailor GPU, predict its OPT-350 profiles from
@@ -154,11 +154,12 @@ def activation_bytes() -> None:
 
     from sailor_core.catalog.layers import layer_shapes
 
-    shared = Path(__file__).resolve().parents[2] / "shared"
+    from sailor_core.source_data import MEASUREMENTS_FILE, SAILOR_DATA_DIR
+
     print("\n## 5. Activation bytes kept per block and sequence: first principles vs measured\n")
     print("| model | regime | tp | source | measured MB | predicted MB | error |")
     print("| --- | --- | ---: | --- | ---: | ---: | ---: |")
-    rows = [json.loads(line) for line in (shared / "measurements" / "h200_opt_training.jsonl").read_text().splitlines()[1:]]
+    rows = [json.loads(line) for line in MEASUREMENTS_FILE.read_text().splitlines()[1:]]
     rec = {(r["model"], r["layers"], r["mbs"]): r for r in rows}
     for model, depth in (("opt-350m", 24), ("opt-1.3b", 24), ("opt-2.7b", 32)):
         for mbs in (1, 8):
@@ -166,7 +167,7 @@ def activation_bytes() -> None:
             measured = ((full["peak_alloc_bytes"] - full["static_bytes"]) - (short["peak_alloc_bytes"] - short["static_bytes"])) / (depth - 2)
             pred = layer_shapes(model)[1].activation_bytes(mbs)
             print(f"| {model} mbs {mbs} | bf16 autocast | 1 | H200 peak difference | {measured / 1e6:.1f} | {pred / 1e6:.1f} | {_err(pred, measured):+.1%} |")
-    info = json.loads((shared / "sailor_data" / "planner" / "llm_info.json").read_text())
+    info = json.loads((SAILOR_DATA_DIR / "planner" / "llm_info.json").read_text())
     for sailor, model in (("OPT-350", "opt-350m"), ("GPT-Neo-2.7", "gpt-neo-2.7b"), ("OPT-30", "opt-30b")):
         for tp in ("1", "2", "4"):
             measured = info[sailor][tp]["2"]["act_mem_bytes"]

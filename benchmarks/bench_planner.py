@@ -28,7 +28,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-CONFIGS = ROOT.parent / "shared" / "sailor_data" / "simulations" / "configs"
+from sailor_core.source_data import SAILOR_CONFIGS_DIR as CONFIGS, SAILOR_DATA_DIR  # noqa: E402
 A, V, A80 = "A100-40", "V100-16", "A100-80"
 C = "us-central1-"
 
@@ -50,8 +50,8 @@ def scenarios():
             counts = {k: n for k, n in t.row(row).items() if n}
             out.append((f"{label} row {row}", counts, {}))
     two = {k: n for k, n in load_gpu_trace(CONFIGS / "gpu_trace_2zones_2gpus.csv").row(0).items() if n}
-    floor_it_s = json.loads((ROOT.parent / "shared/sailor_data/ae_planner/min_throughput_file.json").read_text())[0]
-    cap = json.loads((ROOT.parent / "shared/sailor_data/ae_planner/max_budget_file.json").read_text())[0]
+    floor_it_s = json.loads((SAILOR_DATA_DIR / "ae_planner" / "min_throughput_file.json").read_text())[0]
+    cap = json.loads((SAILOR_DATA_DIR / "ae_planner" / "max_budget_file.json").read_text())[0]
     out.append(("2 zones A100+V100, floor", two, {"objective": "cost", "floor_it_s": floor_it_s}))
     out.append(("2 zones A100+V100, cost cap", two, {"max_usd_per_iteration": cap}))
     three = {}

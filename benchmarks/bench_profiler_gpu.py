@@ -1,4 +1,4 @@
-"""Profile models with Sailor's profiler on this machine's device, compare with ../shared/measurements,
+"""Profile models with Sailor's profiler on this machine's device, compare with data/measurements,
 and run one full-model training step with the engine to compare with the simulator's prediction.
 
 Meant for the H200 (``benchmarks/gpu_profile_h200.sh``); it runs on CPU too (``--device cpu
@@ -8,7 +8,7 @@ Meant for the H200 (``benchmarks/gpu_profile_h200.sh``); it runs on CPU too (``-
 
 For each model and micro-batch size it prints: the profiler's whole-model forward+backward of one
 micro-batch (sum over layer indices) and optimizer step, next to the measured ones in
-``../shared/measurements/h200_opt_training.jsonl`` (same dimensions, Hugging Face implementation,
+``data/measurements/h200_opt_training.jsonl`` (same dimensions, Hugging Face implementation,
 fused AdamW where the engine uses AdamW(foreach=False)); then one training step of a 1-stage,
 1-replica plan (global batch = 4 micro-batches, as the measurements' ``iteration_ms``) run by
 ``launch_local`` next to ``simulate`` of that plan with the new profile.
@@ -25,7 +25,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-MEASUREMENTS = Path(__file__).resolve().parents[2] / "shared" / "measurements" / "h200_opt_training.jsonl"
+from sailor_core.source_data import MEASUREMENTS_FILE as MEASUREMENTS  # noqa: E402
 
 
 def measured_rows(model: str, path: Path = MEASUREMENTS) -> dict[int, dict]:
@@ -54,7 +54,7 @@ def main(argv=None) -> int:
     ap.add_argument("--workdir", default=None)
     ap.add_argument("--json-out", default=None)
     ap.add_argument("--measurements", default=str(MEASUREMENTS),
-                    help="the H200 measurements JSONL (default: ../shared/measurements/...)")
+                    help="the H200 measurements JSONL (default: data/measurements/...)")
     args = ap.parse_args(argv)
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="sailor-profile-gpu-"))
     os.environ["SAILOR_HOME"] = str(workdir / "sailor_home")

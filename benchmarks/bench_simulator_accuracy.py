@@ -1,4 +1,4 @@
-"""Simulator accuracy against real H200 training runs (../shared/measurements).
+"""Simulator accuracy against real H200 training runs (data/measurements).
 
 Each full-depth record becomes a one-stage, one-replica plan with 4 micro-batches of the
 record's size (global batch = 4 x mbs), the way the record was taken (gradient accumulation
@@ -30,7 +30,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-DEFAULT = ROOT.parent / "shared" / "measurements" / "h200_opt_training.jsonl"
+from sailor_core.source_data import MEASUREMENTS_FILE as DEFAULT  # noqa: E402
 SPREAD_LIMIT = 0.10
 NUM_MICROBATCHES = 4
 

@@ -6,7 +6,7 @@
 #   bash benchmarks/device_replay_engine.sh            # writes its log to $OUT (or /tmp)
 #
 # The device gets the repository only: pydantic travels as wheels in an ignored .whl/ (see
-# docs/benchmarks/profiler.md, "H200"); the derived traces need nothing from ../shared.
+# docs/benchmarks/profiler.md, "H200"); the derived traces are generated, no trace file is needed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp}

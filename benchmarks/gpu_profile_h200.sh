@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Profile opt-350m and opt-1.3b with Sailor's profiler on one H200, compare with
-# ../shared/measurements, and run one full-model training step with the engine against the
+# data/measurements, and run one full-model training step with the engine against the
 # simulator's prediction from the new profile.  Prints the comparison; writes JSON to $OUT (or /tmp).
 #
 # Ran on an H200 in session 5 (figures: docs/benchmarks/profiler.md, "H200"): ~3 min for these two models.

@@ -81,7 +81,7 @@ _REGIMES: dict[str, TrainingRegime] = {
             name="torch-bf16-autocast-adamw",
             description=(
                 "PyTorch, fp32 parameters, torch.autocast(bfloat16), SDPA attention, fused AdamW: "
-                "../shared/measurements and Sailor's own engine"
+                "data/measurements and Sailor's own engine"
             ),
             weight_bytes_per_param=4,
             grad_bytes_per_param=4,

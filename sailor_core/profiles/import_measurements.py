@@ -1,4 +1,4 @@
-"""Importer for whole-model training measurements (``../shared/measurements``, JSON lines).
+"""Importer for whole-model training measurements (``data/measurements``, JSON lines).
 
 Each model was timed at its full depth L and truncated to 2 blocks, so per block
 

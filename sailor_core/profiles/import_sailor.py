@@ -1,4 +1,4 @@
-"""Importer for the profiles Sailor published (``../shared/sailor_data``).
+"""Importer for the profiles Sailor published (``data/sailor_data``).
 
 Choices, following the oddities its README lists:
 

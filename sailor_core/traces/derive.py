@@ -45,7 +45,7 @@ class PoolBehaviour:
     mean_available_fraction: float  # time-weighted mean count / capacity
 
 
-# Figures from ../shared/spot_traces/README.md, section 2.1 (duration, events,
+# Figures from data/spot_traces/README.md, section 2.1 (duration, events,
 # nodes preempted, largest drop, mean and max nodes).
 MEASURED_BEHAVIOURS: dict[str, PoolBehaviour] = {
     "aws-p3": PoolBehaviour(  # 11.37 h, 79 events, 167 nodes, largest 6, mean 24.03 of 32

@@ -1,4 +1,4 @@
-"""Loaders for the measured spot traces in ``../shared/spot_traces`` (formats A-D of its README).
+"""Loaders for the measured spot traces in ``data/spot_traces`` (formats A-D of its README).
 
 Every loader returns an :class:`AvailabilityTrace` counting GPUs (all of these
 instances hold one GPU, except the 8-GPU VMs of format D, counted as 8).

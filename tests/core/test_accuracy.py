@@ -1,18 +1,20 @@
-"""The simulator against the real H200 runs in ../shared/measurements (the benchmark's targets)."""
+"""The simulator against the real H200 runs in data/measurements (the benchmark's targets)."""
 
 import sys
 from pathlib import Path
 
 import pytest
 
+from sailor_core.source_data import MEASUREMENTS_FILE
+
 ROOT = Path(__file__).resolve().parents[2]
-MEASUREMENTS = ROOT.parent / "shared" / "measurements" / "h200_opt_training.jsonl"
+MEASUREMENTS = MEASUREMENTS_FILE
 
 
 @pytest.fixture(scope="module")
 def summary():
     if not MEASUREMENTS.is_file():
-        pytest.fail(f"shared measurements missing at {MEASUREMENTS}")
+        pytest.fail(f"measurements missing at {MEASUREMENTS} (data/ of the repository)")
     sys.path.insert(0, str(ROOT / "benchmarks"))
     try:
         import bench_simulator_accuracy as bench

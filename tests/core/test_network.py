@@ -6,9 +6,10 @@ import pytest
 
 from sailor_core.network import Endpoint, LinkClass, default_network, link_class
 from sailor_core.network.fits import MAX_FIT_BYTES, MIN_FIT_BYTES, BandwidthFit
+from sailor_core.source_data import SAILOR_DATA_DIR
 from tests.core.helpers import flat_network
 
-SAILOR_HET = Path(__file__).resolve().parents[2].parent / "shared/sailor_data/providers/multizone_bandwidths_het.json"
+SAILOR_HET = SAILOR_DATA_DIR / "providers" / "multizone_bandwidths_het.json"
 
 
 def _raw_fit(src_zone, gpu, count, dst_zone):

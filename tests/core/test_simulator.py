@@ -11,10 +11,11 @@ from sailor_core.network import default_network
 from sailor_core.regimes import get_regime
 from sailor_core.simulator import BREAKDOWN_KEYS, simulate
 from sailor_core.simulator.memory import LOSS_GRAD_BYTES_PER_LOGIT
+from sailor_core.source_data import SAILOR_DATA_DIR
 from tests.core.helpers import db_of, flat_network, hand_profile, plan
 
 MS = 1e-3
-SAILOR_HET = Path(__file__).resolve().parents[2].parent / "shared/sailor_data/providers/multizone_bandwidths_het.json"
+SAILOR_HET = SAILOR_DATA_DIR / "providers" / "multizone_bandwidths_het.json"
 
 
 def _one(gpu="A100-40", zone="local", tp=1):

@@ -7,9 +7,11 @@ from pathlib import Path
 
 import pytest
 
+from sailor_core.source_data import SAILOR_CONFIGS_DIR
+
 SAILOR = [sys.executable, "-m", "flows.cli"]
 ROOT = Path(__file__).resolve().parents[2]
-TRACES = Path(__file__).resolve().parents[2].parent / "shared" / "sailor_data" / "simulations" / "configs"
+TRACES = SAILOR_CONFIGS_DIR
 
 
 def _run(*args, check=True):

@@ -4,9 +4,8 @@ from pathlib import Path
 
 import pytest
 
-SHARED = Path(__file__).resolve().parents[3] / "shared"
-SAILOR_DATA = SHARED / "sailor_data"
-MEASUREMENTS = SHARED / "measurements"
+from sailor_core.source_data import MEASUREMENTS_DIR as MEASUREMENTS
+from sailor_core.source_data import SAILOR_DATA_DIR as SAILOR_DATA
 
 
 @pytest.fixture(autouse=True)

@@ -1,4 +1,4 @@
-"""The Sailor importer on the real ../shared/sailor_data files, oddities included."""
+"""The Sailor importer on the real data/sailor_data files, oddities included."""
 
 import json
 import shutil

@@ -19,13 +19,13 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from sailor_core.errors import SailorError
+from sailor_core.source_data import MEASUREMENTS_FILE, SAILOR_CONFIGS_DIR, SPOT_TRACES_DIR
 
 ROOT = Path(__file__).resolve().parents[2]
 PLAN = (ROOT / "examples" / "plan_tiny.json").read_text()
-SHARED = Path(__file__).resolve().parents[2].parent / "shared"
-TRACE_CSV = SHARED / "sailor_data" / "simulations" / "configs" / "gpu_trace_2zones_2gpus.csv"
-BAMBOO = SHARED / "spot_traces" / "bamboo" / "traces" / "p3-trace.csv"
-MEASUREMENTS = SHARED / "measurements" / "h200_opt_training.jsonl"
+TRACE_CSV = SAILOR_CONFIGS_DIR / "gpu_trace_2zones_2gpus.csv"
+BAMBOO = SPOT_TRACES_DIR / "bamboo" / "traces" / "p3-trace.csv"
+MEASUREMENTS = MEASUREMENTS_FILE
 
 # No shrinking: on this shared machine it can take minutes; the failing example is printed as found.
 # Few examples in the default run (this machine is shared); SAILOR_FUZZ_EXAMPLES=200 for a deep run.

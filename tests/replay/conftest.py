@@ -6,20 +6,19 @@ import pytest
 # --import-mode=importlib puts no test directory on sys.path; the tests share replay_helpers.
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-SHARED = Path(__file__).resolve().parents[2].parent / "shared"
-SPOT = SHARED / "spot_traces"
-SAILOR_CONFIGS = SHARED / "sailor_data" / "simulations" / "configs"
+from sailor_core.source_data import SAILOR_CONFIGS_DIR as SAILOR_CONFIGS
+from sailor_core.source_data import SPOT_TRACES_DIR as SPOT
 
 
 @pytest.fixture(scope="session")
 def spot_dir() -> Path:
     if not SPOT.is_dir():
-        pytest.fail(f"shared spot traces missing at {SPOT}")
+        pytest.fail(f"spot traces missing at {SPOT} (data/ of the repository)")
     return SPOT
 
 
 @pytest.fixture(scope="session")
 def sailor_configs() -> Path:
     if not SAILOR_CONFIGS.is_dir():
-        pytest.fail(f"shared Sailor configs missing at {SAILOR_CONFIGS}")
+        pytest.fail(f"Sailor configs missing at {SAILOR_CONFIGS} (data/ of the repository)")
     return SAILOR_CONFIGS

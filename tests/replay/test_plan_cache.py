@@ -57,14 +57,22 @@ def test_a_damaged_file_only_costs_time(tmp_path):
     assert fn({A: 2}) and len(calls) == 1
 
 
-def test_a_second_replay_plans_nothing(tmp_path):
+def test_a_second_replay_plans_nothing(tmp_path, monkeypatch):
+    from sailor_core.replay import run as replay_run
+
     trace = build_trace([(0.0, {A: 8}), (3600.0, {A: 4}), (7200.0, {A: 8})])
     path = tmp_path / "plans.json"
-    kwargs = dict(model="opt-350m", tokens=2e8, policies=("ours", "static"), plan_cache_path=str(path))
+    kwargs = dict(model="opt-350m", tokens=2e8, policies=("ours", "static"), plan_cache_path=str(path), workers=0)
     cold = run_policies(trace, **kwargs)
-    warm = run_policies(trace, **kwargs)
     assert cold.planner_calls > 0 and path.exists()
+
+    def no_search(**_args):
+        def search(_available):
+            raise AssertionError("the second replay searched instead of reading the file")
+        return search
+
+    monkeypatch.setattr(replay_run, "planner_plan_fn", no_search)
+    warm = run_policies(trace, **kwargs)
     assert warm.planner_calls == cold.planner_calls  # same calls, answered from the file
-    assert warm.planner_time_s < cold.planner_time_s
     for name, r in cold.results.items():
         assert (warm.results[name].time_to_train_s, warm.results[name].usd_spent) == (r.time_to_train_s, r.usd_spent)
