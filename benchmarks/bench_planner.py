@@ -105,20 +105,14 @@ def speed() -> None:
                   f"{got} | {base_txt} | {ratio} |", flush=True)
 
 
-def optimality(num_cases: int = 20, seed: int = 1) -> None:
-    from sailor_core.network.model import default_network
-    from sailor_core.planner import make_request, plan_job
-    from sailor_core.planner.exhaustive import enumerate_best
-    from sailor_core.profiles import default_profile_db
-
-    db, net = default_profile_db(), default_network()
+def optimality_cases(num_cases: int = 20, seed: int = 1) -> list[dict]:
+    """The random small cases of ``optimality``: each one's ``make_request`` keyword arguments
+    (``benchmarks/golden.py`` records the planner's and the enumeration's answers on them)."""
     rng = random.Random(seed)
     gpu_pool = [A, V, A80, "L4", "T4"]
     zones = [C + "a", C + "b", "us-west1-b"]
-    print("| case | model | GPUs (type@zone=count) | batch | exhaustive plans | exhaustive samples/s | planner samples/s | gap % | planner evaluated |")
-    print("|---:|---|---|---:|---:|---:|---:|---:|---:|")
-    worst, sizes = 0.0, []
-    for case in range(num_cases):
+    cases = []
+    for _ in range(num_cases):
         types = rng.sample(gpu_pool, 2)
         zs = rng.sample(zones, 2)
         total = rng.randint(4, 16)
@@ -128,8 +122,24 @@ def optimality(num_cases: int = 20, seed: int = 1) -> None:
             avail[key] = avail.get(key, 0) + 1
         model = rng.choice(["small", "small", "tiny"])
         gbs = rng.choice([32, 64, 128])
-        req = make_request(model=model, availability=avail, global_batch_size=gbs, max_stages=4,
-                           micro_batch_sizes=(1, 2, 4), mixed_stages=False)
+        cases.append(dict(model=model, availability=avail, global_batch_size=gbs, max_stages=4,
+                          micro_batch_sizes=(1, 2, 4), mixed_stages=False))
+    return cases
+
+
+def optimality(num_cases: int = 20, seed: int = 1) -> None:
+    from sailor_core.network.model import default_network
+    from sailor_core.planner import make_request, plan_job
+    from sailor_core.planner.exhaustive import enumerate_best
+    from sailor_core.profiles import default_profile_db
+
+    db, net = default_profile_db(), default_network()
+    print("| case | model | GPUs (type@zone=count) | batch | exhaustive plans | exhaustive samples/s | planner samples/s | gap % | planner evaluated |")
+    print("|---:|---|---|---:|---:|---:|---:|---:|---:|")
+    worst, sizes = 0.0, []
+    for case, kw in enumerate(optimality_cases(num_cases, seed)):
+        model, avail, gbs = kw["model"], kw["availability"], kw["global_batch_size"]
+        req = make_request(**kw)
         exact = enumerate_best(req, profiles=db, network=net)
         got = plan_job(req, profiles=db, network=net)
         e = exact.best.res.throughput_samples_per_s
