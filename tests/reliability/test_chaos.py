@@ -2,7 +2,8 @@
 
 Default run: the fault plan is seeded, an injected upload failure leaves a partial
 checkpoint that the manifest rejects, a corrupt one is skipped for the previous one.
-Slow: whole trials on the embedded cloud -- one per fault kind, then seeded mixes.
+Slow (``scripts/test -m slow``): whole trials on the embedded cloud -- one per fault kind,
+then seeded mixes.
 """
 
 from __future__ import annotations
@@ -112,12 +113,14 @@ def test_one_fault_of_each_kind(chaos_env, references, kind):
         assert result.num_flow_runs == 2
 
 
-# Seed 1 (two corrupted checkpoints: the fall-back to an older checkpoint through a whole flow, seen
-# nowhere else) stays in the default run, about a minute on a 2-core machine. Seed 0 (a preemption,
-# then a worker SIGKILL) is slow: both faults have their own default tests (tests/flows/test_train_job.py,
-# tests/runtime/test_resume_and_faults.py), and the default run has to fit CI's 15 minutes.
-@pytest.mark.parametrize("seed", [pytest.param(0, marks=pytest.mark.slow), 1,
-                                  pytest.param(2, marks=pytest.mark.slow)])
+# Whole seeded trials are slow (about a minute each on a 2-core machine; the default run has to
+# leave CI headroom).  What they combine has default tests of its own: a preemption through the
+# whole flow (tests/flows/test_train_job.py), a worker SIGKILL and a crash during a save that
+# leaves the previous checkpoint in use (tests/runtime/test_resume_and_faults.py), a corrupt or
+# partial checkpoint skipped for the one before by its manifest (above).  Seed 1 is the trial
+# that falls back over two corrupted checkpoints through a whole flow.
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", [0, 1, 2])
 def test_seeded_trials_with_two_faults(chaos_env, references, seed):
     from flows.chaos import run_trial
 
