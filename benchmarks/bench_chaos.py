@@ -1,4 +1,4 @@
-"""Seeded chaos trials of the train-job flow on the embedded local cloud (flows/chaos.py).
+"""Seeded chaos trials of the train-job flow on the embedded local cloud (tests/reliability/chaos.py).
 
     .venv/bin/python benchmarks/bench_chaos.py --trials 30 [--seed0 0] [--faults 2] [--out results.jsonl]
 
@@ -35,7 +35,7 @@ def main(argv=None) -> int:
         report([_Row(r) for r in rows], sum(r["wall_s"] for r in rows))
         return 0
 
-    from flows.chaos import ChaosEnv, run_trial
+    from tests.reliability.chaos import ChaosEnv, run_trial
 
     results = []
     references: dict = {}

@@ -46,9 +46,9 @@ def _spec(name: str):
 def _trainer(spec, stages, rank: int, data_path: Path):
     import torch
 
-    from sailor_core.plan import plan_from_dict
+    from sailor_core.plan.types import plan_from_dict
     from sailor_core.runtime.data import TokenDataset
-    from sailor_core.runtime.engine import Groups, StageTrainer
+    from sailor_core.runtime.trainer import Groups, StageTrainer
 
     plan = plan_from_dict({"model": spec.name, "global_batch_size": 2, "micro_batch_size": 2,
                            "stages": [{"layers": [a, b], "replicas": [{"gpu": "cpu", "tp": t}]}
@@ -63,7 +63,7 @@ def _trainer(spec, stages, rank: int, data_path: Path):
 def bench(name: str, url: str, work: Path) -> dict:
     from sailor_core.runtime import checkpoint as ckpt
     from sailor_core.runtime.data import generate_corpus
-    from sailor_core.runtime.storage import open_storage
+    from sailor_core.storage import open_storage
 
     spec = _spec(name)
     n = spec.num_layer_indices

@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 def plan_for(model: str, mbs: int, gbs: int):
     from sailor_core.catalog.models import get_model
-    from sailor_core.plan import plan_from_dict
+    from sailor_core.plan.types import plan_from_dict
 
     n = get_model(model).num_layer_indices
     cut = n // 2
@@ -197,7 +197,7 @@ def main(argv=None) -> int:
     all_steady = [t for r in runs for t in r["step_times_s"][1:]]
     out["measured"] = {"median_step_s": statistics.median(all_steady), "run_medians_s": meds,
                        "min_step_s": min(all_steady), "max_step_s": max(all_steady)}
-    from sailor_core.runtime.layout import rank_layout
+    from sailor_core.plan.layout import rank_layout
 
     roles = rank_layout(plan)
     mem = {}

@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT))
 
 def _plan(model: str, kind: str, gbs: int, mbs: int):
     from sailor_core.catalog.models import get_model
-    from sailor_core.plan import plan_from_dict
+    from sailor_core.plan.types import plan_from_dict
 
     n = get_model(model).num_layer_indices
     if kind == "dp":
@@ -84,7 +84,7 @@ def baseline_worker(args) -> None:
 
     from sailor_core.catalog.models import get_model
     from sailor_core.runtime.data import TokenDataset
-    from sailor_core.runtime.engine import make_optimizer
+    from sailor_core.runtime.trainer import make_optimizer
     from sailor_core.runtime.model import StageModel
 
     torch.set_num_threads(1)

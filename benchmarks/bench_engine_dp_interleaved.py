@@ -38,7 +38,7 @@ def _worker(rank: int, port: int, data: str, model_name: str, steps: int) -> Non
     from bench_engine import _null, _plan
     from sailor_core.catalog.models import get_model
     from sailor_core.runtime.data import TokenDataset
-    from sailor_core.runtime.engine import StageTrainer, make_groups, make_optimizer
+    from sailor_core.runtime.trainer import StageTrainer, make_groups, make_optimizer
     from sailor_core.runtime.model import StageModel
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))

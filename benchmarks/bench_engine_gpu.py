@@ -42,10 +42,10 @@ def main(argv=None) -> int:
     import torch
 
     from sailor_core.catalog.models import get_model
-    from sailor_core.plan import plan_from_dict
+    from sailor_core.plan.types import plan_from_dict
     from sailor_core.profiler.compute import gpu_type_of
     from sailor_core.profiler.measure import measure_model_update
-    from sailor_core.runtime.engine import BETAS, WEIGHT_DECAY, make_optimizer
+    from sailor_core.runtime.trainer import BETAS, WEIGHT_DECAY, make_optimizer
     from sailor_core.runtime.launch import launch_local
 
     device = torch.device(args.device)

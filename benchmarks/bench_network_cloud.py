@@ -34,7 +34,7 @@ def main() -> None:
     args = ap.parse_args()
 
     os.environ["SAILOR_HOME"] = tempfile.mkdtemp(prefix="sailor-bench-net-")
-    from flows.prefect_env import configure_prefect_env, stop_local_server
+    from flows.cli.prefect_server import configure_prefect_env, stop_local_server
 
     configure_prefect_env(start_server=True)
     try:

@@ -59,7 +59,7 @@ def main(argv=None) -> int:
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="sailor-profile-gpu-"))
     os.environ["SAILOR_HOME"] = str(workdir / "sailor_home")
 
-    from sailor_core.plan import plan_from_dict
+    from sailor_core.plan.types import plan_from_dict
     from sailor_core.profiler.compute import profile_model, save_profiles
     from sailor_core.profiles import ProfileDB
     from sailor_core.runtime.launch import launch_local

@@ -24,7 +24,7 @@ def main() -> None:
     ap.add_argument("--checkpoint-every", type=int, default=5)
     args = ap.parse_args()
     os.environ.setdefault("SAILOR_HOME", tempfile.mkdtemp(prefix="sailor-bench-"))
-    from flows.prefect_env import configure_prefect_env, start_local_server, stop_local_server
+    from flows.cli.prefect_server import configure_prefect_env, start_local_server, stop_local_server
 
     t0 = time.monotonic()
     api = start_local_server(port=0)
@@ -33,7 +33,7 @@ def main() -> None:
     print(f"prefect server up in {time.monotonic() - t0:.1f} s ({api})")
     try:
         from flows.train_job import train_job
-        from sailor_core.jobstate import JobStore
+        from sailor_core.job.state import JobStore
 
         t1 = time.monotonic()
         summary = train_job(model="tiny", budget_usd=0.05, steps=args.steps, global_batch_size=args.gbs,

@@ -43,7 +43,7 @@ def spread(triple: list[float]) -> float:
 def evaluate(path: Path) -> dict:
     """Rows (one per full-depth record) and the summary; see the module docstring."""
     from sailor_core.catalog.models import get_model
-    from sailor_core.plan import plan_from_dict
+    from sailor_core.plan.types import plan_from_dict
     from sailor_core.profiles import ProfileDB, default_profile_db
     from sailor_core.simulator import simulate
 

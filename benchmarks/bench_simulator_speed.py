@@ -20,7 +20,7 @@ sys.path.insert(0, str(ROOT))
 
 
 def representative_plan():
-    from sailor_core.plan import plan_from_dict
+    from sailor_core.plan.types import plan_from_dict
 
     bounds = [(0, 7), (7, 14), (14, 20), (20, 26)]
     stages = []

@@ -75,7 +75,7 @@ def _api() -> SimpleNamespace:
     import bench_planner
     from sailor_core.errors import InfeasibleError
     from sailor_core.network.model import default_network
-    from sailor_core.plan import Plan, Replica, Stage, load_plan, plan_from_dict
+    from sailor_core.plan.types import Plan, Replica, Stage, load_plan, plan_from_dict
     from sailor_core.planner import make_request, plan_job
     from sailor_core.planner.exhaustive import enumerate_best
     from sailor_core.profiles import default_profile_db

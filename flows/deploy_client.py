@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from sailor_core import jobstate as js
+from sailor_core.job import state as js
 from sailor_core.errors import SailorError
 
 DEPLOYMENT = "train-job/train-job"

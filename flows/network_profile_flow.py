@@ -19,7 +19,9 @@ from prefect import flow, get_run_logger
 from prefect.artifacts import create_table_artifact
 from prefect.runtime import flow_run as current_flow_run
 
-from sailor_core import jobstate as js
+from sailor_core.job import state as js
+
+from sailor_core.job.spec import JobSpec
 from tasks import cloud as cloud_tasks
 from tasks import net_profiling as net
 
@@ -81,7 +83,7 @@ def network_profile_flow(
         raise InputError(f"--device must be auto, cpu or cuda, got {device!r}")
     store = js.JobStore(jobs_url)
     job_id = job_id or _job_id_for_run()
-    spec = js.JobSpec(model=JOB_PREFIX, budget_usd=budget_usd, steps=1, clouds=link.clouds,
+    spec = JobSpec(model=JOB_PREFIX, budget_usd=budget_usd, steps=1, clouds=link.clouds,
                       zones=tuple(dict.fromkeys((link.src_zone, link.dst_zone))), gpus=(link.gpu,), spot=spot,
                       checkpoint_url=store.job_url(job_id))
     session = cloud_tasks.open_session(cloud, job_id=job_id, jobs_url=store.job_url(job_id), spec=spec)

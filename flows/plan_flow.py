@@ -5,9 +5,11 @@ from __future__ import annotations
 from prefect import flow
 from prefect.artifacts import create_table_artifact
 
-from sailor_core import jobstate as js
+from sailor_core.job import state as js
+
+from sailor_core.job.spec import JobSpec
 from tasks import cloud as cloud_tasks
-from tasks import planning, reporting
+from tasks import control, reporting
 
 
 @flow(name="plan", description="Plan a training job on current offers (no instances are rented).")
@@ -19,19 +21,19 @@ def plan_flow(model: str = "opt-350m", objective: str = "throughput", global_bat
     session = cloud_tasks.offers_session(cloud, clouds or ())
     offers = cloud_tasks.list_offers(session, gpus or (), zones or (), clouds or ())
     # A spec only to carry the planning request (budget and steps play no part in planning).
-    spec = js.JobSpec(model=model, budget_usd=1.0, steps=1, objective=objective, global_batch_size=global_batch_size,
+    spec = JobSpec(model=model, budget_usd=1.0, steps=1, objective=objective, global_batch_size=global_batch_size,
                       max_usd_per_hr=max_usd_per_hr, min_throughput_samples_per_s=min_throughput, spot=spot)
-    planner = planning.Planner(spec=spec, offers=tuple(offers))
-    available = planning.availability(offers, max_gpus_per_zone=max_gpus_per_zone, max_gpus=max_gpus)
-    options = planning.plan_options(planner, available)
+    planner = control.Planner(spec=spec, offers=tuple(offers))
+    available = control.availability(offers, max_gpus_per_zone=max_gpus_per_zone, max_gpus=max_gpus)
+    options = control.plan_options(planner, available)
     rows = [{"rank": i + 1, "gpus": o.label, "samples_per_s": round(o.throughput_samples_per_s, 3),
              "usd_per_hr": round(o.usd_per_hr, 4), "stages": o.plan.pp_degree,
              "micro_batch_size": o.plan.micro_batch_size} for i, o in enumerate(options)]
     create_table_artifact(key=reporting.artifact_key("plans", model), table=rows or [{"rank": "none"}],
                           description=f"plans for {model} on {sum(available.values())} GPUs offered now ({session.mode})")
     if options:
-        reporting.publish_pareto(f"plan-{model}", planning.pareto_points(planner),
-                                 planning.chosen_point(planner, options[0]))
+        reporting.publish_pareto(f"plan-{model}", control.pareto_points(planner),
+                                 control.chosen_point(planner, options[0]))
     result = planner.last_result
     return {"search_time_s": result.search_time_s if result else None,
             "plans": [{"plan": o.plan.to_dict(), "throughput_samples_per_s": o.throughput_samples_per_s,

@@ -2,14 +2,14 @@
 
 A thin loop; every decision is a core function's:
 
-    offers -> plan (planner) -> place nodes (sailor_core.assignment) -> budget check (controller)
+    offers -> plan (planner) -> place nodes (sailor_core.job.nodes) -> budget check (controller)
     -> provision (infra, zone failover) -> assign ranks (agents start the engine's workers)
-    -> watch (sailor_core.attempts; ledger; injected preemptions on the embedded cloud)
+    -> watch (sailor_core.job.attempts; ledger; injected preemptions on the embedded cloud)
     -> finished: done | preempted / lost / failed: stop survivors, latest valid checkpoint,
        re-plan on what is available now, keep the survivors that still fit, resume
     -> budget would be crossed: stop cleanly (status ``stopped_budget``)
 
-The job state (``sailor_core.jobstate``) is saved after every change, so a new
+The job state (``sailor_core.job.state``) is saved after every change, so a new
 flow run with the same ``job_id`` continues the job.  Every instance carrying
 the job's label is terminated at the end: in ``finally``, and from the
 cancellation/crash hooks when the flow process itself is being torn down.
@@ -24,14 +24,16 @@ from typing import Any
 from prefect import flow, get_run_logger
 from prefect.runtime import flow_run as current_flow_run
 
-from sailor_core import jobstate as js
-from sailor_core.attempts import FINISHED, INSTANCE_PREEMPTED
+from sailor_core.job import state as js
+
+from sailor_core.job.spec import JobSpec
+from sailor_core.job.attempts import FINISHED, INSTANCE_PREEMPTED
 from infra.errors import CapacityError
 from sailor_core.controller import Action, Event, EventKind
-from sailor_core.plan import plan_from_dict
+from sailor_core.plan.types import plan_from_dict
 from tasks import cloud as cloud_tasks
 from tasks import jobs as job_tasks
-from tasks import planning, reporting, workers
+from tasks import control, reporting, workers
 
 # Consecutive attempts that end without a new checkpoint before the job gives up.
 MAX_ATTEMPTS_WITHOUT_PROGRESS = 3
@@ -87,7 +89,7 @@ def train_job(
     log = get_run_logger()
     store = js.JobStore(jobs_url)
     job_id = job_id or _job_id_for_run(model)
-    spec = js.JobSpec(
+    spec = JobSpec(
         model=model, budget_usd=budget_usd, steps=steps, dataset=dataset, max_usd_per_hr=max_usd_per_hr,
         min_throughput_samples_per_s=min_throughput, clouds=tuple(clouds or ()), zones=tuple(zones or ()),
         gpus=tuple(gpus or ()), spot=spot, on_demand_fallback=on_demand_fallback, objective=objective,
@@ -110,15 +112,15 @@ def train_job(
         state = workers.merge_agent_reports(session, state)  # a killed run's workers may have trained on
         store.save(state)
         data_url = job_tasks.prepare_data(spec.dataset, spec.model, spec.seed, data_dir=str(js.sailor_home() / "data"))
-        event = planning.start_event(state)
+        event = control.start_event(state)
         reason_prefix = "" if state.attempt == 0 else "flow run resumed the job; "
         current = None  # the controller's PlanOption running now
         num_waits = no_progress = 0
         while True:
             offers = cloud_tasks.list_offers(session, spec.gpus, spec.zones, spec.clouds)
-            planner = planning.Planner(spec=spec, offers=tuple(offers))
-            available = planning.availability(offers, max_gpus_per_zone=max_gpus_per_zone, max_gpus=max_gpus)
-            decision = planning.decide_next(planner, state, available=available, event=event, current=current,
+            planner = control.Planner(spec=spec, offers=tuple(offers))
+            available = control.availability(offers, max_gpus_per_zone=max_gpus_per_zone, max_gpus=max_gpus)
+            decision = control.decide_next(planner, state, available=available, event=event, current=current,
                                             shutdown_s=session.shutdown_s, now_unix_s=time.time())
             if decision.action == Action.STOP:
                 done = state.last_checkpoint_step is not None and state.last_checkpoint_step >= spec.steps
@@ -169,7 +171,7 @@ def train_job(
             reporting.publish_plan(state, nodes=[cloud_tasks.node_dict(n) for n in placed.nodes],
                                    sim={"throughput_samples_per_s": option.throughput_samples_per_s}, reason=reason,
                                    history=list(placed.history))
-            reporting.publish_pareto(job_id, planning.pareto_points(planner), planning.chosen_point(planner, option))
+            reporting.publish_pareto(job_id, control.pareto_points(planner), control.chosen_point(planner, option))
             if state.attempt > 1:
                 reporting.emit_job_event("replanned", state, reason=reason, plan=state.plan)
 
@@ -198,7 +200,7 @@ def train_job(
                 break
             if outcome.kind == INSTANCE_PREEMPTED:
                 reporting.emit_job_event("preempted", state, instances=list(outcome.instance_ids))
-                event = planning.preemption_event(state, outcome.instance_ids)
+                event = control.preemption_event(state, outcome.instance_ids)
             else:
                 event = Event(kind=EventKind.CAPACITY)
             current = option  # broken by the preemption's lost GPUs, or still whole after a crash

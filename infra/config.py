@@ -19,7 +19,7 @@ from pathlib import Path
 
 from infra.errors import CloudConfigError
 from infra.provider import CloudProvider
-from sailor_core.jobstate import sailor_home
+from sailor_core.job.state import sailor_home
 
 MODE_ENV = "SAILOR_CLOUDS"
 CLOUDS = ("aws", "gcp")

@@ -26,8 +26,9 @@ from prefect.cache_policies import NO_CACHE
 
 from infra.errors import CloudConfigError
 from infra.records import LOCAL_ADDRESS_LABEL, InstanceInfo, job_labels
-from sailor_core import jobstate as js
-from sailor_core.assignment import NodeRequest, RunningInstance, match_instances
+from sailor_core.job import state as js
+from sailor_core.job.spec import JobSpec
+from sailor_core.job.nodes import NodeRequest, RunningInstance, match_instances
 from sailor_core.catalog.instances import Offer
 from sailor_core.errors import InfeasibleError
 from tasks.workers import Assignment
@@ -162,7 +163,7 @@ def offers_session(mode: str, clouds: Sequence[str] = ()) -> CloudSession:
     return CloudSession(mode=used, job_id="offers", jobs_url="", providers=providers, control_url=control_url)
 
 
-def open_session(mode: str, *, job_id: str, jobs_url: str, spec: js.JobSpec) -> CloudSession:
+def open_session(mode: str, *, job_id: str, jobs_url: str, spec: JobSpec) -> CloudSession:
     used, providers, control_url = providers_for_mode(mode, spec.clouds)
     if used == "real":
         if "://" not in jobs_url or jobs_url.startswith("file://"):

@@ -8,13 +8,15 @@ from typing import Any
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from sailor_core import jobstate as js
+from sailor_core.job import state as js
+
+from sailor_core.job.spec import JobSpec
 
 SYNTHETIC = "synthetic"
 SYNTHETIC_TOKENS = 1 << 16
 
 
-def start_or_resume(store: js.JobStore, spec: js.JobSpec, job_id: str) -> js.JobState:
+def start_or_resume(store: js.JobStore, spec: JobSpec, job_id: str) -> js.JobState:
     """The job's saved state when it exists (same job, next flow run), else a new job."""
     if store.exists(job_id):
         state = store.load(job_id)

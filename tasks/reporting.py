@@ -21,7 +21,7 @@ from prefect.artifacts import (
 from prefect.cache_policies import NO_CACHE
 from prefect.events import emit_event
 
-from sailor_core.jobstate import JobState
+from sailor_core.job.state import JobState
 
 
 def artifact_key(kind: str, job_id: str) -> str:

@@ -15,9 +15,9 @@ from typing import Any
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from sailor_core import jobstate as js
-from sailor_core.assignment import NodeRequest
-from sailor_core.attempts import (
+from sailor_core.job import state as js
+from sailor_core.job.nodes import NodeRequest
+from sailor_core.job.attempts import (
     RUNNING,
     WORKER_FAILED,
     AttemptOutcome,
@@ -26,10 +26,10 @@ from sailor_core.attempts import (
     stop_generation,
 )
 from sailor_core.controller import Action, Event, EventKind, decide
-from sailor_core.plan import plan_from_dict
+from sailor_core.plan.types import plan_from_dict
 from sailor_core.runtime.agent import read_status, write_assignment
-from sailor_core.runtime.layout import world_size
-from tasks.planning import controller_config, controller_state
+from sailor_core.plan.layout import world_size
+from tasks.control import controller_config, controller_state
 
 BUDGET = "budget"  # outcome: the controller stops the job before the budget would be crossed
 REPLAN = "replan"  # outcome: the controller switches plans (shrink to fit the budget, or new capacity)

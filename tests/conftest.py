@@ -21,9 +21,9 @@ os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 
 @pytest.fixture
 def sailor_cli(capsys):
-    """Run ``flows.cli.main`` in this process (the console script's code path, much faster than a
+    """Run ``flows.cli.app.main`` in this process (the console script's code path, much faster than a
     subprocess); returns a CompletedProcess with the exit code, stdout and stderr."""
-    from flows.cli import main
+    from flows.cli.app import main
 
     def run(*args: str) -> subprocess.CompletedProcess:
         try:

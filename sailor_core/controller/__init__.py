@@ -4,7 +4,7 @@ Used by both the train-job flow (real clouds) and the replay (simulated time).
 """
 
 from sailor_core.controller.ledger import CostLedger, LedgerEntry
-from sailor_core.controller.planning import (
+from sailor_core.controller.options import (
     CachedPlanner,
     PlanFn,
     PlanOption,

@@ -172,7 +172,7 @@ class CostLedger:
 
     @classmethod
     def from_instance_records(cls, records, *, budget_usd: float | None = None) -> "CostLedger":
-        """Rebuild from the job state's instance records (``sailor_core.jobstate.InstanceRecord``)."""
+        """Rebuild from the job state's instance records (``sailor_core.job.state.InstanceRecord``)."""
         ledger = cls(budget_usd=budget_usd)
         for r in records:
             ledger.open(r.instance_id, gpu=r.gpu, zone=r.zone, num_gpus=r.num_gpus,

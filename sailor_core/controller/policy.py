@@ -27,7 +27,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 
-from sailor_core.controller.planning import GpuZone, PlanFn, PlanOption, describe_gpus, restrict
+from sailor_core.controller.options import GpuZone, PlanFn, PlanOption, describe_gpus, restrict
 from sailor_core.errors import InputError
 
 _S_PER_HR = 3600.0

@@ -11,7 +11,7 @@ import time
 from sailor_core.catalog.gpus import get_gpu
 from sailor_core.catalog.instances import gpu_price_usd_per_hr
 from sailor_core.errors import InfeasibleError
-from sailor_core.plan import validate_plan
+from sailor_core.plan.types import validate_plan
 from sailor_core.planner.kinds import valid_tp_degrees
 from sailor_core.planner.request import Objective, PlanRequest
 from sailor_core.planner.result import ParetoPoint, PlannedCandidate, PlanResult, pareto_front

@@ -27,7 +27,7 @@ from sailor_core.planner.kinds import Kind
 from sailor_core.regimes import TrainingRegime, get_regime
 from sailor_core.simulator import stage as st
 from sailor_core.simulator.memory import inflight_microbatches
-from sailor_core.simulator.schedule import one_f_one_b, stage_timing
+from sailor_core.simulator.pipeline_time import one_f_one_b, stage_timing
 
 Group = tuple[Kind, str, int]  # (kind, zone, replicas), in replica order
 

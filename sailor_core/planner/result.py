@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from sailor_core.plan import Plan
+from sailor_core.plan.types import Plan
 from sailor_core.simulator.result import SimResult
 
 

@@ -53,7 +53,7 @@ from dataclasses import dataclass, field
 from sailor_core.catalog.gpus import get_gpu
 from sailor_core.catalog.instances import gpu_price_usd_per_hr
 from sailor_core.catalog.models import get_model
-from sailor_core.plan import Plan, Replica, Stage
+from sailor_core.plan.types import Plan, Replica, Stage
 from sailor_core.planner.kinds import Kind, shared_kind_cache, valid_tp_degrees
 from sailor_core.planner.placement import StagePlacement, place_pipelines, place_stages
 from sailor_core.planner.request import Objective, PlanRequest

@@ -28,7 +28,7 @@ import sys
 import time
 from dataclasses import dataclass
 
-from sailor_core.plan import Plan
+from sailor_core.plan.types import Plan
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -23,7 +23,7 @@ from sailor_core.errors import ProfileError
 _IDLE = r"""
 import json, os, datetime
 import torch, torch.distributed as dist
-import sailor_core.runtime.engine, sailor_core.runtime.data  # the worker's imports
+import sailor_core.runtime.trainer, sailor_core.runtime.data  # the worker's imports
 threads = int(os.environ["SAILOR_THREADS"]); cuda = os.environ["SAILOR_DEVICE"] == "cuda"
 torch.set_num_threads(threads)
 rank = int(os.environ["RANK"])
@@ -33,7 +33,7 @@ dist.init_process_group("nccl" if cuda else "gloo", init_method="env://", rank=r
                         world_size=int(os.environ["WORLD_SIZE"]), timeout=datetime.timedelta(seconds=120))
 dev = "cuda" if cuda else "cpu"
 from sailor_core.catalog.models import get_model
-from sailor_core.runtime.engine import make_optimizer
+from sailor_core.runtime.trainer import make_optimizer
 from sailor_core.runtime.model import StageModel
 spec = get_model("tiny")
 model = StageModel(spec, 0, spec.num_layer_indices).to(dev)

@@ -28,7 +28,7 @@ def _to_json(o: PlanOption) -> dict:
 
 
 def _from_json(d: dict) -> PlanOption:
-    from sailor_core.plan import plan_from_dict
+    from sailor_core.plan.types import plan_from_dict
 
     return PlanOption(
         gpus={(g, z): int(n) for g, z, n in d["gpus"]},

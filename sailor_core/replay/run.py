@@ -12,10 +12,10 @@ from functools import lru_cache
 from typing import Any
 
 from sailor_core.controller import CachedPlanner, PlanFn, PlanOption, planner_plan_fn, restrict
-from sailor_core.controller.planning import PlannerCall
+from sailor_core.controller.options import PlannerCall
 from sailor_core.errors import InputError
 from sailor_core.replay.costs import ChangeCosts, checkpoint_bytes_for
-from sailor_core.replay.engine import PriceFn, ReplayResult, replay
+from sailor_core.replay.simulation import PriceFn, ReplayResult, replay
 from sailor_core.replay.lookahead import first_requests
 from sailor_core.replay.policies import POLICIES, controller_config, pick_single_type, single_type_requests
 from sailor_core.replay.prefetch import PrefetchingPlanner, PrefetchStats, default_workers

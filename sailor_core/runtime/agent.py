@@ -84,7 +84,7 @@ def read_json(url: str) -> dict[str, Any] | None:
 
 
 def _storage(root: str):
-    from sailor_core.runtime.storage import open_storage
+    from sailor_core.storage import open_storage
 
     return open_storage(root)
 

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from sailor_core.errors import InputError
-from sailor_core.runtime.storage import Storage, open_storage
+from sailor_core.storage import Storage, open_storage
 
 MANIFEST = "MANIFEST.json"
 META = "meta.json"
@@ -75,7 +75,7 @@ def write_layer(storage: Storage, step: int, layer_index: int,
     return {name: {"sha256": sha256(data), "bytes": len(data)}}
 
 
-# Chaos hook (flows/chaos.py): a JSON file at this env var's path, {"delay_s": x} or {"fail": true},
+# Chaos hook (tests/reliability/chaos.py): a JSON file at this env var's path, {"delay_s": x} or {"fail": true},
 # is claimed by the first upload that sees it (rename: exactly one rank) and applied to it.
 UPLOAD_FAULT_ENV = "SAILOR_FAULT_UPLOAD"
 

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sailor_core.plan import Plan
+from sailor_core.plan.types import Plan
 from sailor_core.runtime import checkpoint as ckpt
-from sailor_core.runtime.engine import full_params_close
+from sailor_core.runtime.trainer import full_params_close
 from sailor_core.runtime.launch import ensure_corpus, launch_local
-from sailor_core.runtime.layout import world_size
-from sailor_core.runtime.storage import open_storage
+from sailor_core.plan.layout import world_size
+from sailor_core.storage import open_storage
 
 
 def final_params(url: str) -> tuple[ckpt.CheckpointInfo, dict]:

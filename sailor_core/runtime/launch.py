@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sailor_core.catalog.models import get_model
-from sailor_core.plan import Plan
-from sailor_core.runtime.layout import world_size
+from sailor_core.plan.types import Plan
+from sailor_core.plan.layout import world_size
 from sailor_core.runtime.worker import (EXIT_OK, EXIT_PEER_LOST, EXIT_PREEMPTED,
                                         EXIT_PREEMPTED_NO_CKPT)
 

@@ -12,9 +12,9 @@ from dataclasses import dataclass
 import torch
 
 from sailor_core.catalog.models import get_model
-from sailor_core.plan import Plan
+from sailor_core.plan.types import Plan
 from sailor_core.runtime.data import TokenDataset
-from sailor_core.runtime.engine import make_optimizer
+from sailor_core.runtime.trainer import make_optimizer
 from sailor_core.runtime.model import StageModel
 
 

@@ -92,13 +92,13 @@ def main(argv=None) -> int:
 
     from sailor_core.catalog.models import get_model
     from sailor_core.errors import SailorError
-    from sailor_core.plan import load_plan
+    from sailor_core.plan.types import load_plan
     from sailor_core.runtime import checkpoint as ckpt
     from sailor_core.runtime.data import TokenDataset
-    from sailor_core.runtime.engine import StageTrainer, make_groups
-    from sailor_core.runtime.layout import world_size
+    from sailor_core.runtime.trainer import StageTrainer, make_groups
+    from sailor_core.plan.layout import world_size
     from sailor_core.runtime.model import check_plan_for_engine
-    from sailor_core.runtime.storage import open_storage
+    from sailor_core.storage import open_storage
 
     if args.threads:
         torch.set_num_threads(args.threads)

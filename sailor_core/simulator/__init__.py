@@ -7,7 +7,7 @@ the planner calls the same blocks directly.  No torch, no cloud SDK.
 
 from sailor_core.simulator.memory import MemoryBreakdown, inflight_microbatches, stage_memory
 from sailor_core.simulator.result import BREAKDOWN_KEYS, ReplicaResult, SimResult, StageResult
-from sailor_core.simulator.schedule import PipelineTime, StageTiming, one_f_one_b, stage_timing
+from sailor_core.simulator.pipeline_time import PipelineTime, StageTiming, one_f_one_b, stage_timing
 from sailor_core.simulator.simulate import simulate, stage_memory_for, stage_peak_memory_bytes
 from sailor_core.simulator.stage import (
     boundary_bytes,

@@ -22,13 +22,13 @@ from typing import Protocol
 from sailor_core.catalog.gpus import get_gpu
 from sailor_core.catalog.instances import gpu_price_usd_per_hr
 from sailor_core.network.model import NetworkModel, default_network
-from sailor_core.plan import Plan, validate_plan
+from sailor_core.plan.types import Plan, validate_plan
 from sailor_core.profiles.types import ModelProfile
 from sailor_core.regimes import TrainingRegime, get_regime
 from sailor_core.simulator import stage as st
 from sailor_core.simulator.memory import MemoryBreakdown, inflight_microbatches, stage_memory
 from sailor_core.simulator.result import ReplicaResult, SimResult, StageResult
-from sailor_core.simulator.schedule import StageTiming, one_f_one_b, stage_timing
+from sailor_core.simulator.pipeline_time import StageTiming, one_f_one_b, stage_timing
 from sailor_core.simulator.tables import layer_table
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from sailor_core.network import LinkDefault, LinkClass, NetworkModel
-from sailor_core.plan import plan_from_dict
+from sailor_core.plan.types import plan_from_dict
 from sailor_core.profiles import LayerProfile, ModelProfile, ProfileDB
 
 REGIME = "torch-bf16-autocast-adamw"

@@ -13,7 +13,7 @@ EXAMPLES = ROOT / "examples"
 
 def sailor(*args: str) -> subprocess.CompletedProcess:
     """The real ``sailor`` in its own process."""
-    return subprocess.run([sys.executable, "-m", "flows.cli", *args], cwd=ROOT, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "flows.cli.app", *args], cwd=ROOT, capture_output=True,
                           text=True, timeout=120)
 
 

@@ -39,7 +39,7 @@ def sailor_home(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def prefect_api(sailor_home) -> str:
     """API URL of a server started the way `sailor ui` starts one; this process points at it."""
-    from flows.prefect_env import start_local_server, stop_local_server
+    from flows.cli.prefect_server import start_local_server, stop_local_server
 
     saved = {k: os.environ.get(k) for k in ("PREFECT_API_URL", "PREFECT_HOME")}
     api_url = start_local_server(port=_free_port())

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from sailor_core.assignment import RunningInstance, match_instances, nodes_for_plan, plan_usd_per_hr
-from sailor_core.attempts import FINISHED, INSTANCE_PREEMPTED, LOST, RUNNING, WORKER_FAILED, classify_attempt
+from sailor_core.job.nodes import RunningInstance, match_instances, nodes_for_plan, plan_usd_per_hr
+from sailor_core.job.attempts import FINISHED, INSTANCE_PREEMPTED, LOST, RUNNING, WORKER_FAILED, classify_attempt
 from sailor_core.catalog.instances import Offer
 from sailor_core.errors import InfeasibleError
-from sailor_core.plan import plan_from_dict
+from sailor_core.plan.types import plan_from_dict
 
 ZONE = "us-central1-a"
 

@@ -103,7 +103,7 @@ def test_sigint_terminates_instances_and_workers(standalone_cloud, prefect_api):
     err_path = home / "train.err"
     with open(home / "train.out", "wb") as out, open(err_path, "wb") as err:
         train = subprocess.Popen(
-            [sys.executable, "-m", "flows.cli", "train", "--budget-usd", "0.5", "--steps", "2000",
+            [sys.executable, "-m", "flows.cli.app", "train", "--budget-usd", "0.5", "--steps", "2000",
              "--checkpoint-every", "50", "--job-id", JOB_ID, "--cloud", "embedded"],
             env=_env(home, prefect_api), cwd=str(ROOT), stdout=out, stderr=err, stdin=subprocess.DEVNULL,
             start_new_session=True)
@@ -154,7 +154,7 @@ def test_sigint_terminates_instances_and_workers(standalone_cloud, prefect_api):
     assert not [p for p in worker_pids if process_alive(p)]
     assert not [i for i in _instances(cloud) if i.live and i.state != "stopping"]
 
-    from sailor_core import jobstate as js
+    from sailor_core.job import state as js
 
     state = js.JobStore(str(home / "jobs")).load(JOB_ID)
     assert state.status == js.CANCELLED, (state.status, state.status_reason)

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from sailor_core import jobstate as js
+from sailor_core.job import state as js
 
 
 @pytest.mark.parametrize("args, expected", [

@@ -6,7 +6,9 @@ import json
 
 import pytest
 
-from sailor_core import jobstate as js
+from sailor_core.job import state as js
+
+from sailor_core.job.spec import JobSpec
 
 
 @pytest.fixture()
@@ -32,7 +34,7 @@ def test_train_rejects_bad_arguments_in_one_line(home, sailor_cli, args, needle)
 
 def test_jobs_and_status_read_the_persisted_states(home, sailor_cli):
     store = js.JobStore()
-    s = js.new_job(js.JobSpec(model="tiny", budget_usd=0.5, steps=10), job_id="tiny-abc")
+    s = js.new_job(JobSpec(model="tiny", budget_usd=0.5, steps=10), job_id="tiny-abc")
     s = js.with_plan(s, plan={"model": "tiny"}, reason="start: 1xT4@us-east-1a", usd_per_hr=0.2,
                      throughput_samples_per_s=5.0)
     s = js.with_instances_launched(s, (js.InstanceRecord(

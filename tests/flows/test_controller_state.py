@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from sailor_core import jobstate as js
-from tasks.planning import controller_state
+from sailor_core.job import state as js
+
+from sailor_core.job.spec import JobSpec
+from tasks.control import controller_state
 
 
 def test_the_flows_controller_state_carries_the_jobs_preemption_rates():
-    s = js.new_job(js.JobSpec(model="tiny", budget_usd=1.0, steps=20), job_id="j1")
+    s = js.new_job(JobSpec(model="tiny", budget_usd=1.0, steps=20), job_id="j1")
     rec = dict(cloud="aws", instance_type="g4dn.xlarge", gpu="T4", num_gpus=1, usd_per_hr=0.5, spot=True,
                attempt=1, launched_unix_s=0.0)
     s = js.with_instances_launched(s, (js.InstanceRecord(instance_id="a", zone="us-east-1a", **rec),

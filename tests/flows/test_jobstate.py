@@ -6,12 +6,14 @@ import json
 
 import pytest
 
-from sailor_core import jobstate as js
+from sailor_core.job import state as js
+
+from sailor_core.job.spec import JobSpec
 from sailor_core.errors import InputError
 
 
 def _spec(**kw):
-    return js.JobSpec(model="tiny", budget_usd=1.0, steps=20, **kw)
+    return JobSpec(model="tiny", budget_usd=1.0, steps=20, **kw)
 
 
 def _instance(iid: str, *, launched: float, price: float = 3.6, attempt: int = 1) -> js.InstanceRecord:
@@ -79,7 +81,7 @@ def test_store_at_a_file_url(tmp_path):
 def test_bad_specs_are_input_errors(kw, msg):
     base = {"model": "tiny", "budget_usd": 1.0, "steps": 5}
     with pytest.raises(InputError, match=msg):
-        js.JobSpec(**{**base, **kw})
+        JobSpec(**{**base, **kw})
 
 
 def test_preemption_rates_count_events_per_pool_since_the_first_launch():

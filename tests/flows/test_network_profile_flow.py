@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from sailor_core import jobstate as js
+from sailor_core.job import state as js
 from tests.flows.conftest import process_alive
 
 pytestmark = pytest.mark.e2e

@@ -54,7 +54,7 @@ def test_sigint_while_measuring_terminates_the_instances(standalone_cloud, prefe
     err_path = home / "profile.err"
     with open(home / "profile.out", "wb") as out, open(err_path, "wb") as err:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "flows.cli", "profile", "network", "--cloud", "embedded", "--gpu", "T4",
+            [sys.executable, "-m", "flows.cli.app", "profile", "network", "--cloud", "embedded", "--gpu", "T4",
              "--zone", "us-central1-a", "--workers", "2", "--max-mib", "256", "--reps", "40", "--timeout-s", "300"],
             env=_env(home, prefect_api), cwd=str(ROOT), stdout=out, stderr=err, stdin=subprocess.DEVNULL,
             start_new_session=True)
@@ -91,7 +91,7 @@ def test_sigint_while_measuring_terminates_the_instances(standalone_cloud, prefe
         time.sleep(0.5)
     assert not _sailor_pids(home) and not [p for p in worker_pids if process_alive(p)]
 
-    from sailor_core import jobstate as js
+    from sailor_core.job import state as js
 
     (state,) = js.JobStore(str(home / "jobs")).list()
     assert state.status == js.CANCELLED and not state.running_instances() and len(state.instances) == 2

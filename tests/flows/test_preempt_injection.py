@@ -19,7 +19,8 @@ import pytest
 
 from infra.errors import CloudConfigError
 from infra.records import PREEMPTED, job_labels
-from sailor_core import jobstate as js
+from sailor_core.job import state as js
+from sailor_core.job.spec import JobSpec
 from sailor_core.runtime.agent import Agent, _Generation
 from tasks.cloud import CloudSession
 from tasks.workers import note_injection, preemption_for_attempt
@@ -28,7 +29,7 @@ LOG = logging.getLogger("test-preempt-injection")
 
 
 def _state(*, steps_done: int, injected: tuple[int, ...] = ()) -> js.JobState:
-    spec = js.JobSpec(model="tiny", budget_usd=0.05, steps=30, preempt_at_steps=(10, 20))
+    spec = JobSpec(model="tiny", budget_usd=0.05, steps=30, preempt_at_steps=(10, 20))
     state = js.with_progress(js.new_job(spec, job_id="inject"), steps_done=steps_done)
     for step in injected:
         state = js.with_injected_preemption(state, step)

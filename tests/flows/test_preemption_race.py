@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from sailor_core import jobstate as js
+from sailor_core.job import state as js
 from tests.flows.test_train_job import _assert_nothing_left
 
 pytestmark = pytest.mark.e2e

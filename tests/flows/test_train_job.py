@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from sailor_core import jobstate as js
+from sailor_core.job import state as js
 from tests.flows.conftest import process_alive
 
 pytestmark = pytest.mark.e2e
@@ -42,7 +42,7 @@ def _assert_nothing_left(state: js.JobState) -> None:
 
 def test_two_preemptions_end_with_the_loss_of_an_uninterrupted_run(prefect_api, tmp_path):
     from flows.train_job import train_job
-    from sailor_core.plan import plan_from_dict
+    from sailor_core.plan.types import plan_from_dict
     from sailor_core.runtime.launch import launch_local
 
     steps, budget = 30, 0.05

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import sys
 
-from flows.train_progress import EngineFailureFilter, progress_info
+from flows.cli.progress import EngineFailureFilter, progress_info
 
 
 def _record(name: str, level: int, msg: str, *, exc: bool = False) -> logging.LogRecord:

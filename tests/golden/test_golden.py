@@ -16,6 +16,22 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import golden  # noqa: E402
 
 
+@pytest.fixture(autouse=True)
+def _shipped_data_only(tmp_path):
+    """The goldens were recorded from the shipped profiles and network alone: hide the profiles
+    and links other tests of the session measured and saved under their SAILOR_HOME."""
+    from sailor_core.network.model import default_network
+    from sailor_core.profiles import reset_default_profile_db
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("SAILOR_HOME", str(tmp_path / "sailor_home"))
+        default_network.cache_clear()
+        reset_default_profile_db()
+        yield
+    default_network.cache_clear()
+    reset_default_profile_db()
+
+
 def _check(**kwargs) -> None:
     lines: list[str] = []
     ok = golden.check(out=lines.append, **kwargs)

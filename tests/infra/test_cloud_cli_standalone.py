@@ -15,7 +15,7 @@ pytestmark = pytest.mark.slow
 
 
 def sailor(*args, env):
-    return subprocess.run([sys.executable, "-m", "flows.cli", *args], env=env, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "flows.cli.app", *args], env=env, capture_output=True, text=True,
                           timeout=120)
 
 

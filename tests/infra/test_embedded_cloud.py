@@ -67,7 +67,7 @@ def test_control_endpoint_preempts_a_zone_and_reports_status(cloud, providers):
 
 def test_sailor_offers_lists_both_clouds_on_the_embedded_cloud(cloud, monkeypatch, tmp_path):
     import infra.config
-    from flows.cli import _register_all, app
+    from flows.cli.app import _register_all, app
 
     monkeypatch.setenv("SAILOR_HOME", str(tmp_path))  # no standalone cloud there
     monkeypatch.delenv("SAILOR_CLOUDS", raising=False)

@@ -116,7 +116,7 @@ def test_pipeline_warm_up_bound_never_exceeds_the_1f1b_schedule():
     from types import SimpleNamespace
 
     from sailor_core.planner.search import _pipe_work_rate
-    from sailor_core.simulator.schedule import StageTiming, one_f_one_b
+    from sailor_core.simulator.pipeline_time import StageTiming, one_f_one_b
 
     rng = random.Random(11)
     tight = 0
@@ -199,7 +199,7 @@ def test_steady_link_bound_never_exceeds_the_1f1b_schedule():
     # _steady_links_s against the simulator's own 1F1B model: a segment of s stages whose steps
     # sum to T, n micro-batches and links of at least l takes at least n T / s plus it.
     from sailor_core.planner.search import _steady_links_s
-    from sailor_core.simulator.schedule import StageTiming, one_f_one_b
+    from sailor_core.simulator.pipeline_time import StageTiming, one_f_one_b
 
     rng = random.Random(17)
     tight = 0
@@ -278,7 +278,7 @@ def test_pipeline_lines_never_exceed_the_1f1b_schedule():
     # _pipeline_lines at a pipeline's own work share against the simulator's 1F1B model, on
     # random two-segment pipelines in either order, with uneven splits inside each segment.
     from sailor_core.planner.search import _pipeline_lines, _steady_links_s
-    from sailor_core.simulator.schedule import StageTiming, one_f_one_b
+    from sailor_core.simulator.pipeline_time import StageTiming, one_f_one_b
 
     rng = random.Random(19)
     tight = 0
@@ -324,7 +324,7 @@ def test_warm_up_with_links_never_exceeds_the_1f1b_schedule():
     # _warm_up_with_links_s against the simulator's 1F1B model on random one-segment pipelines
     # with uneven steps and links of at least l.
     from sailor_core.planner.search import _warm_up_with_links_s
-    from sailor_core.simulator.schedule import StageTiming, one_f_one_b
+    from sailor_core.simulator.pipeline_time import StageTiming, one_f_one_b
 
     rng = random.Random(29)
     tight, cases = 0, []

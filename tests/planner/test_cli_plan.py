@@ -9,7 +9,7 @@ import pytest
 
 from sailor_core.source_data import SAILOR_CONFIGS_DIR
 
-SAILOR = [sys.executable, "-m", "flows.cli"]
+SAILOR = [sys.executable, "-m", "flows.cli.app"]
 ROOT = Path(__file__).resolve().parents[2]
 TRACES = SAILOR_CONFIGS_DIR
 

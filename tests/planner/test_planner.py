@@ -123,7 +123,7 @@ def test_nothing_fits_in_memory_is_explained(profiles, network):
 
 def test_planner_imports_no_torch_or_prefect():
     code = (
-        "import sys; import sailor_core.planner, flows.cli_plan; "
+        "import sys; import sailor_core.planner, flows.cli.plan; "
         "from sailor_core.planner import api, search, fastsim, exhaustive; "
         "bad = [m for m in ('torch', 'prefect', 'boto3') if m in sys.modules]; print(bad)"
     )

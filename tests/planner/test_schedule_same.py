@@ -3,7 +3,7 @@ figures of the implementation it replaced (kept here, verbatim, only for this co
 
 import random
 
-from sailor_core.simulator.schedule import StageTiming, one_f_one_b, stage_timing
+from sailor_core.simulator.pipeline_time import StageTiming, one_f_one_b, stage_timing
 
 DEFAULT_FORWARD_SHARE = 1.0 / 3.0
 

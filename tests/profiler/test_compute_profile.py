@@ -83,7 +83,7 @@ def test_update_line_fit_recovers_a_known_line():
 def test_cpu_sharing_from_first_principles(tiny_run):
     """4 ranks on 2 idle cores: the iteration is the ranks' summed work over 2 cores when that
     exceeds the one-core-per-rank pipeline; other jobs' load shrinks the cores we get."""
-    from sailor_core.plan import plan_from_dict
+    from sailor_core.plan.types import plan_from_dict
     from sailor_core.profiler.cpu_sharing import effective_cores, rank_work_s, shared_cpu_time
     from sailor_core.profiles import ProfileDB
     from sailor_core.simulator import simulate

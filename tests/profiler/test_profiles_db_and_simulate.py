@@ -1,6 +1,6 @@
 """Profiles land in the user's ProfileDB folder, round-trip, and are what simulate() uses."""
 
-from sailor_core.plan import plan_from_dict
+from sailor_core.plan.types import plan_from_dict
 
 
 def _plan(mbs: int):

@@ -1,5 +1,5 @@
-"""``sailor profiles list | show | import``, in process: typer's runner on ``flows.cli.app``, and
-``flows.cli.main`` (the ``sailor`` entry point) for the one-line errors."""
+"""``sailor profiles list | show | import``, in process: typer's runner on ``flows.cli.app.app``, and
+``flows.cli.app.main`` (the ``sailor`` entry point) for the one-line errors."""
 
 import json
 import os
@@ -11,10 +11,10 @@ from .conftest import MEASUREMENTS, SAILOR_DATA
 
 
 def _app():
-    import flows.cli
+    import flows.cli.app
 
-    flows.cli._register_all()
-    return flows.cli.app
+    flows.cli.app._register_all()
+    return flows.cli.app.app
 
 
 def _run(*args):

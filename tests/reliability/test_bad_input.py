@@ -1,6 +1,6 @@
 """Bad input never gives a traceback: random, truncated and adversarial files and arguments.
 
-Property tests (hypothesis) over the CLI (``flows.cli.main`` in this process, argv in,
+Property tests (hypothesis) over the CLI (``flows.cli.app.main`` in this process, argv in,
 SystemExit caught) and straight over the loaders.  Each case must either succeed or end
 with a one-line ``error: ...`` and a non-zero exit -- and never the CLI's catch-all
 "internal error" line, which means a bug rather than a clear message.
@@ -192,7 +192,7 @@ def _assert_sailor_error_or_ok(fn, *args, **kwargs) -> None:
 @LOADER_SETTINGS
 @given(data=contents(PLAN, json_doc=True))
 def test_load_plan(tmp_path, data):
-    from sailor_core.plan import load_plan
+    from sailor_core.plan.types import load_plan
 
     _assert_sailor_error_or_ok(load_plan, _write(tmp_path, "p.json", data))
 
@@ -249,9 +249,10 @@ def test_read_profiles_truncated_or_corrupt(tmp_path, profile_bytes, cut, flips,
 @given(data=st.one_of(st.just(None), _json_any, st.tuples(st.integers(0, 10**6), _json_any)))
 def test_job_state_documents(tmp_path, data):
     """A saved job state (what a restarted flow run loads) that is corrupt gives a clear InputError."""
-    from sailor_core import jobstate as js
+    from sailor_core.job import state as js
+    from sailor_core.job.spec import JobSpec
 
-    valid = js.state_to_dict(js.new_job(js.JobSpec(model="tiny", budget_usd=1.0, steps=5), "job-x"))
+    valid = js.state_to_dict(js.new_job(JobSpec(model="tiny", budget_usd=1.0, steps=5), "job-x"))
     if isinstance(data, tuple):
         doc = _mutate_json(json.loads(json.dumps(valid)), random.Random(data[0]), data[1])
     else:

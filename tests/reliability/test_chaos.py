@@ -1,4 +1,4 @@
-"""Chaos trials of the train-job flow (flows/chaos.py), and the checkpoint faults they rely on.
+"""Chaos trials of the train-job flow (tests/reliability/chaos.py), and the checkpoint faults they rely on.
 
 Default run: the fault plan is seeded, an injected upload failure leaves a partial
 checkpoint that the manifest rejects, a corrupt one is skipped for the previous one.
@@ -13,9 +13,9 @@ import json
 import pytest
 import torch
 
-from flows.chaos import BREAKING, KINDS, plan_faults
+from tests.reliability.chaos import BREAKING, KINDS, plan_faults
 from sailor_core.runtime import checkpoint as ckpt
-from sailor_core.runtime.storage import open_storage
+from sailor_core.storage import open_storage
 
 
 def test_fault_plans_are_seeded_and_inside_the_run():
@@ -66,7 +66,7 @@ def test_a_corrupt_checkpoint_is_detected_by_its_manifest_and_the_previous_one_i
 
 
 def test_a_resume_counts_as_corrupt_only_until_the_directory_is_recommitted():
-    from flows.chaos import corrupt_resumes
+    from tests.reliability.chaos import corrupt_resumes
 
     # step 4 corrupted in gen 2; gen 3 fell back to scratch and trained to step 7 (re-committing
     # step 4), was killed; gen 4 resumed from the good step 4. As seen in a CI run.
@@ -81,7 +81,7 @@ def test_a_resume_counts_as_corrupt_only_until_the_directory_is_recommitted():
 
 @pytest.fixture(scope="module")
 def chaos_env(tmp_path_factory):
-    from flows.chaos import ChaosEnv
+    from tests.reliability.chaos import ChaosEnv
 
     with ChaosEnv(tmp_path_factory.mktemp("chaos-home")) as env:
         yield env
@@ -102,7 +102,7 @@ def _assert_passed(result) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", KINDS)
 def test_one_fault_of_each_kind(chaos_env, references, kind):
-    from flows.chaos import run_trial
+    from tests.reliability.chaos import run_trial
 
     result = run_trial(chaos_env, seed=100 + KINDS.index(kind), steps=16, ckpt_every=4, num_faults=1,
                        kinds=(kind,), references=references)
@@ -122,6 +122,6 @@ def test_one_fault_of_each_kind(chaos_env, references, kind):
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_seeded_trials_with_two_faults(chaos_env, references, seed):
-    from flows.chaos import run_trial
+    from tests.reliability.chaos import run_trial
 
     _assert_passed(run_trial(chaos_env, seed=seed, steps=16, ckpt_every=4, num_faults=2, references=references))

@@ -128,7 +128,7 @@ def test_persistent_server_errors_surface_as_one_clear_error(cloud):
 
 @pytest.fixture(scope="module")
 def chaos_env(tmp_path_factory):
-    from flows.chaos import ChaosEnv
+    from tests.reliability.chaos import ChaosEnv
 
     with ChaosEnv(tmp_path_factory.mktemp("faults-home")) as env:
         yield env
@@ -136,7 +136,7 @@ def chaos_env(tmp_path_factory):
 
 @pytest.mark.slow
 def test_a_job_completes_under_moderate_api_faults(chaos_env):
-    from flows.chaos import run_trial
+    from tests.reliability.chaos import run_trial
 
     chaos_env.control("faults", {"throttle": 0.1, "server_error": 0.05, "capacity": 0.2, "quota": 0.05,
                                  "timeout": 0.02, "timeout_s": 1.0, "seed": 11})
@@ -153,8 +153,8 @@ def test_a_job_completes_under_moderate_api_faults(chaos_env):
 @pytest.mark.slow
 @pytest.mark.timeout(1500)  # the flow tries every zone of both clouds in 7 rounds before it gives up
 def test_a_job_with_no_launchable_capacity_stops_with_a_clear_reason(chaos_env):
-    from flows.chaos import run_trial
-    from sailor_core import jobstate as js
+    from tests.reliability.chaos import run_trial
+    from sailor_core.job import state as js
 
     chaos_env.control("faults", {"quota": 1.0, "seed": 12})
     try:

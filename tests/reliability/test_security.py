@@ -66,7 +66,7 @@ def test_rendezvous_and_worker_ports_listen_on_the_private_address_only(tmp_path
                                                        {"gpu": "cpu", "tp": 1, "zone": "local"}]}]}
     plan_path = tmp_path / "plan.json"
     plan_path.write_text(json.dumps(plan))
-    from sailor_core.plan import plan_from_dict
+    from sailor_core.plan.types import plan_from_dict
     from sailor_core.runtime.launch import ensure_corpus
 
     data = ensure_corpus(tmp_path, plan_from_dict(plan))
@@ -108,7 +108,7 @@ def test_checkpoint_bucket_is_created_private_and_encrypted(moto_s3):
     import boto3
 
     from infra.buckets import ensure_private_bucket
-    from sailor_core.runtime.storage import open_storage
+    from sailor_core.storage import open_storage
 
     report = ensure_private_bucket("s3://sailor-ckpt-sec/jobs/j1/checkpoints")
     assert report.created and report.public_access_blocked and report.encryption == "AES256"
@@ -145,10 +145,12 @@ def test_the_train_job_session_makes_its_s3_checkpoint_bucket_private(moto_s3):
     """The flow's session opening is where buckets get made: any s3:// checkpoint or job URL."""
     import boto3
 
-    from sailor_core import jobstate as js
+    from sailor_core.job import state as js
+
+    from sailor_core.job.spec import JobSpec
     from tasks.cloud import close_session, open_session
 
-    spec = js.JobSpec(model="tiny", budget_usd=1.0, steps=2, checkpoint_url="s3://sailor-flow-ckpt/j/ckpt")
+    spec = JobSpec(model="tiny", budget_usd=1.0, steps=2, checkpoint_url="s3://sailor-flow-ckpt/j/ckpt")
     session = open_session("embedded", job_id="sec-job", jobs_url="/tmp/unused-jobs/sec-job", spec=spec)
     close_session(session)
     block = boto3.client("s3").get_public_access_block(Bucket="sailor-flow-ckpt")
@@ -196,7 +198,7 @@ def test_canary_secrets_never_leak_from_a_train_job(monkeypatch, tmp_path):
     """A job on the embedded cloud under a real Prefect server, with canary credentials in the
     environment: none may appear in logs, job state, Prefect's database (parameters, logs,
     artifacts), instance startup scripts / metadata, or the instances' processes."""
-    from flows.chaos import ChaosEnv, run_trial
+    from tests.reliability.chaos import ChaosEnv, run_trial
 
     creds = _plant_canaries(monkeypatch, tmp_path)
     canaries = [CANARY_AWS.encode(), CANARY_GCP.encode(), b"AKIACANARY", str(creds).encode()]

@@ -65,7 +65,7 @@ def test_bad_input():
 
 
 def test_rebuilt_from_job_state_records():
-    from sailor_core.jobstate import InstanceRecord
+    from sailor_core.job.state import InstanceRecord
 
     recs = [
         InstanceRecord(instance_id="i1", cloud="aws", zone="us-east-1a", instance_type="g4dn.xlarge", gpu="T4",

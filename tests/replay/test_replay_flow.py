@@ -17,7 +17,7 @@ def test_replay_flow_publishes_summary_and_timeline(tmp_path, monkeypatch):
     import anyio
 
     import sailor_core.replay.run as run_mod
-    from flows.prefect_env import start_local_server, stop_local_server
+    from flows.cli.prefect_server import start_local_server, stop_local_server
     from replay_helpers import linear_planner
 
     monkeypatch.setenv("SAILOR_HOME", str(tmp_path / "home"))

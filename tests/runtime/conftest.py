@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from sailor_core.plan import plan_from_dict
+from sailor_core.plan.types import plan_from_dict
 
 
 def make_plan(model: str, stages: list[tuple[int, int, list[int]]], *, gbs: int = 8, mbs: int = 2):

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from sailor_core.runtime import checkpoint as ckpt
-from sailor_core.runtime.storage import open_storage
+from sailor_core.storage import open_storage
 
 
 def _write(url: str, step: int, keep: int = 0, commit: bool = True) -> None:

@@ -13,7 +13,7 @@ def test_engine_run_reference_json(tmp_path):
                        {"layers": [2, 4], "replicas": [{"gpu": "cpu"}, {"gpu": "cpu"}]}]}
     path = tmp_path / "plan.json"
     path.write_text(json.dumps(plan))
-    out = subprocess.run([sys.executable, "-m", "flows.cli", "engine", "run", "--plan", str(path),
+    out = subprocess.run([sys.executable, "-m", "flows.cli.app", "engine", "run", "--plan", str(path),
                           "--steps", "3", "--reference", "--json"],
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
@@ -28,7 +28,7 @@ def test_engine_run_bad_plan_is_one_line_error(tmp_path):
     path = tmp_path / "plan.json"
     path.write_text(json.dumps({"model": "tiny", "global_batch_size": 8, "micro_batch_size": 2,
                                 "stages": [{"layers": [0, 3], "replicas": [{"gpu": "cpu"}]}]}))
-    out = subprocess.run([sys.executable, "-m", "flows.cli", "engine", "run", "--plan", str(path),
+    out = subprocess.run([sys.executable, "-m", "flows.cli.app", "engine", "run", "--plan", str(path),
                           "--steps", "1"], capture_output=True, text=True, timeout=60)
     assert out.returncode != 0
     assert out.stderr.startswith("error: ") and out.stderr.count("\n") == 1 and "layers" in out.stderr

@@ -7,7 +7,7 @@ import torch
 
 from sailor_core.catalog.models import get_model
 from sailor_core.errors import PlanError
-from sailor_core.plan import plan_from_dict
+from sailor_core.plan.types import plan_from_dict
 from sailor_core.runtime.model import StageModel, build_layer, check_plan_for_engine
 
 from .conftest import make_plan

@@ -11,11 +11,11 @@ import time
 import pytest
 
 from sailor_core.runtime import checkpoint as ckpt
-from sailor_core.runtime.engine import full_params_close
+from sailor_core.runtime.trainer import full_params_close
 from sailor_core.runtime.engine_run import final_params
 from sailor_core.runtime.launch import launch_local
 from sailor_core.runtime.reference import train_reference
-from sailor_core.runtime.storage import open_storage
+from sailor_core.storage import open_storage
 from sailor_core.runtime.worker import EXIT_PEER_LOST, EXIT_PREEMPTED, FAULT_ENV
 
 from .conftest import make_plan

@@ -6,8 +6,8 @@ import itertools
 import subprocess
 import sys
 
-from sailor_core.runtime.layout import rank_layout, replica_ranks, stage_ranks, world_size
-from sailor_core.runtime.schedule import local_microbatches, one_f_one_b, stage_lookahead
+from sailor_core.plan.layout import rank_layout, replica_ranks, stage_ranks, world_size
+from sailor_core.runtime.pipeline_order import local_microbatches, one_f_one_b, stage_lookahead
 
 from .conftest import make_plan
 
@@ -64,6 +64,6 @@ def test_rank_layout_is_stage_major_and_replicas_are_contiguous():
 
 
 def test_layout_imports_no_torch():
-    code = ("import sys, sailor_core.runtime.layout, sailor_core.runtime; "
+    code = ("import sys, sailor_core.plan.layout, sailor_core.runtime; "
             "assert 'torch' not in sys.modules, 'torch imported'")
     subprocess.run([sys.executable, "-c", code], check=True)

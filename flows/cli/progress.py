@@ -67,7 +67,7 @@ def progress_display(*, enabled: bool, steps: int) -> Iterator[Callable[[dict], 
         return
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from flows.cli_common import console
+    from flows.cli.common import console
     from tasks.workers import add_progress_listener, remove_progress_listener
 
     with Progress(TextColumn("[bold]train[/bold]"), BarColumn(bar_width=12), MofNCompleteColumn(),

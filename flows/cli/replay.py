@@ -11,7 +11,7 @@ from typing import Optional
 
 import typer
 
-from flows.cli_common import console, print_json
+from flows.cli.common import console, print_json
 
 
 def _parse_tokens(text: str) -> float:

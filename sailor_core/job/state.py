@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from sailor_core.errors import InputError
+from sailor_core.job.spec import JobSpec
 
 STATE_VERSION = 1
 
@@ -48,41 +49,6 @@ def sailor_home() -> Path:
 def default_jobs_url() -> str:
     """``$SAILOR_JOBS_URL`` (e.g. an object store real instances can reach), else ``$SAILOR_HOME/jobs``."""
     return os.environ.get("SAILOR_JOBS_URL") or str(sailor_home() / "jobs")
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class JobSpec:
-    """What the user asked for; fixed for the life of the job."""
-
-    model: str
-    budget_usd: float
-    steps: int
-    dataset: str = "synthetic"
-    max_usd_per_hr: float | None = None
-    min_throughput_samples_per_s: float | None = None
-    clouds: tuple[str, ...] = ()
-    zones: tuple[str, ...] = ()
-    gpus: tuple[str, ...] = ()
-    spot: bool = True
-    on_demand_fallback: bool = False
-    objective: str = "throughput"
-    checkpoint_url: str = ""
-    checkpoint_every_steps: int = 5
-    preempt_at_steps: tuple[int, ...] = ()  # injected on the embedded cloud only
-    global_batch_size: int | None = None
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        if not self.budget_usd > 0:
-            raise InputError(f"budget must be positive, got {self.budget_usd} USD")
-        if self.steps < 1:
-            raise InputError(f"steps must be at least 1, got {self.steps}")
-        if self.checkpoint_every_steps < 1:
-            raise InputError(f"checkpoint interval must be at least 1 step, got {self.checkpoint_every_steps}")
-        if self.max_usd_per_hr is not None and not self.max_usd_per_hr > 0:
-            raise InputError(f"USD/h cap must be positive, got {self.max_usd_per_hr}")
-        if any(s < 1 for s in self.preempt_at_steps):
-            raise InputError(f"preemption steps must be positive, got {list(self.preempt_at_steps)}")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -318,7 +284,7 @@ class JobStore:
         self.root = (root or default_jobs_url()).rstrip("/")
 
     def _storage(self):
-        from sailor_core.runtime.storage import open_storage
+        from sailor_core.storage import open_storage
 
         return open_storage(self.root)
 

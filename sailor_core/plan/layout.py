@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sailor_core.plan import Plan
+from sailor_core.plan.types import Plan
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -20,8 +20,8 @@ from dataclasses import dataclass
 
 from sailor_core.catalog.instances import Offer
 from sailor_core.errors import InfeasibleError
-from sailor_core.plan import Plan
-from sailor_core.runtime.layout import replica_ranks
+from sailor_core.plan.types import Plan
+from sailor_core.plan.layout import replica_ranks
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

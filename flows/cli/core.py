@@ -9,7 +9,7 @@ from typing import Optional
 
 import typer
 
-from flows.cli_common import console, fail, parse_layers, print_json
+from flows.cli.common import console, fail, parse_layers, print_json
 
 _CATALOGS = ("gpus", "models", "instances")
 
@@ -28,7 +28,7 @@ def simulate_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print the SimResult as JSON."),
 ) -> None:
     """Simulate one training iteration of a plan: time by part, memory, cost, throughput."""
-    from sailor_core.plan import load_plan
+    from sailor_core.plan.types import load_plan
     from sailor_core.simulator import simulate
 
     plan = load_plan(plan_path)

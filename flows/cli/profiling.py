@@ -10,7 +10,7 @@ from typing import Optional
 
 import typer
 
-from flows.cli_common import console, print_json
+from flows.cli.common import console, print_json
 
 profile_app = typer.Typer(
     name="profile",
@@ -235,7 +235,7 @@ def _network_cloud(params: dict, json_out: bool) -> None:
     import os
     import sys
 
-    from flows.prefect_env import configure_prefect_env, running_local_server
+    from flows.cli.prefect_server import configure_prefect_env, running_local_server
 
     out = console()
     if not json_out and not os.environ.get("PREFECT_API_URL") and not running_local_server() \
@@ -245,7 +245,7 @@ def _network_cloud(params: dict, json_out: bool) -> None:
     if not json_out:
         out.print(f"[dim]{choice.describe()}[/dim]")
     from flows.network_profile_flow import network_profile_flow
-    from flows.train_progress import quiet_engine_failures
+    from flows.cli.progress import quiet_engine_failures
     from tasks import net_profiling
 
     stop_bar, on_event = _cloud_progress(json_out)

@@ -8,7 +8,7 @@ from typing import Optional
 
 import typer
 
-from flows.cli_common import console, print_json
+from flows.cli.common import console, print_json
 
 engine_app = typer.Typer(help="Run the training engine on this machine.", no_args_is_help=True)
 
@@ -30,7 +30,7 @@ def run_cmd(
 ) -> None:
     """Train PLAN on local worker processes, print per-step loss and throughput."""
     from sailor_core.errors import InputError
-    from sailor_core.plan import load_plan
+    from sailor_core.plan.types import load_plan
 
     p = load_plan(plan)  # bad input fails before torch is imported
     if data is not None and not data.exists():

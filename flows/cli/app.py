@@ -23,14 +23,14 @@ app = typer.Typer(
 
 # Modules that add commands to ``app``; one per area so they stay small.
 _COMMAND_MODULES = (
-    "flows.cli_core",
-    "flows.cli_profiles",
-    "flows.cli_profile",
-    "flows.cli_plan",
-    "flows.cli_cloud",
-    "flows.cli_engine",
-    "flows.cli_train",
-    "flows.cli_replay",
+    "flows.cli.core",
+    "flows.cli.profiles",
+    "flows.cli.profiling",
+    "flows.cli.plan",
+    "flows.cli.cloud",
+    "flows.cli.engine",
+    "flows.cli.train",
+    "flows.cli.replay",
 )
 
 

@@ -23,13 +23,13 @@ import torch
 import torch.distributed as dist
 
 from sailor_core.catalog.models import ModelSpec
-from sailor_core.plan import Plan
+from sailor_core.plan.types import Plan
 from sailor_core.runtime import checkpoint as ckpt
 from sailor_core.runtime.data import TokenDataset
-from sailor_core.runtime.layout import RankRole, rank_layout, replica_ranks, stage_ranks
+from sailor_core.plan.layout import RankRole, rank_layout, replica_ranks, stage_ranks
 from sailor_core.runtime.model import StageModel
-from sailor_core.runtime.schedule import local_microbatches, one_f_one_b, stage_lookahead
-from sailor_core.runtime.storage import Storage
+from sailor_core.runtime.pipeline_order import local_microbatches, one_f_one_b, stage_lookahead
+from sailor_core.storage import Storage
 
 BETAS = (0.9, 0.95)
 WEIGHT_DECAY = 0.01

@@ -15,7 +15,7 @@ from typing import Optional
 
 import typer
 
-from flows.cli_common import console, fail, print_json
+from flows.cli.common import console, fail, print_json
 
 cloud_app = typer.Typer(help="The embedded local cloud (moto EC2 + a GCE fake) run standalone.",
                         no_args_is_help=True)

@@ -2,7 +2,7 @@
 
 The decision is ``sailor_core.controller.decide`` (shared with the trace
 replay); its plan options come from ``sailor_core.planner.plan_job`` on the
-GPUs offered now, priced as the whole instances ``sailor_core.assignment``
+GPUs offered now, priced as the whole instances ``sailor_core.job.nodes``
 places them on (what the ledger will actually be charged).
 """
 
@@ -16,8 +16,10 @@ from typing import Any
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from sailor_core import jobstate as js
-from sailor_core.assignment import NodeRequest, nodes_for_plan, plan_usd_per_hr
+from sailor_core.job import state as js
+
+from sailor_core.job.spec import JobSpec
+from sailor_core.job.nodes import NodeRequest, nodes_for_plan, plan_usd_per_hr
 from sailor_core.catalog.instances import Offer
 from sailor_core.controller import (
     CachedPlanner,
@@ -61,7 +63,7 @@ def availability(offers: Sequence[Offer], *, max_gpus_per_zone: int, max_gpus: i
 class Planner:
     """The planner as the controller's PlanFn, memoised; remembers its last search for the UI."""
 
-    spec: js.JobSpec
+    spec: JobSpec
     offers: tuple[Offer, ...]
     last_result: Any = None
     cached: CachedPlanner | None = field(default=None)

@@ -2,7 +2,7 @@
 
 One ``ChaosEnv`` holds a Prefect server and a standalone embedded cloud (both outlive
 any flow process, as they would in production); each trial runs the ``train_job``
-flow in its own process (``python -m flows.chaos flow PARAMS``) so the harness can
+flow in its own process (``python -m tests.reliability.chaos flow PARAMS``) so the harness can
 SIGKILL it and start it again with the same job id.  Faults, fired one at a time
 when the job's live step reaches a seeded random step, each after the previous one
 has recovered:
@@ -136,7 +136,7 @@ class ChaosEnv:
         self._saved_env = {k: os.environ.get(k) for k in ("SAILOR_HOME", "SAILOR_CLOUDS")}
         os.environ["SAILOR_HOME"] = str(self.home)  # this process queries the same cloud and jobs
         os.environ["SAILOR_CLOUDS"] = "embedded"
-        from flows.prefect_env import start_local_server
+        from flows.cli.prefect_server import start_local_server
 
         self.api_url = start_local_server(port=0, timeout_s=300.0)  # slow on a loaded machine
         log = open(self.home / "cloud.log", "ab")
@@ -159,7 +159,7 @@ class ChaosEnv:
         raise SailorError("embedded cloud did not start within 60 s")
 
     def stop(self) -> None:
-        from flows.prefect_env import stop_local_server
+        from flows.cli.prefect_server import stop_local_server
 
         if self.cloud_proc is not None and self.cloud_proc.poll() is None:
             self.cloud_proc.send_signal(signal.SIGTERM)
@@ -219,7 +219,7 @@ def _flow_params(job_id: str, *, steps: int, ckpt_every: int, budget_usd: float,
 def _start_flow(env: ChaosEnv, params: dict, log_path: Path) -> subprocess.Popen:
     log = open(log_path, "ab")
     try:
-        return subprocess.Popen([sys.executable, "-m", "flows.chaos", "flow", json.dumps(params)],
+        return subprocess.Popen([sys.executable, "-m", "tests.reliability.chaos", "flow", json.dumps(params)],
                                 env=env.env(), cwd=str(ROOT), stdout=log, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True)
     finally:
@@ -260,7 +260,7 @@ def _newest_committed(ckpt_dir: Path) -> Path | None:
 
 def _running_instances(env: ChaosEnv, job_id: str) -> list[tuple[str, str]]:
     """(instance id, zone) of the job's instances that the job state and the cloud both call running."""
-    from sailor_core import jobstate as js
+    from sailor_core.job import state as js
 
     try:
         state = js.JobStore(env.jobs_url()).load(job_id)
@@ -318,7 +318,7 @@ def run_trial(env: ChaosEnv, seed: int, *, steps: int = 20, ckpt_every: int = 4,
               num_faults: int = 2, kinds: tuple[str, ...] = KINDS, timeout_s: float = 420.0,
               references: dict | None = None, observer=None, flow_overrides: dict | None = None) -> TrialResult:
     """One seeded trial; ``observer(pids)``, if given, sees the live worker pids at every poll."""
-    from sailor_core import jobstate as js
+    from sailor_core.job import state as js
 
     rng = random.Random(seed * 7919 + 1)
     faults = plan_faults(seed, steps=steps, ckpt_every=ckpt_every, num_faults=num_faults, kinds=kinds)
@@ -462,7 +462,7 @@ def _final_params_diff(ckpt_dir: Path, ref_dir: Path, steps: int) -> tuple[float
     import torch
 
     from sailor_core.runtime import checkpoint as ckpt
-    from sailor_core.runtime.storage import open_storage
+    from sailor_core.storage import open_storage
 
     a = ckpt.latest_valid_checkpoint(str(ckpt_dir))
     b = ckpt.latest_valid_checkpoint(str(ref_dir))
@@ -485,8 +485,8 @@ def _final_params_diff(ckpt_dir: Path, ref_dir: Path, steps: int) -> tuple[float
 def _reference(env: ChaosEnv, plan_dict: dict, *, steps: int, seed: int,
                references: dict | None) -> tuple[Path, float]:
     """An uninterrupted run of the same plan on the same samples, with a final checkpoint (cached)."""
-    from sailor_core import jobstate as js
-    from sailor_core.plan import plan_from_dict
+    from sailor_core.job import state as js
+    from sailor_core.plan.types import plan_from_dict
     from sailor_core.runtime.launch import launch_local
 
     key = json.dumps({"plan": plan_dict, "steps": steps, "seed": seed}, sort_keys=True)
@@ -579,7 +579,7 @@ PARAM_TOLERANCE = 1e-4
 
 
 def _flow_main(params_json: str) -> int:
-    from flows.prefect_env import configure_prefect_env
+    from flows.cli.prefect_server import configure_prefect_env
 
     configure_prefect_env()
     from flows.train_job import train_job
@@ -592,5 +592,5 @@ def _flow_main(params_json: str) -> int:
 if __name__ == "__main__":
     if len(sys.argv) == 3 and sys.argv[1] == "flow":
         sys.exit(_flow_main(sys.argv[2]))
-    sys.stderr.write("usage: python -m flows.chaos flow PARAMS_JSON\n")
+    sys.stderr.write("usage: python -m tests.reliability.chaos flow PARAMS_JSON\n")
     sys.exit(2)

@@ -1,7 +1,7 @@
 """``sailor train``, ``sailor ui``, ``sailor jobs``, ``sailor status``: the job commands.
 
 Prefect, torch and the clouds are imported inside the command bodies, after
-``flows.prefect_env`` has chosen the Prefect API (it must precede the import).
+``flows.cli.prefect_server`` has chosen the Prefect API (it must precede the import).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Optional
 
 import typer
 
-from flows.cli_common import console, print_json
+from flows.cli.common import console, print_json
 
 SUMMARY_KEYS = ("status", "steps", "final_loss", "replans", "preemptions", "usd_spent", "budget_usd",
                 "instances_left_running")
@@ -73,7 +73,7 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="print the summary as JSON"),
     ) -> None:
         """Plan, rent, train, survive preemptions and stay within the budget."""
-        from flows.prefect_env import configure_prefect_env
+        from flows.cli.prefect_server import configure_prefect_env
         from sailor_core.errors import InputError
 
         if budget_usd <= 0:
@@ -95,7 +95,7 @@ def register(app: typer.Typer) -> None:
         )
         out = console()
         if not as_json and not deployment:
-            from flows.prefect_env import running_local_server
+            from flows.cli.prefect_server import running_local_server
 
             if not os.environ.get("PREFECT_API_URL") and not running_local_server() \
                     and not os.environ.get("SAILOR_PREFECT_EPHEMERAL"):
@@ -128,7 +128,7 @@ def register(app: typer.Typer) -> None:
         stop: bool = typer.Option(False, "--stop", help="stop the server `sailor ui` started"),
     ) -> None:
         """Start a local Prefect server (SQLite under $SAILOR_HOME/prefect) and print its URL."""
-        from flows.prefect_env import prefect_home, start_local_server, stop_local_server
+        from flows.cli.prefect_server import prefect_home, start_local_server, stop_local_server
 
         if stop:
             typer.echo("stopped" if stop_local_server() else "no server was running")
@@ -141,7 +141,7 @@ def register(app: typer.Typer) -> None:
     @app.command()
     def jobs(as_json: bool = typer.Option(False, "--json", help="print JSON")) -> None:
         """Training jobs known here: status, attempts, steps, spend, recoveries."""
-        from sailor_core.jobstate import JobStore
+        from sailor_core.job.state import JobStore
 
         store = JobStore()
         rows = [_job_row(s) for s in store.list()]
@@ -163,7 +163,7 @@ def register(app: typer.Typer) -> None:
     def status(job_id: str = typer.Argument(..., help="job id (see `sailor jobs`)"),
                as_json: bool = typer.Option(False, "--json", help="print JSON")) -> None:
         """One job: attempts, re-plans with their reasons, instances and spend."""
-        from sailor_core.jobstate import JobStore
+        from sailor_core.job.state import JobStore
 
         state = JobStore().load(job_id)
         row = _job_row(state)
@@ -203,7 +203,7 @@ def _job_row(state) -> dict:
 
 def _run_local(params: dict, *, show: bool) -> dict:
     from flows.train_job import train_job
-    from flows.train_progress import progress_display, quiet_engine_failures
+    from flows.cli.progress import progress_display, quiet_engine_failures
 
     with quiet_engine_failures(), progress_display(enabled=show, steps=params["steps"]) as finish:
         summary = train_job(**params)

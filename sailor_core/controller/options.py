@@ -19,7 +19,7 @@ class PlanOption:
     gpus: Mapping[GpuZone, int]          # GPUs the plan holds per (type, zone)
     throughput_samples_per_s: float
     usd_per_hr: float
-    plan: Any = None                     # sailor_core.plan.Plan (None for test planners)
+    plan: Any = None                     # sailor_core.plan.types.Plan (None for test planners)
     label: str = ""
 
     @property

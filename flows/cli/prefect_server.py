@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sailor_core.errors import SailorError
-from sailor_core.jobstate import sailor_home
+from sailor_core.job.state import sailor_home
 
 DEFAULT_PORT = 4200
 

@@ -9,7 +9,7 @@ from typing import Optional
 
 import typer
 
-from flows.cli_common import console, fail, print_json
+from flows.cli.common import console, fail, print_json
 
 _FORMATS = ("sailor", "measurements")
 

@@ -10,7 +10,7 @@ from typing import Optional
 
 import typer
 
-from flows.cli_common import console, print_json
+from flows.cli.common import console, print_json
 
 
 def plan_cmd(

@@ -1,0 +1,1 @@
+"""The ``sailor`` command line: ``app`` builds it, one module per group of commands."""
