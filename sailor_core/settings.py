@@ -1,0 +1,188 @@
+"""Sailor's environment variables: the one module that reads ``SAILOR_*`` (stdlib only).
+
+Each variable has a name constant (``*_ENV``) and one small accessor that reads it at call
+time, never at import time: tests and the CLI change the environment of a running process.
+Code that builds a child's environment (an instance's, a worker's) writes the names from
+these constants; code that reads a variable calls its accessor.  "Set by" says who is meant
+to set a variable: the user, the embedded cloud (for each instance it starts), the agent (for
+the workers it starts), or tests.  Variables outside Sailor's namespace (``AWS_*`` for the
+S3 storage, ``MASTER_ADDR``/``RANK``/... of torch's rendezvous, ``PREFECT_*``) are read where
+they are used, by the rules of their owners.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+# ---- where Sailor keeps its files (set by the user) -------------------------------------
+
+HOME_ENV = "SAILOR_HOME"
+JOBS_URL_ENV = "SAILOR_JOBS_URL"
+
+
+def sailor_home() -> Path:
+    """``SAILOR_HOME``: root of Sailor's local files (jobs, profiles, network fits, the Prefect
+    server's database, the standalone embedded cloud's state).  Default ``~/.sailor``."""
+    home = os.environ.get(HOME_ENV)
+    return Path(home).expanduser() if home else Path.home() / ".sailor"
+
+
+def jobs_url() -> str:
+    """``SAILOR_JOBS_URL``: where job states and agent documents live (a path, ``file://`` or
+    ``s3://`` URL; on real clouds an object store the instances reach).  Default
+    ``$SAILOR_HOME/jobs``."""
+    return os.environ.get(JOBS_URL_ENV) or str(sailor_home() / "jobs")
+
+
+# ---- which clouds (set by the user) -----------------------------------------------------
+
+CLOUDS_ENV = "SAILOR_CLOUDS"
+AWS_REGIONS_ENV = "SAILOR_AWS_REGIONS"
+AWS_AMI_ENV = "SAILOR_AWS_AMI"
+GCP_PROJECT_ENV = "SAILOR_GCP_PROJECT"
+GCP_ZONES_ENV = "SAILOR_GCP_ZONES"
+S3_KMS_KEY_ENV = "SAILOR_S3_KMS_KEY"
+
+
+def clouds() -> str:
+    """``SAILOR_CLOUDS``, stripped and lower-cased: ``embedded`` (default), ``real``/``all``, or a
+    comma-separated list of ``aws``, ``gcp``.  Real clouds are used only when this asks for
+    them (``infra.config.real_clouds`` interprets it)."""
+    return os.environ.get(CLOUDS_ENV, "embedded").strip().lower()
+
+
+def _csv(name: str) -> list[str]:
+    return [part for part in os.environ.get(name, "").split(",") if part]
+
+
+def aws_regions() -> list[str]:
+    """``SAILOR_AWS_REGIONS``: comma-separated regions the AWS provider uses; empty: its default."""
+    return _csv(AWS_REGIONS_ENV)
+
+
+def aws_ami() -> str | None:
+    """``SAILOR_AWS_AMI``: the machine image real AWS instances boot (must hold Sailor and torch)."""
+    return os.environ.get(AWS_AMI_ENV)
+
+
+def gcp_project() -> str | None:
+    """``SAILOR_GCP_PROJECT``: the GCP project; unset: gcloud's default project."""
+    return os.environ.get(GCP_PROJECT_ENV)
+
+
+def gcp_zones() -> list[str]:
+    """``SAILOR_GCP_ZONES``: comma-separated zones the GCP provider uses; empty: its default."""
+    return _csv(GCP_ZONES_ENV)
+
+
+def s3_kms_key() -> str | None:
+    """``SAILOR_S3_KMS_KEY``: KMS key of the buckets Sailor creates (SSE-KMS); unset: SSE-S3."""
+    return os.environ.get(S3_KMS_KEY_ENV)
+
+
+# ---- an instance's identity (set by the embedded cloud for each instance it starts) ------
+
+INSTANCE_ID_ENV = "SAILOR_INSTANCE_ID"
+ZONE_ENV = "SAILOR_ZONE"
+CLOUD_ENV = "SAILOR_CLOUD"
+PRIVATE_IP_ENV = "SAILOR_PRIVATE_IP"
+INSTANCE_DIR_ENV = "SAILOR_INSTANCE_DIR"
+METADATA_DIR_ENV = "SAILOR_METADATA_DIR"
+METADATA_URL_ENV = "SAILOR_METADATA_URL"
+PYTHON_ENV = "SAILOR_PYTHON"  # read by the startup script (shell): the interpreter that runs the agent
+
+
+def instance_id() -> str | None:
+    """``SAILOR_INSTANCE_ID``: this instance's id (the agent's default ``--instance-id``)."""
+    return os.environ.get(INSTANCE_ID_ENV)
+
+
+def instance_cloud() -> str | None:
+    """``SAILOR_CLOUD``: ``aws`` or ``gcp``, the cloud this instance runs on (which metadata
+    server to poll for a preemption notice)."""
+    return os.environ.get(CLOUD_ENV)
+
+
+def instance_dir() -> Path | None:
+    """``SAILOR_INSTANCE_DIR``: the embedded instance's own directory (the agent works under it)."""
+    value = os.environ.get(INSTANCE_DIR_ENV)
+    return Path(value) if value else None
+
+
+def metadata_url() -> str | None:
+    """``SAILOR_METADATA_URL``: the embedded cloud's metadata server for this instance (the
+    same paths as AWS IMDS / GCE metadata); unset on real clouds."""
+    return os.environ.get(METADATA_URL_ENV)
+
+
+# ---- the agent and its workers ----------------------------------------------------------
+
+NOTICE_S_ENV = "SAILOR_NOTICE_S"
+ATTEMPT_ENV = "SAILOR_ATTEMPT"  # set by the agent for its workers (the job's attempt), for their logs
+GENERATION_ENV = "SAILOR_GENERATION"  # set by the agent for its workers (the assignment's generation)
+PREEMPT_FILE_ENV = "SAILOR_PREEMPT_FILE"
+PREEMPT_URL_ENV = "SAILOR_PREEMPT_URL"
+DEFAULT_NOTICE_S = 30.0
+
+
+def notice_s() -> float:
+    """``SAILOR_NOTICE_S``: how long a preempted agent keeps forwarding its workers' reports
+    before it stops them (the notice period of the cloud; tests shorten it).  Default 30 s."""
+    return float(os.environ.get(NOTICE_S_ENV, str(DEFAULT_NOTICE_S)))
+
+
+def preempt_file() -> str | None:
+    """``SAILOR_PREEMPT_FILE``: a path whose appearance tells a worker it is being preempted
+    (set by whoever starts the workers: launch_local, tests)."""
+    return os.environ.get(PREEMPT_FILE_ENV)
+
+
+def preempt_url() -> str | None:
+    """``SAILOR_PREEMPT_URL``: a URL a worker polls; answering 200 means a preemption notice."""
+    return os.environ.get(PREEMPT_URL_ENV) or None
+
+
+# ---- fault injection (set by tests and the chaos harness only) ---------------------------
+
+FAULT_KILL_ENV = "SAILOR_FAULT_KILL"
+FAULT_UPLOAD_ENV = "SAILOR_FAULT_UPLOAD"
+
+
+def fault_kill() -> str:
+    """``SAILOR_FAULT_KILL``: ``RANK:STEP`` SIGKILLs that worker rank in the middle of that step,
+    ``RANK:STEP:save`` after it wrote its layer files of that step's checkpoint but before the
+    manifest.  Default ``""``: no fault."""
+    return os.environ.get(FAULT_KILL_ENV, "")
+
+
+def fault_upload() -> str | None:
+    """``SAILOR_FAULT_UPLOAD``: path of a JSON file (``{"delay_s": x}`` or ``{"fail": true}``) the
+    first checkpoint upload that sees it claims and applies."""
+    return os.environ.get(FAULT_UPLOAD_ENV)
+
+
+# ---- the command line (set by the user) -------------------------------------------------
+
+DEBUG_ENV = "SAILOR_DEBUG"
+PREFECT_EPHEMERAL_ENV = "SAILOR_PREFECT_EPHEMERAL"
+FUZZ_EXAMPLES_ENV = "SAILOR_FUZZ_EXAMPLES"
+# Read by prefect.yaml's templating when deploying (not by Python): the checkout the worker runs.
+ROOT_ENV = "SAILOR_ROOT"
+
+
+def debug() -> bool:
+    """``SAILOR_DEBUG``: any non-empty value shows tracebacks and Prefect's own failure reports."""
+    return bool(os.environ.get(DEBUG_ENV))
+
+
+def prefect_ephemeral() -> bool:
+    """``SAILOR_PREFECT_EPHEMERAL``: any non-empty value makes the CLI use Prefect's temporary
+    server instead of starting (or finding) ``sailor ui``'s."""
+    return bool(os.environ.get(PREFECT_EPHEMERAL_ENV))
+
+
+def fuzz_examples(default: int = 6) -> int:
+    """``SAILOR_FUZZ_EXAMPLES``: examples per property of the bad-input fuzz tests (set by a
+    developer for a deep run, e.g. 200)."""
+    return int(os.environ.get(FUZZ_EXAMPLES_ENV, str(default)))
