@@ -143,7 +143,7 @@ def import_cmd(
     """Import external profiles into your profiles folder ($SAILOR_HOME/profiles or ~/.sailor/profiles)."""
     from pathlib import Path
 
-    from sailor_core.profiles.store import write_user_profiles
+    from sailor_core.profiles.default import write_user_profiles
 
     if fmt not in _FORMATS:
         raise fail(f"unknown --format {fmt!r}; choose one of {', '.join(_FORMATS)}")

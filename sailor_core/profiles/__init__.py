@@ -4,7 +4,8 @@ See ``docs/profiles.md``.  Import-light: pyarrow is loaded only when profile fil
 or written.
 """
 
-from sailor_core.profiles.db import ProfileDB, default_profile_db, load_profile_db, reset_default_profile_db
+from sailor_core.profiles.db import ProfileDB, load_profile_db
+from sailor_core.profiles.default import default_profile_db, reset_default_profile_db, write_user_profiles
 from sailor_core.profiles.types import LayerProfile, ModelProfile, ProfileKey
 
 __all__ = [
@@ -15,4 +16,5 @@ __all__ = [
     "default_profile_db",
     "load_profile_db",
     "reset_default_profile_db",
+    "write_user_profiles",
 ]

@@ -20,11 +20,9 @@ was derived from.  Answers are cached; the planner calls ``get`` many times per 
 from __future__ import annotations
 
 import dataclasses
-
 import math
 from collections import Counter, defaultdict
 from collections.abc import Iterable
-from functools import lru_cache
 from pathlib import Path
 
 from sailor_core.catalog.gpus import get_gpu, normalize_gpu_name
@@ -32,6 +30,7 @@ from sailor_core.catalog.layers import LayerShape, layer_shapes
 from sailor_core.catalog.models import get_model, normalize_model_name
 from sailor_core.errors import InputError, ProfileError
 from sailor_core.profiles import estimator as est
+from sailor_core.profiles.store import read_profiles, write_profiles
 from sailor_core.profiles.types import LayerProfile, ModelProfile, ProfileKey
 from sailor_core.regimes import DEFAULT_REGIME, get_regime
 
@@ -115,8 +114,6 @@ class ProfileDB:
         return sorted(self._measured)
 
     def save(self, path: str | Path) -> Path:
-        from sailor_core.profiles.store import write_profiles
-
         return write_profiles(path, self.profiles())
 
     def __len__(self) -> int:
@@ -337,23 +334,7 @@ def _describe(p: ModelProfile) -> str:
 
 def load_profile_db(paths: Iterable[str | Path]) -> ProfileDB:
     """A database of the profiles in these parquet files (later files win on equal keys)."""
-    from sailor_core.profiles.store import read_profiles
-
     db = ProfileDB()
     for path in paths:
         db.extend(read_profiles(path))
     return db
-
-
-@lru_cache(maxsize=1)
-def default_profile_db() -> ProfileDB:
-    """Sailor's published profiles and the H200 measurements (shipped with the package), then the
-    user's own profiles (``$SAILOR_HOME/profiles`` or ``~/.sailor/profiles``), which win on equal keys."""
-    from sailor_core.profiles.store import SHIPPED_DIR, profile_files, user_profiles_dir
-
-    return load_profile_db([*profile_files(SHIPPED_DIR), *profile_files(user_profiles_dir())])
-
-
-def reset_default_profile_db() -> None:
-    """Forget the cached default database (after new profiles were written)."""
-    default_profile_db.cache_clear()

@@ -38,6 +38,7 @@ from pathlib import Path
 
 from sailor_core.errors import ProfileError
 from sailor_core.profiles.types import LayerProfile, ModelProfile
+from sailor_core.settings import sailor_home
 
 FORMAT_VERSION = "1"
 SHIPPED_DIR = Path(__file__).parent / "data"
@@ -66,9 +67,7 @@ _COLUMNS: dict[str, str] = {
 
 def user_profiles_dir() -> Path:
     """Where ``sailor profiles import`` and ``sailor profile`` write: $SAILOR_HOME/profiles or ~/.sailor/profiles."""
-    home = os.environ.get("SAILOR_HOME")
-    base = Path(home).expanduser() if home else Path.home() / ".sailor"
-    return base / "profiles"
+    return sailor_home() / "profiles"
 
 
 def _rows(profiles: Iterable[ModelProfile]) -> dict[str, list]:
@@ -213,14 +212,3 @@ def profile_files(directory: str | Path) -> list[Path]:
     if not directory.is_dir():
         return []
     return sorted(directory.glob("*.parquet"))
-
-
-def write_user_profiles(name: str, profiles: Iterable[ModelProfile]) -> Path:
-    """Write profiles as ``<user profiles dir>/<name>.parquet``, where the default database finds
-    them; the cached default database is reset so the next ``default_profile_db()`` sees them."""
-    from sailor_core.profiles.db import reset_default_profile_db
-
-    safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in name).strip("._") or "profiles"
-    path = write_profiles(user_profiles_dir() / f"{safe}.parquet", profiles)
-    reset_default_profile_db()
-    return path

@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 
 from sailor_core.controller import ControllerConfig, restrict
 from sailor_core.controller.policy import grew
+from sailor_core.replay.hits import gpus_taken
 from sailor_core.traces import AvailabilityTrace, GpuZone
 
 
@@ -36,8 +37,6 @@ def upcoming_requests(
     in order (each: all allowed pools, then each GPU type alone when the controller asks for
     per-type options).  Empty for the ``failover`` and ``static`` strategies: their requests
     depend on the plan a decision picks, so they cannot be guessed past one decision."""
-    from sailor_core.replay.simulation import gpus_taken
-
     if config.strategy != "replan" or num_decisions <= 0:
         return []
     out: list[dict[GpuZone, int]] = []

@@ -6,10 +6,8 @@ in for the engine).  Events: the trace's capacity changes and preemptions, the
 end of a start-up, periodic checkpoints, the budget deadline and the end of
 the work.  Every change pays the same costs for every policy (``ChangeCosts``).
 
-Which of our GPUs a preemption takes: a pool of n GPUs losing k, of which we
-hold u, takes ``max(u - n_after, floor(u * k / n + r))`` of ours (at most u),
-with r uniform in [0, 1) drawn per event from the seed -- the expected share
-of a random pick, and the same draw for every policy.
+Which of our GPUs a preemption takes: ``sailor_core.replay.hits`` (the same
+rule in the lookahead), with one draw per event from the seed for every policy.
 """
 
 from __future__ import annotations
@@ -33,6 +31,7 @@ from sailor_core.controller import (
     observed_preemption_rates_per_s,
 )
 from sailor_core.replay.costs import ChangeCosts
+from sailor_core.replay.hits import gpus_taken
 from sailor_core.replay.lookahead import first_requests, upcoming_requests
 from sailor_core.traces import AvailabilityTrace, GpuZone
 
@@ -132,13 +131,6 @@ class _Sim:
     timeline: list = field(default_factory=list)
     decisions: list = field(default_factory=list)
     next_event: int = 0             # index of the next external event time (for the lookahead)
-
-
-def gpus_taken(*, held: int, before: int, after: int, num_taken: int, share: float) -> int:
-    """How many of the ``held`` GPUs of a pool a preemption takes (see the module doc)."""
-    if held <= 0 or before <= 0:
-        return 0
-    return max(0, min(held, max(held - after, math.floor(held * num_taken / before + share))))
 
 
 def replay(

@@ -6,7 +6,8 @@ import pytest
 
 from sailor_core.errors import ProfileError
 from sailor_core.profiles import default_profile_db
-from sailor_core.profiles.store import read_profiles, user_profiles_dir, write_profiles, write_user_profiles
+from sailor_core.profiles.default import write_user_profiles
+from sailor_core.profiles.store import read_profiles, user_profiles_dir, write_profiles
 
 
 def test_round_trip_is_exact(tmp_path, h200_profiles, sailor_profiles):
