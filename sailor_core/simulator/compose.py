@@ -1,0 +1,152 @@
+"""One composition of an iteration's time, egress and cost: ``simulate`` and the planner's fast
+path (``planner/fastsim.py``) both call these functions, so the model is written once.
+
+Time is a sum of named parts (as in vidur): the 1F1B pipeline's ``compute``, ``bubble`` and
+``p2p`` (``pipeline_time``), then the end of the iteration, which the slowest stage's
+data-parallel sync (``dp_sync``) and optimizer step (``update``) decide: every stage syncs and
+steps in parallel once the pipeline drains.
+
+Cost per iteration is the GPUs' rent for the iteration's duration plus the egress of what leaves
+a zone: each hop of a stage's gradient ring that crosses a zone boundary, and each micro-batch's
+activation (and its gradient back) routed between replicas in different zones.
+
+Sums add their terms in an explicit order (never ``sum()``, whose float algorithm changed in
+Python 3.12): plan order, then ring hops before boundary routes.  ``simulate`` adds one term per
+replica; the fast path one per group of identical replicas, so the two agree to rounding, not
+always to the last bit (``tests/planner/test_fastsim.py``).
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Sequence
+
+from sailor_core.network.model import NetworkModel
+from sailor_core.profiles.types import ModelProfile
+from sailor_core.regimes import TrainingRegime, get_regime
+from sailor_core.simulator.pipeline_time import PipelineTime
+
+SECONDS_PER_HOUR = 3600.0
+
+
+# ---- regime -------------------------------------------------------------------------------------
+
+
+def job_regime(plan_regime: str | None, first_profile: ModelProfile) -> TrainingRegime:
+    """The regime a plan runs under: the one it names, else the one its first replica's profile
+    was measured under (every other replica's profile is then taken under the same one)."""
+    return get_regime(plan_regime or first_profile.regime)
+
+
+# ---- time ---------------------------------------------------------------------------------------
+
+
+def stage_end_s(sync_s: float, update_s: float) -> float:
+    """What a stage adds after the pipeline drains: its gradient sync, then its optimizer step."""
+    return sync_s + update_s
+
+
+def slowest_end(stage_end_s: Sequence[float]) -> int:
+    """The stage whose ``stage_end_s`` ends the iteration (the first of equals)."""
+    best = 0
+    for i in range(1, len(stage_end_s)):
+        if stage_end_s[i] > stage_end_s[best]:
+            best = i
+    return best
+
+
+def iteration_breakdown(pipe: PipelineTime, sync_s: float, update_s: float) -> dict[str, float]:
+    """The iteration's named parts (``result.BREAKDOWN_KEYS``), given the slowest stage's end."""
+    return {"compute": pipe.compute_s, "bubble": pipe.bubble_s, "p2p": pipe.p2p_s,
+            "dp_sync": sync_s, "update": update_s}
+
+
+def iteration_s(pipe: PipelineTime, *end_parts_s: float) -> float:
+    """The pipeline's parts, then the slowest stage's end parts, added in this order.
+    ``simulate`` passes (sync, update), so its breakdown adds up to the total; the fast path
+    passes their ``stage_end_s``, which it memoises per stage."""
+    total = pipe.compute_s + pipe.bubble_s + pipe.p2p_s
+    for part in end_parts_s:
+        total += part
+    return total
+
+
+def throughput_samples_per_s(global_batch_size: int, iteration_s: float) -> float:
+    return global_batch_size / iteration_s if iteration_s > 0 else 0.0
+
+
+# ---- egress -------------------------------------------------------------------------------------
+
+
+def ring_hop_fraction(dp_degree: int) -> float:
+    """Share of the all-reduced bytes each hop of a ring of ``dp_degree`` carries: 2 (D - 1) / D
+    (reduce-scatter, then all-gather)."""
+    return 2 * (dp_degree - 1) / dp_degree
+
+
+def ring_hop_bytes(dp_degree: int, sync_bytes: float, tp_degree: int) -> float:
+    """Bytes each hop of a stage's ring carries: ``sync_bytes`` (one GPU's gradient, see
+    ``stage.dp_sync_bytes``) from each of the thinnest replica's ``tp_degree`` GPUs."""
+    return ring_hop_fraction(dp_degree) * sync_bytes * tp_degree
+
+
+def ring_egress_usd_per_byte_lb(dp_degree: int, cheapest_usd_per_byte: float) -> float:
+    """A lower bound on the egress USD per all-reduced byte (sync bytes x TP degree) of a ring
+    whose replicas span two zones or more: it crosses at least two zone boundaries."""
+    return 2 * ring_hop_fraction(dp_degree) * cheapest_usd_per_byte
+
+
+def ring_hop_usd_per_byte(network: NetworkModel, zones: Iterable[str]) -> list[float]:
+    """Egress price of each ring hop that leaves a zone, in ring order.  The ring visits a
+    stage's replicas grouped by zone, zones sorted, so it leaves each zone once (and none when
+    all its replicas share one zone)."""
+    order = sorted(set(zones))
+    if len(order) < 2:
+        return []
+    return [network.egress_usd_per_byte(a, b) for a, b in zip(order, order[1:] + order[:1])]
+
+
+def round_trip_usd_per_byte(network: NetworkModel, zone_a: str, zone_b: str) -> float:
+    """Egress price of a byte sent from ``zone_a`` to ``zone_b`` plus one sent back."""
+    return network.egress_usd_per_byte(zone_a, zone_b) + network.egress_usd_per_byte(zone_b, zone_a)
+
+
+def boundary_crossings(network: NetworkModel, routes: Iterable[tuple[int, str, str]],
+                       ) -> list[tuple[int, float]]:
+    """(micro-batches, USD per byte both ways) of each route (micro-batches carried, source
+    zone, destination zone) between two stages that leaves a zone: an activation goes one way,
+    its gradient the other."""
+    return [(carried, round_trip_usd_per_byte(network, a, b)) for carried, a, b in routes if a != b]
+
+
+def stage_egress_terms(hop_bytes: float, hop_usd_per_byte: Iterable[float], boundary_bytes: int,
+                       crossings: Iterable[tuple[int, float]]) -> list[float]:
+    """USD per iteration of each ring hop leaving a zone, then of each boundary crossing
+    (``boundary_crossings``; ``boundary_bytes``: one micro-batch's activation)."""
+    terms = [hop_bytes * usd for usd in hop_usd_per_byte]
+    terms += [carried * boundary_bytes * usd for carried, usd in crossings]
+    return terms
+
+
+# ---- cost ---------------------------------------------------------------------------------------
+
+
+def rent_usd_per_hr(num_gpus: int, usd_per_gpu_hr: float) -> float:
+    return num_gpus * usd_per_gpu_hr
+
+
+def add_in_order(terms_per_stage: Iterable[Iterable[float]]) -> float:
+    """The sum of every stage's terms, added one by one in plan order (the order fixes the
+    last bit: see the module doc)."""
+    total = 0.0
+    for terms in terms_per_stage:
+        for term in terms:
+            total += term
+    return total
+
+
+def gpu_usd_per_iteration(usd_per_hr: float, iteration_s: float) -> float:
+    return usd_per_hr * iteration_s / SECONDS_PER_HOUR
+
+
+def usd_per_iteration(gpu_usd: float, egress_usd: float) -> float:
+    return gpu_usd + egress_usd
