@@ -49,6 +49,8 @@ def group_p2p_pairs(num_microbatches: int, src_sizes: Sequence[int], dst_sizes: 
     """``p2p_pairs`` summed over groups of consecutive replicas (``src_sizes`` replicas in each
     source group, ``dst_sizes`` in each destination group): {(src group, dst group): micro-batches},
     in the order ``p2p_pairs`` first meets each pair."""
+    if len(src_sizes) == 1 and len(dst_sizes) == 1:  # one group each: every micro-batch
+        return {(0, 0): num_microbatches}
     src_of = [g for g, n in enumerate(src_sizes) for _ in range(n)]
     dst_of = [g for g, n in enumerate(dst_sizes) for _ in range(n)]
     src_dp, dst_dp = len(src_of), len(dst_of)

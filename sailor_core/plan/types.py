@@ -21,6 +21,7 @@ import pydantic
 from sailor_core.catalog.gpus import get_gpu, normalize_gpu_name
 from sailor_core.catalog.models import ModelSpec, get_model, normalize_model_name
 from sailor_core.errors import InputError, PlanError, UnknownNameError
+from sailor_core.plan.routing import replica_of
 from sailor_core.zones import parse_zone
 
 
@@ -86,7 +87,7 @@ class Plan:
         return self.seq_len or get_model(self.model).seq_len
 
     def replica_for_microbatch(self, stage_index: int, microbatch: int) -> int:
-        return microbatch % self.stages[stage_index].dp_degree
+        return replica_of(microbatch, self.stages[stage_index].dp_degree)
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {

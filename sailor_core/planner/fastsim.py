@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 from sailor_core.catalog.instances import gpu_price_usd_per_hr
 from sailor_core.network.model import NetworkModel
+from sailor_core.plan import routing
 from sailor_core.planner.kinds import Kind
 from sailor_core.regimes import TrainingRegime, get_regime
 from sailor_core.simulator import stage as st
@@ -152,12 +153,12 @@ class FastSim:
 
     def _group_pairs(self, num_mb: int, src: tuple[Group, ...], dst: tuple[Group, ...]) -> dict:
         """{(src group, dst group): micro-batches carried} under the m mod D routing."""
-        if len(src) == 1 and len(dst) == 1:
-            return {(0, 0): num_mb}
+        if len(src) == 1 and len(dst) == 1:  # O(1) in routing: not worth a memo entry
+            return routing.group_p2p_pairs(num_mb, (src[0][2],), (dst[0][2],))
         key = (num_mb, tuple([g[2] for g in src]), tuple([g[2] for g in dst]))
         hit = self._pairs.get(key)
         if hit is None:
-            hit = self._pairs[key] = st.group_p2p_pairs(num_mb, key[1], key[2])
+            hit = self._pairs[key] = routing.group_p2p_pairs(num_mb, key[1], key[2])
         return hit
 
     def _costs_of(self, groups: tuple[Group, ...], nxt: tuple[Group, ...] | None, num_mb: int) -> _Costs:
@@ -194,7 +195,7 @@ class FastSim:
         for _, _, n in groups:
             # Under m mod D a group's first (lowest-index) replica gets the most micro-batches,
             # so it alone decides the group's busy and steady-state time and its memory.
-            counts.append(max(0, -(-(num_mb - first_index) // d)))
+            counts.append(routing.replica_num_microbatches(num_mb, d, first_index))
             first_index += n
         ends: dict = {}
         link_microbatches = 0
@@ -202,7 +203,7 @@ class FastSim:
             for ga, gb in self._group_pairs(num_mb, groups, nxt):
                 (ka, za, _), (kb, zb, _) = groups[ga], nxt[gb]
                 ends[(ka.gpu, ka.tp_degree, za, kb.gpu, kb.tp_degree, zb)] = None
-            link_microbatches = st.link_microbatches(num_mb, d, sum(g[2] for g in nxt))
+            link_microbatches = routing.link_microbatches(num_mb, d, sum(g[2] for g in nxt))
         ctx = self._contexts[key] = _Context(
             costs=costs,
             kinds_counts=tuple((g[0], c) for g, c in zip(groups, counts)),

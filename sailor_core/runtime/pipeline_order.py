@@ -1,6 +1,6 @@
 """The 1F1B order of forward and backward passes on one rank (pure, no torch).
 
-A stage's replica processes its micro-batches (``m`` with ``m mod D_i == r``)
+A stage's replica processes its micro-batches (``plan.routing.local_microbatches``)
 forwards in increasing order and backwards in increasing order; the backward
 of ``m`` runs once every local micro-batch up to ``m + lookahead`` has been
 forwarded.  With ``lookahead = (S - i - 1) * D`` and equal replica counts this
@@ -13,10 +13,8 @@ forward another rank is bound to produce), given non-blocking sends.
 
 from __future__ import annotations
 
-
-def local_microbatches(num_microbatches: int, dp_degree: int, replica: int) -> list[int]:
-    """Micro-batches of an iteration that a replica processes (routing rule of DESIGN.md)."""
-    return [m for m in range(num_microbatches) if m % dp_degree == replica]
+# The routing rule's home is plan/routing; the trainer takes the rank's micro-batches from here.
+from sailor_core.plan.routing import local_microbatches  # noqa: F401
 
 
 def stage_lookahead(stage: int, dp_degrees: list[int]) -> int:

@@ -27,6 +27,7 @@ from sailor_core.plan.types import Plan
 from sailor_core.runtime import checkpoint as ckpt
 from sailor_core.runtime.data import TokenDataset
 from sailor_core.plan.layout import RankRole, rank_layout, replica_ranks, stage_ranks
+from sailor_core.plan.routing import replica_of
 from sailor_core.runtime.model import StageModel
 from sailor_core.runtime.pipeline_order import local_microbatches, one_f_one_b, stage_lookahead
 from sailor_core.storage import Storage
@@ -124,7 +125,7 @@ class StageTrainer:
     # ---- pipeline neighbours -------------------------------------------------
     def _peer_ranks(self, stage: int, m: int) -> list[int]:
         dp = self.plan.stages[stage].dp_degree
-        return replica_ranks(self.plan, stage, m % dp)
+        return replica_ranks(self.plan, stage, replica_of(m, dp))
 
     @property
     def next_sample(self) -> int:

@@ -5,6 +5,7 @@ p2p, DP sync, update), ``memory`` (peak bytes per GPU) and ``schedule`` (1F1B);
 the planner calls the same blocks directly.  No torch, no cloud SDK.
 """
 
+from sailor_core.plan.routing import link_microbatches, microbatches_per_replica
 from sailor_core.simulator.memory import MemoryBreakdown, inflight_microbatches, stage_memory
 from sailor_core.simulator.result import BREAKDOWN_KEYS, ReplicaResult, SimResult, StageResult
 from sailor_core.simulator.pipeline_time import PipelineTime, StageTiming, one_f_one_b, stage_timing
@@ -13,8 +14,6 @@ from sailor_core.simulator.stage import (
     boundary_bytes,
     boundary_transfer_s,
     dp_sync_bytes,
-    link_microbatches,
-    microbatches_per_replica,
     stage_compute_s,
     stage_dp_sync_s,
     stage_params,

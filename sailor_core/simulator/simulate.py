@@ -22,6 +22,7 @@ from typing import Protocol
 from sailor_core.catalog.gpus import get_gpu
 from sailor_core.catalog.instances import gpu_price_usd_per_hr
 from sailor_core.network.model import NetworkModel, default_network
+from sailor_core.plan import routing
 from sailor_core.plan.types import Plan, validate_plan
 from sailor_core.profiles.types import ModelProfile
 from sailor_core.regimes import TrainingRegime, get_regime
@@ -91,7 +92,7 @@ def simulate(
 
     for i, stage in enumerate(plan.stages):
         start, end = stage.layer_start, stage.layer_end
-        counts = st.microbatches_per_replica(num_mb, stage.dp_degree)
+        counts = routing.microbatches_per_replica(num_mb, stage.dp_degree)
         replicas = []
         steps: list[float] = []
         fwds: list[float] = []
@@ -151,7 +152,7 @@ def simulate(
             nxt = plan.stages[i + 1]
             p2p_bytes = st.boundary_bytes(profile_of(stage.replicas[0].gpu, stage.replicas[0].tp_degree), end)
             pair_s: dict[tuple, float] = {}
-            for (a, b), carried in st.p2p_pairs(num_mb, stage.dp_degree, nxt.dp_degree).items():
+            for (a, b), carried in routing.p2p_pairs(num_mb, stage.dp_degree, nxt.dp_degree).items():
                 src, dst = stage.replicas[a], nxt.replicas[b]
                 t = pair_s.get((src, dst))
                 if t is None:
@@ -168,7 +169,7 @@ def simulate(
                         + network.egress_usd_per_byte(dst.zone, src.zone)
                     )
             link_s.append(p2p_s)
-            link_counts.append(st.link_microbatches(num_mb, stage.dp_degree, nxt.dp_degree))
+            link_counts.append(routing.link_microbatches(num_mb, stage.dp_degree, nxt.dp_degree))
 
         partial.append(dict(
             index=i, layer_start=start, layer_end=end, replicas=tuple(replicas), straggler=straggler,

@@ -8,19 +8,14 @@ sums from prefix tables, network lookups cached per endpoint pair.
 
 from __future__ import annotations
 
-from collections import Counter
-from math import gcd
 from typing import Sequence
 
 from sailor_core.network.model import Endpoint, NetworkModel
+# The routing rule lives in plan/routing; tests/planner/test_leaf_replay.py still imports these from here.
+from sailor_core.plan.routing import group_p2p_pairs, p2p_pairs  # noqa: F401
 from sailor_core.profiles.types import ModelProfile
 from sailor_core.regimes import TrainingRegime
 from sailor_core.simulator.tables import layer_table
-
-
-def microbatches_per_replica(num_microbatches: int, dp_degree: int) -> list[int]:
-    """Micro-batch m goes to replica m mod D: replica r gets ceil((M - r) / D)."""
-    return [max(0, -(-(num_microbatches - r) // dp_degree)) for r in range(dp_degree)]
 
 
 def stage_compute_s(profile: ModelProfile, layer_start: int, layer_end: int) -> tuple[float, float]:
@@ -51,48 +46,11 @@ def endpoint(zone: str, gpu: str, tp_degree: int) -> Endpoint:
     return Endpoint(zone=zone, gpu=gpu, num_gpus=tp_degree)
 
 
-def p2p_pairs(num_microbatches: int, src_dp: int, dst_dp: int) -> dict[tuple[int, int], int]:
-    """Replica pairs (src, dst) micro-batches travel between and how many micro-batches each carries."""
-    period = src_dp * dst_dp // gcd(src_dp, dst_dp)
-    # m and m + period use the same pair, and within one period every m has a pair of its own
-    # (m mod lcm is fixed by m mod src_dp and m mod dst_dp): micro-batch m's pair carries
-    # ceil((M - m) / period) of them.
-    return {(m % src_dp, m % dst_dp): (num_microbatches - m + period - 1) // period
-            for m in range(min(period, num_microbatches))}
-
-
-def group_p2p_pairs(num_microbatches: int, src_sizes: Sequence[int], dst_sizes: Sequence[int],
-                    ) -> dict[tuple[int, int], int]:
-    """``p2p_pairs`` summed over groups of consecutive replicas (``src_sizes`` replicas in each
-    source group, ``dst_sizes`` in each destination group): {(src group, dst group): micro-batches},
-    in the order ``p2p_pairs`` first meets each pair."""
-    src_of = [g for g, n in enumerate(src_sizes) for _ in range(n)]
-    dst_of = [g for g, n in enumerate(dst_sizes) for _ in range(n)]
-    src_dp, dst_dp = len(src_of), len(dst_of)
-    period = src_dp * dst_dp // gcd(src_dp, dst_dp)
-    # Micro-batch m < min(period, M) opens pair (m mod src_dp, m mod dst_dp), which carries
-    # ceil((M - m) / period) of them: q + 1 for m below M mod period, q above (q = M // period).
-    n = min(period, num_microbatches)
-    srcs = (src_of * -(-n // src_dp))[:n]
-    dsts = (dst_of * -(-n // dst_dp))[:n]
-    opened = Counter(zip(srcs, dsts))
-    q, r = divmod(num_microbatches, period)
-    if q == 0:  # every m < M carries one micro-batch
-        return dict(opened)
-    first = Counter(zip(srcs[:r], dsts[:r])) if r else {}
-    return {k: q * c + first.get(k, 0) for k, c in opened.items()}
-
-
 def boundary_transfer_s(
     network: NetworkModel, num_bytes: float, src: Endpoint, dst: Endpoint
 ) -> float:
     """Activation forward plus its gradient backward for one micro-batch over one replica pair."""
     return network.p2p_time_s(num_bytes, src, dst) + network.p2p_time_s(num_bytes, dst, src)
-
-
-def link_microbatches(num_microbatches: int, src_dp: int, dst_dp: int) -> int:
-    """Micro-batches the busiest NIC on a boundary carries: ceil(M / min(D_src, D_dst))."""
-    return -(-num_microbatches // min(src_dp, dst_dp))
 
 
 def dp_sync_bytes(profile: ModelProfile, layer_start: int, layer_end: int, regime: TrainingRegime) -> float:
