@@ -55,6 +55,11 @@ class PlanRequest:
     def total_gpus(self) -> int:
         return sum(self.availability.values())
 
+    @property
+    def has_cost_caps(self) -> bool:
+        """A cap on USD per iteration or per hour."""
+        return self.max_usd_per_iteration is not None or self.max_usd_per_hour is not None
+
 
 def parse_gpu_list(text: str) -> dict[GpuZone, int]:
     """``"A100-40@us-central1-a=32,V100-16@us-central1-a=96"`` -> {(gpu, zone): count}.

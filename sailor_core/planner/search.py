@@ -174,7 +174,7 @@ class Searcher:
         self.gpu_types = sorted(self.zone_gpus)
         self.stats = SearchStats()
         self.top: list[Evaluated] = []
-        self._seen_plans: set = set()
+        self.seen_plans: set = set()
         self._sim_cache: dict = {}
         self._variants: dict = {}
         self._block_head: dict = {}
@@ -224,6 +224,28 @@ class Searcher:
         # GPU types whose one-type shapes a search of their own has settled: every one that could
         # enter this search's top N was evaluated there and its plans offered here (plan_job).
         self.settled_types: set[str] = set()
+
+    def sub_searcher(self, request: PlanRequest) -> "Searcher":
+        """A Searcher for ``request`` (same model) that reuses what this one worked out."""
+        sub = Searcher(request, profiles=self.profiles, network=self.network)
+        sub.kinds = self.kinds  # same model and regime: share the kinds (and their memo)
+        # Same kinds and zones per GPU type: a shape's split, placement and rent are the same here.
+        sub.prepared_memo = self.prepared_memo
+        sub.placed_memo = self.placed_memo
+        sub.placed_costs_memo = self.placed_costs_memo
+        sub.fewest_crossings_memo = self.fewest_crossings_memo
+        if request.availability == self.req.availability:
+            # Same GPU types too: the same regime variants, so the same bound parts.
+            sub.bound_memos = self.bound_memos
+            sub._variants = self._variants
+            sub._block_head = self._block_head
+            sub._granular = self._granular
+        return sub
+
+    def seed_from(self, other: "Searcher") -> None:
+        """Start from ``other``'s top N (same objective and limits): only plans that beat them matter."""
+        self.top = list(other.top)
+        self.seen_plans = set(other.seen_plans)
 
     def done_searching(self) -> None:
         """No more ``run_search`` passes: drop the scored shapes, whose streams hold the search's
@@ -425,9 +447,9 @@ class Searcher:
         if not ev.feasible:
             return
         key = ev.key
-        if key in self._seen_plans:
+        if key in self.seen_plans:
             return
-        self._seen_plans.add(key)
+        self.seen_plans.add(key)
         limit = self.req.top_n + 20
         if len(self.top) >= limit and ev.score >= self.top[-1].score:
             return
@@ -761,7 +783,7 @@ class Searcher:
                 if not all(x < y for x, y in zip([0, *cand], cand)) or cand[-1] != best_ends[-1]:
                     continue
                 trial = self.evaluate(mbs, self.fast_stages(stages, cand))
-                if _better(trial, best):
+                if better(trial, best):
                     best, best_ends, found = trial, cand, True
         return (best, best_ends) if found else None
 
@@ -796,7 +818,7 @@ def granular_busiest_s(segments, num_blocks: int) -> float:
         t = nxt
 
 
-def _better(a: Evaluated, b: Evaluated) -> bool:
+def better(a: Evaluated, b: Evaluated) -> bool:
     """Feasible beats infeasible; fitting beats not fitting; then the score."""
     return (not a.feasible, not a.res.fits, a.score) < (not b.feasible, not b.res.fits, b.score)
 
