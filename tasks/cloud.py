@@ -31,6 +31,7 @@ from sailor_core.job.spec import JobSpec
 from sailor_core.job.nodes import NodeRequest, RunningInstance, match_instances
 from sailor_core.catalog.instances import Offer
 from sailor_core.errors import InfeasibleError
+from sailor_core.runtime.agent import post_preemption
 from tasks.workers import Assignment
 
 OFFERS_TTL = timedelta(minutes=10)
@@ -115,14 +116,12 @@ class CloudSession:
         """
         if self.control_url is None:
             raise CloudConfigError("preemptions can only be injected on the embedded cloud")
-        from sailor_core.runtime.agent import post_preemption
-
-        result = post_preemption(self.control_url, instance_id)
-        if result["ok"]:
+        answer = post_preemption(self.control_url, instance_id)
+        if answer.ok:
             return True
-        if result.get("http_status") == 404:
+        if answer.http_status == 404:
             return False
-        raise CloudConfigError(f"the embedded cloud could not preempt {instance_id}: {result['error']}")
+        raise CloudConfigError(f"the embedded cloud could not preempt {instance_id}: {answer.error}")
 
 
 # ---- opening and closing --------------------------------------------------------

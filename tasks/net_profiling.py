@@ -12,18 +12,26 @@ embedded one, without reaching the instances over the network.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
+from infra.provisioner import GpuNeed, Provisioner
 from infra.records import LOCAL_ADDRESS_LABEL, InstanceInfo
 from sailor_core.catalog.instances import Offer
 from sailor_core.errors import BudgetExceededError, InputError, SailorError
-from sailor_core.profiler.network import NetworkLink
-from sailor_core.runtime.agent import read_status, write_assignment
+from sailor_core.job.protocol import (
+    AgentAction,
+    AgentAssignment,
+    AgentState,
+    AgentStatus,
+    WorkerEvent,
+    read_status,
+    write_assignment,
+)
+from sailor_core.profiler.network import NET_WORKER_MODULE, NetworkLink, network_worker_args
 
 POLL_S = 0.3
 CLOUD_POLL_S = 1.0
@@ -89,8 +97,6 @@ def launch_instances(session, link: NetworkLink, offers: list[Offer], spot: bool
                      wait_timeout_s: float) -> list[InstanceInfo]:
     """One instance per rank in its zone (no failover to other zones: that would measure another
     link); all or nothing.  Raises the provisioner's ProvisionError (a CapacityError) or QuotaError."""
-    from infra.provisioner import GpuNeed, Provisioner
-
     log = get_run_logger()
     needs = [GpuNeed(gpu=link.gpu, zone=z, num_gpus=1) for z in link.zones_by_rank()]
     result = Provisioner(session.providers, wait_timeout_s=wait_timeout_s).provision(
@@ -116,17 +122,15 @@ def addresses_of(session, instance_ids: Sequence[str], timeout_s: float = ADDRES
 
 
 def assignment_doc(*, rank: int, world_size: int, master_addr: str, master_port: int,
-                   worker_args: Sequence[str], env: dict[str, str]) -> dict[str, Any]:
-    from sailor_core.profiler.network import NET_WORKER_MODULE
-
-    return {"generation": GENERATION, "attempt": 1, "action": "run", "module": NET_WORKER_MODULE, "plan": {},
-            "ranks": [rank], "world_size": world_size, "master_addr": master_addr, "master_port": master_port,
-            "extra_worker_args": list(worker_args), "env": env}
+                   worker_args: Sequence[str], env: dict[str, str]) -> AgentAssignment:
+    return AgentAssignment(generation=GENERATION, attempt=1, action=AgentAction.RUN, module=NET_WORKER_MODULE,
+                           plan={}, ranks=(rank,), world_size=world_size, master_addr=master_addr,
+                           master_port=master_port, extra_worker_args=tuple(worker_args), env=env)
 
 
-def _log_tail(status: dict, rank: int) -> str:
+def _log_tail(status: AgentStatus, rank: int) -> str:
     """The last line a failed rank logged, when its log is on this machine (the embedded cloud)."""
-    log_dir = status.get("log_dir")
+    log_dir = status.log_dir
     try:
         text = (Path(log_dir) / f"rank{rank}.log").read_text(errors="replace")
     except (OSError, TypeError):
@@ -135,26 +139,25 @@ def _log_tail(status: dict, rank: int) -> str:
     return lines[-1][:300] if lines else "no output"
 
 
-def _progress_step(event: dict, sizes: Sequence[int]) -> int | None:
+def _progress_step(event: WorkerEvent | None, sizes: Sequence[int]) -> int | None:
     """How many of the 2 x len(sizes) measurements are done after this event of rank 0."""
-    try:
-        i = list(sizes).index(int(event.get("bytes", -1)))
-    except ValueError:
+    if event is None or event.num_bytes not in sizes:
         return None
-    return 2 * i + (1 if event.get("event") == "p2p" else 2)
+    return 2 * list(sizes).index(event.num_bytes) + (1 if event.kind == "p2p" else 2)
 
 
-def _worker_failure(statuses: dict, instance_ids: Sequence[str], zones: Sequence[str]) -> str | None:
+def _worker_failure(statuses: Mapping[str, AgentStatus], instance_ids: Sequence[str],
+                    zones: Sequence[str]) -> str | None:
     """Why the run cannot finish, from the agents' reports of this generation; None while it can."""
     for rank, iid in enumerate(instance_ids):
         st = statuses.get(iid)
-        if not st or st.get("state") not in ("failed", "exited"):
+        if not st or st.state not in (AgentState.FAILED, AgentState.EXITED):
             continue
-        if st["state"] == "exited":
+        if st.state == AgentState.EXITED:
             if rank == 0:  # its result is forwarded before the agent reports the exit
                 return f"rank 0 on {iid} exited without a result"
             continue  # a peer may finish before rank 0's report arrives
-        code = (st.get("exit_codes") or {}).get(str(rank))
+        code = st.exit_codes.get(rank)
         return f"rank {rank} on {iid} ({zones[rank]}) failed with exit code {code}: {_log_tail(st, rank)}"
     return None
 
@@ -177,8 +180,6 @@ def run_workers(session, instance_ids: list[str], addresses: list[str], zones: l
     Fails (NetworkProfilingError) when a rank fails, an instance stops running (preempted), or
     the deadline passes; the flow terminates the instances in every case.
     """
-    from sailor_core.profiler.network import network_worker_args
-
     log = get_run_logger()
     world = len(instance_ids)
     port = session.rendezvous_port(None)  # the embedded cloud picks a free port; real clouds use 29500
@@ -195,16 +196,16 @@ def run_workers(session, instance_ids: list[str], addresses: list[str], zones: l
     done = 0
     while True:
         statuses = {iid: read_status(session.jobs_url, iid) for iid in instance_ids}
-        mine = {iid: st for iid, st in statuses.items() if st and int(st.get("generation", -1)) == GENERATION}
-        first = mine.get(instance_ids[0]) or {}
-        event = first.get("event") or {}
-        if event.get("event") == "result":
+        mine = {iid: st for iid, st in statuses.items() if st and st.generation == GENERATION}
+        first = mine.get(instance_ids[0])
+        event = first.event if first else None
+        if event is not None and event.kind == "result":
             emit({"event": "measured", "done": 2 * len(sizes), "total": 2 * len(sizes)})
-            return event["result"]
+            return event.result
         step = _progress_step(event, sizes)
         if step is not None and step > done:
             done = step
-            emit({**event, "done": done, "total": 2 * len(sizes)})
+            emit({**event.to_dict(), "done": done, "total": 2 * len(sizes)})
         failure = _worker_failure(mine, instance_ids, zones)
         now = time.monotonic()
         if failure is not None:
@@ -224,7 +225,7 @@ def run_workers(session, instance_ids: list[str], addresses: list[str], zones: l
         if now > deadline:
             raise NetworkProfilingError(
                 f"network profiling did not finish within {timeout_s:.0f} s (last: "
-                f"{event.get('event', 'no report from rank 0')}); raise --timeout-s or lower --max-mib")
+                f"{event.kind if event else 'no report from rank 0'}); raise --timeout-s or lower --max-mib")
         time.sleep(POLL_S)
 
 

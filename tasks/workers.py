@@ -1,22 +1,23 @@
 """Tasks that run an attempt on its instances: assign ranks, watch, stop.
 
 The flow talks to each instance's agent (``sailor_core.runtime.agent``)
-through the assignment/status documents under the job's URL; the agent starts
-the engine's workers and forwards rank 0's per-step metrics.
+through the assignment/status documents under the job's URL
+(``sailor_core.job.protocol``); the agent starts the engine's workers and
+forwards rank 0's per-step metrics.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
+from sailor_core.controller import Action, Event, EventKind, decide
 from sailor_core.job import state as js
-from sailor_core.job.nodes import NodeRequest
 from sailor_core.job.attempts import (
     RUNNING,
     WORKER_FAILED,
@@ -25,10 +26,18 @@ from sailor_core.job.attempts import (
     run_generation,
     stop_generation,
 )
-from sailor_core.controller import Action, Event, EventKind, decide
-from sailor_core.plan.types import plan_from_dict
-from sailor_core.runtime.agent import read_status, write_assignment
+from sailor_core.job.nodes import NodeRequest
+from sailor_core.job.protocol import (
+    AgentAction,
+    AgentAssignment,
+    AgentStatus,
+    InjectionReport,
+    InjectPreemption,
+    read_status,
+    write_assignment,
+)
 from sailor_core.plan.layout import world_size
+from sailor_core.plan.types import plan_from_dict
 from tasks.control import controller_config, controller_state
 
 BUDGET = "budget"  # outcome: the controller stops the job before the budget would be crossed
@@ -65,15 +74,15 @@ class Assignment:
 
 
 def assignment_doc(state: js.JobState, a: Assignment, *, master: Assignment, master_port: int,
-                   data_url: str, worker_args: Sequence[str], env: dict[str, str]) -> dict[str, Any]:
+                   data_url: str, worker_args: Sequence[str], env: dict[str, str]) -> AgentAssignment:
     plan = state.plan or {}
-    return {
-        "generation": run_generation(state.attempt), "attempt": state.attempt, "action": "run",
-        "plan": plan, "ranks": list(a.node.ranks), "world_size": world_size(plan_from_dict(plan)),
-        "master_addr": master.address, "master_port": master_port, "steps": state.spec.steps,
-        "data": data_url, "ckpt_url": state.spec.checkpoint_url, "ckpt_every": state.spec.checkpoint_every_steps,
-        "resume": True, "seed": state.spec.seed, "extra_worker_args": list(worker_args), "env": env,
-    }
+    return AgentAssignment(
+        generation=run_generation(state.attempt), attempt=state.attempt, action=AgentAction.RUN,
+        plan=plan, ranks=tuple(a.node.ranks), world_size=world_size(plan_from_dict(plan)),
+        master_addr=master.address, master_port=master_port, steps=state.spec.steps,
+        data=data_url, ckpt_url=state.spec.checkpoint_url, ckpt_every=state.spec.checkpoint_every_steps,
+        resume=True, seed=state.spec.seed, extra_worker_args=tuple(worker_args), env=env,
+    )
 
 
 @task(name="assign-workers", tags=["workers"], cache_policy=NO_CACHE)
@@ -88,25 +97,25 @@ def assign(session, state: js.JobState, assignments: Sequence[Assignment], *, da
         doc = assignment_doc(state, a, master=master, master_port=port, data_url=data_url,
                              worker_args=session.worker_args(a), env=session.worker_env(a))
         if inject is not None and a is master:
-            doc["inject_preemption"] = inject
+            doc = dataclasses.replace(doc, inject_preemption=inject)
         write_assignment(session.jobs_url, a.instance_id, doc)
     get_run_logger().info("attempt %d: %d instances, world size %d, rendezvous %s:%d", state.attempt,
                           len(assignments), sum(len(a.node.ranks) for a in assignments), master.address, port)
 
 
-def _merge_progress(state: js.JobState, statuses: dict[str, dict | None], generation: int) -> js.JobState:
+def _merge_progress(state: js.JobState, statuses: dict[str, AgentStatus | None], generation: int) -> js.JobState:
     losses: list[tuple[int, float]] = []
     step = state.steps_done
-    reports = [st for st in statuses.values() if st] + [st["previous"] for st in statuses.values()
-                                                         if st and st.get("previous")]
+    reports = [st for st in statuses.values() if st] + [st.previous for st in statuses.values()
+                                                         if st and st.previous]
     # Earlier generations count too: workers a killed flow run left behind keep training (and
     # checkpointing) until the next run replaces them; their steps are the job's.  Older first,
     # so a redone step's newer loss wins.
-    for st in sorted(reports, key=lambda r: int(r.get("generation", -1))):
-        if -1 < int(st.get("generation", -1)) <= generation:
-            losses += [(int(s), float(v)) for s, v in st.get("losses") or ()]
-            if st.get("step") is not None:
-                step = max(step, int(st["step"]))
+    for st in sorted(reports, key=lambda r: r.generation):
+        if -1 < st.generation <= generation:
+            losses += st.losses
+            if st.step is not None:
+                step = max(step, st.step)
     if not losses and step == state.steps_done:
         return state
     return js.with_progress(state, steps_done=step, losses=losses)
@@ -123,34 +132,33 @@ def preemption_for_attempt(state: js.JobState) -> int | None:
     return next((s for s in state.spec.preempt_at_steps if s not in state.injected_preemption_steps), None)
 
 
-def injection_doc(session, state: js.JobState, assignments: Sequence[Assignment]) -> dict[str, Any] | None:
+def injection_doc(session, state: js.JobState, assignments: Sequence[Assignment]) -> InjectPreemption | None:
     """``inject_preemption`` for rank 0's agent (it sees every step as it is made), or None."""
     step = preemption_for_attempt(state)
     if step is None or session.control_url is None:
         return None
     victim = max(assignments, key=lambda a: a.node.ranks[0])  # never the rendezvous host when there is a choice
-    return {"at_step": step, "instance_id": victim.instance_id, "control_url": session.control_url}
+    return InjectPreemption(at_step=step, instance_id=victim.instance_id, control_url=session.control_url)
 
 
-def note_injection(state: js.JobState, report: dict[str, Any] | None, log) -> js.JobState:
+def note_injection(state: js.JobState, report: InjectionReport | None, log) -> js.JobState:
     """Record what rank 0's agent did with the injected preemption; a failed one is a log line.
 
     Refused (404: the instance is gone or already being preempted): the next attempt tries again.
     Anything else (the cloud's control surface unreachable): skipped, not retried.
     """
-    if not report or int(report["at_step"]) in state.injected_preemption_steps:
+    if report is None or report.at_step in state.injected_preemption_steps:
         return state
-    at = f"step {report['step']}" + ("" if report["step"] == report["at_step"] else
-                                      f" (--preempt-at {report['at_step']})")
-    if report.get("ok"):
-        log.info("injected a preemption of %s at %s", report["instance_id"], at)
-        return js.with_injected_preemption(state, int(report["at_step"]))
-    if report.get("http_status") == 404:
+    at = f"step {report.step}" + ("" if report.step == report.at_step else f" (--preempt-at {report.at_step})")
+    if report.ok:
+        log.info("injected a preemption of %s at %s", report.instance_id, at)
+        return js.with_injected_preemption(state, report.at_step)
+    if report.http_status == 404:
         log.warning("preemption at %s not injected: %s is no longer live; the next attempt gets it",
-                    at, report["instance_id"])
+                    at, report.instance_id)
         return state
-    log.warning("could not inject the preemption at %s: %s; continuing without it", at, report.get("error"))
-    return js.with_injected_preemption(state, int(report["at_step"]))
+    log.warning("could not inject the preemption at %s: %s; continuing without it", at, report.error)
+    return js.with_injected_preemption(state, report.at_step)
 
 
 @task(name="watch-attempt", tags=["workers", "monitor"], cache_policy=NO_CACHE)
@@ -175,8 +183,8 @@ def watch_attempt(session, store: js.JobStore, state: js.JobState, assignments: 
         moved = new_state is not state
         if moved:
             state = js.with_first_step(new_state, now)
-        reports = [st["injected_preemption"] for st in statuses.values()
-                   if st and st.get("generation") == generation and st.get("injected_preemption")]
+        reports = [st.injected_preemption for st in statuses.values()
+                   if st and st.generation == generation and st.injected_preemption]
         if reports and not injection_noted:
             injection_noted = True  # one per attempt, and one log line about it
             state = note_injection(state, reports[0], log)
@@ -242,19 +250,19 @@ def stop_attempt(session, state: js.JobState, assignments: Sequence[Assignment],
     live = [a.instance_id for a in assignments
             if session.instance_states([a.instance_id]).get(a.instance_id) == "running"]
     for iid in live:
-        write_assignment(session.jobs_url, iid, {"generation": generation, "attempt": state.attempt,
-                                                 "action": "stop"})
+        write_assignment(session.jobs_url, iid, AgentAssignment(generation=generation, attempt=state.attempt,
+                                                                action=AgentAction.STOP))
     deadline = time.monotonic() + timeout_s
     pending = set(live)
     while pending and time.monotonic() < deadline:
         for iid in list(pending):
             st = read_status(session.jobs_url, iid)
-            if st and st.get("generation", -1) >= generation:
+            if st and st.generation >= generation:
                 pending.discard(iid)
         time.sleep(POLL_S)
     if pending:
         get_run_logger().warning("agents did not confirm the stop: %s", sorted(pending))
-    # The stopped generation's final report (under "previous") has the steps run until the stop.
+    # The stopped generation's final report (its ``previous``) has the steps run until the stop.
     statuses = {a.instance_id: read_status(session.jobs_url, a.instance_id) for a in assignments}
     return _merge_progress(state, statuses, run_generation(state.attempt))
 

@@ -17,9 +17,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
-from sailor_core.runtime.agent import EXITED, FAILED, PREEMPTED
+from sailor_core.job.protocol import AgentState, AgentStatus
 
 RUNNING = "running"
 FINISHED = "finished"
@@ -44,13 +43,13 @@ def stop_generation(attempt: int) -> int:
     return 2 * attempt + 1
 
 
-def classify_attempt(*, generation: int, statuses: Mapping[str, dict[str, Any] | None],
+def classify_attempt(*, generation: int, statuses: Mapping[str, AgentStatus | None],
                      cloud_states: Mapping[str, str | None], now_unix_s: float,
                      heartbeat_timeout_s: float = 60.0) -> AttemptOutcome:
     """``statuses``/``cloud_states`` are keyed by the attempt's instance ids (None: not seen)."""
     preempted = sorted(i for i, s in cloud_states.items() if s == "preempted")
     preempted += sorted(i for i, st in statuses.items()
-                        if st and st.get("state") == PREEMPTED and i not in preempted)
+                        if st and st.state == AgentState.PREEMPTED and i not in preempted)
     if preempted:
         return AttemptOutcome(kind=INSTANCE_PREEMPTED, instance_ids=tuple(preempted),
                               reason=f"preempted: {', '.join(preempted)}")
@@ -58,17 +57,17 @@ def classify_attempt(*, generation: int, statuses: Mapping[str, dict[str, Any] |
     if gone:
         return AttemptOutcome(kind=LOST, instance_ids=tuple(gone),
                               reason=f"instance ended outside the job: {', '.join(gone)}")
-    current = {i: st for i, st in statuses.items() if st and st.get("generation") == generation}
+    current = {i: st for i, st in statuses.items() if st and st.generation == generation}
     stale = sorted(i for i, st in current.items()
-                   if now_unix_s - float(st.get("heartbeat_unix_s", now_unix_s)) > heartbeat_timeout_s)
+                   if st.heartbeat_unix_s is not None and now_unix_s - st.heartbeat_unix_s > heartbeat_timeout_s)
     if stale:
         return AttemptOutcome(kind=LOST, instance_ids=tuple(stale),
                               reason=f"agent stopped reporting: {', '.join(stale)}")
-    failed = sorted(i for i, st in current.items() if st.get("state") == FAILED)
+    failed = sorted(i for i, st in current.items() if st.state == AgentState.FAILED)
     if failed:
-        codes = {i: current[i].get("exit_codes") for i in failed}
+        codes = {i: {str(rank): code for rank, code in current[i].exit_codes.items()} for i in failed}
         return AttemptOutcome(kind=WORKER_FAILED, instance_ids=tuple(failed),
                               reason=f"worker exited non-zero: {codes}")
-    if len(current) == len(statuses) and all(st.get("state") == EXITED for st in current.values()):
+    if len(current) == len(statuses) and all(st.state == AgentState.EXITED for st in current.values()):
         return AttemptOutcome(kind=FINISHED, reason="step target reached")
     return AttemptOutcome(kind=RUNNING)

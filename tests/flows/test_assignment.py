@@ -8,6 +8,7 @@ from sailor_core.job.nodes import RunningInstance, match_instances, nodes_for_pl
 from sailor_core.job.attempts import FINISHED, INSTANCE_PREEMPTED, LOST, RUNNING, WORKER_FAILED, classify_attempt
 from sailor_core.catalog.instances import Offer
 from sailor_core.errors import InfeasibleError
+from sailor_core.job.protocol import AgentState, AgentStatus
 from sailor_core.plan.types import plan_from_dict
 
 ZONE = "us-central1-a"
@@ -54,8 +55,8 @@ def test_survivors_of_the_same_type_and_zone_are_kept_and_the_rest_ended():
     assert placement.surplus == ("i-c",)
 
 
-def _status(gen: int, state: str, now: float = 100.0, **kw) -> dict:
-    return {"generation": gen, "state": state, "heartbeat_unix_s": now, **kw}
+def _status(gen: int, state: str, now: float = 100.0) -> AgentStatus:
+    return AgentStatus(instance_id="i", generation=gen, state=AgentState(state), heartbeat_unix_s=now)
 
 
 @pytest.mark.parametrize("statuses, clouds, kind", [
@@ -74,3 +75,12 @@ def test_classify_attempt(statuses, clouds, kind):
     outcome = classify_attempt(generation=2, statuses=statuses, cloud_states=clouds, now_unix_s=100.0,
                                heartbeat_timeout_s=30.0)
     assert outcome.kind == kind, outcome
+
+
+def test_a_failed_worker_is_named_with_its_exit_codes():
+    failed = AgentStatus(instance_id="a", generation=2, state=AgentState.FAILED, exit_codes={0: 0, 1: 77},
+                         heartbeat_unix_s=100.0)
+    outcome = classify_attempt(generation=2, statuses={"a": failed}, cloud_states={"a": "running"},
+                               now_unix_s=100.0)
+    assert (outcome.kind, outcome.instance_ids) == (WORKER_FAILED, ("a",))
+    assert outcome.reason == "worker exited non-zero: {'a': {'0': 0, '1': 77}}"

@@ -20,6 +20,7 @@ import pytest
 from infra.errors import CloudConfigError
 from infra.records import PREEMPTED, job_labels
 from sailor_core.job import state as js
+from sailor_core.job.protocol import InjectionReport, InjectPreemption
 from sailor_core.job.spec import JobSpec
 from sailor_core.runtime.agent import Agent, _Generation
 from tasks.cloud import CloudSession
@@ -44,11 +45,11 @@ def test_each_attempt_carries_the_next_injection_and_reports_are_noted_once():
     assert preemption_for_attempt(late) == 20
     assert preemption_for_attempt(_state(steps_done=25, injected=(10, 20))) is None
 
-    ok = {"at_step": 20, "step": 22, "instance_id": "i-1", "ok": True}
+    ok = InjectionReport(at_step=20, step=22, instance_id="i-1", ok=True)
     assert note_injection(late, ok, LOG).injected_preemption_steps == (10, 20)
-    refused = {**ok, "ok": False, "http_status": 404, "error": "HTTP 404"}
+    refused = InjectionReport(at_step=20, step=22, instance_id="i-1", ok=False, http_status=404, error="HTTP 404")
     assert note_injection(late, refused, LOG) is late, "refused: left for the next attempt"
-    unreachable = {**ok, "ok": False, "http_status": None, "error": "did not answer"}
+    unreachable = InjectionReport(at_step=20, step=22, instance_id="i-1", ok=False, error="did not answer")
     assert note_injection(late, unreachable, LOG).injected_preemption_steps == (10, 20), "skipped, not retried"
 
 
@@ -72,13 +73,13 @@ def test_the_agent_posts_the_preemption_at_its_step_and_a_second_one_is_refused(
         # Rank 0's agent (in this process, its workers' steps fed by hand) waits for step 10.
         agent = Agent(str(tmp_path / "job"), "rank0-host", tmp_path / "work")
         gen = _Generation(number=2, losses=[[9, 5.0]],
-                          inject={"at_step": 10, "instance_id": inst.instance_id, "control_url": control_url})
+                          inject=InjectPreemption(at_step=10, instance_id=inst.instance_id, control_url=control_url))
         agent._maybe_inject(gen)
         assert gen.injected is None
         assert inst.instance_id not in {p["instance_id"] for p in cloud.preemptions}
         gen.losses.append([11, 4.9])
         agent._maybe_inject(gen)
-        assert gen.injected == {"at_step": 10, "step": 11, "instance_id": inst.instance_id, "ok": True}
+        assert gen.injected == InjectionReport(at_step=10, step=11, instance_id=inst.instance_id, ok=True)
         assert inst.instance_id in {p["instance_id"] for p in cloud.preemptions}
         agent.current = gen
         agent._report(force=True)

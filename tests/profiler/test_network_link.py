@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from sailor_core.errors import ProfileError
+from sailor_core.job.protocol import AgentAssignment, ProtocolError
 from sailor_core.profiler.network import (NET_WORKER_MODULE, NetworkProfile, network_link, network_profile_from_points,
                                           network_worker_args)
 from sailor_core.runtime.agent import worker_command
@@ -34,8 +35,10 @@ def test_a_profile_survives_its_json():
 
 def test_the_agent_runs_the_profilers_worker_module_and_only_sailors(tmp_path: Path):
     args = network_worker_args(sizes=[2**16, 2**18, 2**20], reps=2, device="cpu")
-    cmd = worker_command({"module": NET_WORKER_MODULE, "extra_worker_args": args}, tmp_path / "plan.json",
-                         tmp_path / "metrics.jsonl", python="py")
+    assignment = AgentAssignment(generation=1, module=NET_WORKER_MODULE, extra_worker_args=tuple(args))
+    cmd = worker_command(assignment, tmp_path / "plan.json", tmp_path / "metrics.jsonl", python="py")
     assert cmd == ["py", "-m", NET_WORKER_MODULE, "--metrics-file", str(tmp_path / "metrics.jsonl"), *args]
-    with pytest.raises(ValueError, match="not one of Sailor's"):
-        worker_command({"module": "os", "extra_worker_args": []}, tmp_path / "p", tmp_path / "m")
+    with pytest.raises(ProtocolError, match="not one of Sailor's"):
+        AgentAssignment(generation=1, module="os")
+    with pytest.raises(ProtocolError, match="not one of Sailor's"):
+        AgentAssignment.from_dict({**assignment.to_dict(), "module": "os"})
