@@ -1,31 +1,27 @@
 """``simulate(plan)``: iteration time by named parts, peak memory, cost and throughput of a plan.
 
-Composition (each piece is a function of ``stage``/``schedule``/``memory``):
-
-* per stage: the straggler's forward + backward per micro-batch, the number of
-  micro-batches its busiest replica gets (micro-batch m -> replica m mod D_i);
-* per boundary: activation + gradient transfer over the slowest replica pair the
-  routing uses, on the actual link (zone, GPU type, TP width of both sides);
-* 1F1B pipeline time from those (``schedule.one_f_one_b``);
-* then every stage all-reduces its gradients over its replicas (bucketed ring,
-  slowest link) and steps its optimizer; stages do this in parallel, so the
-  slowest stage's sync + update ends the iteration.
-
-Cost: GPU-hours at the catalog's (spot) prices for the iteration's duration, plus
-egress of the activations/gradients and gradient rings that leave a zone.
+Read top to bottom: ``simulate`` walks the stages; for each, ``_stage_replicas`` evaluates
+its replicas (forward + backward per micro-batch, optimizer step, memory with its micro-batches
+in flight), ``_dp_ring`` its gradient all-reduce and ``_boundary`` the link to the next stage
+(activation forward, gradient back, over the replica pairs the routing rule uses).  The 1F1B
+pipeline time follows from those (``pipeline_time``), and ``compose`` turns pipeline, slowest
+sync + update, rent and egress into the iteration's time, cost and throughput: the same
+functions the planner's fast path calls.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Protocol
 
 from sailor_core.catalog.gpus import get_gpu
 from sailor_core.catalog.instances import gpu_price_usd_per_hr
 from sailor_core.network.model import NetworkModel, default_network
 from sailor_core.plan import routing
-from sailor_core.plan.types import Plan, validate_plan
+from sailor_core.plan.types import Plan, Replica, Stage, validate_plan
 from sailor_core.profiles.types import ModelProfile
 from sailor_core.regimes import TrainingRegime, get_regime
+from sailor_core.simulator import compose
 from sailor_core.simulator import stage as st
 from sailor_core.simulator.memory import MemoryBreakdown, inflight_microbatches, stage_memory
 from sailor_core.simulator.result import ReplicaResult, SimResult, StageResult
@@ -44,9 +40,37 @@ def _default_profiles() -> ProfileSource:
     return default_profile_db()
 
 
-def plan_regime(plan: Plan, profile: ModelProfile) -> TrainingRegime:
-    """The plan's regime if it names one, else the regime its profiles were measured under."""
-    return get_regime(plan.regime or profile.regime)
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _PlanProfiles:
+    """A plan's profiles, all under its regime, fetched once per (GPU, TP degree)."""
+
+    source: ProfileSource
+    model: str
+    micro_batch_size: int
+    seq_len: int
+    regime: TrainingRegime
+    fetched: dict[tuple[str, int], ModelProfile]
+
+    def of(self, gpu: str, tp_degree: int) -> ModelProfile:
+        p = self.fetched.get((gpu, tp_degree))
+        if p is None:
+            p = self.fetched[(gpu, tp_degree)] = self.source.get(
+                self.model, gpu, tp_degree, self.micro_batch_size, self.seq_len, regime=self.regime.name)
+        return p
+
+
+def _plan_profiles(plan: Plan, source: ProfileSource) -> _PlanProfiles:
+    # One job runs under one regime (compose.job_regime), which the first replica's profile
+    # decides unless the plan names one.
+    seq_len = plan.effective_seq_len()
+    first = plan.stages[0].replicas[0]
+    first_profile = source.get(plan.model, first.gpu, first.tp_degree, plan.micro_batch_size, seq_len,
+                               regime=plan.regime)
+    return _PlanProfiles(
+        source=source, model=plan.model, micro_batch_size=plan.micro_batch_size, seq_len=seq_len,
+        regime=compose.job_regime(plan.regime, first_profile),
+        fetched={(first.gpu, first.tp_degree): first_profile},
+    )
 
 
 def simulate(
@@ -64,161 +88,161 @@ def simulate(
     """
     if validate:
         validate_plan(plan)
-    profiles = profiles if profiles is not None else _default_profiles()
+    looked_up = _plan_profiles(plan, profiles if profiles is not None else _default_profiles())
     network = network if network is not None else default_network()
-    seq_len = plan.effective_seq_len()
-    mbs = plan.micro_batch_size
-    num_mb = plan.num_microbatches
-    num_stages = len(plan.stages)
-
-    # One job runs under one regime: the plan's, else that of the first replica's profile; every
-    # other replica's profile is then taken (measured or estimated) under the same regime.
-    first = plan.stages[0].replicas[0]
-    first_profile = profiles.get(plan.model, first.gpu, first.tp_degree, mbs, seq_len, regime=plan.regime)
-    regime = plan_regime(plan, first_profile)
-    lookup: dict[tuple[str, int], ModelProfile] = {(first.gpu, first.tp_degree): first_profile}
-
-    def profile_of(gpu: str, tp: int) -> ModelProfile:
-        p = lookup.get((gpu, tp))
-        if p is None:
-            p = lookup[(gpu, tp)] = profiles.get(plan.model, gpu, tp, mbs, seq_len, regime=regime.name)
-        return p
-
-    stage_timings: list[StageTiming] = []
+    stages: list[StageResult] = []
+    timings: list[StageTiming] = []
     link_s: list[float] = []
     link_counts: list[int] = []
-    egress_usd = 0.0
-    partial: list[dict] = []
+    egress_terms: list[list[float]] = []
+    for i in range(len(plan.stages)):
+        result, timing, egress, link = _simulate_stage(looked_up, network, plan, i)
+        stages.append(result)
+        timings.append(timing)
+        egress_terms.append(egress)
+        if link is not None:
+            link_s.append(link[0])
+            link_counts.append(link[1])
 
-    for i, stage in enumerate(plan.stages):
-        start, end = stage.layer_start, stage.layer_end
-        counts = routing.microbatches_per_replica(num_mb, stage.dp_degree)
-        replicas = []
-        steps: list[float] = []
-        fwds: list[float] = []
-        worst, straggler = -1.0, 0
-        update_s = 0.0
-        # Replicas of one (GPU, TP) holding the same number of micro-batches are identical: evaluate once.
-        same: dict[tuple[str, int, int], tuple] = {}
-        results: dict[tuple, ReplicaResult] = {}
-        for r, rep in enumerate(stage.replicas):
-            inflight = inflight_microbatches(i, num_stages, counts[r])
-            key = (rep.gpu, rep.tp_degree, inflight)
-            known = same.get(key)
-            if known is None:
-                prof = profile_of(rep.gpu, rep.tp_degree)
-                table = layer_table(prof)
-                mem = stage_memory(prof, start, end, inflight, regime, get_gpu(rep.gpu).memory_bytes)
-                known = same[key] = (
-                    prof, table.fwd_s(start, end), table.bwd_s(start, end),
-                    prof.update_s(table.params(start, end)), mem, table.measured(start, end),
-                )
-            prof, fwd, bwd, upd, mem, measured = known
-            steps.append(fwd + bwd)
-            fwds.append(fwd)
-            if fwd + bwd > worst:
-                worst, straggler = fwd + bwd, r
-            if upd > update_s:
-                update_s = upd
-            # Results are frozen, so identical replicas share one.
-            rkey = (rep, counts[r], inflight)
-            result = results.get(rkey)
-            if result is None:
-                result = results[rkey] = ReplicaResult(
-                    gpu=rep.gpu, tp_degree=rep.tp_degree, zone=rep.zone, num_microbatches=counts[r],
-                    fwd_s=fwd, bwd_s=bwd, update_s=upd, memory=mem, profile_source=prof.source,
-                    measured=measured,
-                )
-            replicas.append(result)
-        stage_timings.append(stage_timing(steps, counts, fwds))
-
-        # Data-parallel gradient sync over the replicas, and the egress its ring pays.
-        thinnest = min(stage.replicas, key=lambda rep: rep.tp_degree)
-        min_tp = thinnest.tp_degree
-        sync_bytes = st.dp_sync_bytes(profile_of(thinnest.gpu, min_tp), start, end, regime)
-        zones = [rep.zone for rep in stage.replicas]
-        sync_s = st.stage_dp_sync_s(network, sync_bytes, [(rep.zone, rep.gpu) for rep in stage.replicas])
-        if stage.dp_degree > 1:
-            n = stage.dp_degree
-            hop_bytes = 2 * (n - 1) / n * sync_bytes * min_tp
-            order = st.ring_order(zones)
-            for a, b in zip(order, order[1:] + order[:1]):
-                egress_usd += hop_bytes * network.egress_usd_per_byte(zones[a], zones[b])
-
-        # Boundary to the next stage: activation forward, gradient back.
-        p2p_s = 0.0
-        p2p_bytes = 0
-        if i + 1 < num_stages:
-            nxt = plan.stages[i + 1]
-            p2p_bytes = st.boundary_bytes(profile_of(stage.replicas[0].gpu, stage.replicas[0].tp_degree), end)
-            pair_s: dict[tuple, float] = {}
-            for (a, b), carried in routing.p2p_pairs(num_mb, stage.dp_degree, nxt.dp_degree).items():
-                src, dst = stage.replicas[a], nxt.replicas[b]
-                t = pair_s.get((src, dst))
-                if t is None:
-                    t = pair_s[(src, dst)] = st.boundary_transfer_s(
-                        network, p2p_bytes,
-                        st.endpoint(src.zone, src.gpu, src.tp_degree),
-                        st.endpoint(dst.zone, dst.gpu, dst.tp_degree),
-                    )
-                if t > p2p_s:
-                    p2p_s = t
-                if src.zone != dst.zone:
-                    egress_usd += carried * p2p_bytes * (
-                        network.egress_usd_per_byte(src.zone, dst.zone)
-                        + network.egress_usd_per_byte(dst.zone, src.zone)
-                    )
-            link_s.append(p2p_s)
-            link_counts.append(routing.link_microbatches(num_mb, stage.dp_degree, nxt.dp_degree))
-
-        partial.append(dict(
-            index=i, layer_start=start, layer_end=end, replicas=tuple(replicas), straggler=straggler,
-            compute_s_per_microbatch=worst, num_microbatches=max(counts),
-            p2p_s_per_microbatch=p2p_s, p2p_bytes_per_microbatch=p2p_bytes,
-            dp_sync_s=sync_s, dp_sync_bytes=sync_bytes, update_s=update_s,
-        ))
-
-    pipe = one_f_one_b(stage_timings, link_s, link_counts)
-    # Stages sync and step in parallel after the pipeline drains: the slowest one ends the iteration.
-    last = max(partial, key=lambda s: s["dp_sync_s"] + s["update_s"])
-    breakdown = {
-        "compute": pipe.compute_s,
-        "bubble": pipe.bubble_s,
-        "p2p": pipe.p2p_s,
-        "dp_sync": last["dp_sync_s"],
-        "update": last["update_s"],
-    }
-    iteration_s = sum(breakdown.values())
-    stages = tuple(StageResult(**s) for s in partial)
-
-    usd_per_hour = sum(
-        rep.tp_degree * gpu_price_usd_per_hr(rep.gpu, rep.zone, spot=spot)
-        for stage in plan.stages for rep in stage.replicas
-    )
-    gpu_usd = usd_per_hour * iteration_s / 3600.0
-    peak = max(s.peak_memory_bytes for s in stages)
+    pipe = one_f_one_b(timings, link_s, link_counts)
+    last = stages[compose.slowest_end([compose.stage_end_s(s.dp_sync_s, s.update_s) for s in stages])]
+    iteration_s = compose.iteration_s(pipe, last.dp_sync_s, last.update_s)
+    usd_per_hour = compose.add_in_order(
+        [compose.rent_usd_per_hr(rep.tp_degree, gpu_price_usd_per_hr(rep.gpu, rep.zone, spot=spot))
+         for rep in stage.replicas] for stage in plan.stages)
+    gpu_usd = compose.gpu_usd_per_iteration(usd_per_hour, iteration_s)
+    egress_usd = compose.add_in_order(egress_terms)
     why_not = _why_not(stages)
-    samples_per_s = plan.global_batch_size / iteration_s if iteration_s > 0 else 0.0
+    samples_per_s = compose.throughput_samples_per_s(plan.global_batch_size, iteration_s)
     return SimResult(
         iteration_time_s=iteration_s,
-        breakdown=breakdown,
+        breakdown=compose.iteration_breakdown(pipe, last.dp_sync_s, last.update_s),
         throughput_samples_per_s=samples_per_s,
-        tokens_per_s=samples_per_s * seq_len,
-        usd_per_iteration=gpu_usd + egress_usd,
+        tokens_per_s=samples_per_s * looked_up.seq_len,
+        usd_per_iteration=compose.usd_per_iteration(gpu_usd, egress_usd),
         usd_per_hour=usd_per_hour,
         gpu_usd_per_iteration=gpu_usd,
         egress_usd_per_iteration=egress_usd,
-        peak_memory_bytes=peak,
+        peak_memory_bytes=max(s.peak_memory_bytes for s in stages),
         fits=why_not is None,
         why_not=why_not,
         bottleneck=pipe.bottleneck,
         num_gpus=plan.num_gpus,
-        num_microbatches=num_mb,
+        num_microbatches=plan.num_microbatches,
         global_batch_size=plan.global_batch_size,
-        seq_len=seq_len,
-        regime=regime.name,
-        stages=stages,
+        seq_len=looked_up.seq_len,
+        regime=looked_up.regime.name,
+        stages=tuple(stages),
     )
+
+
+def _simulate_stage(looked_up: _PlanProfiles, network: NetworkModel, plan: Plan, index: int,
+                    ) -> tuple[StageResult, StageTiming, list[float], tuple[float, int] | None]:
+    """Stage ``index`` of ``plan``: its result, itself as a pipeline resource, the USD per
+    iteration of what it sends across zones (``compose.stage_egress_terms``) and its link to
+    the next stage (seconds per micro-batch, micro-batches the busiest NIC carries) or None."""
+    stage = plan.stages[index]
+    num_mb = plan.num_microbatches
+    counts = routing.microbatches_per_replica(num_mb, stage.dp_degree)
+    replicas, steps, fwds = _stage_replicas(looked_up, stage, index, len(plan.stages), counts)
+    sync_s, sync_bytes, hop_bytes, hop_usd = _dp_ring(looked_up, network, stage)
+    p2p_s, p2p_bytes, crossings, link = 0.0, 0, [], None
+    if index + 1 < len(plan.stages):
+        p2p_s, p2p_bytes, crossings, busiest = _boundary(looked_up, network, stage, plan.stages[index + 1], num_mb)
+        link = (p2p_s, busiest)
+    straggler = 0
+    for r in range(1, len(steps)):
+        if steps[r] > steps[straggler]:
+            straggler = r
+    update_s = 0.0
+    for rep in replicas:
+        if rep.update_s > update_s:
+            update_s = rep.update_s
+    result = StageResult(
+        index=index, layer_start=stage.layer_start, layer_end=stage.layer_end, replicas=replicas,
+        straggler=straggler, compute_s_per_microbatch=steps[straggler], num_microbatches=max(counts),
+        p2p_s_per_microbatch=p2p_s, p2p_bytes_per_microbatch=p2p_bytes,
+        dp_sync_s=sync_s, dp_sync_bytes=sync_bytes, update_s=update_s,
+    )
+    egress = compose.stage_egress_terms(hop_bytes, hop_usd, p2p_bytes, crossings)
+    return result, stage_timing(steps, counts, fwds), egress, link
+
+
+def _stage_replicas(looked_up: _PlanProfiles, stage: Stage, index: int, num_stages: int, counts: list[int],
+                    ) -> tuple[tuple[ReplicaResult, ...], list[float], list[float]]:
+    """Each replica's result, its forward + backward and its forward of one micro-batch."""
+    start, end = stage.layer_start, stage.layer_end
+    replicas: list[ReplicaResult] = []
+    steps: list[float] = []
+    fwds: list[float] = []
+    # Replicas of one (GPU, TP) holding the same number of micro-batches are identical: evaluate
+    # once; results are frozen, so identical replicas share one.
+    same: dict[tuple[str, int, int], tuple] = {}
+    results: dict[tuple[Replica, int, int], ReplicaResult] = {}
+    for r, rep in enumerate(stage.replicas):
+        inflight = inflight_microbatches(index, num_stages, counts[r])
+        key = (rep.gpu, rep.tp_degree, inflight)
+        known = same.get(key)
+        if known is None:
+            prof = looked_up.of(rep.gpu, rep.tp_degree)
+            table = layer_table(prof)
+            mem = stage_memory(prof, start, end, inflight, looked_up.regime, get_gpu(rep.gpu).memory_bytes)
+            known = same[key] = (
+                prof, table.fwd_s(start, end), table.bwd_s(start, end),
+                prof.update_s(table.params(start, end)), mem, table.measured(start, end),
+            )
+        prof, fwd, bwd, upd, mem, measured = known
+        steps.append(fwd + bwd)
+        fwds.append(fwd)
+        rkey = (rep, counts[r], inflight)
+        result = results.get(rkey)
+        if result is None:
+            result = results[rkey] = ReplicaResult(
+                gpu=rep.gpu, tp_degree=rep.tp_degree, zone=rep.zone, num_microbatches=counts[r],
+                fwd_s=fwd, bwd_s=bwd, update_s=upd, memory=mem, profile_source=prof.source,
+                measured=measured,
+            )
+        replicas.append(result)
+    return tuple(replicas), steps, fwds
+
+
+def _dp_ring(looked_up: _PlanProfiles, network: NetworkModel, stage: Stage,
+             ) -> tuple[float, float, float, list[float]]:
+    """A stage's gradient all-reduce over its replicas: (seconds, bytes one GPU all-reduces,
+    bytes per ring hop, USD per byte of each hop that leaves a zone)."""
+    thinnest = min(stage.replicas, key=lambda rep: rep.tp_degree)
+    sync_bytes = st.dp_sync_bytes(looked_up.of(thinnest.gpu, thinnest.tp_degree), stage.layer_start,
+                                  stage.layer_end, looked_up.regime)
+    sync_s = st.stage_dp_sync_s(network, sync_bytes, [(rep.zone, rep.gpu) for rep in stage.replicas])
+    hop_usd = compose.ring_hop_usd_per_byte(network, [rep.zone for rep in stage.replicas])
+    hop_bytes = compose.ring_hop_bytes(stage.dp_degree, sync_bytes, thinnest.tp_degree) if hop_usd else 0.0
+    return sync_s, sync_bytes, hop_bytes, hop_usd
+
+
+def _boundary(looked_up: _PlanProfiles, network: NetworkModel, src: Stage, dst: Stage, num_mb: int,
+              ) -> tuple[float, int, list[tuple[int, float]], int]:
+    """The boundary from ``src`` to the next stage ``dst``: (activation forward + gradient back
+    of one micro-batch over the slowest replica pair the routing uses, activation bytes,
+    ``compose.boundary_crossings``, micro-batches its busiest NIC carries)."""
+    first = src.replicas[0]
+    nbytes = st.boundary_bytes(looked_up.of(first.gpu, first.tp_degree), src.layer_end)
+    slowest = 0.0
+    pair_s: dict[tuple[Replica, Replica], float] = {}
+    routes: list[tuple[int, str, str]] = []
+    for (a, b), carried in routing.p2p_pairs(num_mb, src.dp_degree, dst.dp_degree).items():
+        sender, receiver = src.replicas[a], dst.replicas[b]
+        t = pair_s.get((sender, receiver))
+        if t is None:
+            t = pair_s[(sender, receiver)] = st.boundary_transfer_s(
+                network, nbytes,
+                st.endpoint(sender.zone, sender.gpu, sender.tp_degree),
+                st.endpoint(receiver.zone, receiver.gpu, receiver.tp_degree),
+            )
+        if t > slowest:
+            slowest = t
+        routes.append((carried, sender.zone, receiver.zone))
+    busiest = routing.link_microbatches(num_mb, src.dp_degree, dst.dp_degree)
+    return slowest, nbytes, compose.boundary_crossings(network, routes), busiest
 
 
 def _gb(num_bytes: int) -> str:

@@ -73,7 +73,3 @@ def stage_dp_sync_s(network: NetworkModel, sync_bytes: float, zones_gpus: Sequen
         return network.uniform_allreduce_time_s(sync_bytes, next(iter(distinct.values())), len(zones_gpus))
     return network.allreduce_time_s(sync_bytes, [distinct[zg] for zg in zones_gpus])
 
-
-def ring_order(zones: Sequence[str]) -> list[int]:
-    """Replica order of the DP ring: grouped by zone so the ring crosses each zone boundary once."""
-    return sorted(range(len(zones)), key=lambda i: (zones[i], i))
