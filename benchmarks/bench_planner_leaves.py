@@ -66,7 +66,7 @@ def record() -> None:
     """Run plan_job on REQUESTS with the leaf functions wrapped; write inputs and outputs."""
     import bench_planner as bp
 
-    import sailor_core.planner.search as search_mod
+    import sailor_core.planner.search.searcher as search_mod
     import sailor_core.planner.split as split_mod
     from sailor_core.errors import SailorError
     from sailor_core.network.model import default_network

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import itertools
 
+from sailor_core.planner.kinds import valid_tp_degrees
 from sailor_core.planner.placement import place_stages
 from sailor_core.planner.request import PlanRequest
-from sailor_core.planner.search import Evaluated, Searcher, valid_tp_degrees
+from sailor_core.planner.search import Evaluated, Searcher
 from sailor_core.simulator.memory import inflight_microbatches
 
 

@@ -11,8 +11,9 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 
+from sailor_core.planner.kinds import valid_tp_degrees
 from sailor_core.planner.request import PlanRequest
-from sailor_core.planner.search import Evaluated, Searcher, _orders, valid_tp_degrees
+from sailor_core.planner.search import Evaluated, Searcher, orders
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,7 +42,7 @@ def enumerate_best(request: PlanRequest, *, profiles, network) -> ExhaustiveResu
             num_stages = sum(x.num_stages for x in shape)
             if num_stages > s.max_stages or num_stages > L:
                 continue
-            for order in _orders(shape):
+            for order in orders(shape):
                 stages = s.build_stages(order)
                 if stages is None:
                     continue

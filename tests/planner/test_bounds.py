@@ -7,7 +7,9 @@ import pytest
 
 from sailor_core.planner import make_request, plan_job
 from sailor_core.planner.baseline import sailor_rule_best
-from sailor_core.planner.search import Searcher, _granular_many, _orders, granular_busiest_s
+from sailor_core.planner.search import Searcher, granular_busiest_s
+from sailor_core.planner.search.bounds import granular_many as _granular_many
+from sailor_core.planner.search.shapes import orders as _orders
 from sailor_core.planner.split import StageSlot, busiest_s, min_max_split
 from sailor_core.simulator.memory import inflight_microbatches
 
@@ -115,7 +117,7 @@ def test_pipeline_warm_up_bound_never_exceeds_the_1f1b_schedule():
     # three segments: whatever the split, the pipeline takes at least work / rate.
     from types import SimpleNamespace
 
-    from sailor_core.planner.search import _pipe_work_rate
+    from sailor_core.planner.search.bounds import pipe_work_rate as _pipe_work_rate
     from sailor_core.simulator.pipeline_time import StageTiming, one_f_one_b
 
     rng = random.Random(11)
@@ -143,7 +145,7 @@ def test_pipeline_warm_up_bound_never_exceeds_the_1f1b_schedule():
 def test_vectorised_warm_up_bound_matches_the_exact_one():
     from types import SimpleNamespace
 
-    from sailor_core.planner.search import _pipe_work_rate, _pipe_work_rate_many
+    from sailor_core.planner.search.bounds import pipe_work_rate as _pipe_work_rate, pipe_work_rate_many as _pipe_work_rate_many
 
     rng = random.Random(13)
     segs = [SimpleNamespace(slowness=rng.uniform(1.0, 4.0), num_microbatches=rng.randint(1, 24),
@@ -198,7 +200,7 @@ def test_search_bounds_hold_for_every_evaluated_order(profiles, network):
 def test_steady_link_bound_never_exceeds_the_1f1b_schedule():
     # _steady_links_s against the simulator's own 1F1B model: a segment of s stages whose steps
     # sum to T, n micro-batches and links of at least l takes at least n T / s plus it.
-    from sailor_core.planner.search import _steady_links_s
+    from sailor_core.planner.search.bounds import steady_links_s as _steady_links_s
     from sailor_core.simulator.pipeline_time import StageTiming, one_f_one_b
 
     rng = random.Random(17)
@@ -226,9 +228,10 @@ def test_scored_shape_bounds_hold_for_their_splits(objective, limits, profiles, 
     # egress together) against fastsim on the min-max split of each of its orders, in two
     # zones where pipelines and rings cross zones.
     import sailor_core.planner.search as search
+    import sailor_core.planner.search.scored as scored_mod
 
     scored, searchers = [], []
-    original_init, original_sorted = search.Searcher.__init__, search._SortedShapes.__init__
+    original_init, original_sorted = search.Searcher.__init__, scored_mod.SortedShapes.__init__
 
     def init(self, *args, **kwargs):
         original_init(self, *args, **kwargs)
@@ -238,7 +241,7 @@ def test_scored_shape_bounds_hold_for_their_splits(objective, limits, profiles, 
         original_sorted(self, *args, **kwargs)
         scored.append(self)
 
-    search.Searcher.__init__, search._SortedShapes.__init__ = init, sorted_init
+    search.Searcher.__init__, scored_mod.SortedShapes.__init__ = init, sorted_init
     try:
         avail = {(A, ZA): 32, (A, ZB): 32, (V, ZA): 32, (V, ZB): 32}
         req = make_request(model="gpt-neo-2.7b", availability=avail, global_batch_size=256,
@@ -248,7 +251,7 @@ def test_scored_shape_bounds_hold_for_their_splits(objective, limits, profiles, 
         except Exception:
             pass  # infeasible is fine: the bounds were scored on the way
     finally:
-        search.Searcher.__init__, search._SortedShapes.__init__ = original_init, original_sorted
+        search.Searcher.__init__, scored_mod.SortedShapes.__init__ = original_init, original_sorted
     main = searchers[0]
     rng = random.Random(5)
     checked = mixed = 0
@@ -277,7 +280,7 @@ def test_scored_shape_bounds_hold_for_their_splits(objective, limits, profiles, 
 def test_pipeline_lines_never_exceed_the_1f1b_schedule():
     # _pipeline_lines at a pipeline's own work share against the simulator's 1F1B model, on
     # random two-segment pipelines in either order, with uneven splits inside each segment.
-    from sailor_core.planner.search import _pipeline_lines, _steady_links_s
+    from sailor_core.planner.search.bounds import pipeline_lines as _pipeline_lines, steady_links_s as _steady_links_s
     from sailor_core.simulator.pipeline_time import StageTiming, one_f_one_b
 
     rng = random.Random(19)
@@ -307,7 +310,7 @@ def test_pipeline_lines_never_exceed_the_1f1b_schedule():
 
 
 def test_least_of_the_largest_line_matches_a_fine_grid():
-    from sailor_core.planner.search import _min_max_lines
+    from sailor_core.planner.search.bounds import min_max_lines as _min_max_lines
 
     rng = np.random.default_rng(23)
     u, v = rng.uniform(-1, 1, (7, 200)), rng.uniform(-3, 3, (7, 200))
@@ -323,7 +326,7 @@ def test_least_of_the_largest_line_matches_a_fine_grid():
 def test_warm_up_with_links_never_exceeds_the_1f1b_schedule():
     # _warm_up_with_links_s against the simulator's 1F1B model on random one-segment pipelines
     # with uneven steps and links of at least l.
-    from sailor_core.planner.search import _warm_up_with_links_s
+    from sailor_core.planner.search.bounds import warm_up_with_links_s as _warm_up_with_links_s
     from sailor_core.simulator.pipeline_time import StageTiming, one_f_one_b
 
     rng = random.Random(29)
