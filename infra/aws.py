@@ -36,6 +36,7 @@ from infra.records import (
     InstanceInfo,
 )
 from infra.retry import RetryPolicy
+from sailor_core import settings
 from sailor_core.catalog import normalize_gpu_name
 from sailor_core.catalog.instances import Offer, get_instance_type, instance_types, offer_for
 from sailor_core.errors import UnknownNameError
@@ -255,7 +256,7 @@ class AWSProvider(CloudProvider):
             raise CloudError(f"aws run_instances: count must be >= 1, got {count}", cloud="aws")
         if not self.ami_id:
             raise CloudConfigError(
-                "aws: no machine image configured (set SAILOR_AWS_AMI to a GPU AMI id for the region)",
+                f"aws: no machine image configured (set {settings.AWS_AMI_ENV} to a GPU AMI id for the region)",
                 cloud="aws",
             )
         region = parse_zone(zone).region

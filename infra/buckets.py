@@ -11,13 +11,12 @@ Credentials come from boto3's standard chain only.
 
 from __future__ import annotations
 
-import os
 import urllib.parse
 from dataclasses import dataclass
 
 from infra.errors import CloudConfigError
+from sailor_core import settings
 
-KMS_KEY_ENV = "SAILOR_S3_KMS_KEY"
 _PUBLIC_BLOCK = {"BlockPublicAcls": True, "IgnorePublicAcls": True, "BlockPublicPolicy": True,
                  "RestrictPublicBuckets": True}
 
@@ -66,7 +65,7 @@ def ensure_private_bucket(url: str, *, client=None, region: str | None = None) -
         kwargs = {} if region == "us-east-1" else {"CreateBucketConfiguration": {"LocationConstraint": region}}
         s3.create_bucket(Bucket=bucket, ObjectOwnership="BucketOwnerEnforced", **kwargs)
         s3.put_public_access_block(Bucket=bucket, PublicAccessBlockConfiguration=dict(_PUBLIC_BLOCK))
-        kms_key = os.environ.get(KMS_KEY_ENV)
+        kms_key = settings.s3_kms_key()
         rule = ({"SSEAlgorithm": "aws:kms", "KMSMasterKeyID": kms_key} if kms_key else {"SSEAlgorithm": "AES256"})
         s3.put_bucket_encryption(Bucket=bucket, ServerSideEncryptionConfiguration={
             "Rules": [{"ApplyServerSideEncryptionByDefault": rule, "BucketKeyEnabled": bool(kms_key)}]})

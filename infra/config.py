@@ -19,9 +19,8 @@ from pathlib import Path
 
 from infra.errors import CloudConfigError
 from infra.provider import CloudProvider
-from sailor_core.job.state import sailor_home
+from sailor_core import settings
 
-MODE_ENV = "SAILOR_CLOUDS"
 CLOUDS = ("aws", "gcp")
 
 _lock = threading.Lock()
@@ -30,7 +29,7 @@ _in_process = None  # EmbeddedCloud started by this process, if any
 
 def real_clouds() -> tuple[str, ...]:
     """Clouds to reach for real; empty means the embedded cloud."""
-    value = os.environ.get(MODE_ENV, "embedded").strip().lower()
+    value = settings.clouds()
     if value in ("", "embedded", "local"):
         return ()
     if value in ("real", "all"):
@@ -38,12 +37,12 @@ def real_clouds() -> tuple[str, ...]:
     chosen = tuple(c.strip() for c in value.split(",") if c.strip())
     unknown = [c for c in chosen if c not in CLOUDS]
     if unknown:
-        raise CloudConfigError(f"{MODE_ENV}={value!r}: expected 'embedded', 'real' or a list of {', '.join(CLOUDS)}")
+        raise CloudConfigError(f"{settings.CLOUDS_ENV}={value!r}: expected 'embedded', 'real' or a list of {', '.join(CLOUDS)}")
     return chosen
 
 
 def state_file() -> Path:
-    return sailor_home() / "cloud.json"
+    return settings.sailor_home() / "cloud.json"
 
 
 def standalone_state() -> dict | None:
@@ -96,13 +95,11 @@ def get_providers(clouds: tuple[str, ...] | list[str] | None = None) -> dict[str
             if cloud == "aws":
                 from infra.aws import AWSProvider
 
-                regions = [r for r in os.environ.get("SAILOR_AWS_REGIONS", "").split(",") if r]
-                out["aws"] = AWSProvider(regions=regions or None, ami_id=os.environ.get("SAILOR_AWS_AMI"))
+                out["aws"] = AWSProvider(regions=settings.aws_regions() or None, ami_id=settings.aws_ami())
             else:
                 from infra.gcp import GCPProvider
 
-                zones = [z for z in os.environ.get("SAILOR_GCP_ZONES", "").split(",") if z]
-                out["gcp"] = GCPProvider(project=os.environ.get("SAILOR_GCP_PROJECT"), zones=zones or None)
+                out["gcp"] = GCPProvider(project=settings.gcp_project(), zones=settings.gcp_zones() or None)
         return out
     from infra.local.cloud import providers_for
 

@@ -32,6 +32,7 @@ from infra.records import (
     InstanceInfo,
 )
 from infra.retry import RetryPolicy
+from sailor_core import settings
 from sailor_core.catalog import normalize_gpu_name
 from sailor_core.catalog.instances import InstanceType, Offer, get_instance_type, instance_types, offer_for
 from sailor_core.zones import parse_zone
@@ -129,7 +130,8 @@ class GCPProvider(CloudProvider):
                 raise translate_gcp_error(exc) from exc
             project = project or default_project
         if not project:
-            raise CloudConfigError("gcp: no project (set SAILOR_GCP_PROJECT or a gcloud default project)", cloud="gcp")
+            raise CloudConfigError(f"gcp: no project (set {settings.GCP_PROJECT_ENV} or a gcloud default project)",
+                                   cloud="gcp")
         self.project = project
         catalog_zones = sorted({z for r in instance_types() if r.cloud == "gcp" for z in r.zones})
         self.zones = list(zones or catalog_zones)

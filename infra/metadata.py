@@ -9,9 +9,10 @@ files under ``$SAILOR_METADATA_DIR``), so one poller works in both.
 
 from __future__ import annotations
 
-import os
 import urllib.error
 import urllib.request
+
+from sailor_core import settings
 
 AWS_IMDS = "http://169.254.169.254"
 GCE_METADATA = "http://metadata.google.internal"
@@ -40,8 +41,8 @@ def _aws_token(timeout_s: float) -> str | None:
 
 def preemption_notice(cloud: str | None = None, *, timeout_s: float = 0.5) -> str | None:
     """The cloud's preemption notice for this instance, or None while there is none."""
-    cloud = cloud or os.environ.get("SAILOR_CLOUD")
-    base = os.environ.get("SAILOR_METADATA_URL")
+    cloud = cloud or settings.instance_cloud()
+    base = settings.metadata_url()
     if base:  # the embedded cloud
         if cloud == "gcp":
             text = _get(f"{base}/{GCE_PREEMPTED_PATH}", timeout_s=timeout_s)

@@ -29,6 +29,7 @@ from infra.records import LOCAL_ADDRESS_LABEL, InstanceInfo, job_labels
 from sailor_core.job import state as js
 from sailor_core.job.spec import JobSpec
 from sailor_core.job.nodes import NodeRequest, RunningInstance, match_instances
+from sailor_core import settings
 from sailor_core.catalog.instances import Offer
 from sailor_core.errors import InfeasibleError
 from sailor_core.runtime.agent import post_preemption
@@ -94,7 +95,7 @@ class CloudSession:
         lines = ["#!/bin/bash", "set -e"]
         if self.mode == "embedded":
             lines.append(f"export PYTHONPATH={shlex.quote(str(root))}${{PYTHONPATH:+:$PYTHONPATH}}")
-        lines.append(f'exec "${{SAILOR_PYTHON:-python3}}" -m sailor_core.runtime.agent '
+        lines.append(f'exec "${{{settings.PYTHON_ENV}:-python3}}" -m sailor_core.runtime.agent '
                      f"--job-url {shlex.quote(self.jobs_url)}")
         return "\n".join(lines) + "\n"
 
@@ -143,7 +144,7 @@ def providers_for_mode(mode: str, clouds: Sequence[str] = ()) -> tuple[str, dict
         raise CloudConfigError(f"cloud mode must be auto, embedded or real, got {mode!r}")
     real = config.real_clouds()
     if mode == "real" and not real:
-        raise CloudConfigError(f"real clouds are used only when asked: set {config.MODE_ENV}=real (or aws, gcp); "
+        raise CloudConfigError(f"real clouds are used only when asked: set {settings.CLOUDS_ENV}=real (or aws, gcp); "
                                "credentials come from the SDKs' usual chains (docs/orchestration.md)")
     if mode == "real" or (mode == "auto" and real):
         return "real", config.get_providers(list(clouds) or None), None
@@ -167,7 +168,7 @@ def open_session(mode: str, *, job_id: str, jobs_url: str, spec: JobSpec) -> Clo
     if used == "real":
         if "://" not in jobs_url or jobs_url.startswith("file://"):
             raise CloudConfigError("on real clouds the job's documents must be where instances reach them: "
-                                   "set jobs_url (or SAILOR_JOBS_URL) to an s3:// or gs:// URL")
+                                   f"set jobs_url (or {settings.JOBS_URL_ENV}) to an s3:// or gs:// URL")
         session = CloudSession(mode=used, job_id=job_id, jobs_url=jobs_url, providers=providers)
     else:
         # Ending a local process group takes about the cloud's halt grace (1 s); bill a margin.

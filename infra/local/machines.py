@@ -19,6 +19,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sailor_core import settings
+
 # Paths inside an instance's metadata tree, as the real metadata servers name them.
 AWS_SPOT_NOTICE = "latest/meta-data/spot/instance-action"
 GCP_PREEMPTED = "computeMetadata/v1/instance/preempted"
@@ -93,17 +95,17 @@ class Machines:
         # A real VM starts without the launching user's environment: keep their cloud
         # credentials (and other secrets) out of the "instance" as the clouds would.
         env = {k: v for k, v in os.environ.items() if not _is_secret_env(k)}
-        env.update(
-            SAILOR_INSTANCE_ID=machine.instance_id,
-            SAILOR_ZONE=machine.zone,
-            SAILOR_CLOUD=machine.cloud,
-            SAILOR_PRIVATE_IP=LOCAL_ADDRESS,
-            SAILOR_INSTANCE_DIR=str(machine.directory),
-            SAILOR_METADATA_DIR=str(machine.metadata_dir),
-            SAILOR_PYTHON=sys.executable,
-        )
+        env.update({
+            settings.INSTANCE_ID_ENV: machine.instance_id,
+            settings.ZONE_ENV: machine.zone,
+            settings.CLOUD_ENV: machine.cloud,
+            settings.PRIVATE_IP_ENV: LOCAL_ADDRESS,
+            settings.INSTANCE_DIR_ENV: str(machine.directory),
+            settings.METADATA_DIR_ENV: str(machine.metadata_dir),
+            settings.PYTHON_ENV: sys.executable,
+        })
         if self.metadata_url:
-            env["SAILOR_METADATA_URL"] = f"{self.metadata_url}/{machine.instance_id}"
+            env[settings.METADATA_URL_ENV] = f"{self.metadata_url}/{machine.instance_id}"
         log = (machine.directory / "console.log").open("ab")
         try:
             return subprocess.Popen(

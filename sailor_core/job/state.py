@@ -16,15 +16,18 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import secrets
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
+from sailor_core.controller.ledger import CostLedger
+from sailor_core.controller.policy import observed_preemption_rates_per_s
 from sailor_core.errors import InputError
 from sailor_core.job.spec import JobSpec
+from sailor_core.settings import jobs_url
+from sailor_core.settings import sailor_home  # noqa: F401  (kept for callers not yet on settings: flows, tests)
+from sailor_core.storage import open_storage
 
 STATE_VERSION = 1
 
@@ -39,16 +42,6 @@ ENDED_STATUSES = (SUCCEEDED, STOPPED_BUDGET, FAILED, CANCELLED)
 PENDING = "pending"
 RUNNING = "running"
 RECOVERING = "recovering"
-
-
-def sailor_home() -> Path:
-    """Root of Sailor's local files (jobs, Prefect server database): ``$SAILOR_HOME`` or ``~/.sailor``."""
-    return Path(os.environ.get("SAILOR_HOME") or Path.home() / ".sailor")
-
-
-def default_jobs_url() -> str:
-    """``$SAILOR_JOBS_URL`` (e.g. an object store real instances can reach), else ``$SAILOR_HOME/jobs``."""
-    return os.environ.get("SAILOR_JOBS_URL") or str(sailor_home() / "jobs")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -117,10 +110,8 @@ class JobState:
     def running_instances(self) -> tuple[InstanceRecord, ...]:
         return tuple(i for i in self.instances if i.running)
 
-    def ledger(self):
+    def ledger(self) -> CostLedger:
         """The cost ledger of this job, rebuilt from the instance records (the controller's CostLedger)."""
-        from sailor_core.controller.ledger import CostLedger
-
         return CostLedger.from_instance_records(self.instances, budget_usd=self.spec.budget_usd)
 
     def usd_spent(self, now_unix_s: float | None = None) -> float:
@@ -130,8 +121,6 @@ class JobState:
         """Preemptions per second seen on each (GPU type, zone) since the first launch: the
         controller's ``preemption_rate_per_s``.  Instances of one pool preempted at the same
         second are one event (a zone's capacity taken at once)."""
-        from sailor_core.controller import observed_preemption_rates_per_s
-
         if not self.instances:
             return {}
         events = {(i.gpu, i.zone, i.ended_unix_s) for i in self.instances if i.end_reason == "preempted"}
@@ -281,11 +270,9 @@ class JobStore:
     (the engine's checkpoint storage, so one set of URL schemes serves jobs and checkpoints)."""
 
     def __init__(self, root: str | None = None) -> None:
-        self.root = (root or default_jobs_url()).rstrip("/")
+        self.root = (root or jobs_url()).rstrip("/")
 
     def _storage(self):
-        from sailor_core.storage import open_storage
-
         return open_storage(self.root)
 
     def job_url(self, job_id: str) -> str:

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 from sailor_core.network.fits import BandwidthFit
+from sailor_core.settings import sailor_home
 
 DATA_DIR = Path(__file__).parent / "data"
 
@@ -22,8 +22,7 @@ def load_inter_fits() -> dict[tuple[str, str, int, str, str, int], BandwidthFit]
 
 def user_network_dir() -> Path:
     """Where ``sailor profile network`` writes: $SAILOR_HOME/network or ~/.sailor/network."""
-    home = os.environ.get("SAILOR_HOME")
-    return (Path(home).expanduser() if home else Path.home() / ".sailor") / "network"
+    return sailor_home() / "network"
 
 
 def load_user_inter_fits() -> dict[tuple[str, str, int, str, str, int], BandwidthFit]:

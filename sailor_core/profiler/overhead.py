@@ -21,10 +21,10 @@ import sys
 from sailor_core.errors import ProfileError
 
 _IDLE = r"""
-import json, os, datetime
+import json, os, sys, datetime
 import torch, torch.distributed as dist
 import sailor_core.runtime.trainer, sailor_core.runtime.data  # the worker's imports
-threads = int(os.environ["SAILOR_THREADS"]); cuda = os.environ["SAILOR_DEVICE"] == "cuda"
+threads, cuda, other_used = int(sys.argv[1]), sys.argv[2] == "cuda", int(sys.argv[3])
 torch.set_num_threads(threads)
 rank = int(os.environ["RANK"])
 if cuda:
@@ -50,7 +50,7 @@ out = {}
 if cuda:
     a = torch.randn(1024, 1024, device="cuda"); (a @ a).sum().item()
     free, total = torch.cuda.mem_get_info()
-    out["bytes"] = total - free - int(os.environ["SAILOR_OTHER_USED_BYTES"]) - torch.cuda.memory_allocated()
+    out["bytes"] = total - free - other_used - torch.cuda.memory_allocated()
 else:
     rss = [l for l in open("/proc/self/status") if l.startswith("VmRSS")][0]
     out["bytes"] = int(rss.split()[1]) * 1024 - own
@@ -77,9 +77,9 @@ def idle_worker_rss_bytes(*, device: str = "cpu", threads: int = 1, timeout_s: f
     world = 1 if device == "cuda" else 2  # one GPU may be all there is; NCCL initialises with one rank
     for rank in range(world):
         env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
-                   OMP_NUM_THREADS=str(threads), SAILOR_THREADS=str(threads), SAILOR_DEVICE=device,
-                   SAILOR_OTHER_USED_BYTES=str(other_used))
-        procs.append(subprocess.Popen([sys.executable, "-c", _IDLE], env=env, stdout=subprocess.PIPE,
+                   OMP_NUM_THREADS=str(threads))
+        argv = [sys.executable, "-c", _IDLE, str(threads), device, str(other_used)]
+        procs.append(subprocess.Popen(argv, env=env, stdout=subprocess.PIPE,
                                       stderr=subprocess.PIPE, text=True, start_new_session=True))
     values = []
     for p in procs:
