@@ -1,20 +1,24 @@
-"""``simulate`` for candidate plans, composed from the simulator's own building blocks.
+"""``simulate`` for candidate plans: the same model, memoised.
 
 The search evaluates thousands of plans whose stages hold many identical
 replicas.  ``simulate`` walks every replica; this walks every *group* of
-identical replicas (same GPU type, TP degree and zone) and memoises the
-network answers, calling exactly the functions ``simulate`` sums
-(``simulator.stage``, ``simulator.memory``, ``simulator.schedule``) in the same
-way, so the figures agree to rounding; ``tests/planner`` checks that on random
+identical replicas (same GPU type, TP degree and zone) and calls the functions
+``simulate`` calls: the routing rule (``plan.routing``), the per-stage blocks
+(``simulator.stage``, ``simulator.memory``, ``simulator.pipeline_time``) and the
+composition of time, egress and cost (``simulator.compose``).  It has no
+formula of its own: it only memoises (network answers, per-stage parts, whole
+results) and precomputes per-group tables.  One term per group instead of per
+replica (rent, boundary crossings) and a stage's sync + update kept as one
+memoised figure make the figures agree with ``simulate`` to rounding, not
+always to the last bit; ``tests/planner/test_fastsim.py`` checks that on random
 plans, and ``plan_job`` re-runs ``simulate`` on every plan it returns.
 
 Neighbouring candidates share most of their stages, so what a stage needs of
 its groups and its next stage's groups alone is memoised (``_Costs``,
-``_Context``), and so
-is each stage's part of the result, per (layers, groups, next groups).  Sums
-over a plan add the same terms in the same order as a plain walk over its
-groups, ring hops and replica pairs, so every figure is the same to the last
-bit as without the memos (``tests/planner/test_leaf_replay.py``).
+``_Context``), and so is each stage's part of the result, per (layers, groups,
+next groups).  Sums over a plan add the same terms in the same order as a plain
+walk over its groups, ring hops and replica pairs, so every figure is the same
+to the last bit as without the memos (``tests/planner/test_leaf_replay.py``).
 """
 
 from __future__ import annotations
@@ -25,7 +29,8 @@ from sailor_core.catalog.instances import gpu_price_usd_per_hr
 from sailor_core.network.model import NetworkModel
 from sailor_core.plan import routing
 from sailor_core.planner.kinds import Kind
-from sailor_core.regimes import TrainingRegime, get_regime
+from sailor_core.regimes import TrainingRegime
+from sailor_core.simulator import compose
 from sailor_core.simulator import stage as st
 from sailor_core.simulator.memory import inflight_microbatches
 from sailor_core.simulator.pipeline_time import one_f_one_b, stage_timing
@@ -122,8 +127,7 @@ class FastSim:
                 memo.clear()
 
     def regime_for(self, first: Kind) -> TrainingRegime:
-        # simulate: the plan's regime if it names one, else the first replica's profile regime.
-        return get_regime(self.regime_name or first.profile.regime)
+        return compose.job_regime(self.regime_name, first.profile)
 
     def price(self, gpu: str, zone: str) -> float:
         key = (gpu, zone)
@@ -162,26 +166,18 @@ class FastSim:
         return hit
 
     def _costs_of(self, groups: tuple[Group, ...], nxt: tuple[Group, ...] | None, num_mb: int) -> _Costs:
-        d = sum(g[2] for g in groups)
         net = self.network
-        hops: tuple[float, ...] = ()
-        if d > 1:
-            zones = sorted({z for _, z, _ in groups})
-            if len(zones) > 1:
-                hops = tuple(net.egress_usd_per_byte(za, zb) for za, zb in zip(zones, zones[1:] + zones[:1]))
         crossing = []
-        if nxt is not None and not (len(groups) == len(nxt) and all(
-                ga[1:] == gb[1:] for ga, gb in zip(groups, nxt))):
-            # (else the same replicas per zone: m mod D keeps every micro-batch in its zone)
-            for (ga, gb), carried in self._group_pairs(num_mb, groups, nxt).items():
-                za, zb = groups[ga][1], nxt[gb][1]
-                if za != zb:
-                    crossing.append((carried, net.egress_usd_per_byte(za, zb) + net.egress_usd_per_byte(zb, za)))
+        if nxt is not None:
+            crossing = compose.boundary_crossings(net, [
+                (carried, groups[ga][1], nxt[gb][1])
+                for (ga, gb), carried in self._group_pairs(num_mb, groups, nxt).items()])
         costs = self._costs[(groups, nxt, num_mb)] = _Costs(
-            rent_usd_per_hr=tuple(n * kind.tp_degree * self.price(kind.gpu, zone) for kind, zone, n in groups),
-            dp_degree=d,
+            rent_usd_per_hr=tuple(compose.rent_usd_per_hr(n * kind.tp_degree, self.price(kind.gpu, zone))
+                                  for kind, zone, n in groups),
+            dp_degree=sum(g[2] for g in groups),
             thinnest=min((g[0] for g in groups), key=lambda k: k.tp_degree),
-            hop_usd_per_byte=hops,
+            hop_usd_per_byte=tuple(compose.ring_hop_usd_per_byte(net, [z for _, z, _ in groups])),
             crossing=tuple(crossing),
         )
         return costs
@@ -217,18 +213,15 @@ class FastSim:
 
     @staticmethod
     def _egress_terms(costs: _Costs, stage: FastStage, regime: TrainingRegime) -> tuple[float, ...]:
-        """USD per iteration of each ring hop and then each replica pair to the next stage that
-        leaves a zone, in the order a plain walk meets them."""
-        terms = []
+        """``compose.stage_egress_terms`` of a stage (its byte counts looked up only when a
+        ring hop or a boundary route leaves a zone)."""
+        hop_bytes = 0.0
         if costs.hop_usd_per_byte:
-            d, thinnest = costs.dp_degree, costs.thinnest
+            thinnest = costs.thinnest
             sync_bytes = st.dp_sync_bytes(thinnest.profile, stage.layer_start, stage.layer_end, regime)
-            hop = 2 * (d - 1) / d * sync_bytes * thinnest.tp_degree
-            terms = [hop * usd_per_byte for usd_per_byte in costs.hop_usd_per_byte]
-        if costs.crossing:
-            nbytes = st.boundary_bytes(stage.groups[0][0].profile, stage.layer_end)
-            terms += [carried * nbytes * usd_per_byte for carried, usd_per_byte in costs.crossing]
-        return tuple(terms)
+            hop_bytes = compose.ring_hop_bytes(costs.dp_degree, sync_bytes, thinnest.tp_degree)
+        nbytes = st.boundary_bytes(stage.groups[0][0].profile, stage.layer_end) if costs.crossing else 0
+        return tuple(compose.stage_egress_terms(hop_bytes, costs.hop_usd_per_byte, nbytes, costs.crossing))
 
     def _stage_costs(self, stage: FastStage, nxt: tuple[Group, ...] | None, num_mb: int,
                      regime: TrainingRegime, key: tuple, costs: _Costs | None = None,
@@ -252,16 +245,15 @@ class FastSim:
         rname = regime.name
         memo = self._stage_costs_memo
         last = len(stages) - 1
-        usd_per_hr = egress = 0.0
+        rents = []
+        egress = []
         for i, stage in enumerate(stages):
             nxt = stages[i + 1].groups if i < last else None
             key = (stage.layer_start, stage.layer_end, stage.groups, nxt, num_mb, rname)
             rent, egress_terms = memo.get(key) or self._stage_costs(stage, nxt, num_mb, regime, key)
-            for usd in rent:
-                usd_per_hr += usd
-            for usd in egress_terms:
-                egress += usd
-        return usd_per_hr, egress
+            rents.append(rent)
+            egress.append(egress_terms)
+        return compose.add_in_order(rents), compose.add_in_order(egress)
 
     def _stage(self, stage: FastStage, depth: int, regime: TrainingRegime, key: tuple) -> tuple:
         """A stage's part of ``evaluate`` (``key``: see there): (its USD per hour per group, its
@@ -302,7 +294,8 @@ class FastSim:
         memo = self._stages
         if len(memo) >= _MAX_STAGE_ENTRIES:
             memo.clear()
-        entry = memo[key] = (rent, egress, stage_timing(steps, ctx.counts, fwds), sync + update, link, ctx,
+        entry = memo[key] = (rent, egress, stage_timing(steps, ctx.counts, fwds),
+                             compose.stage_end_s(sync, update), link, ctx,
                              {depth: self._stage_memory(stage, ctx, depth, regime)})
         return entry
 
@@ -340,13 +333,14 @@ class FastSim:
         link_counts: list[int] = []
         fits = True
         peak = 0
-        end_part = 0.0
-        usd_per_hr = egress = 0.0
+        ends: list[float] = []
+        rents = []
+        egress = []
         for i, stage in enumerate(stages):
             key = (stage.layer_start, stage.layer_end, stage.groups,
                    stages[i + 1].groups if i < last else None, num_mb, rname)
             entry = memo.get(key) or self._stage(stage, num_stages - i, regime, key)
-            rent, egress_terms, timing, sync_update, link, ctx, mems = entry
+            rent, egress_terms, timing, end, link, ctx, mems = entry
             # A group's replicas hold min(P - i, their micro-batches) in flight: deeper is the same.
             depth = num_stages - i if num_stages - i < ctx.most_microbatches else ctx.most_microbatches
             mem = mems.get(depth)
@@ -356,21 +350,21 @@ class FastSim:
                 peak = mem[0]
             fits = fits and mem[1]
             timings.append(timing)
-            end_part = max(end_part, sync_update)
+            ends.append(end)
             if link is not None:
                 link_s.append(link[0])
                 link_counts.append(link[1])
-            # rent_and_egress's sums, in its order
-            for usd in rent:
-                usd_per_hr += usd
-            for usd in egress_terms:
-                egress += usd
+            rents.append(rent)
+            egress.append(egress_terms)
         pipe = one_f_one_b(timings, link_s, link_counts)
-        iteration = pipe.compute_s + pipe.bubble_s + pipe.p2p_s + end_part
+        # The slowest stage's end as one memoised figure (compose.iteration_s)
+        iteration = compose.iteration_s(pipe, ends[compose.slowest_end(ends)])
+        usd_per_hr = compose.add_in_order(rents)
         return FastResult(
             iteration_time_s=iteration,
-            throughput_samples_per_s=self.gbs / iteration if iteration > 0 else 0.0,
-            usd_per_iteration=usd_per_hr * iteration / 3600.0 + egress,
+            throughput_samples_per_s=compose.throughput_samples_per_s(self.gbs, iteration),
+            usd_per_iteration=compose.usd_per_iteration(compose.gpu_usd_per_iteration(usd_per_hr, iteration),
+                                                        compose.add_in_order(egress)),
             usd_per_hour=usd_per_hr,
             peak_memory_bytes=peak,
             fits=fits,

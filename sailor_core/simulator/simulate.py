@@ -148,7 +148,8 @@ def _simulate_stage(looked_up: _PlanProfiles, network: NetworkModel, plan: Plan,
     sync_s, sync_bytes, hop_bytes, hop_usd = _dp_ring(looked_up, network, stage)
     p2p_s, p2p_bytes, crossings, link = 0.0, 0, [], None
     if index + 1 < len(plan.stages):
-        p2p_s, p2p_bytes, crossings, busiest = _boundary(looked_up, network, stage, plan.stages[index + 1], num_mb)
+        nxt = plan.stages[index + 1]
+        p2p_s, p2p_bytes, crossings, busiest = _boundary(looked_up, network, stage, nxt, num_mb)
         link = (p2p_s, busiest)
     straggler = 0
     for r in range(1, len(steps)):
