@@ -18,15 +18,14 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-import os
 import re
-import time
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from sailor_core.errors import InputError
+from sailor_core.runtime import faults
 from sailor_core.storage import Storage, open_storage
 
 MANIFEST = "MANIFEST.json"
@@ -70,30 +69,10 @@ def write_layer(storage: Storage, step: int, layer_index: int,
                 state: dict[str, dict[str, torch.Tensor]]) -> dict[str, dict[str, Any]]:
     data = serialize_layer(state)
     name = layer_filename(layer_index)
-    _injected_upload_fault()
-    storage.put(f"{step_dirname(step)}/{name}", data)
+    path = f"{step_dirname(step)}/{name}"
+    faults.at(faults.UPLOAD, path=path)
+    storage.put(path, data)
     return {name: {"sha256": sha256(data), "bytes": len(data)}}
-
-
-# Chaos hook (tests/reliability/chaos.py): a JSON file at this env var's path, {"delay_s": x} or {"fail": true},
-# is claimed by the first upload that sees it (rename: exactly one rank) and applied to it.
-UPLOAD_FAULT_ENV = "SAILOR_FAULT_UPLOAD"
-
-
-def _injected_upload_fault() -> None:
-    path = os.environ.get(UPLOAD_FAULT_ENV)
-    if not path or not os.path.exists(path):
-        return
-    claimed = f"{path}.claimed-{os.getpid()}"
-    try:
-        os.rename(path, claimed)
-        with open(claimed) as fh:
-            spec = json.load(fh)
-    except (OSError, ValueError):
-        return
-    time.sleep(float(spec.get("delay_s", 0.0)))
-    if spec.get("fail"):
-        raise OSError("injected checkpoint upload failure")
 
 
 def commit(storage: Storage, step: int, files: dict[str, dict[str, Any]], meta: dict[str, Any],

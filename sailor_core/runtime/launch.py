@@ -22,6 +22,7 @@ from pathlib import Path
 from sailor_core.catalog.models import get_model
 from sailor_core.plan.types import Plan
 from sailor_core.plan.layout import world_size
+from sailor_core.runtime.faults import FaultConfig
 from sailor_core.runtime.worker import (EXIT_OK, EXIT_PEER_LOST, EXIT_PREEMPTED,
                                         EXIT_PREEMPTED_NO_CKPT)
 
@@ -79,8 +80,11 @@ def launch_local(plan: Plan, steps: int, *, data: str | Path | None = None,
                  workdir: str | Path | None = None, timeout_s: float = 600.0,
                  collective_timeout_s: float = 30.0, grace_s: float | None = None,
                  threads_per_rank: int = 1, env: dict[str, str] | None = None,
-                 on_started=None) -> LaunchResult:
-    """Train ``plan`` up to step ``steps`` on local processes; never hangs past ``timeout_s``."""
+                 faults: FaultConfig | None = None, on_started=None) -> LaunchResult:
+    """Train ``plan`` up to step ``steps`` on local processes; never hangs past ``timeout_s``.
+
+    ``faults``: what the workers inject (tests); ``env``: added to every worker's environment.
+    """
     from sailor_core.runtime.model import check_plan_for_engine
 
     check_plan_for_engine(plan)
@@ -106,6 +110,7 @@ def launch_local(plan: Plan, steps: int, *, data: str | Path | None = None,
     for rank in range(n):
         e = dict(os.environ)
         e.update(env or {})
+        e.update(faults.to_env() if faults is not None else {})
         e.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(n),
                  LOCAL_RANK=str(rank), OMP_NUM_THREADS=str(threads_per_rank),
                  TORCHELASTIC_USE_AGENT_STORE="True")

@@ -19,6 +19,10 @@ every second, e.g. a spot instance-action metadata endpoint) answering 200.  Eve
 all-reduce that also carries the loss) on whether any rank was told to stop,
 so they checkpoint the same step together.
 
+Faults for tests and chaos trials strike at ``sailor_core.runtime.faults``' points
+``MID_STEP`` (a rank SIGKILLed in the middle of a step) and ``BEFORE_COMMIT`` (after
+its layer files of a checkpoint, before the manifest); none in a real run.
+
 Rank 0 appends one JSON line per step to ``--metrics-file``:
 ``{"step", "loss", "step_time_s", "cpu_time_s", "samples_per_s", "tokens_per_s"}``
 (``cpu_time_s``: rank 0's process CPU time in the step, all threads; on CUDA also
@@ -31,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
+import functools
 import json
 import os
 import signal
@@ -38,18 +43,15 @@ import sys
 import time
 from pathlib import Path
 
+from sailor_core import settings
+from sailor_core.runtime import faults
+
 EXIT_OK = 0
 EXIT_BAD_INPUT = 2
 EXIT_PREEMPTED = 75
 EXIT_PREEMPTED_NO_CKPT = 76
 EXIT_PEER_LOST = 77
 
-# Test hook, a real process death: "RANK:STEP" SIGKILLs that rank in the middle of that step
-# (after its first forward), "RANK:STEP:save" after it wrote its layer files of that step's
-# checkpoint but before the manifest is committed.
-FAULT_ENV = "SAILOR_FAULT_KILL"
-PREEMPT_FILE_ENV = "SAILOR_PREEMPT_FILE"
-PREEMPT_URL_ENV = "SAILOR_PREEMPT_URL"
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -123,16 +125,11 @@ def main(argv=None) -> int:
     else:
         device = torch.device("cpu")
     timeout = _dt.timedelta(seconds=args.timeout_s)
-    fault = os.environ.get(FAULT_ENV, "")
-    fault_parts = fault.split(":") if fault else ["-1", "-1"]
-    fault_rank, fault_step = int(fault_parts[0]), int(fault_parts[1])
-    fault_in_save = fault_parts[2:] == ["save"]
-    kill_in_save = rank == fault_rank and fault_in_save
-    preempt_file = os.environ.get(PREEMPT_FILE_ENV)
-    if os.environ.get(PREEMPT_URL_ENV):
+    preempt_file = settings.preempt_file()
+    if settings.preempt_url():
         from sailor_core.runtime.heartbeat import watch_preempt_url
 
-        watch_preempt_url(os.environ[PREEMPT_URL_ENV], lambda: stop.__setitem__("requested", True))
+        watch_preempt_url(settings.preempt_url(), lambda: stop.__setitem__("requested", True))
     heartbeat = None
 
     try:
@@ -162,16 +159,15 @@ def main(argv=None) -> int:
             nonlocal saved_step
             if saved_step == trainer.step:
                 return True
-            _save(trainer, storage, args.keep, rank, kill_in_save and trainer.step == fault_step)
+            _save(trainer, storage, args.keep, rank)
             saved_step = trainer.step
             return True
 
         while trainer.step < args.steps:
             t0, c0 = time.perf_counter(), time.process_time()
-            hook = None
-            if rank == fault_rank and not fault_in_save and trainer.step + 1 == fault_step:
-                hook = lambda: os.kill(os.getpid(), signal.SIGKILL)  # noqa: E731
-            loss_sum = trainer.train_step(on_first_forward=hook)
+            mid_step = (functools.partial(faults.at, faults.MID_STEP, rank=rank, step=trainer.step + 1)
+                        if faults.active() else None)
+            loss_sum = trainer.train_step(on_first_forward=mid_step)
             if preempt_file and os.path.exists(preempt_file):
                 stop["requested"] = True
             status[0], status[1] = loss_sum, float(stop["requested"])
@@ -242,14 +238,13 @@ def _agreed_checkpoint(url: str, rank: int):
     return ckpt.read_checkpoint(ckpt.open_storage(url), pick[0], url, verify=False)
 
 
-def _save(trainer, storage, keep: int, rank: int, die_before_commit: bool = False) -> bool:
+def _save(trainer, storage, keep: int, rank: int) -> bool:
     import torch.distributed as dist
 
     from sailor_core.runtime import checkpoint as ckpt
 
     files = trainer.save_layers(storage)
-    if die_before_commit:
-        os.kill(os.getpid(), signal.SIGKILL)
+    faults.at(faults.BEFORE_COMMIT, rank=rank, step=trainer.step)
     gathered = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, files)
     if rank == 0:

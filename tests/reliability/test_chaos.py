@@ -8,13 +8,12 @@ then seeded mixes.
 
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
 
 from tests.reliability.chaos import BREAKING, KINDS, plan_faults
 from sailor_core.runtime import checkpoint as ckpt
+from sailor_core.runtime import faults
 from sailor_core.storage import open_storage
 
 
@@ -34,18 +33,18 @@ def _save(storage, step: int, value: float) -> None:
     ckpt.commit(storage, step, files, {"step": step}, keep=0)
 
 
-def test_a_failed_upload_leaves_a_partial_checkpoint_that_is_never_used(tmp_path, monkeypatch):
+def test_a_failed_upload_leaves_a_partial_checkpoint_that_is_never_used(tmp_path):
     storage = open_storage(str(tmp_path / "ck"))
     _save(storage, 4, 1.0)
     fault = tmp_path / "fault.json"
-    monkeypatch.setenv(ckpt.UPLOAD_FAULT_ENV, str(fault))
-    fault.write_text(json.dumps({"fail": True}))
-    with pytest.raises(OSError, match="injected"):
-        _save(storage, 8, 2.0)
-    assert not fault.exists(), "the fault is claimed once"
-    info = ckpt.latest_valid_checkpoint(str(tmp_path / "ck"))
-    assert info.step == 4
-    _save(storage, 8, 2.0)  # the next save works again
+    with faults.injected(faults.FaultConfig(upload_file=str(fault))):
+        faults.arm_upload(fault, fail=True)
+        with pytest.raises(OSError, match="injected"):
+            _save(storage, 8, 2.0)
+        assert not fault.exists(), "the fault is claimed once"
+        info = ckpt.latest_valid_checkpoint(str(tmp_path / "ck"))
+        assert info.step == 4
+        _save(storage, 8, 2.0)  # the next save works again
     assert ckpt.latest_valid_checkpoint(str(tmp_path / "ck")).step == 8
 
 

@@ -16,7 +16,8 @@ from sailor_core.runtime.engine_run import final_params
 from sailor_core.runtime.launch import launch_local
 from sailor_core.runtime.reference import train_reference
 from sailor_core.storage import open_storage
-from sailor_core.runtime.worker import EXIT_PEER_LOST, EXIT_PREEMPTED, FAULT_ENV
+from sailor_core.runtime.faults import BEFORE_COMMIT, FaultConfig, Kill
+from sailor_core.runtime.worker import EXIT_PEER_LOST, EXIT_PREEMPTED
 
 from .conftest import make_plan
 
@@ -65,7 +66,7 @@ def test_preempt_then_resume_under_another_plan(corpus, tmp_path):
 def test_killed_worker_makes_the_others_exit_with_its_rank_named(corpus, tmp_path):
     plan = make_plan("tiny", [(0, 2, [1]), (2, 4, [1, 1])])
     res = launch_local(plan, 6, data=corpus, workdir=tmp_path, timeout_s=240,
-                       collective_timeout_s=15, env={FAULT_ENV: "1:3"})
+                       collective_timeout_s=15, faults=FaultConfig(kill=Kill(rank=1, step=3)))
     assert res.status == "failed" and res.dead_rank == 1
     assert res.exit_codes[1] == -signal.SIGKILL
     assert not res.hung_ranks
@@ -82,7 +83,8 @@ def test_crash_during_save_leaves_previous_checkpoint_usable(corpus, tmp_path):
     url = str(tmp_path / "ck")
     plan = make_plan("tiny", [(0, 2, [1]), (2, 4, [1])])
     res = launch_local(plan, 4, data=corpus, ckpt_dir=url, ckpt_every=1, workdir=tmp_path / "a",
-                       timeout_s=240, collective_timeout_s=15, env={FAULT_ENV: "0:2:save"})
+                       timeout_s=240, collective_timeout_s=15,
+                       faults=FaultConfig(kill=Kill(rank=0, step=2, point=BEFORE_COMMIT)))
     assert res.status == "failed" and res.dead_rank == 0 and not res.hung_ranks
     assert "peer lost: dead ranks [0]" in res.stderr_tails[1]
     assert (tmp_path / "ck" / "step_00000002" / "layer_0000.pt").exists()  # written, never committed
