@@ -1,8 +1,10 @@
 """Simulator: iteration time (by named parts), peak memory, cost and throughput of a plan.
 
 ``simulate(plan)`` composes the per-stage building blocks in ``stage`` (compute,
-p2p, DP sync, update), ``memory`` (peak bytes per GPU) and ``schedule`` (1F1B);
-the planner calls the same blocks directly.  No torch, no cloud SDK.
+p2p, DP sync, update), ``memory`` (peak bytes per GPU) and ``pipeline_time`` (1F1B)
+through ``compose`` (iteration time by named parts, egress, cost), following the
+routing rule of ``sailor_core.plan.routing``; the planner's fast path calls the same
+functions.  No torch, no cloud SDK.
 """
 
 from sailor_core.plan.routing import link_microbatches, microbatches_per_replica
