@@ -42,14 +42,14 @@ def bucket_of(url: str) -> str | None:
 def _client(client):
     if client is not None:
         return client
-    import boto3
+    import boto3  # lazy: boto3, only for s3:// URLs
 
     return boto3.client("s3")  # the standard chain: env, profile, SSO, instance role
 
 
 def ensure_private_bucket(url: str, *, client=None, region: str | None = None) -> BucketReport | None:
     """Create the URL's bucket private and encrypted if it does not exist; check it if it does."""
-    from botocore.exceptions import ClientError
+    from botocore.exceptions import ClientError  # lazy: botocore, only for s3:// URLs
 
     bucket = bucket_of(url)
     if bucket is None:
@@ -79,7 +79,7 @@ def ensure_private_bucket(url: str, *, client=None, region: str | None = None) -
 
 
 def check_private_bucket(bucket: str, *, client=None, created: bool = False) -> BucketReport:
-    from botocore.exceptions import ClientError
+    from botocore.exceptions import ClientError  # lazy: botocore, only for s3:// URLs
 
     s3 = _client(client)
     try:

@@ -63,7 +63,7 @@ def in_process_cloud():
     global _in_process
     with _lock:
         if _in_process is None:
-            from infra.local.cloud import EmbeddedCloud
+            from infra.local.cloud import EmbeddedCloud  # lazy: moto's server, only when the embedded cloud runs here
 
             _in_process = EmbeddedCloud().start()
             atexit.register(_in_process.stop)
@@ -93,15 +93,15 @@ def get_providers(clouds: tuple[str, ...] | list[str] | None = None) -> dict[str
             if cloud not in real:
                 continue
             if cloud == "aws":
-                from infra.aws import AWSProvider
+                from infra.aws import AWSProvider  # lazy: boto3, only when real AWS is asked for
 
                 out["aws"] = AWSProvider(regions=settings.aws_regions() or None, ami_id=settings.aws_ami())
             else:
-                from infra.gcp import GCPProvider
+                from infra.gcp import GCPProvider  # lazy: google-cloud-compute (~2.4 s), only for real GCP
 
                 out["gcp"] = GCPProvider(project=settings.gcp_project(), zones=settings.gcp_zones() or None)
         return out
-    from infra.local.cloud import providers_for
+    from infra.local.cloud import providers_for  # lazy: moto's server, only for the embedded cloud
 
     ends = embedded_endpoints()
     return {c: p for c, p in providers_for(ends["aws_endpoint"], ends["gce_endpoint"]).items() if c in wanted}

@@ -24,14 +24,17 @@ from typing import Any
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
+from infra import config
+from infra.buckets import ensure_private_bucket
 from infra.errors import CloudConfigError
+from infra.provisioner import GpuNeed, Provisioner
 from infra.records import LOCAL_ADDRESS_LABEL, InstanceInfo, job_labels
-from sailor_core.job import state as js
-from sailor_core.job.spec import JobSpec
-from sailor_core.job.nodes import NodeRequest, RunningInstance, match_instances
 from sailor_core import settings
-from sailor_core.catalog.instances import Offer
+from sailor_core.catalog.instances import Offer, get_instance_type
 from sailor_core.errors import InfeasibleError
+from sailor_core.job import state as js
+from sailor_core.job.nodes import NodeRequest, RunningInstance, match_instances
+from sailor_core.job.spec import JobSpec
 from sailor_core.runtime.agent import post_preemption
 from tasks.workers import Assignment
 
@@ -138,8 +141,6 @@ def providers_for_mode(mode: str, clouds: Sequence[str] = ()) -> tuple[str, dict
     ``auto`` follows ``SAILOR_CLOUDS`` (infra.config): the embedded cloud unless real clouds
     are asked for, so credentials lying around never spend money by surprise.
     """
-    from infra import config
-
     if mode not in ("auto", "embedded", "real"):
         raise CloudConfigError(f"cloud mode must be auto, embedded or real, got {mode!r}")
     real = config.real_clouds()
@@ -148,7 +149,7 @@ def providers_for_mode(mode: str, clouds: Sequence[str] = ()) -> tuple[str, dict
                                "credentials come from the SDKs' usual chains (docs/orchestration.md)")
     if mode == "real" or (mode == "auto" and real):
         return "real", config.get_providers(list(clouds) or None), None
-    from infra.local.cloud import providers_for
+    from infra.local.cloud import providers_for  # lazy: moto's server, only for the embedded cloud
 
     ends = config.embedded_endpoints()  # `sailor cloud up`'s standalone cloud, else one in this process
     providers = providers_for(ends["aws_endpoint"], ends["gce_endpoint"])
@@ -175,8 +176,6 @@ def open_session(mode: str, *, job_id: str, jobs_url: str, spec: JobSpec) -> Clo
         session = CloudSession(mode=used, job_id=job_id, jobs_url=jobs_url, providers=providers,
                                control_url=control_url, shutdown_s=5.0, worker_stop_s=8.0,
                                heartbeat_timeout_s=60.0)
-    from infra.buckets import ensure_private_bucket
-
     for url in sorted({spec.checkpoint_url, jobs_url}):
         ensure_private_bucket(url)  # s3:// only: created private and encrypted, refused if public
     with _lock:
@@ -193,8 +192,6 @@ def close_session(session: CloudSession) -> None:
 
 def terminate_job_everywhere(job_id: str, *, reason: str) -> list[str]:
     """From a hook: terminate by label through this process's session, else through freshly made providers."""
-    from infra import config
-
     with _lock:
         session = _sessions.get(job_id)
     if session is not None:
@@ -256,8 +253,6 @@ def reconcile(session: CloudSession, state: js.JobState) -> js.JobState:
 
 
 def _record(info: InstanceInfo, node: NodeRequest | None, attempt: int, now: float) -> js.InstanceRecord:
-    from sailor_core.catalog.instances import get_instance_type
-
     if node is not None:
         price = node.usd_per_hr
     else:
@@ -279,8 +274,6 @@ class Provisioned:
 @task(name="provision", tags=["cloud"], retries=1, retry_delay_seconds=[5], cache_policy=NO_CACHE)
 def launch_nodes(session: CloudSession, needs: list, attempt: int, offers: list[Offer], spot: bool):
     """Rent the new nodes: each in its own zone first, then the next cheapest zone or cloud (infra's failover)."""
-    from infra.provisioner import Provisioner
-
     return Provisioner(session.providers).provision(
         needs, job_id=session.job_id, attempt=attempt, spot=spot, substitute_zones=True, all_or_nothing=True,
         startup_script=session.startup_script(), offers=offers)
@@ -303,8 +296,6 @@ def provision(session: CloudSession, state: js.JobState, nodes: Sequence[NodeReq
     state is updated to say where they really run.  Raises the provisioner's ProvisionError
     (a CapacityError) when some node could be had nowhere; nothing of this attempt is left running.
     """
-    from infra.provisioner import GpuNeed
-
     log = get_run_logger()
     now = time.time()
     # The job state can lag the cloud (a preemption may land while the flow re-plans): keep only

@@ -7,9 +7,10 @@ from typing import Any
 
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
+from prefect.runtime import flow_run
 
+from sailor_core.catalog.models import get_model
 from sailor_core.job import state as js
-
 from sailor_core.job.spec import JobSpec
 
 SYNTHETIC = "synthetic"
@@ -40,8 +41,7 @@ def prepare_data(dataset: str, model: str, seed: int, data_dir: str) -> str:
         return dataset
     path = Path(data_dir) / f"synthetic-{model}-seed{seed}.npy"
     if not path.exists():
-        from sailor_core.catalog.models import get_model
-        from sailor_core.runtime.data import generate_corpus
+        from sailor_core.runtime.data import generate_corpus  # lazy: torch (~2 s), only to make a corpus
 
         generate_corpus(path, vocab_size=get_model(model).vocab_size, num_tokens=SYNTHETIC_TOKENS, seed=seed)
     return str(path)
@@ -50,7 +50,7 @@ def prepare_data(dataset: str, model: str, seed: int, data_dir: str) -> str:
 @task(name="find-checkpoint", tags=["checkpoint"], retries=2, retry_delay_seconds=[1, 2], cache_policy=NO_CACHE)
 def note_checkpoint(state: js.JobState) -> js.JobState:
     """Record the newest checkpoint whose manifest verifies (a torn one is skipped)."""
-    from sailor_core.runtime.checkpoint import latest_valid_checkpoint
+    from sailor_core.runtime.checkpoint import latest_valid_checkpoint  # lazy: torch (~2 s), when the task runs
 
     info = latest_valid_checkpoint(state.spec.checkpoint_url)
     if info is None:
@@ -78,7 +78,5 @@ def summary(state: js.JobState, *, instances_left_running: int) -> dict[str, Any
 
 
 def _flow_run_id() -> str | None:
-    from prefect.runtime import flow_run
-
     run_id = flow_run.get_id()
     return str(run_id) if run_id else None

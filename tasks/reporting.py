@@ -21,7 +21,9 @@ from prefect.artifacts import (
 from prefect.cache_policies import NO_CACHE
 from prefect.events import emit_event
 
+from sailor_core.errors import SailorError
 from sailor_core.job.state import JobState
+from sailor_core.profiles import default_profile_db
 
 
 def artifact_key(kind: str, job_id: str) -> str:
@@ -42,9 +44,6 @@ def plan_rows(plan: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def _profile_source(plan: dict[str, Any], gpu: str, tp: int) -> str:
-    from sailor_core.errors import SailorError
-    from sailor_core.profiles import default_profile_db
-
     try:
         p = default_profile_db().get(plan["model"], gpu, tp, plan["micro_batch_size"], plan.get("seq_len"))
     except SailorError as exc:
@@ -80,10 +79,10 @@ def publish_plan(state: JobState, *, nodes: list[dict[str, Any]], sim: dict[str,
 
 def pareto_png(points: list[tuple[float, float]], chosen: tuple[float, float] | None) -> bytes:
     """Cost (USD/iteration) against throughput (samples/s) of the planner's Pareto front."""
-    import matplotlib
+    import matplotlib  # lazy: matplotlib (~0.3 s), only when a chart is drawn
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # lazy: as matplotlib, and after choosing its backend
 
     fig, ax = plt.subplots(figsize=(5, 3.2), dpi=80)
     if points:

@@ -8,6 +8,7 @@ only way to end an instance with the reason ``Server.SpotInstanceTermination``.
 
 from __future__ import annotations
 
+import base64
 import io
 import os
 import re
@@ -211,8 +212,6 @@ class MotoEC2:
 
     @staticmethod
     def user_data(inst) -> str | None:
-        import base64
-
         data = inst.user_data
         if isinstance(data, list):
             data = data[0] if data else None

@@ -366,10 +366,10 @@ def providers_for(aws_endpoint: str, gce_endpoint: str, *, retry: RetryPolicy | 
                   aws_regions: list[str] | None = None) -> dict:
     """Providers aimed at an embedded cloud (this process's or a standalone one)."""
     # Imported here: the cloud itself (e.g. the daemon) needs neither SDK's client.
-    from google.auth.credentials import AnonymousCredentials
+    from google.auth.credentials import AnonymousCredentials  # lazy: google-auth, only for the clients
 
-    from infra.aws import AWSProvider
-    from infra.gcp import GCPProvider
+    from infra.aws import AWSProvider  # lazy: boto3, only for the clients
+    from infra.gcp import GCPProvider  # lazy: google-cloud-compute (~2.4 s), only for the clients
 
     return {
         "aws": AWSProvider(endpoint_url=aws_endpoint, ami_id=FIXED_AMI, regions=aws_regions,
@@ -381,7 +381,7 @@ def providers_for(aws_endpoint: str, gce_endpoint: str, *, retry: RetryPolicy | 
 @functools.lru_cache(maxsize=1)
 def _local_session():
     """One session for all embedded providers: each new one re-reads EC2's service model (~0.5 s)."""
-    import boto3
+    import boto3  # lazy: boto3, only for the clients (see providers_for)
 
     # Fixed fake keys: never pick up (or send) the user's real AWS credentials locally.
     return boto3.Session(aws_access_key_id="testing", aws_secret_access_key="testing", region_name="us-east-1")

@@ -22,6 +22,7 @@ from enum import Enum
 from functools import lru_cache
 from typing import Sequence
 
+from sailor_core.catalog.gpus import get_gpu
 from sailor_core.network._data import load_egress_table, load_inter_fits, load_intra_fits, load_user_inter_fits
 from sailor_core.network.fits import BandwidthFit
 from sailor_core.zones import Zone, parse_zone
@@ -122,7 +123,7 @@ class _Link:
 
     def times_s(self, num_bytes):
         """``time_s`` of a numpy array of message sizes."""
-        import numpy as np
+        import numpy as np  # lazy: numpy (~0.15 s) only when arrays are computed; importing this module stays light
 
         nb = np.asarray(num_bytes, dtype=float)
         safe = np.maximum(nb, 1e-300)
@@ -184,8 +185,6 @@ class NetworkModel:
             fit = self.intra_fits.get((gpu, 2 * count))
             if fit is not None:
                 return _Link(fit, 0.0, 0.0, count, LinkClass.INTRA_NODE)
-        from sailor_core.catalog.gpus import get_gpu
-
         bw = get_gpu(gpu).intra_node_bw_bytes_per_s * k
         return _Link(None, bw, INTRA_NODE_LATENCY_S, k, LinkClass.INTRA_NODE)
 
@@ -234,7 +233,7 @@ class NetworkModel:
         """``uniform_allreduce_time_s`` of a numpy array of sizes at once (the planner's bounds
         ask for rings of every pipeline depth); ``to``: every hop as slow as ``endpoint`` to
         ``to`` (a ring paced by that pair)."""
-        import numpy as np
+        import numpy as np  # lazy: numpy (~0.15 s) only when arrays are computed; importing this module stays light
 
         nb = np.asarray(num_bytes, dtype=float)
         if n <= 1:

@@ -16,9 +16,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from sailor_core.catalog.gpus import normalize_gpu_name
 from sailor_core.catalog.models import get_model
 from sailor_core.errors import InputError, ProfileError
 from sailor_core.profiler.group import run_local_group
+from sailor_core.profiler.overhead import idle_worker_rss_bytes
+from sailor_core.profiles import ProfileDB, reset_default_profile_db
+from sailor_core.profiles.store import read_profiles, user_profiles_dir
 from sailor_core.profiles.types import LayerProfile, ModelProfile
 
 CPU_REGIME = "torch-fp32-adamw"          # the engine on CPU: fp32, AdamW
@@ -93,9 +97,9 @@ def run_measurements(model: str, micro_batch_sizes: list[int], *, device: str, s
                      tp_degree: int = 1, tp_rank: int = 0, tp_group=None, warmups: int = 2, reps: int = 10,
                      update_reps: int = 5, progress: Progress | None = None) -> dict:
     """Measure every layer index at every micro-batch size on this rank; JSON-able result."""
-    import torch
+    import torch  # lazy: torch only where layers are measured; the CLI and flows import this module
 
-    from sailor_core.profiler.measure import measure_chained, measure_layer, measure_model_update
+    from sailor_core.profiler.measure import measure_chained, measure_layer, measure_model_update  # lazy: torch
 
     spec = get_model(model)
     dev = torch.device(device)
@@ -213,7 +217,7 @@ def profile_model(model: str, *, micro_batch_sizes: list[int] = (1,), tp_degrees
                         ("FFN size", spec.ffn_size)):
             if n % t:
                 raise InputError(f"TP degree {t} does not divide {spec.name}'s {n} {what}")
-    import torch
+    import torch  # lazy: torch after the inputs are checked; the CLI and flows import this module
 
     if device == "cuda":
         if not torch.cuda.is_available():
@@ -227,8 +231,6 @@ def profile_model(model: str, *, micro_batch_sizes: list[int] = (1,), tp_degrees
         dev_name = cpu_name()
         gpu_type = gpu or "cpu"
         regime = CPU_REGIME
-    from sailor_core.catalog.gpus import normalize_gpu_name
-
     gpu_type = normalize_gpu_name(gpu_type)
     date = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d")
     source = (f"sailor-profiler: {dev_name}; torch {torch.__version__}; {date}; "
@@ -257,8 +259,6 @@ def profile_model(model: str, *, micro_batch_sizes: list[int] = (1,), tp_degrees
             details.append({"layers": layers, "update_points": points, "timer": used})
     overhead = None
     if measure_overhead:
-        from sailor_core.profiler.overhead import idle_worker_rss_bytes
-
         overhead = idle_worker_rss_bytes(device=device, threads=threads)
     return ProfileRun(profiles=tuple(profiles), details=tuple(details), device_name=dev_name,
                       torch_version=torch.__version__, threads=threads, wall_s=time.monotonic() - t0,
@@ -286,9 +286,6 @@ def num_steps(model: str, micro_batch_sizes, tp_degrees) -> int:
 def save_profiles(profiles, directory: str | Path | None = None) -> Path:
     """Add profiles to the user's profile folder (``<dir>/profiled-<model>-<gpu>.parquet``), replacing
     equal keys, and make the default database see them."""
-    from sailor_core.profiles import ProfileDB, reset_default_profile_db
-    from sailor_core.profiles.store import read_profiles, user_profiles_dir
-
     profiles = list(profiles)
     if not profiles:
         raise ProfileError("nothing to save")

@@ -16,10 +16,13 @@ import json
 import os
 import sys
 
+import torch
+import torch.distributed as dist
+
+from sailor_core.profiler.network import DEFAULT_SIZES, measure_in_group
+
 
 def main(argv=None) -> int:
-    from sailor_core.profiler.network import DEFAULT_SIZES
-
     ap = argparse.ArgumentParser(prog="python -m sailor_core.profiler.net_worker")
     ap.add_argument("--sizes", default=",".join(map(str, DEFAULT_SIZES)), help="message sizes in bytes")
     ap.add_argument("--reps", type=int, default=5)
@@ -30,12 +33,6 @@ def main(argv=None) -> int:
     ap.add_argument("--timeout-s", type=float, default=300.0)
     ap.add_argument("--metrics-file", default=None, help="rank 0 appends its JSON lines here too (the agent's)")
     args = ap.parse_args(argv)
-
-    import torch
-    import torch.distributed as dist
-
-    from sailor_core.profiler.network import measure_in_group
-
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     torch.set_num_threads(args.threads)
     if args.device == "cuda":

@@ -34,8 +34,14 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sailor_core.catalog import get_gpu, normalize_gpu_name
 from sailor_core.errors import InputError, ProfileError
+from sailor_core.network._data import user_network_dir
 from sailor_core.network.fits import MAX_FIT_BYTES, MIN_FIT_BYTES, BandwidthFit
+from sailor_core.network.model import default_network
+from sailor_core.profiler.compute import cpu_name, gpu_type_of
+from sailor_core.profiler.group import run_local_group
+from sailor_core.zones import parse_zone
 
 DEFAULT_SIZES = tuple(2**k for k in range(16, 29, 2))  # 64 KiB .. 256 MiB
 NETWORK_FORMAT = 1
@@ -128,15 +134,15 @@ def _reps_for(size: int, reps: int) -> int:
 
 def _sync(device) -> None:
     if device.type == "cuda":
-        import torch
+        import torch  # lazy: torch only inside a measuring worker; the flows and the CLI import this module
 
         torch.cuda.synchronize()
 
 
 def measure_in_group(sizes=DEFAULT_SIZES, *, reps: int = 5, allreduce: bool = True, progress=None) -> dict | None:
     """Run the measurements in an initialised process group; rank 0 returns the points."""
-    import torch
-    import torch.distributed as dist
+    import torch  # lazy: torch only inside a measuring worker; the flows and the CLI import this module
+    import torch.distributed as dist  # lazy: as torch
 
     rank, world = dist.get_rank(), dist.get_world_size()
     device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
@@ -194,7 +200,7 @@ def _x(num_bytes: float) -> float:
 
 def fit_bandwidth(points) -> tuple[BandwidthFit, float]:
     """Fit (bytes, seconds) points to the network model's curve; (fit, largest relative time error)."""
-    import numpy as np
+    import numpy as np  # lazy: numpy (~0.15 s) only when fitting; `sailor plan` starts without it
 
     pts = sorted((int(b), float(t)) for b, t in points if b > 0 and t > 0)
     if len(pts) < 3:
@@ -216,9 +222,6 @@ def network_profile_from_points(result: dict, *, src_zone: str = "local", src_gp
                                 dst_zone: str | None = None, dst_gpu: str | None = None,
                                 source: str = "") -> NetworkProfile:
     """A profile of the link from ``measure_in_group``'s points (rank 0's answer)."""
-    from sailor_core.catalog.gpus import normalize_gpu_name
-    from sailor_core.zones import parse_zone
-
     parse_zone(src_zone)
     parse_zone(dst_zone or src_zone)
     fit, err = fit_bandwidth(result["p2p"])
@@ -277,16 +280,11 @@ class NetworkLink:
 
     @property
     def clouds(self) -> tuple[str, ...]:
-        from sailor_core.zones import parse_zone
-
         return tuple(sorted({parse_zone(z).cloud for z in (self.src_zone, self.dst_zone)}))
 
 
 def network_link(gpu: str | None, zone: str | None, dst_zone: str | None = None, num_workers: int = 2) -> NetworkLink:
     """Checked input: a catalog GPU, known zones (``dst_zone`` defaults to ``zone``), two workers or more."""
-    from sailor_core.catalog import get_gpu, normalize_gpu_name
-    from sailor_core.zones import parse_zone
-
     if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 2:
         raise InputError(f"--workers must be an integer >= 2 (p2p needs two instances), got {num_workers!r}")
     if not gpu:
@@ -313,23 +311,18 @@ def profile_network(num_workers: int = 2, *, sizes=DEFAULT_SIZES, reps: int = 5,
         raise InputError("give at least 3 message sizes of 4 bytes or more")
     if device not in ("cpu", "cuda"):
         raise InputError(f"device must be 'cpu' or 'cuda', got {device!r}")
-    from sailor_core.profiler.compute import cpu_name
-    from sailor_core.profiler.group import run_local_group
-
     argv = network_worker_command(sizes=sizes, reps=reps, device=device) + ["--threads", str(threads)]
     result = run_local_group(argv, num_ranks=num_workers, threads=threads, timeout_s=timeout_s,
                              progress=progress, what="network profiling", all_ranks_must_succeed=False,
                              workdir_prefix="sailor-profile-net-")
     date = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d")
-    import torch
+    import torch  # lazy: torch (~2 s) for its version and device name only; the flows import this module
 
     backend = "nccl" if device == "cuda" else "gloo"
     source = (f"sailor-profiler network: {num_workers} local processes, {backend}, {cpu_name()}; "
               f"torch {torch.__version__}; {date}")
     gpu = "cpu"
     if device == "cuda":
-        from sailor_core.profiler.compute import gpu_type_of
-
         gpu = gpu_type_of(torch.cuda.get_device_name(0))
     return network_profile_from_points(result, src_zone="local", src_gpu=gpu, source=source)
 
@@ -337,9 +330,6 @@ def profile_network(num_workers: int = 2, *, sizes=DEFAULT_SIZES, reps: int = 5,
 def save_network_profile(profile: NetworkProfile, directory: str | Path | None = None) -> Path:
     """Write ``<dir>/<src_zone>-<src_gpu>--<dst_zone>-<dst_gpu>.json`` (default: the user's network
     folder, which ``default_network`` reads) and make the default network see it."""
-    from sailor_core.network._data import user_network_dir
-    from sailor_core.network.model import default_network
-
     directory = Path(directory) if directory is not None else user_network_dir()
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"{profile.src_zone}-{profile.src_gpu}--{profile.dst_zone}-{profile.dst_gpu}.json"

@@ -19,6 +19,7 @@ import subprocess
 import sys
 
 from sailor_core.errors import ProfileError
+from sailor_core.profiler.group import free_port
 
 _IDLE = r"""
 import json, os, sys, datetime
@@ -62,12 +63,10 @@ dist.destroy_process_group()
 
 def idle_worker_rss_bytes(*, device: str = "cpu", threads: int = 1, timeout_s: float = 120.0) -> int:
     """Constant memory of one worker process (see the module doc); the larger of two ranks."""
-    from sailor_core.profiler.group import free_port as _free_port
-
-    port = _free_port()
+    port = free_port()
     other_used = 0
     if device == "cuda" and "torch" in sys.modules:
-        import torch
+        import torch  # lazy: only a torch the caller already loaded (its CUDA context); never load it here
 
         if torch.cuda.is_initialized():
             torch.cuda.empty_cache()

@@ -13,6 +13,11 @@ import json
 import os
 import sys
 
+import torch
+import torch.distributed as dist
+
+from sailor_core.profiler.compute import run_measurements
+
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m sailor_core.profiler.tp_worker")
@@ -25,12 +30,6 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--timeout-s", type=float, default=300.0)
     args = ap.parse_args(argv)
-
-    import torch
-    import torch.distributed as dist
-
-    from sailor_core.profiler.compute import run_measurements
-
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     torch.set_num_threads(args.threads)
     device = "cpu"

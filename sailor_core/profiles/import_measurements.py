@@ -31,6 +31,7 @@ from sailor_core.errors import InputError, ProfileError
 from sailor_core.profiles import estimator as est
 from sailor_core.profiles.types import LayerProfile, ModelProfile
 from sailor_core.regimes import get_regime
+from sailor_core.simulator.memory import loss_working_bytes
 
 REGIME = "torch-bf16-autocast-adamw"
 _INT_FIELDS = ("layers", "params", "seq", "mbs", "static_bytes", "peak_alloc_bytes")
@@ -94,7 +95,7 @@ def _gpu_of(env: dict, gpu: str | None, path: Path) -> str:
 
 
 def _fit_update(records: list[dict], where: str) -> tuple[float, float]:
-    import numpy as np
+    import numpy as np  # lazy: numpy (~0.15 s) only when arrays are computed; importing this module stays light
 
     params = np.array([float(r["params"]) for r in records])
     times = np.array([_median_ms(r["optim_step_ms"], where) for r in records])
@@ -143,8 +144,6 @@ def import_measurements(path: str | Path, *, gpu: str | None = None) -> list[Mod
         act_l = int(full["peak_alloc_bytes"]) - int(full["static_bytes"])
         act_2 = int(short["peak_alloc_bytes"]) - int(short["static_bytes"])
         block_act = (act_l - act_2) / span
-        from sailor_core.simulator.memory import loss_working_bytes
-
         rest_act = act_2 - 2 * block_act - loss_working_bytes(model, 1, mbs, seq)
         if block_act <= 0 or rest_act <= 0:
             raise ProfileError(f"{where}: differencing peak memory of the two depths gives non-positive activations")

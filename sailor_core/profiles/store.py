@@ -100,8 +100,8 @@ def _rows(profiles: Iterable[ModelProfile]) -> dict[str, list]:
 
 def write_profiles(path: str | Path, profiles: Iterable[ModelProfile]) -> Path:
     """Write profiles to one parquet file (atomically: a reader never sees half a file)."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
+    import pyarrow as pa  # lazy: pyarrow (~0.2 s) only when a file is read or written
+    import pyarrow.parquet as pq  # lazy: pyarrow (~0.2 s) only when a file is read or written
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -130,9 +130,9 @@ def _read_table(path: Path):
     reader underneath it does not, and every ``sailor`` command loads the profiles.
     """
     try:
-        from pyarrow._parquet import ParquetReader
+        from pyarrow._parquet import ParquetReader  # lazy: pyarrow (~0.2 s) only when a file is read
     except ImportError:  # another pyarrow layout: take the public, slower path
-        import pyarrow.parquet as pq
+        import pyarrow.parquet as pq  # lazy: pyarrow (~0.2 s) only when a file is read or written
 
         return pq.read_table(path)
     reader = ParquetReader()
@@ -142,7 +142,7 @@ def _read_table(path: Path):
 
 def read_profiles(path: str | Path) -> list[ModelProfile]:
     """Read a profile parquet file; any defect raises ProfileError naming the file."""
-    import pyarrow as pa
+    import pyarrow as pa  # lazy: pyarrow (~0.2 s) only when a file is read or written
 
     path = Path(path)
     if not path.is_file():

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from sailor_core.catalog.layers import total_params
 from sailor_core.errors import InputError
+from sailor_core.regimes import DEFAULT_REGIME, get_regime
 from sailor_core.zones import parse_zone
 
 
@@ -51,8 +53,5 @@ class ChangeCosts:
 
 def checkpoint_bytes_for(model: str, regime: str | None = None) -> float:
     """Bytes of one full checkpoint: weights plus optimizer state (gradients are not saved)."""
-    from sailor_core.catalog.layers import total_params
-    from sailor_core.regimes import DEFAULT_REGIME, get_regime
-
     r = get_regime(regime or DEFAULT_REGIME)
     return float(total_params(model)) * (r.weight_bytes_per_param + r.optimizer_bytes_per_param)

@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from sailor_core.controller import PlanFn, PlanOption
+from sailor_core.plan.types import plan_from_dict
 from sailor_core.traces import GpuZone
 
 
@@ -28,8 +29,6 @@ def _to_json(o: PlanOption) -> dict:
 
 
 def _from_json(d: dict) -> PlanOption:
-    from sailor_core.plan.types import plan_from_dict
-
     return PlanOption(
         gpus={(g, z): int(n) for g, z, n in d["gpus"]},
         throughput_samples_per_s=float(d["throughput_samples_per_s"]),

@@ -11,15 +11,18 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
+from sailor_core.catalog import get_model, normalize_gpu_name
+from sailor_core.catalog.instances import gpu_price_usd_per_hr
 from sailor_core.controller import CachedPlanner, PlanFn, PlanOption, planner_plan_fn, restrict
 from sailor_core.controller.options import PlannerCall
 from sailor_core.errors import InputError
 from sailor_core.replay.costs import ChangeCosts, checkpoint_bytes_for
-from sailor_core.replay.simulation import PriceFn, ReplayResult, replay
 from sailor_core.replay.lookahead import first_requests
+from sailor_core.replay.plan_cache import PersistentPlanner, _key, persistent
 from sailor_core.replay.policies import POLICIES, controller_config, pick_single_type, single_type_requests
 from sailor_core.replay.prefetch import PrefetchingPlanner, PrefetchStats, default_workers
 from sailor_core.replay.prices import PriceSeries
+from sailor_core.replay.simulation import PriceFn, ReplayResult, replay
 from sailor_core.traces import AvailabilityTrace, GpuZone
 
 # Search knobs for re-planning inside a replay: a smaller budget of simulate()
@@ -89,8 +92,6 @@ def _planner(model: str, global_batch_size: int | None, knobs: dict[str, Any], p
     fn = PrefetchingPlanner(args, workers=workers) if workers > 0 else planner_plan_fn(**args)
     if not plan_cache_path:
         return fn
-    from sailor_core.replay.plan_cache import persistent
-
     text = ",".join(f"{k}={v}" for k, v in sorted(knobs.items()))
     return persistent(fn, plan_cache_path, prefix=f"{model}|gbs={global_batch_size}|{text}")
 
@@ -136,8 +137,6 @@ def _ratio(a: float, b: float) -> float | None:
 
 
 def catalog_price_fn() -> PriceFn:
-    from sailor_core.catalog.instances import gpu_price_usd_per_hr
-
     @lru_cache(maxsize=None)
     def per_gpu(gpu: str, zone: str) -> float:
         return gpu_price_usd_per_hr(gpu, zone, spot=True)
@@ -177,8 +176,6 @@ def run_policies(
     the availabilities the policies will likely ask about next while the replay runs;
     the results are those of a replay without them.
     """
-    from sailor_core.catalog import get_model, normalize_gpu_name
-
     spec = get_model(model)
     if not (tokens > 0 and math.isfinite(tokens)):
         raise InputError(f"tokens to train must be a positive number, got {tokens!r}")
@@ -297,8 +294,6 @@ def _shadow_replay(prefetcher: PrefetchingPlanner, exact_availability: bool, pri
 
 
 def _prefetcher(plan_fn: PlanFn) -> PrefetchingPlanner | None:
-    from sailor_core.replay.plan_cache import PersistentPlanner
-
     if isinstance(plan_fn, PersistentPlanner):
         plan_fn = plan_fn.plan_fn
     return plan_fn if isinstance(plan_fn, PrefetchingPlanner) and plan_fn.workers > 0 else None
@@ -307,8 +302,6 @@ def _prefetcher(plan_fn: PlanFn) -> PrefetchingPlanner | None:
 def _known_to(cached: CachedPlanner) -> Callable[[Mapping[GpuZone, int]], bool]:
     """Whether ``cached`` answers an availability without a search: seen before, implied by
     earlier answers (as it stands now), or stored in its plan cache on disk."""
-    from sailor_core.replay.plan_cache import PersistentPlanner, _key
-
     disk = cached.plan_fn if isinstance(cached.plan_fn, PersistentPlanner) else None
     # What earlier answers imply only changes when an answer is added, so a "no" holds
     # until the planner's next search (guesses are checked again after every decision).
@@ -329,8 +322,6 @@ def _known_to(cached: CachedPlanner) -> Callable[[Mapping[GpuZone, int]], bool]:
 
 
 def _flush(plan_fn: PlanFn) -> None:
-    from sailor_core.replay.plan_cache import PersistentPlanner
-
     if isinstance(plan_fn, PersistentPlanner):
         plan_fn.flush()
 

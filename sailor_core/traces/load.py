@@ -6,9 +6,10 @@ import re
 from pathlib import Path
 
 from sailor_core.errors import InputError
+from sailor_core.traces import spot
+from sailor_core.traces.derive import derive_preset
 from sailor_core.traces.model import AvailabilityTrace
 from sailor_core.traces.sailor_csv import _read_text, parse_gpu_trace
-from sailor_core.traces import spot
 
 _FORMAT_A = re.compile(r"^\s*\d+(\.\d+)?\s*,\s*\d+\s*$")
 _FORMAT_B = re.compile(r"^\s*\d+\s*,\s*(add|remove)\s*,")
@@ -42,8 +43,6 @@ def load_trace(
     ``derived:NAME[:SEED]`` generates one of the derived multi-day traces instead.
     """
     if str(path).startswith("derived:"):
-        from sailor_core.traces.derive import derive_preset
-
         _, name, *rest = str(path).split(":")
         try:
             seed = int(rest[0]) if rest else 0
