@@ -37,9 +37,9 @@ def main() -> None:
 
         t1 = time.monotonic()
         summary = train_job(model="tiny", budget_usd=0.05, steps=args.steps, global_batch_size=args.gbs,
-                            checkpoint_every=args.checkpoint_every, cloud="embedded", max_gpus=2,
+                            checkpoint_every_steps=args.checkpoint_every, cloud="embedded", max_gpus=2,
                             max_gpus_per_zone=1,
-                            preempt_at=[int(x) for x in args.preempt_at.split(",") if x])
+                            preempt_at_steps=[int(x) for x in args.preempt_at.split(",") if x])
         wall = time.monotonic() - t1
         state = JobStore().load(summary["job_id"])
     finally:

@@ -9,6 +9,10 @@ A thin loop; every decision is a core function's:
        re-plan on what is available now, keep the survivors that still fit, resume
     -> budget would be crossed: stop cleanly (status ``stopped_budget``)
 
+What each ending means for the job (its status, the controller's next event, which records
+to close, when to give up) is ``sailor_core.job.recovery``'s.  The flow's parameters are
+``JobSpec``'s fields (``flows.job_parameters``) plus the run-only ones of ``train_job``.
+
 The job state (``sailor_core.job.state``) is saved after every change, so a new
 flow run with the same ``job_id`` continues the job.  Every instance carrying
 the job's label is terminated at the end: in ``finally``, and from the
@@ -17,29 +21,24 @@ cancellation/crash hooks when the flow process itself is being torn down.
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from typing import Any
 
 from prefect import flow, get_run_logger
 from prefect.runtime import flow_run as current_flow_run
 
-from sailor_core.job import state as js
-
-from sailor_core.job.spec import JobSpec
-from sailor_core.job.attempts import FINISHED, INSTANCE_PREEMPTED
+from flows.job_parameters import takes_job_spec
 from infra.errors import CapacityError
-from sailor_core.controller import Action, Event, EventKind
+from sailor_core import settings
+from sailor_core.controller import Action, PlanOption
+from sailor_core.job import recovery
+from sailor_core.job import state as js
+from sailor_core.job.attempts import FINISHED, INSTANCE_PREEMPTED, AttemptOutcome
+from sailor_core.job.spec import JobSpec
 from sailor_core.plan.types import plan_from_dict
 from tasks import cloud as cloud_tasks
-from tasks import jobs as job_tasks
 from tasks import control, reporting, workers
-
-# Consecutive attempts that end without a new checkpoint before the job gives up.
-MAX_ATTEMPTS_WITHOUT_PROGRESS = 3
-# While no plan fits what is offered: how long to wait between looks, and how many looks.
-WAIT_S = 10.0
-MAX_WAITS = 6
+from tasks import jobs as job_tasks
 
 
 def _job_id_for_run(model: str) -> str:
@@ -62,164 +61,36 @@ def _cleanup_hook(flow_obj, flow_run, state) -> None:
 
 @flow(name="train-job", log_prints=False, on_cancellation=[_cleanup_hook], on_crashed=[_cleanup_hook],
       description="Train a model on spot GPUs within a budget, re-planning on preemption.")
-def train_job(
-    model: str = "tiny",
-    budget_usd: float = 0.05,
-    steps: int = 30,
-    dataset: str = "synthetic",
-    min_throughput: float | None = None,
-    max_usd_per_hr: float | None = None,
-    objective: str = "throughput",
-    gpus: list[str] | None = None,
-    zones: list[str] | None = None,
-    clouds: list[str] | None = None,
-    spot: bool = True,
-    on_demand_fallback: bool = False,
-    checkpoint_url: str | None = None,
-    checkpoint_every: int = 5,
-    preempt_at: list[int] | None = None,
-    job_id: str | None = None,
-    jobs_url: str | None = None,
-    cloud: str = "auto",
-    max_gpus_per_zone: int = 2,
-    max_gpus: int | None = 2,
-    global_batch_size: int | None = 8,
-    seed: int = 0,
-) -> dict[str, Any]:
+@takes_job_spec
+def train_job(spec: JobSpec, *, job_id: str | None = None, jobs_url: str | None = None, cloud: str = "auto",
+              max_gpus_per_zone: int = 2) -> dict[str, Any]:
+    """Train the model of ``spec`` within its budget; returns the ``sailor train`` summary.
+
+    Args:
+        job_id: continue this job, or name a new one (default: derived from the flow run's id)
+        jobs_url: where job states live (default: SAILOR_JOBS_URL, else $SAILOR_HOME/jobs)
+        cloud: auto (real clouds when SAILOR_CLOUDS asks for them, else embedded), embedded or real
+        max_gpus_per_zone: most GPUs of one type per zone the planner may use
+    """
     log = get_run_logger()
     store = js.JobStore(jobs_url)
-    job_id = job_id or _job_id_for_run(model)
-    spec = JobSpec(
-        model=model, budget_usd=budget_usd, steps=steps, dataset=dataset, max_usd_per_hr=max_usd_per_hr,
-        min_throughput_samples_per_s=min_throughput, clouds=tuple(clouds or ()), zones=tuple(zones or ()),
-        gpus=tuple(gpus or ()), spot=spot, on_demand_fallback=on_demand_fallback, objective=objective,
-        checkpoint_url=checkpoint_url or f"{store.job_url(job_id)}/checkpoints",
-        checkpoint_every_steps=checkpoint_every, preempt_at_steps=tuple(sorted(set(preempt_at or ()))),
-        global_batch_size=global_batch_size, seed=seed,
-    )
-    state = job_tasks.start_or_resume(store, spec, job_id)
+    job_id = job_id or _job_id_for_run(spec.model)
+    # The saved spec wins over this run's parameters when the job exists (start_or_resume says so).
+    state = job_tasks.start_or_resume(store, spec.for_job(store.job_url(job_id)), job_id)
     if state.finished:
         log.info("job %s already %s; nothing to do", job_id, state.status)
         return job_tasks.summary(state, instances_left_running=0)
 
-    session = cloud_tasks.open_session(cloud, job_id=job_id, jobs_url=store.job_url(job_id), spec=spec)
-    progress = reporting.ProgressReporter(job_id)
+    session = cloud_tasks.open_session(cloud, job_id=job_id, jobs_url=store.job_url(job_id), spec=state.spec)
     left_running = 0
     body_failed = False
     try:
-        state = cloud_tasks.reconcile(session, state)
-        state = job_tasks.note_checkpoint(state)  # the checkpoints, not a possibly stale state, say where to resume
-        state = workers.merge_agent_reports(session, state)  # a killed run's workers may have trained on
-        store.save(state)
-        data_url = job_tasks.prepare_data(spec.dataset, spec.model, spec.seed, data_dir=str(js.sailor_home() / "data"))
-        event = control.start_event(state)
-        reason_prefix = "" if state.attempt == 0 else "flow run resumed the job; "
-        current = None  # the controller's PlanOption running now
-        num_waits = no_progress = 0
-        while True:
-            offers = cloud_tasks.list_offers(session, spec.gpus, spec.zones, spec.clouds)
-            planner = control.Planner(spec=spec, offers=tuple(offers))
-            available = control.availability(offers, max_gpus_per_zone=max_gpus_per_zone, max_gpus=max_gpus)
-            decision = control.decide_next(planner, state, available=available, event=event, current=current,
-                                            shutdown_s=session.shutdown_s, now_unix_s=time.time())
-            if decision.action == Action.STOP:
-                done = state.last_checkpoint_step is not None and state.last_checkpoint_step >= spec.steps
-                state = js.with_status(state, js.SUCCEEDED if done else js.STOPPED_BUDGET, decision.reason)
-                store.save(state)
-                break
-            if decision.action == Action.CONTINUE and current is not None:
-                decision = dataclasses.replace(decision, reason=f"restart the same plan ({current.label})")
-            if decision.action == Action.WAIT or decision.plan is None:
-                num_waits += 1
-                if num_waits > MAX_WAITS:
-                    state = js.with_status(state, js.FAILED, decision.reason)
-                    store.save(state)
-                    break
-                time.sleep(WAIT_S)
-                continue
-            option = decision.plan
-            nodes = planner.nodes(option)
-            reason = reason_prefix + decision.reason
-            reason_prefix = ""
-            state = js.with_plan(state, plan=option.plan.to_dict(), reason=reason, usd_per_hr=option.usd_per_hr,
-                                 throughput_samples_per_s=option.throughput_samples_per_s)
-            state = js.with_status(state, js.RUNNING if state.attempt == 1 else js.RECOVERING, reason)
-            store.save(state)
-            try:
-                placed = cloud_tasks.provision(session, state, nodes, offers)
-            except CapacityError as exc:
-                # Nowhere to put some node now: count it as a wait and ask the controller again.
-                log.warning("provisioning failed: %s", exc)
-                state = js.with_status(state, js.RECOVERING, f"no capacity: {exc}")
-                store.save(state)
-                event, current, num_waits = Event(kind=EventKind.CAPACITY), None, num_waits + 1
-                reason_prefix = "no capacity for the last plan; "
-                if num_waits > MAX_WAITS:
-                    state = js.with_status(state, js.FAILED, f"no capacity: {exc}")
-                    store.save(state)
-                    break
-                time.sleep(WAIT_S)
-                continue
-            state = placed.state
-            store.save(state)
-            # Only a launch that worked ends a streak of waits: a plan that can never be placed
-            # (every launch refused) must not restart the count, or the job would retry forever.
-            num_waits = 0
-            if state.plan != option.plan.to_dict():  # the failover moved nodes: watch the plan as placed
-                option = planner.option(plan_from_dict(state.plan), option.throughput_samples_per_s)
-                available = {**available, **{k: max(n, available.get(k, 0)) for k, n in option.gpus.items()}}
-            reporting.publish_plan(state, nodes=[cloud_tasks.node_dict(n) for n in placed.nodes],
-                                   sim={"throughput_samples_per_s": option.throughput_samples_per_s}, reason=reason,
-                                   history=list(placed.history))
-            reporting.publish_pareto(job_id, control.pareto_points(planner), control.chosen_point(planner, option))
-            if state.attempt > 1:
-                reporting.emit_job_event("replanned", state, reason=reason, plan=state.plan)
-
-            workers.assign(session, state, placed.assignments, data_url=data_url)
-            outcome, state = workers.watch_attempt(session, store, state, placed.assignments, progress=progress,
-                                                   planner=planner, available=available, current=option)
-            if outcome.kind == FINISHED:
-                state = job_tasks.note_checkpoint(state)
-                state = js.with_status(state, js.SUCCEEDED, f"{state.steps_done} steps done")
-                store.save(state)
-                break
-            # The attempt ended early: stop the survivors (SIGTERM: they checkpoint if they can).
-            before = state.last_checkpoint_step
-            state = workers.stop_attempt(session, state, placed.assignments)
-            state = cloud_tasks.reconcile(session, state)
-            if outcome.kind == INSTANCE_PREEMPTED:
-                # The cloud or the agent reported these preempted, but the cloud may still say
-                # "stopping" (its notice window), and re-provisioning would then close them as
-                # merely terminated: they will not run again, so close them as preemptions now.
-                state = js.with_instances_ended(state, set(outcome.instance_ids), "preempted")
-            state = job_tasks.note_checkpoint(state)
-            store.save(state)
-            if outcome.kind == workers.BUDGET:
-                state = js.with_status(state, js.STOPPED_BUDGET, outcome.reason)
-                store.save(state)
-                break
-            if outcome.kind == INSTANCE_PREEMPTED:
-                reporting.emit_job_event("preempted", state, instances=list(outcome.instance_ids))
-                event = control.preemption_event(state, outcome.instance_ids)
-            else:
-                event = Event(kind=EventKind.CAPACITY)
-            current = option  # broken by the preemption's lost GPUs, or still whole after a crash
-            no_progress = 0 if state.last_checkpoint_step != before else no_progress + 1
-            if no_progress >= MAX_ATTEMPTS_WITHOUT_PROGRESS:
-                state = js.with_status(state, js.FAILED,
-                                       f"{no_progress} attempts without a new checkpoint; last: {outcome.reason}")
-                store.save(state)
-                break
-            reason_prefix = f"{outcome.reason} at step {state.steps_done}; "
-            log.info("job %s: %s; re-planning from step %s", job_id, outcome.reason, state.last_checkpoint_step)
+        state = _pick_up(session, store, state)
+        state = _attempts(session, store, state, max_gpus_per_zone=max_gpus_per_zone)
     except BaseException as exc:
         body_failed = True
-        cancelled = cloud_tasks.is_cancellation(exc)
-        # A task interrupted mid-way (the watch) saved progress this frame never saw: start from that.
         saved = store.load(job_id) if store.exists(job_id) else state
-        state = saved if saved.updated_unix_s > state.updated_unix_s else state
-        state = js.with_status(state, js.CANCELLED if cancelled else js.FAILED,
-                               f"{type(exc).__name__}: {exc}".splitlines()[0][:300])
+        state = recovery.ended_by_exception(state, saved, exc, cancelled=cloud_tasks.is_cancellation(exc))
         store.save(state)
         raise
     finally:
@@ -228,3 +99,105 @@ def train_job(
                                                   what=f"job {job_id}", after=reporting.publish_cost_report)
     return job_tasks.summary(state, instances_left_running=left_running)
 
+
+def _pick_up(session, store: js.JobStore, state: js.JobState) -> js.JobState:
+    """Where an earlier flow run of the job left it: its instances, checkpoints and workers' reports."""
+    state = cloud_tasks.reconcile(session, state)
+    state = job_tasks.note_checkpoint(state)  # the checkpoints, not a possibly stale state, say where to resume
+    state = workers.merge_agent_reports(session, state)  # a killed run's workers may have trained on
+    return _save(store, state)
+
+
+def _attempts(session, store: js.JobStore, state: js.JobState, *, max_gpus_per_zone: int) -> js.JobState:
+    """Plan, provision, train and watch, attempt after attempt, until the job ends; its final state."""
+    log = get_run_logger()
+    spec = state.spec
+    data_url = job_tasks.prepare_data(spec.dataset, spec.model, spec.seed,
+                                      data_dir=str(settings.sailor_home() / "data"))
+    progress = reporting.ProgressReporter(state.job_id)  # one progress artifact per flow run
+    rec = recovery.start(state)
+    while True:
+        offers = cloud_tasks.list_offers(session, spec.gpus, spec.zones, spec.clouds)
+        planner = control.Planner(spec=spec, offers=tuple(offers))
+        available = control.availability(offers, max_gpus_per_zone=max_gpus_per_zone, max_gpus=spec.max_gpus)
+        decision = control.decide_next(planner, state, available=available, event=rec.event, current=rec.current,
+                                       shutdown_s=session.shutdown_s, now_unix_s=time.time())
+        if decision.action == Action.STOP:
+            return _end(store, state, recovery.status_when_stopped(state), decision.reason)
+        if decision.action == Action.WAIT or decision.plan is None:
+            rec = recovery.waited(rec)
+            if rec.out_of_waits:
+                return _end(store, state, js.FAILED, decision.reason)
+            time.sleep(recovery.WAIT_S)
+            continue
+        rec, reason = recovery.choose(rec, decision)
+        state = _save(store, recovery.start_attempt(state, decision.plan, reason))
+        try:
+            placed = cloud_tasks.provision(session, state, planner.nodes(decision.plan), offers)
+        except CapacityError as exc:  # nowhere to put some node now: a wait, then plan again
+            log.warning("provisioning failed: %s", exc)
+            state = _save(store, js.with_status(state, js.RECOVERING, f"no capacity: {exc}"))
+            rec = recovery.no_capacity(rec)
+            if rec.out_of_waits:
+                return _end(store, state, js.FAILED, f"no capacity: {exc}")
+            time.sleep(recovery.WAIT_S)
+            continue
+        state, rec = _save(store, placed.state), recovery.launched(rec)
+        option, available = _as_placed(planner, decision.plan, state, available)
+        _publish(state, placed, planner, option, reason)
+        workers.assign(session, state, placed.assignments, data_url=data_url)
+        outcome, state = workers.watch_attempt(session, store, state, placed.assignments,
+                                               progress=progress, planner=planner, available=available,
+                                               current=option)
+        state = _save(store, state)
+        if outcome.kind == FINISHED:
+            state = job_tasks.note_checkpoint(state)
+            return _end(store, state, js.SUCCEEDED, f"{state.steps_done} steps done")
+        before = state.last_checkpoint_step
+        state = _settle_early_end(session, store, state, placed.assignments, outcome)
+        if outcome.kind == workers.BUDGET:
+            return _end(store, state, js.STOPPED_BUDGET, outcome.reason)
+        if outcome.kind == INSTANCE_PREEMPTED:
+            reporting.emit_job_event("preempted", state, instances=list(outcome.instance_ids))
+        rec = recovery.after_attempt(rec, state, outcome, ran=option, checkpoint_before=before)
+        if rec.stalled:
+            return _end(store, state, js.FAILED, recovery.stalled_reason(rec, outcome))
+        log.info("job %s: %s; re-planning from step %s", state.job_id, outcome.reason, state.last_checkpoint_step)
+
+
+def _settle_early_end(session, store: js.JobStore, state: js.JobState, assignments,
+                      outcome: AttemptOutcome) -> js.JobState:
+    """The attempt ended early: stop the survivors (SIGTERM: they checkpoint if they can), then settle
+    the instance records and note the checkpoint the next attempt starts from."""
+    state = _save(store, workers.stop_attempt(session, state, assignments))
+    state = _save(store, cloud_tasks.reconcile(session, state))
+    state = recovery.close_preempted(state, outcome)
+    return _save(store, job_tasks.note_checkpoint(state))
+
+
+def _as_placed(planner: control.Planner, option: PlanOption, state: js.JobState,
+               available: dict) -> tuple[PlanOption, dict]:
+    """The plan as provisioned: a zone failover may have moved nodes, and then that plan is the one watched."""
+    if state.plan == option.plan.to_dict():
+        return option, available
+    placed = planner.option(plan_from_dict(state.plan), option.throughput_samples_per_s)
+    return placed, recovery.available_with(available, placed.gpus)
+
+
+def _publish(state: js.JobState, placed, planner: control.Planner, option: PlanOption, reason: str) -> None:
+    """The attempt's plan, the Pareto front it was chosen from, and a re-plan event after the first."""
+    reporting.publish_plan(state, nodes=[cloud_tasks.node_dict(n) for n in placed.nodes],
+                           sim={"throughput_samples_per_s": option.throughput_samples_per_s}, reason=reason,
+                           history=list(placed.history))
+    reporting.publish_pareto(state.job_id, control.pareto_points(planner), control.chosen_point(planner, option))
+    if state.attempt > 1:
+        reporting.emit_job_event("replanned", state, reason=reason, plan=state.plan)
+
+
+def _save(store: js.JobStore, state: js.JobState) -> js.JobState:
+    store.save(state)
+    return state
+
+
+def _end(store: js.JobStore, state: js.JobState, status: str, reason: str) -> js.JobState:
+    return _save(store, js.with_status(state, status, reason))

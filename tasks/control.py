@@ -27,7 +27,6 @@ from sailor_core.controller import (
     ControllerState,
     Decision,
     Event,
-    EventKind,
     PlanOption,
     decide,
     describe_gpus,
@@ -127,18 +126,6 @@ def decide_next(planner: Planner, state: js.JobState, *, available: Mapping[tupl
                       event, config=controller_config(shutdown_s), plan_fn=planner)
     get_run_logger().info("controller: %s (%s)", decision.action.value, decision.reason)
     return decision
-
-
-def start_event(state: js.JobState) -> Event:
-    return Event(kind=EventKind.START)
-
-
-def preemption_event(state: js.JobState, instance_ids: Sequence[str]) -> Event:
-    lost: dict[tuple[str, str], int] = {}
-    for r in state.instances:
-        if r.instance_id in instance_ids:
-            lost[(r.gpu, r.zone)] = lost.get((r.gpu, r.zone), 0) + r.num_gpus
-    return Event(kind=EventKind.PREEMPTION, lost=lost, zone_hint=next(iter(lost))[1] if lost else None)
 
 
 def pareto_points(planner: Planner) -> list[tuple[float, float]]:

@@ -14,113 +14,16 @@ from typing import Optional
 import typer
 
 from flows.cli.common import console, print_json
+from flows.cli.job_options import with_job_options
+from sailor_core import settings
+from sailor_core.job.spec import JobSpec
 
 SUMMARY_KEYS = ("status", "steps", "final_loss", "replans", "preemptions", "usd_spent", "budget_usd",
                 "instances_left_running")
 
 
-def parse_steps_list(text: str | None) -> list[int]:
-    """``"5,12"`` -> [5, 12]; raises InputError naming the bad item."""
-    from sailor_core.errors import InputError
-
-    if not text:
-        return []
-    out = []
-    for item in text.split(","):
-        item = item.strip()
-        try:
-            step = int(item)
-        except ValueError:
-            raise InputError(f"--preempt-at takes steps like 5,12; {item!r} is not a step number") from None
-        if step < 1:
-            raise InputError(f"--preempt-at steps must be >= 1, got {step}")
-        out.append(step)
-    return sorted(set(out))
-
-
-def _split(text: str | None) -> list[str]:
-    return [x.strip() for x in (text or "").split(",") if x.strip()]
-
-
 def register(app: typer.Typer) -> None:
-    @app.command()
-    def train(
-        model: str = typer.Option("tiny", "--model", "-m", help="model name (see `sailor catalog models`)"),
-        budget_usd: float = typer.Option(..., "--budget-usd", help="total budget in USD; never crossed"),
-        steps: int = typer.Option(30, "--steps", help="training steps (iterations) to run"),
-        min_throughput: Optional[float] = typer.Option(None, "--min-throughput",
-                                                       help="throughput floor, samples/s"),
-        max_usd_per_hr: Optional[float] = typer.Option(None, "--max-usd-per-hr", help="cap on USD per hour"),
-        objective: str = typer.Option("throughput", "--objective", help="throughput or cost"),
-        gpus: Optional[str] = typer.Option(None, "--gpus", help="allowed GPU types, comma-separated"),
-        zones: Optional[str] = typer.Option(None, "--zones", help="allowed zones, comma-separated"),
-        clouds: Optional[str] = typer.Option(None, "--clouds", help="allowed clouds: aws,gcp"),
-        on_demand_fallback: bool = typer.Option(False, "--on-demand-fallback",
-                                                help="rent on-demand when no spot capacity is left"),
-        checkpoint_url: Optional[str] = typer.Option(None, "--checkpoint-url",
-                                                     help="where checkpoints go (path, s3://, gs://)"),
-        checkpoint_every: int = typer.Option(5, "--checkpoint-every", help="checkpoint every K steps"),
-        preempt_at: Optional[str] = typer.Option(None, "--preempt-at",
-                                                 help="inject preemptions at these steps (embedded cloud)"),
-        global_batch_size: int = typer.Option(8, "--global-batch-size", help="samples per step"),
-        max_gpus: Optional[int] = typer.Option(2, "--max-gpus", help="most GPUs the job may rent at once"),
-        max_gpus_per_zone: int = typer.Option(2, "--max-gpus-per-zone", help="most GPUs of one type per zone"),
-        job_id: Optional[str] = typer.Option(None, "--job-id", help="continue this job (or name a new one)"),
-        cloud: str = typer.Option("auto", "--cloud",
-                                  help="auto (real clouds when SAILOR_CLOUDS asks for them, else embedded), embedded, real"),
-        deployment: bool = typer.Option(False, "--deployment",
-                                        help="trigger the train-job deployment on the Prefect server instead"),
-        as_json: bool = typer.Option(False, "--json", help="print the summary as JSON"),
-    ) -> None:
-        """Plan, rent, train, survive preemptions and stay within the budget."""
-        from flows.cli.prefect_server import configure_prefect_env
-        from sailor_core.errors import InputError
-
-        if budget_usd <= 0:
-            raise InputError(f"--budget-usd must be positive, got {budget_usd}")
-        if steps < 1:
-            raise InputError(f"--steps must be at least 1, got {steps}")
-        if objective not in ("throughput", "cost"):
-            raise InputError(f"--objective must be throughput or cost, got {objective!r}")
-        if global_batch_size < 1 or (max_gpus is not None and max_gpus < 1) or max_gpus_per_zone < 1:
-            raise InputError("--global-batch-size, --max-gpus and --max-gpus-per-zone must be at least 1")
-        if cloud not in ("auto", "embedded", "real"):
-            raise InputError(f"--cloud must be auto, embedded or real, got {cloud!r}")
-        params = dict(
-            model=model, budget_usd=budget_usd, steps=steps, min_throughput=min_throughput,
-            max_usd_per_hr=max_usd_per_hr, objective=objective, gpus=_split(gpus), zones=_split(zones),
-            clouds=_split(clouds), on_demand_fallback=on_demand_fallback, checkpoint_url=checkpoint_url,
-            checkpoint_every=checkpoint_every, preempt_at=parse_steps_list(preempt_at), job_id=job_id,
-            cloud=cloud, global_batch_size=global_batch_size, max_gpus=max_gpus, max_gpus_per_zone=max_gpus_per_zone,
-        )
-        out = console()
-        if not as_json and not deployment:
-            from flows.cli.prefect_server import running_local_server
-
-            if not os.environ.get("PREFECT_API_URL") and not running_local_server() \
-                    and not os.environ.get("SAILOR_PREFECT_EPHEMERAL"):
-                out.print("[dim]starting a local Prefect server (first time ~15-60 s)...[/dim]")
-        choice = configure_prefect_env(start_server=not deployment)
-        if not as_json:
-            out.print(f"[dim]{choice.describe()}[/dim]")
-        try:
-            if deployment:
-                summary = _run_deployment(params, choice, show=not as_json)
-            else:
-                summary = _run_local(params, show=not as_json)
-        except KeyboardInterrupt:
-            # Typer turns Ctrl-C into a silent exit 130; say what became of the job. Locally the flow's
-            # `finally` has terminated the instances and saved the job as cancelled by now.
-            what = ("the flow run goes on on its worker (cancel it in the Prefect UI)" if deployment
-                    else "job cancelled, its instances terminated (see `sailor jobs`)")
-            sys.stderr.write(f"error: interrupted; {what}\n")
-            raise typer.Exit(130) from None
-        if as_json:
-            print_json({k: summary.get(k) for k in (*SUMMARY_KEYS, "job_id", "status_reason", "flow_run_id")})
-        else:
-            _print_summary(summary)
-        if summary.get("status") not in ("succeeded", "stopped_budget"):
-            raise typer.Exit(1)
+    app.command(name="train")(with_job_options(train))
 
     @app.command()
     def ui(
@@ -189,6 +92,56 @@ def register(app: typer.Typer) -> None:
         for i in row["instances"]:
             out.print(f"  {i['instance_id']} {i['zone']} {i['instance_type']} attempt {i['attempt']}: "
                       f"{i['end_reason']}, {i['usd']:.4f} USD")
+
+
+def train(
+    spec: JobSpec,
+    *,
+    max_gpus_per_zone: int = typer.Option(2, "--max-gpus-per-zone", help="most GPUs of one type per zone"),
+    job_id: Optional[str] = typer.Option(None, "--job-id", help="continue this job (or name a new one)"),
+    cloud: str = typer.Option("auto", "--cloud",
+                              help="auto (real clouds when SAILOR_CLOUDS asks for them, else embedded), embedded, real"),
+    deployment: bool = typer.Option(False, "--deployment",
+                                    help="trigger the train-job deployment on the Prefect server instead"),
+    as_json: bool = typer.Option(False, "--json", help="print the summary as JSON"),
+) -> None:
+    """Plan, rent, train, survive preemptions and stay within the budget."""
+    from flows.cli.prefect_server import configure_prefect_env
+    from flows.job_parameters import spec_parameters
+    from sailor_core.errors import InputError
+
+    if max_gpus_per_zone < 1:
+        raise InputError(f"--max-gpus-per-zone must be at least 1, got {max_gpus_per_zone}")
+    if cloud not in ("auto", "embedded", "real"):
+        raise InputError(f"--cloud must be auto, embedded or real, got {cloud!r}")
+    params = {**spec_parameters(spec), "job_id": job_id, "cloud": cloud, "max_gpus_per_zone": max_gpus_per_zone}
+    out = console()
+    if not as_json and not deployment:
+        from flows.cli.prefect_server import running_local_server
+
+        if not os.environ.get("PREFECT_API_URL") and not running_local_server() and not settings.prefect_ephemeral():
+            out.print("[dim]starting a local Prefect server (first time ~15-60 s)...[/dim]")
+    choice = configure_prefect_env(start_server=not deployment)
+    if not as_json:
+        out.print(f"[dim]{choice.describe()}[/dim]")
+    try:
+        if deployment:
+            summary = _run_deployment(params, choice, show=not as_json)
+        else:
+            summary = _run_local(params, show=not as_json)
+    except KeyboardInterrupt:
+        # Typer turns Ctrl-C into a silent exit 130; say what became of the job. Locally the flow's
+        # `finally` has terminated the instances and saved the job as cancelled by now.
+        what = ("the flow run goes on on its worker (cancel it in the Prefect UI)" if deployment
+                else "job cancelled, its instances terminated (see `sailor jobs`)")
+        sys.stderr.write(f"error: interrupted; {what}\n")
+        raise typer.Exit(130) from None
+    if as_json:
+        print_json({k: summary.get(k) for k in (*SUMMARY_KEYS, "job_id", "status_reason", "flow_run_id")})
+    else:
+        _print_summary(summary)
+    if summary.get("status") not in ("succeeded", "stopped_budget"):
+        raise typer.Exit(1)
 
 
 def _job_row(state) -> dict:

@@ -1,42 +1,147 @@
-"""What the user asked of a training job: its one description, fixed for the life of the job."""
+"""What the user asked of a training job: its one description, fixed for the life of the job.
+
+Every user-facing option of a job is a ``JobSpec`` field, declared once with ``option``:
+its default, help text, unit and ``sailor train`` spelling sit next to the field, and
+``JobSpec`` validates them all.  The command line (``flows/cli/train.py``) and the
+train-job flow's parameters (``flows/job_parameters.py``) are generated from these
+fields, so a new option is one new field here.  Plain dataclasses only: the CLI reads
+this module at start-up.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+import typing
 from dataclasses import dataclass
+from typing import Any
 
 from sailor_core.errors import InputError
+
+OBJECTIVES = ("throughput", "cost")
+OPTION = "option"  # the metadata key of a field's Option
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Option:
+    """How a JobSpec field is offered to users (the CLI, the flow's parameters in the Prefect UI)."""
+
+    help: str
+    unit: str = ""  # of the value, as users write it: "USD", "steps", "samples/s"
+    cli: tuple[str, ...] = ()  # names on `sailor train`; empty: --the-field-name
+    aliases: tuple[str, ...] = ()  # older or sibling-command spellings, accepted and hidden from --help
+
+
+def option(default: Any = dataclasses.MISSING, *, help: str, unit: str = "", cli: tuple[str, ...] = (),
+           aliases: tuple[str, ...] = ()) -> Any:
+    """A JobSpec field with its user-facing description."""
+    return dataclasses.field(default=default,
+                             metadata={OPTION: Option(help=help, unit=unit, cli=cli, aliases=aliases)})
+
+
+class JobSpecError(InputError):
+    """A bad value of one JobSpec field; ``field`` names it, so each front end can say it its own way
+    (``--budget-usd`` on the command line, ``budget_usd`` as a flow parameter)."""
+
+    def __init__(self, field: str, problem: str) -> None:
+        super().__init__(f"{field} {problem}")
+        self.field = field
+        self.problem = problem
+
+    def __reduce__(self):  # picklable with its two arguments (Prefect ships exceptions between processes)
+        return (type(self), (self.field, self.problem))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class JobSpec:
     """What the user asked for; fixed for the life of the job."""
 
-    model: str
-    budget_usd: float
-    steps: int
-    dataset: str = "synthetic"
-    max_usd_per_hr: float | None = None
-    min_throughput_samples_per_s: float | None = None
-    clouds: tuple[str, ...] = ()
-    zones: tuple[str, ...] = ()
-    gpus: tuple[str, ...] = ()
-    spot: bool = True
-    on_demand_fallback: bool = False
-    objective: str = "throughput"
-    checkpoint_url: str = ""
-    checkpoint_every_steps: int = 5
-    preempt_at_steps: tuple[int, ...] = ()  # injected on the embedded cloud only
-    global_batch_size: int | None = None
-    seed: int = 0
+    model: str = option("tiny", help="model name (see `sailor catalog models`)", cli=("--model", "-m"))
+    budget_usd: float = option(help="total budget; never crossed", unit="USD")
+    steps: int = option(30, help="training steps (iterations) to run", unit="steps")
+    min_throughput_samples_per_s: float | None = option(None, help="throughput floor", unit="samples/s",
+                                                        cli=("--min-throughput",))
+    max_usd_per_hr: float | None = option(None, help="cap on the cost per hour", unit="USD/h",
+                                          aliases=("--max-usd-per-hour",))
+    objective: str = option("throughput", help="what the planner maximises: throughput or cost")
+    gpus: tuple[str, ...] = option((), help="allowed GPU types")
+    zones: tuple[str, ...] = option((), help="allowed zones")
+    clouds: tuple[str, ...] = option((), help="allowed clouds: aws, gcp")
+    max_gpus: int | None = option(2, help="most GPUs the job may rent at once", unit="GPUs")
+    spot: bool = option(True, help="rent spot instances (else on demand)", cli=("--spot/--no-spot",))
+    on_demand_fallback: bool = option(False, help="rent on-demand when no spot capacity is left")
+    dataset: str = option("synthetic", help="training tokens: a .npy/.bin path or URL, or synthetic")
+    global_batch_size: int | None = option(8, help="samples per step", unit="samples",
+                                           aliases=("--global-batch",))
+    seed: int = option(0, help="seed of the initial weights and the synthetic data")
+    checkpoint_url: str = option("", help="where checkpoints go (path, s3://, gs://); default: the job's folder")
+    checkpoint_every_steps: int = option(5, help="steps between checkpoints", unit="steps",
+                                         cli=("--checkpoint-every",))
+    preempt_at_steps: tuple[int, ...] = option((), help="inject preemptions at these steps (embedded cloud)",
+                                               unit="steps", cli=("--preempt-at",))
 
     def __post_init__(self) -> None:
-        if not self.budget_usd > 0:
-            raise InputError(f"budget must be positive, got {self.budget_usd} USD")
-        if self.steps < 1:
-            raise InputError(f"steps must be at least 1, got {self.steps}")
-        if self.checkpoint_every_steps < 1:
-            raise InputError(f"checkpoint interval must be at least 1 step, got {self.checkpoint_every_steps}")
-        if self.max_usd_per_hr is not None and not self.max_usd_per_hr > 0:
-            raise InputError(f"USD/h cap must be positive, got {self.max_usd_per_hr}")
-        if any(s < 1 for s in self.preempt_at_steps):
-            raise InputError(f"preemption steps must be positive, got {list(self.preempt_at_steps)}")
+        # Sequences arrive as lists from JSON (job states, flow parameters); the spec keeps tuples.
+        for name in ("gpus", "zones", "clouds"):
+            object.__setattr__(self, name, tuple(getattr(self, name)))
+        object.__setattr__(self, "preempt_at_steps", tuple(sorted(set(self.preempt_at_steps))))
+        _check(self)
+
+    def for_job(self, job_url: str) -> JobSpec:
+        """The spec as the job keeps it: checkpoints under the job's folder unless the user named a place."""
+        return self if self.checkpoint_url else dataclasses.replace(self, checkpoint_url=f"{job_url}/checkpoints")
+
+
+def _check(spec: JobSpec) -> None:
+    def positive(name: str, value: float | None, *, optional: bool = False) -> None:
+        if value is None and optional:
+            return
+        if value is None or not value > 0:  # NaN too
+            raise JobSpecError(name, f"must be positive, got {value}")
+
+    def at_least_one(name: str, value: int | None, *, optional: bool = False) -> None:
+        if not (optional and value is None) and (value is None or value < 1):
+            raise JobSpecError(name, f"must be at least 1, got {value}")
+
+    positive("budget_usd", spec.budget_usd)
+    at_least_one("steps", spec.steps)
+    positive("min_throughput_samples_per_s", spec.min_throughput_samples_per_s, optional=True)
+    positive("max_usd_per_hr", spec.max_usd_per_hr, optional=True)
+    if spec.objective not in OBJECTIVES:
+        raise JobSpecError("objective", f"must be {' or '.join(OBJECTIVES)}, got {spec.objective!r}")
+    at_least_one("max_gpus", spec.max_gpus, optional=True)
+    at_least_one("global_batch_size", spec.global_batch_size, optional=True)
+    at_least_one("checkpoint_every_steps", spec.checkpoint_every_steps)
+    if any(s < 1 for s in spec.preempt_at_steps):
+        raise JobSpecError("preempt_at_steps", f"must list steps of at least 1, got {list(spec.preempt_at_steps)}")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SpecField:
+    """One JobSpec field as a front end sees it."""
+
+    name: str
+    type: Any  # resolved annotation, e.g. ``float | None``, ``tuple[str, ...]``
+    default: Any  # dataclasses.MISSING when the user must give it
+    option: Option
+
+    @property
+    def required(self) -> bool:
+        return self.default is dataclasses.MISSING
+
+    @property
+    def cli_names(self) -> tuple[str, ...]:
+        return self.option.cli or ("--" + self.name.replace("_", "-"),)
+
+    @property
+    def cli_name(self) -> str:
+        """The long option, as errors name it (``--spot`` of ``--spot/--no-spot``)."""
+        return self.cli_names[0].split("/")[0]
+
+
+@functools.cache
+def spec_fields() -> tuple[SpecField, ...]:
+    """JobSpec's fields, in declaration order, with their types resolved."""
+    hints = typing.get_type_hints(JobSpec)
+    return tuple(SpecField(name=f.name, type=hints[f.name], default=f.default, option=f.metadata[OPTION])
+                 for f in dataclasses.fields(JobSpec))

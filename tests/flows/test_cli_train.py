@@ -21,7 +21,11 @@ def home(tmp_path, monkeypatch):
 @pytest.mark.parametrize("args, needle", [
     (["--budget-usd", "-1"], "--budget-usd must be positive"),
     (["--budget-usd", "1", "--steps", "0"], "--steps must be at least 1"),
-    (["--budget-usd", "1", "--preempt-at", "3,x"], "'x' is not a step number"),
+    (["--budget-usd", "1", "--preempt-at", "3,x"], "--preempt-at takes comma-separated steps like 5,12; 'x' is not"),
+    (["--budget-usd", "1", "--preempt-at", "0,3"], "--preempt-at must list steps of at least 1"),
+    (["--budget-usd", "1", "--max-usd-per-hour", "-2"], "--max-usd-per-hour must be positive"),  # hidden alias
+    (["--budget-usd", "1", "--max-gpus", "0"], "--max-gpus must be at least 1"),
+    (["--budget-usd", "1", "--max-gpus-per-zone", "0"], "--max-gpus-per-zone must be at least 1"),
     (["--budget-usd", "1", "--cloud", "moon"], "--cloud must be auto, embedded or real"),
     (["--budget-usd", "1", "--objective", "fast"], "--objective must be throughput or cost"),
 ])

@@ -40,8 +40,9 @@ def test_a_preemption_still_in_its_notice_at_re_provisioning_counts_as_a_preempt
     num_preemptions_before = len(long_notice.preemptions)
     # GCE shows a preempted instance STOPPING through its notice: the state the flow must not
     # take for an ordinary termination.
-    summary = train_job(model="tiny", budget_usd=budget, steps=steps, preempt_at=[5], checkpoint_every=5,
-                        global_batch_size=64, cloud="embedded", clouds=["gcp"], max_gpus=1, max_gpus_per_zone=1)
+    summary = train_job(model="tiny", budget_usd=budget, steps=steps, preempt_at_steps=[5],
+                        checkpoint_every_steps=5, global_batch_size=64, cloud="embedded", clouds=["gcp"], max_gpus=1,
+                        max_gpus_per_zone=1)
     state = js.JobStore().load(summary["job_id"])
 
     (preemption,) = long_notice.preemptions[num_preemptions_before:]

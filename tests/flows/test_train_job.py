@@ -46,8 +46,9 @@ def test_two_preemptions_end_with_the_loss_of_an_uninterrupted_run(prefect_api, 
     from sailor_core.runtime.launch import launch_local
 
     steps, budget = 30, 0.05
-    summary = train_job(model="tiny", budget_usd=budget, steps=steps, preempt_at=[5, 15], checkpoint_every=5,
-                        global_batch_size=64, cloud="embedded", max_gpus=2, max_gpus_per_zone=1)
+    summary = train_job(model="tiny", budget_usd=budget, steps=steps, preempt_at_steps=[5, 15],
+                        checkpoint_every_steps=5, global_batch_size=64, cloud="embedded", max_gpus=2,
+                        max_gpus_per_zone=1)
     state = js.JobStore().load(summary["job_id"])
     assert summary["status"] == "succeeded", summary
     assert summary["preemptions"] == 2 and summary["replans"] == 2
@@ -75,8 +76,8 @@ def test_a_job_whose_budget_runs_out_stops_cleanly(prefect_api):
     # Enough for ~40 s of the cheapest single-GPU instance: it starts, trains, and must stop in time.
     cheapest = min(o.spot_usd_per_hr for o in catalog_offers() if o.gpus_per_node == 1)
     budget = cheapest * 40.0 / 3600.0
-    summary = train_job(model="tiny", budget_usd=budget, steps=100_000, checkpoint_every=5, global_batch_size=8,
-                        cloud="embedded", max_gpus=1, max_gpus_per_zone=1)
+    summary = train_job(model="tiny", budget_usd=budget, steps=100_000, checkpoint_every_steps=5,
+                        global_batch_size=8, cloud="embedded", max_gpus=1, max_gpus_per_zone=1)
     state = js.JobStore().load(summary["job_id"])
     assert summary["status"] == "stopped_budget", summary
     assert "budget" in summary["status_reason"]
@@ -101,7 +102,7 @@ def test_an_interrupted_flow_run_is_continued_by_the_next_one(prefect_api):
     # Long enough that the job is still training when the interrupt lands (on a quiet machine
     # tiny runs 20 steps before the flow has even noticed the sixth).
     job_id, steps = "tiny-restart-test", 60
-    params = dict(model="tiny", budget_usd=0.05, steps=steps, checkpoint_every=2, global_batch_size=64,
+    params = dict(model="tiny", budget_usd=0.05, steps=steps, checkpoint_every_steps=2, global_batch_size=64,
                   cloud="embedded", max_gpus=1, max_gpus_per_zone=1, job_id=job_id)
     store = js.JobStore()
 

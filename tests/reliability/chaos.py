@@ -38,6 +38,8 @@ from pathlib import Path
 from typing import Any
 
 from sailor_core.errors import SailorError
+from sailor_core.runtime import faults
+from sailor_core.runtime.faults import FaultConfig
 
 KINDS = ("preempt", "preempt_zone", "kill_worker", "kill_flow", "delay_upload", "fail_upload",
          "corrupt_checkpoint")
@@ -45,9 +47,7 @@ KINDS = ("preempt", "preempt_zone", "kill_worker", "kill_flow", "delay_upload", 
 BREAKING = frozenset({"preempt", "preempt_zone", "kill_worker", "kill_flow", "fail_upload"})
 UPLOAD_DELAY_S = 3.0
 POLL_S = 0.2
-ROOT = Path(__file__).resolve().parent.parent
-# Worker env: where the next checkpoint upload fault waits to be claimed (sailor_core.runtime.checkpoint).
-UPLOAD_FAULT_ENV = "SAILOR_FAULT_UPLOAD"
+ROOT = Path(__file__).resolve().parents[2]  # the repository: flow processes run from it
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -126,10 +126,14 @@ class ChaosEnv:
         env = dict(os.environ)
         env.update(SAILOR_HOME=str(self.home), PYTHONPATH=str(ROOT), SAILOR_CLOUDS="embedded",
                    PREFECT_SERVER_ANALYTICS_ENABLED="false", PREFECT_LOGGING_LEVEL="WARNING",
-                   PREFECT_HOME=str(self.home / "prefect"), **{UPLOAD_FAULT_ENV: str(self.fault_file)})
+                   PREFECT_HOME=str(self.home / "prefect"), **self.faults().to_env())
         if self.api_url:
             env["PREFECT_API_URL"] = self.api_url
         return env
+
+    def faults(self) -> FaultConfig:
+        """What every worker of the trials may take: the upload faults ``_fire`` arms."""
+        return FaultConfig(upload_file=str(self.fault_file))
 
     def start(self) -> ChaosEnv:
         self.home.mkdir(parents=True, exist_ok=True)
@@ -211,7 +215,7 @@ class ChaosEnv:
 
 
 def _flow_params(job_id: str, *, steps: int, ckpt_every: int, budget_usd: float, seed: int) -> dict:
-    return dict(model="tiny", budget_usd=budget_usd, steps=steps, checkpoint_every=ckpt_every,
+    return dict(model="tiny", budget_usd=budget_usd, steps=steps, checkpoint_every_steps=ckpt_every,
                 global_batch_size=8, cloud="embedded", max_gpus=2, max_gpus_per_zone=2, job_id=job_id,
                 seed=seed)
 
@@ -295,11 +299,8 @@ def _fire(env: ChaosEnv, fault: Fault, job_id: str, pids: list[int], ckpt_dir: P
         flow.wait()
         return f"SIGKILL flow pid {flow.pid}"
     if fault.kind in ("delay_upload", "fail_upload"):
-        spec = {"delay_s": UPLOAD_DELAY_S} if fault.kind == "delay_upload" else {"fail": True}
-        tmp = env.fault_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps(spec))
-        tmp.replace(env.fault_file)
-        return f"next upload: {spec}"
+        armed = faults.arm_upload(env.fault_file, delay_s=UPLOAD_DELAY_S, fail=fault.kind == "fail_upload")
+        return f"next upload: {armed}"
     if fault.kind == "corrupt_checkpoint":
         newest = _newest_committed(ckpt_dir)
         if newest is None or not pids:

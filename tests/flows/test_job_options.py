@@ -1,0 +1,90 @@
+"""JobSpec drives `sailor train`'s options and the train-job flow's parameters (no flow runs here)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+from sailor_core.job.spec import JobSpec, spec_fields
+
+ROOT = Path(__file__).resolve().parents[2]
+RUN_ONLY = ("job_id", "jobs_url", "cloud", "max_gpus_per_zone")
+
+
+def test_every_field_is_an_option_of_sailor_train(sailor_cli):
+    out = sailor_cli("train", "--help").stdout
+    for f in spec_fields():
+        assert f.cli_name in out, f.name
+        for alias in f.option.aliases:
+            assert not re.search(rf"{re.escape(alias)}(?![\w-])", out), f"{alias} is a hidden alias"
+
+
+def test_the_flow_takes_jobspecs_fields_with_their_defaults_and_its_run_only_parameters():
+    import inspect
+
+    from flows.train_job import train_job
+
+    params = inspect.signature(train_job).parameters
+    assert list(params) == [f.name for f in spec_fields()] + list(RUN_ONLY)
+    for f in spec_fields():
+        assert params[f.name].default == (inspect.Parameter.empty if f.required else f.default), f.name
+
+
+def test_prefect_yaml_gives_the_flow_valid_parameters():
+    from flows.train_job import train_job
+
+    deployments = yaml.safe_load((ROOT / "prefect.yaml").read_text())["deployments"]
+    (params,) = [d["parameters"] for d in deployments if d["name"] == "train-job"]
+    validated = train_job.validate_parameters(params)
+    spec = JobSpec(**{k: v for k, v in validated.items() if k not in RUN_ONLY})
+    assert spec.checkpoint_every_steps == params["checkpoint_every_steps"] and spec.budget_usd == params["budget_usd"]
+
+
+def test_flow_parameters_from_the_ui_are_type_checked():
+    from prefect.exceptions import ParameterTypeError
+
+    from flows.train_job import train_job
+
+    with pytest.raises(ParameterTypeError):
+        train_job.validate_parameters({"budget_usd": "a lot"})
+    with pytest.raises(Exception, match="checkpoint_every"):  # a name the flow does not take
+        train_job.validate_parameters({"budget_usd": 1.0, "checkpoint_every": 5})
+
+
+def test_the_cli_hands_the_flow_the_spec_it_validated(sailor_cli, monkeypatch):
+    import flows.cli.prefect_server as prefect_server
+    import flows.cli.train as cli_train
+    from flows.train_job import train_job
+
+    seen = {}
+
+    def run_local(params, *, show):
+        seen.update(params)
+        return {"status": "succeeded"}
+
+    monkeypatch.setattr(prefect_server, "configure_prefect_env", lambda **kw: None)
+    monkeypatch.setattr(cli_train, "_run_local", run_local)
+    r = sailor_cli("train", "--budget-usd", "0.5", "--steps", "12", "--preempt-at", "9,3", "--gpus", "T4, L4",
+                   "--max-usd-per-hour", "2.5", "--global-batch", "16", "--no-spot", "--seed", "7",
+                   "--checkpoint-every", "3", "--max-gpus-per-zone", "1", "--job-id", "j-1", "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["status"] == "succeeded"
+    validated = train_job.validate_parameters(json.loads(json.dumps(seen)))  # as a deployment would send them
+    spec = JobSpec(**{k: v for k, v in validated.items() if k not in RUN_ONLY})
+    assert spec == JobSpec(budget_usd=0.5, steps=12, preempt_at_steps=(3, 9), gpus=("T4", "L4"), max_usd_per_hr=2.5,
+                           global_batch_size=16, spot=False, seed=7, checkpoint_every_steps=3)
+    assert {k: validated[k] for k in RUN_ONLY} == {"job_id": "j-1", "jobs_url": None, "cloud": "auto",
+                                                  "max_gpus_per_zone": 1}
+
+
+def test_a_spec_normalises_what_json_gives_it():
+    spec = JobSpec(budget_usd=1.0, gpus=["T4"], preempt_at_steps=[9, 3, 9])
+    assert spec.gpus == ("T4",) and spec.preempt_at_steps == (3, 9)
+    assert dataclasses.replace(spec) == spec
+    assert spec.for_job("/jobs/j").checkpoint_url == "/jobs/j/checkpoints"
+    assert JobSpec(budget_usd=1.0, checkpoint_url="s3://b/c").for_job("/jobs/j").checkpoint_url == "s3://b/c"
