@@ -87,7 +87,7 @@ def relaxed(searcher: Searcher, objective: Objective, *, keep_caps: bool, keep_f
     keeping limits the request does not set changes nothing, so each variant is searched once)."""
     req = searcher.req
     key = (objective, keep_caps and req.has_cost_caps, keep_floor and req.min_throughput_samples_per_s is not None)
-    memo = searcher.relaxed_memo
+    memo = searcher.memos.own.relaxed
     if key not in memo:
         memo[key] = _relaxed_search(searcher, objective=objective, keep_caps=keep_caps, keep_floor=keep_floor)
     return memo[key]

@@ -7,7 +7,8 @@ import pytest
 
 from sailor_core.planner import make_request, plan_job
 from sailor_core.planner.baseline import sailor_rule_best
-from sailor_core.planner.search import Searcher, granular_busiest_s
+from sailor_core.planner.search import Searcher
+from sailor_core.planner.search.bounds import granular_busiest_s
 from sailor_core.planner.search.bounds import granular_many as _granular_many
 from sailor_core.planner.search.shapes import orders as _orders
 from sailor_core.planner.split import StageSlot, busiest_s, min_max_split
@@ -39,7 +40,7 @@ def test_granular_bound_never_exceeds_the_min_max_split(model, profiles, network
     rng = random.Random(3)
     checked = 0
     for mbs, shape in _random_shapes(s, rng, 150):
-        g = s.granular_busiest_s(shape)
+        g = s.parts.granular_busiest_s(shape)
         for order in _orders(shape):
             stages = s.build_stages(order)
             if stages is None:
@@ -83,7 +84,7 @@ def test_every_evaluated_plan_is_no_better_than_its_shape_bound(profiles, networ
     def spy(self, mbs, order, tau, prepared=None):
         ev = original(self, mbs, order, tau, prepared)
         if ev is not None:
-            seen.append((ev, self.granular_busiest_s(order)))
+            seen.append((ev, self.parts.granular_busiest_s(order)))
         return ev
 
     search.Searcher.evaluate_shape = spy
@@ -228,7 +229,7 @@ def test_scored_shape_bounds_hold_for_their_splits(objective, limits, profiles, 
     # egress together) against fastsim on the min-max split of each of its orders, in two
     # zones where pipelines and rings cross zones.
     import sailor_core.planner.search as search
-    import sailor_core.planner.search.scored as scored_mod
+    import sailor_core.planner.search.streams as scored_mod
 
     scored, searchers = [], []
     original_init, original_sorted = search.Searcher.__init__, scored_mod.SortedShapes.__init__

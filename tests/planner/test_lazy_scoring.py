@@ -1,10 +1,10 @@
-"""Refining shape bounds on demand (``loop._settle_cut``) must keep exactly what refining every
+"""Refining shape bounds on demand (``scored.settle_cut``) must keep exactly what refining every
 shape keeps: the same shapes, bounds and order, hence the same search."""
 
 import pytest
 
-import sailor_core.planner.search.loop as loop
-import sailor_core.planner.search.scored as scored_mod
+import sailor_core.planner.search.spaces as spaces
+import sailor_core.planner.search.streams as streams
 from sailor_core.planner import make_request, plan_job
 
 A, V = "A100-40", "V100-16"
@@ -13,13 +13,13 @@ ZA, ZB = "us-central1-a", "us-central1-b"
 
 def _run(req, profiles, network, *, refine_all: bool):
     tables, refined = [], []
-    original_settle, original_init = loop._settle_cut, scored_mod.SortedShapes.__init__
+    original_settle, original_init = spaces.settle_cut, streams.SortedShapes.__init__
 
     def settle(scored, keep, *args, **kwargs):
         if refine_all:  # the old way: every shape's bounds first
             for s in scored:
                 while s.num_refined < len(s.first):
-                    s.refine_next(scored_mod.CHUNK)
+                    s.refine_next(streams.CHUNK)
         cut = original_settle(scored, keep, *args, **kwargs)
         refined.append(sum(s.num_refined for s in scored))
         return cut
@@ -28,11 +28,11 @@ def _run(req, profiles, network, *, refine_all: bool):
         original_init(self, *args, **kwargs)
         tables.append((list(self.ia), list(self.ib), list(self.scores), [list(p) for p in self.parts]))
 
-    loop._settle_cut, scored_mod.SortedShapes.__init__ = settle, init
+    spaces.settle_cut, streams.SortedShapes.__init__ = settle, init
     try:
         result = plan_job(req, profiles=profiles, network=network)
     finally:
-        loop._settle_cut, scored_mod.SortedShapes.__init__ = original_settle, original_init
+        spaces.settle_cut, streams.SortedShapes.__init__ = original_settle, original_init
     plans = [(c.plan, c.sim.throughput_samples_per_s, c.sim.usd_per_iteration) for c in result.candidates]
     return plans, result.num_evaluated, tables, refined
 

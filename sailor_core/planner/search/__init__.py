@@ -19,9 +19,9 @@ Bounds, refined in steps so that only shapes still in front pay for the next:
 
 0. capacity: the segments' compute capacity with fractional layers (an upper bound
    on throughput, or a lower bound on cost), plus the smallest DP ring, the links'
-   steady state (``_steady_links_s``), the pipeline's warm-up and cool-down
-   (``_pipe_work_rate``, ``_warm_up_with_links_s``), compute, links and DP sync
-   together for two segments (``joint_lb``, and in numpy ``_pipeline_lines`` with the
+   steady state (``steady_links_s``), the pipeline's warm-up and cool-down
+   (``pipe_work_rate``, ``warm_up_with_links_s``), compute, links and DP sync
+   together for two segments (``joint_lb``, and in numpy ``pipeline_lines`` with the
    stages where the segments meet: moving work off one segment shortens its ring but
    lengthens the other's compute), and the rings and stage boundaries that must cross
    zones (egress, with rent and time together: ``joint_cost_lb``);
@@ -39,11 +39,27 @@ bound can see).  That finds the good plans early; once many evaluations in a row
 do not improve the best plan (``patience``) the search switches to bound order, which either
 proves the top N optimal (``exhausted``, as on small clusters) or stops after
 twice the patience.
+
+The package, one part at a time (each module's docstring says more):
+
+* ``shapes``: segments, shape orders, building a GPU type's segment list and placing a shape;
+* ``memo``: every memo a search keeps (``SearchMemos``), by scope: shared with every
+  sub-search, with those of the same availability, the search's own, and the process's;
+* ``bounds``: the lower bounds as pure functions (each tested alone in
+  ``tests/planner/test_bounds.py``);
+* ``figures``, ``parts``, ``egress``: what the bounds take from the kinds, and the time and
+  egress bounds of segments and placed shapes, memoised for one search;
+* ``shape_bound``: a shape's bound as the queue takes it (``tight``), and the queue's estimate;
+* ``streams``, ``scored``: shapes in order of their bound (the lazy product over per-type lists;
+  every shape of one or two types scored with numpy and refined on demand);
+* ``spaces``: the shapes of one micro-batch size;
+* ``searcher``: one planning run (``Searcher``): evaluate, offer, thresholds, limits, splits,
+  polish;
+* ``loop``: the best-first loop (``run_search``).
 """
 
-from sailor_core.planner.search.bounds import granular_busiest_s
 from sailor_core.planner.search.loop import run_search
 from sailor_core.planner.search.searcher import Evaluated, Searcher, SearchStats, better
 from sailor_core.planner.search.shapes import Segment, orders
 
-__all__ = ["Evaluated", "SearchStats", "Searcher", "Segment", "better", "granular_busiest_s", "orders", "run_search"]
+__all__ = ["Evaluated", "SearchStats", "Searcher", "Segment", "better", "orders", "run_search"]

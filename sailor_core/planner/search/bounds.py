@@ -1,13 +1,38 @@
-"""Lower bounds on a shape's iteration time and cost (see the package docstring)."""
+"""Lower bounds on the iteration time and cost of a shape, as pure functions.
+
+Each takes the figures it needs and returns a number (or a numpy array, for the ``_many`` forms
+that score many shapes at once).  What a bound leaves out only makes it lower: pruning a shape
+whose bound cannot enter the top N is safe.  ``parts`` and ``egress`` memoise them per segment
+for one search; ``tight`` composes them into a shape's bound; ``scored`` does the same with
+numpy for every shape of one or two GPU types.  Reference: ``simulator/pipeline_time.py`` (1F1B),
+``planner/fastsim.py`` (what a plan costs).
+
+Time units: a *block* is a transformer block; *work* is in seconds of the fastest kind, per
+micro-batch (``slowness`` scales it to a kind); a segment's ``capacity`` is
+``stages / (micro-batches per replica x slowness)``.
+"""
 
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 
-from sailor_core.planner.search.shapes import Segment
+from sailor_core.network.model import Endpoint
+from sailor_core.planner.search.shapes import Segment, orders
+from sailor_core.simulator.stage import boundary_transfer_s, endpoint
 
 GRID = 8  # intervals of a segment's share of the blocks in the joint compute/sync bound
+
+
+# ---- compute: capacity, whole blocks, warm-up ----------------------------------------
+
+
+def capacity_s(work_s: float, shape: tuple[Segment, ...]) -> float:
+    """The iteration's compute at the least: every stage busy all the time, with fractions of
+    blocks (``tau``): the block work over the shape's capacity."""
+    cap = sum(s.capacity for s in shape)
+    return work_s / cap
 
 
 def granular_busiest_s(segments, num_blocks: int) -> float:
@@ -53,22 +78,124 @@ def granular_many(sa, ra, ha, sb, rb, hb, num_blocks: int, iterations: int = 24)
 
     has_a, has_b = sa > 0, sb > 0
     ra1, rb1 = np.where(has_a, ra, 1.0), np.where(has_b, rb, 1.0)
-
-    def fits(t):
-        ka = np.where(has_a, np.floor(t / ra1 + 1e-9), 0.0)
-        kb = np.where(has_b, np.floor(t / rb1 + 1e-9), 0.0)
-        base = sa * ka + sb * kb
-        # The last layer's stage loses the blocks its head time displaces (or cannot be it).
-        loss_a = np.where(has_a & (t >= ha), ka - np.floor(np.maximum(t - ha, 0.0) / ra1 + 1e-9), np.inf)
-        loss_b = np.where(has_b & (t >= hb), kb - np.floor(np.maximum(t - hb, 0.0) / rb1 + 1e-9), np.inf)
-        return base - np.minimum(loss_a, loss_b) >= num_blocks
-
     for _ in range(iterations):
         mid = 0.5 * (lo + hi)
-        ok = fits(mid)
+        ok = _granular_fits(mid, sa, ha, has_a, ra1, sb, hb, has_b, rb1, num_blocks)
         hi = np.where(ok, mid, hi)
         lo = np.where(ok, lo, mid)
     return lo
+
+
+def _granular_fits(t, sa, ha, has_a, ra1, sb, hb, has_b, rb1, num_blocks: int):
+    """Whether stages of busy time at most ``t`` hold every block whole (``granular_many``)."""
+    import numpy as np
+
+    ka = np.where(has_a, np.floor(t / ra1 + 1e-9), 0.0)
+    kb = np.where(has_b, np.floor(t / rb1 + 1e-9), 0.0)
+    base = sa * ka + sb * kb
+    # The last layer's stage loses the blocks its head time displaces (or cannot be it).
+    loss_a = np.where(has_a & (t >= ha), ka - np.floor(np.maximum(t - ha, 0.0) / ra1 + 1e-9), np.inf)
+    loss_b = np.where(has_b & (t >= hb), kb - np.floor(np.maximum(t - hb, 0.0) / rb1 + 1e-9), np.inf)
+    return base - np.minimum(loss_a, loss_b) >= num_blocks
+
+
+def pipe_work_rate(order: tuple[Segment, ...]) -> float:
+    """Block work (in fastest-kind seconds per micro-batch) a pipeline of these segments, in this
+    order, can hold per second of iteration.
+
+    In 1F1B (``schedule._longest``) stage k's busiest replica needs at least
+    ``n_k t_k + sum_{j<k} t_j``: its own micro-batches, after the first one's forward through
+    the stages before it and before the last one's backward through them.  For an iteration
+    of T, the most work the stages can hold with every such path within T is a linear
+    programme solved from the last stage back: a stage that holds anything takes all the time
+    its path allows, ``(T - sum_{j<k} t_j) / n_k``, and holds that over its slowness; it is
+    worth it while 1 / slowness beats what the time is worth to the stages after it.
+    Capacity (``Segment.capacity``) is the same with the warm-up left out."""
+    rate = 0.0
+    for seg in reversed(order):
+        inv = 1.0 / seg.slowness
+        if rate < inv:
+            rate = inv - (inv - rate) * (1 - 1 / seg.num_microbatches) ** seg.num_stages
+    return rate
+
+
+def pipe_work_rate_many(inv_a, drain_a, inv_b, drain_b):
+    """``pipe_work_rate`` of many two-segment shapes at once, in the better of their two orders
+    (numpy; per segment 1 / slowness and (1 - 1 / n) ** stages; an unused type: 0 and 1)."""
+    import numpy as np
+
+    held_a, held_b = inv_a * (1 - drain_a), inv_b * (1 - drain_b)  # each segment last, alone
+    a_then_b = np.where(held_b >= inv_a, held_b, inv_a - (inv_a - held_b) * drain_a)
+    b_then_a = np.where(held_a >= inv_b, held_a, inv_b - (inv_b - held_a) * drain_b)
+    return np.maximum(a_then_b, b_then_a)
+
+
+def pipe_lb(work_s: float, shape: tuple[Segment, ...]) -> float:
+    """The pipeline's warm-up and cool-down: no iteration is shorter than ``pipe_work_rate``
+    allows, in the better of the shape's orders."""
+    return work_s / max(pipe_work_rate(order) for order in orders(shape))
+
+
+@functools.lru_cache(maxsize=1 << 12)
+def _warm_up_coefficients(num_microbatches: int, num_stages: int) -> tuple[float, float]:
+    """(alpha, reached) of ``warm_up_with_links_s`` for one segment."""
+    keep = 1 - 1 / num_microbatches
+    reached = 0.0
+    for k in range(num_stages):
+        reached = reached * keep - k / num_microbatches
+    return 1 - keep ** num_stages, reached
+
+
+def warm_up_with_links_s(steps_s, num_microbatches, num_stages, link_s):
+    """A lower bound on the pipeline time of one segment whose stage steps sum to ``steps_s``,
+    with links of at least ``link_s`` between its stages (numpy arrays or floats).
+
+    ``pipe_work_rate`` with the links: in 1F1B stage k's path holds the steps and the links
+    before it and its own n steps, ``sum_{j<k} (t_j + l) + n t_k <= T``.  Every stage taking
+    all the time its path allows holds the most; the step sum so reached is affine in T,
+    alpha T - gamma l, with alpha = 1 - (1 - 1/n)^s (the warm-up bound) and gamma from the
+    same recursion with T = 0, l = 1.  (Allowing negative steps only loosens it.)"""
+    import numpy as np
+
+    if not isinstance(steps_s, np.ndarray):
+        alpha, reached = _warm_up_coefficients(int(num_microbatches), int(num_stages))
+        return (steps_s - reached * link_s) / alpha
+    n = np.asarray(num_microbatches, dtype=float)
+    s = np.asarray(num_stages)
+    keep = 1 - 1 / n
+    reached = np.zeros(np.broadcast(n, s).shape)
+    for k in range(int(np.max(s))):
+        reached = np.where(k < s, reached * keep - k / n, reached)
+    alpha = 1 - keep ** s
+    return (steps_s - reached * link_s) / alpha
+
+
+# ---- links between stages -------------------------------------------------------------
+
+
+def link_s(network, nbytes: float, zones_a, zones_b, gpu_a: str, tp_a: int, gpu_b: str, tp_b: int) -> float:
+    """Activation forward and gradient back of one micro-batch of ``nbytes`` between a replica
+    of (``gpu_a``, ``tp_a``) and one of (``gpu_b``, ``tp_b``), in the same zone if their types
+    share one (the first such), else in the first zone of each: the fastest link two stages of
+    these types can have, given the smallest boundary activation of ``nbytes``."""
+    za, zb = sorted(zones_a), sorted(zones_b)
+    common = sorted(set(za) & set(zb))
+    pair = (common[0], common[0]) if common else (za[0], zb[0])
+    return boundary_transfer_s(network, nbytes, endpoint(pair[0], gpu_a, tp_a), endpoint(pair[1], gpu_b, tp_b))
+
+
+def link_lb(num_mb: int, shape: tuple[Segment, ...], link_s) -> float:
+    """A link's steady state alone, (n - 1) l / 2, bounds the iteration (1F1B, ``pipeline_time``):
+    inside a segment n = ceil(M / D); between segments the narrower side's NIC carries more.
+    ``link_s(a, b)``: the link bound between replicas of segments a and b."""
+    worst = 0.0
+    for seg in shape:
+        if seg.num_stages > 1:
+            worst = max(worst, (seg.num_microbatches - 1) * link_s(seg, seg) / 2)
+    for a, b in itertools.combinations(shape, 2):
+        n = -(-num_mb // min(a.dp_degree, b.dp_degree))
+        worst = max(worst, (n - 1) * min(link_s(a, b), link_s(b, a)) / 2)
+    return worst
 
 
 def steady_links_s(num_microbatches: int, link_s: float, num_stages: int) -> float:
@@ -126,7 +253,7 @@ def min_max_lines(u, v, intervals, rising=None, falling=None):
     import numpy as np
 
     rise, fall = v > 0, v < 0
-    i, j, i_rises, j_rises = line_pairs(len(u), rising, falling)
+    i, j, i_rises, j_rises = _line_pairs(len(u), rising, falling)
     # A pair's crossing, (v_i u_j - v_j u_i) / (v_i - v_j), is the same number either way
     # round, so each unordered pair is computed once and counts if either line may rise
     # while the other falls.
@@ -146,7 +273,7 @@ def min_max_lines(u, v, intervals, rising=None, falling=None):
 
 
 @functools.lru_cache(maxsize=64)
-def line_pairs(num_lines: int, rising, falling):
+def _line_pairs(num_lines: int, rising, falling):
     """Unordered pairs (i < j) of lines where one may rise while the other falls: (i, j, whether
     i may rise with j falling, whether j may rise with i falling), as numpy arrays."""
     import numpy as np
@@ -160,66 +287,215 @@ def line_pairs(num_lines: int, rising, falling):
             np.array([p[2] for p in pairs], dtype=bool), np.array([p[3] for p in pairs], dtype=bool))
 
 
-@functools.lru_cache(maxsize=1 << 12)
-def warm_up_coefficients(num_microbatches: int, num_stages: int) -> tuple[float, float]:
-    """(alpha, reached) of ``warm_up_with_links_s`` for one segment."""
-    keep = 1 - 1 / num_microbatches
-    reached = 0.0
-    for k in range(num_stages):
-        reached = reached * keep - k / num_microbatches
-    return 1 - keep ** num_stages, reached
+# ---- gradient sync: data-parallel rings -------------------------------------------------
 
 
-def warm_up_with_links_s(steps_s, num_microbatches, num_stages, link_s):
-    """A lower bound on the pipeline time of one segment whose stage steps sum to ``steps_s``,
-    with links of at least ``link_s`` between its stages (numpy arrays or floats).
-
-    ``pipe_work_rate`` with the links: in 1F1B stage k's path holds the steps and the links
-    before it and its own n steps, ``sum_{j<k} (t_j + l) + n t_k <= T``.  Every stage taking
-    all the time its path allows holds the most; the step sum so reached is affine in T,
-    alpha T - gamma l, with alpha = 1 - (1 - 1/n)^s (the warm-up bound) and gamma from the
-    same recursion with T = 0, l = 1.  (Allowing negative steps only loosens it.)"""
+def rings_s(network, gpu: str, dp_degree: int, room: dict[str, int], nbytes):
+    """The fastest ring ``dp_degree`` replicas of ``gpu`` can form, for each of ``nbytes``
+    (numpy): a ring in one zone with ``room`` for them all, else one over a set of zones that
+    has room.  A ring is paced by the slowest of its replicas' pairs (``NetworkModel._ring_s``),
+    so over a set of zones it is at least the ring whose every hop is the set's slowest pair.
+    ``room``: replicas each zone has room for."""
     import numpy as np
 
-    if not isinstance(steps_s, np.ndarray):
-        alpha, reached = warm_up_coefficients(int(num_microbatches), int(num_stages))
-        return (steps_s - reached * link_s) / alpha
-    n = np.asarray(num_microbatches, dtype=float)
-    s = np.asarray(num_stages)
-    keep = 1 - 1 / n
-    reached = np.zeros(np.broadcast(n, s).shape)
-    for k in range(int(np.max(s))):
-        reached = np.where(k < s, reached * keep - k / n, reached)
-    alpha = 1 - keep ** s
-    return (steps_s - reached * link_s) / alpha
+    d = dp_degree
+    alone = [z for z, c in room.items() if c >= d]
+    if alone:
+        return np.min([network.uniform_allreduce_times_s(nbytes, Endpoint(zone=z, gpu=gpu), d) for z in alone],
+                      axis=0)
+    best = None
+    for size in range(2, len(room) + 1):
+        for zones in itertools.combinations(sorted(room), size):
+            if sum(room[z] for z in zones) < d:
+                continue
+            ring = np.max([network.uniform_allreduce_times_s(nbytes, Endpoint(zone=a, gpu=gpu), d,
+                                                             to=Endpoint(zone=b, gpu=gpu))
+                           for a, b in itertools.permutations(zones, 2)], axis=0)
+            best = ring if best is None else np.minimum(best, ring)
+    assert best is not None, "a segment's replicas fit its GPU type's zones"
+    return best
 
 
-def pipe_work_rate(order: tuple[Segment, ...]) -> float:
-    """Block work (in fastest-kind seconds per micro-batch) a pipeline of these segments, in this
-    order, can hold per second of iteration.
-
-    In 1F1B (``schedule._longest``) stage k's busiest replica needs at least
-    ``n_k t_k + sum_{j<k} t_j``: its own micro-batches, after the first one's forward through
-    the stages before it and before the last one's backward through them.  For an iteration
-    of T, the most work the stages can hold with every such path within T is a linear
-    programme solved from the last stage back: a stage that holds anything takes all the time
-    its path allows, ``(T - sum_{j<k} t_j) / n_k``, and holds that over its slowness; it is
-    worth it while 1 / slowness beats what the time is worth to the stages after it.
-    Capacity (``Segment.capacity``) is the same with the warm-up left out."""
-    rate = 0.0
-    for seg in reversed(order):
-        inv = 1.0 / seg.slowness
-        if rate < inv:
-            rate = inv - (inv - rate) * (1 - 1 / seg.num_microbatches) ** seg.num_stages
-    return rate
-
-
-def pipe_work_rate_many(inv_a, drain_a, inv_b, drain_b):
-    """``pipe_work_rate`` of many two-segment shapes at once, in the better of their two orders
-    (numpy; per segment 1 / slowness and (1 - 1 / n) ** stages; an unused type: 0 and 1)."""
+def ring_row_s(network, gpu: str, dp_degree: int, room: dict[str, int], grad_bytes: float,
+               max_stages: int) -> list[float]:
+    """The sync of a pipeline of P stages, P = 1..max_stages (index 0: inf): the stage holding
+    the most parameters holds at least 1/P of the model's ``grad_bytes``, and its ring is at
+    best ``rings_s`` of its segment's replicas.  (A bound up to TP-sharding rounding.)"""
     import numpy as np
 
-    held_a, held_b = inv_a * (1 - drain_a), inv_b * (1 - drain_b)  # each segment last, alone
-    a_then_b = np.where(held_b >= inv_a, held_b, inv_a - (inv_a - held_b) * drain_a)
-    b_then_a = np.where(held_a >= inv_b, held_a, inv_b - (inv_b - held_a) * drain_b)
-    return np.maximum(a_then_b, b_then_a)
+    depths = np.arange(1, max_stages + 1, dtype=float)
+    return [math.inf] + rings_s(network, gpu, dp_degree, room, grad_bytes / depths).tolist()
+
+
+def sync_curve_s(network, gpu: str, dp_degree: int, room: dict[str, int], blocks_grad_bytes: float,
+                 num_stages: int) -> tuple[float, ...]:
+    """The slowest ring of a segment of ``num_stages`` stages holding the share k / GRID of the
+    blocks (whose gradient is ``blocks_grad_bytes``), k = 0..GRID: one of its stages holds at
+    least 1 / stages of that share's gradient, and its ring is at best ``rings_s``."""
+    import numpy as np
+
+    return tuple(rings_s(network, gpu, dp_degree, room,
+                         blocks_grad_bytes * np.arange(GRID + 1) / GRID / num_stages).tolist())
+
+
+def sync_lb(shape: tuple[Segment, ...], ring_lb) -> float:
+    """An iteration's gradient sync at the least: the least over the shape's segments of the
+    ring of the stage holding the most parameters (``ring_lb(seg, depth)``); 0 when a segment
+    has one replica per stage (its stages may hold nearly all the parameters)."""
+    num_stages = sum(s.num_stages for s in shape)
+    if any(seg.dp_degree == 1 for seg in shape):
+        return 0.0
+    return min(ring_lb(seg, num_stages) for seg in shape)
+
+
+# ---- compute, links and sync together (two segments) -------------------------------------
+
+
+def joint_lb(floor_s: float, a1: float, k1: float, s1, a2: float, k2: float, s2) -> float:
+    """Compute, links and gradient sync together, for a shape of two segments.
+
+    An iteration lasts at least its pipeline plus its slowest ring (fastsim: the pipeline,
+    then each stage's sync).  A segment doing the share x of the block work has stages whose
+    steps sum to at least x work slowness, so its pipeline lasts at least ``a x`` (a: the work
+    over its capacity) plus its links' steady state ``k`` (``steady_links_s``), and its ring at
+    least its sync curve ``s`` (``sync_curve_s``) at x: shifting work to one segment to shorten
+    the other's ring or pipeline lengthens its own; the bound is the best x (over the GRID
+    intervals, each ring at its interval's low end).  ``floor_s`` already bounds the pipeline
+    (capacity, granular, links, warm-up).  (``scored`` also counts where the segments meet.)"""
+    balanced = (a2 + k2 - k1) / (a1 + a2)
+    best = math.inf
+    for k in range(GRID):
+        x = min(max(balanced, k / GRID), (k + 1) / GRID)
+        best = min(best, max(floor_s, a1 * x + k1, a2 * (1 - x) + k2) + max(s1[k], s2[GRID - 1 - k]))
+    return best
+
+
+def joint_cost_lb(floor_s: float, a1: float, k1: float, s1, e1: float, a2: float, k2: float, s2, e2: float,
+                  usd_per_hr: float, fixed_usd: float) -> float:
+    """USD per iteration of a two-segment shape: rent over ``joint_lb``'s time and the egress of
+    its rings together, ``fixed_usd`` (its p2p) added.  ``e1``, ``e2``: the rings' egress of each
+    segment were it to do all the block work; the segment doing the share x holds at least x of
+    the blocks (``Space.num_blocks_lb``), whose gradient its rings carry across zones if they
+    must: shifting blocks to the segment whose rings stay in a zone saves egress but lengthens
+    its pipeline.  On each GRID interval the cost is convex and piecewise linear in x, so its
+    least is at an end or where two of its pieces meet."""
+    per_s = usd_per_hr / 3600
+    best = math.inf
+    for k in range(GRID):
+        lo, hi = k / GRID, (k + 1) / GRID
+        ring = max(s1[k], s2[GRID - 1 - k])
+        for x in (lo, hi, (a2 + k2 - k1) / (a1 + a2), (floor_s - k1) / a1, 1 - (floor_s - k2) / a2):
+            x = min(max(x, lo), hi)
+            usd = per_s * (max(floor_s, a1 * x + k1, a2 * (1 - x) + k2) + ring) + e1 * x + e2 * (1 - x)
+            if usd < best:
+                best = usd
+    return best + fixed_usd
+
+
+# ---- egress: rings and micro-batches that must cross zones --------------------------------
+
+
+def ring_egress_usd_per_byte(network, pools: dict[str, int], tp_degree: int, dp_degree: int, rule: str) -> float:
+    """USD per gradient byte (whole-model bytes, TP shards counted whole) a segment's rings
+    send across zones, 0 when they can stay in a zone.  When no zone of ``pools`` holds
+    ``dp_degree`` replicas, or under the pipeline rule (only searched for segments no zone
+    holds whole, so its pipelines span zones), every stage's ring spans two zones or more,
+    each boundary carrying 2 (d - 1) / d of the stage's gradient times its TP degree (as
+    fastsim charges it), at the cheapest price between two of the zones, both ways."""
+    live = sorted(z for z, n in pools.items() if n > 0)
+    per_byte = 0.0
+    if dp_degree > 1 and len(live) > 1 and (rule == "pipeline" or dp_degree > max(
+            pools[z] // tp_degree for z in live)):
+        price = min(network.egress_usd_per_byte(a, b) for a in live for b in live if a != b)
+        per_byte = 2 * 2 * (dp_degree - 1) / dp_degree * price
+    return per_byte
+
+
+def rings_egress_lb(usd_per_byte, num_stages, whole_bytes: float, block_bytes: float) -> float:
+    """USD per iteration of the gradient rings that must cross zones, for a shape of one or two
+    segments with rings at ``usd_per_byte`` (``ring_egress_usd_per_byte``) and ``num_stages``
+    stages each.  One segment holds the whole model's gradient (``whole_bytes``); of two, each
+    holds at least a block (``block_bytes``, or the embedding) per stage but one and together
+    the whole model, so the cheapest split puts all it can on the cheaper rings."""
+    if len(usd_per_byte) == 1:
+        return usd_per_byte[0] * whole_bytes
+    fa, fb = usd_per_byte
+    least_a, least_b = (num_stages[0] - 1) * block_bytes, (num_stages[1] - 1) * block_bytes
+    return fa * whole_bytes + (fb - fa) * least_b if fa <= fb else fb * whole_bytes + (fa - fb) * least_a
+
+
+def rings_egress_lb_many(fa, fb, stages_a, stages_b, both, whole_bytes: float, block_bytes: float):
+    """``rings_egress_lb`` of many shapes at once (numpy; ``both``: the shape has two segments,
+    else the absent one's figures are 0)."""
+    import numpy as np
+
+    least_a, least_b = (stages_a - 1) * block_bytes, (stages_b - 1) * block_bytes
+    return np.where(both, np.where(fa <= fb, fa * whole_bytes + (fb - fa) * least_b,
+                                   fb * whole_bytes + (fa - fb) * least_a),
+                    (fa + fb) * whole_bytes)
+
+
+def boundary_crossings(num_mb: int, zones: list[str], routes_a: list, routes_b: list):
+    """Micro-batches that must cross zones where a segment of ``routes_a`` meets one of
+    ``routes_b`` (numpy matrix; 0 where unknown), or None when no route is known.
+
+    A route is "one zone" (every stage of the segment in one zone, which at best is the zone
+    the other segment routes the most micro-batches to), None (unknown), or the replicas per
+    zone of every stage (the pipeline rule: the same whatever comes before), so micro-batch m
+    goes from replica m mod D to replica m mod D' between known zones (``p2p_pairs``)."""
+    import numpy as np
+
+    m = np.arange(num_mb)
+    (ia, ra), (ib, rb) = _route_rows(routes_a, zones, m), _route_rows(routes_b, zones, m)
+    if not (len(ra) or len(rb)):
+        return None
+    # Crossings between rows, and between a row and a one-zone stage (the last column/row).
+    crossing = np.zeros((len(ra) + 1, len(rb) + 1))
+    crossing[:-1, :-1] = (ra[:, None, :] != rb[None, :, :]).sum(axis=2)
+    if len(ra):
+        crossing[:-1, -1] = _off_the_busiest_zone(ra, len(zones), len(m))
+    if len(rb):
+        crossing[-1, :-1] = _off_the_busiest_zone(rb, len(zones), len(m))
+    ra_of = np.where(ia == -2, len(ra), ia)  # -2: the one-zone row/column; -1 stays unknown
+    rb_of = np.where(ib == -2, len(rb), ib)
+    known = (ia[:, None] != -1) & (ib[None, :] != -1) & ~((ia[:, None] == -2) & (ib[None, :] == -2))
+    out = np.zeros((len(routes_a), len(routes_b)))
+    out[known] = crossing[ra_of[:, None], rb_of[None, :]][known]
+    return out
+
+
+def _route_rows(routes: list, zones: list[str], m):
+    """(per route: its row, -2 for one zone a stage, -1 unknown; rows: the zone index of each
+    micro-batch ``m``)."""
+    import numpy as np
+
+    index, rows, seen = [-1] * len(routes), [], {}
+    for i, key in enumerate(routes):
+        if key is None:
+            continue
+        if key == "one zone":
+            index[i] = -2
+            continue
+        if key not in seen:
+            of_replica = np.array([zones.index(z) for z, n in key for _ in range(n)])
+            seen[key] = len(rows)
+            rows.append(of_replica[m % len(of_replica)])
+        index[i] = seen[key]
+    return np.array(index, dtype=int), np.array(rows, dtype=int).reshape(len(rows), len(m))
+
+
+def _off_the_busiest_zone(rows, num_zones: int, num_mb: int):
+    import numpy as np
+
+    return num_mb - np.stack([(rows == z).sum(axis=1) for z in range(num_zones)], axis=1).max(axis=1)
+
+
+# ---- the whole request ------------------------------------------------------------------
+
+
+def ideal_iteration(gpu_s: float, num_gpus: int, min_usd_per_gpu_hr: float) -> tuple[float, float]:
+    """(iteration s, USD per iteration) at the least of a batch needing ``gpu_s`` GPU-seconds
+    (each layer of each micro-batch on its fastest kind, times that kind's TP degree) on
+    ``num_gpus`` GPUs: every GPU busy the whole iteration, with no bubble, link or sync, at the
+    cheapest price."""
+    return gpu_s / num_gpus, gpu_s * min_usd_per_gpu_hr / 3600

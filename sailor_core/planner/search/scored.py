@@ -1,217 +1,386 @@
-"""Shapes in order of their bound: the lazy product over per-type lists (three GPU types or
-more) and the numpy-scored, sorted shapes of one or two types, refined on demand."""
+"""Every shape of one or two GPU types scored at once with numpy (``score_shapes``), with the
+bound ``tight`` gives a shape before refinement, then refined (``ScoredShapes``: the granular
+bound, and for two segments the joint time and cost bounds) in order of that first bound, only
+as far as the search walks (``streams.ShapeStream``) or a cut needs (``settle_cut``).
+
+The cheap parts (capacity, rent, links, warm-up, the smallest ring, egress) are scored for
+every pair of segments on a grid; the costly ones for the best ``FIRST_REFINED`` shapes by the
+cheap bound, in chunks.  Each shape's figures depend on its own inputs alone, so refining in
+chunks gives what refining everything at once does.
+"""
 
 from __future__ import annotations
 
-import bisect
-import heapq
 import math
 
+from sailor_core.planner.request import Objective
+from sailor_core.planner.search.bounds import (
+    GRID,
+    PIPELINE_FALLING,
+    PIPELINE_RISING,
+    min_max_lines,
+    pipe_work_rate_many,
+    pipeline_lines,
+    rings_egress_lb_many,
+    steady_links_s,
+    warm_up_with_links_s,
+)
+from sailor_core.planner.search.searcher import Searcher
 from sailor_core.planner.search.shapes import Segment
+from sailor_core.planner.search.streams import CHUNK, ShapeStream, SortedShapes
 
-CHUNK = 2048  # shapes refined at once (numpy temporaries of a few lines x this stay in cache)
-
-
-class ProductHeap:
-    """Index tuples over per-type lists in nondecreasing order of an additive key."""
-
-    def __init__(self, keys: list[list[float]]) -> None:
-        self.keys = keys
-        self.heap: list[tuple[float, tuple[int, ...]]] = []
-        self.seen: set[tuple[int, ...]] = set()
-        if all(keys):
-            start = tuple(0 for _ in keys)
-            self._push(start)
-
-    def _push(self, idx: tuple[int, ...]) -> None:
-        if idx in self.seen:
-            return
-        self.seen.add(idx)
-        heapq.heappush(self.heap, (sum(k[i] for k, i in zip(self.keys, idx)), idx))
-
-    def peek(self) -> float:
-        return self.heap[0][0] if self.heap else math.inf
-
-    def pop(self) -> tuple[int, ...]:
-        _, idx = heapq.heappop(self.heap)
-        for j in range(len(idx)):
-            if idx[j] + 1 < len(self.keys[j]):
-                self._push(idx[:j] + (idx[j] + 1,) + idx[j + 1:])
-        return idx
+FIRST_REFINED = 20000  # shapes given the costly bounds; the rest keep the cheap one (weaker, still a bound)
+_NO_SEGMENTS: list[Segment] = []  # the second type's list of a one-type space (never changed)
+_INTERVALS = [(k / GRID, (k + 1) / GRID) for k in range(GRID)]
 
 
-class SortedShapes:
-    """Shapes of at most two per-type lists (index -1 or past the end: type unused), best first,
-    with their bound's parts: a bound on the busiest stage, and ``tight``'s (iteration time,
-    USD per hour, egress USD per iteration, stages).  With a ``stream`` (``ShapeStream``) the
-    lists are grown on demand, in the same order a full sort would give."""
+class Limits:
+    """A request's caps, floor and objective, as the numpy scoring checks them on the bounds'
+    (iteration s, USD per hour, egress USD per iteration)."""
 
-    def __init__(self, first: list[Segment], second: list[Segment], ia, ib, scores, busiest, parts) -> None:
-        self.first, self.second = first, second
-        self.ia, self.ib, self.scores = ia.tolist(), ib.tolist(), scores.tolist()
-        self.busiest = busiest.tolist()
-        self.parts = [x.tolist() for x in parts]  # per part, a list over the shapes
-        self.pos = 0
-        self.cut = math.inf
-        self.stream: ShapeStream | None = None
+    __slots__ = ("max_usd_per_hour", "max_usd_per_iteration", "min_throughput", "gbs", "throughput")
 
-    def _have(self, count: int) -> bool:
-        """Whether there are at least ``count`` shapes (growing the lists if need be)."""
-        return count <= len(self.scores) or (self.stream is not None and self.stream.grow(count))
+    def __init__(self, request, throughput: bool) -> None:
+        self.max_usd_per_hour = request.max_usd_per_hour
+        self.max_usd_per_iteration = request.max_usd_per_iteration
+        self.min_throughput = request.min_throughput_samples_per_s
+        self.gbs = request.global_batch_size
+        self.throughput = throughput
 
-    def peek(self) -> float:
-        """The best bound left (those cut off included)."""
-        return self.scores[self.pos] if self._have(self.pos + 1) else self.cut
-
-    def fresh(self) -> SortedShapes:
-        """A copy to walk from the start (the lists are shared, only ever appended to)."""
-        out = SortedShapes.__new__(SortedShapes)
-        out.first, out.second, out.ia, out.ib, out.scores = self.first, self.second, self.ia, self.ib, self.scores
-        out.busiest, out.parts, out.stream = self.busiest, self.parts, self.stream
-        out.pos, out.cut = 0, self.cut
-        return out
-
-    def has_next(self) -> bool:
-        return self._have(self.pos + 1)
-
-    def count_below(self, score: float) -> int:
-        if self.cut < score:
-            return 1 << 30  # some were cut off: no proof
-        if self.stream is not None:
-            self.stream.grow_below(score)
-        return bisect.bisect_left(self.scores, score, lo=self.pos) - self.pos
-
-    def peek_stages(self) -> int:
-        self._have(self.pos + 1)
-        a, b = self.ia[self.pos], self.ib[self.pos]
-        return ((self.first[a].num_stages if a < len(self.first) else 0)
-                + (self.second[b].num_stages if b < len(self.second) else 0))
-
-    def pop(self) -> tuple[tuple[Segment, ...], tuple]:
-        """The next shape and its bound as ``tight`` gives it: (score, busiest stage, parts)."""
-        self._have(self.pos + 1)
-        i = self.pos
-        a, b = self.ia[i], self.ib[i]
-        self.pos += 1
-        shape = tuple(seg for seg in (self.first[a] if a < len(self.first) else None,
-                                      self.second[b] if b < len(self.second) else None) if seg is not None)
-        return shape, (self.scores[i], self.busiest[i], tuple(x[i] for x in self.parts))
-
-
-class ShapeStream:
-    """Grows a ``SortedShapes`` in exactly the order sorting every refined shape would give
-    (final bound, then scoring order), refining shapes only as far as the walk gets.
-
-    Refining only raises a bound, and the shapes to refine come in order of their first bound,
-    so a refined shape whose final bound is below the next unrefined one's first bound can be
-    placed: no shape still to refine can come before it, ties included (strictly below).  The
-    shapes never refined (past the best 20000) keep their first bound, at least every refined
-    shape's first bound: they join once all are refined.  A search walks a few hundred of
-    some 15000 shapes: the refinement (a fifth of a two-type search) mostly goes."""
-
-    __slots__ = ("scored", "final_of", "never", "rows", "lists", "pool_idx", "pool_score",
-                 "never_added", "chunk")
-
-    def __init__(self, scored: ScoredShapes, target: SortedShapes, *, final_of, never, rows) -> None:
+    def within(self, t_lb, rate, egress):
         import numpy as np
 
-        self.scored = scored
-        self.final_of = final_of  # refined indices -> (those within the limits, their final bounds)
-        self.never = never  # () -> the same for the shapes never refined
-        self.rows = rows  # indices -> (ia, ib, busiest, parts) arrays, as SortedShapes takes them
-        # The lists it grows (not the SortedShapes itself, which holds the stream: no cycle).
-        self.lists = (target.ia, target.ib, target.scores, target.busiest, *target.parts)
-        self.pool_idx = np.empty(0, dtype=np.int64)  # final, not placed yet, sorted by (bound, index)
-        self.pool_score = np.empty(0)
-        self.never_added = False
-        self.chunk = 256  # shapes refined at once, doubling to CHUNK (few are needed at first)
+        ok = np.ones(np.shape(t_lb), dtype=bool)
+        if self.max_usd_per_hour is not None:
+            ok &= rate <= self.max_usd_per_hour * (1 + 1e-9)
+        if self.max_usd_per_iteration is not None:
+            ok &= rate * t_lb / 3600 + egress <= self.max_usd_per_iteration * (1 + 1e-9)
+        if self.min_throughput is not None:
+            ok &= self.gbs / t_lb >= self.min_throughput * (1 - 1e-9)
+        return ok
 
-    def _next_unplaced_lb(self) -> float:
-        """A bound on every shape not in the pool or placed yet (inf: none)."""
-        s = self.scored
-        if s.num_refined < len(s.first):
-            return s.next_pre()
-        return math.inf
+    def score(self, t_lb, rate, egress):
+        return -self.gbs / t_lb if self.throughput else rate * t_lb / 3600 + egress
 
-    def _step(self) -> bool:
-        """Place what can be placed, else refine (or take in) more; False when all is placed."""
-        import numpy as np
 
-        lb = self._next_unplaced_lb()
-        if lb == math.inf and not self.never_added:
-            self._merge(*self.never())
-            self.never_added = True
-        take = int(np.searchsorted(self.pool_score, lb, side="left"))
-        if take:
-            idx, score = self.pool_idx[:take], self.pool_score[:take]
-            self.pool_idx, self.pool_score = self.pool_idx[take:], self.pool_score[take:]
-            ia, ib, busiest, parts = self.rows(idx)
-            for mine, more in zip(self.lists, (ia, ib, score, busiest, *parts)):
-                mine.extend(more.tolist())
-            return True
-        s = self.scored
-        if s.num_refined >= len(s.first):
-            return False
-        sel = s.first[s.num_refined:s.num_refined + self.chunk]
-        s.num_refined += len(sel)
-        self.chunk = min(2 * self.chunk, CHUNK)
-        self._merge(*self.final_of(sel))
-        return True
+def probe(segs: list[Segment], tp: int) -> Segment:
+    """The first segment of ``segs`` of TP degree ``tp`` (links depend on the type and TP alone)."""
+    return next(seg for seg in segs if seg.tp_degree == tp)
 
-    def _merge(self, idx, score) -> None:
-        import numpy as np
 
-        if not len(idx):
-            return
-        all_idx = np.concatenate([self.pool_idx, idx])
-        all_score = np.concatenate([self.pool_score, score])
-        order = np.lexsort((all_idx, all_score))
-        self.pool_idx, self.pool_score = all_idx[order], all_score[order]
+def segment_columns(segs: list[Segment], *, alone: bool, max_p: int, cost_matters: bool, work_s: float,
+                    searcher: Searcher) -> dict:
+    """One type's segments as numpy columns (index len(segs): the type unused), with their own
+    bound parts: rings at every depth, links, warm-up, egress, granular numbers; ``curves``
+    (sync curves) filled as refining needs them."""
+    import numpy as np
 
-    def grow(self, count: int) -> bool:
-        scores = self.lists[2]
-        while len(scores) < count:
-            if not self._step():
-                return False
-        return True
+    parts, egress = searcher.parts, searcher.egress
+    ring = np.full((len(segs) + 1, max_p + 1), np.inf)
+    rows: dict = {}  # ring_row by (TP, DP degree): the same for every stage count
+    for i, seg in enumerate(segs):
+        if seg.dp_degree > 1 and alone:
+            ring[i, seg.num_stages] = parts.ring_lb(seg, seg.num_stages)
+        elif seg.dp_degree > 1:
+            rows.setdefault((seg.tp_degree, seg.dp_degree), (seg, []))[1].append(i)
+    for seg, at in rows.values():
+        ring[at] = parts.ring_row(seg)[: max_p + 1]
+    tps = sorted({seg.tp_degree for seg in segs})
+    curves = np.zeros((len(segs) + 1, GRID + 1))  # sync_curve per segment, as needed
+    # A segment's own link depends on its GPU type, TP and micro-batch size only.
+    by_tp = {tp: parts.link_s(seg, seg) for tp in tps for seg in (probe(segs, tp),)}
+    links = [by_tp[seg.tp_degree] for seg in segs]
+    granular_id = parts.granular_id
+    return dict(
+        segs=segs, tps=tps, ring=ring, curves=curves, have_curve=np.zeros(len(segs) + 1, dtype=bool),
+        cap=np.array([seg.capacity for seg in segs] + [0.0]),
+        rate=np.array([seg.min_usd_per_hr for seg in segs] + [0.0]),
+        stages=np.array([seg.num_stages for seg in segs] + [0]),
+        dp=np.array([seg.dp_degree for seg in segs] + [1 << 30]),
+        d1=np.array([seg.dp_degree == 1 for seg in segs] + [False]),
+        tpi=np.array([tps.index(seg.tp_degree) for seg in segs] + [0]),
+        self_link=np.array([(seg.num_microbatches - 1) * link / 2 if seg.num_stages > 1
+                            else 0.0 for seg, link in zip(segs, links)] + [0.0]),
+        steady=np.array([steady_links_s(seg.num_microbatches, link, seg.num_stages)
+                         for seg, link in zip(segs, links)] + [0.0]),
+        warm=np.append(warm_up_with_links_s(
+            work_s * np.array([seg.slowness for seg in segs], dtype=float),
+            np.array([seg.num_microbatches for seg in segs], dtype=float),
+            np.array([seg.num_stages for seg in segs], dtype=int),
+            np.array(links, dtype=float)), 0.0) if segs else np.zeros(1),
+        p2p_usd=np.array([seg.egress_usd if cost_matters else 0.0 for seg in segs] + [0.0]),
+        ring_usd=np.array([egress.ring_usd_per_byte(seg) if cost_matters else 0.0 for seg in segs] + [0.0]),
+        inv=np.array([1.0 / seg.slowness for seg in segs] + [0.0]),
+        slow=np.array([seg.slowness for seg in segs] + [0.0]),
+        nmb=np.array([seg.num_microbatches for seg in segs] + [1]),
+        drain=np.array([(1 - 1 / seg.num_microbatches) ** seg.num_stages for seg in segs] + [1.0]),
+        block=np.array([seg.block_busy_s for seg in segs] + [np.inf]),
+        head=np.array([seg.head_busy_s for seg in segs] + [np.inf]),
+        gid=np.array([granular_id(seg.num_stages, seg.block_busy_s, seg.head_busy_s) for seg in segs]
+                     + [granular_id(0, math.inf, math.inf)], dtype=np.int64),
+    )
 
-    def grow_below(self, score: float) -> None:
-        """Place every shape whose bound is below ``score``."""
-        scores = self.lists[2]
-        while not (scores and scores[-1] >= score) and self._step():
-            pass
+
+def _columns_of(segs: list[Segment], context: tuple, searcher: Searcher, **kwargs) -> dict:
+    """``segment_columns``, for the process: a list's columns depend on it and on ``context``
+    (the regime variants on the GPU types, the rings and links on the type's pools, which the
+    list is keyed on, and the network, the memo's)."""
+    memo = searcher.memos.process.segment_columns
+    hit = memo.get((id(segs), context))
+    if hit is None or hit[0] is not segs:
+        hit = memo[(id(segs), context)] = (segs, segment_columns(segs, searcher=searcher, **kwargs))
+    return hit[1]
+
+
+def score_shapes(searcher: Searcher, present: list[list[Segment]], *, mbs: int, num_mb: int, work_s: float,
+                 num_blocks_lb: float) -> ScoredShapes:
+    """Every shape of one or two GPU types (``present``: each type's segments), scored at once
+    with the bound ``tight`` gives it before refinement; shapes that miss the limits, or whose
+    bound cannot enter the top N found so far, are dropped (``searcher.threshold``: it only
+    falls, so it stays their bound)."""
+    req = searcher.req
+    lists = list(present)
+    if len(lists) == 1:
+        lists.append(_NO_SEGMENTS)
+    max_p, cost_matters = searcher.max_stages, searcher.cost_matters
+    alone = not lists[1]  # one GPU type: a shape's depth is its one segment's
+    context = (alone, max_p, cost_matters, work_s, tuple(searcher.gpu_types), req.regime, req.max_tp_degree)
+    kwargs = dict(alone=alone, max_p=max_p, cost_matters=cost_matters, work_s=work_s)
+    a, b = _columns_of(lists[0], context, searcher, **kwargs), _columns_of(lists[1], context, searcher, **kwargs)
+    limits = Limits(req, req.objective is Objective.THROUGHPUT)
+    limit = searcher.threshold()
+    ia, ib, stages, tau, rate = _capacity_and_rent(searcher, a, b, work_s, limits, limit)
+    pipe, sync, lmat = _pipeline_and_sync(searcher.parts, lists, a, b, ia, ib, stages, tau, work_s, num_mb)
+    egress, rings_p2p = _egress(searcher, lists, a, b, ia, ib, num_mb, mbs, cost_matters)
+    return ScoredShapes(lists=lists, a=a, b=b, ia=ia, ib=ib, stages=stages, tau=tau, pipe=pipe, sync=sync,
+                        rate=rate, egress=egress, limits=limits, limit=limit, lmat=lmat, rings_p2p=rings_p2p,
+                        work_s=work_s, block_bytes=searcher.figures.gradient_bytes_lb(mbs)[1],
+                        num_blocks_lb=num_blocks_lb, cost_matters=cost_matters, parts=searcher.parts)
+
+
+def _capacity_and_rent(searcher: Searcher, a: dict, b: dict, work_s: float, limits: Limits, limit: float):
+    """Every pair of segments (index na / nb: that type unused) as a grid, where the cheapest
+    terms are broadcast sums: (ia, ib, stages, capacity bound, rent) of the pairs within the
+    limits on capacity and rent alone (most shapes miss there), in the grid's order."""
+    import numpy as np
+
+    na, nb = len(a["segs"]), len(b["segs"])
+    stages = a["stages"][:, None] + b["stages"][None, :]
+    keep = (stages >= 1) & (stages <= searcher.max_stages)
+    # One-type shapes of a type whose own search proved its best (see plan_job) are settled.
+    if len(searcher.gpu_types) == 2:
+        if searcher.gpu_types[0] in searcher.settled_types:
+            keep[:, nb] = False
+        if searcher.gpu_types[1] in searcher.settled_types:
+            keep[na, :] = False
+    with np.errstate(divide="ignore", invalid="ignore"):  # (no segment at all: not kept)
+        tau = work_s / (a["cap"][:, None] + b["cap"][None, :])
+    rate = a["rate"][:, None] + b["rate"][None, :]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        keep &= limits.within(tau, rate, 0.0) & (limits.score(tau, rate, 0.0) < limit)
+    ia, ib = np.nonzero(keep)
+    return ia, ib, stages[ia, ib], tau[ia, ib], rate[ia, ib]
+
+
+def _pipeline_and_sync(parts, lists, a: dict, b: dict, ia, ib, stages, tau, work_s: float, num_mb: int):
+    """(pipeline bound whatever the split, sync bound, matrix of links between the types' TP
+    degrees) of the pairs: links, the warm-up in the better order (``pipe_lb``), and for one
+    segment its compute with its links (``steady_links_s``, ``warm_up_with_links_s``)."""
+    import numpy as np
+
+    na, nb = len(a["segs"]), len(b["segs"])
+    both = (ia < na) & (ib < nb)
+    cross = np.zeros(len(ia))
+    if na and nb:
+        lmat = np.array([[min(parts.link_s(probe(lists[0], ta), probe(lists[1], tb)),
+                              parts.link_s(probe(lists[1], tb), probe(lists[0], ta)))
+                          for tb in b["tps"]] for ta in a["tps"]])
+        n = -(-num_mb // np.minimum(a["dp"][ia], b["dp"][ib]))
+        cross = np.where(both, (n - 1) * lmat[a["tpi"][ia], b["tpi"][ib]] / 2, 0.0)
+    else:
+        lmat = np.zeros((1, 1))
+    link = np.maximum(np.maximum(a["self_link"][ia], b["self_link"][ib]), cross)
+    pipe = np.maximum(link, work_s / pipe_work_rate_many(a["inv"][ia], a["drain"][ia], b["inv"][ib], b["drain"][ib]))
+    pipe = np.maximum(pipe, np.where(both, 0.0, tau + a["steady"][ia] + b["steady"][ib]))
+    alone_a, alone_b = ia[~both], ib[~both]
+    warm = np.where(alone_a < na, a["warm"][alone_a], b["warm"][alone_b])
+    pipe[~both] = np.maximum(pipe[~both], warm)
+    sync = np.where(a["d1"][ia] | b["d1"][ib], 0.0, np.minimum(a["ring"][ia, stages], b["ring"][ib, stages]))
+    return pipe, sync, lmat
+
+
+def _egress(searcher: Searcher, lists, a: dict, b: dict, ia, ib, num_mb: int, mbs: int, cost_matters: bool):
+    """(egress USD per iteration bound, matrix of the between-segments part) of the pairs: each
+    segment's own p2p, the rings (``rings_egress_lb``) and where two segments meet."""
+    import numpy as np
+
+    na, nb = len(a["segs"]), len(b["segs"])
+    both = (ia < na) & (ib < nb)
+    rings_p2p = np.zeros((na + 1, nb + 1))
+    if cost_matters and both.any():
+        # Only for the segments of the shapes left.
+        ua, ub = (np.flatnonzero(np.bincount(idx[both], minlength=n)) for idx, n in ((ia, na), (ib, nb)))
+        rings_p2p[np.ix_(ua, ub)] = searcher.egress.between_segments_usd(
+            num_mb, [lists[0][i] for i in ua.tolist()], [lists[1][i] for i in ub.tolist()])
+    whole, block = searcher.figures.gradient_bytes_lb(mbs)
+    rings = rings_egress_lb_many(a["ring_usd"][ia], b["ring_usd"][ib], a["stages"][ia], b["stages"][ib], both,
+                                 whole, block)
+    return a["p2p_usd"][ia] + b["p2p_usd"][ib] + rings + rings_p2p[ia, ib], rings_p2p
 
 
 class ScoredShapes:
-    """Shapes of one micro-batch size with a first bound, refined (``refine``: the granular
-    and joint bounds, which only raise it) in order of that bound, as far as asked."""
+    """Shapes of one micro-batch size with a first bound, refined (the granular and joint
+    bounds, which only raise it) in order of that bound, as far as asked (see the module
+    docstring).  Columns per shape: ``ia``, ``ib`` (segment of each type, past the end:
+    unused), stages, ``tau`` (the busiest stage, refined in place), the pipeline and sync
+    bounds, rent, egress and ``t_lb`` (the iteration time bound, refined in place)."""
 
-    __slots__ = ("refine", "_sorted_below", "pre", "first", "num_refined", "final", "never_refined", "_streamed")
+    __slots__ = ("lists", "a", "b", "ia", "ib", "stages", "tau", "pipe", "sync", "rate", "egress", "t_lb",
+                 "limits", "limit", "lmat", "rings_p2p", "work_s", "block_bytes", "num_blocks_lb",
+                 "cost_matters", "parts", "pre", "first", "num_refined", "final", "never", "never_refined")
 
-    def __init__(self, *, refine, sorted_below, pre, first, never_refined, streamed) -> None:
-        self.refine, self._sorted_below = refine, sorted_below
-        self._streamed = streamed  # (self) -> SortedShapes (no cycle: the searcher's memos are freed by refcount)
-        self.pre, self.first = pre, first  # first bound; the shapes to refine, best first
+    def __init__(self, *, lists, a, b, ia, ib, stages, tau, pipe, sync, rate, egress, limits: Limits,
+                 limit: float, lmat, rings_p2p, work_s: float, block_bytes: float, num_blocks_lb: float,
+                 cost_matters: bool, parts) -> None:
+        import numpy as np
+
+        self.lists, self.a, self.b, self.limits, self.limit = lists, a, b, limits, limit
+        self.lmat, self.rings_p2p, self.parts = lmat, rings_p2p, parts
+        self.work_s, self.block_bytes, self.num_blocks_lb = work_s, block_bytes, num_blocks_lb
+        self.cost_matters = cost_matters
+        # The limits on the capacity bound with links, warm-up and sync, then with the rest.
+        t_lb = np.maximum(tau, pipe) + sync
+        ok = limits.within(t_lb, rate, egress) & (limits.score(t_lb, rate, egress) < limit)
+        self.ia, self.ib, self.stages, self.tau, self.pipe, self.sync, self.rate, self.egress, self.t_lb = (
+            x[ok] for x in (ia, ib, stages, tau, pipe, sync, rate, egress, t_lb))
+        self.pre = limits.score(self.t_lb, self.rate, self.egress)  # the first bound
+        self.first = np.argsort(self.pre, kind="stable")[:FIRST_REFINED]  # to refine, best first
+        self.tau, self.egress = self.tau.copy(), self.egress.copy()  # refined in place
         self.num_refined = 0
-        self.final = []  # arrays of refined bounds within the limits
-        self.never_refined = never_refined  # sorted first bounds of the rest: final as they are
+        self.final = []  # arrays of refined bounds within the limits (refine_next)
+        self.never = np.ones(len(self.ia), dtype=bool)
+        self.never[self.first] = False
+        self.never_refined = np.sort(self.pre[self.never])  # first bounds of the rest: final as they are
 
     def next_pre(self) -> float:
         return float(self.pre[self.first[self.num_refined]]) if self.num_refined < len(self.first) else math.inf
 
-    def sorted_below(self, cut: float) -> SortedShapes:
-        """The shapes whose bound is below ``cut``, best first (no shape left to refine may be)."""
-        return self._sorted_below(cut, self.num_refined)
-
-    def streamed(self) -> SortedShapes:
-        """Every shape within the limits, best first, refined on demand (``ShapeStream``)."""
-        return self._streamed(self)
-
     def refine_next(self, count: int) -> None:
+        """Refine the next ``count`` shapes of ``first``, keeping their final bounds in ``final``."""
         sel = self.first[self.num_refined:self.num_refined + count]
         self.num_refined += len(sel)
         if len(sel):
-            self.final.append(self.refine(sel))
+            self.final.append(self.final_of(sel)[1])
+
+    def final_of(self, sel):
+        """Refine the shapes ``sel`` (a run of ``first``): (those within the limits, their final bounds)."""
+        self._refine_bounds(sel)
+        return self.kept(sel)
+
+    def kept(self, sel):
+        score = self.limits.score(self.t_lb[sel], self.rate[sel], self.egress[sel])
+        ok = self.limits.within(self.t_lb[sel], self.rate[sel], self.egress[sel]) & (score < self.limit)
+        return sel[ok], score[ok]
+
+    def never_kept(self):
+        """``kept`` of the shapes never refined."""
+        import numpy as np
+
+        return self.kept(np.flatnonzero(self.never))
+
+    def rows(self, idx):
+        """(ia, ib, busiest stage, (iteration s, USD/hour, egress, stages)) of shapes, as
+        ``SortedShapes`` takes them."""
+        return self.ia[idx], self.ib[idx], self.tau[idx], (self.t_lb[idx], self.rate[idx], self.egress[idx],
+                                                           self.stages[idx])
+
+    def sorted_below(self, cut: float) -> SortedShapes:
+        """The shapes refined so far and those never refined whose bound is below ``cut``, best
+        first (ties in scoring order); shapes still to refine must not be below it."""
+        import numpy as np
+
+        done = np.ones(len(self.ia), dtype=bool)
+        done[self.first[self.num_refined:]] = False
+        score = self.limits.score(self.t_lb, self.rate, self.egress)
+        ok = done & self.limits.within(self.t_lb, self.rate, self.egress) & (score < min(self.limit, cut))
+        order = np.flatnonzero(ok)[np.argsort(score[ok], kind="stable")]
+        out = SortedShapes(self.lists[0], self.lists[1], self.ia[order], self.ib[order], score[order],
+                           self.tau[order], self.rows(order)[3])
+        out.cut = min(self.limit, cut)
+        return out
+
+    def streamed(self) -> SortedShapes:
+        """Every shape within the limits, best first, refined as the walk gets there
+        (``ShapeStream``): what ``sorted_below(inf)`` gives after refining them all."""
+        import numpy as np
+
+        empty = np.empty(0)
+        out = SortedShapes(self.lists[0], self.lists[1], empty, empty, empty, empty, (empty,) * 4)
+        out.stream = ShapeStream(self, out)
+        out.cut = self.limit
+        return out
+
+    def _refine_bounds(self, sel) -> None:
+        """The granular bound, then for two segments compute, links and sync together (the
+        joint bound with where the segments meet) and, when cost matters, rent and egress
+        together, for the shapes ``sel``."""
+        import numpy as np
+
+        a, b, ia, ib, tau, t_lb = self.a, self.b, self.ia, self.ib, self.tau, self.t_lb
+        tau[sel] = np.maximum(tau[sel], self.parts.granular_of(a, ia[sel], b, ib[sel]))
+        t_lb[sel] = np.maximum(tau[sel], self.pipe[sel]) + self.sync[sel]
+        alive = self.limits.within(t_lb[sel], self.rate[sel], self.egress[sel]) & (
+            self.limits.score(t_lb[sel], self.rate[sel], self.egress[sel]) < self.limit)
+        two = sel[alive & (ia[sel] < len(a["segs"])) & (ib[sel] < len(b["segs"]))]  # (the rest keep the weaker bound)
+        if not len(two):
+            return
+        # Rings only for the segments these shapes use (the curves cost a few rings each).
+        c1, c2 = (_curves_of(x, idx[two], self.parts.sync_curve) for x, idx in ((a, ia), (b, ib)))
+        work_s = self.work_s
+        a1, a2 = work_s / a["cap"][ia[two]], work_s / b["cap"][ib[two]]
+        k1, k2 = a["steady"][ia[two]], b["steady"][ib[two]]
+        floor_s = np.maximum(tau[two], self.pipe[two])
+        # The pipeline as lines in the first segment's share x (where the segments meet too).
+        u, v = pipeline_lines(floor_s, a1, k1, a2, k2, work_s * a["slow"][ia[two]], work_s * b["slow"][ib[two]],
+                              a["stages"][ia[two]], b["stages"][ib[two]], a["nmb"][ia[two]], b["nmb"][ib[two]],
+                              self.lmat[a["tpi"][ia[two]], b["tpi"][ib[two]]])
+        rings = [np.maximum(c1[:, k], c2[:, GRID - 1 - k]) for k in range(GRID)]
+        joint = np.min([h + ring for h, ring in zip(
+            min_max_lines(u, v, _INTERVALS, PIPELINE_RISING, PIPELINE_FALLING), rings)], axis=0)
+        t_lb[two] = np.maximum(t_lb[two], joint)
+        if self.cost_matters:
+            self._refine_cost(two, u, v, rings)
+
+    def _refine_cost(self, two, u, v, rings) -> None:
+        """Rent, time and the rings' egress together (``bounds.joint_cost_lb``), in the egress."""
+        import numpy as np
+
+        a, b, ia, ib, rate = self.a, self.b, self.ia, self.ib, self.rate
+        per_blocks = self.num_blocks_lb * self.block_bytes
+        e1 = a["ring_usd"][ia[two]] * per_blocks
+        e2 = b["ring_usd"][ib[two]] * per_blocks
+        per_s = rate[two] / 3600
+        # Cost lines: rent over each time line plus the rings' egress, e2 + (e1 - e2) x.
+        # The flat time lines (floor, the links alone) share one slope here: keep their top.
+        flat = [0, 3, 7]
+        cu = np.vstack([per_s * u[flat].max(axis=0), per_s * np.delete(u, flat, axis=0)]) + e2
+        cv = np.vstack([np.zeros((1, len(two))), per_s * np.delete(v, flat, axis=0)]) + (e1 - e2)
+        usd = np.min([h + per_s * ring for h, ring in zip(min_max_lines(cu, cv, _INTERVALS), rings)], axis=0)
+        fixed = a["p2p_usd"][ia[two]] + b["p2p_usd"][ib[two]] + self.rings_p2p[ia[two], ib[two]]
+        self.egress[two] = np.maximum(self.egress[two], usd + fixed - rate[two] * self.t_lb[two] / 3600)
+
+
+def _curves_of(x: dict, idx, sync_curve):
+    """``sync_curve`` of the segments ``idx`` of a list's columns (past its end: no segment, no
+    ring), filling the columns' curves as needed."""
+    import numpy as np
+
+    need = np.flatnonzero(np.bincount(idx[~x["have_curve"][idx]], minlength=len(x["have_curve"])))
+    for i in need.tolist():
+        if i < len(x["segs"]):
+            x["curves"][i] = sync_curve(x["segs"][i])
+    x["have_curve"][need] = True
+    return x["curves"][idx]
 
 
 def settle_cut(scored: list[ScoredShapes], keep: int, chunk: int = CHUNK) -> float:

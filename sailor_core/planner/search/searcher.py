@@ -1,5 +1,6 @@
-"""One planning run: the request's GPUs, the segment lists, placing and splitting shapes, and
-evaluating, offering and polishing plans (the best-first loop that drives it is ``loop``)."""
+"""One planning run (``Searcher``): the request's GPUs and limits, the segment lists, placing
+and splitting shapes, and evaluating, offering and polishing plans, with the top N found so far
+(its thresholds).  The best-first loop that drives it is ``loop.run_search``."""
 
 from __future__ import annotations
 
@@ -10,15 +11,24 @@ from sailor_core.catalog.instances import gpu_price_usd_per_hr
 from sailor_core.catalog.models import get_model
 from sailor_core.plan.types import Plan, Replica, Stage
 from sailor_core.planner.fastsim import FastResult, FastSim, FastStage
-from sailor_core.planner.kinds import Kind, shared_kind_cache, valid_tp_degrees
-from sailor_core.planner.placement import StagePlacement, place_pipelines, place_stages
+from sailor_core.planner.kinds import shared_kind_cache
 from sailor_core.planner.request import Objective, PlanRequest
-from sailor_core.planner.search.bounds import granular_busiest_s
-from sailor_core.planner.search.memo import process_memo
-from sailor_core.planner.search.shapes import Segment, d_grid, largest_divisor_at_most, order_key, stages_key
+from sailor_core.planner.search.bounds import ideal_iteration
+from sailor_core.planner.search.egress import EgressParts
+from sailor_core.planner.search.figures import KindFigures
+from sailor_core.planner.search.memo import SearchMemos
+from sailor_core.planner.search.parts import SegmentParts
+from sailor_core.planner.search.shapes import (
+    Placed,
+    Segment,
+    build_segments,
+    fast_stages,
+    order_key,
+    place_shape,
+    stages_key,
+)
 from sailor_core.planner.split import StageSlot, busiest_s, min_max_split
 from sailor_core.simulator.memory import inflight_microbatches
-from sailor_core.simulator.tables import layer_table
 
 
 @dataclass(slots=True)
@@ -36,7 +46,6 @@ class Evaluated:
     @property
     def key(self) -> tuple:
         return stages_key(self.mbs, self.stages)
-
 
 
 @dataclass(slots=True)
@@ -59,58 +68,34 @@ class SearchStats:
         return self.num_evaluated + self.num_splits // 4
 
 
-class Searcher:
-    """One planning run; see the module docstring."""
+def better(a: Evaluated, b: Evaluated) -> bool:
+    """Feasible beats infeasible; fitting beats not fitting; then the score."""
+    return (not a.feasible, not a.res.fits, a.score) < (not b.feasible, not b.res.fits, b.score)
 
-    def __init__(self, request: PlanRequest, *, profiles, network) -> None:
+
+class Searcher:
+    """One planning run; see the module docstring.  ``kinds`` and ``memos``: a sub-search's,
+    handed over by ``sub_searcher``."""
+
+    def __init__(self, request: PlanRequest, *, profiles, network, kinds=None,
+                 memos: SearchMemos | None = None) -> None:
         self.req = request
         self.profiles = profiles
         self.network = network
-        spec = get_model(request.model)
-        self.model = spec
-        self.num_layers = spec.num_layer_indices
-        self.kinds = shared_kind_cache(request.model, request.seq_len, request.regime, profiles)
+        self.model = get_model(request.model)
+        self.num_layers = self.model.num_layer_indices
+        if kinds is None:
+            kinds = shared_kind_cache(request.model, request.seq_len, request.regime, profiles)
+        self.kinds = kinds
         self.zone_gpus: dict[str, dict[str, int]] = {}
         for (gpu, zone), n in request.availability.items():
             self.zone_gpus.setdefault(gpu, {})[zone] = n
         self.gpu_types = sorted(self.zone_gpus)
         self.stats = SearchStats()
-        self.top: list[Evaluated] = []
-        self.seen_plans: set = set()
-        self._sim_cache: dict = {}
-        self._variants: dict = {}
-        self._block_head: dict = {}
-        self._granular: dict = {}
-        # Splits and placements of ordered shapes, by segment attributes: the passes and
-        # the sub-searches of one request meet the same shapes again.
-        self.prepared_memo: dict = {}
-        # The same for the process, keyed by all a split depends on besides the kinds (which
-        # the memo lives with): placements by the pools of the shape's GPU types.
-        self._process_splits = process_memo(self.kinds, network, "splits", max_entries=1 << 15)
-        self._kind_figures = process_memo(self.kinds, network, "kind figures", max_entries=1 << 14)
-        self.placed_memo: dict = {}
-        # A segment's placement depends on its type's pools alone: for the process.
-        self._segment_places = process_memo(self.kinds, network, "segment placements", max_entries=1 << 15)
-        self.placed_costs_memo: dict = {}
-        self.bound_memos: dict[str, dict] = {}  # run_search's per-segment bound parts, kept across passes
-        self._boundary_bytes: dict = {}
-        self._round_trip: dict = {}
-        self._segments: dict = {}
-        self.fewest_crossings_memo: dict = {}  # (shared by sub-searches: same zones per GPU type)
-        # Segment lists and their numpy columns, for the process (see segments_for): replay
-        # requests one after the other mostly change one GPU type's pools, not the other's.
-        self.segment_lists = process_memo(self.kinds, network, "segment lists")
-        self._crossing_usd: dict = {}  # per kind: USD of one micro-batch's boundary both ways across zones
-        self.sorted_memo: dict = {}  # micro-batch size -> every shape scored (see run_search)
-        # The simulator's memoised figures live as long as the kinds they were keyed on (by id).
-        fkey = ("fastsim", request.global_batch_size, id(network), request.spot, request.regime)
-        fast = self.kinds.extras.get(fkey)
-        if fast is None or fast.network is not network:
-            fast = self.kinds.extras[fkey] = FastSim(
-                model=request.model, global_batch_size=request.global_batch_size,
-                network=network, spot=request.spot, regime=request.regime)
-        fast.trim()
-        self.fast = fast
+        self.top: list[Evaluated] = []  # the best plans offered, best first (top N + 20)
+        self.seen_plans: set = set()  # Evaluated.key of every plan offered
+        self.memos = memos if memos is not None else SearchMemos.new(kinds, network, self.num_blocks)
+        self.fast = self._fast_sim()
         self.max_stages = max(1, min(request.max_stages, self.num_layers))
         # With three or more GPU types most combinations of per-type stage counts overflow
         # max_stages and the lazy order wades through them: cap each type's share instead.
@@ -121,38 +106,47 @@ class Searcher:
         self.excess: dict[int, float] = {}
         self._log_excess: dict[int, tuple[float, int]] = {}
         self.excess_version = 0
-        self.relaxed_memo: dict = {}  # see api.relaxed
         self.estimate_limits = False  # check caps and floor on bound x excess too (see plan_job)
         # GPU types whose one-type shapes a search of their own has settled: every one that could
         # enter this search's top N was evaluated there and its plans offered here (plan_job).
         self.settled_types: set[str] = set()
+        self.figures = KindFigures(kinds=kinds, model=request.model, regime=request.regime,
+                                   max_tp_degree=request.max_tp_degree, gpu_types=self.gpu_types,
+                                   num_layers=self.num_layers, memos=self.memos)
+        self.parts = SegmentParts(network=network, zone_gpus=self.zone_gpus, num_layers=self.num_layers,
+                                  max_stages=self.max_stages, figures=self.figures, memos=self.memos)
+        self.egress = EgressParts(network=network, zone_gpus=self.zone_gpus,
+                                  global_batch_size=request.global_batch_size, fast=self.fast,
+                                  figures=self.figures, memos=self.memos)
 
-    def sub_searcher(self, request: PlanRequest) -> "Searcher":
-        """A Searcher for ``request`` (same model) that reuses what this one worked out."""
-        sub = Searcher(request, profiles=self.profiles, network=self.network)
-        sub.kinds = self.kinds  # same model and regime: share the kinds (and their memo)
-        # Same kinds and zones per GPU type: a shape's split, placement and rent are the same here.
-        sub.prepared_memo = self.prepared_memo
-        sub.placed_memo = self.placed_memo
-        sub.placed_costs_memo = self.placed_costs_memo
-        sub.fewest_crossings_memo = self.fewest_crossings_memo
-        if request.availability == self.req.availability:
-            # Same GPU types too: the same regime variants, so the same bound parts.
-            sub.bound_memos = self.bound_memos
-            sub._variants = self._variants
-            sub._block_head = self._block_head
-            sub._granular = self._granular
-        return sub
+    def _fast_sim(self) -> FastSim:
+        """The simulator's memoised figures live as long as the kinds they were keyed on (by id)."""
+        request, network = self.req, self.network
+        fkey = ("fastsim", request.global_batch_size, id(network), request.spot, request.regime)
+        fast = self.kinds.extras.get(fkey)
+        if fast is None or fast.network is not network:
+            fast = self.kinds.extras[fkey] = FastSim(
+                model=request.model, global_batch_size=request.global_batch_size,
+                network=network, spot=request.spot, regime=request.regime)
+        fast.trim()
+        return fast
 
-    def seed_from(self, other: "Searcher") -> None:
+    def sub_searcher(self, request: PlanRequest) -> Searcher:
+        """A Searcher for ``request`` (same model: a part of this one's GPUs, another objective
+        or fewer limits) handed this one's kinds and the memos it may share (``SearchMemos``)."""
+        memos = self.memos.for_sub_search(self.kinds, self.network, self.num_blocks,
+                                          same_availability=request.availability == self.req.availability)
+        return Searcher(request, profiles=self.profiles, network=self.network, kinds=self.kinds, memos=memos)
+
+    def seed_from(self, other: Searcher) -> None:
         """Start from ``other``'s top N (same objective and limits): only plans that beat them matter."""
         self.top = list(other.top)
         self.seen_plans = set(other.seen_plans)
 
     def done_searching(self) -> None:
         """No more ``run_search`` passes: drop the scored shapes, whose streams hold the search's
-        closures and so the searcher (a cycle that would wait for the collector plan_job pauses)."""
-        self.sorted_memo.clear()
+        bound parts and so its memos (a cycle that would wait for the collector plan_job pauses)."""
+        self.memos.own.scored.clear()
 
     @property
     def cost_matters(self) -> bool:
@@ -161,107 +155,38 @@ class Searcher:
         return (r.objective is Objective.COST or r.max_usd_per_hour is not None
                 or r.max_usd_per_iteration is not None)
 
-    def variants(self, kind: Kind) -> list[Kind]:
-        """``kind`` under every regime a plan holding it may run in.
+    @property
+    def num_blocks(self) -> int:
+        return self.num_layers - 2 if self.num_layers >= 3 else self.num_layers
 
-        ``simulate`` runs a plan under its first replica's profile's regime (unless the request
-        names one), and another regime can make a GPU type several times faster or slower
-        (estimated profiles), so a valid bound must take the fastest of these.
-        """
-        if self.req.regime is not None:
-            return [kind]
-        key = (kind.gpu, kind.tp_degree, kind.micro_batch_size)
-        hit = self._variants.get(key)
-        if hit is not None:
-            return hit
-        firsts = [f for g in self.gpu_types for tp in valid_tp_degrees(self.req.model, g, self.req.max_tp_degree)
-                  if (f := self.kinds.get(g, tp, kind.micro_batch_size)) is not None]
-        out = [kind]
-        for f in firsts:
-            v = self.kinds.in_regime_of(kind, f)
-            if all(v is not o for o in out):
-                out.append(v)
-        self._variants[key] = out
+    def micro_batch_sizes(self) -> list[int]:
+        gbs = self.req.global_batch_size
+        if self.req.micro_batch_sizes:
+            return sorted({b for b in self.req.micro_batch_sizes if gbs % b == 0})
+        out, b = [], 1
+        while b <= min(gbs, 64):
+            if gbs % b == 0:
+                out.append(b)
+            b *= 2
         return out
-
-    def block_and_head_s(self, kind: Kind) -> tuple[float, float]:
-        """(fastest block, fastest last layer) of ``kind`` over its variants, per micro-batch.
-
-        A stage holding b blocks takes at least b times the first; the stage holding the last
-        layer (the LM head: one to two blocks' worth of compute) also the second.
-        """
-        key = (kind.gpu, kind.tp_degree, kind.micro_batch_size)
-        hit = self._block_head.get(key)
-        if hit is None:
-            vs = self.variants(kind)
-            hit = self._kind_figures.get(("block and head", tuple(vs)))
-            if hit is None:
-                L = self.num_layers
-                if L >= 3:
-                    block = min(v.time_s(i, i + 1) for v in vs for i in range(1, L - 1))
-                    head = min(v.time_s(L - 1, L) for v in vs)
-                else:
-                    block, head = min(v.time_s(i, i + 1) for v in vs for i in range(L)), 0.0
-                hit = self._kind_figures[("block and head", tuple(vs))] = (block, head)
-            self._block_head[key] = hit
-        return hit
-
-    def gradient_bytes_lb(self, mbs: int) -> tuple[float, float]:
-        """(whole model, one block): gradient bytes a DP ring of any kind of this search carries
-        for them, TP shards counted whole (shard x degree), the least over kinds and regime
-        variants layer by layer, so that the bytes of any split's stages add up to at least the
-        first."""
-        # Kinds and variants only: the same for every search of these GPU types in the process.
-        key = ("gradient bytes", mbs, tuple(self.gpu_types), self.req.max_tp_degree)
-        hit = self.kinds.extras.get(key)
-        if hit is None:
-            L = self.num_layers
-            per_layer = [math.inf] * L
-            for g in self.gpu_types:
-                for tp in valid_tp_degrees(self.req.model, g, self.req.max_tp_degree):
-                    kind = self.kinds.get(g, tp, mbs)
-                    for v in self.variants(kind) if kind is not None else ():
-                        table = layer_table(v.profile)
-                        scale = tp * v.regime.grad_bytes_per_param
-                        for i in range(L):
-                            per_layer[i] = min(per_layer[i], scale * table.params(i, i + 1))
-            blocks = per_layer[1:L - 1] if L >= 3 else per_layer
-            hit = self.kinds.extras[key] = (sum(per_layer), min(blocks))
-        return hit
 
     def ideal_score(self, gpus: list[str]) -> float:
         """The best score any plan on only these GPU types could have (inf: none meets the
-        limits): every GPU busy the whole iteration on its fastest kind for each layer, with no
-        bubble, link or sync.  A micro-batch's layer takes its kind's TP degree times its time
-        in GPU-seconds, so an iteration on N GPUs lasts at least the least GPU-seconds of the
-        batch over N, and costs at least those GPU-seconds at the cheapest price."""
-        L, gbs = self.num_layers, self.req.global_batch_size
-        key = ("ideal GPU-seconds", tuple(gpus), tuple(self.gpu_types), tuple(self.micro_batch_sizes()), gbs,
-               self.req.max_tp_degree)
-        gpu_s = self.kinds.extras.get(key)
-        if gpu_s is None:
-            gpu_s = math.inf
-            for mbs in self.micro_batch_sizes():
-                per_layer = [math.inf] * L
-                for g in gpus:
-                    for tp in valid_tp_degrees(self.req.model, g, self.req.max_tp_degree):
-                        kind = self.kinds.get(g, tp, mbs)
-                        for v in self.variants(kind) if kind is not None else ():
-                            for i in range(L):
-                                per_layer[i] = min(per_layer[i], tp * v.time_s(i, i + 1))
-                gpu_s = min(gpu_s, gbs // mbs * sum(per_layer))
-            self.kinds.extras[key] = gpu_s
+        limits): ``bounds.ideal_iteration`` on every GPU available of these types."""
+        gpu_s = self.figures.ideal_gpu_s(gpus, self.micro_batch_sizes(), self.req.global_batch_size)
         pools = [(g, z, n) for g in gpus for z, n in self.zone_gpus.get(g, {}).items() if n > 0]
         if gpu_s == math.inf or not pools:
             return math.inf
-        t = gpu_s / sum(n for _, _, n in pools)
-        usd = gpu_s * min(gpu_price_usd_per_hr(g, z, spot=self.req.spot) for g, z, _ in pools) / 3600
-        r = self.req
+        r, gbs = self.req, self.req.global_batch_size
+        t, usd = ideal_iteration(gpu_s, sum(n for _, _, n in pools),
+                                 min(gpu_price_usd_per_hr(g, z, spot=r.spot) for g, z, _ in pools))
         if r.min_throughput_samples_per_s is not None and gbs / t < r.min_throughput_samples_per_s * (1 - 1e-9):
             return math.inf
         if r.max_usd_per_iteration is not None and usd > r.max_usd_per_iteration * (1 + 1e-9):
             return math.inf
         return -gbs / t if r.objective is Objective.THROUGHPUT else usd
+
+    # ---- what the search learns: simulated over bounded time, by depth ----------------------
 
     def learn_excess(self, num_stages: int, ratio: float) -> None:
         self.excess_version += 1
@@ -269,7 +194,7 @@ class Searcher:
         total, count = self._log_excess.get(num_stages, (0.0, 0))
         self._log_excess[num_stages] = (total + math.log(max(ratio, 1.0)), count + 1)
 
-    def learn_excess_from(self, other: "Searcher") -> None:
+    def learn_excess_from(self, other: Searcher) -> None:
         """Take in what another search of the same model learnt (a one-type sub-search: the same
         bounds and simulator on part of the same GPUs)."""
         for num_stages, ratio in other.excess.items():
@@ -283,19 +208,7 @@ class Searcher:
         hit = self._log_excess.get(num_stages)
         return math.exp(hit[0] / hit[1]) if hit else 1.0
 
-    @property
-    def num_blocks(self) -> int:
-        return self.num_layers - 2 if self.num_layers >= 3 else self.num_layers
-
-    def granular_busiest_s(self, shape: tuple[Segment, ...]) -> float:
-        """A lower bound on the busiest stage of every split of ``shape`` (see ``granular_busiest_s``)."""
-        key = tuple(sorted((s.num_stages, s.block_busy_s, s.head_busy_s) for s in shape))
-        hit = self._granular.get(key)
-        if hit is None:
-            hit = self._granular[key] = granular_busiest_s(key, self.num_blocks)
-        return hit
-
-    # ---- scoring ----------------------------------------------------------------------
+    # ---- scoring, the top N and its thresholds ---------------------------------------------
 
     def score_of(self, res) -> float:
         if self.req.objective is Objective.THROUGHPUT:
@@ -315,15 +228,17 @@ class Searcher:
         return True
 
     def evaluate(self, mbs: int, stages: tuple[FastStage, ...]) -> Evaluated:
+        """The plan's figures (fastsim: ``simulate``'s), each plan evaluated once per search."""
+        memo = self.memos.own.evaluated
         key = (mbs, stages)
-        hit = self._sim_cache.get(key)
+        hit = memo.get(key)
         if hit is not None:
             return hit
         res = self.fast.evaluate(mbs, list(stages))
         self.stats.num_evaluated += 1
         ev = Evaluated(score=self.score_of(res), mbs=mbs, stages=stages, res=res,
                        feasible=res.fits and self.meets_limits(res))
-        self._sim_cache[key] = ev
+        memo[key] = ev
         st = self.stats
         if res.fits:
             st.any_fits = True
@@ -359,212 +274,6 @@ class Searcher:
         self.top.sort(key=lambda e: (e.score, e.num_gpus))  # stable: earlier (better-bounded) first
         del self.top[limit:]
 
-    # ---- segments ---------------------------------------------------------------------
-
-    def micro_batch_sizes(self) -> list[int]:
-        gbs = self.req.global_batch_size
-        if self.req.micro_batch_sizes:
-            return sorted({b for b in self.req.micro_batch_sizes if gbs % b == 0})
-        out, b = [], 1
-        while b <= min(gbs, 64):
-            if gbs % b == 0:
-                out.append(b)
-            b *= 2
-        return out
-
-    def segments_for(self, gpu: str, mbs: int, num_mb: int, ref: list[float]) -> list[Segment]:
-        key = (gpu, mbs, num_mb, tuple(ref))
-        hit = self._segments.get(key)
-        if hit is None:
-            terms = self._segment_terms(gpu, mbs, ref)
-            # Sub-searches of one request (same zones per GPU type) often work the same list out:
-            # shared by everything it depends on.
-            full_range = (self.req.objective is Objective.COST or self.req.max_usd_per_hour is not None
-                          or self.req.max_usd_per_iteration is not None or self.req.collect_pareto)
-            # Shared by the process (kinds and network are the memo's): the type's pools (prices,
-            # placements and crossings follow from them) and the terms decide the list.
-            shared = (gpu, tuple(self.zone_gpus[gpu].items()), self.req.spot, num_mb, full_range,
-                      self.max_stages_per_type, terms)
-            hit = self.segment_lists.get(shared)
-            if hit is None:
-                hit = self.segment_lists[shared] = self._segments_for(gpu, num_mb, full_range, terms)
-            self._segments[key] = hit
-        return hit
-
-    def _segment_terms(self, gpu: str, mbs: int, ref: list[float]) -> tuple:
-        """Per TP degree with a kind: (TP, kind, slowness against ``ref``, fastest block and last
-        layer (``block_and_head_s``), USD per micro-batch crossing zones (None: no p2p crosses))."""
-        p2p_crosses = self.cost_matters and sum(1 for n in self.zone_gpus[gpu].values() if n > 0) > 1
-        out = []
-        ref_key = tuple(ref)
-        for tp in valid_tp_degrees(self.req.model, gpu, self.req.max_tp_degree):
-            kind = self.kinds.get(gpu, tp, mbs)
-            if kind is None:
-                continue
-            # The same variants against the same reference, in every request of these GPU types.
-            key = ("slowness", tuple(self.variants(kind)), ref_key)
-            ratio = self._kind_figures.get(key)
-            if ratio is None:
-                ratio = self._kind_figures[key] = min(
-                    (v.time_s(i, i + 1) / ref[i]) for v in self.variants(kind)
-                    for i in range(self.num_layers) if ref[i] > 0
-                ) if any(r > 0 for r in ref) else 1.0
-            out.append((tp, kind, ratio, *self.block_and_head_s(kind),
-                        self.crossing_usd_per_byte(kind) if p2p_crosses else None))
-        return tuple(out)
-
-    def _segments_for(self, gpu: str, num_mb: int, full_range: bool, terms: tuple) -> list[Segment]:
-        live = {z: n for z, n in self.zone_gpus[gpu].items() if n > 0}
-        min_price = min(gpu_price_usd_per_hr(gpu, z, spot=self.req.spot) for z in live)
-        out: list[Segment] = []
-        for tp, kind, ratio, block_s, head_s, per_byte in terms:
-            total_rep = sum(n // tp for n in live.values())
-            zone_max = max(n // tp for n in live.values())
-            for num_stages in range(1, self.max_stages_per_type + 1):
-                d_max = min(total_rep // num_stages, num_mb)
-                if d_max < 1:
-                    break
-                if full_range:
-                    ds = set(d_grid(d_max))
-                else:
-                    ds = {d_max}
-                ds.add(largest_divisor_at_most(num_mb, d_max))
-                one_zone = min(d_max, zone_max)
-                ds.add(one_zone)
-                ds.add(largest_divisor_at_most(num_mb, one_zone))
-                for d in sorted(ds):
-                    n_per_rep = -(-num_mb // d)
-                    cap = num_stages / (n_per_rep * ratio)
-                    rules = ["stage"]
-                    # Whole pipelines per zone only differ from the stage rule when the segment
-                    # does not fit one zone: the stage rule then sends every micro-batch across
-                    # a zone boundary between stages, this one crosses zones in the DP rings.
-                    if (len(live) > 1 and d * num_stages > zone_max
-                            and sum(n // (tp * num_stages) for n in live.values()) >= d):
-                        rules.append("pipeline")
-                    for rule in rules:
-                        # A lower bound on the segment's own p2p egress: consecutive stages placed
-                        # whole in different zones send every micro-batch across, both ways,
-                        # whatever zone the segment starts after; none under the pipeline rule
-                        # (its p2p stays in a zone) or for a one-zone type.
-                        egress = self.fewest_crossings(gpu, tp, d, num_stages) * num_mb * per_byte \
-                            if per_byte is not None and rule == "stage" and num_stages > 1 else 0.0
-                        out.append(Segment(
-                            gpu=gpu, kind=kind, tp_degree=tp, dp_degree=d, num_stages=num_stages,
-                            rule=rule, capacity=cap, slowness=ratio, num_microbatches=n_per_rep,
-                            min_usd_per_hr=num_stages * d * tp * min_price,
-                            block_busy_s=n_per_rep * block_s, head_busy_s=n_per_rep * head_s,
-                            egress_usd=egress,
-                        ))
-        return out
-
-    # ---- building a plan from a shape -------------------------------------------------
-
-    def build_stages(self, shape: tuple[Segment, ...]) -> list[tuple[Kind, StagePlacement]] | None:
-        key = order_key(shape)
-        if key in self.placed_memo:
-            return self.placed_memo[key]
-        out = self.placed_memo[key] = self._build_stages(shape)
-        return out
-
-    def _build_stages(self, shape: tuple[Segment, ...]) -> list[tuple[Kind, StagePlacement]] | None:
-        stages: list[tuple[Kind, StagePlacement]] = []
-        prev_zone: str | None = None
-        first = shape[0].kind
-        for seg in shape:
-            zones = {z: n for z, n in self.zone_gpus[seg.gpu].items() if n > 0}
-            key = (seg.gpu, tuple(zones.items()), seg.tp_degree, seg.dp_degree, seg.num_stages, seg.rule,
-                   prev_zone if seg.rule == "stage" else None)
-            if key in self._segment_places:
-                placed = self._segment_places[key]
-            elif seg.rule == "pipeline":
-                placed = self._segment_places[key] = place_pipelines(
-                    zones, seg.tp_degree, seg.dp_degree, seg.num_stages)
-            else:
-                placed = self._segment_places[key] = place_stages(
-                    zones, seg.tp_degree, seg.dp_degree, seg.num_stages, prev_zone)
-            if placed is None:
-                return None
-            kind = self.kinds.in_regime_of(seg.kind, first)
-            for p in placed:
-                stages.append((kind, p))
-            last = placed[-1]
-            prev_zone = max(last, key=lambda p: (p[1], p[0]))[0]
-        return stages
-
-    def placed_costs_lb(self, mbs: int, stages: list[tuple[Kind, StagePlacement]]) -> tuple[float, float]:
-        """(USD per hour, a lower bound on the egress USD per iteration) of a placed shape before
-        its split: the rent is exact; every micro-batch routed across a zone boundary carries at
-        least the smallest activation both ways (the rings' egress depends on the split: left out)."""
-        fast = self.fast
-        num_mb = self.req.global_batch_size // mbs
-        usd_per_hr = egress = 0.0
-        for i, (kind, placed) in enumerate(stages):
-            for zone, n in placed:
-                usd_per_hr += n * kind.tp_degree * fast.price(kind.gpu, zone)
-            if i + 1 == len(stages):
-                break
-            nxt_kind, nxt = stages[i + 1]
-            if placed == nxt:
-                continue  # the same replicas per zone: m mod D sends every micro-batch within its zone
-            if len(placed) == 1 and len(nxt) == 1:
-                crossing = num_mb * self.round_trip_usd_per_byte(placed[0][0], nxt[0][0])
-            else:
-                src = tuple((kind, z, n) for z, n in placed)
-                dst = tuple((nxt_kind, z, n) for z, n in nxt)
-                crossing = sum(carried * self.round_trip_usd_per_byte(src[a][1], dst[b][1])
-                               for (a, b), carried in fast._group_pairs(num_mb, src, dst).items()
-                               if src[a][1] != dst[b][1])
-            if crossing:
-                egress += crossing * self.min_boundary_bytes(kind)
-        return usd_per_hr, egress
-
-    def crossing_usd_per_byte(self, kind: Kind) -> float:
-        """USD of one micro-batch's boundary, both ways, between two zones of its GPU type, at
-        the least (the cheapest pair, the smallest activation over its regime variants)."""
-        pkey = (kind.gpu, kind.tp_degree, kind.micro_batch_size)
-        per_byte = self._crossing_usd.get(pkey)
-        if per_byte is None:
-            zones = [z for z, n in self.zone_gpus[kind.gpu].items() if n > 0]
-            price = min(self.round_trip_usd_per_byte(a, b) for a in zones for b in zones if a != b)
-            per_byte = self._crossing_usd[pkey] = price * min(self.min_boundary_bytes(v) for v in self.variants(kind))
-        return per_byte
-
-    def fewest_crossings(self, gpu: str, tp: int, d: int, num_stages: int) -> int:
-        """The fewest boundaries between consecutive stages placed whole in different zones,
-        over the zones the stage placement may start after (0 for a one-zone type)."""
-        key = (gpu, tp, d, num_stages)
-        fewest = self.fewest_crossings_memo.get(key)
-        if fewest is None:
-            zones = {z: n for z, n in self.zone_gpus[gpu].items() if n > 0}
-            fewest = 0 if len(zones) < 2 else math.inf
-            for prev in (None, *sorted(zones)) if fewest else ():
-                placed = place_stages(zones, tp, d, num_stages, prev)
-                if placed is None:
-                    fewest = 0
-                    break
-                crossings = sum(1 for a, b in zip(placed, placed[1:])
-                                if len(a) == 1 and len(b) == 1 and a[0][0] != b[0][0])
-                fewest = min(fewest, crossings)
-            self.fewest_crossings_memo[key] = fewest
-        return fewest
-
-    def round_trip_usd_per_byte(self, za: str, zb: str) -> float:
-        key = (za, zb)
-        hit = self._round_trip.get(key)
-        if hit is None:
-            hit = self._round_trip[key] = (self.network.egress_usd_per_byte(za, zb)
-                                           + self.network.egress_usd_per_byte(zb, za))
-        return hit
-
-    def min_boundary_bytes(self, kind: Kind) -> int:
-        key = id(kind)
-        hit = self._boundary_bytes.get(key)
-        if hit is None:
-            out = layer_table(kind.profile).output_bytes
-            hit = self._boundary_bytes[key] = min(out[: max(1, self.num_layers - 1)])
-        return hit
-
     def to_plan(self, ev: Evaluated) -> Plan:
         return Plan(
             model=self.req.model, global_batch_size=self.req.global_batch_size, micro_batch_size=ev.mbs,
@@ -576,20 +285,62 @@ class Searcher:
             seq_len=self.req.seq_len, regime=self.req.regime,
         )
 
-    @staticmethod
-    def fast_stages(stages: list[tuple[Kind, StagePlacement]], ends: list[int]) -> tuple[FastStage, ...]:
-        out, start = [], 0
-        for (kind, placed), end in zip(stages, ends):
-            out.append(FastStage(start, end, tuple((kind, z, n) for z, n in placed)))
-            start = end
+    fast_stages = staticmethod(fast_stages)
+
+    # ---- segments, placements and splits ----------------------------------------------------
+
+    def segments_for(self, gpu: str, mbs: int, num_mb: int, ref: list[float]) -> list[Segment]:
+        """Every segment of ``gpu`` at this micro-batch size, with slowness against ``ref`` (per
+        layer, the fastest kind's time): ``shapes.build_segments``, memoised."""
+        memo = self.memos.own.segments
+        key = (gpu, mbs, num_mb, tuple(ref))
+        hit = memo.get(key)
+        if hit is None:
+            terms = self._segment_terms(gpu, mbs, ref)
+            r = self.req
+            full_range = (r.objective is Objective.COST or r.max_usd_per_hour is not None
+                          or r.max_usd_per_iteration is not None or r.collect_pareto)
+            # Shared by the process (kinds and network are the memo's): the type's pools (prices,
+            # placements and crossings follow from them) and the terms decide the list.
+            shared = (gpu, tuple(self.zone_gpus[gpu].items()), r.spot, num_mb, full_range,
+                      self.max_stages_per_type, terms)
+            lists = self.memos.process.segment_lists
+            hit = lists.get(shared)
+            if hit is None:
+                hit = lists[shared] = build_segments(
+                    gpu, self.zone_gpus[gpu], spot=r.spot, num_mb=num_mb, full_range=full_range,
+                    max_stages=self.max_stages_per_type, terms=terms, fewest_crossings=self.egress.fewest_crossings)
+            memo[key] = hit
+        return hit
+
+    def _segment_terms(self, gpu: str, mbs: int, ref: list[float]) -> tuple:
+        """Per TP degree with a kind: (TP, kind, slowness against ``ref``, fastest block and last
+        layer (``block_and_head_s``), USD per micro-batch crossing zones (None: no p2p crosses))."""
+        p2p_crosses = self.cost_matters and sum(1 for n in self.zone_gpus[gpu].values() if n > 0) > 1
+        out = []
+        ref_key = tuple(ref)
+        figures = self.figures
+        for tp, kind in figures.kinds_of(gpu, mbs):
+            out.append((tp, kind, figures.slowness(kind, ref, ref_key), *figures.block_and_head_s(kind),
+                        self.egress.crossing_usd_per_byte(kind) if p2p_crosses else None))
         return tuple(out)
+
+    def build_stages(self, shape: tuple[Segment, ...]) -> Placed | None:
+        """The placed stages of an ordered shape (``shapes.place_shape``), or None."""
+        memo = self.memos.model.placed
+        key = order_key(shape)
+        if key in memo:
+            return memo[key]
+        out = memo[key] = place_shape(shape, self.zone_gpus, self.kinds, self.memos.process.segment_places)
+        return out
 
     def prepare(self, mbs: int, shape: tuple[Segment, ...], tau_lb: float):
         """(stages, ends, busiest-stage time) of the min-max split of one ordered shape, or None."""
+        memo = self.memos.model.prepared
         key = (mbs, order_key(shape))
-        if key in self.prepared_memo:
-            return self.prepared_memo[key]
-        out = self.prepared_memo[key] = self._prepare(mbs, shape, tau_lb)
+        if key in memo:
+            return memo[key]
+        out = memo[key] = self._prepare(mbs, shape, tau_lb)
         return out
 
     def _prepare(self, mbs: int, shape: tuple[Segment, ...], tau_lb: float):
@@ -601,7 +352,8 @@ class Searcher:
         # The split depends on the stages' kinds and replica counts, not their zones: shared by
         # the process (the first bound asked decides where the bisection ends: in the key).
         split_key = (num_mb, tau_lb, tuple([(kind, sum(c for _, c in placed)) for kind, placed in stages]))
-        hit = self._process_splits.get(split_key)
+        splits = self.memos.process.splits
+        hit = splits.get(split_key)
         if hit is None:
             P = len(stages)
             slots = []
@@ -610,12 +362,14 @@ class Searcher:
                 slots.append(StageSlot(kind=kind, num_microbatches=n,
                                        num_inflight=inflight_microbatches(i, P, n)))
             ends = min_max_split(slots, self.num_layers, lower_bound_s=tau_lb)
-            hit = self._process_splits[split_key] = (ends, None if ends is None else busiest_s(slots, ends))
+            hit = splits[split_key] = (ends, None if ends is None else busiest_s(slots, ends))
         ends, busiest = hit
         if ends is None:
             self.stats.memory_failures += 1
             return None
         return stages, ends, busiest
+
+    # ---- evaluating and polishing a split shape ----------------------------------------------
 
     def evaluate_shape(self, mbs: int, shape: tuple[Segment, ...], tau_lb: float,
                        prepared=None) -> Evaluated | None:
@@ -625,7 +379,7 @@ class Searcher:
                 return None
         stages, ends, _ = prepared
         self.stats.num_shapes += 1
-        ev = self.evaluate(mbs, self.fast_stages(stages, ends))
+        ev = self.evaluate(mbs, fast_stages(stages, ends))
         # Polish only shapes that may become the best plan: within a margin of it (the min-max
         # split ignores p2p, sync and warm-up; polishing has gained up to ~20 %, mostly a few %).
         cutoff = self.top[0].score if self.top else math.inf
@@ -670,9 +424,9 @@ class Searcher:
                 continue  # leftover replicas mixed in: not a split of one placement
             placed = [(st.groups[0][0], tuple((z, n) for _, z, n in st.groups)) for st in ev.stages]
             ends = [st.layer_end for st in ev.stages]
-            better = self.polish(ev.mbs, placed, ends, ev, full=True)
-            if better is not ev:
-                self.offer(better)
+            polished = self.polish(ev.mbs, placed, ends, ev, full=True)
+            if polished is not ev:
+                self.offer(polished)
 
     def _try_moves(self, mbs: int, stages, best_ends: list[int], best: Evaluated, moves):
         """First-improvement pass over ``moves``; (best, ends) after it, or None if none helped."""
@@ -684,13 +438,7 @@ class Searcher:
                     cand[b] += delta
                 if not all(x < y for x, y in zip([0, *cand], cand)) or cand[-1] != best_ends[-1]:
                     continue
-                trial = self.evaluate(mbs, self.fast_stages(stages, cand))
+                trial = self.evaluate(mbs, fast_stages(stages, cand))
                 if better(trial, best):
                     best, best_ends, found = trial, cand, True
         return (best, best_ends) if found else None
-
-
-
-def better(a: Evaluated, b: Evaluated) -> bool:
-    """Feasible beats infeasible; fitting beats not fitting; then the score."""
-    return (not a.feasible, not a.res.fits, a.score) < (not b.feasible, not b.res.fits, b.score)

@@ -1,14 +1,20 @@
-"""Segments and shapes: a segment is a run of consecutive stages on one GPU type (its TP and DP
-degree, number of stages, placement rule and bound figures); a shape is at most one segment per
-GPU type, searched in two orders."""
+"""Segments and shapes, and building them.
+
+A *segment* is a run of consecutive pipeline stages on one GPU type: its TP degree, data-parallel
+degree, number of stages and zone placement rule, with the figures its bounds need.  A *shape* is
+at most one segment per GPU type; it is searched in two orders (``orders``).  ``build_segments``
+makes one GPU type's segment list; ``place_shape`` puts an ordered shape's stages in zones.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from sailor_core.catalog.gpus import get_gpu
+from sailor_core.catalog.instances import gpu_price_usd_per_hr
 from sailor_core.planner.fastsim import FastStage
 from sailor_core.planner.kinds import Kind
+from sailor_core.planner.placement import StagePlacement, place_pipelines, place_stages
 
 
 @dataclass(slots=True, eq=False)
@@ -36,19 +42,43 @@ class Segment:
         return self.num_stages * self.dp_degree * self.tp_degree
 
 
-
 NO_SEGMENT = None  # "this GPU type is not used" in a per-type list
+
+Placed = list[tuple[Kind, StagePlacement]]  # a placed shape: per stage, its kind and replicas per zone
+
+
+def order_key(shape: tuple[Segment, ...]) -> tuple:
+    """What identifies an ordered shape across searches of one model (memo key)."""
+    return tuple((s.gpu, s.tp_degree, s.dp_degree, s.num_stages, s.rule, s.kind.micro_batch_size) for s in shape)
+
+
+def orders(shape: tuple[Segment, ...]) -> list[tuple[Segment, ...]]:
+    """Larger-memory GPUs first (early 1F1B stages hold more micro-batches), and the reverse."""
+    if len(shape) == 1:
+        return [shape]
+    first = tuple(sorted(shape, key=lambda s: (-get_gpu(s.gpu).memory_bytes, s.gpu)))
+    return [first, first[::-1]]
 
 
 def stages_key(mbs: int, stages: tuple[FastStage, ...]) -> tuple:
+    """What identifies a plan: micro-batch size, and per stage its layers and replica groups."""
     return (mbs, tuple(
         (s.layer_start, s.layer_end, tuple((k.gpu, k.tp_degree, z, n) for k, z, n in s.groups))
         for s in stages
     ))
 
 
+def fast_stages(stages: Placed, ends: list[int]) -> tuple[FastStage, ...]:
+    """A placed shape split at ``ends`` (each stage's end layer), as fastsim takes it."""
+    out, start = [], 0
+    for (kind, placed), end in zip(stages, ends):
+        out.append(FastStage(start, end, tuple((kind, z, n) for z, n in placed)))
+        start = end
+    return tuple(out)
+
 
 def d_grid(d_max: int) -> list[int]:
+    """Data-parallel degrees searched below ``d_max``: powers of two and 1.5 times them."""
     out, d = [], 1
     while d <= d_max:
         out.append(d)
@@ -66,13 +96,90 @@ def largest_divisor_at_most(n: int, limit: int) -> int:
     return 1
 
 
-def order_key(shape: tuple[Segment, ...]) -> tuple:
-    return tuple((s.gpu, s.tp_degree, s.dp_degree, s.num_stages, s.rule, s.kind.micro_batch_size) for s in shape)
+def build_segments(gpu: str, pools: dict[str, int], *, spot: bool, num_mb: int, full_range: bool,
+                   max_stages: int, terms: tuple, fewest_crossings) -> list[Segment]:
+    """Every segment of one GPU type: per TP degree of ``terms`` (TP, kind, slowness, fastest
+    block and last layer, USD per micro-batch crossing zones or None), per stage count up to
+    ``max_stages``, the DP degrees worth searching (the largest that fits, the largest dividing
+    the micro-batches, the same within one zone, and with ``full_range`` a grid below), under
+    each placement rule that differs.  ``fewest_crossings(gpu, tp, dp, stages)``: zone crossings
+    the stage rule cannot avoid (``EgressParts.fewest_crossings``)."""
+    live = {z: n for z, n in pools.items() if n > 0}
+    min_price = min(gpu_price_usd_per_hr(gpu, z, spot=spot) for z in live)
+    out: list[Segment] = []
+    for tp, kind, ratio, block_s, head_s, per_byte in terms:
+        total_rep = sum(n // tp for n in live.values())
+        zone_max = max(n // tp for n in live.values())
+        for num_stages in range(1, max_stages + 1):
+            d_max = min(total_rep // num_stages, num_mb)
+            if d_max < 1:
+                break
+            for d in _dp_degrees(d_max, num_mb, zone_max, full_range):
+                n_per_rep = -(-num_mb // d)
+                cap = num_stages / (n_per_rep * ratio)
+                rules = ["stage"]
+                # Whole pipelines per zone only differ from the stage rule when the segment
+                # does not fit one zone: the stage rule then sends every micro-batch across
+                # a zone boundary between stages, this one crosses zones in the DP rings.
+                if (len(live) > 1 and d * num_stages > zone_max
+                        and sum(n // (tp * num_stages) for n in live.values()) >= d):
+                    rules.append("pipeline")
+                for rule in rules:
+                    # A lower bound on the segment's own p2p egress: consecutive stages placed
+                    # whole in different zones send every micro-batch across, both ways,
+                    # whatever zone the segment starts after; none under the pipeline rule
+                    # (its p2p stays in a zone) or for a one-zone type.
+                    egress = fewest_crossings(gpu, tp, d, num_stages) * num_mb * per_byte \
+                        if per_byte is not None and rule == "stage" and num_stages > 1 else 0.0
+                    out.append(Segment(
+                        gpu=gpu, kind=kind, tp_degree=tp, dp_degree=d, num_stages=num_stages,
+                        rule=rule, capacity=cap, slowness=ratio, num_microbatches=n_per_rep,
+                        min_usd_per_hr=num_stages * d * tp * min_price,
+                        block_busy_s=n_per_rep * block_s, head_busy_s=n_per_rep * head_s,
+                        egress_usd=egress,
+                    ))
+    return out
 
 
-def orders(shape: tuple[Segment, ...]) -> list[tuple[Segment, ...]]:
-    """Larger-memory GPUs first (early 1F1B stages hold more micro-batches), and the reverse."""
-    if len(shape) == 1:
-        return [shape]
-    first = tuple(sorted(shape, key=lambda s: (-get_gpu(s.gpu).memory_bytes, s.gpu)))
-    return [first, first[::-1]]
+def _dp_degrees(d_max: int, num_mb: int, zone_max: int, full_range: bool) -> list[int]:
+    ds = set(d_grid(d_max)) if full_range else {d_max}
+    ds.add(largest_divisor_at_most(num_mb, d_max))
+    one_zone = min(d_max, zone_max)
+    ds.add(one_zone)
+    ds.add(largest_divisor_at_most(num_mb, one_zone))
+    return sorted(ds)
+
+
+def place_segment(seg: Segment, pools: dict[str, int], prev_zone: str | None,
+                  memo: dict) -> tuple[StagePlacement, ...] | None:
+    """Zones of each stage of ``seg`` under its rule (``placement``), after a stage ending in
+    ``prev_zone``; None if the pools cannot hold it.  ``memo``: by pools and segment."""
+    zones = {z: n for z, n in pools.items() if n > 0}
+    key = (seg.gpu, tuple(zones.items()), seg.tp_degree, seg.dp_degree, seg.num_stages, seg.rule,
+           prev_zone if seg.rule == "stage" else None)
+    if key in memo:
+        return memo[key]
+    if seg.rule == "pipeline":
+        placed = memo[key] = place_pipelines(zones, seg.tp_degree, seg.dp_degree, seg.num_stages)
+    else:
+        placed = memo[key] = place_stages(zones, seg.tp_degree, seg.dp_degree, seg.num_stages, prev_zone)
+    return placed
+
+
+def place_shape(shape: tuple[Segment, ...], zone_gpus: dict[str, dict[str, int]], kinds,
+                memo: dict) -> Placed | None:
+    """The stages of an ordered shape, each with its kind (as ``simulate`` takes it in a plan
+    whose first replica is the first segment's) and replicas per zone; None if it does not fit."""
+    stages: Placed = []
+    prev_zone: str | None = None
+    first = shape[0].kind
+    for seg in shape:
+        placed = place_segment(seg, zone_gpus[seg.gpu], prev_zone, memo)
+        if placed is None:
+            return None
+        kind = kinds.in_regime_of(seg.kind, first)
+        for p in placed:
+            stages.append((kind, p))
+        last = placed[-1]
+        prev_zone = max(last, key=lambda p: (p[1], p[0]))[0]
+    return stages

@@ -1,0 +1,167 @@
+"""The time bounds of segments for one search, memoised: links, rings, sync curves and the
+granular bound (the formulas are ``bounds``'; this module decides what they are asked for and
+keeps the answers in the search's ``SearchMemos``)."""
+
+from __future__ import annotations
+
+from sailor_core.planner.search import bounds
+from sailor_core.planner.search.figures import KindFigures
+from sailor_core.planner.search.memo import SearchMemos
+from sailor_core.planner.search.shapes import Segment
+from sailor_core.simulator.tables import layer_table
+
+_GRANULAR_MEMO_SIZE = 1 << 16  # the second type's list of a one-type space (never changed)
+
+
+def ring_room(pools: dict[str, int], tp_degree: int) -> dict[str, int]:
+    """Replicas of a TP degree each zone of a GPU type has room for (zones with none left out)."""
+    return {z: n // tp_degree for z, n in pools.items() if n // tp_degree > 0}
+
+
+class SegmentParts:
+    """Links, rings, sync curves and granular bounds of segments (see the module docstring).
+
+    Behind the search's memos, the process's (``ProcessMemos.bound_parts``): rings depend on
+    the zones that can hold a segment's replicas (``ring_zones``), links on its type's zone
+    names, both on its kind under each regime it may run in (``KindFigures.variants``) and on
+    the network (the memo's)."""
+
+    __slots__ = ("network", "zone_gpus", "num_layers", "num_blocks", "max_stages", "figures", "memos",
+                 "_links", "_zone_names")
+
+    def __init__(self, *, network, zone_gpus: dict[str, dict[str, int]], num_layers: int, max_stages: int,
+                 figures: KindFigures, memos: SearchMemos) -> None:
+        self.network = network
+        self.zone_gpus = zone_gpus
+        self.num_layers = num_layers
+        self.num_blocks = num_layers - 2 if num_layers >= 3 else num_layers
+        self.max_stages = max_stages
+        self.figures = figures
+        self.memos = memos
+        self._links = memos.types.links  # (the most asked: bound here)
+        self._zone_names = {gpu: tuple(sorted(zones)) for gpu, zones in zone_gpus.items()}
+
+    def _shared(self, key: tuple, seg: Segment):
+        """The process's memo entry of a part (None if absent) and its full key."""
+        key = (key, tuple(self.figures.variants(seg.kind)))
+        return self.memos.process.bound_parts.get(key), key
+
+    # ---- links --------------------------------------------------------------------------
+
+    def link_s(self, a: Segment, b: Segment) -> float:
+        """Activation + gradient of one micro-batch between replicas of a and b (``bounds.link_s``)."""
+        key = (a.gpu, a.tp_degree, b.gpu, b.tp_degree, a.kind.micro_batch_size)
+        t = self._links.get(key)
+        if t is None:
+            hit, full = self._shared(("link", key, self._zone_names[a.gpu], self._zone_names[b.gpu]), a)
+            if hit is None:
+                hit = self.memos.process.bound_parts[full] = bounds.link_s(
+                    self.network, self.figures.link_bytes(a.kind), self.zone_gpus[a.gpu], self.zone_gpus[b.gpu],
+                    a.gpu, a.tp_degree, b.gpu, b.tp_degree)
+            t = self._links[key] = hit
+        return t
+
+    def link_lb(self, num_mb: int, shape: tuple[Segment, ...]) -> float:
+        return bounds.link_lb(num_mb, shape, self.link_s)
+
+    def steady_links_s(self, seg: Segment) -> float:
+        return bounds.steady_links_s(seg.num_microbatches, self.link_s(seg, seg), seg.num_stages)
+
+    # ---- rings ------------------------------------------------------------------------------
+
+    def ring_zones(self, seg: Segment) -> tuple:
+        """All ``bounds.rings_s`` depends on of the type's pools: the zones that hold the
+        segment's replicas alone (it takes the least ring over them), else every zone's room."""
+        room = ring_room(self.zone_gpus[seg.gpu], seg.tp_degree)
+        alone = sorted(z for z, c in room.items() if c >= seg.dp_degree)
+        return ("alone", tuple(alone)) if alone else ("spread", tuple(sorted(room.items())))
+
+    def ring_row(self, seg: Segment) -> list[float]:
+        """``ring_lb`` of the segment's GPU type, TP and DP degree at every depth 1..max_stages
+        (index 0: inf), at once (``bounds.ring_row_s``)."""
+        memo = self.memos.types.ring_rows
+        key = (seg.gpu, seg.tp_degree, seg.dp_degree)
+        row = memo.get(key)
+        if row is None:
+            hit, full = self._shared(("sync", key, self.ring_zones(seg), self.max_stages), seg)
+            if hit is None:
+                grad_bytes = min(v.total_params * v.regime.grad_bytes_per_param
+                                 for v in self.figures.variants(seg.kind))
+                hit = self.memos.process.bound_parts[full] = bounds.ring_row_s(
+                    self.network, seg.gpu, seg.dp_degree, ring_room(self.zone_gpus[seg.gpu], seg.tp_degree),
+                    grad_bytes, self.max_stages)
+            row = memo[key] = hit
+        return row
+
+    def ring_lb(self, seg: Segment, num_stages: int) -> float:
+        """The sync of a pipeline of ``num_stages`` holding this segment (``bounds.ring_row_s``)."""
+        return self.ring_row(seg)[num_stages] if seg.dp_degree > 1 else 0.0
+
+    def sync_lb(self, shape: tuple[Segment, ...]) -> float:
+        return bounds.sync_lb(shape, self.ring_lb)
+
+    def sync_curve(self, seg: Segment) -> tuple[float, ...]:
+        """The segment's slowest ring per share k / GRID of the blocks (``bounds.sync_curve_s``)."""
+        memo = self.memos.types.sync_curves
+        key = (seg.gpu, seg.tp_degree, seg.dp_degree, seg.num_stages)
+        curve = memo.get(key)
+        if curve is None:
+            hit, full = self._shared(("sync curve", key, self.ring_zones(seg)), seg)
+            if hit is None:
+                hit = self.memos.process.bound_parts[full] = self._sync_curve(seg)
+            curve = memo[key] = hit
+        return curve
+
+    def _sync_curve(self, seg: Segment) -> tuple[float, ...]:
+        L = self.num_layers
+        if seg.dp_degree <= 1 or L < 3:
+            return (0.0,) * (bounds.GRID + 1)
+        blocks = min(layer_table(v.profile).params(1, L - 1) * v.regime.grad_bytes_per_param
+                     for v in self.figures.variants(seg.kind))
+        return bounds.sync_curve_s(self.network, seg.gpu, seg.dp_degree,
+                                   ring_room(self.zone_gpus[seg.gpu], seg.tp_degree), blocks, seg.num_stages)
+
+    def joint_lb(self, work_s: float, shape: tuple[Segment, ...], floor_s: float) -> float:
+        """``bounds.joint_lb`` of a two-segment shape."""
+        a, b = shape
+        return bounds.joint_lb(floor_s, work_s / a.capacity, self.steady_links_s(a), self.sync_curve(a),
+                               work_s / b.capacity, self.steady_links_s(b), self.sync_curve(b))
+
+    # ---- whole blocks -----------------------------------------------------------------------
+
+    def granular_busiest_s(self, shape: tuple[Segment, ...]) -> float:
+        """A lower bound on the busiest stage of every split of ``shape`` (``bounds.granular_busiest_s``)."""
+        memo = self.memos.types.granular
+        key = tuple(sorted((s.num_stages, s.block_busy_s, s.head_busy_s) for s in shape))
+        hit = memo.get(key)
+        if hit is None:
+            hit = memo[key] = bounds.granular_busiest_s(key, self.num_blocks)
+        return hit
+
+    def granular_id(self, num_stages: int, block_s: float, head_s: float) -> int:
+        """The process's number of a segment's granular figures (a two-segment shape's granular
+        bound depends on them alone, and they recur from request to request)."""
+        ids = self.memos.process.granular_ids
+        return ids.setdefault((num_stages, block_s, head_s), len(ids))
+
+    def granular_of(self, a: dict, ia, b: dict, ib):
+        """``bounds.granular_many`` of the shapes (ia, ib) of two lists' columns (``scored``), each
+        pair of segment numbers worked out once (in one batch: each shape's figures depend on its
+        own inputs alone), kept by pair of numbers for the process."""
+        import numpy as np
+
+        memo = self.memos.process.granular_bounds
+        codes = a["gid"][ia] * (1 << 32) + b["gid"][ib]
+        uniq, at, inverse = np.unique(codes, return_index=True, return_inverse=True)
+        known = [memo.get(c) for c in uniq.tolist()]
+        miss = [j for j, v in enumerate(known) if v is None]
+        if miss:
+            m = at[miss]
+            got = bounds.granular_many(a["stages"][ia[m]], a["block"][ia[m]], a["head"][ia[m]],
+                                       b["stages"][ib[m]], b["block"][ib[m]], b["head"][ib[m]],
+                                       self.num_blocks, iterations=16).tolist()
+            if len(memo) > _GRANULAR_MEMO_SIZE:
+                memo.clear()
+            for j, v in zip(miss, got):
+                known[j] = memo[int(uniq[j])] = v
+        return np.array(known, dtype=float)[inverse]
