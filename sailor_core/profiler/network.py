@@ -200,7 +200,7 @@ def _x(num_bytes: float) -> float:
 
 def fit_bandwidth(points) -> tuple[BandwidthFit, float]:
     """Fit (bytes, seconds) points to the network model's curve; (fit, largest relative time error)."""
-    import numpy as np  # lazy: numpy (~0.15 s) only when fitting; `sailor plan` starts without it
+    import numpy as np  # lazy: numpy (~0.15 s) only when fitting; importing this module stays light
 
     pts = sorted((int(b), float(t)) for b, t in points if b > 0 and t > 0)
     if len(pts) < 3:
