@@ -59,7 +59,9 @@ def main(argv: list[str] | None = None) -> None:
         sys.stderr.write("error: interrupted\n")
         sys.exit(130)
     except Exception as exc:  # a bug, not bad input: still one line unless debugging
-        if os.environ.get("SAILOR_DEBUG"):
+        from sailor_core import settings
+
+        if settings.debug():
             raise
         detail = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         sys.stderr.write(

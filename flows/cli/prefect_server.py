@@ -29,8 +29,8 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from sailor_core import settings
 from sailor_core.errors import SailorError
-from sailor_core.job.state import sailor_home
 
 DEFAULT_PORT = 4200
 
@@ -54,7 +54,7 @@ class ApiChoice:
 
 
 def prefect_home() -> Path:
-    return sailor_home() / "prefect"
+    return settings.sailor_home() / "prefect"
 
 
 def _server_record() -> Path:
@@ -79,6 +79,11 @@ def running_local_server() -> str | None:
     return url if isinstance(url, str) and healthy(url) else None
 
 
+def would_start_server() -> bool:
+    """Whether ``configure_prefect_env(start_server=True)`` would start a server (worth a word to the user)."""
+    return not os.environ.get("PREFECT_API_URL") and not running_local_server() and not settings.prefect_ephemeral()
+
+
 def configure_prefect_env(*, start_server: bool = False) -> ApiChoice:
     """Point this process (and its children) at the right Prefect API; call before importing prefect.
 
@@ -93,7 +98,7 @@ def configure_prefect_env(*, start_server: bool = False) -> ApiChoice:
     if url:
         os.environ["PREFECT_API_URL"] = url
         return ApiChoice(api_url=url, source="sailor-ui")
-    if start_server and not os.environ.get("SAILOR_PREFECT_EPHEMERAL"):
+    if start_server and not settings.prefect_ephemeral():
         url = start_local_server()
         os.environ["PREFECT_API_URL"] = url
         return ApiChoice(api_url=url, source="started")

@@ -232,14 +232,12 @@ def _print_network(prof, title: str) -> None:
 
 def _network_cloud(params: dict, json_out: bool) -> None:
     """Run the network-profile flow in this process (Prefect API chosen as `sailor train` does)."""
-    import os
     import sys
 
-    from flows.cli.prefect_server import configure_prefect_env, running_local_server
+    from flows.cli.prefect_server import configure_prefect_env, would_start_server
 
     out = console()
-    if not json_out and not os.environ.get("PREFECT_API_URL") and not running_local_server() \
-            and not os.environ.get("SAILOR_PREFECT_EPHEMERAL"):
+    if not json_out and would_start_server():
         out.print("[dim]starting a local Prefect server (first time ~15-60 s)...[/dim]")
     choice = configure_prefect_env(start_server=True)
     if not json_out:

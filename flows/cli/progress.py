@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 from collections.abc import Callable, Iterator
+
+from sailor_core import settings
 
 _RUN_LOGGERS = ("prefect.task_runs", "prefect.flow_runs")
 _ENGINE_FAILURES = ("Task run failed with", "Finished in state", "Encountered exception during execution",
@@ -36,7 +37,7 @@ class EngineFailureFilter(logging.Filter):
 @contextlib.contextmanager
 def quiet_engine_failures() -> Iterator[None]:
     """Install ``EngineFailureFilter`` on the console handlers (Prefect's logging is set up by now)."""
-    if os.environ.get("SAILOR_DEBUG"):
+    if settings.debug():
         yield
         return
     from prefect.logging.handlers import PrefectConsoleHandler

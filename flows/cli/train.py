@@ -6,7 +6,6 @@ Prefect, torch and the clouds are imported inside the command bodies, after
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 from typing import Optional
@@ -15,7 +14,6 @@ import typer
 
 from flows.cli.common import console, print_json
 from flows.cli.job_options import with_job_options
-from sailor_core import settings
 from sailor_core.job.spec import JobSpec
 
 SUMMARY_KEYS = ("status", "steps", "final_loss", "replans", "preemptions", "usd_spent", "budget_usd",
@@ -106,7 +104,7 @@ def train(
     as_json: bool = typer.Option(False, "--json", help="print the summary as JSON"),
 ) -> None:
     """Plan, rent, train, survive preemptions and stay within the budget."""
-    from flows.cli.prefect_server import configure_prefect_env
+    from flows.cli.prefect_server import configure_prefect_env, would_start_server
     from flows.job_parameters import spec_parameters
     from sailor_core.errors import InputError
 
@@ -116,11 +114,8 @@ def train(
         raise InputError(f"--cloud must be auto, embedded or real, got {cloud!r}")
     params = {**spec_parameters(spec), "job_id": job_id, "cloud": cloud, "max_gpus_per_zone": max_gpus_per_zone}
     out = console()
-    if not as_json and not deployment:
-        from flows.cli.prefect_server import running_local_server
-
-        if not os.environ.get("PREFECT_API_URL") and not running_local_server() and not settings.prefect_ephemeral():
-            out.print("[dim]starting a local Prefect server (first time ~15-60 s)...[/dim]")
+    if not as_json and not deployment and would_start_server():
+        out.print("[dim]starting a local Prefect server (first time ~15-60 s)...[/dim]")
     choice = configure_prefect_env(start_server=not deployment)
     if not as_json:
         out.print(f"[dim]{choice.describe()}[/dim]")

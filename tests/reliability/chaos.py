@@ -37,6 +37,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sailor_core import settings
 from sailor_core.errors import SailorError
 from sailor_core.runtime import faults
 from sailor_core.runtime.faults import FaultConfig
@@ -124,7 +125,7 @@ class ChaosEnv:
 
     def env(self) -> dict[str, str]:
         env = dict(os.environ)
-        env.update(SAILOR_HOME=str(self.home), PYTHONPATH=str(ROOT), SAILOR_CLOUDS="embedded",
+        env.update({settings.HOME_ENV: str(self.home), settings.CLOUDS_ENV: "embedded"}, PYTHONPATH=str(ROOT),
                    PREFECT_SERVER_ANALYTICS_ENABLED="false", PREFECT_LOGGING_LEVEL="WARNING",
                    PREFECT_HOME=str(self.home / "prefect"), **self.faults().to_env())
         if self.api_url:
@@ -137,9 +138,9 @@ class ChaosEnv:
 
     def start(self) -> ChaosEnv:
         self.home.mkdir(parents=True, exist_ok=True)
-        self._saved_env = {k: os.environ.get(k) for k in ("SAILOR_HOME", "SAILOR_CLOUDS")}
-        os.environ["SAILOR_HOME"] = str(self.home)  # this process queries the same cloud and jobs
-        os.environ["SAILOR_CLOUDS"] = "embedded"
+        self._saved_env = {k: os.environ.get(k) for k in (settings.HOME_ENV, settings.CLOUDS_ENV)}
+        os.environ[settings.HOME_ENV] = str(self.home)  # this process queries the same cloud and jobs
+        os.environ[settings.CLOUDS_ENV] = "embedded"
         from flows.cli.prefect_server import start_local_server
 
         self.api_url = start_local_server(port=0, timeout_s=300.0)  # slow on a loaded machine
@@ -494,7 +495,7 @@ def _reference(env: ChaosEnv, plan_dict: dict, *, steps: int, seed: int,
     if references is not None and key in references:
         return references[key]
     work = Path(tempfile.mkdtemp(prefix="ref-", dir=env.home))
-    data = js.sailor_home() / "data" / f"synthetic-tiny-seed{seed}.npy"
+    data = settings.sailor_home() / "data" / f"synthetic-tiny-seed{seed}.npy"
     res = launch_local(plan_from_dict(plan_dict), steps, data=data, seed=seed, workdir=work,
                        ckpt_dir=str(work / "ckpt"), ckpt_every=0)
     if res.status != "ok":

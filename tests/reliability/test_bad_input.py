@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import random
 from pathlib import Path
 
@@ -18,6 +17,7 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
+from sailor_core import settings as sailor_settings
 from sailor_core.errors import SailorError
 from sailor_core.source_data import MEASUREMENTS_FILE, SAILOR_CONFIGS_DIR, SPOT_TRACES_DIR
 
@@ -29,7 +29,7 @@ MEASUREMENTS = MEASUREMENTS_FILE
 
 # No shrinking: on this shared machine it can take minutes; the failing example is printed as found.
 # Few examples in the default run (this machine is shared); SAILOR_FUZZ_EXAMPLES=200 for a deep run.
-EXAMPLES = int(os.environ.get("SAILOR_FUZZ_EXAMPLES", "6"))
+EXAMPLES = sailor_settings.fuzz_examples()
 SETTINGS = settings(max_examples=EXAMPLES, deadline=None, derandomize=True,
                     phases=[Phase.explicit, Phase.reuse, Phase.generate],
                     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
