@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from sailor_core import settings
 from sailor_core.job import state as js
 from tests.flows.conftest import process_alive
 
@@ -60,7 +61,7 @@ def test_two_preemptions_end_with_the_loss_of_an_uninterrupted_run(prefect_api, 
     _assert_nothing_left(state)
 
     # The same samples, uninterrupted, on local processes under the plan the job ended with.
-    data = js.sailor_home() / "data" / "synthetic-tiny-seed0.npy"
+    data = settings.sailor_home() / "data" / "synthetic-tiny-seed0.npy"
     ref = launch_local(plan_from_dict(state.plan), steps, data=data, seed=0, workdir=tmp_path / "ref")
     assert ref.status == "ok", ref.message
     assert summary["final_loss"] == pytest.approx(ref.losses[-1], rel=1e-5, abs=1e-6)
