@@ -30,7 +30,7 @@ class Kind:
     capacity_bytes: int
     comp_cum: list[float]
     num_layers: int
-    _max_end: dict[tuple[int, int], int] = field(default_factory=dict)
+    max_end_memo: dict[tuple[int, int], int] = field(default_factory=dict)  # max_end by (start, K), read in split's hot loop
     _table: LayerTable | None = None  # the profile's, set with _loss_bytes on first use
     _loss_bytes: int = -1
 
@@ -63,7 +63,7 @@ class Kind:
         Memory grows with every added layer, so the fitting ends form a prefix: binary search.
         """
         key = (start, num_inflight)
-        found = self._max_end.get(key)
+        found = self.max_end_memo.get(key)
         if found is not None:
             return found
         peak, capacity = self.peak_bytes, self.capacity_bytes
@@ -74,7 +74,7 @@ class Kind:
                 lo = mid
             else:
                 hi = mid - 1
-        self._max_end[key] = lo
+        self.max_end_memo[key] = lo
         return lo
 
 

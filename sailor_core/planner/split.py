@@ -43,7 +43,7 @@ def greedy_split(slots: list[StageSlot], num_layers: int, tau: float) -> list[in
             within = bisect_right(cum, cum[start] + tau / slot.num_microbatches) - 1
             if within < end:
                 end = within
-        fit = kind._max_end.get((start, slot.num_inflight))
+        fit = kind.max_end_memo.get((start, slot.num_inflight))
         if fit is None:
             fit = kind.max_end(start, slot.num_inflight)
         if fit < end:

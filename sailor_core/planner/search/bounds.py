@@ -20,6 +20,7 @@ import math
 
 from sailor_core.network.model import Endpoint
 from sailor_core.planner.search.shapes import Segment, orders
+from sailor_core.simulator import compose
 from sailor_core.simulator.stage import boundary_transfer_s, endpoint
 
 GRID = 8  # intervals of a segment's share of the blocks in the joint compute/sync bound
@@ -103,7 +104,7 @@ def pipe_work_rate(order: tuple[Segment, ...]) -> float:
     """Block work (in fastest-kind seconds per micro-batch) a pipeline of these segments, in this
     order, can hold per second of iteration.
 
-    In 1F1B (``schedule._longest``) stage k's busiest replica needs at least
+    In 1F1B (``simulator.pipeline_time``) stage k's busiest replica needs at least
     ``n_k t_k + sum_{j<k} t_j``: its own micro-batches, after the first one's forward through
     the stages before it and before the last one's backward through them.  For an iteration
     of T, the most work the stages can hold with every such path within T is a linear
@@ -185,7 +186,7 @@ def link_s(network, nbytes: float, zones_a, zones_b, gpu_a: str, tp_a: int, gpu_
 
 
 def link_lb(num_mb: int, shape: tuple[Segment, ...], link_s) -> float:
-    """A link's steady state alone, (n - 1) l / 2, bounds the iteration (1F1B, ``pipeline_time``):
+    """A link's steady state alone, (n - 1) l / 2, bounds the iteration (1F1B, ``simulator.pipeline_time``):
     inside a segment n = ceil(M / D); between segments the narrower side's NIC carries more.
     ``link_s(a, b)``: the link bound between replicas of segments a and b."""
     worst = 0.0
@@ -201,7 +202,7 @@ def link_lb(num_mb: int, shape: tuple[Segment, ...], link_s) -> float:
 def steady_links_s(num_microbatches: int, link_s: float, num_stages: int) -> float:
     """What links add, at the least, to the pipeline time of a segment beyond n sum(t) / s.
 
-    In 1F1B (``schedule._longest``) a stage's path holds its step and (n - 1) times the mean
+    In 1F1B (``simulator.pipeline_time``) a stage's path holds its step and (n - 1) times the mean
     of its and a neighbour's step plus their link l, so for the neighbours (t, t') with the
     largest sum an iteration lasts at least n (t + t') / 2 + (n - 1) l / 2, and at least
     n t_max.  The largest neighbour sum is at least (2 sum t - 2 t_max) / (s - 1); the least
@@ -217,7 +218,7 @@ def pipeline_lines(floor_s, a1, k1, a2, k2, steps_a, steps_b, num_stages_a, num_
 
     ``floor_s``: a bound whatever the split.  Each segment's compute and links' steady state:
     a1 x + k1 and a2 (1 - x) + k2 (see ``joint_lb``).  Where the segments meet: in 1F1B
-    (``schedule._longest``) each of the two boundary stages' paths holds its step and n - 1
+    (``simulator.pipeline_time``) each of the two boundary stages' paths holds its step and n - 1
     times the mean of both steps plus the link l, with its own n, so an iteration T lasts at
     least ((n_a + 1) t_a + (n_a - 1) t_b + (n_a - 1) l) / 2, and the same from b's side.  No
     stage is busier than T, so a boundary stage's step is at least its segment's step sum
@@ -293,7 +294,7 @@ def _line_pairs(num_lines: int, rising, falling):
 def rings_s(network, gpu: str, dp_degree: int, room: dict[str, int], nbytes):
     """The fastest ring ``dp_degree`` replicas of ``gpu`` can form, for each of ``nbytes``
     (numpy): a ring in one zone with ``room`` for them all, else one over a set of zones that
-    has room.  A ring is paced by the slowest of its replicas' pairs (``NetworkModel._ring_s``),
+    has room.  A ring is paced by the slowest of its replicas' pairs (as ``NetworkModel`` times it),
     so over a set of zones it is at least the ring whose every hop is the set's slowest pair.
     ``room``: replicas each zone has room for."""
     import numpy as np
@@ -407,7 +408,7 @@ def ring_egress_usd_per_byte(network, pools: dict[str, int], tp_degree: int, dp_
     if dp_degree > 1 and len(live) > 1 and (rule == "pipeline" or dp_degree > max(
             pools[z] // tp_degree for z in live)):
         price = min(network.egress_usd_per_byte(a, b) for a in live for b in live if a != b)
-        per_byte = 2 * 2 * (dp_degree - 1) / dp_degree * price
+        per_byte = compose.ring_egress_usd_per_byte_lb(dp_degree, price)
     return per_byte
 
 

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import math
 
+from sailor_core.plan import routing
 from sailor_core.planner.kinds import Kind
 from sailor_core.planner.placement import place_stages
 from sailor_core.planner.search import bounds
 from sailor_core.planner.search.figures import KindFigures
 from sailor_core.planner.search.memo import SearchMemos
 from sailor_core.planner.search.shapes import Placed, Segment, place_segment
+from sailor_core.simulator import compose
 
 
 class EgressParts:
@@ -34,7 +36,7 @@ class EgressParts:
         key = (za, zb)
         hit = memo.get(key)
         if hit is None:
-            hit = memo[key] = (self.network.egress_usd_per_byte(za, zb) + self.network.egress_usd_per_byte(zb, za))
+            hit = memo[key] = compose.round_trip_usd_per_byte(self.network, za, zb)
         return hit
 
     def crossing_usd_per_byte(self, kind: Kind) -> float:
@@ -102,17 +104,15 @@ class EgressParts:
                 usd_per_hr += n * kind.tp_degree * fast.price(kind.gpu, zone)
             if i + 1 == len(stages):
                 break
-            nxt_kind, nxt = stages[i + 1]
+            nxt = stages[i + 1][1]
             if placed == nxt:
                 continue  # the same replicas per zone: m mod D sends every micro-batch within its zone
             if len(placed) == 1 and len(nxt) == 1:
                 crossing = num_mb * self.round_trip_usd_per_byte(placed[0][0], nxt[0][0])
             else:
-                src = tuple((kind, z, n) for z, n in placed)
-                dst = tuple((nxt_kind, z, n) for z, n in nxt)
-                crossing = sum(carried * self.round_trip_usd_per_byte(src[a][1], dst[b][1])
-                               for (a, b), carried in fast._group_pairs(num_mb, src, dst).items()
-                               if src[a][1] != dst[b][1])
+                pairs = routing.group_p2p_pairs(num_mb, tuple(n for _, n in placed), tuple(n for _, n in nxt))
+                crossing = sum(carried * self.round_trip_usd_per_byte(placed[a][0], nxt[b][0])
+                               for (a, b), carried in pairs.items() if placed[a][0] != nxt[b][0])
             if crossing:
                 egress += crossing * self.figures.min_boundary_bytes(kind)
         return usd_per_hr, egress
