@@ -19,9 +19,12 @@ from prefect import flow, get_run_logger
 from prefect.artifacts import create_table_artifact
 from prefect.runtime import flow_run as current_flow_run
 
+from sailor_core.errors import InputError
+from sailor_core.job import recovery
 from sailor_core.job import state as js
-
 from sailor_core.job.spec import JobSpec
+from sailor_core.profiler.network import (NetworkLink, network_link, network_profile_from_points,
+                                          save_network_profile, sizes_up_to)
 from tasks import cloud as cloud_tasks
 from tasks import net_profiling as net
 
@@ -67,20 +70,9 @@ def network_profile_flow(
     measures this machine's loopback, which must not stand in for the named zones' network).
     ``max_mib``: the largest message, None = 256 MiB (16 MiB on the embedded cloud, whose
     instances share this machine's cores)."""
-    from sailor_core.errors import InputError
-    from sailor_core.profiler.network import (network_link, network_profile_from_points, save_network_profile,
-                                              sizes_up_to)
-
     log = get_run_logger()
-    link = network_link(gpu, zone, dst_zone, workers)
-    if max_mib is not None:
-        sizes_up_to(max_mib)  # bad input fails before anything is rented
-    if isinstance(reps, bool) or not isinstance(reps, int) or reps < 1:
-        raise InputError(f"--reps must be an integer >= 1, got {reps!r}")
-    if not timeout_s > 0:
-        raise InputError(f"--timeout-s must be positive, got {timeout_s}")
-    if device not in ("auto", "cpu", "cuda"):
-        raise InputError(f"--device must be auto, cpu or cuda, got {device!r}")
+    link = _checked_link(gpu, zone, dst_zone, workers, reps=reps, max_mib=max_mib, timeout_s=timeout_s,
+                         device=device)
     store = js.JobStore(jobs_url)
     job_id = job_id or _job_id_for_run()
     spec = JobSpec(model=JOB_PREFIX, budget_usd=budget_usd, steps=1, clouds=link.clouds,
@@ -110,18 +102,10 @@ def network_profile_flow(
         addresses = net.addresses_of(session, ids)
         result = net.run_workers(session, ids, addresses, link.zones_by_rank(), sizes=sizes, reps=reps,
                                  device=device, timeout_s=timeout_s)
-        date = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d")
-        where = "embedded cloud: local processes over loopback" if session.mode == "embedded" else "cloud instances"
         types = sorted({i.instance_type for i in infos})
-        source = (f"sailor-profiler network: {link.num_workers} x {'/'.join(types)} ({where}), "
-                  f"{'nccl' if device == 'cuda' else 'gloo'}, job {job_id}; {date}")
-        profile = network_profile_from_points(result, src_zone=link.src_zone, src_gpu=link.gpu,
-                                              dst_zone=link.dst_zone, dst_gpu=link.gpu, source=source)
+        profile, rows = _fit_and_publish(link, result, types, embedded=session.mode == "embedded", device=device,
+                                         job_id=job_id)
         path = save_network_profile(profile) if save else None
-        rows = net.table_rows(profile)
-        create_table_artifact(key=f"network-{link.src_zone}-{link.dst_zone}-{link.gpu.lower()}".replace(".", "-"),
-                              table=rows, description=f"{link.num_workers} x {link.gpu}, {link.src_zone} -> "
-                                                      f"{link.dst_zone} ({where}): p2p and all-reduce vs message size")
         log.info("fit max %.3f GB/s, largest error %.0f%%; %s", profile.fit.max_bw_bytes_per_s / 1e9,
                  profile.max_rel_error * 100, f"saved to {path}" if path else "not saved")
         # The job state's one "step" is the measurement: `sailor jobs` shows 1/1 when it is done.
@@ -129,9 +113,7 @@ def network_profile_flow(
                                f"{len(sizes)} message sizes measured")
     except BaseException as exc:
         body_failed = True
-        cancelled = cloud_tasks.is_cancellation(exc)
-        state = js.with_status(state, js.CANCELLED if cancelled else js.FAILED,
-                               f"{type(exc).__name__}: {exc}".splitlines()[0][:300])
+        state = recovery.ended_by_exception(state, state, exc, cancelled=cloud_tasks.is_cancellation(exc))
         raise
     finally:
         # Nothing may stay rented, whatever happened above.
@@ -144,3 +126,34 @@ def network_profile_flow(
         "saved_to": str(path) if path else None, "usd_spent": state.usd_spent(),
         "instances_left_running": left_running,
     }
+
+
+def _checked_link(gpu: str, zone: str, dst_zone: str | None, workers: int, *, reps: int, max_mib: int | None,
+                  timeout_s: float, device: str) -> NetworkLink:
+    """The link to measure; bad input fails here, before anything is rented."""
+    link = network_link(gpu, zone, dst_zone, workers)
+    if max_mib is not None:
+        sizes_up_to(max_mib)
+    if isinstance(reps, bool) or not isinstance(reps, int) or reps < 1:
+        raise InputError(f"--reps must be an integer >= 1, got {reps!r}")
+    if not timeout_s > 0:
+        raise InputError(f"--timeout-s must be positive, got {timeout_s}")
+    if device not in ("auto", "cpu", "cuda"):
+        raise InputError(f"--device must be auto, cpu or cuda, got {device!r}")
+    return link
+
+
+def _fit_and_publish(link: NetworkLink, result, instance_types: list[str], *, embedded: bool, device: str,
+                     job_id: str):
+    """The fitted profile of rank 0's points (its source says what measured it) and its table artifact."""
+    date = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d")
+    where = "embedded cloud: local processes over loopback" if embedded else "cloud instances"
+    source = (f"sailor-profiler network: {link.num_workers} x {'/'.join(instance_types)} ({where}), "
+              f"{'nccl' if device == 'cuda' else 'gloo'}, job {job_id}; {date}")
+    profile = network_profile_from_points(result, src_zone=link.src_zone, src_gpu=link.gpu,
+                                          dst_zone=link.dst_zone, dst_gpu=link.gpu, source=source)
+    rows = net.table_rows(profile)
+    create_table_artifact(key=f"network-{link.src_zone}-{link.dst_zone}-{link.gpu.lower()}".replace(".", "-"),
+                          table=rows, description=f"{link.num_workers} x {link.gpu}, {link.src_zone} -> "
+                                                  f"{link.dst_zone} ({where}): p2p and all-reduce vs message size")
+    return profile, rows

@@ -52,9 +52,10 @@ def _options(f: SpecField) -> list[inspect.Parameter]:
     default = ... if f.required else (None if _is_list(f) else f.default)
     show_default = default not in (None, "", ...)
     metavar = f.option.unit.upper() if f.option.unit and not _is_list(f) else None
-    params = [inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, annotation=_cli_type(f), default=typer.Option(
-        default, *f.cli_names, help=f.option.help + (", comma-separated" if _is_list(f) else ""), metavar=metavar, show_default=show_default,
-        rich_help_panel=JOB_PANEL))]
+    help = f.option.help + (", comma-separated" if _is_list(f) else "")
+    option = typer.Option(default, *f.cli_names, help=help, metavar=metavar, show_default=show_default,
+                          rich_help_panel=JOB_PANEL)
+    params = [inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, annotation=_cli_type(f), default=option)]
     for i, alias in enumerate(f.option.aliases):
         params.append(inspect.Parameter(_alias_name(f, i), inspect.Parameter.KEYWORD_ONLY,
                                         annotation=Optional[_value_type(f)] if not _is_list(f) else Optional[str],

@@ -97,8 +97,8 @@ def train(
     *,
     max_gpus_per_zone: int = typer.Option(2, "--max-gpus-per-zone", help="most GPUs of one type per zone"),
     job_id: Optional[str] = typer.Option(None, "--job-id", help="continue this job (or name a new one)"),
-    cloud: str = typer.Option("auto", "--cloud",
-                              help="auto (real clouds when SAILOR_CLOUDS asks for them, else embedded), embedded, real"),
+    cloud: str = typer.Option(
+        "auto", "--cloud", help="auto (real clouds when SAILOR_CLOUDS asks for them, else embedded), embedded, real"),
     deployment: bool = typer.Option(False, "--deployment",
                                     help="trigger the train-job deployment on the Prefect server instead"),
     as_json: bool = typer.Option(False, "--json", help="print the summary as JSON"),

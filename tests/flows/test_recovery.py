@@ -14,7 +14,8 @@ from sailor_core.job.attempts import INSTANCE_PREEMPTED, LOST, WORKER_FAILED, At
 from sailor_core.job.spec import JobSpec
 from sailor_core.plan.types import load_plan
 
-OPTION = PlanOption(gpus={("T4", "us-east-1a"): 2}, throughput_samples_per_s=5.0, usd_per_hr=0.4, label="2xT4@us-east-1a")
+OPTION = PlanOption(gpus={("T4", "us-east-1a"): 2}, throughput_samples_per_s=5.0, usd_per_hr=0.4,
+                    label="2xT4@us-east-1a")
 
 
 def _job(*ids: str, steps: int = 20) -> js.JobState:
