@@ -210,16 +210,15 @@ def _sub_search(searcher: Searcher, *, seeded: bool = False, **changes) -> Searc
 def _by_promise(searcher: Searcher) -> list[str]:
     """GPU types, the likeliest to hold the best plan first: the most peak FLOP/s available, or
     per USD for the cost objective."""
-    req = searcher.req
+    return sorted(searcher.gpu_types, key=lambda g: (-_promise(searcher.req, g), g))
 
-    def promise(gpu: str) -> float:
-        pools = {z: n for (g, z), n in req.availability.items() if g == gpu and n > 0}
-        flops = get_gpu(gpu).peak_bf16_flops
-        if req.objective is Objective.COST:
-            return flops / min(gpu_price_usd_per_hr(gpu, z, spot=req.spot) for z in pools)
-        return flops * sum(pools.values())
 
-    return sorted(searcher.gpu_types, key=lambda g: (-promise(g), g))
+def _promise(req: PlanRequest, gpu: str) -> float:
+    pools = {z: n for (g, z), n in req.availability.items() if g == gpu and n > 0}
+    flops = get_gpu(gpu).peak_bf16_flops
+    if req.objective is Objective.COST:
+        return flops / min(gpu_price_usd_per_hr(gpu, z, spot=req.spot) for z in pools)
+    return flops * sum(pools.values())
 
 
 def _adopt(searcher: Searcher, sub: Searcher) -> None:

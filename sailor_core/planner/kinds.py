@@ -116,7 +116,7 @@ class KindCache:
         self.profiles = profiles
         self._kinds: dict[tuple[str, int, int], Kind | None] = {}
         self._errors: dict[tuple, str] = {}
-        self.extras: dict = {}  # what lives as long as these kinds (see planner.search.Searcher)
+        self.extras: dict = {}  # what lives as long as these kinds (see planner.search.memo)
 
     def errors_for(self, gpus) -> list[str]:
         """Why kinds of these GPU types could not be built (one message per missing profile)."""

@@ -238,11 +238,12 @@ class SearchLoop:
             self.keys_version = searcher.excess_version
             self.keys = [self.next_key(sp) for sp in spaces]
         keys, next_key = self.keys, self.next_key
-        lazy = [i for i, sp in enumerate(spaces) if sp.sorted is None]
+        lazy = [(i, sp) for i, sp in enumerate(spaces) if sp.sorted is None]
         max_scored = self.req.max_shapes_scored
+        scaled, loose = self.calib.scaled, self.bounds.loose
         while True:
-            for i in lazy:  # their key follows the calibration, which moves with every pull
-                keys[i] = next_key(spaces[i])
+            for i, sp in lazy:  # their key (next_key's) follows the calibration, which moves with every pull
+                keys[i] = scaled(loose(sp))
             key = min(keys, default=math.inf)
             si = keys.index(key) if keys else -1  # (the first space with the least key)
             if key == math.inf or self.calib.seen >= max_scored:

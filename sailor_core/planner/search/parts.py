@@ -61,9 +61,6 @@ class SegmentParts:
             t = self._links[key] = hit
         return t
 
-    def link_lb(self, num_mb: int, shape: tuple[Segment, ...]) -> float:
-        return bounds.link_lb(num_mb, shape, self.link_s)
-
     def steady_links_s(self, seg: Segment) -> float:
         return bounds.steady_links_s(seg.num_microbatches, self.link_s(seg, seg), seg.num_stages)
 
@@ -96,9 +93,6 @@ class SegmentParts:
     def ring_lb(self, seg: Segment, num_stages: int) -> float:
         """The sync of a pipeline of ``num_stages`` holding this segment (``bounds.ring_row_s``)."""
         return self.ring_row(seg)[num_stages] if seg.dp_degree > 1 else 0.0
-
-    def sync_lb(self, shape: tuple[Segment, ...]) -> float:
-        return bounds.sync_lb(shape, self.ring_lb)
 
     def sync_curve(self, seg: Segment) -> tuple[float, ...]:
         """The segment's slowest ring per share k / GRID of the blocks (``bounds.sync_curve_s``)."""

@@ -37,13 +37,15 @@ class ShapeBounds:
         if last is not None and all(x is y or x == y for x, y in zip(last[0], args)):
             return last[1]
         parts, work_s = self.parts, space.ref_total_s
+        link_s = parts.link_s
         tau = bounds.capacity_s(work_s, shape)
-        floor_s = max(tau, busiest, parts.link_lb(space.num_mb, shape), bounds.pipe_lb(work_s, shape))
+        floor_s = max(tau, busiest, bounds.link_lb(space.num_mb, shape, link_s), bounds.pipe_lb(work_s, shape))
         if len(shape) == 1:
             seg = shape[0]
-            floor_s = max(floor_s, tau + parts.steady_links_s(seg), bounds.warm_up_with_links_s(
-                work_s * seg.slowness, seg.num_microbatches, seg.num_stages, parts.link_s(seg, seg)))
-        t_lb = floor_s + parts.sync_lb(shape)
+            n, s = seg.num_microbatches, seg.num_stages
+            floor_s = max(floor_s, tau + bounds.steady_links_s(n, link_s(seg, seg), s),
+                          bounds.warm_up_with_links_s(work_s * seg.slowness, n, s, link_s(seg, seg)))
+        t_lb = floor_s + bounds.sync_lb(shape, parts.ring_lb)
         if len(shape) == 2:
             t_lb = max(t_lb, parts.joint_lb(work_s, shape, floor_s))
         if known_s is not None:
