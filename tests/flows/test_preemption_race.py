@@ -5,6 +5,10 @@ With the default 2 s notice the flow re-provisioned inside that window only now 
 when it did, provisioning saw "stopping" (not "preempted") and closed the record as merely
 terminated: the job counted one preemption too few.  Here the notice outlasts the whole
 re-plan, so the flow always re-provisions while the instance is still stopping.
+
+Slow (~25 s): the rule itself (``sailor_core.job.recovery.close_preempted``) has a fast test
+in tests/flows/test_recovery.py, and the flow's preemption path runs in the default
+tests/flows/test_train_job.py.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ import pytest
 from sailor_core.job import state as js
 from tests.flows.test_train_job import _assert_nothing_left
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 # Longer than detecting the preemption, stopping the attempt and re-provisioning take together
 # (a few seconds here), far shorter than the rest of the job: the race is forced every time.
