@@ -114,6 +114,26 @@ def import_measurements(path: str | Path, *, gpu: str | None = None) -> list[Mod
     g = _gpu_of(env, gpu, path)
     regime = get_regime(REGIME)
     rate, fixed = _fit_update(records, str(path))
+    profiles = []
+    for (model, mbs, seq), depths in sorted(_by_model_and_depth(records, path).items()):
+        spec = get_model(model)
+        full, short = depths.get(spec.num_layers), depths.get(2)
+        if full is None or short is None or spec.num_layers <= 2:
+            continue  # needs both depths to separate blocks from the rest
+        where = f"{path} {model} mbs {mbs}"
+        layers = _layers_by_differencing(model, mbs, seq, full, short, g, regime, where)
+        profiles.append(ModelProfile(
+            model=model, gpu=g, tp_degree=1, micro_batch_size=mbs, seq_len=seq, layers=layers,
+            regime=regime.name, source=f"measurements:{path.name}",
+            update_s_per_param=rate, update_fixed_s=fixed, update_measured=True,
+        ))
+    if not profiles:
+        raise ProfileError(f"{path}: no model measured at both its full depth and 2 blocks")
+    return profiles
+
+
+def _by_model_and_depth(records: list[dict], path: Path) -> dict[tuple[str, int, int], dict[int, dict]]:
+    """{(catalog model, mbs, seq): {depth in blocks: record}}."""
     by_key: dict[tuple[str, int, int], dict[int, dict]] = {}
     for r in records:
         try:
@@ -121,87 +141,46 @@ def import_measurements(path: str | Path, *, gpu: str | None = None) -> list[Mod
         except InputError as exc:
             raise ProfileError(f"{path}: {exc}") from None
         by_key.setdefault((model, int(r["mbs"]), int(r["seq"])), {})[int(r["layers"])] = r
-    profiles = []
-    for (model, mbs, seq), depths in sorted(by_key.items()):
-        spec = get_model(model)
-        full, short = depths.get(spec.num_layers), depths.get(2)
-        where = f"{path} {model} mbs {mbs}"
-        if full is None or short is None or spec.num_layers <= 2:
-            continue  # needs both depths to separate blocks from the rest
-        if int(full["params"]) != total_params(model):
-            raise ProfileError(
-                f"{where}: {full['params']} parameters measured, the catalog's {model} has {total_params(model)}"
-            )
-        span = spec.num_layers - 2
-        fwd_l, fwd_2 = _median_ms(full["fwd_nograd_ms"], where), _median_ms(short["fwd_nograd_ms"], where)
-        fb_l, fb_2 = _median_ms(full["fwd_bwd_ms"], where), _median_ms(short["fwd_bwd_ms"], where)
-        block_fwd = (fwd_l - fwd_2) / span
-        block_fb = (fb_l - fb_2) / span
-        rest_fwd = fwd_2 - 2 * block_fwd
-        rest_fb = fb_2 - 2 * block_fb
-        if min(block_fwd, block_fb - block_fwd, rest_fwd, rest_fb - rest_fwd) <= 0:
-            raise ProfileError(f"{where}: differencing the two depths gives a non-positive time; records inconsistent")
-        act_l = int(full["peak_alloc_bytes"]) - int(full["static_bytes"])
-        act_2 = int(short["peak_alloc_bytes"]) - int(short["static_bytes"])
-        block_act = (act_l - act_2) / span
-        rest_act = act_2 - 2 * block_act - loss_working_bytes(model, 1, mbs, seq)
-        if block_act <= 0 or rest_act <= 0:
-            raise ProfileError(f"{where}: differencing peak memory of the two depths gives non-positive activations")
-        shapes = layer_shapes(model, tp_degree=1, seq_len=seq, regime=regime)
-        emb, head = shapes[0], shapes[-1]
-        # split the rest between embedding and head in the analytic model's proportions
-        spec_gpu = get_gpu(g)
-        cal = est.default_calibration(g, regime.name)
-        ef, eb = est.predict_layer(emb, spec_gpu, regime, mbs, seq, cal)
-        hf, hb = est.predict_layer(head, spec_gpu, regime, mbs, seq, cal)
-        rest_bwd = rest_fb - rest_fwd
-        emb_act = min(emb.activation_bytes(mbs), int(rest_act / 2))
-        layers = [
-            LayerProfile(
-                fwd_s=rest_fwd * ef / (ef + hf),
-                bwd_s=rest_bwd * eb / (eb + hb),
-                params=emb.params,
-                activation_bytes=emb_act,
-                output_bytes=emb.output_bytes(mbs),
-                measured=True,
-            )
-        ]
-        layers += [
-            LayerProfile(
-                fwd_s=block_fwd,
-                bwd_s=block_fb - block_fwd,
-                params=s.params,
-                activation_bytes=int(round(block_act)),
-                output_bytes=s.output_bytes(mbs),
-                measured=True,
-            )
-            for s in shapes[1:-1]
-        ]
-        layers.append(
-            LayerProfile(
-                fwd_s=rest_fwd * hf / (ef + hf),
-                bwd_s=rest_bwd * hb / (eb + hb),
-                params=head.params,
-                activation_bytes=int(round(rest_act)) - emb_act,
-                output_bytes=0,
-                measured=True,
-            )
+    return by_key
+
+
+def _layers_by_differencing(model: str, mbs: int, seq: int, full: dict, short: dict, gpu: str,
+                            regime, where: str) -> tuple[LayerProfile, ...]:
+    """Per-layer times and activations from a full-depth and a 2-block run: a block is their
+    difference over the blocks between, the rest (embedding, head) what the 2-block run has
+    beyond its two blocks, split between embedding and head as the analytic model splits it."""
+    spec = get_model(model)
+    if int(full["params"]) != total_params(model):
+        raise ProfileError(
+            f"{where}: {full['params']} parameters measured, the catalog's {model} has {total_params(model)}"
         )
-        profiles.append(
-            ModelProfile(
-                model=model,
-                gpu=g,
-                tp_degree=1,
-                micro_batch_size=mbs,
-                seq_len=seq,
-                layers=tuple(layers),
-                regime=regime.name,
-                source=f"measurements:{path.name}",
-                update_s_per_param=rate,
-                update_fixed_s=fixed,
-                update_measured=True,
-            )
-        )
-    if not profiles:
-        raise ProfileError(f"{path}: no model measured at both its full depth and 2 blocks")
-    return profiles
+    span = spec.num_layers - 2
+    fwd_l, fwd_2 = _median_ms(full["fwd_nograd_ms"], where), _median_ms(short["fwd_nograd_ms"], where)
+    fb_l, fb_2 = _median_ms(full["fwd_bwd_ms"], where), _median_ms(short["fwd_bwd_ms"], where)
+    block_fwd = (fwd_l - fwd_2) / span
+    block_fb = (fb_l - fb_2) / span
+    rest_fwd = fwd_2 - 2 * block_fwd
+    rest_fb = fb_2 - 2 * block_fb
+    if min(block_fwd, block_fb - block_fwd, rest_fwd, rest_fb - rest_fwd) <= 0:
+        raise ProfileError(f"{where}: differencing the two depths gives a non-positive time; records inconsistent")
+    act_l = int(full["peak_alloc_bytes"]) - int(full["static_bytes"])
+    act_2 = int(short["peak_alloc_bytes"]) - int(short["static_bytes"])
+    block_act = (act_l - act_2) / span
+    rest_act = act_2 - 2 * block_act - loss_working_bytes(model, 1, mbs, seq)
+    if block_act <= 0 or rest_act <= 0:
+        raise ProfileError(f"{where}: differencing peak memory of the two depths gives non-positive activations")
+    shapes = layer_shapes(model, tp_degree=1, seq_len=seq, regime=regime)
+    emb, head = shapes[0], shapes[-1]
+    cal = est.default_calibration(gpu, regime.name)
+    ef, eb = est.predict_layer(emb, get_gpu(gpu), regime, mbs, seq, cal)
+    hf, hb = est.predict_layer(head, get_gpu(gpu), regime, mbs, seq, cal)
+    rest_bwd = rest_fb - rest_fwd
+    emb_act = min(emb.activation_bytes(mbs), int(rest_act / 2))
+    embedding = LayerProfile(fwd_s=rest_fwd * ef / (ef + hf), bwd_s=rest_bwd * eb / (eb + hb), params=emb.params,
+                             activation_bytes=emb_act, output_bytes=emb.output_bytes(mbs), measured=True)
+    blocks = [LayerProfile(fwd_s=block_fwd, bwd_s=block_fb - block_fwd, params=s.params,
+                           activation_bytes=int(round(block_act)), output_bytes=s.output_bytes(mbs), measured=True)
+              for s in shapes[1:-1]]
+    last = LayerProfile(fwd_s=rest_fwd * hf / (ef + hf), bwd_s=rest_bwd * hb / (eb + hb), params=head.params,
+                        activation_bytes=int(round(rest_act)) - emb_act, output_bytes=0, measured=True)
+    return (embedding, *blocks, last)

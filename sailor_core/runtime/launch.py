@@ -8,6 +8,7 @@ timeouts + connection errors), else they are killed and listed as hung.
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import signal
@@ -96,90 +97,117 @@ def launch_local(plan: Plan, steps: int, *, data: str | Path | None = None,
     metrics_path = workdir / f"metrics-{time.time_ns()}.jsonl"
     grace_s = grace_s if grace_s is not None else collective_timeout_s + 10.0
     n = world_size(plan)
-    # The launcher hosts the rendezvous store (as torchrun's agent does), so it outlives any
-    # worker and survivors can still read the heartbeats of a dead rank 0.
-    import datetime
-
+    # lazy: the store is torch's TCPStore; importing this module must not load torch
     from sailor_core.runtime.rendezvous import private_store
 
+    # The launcher hosts the rendezvous store (as torchrun's agent does), so it outlives any
+    # worker and survivors can still read the heartbeats of a dead rank 0.
     store = private_store("127.0.0.1", 0, n, is_master=True, timeout=datetime.timedelta(seconds=300))
-    port = store.port
-    procs: dict[int, subprocess.Popen] = {}
-    logs = {}
+    args = ["--plan", str(plan_path), "--steps", str(steps), "--data", str(data), "--seed", str(seed),
+            "--lr", repr(lr), "--metrics-file", str(metrics_path), "--timeout-s", str(collective_timeout_s),
+            "--threads", str(threads_per_rank), "--keep", str(keep)]
+    if ckpt_dir:
+        args += ["--ckpt-dir", str(ckpt_dir), "--ckpt-every", str(ckpt_every)]
+    if resume:
+        args.append("--resume")
+    worker_env = {**(env or {}), **(faults.to_env() if faults is not None else {})}
     t_start = time.monotonic()
-    for rank in range(n):
-        e = dict(os.environ)
-        e.update(env or {})
-        e.update(faults.to_env() if faults is not None else {})
-        e.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(n),
-                 LOCAL_RANK=str(rank), OMP_NUM_THREADS=str(threads_per_rank),
-                 TORCHELASTIC_USE_AGENT_STORE="True")
-        cmd = [sys.executable, "-m", "sailor_core.runtime.worker", "--plan", str(plan_path),
-               "--steps", str(steps), "--data", str(data), "--seed", str(seed), "--lr", repr(lr),
-               "--metrics-file", str(metrics_path), "--timeout-s", str(collective_timeout_s),
-               "--threads", str(threads_per_rank), "--keep", str(keep)]
-        if ckpt_dir:
-            cmd += ["--ckpt-dir", str(ckpt_dir), "--ckpt-every", str(ckpt_every)]
-        if resume:
-            cmd.append("--resume")
-        logs[rank] = open(workdir / f"rank{rank}.log", "w+")
-        procs[rank] = subprocess.Popen(cmd, env=e, stdout=logs[rank], stderr=subprocess.STDOUT,
-                                       start_new_session=True)
+    procs, logs = _start_workers(n, store.port, args, worker_env, threads_per_rank, workdir)
     if on_started is not None:
         on_started(procs, metrics_path)
-
-    exit_codes: dict[int, int | None] = {r: None for r in range(n)}
-    exit_times: dict[int, float] = {}
-    dead_rank = death_time = None
-    hung: list[int] = []
-    status = "ok"
-    deadline = t_start + timeout_s
-    while True:
-        now = time.monotonic()
-        for r, p in procs.items():
-            if exit_codes[r] is None and p.poll() is not None:
-                exit_codes[r] = p.returncode
-                exit_times[r] = now - t_start
-                if dead_rank is None and p.returncode not in _EXPECTED_CODES:
-                    dead_rank, death_time = r, now - t_start
-                    deadline = min(deadline, now + grace_s)
-        if all(c is not None for c in exit_codes.values()):
-            break
-        if now > deadline:
-            hung = [r for r, c in exit_codes.items() if c is None]
-            for r in hung:
-                _kill(procs[r])
-            for r in hung:
-                procs[r].wait()
-                exit_codes[r] = procs[r].returncode
-            status = "timeout" if dead_rank is None else "failed"
-            break
-        time.sleep(0.05)
+    exits = _wait_for_workers(procs, t_start, timeout_s, grace_s)
     wall = time.monotonic() - t_start
     del store
     for f in logs.values():
         f.close()
     tails = {r: _tail(workdir / f"rank{r}.log") for r in range(n)}
+    return _result(plan, exits, _read_metrics(metrics_path), wall, grace_s, tails)
 
-    records = _read_metrics(metrics_path)
-    step_recs = [r for r in records if "step" in r and "loss" in r]
-    events = [r for r in records if "event" in r]
+
+def _start_workers(n: int, port: int, args: list[str], worker_env: dict[str, str], threads_per_rank: int,
+                   workdir: Path) -> tuple[dict[int, subprocess.Popen], dict]:
+    """One worker process per rank, each in its own session, its output in ``rank<r>.log``."""
+    procs: dict[int, subprocess.Popen] = {}
+    logs = {}
+    for rank in range(n):
+        e = dict(os.environ)
+        e.update(worker_env)
+        e.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(n),
+                 LOCAL_RANK=str(rank), OMP_NUM_THREADS=str(threads_per_rank),
+                 TORCHELASTIC_USE_AGENT_STORE="True")
+        cmd = [sys.executable, "-m", "sailor_core.runtime.worker", *args]
+        logs[rank] = open(workdir / f"rank{rank}.log", "w+")
+        procs[rank] = subprocess.Popen(cmd, env=e, stdout=logs[rank], stderr=subprocess.STDOUT,
+                                       start_new_session=True)
+    return procs, logs
+
+
+@dataclass(slots=True, kw_only=True)
+class _Exits:
+    """How the workers ended: exit codes and times, the first to die unexpectedly, any killed."""
+
+    codes: dict[int, int | None]
+    times_s: dict[int, float]
+    dead_rank: int | None = None
+    death_time_s: float | None = None
+    hung: list[int] = field(default_factory=list)
+    status: str = "ok"
+
+
+def _wait_for_workers(procs: dict[int, subprocess.Popen], t_start: float, timeout_s: float,
+                      grace_s: float) -> _Exits:
+    """Poll until every worker exits; after an unexpected death (or ``timeout_s``) the rest get
+    ``grace_s`` before they are killed."""
+    ex = _Exits(codes={r: None for r in procs}, times_s={})
+    deadline = t_start + timeout_s
+    while True:
+        now = time.monotonic()
+        for r, p in procs.items():
+            if ex.codes[r] is None and p.poll() is not None:
+                ex.codes[r] = p.returncode
+                ex.times_s[r] = now - t_start
+                if ex.dead_rank is None and p.returncode not in _EXPECTED_CODES:
+                    ex.dead_rank, ex.death_time_s = r, now - t_start
+                    deadline = min(deadline, now + grace_s)
+        if all(c is not None for c in ex.codes.values()):
+            return ex
+        if now > deadline:
+            ex.hung = [r for r, c in ex.codes.items() if c is None]
+            for r in ex.hung:
+                _kill(procs[r])
+            for r in ex.hung:
+                procs[r].wait()
+                ex.codes[r] = procs[r].returncode
+            ex.status = "timeout" if ex.dead_rank is None else "failed"
+            return ex
+        time.sleep(0.05)
+
+
+def _status_and_message(ex: _Exits, events: list[dict], grace_s: float) -> tuple[str, str]:
+    status = ex.status
     if status == "ok":
-        codes = set(exit_codes.values())
-        if dead_rank is not None or EXIT_PEER_LOST in codes:
+        codes = set(ex.codes.values())
+        if ex.dead_rank is not None or EXIT_PEER_LOST in codes:
             status = "failed"
         elif codes & {EXIT_PREEMPTED, EXIT_PREEMPTED_NO_CKPT}:
             status = "preempted"
         elif codes != {EXIT_OK}:
             status = "failed"
     message = ""
-    if dead_rank is not None:
-        message = f"rank {dead_rank} died (exit {exit_codes[dead_rank]})"
-        if hung:
-            message += f"; ranks {hung} did not exit within {grace_s:.0f} s and were killed"
+    if ex.dead_rank is not None:
+        message = f"rank {ex.dead_rank} died (exit {ex.codes[ex.dead_rank]})"
+        if ex.hung:
+            message += f"; ranks {ex.hung} did not exit within {grace_s:.0f} s and were killed"
     elif status != "ok":
         message = "; ".join(json.dumps(e) for e in events if e.get("event") != "done") or \
-            f"exit codes {exit_codes}"
+            f"exit codes {ex.codes}"
+    return status, message
+
+
+def _result(plan: Plan, ex: _Exits, records: list[dict], wall: float, grace_s: float,
+            tails: dict[int, str]) -> LaunchResult:
+    step_recs = [r for r in records if "step" in r and "loss" in r]
+    status, message = _status_and_message(ex, [r for r in records if "event" in r], grace_s)
     times = [r["step_time_s"] for r in step_recs]
     steady = sorted(times[1:] or times)
     med = steady[len(steady) // 2] if steady else float("nan")
@@ -188,9 +216,9 @@ def launch_local(plan: Plan, steps: int, *, data: str | Path | None = None,
         status=status, losses=[r["loss"] for r in step_recs], steps=[r["step"] for r in step_recs],
         step_times_s=times, step_cpu_s=[r.get("cpu_time_s", 0.0) for r in step_recs],
         samples_per_s=gbs / med if steady else 0.0,
-        tokens_per_s=gbs * seq / med if steady else 0.0, wall_s=wall, exit_codes=exit_codes,
-        dead_rank=dead_rank, hung_ranks=tuple(hung), exit_times_s=exit_times,
-        death_time_s=death_time, message=message, stderr_tails=tails,
+        tokens_per_s=gbs * seq / med if steady else 0.0, wall_s=wall, exit_codes=ex.codes,
+        dead_rank=ex.dead_rank, hung_ranks=tuple(ex.hung), exit_times_s=ex.times_s,
+        death_time_s=ex.death_time_s, message=message, stderr_tails=tails,
         peak_memory_bytes=max((r["peak_memory_bytes"] for r in step_recs if "peak_memory_bytes" in r),
                               default=None))
 

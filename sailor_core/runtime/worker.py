@@ -41,7 +41,7 @@ import os
 import signal
 import sys
 import time
-from pathlib import Path
+from dataclasses import dataclass
 
 from sailor_core import settings
 from sailor_core.runtime import faults
@@ -81,6 +81,24 @@ class _Metrics:
             self.fh.flush()
 
 
+@dataclass(slots=True, kw_only=True)
+class _Run:
+    """What one worker's training loop works with (built by ``_load_inputs`` and ``_connect``)."""
+
+    args: argparse.Namespace
+    rank: int
+    plan: object
+    spec: object
+    data: object
+    storage: object | None
+    metrics: _Metrics
+    stop: dict
+    device: object = None
+    trainer: object = None
+    heartbeat: object = None
+    saved_step: int = -1
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     rank = int(os.environ.get("RANK", "0"))
@@ -89,141 +107,191 @@ def main(argv=None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: stop.__setitem__("requested", True))
     metrics = _Metrics(args.metrics_file, rank == 0)
 
+    # lazy: torch loads only in a worker process (the orchestrator imports this module's exit codes)
     import torch
-    import torch.distributed as dist
 
-    from sailor_core.catalog.models import get_model
     from sailor_core.errors import SailorError
-    from sailor_core.plan.types import load_plan
-    from sailor_core.runtime import checkpoint as ckpt
-    from sailor_core.runtime.data import TokenDataset
-    from sailor_core.runtime.trainer import StageTrainer, make_groups
-    from sailor_core.plan.layout import world_size
-    from sailor_core.runtime.model import check_plan_for_engine
-    from sailor_core.storage import open_storage
 
     if args.threads:
         torch.set_num_threads(args.threads)
     try:
-        plan = load_plan(args.plan)
-        if world_size(plan) != world:
-            raise SailorError(f"plan needs {world_size(plan)} ranks but WORLD_SIZE is {world}")
-        spec = get_model(plan.model)
-        check_plan_for_engine(plan)
-        data = TokenDataset(args.data, plan.effective_seq_len(), spec.vocab_size)
-        storage = open_storage(args.ckpt_dir) if args.ckpt_dir else None
+        run = _load_inputs(args, rank, world, metrics, stop)
     except SailorError as exc:
-        _log(rank, f"error: {exc}")
-        metrics.write({"event": "error", "rank": rank, "message": str(exc)})
-        return EXIT_BAD_INPUT
+        return _bad_input(rank, metrics, exc)
+    try:
+        _connect(run, world)
+        return _train(run)
+    except SailorError as exc:
+        return _bad_input(rank, metrics, exc)
+    except Exception as exc:  # a peer vanished or a collective timed out: never hang
+        _die_on_failure(run, exc)
+
+
+def _load_inputs(args, rank: int, world: int, metrics: _Metrics, stop: dict) -> _Run:
+    """The plan, model, data and checkpoint storage; SailorError when any is unusable."""
+    # lazy: torch loads only in a worker process (the orchestrator imports this module's exit codes)
+    from sailor_core.catalog.models import get_model
+    from sailor_core.errors import SailorError
+    from sailor_core.plan.layout import world_size
+    from sailor_core.plan.types import load_plan
+    from sailor_core.runtime.data import TokenDataset
+    from sailor_core.runtime.model import check_plan_for_engine
+    from sailor_core.storage import open_storage
+
+    plan = load_plan(args.plan)
+    if world_size(plan) != world:
+        raise SailorError(f"plan needs {world_size(plan)} ranks but WORLD_SIZE is {world}")
+    spec = get_model(plan.model)
+    check_plan_for_engine(plan)
+    data = TokenDataset(args.data, plan.effective_seq_len(), spec.vocab_size)
+    return _Run(args=args, rank=rank, plan=plan, spec=spec, data=data, metrics=metrics, stop=stop,
+                storage=open_storage(args.ckpt_dir) if args.ckpt_dir else None)
+
+
+def _device(plan, rank: int):
+    # lazy: torch loads only in a worker process (the orchestrator imports this module's exit codes)
+    import torch
 
     use_cuda = all(r.gpu != "cpu" for s in plan.stages for r in s.replicas) and torch.cuda.is_available()
-    if use_cuda:
-        local = int(os.environ.get("LOCAL_RANK", rank % torch.cuda.device_count()))
-        torch.cuda.set_device(local)
-        device = torch.device("cuda", local)
-    else:
-        device = torch.device("cpu")
+    if not use_cuda:
+        return torch.device("cpu")
+    local = int(os.environ.get("LOCAL_RANK", rank % torch.cuda.device_count()))
+    torch.cuda.set_device(local)
+    return torch.device("cuda", local)
+
+
+def _connect(run: _Run, world: int) -> None:
+    """Join the job's process group, start heartbeats and the preemption watch, build the trainer
+    (resumed from the checkpoint every rank agrees on, when asked)."""
+    # lazy: torch loads only in a worker process (the orchestrator imports this module's exit codes)
+    import torch.distributed as dist
+
+    from sailor_core.runtime.heartbeat import Heartbeat, watch_preempt_url
+    from sailor_core.runtime.rendezvous import private_store, uses_agent_store
+    from sailor_core.runtime.trainer import StageTrainer, make_groups
+
+    args, rank, plan = run.args, run.rank, run.plan
+    run.device = _device(plan, rank)
     timeout = _dt.timedelta(seconds=args.timeout_s)
-    preempt_file = settings.preempt_file()
     if settings.preempt_url():
-        from sailor_core.runtime.heartbeat import watch_preempt_url
+        watch_preempt_url(settings.preempt_url(), lambda: run.stop.__setitem__("requested", True))
+    # Our own store rather than env://'s: its server listens on MASTER_ADDR only, not every interface.
+    addr, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+    store = private_store(addr, port, world, is_master=rank == 0 and not uses_agent_store(), timeout=timeout)
+    dist.init_process_group("nccl" if run.device.type == "cuda" else "gloo", store=store, rank=rank,
+                            world_size=world, timeout=timeout)
+    run.heartbeat = Heartbeat(rank, world, addr, port).start()
+    run.trainer = StageTrainer(plan=plan, spec=run.spec, rank=rank, data=run.data, lr=args.lr,
+                               seed=args.seed, device=run.device, groups=make_groups(plan, rank))
+    if args.resume and run.storage is not None:
+        info = _agreed_checkpoint(args.ckpt_dir, rank)
+        if info is not None:
+            run.trainer.load(run.storage, info)
+            _log(rank, f"resumed from {info.dirname} (next sample {run.trainer.next_sample})")
+    run.saved_step = run.trainer.step if args.resume else -1
 
-        watch_preempt_url(settings.preempt_url(), lambda: stop.__setitem__("requested", True))
-    heartbeat = None
 
-    try:
-        from sailor_core.runtime.rendezvous import private_store, uses_agent_store
+def _save_once(run: _Run) -> bool:
+    """Checkpoint the current step unless it already is."""
+    if run.saved_step != run.trainer.step:
+        _save(run.trainer, run.storage, run.args.keep, run.rank)
+        run.saved_step = run.trainer.step
+    return True
 
-        # Our own store rather than env://'s: its server listens on MASTER_ADDR only, not every interface.
-        store = private_store(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world,
-                              is_master=rank == 0 and not uses_agent_store(), timeout=timeout)
-        dist.init_process_group("nccl" if use_cuda else "gloo", store=store, rank=rank,
-                                world_size=world, timeout=timeout)
-        from sailor_core.runtime.heartbeat import Heartbeat
 
-        heartbeat = Heartbeat(rank, world, os.environ["MASTER_ADDR"],
-                              int(os.environ["MASTER_PORT"])).start()
-        trainer = StageTrainer(plan=plan, spec=spec, rank=rank, data=data, lr=args.lr,
-                               seed=args.seed, device=device, groups=make_groups(plan, rank))
-        if args.resume and storage is not None:
-            info = _agreed_checkpoint(args.ckpt_dir, rank)
-            if info is not None:
-                trainer.load(storage, info)
-                _log(rank, f"resumed from {info.dirname} (next sample {trainer.next_sample})")
-        status = torch.zeros(2, device=device)
+def _train(run: _Run) -> int:
+    """Steps until the job's total, a preemption notice (checkpoint, exit 75/76) or a failure."""
+    # lazy: torch loads only in a worker process (the orchestrator imports this module's exit codes)
+    import torch
 
-        saved_step = trainer.step if args.resume else -1
-
-        def save() -> bool:
-            nonlocal saved_step
-            if saved_step == trainer.step:
-                return True
-            _save(trainer, storage, args.keep, rank)
-            saved_step = trainer.step
-            return True
-
-        while trainer.step < args.steps:
-            t0, c0 = time.perf_counter(), time.process_time()
-            mid_step = (functools.partial(faults.at, faults.MID_STEP, rank=rank, step=trainer.step + 1)
-                        if faults.active() else None)
-            loss_sum = trainer.train_step(on_first_forward=mid_step)
-            if preempt_file and os.path.exists(preempt_file):
-                stop["requested"] = True
-            status[0], status[1] = loss_sum, float(stop["requested"])
-            dist.all_reduce(status)
-            # Reading the agreed status waits for the device, so the step time covers the GPU's
-            # queued kernels too (CUDA runs ahead of the host until something is read back).
-            loss_total, stop_any = (float(v) for v in status.tolist())
-            dt = time.perf_counter() - t0
-            gbs = plan.global_batch_size
-            record = {"step": trainer.step, "loss": loss_total / plan.num_microbatches,
-                      "step_time_s": dt, "cpu_time_s": time.process_time() - c0,
-                      "samples_per_s": gbs / dt, "tokens_per_s": gbs * trainer.seq_len / dt}
-            if device.type == "cuda":
-                record["peak_memory_bytes"] = torch.cuda.max_memory_allocated(device)
-            metrics.write(record)
-            if stop_any > 0:
-                saved = storage is not None and save()
-                metrics.write({"event": "preempted", "step": trainer.step, "checkpoint": saved})
-                _log(rank, f"stopping at step {trainer.step} on a preemption notice "
+    args, trainer, metrics = run.args, run.trainer, run.metrics
+    preempt_file = settings.preempt_file()
+    status = torch.zeros(2, device=run.device)
+    while trainer.step < args.steps:
+        stop_any = _one_step(run, status, preempt_file)
+        if stop_any:
+            saved = run.storage is not None and _save_once(run)
+            metrics.write({"event": "preempted", "step": trainer.step, "checkpoint": saved})
+            _log(run.rank, f"stopping at step {trainer.step} on a preemption notice "
                            f"({'checkpoint saved' if saved else 'no checkpoint'})")
-                heartbeat.stop()
-                heartbeat.note_exit("preempted")
-                _finish(dist)
-                return EXIT_PREEMPTED if saved else EXIT_PREEMPTED_NO_CKPT
-            if storage is not None and args.ckpt_every and trainer.step % args.ckpt_every == 0:
-                save()
-        if storage is not None:
-            save()
-        metrics.write({"event": "done", "step": trainer.step})
-        heartbeat.stop()
-        heartbeat.note_exit("done")
-        _finish(dist)
-        return EXIT_OK
-    except SailorError as exc:
-        _log(rank, f"error: {exc}")
-        metrics.write({"event": "error", "rank": rank, "message": str(exc)})
-        return EXIT_BAD_INPUT
-    except Exception as exc:  # a peer vanished or a collective timed out: never hang
-        msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        if isinstance(exc, OSError):  # this rank's checkpoint I/O failed: it is the one to blame
-            _log(rank, f"checkpoint I/O failed: {type(exc).__name__}: {msg[:500]}")
-            metrics.write({"event": "error", "rank": rank, "message": f"checkpoint I/O: {msg}"})
-            sys.stderr.flush()
-            os._exit(EXIT_PEER_LOST)  # the job must restart from the previous checkpoint
-        dead = heartbeat.dead_ranks() if heartbeat is not None else None
-        if heartbeat is not None:
-            heartbeat.note_exit("peer_lost")
-        _log(rank, f"{type(exc).__name__}: {msg[:500]}")
-        _log(rank, f"peer lost: dead ranks {dead if dead is not None else 'unknown (store unreachable)'}")
-        metrics.write({"event": "peer_lost", "rank": rank, "dead_ranks": dead, "message": msg})
+            _stop_heartbeat(run, "preempted")
+            return EXIT_PREEMPTED if saved else EXIT_PREEMPTED_NO_CKPT
+        if run.storage is not None and args.ckpt_every and trainer.step % args.ckpt_every == 0:
+            _save_once(run)
+    if run.storage is not None:
+        _save_once(run)
+    metrics.write({"event": "done", "step": trainer.step})
+    _stop_heartbeat(run, "done")
+    return EXIT_OK
+
+
+def _one_step(run: _Run, status, preempt_file: str | None) -> bool:
+    """One optimizer step, its metrics line, and whether any rank was told to stop."""
+    # lazy: torch loads only in a worker process (the orchestrator imports this module's exit codes)
+    import torch
+    import torch.distributed as dist
+
+    trainer, plan, rank = run.trainer, run.plan, run.rank
+    t0, c0 = time.perf_counter(), time.process_time()
+    mid_step = (functools.partial(faults.at, faults.MID_STEP, rank=rank, step=trainer.step + 1)
+                if faults.active() else None)
+    loss_sum = trainer.train_step(on_first_forward=mid_step)
+    if preempt_file and os.path.exists(preempt_file):
+        run.stop["requested"] = True
+    status[0], status[1] = loss_sum, float(run.stop["requested"])
+    dist.all_reduce(status)
+    # Reading the agreed status waits for the device, so the step time covers the GPU's
+    # queued kernels too (CUDA runs ahead of the host until something is read back).
+    loss_total, stop_any = (float(v) for v in status.tolist())
+    dt = time.perf_counter() - t0
+    gbs = plan.global_batch_size
+    record = {"step": trainer.step, "loss": loss_total / plan.num_microbatches,
+              "step_time_s": dt, "cpu_time_s": time.process_time() - c0,
+              "samples_per_s": gbs / dt, "tokens_per_s": gbs * trainer.seq_len / dt}
+    if run.device.type == "cuda":
+        record["peak_memory_bytes"] = torch.cuda.max_memory_allocated(run.device)
+    run.metrics.write(record)
+    return stop_any > 0
+
+
+def _stop_heartbeat(run: _Run, how: str) -> None:
+    # lazy: torch loads only in a worker process (the orchestrator imports this module's exit codes)
+    import torch.distributed as dist
+
+    run.heartbeat.stop()
+    run.heartbeat.note_exit(how)
+    _finish(dist)
+
+
+def _bad_input(rank: int, metrics: _Metrics, exc: Exception) -> int:
+    _log(rank, f"error: {exc}")
+    metrics.write({"event": "error", "rank": rank, "message": str(exc)})
+    return EXIT_BAD_INPUT
+
+
+def _die_on_failure(run: _Run, exc: Exception) -> None:
+    """Exit 77 without waiting on anyone: a peer died, a collective timed out, or this rank's
+    checkpoint I/O failed (the job must restart from the previous checkpoint)."""
+    rank, metrics, heartbeat = run.rank, run.metrics, run.heartbeat
+    msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    if isinstance(exc, OSError):  # this rank's checkpoint I/O failed: it is the one to blame
+        _log(rank, f"checkpoint I/O failed: {type(exc).__name__}: {msg[:500]}")
+        metrics.write({"event": "error", "rank": rank, "message": f"checkpoint I/O: {msg}"})
         sys.stderr.flush()
-        os._exit(EXIT_PEER_LOST)  # destroy_process_group could block on the dead peer
+        os._exit(EXIT_PEER_LOST)
+    dead = heartbeat.dead_ranks() if heartbeat is not None else None
+    if heartbeat is not None:
+        heartbeat.note_exit("peer_lost")
+    _log(rank, f"{type(exc).__name__}: {msg[:500]}")
+    _log(rank, f"peer lost: dead ranks {dead if dead is not None else 'unknown (store unreachable)'}")
+    metrics.write({"event": "peer_lost", "rank": rank, "dead_ranks": dead, "message": msg})
+    sys.stderr.flush()
+    os._exit(EXIT_PEER_LOST)  # destroy_process_group could block on the dead peer
 
 
 def _agreed_checkpoint(url: str, rank: int):
     """Rank 0 picks the latest valid checkpoint; everyone loads that same one."""
+    # lazy: torch loads only in a worker process (the orchestrator imports this module's exit codes)
     import torch.distributed as dist
 
     from sailor_core.runtime import checkpoint as ckpt
@@ -239,6 +307,7 @@ def _agreed_checkpoint(url: str, rank: int):
 
 
 def _save(trainer, storage, keep: int, rank: int) -> bool:
+    # lazy: torch loads only in a worker process (the orchestrator imports this module's exit codes)
     import torch.distributed as dist
 
     from sailor_core.runtime import checkpoint as ckpt

@@ -167,6 +167,35 @@ def load_node_events(
     """
     lines = _lines(path)
     stem = Path(path).name.lower()
+    gpu, zone, notes = _node_events_pool(path, stem, gpu, zone, gpu_map)
+    key = (gpu, zone)
+    by_time, order = _adds_and_removes(path, lines)
+    samples: list[tuple[float, dict[GpuZone, int]]] = [(0.0, {key: 0})]
+    events: list[PreemptionEvent] = []
+    count = 0
+    num_swaps = 0
+    for t in order:
+        adds, removes = by_time[t]
+        count += adds - removes
+        lost = removes
+        if adds and removes:
+            num_swaps += min(adds, removes)
+            if not keep_synthetic_swaps:
+                lost = removes - min(adds, removes)
+        if lost:
+            events.append(PreemptionEvent(time_s=t, gpu=gpu, zone=zone, num_gpus=lost))
+        samples.append((t, {key: count}))
+    if num_swaps:
+        notes.append(f"{num_swaps} add+remove swaps {'kept as preemptions' if keep_synthetic_swaps else 'not counted as preemptions'}")
+    return build_trace(
+        samples, keys=(key,), preemptions=events, derive_preemptions=False,
+        end_s=order[-1], source=str(path), notes=_notes(*notes),
+    )
+
+
+def _node_events_pool(path, stem: str, gpu: str | None, zone: str | None,
+                      gpu_map: dict[str, str] | None) -> tuple[str, str, list[str | None]]:
+    """The (GPU type, zone) a format-B file describes, from its name unless given, with notes."""
     notes: list[str | None] = []
     if gpu is None:
         if "p3" in stem:
@@ -183,10 +212,13 @@ def load_node_events(
     if zone is None:
         zone = UNKNOWN_AWS_ZONE
         notes.append(f"zone not recorded; placed in {UNKNOWN_AWS_ZONE}")
-    zone = parse_zone(zone).name
     if "scale_" in stem:
         notes.append("Oobleck's rescaled copy (15 + floor((c - c_min) * 15 / range)), not an independent measurement")
-    key = (gpu, zone)
+    return gpu, parse_zone(zone).name, notes
+
+
+def _adds_and_removes(path, lines: list[str]) -> tuple[dict[float, list[int]], list[float]]:
+    """{time: [adds, removes]} and the times in order; InputError naming the line of a bad one."""
     by_time: dict[float, list[int]] = {}
     order: list[float] = []
     alive: set[str] = set()
@@ -214,27 +246,7 @@ def load_node_events(
         by_time[t][0 if parts[1] == "add" else 1] += 1
     if not order:
         raise InputError(f"{path}: empty trace")
-    samples: list[tuple[float, dict[GpuZone, int]]] = [(0.0, {key: 0})]
-    events: list[PreemptionEvent] = []
-    count = 0
-    num_swaps = 0
-    for t in order:
-        adds, removes = by_time[t]
-        count += adds - removes
-        lost = removes
-        if adds and removes:
-            num_swaps += min(adds, removes)
-            if not keep_synthetic_swaps:
-                lost = removes - min(adds, removes)
-        if lost:
-            events.append(PreemptionEvent(time_s=t, gpu=gpu, zone=zone, num_gpus=lost))
-        samples.append((t, {key: count}))
-    if num_swaps:
-        notes.append(f"{num_swaps} add+remove swaps {'kept as preemptions' if keep_synthetic_swaps else 'not counted as preemptions'}")
-    return build_trace(
-        samples, keys=(key,), preemptions=events, derive_preemptions=False,
-        end_s=order[-1], source=str(path), notes=_notes(*notes),
-    )
+    return by_time, order
 
 
 # ---------------------------------------------------------------- format C
