@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 
 from sailor_core.controller import ControllerConfig, restrict
 from sailor_core.controller.policy import grew
-from sailor_core.replay.hits import gpus_taken
+from sailor_core.replay.hits import gpus_lost
 from sailor_core.traces import AvailabilityTrace, GpuZone
 
 
@@ -45,15 +45,8 @@ def upcoming_requests(
     decisions = 0
     for t in times[start:]:
         counts = trace.counts_at(t)
-        lost: dict[GpuZone, int] = {}
-        if gpus:
-            for i in preemptions_at.get(t, ()):
-                e = trace.preemptions[i]
-                key = (e.gpu, e.zone)
-                take = gpus_taken(held=gpus.get(key, 0) - lost.get(key, 0), before=current.get(key, 0),
-                                  after=counts.get(key, 0), num_taken=e.num_gpus, share=shares[i])
-                if take > 0:
-                    lost[key] = lost.get(key, 0) + take
+        lost = gpus_lost(trace, preemptions_at.get(t, ()), shares, held=gpus, before=current,
+                         after=counts) if gpus else {}
         changed = counts != current
         current = counts
         avail = restrict(counts, config.gpu_types)

@@ -5,13 +5,13 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from sailor_core.catalog import get_model, normalize_gpu_name
+from sailor_core.catalog import ModelSpec, get_model, normalize_gpu_name
 from sailor_core.catalog.instances import gpu_price_usd_per_hr
 from sailor_core.controller import CachedPlanner, PlanFn, PlanOption, planner_plan_fn, restrict
 from sailor_core.controller.options import PlannerCall
@@ -143,7 +143,6 @@ def catalog_price_fn() -> PriceFn:
 
     return lambda gpu, zone, _t: per_gpu(gpu, zone)
 
-
 def run_policies(
     trace: AvailabilityTrace,
     *,
@@ -176,6 +175,32 @@ def run_policies(
     the availabilities the policies will likely ask about next while the replay runs;
     the results are those of a replay without them.
     """
+    spec = _checked_model(model, tokens=tokens, budget_usd=budget_usd, policies=policies)
+    t0 = time.perf_counter()
+    samples_target = float(tokens) / float(seq_len or spec.seq_len)
+    if costs is None:
+        costs = ChangeCosts(checkpoint_bytes=checkpoint_bytes_for(spec.name))
+    planning = _planning(trace, plan_fn, model=spec.name, global_batch_size=global_batch_size,
+                         planner_knobs=planner_knobs, probe_micro_batches=probe_micro_batches,
+                         exact_availability=exact_availability, plan_cache_path=plan_cache_path, workers=workers)
+    single = _single_type(trace, planning, policies=policies, gpu_type=gpu_type, costs=costs)
+    replay_args = dict(trace=trace, costs=costs, samples_target=samples_target, budget_usd=budget_usd, seed=seed,
+                       max_time_s=max_time_s, price_change_times=prices.change_times() if prices is not None else ())
+    results = _replay_each(planning, policies, single=single, prices=prices, replay_args=replay_args,
+                           progress=progress)
+    probe, cached, prefetcher = planning.probe, planning.cached, planning.prefetcher
+    return ReplaySuite(
+        results=results, single_gpu_type=single, samples_target=samples_target,
+        wall_s=time.perf_counter() - t0, planner_calls=probe.num_calls + cached.num_calls,
+        planner_time_s=probe.planner_time_s + cached.planner_time_s,
+        trace_source=trace.source, trace_notes=trace.notes, planner_call_log=(*probe.calls, *cached.calls),
+        micro_batch_sizes=planning.micro_batch_sizes,
+        prefetch=prefetcher.stats() if prefetcher is not None else None,
+    )
+
+
+def _checked_model(model: str, *, tokens: float, budget_usd: float | None, policies: Sequence[str]) -> ModelSpec:
+    """The model's spec, once the other arguments of ``run_policies`` are known to be valid."""
     spec = get_model(model)
     if not (tokens > 0 and math.isfinite(tokens)):
         raise InputError(f"tokens to train must be a positive number, got {tokens!r}")
@@ -184,71 +209,98 @@ def run_policies(
     for p in policies:
         if p not in POLICIES:
             raise InputError(f"unknown policy {p!r}; known: {', '.join(POLICIES)} or all")
-    t0 = time.perf_counter()
-    samples_target = float(tokens) / float(seq_len or spec.seq_len)
-    if costs is None:
-        costs = ChangeCosts(checkpoint_bytes=checkpoint_bytes_for(spec.name))
+    return spec
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Prefetch:
+    """Hands the lookahead's guesses to the workers, on the grid the planner sees."""
+
+    prefetcher: PrefetchingPlanner
+    exact_availability: bool
+
+    def __call__(self, requests: Iterable[Mapping[GpuZone, int]]) -> None:
+        self.prefetcher.prefetch(requests if self.exact_availability else (gridded(a) for a in requests))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Planning:
+    """The planners of one suite: ``probe`` (the micro-batch probe's searches) and ``cached``,
+    which every policy's replay shares, through ``plan_fn`` (on the grid unless exact)."""
+
+    probe: CachedPlanner
+    cached: CachedPlanner
+    plan_fn: PlanFn
+    micro_batch_sizes: tuple[int, ...] | None   # what the planner searches (None: its default)
+    prefetcher: PrefetchingPlanner | None       # worker processes searching ahead (None: none)
+    prefetch: _Prefetch | None
+    exact_availability: bool
+
+
+def _planning(trace: AvailabilityTrace, plan_fn: PlanFn | None, *, model: str, global_batch_size: int | None,
+              planner_knobs: dict[str, Any] | None, probe_micro_batches: bool, exact_availability: bool,
+              plan_cache_path: str | None, workers: int | None) -> _Planning:
+    """The real planner with the replay's knobs (unless ``plan_fn`` is given), memoised, and its workers."""
     base = plan_fn
     probe = CachedPlanner(plan_fn=lambda _avail: ())
     mbs = None
     if base is None:
         knobs_used = {**REPLAY_PLANNER_KNOBS, **(planner_knobs or {})}
         if probe_micro_batches and "micro_batch_sizes" not in knobs_used:
-            probe = CachedPlanner(plan_fn=_planner(spec.name, global_batch_size, knobs_used, plan_cache_path))
+            probe = CachedPlanner(plan_fn=_planner(model, global_batch_size, knobs_used, plan_cache_path))
             sizes = probed_micro_batch_sizes(trace, probe if exact_availability else on_grid(probe))
             _flush(probe.plan_fn)  # before the main planner reads the same file
             if sizes:
                 knobs_used["micro_batch_sizes"] = sizes
-        base = _planner(spec.name, global_batch_size, knobs_used, plan_cache_path,
+        base = _planner(model, global_batch_size, knobs_used, plan_cache_path,
                         workers=default_workers() if workers is None else workers)
         mbs = knobs_used.get("micro_batch_sizes")
     cached = base if isinstance(base, CachedPlanner) else CachedPlanner(plan_fn=base)
-    planner = cached if exact_availability else on_grid(cached)
-    prefetcher, prefetch = _prefetcher(cached.plan_fn), None
+    prefetcher = _prefetcher(cached.plan_fn)
     if prefetcher is not None:
-        prefetcher.known = _known_to(cached)
-        to_planner = (lambda a: a) if exact_availability else gridded
-        prefetch = lambda requests: prefetcher.prefetch(to_planner(a) for a in requests)  # noqa: E731
+        prefetcher.known = _KnownTo(cached)
+    return _Planning(
+        probe=probe, cached=cached, plan_fn=cached if exact_availability else on_grid(cached),
+        micro_batch_sizes=tuple(mbs) if mbs else None, prefetcher=prefetcher,
+        prefetch=(_Prefetch(prefetcher=prefetcher, exact_availability=exact_availability)
+                  if prefetcher is not None else None),
+        exact_availability=exact_availability)
+
+
+def _single_type(trace: AvailabilityTrace, planning: _Planning, *, policies: Sequence[str], gpu_type: str | None,
+                 costs: ChangeCosts) -> str | None:
+    """The GPU type of the single-type policies (given, or picked as a user would); None without them."""
+    if not any(p in ("skypilot", "single-type") for p in policies):
+        return None
+    if gpu_type is None and planning.prefetch is not None:
+        # The replay's first searches, started together in the workers: the first plan of
+        # `ours` (the largest of them) and what pick_single_type asks here.
+        lead = first_requests(trace, controller_config("ours", costs=costs)) if policies[0] == "ours" else []
+        planning.prefetch([*lead, *single_type_requests(trace)])
+    return normalize_gpu_name(gpu_type) if gpu_type else pick_single_type(trace, planning.plan_fn)
+
+
+def _replay_each(planning: _Planning, policies: Sequence[str], *, single: str | None, prices: PriceSeries | None,
+                 replay_args: dict[str, Any],
+                 progress: Callable[[str, float, int], None] | None) -> dict[str, ReplayResult]:
+    """Each policy's replay, in turn, with the suite's planner; the workers stopped and the
+    plan cache written at the end."""
+    cached, prefetcher, costs = planning.cached, planning.prefetcher, replay_args["costs"]
     price_fn = _price_fn(prices)
-    change_times = prices.change_times() if prices is not None else ()
-    single = None
-    if any(p in ("skypilot", "single-type") for p in policies):
-        if gpu_type is None and prefetch is not None:
-            # The replay's first searches, started together in the workers: the first plan of
-            # `ours` (the largest of them) and what pick_single_type asks here.
-            lead = first_requests(trace, controller_config("ours", costs=costs)) if policies[0] == "ours" else []
-            prefetch([*lead, *single_type_requests(trace)])
-        single = normalize_gpu_name(gpu_type) if gpu_type else pick_single_type(trace, planner)
     results: dict[str, ReplayResult] = {}
     threads: ThreadPoolExecutor | None = None
     try:
-        shadows: dict[str, Future] = {}
-        if prefetcher is not None:
-            # The requests of a static or failover policy depend on the plans it picks, so
-            # they cannot be guessed from the trace; a thread replays it meanwhile with a
-            # cache of its own, its searches made by the workers (which share every answer,
-            # so none is searched twice).  Its cache lacks the earlier policies' answers, so
-            # a few of its decisions (and then requests) may differ: those are searched when
-            # the policy's own replay gets to them.
-            prefetcher.start()
-            for p in policies[1:]:
-                config = controller_config(p, costs=costs, gpu_type=single)
-                if config.strategy in ("static", "failover"):
-                    threads = threads or ThreadPoolExecutor(max_workers=len(policies) - 1)
-                    shadows[p] = threads.submit(_shadow_replay, prefetcher, exact_availability, prices, dict(
-                        trace=trace, config=config, costs=costs, samples_target=samples_target,
-                        budget_usd=budget_usd, policy=p, seed=seed, max_time_s=max_time_s,
-                        price_change_times=change_times))
+        threads, shadows = _start_shadows(planning, policies, single=single, prices=prices, replay_args=replay_args)
         for p in policies:
             calls_before = cached.num_calls
             config = controller_config(p, costs=costs, gpu_type=single)
             if p in shadows:
                 shadows[p].result()  # what it searched is with the workers' answers now
-            r = replay(trace, plan_fn=planner, config=config, costs=costs, samples_target=samples_target,
-                       price_fn=price_fn, budget_usd=budget_usd, policy=p, seed=seed, max_time_s=max_time_s,
-                       price_change_times=change_times, prefetch=prefetch,
+            r = replay(plan_fn=planning.plan_fn, config=config, price_fn=price_fn, policy=p,
+                       prefetch=planning.prefetch,
                        prefetch_decisions=prefetcher.lookahead_decisions if prefetcher is not None else 0,
-                       progress=(lambda t, p=p: progress(p, t, cached.num_calls)) if progress is not None else None)
+                       progress=(lambda t, p=p: progress(p, t, cached.num_calls)) if progress is not None else None,
+                       **replay_args)
             results[p] = _with_calls(r, cached.num_calls - calls_before)
     finally:
         _flush(cached.plan_fn)
@@ -256,14 +308,32 @@ def run_policies(
             prefetcher.close()  # (a shadow thread still waiting on a search then stops)
         if threads is not None:
             threads.shutdown(wait=True)
-    return ReplaySuite(
-        results=results, single_gpu_type=single, samples_target=samples_target,
-        wall_s=time.perf_counter() - t0, planner_calls=probe.num_calls + cached.num_calls,
-        planner_time_s=probe.planner_time_s + cached.planner_time_s,
-        trace_source=trace.source, trace_notes=trace.notes, planner_call_log=(*probe.calls, *cached.calls),
-        micro_batch_sizes=tuple(mbs) if mbs else None,
-        prefetch=prefetcher.stats() if prefetcher is not None else None,
-    )
+    return results
+
+
+def _start_shadows(planning: _Planning, policies: Sequence[str], *, single: str | None, prices: PriceSeries | None,
+                   replay_args: dict[str, Any]) -> tuple[ThreadPoolExecutor | None, dict[str, Future]]:
+    """Start the workers, and a shadow replay (``_shadow_replay``) of each later static or failover policy.
+
+    The requests of a static or failover policy depend on the plans it picks, so they
+    cannot be guessed from the trace; a thread replays it meanwhile with a cache of its
+    own, its searches made by the workers (which share every answer, so none is searched
+    twice).  Its cache lacks the earlier policies' answers, so a few of its decisions (and
+    then requests) may differ: those are searched when the policy's own replay gets to them.
+    """
+    prefetcher = planning.prefetcher
+    if prefetcher is None:
+        return None, {}
+    prefetcher.start()
+    threads: ThreadPoolExecutor | None = None
+    shadows: dict[str, Future] = {}
+    for p in policies[1:]:
+        config = controller_config(p, costs=replay_args["costs"], gpu_type=single)
+        if config.strategy in ("static", "failover"):
+            threads = threads or ThreadPoolExecutor(max_workers=len(policies) - 1)
+            shadows[p] = threads.submit(_shadow_replay, prefetcher, planning.exact_availability, prices,
+                                        dict(config=config, policy=p, **replay_args))
+    return threads, shadows
 
 
 def _price_fn(prices: PriceSeries | None) -> PriceFn:
@@ -299,26 +369,27 @@ def _prefetcher(plan_fn: PlanFn) -> PrefetchingPlanner | None:
     return plan_fn if isinstance(plan_fn, PrefetchingPlanner) and plan_fn.workers > 0 else None
 
 
-def _known_to(cached: CachedPlanner) -> Callable[[Mapping[GpuZone, int]], bool]:
+class _KnownTo:
     """Whether ``cached`` answers an availability without a search: seen before, implied by
     earlier answers (as it stands now), or stored in its plan cache on disk."""
-    disk = cached.plan_fn if isinstance(cached.plan_fn, PersistentPlanner) else None
-    # What earlier answers imply only changes when an answer is added, so a "no" holds
-    # until the planner's next search (guesses are checked again after every decision).
-    unknown_at: dict[frozenset, int] = {}
 
-    def known(available: Mapping[GpuZone, int]) -> bool:
+    def __init__(self, cached: CachedPlanner) -> None:
+        self.cached = cached
+        self.disk = cached.plan_fn if isinstance(cached.plan_fn, PersistentPlanner) else None
+        # What earlier answers imply only changes when an answer is added, so a "no" holds
+        # until the planner's next search (guesses are checked again after every decision).
+        self.unknown_at: dict[frozenset, int] = {}
+
+    def __call__(self, available: Mapping[GpuZone, int]) -> bool:
         key = frozenset(available.items())
-        if unknown_at.get(key) == cached.num_calls:
+        if self.unknown_at.get(key) == self.cached.num_calls:
             return False
-        if disk is not None and _key(disk.prefix, available) in disk.store:
+        if self.disk is not None and _key(self.disk.prefix, available) in self.disk.store:
             return True
-        if cached.knows(available):
+        if self.cached.knows(available):
             return True
-        unknown_at[key] = cached.num_calls
+        self.unknown_at[key] = self.cached.num_calls
         return False
-
-    return known
 
 
 def _flush(plan_fn: PlanFn) -> None:

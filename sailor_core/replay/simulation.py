@@ -31,7 +31,7 @@ from sailor_core.controller import (
     observed_preemption_rates_per_s,
 )
 from sailor_core.replay.costs import ChangeCosts
-from sailor_core.replay.hits import gpus_taken
+from sailor_core.replay.hits import gpus_lost
 from sailor_core.replay.lookahead import first_requests, upcoming_requests
 from sailor_core.traces import AvailabilityTrace, GpuZone
 
@@ -100,10 +100,46 @@ class ReplayResult:
         return out
 
 
-@dataclass(slots=True, kw_only=True)
-class _Sim:
-    """Mutable state of one replay (internal)."""
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Setup:
+    """What one replay runs on; fixed for its whole length."""
 
+    trace: AvailabilityTrace
+    plan_fn: PlanFn
+    config: ControllerConfig
+    costs: ChangeCosts
+    samples_target: float
+    price_fn: PriceFn
+    horizon_s: float
+    times: tuple[float, ...]                   # external events, in time order
+    preemptions_at: Mapping[float, list[int]]  # time -> indices into trace.preemptions
+    shares: tuple[float, ...]                  # one draw per preemption, the same for every policy
+    prefetch: Callable[[list[dict[GpuZone, int]]], None] | None
+    prefetch_decisions: int
+
+
+def _setup(trace: AvailabilityTrace, *, seed: int, max_time_s: float | None,
+           price_change_times: tuple[float, ...], **fixed) -> _Setup:
+    draws = random.Random(seed)
+    shares = tuple(draws.random() for _ in trace.preemptions)
+    # Preemptions come before the new counts of the same instant (see _Replay.on_trace_event).
+    times = sorted({t for t, _ in trace.rows[1:]} | {e.time_s for e in trace.preemptions}
+                   | {t for t in price_change_times if t > 0})
+    preemptions_at: dict[float, list[int]] = {}
+    for i, e in enumerate(trace.preemptions):
+        preemptions_at.setdefault(e.time_s, []).append(i)
+    horizon_s = max_time_s if max_time_s is not None else trace.duration_s + 30 * 24 * _S_PER_HR
+    return _Setup(trace=trace, horizon_s=horizon_s, times=tuple(times), preemptions_at=preemptions_at,
+                  shares=shares, **fixed)
+
+
+@dataclass(slots=True, kw_only=True)
+class _Replay:
+    """One replay's state, and what each kind of event does to it."""
+
+    setup: _Setup
+    ledger: CostLedger
+    avail: dict[GpuZone, int]
     t: float = 0.0
     phase: str = "idle"            # idle | starting | running | ended
     plan: PlanOption | None = None
@@ -115,9 +151,9 @@ class _Sim:
     next_ckpt_at: float = math.inf
     done: float = 0.0
     ckpt_done: float = 0.0
-    leases: dict = field(default_factory=dict)   # (gpu, zone) -> ledger id
+    leases: dict[GpuZone, str] = field(default_factory=dict)   # -> ledger id
     num_leases: int = 0
-    avail: dict = field(default_factory=dict)
+    seen_events: dict[GpuZone, int] = field(default_factory=dict)  # preemptions seen per pool
     productive_gpu_s: float = 0.0
     lost_gpu_s: float = 0.0
     lost_samples: float = 0.0
@@ -128,9 +164,246 @@ class _Sim:
     launched: bool = False
     finished_at: float | None = None
     stop_reason: str = ""
-    timeline: list = field(default_factory=list)
-    decisions: list = field(default_factory=list)
+    timeline: list[TimelinePoint] = field(default_factory=list)
+    decisions: list[DecisionRecord] = field(default_factory=list)
     next_event: int = 0             # index of the next external event time (for the lookahead)
+
+    @property
+    def holding(self) -> PlanOption | None:
+        """The plan whose instances are rented (starting or running)."""
+        return self.plan if self.phase in ("starting", "running") else None
+
+    # ---- the record and the leases
+
+    def record(self) -> None:
+        running = self.phase == "running" and self.t >= self.paused_until
+        by_type: dict[str, int] = {}
+        if self.phase in ("starting", "running") and self.plan is not None:
+            for (g, _), n in self.plan.gpus.items():
+                by_type[g] = by_type.get(g, 0) + n
+        x = self.plan.throughput_samples_per_s if running and self.plan else 0.0
+        point = TimelinePoint(time_s=self.t, gpus_by_type=by_type, throughput_samples_per_s=x)
+        if self.timeline and self.timeline[-1].time_s == self.t:
+            self.timeline[-1] = point
+        else:
+            self.timeline.append(point)
+
+    def release(self, at_s: float, reason: str) -> None:
+        for lease in self.leases.values():
+            self.ledger.close(lease, at_s, reason)
+        self.leases = {}
+
+    def acquire(self, option: PlanOption, at_s: float) -> None:
+        for (g, z), n in option.gpus.items():
+            self.num_leases += 1
+            lease = f"{g}@{z}#{self.num_leases}"
+            self.ledger.open(lease, gpu=g, zone=z, num_gpus=n, usd_per_hr=n * self.setup.price_fn(g, z, at_s),
+                             start_s=at_s)
+            self.leases[(g, z)] = lease
+
+    def affordable_s(self) -> float:
+        """Seconds until the budget, less the shutdown, is spent at the current rate."""
+        return self.ledger.affordable_s(self.ledger.usd_per_hr(), self.setup.costs.shutdown_s, now_s=self.t)
+
+    # ---- decisions
+
+    def ask(self, event: Event) -> None:
+        """The controller's decision on ``event``, carried out; the lookahead told what changed."""
+        setup, holding = self.setup, self.holding
+        state = ControllerState(
+            plan=holding, available=dict(self.avail), budget_left_usd=self.ledger.budget_left_usd(self.t),
+            samples_done=self.done, samples_target=setup.samples_target, last_plan=self.last_plan,
+            planned_on=self.planned_on if holding is not None else None,
+            preemption_rate_per_s=observed_preemption_rates_per_s(self.seen_events, self.t),
+        )
+        d = decide(state, event, config=setup.config, plan_fn=setup.plan_fn)
+        plan_before, planned_on_before = self.plan, self.planned_on
+        self.apply(d, event)
+        if setup.prefetch is not None and (self.plan is not plan_before or self.planned_on is not planned_on_before):
+            self.look_ahead()
+
+    def look_ahead(self) -> None:
+        setup, holding = self.setup, self.holding
+        setup.prefetch(upcoming_requests(
+            trace=setup.trace, times=setup.times, start=self.next_event, preemptions_at=setup.preemptions_at,
+            shares=setup.shares, plan_gpus=holding.gpus if holding is not None else None,
+            planned_on=self.planned_on, available=self.avail, config=setup.config,
+            num_decisions=setup.prefetch_decisions))
+
+    def apply(self, d: Decision, event: Event) -> None:
+        self.planned_on = d.planned_on
+        if d.action == Action.CONTINUE:
+            return
+        self.decisions.append(DecisionRecord(time_s=self.t, action=d.action.value, reason=d.reason,
+                                             num_gpus=d.plan.num_gpus if d.plan else 0))
+        if d.action in (Action.REPLAN, Action.SHRINK):
+            self.switch_to(d.plan, after_loss=bool(event.lost))
+        elif d.action == Action.WAIT:
+            self.pending_restart = self.pending_restart or bool(event.lost)
+            self.release(self.t, "released")
+            self.plan, self.phase = None, "idle"
+        else:
+            self.stop(d.reason)
+        self.record()
+
+    def switch_to(self, new: PlanOption, *, after_loss: bool) -> None:
+        """Rent ``new`` in place of what is held: a checkpoint first if the old plan still runs,
+        then provisioning (for GPUs not held before), start-up and reload."""
+        costs, old = self.setup.costs, self.holding
+        switch_at = self.t
+        if self.phase == "running" and not after_loss:  # save first, on the old instances
+            self.ckpt_done = self.done
+            switch_at = self.t + costs.save_s
+        self.release(switch_at, "replanned")
+        self.acquire(new, switch_at)
+        held = old.gpus if old is not None else {}
+        needs_vms = any(n > held.get(k, 0) for k, n in new.gpus.items())
+        self.ready_at = (switch_at + (costs.provisioning_s if needs_vms else 0.0) + costs.startup_s
+                         + (costs.load_s if self.ckpt_done > 0 else 0.0))
+        self.done = self.ckpt_done
+        if self.launched:
+            self.num_replans += 1
+            self.num_restarts += after_loss or self.pending_restart
+        self.launched = True
+        self.pending_restart = False
+        self.plan = self.last_plan = new
+        self.phase = "starting"
+
+    def stop(self, reason: str) -> None:
+        running = self.phase in ("starting", "running")
+        if reason.startswith("done"):
+            self.finished_at = self.t
+        self.release(self.t + (self.setup.costs.shutdown_s if running else 0.0), "stopped")
+        self.plan, self.phase, self.stop_reason = None, "ended", reason
+
+    def at_deadline(self) -> None:
+        """The budget runs out now (but for the shutdown)."""
+        self.ask(Event(kind=EventKind.TIMER))
+        # Rounding can leave a sliver of budget that decide() does not see as gone.
+        if self.phase != "ended" and self.leases and self.affordable_s() <= _EPS_S:
+            self.apply(Decision(action=Action.STOP, reason="budget: only the shutdown is left to pay"),
+                       Event(kind=EventKind.TIMER))
+
+    # ---- simulated time between external events
+
+    def advance(self, until: float) -> None:
+        """Progress up to ``until``: start-ups ending, training, periodic checkpoints, the budget deadline."""
+        while self.phase != "ended" and self.t < until:
+            deadline = self.t + self.affordable_s() if self.leases else math.inf
+            if self.phase == "idle":
+                self.wait_s += until - self.t if self.launched else 0.0
+                self.t = until
+                return
+            if self.phase == "starting":
+                self.advance_starting(until, deadline)
+            elif self.t < self.paused_until:
+                self.advance_checkpointing(until, deadline)
+            else:
+                self.advance_training(until, deadline)
+
+    def advance_starting(self, until: float, deadline: float) -> None:
+        tn = min(until, self.ready_at, deadline)
+        self.t = tn
+        if tn == deadline and tn < self.ready_at:
+            self.at_deadline()
+        elif tn == self.ready_at:
+            self.phase = "running"
+            self.next_ckpt_at = self.t + self.setup.costs.checkpoint_interval_s
+            self.paused_until = self.t
+            self.record()
+
+    def advance_checkpointing(self, until: float, deadline: float) -> None:
+        """A periodic checkpoint is being written: no progress."""
+        tn = min(until, self.paused_until, deadline)
+        self.t = tn
+        if tn == deadline:
+            self.at_deadline()
+        elif tn == self.paused_until:
+            self.record()
+
+    def advance_training(self, until: float, deadline: float) -> None:
+        plan, target = self.plan, self.setup.samples_target
+        x = plan.throughput_samples_per_s
+        t_done = self.t + (target - self.done) / x if x > 0 else math.inf
+        tn = min(until, t_done, self.next_ckpt_at, deadline)
+        if tn > self.t:
+            self.done += x * (tn - self.t)
+            self.productive_gpu_s += plan.num_gpus * (tn - self.t)
+        self.t = tn
+        if tn == t_done:
+            self.done = target
+            self.ask(Event(kind=EventKind.PROGRESS))
+        elif tn == deadline:
+            self.at_deadline()
+        elif tn == self.next_ckpt_at:
+            self.ckpt_done = self.done
+            self.paused_until = self.t + self.setup.costs.save_s
+            self.next_ckpt_at = self.paused_until + self.setup.costs.checkpoint_interval_s
+            self.record()
+
+    # ---- external events: the trace's counts, preemptions and prices
+
+    def on_trace_event(self, t: float) -> None:
+        """The trace at ``t``: preemptions first (against the counts before), new prices, new counts."""
+        setup = self.setup
+        new_counts = setup.trace.counts_at(t)
+        indices = setup.preemptions_at.get(t, [])
+        for i in indices:
+            e = setup.trace.preemptions[i]
+            self.seen_events[(e.gpu, e.zone)] = self.seen_events.get((e.gpu, e.zone), 0) + 1
+        holding = self.holding
+        lost = gpus_lost(setup.trace, indices, setup.shares, held=holding.gpus, before=self.avail,
+                         after=new_counts) if holding is not None else {}
+        for key, lease in self.leases.items():
+            self.ledger.set_price(lease, setup.price_fn(key[0], key[1], t) * self.plan.gpus[key], t)
+        changed = dict(new_counts) != self.avail
+        self.avail = dict(new_counts)
+        if lost:
+            self.num_hits += 1
+            self.lose_work(lost)
+            self.ask(Event(kind=EventKind.PREEMPTION, lost=lost, zone_hint=next(iter(lost))[1]))
+        elif changed or self.phase == "idle":
+            self.ask(Event(kind=EventKind.CAPACITY))
+
+    def lose_work(self, lost: Mapping[GpuZone, int]) -> None:
+        """A preemption hit us: an emergency save if the notice allows it, else back to the last checkpoint."""
+        if self.phase != "running":
+            return
+        costs = self.setup.costs
+        if costs.save_s <= min(costs.notice_s(z) for (_, z) in lost):
+            self.ckpt_done = self.done
+            return
+        gone = self.done - self.ckpt_done
+        if gone > 0 and self.plan is not None and self.plan.throughput_samples_per_s > 0:
+            self.lost_samples += gone
+            self.lost_gpu_s += gone / self.plan.throughput_samples_per_s * self.plan.num_gpus
+        self.done = self.ckpt_done
+
+    def end_at_horizon(self) -> None:
+        """The trace ran out before the work or the budget: release what is held."""
+        self.release(self.t + (self.setup.costs.shutdown_s if self.leases else 0.0), "horizon")
+        self.stop_reason = self.stop_reason or "horizon: the trace ended before the work did"
+        self.phase = "ended"
+        self.record()
+
+    # ---- the result
+
+    def result(self, *, policy: str, budget_usd: float | None) -> ReplayResult:
+        ledger = self.ledger
+        end_s = max([self.t] + [e.end_s for e in ledger.entries() if e.end_s is not None])
+        paid_gpu_s = ledger.gpu_seconds(end_s)
+        useful_gpu_s = self.productive_gpu_s - self.lost_gpu_s
+        return ReplayResult(
+            policy=policy, finished=self.finished_at is not None, stop_reason=self.stop_reason,
+            time_to_train_s=self.finished_at, end_s=end_s,
+            samples_done=self.done, samples_target=self.setup.samples_target,
+            usd_spent=ledger.spent_usd(end_s), budget_usd=budget_usd,
+            useful_work_fraction=useful_gpu_s / paid_gpu_s if paid_gpu_s > 0 else 0.0,
+            num_replans=self.num_replans, num_restarts=self.num_restarts, num_preemptions_hit=self.num_hits,
+            work_lost_samples=self.lost_samples, wait_s=self.wait_s,
+            usd_by_gpu_zone={f"{g}@{z}": v for (g, z), v in sorted(ledger.by_gpu_zone(end_s).items())},
+            timeline=tuple(self.timeline), decisions=tuple(self.decisions),
+        )
 
 
 def replay(
@@ -158,243 +431,26 @@ def replay(
     controller will likely ask ``plan_fn`` about in its next ``prefetch_decisions``
     re-plans (``lookahead.upcoming_requests``), so that they can be answered ahead.
     """
-    ledger = CostLedger(budget_usd=budget_usd)
-    s = _Sim(avail=dict(trace.rows[0][1]))
-    horizon = max_time_s if max_time_s is not None else trace.duration_s + 30 * 24 * _S_PER_HR
-    draws = random.Random(seed)
-    shares = [draws.random() for _ in trace.preemptions]
-
-    def record() -> None:
-        running = s.phase == "running" and s.t >= s.paused_until
-        by_type: dict[str, int] = {}
-        if s.phase in ("starting", "running") and s.plan is not None:
-            for (g, _), n in s.plan.gpus.items():
-                by_type[g] = by_type.get(g, 0) + n
-        x = s.plan.throughput_samples_per_s if running and s.plan else 0.0
-        point = TimelinePoint(time_s=s.t, gpus_by_type=by_type, throughput_samples_per_s=x)
-        if s.timeline and s.timeline[-1].time_s == s.t:
-            s.timeline[-1] = point
-        else:
-            s.timeline.append(point)
-
-    def release(at_s: float, reason: str) -> None:
-        for lease in s.leases.values():
-            ledger.close(lease, at_s, reason)
-        s.leases = {}
-
-    def acquire(option: PlanOption, at_s: float) -> None:
-        for (g, z), n in option.gpus.items():
-            s.num_leases += 1
-            lease = f"{g}@{z}#{s.num_leases}"
-            ledger.open(lease, gpu=g, zone=z, num_gpus=n, usd_per_hr=n * price_fn(g, z, at_s), start_s=at_s)
-            s.leases[(g, z)] = lease
-
-    seen_events: dict[GpuZone, int] = {}
-
-    def rates() -> dict[GpuZone, float]:
-        return observed_preemption_rates_per_s(seen_events, s.t)
-
-    def ask(event: Event) -> None:
-        holding = s.plan if s.phase in ("starting", "running") else None
-        state = ControllerState(
-            plan=holding, available=dict(s.avail), budget_left_usd=ledger.budget_left_usd(s.t),
-            samples_done=s.done, samples_target=samples_target, last_plan=s.last_plan,
-            planned_on=s.planned_on if holding is not None else None,
-            preemption_rate_per_s=rates(),
-        )
-        d = decide(state, event, config=config, plan_fn=plan_fn)
-        plan_before, planned_on_before = s.plan, s.planned_on
-        apply(d, event)
-        if prefetch is not None and (s.plan is not plan_before or s.planned_on is not planned_on_before):
-            look_ahead()
-
-    def look_ahead() -> None:
-        holding = s.plan.gpus if s.plan is not None and s.phase in ("starting", "running") else None
-        prefetch(upcoming_requests(
-            trace=trace, times=times, start=s.next_event, preemptions_at=by_time, shares=shares,
-            plan_gpus=holding, planned_on=s.planned_on, available=s.avail, config=config,
-            num_decisions=prefetch_decisions))
-
-    def apply(d: Decision, event: Event) -> None:
-        if d.action == Action.CONTINUE:
-            s.planned_on = d.planned_on
-            return
-        s.planned_on = d.planned_on
-        s.decisions.append(DecisionRecord(time_s=s.t, action=d.action.value, reason=d.reason,
-                                          num_gpus=d.plan.num_gpus if d.plan else 0))
-        if d.action in (Action.REPLAN, Action.SHRINK):
-            old = s.plan if s.phase in ("starting", "running") else None
-            planned = s.phase == "running" and not event.lost
-            switch_at = s.t
-            if planned:  # save first, on the old instances
-                s.ckpt_done = s.done
-                switch_at = s.t + costs.save_s
-            release(switch_at, "replanned")
-            acquire(d.plan, switch_at)
-            held = old.gpus if old is not None else {}
-            needs_vms = any(n > held.get(k, 0) for k, n in d.plan.gpus.items())
-            s.ready_at = (switch_at + (costs.provisioning_s if needs_vms else 0.0) + costs.startup_s
-                          + (costs.load_s if s.ckpt_done > 0 else 0.0))
-            s.done = s.ckpt_done
-            if s.launched:
-                s.num_replans += 1
-                s.num_restarts += bool(event.lost) or s.pending_restart
-            s.launched = True
-            s.pending_restart = False
-            s.plan = s.last_plan = d.plan
-            s.phase = "starting"
-        elif d.action == Action.WAIT:
-            s.pending_restart = s.pending_restart or bool(event.lost)
-            release(s.t, "released")
-            s.plan, s.phase = None, "idle"
-        else:  # STOP
-            running = s.phase in ("starting", "running")
-            if d.reason.startswith("done"):
-                s.finished_at = s.t
-            release(s.t + (costs.shutdown_s if running else 0.0), "stopped")
-            s.plan, s.phase, s.stop_reason = None, "ended", d.reason
-        record()
-
-    def lose_work(lost: Mapping[GpuZone, int]) -> None:
-        """A preemption hit us: an emergency save if the notice allows it, else back to the last checkpoint."""
-        if s.phase != "running":
-            return
-        notice = min(costs.notice_s(z) for (_, z) in lost)
-        if costs.save_s <= notice:
-            s.ckpt_done = s.done
-            return
-        gone = s.done - s.ckpt_done
-        if gone > 0 and s.plan is not None and s.plan.throughput_samples_per_s > 0:
-            s.lost_samples += gone
-            s.lost_gpu_s += gone / s.plan.throughput_samples_per_s * s.plan.num_gpus
-        s.done = s.ckpt_done
-
-    def at_deadline() -> None:
-        ask(Event(kind=EventKind.TIMER))
-        # Rounding can leave a sliver of budget that decide() does not see as gone.
-        if s.phase != "ended" and s.leases and \
-                ledger.affordable_s(ledger.usd_per_hr(), costs.shutdown_s, now_s=s.t) <= _EPS_S:
-            apply(Decision(action=Action.STOP, reason="budget: only the shutdown is left to pay"),
-                  Event(kind=EventKind.TIMER))
-
-    def advance(until: float) -> None:
-        while s.phase != "ended" and s.t < until:
-            deadline = s.t + ledger.affordable_s(ledger.usd_per_hr(), costs.shutdown_s, now_s=s.t) \
-                if s.leases else math.inf
-            if s.phase == "idle":
-                s.wait_s += until - s.t if s.launched else 0.0
-                s.t = until
-                return
-            if s.phase == "starting":
-                tn = min(until, s.ready_at, deadline)
-                s.t = tn
-                if tn == deadline and tn < s.ready_at:
-                    at_deadline()
-                    continue
-                if tn == s.ready_at:
-                    s.phase = "running"
-                    s.next_ckpt_at = s.t + costs.checkpoint_interval_s
-                    s.paused_until = s.t
-                    record()
-                continue
-            # running
-            plan = s.plan
-            if s.t < s.paused_until:  # a periodic checkpoint is being written: no progress
-                tn = min(until, s.paused_until, deadline)
-                s.t = tn
-                if tn == deadline:
-                    at_deadline()
-                elif tn == s.paused_until:
-                    record()
-                continue
-            x = plan.throughput_samples_per_s
-            t_done = s.t + (samples_target - s.done) / x if x > 0 else math.inf
-            tn = min(until, t_done, s.next_ckpt_at, deadline)
-            if tn > s.t:
-                s.done += x * (tn - s.t)
-                s.productive_gpu_s += plan.num_gpus * (tn - s.t)
-            s.t = tn
-            if tn == t_done:
-                s.done = samples_target
-                ask(Event(kind=EventKind.PROGRESS))
-            elif tn == deadline:
-                at_deadline()
-            elif tn == s.next_ckpt_at:
-                s.ckpt_done = s.done
-                s.paused_until = s.t + costs.save_s
-                s.next_ckpt_at = s.paused_until + costs.checkpoint_interval_s
-                record()
-
-    # External events, in time order: preemptions before the new counts of the same instant.
-    times = sorted({t for t, _ in trace.rows[1:]} | {e.time_s for e in trace.preemptions}
-                   | {t for t in price_change_times if t > 0})
-    by_time: dict[float, list[int]] = {}
-    for i, e in enumerate(trace.preemptions):
-        by_time.setdefault(e.time_s, []).append(i)
-
-    record()
+    setup = _setup(trace, seed=seed, max_time_s=max_time_s, price_change_times=price_change_times,
+                   plan_fn=plan_fn, config=config, costs=costs, samples_target=samples_target, price_fn=price_fn,
+                   prefetch=prefetch, prefetch_decisions=prefetch_decisions)
+    r = _Replay(setup=setup, ledger=CostLedger(budget_usd=budget_usd), avail=dict(trace.rows[0][1]))
+    r.record()
     if prefetch is not None:
         prefetch(first_requests(trace, config))
-    ask(Event(kind=EventKind.START))
-    for j, t in enumerate(times):
-        if s.phase == "ended" or t > horizon:
+    r.ask(Event(kind=EventKind.START))
+    for j, t in enumerate(setup.times):
+        if r.phase == "ended" or t > setup.horizon_s:
             break
-        s.next_event = j + 1
+        r.next_event = j + 1
         if progress is not None:
             progress(t)
-        advance(t)
-        if s.phase == "ended":
+        r.advance(t)
+        if r.phase == "ended":
             break
-        new_counts = trace.counts_at(t)
-        for i in by_time.get(t, []):
-            e = trace.preemptions[i]
-            seen_events[(e.gpu, e.zone)] = seen_events.get((e.gpu, e.zone), 0) + 1
-        lost: dict[GpuZone, int] = {}
-        if s.phase in ("starting", "running") and s.plan is not None:
-            for i in by_time.get(t, []):
-                e = trace.preemptions[i]
-                key = (e.gpu, e.zone)
-                take = gpus_taken(held=s.plan.gpus.get(key, 0) - lost.get(key, 0), before=s.avail.get(key, 0),
-                                  after=new_counts.get(key, 0), num_taken=e.num_gpus, share=shares[i])
-                if take > 0:
-                    lost[key] = lost.get(key, 0) + take
-        for lease_key in s.leases:
-            price = price_fn(lease_key[0], lease_key[1], t)
-            ledger.set_price(s.leases[lease_key], price * s.plan.gpus[lease_key], t)
-        changed = dict(new_counts) != s.avail
-        s.avail = dict(new_counts)
-        if lost:
-            s.num_hits += 1
-            lose_work(lost)
-            ask(Event(kind=EventKind.PREEMPTION, lost=lost, zone_hint=next(iter(lost))[1]))
-        elif changed or s.phase == "idle":
-            ask(Event(kind=EventKind.CAPACITY))
-    if s.phase != "ended":
-        advance(horizon)
-    if s.phase != "ended":
-        release(s.t + (costs.shutdown_s if s.leases else 0.0), "horizon")
-        s.stop_reason = s.stop_reason or "horizon: the trace ended before the work did"
-        s.phase = "ended"
-        record()
-    end_s = max([s.t] + [e.end_s for e in ledger.entries() if e.end_s is not None])
-    paid_gpu_s = ledger.gpu_seconds(end_s)
-    return ReplayResult(
-        policy=policy,
-        finished=s.finished_at is not None,
-        stop_reason=s.stop_reason,
-        time_to_train_s=s.finished_at,
-        end_s=end_s,
-        samples_done=s.done,
-        samples_target=samples_target,
-        usd_spent=ledger.spent_usd(end_s),
-        budget_usd=budget_usd,
-        useful_work_fraction=(s.productive_gpu_s - s.lost_gpu_s) / paid_gpu_s if paid_gpu_s > 0 else 0.0,
-        num_replans=s.num_replans,
-        num_restarts=s.num_restarts,
-        num_preemptions_hit=s.num_hits,
-        work_lost_samples=s.lost_samples,
-        wait_s=s.wait_s,
-        usd_by_gpu_zone={f"{g}@{z}": v for (g, z), v in sorted(ledger.by_gpu_zone(end_s).items())},
-        timeline=tuple(s.timeline),
-        decisions=tuple(s.decisions),
-    )
+        r.on_trace_event(t)
+    if r.phase != "ended":
+        r.advance(setup.horizon_s)
+    if r.phase != "ended":
+        r.end_at_horizon()
+    return r.result(policy=policy, budget_usd=budget_usd)
