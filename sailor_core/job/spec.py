@@ -70,7 +70,22 @@ class JobSpec:
     max_gpus: int | None = option(2, help="most GPUs the job may rent at once", unit="GPUs")
     spot: bool = option(True, help="rent spot instances (else on demand)", cli=("--spot/--no-spot",))
     on_demand_fallback: bool = option(False, help="rent on-demand when no spot capacity is left")
-    dataset: str = option("synthetic", help="training tokens: a .npy/.bin path or URL, or synthetic")
+    dataset: str = option("synthetic", help="training tokens: a .bin/.u32.bin/.npy token file (a path, s3:// or gs:// "
+                                            "URL; `sailor data prepare` makes one), or synthetic",
+                          cli=("--data",), aliases=("--dataset",))
+    validation_fraction: float = option(0.01, help="the last fraction of the samples, held out for the validation "
+                                                   "loss (at least one global batch); 0: none", cli=("--val-fraction",))
+    validate_every_steps: int = option(50, help="validation loss every K steps and at the last step; 0: never",
+                                       unit="steps", cli=("--validate-every",))
+    validation_batches: int = option(2, help="held-out global batches each validation runs", unit="batches",
+                                     cli=("--val-batches",))
+    learning_rate: float = option(1e-3, help="peak learning rate: linear warm-up to it, cosine decay after",
+                                  cli=("--lr",), aliases=("--learning-rate",))
+    warmup_steps: int | None = option(None, help="warm-up steps (default: 5 % of the steps, rounded up)",
+                                      unit="steps")
+    min_lr_ratio: float = option(0.1, help="the cosine decay's floor at the last step, as a fraction of the peak")
+    weight_decay: float = option(0.1, help="AdamW weight decay of weight matrices (not biases, norms, embeddings)")
+    grad_clip_norm: float = option(1.0, help="clip the global gradient norm to this; 0: no clipping")
     global_batch_size: int | None = option(8, help="samples per step", unit="samples",
                                            aliases=("--global-batch",))
     seed: int = option(0, help="seed of the initial weights and the synthetic data")
@@ -112,8 +127,40 @@ def _check(spec: JobSpec) -> None:
     at_least_one("max_gpus", spec.max_gpus, optional=True)
     at_least_one("global_batch_size", spec.global_batch_size, optional=True)
     at_least_one("checkpoint_every_steps", spec.checkpoint_every_steps)
+    _check_data(spec.dataset)
+    _check_recipe(spec)
     if any(s < 1 for s in spec.preempt_at_steps):
         raise JobSpecError("preempt_at_steps", f"must list steps of at least 1, got {list(spec.preempt_at_steps)}")
+
+
+def _check_data(dataset: str) -> None:
+    if dataset == "synthetic":
+        return
+    scheme = dataset.split("://", 1)[0] if "://" in dataset else ""
+    if scheme not in ("", "file", "s3", "gs"):
+        raise JobSpecError("dataset", f"must be a path, file://, s3:// or gs:// URL, got {dataset!r}")
+    if not dataset.endswith((".bin", ".npy")):
+        raise JobSpecError("dataset", f"must name a .bin, .u32.bin or .npy token file, got {dataset!r}")
+
+
+def _check_recipe(spec: JobSpec) -> None:
+    if not 0 <= spec.validation_fraction < 1:  # NaN too
+        raise JobSpecError("validation_fraction", f"must be in [0, 1), got {spec.validation_fraction}")
+    if spec.validate_every_steps < 0:
+        raise JobSpecError("validate_every_steps", f"must be at least 0, got {spec.validate_every_steps}")
+    if spec.validate_every_steps and not spec.validation_fraction:
+        raise JobSpecError("validate_every_steps", "needs held-out samples (a validation_fraction above 0)")
+    if spec.validation_batches < 1:
+        raise JobSpecError("validation_batches", f"must be at least 1, got {spec.validation_batches}")
+    if not spec.learning_rate > 0:
+        raise JobSpecError("learning_rate", f"must be positive, got {spec.learning_rate}")
+    if spec.warmup_steps is not None and spec.warmup_steps < 0:
+        raise JobSpecError("warmup_steps", f"must be at least 0, got {spec.warmup_steps}")
+    if not 0 <= spec.min_lr_ratio <= 1:
+        raise JobSpecError("min_lr_ratio", f"must be in [0, 1], got {spec.min_lr_ratio}")
+    for name in ("weight_decay", "grad_clip_norm"):
+        if not getattr(spec, name) >= 0:
+            raise JobSpecError(name, f"must be at least 0, got {getattr(spec, name)}")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -8,6 +8,7 @@ from sailor_core.plan.types import Plan
 from sailor_core.runtime import checkpoint as ckpt
 from sailor_core.runtime.trainer import full_params_close
 from sailor_core.runtime.launch import ensure_corpus, launch_local
+from sailor_core.runtime.recipe import Recipe
 from sailor_core.plan.layout import world_size
 from sailor_core.storage import open_storage
 
@@ -42,7 +43,7 @@ def run_plan(plan: Plan, steps: int, *, workdir: Path, data: Path | None = None,
         # A resumed run is compared from its checkpoint's sample position onward only when it
         # started from scratch; otherwise the reference would need that checkpoint's weights.
         if first_step == 0:
-            ref = train_reference(plan, steps, str(data), lr=lr, seed=seed)
+            ref = train_reference(plan, steps, str(data), recipe=Recipe(total_steps=steps, peak_lr=lr), seed=seed)
             out["reference_losses"] = ref.losses
             out["max_param_diff"] = full_params_close(params, ref.params)
             out["max_loss_diff"] = max(abs(a - b) for a, b in zip(res.losses, ref.losses))

@@ -48,6 +48,7 @@ class LaunchResult:
     message: str = ""
     stderr_tails: dict[int, str] = field(default_factory=dict)
     peak_memory_bytes: int | None = None  # rank 0's torch.cuda.max_memory_allocated; None on CPU
+    val_losses: dict[int, float] = field(default_factory=dict)  # step -> validation loss after it
 
     def to_dict(self) -> dict:
         return {"status": self.status, "losses": self.losses, "steps": self.steps,
@@ -55,7 +56,8 @@ class LaunchResult:
                 "tokens_per_s": self.tokens_per_s, "wall_s": self.wall_s,
                 "exit_codes": {str(k): v for k, v in self.exit_codes.items()},
                 "dead_rank": self.dead_rank, "hung_ranks": list(self.hung_ranks),
-                "message": self.message, "peak_memory_bytes": self.peak_memory_bytes}
+                "message": self.message, "peak_memory_bytes": self.peak_memory_bytes,
+                "val_losses": {str(k): v for k, v in self.val_losses.items()}}
 
 
 def free_port() -> int:
@@ -81,17 +83,20 @@ def launch_local(plan: Plan, steps: int, *, data: str | Path | None = None,
                  workdir: str | Path | None = None, timeout_s: float = 600.0,
                  collective_timeout_s: float = 30.0, grace_s: float | None = None,
                  threads_per_rank: int = 1, env: dict[str, str] | None = None,
-                 faults: FaultConfig | None = None, on_started=None) -> LaunchResult:
+                 faults: FaultConfig | None = None, on_started=None,
+                 worker_args: tuple[str, ...] = ()) -> LaunchResult:
     """Train ``plan`` up to step ``steps`` on local processes; never hangs past ``timeout_s``.
 
-    ``faults``: what the workers inject (tests); ``env``: added to every worker's environment.
+    ``data``: a path or URL (default: a synthetic corpus); ``faults``: what the workers inject
+    (tests); ``env``: added to every worker's environment; ``worker_args``: more worker flags
+    (the recipe's, validation's: ``python -m sailor_core.runtime.worker --help``).
     """
     from sailor_core.runtime.model import check_plan_for_engine
 
     check_plan_for_engine(plan)
     workdir = Path(workdir or tempfile.mkdtemp(prefix="sailor-engine-"))
     workdir.mkdir(parents=True, exist_ok=True)
-    data = Path(data) if data else ensure_corpus(workdir, plan, seed=seed)
+    data = str(data) if data else ensure_corpus(workdir, plan, seed=seed)
     plan_path = workdir / "plan.json"
     plan_path.write_text(plan.to_json())
     metrics_path = workdir / f"metrics-{time.time_ns()}.jsonl"
@@ -105,7 +110,8 @@ def launch_local(plan: Plan, steps: int, *, data: str | Path | None = None,
     store = private_store("127.0.0.1", 0, n, is_master=True, timeout=datetime.timedelta(seconds=300))
     args = ["--plan", str(plan_path), "--steps", str(steps), "--data", str(data), "--seed", str(seed),
             "--lr", repr(lr), "--metrics-file", str(metrics_path), "--timeout-s", str(collective_timeout_s),
-            "--threads", str(threads_per_rank), "--keep", str(keep)]
+            "--threads", str(threads_per_rank), "--keep", str(keep),
+            "--data-cache-dir", str(workdir / "data-cache"), *worker_args]
     if ckpt_dir:
         args += ["--ckpt-dir", str(ckpt_dir), "--ckpt-every", str(ckpt_every)]
     if resume:
@@ -220,7 +226,8 @@ def _result(plan: Plan, ex: _Exits, records: list[dict], wall: float, grace_s: f
         dead_rank=ex.dead_rank, hung_ranks=tuple(ex.hung), exit_times_s=ex.times_s,
         death_time_s=ex.death_time_s, message=message, stderr_tails=tails,
         peak_memory_bytes=max((r["peak_memory_bytes"] for r in step_recs if "peak_memory_bytes" in r),
-                              default=None))
+                              default=None),
+        val_losses={r["step"]: r["val_loss"] for r in step_recs if "val_loss" in r})
 
 
 def _kill(p: subprocess.Popen) -> None:

@@ -1,8 +1,10 @@
 """Single-process training on the same samples: the yardstick the engine must match.
 
 Same initial values (a pure function of seed and layer index), same samples
-(global sample index), same loss normalisation (mean over the global batch),
-same AdamW; micro-batches run one after the other in one process.
+(global sample index, the same held-out split), same loss normalisation (mean over
+the global batch), same recipe (AdamW with the same decay groups, learning-rate
+schedule and global-norm clipping); micro-batches run one after the other in one
+process, and the validation loss is the mean over the same held-out batches.
 """
 
 from __future__ import annotations
@@ -14,25 +16,33 @@ import torch
 from sailor_core.catalog.models import get_model
 from sailor_core.plan.types import Plan
 from sailor_core.runtime.data import TokenDataset
-from sailor_core.runtime.trainer import make_optimizer
 from sailor_core.runtime.model import StageModel
+from sailor_core.runtime.recipe import Recipe, spec_default
+from sailor_core.runtime.trainer import apply_recipe, decay_groups, make_optimizer
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ReferenceResult:
     losses: list[float]
     params: dict[int, dict[str, torch.Tensor]]  # layer index -> name -> full tensor
+    val_losses: dict[int, float]  # step -> validation loss after it
+    grad_norms: list[float]  # the global gradient norm of each step, before clipping
 
 
-def train_reference(plan: Plan, steps: int, data_path: str, *, lr: float = 1e-3, seed: int = 0,
-                    first_sample: int = 0) -> ReferenceResult:
+def train_reference(plan: Plan, steps: int, data_path: str, *, recipe: Recipe | None = None, seed: int = 0,
+                    first_sample: int = 0, validation_fraction: float = spec_default("validation_fraction"),
+                    validate_every: int = 0, validation_batches: int = spec_default("validation_batches"),
+                    ) -> ReferenceResult:
+    """Train ``steps`` steps from scratch.  ``recipe``: the job's (default: the defaults over ``steps``);
+    its ``total_steps`` may exceed ``steps`` (the first part of a longer job)."""
     spec = get_model(plan.model)
-    seq = plan.effective_seq_len()
-    data = TokenDataset(data_path, seq, spec.vocab_size)
+    recipe = recipe or Recipe(total_steps=steps)
+    data = TokenDataset(data_path, plan.effective_seq_len(), spec.vocab_size,
+                        validation_fraction=validation_fraction, min_val_samples=plan.global_batch_size)
     model = StageModel(spec, 0, spec.num_layer_indices, seed=seed)
-    opt = make_optimizer(model.parameters(), lr)
+    opt = make_optimizer(decay_groups(model, recipe.weight_decay), recipe.peak_lr)
     m_count = plan.num_microbatches
-    losses = []
+    losses, norms, val_losses = [], [], {}
     for it in range(steps):
         total = 0.0
         for m in range(m_count):
@@ -40,9 +50,26 @@ def train_reference(plan: Plan, steps: int, data_path: str, *, lr: float = 1e-3,
             loss = model(x, y)
             total += float(loss.detach())
             (loss / m_count).backward()
+        norms.append(float(torch.nn.utils.get_total_norm([p.grad for p in model.parameters()], foreach=False)))
+        if recipe.grad_clip_norm:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), recipe.grad_clip_norm, foreach=False)
+        apply_recipe(opt, recipe, it)
         opt.step()
         opt.zero_grad(set_to_none=True)
         losses.append(total / m_count)
+        if validate_every and ((it + 1) % validate_every == 0 or it + 1 == steps):
+            val_losses[it + 1] = _validate(model, data, plan, validation_batches)
     params = {layer.layer_index: {n: p.detach().clone() for n, p in layer.named_parameters(recurse=False)}
               for layer in model.layers}
-    return ReferenceResult(losses=losses, params=params)
+    return ReferenceResult(losses=losses, params=params, val_losses=val_losses, grad_norms=norms)
+
+
+def _validate(model: StageModel, data: TokenDataset, plan: Plan, max_batches: int) -> float:
+    num_batches = data.num_val_batches(max_batches, plan.global_batch_size)
+    total = 0.0
+    with torch.no_grad():
+        for v in range(num_batches):
+            for m in range(plan.num_microbatches):
+                x, y = data.val_microbatch(v, m, plan.global_batch_size, plan.micro_batch_size)
+                total += float(model(x, y))
+    return total / (num_batches * plan.num_microbatches)

@@ -30,26 +30,57 @@ from sailor_core.plan.layout import RankRole, rank_layout, replica_ranks, stage_
 from sailor_core.plan.routing import replica_of
 from sailor_core.runtime.model import StageModel
 from sailor_core.runtime.pipeline_order import local_microbatches, one_f_one_b, stage_lookahead
+from sailor_core.runtime.recipe import Recipe
 from sailor_core.storage import Storage
 
 BETAS = (0.9, 0.95)
-WEIGHT_DECAY = 0.01
+WEIGHT_DECAY = 0.01  # the profiler's and benchmarks' optimizer; a job's comes from its Recipe
+# Embedding tables by parameter name (``runtime/model.py``): no weight decay, as for GPT-2,
+# Megatron and torchtitan (the rows of rare tokens would only shrink).
+EMBEDDING_PARAMS = frozenset({"tok", "pos"})
 
 
-def make_optimizer(params, lr: float) -> torch.optim.Optimizer:
+def make_optimizer(params, lr: float, weight_decay: float = WEIGHT_DECAY) -> torch.optim.Optimizer:
     """One optimizer configuration for the engine, the profiler and the single-process reference.
 
-    On CUDA, fused AdamW: one kernel for all parameters instead of a handful per parameter
-    (opt-350m on an H200: 3.6 ms per step, against 22-28 ms with ``foreach=False``), and what the
-    ``torch-bf16-autocast-adamw`` regime's measurements used. On CPU, ``foreach=False``: the
-    engine's ranks and the reference then update each parameter with the same arithmetic.
+    ``params``: tensors, or parameter groups (``decay_groups``; a group's own
+    ``weight_decay`` wins).  On CUDA, fused AdamW: one kernel for all parameters instead of a
+    handful per parameter (opt-350m on an H200: 3.6 ms per step, against 22-28 ms with
+    ``foreach=False``), and what the ``torch-bf16-autocast-adamw`` regime's measurements used.
+    On CPU, ``foreach=False``: the engine's ranks and the reference then update each
+    parameter with the same arithmetic.
     """
     params = list(params)
-    if params and all(p.is_cuda for p in params):
-        return torch.optim.AdamW(params, lr=lr, betas=BETAS, eps=1e-8, weight_decay=WEIGHT_DECAY,
+    tensors = [p for g in params for p in (g["params"] if isinstance(g, dict) else [g])]
+    if tensors and all(p.is_cuda for p in tensors):
+        return torch.optim.AdamW(params, lr=lr, betas=BETAS, eps=1e-8, weight_decay=weight_decay,
                                  fused=True)
-    return torch.optim.AdamW(params, lr=lr, betas=BETAS, eps=1e-8, weight_decay=WEIGHT_DECAY,
+    return torch.optim.AdamW(params, lr=lr, betas=BETAS, eps=1e-8, weight_decay=weight_decay,
                              foreach=False)
+
+
+def decays(name: str, p: torch.Tensor) -> bool:
+    """The weight-decay rule: weight matrices decay; biases, norm weights (1-D) and embedding
+    tables do not."""
+    return p.ndim >= 2 and name not in EMBEDDING_PARAMS
+
+
+def decay_groups(model: StageModel, weight_decay: float) -> list[dict]:
+    """The model's parameters as two AdamW groups: with ``weight_decay`` and without (``decays``)."""
+    with_decay, without = [], []
+    for _, name, p in model.named_layer_params():
+        (with_decay if decays(name, p) else without).append(p)
+    groups = [{"params": with_decay, "weight_decay": weight_decay, "decay": True},
+              {"params": without, "weight_decay": 0.0, "decay": False}]
+    return [g for g in groups if g["params"]]
+
+
+def apply_recipe(optimizer: torch.optim.Optimizer, recipe: Recipe, step: int) -> None:
+    """Set the learning rate of optimizer step ``step`` (0-based) and the recipe's weight decay."""
+    lr = recipe.lr_at(step)
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+        group["weight_decay"] = recipe.weight_decay if group.get("decay", True) else 0.0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -97,16 +128,16 @@ def make_groups(plan: Plan, rank: int) -> Groups:
 
 
 class StageTrainer:
-    def __init__(self, *, plan: Plan, spec: ModelSpec, rank: int, data: TokenDataset, lr: float,
+    def __init__(self, *, plan: Plan, spec: ModelSpec, rank: int, data: TokenDataset, recipe: Recipe,
                  seed: int, device: torch.device, groups: Groups) -> None:
-        self.plan, self.spec, self.rank, self.data = plan, spec, rank, data
+        self.plan, self.spec, self.rank, self.data, self.recipe = plan, spec, rank, data, recipe
         self.roles = rank_layout(plan)
         self.role: RankRole = self.roles[rank]
         self.device = device
         self.groups = groups
         self.model = StageModel(spec, self.role.layer_start, self.role.layer_end,
                                 self.role.tp_degree, self.role.tp_rank, groups.tp, seed).to(device)
-        self.optimizer = make_optimizer(self.model.parameters(), lr)
+        self.optimizer = make_optimizer(decay_groups(self.model, recipe.weight_decay), recipe.peak_lr)
         self.seq_len = plan.effective_seq_len()
         self.num_microbatches = plan.num_microbatches
         dps = [s.dp_degree for s in plan.stages]
@@ -193,6 +224,8 @@ class StageTrainer:
         for work, _ in sends:
             work.wait()
         self._sync_grads()
+        self.clip_grads()
+        apply_recipe(self.optimizer, self.recipe, self.step)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.step += 1
@@ -224,6 +257,72 @@ class StageTrainer:
         dist.all_gather(parts, shard.detach().contiguous(), group=self.groups.tp)
         return torch.cat(parts, dim=dim)
 
+    # ---- gradient clipping ----------------------------------------------------
+    def _counts_in_norm(self, layer, name: str) -> bool:
+        """Whether this rank's gradient of ``name`` is a part of the global norm no other rank counts.
+
+        After the DP sync every replica of a stage holds the same gradients: replica 0 counts
+        them.  Inside it, a TP-sharded parameter counts on every TP rank (the shards add up to
+        the whole), a replicated one on TP rank 0 only.
+        """
+        if self.role.replica != 0:
+            return False
+        sharded = layer.shard_dims[name] is not None and self.role.tp_degree > 1
+        return sharded or self.role.tp_rank == 0
+
+    def grad_norm(self) -> torch.Tensor:
+        """The global L2 norm of all gradients of the model (every rank gets the same value)."""
+        mine = [p.grad for layer, name, p in self.model.named_layer_params() if self._counts_in_norm(layer, name)]
+        sq = (torch.nn.utils.get_total_norm(mine, foreach=False) ** 2 if mine
+              else torch.zeros((), device=self.device))
+        sq = sq.to(device=self.device, dtype=torch.float32).reshape(())
+        dist.all_reduce(sq)
+        return sq.sqrt()
+
+    def clip_grads(self) -> float | None:
+        """Scale the gradients so their global norm is at most the recipe's (none: no clipping)."""
+        if not self.recipe.grad_clip_norm:
+            return None
+        norm = self.grad_norm()
+        torch.nn.utils.clip_grads_with_norm_(list(self.model.parameters()), self.recipe.grad_clip_norm, norm,
+                                             foreach=False)
+        return float(norm)
+
+    # ---- validation ---------------------------------------------------------
+    def validate(self, num_batches: int) -> float:
+        """Mean loss over ``num_batches`` held-out global batches, forward only (every rank calls it at
+        the same step and gets the value).  Each rank runs its own micro-batches in order; sends do
+        not block, so no stage waits on a later one."""
+        role, model = self.role, self.model
+        local = local_microbatches(self.num_microbatches, self.plan.stages[role.stage].dp_degree, role.replica)
+        gbs, mbs = self.plan.global_batch_size, self.plan.micro_batch_size
+        loss_sum = torch.zeros((), device=self.device)
+        sends = []
+        with torch.no_grad():
+            for v in range(num_batches):
+                for m in local:
+                    tag = 2 * (v * self.num_microbatches + m)
+                    x, y = (self.data.val_microbatch(v, m, gbs, mbs) if model.is_first or model.is_last
+                            else (None, None))
+                    if model.is_first:
+                        inp = x.to(self.device)
+                    else:
+                        inp = torch.empty(self._act_shape(), device=self.device)
+                        dist.recv(inp, src=self._peer_ranks(role.stage - 1, m)[0], tag=tag, group=self.groups.fwd)
+                    with self.autocast:
+                        out = model(inp, y.to(self.device) if model.is_last else None)
+                    if model.is_last:
+                        if role.tp_rank == 0:
+                            loss_sum += out.float()
+                    elif role.tp_rank == 0:
+                        payload = out.float().contiguous()
+                        for dst in self._peer_ranks(role.stage + 1, m):
+                            sends.append((dist.isend(payload, dst=dst, tag=tag, group=self.groups.fwd), payload))
+        for work, _ in sends:
+            work.wait()
+        dist.all_reduce(loss_sum)
+        return float(loss_sum) / (num_batches * self.num_microbatches)
+
     # ---- checkpoints --------------------------------------------------------
     def save_layers(self, storage: Storage) -> dict:
         """Replica 0 of each stage gathers full tensors over TP; its TP rank 0 writes them."""
@@ -245,7 +344,21 @@ class StageTrainer:
     def meta(self) -> dict:
         return {"step": self.step, "next_sample": self.next_sample, "model": self.spec.name,
                 "plan": self.plan.to_dict(), "optimizer": "adamw",
-                "num_layer_indices": self.spec.num_layer_indices}
+                "num_layer_indices": self.spec.num_layer_indices, **self.recipe_meta()}
+
+    def recipe_meta(self) -> dict:
+        """What a resumed or re-planned job keeps: the schedule and the held-out split."""
+        split = self.data.split
+        return {"recipe": self.recipe.to_dict(),
+                "data": {"num_samples": split.num_samples, "num_val_samples": split.num_val_samples}}
+
+    def load_recipe(self, meta: dict) -> None:
+        """Continue the checkpoint's schedule and keep its held-out split (same file)."""
+        if "recipe" in meta:
+            self.recipe = Recipe.from_dict(meta["recipe"])
+        data = meta.get("data") or {}
+        if data.get("num_samples") == self.data.split.num_samples and "num_val_samples" in data:
+            self.data = self.data.with_held_out(int(data["num_val_samples"]))
 
     def load(self, storage: Storage, info: ckpt.CheckpointInfo) -> None:
         if info.meta.get("model") != self.spec.name:
@@ -272,6 +385,7 @@ class StageTrainer:
                     }
         self.step = self.first_step = info.step
         self.first_sample = int(info.meta["next_sample"])
+        self.load_recipe(info.meta)
 
 
 class _OverlappedAllReduce:

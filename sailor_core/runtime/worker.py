@@ -28,7 +28,13 @@ Rank 0 appends one JSON line per step to ``--metrics-file``:
 (``cpu_time_s``: rank 0's process CPU time in the step, all threads; on CUDA also
 ``peak_memory_bytes``, rank 0's ``torch.cuda.max_memory_allocated`` so far), and a last
 line ``{"event": "done" | "preempted" | "peer_lost" | "error", ...}``; ``peer_lost``
-carries ``dead_ranks`` (from heartbeats through the rendezvous store).
+carries ``dead_ranks`` (from heartbeats through the rendezvous store).  A step after which
+the held-out samples were evaluated (every ``--validate-every`` steps and after the run's
+last step) also carries ``val_loss``.
+
+The recipe (``--lr``, ``--warmup-steps``, ``--min-lr-ratio``, ``--weight-decay``,
+``--grad-clip-norm``: ``runtime/recipe.py``) and the held-out split are written into every
+checkpoint; ``--resume`` continues the checkpoint's, whatever these flags say.
 """
 
 from __future__ import annotations
@@ -45,6 +51,7 @@ from dataclasses import dataclass
 
 from sailor_core import settings
 from sailor_core.runtime import faults
+from sailor_core.runtime.recipe import Recipe, spec_default
 
 EXIT_OK = 0
 EXIT_BAD_INPUT = 2
@@ -58,13 +65,25 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m sailor_core.runtime.worker")
     ap.add_argument("--plan", required=True)
     ap.add_argument("--steps", type=int, required=True, help="total optimizer steps of the job")
-    ap.add_argument("--data", required=True, help=".npy or .bin token file")
+    ap.add_argument("--data", required=True, help=".bin/.u32.bin/.npy token file: a path, file://, s3:// or gs:// URL")
+    ap.add_argument("--data-cache-dir", default=None, help="keep the spans read from object storage here")
+    ap.add_argument("--data-cache-max-bytes", type=int, default=None, help="bound of the cache (default 2 GiB)")
     ap.add_argument("--ckpt-dir", default=None, help="local path, file:// or s3:// URL")
     ap.add_argument("--ckpt-every", type=int, default=0, help="checkpoint every K steps (0: only at the end)")
     ap.add_argument("--keep", type=int, default=2, help="keep the latest K checkpoints")
     ap.add_argument("--resume", action="store_true", help="start from the latest valid checkpoint")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--lr", type=float, default=1e-3)
+    # The recipe (runtime/recipe.py); a resumed run continues its checkpoint's instead.
+    ap.add_argument("--lr", type=float, default=spec_default("learning_rate"), help="peak learning rate")
+    ap.add_argument("--warmup-steps", type=int, default=None, help="default: 5 %% of --steps, rounded up")
+    ap.add_argument("--min-lr-ratio", type=float, default=spec_default("min_lr_ratio"))
+    ap.add_argument("--weight-decay", type=float, default=spec_default("weight_decay"))
+    ap.add_argument("--grad-clip-norm", type=float, default=spec_default("grad_clip_norm"), help="0: no clipping")
+    ap.add_argument("--val-fraction", type=float, default=spec_default("validation_fraction"),
+                    help="the last fraction of the samples, held out (at least one global batch)")
+    ap.add_argument("--validate-every", type=int, default=spec_default("validate_every_steps"),
+                    help="validation loss every K steps and at the last one (0: never)")
+    ap.add_argument("--val-batches", type=int, default=spec_default("validation_batches"))
     ap.add_argument("--metrics-file", default=None)
     ap.add_argument("--timeout-s", type=float, default=60.0, help="collective / rendezvous timeout")
     ap.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: keep default)")
@@ -90,6 +109,7 @@ class _Run:
     plan: object
     spec: object
     data: object
+    recipe: Recipe
     storage: object | None
     metrics: _Metrics
     stop: dict
@@ -134,7 +154,7 @@ def _load_inputs(args, rank: int, world: int, metrics: _Metrics, stop: dict) -> 
     from sailor_core.errors import SailorError
     from sailor_core.plan.layout import world_size
     from sailor_core.plan.types import load_plan
-    from sailor_core.runtime.data import TokenDataset
+    from sailor_core.runtime.data import DEFAULT_CACHE_MAX_BYTES, SpanCache, TokenDataset
     from sailor_core.runtime.model import check_plan_for_engine
     from sailor_core.storage import open_storage
 
@@ -143,8 +163,14 @@ def _load_inputs(args, rank: int, world: int, metrics: _Metrics, stop: dict) -> 
         raise SailorError(f"plan needs {world_size(plan)} ranks but WORLD_SIZE is {world}")
     spec = get_model(plan.model)
     check_plan_for_engine(plan)
-    data = TokenDataset(args.data, plan.effective_seq_len(), spec.vocab_size)
-    return _Run(args=args, rank=rank, plan=plan, spec=spec, data=data, metrics=metrics, stop=stop,
+    recipe = Recipe(total_steps=args.steps, peak_lr=args.lr, warmup_steps=args.warmup_steps,
+                    min_lr_ratio=args.min_lr_ratio, weight_decay=args.weight_decay,
+                    grad_clip_norm=args.grad_clip_norm)
+    cache = (SpanCache(args.data_cache_dir, args.data_cache_max_bytes or DEFAULT_CACHE_MAX_BYTES)
+             if args.data_cache_dir else None)
+    data = TokenDataset(args.data, plan.effective_seq_len(), spec.vocab_size, validation_fraction=args.val_fraction,
+                        min_val_samples=plan.global_batch_size, cache=cache)
+    return _Run(args=args, rank=rank, plan=plan, spec=spec, data=data, recipe=recipe, metrics=metrics, stop=stop,
                 storage=open_storage(args.ckpt_dir) if args.ckpt_dir else None)
 
 
@@ -181,13 +207,15 @@ def _connect(run: _Run, world: int) -> None:
     dist.init_process_group("nccl" if run.device.type == "cuda" else "gloo", store=store, rank=rank,
                             world_size=world, timeout=timeout)
     run.heartbeat = Heartbeat(rank, world, addr, port).start()
-    run.trainer = StageTrainer(plan=plan, spec=run.spec, rank=rank, data=run.data, lr=args.lr,
+    run.trainer = StageTrainer(plan=plan, spec=run.spec, rank=rank, data=run.data, recipe=run.recipe,
                                seed=args.seed, device=run.device, groups=make_groups(plan, rank))
     if args.resume and run.storage is not None:
         info = _agreed_checkpoint(args.ckpt_dir, rank)
         if info is not None:
             run.trainer.load(run.storage, info)
             _log(rank, f"resumed from {info.dirname} (next sample {run.trainer.next_sample})")
+            if run.trainer.recipe != run.recipe:
+                _log(rank, f"continuing the checkpoint's recipe {run.trainer.recipe} (asked: {run.recipe})")
     run.saved_step = run.trainer.step if args.resume else -1
 
 
@@ -250,8 +278,18 @@ def _one_step(run: _Run, status, preempt_file: str | None) -> bool:
               "samples_per_s": gbs / dt, "tokens_per_s": gbs * trainer.seq_len / dt}
     if run.device.type == "cuda":
         record["peak_memory_bytes"] = torch.cuda.max_memory_allocated(run.device)
+    if not stop_any and _validation_due(run):
+        record["val_loss"] = trainer.validate(trainer.data.num_val_batches(run.args.val_batches, gbs))
     run.metrics.write(record)
     return stop_any > 0
+
+
+def _validation_due(run: _Run) -> bool:
+    """Every ``--validate-every`` steps and after the run's last one, when samples are held out
+    (a step that ends on a preemption notice skips it: the checkpoint comes first)."""
+    every, step = run.args.validate_every, run.trainer.step
+    return (every > 0 and run.trainer.data.split.num_val_samples > 0
+            and (step % every == 0 or step == run.args.steps))
 
 
 def _stop_heartbeat(run: _Run, how: str) -> None:

@@ -14,6 +14,7 @@ from sailor_core.runtime import checkpoint as ckpt
 from sailor_core.runtime.trainer import full_params_close
 from sailor_core.runtime.engine_run import final_params
 from sailor_core.runtime.launch import launch_local
+from sailor_core.runtime.recipe import Recipe
 from sailor_core.runtime.reference import train_reference
 from sailor_core.storage import open_storage
 from sailor_core.runtime.faults import BEFORE_COMMIT, FaultConfig, Kill
@@ -56,7 +57,8 @@ def test_preempt_then_resume_under_another_plan(corpus, tmp_path):
                      workdir=tmp_path / "b", timeout_s=240)
     assert b.status == "ok", (b.message, b.stderr_tails)
     assert b.steps == [stop_step + 1, stop_step + 2]
-    ref = train_reference(plan_a, stop_step + 2, str(corpus))
+    # B continues A's schedule (over A's 40 steps), which its checkpoint holds
+    ref = train_reference(plan_a, stop_step + 2, str(corpus), recipe=Recipe(total_steps=40))
     assert a.losses == pytest.approx(ref.losses[:stop_step], abs=1e-5)
     assert b.losses == pytest.approx(ref.losses[stop_step:], abs=1e-5)
     _, params = final_params(url)
@@ -93,7 +95,7 @@ def test_crash_during_save_leaves_previous_checkpoint_usable(corpus, tmp_path):
     assert info.step == 1 and info.meta["next_sample"] == plan.global_batch_size
     # it loads (resuming from a checkpoint is exercised by the preemption test above)
     storage = open_storage(url)
-    ref = train_reference(plan, 1, str(corpus))
+    ref = train_reference(plan, 1, str(corpus), recipe=Recipe(total_steps=4))
     params = {i: ckpt.read_layer(storage, info, i)["params"] for i in ref.params}
     assert full_params_close(params, ref.params) < 2e-5
 
@@ -113,5 +115,5 @@ def test_checkpoint_to_s3_and_resume(corpus, tmp_path, moto_s3):
     b = launch_local(plan_b, 3, data=corpus, ckpt_dir=url, resume=True, workdir=tmp_path / "b",
                      timeout_s=240)
     assert b.status == "ok" and b.steps == [3], (b.message, b.stderr_tails)
-    ref = train_reference(plan, 3, str(corpus))
+    ref = train_reference(plan, 3, str(corpus), recipe=Recipe(total_steps=2))  # the checkpoint's schedule
     assert a.losses + b.losses == pytest.approx(ref.losses, abs=1e-5)
