@@ -111,6 +111,12 @@ def publish_pareto(job_id: str, points: list[tuple[float, float]], chosen: tuple
     )
 
 
+def progress_description(state: JobState) -> str:
+    """The progress artifact's line: step, loss, the last validation loss, attempt."""
+    val = "" if state.last_val_loss is None else f", val loss {state.last_val_loss:.4f}"
+    return f"step {state.steps_done}/{state.spec.steps}, loss {state.last_loss}{val}, attempt {state.attempt}"
+
+
 class ProgressReporter:
     """One progress artifact per flow run, updated as steps complete (throttled by the caller)."""
 

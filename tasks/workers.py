@@ -36,9 +36,11 @@ from sailor_core.job.protocol import (
     read_status,
     write_assignment,
 )
+from sailor_core.job.spec import JobSpec
 from sailor_core.plan.layout import world_size
 from sailor_core.plan.types import plan_from_dict
 from tasks.control import controller_config, controller_state
+from tasks.reporting import progress_description
 
 BUDGET = "budget"  # outcome: the controller stops the job before the budget would be crossed
 REPLAN = "replan"  # outcome: the controller switches plans (shrink to fit the budget, or new capacity)
@@ -73,6 +75,17 @@ class Assignment:
     address: str  # where its processes are reached from the other instances
 
 
+def recipe_worker_args(spec: JobSpec) -> list[str]:
+    """The job's training recipe and validation as the engine's worker flags (``runtime/worker.py``)."""
+    args = ["--lr", repr(spec.learning_rate), "--min-lr-ratio", repr(spec.min_lr_ratio),
+            "--weight-decay", repr(spec.weight_decay), "--grad-clip-norm", repr(spec.grad_clip_norm),
+            "--val-fraction", repr(spec.validation_fraction), "--validate-every", str(spec.validate_every_steps),
+            "--val-batches", str(spec.validation_batches)]
+    if spec.warmup_steps is not None:
+        args += ["--warmup-steps", str(spec.warmup_steps)]
+    return args
+
+
 def assignment_doc(state: js.JobState, a: Assignment, *, master: Assignment, master_port: int,
                    data_url: str, worker_args: Sequence[str], env: dict[str, str]) -> AgentAssignment:
     plan = state.plan or {}
@@ -81,7 +94,8 @@ def assignment_doc(state: js.JobState, a: Assignment, *, master: Assignment, mas
         plan=plan, ranks=tuple(a.node.ranks), world_size=world_size(plan_from_dict(plan)),
         master_addr=master.address, master_port=master_port, steps=state.spec.steps,
         data=data_url, ckpt_url=state.spec.checkpoint_url, ckpt_every=state.spec.checkpoint_every_steps,
-        resume=True, seed=state.spec.seed, extra_worker_args=tuple(worker_args), env=env,
+        resume=True, seed=state.spec.seed, extra_worker_args=(*recipe_worker_args(state.spec), *worker_args),
+        env=env,
     )
 
 
@@ -105,6 +119,7 @@ def assign(session, state: js.JobState, assignments: Sequence[Assignment], *, da
 
 def _merge_progress(state: js.JobState, statuses: dict[str, AgentStatus | None], generation: int) -> js.JobState:
     losses: list[tuple[int, float]] = []
+    val_losses: list[tuple[int, float]] = []
     step = state.steps_done
     reports = [st for st in statuses.values() if st] + [st.previous for st in statuses.values()
                                                          if st and st.previous]
@@ -114,11 +129,12 @@ def _merge_progress(state: js.JobState, statuses: dict[str, AgentStatus | None],
     for st in sorted(reports, key=lambda r: r.generation):
         if -1 < st.generation <= generation:
             losses += st.losses
+            val_losses += st.val_losses
             if st.step is not None:
                 step = max(step, st.step)
     if not losses and step == state.steps_done:
         return state
-    return js.with_progress(state, steps_done=step, losses=losses)
+    return js.with_progress(state, steps_done=step, losses=losses, val_losses=val_losses)
 
 
 def preemption_for_attempt(state: js.JobState) -> int | None:
@@ -195,9 +211,7 @@ def watch_attempt(session, store: js.JobStore, state: js.JobState, assignments: 
             if progress is not None and (now - last_progress > PROGRESS_EVERY_S
                                          or state.steps_done >= state.spec.steps):
                 last_progress = now
-                progress.update(state.steps_done, state.spec.steps,
-                                f"step {state.steps_done}/{state.spec.steps}, loss {state.last_loss}, "
-                                f"attempt {state.attempt}")
+                progress.update(state.steps_done, state.spec.steps, progress_description(state))
         if now - last_save > SAVE_EVERY_S:
             store.save(state)
             last_save = now

@@ -6,8 +6,10 @@ Prefect, torch and the clouds are imported inside the command bodies, after
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import time
+from pathlib import Path
 from typing import Optional
 
 import typer
@@ -71,6 +73,8 @@ def register(app: typer.Typer) -> None:
         row["status_reason"] = state.status_reason
         row["last_checkpoint_step"] = state.last_checkpoint_step
         row["final_loss"] = state.last_loss
+        row["val_loss"] = state.last_val_loss
+        row["val_loss_step"] = state.val_losses[-1][0] if state.val_losses else None
         row["replans"] = [{"attempt": r.attempt, "at_step": r.at_step, "reason": r.reason,
                            "usd_per_hr": r.usd_per_hr} for r in state.replans]
         by_instance = state.ledger().by_instance(time.time())
@@ -82,8 +86,9 @@ def register(app: typer.Typer) -> None:
             return
         out = console()
         out.print(f"[bold]{state.job_id}[/bold] {state.spec.model}: {state.status} {state.status_reason}")
+        val = "" if row["val_loss"] is None else f", val loss {row['val_loss']:.4f} (step {row['val_loss_step']})"
         out.print(f"steps {state.steps_done}/{state.spec.steps}, last checkpoint {state.last_checkpoint_step}, "
-                  f"loss {state.last_loss}, spent {row['usd_spent']:.4f} of {state.spec.budget_usd:.2f} USD")
+                  f"loss {state.last_loss}{val}, spent {row['usd_spent']:.4f} of {state.spec.budget_usd:.2f} USD")
         for r in row["replans"]:
             out.print(f"  attempt {r['attempt']} from step {r['at_step']}: {r['reason']} "
                       f"({r['usd_per_hr']:.3f} USD/h)")
@@ -112,6 +117,7 @@ def train(
         raise InputError(f"--max-gpus-per-zone must be at least 1, got {max_gpus_per_zone}")
     if cloud not in ("auto", "embedded", "real"):
         raise InputError(f"--cloud must be auto, embedded or real, got {cloud!r}")
+    spec = _with_local_data_resolved(spec)
     params = {**spec_parameters(spec), "job_id": job_id, "cloud": cloud, "max_gpus_per_zone": max_gpus_per_zone}
     out = console()
     if not as_json and not deployment and would_start_server():
@@ -137,6 +143,19 @@ def train(
         _print_summary(summary)
     if summary.get("status") not in ("succeeded", "stopped_budget"):
         raise typer.Exit(1)
+
+
+def _with_local_data_resolved(spec: JobSpec) -> JobSpec:
+    """A local ``--data`` file must exist, and the job keeps its absolute path (its workers and a
+    later ``--job-id`` run start elsewhere)."""
+    from sailor_core.errors import InputError
+
+    if spec.dataset == "synthetic" or "://" in spec.dataset:
+        return spec
+    path = Path(spec.dataset).expanduser()
+    if not path.is_file():
+        raise InputError(f"--data {spec.dataset!r}: no such file")
+    return dataclasses.replace(spec, dataset=str(path.resolve()))
 
 
 def _job_row(state) -> dict:

@@ -13,7 +13,9 @@ documents under the job's URL (a path, ``file://`` or ``s3://``: ``sailor_core.s
 
 This module is the only one that turns these documents into JSON and back: every document
 carries ``version``; reading one of another version, or one that is not a document of this
-protocol, raises ``ProtocolError`` with a one-line message.  The workers' metrics lines the
+protocol, raises ``ProtocolError`` with a one-line message.  A field added later is optional
+and read with its default when missing (``AgentStatus.val_losses``), and readers ignore keys
+they do not know, so such an addition keeps the version.  The workers' metrics lines the
 agent forwards (``--metrics-file``, one JSON object a line) are read here too
 (``read_metrics_line``).  The embedded cloud runs the agent from the same checkout as the
 flow, so both sides always speak the same version; a real instance's image must hold the
@@ -229,11 +231,13 @@ class WorkerEvent:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StepReport:
-    """A step line of rank 0's metrics file (``{"step", "loss", "samples_per_s", ...}``)."""
+    """A step line of rank 0's metrics file (``{"step", "loss", "samples_per_s", ...}``; ``val_loss``
+    after a step that ran the validation)."""
 
     step: int
     loss: float
     samples_per_s: float | None = None
+    val_loss: float | None = None
 
 
 def read_metrics_line(line: bytes | str) -> StepReport | WorkerEvent | None:
@@ -248,9 +252,10 @@ def read_metrics_line(line: bytes | str) -> StepReport | WorkerEvent | None:
         if "event" in record:
             return WorkerEvent.from_dict(record)
         if "step" in record and "loss" in record:
-            rate = record.get("samples_per_s")
+            rate, val = record.get("samples_per_s"), record.get("val_loss")
             return StepReport(step=int(record["step"]), loss=float(record["loss"]),
-                              samples_per_s=None if rate is None else float(rate))
+                              samples_per_s=None if rate is None else float(rate),
+                              val_loss=None if val is None else float(val))
     except (ProtocolError, TypeError, ValueError):
         return None
     return None
@@ -342,6 +347,7 @@ class AgentStatus:
     log_dir: str | None = None  # the workers' logs (rank<R>.log), on the instance
     step: int | None = None  # the last step rank 0 reported
     losses: tuple[tuple[int, float], ...] = ()  # (step, loss) as rank 0 reported them, the last MAX_LOSSES
+    val_losses: tuple[tuple[int, float], ...] = ()  # (step, validation loss after it), as rank 0 reported them
     samples_per_s: float | None = None
     event: WorkerEvent | None = None  # rank 0's last event line
     injected_preemption: InjectionReport | None = None
@@ -355,6 +361,7 @@ class AgentStatus:
             "exit_codes": {str(r): c for r, c in sorted(self.exit_codes.items())},
             "pids": {str(r): p for r, p in sorted(self.pids.items())},
             "log_dir": self.log_dir, "step": self.step, "losses": [[s, v] for s, v in self.losses],
+            "val_losses": [[s, v] for s, v in self.val_losses],
             "samples_per_s": self.samples_per_s, "event": self.event.to_dict() if self.event else None,
             "injected_preemption": self.injected_preemption.to_dict() if self.injected_preemption else None,
             "previous": self.previous.to_dict() if self.previous else None,
@@ -374,6 +381,7 @@ class AgentStatus:
             log_dir=_get(data, "log_dir", _str, what, None),
             step=_get(data, "step", _int, what, None),
             losses=_get(data, "losses", _losses, what, ()),
+            val_losses=_get(data, "val_losses", _losses, what, ()),
             samples_per_s=_get(data, "samples_per_s", _float, what, None),
             event=_get(data, "event", WorkerEvent.from_dict, what, None),
             injected_preemption=_get(data, "injected_preemption", InjectionReport.from_dict, what, None),

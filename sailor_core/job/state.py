@@ -95,6 +95,7 @@ class JobState:
     last_checkpoint_step: int | None = None
     last_loss: float | None = None
     losses: tuple[tuple[int, float], ...] = ()  # (step, loss) as reported by rank 0
+    val_losses: tuple[tuple[int, float], ...] = ()  # (step, validation loss after it) as reported by rank 0
     replans: tuple[ReplanRecord, ...] = ()
     num_preemptions: int = 0
     injected_preemption_steps: tuple[int, ...] = ()  # --preempt-at steps already injected
@@ -102,6 +103,10 @@ class JobState:
     created_unix_s: float = field(default_factory=time.time)
     updated_unix_s: float = field(default_factory=time.time)
     version: int = STATE_VERSION
+
+    @property
+    def last_val_loss(self) -> float | None:
+        return self.val_losses[-1][1] if self.val_losses else None
 
     @property
     def finished(self) -> bool:
@@ -218,12 +223,11 @@ def with_injected_preemption(state: JobState, step: int) -> JobState:
 
 def with_progress(state: JobState, *, steps_done: int | None = None,
                   last_checkpoint_step: int | None = None,
-                  losses: list[tuple[int, float]] | tuple[tuple[int, float], ...] = ()) -> JobState:
-    """Record progress; losses of re-done steps replace the earlier ones (same step, same samples)."""
-    by_step = dict(state.losses)
-    by_step.update((int(s), float(v)) for s, v in losses)
-    merged = tuple(sorted(by_step.items()))
-    changes: dict[str, Any] = {"losses": merged}
+                  losses: list[tuple[int, float]] | tuple[tuple[int, float], ...] = (),
+                  val_losses: list[tuple[int, float]] | tuple[tuple[int, float], ...] = ()) -> JobState:
+    """Record progress; (validation) losses of re-done steps replace the earlier ones (same step, same samples)."""
+    merged = _merge_by_step(state.losses, losses)
+    changes: dict[str, Any] = {"losses": merged, "val_losses": _merge_by_step(state.val_losses, val_losses)}
     if merged:
         changes["last_loss"] = merged[-1][1]
     if steps_done is not None:
@@ -231,6 +235,12 @@ def with_progress(state: JobState, *, steps_done: int | None = None,
     if last_checkpoint_step is not None:
         changes["last_checkpoint_step"] = last_checkpoint_step
     return _touch(state, **changes)
+
+
+def _merge_by_step(old, new) -> tuple[tuple[int, float], ...]:
+    by_step = dict(old)
+    by_step.update((int(s), float(v)) for s, v in new)
+    return tuple(sorted(by_step.items()))
 
 
 # ---- serialisation -----------------------------------------------------------
@@ -256,6 +266,7 @@ def state_from_dict(data: Any) -> JobState:
                 "instances": tuple(InstanceRecord(**i) for i in data["instances"]),
                 "replans": tuple(ReplanRecord(**r) for r in data["replans"]),
                 "losses": tuple((int(s), float(v)) for s, v in data["losses"]),
+                "val_losses": tuple((int(s), float(v)) for s, v in data.get("val_losses", ())),
                 "injected_preemption_steps": tuple(int(s) for s in data.get("injected_preemption_steps", ())),
             }
         )

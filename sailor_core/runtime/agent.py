@@ -83,10 +83,12 @@ def post_preemption(control_url: str, instance_id: str, timeout_s: float = 10.0)
 
 
 def worker_command(assignment: AgentAssignment, plan_path: Path, metrics_path: Path,
-                   python: str = sys.executable) -> list[str]:
+                   python: str = sys.executable, data_cache_dir: Path | None = None) -> list[str]:
     """The engine's worker command line (``sailor_core/runtime/worker.py``), or with ``module`` in the
     assignment another of Sailor's jobs on the same instances (the network profiler's
-    ``sailor_core.profiler.net_worker``): ``python -m MODULE --metrics-file PATH`` + extra_worker_args."""
+    ``sailor_core.profiler.net_worker``): ``python -m MODULE --metrics-file PATH`` + extra_worker_args.
+    ``data_cache_dir``: where the workers keep what they read of remote data (every generation's
+    workers on this instance share it)."""
     if assignment.module:
         return [python, "-m", assignment.module, "--metrics-file", str(metrics_path),
                 *assignment.extra_worker_args]
@@ -102,6 +104,8 @@ def worker_command(assignment: AgentAssignment, plan_path: Path, metrics_path: P
     ]
     if assignment.resume:
         cmd.append("--resume")
+    if data_cache_dir is not None:
+        cmd += ["--data-cache-dir", str(data_cache_dir)]
     cmd += assignment.extra_worker_args
     return cmd
 
@@ -117,6 +121,7 @@ class _Generation:
     log_dir: Path | None = None
     metrics_offset: int = 0
     losses: list[tuple[int, float]] = field(default_factory=list)  # (step, loss) as rank 0 reported them
+    val_losses: list[tuple[int, float]] = field(default_factory=list)  # (step, validation loss)
     last_event: WorkerEvent | None = None
     samples_per_s: float | None = None
     inject: InjectPreemption | None = None  # the assignment's, until posted
@@ -161,7 +166,8 @@ class Agent:
         gen.log_dir = log_dir
         plan_path = log_dir / "plan.json"
         plan_path.write_text(json.dumps(dict(assignment.plan)))
-        cmd = worker_command(assignment, plan_path, log_dir / "metrics.jsonl")
+        cmd = worker_command(assignment, plan_path, log_dir / "metrics.jsonl",
+                             data_cache_dir=self.work_dir / "data-cache")
         for local_rank, rank in enumerate(assignment.ranks):
             log = open(log_dir / f"rank{rank}.log", "ab")
             # Same process group as the agent: a preemption's SIGTERM reaches the workers.
@@ -207,6 +213,8 @@ class Agent:
                 gen.last_event = record
             elif isinstance(record, StepReport):
                 gen.losses.append((record.step, record.loss))
+                if record.val_loss is not None:
+                    gen.val_losses.append((record.step, record.val_loss))
                 gen.samples_per_s = record.samples_per_s
 
     def _maybe_inject(self, gen: _Generation) -> None:
@@ -253,6 +261,7 @@ class Agent:
             log_dir=str(gen.log_dir) if gen.log_dir else None,
             step=gen.losses[-1][0] if gen.losses else None,
             losses=tuple((step, loss) for step, loss in gen.losses[-MAX_LOSSES:]),
+            val_losses=tuple(gen.val_losses[-MAX_LOSSES:]),
             samples_per_s=gen.samples_per_s,
             event=gen.last_event,
             injected_preemption=gen.injected,

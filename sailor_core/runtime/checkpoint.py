@@ -4,7 +4,9 @@ Layout under the checkpoint URL::
 
     step_00000012/layer_0000.pt    full (unsharded) params + AdamW state of layer index 0
     step_00000012/...              one file per layer index
-    step_00000012/meta.json        step, next global sample, model, seed, plan it was written under
+    step_00000012/meta.json        step, next global sample, model, plan it was written under, the
+                                   training recipe (``recipe``: LR schedule, weight decay, clipping) and
+                                   the held-out split (``data``), which a resume continues
     step_00000012/MANIFEST.json    sha256 and size of every file above; written LAST, atomically
 
 A step directory without a manifest, or whose files do not match it, is not a
