@@ -29,6 +29,7 @@ _COMMAND_MODULES = (
     "flows.cli.plan",
     "flows.cli.cloud",
     "flows.cli.engine",
+    "flows.cli.data",
     "flows.cli.train",
     "flows.cli.replay",
 )

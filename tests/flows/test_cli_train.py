@@ -28,6 +28,12 @@ def home(tmp_path, monkeypatch):
     (["--budget-usd", "1", "--max-gpus-per-zone", "0"], "--max-gpus-per-zone must be at least 1"),
     (["--budget-usd", "1", "--cloud", "moon"], "--cloud must be auto, embedded or real"),
     (["--budget-usd", "1", "--objective", "fast"], "--objective must be throughput or cost"),
+    (["--budget-usd", "1", "--data", "nowhere/tokens.bin"], "--data 'nowhere/tokens.bin': no such file"),
+    (["--budget-usd", "1", "--dataset", "corpus.txt"], "--dataset must name a .bin, .u32.bin or .npy"),  # hidden alias
+    (["--budget-usd", "1", "--data", "ftp://host/t.bin"], "--data must be a path, file://, s3:// or gs://"),
+    (["--budget-usd", "1", "--lr", "0"], "--lr must be positive"),
+    (["--budget-usd", "1", "--min-lr-ratio", "2"], "--min-lr-ratio must be in [0, 1]"),
+    (["--budget-usd", "1", "--val-fraction", "0"], "--validate-every needs held-out samples"),
 ])
 def test_train_rejects_bad_arguments_in_one_line(home, sailor_cli, args, needle):
     r = sailor_cli("train", *args)
@@ -61,6 +67,14 @@ def test_jobs_and_status_read_the_persisted_states(home, sailor_cli):
     detail = json.loads(r.stdout)
     assert [r["reason"] for r in detail["replans"]] == ["start: 1xT4@us-east-1a", "preempted: i-1 at step 4"]
     assert detail["instances"][0]["end_reason"] == "preempted"
+
+    s = js.with_progress(s, steps_done=10, losses=[(9, 5.5), (10, 5.4)], val_losses=[(5, 5.9), (10, 5.6)])
+    store.save(s)
+    r = sailor_cli("status", "tiny-abc", "--json")
+    detail = json.loads(r.stdout)
+    assert detail["final_loss"] == 5.4 and detail["val_loss"] == 5.6 and detail["val_loss_step"] == 10
+    r = sailor_cli("status", "tiny-abc")
+    assert r.returncode == 0 and "val loss 5.6000 (step 10)" in r.stdout, r.stdout
 
     r = sailor_cli("status", "nope")
     assert r.returncode != 0 and r.stderr.strip() == f"error: no job 'nope' under {home / 'jobs'}"

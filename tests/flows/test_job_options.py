@@ -88,3 +88,42 @@ def test_a_spec_normalises_what_json_gives_it():
     assert dataclasses.replace(spec) == spec
     assert spec.for_job("/jobs/j").checkpoint_url == "/jobs/j/checkpoints"
     assert JobSpec(budget_usd=1.0, checkpoint_url="s3://b/c").for_job("/jobs/j").checkpoint_url == "s3://b/c"
+
+
+def test_data_and_the_recipe_reach_the_flow_and_the_workers(sailor_cli, monkeypatch, tmp_path):
+    import flows.cli.prefect_server as prefect_server
+    import flows.cli.train as cli_train
+    from tasks.workers import recipe_worker_args
+
+    seen = {}
+    monkeypatch.setattr(prefect_server, "configure_prefect_env", lambda **kw: None)
+    monkeypatch.setattr(cli_train, "_run_local", lambda params, *, show: seen.update(params) or {"status": "succeeded"})
+    tokens = tmp_path / "tokens.bin"
+    tokens.write_bytes(b"\0" * 64)
+    r = sailor_cli("train", "--budget-usd", "1", "--dataset", str(tokens), "--lr", "3e-4", "--warmup-steps", "4",
+                   "--min-lr-ratio", "0.05", "--weight-decay", "0.01", "--grad-clip-norm", "0.5",
+                   "--val-fraction", "0.02", "--validate-every", "7", "--val-batches", "3", "--json")
+    assert r.returncode == 0, r.stderr
+    spec = JobSpec(**{k: v for k, v in seen.items() if k not in RUN_ONLY})
+    assert spec.dataset == str(tokens.resolve())  # --dataset: the hidden alias of --data
+    args = recipe_worker_args(spec)
+    flags = dict(zip(args[::2], args[1::2]))
+    assert flags == {"--lr": "0.0003", "--warmup-steps": "4", "--min-lr-ratio": "0.05", "--weight-decay": "0.01",
+                     "--grad-clip-norm": "0.5", "--val-fraction": "0.02", "--validate-every": "7",
+                     "--val-batches": "3"}
+    # the worker understands every flag the flow passes
+    from sailor_core.runtime.worker import parse_args
+
+    worker = parse_args(["--plan", "p", "--steps", "9", "--data", "d", *args])
+    assert (worker.lr, worker.warmup_steps, worker.validate_every) == (3e-4, 4, 7)
+    assert "--warmup-steps" not in recipe_worker_args(JobSpec(budget_usd=1))  # the worker's default: 5 % of steps
+
+
+def test_the_workers_defaults_are_the_jobs():
+    from sailor_core.runtime.worker import parse_args
+    from tasks.workers import recipe_worker_args
+
+    spec = JobSpec(budget_usd=1)
+    default = parse_args(["--plan", "p", "--steps", "9", "--data", "d"])
+    given = parse_args(["--plan", "p", "--steps", "9", "--data", "d", *recipe_worker_args(spec)])
+    assert vars(default) == vars(given)

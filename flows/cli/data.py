@@ -1,0 +1,222 @@
+"""``sailor data prepare``: the user's text files -> a flat token file the engine reads.
+
+Each input file is one document, tokenised with the user's Hugging Face ``tokenizer.json``
+(the ``tokenizers`` library, no special tokens added) and followed by the tokenizer's
+end-of-text token when it has one (``--eos-token`` names another), so the model sees where
+documents end.  The output is what ``sailor_core.runtime.data`` reads: raw little-endian
+``uint16`` (``.bin``) when every id fits, ``uint32`` (``.u32.bin``) otherwise, or ``.npy``.
+Files are read in blocks cut at line ends and tokenised a batch of blocks at a time, line by
+line, so a large corpus never sits in memory whole.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from flows.cli.common import console, print_json
+from sailor_core.errors import InputError
+
+BLOCK_BYTES = 64 << 10  # one encode input, cut at a line end
+BATCH_BLOCKS = 64  # blocks per encode_batch call (the tokenizer spreads them over its threads)
+UINT16_IDS = 1 << 16
+# End-of-document tokens of common tokenizers, most specific first (GPT-2/NeoX, Llama 3, Llama 2/T5, Gemma).
+EOS_CANDIDATES = ("<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>", "<|eos|>")
+
+data_app = typer.Typer(help="Prepare training data.", no_args_is_help=True)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Prepared:
+    path: Path
+    num_tokens: int
+    vocab_size: int
+    dtype: str  # "uint16" or "uint32"
+    eos_id: int | None
+    num_documents: int
+
+    def to_dict(self) -> dict:
+        return {"file": str(self.path), "tokens": self.num_tokens, "vocab_size": self.vocab_size,
+                "dtype": self.dtype, "eos_id": self.eos_id, "documents": self.num_documents}
+
+
+def load_tokenizer(path: Path):
+    if not path.is_file():
+        raise InputError(f"tokenizer file {str(path)!r} does not exist")
+    from tokenizers import Tokenizer  # lazy: the Rust extension, only for this command
+
+    try:
+        return Tokenizer.from_file(str(path))
+    except Exception as exc:  # the library raises a bare Exception on a malformed file
+        detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise InputError(f"cannot read tokenizer {str(path)!r}: {detail}") from None
+
+
+def eos_id(tokenizer, eos_token: str | None) -> int | None:
+    """The id that ends each document: ``eos_token``'s, else the first of EOS_CANDIDATES the
+    tokenizer knows, else None (documents are then simply concatenated)."""
+    if eos_token is not None:
+        found = tokenizer.token_to_id(eos_token)
+        if found is None:
+            raise InputError(f"--eos-token {eos_token!r} is not in the tokenizer's vocabulary")
+        return found
+    return next((i for t in EOS_CANDIDATES if (i := tokenizer.token_to_id(t)) is not None), None)
+
+
+def output_path(out: Path, vocab_size: int) -> tuple[Path, str]:
+    """Where the tokens go and as what: ``.bin`` holds uint16 ids, so a larger vocabulary writes
+    ``<name>.u32.bin`` beside it."""
+    fits = vocab_size <= UINT16_IDS
+    if out.name.endswith(".u32.bin"):
+        return out, "uint32"
+    if out.suffix == ".bin":
+        return (out, "uint16") if fits else (out.with_name(out.name[: -len(".bin")] + ".u32.bin"), "uint32")
+    if out.suffix == ".npy":
+        return out, "uint16" if fits else "uint32"
+    raise InputError(f"--out {str(out)!r} must end in .bin, .u32.bin or .npy")
+
+
+def _blocks(path: Path) -> Sequence[tuple[str, int]]:
+    """(text, bytes) blocks of a UTF-8 file, each cut after a line end (the last one at the end)."""
+    with open(path, "rb") as fh:
+        rest, offset = b"", 0
+        while True:
+            data = fh.read(BLOCK_BYTES)
+            buf = rest + data
+            cut = buf.rfind(b"\n") + 1 if data else len(buf)
+            if cut == 0 and data:
+                cut = len(buf) if len(buf) > 16 * BLOCK_BYTES else 0  # one very long line: cut anyway
+            block, rest = buf[:cut], buf[cut:]
+            if block:
+                try:
+                    text = block.decode("utf-8")
+                except UnicodeDecodeError as exc:
+                    raise InputError(f"input {str(path)!r} is not UTF-8 text (byte {offset + exc.start})") from None
+                yield text, len(block)
+                offset += len(block)
+            if not data:
+                return
+
+
+def prepare(inputs: Sequence[Path], tokenizer_path: Path, out: Path, *, eos_token: str | None = None,
+            on_progress: Callable[[int, int], None] | None = None) -> Prepared:
+    """Tokenise ``inputs`` (one document each) into ``out``; ``on_progress(files_done, bytes_done)``."""
+    import numpy as np  # lazy: only this command needs it
+
+    if not inputs:
+        raise InputError("no input files: name them with --input")
+    for path in inputs:
+        if not path.is_file():
+            raise InputError(f"input file {str(path)!r} does not exist")
+    tokenizer = load_tokenizer(tokenizer_path)
+    vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
+    eos = eos_id(tokenizer, eos_token)
+    path, dtype = output_path(out, vocab_size)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    num_tokens, num_eos, bytes_done = 0, 0, 0  # text tokens, document ends, input bytes read
+    try:
+        with open(tmp, "wb") as fh:
+            for files_done, src in enumerate(inputs, 1):
+                batch: list[tuple[str, int]] = []
+                for block in _blocks(src):
+                    batch.append(block)
+                    if len(batch) == BATCH_BLOCKS:
+                        num_tokens += _write(fh, tokenizer, [t for t, _ in batch], dtype, np)
+                        bytes_done += sum(n for _, n in batch)
+                        batch = []
+                        if on_progress:
+                            on_progress(files_done - 1, bytes_done)
+                num_tokens += _write(fh, tokenizer, [t for t, _ in batch], dtype, np)
+                bytes_done += sum(n for _, n in batch)
+                if eos is not None:
+                    np.asarray([eos], dtype="<u4" if dtype == "uint32" else "<u2").tofile(fh)
+                    num_eos += 1
+                if on_progress:
+                    on_progress(files_done, bytes_done)
+        if num_tokens == 0:
+            raise InputError("no tokens: the input files hold no text")
+        num_tokens += num_eos
+        if path.suffix == ".npy":
+            _raw_to_npy(tmp, num_tokens, dtype, np)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return Prepared(path=path, num_tokens=num_tokens, vocab_size=vocab_size, dtype=dtype, eos_id=eos,
+                    num_documents=len(inputs))
+
+
+def _write(fh, tokenizer, texts: list[str], dtype: str, np) -> int:
+    if not texts:
+        return 0
+    # Line by line: the same ids up to where whitespace runs cross a line end, and about twice
+    # as fast as whole blocks (shorter inputs for BPE's merges).
+    lines = [line for text in texts for line in text.splitlines(keepends=True)]
+    ids = [i for enc in tokenizer.encode_batch_fast(lines, add_special_tokens=False) for i in enc.ids]
+    np.asarray(ids, dtype="<u4" if dtype == "uint32" else "<u2").tofile(fh)
+    return len(ids)
+
+
+def _raw_to_npy(tmp: Path, num_tokens: int, dtype: str, np) -> None:
+    """Put a .npy header in front of the raw ids (the count is known only at the end)."""
+    import shutil  # lazy: with numpy, for this command only
+
+    header_tmp = tmp.with_name(tmp.name + ".npy")
+    with open(header_tmp, "wb") as out, open(tmp, "rb") as raw:
+        np.lib.format.write_array_header_1_0(out, {"descr": "<u4" if dtype == "uint32" else "<u2",
+                                                   "fortran_order": False, "shape": (num_tokens,)})
+        shutil.copyfileobj(raw, out, 16 << 20)
+    os.replace(header_tmp, tmp)
+
+
+@data_app.command("prepare")
+def prepare_cmd(
+    inputs: Optional[list[Path]] = typer.Option(None, "--input", "-i",
+                                               help="text files (UTF-8), one document each; more may follow"),
+    more_inputs: Optional[list[Path]] = typer.Argument(None, help="more text files", show_default=False),
+    tokenizer: Path = typer.Option(..., "--tokenizer", help="the model's Hugging Face tokenizer.json"),
+    out: Path = typer.Option(..., "--out", "-o",
+                             help="tokens.bin (uint16 ids; NAME.u32.bin when the vocabulary needs 32 bits), "
+                                  "tokens.u32.bin or tokens.npy"),
+    eos_token: Optional[str] = typer.Option(
+        None, "--eos-token", help="the token that ends each document (default: the tokenizer's end-of-text token)"),
+    as_json: bool = typer.Option(False, "--json", help="print the result as JSON"),
+) -> None:
+    """Tokenise text files into a token file for `sailor train --data` (a path, or upload it to s3:// or gs://)."""
+    files = [*(inputs or []), *(more_inputs or [])]
+    total_bytes = sum(p.stat().st_size for p in files if p.is_file())
+    with _progress(len(files), total_bytes, show=not as_json and sys.stderr.isatty()) as on_progress:
+        result = prepare(files, tokenizer, out, eos_token=eos_token, on_progress=on_progress)
+    if as_json:
+        print_json(result.to_dict())
+        return
+    eos = "no end-of-text token" if result.eos_id is None else f"documents end with id {result.eos_id}"
+    docs = f"{result.num_documents} document" + ("s" if result.num_documents != 1 else "")
+    console().print(f"wrote {result.num_tokens:,} tokens ({docs}, {eos}; "
+                    f"vocabulary {result.vocab_size:,}, {result.dtype}) to {result.path}")
+
+
+@contextlib.contextmanager
+def _progress(num_files: int, total_bytes: int, *, show: bool) -> Iterator[Callable[[int, int], None] | None]:
+    """A Rich bar on stderr, files done and bytes read (``None`` when ``show`` is off: not a terminal)."""
+    if not show:
+        yield None
+        return
+    from rich.console import Console
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
+
+    with Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TimeRemainingColumn(),
+                  console=Console(stderr=True), transient=True) as bar:
+        task = bar.add_task(f"files 0/{num_files}", total=total_bytes or None)
+        yield lambda files, done: bar.update(task, completed=done, description=f"files {files}/{num_files}")
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(data_app, name="data")
