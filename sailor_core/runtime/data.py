@@ -160,16 +160,18 @@ def _first_line(exc: BaseException) -> str:
 
 
 class SpanCache:
-    """Byte spans of remote files kept on local disk, at most ``max_bytes`` in all (oldest used go first).
+    """Byte spans of remote files kept on local disk within ``max_bytes`` (least recently used go first).
 
     One directory per source (URL and size); a span is a file named ``<start>-<end>``,
-    written aside and renamed, so the ranks of one instance can share the cache.  A span is
-    served from any cached span that contains it.
+    written aside and renamed, so the ranks of one instance can share the cache (each evicts
+    by its own count of what is there, so the sum can pass the bound by what the others added
+    since they last counted).  A span is served from any cached span that contains it.
     """
 
     def __init__(self, root: str | Path, max_bytes: int = DEFAULT_CACHE_MAX_BYTES) -> None:
         self.root = Path(root)
         self.max_bytes = max_bytes
+        self._estimate_bytes: int | None = None  # what is there, as this process last counted it plus its puts
 
     def for_source(self, source_id: str) -> _SourceCache:
         name = hashlib.sha256(source_id.encode()).hexdigest()[:20]
@@ -189,6 +191,15 @@ class SpanCache:
                 out.append((st.st_mtime, st.st_size, path))
         return out
 
+    def added(self, num_bytes: int) -> None:
+        """Note a new span; past the bound, evict (the ranks sharing the cache each evict by their count)."""
+        if self._estimate_bytes is None:
+            self._estimate_bytes = self.total_bytes()
+        else:
+            self._estimate_bytes += num_bytes
+        if self._estimate_bytes > self.max_bytes:
+            self.evict()
+
     def evict(self) -> None:
         """Delete the least recently used spans until the cache is within 90 % of its bound."""
         files = sorted(self._files())
@@ -198,6 +209,7 @@ class SpanCache:
                 break
             path.unlink(missing_ok=True)
             total -= size
+        self._estimate_bytes = total
 
 
 class _SourceCache:
@@ -206,7 +218,6 @@ class _SourceCache:
         self.dir.mkdir(parents=True, exist_ok=True)
         self.spans = sorted((int(m.group(1)), int(m.group(2))) for name in os.listdir(self.dir)
                             if (m := _SPAN_FILE.match(name)))
-        self.added_bytes = 0
 
     def get(self, start: int, end: int) -> bytes | None:
         i = bisect.bisect_right(self.spans, (start, math.inf))
@@ -238,10 +249,7 @@ class _SourceCache:
             tmp.unlink(missing_ok=True)
             return
         bisect.insort(self.spans, (start, end))
-        self.added_bytes += len(data)
-        if self.added_bytes > self.cache.max_bytes // 10:
-            self.added_bytes = 0
-            self.cache.evict()
+        self.cache.added(len(data))
 
 
 # ---- samples -------------------------------------------------------------------------------------

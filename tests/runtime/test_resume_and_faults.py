@@ -41,28 +41,37 @@ def _sigterm_rank_after_step(rank: int, step: int):
 
 
 def test_preempt_then_resume_under_another_plan(corpus, tmp_path):
+    """Preempted in the middle of the warm-up, resumed under another plan with other recipe flags:
+    the run continues the checkpoint's schedule exactly, on the same samples."""
     url = str(tmp_path / "ck")
     plan_a = make_plan("tiny", [(0, 3, [1]), (3, 4, [1, 1])])
     a = launch_local(plan_a, 40, data=corpus, ckpt_dir=url, workdir=tmp_path / "a", timeout_s=240,
-                     on_started=_sigterm_rank_after_step(2, 2))
+                     on_started=_sigterm_rank_after_step(2, 2),
+                     worker_args=("--warmup-steps", "20", "--validate-every", "100"))
     assert a.status == "preempted", (a.message, a.stderr_tails)
     assert set(a.exit_codes.values()) == {EXIT_PREEMPTED}
     stop_step = a.steps[-1]
-    assert 2 <= stop_step < 40
+    assert 2 <= stop_step < 20  # inside the warm-up
     assert ckpt.latest_valid_checkpoint(url).step == stop_step
+    assert a.val_losses == {}  # a step ending on a preemption notice checkpoints instead
 
-    # plan B: other stage boundaries, DP and TP degrees
+    # plan B: other stage boundaries, DP and TP degrees, and flags the checkpoint overrides
     plan_b = make_plan("tiny", [(0, 1, [2]), (1, 4, [1])])
     b = launch_local(plan_b, stop_step + 2, data=corpus, ckpt_dir=url, resume=True,
-                     workdir=tmp_path / "b", timeout_s=240)
+                     workdir=tmp_path / "b", timeout_s=240,
+                     worker_args=("--lr", "5e-3", "--warmup-steps", "2", "--validate-every", "100"))
     assert b.status == "ok", (b.message, b.stderr_tails)
     assert b.steps == [stop_step + 1, stop_step + 2]
-    # B continues A's schedule (over A's 40 steps), which its checkpoint holds
-    ref = train_reference(plan_a, stop_step + 2, str(corpus), recipe=Recipe(total_steps=40))
+    assert "continuing the checkpoint's recipe" in b.stderr_tails[0]
+    # B continues A's schedule (warm-up over 20 of A's 40 steps), which its checkpoint holds
+    recipe = Recipe(total_steps=40, warmup_steps=20)
+    ref = train_reference(plan_a, stop_step + 2, str(corpus), recipe=recipe, validate_every=100)
     assert a.losses == pytest.approx(ref.losses[:stop_step], abs=1e-5)
     assert b.losses == pytest.approx(ref.losses[stop_step:], abs=1e-5)
-    _, params = final_params(url)
+    assert b.val_losses == pytest.approx(ref.val_losses, abs=1e-5) and list(b.val_losses) == [stop_step + 2]
+    info, params = final_params(url)
     assert full_params_close(params, ref.params) < 2e-5
+    assert info.meta["recipe"] == recipe.to_dict()
 
 
 def test_killed_worker_makes_the_others_exit_with_its_rank_named(corpus, tmp_path):
