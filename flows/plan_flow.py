@@ -5,9 +5,6 @@ from __future__ import annotations
 from prefect import flow
 from prefect.artifacts import create_table_artifact
 
-from sailor_core.job import state as js
-
-from sailor_core.job.spec import JobSpec
 from tasks import cloud as cloud_tasks
 from tasks import control, reporting
 
@@ -20,10 +17,9 @@ def plan_flow(model: str = "opt-350m", objective: str = "throughput", global_bat
               cloud: str = "auto") -> dict:
     session = cloud_tasks.offers_session(cloud, clouds or ())
     offers = cloud_tasks.list_offers(session, gpus or (), zones or (), clouds or ())
-    # A spec only to carry the planning request (budget and steps play no part in planning).
-    spec = JobSpec(model=model, budget_usd=1.0, steps=1, objective=objective, global_batch_size=global_batch_size,
-                      max_usd_per_hr=max_usd_per_hr, min_throughput_samples_per_s=min_throughput, spot=spot)
-    planner = control.Planner(spec=spec, offers=tuple(offers))
+    planner = control.planner_on_offers(offers, model=model, objective=objective, global_batch_size=global_batch_size,
+                                        max_usd_per_hr=max_usd_per_hr, min_throughput_samples_per_s=min_throughput,
+                                        spot=spot)
     available = control.availability(offers, max_gpus_per_zone=max_gpus_per_zone, max_gpus=max_gpus)
     options = control.plan_options(planner, available)
     rows = [{"rank": i + 1, "gpus": o.label, "samples_per_s": round(o.throughput_samples_per_s, 3),

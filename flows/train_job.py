@@ -118,7 +118,7 @@ def _attempts(session, store: js.JobStore, state: js.JobState, *, max_gpus_per_z
     rec = recovery.start(state)
     while True:
         offers = cloud_tasks.list_offers(session, spec.gpus, spec.zones, spec.clouds)
-        planner = control.Planner(spec=spec, offers=tuple(offers))
+        planner = control.job_planner(spec, offers)
         available = control.availability(offers, max_gpus_per_zone=max_gpus_per_zone, max_gpus=spec.max_gpus)
         decision = control.decide_next(planner, state, available=available, event=rec.event, current=rec.current,
                                        shutdown_s=session.shutdown_s, now_unix_s=time.time())

@@ -1,16 +1,17 @@
 """Planning tasks: the controller's decision on what runs next, over what the clouds offer now.
 
 The decision is ``sailor_core.controller.decide`` (shared with the trace
-replay); its plan options come from ``sailor_core.planner.plan_job`` on the
-GPUs offered now, priced as the whole instances ``sailor_core.job.nodes``
-places them on (what the ledger will actually be charged).
+replay); its plan options come from the controller's planner
+(``sailor_core.controller.planner_plan_fn``, the replay's too) on the GPUs
+offered now, priced as the whole instances ``sailor_core.job.nodes`` places
+them on (what the ledger will actually be charged).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from prefect import get_run_logger, task
@@ -27,10 +28,11 @@ from sailor_core.controller import (
     ControllerState,
     Decision,
     Event,
+    PlannerPlanFn,
     PlanOption,
     decide,
-    describe_gpus,
-    gpus_of_plan,
+    plan_option,
+    planner_plan_fn,
 )
 from sailor_core.errors import InfeasibleError
 
@@ -58,46 +60,62 @@ def availability(offers: Sequence[Offer], *, max_gpus_per_zone: int, max_gpus: i
     return out
 
 
-@dataclass(slots=True, kw_only=True)
-class Planner:
-    """The planner as the controller's PlanFn, memoised; remembers its last search for the UI."""
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OfferPricing:
+    """A plan priced as the whole instances ``nodes_for_plan`` places it on, among ``offers``."""
 
-    spec: JobSpec
     offers: tuple[Offer, ...]
-    last_result: Any = None
-    cached: CachedPlanner | None = field(default=None)
+    spot: bool
 
-    def __post_init__(self) -> None:
-        self.cached = CachedPlanner(plan_fn=self._plan)
+    def nodes(self, plan) -> tuple[NodeRequest, ...]:
+        return tuple(nodes_for_plan(plan, self.offers, spot=self.spot))
 
-    def _plan(self, available: Mapping[tuple[str, str], int]) -> list[PlanOption]:
-        from sailor_core.planner import make_request, plan_job
+    def __call__(self, plan) -> float:
+        return plan_usd_per_hr(nodes_for_plan(plan, self.offers, spot=self.spot))
 
-        request = make_request(
-            model=self.spec.model, availability=available, objective=self.spec.objective,
-            global_batch_size=self.spec.global_batch_size, max_usd_per_hour=self.spec.max_usd_per_hr,
-            min_throughput_samples_per_s=self.spec.min_throughput_samples_per_s, spot=self.spec.spot,
-            collect_pareto=True,
-        )
-        try:
-            result = plan_job(request)
-        except InfeasibleError as exc:
-            get_run_logger().warning("planner: %s", exc)
-            return []
-        self.last_result = result
-        return [self.option(c.plan, c.sim.throughput_samples_per_s) for c in result.candidates]
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Planner:
+    """The flow's PlanFn: the controller's planner (``planner_plan_fn``) over the offers, priced by
+    ``OfferPricing``, memoised; its last search is kept for the Pareto artifact."""
+
+    search: PlannerPlanFn
+    cached: CachedPlanner
+    pricing: OfferPricing
+
+    def __call__(self, available: Mapping[tuple[str, str], int]) -> tuple[PlanOption, ...]:
+        return self.cached(available)
+
+    @property
+    def last_result(self) -> Any:
+        return self.search.last_result
 
     def option(self, plan, throughput_samples_per_s: float) -> PlanOption:
-        nodes = nodes_for_plan(plan, self.offers, spot=self.spec.spot)
-        gpus = gpus_of_plan(plan)
-        return PlanOption(gpus=gpus, throughput_samples_per_s=throughput_samples_per_s,
-                          usd_per_hr=plan_usd_per_hr(nodes), plan=plan, label=describe_gpus(gpus))
+        return plan_option(plan, throughput_samples_per_s=throughput_samples_per_s, usd_per_hr=self.pricing(plan))
 
     def nodes(self, option: PlanOption) -> tuple[NodeRequest, ...]:
-        return tuple(nodes_for_plan(option.plan, self.offers, spot=self.spec.spot))
+        return self.pricing.nodes(option.plan)
 
-    def __call__(self, available):
-        return self.cached(available)
+
+def planner_on_offers(offers: Sequence[Offer], *, model: str, objective: str = "throughput",
+                      global_batch_size: int | None = None, max_usd_per_hr: float | None = None,
+                      min_throughput_samples_per_s: float | None = None, spot: bool = True) -> Planner:
+    pricing = OfferPricing(offers=tuple(offers), spot=spot)
+    search = planner_plan_fn(
+        model=model, objective=objective, global_batch_size=global_batch_size, max_usd_per_hour=max_usd_per_hr,
+        min_throughput_samples_per_s=min_throughput_samples_per_s, spot=spot, collect_pareto=True,
+        pricing=pricing, on_infeasible=_log_infeasible)
+    return Planner(search=search, cached=CachedPlanner(plan_fn=search), pricing=pricing)
+
+
+def job_planner(spec: JobSpec, offers: Sequence[Offer]) -> Planner:
+    return planner_on_offers(offers, model=spec.model, objective=spec.objective,
+                             global_batch_size=spec.global_batch_size, max_usd_per_hr=spec.max_usd_per_hr,
+                             min_throughput_samples_per_s=spec.min_throughput_samples_per_s, spot=spec.spot)
+
+
+def _log_infeasible(exc: InfeasibleError) -> None:
+    get_run_logger().warning("planner: %s", exc)
 
 
 def controller_state(state: js.JobState, *, available: Mapping[tuple[str, str], int],

@@ -7,10 +7,12 @@ from sailor_core.controller.ledger import CostLedger, LedgerEntry
 from sailor_core.controller.options import (
     CachedPlanner,
     PlanFn,
+    PlannerPlanFn,
     PlanOption,
+    PlanPricing,
     describe_gpus,
     gpus_of_plan,
-    option_from_candidate,
+    plan_option,
     planner_plan_fn,
     restrict,
 )
@@ -39,11 +41,13 @@ __all__ = [
     "LedgerEntry",
     "PlanFn",
     "PlanOption",
+    "PlanPricing",
+    "PlannerPlanFn",
     "decide",
     "describe_gpus",
     "gpus_of_plan",
     "observed_preemption_rates_per_s",
-    "option_from_candidate",
+    "plan_option",
     "planner_plan_fn",
     "restrict",
 ]

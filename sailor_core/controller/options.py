@@ -141,6 +141,50 @@ class CachedPlanner:
         return (best, *(o for o in options if o is not best and o.fits_in(avail)))
 
 
+# What renting a plan costs, in USD per hour (the train-job flow prices the whole instances
+# a plan is placed on: what its ledger will be charged).
+PlanPricing = Callable[[Any], float]
+
+
+@dataclass(slots=True, kw_only=True)
+class PlannerPlanFn:
+    """The controller's PlanFn backed by ``sailor_core.planner.plan_job``; build it with
+    ``planner_plan_fn``, the one way the controller's callers reach the planner.
+
+    Each call plans on an availability with the arguments fixed here.  Options are priced by
+    ``pricing`` when given, else as the planner priced them (its GPUs, per hour).  An
+    infeasible request answers no options (``on_infeasible`` hears why); the last feasible
+    search stays in ``last_result`` for reports (its Pareto front, its candidates as scored).
+    """
+
+    request_args: Mapping[str, Any]   # make_request's keyword arguments, less the availability
+    pricing: PlanPricing | None = None
+    on_infeasible: Callable[[InfeasibleError], None] | None = None
+    last_result: Any = None           # sailor_core.planner.PlanResult
+
+    def __call__(self, available: Mapping[GpuZone, int]) -> list[PlanOption]:
+        # lazy: importing the planner takes ~0.25 s (its search modules), ten times the controller
+        from sailor_core.planner import make_request, plan_job
+
+        if not any(available.values()):
+            return []
+        try:
+            result = plan_job(make_request(availability=available, **self.request_args))
+        except InfeasibleError as exc:
+            if self.on_infeasible is not None:
+                self.on_infeasible(exc)
+            return []
+        self.last_result = result
+        return [self._option(c) for c in result.candidates]
+
+    def _option(self, candidate: Any) -> PlanOption:
+        """A candidate (``.plan`` and ``.sim``, the simulator's SimResult) as the controller sees it."""
+        sim = candidate.sim
+        usd_per_hr = self.pricing(candidate.plan) if self.pricing is not None else sim.usd_per_hour
+        return plan_option(candidate.plan, throughput_samples_per_s=float(sim.throughput_samples_per_s),
+                           usd_per_hr=float(usd_per_hr))
+
+
 def planner_plan_fn(
     *,
     model: str,
@@ -150,40 +194,26 @@ def planner_plan_fn(
     min_throughput_samples_per_s: float | None = None,
     top_n: int = 5,
     spot: bool = True,
+    collect_pareto: bool = False,
+    pricing: PlanPricing | None = None,
+    on_infeasible: Callable[[InfeasibleError], None] | None = None,
     **knobs: Any,
-) -> PlanFn:
-    """A PlanFn backed by ``sailor_core.planner.plan_job`` (imported on first use)."""
-
-    def plan(available: Mapping[GpuZone, int]) -> list[PlanOption]:
-        from sailor_core.planner import make_request, plan_job
-
-        if not any(available.values()):
-            return []
-        request = make_request(
-            model=model, availability=available, objective=objective,
-            global_batch_size=global_batch_size, max_usd_per_hour=max_usd_per_hour,
-            min_throughput_samples_per_s=min_throughput_samples_per_s, top_n=top_n, spot=spot, **knobs,
-        )
-        try:
-            result = plan_job(request)
-        except InfeasibleError:
-            return []
-        return [option_from_candidate(c) for c in result.candidates]
-
-    return plan
-
-
-def option_from_candidate(candidate: Any) -> PlanOption:
-    """PlanOption from a planner candidate (``.plan`` and ``.sim``, the simulator's SimResult)."""
-    sim = candidate.sim
-    gpus = gpus_of_plan(candidate.plan)
-    return PlanOption(
-        gpus=gpus,
-        throughput_samples_per_s=float(sim.throughput_samples_per_s),
-        usd_per_hr=float(sim.usd_per_hour),
-        plan=candidate.plan,
-        label=describe_gpus(gpus),
+) -> PlannerPlanFn:
+    """The planner as the controller's PlanFn (``PlannerPlanFn``); ``knobs`` are the search's
+    own (``max_evaluations``, ``micro_batch_sizes``, ...: see ``planner.make_request``)."""
+    request_args = dict(
+        model=model, objective=objective, global_batch_size=global_batch_size, max_usd_per_hour=max_usd_per_hour,
+        min_throughput_samples_per_s=min_throughput_samples_per_s, top_n=top_n, spot=spot,
+        collect_pareto=collect_pareto, **knobs,
     )
+    return PlannerPlanFn(request_args=request_args, pricing=pricing, on_infeasible=on_infeasible)
+
+
+def plan_option(plan: Any, *, throughput_samples_per_s: float, usd_per_hr: float) -> PlanOption:
+    """``plan`` (a ``Plan``) as an option: the GPUs it holds, labelled."""
+    gpus = gpus_of_plan(plan)
+    return PlanOption(gpus=gpus, throughput_samples_per_s=throughput_samples_per_s, usd_per_hr=usd_per_hr,
+                      plan=plan, label=describe_gpus(gpus))
 
 
 def describe_gpus(gpus: Mapping[GpuZone, int]) -> str:

@@ -1,0 +1,40 @@
+"""The controller's one way to the planner: ``planner_plan_fn`` (the replay, its workers and the flows)."""
+
+from __future__ import annotations
+
+from sailor_core.controller import planner_plan_fn
+
+AVAILABLE = {("T4", "us-central1-a"): 4}
+ARGS = dict(model="tiny", global_batch_size=8, max_evaluations=50, top_n=2)
+
+
+def test_options_are_the_planners_candidates_priced_as_it_prices_them_and_its_result_is_kept():
+    plan_fn = planner_plan_fn(**ARGS)
+    options = plan_fn(AVAILABLE)
+    candidates = plan_fn.last_result.candidates
+    assert options and len(options) == len(candidates)
+    for option, c in zip(options, candidates):
+        assert option.plan == c.plan
+        assert option.throughput_samples_per_s == c.sim.throughput_samples_per_s
+        assert option.usd_per_hr == c.sim.usd_per_hour
+        assert sum(option.gpus.values()) == c.plan.num_gpus
+
+
+def test_a_pricing_prices_every_option_and_leaves_the_ranking_to_the_planner():
+    plain = planner_plan_fn(**ARGS)(AVAILABLE)
+    priced = planner_plan_fn(**ARGS, pricing=lambda plan: 100.0 + plan.num_gpus)(AVAILABLE)
+    assert [o.plan for o in priced] == [o.plan for o in plain]
+    assert [o.usd_per_hr for o in priced] == [100.0 + o.plan.num_gpus for o in plain]
+
+
+def test_an_infeasible_request_answers_nothing_and_says_why():
+    heard = []
+    plan_fn = planner_plan_fn(**ARGS, min_throughput_samples_per_s=1e12, on_infeasible=heard.append)
+    assert plan_fn(AVAILABLE) == []
+    assert plan_fn.last_result is None
+    assert len(heard) == 1 and str(heard[0])
+
+
+def test_nothing_available_is_no_search():
+    plan_fn = planner_plan_fn(model="no-such-model")
+    assert plan_fn({("T4", "us-central1-a"): 0}) == []
