@@ -27,6 +27,9 @@ def why_infeasible(searcher: Searcher) -> str:
         reasons += _floor_reasons(searcher)
     if req.has_cost_caps:
         reasons += _cap_reasons(searcher)
+    if not reasons and (st.best_throughput is None or st.cheapest is None):
+        reasons.append(f"the search found no plan meeting the caps and the floor together within its budget "
+                       f"({st.num_evaluated} plans evaluated)")
     if not reasons:
         best, cheap = st.best_throughput, st.cheapest
         reasons.append(
@@ -73,7 +76,9 @@ def _cap_reasons(searcher: Searcher) -> list[str]:
             f"which costs {cheapest.res.usd_per_iteration:.4g} USD/iteration "
             f"({cheapest.res.usd_per_hour:.4g} USD/hour, {cheapest.num_gpus} GPUs)"
         )
-    per_hour = searcher.stats.cheapest_per_hour
+    # Nothing the search evaluated may have met the cap (it can prune every shape on its bound):
+    # then the cheapest plan there is says what the cap is below.
+    per_hour = searcher.stats.cheapest_per_hour or cheapest
     if req.max_usd_per_hour is not None and per_hour is not None and per_hour.res.usd_per_hour > req.max_usd_per_hour:
         out.append(
             f"the cap {req.max_usd_per_hour:.4g} USD/hour is below the cheapest plan that fits, "

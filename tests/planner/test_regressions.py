@@ -44,3 +44,14 @@ def test_bounds_allow_for_the_plan_regime_set_by_its_first_replica(profiles, net
     exact = enumerate_best(req, profiles=profiles, network=network)
     got = plan_job(req, profiles=profiles, network=network).best
     assert got.throughput_samples_per_s >= 0.99 * exact.best.res.throughput_samples_per_s
+
+
+@pytest.mark.parametrize("cap", [{"max_usd_per_hour": 1e-6}, {"max_usd_per_iteration": 1e-10}])
+def test_a_cap_below_every_plan_is_explained_not_a_crash(profiles, network, cap):
+    """The search can prune every shape on its bound before one is evaluated; the explanation
+    then names the cheapest plan there is (it crashed on the per-hour cap)."""
+    from sailor_core.errors import InfeasibleError
+
+    req = make_request(model="tiny", availability={("T4", "us-central1-a"): 4}, **cap)
+    with pytest.raises(InfeasibleError, match=r"the cap .* is below the cheapest plan"):
+        plan_job(req, profiles=profiles, network=network)
