@@ -1,179 +1,197 @@
-"""Byte storage for checkpoints behind a URL: a local directory or S3.
+"""Bytes behind a URL: a local directory, ``file://``, ``s3://bucket/prefix`` or ``gs://bucket/prefix``.
 
-S3 is spoken directly (REST + SigV4 over urllib) because ``sailor_core`` may
-not import boto3 and s3fs does not install beside this project's botocore.
-Credentials, region and endpoint come from the usual AWS environment
-variables (``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``,
-``AWS_SESSION_TOKEN``, ``AWS_DEFAULT_REGION``, ``AWS_ENDPOINT_URL``), so the
-same URL works against moto's server and real S3.
+Every scheme goes through obstore (Rust's ``object_store``): signing, retries with backoff,
+multipart uploads of large objects and the clouds' credential chains are the library's,
+none of them ours.  A local directory is obstore's ``LocalStore`` over the file system, so
+local runs take the same code path as the clouds.
+
+Configuration comes from the standard environment, read by obstore itself, plus:
+
+- ``s3://``: keys from ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_SESSION_TOKEN``,
+  or, with none set, the instance's role (IMDSv2, ECS, web identity).  The region is
+  ``AWS_REGION`` or ``AWS_DEFAULT_REGION`` (else us-east-1); ``AWS_ENDPOINT_URL_S3`` or
+  ``AWS_ENDPOINT_URL`` names another endpoint (moto in the tests, MinIO), plain http only
+  when that endpoint says ``http://``.  Named profiles, SSO and ~/.aws are not read.
+- ``gs://``: obstore's ``GCSStore`` (GCS's XML API) with Google's standard credentials:
+  ``GOOGLE_APPLICATION_CREDENTIALS`` (a service-account key file), else the user's
+  ``gcloud auth application-default login``, else the VM's service account from the metadata
+  server.  ``GOOGLE_BASE_URL`` names another endpoint (the tests' local fake), plain http
+  only when it says ``http://``; such an endpoint takes ``GOOGLE_SERVICE_ACCOUNT`` pointing
+  at a key file with ``"disable_oauth": true``.  Why GCSStore rather than GCS's S3-compatible
+  endpoint: a VM's own service account works with no key to hand out (HMAC keys would be
+  one more secret on every instance).
+
+Every write is atomic: a reader sees the old object or the whole new one, never a part
+(one PUT, or a multipart upload that appears whole when completed; locally obstore writes
+aside and renames).  A missing object raises ``FileNotFoundError``; an endpoint, credential,
+permission or bucket problem raises ``StorageError`` with one line naming the URL.
 """
 
 from __future__ import annotations
 
-import datetime as _dt
-import hashlib
-import hmac
+import errno
+import functools
 import os
 import shutil
-import urllib.error
 import urllib.parse
-import urllib.request
-import xml.etree.ElementTree as ET
 from pathlib import Path
 
-from sailor_core.errors import InputError
+import obstore
+from obstore.exceptions import BaseError as _ObstoreError
+from obstore.store import GCSStore, LocalStore, S3Store
+
+from sailor_core.errors import InputError, SailorError
+
+_DELETE_BATCH = 1000  # S3's DeleteObjects limit
+# where the libraries ask for an instance's credentials when the environment has none
+_METADATA_HOSTS = ("169.254.169.254", "metadata.google.internal")
+
+
+class StorageError(SailorError):
+    """Storage that cannot be reached or refuses: endpoint, credentials, permissions, bucket."""
 
 
 class Storage:
-    """Keys are '/'-separated paths relative to the storage root."""
+    """Keys are '/'-separated paths relative to the URL this storage was opened at."""
 
-    def put(self, key: str, data: bytes) -> None: ...
-    def put_atomic(self, key: str, data: bytes) -> None: ...
-    def get(self, key: str) -> bytes: ...
-    def exists(self, key: str) -> bool: ...
-    def list_dirs(self) -> list[str]: ...
-    def delete_dir(self, name: str) -> None: ...
+    def __init__(self, url: str, store, prefix: str, *, local_root: Path | None = None) -> None:
+        self.url = url.rstrip("/")
+        self._store = store
+        self._prefix = prefix.strip("/")
+        self._local_root = local_root
 
+    def __repr__(self) -> str:
+        return f"Storage({self.url!r})"
 
-class LocalStorage(Storage):
-    def __init__(self, root: str | Path) -> None:
-        self.root = Path(root)
+    def _path(self, key: str) -> str:
+        key = key.strip("/")
+        return f"{self._prefix}/{key}" if self._prefix and key else (self._prefix or key)
 
-    def _path(self, key: str) -> Path:
-        return self.root / key
-
-    def put(self, key: str, data: bytes) -> None:
-        path = self._path(key)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with open(path, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-
-    def put_atomic(self, key: str, data: bytes) -> None:
-        # A reader sees either no file or the whole file: write aside, then rename.
-        tmp = self._path(key + ".tmp")
-        self.put(key + ".tmp", data)
-        os.replace(tmp, self._path(key))
-
-    def get(self, key: str) -> bytes:
-        return self._path(key).read_bytes()
-
-    def exists(self, key: str) -> bool:
-        return self._path(key).is_file()
-
-    def list_dirs(self) -> list[str]:
-        if not self.root.is_dir():
-            return []
-        return sorted(p.name for p in self.root.iterdir() if p.is_dir())
-
-    def delete_dir(self, name: str) -> None:
-        shutil.rmtree(self._path(name), ignore_errors=True)
-
-
-class S3Storage(Storage):
-    def __init__(self, bucket: str, prefix: str) -> None:
-        self.bucket = bucket
-        self.prefix = prefix.strip("/")
-        self.region = os.environ.get("AWS_DEFAULT_REGION") or os.environ.get("AWS_REGION") or "us-east-1"
-        self.endpoint = (os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
-                         or f"https://s3.{self.region}.amazonaws.com").rstrip("/")
-        self.access_key = os.environ.get("AWS_ACCESS_KEY_ID", "")
-        self.secret_key = os.environ.get("AWS_SECRET_ACCESS_KEY", "")
-        self.token = os.environ.get("AWS_SESSION_TOKEN")
-
-    def _key(self, key: str) -> str:
-        return f"{self.prefix}/{key}" if self.prefix else key
-
-    def _request(self, method: str, key: str = "", query: dict | None = None,
-                 data: bytes = b"") -> bytes:
-        path = "/" + self.bucket + ("/" + urllib.parse.quote(key, safe="/~") if key else "")
-        query = query or {}
-        qs = "&".join(f"{urllib.parse.quote(k, safe='~')}={urllib.parse.quote(str(v), safe='~')}"
-                      for k, v in sorted(query.items()))
-        url = self.endpoint + path + (f"?{qs}" if qs else "")
-        host = urllib.parse.urlsplit(self.endpoint).netloc
-        now = _dt.datetime.now(_dt.UTC)
-        amz_date, date = now.strftime("%Y%m%dT%H%M%SZ"), now.strftime("%Y%m%d")
-        payload_hash = hashlib.sha256(data).hexdigest()
-        headers = {"host": host, "x-amz-content-sha256": payload_hash, "x-amz-date": amz_date}
-        if self.token:
-            headers["x-amz-security-token"] = self.token
-        signed = ";".join(sorted(headers))
-        canonical = "\n".join([method, path, qs,
-                               "".join(f"{k}:{headers[k]}\n" for k in sorted(headers)),
-                               signed, payload_hash])
-        scope = f"{date}/{self.region}/s3/aws4_request"
-        to_sign = "\n".join(["AWS4-HMAC-SHA256", amz_date, scope,
-                             hashlib.sha256(canonical.encode()).hexdigest()])
-        k = ("AWS4" + self.secret_key).encode()
-        for part in (date, self.region, "s3", "aws4_request"):
-            k = hmac.new(k, part.encode(), hashlib.sha256).digest()
-        sig = hmac.new(k, to_sign.encode(), hashlib.sha256).hexdigest()
-        headers["authorization"] = (f"AWS4-HMAC-SHA256 Credential={self.access_key}/{scope}, "
-                                    f"SignedHeaders={signed}, Signature={sig}")
-        send = {k: v for k, v in headers.items() if k != "host"}
-        # urllib would label a body as a form, which servers may then parse away
-        send["content-type"] = "application/octet-stream"
-        req = urllib.request.Request(url, data=data if method == "PUT" else None, method=method,
-                                     headers=send)
-        with urllib.request.urlopen(req, timeout=60) as resp:
-            return resp.read()
+    def _call(self, verb: str, key: str, fn):
+        try:
+            return fn()
+        except FileNotFoundError:
+            if verb == "write":  # a 404 on a PUT means the bucket, not the key, is missing
+                raise StorageError(f"{self.url}: cannot write {key!r}: no such bucket") from None
+            raise FileNotFoundError(errno.ENOENT, "no such object", f"{self.url}/{key}") from None
+        except (_ObstoreError, OSError) as exc:
+            raise StorageError(f"{self.url}: cannot {verb} {key!r}: {_reason(exc)}") from None
 
     def put(self, key: str, data: bytes) -> None:
-        self._request("PUT", self._key(key), data=data)
+        self._call("write", key, lambda: obstore.put(self._store, self._path(key), data))
 
     def put_atomic(self, key: str, data: bytes) -> None:
-        self.put(key, data)  # one PUT is atomic on S3: readers see the old state or the whole object
+        # Every put is atomic (see the module's docstring); the name says that the caller relies on it.
+        self.put(key, data)
 
     def get(self, key: str) -> bytes:
-        return self._request("GET", self._key(key))
+        return self._call("read", key, lambda: bytes(obstore.get(self._store, self._path(key)).bytes()))
+
+    def get_range(self, key: str, start: int, end: int) -> bytes:
+        """Bytes ``[start, end)`` of the object, like a file's read: short at its end, empty past it."""
+        if not 0 <= start <= end:
+            raise InputError(f"{self.url}/{key}: bad byte range [{start}, {end})")
+        if start == end:
+            return b""
+        try:
+            return self._call("read", key, lambda: bytes(
+                obstore.get_range(self._store, self._path(key), start=start, end=end)))
+        except StorageError:
+            # the stores refuse a range that starts at or past the end; a file read returns nothing
+            if start >= self.size(key):
+                return b""
+            raise
+
+    def size(self, key: str) -> int:
+        return int(self._call("read", key, lambda: obstore.head(self._store, self._path(key))["size"]))
 
     def exists(self, key: str) -> bool:
         try:
-            self._request("HEAD", self._key(key))
+            self.size(key)
             return True
-        except urllib.error.HTTPError as exc:
-            if exc.code == 404:
-                return False
-            raise
-
-    def _list(self, prefix: str, delimiter: str | None) -> tuple[list[str], list[str]]:
-        keys, dirs, token = [], [], None
-        ns = "{http://s3.amazonaws.com/doc/2006-03-01/}"
-        while True:
-            query = {"list-type": "2", "prefix": prefix}
-            if delimiter:
-                query["delimiter"] = delimiter
-            if token:
-                query["continuation-token"] = token
-            root = ET.fromstring(self._request("GET", query=query))
-            keys += [e.text for e in root.iter(f"{ns}Key")]
-            dirs += [e.find(f"{ns}Prefix").text for e in root.iter(f"{ns}CommonPrefixes")]
-            token_el = root.find(f"{ns}NextContinuationToken")
-            if token_el is None or not token_el.text:
-                return keys, dirs
-            token = token_el.text
+        except FileNotFoundError:
+            return False
 
     def list_dirs(self) -> list[str]:
-        base = self._key("") if self.prefix else ""
-        base = base if base.endswith("/") or not base else base + "/"
-        _, dirs = self._list(base, "/")
-        return sorted(d[len(base):].strip("/") for d in dirs)
+        """The names of the "directories" right under the root (common prefixes of its keys)."""
+        found = self._call("list", "", lambda: obstore.list_with_delimiter(self._store, self._prefix or None))
+        cut = len(self._prefix) + 1 if self._prefix else 0
+        return sorted(p[cut:].strip("/") for p in found["common_prefixes"])
 
     def delete_dir(self, name: str) -> None:
-        keys, _ = self._list(self._key(name) + "/", None)
-        for key in keys:
-            self._request("DELETE", key)
+        """Delete every object under ``name/``; a missing directory is no error."""
+        base = self._path(name)
+        pages = self._call("list", name, lambda: [[m["path"] for m in page]
+                                                  for page in obstore.list(self._store, base + "/", chunk_size=_DELETE_BATCH)])
+        paths = [p for page in pages for p in page]
+        for i in range(0, len(paths), _DELETE_BATCH):
+            self._call("delete", name, lambda batch=paths[i:i + _DELETE_BATCH]: self._delete(batch))
+        if self._local_root is not None:
+            # a file system keeps the emptied directories, and they would still be listed
+            shutil.rmtree(self._local_root / name, ignore_errors=True)
+
+    def _delete(self, paths: list[str]) -> None:
+        try:
+            obstore.delete(self._store, paths)
+        except FileNotFoundError:  # some stores refuse a batch holding an object already gone
+            for path in paths:
+                try:
+                    obstore.delete(self._store, path)
+                except FileNotFoundError:
+                    pass
 
 
 def open_storage(url: str) -> Storage:
-    """``file:///dir``, a plain path, or ``s3://bucket/prefix``."""
-    parsed = urllib.parse.urlsplit(str(url))
+    """A plain path, ``file:///dir``, ``s3://bucket/prefix`` or ``gs://bucket/prefix``."""
+    url = str(url)
+    parsed = urllib.parse.urlsplit(url)
     if parsed.scheme in ("", "file"):
-        return LocalStorage(parsed.path if parsed.scheme else url)
-    if parsed.scheme == "s3":
+        root = Path(os.path.abspath(urllib.parse.unquote(parsed.path) if parsed.scheme else url))
+        # rooted at "/" with the directory as a key prefix: opening a directory that does not
+        # exist yet creates nothing (reads find nothing; the first write creates it)
+        return Storage(url, _local_store(), str(root), local_root=root)
+    if parsed.scheme in ("s3", "gs"):
         if not parsed.netloc:
-            raise InputError(f"checkpoint URL {url!r} names no bucket")
-        return S3Storage(parsed.netloc, parsed.path)
-    raise InputError(f"checkpoint URL {url!r}: only local paths, file:// and s3:// are supported")
+            raise InputError(f"storage URL {url!r} names no bucket")
+        env = tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith(("AWS_", "GOOGLE_"))))
+        try:
+            store = (_s3_store if parsed.scheme == "s3" else _gcs_store)(parsed.netloc, env)
+        except (_ObstoreError, ValueError) as exc:
+            raise StorageError(f"{url}: {_reason(exc)}") from None
+        return Storage(url, store, parsed.path)
+    raise InputError(f"storage URL {url!r}: only local paths, file://, s3:// and gs:// are supported")
+
+
+@functools.cache
+def _local_store() -> LocalStore:
+    return LocalStore()
+
+
+# One store per bucket and environment: a store keeps its connections and the credentials it
+# fetched (an instance role's, a VM's token) across calls, which come often (the flow polls).
+@functools.lru_cache(maxsize=32)
+def _s3_store(bucket: str, env: tuple[tuple[str, str], ...]) -> S3Store:
+    vars_ = dict(env)
+    region = vars_.get("AWS_REGION") or vars_.get("AWS_DEFAULT_REGION") or "us-east-1"
+    endpoint = vars_.get("AWS_ENDPOINT_URL_S3") or vars_.get("AWS_ENDPOINT_URL")
+    kwargs = {"endpoint": endpoint.rstrip("/")} if endpoint else {}
+    return S3Store(bucket, region=region, client_options=_client_options(endpoint), **kwargs)
+
+
+@functools.lru_cache(maxsize=32)
+def _gcs_store(bucket: str, env: tuple[tuple[str, str], ...]) -> GCSStore:
+    base_url = dict(env).get("GOOGLE_BASE_URL")
+    kwargs = {"base_url": base_url.rstrip("/")} if base_url else {}
+    return GCSStore(bucket, client_options=_client_options(base_url), **kwargs)
+
+
+def _reason(exc: Exception) -> str:
+    """The library's message on one line: its first line, without the server's XML body."""
+    line = (str(exc).splitlines() or [type(exc).__name__])[0].split(": <?xml")[0].strip()[:300]
+    if any(host in line for host in _METADATA_HOSTS):
+        line += " (no credentials in the environment, and no instance or VM role answered)"
+    return line
+
+
+def _client_options(endpoint: str | None) -> dict:
+    return {"allow_http": True} if endpoint and endpoint.startswith("http://") else {}

@@ -52,3 +52,23 @@ def moto_s3(monkeypatch):
         monkeypatch.setenv(k, v)
     yield endpoint
     server.stop()
+
+
+@pytest.fixture
+def gcs_fake(monkeypatch, tmp_path):
+    """A local stand-in for GCS's XML API (tests/gcs_fake.py), configured the way obstore's GCSStore
+    reaches an emulator: ``GOOGLE_BASE_URL`` plus a service-account file with ``disable_oauth``
+    (workers started by the test inherit both).  Yields the FakeGCS; ``create_bucket`` makes buckets."""
+    import json
+
+    from tests.gcs_fake import FakeGCS
+
+    fake = FakeGCS().start()
+    key = tmp_path / "gcs-service-account.json"
+    key.write_text(json.dumps({"gcs_base_url": fake.url, "disable_oauth": True, "client_email": "",
+                               "private_key": "", "private_key_id": ""}))
+    monkeypatch.delenv("GOOGLE_APPLICATION_CREDENTIALS", raising=False)
+    monkeypatch.setenv("GOOGLE_SERVICE_ACCOUNT", str(key))
+    monkeypatch.setenv("GOOGLE_BASE_URL", fake.url)
+    yield fake
+    fake.stop()

@@ -1,4 +1,5 @@
-"""Checkpoint directories, manifest, keep-K and the S3 backend (moto's server), no worker processes."""
+"""Checkpoint directories, manifest, keep-K on a local directory, S3 (moto's server) and GCS (tests/gcs_fake.py);
+no worker processes."""
 
 from __future__ import annotations
 
@@ -56,5 +57,13 @@ def test_s3_store_against_moto_server(moto_s3):
     _check_store("s3://ckpts/jobs/j1")
     keys = [o["Key"] for o in boto3.client("s3", endpoint_url=endpoint)
             .list_objects_v2(Bucket="ckpts")["Contents"]]
+    assert "jobs/j1/step_00000002/MANIFEST.json" in keys
+    assert not any(k.startswith("jobs/j1/step_00000001/") for k in keys)
+
+
+def test_gs_store_against_the_local_gcs_fake(gcs_fake):
+    gcs_fake.create_bucket("ckpts")
+    _check_store("gs://ckpts/jobs/j1")
+    keys = sorted(gcs_fake.buckets["ckpts"])
     assert "jobs/j1/step_00000002/MANIFEST.json" in keys
     assert not any(k.startswith("jobs/j1/step_00000001/") for k in keys)
