@@ -54,10 +54,6 @@ def _same(a, b) -> bool:
 def test_s3_stream_gives_the_local_samples(tmp_path, moto_s3):
     import boto3
 
-    from sailor_core.storage import open_storage
-
-    if not hasattr(open_storage("s3://probe"), "get_range"):
-        pytest.skip("sailor_core.storage has no get_range yet")
     tokens = _tokens()
     local_bin, local_npy = tmp_path / "t.bin", tmp_path / "t.npy"
     tokens.astype("<u2").tofile(local_bin)
@@ -158,3 +154,22 @@ def test_bad_data_is_one_clear_error(tmp_path, bucket):
     ds.samples([0])
     with pytest.raises(InputError, match=r"outside the model's vocabulary \[0, 512\) in samples 39..40"):
         ds.samples([39, 40])
+
+
+@pytest.mark.slow  # two worker processes (~8 s); the sample equality above covers the data path by default
+def test_workers_train_from_s3_as_from_the_local_file(corpus, tmp_path, moto_s3):
+    import boto3
+
+    from sailor_core.runtime.launch import launch_local
+
+    from .conftest import make_plan
+
+    boto3.client("s3", endpoint_url=moto_s3).create_bucket(Bucket="corpus")
+    boto3.client("s3", endpoint_url=moto_s3).upload_file(str(corpus), "corpus", "c.npy")
+    plan = make_plan("tiny", [(0, 2, [1]), (2, 4, [1])])
+    flags = ("--validate-every", "2")
+    local = launch_local(plan, 2, data=corpus, workdir=tmp_path / "local", timeout_s=240, worker_args=flags)
+    remote = launch_local(plan, 2, data="s3://corpus/c.npy", workdir=tmp_path / "s3", timeout_s=240, worker_args=flags)
+    assert local.status == remote.status == "ok", (remote.message, remote.stderr_tails)
+    assert remote.losses == local.losses and remote.val_losses == local.val_losses
+    assert list((tmp_path / "s3" / "data-cache").glob("*/*"))  # the spans the ranks read, kept
