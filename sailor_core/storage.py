@@ -24,7 +24,9 @@ Configuration comes from the standard environment, read by obstore itself, plus:
 Every write is atomic: a reader sees the old object or the whole new one, never a part
 (one PUT, or a multipart upload that appears whole when completed; locally obstore writes
 aside and renames).  A missing object raises ``FileNotFoundError``; an endpoint, credential,
-permission or bucket problem raises ``StorageError`` with one line naming the URL.
+permission or bucket problem raises ``StorageError`` with one line naming the URL.  obstore is
+not fork-safe: a process forked (without exec) after this one used storage gets a
+``StorageError`` instead of a hang; start such processes with spawn or forkserver.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ from sailor_core.errors import InputError, SailorError
 _DELETE_BATCH = 1000  # S3's DeleteObjects limit
 # where the libraries ask for an instance's credentials when the environment has none
 _METADATA_HOSTS = ("169.254.169.254", "metadata.google.internal")
+_runtime_pid: int | None = None  # the process whose obstore (tokio) runtime this module started
 
 
 class StorageError(SailorError):
@@ -54,7 +57,8 @@ class StorageError(SailorError):
 class Storage:
     """Keys are '/'-separated paths relative to the URL this storage was opened at."""
 
-    def __init__(self, url: str, store, prefix: str, *, local_root: Path | None = None) -> None:
+    def __init__(self, url: str, store: LocalStore | S3Store | GCSStore, prefix: str, *,
+                 local_root: Path | None = None) -> None:
         self.url = url.rstrip("/")
         self._store = store
         self._prefix = prefix.strip("/")
@@ -68,11 +72,13 @@ class Storage:
         return f"{self._prefix}/{key}" if self._prefix and key else (self._prefix or key)
 
     def _call(self, verb: str, key: str, fn):
+        _refuse_a_forked_child(self.url)
         try:
             return fn()
         except FileNotFoundError:
             if verb == "write":  # a 404 on a PUT means the bucket, not the key, is missing
-                raise StorageError(f"{self.url}: cannot write {key!r}: no such bucket") from None
+                where = "bucket" if self._local_root is None else "directory"
+                raise StorageError(f"{self.url}: cannot write {key!r}: no such {where}") from None
             raise FileNotFoundError(errno.ENOENT, "no such object", f"{self.url}/{key}") from None
         except (_ObstoreError, OSError) as exc:
             raise StorageError(f"{self.url}: cannot {verb} {key!r}: {_reason(exc)}") from None
@@ -120,10 +126,9 @@ class Storage:
 
     def delete_dir(self, name: str) -> None:
         """Delete every object under ``name/``; a missing directory is no error."""
-        base = self._path(name)
-        pages = self._call("list", name, lambda: [[m["path"] for m in page]
-                                                  for page in obstore.list(self._store, base + "/", chunk_size=_DELETE_BATCH)])
-        paths = [p for page in pages for p in page]
+        under = self._path(name) + "/"
+        paths = self._call("list", name, lambda: [meta["path"] for page in obstore.list(self._store, under)
+                                                  for meta in page])
         for i in range(0, len(paths), _DELETE_BATCH):
             self._call("delete", name, lambda batch=paths[i:i + _DELETE_BATCH]: self._delete(batch))
         if self._local_root is not None:
@@ -183,6 +188,16 @@ def _gcs_store(bucket: str, env: tuple[tuple[str, str], ...]) -> GCSStore:
     base_url = dict(env).get("GOOGLE_BASE_URL")
     kwargs = {"base_url": base_url.rstrip("/")} if base_url else {}
     return GCSStore(bucket, client_options=_client_options(base_url), **kwargs)
+
+
+def _refuse_a_forked_child(url: str) -> None:
+    # obstore's runtime threads do not survive fork(): a forked child's first call would hang forever
+    global _runtime_pid
+    if _runtime_pid is None:
+        _runtime_pid = os.getpid()
+    elif _runtime_pid != os.getpid():
+        raise StorageError(f"{url}: storage was used before this process was forked, and obstore cannot "
+                           "run in a forked child; start it with spawn or forkserver, or exec a program")
 
 
 def _reason(exc: Exception) -> str:

@@ -28,7 +28,8 @@ class FakeGCS:
         self._lock = threading.Lock()
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
         self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
-        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05},
+                                        daemon=True)
 
     def start(self) -> FakeGCS:
         self._thread.start()
@@ -103,9 +104,9 @@ def _handler(fake: FakeGCS):
                 with fake._lock:
                     gone = objects.pop(key, None)
                 return self._reply(204) if gone else self._error(404, "NoSuchKey")
-            if self.command in ("GET", "HEAD") and key in objects:
-                return self._read(objects[key])
-            return self._error(404, "NoSuchKey") if self.command in ("GET", "HEAD") else self._error(501, "NotImplemented")
+            if self.command not in ("GET", "HEAD"):
+                return self._error(501, "NotImplemented")  # multipart uploads among them
+            return self._read(objects[key]) if key in objects else self._error(404, "NoSuchKey")
 
         do_GET = do_HEAD = do_PUT = do_DELETE = do_POST = _handle
 
@@ -134,12 +135,13 @@ def _handler(fake: FakeGCS):
             objects, prefixes, more = fake.page(bucket, prefix, delimiter,
                                                 one.get("continuation-token") or one.get("start-after", ""))
             parts = [f"<Name>{escape(bucket)}</Name><Prefix>{escape(prefix)}</Prefix>",
-                     f"<KeyCount>{len(objects) + len(prefixes)}</KeyCount><IsTruncated>{str(more is not None).lower()}</IsTruncated>"]
+                     f"<KeyCount>{len(objects) + len(prefixes)}</KeyCount>",
+                     f"<IsTruncated>{str(more is not None).lower()}</IsTruncated>"]
             for key, value in objects:
-                meta = self._meta(value)
+                modified = time.strftime("%Y-%m-%dT%H:%M:%S.000Z", time.gmtime(value[2]))
                 parts.append(f"<Contents><Key>{escape(key)}</Key><Size>{len(value[0])}</Size>"
-                             f"<LastModified>{time.strftime('%Y-%m-%dT%H:%M:%S.000Z', time.gmtime(value[2]))}</LastModified>"
-                             f"<ETag>{escape(meta['ETag'])}</ETag></Contents>")
+                             f"<LastModified>{modified}</LastModified>"
+                             f"<ETag>{escape(self._meta(value)['ETag'])}</ETag></Contents>")
             parts += [f"<CommonPrefixes><Prefix>{escape(p)}</Prefix></CommonPrefixes>" for p in prefixes]
             if more is not None:
                 parts.append(f"<NextContinuationToken>{escape(more)}</NextContinuationToken>")

@@ -7,6 +7,7 @@ object and a one-line StorageError for an endpoint that refuses.
 
 from __future__ import annotations
 
+import os
 import threading
 import uuid
 
@@ -175,3 +176,24 @@ def test_an_unreachable_endpoint_is_a_storage_error_after_the_retries(monkeypatc
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "s")
     with pytest.raises(StorageError, match="s3://bkt-test/p: cannot read 'a'"):
         open_storage("s3://bkt-test/p").get("a")
+
+
+def test_a_forked_child_gets_an_error_not_a_hang(tmp_path):
+    """obstore's runtime does not survive fork(); the child is told so instead of waiting forever."""
+    store = open_storage(str(tmp_path))
+    store.put("a", b"1")
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child touches nothing but the storage call and the pipe
+        try:
+            store.get("a")
+            os.write(write, b"no error")
+        except StorageError as exc:
+            os.write(write, str(exc).encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    message = os.read(read, 1000).decode()
+    os.waitpid(pid, 0)
+    assert "forked" in message and "spawn" in message
+    assert store.get("a") == b"1"  # the parent goes on
