@@ -144,6 +144,18 @@ def offer_for(row: InstanceType, zone: str) -> Offer:
 
 
 @lru_cache(maxsize=1)
+def rentable_gpus() -> tuple[str, ...]:
+    """GPU types some cloud of the catalog rents by the hour (what a job may ask for)."""
+    return tuple(sorted({row.gpu for row in instance_types()}))
+
+
+@lru_cache(maxsize=1)
+def catalog_zones() -> tuple[str, ...]:
+    """Zones where the catalog sells some GPU instance type."""
+    return tuple(sorted({zone for row in instance_types() for zone in row.zones}))
+
+
+@lru_cache(maxsize=1)
 def _all_offers() -> tuple[Offer, ...]:
     offers = [offer_for(row, zone) for row in instance_types() for zone in row.zones]
     offers.sort(key=lambda o: (o.cloud, o.zone, o.gpu, o.gpus_per_node, o.instance_type))

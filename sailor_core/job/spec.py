@@ -11,12 +11,16 @@ this module at start-up.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import functools
 import typing
 from dataclasses import dataclass
 from typing import Any
 
-from sailor_core.errors import InputError
+from sailor_core.catalog.gpus import gpu_names, normalize_gpu_name
+from sailor_core.catalog.instances import CLOUDS, catalog_zones, rentable_gpus
+from sailor_core.catalog.models import model_names, normalize_model_name
+from sailor_core.errors import InputError, UnknownNameError
 
 OBJECTIVES = ("throughput", "cost")
 OPTION = "option"  # the metadata key of a field's Option
@@ -127,10 +131,55 @@ def _check(spec: JobSpec) -> None:
     at_least_one("max_gpus", spec.max_gpus, optional=True)
     at_least_one("global_batch_size", spec.global_batch_size, optional=True)
     at_least_one("checkpoint_every_steps", spec.checkpoint_every_steps)
+    _check_names(spec)
     _check_data(spec.dataset)
     _check_recipe(spec)
     if any(s < 1 for s in spec.preempt_at_steps):
         raise JobSpecError("preempt_at_steps", f"must list steps of at least 1, got {list(spec.preempt_at_steps)}")
+
+
+def _did_you_mean(name: str, known) -> str:
+    close = difflib.get_close_matches(name, list(known), n=1, cutoff=0.6)
+    return f"did you mean {close[0]!r}? " if close else ""
+
+
+def _check_names(spec: JobSpec) -> None:
+    """Names against the catalogs: a typo fails at once, with the likely spelling, not in the flow."""
+    try:
+        normalize_model_name(spec.model)
+    except UnknownNameError:
+        raise JobSpecError("model", f"{spec.model!r} is not in the model catalog; "
+                                    f"{_did_you_mean(spec.model, model_names())}(`sailor catalog models`)") from None
+    for gpu in spec.gpus:
+        _check_gpu_type(gpu)
+    zones = catalog_zones()
+    for zone in spec.zones:
+        if zone not in zones:
+            raise JobSpecError("zones", f"{zone!r}: no cloud of the catalog sells GPUs there; "
+                                        f"{_did_you_mean(zone, zones)}(`sailor catalog instances`)")
+    for cloud in spec.clouds:
+        if cloud not in CLOUDS:
+            raise JobSpecError("clouds", f"{cloud!r} is not a cloud Sailor rents from; known: {', '.join(CLOUDS)}")
+
+
+def _check_gpu_type(gpu: str) -> None:
+    """A GPU type some cloud rents; ``sailor plan``'s TYPE@ZONE=N written here gets its translation."""
+    if any(c in gpu for c in "@=:"):
+        name, _, rest = gpu.replace(":", "@").partition("@")
+        zone, _, count = rest.partition("=")
+        if "=" in name:
+            name, _, count = name.partition("=")
+        hint = f"--gpus {name}" + (f" --zones {zone}" if zone else "") + (f" --max-gpus {count}" if count else "")
+        raise JobSpecError("gpus", f"takes GPU types like T4,A100-40, not {gpu!r} (TYPE@ZONE=N is `sailor plan`'s "
+                                   f"form); here write {hint}")
+    try:
+        canonical = normalize_gpu_name(gpu)
+    except UnknownNameError:
+        raise JobSpecError("gpus", f"{gpu!r} is not a GPU type in the catalog; "
+                                   f"{_did_you_mean(gpu, gpu_names())}known: {', '.join(rentable_gpus())}") from None
+    if canonical not in rentable_gpus():
+        raise JobSpecError("gpus", f"{gpu!r}: no cloud of the catalog rents it; "
+                                   f"rentable: {', '.join(rentable_gpus())}")
 
 
 def _check_data(dataset: str) -> None:
