@@ -7,7 +7,9 @@ Pure functions the train-job flow uses between the planner and the clouds:
 - ``nodes_for_plan``: the instances a plan needs.  Each replica is ``tp``
   GPUs of one node; replicas of the same GPU type and zone are packed into
   nodes of the cheapest fitting instance type, first fit, so a plan of eight
-  TP=1 replicas rents one 8-GPU node where that is cheaper per GPU.
+  TP=1 replicas rents one 8-GPU node where that is cheaper per GPU.  Each node
+  is then rented as the cheapest shape that holds its GPUs (a node of 2 GPUs
+  on a 2-GPU shape, not on the 4-GPU shape the packing used), and says why.
 - ``match_instances``: which of the nodes are served by instances still
   running from the previous attempt (a re-plan keeps the survivors instead of
   paying to start new ones), which must be launched, which are surplus.
@@ -37,6 +39,7 @@ class NodeRequest:
     usd_per_hr: float
     ranks: tuple[int, ...]  # global ranks, ascending
     replicas: tuple[tuple[int, int], ...]  # (stage, replica) pairs placed here
+    why: str = ""  # why this shape, in words (the plan artifact shows it)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -79,34 +82,57 @@ def nodes_for_plan(plan: Plan, offers: Sequence[Offer], *, spot: bool = True) ->
     nodes: list[NodeRequest] = []
     for (gpu, zone), replicas in groups.items():
         here = [o for o in offers if o.gpu == gpu and o.zone == zone]
-        need = sum(tp for _, _, tp in replicas)
         largest_tp = max(tp for _, _, tp in replicas)
-        fitting = [o for o in here if o.gpus_per_node >= largest_tp]
-        if not fitting:
+        sizes = sorted({o.gpus_per_node for o in here if o.gpus_per_node >= largest_tp})
+        if not sizes:
             raise InfeasibleError(f"no instance type in {zone} has {largest_tp} {gpu} GPUs on one node")
 
-        def cost(o: Offer) -> tuple[float, int]:
-            # Whole nodes are paid for: the cheapest way to hold ``need`` GPUs, then fewer nodes.
-            num_nodes = -(-need // o.gpus_per_node)
-            return (num_nodes * _price(o, spot), num_nodes)
+        def packed(size: int) -> list[tuple[list[tuple[int, int, int]], Offer, str]]:
+            return [(b, *_right_size(here, sum(tp for _, _, tp in b), len(b), spot))
+                    for b in _first_fit(replicas, size)]
 
-        best = min(fitting, key=cost)
-        bins: list[list[tuple[int, int, int]]] = []
-        for item in sorted(replicas, key=lambda x: -x[2]):  # first fit decreasing
-            for b in bins:
-                if sum(tp for _, _, tp in b) + item[2] <= best.gpus_per_node:
-                    b.append(item)
-                    break
-            else:
-                bins.append([item])
-        for b in bins:
+        # Whole nodes are paid for: the packing whose right-sized nodes cost least, then fewer nodes.
+        options = [packed(size) for size in sizes]
+        best = min(options, key=lambda p: (sum(_price(shape, spot) for _, shape, _ in p), len(p)))
+        for b, shape, why in best:
             ranks = sorted(rk for s, r, _ in b for rk in replica_ranks(plan, s, r))
             nodes.append(NodeRequest(
-                cloud=best.cloud, zone=zone, instance_type=best.instance_type, gpu=gpu,
-                gpus_per_node=best.gpus_per_node, spot=spot, usd_per_hr=_price(best, spot),
-                ranks=tuple(ranks), replicas=tuple(sorted((s, r) for s, r, _ in b)),
+                cloud=shape.cloud, zone=zone, instance_type=shape.instance_type, gpu=gpu,
+                gpus_per_node=shape.gpus_per_node, spot=spot, usd_per_hr=_price(shape, spot),
+                ranks=tuple(ranks), replicas=tuple(sorted((s, r) for s, r, _ in b)), why=why,
             ))
     return sorted(nodes, key=lambda n: n.ranks[0])
+
+
+def _first_fit(replicas: list[tuple[int, int, int]], capacity: int) -> list[list[tuple[int, int, int]]]:
+    """(stage, replica, tp) packed into nodes of ``capacity`` GPUs, largest first."""
+    bins: list[list[tuple[int, int, int]]] = []
+    for item in sorted(replicas, key=lambda x: -x[2]):
+        for b in bins:
+            if sum(tp for _, _, tp in b) + item[2] <= capacity:
+                b.append(item)
+                break
+        else:
+            bins.append([item])
+    return bins
+
+
+def _right_size(here: Sequence[Offer], num_gpus: int, num_replicas: int, spot: bool) -> tuple[Offer, str]:
+    """The cheapest shape among ``here`` (one GPU type, one zone) holding ``num_gpus``, and why it was rented."""
+    holding = [o for o in here if o.gpus_per_node >= num_gpus]
+    shape = min(holding, key=lambda o: (_price(o, spot), o.gpus_per_node))
+    smallest = min(o.gpus_per_node for o in holding)
+    gpus = f"{num_gpus} {shape.gpu}"
+    if shape.gpus_per_node == num_gpus and num_replicas > 1:
+        why = f"{num_replicas} replicas on one node: the cheapest way to rent {gpus} in {shape.zone}"
+    elif shape.gpus_per_node == num_gpus:
+        why = f"the smallest {shape.gpu} shape in {shape.zone} that holds its {gpus}"
+    elif shape.gpus_per_node == smallest:
+        why = (f"no {shape.gpu} shape in {shape.zone} holds exactly {num_gpus}: "
+               f"{shape.gpus_per_node - num_gpus} of its {shape.gpus_per_node} GPUs idle")
+    else:
+        why = f"cheaper than the {smallest}-GPU shape for its {gpus}"
+    return shape, why
 
 
 def match_instances(nodes: Sequence[NodeRequest], running: Iterable[RunningInstance]) -> Placement:

@@ -45,6 +45,24 @@ def test_a_tp_group_never_spans_nodes():
     assert node.instance_type == "x4" and node.ranks == (0, 1)
 
 
+def test_each_node_is_rented_as_the_smallest_shape_that_holds_its_gpus():
+    # The case: a TP=2 replica of T4s rented an n1-standard-16 with 4 T4s while a 2-GPU shape exists.
+    from sailor_core.catalog.instances import catalog_offers
+
+    plan = plan_from_dict({"model": "tiny", "global_batch_size": 8, "micro_batch_size": 1, "stages": [
+        {"layers": [0, 4], "replicas": [{"gpu": "T4", "tp": 2, "zone": ZONE}]}]})
+    [node] = nodes_for_plan(plan, catalog_offers(gpus=["T4"], zones=[ZONE]))
+    assert (node.instance_type, node.gpus_per_node) == ("n1-standard-8-t4x2", 2)
+    assert node.why == f"the smallest T4 shape in {ZONE} that holds its 2 T4"
+    # Packed on the node size that is cheapest per GPU, and the last, part-filled node right-sized.
+    three = _plan([[2, 2, 2]])
+    nodes = nodes_for_plan(three, [_offer("x2", 2, 1.2), _offer("x4", 4, 2.0)])
+    assert [(n.instance_type, n.ranks) for n in nodes] == [("x4", (0, 1, 2, 3)), ("x2", (4, 5))]
+    # No shape of exactly its size: the idle GPUs are said.
+    [node] = nodes_for_plan(_plan([[2]]), [_offer("x1", 1, 0.1), _offer("x4", 4, 3.0)])
+    assert node.why == f"no A100-40 shape in {ZONE} holds exactly 2: 2 of its 4 GPUs idle"
+
+
 def test_survivors_of_the_same_type_and_zone_are_kept_and_the_rest_ended():
     nodes = nodes_for_plan(_plan([[1, 1]]), [_offer("x1", 1, 0.5)])
     running = [RunningInstance(instance_id="i-b", zone=ZONE, instance_type="x1"),
