@@ -263,9 +263,11 @@ class StageTrainer:
 
         After the DP sync every replica of a stage holds the same gradients: replica 0 counts
         them.  Inside it, a TP-sharded parameter counts on every TP rank (the shards add up to
-        the whole), a replicated one on TP rank 0 only.
+        the whole), a replicated one on TP rank 0 only.  A last stage's copy of a tied
+        embedding (``layer.tied``) is layer 0's parameter, which layer 0's stage counts.
         """
-        if self.role.replica != 0:
+        # getattr: ShardedLayer.tied arrives with tied embeddings (runtime/model.py)
+        if self.role.replica != 0 or name in getattr(layer, "tied", ()):
             return False
         sharded = layer.shard_dims[name] is not None and self.role.tp_degree > 1
         return sharded or self.role.tp_rank == 0
