@@ -72,8 +72,8 @@ def test_a_vocabulary_past_16_bits_writes_u32(tmp_path, sailor_cli):
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
     tok.save(str(tmp_path / "tokenizer.json"))
     (tmp_path / "t.txt").write_text("hello world w5\nw69999 hello\n")
-    r = sailor_cli("data", "prepare", "--input", str(tmp_path / "t.txt"), "--tokenizer", str(tmp_path / "tokenizer.json"),
-                   "--out", str(tmp_path / "tokens.bin"), "--json")
+    r = sailor_cli("data", "prepare", "--input", str(tmp_path / "t.txt"),
+                   "--tokenizer", str(tmp_path / "tokenizer.json"), "--out", str(tmp_path / "tokens.bin"), "--json")
     assert r.returncode == 0, r.stderr
     result = json.loads(r.stdout)
     assert result["file"] == str(tmp_path / "tokens.u32.bin") and result["dtype"] == "uint32"
