@@ -5,6 +5,8 @@ asks the controller what to run, provisions it and watches it; these functions s
 each ending means: the job's status, what the controller hears next, which instance
 records to close and how, and when waiting or retrying has gone on long enough.
 ``Recovery`` is what the flow's loop carries from one attempt (or wait) to the next.
+Reasons are plain words, as ``sailor status`` and the Prefect UI show them: "spot
+preemption took 2 of 2 T4s in us-central1-a at step 12; re-planned on 2 T4 in us-central1-b".
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from sailor_core.controller import Action, Decision, Event, EventKind, PlanOption
+from sailor_core.job import report
 from sailor_core.job import state as js
 from sailor_core.job.attempts import INSTANCE_PREEMPTED, AttemptOutcome
 
@@ -32,7 +35,7 @@ class Recovery:
     current: PlanOption | None = None  # the plan of the attempt that ran last
     num_waits: int = 0  # looks in a row that placed nothing
     num_without_progress: int = 0  # attempts in a row that ended without a new checkpoint
-    reason_prefix: str = ""  # why the next plan is needed, ahead of the controller's reason
+    cause: str = ""  # why the next plan is needed, in words ("" for a new job)
 
     @property
     def out_of_waits(self) -> bool:
@@ -45,8 +48,8 @@ class Recovery:
 
 def start(state: js.JobState) -> Recovery:
     """A flow run's first look: a new job starts; a job with attempts behind it is resumed."""
-    return Recovery(event=Event(kind=EventKind.START),
-                    reason_prefix="" if state.attempt == 0 else "flow run resumed the job; ")
+    cause = "" if state.attempt == 0 else f"a new flow run picked the job up at step {state.last_checkpoint_step or 0}"
+    return Recovery(event=Event(kind=EventKind.START), cause=cause)
 
 
 def status_when_stopped(state: js.JobState) -> str:
@@ -62,11 +65,14 @@ def waited(rec: Recovery) -> Recovery:
 
 def choose(rec: Recovery, decision: Decision) -> tuple[Recovery, str]:
     """A plan is chosen: the reason the job records for it, and the loop with that reason used up."""
+    on = report.gpus(decision.plan.gpus)
     if decision.action == Action.CONTINUE and rec.current is not None:
-        reason = f"restart the same plan ({rec.current.label})"
+        what = f"restarted the same plan on {on}"
+    elif rec.cause:
+        what = f"re-planned on {on}"
     else:
-        reason = decision.reason
-    return dataclasses.replace(rec, reason_prefix=""), rec.reason_prefix + reason
+        what = f"planned on {on}"
+    return dataclasses.replace(rec, cause=""), f"{rec.cause}; {what}" if rec.cause else what
 
 
 def start_attempt(state: js.JobState, option: PlanOption, reason: str) -> js.JobState:
@@ -76,10 +82,10 @@ def start_attempt(state: js.JobState, option: PlanOption, reason: str) -> js.Job
     return js.with_status(state, js.RUNNING if state.attempt == 1 else js.RECOVERING, reason)
 
 
-def no_capacity(rec: Recovery) -> Recovery:
+def no_capacity(rec: Recovery, why: str = "") -> Recovery:
     """Provisioning found no room for some node: a wait, after which the controller plans afresh."""
     return dataclasses.replace(rec, event=Event(kind=EventKind.CAPACITY), current=None, num_waits=rec.num_waits + 1,
-                               reason_prefix="no capacity for the last plan; ")
+                               cause="no capacity for the last plan" + (f" ({why})" if why else ""))
 
 
 def launched(rec: Recovery) -> Recovery:
@@ -112,19 +118,35 @@ def preemption_event(state: js.JobState, instance_ids: Sequence[str]) -> Event:
     return Event(kind=EventKind.PREEMPTION, lost=lost, zone_hint=next(iter(lost))[1] if lost else None)
 
 
+def preemption_words(state: js.JobState, instance_ids: Sequence[str]) -> str:
+    """``spot preemption took 2 of 2 T4s in us-central1-a at step 12``: the GPUs lost per pool, out
+    of those the job held there in this attempt."""
+    started = state.replans[-1].at_unix_s if state.replans else 0.0
+    lost: dict[tuple[str, str], int] = {}
+    held: dict[tuple[str, str], int] = {}
+    for r in state.instances:
+        key = (r.gpu, r.zone)
+        if r.instance_id in instance_ids:
+            lost[key] = lost.get(key, 0) + r.num_gpus
+        if r.ended_unix_s is None or r.ended_unix_s >= started:
+            held[key] = held.get(key, 0) + r.num_gpus
+    pools = " and ".join(f"{n} of {max(n, held.get((gpu, zone), 0))} {gpu}s in {zone}"
+                         for (gpu, zone), n in sorted(lost.items()))
+    return f"spot preemption took {pools or 'instances ' + ', '.join(instance_ids)} at step {state.steps_done}"
+
+
 def after_attempt(rec: Recovery, state: js.JobState, outcome: AttemptOutcome, *, ran: PlanOption,
                   checkpoint_before: int | None) -> Recovery:
     """An attempt of ``ran`` ended early (preempted, lost, failed, or replaced by the controller);
     ``state`` has its survivors stopped and its newest checkpoint noted."""
     if outcome.kind == INSTANCE_PREEMPTED:
-        event = preemption_event(state, outcome.instance_ids)
+        event, cause = preemption_event(state, outcome.instance_ids), preemption_words(state, outcome.instance_ids)
     else:
-        event = Event(kind=EventKind.CAPACITY)
+        event, cause = Event(kind=EventKind.CAPACITY), f"{outcome.reason} at step {state.steps_done}"
     progressed = state.last_checkpoint_step != checkpoint_before
     return dataclasses.replace(
         rec, event=event, current=ran,  # broken by the preemption's lost GPUs, or still whole after a crash
-        num_without_progress=0 if progressed else rec.num_without_progress + 1,
-        reason_prefix=f"{outcome.reason} at step {state.steps_done}; ")
+        num_without_progress=0 if progressed else rec.num_without_progress + 1, cause=cause)
 
 
 def stalled_reason(rec: Recovery, outcome: AttemptOutcome) -> str:

@@ -100,6 +100,8 @@ class JobState:
     num_preemptions: int = 0
     injected_preemption_steps: tuple[int, ...] = ()  # --preempt-at steps already injected
     num_flow_runs: int = 0
+    flow_run_id: str | None = None  # the latest flow run of the job, and its page in the Prefect UI
+    flow_run_url: str | None = None
     created_unix_s: float = field(default_factory=time.time)
     updated_unix_s: float = field(default_factory=time.time)
     version: int = STATE_VERSION
@@ -156,8 +158,8 @@ def with_status(state: JobState, status: str, reason: str = "") -> JobState:
     return _touch(state, status=status, status_reason=reason)
 
 
-def with_flow_run(state: JobState) -> JobState:
-    return _touch(state, num_flow_runs=state.num_flow_runs + 1)
+def with_flow_run(state: JobState, run_id: str | None = None, url: str | None = None) -> JobState:
+    return _touch(state, num_flow_runs=state.num_flow_runs + 1, flow_run_id=run_id, flow_run_url=url)
 
 
 def with_plan(state: JobState, *, plan: dict[str, Any], reason: str, usd_per_hr: float,

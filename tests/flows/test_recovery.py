@@ -51,16 +51,33 @@ def test_a_stop_is_success_only_when_the_checkpoints_reach_the_target():
     assert recovery.status_when_stopped(js.with_progress(s, last_checkpoint_step=10)) == js.SUCCEEDED
 
 
-def test_reasons_carry_why_the_plan_was_needed_once():
+def test_reasons_say_in_words_why_the_plan_was_needed_once():
     rec = recovery.start(_job())
-    assert rec.event.kind == EventKind.START and rec.reason_prefix == ""
+    assert rec.event.kind == EventKind.START and rec.cause == ""
+    rec, reason = recovery.choose(rec, Decision(action=Action.REPLAN, reason="start: 2xT4@us-east-1a", plan=OPTION))
+    assert reason == "planned on 2 T4 in us-east-1a"
     resumed = js.with_plan(_job(), plan={"model": "tiny"}, reason="start", usd_per_hr=0.4, throughput_samples_per_s=5.0)
-    rec = recovery.start(resumed)
+    rec = recovery.start(js.with_progress(resumed, last_checkpoint_step=5))
     rec, reason = recovery.choose(rec, Decision(action=Action.REPLAN, reason="best plan", plan=OPTION))
-    assert reason == "flow run resumed the job; best plan" and rec.reason_prefix == ""
-    rec = recovery.Recovery(event=rec.event, current=OPTION, reason_prefix="preempted: a at step 7; ")
+    assert reason == "a new flow run picked the job up at step 5; re-planned on 2 T4 in us-east-1a"
+    assert rec.cause == ""
+    rec = recovery.Recovery(event=rec.event, current=OPTION, cause="worker exited non-zero at step 7")
     rec, reason = recovery.choose(rec, Decision(action=Action.CONTINUE, reason="keep going", plan=OPTION))
-    assert reason == "preempted: a at step 7; restart the same plan (2xT4@us-east-1a)"
+    assert reason == "worker exited non-zero at step 7; restarted the same plan on 2 T4 in us-east-1a"
+
+
+def test_a_preemption_is_told_in_plain_words():
+    # The example: "preemption: lost 4xT4@us-central1-a: 2xT4@us-central1-a" said less than this.
+    s = js.with_progress(_job("a", "b", "c"), steps_done=12)
+    s = js.with_instances_ended(s, {"c"}, "terminated", now_unix_s=-1.0)  # ended before this attempt
+    s = js.with_plan(s, plan={}, reason="x", usd_per_hr=0.4, throughput_samples_per_s=5.0, now_unix_s=0.0)
+    s = recovery.close_preempted(s, AttemptOutcome(kind=INSTANCE_PREEMPTED, instance_ids=("a", "b")))
+    rec = recovery.after_attempt(recovery.start(s), s, AttemptOutcome(kind=INSTANCE_PREEMPTED, instance_ids=("a", "b")),
+                                 ran=OPTION, checkpoint_before=None)
+    assert rec.cause == "spot preemption took 2 of 2 T4s in us-east-1a at step 12"
+    moved = dataclasses.replace(OPTION, gpus={("T4", "us-east-1b"): 2})
+    _, reason = recovery.choose(rec, Decision(action=Action.REPLAN, reason="preemption: lost 2xT4", plan=moved))
+    assert reason == "spot preemption took 2 of 2 T4s in us-east-1a at step 12; re-planned on 2 T4 in us-east-1b"
 
 
 def test_an_attempt_starts_running_and_later_ones_recover():
@@ -80,7 +97,8 @@ def test_waits_run_out_unless_a_launch_works():
     assert not rec.out_of_waits
     rec = recovery.no_capacity(rec)
     assert rec.out_of_waits and rec.event.kind == EventKind.CAPACITY and rec.current is None
-    assert rec.reason_prefix == "no capacity for the last plan; "
+    assert rec.cause == "no capacity for the last plan"
+    assert recovery.no_capacity(rec, "no T4 in us-east-1a").cause == "no capacity for the last plan (no T4 in us-east-1a)"
     assert recovery.launched(rec).num_waits == 0
 
 
@@ -90,7 +108,7 @@ def test_after_a_preemption_the_controller_hears_which_gpus_were_lost():
     rec = recovery.after_attempt(recovery.start(s), s, outcome, ran=OPTION, checkpoint_before=None)
     assert rec.event.kind == EventKind.PREEMPTION and rec.event.lost == {("T4", "us-east-1a"): 1}
     assert rec.event.zone_hint == "us-east-1a" and rec.current is OPTION
-    assert rec.reason_prefix == "preempted: a at step 0; "
+    assert rec.cause == "spot preemption took 1 of 2 T4s in us-east-1a at step 0"
 
 
 def test_attempts_without_a_new_checkpoint_stall_the_job():

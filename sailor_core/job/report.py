@@ -1,0 +1,94 @@
+"""A job's numbers and plans in words for people: the terminal, ``sailor jobs``, the Prefect artifacts.
+
+Pure functions, no Prefect: the CLI formats with them without loading it.  Amounts keep
+three significant digits (``0.00000214 USD``, not ``0.000000``), durations read as
+``3 min 12 s``, GPUs as ``2 T4 in us-central1-a``.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+
+def sig(x: float | None, digits: int = 3) -> str:
+    """``x`` with ``digits`` significant digits, in plain notation (``0.00214``, ``1,230``, ``4.94``)."""
+    if x is None or not math.isfinite(x):
+        return "-"
+    if x == 0:
+        return "0"
+    decimals = max(0, digits - 1 - math.floor(math.log10(abs(x))))
+    return f"{x:,.{min(decimals, 12)}f}"
+
+
+def usd(x: float | None) -> str:
+    """An amount of money: cents from 1 USD up, three significant digits below."""
+    if x is None or not math.isfinite(x):
+        return "- USD"
+    return f"{x:,.2f} USD" if abs(x) >= 1 else f"{sig(x)} USD"
+
+
+def spend(spent_usd: float, budget_usd: float) -> str:
+    """``0.0123 of 0.05 USD (25 %)``."""
+    share = f" ({100 * spent_usd / budget_usd:.0f} %)" if budget_usd > 0 else ""
+    return f"{sig(spent_usd)} of {sig(budget_usd)} USD{share}"
+
+
+def duration(seconds: float | None) -> str:
+    """``45 s``, ``3 min 12 s``, ``1 h 05 min``."""
+    if seconds is None or not math.isfinite(seconds):
+        return "-"
+    s = max(0, round(seconds))
+    if s < 60:
+        return f"{s} s"
+    if s < 3600:
+        return f"{s // 60} min {s % 60:02d} s"
+    return f"{s // 3600} h {s % 3600 // 60:02d} min"
+
+
+def local_time(unix_s: float | None, *, date: bool = True) -> str:
+    if unix_s is None:
+        return "-"
+    return time.strftime("%Y-%m-%d %H:%M" if date else "%H:%M:%S", time.localtime(unix_s))
+
+
+def gpus(counts: Mapping[tuple[str, str], int]) -> str:
+    """``{(T4, us-central1-a): 2}`` -> ``2 T4 in us-central1-a`` (several pools joined by ``+``)."""
+    parts = [f"{n} {gpu} in {zone}" for (gpu, zone), n in sorted(counts.items()) if n > 0]
+    return " + ".join(parts) if parts else "no GPUs"
+
+
+def plan_gpus(plan: Mapping[str, Any]) -> dict[tuple[str, str], int]:
+    """GPUs a plan document uses per (type, zone): each replica holds ``tp`` of them."""
+    out: dict[tuple[str, str], int] = {}
+    for stage in plan.get("stages", ()):
+        for rep in stage.get("replicas", ()):
+            key = (rep["gpu"], rep["zone"])
+            out[key] = out.get(key, 0) + int(rep.get("tp", 1))
+    return out
+
+
+def plan_line(plan: Mapping[str, Any] | None, *, usd_per_hr: float | None = None,
+              samples_per_s: float | None = None) -> str:
+    """A plan in one line: ``2 T4 in us-central1-a, 2 stages, micro-batch 1, 0.30 USD/h, 4.1 samples/s``."""
+    if not plan:
+        return "none yet"
+    num_stages = len(plan.get("stages", ()))
+    parts = [gpus(plan_gpus(plan)), f"{num_stages} stage{'s' if num_stages != 1 else ''}",
+             f"micro-batch {plan.get('micro_batch_size')}"]
+    if usd_per_hr is not None:
+        parts.append(f"{sig(usd_per_hr)} USD/h")
+    if samples_per_s is not None:
+        parts.append(f"{sig(samples_per_s)} samples/s predicted")
+    return ", ".join(parts)
+
+
+def nodes_line(nodes: Iterable[Mapping[str, Any]]) -> str:
+    """What is rented for an attempt: ``1 x n1-standard-8-t4x2 (2 T4) in us-central1-b``."""
+    counts: dict[tuple[str, int, str, str], int] = {}
+    for n in nodes:
+        key = (n["instance_type"], int(n["gpus_per_node"]), n["gpu"], n["zone"])
+        counts[key] = counts.get(key, 0) + 1
+    return " + ".join(f"{k} x {t} ({g} {gpu}) in {z}" for (t, g, gpu, z), k in counts.items()) or "nothing"
