@@ -1,4 +1,10 @@
-"""Model architectures (decoder-only transformers) from the model catalog."""
+"""Model architectures (decoder-only transformers) from the model catalog.
+
+Each catalog model is one of three Hugging Face ``transformers`` families, with the
+hyperparameters of its published ``config.json``: ``opt`` (``OPTForCausalLM``), ``gptneo``
+(``GPTNeoForCausalLM``) and ``llama`` (``LlamaForCausalLM``).  The engine builds exactly
+that model (``runtime/model.py``), ``runtime/hf.py`` maps a ``config.json`` to a spec and back.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +12,22 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from sailor_core.catalog._load import load_data_file
-from sailor_core.errors import UnknownNameError
+from sailor_core.errors import InputError, UnknownNameError
+
+FAMILIES = ("opt", "gptneo", "llama")
+ATTENTION_KINDS = ("global", "local")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RopeScaling:
+    """Llama 3's RoPE frequency scaling (``rope_type: "llama3"``): wavelengths longer than
+    ``original_max_position_embeddings / low_freq_factor`` are divided by ``factor``, those
+    shorter than ``.../ high_freq_factor`` kept, the ones between interpolated."""
+
+    factor: float
+    low_freq_factor: float
+    high_freq_factor: float
+    original_max_position_embeddings: int
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -27,9 +48,32 @@ class ModelSpec:
     vocab_size: int
     seq_len: int
     max_position_embeddings: int
-    word_embed_proj_dim: int | None = None
-    tie_embeddings: bool = False
-    pre_norm: bool = True
+    word_embed_proj_dim: int | None = None  # OPT-350m: embeddings of this width, projected in and out
+    tie_embeddings: bool = False  # the LM head is the token embedding matrix
+    pre_norm: bool = True  # OPT-350m: False (LayerNorm after each residual add, no final norm)
+    norm_eps: float = 1e-5
+    rope_theta: float = 500_000.0  # llama
+    rope_scaling: RopeScaling | None = None  # llama 3.1+
+    # gptneo: "global" or "local" per block (empty: all global); a local block attends to the
+    # attention_window most recent positions, itself included
+    attention_layers: tuple[str, ...] = ()
+    attention_window: int = 0
+    # the embedding's padding_idx (transformers: OPT's and Llama's pad_token_id): the input lookup
+    # leaves that row's gradient at zero (a tied head still trains it)
+    pad_token_id: int | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "attention_layers", tuple(self.attention_layers))
+        if isinstance(self.rope_scaling, dict):
+            object.__setattr__(self, "rope_scaling", RopeScaling(**self.rope_scaling))
+        if self.family not in FAMILIES:
+            raise InputError(f"model {self.name}: family must be one of {', '.join(FAMILIES)}, got {self.family!r}")
+        if self.attention_layers and (len(self.attention_layers) != self.num_layers
+                                      or set(self.attention_layers) - set(ATTENTION_KINDS)):
+            raise InputError(f"model {self.name}: attention_layers must name global or local for each of its "
+                             f"{self.num_layers} blocks")
+        if "local" in self.attention_layers and self.attention_window < 1:
+            raise InputError(f"model {self.name}: local attention layers need an attention_window")
 
     @property
     def num_layer_indices(self) -> int:
@@ -43,6 +87,20 @@ class ModelSpec:
     def is_llama(self) -> bool:
         return self.family == "llama"
 
+    @property
+    def embedding_dim(self) -> int:
+        """Width of the token embedding (and of the LM head's input)."""
+        return self.word_embed_proj_dim or self.hidden_size
+
+    def attention_kind(self, block: int) -> str:
+        """``"global"`` or ``"local"`` for block ``block`` (1..num_layers)."""
+        return self.attention_layers[block - 1] if self.attention_layers else "global"
+
+
+def _expand_attention_types(types: list) -> list[str]:
+    """Hugging Face GPT-Neo's compact ``attention_types``, e.g. ``[[["global", "local"], 16]]``."""
+    return [kind for pattern, repeat in types for _ in range(repeat) for kind in pattern]
+
 
 @lru_cache(maxsize=1)
 def _catalog() -> tuple[dict[str, ModelSpec], dict[str, str]]:
@@ -50,6 +108,9 @@ def _catalog() -> tuple[dict[str, ModelSpec], dict[str, str]]:
     aliases: dict[str, str] = {}
     fields = set(ModelSpec.__dataclass_fields__)
     for row in load_data_file("models.json")["models"]:
+        row = dict(row)
+        if "attention_types" in row:
+            row["attention_layers"] = _expand_attention_types(row.pop("attention_types"))
         spec = ModelSpec(**{k: v for k, v in row.items() if k in fields})
         specs[spec.name] = spec
         for alias in [spec.name, *row.get("aliases", [])]:

@@ -10,15 +10,31 @@ of (seed, layer index, parameter name) on the full shape, then sliced, so any
 split into stages and any TP degree start from the same model, and a
 checkpoint of full tensors loads under any other split.
 
-Families: ``opt`` (LayerNorm, learned positions, ReLU MLP, biases; pre- or
-post-norm), ``gptneo`` (as opt with GELU; its local-attention layers are
-trained as global attention), ``llama`` (RMSNorm, RoPE, SwiGLU, grouped-query
-attention, no biases).  Embedding and LM head are not TP-sharded and are
-never tied across stages (a tied model is trained with an untied head).
+The families are Hugging Face ``transformers``' models, computed the same way
+(``tests/runtime/test_hf_parity.py`` checks logits against them):
+
+* ``opt`` (``OPTForCausalLM``): learned positions with OPT's offset of 2, an
+  optional projection in and out (``word_embed_proj_dim``, opt-350m), LayerNorm
+  before (or after, opt-350m: then no final norm) each sublayer, ReLU MLP, biases.
+* ``gptneo`` (``GPTNeoForCausalLM``): learned positions, no biases on Q/K/V, unscaled
+  attention scores, ``gelu_new`` (GELU's tanh form), and blocks that alternate
+  global and local attention (a window of the ``attention_window`` latest positions).
+* ``llama`` (``LlamaForCausalLM``): RMSNorm, RoPE with the config's theta and Llama 3
+  frequency scaling, grouped-query attention, SwiGLU, no biases.
+
+Embedding and LM head are vocabulary-parallel: TP rank r holds rows
+``shard_range(V, t, r)`` and the loss never gathers the full logits
+(``runtime/tp.py``).  A model that ties them (``ModelSpec.tie_embeddings``) has
+one matrix, ``tok`` of layer 0: a stage holding both layer 0 and L+1 shares it;
+a last stage without layer 0 holds a copy, also named ``tok`` and listed in the
+head's ``tied`` (initialised as layer 0's, its gradient summed with the
+embedding's every step by the trainer's embedding group, never checkpointed).
 """
 
 from __future__ import annotations
 
+import functools
+import math
 import zlib
 from typing import Callable
 
@@ -26,16 +42,18 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from sailor_core.catalog.models import ModelSpec
+from sailor_core.catalog.models import ModelSpec, RopeScaling
 from sailor_core.errors import PlanError
-from sailor_core.runtime.tp import copy_to_tp, reduce_from_tp
+from sailor_core.runtime.tp import (copy_to_tp, gather_shards, reduce_from_tp, shard_range,
+                                    vocab_parallel_cross_entropy, vocab_parallel_embedding)
 
 INIT_STD = 0.02
-ROPE_THETA = 500_000.0
+OPT_POSITION_OFFSET = 2  # OPTLearnedPositionalEmbedding: position p is row p + 2
+TIED = "tok"  # the token embedding; the LM head of a tied model
 
 
 def check_tp_degree(spec: ModelSpec, tp_degree: int) -> None:
-    """TP must split heads, KV heads and the FFN evenly."""
+    """TP must split heads, KV heads and the FFN evenly (the vocabulary may split unevenly)."""
     for what, n in (("attention heads", spec.num_heads), ("KV heads", spec.num_kv_heads),
                     ("FFN size", spec.ffn_size)):
         if n % tp_degree:
@@ -43,13 +61,17 @@ def check_tp_degree(spec: ModelSpec, tp_degree: int) -> None:
 
 
 def check_plan_for_engine(plan) -> None:
-    """What the engine needs beyond plan validation: TP splits evenly; all-CPU or all-GPU."""
+    """What the engine needs beyond plan validation: TP splits evenly; learned positions cover the
+    sequence; all-CPU or all-GPU."""
     from sailor_core.catalog.models import get_model
 
     spec = get_model(plan.model)
     for stage in plan.stages:
         for rep in stage.replicas:
             check_tp_degree(spec, rep.tp_degree)
+    if not spec.is_llama and plan.effective_seq_len() > spec.max_position_embeddings:
+        raise PlanError(f"sequence length {plan.effective_seq_len()} exceeds {spec.name}'s "
+                        f"{spec.max_position_embeddings} learned positions")
     kinds = {rep.gpu == "cpu" for stage in plan.stages for rep in stage.replicas}
     if len(kinds) > 1:
         raise PlanError("the engine runs a plan entirely on CPUs or entirely on GPUs, not both")
@@ -70,73 +92,113 @@ class ShardedLayer(nn.Module):
         self.tp_group = tp_group if tp_degree > 1 else None
         self.shard_dims: dict[str, int | None] = {}
         self.full_shapes: dict[str, tuple[int, ...]] = {}
+        self.tied: frozenset[str] = frozenset()  # copies of layer 0's parameters (a tied head)
 
     def _add(self, name: str, full_shape: tuple[int, ...], shard_dim: int | None,
-             init: str, seed: int) -> None:
-        full = self._init_full(name, full_shape, init, seed)
+             init: str, seed: int, *, init_layer: int | None = None) -> None:
+        """``init_layer``: draw the initial values as that layer's parameter of this name does."""
+        layer = self.layer_index if init_layer is None else init_layer
+        full = _init_full(_seed_for(seed, layer, name), full_shape, init)
         self.shard_dims[name] = shard_dim
         self.full_shapes[name] = tuple(full_shape)
         self.register_parameter(name, nn.Parameter(self.shard(name, full)))
-
-    def _init_full(self, name: str, shape, init: str, seed: int) -> torch.Tensor:
-        if init == "zeros":
-            return torch.zeros(shape)
-        if init == "ones":
-            return torch.ones(shape)
-        gen = torch.Generator().manual_seed(_seed_for(seed, self.layer_index, name))
-        return torch.randn(shape, generator=gen) * INIT_STD
 
     def shard(self, name: str, full: torch.Tensor) -> torch.Tensor:
         """This rank's slice of a full tensor of parameter ``name``."""
         dim = self.shard_dims[name]
         if dim is None or self.tp_degree == 1:
             return full.clone()
-        return full.chunk(self.tp_degree, dim=dim)[self.tp_rank].clone()
+        start, end = shard_range(full.shape[dim], self.tp_degree, self.tp_rank)
+        return full.narrow(dim, start, end - start).clone()
+
+    def gather(self, name: str, shard: torch.Tensor) -> torch.Tensor:
+        """The full tensor of parameter ``name`` from every TP rank's ``shard`` (a collective)."""
+        dim = self.shard_dims[name]
+        if dim is None:
+            return shard.detach().clone()
+        return gather_shards(shard, dim, self.full_shapes[name][dim], self.tp_degree, self.tp_group).clone()
+
+    def own_parameters(self):
+        """(name, parameter) of this layer's own parameters: not the copies of layer 0's."""
+        return [(n, p) for n, p in self.named_parameters(recurse=False) if n not in self.tied]
+
+
+def _init_full(seed: int, shape, init: str) -> torch.Tensor:
+    if init == "zeros":
+        return torch.zeros(shape)
+    if init == "ones":
+        return torch.ones(shape)
+    return torch.randn(shape, generator=torch.Generator().manual_seed(seed)) * INIT_STD
 
 
 def _norm(spec: ModelSpec) -> Callable:
-    return _rms_norm if spec.is_llama else _layer_norm
+    if spec.is_llama:
+        return lambda x, w, b=None: F.rms_norm(x, (x.shape[-1],), w, eps=spec.norm_eps)
+    return lambda x, w, b: F.layer_norm(x, (x.shape[-1],), w, b, eps=spec.norm_eps)
 
 
-def _layer_norm(x, w, b):
-    return F.layer_norm(x, (x.shape[-1],), w, b, eps=1e-5)
-
-
-def _rms_norm(x, w, b=None):
-    return F.rms_norm(x, (x.shape[-1],), w, eps=1e-5)
+def _vocab_start(spec: ModelSpec, layer: ShardedLayer) -> int:
+    return shard_range(spec.vocab_size, layer.tp_degree, layer.tp_rank)[0]
 
 
 class Embedding(ShardedLayer):
-    """Layer 0: token (+ learned position) embedding, optional projection in (opt-350m)."""
+    """Layer 0: vocabulary-parallel token embedding, optional projection in (opt-350m), learned
+    positions (OPT: offset by 2; GPT-Neo)."""
 
     def __init__(self, spec: ModelSpec, tp_degree=1, tp_rank=0, tp_group=None, seed=0):
         super().__init__(0, tp_degree, tp_rank, tp_group)
         self.spec = spec
-        dim = spec.word_embed_proj_dim or spec.hidden_size
-        self._add("tok", (spec.vocab_size, dim), None, "normal", seed)
+        h = spec.hidden_size
+        self._add(TIED, (spec.vocab_size, spec.embedding_dim), 0, "normal", seed)
+        self.position_offset = OPT_POSITION_OFFSET if spec.family == "opt" else 0
         if not spec.is_llama:
-            self._add("pos", (spec.max_position_embeddings, dim), None, "normal", seed)
+            self._add("pos", (spec.max_position_embeddings + self.position_offset, h), None, "normal", seed)
         if spec.word_embed_proj_dim:
-            self._add("proj_in", (spec.hidden_size, dim), None, "normal", seed)
+            self._add("proj_in", (h, spec.embedding_dim), None, "normal", seed)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        x = F.embedding(tokens, self.tok)
-        if not self.spec.is_llama:
-            x = x + self.pos[: tokens.shape[1]]
+        x = vocab_parallel_embedding(tokens, self.tok, _vocab_start(self.spec, self), self.tp_group,
+                                     self.spec.pad_token_id)
         if self.spec.word_embed_proj_dim:
             x = F.linear(x, self.proj_in)
+        if not self.spec.is_llama:
+            x = x + self.pos[self.position_offset: self.position_offset + tokens.shape[1]]
         return x
 
 
-def _rope(x: torch.Tensor, theta: float = ROPE_THETA) -> torch.Tensor:
-    """Rotary embedding (rotate-half form) on [batch, heads, seq, head_dim]."""
+@functools.lru_cache(maxsize=16)
+def _inv_freq(head_dim: int, theta: float, scaling: RopeScaling | None) -> torch.Tensor:
+    """RoPE inverse frequencies, Llama 3 scaled when asked (as ``transformers``' rope utils)."""
+    inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+    if scaling is None:
+        return inv
+    low_wavelen = scaling.original_max_position_embeddings / scaling.low_freq_factor
+    high_wavelen = scaling.original_max_position_embeddings / scaling.high_freq_factor
+    wavelen = 2 * math.pi / inv
+    scaled = torch.where(wavelen > low_wavelen, inv / scaling.factor, inv)
+    smooth = ((scaling.original_max_position_embeddings / wavelen - scaling.low_freq_factor)
+              / (scaling.high_freq_factor - scaling.low_freq_factor))
+    smoothed = (1 - smooth) * scaled / scaling.factor + smooth * scaled
+    medium = ~(wavelen < high_wavelen) * ~(wavelen > low_wavelen)
+    return torch.where(medium, smoothed, scaled)
+
+
+def _rope(x: torch.Tensor, spec: ModelSpec) -> torch.Tensor:
+    """Rotary embedding (rotate-half form, Hugging Face's weight layout) on [batch, heads, seq, head_dim]."""
     seq, hd = x.shape[-2], x.shape[-1]
-    inv = 1.0 / (theta ** (torch.arange(0, hd, 2, device=x.device, dtype=torch.float32) / hd))
-    ang = torch.outer(torch.arange(seq, device=x.device, dtype=torch.float32), inv)
-    cos = torch.cat([ang.cos(), ang.cos()], dim=-1).to(x.dtype)
-    sin = torch.cat([ang.sin(), ang.sin()], dim=-1).to(x.dtype)
+    inv = _inv_freq(hd, spec.rope_theta, spec.rope_scaling).to(x.device)
+    ang = torch.arange(seq, device=x.device, dtype=torch.float32)[:, None] * inv
+    ang = torch.cat([ang, ang], dim=-1)
+    cos, sin = ang.cos().to(x.dtype), ang.sin().to(x.dtype)
     x1, x2 = x[..., : hd // 2], x[..., hd // 2:]
     return x * cos + torch.cat([-x2, x1], dim=-1) * sin
+
+
+def _local_mask(seq: int, window: int, device) -> torch.Tensor:
+    """True where query i may attend key j: i - window < j <= i (GPT-Neo's local layers)."""
+    i = torch.arange(seq, device=device)[:, None]
+    j = torch.arange(seq, device=device)[None, :]
+    return (j <= i) & (j > i - window)
 
 
 class Block(ShardedLayer):
@@ -147,31 +209,32 @@ class Block(ShardedLayer):
         super().__init__(layer_index, tp_degree, tp_rank, tp_group)
         check_tp_degree(spec, tp_degree)
         self.spec = spec
+        self.local = spec.attention_kind(layer_index) == "local"
         h, hd, f = spec.hidden_size, spec.head_dim, spec.ffn_size
         nh, nkv = spec.num_heads, spec.num_kv_heads
         self.local_heads, self.local_kv_heads = nh // tp_degree, nkv // tp_degree
-        bias = not spec.is_llama
-        norm_bias = not spec.is_llama
+        biases = not spec.is_llama
         self._add("norm1_w", (h,), None, "ones", seed)
-        if norm_bias:
+        if biases:
             self._add("norm1_b", (h,), None, "zeros", seed)
         self._add("q_w", (nh * hd, h), 0, "normal", seed)
         self._add("k_w", (nkv * hd, h), 0, "normal", seed)
         self._add("v_w", (nkv * hd, h), 0, "normal", seed)
         self._add("o_w", (h, nh * hd), 1, "normal", seed)
-        if bias:
+        if spec.family == "opt":
             self._add("q_b", (nh * hd,), 0, "zeros", seed)
             self._add("k_b", (nkv * hd,), 0, "zeros", seed)
             self._add("v_b", (nkv * hd,), 0, "zeros", seed)
+        if biases:
             self._add("o_b", (h,), None, "zeros", seed)
         self._add("norm2_w", (h,), None, "ones", seed)
-        if norm_bias:
+        if biases:
             self._add("norm2_b", (h,), None, "zeros", seed)
         if spec.is_llama:
             self._add("gate_w", (f, h), 0, "normal", seed)
         self._add("up_w", (f, h), 0, "normal", seed)
         self._add("down_w", (h, f), 1, "normal", seed)
-        if bias:
+        if biases:
             self._add("up_b", (f,), 0, "zeros", seed)
             self._add("down_b", (h,), None, "zeros", seed)
 
@@ -186,11 +249,16 @@ class Block(ShardedLayer):
         k = F.linear(x, self.k_w, self._p("k_b")).view(b, s, self.local_kv_heads, hd).transpose(1, 2)
         v = F.linear(x, self.v_w, self._p("v_b")).view(b, s, self.local_kv_heads, hd).transpose(1, 2)
         if self.spec.is_llama:
-            q, k = _rope(q), _rope(k)
+            q, k = _rope(q, self.spec), _rope(k, self.spec)
         if self.local_kv_heads != self.local_heads:
             rep = self.local_heads // self.local_kv_heads
             k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        scale = 1.0 if self.spec.family == "gptneo" else None  # GPT-Neo does not scale its scores
+        if self.local:
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=_local_mask(s, self.spec.attention_window, x.device),
+                                               scale=scale)
+        else:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
         y = F.linear(y.transpose(1, 2).reshape(b, s, self.local_heads * hd), self.o_w)
         y = reduce_from_tp(y, self.tp_group)
         return y if self._p("o_b") is None else y + self.o_b
@@ -201,7 +269,7 @@ class Block(ShardedLayer):
             y = F.silu(F.linear(x, self.gate_w)) * F.linear(x, self.up_w)
         else:
             y = F.linear(x, self.up_w, self.up_b)
-            y = F.gelu(y) if self.spec.family == "gptneo" else F.relu(y)
+            y = F.gelu(y, approximate="tanh") if self.spec.family == "gptneo" else F.relu(y)
         y = reduce_from_tp(F.linear(y, self.down_w), self.tp_group)
         return y if self._p("down_b") is None else y + self.down_b
 
@@ -217,33 +285,50 @@ class Block(ShardedLayer):
 
 
 class Head(ShardedLayer):
-    """Layer L+1: final norm, optional projection out, LM head and mean token cross-entropy."""
+    """Layer L+1: final norm, optional projection out, vocabulary-parallel LM head and mean token
+    cross-entropy (or, without labels, the full logits).
 
-    def __init__(self, spec: ModelSpec, tp_degree=1, tp_rank=0, tp_group=None, seed=0):
+    ``embedding``: layer 0 of the same stage, whose matrix a tied head uses; without it a tied
+    head holds its own copy (``tied``)."""
+
+    def __init__(self, spec: ModelSpec, tp_degree=1, tp_rank=0, tp_group=None, seed=0,
+                 embedding: Embedding | None = None):
         super().__init__(spec.num_layers + 1, tp_degree, tp_rank, tp_group)
         self.spec = spec
         h = spec.hidden_size
-        dim = spec.word_embed_proj_dim or h
         if spec.pre_norm:
             self._add("norm_w", (h,), None, "ones", seed)
             if not spec.is_llama:
                 self._add("norm_b", (h,), None, "zeros", seed)
         if spec.word_embed_proj_dim:
-            self._add("proj_out", (dim, h), None, "normal", seed)
-        self._add("lm_w", (spec.vocab_size, dim), None, "normal", seed)
+            self._add("proj_out", (spec.embedding_dim, h), None, "normal", seed)
+        self._shared = (embedding,) if spec.tie_embeddings and embedding is not None else ()  # not a submodule
+        if not spec.tie_embeddings:
+            self._add("lm_w", (spec.vocab_size, spec.embedding_dim), 0, "normal", seed)
+        elif not self._shared:
+            self._add(TIED, (spec.vocab_size, spec.embedding_dim), 0, "normal", seed, init_layer=0)
+            self.tied = frozenset({TIED})
 
-    def forward(self, x: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    def lm_weight(self) -> torch.Tensor:
+        if self._shared:
+            return self._shared[0].tok
+        return self.tok if self.spec.tie_embeddings else self.lm_w
+
+    def forward(self, x: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
         if self.spec.pre_norm:
             x = _norm(self.spec)(x, self.norm_w, getattr(self, "norm_b", None))
         if self.spec.word_embed_proj_dim:
             x = F.linear(x, self.proj_out)
-        logits = F.linear(x, self.lm_w).float()
-        return F.cross_entropy(logits.view(-1, logits.shape[-1]), labels.reshape(-1))
+        logits = F.linear(copy_to_tp(x, self.tp_group), self.lm_weight())
+        if labels is None:
+            return gather_shards(logits, logits.ndim - 1, self.spec.vocab_size, self.tp_degree, self.tp_group)
+        return vocab_parallel_cross_entropy(logits, labels, _vocab_start(self.spec, self), self.tp_group)
 
 
 def build_layer(spec: ModelSpec, layer_index: int, tp_degree: int = 1, tp_group=None, *,
                 tp_rank: int = 0, seed: int = 0) -> ShardedLayer:
-    """The module of one Sailor layer index (TP shard ``tp_rank`` of ``tp_degree``)."""
+    """The module of one Sailor layer index (TP shard ``tp_rank`` of ``tp_degree``); a tied head
+    built on its own holds its copy of the embedding matrix, as on a last pipeline stage."""
     if not 0 <= layer_index < spec.num_layer_indices:
         raise PlanError(f"layer index {layer_index} out of range 0..{spec.num_layer_indices - 1} "
                         f"for {spec.name}")
@@ -255,17 +340,20 @@ def build_layer(spec: ModelSpec, layer_index: int, tp_degree: int = 1, tp_group=
 
 
 class StageModel(nn.Module):
-    """Layers [start, end) of a model; the last stage returns the loss."""
+    """Layers [start, end) of a model; the last stage returns the loss (the logits without labels)."""
 
     def __init__(self, spec: ModelSpec, layer_start: int, layer_end: int, tp_degree: int = 1,
                  tp_rank: int = 0, tp_group=None, seed: int = 0) -> None:
         super().__init__()
         self.spec = spec
         self.layer_start, self.layer_end = layer_start, layer_end
-        self.layers = nn.ModuleList(
-            build_layer(spec, i, tp_degree, tp_group, tp_rank=tp_rank, seed=seed)
-            for i in range(layer_start, layer_end)
-        )
+        layers: list[ShardedLayer] = []
+        for i in range(layer_start, layer_end):
+            if i == spec.num_layers + 1 and layer_start == 0:  # the head shares the stage's embedding
+                layers.append(Head(spec, tp_degree, tp_rank, tp_group, seed, embedding=layers[0]))
+            else:
+                layers.append(build_layer(spec, i, tp_degree, tp_group, tp_rank=tp_rank, seed=seed))
+        self.layers = nn.ModuleList(layers)
 
     @property
     def is_first(self) -> bool:
@@ -274,6 +362,12 @@ class StageModel(nn.Module):
     @property
     def is_last(self) -> bool:
         return self.layer_end == self.spec.num_layer_indices
+
+    @property
+    def tied_copy(self) -> torch.Tensor | None:
+        """This stage's copy of the tied embedding matrix (a last stage without layer 0), or None."""
+        head = self.layers[-1]
+        return head.tok if isinstance(head, Head) and head.tied else None
 
     def forward(self, x: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
         for layer in self.layers:
@@ -285,4 +379,3 @@ class StageModel(nn.Module):
         for layer in self.layers:
             for name, p in layer.named_parameters(recurse=False):
                 yield layer, name, p
-

@@ -11,6 +11,14 @@ then takes its own shard back.
 Loss of an iteration = mean over its global batch: each micro-batch's mean
 token loss is scaled by 1/M before backward and gradients are summed over
 replicas, which gives the gradient single-process training would.
+
+Tied embeddings across stages (Megatron's embedding group): the first stage's
+``tok`` and the last stage's copy of it are left out of their stages' DP sync;
+instead one all-reduce over every rank of both stages (one group per TP rank
+when all their replicas share a TP degree, else one group of full gradients
+divided by the TP degree, as for mixed-TP DP) sums every replica's gradient of
+both uses, so both copies take the same AdamW step and stay equal.  The copy is
+never checkpointed: a last stage loads it from layer 0's file.
 """
 
 from __future__ import annotations
@@ -22,13 +30,13 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from sailor_core.catalog.models import ModelSpec
+from sailor_core.catalog.models import ModelSpec, get_model
 from sailor_core.plan.types import Plan
 from sailor_core.runtime import checkpoint as ckpt
 from sailor_core.runtime.data import TokenDataset
 from sailor_core.plan.layout import RankRole, rank_layout, replica_ranks, stage_ranks
 from sailor_core.plan.routing import replica_of
-from sailor_core.runtime.model import StageModel
+from sailor_core.runtime.model import TIED, ShardedLayer, StageModel
 from sailor_core.runtime.pipeline_order import local_microbatches, one_f_one_b, stage_lookahead
 from sailor_core.runtime.recipe import Recipe
 from sailor_core.storage import Storage
@@ -90,6 +98,8 @@ class Groups:
     dp_mixed_tp: bool          # True: the DP group spans all stage ranks (replicas differ in TP)
     fwd: object                # world group for activations (downstream)
     bwd: object                # world group for gradients (upstream)
+    tied: object | None = None  # embedding group: this rank's, when it holds a tied matrix of a multi-stage plan
+    tied_mixed_tp: bool = False  # True: the embedding group sums full gradients (TP degrees differ)
 
 
 def make_groups(plan: Plan, rank: int) -> Groups:
@@ -124,7 +134,29 @@ def make_groups(plan: Plan, rank: int) -> Groups:
             g = dist.new_group(ranks)
             if rank in ranks:
                 my_dp, mixed_mine = g, True
-    return Groups(tp=my_tp, dp=my_dp, dp_mixed_tp=mixed_mine, fwd=fwd, bwd=bwd)
+    tied, tied_mixed = _embedding_group(plan, rank)
+    return Groups(tp=my_tp, dp=my_dp, dp_mixed_tp=mixed_mine, fwd=fwd, bwd=bwd, tied=tied, tied_mixed_tp=tied_mixed)
+
+
+def _embedding_group(plan: Plan, rank: int) -> tuple[object | None, bool]:
+    """Create the embedding group(s) of a tied model split over stages (every rank, same order);
+    (this rank's group or None, whether it sums full gradients)."""
+    if not get_model(plan.model).tie_embeddings or len(plan.stages) == 1:
+        return None, False
+    ends = (0, len(plan.stages) - 1)
+    replicas = [(s, r) for s in ends for r in range(plan.stages[s].dp_degree)]
+    degrees = {plan.stages[s].replicas[r].tp_degree for s, r in replicas}
+    if len(degrees) > 1:
+        ranks = [k for s in ends for k in stage_ranks(plan, s)]
+        g = dist.new_group(ranks)
+        return (g if rank in ranks else None), True
+    mine = None
+    for t in range(degrees.pop()):
+        ranks = [replica_ranks(plan, s, r)[t] for s, r in replicas]
+        g = dist.new_group(ranks)
+        if rank in ranks:
+            mine = g
+    return mine, False
 
 
 class StageTrainer:
@@ -149,7 +181,8 @@ class StageTrainer:
         self.first_step = 0
         self.autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda"
                          else contextlib.nullcontext())
-        self._overlap = (_OverlappedAllReduce(list(self.model.parameters()), groups.dp)
+        self._tied = _tied_matrix(self.model) if groups.tied is not None else None
+        self._overlap = (_OverlappedAllReduce(self._dp_params(), groups.dp)
                          if groups.dp is not None and not groups.dp_mixed_tp else None)
         self._last_backward = max(i for i, (kind, _) in enumerate(self.schedule) if kind == "B")
 
@@ -237,25 +270,36 @@ class StageTrainer:
         for p in params:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
-        if g.dp is None:
-            return
-        if not g.dp_mixed_tp:
+        if g.dp is not None and not g.dp_mixed_tp:
             self._overlap.finish()
-            return
-        fulls = []
-        for layer, name, p in self.model.named_layer_params():
-            fulls.append(self._gather_full(layer, name, p.grad) / self.role.tp_degree)
-        _allreduce_flat(fulls, g.dp)
-        for (layer, name, p), full in zip(self.model.named_layer_params(), fulls):
-            p.grad.copy_(layer.shard(name, full))
+        elif g.dp is not None:
+            synced = [(layer, name, p) for layer, name, p in self.model.named_layer_params() if p is not self._tied]
+            fulls = [self._gather_full(layer, name, p.grad) / self.role.tp_degree for layer, name, p in synced]
+            _allreduce_flat(fulls, g.dp)
+            for (layer, name, p), full in zip(synced, fulls):
+                p.grad.copy_(layer.shard(name, full))
+        self._sync_tied_grads()
 
-    def _gather_full(self, layer, name: str, shard: torch.Tensor) -> torch.Tensor:
-        dim = layer.shard_dims[name]
-        if dim is None or self.role.tp_degree == 1:
-            return shard.detach().clone()
-        parts = [torch.empty_like(shard) for _ in range(self.role.tp_degree)]
-        dist.all_gather(parts, shard.detach().contiguous(), group=self.groups.tp)
-        return torch.cat(parts, dim=dim)
+    # ---- tied embeddings (the embedding group) ------------------------------
+    def _dp_params(self) -> list[torch.Tensor]:
+        """The parameters the stage's DP sync sums: all but a tied matrix, which the embedding group sums."""
+        return [p for p in self.model.parameters() if p is not self._tied]
+
+    def _sync_tied_grads(self) -> None:
+        """Sum the tied matrix's gradient over every replica of the first and the last stage."""
+        if self._tied is None:
+            return
+        grad = self._tied.grad
+        if not self.groups.tied_mixed_tp:
+            dist.all_reduce(grad, group=self.groups.tied)
+            return
+        layer = self.model.layers[0] if self.model.is_first else self.model.layers[-1]
+        full = layer.gather(TIED, grad) / self.role.tp_degree
+        dist.all_reduce(full, group=self.groups.tied)
+        grad.copy_(layer.shard(TIED, full))
+
+    def _gather_full(self, layer: ShardedLayer, name: str, shard: torch.Tensor) -> torch.Tensor:
+        return layer.gather(name, shard)
 
     # ---- gradient clipping ----------------------------------------------------
     def _counts_in_norm(self, layer, name: str) -> bool:
@@ -333,7 +377,7 @@ class StageTrainer:
             return files
         for layer in self.model.layers:
             state = {"params": {}, "exp_avg": {}, "exp_avg_sq": {}}
-            for name, p in layer.named_parameters(recurse=False):
+            for name, p in layer.own_parameters():  # a tied copy is layer 0's, stored there
                 st = self.optimizer.state.get(p, {})
                 state["params"][name] = self._gather_full(layer, name, p.data)
                 for key in ("exp_avg", "exp_avg_sq"):
@@ -369,16 +413,11 @@ class StageTrainer:
         step_t = torch.tensor(float(info.step))
         # The fused kernel reads its step counts on the parameters' device; the others on the CPU.
         fused = bool(self.optimizer.defaults.get("fused"))
+        states = {i: ckpt.read_layer(storage, info, i) for i in weight_layers(self.model)}
         for layer in self.model.layers:
-            state = ckpt.read_layer(storage, info, layer.layer_index)
             for name, p in layer.named_parameters(recurse=False):
-                full = state["params"].get(name)
-                if full is None or tuple(full.shape) != layer.full_shapes[name]:
-                    raise ckpt.CheckpointError(
-                        f"checkpoint {info.dirname}: layer {layer.layer_index} parameter {name} "
-                        "is missing or has another shape")
-                with torch.no_grad():
-                    p.copy_(layer.shard(name, full).to(p.device))
+                state = states[0 if name in layer.tied else layer.layer_index]
+                copy_full_param(layer, name, p, state["params"].get(name), f"checkpoint {info.dirname}")
                 if name in state["exp_avg"]:
                     self.optimizer.state[p] = {
                         "step": step_t.to(p.device) if fused else step_t.clone(),
@@ -388,6 +427,38 @@ class StageTrainer:
         self.step = self.first_step = info.step
         self.first_sample = int(info.meta["next_sample"])
         self.load_recipe(info.meta)
+
+
+def load_full_weights(model: StageModel, params: dict[int, dict[str, torch.Tensor]], where: str) -> None:
+    """Set a stage's parameters to its shards of full per-layer tensors (``weight_layers``' indices):
+    a pretrained model to start from."""
+    for layer in model.layers:
+        for name, p in layer.named_parameters(recurse=False):
+            source = params[0 if name in layer.tied else layer.layer_index]
+            copy_full_param(layer, name, p, source.get(name), where)
+
+
+def weight_layers(model: StageModel) -> list[int]:
+    """The layer indices whose stored tensors a stage loads: its own, and 0 for a tied copy."""
+    own = [layer.layer_index for layer in model.layers]
+    return own if model.tied_copy is None or 0 in own else [0, *own]
+
+
+def copy_full_param(layer: ShardedLayer, name: str, p: torch.Tensor, full: torch.Tensor | None, where: str) -> None:
+    """Set ``p`` to this rank's shard of ``full``; CheckpointError when it is missing or of another shape."""
+    if full is None or tuple(full.shape) != layer.full_shapes[name]:
+        raise ckpt.CheckpointError(f"{where}: layer {layer.layer_index} parameter {name} is missing or has "
+                                   f"another shape{'' if full is None else f' {tuple(full.shape)}'} "
+                                   f"than {layer.full_shapes[name]}")
+    with torch.no_grad():
+        p.copy_(layer.shard(name, full).to(p.device))
+
+
+def _tied_matrix(model: StageModel) -> torch.Tensor | None:
+    """The tied embedding matrix a first or last stage holds (None for a middle stage)."""
+    if model.is_first:
+        return model.layers[0].tok
+    return model.tied_copy
 
 
 class _OverlappedAllReduce:

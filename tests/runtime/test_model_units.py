@@ -25,12 +25,12 @@ def test_layers_compose_and_shards_slice_the_full_init(name):
         else:
             assert torch.equal(torch.cat([getattr(h, pname) for h in halves], dim=dim), whole)
     # layer by layer == the whole model, and the model learns nothing odd: loss ~ ln(vocab)
-    x = torch.randint(0, spec.vocab_size, (2, 16))
+    x, y = torch.randint(0, spec.vocab_size, (2, 2, 16))  # labels apart from inputs: a tied head favours x
     h = x
     for i in range(spec.num_layer_indices - 1):
         h = build_layer(spec, i)(h)
-    loss = build_layer(spec, spec.num_layer_indices - 1)(h, x).detach()
-    assert torch.allclose(loss, StageModel(spec, 0, spec.num_layer_indices)(x, x).detach())
+    loss = build_layer(spec, spec.num_layer_indices - 1)(h, y).detach()  # a tied head on its own: a copy
+    assert torch.allclose(loss, StageModel(spec, 0, spec.num_layer_indices)(x, y).detach())
     assert abs(loss.item() - torch.log(torch.tensor(float(spec.vocab_size)))) < 0.5
 
 

@@ -1,0 +1,161 @@
+"""Hugging Face ``config.json`` <-> ``ModelSpec`` for the three families (no torch, no transformers).
+
+``spec_from_hf_config`` reads OPT (``model_type: opt``), GPT-Neo (``gpt_neo``) and Llama
+(``llama``) configs, in transformers 4's and 5's spellings (RoPE as ``rope_theta`` +
+``rope_scaling`` or as ``rope_parameters``), and refuses what the engine does not build
+(another activation, biases switched off or on where the family has none, another RoPE
+type, a head size other than hidden / heads).  ``hf_config`` writes the spelling both
+versions read.  ``check_hf_config`` says in one line how a checkpoint's config differs
+from a catalog model (``sailor train --init-from``).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from sailor_core.catalog.models import ModelSpec, RopeScaling
+from sailor_core.errors import InputError, SailorError
+from sailor_core.storage import open_storage
+
+CONFIG = "config.json"
+_MODEL_TYPES = {"opt": "opt", "gpt_neo": "gptneo", "llama": "llama"}
+_ARCHITECTURES = {"opt": "OPTForCausalLM", "gptneo": "GPTNeoForCausalLM", "llama": "LlamaForCausalLM"}
+
+
+def spec_from_hf_config(cfg: dict[str, Any], *, name: str = "hf-model", seq_len: int | None = None) -> ModelSpec:
+    """The ModelSpec of a Hugging Face ``config.json`` (OPT, GPT-Neo or Llama); InputError for
+    another architecture or a feature the engine does not build."""
+    family = _MODEL_TYPES.get(str(cfg.get("model_type")))
+    if family is None:
+        raise InputError(f"config.json: model_type {cfg.get('model_type')!r} is not one of "
+                         f"{', '.join(_MODEL_TYPES)}")
+    build = {"opt": _opt_spec, "gptneo": _gptneo_spec, "llama": _llama_spec}[family]
+    try:
+        fields = build(cfg)
+        max_pos = int(cfg.get("max_position_embeddings", 2048))
+        vocab = int(cfg["vocab_size"])
+    except InputError:
+        raise
+    except KeyError as exc:
+        raise InputError(f"config.json: no {exc.args[0]!r}") from None
+    except (TypeError, ValueError) as exc:
+        raise InputError(f"config.json: a value of the wrong kind ({exc})") from None
+    return ModelSpec(name=name, family=family, seq_len=seq_len or min(max_pos, 2048), max_position_embeddings=max_pos,
+                     vocab_size=vocab, **fields)
+
+
+def _require(cfg: dict, key: str, want: Any, default: Any) -> None:
+    if cfg.get(key, default) != want:
+        raise InputError(f"config.json: {key} = {cfg.get(key, default)!r} is not supported (only {want!r})")
+
+
+def _opt_spec(cfg: dict) -> dict:
+    _require(cfg, "activation_function", "relu", "relu")
+    _require(cfg, "enable_bias", True, True)
+    _require(cfg, "layer_norm_elementwise_affine", True, True)
+    _require(cfg, "_remove_final_layer_norm", False, False)
+    h = int(cfg["hidden_size"])
+    proj = int(cfg.get("word_embed_proj_dim") or h)
+    heads = int(cfg["num_attention_heads"])
+    return {"num_layers": int(cfg["num_hidden_layers"]), "hidden_size": h, "ffn_size": int(cfg["ffn_dim"]),
+            "num_heads": heads, "num_kv_heads": heads, "word_embed_proj_dim": proj if proj != h else None,
+            "tie_embeddings": bool(cfg.get("tie_word_embeddings", True)),
+            "pre_norm": bool(cfg.get("do_layer_norm_before", True)), "pad_token_id": cfg.get("pad_token_id", 1)}
+
+
+def _gptneo_spec(cfg: dict) -> dict:
+    _require(cfg, "activation_function", "gelu_new", "gelu_new")
+    h = int(cfg["hidden_size"])
+    heads = int(cfg["num_heads"])
+    layers = cfg.get("attention_layers") or [k for pattern, n in cfg["attention_types"] for _ in range(n) for k in pattern]
+    return {"num_layers": int(cfg["num_layers"]), "hidden_size": h, "ffn_size": int(cfg.get("intermediate_size") or 4 * h),
+            "num_heads": heads, "num_kv_heads": heads, "tie_embeddings": bool(cfg.get("tie_word_embeddings", True)),
+            "norm_eps": float(cfg.get("layer_norm_epsilon", 1e-5)), "attention_layers": tuple(layers),
+            "attention_window": int(cfg.get("window_size", 256)) if "local" in layers else 0}
+
+
+def _llama_spec(cfg: dict) -> dict:
+    _require(cfg, "hidden_act", "silu", "silu")
+    _require(cfg, "attention_bias", False, False)
+    _require(cfg, "mlp_bias", False, False)
+    h, heads = int(cfg["hidden_size"]), int(cfg["num_attention_heads"])
+    if cfg.get("head_dim") not in (None, h // heads):
+        raise InputError(f"config.json: head_dim {cfg['head_dim']} other than hidden_size / heads is not supported")
+    rope = dict(cfg.get("rope_parameters") or cfg.get("rope_scaling") or {})  # transformers 5 / 4 spelling
+    theta = float(rope.get("rope_theta", cfg.get("rope_theta", 10_000.0)))
+    kind = rope.get("rope_type", rope.get("type", "default"))
+    if kind not in ("default", "llama3"):
+        raise InputError(f"config.json: RoPE type {kind!r} is not supported (default or llama3)")
+    scaling = (RopeScaling(factor=float(rope["factor"]), low_freq_factor=float(rope["low_freq_factor"]),
+                           high_freq_factor=float(rope["high_freq_factor"]),
+                           original_max_position_embeddings=int(rope["original_max_position_embeddings"]))
+               if kind == "llama3" else None)
+    return {"num_layers": int(cfg["num_hidden_layers"]), "hidden_size": h, "ffn_size": int(cfg["intermediate_size"]),
+            "num_heads": heads, "num_kv_heads": int(cfg.get("num_key_value_heads") or heads),
+            "tie_embeddings": bool(cfg.get("tie_word_embeddings", False)), "norm_eps": float(cfg.get("rms_norm_eps", 1e-6)),
+            "rope_theta": theta, "rope_scaling": scaling, "pad_token_id": cfg.get("pad_token_id")}
+
+
+def hf_config(spec: ModelSpec, *, dtype: str = "float32", base: dict | None = None) -> dict[str, Any]:
+    """The ``config.json`` of ``spec`` (RoPE in the spelling transformers 4 and 5 both read);
+    ``base``: a config whose other keys (token ids, ...) to keep."""
+    common = {"vocab_size": spec.vocab_size, "max_position_embeddings": spec.max_position_embeddings,
+              "hidden_size": spec.hidden_size, "tie_word_embeddings": spec.tie_embeddings, "dtype": dtype,
+              "architectures": [_ARCHITECTURES[spec.family]], "pad_token_id": spec.pad_token_id}
+    if spec.family == "opt":
+        arch = {"model_type": "opt", "num_hidden_layers": spec.num_layers, "ffn_dim": spec.ffn_size,
+                "num_attention_heads": spec.num_heads, "word_embed_proj_dim": spec.embedding_dim,
+                "do_layer_norm_before": spec.pre_norm, "activation_function": "relu", "enable_bias": True,
+                "layer_norm_elementwise_affine": True, "_remove_final_layer_norm": False,
+                "dropout": 0.0, "attention_dropout": 0.0}
+    elif spec.family == "gptneo":
+        kinds = spec.attention_layers or ("global",) * spec.num_layers
+        arch = {"model_type": "gpt_neo", "num_layers": spec.num_layers, "num_heads": spec.num_heads,
+                "intermediate_size": spec.ffn_size, "activation_function": "gelu_new",
+                "layer_norm_epsilon": spec.norm_eps, "attention_types": [[[k], 1] for k in kinds],
+                "attention_layers": list(kinds), "window_size": spec.attention_window or 256,
+                "embed_dropout": 0.0, "attention_dropout": 0.0, "resid_dropout": 0.0}
+    else:
+        scaling = spec.rope_scaling
+        arch = {"model_type": "llama", "num_hidden_layers": spec.num_layers, "intermediate_size": spec.ffn_size,
+                "num_attention_heads": spec.num_heads, "num_key_value_heads": spec.num_kv_heads,
+                "head_dim": spec.head_dim, "hidden_act": "silu", "rms_norm_eps": spec.norm_eps,
+                "rope_theta": spec.rope_theta, "attention_bias": False, "mlp_bias": False,
+                "rope_scaling": None if scaling is None else {
+                    "rope_type": "llama3", "factor": scaling.factor, "low_freq_factor": scaling.low_freq_factor,
+                    "high_freq_factor": scaling.high_freq_factor,
+                    "original_max_position_embeddings": scaling.original_max_position_embeddings}}
+    kept = {k: v for k, v in (base or {}).items() if k not in ("rope_parameters", "torch_dtype")}
+    return {**kept, **common, **arch}
+
+
+_ARCH_FIELDS = ("family", "num_layers", "hidden_size", "ffn_size", "num_heads", "num_kv_heads", "vocab_size",
+                "word_embed_proj_dim", "tie_embeddings", "pre_norm", "norm_eps", "attention_layers",
+                "attention_window")
+_LLAMA_FIELDS = ("rope_theta", "rope_scaling")
+
+
+def check_hf_config(spec: ModelSpec, cfg: dict[str, Any], where: str) -> None:
+    """InputError naming the differences when ``cfg`` is not the architecture of ``spec``."""
+    theirs = spec_from_hf_config(cfg)
+    fields = _ARCH_FIELDS + (_LLAMA_FIELDS if spec.is_llama else ()) + (
+        () if spec.is_llama else ("max_position_embeddings",))
+    diff = [f"{f} {getattr(theirs, f)!r} (model: {getattr(spec, f)!r})" for f in fields
+            if getattr(theirs, f) != getattr(spec, f)]
+    if diff:
+        raise InputError(f"{where} is not a {spec.name}: {'; '.join(diff)}")
+
+
+def read_hf_config(url: str) -> dict[str, Any]:
+    """The ``config.json`` of the Hugging Face model folder at ``url`` (a path or a storage URL)."""
+    try:
+        cfg = json.loads(open_storage(url).get(CONFIG))
+    except (OSError, ValueError, SailorError) as exc:
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise InputError(f"{url}: no readable {CONFIG} ({reason})") from None
+    if not isinstance(cfg, dict):
+        raise InputError(f"{url}: {CONFIG} is not a JSON object")
+    return cfg
+
+
