@@ -180,7 +180,9 @@ def measure_layer(spec: ModelSpec, index: int, *, micro_batch_size: int, seq_len
         if i:
             upd_s.append(t)
             upd_c.append(watch.last_cpu_s)
-    params = sum(p.numel() for p in layer.parameters())
+    # a tied head's copy of the embedding matrix is layer 0's parameter: the simulator adds it to a
+    # last stage without layer 0 (simulator/memory.py), so a layer's count leaves it out
+    params = sum(p.numel() for _, p in layer.own_parameters())
     return LayerMeasurement(index=index, kind=kind, fwd=summarize(fwd_s), bwd=summarize(bwd_s),
                             update=summarize(upd_s), params=params, activation_bytes=int(act_bytes),
                             output_bytes=int(output_bytes),
