@@ -16,7 +16,10 @@ Parameters (whole layer, t = 1):
   * GPT-Neo block   3h^2 (QKV, no bias) + h^2 + h (out) + 2h*f + f + h + 4h
   * LLaMA block     2h^2 + 2h*kv (attention) + 3h*f (SwiGLU) + 2h (RMSNorms)
   * head            final norm (2h LayerNorm / h RMSNorm; none for post-LN OPT) + [h*e out-proj]
-                    + V*e' unless the head is tied to the embedding
+                    + V*e' unless the head is tied to the embedding (then the matrix is counted once,
+                    in the embedding, as transformers' num_parameters(); the head still reads it:
+                    ``params_read``; a pipeline stage holding the head without the embedding holds a
+                    copy, which the memory model adds: sailor_core/simulator/memory.py)
   Sharded: matmul weights and their column-parallel biases / t, vocab rows ceil(V/t);
   KV heads ceil(g/t) per GPU (replicated when t > g).
 
@@ -73,6 +76,7 @@ class LayerShape:
     index: int
     kind: str  # "embedding", "block" or "head"
     params: int  # held by one GPU (its TP shard)
+    params_read: int  # read by its kernels per pass: params, plus the embedding matrix a tied head uses
     fwd_flops_per_token: float  # on one GPU
     activation_bytes_per_seq: int  # saved for backward, grows with the micro-batch
     activation_bytes_fixed: int  # per micro-batch whatever its size (autocast weight copies)
@@ -124,6 +128,7 @@ def _embedding(spec: ModelSpec, t: int, s: int, regime: TrainingRegime) -> Layer
         index=0,
         kind="embedding",
         params=params,
+        params_read=params,
         fwd_flops_per_token=flops,
         activation_bytes_per_seq=act * s,
         activation_bytes_fixed=regime.weight_copy_bytes_per_param * (e * h if spec.word_embed_proj_dim else 0),
@@ -166,6 +171,7 @@ def _block(spec: ModelSpec, t: int, s: int, regime: TrainingRegime, index: int) 
         index=index,
         kind="block",
         params=params,
+        params_read=params,
         fwd_flops_per_token=flops,
         activation_bytes_per_seq=per_token * s,
         activation_bytes_fixed=regime.weight_copy_bytes_per_param * matmul,
@@ -195,6 +201,7 @@ def _head(spec: ModelSpec, t: int, s: int, regime: TrainingRegime, index: int) -
         index=index,
         kind="head",
         params=params,
+        params_read=params + (vocab_rows * e if spec.tie_embeddings else 0),
         fwd_flops_per_token=2.0 * matmul,
         activation_bytes_per_seq=per_token * s,
         activation_bytes_fixed=regime.weight_copy_bytes_per_param * matmul,
@@ -215,6 +222,7 @@ def _layer_shapes(model: str, tp_degree: int, seq_len: int, regime_name: str) ->
             index=i,
             kind="block",
             params=block.params,
+            params_read=block.params_read,
             fwd_flops_per_token=block.fwd_flops_per_token,
             activation_bytes_per_seq=block.activation_bytes_per_seq,
             activation_bytes_fixed=block.activation_bytes_fixed,

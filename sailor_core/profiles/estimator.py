@@ -3,15 +3,15 @@
 For one layer on one GPU of a TP group of t, a micro-batch of ``b`` sequences of ``s`` tokens:
 
     compute_s = fwd_flops(b, s) / peak            (peak: the GPU's matmul peak for the regime)
-    memory_s  = (2 * activation_bytes(b) + params * weight_bytes [+ eager-score passes]) / memory_bw
+    memory_s  = (2 * activation_bytes(b) + params_read * weight_bytes [+ eager-score passes]) / memory_bw
     comm_s    = n_allreduce * (latency + 2(t-1)/t * b*s*h*bytes / (intra_node_bw * bw_efficiency))
     fwd_s     = max(kc_fwd * compute_s + km_fwd * memory_s + comm_s, c_fwd * kernels)
     bwd_s     = max(2 * kc_bwd * compute_s + 2 * km_bwd * memory_s + comm_s, c_bwd * 2 * kernels)
 
 FLOPs and bytes come from first principles (``sailor_core.catalog.layers``): every tensor saved
 for backward is written once and read once in the forward pass (hence 2x), the weights are
-read once, and the backward pass does twice the forward's matmul work and traffic.  With eager
-attention the (heads x s x s) scores make six passes through memory (Q K^T, mask, softmax in and
+read once (a tied head reads the embedding matrix it does not count: ``params_read``), and the
+backward pass does twice the forward's matmul work and traffic.  With eager attention the (heads x s x s) scores make six passes through memory (Q K^T, mask, softmax in and
 out, P V).  Megatron TP all-reduces a block's output twice per pass (attention, MLP) and the
 embedding's and head's once.  Matmuls, element-wise kernels and all-reduces run one after
 another, so their times add; the CPU issues kernels ahead of the GPU, so a layer takes at least
@@ -122,7 +122,7 @@ def analytic_terms(
     all-reduce wire s at the full intra-node bandwidth, kernel launches)."""
     b, s = micro_batch_size, seq_len
     compute_s = shape.fwd_flops(b, s) / matmul_peak_flops(gpu, regime)
-    traffic = 2 * shape.activation_bytes(b) + shape.params * regime.weight_bytes_per_param
+    traffic = 2 * shape.activation_bytes(b) + shape.params_read * regime.weight_bytes_per_param
     if regime.attention_kernel == "eager" and shape.kind == "block" and num_heads:
         # six passes over the scores; the saved-tensor count above covered two
         traffic += (_EAGER_SCORE_PASSES - 2) * b * (num_heads // tp_degree) * s * s * regime.activation_bytes_per_element

@@ -16,12 +16,23 @@
   (N x V/t elements each) exist at once on top of the saved tensors:
   ``2 x 4 B x micro_batch x seq x ceil(V / tp)``.  It exists for one
   micro-batch at a time (the last stage runs each backward right after its
-  forward), so it does not scale with K.
+  forward), so it does not scale with K.  (The engine's vocabulary-parallel
+  cross-entropy turns its saved softmax into the gradient in place, so for it
+  this is an upper bound.)
+* Tied embeddings: a model whose LM head is its token embedding counts that
+  matrix once, in layer 0 (the head layer's parameters leave it out, as
+  ``transformers``' ``num_parameters()`` does).  A stage that holds the head
+  but not layer 0 holds a copy (Megatron's embedding group, the engine's too):
+  ``ceil(V / tp) x embedding width`` more parameters, with their gradients and
+  optimizer state (``tied_copy_params``).  A profile whose head layer already
+  counts a vocabulary matrix (Sailor's OPT profiles, measured with Megatron's
+  untied head) gets no copy.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from sailor_core.catalog.models import get_model
 from sailor_core.profiles.types import ModelProfile
@@ -86,15 +97,33 @@ def head_loss_bytes(profile: ModelProfile) -> int:
     return loss_working_bytes(profile.model, profile.tp_degree, profile.micro_batch_size, profile.seq_len)
 
 
+def tied_copy_params(profile: ModelProfile) -> int:
+    """Parameters a GPU of ``profile``'s (GPU, TP) holding the LM head but not layer 0 holds beyond
+    the layers' own: its copy of a tied embedding matrix (0 for an untied model)."""
+    return _tied_copy_params(profile.model, profile.tp_degree, profile.layers[-1].params)
+
+
+@lru_cache(maxsize=1024)
+def _tied_copy_params(model: str, tp_degree: int, head_params: int) -> int:
+    spec = get_model(model)
+    if not spec.tie_embeddings:
+        return 0
+    matrix = -(-spec.vocab_size // tp_degree) * spec.embedding_dim
+    return 0 if head_params >= matrix else matrix  # a head measured untied counts its own matrix
+
+
 def stage_memory_parts(
     table: LayerTable, layer_start: int, layer_end: int, num_inflight: int, regime: TrainingRegime,
     loss_bytes: int,
 ) -> tuple[int, int, int, int, int]:
     """(params, state, activation, loss working, overhead) bytes of one GPU holding layers
     [start, end) with K in flight; ``loss_bytes`` is ``head_loss_bytes`` of the profile (counted
-    only when the stage holds the head).  The memory model's arithmetic, in one place: the
+    only when the stage holds the head); params include a tied copy (``tied_copy_params``) when
+    the stage holds the head without layer 0.  The memory model's arithmetic, in one place: the
     breakdown (``stage_memory``) and the planner's bare peak (``stage_peak_bytes``) both use it."""
     num_params = table.params_cum[layer_end] - table.params_cum[layer_start]
+    if layer_start > 0 and layer_end == len(table.output_bytes):
+        num_params += tied_copy_params(table.profile)
     return (
         num_params,
         num_params * regime.state_bytes_per_param,
