@@ -133,7 +133,8 @@ def controller_state(state: js.JobState, *, available: Mapping[tuple[str, str], 
 
 
 def controller_config(shutdown_s: float) -> ControllerConfig:
-    return ControllerConfig(strategy="replan", gpu_types=None, shutdown_s=shutdown_s, change_cost_s=CHANGE_COST_S)
+    return ControllerConfig(strategy="replan", gpu_types=None, shutdown_s=shutdown_s,
+                            provisioning_s=CHANGE_COST_S / 2, startup_s=CHANGE_COST_S / 2)
 
 
 @task(name="decide", tags=["controller", "planner"], cache_policy=NO_CACHE)

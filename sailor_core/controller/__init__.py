@@ -12,11 +12,16 @@ from sailor_core.controller.options import (
     PlanPricing,
     describe_gpus,
     gpus_of_plan,
+    on_demand_of_plan,
     plan_option,
     planner_plan_fn,
     restrict,
+    with_on_demand,
 )
+from sailor_core.controller.economics import Costs, Outlook
 from sailor_core.controller.policy import (
+    OBJECTIVES,
+    RATE_WINDOW_S,
     STRATEGIES,
     Action,
     ControllerConfig,
@@ -29,16 +34,20 @@ from sailor_core.controller.policy import (
 )
 
 __all__ = [
+    "OBJECTIVES",
+    "RATE_WINDOW_S",
     "STRATEGIES",
     "Action",
     "CachedPlanner",
     "ControllerConfig",
     "ControllerState",
+    "Costs",
     "CostLedger",
     "Decision",
     "Event",
     "EventKind",
     "LedgerEntry",
+    "Outlook",
     "PlanFn",
     "PlanOption",
     "PlanPricing",
@@ -46,8 +55,10 @@ __all__ = [
     "decide",
     "describe_gpus",
     "gpus_of_plan",
+    "on_demand_of_plan",
     "observed_preemption_rates_per_s",
     "plan_option",
     "planner_plan_fn",
     "restrict",
+    "with_on_demand",
 ]

@@ -2,7 +2,8 @@
 
 Time is any monotonic clock in seconds (Unix time in the train-job flow,
 simulated time in the replay).  A price can change while an instance runs
-(spot price series); each instance keeps its price segments.
+(spot price series); each instance keeps its price segments and its market
+(spot or on demand: a mixed plan rents both, and ``by_market`` splits the spend).
 """
 
 from __future__ import annotations
@@ -27,6 +28,11 @@ class LedgerEntry:
     prices: list[tuple[float, float]] = field(default_factory=list)
     end_s: float | None = None
     end_reason: str | None = None
+    spot: bool = True
+
+    @property
+    def market(self) -> str:
+        return "spot" if self.spot else "on_demand"
 
     @property
     def usd_per_hr(self) -> float:
@@ -60,14 +66,14 @@ class CostLedger:
 
     # ---- recording -------------------------------------------------------
     def open(self, instance_id: str, *, gpu: str, zone: str, num_gpus: int, usd_per_hr: float,
-             start_s: float) -> None:
+             start_s: float, spot: bool = True) -> None:
         if instance_id in self._entries:
             raise InputError(f"instance {instance_id!r} is already in the ledger")
         if not (math.isfinite(usd_per_hr) and usd_per_hr >= 0):
             raise InputError(f"price of {instance_id!r} must be >= 0 USD/h, got {usd_per_hr!r}")
         self._entries[instance_id] = LedgerEntry(
             instance_id=instance_id, gpu=gpu, zone=zone, num_gpus=int(num_gpus),
-            start_s=float(start_s), prices=[(float(start_s), float(usd_per_hr))],
+            start_s=float(start_s), prices=[(float(start_s), float(usd_per_hr))], spot=bool(spot),
         )
 
     def set_price(self, instance_id: str, usd_per_hr: float, at_s: float) -> None:
@@ -126,6 +132,13 @@ class CostLedger:
             out[(e.gpu, e.zone)] = out.get((e.gpu, e.zone), 0.0) + e.cost_usd(now_s)
         return out
 
+    def by_market(self, now_s: float) -> dict[str, float]:
+        """USD spent on spot and on on-demand instances."""
+        out: dict[str, float] = {}
+        for e in self._entries.values():
+            out[e.market] = out.get(e.market, 0.0) + e.cost_usd(now_s)
+        return out
+
     def gpu_seconds(self, now_s: float) -> float:
         total = 0.0
         for e in self._entries.values():
@@ -145,7 +158,7 @@ class CostLedger:
                     "instance_id": e.instance_id, "gpu": e.gpu, "zone": e.zone, "num_gpus": e.num_gpus,
                     "start_s": e.start_s, "prices": [list(p) for p in e.prices],
                     "end_s": e.end_s, "end_reason": e.end_reason,
-                }
+                } | ({} if e.spot else {"spot": False})
                 for e in self._entries.values()
             ],
         }
@@ -162,7 +175,7 @@ class CostLedger:
                     instance_id=str(row["instance_id"]), gpu=str(row["gpu"]), zone=str(row["zone"]),
                     num_gpus=int(row["num_gpus"]), start_s=float(row["start_s"]), prices=prices,
                     end_s=None if row.get("end_s") is None else float(row["end_s"]),
-                    end_reason=row.get("end_reason"),
+                    end_reason=row.get("end_reason"), spot=bool(row.get("spot", True)),
                 )
             return ledger
         except InputError:
@@ -176,7 +189,7 @@ class CostLedger:
         ledger = cls(budget_usd=budget_usd)
         for r in records:
             ledger.open(r.instance_id, gpu=r.gpu, zone=r.zone, num_gpus=r.num_gpus,
-                        usd_per_hr=r.usd_per_hr, start_s=r.launched_unix_s)
+                        usd_per_hr=r.usd_per_hr, start_s=r.launched_unix_s, spot=r.spot)
             if r.ended_unix_s is not None:
                 ledger.close(r.instance_id, r.ended_unix_s, r.end_reason or "terminated")
         return ledger

@@ -2,32 +2,52 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sailor_core.errors import InfeasibleError
+from sailor_core.catalog.instances import gpu_price_usd_per_hr
+from sailor_core.errors import InfeasibleError, InputError
+from sailor_core.plan.types import with_on_demand as mark_on_demand
 
 GpuZone = tuple[str, str]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PlanOption:
-    """One runnable plan: what it uses, how fast it trains, what it costs."""
+    """One runnable plan: what it uses, how fast it trains, what it costs.
 
-    gpus: Mapping[GpuZone, int]          # GPUs the plan holds per (type, zone)
+    ``gpus`` are the GPUs of the job's market (spot, for a spot job): what the pools'
+    availability must hold and what preemptions take.  ``on_demand`` are GPUs a mixed plan
+    rents on demand instead (never preempted), priced in ``usd_per_hr``.
+    ``on_demand_premium_usd_per_hr`` says what moving one GPU of a pool from spot to on
+    demand adds per hour (empty: the option cannot be moved).
+    """
+
+    gpus: Mapping[GpuZone, int]          # GPUs the plan holds per (type, zone), on the job's market
     throughput_samples_per_s: float
     usd_per_hr: float
     plan: Any = None                     # sailor_core.plan.types.Plan (None for test planners)
     label: str = ""
+    on_demand: Mapping[GpuZone, int] = field(default_factory=dict)
+    on_demand_premium_usd_per_hr: Mapping[GpuZone, float] = field(default_factory=dict)
 
     @property
     def num_gpus(self) -> int:
-        return sum(self.gpus.values())
+        return sum(self.gpus.values()) + sum(self.on_demand.values())
 
-    def fits_in(self, available: Mapping[GpuZone, int]) -> bool:
-        return _covers(available, self.gpus)
+    def all_gpus(self) -> dict[GpuZone, int]:
+        """GPUs per (type, zone) on either market."""
+        out = dict(self.gpus)
+        for k, n in self.on_demand.items():
+            out[k] = out.get(k, 0) + n
+        return {k: n for k, n in out.items() if n > 0}
+
+    def fits_in(self, available: Mapping[GpuZone, int], on_demand: Mapping[GpuZone, int] | None = None) -> bool:
+        """Whether its spot GPUs fit ``available`` and its on-demand GPUs ``on_demand``."""
+        return _covers(available, self.gpus) and (not self.on_demand or _covers(on_demand or {}, self.on_demand))
 
     def samples_per_usd(self) -> float:
         return self.throughput_samples_per_s * 3600.0 / self.usd_per_hr if self.usd_per_hr > 0 else float("inf")
@@ -48,11 +68,23 @@ PlanFn = Callable[[Mapping[GpuZone, int]], Sequence[PlanOption]]
 
 
 def gpus_of_plan(plan: Any) -> dict[GpuZone, int]:
-    """GPUs per (type, zone) a ``Plan`` holds (each replica is ``tp`` GPUs)."""
+    """GPUs per (type, zone) a ``Plan`` holds on the job's market (each replica is ``tp`` GPUs;
+    replicas marked on demand are ``on_demand_of_plan``'s)."""
     out: dict[GpuZone, int] = {}
     for stage in plan.stages:
         for r in stage.replicas:
-            out[(r.gpu, r.zone)] = out.get((r.gpu, r.zone), 0) + r.tp_degree
+            if getattr(r, "market", None) != "on_demand":
+                out[(r.gpu, r.zone)] = out.get((r.gpu, r.zone), 0) + r.tp_degree
+    return out
+
+
+def on_demand_of_plan(plan: Any) -> dict[GpuZone, int]:
+    """GPUs per (type, zone) of the replicas a mixed ``Plan`` rents on demand."""
+    out: dict[GpuZone, int] = {}
+    for stage in plan.stages:
+        for r in stage.replicas:
+            if getattr(r, "market", None) == "on_demand":
+                out[(r.gpu, r.zone)] = out.get((r.gpu, r.zone), 0) + r.tp_degree
     return out
 
 
@@ -90,6 +122,9 @@ class CachedPlanner:
     """
 
     plan_fn: PlanFn
+    # What the planner ranks by: with "cost" (its cheapest plans) only exact answers and a
+    # superset's best that still fits are reused (the throughput bound below does not apply).
+    objective: str = "throughput"
     num_calls: int = 0
     num_hits: int = 0
     planner_time_s: float = 0.0
@@ -132,6 +167,8 @@ class CachedPlanner:
                 return tuple(o for o in options if o.fits_in(avail))
         if any(not options for _, options in supersets):
             return ()  # nothing runs on a superset, so nothing runs here
+        if self.objective != "throughput":
+            return None
         bound = min(options[0].throughput_samples_per_s for _, options in supersets)
         best = max((o for _, options in self._answers for o in options if o.fits_in(avail)),
                    key=lambda o: o.throughput_samples_per_s, default=None)
@@ -209,12 +246,54 @@ def planner_plan_fn(
     return PlannerPlanFn(request_args=request_args, pricing=pricing, on_infeasible=on_infeasible)
 
 
-def plan_option(plan: Any, *, throughput_samples_per_s: float, usd_per_hr: float) -> PlanOption:
-    """``plan`` (a ``Plan``) as an option: the GPUs it holds, labelled."""
-    gpus = gpus_of_plan(plan)
+def plan_option(plan: Any, *, throughput_samples_per_s: float, usd_per_hr: float,
+                on_demand_premium_usd_per_hr: Mapping[GpuZone, float] | None = None) -> PlanOption:
+    """``plan`` (a ``Plan``) as an option: the GPUs it holds on each market, labelled.  The
+    premium of renting its GPUs on demand is the catalog's unless given."""
+    gpus, on_demand = gpus_of_plan(plan), on_demand_of_plan(plan)
+    if on_demand_premium_usd_per_hr is None:
+        on_demand_premium_usd_per_hr = catalog_on_demand_premium({**gpus, **on_demand})
     return PlanOption(gpus=gpus, throughput_samples_per_s=throughput_samples_per_s, usd_per_hr=usd_per_hr,
-                      plan=plan, label=describe_gpus(gpus))
+                      plan=plan, label=describe_gpus(gpus, on_demand), on_demand=on_demand,
+                      on_demand_premium_usd_per_hr=on_demand_premium_usd_per_hr)
 
 
-def describe_gpus(gpus: Mapping[GpuZone, int]) -> str:
-    return ", ".join(f"{n}x{g}@{z}" for (g, z), n in sorted(gpus.items()) if n)
+def catalog_on_demand_premium(pools: Iterable[GpuZone]) -> dict[GpuZone, float]:
+    """Per pool, what one GPU costs more per hour on demand than on spot (catalog prices)."""
+    out = {}
+    for gpu, zone in pools:
+        try:
+            out[(gpu, zone)] = (gpu_price_usd_per_hr(gpu, zone, spot=False)
+                                - gpu_price_usd_per_hr(gpu, zone, spot=True))
+        except InputError:  # a test GPU or zone with no price: not movable
+            continue
+    return out
+
+
+def with_on_demand(option: PlanOption, on_demand: Mapping[GpuZone, int]) -> PlanOption:
+    """``option`` with ``on_demand`` of its GPUs per pool moved from spot to on-demand nodes,
+    priced by its premiums (the plan's replicas are marked: ``plan.types.with_on_demand``)."""
+    moved = {k: min(n, option.gpus.get(k, 0)) for k, n in on_demand.items() if n > 0}
+    plan = option.plan
+    if plan is not None and hasattr(plan, "stages"):
+        plan = mark_on_demand(plan, {k: option.on_demand.get(k, 0) + n for k, n in moved.items()}
+                              | {k: n for k, n in option.on_demand.items() if k not in moved})
+        gpus, od = gpus_of_plan(plan), on_demand_of_plan(plan)
+    else:
+        gpus = {k: n - moved.get(k, 0) for k, n in option.gpus.items() if n - moved.get(k, 0) > 0}
+        od = dict(option.on_demand)
+        for k, n in moved.items():
+            od[k] = od.get(k, 0) + n
+    extra = 0.0
+    for k, n in od.items():
+        extra += (n - option.on_demand.get(k, 0)) * option.on_demand_premium_usd_per_hr[k]
+    return dataclasses.replace(option, gpus=gpus, on_demand=od, usd_per_hr=option.usd_per_hr + extra, plan=plan,
+                               label=describe_gpus(gpus, od))
+
+
+def describe_gpus(gpus: Mapping[GpuZone, int], on_demand: Mapping[GpuZone, int] | None = None) -> str:
+    text = ", ".join(f"{n}x{g}@{z}" for (g, z), n in sorted(gpus.items()) if n)
+    od = ", ".join(f"{n}x{g}@{z}" for (g, z), n in sorted((on_demand or {}).items()) if n)
+    if not od:
+        return text
+    return f"{text} + on demand {od}" if text else f"on demand {od}"

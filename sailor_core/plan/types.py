@@ -11,10 +11,12 @@ iteration is processed in stage ``i`` by replica ``m mod D_i``.
 
 from __future__ import annotations
 
+import dataclasses
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pydantic
 
@@ -25,13 +27,28 @@ from sailor_core.plan.routing import replica_of
 from sailor_core.zones import parse_zone
 
 
+SPOT = "spot"
+ON_DEMAND = "on_demand"
+MARKETS = (SPOT, ON_DEMAND)
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Replica:
-    """One data-parallel copy of a stage on ``tp_degree`` GPUs of one node."""
+    """One data-parallel copy of a stage on ``tp_degree`` GPUs of one node.
+
+    ``market``: how its node is rented, ``"spot"`` or ``"on_demand"``; None (the plan file
+    leaves it out) is the job's own market (``simulate(spot=...)``, the job's ``spot`` flag).
+    A mixed plan keeps part of the job on on-demand nodes, which are never preempted.
+    """
 
     gpu: str
     tp_degree: int
     zone: str
+    market: str | None = None
+
+    def on_spot(self, default: bool = True) -> bool:
+        """Whether this replica's node is a spot instance, ``default`` being the job's market."""
+        return default if self.market is None else self.market == SPOT
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -83,6 +100,15 @@ class Plan:
                 counts[key] = counts.get(key, 0) + r.tp_degree
         return counts
 
+    def on_demand_gpus(self) -> dict[tuple[str, str], int]:
+        """GPUs per (type, zone) on replicas marked on demand (the rest follow the job's market)."""
+        counts: dict[tuple[str, str], int] = {}
+        for stage in self.stages:
+            for r in stage.replicas:
+                if r.market == ON_DEMAND:
+                    counts[(r.gpu, r.zone)] = counts.get((r.gpu, r.zone), 0) + r.tp_degree
+        return counts
+
     def effective_seq_len(self) -> int:
         return self.seq_len or get_model(self.model).seq_len
 
@@ -98,7 +124,9 @@ class Plan:
                 {
                     "layers": [s.layer_start, s.layer_end],
                     "replicas": [
-                        {"gpu": r.gpu, "tp": r.tp_degree, "zone": r.zone} for r in s.replicas
+                        {"gpu": r.gpu, "tp": r.tp_degree, "zone": r.zone}
+                        | ({"market": r.market} if r.market is not None else {})
+                        for r in s.replicas
                     ],
                 }
                 for s in self.stages
@@ -122,6 +150,7 @@ class _ReplicaIn(pydantic.BaseModel):
     gpu: str
     tp: int = pydantic.Field(1, ge=1)
     zone: str = "local"
+    market: Literal["spot", "on_demand"] | None = None
 
 
 class _StageIn(pydantic.BaseModel):
@@ -166,7 +195,7 @@ def plan_from_dict(data: Any, *, validate: bool = True) -> Plan:
                     layer_start=s.layers[0],
                     layer_end=s.layers[1],
                     replicas=tuple(
-                        Replica(gpu=normalize_gpu_name(r.gpu), tp_degree=r.tp, zone=r.zone)
+                        Replica(gpu=normalize_gpu_name(r.gpu), tp_degree=r.tp, zone=r.zone, market=r.market)
                         for r in s.replicas
                     ),
                 )
@@ -178,6 +207,25 @@ def plan_from_dict(data: Any, *, validate: bool = True) -> Plan:
     if validate:
         validate_plan(plan)
     return plan
+
+
+def with_on_demand(plan: Plan, on_demand: Mapping[tuple[str, str], int]) -> Plan:
+    """``plan`` with about ``on_demand[(gpu, zone)]`` GPUs of each pool on on-demand nodes and
+    the rest on spot: replicas are marked in plan order (the first stages first), each whole,
+    until the pool's count is reached (a replica of TP t may take it up to t - 1 past it)."""
+    left = {k: n for k, n in on_demand.items() if n > 0}
+    stages = []
+    for stage in plan.stages:
+        replicas = []
+        for r in stage.replicas:
+            key = (r.gpu, r.zone)
+            market = SPOT
+            if left.get(key, 0) > 0:
+                market = ON_DEMAND
+                left[key] -= r.tp_degree
+            replicas.append(dataclasses.replace(r, market=market))
+        stages.append(dataclasses.replace(stage, replicas=tuple(replicas)))
+    return dataclasses.replace(plan, stages=tuple(stages))
 
 
 def load_plan(path: str | Path) -> Plan:

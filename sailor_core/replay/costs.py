@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from sailor_core.catalog.layers import total_params
@@ -49,6 +50,15 @@ class ChangeCosts:
 
     def notice_s(self, zone: str) -> float:
         return dict(self.notice_s_by_cloud).get(parse_zone(zone).cloud, 0.0)
+
+    def work_lost_s(self, zones: Iterable[str]) -> float:
+        """Training a preemption is expected to cost in ``zones``: none where the notice covers an
+        emergency save, else the progress since the last periodic checkpoint, half an interval
+        on average (the worst of the zones)."""
+        zones = list(zones)
+        if not zones or all(self.save_s <= self.notice_s(z) for z in zones):
+            return 0.0
+        return self.checkpoint_interval_s / 2
 
 
 def checkpoint_bytes_for(model: str, regime: str | None = None) -> float:

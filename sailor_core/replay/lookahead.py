@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from sailor_core.controller import ControllerConfig, restrict
-from sailor_core.controller.policy import grew
+from sailor_core.controller import ControllerConfig, ControllerState, observed_preemption_rates_per_s, restrict
+from sailor_core.controller.policy import grew, planner_requests
 from sailor_core.replay.hits import gpus_lost
 from sailor_core.traces import AvailabilityTrace, GpuZone
 
@@ -32,21 +32,32 @@ def upcoming_requests(
     available: Mapping[GpuZone, int],
     config: ControllerConfig,
     num_decisions: int,
+    seen_events: Mapping[GpuZone, int] | None = None,
+    seen_share: Mapping[GpuZone, float] | None = None,
+    on_demand_available: Mapping[GpuZone, int] | None = None,
 ) -> list[dict[GpuZone, int]]:
     """The planner requests of the next ``num_decisions`` re-plans after ``times[start - 1]``,
-    in order (each: all allowed pools, then each GPU type alone when the controller asks for
-    per-type options).  Empty for the ``failover`` and ``static`` strategies: their requests
-    depend on the plan a decision picks, so they cannot be guessed past one decision."""
+    in order (each: ``policy.planner_requests``, with the preemption rates the replay will have
+    seen by then, from ``seen_events`` and ``seen_share`` so far).  Empty for the ``failover``
+    and ``static`` strategies: their requests depend on the plan a decision picks, so they
+    cannot be guessed past one decision."""
     if config.strategy != "replan" or num_decisions <= 0:
         return []
     out: list[dict[GpuZone, int]] = []
     gpus = dict(plan_gpus) if plan_gpus else None
     current = dict(available)
+    events, share = dict(seen_events or {}), dict(seen_share or {})
     decisions = 0
     for t in times[start:]:
         counts = trace.counts_at(t)
-        lost = gpus_lost(trace, preemptions_at.get(t, ()), shares, held=gpus, before=current,
-                         after=counts) if gpus else {}
+        here = preemptions_at.get(t, ())
+        lost = gpus_lost(trace, here, shares, held=gpus, before=current, after=counts) if gpus else {}
+        for i in here:  # as the replay counts them (_Replay.on_trace_event)
+            e = trace.preemptions[i]
+            key = (e.gpu, e.zone)
+            events[key] = events.get(key, 0) + 1
+            pool = max(current.get(key, 0), e.num_gpus)
+            share[key] = share.get(key, 0.0) + (min(1.0, e.num_gpus / pool) if pool else 1.0)
         changed = counts != current
         current = counts
         avail = restrict(counts, config.gpu_types)
@@ -56,10 +67,11 @@ def upcoming_requests(
                 continue
         elif not changed and decisions:
             continue
-        out.append(avail)
-        types = sorted({g for g, _ in avail})
-        if config.per_type_options and len(types) > 1:
-            out.extend(restrict(avail, (g,)) for g in types)
+        state = ControllerState(plan=None, available=avail,
+                                preemption_rate_per_s=observed_preemption_rates_per_s(events, t),
+                                preemption_share={k: v / events[k] for k, v in share.items()},
+                                on_demand_available=on_demand_available or {})
+        out.extend(planner_requests(avail, state, config))
         # Guess: the new plan keeps what the loss left of the old one.
         if gpus:
             gpus = {k: min(n - lost.get(k, 0), counts.get(k, 0)) for k, n in gpus.items()}
@@ -71,7 +83,9 @@ def upcoming_requests(
     return out
 
 
-def first_requests(trace: AvailabilityTrace, config: ControllerConfig) -> list[dict[GpuZone, int]]:
+def first_requests(trace: AvailabilityTrace, config: ControllerConfig,
+                   on_demand_available: Mapping[GpuZone, int] | None = None) -> list[dict[GpuZone, int]]:
     """The planner requests of a ``replan`` controller's first decision (on the first row)."""
     return upcoming_requests(trace=trace, times=[trace.rows[0][0]], start=0, preemptions_at={}, shares=(),
-                             plan_gpus=None, planned_on=None, available={}, config=config, num_decisions=1)
+                             plan_gpus=None, planned_on=None, available={}, config=config, num_decisions=1,
+                             on_demand_available=on_demand_available)

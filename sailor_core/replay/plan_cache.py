@@ -9,7 +9,7 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
-from sailor_core.controller import PlanFn, PlanOption
+from sailor_core.controller import PlanFn, PlanOption, plan_option
 from sailor_core.plan.types import plan_from_dict
 from sailor_core.traces import GpuZone
 
@@ -29,13 +29,11 @@ def _to_json(o: PlanOption) -> dict:
 
 
 def _from_json(d: dict) -> PlanOption:
-    return PlanOption(
-        gpus={(g, z): int(n) for g, z, n in d["gpus"]},
-        throughput_samples_per_s=float(d["throughput_samples_per_s"]),
-        usd_per_hr=float(d["usd_per_hr"]),
-        label=d.get("label", ""),
-        plan=plan_from_dict(d["plan"], validate=False) if d.get("plan") else None,
-    )
+    x, usd = float(d["throughput_samples_per_s"]), float(d["usd_per_hr"])
+    if d.get("plan"):  # its GPUs on each market, label and on-demand premiums follow from the plan
+        return plan_option(plan_from_dict(d["plan"], validate=False), throughput_samples_per_s=x, usd_per_hr=usd)
+    return PlanOption(gpus={(g, z): int(n) for g, z, n in d["gpus"]}, throughput_samples_per_s=x, usd_per_hr=usd,
+                      label=d.get("label", ""))
 
 
 class PersistentPlanner:

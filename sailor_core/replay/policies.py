@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from sailor_core.controller import ControllerConfig, PlanFn, restrict
 from sailor_core.errors import InputError
 from sailor_core.replay.costs import ChangeCosts
@@ -16,9 +18,15 @@ POLICY_HELP = {
 }
 
 
-def controller_config(policy: str, *, costs: ChangeCosts, gpu_type: str | None = None,
-                      min_gain: float = 0.05) -> ControllerConfig:
-    common = dict(shutdown_s=costs.shutdown_s, change_cost_s=costs.planned_change_s, min_gain=min_gain)
+def controller_config(policy: str, *, costs: ChangeCosts, gpu_type: str | None = None, min_gain: float = 0.05,
+                      objective: str = "throughput", min_throughput_samples_per_s: float | None = None,
+                      zones: Iterable[str] = ()) -> ControllerConfig:
+    """The controller of ``policy`` with the replay's costs of change (a preemption in ``zones``
+    loses the work since the last checkpoint where the notice is shorter than a save) and the
+    job's objective (the skypilot policy keeps its one request whatever the objective)."""
+    common = dict(shutdown_s=costs.shutdown_s, save_s=costs.save_s, provisioning_s=costs.provisioning_s,
+                  startup_s=costs.startup_s + costs.load_s, work_lost_s=costs.work_lost_s(zones), min_gain=min_gain,
+                  objective=objective, min_throughput_samples_per_s=min_throughput_samples_per_s)
     if policy == "ours":
         return ControllerConfig(strategy="replan", **common)
     if policy == "static":

@@ -13,7 +13,7 @@ from typing import Any
 
 from sailor_core.catalog import ModelSpec, get_model, normalize_gpu_name
 from sailor_core.catalog.instances import gpu_price_usd_per_hr
-from sailor_core.controller import CachedPlanner, PlanFn, PlanOption, planner_plan_fn, restrict
+from sailor_core.controller import OBJECTIVES, CachedPlanner, PlanFn, PlanOption, planner_plan_fn, restrict
 from sailor_core.controller.options import PlannerCall
 from sailor_core.errors import InputError
 from sailor_core.replay.costs import ChangeCosts, checkpoint_bytes_for
@@ -52,6 +52,7 @@ def on_grid(plan_fn: PlanFn) -> PlanFn:
     def fn(available):
         return plan_fn(gridded(available))
 
+    fn.__wrapped_cached__ = plan_fn
     return fn
 
 
@@ -92,7 +93,8 @@ def _planner(model: str, global_batch_size: int | None, knobs: dict[str, Any], p
     fn = PrefetchingPlanner(args, workers=workers) if workers > 0 else planner_plan_fn(**args)
     if not plan_cache_path:
         return fn
-    text = ",".join(f"{k}={v}" for k, v in sorted(knobs.items()))
+    # (The throughput objective is the planner's default: its key stays that of earlier caches.)
+    text = ",".join(f"{k}={v}" for k, v in sorted(knobs.items()) if not (k == "objective" and v == "throughput"))
     return persistent(fn, plan_cache_path, prefix=f"{model}|gbs={global_batch_size}|{text}")
 
 
@@ -109,6 +111,7 @@ class ReplaySuite:
     planner_call_log: tuple[PlannerCall, ...] = ()  # the calls that reached the planner, in order
     micro_batch_sizes: tuple[int, ...] | None = None  # what the planner searched (None: its default)
     prefetch: PrefetchStats | None = None  # the worker processes' share of the planning (None: none ran)
+    terms: JobTerms | None = None  # the job's objective and constraints (None: fastest, no deadline)
 
     def to_dict(self, *, with_timeline: bool = False) -> dict[str, Any]:
         ours = self.results.get("ours")
@@ -118,6 +121,7 @@ class ReplaySuite:
             "wall_s": self.wall_s, "planner_calls": self.planner_calls, "planner_time_s": self.planner_time_s,
             "micro_batch_sizes": list(self.micro_batch_sizes) if self.micro_batch_sizes else None,
             "prefetch": dataclasses.asdict(self.prefetch) if self.prefetch is not None else None,
+            "terms": dataclasses.asdict(self.terms) if self.terms is not None else None,
             "policies": {},
         }
         for name, r in self.results.items():
@@ -136,12 +140,40 @@ def _ratio(a: float, b: float) -> float | None:
     return a / b if b and math.isfinite(a) and math.isfinite(b) else None
 
 
-def catalog_price_fn() -> PriceFn:
+def catalog_price_fn(*, spot: bool = True) -> PriceFn:
     @lru_cache(maxsize=None)
     def per_gpu(gpu: str, zone: str) -> float:
-        return gpu_price_usd_per_hr(gpu, zone, spot=True)
+        return gpu_price_usd_per_hr(gpu, zone, spot=spot)
 
     return lambda gpu, zone, _t: per_gpu(gpu, zone)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobTerms:
+    """What the replayed job asks, as ``sailor train`` would: the objective (``throughput``:
+    finish soonest; ``cost``: for the fewest USD), a floor on the throughput, a deadline from
+    the trace's start, and on-demand GPUs per pool besides the spot ones (0: spot only; the
+    skypilot policy rents spot only)."""
+
+    objective: str = "throughput"
+    min_throughput_samples_per_s: float | None = None
+    deadline_h: float | None = None
+    on_demand_gpus: int = 0
+
+    def __post_init__(self) -> None:
+        if self.objective not in OBJECTIVES:
+            raise InputError(f"unknown objective {self.objective!r}; known: {', '.join(OBJECTIVES)}")
+        if self.min_throughput_samples_per_s is not None and not self.min_throughput_samples_per_s > 0:
+            raise InputError(f"throughput floor must be positive, got {self.min_throughput_samples_per_s}")
+        if self.deadline_h is not None and not (self.deadline_h > 0 and math.isfinite(self.deadline_h)):
+            raise InputError(f"deadline must be a positive number of hours, got {self.deadline_h}")
+        if self.on_demand_gpus < 0:
+            raise InputError(f"on-demand GPUs per pool must be >= 0, got {self.on_demand_gpus}")
+
+    @property
+    def wants_cheap_plans(self) -> bool:
+        """Whether the controller also asks the planner for its cheapest plans."""
+        return self.objective == "cost" or self.deadline_h is not None
 
 def run_policies(
     trace: AvailabilityTrace,
@@ -164,8 +196,12 @@ def run_policies(
     probe_micro_batches: bool = False,
     workers: int | None = None,
     progress: Callable[[str, float, int], None] | None = None,
+    terms: JobTerms | None = None,
 ) -> ReplaySuite:
     """Replay ``trace`` under each policy (in turn, sharing one planner cache).
+
+    ``terms``: the job's objective and constraints (``JobTerms``; default: finish soonest, on
+    spot only), which every policy but skypilot's managed job re-plans by.
 
     ``progress``, when given, is called as the replay goes with the policy, its simulated
     time and the planner searches made so far.
@@ -176,6 +212,7 @@ def run_policies(
     the results are those of a replay without them.
     """
     spec = _checked_model(model, tokens=tokens, budget_usd=budget_usd, policies=policies)
+    terms = terms or JobTerms()
     t0 = time.perf_counter()
     samples_target = float(tokens) / float(seq_len or spec.seq_len)
     if costs is None:
@@ -185,9 +222,14 @@ def run_policies(
                          exact_availability=exact_availability, plan_cache_path=plan_cache_path, workers=workers)
     single = _single_type(trace, planning, policies=policies, gpu_type=gpu_type, costs=costs)
     replay_args = dict(trace=trace, costs=costs, samples_target=samples_target, budget_usd=budget_usd, seed=seed,
-                       max_time_s=max_time_s, price_change_times=prices.change_times() if prices is not None else ())
+                       max_time_s=max_time_s, price_change_times=prices.change_times() if prices is not None else (),
+                       deadline_s=terms.deadline_h * 3600.0 if terms.deadline_h is not None else None,
+                       on_demand_price_fn=catalog_price_fn(spot=False))
+    cheap = _cheap_planner(planning, model=spec.name, global_batch_size=global_batch_size,
+                           planner_knobs=planner_knobs, terms=terms, plan_cache_path=plan_cache_path,
+                           plan_fn=plan_fn)
     results = _replay_each(planning, policies, single=single, prices=prices, replay_args=replay_args,
-                           progress=progress)
+                           progress=progress, terms=terms, cheap=cheap)
     probe, cached, prefetcher = planning.probe, planning.cached, planning.prefetcher
     return ReplaySuite(
         results=results, single_gpu_type=single, samples_target=samples_target,
@@ -195,7 +237,7 @@ def run_policies(
         planner_time_s=probe.planner_time_s + cached.planner_time_s,
         trace_source=trace.source, trace_notes=trace.notes, planner_call_log=(*probe.calls, *cached.calls),
         micro_batch_sizes=planning.micro_batch_sizes,
-        prefetch=prefetcher.stats() if prefetcher is not None else None,
+        prefetch=prefetcher.stats() if prefetcher is not None else None, terms=terms,
     )
 
 
@@ -280,23 +322,47 @@ def _single_type(trace: AvailabilityTrace, planning: _Planning, *, policies: Seq
     return normalize_gpu_name(gpu_type) if gpu_type else pick_single_type(trace, planning.plan_fn)
 
 
+def _cheap_planner(planning: _Planning, *, model: str, global_batch_size: int | None,
+                   planner_knobs: dict[str, Any] | None, terms: JobTerms, plan_cache_path: str | None,
+                   plan_fn: PlanFn | None) -> PlanFn | None:
+    """The planner's cheapest plans (its cost objective, above the floor), for a job that
+    minimises cost or has a deadline; in this process, memoised, on the grid unless exact."""
+    if not terms.wants_cheap_plans:
+        return None
+    if plan_fn is not None:  # a test planner answers both
+        base = plan_fn
+    else:
+        knobs = {**REPLAY_PLANNER_KNOBS, **(planner_knobs or {}), "objective": "cost"}
+        if planning.micro_batch_sizes:
+            knobs["micro_batch_sizes"] = planning.micro_batch_sizes
+        if terms.min_throughput_samples_per_s is not None:
+            knobs["min_throughput_samples_per_s"] = terms.min_throughput_samples_per_s
+        base = _planner(model, global_batch_size, knobs, plan_cache_path)
+    cached = CachedPlanner(plan_fn=base, objective="cost")
+    return cached if planning.exact_availability else on_grid(cached)
+
+
 def _replay_each(planning: _Planning, policies: Sequence[str], *, single: str | None, prices: PriceSeries | None,
-                 replay_args: dict[str, Any],
-                 progress: Callable[[str, float, int], None] | None) -> dict[str, ReplayResult]:
+                 replay_args: dict[str, Any], progress: Callable[[str, float, int], None] | None,
+                 terms: JobTerms, cheap: PlanFn | None) -> dict[str, ReplayResult]:
     """Each policy's replay, in turn, with the suite's planner; the workers stopped and the
     plan cache written at the end."""
     cached, prefetcher, costs = planning.cached, planning.prefetcher, replay_args["costs"]
+    zones = sorted({z for _, z in replay_args["trace"].keys})
     price_fn = _price_fn(prices)
     results: dict[str, ReplayResult] = {}
     threads: ThreadPoolExecutor | None = None
     try:
-        threads, shadows = _start_shadows(planning, policies, single=single, prices=prices, replay_args=replay_args)
+        threads, shadows = _start_shadows(planning, policies, single=single, prices=prices, replay_args=replay_args,
+                                          terms=terms, cheap=cheap)
         for p in policies:
             calls_before = cached.num_calls
-            config = controller_config(p, costs=costs, gpu_type=single)
+            config = _config(p, costs=costs, single=single, terms=terms, zones=zones)
             if p in shadows:
                 shadows[p].result()  # what it searched is with the workers' answers now
             r = replay(plan_fn=planning.plan_fn, config=config, price_fn=price_fn, policy=p,
+                       cost_plan_fn=cheap if config.strategy != "failover" else None,
+                       on_demand_available=_on_demand(replay_args["trace"], terms, config),
                        prefetch=planning.prefetch,
                        prefetch_decisions=prefetcher.lookahead_decisions if prefetcher is not None else 0,
                        progress=(lambda t, p=p: progress(p, t, cached.num_calls)) if progress is not None else None,
@@ -304,6 +370,8 @@ def _replay_each(planning: _Planning, policies: Sequence[str], *, single: str | 
             results[p] = _with_calls(r, cached.num_calls - calls_before)
     finally:
         _flush(cached.plan_fn)
+        if cheap is not None:
+            _flush(_unwrapped(cheap))
         if prefetcher is not None:
             prefetcher.close()  # (a shadow thread still waiting on a search then stops)
         if threads is not None:
@@ -311,8 +379,27 @@ def _replay_each(planning: _Planning, policies: Sequence[str], *, single: str | 
     return results
 
 
+def _config(policy: str, *, costs: ChangeCosts, single: str | None, terms: JobTerms, zones: Sequence[str]):
+    return controller_config(policy, costs=costs, gpu_type=single, objective=terms.objective,
+                             min_throughput_samples_per_s=terms.min_throughput_samples_per_s, zones=zones)
+
+
+def _on_demand(trace: AvailabilityTrace, terms: JobTerms, config) -> dict[GpuZone, int]:
+    """On-demand GPUs per pool of the trace the policy may rent (none for the managed job)."""
+    if terms.on_demand_gpus <= 0 or config.strategy == "failover":
+        return {}
+    return {k: terms.on_demand_gpus for k in trace.keys}
+
+
+def _unwrapped(plan_fn: PlanFn) -> PlanFn:
+    """The CachedPlanner's own planner behind ``on_grid``."""
+    cached = getattr(plan_fn, "__wrapped_cached__", plan_fn)
+    return cached.plan_fn if isinstance(cached, CachedPlanner) else cached
+
+
 def _start_shadows(planning: _Planning, policies: Sequence[str], *, single: str | None, prices: PriceSeries | None,
-                   replay_args: dict[str, Any]) -> tuple[ThreadPoolExecutor | None, dict[str, Future]]:
+                   replay_args: dict[str, Any], terms: JobTerms,
+                   cheap: PlanFn | None) -> tuple[ThreadPoolExecutor | None, dict[str, Future]]:
     """Start the workers, and a shadow replay (``_shadow_replay``) of each later static or failover policy.
 
     The requests of a static or failover policy depend on the plans it picks, so they
@@ -327,12 +414,14 @@ def _start_shadows(planning: _Planning, policies: Sequence[str], *, single: str 
     prefetcher.start()
     threads: ThreadPoolExecutor | None = None
     shadows: dict[str, Future] = {}
+    zones = sorted({z for _, z in replay_args["trace"].keys})
     for p in policies[1:]:
-        config = controller_config(p, costs=replay_args["costs"], gpu_type=single)
+        config = _config(p, costs=replay_args["costs"], single=single, terms=terms, zones=zones)
         if config.strategy in ("static", "failover"):
             threads = threads or ThreadPoolExecutor(max_workers=len(policies) - 1)
             shadows[p] = threads.submit(_shadow_replay, prefetcher, planning.exact_availability, prices,
-                                        dict(config=config, policy=p, **replay_args))
+                                        dict(config=config, policy=p, **replay_args,
+                                             on_demand_available=_on_demand(replay_args["trace"], terms, config)))
     return threads, shadows
 
 

@@ -8,6 +8,8 @@ the work.  Every change pays the same costs for every policy (``ChangeCosts``).
 
 Which of our GPUs a preemption takes: ``sailor_core.replay.hits`` (the same
 rule in the lookahead), with one draw per event from the seed for every policy.
+Preemptions take spot GPUs only: a mixed plan's on-demand GPUs (``on_demand_available``
+per pool, at the on-demand price) are never taken.
 """
 
 from __future__ import annotations
@@ -76,6 +78,8 @@ class ReplayResult:
     timeline: tuple[TimelinePoint, ...]
     decisions: tuple[DecisionRecord, ...]
     planner_calls: int = 0
+    usd_by_market: Mapping[str, float] = field(default_factory=dict)
+    num_declined: int = 0             # switches the controller weighed and declined (Decision.declined)
 
     def to_dict(self, *, with_timeline: bool = False) -> dict:
         out = {
@@ -87,6 +91,7 @@ class ReplayResult:
             "num_restarts": self.num_restarts, "num_preemptions_hit": self.num_preemptions_hit,
             "work_lost_samples": self.work_lost_samples, "wait_s": self.wait_s,
             "usd_by_gpu_zone": dict(self.usd_by_gpu_zone), "planner_calls": self.planner_calls,
+            "usd_by_market": dict(self.usd_by_market), "num_declined": self.num_declined,
         }
         if with_timeline:
             out["timeline"] = [
@@ -106,10 +111,14 @@ class _Setup:
 
     trace: AvailabilityTrace
     plan_fn: PlanFn
+    cost_plan_fn: PlanFn | None                # the planner's cheapest plans (cost objective or deadline)
     config: ControllerConfig
     costs: ChangeCosts
     samples_target: float
     price_fn: PriceFn
+    on_demand_price_fn: PriceFn
+    on_demand_available: Mapping[GpuZone, int]  # per pool, never preempted
+    deadline_s: float                          # the job's deadline (inf: none)
     horizon_s: float
     times: tuple[float, ...]                   # external events, in time order
     preemptions_at: Mapping[float, list[int]]  # time -> indices into trace.preemptions
@@ -151,9 +160,10 @@ class _Replay:
     next_ckpt_at: float = math.inf
     done: float = 0.0
     ckpt_done: float = 0.0
-    leases: dict[GpuZone, str] = field(default_factory=dict)   # -> ledger id
+    leases: dict[tuple[str, str, bool], str] = field(default_factory=dict)   # (gpu, zone, spot) -> ledger id
     num_leases: int = 0
     seen_events: dict[GpuZone, int] = field(default_factory=dict)  # preemptions seen per pool
+    seen_share: dict[GpuZone, float] = field(default_factory=dict)  # their shares of the pool, summed
     productive_gpu_s: float = 0.0
     lost_gpu_s: float = 0.0
     lost_samples: float = 0.0
@@ -161,6 +171,8 @@ class _Replay:
     num_replans: int = 0
     num_restarts: int = 0
     num_hits: int = 0
+    num_declined: int = 0
+    last_declined: str = ""
     launched: bool = False
     finished_at: float | None = None
     stop_reason: str = ""
@@ -179,7 +191,7 @@ class _Replay:
         running = self.phase == "running" and self.t >= self.paused_until
         by_type: dict[str, int] = {}
         if self.phase in ("starting", "running") and self.plan is not None:
-            for (g, _), n in self.plan.gpus.items():
+            for (g, _), n in self.plan.all_gpus().items():
                 by_type[g] = by_type.get(g, 0) + n
         x = self.plan.throughput_samples_per_s if running and self.plan else 0.0
         point = TimelinePoint(time_s=self.t, gpus_by_type=by_type, throughput_samples_per_s=x)
@@ -194,12 +206,14 @@ class _Replay:
         self.leases = {}
 
     def acquire(self, option: PlanOption, at_s: float) -> None:
-        for (g, z), n in option.gpus.items():
-            self.num_leases += 1
-            lease = f"{g}@{z}#{self.num_leases}"
-            self.ledger.open(lease, gpu=g, zone=z, num_gpus=n, usd_per_hr=n * self.setup.price_fn(g, z, at_s),
-                             start_s=at_s)
-            self.leases[(g, z)] = lease
+        for spot, gpus in ((True, option.gpus), (False, option.on_demand)):
+            price_fn = self.setup.price_fn if spot else self.setup.on_demand_price_fn
+            for (g, z), n in gpus.items():
+                self.num_leases += 1
+                lease = f"{g}@{z}#{self.num_leases}" + ("" if spot else "-od")
+                self.ledger.open(lease, gpu=g, zone=z, num_gpus=n, usd_per_hr=n * price_fn(g, z, at_s),
+                                 start_s=at_s, spot=spot)
+                self.leases[(g, z, spot)] = lease
 
     def affordable_s(self) -> float:
         """Seconds until the budget, less the shutdown, is spent at the current rate."""
@@ -212,11 +226,14 @@ class _Replay:
         setup, holding = self.setup, self.holding
         state = ControllerState(
             plan=holding, available=dict(self.avail), budget_left_usd=self.ledger.budget_left_usd(self.t),
+            time_left_s=setup.deadline_s - self.t,
             samples_done=self.done, samples_target=setup.samples_target, last_plan=self.last_plan,
             planned_on=self.planned_on if holding is not None else None,
             preemption_rate_per_s=observed_preemption_rates_per_s(self.seen_events, self.t),
+            preemption_share={k: v / self.seen_events[k] for k, v in self.seen_share.items()},
+            on_demand_available=setup.on_demand_available,
         )
-        d = decide(state, event, config=setup.config, plan_fn=setup.plan_fn)
+        d = decide(state, event, config=setup.config, plan_fn=setup.plan_fn, cost_plan_fn=setup.cost_plan_fn)
         plan_before, planned_on_before = self.plan, self.planned_on
         self.apply(d, event)
         if setup.prefetch is not None and (self.plan is not plan_before or self.planned_on is not planned_on_before):
@@ -228,12 +245,20 @@ class _Replay:
             trace=setup.trace, times=setup.times, start=self.next_event, preemptions_at=setup.preemptions_at,
             shares=setup.shares, plan_gpus=holding.gpus if holding is not None else None,
             planned_on=self.planned_on, available=self.avail, config=setup.config,
-            num_decisions=setup.prefetch_decisions))
+            num_decisions=setup.prefetch_decisions, seen_events=self.seen_events, seen_share=self.seen_share,
+            on_demand_available=setup.on_demand_available))
 
     def apply(self, d: Decision, event: Event) -> None:
         self.planned_on = d.planned_on
         if d.action == Action.CONTINUE:
+            if d.declined is not None:
+                self.num_declined += 1
+                if d.declined.label != self.last_declined:  # the same plan declined again is not news
+                    self.last_declined = d.declined.label
+                    self.decisions.append(DecisionRecord(time_s=self.t, action="decline", reason=d.reason,
+                                                         num_gpus=d.plan.num_gpus if d.plan else 0))
             return
+        self.last_declined = ""
         self.decisions.append(DecisionRecord(time_s=self.t, action=d.action.value, reason=d.reason,
                                              num_gpus=d.plan.num_gpus if d.plan else 0))
         if d.action in (Action.REPLAN, Action.SHRINK):
@@ -257,7 +282,9 @@ class _Replay:
         self.release(switch_at, "replanned")
         self.acquire(new, switch_at)
         held = old.gpus if old is not None else {}
-        needs_vms = any(n > held.get(k, 0) for k, n in new.gpus.items())
+        held_od = old.on_demand if old is not None else {}
+        needs_vms = (any(n > held.get(k, 0) for k, n in new.gpus.items())
+                     or any(n > held_od.get(k, 0) for k, n in new.on_demand.items()))
         self.ready_at = (switch_at + (costs.provisioning_s if needs_vms else 0.0) + costs.startup_s
                          + (costs.load_s if self.ckpt_done > 0 else 0.0))
         self.done = self.ckpt_done
@@ -350,12 +377,16 @@ class _Replay:
         indices = setup.preemptions_at.get(t, [])
         for i in indices:
             e = setup.trace.preemptions[i]
-            self.seen_events[(e.gpu, e.zone)] = self.seen_events.get((e.gpu, e.zone), 0) + 1
+            key = (e.gpu, e.zone)
+            self.seen_events[key] = self.seen_events.get(key, 0) + 1
+            pool = max(self.avail.get(key, 0), e.num_gpus)
+            self.seen_share[key] = self.seen_share.get(key, 0.0) + (min(1.0, e.num_gpus / pool) if pool else 1.0)
         holding = self.holding
         lost = gpus_lost(setup.trace, indices, setup.shares, held=holding.gpus, before=self.avail,
                          after=new_counts) if holding is not None else {}
-        for key, lease in self.leases.items():
-            self.ledger.set_price(lease, setup.price_fn(key[0], key[1], t) * self.plan.gpus[key], t)
+        for (g, z, spot), lease in self.leases.items():
+            if spot:
+                self.ledger.set_price(lease, setup.price_fn(g, z, t) * self.plan.gpus[(g, z)], t)
         changed = dict(new_counts) != self.avail
         self.avail = dict(new_counts)
         if lost:
@@ -403,6 +434,7 @@ class _Replay:
             work_lost_samples=self.lost_samples, wait_s=self.wait_s,
             usd_by_gpu_zone={f"{g}@{z}": v for (g, z), v in sorted(ledger.by_gpu_zone(end_s).items())},
             timeline=tuple(self.timeline), decisions=tuple(self.decisions),
+            usd_by_market=dict(sorted(ledger.by_market(end_s).items())), num_declined=self.num_declined,
         )
 
 
@@ -422,22 +454,34 @@ def replay(
     prefetch: Callable[[list[dict[GpuZone, int]]], None] | None = None,
     prefetch_decisions: int = 2,
     progress: Callable[[float], None] | None = None,
+    cost_plan_fn: PlanFn | None = None,
+    deadline_s: float | None = None,
+    on_demand_available: Mapping[GpuZone, int] | None = None,
+    on_demand_price_fn: PriceFn | None = None,
 ) -> ReplayResult:
     """Replay ``trace`` under one controller configuration; see the module doc.
 
     ``progress``, when given, is called with the simulated time at every external event.
+    ``deadline_s``: the job's deadline from the trace's start (the controller's ``time_left_s``).
+    ``on_demand_available``: on-demand GPUs per pool the controller may rent besides the spot
+    pools, at ``on_demand_price_fn`` (USD per GPU-hour); ``cost_plan_fn``: the planner's
+    cheapest plans (``decide``'s).
 
     ``prefetch``, when given, is told after every decision which availabilities the
     controller will likely ask ``plan_fn`` about in its next ``prefetch_decisions``
     re-plans (``lookahead.upcoming_requests``), so that they can be answered ahead.
     """
     setup = _setup(trace, seed=seed, max_time_s=max_time_s, price_change_times=price_change_times,
-                   plan_fn=plan_fn, config=config, costs=costs, samples_target=samples_target, price_fn=price_fn,
+                   plan_fn=plan_fn, cost_plan_fn=cost_plan_fn, config=config, costs=costs,
+                   samples_target=samples_target, price_fn=price_fn,
+                   on_demand_price_fn=on_demand_price_fn or price_fn,
+                   on_demand_available=dict(on_demand_available or {}),
+                   deadline_s=math.inf if deadline_s is None else float(deadline_s),
                    prefetch=prefetch, prefetch_decisions=prefetch_decisions)
     r = _Replay(setup=setup, ledger=CostLedger(budget_usd=budget_usd), avail=dict(trace.rows[0][1]))
     r.record()
     if prefetch is not None:
-        prefetch(first_requests(trace, config))
+        prefetch(first_requests(trace, config, setup.on_demand_available))
     r.ask(Event(kind=EventKind.START))
     for j, t in enumerate(setup.times):
         if r.phase == "ended" or t > setup.horizon_s:

@@ -108,7 +108,7 @@ def simulate(
     last = stages[compose.slowest_end([compose.stage_end_s(s.dp_sync_s, s.update_s) for s in stages])]
     iteration_s = compose.iteration_s(pipe, last.dp_sync_s, last.update_s)
     usd_per_hour = compose.add_in_order(
-        [compose.rent_usd_per_hr(rep.tp_degree, gpu_price_usd_per_hr(rep.gpu, rep.zone, spot=spot))
+        [compose.rent_usd_per_hr(rep.tp_degree, gpu_price_usd_per_hr(rep.gpu, rep.zone, spot=rep.on_spot(spot)))
          for rep in stage.replicas] for stage in plan.stages)
     gpu_usd = compose.gpu_usd_per_iteration(usd_per_hour, iteration_s)
     egress_usd = compose.add_in_order(egress_terms)

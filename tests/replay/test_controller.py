@@ -67,7 +67,7 @@ def test_budget_keep_most_efficient_then_stop():
     cur = linear_option({("A100-40", A): 4})
     target = 40 * 3600 * 10  # 10 h of it: 48 USD
     state = ControllerState(plan=cur, available=avail, samples_target=target, budget_left_usd=20.0)
-    d = run(state, CAP, change_cost_s=0, shutdown_s=60)
+    d = run(state, CAP, provisioning_s=0, startup_s=0, shutdown_s=60)
     assert d.action == Action.CONTINUE
     assert d.stop_in_s == pytest.approx(20.0 * 3600 / 4.8 - 60)
     # Only the shutdown is left to pay: stop.
@@ -84,11 +84,11 @@ def test_budget_shrinks_to_a_plan_that_finishes():
     avail = {("A100-40", A): 8, ("V100-16", A): 8}
     # 720000 samples: fast needs 2 h = 20 USD, cheap 4 h = 16 USD; 18 USD left.
     state = ControllerState(plan=fast, available=avail, samples_target=720000, budget_left_usd=18.0)
-    d = decide(state, CAP, config=ControllerConfig(change_cost_s=0, shutdown_s=0), plan_fn=lambda a: [fast, cheap])
+    d = decide(state, CAP, config=ControllerConfig(provisioning_s=0, startup_s=0, shutdown_s=0), plan_fn=lambda a: [fast, cheap])
     assert d.action == Action.SHRINK and d.plan is cheap and "budget" in d.reason
     # With 25 USD left the fast plan finishes: keep it.
     state = ControllerState(plan=fast, available=avail, samples_target=720000, budget_left_usd=25.0)
-    d = decide(state, CAP, config=ControllerConfig(change_cost_s=0, shutdown_s=0), plan_fn=lambda a: [fast, cheap])
+    d = decide(state, CAP, config=ControllerConfig(provisioning_s=0, startup_s=0, shutdown_s=0), plan_fn=lambda a: [fast, cheap])
     assert d.action == Action.CONTINUE
 
 
@@ -153,11 +153,11 @@ def test_cached_planner_reuses_results_for_covered_availability():
 
 def test_preemption_rates_steer_away_from_stormy_pools():
     avail = {("A100-40", A): 4, ("V100-16", B): 8}  # all: 72 samples/s; A100s alone: 40
-    calm = run(ControllerState(plan=None, available=avail, samples_target=1e6), START, change_cost_s=300)
+    calm = run(ControllerState(plan=None, available=avail, samples_target=1e6), START)
     assert calm.plan.gpus == avail
     # The V100 pool loses nodes every 5 min: each costs a 300 s restart, so using it
     # doubles the time per sample (72 / 2 = 36 < 40).
     stormy = ControllerState(plan=None, available=avail, samples_target=1e6,
                              preemption_rate_per_s={("V100-16", B): 1 / 300})
-    d = run(stormy, START, change_cost_s=300)
+    d = run(stormy, START)
     assert d.plan.gpus == {("A100-40", A): 4}

@@ -61,10 +61,12 @@ def test_deeper_lookahead_lists_the_next_decisions_in_order():
     trace = derive_preset("aws-3d", seed=1)
     events, _ = recorded_replay(trace, "ours", target=3e7, decisions=3)
     guesses = [what for kind, what in events if kind == "guess"]
-    # Each re-plan over both GPU types asks about all pools, then each type alone.
-    assert max(len(g) for g in guesses) == 9
-    full = next(g for g in guesses if len(g) == 9)
-    assert [len({gpu for gpu, _ in a}) for a in full] == [2, 1, 1] * 3
+    # Each re-plan over both GPU types asks about all six pools, then each type alone, then
+    # without the stormiest pool, the two stormiest, ... (once every pool has seen a preemption).
+    assert max(len(g) for g in guesses) == 24
+    full = next(g for g in guesses if len(g) == 24)
+    assert [len({gpu for gpu, _ in a}) for a in full[:3]] == [2, 1, 1]
+    assert [len(a) for a in full] == [6, 3, 3, 5, 4, 3, 2, 1] * 3
 
 
 def test_worker_processes_leave_a_real_replay_unchanged():

@@ -1,0 +1,133 @@
+"""What a plan is expected to cost to finish the job, in time and USD, on capacity that is preempted.
+
+One model behind every decision of the controller (``policy.decide``), with few parameters,
+each with a meaning (``ControllerConfig``, ``ControllerState``):
+
+* **Hits.** Pool k's preemption events arrive at the rate seen so far, lambda_k per second.
+  An event takes a share p_k of the pool's GPUs (``preemption_share``: the mean GPUs an
+  event takes over the pool's size; 1 when unknown), so of the u_k spot GPUs a plan holds
+  there it takes at least one with probability min(1, u_k p_k) (the expected share of a
+  random pick).  The plan is hit at H = sum_k lambda_k min(1, u_k p_k) per second.
+  On-demand GPUs are never taken.
+* **Cost of a hit.** Each hit stops training for ``restart_s`` (new instances, start-up,
+  checkpoint load) and redoes ``work_lost_s`` of training (0 where the notice covers a save).
+* **Effective throughput.** Over a long run a share 1 / (1 + H (restart_s + work_lost_s)) of
+  the time trains: X = x / (1 + H D).
+* **Time and cost to finish** ``W`` remaining samples: T = change + W / X, where change is the
+  downtime of getting there (0 for the plan running, else a save if something runs,
+  provisioning if it needs instances not held, start-up and reload); C = USD/h x T.
+
+The objective (``throughput``: least T; ``cost``: least C) ranks the options that meet the
+constraints: the budget (C plus the shutdown within what is left), the deadline (T within
+the time left) and the throughput floor (X at least it).  A switch away from a plan that
+still runs must pay for itself before the next preemption forces a re-plan anyway
+(``switch_pays``): that is the hysteresis that keeps a stormy pool from restarting the job
+every few minutes.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from sailor_core.controller.options import GpuZone, PlanOption
+
+_S_PER_HR = 3600.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Costs:
+    """The controller's costs of change (``ControllerConfig`` holds them)."""
+
+    save_s: float         # checkpoint before a planned switch
+    provisioning_s: float  # new instances
+    startup_s: float      # start-up, rendezvous and checkpoint load
+    work_lost_s: float    # training redone per preemption
+
+    @property
+    def restart_s(self) -> float:
+        """Downtime of a preemption that hits the plan: new instances, start-up, reload."""
+        return self.provisioning_s + self.startup_s
+
+    @property
+    def hit_s(self) -> float:
+        """Training time a hit costs: the restart and the work redone."""
+        return self.restart_s + self.work_lost_s
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Outlook:
+    """An option's expected figures to the end of the job."""
+
+    option: PlanOption
+    hits_per_s: float                # preemptions expected to take GPUs of the plan
+    effective_samples_per_s: float   # throughput after the restarts and the work redone
+    change_s: float                  # downtime before it trains (0: it runs now)
+    time_s: float                    # expected time to finish, the change included
+    cost_usd: float                  # expected USD to finish
+
+    @property
+    def useful_fraction(self) -> float:
+        x = self.option.throughput_samples_per_s
+        return self.effective_samples_per_s / x if x > 0 else 0.0
+
+
+def hits_per_s(option: PlanOption, *, rates: Mapping[GpuZone, float], shares: Mapping[GpuZone, float]) -> float:
+    """Preemptions per second expected to take at least one of ``option``'s spot GPUs."""
+    total = 0.0
+    for k, u in sorted(option.gpus.items()):
+        rate = rates.get(k, 0.0)
+        if u > 0 and rate > 0:
+            total += rate * min(1.0, u * shares.get(k, 1.0))
+    return total
+
+
+def change_s(option: PlanOption, *, running: PlanOption | None, held: Mapping[GpuZone, int],
+             held_on_demand: Mapping[GpuZone, int], costs: Costs) -> float:
+    """Downtime to get from what runs (``running``, None if nothing does) to ``option``, holding
+    ``held`` spot and ``held_on_demand`` GPUs: nothing if it is the plan running, else a save
+    (if something runs), provisioning (if it needs instances not held), start-up and reload."""
+    if running is not None and _same_gpus(option, running):
+        return 0.0
+    needs = any(n > held.get(k, 0) for k, n in option.gpus.items()) or \
+        any(n > held_on_demand.get(k, 0) for k, n in option.on_demand.items())
+    return (costs.save_s if running is not None else 0.0) + (costs.provisioning_s if needs else 0.0) + costs.startup_s
+
+
+def outlook(option: PlanOption, *, remaining: float, change: float, rates: Mapping[GpuZone, float],
+            shares: Mapping[GpuZone, float], costs: Costs) -> Outlook:
+    h = hits_per_s(option, rates=rates, shares=shares)
+    x = option.throughput_samples_per_s
+    eff = x / (1.0 + h * costs.hit_s) if x > 0 else 0.0
+    t = change + (remaining / eff if eff > 0 else math.inf)
+    return Outlook(option=option, hits_per_s=h, effective_samples_per_s=eff, change_s=change, time_s=t,
+                   cost_usd=option.usd_per_hr * t / _S_PER_HR if math.isfinite(t) else math.inf)
+
+
+def switch_pays(now: Outlook, new: Outlook, *, objective: str, remaining: float, min_gain: float) -> bool:
+    """Whether leaving the running plan (``now``) for ``new`` pays before it would have come for free.
+
+    The running plan is re-planned anyway at its next hit, expected in 1 / H_now, or the job
+    ends first: a window tau = min(time to finish, 1 / H_now).  Over tau, staying trains
+    X_now tau samples at c_now USD/h; switching trains X_new (tau - change) at c_new.  With
+    the throughput objective the switch must train ``min_gain`` more samples over tau; with
+    the cost objective it must cost ``min_gain`` less per sample.  Without preemptions tau
+    is the whole job: the plain "finishes sooner (or cheaper) after paying the change".
+    """
+    tau = now.time_s if now.hits_per_s <= 0 else min(now.time_s, 1.0 / now.hits_per_s)
+    if not math.isfinite(tau):
+        tau = new.time_s
+    trained_now = now.effective_samples_per_s * tau
+    trained_new = new.effective_samples_per_s * max(0.0, tau - new.change_s)
+    if trained_new <= 0:
+        return False
+    if objective == "cost":
+        per_sample_now = now.option.usd_per_hr * tau / trained_now if trained_now > 0 else math.inf
+        per_sample_new = new.option.usd_per_hr * tau / trained_new
+        return per_sample_new < per_sample_now * (1.0 - min_gain)
+    return trained_new > trained_now * (1.0 + min_gain)
+
+
+def _same_gpus(a: PlanOption, b: PlanOption) -> bool:
+    return dict(a.gpus) == dict(b.gpus) and dict(a.on_demand) == dict(b.on_demand)
