@@ -5,8 +5,8 @@ deployment's parameters) and pydantic's type check of every run's values, which 
 the UI and the API as untrusted JSON.  ``takes_job_spec`` turns a flow body written as
 ``fn(spec: JobSpec, *, <run-only parameters>)`` into a function whose signature is JobSpec's
 fields followed by the run-only parameters, and whose first act is ``JobSpec(**fields)``:
-a JobSpec field is a flow parameter without being written here, and a bad value fails
-the run before anything is rented, with the field's name.
+a JobSpec field is a flow parameter without being written here, and a bad value (or a name
+not in the catalogs) fails the run before anything is rented, with the field's name.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
-from sailor_core.job.spec import JobSpec, SpecField, spec_fields
+from sailor_core.job.spec import JobSpec, SpecField, check_names, spec_fields
 
 
 def _parameter(f: SpecField) -> inspect.Parameter:
@@ -39,6 +39,7 @@ def takes_job_spec(fn: Callable[..., Any]) -> Callable[..., Any]:
 
     def with_spec(**params: Any) -> Any:
         spec = JobSpec(**{k: params.pop(k) for k in names if k in params})
+        check_names(spec)
         return fn(spec, **params)
 
     signature = inspect.Signature([_parameter(f) for f in fields] + run_only,

@@ -19,7 +19,7 @@ from typing import Any, Optional
 import typer
 
 from sailor_core.errors import InputError
-from sailor_core.job.spec import JobSpec, JobSpecError, SpecField, spec_fields
+from sailor_core.job.spec import JobSpec, JobSpecError, SpecField, check_names, spec_fields
 
 JOB_PANEL = "Job (what to train, where, within what budget)"
 RUN_PANEL = "Run"
@@ -78,7 +78,8 @@ def _from_cli(f: SpecField, text: str | None, spelled: str) -> tuple:
 
 
 def job_spec_from_options(options: dict[str, Any]) -> JobSpec:
-    """Take the job options out of ``options`` (a command's arguments) and build their JobSpec."""
+    """Take the job options out of ``options`` (a command's arguments) and build their JobSpec, its names
+    checked against the catalogs."""
     values, spelled = {}, {}
     for f in spec_fields():
         value, spelled[f.name] = options.pop(f.name), f.cli_name
@@ -88,7 +89,9 @@ def job_spec_from_options(options: dict[str, Any]) -> JobSpec:
                 value, spelled[f.name] = alias_value, alias
         values[f.name] = _from_cli(f, value, spelled[f.name]) if _is_list(f) else value
     try:
-        return JobSpec(**values)
+        spec = JobSpec(**values)
+        check_names(spec)
+        return spec
     except JobSpecError as exc:
         raise InputError(f"{spelled[exc.field]} {exc.problem}") from None
 

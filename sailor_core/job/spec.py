@@ -131,7 +131,6 @@ def _check(spec: JobSpec) -> None:
     at_least_one("max_gpus", spec.max_gpus, optional=True)
     at_least_one("global_batch_size", spec.global_batch_size, optional=True)
     at_least_one("checkpoint_every_steps", spec.checkpoint_every_steps)
-    _check_names(spec)
     _check_data(spec.dataset)
     _check_recipe(spec)
     if any(s < 1 for s in spec.preempt_at_steps):
@@ -143,8 +142,12 @@ def _did_you_mean(name: str, known) -> str:
     return f"did you mean {close[0]!r}? " if close else ""
 
 
-def _check_names(spec: JobSpec) -> None:
-    """Names against the catalogs: a typo fails at once, with the likely spelling, not in the flow."""
+def check_names(spec: JobSpec) -> None:
+    """Names against the catalogs: a typo fails at once, with the likely spelling, not in the flow.
+
+    Apart from the checks of every JobSpec: the front ends (``sailor train``, the train-job flow's
+    parameters) call it on what users give, while a saved job state stays readable when a catalog
+    changes, and other flows may keep their own records in a JobSpec (a network profile's)."""
     try:
         normalize_model_name(spec.model)
     except UnknownNameError:
