@@ -86,6 +86,11 @@ def recipe_worker_args(spec: JobSpec) -> list[str]:
     return args
 
 
+def init_worker_args(spec: JobSpec) -> list[str]:
+    """The pretrained weights a job starts from, as the worker's flag (a resumed worker ignores it)."""
+    return ["--init-from", spec.init_from] if spec.init_from else []
+
+
 def assignment_doc(state: js.JobState, a: Assignment, *, master: Assignment, master_port: int,
                    data_url: str, worker_args: Sequence[str], env: dict[str, str]) -> AgentAssignment:
     plan = state.plan or {}
@@ -94,7 +99,8 @@ def assignment_doc(state: js.JobState, a: Assignment, *, master: Assignment, mas
         plan=plan, ranks=tuple(a.node.ranks), world_size=world_size(plan_from_dict(plan)),
         master_addr=master.address, master_port=master_port, steps=state.spec.steps,
         data=data_url, ckpt_url=state.spec.checkpoint_url, ckpt_every=state.spec.checkpoint_every_steps,
-        resume=True, seed=state.spec.seed, extra_worker_args=(*recipe_worker_args(state.spec), *worker_args),
+        resume=True, seed=state.spec.seed,
+        extra_worker_args=(*recipe_worker_args(state.spec), *init_worker_args(state.spec), *worker_args),
         env=env,
     )
 

@@ -32,6 +32,7 @@ _COMMAND_MODULES = (
     "flows.cli.data",
     "flows.cli.train",
     "flows.cli.replay",
+    "flows.cli.export",
 )
 
 

@@ -77,6 +77,9 @@ class JobSpec:
     dataset: str = option("synthetic", help="training tokens: a .bin/.u32.bin/.npy token file (a path, s3:// or gs:// "
                                             "URL; `sailor data prepare` makes one), or synthetic",
                           cli=("--data",), aliases=("--dataset",))
+    init_from: str = option("", help="start from pretrained weights: a Hugging Face model folder of the job's model "
+                                     "(config.json + *.safetensors; an absolute path, s3:// or gs:// URL); "
+                                     "a resumed job continues from its checkpoints", cli=("--init-from",))
     validation_fraction: float = option(0.01, help="the last fraction of the samples, held out for the validation "
                                                    "loss (at least one global batch); 0: none", cli=("--val-fraction",))
     validate_every_steps: int = option(50, help="validation loss every K steps and at the last step; 0: never",
@@ -132,6 +135,7 @@ def _check(spec: JobSpec) -> None:
     at_least_one("global_batch_size", spec.global_batch_size, optional=True)
     at_least_one("checkpoint_every_steps", spec.checkpoint_every_steps)
     _check_data(spec.dataset)
+    _check_init_from(spec.init_from)
     _check_recipe(spec)
     if any(s < 1 for s in spec.preempt_at_steps):
         raise JobSpecError("preempt_at_steps", f"must list steps of at least 1, got {list(spec.preempt_at_steps)}")
@@ -193,6 +197,14 @@ def _check_data(dataset: str) -> None:
         raise JobSpecError("dataset", f"must be a path, file://, s3:// or gs:// URL, got {dataset!r}")
     if not dataset.endswith((".bin", ".npy")):
         raise JobSpecError("dataset", f"must name a .bin, .u32.bin or .npy token file, got {dataset!r}")
+
+
+def _check_init_from(url: str) -> None:
+    scheme = url.split("://", 1)[0] if "://" in url else ""
+    if scheme not in ("", "file", "s3", "gs"):
+        raise JobSpecError("init_from", f"must be a path, file://, s3:// or gs:// URL, got {url!r}")
+    if url and not scheme and not url.startswith("/"):  # the workers start in other folders
+        raise JobSpecError("init_from", f"must be an absolute path or a URL, got {url!r}")
 
 
 def _check_recipe(spec: JobSpec) -> None:

@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import json
 import struct
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
+from safetensors.torch import save_file
 
 from sailor_core.catalog.hf_config import CONFIG, check_hf_config, hf_config, read_hf_config
 from sailor_core.catalog.models import ModelSpec, get_model
@@ -33,6 +34,7 @@ from sailor_core.storage import open_storage
 
 WEIGHTS = "model.safetensors"
 WEIGHTS_INDEX = "model.safetensors.index.json"
+EXPORT_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16, "F64": torch.float64}
 
 # Per family: the HF model's prefix, and our (layer kind, name) -> HF name below it ("{i}": HF layer).
@@ -181,14 +183,23 @@ def hf_state_dict(spec: ModelSpec, params: dict[int, dict[str, torch.Tensor]]) -
     return out
 
 
-def export_checkpoint(ckpt_url: str, out_dir: str | Path, *, dtype: str = "float32",
-                      base_config: dict | None = None) -> Path:
-    """Write the latest valid checkpoint under ``ckpt_url`` as ``config.json`` + ``model.safetensors``."""
-    from safetensors.torch import save_file  # lazy: safetensors only when exporting
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Exported:
+    out_dir: Path
+    model: str
+    step: int  # of the checkpoint written out
+    num_parameters: int  # as transformers' num_parameters() counts them (a tied matrix once)
+    dtype: str
+    config_from: str | None  # the pretrained folder whose other config keys (token ids) were kept
 
-    torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}.get(dtype)
+
+def export_checkpoint(ckpt_url: str, out_dir: str | Path, *, dtype: str = "float32") -> Exported:
+    """Write the latest valid checkpoint under ``ckpt_url`` as ``config.json`` + ``model.safetensors``.
+    A job that started from pretrained weights keeps that config's other keys (token ids, ...)
+    when its folder is still readable."""
+    torch_dtype = EXPORT_DTYPES.get(dtype)
     if torch_dtype is None:
-        raise InputError(f"dtype must be float32, bfloat16 or float16, got {dtype!r}")
+        raise InputError(f"dtype must be one of {', '.join(EXPORT_DTYPES)}, got {dtype!r}")
     info = ckpt.latest_valid_checkpoint(ckpt_url)
     if info is None:
         raise InputError(f"no valid checkpoint under {ckpt_url}")
@@ -199,6 +210,18 @@ def export_checkpoint(ckpt_url: str, out_dir: str | Path, *, dtype: str = "float
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(out / WEIGHTS), metadata={"format": "pt"})
-    config = hf_config(spec, dtype=dtype, base=base_config)
+    config_from = info.meta.get("init_from")
+    base = _readable_config(config_from)
+    config = hf_config(spec, dtype=dtype, base=base)
     (out / CONFIG).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-    return out
+    return Exported(out_dir=out, model=spec.name, step=info.step, num_parameters=sum(t.numel() for t in tensors.values()),
+                    dtype=dtype, config_from=config_from if base is not None else None)
+
+
+def _readable_config(url: str | None) -> dict | None:
+    if not url:
+        return None
+    try:
+        return read_hf_config(url)
+    except InputError:
+        return None

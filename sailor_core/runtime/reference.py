@@ -1,10 +1,11 @@
 """Single-process training on the same samples: the yardstick the engine must match.
 
-Same initial values (a pure function of seed and layer index), same samples
-(global sample index, the same held-out split), same loss normalisation (mean over
-the global batch), same recipe (AdamW with the same decay groups, learning-rate
-schedule and global-norm clipping); micro-batches run one after the other in one
-process, and the validation loss is the mean over the same held-out batches.
+Same initial values (a pure function of seed and layer index, or the same pretrained
+weights), same samples (global sample index, the same held-out split), same loss
+normalisation (mean over the global batch), same recipe (AdamW with the same decay
+groups, learning-rate schedule and global-norm clipping); micro-batches run one after
+the other in one process, and the validation loss is the mean over the same held-out
+batches.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import torch
 from sailor_core.catalog.models import get_model
 from sailor_core.plan.types import Plan
 from sailor_core.runtime.data import TokenDataset
+from sailor_core.runtime.hf import load_pretrained
 from sailor_core.runtime.model import StageModel
 from sailor_core.runtime.recipe import Recipe, spec_default
 from sailor_core.runtime.trainer import apply_recipe, decay_groups, make_optimizer
@@ -32,14 +34,17 @@ class ReferenceResult:
 def train_reference(plan: Plan, steps: int, data_path: str, *, recipe: Recipe | None = None, seed: int = 0,
                     first_sample: int = 0, validation_fraction: float = spec_default("validation_fraction"),
                     validate_every: int = 0, validation_batches: int = spec_default("validation_batches"),
-                    ) -> ReferenceResult:
-    """Train ``steps`` steps from scratch.  ``recipe``: the job's (default: the defaults over ``steps``);
-    its ``total_steps`` may exceed ``steps`` (the first part of a longer job)."""
+                    init_from: str | None = None) -> ReferenceResult:
+    """Train ``steps`` steps from scratch, or from the Hugging Face weights at ``init_from``.
+    ``recipe``: the job's (default: the defaults over ``steps``); its ``total_steps`` may exceed
+    ``steps`` (the first part of a longer job)."""
     spec = get_model(plan.model)
     recipe = recipe or Recipe(total_steps=steps)
     data = TokenDataset(data_path, plan.effective_seq_len(), spec.vocab_size,
                         validation_fraction=validation_fraction, min_val_samples=plan.global_batch_size)
     model = StageModel(spec, 0, spec.num_layer_indices, seed=seed)
+    if init_from:
+        load_pretrained(model, init_from)
     opt = make_optimizer(decay_groups(model, recipe.weight_decay), recipe.peak_lr)
     m_count = plan.num_microbatches
     losses, norms, val_losses = [], [], {}

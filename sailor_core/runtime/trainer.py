@@ -179,6 +179,7 @@ class StageTrainer:
         self.step = 0              # optimizer steps done
         self.first_sample = 0      # global sample index of iteration `first_step`
         self.first_step = 0
+        self.init_from: str | None = None  # the pretrained weights the job started from (checkpoint meta)
         self.autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda"
                          else contextlib.nullcontext())
         self._tied = _tied_matrix(self.model) if groups.tied is not None else None
@@ -390,7 +391,8 @@ class StageTrainer:
     def meta(self) -> dict:
         return {"step": self.step, "next_sample": self.next_sample, "model": self.spec.name,
                 "plan": self.plan.to_dict(), "optimizer": "adamw",
-                "num_layer_indices": self.spec.num_layer_indices, **self.recipe_meta()}
+                "num_layer_indices": self.spec.num_layer_indices, **self.recipe_meta(),
+                **({"init_from": self.init_from} if self.init_from else {})}
 
     def recipe_meta(self) -> dict:
         """What a resumed or re-planned job keeps: the schedule and the held-out split."""
@@ -426,6 +428,7 @@ class StageTrainer:
                     }
         self.step = self.first_step = info.step
         self.first_sample = int(info.meta["next_sample"])
+        self.init_from = info.meta.get("init_from")
         self.load_recipe(info.meta)
 
 

@@ -73,6 +73,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--keep", type=int, default=2, help="keep the latest K checkpoints")
     ap.add_argument("--resume", action="store_true", help="start from the latest valid checkpoint")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--init-from", default=None, help="Hugging Face model folder or URL to start from (unless resuming)")
     # The recipe (runtime/recipe.py); a resumed run continues its checkpoint's instead.
     ap.add_argument("--lr", type=float, default=spec_default("learning_rate"), help="peak learning rate")
     ap.add_argument("--warmup-steps", type=int, default=None, help="default: 5 %% of --steps, rounded up")
@@ -209,13 +210,18 @@ def _connect(run: _Run, world: int) -> None:
     run.heartbeat = Heartbeat(rank, world, addr, port).start()
     run.trainer = StageTrainer(plan=plan, spec=run.spec, rank=rank, data=run.data, recipe=run.recipe,
                                seed=args.seed, device=run.device, groups=make_groups(plan, rank))
-    if args.resume and run.storage is not None:
-        info = _agreed_checkpoint(args.ckpt_dir, rank)
-        if info is not None:
-            run.trainer.load(run.storage, info)
-            _log(rank, f"resumed from {info.dirname} (next sample {run.trainer.next_sample})")
-            if run.trainer.recipe != run.recipe:
-                _log(rank, f"continuing the checkpoint's recipe {run.trainer.recipe} (asked: {run.recipe})")
+    info = _agreed_checkpoint(args.ckpt_dir, rank) if args.resume and run.storage is not None else None
+    if info is not None:
+        run.trainer.load(run.storage, info)
+        _log(rank, f"resumed from {info.dirname} (next sample {run.trainer.next_sample})")
+        if run.trainer.recipe != run.recipe:
+            _log(rank, f"continuing the checkpoint's recipe {run.trainer.recipe} (asked: {run.recipe})")
+    elif args.init_from:
+        from sailor_core.runtime.hf import load_pretrained  # lazy: torch loads only in a worker process
+
+        load_pretrained(run.trainer.model, args.init_from)
+        run.trainer.init_from = args.init_from
+        _log(rank, f"started from the pretrained weights at {args.init_from}")
     run.saved_step = run.trainer.step if args.resume else -1
 
 

@@ -1,5 +1,11 @@
 from __future__ import annotations
 
+import json
+import os
+import signal
+import threading
+import time
+
 import pytest
 
 from sailor_core.plan.types import plan_from_dict
@@ -12,6 +18,23 @@ def make_plan(model: str, stages: list[tuple[int, int, list[int]]], *, gbs: int 
         "stages": [{"layers": [a, b], "replicas": [{"gpu": "cpu", "tp": t} for t in tps]}
                    for a, b, tps in stages],
     })
+
+
+def sigterm_rank_after_step(rank: int, step: int):
+    """launch_local's on_started: SIGTERM one worker (as the cloud does) once rank 0 logged ``step``."""
+    def on_started(procs, metrics_path):
+        def watch():
+            while procs[rank].poll() is None:
+                try:
+                    lines = metrics_path.read_text().splitlines()
+                except OSError:
+                    lines = []
+                if any(json.loads(l).get("step", 0) >= step for l in lines if l.strip()):
+                    os.kill(procs[rank].pid, signal.SIGTERM)
+                    return
+                time.sleep(0.02)
+        threading.Thread(target=watch, daemon=True).start()
+    return on_started
 
 
 @pytest.fixture(scope="session")

@@ -2,11 +2,7 @@
 
 from __future__ import annotations
 
-import json
-import os
 import signal
-import threading
-import time
 
 import pytest
 
@@ -20,24 +16,7 @@ from sailor_core.storage import open_storage
 from sailor_core.runtime.faults import BEFORE_COMMIT, FaultConfig, Kill
 from sailor_core.runtime.worker import EXIT_PEER_LOST, EXIT_PREEMPTED
 
-from .conftest import make_plan
-
-
-def _sigterm_rank_after_step(rank: int, step: int):
-    """on_started callback: SIGTERM one worker (as the cloud does) once rank 0 logged `step`."""
-    def on_started(procs, metrics_path):
-        def watch():
-            while procs[rank].poll() is None:
-                try:
-                    lines = metrics_path.read_text().splitlines()
-                except OSError:
-                    lines = []
-                if any(json.loads(l).get("step", 0) >= step for l in lines if l.strip()):
-                    os.kill(procs[rank].pid, signal.SIGTERM)
-                    return
-                time.sleep(0.02)
-        threading.Thread(target=watch, daemon=True).start()
-    return on_started
+from .conftest import make_plan, sigterm_rank_after_step
 
 
 def test_preempt_then_resume_under_another_plan(corpus, tmp_path):
@@ -46,7 +25,7 @@ def test_preempt_then_resume_under_another_plan(corpus, tmp_path):
     url = str(tmp_path / "ck")
     plan_a = make_plan("tiny", [(0, 3, [1]), (3, 4, [1, 1])])
     a = launch_local(plan_a, 40, data=corpus, ckpt_dir=url, workdir=tmp_path / "a", timeout_s=240,
-                     on_started=_sigterm_rank_after_step(2, 2),
+                     on_started=sigterm_rank_after_step(2, 2),
                      worker_args=("--warmup-steps", "20", "--validate-every", "100"))
     assert a.status == "preempted", (a.message, a.stderr_tails)
     assert set(a.exit_codes.values()) == {EXIT_PREEMPTED}
