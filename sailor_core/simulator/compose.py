@@ -37,6 +37,17 @@ def job_regime(plan_regime: str | None, first_profile: ModelProfile) -> Training
     return get_regime(plan_regime or first_profile.regime)
 
 
+# Frameworks whose pipeline sends and receives both block: DeepSpeed's PipelineEngine, under
+# which Sailor's published profiles and measured runs were taken.  Every other regime is Sailor's
+# own engine, which prefetches its next receive (``pipeline_time.P2P_SCHEDULES``).
+BLOCKING_P2P_REGIMES = frozenset({"megatron-fp32-adamw"})
+
+
+def p2p_schedule(regime: TrainingRegime) -> str:
+    """How the job's framework moves activations between stages (``pipeline_time``)."""
+    return "blocking" if regime.name in BLOCKING_P2P_REGIMES else "prefetch"
+
+
 # ---- time ---------------------------------------------------------------------------------------
 
 

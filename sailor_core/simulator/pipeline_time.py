@@ -1,43 +1,63 @@
 """Iteration time of a 1F1B pipeline whose stages and links run at different speeds.
 
-Stage k's replica r takes ``t_r`` per micro-batch (forward + backward) and gets
-``n_r`` micro-batches (micro-batch m -> replica m mod D).  The stage's step is
-its straggler, ``t_k = max_r t_r`` (forward share ``f_k``), its steady-state
-work ``R_k = max_r (n_r - 1) t_r``.  Link k (to stage k+1) takes ``l_k`` per
-micro-batch for the activation forward plus the gradient back.
+Stage k's replica r takes ``t_r`` per micro-batch (forward + backward) and gets ``n_r``
+micro-batches (micro-batch m -> replica m mod D).  The stage's step is its straggler,
+``t_k = max_r t_r`` (forward ``f_k``, backward ``b_k``), its steady-state work
+``R_k = max_r (n_r - 1) t_r``, ``n_k = max_r n_r``.  Link k (to stage k+1) takes ``l_k`` per
+micro-batch for the activation forward plus the gradient back, ``lam_k = l_k / 2`` each way.
 
-Under 1F1B, stage k runs ``w_k = min(P - k - 1, n_k - 1)`` warm-up forwards,
-then alternates one forward and one backward, then drains.  Following the
-critical path through stage k gives a candidate time
+What a link costs depends on how the framework moves the tensors (``P2P_SCHEDULES``):
 
-    T_k = sum_{j<k} (t_j + l_j)                     warm-up reaching k, cool-down leaving it
-        + t_k + max(R_k, (n_k - 1) a_k)            its own micro-batches
-        + max(0, RT_k - w_k f_k)                   the first round trip beyond k that its
-                                                   warm-up forwards do not hide
-    RT_k = sum_{j>k} t_j + sum_{j>=k} l_j
-    a_k  = max over neighbours m of (t_k + t_m) / 2 + l / 2
+* ``"prefetch"``, Sailor's engine (``runtime/trainer.py``): sends never block; every transfer
+  is a rendezvous (it starts once the receive is posted, as NCCL's and gloo's do), and a rank
+  posts the receive of its next op's input as soon as its previous op of that kind is done, so
+  a transfer overlaps the op of the other kind in between, not the op that posted it.
+* ``"blocking"``, DeepSpeed's pipeline engine (Sailor's measured runs): sends and receives both
+  block, so a stage spends both directions of both its links on every micro-batch.
 
-``a_k`` is the steady-state period a pair of neighbouring stages can sustain:
-in 1F1B stage k's next backward waits for the neighbour's forward and
-backward of that micro-batch and the transfers both ways, so a link's latency
-is paid every step, not only in warm-up.  A link is also a resource of its
-own: its busiest NIC carries ``n`` micro-batches, one direction each taking
-``l / 2`` (full duplex).  The pipeline time is the largest candidate.
+Under 1F1B stage k runs ``w_k = min(P - k - 1, n_k - 1)`` warm-up forwards, ``s_k = n_k - 1 -
+w_k`` steady forward+backward pairs after its first backward, and ``w_k`` cool-down backwards.
+Following the critical path through stage k gives a candidate time
 
-Checked against an exact event-driven 1F1B schedule (``tests/core``): on
-random pipelines of 1-6 stages, 1-32 micro-batches and links up to a quarter
-of a stage's time, the median error is 0, 95 % of cases are exact or within
-2 %, the extremes are -6 % and +8 % (few micro-batches per stage).
+    T_k = B_k + G_k + b_k + S_k + w_k C_k
+    B_k = sum_{j<k} (t_j + l_j)            the first micro-batch reaching k, the last leaving it
+    G_k = max(f_k + e_k + w_k W_k,         from k's first forward to its first backward: its
+              f_k + l_k + G_{k+1} + b_{k+1})  warm-up, or the round trip beyond k (recursively,
+                                           so a later stage's slow warm-up is counted)
+    C_k = max_{j>=k} c_j                   a cool-down backward: the slowest pace behind k
+    S_k = max(own steady work, windows)
 
-Named parts (they sum to the pipeline time): ``compute`` is the busiest
-stage's own work ``max_r n_r t_r``; ``bubble`` what the schedule adds without
-any transfer time (warm-up, cool-down, waiting for slower neighbours);
-``p2p`` what the transfers add on top.
+with, per schedule (``lam_in``, ``lam_out``: the one-way times of k's input and output link):
+
+    prefetch:  W = f + lam_in    (the next warm-up input is only posted after a forward)
+               c = b + lam_out   e = 0
+               own = max(R_k - w_k t_k, s_k max(f + lam_in, b + lam_out))
+    blocking:  W = f + lam_in + lam_out   c = b + lam_in + lam_out   e = lam_out
+               own = max(0, R_k - w_k t_k) + s_k (l_in + l_out)
+
+and the cycles through neighbouring stages: a window of stages i..j around k carrying a
+micro-batch forward and its gradient back has mean ``a = (sum t + sum l) / (j - i + 1)`` per
+micro-batch (two neighbours: the pair period of 1F1B; longer windows when links are slow and the
+stages between them fast), so the best window (and each neighbour pair, which the planner's
+bounds count on) gives ``s_k a``.  With unequal replica counts a cycle spans more of a narrow
+stage's micro-batches: the engine's lookahead counts in the widest stage's (``_cycles_s``).
+A link is also a resource of its own: its busiest NIC carries ``n`` micro-batches, one
+direction each taking ``l / 2`` (full duplex).  The pipeline time is the largest candidate.
+
+Checked against exact event-driven schedules of both semantics (``tests/core/schedule_events``):
+on random pipelines of 1-8 stages, 1-32 micro-batches and links up to the stages' own time
+(latency and bandwidth apart) the median error is 0 and the extremes -4 % / +6 % (prefetch),
+-6 % / +2 % (blocking); with links three times a stage's forward, -5 % / +10 % and -11 % / 0 %.
+Uniform pipelines of 2-8 stages with slow links: 0 to +7 %.  Replicas of different speeds:
+the straggler's step stands for all of a stage's replicas, +0.5 % median, up to +30 %.
+
+Named parts (they sum to the pipeline time): ``compute`` is the busiest stage's own work
+``max_r n_r t_r``; ``bubble`` what the schedule adds without any transfer time (warm-up,
+cool-down, waiting for slower neighbours); ``p2p`` what the transfers add on top.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -82,7 +102,7 @@ def stage_timing(
     most = 0
     r = 0
     for t, n in zip(replica_step_s, replica_counts):
-        if t > step:
+        if t > step and n > 0:  # a replica without micro-batches waits for none of them
             step, straggler = t, r
         work = n * t
         if work > busy:
@@ -98,69 +118,149 @@ def stage_timing(
     return StageTiming(step, busy, repeat, fwd, most if most > 1 else 1)
 
 
+P2P_SCHEDULES = ("prefetch", "blocking")
+
+
 def _longest(stages: Sequence[StageTiming], link_s: Sequence[float], link_counts: Sequence[int],
-             ) -> tuple[float, str]:
-    best, k, at_link, _ = _longest_both(stages, link_s, link_counts)
+             schedule: str = "prefetch") -> tuple[float, str]:
+    best, k, at_link, _ = _longest_both(stages, link_s, link_counts, schedule)
     return best, (f"link {k}->{k + 1}" if at_link else f"stage {k}")
 
 
-def _longest_both(stages: Sequence[StageTiming], link_s: Sequence[float], link_counts: Sequence[int],
-                  ) -> tuple[float, int, bool, float]:
-    """(the largest candidate time, its stage or link index, whether it is a link, the largest
-    candidate time were every link instant).  The second walk is the first with each ``l`` = 0,
-    its sums written without those zeros (adding 0.0 changes no float)."""
+def _windows(steps: Sequence[float], link_s: Sequence[float]) -> list[tuple[float, int]]:
+    """For every stage, the window of two or more neighbouring stages around it whose round trip
+    has the largest mean per stage: (steps + links of the window, stages in it), (0, 1) if none.
+    O(P^2): per window start, the best window ending at or after each stage."""
+    p = len(steps)
+    best = [(0.0, 1)] * p
+    best_mean = [0.0] * p
+    for i in range(p - 1):
+        total = steps[i]
+        row: list[tuple[float, float, int]] = []
+        for j in range(i + 1, p):
+            total += link_s[j - 1] + steps[j]
+            row.append((total / (j - i + 1), total, j - i + 1))
+        # row[j - i - 1] is the window i..j; keep the best ending at j or later
+        for x in range(len(row) - 2, -1, -1):
+            if row[x + 1][0] > row[x][0]:
+                row[x] = row[x + 1]
+        for k in range(i, p):
+            mean, total, size = row[max(k, i + 1) - i - 1]
+            if mean > best_mean[k]:
+                best_mean[k], best[k] = mean, (total, size)
+    return best
+
+
+def _cycles_s(total: float, size: int, spread: float, pairs: int) -> float:
+    """What ``pairs`` steady steps of a stage take when a cycle through a window of ``size``
+    stages (``total``: their steps and links) paces them: the cycle spans ``(size - 1) spread
+    + 1`` of the stage's micro-batches (``spread``: the stage's micro-batches per replica over
+    the fewest any stage has, 1 with equal replica counts, as the engine's lookahead counts in
+    the widest stage's micro-batches)."""
+    return pairs * total / ((size - 1) * spread + 1)
+
+
+def _walk(stages: Sequence[StageTiming], link_s: Sequence[float], schedule: str) -> tuple[float, int]:
+    """The largest stage candidate ``T_k`` (module doc) and its stage."""
+    p = len(stages)
+    blocking = schedule == "blocking"
     steps = [s.step_s for s in stages]
-    total_steps = sum(steps)
-    total_links = sum(link_s)
-    best, where, at_link = -1.0, 0, False
-    best0 = -1.0
-    before = before0 = 0.0  # sum_{j<k} (t_j + l_j)
-    after_steps = total_steps  # sum_{j>=k} t_j, then minus t_k inside the loop
-    after_links = total_links  # sum_{j>=k} l_j
-    left = left0 = -math.inf  # the previous stage's pair with this one (none before the first)
-    to_end = len(stages) - 1  # stages after this one
-    k = 0
-    # (t_{k+1}, l_k) for every stage but the last; the last has no next stage
-    for s, step, nxt, link in zip(stages, steps, [*steps[1:], None], [*link_s, None]):
-        after_steps -= step
-        if nxt is not None:
-            pair = (step + nxt + link) / 2
-            pair0 = (step + nxt) / 2
+    lam = [l / 2 for l in link_s]
+    most = fewest = stages[0].num_microbatches
+    for s in stages:
+        if s.num_microbatches > most:
+            most = s.num_microbatches
+        if s.num_microbatches < fewest:
+            fewest = s.num_microbatches
+    # warm-up forwards: the engine's lookahead is (P - k - 1) micro-batches of the widest stage
+    w = [min(int((p - k - 1) * s.num_microbatches / fewest), s.num_microbatches - 1)
+         for k, s in enumerate(stages)]
+    # G_k, from the last stage back; C_k, the slowest cool-down pace from k to the end, per
+    # micro-batch of k (a stage with more replicas than k's backs each of k's micro-batches
+    # with a share of one of its steps)
+    g = [0.0] * p
+    cool = [0.0] * p
+    nxt_g = nxt_b = 0.0
+    slowest = 0.0  # per micro-batch of the busiest replica anywhere
+    for k in range(p - 1, -1, -1):
+        s = stages[k]
+        f = s.fwd_s
+        b = s.step_s - f
+        lam_in = lam[k - 1] if k > 0 else 0.0
+        lam_out = lam[k] if k < p - 1 else 0.0
+        if blocking:
+            own = f + lam_out + w[k] * (f + lam_in + lam_out)
+            c = b + lam_in + lam_out
         else:
-            pair = pair0 = 0.0
-        mine = left if left > pair else pair
-        mine0 = left0 if left0 > pair0 else pair0
-        n = s.num_microbatches
-        repeat = s.repeat_s
-        steady = (n - 1) * mine
-        if not steady > repeat:
-            steady = repeat
-        steady0 = (n - 1) * mine0
-        if not steady0 > repeat:
-            steady0 = repeat
-        warmup_s = (to_end if to_end < n - 1 else n - 1) * s.fwd_s
-        exposed = after_steps + after_links - warmup_s
-        t_k = before + step + steady + (exposed if exposed > 0 else 0.0)
+            own = f + w[k] * (f + lam_in)
+            c = b + lam_out
+        if k < p - 1:
+            trip = f + link_s[k] + nxt_g + nxt_b
+            if trip > own:
+                own = trip
+        g[k] = nxt_g = own
+        nxt_b = b
+        c *= s.num_microbatches / most
+        if c > slowest:
+            slowest = c
+        cool[k] = slowest * most / s.num_microbatches
+    windows = _windows(steps, link_s)
+    best, where = -1.0, 0
+    before = 0.0
+    for k in range(p):
+        s = stages[k]
+        t, f = s.step_s, s.fwd_s
+        b = t - f
+        wk = w[k]
+        lam_in = lam[k - 1] if k > 0 else 0.0
+        lam_out = lam[k] if k < p - 1 else 0.0
+        own = s.repeat_s - wk * t
+        # the busiest replica's steady pairs (n_k - 1 - w_k with one replica)
+        busy_pairs = (s.repeat_s / t if t > 0 else 0.0) - wk
+        if busy_pairs < 0:
+            busy_pairs = 0.0
+        if blocking:
+            steady = (own if own > 0 else 0.0) + busy_pairs * 2 * (lam_in + lam_out)
+        else:
+            pace = f + lam_in if f + lam_in > b + lam_out else b + lam_out
+            steady = own if own > busy_pairs * pace else busy_pairs * pace
+        pairs = s.num_microbatches - 1 - wk
+        spread = s.num_microbatches / fewest
+        # the best window, and each neighbour pair (a cycle of its own, which the planner's
+        # bounds count on)
+        for total, size in (windows[k],
+                            (steps[k - 1] + link_s[k - 1] + t, 2) if k > 0 else (0.0, 1),
+                            (t + link_s[k] + steps[k + 1], 2) if k < p - 1 else (0.0, 1)):
+            if size > 1:
+                cycles = _cycles_s(total, size, spread, pairs)
+                if cycles > steady:
+                    steady = cycles
+        t_k = before + g[k] + b + steady + wk * cool[k]
         if t_k > best:
             best, where = t_k, k
-        exposed = after_steps - warmup_s
-        t_k = before0 + step + steady0 + (exposed if exposed > 0 else 0.0)
-        if t_k > best0:
-            best0 = t_k
-        if nxt is not None:
-            before += step + link
-            before0 += step
-            after_links -= link
-        left, left0 = pair, pair0
-        to_end -= 1
-        k += 1
-    base = total_steps + total_links
+        if k < p - 1:
+            before += t + link_s[k]
+    return best, where
+
+
+def _longest_both(stages: Sequence[StageTiming], link_s: Sequence[float], link_counts: Sequence[int],
+                  schedule: str = "prefetch") -> tuple[float, int, bool, float]:
+    """(the largest candidate time, its stage or link index, whether it is a link, the largest
+    candidate time were every link instant)."""
+    best, where = _walk(stages, link_s, schedule)
+    at_link = False
+    best0 = best
+    if any(link_s):
+        best0, _ = _walk(stages, [0.0] * len(link_s), schedule)
+    base = 0.0
+    for s in stages:
+        base += s.step_s
+    for l in link_s:
+        base += l
     for i, (l, n) in enumerate(zip(link_s, link_counts)):
         t_link = base + (n - 1) * l / 2
         if t_link > best:
             best, where, at_link = t_link, i, True
-        if total_steps > best0:
-            best0 = total_steps
     return best, where, at_link, best0
 
 
@@ -168,9 +268,11 @@ def one_f_one_b(
     stages: Sequence[StageTiming],
     link_s: Sequence[float],
     link_counts: Sequence[int],
+    schedule: str = "prefetch",
 ) -> PipelineTime:
-    """The 1F1B pipeline time of stage resources and per-micro-batch link times (see module doc)."""
-    total, k, at_link, without_links = _longest_both(stages, link_s, link_counts)
+    """The 1F1B pipeline time of stage resources and per-micro-batch link times under a
+    ``P2P_SCHEDULES`` semantics (see module doc)."""
+    total, k, at_link, without_links = _longest_both(stages, link_s, link_counts, schedule)
     bottleneck = f"link {k}->{k + 1}" if at_link else f"stage {k}"
     busiest, compute = 0, stages[0].busy_s
     for i in range(1, len(stages)):

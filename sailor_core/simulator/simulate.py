@@ -104,7 +104,7 @@ def simulate(
             link_s.append(link[0])
             link_counts.append(link[1])
 
-    pipe = one_f_one_b(timings, link_s, link_counts)
+    pipe = one_f_one_b(timings, link_s, link_counts, compose.p2p_schedule(looked_up.regime))
     last = stages[compose.slowest_end([compose.stage_end_s(s.dp_sync_s, s.update_s) for s in stages])]
     iteration_s = compose.iteration_s(pipe, last.dp_sync_s, last.update_s)
     usd_per_hour = compose.add_in_order(

@@ -212,6 +212,18 @@ def steady_links_s(num_microbatches: int, link_s: float, num_stages: int) -> flo
     return (num_microbatches - 1) * link_s / 2 * (num_stages - 1) / num_stages
 
 
+def steady_share(n_own, n_other):
+    """The share of ``steady_links_s`` a segment keeps beside one whose replicas get ``n_other``
+    micro-batches each: 1 with equal counts.  The engine's lookahead counts in the widest stage's
+    micro-batches (``runtime/pipeline_order``), so a segment with fewer replicas runs more
+    warm-up forwards and its neighbour pairs' cycles span n_own / min(n_own, n_other) + 1 of its
+    micro-batches instead of 2 (``simulator.pipeline_time``)."""
+    import numpy as np
+
+    n_own = np.asarray(n_own, dtype=float)
+    return 2 / (n_own / np.minimum(n_own, n_other) + 1)
+
+
 def pipeline_lines(floor_s, a1, k1, a2, k2, steps_a, steps_b, num_stages_a, num_stages_b, n_a, n_b, link_s):
     """Lower bounds on the pipeline time of a two-segment shape as lines in x, the share of the
     block work segment a does: (intercepts, slopes), numpy arrays with the lines on axis 0.
@@ -229,14 +241,37 @@ def pipeline_lines(floor_s, a1, k1, a2, k2, steps_a, steps_b, num_stages_a, num_
     import numpy as np
 
     ones = np.ones_like(np.asarray(floor_s, dtype=float))
+    k1, k2 = k1 * steady_share(n_a, n_b), k2 * steady_share(n_b, n_a)
     us, vs = [floor_s * ones, k1 * ones, (a2 + k2) * ones], [0 * ones, a1 * ones, -a2 * ones]
     p, q = (num_stages_a - 1) / n_a, (num_stages_b - 1) / n_b
-    for n, ca, cb in ((n_a, (n_a + 1) / 2, (n_a - 1) / 2), (n_b, (n_b - 1) / 2, (n_b + 1) / 2)):
-        fixed = (n - 1) * link_s / 2
+    (own_a, other_a), (own_b, other_b) = (_boundary_coefficients(n_a, n_b, num_stages_a, num_stages_b),
+                                          _boundary_coefficients(n_b, n_a, num_stages_b, num_stages_a))
+    for ca, cb, paired in ((own_a, other_a, other_a), (other_b, own_b, other_b)):
+        fixed = paired * link_s
         d_a, d_b, d_ab = 1 + ca * p, 1 + cb * q, 1 + ca * p + cb * q
         us += [fixed * ones, fixed / d_a, (cb * steps_b + fixed) / d_b, (cb * steps_b + fixed) / d_ab]
         vs += [0 * ones, ca * steps_a / d_a, -cb * steps_b / d_b, (ca * steps_a - cb * steps_b) / d_ab]
     return np.array(us, dtype=float), np.array(vs, dtype=float)
+
+
+def _boundary_coefficients(n_own, n_other, stages_own, stages_other):
+    """(coefficient of the boundary stage's own step, of its neighbour's step and of the link)
+    in a lower bound on the iteration from the boundary stage's path (``pipeline_time``): it
+    runs w warm-up forwards (at most the stages after it, in either order of the two segments,
+    times its ``spread``)
+    and w + 1 steps before its steady state, whose ``pairs = n - 1 - w`` steps the neighbour
+    pair's cycle paces: a cycle carries both steps and the link and spans ``span`` of its
+    micro-batches (2 with equal replica counts), so T >= (w + 1) t + (pairs + 1 - span) / span
+    (t + t' + l).  The coefficients are the least over w, so the line holds whatever w is."""
+    import numpy as np
+
+    n_own = np.asarray(n_own, dtype=float)
+    spread = n_own / np.minimum(n_own, n_other)  # the lookahead counts the widest stage's micro-batches
+    span = spread + 1
+    most_w = np.minimum(np.floor(np.maximum(stages_other, stages_own - 1) * spread), n_own - 1)
+    own = np.maximum(1.0, n_own / span)
+    other = np.maximum(0.0, n_own - most_w - span) / span
+    return own, other
 
 
 # pipeline_lines' order: floor, a's compute, b's compute, then per boundary side: the link

@@ -118,8 +118,11 @@ class SegmentParts:
     def joint_lb(self, work_s: float, shape: tuple[Segment, ...], floor_s: float) -> float:
         """``bounds.joint_lb`` of a two-segment shape."""
         a, b = shape
-        return bounds.joint_lb(floor_s, work_s / a.capacity, self.steady_links_s(a), self.sync_curve(a),
-                               work_s / b.capacity, self.steady_links_s(b), self.sync_curve(b))
+        na, nb = a.num_microbatches, b.num_microbatches
+        k1 = self.steady_links_s(a) * float(bounds.steady_share(na, nb))
+        k2 = self.steady_links_s(b) * float(bounds.steady_share(nb, na))
+        return bounds.joint_lb(floor_s, work_s / a.capacity, k1, self.sync_curve(a),
+                               work_s / b.capacity, k2, self.sync_curve(b))
 
     # ---- whole blocks -----------------------------------------------------------------------
 

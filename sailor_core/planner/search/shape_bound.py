@@ -109,7 +109,9 @@ class ShapeBounds:
         s1, s2 = parts.sync_curve(a), parts.sync_curve(b)
         work_s = space.ref_total_s
         a1, a2 = work_s / a.capacity, work_s / b.capacity
-        k1, k2 = parts.steady_links_s(a), parts.steady_links_s(b)
+        na, nb = a.num_microbatches, b.num_microbatches
+        k1 = parts.steady_links_s(a) * float(bounds.steady_share(na, nb))
+        k2 = parts.steady_links_s(b) * float(bounds.steady_share(nb, na))
         block = self.figures.gradient_bytes_lb(space.mbs)[1]
         e1 = egress.ring_usd_per_byte(a) * block * space.num_blocks_lb
         e2 = egress.ring_usd_per_byte(b) * block * space.num_blocks_lb
