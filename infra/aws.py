@@ -7,6 +7,7 @@ Credentials come from boto3's standard chain (env, ~/.aws, SSO, instance role);
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 import threading
 import uuid
@@ -27,6 +28,8 @@ from infra.errors import (
 )
 from infra.provider import CloudProvider, log
 from infra.records import (
+    JOB_LABEL,
+    JOB_PORTS,
     LOCAL_ADDRESS_LABEL,
     PENDING,
     PREEMPTED,
@@ -34,6 +37,7 @@ from infra.records import (
     STOPPING,
     TERMINATED,
     InstanceInfo,
+    job_resource_name,
 )
 from infra.retry import RetryPolicy
 from sailor_core import settings
@@ -70,6 +74,7 @@ _TRANSIENT = {
     "ServiceUnavailable",
     "Unavailable",
     "RequestTimeout",
+    "DependencyViolation",  # a security group still held by instances that are shutting down
 }
 _CONFIG = {
     "AuthFailure",
@@ -94,6 +99,9 @@ def translate_aws_error(exc: Exception, *, zone: str = "", what: str = "") -> Ex
             return CapacityError(msg, cloud="aws", zone=zone, code=code)
         if code in _QUOTA:
             return QuotaError(msg, cloud="aws", zone=zone, code=code)
+        if code == "InvalidParameterValue" and "instance profile" in msg.lower():
+            # a new instance profile takes seconds to be usable by EC2
+            return TransientCloudError(msg, cloud="aws", zone=zone, code=code)
         if code in _CONFIG:
             return CloudConfigError(msg, cloud="aws", zone=zone, code=code)
         if code in _TRANSIENT or status >= 500:
@@ -162,6 +170,24 @@ class AWSProvider(CloudProvider):
             read_timeout=read_timeout_s,
         )
         self._clients: dict[str, object] = {}
+        self._groups: dict[tuple[str, str], str] = {}  # (job, region) -> its security group id
+        self._profiles: dict[str, str] = {}  # job -> its instance profile's name
+
+    def _iam(self):
+        with _CLIENT_LOCK:
+            if "iam" not in self._clients:
+                self._clients["iam"] = self._session.client("iam", region_name="us-east-1",
+                                                             endpoint_url=self.endpoint_url, config=self._config)
+            return self._clients["iam"]
+
+    def _do_iam(self, method: str, **kwargs):
+        def call():
+            try:
+                return getattr(self._iam(), method)(**kwargs)
+            except Exception as exc:  # noqa: BLE001 - translated or re-raised unchanged
+                raise translate_aws_error(exc, what=f"iam {method}") from exc
+
+        return self._call(call, method)
 
     def _ec2(self, region: str):
         with _CLIENT_LOCK:  # boto3 sessions are not thread-safe while making clients
@@ -272,6 +298,11 @@ class AWSProvider(CloudProvider):
         )
         if startup_script:
             kwargs["UserData"] = startup_script
+        job = labels.get(JOB_LABEL)
+        if job:
+            kwargs["SecurityGroupIds"] = [self.job_security_group(job, region)]
+            if job in self._profiles:
+                kwargs["IamInstanceProfile"] = {"Name": self._profiles[job]}
         if spot:
             kwargs["InstanceMarketOptions"] = {
                 "MarketType": "spot",
@@ -299,6 +330,7 @@ class AWSProvider(CloudProvider):
             state=state,
             labels=tags,
             private_ip=tags.get(LOCAL_ADDRESS_LABEL) or inst.get("PrivateIpAddress"),
+            public_ip=inst.get("PublicIpAddress"),
             state_reason=reason,
         )
 
@@ -323,3 +355,138 @@ class AWSProvider(CloudProvider):
             self._do(region, "terminate_instances", InstanceIds=ids)
         return [i.instance_id for i in live]
 
+
+    # ---- a job's network: one security group per region it uses ------------------------
+
+    def job_security_group(self, job_id: str, region: str) -> str:
+        """The job's group in ``region`` (made on first use in the region's default VPC): the
+        rendezvous and collective ports open to members of the same group only."""
+        key = (job_id, region)
+        if key in self._groups:
+            return self._groups[key]
+        name = job_resource_name(job_id)
+        found = self._do(region, "describe_security_groups",
+                         Filters=[{"Name": "group-name", "Values": [name]}])["SecurityGroups"]
+        if found:
+            group = found[0]["GroupId"]
+        else:
+            vpcs = self._do(region, "describe_vpcs", Filters=[{"Name": "is-default", "Values": ["true"]}])["Vpcs"]
+            if not vpcs:
+                raise CloudConfigError(f"aws {region}: no default VPC for the job's instances", cloud="aws")
+            group = self._do(region, "create_security_group", GroupName=name, VpcId=vpcs[0]["VpcId"],
+                             Description=f"Sailor job {job_id}: rendezvous and collectives among its instances",
+                             TagSpecifications=[{"ResourceType": "security-group",
+                                                 "Tags": [{"Key": JOB_LABEL, "Value": job_id}]}])["GroupId"]
+            self._do(region, "authorize_security_group_ingress", GroupId=group, IpPermissions=[
+                {"IpProtocol": "tcp", "FromPort": lo, "ToPort": hi,
+                 "UserIdGroupPairs": [{"GroupId": group, "Description": "the job's own instances"}]}
+                for lo, hi in JOB_PORTS])
+        self._groups[key] = group
+        return group
+
+    def job_groups(self, job_id: str) -> dict[str, dict]:
+        """The job's security groups as described, by region."""
+        out = {}
+        for region in self.regions:
+            for g in self._do(region, "describe_security_groups",
+                              Filters=[{"Name": "group-name", "Values": [job_resource_name(job_id)]}])["SecurityGroups"]:
+                out[region] = g
+        return out
+
+    def set_job_peers(self, job_id: str, cidrs: Sequence[str]) -> None:
+        """Open the job's ports to exactly these outside addresses (peers in other VPCs or clouds)."""
+        wanted = set(cidrs)
+        for region, group in self.job_groups(job_id).items():
+            have = {r["CidrIp"] for p in group.get("IpPermissions", []) for r in p.get("IpRanges", [])}
+            stale, new = sorted(have - wanted), sorted(wanted - have)
+            if stale:
+                self._do(region, "revoke_security_group_ingress", GroupId=group["GroupId"], IpPermissions=[
+                    {"IpProtocol": "tcp", "FromPort": lo, "ToPort": hi, "IpRanges": [{"CidrIp": c} for c in stale]}
+                    for lo, hi in JOB_PORTS])
+            if new:
+                self._do(region, "authorize_security_group_ingress", GroupId=group["GroupId"], IpPermissions=[
+                    {"IpProtocol": "tcp", "FromPort": lo, "ToPort": hi,
+                     "IpRanges": [{"CidrIp": c, "Description": "a peer of the job outside this VPC"} for c in new]}
+                    for lo, hi in JOB_PORTS])
+
+    def delete_job_network(self, job_id: str) -> list[str]:
+        """Delete the job's security groups (retried while instances still hold them)."""
+        deleted = []
+        for region, group in self.job_groups(job_id).items():
+            self._do(region, "delete_security_group", GroupId=group["GroupId"])
+            deleted.append(group["GroupId"])
+        self._groups = {k: v for k, v in self._groups.items() if k[0] != job_id}
+        return deleted
+
+    # ---- a job's identity: an instance profile allowed the job's prefixes only -----------
+
+    def create_job_identity(self, job_id: str, *, read_write: Sequence[str], read_only: Sequence[str] = (),
+                            gcp_service_account: str | None = None) -> str:
+        """A role (and its instance profile) that may read and write ``read_write`` (s3:// URLs)
+        and read ``read_only``, nothing else; the job's instances are launched with it.  A GCP
+        service account named here may assume it by web identity (cross-cloud jobs)."""
+        name = job_resource_name(job_id)
+        trust = [{"Effect": "Allow", "Principal": {"Service": "ec2.amazonaws.com"}, "Action": "sts:AssumeRole"}]
+        if gcp_service_account:
+            trust.append({"Effect": "Allow", "Principal": {"Federated": "accounts.google.com"},
+                          "Action": "sts:AssumeRoleWithWebIdentity",
+                          "Condition": {"StringEquals": {"accounts.google.com:aud": gcp_service_account}}})
+        try:
+            self._do_iam("create_role", RoleName=name, AssumeRolePolicyDocument=json.dumps(
+                {"Version": "2012-10-17", "Statement": trust}), Tags=[{"Key": JOB_LABEL, "Value": job_id}],
+                Description=f"Sailor job {job_id}: its instances' access to the job's bucket prefix")
+        except CloudError as exc:
+            if exc.code != "EntityAlreadyExists":
+                raise
+        self._do_iam("put_role_policy", RoleName=name, PolicyName="job-prefix",
+                     PolicyDocument=json.dumps(prefix_policy(read_write, read_only)))
+        try:
+            self._do_iam("create_instance_profile", InstanceProfileName=name)
+            self._do_iam("add_role_to_instance_profile", InstanceProfileName=name, RoleName=name)
+        except CloudError as exc:
+            if exc.code not in ("EntityAlreadyExists", "LimitExceeded"):
+                raise
+        self._profiles[job_id] = name
+        return name
+
+    def delete_job_identity(self, job_id: str) -> list[str]:
+        name = job_resource_name(job_id)
+        self._profiles.pop(job_id, None)
+        deleted = []
+        for method, kwargs in (("remove_role_from_instance_profile", {"InstanceProfileName": name, "RoleName": name}),
+                               ("delete_instance_profile", {"InstanceProfileName": name}),
+                               ("delete_role_policy", {"RoleName": name, "PolicyName": "job-prefix"}),
+                               ("delete_role", {"RoleName": name})):
+            try:
+                self._do_iam(method, **kwargs)
+                deleted.append(f"{method}:{name}")
+            except CloudError as exc:
+                if exc.code != "NoSuchEntity":
+                    raise
+        return deleted
+
+    def job_identity_leftovers(self, job_id: str) -> list[str]:
+        name = job_resource_name(job_id)
+        try:
+            self._do_iam("get_role", RoleName=name)
+            return [name]
+        except CloudError as exc:
+            if exc.code == "NoSuchEntity":
+                return []
+            raise
+
+
+def prefix_policy(read_write: Sequence[str], read_only: Sequence[str] = ()) -> dict:
+    """An IAM policy: objects under ``read_write`` (s3:// URLs) read and written, under
+    ``read_only`` read, their listings within those prefixes; nothing else."""
+    statements = []
+    for urls, actions in ((read_write, ["s3:GetObject", "s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload"]),
+                          (read_only, ["s3:GetObject"])):
+        for url in urls:
+            bucket, _, prefix = url[len("s3://"):].partition("/")
+            prefix = prefix.strip("/")
+            statements.append({"Effect": "Allow", "Action": actions,
+                               "Resource": f"arn:aws:s3:::{bucket}/{prefix + '/' if prefix else ''}*"})
+            statements.append({"Effect": "Allow", "Action": "s3:ListBucket", "Resource": f"arn:aws:s3:::{bucket}",
+                               "Condition": {"StringLike": {"s3:prefix": [f"{prefix}/*" if prefix else "*"]}}})
+    return {"Version": "2012-10-17", "Statement": statements}

@@ -99,7 +99,8 @@ def get_providers(clouds: tuple[str, ...] | list[str] | None = None) -> dict[str
             else:
                 from infra.gcp import GCPProvider  # lazy: google-cloud-compute (~2.4 s), only for real GCP
 
-                out["gcp"] = GCPProvider(project=settings.gcp_project(), zones=settings.gcp_zones() or None)
+                out["gcp"] = GCPProvider(project=settings.gcp_project(), zones=settings.gcp_zones() or None,
+                                         service_account=settings.gcp_service_account())
         return out
     from infra.local.cloud import providers_for  # lazy: moto's server, only for the embedded cloud
 

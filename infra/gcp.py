@@ -23,6 +23,7 @@ from infra.provider import CloudProvider
 from infra.records import (
     ATTEMPT_LABEL,
     JOB_LABEL,
+    JOB_PORTS,
     LOCAL_ADDRESS_LABEL,
     PENDING,
     PREEMPTED,
@@ -30,6 +31,7 @@ from infra.records import (
     STOPPING,
     TERMINATED,
     InstanceInfo,
+    job_resource_name,
 )
 from infra.retry import RetryPolicy
 from sailor_core import settings
@@ -121,8 +123,10 @@ class GCPProvider(CloudProvider):
         image: str = "projects/deeplearning-platform-release/global/images/family/common-cu124-debian-11",
         retry: RetryPolicy | None = None,
         timeout_s: float = 30.0,
+        service_account: str | None = None,
     ) -> None:
         super().__init__(retry=retry)
+        self.service_account = service_account  # what the instances run as (their bucket access)
         if credentials is None:
             try:
                 credentials, default_project = google.auth.default()
@@ -145,6 +149,7 @@ class GCPProvider(CloudProvider):
         self._accelerators = compute_v1.AcceleratorTypesClient(**kw)
         self._zone_ops = compute_v1.ZoneOperationsClient(**kw)
         self._global_ops = compute_v1.GlobalOperationsClient(**kw)
+        self._firewalls = compute_v1.FirewallsClient(**kw)
 
     def _do(self, what: str, fn, *, zone: str = ""):
         def call():
@@ -205,8 +210,15 @@ class GCPProvider(CloudProvider):
                 boot=True, auto_delete=True,
                 initialize_params=compute_v1.AttachedDiskInitializeParams(source_image=self.image, disk_size_gb=200),
             )],
-            network_interfaces=[compute_v1.NetworkInterface(network="global/networks/default")],
+            network_interfaces=[compute_v1.NetworkInterface(
+                network="global/networks/default",
+                # an external address: peers in another cloud reach the instance by it
+                access_configs=[compute_v1.AccessConfig(name="External NAT", type_="ONE_TO_ONE_NAT")])],
+            tags=compute_v1.Tags(items=[job_resource_name(labels[JOB_LABEL])] if JOB_LABEL in labels else []),
         )
+        if self.service_account:
+            inst.service_accounts = [compute_v1.ServiceAccount(
+                email=self.service_account, scopes=["https://www.googleapis.com/auth/devstorage.read_write"])]
         if row.machine_type.startswith("n1-"):  # a2/a3/g2 come with their GPUs
             inst.guest_accelerators = [compute_v1.AcceleratorConfig(
                 accelerator_count=row.gpus_per_node,
@@ -278,6 +290,8 @@ class GCPProvider(CloudProvider):
         row = self._row_of(_last(inst.machine_type), accel, count)
         labels = dict(inst.labels)
         ip = inst.network_interfaces[0].network_i_p if inst.network_interfaces else None
+        access = inst.network_interfaces[0].access_configs if inst.network_interfaces else []
+        public = access[0].nat_i_p if access else None
         return InstanceInfo(
             cloud="gcp",
             instance_id=inst.name,
@@ -289,6 +303,7 @@ class GCPProvider(CloudProvider):
             state=_STATES.get(inst.status, TERMINATED),
             labels=labels,
             private_ip=labels.get(LOCAL_ADDRESS_LABEL) or ip or None,
+            public_ip=public or None,
             state_reason=inst.status,
         )
 
@@ -343,3 +358,75 @@ class GCPProvider(CloudProvider):
             self._delete(i.zone, i.instance_id, missing_ok=True)
         return [i.instance_id for i in live]
 
+
+    # ---- a job's network: firewall rules on the instances' tag ---------------------------
+
+    def _insert_firewall(self, rule: compute_v1.Firewall) -> None:
+        def attempt():
+            try:
+                op = self._firewalls.insert(project=self.project, firewall_resource=rule, retry=None,
+                                            timeout=self.timeout_s)
+                done = self._global_ops.wait(project=self.project, operation=op.name, retry=None, timeout=self.timeout_s)
+            except gexc.Conflict:
+                return
+            except Exception as exc:  # noqa: BLE001
+                raise translate_gcp_error(exc, what="firewalls.insert") from exc
+            err = _operation_error(done, "global", "firewalls.insert")
+            if err is not None:
+                raise err
+
+        self._call(attempt, "firewalls.insert")
+
+    def _delete_firewall(self, name: str) -> bool:
+        def attempt():
+            try:
+                op = self._firewalls.delete(project=self.project, firewall=name, retry=None, timeout=self.timeout_s)
+                self._global_ops.wait(project=self.project, operation=op.name, retry=None, timeout=self.timeout_s)
+                return True
+            except gexc.NotFound:
+                return False
+            except Exception as exc:  # noqa: BLE001
+                raise translate_gcp_error(exc, what="firewalls.delete") from exc
+
+        return self._call(attempt, "firewalls.delete")
+
+    def _rule(self, name: str, tag: str, *, source_tags=(), source_ranges=()) -> compute_v1.Firewall:
+        rule = compute_v1.Firewall(
+            name=name, network="global/networks/default", direction="INGRESS", priority=1000,
+            description="Sailor: the rendezvous and collective ports of one job",
+            allowed=[compute_v1.Allowed(I_p_protocol="tcp",
+                                        ports=[str(lo) if lo == hi else f"{lo}-{hi}" for lo, hi in JOB_PORTS])],
+            target_tags=[tag])
+        if source_tags:
+            rule.source_tags = list(source_tags)
+        if source_ranges:
+            rule.source_ranges = list(source_ranges)
+        return rule
+
+    def open_job_network(self, job_id: str) -> str:
+        """The job's rule: its ports open among instances carrying the job's tag, nothing else."""
+        tag = job_resource_name(job_id)
+        name = job_resource_name(job_id, "peers-in")
+        self._insert_firewall(self._rule(name, tag, source_tags=[tag]))
+        return name
+
+    def set_job_peers(self, job_id: str, cidrs) -> None:
+        """Open the job's ports to exactly these outside addresses (peers in another cloud)."""
+        name, tag = job_resource_name(job_id, "peers-out"), job_resource_name(job_id)
+        current = self.job_firewalls(job_id).get(name)
+        wanted = sorted(set(cidrs))
+        if current is not None and sorted(current.source_ranges) == wanted:
+            return
+        if current is not None:
+            self._delete_firewall(name)
+        if wanted:
+            self._insert_firewall(self._rule(name, tag, source_ranges=wanted))
+
+    def job_firewalls(self, job_id: str) -> dict[str, compute_v1.Firewall]:
+        names = {job_resource_name(job_id, "peers-in"), job_resource_name(job_id, "peers-out")}
+        rules = self._do("firewalls.list", lambda: list(self._firewalls.list(
+            project=self.project, retry=None, timeout=self.timeout_s)))
+        return {r.name: r for r in rules if r.name in names}
+
+    def delete_job_network(self, job_id: str) -> list[str]:
+        return [name for name in self.job_firewalls(job_id) if self._delete_firewall(name)]

@@ -11,6 +11,17 @@ JOB_LABEL = "sailor-job"
 ATTEMPT_LABEL = "sailor-attempt"
 # Set by the embedded cloud on its instances: the address their processes listen on.
 LOCAL_ADDRESS_LABEL = "sailor-local-address"
+# What a job's security group / firewall rule opens among its instances: torch's rendezvous
+# port, and Linux's ephemeral range, where gloo's and NCCL's pairs listen.
+RENDEZVOUS_PORT = 29500
+COLLECTIVE_PORTS = (32768, 60999)
+JOB_PORTS = ((RENDEZVOUS_PORT, RENDEZVOUS_PORT), COLLECTIVE_PORTS)
+
+
+def job_resource_name(job_id: str, suffix: str = "") -> str:
+    """The name of a job's security group, firewall rule, role or tag (GCE's 63-character names)."""
+    job = job_id.replace("_", "-")[:40].strip("-") or "job"
+    return f"sailor-{job}" + (f"-{suffix}" if suffix else "")
 
 # States of an instance as Sailor sees it, the same for every cloud.
 PENDING, RUNNING, STOPPING, PREEMPTED, TERMINATED = (
@@ -53,6 +64,7 @@ class InstanceInfo:
     labels: dict[str, str] = field(default_factory=dict)
     private_ip: str | None = None
     state_reason: str | None = None  # the cloud's words, e.g. "Server.SpotInstanceTermination"
+    public_ip: str | None = None  # what peers outside its VPC (another region, another cloud) reach
 
     @property
     def live(self) -> bool:

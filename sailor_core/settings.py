@@ -43,6 +43,8 @@ AWS_AMI_ENV = "SAILOR_AWS_AMI"
 GCP_PROJECT_ENV = "SAILOR_GCP_PROJECT"
 GCP_ZONES_ENV = "SAILOR_GCP_ZONES"
 S3_KMS_KEY_ENV = "SAILOR_S3_KMS_KEY"
+GCP_SERVICE_ACCOUNT_ENV = "SAILOR_GCP_SERVICE_ACCOUNT"
+EMBEDDED_NETWORK_ENV = "SAILOR_EMBEDDED_NETWORK"
 
 
 def clouds() -> str:
@@ -81,6 +83,23 @@ def s3_kms_key() -> str | None:
     return os.environ.get(S3_KMS_KEY_ENV)
 
 
+def gcp_service_account() -> str | None:
+    """``SAILOR_GCP_SERVICE_ACCOUNT``: the email of the service account Sailor's GCE instances run as
+    (a prerequisite on real GCP: it may read and write the job's bucket and nothing else;
+    ``sailor doctor`` checks it).  Unset on real GCP: instances get no account and cannot reach
+    the bucket.  The embedded cloud uses ``sailor-instances@sailor-local.iam.gserviceaccount.com``."""
+    return os.environ.get(GCP_SERVICE_ACCOUNT_ENV) or None
+
+
+def embedded_network() -> str:
+    """``SAILOR_EMBEDDED_NETWORK``: how the embedded cloud wires its instances: ``netns`` (each in
+    its own network namespace with its own addresses, the job's security group / firewall rules
+    applied there with nftables; needs root and nft), ``host`` (all on 127.0.0.1, rules recorded
+    but not enforced), or ``auto`` (default: ``netns`` when root with ``ip`` and ``nft``, else
+    ``host``, with a warning)."""
+    return os.environ.get(EMBEDDED_NETWORK_ENV, "auto").strip().lower() or "auto"
+
+
 # ---- an instance's identity (set by the embedded cloud for each instance it starts) ------
 
 INSTANCE_ID_ENV = "SAILOR_INSTANCE_ID"
@@ -90,7 +109,15 @@ PRIVATE_IP_ENV = "SAILOR_PRIVATE_IP"
 INSTANCE_DIR_ENV = "SAILOR_INSTANCE_DIR"
 METADATA_DIR_ENV = "SAILOR_METADATA_DIR"
 METADATA_URL_ENV = "SAILOR_METADATA_URL"
-PYTHON_ENV = "SAILOR_PYTHON"  # read by the startup script (shell): the interpreter that runs the agent
+PYTHON_ENV = "SAILOR_PYTHON"  # read by the startup script (shell): the image's Python, which boots the agent
+# Read by the startup script's boot program (infra/instance_boot.py, which runs before Sailor is
+# installed and so reads them itself): where wheel environments are kept (default
+# /opt/sailor/envs; the embedded cloud sets a cache shared by its instances), and the boot's
+# configuration (written by the startup script itself).
+ENV_CACHE_ENV = "SAILOR_ENV_CACHE"
+# Set by the embedded cloud for each instance: its GPUs ("N NAME"), which the image's nvidia-smi stand-in lists.
+EMBEDDED_GPUS_ENV = "SAILOR_EMBEDDED_GPUS"
+BOOT_CONFIG_ENV = "SAILOR_BOOT_CONFIG"
 
 
 def instance_id() -> str | None:

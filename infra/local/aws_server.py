@@ -67,11 +67,15 @@ class MotoEC2:
         capacity: Capacity,
         faults: Faults,
         on_change: Callable[[], None] | None = None,
+        on_launch: Callable[[list[str]], None] | None = None,
+        s3_guard: Callable[[str, str, str], str | None] | None = None,
     ) -> None:
         self.regions = regions
         self.capacity = capacity
         self.faults = faults
         self.on_change = on_change
+        self.on_launch = on_launch  # the ids of instances just launched, before the caller hears back
+        self.s3_guard = s3_guard  # (access key id, method, path) -> why it is refused, or None
         self._app = DomainDispatcherApplication(create_backend_app)
         self._server = None
         self._thread: threading.Thread | None = None
@@ -97,6 +101,8 @@ class MotoEC2:
             self._server = None
 
     def _wsgi(self, environ, start_response):
+        if environ.get("PATH_INFO", "/") != "/" or environ.get("REQUEST_METHOD") != "POST":
+            return self._other_service(environ, start_response)  # S3 (path-style), not EC2's Query API
         length = int(environ.get("CONTENT_LENGTH") or 0)
         raw = environ["wsgi.input"].read(length) if length else b""
         environ["wsgi.input"] = io.BytesIO(raw)
@@ -118,6 +124,8 @@ class MotoEC2:
                 status, body = refusal
                 start_response(f"{status} Error", [("Content-Type", "text/xml"), ("Content-Length", str(len(body)))])
                 return [body]
+            if self.on_launch is not None:
+                self.on_launch(re.findall(r"<instanceId>(i-[0-9a-f]+)</instanceId>", body.decode("utf-8", "replace")))
             self._changed()
             return [body]
         result = self._app(environ, start_response)
@@ -125,6 +133,23 @@ class MotoEC2:
             result = [b"".join(result)]
             self._changed()
         return result
+
+    def _other_service(self, environ, start_response):
+        """S3 through the same server; requests signed with an instance's credentials must stay
+        within what its role's policy allows (moto itself checks no credentials)."""
+        auth = environ.get("HTTP_AUTHORIZATION", "")
+        key = re.search(r"Credential=([A-Z0-9]+)/", auth)
+        if key and self.s3_guard is not None:
+            query = environ.get("QUERY_STRING", "")
+            path = environ.get("PATH_INFO", "/") + (f"?{query}" if query else "")
+            why = self.s3_guard(key.group(1), environ.get("REQUEST_METHOD", "GET"), path)
+            if why is not None:
+                body = (f'<?xml version="1.0" encoding="UTF-8"?><Error><Code>AccessDenied</Code>'
+                        f"<Message>{why}</Message><RequestId>{uuid.uuid4()}</RequestId></Error>").encode()
+                start_response("403 Forbidden", [("Content-Type", "application/xml"),
+                                                 ("Content-Length", str(len(body)))])
+                return [body]
+        return self._app(environ, start_response)
 
     def _changed(self) -> None:
         if self.on_change is not None:
@@ -195,6 +220,14 @@ class MotoEC2:
                 g, n = gpus_of_type(inst.instance_type)
                 total += n if g == gpu else 0
         return total
+
+    def set_addresses(self, instance_id: str, private_ip: str, public_ip: str) -> None:
+        """Give the instance the addresses its machine will have (moto draws its own otherwise)."""
+        inst = self.find(instance_id)
+        if inst is not None and inst.nics:
+            nic = inst.nics[0]
+            nic.private_ip_address = private_ip
+            nic.public_ip = public_ip
 
     def tag(self, instance_id: str, key: str, value: str) -> None:
         inst = self.find(instance_id)

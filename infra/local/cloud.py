@@ -12,6 +12,7 @@ TERMINATED with a ``compute.instances.preempted`` operation, then deleted.
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import tempfile
 import threading
@@ -23,8 +24,11 @@ from infra.local.aws_server import FIXED_AMI, LIVE, MotoEC2, gpus_of_type
 from infra.local.capacity import Capacity
 from infra.local.faults import FaultRates, Faults, parse_fault_rates
 from infra.local.gce_fake import GCEFake
-from infra.local.machines import LOCAL_ADDRESS, Machines
-from infra.records import LOCAL_ADDRESS_LABEL
+from infra.local.identity import Identities
+from infra.local.image import image_for_this_machine
+from infra.local.machines import Hardware, Machines
+from infra.local.network import Network
+from infra.local.rules import aws_allows, gce_allows
 from infra.retry import RetryPolicy
 from sailor_core.catalog.instances import instance_types
 from sailor_core.errors import InputError, SailorError
@@ -32,6 +36,8 @@ from sailor_core.zones import parse_zone
 
 log = logging.getLogger("sailor.infra.local")
 PROJECT = "sailor-local"
+# What the embedded GCE instances run as (on real GCP: SAILOR_GCP_SERVICE_ACCOUNT, a prerequisite).
+SERVICE_ACCOUNT = f"sailor-instances@{PROJECT}.iam.gserviceaccount.com"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -54,6 +60,8 @@ class EmbeddedCloud:
         tick_s: float = 0.2,
         halt_grace_s: float = 1.0,
         faults: FaultRates | None = None,
+        network: str | None = None,
+        trace_files: bool = False,
     ) -> None:
         self.state_dir = Path(state_dir) if state_dir else Path(tempfile.mkdtemp(prefix="sailor-cloud-"))
         self.notice_s = notice_s
@@ -62,9 +70,13 @@ class EmbeddedCloud:
         self.capacity = Capacity()
         self.faults = Faults(faults)
         self.aws_regions = sorted({parse_zone(z).region for r in instance_types() if r.cloud == "aws" for z in r.zones})
-        self.aws = MotoEC2(regions=self.aws_regions, capacity=self.capacity, faults=self.faults, on_change=self.reconcile)
+        self.network = Network(network)  # mode from SAILOR_EMBEDDED_NETWORK unless given
+        self.identities = Identities()
+        self.trace_files = trace_files
+        self.aws = MotoEC2(regions=self.aws_regions, capacity=self.capacity, faults=self.faults, on_change=self.reconcile,
+                           on_launch=self._aws_launched, s3_guard=self._s3_guard)
         self.gce = GCEFake(project=PROJECT, capacity=self.capacity, faults=self.faults, boot_s=boot_s,
-                           on_running=self._gce_running, on_halt=self._gce_halt)
+                           on_running=self._gce_running, on_halt=self._gce_halt, addresses=self._gce_addresses)
         self.machines: Machines | None = None
         self.preemptions: list[dict] = []  # history: what was preempted, when, why
         self._preempting: set[str] = set()
@@ -79,9 +91,14 @@ class EmbeddedCloud:
     # ---- life cycle --------------------------------------------------------------
 
     def start(self) -> EmbeddedCloud:
-        self.aws.start()
-        self.gce.start()
-        self.machines = Machines(self.state_dir / "instances", metadata_url=f"{self.gce.endpoint}/metadata")
+        self.network.start()
+        host = self.network.host_address  # where the instances reach the endpoints
+        self.aws.start(host=host)
+        self.gce.start(host=host)
+        self.machines = Machines(self.state_dir / "instances", metadata_url=f"{self.gce.endpoint}/metadata",
+                                 image=image_for_this_machine(), network=self.network,
+                                 endpoint_env=self.instance_endpoint_env(), notice_s=self.notice_s,
+                                 trace_files=self.trace_files)
         self.gce.metadata_handler = self._metadata
         self.gce.control_handler = self.control
         self._ticker = threading.Thread(target=self._tick_loop, name="embedded-cloud", daemon=True)
@@ -97,6 +114,7 @@ class EmbeddedCloud:
             self.machines.halt_all()
         self.aws.stop()
         self.gce.stop()
+        self.network.stop()
         self.started = False
 
     def __enter__(self) -> EmbeddedCloud:
@@ -112,6 +130,16 @@ class EmbeddedCloud:
     @property
     def gce_endpoint(self) -> str:
         return self.gce.endpoint
+
+    @property
+    def s3_endpoint(self) -> str:
+        """The embedded S3 (moto's, the same server as EC2): the jobs' buckets."""
+        return self.aws.endpoint
+
+    def instance_endpoint_env(self) -> dict[str, str]:
+        """What an embedded instance is told about its cloud (a real one knows its endpoints):
+        where S3 is and its region.  Never a credential: those come from the metadata server."""
+        return {"AWS_ENDPOINT_URL_S3": self.s3_endpoint, "AWS_REGION": "us-east-1"}
 
     def providers(self, *, retry: RetryPolicy | None = None) -> dict:
         return providers_for(self.aws_endpoint, self.gce_endpoint, retry=retry, aws_regions=self.aws_regions)
@@ -129,6 +157,7 @@ class EmbeddedCloud:
         with self.gce._lock:
             self.gce.instances.clear()
             self.gce.operations.clear()
+            self.gce.firewalls.clear()
         self.capacity = self.aws.capacity = self.gce.capacity = Capacity()
         self.faults.configure(FaultRates())
         with self._lock:
@@ -244,6 +273,7 @@ class EmbeddedCloud:
             try:
                 self.reconcile()
                 self._enforce_capacity()
+                self.apply_rules()
             except Exception:  # noqa: BLE001 - the ticker must outlive one bad tick
                 log.exception("embedded cloud tick failed")
 
@@ -254,8 +284,9 @@ class EmbeddedCloud:
         for inst in self.aws.instances():
             machine = self.machines.get(inst.id)
             if inst.state == "running" and machine is None:
-                self.aws.tag(inst.id, LOCAL_ADDRESS_LABEL, LOCAL_ADDRESS)
-                self.machines.boot(instance_id=inst.id, cloud="aws", zone=inst.placement.zone, script=self.aws.user_data(inst))
+                self.machines.boot(instance_id=inst.id, cloud="aws", zone=inst.placement.zone,
+                                   script=self.aws.user_data(inst), hardware=self._hardware(inst.id, "aws", inst.placement.zone,
+                                                                                           *gpus_of_type(inst.instance_type)))
             elif inst.state not in LIVE and machine is not None and not machine.ended and inst.id not in self._preempting:
                 self.machines.halt(inst.id, grace_s=self.halt_grace_s)
 
@@ -294,23 +325,68 @@ class EmbeddedCloud:
 
     # ---- what the instances see ------------------------------------------------------
 
+    def _hardware(self, instance_id: str, cloud: str, zone: str, gpu: str | None, num_gpus: int) -> Hardware:
+        addr = self.network.allocate(instance_id, cloud, zone)
+        return Hardware(gpu=gpu, num_gpus=num_gpus, private_ip=addr.private, public_ip=addr.public)
+
+    def _aws_launched(self, instance_ids: list[str]) -> None:
+        """Addresses for instances moto just launched, before anyone can describe them."""
+        for iid in instance_ids:
+            inst = self.aws.find(iid)
+            if inst is not None:
+                addr = self.network.allocate(iid, "aws", inst.placement.zone)
+                self.aws.set_addresses(iid, addr.private, addr.public)
+
+    def _gce_addresses(self, name: str, zone: str) -> tuple[str, str]:
+        addr = self.network.allocate(name, "gcp", zone)
+        return addr.private, addr.public
+
     def _gce_running(self, inst: dict) -> None:
         script = next((i["value"] for i in (inst.get("metadata") or {}).get("items", []) if i.get("key") == "startup-script"), None)
-        self.machines.boot(instance_id=inst["name"], cloud="gcp", zone=inst["zone"].rsplit("/", 1)[-1], script=script)
+        zone = inst["zone"].rsplit("/", 1)[-1]
+        gpu, n = self.gce.gpus_of(inst)
+        self.machines.boot(instance_id=inst["name"], cloud="gcp", zone=zone, script=script,
+                           hardware=self._hardware(inst["name"], "gcp", zone, gpu, n))
 
     def _gce_halt(self, inst: dict) -> None:
         if inst["name"] not in self._preempting:
             threading.Thread(target=self.machines.halt, args=(inst["name"],),
                              kwargs={"grace_s": self.halt_grace_s}, daemon=True).start()
 
-    def _metadata(self, instance_id: str, path: str) -> tuple[int, str]:
+    def _metadata(self, instance_id: str, path: str, method: str = "GET") -> tuple[int, str]:
+        """The instance's metadata server: preemption notices, identity, and its role's credentials."""
         machine = self.machines.get(instance_id) if self.machines else None
         if machine is None:
             return 404, "no such instance"
+        answer = self.identities.metadata(self, machine, path.strip("/"), method)
+        if answer is not None:
+            return answer
         target = (machine.metadata_dir / path).resolve()
         if machine.metadata_dir.resolve() not in target.parents or not target.is_file():
             return 404, "not found"
         return 200, target.read_text()
+
+    def _s3_guard(self, access_key_id: str, method: str, path: str) -> str | None:
+        return self.identities.s3_refusal(self, access_key_id, method, path)
+
+    # ---- the jobs' network rules, enforced in the instances' namespaces ---------------
+
+    def apply_rules(self) -> None:
+        """Each live machine's inbound rules from its security groups / firewall rules, as recorded now."""
+        if self.machines is None or not self.network.enforced:
+            return
+        by_id = {}
+        for inst in self.aws.instances():
+            if inst.state in LIVE:
+                by_id[inst.id] = aws_allows(self.aws, inst)
+        with self.gce._lock:
+            snapshot = [json_copy(i) for i in self.gce.instances.values()]
+            firewalls = [json_copy(f) for f in self.gce.firewalls.values()]
+        for inst in snapshot:
+            by_id[inst["name"]] = gce_allows(inst, snapshot, firewalls)
+        for machine in self.machines.all():
+            if not machine.ended and machine.instance_id in by_id:
+                self.network.apply(machine.instance_id, by_id[machine.instance_id])
 
     def control(self, method: str, route: str, params: dict) -> tuple[int, dict]:
         """The HTTP control surface (``<gce_endpoint>/sailor/<route>``) for other processes."""
@@ -362,6 +438,10 @@ class EmbeddedCloud:
         }
 
 
+def json_copy(value):
+    return json.loads(json.dumps(value))
+
+
 def providers_for(aws_endpoint: str, gce_endpoint: str, *, retry: RetryPolicy | None = None,
                   aws_regions: list[str] | None = None) -> dict:
     """Providers aimed at an embedded cloud (this process's or a standalone one)."""
@@ -374,7 +454,8 @@ def providers_for(aws_endpoint: str, gce_endpoint: str, *, retry: RetryPolicy | 
     return {
         "aws": AWSProvider(endpoint_url=aws_endpoint, ami_id=FIXED_AMI, regions=aws_regions,
                            spot_prices_from_api=False, retry=retry, session=_local_session()),
-        "gcp": GCPProvider(project=PROJECT, api_endpoint=gce_endpoint, credentials=AnonymousCredentials(), retry=retry),
+        "gcp": GCPProvider(project=PROJECT, api_endpoint=gce_endpoint, credentials=AnonymousCredentials(), retry=retry,
+                           service_account=SERVICE_ACCOUNT),
     }
 
 

@@ -74,6 +74,7 @@ class GCEFake:
         boot_s: float = 0.2,
         on_running: Callable[[dict], None] | None = None,
         on_halt: Callable[[dict], None] | None = None,
+        addresses: Callable[[str, str], tuple[str, str]] | None = None,
     ) -> None:
         self.project = project
         self.capacity = capacity or Capacity()
@@ -81,6 +82,8 @@ class GCEFake:
         self.boot_s = boot_s
         self.on_running = on_running
         self.on_halt = on_halt  # an instance stops existing as a machine (delete)
+        self.addresses = addresses  # (name, zone) -> (network IP, external IP) its machine will have
+        self.firewalls: dict[str, dict] = {}  # name -> firewall rule (global)
         self.metadata_handler: Callable[[str, str], tuple[int, str]] | None = None
         self.control_handler: Callable[[str, str, dict], tuple[int, dict]] | None = None
         self.zones = _catalog_zones()
@@ -133,6 +136,9 @@ class GCEFake:
             def do_DELETE(self):
                 self._handle("DELETE")
 
+            def do_PUT(self):  # the AWS-style metadata's IMDSv2 token
+                self._handle("PUT")
+
         self._server = ThreadingHTTPServer((host, port), Handler)
         self._server.daemon_threads = True
         self._thread = threading.Thread(target=self._server.serve_forever, name="gce-fake", daemon=True)
@@ -161,7 +167,7 @@ class GCEFake:
             _, _, instance_id, sub = path.split("/", 3)
             if self.metadata_handler is None:
                 raise ApiError(404, "notFound", "no metadata here")
-            status, text = self.metadata_handler(instance_id, sub)
+            status, text = self.metadata_handler(instance_id, sub, method)
             return status, text, "text/plain"
         if path.startswith("/sailor/"):
             if self.control_handler is None:
@@ -192,6 +198,8 @@ class GCEFake:
         return kind
 
     def _route(self, method: str, rest: list[str], query: dict, body, forced_capacity: bool = False):
+        if rest[:1] == ["global"]:
+            return self._global(method, rest[1:], body)
         if rest[:1] == ["aggregated"] and method == "GET":
             with self._lock:  # snapshots: other requests and the ticker change these dicts
                 instances, operations = list(self.instances.values()), list(self.operations.values())
@@ -238,6 +246,59 @@ class GCEFake:
             return op  # GET and POST .../wait alike: every operation is already DONE
         raise ApiError(404, "notFound", f"unsupported {method} {'/'.join(rest)}")
 
+    # ---- firewall rules (global) and their operations -----------------------------
+
+    def _global(self, method: str, rest: list[str], body):
+        if rest == ["firewalls"] and method == "GET":
+            with self._lock:
+                return {"kind": "compute#firewallList", "items": [json.loads(json.dumps(f)) for f in self.firewalls.values()]}
+        if rest == ["firewalls"] and method == "POST":
+            rule = body()
+            name = str(rule.get("name", ""))
+            if not _NAME.match(name):
+                raise ApiError(400, "invalid", f"Invalid value for field 'resource.name': '{name}'")
+            if not rule.get("allowed") and not rule.get("denied"):
+                raise ApiError(400, "invalid", "Invalid value for field 'resource.allowed': the rule allows nothing")
+            with self._lock:
+                if name in self.firewalls:
+                    raise ApiError(409, "alreadyExists", f"The resource 'projects/{self.project}/global/firewalls/{name}' already exists")
+                self.firewalls[name] = {"kind": "compute#firewall", "id": str(next(_ids)), "name": name,
+                                        "network": rule.get("network") or self._link("global", "networks", "default"),
+                                        "direction": rule.get("direction", "INGRESS"), "priority": rule.get("priority", 1000),
+                                        "allowed": rule.get("allowed", []), "sourceRanges": rule.get("sourceRanges", []),
+                                        "sourceTags": rule.get("sourceTags", []), "targetTags": rule.get("targetTags", []),
+                                        "description": rule.get("description", ""), "creationTimestamp": _now(),
+                                        "selfLink": self._link("global", "firewalls", name)}
+            return self._global_operation("insert", self._link("global", "firewalls", name))
+        if len(rest) == 2 and rest[0] == "firewalls":
+            with self._lock:
+                rule = self.firewalls.get(rest[1])
+                if rule is None:
+                    raise ApiError(404, "notFound", f"The resource 'projects/{self.project}/global/firewalls/{rest[1]}' was not found")
+                if method == "DELETE":
+                    self.firewalls.pop(rest[1])
+                elif method == "PATCH" or method == "PUT":
+                    rule.update({k: v for k, v in body().items() if k in ("allowed", "sourceRanges", "sourceTags", "targetTags")})
+                else:
+                    return json.loads(json.dumps(rule))
+            return self._global_operation(method.lower(), self._link("global", "firewalls", rest[1]))
+        if len(rest) in (2, 3) and rest[0] == "operations":
+            with self._lock:
+                op = self.operations.get(("global", rest[1]))
+            if op is None:
+                raise ApiError(404, "notFound", f"The resource 'operations/{rest[1]}' was not found")
+            return op
+        raise ApiError(404, "notFound", f"unsupported {method} global/{'/'.join(rest)}")
+
+    def _global_operation(self, kind: str, target: str) -> dict:
+        name = f"operation-{int(time.time() * 1000)}-{secrets.token_hex(6)}"
+        op = {"kind": "compute#operation", "id": str(next(_ids)), "name": name, "operationType": kind,
+              "targetLink": target, "status": "DONE", "progress": 100, "insertTime": _now(), "startTime": _now(),
+              "endTime": _now(), "selfLink": self._link("global", "operations", name)}
+        with self._lock:
+            self.operations[("global", name)] = op
+        return op
+
     # ---- resources ---------------------------------------------------------------
 
     def _link(self, *parts: str) -> str:
@@ -265,8 +326,8 @@ class GCEFake:
     def _aggregated(self, key: str, items: list[dict]) -> dict:
         grouped: dict[str, dict] = {}
         for item in items:
-            zone = item["zone"].rsplit("/", 1)[-1]
-            grouped.setdefault(f"zones/{zone}", {key: []})[key].append(item)
+            scope = f"zones/{item['zone'].rsplit('/', 1)[-1]}" if item.get("zone") else "global"
+            grouped.setdefault(scope, {key: []})[key].append(item)
         return {"kind": f"compute#{key}AggregatedList", "items": grouped}
 
     def _filter_instances(self, instances, query: dict) -> list[dict]:
@@ -330,7 +391,9 @@ class GCEFake:
             "creationTimestamp": _now(), "labels": dict(body.get("labels") or {}),
             "scheduling": body.get("scheduling") or {}, "metadata": body.get("metadata") or {},
             "guestAccelerators": body.get("guestAccelerators") or [], "disks": body.get("disks") or [],
-            "networkInterfaces": [{"name": "nic0", "network": self._link("global", "networks", "default"), "networkIP": "127.0.0.1"}],
+            "networkInterfaces": [self._interface(name, zone, body)],
+            "tags": {"items": list((body.get("tags") or {}).get("items") or [])},
+            "serviceAccounts": list(body.get("serviceAccounts") or []),
             "selfLink": self._link("zones", zone, "instances", name),
         }
         with self._lock:
@@ -347,6 +410,15 @@ class GCEFake:
         op["targetId"] = inst["id"]
         threading.Timer(self.boot_s, self._boot, args=(zone, name)).start()
         return op
+
+    def _interface(self, name: str, zone: str, body: dict) -> dict:
+        private, public = self.addresses(name, zone) if self.addresses else ("127.0.0.1", "127.0.0.1")
+        nic = {"name": "nic0", "network": self._link("global", "networks", "default"), "networkIP": private}
+        asked = (body.get("networkInterfaces") or [{}])[0].get("accessConfigs") or []
+        if asked:  # an external address only when asked for, as on GCE
+            nic["accessConfigs"] = [{"kind": "compute#accessConfig", "type": "ONE_TO_ONE_NAT",
+                                     "name": asked[0].get("name", "External NAT"), "natIP": public}]
+        return nic
 
     def _boot(self, zone: str, name: str) -> None:
         with self._lock:

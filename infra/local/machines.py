@@ -1,7 +1,9 @@
 """The "hardware" of the embedded cloud: each running instance is a local process group.
 
 An instance's startup script (GCE metadata ``startup-script``) or user-data (EC2)
-runs as its own session, with the instance's identity in the environment.
+runs as its own session in the instance's root directory, with an environment made
+from nothing but the instance's identity, the clouds' endpoints and its metadata
+server, and (``netns`` network) in its own network namespace.
 Preemption follows the clouds: a notice in the instance metadata, SIGTERM
 (GCE sends an ACPI soft-off), the notice period, then SIGKILL.
 """
@@ -27,16 +29,14 @@ GCP_PREEMPTED = "computeMetadata/v1/instance/preempted"
 LOCAL_ADDRESS = "127.0.0.1"
 
 
-_SECRET_ENV = frozenset({"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN",
-                         "AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_SHARED_CREDENTIALS_FILE", "AWS_CONFIG_FILE",
-                         "AWS_WEB_IDENTITY_TOKEN_FILE", "AWS_ROLE_ARN", "GOOGLE_APPLICATION_CREDENTIALS",
-                         "GOOGLE_OAUTH_ACCESS_TOKEN", "CLOUDSDK_AUTH_ACCESS_TOKEN_FILE", "PREFECT_API_KEY"})
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Hardware:
+    """What an embedded instance is: its GPUs (what the image's nvidia-smi lists), its addresses."""
 
-
-def _is_secret_env(name: str) -> bool:
-    upper = name.upper()
-    return (upper in _SECRET_ENV or upper.startswith("CLOUDSDK_AUTH")
-            or upper.endswith(("_SECRET", "_SECRET_KEY", "_TOKEN", "_PASSWORD", "_API_KEY", "_CREDENTIALS")))
+    gpu: str | None = None
+    num_gpus: int = 0
+    private_ip: str = LOCAL_ADDRESS
+    public_ip: str = LOCAL_ADDRESS
 
 
 @dataclass(slots=True, kw_only=True)
@@ -44,7 +44,8 @@ class Machine:
     instance_id: str
     cloud: str
     zone: str
-    directory: Path
+    directory: Path  # the hypervisor's: metadata, console log, the root below
+    hardware: Hardware = field(default_factory=Hardware)
     process: subprocess.Popen | None = None
     preempting: bool = False
     ended: bool = False
@@ -54,14 +55,33 @@ class Machine:
     def metadata_dir(self) -> Path:
         return self.directory / "metadata"
 
+    @property
+    def root(self) -> Path:
+        """The instance's own disk: its processes' home, working and temporary directory."""
+        return self.directory / "root"
+
 
 class Machines:
-    """Local process groups standing in for instances; thread-safe."""
+    """Local process groups standing in for instances; thread-safe.
 
-    def __init__(self, root: Path, *, metadata_url: str | None = None) -> None:
+    An instance sees only its root directory (working directory, HOME, TMPDIR) and the image
+    (``image``: Python with the framework, no Sailor); its environment is built from nothing
+    (no variable of the process that runs the cloud), with its identity, the endpoints of the
+    clouds (``endpoint_env``) and its metadata server.  ``network`` puts it in its own network
+    namespace.  ``trace_files`` runs it under strace to audit which files it touches.
+    """
+
+    def __init__(self, root: Path, *, metadata_url: str | None = None, image=None, network=None,
+                 endpoint_env: dict[str, str] | None = None, notice_s: float | None = None,
+                 trace_files: bool = False) -> None:
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
         self.metadata_url = metadata_url  # base URL serving <id>/<metadata path>
+        self.image = image  # infra.local.image.Image, or None: the instance runs this interpreter
+        self.network = network  # infra.local.network.Network, or None: all on 127.0.0.1
+        self.endpoint_env = dict(endpoint_env or {})
+        self.notice_s = notice_s
+        self.trace_files = trace_files
         self._machines: dict[str, Machine] = {}
         self._lock = threading.RLock()
 
@@ -73,45 +93,71 @@ class Machines:
         with self._lock:
             return list(self._machines.values())
 
-    def boot(self, *, instance_id: str, cloud: str, zone: str, script: str | None) -> Machine:
+    def boot(self, *, instance_id: str, cloud: str, zone: str, script: str | None,
+             hardware: Hardware | None = None) -> Machine:
         """Start the instance's script (once); an instance without one just idles."""
         with self._lock:
             if instance_id in self._machines:
                 return self._machines[instance_id]
             directory = self.root / instance_id
             directory.mkdir(parents=True, exist_ok=True)
-            machine = Machine(instance_id=instance_id, cloud=cloud, zone=zone, directory=directory)
+            machine = Machine(instance_id=instance_id, cloud=cloud, zone=zone, directory=directory,
+                              hardware=hardware or Hardware())
+            machine.root.mkdir(exist_ok=True)
+            (machine.root / "tmp").mkdir(exist_ok=True)
             self._machines[instance_id] = machine
             self._write_metadata(machine, preempted=False)
+            if self.network is not None:
+                self.network.attach(instance_id)
             if script and script.strip():
                 machine.process = self._start(machine, script)
             return machine
+
+    def environment(self, machine: Machine) -> dict[str, str]:
+        """The instance's environment, from nothing: a VM starts without the launching user's."""
+        hw = machine.hardware
+        path = "/usr/local/bin:/usr/bin:/bin"
+        env = {
+            "PATH": f"{self.image.bin_dir}:{path}" if self.image is not None else path,
+            "HOME": str(machine.root),
+            "TMPDIR": str(machine.root / "tmp"),
+            "LANG": "C.UTF-8",
+            "PYTHONDONTWRITEBYTECODE": "1",  # the image is read-only to the instance
+            settings.INSTANCE_ID_ENV: machine.instance_id,
+            settings.ZONE_ENV: machine.zone,
+            settings.CLOUD_ENV: machine.cloud,
+            settings.PRIVATE_IP_ENV: hw.private_ip,
+            settings.INSTANCE_DIR_ENV: str(machine.root),
+            settings.PYTHON_ENV: str(self.image.python) if self.image is not None else sys.executable,
+            settings.EMBEDDED_GPUS_ENV: f"{hw.num_gpus} {hw.gpu or 'none'}",
+        }
+        if self.image is not None:
+            env[settings.ENV_CACHE_ENV] = str(self.image.env_cache)
+        if self.notice_s is not None:
+            env[settings.NOTICE_S_ENV] = str(self.notice_s)
+        env.update(self.endpoint_env)
+        if self.metadata_url:
+            env[settings.METADATA_URL_ENV] = f"{self.metadata_url}/{machine.instance_id}"
+            # where the AWS SDKs and obstore ask for the instance profile's credentials (IMDS)
+            env["AWS_METADATA_ENDPOINT"] = f"{self.metadata_url}/{machine.instance_id}"
+        return env
 
     def _start(self, machine: Machine, script: str) -> subprocess.Popen:
         path = machine.directory / "startup-script"
         path.write_text(script)
         path.chmod(0o755)
         argv = [str(path)] if script.startswith("#!") else ["/bin/bash", str(path)]
-        # A real VM starts without the launching user's environment: keep their cloud
-        # credentials (and other secrets) out of the "instance" as the clouds would.
-        env = {k: v for k, v in os.environ.items() if not _is_secret_env(k)}
-        env.update({
-            settings.INSTANCE_ID_ENV: machine.instance_id,
-            settings.ZONE_ENV: machine.zone,
-            settings.CLOUD_ENV: machine.cloud,
-            settings.PRIVATE_IP_ENV: LOCAL_ADDRESS,
-            settings.INSTANCE_DIR_ENV: str(machine.directory),
-            settings.METADATA_DIR_ENV: str(machine.metadata_dir),
-            settings.PYTHON_ENV: sys.executable,
-        })
-        if self.metadata_url:
-            env[settings.METADATA_URL_ENV] = f"{self.metadata_url}/{machine.instance_id}"
+        if self.trace_files:
+            argv = ["strace", "-f", "-qq", "-e", "trace=%file,%desc", "-e", "signal=none",
+                    "-o", str(machine.directory / "files.strace"), *argv]
+        if self.network is not None:
+            argv = self.network.wrap(machine.instance_id, argv)
         log = (machine.directory / "console.log").open("ab")
         try:
             return subprocess.Popen(
                 argv,
-                cwd=os.getcwd(),
-                env=env,
+                cwd=str(machine.root),
+                env=self.environment(machine),
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -162,6 +208,8 @@ class Machines:
             except subprocess.TimeoutExpired:
                 pass
         machine.ended = True
+        if self.network is not None:
+            self.network.detach(instance_id)
 
     def _alive(self, machine: Machine) -> bool:
         if machine.process is None:

@@ -61,7 +61,11 @@ def test_spot_launch_labels_wait_query_terminate_no_leaks(cloud, providers, new_
     found = fresh.query_instances(job_labels("job-a"))
     assert sorted(i.instance_id for i in found) == sorted(i.instance_id for i in launched)
     assert all(i.labels["sailor-job"] == "job-a" and i.labels["sailor-attempt"] == "3" for i in found)
-    assert fresh.get_cluster_info(labels).addresses == {i.instance_id: "127.0.0.1" for i in launched}
+    # The addresses the machines have: private in the instance's VPC, public for peers outside it.
+    assert fresh.get_cluster_info(labels).addresses == {i.instance_id: cloud.network.addresses(i.instance_id).private
+                                                        for i in launched}
+    assert {i.instance_id: i.public_ip for i in found} == {i.instance_id: cloud.network.addresses(i.instance_id).public
+                                                           for i in launched}
     assert fresh.query_instances(job_labels("someone-else")) == []
 
     ended = fresh.terminate_instances(job_labels("job-a"))
@@ -131,7 +135,7 @@ def test_interruption_is_detected_with_the_clouds_reason_and_kills_the_script(cl
     (inst,) = p.run_instances(zone=zone, instance_type=itype, count=1, labels=labels, startup_script=script)
     p.wait_instances(labels, timeout_s=10)
     assert wait_until(lambda: out.exists() and out.read_text().strip())
-    assert out.read_text().split() == [inst.instance_id, zone, cloud_name, "127.0.0.1"]
+    assert out.read_text().split() == [inst.instance_id, zone, cloud_name, cloud.network.addresses(inst.instance_id).private]
     machine = cloud.machines.get(inst.instance_id)
     url = f"{cloud.gce_endpoint}/metadata/{inst.instance_id}/computeMetadata/v1/instance/preempted"
     assert urllib.request.urlopen(url).read() == b"FALSE"

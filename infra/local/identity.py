@@ -1,0 +1,133 @@
+"""What an embedded instance's metadata server says about who it is, and its role's credentials.
+
+AWS instances: IMDSv2 (``PUT latest/api/token``), ``latest/meta-data/instance-id``,
+``placement/availability-zone`` and ``iam/security-credentials/<role>``: temporary keys of the
+role in the instance profile attached at launch (recorded by moto's EC2 and IAM).  GCE
+instances: ``computeMetadata/v1/instance/{name,zone,service-accounts/default/email}``; for
+a job whose bucket is on S3 they get the keys of the AWS role whose trust policy names their
+service account (the embedded stand-in for AWS web-identity federation of a GCP service
+account, docs/clouds.md).  An instance without a profile or account gets no credentials.
+
+The keys are issued here and recorded, and S3 requests signed with them must stay inside what
+the role's inline policies allow (``s3_refusal``): moto's S3 checks no credentials itself.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import threading
+import time
+import urllib.parse
+
+from moto.core import DEFAULT_ACCOUNT_ID
+from moto.iam.models import iam_backends
+
+_CREDENTIALS = "latest/meta-data/iam/security-credentials"
+
+
+class Identities:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._issued: dict[str, str] = {}  # access key id -> role name
+        self._keys: dict[tuple[str, str], dict] = {}  # (instance, role) -> credentials document
+
+    @staticmethod
+    def _iam():
+        return iam_backends[DEFAULT_ACCOUNT_ID]["aws"]
+
+    def role_of(self, cloud, machine) -> str | None:
+        """The AWS role whose credentials this instance's metadata server hands out."""
+        if machine.cloud == "aws":
+            inst = cloud.aws.find(machine.instance_id)
+            assoc = inst.ec2_backend.iam_instance_profile_associations.get(machine.instance_id) if inst else None
+            roles = assoc.iam_instance_profile.roles if assoc is not None else []
+            return roles[0].name if roles else None
+        account = self.service_account_of(cloud, machine)
+        if not account:
+            return None
+        for role in list(self._iam().roles.values()):
+            if account in (role.assume_role_policy_document or ""):
+                return role.name
+        return None
+
+    @staticmethod
+    def service_account_of(cloud, machine) -> str | None:
+        with cloud.gce._lock:
+            inst = cloud.gce.instances.get((machine.zone, machine.instance_id))
+            accounts = list((inst or {}).get("serviceAccounts") or [])
+        return accounts[0].get("email") if accounts else None
+
+    def _credentials(self, machine, role: str) -> dict:
+        with self._lock:
+            doc = self._keys.get((machine.instance_id, role))
+            if doc is None:
+                key = "ASIA" + secrets.token_hex(8).upper()
+                doc = {"Code": "Success", "Type": "AWS-HMAC", "AccessKeyId": key,
+                       "SecretAccessKey": secrets.token_urlsafe(30), "Token": secrets.token_urlsafe(60),
+                       "LastUpdated": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                       "Expiration": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + 6 * 3600))}
+                self._keys[(machine.instance_id, role)] = doc
+                self._issued[key] = role
+            return doc
+
+    def metadata(self, cloud, machine, path: str, method: str) -> tuple[int, str] | None:
+        """The answer for identity and credential paths; None for the others (notices: files)."""
+        if path == "latest/api/token":
+            return (200, secrets.token_urlsafe(32)) if method == "PUT" else (405, "PUT only")
+        if path == "latest/meta-data/instance-id" or path == "computeMetadata/v1/instance/name":
+            return 200, machine.instance_id
+        if path == "latest/meta-data/placement/availability-zone":
+            return 200, machine.zone
+        if path == "computeMetadata/v1/instance/zone":
+            return 200, f"projects/sailor-local/zones/{machine.zone}"
+        if path == "computeMetadata/v1/instance/service-accounts/default/email":
+            account = self.service_account_of(cloud, machine) if machine.cloud == "gcp" else None
+            return (200, account) if account else (404, "no service account")
+        if path.rstrip("/") == _CREDENTIALS or path.startswith(_CREDENTIALS + "/"):
+            role = self.role_of(cloud, machine)
+            if role is None:
+                return 404, "no instance profile"
+            asked = path[len(_CREDENTIALS):].strip("/")
+            if not asked:
+                return 200, role
+            if asked != role:
+                return 404, "no such role"
+            return 200, json.dumps(self._credentials(machine, role))
+        return None
+
+    def grants(self, role: str) -> list[tuple[str, str]]:
+        """(bucket, key prefix) pairs the role's inline policies allow object access to."""
+        found = self._iam().roles.get(self._role_id(role))
+        out: list[tuple[str, str]] = []
+        for text in (found.policies.values() if found else ()):
+            doc = json.loads(text) if isinstance(text, str) else text
+            for st in doc.get("Statement", []):
+                if st.get("Effect") != "Allow":
+                    continue
+                resources = st.get("Resource", [])
+                for res in [resources] if isinstance(resources, str) else resources:
+                    if res.startswith("arn:aws:s3:::") and "/" in res:
+                        bucket, _, prefix = res[len("arn:aws:s3:::"):].partition("/")
+                        out.append((bucket, prefix.rstrip("*")))
+        return out
+
+    def _role_id(self, name: str) -> str | None:
+        return next((rid for rid, r in self._iam().roles.items() if r.name == name), None)
+
+    def s3_refusal(self, cloud, access_key_id: str, method: str, path: str) -> str | None:
+        """Why an S3 request signed with issued keys is outside the role's grants; None if allowed
+        (or not signed with issued keys: the controller's own requests)."""
+        with self._lock:
+            role = self._issued.get(access_key_id)
+        if role is None:
+            return None
+        raw_path, _, query = path.partition("?")
+        bucket, _, key = urllib.parse.unquote(raw_path).lstrip("/").partition("/")
+        grants = [prefix for b, prefix in self.grants(role) if b == bucket]
+        if key:
+            ok = any(key.startswith(prefix) for prefix in grants)
+        else:  # a listing: its prefix must be inside a grant; a batch delete names its keys in the body
+            asked = urllib.parse.parse_qs(query).get("prefix", [""])[0]
+            ok = bool(grants) and (method == "POST" or any(asked.startswith(prefix) for prefix in grants))
+        return None if ok else f"role {role} may not {method} s3://{bucket}/{key}"

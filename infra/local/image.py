@@ -1,0 +1,113 @@
+"""The embedded cloud's machine image: Python with the framework, without Sailor.
+
+A GPU image (an AWS Deep Learning AMI, a GCP Deep Learning VM) brings Python, torch and the
+usual libraries, not Sailor: the instance installs Sailor's wheel from the job's bucket.  The
+embedded image is the same thing made from what this machine has: a venv of the base
+interpreter whose site-packages point at a directory of links to the controller's
+site-packages, less Sailor's own entries (the editable install that would put the checkout on
+``sys.path``).  So the instance gets the framework read-only and Sailor only from its wheel.
+Beside it: ``bin/nvidia-smi``, a stand-in that lists the GPUs the embedded "hardware" has
+(``SAILOR_EMBEDDED_GPUS``), and ``envs/``, the environments instances make per wheel.
+
+Made once per (controller environment, Sailor home) and reused by later clouds.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from sailor_core import settings
+
+_OUR_PACKAGES = frozenset({"sailor_core", "infra", "flows", "tasks"})
+
+NVIDIA_SMI = """#!/bin/sh
+# The embedded image's nvidia-smi: lists the GPUs of the embedded instance (SAILOR_EMBEDDED_GPUS = "N NAME").
+set -- ${SAILOR_EMBEDDED_GPUS:-0 none}
+n=$1; name=$2
+[ "$n" -gt 0 ] 2>/dev/null || { echo "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver." >&2; exit 9; }
+i=0; while [ $i -lt "$n" ]; do echo "NVIDIA $name"; i=$((i+1)); done
+"""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Image:
+    root: Path
+    python: Path  # the image's Python (SAILOR_PYTHON of its instances)
+    bin_dir: Path  # on the instances' PATH: python3, nvidia-smi
+    site_dir: Path  # the framework: links to the controller's site-packages, Sailor left out
+    env_cache: Path  # SAILOR_ENV_CACHE: environments made per wheel, shared by the instances
+    base_prefix: Path  # the interpreter's own files (the stdlib)
+    backing_dir: Path  # what the links of site_dir point into
+
+    def read_only_paths(self) -> tuple[Path, ...]:
+        """Where an instance's processes may read outside their root: the image itself."""
+        return (self.root, self.base_prefix, self.backing_dir)
+
+
+def _ours(entry: Path) -> bool:
+    """Sailor's own entries: its packages, its dist-info, the editable install's finder and .pth."""
+    name = entry.name
+    return (name in _OUR_PACKAGES or name.startswith("__editable__")
+            or (name.startswith("sailor-") and name.endswith((".dist-info", ".egg-info")))
+            or (entry.suffix == ".pth" and _mentions_checkout(entry)))
+
+
+def image_for_this_machine(home: Path | None = None) -> Image:
+    """The image, made the first time (a second or so) under ``$SAILOR_HOME/embedded-image``."""
+    purelib = Path(sysconfig.get_paths()["purelib"]).resolve()
+    key = hashlib.sha256(f"{purelib}\0{sys.version}".encode()).hexdigest()[:16]
+    root = Path(home or settings.sailor_home()) / "embedded-image" / key
+    image = Image(root=root, python=root / "python" / "bin" / "python3", bin_dir=root / "bin",
+                  site_dir=root / "site-packages", env_cache=root / "envs", base_prefix=Path(sys.base_prefix),
+                  backing_dir=purelib)
+    if (root / ".complete").exists():
+        return image
+    root.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f"{key}.tmp-", dir=root.parent))
+    try:
+        site = tmp / "site-packages"
+        site.mkdir()
+        for entry in sorted(purelib.iterdir()):
+            if entry.name == "__pycache__" or _ours(entry):
+                continue
+            (site / entry.name).symlink_to(entry)
+        subprocess.run([sys._base_executable, "-m", "venv", "--without-pip", str(tmp / "python")], check=True,
+                       capture_output=True)
+        venv_site = subprocess.run([str(tmp / "python" / "bin" / "python3"), "-c",
+                                    "import site; print(site.getsitepackages()[0])"],
+                                   check=True, capture_output=True, text=True).stdout.strip()
+        # A .pth line that is a path adds it to sys.path without running the .pth files in it.
+        Path(venv_site, "_sailor_image.pth").write_text(f"{root / 'site-packages'}\n")
+        bin_dir = tmp / "bin"
+        bin_dir.mkdir()
+        (bin_dir / "nvidia-smi").write_text(NVIDIA_SMI)
+        (bin_dir / "nvidia-smi").chmod(0o755)
+        (bin_dir / "python3").symlink_to(root / "python" / "bin" / "python3")
+        (bin_dir / "python").symlink_to(root / "python" / "bin" / "python3")
+        (tmp / "envs").mkdir()
+        (tmp / ".complete").touch()
+        try:
+            os.rename(tmp, root)
+        except OSError:  # another process made it first
+            shutil.rmtree(tmp, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return image
+
+
+def _mentions_checkout(pth: Path) -> bool:
+    root = Path(__file__).resolve().parents[2]
+    try:
+        return str(root) in pth.read_text() or "__editable__" in pth.read_text()
+    except OSError:
+        return True
+
