@@ -189,6 +189,16 @@ def fault_upload() -> str | None:
     return os.environ.get(FAULT_UPLOAD_ENV)
 
 
+LINK_SHIM_ENV = "SAILOR_LINK_SHIM"
+
+
+def link_shim() -> str:
+    """``SAILOR_LINK_SHIM``: ``LATENCY_S:BYTES_PER_S`` makes the engine's point-to-point transfers
+    and data-parallel all-reduces last as long as over a link of that latency and bandwidth
+    (``runtime/links.py``; set by tests and benchmarks only).  Default ``""``: real links."""
+    return os.environ.get(LINK_SHIM_ENV, "")
+
+
 # ---- the command line (set by the user) -------------------------------------------------
 
 DEBUG_ENV = "SAILOR_DEBUG"

@@ -33,6 +33,7 @@ import torch.distributed as dist
 from sailor_core.catalog.models import ModelSpec, get_model
 from sailor_core.plan.types import Plan
 from sailor_core.runtime import checkpoint as ckpt
+from sailor_core.runtime import links
 from sailor_core.runtime.data import TokenDataset
 from sailor_core.plan.layout import RankRole, rank_layout, replica_ranks, stage_ranks
 from sailor_core.plan.routing import replica_of
@@ -211,6 +212,7 @@ class StageTrainer:
         role, model = self.role, self.model
         first, last = model.is_first, model.is_last
         sends, saved = [], {}
+        inbox = _Inbox(self)
         loss_sum = torch.zeros((), device=self.device)
         scale = 1.0 / self.num_microbatches
         for op_index, (kind, m) in enumerate(self.schedule):
@@ -220,9 +222,7 @@ class StageTrainer:
                 if first:
                     inp, labels = self._microbatch(m)
                 else:
-                    inp = torch.empty(self._act_shape(), device=self.device)
-                    dist.recv(inp, src=self._peer_ranks(role.stage - 1, m)[0], tag=2 * m,
-                              group=self.groups.fwd)
+                    inp = inbox.take("F", m)
                     inp.requires_grad_(True)
                     labels = self._microbatch(m)[1] if last else None
                 with self.autocast:
@@ -239,22 +239,21 @@ class StageTrainer:
                     if role.tp_rank == 0:
                         payload = out.detach().contiguous()
                         for dst in self._peer_ranks(role.stage + 1, m):
-                            work = dist.isend(payload, dst=dst, tag=2 * m, group=self.groups.fwd)
+                            work = links.isend(payload, dst=dst, tag=2 * m, group=self.groups.fwd)
                             sends.append((work, payload))
+                inbox.done("F")
             else:
                 inp, out = saved.pop(m)
                 if last:
                     out.backward()
                 else:
-                    grad = torch.empty_like(out)
-                    dist.recv(grad, src=self._peer_ranks(role.stage + 1, m)[0], tag=2 * m + 1,
-                              group=self.groups.bwd)
-                    out.backward(grad)
+                    out.backward(inbox.take("B", m))
                 if not first and role.tp_rank == 0:
                     payload = inp.grad.contiguous()
                     for dst in self._peer_ranks(role.stage - 1, m):
-                        work = dist.isend(payload, dst=dst, tag=2 * m + 1, group=self.groups.bwd)
+                        work = links.isend(payload, dst=dst, tag=2 * m + 1, group=self.groups.bwd)
                         sends.append((work, payload))
+                inbox.done("B")
         for work, _ in sends:
             work.wait()
         self._sync_grads()
@@ -355,7 +354,7 @@ class StageTrainer:
                         inp = x.to(self.device)
                     else:
                         inp = torch.empty(self._act_shape(), device=self.device)
-                        dist.recv(inp, src=self._peer_ranks(role.stage - 1, m)[0], tag=tag, group=self.groups.fwd)
+                        links.recv(inp, src=self._peer_ranks(role.stage - 1, m)[0], tag=tag, group=self.groups.fwd)
                     with self.autocast:
                         out = model(inp, y.to(self.device) if model.is_last else None)
                     if model.is_last:
@@ -364,7 +363,7 @@ class StageTrainer:
                     elif role.tp_rank == 0:
                         payload = out.float().contiguous()
                         for dst in self._peer_ranks(role.stage + 1, m):
-                            sends.append((dist.isend(payload, dst=dst, tag=tag, group=self.groups.fwd), payload))
+                            sends.append((links.isend(payload, dst=dst, tag=tag, group=self.groups.fwd), payload))
         for work, _ in sends:
             work.wait()
         dist.all_reduce(loss_sum)
@@ -464,6 +463,45 @@ def _tied_matrix(model: StageModel) -> torch.Tensor | None:
     return model.tied_copy
 
 
+class _Inbox:
+    """One step's receives, each posted as soon as the rank's previous op of its kind is done (the
+    first of each kind at the step's start): the transfer then overlaps the op of the other kind
+    that 1F1B runs in between, where a receive posted only when its op is reached would keep the
+    whole transfer on the critical path (``simulator/pipeline_time``, schedule "prefetch").
+    Posting after the op's own sends keeps every group's sends and receives in the order they
+    had with a blocking receive: NCCL runs a communicator's operations in order on one stream."""
+
+    def __init__(self, trainer: StageTrainer) -> None:
+        self.trainer = trainer
+        model = trainer.model
+        self.queues = {"F": [] if model.is_first else [m for k, m in trainer.schedule if k == "F"],
+                       "B": [] if model.is_last else [m for k, m in trainer.schedule if k == "B"]}
+        self.posted = {"F": 0, "B": 0}
+        self.pending: dict[tuple[str, int], tuple[object, torch.Tensor]] = {}
+        self.done("F")
+        self.done("B")
+
+    def done(self, kind: str) -> None:
+        """The rank finished an op of ``kind`` (and posted its sends): post the next receive."""
+        queue, i = self.queues[kind], self.posted[kind]
+        if i == len(queue):
+            return
+        self.posted[kind] = i + 1
+        t, m = self.trainer, queue[i]
+        buf = torch.empty(t._act_shape(), device=t.device)
+        if kind == "F":
+            src, tag, group = t._peer_ranks(t.role.stage - 1, m)[0], 2 * m, t.groups.fwd
+        else:
+            src, tag, group = t._peer_ranks(t.role.stage + 1, m)[0], 2 * m + 1, t.groups.bwd
+        self.pending[(kind, m)] = (links.irecv(buf, src=src, tag=tag, group=group), buf)
+
+    def take(self, kind: str, m: int) -> torch.Tensor:
+        """The input of op (``kind``, ``m``): its activation (F) or its output's gradient (B)."""
+        work, buf = self.pending.pop((kind, m))
+        work.wait()
+        return buf
+
+
 class _OverlappedAllReduce:
     """Sum gradients over a DP group in buckets launched during the last backward (as DDP does).
 
@@ -514,7 +552,7 @@ class _OverlappedAllReduce:
     def _launch(self, b: int) -> None:
         flat = self.flats[b]
         torch.cat([p.grad.reshape(-1) for p in self.buckets[b]], out=flat)
-        self.pending.append((dist.all_reduce(flat, group=self.group, async_op=True), flat, b))
+        self.pending.append((links.all_reduce(flat, self.group, async_op=True), flat, b))
         self.next_bucket = b + 1
 
     def finish(self) -> None:
@@ -537,7 +575,7 @@ def _allreduce_flat(tensors: list[torch.Tensor], group) -> None:
     if not tensors:
         return
     flat = torch.cat([t.reshape(-1) for t in tensors])
-    dist.all_reduce(flat, group=group)
+    links.all_reduce(flat, group)
     offset = 0
     for t in tensors:
         n = t.numel()
