@@ -82,6 +82,7 @@ def train_job(spec: JobSpec, *, job_id: str | None = None, jobs_url: str | None 
         return job_tasks.summary(state, instances_left_running=0)
 
     session = cloud_tasks.open_session(cloud, job_id=job_id, jobs_url=store.job_url(job_id), spec=state.spec)
+    state = cloud_tasks.job_bucket_spec(state, session)  # checkpoints where the instances keep them
     left_running = 0
     body_failed = False
     try:

@@ -25,6 +25,7 @@ DEFAULT_ENV_CACHE = "/opt/sailor/envs"  # on a real instance: root's, made by cl
 
 
 def boot_config(job_url: str, code: CodeBundle, *, cloud: str, num_gpus: int) -> dict:
+    """``num_gpus``: the fewest GPUs nvidia-smi must list (one script serves every instance type of a launch)."""
     return {
         "job_url": job_url, "cloud": cloud, "num_gpus": num_gpus,
         "wheel_key": code.wheel_key, "wheel_sha256": code.wheel_sha256, "wheel_name": code.wheel_name,

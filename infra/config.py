@@ -77,7 +77,7 @@ def embedded_endpoints() -> dict:
         return {**state, "source": "standalone"}
     cloud = in_process_cloud()
     return {"aws_endpoint": cloud.aws_endpoint, "gce_endpoint": cloud.gce_endpoint,
-            "control_url": f"{cloud.gce_endpoint}/sailor", "source": "in-process"}
+            "control_url": f"{cloud.gce_endpoint}/sailor", "network": cloud.network.mode, "source": "in-process"}
 
 
 def get_providers(clouds: tuple[str, ...] | list[str] | None = None) -> dict[str, CloudProvider]:

@@ -63,7 +63,9 @@ def identity(cfg: dict) -> tuple[str, str, str]:
     iid, cloud, zone = (os.environ.get(env[k]) for k in ("instance_id", "cloud", "zone"))
     if iid:
         return iid, cloud or cfg.get("cloud", ""), zone or ""
-    if cfg.get("cloud") == "gcp":
+    cloud = cfg.get("cloud") or ("gcp" if _metadata("http://metadata.google.internal/computeMetadata/v1/instance/name",
+                                                    {"Metadata-Flavor": "Google"}, timeout_s=1.0) else "aws")
+    if cloud == "gcp":
         base, hdr = "http://metadata.google.internal/computeMetadata/v1/instance", {"Metadata-Flavor": "Google"}
         iid, zone = _metadata(f"{base}/name", hdr), (_metadata(f"{base}/zone", hdr) or "").rsplit("/", 1)[-1]
     else:
@@ -80,7 +82,7 @@ def identity(cfg: dict) -> tuple[str, str, str]:
         zone = _metadata("http://169.254.169.254/latest/meta-data/placement/availability-zone", hdr) or ""
     if not iid:
         raise BootError("identity", "no instance id: neither the environment nor a metadata server says it")
-    return iid, cfg.get("cloud", ""), zone
+    return iid, cloud, zone
 
 
 def _pip(python: str, args: list[str], stage: str) -> None:
@@ -187,8 +189,8 @@ def check_gpus(cfg: dict) -> None:
         raise BootError("gpu", f"the instance type has {want} GPUs but the image has no nvidia-smi (no driver)")
     proc = subprocess.run([smi, "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True)
     names = [n for n in proc.stdout.strip().splitlines() if n.strip()]
-    if proc.returncode != 0 or len(names) != want:
-        raise BootError("gpu", f"nvidia-smi lists {len(names)} GPUs, the instance type has {want} "
+    if proc.returncode != 0 or len(names) < want:
+        raise BootError("gpu", f"nvidia-smi lists {len(names)} GPUs, the instance type has at least {want} "
                                f"(exit {proc.returncode}: {proc.stderr.strip()[-200:]})")
     log(f"nvidia-smi: {len(names)} x {names[0]}")
 

@@ -2,15 +2,19 @@
 
 ``CloudSession`` holds the providers one flow run uses -- the real clouds when
 ``SAILOR_CLOUDS`` asks for them (infra.config), else the embedded local cloud
-(moto's EC2 server and the local GCE fake, whose instances are local process
-groups) -- and what differs between them (where instances reach each other,
-how long a shutdown takes).  Each task below wraps one provider call.
+(moto's EC2 and S3 server and the local GCE fake, whose instances are local process
+groups in their own root directories and network namespaces) -- and what the job
+rents besides instances: the bucket prefix the instances reach it through (the
+agents' documents, Sailor's wheel, staged data and checkpoints), its security
+groups / firewall rules and its instance profile.  All of it is removed when the
+session closes (also on failure or Ctrl-C); the bucket prefix is the job's result
+and stays.  Each task below wraps one provider call.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import shlex
+import os
 import socket
 import sys
 import threading
@@ -25,11 +29,14 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from infra import config
+from infra.bootstrap import read_boot_report, startup_script
 from infra.buckets import ensure_private_bucket
+from infra.code import CodeBundle, upload_code
 from infra.errors import CloudConfigError
 from infra.provisioner import GpuNeed, Provisioner
-from infra.records import LOCAL_ADDRESS_LABEL, InstanceInfo, job_labels
+from infra.records import LOCAL_ADDRESS_LABEL, RENDEZVOUS_PORT, InstanceInfo, job_labels
 from sailor_core import settings
+from sailor_core.storage import open_storage
 from sailor_core.catalog.instances import Offer, get_instance_type
 from sailor_core.errors import InfeasibleError
 from sailor_core.job import state as js
@@ -45,18 +52,24 @@ def node_dict(node: NodeRequest) -> dict[str, Any]:
     return asdict(node)
 
 
+EMBEDDED_BUCKET = "sailor-jobs"  # the embedded cloud's bucket for jobs (moto's S3)
+
+
 @dataclass(slots=True, kw_only=True)
 class CloudSession:
     """The providers of one flow run and what the flow needs to know about them."""
 
     mode: str  # "embedded" or "real"
     job_id: str
-    jobs_url: str  # the job's directory/URL: agents' assignment and status documents
+    jobs_url: str  # the job's URL in the bucket its instances reach: agents' documents, code, staged data
     providers: dict[str, Any]  # cloud name -> infra CloudProvider
     control_url: str | None = None  # the embedded cloud's control surface (preemption injection)
+    network: str = "real"  # embedded: "netns" (own addresses, rules enforced) or "host" (all on 127.0.0.1)
     shutdown_s: float = 120.0  # terminate -> billing stops (real clouds bill the shutdown)
     worker_stop_s: float = 10.0  # SIGTERM -> workers checkpointed and exited
     heartbeat_timeout_s: float = 120.0
+    code: CodeBundle | None = None  # Sailor's wheel in the job's bucket
+    public_addresses: bool = False  # this attempt's instances span VPCs: they meet at their public addresses
     _closers: list = field(default_factory=list)
 
     @property
@@ -73,34 +86,83 @@ class CloudSession:
             raise CloudConfigError(f"no {cloud} provider configured in this session", cloud=cloud) from None
 
     def address_of(self, info: InstanceInfo) -> str:
-        addr = info.labels.get(LOCAL_ADDRESS_LABEL) or info.private_ip
+        """Where the instance's peers reach it: its private address inside one VPC, else its public one."""
+        addr = (info.public_ip if self.public_addresses else None) or info.labels.get(LOCAL_ADDRESS_LABEL) \
+            or info.private_ip
         if not addr:
-            raise CloudConfigError(f"{info.instance_id} has no private address yet", cloud=info.cloud)
+            raise CloudConfigError(f"{info.instance_id} has no address yet", cloud=info.cloud)
+        if self.public_addresses and not info.public_ip:
+            raise CloudConfigError(f"{info.instance_id} has no public address, and its peers are outside its VPC",
+                                   cloud=info.cloud)
         return addr
 
-    def rendezvous_port(self, master: Assignment) -> int:
-        if self.mode == "embedded":  # every "instance" shares this machine's ports
+    def rendezvous_port(self, master: Assignment | None) -> int:
+        if self.mode == "embedded" and self.network == "host":  # every "instance" shares this machine's ports
             with socket.socket() as s:
                 s.bind(("127.0.0.1", 0))
                 return s.getsockname()[1]
-        return 29500
+        return RENDEZVOUS_PORT  # the port the job's security group / firewall rule opens
 
-    def worker_args(self, a: Assignment) -> list[str]:
+    def worker_args(self, a: Assignment | None) -> list[str]:
         # On the embedded cloud all ranks share this machine's cores: one thread each.
         return ["--threads", "1", "--timeout-s", "30"] if self.mode == "embedded" else []
 
-    def worker_env(self, a: Assignment) -> dict[str, str]:
-        return {"GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"} if self.mode == "embedded" else {}
+    def worker_env(self, a: Assignment | None) -> dict[str, str]:
+        env = {settings.FAULT_KILL_ENV: settings.fault_kill()} if settings.fault_kill() else {}
+        if settings.fault_upload():
+            env[settings.FAULT_UPLOAD_ENV] = settings.fault_upload()
+        if self.mode != "embedded":
+            return env
+        # gloo's pairs listen on this interface's address: the one the peers can reach
+        iface = "lo" if self.network == "host" else ("pub0" if self.public_addresses else "eth0")
+        return {**env, "GLOO_SOCKET_IFNAME": iface, "OMP_NUM_THREADS": "1"}
 
-    def startup_script(self) -> str:
-        """What every instance runs at boot: the agent, pointed at this job's documents."""
-        root = Path(__file__).resolve().parent.parent
-        lines = ["#!/bin/bash", "set -e"]
-        if self.mode == "embedded":
-            lines.append(f"export PYTHONPATH={shlex.quote(str(root))}${{PYTHONPATH:+:$PYTHONPATH}}")
-        lines.append(f'exec "${{{settings.PYTHON_ENV}:-python3}}" -m sailor_core.runtime.agent '
-                     f"--job-url {shlex.quote(self.jobs_url)}")
-        return "\n".join(lines) + "\n"
+    def startup_script(self, num_gpus: int = 1) -> str:
+        """What every instance runs at boot: Sailor's wheel from the job's bucket, then the agent."""
+        if self.code is None:
+            self.code = upload_code(self.jobs_url)
+        return startup_script(self.jobs_url, self.code, cloud="", num_gpus=num_gpus)
+
+    def data_url(self, url: str) -> str:
+        """A data file the instances can read: a local file is copied under the job's prefix once."""
+        if "://" in url and not url.startswith("file://"):
+            return url
+        path = Path(url[len("file://"):] if url.startswith("file://") else url)
+        key = f"data/{path.name}"
+        store = open_storage(self.jobs_url)
+        size = path.stat().st_size
+        if not store.exists(key) or store.size(key) != size:
+            store.put_atomic(key, path.read_bytes())
+        return f"{self.jobs_url}/{key}"
+
+    def checkpoint_url(self, url: str) -> str:
+        """Where the workers keep checkpoints: a local directory is not on the instances, the bucket is."""
+        if "://" in url and not url.startswith("file://"):
+            return url
+        return f"{self.jobs_url}/checkpoints"
+
+    def terminate(self, instance_ids: Sequence[str]) -> list[str]:
+        ended: list[str] = []
+        for provider in self.providers.values():
+            ended += provider.terminate_instances(self.labels, instance_ids=list(instance_ids))
+        return ended
+
+    def boot_failures(self, instance_ids: Sequence[str]) -> dict[str, str]:
+        """What went wrong on instances whose startup script reported a failed boot (wheel, install,
+        GPU, version), in words with their log tails; such an instance is failed, not slow."""
+        found = [read_boot_report(self.jobs_url, iid) for iid in instance_ids]
+        return {r.instance_id: r.describe() for r in found if r is not None}
+
+    def meet(self, infos: Sequence[InstanceInfo]) -> None:
+        """Decide how this attempt's instances reach each other, and open the job's rules to match:
+        inside one VPC by private address (the job's group/tag rule), else by public address, with
+        each cloud's rule opened to exactly the peers' public addresses."""
+        vpcs = {_vpc_of(i) for i in infos}
+        self.public_addresses = len(vpcs) > 1
+        peers = sorted(f"{i.public_ip}/32" for i in infos if i.public_ip) if self.public_addresses else []
+        for provider in self.providers.values():
+            if hasattr(provider, "set_job_peers"):
+                provider.set_job_peers(self.job_id, peers)
 
     def query(self) -> list[InstanceInfo]:
         out: list[InstanceInfo] = []
@@ -158,6 +220,11 @@ def providers_for_mode(mode: str, clouds: Sequence[str] = ()) -> tuple[str, dict
     return "embedded", providers, ends["control_url"]
 
 
+def _vpc_of(info: InstanceInfo) -> tuple[str, str]:
+    """AWS VPCs are regional (the default VPC of each region); GCP's default network is global."""
+    return (info.cloud, info.zone[:-1] if info.cloud == "aws" else "")
+
+
 def offers_session(mode: str, clouds: Sequence[str] = ()) -> CloudSession:
     """A session that only reads offers (plan and refresh-offers flows)."""
     used, providers, control_url = providers_for_mode(mode, clouds)
@@ -165,29 +232,105 @@ def offers_session(mode: str, clouds: Sequence[str] = ()) -> CloudSession:
 
 
 def open_session(mode: str, *, job_id: str, jobs_url: str, spec: JobSpec) -> CloudSession:
+    """The job's session: its providers, its bucket prefix (with Sailor's wheel in it), its network
+    rules and instance identity.  ``jobs_url`` is where the flow keeps the job's state; on real
+    clouds it must be the bucket the instances reach."""
     used, providers, control_url = providers_for_mode(mode, spec.clouds)
     if used == "real":
         if "://" not in jobs_url or jobs_url.startswith("file://"):
             raise CloudConfigError("on real clouds the job's documents must be where instances reach them: "
                                    f"set jobs_url (or {settings.JOBS_URL_ENV}) to an s3:// or gs:// URL")
         session = CloudSession(mode=used, job_id=job_id, jobs_url=jobs_url, providers=providers)
+        s3_client = None
     else:
+        ends = config.embedded_endpoints()
+        _use_embedded_s3(ends["aws_endpoint"])
         # Ending a local process group takes about the cloud's halt grace (1 s); bill a margin.
-        session = CloudSession(mode=used, job_id=job_id, jobs_url=jobs_url, providers=providers,
-                               control_url=control_url, shutdown_s=5.0, worker_stop_s=8.0,
-                               heartbeat_timeout_s=60.0)
-    for url in sorted({spec.checkpoint_url, jobs_url}):
-        ensure_private_bucket(url)  # s3:// only: created private and encrypted, refused if public
+        session = CloudSession(mode=used, job_id=job_id, jobs_url=f"s3://{EMBEDDED_BUCKET}/{job_id}",
+                               providers=providers, control_url=control_url, network=ends.get("network", "host"),
+                               shutdown_s=5.0, worker_stop_s=8.0, heartbeat_timeout_s=60.0)
+        s3_client = _embedded_s3_client(ends["aws_endpoint"])
     with _lock:
-        _sessions[job_id] = session
+        _sessions[job_id] = session  # from here on, a failure still finds what to clean up
+    try:
+        for url in sorted({spec.checkpoint_url, session.jobs_url}):
+            if url.startswith("s3://"):
+                ensure_private_bucket(url, client=s3_client)  # created private and encrypted, refused if public
+        session.code = upload_code(session.jobs_url)
+        _open_job_resources(session, spec)
+    except BaseException:
+        close_session(session)
+        raise
     return session
 
 
+def _use_embedded_s3(endpoint: str) -> None:
+    """This process reaches the embedded cloud's S3 (moto's; any keys do) with the standard variables."""
+    os.environ["AWS_ENDPOINT_URL_S3"] = endpoint
+    os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
+    os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
+
+
+def _embedded_s3_client(endpoint: str):
+    from infra.local.cloud import _local_session  # lazy: boto3, only for the embedded cloud's bucket
+
+    return _local_session().client("s3", endpoint_url=endpoint)
+
+
+def _open_job_resources(session: CloudSession, spec: JobSpec) -> None:
+    """The job's rules (its ports among its own instances) and the identity its instances run as:
+    an AWS instance profile allowed the job's prefixes only (GCP instances assume it by web
+    identity when the bucket is S3).  Closed (deleted) with the session."""
+    gcp = session.providers.get("gcp")
+    aws = session.providers.get("aws")
+    if gcp is not None:
+        gcp.open_job_network(session.job_id)
+        session._closers.append(lambda: gcp.delete_job_network(session.job_id))
+    if aws is not None:
+        session._closers.append(lambda: aws.delete_job_network(session.job_id))
+        rw = [u for u in {session.jobs_url, session.checkpoint_url(spec.checkpoint_url)} if u.startswith("s3://")]
+        ro = [u for u in (spec.dataset,) if u.startswith("s3://")]
+        if rw:
+            aws.create_job_identity(session.job_id, read_write=sorted(rw), read_only=ro,
+                                    gcp_service_account=getattr(gcp, "service_account", None))
+            session._closers.append(lambda: aws.delete_job_identity(session.job_id))
+
+
+def job_bucket_spec(state: js.JobState, session: CloudSession) -> js.JobState:
+    """The job's state with its checkpoints where the instances keep them: a local default
+    (the job's folder on this machine) becomes the job's prefix in the bucket."""
+    url = session.checkpoint_url(state.spec.checkpoint_url)
+    if url == state.spec.checkpoint_url:
+        return state
+    return dataclasses.replace(state, spec=dataclasses.replace(state.spec, checkpoint_url=url))
+
+
 def close_session(session: CloudSession) -> None:
+    """Delete what the job rented besides its instances (rules, identity); every closer runs."""
     with _lock:
         _sessions.pop(session.job_id, None)
+    errors = []
     for close in reversed(session._closers):
-        close()
+        try:
+            close()
+        except Exception as exc:  # noqa: BLE001 - the others must still run
+            errors.append(exc)
+    session._closers.clear()
+    if errors:
+        raise errors[0]
+
+
+def job_resources_left(session: CloudSession) -> list[str]:
+    """The job's security groups, firewall rules and roles still there (none after close)."""
+    left: list[str] = []
+    for provider in session.providers.values():
+        if hasattr(provider, "job_groups"):
+            left += [g["GroupId"] for g in provider.job_groups(session.job_id).values()]
+        if hasattr(provider, "job_firewalls"):
+            left += list(provider.job_firewalls(session.job_id))
+        if hasattr(provider, "job_identity_leftovers"):
+            left += provider.job_identity_leftovers(session.job_id)
+    return left
 
 
 def terminate_job_everywhere(job_id: str, *, reason: str) -> list[str]:
@@ -206,6 +349,13 @@ def terminate_job_everywhere(job_id: str, *, reason: str) -> list[str]:
             ids += provider.terminate_instances(job_labels(job_id))
         except Exception as exc:  # a hook must not raise; say what could not be done
             sys.stderr.write(f"sailor: could not terminate {job_id} on {cloud} ({reason}): {exc}\n")
+    for cloud, provider in providers.items():  # then the rules and identity the instances held
+        for verb in ("delete_job_network", "delete_job_identity"):
+            try:
+                if hasattr(provider, verb):
+                    getattr(provider, verb)(job_id)
+            except Exception as exc:  # noqa: BLE001
+                sys.stderr.write(f"sailor: could not clean up {job_id} on {cloud} ({verb}, {reason}): {exc}\n")
     return ids
 
 
@@ -279,6 +429,7 @@ def launch_nodes(session: CloudSession, needs: list, attempt: int, offers: list[
         startup_script=session.startup_script(), offers=offers)
 
 
+
 @task(name="terminate", tags=["cloud"], retries=3, retry_delay_seconds=[1, 2, 4], cache_policy=NO_CACHE)
 def terminate_ids(session: CloudSession, instance_ids: list[str]) -> list[str]:
     """Terminate some of the job's instances (the surplus after a re-plan)."""
@@ -304,7 +455,7 @@ def provision(session: CloudSession, state: js.JobState, nodes: Sequence[NodeReq
     usable = []
     for r in state.running_instances():
         info = seen.get(r.instance_id)
-        if info is not None and info.state == "running" and (info.labels.get(LOCAL_ADDRESS_LABEL) or info.private_ip):
+        if info is not None and info.state == "running" and info.private_ip and not session.boot_failures([r.instance_id]):
             usable.append(r)
             continue
         if info is not None and info.live:
@@ -337,6 +488,8 @@ def provision(session: CloudSession, state: js.JobState, nodes: Sequence[NodeReq
             state = js.with_instances_launched(state, (_record(info, moved, state.attempt, now),))
         state = js.with_plan_zones(state, {rep: n.zone for n, _ in placed for rep in n.replicas})
     current = {i.instance_id: i for i in session.query()}
+    session.meet([current.get(i.instance_id, i) for _, i in placed]
+                 + [current[iid] for _, iid in placement.keep if iid in current])
     assignments = [Assignment(instance_id=iid, node=node, address=session.address_of(current[iid]))
                    for node, iid in placement.keep]
     assignments += [Assignment(instance_id=i.instance_id, node=n, address=session.address_of(current.get(i.instance_id, i)))
@@ -386,5 +539,10 @@ def release(session: CloudSession, state: js.JobState, store, *, body_failed: bo
         if not body_failed:
             raise
     finally:
-        close_session(session)
+        try:
+            close_session(session)
+        except Exception as cleanup_error:  # the job's rules or identity could not be deleted
+            log.error("cleanup of %s's network rules or identity failed: %s", what, cleanup_error)
+            if not body_failed:
+                raise
     return state, left_running

@@ -19,6 +19,7 @@ from prefect.cache_policies import NO_CACHE
 from sailor_core.controller import Action, Event, EventKind, decide
 from sailor_core.job import state as js
 from sailor_core.job.attempts import (
+    LOST,
     RUNNING,
     WORKER_FAILED,
     AttemptOutcome,
@@ -75,6 +76,12 @@ class Assignment:
     address: str  # where its processes are reached from the other instances
 
 
+def session_boot_failures(session, instance_ids: Sequence[str]) -> dict[str, str]:
+    """The failed boots among ``instance_ids`` (``CloudSession.boot_failures``), for a session that has them."""
+    check = getattr(session, "boot_failures", None)
+    return check(instance_ids) if check is not None else {}
+
+
 def recipe_worker_args(spec: JobSpec) -> list[str]:
     """The job's training recipe and validation as the engine's worker flags (``runtime/worker.py``)."""
     args = ["--lr", repr(spec.learning_rate), "--min-lr-ratio", repr(spec.min_lr_ratio),
@@ -110,6 +117,7 @@ def assign(session, state: js.JobState, assignments: Sequence[Assignment], *, da
     """Tell every agent its ranks; the instance holding rank 0 hosts the rendezvous."""
     master = min(assignments, key=lambda a: a.node.ranks[0])
     port = session.rendezvous_port(master)
+    data_url = session.data_url(data_url)  # a local file is copied to the job's bucket once
     inject = injection_doc(session, state, assignments)
     if inject is None and preemption_for_attempt(state) is not None:
         get_run_logger().warning("--preempt-at is for the embedded cloud only; no preemption is injected here")
@@ -224,14 +232,22 @@ def watch_attempt(session, store: js.JobStore, state: js.JobState, assignments: 
         if now - last_cloud > CLOUD_POLL_S:
             cloud_states = session.instance_states(ids)
             last_cloud = now
+            booting = [i for i in ids if statuses.get(i) is None]
+            failed_boots = session_boot_failures(session, booting) if booting else {}
+            if failed_boots:  # failed, not hung: the instance is ended and the attempt re-planned
+                reason = "; ".join(failed_boots.values())
+                log.error("%s", reason)
+                session.terminate(list(failed_boots))
+                store.save(state)
+                return AttemptOutcome(kind=LOST, instance_ids=tuple(failed_boots), reason=reason), state
 
         # The controller, on a timer: keep going, switch to a plan that fits the budget, or stop
         # while the spend so far, the next stretch and the shutdown still fit.
         if planner is not None and now - last_decide > DECIDE_EVERY_S:
             last_decide = now
             decision = decide(controller_state(state, available=available, current=current, now_unix_s=now),
-                              Event(kind=EventKind.TIMER), config=controller_config(session.shutdown_s),
-                              plan_fn=planner)
+                              Event(kind=EventKind.TIMER), config=controller_config(session.shutdown_s, state.spec),
+                              plan_fn=planner, cost_plan_fn=planner.cheap)
             horizon_s = 2 * max(DECIDE_EVERY_S, CLOUD_POLL_S) + session.worker_stop_s
             if decision.action == Action.STOP or decision.stop_in_s <= horizon_s:
                 ledger = state.ledger()

@@ -427,6 +427,7 @@ class EmbeddedCloud:
             "aws_endpoint": self.aws_endpoint,
             "gce_endpoint": self.gce_endpoint,
             "project": PROJECT,
+            "network": self.network.mode,
             "notice_s": self.notice_s,
             "live_instances": [{"cloud": i.cloud, "instance_id": i.instance_id, "zone": i.zone, "gpu": i.gpu,
                                 "num_gpus": i.num_gpus} for i in live],

@@ -39,6 +39,7 @@ def main(argv: list[str] | None = None) -> int:
         "control_url": f"{cloud.gce_endpoint}/sailor",
         "metadata_url": f"{cloud.gce_endpoint}/metadata",
         "project": PROJECT,
+        "network": cloud.network.mode,
         "state_dir": str(cloud.state_dir),
         "started_at": time.time(),
     }
