@@ -7,6 +7,10 @@
 Prints time to train, USD, cost and time ratios to ours, re-plans, restarts,
 useful-work fraction, and the replay's wall time (cold: with planner calls;
 warm: the same replay again with every plan cached, i.e. the replay itself).
+``--objective``, ``--deadline-h``, ``--min-throughput`` and ``--on-demand-gpus`` are the job's
+terms (``JobTerms``).  ``--compare`` also replays ours cheapest, by deadlines and on each other
+policy's time and spend (``replay.compare``), prints the equal-terms comparison and ours' Pareto
+front, and with ``--pareto FILE`` draws it.
 ``--cold`` replays once with no plan cache on disk (what a user's first replay
 costs) and prints wall and CPU seconds (this process plus the planner's worker
 processes), the planner's share, and its calls by the number of GPU types and
@@ -23,8 +27,8 @@ import resource
 import statistics
 import time
 
-from sailor_core.replay import POLICIES, run_policies
-from sailor_core.replay.plot import plot_timeline
+from sailor_core.replay import POLICIES, JobTerms, run_policies
+from sailor_core.replay.plot import plot_points, plot_timeline
 from sailor_core.traces import load_trace
 
 
@@ -49,6 +53,13 @@ def main() -> None:
     ap.add_argument("--virtual-workers", default=None,
                     help="with --cold --workers 0: also estimate the wall time with N free CPUs (comma list), "
                          "replaying with the prefetcher's own guesses on a virtual clock (see virtual_workers)")
+    ap.add_argument("--objective", default="throughput", help="the job's objective: throughput or cost")
+    ap.add_argument("--deadline-h", type=float, default=None, help="finish within this many hours of the start")
+    ap.add_argument("--min-throughput", type=float, default=None, help="throughput floor (samples/s)")
+    ap.add_argument("--on-demand-gpus", type=int, default=0, help="on-demand GPUs per pool besides spot")
+    ap.add_argument("--compare", action="store_true",
+                    help="ours over objectives and deadlines, and at equal terms with the other policies")
+    ap.add_argument("--pareto", default=None, help="with --compare: the (time, cost) chart")
     ap.add_argument("--vs-all-micro-batches", action="store_true",
                     help="with --cold --probe-micro-batches: replay again searching every micro-batch size; "
                          "print its time and how far each policy's time to train and USD move")
@@ -57,17 +68,21 @@ def main() -> None:
     trace = load_trace(args.trace)
     policies = args.policies.split(",")
     knobs = {"max_evaluations": args.max_evaluations} if args.max_evaluations else None
+    terms = JobTerms(objective=args.objective, deadline_h=args.deadline_h,
+                     min_throughput_samples_per_s=args.min_throughput, on_demand_gpus=args.on_demand_gpus)
+    if args.compare:
+        return compare_report(args, trace, policies, knobs)
     if args.cold:
         return cold_report(args, trace, policies, knobs)
     t0 = time.perf_counter()
     cold = run_policies(trace, model=args.model, tokens=args.tokens, policies=policies,
                         budget_usd=args.budget_usd, plan_cache_path=args.plan_cache,
-                        planner_knobs=knobs, workers=args.workers)
+                        planner_knobs=knobs, workers=args.workers, terms=terms)
     cold_s = time.perf_counter() - t0
     t0 = time.perf_counter()
     warm = run_policies(trace, model=args.model, tokens=args.tokens, policies=policies,
                         budget_usd=args.budget_usd, plan_cache_path=args.plan_cache,
-                        planner_knobs=knobs)
+                        planner_knobs=knobs, terms=terms)
     warm_s = time.perf_counter() - t0
     out = cold.to_dict()
     out.update(max_evaluations=args.max_evaluations or 200, trace_arg=args.trace, model=args.model, tokens=args.tokens, trace_rows=trace.num_rows,
@@ -247,6 +262,42 @@ def virtual_workers(args, trace, policies, knobs, counts, base, base_wall_s, ans
               f"searches + {rest_s:.2f} s the rest); {st.num_from_workers} of {st.num_asked} searches from workers, "
               f"{st.num_unused} wasted; results {'same' if same else 'DIFFERENT'}")
     return out
+
+
+def compare_report(args, trace, policies, knobs) -> None:
+    """``--compare``: every policy fastest, ours cheapest and by deadlines, and at equal terms."""
+    from sailor_core.replay.compare import compare_policies, summary_lines
+
+    t0 = time.perf_counter()
+    c = compare_policies(trace, model=args.model, tokens=args.tokens, policies=policies,
+                         on_demand_gpus=args.on_demand_gpus, plan_cache_path=args.plan_cache,
+                         planner_knobs=knobs, workers=args.workers,
+                         progress=lambda text: print(f"  replaying {text} ({time.perf_counter() - t0:.0f} s)",
+                                                     flush=True))
+    wall_s = time.perf_counter() - t0
+    print(f"{args.trace}: {trace.num_rows} rows, {trace.duration_s / 3600:.1f} h, {len(trace.preemptions)} "
+          f"preemption events; model {args.model}, {args.tokens:.3g} tokens; on-demand GPUs per pool "
+          f"{args.on_demand_gpus}; single-type GPU {c.suite.single_gpu_type}")
+    print(f"{'policy':12} {'terms':44} {'done':>5} {'time h':>8} {'USD':>9} {'useful':>7} {'replans':>7}")
+    for p in c.points:
+        print(f"{p.policy:12} {p.terms:44} {'yes' if p.finished else 'no':>5} "
+              f"{p.time_h if p.time_h is not None else float('nan'):8.2f} {p.usd:9.2f} "
+              f"{p.useful_work_fraction:7.2f} {p.num_replans:7d}")
+    print("ours' Pareto front: " + "; ".join(f"{p.terms}: {p.time_h:.2f} h, {p.usd:.2f} USD" for p in c.front))
+    for line in summary_lines(c):
+        print("  " + line)
+    print(f"wall {wall_s:.1f} s")
+    out = c.suite.to_dict()
+    out.update(comparison=c.to_dict(), summary=summary_lines(c), trace_arg=args.trace, model=args.model,
+               tokens=args.tokens, on_demand_gpus=args.on_demand_gpus, wall_s=wall_s, trace_rows=trace.num_rows,
+               trace_hours=trace.duration_s / 3600, num_trace_preemptions=len(trace.preemptions),
+               max_evaluations=args.max_evaluations or 200)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(out, f, indent=1)
+    if args.pareto:
+        plot_points(c, args.pareto, title=f"{args.model}, {args.tokens:.3g} tokens, {args.trace.split('/')[-1]}"
+                    + (f", on demand {args.on_demand_gpus}/pool" if args.on_demand_gpus else ""))
 
 
 def _cpu_s() -> float:

@@ -4,11 +4,17 @@ The decision is ``sailor_core.controller.decide`` (shared with the trace
 replay); its plan options come from the controller's planner
 (``sailor_core.controller.planner_plan_fn``, the replay's too) on the GPUs
 offered now, priced as the whole instances ``sailor_core.job.nodes`` places
-them on (what the ledger will actually be charged).
+them on (what the ledger will actually be charged).  The job's objective and
+constraints (``JobSpec.objective``, ``min_throughput_samples_per_s``,
+``deadline_h``, the budget) drive every decision, as in the replay: its fastest
+plans come from the planner's throughput search, its cheapest (with the cost
+objective or a deadline) from its cost search, and the preemptions the job has
+seen per pool (its own instances') say which pools hold.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -31,6 +37,8 @@ from sailor_core.controller import (
     PlannerPlanFn,
     PlanOption,
     decide,
+    observed_preemption_rates_per_s,
+    rate_window_s,
     plan_option,
     planner_plan_fn,
 )
@@ -77,11 +85,14 @@ class OfferPricing:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Planner:
     """The flow's PlanFn: the controller's planner (``planner_plan_fn``) over the offers, priced by
-    ``OfferPricing``, memoised; its last search is kept for the Pareto artifact."""
+    ``OfferPricing``, memoised; its last search is kept for the Pareto artifact.  ``cheap``: the
+    planner's cost search, for a job that minimises cost or has a deadline (``decide``'s
+    ``cost_plan_fn``)."""
 
     search: PlannerPlanFn
     cached: CachedPlanner
     pricing: OfferPricing
+    cheap: CachedPlanner | None = None
 
     def __call__(self, available: Mapping[tuple[str, str], int]) -> tuple[PlanOption, ...]:
         return self.cached(available)
@@ -109,9 +120,15 @@ def planner_on_offers(offers: Sequence[Offer], *, model: str, objective: str = "
 
 
 def job_planner(spec: JobSpec, offers: Sequence[Offer]) -> Planner:
-    return planner_on_offers(offers, model=spec.model, objective=spec.objective,
-                             global_batch_size=spec.global_batch_size, max_usd_per_hr=spec.max_usd_per_hr,
-                             min_throughput_samples_per_s=spec.min_throughput_samples_per_s, spot=spec.spot)
+    """The job's planner: its fastest plans within the caps, and (with the cost objective or a
+    deadline) its cheapest above the floor; the controller ranks them by the job's objective."""
+    limits = dict(model=spec.model, global_batch_size=spec.global_batch_size, max_usd_per_hr=spec.max_usd_per_hr,
+                  min_throughput_samples_per_s=spec.min_throughput_samples_per_s, spot=spec.spot)
+    planner = planner_on_offers(offers, objective="throughput", **limits)
+    if spec.objective != "cost" and spec.deadline_h is None:
+        return planner
+    cheap = planner_on_offers(offers, objective="cost", **limits)
+    return dataclasses.replace(planner, cheap=cheap.cached)
 
 
 def _log_infeasible(exc: InfeasibleError) -> None:
@@ -121,20 +138,42 @@ def _log_infeasible(exc: InfeasibleError) -> None:
 def controller_state(state: js.JobState, *, available: Mapping[tuple[str, str], int],
                      current: PlanOption | None, now_unix_s: float) -> ControllerState:
     gbs = (state.plan or {}).get("global_batch_size") or state.spec.global_batch_size or 1
+    deadline_h = state.spec.deadline_h
     return ControllerState(
         plan=current, available=dict(available),
         budget_left_usd=state.ledger().budget_left_usd(now_unix_s),
+        time_left_s=(state.created_unix_s + deadline_h * 3600.0 - now_unix_s) if deadline_h else math.inf,
         samples_done=float((state.last_checkpoint_step or 0) * gbs),
         samples_target=float(state.spec.steps * gbs),
         last_plan=current,
-        # What the replay's controller sees too, so both rank plans by expected restarts.
-        preemption_rate_per_s=state.preemption_rates_per_s(now_unix_s),
+        # What the replay's controller sees too, so both rank plans by expected restarts: here
+        # the job's own preemptions (each one took GPUs of the job: the share is left at 1).
+        preemption_rate_per_s=preemption_rates_per_s(state, now_unix_s),
     )
 
 
-def controller_config(shutdown_s: float) -> ControllerConfig:
+def preemption_rates_per_s(state: js.JobState, now_unix_s: float) -> dict[tuple[str, str], float]:
+    """The job's preemptions per second on each pool since its first launch (instances of one pool
+    preempted at the same second are one event), each counted over at least an hour, or over the
+    job's expected length when that is shorter (``rate_window_s``: a job of minutes learns from
+    minutes)."""
+    if not state.instances:
+        return {}
+    events = {(i.gpu, i.zone, i.ended_unix_s) for i in state.instances if i.end_reason == "preempted"}
+    num_events: dict[tuple[str, str], int] = {}
+    for gpu, zone, _ in events:
+        num_events[(gpu, zone)] = num_events.get((gpu, zone), 0) + 1
+    elapsed_s = now_unix_s - min(i.launched_unix_s for i in state.instances)
+    window_s = rate_window_s(elapsed_s, state.steps_done / state.spec.steps if state.spec.steps else 0.0)
+    return observed_preemption_rates_per_s(num_events, elapsed_s, window_s=window_s)
+
+
+def controller_config(shutdown_s: float, spec: JobSpec | None = None) -> ControllerConfig:
+    """The flow's controller: the job's objective and floor, the flow's costs of change."""
+    terms = {} if spec is None else dict(objective=spec.objective,
+                                          min_throughput_samples_per_s=spec.min_throughput_samples_per_s)
     return ControllerConfig(strategy="replan", gpu_types=None, shutdown_s=shutdown_s,
-                            provisioning_s=CHANGE_COST_S / 2, startup_s=CHANGE_COST_S / 2)
+                            provisioning_s=CHANGE_COST_S / 2, startup_s=CHANGE_COST_S / 2, **terms)
 
 
 @task(name="decide", tags=["controller", "planner"], cache_policy=NO_CACHE)
@@ -142,7 +181,8 @@ def decide_next(planner: Planner, state: js.JobState, *, available: Mapping[tupl
                 event: Event, current: PlanOption | None, shutdown_s: float, now_unix_s: float) -> Decision:
     """The controller's decision (start, after a preemption, or on a timer), planning on ``available``."""
     decision = decide(controller_state(state, available=available, current=current, now_unix_s=now_unix_s),
-                      event, config=controller_config(shutdown_s), plan_fn=planner)
+                      event, config=controller_config(shutdown_s, state.spec), plan_fn=planner,
+                      cost_plan_fn=planner.cheap)
     get_run_logger().info("controller: %s (%s)", decision.action.value, decision.reason)
     return decision
 

@@ -35,7 +35,8 @@ def replay_cmd(
     tokens: str = typer.Option(..., "--tokens", help="Tokens to train, e.g. 2e10 or 20B."),
     policy: str = typer.Option("all", "--policy", help="ours | skypilot | single-type | static | all (comma list ok)."),
     budget_usd: Optional[float] = typer.Option(None, "--budget-usd", help="Stop before spending more than this."),
-    global_batch: Optional[int] = typer.Option(None, "--global-batch", help="Sequences per iteration (default 1024)."),
+    global_batch_size: Optional[int] = typer.Option(None, "--global-batch-size",
+                                                    help="Sequences per iteration (default 1024)."),
     gpu: Optional[str] = typer.Option(None, "--gpu", help="GPU type of the skypilot/single-type policies "
                                       "(default: the fastest at the start)."),
     prices: Optional[str] = typer.Option(None, "--prices", help="Spot price series CSV (USD per GPU-hour)."),
@@ -52,13 +53,33 @@ def replay_cmd(
     workers: Optional[int] = typer.Option(None, "--workers", help="Processes that search the next re-plans ahead "
                                           "(default: one per idle CPU up to 8, none if fewer than two are idle; 0: none). "
                                           "Results do not depend on it."),
+    objective: str = typer.Option("throughput", "--objective", help="What the job asks: throughput (finish "
+                                  "soonest) or cost (finish for the fewest USD); every policy but skypilot re-plans by it."),
+    min_throughput: Optional[float] = typer.Option(None, "--min-throughput", help="Throughput floor (samples/s, "
+                                                   "counting restarts) for the cost objective."),
+    deadline_h: Optional[float] = typer.Option(None, "--deadline-h", help="Finish within this many hours of the "
+                                               "trace's start (with --objective cost: the cheapest plans that do)."),
+    on_demand_gpus: int = typer.Option(0, "--on-demand-gpus", help="On-demand GPUs per pool of the trace the "
+                                       "policies may rent besides spot (never preempted; skypilot rents spot only)."),
+    compare: bool = typer.Option(False, "--compare", help="Also replay ours cheapest, by deadlines, and on each "
+                                 "other policy's time (deadline) and spend (budget): the equal-terms comparison."),
+    pareto: Optional[str] = typer.Option(None, "--pareto", help="With --compare: write the (time, cost) chart "
+                                         "with ours' Pareto front here."),
     plot: Optional[str] = typer.Option(None, "--plot", help="Write the timeline PNG here."),
     as_json: bool = typer.Option(False, "--json", help="Print the results as JSON."),
+    global_batch: Optional[int] = typer.Option(None, "--global-batch", hidden=True),  # older spelling
 ) -> None:
     """Replay an availability trace in simulated time under each policy: time to train, USD, re-plans."""
     from sailor_core.catalog import get_model
     from sailor_core.errors import InputError
-    from sailor_core.replay import POLICIES, ChangeCosts, checkpoint_bytes_for, load_price_series, run_policies
+    from sailor_core.replay import (
+        POLICIES,
+        ChangeCosts,
+        JobTerms,
+        checkpoint_bytes_for,
+        load_price_series,
+        run_policies,
+    )
     from sailor_core.traces import load_trace
 
     names = list(POLICIES) if policy.strip() == "all" else [p.strip() for p in policy.split(",") if p.strip()]
@@ -67,6 +88,10 @@ def replay_cmd(
             raise InputError(f"unknown policy {p!r}; known: {', '.join(POLICIES)} or all")
     if workers is not None and workers < 0:
         raise InputError(f"--workers must be 0 or more, got {workers}")
+    if pareto and not compare:
+        raise InputError("--pareto draws the comparison: add --compare")
+    terms = JobTerms(objective=objective.strip().lower(), min_throughput_samples_per_s=min_throughput,
+                     deadline_h=deadline_h, on_demand_gpus=on_demand_gpus)
     spec = get_model(model)
     num_tokens = _parse_tokens(tokens)
     costs = ChangeCosts(
@@ -77,11 +102,16 @@ def replay_cmd(
     series = load_price_series(prices) if prices else None
     with _progress_line(quiet=as_json) as on_progress:
         suite = run_policies(
-            availability, model=spec.name, tokens=num_tokens, policies=names, global_batch_size=global_batch,
+            availability, model=spec.name, tokens=num_tokens, policies=names, global_batch_size=global_batch if global_batch is not None else global_batch_size,
             budget_usd=budget_usd, costs=costs, gpu_type=gpu, prices=series, seed=seed, exact_availability=exact,
-            plan_cache_path=plan_cache, workers=workers, progress=on_progress,
+            plan_cache_path=plan_cache, workers=workers, progress=on_progress, terms=terms,
         )
     out = suite.to_dict()
+    if compare:
+        out["comparison"] = _compare(availability, spec.name, num_tokens, names, terms, pareto, dict(
+            global_batch_size=global_batch if global_batch is not None else global_batch_size, costs=costs,
+            gpu_type=gpu, prices=series, seed=seed, exact_availability=exact, plan_cache_path=plan_cache,
+            workers=workers), quiet=as_json)
     if plot:
         from sailor_core.replay.plot import plot_timeline
 
@@ -92,6 +122,30 @@ def replay_cmd(
         print_json(out)
         return
     _print_suite(out)
+
+
+def _compare(trace, model: str, tokens: float, policies, terms, pareto: str | None, run_args: dict, *,
+             quiet: bool) -> dict:
+    """``compare_policies`` (ours over objectives and deadlines, and on each policy's terms), its
+    lines of words, and its chart when asked."""
+    from sailor_core.errors import InputError
+    from sailor_core.replay.compare import compare_policies, summary_lines
+
+    if terms.objective != "throughput" or terms.deadline_h is not None or terms.min_throughput_samples_per_s:
+        raise InputError("--compare sets the objective and deadlines itself: leave out --objective, "
+                         "--deadline-h and --min-throughput")
+    with _progress_line(quiet=quiet) as on_progress:
+        say = (lambda text: on_progress(text, 0.0, 0)) if on_progress is not None else None
+        c = compare_policies(trace, model=model, tokens=tokens, policies=policies,
+                             on_demand_gpus=terms.on_demand_gpus, progress=say, **run_args)
+    out = c.to_dict()
+    out["summary"] = summary_lines(c)
+    if pareto:
+        from sailor_core.replay.plot import plot_points
+
+        plot_points(c, pareto, title=f"{model}, {tokens:.3g} tokens on {trace.source}")
+        out["pareto_plot"] = pareto
+    return out
 
 
 @contextlib.contextmanager
@@ -141,6 +195,18 @@ def _print_suite(out: dict) -> None:
     con.print(table)
     con.print(f"replayed in {out['wall_s']:.2f} s ({out['planner_calls']} planner calls, "
               f"{out['planner_time_s']:.2f} s planning)")
+    comparison = out.get("comparison")
+    if comparison:
+        front = Table(title="ours: Pareto front of time and cost (objectives and deadlines)")
+        for col in ("terms", "time (h)", "USD", "useful"):
+            front.add_column(col, justify="left" if col == "terms" else "right")
+        for p in comparison["front"]:
+            front.add_row(p["terms"], f"{p['time_h']:,.2f}", f"{p['usd']:,.2f}", f"{p['useful_work_fraction']:.0%}")
+        con.print(front)
+        for line in comparison["summary"]:
+            con.print(line)
+        if comparison.get("pareto_plot"):
+            con.print(f"chart: {comparison['pareto_plot']}")
     if out.get("plot"):
         con.print(f"timeline: {out['plot']}")
 

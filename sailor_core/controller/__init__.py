@@ -31,6 +31,7 @@ from sailor_core.controller.policy import (
     EventKind,
     decide,
     observed_preemption_rates_per_s,
+    rate_window_s,
 )
 
 __all__ = [
@@ -59,6 +60,7 @@ __all__ = [
     "observed_preemption_rates_per_s",
     "plan_option",
     "planner_plan_fn",
+    "rate_window_s",
     "restrict",
     "with_on_demand",
 ]

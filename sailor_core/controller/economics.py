@@ -20,9 +20,9 @@ each with a meaning (``ControllerConfig``, ``ControllerState``):
 The objective (``throughput``: least T; ``cost``: least C) ranks the options that meet the
 constraints: the budget (C plus the shutdown within what is left), the deadline (T within
 the time left) and the throughput floor (X at least it).  A switch away from a plan that
-still runs must pay for itself before the next preemption forces a re-plan anyway
-(``switch_pays``): that is the hysteresis that keeps a stormy pool from restarting the job
-every few minutes.
+still runs must pay for itself before the next preemption of either plan forces a re-plan
+anyway (``switch_pays``): that is the hysteresis that keeps a stormy pool from restarting
+the job every few minutes.
 """
 
 from __future__ import annotations
@@ -106,27 +106,40 @@ def outlook(option: PlanOption, *, remaining: float, change: float, rates: Mappi
 
 
 def switch_pays(now: Outlook, new: Outlook, *, objective: str, remaining: float, min_gain: float) -> bool:
-    """Whether leaving the running plan (``now``) for ``new`` pays before it would have come for free.
+    """Whether leaving the running plan (``now``) for ``new`` pays within the window it can gain in.
 
-    The running plan is re-planned anyway at its next hit, expected in 1 / H_now, or the job
-    ends first: a window tau = min(time to finish, 1 / H_now).  Over tau, staying trains
-    X_now tau samples at c_now USD/h; switching trains X_new (tau - change) at c_new.  With
-    the throughput objective the switch must train ``min_gain`` more samples over tau; with
-    the cost objective it must cost ``min_gain`` less per sample.  Without preemptions tau
-    is the whole job: the plain "finishes sooner (or cheaper) after paying the change".
+    The window ends at the first forced re-plan either way: the running plan's next hit (expected
+    in 1 / H_now; the switch would then come for free), the new plan's next hit (1 / H_new; its
+    advantage ends there and a restart follows), or the end of the job: tau = min(time to finish,
+    1 / H_now, 1 / H_new).  Over tau, staying trains x_now tau samples at c_now USD/h; switching
+    trains x_new (tau - change) at c_new.  With the throughput objective the switch must train
+    ``min_gain`` more; with the cost objective it must cost ``min_gain`` less per sample.
+    Without preemptions tau is the whole job: the plain "finishes sooner (or cheaper) after
+    paying the change".
     """
-    tau = now.time_s if now.hits_per_s <= 0 else min(now.time_s, 1.0 / now.hits_per_s)
-    if not math.isfinite(tau):
-        tau = new.time_s
-    trained_now = now.effective_samples_per_s * tau
-    trained_new = new.effective_samples_per_s * max(0.0, tau - new.change_s)
-    if trained_new <= 0:
+    tau, _ = switch_window(now, new)
+    x_now, x_new = now.option.throughput_samples_per_s, new.option.throughput_samples_per_s
+    trained_now = x_now * tau
+    trained_new = x_new * max(0.0, tau - new.change_s)
+    if trained_new <= 0 or not math.isfinite(trained_new):
         return False
     if objective == "cost":
         per_sample_now = now.option.usd_per_hr * tau / trained_now if trained_now > 0 else math.inf
         per_sample_new = new.option.usd_per_hr * tau / trained_new
         return per_sample_new < per_sample_now * (1.0 - min_gain)
     return trained_new > trained_now * (1.0 + min_gain)
+
+
+def switch_window(now: Outlook, new: Outlook) -> tuple[float, str]:
+    """``switch_pays``' window tau in seconds, and what ends it, in words."""
+    tau, why = now.time_s, "the end of the job"
+    if now.hits_per_s > 0 and 1.0 / now.hits_per_s < tau:
+        tau, why = 1.0 / now.hits_per_s, "the running plan's next preemption"
+    if new.hits_per_s > 0 and 1.0 / new.hits_per_s < tau:
+        tau, why = 1.0 / new.hits_per_s, "the new plan's next preemption"
+    if not math.isfinite(tau):
+        tau = new.time_s
+    return tau, why
 
 
 def _same_gpus(a: PlanOption, b: PlanOption) -> bool:

@@ -36,7 +36,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 
-from sailor_core.controller.economics import Costs, Outlook, change_s, outlook, switch_pays
+from sailor_core.controller.economics import Costs, Outlook, change_s, outlook, switch_pays, switch_window
 from sailor_core.controller.options import GpuZone, PlanFn, PlanOption, describe_gpus, restrict, with_on_demand
 from sailor_core.errors import InputError
 
@@ -145,6 +145,7 @@ class Decision:
     stop_in_s: float = math.inf     # ask again (TIMER) at the latest after this long
     planned_on: Mapping[GpuZone, int] | None = None  # keep it for the next ControllerState
     declined: PlanOption | None = None  # CONTINUE: a plan that ranked better, left alone (``reason`` says why)
+    why: str = ""  # the economics of the choice (or of the switch declined) in plain words, for people
 
     @property
     def changes_plan(self) -> bool:
@@ -158,10 +159,19 @@ RATE_WINDOW_S = _S_PER_HR
 def observed_preemption_rates_per_s(num_events: Mapping[GpuZone, int], observed_s: float, *,
                                     window_s: float = RATE_WINDOW_S) -> dict[GpuZone, float]:
     """Preemption events per second on each pool from what was seen so far, for
-    ``ControllerState.preemption_rate_per_s``: at least ``window_s`` (an hour) in the
-    denominator, so the first event does not read as a storm.  The replay and the
-    train-job flow both use it."""
+    ``ControllerState.preemption_rate_per_s``: at least ``window_s`` (an hour, or
+    ``rate_window_s``) in the denominator, so the first event does not read as a storm.
+    The replay and the train-job flow both use it."""
     return {k: n / max(observed_s, window_s) for k, n in num_events.items() if n > 0}
+
+
+def rate_window_s(elapsed_s: float, fraction_done: float) -> float:
+    """The least time a rate is counted over: an hour, or the job's expected length when that is
+    shorter (elapsed / fraction done): what matters is how often a pool stops the job relative to
+    the job itself, and a job of minutes learns from minutes."""
+    if fraction_done <= 0 or elapsed_s <= 0:
+        return RATE_WINDOW_S
+    return min(RATE_WINDOW_S, elapsed_s / min(1.0, fraction_done))
 
 
 def decide(state: ControllerState, event: Event, *, config: ControllerConfig, plan_fn: PlanFn,
@@ -263,13 +273,14 @@ def planner_requests(avail: Mapping[GpuZone, int], state: ControllerState, confi
     and on-demand together when the job may rent on demand), each GPU type alone (its best
     plan), then without the stormiest pools, one more left out each time (its best plan).
     The replay's lookahead guesses the same."""
-    ask = _combined(avail, restrict(state.on_demand_available, config.gpu_types))
+    od = restrict(state.on_demand_available, config.gpu_types)
+    ask = _combined(avail, od)
     out = [ask]
     types = sorted({g for g, _ in ask})
     if config.per_type_options and len(types) > 1:
         out += [restrict(ask, (gpu,)) for gpu in types]
-    if config.calm_options:
-        out += _calmer_pools(ask, state)
+    if config.calm_options:  # a stormy pool's spot GPUs are left out, its on-demand ones stay
+        out += [_combined(calmer, od) for calmer in _calmer_pools(avail, state, keep_one=not od)]
     return out
 
 
@@ -302,14 +313,15 @@ def _storminess(state: ControllerState, k: GpuZone) -> float:
     return state.preemption_rate_per_s.get(k, 0.0) * state.preemption_share.get(k, 1.0)
 
 
-def _calmer_pools(avail: Mapping[GpuZone, int], state: ControllerState) -> list[dict[GpuZone, int]]:
+def _calmer_pools(avail: Mapping[GpuZone, int], state: ControllerState, *, keep_one: bool = True
+                  ) -> list[dict[GpuZone, int]]:
     """``avail`` without its stormiest pool, then without the two stormiest, ... (pools with
-    a preemption rate only; at least one pool is always left)."""
+    a preemption rate only; with ``keep_one``, at least one pool is always left)."""
     stormy = sorted((k for k in avail if _storminess(state, k) > 0), key=lambda k: (-_storminess(state, k), k))
     out, left = [], dict(avail)
     for k in stormy:
         del left[k]
-        if not left:
+        if not left and keep_one:
             break
         out.append(dict(left))
     return out
@@ -368,8 +380,9 @@ def _decide_replan(state, event, lost, broken, config, plan_fn, cost_plan_fn, re
             if choice is None:
                 return _nothing_runs(why, outlooks, state, config)
             gave_up = "no plan finishes within the budget; the one training the most per USD runs"
-        return _run(Action.REPLAN, f"{why}: {_explain(choice, outlooks, state, gave_up)}", choice.option, state,
-                    config, planned_on=avail)
+        ask = planner_requests(avail, state, config)[0]
+        return _run(Action.REPLAN, f"{why}: {_explain(choice, ask, state, gave_up)}", choice.option, state,
+                    config, planned_on=avail, why=_why(choice, ask, state, gave_up))
     choice, _ = rank.best([now, *outlooks])
     objective = config.objective
     if choice is None:  # none finishes within the budget: the most per USD, as long as it lasts
@@ -379,14 +392,23 @@ def _decide_replan(state, event, lost, broken, config, plan_fn, cost_plan_fn, re
     if not rank.holds(now) and rank.holds(choice):
         what = ("budget" if not rank.finishes(now) else "deadline" if not rank.in_time(now) else "throughput floor")
         action = Action.SHRINK if what == "budget" else Action.REPLAN
-        return _run(action, f"{what}: switch to a plan that keeps it: {_explain(choice, outlooks, state, '')}",
-                    choice.option, state, config, planned_on=avail)
+        ask = planner_requests(avail, state, config)[0]
+        return _run(action, f"{what}: switch to a plan that keeps it: {_explain(choice, ask, state, '')}",
+                    choice.option, state, config, planned_on=avail,
+                    why=f"the plan in use would not keep the {what}" + (f"; {w}" if (w := _why(choice, ask, state, ''))
+                                                                        else ""))
     if switch_pays(now, choice, objective=objective, remaining=remaining, min_gain=config.min_gain):
-        return _run(Action.REPLAN, f"capacity: {choice.option.label} {_versus(choice, now, config)}",
-                    choice.option, state, config, planned_on=avail)
+        return _run(Action.REPLAN, f"capacity: {choice.option.label} {_versus(choice, now)}",
+                    choice.option, state, config, planned_on=avail,
+                    why=f"more capacity: {_plain_versus(choice, now, config)}")
+    tau, until = switch_window(now, choice)
     return _keep(current, state, config, planned_on=avail, declined=choice,
-                 why=f"declined {choice.option.label}: {_versus(choice, now, config)}, but the switch "
-                     f"({choice.change_s:.0f} s) does not pay for itself before {_next_hit(now)}")
+                 reason=f"declined {choice.option.label}: {_versus(choice, now)}, but the switch "
+                        f"({choice.change_s:.0f} s) does not pay for itself within {tau / 60:.0f} min "
+                        f"(until {until}, expected then)",
+                 why=f"kept the plan rather than move to {_gpus_words(choice.option.all_gpus())}: "
+                     f"{_plain_versus(choice, now, config)}, but the {choice.change_s:.0f} s change would not "
+                     f"pay for itself before {until}")
 
 
 def _decide_failover(state, event, lost, broken, config, plan_fn, remaining) -> Decision:
@@ -501,17 +523,17 @@ def grew(avail: Mapping[GpuZone, int], planned_on: Mapping[GpuZone, int] | None,
     return extra > 0 and extra >= min_growth * sum(planned_on.values())
 
 
-def _run(action: Action, reason: str, option: PlanOption, state, config, planned_on=None) -> Decision:
+def _run(action: Action, reason: str, option: PlanOption, state, config, planned_on=None, why: str = "") -> Decision:
     return Decision(action=action, reason=reason, plan=option, stop_in_s=_stop_in_s(option, state, config),
-                    planned_on=planned_on)
+                    planned_on=planned_on, why=why)
 
 
 def _keep(current: PlanOption, state, config, planned_on=None, declined: Outlook | None = None,
-          why: str = "no better plan") -> Decision:
-    return Decision(action=Action.CONTINUE, reason=why, plan=current,
+          reason: str = "no better plan", why: str = "") -> Decision:
+    return Decision(action=Action.CONTINUE, reason=reason, plan=current,
                     stop_in_s=_stop_in_s(current, state, config),
                     planned_on=planned_on if planned_on is not None else state.planned_on,
-                    declined=declined.option if declined is not None else None)
+                    declined=declined.option if declined is not None else None, why=why)
 
 
 def _nothing_runs(why: str, outlooks, state, config, options=()) -> Decision:
@@ -544,25 +566,29 @@ def _figures(o: Outlook) -> str:
     return f"{_hours(o.time_s)} and {o.cost_usd:,.2f} USD to finish"
 
 
-def _versus(new: Outlook, now: Outlook, config: ControllerConfig) -> str:
+def _plain_versus(new: Outlook, now: Outlook, config: ControllerConfig) -> str:
+    if config.objective == "cost":
+        return f"it would cost {new.cost_usd:,.2f} USD to finish instead of {now.cost_usd:,.2f}"
+    return f"it would finish in {_hours(new.time_s)} instead of {_hours(now.time_s)}"
+
+
+def _versus(new: Outlook, now: Outlook) -> str:
     return f"expects {_figures(new)} against {_figures(now)}"
 
 
-def _next_hit(o: Outlook) -> str:
-    if o.hits_per_s <= 0:
-        return "the end of the job"
-    return f"the next preemption, expected in {1.0 / o.hits_per_s / 60:.0f} min"
+def _left_unused(choice: Outlook, avail: Mapping[GpuZone, int], state: ControllerState) -> list[GpuZone]:
+    """Pools offered with a preemption rate that the chosen plan does not use, stormiest first."""
+    used = set(choice.option.all_gpus())
+    return sorted((k for k in avail if k not in used and state.preemption_rate_per_s.get(k, 0) > 0),
+                  key=lambda k: (-state.preemption_rate_per_s[k], k))
 
 
-def _explain(choice: Outlook, outlooks: Sequence[Outlook], state: ControllerState, gave_up: str) -> str:
+def _explain(choice: Outlook, avail: Mapping[GpuZone, int], state: ControllerState, gave_up: str) -> str:
     """What was chosen, its expected figures, and the stormy pools it leaves unused on purpose."""
     text = f"{choice.option.label}, {_figures(choice)}"
     if choice.hits_per_s > 0:
         text += f" ({choice.useful_fraction:.0%} of it training, {choice.hits_per_s * _S_PER_HR:.1f} preemptions/h)"
-    used = set(choice.option.all_gpus())
-    offered = {k for o in outlooks for k in o.option.all_gpus()}
-    left = sorted((k for k in offered - used if state.preemption_rate_per_s.get(k, 0) > 0),
-                  key=lambda k: -state.preemption_rate_per_s[k])
+    left = _left_unused(choice, avail, state)
     if left:
         text += "; leaves unused " + ", ".join(
             f"{g}@{z} ({state.preemption_rate_per_s[(g, z)] * _S_PER_HR:.1f} preemptions/h)" for g, z in left)
@@ -571,3 +597,29 @@ def _explain(choice: Outlook, outlooks: Sequence[Outlook], state: ControllerStat
     if gave_up:
         text += f"; {gave_up}"
     return text
+
+
+def _gpus_words(gpus: Mapping[GpuZone, int]) -> str:
+    return " + ".join(f"{n} {g} in {z}" for (g, z), n in sorted(gpus.items()) if n > 0)
+
+
+def _why(choice: Outlook, avail: Mapping[GpuZone, int], state: ControllerState, gave_up: str) -> str:
+    """The choice's economics in plain words, for people (the flow's re-plan records)."""
+    parts = []
+    left = _left_unused(choice, avail, state)
+    if left:
+        parts.append("left " + ", ".join(
+            f"{g} in {z} unused (preempted {_per_hour(state.preemption_rate_per_s[(g, z)])})" for g, z in left))
+    if choice.option.on_demand:
+        parts.append(f"{_gpus_words(choice.option.on_demand)} on demand (never preempted)")
+    if choice.hits_per_s > 0:
+        parts.append(f"expects {_per_hour(choice.hits_per_s)} on this plan, training {choice.useful_fraction:.0%} "
+                     "of the time")
+    if gave_up:
+        parts.append(gave_up)
+    return "; ".join(parts)
+
+
+def _per_hour(rate_per_s: float) -> str:
+    per_hr = rate_per_s * _S_PER_HR
+    return f"{per_hr:.1f} times an hour" if per_hr < 10 else f"{per_hr:.0f} times an hour"

@@ -64,15 +64,19 @@ def waited(rec: Recovery) -> Recovery:
 
 
 def choose(rec: Recovery, decision: Decision) -> tuple[Recovery, str]:
-    """A plan is chosen: the reason the job records for it, and the loop with that reason used up."""
-    on = report.gpus(decision.plan.gpus)
+    """A plan is chosen: the reason the job records for it (what happened, what runs now, and the
+    controller's economics in words: ``Decision.why``), and the loop with that reason used up."""
+    on = report.gpus(decision.plan.all_gpus())  # spot and on demand
     if decision.action == Action.CONTINUE and rec.current is not None:
         what = f"restarted the same plan on {on}"
     elif rec.cause:
         what = f"re-planned on {on}"
     else:
         what = f"planned on {on}"
-    return dataclasses.replace(rec, cause=""), f"{rec.cause}; {what}" if rec.cause else what
+    reason = f"{rec.cause}; {what}" if rec.cause else what
+    if decision.why:  # the controller's economics: the stormy pools it left, on demand, ...
+        reason += f"; {decision.why}"
+    return dataclasses.replace(rec, cause=""), reason
 
 
 def start_attempt(state: js.JobState, option: PlanOption, reason: str) -> js.JobState:

@@ -63,11 +63,17 @@ class JobSpec:
     model: str = option("tiny", help="model name (see `sailor catalog models`)", cli=("--model", "-m"))
     budget_usd: float = option(help="total budget; never crossed", unit="USD")
     steps: int = option(30, help="training steps (iterations) to run", unit="steps")
-    min_throughput_samples_per_s: float | None = option(None, help="throughput floor", unit="samples/s",
+    min_throughput_samples_per_s: float | None = option(None, help="throughput floor, counting the restarts of "
+                                                                   "preemptions", unit="samples/s",
                                                         cli=("--min-throughput",))
     max_usd_per_hr: float | None = option(None, help="cap on the cost per hour", unit="USD/h",
                                           aliases=("--max-usd-per-hour",))
-    objective: str = option("throughput", help="what the planner maximises: throughput or cost")
+    objective: str = option("throughput", help="what every (re-)plan optimises over the job's life: throughput "
+                                               "(finish soonest) or cost (finish for the fewest USD), counting "
+                                               "the restarts each pool's preemptions cost")
+    deadline_h: float | None = option(None, help="finish within this many hours of the job's start; with "
+                                                 "--objective cost: the cheapest plans that still make it",
+                                      unit="h")
     gpus: tuple[str, ...] = option((), help="allowed GPU types")
     zones: tuple[str, ...] = option((), help="allowed zones")
     clouds: tuple[str, ...] = option((), help="allowed clouds: aws, gcp")
@@ -128,6 +134,7 @@ def _check(spec: JobSpec) -> None:
     positive("budget_usd", spec.budget_usd)
     at_least_one("steps", spec.steps)
     positive("min_throughput_samples_per_s", spec.min_throughput_samples_per_s, optional=True)
+    positive("deadline_h", spec.deadline_h, optional=True)
     positive("max_usd_per_hr", spec.max_usd_per_hr, optional=True)
     if spec.objective not in OBJECTIVES:
         raise JobSpecError("objective", f"must be {' or '.join(OBJECTIVES)}, got {spec.objective!r}")

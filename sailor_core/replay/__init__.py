@@ -4,13 +4,14 @@ from sailor_core.replay.costs import ChangeCosts, checkpoint_bytes_for
 from sailor_core.replay.simulation import DecisionRecord, ReplayResult, TimelinePoint, replay
 from sailor_core.replay.policies import POLICIES, POLICY_HELP, controller_config, pick_single_type
 from sailor_core.replay.prices import PriceSeries, load_price_series
-from sailor_core.replay.run import ReplaySuite, catalog_price_fn, run_policies
+from sailor_core.replay.run import JobTerms, ReplaySuite, catalog_price_fn, run_policies
 
 __all__ = [
     "POLICIES",
     "POLICY_HELP",
     "ChangeCosts",
     "DecisionRecord",
+    "JobTerms",
     "PriceSeries",
     "ReplayResult",
     "ReplaySuite",

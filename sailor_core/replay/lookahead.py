@@ -14,7 +14,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from sailor_core.controller import ControllerConfig, ControllerState, observed_preemption_rates_per_s, restrict
+from sailor_core.controller import (
+    ControllerConfig,
+    ControllerState,
+    observed_preemption_rates_per_s,
+    rate_window_s,
+    restrict,
+)
 from sailor_core.controller.policy import grew, planner_requests
 from sailor_core.replay.hits import gpus_lost
 from sailor_core.traces import AvailabilityTrace, GpuZone
@@ -35,10 +41,12 @@ def upcoming_requests(
     seen_events: Mapping[GpuZone, int] | None = None,
     seen_share: Mapping[GpuZone, float] | None = None,
     on_demand_available: Mapping[GpuZone, int] | None = None,
+    fraction_done: float = 0.0,
 ) -> list[dict[GpuZone, int]]:
     """The planner requests of the next ``num_decisions`` re-plans after ``times[start - 1]``,
     in order (each: ``policy.planner_requests``, with the preemption rates the replay will have
-    seen by then, from ``seen_events`` and ``seen_share`` so far).  Empty for the ``failover``
+    seen by then, from ``seen_events`` and ``seen_share`` so far, over the window the job's
+    ``fraction_done`` now gives).  Empty for the ``failover``
     and ``static`` strategies: their requests depend on the plan a decision picks, so they
     cannot be guessed past one decision."""
     if config.strategy != "replan" or num_decisions <= 0:
@@ -68,7 +76,8 @@ def upcoming_requests(
         elif not changed and decisions:
             continue
         state = ControllerState(plan=None, available=avail,
-                                preemption_rate_per_s=observed_preemption_rates_per_s(events, t),
+                                preemption_rate_per_s=observed_preemption_rates_per_s(
+                                    events, t, window_s=rate_window_s(t, fraction_done)),
                                 preemption_share={k: v / events[k] for k, v in share.items()},
                                 on_demand_available=on_demand_available or {})
         out.extend(planner_requests(avail, state, config))

@@ -1,4 +1,5 @@
-"""The replay's timeline as a PNG: GPUs in use per type and throughput over time, per policy."""
+"""The replay's charts as PNGs: the timeline (GPUs in use per type and throughput over time, per
+policy) and the (time, cost) points of a comparison with ours' Pareto front."""
 
 from __future__ import annotations
 
@@ -74,6 +75,44 @@ def plot_timeline(results: Mapping[str, ReplayResult], path: str | Path, *,
     axes[-1, 0].set_xlabel("time (h)")
     if title:
         fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    out = Path(path)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
+def plot_points(comparison, path: str | Path, *, title: str = "") -> Path:
+    """Each replay of a ``compare.Comparison`` as a (time to train, USD) point, ours' Pareto front
+    over objectives and deadlines as a line; policies that did not finish are listed below."""
+    import matplotlib  # lazy: matplotlib (~0.3 s) only when a chart is drawn
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # lazy: as matplotlib, and after choosing its backend
+
+    fig, ax = plt.subplots(figsize=(7.5, 5.0))
+    markers = {"ours": "o", "single-type": "s", "skypilot": "^", "static": "D"}
+    for name in sorted({p.policy for p in comparison.points}):
+        pts = [p for p in comparison.points if p.policy == name and p.finished and p.time_h is not None]
+        if pts:
+            ax.scatter([p.time_h for p in pts], [p.usd for p in pts], marker=markers.get(name, "x"), s=36,
+                       label=name, alpha=0.8)
+    front = comparison.front
+    if front:
+        ax.plot([p.time_h for p in front], [p.usd for p in front], color="C0", linewidth=1.2,
+                label="ours: Pareto front")
+        for p in front:
+            ax.annotate(p.terms.split(" (")[0], (p.time_h, p.usd), fontsize=6, xytext=(3, 3),
+                        textcoords="offset points")
+    unfinished = [f"{p.policy} ({p.terms}): not finished, {p.usd:,.0f} USD" for p in comparison.points
+                  if not p.finished]
+    if unfinished:
+        ax.text(0.01, 0.01, "\n".join(unfinished[:6]), transform=ax.transAxes, fontsize=6, va="bottom")
+    ax.set_xlabel("time to train (h)")
+    ax.set_ylabel("USD")
+    ax.legend(fontsize=7)
+    if title:
+        ax.set_title(title, fontsize=9)
     fig.tight_layout()
     out = Path(path)
     fig.savefig(out, dpi=110)

@@ -31,6 +31,7 @@ from sailor_core.controller import (
     PlanOption,
     decide,
     observed_preemption_rates_per_s,
+    rate_window_s,
 )
 from sailor_core.replay.costs import ChangeCosts
 from sailor_core.replay.hits import gpus_lost
@@ -229,7 +230,8 @@ class _Replay:
             time_left_s=setup.deadline_s - self.t,
             samples_done=self.done, samples_target=setup.samples_target, last_plan=self.last_plan,
             planned_on=self.planned_on if holding is not None else None,
-            preemption_rate_per_s=observed_preemption_rates_per_s(self.seen_events, self.t),
+            preemption_rate_per_s=observed_preemption_rates_per_s(
+                self.seen_events, self.t, window_s=rate_window_s(self.t, self.done / setup.samples_target)),
             preemption_share={k: v / self.seen_events[k] for k, v in self.seen_share.items()},
             on_demand_available=setup.on_demand_available,
         )
@@ -246,7 +248,7 @@ class _Replay:
             shares=setup.shares, plan_gpus=holding.gpus if holding is not None else None,
             planned_on=self.planned_on, available=self.avail, config=setup.config,
             num_decisions=setup.prefetch_decisions, seen_events=self.seen_events, seen_share=self.seen_share,
-            on_demand_available=setup.on_demand_available))
+            on_demand_available=setup.on_demand_available, fraction_done=self.done / setup.samples_target))
 
     def apply(self, d: Decision, event: Event) -> None:
         self.planned_on = d.planned_on

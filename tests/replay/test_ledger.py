@@ -77,3 +77,18 @@ def test_rebuilt_from_job_state_records():
     led = CostLedger.from_instance_records(recs, budget_usd=3.0)
     assert led.spent_usd(8600) == pytest.approx(0.5 + 0.5)
     assert led.open_ids() == ["i2"]
+
+
+def test_spot_and_on_demand_are_kept_apart():
+    led = CostLedger()
+    led.open("s", gpu="V100-16", zone="us-east-1a", num_gpus=2, usd_per_hr=1.0, start_s=0)
+    led.open("o", gpu="V100-16", zone="us-east-1a", num_gpus=2, usd_per_hr=6.0, start_s=0, spot=False)
+    assert led.by_market(1800) == pytest.approx({"spot": 0.5, "on_demand": 3.0})
+    back = CostLedger.from_dict(json.loads(json.dumps(led.to_dict())))
+    assert back.by_market(1800) == led.by_market(1800)
+    assert [e.market for e in back.entries()] == ["spot", "on_demand"]
+    # A ledger written before markets were kept reads as spot.
+    old = led.to_dict()
+    for row in old["instances"]:
+        row.pop("spot", None)
+    assert set(CostLedger.from_dict(old).by_market(1800)) == {"spot"}

@@ -1,0 +1,207 @@
+"""The controller's economics: expected time and cost to finish under preemptions, the job's
+objective and constraints, the hysteresis of voluntary switches, stormy pools left unused, and
+mixed spot / on-demand plans."""
+
+import math
+
+import pytest
+
+from sailor_core.controller import (
+    Action,
+    ControllerConfig,
+    ControllerState,
+    Costs,
+    Event,
+    EventKind,
+    PlanOption,
+    decide,
+    with_on_demand,
+)
+from sailor_core.controller.economics import change_s, hits_per_s, outlook, switch_pays
+
+from replay_helpers import linear_option, linear_planner
+
+A, B, C = "us-central1-a", "us-central1-b", "us-east1-b"
+START = Event(kind=EventKind.START)
+CAP = Event(kind=EventKind.CAPACITY)
+COSTS = Costs(save_s=10, provisioning_s=90, startup_s=60, work_lost_s=0)
+
+
+def run(state, event=START, plan_fn=linear_planner, cost_plan_fn=None, **cfg):
+    return decide(state, event, config=ControllerConfig(**cfg), plan_fn=plan_fn, cost_plan_fn=cost_plan_fn)
+
+
+# ---- the model --------------------------------------------------------------------
+
+
+def test_hits_count_the_share_of_a_pool_an_event_takes():
+    o = linear_option({("V100-16", A): 4, ("T4", B): 2})
+    rates = {("V100-16", A): 6 / 3600, ("T4", B): 2 / 3600}
+    # Every event hits when the share is unknown; an event taking 1/16 of a pool hits 4 GPUs of it 1/4 of the time.
+    assert hits_per_s(o, rates=rates, shares={}) == pytest.approx(8 / 3600)
+    assert hits_per_s(o, rates=rates, shares={("V100-16", A): 1 / 16}) == pytest.approx((6 / 4 + 2) / 3600)
+    # On-demand GPUs are never taken.
+    import dataclasses
+
+    mixed = with_on_demand(dataclasses.replace(o, on_demand_premium_usd_per_hr={("V100-16", A): 2.0}),
+                           {("V100-16", A): 4})
+    assert mixed.usd_per_hr == pytest.approx(o.usd_per_hr + 8.0) and mixed.label.endswith("on demand 4xV100-16@us-central1-a")
+    assert hits_per_s(mixed, rates=rates, shares={}) == pytest.approx(2 / 3600)
+
+
+def test_change_pays_save_provisioning_and_startup_only_where_needed():
+    running = linear_option({("V100-16", A): 4})
+    smaller = linear_option({("V100-16", A): 2})
+    bigger = linear_option({("V100-16", A): 8})
+    held = running.gpus
+    assert change_s(running, running=running, held=held, held_on_demand={}, costs=COSTS) == 0
+    assert change_s(smaller, running=running, held=held, held_on_demand={}, costs=COSTS) == 10 + 60
+    assert change_s(bigger, running=running, held=held, held_on_demand={}, costs=COSTS) == 10 + 90 + 60
+    # After a preemption nothing runs: no save; what survived needs no provisioning.
+    assert change_s(smaller, running=None, held={("V100-16", A): 2}, held_on_demand={}, costs=COSTS) == 60
+
+
+def test_effective_throughput_and_the_time_and_cost_to_finish():
+    o = linear_option({("V100-16", A): 10})  # 40 samples/s, 8 USD/h
+    rates = {("V100-16", A): 10 / 3600}     # 10 hits an hour, 150 s each: 5/12 of the time restarting
+    out = outlook(o, remaining=40 * 3600, change=150, rates=rates, shares={}, costs=COSTS)
+    assert out.effective_samples_per_s == pytest.approx(40 / (1 + 10 / 3600 * 150))
+    assert out.time_s == pytest.approx(150 + 3600 * (1 + 10 / 3600 * 150))
+    assert out.cost_usd == pytest.approx(8 * out.time_s / 3600)
+    assert out.useful_fraction == pytest.approx(1 / (1 + 10 / 3600 * 150))
+
+
+def test_a_switch_must_pay_before_the_next_preemption_would_force_a_replan():
+    now = outlook(linear_option({("V100-16", A): 10}), remaining=1e7, change=0,
+                  rates={("V100-16", A): 12 / 3600}, shares={}, costs=COSTS)
+    new = outlook(linear_option({("V100-16", A): 12}), remaining=1e7, change=160,
+                  rates={("V100-16", A): 12 / 3600}, shares={}, costs=COSTS)
+    # 20 % faster, but the next hit comes in 5 min: 160 s of the 300 s are lost to the switch.
+    assert new.time_s < now.time_s
+    assert not switch_pays(now, new, objective="throughput", remaining=1e7, min_gain=0.05)
+    calm_now = outlook(now.option, remaining=1e7, change=0, rates={}, shares={}, costs=COSTS)
+    calm_new = outlook(new.option, remaining=1e7, change=160, rates={}, shares={}, costs=COSTS)
+    assert switch_pays(calm_now, calm_new, objective="throughput", remaining=1e7, min_gain=0.05)
+
+
+# ---- the objective, the constraints ------------------------------------------------
+
+
+FAST = PlanOption(gpus={("A100-40", A): 8}, throughput_samples_per_s=100, usd_per_hr=12, label="fast")
+CHEAP = PlanOption(gpus={("V100-16", A): 8}, throughput_samples_per_s=50, usd_per_hr=4, label="cheap")
+AVAIL = {("A100-40", A): 8, ("V100-16", A): 8}
+
+
+def both(_avail):
+    return [FAST, CHEAP]
+
+
+def test_the_objective_picks_the_fastest_or_the_cheapest_to_finish():
+    state = ControllerState(plan=None, available=AVAIL, samples_target=720_000)
+    assert run(state, plan_fn=both).plan is FAST
+    d = run(state, plan_fn=both, objective="cost")
+    assert d.plan is CHEAP and "USD to finish" in d.reason
+
+
+def test_the_deadline_picks_the_cheapest_plan_that_finishes_in_time():
+    # 720000 samples: FAST takes 2 h (24 USD), CHEAP 4 h (16 USD), each plus a 150 s start.
+    state = ControllerState(plan=None, available=AVAIL, samples_target=720_000, time_left_s=5 * 3600)
+    assert run(state, plan_fn=both, objective="cost").plan is CHEAP
+    tight = ControllerState(plan=None, available=AVAIL, samples_target=720_000, time_left_s=3 * 3600)
+    assert run(tight, plan_fn=both, objective="cost").plan is FAST
+    # None meets it: the fastest runs, and the reason says so.
+    hopeless = ControllerState(plan=None, available=AVAIL, samples_target=720_000, time_left_s=3600)
+    d = run(hopeless, plan_fn=both, objective="cost")
+    assert d.plan is FAST and "deadline" in d.reason
+
+
+def test_a_running_plan_that_will_miss_the_deadline_gives_way():
+    state = ControllerState(plan=CHEAP, available=AVAIL, samples_target=720_000, time_left_s=3 * 3600,
+                            planned_on=AVAIL)
+    d = run(state, CAP, plan_fn=both, objective="cost")
+    assert d.action == Action.REPLAN and d.plan is FAST and d.reason.startswith("deadline")
+
+
+def test_the_floor_counts_restarts():
+    stormy = {("V100-16", A): 30 / 3600}  # CHEAP trains 50 / (1 + 30/3600 * 300) = 14.3 samples/s
+    state = ControllerState(plan=None, available=AVAIL, samples_target=720_000, preemption_rate_per_s=stormy)
+    assert run(state, plan_fn=both, objective="cost", min_throughput_samples_per_s=40).plan is FAST
+    calm = ControllerState(plan=None, available=AVAIL, samples_target=720_000)
+    assert run(calm, plan_fn=both, objective="cost", min_throughput_samples_per_s=40).plan is CHEAP
+
+
+def test_cheap_plans_join_the_options_with_the_cost_objective_or_a_deadline():
+    state = ControllerState(plan=None, available=AVAIL, samples_target=720_000)
+    fast_only = lambda _a: [FAST]  # noqa: E731
+    cheap_only = lambda _a: [CHEAP]  # noqa: E731
+    assert run(state, plan_fn=fast_only, cost_plan_fn=cheap_only).plan is FAST  # not asked
+    assert run(state, plan_fn=fast_only, cost_plan_fn=cheap_only, objective="cost").plan is CHEAP
+
+
+# ---- stability ---------------------------------------------------------------------
+
+
+def test_a_stormy_pool_is_left_unused_and_the_reason_says_so():
+    avail = {("A100-40", A): 4, ("A100-40", B): 4}   # 80 samples/s together, 40 each
+    rates = {("A100-40", B): 40 / 3600}              # B loses a node every 90 s
+    state = ControllerState(plan=None, available=avail, samples_target=1e7, preemption_rate_per_s=rates)
+    d = run(state, plan_fn=lambda a: [linear_option(a)])  # a planner that always uses everything offered
+    assert d.plan.gpus == {("A100-40", A): 4}
+    assert "leaves unused A100-40@us-central1-b (40.0 preemptions/h)" in d.reason
+
+
+def test_growth_that_does_not_pay_before_the_next_hit_is_declined_with_a_reason():
+    cur = linear_option({("V100-16", A): 10})
+    more = {("V100-16", A): 12}
+    rates = {("V100-16", A): 12 / 3600}
+    state = ControllerState(plan=cur, available=more, samples_target=1e7, preemption_rate_per_s=rates,
+                            planned_on={("V100-16", A): 10})
+    d = run(state, CAP)
+    assert d.action == Action.CONTINUE and d.declined is not None and d.declined.num_gpus == 12
+    assert d.reason.startswith("declined 12xV100-16@us-central1-a") and "next preemption, expected then" in d.reason
+    calm = ControllerState(plan=cur, available=more, samples_target=1e7, planned_on={("V100-16", A): 10})
+    assert run(calm, CAP).action == Action.REPLAN
+
+
+# ---- spot and on demand --------------------------------------------------------------
+
+
+def _priced(planner, premium):
+    """``planner``'s options, movable to on-demand nodes at ``premium`` USD/h per GPU."""
+    def fn(a):
+        return [PlanOption(gpus=o.gpus, throughput_samples_per_s=o.throughput_samples_per_s, usd_per_hr=o.usd_per_hr,
+                           label=o.label, on_demand_premium_usd_per_hr=premium) for o in planner(a)]
+    return fn
+
+
+def test_on_demand_takes_the_stormy_pool_when_the_objective_pays_for_it():
+    avail = {("A100-40", A): 4, ("A100-40", B): 4}
+    planner = _priced(linear_planner, {k: 2.0 for k in avail})  # 1.2 USD/h on spot, 3.2 on demand
+    rates = {("A100-40", B): 40 / 3600}
+    state = ControllerState(plan=None, available=avail, samples_target=1e7, preemption_rate_per_s=rates,
+                            on_demand_available={("A100-40", B): 4})
+    d = run(state, plan_fn=planner)
+    assert d.plan.gpus == {("A100-40", A): 4} and d.plan.on_demand == {("A100-40", B): 4}
+    assert d.plan.usd_per_hr == pytest.approx(4 * 1.2 + 4 * (1.2 * 0.9 + 2.0))  # B spot is 10 % cheaper
+    assert "on demand" in d.reason
+    # Finishing cheapest, the calm spot pool alone wins: on demand costs more than it saves.
+    d = run(state, plan_fn=planner, objective="cost")
+    assert d.plan.gpus == {("A100-40", A): 4} and not d.plan.on_demand
+
+
+def test_on_demand_capacity_runs_a_plan_when_spot_has_none():
+    planner = _priced(linear_planner, {("A100-40", A): 2.0})
+    state = ControllerState(plan=None, available={}, samples_target=1e6, on_demand_available={("A100-40", A): 2})
+    d = run(state, plan_fn=planner)
+    assert d.action == Action.REPLAN and d.plan.on_demand == {("A100-40", A): 2} and not d.plan.gpus
+    assert d.plan.usd_per_hr == pytest.approx(2 * 3.2)
+
+
+def test_config_checks_the_objective_and_floor():
+    from sailor_core.errors import InputError
+
+    with pytest.raises(InputError, match="objective"):
+        ControllerConfig(objective="speed")
+    with pytest.raises(InputError, match="floor"):
+        ControllerConfig(min_throughput_samples_per_s=0)
+    assert math.isclose(ControllerConfig(save_s=4, provisioning_s=90, startup_s=64).change_cost_s, 158)
