@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from prefect import flow
-from prefect.artifacts import create_table_artifact
+from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
+from sailor_core.job import report
 from tasks import cloud as cloud_tasks
 from tasks import control, reporting
 
@@ -22,14 +23,16 @@ def plan_flow(model: str = "opt-350m", objective: str = "throughput", global_bat
                                         spot=spot)
     available = control.availability(offers, max_gpus_per_zone=max_gpus_per_zone, max_gpus=max_gpus)
     options = control.plan_options(planner, available)
-    rows = [{"rank": i + 1, "gpus": o.label, "samples_per_s": round(o.throughput_samples_per_s, 3),
-             "usd_per_hr": round(o.usd_per_hr, 4), "stages": o.plan.pp_degree,
-             "micro_batch_size": o.plan.micro_batch_size} for i, o in enumerate(options)]
+    rows = [{"rank": i + 1, "GPUs": report.gpus(o.gpus), "samples/s": report.sig(o.throughput_samples_per_s),
+             "USD/h": report.sig(o.usd_per_hr), "stages": o.plan.pp_degree,
+             "micro-batch": o.plan.micro_batch_size} for i, o in enumerate(options)]
     create_table_artifact(key=reporting.artifact_key("plans", model), table=rows or [{"rank": "none"}],
                           description=f"plans for {model} on {sum(available.values())} GPUs offered now ({session.mode})")
     if options:
-        reporting.publish_pareto(f"plan-{model}", control.pareto_points(planner),
-                                 control.chosen_point(planner, options[0]))
+        create_markdown_artifact(key=reporting.artifact_key("pareto", model),
+                                 markdown=reporting.pareto_markdown(control.pareto_points(planner),
+                                                                    control.chosen_point(planner, options[0])),
+                                 description="cost against throughput of the plans on the Pareto front")
     result = planner.last_result
     return {"search_time_s": result.search_time_s if result else None,
             "plans": [{"plan": o.plan.to_dict(), "throughput_samples_per_s": o.throughput_samples_per_s,

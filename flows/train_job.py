@@ -22,6 +22,7 @@ cancellation/crash hooks when the flow process itself is being torn down.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from prefect import flow, get_run_logger
@@ -31,7 +32,7 @@ from flows.job_parameters import takes_job_spec
 from infra.errors import CapacityError
 from sailor_core import settings
 from sailor_core.controller import Action, PlanOption
-from sailor_core.job import recovery
+from sailor_core.job import recovery, report
 from sailor_core.job import state as js
 from sailor_core.job.attempts import FINISHED, INSTANCE_PREEMPTED, AttemptOutcome
 from sailor_core.job.spec import JobSpec
@@ -42,11 +43,17 @@ from tasks import jobs as job_tasks
 
 
 def _job_id_for_run(model: str) -> str:
-    """Derived from the flow run's id: the CLI finds a deployment run's job state without asking."""
+    """Derived from the flow run's id when nobody named the job (a run started from the UI)."""
     from flows.deploy_client import job_id_for
 
     run_id = current_flow_run.get_id()
     return job_id_for(model, run_id) if run_id else js.new_job_id(model)
+
+
+def _run_name() -> str:
+    """Flow runs are named after their job, so the UI's run list says which job each one is."""
+    params = current_flow_run.get_parameters()
+    return params.get("job_id") or _job_id_for_run(params.get("model") or "tiny")
 
 
 def _cleanup_hook(flow_obj, flow_run, state) -> None:
@@ -59,8 +66,25 @@ def _cleanup_hook(flow_obj, flow_run, state) -> None:
     cloud_tasks.terminate_job_everywhere(job_id, reason=f"flow run {state.name.lower()}")
 
 
-@flow(name="train-job", log_prints=False, on_cancellation=[_cleanup_hook], on_crashed=[_cleanup_hook],
-      description="Train a model on spot GPUs within a budget, re-planning on preemption.")
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Run:
+    """What every step of one flow run of the job uses."""
+
+    session: Any  # tasks.cloud.CloudSession
+    store: js.JobStore
+    reporter: reporting.JobReporter
+    max_gpus_per_zone: int
+
+    def save(self, state: js.JobState) -> js.JobState:
+        self.store.save(state)
+        return state
+
+    def end(self, state: js.JobState, status: str, reason: str) -> js.JobState:
+        return self.save(js.with_status(state, status, reason))
+
+
+@flow(name="train-job", flow_run_name=_run_name, log_prints=False, on_cancellation=[_cleanup_hook],
+      on_crashed=[_cleanup_hook], description="Train a model on spot GPUs within a budget, re-planning on preemption.")
 @takes_job_spec
 def train_job(spec: JobSpec, *, job_id: str | None = None, jobs_url: str | None = None, cloud: str = "auto",
               max_gpus_per_zone: int = 2) -> dict[str, Any]:
@@ -75,19 +99,24 @@ def train_job(spec: JobSpec, *, job_id: str | None = None, jobs_url: str | None 
     log = get_run_logger()
     store = js.JobStore(jobs_url)
     job_id = job_id or _job_id_for_run(spec.model)
+    run_id = current_flow_run.get_id()
+    url = reporting.flow_run_url(run_id)
     # The saved spec wins over this run's parameters when the job exists (start_or_resume says so).
-    state = job_tasks.start_or_resume(store, spec.for_job(store.job_url(job_id)), job_id)
+    state = job_tasks.start_or_resume(store, spec.for_job(store.job_url(job_id)), job_id, run_id=run_id, url=url)
     if state.finished:
         log.info("job %s already %s; nothing to do", job_id, state.status)
         return job_tasks.summary(state, instances_left_running=0)
 
+    reporter = reporting.JobReporter(state, run_id=run_id, url=url)
+    workers.add_progress_listener(reporter.on_progress)
     session = cloud_tasks.open_session(cloud, job_id=job_id, jobs_url=store.job_url(job_id), spec=state.spec)
     state = cloud_tasks.job_bucket_spec(state, session)  # checkpoints where the instances keep them
+    run = _Run(session=session, store=store, reporter=reporter, max_gpus_per_zone=max_gpus_per_zone)
     left_running = 0
     body_failed = False
     try:
-        state = _pick_up(session, store, state)
-        state = _attempts(session, store, state, max_gpus_per_zone=max_gpus_per_zone)
+        state = _pick_up(run, state)
+        state = _attempts(run, state)
     except BaseException as exc:
         body_failed = True
         saved = store.load(job_id) if store.exists(job_id) else state
@@ -95,110 +124,113 @@ def train_job(spec: JobSpec, *, job_id: str | None = None, jobs_url: str | None 
         store.save(state)
         raise
     finally:
-        # Nothing may stay rented: terminate by label even if the body failed.
-        state, left_running = cloud_tasks.release(session, state, store, body_failed=body_failed, log=log,
-                                                  what=f"job {job_id}", after=reporting.publish_cost_report)
+        workers.remove_progress_listener(reporter.on_progress)
+        try:  # nothing may stay rented: terminate by label even if the body failed
+            state, left_running = cloud_tasks.release(session, state, store, body_failed=body_failed, log=log,
+                                                      what=f"job {job_id}", after=reporter.finish)
+        finally:
+            reporter.close()
     return job_tasks.summary(state, instances_left_running=left_running)
 
 
-def _pick_up(session, store: js.JobStore, state: js.JobState) -> js.JobState:
+def _pick_up(run: _Run, state: js.JobState) -> js.JobState:
     """Where an earlier flow run of the job left it: its instances, checkpoints and workers' reports."""
-    state = cloud_tasks.reconcile(session, state)
+    state = cloud_tasks.reconcile(run.session, state)
     state = job_tasks.note_checkpoint(state)  # the checkpoints, not a possibly stale state, say where to resume
-    state = workers.merge_agent_reports(session, state)  # a killed run's workers may have trained on
-    return _save(store, state)
+    state = workers.merge_agent_reports(run.session, state)  # a killed run's workers may have trained on
+    return run.save(state)
 
 
-def _attempts(session, store: js.JobStore, state: js.JobState, *, max_gpus_per_zone: int) -> js.JobState:
+def _attempts(run: _Run, state: js.JobState) -> js.JobState:
     """Plan, provision, train and watch, attempt after attempt, until the job ends; its final state."""
-    log = get_run_logger()
     spec = state.spec
     data_url = job_tasks.prepare_data(spec.dataset, spec.model, spec.seed,
                                       data_dir=str(settings.sailor_home() / "data"))
-    progress = reporting.ProgressReporter(state.job_id)  # one progress artifact per flow run
     rec = recovery.start(state)
     while True:
-        offers = cloud_tasks.list_offers(session, spec.gpus, spec.zones, spec.clouds)
+        offers = cloud_tasks.list_offers(run.session, spec.gpus, spec.zones, spec.clouds)
         planner = control.job_planner(spec, offers)
-        available = control.availability(offers, max_gpus_per_zone=max_gpus_per_zone, max_gpus=spec.max_gpus)
+        available = control.availability(offers, max_gpus_per_zone=run.max_gpus_per_zone, max_gpus=spec.max_gpus)
         decision = control.decide_next(planner, state, available=available, event=rec.event, current=rec.current,
-                                       shutdown_s=session.shutdown_s, now_unix_s=time.time())
+                                       shutdown_s=run.session.shutdown_s, now_unix_s=time.time())
         if decision.action == Action.STOP:
-            return _end(store, state, recovery.status_when_stopped(state), decision.reason)
+            return run.end(state, recovery.status_when_stopped(state), decision.reason)
         if decision.action == Action.WAIT or decision.plan is None:
             rec = recovery.waited(rec)
             if rec.out_of_waits:
-                return _end(store, state, js.FAILED, decision.reason)
+                return run.end(state, js.FAILED, decision.reason)
+            run.reporter.event(state, f"{decision.reason}; looking again in {recovery.WAIT_S:.0f} s")
             time.sleep(recovery.WAIT_S)
             continue
         rec, reason = recovery.choose(rec, decision)
-        state = _save(store, recovery.start_attempt(state, decision.plan, reason))
+        state = run.save(recovery.start_attempt(state, decision.plan, reason))
+        run.reporter.event(state, reason)
         try:
-            placed = cloud_tasks.provision(session, state, planner.nodes(decision.plan), offers)
+            state, placed, option = _launch(run, state, planner, decision.plan, offers, reason=reason,
+                                            data_url=data_url)
         except CapacityError as exc:  # nowhere to put some node now: a wait, then plan again
-            log.warning("provisioning failed: %s", exc)
-            state = _save(store, js.with_status(state, js.RECOVERING, f"no capacity: {exc}"))
-            rec = recovery.no_capacity(rec)
+            state = run.save(js.with_status(state, js.RECOVERING, f"no capacity: {exc}"))
+            rec = recovery.no_capacity(rec, str(exc))
             if rec.out_of_waits:
-                return _end(store, state, js.FAILED, f"no capacity: {exc}")
+                return run.end(state, js.FAILED, f"no capacity: {exc}")
+            run.reporter.event(state, f"no capacity: {exc}; planning again in {recovery.WAIT_S:.0f} s")
             time.sleep(recovery.WAIT_S)
             continue
-        state, rec = _save(store, placed.state), recovery.launched(rec)
-        option, available = _as_placed(planner, decision.plan, state, available)
-        _publish(state, placed, planner, option, reason)
-        workers.assign(session, state, placed.assignments, data_url=data_url)
-        outcome, state = workers.watch_attempt(session, store, state, placed.assignments,
-                                               progress=progress, planner=planner, available=available,
-                                               current=option)
-        state = _save(store, state)
+        rec = recovery.launched(rec)
+        if option is not decision.plan:  # moved by a zone failover: the GPUs it got count as available
+            available = recovery.available_with(available, option.gpus)
+        outcome, state = workers.watch_attempt(run.session, run.store, state, placed.assignments, planner=planner,
+                                               available=available, current=option)
+        state = run.save(state)
         if outcome.kind == FINISHED:
-            state = job_tasks.note_checkpoint(state)
-            return _end(store, state, js.SUCCEEDED, f"{state.steps_done} steps done")
+            return run.end(job_tasks.note_checkpoint(state), js.SUCCEEDED, f"{state.steps_done} steps done")
         before = state.last_checkpoint_step
-        state = _settle_early_end(session, store, state, placed.assignments, outcome)
+        state = _settle_early_end(run, state, placed.assignments, outcome)
         if outcome.kind == workers.BUDGET:
-            return _end(store, state, js.STOPPED_BUDGET, outcome.reason)
-        if outcome.kind == INSTANCE_PREEMPTED:
-            reporting.emit_job_event("preempted", state, instances=list(outcome.instance_ids))
+            return run.end(state, js.STOPPED_BUDGET, outcome.reason)
         rec = recovery.after_attempt(rec, state, outcome, ran=option, checkpoint_before=before)
         if rec.stalled:
-            return _end(store, state, js.FAILED, recovery.stalled_reason(rec, outcome))
-        log.info("job %s: %s; re-planning from step %s", state.job_id, outcome.reason, state.last_checkpoint_step)
+            return run.end(state, js.FAILED, recovery.stalled_reason(rec, outcome))
+        run.reporter.event(state, "re-planning on the GPUs offered now, to resume from step "
+                                  f"{state.last_checkpoint_step or 0}")
 
 
-def _settle_early_end(session, store: js.JobStore, state: js.JobState, assignments,
-                      outcome: AttemptOutcome) -> js.JobState:
+def _launch(run: _Run, state: js.JobState, planner: control.Planner, option: PlanOption, offers, *,
+            reason: str, data_url: str) -> tuple[js.JobState, Any, PlanOption]:
+    """Rent the attempt's instances (keeping survivors that fit), publish the attempt, start its workers.
+
+    Returns the job state, what was placed, and the plan as placed: a zone failover may have moved nodes,
+    and then that plan is the one watched.
+    """
+    requests = planner.nodes(option)
+    run.reporter.event(state, f"provisioning {report.nodes_line([cloud_tasks.node_dict(n) for n in requests])}")
+    placed = cloud_tasks.provision(run.session, state, requests, offers)
+    state = run.save(placed.state)
+    if state.plan != option.plan.to_dict():
+        option = planner.option(plan_from_dict(state.plan), option.throughput_samples_per_s)
+    nodes = [cloud_tasks.node_dict(n) for n in placed.nodes]
+    run.reporter.attempt(state, reason=reason, nodes=nodes, history=list(placed.history),
+                         pareto=reporting.pareto_markdown(control.pareto_points(planner),
+                                                          control.chosen_point(planner, option)))
+    workers.assign(run.session, state, placed.assignments, data_url=data_url)
+    at = state.last_checkpoint_step or 0
+    run.reporter.event(state, f"rented {report.nodes_line(nodes)}; starting the workers"
+                              + (f", to resume from the checkpoint at step {at}" if at else ""))
+    return state, placed, option
+
+
+def _settle_early_end(run: _Run, state: js.JobState, assignments, outcome: AttemptOutcome) -> js.JobState:
     """The attempt ended early: stop the survivors (SIGTERM: they checkpoint if they can), then settle
     the instance records and note the checkpoint the next attempt starts from."""
-    state = _save(store, workers.stop_attempt(session, state, assignments))
-    state = _save(store, cloud_tasks.reconcile(session, state))
+    if outcome.kind == INSTANCE_PREEMPTED:
+        reporting.emit_job_event("preempted", state, instances=list(outcome.instance_ids))
+        what = recovery.preemption_words(state, outcome.instance_ids)
+    else:
+        what = f"{outcome.reason} at step {state.steps_done}"
+    run.reporter.event(state, f"{what}; stopping the attempt (its workers checkpoint first)")
+    state = run.save(workers.stop_attempt(run.session, state, assignments))
+    state = run.save(cloud_tasks.reconcile(run.session, state))
     state = recovery.close_preempted(state, outcome)
-    return _save(store, job_tasks.note_checkpoint(state))
-
-
-def _as_placed(planner: control.Planner, option: PlanOption, state: js.JobState,
-               available: dict) -> tuple[PlanOption, dict]:
-    """The plan as provisioned: a zone failover may have moved nodes, and then that plan is the one watched."""
-    if state.plan == option.plan.to_dict():
-        return option, available
-    placed = planner.option(plan_from_dict(state.plan), option.throughput_samples_per_s)
-    return placed, recovery.available_with(available, placed.gpus)
-
-
-def _publish(state: js.JobState, placed, planner: control.Planner, option: PlanOption, reason: str) -> None:
-    """The attempt's plan, the Pareto front it was chosen from, and a re-plan event after the first."""
-    reporting.publish_plan(state, nodes=[cloud_tasks.node_dict(n) for n in placed.nodes],
-                           sim={"throughput_samples_per_s": option.throughput_samples_per_s}, reason=reason,
-                           history=list(placed.history))
-    reporting.publish_pareto(state.job_id, control.pareto_points(planner), control.chosen_point(planner, option))
-    if state.attempt > 1:
-        reporting.emit_job_event("replanned", state, reason=reason, plan=state.plan)
-
-
-def _save(store: js.JobStore, state: js.JobState) -> js.JobState:
-    store.save(state)
+    state = run.save(job_tasks.note_checkpoint(state))
+    run.reporter.event(state, f"newest checkpoint: step {state.last_checkpoint_step or 0}")
     return state
-
-
-def _end(store: js.JobStore, state: js.JobState, status: str, reason: str) -> js.JobState:
-    return _save(store, js.with_status(state, status, reason))

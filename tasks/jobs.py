@@ -7,7 +7,6 @@ from typing import Any
 
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
-from prefect.runtime import flow_run
 
 from sailor_core.catalog.models import get_model
 from sailor_core.job import state as js
@@ -17,8 +16,10 @@ SYNTHETIC = "synthetic"
 SYNTHETIC_TOKENS = 1 << 16
 
 
-def start_or_resume(store: js.JobStore, spec: JobSpec, job_id: str) -> js.JobState:
-    """The job's saved state when it exists (same job, next flow run), else a new job."""
+def start_or_resume(store: js.JobStore, spec: JobSpec, job_id: str, *, run_id=None,
+                    url: str | None = None) -> js.JobState:
+    """The job's saved state when it exists (same job, next flow run), else a new job; either way
+    with this flow run (``run_id``, its page ``url``) as the job's latest."""
     if store.exists(job_id):
         state = store.load(job_id)
         if state.spec != spec:
@@ -28,7 +29,7 @@ def start_or_resume(store: js.JobStore, spec: JobSpec, job_id: str) -> js.JobSta
                 state.spec.steps)
     else:
         state = js.new_job(spec, job_id)
-    state = js.with_flow_run(state)
+    state = js.with_flow_run(state, str(run_id) if run_id else None, url)
     store.save(state)
     return state
 
@@ -59,7 +60,7 @@ def note_checkpoint(state: js.JobState) -> js.JobState:
 
 
 def summary(state: js.JobState, *, instances_left_running: int) -> dict[str, Any]:
-    """The ``sailor train`` summary (DESIGN.md keys) plus the job id and why it ended."""
+    """The ``sailor train`` summary plus the job id, why it ended and its flow run."""
     return {
         "status": state.status,
         "steps": state.steps_done,
@@ -73,10 +74,6 @@ def summary(state: js.JobState, *, instances_left_running: int) -> dict[str, Any
         "status_reason": state.status_reason,
         "attempts": state.attempt,
         "last_checkpoint_step": state.last_checkpoint_step,
-        "flow_run_id": _flow_run_id(),
+        "flow_run_id": state.flow_run_id,
+        "flow_run_url": state.flow_run_url,
     }
-
-
-def _flow_run_id() -> str | None:
-    run_id = flow_run.get_id()
-    return str(run_id) if run_id else None

@@ -1,35 +1,112 @@
-"""What a job shows in the Prefect UI: artifacts for plans, progress, re-plans and cost; events.
+"""What a job shows in the Prefect UI and on the terminal: its live status, its attempts, its cost; events.
 
-Artifact keys are per job (``<kind>-<job id>``), so every version of a job's
-plan or cost report lines up under one key across attempts and flow runs.
+Per flow run of a job (``JobReporter``), all created by the flow itself, so the UI lists
+them under "Flow run":
+
+- ``status-<job>``: one progress artifact, updated in place at every step (at most once a
+  second) and every few seconds in between: step/total, loss, validation loss, throughput,
+  USD spent against the budget, the plan in one line, the last event;
+- ``attempts-<job>``: one markdown artifact, a section per attempt in order (why it was
+  planned, what was rented and why, the plan, the Pareto front it was chosen from), updated
+  in place as attempts start (the UI lists separate artifacts in no particular order);
+- ``cost-<job>``: the instances, what each cost and how it ended, once the job ends.
+
+Events (a preemption, the checkpoint, a re-plan, provisioning, training resumed) are INFO
+lines ``job <job-id>: <what happened>`` of the flow run's log, the status artifact's last
+event, and calls to this process's event listeners (``sailor train``'s terminal); ``sailor
+train --deployment`` reads them back from the run's logs.
 """
 
 from __future__ import annotations
 
 import base64
+import contextvars
 import io
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
 
-from prefect import task
-from prefect.artifacts import (
-    create_markdown_artifact,
-    create_progress_artifact,
-    create_table_artifact,
-    update_progress_artifact,
-)
-from prefect.cache_policies import NO_CACHE
+from prefect import get_run_logger
+from prefect.artifacts import create_markdown_artifact, create_progress_artifact, create_table_artifact
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.actions import ArtifactUpdate
 from prefect.events import emit_event
+from prefect.settings import PREFECT_UI_URL
 
 from sailor_core.errors import SailorError
+from sailor_core.job import report
 from sailor_core.job.state import JobState
 from sailor_core.profiles import default_profile_db
+
+STATUS_EVERY_S = 1.0  # most one status update per this long while steps complete
+TICK_S = 3.0  # and at least one per this long (spend grows while nothing else moves)
 
 
 def artifact_key(kind: str, job_id: str) -> str:
     # Prefect keys: lowercase letters, digits and dashes only.
     safe = "".join(c if c.isalnum() else "-" for c in job_id.lower())
     return f"{kind}-{safe}"[:120]
+
+
+def flow_run_url(flow_run_id: Any) -> str | None:
+    """The flow run's page in the Prefect UI (None without a server, e.g. Prefect's temporary one)."""
+    base = PREFECT_UI_URL.value()
+    return f"{base.rstrip('/')}/runs/flow-run/{flow_run_id}" if base and flow_run_id else None
+
+
+# ---- events ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobEvent:
+    kind: str  # "run" (the flow run started: url), "event" (text), "end" (text)
+    job_id: str
+    text: str = ""
+    url: str | None = None
+
+
+_listeners: list[Callable[[JobEvent], None]] = []
+
+
+def add_event_listener(fn: Callable[[JobEvent], None]) -> None:
+    _listeners.append(fn)
+
+
+def remove_event_listener(fn: Callable[[JobEvent], None]) -> None:
+    if fn in _listeners:
+        _listeners.remove(fn)
+
+
+def _notify(event: JobEvent) -> None:
+    for fn in list(_listeners):
+        fn(event)
+
+
+def event_line(job_id: str, text: str) -> str:
+    return f"job {job_id}: {text}"
+
+
+def event_text(job_id: str, log_message: str) -> str | None:
+    """The event in a log line of the job's flow run (``event_line``'s), or None for other lines."""
+    prefix = event_line(job_id, "")
+    return log_message[len(prefix):] if log_message.startswith(prefix) else None
+
+
+def emit_job_event(name: str, state: JobState, **payload: Any) -> None:
+    """``sailor.job.<name>`` on the job as a resource (automations can trigger on it)."""
+    emit_event(
+        event=f"sailor.job.{name}",
+        resource={"prefect.resource.id": f"sailor.job.{state.job_id}", "prefect.resource.name": state.job_id},
+        payload={"attempt": state.attempt, "steps_done": state.steps_done,
+                 "usd_spent": round(state.usd_spent(), 6), **payload},
+    )
+
+
+# ---- the parts of the artifacts ------------------------------------------------------------------
 
 
 def plan_rows(plan: dict[str, Any]) -> list[dict[str, Any]]:
@@ -39,7 +116,7 @@ def plan_rows(plan: dict[str, Any]) -> list[dict[str, Any]]:
         for r, rep in enumerate(stage["replicas"]):
             rows.append({"stage": s, "layers": f"[{stage['layers'][0]}, {stage['layers'][1]})", "replica": r,
                          "gpu": rep["gpu"], "tp": rep["tp"], "zone": rep["zone"],
-                         "profile": _profile_source(plan, rep["gpu"], rep["tp"])})
+                         "timing": _profile_source(plan, rep["gpu"], rep["tp"])})
     return rows
 
 
@@ -47,34 +124,8 @@ def _profile_source(plan: dict[str, Any], gpu: str, tp: int) -> str:
     try:
         p = default_profile_db().get(plan["model"], gpu, tp, plan["micro_batch_size"], plan.get("seq_len"))
     except SailorError as exc:
-        return f"none ({exc})"
-    return "measured" if all(layer.measured for layer in p.layers) else f"estimated ({p.source})"
-
-
-@task(name="publish-plan", tags=["report"], cache_policy=NO_CACHE)
-def publish_plan(state: JobState, *, nodes: list[dict[str, Any]], sim: dict[str, Any], reason: str,
-                 history: list[str] | None = None) -> None:
-    """The chosen plan as a table, and the re-plan with its reason as markdown."""
-    plan = state.plan or {}
-    create_table_artifact(
-        key=artifact_key("plan", state.job_id),
-        table=plan_rows(plan),
-        description=(f"Plan of attempt {state.attempt} ({reason}): global batch {plan.get('global_batch_size')}, "
-                     f"micro-batch {plan.get('micro_batch_size')}, "
-                     f"{sim.get('throughput_samples_per_s', 0):.2f} samples/s predicted, "
-                     f"{sum(n['usd_per_hr'] for n in nodes):.3f} USD/h"),
-    )
-    lines = [f"# Attempt {state.attempt}: {reason}", "",
-             f"Resumes from checkpoint step **{state.last_checkpoint_step or 0}**; "
-             f"{state.usd_spent():.4f} of {state.spec.budget_usd:.2f} USD spent so far.", "",
-             "| instance type | zone | GPUs | ranks | USD/h |", "|---|---|---|---|---|"]
-    for n in nodes:
-        lines.append(f"| {n['instance_type']} | {n['zone']} | {n['gpus_per_node']} x {n['gpu']} | "
-                     f"{','.join(map(str, n['ranks']))} | {n['usd_per_hr']:.3f} |")
-    if history:
-        lines += ["", "Provisioning (zone by zone, cheapest first):", ""] + [f"- {h}" for h in history]
-    create_markdown_artifact(key=artifact_key("replan", state.job_id), markdown="\n".join(lines),
-                             description=f"attempt {state.attempt}: {reason}")
+        return f"none: {exc}"
+    return "measured" if all(layer.measured for layer in p.layers) else "estimated"
 
 
 def pareto_png(points: list[tuple[float, float]], chosen: tuple[float, float] | None) -> bytes:
@@ -100,62 +151,163 @@ def pareto_png(points: list[tuple[float, float]], chosen: tuple[float, float] | 
     return buf.getvalue()
 
 
-@task(name="publish-pareto", tags=["report"], cache_policy=NO_CACHE)
-def publish_pareto(job_id: str, points: list[tuple[float, float]], chosen: tuple[float, float] | None) -> None:
+def pareto_markdown(points: list[tuple[float, float]], chosen: tuple[float, float] | None) -> str:
+    if not points:
+        return ""
     png = base64.b64encode(pareto_png(points, chosen)).decode()
-    rows = "\n".join(f"| {t:.3f} | {c:.6f} |" for t, c in sorted(points))
-    create_markdown_artifact(
-        key=artifact_key("pareto", job_id),
-        markdown=(f"![Pareto front](data:image/png;base64,{png})\n\n| samples/s | USD/iteration |\n|---|---|\n{rows}"),
-        description="cost vs throughput of the plans on the Pareto front",
-    )
+    return (f"Plans on the Pareto front (cost against throughput):\n\n![Pareto front](data:image/png;base64,{png})"
+            f"\n\n{report.markdown_table(report.pareto_rows(points, chosen))}")
 
 
 def progress_description(state: JobState) -> str:
-    """The progress artifact's line: step, loss, the last validation loss, attempt."""
+    """The job's progress in one line: step, loss, the last validation loss, attempt."""
     val = "" if state.last_val_loss is None else f", val loss {state.last_val_loss:.4f}"
     return f"step {state.steps_done}/{state.spec.steps}, loss {state.last_loss}{val}, attempt {state.attempt}"
 
 
-class ProgressReporter:
-    """One progress artifact per flow run, updated as steps complete (throttled by the caller)."""
-
-    def __init__(self, job_id: str) -> None:
-        self.job_id = job_id
-        self.artifact_id: UUID | None = None
-        self.last_pct = -1.0
-
-    def update(self, steps_done: int, steps_target: int, description: str) -> None:
-        pct = round(100.0 * min(steps_done, steps_target) / max(1, steps_target), 1)
-        if pct == self.last_pct:
-            return
-        if self.artifact_id is None:
-            self.artifact_id = create_progress_artifact(progress=pct, key=artifact_key("progress", self.job_id),
-                                                        description=description)
-        else:
-            update_progress_artifact(self.artifact_id, progress=pct, description=description)
-        self.last_pct = pct
-
-
-@task(name="publish-cost-report", tags=["report"], cache_policy=NO_CACHE)
 def publish_cost_report(state: JobState) -> None:
-    by_instance = state.ledger().by_instance(state.updated_unix_s)
-    rows = [{"instance": i.instance_id, "zone": i.zone, "instance_type": i.instance_type, "attempt": i.attempt,
-             "usd_per_hr": round(i.usd_per_hr, 4),
-             "hours": round(((i.ended_unix_s or state.updated_unix_s) - i.launched_unix_s) / 3600.0, 6),
-             "usd": round(by_instance.get(i.instance_id, 0.0), 6), "ended": i.end_reason or "running"}
-            for i in state.instances]
-    total = state.usd_spent(state.updated_unix_s)
-    create_table_artifact(key=artifact_key("cost", state.job_id), table=rows or [{"instance": "none", "usd": 0.0}],
-                          description=(f"{state.status}: {total:.4f} of {state.spec.budget_usd:.2f} USD spent "
+    """The instances the job rented, what each cost and how it ended (a table artifact)."""
+    now = state.updated_unix_s
+    rows = report.cost_rows(state.instances, state.ledger().by_instance(now), now)
+    create_table_artifact(key=artifact_key("cost", state.job_id), table=rows or [{"instance": "none", "USD": "0"}],
+                          description=(f"{state.status}: {report.spend(state.usd_spent(now), state.spec.budget_usd)} "
                                        f"over {len(state.instances)} instances, {state.num_preemptions} preemptions"))
 
 
-def emit_job_event(name: str, state: JobState, **payload: Any) -> None:
-    """``sailor.job.<name>`` on the job as a resource (automations can trigger on it)."""
-    emit_event(
-        event=f"sailor.job.{name}",
-        resource={"prefect.resource.id": f"sailor.job.{state.job_id}", "prefect.resource.name": state.job_id},
-        payload={"attempt": state.attempt, "steps_done": state.steps_done,
-                 "usd_spent": round(state.usd_spent(), 6), **payload},
-    )
+def _update_artifact(artifact_id: UUID, *, data: Any, description: str) -> None:
+    with get_client(sync_client=True) as client:
+        client.update_artifact(artifact_id=artifact_id, artifact=ArtifactUpdate(data=data, description=description))
+
+
+# ---- one flow run of a job ------------------------------------------------------------------------
+
+
+class JobReporter:
+    """The status and attempts artifacts of one flow run of a job, and its events.
+
+    ``on_progress`` is a progress listener of the watch (``tasks.workers``); a thread refreshes
+    the status every ``TICK_S`` while nothing else does (start-up, re-planning: spend goes on).
+    """
+
+    def __init__(self, state: JobState, *, run_id: Any = None, url: str | None = None) -> None:
+        self.job_id = state.job_id
+        self._lock = threading.Lock()
+        self._state = state
+        self._last_event: tuple[float, str] | None = None
+        self._last_push = 0.0
+        self._rates: deque[tuple[float, int]] = deque(maxlen=60)
+        self._training_attempt = 0
+        self._sections: list[str] = []
+        self._attempts_id: UUID | None = None
+        self._status_id = create_progress_artifact(progress=self._pct(state), key=artifact_key("status", self.job_id),
+                                                   description=self._status(state))
+        self._stop = threading.Event()
+        self._ticker = threading.Thread(target=contextvars.copy_context().run, args=(self._tick,), daemon=True,
+                                        name=f"status-{self.job_id}")
+        self._ticker.start()
+        if url:
+            get_run_logger().info("%s", event_line(self.job_id, f"flow run {url}"))
+        _notify(JobEvent(kind="run", job_id=self.job_id, url=url, text=str(run_id or "")))
+
+    # -- what the flow tells it
+
+    def event(self, state: JobState, text: str) -> None:
+        """Something happened that the user should hear of now: log, terminal, status."""
+        get_run_logger().info("%s", event_line(self.job_id, text))
+        with self._lock:
+            self._last_event = (time.time(), text)
+        _notify(JobEvent(kind="event", job_id=self.job_id, text=text))
+        self.push(state, force=True)
+
+    def on_progress(self, state: JobState) -> None:
+        now = time.time()
+        with self._lock:
+            if self._rates and (self._rates[-1][1] > state.steps_done or state.attempt != self._training_attempt):
+                self._rates.clear()
+            self._rates.append((now, state.steps_done))
+            first = state.attempt != self._training_attempt
+            self._training_attempt = state.attempt
+        if first:
+            at = state.replans[-1].at_step if state.replans else 0
+            self.event(state, f"training: attempt {state.attempt} " + (f"resumed from step {at}" if at else "started"))
+        else:
+            self.push(state)
+
+    def attempt(self, state: JobState, *, reason: str, nodes: list[dict[str, Any]], history: list[str],
+                pareto: str) -> None:
+        """A new attempt runs: its section is added to the attempts artifact."""
+        record = state.replans[-1]
+        self._sections.append(report.attempt_markdown(
+            attempt=state.attempt, at_unix_s=record.at_unix_s, reason=reason, resume_step=record.at_step,
+            spent_usd=state.usd_spent(), budget_usd=state.spec.budget_usd,
+            plan=report.plan_line(state.plan, usd_per_hr=record.usd_per_hr,
+                                  samples_per_s=record.throughput_samples_per_s),
+            nodes=nodes, plan_rows=plan_rows(state.plan or {"stages": []}), history=history, pareto=pareto))
+        markdown = "\n\n---\n\n".join(self._sections)
+        description = (f"{state.attempt} attempt{'s' if state.attempt > 1 else ''}; "
+                       f"latest: {reason}")
+        if self._attempts_id is None:
+            self._attempts_id = create_markdown_artifact(key=artifact_key("attempts", self.job_id), markdown=markdown,
+                                                         description=description)
+        else:
+            _update_artifact(self._attempts_id, data=markdown, description=description)
+        if state.attempt > 1:
+            emit_job_event("replanned", state, reason=reason, plan=state.plan)
+
+    def finish(self, state: JobState) -> None:
+        """The job's instances are gone: the cost report, the final status; the ticker stops."""
+        self._stop.set()
+        publish_cost_report(state)
+        text = f"{state.status}: {state.status_reason}" if state.status_reason else state.status
+        self.event(state, f"{text}; {report.spend(state.usd_spent(state.updated_unix_s), state.spec.budget_usd)}")
+        _notify(JobEvent(kind="end", job_id=self.job_id, text=text))
+
+    def close(self) -> None:
+        self._stop.set()
+        self._ticker.join(timeout=5)
+
+    # -- the status artifact
+
+    def push(self, state: JobState, *, force: bool = False) -> None:
+        with self._lock:
+            self._state = state
+            now = time.monotonic()
+            if not force and now - self._last_push < STATUS_EVERY_S:
+                return
+            self._last_push = now
+            pct, description = self._pct(state), self._status(state)
+        _update_artifact(self._status_id, data=pct, description=description)
+
+    def _tick(self) -> None:
+        while not self._stop.wait(TICK_S):
+            with self._lock:
+                due = time.monotonic() - self._last_push >= TICK_S
+                state = self._state
+            if due:
+                try:
+                    self.push(state, force=True)
+                except Exception:  # noqa: BLE001  a missed refresh is harmless; the next one comes
+                    pass
+
+    @staticmethod
+    def _pct(state: JobState) -> float:
+        return round(100.0 * min(state.steps_done, state.spec.steps) / max(1, state.spec.steps), 1)
+
+    def _samples_per_s(self, state: JobState) -> float | None:
+        if len(self._rates) < 2 or time.time() - self._rates[-1][0] > 10:
+            return None
+        (t0, s0), (t1, s1) = self._rates[0], self._rates[-1]
+        gbs = (state.plan or {}).get("global_batch_size") or state.spec.global_batch_size or 1
+        return (s1 - s0) * gbs / (t1 - t0) if t1 > t0 and s1 > s0 else None
+
+    def _status(self, state: JobState) -> str:
+        now = time.time()
+        record = state.replans[-1] if state.replans else None
+        ledger = state.ledger()
+        return report.status_markdown(
+            steps_done=state.steps_done, steps_target=state.spec.steps, loss=state.last_loss,
+            val_loss=state.val_losses[-1] if state.val_losses else None, samples_per_s=self._samples_per_s(state),
+            spent_usd=ledger.spent_usd(now), budget_usd=state.spec.budget_usd, usd_per_hr_now=ledger.usd_per_hr(),
+            attempt=state.attempt, status=state.status,
+            plan=report.plan_line(state.plan, usd_per_hr=record.usd_per_hr if record else None),
+            last_event=self._last_event)

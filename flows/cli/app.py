@@ -31,6 +31,7 @@ _COMMAND_MODULES = (
     "flows.cli.engine",
     "flows.cli.data",
     "flows.cli.train",
+    "flows.cli.deploy",
     "flows.cli.replay",
     "flows.cli.export",
 )

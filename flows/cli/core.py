@@ -5,11 +5,13 @@ Imports happen inside the commands so ``sailor --help`` stays light.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Optional
 
 import typer
 
 from flows.cli.common import console, fail, parse_layers, print_json
+from sailor_core.job.report import sig
 
 _CATALOGS = ("gpus", "models", "instances")
 
@@ -23,22 +25,52 @@ def _ms(seconds: float) -> str:
 
 
 def simulate_cmd(
-    plan_path: str = typer.Argument(..., metavar="PLAN.json", help="Plan file (DESIGN.md format)."),
-    on_demand: bool = typer.Option(False, "--on-demand", help="Price GPUs on demand instead of spot."),
-    as_json: bool = typer.Option(False, "--json", help="Print the SimResult as JSON."),
+    plan_path: str = typer.Argument(..., metavar="PLAN.json",
+                                    help="A plan file (README.md, 'A plan file'; `sailor plan --save` writes one), "
+                                         "or what `sailor plan --json` printed; - reads standard input."),
+    rank: int = typer.Option(1, "--rank", help="Of a `sailor plan --json` document: which plan (1 = the best)."),
+    spot: bool = typer.Option(True, "--spot/--no-spot", help="Price GPUs as spot (else on demand)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the simulation's figures as JSON."),
+    on_demand: bool = typer.Option(False, "--on-demand", hidden=True),  # the older spelling of --no-spot
 ) -> None:
     """Simulate one training iteration of a plan: time by part, memory, cost, throughput."""
-    from sailor_core.plan.types import load_plan
     from sailor_core.simulator import simulate
 
-    plan = load_plan(plan_path)
-    result = simulate(plan, spot=not on_demand)
+    plan = _load_plan_document(plan_path, rank)
+    result = simulate(plan, spot=spot and not on_demand)
     if as_json:
         out = result.to_dict()
         out["plan"] = plan.to_dict()
         print_json(out)
         return
     _print_sim(plan, result)
+
+
+def _load_plan_document(path: str, rank: int):
+    """A plan file, or the plan of rank ``rank`` in a ``sailor plan --json`` document."""
+    import json
+    import sys
+
+    from sailor_core.errors import InputError, PlanError
+    from sailor_core.plan.types import load_plan, plan_from_dict
+
+    if path != "-":
+        try:
+            doc = json.loads(Path(path).read_text())
+        except (OSError, ValueError):
+            return load_plan(path)  # its one-line error says what is wrong with the file
+    else:
+        try:
+            doc = json.loads(sys.stdin.read())
+        except ValueError as exc:
+            raise PlanError(f"standard input is not a JSON plan: {exc}") from None
+    if isinstance(doc, dict) and "stages" not in doc and isinstance(doc.get("plans"), list):
+        plans = doc["plans"]
+        if not 1 <= rank <= len(plans):
+            raise InputError(f"--rank {rank}: the document has {len(plans)} plan(s)")
+        entry = plans[rank - 1]
+        doc = entry.get("plan") if isinstance(entry, dict) else None
+    return plan_from_dict(doc)
 
 
 def _print_sim(plan, result) -> None:
@@ -76,8 +108,8 @@ def _print_sim(plan, result) -> None:
     con.print(stages)
     con.print(
         f"throughput {result.throughput_samples_per_s:,.2f} samples/s ({result.tokens_per_s:,.0f} tokens/s); "
-        f"cost {result.usd_per_iteration:.4f} USD/iteration (GPUs {result.gpu_usd_per_iteration:.4f}, "
-        f"egress {result.egress_usd_per_iteration:.4f}), GPUs {result.usd_per_hour:.2f} USD/h; "
+        f"cost {sig(result.usd_per_iteration)} USD/iteration (GPUs {sig(result.gpu_usd_per_iteration)}, "
+        f"egress {sig(result.egress_usd_per_iteration)}), GPUs {result.usd_per_hour:.2f} USD/h; "
         f"bottleneck {result.bottleneck}"
     )
     if result.fits:

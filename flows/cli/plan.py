@@ -6,11 +6,14 @@ is imported inside the command so ``sailor plan`` starts fast.
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Optional
 
 import typer
 
 from flows.cli.common import console, print_json
+from sailor_core.job.report import sig
 
 
 def plan_cmd(
@@ -22,24 +25,35 @@ def plan_cmd(
     row: int = typer.Option(0, "--row", help="Row of --trace to plan for (0-based, after merging repeats)."),
     objective: str = typer.Option("throughput", "--objective", help="throughput | cost"),
     max_usd_per_iter: Optional[float] = typer.Option(None, "--max-usd-per-iter", help="Cost cap, USD per iteration."),
-    max_usd_per_hour: Optional[float] = typer.Option(None, "--max-usd-per-hour", help="Cost cap, USD per hour."),
+    max_usd_per_hr: Optional[float] = typer.Option(None, "--max-usd-per-hr", help="Cost cap, USD per hour."),
     min_throughput: Optional[float] = typer.Option(
         None, "--min-throughput",
         help="Throughput floor in samples (sequences) per second = iterations/s x global batch."),
-    global_batch: Optional[int] = typer.Option(None, "--global-batch", help="Sequences per iteration (default 1024)."),
+    global_batch_size: Optional[int] = typer.Option(None, "--global-batch-size",
+                                                    help="Sequences per iteration (default 1024)."),
     top: int = typer.Option(5, "--top", help="How many plans to return."),
     pareto: Optional[str] = typer.Option(None, "--pareto", help="Write the cost/throughput Pareto chart to this PNG."),
-    on_demand: bool = typer.Option(False, "--on-demand", help="Price GPUs on demand instead of spot."),
+    save: Optional[Path] = typer.Option(None, "--save", help="Write the best plan to this file, for `sailor simulate` "
+                                                             "and `sailor engine run` (format: README, 'A plan file')."),
+    spot: bool = typer.Option(True, "--spot/--no-spot", help="Price GPUs as spot (else on demand)."),
     max_stages: int = typer.Option(16, "--max-stages", help="Most pipeline stages to consider."),
-    as_json: bool = typer.Option(False, "--json", help="Print JSON (keys as in DESIGN.md)."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON: the ranked plans and their figures."),
+    # Older spellings, hidden: the options above are spelled as in `sailor train`.
+    max_usd_per_hour: Optional[float] = typer.Option(None, "--max-usd-per-hour", hidden=True),
+    global_batch: Optional[int] = typer.Option(None, "--global-batch", hidden=True),
+    on_demand: bool = typer.Option(False, "--on-demand", hidden=True),
 ) -> None:
     """Find the best plans: micro-batch, stages, uneven layer split, replicas, TP and zones."""
     from sailor_core.errors import InputError
     from sailor_core.planner import make_request, parse_gpu_list, plan_job
 
+    max_usd_per_hr = max_usd_per_hour if max_usd_per_hour is not None else max_usd_per_hr
+    global_batch_size = global_batch if global_batch is not None else global_batch_size
+    spot = spot and not on_demand
     if (gpus is None) == (trace is None):
         raise InputError("give exactly one of --gpus and --trace")
     if gpus is not None:
+        _check_gpu_list_syntax(gpus)
         availability = parse_gpu_list(gpus)
     else:
         availability = _trace_row(trace, row)
@@ -49,12 +63,12 @@ def plan_cmd(
         model=model,
         availability=availability,
         objective=objective,
-        global_batch_size=global_batch,
+        global_batch_size=global_batch_size,
         max_usd_per_iteration=max_usd_per_iter,
-        max_usd_per_hour=max_usd_per_hour,
+        max_usd_per_hour=max_usd_per_hr,
         min_throughput_samples_per_s=min_throughput,
         top_n=top,
-        spot=not on_demand,
+        spot=spot,
         max_stages=max_stages,
         collect_pareto=pareto is not None,
     )
@@ -63,6 +77,8 @@ def plan_cmd(
         from sailor_core.planner.chart import write_pareto_png
 
         write_pareto_png(result, pareto, title=f"{request.model}, {request.total_gpus} GPUs available")
+    if save is not None:
+        _save_plan(result, save)
     if as_json:
         out = result.to_dict()
         out["model"] = request.model
@@ -70,7 +86,28 @@ def plan_cmd(
         out["available"] = {f"{g}@{z}": n for (g, z), n in request.availability.items()}
         print_json(out)
         return
-    _print_result(request, result, pareto)
+    _print_result(request, result, pareto, save)
+
+
+def _check_gpu_list_syntax(text: str) -> None:
+    """The likely typo, said as such: ``T4:us-central1-a=2`` for ``T4@us-central1-a=2``."""
+    from sailor_core.errors import InputError
+
+    for item in (p.strip() for p in text.split(",")):
+        name = item.partition("=")[0]
+        if ":" in name and "@" not in name:
+            gpu, _, zone = name.partition(":")
+            raise InputError(f"--gpus item {item!r}: a zone follows its GPU after '@', not ':' "
+                             f"(did you mean '{gpu}@{zone}={item.partition('=')[2]}'?)")
+
+
+def _save_plan(result, path: Path) -> None:
+    from sailor_core.errors import InputError
+
+    try:
+        path.write_text(json.dumps(result.candidates[0].plan.to_dict(), indent=2) + "\n")
+    except OSError as exc:
+        raise InputError(f"--save {str(path)!r}: {exc.strerror or exc}") from None
 
 
 def _trace_row(path: str, row: int) -> dict:
@@ -83,7 +120,7 @@ def _trace_row(path: str, row: int) -> dict:
     return {key: n for key, n in trace.row(row).items() if n > 0}
 
 
-def _print_result(request, result, pareto: str | None) -> None:
+def _print_result(request, result, pareto: str | None, save: Path | None) -> None:
     from rich.table import Table
 
     con = console()
@@ -98,7 +135,7 @@ def _print_result(request, result, pareto: str | None) -> None:
     for i, cand in enumerate(result.candidates):
         plan = cand.plan
         table.add_row(
-            str(i + 1), f"{cand.throughput_samples_per_s:,.2f}", f"{cand.usd_per_iteration:.4f}",
+            str(i + 1), f"{cand.throughput_samples_per_s:,.2f}", sig(cand.usd_per_iteration),
             f"{cand.sim.usd_per_hour:,.2f}", str(plan.num_gpus), str(plan.micro_batch_size),
             "; ".join(f"{s.layer_start}:{s.layer_end} {_replicas(s)}" for s in plan.stages),
             f"{cand.sim.peak_memory_bytes / 1e9:,.1f}",
@@ -108,6 +145,8 @@ def _print_result(request, result, pareto: str | None) -> None:
     con.print("GPUs used by the best plan: " + ", ".join(f"{k}={n}" for k, n in best.gpus_by_type_zone().items()))
     if pareto:
         con.print(f"Pareto chart ({len(result.pareto)} points) written to {pareto}")
+    if save is not None:
+        con.print(f"best plan written to {save} (`sailor simulate {save}`)")
 
 
 def _replicas(stage) -> str:

@@ -150,7 +150,7 @@ def network_cmd(
     gpu: Optional[str] = typer.Option(None, "--gpu", help="GPU type of the instances (with --cloud)"),
     zone: Optional[str] = typer.Option(None, "--zone", help="zone of the instances / of rank 0 (with --cloud)"),
     dst_zone: Optional[str] = typer.Option(None, "--dst-zone", help="zone of rank 1: measure a cross-zone link"),
-    spot: bool = typer.Option(True, "--spot/--on-demand", help="rent spot instances (with --cloud)"),
+    spot: bool = typer.Option(True, "--spot/--no-spot", help="rent spot instances (with --cloud)"),
     budget_usd: float = typer.Option(5.0, "--budget-usd", help="refuse to start when the instances could cost "
                                                                "more if run to the deadlines (with --cloud)"),
     timeout_s: float = typer.Option(600.0, "--timeout-s", help="deadline for the measurement once the instances "
@@ -159,6 +159,7 @@ def network_cmd(
                                         help="write the fit to your network folder (default: yes, but not "
                                              "from the embedded cloud)"),
     json_out: bool = typer.Option(False, "--json", help="machine-readable output"),
+    on_demand: bool = typer.Option(False, "--on-demand", hidden=True),  # the older spelling of --no-spot
 ) -> None:
     """Measure p2p bandwidth vs message size and all-reduce among workers; fit the network model's curve.
 
@@ -181,7 +182,8 @@ def network_cmd(
 
         network_link(gpu, zone, dst_zone, workers)  # bad input fails before a Prefect server is started
         _network_cloud(dict(gpu=gpu, zone=zone, dst_zone=dst_zone, workers=workers, cloud=CLOUD_MODES[cloud],
-                            device=device or "auto", reps=reps, max_mib=max_mib, spot=spot, save=save,
+                            device=device or "auto", reps=reps, max_mib=max_mib, spot=spot and not on_demand,
+                            save=save,
                             budget_usd=budget_usd, timeout_s=timeout_s), json_out)
         return
     if gpu or zone or dst_zone:

@@ -1,5 +1,8 @@
 """``sailor train``, ``sailor ui``, ``sailor jobs``, ``sailor status``: the job commands.
 
+Every argument is checked before anything starts (JobSpec's fields against their catalogs,
+then the run's own options): a bad one is an ``error:`` line within a fraction of a second,
+with no Prefect or torch loaded, no server started, no job or flow run created.
 Prefect, torch and the clouds are imported inside the command bodies, after
 ``flows.cli.prefect_server`` has chosen the Prefect API (it must precede the import).
 """
@@ -7,6 +10,7 @@ Prefect, torch and the clouds are imported inside the command bodies, after
 from __future__ import annotations
 
 import dataclasses
+import re
 import sys
 import time
 from pathlib import Path
@@ -16,85 +20,21 @@ import typer
 
 from flows.cli.common import console, print_json
 from flows.cli.job_options import with_job_options
+from sailor_core.errors import InputError
+from sailor_core.job import report
 from sailor_core.job.spec import JobSpec
 
 SUMMARY_KEYS = ("status", "steps", "final_loss", "replans", "preemptions", "usd_spent", "budget_usd",
                 "instances_left_running")
+CLOUDS = ("auto", "embedded", "real")
+_JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 
 
 def register(app: typer.Typer) -> None:
     app.command(name="train")(with_job_options(train))
-
-    @app.command()
-    def ui(
-        port: int = typer.Option(4200, "--port", help="port to serve on (next free one if taken)"),
-        stop: bool = typer.Option(False, "--stop", help="stop the server `sailor ui` started"),
-    ) -> None:
-        """Start a local Prefect server (SQLite under $SAILOR_HOME/prefect) and print its URL."""
-        from flows.cli.prefect_server import prefect_home, start_local_server, stop_local_server
-
-        if stop:
-            typer.echo("stopped" if stop_local_server() else "no server was running")
-            return
-        api_url = start_local_server(port=port)
-        typer.echo(api_url.removesuffix("/api") + "/")
-        typer.echo(f"(API {api_url}; database and log under {prefect_home()}; "
-                   "`sailor train` now runs against it; stop with `sailor ui --stop`)", err=True)
-
-    @app.command()
-    def jobs(as_json: bool = typer.Option(False, "--json", help="print JSON")) -> None:
-        """Training jobs known here: status, attempts, steps, spend, recoveries."""
-        from sailor_core.job.state import JobStore
-
-        store = JobStore()
-        rows = [_job_row(s) for s in store.list()]
-        if as_json:
-            print_json({"jobs_url": store.root, "jobs": rows})
-            return
-        from rich.table import Table
-
-        table = Table(title=f"jobs under {store.root}")
-        for col in ("job", "model", "status", "steps", "attempts", "preemptions", "USD spent / budget", "running"):
-            table.add_column(col)
-        for r in rows:
-            table.add_row(r["job_id"], r["model"], r["status"], f"{r['steps_done']}/{r['steps_target']}",
-                          str(r["attempts"]), str(r["preemptions"]), f"{r['usd_spent']:.4f} / {r['budget_usd']:.2f}",
-                          str(r["instances_running"]))
-        console().print(table)
-
-    @app.command()
-    def status(job_id: str = typer.Argument(..., help="job id (see `sailor jobs`)"),
-               as_json: bool = typer.Option(False, "--json", help="print JSON")) -> None:
-        """One job: attempts, re-plans with their reasons, instances and spend."""
-        from sailor_core.job.state import JobStore
-
-        state = JobStore().load(job_id)
-        row = _job_row(state)
-        row["status_reason"] = state.status_reason
-        row["last_checkpoint_step"] = state.last_checkpoint_step
-        row["final_loss"] = state.last_loss
-        row["val_loss"] = state.last_val_loss
-        row["val_loss_step"] = state.val_losses[-1][0] if state.val_losses else None
-        row["replans"] = [{"attempt": r.attempt, "at_step": r.at_step, "reason": r.reason,
-                           "usd_per_hr": r.usd_per_hr} for r in state.replans]
-        by_instance = state.ledger().by_instance(time.time())
-        row["instances"] = [{"instance_id": i.instance_id, "zone": i.zone, "instance_type": i.instance_type,
-                             "attempt": i.attempt, "end_reason": i.end_reason or "running",
-                             "usd": by_instance.get(i.instance_id, 0.0)} for i in state.instances]
-        if as_json:
-            print_json(row)
-            return
-        out = console()
-        out.print(f"[bold]{state.job_id}[/bold] {state.spec.model}: {state.status} {state.status_reason}")
-        val = "" if row["val_loss"] is None else f", val loss {row['val_loss']:.4f} (step {row['val_loss_step']})"
-        out.print(f"steps {state.steps_done}/{state.spec.steps}, last checkpoint {state.last_checkpoint_step}, "
-                  f"loss {state.last_loss}{val}, spent {row['usd_spent']:.4f} of {state.spec.budget_usd:.2f} USD")
-        for r in row["replans"]:
-            out.print(f"  attempt {r['attempt']} from step {r['at_step']}: {r['reason']} "
-                      f"({r['usd_per_hr']:.3f} USD/h)")
-        for i in row["instances"]:
-            out.print(f"  {i['instance_id']} {i['zone']} {i['instance_type']} attempt {i['attempt']}: "
-                      f"{i['end_reason']}, {i['usd']:.4f} USD")
+    app.command(name="ui")(ui)
+    app.command(name="jobs")(jobs)
+    app.command(name="status")(status)
 
 
 def train(
@@ -105,31 +45,35 @@ def train(
     cloud: str = typer.Option(
         "auto", "--cloud", help="auto (real clouds when SAILOR_CLOUDS asks for them, else embedded), embedded, real"),
     deployment: bool = typer.Option(False, "--deployment",
-                                    help="trigger the train-job deployment on the Prefect server instead"),
+                                    help="run it through the train-job deployment (set up by `sailor deploy`)"),
     as_json: bool = typer.Option(False, "--json", help="print the summary as JSON"),
 ) -> None:
     """Plan, rent, train, survive preemptions and stay within the budget."""
-    from flows.cli.prefect_server import configure_prefect_env, would_start_server
-    from flows.job_parameters import spec_parameters
-    from sailor_core.errors import InputError
-
     if max_gpus_per_zone < 1:
         raise InputError(f"--max-gpus-per-zone must be at least 1, got {max_gpus_per_zone}")
-    if cloud not in ("auto", "embedded", "real"):
+    if cloud not in CLOUDS:
         raise InputError(f"--cloud must be auto, embedded or real, got {cloud!r}")
+    if job_id is not None and not _JOB_ID.fullmatch(job_id):
+        raise InputError(f"--job-id {job_id!r}: use letters, digits, '.', '_' and '-' (at most 100), "
+                         "starting with a letter or digit")
     spec = _with_local_data_resolved(spec)
+    from flows.cli.progress import live_display
+    from flows.cli.prefect_server import configure_prefect_env, would_start_server
+    from flows.job_parameters import spec_parameters
+    from sailor_core.job.state import new_job_id
+
+    # Named here, so the flow run's name and its job_id parameter say which job it is.
+    job_id = job_id or new_job_id(spec.model)
     params = {**spec_parameters(spec), "job_id": job_id, "cloud": cloud, "max_gpus_per_zone": max_gpus_per_zone}
     out = console()
     if not as_json and not deployment and would_start_server():
         out.print("[dim]starting a local Prefect server (first time ~15-60 s)...[/dim]")
     choice = configure_prefect_env(start_server=not deployment)
-    if not as_json:
-        out.print(f"[dim]{choice.describe()}[/dim]")
+    if not as_json and choice.source in ("started", "ephemeral"):
+        out.print(f"[dim]{choice.describe()}[/dim]", highlight=False)
     try:
-        if deployment:
-            summary = _run_deployment(params, choice, show=not as_json)
-        else:
-            summary = _run_local(params, show=not as_json)
+        with live_display(enabled=not as_json, steps=spec.steps) as display:
+            summary = (_run_deployment(params, choice, display) if deployment else _run_local(params, display))
     except KeyboardInterrupt:
         # Typer turns Ctrl-C into a silent exit 130; say what became of the job. Locally the flow's
         # `finally` has terminated the instances and saved the job as cancelled by now.
@@ -138,7 +82,8 @@ def train(
         sys.stderr.write(f"error: interrupted; {what}\n")
         raise typer.Exit(130) from None
     if as_json:
-        print_json({k: summary.get(k) for k in (*SUMMARY_KEYS, "job_id", "status_reason", "flow_run_id")})
+        print_json({k: summary.get(k) for k in (*SUMMARY_KEYS, "job_id", "status_reason", "flow_run_id",
+                                                "flow_run_url")})
     else:
         _print_summary(summary)
     if summary.get("status") not in ("succeeded", "stopped_budget"):
@@ -148,8 +93,6 @@ def train(
 def _with_local_data_resolved(spec: JobSpec) -> JobSpec:
     """A local ``--data`` file must exist, and the job keeps its absolute path (its workers and a
     later ``--job-id`` run start elsewhere)."""
-    from sailor_core.errors import InputError
-
     if spec.dataset == "synthetic" or "://" in spec.dataset:
         return spec
     path = Path(spec.dataset).expanduser()
@@ -158,34 +101,34 @@ def _with_local_data_resolved(spec: JobSpec) -> JobSpec:
     return dataclasses.replace(spec, dataset=str(path.resolve()))
 
 
-def _job_row(state) -> dict:
-    return {
-        "job_id": state.job_id, "model": state.spec.model, "status": state.status,
-        "steps_done": state.steps_done, "steps_target": state.spec.steps, "attempts": state.attempt,
-        "preemptions": state.num_preemptions, "replans": max(0, len(state.replans) - 1),
-        "usd_spent": state.usd_spent(), "budget_usd": state.spec.budget_usd,
-        "instances_running": len(state.running_instances()), "flow_runs": state.num_flow_runs,
-    }
-
-
-def _run_local(params: dict, *, show: bool) -> dict:
+def _run_local(params: dict, display) -> dict:
+    from flows.cli.progress import quiet_engine_failures
     from flows.train_job import train_job
-    from flows.cli.progress import progress_display, quiet_engine_failures
+    from tasks.reporting import add_event_listener, remove_event_listener
+    from tasks.workers import add_progress_listener, remove_progress_listener
 
-    with quiet_engine_failures(), progress_display(enabled=show, steps=params["steps"]) as finish:
-        summary = train_job(**params)
-        finish(summary)
-        return summary
+    add_progress_listener(display.state)
+    add_event_listener(display.on_job_event)
+    try:
+        with quiet_engine_failures():
+            summary = train_job(**params)
+    finally:
+        remove_event_listener(display.on_job_event)
+        remove_progress_listener(display.state)
+    display.finish(summary)
+    return summary
 
 
-def _run_deployment(params: dict, choice, *, show: bool) -> dict:
+def _run_deployment(params: dict, choice, display) -> dict:
     from flows.deploy_client import run_train_deployment
     from sailor_core.errors import SailorError
 
     if choice.api_url is None:
-        raise SailorError("--deployment needs a running Prefect server: start one with `sailor ui` "
-                          "(then `prefect --no-prompt deploy --all` and a worker), or set PREFECT_API_URL")
-    return run_train_deployment(params, show=show)
+        raise SailorError("--deployment needs a Prefect server with Sailor's deployments: run `sailor deploy "
+                          "--worker` (or set PREFECT_API_URL to a server that has them)")
+    summary = run_train_deployment(params, display=display)
+    display.finish(summary)
+    return summary
 
 
 def _print_summary(summary: dict) -> None:
@@ -193,7 +136,7 @@ def _print_summary(summary: dict) -> None:
 
     table = Table(title=f"job {summary.get('job_id')}: {summary.get('status')}", show_header=False)
     table.add_column("what")
-    table.add_column("value")
+    table.add_column("value", overflow="fold")
     loss = summary.get("final_loss")
     rows = [
         ("status", f"{summary.get('status')} {summary.get('status_reason') or ''}".strip()),
@@ -203,7 +146,103 @@ def _print_summary(summary: dict) -> None:
         ("preemptions survived", str(summary.get("preemptions"))),
         ("USD spent / budget", f"{summary.get('usd_spent', 0.0):.4f} / {summary.get('budget_usd', 0.0):.2f}"),
         ("instances left running", str(summary.get("instances_left_running"))),
+        ("flow run", summary.get("flow_run_url") or summary.get("flow_run_id") or "-"),
     ]
     for k, v in rows:
         table.add_row(k, v)
     console().print(table)
+
+
+# ---- sailor ui / jobs / status -----------------------------------------------------------------
+
+
+def ui(
+    port: int = typer.Option(4200, "--port", help="port to serve on (next free one if taken)"),
+    stop: bool = typer.Option(False, "--stop", help="stop the server (and the worker) Sailor started"),
+) -> None:
+    """Start a local Prefect server (SQLite under $SAILOR_HOME/prefect) and print its URL."""
+    from flows.cli.prefect_server import PROFILE, ensure_local_server, prefect_home, stop_local_server, ui_url
+    from flows.cli.worker import stop_worker
+
+    if stop:
+        worker = stop_worker()
+        server = stop_local_server()
+        typer.echo("stopped " + " and ".join(w for w, did in (("the worker", worker), ("the server", server)) if did)
+                   if worker or server else "no server was running")
+        return
+    api_url, started = ensure_local_server(port=port)
+    typer.echo(ui_url(api_url))
+    typer.echo(f"({'started' if started else 'already running'}; API {api_url}; database and log under "
+               f"{prefect_home()}; the Prefect profile {PROFILE!r} is active, so plain `prefect` commands and "
+               "`sailor train` use this server; `sailor ui --stop` stops it)", err=True)
+
+
+def _job_row(state) -> dict:
+    return {
+        "job_id": state.job_id, "model": state.spec.model, "status": state.status,
+        "started_unix_s": state.created_unix_s, "started": report.local_time(state.created_unix_s),
+        "steps_done": state.steps_done, "steps_target": state.spec.steps, "attempts": state.attempt,
+        "preemptions": state.num_preemptions, "replans": max(0, len(state.replans) - 1),
+        "usd_spent": state.usd_spent(), "budget_usd": state.spec.budget_usd,
+        "instances_running": len(state.running_instances()), "flow_runs": state.num_flow_runs,
+        "flow_run_id": state.flow_run_id, "flow_run_url": state.flow_run_url,
+    }
+
+
+def jobs(as_json: bool = typer.Option(False, "--json", help="print JSON")) -> None:
+    """Training jobs known here: when they started, status, steps, spend, their flow run in the UI."""
+    from sailor_core.job.state import JobStore
+
+    store = JobStore()
+    rows = [_job_row(s) for s in store.list()]
+    if as_json:
+        print_json({"jobs_url": store.root, "jobs": rows})
+        return
+    from rich.table import Table
+
+    table = Table(title=f"jobs under {store.root}")
+    for col in ("job", "started", "status", "steps", "attempts", "USD spent / budget", "flow run"):
+        table.add_column(col, overflow="fold")
+    for r in rows:
+        table.add_row(r["job_id"], r["started"], r["status"], f"{r['steps_done']}/{r['steps_target']}",
+                      f"{r['attempts']} ({r['preemptions']} preempted)",
+                      f"{report.sig(r['usd_spent'])} / {report.sig(r['budget_usd'])}",
+                      r["flow_run_url"] or r["flow_run_id"] or "-")
+    console().print(table)
+
+
+def status(job_id: str = typer.Argument(..., help="job id (see `sailor jobs`)"),
+           as_json: bool = typer.Option(False, "--json", help="print JSON")) -> None:
+    """One job: when it started, its flow run, attempts and re-plans with their reasons, instances, spend."""
+    from sailor_core.job.state import JobStore
+
+    state = JobStore().load(job_id)
+    row = _job_row(state)
+    row["status_reason"] = state.status_reason
+    row["last_checkpoint_step"] = state.last_checkpoint_step
+    row["final_loss"] = state.last_loss
+    row["val_loss"] = state.last_val_loss
+    row["val_loss_step"] = state.val_losses[-1][0] if state.val_losses else None
+    row["replans"] = [{"attempt": r.attempt, "at_step": r.at_step, "reason": r.reason,
+                       "usd_per_hr": r.usd_per_hr} for r in state.replans]
+    by_instance = state.ledger().by_instance(time.time())
+    row["instances"] = [{"instance_id": i.instance_id, "zone": i.zone, "instance_type": i.instance_type,
+                         "attempt": i.attempt, "end_reason": i.end_reason or "running",
+                         "usd": by_instance.get(i.instance_id, 0.0)} for i in state.instances]
+    if as_json:
+        print_json(row)
+        return
+    out = console()
+    out.print(f"[bold]{state.job_id}[/bold] {state.spec.model}: {state.status} {state.status_reason}")
+    out.print(f"started {row['started']}; flow run {state.flow_run_id or '-'}"
+              + (f": {state.flow_run_url}" if state.flow_run_url else ""), highlight=False)
+    val = "" if row["val_loss"] is None else f", val loss {row['val_loss']:.4f} (step {row['val_loss_step']})"
+    out.print(f"steps {state.steps_done}/{state.spec.steps}, last checkpoint {state.last_checkpoint_step}, "
+              f"loss {report.sig(state.last_loss, 4)}{val}, spent "
+              f"{report.spend(row['usd_spent'], state.spec.budget_usd)}", highlight=False)
+    for r in row["replans"]:
+        out.print(f"  attempt {r['attempt']} from step {r['at_step']}: {r['reason']} "
+                  f"({report.sig(r['usd_per_hr'])} USD/h)", highlight=False)
+    for i in row["instances"]:
+        out.print(f"  {i['instance_id']} {i['instance_type']} in {i['zone']}, attempt {i['attempt']}: "
+                  f"{i['end_reason']}, {report.usd(i['usd'])}", highlight=False)

@@ -124,14 +124,13 @@ def _right_size(here: Sequence[Offer], num_gpus: int, num_replicas: int, spot: b
     smallest = min(o.gpus_per_node for o in holding)
     gpus = f"{num_gpus} {shape.gpu}"
     if shape.gpus_per_node == num_gpus and num_replicas > 1:
-        why = f"{num_replicas} replicas on one node: the cheapest way to rent {gpus} in {shape.zone}"
+        why = f"{num_replicas} replicas on one node: the cheapest way to rent {gpus} here"
     elif shape.gpus_per_node == num_gpus:
-        why = f"the smallest {shape.gpu} shape in {shape.zone} that holds its {gpus}"
+        why = f"the smallest shape holding {gpus}"
     elif shape.gpus_per_node == smallest:
-        why = (f"no {shape.gpu} shape in {shape.zone} holds exactly {num_gpus}: "
-               f"{shape.gpus_per_node - num_gpus} of its {shape.gpus_per_node} GPUs idle")
+        why = f"no shape of exactly {gpus} here: {shape.gpus_per_node - num_gpus} of {shape.gpus_per_node} GPUs idle"
     else:
-        why = f"cheaper than the {smallest}-GPU shape for its {gpus}"
+        why = f"cheaper than the {smallest}-GPU shape for {gpus}"
     return shape, why
 
 

@@ -8,6 +8,7 @@ three significant digits (``0.00000214 USD``, not ``0.000000``), durations read 
 from __future__ import annotations
 
 import math
+import re
 import time
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -92,3 +93,72 @@ def nodes_line(nodes: Iterable[Mapping[str, Any]]) -> str:
         key = (n["instance_type"], int(n["gpus_per_node"]), n["gpu"], n["zone"])
         counts[key] = counts.get(key, 0) + 1
     return " + ".join(f"{k} x {t} ({g} {gpu}) in {z}" for (t, g, gpu, z), k in counts.items()) or "nothing"
+
+
+def markdown_table(rows: list[Mapping[str, Any]]) -> str:
+    """Rows of equal keys as a markdown table (the Prefect UI renders it)."""
+    if not rows:
+        return ""
+    cols = list(rows[0])
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    lines += ["| " + " | ".join(str(r.get(c, "")).replace("|", "/") for c in cols) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def status_markdown(*, steps_done: int, steps_target: int, loss: float | None, val_loss: tuple[int, float] | None,
+                    samples_per_s: float | None, spent_usd: float, budget_usd: float, usd_per_hr_now: float,
+                    attempt: int, plan: str, status: str, last_event: tuple[float, str] | None) -> str:
+    """The live status of a job, a few short lines (the description of its status artifact)."""
+    pct = 100 * min(steps_done, steps_target) / max(1, steps_target)
+    train = [f"**Step {steps_done} of {steps_target}** ({pct:.0f} %)", f"loss {sig(loss, 4)}"]
+    if val_loss is not None:
+        train.append(f"val loss {sig(val_loss[1], 4)} (step {val_loss[0]})")
+    if samples_per_s is not None:
+        train.append(f"{sig(samples_per_s)} samples/s")
+    lines = [" · ".join(train),
+             f"**Spent** {spend(spent_usd, budget_usd)} · {sig(usd_per_hr_now)} USD/h now · {status}",
+             f"**Plan** (attempt {attempt}): {plan}"]
+    if last_event is not None:
+        lines.append(f"**Last event** {local_time(last_event[0], date=False)}: {last_event[1]}")
+    return "\n\n".join(lines)
+
+
+def attempt_markdown(*, attempt: int, at_unix_s: float, reason: str, resume_step: int, spent_usd: float,
+                     budget_usd: float, plan: str, nodes: list[Mapping[str, Any]], plan_rows: list[Mapping[str, Any]],
+                     history: list[str], pareto: str) -> str:
+    """One attempt's section of the job's attempts artifact: why, what was rented and why, the plan."""
+    rented = [{"rented": n["instance_type"], "zone": n["zone"], "ranks": ",".join(map(str, n["ranks"])),
+               "USD/h": sig(n["usd_per_hr"]), "why": n.get("why") or "-"} for n in nodes]
+    lines = [f"### Attempt {attempt} · {local_time(at_unix_s, date=False)}", "", reason[:1].upper() + reason[1:] + ".",
+             "", f"From step {resume_step}, {spend(spent_usd, budget_usd)} spent so far. Plan: {plan}.", "",
+             markdown_table(rented)]
+    if history:
+        lines += ["", "Provisioning, cheapest zone first: " + "; ".join(history) + "."]
+    lines += ["", markdown_table(plan_rows)]
+    if pareto:
+        lines += ["", pareto]
+    return "\n".join(lines)
+
+
+def pareto_rows(points: Iterable[tuple[float, float]], chosen: tuple[float, float] | None) -> list[dict[str, str]]:
+    """The planner's Pareto front for people: samples/s and USD per iteration, the chosen plan marked."""
+    return [{"samples/s": sig(t), "USD/iteration": sig(c), "": "chosen" if chosen and (t, c) == chosen else ""}
+            for t, c in sorted(points)]
+
+
+_GCE_NAME_TAIL = re.compile(r"^sailor-.+-(a\d+-[0-9a-f]{6})$")
+
+
+def short_instance_id(instance_id: str) -> str:
+    """A GCP instance's name without the ``sailor-<job>-`` it starts with (``a2-c0a695``); others as they are."""
+    m = _GCE_NAME_TAIL.match(instance_id)
+    return m.group(1) if m else instance_id
+
+
+def cost_rows(instances, by_instance_usd: Mapping[str, float], now_unix_s: float) -> list[dict[str, Any]]:
+    """One row per instance the job rented: short enough for a laptop screen."""
+    return [{"instance": short_instance_id(i.instance_id), "type": i.instance_type, "zone": i.zone,
+             "attempt": i.attempt,
+             "USD/h": sig(i.usd_per_hr), "ran": duration((i.ended_unix_s or now_unix_s) - i.launched_unix_s),
+             "USD": sig(by_instance_usd.get(i.instance_id, 0.0)), "ended": i.end_reason or "running"}
+            for i in instances]

@@ -53,14 +53,14 @@ def test_each_node_is_rented_as_the_smallest_shape_that_holds_its_gpus():
         {"layers": [0, 4], "replicas": [{"gpu": "T4", "tp": 2, "zone": ZONE}]}]})
     [node] = nodes_for_plan(plan, catalog_offers(gpus=["T4"], zones=[ZONE]))
     assert (node.instance_type, node.gpus_per_node) == ("n1-standard-8-t4x2", 2)
-    assert node.why == f"the smallest T4 shape in {ZONE} that holds its 2 T4"
+    assert node.why == "the smallest shape holding 2 T4"
     # Packed on the node size that is cheapest per GPU, and the last, part-filled node right-sized.
     three = _plan([[2, 2, 2]])
     nodes = nodes_for_plan(three, [_offer("x2", 2, 1.2), _offer("x4", 4, 2.0)])
     assert [(n.instance_type, n.ranks) for n in nodes] == [("x4", (0, 1, 2, 3)), ("x2", (4, 5))]
     # No shape of exactly its size: the idle GPUs are said.
     [node] = nodes_for_plan(_plan([[2]]), [_offer("x1", 1, 0.1), _offer("x4", 4, 3.0)])
-    assert node.why == f"no A100-40 shape in {ZONE} holds exactly 2: 2 of its 4 GPUs idle"
+    assert node.why == "no shape of exactly 2 A100-40 here: 2 of 4 GPUs idle"
 
 
 def test_survivors_of_the_same_type_and_zone_are_kept_and_the_rest_ended():

@@ -63,11 +63,12 @@ def test_the_cli_hands_the_flow_the_spec_it_validated(sailor_cli, monkeypatch):
 
     seen = {}
 
-    def run_local(params, *, show):
+    def run_local(params, display):
         seen.update(params)
         return {"status": "succeeded"}
 
-    monkeypatch.setattr(prefect_server, "configure_prefect_env", lambda **kw: None)
+    monkeypatch.setattr(prefect_server, "configure_prefect_env",
+                        lambda **kw: prefect_server.ApiChoice(api_url="http://127.0.0.1:9/api", source="env"))
     monkeypatch.setattr(cli_train, "_run_local", run_local)
     r = sailor_cli("train", "--budget-usd", "0.5", "--steps", "12", "--preempt-at", "9,3", "--gpus", "T4, L4",
                    "--max-usd-per-hour", "2.5", "--global-batch", "16", "--no-spot", "--seed", "7",
@@ -96,8 +97,9 @@ def test_data_and_the_recipe_reach_the_flow_and_the_workers(sailor_cli, monkeypa
     from tasks.workers import recipe_worker_args
 
     seen = {}
-    monkeypatch.setattr(prefect_server, "configure_prefect_env", lambda **kw: None)
-    monkeypatch.setattr(cli_train, "_run_local", lambda params, *, show: seen.update(params) or {"status": "succeeded"})
+    monkeypatch.setattr(prefect_server, "configure_prefect_env",
+                        lambda **kw: prefect_server.ApiChoice(api_url="http://127.0.0.1:9/api", source="env"))
+    monkeypatch.setattr(cli_train, "_run_local", lambda params, display: seen.update(params) or {"status": "succeeded"})
     tokens = tmp_path / "tokens.bin"
     tokens.write_bytes(b"\0" * 64)
     r = sailor_cli("train", "--budget-usd", "1", "--dataset", str(tokens), "--lr", "3e-4", "--warmup-steps", "4",

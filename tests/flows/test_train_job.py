@@ -129,6 +129,6 @@ def test_an_interrupted_flow_run_is_continued_by_the_next_one(prefect_api):
     assert summary["status"] == "succeeded" and summary["steps"] == steps
     assert state.num_flow_runs == 2 and state.attempt == 2
     assert state.replans[1].at_step > 0, "the second flow run resumed from a checkpoint"
-    assert state.replans[1].reason.startswith("flow run resumed the job")
+    assert state.replans[1].reason.startswith("a new flow run picked the job up")
     assert summary["usd_spent"] > spent_before
     _assert_nothing_left(state)
