@@ -1,0 +1,44 @@
+"""The engine over its test-only slow link (``runtime/links.py``) against the simulator fed the
+same link figures (``benchmarks/bench_slow_links.py`` does 2-8 stages; this is its smallest case)."""
+
+import statistics
+import sys
+from pathlib import Path
+
+import pytest
+
+from sailor_core.errors import InputError
+from sailor_core.runtime.links import LinkShim
+from sailor_core.simulator import simulate
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+
+import bench_slow_links as bench  # noqa: E402
+
+
+def test_the_shim_travels_in_the_environment():
+    shim = LinkShim(latency_s=0.025, bandwidth_bytes_per_s=3e6)
+    env = shim.to_env()
+    with pytest.MonkeyPatch.context() as mp:
+        for k, v in env.items():
+            mp.setenv(k, v)
+        assert LinkShim.from_env() == shim
+        mp.setenv(next(iter(env)), "fast")
+        with pytest.raises(InputError):
+            LinkShim.from_env()
+    # a ring of 4 ranks: 6 steps of a quarter of the bytes
+    assert shim.ring_s(4_000_000, 4) == pytest.approx(6 * (0.025 + 1e6 / 3e6))
+    with pytest.raises(InputError):
+        LinkShim(latency_s=0.01, bandwidth_bytes_per_s=0)
+
+
+def test_a_slow_links_latency_costs_what_the_simulator_charges(tmp_path):
+    # 2 stages of tiny, 4 micro-batches, 50 ms each way: the links, not the compute, make the step.
+    latency, bandwidth = 0.05, 1e9
+    plan = bench.plan_for("tiny", 2, 4)
+    predicted = simulate(plan, network=bench.shim_network(latency, bandwidth)).iteration_time_s
+    free = simulate(plan, network=bench.shim_network(0.0, 1e18)).iteration_time_s
+    assert free < 0.1 * predicted
+    measured = statistics.median(bench.measure(plan, latency, bandwidth, 3, tmp_path, timeout_s=120))
+    # other jobs on the machine only lengthen steps; a model without the links' latency is 10x off
+    assert 0.8 * predicted < measured < 1.6 * predicted
