@@ -291,11 +291,11 @@ class StageTrainer:
             return
         grad = self._tied.grad
         if not self.groups.tied_mixed_tp:
-            dist.all_reduce(grad, group=self.groups.tied)
+            links.all_reduce(grad, self.groups.tied)
             return
         layer = self.model.layers[0] if self.model.is_first else self.model.layers[-1]
         full = layer.gather(TIED, grad) / self.role.tp_degree
-        dist.all_reduce(full, group=self.groups.tied)
+        links.all_reduce(full, self.groups.tied)
         grad.copy_(layer.shard(TIED, full))
 
     def _gather_full(self, layer: ShardedLayer, name: str, shard: torch.Tensor) -> torch.Tensor:
