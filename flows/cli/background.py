@@ -53,8 +53,45 @@ def pid_alive(pid: int) -> bool:
         return True
 
 
+def descendants(pid: int) -> list[int]:
+    """The processes below ``pid``, children first (from /proc; empty where there is none)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[-1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(ppid, []).append(int(entry.name))
+    out, todo = [], list(children.get(pid, ()))
+    while todo:
+        child = todo.pop(0)
+        out.append(child)
+        todo += children.get(child, ())
+    return out
+
+
 def stop_group(pid: int, timeout_s: float = 20.0) -> None:
-    """SIGTERM to the process group ``pid`` leads, SIGKILL if it outlives ``timeout_s``."""
+    """SIGTERM to the process group ``pid`` leads, SIGKILL if it outlives ``timeout_s``; then the same
+    for the groups of its descendants in other sessions (a worker's flow runs start their own)."""
+    if pid <= 0:
+        return
+    below = descendants(pid)
+    _stop_one_group(pid, timeout_s)
+    for group in dict.fromkeys(_pgid(p) for p in below):
+        if group not in (None, pid):
+            _stop_one_group(group, timeout_s)
+
+
+def _pgid(pid: int) -> int | None:
+    try:
+        return os.getpgid(pid)
+    except ProcessLookupError:
+        return None
+
+
+def _stop_one_group(pid: int, timeout_s: float) -> None:
     for sig in (signal.SIGTERM, signal.SIGKILL):
         try:
             os.killpg(pid, sig)

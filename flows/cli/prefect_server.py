@@ -270,6 +270,12 @@ def ensure_local_server(port: int = DEFAULT_PORT, timeout_s: float = 240.0) -> t
         return url, True
 
 
+def server_command(port: int) -> list[str]:
+    prefect_bin = Path(sys.executable).with_name("prefect")
+    return [str(prefect_bin) if prefect_bin.exists() else "prefect", "server", "start",
+            "--host", "127.0.0.1", "--port", str(port)]
+
+
 def _start(port: int, timeout_s: float, *, previous_profile: str | None) -> str:
     home = prefect_home()
     port = _free_port(port)
@@ -277,10 +283,7 @@ def _start(port: int, timeout_s: float, *, previous_profile: str | None) -> str:
     env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_API_URL", "PREFECT_PROFILE")}
     env.update(PREFECT_HOME=str(home), PREFECT_SERVER_ANALYTICS_ENABLED="false",
                PREFECT_UI_API_URL=api_url, PREFECT_SERVER_API_HOST="127.0.0.1")
-    prefect_bin = Path(sys.executable).with_name("prefect")
-    cmd = [str(prefect_bin) if prefect_bin.exists() else "prefect", "server", "start",
-           "--host", "127.0.0.1", "--port", str(port)]
-    proc = background.start(cmd, env=env, log=home / "server.log")
+    proc = background.start(server_command(port), env=env, log=home / "server.log")
     record = {"api_url": api_url, "pid": proc.pid, "port": port, "previous_profile": previous_profile}
     _write_record(record)  # before it answers: `sailor ui --stop` can stop a start that is under way
     deadline = time.monotonic() + timeout_s

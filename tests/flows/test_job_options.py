@@ -56,6 +56,32 @@ def test_flow_parameters_from_the_ui_are_type_checked():
         train_job.validate_parameters({"budget_usd": 1.0, "checkpoint_every": 5})
 
 
+def test_a_run_from_the_ui_with_an_unknown_name_fails_before_anything_starts(monkeypatch):
+    from flows import train_job as module
+    from sailor_core.job.spec import JobSpecError
+
+    monkeypatch.setattr(module.js, "JobStore", lambda *a, **k: pytest.fail("the flow body started"))
+    with pytest.raises(JobSpecError, match="model 'tinyy' is not in the model catalog; did you mean 'tiny'"):
+        module.train_job.fn(model="tinyy", budget_usd=1.0)
+    with pytest.raises(JobSpecError, match="gpus 'B200' is not a GPU type"):
+        module.train_job.fn(budget_usd=1.0, gpus=["B200"])
+
+
+def test_option_spellings_agree_across_commands(sailor_cli):
+    """One spelling per option: `sailor plan` and `sailor replay` spell them as `sailor train` does;
+    the older spellings still work, hidden."""
+    for command, shared in (("plan", ("--max-usd-per-hr", "--global-batch-size", "--min-throughput", "--spot")),
+                            ("replay", ("--global-batch-size", "--budget-usd"))):
+        out = sailor_cli(command, "--help").stdout
+        for name in shared:
+            assert name in out, (command, name)
+        for old in ("--max-usd-per-hour", "--global-batch", "--on-demand"):
+            assert not re.search(rf"{old}(?![\w-])", out), (command, old)
+    train = sailor_cli("train", "--help").stdout
+    for name in ("--max-usd-per-hr", "--global-batch-size", "--min-throughput", "--spot", "--budget-usd"):
+        assert name in train
+
+
 def test_the_cli_hands_the_flow_the_spec_it_validated(sailor_cli, monkeypatch):
     import flows.cli.prefect_server as prefect_server
     import flows.cli.train as cli_train

@@ -280,3 +280,48 @@ def test_truncated_plan_json_gives_one_line(sailor, tmp_path):
     code, _, err = sailor("simulate", str(path))
     assert code != 0 and err.startswith("error:") and len(err.strip().splitlines()) == 1, err
     assert not math.isnan(0.0)
+
+
+# ---- names and syntax: caught before anything starts --------------------------------------
+
+# Runs the CLI as the console script does, then says which heavy packages it had loaded.
+_PROBE = """
+import sys
+try:
+    from flows.cli.app import main
+    main(sys.argv[1:])
+finally:
+    sys.stderr.write("LOADED " + ",".join(m for m in ("prefect", "torch") if m in sys.modules) + "\\n")
+"""
+
+
+@pytest.mark.parametrize("args, hint", [
+    (["train", "--budget-usd", "1", "--model", "tinyy"], "--model 'tinyy' is not in the model catalog; did you mean 'tiny'?"),
+    (["train", "--budget-usd", "1", "--gpus", "B200"], "--gpus 'B200' is not a GPU type in the catalog"),
+    (["train", "--budget-usd", "1", "--gpus", "RTX-3090"], "--gpus 'RTX-3090': no cloud of the catalog rents it"),
+    (["train", "--budget-usd", "1", "--gpus", "T4@us-central1-a=2"],
+     "(TYPE@ZONE=N is `sailor plan`'s form); here write --gpus T4 --zones us-central1-a --max-gpus 2"),
+    (["train", "--budget-usd", "1", "--zones", "us-central1-z"], "did you mean 'us-central1-f'?"),
+    (["train", "--budget-usd", "1", "--clouds", "azure"], "--clouds 'azure' is not a cloud Sailor rents from"),
+    (["train", "--budget-usd", "1", "--job-id", "../elsewhere"], "--job-id '../elsewhere': use letters"),
+    (["train", "--deployment", "--budget-usd", "1", "--model", "tinyy"], "did you mean 'tiny'?"),
+    (["plan", "--model", "tiny", "--gpus", "A100-40:us-central1-a=16"], "did you mean 'A100-40@us-central1-a=16'?"),
+])
+def test_bad_names_and_syntax_fail_at_once_with_nothing_created(tmp_path, args, hint):
+    """The issue's cases (`--model tinyy` failed after 11.5 s, `--gpus B200` after 24.5 s, each leaving a
+    failed job and a failed flow run): now one line naming the likely fix, without Prefect or torch loaded,
+    no server started, no job state written."""
+    import os
+    import subprocess
+    import sys
+
+    home = tmp_path / "home"
+    env = {**os.environ, "SAILOR_HOME": str(home), "PREFECT_HOME": str(tmp_path / "prefect")}
+    env.pop("PREFECT_API_URL", None)
+    out = subprocess.run([sys.executable, "-c", _PROBE, *args], env=env, capture_output=True, text=True,
+                         timeout=120, cwd=ROOT)
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode == 2 and lines[-1].strip() == "LOADED", out.stderr
+    assert len(lines) == 2 and lines[0].startswith("error: ") and hint in lines[0], out.stderr
+    assert not (home / "jobs").exists() and not (home / "prefect").exists(), "something was created"
+    assert not (tmp_path / "prefect").exists()

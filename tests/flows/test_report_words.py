@@ -1,0 +1,54 @@
+"""A job's numbers and plans in words (sailor_core.job.report): what the terminal, `sailor jobs`
+and the Prefect artifacts show people."""
+
+from __future__ import annotations
+
+from sailor_core.job import report
+from sailor_core.job import state as js
+from sailor_core.job.spec import JobSpec
+
+
+def test_numbers_keep_significant_digits_and_say_their_units():
+    # The Pareto table printed 0.000000 for USD per iteration.
+    assert report.sig(0.0000021412) == "0.00000214"
+    assert report.sig(4.93941) == "4.94" and report.sig(1234.5) == "1,234" and report.sig(0) == "0"
+    assert report.sig(None) == "-" and report.sig(float("nan")) == "-"
+    assert report.usd(0.0123456) == "0.0123 USD" and report.usd(12.345) == "12.35 USD"
+    assert report.spend(0.0123, 0.05) == "0.0123 of 0.0500 USD (25 %)"
+    assert [report.duration(s) for s in (4.4, 192, 3900)] == ["4 s", "3 min 12 s", "1 h 05 min"]
+
+
+def test_a_plan_reads_as_one_line():
+    plan = {"model": "tiny", "micro_batch_size": 2, "stages": [
+        {"layers": [0, 2], "replicas": [{"gpu": "T4", "tp": 2, "zone": "us-central1-a"}]},
+        {"layers": [2, 6], "replicas": [{"gpu": "T4", "tp": 1, "zone": "us-central1-a"},
+                                        {"gpu": "L4", "tp": 1, "zone": "us-east1-c"}]}]}
+    assert report.plan_gpus(plan) == {("T4", "us-central1-a"): 3, ("L4", "us-east1-c"): 1}
+    assert report.plan_line(plan, usd_per_hr=0.3) == (
+        "1 L4 in us-east1-c + 3 T4 in us-central1-a, 2 stages, micro-batch 2, 0.300 USD/h")
+    nodes = [{"instance_type": "n1-standard-8-t4x2", "gpus_per_node": 2, "gpu": "T4", "zone": "us-central1-a"}] * 2
+    assert report.nodes_line(nodes) == "2 x n1-standard-8-t4x2 (2 T4) in us-central1-a"
+
+
+def test_the_status_says_step_loss_throughput_spend_plan_and_last_event():
+    text = report.status_markdown(steps_done=12, steps_target=30, loss=5.43219, val_loss=(10, 5.5), samples_per_s=13.61,
+                                  spent_usd=0.0123, budget_usd=0.05, usd_per_hr_now=0.3, attempt=2, status="running",
+                                  plan="2 T4 in us-central1-b", last_event=(0.0, "re-planned on 2 T4 in us-central1-b"))
+    lines = text.split("\n\n")
+    assert lines[0] == "**Step 12 of 30** (40 %) · loss 5.432 · val loss 5.500 (step 10) · 13.6 samples/s"
+    assert lines[1] == "**Spent** 0.0123 of 0.0500 USD (25 %) · 0.300 USD/h now · running"
+    assert lines[2] == "**Plan** (attempt 2): 2 T4 in us-central1-b"
+    assert lines[3].startswith("**Last event** ") and lines[3].endswith(": re-planned on 2 T4 in us-central1-b")
+
+
+def test_the_cost_table_is_short_enough_for_a_laptop():
+    s = js.new_job(JobSpec(budget_usd=0.05), job_id="tiny-20261201-224834-c3d1")
+    s = js.with_instances_launched(s, (js.InstanceRecord(
+        instance_id="sailor-tiny-20261201-224834-c3d1-a1-fb0040", cloud="gcp", zone="us-central1-a",
+        instance_type="n1-standard-8-t4x2", gpu="T4", num_gpus=2, usd_per_hr=0.3, spot=True, attempt=1,
+        launched_unix_s=100.0),))
+    s = js.with_instances_ended(s, {"sailor-tiny-20261201-224834-c3d1-a1-fb0040"}, "preempted", now_unix_s=111.0)
+    [row] = report.cost_rows(s.instances, s.ledger().by_instance(200.0), 200.0)
+    assert row == {"instance": "a1-fb0040", "type": "n1-standard-8-t4x2", "zone": "us-central1-a", "attempt": 1,
+                   "USD/h": "0.300", "ran": "11 s", "USD": "0.000917", "ended": "preempted"}
+    assert sum(len(str(v)) for v in row.values()) < 80
