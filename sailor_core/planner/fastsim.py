@@ -64,7 +64,7 @@ class _Context:
     kinds_counts: tuple[tuple[Kind, int], ...]  # each group's kind, micro-batches of its first replica
     counts: tuple[int, ...]
     most_microbatches: int  # the most a replica gets, at least 1
-    ring: tuple[tuple[str, str, int], ...]  # (gpu, zone, replicas) per group
+    ring: tuple[tuple[str, str, int, int], ...]  # (gpu, zone, replicas, TP degree) per group
     link_ends: tuple[tuple, ...]  # distinct (gpu, tp, zone, gpu, tp, zone) the next boundary uses
     link_microbatches: int  # micro-batches the busiest NIC on it carries
 
@@ -136,13 +136,13 @@ class FastSim:
             p = self._price[key] = gpu_price_usd_per_hr(gpu, zone, spot=self.spot)
         return p
 
-    def _sync_s(self, sync_bytes: float, ring: tuple[tuple[str, str, int], ...]) -> float:
-        """``stage_dp_sync_s`` over a ring of (gpu, zone, replicas) groups."""
+    def _sync_s(self, sync_bytes: float, ring: tuple[tuple[str, str, int, int], ...]) -> float:
+        """``stage_dp_sync_s`` over a ring of (gpu, zone, replicas, TP degree) groups."""
         key = (sync_bytes, ring)
         hit = self._sync.get(key)
         if hit is None:
             hit = self._sync[key] = st.stage_dp_sync_s(
-                self.network, sync_bytes, [zg for gpu, zone, n in ring for zg in [(zone, gpu)] * n])
+                self.network, sync_bytes, [zg for gpu, zone, n, tp in ring for zg in [(zone, gpu, tp)] * n])
         return hit
 
     def _transfer_s(self, nbytes: int, ends: tuple) -> float:
@@ -205,7 +205,7 @@ class FastSim:
             kinds_counts=tuple((g[0], c) for g, c in zip(groups, counts)),
             counts=tuple(counts),
             most_microbatches=max(1, *counts),
-            ring=tuple([(k.gpu, z, n) for k, z, n in groups]),
+            ring=tuple([(k.gpu, z, n, k.tp_degree) for k, z, n in groups]),
             link_ends=tuple(ends),
             link_microbatches=link_microbatches,
         )

@@ -214,7 +214,7 @@ def _dp_ring(looked_up: _PlanProfiles, network: NetworkModel, stage: Stage,
     thinnest = min(stage.replicas, key=lambda rep: rep.tp_degree)
     sync_bytes = st.dp_sync_bytes(looked_up.of(thinnest.gpu, thinnest.tp_degree), stage.layer_start,
                                   stage.layer_end, looked_up.regime)
-    sync_s = st.stage_dp_sync_s(network, sync_bytes, [(rep.zone, rep.gpu) for rep in stage.replicas])
+    sync_s = st.stage_dp_sync_s(network, sync_bytes, [(rep.zone, rep.gpu, rep.tp_degree) for rep in stage.replicas])
     hop_usd = compose.ring_hop_usd_per_byte(network, [rep.zone for rep in stage.replicas])
     hop_bytes = compose.ring_hop_bytes(stage.dp_degree, sync_bytes, thinnest.tp_degree) if hop_usd else 0.0
     return sync_s, sync_bytes, hop_bytes, hop_usd

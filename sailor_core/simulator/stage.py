@@ -62,14 +62,34 @@ def dp_sync_bytes(profile: ModelProfile, layer_start: int, layer_end: int, regim
     return layer_table(profile).params(layer_start, layer_end) * regime.grad_bytes_per_param
 
 
-def stage_dp_sync_s(network: NetworkModel, sync_bytes: float, zones_gpus: Sequence[tuple[str, str]]) -> float:
-    """Bucketed ring all-reduce of ``sync_bytes`` over the replicas (one GPU per side, as Sailor)."""
-    if len(zones_gpus) <= 1:
-        return 0.0
-    # One Endpoint per distinct (zone, GPU), repeated: the network compares and hashes the ring's
-    # members, which is quick for the same object (it answers exactly as for equal ones).
-    distinct = {zg: Endpoint(zone=zg[0], gpu=zg[1]) for zg in dict.fromkeys(zones_gpus)}
-    if len(distinct) == 1:  # what allreduce_time_s does for a ring at one endpoint, without its scan
-        return network.uniform_allreduce_time_s(sync_bytes, next(iter(distinct.values())), len(zones_gpus))
-    return network.allreduce_time_s(sync_bytes, [distinct[zg] for zg in zones_gpus])
+def stage_dp_sync_s(network: NetworkModel, sync_bytes: float, replicas: Sequence[tuple[str, str, int]]) -> float:
+    """Bucketed ring all-reduce of a stage's gradient over its replicas, (zone, GPU, TP degree)
+    each; ``sync_bytes``: what one GPU of the thinnest replica all-reduces (``dp_sync_bytes``).
 
+    Never faster than Sailor's rule, one ring of ``sync_bytes`` with one GPU per side.  With
+    equal TP degrees each TP rank has a data-parallel group of its own (the engine, and
+    DeepSpeed alike): a replica's ``tp`` GPUs run their rings at once through the node's links,
+    a ring of ``tp``-GPU endpoints carrying ``tp x sync_bytes``.  With different TP degrees the
+    engine all-reduces the stage's whole gradient over all its ranks (``runtime/trainer.py``):
+    one ring of single GPUs, ``sum tp`` members, ``thinnest tp x sync_bytes``."""
+    if len(replicas) <= 1:
+        return 0.0
+    one = _ring_s(network, sync_bytes, [(zone, gpu, 1) for zone, gpu, _ in replicas])
+    tp = replicas[0][2]
+    if all(r[2] == tp for r in replicas):
+        shared = one if tp == 1 else _ring_s(network, sync_bytes * tp, replicas)
+    else:
+        thinnest = min(r[2] for r in replicas)
+        shared = _ring_s(network, sync_bytes * thinnest,
+                         [(zone, gpu, 1) for zone, gpu, n in replicas for _ in range(n)])
+    return shared if shared > one else one
+
+
+def _ring_s(network: NetworkModel, num_bytes: float, members: Sequence[tuple[str, str, int]]) -> float:
+    """``allreduce_time_s`` over (zone, GPU, GPUs per side) members."""
+    # One Endpoint per distinct member, repeated: the network compares and hashes the ring's
+    # members, which is quick for the same object (it answers exactly as for equal ones).
+    distinct = {m: Endpoint(zone=m[0], gpu=m[1], num_gpus=m[2]) for m in dict.fromkeys(members)}
+    if len(distinct) == 1:  # what allreduce_time_s does for a ring at one endpoint, without its scan
+        return network.uniform_allreduce_time_s(num_bytes, next(iter(distinct.values())), len(members))
+    return network.allreduce_time_s(num_bytes, [distinct[m] for m in members])
