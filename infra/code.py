@@ -1,7 +1,7 @@
 """The code an instance runs: this checkout built as a wheel, with a lock of its dependencies.
 
 The controller builds the project once per state of its source (the key is a hash of every
-file the wheel holds), keeps the wheel under ``$SAILOR_HOME/code``, and uploads it with the
+file the wheel holds), keeps the wheel in the checkout's ``.whl/`` (ignored by git), and uploads it with the
 lock to the job's bucket under its SHA-256 (``<job URL>/code/<sha256>.whl``).  An instance's
 startup script (``infra.bootstrap``) fetches it from there, checks the hash, installs it into
 an environment over the image's framework and starts the agent, so the instance runs exactly
@@ -28,10 +28,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from infra.errors import CloudConfigError
-from sailor_core import settings
 from sailor_core.storage import open_storage
 
 ROOT = Path(__file__).resolve().parent.parent
+WHEEL_CACHE = ROOT / ".whl"  # per checkout: every Sailor home and test run of it shares the builds
 PACKAGES = ("sailor_core", "infra", "flows", "tasks")  # pyproject's [tool.setuptools.packages.find]
 PACKAGE_DATA = (".json", ".csv", ".parquet", ".yaml")  # pyproject's [tool.setuptools.package-data]
 DIST = "sailor"
@@ -80,7 +80,7 @@ def _version() -> str:
 
 def build_wheel(cache_dir: Path | None = None) -> tuple[Path, str]:
     """(the wheel, its source hash), built once per state of the source and kept in ``cache_dir``."""
-    cache = Path(cache_dir or settings.sailor_home() / "code")
+    cache = Path(cache_dir or WHEEL_CACHE)
     key = source_hash()
     with _lock:
         done = cache / key

@@ -9,7 +9,8 @@ site-packages, less Sailor's own entries (the editable install that would put th
 Beside it: ``bin/nvidia-smi``, a stand-in that lists the GPUs the embedded "hardware" has
 (``SAILOR_EMBEDDED_GPUS``), and ``envs/``, the environments instances make per wheel.
 
-Made once per (controller environment, Sailor home) and reused by later clouds.
+Made once per controller environment, inside it (``.venv/sailor-embedded-image/<key>``: it goes
+with the environment it is made from), and reused by later clouds and test runs.
 """
 
 from __future__ import annotations
@@ -24,7 +25,6 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from sailor_core import settings
 
 _OUR_PACKAGES = frozenset({"sailor_core", "infra", "flows", "tasks"})
 
@@ -61,10 +61,10 @@ def _ours(entry: Path) -> bool:
 
 
 def image_for_this_machine(home: Path | None = None) -> Image:
-    """The image, made the first time (a second or so) under ``$SAILOR_HOME/embedded-image``."""
+    """The image, made the first time (a second or so) in this environment (or under ``home``)."""
     purelib = Path(sysconfig.get_paths()["purelib"]).resolve()
     key = hashlib.sha256(f"{purelib}\0{sys.version}".encode()).hexdigest()[:16]
-    root = Path(home or settings.sailor_home()) / "embedded-image" / key
+    root = Path(home or Path(sys.prefix) / "sailor-embedded-image") / key
     image = Image(root=root, python=root / "python" / "bin" / "python3", bin_dir=root / "bin",
                   site_dir=root / "site-packages", env_cache=root / "envs", base_prefix=Path(sys.base_prefix),
                   backing_dir=purelib)
