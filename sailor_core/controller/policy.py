@@ -368,9 +368,15 @@ def _decide_replan(state, event, lost, broken, config, plan_fn, cost_plan_fn, re
     avail = restrict(state.available, config.gpu_types)
     rank = _ranking(state, config, remaining, lost=lost, broken=broken)
     now = rank.of(current) if current is not None and not broken else None
-    if now is not None and not grew(avail, state.planned_on, config.min_growth) and rank.holds(now):
-        return _keep(current, state, config)
-    outlooks = [rank.of(o) for o in _candidates(avail, state, config, plan_fn, cost_plan_fn)]
+    ask = avail
+    if now is not None and not grew(avail, state.planned_on, config.min_growth):
+        if rank.holds(now):
+            return _keep(current, state, config)
+        # The plan in use no longer keeps a constraint, yet nothing grew: the options are those it
+        # was chosen from (answers the planner has), ranked again on what is known now.
+        ask = dict(state.planned_on)
+    outlooks = [rank.of(o) for o in _candidates(ask, state, config, plan_fn, cost_plan_fn)
+                if o.fits_in(state.available, state.on_demand_available)]
     outlooks = [o for o in outlooks if _affordable_at_all(o.option, state, config)]
     if now is None:
         why = _why_new(current, lost, event)
@@ -380,29 +386,29 @@ def _decide_replan(state, event, lost, broken, config, plan_fn, cost_plan_fn, re
             if choice is None:
                 return _nothing_runs(why, outlooks, state, config)
             gave_up = "no plan finishes within the budget; the one training the most per USD runs"
-        ask = planner_requests(avail, state, config)[0]
-        return _run(Action.REPLAN, f"{why}: {_explain(choice, ask, state, gave_up)}", choice.option, state,
-                    config, planned_on=avail, why=_why(choice, ask, state, gave_up))
+        offered = planner_requests(avail, state, config)[0]
+        return _run(Action.REPLAN, f"{why}: {_explain(choice, offered, state, gave_up)}", choice.option, state,
+                    config, planned_on=avail, why=_why(choice, offered, state, gave_up))
     choice, _ = rank.best([now, *outlooks])
     objective = config.objective
     if choice is None:  # none finishes within the budget: the most per USD, as long as it lasts
         choice, objective = _most_per_usd([now, *outlooks]), "cost"
     if choice is None or _same(choice.option, current):
-        return _keep(current, state, config, planned_on=avail)
+        return _keep(current, state, config, planned_on=ask)
     if not rank.holds(now) and rank.holds(choice):
         what = ("budget" if not rank.finishes(now) else "deadline" if not rank.in_time(now) else "throughput floor")
         action = Action.SHRINK if what == "budget" else Action.REPLAN
-        ask = planner_requests(avail, state, config)[0]
-        return _run(action, f"{what}: switch to a plan that keeps it: {_explain(choice, ask, state, '')}",
-                    choice.option, state, config, planned_on=avail,
-                    why=f"the plan in use would not keep the {what}" + (f"; {w}" if (w := _why(choice, ask, state, ''))
-                                                                        else ""))
+        offered = planner_requests(avail, state, config)[0]
+        return _run(action, f"{what}: switch to a plan that keeps it: {_explain(choice, offered, state, '')}",
+                    choice.option, state, config, planned_on=ask,
+                    why=f"the plan in use would not keep the {what}"
+                        + (f"; {w}" if (w := _why(choice, offered, state, "")) else ""))
     if switch_pays(now, choice, objective=objective, remaining=remaining, min_gain=config.min_gain):
         return _run(Action.REPLAN, f"capacity: {choice.option.label} {_versus(choice, now)}",
-                    choice.option, state, config, planned_on=avail,
-                    why=f"more capacity: {_plain_versus(choice, now, config)}")
+                    choice.option, state, config, planned_on=ask,
+                    why=f"switched to a better plan: {_plain_versus(choice, now, config)}")
     tau, until = switch_window(now, choice)
-    return _keep(current, state, config, planned_on=avail, declined=choice,
+    return _keep(current, state, config, planned_on=ask, declined=choice,
                  reason=f"declined {choice.option.label}: {_versus(choice, now)}, but the switch "
                         f"({choice.change_s:.0f} s) does not pay for itself within {tau / 60:.0f} min "
                         f"(until {until}, expected then)",

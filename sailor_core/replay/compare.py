@@ -1,11 +1,12 @@
 """Each policy's (time, cost) point, ours over objectives and deadlines, and comparisons at equal terms.
 
 ``compare_policies`` replays the trace under every policy as a user who wants it fastest
-would run it, then ``ours`` again under other terms:
+would run it, and as one who wants it cheapest (the cost objective; the skypilot policy keeps
+its one request whatever the objective, so its point is the same), then ``ours`` again:
 
-* the cost objective (finish for the fewest USD), and the cost objective with deadlines
-  (a sweep from ours' fastest time out; ``deadline_factors``): with the fastest run, the
-  points of ``ours``' Pareto front of time against cost;
+* with the cost objective and deadlines (a sweep from ours' fastest time out;
+  ``deadline_factors``): with its fastest and cheapest runs, the points of ``ours``' Pareto
+  front of time against cost;
 * at equal terms with each other policy that finished: ``ours`` with a deadline equal to that
   policy's time (is it cheaper?) and with a budget equal to that policy's spend (is it
   faster?).
@@ -80,6 +81,7 @@ class EqualTerms:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Comparison:
     suite: ReplaySuite                 # every policy, fastest
+    cheapest: ReplaySuite | None       # every policy but skypilot, cheapest
     points: tuple[Point, ...]          # every replay made
     front: tuple[Point, ...]           # ours' Pareto front of (time, cost), fastest first
     equal_terms: tuple[EqualTerms, ...]
@@ -126,10 +128,16 @@ def compare_policies(trace: AvailabilityTrace, *, model: str, tokens: float, pol
                          terms=JobTerms(on_demand_gpus=on_demand_gpus), **run_args)
     fastest = {name: Point.of(r, "fastest") for name, r in suite.results.items()}
     points = list(fastest.values())
+    by_cost = [p for p in policies if p != "skypilot"]
+    cheapest = None
+    if by_cost:
+        say("every policy, cheapest")
+        cheapest = run_policies(trace, model=model, tokens=tokens, policies=by_cost,
+                                terms=JobTerms(objective="cost", on_demand_gpus=on_demand_gpus), **run_args)
+        points += [Point.of(r, "cheapest") for r in cheapest.results.values()]
     if "ours" not in fastest:
-        return Comparison(suite=suite, points=tuple(points), front=(), equal_terms=())
+        return Comparison(suite=suite, cheapest=cheapest, points=tuple(points), front=(), equal_terms=())
     base = fastest["ours"]
-    points.append(ours(JobTerms(objective="cost", on_demand_gpus=on_demand_gpus), None, "cheapest"))
     deadlines = [base.time_h * f for f in deadline_factors] if base.time_h else []
     for d in deadlines:
         points.append(ours(JobTerms(objective="cost", deadline_h=d, on_demand_gpus=on_demand_gpus), None,
@@ -148,12 +156,21 @@ def compare_policies(trace: AvailabilityTrace, *, model: str, tokens: float, pol
         equal.append(EqualTerms(other=name, other_point=other, ours_by_deadline=by_deadline,
                                 ours_by_budget=by_budget, ours_fastest=base))
     front = pareto_front([p for p in points if p.policy == "ours"])
-    return Comparison(suite=suite, points=tuple(points), front=tuple(front), equal_terms=tuple(equal))
+    return Comparison(suite=suite, cheapest=cheapest, points=tuple(points), front=tuple(front),
+                      equal_terms=tuple(equal))
 
 
 def summary_lines(c: Comparison) -> list[str]:
     """The comparison in a few lines of words (the CLI and the benchmark print them)."""
     lines = []
+    for terms in ("fastest", "cheapest"):
+        at = {p.policy: p for p in c.points if p.terms == terms}
+        o = at.get("ours")
+        for name, other in at.items():
+            if name in ("ours", "skypilot") or o is None:
+                continue
+            lines.append(f"{terms}, ours against {name}: {_point(o)} against {_point(other)}"
+                         + (f" ({_verdict(o, other)})" if o.finished and other.finished else ""))
     for e in c.equal_terms:
         o = e.other_point
         if not o.finished:
@@ -173,6 +190,21 @@ def summary_lines(c: Comparison) -> list[str]:
             + (f"{b.time_h:.2f} h, {b.usd:.2f} USD ({e.faster_by:.2f}x faster)" if e.faster_by is not None
                else f"not finished ({b.stop_reason.split(':')[0]}, {b.usd:.2f} USD)"))
     return lines
+
+
+def _point(p: Point) -> str:
+    if p.finished and p.time_h is not None:
+        return f"{p.time_h:.2f} h, {p.usd:.2f} USD"
+    return f"not finished ({p.stop_reason.split(':')[0]}, {p.usd:.2f} USD)"
+
+
+def _verdict(o: Point, other: Point) -> str:
+    """How ours compares on each axis (1e-6 relative: the same plans give the same figures)."""
+    def cmp(a: float, b: float, better: str, worse: str) -> str:
+        if abs(a - b) <= 1e-6 * max(abs(a), abs(b), 1.0):
+            return "same"
+        return better if a < b else worse
+    return f"time {cmp(o.time_h, other.time_h, 'faster', 'slower')}, cost {cmp(o.usd, other.usd, 'cheaper', 'dearer')}"
 
 
 def _missed(d: Point, other: Point) -> str:

@@ -48,3 +48,15 @@ def test_simulate_prices_each_replica_by_its_market():
     o = plan_option(mixed, throughput_samples_per_s=b.throughput_samples_per_s, usd_per_hr=b.usd_per_hour)
     assert o.gpus == {("V100-16", Z): 2} and o.on_demand == {("V100-16", Z): 2} and o.num_gpus == 4
     assert o.on_demand_premium_usd_per_hr[("V100-16", Z)] == pytest.approx(od - spot)
+
+
+def test_the_controllers_mixed_option_is_priced_as_simulate_prices_the_mixed_plan():
+    from sailor_core.controller import with_on_demand as option_on_demand
+
+    plan = plan_from_dict(PLAN)
+    sim = simulate(plan)
+    option = plan_option(plan, throughput_samples_per_s=sim.throughput_samples_per_s, usd_per_hr=sim.usd_per_hour)
+    mixed = option_on_demand(option, {("V100-16", Z): 2})
+    assert mixed.plan == with_on_demand(plan, {("V100-16", Z): 2})
+    assert mixed.usd_per_hr == pytest.approx(simulate(mixed.plan).usd_per_hour)
+    assert (mixed.gpus, mixed.on_demand) == ({("V100-16", Z): 2}, {("V100-16", Z): 2})

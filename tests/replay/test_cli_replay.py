@@ -12,6 +12,11 @@ import pytest
         (["--trace", "derived:gcp-4d", "--model", "opt-350m", "--tokens", "1e9", "--policy", "yolo"], "unknown policy"),
         (["--trace", "derived:nope", "--model", "opt-350m", "--tokens", "1e9"], "unknown derived trace"),
         (["--trace", "derived:gcp-4d", "--model", "opt-350m", "--tokens", "1e9", "--workers", "-1"], "--workers"),
+        (["--trace", "derived:gcp-4d", "--model", "opt-350m", "--tokens", "1e9", "--objective", "speed"], "objective"),
+        (["--trace", "derived:gcp-4d", "--model", "opt-350m", "--tokens", "1e9", "--deadline-h", "0"], "deadline"),
+        (["--trace", "derived:gcp-4d", "--model", "opt-350m", "--tokens", "1e9", "--pareto", "x.png"], "--compare"),
+        (["--trace", "derived:gcp-4d", "--model", "opt-350m", "--tokens", "1e9", "--on-demand-gpus", "-2"],
+         "on-demand"),
     ],
 )
 def test_bad_input_one_error_line(sailor_cli, args, words):
@@ -48,3 +53,22 @@ def test_json_and_plot(sailor_cli, tmp_path, monkeypatch):
         assert {"time_to_train_s", "usd_spent", "useful_work_fraction", "num_replans", "num_restarts"} <= set(row)
     assert out["policies"]["static"]["cost_ratio_to_ours"] > 0
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_compare_prints_the_front_and_the_equal_terms(sailor_cli, tmp_path, monkeypatch):
+    import json
+
+    import sailor_core.replay.run as run_mod
+    from replay_helpers import linear_planner
+
+    monkeypatch.setattr(run_mod, "planner_plan_fn", lambda **kw: linear_planner)  # real planner: slow test
+    trace = tmp_path / "t.csv"
+    trace.write_text(",Timestamp,A100-40_us-central1-a,V100-16_us-central1-b\n0,0,4,4\n1,3600,2,4\n2,7200,4,4\n")
+    png = tmp_path / "front.png"
+    p = sailor_cli("replay", "--trace", str(trace), "--model", "opt-350m", "--tokens", "2B", "--json",
+                   "--compare", "--pareto", str(png), "--workers", "0")
+    assert p.returncode in (0, None), p.stderr
+    c = json.loads(p.stdout)["comparison"]
+    assert c["front"] and all(pt["policy"] == "ours" for pt in c["front"])
+    assert {e["other"] for e in c["equal_terms"]} == {"skypilot", "single-type", "static"}
+    assert c["summary"] and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -95,5 +95,9 @@ def test_compare_at_equal_terms():
     assert sky.ours_by_deadline is not None and sky.ours_by_deadline.terms.startswith("deadline")
     assert sky.ours_by_budget is not None and sky.ours_by_budget.terms.startswith("budget")
     assert sky.ours_by_budget.usd <= sky.other_point.usd + 1e-6
+    assert {p.terms for p in c.points if p.policy == "single-type"} >= {"fastest", "cheapest"}
+    assert not [p for p in c.points if p.policy == "skypilot" and p.terms == "cheapest"]  # its request is fixed
     lines = summary_lines(c)
-    assert len(lines) == 2 and lines[0].startswith(("single-type", "skypilot"))
+    assert lines[0].startswith("fastest, ours against single-type: ") and "time " in lines[0]
+    assert any(line.startswith("cheapest, ours against single-type") for line in lines)
+    assert any(line.startswith("skypilot: ") or line.startswith("skypilot did not finish") for line in lines)
