@@ -193,6 +193,43 @@ class StageTrainer:
         dp = self.plan.stages[stage].dp_degree
         return replica_ranks(self.plan, stage, replica_of(m, dp))
 
+    def _send(self, tensor: torch.Tensor, stage: int, m: int, tag: int, group, sends: list) -> None:
+        """Send ``tensor`` (this replica's output or its input's gradient, the same on each of its
+        TP ranks) to the replica of ``stage`` that gets micro-batch ``m``; the works go to ``sends``.
+        Equal TP degrees: TP rank t sends the t-th slice to rank t, which gathers them over its
+        TP group (Megatron's scatter-gather: the tensor crosses the network once, over every TP
+        pair); otherwise whole copies, receiver r's from TP rank r mod this TP degree."""
+        peers = self._peer_ranks(stage, m)
+        t, k = self.role.tp_rank, self.role.tp_degree
+        if _sliced(k, len(peers), tensor.numel()):
+            targets = [(peers[t], tensor.reshape(-1).chunk(k)[t].contiguous())]
+        else:
+            payload = tensor.contiguous()
+            targets = [(dst, payload) for dst in peers[t::k]]
+        for dst, payload in targets:
+            sends.append((links.isend(payload, dst=dst, tag=tag, group=group), payload))
+
+    def _post_recv(self, stage: int, m: int, tag: int, group) -> tuple[object, torch.Tensor, bool]:
+        """Post the receive of micro-batch ``m``'s tensor from ``stage`` (see ``_send``): its work,
+        its buffer and whether that holds this rank's slice only."""
+        peers = self._peer_ranks(stage, m)
+        t, k = self.role.tp_rank, self.role.tp_degree
+        numel = math.prod(self._act_shape())
+        if _sliced(len(peers), k, numel):
+            buf = torch.empty(numel // k, device=self.device)
+            return links.irecv(buf, src=peers[t], tag=tag, group=group), buf, True
+        buf = torch.empty(self._act_shape(), device=self.device)
+        return links.irecv(buf, src=peers[t % len(peers)], tag=tag, group=group), buf, False
+
+    def _received(self, work, buf: torch.Tensor, sliced: bool) -> torch.Tensor:
+        """The whole tensor of a posted receive, once it arrived (slices gathered over TP)."""
+        work.wait()
+        if not sliced:
+            return buf
+        parts = [torch.empty_like(buf) for _ in range(self.role.tp_degree)]
+        dist.all_gather(parts, buf, group=self.groups.tp)
+        return torch.cat(parts).view(self._act_shape())
+
     @property
     def next_sample(self) -> int:
         return self.first_sample + (self.step - self.first_step) * self.plan.global_batch_size
@@ -236,11 +273,7 @@ class StageTrainer:
                 else:
                     out = out.float()
                     saved[m] = (inp, out)
-                    if role.tp_rank == 0:
-                        payload = out.detach().contiguous()
-                        for dst in self._peer_ranks(role.stage + 1, m):
-                            work = links.isend(payload, dst=dst, tag=2 * m, group=self.groups.fwd)
-                            sends.append((work, payload))
+                    self._send(out.detach(), role.stage + 1, m, 2 * m, self.groups.fwd, sends)
                 inbox.done("F")
             else:
                 inp, out = saved.pop(m)
@@ -248,11 +281,8 @@ class StageTrainer:
                     out.backward()
                 else:
                     out.backward(inbox.take("B", m))
-                if not first and role.tp_rank == 0:
-                    payload = inp.grad.contiguous()
-                    for dst in self._peer_ranks(role.stage - 1, m):
-                        work = links.isend(payload, dst=dst, tag=2 * m + 1, group=self.groups.bwd)
-                        sends.append((work, payload))
+                if not first:
+                    self._send(inp.grad, role.stage - 1, m, 2 * m + 1, self.groups.bwd, sends)
                 inbox.done("B")
         for work, _ in sends:
             work.wait()
@@ -353,17 +383,14 @@ class StageTrainer:
                     if model.is_first:
                         inp = x.to(self.device)
                     else:
-                        inp = torch.empty(self._act_shape(), device=self.device)
-                        links.recv(inp, src=self._peer_ranks(role.stage - 1, m)[0], tag=tag, group=self.groups.fwd)
+                        inp = self._received(*self._post_recv(role.stage - 1, m, tag, self.groups.fwd))
                     with self.autocast:
                         out = model(inp, y.to(self.device) if model.is_last else None)
                     if model.is_last:
                         if role.tp_rank == 0:
                             loss_sum += out.float()
-                    elif role.tp_rank == 0:
-                        payload = out.float().contiguous()
-                        for dst in self._peer_ranks(role.stage + 1, m):
-                            sends.append((links.isend(payload, dst=dst, tag=tag, group=self.groups.fwd), payload))
+                    else:
+                        self._send(out.float(), role.stage + 1, m, tag, self.groups.fwd, sends)
         for work, _ in sends:
             work.wait()
         dist.all_reduce(loss_sum)
@@ -463,6 +490,11 @@ def _tied_matrix(model: StageModel) -> torch.Tensor | None:
     return model.tied_copy
 
 
+def _sliced(tp_src: int, tp_dst: int, numel: int) -> bool:
+    """Whether a boundary tensor travels in TP slices (``StageTrainer._send``)."""
+    return tp_src == tp_dst > 1 and numel % tp_src == 0
+
+
 class _Inbox:
     """One step's receives, each posted as soon as the rank's previous op of its kind is done (the
     first of each kind at the step's start): the transfer then overlaps the op of the other kind
@@ -477,7 +509,7 @@ class _Inbox:
         self.queues = {"F": [] if model.is_first else [m for k, m in trainer.schedule if k == "F"],
                        "B": [] if model.is_last else [m for k, m in trainer.schedule if k == "B"]}
         self.posted = {"F": 0, "B": 0}
-        self.pending: dict[tuple[str, int], tuple[object, torch.Tensor]] = {}
+        self.pending: dict[tuple[str, int], tuple[object, torch.Tensor, bool]] = {}
         self.done("F")
         self.done("B")
 
@@ -488,18 +520,14 @@ class _Inbox:
             return
         self.posted[kind] = i + 1
         t, m = self.trainer, queue[i]
-        buf = torch.empty(t._act_shape(), device=t.device)
         if kind == "F":
-            src, tag, group = t._peer_ranks(t.role.stage - 1, m)[0], 2 * m, t.groups.fwd
+            self.pending[(kind, m)] = t._post_recv(t.role.stage - 1, m, 2 * m, t.groups.fwd)
         else:
-            src, tag, group = t._peer_ranks(t.role.stage + 1, m)[0], 2 * m + 1, t.groups.bwd
-        self.pending[(kind, m)] = (links.irecv(buf, src=src, tag=tag, group=group), buf)
+            self.pending[(kind, m)] = t._post_recv(t.role.stage + 1, m, 2 * m + 1, t.groups.bwd)
 
     def take(self, kind: str, m: int) -> torch.Tensor:
         """The input of op (``kind``, ``m``): its activation (F) or its output's gradient (B)."""
-        work, buf = self.pending.pop((kind, m))
-        work.wait()
-        return buf
+        return self.trainer._received(*self.pending.pop((kind, m)))
 
 
 class _OverlappedAllReduce:

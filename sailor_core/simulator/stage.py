@@ -41,16 +41,25 @@ def boundary_bytes(profile: ModelProfile, layer_end: int) -> int:
 
 
 def endpoint(zone: str, gpu: str, tp_degree: int) -> Endpoint:
-    """A replica as a p2p endpoint: its ``tp`` GPUs send their slices at once (Sailor: GPU count
-    = min(tp, GPUs per node); TP never spans nodes, so that is tp)."""
+    """A replica as a p2p endpoint: its ``tp`` GPUs send at once (Sailor: GPU count = min(tp,
+    GPUs per node); TP never spans nodes, so that is tp)."""
     return Endpoint(zone=zone, gpu=gpu, num_gpus=tp_degree)
 
 
 def boundary_transfer_s(
     network: NetworkModel, num_bytes: float, src: Endpoint, dst: Endpoint
 ) -> float:
-    """Activation forward plus its gradient backward for one micro-batch over one replica pair."""
-    return network.p2p_time_s(num_bytes, src, dst) + network.p2p_time_s(num_bytes, dst, src)
+    """Activation forward plus its gradient backward for one micro-batch over one replica pair.
+
+    Equal TP degrees: the tensor crosses once, in slices over every TP pair, and the receiver
+    gathers them inside its node (the engine's and Megatron's scatter-gather; the gather is left
+    out).  Otherwise every GPU of the receiving replica gets a whole copy, sent by the other's
+    GPUs in turn (``runtime/trainer.py``): ``tp_dst`` copies forward and ``tp_src`` back, over
+    min(tp) GPU pairs."""
+    if src.num_gpus == dst.num_gpus:
+        return network.p2p_time_s(num_bytes, src, dst) + network.p2p_time_s(num_bytes, dst, src)
+    return (network.p2p_time_s(num_bytes * dst.num_gpus, src, dst)
+            + network.p2p_time_s(num_bytes * src.num_gpus, dst, src))
 
 
 def dp_sync_bytes(profile: ModelProfile, layer_start: int, layer_end: int, regime: TrainingRegime) -> float:
