@@ -5,6 +5,7 @@
 1. H200 (data/measurements, bf16 autocast): calibrate on two OPT models, predict the third,
    each way round; error of the whole-model forward+backward time of one micro-batch per mbs.
 1b. The H200 with none of its data, from Sailor's GPUs (another regime: Megatron fp32).
+1c. A model family never profiled (OPT -> Llama and GPT-Neo, etc.): calibrated on the others.
 2. GPU never profiled: drop every profile of one Sailor GPU, predict its OPT-350 profiles from
    the other GPUs (the database picks the closest as reference); error of fwd+bwd per (tp, mbs).
 3. Other micro-batch sizes on a profiled GPU: drop one (tp, mbs) of a (model, GPU) and predict it
@@ -107,6 +108,37 @@ def unprofiled_gpu(profiles, model: str = "opt-350m") -> list[float]:
     return all_errors
 
 
+def _family(model: str) -> str:
+    return model.split("-")[0]
+
+
+def cross_family(profiles) -> dict[str, list[float]]:
+    """Calibrate without any model of a family (OPT, GPT-Neo, Llama), predict that family's
+    profiles on every GPU and regime it was measured on."""
+    families = sorted({_family(p.model) for p in profiles})
+    print("\n## 1c. A model family never profiled: calibrated on the other families\n")
+    print("| family | model | GPU | points | median abs err | max abs err | median signed |")
+    print("| --- | --- | --- | ---: | ---: | ---: | ---: |")
+    out: dict[str, list[float]] = {}
+    for held in families:
+        db = ProfileDB([p for p in profiles if _family(p.model) != held])
+        per: dict[tuple[str, str], list[float]] = {}
+        for true in profiles:
+            if _family(true.model) != held:
+                continue
+            pred = db.get(true.model, true.gpu, true.tp_degree, true.micro_batch_size, true.seq_len,
+                          regime=true.regime)
+            per.setdefault((true.model, true.gpu), []).append(_err(pred.fwd_bwd_s(), true.fwd_bwd_s()))
+        for (model, gpu), errors in sorted(per.items()):
+            a = [abs(e) for e in errors]
+            print(f"| {held} | {model} | {gpu} | {len(a)} | {statistics.median(a):.1%} | {max(a):.1%} | "
+                  f"{statistics.median(errors):+.1%} |")
+        out[held] = [e for errors in per.values() for e in errors]
+    for held, errors in out.items():
+        print(f"\nfamily {held} from the others: {_summary(errors)}")
+    return out
+
+
 def other_mbs(profiles) -> list[float]:
     print("\n## 3. Same GPU, one (tp, mbs) left out, predicted by scaling the GPU's other measurements\n")
     print("| model | GPU | points | median abs err | max abs err |")
@@ -202,6 +234,7 @@ def main() -> None:
     profiles = default_profile_db().profiles()
     cross_model_h200(profiles)
     h200_without_h200(profiles)
+    cross_family(profiles)
     unprofiled_gpu(profiles)
     other_mbs(profiles)
     a100_80_from_a100_40(profiles)

@@ -188,6 +188,22 @@ class NetworkModel:
         bw = get_gpu(gpu).intra_node_bw_bytes_per_s * k
         return _Link(None, bw, INTRA_NODE_LATENCY_S, k, LinkClass.INTRA_NODE)
 
+    def tp_bandwidth_bytes_per_s(self, gpu: str, tp_degree: int, message_bytes: float) -> float:
+        """What one GPU of a TP group of ``tp_degree`` inside a node moves per second in the
+        group's ring all-reduce of ``message_bytes`` (a ring step's ``message / tp_degree`` per
+        pair): Sailor's intra-node fit for that many GPUs where it was measured, else the
+        catalog's link per GPU.  The fit is the aggregate of ``tp_degree / 2`` pairs: on NVLink
+        each pair has links of its own, over PCIe the pairs share the host's bridges (as the
+        TP profiles show: RTX-3090 at TP 8 moves 1.5 GB/s per GPU, the fit's aggregate / 4
+        1.2; V100 at TP 8 70 GB/s, the aggregate 73)."""
+        spec = get_gpu(gpu)
+        for count in (c for c in (8, 4, 2) if c <= tp_degree):
+            fit = self.intra_fits.get((gpu, count))
+            if fit is not None:
+                bw = fit.bandwidth_bytes_per_s(message_bytes / tp_degree)
+                return bw if spec.intra_node_link.startswith("nvlink") else bw / (count // 2)
+        return spec.intra_node_bw_bytes_per_s
+
     # ---- collectives ----------------------------------------------------------
 
     def allreduce_time_s(

@@ -4,7 +4,7 @@ For one layer on one GPU of a TP group of t, a micro-batch of ``b`` sequences of
 
     compute_s = fwd_flops(b, s) / peak            (peak: the GPU's matmul peak for the regime)
     memory_s  = (2 * activation_bytes(b) + params_read * weight_bytes [+ eager-score passes]) / memory_bw
-    comm_s    = n_allreduce * (latency + 2(t-1)/t * b*s*h*bytes / (intra_node_bw * bw_efficiency))
+    comm_s    = n_allreduce * (latency + 2(t-1)/t * b*s*h*bytes / (tp_link_bw * bw_efficiency))
     fwd_s     = max(kc_fwd * compute_s + km_fwd * memory_s + comm_s, c_fwd * kernels)
     bwd_s     = max(2 * kc_bwd * compute_s + 2 * km_bwd * memory_s + comm_s, c_bwd * 2 * kernels)
 
@@ -24,17 +24,22 @@ memory bandwidth (element-wise kernels move more than the saved tensors; fitted 
 models of different widths were measured, since one model's compute and traffic grow together,
 else 1), the launch time per kernel ``c`` (at most 50 us and never above what a measured block
 allows); fitted on TP-1 profiles.  Then the TP all-reduce latency and achieved fraction of the
-intra-node bandwidth, on TP > 1 profiles (defaults where there are none).
+intra-node bandwidth, on TP > 1 profiles (defaults where there are none).  ``tp_link_bw`` is the
+link the TP group really runs on: Sailor's measured intra-node curve for that GPU and group size
+(RTX cards over PCIe: 1.3-6 GB/s per GPU at TP 8, 50-250 GB/s on NVLink parts), else the
+catalog's NVLink or PCIe figure (``NetworkModel.tp_bandwidth_bytes_per_s``).
 
 A GPU never profiled borrows the calibration of the most similar profiled GPU (closest matmul
 peak and memory bandwidth): efficiencies and floors are taken to carry over, while peak,
-bandwidths and link are the target's own.  When the model was measured on the reference GPU, the
+bandwidths and link are the target's own (its TP link as measured: no borrowed TP latency or
+efficiency).  When the model was measured on the reference GPU, the
 target's time is the reference's *measured* time scaled by the ratio of the two analytic times,
 so the model only has to get the ratio right.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -43,6 +48,7 @@ from functools import lru_cache
 from sailor_core.catalog.gpus import GPUSpec, get_gpu
 from sailor_core.catalog.layers import LayerShape, layer_shapes
 from sailor_core.catalog.models import get_model
+from sailor_core.network.model import default_network
 from sailor_core.regimes import TrainingRegime, get_regime
 
 # GPUs with TF32 tensor cores (Ampere and later): an fp32 framework's matmuls run at half the
@@ -131,7 +137,8 @@ def analytic_terms(
         return compute_s, memory_s, 0, 0.0, shape.num_kernels
     num_allreduce = 2 if shape.kind == "block" else 1
     message = b * s * hidden_size * regime.activation_bytes_per_element
-    wire_s = num_allreduce * 2 * (tp_degree - 1) / tp_degree * message / gpu.intra_node_bw_bytes_per_s
+    link_bw = default_network().tp_bandwidth_bytes_per_s(gpu.name, tp_degree, message)
+    wire_s = num_allreduce * 2 * (tp_degree - 1) / tp_degree * message / link_bw
     return compute_s, memory_s, num_allreduce, wire_s, shape.num_kernels
 
 
@@ -170,6 +177,10 @@ def predict_model(
     """(fwd_s, bwd_s) per layer index of a whole model (cached: the DB asks repeatedly)."""
     spec = get_gpu(gpu)
     reg = get_regime(regime)
+    if cal.gpu != spec.name:
+        # A borrowed calibration's TP constants describe the reference's link; the target's is
+        # its own measured one (``tp_bandwidth_bytes_per_s``), taken as achieved.
+        cal = dataclasses.replace(cal, tp_latency_s=DEFAULT_TP_LATENCY_S, tp_bw_efficiency=1.0)
     shapes = layer_shapes(model, tp_degree=tp_degree, seq_len=seq_len, regime=reg)
     m = get_model(model)
     return tuple(
