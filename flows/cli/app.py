@@ -28,6 +28,7 @@ _COMMAND_MODULES = (
     "flows.cli.profiling",
     "flows.cli.plan",
     "flows.cli.cloud",
+    "flows.cli.doctor",
     "flows.cli.engine",
     "flows.cli.data",
     "flows.cli.train",

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import io
+import json
 import os
 import re
 import threading
@@ -103,6 +104,8 @@ class MotoEC2:
     def _wsgi(self, environ, start_response):
         if environ.get("PATH_INFO", "/") != "/" or environ.get("REQUEST_METHOD") != "POST":
             return self._other_service(environ, start_response)  # S3 (path-style), not EC2's Query API
+        if environ.get("HTTP_X_AMZ_TARGET", "").startswith("ServiceQuotas"):
+            return self._service_quota(environ, start_response)
         length = int(environ.get("CONTENT_LENGTH") or 0)
         raw = environ["wsgi.input"].read(length) if length else b""
         environ["wsgi.input"] = io.BytesIO(raw)
@@ -150,6 +153,21 @@ class MotoEC2:
                                                  ("Content-Length", str(len(body)))])
                 return [body]
         return self._app(environ, start_response)
+
+    def _service_quota(self, environ, start_response):
+        """Service Quotas' GetServiceQuota for EC2's spot vCPU quotas (moto has none for EC2): the
+        embedded account may run 256 vCPUs of each family."""
+        length = int(environ.get("CONTENT_LENGTH") or 0)
+        asked = json.loads(environ["wsgi.input"].read(length) or b"{}") if length else {}
+        if not environ.get("HTTP_X_AMZ_TARGET", "").endswith("GetServiceQuota") or asked.get("ServiceCode") != "ec2":
+            body, status = json.dumps({"__type": "NoSuchResourceException", "message": "no such quota"}), "400 Bad Request"
+        else:
+            body, status = json.dumps({"Quota": {"ServiceCode": "ec2", "QuotaCode": asked.get("QuotaCode"),
+                                                 "QuotaName": asked.get("QuotaCode"), "Value": 256.0,
+                                                 "Unit": "None", "Adjustable": True}}), "200 OK"
+        data = body.encode()
+        start_response(status, [("Content-Type", "application/x-amz-json-1.1"), ("Content-Length", str(len(data)))])
+        return [data]
 
     def _changed(self) -> None:
         if self.on_change is not None:

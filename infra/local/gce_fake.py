@@ -25,6 +25,7 @@ from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlparse
 
+from infra.doctor import gcp_gpu_quota_metric
 from infra.local.capacity import Capacity
 from infra.local.faults import Faults
 from sailor_core.catalog.instances import gpu_for_gcp_accelerator, instance_types
@@ -207,6 +208,8 @@ class GCEFake:
                 return self._aggregated("instances", self._filter_instances(instances, query))
             if rest[1:] == ["operations"]:
                 return self._aggregated("operations", operations)
+        if rest[:1] == ["regions"] and len(rest) == 2 and method == "GET":
+            return self._region(rest[1])
         if rest[:1] != ["zones"]:
             raise ApiError(404, "notFound", "unsupported collection")
         if len(rest) == 1 and method == "GET":
@@ -317,6 +320,23 @@ class GCEFake:
         if built_in:
             out["accelerators"] = [{"guestAcceleratorType": built_in[0], "guestAcceleratorCount": built_in[1]}]
         return out
+
+    def _region(self, region: str) -> dict:
+        """A region with its GPU quotas: what the embedded capacity allows (64 per type unless limited)."""
+        zones = [z for z in self.zones if parse_zone(z).region == region]
+        if not zones:
+            raise ApiError(404, "notFound", f"The resource 'projects/{self.project}/regions/{region}' was not found")
+        quotas = []
+        for accel in sorted({a for z in zones for a in self.zones[z]["accelerators"]}):
+            gpu = gpu_for_gcp_accelerator(accel)
+            limits = [self.capacity.available(gpu, z) for z in zones]
+            limit = 64 if any(v is None for v in limits) else sum(limits)
+            usage = sum(self.gpus_in_use(gpu, z) for z in zones)
+            for preemptible in (False, True):
+                quotas.append({"metric": gcp_gpu_quota_metric(accel, preemptible=preemptible), "limit": float(limit),
+                               "usage": float(usage)})
+        return {"kind": "compute#region", "name": region, "status": "UP", "quotas": quotas,
+                "selfLink": self._link("regions", region), "zones": [self._link("zones", z) for z in zones]}
 
     def _accel_type(self, zone: str, name: str, max_cards: int) -> dict:
         return {"kind": "compute#acceleratorType", "id": str(abs(hash(name)) % 10**15), "name": name,

@@ -41,7 +41,7 @@ i=0; while [ $i -lt "$n" ]; do echo "NVIDIA $name"; i=$((i+1)); done
 class Image:
     root: Path
     python: Path  # the image's Python (SAILOR_PYTHON of its instances)
-    bin_dir: Path  # on the instances' PATH: python3, nvidia-smi
+    bin_dir: Path  # on the instances' PATH after the image Python's bin: nvidia-smi
     site_dir: Path  # the framework: links to the controller's site-packages, Sailor left out
     env_cache: Path  # SAILOR_ENV_CACHE: environments made per wheel, shared by the instances
     base_prefix: Path  # the interpreter's own files (the stdlib)
@@ -90,8 +90,6 @@ def image_for_this_machine(home: Path | None = None) -> Image:
         bin_dir.mkdir()
         (bin_dir / "nvidia-smi").write_text(NVIDIA_SMI)
         (bin_dir / "nvidia-smi").chmod(0o755)
-        (bin_dir / "python3").symlink_to(root / "python" / "bin" / "python3")
-        (bin_dir / "python").symlink_to(root / "python" / "bin" / "python3")
         (tmp / "envs").mkdir()
         (tmp / ".complete").touch()
         try:

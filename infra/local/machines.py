@@ -118,7 +118,7 @@ class Machines:
         hw = machine.hardware
         path = "/usr/local/bin:/usr/bin:/bin"
         env = {
-            "PATH": f"{self.image.bin_dir}:{path}" if self.image is not None else path,
+            "PATH": f"{self.image.python.parent}:{self.image.bin_dir}:{path}" if self.image is not None else path,
             "HOME": str(machine.root),
             "TMPDIR": str(machine.root / "tmp"),
             "LANG": "C.UTF-8",

@@ -184,7 +184,7 @@ def test_instances_of_the_embedded_cloud_do_not_inherit_credentials(monkeypatch,
     m = machines.boot(instance_id="i-canary", cloud="aws", zone="us-east-1a",
                       script="#!/bin/bash\nenv > \"$SAILOR_INSTANCE_DIR/env.txt\"\n")
     deadline = time.monotonic() + 30
-    out = m.directory / "env.txt"
+    out = m.root / "env.txt"  # SAILOR_INSTANCE_DIR: the instance's own root
     while time.monotonic() < deadline and not (out.exists() and "SAILOR_INSTANCE_ID" in out.read_text()):
         time.sleep(0.1)
     machines.halt_all()
