@@ -175,7 +175,7 @@ def _logits_tail_cls():
                 if isinstance(layer, Head):
                     if layer.spec.pre_norm:
                         x = F.layer_norm(x, (x.shape[-1],), layer.norm_w, getattr(layer, "norm_b", None))
-                    return F.linear(x, layer.lm_w)
+                    return F.linear(x, layer.lm_weight())  # a tied head's is the embedding's
                 x = layer(x)
             return x
 

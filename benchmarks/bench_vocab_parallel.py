@@ -168,7 +168,8 @@ def print_cpu(args, results: list[dict]) -> None:
     mb = 1e6
     print(f"\nhead per rank: parameters {r0['param_bytes']['replicated'] / mb:.1f} -> "
           f"{r0['param_bytes']['vocab-parallel'] / mb:.1f} MB (fp32); kept for backward: before "
-          f"{r0['before_saved_bytes'] / mb:.1f} MB, replicated with the new loss {r0['saved_bytes']['replicated'] / mb:.1f} MB, "
+          f"{r0['before_saved_bytes'] / mb:.1f} MB, replicated with the new loss "
+          f"{r0['saved_bytes']['replicated'] / mb:.1f} MB, "
           f"vocab-parallel {r0['saved_bytes']['vocab-parallel'] / mb:.1f} MB")
 
 

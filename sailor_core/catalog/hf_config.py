@@ -68,8 +68,10 @@ def _gptneo_spec(cfg: dict) -> dict:
     _require(cfg, "activation_function", "gelu_new", "gelu_new")
     h = int(cfg["hidden_size"])
     heads = int(cfg["num_heads"])
-    layers = cfg.get("attention_layers") or [k for pattern, n in cfg["attention_types"] for _ in range(n) for k in pattern]
-    return {"num_layers": int(cfg["num_layers"]), "hidden_size": h, "ffn_size": int(cfg.get("intermediate_size") or 4 * h),
+    layers = (cfg.get("attention_layers")
+              or [k for pattern, n in cfg["attention_types"] for _ in range(n) for k in pattern])
+    return {"num_layers": int(cfg["num_layers"]), "hidden_size": h,
+            "ffn_size": int(cfg.get("intermediate_size") or 4 * h),
             "num_heads": heads, "num_kv_heads": heads, "tie_embeddings": bool(cfg.get("tie_word_embeddings", True)),
             "norm_eps": float(cfg.get("layer_norm_epsilon", 1e-5)), "attention_layers": tuple(layers),
             "attention_window": int(cfg.get("window_size", 256)) if "local" in layers else 0}
@@ -93,7 +95,8 @@ def _llama_spec(cfg: dict) -> dict:
                if kind == "llama3" else None)
     return {"num_layers": int(cfg["num_hidden_layers"]), "hidden_size": h, "ffn_size": int(cfg["intermediate_size"]),
             "num_heads": heads, "num_kv_heads": int(cfg.get("num_key_value_heads") or heads),
-            "tie_embeddings": bool(cfg.get("tie_word_embeddings", False)), "norm_eps": float(cfg.get("rms_norm_eps", 1e-6)),
+            "tie_embeddings": bool(cfg.get("tie_word_embeddings", False)),
+            "norm_eps": float(cfg.get("rms_norm_eps", 1e-6)),
             "rope_theta": theta, "rope_scaling": scaling, "pad_token_id": cfg.get("pad_token_id")}
 
 

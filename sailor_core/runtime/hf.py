@@ -46,7 +46,8 @@ _NAMES: dict[str, dict[tuple[str, str], str]] = {
         ("block", "norm1_w"): "layers.{i}.self_attn_layer_norm.weight",
         ("block", "norm1_b"): "layers.{i}.self_attn_layer_norm.bias",
         **{("block", f"{p}_{wb}"): f"layers.{{i}}.self_attn.{hf}_proj.{full}"
-           for p, hf in (("q", "q"), ("k", "k"), ("v", "v"), ("o", "out")) for wb, full in (("w", "weight"), ("b", "bias"))},
+           for p, hf in (("q", "q"), ("k", "k"), ("v", "v"), ("o", "out"))
+           for wb, full in (("w", "weight"), ("b", "bias"))},
         ("block", "norm2_w"): "layers.{i}.final_layer_norm.weight",
         ("block", "norm2_b"): "layers.{i}.final_layer_norm.bias",
         ("block", "up_w"): "layers.{i}.fc1.weight", ("block", "up_b"): "layers.{i}.fc1.bias",
@@ -59,7 +60,8 @@ _NAMES: dict[str, dict[tuple[str, str], str]] = {
         ("block", "norm1_w"): "h.{i}.ln_1.weight", ("block", "norm1_b"): "h.{i}.ln_1.bias",
         ("block", "q_w"): "h.{i}.attn.attention.q_proj.weight", ("block", "k_w"): "h.{i}.attn.attention.k_proj.weight",
         ("block", "v_w"): "h.{i}.attn.attention.v_proj.weight",
-        ("block", "o_w"): "h.{i}.attn.attention.out_proj.weight", ("block", "o_b"): "h.{i}.attn.attention.out_proj.bias",
+        ("block", "o_w"): "h.{i}.attn.attention.out_proj.weight",
+        ("block", "o_b"): "h.{i}.attn.attention.out_proj.bias",
         ("block", "norm2_w"): "h.{i}.ln_2.weight", ("block", "norm2_b"): "h.{i}.ln_2.bias",
         ("block", "up_w"): "h.{i}.mlp.c_fc.weight", ("block", "up_b"): "h.{i}.mlp.c_fc.bias",
         ("block", "down_w"): "h.{i}.mlp.c_proj.weight", ("block", "down_b"): "h.{i}.mlp.c_proj.bias",
@@ -214,8 +216,9 @@ def export_checkpoint(ckpt_url: str, out_dir: str | Path, *, dtype: str = "float
     base = _readable_config(config_from)
     config = hf_config(spec, dtype=dtype, base=base)
     (out / CONFIG).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-    return Exported(out_dir=out, model=spec.name, step=info.step, num_parameters=sum(t.numel() for t in tensors.values()),
-                    dtype=dtype, config_from=config_from if base is not None else None)
+    return Exported(out_dir=out, model=spec.name, step=info.step,
+                    num_parameters=sum(t.numel() for t in tensors.values()), dtype=dtype,
+                    config_from=config_from if base is not None else None)
 
 
 def _readable_config(url: str | None) -> dict | None:

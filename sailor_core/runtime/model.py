@@ -194,6 +194,7 @@ def _rope(x: torch.Tensor, spec: ModelSpec) -> torch.Tensor:
     return x * cos + torch.cat([-x2, x1], dim=-1) * sin
 
 
+@functools.lru_cache(maxsize=8)
 def _local_mask(seq: int, window: int, device) -> torch.Tensor:
     """True where query i may attend key j: i - window < j <= i (GPT-Neo's local layers)."""
     i = torch.arange(seq, device=device)[:, None]
@@ -255,8 +256,8 @@ class Block(ShardedLayer):
             k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
         scale = 1.0 if self.spec.family == "gptneo" else None  # GPT-Neo does not scale its scores
         if self.local:
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=_local_mask(s, self.spec.attention_window, x.device),
-                                               scale=scale)
+            mask = _local_mask(s, self.spec.attention_window, x.device)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
         else:
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
         y = F.linear(y.transpose(1, 2).reshape(b, s, self.local_heads * hd), self.o_w)

@@ -52,7 +52,8 @@ def _configs() -> dict:
                              "high_freq_factor": 4.0, "original_max_position_embeddings": 16}),
         "llama-3-like": t.LlamaConfig(vocab_size=101, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
                                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                                      rms_norm_eps=1e-5, rope_parameters={"rope_type": "default", "rope_theta": 500000.0}),
+                                      rms_norm_eps=1e-5,
+                                      rope_parameters={"rope_type": "default", "rope_theta": 500000.0}),
     }
 
 
