@@ -30,6 +30,7 @@ from sailor_core.job.nodes import NodeRequest, nodes_for_plan, plan_usd_per_hr
 from sailor_core.catalog.instances import Offer
 from sailor_core.controller import (
     CachedPlanner,
+    CheapestPlanner,
     ControllerConfig,
     ControllerState,
     Decision,
@@ -92,7 +93,7 @@ class Planner:
     search: PlannerPlanFn
     cached: CachedPlanner
     pricing: OfferPricing
-    cheap: CachedPlanner | None = None
+    cheap: CheapestPlanner | None = None
 
     def __call__(self, available: Mapping[tuple[str, str], int]) -> tuple[PlanOption, ...]:
         return self.cached(available)
@@ -121,14 +122,20 @@ def planner_on_offers(offers: Sequence[Offer], *, model: str, objective: str = "
 
 def job_planner(spec: JobSpec, offers: Sequence[Offer]) -> Planner:
     """The job's planner: its fastest plans within the caps, and (with the cost objective or a
-    deadline) its cheapest above the floor; the controller ranks them by the job's objective."""
-    limits = dict(model=spec.model, global_batch_size=spec.global_batch_size, max_usd_per_hr=spec.max_usd_per_hr,
-                  min_throughput_samples_per_s=spec.min_throughput_samples_per_s, spot=spec.spot)
-    planner = planner_on_offers(offers, objective="throughput", **limits)
+    deadline) its cheapest above a floor (the job's, or what the deadline needs); the controller
+    ranks them by the job's objective."""
+    planner = planner_on_offers(offers, model=spec.model, objective="throughput",
+                                global_batch_size=spec.global_batch_size, max_usd_per_hr=spec.max_usd_per_hr,
+                                min_throughput_samples_per_s=spec.min_throughput_samples_per_s, spot=spec.spot)
     if spec.objective != "cost" and spec.deadline_h is None:
         return planner
-    cheap = planner_on_offers(offers, objective="cost", **limits)
-    return dataclasses.replace(planner, cheap=cheap.cached)
+
+    def cheapest_above(floor: float | None) -> PlannerPlanFn:  # the controller's floor includes the job's
+        return planner_plan_fn(model=spec.model, objective="cost", global_batch_size=spec.global_batch_size,
+                               max_usd_per_hour=spec.max_usd_per_hr, min_throughput_samples_per_s=floor,
+                               spot=spec.spot, pricing=planner.pricing, on_infeasible=_log_infeasible)
+
+    return dataclasses.replace(planner, cheap=CheapestPlanner(make=cheapest_above))
 
 
 def _log_infeasible(exc: InfeasibleError) -> None:

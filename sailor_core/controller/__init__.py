@@ -6,6 +6,8 @@ Used by both the train-job flow (real clouds) and the replay (simulated time).
 from sailor_core.controller.ledger import CostLedger, LedgerEntry
 from sailor_core.controller.options import (
     CachedPlanner,
+    CheapestPlanner,
+    CostPlanFn,
     PlanFn,
     PlannerPlanFn,
     PlanOption,
@@ -40,6 +42,8 @@ __all__ = [
     "STRATEGIES",
     "Action",
     "CachedPlanner",
+    "CheapestPlanner",
+    "CostPlanFn",
     "ControllerConfig",
     "ControllerState",
     "Costs",

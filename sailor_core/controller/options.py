@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -176,6 +177,37 @@ class CachedPlanner:
             return None
         _, options = min(supersets, key=lambda s: s[1][0].throughput_samples_per_s)
         return (best, *(o for o in options if o is not best and o.fits_in(avail)))
+
+
+# The planner's cheapest plans on an availability above a throughput floor (None: no floor), best first.
+CostPlanFn = Callable[[Mapping[GpuZone, int], "float | None"], Sequence[PlanOption]]
+
+
+def floor_on_grid(samples_per_s: float) -> float:
+    """``samples_per_s`` rounded up to a grid of 8 steps per doubling (at most 9 % above it), so
+    that the floors a deadline asks for over a job share the planner's answers."""
+    return 2.0 ** (math.ceil(8.0 * math.log2(samples_per_s) - 1e-9) / 8.0)
+
+
+@dataclass(slots=True, kw_only=True)
+class CheapestPlanner:
+    """``decide``'s ``cost_plan_fn``: the planner's cheapest plans (its cost objective) above a
+    throughput floor, one memoised planner per floor; ``make(floor)`` builds a floor's PlanFn."""
+
+    make: Callable[[float | None], PlanFn]
+    planners: dict = field(default_factory=dict)  # floor -> CachedPlanner
+
+    def __call__(self, available: Mapping[GpuZone, int], min_throughput_samples_per_s: float | None = None
+                 ) -> tuple[PlanOption, ...]:
+        floor = min_throughput_samples_per_s
+        fn = self.planners.get(floor)
+        if fn is None:
+            fn = self.planners[floor] = CachedPlanner(plan_fn=self.make(floor), objective="cost")
+        return fn(available)
+
+    @property
+    def num_calls(self) -> int:
+        return sum(p.num_calls for p in self.planners.values())
 
 
 # What renting a plan costs, in USD per hour (the train-job flow prices the whole instances

@@ -37,7 +37,16 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from sailor_core.controller.economics import Costs, Outlook, change_s, outlook, switch_pays, switch_window
-from sailor_core.controller.options import GpuZone, PlanFn, PlanOption, describe_gpus, restrict, with_on_demand
+from sailor_core.controller.options import (
+    CostPlanFn,
+    GpuZone,
+    PlanFn,
+    PlanOption,
+    describe_gpus,
+    floor_on_grid,
+    restrict,
+    with_on_demand,
+)
 from sailor_core.errors import InputError
 
 _S_PER_HR = 3600.0
@@ -175,10 +184,11 @@ def rate_window_s(elapsed_s: float, fraction_done: float) -> float:
 
 
 def decide(state: ControllerState, event: Event, *, config: ControllerConfig, plan_fn: PlanFn,
-           cost_plan_fn: PlanFn | None = None) -> Decision:
+           cost_plan_fn: CostPlanFn | None = None) -> Decision:
     """The controller's decision on ``event``; ``plan_fn`` is the planner (its best plans on an
-    availability, best first).  ``cost_plan_fn``, when given, is the planner's cheapest plans:
-    with the cost objective or a deadline they join the options on the whole availability."""
+    availability, best first).  ``cost_plan_fn``, when given, is the planner's cheapest plans
+    above a throughput floor: with the cost objective (above its floor) or a deadline (above
+    what finishing in time needs) they join the options on the whole availability."""
     remaining = max(0.0, state.samples_target - state.samples_done)
     if remaining <= 0:
         return Decision(action=Action.STOP, reason="done: target reached")
@@ -285,20 +295,34 @@ def planner_requests(avail: Mapping[GpuZone, int], state: ControllerState, confi
 
 
 def _candidates(avail: Mapping[GpuZone, int], state: ControllerState, config: ControllerConfig, plan_fn: PlanFn,
-                cost_plan_fn: PlanFn | None) -> list[PlanOption]:
+                cost_plan_fn: CostPlanFn | None, *, useful: float) -> list[PlanOption]:
     """What the planner offers (``planner_requests``; the first request's plans all, the others'
-    best), the cheapest plans with the cost objective or a deadline, each on its markets."""
+    best), the cheapest plans with the cost objective or a deadline (``cheap_floor``), each on
+    its markets."""
     asks = planner_requests(avail, state, config)
     options = list(plan_fn(asks[0]))
     for ask in asks[1:]:
         options += list(plan_fn(ask))[:1]
     if cost_plan_fn is not None and (config.objective == "cost" or math.isfinite(state.time_left_s)):
-        options += list(cost_plan_fn(asks[0]))
+        options += list(cost_plan_fn(asks[0], cheap_floor(state, config, useful=useful)))
     options = _distinct(options)
     od_avail = restrict(state.on_demand_available, config.gpu_types)
     if od_avail:
         options = [v for o in options for v in _market_variants(o, avail, od_avail, state)]
     return options
+
+
+def cheap_floor(state: ControllerState, config: ControllerConfig, *, useful: float) -> float | None:
+    """The throughput floor of the planner's cheapest plans: the job's floor and, with a deadline,
+    what finishing in time needs (the samples left over the time left after a change, divided
+    by the share of the time the plan in use trains, ``useful``), on ``floor_on_grid``."""
+    floor = config.min_throughput_samples_per_s or 0.0
+    if math.isfinite(state.time_left_s):
+        remaining = max(0.0, state.samples_target - state.samples_done)
+        window_s = state.time_left_s - config.change_cost_s
+        if window_s > 0 and remaining > 0:
+            floor = max(floor, remaining / window_s / max(useful, 1e-3))
+    return floor_on_grid(floor) if floor > 0 else None
 
 
 def _combined(spot: Mapping[GpuZone, int], on_demand: Mapping[GpuZone, int]) -> dict[GpuZone, int]:
@@ -375,7 +399,8 @@ def _decide_replan(state, event, lost, broken, config, plan_fn, cost_plan_fn, re
         # The plan in use no longer keeps a constraint, yet nothing grew: the options are those it
         # was chosen from (answers the planner has), ranked again on what is known now.
         ask = dict(state.planned_on)
-    outlooks = [rank.of(o) for o in _candidates(ask, state, config, plan_fn, cost_plan_fn)
+    useful = rank.of(current).useful_fraction if current is not None else 1.0
+    outlooks = [rank.of(o) for o in _candidates(ask, state, config, plan_fn, cost_plan_fn, useful=useful)
                 if o.fits_in(state.available, state.on_demand_available)]
     outlooks = [o for o in outlooks if _affordable_at_all(o.option, state, config)]
     if now is None:

@@ -45,14 +45,22 @@ class PersistentPlanner:
     longer than many of the calls), and by ``flush()``.
     """
 
-    def __init__(self, plan_fn: PlanFn, path: str | Path, *, prefix: str, write_interval_s: float = 5.0) -> None:
+    def __init__(self, plan_fn: PlanFn, path: str | Path, *, prefix: str, write_interval_s: float = 5.0,
+                 store: dict | None = None) -> None:
         self.plan_fn, self.path, self.prefix, self.write_interval_s = plan_fn, Path(path), prefix, write_interval_s
-        try:
-            self.store: dict = json.loads(self.path.read_text()) if self.path.exists() else {}
-        except (OSError, json.JSONDecodeError):
-            self.store = {}  # a damaged cache only costs time
+        if store is None:
+            try:
+                store = json.loads(self.path.read_text()) if self.path.exists() else {}
+            except (OSError, json.JSONDecodeError):
+                store = {}  # a damaged cache only costs time
+        self.store: dict = store
         self._dirty = False
         self._written_at = time.monotonic()
+
+    def sibling(self, plan_fn: PlanFn, *, prefix: str) -> PersistentPlanner:
+        """Another planner's answers in the same file (the same store: whichever flushes writes all)."""
+        return PersistentPlanner(plan_fn, self.path, prefix=prefix, write_interval_s=self.write_interval_s,
+                                 store=self.store)
 
     def __call__(self, available: Mapping[GpuZone, int]):
         key = _key(self.prefix, available)
@@ -68,8 +76,8 @@ class PersistentPlanner:
             self.flush()
         return options
 
-    def flush(self) -> None:
-        if not self._dirty:
+    def flush(self, *, force: bool = False) -> None:
+        if not (self._dirty or force):
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_suffix(f".tmp{os.getpid()}")

@@ -13,7 +13,15 @@ from typing import Any
 
 from sailor_core.catalog import ModelSpec, get_model, normalize_gpu_name
 from sailor_core.catalog.instances import gpu_price_usd_per_hr
-from sailor_core.controller import OBJECTIVES, CachedPlanner, PlanFn, PlanOption, planner_plan_fn, restrict
+from sailor_core.controller import (
+    OBJECTIVES,
+    CachedPlanner,
+    CheapestPlanner,
+    PlanFn,
+    PlanOption,
+    planner_plan_fn,
+    restrict,
+)
 from sailor_core.controller.options import PlannerCall
 from sailor_core.errors import InputError
 from sailor_core.replay.costs import ChangeCosts, checkpoint_bytes_for
@@ -49,8 +57,8 @@ def gridded(available: Mapping[GpuZone, int]) -> dict[GpuZone, int]:
 
 
 def on_grid(plan_fn: PlanFn) -> PlanFn:
-    def fn(available):
-        return plan_fn(gridded(available))
+    def fn(available, *args):
+        return plan_fn(gridded(available), *args)
 
     fn.__wrapped_cached__ = plan_fn
     return fn
@@ -324,27 +332,36 @@ def _single_type(trace: AvailabilityTrace, planning: _Planning, *, policies: Seq
 
 def _cheap_planner(planning: _Planning, *, model: str, global_batch_size: int | None,
                    planner_knobs: dict[str, Any] | None, terms: JobTerms, plan_cache_path: str | None,
-                   plan_fn: PlanFn | None) -> PlanFn | None:
-    """The planner's cheapest plans (its cost objective, above the floor), for a job that
-    minimises cost or has a deadline; in this process, memoised, on the grid unless exact."""
+                   plan_fn: PlanFn | None) -> CheapestPlanner | None:
+    """The planner's cheapest plans (its cost objective) above a floor, for a job that minimises
+    cost or has a deadline (``decide``'s ``cost_plan_fn``); in this process, memoised per floor,
+    on the grid unless exact, kept in the plan cache beside the fastest plans."""
     if not terms.wants_cheap_plans:
         return None
-    if plan_fn is not None:  # a test planner answers both
-        base = plan_fn
-    else:
-        knobs = {**REPLAY_PLANNER_KNOBS, **(planner_knobs or {}), "objective": "cost"}
-        if planning.micro_batch_sizes:
-            knobs["micro_batch_sizes"] = planning.micro_batch_sizes
-        if terms.min_throughput_samples_per_s is not None:
-            knobs["min_throughput_samples_per_s"] = terms.min_throughput_samples_per_s
-        base = _planner(model, global_batch_size, knobs, plan_cache_path)
-    cached = CachedPlanner(plan_fn=base, objective="cost")
-    return cached if planning.exact_availability else on_grid(cached)
+    knobs = {**REPLAY_PLANNER_KNOBS, **(planner_knobs or {}), "objective": "cost"}
+    if planning.micro_batch_sizes:
+        knobs["micro_batch_sizes"] = planning.micro_batch_sizes
+    disk = planning.cached.plan_fn if isinstance(planning.cached.plan_fn, PersistentPlanner) else None
+
+    def make(floor: float | None) -> PlanFn:
+        if plan_fn is not None:  # a test planner: its plans, those above the floor
+            return lambda a: [o for o in plan_fn(a) if floor is None or o.throughput_samples_per_s >= floor]
+        args = {**knobs, **({"min_throughput_samples_per_s": floor} if floor is not None else {})}
+        fn = planner_plan_fn(model=model, global_batch_size=global_batch_size, **args)
+        if disk is None and plan_cache_path:
+            return _planner(model, global_batch_size, args, plan_cache_path)
+        if disk is None:
+            return fn
+        text = ",".join(f"{k}={v}" for k, v in sorted(args.items()))
+        return disk.sibling(fn, prefix=f"{model}|gbs={global_batch_size}|{text}")
+
+    cheapest = CheapestPlanner(make=make)
+    return cheapest if planning.exact_availability else on_grid(cheapest)
 
 
 def _replay_each(planning: _Planning, policies: Sequence[str], *, single: str | None, prices: PriceSeries | None,
                  replay_args: dict[str, Any], progress: Callable[[str, float, int], None] | None,
-                 terms: JobTerms, cheap: PlanFn | None) -> dict[str, ReplayResult]:
+                 terms: JobTerms, cheap: CheapestPlanner | None) -> dict[str, ReplayResult]:
     """Each policy's replay, in turn, with the suite's planner; the workers stopped and the
     plan cache written at the end."""
     cached, prefetcher, costs = planning.cached, planning.prefetcher, replay_args["costs"]
@@ -371,7 +388,8 @@ def _replay_each(planning: _Planning, policies: Sequence[str], *, single: str | 
     finally:
         _flush(cached.plan_fn)
         if cheap is not None:
-            _flush(_unwrapped(cheap))
+            for fn in _unwrapped(cheap).planners.values():
+                _flush(fn.plan_fn)
         if prefetcher is not None:
             prefetcher.close()  # (a shadow thread still waiting on a search then stops)
         if threads is not None:
@@ -391,15 +409,14 @@ def _on_demand(trace: AvailabilityTrace, terms: JobTerms, config) -> dict[GpuZon
     return {k: terms.on_demand_gpus for k in trace.keys}
 
 
-def _unwrapped(plan_fn: PlanFn) -> PlanFn:
-    """The CachedPlanner's own planner behind ``on_grid``."""
-    cached = getattr(plan_fn, "__wrapped_cached__", plan_fn)
-    return cached.plan_fn if isinstance(cached, CachedPlanner) else cached
+def _unwrapped(plan_fn):
+    """The planner behind ``on_grid``."""
+    return getattr(plan_fn, "__wrapped_cached__", plan_fn)
 
 
 def _start_shadows(planning: _Planning, policies: Sequence[str], *, single: str | None, prices: PriceSeries | None,
                    replay_args: dict[str, Any], terms: JobTerms,
-                   cheap: PlanFn | None) -> tuple[ThreadPoolExecutor | None, dict[str, Future]]:
+                   cheap: CheapestPlanner | None) -> tuple[ThreadPoolExecutor | None, dict[str, Future]]:
     """Start the workers, and a shadow replay (``_shadow_replay``) of each later static or failover policy.
 
     The requests of a static or failover policy depend on the plans it picks, so they

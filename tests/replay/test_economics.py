@@ -131,11 +131,22 @@ def test_the_floor_counts_restarts():
 
 
 def test_cheap_plans_join_the_options_with_the_cost_objective_or_a_deadline():
+    floors = []
+
+    def cheapest(_avail, floor):
+        floors.append(floor)
+        return [o for o in (CHEAP, FAST) if floor is None or o.throughput_samples_per_s >= floor]
+
     state = ControllerState(plan=None, available=AVAIL, samples_target=720_000)
     fast_only = lambda _a: [FAST]  # noqa: E731
-    cheap_only = lambda _a: [CHEAP]  # noqa: E731
-    assert run(state, plan_fn=fast_only, cost_plan_fn=cheap_only).plan is FAST  # not asked
-    assert run(state, plan_fn=fast_only, cost_plan_fn=cheap_only, objective="cost").plan is CHEAP
+    assert run(state, plan_fn=fast_only, cost_plan_fn=cheapest).plan is FAST and floors == []  # not asked
+    assert run(state, plan_fn=fast_only, cost_plan_fn=cheapest, objective="cost").plan is CHEAP
+    assert floors == [None]
+    # A deadline asks for the cheapest plans fast enough to make it: 720000 samples in the 5 h left
+    # after a 300 s change need 40 samples/s, 41.5 on the floors' grid (2 ** (43 / 8)).
+    in_time = ControllerState(plan=None, available=AVAIL, samples_target=720_000, time_left_s=5 * 3600 + 300)
+    assert run(in_time, plan_fn=fast_only, cost_plan_fn=cheapest, objective="cost").plan is CHEAP
+    assert floors[-1] == pytest.approx(2 ** (43 / 8))
 
 
 # ---- stability ---------------------------------------------------------------------
