@@ -1,0 +1,53 @@
+"""The parity matrix with real workers (slow: nine launches): each family's catalog test model,
+started from a random ``transformers`` model with ``--init-from``, gives as its first step's loss
+(before any update) ``transformers``' loss on the same samples, under PP 1 and 2, TP 1 and 2, and
+stages whose replicas differ in TP degree.  The default run checks the same matrix in one process
+(``test_hf_parity.py``) and the whole path once (``test_hf_roundtrip.py``)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from sailor_core.catalog.hf_config import hf_config
+from sailor_core.catalog.models import get_model
+from sailor_core.runtime.data import TokenDataset
+from sailor_core.runtime.launch import launch_local
+
+from .conftest import make_plan
+
+transformers = pytest.importorskip("transformers")
+
+PLANS = {
+    "pp1-tp1": [(0, 4, [1])],
+    "pp2-tp2": [(0, 2, [2]), (2, 4, [2])],
+    "pp2-mixed-tp": [(0, 2, [1, 2]), (2, 4, [2, 1])],
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", ["tiny", "tiny-llama", "tiny-neo"])
+def test_first_step_loss_equals_transformers(model, corpus, tmp_path):
+    transformers.logging.set_verbosity_error()
+    spec = get_model(model)
+    torch.manual_seed(11)
+    config = transformers.AutoConfig.for_model(**hf_config(spec))
+    hf = transformers.AutoModelForCausalLM.from_config(config).float().eval()
+    with torch.no_grad():
+        for p in hf.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    folder = tmp_path / "hf"
+    hf.save_pretrained(folder)
+    for name, stages in PLANS.items():
+        plan = make_plan(model, stages)
+        data = TokenDataset(corpus, plan.effective_seq_len(), spec.vocab_size, validation_fraction=0.01,
+                            min_val_samples=plan.global_batch_size)
+        with torch.no_grad():
+            want = sum(float(F.cross_entropy(hf(input_ids=x).logits.reshape(-1, spec.vocab_size), y.reshape(-1)))
+                       for x, y in (data.microbatch(0, 0, m, plan.global_batch_size, plan.micro_batch_size)
+                                    for m in range(plan.num_microbatches))) / plan.num_microbatches
+        res = launch_local(plan, 1, data=corpus, workdir=tmp_path / name, timeout_s=240,
+                           worker_args=("--init-from", str(folder), "--validate-every", "0"))
+        assert res.status == "ok", (name, res.message, res.stderr_tails)
+        assert res.losses[0] == pytest.approx(want, abs=1e-5), name
