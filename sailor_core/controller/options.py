@@ -183,10 +183,13 @@ class CachedPlanner:
 CostPlanFn = Callable[[Mapping[GpuZone, int], "float | None"], Sequence[PlanOption]]
 
 
-def floor_on_grid(samples_per_s: float) -> float:
-    """``samples_per_s`` rounded up to a grid of 8 steps per doubling (at most 9 % above it), so
-    that the floors a deadline asks for over a job share the planner's answers."""
-    return 2.0 ** (math.ceil(8.0 * math.log2(samples_per_s) - 1e-9) / 8.0)
+def floors_on_grid(samples_per_s: float) -> tuple[float, float]:
+    """The floors of a grid of 8 steps per doubling just below and just above ``samples_per_s``
+    (within 9 % of it), so that the floors a deadline asks for over a job share the planner's
+    answers: the cheapest plans above the lower one may still make the deadline, those above
+    the upper one surely do (as far as the throughput goes)."""
+    step = 8.0 * math.log2(samples_per_s)
+    return 2.0 ** (math.floor(step + 1e-9) / 8.0), 2.0 ** (math.ceil(step - 1e-9) / 8.0)
 
 
 @dataclass(slots=True, kw_only=True)

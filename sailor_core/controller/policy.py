@@ -43,7 +43,7 @@ from sailor_core.controller.options import (
     PlanFn,
     PlanOption,
     describe_gpus,
-    floor_on_grid,
+    floors_on_grid,
     restrict,
     with_on_demand,
 )
@@ -304,7 +304,8 @@ def _candidates(avail: Mapping[GpuZone, int], state: ControllerState, config: Co
     for ask in asks[1:]:
         options += list(plan_fn(ask))[:1]
     if cost_plan_fn is not None and (config.objective == "cost" or math.isfinite(state.time_left_s)):
-        options += list(cost_plan_fn(asks[0], cheap_floor(state, config, useful=useful)))
+        for floor in cheap_floors(state, config, useful=useful):
+            options += list(cost_plan_fn(asks[0], floor))
     options = _distinct(options)
     od_avail = restrict(state.on_demand_available, config.gpu_types)
     if od_avail:
@@ -312,17 +313,20 @@ def _candidates(avail: Mapping[GpuZone, int], state: ControllerState, config: Co
     return options
 
 
-def cheap_floor(state: ControllerState, config: ControllerConfig, *, useful: float) -> float | None:
-    """The throughput floor of the planner's cheapest plans: the job's floor and, with a deadline,
+def cheap_floors(state: ControllerState, config: ControllerConfig, *, useful: float) -> tuple[float | None, ...]:
+    """The throughput floors of the planner's cheapest plans: the job's floor and, with a deadline,
     what finishing in time needs (the samples left over the time left after a change, divided
-    by the share of the time the plan in use trains, ``useful``), on ``floor_on_grid``."""
+    by the share of the time the plan in use trains, ``useful``), on ``floors_on_grid``
+    (the grid's floors just below and above it); (None,): no floor."""
     floor = config.min_throughput_samples_per_s or 0.0
     if math.isfinite(state.time_left_s):
         remaining = max(0.0, state.samples_target - state.samples_done)
         window_s = state.time_left_s - config.change_cost_s
         if window_s > 0 and remaining > 0:
-            floor = max(floor, remaining / window_s / max(useful, 1e-3))
-    return floor_on_grid(floor) if floor > 0 else None
+            need = remaining / window_s / max(useful, 1e-3)
+            if need > floor:
+                return floors_on_grid(need)
+    return (floor,) if floor > 0 else (None,)
 
 
 def _combined(spot: Mapping[GpuZone, int], on_demand: Mapping[GpuZone, int]) -> dict[GpuZone, int]:
