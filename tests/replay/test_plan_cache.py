@@ -76,3 +76,37 @@ def test_a_second_replay_plans_nothing(tmp_path, monkeypatch):
     assert warm.planner_calls == cold.planner_calls  # same calls, answered from the file
     for name, r in cold.results.items():
         assert (warm.results[name].time_to_train_s, warm.results[name].usd_spent) == (r.time_to_train_s, r.usd_spent)
+
+
+def test_a_sibling_keeps_its_answers_in_the_same_file(tmp_path):
+    path = tmp_path / "plans.json"
+    calls = []
+    main = persistent(counted(calls), path, prefix="m|fast")
+    cheap = main.sibling(counted(calls), prefix="m|cheap,floor=40")
+    main({A: 4})
+    cheap({A: 4})
+    cheap.flush()  # whichever writes, writes both
+    again = persistent(counted(calls), path, prefix="m|cheap,floor=40")
+    again({A: 4})
+    assert len(calls) == 2 and set(json.loads(path.read_text())) == {"m|fast|A100-40@us-central1-a=4",
+                                                                     "m|cheap,floor=40|A100-40@us-central1-a=4"}
+
+
+def test_the_cheapest_planner_keeps_one_memo_per_floor():
+    from sailor_core.controller import CheapestPlanner
+    from sailor_core.controller.options import floors_on_grid
+
+    made = []
+
+    def make(floor):
+        made.append(floor)
+        return lambda a: [o for o in linear_planner(a) if floor is None or o.throughput_samples_per_s >= floor]
+
+    cheapest = CheapestPlanner(make=make)
+    assert [o.throughput_samples_per_s for o in cheapest({A: 4, V: 2}, 30.0)] == [48.0, 40.0]
+    cheapest({A: 4, V: 2}, 30.0)
+    cheapest({A: 4, V: 2}, None)
+    assert made == [30.0, None] and cheapest.num_calls == 2
+    lo, hi = floors_on_grid(40.0)
+    assert lo <= 40.0 <= hi and hi / lo == 2 ** (1 / 8)
+    assert floors_on_grid(32.0) == (32.0, 32.0)
