@@ -204,8 +204,6 @@ def link_shim() -> str:
 DEBUG_ENV = "SAILOR_DEBUG"
 PREFECT_EPHEMERAL_ENV = "SAILOR_PREFECT_EPHEMERAL"
 FUZZ_EXAMPLES_ENV = "SAILOR_FUZZ_EXAMPLES"
-# Read by prefect.yaml's templating when deploying (not by Python): the checkout the worker runs.
-ROOT_ENV = "SAILOR_ROOT"
 
 
 def debug() -> bool:
