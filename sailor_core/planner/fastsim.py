@@ -32,7 +32,8 @@ from sailor_core.planner.kinds import Kind
 from sailor_core.regimes import TrainingRegime
 from sailor_core.simulator import compose
 from sailor_core.simulator import stage as st
-from sailor_core.simulator.memory import inflight_microbatches
+from sailor_core.simulator.memory import dp_bucket_bytes, inflight_microbatches, stage_params_held
+from sailor_core.simulator.tables import layer_table
 from sailor_core.simulator.pipeline_time import one_f_one_b, stage_timing
 
 Group = tuple[Kind, str, int]  # (kind, zone, replicas), in replica order
@@ -290,23 +291,26 @@ class FastSim:
             link = (worst_link, ctx.link_microbatches)
         rent, egress = (self._stage_costs_memo.get(key)
                         or self._stage_costs(stage, nxt, num_mb, regime, key, costs))
-        depth = depth if depth < ctx.most_microbatches else ctx.most_microbatches
         memo = self._stages
         if len(memo) >= _MAX_STAGE_ENTRIES:
             memo.clear()
         entry = memo[key] = (rent, egress, stage_timing(steps, ctx.counts, fwds),
-                             compose.stage_end_s(sync, update), link, ctx,
-                             {depth: self._stage_memory(stage, ctx, depth, regime)})
+                             compose.stage_end_s(sync, update), link, ctx, {})
         return entry
 
     @staticmethod
     def _stage_memory(stage: FastStage, ctx: _Context, depth: int, regime: TrainingRegime) -> tuple[int, bool]:
-        """(peak bytes, fits) of a stage with ``depth`` = P - i stages from it to the pipeline's end."""
+        """(peak bytes, fits) of a stage whose replicas run ``depth - 1`` warm-up forwards at most
+        (``memory.inflight_microbatches``: P - i stages to the pipeline's end, more beside a
+        wider stage)."""
         a, b = stage.layer_start, stage.layer_end
+        dp = ctx.costs.dp_degree
         peak, fits = 0, True
         for kind, count in ctx.kinds_counts:
             # simulate's stage_memory, without its breakdown
             mem = kind.peak_bytes(a, b, inflight_microbatches(0, depth, count), regime)
+            if dp > 1:
+                mem += dp_bucket_bytes(stage_params_held(layer_table(kind.profile), a, b), regime, dp)
             if mem > peak:
                 peak = mem
             fits = fits and mem <= kind.capacity_bytes
@@ -336,13 +340,21 @@ class FastSim:
         ends: list[float] = []
         rents = []
         egress = []
+        widest = 1
+        for stage in stages:
+            d = stage.dp_degree
+            if d > widest:
+                widest = d
         for i, stage in enumerate(stages):
             key = (stage.layer_start, stage.layer_end, stage.groups,
                    stages[i + 1].groups if i < last else None, num_mb, rname)
             entry = memo.get(key) or self._stage(stage, num_stages - i, regime, key)
             rent, egress_terms, timing, end, link, ctx, mems = entry
-            # A group's replicas hold min(P - i, their micro-batches) in flight: deeper is the same.
-            depth = num_stages - i if num_stages - i < ctx.most_microbatches else ctx.most_microbatches
+            # A group's replicas hold min(their warm-up + 1, their micro-batches) in flight: the
+            # warm-up is P - i - 1 of the widest stage's micro-batches; deeper is the same.
+            depth = int((num_stages - i - 1) * (widest / ctx.costs.dp_degree)) + 1
+            if depth > ctx.most_microbatches:
+                depth = ctx.most_microbatches
             mem = mems.get(depth)
             if mem is None:
                 mem = mems[depth] = self._stage_memory(stage, ctx, depth, regime)

@@ -96,6 +96,9 @@ class _Sent:
         for w in self.works:
             w.wait()
 
+    def is_completed(self) -> bool:
+        return all(w.is_completed() for w in self.works)
+
 
 class _Received:
     """A receive under the shim: its wait returns when the message would have arrived."""

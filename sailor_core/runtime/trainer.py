@@ -199,6 +199,9 @@ class StageTrainer:
         Equal TP degrees: TP rank t sends the t-th slice to rank t, which gathers them over its
         TP group (Megatron's scatter-gather: the tensor crosses the network once, over every TP
         pair); otherwise whole copies, receiver r's from TP rank r mod this TP degree."""
+        # A payload lives until its send completes, not to the step's end (the first stage would
+        # otherwise hold every micro-batch's output: M activations).
+        sends[:] = [s for s in sends if not s[0].is_completed()]
         peers = self._peer_ranks(stage, m)
         t, k = self.role.tp_rank, self.role.tp_degree
         if _sliced(k, len(peers), tensor.numel()):

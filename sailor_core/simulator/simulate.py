@@ -144,7 +144,9 @@ def _simulate_stage(looked_up: _PlanProfiles, network: NetworkModel, plan: Plan,
     stage = plan.stages[index]
     num_mb = plan.num_microbatches
     counts = routing.microbatches_per_replica(num_mb, stage.dp_degree)
-    replicas, steps, fwds = _stage_replicas(looked_up, stage, index, len(plan.stages), counts)
+    widest = max(s.dp_degree for s in plan.stages)
+    replicas, steps, fwds = _stage_replicas(looked_up, stage, index, len(plan.stages), counts,
+                                            widest / stage.dp_degree)
     sync_s, sync_bytes, hop_bytes, hop_usd = _dp_ring(looked_up, network, stage)
     p2p_s, p2p_bytes, crossings, link = 0.0, 0, [], None
     if index + 1 < len(plan.stages):
@@ -170,8 +172,10 @@ def _simulate_stage(looked_up: _PlanProfiles, network: NetworkModel, plan: Plan,
 
 
 def _stage_replicas(looked_up: _PlanProfiles, stage: Stage, index: int, num_stages: int, counts: list[int],
+                    lookahead_scale: float = 1.0,
                     ) -> tuple[tuple[ReplicaResult, ...], list[float], list[float]]:
-    """Each replica's result, its forward + backward and its forward of one micro-batch."""
+    """Each replica's result, its forward + backward and its forward of one micro-batch
+    (``lookahead_scale``: see ``memory.inflight_microbatches``)."""
     start, end = stage.layer_start, stage.layer_end
     replicas: list[ReplicaResult] = []
     steps: list[float] = []
@@ -181,13 +185,14 @@ def _stage_replicas(looked_up: _PlanProfiles, stage: Stage, index: int, num_stag
     same: dict[tuple[str, int, int], tuple] = {}
     results: dict[tuple[Replica, int, int], ReplicaResult] = {}
     for r, rep in enumerate(stage.replicas):
-        inflight = inflight_microbatches(index, num_stages, counts[r])
+        inflight = inflight_microbatches(index, num_stages, counts[r], lookahead_scale)
         key = (rep.gpu, rep.tp_degree, inflight)
         known = same.get(key)
         if known is None:
             prof = looked_up.of(rep.gpu, rep.tp_degree)
             table = layer_table(prof)
-            mem = stage_memory(prof, start, end, inflight, looked_up.regime, get_gpu(rep.gpu).memory_bytes)
+            mem = stage_memory(prof, start, end, inflight, looked_up.regime, get_gpu(rep.gpu).memory_bytes,
+                               stage.dp_degree)
             known = same[key] = (
                 prof, table.fwd_s(start, end), table.bwd_s(start, end),
                 prof.update_s(table.params(start, end)), mem, table.measured(start, end),
@@ -255,6 +260,8 @@ def describe_memory(mem: MemoryBreakdown) -> str:
              f"activations {_gb(mem.activation_bytes)} for {mem.num_inflight} micro-batch(es) in flight"]
     if mem.loss_working_bytes:
         parts.append(f"loss {_gb(mem.loss_working_bytes)}")
+    if mem.comm_bytes:
+        parts.append(f"buffers {_gb(mem.comm_bytes)}")
     parts.append(f"overhead {_gb(mem.overhead_bytes)}")
     return f"needs {_gb(mem.peak_bytes)} ({' + '.join(parts)}) but the GPU has {_gb(mem.capacity_bytes)}"
 

@@ -112,11 +112,15 @@ def test_first_stage_holds_more_microbatches_than_the_last():
     regime = get_regime("torch-bf16-autocast-adamw")
     first, last = r.stages[0].replicas[0].memory, r.stages[3].replicas[0].memory
     assert first.num_inflight == 4 and last.num_inflight == 1
-    assert first.peak_bytes == 1000 * 16 + 4 * 100 + regime.constant_overhead_bytes
+    # each micro-batch in flight keeps its 4096 B output too; the gradient's receive buffer
+    assert first.peak_bytes == 1000 * 16 + 4 * (100 + 4096) + 4096 + regime.constant_overhead_bytes
+    assert first.comm_bytes == 4096
     # the head also needs the loss gradients: 8 B x (1 sequence x 64 tokens x 512 vocab).
     assert last.loss_working_bytes == LOSS_GRAD_BYTES_PER_LOGIT * 64 * 512
     # tiny ties its head to the embedding: the last stage also holds a copy of the 512 x 64 matrix
-    assert last.peak_bytes == (1000 + 512 * 64) * 16 + 1 * 500 + 8 * 64 * 512 + regime.constant_overhead_bytes
+    # (and the next input's receive buffer, 4096 B)
+    assert last.peak_bytes == ((1000 + 512 * 64) * 16 + 1 * 500 + 8 * 64 * 512 + 4096
+                               + regime.constant_overhead_bytes)
     assert r.stages[1].replicas[0].memory.num_inflight == 3
     assert r.peak_memory_bytes == max(s.peak_memory_bytes for s in r.stages)
 
