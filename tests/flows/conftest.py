@@ -42,19 +42,17 @@ def prefect_api(sailor_home) -> str:
     from flows.cli.prefect_server import start_local_server, stop_local_server
 
     saved = {k: os.environ.get(k) for k in ("PREFECT_API_URL", "PREFECT_HOME")}
+    # The Prefect profile `sailor` the start makes active lands in this PREFECT_HOME, as it would in
+    # the user's: commands run by the tests with this environment reach the server through it.
+    os.environ["PREFECT_HOME"] = str(sailor_home / "prefect")
+    os.environ.pop("PREFECT_API_URL", None)
     api_url = start_local_server(port=_free_port())
     os.environ["PREFECT_API_URL"] = api_url
-    os.environ["PREFECT_HOME"] = str(sailor_home / "prefect")
-    from prefect.settings import (
-        PREFECT_API_URL,
-        PREFECT_HOME,
-        PREFECT_LOGGING_LEVEL,
-        PREFECT_SERVER_ANALYTICS_ENABLED,
-        temporary_settings,
-    )
+    from prefect.settings import PREFECT_API_URL, PREFECT_HOME, PREFECT_SERVER_ANALYTICS_ENABLED, temporary_settings
 
+    # Every INFO line of the flows reaches the server, as in `sailor train` (the UI shows the run's logs).
     with temporary_settings({PREFECT_API_URL: api_url, PREFECT_HOME: str(sailor_home / "prefect"),
-                             PREFECT_SERVER_ANALYTICS_ENABLED: False, PREFECT_LOGGING_LEVEL: "WARNING"}):
+                             PREFECT_SERVER_ANALYTICS_ENABLED: False}):
         yield api_url
     stop_local_server()
     for k, v in saved.items():

@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from sailor_core.job import report
 from sailor_core.job import state as js
 
 from sailor_core.job.spec import JobSpec
@@ -42,9 +43,11 @@ def test_train_rejects_bad_arguments_in_one_line(home, sailor_cli, args, needle)
     assert code != 0 and len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], err
 
 
-def test_jobs_and_status_read_the_persisted_states(home, sailor_cli):
+def test_jobs_and_status_read_the_persisted_states(home, sailor_cli, monkeypatch):
     store = js.JobStore()
     s = js.new_job(JobSpec(model="tiny", budget_usd=0.5, steps=10), job_id="tiny-abc")
+    url = "http://127.0.0.1:4200/runs/flow-run/0c8e5b2a-1111-2222-3333-444455556666"
+    s = js.with_flow_run(s, "0c8e5b2a-1111-2222-3333-444455556666", url)
     s = js.with_plan(s, plan={"model": "tiny"}, reason="start: 1xT4@us-east-1a", usd_per_hr=0.2,
                      throughput_samples_per_s=5.0)
     s = js.with_instances_launched(s, (js.InstanceRecord(
@@ -62,6 +65,12 @@ def test_jobs_and_status_read_the_persisted_states(home, sailor_cli):
     assert row["job_id"] == "tiny-abc" and row["status"] == "stopped_budget"
     assert row["attempts"] == 2 and row["preemptions"] == 1 and row["usd_spent"] == pytest.approx(0.2)
 
+    assert row["flow_run_url"] == url and row["started"] and row["started_unix_s"] == s.created_unix_s
+    monkeypatch.setenv("COLUMNS", "200")  # a wide terminal: the link on one line
+    r = sailor_cli("jobs")
+    assert r.returncode == 0 and url in r.stdout, r.stdout
+    assert report.local_time(s.created_unix_s) in r.stdout
+
     r = sailor_cli("status", "tiny-abc", "--json")
     assert r.returncode == 0, r.stderr
     detail = json.loads(r.stdout)
@@ -75,6 +84,7 @@ def test_jobs_and_status_read_the_persisted_states(home, sailor_cli):
     assert detail["final_loss"] == 5.4 and detail["val_loss"] == 5.6 and detail["val_loss_step"] == 10
     r = sailor_cli("status", "tiny-abc")
     assert r.returncode == 0 and "val loss 5.6000 (step 10)" in r.stdout, r.stdout
+    assert f"started {report.local_time(s.created_unix_s)}; flow run 0c8e5b2a-1111-2222-3333-444455556666: {url}" in r.stdout
 
     r = sailor_cli("status", "nope")
     assert r.returncode != 0 and r.stderr.strip() == f"error: no job 'nope' under {home / 'jobs'}"
