@@ -143,7 +143,8 @@ class Machines:
         return env
 
     def _start(self, machine: Machine, script: str) -> subprocess.Popen:
-        path = machine.directory / "startup-script"
+        path = machine.root / "var" / "lib" / "cloud" / "startup-script"  # cloud-init's copy, on its disk
+        path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(script)
         path.chmod(0o755)
         argv = [str(path)] if script.startswith("#!") else ["/bin/bash", str(path)]

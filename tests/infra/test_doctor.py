@@ -22,7 +22,7 @@ def test_a_ready_account_passes_and_a_missing_image_quota_or_account_says_how_to
     assert "PREEMPTIBLE_NVIDIA_T4_GPUS" in ready[("gcp", "quota T4")].detail
 
     aws.ami_id, gcp.service_account = None, None
-    for zone in gcp.zones:
+    for zone in cloud.gce.zones:  # every zone of the regions the check looks at
         cloud.set_capacity("T4", zone, 0)
     broken = _by_name(doctor.check_aws(aws, gpus=["T4"]) + doctor.check_gcp(gcp, gpus=["T4"]))
     assert broken[("aws", "image")].status == doctor.MISSING and "SAILOR_AWS_AMI" in broken[("aws", "image")].fix

@@ -7,8 +7,11 @@ CI runs as root."""
 from __future__ import annotations
 
 import json
+import os
+import re
 import time
 import urllib.request
+from pathlib import Path
 
 import boto3
 import pytest
@@ -54,6 +57,7 @@ def _boot_one(cloud, providers, job: str, *, script: str, cloud_name: str = "aws
     return ready  # as described now: with the addresses of its machine
 
 
+@pytest.mark.slow  # the default run's e2e job boots every instance this way; this checks the details
 def test_an_instance_boots_the_controllers_wheel_from_the_bucket_in_its_own_root(cloud, providers, bucket):
     job, job_url = "boot-a", f"s3://{BUCKET}/boot-a"
     providers["aws"].create_job_identity(job, read_write=[job_url])
@@ -183,7 +187,7 @@ def test_no_secret_in_startup_scripts_or_instance_metadata(cloud, providers, buc
     for cloud_name in ("aws", "gcp"):
         inst = _boot_one(cloud, providers, job, script=script, cloud_name=cloud_name)
         machine = cloud.machines.get(inst.instance_id)
-        assert canary not in (machine.directory / "startup-script").read_text()
+        assert canary not in (machine.root / "var" / "lib" / "cloud" / "startup-script").read_text()
         assert canary not in json.dumps(machine.hardware.__class__.__slots__)
         env = cloud.machines.environment(machine)
         assert canary not in json.dumps(env) and not any(k.startswith(("AWS_SECRET", "AWS_ACCESS", "GOOGLE_O"))
@@ -193,6 +197,32 @@ def test_no_secret_in_startup_scripts_or_instance_metadata(cloud, providers, buc
     for p in providers.values():
         p.terminate_instances(job_labels(job))
 
+
+SOCKET_SERVER = """#!/bin/bash
+exec python3 - <<'EOF'
+import os, socket
+server = socket.create_server(("0.0.0.0", 29500))  # every interface, as TCPStore's server
+while True:
+    conn, _ = server.accept()
+    conn.sendall(b"from the master")
+    conn.close()
+EOF
+"""
+
+SOCKET_CLIENT = """#!/bin/bash
+exec python3 - <<'EOF'
+import socket, time
+for attempt in range(120):
+    try:
+        with socket.create_connection(("{addr}", 29500), timeout=1) as conn:
+            print("rendezvous:", conn.recv(100).decode(), flush=True)
+        break
+    except OSError as exc:
+        print("rendezvous failed:", type(exc).__name__, flush=True)
+        time.sleep(0.3)
+time.sleep(60)
+EOF
+"""
 
 RENDEZVOUS_SERVER = """#!/bin/bash
 exec python3 - <<'EOF'
@@ -227,20 +257,23 @@ def _console(cloud, instance_id: str) -> str:
     return path.read_text() if path.exists() else ""
 
 
-def test_the_jobs_rules_decide_who_reaches_the_rendezvous(cloud, providers):
+@pytest.mark.parametrize("kind", ["socket", pytest.param("torch", marks=pytest.mark.slow)])
+def test_the_jobs_rules_decide_who_reaches_the_rendezvous(cloud, providers, kind):
     """Same VPC: the job's group lets its members meet at private addresses; a group without its
     rule keeps them apart.  Across clouds: the private address is unreachable, the public one only
-    once the job's rules name the peer."""
+    once the job's rules name the peer.  ``torch``: torch's TCPStore (the workers' rendezvous);
+    ``socket``: the same connection without torch's start-up time."""
     _need_namespaces(cloud)
+    server, client = (SOCKET_SERVER, SOCKET_CLIENT) if kind == "socket" else (RENDEZVOUS_SERVER, RENDEZVOUS_CLIENT)
     aws, gcp = providers["aws"], providers["gcp"]
-    job = "rules-a"
-    master = _boot_one(cloud, providers, job, script=RENDEZVOUS_SERVER)
+    job = f"rules-{kind}"
+    master = _boot_one(cloud, providers, job, script=server)
     # The job's group has no rule yet for this test: take it away, as a wrong set-up would.
     group = aws.job_security_group(job, "us-east-1")
     ec2 = aws._ec2("us-east-1")
     rules = ec2.describe_security_groups(GroupIds=[group])["SecurityGroups"][0]["IpPermissions"]
     ec2.revoke_security_group_ingress(GroupId=group, IpPermissions=rules)
-    peer = _boot_one(cloud, providers, job, script=RENDEZVOUS_CLIENT.replace("{addr}", master.private_ip))
+    peer = _boot_one(cloud, providers, job, script=client.replace("{addr}", master.private_ip))
     assert wait_until(lambda: _console(cloud, peer.instance_id).count("rendezvous failed") >= 2, timeout_s=60), \
         _console(cloud, peer.instance_id)
     assert "rendezvous: from the master" not in _console(cloud, peer.instance_id)
@@ -253,9 +286,9 @@ def test_the_jobs_rules_decide_who_reaches_the_rendezvous(cloud, providers):
     # only once the job's rules open it to the peer's public address.
     gcp.open_job_network(job)
     private = _boot_one(cloud, providers, job, cloud_name="gcp",
-                        script=RENDEZVOUS_CLIENT.replace("{addr}", master.private_ip))
+                        script=client.replace("{addr}", master.private_ip))
     public = _boot_one(cloud, providers, job, cloud_name="gcp",
-                       script=RENDEZVOUS_CLIENT.replace("{addr}", master.public_ip))
+                       script=client.replace("{addr}", master.public_ip))
     assert master.public_ip and master.public_ip != master.private_ip
     assert wait_until(lambda: _console(cloud, public.instance_id).count("rendezvous failed") >= 2, timeout_s=60)
     found = {i.instance_id: i for i in gcp.query_instances(job_labels(job))}
@@ -289,3 +322,75 @@ def test_a_jobs_rules_and_identity_leave_nothing_behind(cloud, providers):
                for p in ingress for pair in p.get("UserIdGroupPairs", []))
     aws.delete_job_network(job), aws.delete_job_identity(job), gcp.delete_job_network(job)
     assert aws.job_groups(job) == {} and gcp.job_firewalls(job) == {} and aws.job_identity_leftovers(job) == []
+
+
+# ---- no instance reads or writes outside its root (strace of everything it runs) ------------
+
+_PATH = re.compile(r'^\d+\s+(\w+)\((?:(?:AT_FDCWD|-?\d+)(?:<[^>]*>)?, )?"([^"]*)"')
+_FILE_CALLS = frozenset({"open", "openat", "openat2", "creat", "stat", "lstat", "newfstatat", "statx", "access",
+                         "faccessat", "faccessat2", "readlink", "readlinkat", "execve", "execveat", "mkdir",
+                         "mkdirat", "unlink", "unlinkat", "rmdir", "rename", "renameat", "renameat2", "chdir",
+                         "truncate", "utimensat", "chmod", "fchmodat", "symlink", "symlinkat", "link", "linkat",
+                         "statfs", "getxattr", "lgetxattr", "listxattr", "llistxattr"})
+_WRITE_CALLS = frozenset({"creat", "mkdir", "mkdirat", "unlink", "unlinkat", "rmdir", "rename", "renameat", "renameat2",
+                          "truncate", "utimensat", "chmod", "fchmodat", "symlink", "symlinkat", "link", "linkat"})
+_LOOKUPS = frozenset({"stat", "lstat", "newfstatat", "statx", "access", "faccessat", "faccessat2", "readlink",
+                      "readlinkat"})
+_SYSTEM = ("/usr/", "/lib/", "/lib64/", "/bin/", "/sbin/", "/etc/", "/dev/", "/proc/", "/sys/", "/run/netns/")
+
+
+def outside_root(trace: str, machine, image, *, checkout: str, home: str) -> list[str]:
+    """File syscalls of the trace that reached outside the instance's root, the image (read-only)
+    and the system's directories; writes only in the root and the image's env cache.  A lookup
+    that found nothing reads nothing, except under the controller's checkout or home: those are
+    not even looked at."""
+    root = str(machine.root)
+    readable = (root, *(str(p) for p in image.read_only_paths()), *_SYSTEM)
+    writable = (root, str(image.env_cache), "/dev/")
+    bad = []
+    for line in trace.splitlines():
+        m = _PATH.match(line)
+        if not m or m.group(1) not in _FILE_CALLS:
+            continue
+        call, path = m.groups()
+        path = os.path.normpath(path if path.startswith("/") else f"{root}/{path}")  # cwd: the root
+        if call in _LOOKUPS and any(str(p).startswith(path.rstrip("/") + "/") for p in (root, *readable)):
+            continue  # a directory on the way to the root or the image (resolving a path stats each one)
+
+        def under(prefixes, p=path):
+            return any(p == str(q).rstrip("/") or p.startswith(str(q).rstrip("/") + "/") for q in prefixes)
+
+        failed = " = -1 " in line
+        controllers = under((checkout, home)) and not under(image.read_only_paths()) and not under((root,))
+        writes = call in _WRITE_CALLS or (call.startswith("open") and re.search(r"O_(WRONLY|RDWR|CREAT)", line))
+        if controllers or (writes and not failed and not under(writable)) or (not failed and not under(readable)):
+            bad.append(line)
+    return bad
+
+
+def test_an_instance_touches_no_file_outside_its_root_and_the_image(cloud, providers, bucket):
+    """strace -f of the instance: its startup script, the boot program, the install, the agent."""
+    job, job_url = "audit-a", f"s3://{BUCKET}/audit-a"
+    providers["aws"].create_job_identity(job, read_write=[job_url])
+    code = upload_code(job_url)
+    cloud.machines.trace_files = True
+    try:
+        inst = _boot_one(cloud, providers, job, script=startup_script(job_url, code, cloud="", num_gpus=1))
+        assert wait_until(lambda: read_status(job_url, inst.instance_id) is not None, timeout_s=90)
+        write_assignment(job_url, inst.instance_id, AgentAssignment(generation=1, action=AgentAction.SHUTDOWN))
+        machine = cloud.machines.get(inst.instance_id)
+        assert wait_until(lambda: machine.process.poll() is not None, timeout_s=30)
+    finally:
+        cloud.machines.trace_files = False
+    trace = (machine.directory / "files.strace").read_text()
+    assert "sailor_core/runtime/agent" in trace or "sailor_core.runtime.agent" in trace  # the agent did run
+    checkout = str(Path(__file__).resolve().parents[2])
+    bad = outside_root(trace, machine, cloud.machines.image, checkout=checkout, home=os.environ["SAILOR_HOME"])
+    assert not bad, "\n".join(bad[:20])
+    # and the audit does see a read of the controller's files, or a write outside the root
+    for line in (f'1 openat(AT_FDCWD, "{checkout}/README.md", O_RDONLY|O_CLOEXEC) = 3',
+                 f'1 newfstatat(AT_FDCWD, "{os.environ["SAILOR_HOME"]}/jobs", 0x7ff, 0) = -1 ENOENT (No such file)',
+                 '1 openat(AT_FDCWD, "/tmp/x", O_WRONLY|O_CREAT|O_TRUNC, 0644) = 3'):
+        assert outside_root(line, machine, cloud.machines.image, checkout=checkout, home=os.environ["SAILOR_HOME"])
+    providers["aws"].terminate_instances(job_labels(job))
+    providers["aws"].delete_job_identity(job)
