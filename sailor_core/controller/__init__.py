@@ -21,7 +21,8 @@ from sailor_core.controller.options import (
     with_on_demand,
 )
 from sailor_core.controller.economics import Costs, Outlook
-from sailor_core.controller.policy import (
+from sailor_core.controller.policy import decide
+from sailor_core.controller.state import (
     OBJECTIVES,
     RATE_WINDOW_S,
     STRATEGIES,
@@ -31,7 +32,6 @@ from sailor_core.controller.policy import (
     Decision,
     Event,
     EventKind,
-    decide,
     observed_preemption_rates_per_s,
     rate_window_s,
 )

@@ -33,154 +33,27 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from enum import Enum
+from dataclasses import dataclass
 
-from sailor_core.controller.economics import Costs, Outlook, change_s, outlook, switch_pays, switch_window
-from sailor_core.controller.options import (
-    CostPlanFn,
-    GpuZone,
-    PlanFn,
-    PlanOption,
-    describe_gpus,
-    floors_on_grid,
-    restrict,
-    with_on_demand,
+from sailor_core.controller.candidates import candidates, planner_requests
+from sailor_core.controller.economics import Outlook, change_s, outlook, switch_pays, switch_window
+from sailor_core.controller.options import CostPlanFn, GpuZone, PlanFn, PlanOption, describe_gpus, restrict
+from sailor_core.controller.reasons import explain, gpus_words, plain_versus, versus, why_words
+from sailor_core.controller.state import (  # noqa: F401 - the controller's types, as policy's too
+    OBJECTIVES,
+    RATE_WINDOW_S,
+    STRATEGIES,
+    Action,
+    ControllerConfig,
+    ControllerState,
+    Decision,
+    Event,
+    EventKind,
+    observed_preemption_rates_per_s,
+    rate_window_s,
 )
-from sailor_core.errors import InputError
 
 _S_PER_HR = 3600.0
-STRATEGIES = ("replan", "failover", "static")
-OBJECTIVES = ("throughput", "cost")
-
-
-class Action(str, Enum):
-    CONTINUE = "continue"  # keep the current plan
-    REPLAN = "replan"      # switch to ``plan`` (checkpoint, reprovision, resume)
-    SHRINK = "shrink"      # switch to the cheaper ``plan`` so the budget lasts
-    WAIT = "wait"          # nothing can run now: hold no instances, wait for capacity
-    STOP = "stop"          # the job ends (done, budget, or nothing will ever run)
-
-
-class EventKind(str, Enum):
-    START = "start"
-    PREEMPTION = "preemption"
-    CAPACITY = "capacity"   # availability changed without taking our GPUs
-    PROGRESS = "progress"
-    TIMER = "timer"
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Event:
-    kind: EventKind
-    lost: Mapping[GpuZone, int] = field(default_factory=dict)  # our GPUs taken away
-    zone_hint: str | None = None  # failover: the zone just preempted
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ControllerConfig:
-    strategy: str = "replan"
-    gpu_types: tuple[str, ...] | None = None   # None: every type
-    objective: str = "throughput"  # throughput: finish soonest; cost: finish for the fewest USD
-    min_throughput_samples_per_s: float | None = None  # floor on the expected (after restarts) throughput
-    shutdown_s: float = 120.0     # paid after deciding to stop: final checkpoint + terminate
-    # The costs of change (economics.Costs): a planned switch pays save + provisioning (for
-    # instances not held) + start-up; a preemption that hits the plan costs provisioning +
-    # start-up + the work redone.
-    save_s: float = 0.0           # checkpoint before a planned switch
-    provisioning_s: float = 150.0  # new instances up
-    startup_s: float = 150.0      # workers started, rendezvous, checkpoint loaded
-    work_lost_s: float = 0.0      # training redone per preemption (0 when the notice covers a save)
-    min_gain: float = 0.05        # a voluntary switch must gain this much (samples, or USD per sample)
-    # Ask the planner about new capacity only once the GPUs beyond what the
-    # current plan was chosen from reach this fraction of them (or a new pool
-    # appears): small returns cannot pay for a restart, and each call costs.
-    min_growth: float = 0.10
-    # Also ask the planner for each GPU type alone: a plan over fewer, calmer pools
-    # can finish sooner once restarts are counted (and a capped search may miss it).
-    per_type_options: bool = True
-    # Also ask it without the stormiest pools, one more left out each time (pools with a
-    # preemption rate, by the rate at which they take a GPU held there): a plan may leave a
-    # stormy pool unused on purpose.
-    calm_options: bool = True
-
-    def __post_init__(self) -> None:
-        if self.strategy not in STRATEGIES:
-            raise InputError(f"unknown controller strategy {self.strategy!r}; known: {', '.join(STRATEGIES)}")
-        if self.strategy == "failover" and not self.gpu_types:
-            raise InputError("the failover strategy needs exactly one GPU type")
-        if self.objective not in OBJECTIVES:
-            raise InputError(f"unknown objective {self.objective!r}; known: {', '.join(OBJECTIVES)}")
-        times = (self.shutdown_s, self.save_s, self.provisioning_s, self.startup_s, self.work_lost_s)
-        if min(times) < 0 or self.min_gain < 0 or self.min_growth < 0:
-            raise InputError("controller times and gain must be >= 0")
-        if self.min_throughput_samples_per_s is not None and not self.min_throughput_samples_per_s > 0:
-            raise InputError(f"throughput floor must be positive, got {self.min_throughput_samples_per_s}")
-
-    @property
-    def costs(self) -> Costs:
-        return Costs(save_s=self.save_s, provisioning_s=self.provisioning_s, startup_s=self.startup_s,
-                     work_lost_s=self.work_lost_s)
-
-    @property
-    def change_cost_s(self) -> float:
-        """Downtime of a planned switch to new instances."""
-        return self.save_s + self.provisioning_s + self.startup_s
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ControllerState:
-    plan: PlanOption | None                 # running now (None: nothing runs)
-    available: Mapping[GpuZone, int]        # spot GPUs obtainable now, counting those we hold
-    budget_left_usd: float = math.inf
-    time_left_s: float = math.inf           # until the job's deadline
-    samples_done: float = 0.0
-    samples_target: float = math.inf
-    last_plan: PlanOption | None = None     # the last plan that ran (failover keeps its request)
-    planned_on: Mapping[GpuZone, int] | None = None  # availability the current plan was chosen from
-    # Preemption events per second seen so far on each pool (empty: unknown, treated as 0).
-    preemption_rate_per_s: Mapping[GpuZone, float] = field(default_factory=dict)
-    # Of each pool, the share of its GPUs one preemption event takes (empty: 1, every event hits).
-    preemption_share: Mapping[GpuZone, float] = field(default_factory=dict)
-    # On-demand GPUs obtainable per pool (empty: spot only); never preempted.
-    on_demand_available: Mapping[GpuZone, int] = field(default_factory=dict)
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Decision:
-    action: Action
-    reason: str
-    plan: PlanOption | None = None  # what runs after this decision
-    stop_in_s: float = math.inf     # ask again (TIMER) at the latest after this long
-    planned_on: Mapping[GpuZone, int] | None = None  # keep it for the next ControllerState
-    declined: PlanOption | None = None  # CONTINUE: a plan that ranked better, left alone (``reason`` says why)
-    why: str = ""  # the economics of the choice (or of the switch declined) in plain words, for people
-
-    @property
-    def changes_plan(self) -> bool:
-        return self.action in (Action.REPLAN, Action.SHRINK)
-
-
-# One event alone must not read as a storm: a rate is counted over at least this long.
-RATE_WINDOW_S = _S_PER_HR
-
-
-def observed_preemption_rates_per_s(num_events: Mapping[GpuZone, int], observed_s: float, *,
-                                    window_s: float = RATE_WINDOW_S) -> dict[GpuZone, float]:
-    """Preemption events per second on each pool from what was seen so far, for
-    ``ControllerState.preemption_rate_per_s``: at least ``window_s`` (an hour, or
-    ``rate_window_s``) in the denominator, so the first event does not read as a storm.
-    The replay and the train-job flow both use it."""
-    return {k: n / max(observed_s, window_s) for k, n in num_events.items() if n > 0}
-
-
-def rate_window_s(elapsed_s: float, fraction_done: float) -> float:
-    """The least time a rate is counted over: an hour, or the job's expected length when that is
-    shorter (elapsed / fraction done): what matters is how often a pool stops the job relative to
-    the job itself, and a job of minutes learns from minutes."""
-    if fraction_done <= 0 or elapsed_s <= 0:
-        return RATE_WINDOW_S
-    return min(RATE_WINDOW_S, elapsed_s / min(1.0, fraction_done))
 
 
 def decide(state: ControllerState, event: Event, *, config: ControllerConfig, plan_fn: PlanFn,
@@ -277,117 +150,6 @@ def _ranking(state: ControllerState, config: ControllerConfig, remaining: float,
                     held_on_demand=dict(current.on_demand) if current is not None else {})
 
 
-def planner_requests(avail: Mapping[GpuZone, int], state: ControllerState, config: ControllerConfig
-                     ) -> list[dict[GpuZone, int]]:
-    """The availabilities a re-plan asks ``plan_fn`` about, in order: every allowed pool (spot
-    and on-demand together when the job may rent on demand), each GPU type alone (its best
-    plan), then without the stormiest pools, one more left out each time (its best plan).
-    The replay's lookahead guesses the same."""
-    od = restrict(state.on_demand_available, config.gpu_types)
-    ask = _combined(avail, od)
-    out = [ask]
-    types = sorted({g for g, _ in ask})
-    if config.per_type_options and len(types) > 1:
-        out += [restrict(ask, (gpu,)) for gpu in types]
-    if config.calm_options:  # a stormy pool's spot GPUs are left out, its on-demand ones stay
-        out += [_combined(calmer, od) for calmer in _calmer_pools(avail, state, keep_one=not od)]
-    return out
-
-
-def _candidates(avail: Mapping[GpuZone, int], state: ControllerState, config: ControllerConfig, plan_fn: PlanFn,
-                cost_plan_fn: CostPlanFn | None, *, useful: float) -> list[PlanOption]:
-    """What the planner offers (``planner_requests``; the first request's plans all, the others'
-    best), the cheapest plans with the cost objective or a deadline (``cheap_floor``), each on
-    its markets."""
-    asks = planner_requests(avail, state, config)
-    options = list(plan_fn(asks[0]))
-    for ask in asks[1:]:
-        options += list(plan_fn(ask))[:1]
-    if cost_plan_fn is not None and (config.objective == "cost" or math.isfinite(state.time_left_s)):
-        for floor in cheap_floors(state, config, useful=useful):
-            options += list(cost_plan_fn(asks[0], floor))
-    options = _distinct(options)
-    od_avail = restrict(state.on_demand_available, config.gpu_types)
-    if od_avail:
-        options = [v for o in options for v in _market_variants(o, avail, od_avail, state)]
-    return options
-
-
-def cheap_floors(state: ControllerState, config: ControllerConfig, *, useful: float) -> tuple[float | None, ...]:
-    """The throughput floors of the planner's cheapest plans: the job's floor and, with a deadline,
-    what finishing in time needs (the samples left over the time left after a change, divided
-    by the share of the time the plan in use trains, ``useful``), on ``floors_on_grid``
-    (the grid's floors just below and above it); (None,): no floor."""
-    floor = config.min_throughput_samples_per_s or 0.0
-    if math.isfinite(state.time_left_s):
-        remaining = max(0.0, state.samples_target - state.samples_done)
-        window_s = state.time_left_s - config.change_cost_s
-        if window_s > 0 and remaining > 0:
-            need = remaining / window_s / max(useful, 1e-3)
-            if need > floor:
-                return floors_on_grid(need)
-    return (floor,) if floor > 0 else (None,)
-
-
-def _combined(spot: Mapping[GpuZone, int], on_demand: Mapping[GpuZone, int]) -> dict[GpuZone, int]:
-    out = dict(spot)
-    for k, n in on_demand.items():
-        out[k] = out.get(k, 0) + n
-    return {k: n for k, n in out.items() if n > 0}
-
-
-def _storminess(state: ControllerState, k: GpuZone) -> float:
-    """How often a pool takes one given GPU of ours: its event rate times an event's share."""
-    return state.preemption_rate_per_s.get(k, 0.0) * state.preemption_share.get(k, 1.0)
-
-
-def _calmer_pools(avail: Mapping[GpuZone, int], state: ControllerState, *, keep_one: bool = True
-                  ) -> list[dict[GpuZone, int]]:
-    """``avail`` without its stormiest pool, then without the two stormiest, ... (pools with
-    a preemption rate only; with ``keep_one``, at least one pool is always left)."""
-    stormy = sorted((k for k in avail if _storminess(state, k) > 0), key=lambda k: (-_storminess(state, k), k))
-    out, left = [], dict(avail)
-    for k in stormy:
-        del left[k]
-        if not left and keep_one:
-            break
-        out.append(dict(left))
-    return out
-
-
-def _distinct(options: Sequence[PlanOption]) -> list[PlanOption]:
-    """The options, each plan once (the first time it is offered)."""
-    seen, out = set(), []
-    for o in options:
-        key = (tuple(sorted(o.gpus.items())), tuple(sorted(o.on_demand.items())),
-               o.throughput_samples_per_s, o.usd_per_hr)
-        if key not in seen:
-            seen.add(key)
-            out.append(o)
-    return out
-
-
-def _market_variants(option: PlanOption, spot: Mapping[GpuZone, int], od_avail: Mapping[GpuZone, int],
-                     state: ControllerState) -> list[PlanOption]:
-    """``option`` (planned on spot and on-demand pools together) on its markets: spot first
-    (on demand only what spot cannot hold), then with its stormiest pools wholly on demand, one
-    more each time, until every GPU is (as far as the on-demand capacity allows)."""
-    if not option.on_demand_premium_usd_per_hr:
-        return [option] if option.fits_in(spot) else []
-    over = {k: n - spot.get(k, 0) for k, n in option.gpus.items() if n > spot.get(k, 0)}
-    if any(n > od_avail.get(k, 0) or k not in option.on_demand_premium_usd_per_hr for k, n in over.items()):
-        return []
-    base = with_on_demand(option, over) if over else option
-    variants, moved = [base], dict(over)
-    for k in sorted(base.gpus, key=lambda k: (-_storminess(state, k), k)):
-        n = option.gpus[k]
-        if k not in option.on_demand_premium_usd_per_hr or n > od_avail.get(k, 0):
-            continue
-        moved[k] = n
-        variants.append(with_on_demand(option, moved))
-    return variants
-
-
 # ---- strategies ---------------------------------------------------------------
 
 
@@ -404,7 +166,7 @@ def _decide_replan(state, event, lost, broken, config, plan_fn, cost_plan_fn, re
         # was chosen from (answers the planner has), ranked again on what is known now.
         ask = dict(state.planned_on)
     useful = rank.of(current).useful_fraction if current is not None else 1.0
-    outlooks = [rank.of(o) for o in _candidates(ask, state, config, plan_fn, cost_plan_fn, useful=useful)
+    outlooks = [rank.of(o) for o in candidates(ask, state, config, plan_fn, cost_plan_fn, useful=useful)
                 if o.fits_in(state.available, state.on_demand_available)]
     outlooks = [o for o in outlooks if _affordable_at_all(o.option, state, config)]
     if now is None:
@@ -416,8 +178,8 @@ def _decide_replan(state, event, lost, broken, config, plan_fn, cost_plan_fn, re
                 return _nothing_runs(why, outlooks, state, config)
             gave_up = "no plan finishes within the budget; the one training the most per USD runs"
         offered = planner_requests(avail, state, config)[0]
-        return _run(Action.REPLAN, f"{why}: {_explain(choice, offered, state, gave_up)}", choice.option, state,
-                    config, planned_on=avail, why=_why(choice, offered, state, gave_up))
+        return _run(Action.REPLAN, f"{why}: {explain(choice, offered, state, gave_up)}", choice.option, state,
+                    config, planned_on=avail, why=why_words(choice, offered, state, gave_up))
     choice, _ = rank.best([now, *outlooks])
     objective = config.objective
     if choice is None:  # none finishes within the budget: the most per USD, as long as it lasts
@@ -428,21 +190,21 @@ def _decide_replan(state, event, lost, broken, config, plan_fn, cost_plan_fn, re
         what = ("budget" if not rank.finishes(now) else "deadline" if not rank.in_time(now) else "throughput floor")
         action = Action.SHRINK if what == "budget" else Action.REPLAN
         offered = planner_requests(avail, state, config)[0]
-        return _run(action, f"{what}: switch to a plan that keeps it: {_explain(choice, offered, state, '')}",
+        return _run(action, f"{what}: switch to a plan that keeps it: {explain(choice, offered, state, '')}",
                     choice.option, state, config, planned_on=ask,
                     why=f"the plan in use would not keep the {what}"
-                        + (f"; {w}" if (w := _why(choice, offered, state, "")) else ""))
+                        + (f"; {w}" if (w := why_words(choice, offered, state, "")) else ""))
     if switch_pays(now, choice, objective=objective, remaining=remaining, min_gain=config.min_gain):
-        return _run(Action.REPLAN, f"capacity: {choice.option.label} {_versus(choice, now)}",
+        return _run(Action.REPLAN, f"capacity: {choice.option.label} {versus(choice, now)}",
                     choice.option, state, config, planned_on=ask,
-                    why=f"switched to a better plan: {_plain_versus(choice, now, config)}")
+                    why=f"switched to a better plan: {plain_versus(choice, now, config)}")
     tau, until = switch_window(now, choice)
     return _keep(current, state, config, planned_on=ask, declined=choice,
-                 reason=f"declined {choice.option.label}: {_versus(choice, now)}, but the switch "
+                 reason=f"declined {choice.option.label}: {versus(choice, now)}, but the switch "
                         f"({choice.change_s:.0f} s) does not pay for itself within {tau / 60:.0f} min "
                         f"(until {until}, expected then)",
-                 why=f"kept the plan rather than move to {_gpus_words(choice.option.all_gpus())}: "
-                     f"{_plain_versus(choice, now, config)}, but the {choice.change_s:.0f} s change would not "
+                 why=f"kept the plan rather than move to {gpus_words(choice.option.all_gpus())}: "
+                     f"{plain_versus(choice, now, config)}, but the {choice.change_s:.0f} s change would not "
                      f"pay for itself before {until}")
 
 
@@ -588,73 +350,3 @@ def _why_new(current: PlanOption | None, lost: Mapping[GpuZone, int], event: Eve
     if lost:
         return "preemption: lost " + describe_gpus(lost)
     return "capacity: the plan no longer fits"
-
-
-# ---- reasons in words -------------------------------------------------------------
-
-
-def _hours(s: float) -> str:
-    return f"{s / _S_PER_HR:.2f} h" if math.isfinite(s) else "never"
-
-
-def _figures(o: Outlook) -> str:
-    return f"{_hours(o.time_s)} and {o.cost_usd:,.2f} USD to finish"
-
-
-def _plain_versus(new: Outlook, now: Outlook, config: ControllerConfig) -> str:
-    if config.objective == "cost":
-        return f"it would cost {new.cost_usd:,.2f} USD to finish instead of {now.cost_usd:,.2f}"
-    return f"it would finish in {_hours(new.time_s)} instead of {_hours(now.time_s)}"
-
-
-def _versus(new: Outlook, now: Outlook) -> str:
-    return f"expects {_figures(new)} against {_figures(now)}"
-
-
-def _left_unused(choice: Outlook, avail: Mapping[GpuZone, int], state: ControllerState) -> list[GpuZone]:
-    """Pools offered with a preemption rate that the chosen plan does not use, stormiest first."""
-    used = set(choice.option.all_gpus())
-    return sorted((k for k in avail if k not in used and state.preemption_rate_per_s.get(k, 0) > 0),
-                  key=lambda k: (-state.preemption_rate_per_s[k], k))
-
-
-def _explain(choice: Outlook, avail: Mapping[GpuZone, int], state: ControllerState, gave_up: str) -> str:
-    """What was chosen, its expected figures, and the stormy pools it leaves unused on purpose."""
-    text = f"{choice.option.label}, {_figures(choice)}"
-    if choice.hits_per_s > 0:
-        text += f" ({choice.useful_fraction:.0%} of it training, {choice.hits_per_s * _S_PER_HR:.1f} preemptions/h)"
-    left = _left_unused(choice, avail, state)
-    if left:
-        text += "; leaves unused " + ", ".join(
-            f"{g}@{z} ({state.preemption_rate_per_s[(g, z)] * _S_PER_HR:.1f} preemptions/h)" for g, z in left)
-    if choice.option.on_demand:
-        text += "; on demand: never preempted"
-    if gave_up:
-        text += f"; {gave_up}"
-    return text
-
-
-def _gpus_words(gpus: Mapping[GpuZone, int]) -> str:
-    return " + ".join(f"{n} {g} in {z}" for (g, z), n in sorted(gpus.items()) if n > 0)
-
-
-def _why(choice: Outlook, avail: Mapping[GpuZone, int], state: ControllerState, gave_up: str) -> str:
-    """The choice's economics in plain words, for people (the flow's re-plan records)."""
-    parts = []
-    left = _left_unused(choice, avail, state)
-    if left:
-        parts.append("left " + ", ".join(
-            f"{g} in {z} unused (preempted {_per_hour(state.preemption_rate_per_s[(g, z)])})" for g, z in left))
-    if choice.option.on_demand:
-        parts.append(f"{_gpus_words(choice.option.on_demand)} on demand (never preempted)")
-    if choice.hits_per_s > 0:
-        parts.append(f"expects {_per_hour(choice.hits_per_s)} on this plan, training {choice.useful_fraction:.0%} "
-                     "of the time")
-    if gave_up:
-        parts.append(gave_up)
-    return "; ".join(parts)
-
-
-def _per_hour(rate_per_s: float) -> str:
-    per_hr = rate_per_s * _S_PER_HR
-    return f"{per_hr:.1f} times an hour" if per_hr < 10 else f"{per_hr:.0f} times an hour"

@@ -21,7 +21,8 @@ from sailor_core.controller import (
     rate_window_s,
     restrict,
 )
-from sailor_core.controller.policy import grew, planner_requests
+from sailor_core.controller.candidates import planner_requests
+from sailor_core.controller.policy import grew
 from sailor_core.replay.hits import gpus_lost
 from sailor_core.traces import AvailabilityTrace, GpuZone
 
