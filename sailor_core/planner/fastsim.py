@@ -368,7 +368,7 @@ class FastSim:
                 link_counts.append(link[1])
             rents.append(rent)
             egress.append(egress_terms)
-        pipe = one_f_one_b(timings, link_s, link_counts, compose.p2p_schedule(regime))
+        pipe = one_f_one_b(timings, link_s, link_counts, compose.p2p_schedule(regime), split=False)
         # The slowest stage's end as one memoised figure (compose.iteration_s)
         iteration = compose.iteration_s(pipe, ends[compose.slowest_end(ends)])
         usd_per_hr = compose.add_in_order(rents)

@@ -130,24 +130,25 @@ def _longest(stages: Sequence[StageTiming], link_s: Sequence[float], link_counts
 def _windows(steps: Sequence[float], link_s: Sequence[float]) -> list[tuple[float, int]]:
     """For every stage, the window of two or more neighbouring stages around it whose round trip
     has the largest mean per stage: (steps + links of the window, stages in it), (0, 1) if none.
-    O(P^2): per window start, the best window ending at or after each stage."""
+    O(P^2): per window start i, the best window ending at or after each stage, from the end."""
     p = len(steps)
-    best = [(0.0, 1)] * p
+    before = [0.0] * (p + 1)  # sum_{h<x} (t_h + l_h)
+    for h in range(p):
+        before[h + 1] = before[h] + steps[h] + (link_s[h] if h < p - 1 else 0.0)
     best_mean = [0.0] * p
+    best = [(0.0, 1)] * p
     for i in range(p - 1):
-        total = steps[i]
-        row: list[tuple[float, float, int]] = []
-        for j in range(i + 1, p):
-            total += link_s[j - 1] + steps[j]
-            row.append((total / (j - i + 1), total, j - i + 1))
-        # row[j - i - 1] is the window i..j; keep the best ending at j or later
-        for x in range(len(row) - 2, -1, -1):
-            if row[x + 1][0] > row[x][0]:
-                row[x] = row[x + 1]
-        for k in range(i, p):
-            mean, total, size = row[max(k, i + 1) - i - 1]
-            if mean > best_mean[k]:
-                best_mean[k], best[k] = mean, (total, size)
+        start = before[i]
+        run_mean, run = -1.0, (0.0, 1)
+        for j in range(p - 1, i, -1):
+            total = before[j + 1] - start - (link_s[j] if j < p - 1 else 0.0)
+            mean = total / (j - i + 1)
+            if mean > run_mean:
+                run_mean, run = mean, (total, j - i + 1)
+            if run_mean > best_mean[j]:  # the best window from i ending at j or later
+                best_mean[j], best[j] = run_mean, run
+        if run_mean > best_mean[i]:
+            best_mean[i], best[i] = run_mean, run
     return best
 
 
@@ -165,16 +166,19 @@ def _walk(stages: Sequence[StageTiming], link_s: Sequence[float], schedule: str)
     p = len(stages)
     blocking = schedule == "blocking"
     steps = [s.step_s for s in stages]
-    lam = [l / 2 for l in link_s]
-    most = fewest = stages[0].num_microbatches
-    for s in stages:
-        if s.num_microbatches > most:
-            most = s.num_microbatches
-        if s.num_microbatches < fewest:
-            fewest = s.num_microbatches
+    fwds = [s.fwd_s for s in stages]
+    counts = [s.num_microbatches for s in stages]
+    most = max(counts)
+    fewest = min(counts)
+    half = [l / 2 for l in link_s]
+    lam_in = [0.0, *half]
+    lam_out = [*half, 0.0]
     # warm-up forwards: the engine's lookahead is (P - k - 1) micro-batches of the widest stage
-    w = [min(int((p - k - 1) * s.num_microbatches / fewest), s.num_microbatches - 1)
-         for k, s in enumerate(stages)]
+    w = [0] * p
+    for k in range(p):
+        n = counts[k]
+        wk = int((p - k - 1) * n / fewest)
+        w[k] = wk if wk < n - 1 else n - 1
     # G_k, from the last stage back; C_k, the slowest cool-down pace from k to the end, per
     # micro-batch of k (a stage with more replicas than k's backs each of k's micro-batches
     # with a share of one of its steps)
@@ -183,56 +187,60 @@ def _walk(stages: Sequence[StageTiming], link_s: Sequence[float], schedule: str)
     nxt_g = nxt_b = 0.0
     slowest = 0.0  # per micro-batch of the busiest replica anywhere
     for k in range(p - 1, -1, -1):
-        s = stages[k]
-        f = s.fwd_s
-        b = s.step_s - f
-        lam_in = lam[k - 1] if k > 0 else 0.0
-        lam_out = lam[k] if k < p - 1 else 0.0
+        f = fwds[k]
+        b = steps[k] - f
         if blocking:
-            own = f + lam_out + w[k] * (f + lam_in + lam_out)
-            c = b + lam_in + lam_out
+            own = f + lam_out[k] + w[k] * (f + lam_in[k] + lam_out[k])
+            c = b + lam_in[k] + lam_out[k]
         else:
-            own = f + w[k] * (f + lam_in)
-            c = b + lam_out
+            own = f + w[k] * (f + lam_in[k])
+            c = b + lam_out[k]
         if k < p - 1:
             trip = f + link_s[k] + nxt_g + nxt_b
             if trip > own:
                 own = trip
         g[k] = nxt_g = own
         nxt_b = b
-        c *= s.num_microbatches / most
+        c *= counts[k] / most
         if c > slowest:
             slowest = c
-        cool[k] = slowest * most / s.num_microbatches
+        cool[k] = slowest * most / counts[k]
     windows = _windows(steps, link_s)
     best, where = -1.0, 0
     before = 0.0
     for k in range(p):
         s = stages[k]
-        t, f = s.step_s, s.fwd_s
+        t, f = steps[k], fwds[k]
         b = t - f
         wk = w[k]
-        lam_in = lam[k - 1] if k > 0 else 0.0
-        lam_out = lam[k] if k < p - 1 else 0.0
         own = s.repeat_s - wk * t
         # the busiest replica's steady pairs (n_k - 1 - w_k with one replica)
         busy_pairs = (s.repeat_s / t if t > 0 else 0.0) - wk
         if busy_pairs < 0:
             busy_pairs = 0.0
         if blocking:
-            steady = (own if own > 0 else 0.0) + busy_pairs * 2 * (lam_in + lam_out)
+            steady = (own if own > 0 else 0.0) + busy_pairs * 2 * (lam_in[k] + lam_out[k])
         else:
-            pace = f + lam_in if f + lam_in > b + lam_out else b + lam_out
+            pace = f + lam_in[k]
+            if b + lam_out[k] > pace:
+                pace = b + lam_out[k]
             steady = own if own > busy_pairs * pace else busy_pairs * pace
-        pairs = s.num_microbatches - 1 - wk
-        spread = s.num_microbatches / fewest
-        # the best window, and each neighbour pair (a cycle of its own, which the planner's
-        # bounds count on)
-        for total, size in (windows[k],
-                            (steps[k - 1] + link_s[k - 1] + t, 2) if k > 0 else (0.0, 1),
-                            (t + link_s[k] + steps[k + 1], 2) if k < p - 1 else (0.0, 1)):
+        pairs = counts[k] - 1 - wk
+        if pairs > 0:
+            # the best window, and each neighbour pair (a cycle of its own, which the planner's
+            # bounds count on): a cycle spans (size - 1) x spread + 1 of k's micro-batches
+            spread = counts[k] / fewest
+            total, size = windows[k]
             if size > 1:
                 cycles = _cycles_s(total, size, spread, pairs)
+                if cycles > steady:
+                    steady = cycles
+            if k > 0:
+                cycles = pairs * (steps[k - 1] + link_s[k - 1] + t) / (spread + 1)
+                if cycles > steady:
+                    steady = cycles
+            if k < p - 1:
+                cycles = pairs * (t + link_s[k] + steps[k + 1]) / (spread + 1)
                 if cycles > steady:
                     steady = cycles
         t_k = before + g[k] + b + steady + wk * cool[k]
@@ -244,13 +252,13 @@ def _walk(stages: Sequence[StageTiming], link_s: Sequence[float], schedule: str)
 
 
 def _longest_both(stages: Sequence[StageTiming], link_s: Sequence[float], link_counts: Sequence[int],
-                  schedule: str = "prefetch") -> tuple[float, int, bool, float]:
+                  schedule: str = "prefetch", split: bool = True) -> tuple[float, int, bool, float]:
     """(the largest candidate time, its stage or link index, whether it is a link, the largest
-    candidate time were every link instant)."""
+    candidate time were every link instant: without ``split``, the first again)."""
     best, where = _walk(stages, link_s, schedule)
     at_link = False
     best0 = best
-    if any(link_s):
+    if split and any(link_s):
         best0, _ = _walk(stages, [0.0] * len(link_s), schedule)
     base = 0.0
     for s in stages:
@@ -269,10 +277,13 @@ def one_f_one_b(
     link_s: Sequence[float],
     link_counts: Sequence[int],
     schedule: str = "prefetch",
+    split: bool = True,
 ) -> PipelineTime:
     """The 1F1B pipeline time of stage resources and per-micro-batch link times under a
-    ``P2P_SCHEDULES`` semantics (see module doc)."""
-    total, k, at_link, without_links = _longest_both(stages, link_s, link_counts, schedule)
+    ``P2P_SCHEDULES`` semantics (see module doc).  Without ``split`` the time is not parted
+    between bubble and p2p (the planner's fast path needs the total only): all but the
+    compute is ``bubble``."""
+    total, k, at_link, without_links = _longest_both(stages, link_s, link_counts, schedule, split)
     bottleneck = f"link {k}->{k + 1}" if at_link else f"stage {k}"
     busiest, compute = 0, stages[0].busy_s
     for i in range(1, len(stages)):
