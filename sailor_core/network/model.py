@@ -200,7 +200,9 @@ class NetworkModel:
         for count in (c for c in (8, 4, 2) if c <= tp_degree):
             fit = self.intra_fits.get((gpu, count))
             if fit is not None:
-                bw = fit.bandwidth_bytes_per_s(message_bytes / tp_degree)
+                # from the least time, so a bigger message never takes less (BandwidthFit.least_time_s)
+                pair_bytes = max(message_bytes / tp_degree, 1.0)
+                bw = pair_bytes / fit.least_time_s(pair_bytes)
                 return bw if spec.intra_node_link.startswith("nvlink") else bw / (count // 2)
         return spec.intra_node_bw_bytes_per_s
 

@@ -42,6 +42,20 @@ def test_collapsing_quadratic_is_floored():
     assert fit.bandwidth_bytes_per_s(1e8) > 0
 
 
+def test_least_time_never_falls_with_message_size():
+    """A100-40's NVLink fit is below zero under ~210 KB per pair: bytes / bandwidth there made a
+    16 KB TP all-reduce slower than a 400 KB one; the least time over larger messages does not."""
+    net = default_network()
+    for fit in {*net.intra_fits.values(), *net.inter_fits.values()}:
+        sizes = [2 ** (k / 8) for k in range(8 * 33)]
+        times = [fit.least_time_s(b) for b in sizes]
+        assert all(t0 <= t1 * (1 + 1e-12) for t0, t1 in zip(times, times[1:]))
+        assert all(t <= b / fit.bandwidth_bytes_per_s(b) * (1 + 1e-12) for b, t in zip(sizes, times))
+    fit = net.intra_fits[("A100-40", 2)]
+    assert fit.least_time_s(16e3) < 400e3 / fit.bandwidth_bytes_per_s(400e3)
+    assert fit.least_time_s(64e6) == 64e6 / fit.bandwidth_bytes_per_s(64e6)  # rising there: as fitted
+
+
 def test_link_classes():
     assert link_class("us-central1-a", "us-central1-a") is LinkClass.SAME_ZONE
     assert link_class("us-central1-a", "us-central1-b") is LinkClass.CROSS_ZONE
