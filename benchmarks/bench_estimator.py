@@ -25,7 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from sailor_core.profiles import ProfileDB, default_profile_db  # noqa: E402
+from sailor_core.profiles import ProfileDB, default_profile_db, reset_default_profile_db  # noqa: E402
 
 
 def _err(pred: float, true: float) -> float:
@@ -208,8 +208,6 @@ def activation_bytes() -> None:
 
 
 def speed() -> None:
-    from sailor_core.profiles.db import reset_default_profile_db
-
     reset_default_profile_db()
     t0 = time.perf_counter()
     db = default_profile_db()
