@@ -264,7 +264,7 @@ class _Replay:
         self.decisions.append(DecisionRecord(time_s=self.t, action=d.action.value, reason=d.reason,
                                              num_gpus=d.plan.num_gpus if d.plan else 0))
         if d.action in (Action.REPLAN, Action.SHRINK):
-            self.switch_to(d.plan, after_loss=bool(event.lost))
+            self.switch_to(d.plan, lost=event.lost)
         elif d.action == Action.WAIT:
             self.pending_restart = self.pending_restart or bool(event.lost)
             self.release(self.t, "released")
@@ -273,17 +273,20 @@ class _Replay:
             self.stop(d.reason)
         self.record()
 
-    def switch_to(self, new: PlanOption, *, after_loss: bool) -> None:
+    def switch_to(self, new: PlanOption, *, lost: Mapping[GpuZone, int]) -> None:
         """Rent ``new`` in place of what is held: a checkpoint first if the old plan still runs,
-        then provisioning (for GPUs not held before), start-up and reload."""
+        then provisioning (for GPUs not held: the ones a preemption just took are gone, so a plan
+        that needs them again waits for new instances, as the controller's ``change_s`` expects),
+        start-up and reload."""
         costs, old = self.setup.costs, self.holding
+        after_loss = any(n > 0 for n in lost.values())
         switch_at = self.t
         if self.phase == "running" and not after_loss:  # save first, on the old instances
             self.ckpt_done = self.done
             switch_at = self.t + costs.save_s
         self.release(switch_at, "replanned")
         self.acquire(new, switch_at)
-        held = old.gpus if old is not None else {}
+        held = {k: n - lost.get(k, 0) for k, n in old.gpus.items()} if old is not None else {}
         held_od = old.on_demand if old is not None else {}
         needs_vms = (any(n > held.get(k, 0) for k, n in new.gpus.items())
                      or any(n > held_od.get(k, 0) for k, n in new.on_demand.items()))

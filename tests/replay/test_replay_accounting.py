@@ -138,3 +138,16 @@ def test_bad_price_series(tmp_path):
     p.write_text(",Timestamp,A100-40_us-central1-a\n0,1000,-1\n")
     with pytest.raises(InputError, match=">= 0"):
         load_price_series(p)
+
+
+def test_a_preempted_gpu_is_replaced_by_a_new_instance():
+    from sailor_core.traces import PreemptionEvent
+
+    # At 1 h one of our 4 A100s is taken and the pool refills at once: the plan on 4 GPUs again
+    # needs a new instance (100 s provisioning) besides the start-up (50 s), as the controller expects.
+    trace = build_trace([(0.0, {A: 4}), (7200.0, {A: 4})],
+                        preemptions=[PreemptionEvent(time_s=3600.0, gpu=A[0], zone=A[1], num_gpus=1)])
+    r = run(trace, "ours")
+    # 0-150 start-up; 150-3600 at 40/s (138000); 3600-3750 new instance and start-up; 150000 / 40 = 3750.
+    assert r.finished and r.num_preemptions_hit == 1
+    assert r.time_to_train_s == pytest.approx(7500)
