@@ -22,8 +22,8 @@ from sailor_core.errors import SailorError
 
 
 def deploy_cmd(
-    worker: bool = typer.Option(False, "--worker", help="also leave a process worker running for the pool "
-                                                        "(log under $SAILOR_HOME/prefect; `sailor ui --stop` stops it)"),
+    worker: bool = typer.Option(False, "--worker", help="also leave a process worker running for the pool (log "
+                                                        "under $SAILOR_HOME/prefect; `sailor ui --stop` stops it)"),
     as_json: bool = typer.Option(False, "--json", help="print JSON"),
 ) -> None:
     """Create the work pool, deploy every flow of prefect.yaml and (--worker) start a worker, on the Prefect

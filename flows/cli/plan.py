@@ -33,8 +33,8 @@ def plan_cmd(
                                                     help="Sequences per iteration (default 1024)."),
     top: int = typer.Option(5, "--top", help="How many plans to return."),
     pareto: Optional[str] = typer.Option(None, "--pareto", help="Write the cost/throughput Pareto chart to this PNG."),
-    save: Optional[Path] = typer.Option(None, "--save", help="Write the best plan to this file, for `sailor simulate` "
-                                                             "and `sailor engine run` (format: README, 'A plan file')."),
+    save: Optional[Path] = typer.Option(None, "--save", help="Write the best plan to this file, for `sailor "
+                                                             "simulate` and `sailor engine run` (README: 'A plan file')."),
     spot: bool = typer.Option(True, "--spot/--no-spot", help="Price GPUs as spot (else on demand)."),
     max_stages: int = typer.Option(16, "--max-stages", help="Most pipeline stages to consider."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON: the ranked plans and their figures."),

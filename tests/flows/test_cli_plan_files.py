@@ -30,7 +30,8 @@ def test_simulate_takes_what_plan_json_printed_and_picks_a_rank(sailor_cli, tmp_
         assert r.returncode == 0, r.stderr
         assert json.loads(r.stdout)["plan"] == plans[rank - 1]["plan"]
     r = sailor_cli("simulate", str(doc), "--rank", str(len(plans) + 1))
-    assert r.returncode == 2 and r.stderr.strip() == f"error: --rank {len(plans) + 1}: the document has {len(plans)} plan(s)"
+    too_far = len(plans) + 1
+    assert r.returncode == 2 and r.stderr.strip() == f"error: --rank {too_far}: the document has {len(plans)} plan(s)"
 
 
 def test_older_option_spellings_still_work_hidden(sailor_cli):

@@ -296,7 +296,8 @@ finally:
 
 
 @pytest.mark.parametrize("args, hint", [
-    (["train", "--budget-usd", "1", "--model", "tinyy"], "--model 'tinyy' is not in the model catalog; did you mean 'tiny'?"),
+    (["train", "--budget-usd", "1", "--model", "tinyy"],
+     "--model 'tinyy' is not in the model catalog; did you mean 'tiny'?"),
     (["train", "--budget-usd", "1", "--gpus", "B200"], "--gpus 'B200' is not a GPU type in the catalog"),
     (["train", "--budget-usd", "1", "--gpus", "RTX-3090"], "--gpus 'RTX-3090': no cloud of the catalog rents it"),
     (["train", "--budget-usd", "1", "--gpus", "T4@us-central1-a=2"],
