@@ -104,6 +104,7 @@ class FastSim:
         self.spot = spot
         self.regime_name = regime
         self._sync: dict = {}
+        self._tied: dict = {}  # (first stage's groups, last stage's, regime) -> embedding group's sum
         self._p2p: dict = {}
         self._pairs: dict = {}
         self._price: dict = {}
@@ -122,7 +123,7 @@ class FastSim:
 
     def trim(self, max_entries: int = 1 << 17) -> None:
         """Forget memoised figures past a size (the instance outlives one search: see Searcher)."""
-        for memo in (self._sync, self._p2p, self._pairs, self._stage_parts, self._costs, self._contexts,
+        for memo in (self._sync, self._tied, self._p2p, self._pairs, self._stage_parts, self._costs, self._contexts,
                      self._stage_costs_memo, self._stages):
             if len(memo) > max_entries:
                 memo.clear()
@@ -144,6 +145,19 @@ class FastSim:
         if hit is None:
             hit = self._sync[key] = st.stage_dp_sync_s(
                 self.network, sync_bytes, [zg for gpu, zone, n, tp in ring for zg in [(zone, gpu, tp)] * n])
+        return hit
+
+    def _tied_s(self, first: tuple[Group, ...], last: tuple[Group, ...], regime: TrainingRegime) -> float:
+        """``simulate``'s embedding group sum (``stage.tied_sync_s``) of a plan whose first and last
+        stages have these groups."""
+        key = (first, last, regime.name)
+        hit = self._tied.get(key)
+        if hit is None:
+            groups = (*first, *last)
+            thinnest = min(groups, key=lambda g: g[0].tp_degree)[0]
+            hit = self._tied[key] = st.tied_sync_s(
+                self.network, st.tied_sync_bytes(thinnest.profile, regime),
+                [(zone, kind.gpu, kind.tp_degree) for kind, zone, n in groups for _ in range(n)])
         return hit
 
     def _transfer_s(self, nbytes: int, ends: tuple) -> float:
@@ -368,6 +382,11 @@ class FastSim:
                 link_counts.append(link[1])
             rents.append(rent)
             egress.append(egress_terms)
+        if num_stages > 1:  # the embedding group's sum ends the first and the last stage
+            tied = self._tied_s(stages[0].groups, stages[last].groups, regime)
+            if tied > 0:
+                ends[0] += tied
+                ends[last] += tied
         pipe = one_f_one_b(timings, link_s, link_counts, compose.p2p_schedule(regime), split=False)
         # The slowest stage's end as one memoised figure (compose.iteration_s)
         iteration = compose.iteration_s(pipe, ends[compose.slowest_end(ends)])

@@ -95,8 +95,11 @@ def simulate(
     link_s: list[float] = []
     link_counts: list[int] = []
     egress_terms: list[list[float]] = []
+    tied_s = _tied_ring_s(looked_up, network, plan)
+    last_index = len(plan.stages) - 1
     for i in range(len(plan.stages)):
-        result, timing, egress, link = _simulate_stage(looked_up, network, plan, i)
+        result, timing, egress, link = _simulate_stage(looked_up, network, plan, i,
+                                                       tied_s if i in (0, last_index) else 0.0)
         stages.append(result)
         timings.append(timing)
         egress_terms.append(egress)
@@ -136,11 +139,12 @@ def simulate(
     )
 
 
-def _simulate_stage(looked_up: _PlanProfiles, network: NetworkModel, plan: Plan, index: int,
+def _simulate_stage(looked_up: _PlanProfiles, network: NetworkModel, plan: Plan, index: int, tied_s: float = 0.0,
                     ) -> tuple[StageResult, StageTiming, list[float], tuple[float, int] | None]:
     """Stage ``index`` of ``plan``: its result, itself as a pipeline resource, the USD per
     iteration of what it sends across zones (``compose.stage_egress_terms``) and its link to
-    the next stage (seconds per micro-batch, micro-batches the busiest NIC carries) or None."""
+    the next stage (seconds per micro-batch, micro-batches the busiest NIC carries) or None;
+    ``tied_s``: the embedding group's sum it takes part in (``_tied_ring_s``)."""
     stage = plan.stages[index]
     num_mb = plan.num_microbatches
     counts = routing.microbatches_per_replica(num_mb, stage.dp_degree)
@@ -148,6 +152,7 @@ def _simulate_stage(looked_up: _PlanProfiles, network: NetworkModel, plan: Plan,
     replicas, steps, fwds = _stage_replicas(looked_up, stage, index, len(plan.stages), counts,
                                             widest / stage.dp_degree)
     sync_s, sync_bytes, hop_bytes, hop_usd = _dp_ring(looked_up, network, stage)
+    sync_s += tied_s
     p2p_s, p2p_bytes, crossings, link = 0.0, 0, [], None
     if index + 1 < len(plan.stages):
         nxt = plan.stages[index + 1]
@@ -223,6 +228,16 @@ def _dp_ring(looked_up: _PlanProfiles, network: NetworkModel, stage: Stage,
     hop_usd = compose.ring_hop_usd_per_byte(network, [rep.zone for rep in stage.replicas])
     hop_bytes = compose.ring_hop_bytes(stage.dp_degree, sync_bytes, thinnest.tp_degree) if hop_usd else 0.0
     return sync_s, sync_bytes, hop_bytes, hop_usd
+
+
+def _tied_ring_s(looked_up: _PlanProfiles, network: NetworkModel, plan: Plan) -> float:
+    """The embedding group's all-reduce of a tied matrix (``stage.tied_sync_s``): 0 for one stage."""
+    if len(plan.stages) < 2:
+        return 0.0
+    members = [*plan.stages[0].replicas, *plan.stages[-1].replicas]
+    thinnest = min(members, key=lambda rep: rep.tp_degree)
+    tied_bytes = st.tied_sync_bytes(looked_up.of(thinnest.gpu, thinnest.tp_degree), looked_up.regime)
+    return st.tied_sync_s(network, tied_bytes, [(rep.zone, rep.gpu, rep.tp_degree) for rep in members])
 
 
 def _boundary(looked_up: _PlanProfiles, network: NetworkModel, src: Stage, dst: Stage, num_mb: int,

@@ -15,6 +15,7 @@ from sailor_core.network.model import Endpoint, NetworkModel
 from sailor_core.plan.routing import group_p2p_pairs, p2p_pairs  # noqa: F401
 from sailor_core.profiles.types import ModelProfile
 from sailor_core.regimes import TrainingRegime
+from sailor_core.simulator.memory import tied_copy_params
 from sailor_core.simulator.tables import layer_table
 
 
@@ -92,6 +93,26 @@ def stage_dp_sync_s(network: NetworkModel, sync_bytes: float, replicas: Sequence
         shared = _ring_s(network, sync_bytes * thinnest,
                          [(zone, gpu, 1) for zone, gpu, n in replicas for _ in range(n)])
     return shared if shared > one else one
+
+
+def tied_sync_bytes(profile: ModelProfile, regime: TrainingRegime) -> float:
+    """Gradient bytes of a tied embedding matrix one GPU of ``profile``'s (GPU, TP) sums in the
+    embedding group of a multi-stage plan: its shard of the matrix (0 for an untied model, or a
+    profile whose head counts a matrix of its own: ``memory.tied_copy_params``)."""
+    return tied_copy_params(profile) * regime.grad_bytes_per_param
+
+
+def tied_sync_s(network: NetworkModel, tied_bytes: float, members: Sequence[tuple[str, str, int]]) -> float:
+    """The embedding group's all-reduce of a tied matrix's gradient, after the stages' DP syncs:
+    one ring over every replica of the first and the last stage, (zone, GPU, TP degree) each,
+    first stage's replicas then last stage's (``runtime/trainer.py``'s group; Megatron and
+    DeepSpeed sum it between the two stages likewise).  It ends both stages' iteration, so it
+    adds to their ``dp_sync_s``.  ``tied_bytes``: ``tied_sync_bytes`` of the thinnest member;
+    TP ranks as in ``stage_dp_sync_s``.  The first stage's DP ring is still charged the matrix
+    too (the engine leaves it out there): at most that ring's share of the matrix too slow."""
+    if tied_bytes <= 0:
+        return 0.0
+    return stage_dp_sync_s(network, tied_bytes, members)
 
 
 def _ring_s(network: NetworkModel, num_bytes: float, members: Sequence[tuple[str, str, int]]) -> float:

@@ -32,8 +32,11 @@ def test_the_shim_travels_in_the_environment():
         LinkShim(latency_s=0.01, bandwidth_bytes_per_s=0)
 
 
+@pytest.mark.slow  # an engine launch of two workers, ~20 s on the shared 2-core VM
 def test_a_slow_links_latency_costs_what_the_simulator_charges(tmp_path):
-    # 2 stages of tiny, 4 micro-batches, 50 ms each way: the links, not the compute, make the step.
+    # 2 stages of tiny, 4 micro-batches, 50 ms each way: the links, not the compute, make the step:
+    # five one-way latencies of 1F1B plus the embedding group's ring (tiny ties its embeddings:
+    # the first and the last stage sum the matrix's gradient, 2 more latencies), 0.36 s.
     latency, bandwidth = 0.05, 1e9
     plan = bench.plan_for("tiny", 2, 4)
     predicted = simulate(plan, network=bench.shim_network(latency, bandwidth)).iteration_time_s
