@@ -14,6 +14,7 @@ and stays.  Each task below wraps one provider call.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import socket
 import sys
@@ -288,12 +289,25 @@ def _open_job_resources(session: CloudSession, spec: JobSpec) -> None:
         session._closers.append(lambda: gcp.delete_job_network(session.job_id))
     if aws is not None:
         session._closers.append(lambda: aws.delete_job_network(session.job_id))
+    elif session.mode == "embedded":
+        # The embedded jobs bucket is S3 (moto's) whichever cloud the job rents: a GCP-only job's
+        # instances still read it through the AWS role their service account may assume.
+        aws = _embedded_iam_provider()
+    if aws is not None:
         rw = [u for u in {session.jobs_url, session.checkpoint_url(spec.checkpoint_url)} if u.startswith("s3://")]
         ro = [u for u in (spec.dataset,) if u.startswith("s3://")]
         if rw:
             aws.create_job_identity(session.job_id, read_write=sorted(rw), read_only=ro,
                                     gcp_service_account=getattr(gcp, "service_account", None))
             session._closers.append(lambda: aws.delete_job_identity(session.job_id))
+
+
+def _embedded_iam_provider():
+    """The embedded cloud's AWS provider (for IAM only), when the job's own clouds leave AWS out."""
+    ends = config.embedded_endpoints()
+    from infra.local.cloud import providers_for  # lazy: the SDKs, only for the embedded cloud
+
+    return providers_for(ends["aws_endpoint"], ends["gce_endpoint"])["aws"]
 
 
 def job_bucket_spec(state: js.JobState, session: CloudSession) -> js.JobState:
@@ -303,6 +317,45 @@ def job_bucket_spec(state: js.JobState, session: CloudSession) -> js.JobState:
     if url == state.spec.checkpoint_url:
         return state
     return dataclasses.replace(state, spec=dataclasses.replace(state.spec, checkpoint_url=url))
+
+
+def agent_reports(job_id: str, *, aws_endpoint: str | None = None) -> list[dict]:
+    """The last status documents the job's agents wrote to its prefix of the embedded cloud's jobs
+    bucket (``job_id`` ending in ``*``: every job whose id starts so).  ``aws_endpoint``: a standalone
+    cloud's S3, else this process's embedded cloud's."""
+    s3 = _embedded_s3_client(aws_endpoint or config.embedded_endpoints()["aws_endpoint"])
+    stem = job_id[:-1] if job_id.endswith("*") else f"{job_id}/"
+    out = []
+    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=EMBEDDED_BUCKET, Prefix=stem):
+        for obj in page.get("Contents", []):
+            parts = obj["Key"].split("/")
+            if len(parts) == 4 and parts[1] == "agents" and parts[3] == "status.json":
+                try:
+                    out.append(json.loads(s3.get_object(Bucket=EMBEDDED_BUCKET, Key=obj["Key"])["Body"].read()))
+                except (s3.exceptions.NoSuchKey, ValueError):
+                    continue
+    return out
+
+
+def stray_objects(known_jobs: Sequence[str]) -> list[str]:
+    """Objects in the embedded cloud's jobs bucket outside every known job's prefix (none should be)."""
+    s3 = _embedded_s3_client(config.embedded_endpoints()["aws_endpoint"])
+    top = s3.list_objects_v2(Bucket=EMBEDDED_BUCKET, Delimiter="/")
+    return ([o["Key"] for o in top.get("Contents", [])]
+            + [p["Prefix"] for p in top.get("CommonPrefixes", []) if p["Prefix"].rstrip("/") not in set(known_jobs)])
+
+
+def job_leftovers(job_id: str, providers: dict[str, Any] | None = None) -> list[str]:
+    """The job's security groups, firewall rules and roles still in the clouds (none after the job)."""
+    found: list[str] = []
+    for provider in (providers or config.get_providers()).values():
+        if hasattr(provider, "job_groups"):
+            found += [g["GroupId"] for g in provider.job_groups(job_id).values()]
+        if hasattr(provider, "job_firewalls"):
+            found += list(provider.job_firewalls(job_id))
+        if hasattr(provider, "job_identity_leftovers"):
+            found += provider.job_identity_leftovers(job_id)
+    return found
 
 
 def close_session(session: CloudSession) -> None:
@@ -318,19 +371,6 @@ def close_session(session: CloudSession) -> None:
     session._closers.clear()
     if errors:
         raise errors[0]
-
-
-def job_resources_left(session: CloudSession) -> list[str]:
-    """The job's security groups, firewall rules and roles still there (none after close)."""
-    left: list[str] = []
-    for provider in session.providers.values():
-        if hasattr(provider, "job_groups"):
-            left += [g["GroupId"] for g in provider.job_groups(session.job_id).values()]
-        if hasattr(provider, "job_firewalls"):
-            left += list(provider.job_firewalls(session.job_id))
-        if hasattr(provider, "job_identity_leftovers"):
-            left += provider.job_identity_leftovers(session.job_id)
-    return left
 
 
 def terminate_job_everywhere(job_id: str, *, reason: str) -> list[str]:
@@ -349,6 +389,11 @@ def terminate_job_everywhere(job_id: str, *, reason: str) -> list[str]:
             ids += provider.terminate_instances(job_labels(job_id))
         except Exception as exc:  # a hook must not raise; say what could not be done
             sys.stderr.write(f"sailor: could not terminate {job_id} on {cloud} ({reason}): {exc}\n")
+    if session is not None:  # its closers know everything it opened (an identity outside its clouds too)
+        try:
+            close_session(session)
+        except Exception as exc:  # noqa: BLE001 - the verbs below try again
+            sys.stderr.write(f"sailor: could not close {job_id}'s session ({reason}): {exc}\n")
     for cloud, provider in providers.items():  # then the rules and identity the instances held
         for verb in ("delete_job_network", "delete_job_identity"):
             try:

@@ -32,6 +32,7 @@ from sailor_core.job.protocol import (
     write_assignment,
 )
 from sailor_core.profiler.network import NET_WORKER_MODULE, NetworkLink, network_worker_args
+from tasks.workers import session_boot_failures
 
 POLL_S = 0.3
 CLOUD_POLL_S = 1.0
@@ -215,6 +216,9 @@ def run_workers(session, instance_ids: list[str], addresses: list[str], zones: l
             last_cloud = 0.0 if now - failed_since < FAILURE_GRACE_S else last_cloud
         if now - last_cloud > CLOUD_POLL_S:
             last_cloud = now
+            booted_badly = session_boot_failures(session, [iid for iid in instance_ids if iid not in mine])
+            if booted_badly:  # failed, not hung: the startup script said why
+                raise NetworkProfilingError(next(iter(booted_badly.values())))
             gone = [(iid, st) for iid, st in session.instance_states(instance_ids).items() if st != "running"]
             if gone:
                 iid, state = gone[0]

@@ -21,6 +21,7 @@ import pytest
 from tests.flows.conftest import ROOT, home_pids, process_alive
 
 JOB_ID = "cancel-test"
+STEPS = 1_000_000  # far more than the test waits for (hours of the tiny model): only the SIGINT ends it
 
 
 def _env(home: Path, api_url: str) -> dict[str, str]:
@@ -83,14 +84,11 @@ def _instances(cloud: dict) -> list:
     return [i for p in providers.values() for i in p.query_instances(job_labels(JOB_ID))]
 
 
-def _agent_statuses(home: Path) -> list[dict]:
-    out = []
-    for p in (home / "jobs" / JOB_ID / "agents").glob("*/status.json"):
-        try:
-            out.append(json.loads(p.read_text()))
-        except (OSError, ValueError):
-            continue
-    return out
+def _agent_statuses(cloud: dict) -> list[dict]:
+    """The job's agents' reports, in its prefix of the standalone cloud's bucket (where its instances write)."""
+    from tasks.cloud import agent_reports
+
+    return agent_reports(JOB_ID, aws_endpoint=cloud["aws_endpoint"])
 
 
 def _runtime_pids(home: Path) -> set[int]:
@@ -103,7 +101,7 @@ def test_sigint_terminates_instances_and_workers(standalone_cloud, prefect_api):
     err_path = home / "train.err"
     with open(home / "train.out", "wb") as out, open(err_path, "wb") as err:
         train = subprocess.Popen(
-            [sys.executable, "-m", "flows.cli.app", "train", "--budget-usd", "0.5", "--steps", "2000",
+            [sys.executable, "-m", "flows.cli.app", "train", "--budget-usd", "0.5", "--steps", str(STEPS),
              "--checkpoint-every", "50", "--job-id", JOB_ID, "--cloud", "embedded"],
             env=_env(home, prefect_api), cwd=str(ROOT), stdout=out, stderr=err, stdin=subprocess.DEVNULL,
             start_new_session=True)
@@ -114,7 +112,7 @@ def test_sigint_terminates_instances_and_workers(standalone_cloud, prefect_api):
         while time.monotonic() < deadline:
             assert train.poll() is None, f"train exited early ({train.returncode}): {err_path.read_text()[-2000:]}"
             running = [i for i in _instances(cloud) if i.state == "running"]
-            statuses = [s for s in _agent_statuses(home) if s.get("state") == "running"]
+            statuses = [s for s in _agent_statuses(cloud) if s.get("state") == "running"]
             worker_pids = {int(p) for s in statuses for p in (s.get("pids") or {}).values()}
             if running and worker_pids and any((s.get("step") or 0) >= 3 for s in statuses):
                 break
@@ -160,4 +158,4 @@ def test_sigint_terminates_instances_and_workers(standalone_cloud, prefect_api):
     assert state.status == js.CANCELLED, (state.status, state.status_reason)
     assert not state.running_instances()
     assert "KeyboardInterrupt" in state.status_reason
-    assert 3 <= state.steps_done < 2000  # the progress made before Ctrl-C is kept for a resume
+    assert 3 <= state.steps_done < STEPS  # the progress made before Ctrl-C is kept for a resume

@@ -35,8 +35,10 @@ def _assert_nothing_left(job_id: str, *, expect_workers: bool = True) -> None:
     state = js.JobStore().load(job_id)
     assert not state.running_instances()
     assert _live_instances(job_id) == []
-    agents = Path(js.JobStore().job_url(job_id)) / "agents"
-    reports = [json.loads(p.read_text()) for p in agents.glob("*/status.json")]
+    from tasks.cloud import agent_reports, job_leftovers
+
+    assert job_leftovers(job_id) == []  # no firewall rule, security group or role
+    reports = agent_reports(job_id)  # in the job's bucket, where its instances wrote them
     pids = [pid for r in reports for pid in r.get("pids", {}).values()]
     if expect_workers:
         assert pids, "the agents reported no workers"

@@ -24,14 +24,11 @@ from tests.flows.test_cancellation import _env, _stop_group, standalone_cloud  #
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 
-def _statuses(home: Path) -> list[dict]:
-    out = []
-    for p in (home / "jobs").glob("network-profile-*/agents/*/status.json"):
-        try:
-            out.append(json.loads(p.read_text()))
-        except (OSError, ValueError):
-            continue
-    return out
+def _statuses(home: Path, cloud: dict) -> list[dict]:
+    """The profile's agents' reports, in its job's prefix of the standalone cloud's bucket."""
+    from tasks.cloud import agent_reports
+
+    return agent_reports("network-profile-*", aws_endpoint=cloud["aws_endpoint"])
 
 
 def _instances(cloud: dict, home: Path) -> list:
@@ -63,7 +60,7 @@ def test_sigint_while_measuring_terminates_the_instances(standalone_cloud, prefe
         worker_pids: set[int] = set()
         while time.monotonic() < deadline:
             assert proc.poll() is None, f"exited early ({proc.returncode}): {err_path.read_text()[-2000:]}"
-            running = [s for s in _statuses(home) if s.get("state") == "running" and s.get("generation") == 1]
+            running = [s for s in _statuses(home, cloud) if s.get("state") == "running" and s.get("generation") == 1]
             worker_pids = {int(p) for s in running for p in (s.get("pids") or {}).values()}
             if len(running) == 2 and any((s.get("event") or {}).get("event") == "p2p" for s in running):
                 break  # both ranks up and measuring

@@ -9,6 +9,7 @@ SIGTERM, SIGKILL), the controller and the planner decide.
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -33,8 +34,11 @@ def _live_instances(job_id: str) -> list:
 def _assert_nothing_left(state: js.JobState) -> None:
     assert not state.running_instances()
     assert _live_instances(state.job_id) == []
-    agents = Path(js.JobStore().job_url(state.job_id)) / "agents"
-    reports = [json.loads(p.read_text()) for p in agents.glob("*/status.json")]
+    from tasks import cloud as cloud_tasks
+
+    assert cloud_tasks.job_leftovers(state.job_id) == []  # no security group, firewall rule or role
+    assert cloud_tasks.stray_objects([s.job_id for s in js.JobStore().list()]) == []  # nothing outside the jobs' prefixes
+    reports = cloud_tasks.agent_reports(state.job_id)  # in the job's bucket, where its instances wrote them
     reports += [r["previous"] for r in reports if r.get("previous")]  # a stopped generation's last report
     pids = [pid for r in reports for pid in r.get("pids", {}).values()]
     assert pids, "the agents reported no workers"
@@ -46,11 +50,19 @@ def test_two_preemptions_end_with_the_loss_of_an_uninterrupted_run(prefect_api, 
     from sailor_core.plan.types import plan_from_dict
     from sailor_core.runtime.launch import launch_local
 
+    from tasks.reporting import add_event_listener, remove_event_listener
+
     steps, budget = 30, 0.05
-    summary = train_job(model="tiny", budget_usd=budget, steps=steps, preempt_at_steps=[5, 15],
-                        checkpoint_every_steps=5, global_batch_size=64, cloud="embedded", max_gpus=2,
-                        max_gpus_per_zone=1)
+    events = []
+    add_event_listener(events.append)
+    try:
+        summary = train_job(model="tiny", budget_usd=budget, steps=steps, preempt_at_steps=[5, 15],
+                            checkpoint_every_steps=5, global_batch_size=64, cloud="embedded", max_gpus=2,
+                            max_gpus_per_zone=1, job_id="tiny-two-preemptions")
+    finally:
+        remove_event_listener(events.append)
     state = js.JobStore().load(summary["job_id"])
+    _assert_the_run_tells_what_happened(prefect_api, summary, events)
     assert summary["status"] == "succeeded", summary
     assert summary["preemptions"] == 2 and summary["replans"] == 2
     assert summary["steps"] == steps
@@ -68,6 +80,34 @@ def test_two_preemptions_end_with_the_loss_of_an_uninterrupted_run(prefect_api, 
     job_losses = dict(state.losses)
     for step, loss in zip(ref.steps, ref.losses):
         assert job_losses[step] == pytest.approx(loss, rel=1e-5, abs=1e-6), f"step {step}"
+
+
+def _assert_the_run_tells_what_happened(prefect_api: str, summary: dict, events: list) -> None:
+    """Named after its job, its link kept, the recovery said as it happened, every INFO line on the server."""
+    import urllib.request
+
+    assert events[0].kind == "run" and events[0].url == summary["flow_run_url"]
+    assert summary["flow_run_url"].endswith(f"/runs/flow-run/{summary['flow_run_id']}")
+    said = [e.text for e in events if e.kind == "event"]
+    order = ["planned on", "provisioning", "training: attempt 1 started", "spot preemption took", "newest checkpoint",
+             "re-planned on", "training: attempt 2 resumed from step", "training: attempt 3 resumed from step",
+             "succeeded"]
+    at = [next((i for i, text in enumerate(said) if what in text), None) for what in order]
+    assert None not in at and at == sorted(at), said
+    with urllib.request.urlopen(f"{prefect_api}/flow_runs/{summary['flow_run_id']}", timeout=30) as resp:
+        run = json.loads(resp.read())
+    assert run["name"] == summary["job_id"] == run["parameters"]["job_id"]
+    body = json.dumps({"logs": {"flow_run_id": {"any_": [summary["flow_run_id"]]}, "level": {"ge_": 20, "le_": 20}}})
+    deadline = time.monotonic() + 30  # the run's last lines reach the server in a batch
+    while True:
+        req = urllib.request.Request(f"{prefect_api}/logs/filter", data=body.encode(), method="POST",
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            infos = [lg["message"] for lg in json.loads(resp.read())]
+        if any(m.startswith(f"job {summary['job_id']}: succeeded") for m in infos) or time.monotonic() > deadline:
+            break
+        time.sleep(1)
+    assert any(m.startswith(f"job {summary['job_id']}: spot preemption took") for m in infos), infos
 
 
 def test_a_job_whose_budget_runs_out_stops_cleanly(prefect_api):
