@@ -5,14 +5,25 @@ The engine's point-to-point transfers go through its test-only slow link
 (``sailor_core/runtime/links.py``: a fixed latency and bandwidth, rendezvous, one FIFO per
 direction), and the simulator gets a network whose links are exactly that (every link class
 ``latency + bytes / bandwidth``, no fits) and the CPU per-layer profile of the model measured
-here with the project's profiler (process CPU time, 1 thread).  The ranks share this machine's
-cores: the prediction is ``max(simulated, CPU work / effective cores)``
-(``sailor_core/profiler/cpu_sharing.py``), and the link figures are chosen so that the links,
-not the two cores, decide the step.  One replica per stage; stages split the model's layer
-indices evenly (``small``: 8 indices, so 8 stages hold one each: embedding, 6 blocks, head).
+here with the project's profiler (process CPU time, 1 thread).  One replica per stage; stages
+split the model's layer indices evenly (``small``: 8 indices, so 8 stages hold one each:
+embedding, 6 blocks, head).
+
+The ranks share this machine's cores with each other and with other jobs, which stretches every
+op on the critical path: a fair scheduler gives each runnable thread its share of the cores.
+The stretch is measured in the run itself: per step, every worker's main thread's time on a
+CPU and time runnable but waiting for one (``/proc/thread-self/schedstat``, recorded by
+``slowlink_site/sitecustomize.py``, put first on the workers' PYTHONPATH).  The prediction is
+the simulator's with the profile's times x ``(on CPU + waiting) / on CPU`` over all ranks'
+steady steps.  Printed beside it, the same from a 1 s probe of the machine's load before each
+run (``L`` other runnable threads on ``C`` cores: ``k = max(1, (k W / T + L) / C)``, ``k W / T``
+our ranks computing at once, never below the cores' throughput bound ``W / C_eff`` of
+``sailor_core/profiler/cpu_sharing.py``), which misses when other jobs come and go.
+``--rescore FILE`` predicts a saved run's rows again.
 
     .venv/bin/python benchmarks/bench_slow_links.py [--model small] [--depths 2,4,8]
         [--microbatches 4,16] [--latency-ms 20] [--mbps 10] [--steps 4] [--runs 2] [--json]
+    .venv/bin/python benchmarks/bench_slow_links.py --rescore /tmp/.../slow_links.json
 
 Prints per (depth, micro-batches): measured step (median of the steady steps of all runs, and
 the run medians' range), predicted, the error, and what the simulator says with free links.
@@ -27,9 +38,11 @@ import statistics
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+SITE = Path(__file__).resolve().parent / "slowlink_site"
 
 
 def plan_for(model: str, depth: int, num_microbatches: int, mbs: int = 1):
@@ -53,19 +66,45 @@ def shim_network(latency_s: float, bandwidth_bytes_per_s: float):
     return NetworkModel(defaults={cls: d for cls in LinkClass if cls is not LinkClass.INTRA_NODE})
 
 
-def predict(plan, profile, latency_s: float, bandwidth_bytes_per_s: float, other_load: float = 0.0) -> dict:
+def predict(plan, profile, latency_s: float, bandwidth_bytes_per_s: float, other_load: float = 0.0,
+            num_cores: float | None = None, stretch: float | None = None) -> dict:
     """The simulator's step for ``plan`` over the shim's links (and with free links), the ranks
-    sharing this machine's cores."""
+    sharing this machine's cores with each other and with ``other_load`` threads of other jobs;
+    with ``stretch`` (measured in the run: ``cpu_stretch``) the profile's times x that instead."""
     from sailor_core.profiler.cpu_sharing import shared_cpu_time
     from sailor_core.profiles import ProfileDB
 
-    db = ProfileDB([profile])
-    sim = simulate_with(plan, db, shim_network(latency_s, bandwidth_bytes_per_s))
-    free = simulate_with(plan, db, shim_network(0.0, 1e18))
-    shared = shared_cpu_time(plan, sim, threads_per_rank=1, other_load=other_load)
-    return {"iteration_time_s": shared.iteration_time_s, "simulated_s": sim.iteration_time_s,
-            "free_links_s": free.iteration_time_s, "cpu_work_s": shared.work_s,
-            "breakdown": sim.breakdown, "bottleneck": sim.bottleneck}
+    cores = float(num_cores or os.cpu_count() or 1)
+    net = shim_network(latency_s, bandwidth_bytes_per_s)
+
+    def at(k: float):
+        return simulate_with(plan, ProfileDB([profile if k == 1.0 else scaled_profile(profile, k)]), net)
+
+    sim = at(1.0)
+    free = simulate_with(plan, ProfileDB([profile]), shim_network(0.0, 1e18))
+    # the cores' throughput bound, from the unstretched CPU work
+    shared = shared_cpu_time(plan, sim, threads_per_rank=1, other_load=other_load, num_cores=cores)
+    probed_k = 1.0
+    for _ in range(60):  # fixed point of k = max(1, (k W / T + L) / C); a damped step converges
+        t = max(at(probed_k).iteration_time_s, shared.iteration_time_s)
+        want = max(1.0, (probed_k * shared.work_s / t + other_load) / cores)
+        if abs(want - probed_k) < 1e-4:
+            break
+        probed_k = 0.5 * (probed_k + want)
+    probed = {"stretch": probed_k, "iteration_time_s": max(at(probed_k).iteration_time_s, shared.iteration_time_s)}
+    # measured: what the run's ranks waited for a core is in the stretch, no bound on top
+    final = at(stretch if stretch is not None else probed_k)
+    t = final.iteration_time_s if stretch is not None else probed["iteration_time_s"]
+    return {"iteration_time_s": t, "stretch": stretch if stretch is not None else probed_k, "probed_load": probed,
+            "simulated_s": sim.iteration_time_s, "free_links_s": free.iteration_time_s, "cpu_work_s": shared.work_s,
+            "other_load": other_load, "breakdown": final.breakdown, "bottleneck": final.bottleneck}
+
+
+def scaled_profile(profile, factor: float):
+    """``profile`` with every compute time (layers, optimizer step) ``factor`` times longer."""
+    layers = tuple(replace(l, fwd_s=l.fwd_s * factor, bwd_s=l.bwd_s * factor) for l in profile.layers)
+    return replace(profile, layers=layers, update_s_per_param=profile.update_s_per_param * factor,
+                   update_fixed_s=profile.update_fixed_s * factor)
 
 
 def simulate_with(plan, db, network):
@@ -75,16 +114,34 @@ def simulate_with(plan, db, network):
 
 
 def measure(plan, latency_s: float, bandwidth_bytes_per_s: float, steps: int, workdir: Path,
-            data: str | None = None, timeout_s: float = 600.0) -> list[float]:
-    """Steady step times (the first step dropped) of the engine over the shim's links."""
+            data: str | None = None, timeout_s: float = 600.0, sharing: dict | None = None) -> list[float]:
+    """Steady step times (the first step dropped) of the engine over the shim's links; with
+    ``sharing`` (a dict), also what CPU sharing did to the ranks' steady steps (``cpu_stretch``)."""
     from sailor_core.runtime.launch import launch_local
     from sailor_core.runtime.links import LinkShim
 
     env = LinkShim(latency_s=latency_s, bandwidth_bytes_per_s=bandwidth_bytes_per_s).to_env()
+    sched_dir = workdir / "schedstat"
+    if sharing is not None:
+        sched_dir.mkdir(parents=True, exist_ok=True)
+        env = {**env, "PYTHONPATH": str(SITE), "SAILOR_BENCH_SCHEDSTAT_DIR": str(sched_dir)}
     res = launch_local(plan, steps, data=data, workdir=workdir, threads_per_rank=1, env=env, timeout_s=timeout_s)
     if res.status != "ok":
         raise RuntimeError(f"engine run {res.status}: {res.message} {res.stderr_tails}")
+    if sharing is not None:
+        sharing.update(cpu_stretch(sched_dir))
     return res.step_times_s[1:]
+
+
+def cpu_stretch(sched_dir: Path) -> dict:
+    """Over every rank's steady steps (the first dropped): on-CPU seconds, runnable-but-waiting
+    seconds, and their ratio ``(on CPU + waiting) / on CPU``, how much longer an op took than its
+    CPU time because the cores were shared (with the other ranks and with other jobs)."""
+    run_s = wait_s = 0.0
+    for f in sorted(sched_dir.glob("rank*.json")):
+        for _, on_cpu, waiting in json.loads(f.read_text())["steps"][1:]:
+            run_s, wait_s = run_s + on_cpu, wait_s + waiting
+    return {"on_cpu_s": run_s, "waiting_s": wait_s, "stretch": (run_s + wait_s) / run_s if run_s > 0 else 1.0}
 
 
 def loadavg() -> float:
@@ -103,7 +160,10 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=10, help="profiler repetitions per layer")
     ap.add_argument("--workdir", default=None)
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--rescore", default=None, help="a saved run's slow_links.json: predict its rows again")
     args = ap.parse_args(argv)
+    if args.rescore:
+        return rescore(Path(args.rescore))
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="sailor-slow-links-"))
     os.environ["SAILOR_HOME"] = str(workdir / "sailor_home")  # never touch the user's ~/.sailor
 
@@ -119,6 +179,7 @@ def main(argv=None) -> int:
                                reps=args.reps, timer="cpu").profiles
     out["profile_s"] = time.monotonic() - t0
     out["profile_ms"] = [[round(l.fwd_s * 1e3, 3), round(l.bwd_s * 1e3, 3)] for l in profile.layers]
+    out["update_s"] = [profile.update_s_per_param, profile.update_fixed_s]
     for depth in [int(x) for x in args.depths.split(",")]:
         for num_mb in [int(x) for x in args.microbatches.split(",")]:
             plan = plan_for(args.model, depth, num_mb)
@@ -127,11 +188,12 @@ def main(argv=None) -> int:
             for k in range(args.runs):
                 other = probe_other_load()
                 la = loadavg()
-                steps = measure(plan, latency, bandwidth, args.steps, workdir / f"p{depth}-m{num_mb}-r{k}", data)
+                sharing: dict = {}
+                steps = measure(plan, latency, bandwidth, args.steps, workdir / f"p{depth}-m{num_mb}-r{k}", data,
+                                sharing=sharing)
                 runs.append({"loadavg": la, "other_load": other, "step_times_s": steps,
-                             "median_s": statistics.median(steps)})
-            other = statistics.mean(r["other_load"] for r in runs)
-            pred = predict(plan, profile, latency, bandwidth, other_load=other)
+                             "median_s": statistics.median(steps), "sharing": sharing})
+            pred = predict(plan, profile, latency, bandwidth, **sharing_of(runs))
             measured = statistics.median([t for r in runs for t in r["step_times_s"]])
             row = {"depth": depth, "microbatches": num_mb, "measured_s": measured,
                    "run_medians_s": [r["median_s"] for r in runs], "predicted": pred,
@@ -144,19 +206,64 @@ def main(argv=None) -> int:
     if args.json:
         print(json.dumps(out, indent=2))
     else:
-        errs = [abs(r["error"]) for r in out["rows"]]
-        print(f"model {args.model}, links {args.latency_ms:g} ms + {args.mbps:g} MB/s, {out['cpu_count']} CPUs, "
-              f"load {out['loadavg_start']:.1f} -> {out['loadavg_end']:.1f}; |error| median "
-              f"{statistics.median(errs):.1%}, max {max(errs):.1%}; figures in {workdir / 'slow_links.json'}")
+        summary(out)
+        print(f"figures in {workdir / 'slow_links.json'}")
     return 0
+
+
+def sharing_of(runs: list[dict]) -> dict:
+    """The probed other load of a row's runs, and their measured stretch where they have it (the
+    runs' on-CPU and waiting seconds pooled)."""
+    got = {"other_load": statistics.mean(r["other_load"] for r in runs)}
+    if all("sharing" in r for r in runs):
+        on_cpu = sum(r["sharing"]["on_cpu_s"] for r in runs)
+        got["stretch"] = (on_cpu + sum(r["sharing"]["waiting_s"] for r in runs)) / on_cpu
+    return got
+
+
+def saved_profile(out: dict):
+    """The CPU profile a saved run was predicted with: its layer times (to the microsecond) on the
+    model's layer sizes, and its optimizer rate (where the file has it)."""
+    from sailor_core.profiles import default_profile_db
+
+    base = default_profile_db().get(out["model"], "cpu", 1, 1)
+    times = zip(base.layers, out["profile_ms"], strict=True)
+    layers = tuple(replace(layer, fwd_s=f / 1e3, bwd_s=b / 1e3) for layer, (f, b) in times)
+    rate, fixed = out.get("update_s", (base.update_s_per_param, base.update_fixed_s))
+    return replace(base, layers=layers, update_s_per_param=rate, update_fixed_s=fixed)
+
+
+def rescore(path: Path) -> int:
+    """Predict a saved run's rows again (the measured figures as they were)."""
+    out = json.loads(path.read_text())
+    profile = saved_profile(out)
+    for row in out["rows"]:
+        plan = plan_for(out["model"], row["depth"], row["microbatches"])
+        row["predicted"] = predict(plan, profile, out["latency_s"], out["bandwidth_bytes_per_s"],
+                                   num_cores=out["cpu_count"], **sharing_of(row["runs"]))
+        row["error"] = row["predicted"]["iteration_time_s"] / row["measured_s"] - 1
+        print_row(row)
+    summary(out)
+    return 0
+
+
+def summary(out: dict) -> None:
+    errs = [abs(r["error"]) for r in out["rows"]]
+    print(f"model {out['model']}, links {out['latency_s'] * 1e3:g} ms + {out['bandwidth_bytes_per_s'] / 1e6:g} MB/s, "
+          f"{out['cpu_count']} CPUs, load {out['loadavg_start']:.1f} -> {out['loadavg_end']:.1f}; |error| median "
+          f"{statistics.median(errs):.1%}, max {max(errs):.1%}")
 
 
 def print_row(row: dict, flush: bool = False) -> None:
     p = row["predicted"]
     meds = row["run_medians_s"]
+    probed = p["probed_load"]
     print(f"{row['depth']} stages x {row['microbatches']:>2} micro-batches: measured {row['measured_s']:.3f} s "
           f"(runs {min(meds):.3f}..{max(meds):.3f}), predicted {p['iteration_time_s']:.3f} s "
-          f"({row['error']:+.1%}); free links {p['free_links_s']:.3f} s, CPU work {p['cpu_work_s']:.3f} s, "
+          f"({row['error']:+.1%}); ops x{p['stretch']:.2f}; own cores {p['simulated_s']:.3f} s; other load "
+          f"probed {p['other_load']:.1f}: ops x{probed['stretch']:.2f}, {probed['iteration_time_s']:.3f} s "
+          f"({probed['iteration_time_s'] / row['measured_s'] - 1:+.1%}); free links {p['free_links_s']:.3f} s, "
+          f"CPU work {p['cpu_work_s']:.3f} s, "
           f"bottleneck {p['bottleneck']}", flush=flush)
 
 
