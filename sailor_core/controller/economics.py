@@ -115,11 +115,12 @@ def switch_pays(now: Outlook, new: Outlook, *, objective: str, remaining: float,
     trains x_new (tau - change) at c_new.  With the throughput objective the switch must train
     ``min_gain`` more; with the cost objective it must cost ``min_gain`` less per sample.
     Without preemptions tau is the whole job: the plain "finishes sooner (or cheaper) after
-    paying the change".
+    paying the change".  ``now`` may itself need a change (after a preemption, the restart on the
+    GPUs still held): then each side pays its own.
     """
     tau, _ = switch_window(now, new)
     x_now, x_new = now.option.throughput_samples_per_s, new.option.throughput_samples_per_s
-    trained_now = x_now * tau
+    trained_now = x_now * max(0.0, tau - now.change_s)  # change_s 0: the plan running
     trained_new = x_new * max(0.0, tau - new.change_s)
     if trained_new <= 0 or not math.isfinite(trained_new):
         return False
@@ -128,6 +129,27 @@ def switch_pays(now: Outlook, new: Outlook, *, objective: str, remaining: float,
         per_sample_new = new.option.usd_per_hr * tau / trained_new
         return per_sample_new < per_sample_now * (1.0 - min_gain)
     return trained_new > trained_now * (1.0 + min_gain)
+
+
+def regrow_shortfall(new: Outlook, held: Outlook, *, rates: Mapping[GpuZone, float],
+                     shares: Mapping[GpuZone, float]) -> float:
+    """The share of ``new``'s throughput that a plan on the GPUs still held (``held``) may forgo
+    after a preemption before renting the instances ``new`` needs pays: sqrt(2 P q H).
+
+    Renting replacements costs P = the extra provisioning of ``new`` at that restart; each hit
+    (H per second) takes a share q of the plan (its expected GPUs per hit over its GPUs).  Renting
+    them back every k hits costs P / k per hit and forgoes on average q (k - 1) / 2 of the
+    throughput between hits (1 / H): least at k = sqrt(2 P / (q / H)), that is, when the plan on
+    what is held falls short by k q = sqrt(2 P q H) (the economic order quantity).  Without
+    preemptions or extra provisioning: 0 (rent at once).
+    """
+    p_s, h = new.change_s - held.change_s, new.hits_per_s
+    gpus = new.option.num_gpus - sum(new.option.on_demand.values())
+    if p_s <= 0 or h <= 0 or gpus <= 0:
+        return 0.0
+    taken_per_s = sum(rates.get(k, 0.0) * u * shares.get(k, 1.0) for k, u in new.option.gpus.items() if u > 0)
+    q = min(1.0, taken_per_s / h / gpus)
+    return math.sqrt(2.0 * p_s * q * h)
 
 
 def switch_window(now: Outlook, new: Outlook) -> tuple[float, str]:

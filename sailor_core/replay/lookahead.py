@@ -86,6 +86,8 @@ def upcoming_requests(
         if gpus:
             gpus = {k: min(n - lost.get(k, 0), counts.get(k, 0)) for k, n in gpus.items()}
             gpus = {k: n for k, n in gpus.items() if n > 0} or None
+            if lost and gpus:  # a restart after a loss also weighs the GPUs still held alone
+                out.append(dict(gpus))
         planned_on = avail
         decisions += 1
         if decisions >= num_decisions:

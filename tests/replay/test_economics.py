@@ -2,6 +2,7 @@
 objective and constraints, the hysteresis of voluntary switches, stormy pools left unused, and
 mixed spot / on-demand plans."""
 
+import dataclasses
 import math
 
 import pytest
@@ -17,7 +18,7 @@ from sailor_core.controller import (
     decide,
     with_on_demand,
 )
-from sailor_core.controller.economics import change_s, hits_per_s, outlook, switch_pays
+from sailor_core.controller.economics import change_s, hits_per_s, outlook, regrow_shortfall, switch_pays
 
 from replay_helpers import linear_option, linear_planner
 
@@ -172,6 +173,39 @@ def test_growth_that_does_not_pay_before_the_next_hit_is_declined_with_a_reason(
     assert d.reason.startswith("declined 12xV100-16@us-central1-a") and "next preemption, expected then" in d.reason
     calm = ControllerState(plan=cur, available=more, samples_target=1e7, planned_on={("V100-16", A): 10})
     assert run(calm, CAP).action == Action.REPLAN
+
+
+def test_replacements_pay_once_the_plan_on_what_is_held_falls_short_by_the_order_quantity():
+    pool = ("V100-16", A)
+    rates, shares = {pool: 8 / 3600}, {pool: 1 / 16}   # an event every 7.5 min takes 1 of the pool's 16
+    new = outlook(linear_option({pool: 16}), remaining=1e6, change=150, rates=rates, shares=shares, costs=COSTS)
+    held = outlook(linear_option({pool: 15}), remaining=1e6, change=60, rates=rates, shares=shares, costs=COSTS)
+    # P = 90 s of provisioning, H = 8/h hits, q = 1/16 of the plan per hit: sqrt(2 P q H).
+    assert regrow_shortfall(new, held, rates=rates, shares=shares) == pytest.approx(math.sqrt(2 * 90 / 16 * 8 / 3600))
+    assert regrow_shortfall(new, held, rates={}, shares={}) == 0.0  # calm: rent at once
+    assert regrow_shortfall(new, dataclasses.replace(held, change_s=150), rates=rates, shares=shares) == 0.0
+
+
+def test_after_a_preemption_the_job_restarts_on_the_gpus_held_until_new_instances_pay():
+    pool = ("V100-16", A)
+    rates, shares = {pool: 8 / 3600}, {pool: 1 / 16}
+    hit = Event(kind=EventKind.PREEMPTION, lost={pool: 1})
+
+    def after_hit(gpus, rates=rates):
+        state = ControllerState(plan=linear_option({pool: gpus}), available={pool: 16}, samples_target=1e7,
+                                preemption_rate_per_s=rates, preemption_share=shares)
+        return decide(state, hit, config=ControllerConfig(**COSTS_CFG), plan_fn=linear_planner)
+
+    d = after_hit(16)   # 15 held, 1/16 short: under sqrt(2 P q H) = 16 %, no new instance
+    assert d.action == Action.REPLAN and d.plan.gpus == {pool: 15}
+    assert "not renting 1xV100-16@us-central1-a" in d.reason and "new instances pay from 16%" in d.reason
+    assert "restarted on the GPUs still held rather than wait for 1xV100-16@us-central1-a" in d.why
+    d = after_hit(12)   # 11 held, 31 % short: the replacements pay
+    assert d.plan.gpus == {pool: 16} and "not renting" not in d.reason
+    assert after_hit(16, rates={}).plan.gpus == {pool: 16}  # no storms seen: replaced at once
+
+
+COSTS_CFG = {"save_s": COSTS.save_s, "provisioning_s": COSTS.provisioning_s, "startup_s": COSTS.startup_s}
 
 
 # ---- spot and on demand --------------------------------------------------------------
