@@ -38,8 +38,8 @@ def planner_requests(avail: Mapping[GpuZone, int], state: ControllerState, confi
 def candidates(avail: Mapping[GpuZone, int], state: ControllerState, config: ControllerConfig, plan_fn: PlanFn,
                cost_plan_fn: CostPlanFn | None, *, useful: float) -> list[PlanOption]:
     """What the planner offers (``planner_requests``; the first request's plans all, the others'
-    best), the cheapest plans with the cost objective or a deadline (``cheap_floors``), each on
-    its markets."""
+    best), with the cost objective or a deadline also the cheapest plans (``cheap_floors``) and
+    each pool's best alone, each on its markets."""
     asks = planner_requests(avail, state, config)
     options = list(plan_fn(asks[0]))
     for ask in asks[1:]:
@@ -47,6 +47,10 @@ def candidates(avail: Mapping[GpuZone, int], state: ControllerState, config: Con
     if cost_plan_fn is not None and (config.objective == "cost" or math.isfinite(state.time_left_s)):
         for floor in cheap_floors(state, config, useful=useful):
             options += list(cost_plan_fn(asks[0], floor))
+        # Each pool alone, its fastest plan: one zone pays no cross-zone traffic, and is often the
+        # cheapest plan just fast enough (what a one-zone managed job runs), which the cost search
+        # over every pool, capped and asked on the floors' grid, can miss.
+        options += [o for k, n in sorted(asks[0].items()) for o in list(plan_fn({k: n}))[:1]]
     options = _distinct(options)
     od_avail = restrict(state.on_demand_available, config.gpu_types)
     if od_avail:

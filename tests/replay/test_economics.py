@@ -175,6 +175,16 @@ def test_growth_that_does_not_pay_before_the_next_hit_is_declined_with_a_reason(
     assert run(calm, CAP).action == Action.REPLAN
 
 
+def test_with_a_deadline_each_pool_alone_joins_the_options():
+    avail = {("A100-40", A): 4, ("A100-40", B): 4}
+    state = ControllerState(plan=None, available=avail, samples_target=1e6, time_left_s=1e6 / 40 + 1000)
+    everything = lambda a: [linear_option(a)]  # noqa: E731 - a planner that never offers less
+    # B alone (40/s, its zone 10 % cheaper) makes the deadline for less than both pools together.
+    d = run(state, plan_fn=everything, cost_plan_fn=lambda a, floor: [], objective="cost")
+    assert d.plan.gpus == {("A100-40", B): 4}
+    assert run(dataclasses.replace(state, time_left_s=math.inf), plan_fn=everything).plan.gpus == avail
+
+
 def test_replacements_pay_once_the_plan_on_what_is_held_falls_short_by_the_order_quantity():
     pool = ("V100-16", A)
     rates, shares = {pool: 8 / 3600}, {pool: 1 / 16}   # an event every 7.5 min takes 1 of the pool's 16
