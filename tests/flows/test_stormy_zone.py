@@ -14,6 +14,7 @@ import threading
 import pytest
 
 from sailor_core.job import state as js
+from tasks.reporting import JobEvent, add_event_listener, remove_event_listener
 from tests.flows.test_train_job import _live_instances
 
 # ~45 s (a Prefect flow, two attempts on the embedded cloud): the rule has fast tests in
@@ -41,13 +42,21 @@ def test_a_job_preempted_in_a_stormy_zone_settles_on_a_stable_one(prefect_api):
                     if inst.zone == stormy[0]:
                         cloud.preempt(inst.instance_id, reason="storm")
 
+    events: list[str] = []  # what the job tells its user as it goes (sailor train's terminal)
+
+    def heard(event: JobEvent) -> None:
+        if event.kind == "event":
+            events.append(event.text)
+
     thread = threading.Thread(target=storm, daemon=True)
     thread.start()
+    add_event_listener(heard)
     try:
         summary = train_job(model="tiny", budget_usd=0.05, steps=30, preempt_at_steps=[5],
                             checkpoint_every_steps=5, global_batch_size=64, cloud="embedded", max_gpus=2,
                             max_gpus_per_zone=1)
     finally:
+        remove_event_listener(heard)
         stop.set()
         thread.join()
     state = js.JobStore().load(summary["job_id"])
@@ -57,9 +66,13 @@ def test_a_job_preempted_in_a_stormy_zone_settles_on_a_stable_one(prefect_api):
     # One preemption, and the job never went back to the zone that took it.
     assert summary["preemptions"] == 1
     assert [r.end_reason for r in state.instances if r.zone == zone] == ["preempted"]
-    assert {rep["zone"] for stage in state.plan["stages"] for rep in stage["replicas"]} != {zone}
+    # It settled on the stable zone: the plan that finished uses none of the stormy one.
+    assert zone not in {rep["zone"] for stage in state.plan["stages"] for rep in stage["replicas"]}
     replan = state.replans[-1]
     assert replan.at_step > 0
-    # The record says why, in words: the zone left unused and how often it preempted the job.
+    # The record and the job's events say why, in words: the zone left unused and how often it
+    # preempted the job.
     assert f"left T4 in {zone} unused (preempted " in replan.reason, replan.reason
+    said = [text for text in events if f"left T4 in {zone} unused (preempted " in text]
+    assert said and said[-1].startswith("spot preemption took "), events
     assert not state.running_instances() and _live_instances(state.job_id) == []
