@@ -15,7 +15,13 @@ The stretch is measured in the run itself: per step, every worker's main thread'
 CPU and time runnable but waiting for one (``/proc/thread-self/schedstat``, recorded by
 ``slowlink_site/sitecustomize.py``, put first on the workers' PYTHONPATH).  The prediction is
 the simulator's with the profile's times x ``(on CPU + waiting) / on CPU`` over all ranks'
-steady steps.  Printed beside it, the same from a 1 s probe of the machine's load before each
+steady steps, and x the ranks' on-CPU seconds per step over the profile's CPU work (the CPU
+time of an op is not constant here: the 2 cores may be hyperthreads of one, and a profile taken
+under heavy load measured 0.77 s per step where another took 0.44 s).  That spreads the engine's
+per-rank overheads (optimizer, step bookkeeping, Python around the ops) over the ops in
+proportion, some of which are off the critical path, so it errs slow where ranks are many; the
+prediction at the profile's own CPU times (x the measured waiting only) errs fast: the two
+bracket the step.  Printed beside them, the same from a 1 s probe of the machine's load before each
 run (``L`` other runnable threads on ``C`` cores: ``k = max(1, (k W / T + L) / C)``, ``k W / T``
 our ranks computing at once, never below the cores' throughput bound ``W / C_eff`` of
 ``sailor_core/profiler/cpu_sharing.py``), which misses when other jobs come and go.
@@ -67,10 +73,16 @@ def shim_network(latency_s: float, bandwidth_bytes_per_s: float):
 
 
 def predict(plan, profile, latency_s: float, bandwidth_bytes_per_s: float, other_load: float = 0.0,
-            num_cores: float | None = None, stretch: float | None = None) -> dict:
+            num_cores: float | None = None, stretch: float | None = None,
+            cpu_per_step_s: float | None = None) -> dict:
     """The simulator's step for ``plan`` over the shim's links (and with free links), the ranks
     sharing this machine's cores with each other and with ``other_load`` threads of other jobs;
-    with ``stretch`` (measured in the run: ``cpu_stretch``) the profile's times x that instead."""
+    with ``stretch`` (measured in the run: ``cpu_stretch``) the profile's times x that instead,
+    and with ``cpu_per_step_s`` (all ranks' on-CPU seconds per steady step, measured there too)
+    also x that over the profile's CPU work: the compute the run really had, spread over the
+    layers as the profile has it (CPU seconds per op are not constant on a VM whose 2 cores
+    may be hyperthreads of one: the profile of one run measured 0.44 s per step, of the next
+    under heavier load 0.77 s)."""
     from sailor_core.profiler.cpu_sharing import shared_cpu_time
     from sailor_core.profiles import ProfileDB
 
@@ -93,9 +105,14 @@ def predict(plan, profile, latency_s: float, bandwidth_bytes_per_s: float, other
         probed_k = 0.5 * (probed_k + want)
     probed = {"stretch": probed_k, "iteration_time_s": max(at(probed_k).iteration_time_s, shared.iteration_time_s)}
     # measured: what the run's ranks waited for a core is in the stretch, no bound on top
+    profile_only = None
+    if stretch is not None and cpu_per_step_s:
+        profile_only = at(stretch).iteration_time_s
+        stretch *= cpu_per_step_s / shared.work_s
     final = at(stretch if stretch is not None else probed_k)
     t = final.iteration_time_s if stretch is not None else probed["iteration_time_s"]
     return {"iteration_time_s": t, "stretch": stretch if stretch is not None else probed_k, "probed_load": probed,
+            "profile_cpu_s": profile_only,
             "simulated_s": sim.iteration_time_s, "free_links_s": free.iteration_time_s, "cpu_work_s": shared.work_s,
             "other_load": other_load, "breakdown": final.breakdown, "bottleneck": final.bottleneck}
 
@@ -138,10 +155,19 @@ def cpu_stretch(sched_dir: Path) -> dict:
     seconds, and their ratio ``(on CPU + waiting) / on CPU``, how much longer an op took than its
     CPU time because the cores were shared (with the other ranks and with other jobs)."""
     run_s = wait_s = 0.0
+    late: list[float] = []
+    steps = 0
     for f in sorted(sched_dir.glob("rank*.json")):
-        for _, on_cpu, waiting in json.loads(f.read_text())["steps"][1:]:
+        got = json.loads(f.read_text())
+        steps = max(steps, len(got["steps"]) - 1)
+        for _, on_cpu, waiting in got["steps"][1:]:
             run_s, wait_s = run_s + on_cpu, wait_s + waiting
-    return {"on_cpu_s": run_s, "waiting_s": wait_s, "stretch": (run_s + wait_s) / run_s if run_s > 0 else 1.0}
+        late += got.get("late", [])
+    # late deliveries: the real transport behind the slow link's arrival (the shim cannot hide it)
+    stretch = (run_s + wait_s) / run_s if run_s > 0 else 1.0
+    return {"on_cpu_s": run_s, "waiting_s": wait_s, "steps": steps, "stretch": stretch,
+            "late_max_s": max(late, default=0.0), "late_over_10ms": sum(1 for x in late if x > 0.01),
+            "receives": len(late)}
 
 
 def loadavg() -> float:
@@ -218,6 +244,8 @@ def sharing_of(runs: list[dict]) -> dict:
     if all("sharing" in r for r in runs):
         on_cpu = sum(r["sharing"]["on_cpu_s"] for r in runs)
         got["stretch"] = (on_cpu + sum(r["sharing"]["waiting_s"] for r in runs)) / on_cpu
+        if all(r["sharing"].get("steps") for r in runs):
+            got["cpu_per_step_s"] = on_cpu / sum(r["sharing"]["steps"] for r in runs)
     return got
 
 
@@ -258,13 +286,18 @@ def print_row(row: dict, flush: bool = False) -> None:
     p = row["predicted"]
     meds = row["run_medians_s"]
     probed = p["probed_load"]
+    late = [r["sharing"] for r in row["runs"] if "late_max_s" in r.get("sharing", {})]
+    late_text = (f"; receives late > 10 ms {sum(x['late_over_10ms'] for x in late)}/{sum(x['receives'] for x in late)}"
+                 f" (max {max(x['late_max_s'] for x in late) * 1e3:.0f} ms)") if late else ""
+    only = p.get("profile_cpu_s")
+    only_text = f"; at the profile's CPU times {only:.3f} s ({only / row['measured_s'] - 1:+.1%})" if only else ""
     print(f"{row['depth']} stages x {row['microbatches']:>2} micro-batches: measured {row['measured_s']:.3f} s "
           f"(runs {min(meds):.3f}..{max(meds):.3f}), predicted {p['iteration_time_s']:.3f} s "
-          f"({row['error']:+.1%}); ops x{p['stretch']:.2f}; own cores {p['simulated_s']:.3f} s; other load "
+          f"({row['error']:+.1%}); ops x{p['stretch']:.2f}{only_text}; own cores {p['simulated_s']:.3f} s; other load "
           f"probed {p['other_load']:.1f}: ops x{probed['stretch']:.2f}, {probed['iteration_time_s']:.3f} s "
           f"({probed['iteration_time_s'] / row['measured_s'] - 1:+.1%}); free links {p['free_links_s']:.3f} s, "
           f"CPU work {p['cpu_work_s']:.3f} s, "
-          f"bottleneck {p['bottleneck']}", flush=flush)
+          f"bottleneck {p['bottleneck']}{late_text}", flush=flush)
 
 
 if __name__ == "__main__":
