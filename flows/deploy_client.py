@@ -105,6 +105,7 @@ class _LogReader:
         self.seen: set = set()
 
     def show(self, client, display) -> None:
+        # lazy: prefect's client, once the CLI has chosen the API to talk to
         from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId, LogFilterTimestamp
 
         from tasks.reporting import event_text

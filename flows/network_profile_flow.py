@@ -19,6 +19,7 @@ from prefect import flow, get_run_logger
 from prefect.artifacts import create_table_artifact
 from prefect.runtime import flow_run as current_flow_run
 
+from flows.deploy_client import job_id_for
 from sailor_core.errors import InputError
 from sailor_core.job import recovery
 from sailor_core.job import state as js
@@ -32,16 +33,12 @@ JOB_PREFIX = "network-profile"
 
 
 def _job_id_for_run() -> str:
-    from flows.deploy_client import job_id_for
-
     run_id = current_flow_run.get_id()
     return job_id_for(JOB_PREFIX, run_id) if run_id else js.new_job_id(JOB_PREFIX)
 
 
 def _cleanup_hook(flow_obj, flow_run, state) -> None:
     """on_cancellation / on_crashed: terminate the run's instances although the body did not finish."""
-    from flows.deploy_client import job_id_for
-
     params = flow_run.parameters or {}
     job_id = params.get("job_id") or job_id_for(JOB_PREFIX, flow_run.id)
     cloud_tasks.terminate_job_everywhere(job_id, reason=f"flow run {state.name.lower()}")

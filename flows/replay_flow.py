@@ -18,6 +18,7 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 @task(name="replay-policies", tags=["replay"])
 def replay_task(trace: str, model: str, tokens: float, policies: list[str],
                 budget_usd: float | None, plan_cache_path: str | None) -> tuple[dict[str, Any], bytes]:
+    # lazy: the replay and its plotting (matplotlib) load in the task that runs them
     from sailor_core.replay import run_policies
     from sailor_core.replay.plot import plot_timeline
     from sailor_core.traces import load_trace
@@ -54,6 +55,7 @@ def summary_rows(summary: dict[str, Any]) -> list[dict[str, Any]]:
 def replay_flow(trace: str, model: str = "opt-350m", tokens: float = 2e10,
                 policies: list[str] | None = None, budget_usd: float | None = None,
                 plan_cache_path: str | None = None) -> dict[str, Any]:
+    # lazy: as above: the flow module stays light for `prefect deploy`
     from sailor_core.replay import POLICIES
 
     summary, png = replay_task(trace, model, tokens, list(policies or POLICIES), budget_usd, plan_cache_path)

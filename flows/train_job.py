@@ -28,6 +28,7 @@ from typing import Any
 from prefect import flow, get_run_logger
 from prefect.runtime import flow_run as current_flow_run
 
+from flows.deploy_client import job_id_for
 from flows.job_parameters import takes_job_spec
 from infra.errors import CapacityError
 from sailor_core import settings
@@ -38,14 +39,13 @@ from sailor_core.job.attempts import FINISHED, INSTANCE_PREEMPTED, AttemptOutcom
 from sailor_core.job.spec import JobSpec
 from sailor_core.plan.types import plan_from_dict
 from tasks import cloud as cloud_tasks
-from tasks import control, reporting, workers
+from tasks import control
 from tasks import jobs as job_tasks
+from tasks import reporting, workers
 
 
 def _job_id_for_run(model: str) -> str:
     """Derived from the flow run's id when nobody named the job (a run started from the UI)."""
-    from flows.deploy_client import job_id_for
-
     run_id = current_flow_run.get_id()
     return job_id_for(model, run_id) if run_id else js.new_job_id(model)
 
@@ -59,8 +59,6 @@ def _run_name() -> str:
 def _cleanup_hook(flow_obj, flow_run, state) -> None:
     """on_cancellation / on_crashed: terminate the job's instances even though the body did not finish
     (this may run in another process than the flow body: the job id follows from the run's id)."""
-    from flows.deploy_client import job_id_for
-
     params = flow_run.parameters or {}
     job_id = params.get("job_id") or job_id_for(params.get("model") or "tiny", flow_run.id)
     cloud_tasks.terminate_job_everywhere(job_id, reason=f"flow run {state.name.lower()}")

@@ -96,11 +96,11 @@ def _pip(python: str, args: list[str], stage: str) -> None:
 
 def _store(job_url: str):
     try:
-        import obstore  # noqa: F401
+        import obstore  # noqa: F401  # lazy: the image may lack it; installed below on first use
     except ImportError:
         log("the image has no obstore: installing it")
         _pip(sys.executable, ["install", "--user", "obstore"], "fetch")
-    import obstore
+    import obstore  # lazy: as above
     from obstore.store import from_url
 
     return obstore, from_url(job_url, client_options={"allow_http": True})

@@ -15,6 +15,9 @@ import sys
 from pathlib import Path
 
 from sailor_core.errors import InputError
+from sailor_core.profiles.import_measurements import import_measurements
+from sailor_core.profiles.import_sailor import import_sailor
+from sailor_core.profiles.store import write_profiles
 
 REPO_DATA_DIR = Path(__file__).resolve().parents[1] / "data"
 SAILOR_DATA_DIR = REPO_DATA_DIR / "sailor_data"
@@ -46,10 +49,6 @@ def build(out_root: Path = REPO_DATA_DIR.parent) -> dict[str, int]:
 
     Returns the number of profiles or bytes written per file (relative to ``out_root``).
     """
-    from sailor_core.profiles.import_measurements import import_measurements
-    from sailor_core.profiles.import_sailor import import_sailor
-    from sailor_core.profiles.store import write_profiles
-
     written: dict[str, int] = {}
     sailor = import_sailor(require(SAILOR_DATA_DIR))
     h200 = import_measurements(require(MEASUREMENTS_DIR))

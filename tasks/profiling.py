@@ -12,6 +12,7 @@ from prefect.cache_policies import INPUTS, TASK_SOURCE
       cache_expiration=timedelta(days=30), persist_result=True)
 def profile_model_task(model: str, micro_batch_sizes: tuple[int, ...], tp_degrees: tuple[int, ...], device: str,
                        threads: int, reps: int) -> dict:
+    # lazy: torch, only in the task that profiles
     from sailor_core.profiler.compute import profile_model, save_profiles
 
     run = profile_model(model, micro_batch_sizes=list(micro_batch_sizes), tp_degrees=list(tp_degrees),

@@ -8,10 +8,11 @@ Each group of commands lives in its own ``cli_*`` module with a ``register``.
 from __future__ import annotations
 
 import importlib
-import os
 import sys
 
 import typer
+
+from sailor_core.errors import SailorError
 
 app = typer.Typer(
     name="sailor",
@@ -51,8 +52,6 @@ def _register_all() -> None:
 
 def main(argv: list[str] | None = None) -> None:
     """Entry point: runs the app and turns Sailor's errors into one-line messages."""
-    from sailor_core.errors import SailorError
-
     _register_all()
     try:
         app(args=argv, standalone_mode=True)
@@ -63,6 +62,7 @@ def main(argv: list[str] | None = None) -> None:
         sys.stderr.write("error: interrupted\n")
         sys.exit(130)
     except Exception as exc:  # a bug, not bad input: still one line unless debugging
+        # lazy: loaded when the command runs (the CLI starts light)
         from sailor_core import settings
 
         if settings.debug():

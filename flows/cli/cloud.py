@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from typing import Optional
 
@@ -28,6 +30,7 @@ def offers_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print the offers as JSON."),
 ) -> None:
     """GPU offers per zone with spot and on-demand prices, from the configured clouds."""
+    # lazy: loaded when the command runs (the CLI starts light)
     from infra.config import describe_mode, get_providers
     from sailor_core.catalog import normalize_gpu_name
     from sailor_core.catalog.instances import price_read
@@ -51,6 +54,7 @@ def offers_cmd(
             ],
         })
         return
+    # lazy: loaded when the command runs (the CLI starts light)
     from rich.table import Table
 
     table = Table(title=f"GPU offers ({describe_mode()}; list prices as of {price_read()})")
@@ -73,6 +77,7 @@ def up_cmd(
     wait_s: float = typer.Option(90.0, "--wait-s", help="How long to wait for it to serve."),
 ) -> None:
     """Start the embedded cloud in the background ($SAILOR_HOME/cloud.json holds its endpoints)."""
+    # lazy: loaded when the command runs (the CLI starts light)
     from infra.config import standalone_state, state_file
     from infra.local.faults import parse_fault_rates
 
@@ -117,8 +122,7 @@ def _print_state(state: dict, word: str) -> None:
 @cloud_app.command("down")
 def down_cmd(wait_s: float = typer.Option(15.0, "--wait-s")) -> None:
     """Stop the standalone embedded cloud: its instances' processes are killed."""
-    import signal
-
+    # lazy: loaded when the command runs (the CLI starts light)
     from infra.config import standalone_state, state_file
 
     state = standalone_state()
@@ -141,6 +145,7 @@ def down_cmd(wait_s: float = typer.Option(15.0, "--wait-s")) -> None:
 @cloud_app.command("status")
 def status_cmd(as_json: bool = typer.Option(False, "--json")) -> None:
     """Endpoints, live instances, capacity limits, faults and preemptions of the standalone cloud."""
+    # lazy: loaded when the command runs (the CLI starts light)
     from infra.config import standalone_state
 
     state = standalone_state()
@@ -170,6 +175,7 @@ def preempt_cmd(
     num_gpus: Optional[int] = typer.Option(None, "--num-gpus", help="Reclaim until this many GPUs are taken."),
 ) -> None:
     """Preempt a spot instance (or a zone's) of the standalone cloud, as the cloud would."""
+    # lazy: loaded when the command runs (the CLI starts light)
     from infra.config import standalone_state
     from sailor_core.catalog import normalize_gpu_name
 
@@ -186,8 +192,6 @@ def preempt_cmd(
 
 
 def _control(state: dict, route: str, body: dict | None = None) -> dict:
-    import urllib.error
-
     url = f"{state['control_url']}/{route}"
     data = json.dumps(body).encode() if body is not None else None
     req = urllib.request.Request(url, data=data, method="POST" if body is not None else "GET",

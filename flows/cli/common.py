@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 from typing import Any
 
@@ -27,8 +28,7 @@ def print_json(data: Any) -> None:
 def console():
     """Rich output.  Piped or redirected (no terminal to measure), Rich would assume 80
     columns and cut the wide tables' headers and figures to "…": use 160 unless COLUMNS says."""
-    import os
-
+    # lazy: loaded when the command runs (the CLI starts light)
     from rich.console import Console
 
     if sys.stdout.isatty() or os.environ.get("COLUMNS"):

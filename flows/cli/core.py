@@ -5,12 +5,15 @@ Imports happen inside the commands so ``sailor --help`` stays light.
 
 from __future__ import annotations
 
+import json
+import sys
 from pathlib import Path
 from typing import Optional
 
 import typer
 
 from flows.cli.common import console, fail, parse_layers, print_json
+from sailor_core.errors import InputError, PlanError
 from sailor_core.job.report import sig
 
 _CATALOGS = ("gpus", "models", "instances")
@@ -34,6 +37,7 @@ def simulate_cmd(
     on_demand: bool = typer.Option(False, "--on-demand", hidden=True),  # the older spelling of --no-spot
 ) -> None:
     """Simulate one training iteration of a plan: time by part, memory, cost, throughput."""
+    # lazy: loaded when the command runs (the CLI starts light)
     from sailor_core.simulator import simulate
 
     plan = _load_plan_document(plan_path, rank)
@@ -48,10 +52,7 @@ def simulate_cmd(
 
 def _load_plan_document(path: str, rank: int):
     """A plan file, or the plan of rank ``rank`` in a ``sailor plan --json`` document."""
-    import json
-    import sys
-
-    from sailor_core.errors import InputError, PlanError
+    # lazy: loaded when the command runs (the CLI starts light)
     from sailor_core.plan.types import load_plan, plan_from_dict
 
     if path != "-":
@@ -74,6 +75,7 @@ def _load_plan_document(path: str, rank: int):
 
 
 def _print_sim(plan, result) -> None:
+    # lazy: loaded when the command runs (the CLI starts light)
     from rich.table import Table
 
     con = console()
@@ -138,6 +140,7 @@ def memory_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """Peak memory of one GPU holding a stage with K micro-batches in flight."""
+    # lazy: loaded when the command runs (the CLI starts light)
     from sailor_core.simulator import stage_memory_for
 
     if mbs < 1:
@@ -151,6 +154,7 @@ def memory_cmd(
     if as_json:
         print_json(mem.to_dict())
         return
+    # lazy: loaded when the command runs (the CLI starts light)
     from rich.table import Table
 
     table = Table(title=f"{model} on {gpu} (tp {tp}, micro-batch {mbs}, {inflight} in flight)")
@@ -179,6 +183,7 @@ def catalog_cmd(
     if as_json:
         print_json({what: rows})
         return
+    # lazy: loaded when the command runs (the CLI starts light)
     from rich.table import Table
 
     table = Table(title=f"{what} ({len(rows)})")
@@ -222,6 +227,7 @@ _HUMAN = {
 
 
 def _gpu_rows() -> list[dict]:
+    # lazy: loaded when the command runs (the CLI starts light)
     from sailor_core.catalog.gpus import get_gpu, gpu_names
 
     return [
@@ -236,6 +242,7 @@ def _gpu_rows() -> list[dict]:
 
 
 def _model_rows() -> list[dict]:
+    # lazy: loaded when the command runs (the CLI starts light)
     from sailor_core.catalog.layers import total_params
     from sailor_core.catalog.models import get_model, model_names
 
@@ -251,6 +258,7 @@ def _model_rows() -> list[dict]:
 
 
 def _instance_rows() -> list[dict]:
+    # lazy: loaded when the command runs (the CLI starts light)
     from sailor_core.catalog.instances import catalog_offers
 
     return [

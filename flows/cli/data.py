@@ -209,6 +209,7 @@ def _progress(num_files: int, total_bytes: int, *, show: bool) -> Iterator[Calla
     if not show:
         yield None
         return
+    # lazy: loaded when the command runs (the CLI starts light)
     from rich.console import Console
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
 

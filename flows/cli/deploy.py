@@ -56,6 +56,7 @@ def deploy_cmd(
 
 def _create_pool() -> bool:
     """The process work pool the deployments name; False when it was already there."""
+    # lazy: loaded when the command runs (the CLI starts light)
     from prefect.client.orchestration import get_client  # lazy: prefect, after the API is chosen
     from prefect.client.schemas.actions import WorkPoolCreate
     from prefect.exceptions import ObjectAlreadyExists

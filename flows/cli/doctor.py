@@ -19,6 +19,7 @@ def doctor_cmd(
 ) -> None:
     """Check credentials, project/regions, the image, the jobs' bucket (private, encrypted, writable),
     IAM / service account, and spot GPU quotas; exits non-zero when something is missing."""
+    # lazy: loaded when the command runs (the CLI starts light)
     from infra import doctor
     from infra.config import describe_mode, get_providers, real_clouds
     from sailor_core import settings
@@ -31,6 +32,7 @@ def doctor_cmd(
     if "gcp" in providers:
         checks += doctor.check_gcp(providers["gcp"], gpus=gpu or (), embedded=embedded)
     if embedded:
+        # lazy: loaded when the command runs (the CLI starts light)
         from infra.buckets import ensure_private_bucket
         from infra.config import embedded_endpoints
         from tasks.cloud import EMBEDDED_BUCKET, _embedded_s3_client, _use_embedded_s3
@@ -47,6 +49,7 @@ def doctor_cmd(
     if as_json:
         print_json({"source": describe_mode(), "ok": not missing, "checks": [c.to_dict() for c in checks]})
     else:
+        # lazy: loaded when the command runs (the CLI starts light)
         from rich.table import Table
 
         table = Table(title=f"sailor doctor ({describe_mode()})")

@@ -9,6 +9,7 @@ from typing import Optional
 import typer
 
 from flows.cli.common import console, print_json
+from sailor_core.errors import InputError
 
 engine_app = typer.Typer(help="Run the training engine on this machine.", no_args_is_help=True)
 
@@ -29,12 +30,13 @@ def run_cmd(
     json_out: bool = typer.Option(False, "--json", help="machine-readable output"),
 ) -> None:
     """Train PLAN on local worker processes, print per-step loss and throughput."""
-    from sailor_core.errors import InputError
+    # lazy: loaded when the command runs (the CLI starts light)
     from sailor_core.plan.types import load_plan
 
     p = load_plan(plan)  # bad input fails before torch is imported
     if data is not None and not data.exists():
         raise InputError(f"data file {str(data)!r} does not exist")
+    # lazy: loaded when the command runs (the CLI starts light)
     from sailor_core.runtime.engine_run import run_plan
 
     workdir = Path(tempfile.mkdtemp(prefix="sailor-engine-"))
@@ -49,6 +51,7 @@ def run_cmd(
 
 
 def _print_table(out: dict) -> None:
+    # lazy: loaded when the command runs (the CLI starts light)
     from rich.table import Table
 
     c = console()

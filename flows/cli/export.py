@@ -28,6 +28,7 @@ def export_cmd(
     if (job_id is None) == (checkpoint is None):
         raise InputError("give a job id or --checkpoint URL (one of them)")
     if checkpoint is None:
+        # lazy: loaded when the command runs (the CLI starts light)
         from sailor_core.job.state import JobStore
 
         checkpoint = JobStore().load(job_id).spec.checkpoint_url

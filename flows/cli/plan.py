@@ -13,6 +13,7 @@ from typing import Optional
 import typer
 
 from flows.cli.common import console, print_json
+from sailor_core.errors import InputError
 from sailor_core.job.report import sig
 
 
@@ -44,7 +45,7 @@ def plan_cmd(
     on_demand: bool = typer.Option(False, "--on-demand", hidden=True),
 ) -> None:
     """Find the best plans: micro-batch, stages, uneven layer split, replicas, TP and zones."""
-    from sailor_core.errors import InputError
+    # lazy: loaded when the command runs (the CLI starts light)
     from sailor_core.planner import make_request, parse_gpu_list, plan_job
 
     max_usd_per_hr = max_usd_per_hour if max_usd_per_hour is not None else max_usd_per_hr
@@ -74,6 +75,7 @@ def plan_cmd(
     )
     result = plan_job(request)
     if pareto:
+        # lazy: loaded when the command runs (the CLI starts light)
         from sailor_core.planner.chart import write_pareto_png
 
         write_pareto_png(result, pareto, title=f"{request.model}, {request.total_gpus} GPUs available")
@@ -91,8 +93,6 @@ def plan_cmd(
 
 def _check_gpu_list_syntax(text: str) -> None:
     """The likely typo, said as such: ``T4:us-central1-a=2`` for ``T4@us-central1-a=2``."""
-    from sailor_core.errors import InputError
-
     for item in (p.strip() for p in text.split(",")):
         name = item.partition("=")[0]
         if ":" in name and "@" not in name:
@@ -102,8 +102,6 @@ def _check_gpu_list_syntax(text: str) -> None:
 
 
 def _save_plan(result, path: Path) -> None:
-    from sailor_core.errors import InputError
-
     try:
         path.write_text(json.dumps(result.candidates[0].plan.to_dict(), indent=2) + "\n")
     except OSError as exc:
@@ -111,7 +109,7 @@ def _save_plan(result, path: Path) -> None:
 
 
 def _trace_row(path: str, row: int) -> dict:
-    from sailor_core.errors import InputError
+    # lazy: loaded when the command runs (the CLI starts light)
     from sailor_core.traces import load_gpu_trace
 
     trace = load_gpu_trace(path)
@@ -121,6 +119,7 @@ def _trace_row(path: str, row: int) -> dict:
 
 
 def _print_result(request, result, pareto: str | None, save: Path | None) -> None:
+    # lazy: loaded when the command runs (the CLI starts light)
     from rich.table import Table
 
     con = console()

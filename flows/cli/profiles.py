@@ -5,6 +5,7 @@ Imports happen inside the commands so ``sailor --help`` stays light.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Optional
 
 import typer
@@ -40,6 +41,7 @@ def list_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """List the stored profiles (shipped with Sailor and in your profiles folder)."""
+    # lazy: loaded when the command runs (the CLI starts light)
     from sailor_core.catalog.gpus import normalize_gpu_name
     from sailor_core.catalog.models import normalize_model_name
     from sailor_core.profiles import default_profile_db
@@ -55,6 +57,7 @@ def list_cmd(
     if as_json:
         print_json({"profiles": rows, "user_profiles_dir": str(user_profiles_dir())})
         return
+    # lazy: loaded when the command runs (the CLI starts light)
     from rich.table import Table
 
     # one line per (model, GPU, regime, source): the (tp, mbs) pairs it covers
@@ -82,6 +85,7 @@ def show_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """Per-layer profile of one (model, GPU, TP, micro-batch): measured, or estimated and from what."""
+    # lazy: loaded when the command runs (the CLI starts light)
     from sailor_core.profiles import default_profile_db
 
     p = default_profile_db().get(model, gpu, tp, mbs, seq, regime=regime)
@@ -108,6 +112,7 @@ def show_cmd(
     if as_json:
         print_json(summary)
         return
+    # lazy: loaded when the command runs (the CLI starts light)
     from rich.table import Table
 
     con = console()
@@ -141,18 +146,19 @@ def import_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """Import external profiles into your profiles folder ($SAILOR_HOME/profiles or ~/.sailor/profiles)."""
-    from pathlib import Path
-
+    # lazy: loaded when the command runs (the CLI starts light)
     from sailor_core.profiles.default import write_user_profiles
 
     if fmt not in _FORMATS:
         raise fail(f"unknown --format {fmt!r}; choose one of {', '.join(_FORMATS)}")
     source = Path(path)
     if fmt == "sailor":
+        # lazy: loaded when the command runs (the CLI starts light)
         from sailor_core.profiles.import_sailor import import_sailor
 
         profiles = import_sailor(source)
     else:
+        # lazy: loaded when the command runs (the CLI starts light)
         from sailor_core.profiles.import_measurements import import_measurements
 
         profiles = import_measurements(source, gpu=gpu)

@@ -6,11 +6,13 @@ which the profile database and the network model read.  torch is imported inside
 
 from __future__ import annotations
 
+import sys
 from typing import Optional
 
 import typer
 
 from flows.cli.common import console, print_json
+from sailor_core.errors import InputError
 
 profile_app = typer.Typer(
     name="profile",
@@ -20,8 +22,6 @@ profile_app = typer.Typer(
 
 
 def _int_list(text: str, what: str) -> list[int]:
-    from sailor_core.errors import InputError
-
     try:
         values = [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
@@ -35,6 +35,7 @@ def _progress_bar(total: int, quiet: bool):
     """A Rich progress bar fed by the profiler's events; a no-op callback under --json."""
     if quiet:
         return None, (lambda _msg: None)
+    # lazy: loaded when the command runs (the CLI starts light)
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     bar = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
@@ -80,12 +81,12 @@ def profile_cmd(
     """Profile MODEL's layers (forward, backward, activation memory, optimizer) for each mbs x TP."""
     if ctx.invoked_subcommand is not None:
         return
-    from sailor_core.errors import InputError
 
     if model is None:
         raise InputError("--model is required (or use `sailor profile network`)")
     if reps < 1:
         raise InputError(f"--reps must be >= 1, got {reps}")
+    # lazy: loaded when the command runs (the CLI starts light)
     from sailor_core.catalog.models import get_model
     from sailor_core.profiler.compute import num_steps, profile_model, save_profiles
 
@@ -109,6 +110,7 @@ def profile_cmd(
 
 
 def _print_summary(run, path) -> None:
+    # lazy: loaded when the command runs (the CLI starts light)
     from rich.table import Table
 
     c = console()
@@ -166,7 +168,6 @@ def network_cmd(
     Without --cloud between processes of this machine; with --cloud between rented instances
     (the network-profile flow), which are always terminated at the end.
     """
-    from sailor_core.errors import InputError
 
     if reps < 1:
         raise InputError(f"--reps must be >= 1, got {reps}")
@@ -178,6 +179,7 @@ def network_cmd(
         if cloud not in CLOUD_MODES:
             raise InputError(f"--cloud must be auto, embedded (or local) or real, got {cloud!r}; the zone says "
                              "which cloud (us-east-1a is AWS, us-central1-a GCP)")
+        # lazy: loaded when the command runs (the CLI starts light)
         from sailor_core.profiler.network import network_link
 
         network_link(gpu, zone, dst_zone, workers)  # bad input fails before a Prefect server is started
@@ -188,6 +190,7 @@ def network_cmd(
         return
     if gpu or zone or dst_zone:
         raise InputError("--gpu, --zone and --dst-zone are for cloud instances: add --cloud auto|embedded|real")
+    # lazy: loaded when the command runs (the CLI starts light)
     from sailor_core.profiler.network import profile_network, save_network_profile, sizes_up_to
 
     sizes = sizes_up_to(max_mib or 256)
@@ -209,8 +212,10 @@ def network_cmd(
 
 
 def _print_network(prof, title: str) -> None:
+    # lazy: loaded when the command runs (the CLI starts light)
     from rich.table import Table
 
+    # lazy: loaded when the command runs (the CLI starts light)
     from sailor_core.network.model import Endpoint, NetworkModel
 
     model = NetworkModel(inter_fits={(prof.src_zone, prof.src_gpu, 1, prof.dst_zone, prof.dst_gpu, 1): prof.fit})
@@ -234,8 +239,7 @@ def _print_network(prof, title: str) -> None:
 
 def _network_cloud(params: dict, json_out: bool) -> None:
     """Run the network-profile flow in this process (Prefect API chosen as `sailor train` does)."""
-    import sys
-
+    # lazy: loaded when the command runs (the CLI starts light)
     from flows.cli.prefect_server import configure_prefect_env, would_start_server
 
     out = console()
@@ -244,8 +248,9 @@ def _network_cloud(params: dict, json_out: bool) -> None:
     choice = configure_prefect_env(start_server=True)
     if not json_out:
         out.print(f"[dim]{choice.describe()}[/dim]")
-    from flows.network_profile_flow import network_profile_flow
+    # lazy: loaded when the command runs (the CLI starts light)
     from flows.cli.progress import quiet_engine_failures
+    from flows.network_profile_flow import network_profile_flow
     from tasks import net_profiling
 
     stop_bar, on_event = _cloud_progress(json_out)
@@ -264,6 +269,7 @@ def _network_cloud(params: dict, json_out: bool) -> None:
     if json_out:
         print_json({k: v for k, v in summary.items() if k != "rows"})
         return
+    # lazy: loaded when the command runs (the CLI starts light)
     from sailor_core.profiler.network import NetworkProfile
 
     prof = NetworkProfile.from_json(summary["profile"])
@@ -286,6 +292,7 @@ def _cloud_progress(quiet: bool):
     """A Rich bar fed by the network-profile flow's events (tasks.net_profiling listeners)."""
     if quiet:
         return (lambda: None), (lambda _msg: None)
+    # lazy: loaded when the command runs (the CLI starts light)
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     bar = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),

@@ -77,8 +77,10 @@ class LiveDisplay:
     def start(self) -> None:
         if not self.enabled:
             return
+        # lazy: loaded when the command runs (the CLI starts light)
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+        # lazy: loaded when the command runs (the CLI starts light)
         from flows.cli.common import console
 
         self._bar = Progress(TextColumn("[bold]train[/bold]"), BarColumn(bar_width=12), MofNCompleteColumn(),

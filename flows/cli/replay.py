@@ -7,16 +7,16 @@ from __future__ import annotations
 
 import contextlib
 import sys
+import time
 from typing import Optional
 
 import typer
 
 from flows.cli.common import console, print_json
+from sailor_core.errors import InputError
 
 
 def _parse_tokens(text: str) -> float:
-    from sailor_core.errors import InputError
-
     t = text.strip().lower().replace("_", "")
     scale = {"k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12}.get(t[-1:], 1.0)
     try:
@@ -70,8 +70,8 @@ def replay_cmd(
     global_batch: Optional[int] = typer.Option(None, "--global-batch", hidden=True),  # older spelling
 ) -> None:
     """Replay an availability trace in simulated time under each policy: time to train, USD, re-plans."""
+    # lazy: loaded when the command runs (the CLI starts light)
     from sailor_core.catalog import get_model
-    from sailor_core.errors import InputError
     from sailor_core.replay import (
         POLICIES,
         ChangeCosts,
@@ -113,6 +113,7 @@ def replay_cmd(
             gpu_type=gpu, prices=series, seed=seed, exact_availability=exact, plan_cache_path=plan_cache,
             workers=workers), quiet=as_json)
     if plot:
+        # lazy: loaded when the command runs (the CLI starts light)
         from sailor_core.replay.plot import plot_timeline
 
         plot_timeline(suite.results, plot, trace=availability,
@@ -128,7 +129,7 @@ def _compare(trace, model: str, tokens: float, policies, terms, pareto: str | No
              quiet: bool) -> dict:
     """``compare_policies`` (ours over objectives and deadlines, and on each policy's terms), its
     lines of words, and its chart when asked."""
-    from sailor_core.errors import InputError
+    # lazy: loaded when the command runs (the CLI starts light)
     from sailor_core.replay.compare import compare_policies, summary_lines
 
     if terms.objective != "throughput" or terms.deadline_h is not None or terms.min_throughput_samples_per_s:
@@ -141,6 +142,7 @@ def _compare(trace, model: str, tokens: float, policies, terms, pareto: str | No
     out = c.to_dict()
     out["summary"] = summary_lines(c)
     if pareto:
+        # lazy: loaded when the command runs (the CLI starts light)
         from sailor_core.replay.plot import plot_points
 
         plot_points(c, pareto, title=f"{model}, {tokens:.3g} tokens on {trace.source}")
@@ -156,8 +158,8 @@ def _progress_line(*, quiet: bool):
     if quiet or not sys.stderr.isatty():
         yield None
         return
-    import time
 
+    # lazy: loaded when the command runs (the CLI starts light)
     from rich.console import Console
 
     t0, shown = time.monotonic(), [0.0]
@@ -173,6 +175,7 @@ def _progress_line(*, quiet: bool):
 
 
 def _print_suite(out: dict) -> None:
+    # lazy: loaded when the command runs (the CLI starts light)
     from rich.table import Table
 
     con = console()

@@ -20,7 +20,7 @@ import typer
 
 from flows.cli.common import console, print_json
 from flows.cli.job_options import with_job_options
-from sailor_core.errors import InputError
+from sailor_core.errors import InputError, SailorError
 from sailor_core.job import report
 from sailor_core.job.spec import JobSpec
 
@@ -57,8 +57,9 @@ def train(
         raise InputError(f"--job-id {job_id!r}: use letters, digits, '.', '_' and '-' (at most 100), "
                          "starting with a letter or digit")
     spec = _with_local_data_resolved(spec)
-    from flows.cli.progress import live_display
+    # lazy: loaded when the command runs (the CLI starts light)
     from flows.cli.prefect_server import configure_prefect_env, would_start_server
+    from flows.cli.progress import live_display
     from flows.job_parameters import spec_parameters
     from sailor_core.job.state import new_job_id
 
@@ -102,6 +103,7 @@ def _with_local_data_resolved(spec: JobSpec) -> JobSpec:
 
 
 def _run_local(params: dict, display) -> dict:
+    # lazy: loaded when the command runs (the CLI starts light)
     from flows.cli.progress import quiet_engine_failures
     from flows.train_job import train_job
     from tasks.reporting import add_event_listener, remove_event_listener
@@ -120,8 +122,8 @@ def _run_local(params: dict, display) -> dict:
 
 
 def _run_deployment(params: dict, choice, display) -> dict:
+    # lazy: loaded when the command runs (the CLI starts light)
     from flows.deploy_client import run_train_deployment
-    from sailor_core.errors import SailorError
 
     if choice.api_url is None:
         raise SailorError("--deployment needs a Prefect server with Sailor's deployments: run `sailor deploy "
@@ -132,6 +134,7 @@ def _run_deployment(params: dict, choice, display) -> dict:
 
 
 def _print_summary(summary: dict) -> None:
+    # lazy: loaded when the command runs (the CLI starts light)
     from rich.table import Table
 
     table = Table(title=f"job {summary.get('job_id')}: {summary.get('status')}", show_header=False)
@@ -161,6 +164,7 @@ def ui(
     stop: bool = typer.Option(False, "--stop", help="stop the server (and the worker) Sailor started"),
 ) -> None:
     """Start a local Prefect server (SQLite under $SAILOR_HOME/prefect) and print its URL."""
+    # lazy: loaded when the command runs (the CLI starts light)
     from flows.cli.prefect_server import PROFILE, ensure_local_server, prefect_home, stop_local_server, ui_url
     from flows.cli.worker import stop_worker
 
@@ -191,6 +195,7 @@ def _job_row(state) -> dict:
 
 def jobs(as_json: bool = typer.Option(False, "--json", help="print JSON")) -> None:
     """Training jobs known here: when they started, status, steps, spend, their flow run in the UI."""
+    # lazy: loaded when the command runs (the CLI starts light)
     from sailor_core.job.state import JobStore
 
     store = JobStore()
@@ -198,6 +203,7 @@ def jobs(as_json: bool = typer.Option(False, "--json", help="print JSON")) -> No
     if as_json:
         print_json({"jobs_url": store.root, "jobs": rows})
         return
+    # lazy: loaded when the command runs (the CLI starts light)
     from rich.table import Table
 
     table = Table(title=f"jobs under {store.root}")
@@ -214,6 +220,7 @@ def jobs(as_json: bool = typer.Option(False, "--json", help="print JSON")) -> No
 def status(job_id: str = typer.Argument(..., help="job id (see `sailor jobs`)"),
            as_json: bool = typer.Option(False, "--json", help="print JSON")) -> None:
     """One job: when it started, its flow run, attempts and re-plans with their reasons, instances, spend."""
+    # lazy: loaded when the command runs (the CLI starts light)
     from sailor_core.job.state import JobStore
 
     state = JobStore().load(job_id)

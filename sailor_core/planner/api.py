@@ -13,12 +13,14 @@ import time
 from sailor_core.catalog.gpus import get_gpu
 from sailor_core.catalog.instances import gpu_price_usd_per_hr
 from sailor_core.errors import InfeasibleError
+from sailor_core.network.model import default_network
 from sailor_core.plan.types import validate_plan
 from sailor_core.planner.explain import relaxed, why_infeasible
 from sailor_core.planner.mixing import mix_leftovers
 from sailor_core.planner.request import Objective, PlanRequest
 from sailor_core.planner.result import ParetoPoint, PlannedCandidate, PlanResult, pareto_front
 from sailor_core.planner.search import Evaluated, Searcher, run_search
+from sailor_core.profiles import default_profile_db
 from sailor_core.simulator.simulate import simulate
 
 
@@ -54,12 +56,8 @@ def plan_job(request: PlanRequest, *, profiles=None, network=None) -> PlanResult
 
 def _plan_job(request: PlanRequest, *, profiles, network) -> PlanResult:
     if profiles is None:
-        from sailor_core.profiles import default_profile_db
-
         profiles = default_profile_db()
     if network is None:
-        from sailor_core.network.model import default_network
-
         network = default_network()
     t0 = time.perf_counter()
     searcher = Searcher(request, profiles=profiles, network=network)

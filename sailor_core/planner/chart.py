@@ -10,10 +10,11 @@ from sailor_core.planner.result import PlanResult
 
 def write_pareto_png(result: PlanResult, path: str | Path, *, title: str = "") -> Path:
     """Draw every evaluated plan's Pareto front (USD/iteration vs samples/s) and mark the chosen plans."""
+    # lazy: matplotlib (about a second) only when a chart is drawn
     import matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # lazy: after choosing the Agg backend
 
     path = Path(path)
     fig, ax = plt.subplots(figsize=(6.4, 4.2), dpi=120)

@@ -27,6 +27,7 @@ def run_plan(plan: Plan, steps: int, *, workdir: Path, data: Path | None = None,
              ckpt_dir: str | None = None, ckpt_every: int = 0, resume: bool = False,
              lr: float = 1e-3, seed: int = 0, reference: bool = False,
              timeout_s: float = 900.0) -> dict:
+    # lazy: the reference loads torch in-process; a plain run only spawns workers
     from sailor_core.runtime.reference import train_reference
 
     data = data or ensure_corpus(workdir, plan, seed=seed)

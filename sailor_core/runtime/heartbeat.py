@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import threading
 import time
+import urllib.request
 from datetime import timedelta
 
 import torch.distributed as dist
@@ -75,8 +76,6 @@ class Heartbeat:
 
 def watch_preempt_url(url: str, on_notice, period_s: float = 1.0) -> threading.Thread:
     """Poll a preemption-notice URL (e.g. a cloud metadata endpoint); a 200 with a body is a notice."""
-    import urllib.request
-
     def run() -> None:
         while True:
             try:

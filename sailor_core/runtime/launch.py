@@ -22,6 +22,7 @@ from pathlib import Path
 
 from sailor_core.catalog.models import get_model
 from sailor_core.plan.types import Plan
+from sailor_core.runtime.data import generate_corpus
 from sailor_core.plan.layout import world_size
 from sailor_core.runtime.faults import FaultConfig
 from sailor_core.runtime.worker import (EXIT_OK, EXIT_PEER_LOST, EXIT_PREEMPTED,
@@ -67,8 +68,6 @@ def free_port() -> int:
 
 
 def ensure_corpus(workdir: Path, plan: Plan, *, num_tokens: int | None = None, seed: int = 0) -> Path:
-    from sailor_core.runtime.data import generate_corpus
-
     spec = get_model(plan.model)
     n = num_tokens or max(200_000, 64 * plan.global_batch_size * plan.effective_seq_len())
     path = workdir / f"corpus-{spec.vocab_size}-{n}-{seed}.npy"
@@ -91,6 +90,7 @@ def launch_local(plan: Plan, steps: int, *, data: str | Path | None = None,
     (tests); ``env``: added to every worker's environment; ``worker_args``: more worker flags
     (the recipe's, validation's: ``python -m sailor_core.runtime.worker --help``).
     """
+    # lazy: torch; the launcher spawns the workers that train and needs it only for this check
     from sailor_core.runtime.model import check_plan_for_engine
 
     check_plan_for_engine(plan)

@@ -42,7 +42,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from sailor_core.catalog.models import ModelSpec, RopeScaling
+from sailor_core.catalog.models import ModelSpec, RopeScaling, get_model
 from sailor_core.errors import PlanError
 from sailor_core.runtime.tp import (copy_to_tp, gather_shards, reduce_from_tp, shard_range,
                                     vocab_parallel_cross_entropy, vocab_parallel_embedding)
@@ -63,8 +63,6 @@ def check_tp_degree(spec: ModelSpec, tp_degree: int) -> None:
 def check_plan_for_engine(plan) -> None:
     """What the engine needs beyond plan validation: TP splits evenly; learned positions cover the
     sequence; all-CPU or all-GPU."""
-    from sailor_core.catalog.models import get_model
-
     spec = get_model(plan.model)
     for stage in plan.stages:
         for rep in stage.replicas:

@@ -17,6 +17,7 @@ import socket
 def private_store(host: str, port: int, world_size: int, *, is_master: bool, timeout: _dt.timedelta,
                   wait_for_workers: bool = False):
     """A TCPStore; its server (``is_master``) listens on ``host:port`` only."""
+    # lazy: torch loads only in the processes that rendezvous
     from torch.distributed import TCPStore
 
     if not is_master:

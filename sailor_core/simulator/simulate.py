@@ -14,9 +14,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from sailor_core.catalog.gpus import get_gpu
+from sailor_core.catalog.gpus import get_gpu, normalize_gpu_name
+from sailor_core.catalog.models import get_model
+from sailor_core.errors import InputError, PlanError
 from sailor_core.catalog.instances import gpu_price_usd_per_hr
 from sailor_core.network.model import NetworkModel, default_network
+from sailor_core.profiles import default_profile_db
 from sailor_core.plan import routing
 from sailor_core.plan.types import Plan, Replica, Stage, validate_plan
 from sailor_core.profiles.types import ModelProfile
@@ -35,8 +38,6 @@ class ProfileSource(Protocol):
 
 
 def _default_profiles() -> ProfileSource:
-    from sailor_core.profiles import default_profile_db
-
     return default_profile_db()
 
 
@@ -302,10 +303,6 @@ def stage_memory_for(
     profiles: ProfileSource | None = None,
 ) -> MemoryBreakdown:
     """Memory of one GPU holding ``layers`` (half-open; default all) with K micro-batches in flight."""
-    from sailor_core.catalog.gpus import normalize_gpu_name
-    from sailor_core.catalog.models import get_model
-    from sailor_core.errors import InputError, PlanError
-
     spec = get_model(model)
     gpu_spec = get_gpu(normalize_gpu_name(gpu))
     if micro_batch_size < 1:

@@ -69,6 +69,7 @@ def granular_busiest_s(segments, num_blocks: int) -> float:
 def granular_many(sa, ra, ha, sb, rb, hb, num_blocks: int, iterations: int = 24):
     """``granular_busiest_s`` of many two-segment shapes at once (numpy bisection; an absent
     segment has 0 stages).  Returns the low end of the last interval: a bound, to ~1e-7."""
+    # lazy: numpy loads when a search runs, not when the CLI checks a request
     import numpy as np
 
     if num_blocks <= 0:
@@ -89,6 +90,7 @@ def granular_many(sa, ra, ha, sb, rb, hb, num_blocks: int, iterations: int = 24)
 
 def _granular_fits(t, sa, ha, has_a, ra1, sb, hb, has_b, rb1, num_blocks: int):
     """Whether stages of busy time at most ``t`` hold every block whole (``granular_many``)."""
+    # lazy: numpy loads when a search runs, not when the CLI checks a request
     import numpy as np
 
     ka = np.where(has_a, np.floor(t / ra1 + 1e-9), 0.0)
@@ -123,6 +125,7 @@ def pipe_work_rate(order: tuple[Segment, ...]) -> float:
 def pipe_work_rate_many(inv_a, drain_a, inv_b, drain_b):
     """``pipe_work_rate`` of many two-segment shapes at once, in the better of their two orders
     (numpy; per segment 1 / slowness and (1 - 1 / n) ** stages; an unused type: 0 and 1)."""
+    # lazy: numpy loads when a search runs, not when the CLI checks a request
     import numpy as np
 
     held_a, held_b = inv_a * (1 - drain_a), inv_b * (1 - drain_b)  # each segment last, alone
@@ -156,6 +159,7 @@ def warm_up_with_links_s(steps_s, num_microbatches, num_stages, link_s):
     all the time its path allows holds the most; the step sum so reached is affine in T,
     alpha T - gamma l, with alpha = 1 - (1 - 1/n)^s (the warm-up bound) and gamma from the
     same recursion with T = 0, l = 1.  (Allowing negative steps only loosens it.)"""
+    # lazy: numpy loads when a search runs, not when the CLI checks a request
     import numpy as np
 
     if not isinstance(steps_s, np.ndarray):
@@ -218,6 +222,7 @@ def steady_share(n_own, n_other):
     micro-batches (``runtime/pipeline_order``), so a segment with fewer replicas runs more
     warm-up forwards and its neighbour pairs' cycles span n_own / min(n_own, n_other) + 1 of its
     micro-batches instead of 2 (``simulator.pipeline_time``)."""
+    # lazy: numpy loads when a search runs, not when the CLI checks a request
     import numpy as np
 
     n_own = np.asarray(n_own, dtype=float)
@@ -238,6 +243,7 @@ def pipeline_lines(floor_s, a1, k1, a2, k2, steps_a, steps_b, num_stages_a, num_
     least T meeting that is the largest of the linear solutions with each side counted or
     dropped: each a line in x.  ``PIPELINE_RISING`` / ``PIPELINE_FALLING`` name the lines
     that may rise / fall."""
+    # lazy: numpy loads when a search runs, not when the CLI checks a request
     import numpy as np
 
     ones = np.ones_like(np.asarray(floor_s, dtype=float))
@@ -263,6 +269,7 @@ def _boundary_coefficients(n_own, n_other, stages_own, stages_other):
     pair's cycle paces: a cycle carries both steps and the link and spans ``span`` of its
     micro-batches (2 with equal replica counts), so T >= (w + 1) t + (pairs + 1 - span) / span
     (t + t' + l).  The coefficients are the least over w, so the line holds whatever w is."""
+    # lazy: numpy loads when a search runs, not when the CLI checks a request
     import numpy as np
 
     n_own = np.asarray(n_own, dtype=float)
@@ -286,6 +293,7 @@ def min_max_lines(u, v, intervals, rising=None, falling=None):
     that lies outside the interval, where the rising lines at lo or the falling ones at hi
     decide; flat lines count throughout.  ``rising`` / ``falling``: the only lines that may
     rise / fall (indices; default all), to pair fewer."""
+    # lazy: numpy loads when a search runs, not when the CLI checks a request
     import numpy as np
 
     rise, fall = v > 0, v < 0
@@ -312,6 +320,7 @@ def min_max_lines(u, v, intervals, rising=None, falling=None):
 def _line_pairs(num_lines: int, rising, falling):
     """Unordered pairs (i < j) of lines where one may rise while the other falls: (i, j, whether
     i may rise with j falling, whether j may rise with i falling), as numpy arrays."""
+    # lazy: numpy loads when a search runs, not when the CLI checks a request
     import numpy as np
 
     may_rise = set(range(num_lines)) if rising is None else set(rising)
@@ -332,6 +341,7 @@ def rings_s(network, gpu: str, dp_degree: int, room: dict[str, int], nbytes):
     has room.  A ring is paced by the slowest of its replicas' pairs (as ``NetworkModel`` times it),
     so over a set of zones it is at least the ring whose every hop is the set's slowest pair.
     ``room``: replicas each zone has room for."""
+    # lazy: numpy loads when a search runs, not when the CLI checks a request
     import numpy as np
 
     d = dp_degree
@@ -357,6 +367,7 @@ def ring_row_s(network, gpu: str, dp_degree: int, room: dict[str, int], grad_byt
     """The sync of a pipeline of P stages, P = 1..max_stages (index 0: inf): the stage holding
     the most parameters holds at least 1/P of the model's ``grad_bytes``, and its ring is at
     best ``rings_s`` of its segment's replicas.  (A bound up to TP-sharding rounding.)"""
+    # lazy: numpy loads when a search runs, not when the CLI checks a request
     import numpy as np
 
     depths = np.arange(1, max_stages + 1, dtype=float)
@@ -368,6 +379,7 @@ def sync_curve_s(network, gpu: str, dp_degree: int, room: dict[str, int], blocks
     """The slowest ring of a segment of ``num_stages`` stages holding the share k / GRID of the
     blocks (whose gradient is ``blocks_grad_bytes``), k = 0..GRID: one of its stages holds at
     least 1 / stages of that share's gradient, and its ring is at best ``rings_s``."""
+    # lazy: numpy loads when a search runs, not when the CLI checks a request
     import numpy as np
 
     return tuple(rings_s(network, gpu, dp_degree, room,
@@ -463,6 +475,7 @@ def rings_egress_lb(usd_per_byte, num_stages, whole_bytes: float, block_bytes: f
 def rings_egress_lb_many(fa, fb, stages_a, stages_b, both, whole_bytes: float, block_bytes: float):
     """``rings_egress_lb`` of many shapes at once (numpy; ``both``: the shape has two segments,
     else the absent one's figures are 0)."""
+    # lazy: numpy loads when a search runs, not when the CLI checks a request
     import numpy as np
 
     least_a, least_b = (stages_a - 1) * block_bytes, (stages_b - 1) * block_bytes
@@ -479,6 +492,7 @@ def boundary_crossings(num_mb: int, zones: list[str], routes_a: list, routes_b: 
     the other segment routes the most micro-batches to), None (unknown), or the replicas per
     zone of every stage (the pipeline rule: the same whatever comes before), so micro-batch m
     goes from replica m mod D to replica m mod D' between known zones (``p2p_pairs``)."""
+    # lazy: numpy loads when a search runs, not when the CLI checks a request
     import numpy as np
 
     m = np.arange(num_mb)
@@ -503,6 +517,7 @@ def boundary_crossings(num_mb: int, zones: list[str], routes_a: list, routes_b: 
 def _route_rows(routes: list, zones: list[str], m):
     """(per route: its row, -2 for one zone a stage, -1 unknown; rows: the zone index of each
     micro-batch ``m``)."""
+    # lazy: numpy loads when a search runs, not when the CLI checks a request
     import numpy as np
 
     index, rows, seen = [-1] * len(routes), [], {}
@@ -521,6 +536,7 @@ def _route_rows(routes: list, zones: list[str], m):
 
 
 def _off_the_busiest_zone(rows, num_zones: int, num_mb: int):
+    # lazy: numpy loads when a search runs, not when the CLI checks a request
     import numpy as np
 
     return num_mb - np.stack([(rows == z).sum(axis=1) for z in range(num_zones)], axis=1).max(axis=1)

@@ -139,6 +139,7 @@ class EgressParts:
         """USD per iteration, at the least, of the micro-batches crossing zones between two
         segments, per pair (numpy matrix; ``bounds.boundary_crossings``), each crossing carrying
         the smallest boundary activation both ways at the cheapest price."""
+        # lazy: numpy loads when a search runs, not when the CLI checks a request
         import numpy as np
 
         gpus = {seg.gpu for seg in (*first, *second)}

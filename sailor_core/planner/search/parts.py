@@ -145,6 +145,7 @@ class SegmentParts:
         """``bounds.granular_many`` of the shapes (ia, ib) of two lists' columns (``scored``), each
         pair of segment numbers worked out once (in one batch: each shape's figures depend on its
         own inputs alone), kept by pair of numbers for the process."""
+        # lazy: numpy loads when a search runs, not when the CLI checks a request
         import numpy as np
 
         memo = self.memos.process.granular_bounds

@@ -48,6 +48,7 @@ class Limits:
         self.throughput = throughput
 
     def within(self, t_lb, rate, egress):
+        # lazy: numpy loads when a search runs, not when the CLI checks a request
         import numpy as np
 
         ok = np.ones(np.shape(t_lb), dtype=bool)
@@ -73,6 +74,7 @@ def segment_columns(segs: list[Segment], *, alone: bool, max_p: int, cost_matter
     """One type's segments as numpy columns (index len(segs): the type unused), with their own
     bound parts: rings at every depth, links, warm-up, egress, granular numbers; ``curves``
     (sync curves) filled as refining needs them."""
+    # lazy: numpy loads when a search runs, not when the CLI checks a request
     import numpy as np
 
     parts, egress = searcher.parts, searcher.egress
@@ -162,6 +164,7 @@ def _capacity_and_rent(searcher: Searcher, a: dict, b: dict, work_s: float, limi
     """Every pair of segments (index na / nb: that type unused) as a grid, where the cheapest
     terms are broadcast sums: (ia, ib, stages, capacity bound, rent) of the pairs within the
     limits on capacity and rent alone (most shapes miss there), in the grid's order."""
+    # lazy: numpy loads when a search runs, not when the CLI checks a request
     import numpy as np
 
     na, nb = len(a["segs"]), len(b["segs"])
@@ -186,6 +189,7 @@ def _pipeline_and_sync(parts, lists, a: dict, b: dict, ia, ib, stages, tau, work
     """(pipeline bound whatever the split, sync bound, matrix of links between the types' TP
     degrees) of the pairs: links, the warm-up in the better order (``pipe_lb``), and for one
     segment its compute with its links (``steady_links_s``, ``warm_up_with_links_s``)."""
+    # lazy: numpy loads when a search runs, not when the CLI checks a request
     import numpy as np
 
     na, nb = len(a["segs"]), len(b["segs"])
@@ -212,6 +216,7 @@ def _pipeline_and_sync(parts, lists, a: dict, b: dict, ia, ib, stages, tau, work
 def _egress(searcher: Searcher, lists, a: dict, b: dict, ia, ib, num_mb: int, mbs: int, cost_matters: bool):
     """(egress USD per iteration bound, matrix of the between-segments part) of the pairs: each
     segment's own p2p, the rings (``rings_egress_lb``) and where two segments meet."""
+    # lazy: numpy loads when a search runs, not when the CLI checks a request
     import numpy as np
 
     na, nb = len(a["segs"]), len(b["segs"])
@@ -242,6 +247,7 @@ class ScoredShapes:
     def __init__(self, *, lists, a, b, ia, ib, stages, tau, pipe, sync, rate, egress, limits: Limits,
                  limit: float, lmat, rings_p2p, work_s: float, block_bytes: float, num_blocks_lb: float,
                  cost_matters: bool, parts) -> None:
+        # lazy: numpy loads when a search runs, not when the CLI checks a request
         import numpy as np
 
         self.lists, self.a, self.b, self.limits, self.limit = lists, a, b, limits, limit
@@ -284,6 +290,7 @@ class ScoredShapes:
 
     def never_kept(self):
         """``kept`` of the shapes never refined."""
+        # lazy: numpy loads when a search runs, not when the CLI checks a request
         import numpy as np
 
         return self.kept(np.flatnonzero(self.never))
@@ -297,6 +304,7 @@ class ScoredShapes:
     def sorted_below(self, cut: float) -> SortedShapes:
         """The shapes refined so far and those never refined whose bound is below ``cut``, best
         first (ties in scoring order); shapes still to refine must not be below it."""
+        # lazy: numpy loads when a search runs, not when the CLI checks a request
         import numpy as np
 
         done = np.ones(len(self.ia), dtype=bool)
@@ -312,6 +320,7 @@ class ScoredShapes:
     def streamed(self) -> SortedShapes:
         """Every shape within the limits, best first, refined as the walk gets there
         (``ShapeStream``): what ``sorted_below(inf)`` gives after refining them all."""
+        # lazy: numpy loads when a search runs, not when the CLI checks a request
         import numpy as np
 
         empty = np.empty(0)
@@ -324,6 +333,7 @@ class ScoredShapes:
         """The granular bound, then for two segments compute, links and sync together (the
         joint bound with where the segments meet) and, when cost matters, rent and egress
         together, for the shapes ``sel``."""
+        # lazy: numpy loads when a search runs, not when the CLI checks a request
         import numpy as np
 
         a, b, ia, ib, tau, t_lb = self.a, self.b, self.ia, self.ib, self.tau, self.t_lb
@@ -353,6 +363,7 @@ class ScoredShapes:
 
     def _refine_cost(self, two, u, v, rings) -> None:
         """Rent, time and the rings' egress together (``bounds.joint_cost_lb``), in the egress."""
+        # lazy: numpy loads when a search runs, not when the CLI checks a request
         import numpy as np
 
         a, b, ia, ib, rate = self.a, self.b, self.ia, self.ib, self.rate
@@ -373,6 +384,7 @@ class ScoredShapes:
 def _curves_of(x: dict, idx, sync_curve):
     """``sync_curve`` of the segments ``idx`` of a list's columns (past its end: no segment, no
     ring), filling the columns' curves as needed."""
+    # lazy: numpy loads when a search runs, not when the CLI checks a request
     import numpy as np
 
     need = np.flatnonzero(np.bincount(idx[~x["have_curve"][idx]], minlength=len(x["have_curve"])))
@@ -389,6 +401,7 @@ def settle_cut(scored: list[ScoredShapes], keep: int, chunk: int = CHUNK) -> flo
     until the next first bound is no better than the (keep + 1)-th best final bound known.
     Refining only raises a bound, so the shapes left unrefined cannot come below it (and the
     shapes below it are exactly those a full refinement would put there)."""
+    # lazy: numpy loads when a search runs, not when the CLI checks a request
     import numpy as np
 
     while True:

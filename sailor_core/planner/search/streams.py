@@ -116,6 +116,7 @@ class ShapeStream:
         """``scored``: a ``scored.ScoredShapes``, whose ``final_of(indices)`` refines shapes and
         gives (those within the limits, their final bounds), ``never_kept()`` the same for the
         shapes never refined, and ``rows(indices)`` their (ia, ib, busiest, parts) arrays."""
+        # lazy: numpy loads when a search runs, not when the CLI checks a request
         import numpy as np
 
         self.scored = scored
@@ -135,6 +136,7 @@ class ShapeStream:
 
     def _step(self) -> bool:
         """Place what can be placed, else refine (or take in) more; False when all is placed."""
+        # lazy: numpy loads when a search runs, not when the CLI checks a request
         import numpy as np
 
         lb = self._next_unplaced_lb()
@@ -159,6 +161,7 @@ class ShapeStream:
         return True
 
     def _merge(self, idx, score) -> None:
+        # lazy: numpy loads when a search runs, not when the CLI checks a request
         import numpy as np
 
         if not len(idx):
