@@ -326,7 +326,11 @@ def agent_reports(job_id: str, *, aws_endpoint: str | None = None) -> list[dict]
     s3 = _embedded_s3_client(aws_endpoint or config.embedded_endpoints()["aws_endpoint"])
     stem = job_id[:-1] if job_id.endswith("*") else f"{job_id}/"
     out = []
-    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=EMBEDDED_BUCKET, Prefix=stem):
+    try:
+        pages = list(s3.get_paginator("list_objects_v2").paginate(Bucket=EMBEDDED_BUCKET, Prefix=stem))
+    except s3.exceptions.NoSuchBucket:  # no job has opened its session yet
+        return out
+    for page in pages:
         for obj in page.get("Contents", []):
             parts = obj["Key"].split("/")
             if len(parts) == 4 and parts[1] == "agents" and parts[3] == "status.json":
