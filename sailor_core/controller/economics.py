@@ -115,12 +115,11 @@ def switch_pays(now: Outlook, new: Outlook, *, objective: str, remaining: float,
     trains x_new (tau - change) at c_new.  With the throughput objective the switch must train
     ``min_gain`` more; with the cost objective it must cost ``min_gain`` less per sample.
     Without preemptions tau is the whole job: the plain "finishes sooner (or cheaper) after
-    paying the change".  ``now`` may itself need a change (after a preemption, the restart on the
-    GPUs still held): then each side pays its own.
+    paying the change".
     """
     tau, _ = switch_window(now, new)
     x_now, x_new = now.option.throughput_samples_per_s, new.option.throughput_samples_per_s
-    trained_now = x_now * max(0.0, tau - now.change_s)  # change_s 0: the plan running
+    trained_now = x_now * tau
     trained_new = x_new * max(0.0, tau - new.change_s)
     if trained_new <= 0 or not math.isfinite(trained_new):
         return False

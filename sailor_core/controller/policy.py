@@ -185,7 +185,7 @@ def _decide_replan(state, event, lost, broken, config, plan_fn, cost_plan_fn, re
                 return _nothing_runs(why, outlooks, state, config)
             gave_up = "no plan finishes within the budget; the one training the most per USD runs"
         offered = planner_requests(avail, state, config)[0]
-        kept = _held_unless_renting_pays(choice, rank, plan_fn, remaining) if lost and not gave_up else None
+        kept = _held_unless_renting_pays(choice, rank, plan_fn) if lost and not gave_up else None
         if kept is not None:
             held, reason, words = kept
             return _run(Action.REPLAN, f"{why}: {explain(held, offered, state, '')}; {reason}",
@@ -221,44 +221,36 @@ def _decide_replan(state, event, lost, broken, config, plan_fn, cost_plan_fn, re
                      f"pay for itself before {until}")
 
 
-def _held_unless_renting_pays(choice: Outlook, rank: _Ranking, plan_fn: PlanFn, remaining: float
-                              ) -> tuple[Outlook, str, str] | None:
-    """After a preemption, the best plan on the spot GPUs still held (with the reason in figures
-    and in words) instead of ``choice``, when ``choice`` needs new instances that do not pay yet.
-    The restart comes either way; what it decides is whether to wait for instances that a stormy
-    pool will likely take again soon.  Finishing soonest, they pay once the plan on what is held
-    falls short of ``choice`` by ``regrow_shortfall`` (replacements rented in batches, not after
-    every hit); finishing cheapest, when they cost less per sample before the next forced re-plan
-    (``switch_pays``).  None: run ``choice``."""
+def _held_unless_renting_pays(choice: Outlook, rank: _Ranking, plan_fn: PlanFn) -> tuple[Outlook, str, str] | None:
+    """Finishing soonest, after a preemption: the best plan on the spot GPUs still held (with the
+    reason in figures and in words) instead of ``choice``, when ``choice`` needs new instances
+    that do not pay yet.  The restart comes either way; what it decides is whether to wait for
+    instances that a stormy pool will likely take again soon.  They pay once the plan on what is
+    held falls short of ``choice`` by ``regrow_shortfall`` (replacements rented in batches, not
+    after every hit).  Finishing cheapest, the ranking's own choice runs: a plan on fewer GPUs is
+    mostly cheaper per sample, so waiting for the shortfall to grow would shrink the job to
+    nothing.  None: run ``choice``."""
     held = {k: min(n, rank.state.available.get(k, 0)) for k, n in rank.held.items()}
     held = {k: n for k, n in held.items() if n > 0}
-    if not held or rank.held_on_demand or choice.option.fits_in(held):
-        return None  # nothing held, a mixed plan (its markets are the candidates' job), or no rent
+    if rank.config.objective != "throughput" or not held or rank.held_on_demand or choice.option.fits_in(held):
+        return None  # cheapest, nothing held, a mixed plan (its markets are the candidates' job), or no rent
     options = [rank.of(o) for o in plan_fn(held) if o.fits_in(held) and not o.on_demand]
     alt, gave_up = rank.best(options)
     if alt is None or gave_up:
         return None
+    short = 1.0 - alt.effective_samples_per_s / choice.effective_samples_per_s
+    enough = regrow_shortfall(choice, alt, rates=rank.state.preemption_rate_per_s, shares=rank.state.preemption_share)
+    if short >= enough:
+        return None
     extra_s = choice.change_s - alt.change_s
     more = describe_gpus({k: n - alt.option.gpus.get(k, 0) for k, n in choice.option.gpus.items()
                           if n > alt.option.gpus.get(k, 0)})
-    if rank.config.objective == "cost":
-        if switch_pays(alt, choice, objective="cost", remaining=remaining, min_gain=rank.config.min_gain):
-            return None
-        tau, until = switch_window(alt, choice)
-        rule = f"would not pay within {tau / 60:.0f} min (until {until}, expected then)"
-        words = f"would not pay for their {extra_s:.0f} s before {until}"
-    else:
-        short = 1.0 - alt.effective_samples_per_s / choice.effective_samples_per_s
-        enough = regrow_shortfall(choice, alt, rates=rank.state.preemption_rate_per_s,
-                                  shares=rank.state.preemption_share)
-        if short >= enough:
-            return None
-        rule = (f"the plan on the GPUs held is {short:.0%} slower, and at "
-                f"{choice.hits_per_s * _S_PER_HR:.1f} preemptions/h new instances pay from {enough:.0%}")
-        words = (f"the plan on them is only {short:.0%} slower and, preempted {per_hour(choice.hits_per_s)}, the "
-                 f"{extra_s:.0f} s of new instances pay only from {enough:.0%} short (they are rented in batches)")
-    return (alt, f"not renting {more} for {choice.option.label} ({versus(choice, alt)}): {rule}",
-            f"restarted on the GPUs still held rather than wait for {more}: {words}")
+    return (alt, f"not renting {more} for {choice.option.label} ({versus(choice, alt)}): the plan on the GPUs "
+                 f"held is {short:.0%} slower, and at {choice.hits_per_s * _S_PER_HR:.1f} preemptions/h new "
+                 f"instances pay from {enough:.0%}",
+            f"restarted on the GPUs still held rather than wait for {more}: the plan on them is only {short:.0%} "
+            f"slower and, preempted {per_hour(choice.hits_per_s)}, the {extra_s:.0f} s of new instances pay "
+            f"only from {enough:.0%} short (they are rented in batches)")
 
 
 def _decide_failover(state, event, lost, broken, config, plan_fn, remaining) -> Decision:

@@ -213,6 +213,11 @@ def test_after_a_preemption_the_job_restarts_on_the_gpus_held_until_new_instance
     d = after_hit(12)   # 11 held, 31 % short: the replacements pay
     assert d.plan.gpus == {pool: 16} and "not renting" not in d.reason
     assert after_hit(16, rates={}).plan.gpus == {pool: 16}  # no storms seen: replaced at once
+    # Finishing cheapest, the ranking's choice runs: waiting for a shortfall would shrink the job away.
+    state = ControllerState(plan=linear_option({pool: 16}), available={pool: 16}, samples_target=1e7,
+                            preemption_rate_per_s=rates, preemption_share=shares)
+    d = decide(state, hit, config=ControllerConfig(**COSTS_CFG, objective="cost"), plan_fn=linear_planner)
+    assert "not renting" not in d.reason
 
 
 COSTS_CFG = {"save_s": COSTS.save_s, "provisioning_s": COSTS.provisioning_s, "startup_s": COSTS.startup_s}
