@@ -114,9 +114,11 @@ def test_a_job_whose_budget_runs_out_stops_cleanly(prefect_api):
     from flows.train_job import train_job
     from sailor_core.catalog.instances import catalog_offers
 
-    # Enough for ~40 s of the cheapest single-GPU instance: it starts, trains, and must stop in time.
+    # Enough for ~90 s of the cheapest single-GPU instance: it boots Sailor's wheel from the bucket,
+    # starts its workers (torch's import alone takes 10 s on a loaded 2-core machine), trains, and must
+    # stop in time (the controller keeps ~20 s for the stop and the shutdown).
     cheapest = min(o.spot_usd_per_hr for o in catalog_offers() if o.gpus_per_node == 1)
-    budget = cheapest * 40.0 / 3600.0
+    budget = cheapest * 90.0 / 3600.0
     summary = train_job(model="tiny", budget_usd=budget, steps=100_000, checkpoint_every_steps=5,
                         global_batch_size=8, cloud="embedded", max_gpus=1, max_gpus_per_zone=1)
     state = js.JobStore().load(summary["job_id"])
@@ -171,4 +173,31 @@ def test_an_interrupted_flow_run_is_continued_by_the_next_one(prefect_api):
     assert state.replans[1].at_step > 0, "the second flow run resumed from a checkpoint"
     assert state.replans[1].reason.startswith("a new flow run picked the job up")
     assert summary["usd_spent"] > spent_before
+    _assert_nothing_left(state)
+
+
+def test_a_plan_across_two_clouds_meets_at_public_addresses_through_the_jobs_rules(prefect_api):
+    """One T4 in AWS's us-east-1a and one in GCP's us-central1-a: the plan spans two clouds, so the
+    workers meet at their public addresses, each cloud's rule opened to exactly the peers; in the
+    embedded cloud's network namespaces (CI runs as root) nothing else would let them reach each other."""
+    import ipaddress
+
+    from flows.train_job import train_job
+    from infra.config import embedded_endpoints
+    from sailor_core.job.protocol import read_assignment
+
+    assert embedded_endpoints()["network"] == "netns", "the instances' own namespaces are needed here (root)"
+    steps = 4  # a batch of 1024: compute outweighs the slow link between the clouds, so the plan uses both
+    summary = train_job(model="tiny", budget_usd=0.05, steps=steps, checkpoint_every_steps=2, global_batch_size=1024,
+                        validation_fraction=0.0, validate_every_steps=0, cloud="embedded", gpus=("T4",), zones=("us-east-1a", "us-central1-a"), max_gpus=2,
+                        max_gpus_per_zone=1, job_id="tiny-two-clouds")
+    state = js.JobStore().load(summary["job_id"])
+    assert summary["status"] == "succeeded" and summary["steps"] == steps, summary
+    assert {(r.cloud, r.zone) for r in state.instances} == {("aws", "us-east-1a"), ("gcp", "us-central1-a")}
+    jobs_url = state.spec.checkpoint_url.rsplit("/checkpoints", 1)[0]
+    assigned = [read_assignment(jobs_url, r.instance_id) for r in state.instances]
+    masters = {a.master_addr for a in assigned if a is not None and a.master_addr}
+    assert len(masters) == 1, assigned
+    master = ipaddress.ip_address(masters.pop())
+    assert master in ipaddress.ip_network("100.64.0.0/10"), f"{master}: not a public address of the embedded cloud"
     _assert_nothing_left(state)
