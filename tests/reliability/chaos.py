@@ -41,6 +41,7 @@ from sailor_core import settings
 from sailor_core.errors import SailorError
 from sailor_core.runtime import faults
 from sailor_core.runtime.faults import FaultConfig
+from sailor_core.storage import open_storage
 
 KINDS = ("preempt", "preempt_zone", "kill_worker", "kill_flow", "delay_upload", "fail_upload",
          "corrupt_checkpoint")
@@ -138,7 +139,8 @@ class ChaosEnv:
 
     def start(self) -> ChaosEnv:
         self.home.mkdir(parents=True, exist_ok=True)
-        self._saved_env = {k: os.environ.get(k) for k in (settings.HOME_ENV, settings.CLOUDS_ENV)}
+        self._saved_env = {k: os.environ.get(k) for k in (settings.HOME_ENV, settings.CLOUDS_ENV, "AWS_ENDPOINT_URL_S3",
+                                                          "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}
         os.environ[settings.HOME_ENV] = str(self.home)  # this process queries the same cloud and jobs
         os.environ[settings.CLOUDS_ENV] = "embedded"
         from flows.cli.prefect_server import start_local_server
@@ -157,6 +159,9 @@ class ChaosEnv:
             state = standalone_state()
             if state is not None and state.get("pid") == self.cloud_proc.pid:
                 self.cloud = state
+                # This process reads the jobs' prefixes of the cloud's bucket (moto's S3: any keys do).
+                os.environ.update(AWS_ENDPOINT_URL_S3=state["aws_endpoint"], AWS_ACCESS_KEY_ID="testing",
+                                  AWS_SECRET_ACCESS_KEY="testing")
                 return self
             if self.cloud_proc.poll() is not None:
                 raise SailorError(f"embedded cloud exited; see {self.home / 'cloud.log'}")
@@ -217,7 +222,7 @@ class ChaosEnv:
 
 def _flow_params(job_id: str, *, steps: int, ckpt_every: int, budget_usd: float, seed: int) -> dict:
     return dict(model="tiny", budget_usd=budget_usd, steps=steps, checkpoint_every_steps=ckpt_every,
-                global_batch_size=8, cloud="embedded", max_gpus=2, max_gpus_per_zone=2, job_id=job_id,
+                global_batch_size=64, cloud="embedded", max_gpus=2, max_gpus_per_zone=2, job_id=job_id,
                 seed=seed)
 
 
@@ -232,19 +237,16 @@ def _start_flow(env: ChaosEnv, params: dict, log_path: Path) -> subprocess.Popen
 
 
 class _Watcher:
-    """What the agents report: their generations, live steps and worker pids."""
+    """What the agents report (in the job's prefix of the cloud's bucket): their generations, live steps
+    and worker pids."""
 
-    def __init__(self, jobs_url: str, job_id: str) -> None:
-        self.agents = Path(jobs_url) / job_id / "agents"
+    def __init__(self, env: ChaosEnv, job_id: str) -> None:
+        self.aws_endpoint, self.job_id = env.cloud["aws_endpoint"], job_id
 
     def statuses(self) -> list[dict]:
-        out = []
-        for p in self.agents.glob("*/status.json"):
-            try:
-                out.append(json.loads(p.read_text()))
-            except (OSError, ValueError):
-                continue
-        return out
+        from tasks.cloud import agent_reports
+
+        return agent_reports(self.job_id, aws_endpoint=self.aws_endpoint)
 
     def snapshot(self) -> tuple[int, int | None, list[int]]:
         """(highest generation, live step of it, its worker pids)."""
@@ -252,14 +254,19 @@ class _Watcher:
         if not sts:
             return -1, None, []
         gen = max(int(s.get("generation", -1)) for s in sts)
-        cur = [s for s in sts if int(s.get("generation", -1)) == gen and s.get("state") == "running"]
-        steps = [int(s["step"]) for s in cur if s.get("step") is not None]
+        of_gen = [s for s in sts if int(s.get("generation", -1)) == gen]
+        cur = [s for s in of_gen if s.get("state") == "running"]
+        # Its step even once it has ended: a short attempt may run to its end between two polls of the bucket.
+        steps = [int(s["step"]) for s in of_gen if s.get("step") is not None]
         pids = [int(p) for s in cur for p in (s.get("pids") or {}).values()]
         return gen, (max(steps) if steps else None), pids
 
 
-def _newest_committed(ckpt_dir: Path) -> Path | None:
-    dirs = sorted((d for d in ckpt_dir.glob("step_*") if (d / "MANIFEST.json").exists()), reverse=True)
+def _newest_committed(ckpt_url: str) -> str | None:
+    """The newest checkpoint directory with a manifest, in the job's bucket (where the instances keep them)."""
+    store = open_storage(ckpt_url)
+    dirs = sorted((d for d in store.list_dirs() if d.startswith("step_") and store.exists(f"{d}/MANIFEST.json")),
+                  reverse=True)
     return dirs[0] if dirs else None
 
 
@@ -275,7 +282,7 @@ def _running_instances(env: ChaosEnv, job_id: str) -> list[tuple[str, str]]:
     return [(r.instance_id, r.zone) for r in state.running_instances() if r.instance_id in live]
 
 
-def _fire(env: ChaosEnv, fault: Fault, job_id: str, pids: list[int], ckpt_dir: Path,
+def _fire(env: ChaosEnv, fault: Fault, job_id: str, pids: list[int], ckpt_dir: str,
           flow: subprocess.Popen, rng: random.Random) -> str | None:
     """Inject one fault; returns what was done, or None when it cannot be injected yet (retry later)."""
     if fault.kind in ("preempt", "preempt_zone"):
@@ -306,13 +313,17 @@ def _fire(env: ChaosEnv, fault: Fault, job_id: str, pids: list[int], ckpt_dir: P
         newest = _newest_committed(ckpt_dir)
         if newest is None or not pids:
             return None
-        layer = sorted(newest.glob("layer_*.pt"))[0]
-        data = bytearray(layer.read_bytes())
+        store = open_storage(f"{ckpt_dir}/{newest}")
+        manifest = json.loads(store.get("MANIFEST.json"))
+        names = sorted(n for n in manifest["files"] if n.startswith("layer_") and n.endswith(".pt"))
+        if not names:
+            return None
+        data = bytearray(store.get(names[0]))
         for i in range(len(data) // 2, min(len(data), len(data) // 2 + 16)):
             data[i] ^= 0xFF
-        layer.write_bytes(bytes(data))
+        store.put(names[0], bytes(data))
         os.kill(rng.choice(pids), signal.SIGKILL)
-        return f"corrupted {newest.name}/{layer.name}"
+        return f"corrupted {newest}/{names[0]}"
     raise SailorError(f"unknown fault kind {fault.kind!r}")
 
 
@@ -328,9 +339,11 @@ def run_trial(env: ChaosEnv, seed: int, *, steps: int = 20, ckpt_every: int = 4,
     params = {**_flow_params(job_id, steps=steps, ckpt_every=ckpt_every, budget_usd=budget_usd, seed=seed),
               **(flow_overrides or {})}
     store = js.JobStore(env.jobs_url())
-    ckpt_dir = Path(store.job_url(job_id)) / "checkpoints"
+    from tasks.cloud import EMBEDDED_BUCKET  # lazy: Prefect, for the trials only
+
+    ckpt_dir = f"s3://{EMBEDDED_BUCKET}/{job_id}/checkpoints"  # the job's prefix of the embedded cloud's bucket
     log_path = env.home / f"{job_id}.flow.log"
-    watcher = _Watcher(env.jobs_url(), job_id)
+    watcher = _Watcher(env, job_id)
     env.fault_file.unlink(missing_ok=True)
     t0 = time.time()
     flow = _start_flow(env, params, log_path)
@@ -421,7 +434,7 @@ def _executed_steps(env: ChaosEnv, state) -> tuple[int, list[str], dict[int, int
     resumed: list[str] = []
     max_step: dict[int, int] = {}
     for rec in state.instances:
-        agent = env.instance_dir(rec.instance_id) / "agent"
+        agent = env.instance_dir(rec.instance_id) / "root" / "agent"  # the instance's own disk
         for gen_dir in sorted(agent.glob("gen*"), key=lambda p: int(p.name[3:])):
             metrics = gen_dir / "metrics.jsonl"
             if metrics.exists():
@@ -460,7 +473,7 @@ def corrupt_resumes(corrupted: list[tuple[str, int]], resumed: list[str], max_st
     return bad
 
 
-def _final_params_diff(ckpt_dir: Path, ref_dir: Path, steps: int) -> tuple[float | None, bool | None, str]:
+def _final_params_diff(ckpt_dir: str | Path, ref_dir: Path, steps: int) -> tuple[float | None, bool | None, str]:
     import torch
 
     from sailor_core.runtime import checkpoint as ckpt
@@ -554,7 +567,7 @@ def _verify(env: ChaosEnv, store, job_id: str, *, seed: int, steps: int, ckpt_ev
         plans = {_numerics_key(r.plan) for r in state.replans}
         try:
             ref, ref_loss = _reference(env, state.plan, steps=steps, seed=seed, references=references)
-            diff, bitwise, why = _final_params_diff(Path(state.spec.checkpoint_url), ref, steps)
+            diff, bitwise, why = _final_params_diff(state.spec.checkpoint_url, ref, steps)
             if state.steps_done != steps or state.last_loss is None or \
                     abs(state.last_loss - ref_loss) > 1e-5 * max(1.0, abs(ref_loss)):
                 failures.append(f"job reports step {state.steps_done}, loss {state.last_loss}; "
