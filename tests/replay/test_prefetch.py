@@ -183,7 +183,7 @@ def test_the_single_type_pick_asks_what_the_replay_searches_ahead_for_it():
 def test_progress_follows_each_policy_through_simulated_time():
     trace = derive_preset("aws-3d", seed=1)
     seen = []
-    suite = run_policies(trace, model="opt-350m", tokens=6e10, policies=("ours", "static"), gpu_type="V100-16",
+    suite = run_policies(trace, model="opt-350m", tokens=1.5e10, policies=("ours", "static"), gpu_type="V100-16",
                          plan_fn=linear_planner, workers=0, progress=lambda *a: seen.append(a))
     for policy in ("ours", "static"):
         times = [t for p, t, _ in seen if p == policy]
