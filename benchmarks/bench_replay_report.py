@@ -65,7 +65,7 @@ def compare(run: dict, before: dict | None) -> None:
             p = {"time_h": r["time_to_train_s"] / 3600 if r["time_to_train_s"] else None, "usd": r["usd_spent"],
                  "useful_work_fraction": r["useful_work_fraction"], "num_replans": r["num_replans"],
                  "stop_reason": r["stop_reason"]}
-            print(f"| {pol}, before (b1b3bd7) | fastest | {_point(p)} |")
+            print(f"| {pol}, before (--before) | fastest | {_point(p)} |")
     print()
     print("Ours' Pareto front: " + "; ".join(f"{p['terms'].split(' (')[0]} {p['time_h']:.2f} h / {p['usd']:.2f} USD"
                                              for p in c["front"]) + ".")
