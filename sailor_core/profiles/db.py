@@ -4,11 +4,13 @@
 
 1. the stored profile of exactly that key;
 2. the same model measured on the same GPU at another (TP, mbs, seq): its measured times scaled
-   by the ratio of the analytic model's times (calibrated on this GPU) at the two keys;
+   by the ratio of the analytic model's times (calibrated on this GPU) at the two keys, read
+   between the measured micro-batch sizes of one (TP, seq) curve so that no layer's estimate
+   gets faster with a bigger micro-batch (``ProfileDB._scaled``);
 3. another model measured on the same GPU: the analytic model calibrated on this GPU;
 4. the same model measured on another GPU: that GPU's measured times scaled by the analytic
    ratio target/reference, using the reference GPU's calibration (the closest GPU in matmul
-   peak and memory bandwidth is the reference);
+   peak and memory bandwidth is the reference), read between micro-batch sizes as in 2;
 5. nothing about this GPU or model: the analytic model with the calibration of the closest
    profiled GPU (of another regime when none was measured under the requested one; uncalibrated
    defaults when nothing at all is profiled).
@@ -19,6 +21,7 @@ was derived from.  Answers are cached; the planner calls ``get`` many times per 
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import math
 from collections import Counter, defaultdict
@@ -41,8 +44,9 @@ def _positive_int(value: object, what: str) -> int:
     return value
 
 
-def _scaled(value: int, target: int, reference: int) -> int:
-    return int(round(value * target / reference)) if reference else target
+def _ratio(value: int, target: int, reference: int) -> float:
+    """``value`` scaled by target/reference (rounded by the caller, after blending)."""
+    return value * target / reference if reference else float(target)
 
 
 class ProfileDB:
@@ -169,8 +173,7 @@ class ProfileDB:
 
         own = usable(self._by_model_gpu.get((m, g), ()))
         if own:
-            ref = _nearest(own, tp, mbs, seq)
-            return self._scaled(ref, g, tp, mbs, seq, f"scaled from measured {_describe(ref)}")
+            return self._scaled(_reference_curve(own, tp, seq), g, tp, mbs, seq, "scaled from measured")
         on_gpu = usable(self._by_gpu.get(g, ()))
         if on_gpu:
             regime = reg or _most_common_regime(on_gpu)
@@ -184,8 +187,8 @@ class ProfileDB:
             # a measurement at the target's TP carries the reference's TP communication; use it
             # only when both GPUs have the same kind of link, else start from TP 1
             same_link = get_gpu(ref_gpu).intra_node_link == get_gpu(g).intra_node_link
-            ref = _nearest([p for p in of_model if p.gpu == ref_gpu], tp if same_link else 1, mbs, seq)
-            return self._scaled(ref, g, tp, mbs, seq, f"from {ref_gpu}, scaled from measured {_describe(ref)}")
+            curve = _reference_curve([p for p in of_model if p.gpu == ref_gpu], tp if same_link else 1, seq)
+            return self._scaled(curve, g, tp, mbs, seq, f"from {ref_gpu}, scaled from measured")
         anything = usable(p for ps in self._by_gpu.values() for p in ps)
         # a GPU and model nobody profiled: assume Sailor's own engine (the default regime)
         regime = reg or (DEFAULT_REGIME if any(p.regime == DEFAULT_REGIME for p in anything) or not anything
@@ -250,44 +253,89 @@ class ProfileDB:
             update_measured=False,
         )
 
-    def _scaled(self, ref: ModelProfile, g: str, tp: int, mbs: int, seq: int, why: str) -> ModelProfile:
-        """``ref``'s measured numbers scaled to (g, tp, mbs, seq) by the analytic model's ratios."""
+    def _scaled(self, curve: list[ModelProfile], g: str, tp: int, mbs: int, seq: int, why: str) -> ModelProfile:
+        """The measured ``curve`` (one GPU, TP and sequence length, by micro-batch size; see
+        ``_reference_curve``) carried to (g, tp, seq) and read at ``mbs``.
+
+        Each measured point becomes a point of the target: its numbers scaled layer by layer by
+        the analytic ratio target/reference at the point's own micro-batch size (so the model
+        only has to get the ratio right).  A point below one at a smaller size is raised to it:
+        more work never takes less time, whatever noise or launch-bound quirk the measurement
+        caught (H200 opt-350m ran mbs 2 faster than mbs 1).  The points are then read at ``mbs``:
+        between two, the value moves from one to the other as the target's analytic time moves
+        between their sizes; beyond either end, in proportion to that time.  The analytic time
+        never falls as the micro-batch grows, so neither does any layer's estimate.
+        """
+        ref = curve[0]
         cal = self.calibration(ref.gpu, ref.regime)
-        target_t = est.predict_model(ref.model, g, tp, mbs, seq, ref.regime, cal)
-        ref_t = est.predict_model(ref.model, ref.gpu, ref.tp_degree, ref.micro_batch_size, ref.seq_len, ref.regime, cal)
-        target_s = layer_shapes(ref.model, tp_degree=tp, seq_len=seq, regime=ref.regime)
-        ref_s = layer_shapes(ref.model, tp_degree=ref.tp_degree, seq_len=ref.seq_len, regime=ref.regime)
-        layers = []
-        for layer, (tf, tb), (rf, rb), ts, rs in zip(ref.layers, target_t, ref_t, target_s, ref_s, strict=True):
-            layers.append(
-                LayerProfile(
-                    fwd_s=layer.fwd_s * tf / rf if rf > 0 else tf,
-                    bwd_s=layer.bwd_s * tb / rb if rb > 0 else tb,
-                    params=_scaled(layer.params, ts.params, rs.params),
-                    activation_bytes=_scaled(
-                        layer.activation_bytes, ts.activation_bytes(mbs), rs.activation_bytes(ref.micro_batch_size)
-                    ),
-                    output_bytes=_scaled(layer.output_bytes, ts.output_bytes(mbs), rs.output_bytes(ref.micro_batch_size)),
-                    measured=False,
-                )
-            )
+        shapes = layer_shapes(ref.model, tp_degree=tp, seq_len=seq, regime=ref.regime)
+
+        def analytic(b: int) -> list[tuple[float, ...]]:
+            """Per layer, what the micro-batch size drives on the target: fwd s, bwd s, bytes."""
+            times = est.predict_model(ref.model, g, tp, b, seq, ref.regime, cal)
+            return [(f, bw, s.activation_bytes(b), s.output_bytes(b)) for (f, bw), s in zip(times, shapes, strict=True)]
+
+        points = _never_decreasing([self._scaled_point(p, g, tp, seq, shapes, cal) for p in curve])
+        sizes = [p.micro_batch_size for p in curve]
+        hi = bisect.bisect_left(sizes, mbs)  # the first measured size >= mbs
+        now = analytic(mbs)
+        if hi == len(sizes) or sizes[hi] == mbs or hi == 0:
+            at = min(hi, len(sizes) - 1)
+            used = [curve[at]]
+            values = _in_proportion(points[at], now, analytic(sizes[at]))
+        else:
+            at, lo = hi, hi - 1
+            used = [curve[lo], curve[hi]]
+            w = math.log(mbs / sizes[lo]) / math.log(sizes[hi] / sizes[lo])
+            values = _between(points[lo], points[hi], now, analytic(sizes[lo]), analytic(sizes[hi]), w)
         if g == ref.gpu:
-            rate, fixed, _ = ref.update_s_per_param, ref.update_fixed_s, None
+            rate, fixed = used[0].update_s_per_param, used[0].update_fixed_s
         else:
             rate, fixed, _ = self._update_rate(g, ref.regime)
+        layers = tuple(
+            LayerProfile(
+                fwd_s=f,
+                bwd_s=b,
+                params=params,
+                activation_bytes=int(round(a)),
+                output_bytes=int(round(o)),
+                measured=False,
+            )
+            for (f, b, a, o), (params, *_) in zip(values, points[at], strict=True)
+        )
         return ModelProfile(
             model=ref.model,
             gpu=g,
             tp_degree=tp,
             micro_batch_size=mbs,
             seq_len=seq,
-            layers=tuple(layers),
+            layers=layers,
             regime=ref.regime,
-            source=f"estimated: {why}",
+            source=f"estimated: {why} {_describe(used)}",
             update_s_per_param=rate,
             update_fixed_s=fixed,
             update_measured=False,
         )
+
+    def _scaled_point(
+        self, ref: ModelProfile, g: str, tp: int, seq: int, target_s: tuple[LayerShape, ...], cal: est.Calibration
+    ) -> list[tuple]:
+        """``ref``'s measured numbers per layer (params, fwd s, bwd s, activation and output bytes)
+        scaled to (g, tp, seq) at ``ref``'s own micro-batch size by the analytic model's ratios."""
+        b = ref.micro_batch_size
+        target_t = est.predict_model(ref.model, g, tp, b, seq, ref.regime, cal)
+        ref_t = est.predict_model(ref.model, ref.gpu, ref.tp_degree, b, ref.seq_len, ref.regime, cal)
+        ref_s = layer_shapes(ref.model, tp_degree=ref.tp_degree, seq_len=ref.seq_len, regime=ref.regime)
+        return [
+            (
+                int(round(_ratio(layer.params, ts.params, rs.params))),
+                layer.fwd_s * tf / rf if rf > 0 else tf,
+                layer.bwd_s * tb / rb if rb > 0 else tb,
+                _ratio(layer.activation_bytes, ts.activation_bytes(b), rs.activation_bytes(b)),
+                _ratio(layer.output_bytes, ts.output_bytes(b), rs.output_bytes(b)),
+            )
+            for layer, (tf, tb), (rf, rb), ts, rs in zip(ref.layers, target_t, ref_t, target_s, ref_s, strict=True)
+        ]
 
 
 def _layer_from_shape(shape: LayerShape, mbs: int, fwd_s: float, bwd_s: float) -> LayerProfile:
@@ -305,19 +353,61 @@ def _replace_names(p: ModelProfile, model: str, gpu: str) -> ModelProfile:
     return dataclasses.replace(p, model=model, gpu=gpu)
 
 
-def _nearest(profiles: list[ModelProfile], tp: int, mbs: int, seq: int) -> ModelProfile:
-    """The measured profile closest to the target: same TP first (TP changes communication),
-    then the closest micro-batch and sequence length on a log scale."""
+def _reference_curve(profiles: list[ModelProfile], tp: int, seq: int) -> list[ModelProfile]:
+    """The measured curve to scale from: the profiles of one (TP, sequence length), by micro-batch
+    size.  Same TP first (TP changes communication), then the closest TP and sequence length on a
+    log scale, then the curve with more points.  The target's micro-batch size plays no part, so
+    every micro-batch size of a target scales from the same curve: picking the nearest measured
+    profile switched curves (or points) as the size grew, and the estimate jumped down wherever
+    the measured/analytic ratio of the next point was lower (RTX-3090 tp 4 runs opt-350m mbs 16 at
+    0.59 of its analytic time and mbs 8 at 0.83: L4 and A10G at tp 4 got faster from mbs 11 to 12).
+    """
+    curves: dict[tuple[int, int], list[ModelProfile]] = defaultdict(list)
+    for p in profiles:
+        curves[(p.tp_degree, p.seq_len)].append(p)
 
-    def distance(p: ModelProfile) -> tuple:
-        return (
-            p.tp_degree != tp,
-            abs(math.log(p.tp_degree / tp)),
-            abs(math.log(p.micro_batch_size / mbs)) + abs(math.log(p.seq_len / seq)),
-            -p.micro_batch_size,  # ties: the larger measurement is less launch-bound
-        )
+    def distance(key: tuple[int, int]) -> tuple:
+        t, s = key
+        return (t != tp, abs(math.log(t / tp)), abs(math.log(s / seq)), -len(curves[key]), t, s)
 
-    return min(profiles, key=distance)
+    return sorted(curves[min(curves, key=distance)], key=lambda p: p.micro_batch_size)
+
+
+def _never_decreasing(points: list[list[tuple]]) -> list[list[tuple]]:
+    """Points of a curve (by micro-batch size; per layer: params, then fwd s, bwd s and bytes),
+    each number but params raised to its largest value at a smaller size: more work never
+    takes less."""
+    out: list[list[tuple]] = []
+    for point in points:
+        if out:
+            point = [(p, *map(max, now, before)) for (p, *now), (_, *before) in zip(point, out[-1], strict=True)]
+        out.append(point)
+    return out
+
+
+def _in_proportion(point: list[tuple], now: list[tuple], there: list[tuple]) -> list[tuple[float, ...]]:
+    """A point's numbers (params left out) carried to another micro-batch size in proportion to
+    the analytic values ``now`` / ``there``."""
+    return [
+        tuple(v * n / t if t > 0 else n for v, n, t in zip(values, n_layer, t_layer, strict=True))
+        for (_, *values), n_layer, t_layer in zip(point, now, there, strict=True)
+    ]
+
+
+def _between(
+    lo: list[tuple], hi: list[tuple], now: list[tuple], at_lo: list[tuple], at_hi: list[tuple], w: float
+) -> list[tuple[float, ...]]:
+    """Between two points (params left out): each number moves from ``lo``'s value to ``hi``'s by
+    the fraction of the way its analytic value has moved (``w``, the fraction in log size,
+    where the analytic value stays flat)."""
+    out = []
+    for (_, *v_lo), (_, *v_hi), n_layer, l_layer, h_layer in zip(lo, hi, now, at_lo, at_hi, strict=True):
+        row = []
+        for a, b, n, at_a, at_b in zip(v_lo, v_hi, n_layer, l_layer, h_layer, strict=True):
+            f = min(max((n - at_a) / (at_b - at_a), 0.0), 1.0) if at_b > at_a else w
+            row.append(a + (b - a) * f)
+        out.append(tuple(row))
+    return out
 
 
 def _most_common_regime(profiles: list[ModelProfile]) -> str:
@@ -328,8 +418,10 @@ def _regime_of(profiles: list[ModelProfile], gpu: str) -> str:
     return _most_common_regime([p for p in profiles if p.gpu == gpu])
 
 
-def _describe(p: ModelProfile) -> str:
-    return f"{p.gpu} tp {p.tp_degree} mbs {p.micro_batch_size} seq {p.seq_len} ({p.source})"
+def _describe(refs: list[ModelProfile]) -> str:
+    p = refs[0]
+    sizes = " and ".join(str(r.micro_batch_size) for r in refs)
+    return f"{p.gpu} tp {p.tp_degree} mbs {sizes} seq {p.seq_len} ({p.source})"
 
 
 def load_profile_db(paths: Iterable[str | Path]) -> ProfileDB:
