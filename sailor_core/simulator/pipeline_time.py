@@ -161,27 +161,27 @@ def _cycles_s(total: float, size: int, spread: float, pairs: int) -> float:
     return pairs * total / ((size - 1) * spread + 1)
 
 
-def _walk(stages: Sequence[StageTiming], link_s: Sequence[float], schedule: str) -> tuple[float, int]:
-    """The largest stage candidate ``T_k`` (module doc) and its stage."""
-    p = len(stages)
-    blocking = schedule == "blocking"
-    steps = [s.step_s for s in stages]
-    fwds = [s.fwd_s for s in stages]
-    counts = [s.num_microbatches for s in stages]
-    most = max(counts)
+def _warmups(counts: Sequence[int]) -> list[int]:
+    """``w_k`` per stage: the engine's lookahead is (P - k - 1) micro-batches of the widest stage,
+    and a stage warms up with at most all but one of its own."""
+    p = len(counts)
     fewest = min(counts)
-    half = [l / 2 for l in link_s]
-    lam_in = [0.0, *half]
-    lam_out = [*half, 0.0]
-    # warm-up forwards: the engine's lookahead is (P - k - 1) micro-batches of the widest stage
     w = [0] * p
     for k in range(p):
         n = counts[k]
         wk = int((p - k - 1) * n / fewest)
         w[k] = wk if wk < n - 1 else n - 1
-    # G_k, from the last stage back; C_k, the slowest cool-down pace from k to the end, per
-    # micro-batch of k (a stage with more replicas than k's backs each of k's micro-batches
-    # with a share of one of its steps)
+    return w
+
+
+def _ramps(steps: Sequence[float], fwds: Sequence[float], counts: Sequence[int], w: Sequence[int],
+           link_s: Sequence[float], lam_in: Sequence[float], lam_out: Sequence[float],
+           blocking: bool) -> tuple[list[float], list[float]]:
+    """``G_k`` and ``C_k`` per stage, from the last stage back (``G_k`` needs ``G_{k+1}``).
+    ``C_k`` is the slowest cool-down pace from k to the end per micro-batch of k: a stage with
+    more replicas than k's backs each of k's micro-batches with a share of one of its steps."""
+    p = len(steps)
+    most = max(counts)
     g = [0.0] * p
     cool = [0.0] * p
     nxt_g = nxt_b = 0.0
@@ -205,22 +205,31 @@ def _walk(stages: Sequence[StageTiming], link_s: Sequence[float], schedule: str)
         if c > slowest:
             slowest = c
         cool[k] = slowest * most / counts[k]
+    return g, cool
+
+
+def _steady(stages: Sequence[StageTiming], steps: Sequence[float], fwds: Sequence[float], counts: Sequence[int],
+            w: Sequence[int], link_s: Sequence[float], lam_in: Sequence[float], lam_out: Sequence[float],
+            blocking: bool) -> list[float]:
+    """``S_k`` per stage: its steady pairs after the first backward, paced by its own work and
+    links, or by a cycle through its neighbours when that is longer (one loop, no call per
+    stage: the planner evaluates this for every candidate plan)."""
+    p = len(stages)
     windows = _windows(steps, link_s)
-    best, where = -1.0, 0
-    before = 0.0
+    fewest = min(counts)
+    out = [0.0] * p
     for k in range(p):
         s = stages[k]
-        t, f = steps[k], fwds[k]
+        t, f, wk = steps[k], fwds[k], w[k]
         b = t - f
-        wk = w[k]
         own = s.repeat_s - wk * t
         # the busiest replica's steady pairs (n_k - 1 - w_k with one replica)
         busy_pairs = (s.repeat_s / t if t > 0 else 0.0) - wk
         if busy_pairs < 0:
             busy_pairs = 0.0
-        if blocking:
+        if blocking:  # both links, both ways, on every pair
             steady = (own if own > 0 else 0.0) + busy_pairs * 2 * (lam_in[k] + lam_out[k])
-        else:
+        else:  # an op waits for its own input's transfer only
             pace = f + lam_in[k]
             if b + lam_out[k] > pace:
                 pace = b + lam_out[k]
@@ -243,7 +252,29 @@ def _walk(stages: Sequence[StageTiming], link_s: Sequence[float], schedule: str)
                 cycles = pairs * (t + link_s[k] + steps[k + 1]) / (spread + 1)
                 if cycles > steady:
                     steady = cycles
-        t_k = before + g[k] + b + steady + wk * cool[k]
+        out[k] = steady
+    return out
+
+
+def _walk(stages: Sequence[StageTiming], link_s: Sequence[float], schedule: str) -> tuple[float, int]:
+    """The largest stage candidate ``T_k = B_k + G_k + b_k + S_k + w_k C_k`` (module doc) and its
+    stage."""
+    p = len(stages)
+    blocking = schedule == "blocking"
+    steps = [s.step_s for s in stages]
+    fwds = [s.fwd_s for s in stages]
+    counts = [s.num_microbatches for s in stages]
+    half = [l / 2 for l in link_s]
+    lam_in = [0.0, *half]
+    lam_out = [*half, 0.0]
+    w = _warmups(counts)
+    g, cool = _ramps(steps, fwds, counts, w, link_s, lam_in, lam_out, blocking)
+    steady = _steady(stages, steps, fwds, counts, w, link_s, lam_in, lam_out, blocking)
+    best, where = -1.0, 0
+    before = 0.0  # B_k
+    for k in range(p):
+        t = steps[k]
+        t_k = before + g[k] + (t - fwds[k]) + steady[k] + w[k] * cool[k]
         if t_k > best:
             best, where = t_k, k
         if k < p - 1:
