@@ -3,7 +3,7 @@
 ``simulate`` on example, hand-written and planned plans, ``sailor memory``'s figures, replays).
 
 The default run checks a quick subset (a few planner scenarios and optimality cases, every
-simulated plan, every memory case, the replays); ``-m slow`` checks everything.  After an
+simulated plan, every memory case, one replay); ``-m slow`` checks everything.  After an
 intended change of results, re-record with ``.venv/bin/python benchmarks/golden.py record``."""
 
 import sys
