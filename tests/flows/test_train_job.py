@@ -179,6 +179,8 @@ def test_an_interrupted_flow_run_is_continued_by_the_next_one(prefect_api):
     _assert_nothing_left(state)
 
 
+# ~55 s; the default run checks that the job's rules decide the rendezvous in tests/infra/test_faithful_cloud.py
+@pytest.mark.slow
 def test_a_plan_across_two_clouds_meets_at_public_addresses_through_the_jobs_rules(prefect_api):
     """One T4 in AWS's us-east-1a and one in GCP's us-central1-a: the plan spans two clouds, so the
     workers meet at their public addresses, each cloud's rule opened to exactly the peers; in the

@@ -19,6 +19,9 @@ from sailor_core.runtime.worker import EXIT_PEER_LOST, EXIT_PREEMPTED
 from .conftest import make_plan, sigterm_rank_after_step
 
 
+# 40 steps over two launches (~40 s): the default run resumes under another plan in test_hf_roundtrip and
+# keeps the recipe's schedule across a checkpoint in test_recipe
+@pytest.mark.slow
 def test_preempt_then_resume_under_another_plan(corpus, tmp_path):
     """Preempted in the middle of the warm-up, resumed under another plan with other recipe flags:
     the run continues the checkpoint's schedule exactly, on the same samples."""
