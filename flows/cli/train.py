@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import signal
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Optional
@@ -72,6 +74,7 @@ def train(
     choice = configure_prefect_env(start_server=not deployment)
     if not as_json and choice.source in ("started", "ephemeral"):
         out.print(f"[dim]{choice.describe()}[/dim]", highlight=False)
+    _sigint_interrupts()
     try:
         with live_display(enabled=not as_json, steps=spec.steps) as display:
             summary = (_run_deployment(params, choice, display) if deployment else _run_local(params, display))
@@ -89,6 +92,20 @@ def train(
         _print_summary(summary)
     if summary.get("status") not in ("succeeded", "stopped_budget"):
         raise typer.Exit(1)
+
+
+def _sigint_interrupts() -> None:
+    """SIGINT (Ctrl-C) raises KeyboardInterrupt here, whatever this process inherited.
+
+    Python keeps an ignored SIGINT it inherits, and parents pass one on: a shell without job
+    control (a script, a CI step) starts `cmd &` with SIGINT ignored, and its children inherit
+    that.  Then a SIGINT would do nothing: the job trains on and its instances bill until someone
+    kills the process by force, skipping the flow's cleanup.  SIGINT is how `sailor train` is cancelled, so
+    it always cancels: the flow saves the job as cancelled and terminates its instances.
+    """
+    if threading.current_thread() is threading.main_thread() \
+            and signal.getsignal(signal.SIGINT) in (signal.SIG_IGN, signal.SIG_DFL, None):
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def _with_local_data_resolved(spec: JobSpec) -> JobSpec:

@@ -96,6 +96,12 @@ def _runtime_pids(home: Path) -> set[int]:
     return home_pids(home, (b"sailor_core.runtime",))
 
 
+def _sigint_ignored() -> None:
+    """Start `sailor train` with SIGINT ignored, as a shell without job control (a script, a CI step)
+    starts `cmd &` and as this test's own runner may have left it: the Ctrl-C must still cancel."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def test_sigint_terminates_instances_and_workers(standalone_cloud, prefect_api):
     home, cloud = standalone_cloud
     err_path = home / "train.err"
@@ -104,7 +110,7 @@ def test_sigint_terminates_instances_and_workers(standalone_cloud, prefect_api):
             [sys.executable, "-m", "flows.cli.app", "train", "--budget-usd", "0.5", "--steps", str(STEPS),
              "--checkpoint-every", "50", "--job-id", JOB_ID, "--cloud", "embedded"],
             env=_env(home, prefect_api), cwd=str(ROOT), stdout=out, stderr=err, stdin=subprocess.DEVNULL,
-            start_new_session=True)
+            start_new_session=True, preexec_fn=_sigint_ignored)
     try:
         # Training, not just launching: instances running and rank 0's workers past a step.
         worker_pids: set[int] = set()
