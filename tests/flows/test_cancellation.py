@@ -102,6 +102,9 @@ def _sigint_ignored() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
+# ~1 min (a standalone cloud, a job that must be training first): -m slow; the default run interrupts a flow's
+# instances in test_network_profile_flow::test_ctrl_c_after_the_launch_terminates_the_instances
+@pytest.mark.slow
 def test_sigint_terminates_instances_and_workers(standalone_cloud, prefect_api):
     home, cloud = standalone_cloud
     err_path = home / "train.err"

@@ -25,7 +25,9 @@ import pytest
 
 from tests.flows.conftest import ROOT
 
-pytestmark = pytest.mark.e2e
+# One journey (deploy, a worker, train --deployment with a preemption, Chromium) takes ~2 min: -m slow.
+# The default run covers the flow through sailor train (test_train_job) and the server (test_prefect_server).
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 CHROMIUM = "/usr/bin/chromium"
 OUT = ROOT / "test-output"
 STEPS, PREEMPT_AT, BUDGET = 20, 8, 0.05

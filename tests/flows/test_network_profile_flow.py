@@ -83,6 +83,7 @@ def test_two_instances_in_one_zone_give_a_saved_profile_and_leave_nothing_runnin
     assert [r["bytes"] for r in rows] == [2**16, 2**18, 2**20]
 
 
+@pytest.mark.slow  # ~20 s; the flow in one zone is the default run's (test_two_instances_in_one_zone_...)
 def test_cross_zone_records_both_zones_and_is_not_saved_from_the_embedded_cloud_unless_asked(prefect_api):
     from flows.network_profile_flow import network_profile_flow
     from sailor_core.network._data import user_network_dir

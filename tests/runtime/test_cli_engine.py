@@ -6,7 +6,10 @@ import json
 import subprocess
 import sys
 
+import pytest
 
+
+@pytest.mark.slow  # ~15-25 s; the engine equals the reference in test_engine_reference's default case
 def test_engine_run_reference_json(tmp_path):
     plan = {"model": "tiny", "global_batch_size": 8, "micro_batch_size": 2,
             "stages": [{"layers": [0, 2], "replicas": [{"gpu": "cpu"}, {"gpu": "cpu"}]},
