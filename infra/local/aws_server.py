@@ -81,6 +81,9 @@ class MotoEC2:
         self._server = None
         self._thread: threading.Thread | None = None
         self._launch_lock = threading.Lock()  # capacity check + launch are one step
+        # moto's EC2 backends are one per process: another embedded cloud of this process (a test's beside
+        # the flow's) shares them, so each cloud sees only the instances launched through its own server.
+        self._launched: set[str] = set()
 
     # ---- server ------------------------------------------------------------------
 
@@ -127,8 +130,10 @@ class MotoEC2:
                 status, body = refusal
                 start_response(f"{status} Error", [("Content-Type", "text/xml"), ("Content-Length", str(len(body)))])
                 return [body]
+            launched = re.findall(r"<instanceId>(i-[0-9a-f]+)</instanceId>", body.decode("utf-8", "replace"))
+            self._launched.update(launched)
             if self.on_launch is not None:
-                self.on_launch(re.findall(r"<instanceId>(i-[0-9a-f]+)</instanceId>", body.decode("utf-8", "replace")))
+                self.on_launch(launched)
             self._changed()
             return [body]
         result = self._app(environ, start_response)
@@ -219,7 +224,7 @@ class MotoEC2:
         for region in self.regions:
             for _ in range(5):  # moto's dicts may change under us while a request is served
                 try:
-                    out.extend(self._backend(region).all_instances())
+                    out.extend(i for i in self._backend(region).all_instances() if i.id in self._launched)
                     break
                 except RuntimeError:
                     time.sleep(0.01)

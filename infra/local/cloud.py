@@ -148,12 +148,15 @@ class EmbeddedCloud:
         """Back to an empty cloud (tests share one): no instances, capacity or faults."""
         for inst in self.live_instances():
             self._end_now(inst)
+        mine = {inst.id for inst in self.aws.instances()}
         for region in self.aws_regions:
             backend = self.aws._backend(region)
             for inst in backend.all_instances():
-                if inst.state != "terminated":
+                if inst.id in mine and inst.state != "terminated":
                     inst.terminate()
-            backend.reservations.clear()
+            for rid, reservation in list(backend.reservations.items()):
+                if any(i.id in mine for i in reservation.instances):
+                    del backend.reservations[rid]
         with self.gce._lock:
             self.gce.instances.clear()
             self.gce.operations.clear()
