@@ -46,18 +46,13 @@ from sailor_core.controller.economics import (
 )
 from sailor_core.controller.options import CostPlanFn, GpuZone, PlanFn, PlanOption, describe_gpus, restrict
 from sailor_core.controller.reasons import explain, gpus_words, per_hour, plain_versus, versus, why_words
-from sailor_core.controller.state import (  # noqa: F401 - the controller's types, as policy's too
-    OBJECTIVES,
-    RATE_WINDOW_S,
-    STRATEGIES,
+from sailor_core.controller.state import (
     Action,
     ControllerConfig,
     ControllerState,
     Decision,
     Event,
     EventKind,
-    observed_preemption_rates_per_s,
-    rate_window_s,
 )
 
 _S_PER_HR = 3600.0

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sailor_core.controller.ledger import CostLedger
-from sailor_core.controller.policy import observed_preemption_rates_per_s
+from sailor_core.controller.state import observed_preemption_rates_per_s
 from sailor_core.errors import InputError
 from sailor_core.job.spec import JobSpec
 from sailor_core.settings import jobs_url

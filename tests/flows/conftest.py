@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from flows.cli.background import pid_alive as process_alive  # noqa: F401 - the tests' name for it
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -60,21 +61,6 @@ def prefect_api(sailor_home) -> str:
             os.environ.pop(k, None)
         else:
             os.environ[k] = v
-
-
-def process_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # A zombie (exited, not yet reaped) is not running.
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[-1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def home_pids(home, markers: tuple[bytes, ...]) -> set[int]:
