@@ -145,14 +145,17 @@ def test_the_train_job_session_makes_its_s3_checkpoint_bucket_private(moto_s3):
     """The flow's session opening is where buckets get made: any s3:// checkpoint or job URL."""
     import boto3
 
-    from sailor_core.job import state as js
-
     from sailor_core.job.spec import JobSpec
-    from tasks.cloud import close_session, open_session
+    from sailor_core.storage import open_storage
+    from tasks.cloud import close_session, open_session, stray_objects
 
     spec = JobSpec(model="tiny", budget_usd=1.0, steps=2, checkpoint_url="s3://sailor-flow-ckpt/j/ckpt")
     session = open_session("embedded", job_id="sec-job", jobs_url="/tmp/unused-jobs/sec-job", spec=spec)
     close_session(session)
+    # The session uploaded Sailor's wheel under sec-job/ in the embedded jobs bucket, which other
+    # tests' jobs share (they check that no object lies outside a known job): remove it.
+    open_storage(session.jobs_url.rsplit("/", 1)[0]).delete_dir("sec-job")
+    assert "sec-job/" not in stray_objects([])
     block = boto3.client("s3").get_public_access_block(Bucket="sailor-flow-ckpt")
     assert all(block["PublicAccessBlockConfiguration"].values())
 
