@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import itertools
 import json
+import logging
 import re
 import secrets
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -30,6 +32,8 @@ from infra.local.capacity import Capacity
 from infra.local.faults import Faults
 from sailor_core.catalog.instances import gpu_for_gcp_accelerator, instance_types
 from sailor_core.zones import parse_zone
+
+_log = logging.getLogger(__name__)
 
 API = "/compute/v1/projects/"
 _NAME = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
@@ -63,6 +67,19 @@ def _catalog_zones() -> dict[str, dict]:
         for n in (4, 8, 16, 32, 64):
             z["machine_types"].setdefault(f"n1-standard-{n}", None)
     return zones
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request, client_address) -> None:
+        """A client that hung up (an instance halted mid-request, a timed-out client) is routine;
+        anything else is logged, not printed: the fake runs inside `sailor train`, whose stderr
+        is the user's."""
+        exc = sys.exc_info()[1]
+        if isinstance(exc, (BrokenPipeError, ConnectionResetError)):
+            return
+        _log.warning("GCE fake: request from %s failed", client_address[0], exc_info=exc)
 
 
 class GCEFake:
@@ -140,8 +157,7 @@ class GCEFake:
             def do_PUT(self):  # the AWS-style metadata's IMDSv2 token
                 self._handle("PUT")
 
-        self._server = ThreadingHTTPServer((host, port), Handler)
-        self._server.daemon_threads = True
+        self._server = _Server((host, port), Handler)
         self._thread = threading.Thread(target=self._server.serve_forever, name="gce-fake", daemon=True)
         self._thread.start()
         return self.endpoint

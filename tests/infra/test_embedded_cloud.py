@@ -125,3 +125,29 @@ def test_real_clouds_without_credentials_fail_with_one_config_error(monkeypatch,
     monkeypatch.setenv("SAILOR_CLOUDS", "azure")
     with pytest.raises(CloudConfigError):
         get_providers()
+
+
+def test_a_client_hanging_up_on_the_gce_fake_prints_nothing(capfd):
+    """The fake runs inside `sailor train`: an instance halted mid-request (a reset connection)
+    must not put a server traceback on the user's terminal."""
+    import socket
+    import struct
+
+    from infra.local.gce_fake import GCEFake
+
+    fake = GCEFake()
+    host, port = fake.start("127.0.0.1", 0).removeprefix("http://").split(":")
+    try:
+        for _ in range(20):
+            with socket.create_connection((host, int(port))) as s:
+                s.sendall(b"GET /compute/v1/projects/sailor-local/zones HTTP/1.1\r\nHost: x\r\n\r\n")
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close = reset
+        try:  # and the path itself, in case no reset happened to reach a write above
+            raise BrokenPipeError(32, "Broken pipe")
+        except BrokenPipeError:
+            fake._server.handle_error(None, ("100.64.0.1", 1))
+        with urllib.request.urlopen(f"{fake.endpoint}/compute/v1/projects/sailor-local/zones") as r:
+            assert json.loads(r.read())["items"]  # still serving
+    finally:
+        fake.stop()
+    assert capfd.readouterr().err == ""
