@@ -7,6 +7,8 @@ their state. Preempting posts the metadata notice, SIGTERMs the instance's
 process group, waits ``notice_s``, SIGKILLs it, then ends the instance as the
 cloud would: EC2 terminated with ``Server.SpotInstanceTermination``, GCE
 TERMINATED with a ``compute.instances.preempted`` operation, then deleted.
+Only spot instances are preempted: capacity counts on-demand instances too (a full
+pool refuses both), but a drop reclaims spot capacity, as the clouds do.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ class LiveInstance:
     gpu: str | None
     num_gpus: int
     started_at: float
+    spot: bool = True  # on-demand instances are never preempted
 
 
 class EmbeddedCloud:
@@ -177,14 +180,16 @@ class EmbeddedCloud:
             if inst.state in LIVE:
                 gpu, n = gpus_of_type(inst.instance_type)
                 out.append(LiveInstance(cloud="aws", instance_id=inst.id, zone=inst.placement.zone, gpu=gpu,
-                                        num_gpus=n, started_at=self._first_seen(inst.id)))
+                                        num_gpus=n, started_at=self._first_seen(inst.id),
+                                        spot=inst.lifecycle == "spot"))
         with self.gce._lock:
             snapshot = list(self.gce.instances.items())
         for (zone, name), inst in snapshot:
             if inst["status"] in ("PROVISIONING", "STAGING", "RUNNING", "STOPPING"):
                 gpu, n = self.gce.gpus_of(inst)
                 out.append(LiveInstance(cloud="gcp", instance_id=name, zone=zone, gpu=gpu, num_gpus=n,
-                                        started_at=self._first_seen(name)))
+                                        started_at=self._first_seen(name),
+                                        spot=(inst.get("scheduling") or {}).get("provisioningModel") == "SPOT"))
         return out
 
     def _first_seen(self, instance_id: str) -> float:
@@ -197,20 +202,20 @@ class EmbeddedCloud:
     # ---- preemption --------------------------------------------------------------
 
     def preempt(self, instance_id: str, *, wait: bool = False, reason: str = "requested") -> bool:
-        """Reclaim one spot instance (after the notice period). False if not live."""
+        """Reclaim one spot instance (after the notice period). False if not live or on demand."""
         inst = self._find(instance_id)
-        thread = self._preempt(inst, reason=reason) if inst is not None else None
+        thread = self._preempt(inst, reason=reason) if inst is not None and inst.spot else None
         if thread is not None and wait:
             thread.join()
         return thread is not None
 
     def preempt_zone(self, zone: str, *, gpu: str | None = None, num_gpus: int | None = None,
                      wait: bool = False, reason: str = "requested") -> list[str]:
-        """Reclaim instances in ``zone`` (of ``gpu``), newest first, until ``num_gpus`` are taken."""
+        """Reclaim spot instances in ``zone`` (of ``gpu``), newest first, until ``num_gpus`` are taken."""
         zone = parse_zone(zone).name
         victims = sorted(
             (i for i in self.live_instances()
-             if i.zone == zone and (gpu is None or i.gpu == gpu) and i.instance_id not in self._preempting),
+             if i.spot and i.zone == zone and (gpu is None or i.gpu == gpu) and i.instance_id not in self._preempting),
             key=lambda i: -i.started_at,
         )
         taken, threads, chosen = 0, [], []
@@ -320,8 +325,8 @@ class EmbeddedCloud:
         for event in due:
             key = (event.gpu, event.zone)
             before = trace.counts_at(max(event.time_s - 1e-6, 0.0)).get(key, 0)
-            used = sum(i.num_gpus for i in self.live_instances()
-                       if (i.gpu, i.zone) == key and i.instance_id not in self._preempting)
+            used = sum(i.num_gpus for i in self.live_instances()  # an event reclaims spot capacity only
+                       if i.spot and (i.gpu, i.zone) == key and i.instance_id not in self._preempting)
             excess = used - max(before - event.num_gpus, 0)
             if excess > 0:
                 self.preempt_zone(event.zone, gpu=event.gpu, num_gpus=excess, reason="trace preemption event")
@@ -402,7 +407,7 @@ class EmbeddedCloud:
                 wait = bool(params.get("wait", False))
                 if params.get("instance_id"):
                     ok = self.preempt(str(params["instance_id"]), wait=wait)
-                    return (200, {"preempted": [params["instance_id"]]}) if ok else (404, {"error": "no such live instance"})
+                    return (200, {"preempted": [params["instance_id"]]}) if ok else (404, {"error": "no such live spot instance"})
                 ids = self.preempt_zone(str(params["zone"]), gpu=params.get("gpu"), num_gpus=params.get("num_gpus"), wait=wait)
                 return 200, {"preempted": ids}
             if route == "capacity":

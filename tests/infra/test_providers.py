@@ -92,6 +92,24 @@ def test_capacity_error_is_translated_and_the_next_zone_is_used(cloud, providers
     Provisioner({cloud_name: p}).teardown("job-c")
 
 
+def test_a_capacity_drop_reclaims_spot_instances_never_on_demand_ones(cloud, providers, cloud_name):
+    zone, _, itype, gpu = CASES[cloud_name]
+    p = providers[cloud_name]
+    labels = job_labels("job-m", 0)
+    (od,) = p.run_instances(zone=zone, instance_type=itype, count=1, labels=labels, spot=False)
+    (sp,) = p.run_instances(zone=zone, instance_type=itype, count=1, labels=labels, spot=True)
+    assert (od.spot, sp.spot) == (False, True)  # InstanceLifecycle / scheduling.provisioningModel, as the API says
+    p.wait_instances(labels, instance_ids=[od.instance_id, sp.instance_id], timeout_s=10)
+    assert not cloud.preempt(od.instance_id)  # the control surface's 404: no such live spot instance
+    cloud.set_capacity(gpu, zone, 0)  # the zone's capacity falls to nothing: only spot capacity is reclaimed
+    assert wait_until(lambda: [i.state for i in p.query_instances(labels) if i.instance_id == sp.instance_id]
+                      in ([PREEMPTED], []))
+    assert [(i.instance_id, i.state) for i in p.query_instances(labels, include_ended=False)] == [(od.instance_id, RUNNING)]
+    assert [e["instance_id"] for e in cloud.preemptions] == [sp.instance_id]
+    cloud.set_capacity(gpu, zone, None)
+    p.terminate_instances(labels)
+
+
 def test_throttling_and_server_errors_are_retried(cloud, providers, cloud_name):
     zone, _, itype, _ = CASES[cloud_name]
     p = providers[cloud_name]
