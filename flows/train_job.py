@@ -175,8 +175,8 @@ def _attempts(run: _Run, state: js.JobState) -> js.JobState:
             time.sleep(recovery.WAIT_S)
             continue
         rec = recovery.launched(rec)
-        if option is not decision.plan:  # moved by a zone failover: the GPUs it got count as available
-            available = recovery.available_with(available, option.gpus)
+        if option is not decision.plan:  # moved by a zone failover: the GPUs it got (either market) count as available
+            available = recovery.available_with(available, option.all_gpus())
         outcome, state = workers.watch_attempt(run.session, run.store, state, placed.assignments, planner=planner,
                                                available=available, current=option)
         state = run.save(state)

@@ -34,12 +34,15 @@ from sailor_core.zones import parse_zone
 @dataclass(frozen=True, slots=True, kw_only=True)
 class GpuNeed:
     """``num_gpus`` GPUs of one type in one zone (``None``: any zone), on nodes of at
-    least ``min_gpus_per_node`` (a replica's TP group must share a node)."""
+    least ``min_gpus_per_node`` (a replica's TP group must share a node), on the spot
+    market or on demand (``spot``; ``None``: the ``provision`` call's market, so a mixed
+    plan's on-demand nodes are rented in the same all-or-nothing call as its spot ones)."""
 
     gpu: str
     zone: str | None
     num_gpus: int
     min_gpus_per_node: int = 1
+    spot: bool | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "gpu", normalize_gpu_name(self.gpu))
@@ -200,8 +203,8 @@ class Provisioner:
 
         try:
             for need in needs:
-                got = None
-                for offer, count in self.candidates(need, offers, spot=spot, substitute_zones=substitute_zones):
+                got, on_spot = None, (spot if need.spot is None else need.spot)
+                for offer, count in self.candidates(need, offers, spot=on_spot, substitute_zones=substitute_zones):
                     region = (offer.cloud, offer.region)
                     if region in blocked_regions:
                         note(offer, count, "skipped", "quota exhausted in this region")
@@ -210,7 +213,7 @@ class Provisioner:
                     launched: list[InstanceInfo] = []
                     try:
                         launched = provider.run_instances(zone=offer.zone, instance_type=offer.instance_type,
-                                                          count=count, labels=labels, spot=spot,
+                                                          count=count, labels=labels, spot=on_spot,
                                                           startup_script=startup_script)
                         ready = provider.wait_instances(labels, timeout_s=self.wait_timeout_s,
                                                         instance_ids=[i.instance_id for i in launched])
@@ -224,7 +227,7 @@ class Provisioner:
                         note(offer, count, outcome, exc.code if outcome in ("capacity", "quota") and exc.code else str(exc))
                         continue
                     note(offer, count, "ok", f"{count * offer.gpus_per_node} x {offer.gpu}")
-                    got = Allocation(need=need, offer=offer, instances=tuple(ready), spot=spot)
+                    got = Allocation(need=need, offer=offer, instances=tuple(ready), spot=on_spot)
                     break
                 if got is None:
                     missing.append(need)

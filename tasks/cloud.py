@@ -512,7 +512,7 @@ def provision(session: CloudSession, state: js.JobState, nodes: Sequence[NodeReq
         reason = "preempted" if info is not None and info.state == "preempted" else "terminated"
         log.info("instance %s is %s in the cloud: not reused", r.instance_id, info.state if info else "gone")
         state = js.with_instances_ended(state, {r.instance_id}, reason)
-    running = [RunningInstance(instance_id=r.instance_id, zone=r.zone, instance_type=r.instance_type)
+    running = [RunningInstance(instance_id=r.instance_id, zone=r.zone, instance_type=r.instance_type, spot=r.spot)
                for r in usable]
     placement = match_instances(nodes, running)
     if placement.surplus:
@@ -521,7 +521,7 @@ def provision(session: CloudSession, state: js.JobState, nodes: Sequence[NodeReq
     history: tuple[str, ...] = ()
     placed: list[tuple[NodeRequest, InstanceInfo]] = []
     if placement.launch:
-        needs = [GpuNeed(gpu=n.gpu, zone=n.zone, num_gpus=len(n.ranks), min_gpus_per_node=len(n.ranks))
+        needs = [GpuNeed(gpu=n.gpu, zone=n.zone, num_gpus=len(n.ranks), min_gpus_per_node=len(n.ranks), spot=n.spot)
                  for n in placement.launch]
         result = launch_nodes(session, needs, state.attempt, list(offers), state.spec.spot)
         history = tuple(result.history_lines())

@@ -10,6 +10,12 @@ constraints (``JobSpec.objective``, ``min_throughput_samples_per_s``,
 plans come from the planner's throughput search, its cheapest (with the cost
 objective or a deadline) from its cost search, and the preemptions the job has
 seen per pool (its own instances') say which pools hold.
+
+A spot job with ``on_demand_gpus`` also offers the controller that many GPUs of
+each pool on demand (``on_demand_availability``): it may move the pools that keep
+preempting the job there (a mixed plan), and the nodes are then rented and priced
+on each replica's market.  The job's caps (``max_gpus_per_zone``, ``max_gpus``)
+count the GPUs of both markets: the planner is asked within them (``Planner.within``).
 """
 
 from __future__ import annotations
@@ -74,7 +80,7 @@ class OfferPricing:
     """A plan priced as the whole instances ``nodes_for_plan`` places it on, among ``offers``."""
 
     offers: tuple[Offer, ...]
-    spot: bool
+    spot: bool  # the job's market; a mixed plan's replicas say their own
 
     def nodes(self, plan) -> tuple[NodeRequest, ...]:
         return tuple(nodes_for_plan(plan, self.offers, spot=self.spot))
@@ -94,9 +100,35 @@ class Planner:
     cached: CachedPlanner
     pricing: OfferPricing
     cheap: CheapestPlanner | None = None
+    caps: Mapping[tuple[str, str], int] | None = None  # most GPUs per pool, of both markets (None: no caps)
 
     def __call__(self, available: Mapping[tuple[str, str], int]) -> tuple[PlanOption, ...]:
-        return self.cached(available)
+        return self.cached(self._capped(available))
+
+    def within(self, caps: Mapping[tuple[str, str], int]) -> Planner:
+        """This planner asked within ``caps``: the controller asks about spot and on-demand GPUs
+        together, which would double a pool the job may rent on either market."""
+        return dataclasses.replace(self, caps=dict(caps))
+
+    @property
+    def cost_plan_fn(self):
+        """``decide``'s ``cost_plan_fn``: the cheapest plans, within the caps (None: not asked)."""
+        return None if self.cheap is None else self._cheapest
+
+    def _cheapest(self, available: Mapping[tuple[str, str], int], floor: float | None = None
+                  ) -> tuple[PlanOption, ...]:
+        return self.cheap(self._capped(available), floor)
+
+    def _capped(self, available: Mapping[tuple[str, str], int]) -> dict[tuple[str, str], int]:
+        if self.caps is None:
+            return dict(available)
+        capped = {k: min(n, self.caps.get(k, 0)) for k, n in available.items()}
+        return {k: n for k, n in capped.items() if n > 0}
+
+    def priced(self, option: PlanOption) -> PlanOption:
+        """``option`` at the price of the whole instances it is rented as, each on its market (the
+        controller prices a pool moved on demand by the catalog's premium per GPU)."""
+        return dataclasses.replace(option, usd_per_hr=self.pricing(option.plan))
 
     @property
     def last_result(self) -> Any:
@@ -142,6 +174,14 @@ def _log_infeasible(exc: InfeasibleError) -> None:
     get_run_logger().warning("planner: %s", exc)
 
 
+def on_demand_availability(spec: JobSpec, available: Mapping[tuple[str, str], int]) -> dict[tuple[str, str], int]:
+    """On-demand GPUs the controller may rent per pool: ``spec.on_demand_gpus`` of each pool the job
+    may use (``available``: its caps), none for a job that rents spot only or nothing but on demand."""
+    if not spec.spot or spec.on_demand_gpus <= 0:
+        return {}
+    return {k: min(n, spec.on_demand_gpus) for k, n in available.items() if n > 0}
+
+
 def controller_state(state: js.JobState, *, available: Mapping[tuple[str, str], int],
                      current: PlanOption | None, now_unix_s: float) -> ControllerState:
     gbs = (state.plan or {}).get("global_batch_size") or state.spec.global_batch_size or 1
@@ -156,6 +196,7 @@ def controller_state(state: js.JobState, *, available: Mapping[tuple[str, str], 
         # What the replay's controller sees too, so both rank plans by expected restarts: here
         # the job's own preemptions (each one took GPUs of the job: the share is left at 1).
         preemption_rate_per_s=preemption_rates_per_s(state, now_unix_s),
+        on_demand_available=on_demand_availability(state.spec, available),
     )
 
 
@@ -183,13 +224,26 @@ def controller_config(shutdown_s: float, spec: JobSpec | None = None) -> Control
                             provisioning_s=CHANGE_COST_S / 2, startup_s=CHANGE_COST_S / 2, **terms)
 
 
+def controller_decision(planner: Planner, state: js.JobState, *, available: Mapping[tuple[str, str], int],
+                        event: Event, current: PlanOption | None, shutdown_s: float, now_unix_s: float) -> Decision:
+    """``decide`` on the job's terms: ``available`` are the job's caps per pool (spot, and on demand
+    as far as ``on_demand_gpus`` allows), the planner asked within them; a mixed plan chosen is
+    priced as its instances, each on its market (what the ledger will be charged)."""
+    planner = planner.within(available)
+    decision = decide(controller_state(state, available=available, current=current, now_unix_s=now_unix_s),
+                      event, config=controller_config(shutdown_s, state.spec), plan_fn=planner,
+                      cost_plan_fn=planner.cost_plan_fn)
+    if decision.plan is not None and decision.plan.on_demand and decision.plan is not current:
+        decision = dataclasses.replace(decision, plan=planner.priced(decision.plan))
+    return decision
+
+
 @task(name="decide", tags=["controller", "planner"], cache_policy=NO_CACHE)
 def decide_next(planner: Planner, state: js.JobState, *, available: Mapping[tuple[str, str], int],
                 event: Event, current: PlanOption | None, shutdown_s: float, now_unix_s: float) -> Decision:
     """The controller's decision (start, after a preemption, or on a timer), planning on ``available``."""
-    decision = decide(controller_state(state, available=available, current=current, now_unix_s=now_unix_s),
-                      event, config=controller_config(shutdown_s, state.spec), plan_fn=planner,
-                      cost_plan_fn=planner.cheap)
+    decision = controller_decision(planner, state, available=available, event=event, current=current,
+                                   shutdown_s=shutdown_s, now_unix_s=now_unix_s)
     get_run_logger().info("controller: %s (%s)", decision.action.value, decision.reason)
     return decision
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from sailor_core.controller import Action, Event, EventKind, decide
+from sailor_core.controller import Action, Event, EventKind
 from sailor_core.job import state as js
 from sailor_core.job.attempts import (
     LOST,
@@ -40,7 +40,7 @@ from sailor_core.job.protocol import (
 from sailor_core.job.spec import JobSpec
 from sailor_core.plan.layout import world_size
 from sailor_core.plan.types import plan_from_dict
-from tasks.control import controller_config, controller_state
+from tasks.control import controller_decision
 from tasks.reporting import progress_description
 
 BUDGET = "budget"  # outcome: the controller stops the job before the budget would be crossed
@@ -120,7 +120,10 @@ def assign(session, state: js.JobState, assignments: Sequence[Assignment], *, da
     data_url = session.data_url(data_url)  # a local file is copied to the job's bucket once
     inject = injection_doc(session, state, assignments)
     if inject is None and preemption_for_attempt(state) is not None:
-        get_run_logger().warning("--preempt-at is for the embedded cloud only; no preemption is injected here")
+        get_run_logger().warning("--preempt-at is for the embedded cloud only; no preemption is injected here"
+                                 if session.control_url is None else
+                                 "every node of this attempt is on demand (never preempted): --preempt-at waits "
+                                 "for an attempt with spot nodes")
     for a in assignments:
         doc = assignment_doc(state, a, master=master, master_port=port, data_url=data_url,
                              worker_args=session.worker_args(a), env=session.worker_env(a))
@@ -165,9 +168,10 @@ def preemption_for_attempt(state: js.JobState) -> int | None:
 def injection_doc(session, state: js.JobState, assignments: Sequence[Assignment]) -> InjectPreemption | None:
     """``inject_preemption`` for rank 0's agent (it sees every step as it is made), or None."""
     step = preemption_for_attempt(state)
-    if step is None or session.control_url is None:
+    spot = [a for a in assignments if a.node.spot]  # on-demand nodes are never preempted
+    if step is None or session.control_url is None or not spot:
         return None
-    victim = max(assignments, key=lambda a: a.node.ranks[0])  # never the rendezvous host when there is a choice
+    victim = max(spot, key=lambda a: a.node.ranks[0])  # never the rendezvous host when there is a choice
     return InjectPreemption(at_step=step, instance_id=victim.instance_id, control_url=session.control_url)
 
 
@@ -245,9 +249,8 @@ def watch_attempt(session, store: js.JobStore, state: js.JobState, assignments: 
         # while the spend so far, the next stretch and the shutdown still fit.
         if planner is not None and now - last_decide > DECIDE_EVERY_S:
             last_decide = now
-            decision = decide(controller_state(state, available=available, current=current, now_unix_s=now),
-                              Event(kind=EventKind.TIMER), config=controller_config(session.shutdown_s, state.spec),
-                              plan_fn=planner, cost_plan_fn=planner.cheap)
+            decision = controller_decision(planner, state, available=available, event=Event(kind=EventKind.TIMER),
+                                           current=current, shutdown_s=session.shutdown_s, now_unix_s=now)
             horizon_s = 2 * max(DECIDE_EVERY_S, CLOUD_POLL_S) + session.worker_stop_s
             if decision.action == Action.STOP or decision.stop_in_s <= horizon_s:
                 ledger = state.ledger()

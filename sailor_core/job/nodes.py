@@ -10,9 +10,12 @@ Pure functions the train-job flow uses between the planner and the clouds:
   TP=1 replicas rents one 8-GPU node where that is cheaper per GPU.  Each node
   is then rented as the cheapest shape that holds its GPUs (a node of 2 GPUs
   on a 2-GPU shape, not on the 4-GPU shape the packing used), and says why.
+  A node holds replicas of one market: a mixed plan's on-demand replicas
+  (``Replica.market``) get nodes of their own, rented and priced on demand.
 - ``match_instances``: which of the nodes are served by instances still
   running from the previous attempt (a re-plan keeps the survivors instead of
-  paying to start new ones), which must be launched, which are surplus.
+  paying to start new ones; a spot instance never serves an on-demand node, nor
+  the other way round), which must be launched, which are surplus.
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ class RunningInstance:
     instance_id: str
     zone: str
     instance_type: str
+    spot: bool = True
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -74,34 +78,43 @@ def _price(o: Offer, spot: bool) -> float:
 
 
 def nodes_for_plan(plan: Plan, offers: Sequence[Offer], *, spot: bool = True) -> list[NodeRequest]:
-    """The instances ``plan`` needs; InfeasibleError when a replica fits no offered instance type."""
-    groups: dict[tuple[str, str], list[tuple[int, int, int]]] = {}
+    """The instances ``plan`` needs, each on its replicas' market (``spot``: the job's, for
+    replicas that name none); InfeasibleError when a replica fits no offered instance type."""
+    groups: dict[tuple[str, str, bool], list[tuple[int, int, int]]] = {}
     for s, stage in enumerate(plan.stages):
         for r, rep in enumerate(stage.replicas):
-            groups.setdefault((rep.gpu, rep.zone), []).append((s, r, rep.tp_degree))
+            groups.setdefault((rep.gpu, rep.zone, rep.on_spot(spot)), []).append((s, r, rep.tp_degree))
     nodes: list[NodeRequest] = []
-    for (gpu, zone), replicas in groups.items():
-        here = [o for o in offers if o.gpu == gpu and o.zone == zone]
-        largest_tp = max(tp for _, _, tp in replicas)
-        sizes = sorted({o.gpus_per_node for o in here if o.gpus_per_node >= largest_tp})
-        if not sizes:
-            raise InfeasibleError(f"no instance type in {zone} has {largest_tp} {gpu} GPUs on one node")
-
-        def packed(size: int) -> list[tuple[list[tuple[int, int, int]], Offer, str]]:
-            return [(b, *_right_size(here, sum(tp for _, _, tp in b), len(b), spot))
-                    for b in _first_fit(replicas, size)]
-
-        # Whole nodes are paid for: the packing whose right-sized nodes cost least, then fewer nodes.
-        options = [packed(size) for size in sizes]
-        best = min(options, key=lambda p: (sum(_price(shape, spot) for _, shape, _ in p), len(p)))
-        for b, shape, why in best:
-            ranks = sorted(rk for s, r, _ in b for rk in replica_ranks(plan, s, r))
-            nodes.append(NodeRequest(
-                cloud=shape.cloud, zone=zone, instance_type=shape.instance_type, gpu=gpu,
-                gpus_per_node=shape.gpus_per_node, spot=spot, usd_per_hr=_price(shape, spot),
-                ranks=tuple(ranks), replicas=tuple(sorted((s, r) for s, r, _ in b)), why=why,
-            ))
+    for (gpu, zone, on_spot), replicas in groups.items():
+        nodes += _pool_nodes(plan, [o for o in offers if o.gpu == gpu and o.zone == zone], replicas,
+                             gpu=gpu, zone=zone, spot=on_spot)
     return sorted(nodes, key=lambda n: n.ranks[0])
+
+
+def _pool_nodes(plan: Plan, here: Sequence[Offer], replicas: list[tuple[int, int, int]], *, gpu: str, zone: str,
+                spot: bool) -> list[NodeRequest]:
+    """The nodes of one pool's replicas (stage, replica, tp) of one market, among its offers ``here``."""
+    largest_tp = max(tp for _, _, tp in replicas)
+    sizes = sorted({o.gpus_per_node for o in here if o.gpus_per_node >= largest_tp})
+    if not sizes:
+        raise InfeasibleError(f"no instance type in {zone} has {largest_tp} {gpu} GPUs on one node")
+
+    def packed(size: int) -> list[tuple[list[tuple[int, int, int]], Offer, str]]:
+        return [(b, *_right_size(here, sum(tp for _, _, tp in b), len(b), spot))
+                for b in _first_fit(replicas, size)]
+
+    # Whole nodes are paid for: the packing whose right-sized nodes cost least, then fewer nodes.
+    options = [packed(size) for size in sizes]
+    best = min(options, key=lambda p: (sum(_price(shape, spot) for _, shape, _ in p), len(p)))
+    nodes = []
+    for b, shape, why in best:
+        ranks = sorted(rk for s, r, _ in b for rk in replica_ranks(plan, s, r))
+        nodes.append(NodeRequest(
+            cloud=shape.cloud, zone=zone, instance_type=shape.instance_type, gpu=gpu,
+            gpus_per_node=shape.gpus_per_node, spot=spot, usd_per_hr=_price(shape, spot),
+            ranks=tuple(ranks), replicas=tuple(sorted((s, r) for s, r, _ in b)), why=why,
+        ))
+    return nodes
 
 
 def _first_fit(replicas: list[tuple[int, int, int]], capacity: int) -> list[list[tuple[int, int, int]]]:
@@ -135,13 +148,13 @@ def _right_size(here: Sequence[Offer], num_gpus: int, num_replicas: int, spot: b
 
 
 def match_instances(nodes: Sequence[NodeRequest], running: Iterable[RunningInstance]) -> Placement:
-    """Serve nodes with running instances of the same type and zone first; the rest is launched."""
-    pool: dict[tuple[str, str], list[str]] = {}
+    """Serve nodes with running instances of the same type, zone and market first; the rest is launched."""
+    pool: dict[tuple[str, str, bool], list[str]] = {}
     for inst in sorted(running, key=lambda i: i.instance_id):
-        pool.setdefault((inst.zone, inst.instance_type), []).append(inst.instance_id)
+        pool.setdefault((inst.zone, inst.instance_type, inst.spot), []).append(inst.instance_id)
     keep, launch = [], []
     for node in nodes:
-        ids = pool.get((node.zone, node.instance_type))
+        ids = pool.get((node.zone, node.instance_type, node.spot))
         if ids:
             keep.append((node, ids.pop(0)))
         else:

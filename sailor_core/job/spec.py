@@ -80,6 +80,11 @@ class JobSpec:
     max_gpus: int | None = option(2, help="most GPUs the job may rent at once", unit="GPUs")
     spot: bool = option(True, help="rent spot instances (else on demand)", cli=("--spot/--no-spot",))
     on_demand_fallback: bool = option(False, help="rent on-demand when no spot capacity is left")
+    on_demand_gpus: int = option(0, help="of each pool's GPUs (a GPU type in a zone), how many the controller may "
+                                         "rent on demand instead of spot: never preempted, at the on-demand price; "
+                                         "a re-plan moves the pools that keep preempting the job there when the "
+                                         "restarts saved are worth the premium (a mixed plan); 0: spot only",
+                                 unit="GPUs")
     dataset: str = option("synthetic", help="training tokens: a .bin/.u32.bin/.npy token file (a path, s3:// or gs:// "
                                             "URL; `sailor data prepare` makes one), or synthetic",
                           cli=("--data",), aliases=("--dataset",))
@@ -139,6 +144,10 @@ def _check(spec: JobSpec) -> None:
     if spec.objective not in OBJECTIVES:
         raise JobSpecError("objective", f"must be {' or '.join(OBJECTIVES)}, got {spec.objective!r}")
     at_least_one("max_gpus", spec.max_gpus, optional=True)
+    if spec.on_demand_gpus < 0:
+        raise JobSpecError("on_demand_gpus", f"must be at least 0, got {spec.on_demand_gpus}")
+    if spec.on_demand_gpus and not spec.spot:  # a job off spot rents every GPU on demand already
+        raise JobSpecError("on_demand_gpus", "is for spot jobs; without spot every GPU is rented on demand")
     at_least_one("global_batch_size", spec.global_batch_size, optional=True)
     at_least_one("checkpoint_every_steps", spec.checkpoint_every_steps)
     _check_data(spec.dataset)

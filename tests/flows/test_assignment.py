@@ -73,6 +73,29 @@ def test_survivors_of_the_same_type_and_zone_are_kept_and_the_rest_ended():
     assert placement.surplus == ("i-c",)
 
 
+def test_a_mixed_plan_rents_each_replica_on_its_market_priced_by_it():
+    # Four TP=1 replicas in one pool, the first stage's on demand: packed apart, never on one node.
+    from sailor_core.plan.types import with_on_demand
+
+    plan = with_on_demand(_plan([[1, 1], [1, 1]]), {("A100-40", ZONE): 2})
+    assert [r.market for s in plan.stages for r in s.replicas] == ["on_demand", "on_demand", "spot", "spot"]
+    offers = [_offer("x1", 1, 1.0), _offer("x2", 2, 1.5), _offer("x4", 4, 3.0)]
+    nodes = nodes_for_plan(plan, offers)
+    assert [(n.instance_type, n.ranks, n.spot, n.usd_per_hr) for n in nodes] == [
+        ("x2", (0, 1), False, 4.5), ("x2", (2, 3), True, 1.5)]
+    assert plan_usd_per_hr(nodes) == 6.0
+    # A spot job's plan with no market marked is all spot; an on-demand job's all on demand.
+    assert {n.spot for n in nodes_for_plan(_plan([[1, 1], [1, 1]]), offers)} == {True}
+    assert {(n.spot, n.usd_per_hr) for n in nodes_for_plan(_plan([[1, 1], [1, 1]]), offers, spot=False)} == {(False, 9.0)}
+    # A running spot instance never serves an on-demand node (nor the other way round).
+    running = [RunningInstance(instance_id="i-s", zone=ZONE, instance_type="x2"),
+               RunningInstance(instance_id="i-o", zone=ZONE, instance_type="x2", spot=False)]
+    placement = match_instances(nodes, running)
+    assert [(n.ranks, i) for n, i in placement.keep] == [((0, 1), "i-o"), ((2, 3), "i-s")]
+    placement = match_instances(nodes, running[:1])
+    assert [n.ranks for n in placement.launch] == [(0, 1)] and [i for _, i in placement.keep] == ["i-s"]
+
+
 def _status(gen: int, state: str, now: float = 100.0) -> AgentStatus:
     return AgentStatus(instance_id="i", generation=gen, state=AgentState(state), heartbeat_unix_s=now)
 

@@ -61,3 +61,52 @@ def test_the_recorded_reason_carries_the_controllers_economics_in_words():
     _, reason = recovery.choose(rec, decision)
     assert reason == ("spot preemption took 1 of 1 T4s; re-planned on 1 T4 in us-central1-b; "
                       "left T4 in us-central1-a unused (preempted 45 times an hour)")
+
+
+def test_a_spot_job_may_rent_each_pool_on_demand_up_to_its_on_demand_gpus():
+    from sailor_core.job.spec import JobSpecError
+    from tasks.control import on_demand_availability
+
+    avail = {("T4", "us-central1-a"): 2, ("T4", "us-central1-b"): 1}
+    s = js.new_job(JobSpec(model="tiny", budget_usd=1.0, on_demand_gpus=1), job_id="j3")
+    state = controller_state(s, available=avail, current=None, now_unix_s=s.created_unix_s)
+    assert state.on_demand_available == {("T4", "us-central1-a"): 1, ("T4", "us-central1-b"): 1}
+    assert on_demand_availability(JobSpec(budget_usd=1.0, on_demand_gpus=4), avail) == avail  # within the caps
+    assert on_demand_availability(JobSpec(budget_usd=1.0), avail) == {}  # spot only, the default
+    with pytest.raises(JobSpecError, match="on_demand_gpus is for spot jobs"):
+        JobSpec(budget_usd=1.0, spot=False, on_demand_gpus=1)
+    with pytest.raises(JobSpecError, match="on_demand_gpus must be at least 0"):
+        JobSpec(budget_usd=1.0, on_demand_gpus=-1)
+
+
+def test_after_a_preemption_the_flows_controller_moves_the_stormy_pool_on_demand_at_its_instances_price():
+    # Two zones of a T4 each; 256 samples a step train fastest on both.  Zone a preempted the job
+    # 20 s in: the re-plan keeps b on spot and rents a on demand, priced as the instances (the ledger's).
+    from sailor_core.catalog.instances import catalog_offers
+    from sailor_core.controller import Action, Event, EventKind
+    from tasks import control
+
+    zones = ("us-central1-a", "us-central1-b")
+    spec = JobSpec(model="tiny", budget_usd=0.05, steps=30, global_batch_size=256, gpus=("T4",), zones=zones,
+                   max_gpus=2, on_demand_gpus=1)
+    offers = catalog_offers(gpus=["T4"], zones=list(zones))
+    planner = control.job_planner(spec, offers)
+    available = control.availability(offers, max_gpus_per_zone=1, max_gpus=2)
+    s = js.new_job(spec, job_id="j4")
+    first = control.controller_decision(planner, s, available=available, event=Event(kind=EventKind.START),
+                                        current=None, shutdown_s=5.0, now_unix_s=s.created_unix_s)
+    assert first.plan.gpus == available and not first.plan.on_demand  # calm pools: all spot, within the caps
+    rec = dict(cloud="gcp", instance_type="n1-standard-4-t4x1", gpu="T4", num_gpus=1, usd_per_hr=0.15, spot=True,
+               attempt=1, launched_unix_s=s.created_unix_s)
+    s = js.with_instances_launched(s, tuple(js.InstanceRecord(instance_id=z, zone=z, **rec) for z in zones))
+    s = js.with_instances_ended(js.with_progress(s, last_checkpoint_step=5), {zones[0]}, "preempted",
+                                now_unix_s=s.created_unix_s + 20)
+    d = control.controller_decision(planner, s, available=available, event=Event(kind=EventKind.PREEMPTION),
+                                    current=None, shutdown_s=5.0, now_unix_s=s.created_unix_s + 21)
+    assert d.action == Action.REPLAN
+    assert (d.plan.gpus, d.plan.on_demand) == ({("T4", zones[1]): 1}, {("T4", zones[0]): 1})
+    nodes = planner.nodes(d.plan)
+    assert sorted((n.zone, n.spot) for n in nodes) == [(zones[0], False), (zones[1], True)]
+    by_zone = {o.zone: o for o in offers if o.instance_type == "n1-standard-4-t4x1"}
+    assert d.plan.usd_per_hr == pytest.approx(by_zone[zones[0]].on_demand_usd_per_hr
+                                              + by_zone[zones[1]].spot_usd_per_hr)
