@@ -79,7 +79,6 @@ class JobSpec:
     clouds: tuple[str, ...] = option((), help="allowed clouds: aws, gcp")
     max_gpus: int | None = option(2, help="most GPUs the job may rent at once", unit="GPUs")
     spot: bool = option(True, help="rent spot instances (else on demand)", cli=("--spot/--no-spot",))
-    on_demand_fallback: bool = option(False, help="rent on-demand when no spot capacity is left")
     on_demand_gpus: int = option(0, help="of each pool's GPUs (a GPU type in a zone), how many the controller may "
                                          "rent on demand instead of spot: never preempted, at the on-demand price; "
                                          "a re-plan moves the pools that keep preempting the job there when the "

@@ -258,6 +258,9 @@ def state_from_dict(data: Any) -> JobState:
         if data.get("version") != STATE_VERSION:
             raise InputError(f"job state version {data.get('version')!r} is not {STATE_VERSION}")
         spec_raw = dict(data["spec"])
+        # States written before --on-demand-gpus carry on_demand_fallback, an option that never
+        # did anything and is gone: those jobs still resume.
+        spec_raw.pop("on_demand_fallback", None)
         for key in ("clouds", "zones", "gpus", "preempt_at_steps"):
             spec_raw[key] = tuple(spec_raw.get(key) or ())
         spec = JobSpec(**spec_raw)

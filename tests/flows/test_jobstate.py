@@ -100,3 +100,12 @@ def test_preemption_rates_count_events_per_pool_since_the_first_launch():
     t = js.with_instances_launched(js.new_job(_spec(), job_id="j10"), (_instance("d", launched=0.0),))
     t = js.with_instances_ended(t, {"d"}, "terminated", now_unix_s=50.0)
     assert t.preemption_rates_per_s(now_unix_s=100.0) == {}
+
+
+def test_a_state_written_with_the_removed_on_demand_fallback_option_still_loads():
+    """--on-demand-fallback was declared but never did anything; --on-demand-gpus replaced it.
+    Jobs saved before keep resuming."""
+    s = js.new_job(_spec(), job_id="old")
+    data = json.loads(json.dumps(js.state_to_dict(s)))
+    data["spec"]["on_demand_fallback"] = False
+    assert js.state_from_dict(data) == s
