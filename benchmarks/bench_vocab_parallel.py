@@ -35,7 +35,7 @@ sys.path.insert(0, str(ROOT))
 from sailor_core.catalog.layers import layer_shapes  # noqa: E402
 from sailor_core.catalog.models import ModelSpec, get_model  # noqa: E402
 from sailor_core.regimes import get_regime  # noqa: E402
-from sailor_core.simulator.memory import LOSS_GRAD_BYTES_PER_LOGIT  # noqa: E402
+from sailor_core.simulator.memory import loss_working_bytes  # noqa: E402
 
 REGIME = "torch-bf16-autocast-adamw"
 MODELS = ("llama-3.2-1b", "llama-3-8b", "opt-350m", "gpt-neo-2.7b")
@@ -51,8 +51,8 @@ def memory_row(model: str, tp: int) -> dict:
     matrix = spec.embedding_dim * state
     head_t = layer_shapes(model, tp_degree=tp, seq_len=seq, regime=REGIME)[-1]
     head_1 = layer_shapes(model, tp_degree=1, seq_len=seq, regime=REGIME)[-1]
-    logits_rep = head_1.activation_bytes(1) + LOSS_GRAD_BYTES_PER_LOGIT * seq * spec.vocab_size
-    logits_split = head_t.activation_bytes(1) + LOSS_GRAD_BYTES_PER_LOGIT * seq * rows_split
+    logits_rep = head_1.activation_bytes(1) + loss_working_bytes(model, 1, 1, seq, regime)
+    logits_split = head_t.activation_bytes(1) + loss_working_bytes(model, tp, 1, seq, regime)
     matrices_one_stage = 1 if spec.tie_embeddings else 2  # embedding and head on one GPU
     return {
         "model": model, "tp": tp, "vocab": spec.vocab_size, "tied": spec.tie_embeddings,

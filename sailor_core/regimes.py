@@ -47,6 +47,16 @@ class TrainingRegime:
     # bytes read + written per parameter by one optimizer step (AdamW: weight, grad, 2 moments
     # read; weight and 2 moments written).
     optimizer_traffic_bytes_per_param: int
+    # What the loss holds per logit during its backward beyond the head's counted activations
+    # (``catalog/layers.py``: logits and probabilities): torch's cross-entropy allocates the fp32
+    # gradient of the log-probabilities and that of the logits (8 B); a cross-entropy that turns
+    # its saved softmax into the gradient in place (Megatron's idea, the engine's
+    # ``runtime/tp.py``) allocates none.
+    loss_working_bytes_per_logit: int
+    # Parameter-sized temporaries the optimizer step holds at once for one tensor: the
+    # single-tensor AdamW (``foreach=False``) computes ``exp_avg_sq.sqrt() / bias_correction``
+    # (two), a fused kernel none.  The step's peak is the largest tensor's.
+    optimizer_temp_tensors: int
 
     @property
     def state_bytes_per_param(self) -> int:
@@ -76,6 +86,9 @@ _REGIMES: dict[str, TrainingRegime] = {
             attention_kernel="eager",
             matmul_precision="tf32",
             optimizer_traffic_bytes_per_param=28,
+            # Sailor's memory rule (its validated check); DeepSpeed's fused Adam: no temporaries.
+            loss_working_bytes_per_logit=8,
+            optimizer_temp_tensors=0,
         ),
         TrainingRegime(
             name="torch-bf16-autocast-adamw",
@@ -95,6 +108,10 @@ _REGIMES: dict[str, TrainingRegime] = {
             attention_kernel="flash",
             matmul_precision="bf16",
             optimizer_traffic_bytes_per_param=28,
+            # data/measurements were taken with transformers' loss (torch's cross-entropy); for
+            # the engine's in-place one on a GPU this is an upper bound (docs/simulator.md).
+            loss_working_bytes_per_logit=8,
+            optimizer_temp_tensors=0,  # AdamW(fused=True) on CUDA (runtime/trainer.make_optimizer)
         ),
         TrainingRegime(
             name="torch-fp32-adamw",
@@ -116,6 +133,8 @@ _REGIMES: dict[str, TrainingRegime] = {
             attention_kernel="flash",
             matmul_precision="fp32",
             optimizer_traffic_bytes_per_param=28,
+            loss_working_bytes_per_logit=0,  # the engine's vocabulary-parallel cross-entropy
+            optimizer_temp_tensors=2,  # AdamW(foreach=False) on CPU (runtime/trainer.make_optimizer)
         ),
     )
 }

@@ -32,7 +32,7 @@ from sailor_core.planner.kinds import Kind
 from sailor_core.regimes import TrainingRegime
 from sailor_core.simulator import compose
 from sailor_core.simulator import stage as st
-from sailor_core.simulator.memory import dp_bucket_bytes, inflight_microbatches, stage_params_held
+from sailor_core.simulator.memory import dp_bucket_bytes, dp_synced_params, inflight_microbatches
 from sailor_core.simulator.tables import layer_table
 from sailor_core.simulator.pipeline_time import one_f_one_b, stage_timing
 
@@ -147,17 +147,19 @@ class FastSim:
                 self.network, sync_bytes, [zg for gpu, zone, n, tp in ring for zg in [(zone, gpu, tp)] * n])
         return hit
 
-    def _tied_s(self, first: tuple[Group, ...], last: tuple[Group, ...], regime: TrainingRegime) -> float:
-        """``simulate``'s embedding group sum (``stage.tied_sync_s``) of a plan whose first and last
-        stages have these groups."""
+    def _tied_sum(self, first: tuple[Group, ...], last: tuple[Group, ...], regime: TrainingRegime,
+              ) -> tuple[float, tuple[float, ...]]:
+        """``simulate``'s embedding group sum of a plan whose first and last stages have these
+        groups: its seconds (``stage.tied_sync_s``) and egress terms (``stage.tied_sync_egress_terms``)."""
         key = (first, last, regime.name)
         hit = self._tied.get(key)
         if hit is None:
             groups = (*first, *last)
             thinnest = min(groups, key=lambda g: g[0].tp_degree)[0]
-            hit = self._tied[key] = st.tied_sync_s(
-                self.network, st.tied_sync_bytes(thinnest.profile, regime),
-                [(zone, kind.gpu, kind.tp_degree) for kind, zone, n in groups for _ in range(n)])
+            tied_bytes = st.tied_sync_bytes(thinnest.profile, regime)
+            ring = [(zone, kind.gpu, kind.tp_degree) for kind, zone, n in groups for _ in range(n)]
+            hit = self._tied[key] = (st.tied_sync_s(self.network, tied_bytes, ring),
+                                     tuple(st.tied_sync_egress_terms(self.network, tied_bytes, ring)))
         return hit
 
     def _transfer_s(self, nbytes: int, ends: tuple) -> float:
@@ -268,6 +270,8 @@ class FastSim:
             rent, egress_terms = memo.get(key) or self._stage_costs(stage, nxt, num_mb, regime, key)
             rents.append(rent)
             egress.append(egress_terms)
+        if last > 0:  # the embedding group's sum, after the stages' terms as in simulate
+            egress.append(self._tied_sum(stages[0].groups, stages[last].groups, regime)[1])
         return compose.add_in_order(rents), compose.add_in_order(egress)
 
     def _stage(self, stage: FastStage, depth: int, regime: TrainingRegime, key: tuple) -> tuple:
@@ -322,9 +326,9 @@ class FastSim:
         peak, fits = 0, True
         for kind, count in ctx.kinds_counts:
             # simulate's stage_memory, without its breakdown
-            mem = kind.peak_bytes(a, b, inflight_microbatches(0, depth, count), regime)
+            mem = kind.peak_bytes(a, b, inflight_microbatches(0, depth, count), regime, count)
             if dp > 1:
-                mem += dp_bucket_bytes(stage_params_held(layer_table(kind.profile), a, b), regime, dp)
+                mem += dp_bucket_bytes(dp_synced_params(layer_table(kind.profile), a, b), regime, dp)
             if mem > peak:
                 peak = mem
             fits = fits and mem <= kind.capacity_bytes
@@ -383,7 +387,8 @@ class FastSim:
             rents.append(rent)
             egress.append(egress_terms)
         if num_stages > 1:  # the embedding group's sum ends the first and the last stage
-            tied = self._tied_s(stages[0].groups, stages[last].groups, regime)
+            tied, tied_egress = self._tied_sum(stages[0].groups, stages[last].groups, regime)
+            egress.append(tied_egress)  # after the stages' terms, as in simulate
             if tied > 0:
                 ends[0] += tied
                 ends[last] += tied

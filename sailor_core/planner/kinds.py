@@ -14,7 +14,7 @@ from sailor_core.catalog.models import get_model
 from sailor_core.errors import ProfileError
 from sailor_core.profiles.types import ModelProfile
 from sailor_core.regimes import TrainingRegime, get_regime
-from sailor_core.simulator.memory import head_loss_bytes, stage_peak_bytes
+from sailor_core.simulator.memory import profile_head_logits, stage_peak_bytes
 from sailor_core.simulator.tables import LayerTable, layer_table
 
 
@@ -31,8 +31,8 @@ class Kind:
     comp_cum: list[float]
     num_layers: int
     max_end_memo: dict[tuple[int, int], int] = field(default_factory=dict)  # max_end by (start, K), read in split's hot loop
-    _table: LayerTable | None = None  # the profile's, set with _loss_bytes on first use
-    _loss_bytes: int = -1
+    _table: LayerTable | None = None  # the profile's, set with _head_logits on first use
+    _head_logits: int = -1  # logits of one micro-batch on its LM head (memory.profile_head_logits)
 
     def time_s(self, start: int, end: int) -> float:
         return self.comp_cum[end] - self.comp_cum[start]
@@ -49,13 +49,16 @@ class Kind:
     def fits(self, start: int, end: int, num_inflight: int) -> bool:
         return self.peak_bytes(start, end, num_inflight) <= self.capacity_bytes
 
-    def peak_bytes(self, start: int, end: int, num_inflight: int, regime: TrainingRegime | None = None) -> int:
+    def peak_bytes(self, start: int, end: int, num_inflight: int, regime: TrainingRegime | None = None,
+                   num_microbatches: int = 0) -> int:
         """``stage_memory(...).peak_bytes`` of one GPU holding layers [start, end) with K in flight,
-        under ``regime`` (default: the kind's), without building the breakdown."""
-        if self._loss_bytes < 0:
+        under ``regime`` (default: the kind's), its replica running ``num_microbatches`` (0: more
+        than K), without building the breakdown."""
+        if self._head_logits < 0:
             self._table = layer_table(self.profile)
-            self._loss_bytes = head_loss_bytes(self.profile)
-        return stage_peak_bytes(self._table, start, end, num_inflight, regime or self.regime, self._loss_bytes)
+            self._head_logits = profile_head_logits(self.profile)
+        return stage_peak_bytes(self._table, start, end, num_inflight, regime or self.regime, self._head_logits,
+                                num_microbatches)
 
     def max_end(self, start: int, num_inflight: int) -> int:
         """Largest ``end`` such that layers [start, end) fit with K in flight; ``start`` if none does.

@@ -166,7 +166,7 @@ def _layers_by_differencing(model: str, mbs: int, seq: int, full: dict, short: d
     act_l = int(full["peak_alloc_bytes"]) - int(full["static_bytes"])
     act_2 = int(short["peak_alloc_bytes"]) - int(short["static_bytes"])
     block_act = (act_l - act_2) / span
-    rest_act = act_2 - 2 * block_act - loss_working_bytes(model, 1, mbs, seq)
+    rest_act = act_2 - 2 * block_act - loss_working_bytes(model, 1, mbs, seq, regime)
     if block_act <= 0 or rest_act <= 0:
         raise ProfileError(f"{where}: differencing peak memory of the two depths gives non-positive activations")
     shapes = layer_shapes(model, tp_degree=1, seq_len=seq, regime=regime)

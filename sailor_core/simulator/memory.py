@@ -52,10 +52,6 @@ from sailor_core.regimes import TrainingRegime
 from sailor_core.simulator.compose import BLOCKING_P2P_REGIMES
 from sailor_core.simulator.tables import LayerTable, layer_table
 
-# fp32 gradient of the log-probabilities + fp32 gradient of the logits.
-LOSS_GRAD_BYTES_PER_LOGIT = 2 * 4
-
-
 @dataclass(frozen=True, slots=True, kw_only=True)
 class MemoryBreakdown:
     """Peak memory of one GPU, by part (bytes)."""
@@ -68,11 +64,12 @@ class MemoryBreakdown:
     num_inflight: int
     capacity_bytes: int
     comm_bytes: int = 0  # receive buffers posted ahead, the data-parallel gradient buckets
+    optimizer_working_bytes: int = 0  # the optimizer step's temporaries (when the step is the peak)
 
     @property
     def peak_bytes(self) -> int:
         return (self.state_bytes + self.activation_bytes + self.loss_working_bytes + self.comm_bytes
-                + self.overhead_bytes)
+                + self.optimizer_working_bytes + self.overhead_bytes)
 
     @property
     def allocated_bytes(self) -> int:
@@ -90,6 +87,7 @@ class MemoryBreakdown:
             "activation_bytes": self.activation_bytes,
             "loss_working_bytes": self.loss_working_bytes,
             "comm_bytes": self.comm_bytes,
+            "optimizer_working_bytes": self.optimizer_working_bytes,
             "overhead_bytes": self.overhead_bytes,
             "num_params": self.num_params,
             "num_inflight": self.num_inflight,
@@ -107,14 +105,32 @@ def inflight_microbatches(stage_index: int, num_stages: int, num_microbatches: i
     return max(1, min(int((num_stages - stage_index - 1) * lookahead_scale) + 1, num_microbatches))
 
 
-def loss_working_bytes(model: str, tp_degree: int, micro_batch_size: int, seq_len: int) -> int:
-    vocab_rows = -(-get_model(model).vocab_size // tp_degree)
-    return LOSS_GRAD_BYTES_PER_LOGIT * micro_batch_size * seq_len * vocab_rows
+def loss_working_bytes(model: str, tp_degree: int, micro_batch_size: int, seq_len: int,
+                       regime: TrainingRegime) -> int:
+    """What the loss of one micro-batch holds during its backward beyond the head's activations."""
+    return regime.loss_working_bytes_per_logit * head_logits(model, tp_degree, micro_batch_size, seq_len)
 
 
-def head_loss_bytes(profile: ModelProfile) -> int:
-    """Loss working memory of the GPU of ``profile``'s (GPU, TP) that holds the LM head."""
-    return loss_working_bytes(profile.model, profile.tp_degree, profile.micro_batch_size, profile.seq_len)
+def head_logits(model: str, tp_degree: int, micro_batch_size: int, seq_len: int) -> int:
+    """Logits one GPU's LM head computes for one micro-batch: its ``ceil(V / tp)`` vocabulary rows."""
+    return micro_batch_size * seq_len * -(-get_model(model).vocab_size // tp_degree)
+
+
+def profile_head_logits(profile: ModelProfile) -> int:
+    """``head_logits`` of ``profile``'s (GPU, TP, micro-batch, sequence)."""
+    return head_logits(profile.model, profile.tp_degree, profile.micro_batch_size, profile.seq_len)
+
+
+@lru_cache(maxsize=1024)
+def largest_tensor_params(model: str, tp_degree: int, holds_vocab: bool) -> int:
+    """Elements of the largest parameter tensor one GPU holds (the optimizer step's temporaries
+    are its size): a vocabulary matrix (embedding, LM head or a tied copy) when the stage holds
+    one, else a block's FFN or attention projection (``runtime/model.py``'s shards)."""
+    spec = get_model(model)
+    h = spec.hidden_size
+    block = max(-(-spec.ffn_size // tp_degree), spec.num_heads * spec.head_dim // tp_degree) * h
+    vocab = -(-spec.vocab_size // tp_degree) * spec.embedding_dim if holds_vocab else 0
+    return max(block, vocab)
 
 
 def tied_copy_params(profile: ModelProfile) -> int:
@@ -134,29 +150,71 @@ def _tied_copy_params(model: str, tp_degree: int, head_params: int) -> int:
 
 def stage_memory_parts(
     table: LayerTable, layer_start: int, layer_end: int, num_inflight: int, regime: TrainingRegime,
-    loss_bytes: int,
-) -> tuple[int, int, int, int, int, int]:
-    """(params, state, activation, loss working, overhead, p2p buffers) bytes of one GPU holding layers
-    [start, end) with K in flight; ``loss_bytes`` is ``head_loss_bytes`` of the profile (counted
-    only when the stage holds the head); params include a tied copy (``tied_copy_params``) when
-    the stage holds the head without layer 0.  The memory model's arithmetic, in one place: the
-    breakdown (``stage_memory``) and the planner's bare peak (``stage_peak_bytes``) both use it."""
+    head_logits: int, num_microbatches: int = 0,
+) -> tuple[int, int, int, int, int, int, int]:
+    """(params, state, activation, loss working, overhead, p2p buffers, optimizer working) bytes of
+    one GPU holding layers [start, end) with K in flight, at its peak: the larger of the peak
+    while activations are held (``_activation_peak``) and the optimizer step's (weights,
+    gradients, optimizer state and the step's temporaries for the largest tensor; no activation
+    or p2p buffer is alive then).  ``head_logits``: ``profile_head_logits`` of the profile
+    (counted only when the stage holds the head); ``num_microbatches``: those of the replica (0:
+    more than K).  The memory model's arithmetic, in one place: the breakdown (``stage_memory``)
+    and the planner's bare peak (``stage_peak_bytes``) both use it."""
     num_params = stage_params_held(table, layer_start, layer_end)
     holds_head = layer_end == len(table.output_bytes)
+    state = num_params * regime.state_bytes_per_param
+    kept_state, act, loss, comm = _activation_peak(table, layer_start, layer_end, num_inflight, regime,
+                                                   head_logits if holds_head else 0, num_microbatches)
+    overhead = regime.constant_overhead_bytes
+    temps = 0
+    if regime.optimizer_temp_tensors:
+        largest = largest_tensor_params(table.profile.model, table.profile.tp_degree,
+                                        layer_start == 0 or holds_head)
+        temps = regime.optimizer_temp_tensors * largest * regime.weight_bytes_per_param
+    if state + temps > kept_state + act + loss + comm:  # the optimizer step is the peak
+        return num_params, state, 0, 0, overhead, 0, temps
+    return num_params, kept_state, act, loss, overhead, comm, 0
+
+
+def _activation_peak(
+    table: LayerTable, layer_start: int, layer_end: int, num_inflight: int, regime: TrainingRegime,
+    head_logits: int, num_microbatches: int,
+) -> tuple[int, int, int, int]:
+    """(state, activation, loss working, p2p buffers) bytes while a stage holds activations.
+
+    Gradients exist from the iteration's first backward to the optimizer step (the engine sets
+    them to None after it).  When a replica has more micro-batches than it holds in flight, a
+    forward runs after its first backward: K micro-batches' activations beside every gradient.
+    Otherwise all its forwards run first: the peak is in its first backward, which frees a
+    layer's activations and makes its gradients layer by layer from the last (the layer that runs
+    backward holds both), with the K - 1 other micro-batches' activations alive.
+    """
+    num_params = stage_params_held(table, layer_start, layer_end)
+    state = num_params * regime.state_bytes_per_param
+    grad_bytes = regime.grad_bytes_per_param
     # A stage that sends keeps each micro-batch's output until its gradient comes back (no layer
     # of the stage saves it for its own backward); receive buffers: the next input's, posted a
     # step ahead, and the gradient of the stage's output (``runtime/trainer.py``, DeepSpeed's
     # pipe buffers alike).
+    holds_head = layer_end == len(table.output_bytes)
     sent = 0 if holds_head else table.output_bytes[layer_end - 1]
     received = table.output_bytes[layer_start - 1] if layer_start > 0 else 0
-    return (
-        num_params,
-        num_params * regime.state_bytes_per_param,
-        num_inflight * (table.act_cum[layer_end] - table.act_cum[layer_start] + sent),
-        loss_bytes if holds_head else 0,
-        regime.constant_overhead_bytes,
-        received + sent,
-    )
+    comm = received + sent
+    act_cum, params_cum = table.act_cum, table.params_cum
+    one = act_cum[layer_end] - act_cum[layer_start] + sent
+    loss = regime.loss_working_bytes_per_logit * head_logits
+    if num_microbatches == 0 or num_microbatches > num_inflight:
+        return state, num_inflight * one, loss, comm
+    kept = state - num_params * grad_bytes
+    others = (num_inflight - 1) * one
+    best = (-1, 0, 0, 0)
+    for layer in range(layer_end - 1, layer_start - 1, -1):
+        act = others + act_cum[layer + 1] - act_cum[layer_start] + sent
+        grads = (num_params - (params_cum[layer] - params_cum[layer_start])) * grad_bytes
+        layer_loss = loss if layer == layer_end - 1 else 0  # the loss runs backward with the head
+        if act + grads + layer_loss > best[0]:
+            best = (act + grads + layer_loss, kept + grads, act, layer_loss)
+    return best[1], best[2], best[3], comm
 
 
 def stage_params_held(table: LayerTable, layer_start: int, layer_end: int) -> int:
@@ -168,10 +226,29 @@ def stage_params_held(table: LayerTable, layer_start: int, layer_end: int) -> in
     return num_params
 
 
+def tied_params_summed_apart(table: LayerTable, layer_start: int, layer_end: int) -> int:
+    """Parameters of a tied embedding matrix one GPU holding layers [start, end) sums in the
+    embedding group instead of its stage's DP sync: layer 0's matrix on a first stage that does
+    not hold the head, the copy on a last stage that does not hold layer 0 (the engine's
+    ``_dp_params``); 0 for a stage holding both (one stage: no embedding group) or neither."""
+    if (layer_start == 0) == (layer_end == len(table.output_bytes)):
+        return 0
+    if layer_start == 0:  # layer 0's parameters include its matrix (a hand-made profile may not)
+        return min(tied_copy_params(table.profile), table.params_cum[1])
+    return tied_copy_params(table.profile)
+
+
+def dp_synced_params(table: LayerTable, layer_start: int, layer_end: int) -> int:
+    """Parameters whose gradients one GPU holding layers [start, end) sums over its stage's
+    replicas: all it holds but a tied matrix the embedding group sums (``tied_params_summed_apart``)."""
+    return stage_params_held(table, layer_start, layer_end) - tied_params_summed_apart(table, layer_start, layer_end)
+
+
 def dp_bucket_bytes(num_params: int, regime: TrainingRegime, dp_degree: int) -> int:
-    """The engine's data-parallel gradient buckets: a flat copy of the stage's gradients kept for
-    the whole run (``runtime/trainer.py``, as DDP keeps its buckets); none with one replica, and
-    none counted for DeepSpeed (Sailor's profiles: its constant reserve holds its buffers)."""
+    """The engine's data-parallel gradient buckets for ``num_params`` (``dp_synced_params``): a flat
+    copy of those gradients kept for the whole run (``runtime/trainer.py``, as DDP keeps its
+    buckets); none with one replica, and none counted for DeepSpeed (Sailor's profiles: its
+    constant reserve holds its buffers)."""
     if dp_degree <= 1 or regime.name in BLOCKING_P2P_REGIMES:
         return 0
     return num_params * regime.grad_bytes_per_param
@@ -179,13 +256,13 @@ def dp_bucket_bytes(num_params: int, regime: TrainingRegime, dp_degree: int) -> 
 
 def stage_peak_bytes(
     table: LayerTable, layer_start: int, layer_end: int, num_inflight: int, regime: TrainingRegime,
-    loss_bytes: int,
+    head_logits: int, num_microbatches: int = 0,
 ) -> int:
     """``stage_memory(...).peak_bytes`` without building the breakdown (the planner's searches
     for the largest stage that fits ask for many)."""
-    _, state, act, loss, overhead, comm = stage_memory_parts(table, layer_start, layer_end, num_inflight,
-                                                             regime, loss_bytes)
-    return state + act + loss + comm + overhead
+    _, state, act, loss, overhead, comm, temps = stage_memory_parts(
+        table, layer_start, layer_end, num_inflight, regime, head_logits, num_microbatches)
+    return state + act + loss + comm + temps + overhead
 
 
 def stage_memory(
@@ -196,13 +273,13 @@ def stage_memory(
     regime: TrainingRegime,
     capacity_bytes: int,
     dp_degree: int = 1,
+    num_microbatches: int = 0,
 ) -> MemoryBreakdown:
     """Memory of one GPU of ``profile``'s (GPU, TP) holding layers [start, end) with K in flight,
-    in a stage of ``dp_degree`` replicas."""
+    in a stage of ``dp_degree`` replicas, the replica running ``num_microbatches`` (0: more than K)."""
     table = layer_table(profile)
-    holds_head = layer_end == table.num_layers
-    num_params, state, act, loss, overhead, comm = stage_memory_parts(
-        table, layer_start, layer_end, num_inflight, regime, head_loss_bytes(profile) if holds_head else 0)
+    num_params, state, act, loss, overhead, comm, temps = stage_memory_parts(
+        table, layer_start, layer_end, num_inflight, regime, profile_head_logits(profile), num_microbatches)
     return MemoryBreakdown(
         state_bytes=state,
         activation_bytes=act,
@@ -211,5 +288,6 @@ def stage_memory(
         num_params=num_params,
         num_inflight=num_inflight,
         capacity_bytes=capacity_bytes,
-        comm_bytes=comm + dp_bucket_bytes(num_params, regime, dp_degree),
+        comm_bytes=comm + dp_bucket_bytes(dp_synced_params(table, layer_start, layer_end), regime, dp_degree),
+        optimizer_working_bytes=temps,
     )

@@ -96,7 +96,7 @@ def simulate(
     link_s: list[float] = []
     link_counts: list[int] = []
     egress_terms: list[list[float]] = []
-    tied_s = _tied_ring_s(looked_up, network, plan)
+    tied_s, tied_egress = _tied_ring(looked_up, network, plan)
     last_index = len(plan.stages) - 1
     for i in range(len(plan.stages)):
         result, timing, egress, link = _simulate_stage(looked_up, network, plan, i,
@@ -107,6 +107,7 @@ def simulate(
         if link is not None:
             link_s.append(link[0])
             link_counts.append(link[1])
+    egress_terms.append(tied_egress)  # after the stages' (the planner adds them in this order)
 
     pipe = one_f_one_b(timings, link_s, link_counts, compose.p2p_schedule(looked_up.regime))
     last = stages[compose.slowest_end([compose.stage_end_s(s.dp_sync_s, s.update_s) for s in stages])]
@@ -145,7 +146,7 @@ def _simulate_stage(looked_up: _PlanProfiles, network: NetworkModel, plan: Plan,
     """Stage ``index`` of ``plan``: its result, itself as a pipeline resource, the USD per
     iteration of what it sends across zones (``compose.stage_egress_terms``) and its link to
     the next stage (seconds per micro-batch, micro-batches the busiest NIC carries) or None;
-    ``tied_s``: the embedding group's sum it takes part in (``_tied_ring_s``)."""
+    ``tied_s``: the embedding group's sum it takes part in (``_tied_ring``)."""
     stage = plan.stages[index]
     num_mb = plan.num_microbatches
     counts = routing.microbatches_per_replica(num_mb, stage.dp_degree)
@@ -192,13 +193,14 @@ def _stage_replicas(looked_up: _PlanProfiles, stage: Stage, index: int, num_stag
     results: dict[tuple[Replica, int, int], ReplicaResult] = {}
     for r, rep in enumerate(stage.replicas):
         inflight = inflight_microbatches(index, num_stages, counts[r], lookahead_scale)
-        key = (rep.gpu, rep.tp_degree, inflight)
+        # A replica holding no more micro-batches than in flight runs no forward beside gradients.
+        key = (rep.gpu, rep.tp_degree, inflight, counts[r] > inflight)
         known = same.get(key)
         if known is None:
             prof = looked_up.of(rep.gpu, rep.tp_degree)
             table = layer_table(prof)
             mem = stage_memory(prof, start, end, inflight, looked_up.regime, get_gpu(rep.gpu).memory_bytes,
-                               stage.dp_degree)
+                               stage.dp_degree, counts[r])
             known = same[key] = (
                 prof, table.fwd_s(start, end), table.bwd_s(start, end),
                 prof.update_s(table.params(start, end)), mem, table.measured(start, end),
@@ -231,14 +233,17 @@ def _dp_ring(looked_up: _PlanProfiles, network: NetworkModel, stage: Stage,
     return sync_s, sync_bytes, hop_bytes, hop_usd
 
 
-def _tied_ring_s(looked_up: _PlanProfiles, network: NetworkModel, plan: Plan) -> float:
-    """The embedding group's all-reduce of a tied matrix (``stage.tied_sync_s``): 0 for one stage."""
+def _tied_ring(looked_up: _PlanProfiles, network: NetworkModel, plan: Plan) -> tuple[float, list[float]]:
+    """The embedding group's all-reduce of a tied matrix: its seconds (``stage.tied_sync_s``) and
+    the USD per iteration of its hops that leave a zone (``stage.tied_sync_egress_terms``); none
+    for one stage."""
     if len(plan.stages) < 2:
-        return 0.0
+        return 0.0, []
     members = [*plan.stages[0].replicas, *plan.stages[-1].replicas]
     thinnest = min(members, key=lambda rep: rep.tp_degree)
     tied_bytes = st.tied_sync_bytes(looked_up.of(thinnest.gpu, thinnest.tp_degree), looked_up.regime)
-    return st.tied_sync_s(network, tied_bytes, [(rep.zone, rep.gpu, rep.tp_degree) for rep in members])
+    ring = [(rep.zone, rep.gpu, rep.tp_degree) for rep in members]
+    return st.tied_sync_s(network, tied_bytes, ring), st.tied_sync_egress_terms(network, tied_bytes, ring)
 
 
 def _boundary(looked_up: _PlanProfiles, network: NetworkModel, src: Stage, dst: Stage, num_mb: int,
@@ -278,6 +283,8 @@ def describe_memory(mem: MemoryBreakdown) -> str:
         parts.append(f"loss {_gb(mem.loss_working_bytes)}")
     if mem.comm_bytes:
         parts.append(f"buffers {_gb(mem.comm_bytes)}")
+    if mem.optimizer_working_bytes:
+        parts.append(f"optimizer step {_gb(mem.optimizer_working_bytes)}")
     parts.append(f"overhead {_gb(mem.overhead_bytes)}")
     return f"needs {_gb(mem.peak_bytes)} ({' + '.join(parts)}) but the GPU has {_gb(mem.capacity_bytes)}"
 

@@ -15,7 +15,8 @@ from sailor_core.network.model import Endpoint, NetworkModel
 from sailor_core.plan.routing import group_p2p_pairs, p2p_pairs  # noqa: F401
 from sailor_core.profiles.types import ModelProfile
 from sailor_core.regimes import TrainingRegime
-from sailor_core.simulator.memory import tied_copy_params
+from sailor_core.simulator import compose
+from sailor_core.simulator.memory import dp_synced_params, tied_copy_params
 from sailor_core.simulator.tables import layer_table
 
 
@@ -64,12 +65,13 @@ def boundary_transfer_s(
 
 
 def dp_sync_bytes(profile: ModelProfile, layer_start: int, layer_end: int, regime: TrainingRegime) -> float:
-    """Gradient bytes each data-parallel ring all-reduces.
+    """Gradient bytes each data-parallel ring all-reduces: the stage's gradients but a tied
+    matrix, which the embedding group sums (``memory.dp_synced_params``, ``tied_sync_s``).
 
     ``profile`` is that of the replica with the smallest TP degree: its GPU holds the stage's
     gradient divided by that degree (Sailor's rule for replicas of different TP).
     """
-    return layer_table(profile).params(layer_start, layer_end) * regime.grad_bytes_per_param
+    return dp_synced_params(layer_table(profile), layer_start, layer_end) * regime.grad_bytes_per_param
 
 
 def stage_dp_sync_s(network: NetworkModel, sync_bytes: float, replicas: Sequence[tuple[str, str, int]]) -> float:
@@ -108,11 +110,23 @@ def tied_sync_s(network: NetworkModel, tied_bytes: float, members: Sequence[tupl
     first stage's replicas then last stage's (``runtime/trainer.py``'s group; Megatron and
     DeepSpeed sum it between the two stages likewise).  It ends both stages' iteration, so it
     adds to their ``dp_sync_s``.  ``tied_bytes``: ``tied_sync_bytes`` of the thinnest member;
-    TP ranks as in ``stage_dp_sync_s``.  The first stage's DP ring is still charged the matrix
-    too (the engine leaves it out there): at most that ring's share of the matrix too slow."""
+    TP ranks as in ``stage_dp_sync_s``.  Neither stage's DP ring carries the matrix
+    (``dp_sync_bytes``), as in the engine."""
     if tied_bytes <= 0:
         return 0.0
     return stage_dp_sync_s(network, tied_bytes, members)
+
+
+def tied_sync_egress_terms(network: NetworkModel, tied_bytes: float,
+                           members: Sequence[tuple[str, str, int]]) -> list[float]:
+    """USD per iteration of each hop of the embedding group's ring that leaves a zone (the
+    members of ``tied_sync_s``; first and last stages in different zones: the sum crosses), priced
+    as a stage's DP ring (``compose.ring_hop_bytes``, ``compose.stage_egress_terms``)."""
+    hop_usd = compose.ring_hop_usd_per_byte(network, [zone for zone, _, _ in members])
+    if tied_bytes <= 0 or not hop_usd:
+        return []
+    thinnest = min(tp for _, _, tp in members)
+    return compose.stage_egress_terms(compose.ring_hop_bytes(len(members), tied_bytes, thinnest), hop_usd, 0, [])
 
 
 def _ring_s(network: NetworkModel, num_bytes: float, members: Sequence[tuple[str, str, int]]) -> float:

@@ -10,7 +10,6 @@ from sailor_core.errors import PlanError, ProfileError
 from sailor_core.network import default_network
 from sailor_core.regimes import get_regime
 from sailor_core.simulator import BREAKDOWN_KEYS, simulate
-from sailor_core.simulator.memory import LOSS_GRAD_BYTES_PER_LOGIT
 from sailor_core.source_data import SAILOR_DATA_DIR
 from tests.core.helpers import db_of, flat_network, hand_profile, plan
 
@@ -99,8 +98,10 @@ def test_cross_zone_p2p_uses_the_measured_link_and_pays_egress():
     expected = _fit_time(act, "us-central1-a", "us-west1-b") + _fit_time(act, "us-west1-b", "us-central1-a")
     assert far.stages[0].p2p_s_per_microbatch == pytest.approx(expected)
     assert near.stages[0].p2p_s_per_microbatch < expected / 3
-    # 4 micro-batches x (activation out + gradient back) x 0.02 USD/GB (Sailor's table).
-    assert far.egress_usd_per_iteration == pytest.approx(4 * 2 * act * 0.02 / 1e9)
+    # 4 micro-batches x (activation out + gradient back) x 0.02 USD/GB (Sailor's table), and tiny's
+    # tied 512 x 64 fp32 matrix summed between the two stages: a ring of 2 whose both hops cross.
+    tied = 512 * 64 * 4
+    assert far.egress_usd_per_iteration == pytest.approx((4 * 2 * act + 2 * tied) * 0.02 / 1e9)
     assert near.egress_usd_per_iteration == 0.0
     assert far.usd_per_iteration == pytest.approx(far.gpu_usd_per_iteration + far.egress_usd_per_iteration)
 
@@ -118,7 +119,7 @@ def test_first_stage_holds_more_microbatches_than_the_last():
     assert first.peak_bytes == 1000 * 16 + 4 * (100 + 4096) + 4096 + regime.constant_overhead_bytes
     assert first.comm_bytes == 4096
     # the head also needs the loss gradients: 8 B x (1 sequence x 64 tokens x 512 vocab).
-    assert last.loss_working_bytes == LOSS_GRAD_BYTES_PER_LOGIT * 64 * 512
+    assert last.loss_working_bytes == regime.loss_working_bytes_per_logit * 64 * 512 == 8 * 64 * 512
     # tiny ties its head to the embedding: the last stage also holds a copy of the 512 x 64 matrix
     # (and the next input's receive buffer, 4096 B)
     assert last.peak_bytes == ((1000 + 512 * 64) * 16 + 1 * 500 + 8 * 64 * 512 + 4096
