@@ -1,11 +1,17 @@
 """Peak memory of one GPU holding a pipeline stage, from first principles.
 
-    peak = params x state_bytes_per_param            (weights + grads + optimizer, per regime)
+    peak = max(while activations are held, the optimizer step) + DP buckets + constant overhead
+    while activations are held (a replica with more micro-batches than K in flight):
+           params x state_bytes_per_param            (weights + grads + optimizer, per regime)
          + K x (activation_bytes(stage, micro-batch) (saved for backward; K micro-batches in flight)
                 + output bytes)                      (a sending stage keeps its output for backward)
-         + loss working memory                       (only the GPU holding the LM head)
-         + communication buffers                     (receives posted ahead, DP gradient buckets)
-         + constant_overhead_bytes                   (CUDA context, workspaces; per regime)
+         + loss working memory                       (only the GPU holding the LM head; per regime)
+         + p2p buffers                               (receives posted ahead)
+    the optimizer step: params x state_bytes_per_param + the step's temporaries (per regime)
+
+* Gradients exist from a replica's first backward of the iteration to the optimizer step.  A
+  replica with no more micro-batches than K runs all its forwards first: its peak is in its
+  first backward, layer by layer (``_activation_peak``), with no gradient beside the forwards.
 
 * ``activation_bytes`` is the profile's per-layer figure for one micro-batch.  It
   includes what each micro-batch's forward keeps until its backward, e.g. the
@@ -18,19 +24,20 @@
   the engine's lookahead is counted in the widest stage's micro-batches.
 * Communication: the receive of the next input and of the output's gradient are
   posted ahead (one boundary tensor each); the engine keeps a flat copy of a
-  replicated stage's gradients for its data-parallel all-reduce (4 B/param in fp32).
+  replicated stage's gradients for its data-parallel all-reduce (4 B/param in fp32), all
+  but a tied matrix, which the embedding group sums (``dp_synced_params``).
   The engine's peak tensor memory with K = 1..8 in flight on CPU matches this within
   a few percent (``benchmarks/bench_memory_inflight.py``).  A CUDA caching allocator
   rounds each tensor to 512 B (``max_memory_allocated``), which is left out: a few
   hundred tensors per micro-batch make it kilobytes.
-* Loss working memory: during the backward of the cross-entropy, the fp32
-  gradient of the log-probabilities and the fp32 gradient of the logits
-  (N x V/t elements each) exist at once on top of the saved tensors:
-  ``2 x 4 B x micro_batch x seq x ceil(V / tp)``.  It exists for one
-  micro-batch at a time (the last stage runs each backward right after its
-  forward), so it does not scale with K.  (The engine's vocabulary-parallel
-  cross-entropy turns its saved softmax into the gradient in place, so for it
-  this is an upper bound.)
+* Loss working memory: ``regime.loss_working_bytes_per_logit x micro_batch x seq x
+  ceil(V / tp)``: torch's cross-entropy (the H200 records) allocates the fp32 gradient of the
+  log-probabilities and of the logits during its backward (8 B); the CPU engine's
+  vocabulary-parallel one turns its saved softmax into the gradient in place (0: its forward's
+  logits + probabilities are the head's activation figure).  One micro-batch at a time.
+* Optimizer step: single-tensor AdamW (the CPU engine) holds two temporaries of the tensor it
+  updates (``regime.optimizer_temp_tensors``), the largest one's at its peak
+  (``largest_tensor_params``); fused AdamW none.
 * Tied embeddings: a model whose LM head is its token embedding counts that
   matrix once, in layer 0 (the head layer's parameters leave it out, as
   ``transformers``' ``num_parameters()`` does).  A stage that holds the head
