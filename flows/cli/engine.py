@@ -20,7 +20,8 @@ def run_cmd(
     steps: int = typer.Option(..., "--steps", min=1, help="optimizer steps to train"),
     reference: bool = typer.Option(False, "--reference",
                                    help="also train the same samples in one process and compare"),
-    data: Optional[Path] = typer.Option(None, "--data", help=".npy/.bin token file (default: synthetic)"),
+    data: Optional[str] = typer.Option(None, "--data", help=".npy/.bin/.u32.bin token file: a path, file://, s3:// "
+                                                           "or gs:// URL (default: a synthetic corpus)"),
     ckpt_dir: Optional[str] = typer.Option(None, "--ckpt-dir", help="checkpoint URL (dir or s3://)"),
     ckpt_every: int = typer.Option(0, "--ckpt-every", min=0),
     resume: bool = typer.Option(False, "--resume", help="continue from the latest valid checkpoint"),
@@ -34,8 +35,8 @@ def run_cmd(
     from sailor_core.plan.types import load_plan
 
     p = load_plan(plan)  # bad input fails before torch is imported
-    if data is not None and not data.exists():
-        raise InputError(f"data file {str(data)!r} does not exist")
+    if data is not None:
+        _check_data(data)
     # lazy: loaded when the command runs (the CLI starts light)
     from sailor_core.runtime.engine_run import run_plan
 
@@ -48,6 +49,20 @@ def run_cmd(
         _print_table(out)
     if out["status"] != "ok":
         raise typer.Exit(1)
+
+
+def _check_data(data: str) -> None:
+    """The same URLs as `sailor train --data`; a local file must exist (a URL is read by the workers)."""
+    # lazy: loaded when the command runs (the CLI starts light)
+    from sailor_core.job.spec import JobSpecError, check_dataset
+
+    try:
+        check_dataset(data)
+    except JobSpecError as exc:
+        raise InputError(f"--data {exc.problem}") from None
+    local = data.removeprefix("file://")
+    if "://" not in local and not Path(local).exists():
+        raise InputError(f"--data {data!r}: no such file")
 
 
 def _print_table(out: dict) -> None:

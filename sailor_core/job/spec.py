@@ -149,7 +149,7 @@ def _check(spec: JobSpec) -> None:
         raise JobSpecError("on_demand_gpus", "is for spot jobs; without spot every GPU is rented on demand")
     at_least_one("global_batch_size", spec.global_batch_size, optional=True)
     at_least_one("checkpoint_every_steps", spec.checkpoint_every_steps)
-    _check_data(spec.dataset)
+    check_dataset(spec.dataset)
     _check_init_from(spec.init_from)
     _check_recipe(spec)
     if any(s < 1 for s in spec.preempt_at_steps):
@@ -204,7 +204,8 @@ def _check_gpu_type(gpu: str) -> None:
                                    f"rentable: {', '.join(rentable_gpus())}")
 
 
-def _check_data(dataset: str) -> None:
+def check_dataset(dataset: str) -> None:
+    """A token file's URL as jobs and `sailor engine run` take it (JobSpecError on field "dataset")."""
     if dataset == "synthetic":
         return
     scheme = dataset.split("://", 1)[0] if "://" in dataset else ""

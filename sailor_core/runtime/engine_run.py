@@ -23,7 +23,7 @@ def final_params(url: str) -> tuple[ckpt.CheckpointInfo, dict]:
     return info, {i: ckpt.read_layer(storage, info, i)["params"] for i in range(n)}
 
 
-def run_plan(plan: Plan, steps: int, *, workdir: Path, data: Path | None = None,
+def run_plan(plan: Plan, steps: int, *, workdir: Path, data: str | Path | None = None,
              ckpt_dir: str | None = None, ckpt_every: int = 0, resume: bool = False,
              lr: float = 1e-3, seed: int = 0, reference: bool = False,
              timeout_s: float = 900.0) -> dict:

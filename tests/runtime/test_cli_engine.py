@@ -35,3 +35,28 @@ def test_engine_run_bad_plan_is_one_line_error(tmp_path):
                           "--steps", "1"], capture_output=True, text=True, timeout=60)
     assert out.returncode != 0
     assert out.stderr.startswith("error: ") and out.stderr.count("\n") == 1 and "layers" in out.stderr
+
+
+def test_engine_run_reads_its_data_from_s3_and_rejects_bad_data_in_one_line(tmp_path, moto_s3, sailor_cli):
+    """--data takes what `sailor train --data` takes: a URL is read by the workers (range reads)."""
+    import boto3
+
+    from sailor_core.runtime.data import generate_corpus
+
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"model": "tiny", "global_batch_size": 4, "micro_batch_size": 2,
+                                "stages": [{"layers": [0, 4], "replicas": [{"gpu": "cpu"}]}]}))
+    corpus = generate_corpus(tmp_path / "corpus.npy", vocab_size=512, num_tokens=20_000, seed=3)
+    boto3.client("s3", endpoint_url=moto_s3).create_bucket(Bucket="tokens")
+    boto3.client("s3", endpoint_url=moto_s3).upload_file(str(corpus), "tokens", "c/corpus.npy")
+    here = sailor_cli("engine", "run", "--plan", str(plan), "--steps", "2", "--data", str(corpus), "--json")
+    there = sailor_cli("engine", "run", "--plan", str(plan), "--steps", "2", "--data", "s3://tokens/c/corpus.npy",
+                       "--json")
+    assert here.returncode == 0 and there.returncode == 0, here.stderr + there.stderr
+    assert json.loads(there.stdout)["losses"] == json.loads(here.stdout)["losses"]  # the same samples
+    for data, needle in (("ftp://host/t.bin", "--data must be a path, file://, s3:// or gs://"),
+                         (str(tmp_path / "missing.npy"), "no such file"),
+                         ("corpus.txt", "--data must name a .bin")):
+        r = sailor_cli("engine", "run", "--plan", str(plan), "--steps", "1", "--data", data)
+        assert r.returncode != 0 and r.stderr.startswith("error: ") and r.stderr.count("\n") == 1, r.stderr
+        assert needle in r.stderr, r.stderr
