@@ -17,9 +17,15 @@ each with a meaning (``ControllerConfig``, ``ControllerState``):
   downtime of getting there (0 for the plan running, else a save if something runs,
   provisioning if it needs instances not held, start-up and reload); C = USD/h x T.
 
+* **Finishing by a deadline.** T is what the plan takes on average; a deadline must hold in
+  most outcomes, not half of them.  Over its W / x of training the plan is hit N times, N a
+  Poisson count of mean m = H W / x, so it finishes z sqrt(m) hit_s later than T at the
+  quantile q of N (``deadline_margin_s``, z the standard normal's q-quantile): a margin that is
+  large far from the deadline and shrinks as the work left does.
+
 The objective (``throughput``: least T; ``cost``: least C) ranks the options that meet the
-constraints: the budget (C plus the shutdown within what is left), the deadline (T within
-the time left) and the throughput floor (X at least it).  A switch away from a plan that
+constraints: the budget (C plus the shutdown within what is left), the deadline (T plus its
+margin within the time left) and the throughput floor (X at least it).  A switch away from a plan that
 still runs must pay for itself before the next preemption of either plan forces a re-plan
 anyway (``switch_pays``): that is the hysteresis that keeps a stormy pool from restarting
 the job every few minutes.
@@ -30,6 +36,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from statistics import NormalDist
 
 from sailor_core.controller.options import GpuZone, PlanOption
 
@@ -103,6 +110,18 @@ def outlook(option: PlanOption, *, remaining: float, change: float, rates: Mappi
     t = change + (remaining / eff if eff > 0 else math.inf)
     return Outlook(option=option, hits_per_s=h, effective_samples_per_s=eff, change_s=change, time_s=t,
                    cost_usd=option.usd_per_hr * t / _S_PER_HR if math.isfinite(t) else math.inf)
+
+
+def deadline_margin_s(o: Outlook, *, quantile: float, costs: Costs) -> float:
+    """How much later than expected (``o.time_s``) ``o`` finishes at the ``quantile`` of its
+    preemptions: z sqrt(m) hits more than the m it expects over its training, each costing
+    ``hit_s`` (the normal approximation of a Poisson count; z = 0 at the median).  The margin
+    shrinks with the work left, so near the deadline a slower, cheaper plan may make it again."""
+    train_s = (o.time_s - o.change_s) * o.useful_fraction  # W / x: the training, hits left out
+    if o.hits_per_s <= 0 or not math.isfinite(train_s) or quantile <= 0.5:
+        return 0.0
+    expected_hits = o.hits_per_s * train_s
+    return NormalDist().inv_cdf(quantile) * math.sqrt(expected_hits) * costs.hit_s
 
 
 def switch_pays(now: Outlook, new: Outlook, *, objective: str, remaining: float, min_gain: float) -> bool:

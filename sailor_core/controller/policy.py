@@ -39,13 +39,22 @@ from sailor_core.controller.candidates import candidates, planner_requests
 from sailor_core.controller.economics import (
     Outlook,
     change_s,
+    deadline_margin_s,
     outlook,
     regrow_shortfall,
     switch_pays,
     switch_window,
 )
 from sailor_core.controller.options import CostPlanFn, GpuZone, PlanFn, PlanOption, describe_gpus, restrict
-from sailor_core.controller.reasons import explain, gpus_words, per_hour, plain_versus, versus, why_words
+from sailor_core.controller.reasons import (
+    deadline_words,
+    explain,
+    gpus_words,
+    per_hour,
+    plain_versus,
+    versus,
+    why_words,
+)
 from sailor_core.controller.state import (
     Action,
     ControllerConfig,
@@ -112,7 +121,14 @@ class _Ranking:
         return o.option.usd_per_hr * (o.time_s + self.config.shutdown_s) / _S_PER_HR <= self.state.budget_left_usd
 
     def in_time(self, o: Outlook) -> bool:
-        return o.time_s <= self.state.time_left_s
+        """Finishes by the deadline at the configured quantile of its preemptions, not just on average."""
+        return o.time_s + self.margin_s(o) <= self.state.time_left_s
+
+    def margin_s(self, o: Outlook) -> float:
+        """What the deadline asks beyond ``o``'s expected time (0 without a deadline)."""
+        if math.isinf(self.state.time_left_s):
+            return 0.0
+        return deadline_margin_s(o, quantile=self.config.deadline_quantile, costs=self.config.costs)
 
     def above_floor(self, o: Outlook) -> bool:
         floor = self.config.min_throughput_samples_per_s
@@ -136,7 +152,14 @@ class _Ranking:
         in_time = [o for o in within if self.in_time(o)]
         floor_ok = [o for o in in_time if self.above_floor(o)]
         if floor_ok:
-            return min(floor_ok, key=self.key), ""
+            best = min(floor_ok, key=self.key)
+            if self.config.objective == "cost" and math.isfinite(self.state.time_left_s):
+                # By a deadline, plans within ``min_gain`` of the cheapest cost the same as far as the
+                # controller can tell (it would not switch for less); the soonest of them buys slack
+                # against the capacity it cannot foresee for next to nothing.
+                near = [o for o in floor_ok if o.cost_usd <= best.cost_usd * (1.0 + self.config.min_gain)]
+                best = min(near, key=lambda o: (o.time_s, o.cost_usd))
+            return best, ""
         why = ("no plan finishes by the deadline" if not in_time
                else "no plan keeps the throughput floor")
         return min(within, key=lambda o: (o.time_s, o.cost_usd)), f"{why}; the fastest runs"
@@ -186,34 +209,57 @@ def _decide_replan(state, event, lost, broken, config, plan_fn, cost_plan_fn, re
             return _run(Action.REPLAN, f"{why}: {explain(held, offered, state, '')}; {reason}",
                         held.option, state, config, planned_on=avail,
                         why="; ".join(w for w in (why_words(held, offered, state, ""), words) if w))
-        return _run(Action.REPLAN, f"{why}: {explain(choice, offered, state, gave_up)}", choice.option, state,
-                    config, planned_on=avail, why=why_words(choice, offered, state, gave_up))
-    choice, _ = rank.best([now, *outlooks])
+        reason = f"{why}: {explain(choice, offered, state, gave_up)}{_deadline_note(choice, rank)}"
+        return _run(Action.REPLAN, reason, choice.option, state, config, planned_on=avail,
+                    why=why_words(choice, offered, state, gave_up))
+    return _switch_or_keep(now, outlooks, rank, avail=avail, ask=ask)
+
+
+def _switch_or_keep(now: Outlook, outlooks: Sequence[Outlook], rank: _Ranking, *,
+                    avail: Mapping[GpuZone, int], ask: Mapping[GpuZone, int]) -> Decision:
+    """The running plan (``now``) against the options: a switch to keep a constraint it no longer
+    keeps, a switch that pays for itself, or the plan kept (with the better plan declined)."""
+    state, config, current = rank.state, rank.config, now.option
+    choice, gave_up = rank.best([now, *outlooks])
     objective = config.objective
     if choice is None:  # none finishes within the budget: the most per USD, as long as it lasts
         choice, objective = _most_per_usd([now, *outlooks]), "cost"
+    elif math.isfinite(state.time_left_s) and not rank.in_time(choice):
+        objective = "throughput"  # none makes the deadline: the fastest runs, so a switch must save time
     if choice is None or _same(choice.option, current):
         return _keep(current, state, config, planned_on=ask)
     if not rank.holds(now) and rank.holds(choice):
         what = ("budget" if not rank.finishes(now) else "deadline" if not rank.in_time(now) else "throughput floor")
         action = Action.SHRINK if what == "budget" else Action.REPLAN
         offered = planner_requests(avail, state, config)[0]
-        return _run(action, f"{what}: switch to a plan that keeps it: {explain(choice, offered, state, '')}",
+        late = ""
+        if what == "deadline":  # the figures that made it give way, and the new plan's against them
+            late = (f"the plan in use {deadline_words(now, rank.margin_s(now), state, config)}; the new one "
+                    f"{deadline_words(choice, rank.margin_s(choice), state, config)}; ")
+        return _run(action, f"{what}: {late}switch to a plan that keeps it: {explain(choice, offered, state, '')}",
                     choice.option, state, config, planned_on=ask,
                     why=f"the plan in use would not keep the {what}"
+                        + (f" (it {deadline_words(now, rank.margin_s(now), state, config)})" if late else "")
                         + (f"; {w}" if (w := why_words(choice, offered, state, "")) else ""))
-    if switch_pays(now, choice, objective=objective, remaining=remaining, min_gain=config.min_gain):
-        return _run(Action.REPLAN, f"capacity: {choice.option.label} {versus(choice, now)}",
+    if switch_pays(now, choice, objective=objective, remaining=rank.remaining, min_gain=config.min_gain):
+        return _run(Action.REPLAN, f"{gave_up or 'capacity'}: {choice.option.label} {versus(choice, now)}",
                     choice.option, state, config, planned_on=ask,
-                    why=f"switched to a better plan: {plain_versus(choice, now, config)}")
+                    why=f"switched to a better plan: {plain_versus(choice, now, objective)}")
     tau, until = switch_window(now, choice)
     return _keep(current, state, config, planned_on=ask, declined=choice,
                  reason=f"declined {choice.option.label}: {versus(choice, now)}, but the switch "
                         f"({choice.change_s:.0f} s) does not pay for itself within {tau / 60:.0f} min "
                         f"(until {until}, expected then)",
                  why=f"kept the plan rather than move to {gpus_words(choice.option.all_gpus())}: "
-                     f"{plain_versus(choice, now, config)}, but the {choice.change_s:.0f} s change would not "
+                     f"{plain_versus(choice, now, objective)}, but the {choice.change_s:.0f} s change would not "
                      f"pay for itself before {until}")
+
+
+def _deadline_note(o: Outlook, rank: _Ranking) -> str:
+    """With a deadline: when ``o`` finishes at the deadline's quantile, against the time left."""
+    if math.isinf(rank.state.time_left_s):
+        return ""
+    return f"; by the deadline: {deadline_words(o, rank.margin_s(o), rank.state, rank.config)}"
 
 
 def _held_unless_renting_pays(choice: Outlook, rank: _Ranking, plan_fn: PlanFn) -> tuple[Outlook, str, str] | None:

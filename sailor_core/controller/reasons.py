@@ -21,14 +21,22 @@ def figures(o: Outlook) -> str:
     return f"{hours(o.time_s)} and {o.cost_usd:,.2f} USD to finish"
 
 
-def plain_versus(new: Outlook, now: Outlook, config: ControllerConfig) -> str:
-    if config.objective == "cost":
+def plain_versus(new: Outlook, now: Outlook, objective: str) -> str:
+    """``new`` against ``now`` in the figure ``objective`` ranks by (``cost``: USD, else time)."""
+    if objective == "cost":
         return f"it would cost {new.cost_usd:,.2f} USD to finish instead of {now.cost_usd:,.2f}"
     return f"it would finish in {hours(new.time_s)} instead of {hours(now.time_s)}"
 
 
 def versus(new: Outlook, now: Outlook) -> str:
     return f"expects {figures(new)} against {figures(now)}"
+
+
+def deadline_words(o: Outlook, margin_s: float, state: ControllerState, config: ControllerConfig) -> str:
+    """When ``o`` finishes at the deadline's quantile of its preemptions, against the time left."""
+    pct = f"{config.deadline_quantile:.0%}"
+    return (f"finishes in {hours(o.time_s + margin_s)} in {pct} of outcomes ({hours(o.time_s)} expected, "
+            f"{o.hits_per_s * _S_PER_HR:.1f} preemptions/h) with {hours(state.time_left_s)} left")
 
 
 def left_unused(choice: Outlook, avail: Mapping[GpuZone, int], state: ControllerState) -> list[GpuZone]:

@@ -60,6 +60,9 @@ class ControllerConfig:
     startup_s: float = 150.0      # workers started, rendezvous, checkpoint loaded
     work_lost_s: float = 0.0      # training redone per preemption (0 when the notice covers a save)
     min_gain: float = 0.05        # a voluntary switch must gain this much (samples, or USD per sample)
+    # A deadline must hold in most outcomes, not on average: a plan makes it when it finishes in
+    # time at this quantile of its preemptions (economics.deadline_margin_s; 0.5: the mean).
+    deadline_quantile: float = 0.9
     # Ask the planner about new capacity only once the GPUs beyond what the
     # current plan was chosen from reach this fraction of them (or a new pool
     # appears): small returns cannot pay for a restart, and each call costs.
@@ -84,6 +87,8 @@ class ControllerConfig:
             raise InputError("controller times and gain must be >= 0")
         if self.min_throughput_samples_per_s is not None and not self.min_throughput_samples_per_s > 0:
             raise InputError(f"throughput floor must be positive, got {self.min_throughput_samples_per_s}")
+        if not 0.5 <= self.deadline_quantile < 1.0:
+            raise InputError(f"deadline quantile must be in [0.5, 1), got {self.deadline_quantile}")
 
     @property
     def costs(self) -> Costs:
@@ -149,3 +154,4 @@ def rate_window_s(elapsed_s: float, fraction_done: float) -> float:
     if fraction_done <= 0 or elapsed_s <= 0:
         return RATE_WINDOW_S
     return min(RATE_WINDOW_S, elapsed_s / min(1.0, fraction_done))
+
