@@ -47,6 +47,7 @@ def prefect_api(sailor_home) -> str:
     # the user's: commands run by the tests with this environment reach the server through it.
     os.environ["PREFECT_HOME"] = str(sailor_home / "prefect")
     os.environ.pop("PREFECT_API_URL", None)
+    _stop_server_when_this_process_ends()  # before the start: a kill may come while it waits for the server
     api_url = start_local_server(port=_free_port())
     os.environ["PREFECT_API_URL"] = api_url
     from prefect.settings import PREFECT_API_URL, PREFECT_HOME, PREFECT_SERVER_ANALYTICS_ENABLED, temporary_settings
@@ -61,6 +62,19 @@ def prefect_api(sailor_home) -> str:
             os.environ.pop(k, None)
         else:
             os.environ[k] = v
+
+
+def _stop_server_when_this_process_ends() -> None:
+    """A test run that is killed (CI's time limit, a crashed xdist worker, a second Ctrl-C) skips
+    the fixture's teardown and used to leave its Prefect server running for good: a watchdog, in
+    its own session so the kill does not reach it, stops the server once this process is gone
+    (`stop_local_server`, with this process's SAILOR_HOME and PREFECT_HOME; after a normal
+    teardown it finds no server and does nothing)."""
+    stop = "from flows.cli.prefect_server import stop_local_server; stop_local_server()"
+    watch = f'while kill -0 {os.getpid()} 2>/dev/null; do sleep 1; done; exec "$0" -c "$1"'
+    subprocess.Popen(["sh", "-c", watch, sys.executable, stop], cwd=ROOT, env=dict(os.environ),
+                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                     start_new_session=True)
 
 
 def home_pids(home, markers: tuple[bytes, ...]) -> set[int]:
