@@ -277,9 +277,10 @@ class FastSim:
     def _stage(self, stage: FastStage, depth: int, regime: TrainingRegime, key: tuple) -> tuple:
         """A stage's part of ``evaluate`` (``key``: see there): (its USD per hour per group, its
         egress terms (see ``_egress_terms``), its StageTiming, sync + update seconds, its link to
-        the next stage (seconds per micro-batch, micro-batches the busiest NIC carries) or None,
-        its context, {stages from it to the pipeline's end: (peak bytes, fits)}, filled here for
-        ``depth`` and by ``evaluate`` for others)."""
+        the next stage (seconds per micro-batch, micro-batches the busiest NIC carries, bytes its
+        slowest pair moves) or None, its context, {stages from it to the pipeline's end: (peak
+        bytes, fits)}, filled here for ``depth`` and by ``evaluate`` for others, its DP ring as
+        it meets its last sends: ``stage.overlapped_dp_ring``)."""
         a, b, groups, nxt, num_mb, _ = key
         ctx = self._contexts.get((groups, nxt, num_mb)) or self._context(groups, nxt, num_mb)
         steps: list[float] = []
@@ -298,22 +299,31 @@ class FastSim:
             fwds.append(fwd)
         costs = ctx.costs
         sync = 0.0
+        ring = (0.0, 0.0)
         if costs.dp_degree > 1:
-            sync = self._sync_s(st.dp_sync_bytes(costs.thinnest.profile, a, b, regime), ctx.ring)
+            sync_bytes = st.dp_sync_bytes(costs.thinnest.profile, a, b, regime)
+            sync = self._sync_s(sync_bytes, ctx.ring)
+            tp = costs.thinnest.tp_degree
+            ring = st.overlapped_dp_ring(sync, sync_bytes, costs.dp_degree,
+                                         tp if all(g[0].tp_degree == tp for g in groups) else None)
         link = None
         if nxt is not None:
             nbytes = st.boundary_bytes(groups[0][0].profile, b)
-            worst_link = 0.0
+            worst_link = worst_bytes = 0.0
             for ends in ctx.link_ends:
-                worst_link = max(worst_link, self._transfer_s(nbytes, ends))
-            link = (worst_link, ctx.link_microbatches)
+                t = self._transfer_s(nbytes, ends)
+                if t >= worst_link:  # simulate's _boundary: the slowest pair, the most bytes of equals
+                    wire = st.boundary_wire_bytes(nbytes, ends[1], ends[4])
+                    if t > worst_link or wire > worst_bytes:
+                        worst_link, worst_bytes = t, wire
+            link = (worst_link, ctx.link_microbatches, worst_bytes)
         rent, egress = (self._stage_costs_memo.get(key)
                         or self._stage_costs(stage, nxt, num_mb, regime, key, costs))
         memo = self._stages
         if len(memo) >= _MAX_STAGE_ENTRIES:
             memo.clear()
         entry = memo[key] = (rent, egress, stage_timing(steps, ctx.counts, fwds),
-                             compose.stage_end_s(sync, update), link, ctx, {})
+                             compose.stage_end_s(sync, update), link, ctx, {}, ring)
         return entry
 
     @staticmethod
@@ -353,6 +363,8 @@ class FastSim:
         timings = []
         link_s: list[float] = []
         link_counts: list[int] = []
+        links = []
+        rings: list[tuple[float, float]] = []
         fits = True
         peak = 0
         ends: list[float] = []
@@ -367,7 +379,7 @@ class FastSim:
             key = (stage.layer_start, stage.layer_end, stage.groups,
                    stages[i + 1].groups if i < last else None, num_mb, rname)
             entry = memo.get(key) or self._stage(stage, num_stages - i, regime, key)
-            rent, egress_terms, timing, end, link, ctx, mems = entry
+            rent, egress_terms, timing, end, link, ctx, mems, ring = entry
             # A group's replicas hold min(their warm-up + 1, their micro-batches) in flight: the
             # warm-up is P - i - 1 of the widest stage's micro-batches; deeper is the same.
             depth = int((num_stages - i - 1) * (widest / ctx.costs.dp_degree)) + 1
@@ -381,9 +393,11 @@ class FastSim:
             fits = fits and mem[1]
             timings.append(timing)
             ends.append(end)
+            rings.append(ring)
             if link is not None:
                 link_s.append(link[0])
                 link_counts.append(link[1])
+                links.append(link)
             rents.append(rent)
             egress.append(egress_terms)
         if num_stages > 1:  # the embedding group's sum ends the first and the last stage
@@ -392,7 +406,9 @@ class FastSim:
             if tied > 0:
                 ends[0] += tied
                 ends[last] += tied
-        pipe = one_f_one_b(timings, link_s, link_counts, compose.p2p_schedule(regime), split=False)
+        schedule = compose.p2p_schedule(regime)
+        pipe = one_f_one_b(timings, link_s, link_counts, schedule, split=False,
+                           drain_delay_s=compose.drain_contention_s(schedule, links, rings))
         # The slowest stage's end as one memoised figure (compose.iteration_s)
         iteration = compose.iteration_s(pipe, ends[compose.slowest_end(ends)])
         usd_per_hr = compose.add_in_order(rents)

@@ -81,6 +81,62 @@ def iteration_s(pipe: PipelineTime, *end_parts_s: float) -> float:
     return total
 
 
+# ---- a stage's last send beside its DP ring ----------------------------------------------------
+
+
+def send_ring_contention_s(*, send_s: float, send_bytes: float, ring_s: float, ring_bytes: float) -> float:
+    """How much later a stage's last input-gradient send ends because its DP ring leaves the same
+    node at the same time (the engine launches the ring's buckets during the last backward and
+    posts the send right after it: ``runtime/trainer.py``), both counted from that send's start.
+
+    Max-min fair sharing of the node's NIC: each flow alone runs at its own rate (bytes over the
+    seconds the network model gives it); the NIC moves at least the faster of the two, ``cap``.
+    Sharing it, a flow gets half of ``cap``, or what the other leaves when the other's own path
+    (a WAN link) holds it below half, never more than its own rate; once either ends, the other
+    has the NIC to itself again.  Two flows of one rate: the send takes ``min(send_s, ring_s)``
+    longer.  (The ring's own delay is not returned: it started before the pipeline's drain, which
+    the model charges it after, see ``drain_contention_s``.)"""
+    if send_s <= 0 or ring_s <= 0 or send_bytes <= 0 or ring_bytes <= 0:
+        return 0.0
+    send_rate, ring_rate = send_bytes / send_s, ring_bytes / ring_s
+    cap = send_rate if send_rate > ring_rate else ring_rate
+    send_share = min(1.0, max(cap / 2, cap - ring_rate) / send_rate)  # of its own rate
+    ring_share = min(1.0, max(cap / 2, cap - send_rate) / ring_rate)
+    shared_send_s, shared_ring_s = send_s / send_share, ring_s / ring_share
+    if shared_send_s <= shared_ring_s:
+        return shared_send_s - send_s
+    # the ring ends first; the send then has moved only send_share of what it would have alone
+    return shared_ring_s * (1.0 - send_share)
+
+
+def drain_contention_s(schedule: str, links: Sequence[tuple[float, float]],
+                       rings: Sequence[tuple[float, float]]) -> float:
+    """What the pipeline's drain loses to stages whose last send shares a NIC with their DP ring.
+
+    ``links[k]``: link k as ``simulate`` and the fast path keep it, (seconds, micro-batches its
+    busiest NIC carries, bytes) of the activation forward plus its gradient back over its
+    slowest replica pair (``stage.boundary_transfer_s``, ``stage.boundary_wire_bytes``; one
+    way is taken as half of both, as the pipeline's ``l / 2``);
+    ``rings[k]``: (seconds, bytes leaving one replica's node) of stage k's DP ring when the
+    engine runs it beside its sends (``stage.overlapped_dp_ring``), else (0, 0).  Stage k >= 1's
+    last send carries the last micro-batch's gradient back over link k - 1 as its ring starts
+    (model: both at the end of its last backward; the ring's overlap with that backward is not
+    counted, as elsewhere).  That gradient passes every stage's last send in turn before stage
+    0's last backward ends the pipeline, so the delays add (exact for stages of equal speed; a
+    slower upstream stage can absorb some: an upper bound).  Stage 0 sends no gradient.  Under
+    blocking sends (DeepSpeed) every send has completed before the all-reduce starts: none."""
+    if schedule != "prefetch":
+        return 0.0
+    total = 0.0
+    for k in range(1, len(rings)):
+        ring_s, ring_bytes = rings[k]
+        if ring_s > 0:
+            link_s, _, link_bytes = links[k - 1]
+            total += send_ring_contention_s(send_s=link_s / 2, send_bytes=link_bytes / 2,
+                                            ring_s=ring_s, ring_bytes=ring_bytes)
+    return total
+
+
 def throughput_samples_per_s(global_batch_size: int, iteration_s: float) -> float:
     return global_batch_size / iteration_s if iteration_s > 0 else 0.0
 

@@ -309,12 +309,16 @@ def one_f_one_b(
     link_counts: Sequence[int],
     schedule: str = "prefetch",
     split: bool = True,
+    drain_delay_s: float = 0.0,
 ) -> PipelineTime:
     """The 1F1B pipeline time of stage resources and per-micro-batch link times under a
     ``P2P_SCHEDULES`` semantics (see module doc).  Without ``split`` the time is not parted
     between bubble and p2p (the planner's fast path needs the total only): all but the
-    compute is ``bubble``."""
+    compute is ``bubble``.  ``drain_delay_s``: what the last micro-batch's gradient loses on its
+    way back to stage 0 when the stages' last sends share a NIC with their DP rings
+    (``compose.drain_contention_s``); a transfer's cost, so it goes to ``p2p``."""
     total, k, at_link, without_links = _longest_both(stages, link_s, link_counts, schedule, split)
+    total += drain_delay_s
     bottleneck = f"link {k}->{k + 1}" if at_link else f"stage {k}"
     busiest, compute = 0, stages[0].busy_s
     for i in range(1, len(stages)):

@@ -95,21 +95,27 @@ def simulate(
     timings: list[StageTiming] = []
     link_s: list[float] = []
     link_counts: list[int] = []
+    links: list[tuple[float, int, float]] = []  # (seconds, busiest NIC's micro-batches, bytes)
+    rings: list[tuple[float, float]] = []  # DP rings beside the stages' last sends
     egress_terms: list[list[float]] = []
     tied_s, tied_egress = _tied_ring(looked_up, network, plan)
     last_index = len(plan.stages) - 1
     for i in range(len(plan.stages)):
-        result, timing, egress, link = _simulate_stage(looked_up, network, plan, i,
-                                                       tied_s if i in (0, last_index) else 0.0)
+        result, timing, egress, link, ring = _simulate_stage(looked_up, network, plan, i,
+                                                             tied_s if i in (0, last_index) else 0.0)
         stages.append(result)
         timings.append(timing)
         egress_terms.append(egress)
+        rings.append(ring)
         if link is not None:
             link_s.append(link[0])
             link_counts.append(link[1])
+            links.append(link)
     egress_terms.append(tied_egress)  # after the stages' (the planner adds them in this order)
 
-    pipe = one_f_one_b(timings, link_s, link_counts, compose.p2p_schedule(looked_up.regime))
+    schedule = compose.p2p_schedule(looked_up.regime)
+    pipe = one_f_one_b(timings, link_s, link_counts, schedule,
+                       drain_delay_s=compose.drain_contention_s(schedule, links, rings))
     last = stages[compose.slowest_end([compose.stage_end_s(s.dp_sync_s, s.update_s) for s in stages])]
     iteration_s = compose.iteration_s(pipe, last.dp_sync_s, last.update_s)
     usd_per_hour = compose.add_in_order(
@@ -142,24 +148,27 @@ def simulate(
 
 
 def _simulate_stage(looked_up: _PlanProfiles, network: NetworkModel, plan: Plan, index: int, tied_s: float = 0.0,
-                    ) -> tuple[StageResult, StageTiming, list[float], tuple[float, int] | None]:
+                    ) -> tuple[StageResult, StageTiming, list[float], tuple[float, int, float] | None,
+                               tuple[float, float]]:
     """Stage ``index`` of ``plan``: its result, itself as a pipeline resource, the USD per
-    iteration of what it sends across zones (``compose.stage_egress_terms``) and its link to
-    the next stage (seconds per micro-batch, micro-batches the busiest NIC carries) or None;
-    ``tied_s``: the embedding group's sum it takes part in (``_tied_ring``)."""
+    iteration of what it sends across zones (``compose.stage_egress_terms``), its link to
+    the next stage (seconds per micro-batch, micro-batches the busiest NIC carries, bytes the
+    slowest pair moves per micro-batch) or None, and its DP ring as it meets its last sends
+    (``stage.overlapped_dp_ring``); ``tied_s``: the embedding group's sum it takes part in
+    (``_tied_ring``)."""
     stage = plan.stages[index]
     num_mb = plan.num_microbatches
     counts = routing.microbatches_per_replica(num_mb, stage.dp_degree)
     widest = max(s.dp_degree for s in plan.stages)
     replicas, steps, fwds = _stage_replicas(looked_up, stage, index, len(plan.stages), counts,
                                             widest / stage.dp_degree)
-    sync_s, sync_bytes, hop_bytes, hop_usd = _dp_ring(looked_up, network, stage)
+    sync_s, sync_bytes, hop_bytes, hop_usd, ring = _dp_ring(looked_up, network, stage)
     sync_s += tied_s
     p2p_s, p2p_bytes, crossings, link = 0.0, 0, [], None
     if index + 1 < len(plan.stages):
         nxt = plan.stages[index + 1]
-        p2p_s, p2p_bytes, crossings, busiest = _boundary(looked_up, network, stage, nxt, num_mb)
-        link = (p2p_s, busiest)
+        p2p_s, p2p_bytes, crossings, busiest, wire_bytes = _boundary(looked_up, network, stage, nxt, num_mb)
+        link = (p2p_s, busiest, wire_bytes)
     straggler = 0
     for r in range(1, len(steps)):
         if steps[r] > steps[straggler]:
@@ -175,7 +184,7 @@ def _simulate_stage(looked_up: _PlanProfiles, network: NetworkModel, plan: Plan,
         dp_sync_s=sync_s, dp_sync_bytes=sync_bytes, update_s=update_s,
     )
     egress = compose.stage_egress_terms(hop_bytes, hop_usd, p2p_bytes, crossings)
-    return result, stage_timing(steps, counts, fwds), egress, link
+    return result, stage_timing(steps, counts, fwds), egress, link, ring
 
 
 def _stage_replicas(looked_up: _PlanProfiles, stage: Stage, index: int, num_stages: int, counts: list[int],
@@ -221,16 +230,20 @@ def _stage_replicas(looked_up: _PlanProfiles, stage: Stage, index: int, num_stag
 
 
 def _dp_ring(looked_up: _PlanProfiles, network: NetworkModel, stage: Stage,
-             ) -> tuple[float, float, float, list[float]]:
+             ) -> tuple[float, float, float, list[float], tuple[float, float]]:
     """A stage's gradient all-reduce over its replicas: (seconds, bytes one GPU all-reduces,
-    bytes per ring hop, USD per byte of each hop that leaves a zone)."""
+    bytes per ring hop, USD per byte of each hop that leaves a zone, the ring as it meets the
+    stage's last sends: ``stage.overlapped_dp_ring``)."""
     thinnest = min(stage.replicas, key=lambda rep: rep.tp_degree)
     sync_bytes = st.dp_sync_bytes(looked_up.of(thinnest.gpu, thinnest.tp_degree), stage.layer_start,
                                   stage.layer_end, looked_up.regime)
     sync_s = st.stage_dp_sync_s(network, sync_bytes, [(rep.zone, rep.gpu, rep.tp_degree) for rep in stage.replicas])
     hop_usd = compose.ring_hop_usd_per_byte(network, [rep.zone for rep in stage.replicas])
     hop_bytes = compose.ring_hop_bytes(stage.dp_degree, sync_bytes, thinnest.tp_degree) if hop_usd else 0.0
-    return sync_s, sync_bytes, hop_bytes, hop_usd
+    tp = thinnest.tp_degree
+    ring = st.overlapped_dp_ring(sync_s, sync_bytes, stage.dp_degree,
+                                 tp if all(rep.tp_degree == tp for rep in stage.replicas) else None)
+    return sync_s, sync_bytes, hop_bytes, hop_usd, ring
 
 
 def _tied_ring(looked_up: _PlanProfiles, network: NetworkModel, plan: Plan) -> tuple[float, list[float]]:
@@ -247,29 +260,31 @@ def _tied_ring(looked_up: _PlanProfiles, network: NetworkModel, plan: Plan) -> t
 
 
 def _boundary(looked_up: _PlanProfiles, network: NetworkModel, src: Stage, dst: Stage, num_mb: int,
-              ) -> tuple[float, int, list[tuple[int, float]], int]:
+              ) -> tuple[float, int, list[tuple[int, float]], int, float]:
     """The boundary from ``src`` to the next stage ``dst``: (activation forward + gradient back
     of one micro-batch over the slowest replica pair the routing uses, activation bytes,
-    ``compose.boundary_crossings``, micro-batches its busiest NIC carries)."""
+    ``compose.boundary_crossings``, micro-batches its busiest NIC carries, the bytes that pair
+    moves: ``stage.boundary_wire_bytes``, the most of equally slow pairs)."""
     first = src.replicas[0]
     nbytes = st.boundary_bytes(looked_up.of(first.gpu, first.tp_degree), src.layer_end)
-    slowest = 0.0
-    pair_s: dict[tuple[Replica, Replica], float] = {}
+    slowest = slowest_bytes = 0.0
+    pair_s: dict[tuple[Replica, Replica], tuple[float, float]] = {}
     routes: list[tuple[int, str, str]] = []
     for (a, b), carried in routing.p2p_pairs(num_mb, src.dp_degree, dst.dp_degree).items():
         sender, receiver = src.replicas[a], dst.replicas[b]
-        t = pair_s.get((sender, receiver))
-        if t is None:
-            t = pair_s[(sender, receiver)] = st.boundary_transfer_s(
-                network, nbytes,
-                st.endpoint(sender.zone, sender.gpu, sender.tp_degree),
-                st.endpoint(receiver.zone, receiver.gpu, receiver.tp_degree),
-            )
-        if t > slowest:
-            slowest = t
+        hit = pair_s.get((sender, receiver))
+        if hit is None:
+            hit = pair_s[(sender, receiver)] = (
+                st.boundary_transfer_s(network, nbytes,
+                                       st.endpoint(sender.zone, sender.gpu, sender.tp_degree),
+                                       st.endpoint(receiver.zone, receiver.gpu, receiver.tp_degree)),
+                st.boundary_wire_bytes(nbytes, sender.tp_degree, receiver.tp_degree))
+        t, wire = hit
+        if t > slowest or (t == slowest and wire > slowest_bytes):
+            slowest, slowest_bytes = t, wire
         routes.append((carried, sender.zone, receiver.zone))
     busiest = routing.link_microbatches(num_mb, src.dp_degree, dst.dp_degree)
-    return slowest, nbytes, compose.boundary_crossings(network, routes), busiest
+    return slowest, nbytes, compose.boundary_crossings(network, routes), busiest, slowest_bytes
 
 
 def _gb(num_bytes: int) -> str:

@@ -64,6 +64,15 @@ def boundary_transfer_s(
             + network.p2p_time_s(num_bytes * src.num_gpus, dst, src))
 
 
+def boundary_wire_bytes(num_bytes: float, tp_src: int, tp_dst: int) -> float:
+    """Bytes ``boundary_transfer_s`` moves for one micro-batch between replicas of these TP
+    degrees: the activation forward and its gradient back, once each with equal degrees, else a
+    copy per receiving GPU each way (what a link's rate is of, ``compose.drain_contention_s``)."""
+    if tp_src == tp_dst:
+        return 2.0 * num_bytes
+    return float(num_bytes * tp_dst + num_bytes * tp_src)
+
+
 def dp_sync_bytes(profile: ModelProfile, layer_start: int, layer_end: int, regime: TrainingRegime) -> float:
     """Gradient bytes each data-parallel ring all-reduces: the stage's gradients but a tied
     matrix, which the embedding group sums (``memory.dp_synced_params``, ``tied_sync_s``).
@@ -95,6 +104,21 @@ def stage_dp_sync_s(network: NetworkModel, sync_bytes: float, replicas: Sequence
         shared = _ring_s(network, sync_bytes * thinnest,
                          [(zone, gpu, 1) for zone, gpu, n in replicas for _ in range(n)])
     return shared if shared > one else one
+
+
+def overlapped_dp_ring(sync_s: float, sync_bytes: float, dp_degree: int, tp_degree: int | None,
+                       ) -> tuple[float, float]:
+    """(seconds, bytes leaving each replica's node) of a stage's DP ring that runs beside its
+    last sends, for ``compose.drain_contention_s``.  Replicas of one TP degree (``tp_degree``):
+    the engine launches the ring's buckets during the last backward and sends the last input
+    gradient after it (``_OverlappedAllReduce``), both over the node's NIC (every replica is a
+    node of its own, so a ring never stays inside one).  Mixed TP degrees (``None``): the engine
+    all-reduces only once every send has completed, so nothing overlaps: (0, 0), as for one
+    replica.  ``sync_s``: ``stage_dp_sync_s`` (not the embedding group's sum, which also starts
+    only after every send)."""
+    if tp_degree is None or dp_degree <= 1 or sync_s <= 0:
+        return 0.0, 0.0
+    return sync_s, compose.ring_hop_bytes(dp_degree, sync_bytes, tp_degree)
 
 
 def tied_sync_bytes(profile: ModelProfile, regime: TrainingRegime) -> float:
