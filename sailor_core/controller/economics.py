@@ -79,6 +79,15 @@ class Outlook:
         x = self.option.throughput_samples_per_s
         return self.effective_samples_per_s / x if x > 0 else 0.0
 
+    @property
+    def expected_hits(self) -> float:
+        """Preemptions expected to hit the plan before the job ends: its rate over its training
+        time (W / x, the restarts left out)."""
+        train_s = (self.time_s - self.change_s) * self.useful_fraction
+        if self.hits_per_s <= 0:
+            return 0.0
+        return self.hits_per_s * train_s if math.isfinite(train_s) else math.inf
+
 
 def hits_per_s(option: PlanOption, *, rates: Mapping[GpuZone, float], shares: Mapping[GpuZone, float]) -> float:
     """Preemptions per second expected to take at least one of ``option``'s spot GPUs."""
@@ -117,10 +126,9 @@ def deadline_margin_s(o: Outlook, *, quantile: float, costs: Costs) -> float:
     preemptions: z sqrt(m) hits more than the m it expects over its training, each costing
     ``hit_s`` (the normal approximation of a Poisson count; z = 0 at the median).  The margin
     shrinks with the work left, so near the deadline a slower, cheaper plan may make it again."""
-    train_s = (o.time_s - o.change_s) * o.useful_fraction  # W / x: the training, hits left out
-    if o.hits_per_s <= 0 or not math.isfinite(train_s) or quantile <= 0.5:
+    expected_hits = o.expected_hits
+    if expected_hits <= 0 or not math.isfinite(expected_hits) or quantile <= 0.5:
         return 0.0
-    expected_hits = o.hits_per_s * train_s
     return NormalDist().inv_cdf(quantile) * math.sqrt(expected_hits) * costs.hit_s
 
 

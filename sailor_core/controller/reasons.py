@@ -76,11 +76,23 @@ def why_words(choice: Outlook, avail: Mapping[GpuZone, int], state: ControllerSt
     if choice.option.on_demand:
         parts.append(f"{gpus_words(choice.option.on_demand)} on demand (never preempted)")
     if choice.hits_per_s > 0:
-        parts.append(f"expects {per_hour(choice.hits_per_s)} on this plan, training {choice.useful_fraction:.0%} "
-                     "of the time")
+        # The count before the end, not the rate alone: a job of minutes learns its rates from
+        # minutes (rate_window_s), and "96 times an hour" read as a storm where it means about one.
+        parts.append(f"expects {hits_words(choice.expected_hits)} before the job ends "
+                     f"({per_hour(choice.hits_per_s)}), training {choice.useful_fraction:.0%} of the time")
     if gave_up:
         parts.append(gave_up)
     return "; ".join(parts)
+
+
+def hits_words(num_hits: float) -> str:
+    if not math.isfinite(num_hits):
+        return "preemptions without end"
+    if num_hits < 0.5:
+        return "less than one more preemption"
+    if num_hits < 1.5:
+        return "about one more preemption"
+    return f"about {num_hits:.0f} more preemptions"
 
 
 def per_hour(rate_per_s: float) -> str:

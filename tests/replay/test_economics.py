@@ -265,3 +265,25 @@ def test_config_checks_the_objective_and_floor():
     with pytest.raises(InputError, match="floor"):
         ControllerConfig(min_throughput_samples_per_s=0)
     assert math.isclose(ControllerConfig(save_s=4, provisioning_s=90, startup_s=64).change_cost_s, 158)
+
+
+def test_a_re_plan_says_how_many_preemptions_it_expects_before_the_job_ends():
+    """A short job learns its rates from minutes: 96 an hour over the ~40 s it has left is about
+    one more hit, and the words say that count beside the rate."""
+    from sailor_core.controller import ControllerState, Costs, PlanOption
+    from sailor_core.controller.reasons import why_words
+
+    pool = ("T4", "us-central1-a")
+    plan = PlanOption(gpus={pool: 2}, throughput_samples_per_s=10.0, usd_per_hr=0.7, label="2xT4")
+    costs = Costs(save_s=1, provisioning_s=2, startup_s=5, work_lost_s=0)
+    state = ControllerState(plan=plan, samples_done=100.0, samples_target=500.0, budget_left_usd=1.0,
+                            available={pool: 2}, preemption_rate_per_s={pool: 96 / 3600})
+    short = outlook(plan, remaining=400.0, change=8.0, rates=state.preemption_rate_per_s, shares={}, costs=costs)
+    assert short.expected_hits == pytest.approx(96 / 3600 * 400.0 / 10.0)  # rate x training time: ~1.07
+    words = why_words(short, {pool: 2}, state, "")
+    assert "expects about one more preemption before the job ends (96 times an hour)" in words
+    long = outlook(plan, remaining=400_000.0, change=8.0, rates=state.preemption_rate_per_s, shares={}, costs=costs)
+    assert "expects about 1067 more preemptions" in why_words(long, {pool: 2}, state, "")
+    calm = outlook(plan, remaining=400.0, change=8.0, rates={pool: 1 / 3600}, shares={}, costs=costs)
+    assert calm.expected_hits < 0.5
+    assert "less than one more preemption" in why_words(calm, {pool: 2}, state, "")
