@@ -54,6 +54,8 @@ def _boot_one(cloud, providers, job: str, *, script: str, cloud_name: str = "aws
     zone, itype = ("us-east-1a", "g4dn.xlarge") if cloud_name == "aws" else ("us-central1-a", "n1-standard-4-t4x1")
     (inst,) = p.run_instances(zone=zone, instance_type=itype, count=1, labels=job_labels(job, 1), startup_script=script)
     (ready,) = p.wait_instances(job_labels(job, 1), instance_ids=[inst.instance_id], timeout_s=20)
+    # An EC2 instance's machine boots on the cloud's next tick after moto says "running".
+    assert wait_until(lambda: cloud.machines.get(inst.instance_id) is not None, timeout_s=10)
     return ready  # as described now: with the addresses of its machine
 
 
