@@ -120,7 +120,9 @@ def test_logits_and_loss_equal_transformers_under_every_plan(families, family):
             assert logits.shape == hf_logits.shape
             diff = float((logits - hf_logits).abs().max())
             assert diff <= TOL, (plan_name, diff)
-            assert abs(float(loss) - float(hf_loss)) <= TOL, plan_name
+            # Logits within TOL bound the mean cross-entropy within 2 TOL (its log-sum-exp and its
+            # target logit each move by at most the largest logit difference).
+            assert abs(float(loss) - float(hf_loss)) <= 2 * TOL, (plan_name, diff)
 
 
 @pytest.mark.parametrize("family", ["opt-350m-like", "gpt-neo", "llama-3.2-like", "llama-3-like"])
