@@ -19,6 +19,7 @@ from sailor_core.controller import (
     with_on_demand,
 )
 from sailor_core.controller.economics import change_s, hits_per_s, outlook, regrow_shortfall, switch_pays
+from sailor_core.controller.reasons import why_words
 
 from replay_helpers import linear_option, linear_planner
 
@@ -270,8 +271,6 @@ def test_config_checks_the_objective_and_floor():
 def test_a_re_plan_says_how_many_preemptions_it_expects_before_the_job_ends():
     """A short job learns its rates from minutes: 96 an hour over the ~40 s it has left is about
     one more hit, and the words say that count beside the rate."""
-    from sailor_core.controller import ControllerState, Costs, PlanOption
-    from sailor_core.controller.reasons import why_words
 
     pool = ("T4", "us-central1-a")
     plan = PlanOption(gpus={pool: 2}, throughput_samples_per_s=10.0, usd_per_hr=0.7, label="2xT4")
