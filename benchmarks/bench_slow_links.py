@@ -14,14 +14,16 @@ op on the critical path: a fair scheduler gives each runnable thread its share o
 The stretch is measured in the run itself: per step, every worker's main thread's time on a
 CPU and time runnable but waiting for one (``/proc/thread-self/schedstat``, recorded by
 ``slowlink_site/sitecustomize.py``, put first on the workers' PYTHONPATH).  The prediction is
-the simulator's with the profile's times x ``(on CPU + waiting) / on CPU`` over all ranks'
-steady steps, and x the ranks' on-CPU seconds per step over the profile's CPU work (the CPU
-time of an op is not constant here: the 2 cores may be hyperthreads of one, and a profile taken
-under heavy load measured 0.77 s per step where another took 0.44 s).  That spreads the engine's
-per-rank overheads (optimizer, step bookkeeping, Python around the ops) over the ops in
-proportion, some of which are off the critical path, so it errs slow where ranks are many; the
-prediction at the profile's own CPU times (x the measured waiting only) errs fast: the two
-bracket the step.  Printed beside them, the same from a 1 s probe of the machine's load before each
+the simulator's with each stage's layer times x its own rank's (on CPU + waiting) seconds per
+steady step over the profile's CPU work of that stage (the CPU time of an op is not constant
+here: the 2 cores may be hyperthreads of one, and a profile taken under heavy load measured
+0.77 s per step where another took 0.44 s; and each rank adds its own overheads: Python around
+the ops, the loss, the step's bookkeeping).  Printed beside it: all ranks' seconds pooled into
+one factor for every op (which spreads the embedding stage's overheads over the others), and
+the profile's own CPU times x the measured waiting only, which errs fast.  What neither sees:
+the waiting is an average over the step, and the warm-up and cool-down ops, on the critical
+path, run while fewer ranks compete for the cores, so with few micro-batches and many ranks
+the prediction errs slow.  Printed beside them, the same from a 1 s probe of the machine's load before each
 run (``L`` other runnable threads on ``C`` cores: ``k = max(1, (k W / T + L) / C)``, ``k W / T``
 our ranks computing at once, never below the cores' throughput bound ``W / C_eff`` of
 ``sailor_core/profiler/cpu_sharing.py``), which misses when other jobs come and go.
@@ -74,7 +76,7 @@ def shim_network(latency_s: float, bandwidth_bytes_per_s: float):
 
 def predict(plan, profile, latency_s: float, bandwidth_bytes_per_s: float, other_load: float = 0.0,
             num_cores: float | None = None, stretch: float | None = None,
-            cpu_per_step_s: float | None = None) -> dict:
+            cpu_per_step_s: float | None = None, per_rank: dict | None = None) -> dict:
     """The simulator's step for ``plan`` over the shim's links (and with free links), the ranks
     sharing this machine's cores with each other and with ``other_load`` threads of other jobs;
     with ``stretch`` (measured in the run: ``cpu_stretch``) the profile's times x that instead,
@@ -111,10 +113,53 @@ def predict(plan, profile, latency_s: float, bandwidth_bytes_per_s: float, other
         stretch *= cpu_per_step_s / shared.work_s
     final = at(stretch if stretch is not None else probed_k)
     t = final.iteration_time_s if stretch is not None else probed["iteration_time_s"]
+    per_stage = None
+    if per_rank:
+        factors = stage_factors(plan, profile, per_rank)
+        per_stage = {"iteration_time_s": simulate_with(plan, ProfileDB([stage_scaled_profile(plan, profile, factors)]),
+                                                       net).iteration_time_s, "factors": factors}
+    pooled_s = t
+    if per_stage is not None:  # the headline: each rank's time where it was spent
+        t = per_stage["iteration_time_s"]
     return {"iteration_time_s": t, "stretch": stretch if stretch is not None else probed_k, "probed_load": probed,
-            "profile_cpu_s": profile_only,
+            "profile_cpu_s": profile_only, "per_stage": per_stage, "pooled_s": pooled_s,
             "simulated_s": sim.iteration_time_s, "free_links_s": free.iteration_time_s, "cpu_work_s": shared.work_s,
             "other_load": other_load, "breakdown": final.breakdown, "bottleneck": final.bottleneck}
+
+
+def stage_work_s(plan, profile, stage) -> float:
+    """The profile's CPU seconds of one stage's replica per iteration: its micro-batches' forward
+    and backward, and its optimizer step."""
+    layers = profile.layers[stage.layer_start:stage.layer_end]
+    num_mb = plan.num_microbatches // stage.dp_degree
+    return (num_mb * sum(l.fwd_s + l.bwd_s for l in layers)
+            + profile.update_s(sum(l.params for l in layers)))
+
+
+def stage_factors(plan, profile, per_rank: dict) -> list[float]:
+    """Per stage (one replica each, rank = stage): its rank's measured seconds per steady step,
+    on a CPU or runnable and waiting for one, over the profile's CPU work of the stage.  Every
+    rank's own overheads (Python around the ops, the loss, the step's bookkeeping) and its own
+    wait for a core stay on its own stage, where its ops run one after another, rather than
+    being spread over every stage's ops."""
+    assert len(per_rank) == plan.pp_degree and all(s.dp_degree == 1 for s in plan.stages)
+    out = []
+    for i, stage in enumerate(plan.stages):
+        on_cpu, waiting, steps = per_rank[str(i)]
+        out.append((on_cpu + waiting) / steps / stage_work_s(plan, profile, stage))
+    return out
+
+
+def stage_scaled_profile(plan, profile, factors: list[float]):
+    """``profile`` with each stage's layers ``factors[stage]`` times longer (the stages hold
+    disjoint layers), the optimizer step by their median."""
+    layers = list(profile.layers)
+    for stage, k in zip(plan.stages, factors, strict=True):
+        for i in range(stage.layer_start, stage.layer_end):
+            layers[i] = replace(layers[i], fwd_s=layers[i].fwd_s * k, bwd_s=layers[i].bwd_s * k)
+    k = statistics.median(factors)
+    return replace(profile, layers=tuple(layers), update_s_per_param=profile.update_s_per_param * k,
+                   update_fixed_s=profile.update_fixed_s * k)
 
 
 def scaled_profile(profile, factor: float):
@@ -157,15 +202,19 @@ def cpu_stretch(sched_dir: Path) -> dict:
     run_s = wait_s = 0.0
     late: list[float] = []
     steps = 0
+    per_rank: dict[str, list[float]] = {}
     for f in sorted(sched_dir.glob("rank*.json")):
         got = json.loads(f.read_text())
         steps = max(steps, len(got["steps"]) - 1)
+        mine = [0.0, 0.0, 0.0]  # on CPU, waiting, steps
         for _, on_cpu, waiting in got["steps"][1:]:
             run_s, wait_s = run_s + on_cpu, wait_s + waiting
+            mine = [mine[0] + on_cpu, mine[1] + waiting, mine[2] + 1]
+        per_rank[str(got["rank"])] = mine
         late += got.get("late", [])
     # late deliveries: the real transport behind the slow link's arrival (the shim cannot hide it)
     stretch = (run_s + wait_s) / run_s if run_s > 0 else 1.0
-    return {"on_cpu_s": run_s, "waiting_s": wait_s, "steps": steps, "stretch": stretch,
+    return {"on_cpu_s": run_s, "waiting_s": wait_s, "steps": steps, "stretch": stretch, "per_rank": per_rank,
             "late_max_s": max(late, default=0.0), "late_over_10ms": sum(1 for x in late if x > 0.01),
             "receives": len(late)}
 
@@ -246,6 +295,12 @@ def sharing_of(runs: list[dict]) -> dict:
         got["stretch"] = (on_cpu + sum(r["sharing"]["waiting_s"] for r in runs)) / on_cpu
         if all(r["sharing"].get("steps") for r in runs):
             got["cpu_per_step_s"] = on_cpu / sum(r["sharing"]["steps"] for r in runs)
+        if all("per_rank" in r["sharing"] for r in runs):
+            pooled: dict[str, list[float]] = {}
+            for r in runs:
+                for rank, figs in r["sharing"]["per_rank"].items():
+                    pooled[rank] = [a + b for a, b in zip(pooled.get(rank, [0.0, 0.0, 0.0]), figs)]
+            got["per_rank"] = pooled
     return got
 
 
@@ -291,6 +346,11 @@ def print_row(row: dict, flush: bool = False) -> None:
                  f" (max {max(x['late_max_s'] for x in late) * 1e3:.0f} ms)") if late else ""
     only = p.get("profile_cpu_s")
     only_text = f"; at the profile's CPU times {only:.3f} s ({only / row['measured_s'] - 1:+.1%})" if only else ""
+    ps = p.get("per_stage")
+    if ps:
+        only_text = (f" (each stage x{min(ps['factors']):.2f}..{max(ps['factors']):.2f} its rank's own time); all "
+                     f"ranks' time pooled {p['pooled_s']:.3f} s ({p['pooled_s'] / row['measured_s'] - 1:+.1%})"
+                     + only_text)
     print(f"{row['depth']} stages x {row['microbatches']:>2} micro-batches: measured {row['measured_s']:.3f} s "
           f"(runs {min(meds):.3f}..{max(meds):.3f}), predicted {p['iteration_time_s']:.3f} s "
           f"({row['error']:+.1%}); ops x{p['stretch']:.2f}{only_text}; own cores {p['simulated_s']:.3f} s; other load "

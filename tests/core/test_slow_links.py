@@ -32,6 +32,25 @@ def test_the_shim_travels_in_the_environment():
         LinkShim(latency_s=0.01, bandwidth_bytes_per_s=0)
 
 
+def test_each_stage_takes_its_own_ranks_measured_time():
+    from sailor_core.profiles import default_profile_db
+
+    plan = bench.plan_for("small", 2, 4)
+    profile = default_profile_db().get("small", "cpu", 1, 1)
+    work = [bench.stage_work_s(plan, profile, st) for st in plan.stages]
+    # rank 0 spent twice its profile's work per step (on a CPU or waiting for one), rank 1 three times
+    per_rank = {"0": [2 * work[0] * 3 - 0.1, 0.1, 3], "1": [3 * work[1] * 5, 0.0, 5]}
+    factors = bench.stage_factors(plan, profile, per_rank)
+    assert factors == pytest.approx([2.0, 3.0])
+    scaled = bench.stage_scaled_profile(plan, profile, factors)
+    for stage, k in zip(plan.stages, factors):
+        for i in range(stage.layer_start, stage.layer_end):
+            assert scaled.layers[i].fwd_s == pytest.approx(k * profile.layers[i].fwd_s)
+            assert scaled.layers[i].bwd_s == pytest.approx(k * profile.layers[i].bwd_s)
+    # the optimizer step, one rate for the whole model, by the stages' median
+    assert scaled.update_s_per_param == pytest.approx(2.5 * profile.update_s_per_param)
+
+
 @pytest.mark.slow  # an engine launch of two workers, ~20 s on the shared 2-core VM
 def test_a_slow_links_latency_costs_what_the_simulator_charges(tmp_path):
     # 2 stages of tiny, 4 micro-batches, 50 ms each way: the links, not the compute, make the step:
