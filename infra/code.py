@@ -27,6 +27,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
+from infra import cache_dirs
 from infra.errors import CloudConfigError
 from sailor_core.storage import open_storage
 
@@ -86,6 +87,7 @@ def build_wheel(cache_dir: Path | None = None) -> tuple[Path, str]:
         done = cache / key
         wheels = sorted(done.glob("*.whl")) if done.is_dir() else []
         if wheels:
+            cache_dirs.mark_used(done)
             return wheels[0], key
         cache.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(prefix="sailor-wheel-", dir=cache) as tmp:
@@ -113,6 +115,7 @@ def build_wheel(cache_dir: Path | None = None) -> tuple[Path, str]:
             except OSError:  # another process (a test worker, a second controller) got there first
                 if not any(done.glob("*.whl")):
                     raise
+        cache_dirs.prune(cache)  # a new state of the source: the oldest idle builds go
         return next(done.glob("*.whl")), key
 
 

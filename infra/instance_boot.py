@@ -149,6 +149,10 @@ def environment(cfg: dict, wheel: str, lock_text: str) -> str:
     python = os.path.join(env_dir, "bin", "python")
     if os.path.exists(os.path.join(env_dir, ".complete")):
         log(f"environment {env_dir} already made for this wheel")
+        try:
+            os.utime(env_dir)  # in use: a cache that prunes idle environments keeps it
+        except OSError:
+            pass
         return python
     os.makedirs(cache, exist_ok=True)
     tmp = f"{env_dir}.tmp-{os.getpid()}"

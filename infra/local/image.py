@@ -25,6 +25,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from infra import cache_dirs
+
 
 _OUR_PACKAGES = frozenset({"sailor_core", "infra", "flows", "tasks"})
 
@@ -69,6 +71,7 @@ def image_for_this_machine(home: Path | None = None) -> Image:
                   site_dir=root / "site-packages", env_cache=root / "envs", base_prefix=Path(sys.base_prefix),
                   backing_dir=purelib)
     if (root / ".complete").exists():
+        cache_dirs.prune(image.env_cache)  # one environment per wheel the instances installed
         return image
     root.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f"{key}.tmp-", dir=root.parent))

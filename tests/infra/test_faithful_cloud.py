@@ -355,6 +355,8 @@ def outside_root(trace: str, machine, image, *, checkout: str, home: str) -> lis
         if not m or m.group(1) not in _FILE_CALLS:
             continue
         call, path = m.groups()
+        if call in ("symlink", "symlinkat"):  # symlink(target, link): what it writes is the link
+            path = re.findall(r'"([^"]*)"', line)[-1]
         path = os.path.normpath(path if path.startswith("/") else f"{root}/{path}")  # cwd: the root
         if call in _LOOKUPS and any(str(p).startswith(path.rstrip("/") + "/") for p in (root, *readable)):
             continue  # a directory on the way to the root or the image (resolving a path stats each one)
