@@ -72,24 +72,12 @@ def replay_cmd(
     """Replay an availability trace in simulated time under each policy: time to train, USD, re-plans."""
     # lazy: loaded when the command runs (the CLI starts light)
     from sailor_core.catalog import get_model
-    from sailor_core.replay import (
-        POLICIES,
-        ChangeCosts,
-        JobTerms,
-        checkpoint_bytes_for,
-        load_price_series,
-        run_policies,
-    )
+    from sailor_core.replay import (POLICIES, ChangeCosts, JobTerms, checkpoint_bytes_for, load_price_series,
+                                    run_policies)
     from sailor_core.traces import load_trace
 
-    names = list(POLICIES) if policy.strip() == "all" else [p.strip() for p in policy.split(",") if p.strip()]
-    for p in names:
-        if p not in POLICIES:
-            raise InputError(f"unknown policy {p!r}; known: {', '.join(POLICIES)} or all")
-    if workers is not None and workers < 0:
-        raise InputError(f"--workers must be 0 or more, got {workers}")
-    if pareto and not compare:
-        raise InputError("--pareto draws the comparison: add --compare")
+    names = _policy_names(policy, POLICIES)
+    _check_options(workers=workers, pareto=pareto, compare=compare)
     terms = JobTerms(objective=objective.strip().lower(), min_throughput_samples_per_s=min_throughput,
                      deadline_h=deadline_h, on_demand_gpus=on_demand_gpus)
     spec = get_model(model)
@@ -99,30 +87,48 @@ def replay_cmd(
         checkpoint_bytes=checkpoint_bytes_for(spec.name), storage_bw_bytes_per_s=storage_gbps * 1e9,
     )
     availability = load_trace(trace, gpu=trace_gpu, zone=trace_zone)
-    series = load_price_series(prices) if prices else None
+    run_args = dict(global_batch_size=global_batch if global_batch is not None else global_batch_size, costs=costs,
+                    gpu_type=gpu, prices=load_price_series(prices) if prices else None, seed=seed,
+                    exact_availability=exact, plan_cache_path=plan_cache, workers=workers)
     with _progress_line(quiet=as_json) as on_progress:
-        suite = run_policies(
-            availability, model=spec.name, tokens=num_tokens, policies=names, global_batch_size=global_batch if global_batch is not None else global_batch_size,
-            budget_usd=budget_usd, costs=costs, gpu_type=gpu, prices=series, seed=seed, exact_availability=exact,
-            plan_cache_path=plan_cache, workers=workers, progress=on_progress, terms=terms,
-        )
+        suite = run_policies(availability, model=spec.name, tokens=num_tokens, policies=names, budget_usd=budget_usd,
+                             progress=on_progress, terms=terms, **run_args)
     out = suite.to_dict()
     if compare:
-        out["comparison"] = _compare(availability, spec.name, num_tokens, names, terms, pareto, dict(
-            global_batch_size=global_batch if global_batch is not None else global_batch_size, costs=costs,
-            gpu_type=gpu, prices=series, seed=seed, exact_availability=exact, plan_cache_path=plan_cache,
-            workers=workers), quiet=as_json)
+        out["comparison"] = _compare(availability, spec.name, num_tokens, names, terms, pareto, run_args,
+                                     quiet=as_json)
     if plot:
-        # lazy: loaded when the command runs (the CLI starts light)
-        from sailor_core.replay.plot import plot_timeline
-
-        plot_timeline(suite.results, plot, trace=availability,
-                      title=f"{spec.name}, {num_tokens:.3g} tokens on {availability.source}")
-        out["plot"] = plot
+        out["plot"] = _plot(suite, availability, plot, title=f"{spec.name}, {num_tokens:.3g} tokens on "
+                                                               f"{availability.source}")
     if as_json:
         print_json(out)
         return
     _print_suite(out)
+
+
+def _policy_names(policy: str, known) -> list[str]:
+    """``--policy``: a comma list of the known policies, or all."""
+    names = list(known) if policy.strip() == "all" else [p.strip() for p in policy.split(",") if p.strip()]
+    for p in names:
+        if p not in known:
+            raise InputError(f"unknown policy {p!r}; known: {', '.join(known)} or all")
+    return names
+
+
+def _check_options(*, workers: int | None, pareto: str | None, compare: bool) -> None:
+    if workers is not None and workers < 0:
+        raise InputError(f"--workers must be 0 or more, got {workers}")
+    if pareto and not compare:
+        raise InputError("--pareto draws the comparison: add --compare")
+
+
+def _plot(suite, trace, path: str, *, title: str) -> str:
+    """The timeline PNG at ``path`` (returned)."""
+    # lazy: loaded when the command runs (the CLI starts light)
+    from sailor_core.replay.plot import plot_timeline
+
+    plot_timeline(suite.results, path, trace=trace, title=title)
+    return path
 
 
 def _compare(trace, model: str, tokens: float, policies, terms, pareto: str | None, run_args: dict, *,
