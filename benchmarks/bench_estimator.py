@@ -5,7 +5,8 @@
 1. H200 (data/measurements, bf16 autocast): calibrate on two OPT models, predict the third,
    each way round; error of the whole-model forward+backward time of one micro-batch per mbs.
 1b. The H200 with none of its data, from Sailor's GPUs (another regime: Megatron fp32).
-1c. A model family never profiled (OPT -> Llama and GPT-Neo, etc.): calibrated on the others.
+1c. A model family never profiled (OPT -> Llama and GPT-Neo, etc.): calibrated on the others
+    (profiles measured with TF32 off under the TF32 regime are marked and summarized apart).
 2. GPU never profiled: drop every profile of one Sailor GPU, predict its OPT-350 profiles from
    the other GPUs (the database picks the closest as reference); error of fwd+bwd per (tp, mbs).
 3. Other micro-batch sizes on a profiled GPU: drop one (tp, mbs) of a (model, GPU) and predict it
@@ -112,14 +113,29 @@ def _family(model: str) -> str:
     return model.split("-")[0]
 
 
+def _off_datapath(profiles) -> set[tuple[str, str]]:
+    """(model, GPU) pairs measured on the plain fp32 path under a TF32 regime, as the estimator
+    finds them from all the profiles (``estimator.off_datapath_models``)."""
+    from sailor_core.profiles import estimator as est
+
+    return {
+        (model, gpu)
+        for gpu, regime in {(p.gpu, p.regime) for p in profiles}
+        for model in est.off_datapath_models(profiles, gpu, regime)
+    }
+
+
 def cross_family(profiles) -> dict[str, list[float]]:
     """Calibrate without any model of a family (OPT, GPT-Neo, Llama), predict that family's
-    profiles on every GPU and regime it was measured on."""
+    profiles on every GPU and regime it was measured on.  Profiles measured with TF32 off
+    under a TF32 regime (marked) cannot be predicted from the regime: summarized apart too."""
     families = sorted({_family(p.model) for p in profiles})
+    off = _off_datapath(profiles)
     print("\n## 1c. A model family never profiled: calibrated on the other families\n")
     print("| family | model | GPU | points | median abs err | max abs err | median signed |")
     print("| --- | --- | --- | ---: | ---: | ---: | ---: |")
     out: dict[str, list[float]] = {}
+    on_path: dict[str, list[float]] = {}
     for held in families:
         db = ProfileDB([p for p in profiles if _family(p.model) != held])
         per: dict[tuple[str, str], list[float]] = {}
@@ -131,11 +147,15 @@ def cross_family(profiles) -> dict[str, list[float]]:
             per.setdefault((true.model, true.gpu), []).append(_err(pred.fwd_bwd_s(), true.fwd_bwd_s()))
         for (model, gpu), errors in sorted(per.items()):
             a = [abs(e) for e in errors]
-            print(f"| {held} | {model} | {gpu} | {len(a)} | {statistics.median(a):.1%} | {max(a):.1%} | "
+            mark = " (TF32 off)" if (model, gpu) in off else ""
+            print(f"| {held} | {model} | {gpu}{mark} | {len(a)} | {statistics.median(a):.1%} | {max(a):.1%} | "
                   f"{statistics.median(errors):+.1%} |")
         out[held] = [e for errors in per.values() for e in errors]
+        on_path[held] = [e for key, errors in per.items() if key not in off for e in errors]
     for held, errors in out.items():
         print(f"\nfamily {held} from the others: {_summary(errors)}")
+        if len(on_path[held]) < len(errors):
+            print(f"  without the profiles measured with TF32 off: {_summary(on_path[held])}")
     return out
 
 

@@ -83,6 +83,9 @@ class Calibration:
     tp_latency_s: float = DEFAULT_TP_LATENCY_S  # per TP all-reduce
     tp_bw_efficiency: float = DEFAULT_TP_BW_EFFICIENCY  # achieved fraction of the intra-node link
     num_points: int = 0  # distinct measured layers it was fitted on (0: defaults)
+    # models whose profiles were left out: measured on the GPU's plain-fp32 path, not the
+    # regime's faster one (``off_datapath_models``)
+    left_out_models: tuple[str, ...] = ()
 
     @property
     def describe(self) -> str:
@@ -92,6 +95,7 @@ class Calibration:
             f"x{self.bwd_memory_factor:.2f} bwd, launch per kernel fwd {self.fwd_overhead_s * 1e6:.1f} us "
             f"bwd {self.bwd_overhead_s * 1e6:.1f} us, TP all-reduce {self.tp_latency_s * 1e6:.0f} us + "
             f"{self.tp_bw_efficiency:.0%} of link ({self.num_points} points)"
+            + (f"; left out, measured on the plain fp32 path: {', '.join(self.left_out_models)}" if self.left_out_models else "")
         )
 
 
@@ -251,6 +255,44 @@ def _fit_comm(
     return float(lat[i, 0, 0]), float(eff[0, j, 0])
 
 
+def off_datapath_models(profiles: Iterable, gpu: str, regime: str) -> frozenset[str]:
+    """Models whose profiles on ``gpu`` ran their matmuls on the plain fp32 path although the
+    regime says TF32 (or another path faster than plain fp32).
+
+    Whether an fp32 framework uses TF32 is a library default, not part of the regime's name
+    (PyTorch turned TF32 matmuls off by default in 1.12), so two runs of one framework on one
+    GPU can differ by the TF32/fp32 peak ratio (8x on an A100).  A block measured above the
+    plain fp32 peak proves the faster path for its model; a model at least as wide as such a
+    proven one (larger matmuls are never less efficient) that never got above the plain fp32
+    peak ran on the plain path, and one calibration cannot describe both (Sailor's OPT-30 and
+    LLaMA-3-8 on A100-40 run at 15-18 TFLOPS, 80-93 % of the 19.5 plain peak, its OPT-350 and
+    GPT-Neo-2.7 at 30-78 TFLOPS).  Nothing is left out when no model proves the faster path.
+    """
+    spec = get_gpu(gpu)
+    reg = get_regime(regime)
+    plain_peak = spec.peak_fp32_flops
+    if matmul_peak_flops(spec, reg) <= plain_peak:
+        return frozenset()
+    best: dict[str, float] = {}  # model -> fastest block, FLOP/s
+    for p in profiles:
+        if p.gpu != spec.name or p.regime != reg.name:
+            continue
+        shapes = layer_shapes(p.model, tp_degree=p.tp_degree, seq_len=p.seq_len, regime=reg)
+        if len(shapes) != len(p.layers):
+            continue
+        for layer, shape in zip(p.layers, shapes, strict=True):
+            if shape.kind != "block" or not layer.measured:
+                continue
+            flops = shape.fwd_flops(p.micro_batch_size, p.seq_len)
+            rate = max(flops / layer.fwd_s if layer.fwd_s > 0 else 0.0, 2 * flops / layer.bwd_s if layer.bwd_s > 0 else 0.0)
+            best[p.model] = max(best.get(p.model, 0.0), rate)
+    proven = [get_model(m).hidden_size for m, rate in best.items() if rate > plain_peak]
+    if not proven:
+        return frozenset()
+    narrowest = min(proven)
+    return frozenset(m for m, rate in best.items() if rate <= plain_peak and get_model(m).hidden_size >= narrowest)
+
+
 def calibrate(profiles: Iterable, gpu: str, regime: str) -> Calibration:
     """Fit the constants on measured layer times of ``gpu`` under ``regime``.
 
@@ -258,15 +300,18 @@ def calibrate(profiles: Iterable, gpu: str, regime: str) -> Calibration:
     relative to the profile's whole-model time, so every profile counts alike.  The
     embedding's backward is skipped: Sailor's profiler reports it as ~0 (a hook artifact).
     Compute constants come from TP-1 profiles (all profiles when there are too few), the
-    all-reduce constants from TP > 1 profiles.
+    all-reduce constants from TP > 1 profiles.  Models measured on another matmul datapath
+    than the regime's are left out (``off_datapath_models``).
     """
     spec = get_gpu(gpu)
     reg = get_regime(regime)
+    profiles = list(profiles)
+    left_out = off_datapath_models(profiles, spec.name, reg.name)
     # (tp, compute, memory, n_allreduce, wire, kernels, fwd, bwd|None, weight, is_block)
     points: list[tuple] = []
     block_models: set[int] = set()  # hidden sizes seen: traffic/FLOP differs between them
     for p in profiles:
-        if p.gpu != spec.name or p.regime != reg.name:
+        if p.gpu != spec.name or p.regime != reg.name or p.model in left_out:
             continue
         shapes = layer_shapes(p.model, tp_degree=p.tp_degree, seq_len=p.seq_len, regime=reg)
         m = get_model(p.model)
@@ -300,7 +345,7 @@ def calibrate(profiles: Iterable, gpu: str, regime: str) -> Calibration:
         (2 * c, 2 * mem, comm(n, w), 2 * q, b, wt, blk) for _, c, mem, n, w, q, _, b, wt, blk in base if b is not None
     ]
     if len(fwd_pts) < 2 or len(bwd_pts) < 2:
-        return default_calibration(spec.name, reg.name)
+        return dataclasses.replace(default_calibration(spec.name, reg.name), left_out_models=tuple(sorted(left_out)))
     fit_memory = len(block_models) >= 2
     kf, mf, cf = _fit_three(fwd_pts, fit_memory=fit_memory)
     kb, mb, cb = _fit_three(bwd_pts, fit_memory=fit_memory)
@@ -320,6 +365,7 @@ def calibrate(profiles: Iterable, gpu: str, regime: str) -> Calibration:
         tp_latency_s=lat,
         tp_bw_efficiency=eff,
         num_points=len(points),
+        left_out_models=tuple(sorted(left_out)),
     )
 
 

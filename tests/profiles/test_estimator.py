@@ -1,5 +1,6 @@
 """The analytic estimator: its fit recovers known constants, and it predicts unseen data."""
 
+import dataclasses
 import statistics
 
 import pytest
@@ -93,3 +94,42 @@ def test_a100_80_predicted_from_a100_40(sailor_profiles):
         assert "from A100-40" in pred.source
         errors.append(abs(pred.fwd_bwd_s() / true.fwd_bwd_s() - 1))
     assert statistics.median(errors) < 0.10
+
+
+def _on_plain_fp32_path(model, cal):
+    """The same profiles as if their matmuls had run on the A100's plain fp32 path (TF32 off):
+    the 8x lower peak at the same efficiency, i.e. compute time x8."""
+    gpu = get_gpu(cal.gpu)
+    ratio = est.matmul_peak_flops(gpu, get_regime(REGIME)) / gpu.peak_fp32_flops
+    slow = dataclasses.replace(cal, fwd_inv_efficiency=cal.fwd_inv_efficiency * ratio,
+                               bwd_inv_efficiency=cal.bwd_inv_efficiency * ratio)
+    return _synthetic(slow, model=model)
+
+
+def test_a_model_measured_without_tf32_is_left_out_of_the_calibration():
+    """Sailor's OPT-30 and LLaMA-3-8 on A100-40 ran at 15-18 TFLOPS, under the 19.5 plain fp32
+    peak, while its OPT-350 and GPT-Neo-2.7 there beat it (TF32); one calibration of both
+    predicted GPT-Neo 2.5x too slow.  A wider model that never beats the plain peak where a
+    narrower one does is left out, and the fit recovers the TF32 constants."""
+    truth = est.Calibration(
+        gpu="A100-40", regime=REGIME, fwd_inv_efficiency=1.8, fwd_overhead_s=20e-6,
+        bwd_inv_efficiency=2.4, bwd_overhead_s=30e-6, tp_latency_s=50e-6, tp_bw_efficiency=0.4,
+    )
+    narrow_tf32 = _synthetic(truth, model="opt-350m")
+    wide_fp32 = _on_plain_fp32_path("opt-2.7b", truth)
+    assert est.off_datapath_models(narrow_tf32 + wide_fp32, "A100-40", REGIME) == {"opt-2.7b"}
+    fitted = est.calibrate(narrow_tf32 + wide_fp32, "A100-40", REGIME)
+    assert fitted.left_out_models == ("opt-2.7b",)
+    assert fitted.fwd_inv_efficiency == pytest.approx(1.8, rel=0.03)
+    assert fitted.bwd_inv_efficiency == pytest.approx(2.4, rel=0.03)
+    # the wide model on TF32 is kept, and so is everything when nothing proves TF32
+    assert est.off_datapath_models(narrow_tf32 + _synthetic(truth, model="opt-2.7b"), "A100-40", REGIME) == set()
+    assert est.off_datapath_models(wide_fp32, "A100-40", REGIME) == set()
+    # a GPU without a faster fp32 path (Volta) has nothing to tell apart
+    assert est.off_datapath_models(_synthetic(truth, gpu="V100-16"), "V100-16", REGIME) == set()
+
+
+def test_shipped_a100_40_profiles_without_tf32_are_found(sailor_profiles):
+    assert est.off_datapath_models(sailor_profiles, "A100-40", REGIME) == {"opt-30b", "llama-3-8b"}
+    for gpu in ("A100-80", "GH-96", "V100-16", "RTX-3090"):
+        assert est.off_datapath_models(sailor_profiles, gpu, REGIME) == set()
