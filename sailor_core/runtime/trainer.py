@@ -92,6 +92,21 @@ def apply_recipe(optimizer: torch.optim.Optimizer, recipe: Recipe, step: int) ->
         group["weight_decay"] = recipe.weight_decay if group.get("decay", True) else 0.0
 
 
+def _drop_completed(sends: list) -> None:
+    """Forget the sends that report completion (NCCL's do as their kernels finish; gloo's only
+    once waited, hence ``_retire``).  A payload lives until its send completes, not to the
+    step's end: the first stage would otherwise hold every micro-batch's output."""
+    sends[:] = [s for s in sends if not s[0].is_completed()]
+
+
+def _retire(sends: list, entries: list) -> None:
+    """Wait for ``entries`` (sends known to have arrived, so the wait returns at once) and forget
+    them: their payloads are freed even where the backend never reports a send complete."""
+    for work, _ in entries:
+        work.wait()
+    sends[:] = [s for s in sends if all(s is not e for e in entries)]
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Groups:
     tp: object | None          # this replica's TP group (None for TP 1)
@@ -193,15 +208,14 @@ class StageTrainer:
         dp = self.plan.stages[stage].dp_degree
         return replica_ranks(self.plan, stage, replica_of(m, dp))
 
-    def _send(self, tensor: torch.Tensor, stage: int, m: int, tag: int, group, sends: list) -> None:
+    def _send(self, tensor: torch.Tensor, stage: int, m: int, tag: int, group, sends: list) -> list:
         """Send ``tensor`` (this replica's output or its input's gradient, the same on each of its
         TP ranks) to the replica of ``stage`` that gets micro-batch ``m``; the works go to ``sends``.
         Equal TP degrees: TP rank t sends the t-th slice to rank t, which gathers them over its
         TP group (Megatron's scatter-gather: the tensor crosses the network once, over every TP
-        pair); otherwise whole copies, receiver r's from TP rank r mod this TP degree."""
-        # A payload lives until its send completes, not to the step's end (the first stage would
-        # otherwise hold every micro-batch's output: M activations).
-        sends[:] = [s for s in sends if not s[0].is_completed()]
+        pair); otherwise whole copies, receiver r's from TP rank r mod this TP degree.  Returns
+        the entries it added to ``sends``."""
+        _drop_completed(sends)
         peers = self._peer_ranks(stage, m)
         t, k = self.role.tp_rank, self.role.tp_degree
         if _sliced(k, len(peers), tensor.numel()):
@@ -209,8 +223,9 @@ class StageTrainer:
         else:
             payload = tensor.contiguous()
             targets = [(dst, payload) for dst in peers[t::k]]
-        for dst, payload in targets:
-            sends.append((links.isend(payload, dst=dst, tag=tag, group=group), payload))
+        mine = [(links.isend(payload, dst=dst, tag=tag, group=group), payload) for dst, payload in targets]
+        sends.extend(mine)
+        return mine
 
     def _post_recv(self, stage: int, m: int, tag: int, group) -> tuple[object, torch.Tensor, bool]:
         """Post the receive of micro-batch ``m``'s tensor from ``stage`` (see ``_send``): its work,
@@ -255,6 +270,7 @@ class StageTrainer:
         inbox = _Inbox(self)
         loss_sum = torch.zeros((), device=self.device)
         scale = 1.0 / self.num_microbatches
+        forward_sends = {}  # micro-batch -> its output's sends, until its backward
         for op_index, (kind, m) in enumerate(self.schedule):
             if self._overlap is not None and op_index == self._last_backward:
                 self._overlap.arm()  # gradients become final during this backward
@@ -276,7 +292,7 @@ class StageTrainer:
                 else:
                     out = out.float()
                     saved[m] = (inp, out)
-                    self._send(out.detach(), role.stage + 1, m, 2 * m, self.groups.fwd, sends)
+                    forward_sends[m] = self._send(out.detach(), role.stage + 1, m, 2 * m, self.groups.fwd, sends)
                 inbox.done("F")
             else:
                 inp, out = saved.pop(m)
@@ -284,6 +300,8 @@ class StageTrainer:
                     out.backward()
                 else:
                     out.backward(inbox.take("B", m))
+                    # m's gradient came back, so its output reached the next stage
+                    _retire(sends, forward_sends.pop(m))
                 if not first:
                     self._send(inp.grad, role.stage - 1, m, 2 * m + 1, self.groups.bwd, sends)
                 inbox.done("B")
