@@ -14,7 +14,7 @@ forward another rank is bound to produce), given non-blocking sends.
 from __future__ import annotations
 
 # The routing rule's home is plan/routing; the trainer takes the rank's micro-batches from here.
-from sailor_core.plan.routing import local_microbatches  # noqa: F401
+from sailor_core.plan.routing import local_microbatches, replica_of
 
 
 def stage_lookahead(stage: int, dp_degrees: list[int]) -> int:
@@ -31,3 +31,27 @@ def one_f_one_b(local: list[int], lookahead: int) -> list[tuple[str, int]]:
             next_fwd += 1
         ops.append(("B", m))
     return ops
+
+
+def gradients_known_arrived(num_microbatches: int, dp_degrees: list[int], stage: int,
+                            replica: int) -> dict[int, list[int]]:
+    """For a replica of ``stage`` >= 1: ``{m2: [m, ...]}``, the micro-batches ``m`` whose input
+    gradient it sent upstream that have surely arrived once it takes the forward input of
+    ``m2``.  The upstream replica of ``m`` sends ``m2`` (routed here) after its backward of
+    ``m``, which needed that gradient.  Backends whose sends never report completion (gloo)
+    can free a gradient payload then rather than at the step's end; a gradient with no such
+    ``m2`` is left to the step's end."""
+    if stage < 1:
+        return {}
+    up_dp, here_dp = dp_degrees[stage - 1], dp_degrees[stage]
+    lookahead = stage_lookahead(stage - 1, dp_degrees)
+    out: dict[int, list[int]] = {}
+    for up in range(up_dp):
+        pending: list[int] = []  # backwards of upstream ``up`` whose gradient came from here
+        for kind, m in one_f_one_b(local_microbatches(num_microbatches, up_dp, up), lookahead):
+            if kind == "B" and replica_of(m, here_dp) == replica:
+                pending.append(m)
+            elif kind == "F" and pending and replica_of(m, here_dp) == replica:
+                out.setdefault(m, []).extend(pending)
+                pending = []
+    return out

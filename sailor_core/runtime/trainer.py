@@ -38,7 +38,7 @@ from sailor_core.runtime.data import TokenDataset
 from sailor_core.plan.layout import RankRole, rank_layout, replica_ranks, stage_ranks
 from sailor_core.plan.routing import replica_of
 from sailor_core.runtime.model import TIED, ShardedLayer, StageModel
-from sailor_core.runtime.pipeline_order import local_microbatches, one_f_one_b, stage_lookahead
+from sailor_core.runtime.pipeline_order import gradients_known_arrived, local_microbatches, one_f_one_b, stage_lookahead
 from sailor_core.runtime.recipe import Recipe
 from sailor_core.storage import Storage
 
@@ -94,7 +94,7 @@ def apply_recipe(optimizer: torch.optim.Optimizer, recipe: Recipe, step: int) ->
 
 def _drop_completed(sends: list) -> None:
     """Forget the sends that report completion (NCCL's do as their kernels finish; gloo's only
-    once waited, hence ``_retire``).  A payload lives until its send completes, not to the
+    once waited, hence ``_retire`` where the schedule says a send has arrived).  A payload lives until its send completes, not to the
     step's end: the first stage would otherwise hold every micro-batch's output."""
     sends[:] = [s for s in sends if not s[0].is_completed()]
 
@@ -202,6 +202,8 @@ class StageTrainer:
         self._overlap = (_OverlappedAllReduce(self._dp_params(), groups.dp)
                          if groups.dp is not None and not groups.dp_mixed_tp else None)
         self._last_backward = max(i for i, (kind, _) in enumerate(self.schedule) if kind == "B")
+        self._gradients_arrived = gradients_known_arrived(self.num_microbatches, dps, self.role.stage,
+                                                          self.role.replica)
 
     # ---- pipeline neighbours -------------------------------------------------
     def _peer_ranks(self, stage: int, m: int) -> list[int]:
@@ -270,7 +272,7 @@ class StageTrainer:
         inbox = _Inbox(self)
         loss_sum = torch.zeros((), device=self.device)
         scale = 1.0 / self.num_microbatches
-        forward_sends = {}  # micro-batch -> its output's sends, until its backward
+        forward_sends, backward_sends = {}, {}  # micro-batch -> its sends, until known arrived
         for op_index, (kind, m) in enumerate(self.schedule):
             if self._overlap is not None and op_index == self._last_backward:
                 self._overlap.arm()  # gradients become final during this backward
@@ -279,6 +281,8 @@ class StageTrainer:
                     inp, labels = self._microbatch(m)
                 else:
                     inp = inbox.take("F", m)
+                    for k in self._gradients_arrived.get(m, ()):  # sent upstream after k's backward there
+                        _retire(sends, backward_sends.pop(k))
                     inp.requires_grad_(True)
                     labels = self._microbatch(m)[1] if last else None
                 with self.autocast:
@@ -303,7 +307,7 @@ class StageTrainer:
                     # m's gradient came back, so its output reached the next stage
                     _retire(sends, forward_sends.pop(m))
                 if not first:
-                    self._send(inp.grad, role.stage - 1, m, 2 * m + 1, self.groups.bwd, sends)
+                    backward_sends[m] = self._send(inp.grad, role.stage - 1, m, 2 * m + 1, self.groups.bwd, sends)
                 inbox.done("B")
         for work, _ in sends:
             work.wait()

@@ -67,3 +67,25 @@ def test_layout_imports_no_torch():
     code = ("import sys, sailor_core.plan.layout, sailor_core.runtime; "
             "assert 'torch' not in sys.modules, 'torch imported'")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_a_gradient_sent_upstream_is_known_arrived_at_a_forward_sent_after_its_backward():
+    from sailor_core.plan.routing import local_microbatches, replica_of
+    from sailor_core.runtime.pipeline_order import gradients_known_arrived, one_f_one_b, stage_lookahead
+
+    assert gradients_known_arrived(8, [1, 1], 0, 0) == {}  # the first stage sends no gradient
+    # 2 stages: stage 0 runs F0 F1 B0 F2 B1 F3 ...: the input of 2 comes after the backward of 0
+    assert gradients_known_arrived(8, [1, 1], 1, 0) == {m + 2: [m] for m in range(6)}
+    for dps in ([1, 1, 1], [2, 1], [1, 2], [2, 3, 1], [3, 2]):
+        for stage in range(1, len(dps)):
+            for replica in range(dps[stage]):
+                got = gradients_known_arrived(12, dps, stage, replica)
+                mine = set(local_microbatches(12, dps[stage], replica))
+                for m2, ms in got.items():
+                    assert m2 in mine and all(m in mine for m in ms)
+                    for m in ms:  # upstream, m's backward comes before m2's forward
+                        up = one_f_one_b(local_microbatches(12, dps[stage - 1], replica_of(m, dps[stage - 1])),
+                                         stage_lookahead(stage - 1, dps))
+                        assert up.index(("B", m)) < up.index(("F", m2))
+                flat = [m for ms in got.values() for m in ms]
+                assert len(flat) == len(set(flat))  # each gradient retired once
