@@ -163,6 +163,7 @@ def memory_cmd(
     for name, value in (("weights + grads + optimizer", mem.state_bytes),
                         ("activations in flight", mem.activation_bytes),
                         ("loss working memory", mem.loss_working_bytes),
+                        ("backward working memory", mem.backward_working_bytes),
                         ("communication buffers", mem.comm_bytes),
                         ("optimizer step temporaries", mem.optimizer_working_bytes),
                         ("constant overhead", mem.overhead_bytes),

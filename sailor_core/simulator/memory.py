@@ -6,6 +6,7 @@
          + K x (activation_bytes(stage, micro-batch) (saved for backward; K micro-batches in flight)
                 + output bytes)                      (a sending stage keeps its output for backward)
          + loss working memory                       (only the GPU holding the LM head; per regime)
+         + backward working memory                   (a later backward's first gradients, below)
          + p2p buffers                               (receives posted ahead)
     the optimizer step: params x state_bytes_per_param + the step's temporaries (per regime)
 
@@ -35,6 +36,12 @@
   log-probabilities and of the logits during its backward (8 B); the CPU engine's
   vocabulary-parallel one turns its saved softmax into the gradient in place (0: its forward's
   logits + probabilities are the head's activation figure).  One micro-batch at a time.
+* Backward working memory (``backward_working_bytes``): a stage without the LM head starts a
+  later backward (gradients exist) with its last block's down projection, which makes the
+  gradient of its input (tokens x FFN shard) and a new gradient of its weight before adding it
+  to the kept one; the embedding's backward makes its rows' dense gradient the same way.  The
+  peak is taken over the backward's layers (activations freed as it goes down).  A first
+  backward makes each weight's gradient the kept one itself: only the input's is extra.
 * Optimizer step: single-tensor AdamW (the CPU engine) holds two temporaries of the tensor it
   updates (``regime.optimizer_temp_tensors``), the largest one's at its peak
   (``largest_tensor_params``); fused AdamW none.
@@ -72,11 +79,12 @@ class MemoryBreakdown:
     capacity_bytes: int
     comm_bytes: int = 0  # receive buffers posted ahead, the data-parallel gradient buckets
     optimizer_working_bytes: int = 0  # the optimizer step's temporaries (when the step is the peak)
+    backward_working_bytes: int = 0  # a backward's new gradients at the peak (none at the LM head: the loss's)
 
     @property
     def peak_bytes(self) -> int:
         return (self.state_bytes + self.activation_bytes + self.loss_working_bytes + self.comm_bytes
-                + self.optimizer_working_bytes + self.overhead_bytes)
+                + self.optimizer_working_bytes + self.backward_working_bytes + self.overhead_bytes)
 
     @property
     def allocated_bytes(self) -> int:
@@ -95,6 +103,7 @@ class MemoryBreakdown:
             "loss_working_bytes": self.loss_working_bytes,
             "comm_bytes": self.comm_bytes,
             "optimizer_working_bytes": self.optimizer_working_bytes,
+            "backward_working_bytes": self.backward_working_bytes,
             "overhead_bytes": self.overhead_bytes,
             "num_params": self.num_params,
             "num_inflight": self.num_inflight,
@@ -140,6 +149,27 @@ def largest_tensor_params(model: str, tp_degree: int, holds_vocab: bool) -> int:
     return max(block, vocab)
 
 
+@lru_cache(maxsize=4096)
+def backward_working_bytes(model: str, tp_degree: int, micro_batch_size: int, seq_len: int, layer: int,
+                           activation_bytes_per_element: int, grad_bytes_per_param: int,
+                           accumulating: bool) -> int:
+    """What the backward of layer ``layer`` (0 the embedding, 1..L the blocks) allocates as it
+    starts, beyond the gradients and activations counted: a block's last matmul (the FFN's down
+    projection) makes the gradient of its input (tokens x its FFN shard) and of its weight; the
+    embedding the dense gradient of its vocabulary rows.  A weight's new gradient is extra only
+    while ``accumulating`` into one that exists (a first backward makes it the gradient itself).
+    The LM head's is the loss's working memory, counted apart."""
+    spec = get_model(model)
+    if layer > spec.num_layers:
+        return 0
+    if layer == 0:
+        rows = -(-spec.vocab_size // tp_degree)
+        return rows * spec.embedding_dim * grad_bytes_per_param if accumulating else 0
+    ffn = -(-spec.ffn_size // tp_degree)
+    weight = spec.hidden_size * ffn * grad_bytes_per_param if accumulating else 0
+    return micro_batch_size * seq_len * ffn * activation_bytes_per_element + weight
+
+
 def tied_copy_params(profile: ModelProfile) -> int:
     """Parameters a GPU of ``profile``'s (GPU, TP) holding the LM head but not layer 0 holds beyond
     the layers' own: its copy of a tied embedding matrix (0 for an untied model)."""
@@ -158,8 +188,9 @@ def _tied_copy_params(model: str, tp_degree: int, head_params: int) -> int:
 def stage_memory_parts(
     table: LayerTable, layer_start: int, layer_end: int, num_inflight: int, regime: TrainingRegime,
     head_logits: int, num_microbatches: int = 0,
-) -> tuple[int, int, int, int, int, int, int]:
-    """(params, state, activation, loss working, overhead, p2p buffers, optimizer working) bytes of
+) -> tuple[int, int, int, int, int, int, int, int]:
+    """(params, state, activation, loss working, backward working, overhead, p2p buffers, optimizer
+    working) bytes of
     one GPU holding layers [start, end) with K in flight, at its peak: the larger of the peak
     while activations are held (``_activation_peak``) and the optimizer step's (weights,
     gradients, optimizer state and the step's temporaries for the largest tensor; no activation
@@ -170,31 +201,35 @@ def stage_memory_parts(
     num_params = stage_params_held(table, layer_start, layer_end)
     holds_head = layer_end == len(table.output_bytes)
     state = num_params * regime.state_bytes_per_param
-    kept_state, act, loss, comm = _activation_peak(table, layer_start, layer_end, num_inflight, regime,
-                                                   head_logits if holds_head else 0, num_microbatches)
+    kept_state, act, loss, work, comm = _activation_peak(table, layer_start, layer_end, num_inflight, regime,
+                                                         head_logits if holds_head else 0, num_microbatches)
     overhead = regime.constant_overhead_bytes
     temps = 0
     if regime.optimizer_temp_tensors:
         largest = largest_tensor_params(table.profile.model, table.profile.tp_degree,
                                         layer_start == 0 or holds_head)
         temps = regime.optimizer_temp_tensors * largest * regime.weight_bytes_per_param
-    if state + temps > kept_state + act + loss + comm:  # the optimizer step is the peak
-        return num_params, state, 0, 0, overhead, 0, temps
-    return num_params, kept_state, act, loss, overhead, comm, 0
+    if state + temps > kept_state + act + loss + work + comm:  # the optimizer step is the peak
+        return num_params, state, 0, 0, 0, overhead, 0, temps
+    return num_params, kept_state, act, loss, work, overhead, comm, 0
 
 
 def _activation_peak(
     table: LayerTable, layer_start: int, layer_end: int, num_inflight: int, regime: TrainingRegime,
     head_logits: int, num_microbatches: int,
-) -> tuple[int, int, int, int]:
-    """(state, activation, loss working, p2p buffers) bytes while a stage holds activations.
+) -> tuple[int, int, int, int, int]:
+    """(state, activation, loss working, backward working, p2p buffers) bytes while a stage holds
+    activations.
 
     Gradients exist from the iteration's first backward to the optimizer step (the engine sets
     them to None after it).  When a replica has more micro-batches than it holds in flight, a
-    forward runs after its first backward: K micro-batches' activations beside every gradient.
-    Otherwise all its forwards run first: the peak is in its first backward, which frees a
-    layer's activations and makes its gradients layer by layer from the last (the layer that runs
-    backward holds both), with the K - 1 other micro-batches' activations alive.
+    forward runs after its first backward: K micro-batches' activations beside every gradient,
+    and a later backward, as it starts, adds its first matmul's gradients to them (it frees a
+    layer's activations as it goes down, so its start is its peak unless a lower layer makes
+    much more: the walk below).  Otherwise all its forwards run first: the peak is in its first
+    backward, which frees a layer's activations and makes its gradients layer by layer from the
+    last (the layer that runs backward holds both), with the K - 1 other micro-batches'
+    activations alive.
     """
     num_params = stage_params_held(table, layer_start, layer_end)
     state = num_params * regime.state_bytes_per_param
@@ -210,18 +245,23 @@ def _activation_peak(
     act_cum, params_cum = table.act_cum, table.params_cum
     one = act_cum[layer_end] - act_cum[layer_start] + sent
     loss = regime.loss_working_bytes_per_logit * head_logits
-    if num_microbatches == 0 or num_microbatches > num_inflight:
-        return state, num_inflight * one, loss, comm
+    accumulating = num_microbatches == 0 or num_microbatches > num_inflight
     kept = state - num_params * grad_bytes
     others = (num_inflight - 1) * one
-    best = (-1, 0, 0, 0)
+    prof = table.profile
+    best = (-1, 0, 0, 0, 0)
     for layer in range(layer_end - 1, layer_start - 1, -1):
         act = others + act_cum[layer + 1] - act_cum[layer_start] + sent
-        grads = (num_params - (params_cum[layer] - params_cum[layer_start])) * grad_bytes
-        layer_loss = loss if layer == layer_end - 1 else 0  # the loss runs backward with the head
-        if act + grads + layer_loss > best[0]:
-            best = (act + grads + layer_loss, kept + grads, act, layer_loss)
-    return best[1], best[2], best[3], comm
+        if accumulating:
+            grads = num_params * grad_bytes
+        else:
+            grads = (num_params - (params_cum[layer] - params_cum[layer_start])) * grad_bytes
+        layer_loss = loss if layer == layer_end - 1 and holds_head else 0  # the loss runs backward with the head
+        work = backward_working_bytes(prof.model, prof.tp_degree, prof.micro_batch_size, prof.seq_len, layer,
+                                      regime.activation_bytes_per_element, grad_bytes, accumulating)
+        if act + grads + layer_loss + work > best[0]:
+            best = (act + grads + layer_loss + work, kept + grads, act, layer_loss, work)
+    return best[1], best[2], best[3], best[4], comm
 
 
 def stage_params_held(table: LayerTable, layer_start: int, layer_end: int) -> int:
@@ -267,9 +307,9 @@ def stage_peak_bytes(
 ) -> int:
     """``stage_memory(...).peak_bytes`` without building the breakdown (the planner's searches
     for the largest stage that fits ask for many)."""
-    _, state, act, loss, overhead, comm, temps = stage_memory_parts(
+    _, state, act, loss, work, overhead, comm, temps = stage_memory_parts(
         table, layer_start, layer_end, num_inflight, regime, head_logits, num_microbatches)
-    return state + act + loss + comm + temps + overhead
+    return state + act + loss + work + comm + temps + overhead
 
 
 def stage_memory(
@@ -285,7 +325,7 @@ def stage_memory(
     """Memory of one GPU of ``profile``'s (GPU, TP) holding layers [start, end) with K in flight,
     in a stage of ``dp_degree`` replicas, the replica running ``num_microbatches`` (0: more than K)."""
     table = layer_table(profile)
-    num_params, state, act, loss, overhead, comm, temps = stage_memory_parts(
+    num_params, state, act, loss, work, overhead, comm, temps = stage_memory_parts(
         table, layer_start, layer_end, num_inflight, regime, profile_head_logits(profile), num_microbatches)
     return MemoryBreakdown(
         state_bytes=state,
@@ -297,4 +337,5 @@ def stage_memory(
         capacity_bytes=capacity_bytes,
         comm_bytes=comm + dp_bucket_bytes(dp_synced_params(table, layer_start, layer_end), regime, dp_degree),
         optimizer_working_bytes=temps,
+        backward_working_bytes=work,
     )

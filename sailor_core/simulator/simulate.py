@@ -296,6 +296,8 @@ def describe_memory(mem: MemoryBreakdown) -> str:
              f"activations {_gb(mem.activation_bytes)} for {mem.num_inflight} micro-batch(es) in flight"]
     if mem.loss_working_bytes:
         parts.append(f"loss {_gb(mem.loss_working_bytes)}")
+    if mem.backward_working_bytes:
+        parts.append(f"backward {_gb(mem.backward_working_bytes)}")
     if mem.comm_bytes:
         parts.append(f"buffers {_gb(mem.comm_bytes)}")
     if mem.optimizer_working_bytes:

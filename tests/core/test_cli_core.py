@@ -53,7 +53,7 @@ def test_memory_json_and_growth_with_inflight(sailor_cli):
     assert b["peak_memory_bytes"] - a["peak_memory_bytes"] == 3 * a["activation_bytes"]
     assert a["loss_working_bytes"] == 0  # layers 0..12 do not hold the head
     parts = ("state_bytes", "activation_bytes", "loss_working_bytes", "comm_bytes", "optimizer_working_bytes",
-             "overhead_bytes")
+             "backward_working_bytes", "overhead_bytes")
     assert sum(b[k] for k in parts) == b["peak_memory_bytes"]
     table = sailor("memory", "--model", "opt-350m", "--gpu", "A100-40", "--mbs", "2", "--inflight", "4",
                    "--layers", "0:13")

@@ -63,9 +63,22 @@ def test_cpu_engine_loss_holds_nothing_beyond_the_head_and_its_optimizer_step_ca
     assert last.optimizer_working_bytes == 2 * MATRIX * 4
     assert last.activation_bytes == 0 and last.comm_bytes == 0
     assert last.state_bytes == (2000 + 1000 + MATRIX) * 16
-    # A stage without a vocabulary matrix: its largest tensor is tiny's FFN matrix, 256 x 64.
+    # A stage without a vocabulary matrix: its largest tensor is tiny's FFN matrix, 256 x 64, so
+    # the step holds two fp32 temporaries of it; but a later backward's start holds more: the down
+    # projection's input gradient (64 tokens x 256) and its weight's new gradient (64 x 256), fp32,
+    # beside the activations and buffers.
     middle = stage_memory(prof, 1, 2, 1, CPU, 1 << 40, num_microbatches=2)
-    assert middle.optimizer_working_bytes == 2 * 256 * 64 * 4
+    step = middle.state_bytes + 2 * 256 * 64 * 4
+    assert middle.backward_working_bytes == 64 * 256 * 4 + 64 * 256 * 4
+    assert middle.optimizer_working_bytes == 0 and middle.allocated_bytes > step
+    # A first backward makes the weight's gradient itself: the input's only; the embedding makes
+    # none but its weight's, the head none but the loss's (counted apart).
+    from sailor_core.simulator.memory import backward_working_bytes
+
+    assert backward_working_bytes("tiny", 1, 1, 64, 1, 4, 4, False) == 64 * 256 * 4
+    assert backward_working_bytes("tiny", 1, 1, 64, 0, 4, 4, True) == 512 * 64 * 4
+    assert backward_working_bytes("tiny", 1, 1, 64, 0, 4, 4, False) == 0
+    assert backward_working_bytes("tiny", 1, 1, 64, 3, 4, 4, True) == 0
     # Fused AdamW (the GPU regime) makes none.
     assert stage_memory(prof, 2, 4, 1, BF16, 1 << 40).optimizer_working_bytes == 0
 

@@ -115,8 +115,11 @@ def test_first_stage_holds_more_microbatches_than_the_last():
     regime = get_regime("torch-bf16-autocast-adamw")
     first, last = r.stages[0].replicas[0].memory, r.stages[3].replicas[0].memory
     assert first.num_inflight == 4 and last.num_inflight == 1
-    # each micro-batch in flight keeps its 4096 B output too; the gradient's receive buffer
-    assert first.peak_bytes == 1000 * 16 + 4 * (100 + 4096) + 4096 + regime.constant_overhead_bytes
+    # each micro-batch in flight keeps its 4096 B output too; the gradient's receive buffer; a later
+    # backward makes the embedding's dense gradient (512 x 64, fp32) before adding it to the kept one
+    assert first.backward_working_bytes == 512 * 64 * 4
+    assert first.peak_bytes == (1000 * 16 + 4 * (100 + 4096) + 4096 + 512 * 64 * 4
+                                + regime.constant_overhead_bytes)
     assert first.comm_bytes == 4096
     # the head also needs the loss gradients: 8 B x (1 sequence x 64 tokens x 512 vocab).
     assert last.loss_working_bytes == regime.loss_working_bytes_per_logit * 64 * 512 == 8 * 64 * 512
