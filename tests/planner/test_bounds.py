@@ -38,7 +38,7 @@ def test_granular_bound_never_exceeds_the_min_max_split(model, profiles, network
     s = Searcher(req, profiles=profiles, network=network)
     rng = random.Random(3)
     checked = 0
-    for mbs, shape in _random_shapes(s, rng, 150):
+    for mbs, shape in _random_shapes(s, rng, 200):
         g = s.parts.granular_busiest_s(shape)
         for order in orders(shape):
             stages = s.build_stages(order)
