@@ -86,6 +86,8 @@ class Calibration:
     # models whose profiles were left out: measured on the GPU's plain-fp32 path, not the
     # regime's faster one (``off_datapath_models``)
     left_out_models: tuple[str, ...] = ()
+    # such models kept in: without them too few model widths remain to fit the constants
+    off_datapath_kept: tuple[str, ...] = ()
 
     @property
     def describe(self) -> str:
@@ -96,6 +98,8 @@ class Calibration:
             f"bwd {self.bwd_overhead_s * 1e6:.1f} us, TP all-reduce {self.tp_latency_s * 1e6:.0f} us + "
             f"{self.tp_bw_efficiency:.0%} of link ({self.num_points} points)"
             + (f"; left out, measured on the plain fp32 path: {', '.join(self.left_out_models)}" if self.left_out_models else "")
+            + (f"; measured on the plain fp32 path but kept (too few model widths without them): "
+               f"{', '.join(self.off_datapath_kept)}" if self.off_datapath_kept else "")
         )
 
 
@@ -293,6 +297,20 @@ def off_datapath_models(profiles: Iterable, gpu: str, regime: str) -> frozenset[
     return frozenset(m for m, rate in best.items() if rate <= plain_peak and get_model(m).hidden_size >= narrowest)
 
 
+# Matmul efficiency, memory traffic and launch time per kernel are told apart only by blocks
+# of different widths (their FLOPs, bytes and kernels scale differently): with two widths left
+# the fit parks the narrower model's slow backward in the launch time (A100-40 without its
+# TF32-off models: 46 us per backward kernel, the tiny test model 2.8x slower than on an
+# A100-80), so a datapath is left out only while three widths remain.
+_WIDTHS_TO_FIT = 3
+
+
+def _widths_left(profiles: Sequence, gpu: str, regime: str, left_out: frozenset[str]) -> int:
+    """Distinct hidden sizes among ``gpu``'s TP-1 profiles under ``regime`` outside ``left_out``."""
+    return len({get_model(p.model).hidden_size for p in profiles
+                if p.gpu == gpu and p.regime == regime and p.tp_degree == 1 and p.model not in left_out})
+
+
 def calibrate(profiles: Iterable, gpu: str, regime: str) -> Calibration:
     """Fit the constants on measured layer times of ``gpu`` under ``regime``.
 
@@ -301,12 +319,14 @@ def calibrate(profiles: Iterable, gpu: str, regime: str) -> Calibration:
     embedding's backward is skipped: Sailor's profiler reports it as ~0 (a hook artifact).
     Compute constants come from TP-1 profiles (all profiles when there are too few), the
     all-reduce constants from TP > 1 profiles.  Models measured on another matmul datapath
-    than the regime's are left out (``off_datapath_models``).
+    than the regime's are left out (``off_datapath_models``) while enough model widths remain
+    to fit the constants (``_WIDTHS_TO_FIT``); otherwise kept and named in the description.
     """
     spec = get_gpu(gpu)
     reg = get_regime(regime)
     profiles = list(profiles)
-    left_out = off_datapath_models(profiles, spec.name, reg.name)
+    off_path = off_datapath_models(profiles, spec.name, reg.name)
+    left_out = off_path if _widths_left(profiles, spec.name, reg.name, off_path) >= _WIDTHS_TO_FIT else frozenset()
     # (tp, compute, memory, n_allreduce, wire, kernels, fwd, bwd|None, weight, is_block)
     points: list[tuple] = []
     block_models: set[int] = set()  # hidden sizes seen: traffic/FLOP differs between them
@@ -345,7 +365,8 @@ def calibrate(profiles: Iterable, gpu: str, regime: str) -> Calibration:
         (2 * c, 2 * mem, comm(n, w), 2 * q, b, wt, blk) for _, c, mem, n, w, q, _, b, wt, blk in base if b is not None
     ]
     if len(fwd_pts) < 2 or len(bwd_pts) < 2:
-        return dataclasses.replace(default_calibration(spec.name, reg.name), left_out_models=tuple(sorted(left_out)))
+        return dataclasses.replace(default_calibration(spec.name, reg.name), left_out_models=tuple(sorted(left_out)),
+                                   off_datapath_kept=tuple(sorted(off_path - left_out)))
     fit_memory = len(block_models) >= 2
     kf, mf, cf = _fit_three(fwd_pts, fit_memory=fit_memory)
     kb, mb, cb = _fit_three(bwd_pts, fit_memory=fit_memory)
@@ -366,6 +387,7 @@ def calibrate(profiles: Iterable, gpu: str, regime: str) -> Calibration:
         tp_bw_efficiency=eff,
         num_points=len(points),
         left_out_models=tuple(sorted(left_out)),
+        off_datapath_kept=tuple(sorted(off_path - left_out)),
     )
 
 
