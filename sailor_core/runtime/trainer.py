@@ -94,8 +94,9 @@ def apply_recipe(optimizer: torch.optim.Optimizer, recipe: Recipe, step: int) ->
 
 def _drop_completed(sends: list) -> None:
     """Forget the sends that report completion (NCCL's do as their kernels finish; gloo's only
-    once waited, hence ``_retire`` where the schedule says a send has arrived).  A payload lives until its send completes, not to the
-    step's end: the first stage would otherwise hold every micro-batch's output."""
+    once waited, hence ``_retire`` where the schedule says a send has arrived).  A payload lives
+    until its send completes, not to the step's end: the first stage would otherwise hold every
+    micro-batch's output."""
     sends[:] = [s for s in sends if not s[0].is_completed()]
 
 
