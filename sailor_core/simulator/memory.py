@@ -57,6 +57,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -250,7 +251,17 @@ def _activation_peak(
     others = (num_inflight - 1) * one
     prof = table.profile
     best = (-1, 0, 0, 0, 0)
-    for layer in range(layer_end - 1, layer_start - 1, -1):
+    layers: Sequence[int] = range(layer_end - 1, layer_start - 1, -1)
+    if accumulating:
+        # Every gradient held and the blocks alike: of the blocks the highest holds the most
+        # activations, so only the top layer, the block under the head and the embedding can peak.
+        top = layer_end - 1
+        layers = [top]
+        if top == table.num_layers - 1 and top - 1 >= max(layer_start, 1):
+            layers.append(top - 1)
+        if layer_start == 0 and top > 0:
+            layers.append(0)
+    for layer in layers:
         act = others + act_cum[layer + 1] - act_cum[layer_start] + sent
         if accumulating:
             grads = num_params * grad_bytes
