@@ -161,7 +161,8 @@ class _Replay:
     next_ckpt_at: float = math.inf
     done: float = 0.0
     ckpt_done: float = 0.0
-    leases: dict[tuple[str, str, bool], str] = field(default_factory=dict)   # (gpu, zone, spot) -> ledger id
+    # ledger id -> (gpu, zone, spot, GPUs): per pool, the instances held on and those new to a plan
+    leases: dict[str, tuple[str, str, bool, int]] = field(default_factory=dict)
     num_leases: int = 0
     seen_events: dict[GpuZone, int] = field(default_factory=dict)  # preemptions seen per pool
     seen_share: dict[GpuZone, float] = field(default_factory=dict)  # their shares of the pool, summed
@@ -202,19 +203,26 @@ class _Replay:
             self.timeline.append(point)
 
     def release(self, at_s: float, reason: str) -> None:
-        for lease in self.leases.values():
+        for lease in self.leases:
             self.ledger.close(lease, at_s, reason)
         self.leases = {}
 
-    def acquire(self, option: PlanOption, at_s: float) -> None:
-        for spot, gpus in ((True, option.gpus), (False, option.on_demand)):
+    def acquire(self, option: PlanOption, at_s: float, *, held: Mapping[GpuZone, int],
+                held_on_demand: Mapping[GpuZone, int], running_at_s: float) -> None:
+        """Lease ``option``'s GPUs: those already held from ``at_s``, new instances from
+        ``running_at_s``, when they run (clouds bill a VM from its start, not from the request)."""
+        for spot, gpus, kept in ((True, option.gpus, held), (False, option.on_demand, held_on_demand)):
             price_fn = self.setup.price_fn if spot else self.setup.on_demand_price_fn
             for (g, z), n in gpus.items():
-                self.num_leases += 1
-                lease = f"{g}@{z}#{self.num_leases}" + ("" if spot else "-od")
-                self.ledger.open(lease, gpu=g, zone=z, num_gpus=n, usd_per_hr=n * price_fn(g, z, at_s),
-                                 start_s=at_s, spot=spot)
-                self.leases[(g, z, spot)] = lease
+                num_kept = min(n, max(kept.get((g, z), 0), 0))
+                for num, start_s in ((num_kept, at_s), (n - num_kept, running_at_s)):
+                    if num <= 0:
+                        continue
+                    self.num_leases += 1
+                    lease = f"{g}@{z}#{self.num_leases}" + ("" if spot else "-od")
+                    self.ledger.open(lease, gpu=g, zone=z, num_gpus=num, usd_per_hr=num * price_fn(g, z, at_s),
+                                     start_s=start_s, spot=spot)
+                    self.leases[lease] = (g, z, spot, num)
 
     def affordable_s(self) -> float:
         """Seconds until the budget, less the shutdown, is spent at the current rate."""
@@ -284,14 +292,14 @@ class _Replay:
         if self.phase == "running" and not after_loss:  # save first, on the old instances
             self.ckpt_done = self.done
             switch_at = self.t + costs.save_s
-        self.release(switch_at, "replanned")
-        self.acquire(new, switch_at)
         held = {k: n - lost.get(k, 0) for k, n in old.gpus.items()} if old is not None else {}
         held_od = old.on_demand if old is not None else {}
         needs_vms = (any(n > held.get(k, 0) for k, n in new.gpus.items())
                      or any(n > held_od.get(k, 0) for k, n in new.on_demand.items()))
-        self.ready_at = (switch_at + (costs.provisioning_s if needs_vms else 0.0) + costs.startup_s
-                         + (costs.load_s if self.ckpt_done > 0 else 0.0))
+        running_at = switch_at + (costs.provisioning_s if needs_vms else 0.0)
+        self.release(switch_at, "replanned")
+        self.acquire(new, switch_at, held=held, held_on_demand=held_od, running_at_s=running_at)
+        self.ready_at = running_at + costs.startup_s + (costs.load_s if self.ckpt_done > 0 else 0.0)
         self.done = self.ckpt_done
         if self.launched:
             self.num_replans += 1
@@ -389,9 +397,9 @@ class _Replay:
         holding = self.holding
         lost = gpus_lost(setup.trace, indices, setup.shares, held=holding.gpus, before=self.avail,
                          after=new_counts) if holding is not None else {}
-        for (g, z, spot), lease in self.leases.items():
+        for lease, (g, z, spot, num) in self.leases.items():
             if spot:
-                self.ledger.set_price(lease, setup.price_fn(g, z, t) * self.plan.gpus[(g, z)], t)
+                self.ledger.set_price(lease, setup.price_fn(g, z, t) * num, t)
         changed = dict(new_counts) != self.avail
         self.avail = dict(new_counts)
         if lost:

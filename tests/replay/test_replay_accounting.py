@@ -29,27 +29,29 @@ def test_ours_replans_on_loss_and_grows_back():
     r = run(DIP, "ours")
     # 0-150 start-up; 150-3600 at 40/s (138000); 3600 lose 2, restart on the 2 left (no VMs to
     # provision: 50 s start-up); 3650-7200 at 20/s (71000); 7200 grow back: 150 s change;
-    # 7350 + 79000/40 = 9325.
+    # 7350 + 79000/40 = 9325.  Billed: new VMs from when they run (the first 4 at 100, the 2
+    # grown back at 7300), the 2 kept through the loss and the growth without a break.
     assert r.finished and r.time_to_train_s == pytest.approx(9325)
-    assert r.usd_spent == pytest.approx(4 + 2 + 4 * 2125 / 3600)
+    assert r.usd_spent == pytest.approx((4 * 3500 + 2 * 3600 + 2 * 2125 + 2 * 2025) / 3600)
     assert (r.num_replans, r.num_restarts, r.num_preemptions_hit) == (2, 1, 1)
     assert r.work_lost_samples == 0  # nothing to save: the emergency checkpoint fits the notice
-    assert r.useful_work_fraction == pytest.approx((4 * 3450 + 2 * 3550 + 4 * 1975) / (14400 + 7200 + 8500))
+    assert r.useful_work_fraction == pytest.approx((4 * 3450 + 2 * 3550 + 4 * 1975) / (14000 + 7200 + 4250 + 4050))
 
 
 def test_static_never_grows_back():
     r = run(DIP, "static")
     # After the loss it keeps 2 GPUs: 79000 samples left at 7200 take 3950 s more.
     assert r.time_to_train_s == pytest.approx(11150)
-    assert r.usd_spent == pytest.approx(4 + 2 * (11150 - 3600) / 3600)
+    assert r.usd_spent == pytest.approx((4 * 3500 + 2 * (11150 - 3600)) / 3600)
     assert (r.num_replans, r.num_restarts) == (1, 1)
 
 
 def test_skypilot_waits_for_its_whole_request():
     r = run(DIP, "skypilot")
-    # Needs 4 A100s in one zone: waits 3600-7200, restarts with 150 s start-up, 150000 left at 40/s.
+    # Needs 4 A100s in one zone: waits 3600-7200, restarts with 150 s start-up, 150000 left at 40/s
+    # (billed 100-3600, then from 7300, when the new VMs run).
     assert r.time_to_train_s == pytest.approx(7350 + 3750)
-    assert r.usd_spent == pytest.approx(4 + 4 * 3900 / 3600)
+    assert r.usd_spent == pytest.approx(4 * (3500 + 3800) / 3600)
     assert r.wait_s == pytest.approx(3600)
     assert (r.num_replans, r.num_restarts) == (1, 1)
 
@@ -65,8 +67,8 @@ def test_work_since_checkpoint_is_lost_when_the_notice_is_too_short():
     assert r.work_lost_samples == pytest.approx(3600)
     assert r.time_to_train_s == pytest.approx(4550)
     assert r.end_s == pytest.approx(4750)
-    assert r.usd_spent == pytest.approx(2 * 3000 / 3600 + 1750 / 3600)
-    assert r.useful_work_fraction == pytest.approx((4900 + 1100 - 900) / 7750)
+    assert r.usd_spent == pytest.approx(2 * 2900 / 3600 + 1750 / 3600)
+    assert r.useful_work_fraction == pytest.approx((4900 + 1100 - 900) / 7550)
 
 
 @pytest.mark.parametrize("terminate_s", [0, 60])
@@ -74,10 +76,11 @@ def test_budget_stop_lands_exactly_on_the_budget(terminate_s):
     costs = ChangeCosts(provisioning_s=100, startup_s=50, checkpoint_bytes=0, checkpoint_interval_s=1e9,
                         terminate_s=terminate_s)
     r = run(build_trace([(0.0, {A: 4})]), "ours", costs=costs, budget=1.0)
-    # 4 USD/h: the budget buys 900 s, the last `terminate_s` of them for the shutdown.
+    # 4 USD/h: the budget buys 900 s from when the VMs run (100 s), the last `terminate_s` of them
+    # for the shutdown; training starts at 150 s.
     assert not r.finished and r.stop_reason.startswith("budget")
     assert r.usd_spent == pytest.approx(1.0)
-    assert r.samples_done == pytest.approx(40 * (900 - terminate_s - 150))
+    assert r.samples_done == pytest.approx(40 * (100 + 900 - terminate_s - 150))
 
 
 @pytest.mark.parametrize("policy", ["ours", "skypilot", "single-type", "static"])
@@ -96,8 +99,8 @@ def test_trivial_config_without_changes():
     r = replay(trace, plan_fn=linear_planner, config=ControllerConfig(), costs=FAST, samples_target=72_000,
                price_fn=ONE_USD)
     assert r.time_to_train_s == pytest.approx(150 + 3600)
-    assert r.usd_spent == pytest.approx(2 * 3750 / 3600)
-    assert r.num_replans == 0 and math.isclose(r.useful_work_fraction, 3600 / 3750)
+    assert r.usd_spent == pytest.approx(2 * 3650 / 3600)  # billed from 100 s, when the VMs run
+    assert r.num_replans == 0 and math.isclose(r.useful_work_fraction, 3600 / 3650)
 
 
 def test_policy_counts_on_a_two_type_trace():
@@ -125,9 +128,10 @@ def test_spot_price_series_is_charged_as_it_changes(tmp_path):
     r = replay(trace, plan_fn=linear_planner, config=controller_config("ours", costs=FAST), costs=FAST,
                samples_target=40 * 3600, price_fn=series.price_fn(fallback=ONE_USD),
                price_change_times=series.change_times())
-    # 4 GPUs: 1800 s at 1 USD/h each, then 1950 s at 2 USD/h until the end at 150 + 3600 s.
+    # 4 GPUs, running from 100 s: 1700 s at 1 USD/h each, then 1950 s at 2 USD/h until the end
+    # at 150 + 3600 s.
     assert r.time_to_train_s == pytest.approx(3750)
-    assert r.usd_spent == pytest.approx(4 * (1800 / 3600 * 1.0 + 1950 / 3600 * 2.0))
+    assert r.usd_spent == pytest.approx(4 * (1700 / 3600 * 1.0 + 1950 / 3600 * 2.0))
 
 
 def test_bad_price_series(tmp_path):

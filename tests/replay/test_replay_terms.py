@@ -108,8 +108,9 @@ def test_a_mixed_plan_is_billed_each_market_at_its_price():
     trace = build_trace([(0.0, {A: 0, B: 4}), (36000.0, {A: 0, B: 4})])
     r = run(trace, on_demand={A: 4})
     assert r.finished
-    # 100 s provisioning + 50 s start-up, then 1.2e6 samples at 80/s: both leases run 15150 s, the
-    # spot GPUs at 1 USD/h, the on-demand ones at 3 (the option's 1 + 2 USD/h premium).
+    # 100 s provisioning + 50 s start-up, then 1.2e6 samples at 80/s: both leases are billed from
+    # 100 s, when their VMs run, to 15150 s, the spot GPUs at 1 USD/h, the on-demand ones at 3
+    # (the option's 1 + 2 USD/h premium).
     assert r.time_to_train_s == pytest.approx(15150)
-    assert r.usd_by_market == pytest.approx({"spot": 4 * 1.0 * 15150 / 3600, "on_demand": 4 * 3.0 * 15150 / 3600})
+    assert r.usd_by_market == pytest.approx({"spot": 4 * 1.0 * 15050 / 3600, "on_demand": 4 * 3.0 * 15050 / 3600})
     assert r.usd_spent == pytest.approx(sum(r.usd_by_market.values()))
