@@ -242,10 +242,20 @@ def main(argv=None) -> int:
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="sailor-slow-links-"))
     os.environ["SAILOR_HOME"] = str(workdir / "sailor_home")  # never touch the user's ~/.sailor
 
+    from sailor_core.catalog.models import get_model
+    from sailor_core.errors import SailorError
     from sailor_core.profiler.compute import profile_model
     from sailor_core.profiler.cpu_sharing import probe_other_load
     from sailor_core.runtime.launch import ensure_corpus
 
+    depths = [int(x) for x in args.depths.split(",")]
+    try:
+        num_indices = get_model(args.model).num_layer_indices
+    except SailorError as exc:
+        sys.exit(f"bench_slow_links: {exc}")
+    if max(depths) > num_indices:
+        sys.exit(f"bench_slow_links: {args.model} has {num_indices} layer indices, too few for "
+                 f"{max(depths)} stages of at least one each (--depths)")
     latency, bandwidth = args.latency_ms / 1e3, args.mbps * 1e6
     out = {"model": args.model, "latency_s": latency, "bandwidth_bytes_per_s": bandwidth,
            "cpu_count": os.cpu_count(), "loadavg_start": loadavg(), "rows": []}
@@ -255,7 +265,7 @@ def main(argv=None) -> int:
     out["profile_s"] = time.monotonic() - t0
     out["profile_ms"] = [[round(l.fwd_s * 1e3, 3), round(l.bwd_s * 1e3, 3)] for l in profile.layers]
     out["update_s"] = [profile.update_s_per_param, profile.update_fixed_s]
-    for depth in [int(x) for x in args.depths.split(",")]:
+    for depth in depths:
         for num_mb in [int(x) for x in args.microbatches.split(",")]:
             plan = plan_for(args.model, depth, num_mb)
             data = ensure_corpus(workdir, plan)
