@@ -8,8 +8,9 @@ them on (what the ledger will actually be charged).  The job's objective and
 constraints (``JobSpec.objective``, ``min_throughput_samples_per_s``,
 ``deadline_h``, the budget) drive every decision, as in the replay: its fastest
 plans come from the planner's throughput search, its cheapest (with the cost
-objective or a deadline) from its cost search, and the preemptions the job has
-seen per pool (its own instances') say which pools hold.
+objective or a deadline, and once no fast plan finishes within the budget left)
+from its cost search, and the preemptions the job has seen per pool (its own
+instances') say which pools hold.
 
 A spot job with ``on_demand_gpus`` also offers the controller that many GPUs of
 each pool on demand (``on_demand_availability``): it may move the pools that keep
@@ -93,8 +94,8 @@ class OfferPricing:
 class Planner:
     """The flow's PlanFn: the controller's planner (``planner_plan_fn``) over the offers, priced by
     ``OfferPricing``, memoised; its last search is kept for the Pareto artifact.  ``cheap``: the
-    planner's cost search, for a job that minimises cost or has a deadline (``decide``'s
-    ``cost_plan_fn``)."""
+    planner's cost search (``decide``'s ``cost_plan_fn``), which the controller asks for a job
+    that minimises cost or has a deadline, and once no fast plan fits the budget left."""
 
     search: PlannerPlanFn
     cached: CachedPlanner
@@ -153,14 +154,13 @@ def planner_on_offers(offers: Sequence[Offer], *, model: str, objective: str = "
 
 
 def job_planner(spec: JobSpec, offers: Sequence[Offer]) -> Planner:
-    """The job's planner: its fastest plans within the caps, and (with the cost objective or a
-    deadline) its cheapest above a floor (the job's, or what the deadline needs); the controller
-    ranks them by the job's objective."""
+    """The job's planner: its fastest plans within the caps, and its cheapest above a floor (the
+    job's, or what a deadline needs), which the controller asks with the cost objective or a
+    deadline, and once no fast plan finishes within the budget left; the controller ranks them
+    by the job's objective."""
     planner = planner_on_offers(offers, model=spec.model, objective="throughput",
                                 global_batch_size=spec.global_batch_size, max_usd_per_hr=spec.max_usd_per_hr,
                                 min_throughput_samples_per_s=spec.min_throughput_samples_per_s, spot=spec.spot)
-    if spec.objective != "cost" and spec.deadline_h is None:
-        return planner
 
     def cheapest_above(floor: float | None) -> PlannerPlanFn:  # the controller's floor includes the job's
         return planner_plan_fn(model=spec.model, objective="cost", global_batch_size=spec.global_batch_size,

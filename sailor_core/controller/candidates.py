@@ -1,11 +1,12 @@
 """The plans a re-plan weighs: what the controller asks the planner (every pool, each GPU type
-alone, without the stormiest pools, the cheapest above a floor) and each plan on its markets
+alone, without the stormiest pools, the cheapest above a floor; with a budget none of those
+finishes within, the fastest of the cheapest plans that does) and each plan on its markets
 (spot first, then its stormiest pools on demand)."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from sailor_core.controller.options import (
     CostPlanFn,
@@ -51,11 +52,57 @@ def candidates(avail: Mapping[GpuZone, int], state: ControllerState, config: Con
         # cheapest plan just fast enough (what a one-zone managed job runs), which the cost search
         # over every pool, capped and asked on the floors' grid, can miss.
         options += [o for k, n in sorted(asks[0].items()) for o in list(plan_fn({k: n}))[:1]]
-    options = _distinct(options)
+    return _on_markets(_distinct(options), avail, state, config)
+
+
+def _on_markets(options: Sequence[PlanOption], avail: Mapping[GpuZone, int], state: ControllerState,
+                config: ControllerConfig) -> list[PlanOption]:
     od_avail = restrict(state.on_demand_available, config.gpu_types)
-    if od_avail:
-        options = [v for o in options for v in _market_variants(o, avail, od_avail, state)]
-    return options
+    if not od_avail:
+        return list(options)
+    return [v for o in options for v in _market_variants(o, avail, od_avail, state)]
+
+
+# Searches of the budget's bisection (the cheapest plan, then one per halving): 8 floors per
+# doubling over up to 8 doublings of throughput between the cheapest and the fastest plan.
+_MAX_BUDGET_SEARCHES = 7
+
+
+def within_budget(avail: Mapping[GpuZone, int], state: ControllerState, config: ControllerConfig,
+                  cost_plan_fn: CostPlanFn, *, finishes: Callable[[PlanOption], bool],
+                  fastest_samples_per_s: float) -> list[PlanOption]:
+    """The planner's cheapest plans, searched for the fastest that finishes within the budget left
+    (``finishes``), for when no plan the fast searches offered does: a budget that cannot pay for
+    the fastest plans can still pay for a slower, cheaper one, which the job must run rather than
+    spend the budget on a plan that stops before the end.  The cheapest plan first (above the
+    job's floor), then a bisection over the floors of ``floors_on_grid``'s grid between the
+    fastest plan that finishes and ``fastest_samples_per_s`` (what the fast searches offered):
+    the cheapest plans above a floor that finish raise the lower end, those that do not lower the
+    upper.  Every plan seen is returned (each on its markets); [] when the planner has none."""
+    ask = planner_requests(avail, state, config)[0]
+    job_floor = config.min_throughput_samples_per_s
+    seen = list(cost_plan_fn(ask, job_floor))
+    fit = [o.throughput_samples_per_s for o in seen if finishes(o)]
+    if fit and fastest_samples_per_s > max(fit):
+        lo, hi = _grid_index(max(fit)), math.ceil(_grid_index(fastest_samples_per_s))
+        lo = math.floor(lo)
+        for _ in range(_MAX_BUDGET_SEARCHES - 1):
+            if hi - lo <= 1:
+                break
+            mid = (lo + hi) // 2
+            found = list(cost_plan_fn(ask, max(2.0 ** (mid / 8.0), job_floor or 0.0)))
+            seen += found
+            ok = [o.throughput_samples_per_s for o in found if finishes(o)]
+            if ok:
+                lo = max(mid, math.floor(_grid_index(max(ok))))
+            else:
+                hi = mid
+    return _on_markets(_distinct(seen), avail, state, config)
+
+
+def _grid_index(samples_per_s: float) -> float:
+    """Where a throughput lies on the floors' grid (``floors_on_grid``: 8 steps per doubling)."""
+    return 8.0 * math.log2(samples_per_s)
 
 
 def cheap_floors(state: ControllerState, config: ControllerConfig, *, useful: float) -> tuple[float | None, ...]:

@@ -35,7 +35,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from sailor_core.controller.candidates import candidates, planner_requests
+from sailor_core.controller.candidates import candidates, planner_requests, within_budget
 from sailor_core.controller.economics import (
     Outlook,
     change_s,
@@ -194,6 +194,9 @@ def _decide_replan(state, event, lost, broken, config, plan_fn, cost_plan_fn, re
     outlooks = [rank.of(o) for o in candidates(ask, state, config, plan_fn, cost_plan_fn, useful=useful)
                 if o.fits_in(state.available, state.on_demand_available)]
     outlooks = [o for o in outlooks if _affordable_at_all(o.option, state, config)]
+    if cost_plan_fn is not None and math.isfinite(state.budget_left_usd) and outlooks \
+            and not any(rank.finishes(o) for o in outlooks):
+        outlooks += _budget_outlooks(ask, outlooks, rank, cost_plan_fn)
     if now is None:
         why = _why_new(current, lost, event)
         choice, gave_up = rank.best(outlooks)
@@ -213,6 +216,18 @@ def _decide_replan(state, event, lost, broken, config, plan_fn, cost_plan_fn, re
         return _run(Action.REPLAN, reason, choice.option, state, config, planned_on=avail,
                     why=why_words(choice, offered, state, gave_up))
     return _switch_or_keep(now, outlooks, rank, avail=avail, ask=ask)
+
+
+def _budget_outlooks(ask: Mapping[GpuZone, int], outlooks: Sequence[Outlook], rank: _Ranking,
+                     cost_plan_fn: CostPlanFn) -> list[Outlook]:
+    """None of ``outlooks`` finishes within the budget left: the cheapest plans, searched for the
+    fastest that does (``within_budget``)."""
+    state, config = rank.state, rank.config
+    found = within_budget(ask, state, config, cost_plan_fn,
+                          finishes=lambda o: rank.finishes(rank.of(o)),
+                          fastest_samples_per_s=max(o.option.throughput_samples_per_s for o in outlooks))
+    return [rank.of(o) for o in found if o.fits_in(state.available, state.on_demand_available)
+            and _affordable_at_all(o, state, config)]
 
 
 def _switch_or_keep(now: Outlook, outlooks: Sequence[Outlook], rank: _Ranking, *,

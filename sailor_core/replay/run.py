@@ -235,7 +235,7 @@ def run_policies(
                        on_demand_price_fn=catalog_price_fn(spot=False))
     cheap = _cheap_planner(planning, model=spec.name, global_batch_size=global_batch_size,
                            planner_knobs=planner_knobs, terms=terms, plan_cache_path=plan_cache_path,
-                           plan_fn=plan_fn)
+                           plan_fn=plan_fn, budget_usd=budget_usd)
     results = _replay_each(planning, policies, single=single, prices=prices, replay_args=replay_args,
                            progress=progress, terms=terms, cheap=cheap)
     probe, cached, prefetcher = planning.probe, planning.cached, planning.prefetcher
@@ -332,11 +332,12 @@ def _single_type(trace: AvailabilityTrace, planning: _Planning, *, policies: Seq
 
 def _cheap_planner(planning: _Planning, *, model: str, global_batch_size: int | None,
                    planner_knobs: dict[str, Any] | None, terms: JobTerms, plan_cache_path: str | None,
-                   plan_fn: PlanFn | None) -> CheapestPlanner | None:
+                   plan_fn: PlanFn | None, budget_usd: float | None) -> CheapestPlanner | None:
     """The planner's cheapest plans (its cost objective) above a floor, for a job that minimises
-    cost or has a deadline (``decide``'s ``cost_plan_fn``); in this process, memoised per floor,
-    on the grid unless exact, kept in the plan cache beside the fastest plans."""
-    if not terms.wants_cheap_plans:
+    cost, has a deadline or a budget (``decide``'s ``cost_plan_fn``: with a budget only asked
+    once no fast plan finishes within it); in this process, memoised per floor, on the grid
+    unless exact, kept in the plan cache beside the fastest plans."""
+    if not terms.wants_cheap_plans and budget_usd is None:
         return None
     knobs = {**REPLAY_PLANNER_KNOBS, **(planner_knobs or {}), "objective": "cost"}
     if planning.micro_batch_sizes:

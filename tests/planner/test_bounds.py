@@ -490,6 +490,9 @@ def test_rings_egress_of_a_shape_puts_the_gradient_on_the_cheaper_rings():
     # on the cheaper rings.
     assert bounds.rings_egress_lb([3.0, 1.0], [3, 2], 100.0, 10.0) == 1.0 * 100.0 + 2.0 * 20.0
     assert bounds.rings_egress_lb([1.0, 3.0], [2, 3], 100.0, 10.0) == 1.0 * 100.0 + 2.0 * 20.0
+    # Three GPU types (the cost search's lazy shapes have them): each dearer segment its least,
+    # the rest on the cheapest rings.
+    assert bounds.rings_egress_lb([3.0, 1.0, 2.0], [3, 2, 4], 100.0, 10.0) == 100.0 + 2.0 * 20.0 + 1.0 * 30.0
     rng = np.random.default_rng(41)
     fa, fb = rng.uniform(0, 3, 50), rng.uniform(0, 3, 50)
     sa, sb = rng.integers(1, 6, 50), rng.integers(1, 6, 50)

@@ -460,16 +460,17 @@ def ring_egress_usd_per_byte(network, pools: dict[str, int], tp_degree: int, dp_
 
 
 def rings_egress_lb(usd_per_byte, num_stages, whole_bytes: float, block_bytes: float) -> float:
-    """USD per iteration of the gradient rings that must cross zones, for a shape of one or two
-    segments with rings at ``usd_per_byte`` (``ring_egress_usd_per_byte``) and ``num_stages``
-    stages each.  One segment holds the whole model's gradient (``whole_bytes``); of two, each
-    holds at least a block (``block_bytes``, or the embedding) per stage but one and together
-    the whole model, so the cheapest split puts all it can on the cheaper rings."""
+    """USD per iteration of the gradient rings that must cross zones, for a shape of segments
+    (one per GPU type) with rings at ``usd_per_byte`` (``ring_egress_usd_per_byte``) and
+    ``num_stages`` stages each.  One segment holds the whole model's gradient (``whole_bytes``);
+    of several, each holds at least a block (``block_bytes``, or the embedding) per stage but
+    one and together the whole model, so the cheapest split gives each its least and puts the
+    rest on the cheapest rings."""
     if len(usd_per_byte) == 1:
         return usd_per_byte[0] * whole_bytes
-    fa, fb = usd_per_byte
-    least_a, least_b = (num_stages[0] - 1) * block_bytes, (num_stages[1] - 1) * block_bytes
-    return fa * whole_bytes + (fb - fa) * least_b if fa <= fb else fb * whole_bytes + (fa - fb) * least_a
+    least = [(n - 1) * block_bytes for n in num_stages]
+    cheapest = min(usd_per_byte)
+    return cheapest * whole_bytes + sum((f - cheapest) * b for f, b in zip(usd_per_byte, least))
 
 
 def rings_egress_lb_many(fa, fb, stages_a, stages_b, both, whole_bytes: float, block_bytes: float):

@@ -85,7 +85,7 @@ class EgressParts:
         return per_byte
 
     def rings_egress_lb(self, shape: tuple[Segment, ...]) -> float:
-        """``bounds.rings_egress_lb`` of a shape of one or two segments."""
+        """``bounds.rings_egress_lb`` of a shape."""
         whole, block = self.figures.gradient_bytes_lb(shape[0].kind.micro_batch_size)
         return bounds.rings_egress_lb([self.ring_usd_per_byte(s) for s in shape],
                                       [s.num_stages for s in shape], whole, block)
