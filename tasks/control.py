@@ -51,6 +51,7 @@ from sailor_core.controller import (
     planner_plan_fn,
 )
 from sailor_core.errors import InfeasibleError
+from sailor_core.planner.request import DEFAULT_MAX_TP_DEGREE
 
 # Seconds a plan change costs before training resumes: boot, torch import, rendezvous, reload.
 CHANGE_COST_S = 30.0
@@ -149,8 +150,15 @@ def planner_on_offers(offers: Sequence[Offer], *, model: str, objective: str = "
     search = planner_plan_fn(
         model=model, objective=objective, global_batch_size=global_batch_size, max_usd_per_hour=max_usd_per_hr,
         min_throughput_samples_per_s=min_throughput_samples_per_s, spot=spot, collect_pareto=True,
-        pricing=pricing, on_infeasible=_log_infeasible)
+        pricing=pricing, on_infeasible=_log_infeasible, max_tp_degree=max_tp_degree(offers))
     return Planner(search=search, cached=CachedPlanner(plan_fn=search), pricing=pricing)
+
+
+def max_tp_degree(offers: Sequence[Offer]) -> int:
+    """The widest TP group the offers can hold (a TP group lives on one node): the planner's
+    default of 8 or the largest node offered, whichever is smaller (GCP's T4 nodes hold 4).
+    A plan whose group is wider than the nodes of its own zone is left out when priced."""
+    return min(DEFAULT_MAX_TP_DEGREE, max((o.gpus_per_node for o in offers), default=1))
 
 
 def job_planner(spec: JobSpec, offers: Sequence[Offer]) -> Planner:
@@ -165,7 +173,8 @@ def job_planner(spec: JobSpec, offers: Sequence[Offer]) -> Planner:
     def cheapest_above(floor: float | None) -> PlannerPlanFn:  # the controller's floor includes the job's
         return planner_plan_fn(model=spec.model, objective="cost", global_batch_size=spec.global_batch_size,
                                max_usd_per_hour=spec.max_usd_per_hr, min_throughput_samples_per_s=floor,
-                               spot=spec.spot, pricing=planner.pricing, on_infeasible=_log_infeasible)
+                               spot=spec.spot, pricing=planner.pricing, on_infeasible=_log_infeasible,
+                               max_tp_degree=max_tp_degree(offers))
 
     return dataclasses.replace(planner, cheap=CheapestPlanner(make=cheapest_above))
 

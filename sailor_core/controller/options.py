@@ -225,8 +225,10 @@ class PlannerPlanFn:
 
     Each call plans on an availability with the arguments fixed here.  Options are priced by
     ``pricing`` when given, else as the planner priced them (its GPUs, per hour).  An
-    infeasible request answers no options (``on_infeasible`` hears why); the last feasible
-    search stays in ``last_result`` for reports (its Pareto front, its candidates as scored).
+    infeasible request answers no options, and a candidate ``pricing`` cannot place on the
+    instances offered (a TP group wider than any node of its zone) is left out; ``on_infeasible``
+    hears why.  The last feasible search stays in ``last_result`` for reports (its Pareto
+    front, its candidates as scored).
     """
 
     request_args: Mapping[str, Any]   # make_request's keyword arguments, less the availability
@@ -247,7 +249,14 @@ class PlannerPlanFn:
                 self.on_infeasible(exc)
             return []
         self.last_result = result
-        return [self._option(c) for c in result.candidates]
+        options = []
+        for c in result.candidates:
+            try:
+                options.append(self._option(c))
+            except InfeasibleError as exc:
+                if self.on_infeasible is not None:
+                    self.on_infeasible(exc)
+        return options
 
     def _option(self, candidate: Any) -> PlanOption:
         """A candidate (``.plan`` and ``.sim``, the simulator's SimResult) as the controller sees it."""

@@ -16,6 +16,8 @@ GpuZone = tuple[str, str]  # (canonical GPU type, zone)
 
 # Sailor's artifact trains OPT-350M at 1024 sequences per iteration; used when no batch is given.
 DEFAULT_GLOBAL_BATCH_SIZE = 1024
+# A TP group lives on one node: 8 GPUs on the usual GPU servers.
+DEFAULT_MAX_TP_DEGREE = 8
 
 
 class Objective(str, Enum):
@@ -44,7 +46,7 @@ class PlanRequest:
     # Search-space knobs (defaults cover what the planner searches; tests shrink them).
     micro_batch_sizes: tuple[int, ...] | None = None  # default: powers of two dividing the batch
     max_stages: int = 16
-    max_tp_degree: int = 8
+    max_tp_degree: int = DEFAULT_MAX_TP_DEGREE
     mixed_stages: bool = True  # let leftover GPUs of other types join a stage as extra replicas
     max_evaluations: int = 4000  # work of the best-first search before it stops: evaluations (a split: 1/4)
     max_shapes_scored: int = 20000  # shapes given a bound by the lazy order before it stops adding
