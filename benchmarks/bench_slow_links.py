@@ -169,6 +169,24 @@ def scaled_profile(profile, factor: float):
                    update_fixed_s=profile.update_fixed_s * factor)
 
 
+def paced_profile(profile, pace):
+    """``profile`` with every layer's forward and backward at the pace's seconds (the optimizer
+    step as measured): what the engine's paced ops take."""
+    layers = tuple(replace(l, fwd_s=pace.fwd_s_per_layer, bwd_s=pace.bwd_s_per_layer) for l in profile.layers)
+    return replace(profile, layers=layers)
+
+
+def predict_paced(plan, profile, pace, latency_s: float, bandwidth_bytes_per_s: float) -> dict:
+    """The simulator's step for ``plan`` with paced ops, over the shim's links and over free ones."""
+    from sailor_core.profiles import ProfileDB
+
+    db = ProfileDB([paced_profile(profile, pace)])
+    sim = simulate_with(plan, db, shim_network(latency_s, bandwidth_bytes_per_s))
+    free = simulate_with(plan, db, shim_network(0.0, 1e18))
+    return {"iteration_time_s": sim.iteration_time_s, "free_links_s": free.iteration_time_s,
+            "bottleneck": sim.bottleneck, "breakdown": sim.breakdown}
+
+
 def simulate_with(plan, db, network):
     from sailor_core.simulator import simulate
 
@@ -176,13 +194,17 @@ def simulate_with(plan, db, network):
 
 
 def measure(plan, latency_s: float, bandwidth_bytes_per_s: float, steps: int, workdir: Path,
-            data: str | None = None, timeout_s: float = 600.0, sharing: dict | None = None) -> list[float]:
+            data: str | None = None, timeout_s: float = 600.0, sharing: dict | None = None,
+            pace=None) -> list[float]:
     """Steady step times (the first step dropped) of the engine over the shim's links; with
-    ``sharing`` (a dict), also what CPU sharing did to the ranks' steady steps (``cpu_stretch``)."""
+    ``sharing`` (a dict), also what CPU sharing did to the ranks' steady steps (``cpu_stretch``);
+    with ``pace`` (a ``ComputePace``), every forward and backward paced."""
     from sailor_core.runtime.launch import launch_local
     from sailor_core.runtime.links import LinkShim
 
     env = LinkShim(latency_s=latency_s, bandwidth_bytes_per_s=bandwidth_bytes_per_s).to_env()
+    if pace is not None:
+        env = {**env, **pace.to_env()}
     sched_dir = workdir / "schedstat"
     if sharing is not None:
         sched_dir.mkdir(parents=True, exist_ok=True)
@@ -236,6 +258,9 @@ def main(argv=None) -> int:
     ap.add_argument("--workdir", default=None)
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--rescore", default=None, help="a saved run's slow_links.json: predict its rows again")
+    ap.add_argument("--pace-ms", default=None,
+                    help="FWD,BWD: every forward and backward of a micro-batch takes that many ms per layer "
+                         "(ops longer than they compute: the ranks no longer stretch each other's ops)")
     args = ap.parse_args(argv)
     if args.rescore:
         return rescore(Path(args.rescore))
@@ -256,9 +281,11 @@ def main(argv=None) -> int:
     if max(depths) > num_indices:
         sys.exit(f"bench_slow_links: {args.model} has {num_indices} layer indices, too few for "
                  f"{max(depths)} stages of at least one each (--depths)")
+    pace = parse_pace(args.pace_ms)
     latency, bandwidth = args.latency_ms / 1e3, args.mbps * 1e6
     out = {"model": args.model, "latency_s": latency, "bandwidth_bytes_per_s": bandwidth,
-           "cpu_count": os.cpu_count(), "loadavg_start": loadavg(), "rows": []}
+           "cpu_count": os.cpu_count(), "loadavg_start": loadavg(), "rows": [],
+           "pace_s": [pace.fwd_s_per_layer, pace.bwd_s_per_layer] if pace else None}
     t0 = time.monotonic()
     (profile,) = profile_model(args.model, micro_batch_sizes=[1], tp_degrees=[1], device="cpu", threads=1,
                                reps=args.reps, timer="cpu").profiles
@@ -275,17 +302,18 @@ def main(argv=None) -> int:
                 la = loadavg()
                 sharing: dict = {}
                 steps = measure(plan, latency, bandwidth, args.steps, workdir / f"p{depth}-m{num_mb}-r{k}", data,
-                                sharing=sharing)
+                                sharing=sharing, pace=pace)
                 runs.append({"loadavg": la, "other_load": other, "step_times_s": steps,
                              "median_s": statistics.median(steps), "sharing": sharing})
-            pred = predict(plan, profile, latency, bandwidth, **sharing_of(runs))
+            pred = (predict_paced(plan, profile, pace, latency, bandwidth) if pace is not None
+                    else predict(plan, profile, latency, bandwidth, **sharing_of(runs)))
             measured = statistics.median([t for r in runs for t in r["step_times_s"]])
             row = {"depth": depth, "microbatches": num_mb, "measured_s": measured,
                    "run_medians_s": [r["median_s"] for r in runs], "predicted": pred,
                    "error": pred["iteration_time_s"] / measured - 1, "runs": runs}
             out["rows"].append(row)
             if not args.json:
-                print_row(row, flush=True)
+                (print_paced_row if pace is not None else print_row)(row, flush=True)
     out["loadavg_end"] = loadavg()
     (workdir / "slow_links.json").write_text(json.dumps(out, indent=2))
     if args.json:
@@ -294,6 +322,31 @@ def main(argv=None) -> int:
         summary(out)
         print(f"figures in {workdir / 'slow_links.json'}")
     return 0
+
+
+def parse_pace(text: str | None):
+    """``--pace-ms FWD,BWD`` as a ``ComputePace`` (None without it); a bad value exits with one line."""
+    from sailor_core.errors import SailorError
+    from sailor_core.runtime.links import ComputePace
+
+    if not text:
+        return None
+    try:
+        fwd_ms, bwd_ms = (float(x) for x in text.split(","))
+        return ComputePace(fwd_s_per_layer=fwd_ms / 1e3, bwd_s_per_layer=bwd_ms / 1e3)
+    except (ValueError, SailorError) as exc:
+        sys.exit(f"bench_slow_links: --pace-ms wants FWD,BWD milliseconds per layer, got {text!r} ({exc})")
+
+
+def print_paced_row(row: dict, flush: bool = False) -> None:
+    p, meds = row["predicted"], row["run_medians_s"]
+    waits = [r["sharing"] for r in row["runs"] if r.get("sharing", {}).get("on_cpu_s")]
+    busy = (f"; ranks on a CPU {sum(w['on_cpu_s'] for w in waits) / sum(w['steps'] for w in waits):.3f} s and "
+            f"waiting for one {sum(w['waiting_s'] for w in waits) / sum(w['steps'] for w in waits):.3f} s per step "
+            f"(all ranks)") if waits else ""
+    print(f"{row['depth']} stages x {row['microbatches']:>2} micro-batches, paced: measured {row['measured_s']:.3f} s "
+          f"(runs {min(meds):.3f}..{max(meds):.3f}), predicted {p['iteration_time_s']:.3f} s ({row['error']:+.1%}); "
+          f"free links {p['free_links_s']:.3f} s, bottleneck {p['bottleneck']}{busy}", flush=flush)
 
 
 def sharing_of(runs: list[dict]) -> dict:
@@ -328,14 +381,20 @@ def saved_profile(out: dict):
 
 def rescore(path: Path) -> int:
     """Predict a saved run's rows again (the measured figures as they were)."""
+    from sailor_core.runtime.links import ComputePace
+
     out = json.loads(path.read_text())
     profile = saved_profile(out)
+    pace = ComputePace(fwd_s_per_layer=out["pace_s"][0], bwd_s_per_layer=out["pace_s"][1]) if out.get("pace_s") else None
     for row in out["rows"]:
         plan = plan_for(out["model"], row["depth"], row["microbatches"])
-        row["predicted"] = predict(plan, profile, out["latency_s"], out["bandwidth_bytes_per_s"],
-                                   num_cores=out["cpu_count"], **sharing_of(row["runs"]))
+        if pace is not None:
+            row["predicted"] = predict_paced(plan, profile, pace, out["latency_s"], out["bandwidth_bytes_per_s"])
+        else:
+            row["predicted"] = predict(plan, profile, out["latency_s"], out["bandwidth_bytes_per_s"],
+                                       num_cores=out["cpu_count"], **sharing_of(row["runs"]))
         row["error"] = row["predicted"]["iteration_time_s"] / row["measured_s"] - 1
-        print_row(row)
+        (print_paced_row if pace is not None else print_row)(row)
     summary(out)
     return 0
 

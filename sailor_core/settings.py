@@ -190,6 +190,7 @@ def fault_upload() -> str | None:
 
 
 LINK_SHIM_ENV = "SAILOR_LINK_SHIM"
+COMPUTE_PACE_ENV = "SAILOR_COMPUTE_PACE"
 
 
 def link_shim() -> str:
@@ -197,6 +198,13 @@ def link_shim() -> str:
     and data-parallel all-reduces last as long as over a link of that latency and bandwidth
     (``runtime/links.py``; set by tests and benchmarks only).  Default ``""``: real links."""
     return os.environ.get(LINK_SHIM_ENV, "")
+
+
+def compute_pace() -> str:
+    """``SAILOR_COMPUTE_PACE``: ``FWD_S:BWD_S`` makes each forward and backward of a micro-batch
+    last at least that many seconds per layer of the stage (``runtime/links.py``'s ``ComputePace``;
+    benchmarks only).  Default ``""``: compute as fast as it runs."""
+    return os.environ.get(COMPUTE_PACE_ENV, "")
 
 
 # ---- the command line (set by the user) -------------------------------------------------

@@ -1,4 +1,5 @@
-"""The engine's point-to-point transfers and gradient all-reduces, and a test-only slow link.
+"""The engine's point-to-point transfers and gradient all-reduces, and a test-only slow link
+(and compute pace).
 
 ``runtime/trainer.py`` moves activations, gradients and the data-parallel gradient sums only
 through ``isend``, ``irecv`` and ``all_reduce`` here.  In every real run they are
@@ -66,6 +67,45 @@ class LinkShim:
         if num_ranks <= 1:
             return 0.0
         return 2 * (num_ranks - 1) * (self.latency_s + self.wire_s(num_bytes) / num_ranks)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ComputePace:
+    """Test-only: each forward of a micro-batch lasts at least ``fwd_s_per_layer`` per layer of
+    the stage, each backward ``bwd_s_per_layer`` (the rank sleeps out the rest of the op).  With
+    ops paced longer than they compute, ranks that share a few cores no longer stretch each
+    other's ops, so a benchmark checks the schedule and the links against a profile it knows
+    exactly (``bench_slow_links.py --pace-ms``)."""
+
+    fwd_s_per_layer: float
+    bwd_s_per_layer: float
+
+    def __post_init__(self) -> None:
+        if self.fwd_s_per_layer < 0 or self.bwd_s_per_layer < 0:
+            raise InputError(f"a compute pace needs seconds >= 0, got {self.fwd_s_per_layer} and "
+                             f"{self.bwd_s_per_layer}")
+
+    def to_env(self) -> dict[str, str]:
+        return {settings.COMPUTE_PACE_ENV: f"{self.fwd_s_per_layer!r}:{self.bwd_s_per_layer!r}"}
+
+    @classmethod
+    def from_env(cls) -> ComputePace | None:
+        text = settings.compute_pace()
+        if not text:
+            return None
+        try:
+            fwd, bwd = (float(x) for x in text.split(":"))
+        except ValueError:
+            raise InputError(f"{settings.COMPUTE_PACE_ENV} must be FWD_S:BWD_S, got {text!r}") from None
+        return cls(fwd_s_per_layer=fwd, bwd_s_per_layer=bwd)
+
+    def op_s(self, kind: str, num_layers: int) -> float:
+        """The least seconds of one op (``"F"`` or ``"B"``) of a stage of ``num_layers`` layers."""
+        return (self.fwd_s_per_layer if kind == "F" else self.bwd_s_per_layer) * num_layers
+
+    def hold(self, kind: str, num_layers: int, started_s: float) -> None:
+        """Sleep until the op begun at ``started_s`` (``time.time()``) has lasted its pace."""
+        _sleep_until(started_s + self.op_s(kind, num_layers))
 
 
 _UNREAD = object()

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import time
 from dataclasses import dataclass
 
 import torch
@@ -205,6 +206,8 @@ class StageTrainer:
         self._last_backward = max(i for i, (kind, _) in enumerate(self.schedule) if kind == "B")
         self._gradients_arrived = gradients_known_arrived(self.num_microbatches, dps, self.role.stage,
                                                           self.role.replica)
+        self._pace = links.ComputePace.from_env()  # benchmarks only: None in every real run
+        self._num_layers = self.role.layer_end - self.role.layer_start
 
     # ---- pipeline neighbours -------------------------------------------------
     def _peer_ranks(self, stage: int, m: int) -> list[int]:
@@ -286,8 +289,11 @@ class StageTrainer:
                         _retire(sends, backward_sends.pop(k))
                     inp.requires_grad_(True)
                     labels = self._microbatch(m)[1] if last else None
+                started_s = time.time()
                 with self.autocast:
                     out = model(inp, labels)
+                if self._pace is not None:
+                    self._pace.hold("F", self._num_layers, started_s)
                 if on_first_forward is not None:
                     on_first_forward()
                     on_first_forward = None
@@ -301,11 +307,12 @@ class StageTrainer:
                 inbox.done("F")
             else:
                 inp, out = saved.pop(m)
-                if last:
-                    out.backward()
-                else:
-                    out.backward(inbox.take("B", m))
-                    # m's gradient came back, so its output reached the next stage
+                grad = None if last else inbox.take("B", m)
+                started_s = time.time()
+                out.backward(grad)
+                if self._pace is not None:
+                    self._pace.hold("B", self._num_layers, started_s)
+                if not last:  # m's gradient came back, so its output reached the next stage
                     _retire(sends, forward_sends.pop(m))
                 if not first:
                     backward_sends[m] = self._send(inp.grad, role.stage - 1, m, 2 * m + 1, self.groups.bwd, sends)

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from sailor_core.errors import InputError
-from sailor_core.runtime.links import LinkShim
+from sailor_core.runtime import links
+from sailor_core.runtime.links import ComputePace, LinkShim
 from sailor_core.simulator import simulate
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
@@ -30,6 +31,25 @@ def test_the_shim_travels_in_the_environment():
     assert shim.ring_s(4_000_000, 4) == pytest.approx(6 * (0.025 + 1e6 / 3e6))
     with pytest.raises(InputError):
         LinkShim(latency_s=0.01, bandwidth_bytes_per_s=0)
+
+
+def test_the_compute_pace_travels_in_the_environment_and_sleeps_out_each_op(monkeypatch):
+    pace = ComputePace(fwd_s_per_layer=0.02, bwd_s_per_layer=0.04)
+    for k, v in pace.to_env().items():
+        monkeypatch.setenv(k, v)
+    assert ComputePace.from_env() == pace
+    assert pace.op_s("F", 3) == pytest.approx(0.06) and pace.op_s("B", 3) == pytest.approx(0.12)
+    slept = []
+    monkeypatch.setattr(links.time, "time", lambda: 100.05)
+    monkeypatch.setattr(links.time, "sleep", slept.append)
+    pace.hold("B", 3, started_s=100.0)  # 50 ms of the op's 120 ms done: the rest is slept
+    pace.hold("F", 2, started_s=99.0)   # already longer than its pace: no sleep
+    assert slept == [pytest.approx(0.07)]
+    monkeypatch.setenv(next(iter(pace.to_env())), "slow")
+    with pytest.raises(InputError):
+        ComputePace.from_env()
+    with pytest.raises(InputError):
+        ComputePace(fwd_s_per_layer=-1.0, bwd_s_per_layer=0.0)
 
 
 def test_each_stage_takes_its_own_ranks_measured_time():
