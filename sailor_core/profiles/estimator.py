@@ -301,8 +301,16 @@ def off_datapath_models(profiles: Iterable, gpu: str, regime: str) -> frozenset[
 # of different widths (their FLOPs, bytes and kernels scale differently): with two widths left
 # the fit parks the narrower model's slow backward in the launch time (A100-40 without its
 # TF32-off models: 46 us per backward kernel, the tiny test model 2.8x slower than on an
-# A100-80), so a datapath is left out only while three widths remain.
+# A100-80), so a datapath is left out while three widths remain, or one (``_fits_without``).
 _WIDTHS_TO_FIT = 3
+
+
+def _fits_without(num_widths: int) -> bool:
+    """Whether the models left after the off-datapath ones, of ``num_widths`` widths, fit the
+    constants alone: three widths and more tell all three apart; one fits efficiency and launch
+    time with the traffic as counted (as on every GPU with one model), which the off-path models
+    would only skew; two would fit the traffic too and degenerate, and keep them as anchors."""
+    return num_widths == 1 or num_widths >= _WIDTHS_TO_FIT
 
 
 def _widths_left(profiles: Sequence, gpu: str, regime: str, left_out: frozenset[str]) -> int:
@@ -319,14 +327,14 @@ def calibrate(profiles: Iterable, gpu: str, regime: str) -> Calibration:
     embedding's backward is skipped: Sailor's profiler reports it as ~0 (a hook artifact).
     Compute constants come from TP-1 profiles (all profiles when there are too few), the
     all-reduce constants from TP > 1 profiles.  Models measured on another matmul datapath
-    than the regime's are left out (``off_datapath_models``) while enough model widths remain
-    to fit the constants (``_WIDTHS_TO_FIT``); otherwise kept and named in the description.
+    than the regime's are left out (``off_datapath_models``) while the widths that remain fit
+    the constants (``_fits_without``); otherwise kept and named in the description.
     """
     spec = get_gpu(gpu)
     reg = get_regime(regime)
     profiles = list(profiles)
     off_path = off_datapath_models(profiles, spec.name, reg.name)
-    left_out = off_path if _widths_left(profiles, spec.name, reg.name, off_path) >= _WIDTHS_TO_FIT else frozenset()
+    left_out = off_path if _fits_without(_widths_left(profiles, spec.name, reg.name, off_path)) else frozenset()
     # (tp, compute, memory, n_allreduce, wire, kernels, fwd, bwd|None, weight, is_block)
     points: list[tuple] = []
     block_models: set[int] = set()  # hidden sizes seen: traffic/FLOP differs between them

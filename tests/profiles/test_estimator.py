@@ -110,8 +110,9 @@ def test_a_model_measured_without_tf32_is_left_out_of_the_calibration():
     """Sailor's OPT-30 and LLaMA-3-8 on A100-40 ran at 15-18 TFLOPS, under the 19.5 plain fp32
     peak, while its OPT-350 and GPT-Neo-2.7 there beat it (TF32); one calibration of both
     predicted GPT-Neo 2.5x too slow.  A wider model that never beats the plain peak where a
-    narrower one does is left out while three model widths remain, and the fit recovers the TF32
-    constants; with fewer it is kept (the constants cannot be told apart) and named."""
+    narrower one does is left out while three model widths remain, or one (the traffic is then
+    taken as counted, as for any GPU with one model), and the fit recovers the TF32 constants;
+    with two it is kept (their traffic fit degenerates) and named."""
     truth = est.Calibration(
         gpu="A100-40", regime=REGIME, fwd_inv_efficiency=1.8, fwd_overhead_s=20e-6,
         bwd_inv_efficiency=2.4, bwd_overhead_s=30e-6, tp_latency_s=50e-6, tp_bw_efficiency=0.4,
@@ -124,8 +125,13 @@ def test_a_model_measured_without_tf32_is_left_out_of_the_calibration():
     assert fitted.left_out_models == ("opt-30b",) and fitted.off_datapath_kept == ()
     assert fitted.fwd_inv_efficiency == pytest.approx(1.8, rel=0.03)
     assert fitted.bwd_inv_efficiency == pytest.approx(2.4, rel=0.03)
-    # one TF32 width left: kept, and said so
-    kept = est.calibrate(narrow_tf32 + wide_fp32, "A100-40", REGIME)
+    # one TF32 width left: left out too, the TF32 constants fitted on it alone
+    alone = est.calibrate(narrow_tf32 + wide_fp32, "A100-40", REGIME)
+    assert alone.left_out_models == ("opt-30b",) and alone.fwd_memory_factor == 1.0
+    assert alone.fwd_inv_efficiency == pytest.approx(1.8, rel=0.03)
+    assert alone.bwd_inv_efficiency == pytest.approx(2.4, rel=0.03)
+    # two TF32 widths left: kept, and said so
+    kept = est.calibrate(narrow_tf32 + _synthetic(truth, model="opt-1.3b") + wide_fp32, "A100-40", REGIME)
     assert kept.left_out_models == () and kept.off_datapath_kept == ("opt-30b",)
     assert "opt-30b" in kept.describe
     # the wide model on TF32 is kept, and so is everything when nothing proves TF32
