@@ -49,6 +49,7 @@ from sailor_core.controller.options import CostPlanFn, GpuZone, PlanFn, PlanOpti
 from sailor_core.controller.reasons import (
     deadline_words,
     explain,
+    figures,
     gpus_words,
     per_hour,
     plain_versus,
@@ -194,8 +195,10 @@ def _decide_replan(state, event, lost, broken, config, plan_fn, cost_plan_fn, re
     outlooks = [rank.of(o) for o in candidates(ask, state, config, plan_fn, cost_plan_fn, useful=useful)
                 if o.fits_in(state.available, state.on_demand_available)]
     outlooks = [o for o in outlooks if _affordable_at_all(o.option, state, config)]
+    over_budget = None  # the fastest plan offered, when none of the fast plans fits the budget
     if cost_plan_fn is not None and math.isfinite(state.budget_left_usd) and outlooks \
             and not any(rank.finishes(o) for o in outlooks):
+        over_budget = min(outlooks, key=lambda o: (o.time_s, o.cost_usd))
         outlooks += _budget_outlooks(ask, outlooks, rank, cost_plan_fn)
     if now is None:
         why = _why_new(current, lost, event)
@@ -212,10 +215,22 @@ def _decide_replan(state, event, lost, broken, config, plan_fn, cost_plan_fn, re
             return _run(Action.REPLAN, f"{why}: {explain(held, offered, state, '')}; {reason}",
                         held.option, state, config, planned_on=avail,
                         why="; ".join(w for w in (why_words(held, offered, state, ""), words) if w))
-        reason = f"{why}: {explain(choice, offered, state, gave_up)}{_deadline_note(choice, rank)}"
+        note, words = _over_budget_words(over_budget, choice, state) if not gave_up else ("", "")
+        reason = f"{why}: {explain(choice, offered, state, gave_up)}{_deadline_note(choice, rank)}{note}"
         return _run(Action.REPLAN, reason, choice.option, state, config, planned_on=avail,
-                    why=why_words(choice, offered, state, gave_up))
+                    why="; ".join(w for w in (why_words(choice, offered, state, gave_up), words) if w))
     return _switch_or_keep(now, outlooks, rank, avail=avail, ask=ask)
+
+
+def _over_budget_words(fastest: Outlook | None, choice: Outlook, state: ControllerState) -> tuple[str, str]:
+    """Why ``choice`` is not the fastest plan offered (``fastest``) when that one would overrun
+    the budget left: a note for the reason and words for people; ("", "") otherwise."""
+    if fastest is None or _same(fastest.option, choice.option):
+        return "", ""
+    left = f"{state.budget_left_usd:,.2f} USD"
+    return (f"; the fastest plan ({fastest.option.label}, {figures(fastest)}) would overrun the {left} left",
+            f"the fastest plan would cost {fastest.cost_usd:,.2f} USD to finish, more than the {left} left, "
+            f"so the fastest one within the budget runs")
 
 
 def _budget_outlooks(ask: Mapping[GpuZone, int], outlooks: Sequence[Outlook], rank: _Ranking,

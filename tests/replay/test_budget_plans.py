@@ -60,6 +60,9 @@ def test_the_fastest_plan_within_the_budget_runs_when_the_fast_plans_do_not_fit(
     best = plan(largest_affordable).throughput_samples_per_s
     assert best / 2 ** (1 / 8) <= d.plan.throughput_samples_per_s <= best and n <= largest_affordable
     assert 2 <= len(cheap.floors) <= 7 and cheap.floors[0] is None  # the cheapest first, then a bisection
+    # the reason says why the fastest plan does not run
+    assert f"the fastest plan ({MAX_GPUS} GPUs" in d.reason and "would overrun" in d.reason
+    assert "so the fastest one within the budget runs" in d.why
 
 
 def test_without_the_cost_search_the_budget_buys_a_plan_that_stops_short():
