@@ -202,6 +202,8 @@ def _print_suite(out: dict) -> None:
             f"{r['wait_s'] / 3600:,.2f}",
         )
     con.print(table)
+    for name, r in out["policies"].items():
+        con.print(f"  {name}: the paid GPU time went to {_activity_words(r.get('gpu_s_by_activity') or {})}")
     con.print(f"replayed in {out['wall_s']:.2f} s ({out['planner_calls']} planner calls, "
               f"{out['planner_time_s']:.2f} s planning)")
     comparison = out.get("comparison")
@@ -218,6 +220,15 @@ def _print_suite(out: dict) -> None:
             con.print(f"chart: {comparison['pareto_plot']}")
     if out.get("plot"):
         con.print(f"timeline: {out['plot']}")
+
+
+def _activity_words(gpu_s: dict) -> str:
+    """``training 75 %, starting 19 %, ...``: the shares of the paid GPU-seconds, largest first."""
+    total = sum(gpu_s.values())
+    if total <= 0:
+        return "nothing (no GPU was paid for)"
+    shares = sorted(((v / total, k) for k, v in gpu_s.items() if v > 0), reverse=True)
+    return ", ".join(f"{k} {x:.0%}" if x >= 0.005 else f"{k} <1%" for x, k in shares)
 
 
 def _fmt_ratio(x) -> str:

@@ -50,6 +50,12 @@ class TimelinePoint:
     throughput_samples_per_s: float
 
 
+# What the GPU-seconds paid for went to: kept training; training redone after a preemption lost
+# it; checkpoints (periodic, and the save before a planned switch); GPUs held while new instances
+# boot; start-up and reload; the rest (the final save and terminate, rounding).
+GPU_TIME_KINDS = ("training", "redone", "checkpointing", "provisioning", "starting", "other")
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class DecisionRecord:
     time_s: float
@@ -81,6 +87,8 @@ class ReplayResult:
     planner_calls: int = 0
     usd_by_market: Mapping[str, float] = field(default_factory=dict)
     num_declined: int = 0             # switches the controller weighed and declined (Decision.declined)
+    # where the paid GPU-seconds went (GPU_TIME_KINDS): ``training`` over their sum is the useful fraction
+    gpu_s_by_activity: Mapping[str, float] = field(default_factory=dict)
 
     def to_dict(self, *, with_timeline: bool = False) -> dict:
         out = {
@@ -93,6 +101,7 @@ class ReplayResult:
             "work_lost_samples": self.work_lost_samples, "wait_s": self.wait_s,
             "usd_by_gpu_zone": dict(self.usd_by_gpu_zone), "planner_calls": self.planner_calls,
             "usd_by_market": dict(self.usd_by_market), "num_declined": self.num_declined,
+            "gpu_s_by_activity": dict(self.gpu_s_by_activity),
         }
         if with_timeline:
             out["timeline"] = [
@@ -168,6 +177,15 @@ class _Replay:
     seen_share: dict[GpuZone, float] = field(default_factory=dict)  # their shares of the pool, summed
     productive_gpu_s: float = 0.0
     lost_gpu_s: float = 0.0
+    checkpoint_gpu_s: float = 0.0   # paid while saving (periodic, or before a switch)
+    provisioning_gpu_s: float = 0.0  # GPUs kept, paid while new instances boot
+    starting_gpu_s: float = 0.0     # paid during start-up and reload
+    # the change under way (``starting``): a save until ``saving_until`` on ``saving_gpus``, the
+    # ``kept_gpus`` waiting until ``vms_at`` for new instances, then start-up
+    saving_until: float = 0.0
+    saving_gpus: int = 0
+    kept_gpus: int = 0
+    vms_at: float = 0.0
     lost_samples: float = 0.0
     wait_s: float = 0.0
     num_replans: int = 0
@@ -297,6 +315,10 @@ class _Replay:
         needs_vms = (any(n > held.get(k, 0) for k, n in new.gpus.items())
                      or any(n > held_od.get(k, 0) for k, n in new.on_demand.items()))
         running_at = switch_at + (costs.provisioning_s if needs_vms else 0.0)
+        self.saving_until, self.saving_gpus = switch_at, old.num_gpus if old is not None else 0
+        self.kept_gpus = (sum(min(n, max(held.get(k, 0), 0)) for k, n in new.gpus.items())
+                          + sum(min(n, held_od.get(k, 0)) for k, n in new.on_demand.items()))
+        self.vms_at = running_at
         self.release(switch_at, "replanned")
         self.acquire(new, switch_at, held=held, held_on_demand=held_od, running_at_s=running_at)
         self.ready_at = running_at + costs.startup_s + (costs.load_s if self.ckpt_done > 0 else 0.0)
@@ -343,6 +365,7 @@ class _Replay:
 
     def advance_starting(self, until: float, deadline: float) -> None:
         tn = min(until, self.ready_at, deadline)
+        self.account_change(self.t, tn)
         self.t = tn
         if tn == deadline and tn < self.ready_at:
             self.at_deadline()
@@ -352,9 +375,20 @@ class _Replay:
             self.paused_until = self.t
             self.record()
 
+    def account_change(self, t0: float, t1: float) -> None:
+        """The paid GPU-seconds of a change from ``t0`` to ``t1``: the save on the old plan's GPUs,
+        the kept GPUs while new instances boot, then every GPU of the new plan while it starts."""
+        def span(a: float, b: float) -> float:
+            return max(0.0, min(b, t1) - max(a, t0))
+
+        self.checkpoint_gpu_s += self.saving_gpus * span(-math.inf, self.saving_until)
+        self.provisioning_gpu_s += self.kept_gpus * span(self.saving_until, self.vms_at)
+        self.starting_gpu_s += self.plan.num_gpus * span(max(self.saving_until, self.vms_at), math.inf)
+
     def advance_checkpointing(self, until: float, deadline: float) -> None:
         """A periodic checkpoint is being written: no progress."""
         tn = min(until, self.paused_until, deadline)
+        self.checkpoint_gpu_s += self.plan.num_gpus * (tn - self.t)
         self.t = tn
         if tn == deadline:
             self.at_deadline()
@@ -437,6 +471,9 @@ class _Replay:
         end_s = max([self.t] + [e.end_s for e in ledger.entries() if e.end_s is not None])
         paid_gpu_s = ledger.gpu_seconds(end_s)
         useful_gpu_s = self.productive_gpu_s - self.lost_gpu_s
+        by_activity = dict(zip(GPU_TIME_KINDS, (useful_gpu_s, self.lost_gpu_s, self.checkpoint_gpu_s,
+                                                self.provisioning_gpu_s, self.starting_gpu_s), strict=False))
+        by_activity["other"] = max(0.0, paid_gpu_s - sum(by_activity.values()))
         return ReplayResult(
             policy=policy, finished=self.finished_at is not None, stop_reason=self.stop_reason,
             time_to_train_s=self.finished_at, end_s=end_s,
@@ -448,6 +485,7 @@ class _Replay:
             usd_by_gpu_zone={f"{g}@{z}": v for (g, z), v in sorted(ledger.by_gpu_zone(end_s).items())},
             timeline=tuple(self.timeline), decisions=tuple(self.decisions),
             usd_by_market=dict(sorted(ledger.by_market(end_s).items())), num_declined=self.num_declined,
+            gpu_s_by_activity=by_activity,
         )
 
 

@@ -53,6 +53,24 @@ def test_json_and_plot(sailor_cli, tmp_path, monkeypatch):
         assert {"time_to_train_s", "usd_spent", "useful_work_fraction", "num_replans", "num_restarts"} <= set(row)
     assert out["policies"]["static"]["cost_ratio_to_ours"] > 0
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    for row in out["policies"].values():  # where the paid GPU time went; training's share is the useful one
+        by = row["gpu_s_by_activity"]
+        assert set(by) == {"training", "redone", "checkpointing", "provisioning", "starting", "other"}
+        assert by["training"] / sum(by.values()) == pytest.approx(row["useful_work_fraction"])
+
+
+def test_the_table_says_where_the_paid_gpu_time_went(sailor_cli, tmp_path, monkeypatch):
+    import sailor_core.replay.run as run_mod
+    from replay_helpers import linear_planner
+
+    monkeypatch.setattr(run_mod, "planner_plan_fn", lambda **kw: linear_planner)  # real planner: slow test
+    trace = tmp_path / "t.csv"
+    trace.write_text(",Timestamp,A100-40_us-central1-a,V100-16_us-central1-b\n0,0,4,4\n1,3600,2,4\n2,7200,4,4\n")
+    p = sailor_cli("replay", "--trace", str(trace), "--model", "opt-350m", "--tokens", "2B", "--workers", "0")
+    assert p.returncode in (0, None), p.stderr
+    lines = [line.strip() for line in p.stdout.splitlines() if "the paid GPU time went to" in line]
+    assert len(lines) == 4 and lines[0].startswith("ours: the paid GPU time went to training ")
+    assert all("starting" in line for line in lines)
 
 
 def test_compare_prints_the_front_and_the_equal_terms(sailor_cli, tmp_path, monkeypatch):

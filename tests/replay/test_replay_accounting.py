@@ -38,6 +38,32 @@ def test_ours_replans_on_loss_and_grows_back():
     assert r.useful_work_fraction == pytest.approx((4 * 3450 + 2 * 3550 + 4 * 1975) / (14000 + 7200 + 4250 + 4050))
 
 
+def test_the_paid_gpu_time_is_told_by_activity():
+    r = run(DIP, "ours")
+    # Start: 4 GPUs start up 100-150 (new instances are not paid while they boot); 3600: a
+    # restart on the 2 held, 50 s; 7200: the 2 held wait 100 s for the 2 new instances, then 4
+    # start up for 50 s; the rest trains.
+    assert r.gpu_s_by_activity == pytest.approx({
+        "training": 4 * 3450 + 2 * 3550 + 4 * 1975, "redone": 0.0, "checkpointing": 0.0,
+        "provisioning": 2 * 100, "starting": 4 * 50 + 2 * 50 + 4 * 50, "other": 0.0})
+    assert r.useful_work_fraction == pytest.approx(r.gpu_s_by_activity["training"] / sum(r.gpu_s_by_activity.values()))
+
+
+def test_saves_and_work_redone_are_told_apart():
+    trace = build_trace([(0.0, {V: 2}), (3000.0, {V: 1})])
+    costs = ChangeCosts(provisioning_s=100, startup_s=50, checkpoint_bytes=200e9, storage_bw_bytes_per_s=1e9,
+                        checkpoint_interval_s=1000, terminate_s=0)  # 200 s saves > AWS's 120 s notice
+    r = run(trace, "ours", costs=costs, target=20_400, gpu="V100-16")
+    by = r.gpu_s_by_activity
+    # periodic saves: 2 GPUs x 2 x 200 s, then 1 GPU x 200 s; the 3600 samples lost at 3000 s
+    # were 450 s of 2 GPUs (at 8/s); the survivor starts 50 s and reloads 200 s; the final save is
+    # "other"
+    assert by["checkpointing"] == pytest.approx(2 * 2 * 200 + 200)
+    assert by["redone"] == pytest.approx(2 * 450) and by["starting"] == pytest.approx(2 * 50 + 250)
+    assert by["other"] == pytest.approx(200)
+    assert sum(by.values()) == pytest.approx(2 * 2900 + 1750)
+
+
 def test_static_never_grows_back():
     r = run(DIP, "static")
     # After the loss it keeps 2 GPUs: 79000 samples left at 7200 take 3950 s more.
