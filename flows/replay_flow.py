@@ -33,6 +33,9 @@ def replay_task(trace: str, model: str, tokens: float, policies: list[str],
 
 
 def summary_rows(summary: dict[str, Any]) -> list[dict[str, Any]]:
+    # lazy: as below: the flow module stays light for `prefect deploy`
+    from sailor_core.replay import activity_words
+
     rows = []
     for name, r in summary["policies"].items():
         t = r["time_to_train_s"]
@@ -46,6 +49,7 @@ def summary_rows(summary: dict[str, Any]) -> list[dict[str, Any]]:
             "useful_work_fraction": round(r["useful_work_fraction"], 3),
             "replans": r["num_replans"],
             "restarts": r["num_restarts"],
+            "paid_gpu_time": activity_words(r.get("gpu_s_by_activity") or {}),
             "stop_reason": r["stop_reason"],
         })
     return rows

@@ -184,6 +184,8 @@ def _print_suite(out: dict) -> None:
     # lazy: loaded when the command runs (the CLI starts light)
     from rich.table import Table
 
+    from sailor_core.replay import activity_words
+
     con = console()
     con.print(f"trace [bold]{out['trace']}[/bold]; single-type GPU: {out['single_gpu_type'] or '-'}")
     for note in out["trace_notes"]:
@@ -203,7 +205,7 @@ def _print_suite(out: dict) -> None:
         )
     con.print(table)
     for name, r in out["policies"].items():
-        con.print(f"  {name}: the paid GPU time went to {_activity_words(r.get('gpu_s_by_activity') or {})}")
+        con.print(f"  {name}: the paid GPU time went to {activity_words(r.get('gpu_s_by_activity') or {})}")
     con.print(f"replayed in {out['wall_s']:.2f} s ({out['planner_calls']} planner calls, "
               f"{out['planner_time_s']:.2f} s planning)")
     comparison = out.get("comparison")
@@ -220,15 +222,6 @@ def _print_suite(out: dict) -> None:
             con.print(f"chart: {comparison['pareto_plot']}")
     if out.get("plot"):
         con.print(f"timeline: {out['plot']}")
-
-
-def _activity_words(gpu_s: dict) -> str:
-    """``training 75 %, starting 19 %, ...``: the shares of the paid GPU-seconds, largest first."""
-    total = sum(gpu_s.values())
-    if total <= 0:
-        return "nothing (no GPU was paid for)"
-    shares = sorted(((v / total, k) for k, v in gpu_s.items() if v > 0), reverse=True)
-    return ", ".join(f"{k} {x:.0%}" if x >= 0.005 else f"{k} <1%" for x, k in shares)
 
 
 def _fmt_ratio(x) -> str:

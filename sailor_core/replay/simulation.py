@@ -56,6 +56,15 @@ class TimelinePoint:
 GPU_TIME_KINDS = ("training", "redone", "checkpointing", "provisioning", "starting", "other")
 
 
+def activity_words(gpu_s: Mapping[str, float]) -> str:
+    """``training 75%, starting 19%, ...``: the shares of the paid GPU-seconds, largest first."""
+    total = sum(gpu_s.values())
+    if total <= 0:
+        return "nothing (no GPU was paid for)"
+    shares = sorted(((v / total, k) for k, v in gpu_s.items() if v > 0), reverse=True)
+    return ", ".join(f"{k} {x:.0%}" if x >= 0.005 else f"{k} <1%" for x, k in shares)
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class DecisionRecord:
     time_s: float

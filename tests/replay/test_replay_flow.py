@@ -47,4 +47,5 @@ def test_replay_flow_publishes_summary_and_timeline(tmp_path, monkeypatch):
         stop_local_server()
     assert set(summary["policies"]) == {"ours", "skypilot", "single-type", "static"}
     assert "replay-summary" in found and "replay-timeline" in found
+    assert "paid_gpu_time" in found["replay-summary"].data and "training" in found["replay-summary"].data
     assert "data:image/png;base64," in found["replay-timeline"].data
