@@ -84,8 +84,7 @@ def within_budget(avail: Mapping[GpuZone, int], state: ControllerState, config: 
     seen = list(cost_plan_fn(ask, job_floor))
     fit = [o.throughput_samples_per_s for o in seen if finishes(o)]
     if fit and fastest_samples_per_s > max(fit):
-        lo, hi = _grid_index(max(fit)), math.ceil(_grid_index(fastest_samples_per_s))
-        lo = math.floor(lo)
+        lo, hi = math.floor(_grid_index(max(fit))), math.ceil(_grid_index(fastest_samples_per_s))
         for _ in range(_MAX_BUDGET_SEARCHES - 1):
             if hi - lo <= 1:
                 break
