@@ -24,15 +24,18 @@ def _x(r):
 
 
 def plain(runs: list[dict]) -> None:
-    print("| trace | policy | finished | time to train (h) | USD | cost / ours | time / ours | useful work | re-plans | restarts | waiting (h) |")
-    print("| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    from sailor_core.replay import activity_words
+
+    print("| trace | policy | finished | time to train (h) | USD | cost / ours | time / ours | useful work | re-plans | restarts | waiting (h) | paid GPU time |")
+    print("| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
     for run in runs:
         for name, r in run["policies"].items():
             done = "yes" if r["finished"] else f"no: {r['stop_reason'].split(':')[0]}"
             print(f"| {run['trace_arg'].split('/')[-1]} | {name} | {done} | {_h(r['time_to_train_s'])} | "
                   f"{r['usd_spent']:.2f} | {_x(r.get('cost_ratio_to_ours', 1.0 if name == 'ours' else None))} | "
                   f"{_x(r.get('time_ratio_to_ours', 1.0 if name == 'ours' else None))} | "
-                  f"{r['useful_work_fraction']:.2f} | {r['num_replans']} | {r['num_restarts']} | {_h(r['wait_s'])} |")
+                  f"{r['useful_work_fraction']:.2f} | {r['num_replans']} | {r['num_restarts']} | {_h(r['wait_s'])} | "
+                  f"{activity_words(r.get('gpu_s_by_activity') or {}) if r.get('gpu_s_by_activity') else '-'} |")
     print()
     print("| trace | rows | hours | preemption events | tokens | single-type GPU | planner evaluations cap | planner calls | planning (s) | wall cold (s) | wall warm (s) |")
     print("| --- | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: |")
