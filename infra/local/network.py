@@ -32,7 +32,7 @@ from sailor_core.errors import InputError
 
 log = logging.getLogger("sailor.infra.local")
 LOOPBACK = "127.0.0.1"
-_RUN_DIR = Path("/run/sailor-netns")  # one file per live cloud: its tag and owner pid (stale ones are swept)
+_RUN_DIR = Path("/run/sailor-netns")  # one file per live cloud: its tag, owner pid and its start (stale ones are swept)
 PRIVATE_IFACE, PUBLIC_IFACE = "eth0", "pub0"
 
 
@@ -99,6 +99,38 @@ def _pid_alive(pid: int) -> bool:
         return True
 
 
+def _start_ticks(pid: int) -> str:
+    """When process ``pid`` started (clock ticks since boot, /proc), "" when unknown: a pid and its
+    start time name one process, where a pid alone may have been reused since."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return ""
+
+
+def _owner_alive(fields: list[str]) -> bool:
+    """Whether the process a ``.cloud`` file names (pid, octet, start ticks) still runs."""
+    try:
+        pid = int(fields[0])
+    except (ValueError, IndexError):
+        return False
+    if not _pid_alive(pid):
+        return False
+    started = fields[2] if len(fields) > 2 else ""
+    return not started or started == _start_ticks(pid)
+
+
+def _free_tag(taken: set[str], namespaces: list[str]) -> str:
+    """A tag for a new cloud's names that no live cloud file and no namespace left behind uses
+    (a pid's low bits and a random byte: pids are reused, and a crashed cloud may have left
+    namespaces no file names any more)."""
+    for _ in range(512):
+        tag = f"{os.getpid() % 0xFFFF:04x}{random.randrange(256):02x}"
+        if tag not in taken and not any(n == f"sl{tag}i" or n.startswith(f"sl{tag}-") for n in namespaces):
+            return tag
+    raise RuntimeError("no free name for another embedded cloud's network namespaces on this machine")
+
+
 class Network:
     """Addresses, namespaces and firewall rules of one embedded cloud's instances; thread-safe."""
 
@@ -134,8 +166,11 @@ class Network:
             if not free:
                 raise RuntimeError("no free 100.X.0.0/16 range for another embedded cloud on this machine")
             self._octet = random.choice(free)
-            self.tag = f"{os.getpid() % 0xFFFF:04x}{random.randrange(256):02x}"
-            (_RUN_DIR / f"{self.tag}.cloud").write_text(f"{os.getpid()} {self._octet}\n")
+            namespaces = [line.split()[0] for line in _run("ip", "netns", "list", check=False).stdout.splitlines()
+                          if line.split()]
+            self.tag = _free_tag({p.stem for p in _RUN_DIR.glob("*.cloud")}, namespaces)
+            (_RUN_DIR / f"{self.tag}.cloud").write_text(
+                f"{os.getpid()} {self._octet} {_start_ticks(os.getpid())}\n")
         self.host_address = f"100.{self._octet}.0.1"
         inet, host = self._inet, f"sl{self.tag}h"
         _run("ip", "netns", "add", inet)
@@ -167,10 +202,10 @@ class Network:
         """Namespaces of embedded clouds whose process died without stopping them."""
         for path in _RUN_DIR.glob("*.cloud"):
             try:
-                pid = int(path.read_text().split()[0])
-            except (OSError, ValueError, IndexError):
-                pid = 0
-            if not _pid_alive(pid):
+                fields = path.read_text().split()
+            except OSError:
+                fields = []
+            if not _owner_alive(fields):
                 _delete_cloud(path.stem)
 
     # ---- addresses ------------------------------------------------------------------
