@@ -235,13 +235,16 @@ class _Replay:
         self.leases = {}
 
     def acquire(self, option: PlanOption, at_s: float, *, held: Mapping[GpuZone, int],
-                held_on_demand: Mapping[GpuZone, int], running_at_s: float) -> None:
+                held_on_demand: Mapping[GpuZone, int], running_at_s: float) -> int:
         """Lease ``option``'s GPUs: those already held from ``at_s``, new instances from
-        ``running_at_s``, when they run (clouds bill a VM from its start, not from the request)."""
+        ``running_at_s``, when they run (clouds bill a VM from its start, not from the request).
+        Returns how many of its GPUs were held already."""
+        total_kept = 0
         for spot, gpus, kept in ((True, option.gpus, held), (False, option.on_demand, held_on_demand)):
             price_fn = self.setup.price_fn if spot else self.setup.on_demand_price_fn
             for (g, z), n in gpus.items():
                 num_kept = min(n, max(kept.get((g, z), 0), 0))
+                total_kept += num_kept
                 for num, start_s in ((num_kept, at_s), (n - num_kept, running_at_s)):
                     if num <= 0:
                         continue
@@ -250,6 +253,7 @@ class _Replay:
                     self.ledger.open(lease, gpu=g, zone=z, num_gpus=num, usd_per_hr=num * price_fn(g, z, at_s),
                                      start_s=start_s, spot=spot)
                     self.leases[lease] = (g, z, spot, num)
+        return total_kept
 
     def affordable_s(self) -> float:
         """Seconds until the budget, less the shutdown, is spent at the current rate."""
@@ -325,11 +329,9 @@ class _Replay:
                      or any(n > held_od.get(k, 0) for k, n in new.on_demand.items()))
         running_at = switch_at + (costs.provisioning_s if needs_vms else 0.0)
         self.saving_until, self.saving_gpus = switch_at, old.num_gpus if old is not None else 0
-        self.kept_gpus = (sum(min(n, max(held.get(k, 0), 0)) for k, n in new.gpus.items())
-                          + sum(min(n, held_od.get(k, 0)) for k, n in new.on_demand.items()))
         self.vms_at = running_at
         self.release(switch_at, "replanned")
-        self.acquire(new, switch_at, held=held, held_on_demand=held_od, running_at_s=running_at)
+        self.kept_gpus = self.acquire(new, switch_at, held=held, held_on_demand=held_od, running_at_s=running_at)
         self.ready_at = running_at + costs.startup_s + (costs.load_s if self.ckpt_done > 0 else 0.0)
         self.done = self.ckpt_done
         if self.launched:
@@ -480,9 +482,10 @@ class _Replay:
         end_s = max([self.t] + [e.end_s for e in ledger.entries() if e.end_s is not None])
         paid_gpu_s = ledger.gpu_seconds(end_s)
         useful_gpu_s = self.productive_gpu_s - self.lost_gpu_s
-        by_activity = dict(zip(GPU_TIME_KINDS, (useful_gpu_s, self.lost_gpu_s, self.checkpoint_gpu_s,
-                                                self.provisioning_gpu_s, self.starting_gpu_s), strict=False))
+        by_activity = {"training": useful_gpu_s, "redone": self.lost_gpu_s, "checkpointing": self.checkpoint_gpu_s,
+                       "provisioning": self.provisioning_gpu_s, "starting": self.starting_gpu_s}
         by_activity["other"] = max(0.0, paid_gpu_s - sum(by_activity.values()))
+        assert tuple(by_activity) == GPU_TIME_KINDS
         return ReplayResult(
             policy=policy, finished=self.finished_at is not None, stop_reason=self.stop_reason,
             time_to_train_s=self.finished_at, end_s=end_s,

@@ -34,6 +34,17 @@ from sailor_core.errors import InputError
 _STAMP_TAG = 1 << 24
 
 
+def _two_numbers(text: str, env: str, form: str) -> tuple[float, float] | None:
+    """``A:B`` of a test-only variable as two floats; None when it is unset."""
+    if not text:
+        return None
+    try:
+        a, b = (float(x) for x in text.split(":"))
+    except ValueError:
+        raise InputError(f"{env} must be {form}, got {text!r}") from None
+    return a, b
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class LinkShim:
     """A link of ``latency_s`` and ``bandwidth_bytes_per_s`` between every two ranks."""
@@ -51,14 +62,8 @@ class LinkShim:
 
     @classmethod
     def from_env(cls) -> LinkShim | None:
-        text = settings.link_shim()
-        if not text:
-            return None
-        try:
-            latency, bandwidth = (float(x) for x in text.split(":"))
-        except ValueError:
-            raise InputError(f"{settings.LINK_SHIM_ENV} must be LATENCY_S:BYTES_PER_S, got {text!r}") from None
-        return cls(latency_s=latency, bandwidth_bytes_per_s=bandwidth)
+        pair = _two_numbers(settings.link_shim(), settings.LINK_SHIM_ENV, "LATENCY_S:BYTES_PER_S")
+        return None if pair is None else cls(latency_s=pair[0], bandwidth_bytes_per_s=pair[1])
 
     def wire_s(self, num_bytes: int) -> float:
         return num_bytes / self.bandwidth_bytes_per_s
@@ -90,14 +95,8 @@ class ComputePace:
 
     @classmethod
     def from_env(cls) -> ComputePace | None:
-        text = settings.compute_pace()
-        if not text:
-            return None
-        try:
-            fwd, bwd = (float(x) for x in text.split(":"))
-        except ValueError:
-            raise InputError(f"{settings.COMPUTE_PACE_ENV} must be FWD_S:BWD_S, got {text!r}") from None
-        return cls(fwd_s_per_layer=fwd, bwd_s_per_layer=bwd)
+        pair = _two_numbers(settings.compute_pace(), settings.COMPUTE_PACE_ENV, "FWD_S:BWD_S")
+        return None if pair is None else cls(fwd_s_per_layer=pair[0], bwd_s_per_layer=pair[1])
 
     def op_s(self, kind: str, num_layers: int) -> float:
         """The least seconds of one op (``"F"`` or ``"B"``) of a stage of ``num_layers`` layers."""
