@@ -385,7 +385,8 @@ def rescore(path: Path) -> int:
 
     out = json.loads(path.read_text())
     profile = saved_profile(out)
-    pace = ComputePace(fwd_s_per_layer=out["pace_s"][0], bwd_s_per_layer=out["pace_s"][1]) if out.get("pace_s") else None
+    fwd_s, bwd_s = out.get("pace_s") or (None, None)
+    pace = ComputePace(fwd_s_per_layer=fwd_s, bwd_s_per_layer=bwd_s) if fwd_s is not None else None
     for row in out["rows"]:
         plan = plan_for(out["model"], row["depth"], row["microbatches"])
         if pace is not None:
