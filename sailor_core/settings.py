@@ -150,6 +150,7 @@ ATTEMPT_ENV = "SAILOR_ATTEMPT"  # set by the agent for its workers (the job's at
 GENERATION_ENV = "SAILOR_GENERATION"  # set by the agent for its workers (the assignment's generation)
 PREEMPT_FILE_ENV = "SAILOR_PREEMPT_FILE"
 PREEMPT_URL_ENV = "SAILOR_PREEMPT_URL"
+STARTED_UNIX_S_ENV = "SAILOR_STARTED_UNIX_S"  # set by the agent: when it started or handed over the worker
 DEFAULT_NOTICE_S = 30.0
 
 
@@ -168,6 +169,19 @@ def preempt_file() -> str | None:
 def preempt_url() -> str | None:
     """``SAILOR_PREEMPT_URL``: a URL a worker polls; answering 200 means a preemption notice."""
     return os.environ.get(PREEMPT_URL_ENV) or None
+
+
+def generation() -> int:
+    """``SAILOR_GENERATION``: the agent's generation a worker runs (0 outside an agent); the
+    rendezvous keys of each generation are apart, since a parked rank 0 hosts the store again."""
+    return int(os.environ.get(GENERATION_ENV, "0"))
+
+
+def started_unix_s() -> float | None:
+    """``SAILOR_STARTED_UNIX_S``: when the agent started this worker or handed it the current
+    generation (Unix seconds); the worker reports how long it took to be ready to train."""
+    value = os.environ.get(STARTED_UNIX_S_ENV)
+    return float(value) if value else None
 
 
 # ---- fault injection (set by tests and the chaos harness only) ---------------------------

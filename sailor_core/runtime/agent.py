@@ -7,7 +7,10 @@ directory, ``file://`` or ``s3://bucket/jobs/<job>``), so neither needs to reach
 the other over the network: the flow writes an ``AgentAssignment``, the agent
 writes its ``AgentStatus`` (``sailor_core.job.protocol``, which also says what
 each field means).  A higher generation replaces the current one: the agent
-stops its workers and starts the new ones.  On the embedded cloud, an
+stops its workers and starts the new ones: the engine's workers park when stopped
+(``runtime/park.py``) and the agent hands the next generation to them, so the ranks
+of a surviving instance keep their processes and, where their shard stays, their
+state (``--no-park``: new processes every time).  On the embedded cloud, an
 assignment's ``inject_preemption`` asks the agent of rank 0 to have the cloud
 preempt an instance once its workers reach a step (``--preempt-at``): the agent
 sees each step as rank 0 writes it, the flow only some polls later, and a small
@@ -36,6 +39,8 @@ from pathlib import Path
 
 from sailor_core import settings
 from sailor_core.errors import SailorError
+from sailor_core.runtime import park
+from sailor_core.runtime.worker import EXIT_PREEMPTED
 from sailor_core.job.protocol import (
     AgentAction,
     AgentAssignment,
@@ -117,7 +122,8 @@ def worker_command(assignment: AgentAssignment, plan_path: Path, metrics_path: P
 class _Generation:
     number: int
     procs: dict[int, subprocess.Popen] = field(default_factory=dict)  # global rank -> process
-    exit_codes: dict[int, int] = field(default_factory=dict)
+    local_ranks: dict[int, int] = field(default_factory=dict)  # global rank -> its GPU on this instance
+    exit_codes: dict[int, int] = field(default_factory=dict)  # a parked worker's: 75, as if it exited
     log_dir: Path | None = None
     metrics_offset: int = 0
     losses: list[tuple[int, float]] = field(default_factory=list)  # (step, loss) as rank 0 reported them
@@ -129,8 +135,8 @@ class _Generation:
 
 
 def _worker_env(assignment: AgentAssignment, generation: int, rank: int, local_rank: int) -> dict[str, str]:
+    """What a worker's environment adds to the agent's (a parked worker is handed just this)."""
     return {
-        **os.environ,
         **assignment.env,
         "MASTER_ADDR": assignment.master_addr,
         "MASTER_PORT": str(assignment.master_port),
@@ -140,14 +146,17 @@ def _worker_env(assignment: AgentAssignment, generation: int, rank: int, local_r
         "LOCAL_WORLD_SIZE": str(len(assignment.ranks)),
         settings.ATTEMPT_ENV: str(assignment.attempt),
         settings.GENERATION_ENV: str(generation),
+        settings.STARTED_UNIX_S_ENV: repr(time.time()),
     }
 
 
 class Agent:
-    def __init__(self, job_url: str, instance_id: str, work_dir: Path) -> None:
+    def __init__(self, job_url: str, instance_id: str, work_dir: Path, *, park_workers: bool = True) -> None:
         self.job_url = job_url
         self.instance_id = instance_id
         self.work_dir = work_dir
+        self.park_dir = work_dir / "parked" if park_workers else None
+        self.parked: dict[int, subprocess.Popen] = {}  # local rank -> a parked worker
         self.current: _Generation | None = None
         self.previous: AgentStatus | None = None  # the replaced generation's last report
         self.terminating = False
@@ -168,33 +177,67 @@ class Agent:
         plan_path.write_text(json.dumps(dict(assignment.plan)))
         cmd = worker_command(assignment, plan_path, log_dir / "metrics.jsonl",
                              data_cache_dir=self.work_dir / "data-cache")
+        parks = self.park_dir is not None and not assignment.module
+        if parks:
+            cmd += ["--park-dir", str(self.park_dir)]
+        self._release_parked(keep=set(range(len(assignment.ranks))) if parks else set())
         for local_rank, rank in enumerate(assignment.ranks):
-            log = open(log_dir / f"rank{rank}.log", "ab")
+            gen.local_ranks[rank] = local_rank
+            env, log_path = _worker_env(assignment, gen.number, rank, local_rank), log_dir / f"rank{rank}.log"
+            if local_rank in self.parked:
+                gen.procs[rank] = self.parked.pop(local_rank)
+                park.write_handover(self.park_dir, gen.procs[rank].pid,
+                                    park.Handover(argv=tuple(cmd[3:]), env=env, log_path=str(log_path)))
+                continue
+            log = open(log_path, "ab")
             # Same process group as the agent: a preemption's SIGTERM reaches the workers.
-            gen.procs[rank] = subprocess.Popen(cmd, env=_worker_env(assignment, gen.number, rank, local_rank),
-                                               stdout=log, stderr=subprocess.STDOUT,
+            gen.procs[rank] = subprocess.Popen(cmd, env={**os.environ, **env}, stdout=log, stderr=subprocess.STDOUT,
                                                stdin=subprocess.DEVNULL, cwd=assignment.cwd or None)
             log.close()
         return gen
 
+    def _release_parked(self, keep: set[int] = frozenset(), grace_s: float = STOP_GRACE_S) -> None:
+        """Tell the parked workers not in ``keep`` (local ranks) to exit, and wait: their GPU memory
+        is the next workers'."""
+        self.parked = {local: p for local, p in self.parked.items() if p.poll() is None}  # none died meanwhile
+        going = [self.parked.pop(local) for local in sorted(self.parked) if local not in keep]
+        for p in going:
+            park.write_handover(self.park_dir, p.pid, park.Handover(exit=True))
+        _wait_or_kill(going, grace_s)
+
+    def _parked_now(self, gen: _Generation) -> None:
+        """Note the workers of ``gen`` that have parked: exited with 75 as far as the job is concerned."""
+        if self.park_dir is None:
+            return
+        for rank, p in gen.procs.items():
+            if rank in gen.exit_codes or p.poll() is not None:
+                continue
+            note = park.read_parked(self.park_dir, p.pid)
+            if note is not None:
+                gen.exit_codes[rank] = EXIT_PREEMPTED
+                self.parked[gen.local_ranks[rank]] = p
+
     def _stop(self, gen: _Generation, grace_s: float = STOP_GRACE_S) -> None:
-        live = [p for p in gen.procs.values() if p.poll() is None]
-        for p in live:
-            p.send_signal(signal.SIGTERM)
+        """Stop the generation's workers: park them (they checkpoint together first) or, when
+        the instance is going away or parking is off, SIGTERM (they checkpoint and exit)."""
+        self._collect(gen)
+        live = {r: p for r, p in gen.procs.items() if r not in gen.exit_codes and p.poll() is None}
+        parks = self.park_dir is not None and not self.terminating
+        for p in live.values():
+            p.send_signal(park.SIGNAL if parks else signal.SIGTERM)
         deadline = time.monotonic() + grace_s
-        for p in live:
-            try:
-                p.wait(timeout=max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+        while parks and time.monotonic() < deadline and any(r not in gen.exit_codes for r in live):
+            time.sleep(park.POLL_S)
+            self._collect(gen)
+        unparked = [p for p in live.values() if all(p is not q for q in self.parked.values())]
+        _wait_or_kill(unparked, max(0.0, deadline - time.monotonic()))
         self._collect(gen)
 
-    @staticmethod
-    def _collect(gen: _Generation) -> None:
+    def _collect(self, gen: _Generation) -> None:
+        self._parked_now(gen)
         for rank, p in gen.procs.items():
             code = p.poll()
-            if code is not None:
+            if code is not None and rank not in gen.exit_codes:
                 gen.exit_codes[rank] = code
         if gen.log_dir is None:
             return
@@ -282,12 +325,14 @@ class Agent:
                 self.current = self._start(assignment)
                 self._report(force=True)
                 if assignment.action == AgentAction.SHUTDOWN:
+                    self._release_parked()
                     return 0
             if self.current is not None:
                 self._collect(self.current)
                 self._maybe_inject(self.current)
                 idle_since = time.monotonic() if self._state() == AgentState.RUNNING else idle_since
             if max_idle_s is not None and time.monotonic() - idle_since > max_idle_s:
+                self._release_parked()
                 return 0
             self._report()
             pending = self.current is not None and self.current.inject and self._state() == AgentState.RUNNING
@@ -302,12 +347,23 @@ class Agent:
             time.sleep(POLL_S / 2)
         if gen is not None:
             self._stop(gen, grace_s=0.0)
+        _wait_or_kill(list(self.parked.values()), 0.0)  # they had the SIGTERM too
         self.final = True
         self._report(force=True)
         return 128 + signal.SIGTERM
 
     def _on_sigterm(self, signum, frame) -> None:
         self.terminating = True
+
+
+def _wait_or_kill(procs: list[subprocess.Popen], grace_s: float) -> None:
+    deadline = time.monotonic() + grace_s
+    for p in procs:
+        try:
+            p.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -317,6 +373,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--work-dir", default=None, help="local directory for plans and worker logs")
     parser.add_argument("--max-idle-s", type=float, default=None,
                         help="exit after this long with no running workers (default: never)")
+    parser.add_argument("--no-park", action="store_true",
+                        help="stop workers with SIGTERM and start new processes for every generation")
     args = parser.parse_args(argv)
     if not args.instance_id:
         sys.stderr.write(f"error: no instance id (--instance-id or {settings.INSTANCE_ID_ENV})\n")
@@ -328,7 +386,8 @@ def main(argv: list[str] | None = None) -> int:
     work_dir = Path(args.work_dir or default_dir)
     work_dir.mkdir(parents=True, exist_ok=True)
     try:
-        return Agent(args.job_url, args.instance_id, work_dir).run(max_idle_s=args.max_idle_s)
+        return Agent(args.job_url, args.instance_id, work_dir,
+                     park_workers=not args.no_park).run(max_idle_s=args.max_idle_s)
     except SailorError as exc:  # an assignment of another protocol version, a bad job URL
         sys.stderr.write(f"error: {exc}\n")
         return exc.exit_code

@@ -21,11 +21,12 @@ import torch.distributed as dist
 
 
 class Heartbeat:
-    def __init__(self, rank: int, world: int, host: str, port: int, period_s: float = 0.5) -> None:
+    def __init__(self, rank: int, world: int, host: str, port: int, period_s: float = 0.5, *,
+                 prefix: str = "") -> None:
         self.rank, self.world, self.period_s = rank, world, period_s
         self._stop = threading.Event()
-        self.store = dist.TCPStore(host, port, world, is_master=False,
-                                   timeout=timedelta(seconds=10), wait_for_workers=False)
+        self.store = dist.PrefixStore(prefix, dist.TCPStore(host, port, world, is_master=False,
+                                                            timeout=timedelta(seconds=10), wait_for_workers=False))
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name="sailor-heartbeat", daemon=True)
 
@@ -42,11 +43,19 @@ class Heartbeat:
         while not self._stop.wait(self.period_s):
             try:
                 self._beat()
-            except Exception:  # the store host is gone; the main thread will find out
+            except Exception:  # the store host is gone (or closed); the main thread will find out
                 return
 
     def stop(self) -> None:
         self._stop.set()
+
+    def close(self) -> None:
+        """Stop beating and drop the store connection: the store's host cannot close its port
+        while a client is connected (a parked rank 0 hosts the next generation's store there)."""
+        self.stop()
+        self._thread.join()
+        with self._lock:
+            self.store = None
 
     def note_exit(self, reason: str) -> None:
         try:

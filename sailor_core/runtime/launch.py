@@ -205,7 +205,7 @@ def _status_and_message(ex: _Exits, events: list[dict], grace_s: float) -> tuple
         if ex.hung:
             message += f"; ranks {ex.hung} did not exit within {grace_s:.0f} s and were killed"
     elif status != "ok":
-        message = "; ".join(json.dumps(e) for e in events if e.get("event") != "done") or \
+        message = "; ".join(json.dumps(e) for e in events if e.get("event") not in ("done", "started")) or \
             f"exit codes {ex.codes}"
     return status, message
 

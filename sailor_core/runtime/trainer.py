@@ -177,6 +177,17 @@ def _embedding_group(plan: Plan, rank: int) -> tuple[object | None, bool]:
     return mine, False
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class KeptState:
+    """A parked worker's training state (``runtime/park.py``): its shard's tensors and their AdamW
+    state at ``step``, detached from the model and process groups it trained with."""
+
+    model: str
+    shard: tuple[int, int, int, int]  # layer_start, layer_end, tp_degree, tp_rank
+    step: int
+    tensors: tuple[tuple[int, str, torch.Tensor, dict], ...]  # (layer index, name, values, optimizer state)
+
+
 class StageTrainer:
     def __init__(self, *, plan: Plan, spec: ModelSpec, rank: int, data: TokenDataset, recipe: Recipe,
                  seed: int, device: torch.device, groups: Groups) -> None:
@@ -467,10 +478,51 @@ class StageTrainer:
         if data.get("num_samples") == self.data.split.num_samples and "num_val_samples" in data:
             self.data = self.data.with_held_out(int(data["num_val_samples"]))
 
-    def load(self, storage: Storage, info: ckpt.CheckpointInfo) -> None:
+    def _shard(self) -> tuple[int, int, int, int]:
+        r = self.role
+        return (r.layer_start, r.layer_end, r.tp_degree, r.tp_rank)
+
+    def _named_tensors(self) -> list[tuple[int, str, torch.nn.Parameter]]:
+        return [(layer.layer_index, name, p) for layer in self.model.layers
+                for name, p in layer.named_parameters(recurse=False)]
+
+    def kept_state(self) -> KeptState:
+        """This rank's state, to be taken over by the next generation's trainer (``adopt``)."""
+        return KeptState(model=self.spec.name, shard=self._shard(), step=self.step,
+                         tensors=tuple((i, name, p.detach(), dict(self.optimizer.state.get(p, {})))
+                                       for i, name, p in self._named_tensors()))
+
+    def can_adopt(self, kept: KeptState, info: ckpt.CheckpointInfo) -> bool:
+        """Whether ``kept`` is exactly what loading ``info`` would give this rank: the same
+        model and shard, at the checkpoint's step (the checkpoint was written from it)."""
+        return kept.model == self.spec.name and kept.shard == self._shard() and kept.step == info.step
+
+    def adopt(self, kept: KeptState, info: ckpt.CheckpointInfo) -> None:
+        """Resume from ``info`` with the tensors a parked worker kept instead of reading them."""
+        assert self.can_adopt(kept, info)
+        self._check_model(info)
+        mine = self._named_tensors()
+        assert [(i, n) for i, n, _ in mine] == [(i, n) for i, n, _, _ in kept.tensors]
+        with torch.no_grad():
+            for (_, _, p), (_, _, values, state) in zip(mine, kept.tensors):
+                p.copy_(values)
+                if state:
+                    self.optimizer.state[p] = state
+        self._take_meta(info)
+
+    def _check_model(self, info: ckpt.CheckpointInfo) -> None:
         if info.meta.get("model") != self.spec.name:
             raise ckpt.CheckpointError(f"checkpoint {info.dirname} is of model "
                                        f"{info.meta.get('model')!r}, not {self.spec.name!r}")
+
+    def _take_meta(self, info: ckpt.CheckpointInfo) -> None:
+        self.step = self.first_step = info.step
+        self.first_sample = int(info.meta["next_sample"])
+        self.init_from = info.meta.get("init_from")
+        self.load_recipe(info.meta)
+
+    def load(self, storage: Storage, info: ckpt.CheckpointInfo) -> None:
+        self._check_model(info)
         step_t = torch.tensor(float(info.step))
         # The fused kernel reads its step counts on the parameters' device; the others on the CPU.
         fused = bool(self.optimizer.defaults.get("fused"))
@@ -485,10 +537,7 @@ class StageTrainer:
                         "exp_avg": layer.shard(name, state["exp_avg"][name]).to(p.device),
                         "exp_avg_sq": layer.shard(name, state["exp_avg_sq"][name]).to(p.device),
                     }
-        self.step = self.first_step = info.step
-        self.first_sample = int(info.meta["next_sample"])
-        self.init_from = info.meta.get("init_from")
-        self.load_recipe(info.meta)
+        self._take_meta(info)
 
 
 def load_full_weights(model: StageModel, params: dict[int, dict[str, torch.Tensor]], where: str) -> None:

@@ -13,6 +13,10 @@ Exit codes (the orchestrator acts on them):
   77  a peer died or a collective timed out, or this rank's checkpoint I/O failed
       (the job must be restarted from the latest valid checkpoint)
 
+Started by the agent with ``--park-dir``, a worker the agent stops (``park.SIGNAL``) checkpoints
+with the others and parks: it keeps its process and state for the agent's next generation
+(``sailor_core/runtime/park.py``).  Its exit code in the stopped generation counts as 75.
+
 A preemption notice is SIGTERM to any worker, the file named by
 ``SAILOR_PREEMPT_FILE`` appearing, or the URL in ``SAILOR_PREEMPT_URL`` (polled
 every second, e.g. a spot instance-action metadata endpoint) answering 200.  Every step all ranks agree (one small
@@ -42,15 +46,16 @@ from __future__ import annotations
 import argparse
 import datetime as _dt
 import functools
+import gc
 import json
 import os
 import signal
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from sailor_core import settings
-from sailor_core.runtime import faults
+from sailor_core.runtime import faults, park
 from sailor_core.runtime.recipe import Recipe, spec_default
 
 EXIT_OK = 0
@@ -58,6 +63,7 @@ EXIT_BAD_INPUT = 2
 EXIT_PREEMPTED = 75
 EXIT_PREEMPTED_NO_CKPT = 76
 EXIT_PEER_LOST = 77
+_PARKED = -1  # not an exit: the generation ended and this worker waits for the next
 
 
 
@@ -88,6 +94,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--metrics-file", default=None)
     ap.add_argument("--timeout-s", type=float, default=60.0, help="collective / rendezvous timeout")
     ap.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: keep default)")
+    ap.add_argument("--park-dir", default=None,
+                    help="(the agent's) park here when stopped, keeping the state for the next generation")
     return ap.parse_args(argv)
 
 
@@ -118,14 +126,47 @@ class _Run:
     trainer: object = None
     heartbeat: object = None
     saved_step: int = -1
+    state_from: str = "init"  # where the trainer's state came from: init, pretrained, checkpoint, memory
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    # requested: a preemption notice for this worker (exit after the checkpoint);
+    # park: the agent stops the generation (checkpoint, then wait for the next one)
+    stop = {"requested": False, "park": False}
+    signal.signal(signal.SIGTERM, lambda *_: stop.__setitem__("requested", True))
+    signal.signal(park.SIGNAL, lambda *_: stop.__setitem__("park", True))
+    agent_pid = os.getppid()
+    carry = _Carry()
+    while True:
+        code = _generation(args, stop, carry)
+        if code != _PARKED:
+            return code
+        handover = park.wait_handover(args.park_dir, os.getpid(), stopped=lambda: stop["requested"],
+                                      parent_pid=agent_pid)
+        if handover is None:
+            return EXIT_PREEMPTED
+        os.environ.update(handover.env)
+        _move_output(handover.log_path)
+        args = parse_args(list(handover.argv))
+        stop["park"] = False
+
+
+@dataclass(slots=True)
+class _Carry:
+    """What a parked worker carries from one generation to the next."""
+
+    kept: object = None  # trainer.KeptState: the training state, until the next trainer takes it over
+    # The rendezvous stores this process hosted, by (address, port): torch cannot be relied on to
+    # close a store's port, so a parked rank 0 hosts the next generation's store on the same one.
+    stores: dict = field(default_factory=dict)
+
+
+def _generation(args, stop: dict, carry: _Carry) -> int:
+    """One generation of training: its exit code, or ``_PARKED`` with the state the next
+    generation may keep in ``carry``."""
     rank = int(os.environ.get("RANK", "0"))
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    stop = {"requested": False}
-    signal.signal(signal.SIGTERM, lambda *_: stop.__setitem__("requested", True))
     metrics = _Metrics(args.metrics_file, rank == 0)
 
     # lazy: torch loads only in a worker process (the orchestrator imports this module's exit codes)
@@ -140,12 +181,44 @@ def main(argv=None) -> int:
     except SailorError as exc:
         return _bad_input(rank, metrics, exc)
     try:
-        _connect(run, world)
-        return _train(run)
+        _connect(run, world, carry)
+        carry.kept = None  # taken over or not, freed before training allocates
+        _report_started(run)
+        code = _train(run)
+        if code == _PARKED:
+            carry.kept = run.trainer.kept_state()
+            run.trainer = None  # its gradients and process groups go; the kept tensors stay
+            gc.collect()
+            _note_parked(run, carry.kept.step)
+        return code
     except SailorError as exc:
         return _bad_input(rank, metrics, exc)
     except Exception as exc:  # a peer vanished or a collective timed out: never hang
         _die_on_failure(run, exc)
+
+
+def _move_output(log_path: str | None) -> None:
+    """Write stdout and stderr to the new generation's log file from here on."""
+    if not log_path:
+        return
+    sys.stdout.flush()
+    sys.stderr.flush()
+    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+
+
+def _report_started(run: _Run) -> None:
+    """Rank 0's metrics line (and every rank's log line) on how long the generation took to be
+    ready to train, from when the agent started or handed over the worker, and from where its
+    state came."""
+    since = settings.started_unix_s()
+    ready_s = None if since is None else max(0.0, time.time() - since)
+    run.metrics.write({"event": "started", "step": run.trainer.step, "state_from": run.state_from,
+                       "ready_s": ready_s})
+    if ready_s is not None:
+        _log(run.rank, f"ready to train in {ready_s:.2f} s (state from {run.state_from})")
 
 
 def _load_inputs(args, rank: int, world: int, metrics: _Metrics, stop: dict) -> _Run:
@@ -187,9 +260,10 @@ def _device(plan, rank: int):
     return torch.device("cuda", local)
 
 
-def _connect(run: _Run, world: int) -> None:
+def _connect(run: _Run, world: int, carry: _Carry) -> None:
     """Join the job's process group, start heartbeats and the preemption watch, build the trainer
-    (resumed from the checkpoint every rank agrees on, when asked)."""
+    (resumed from the checkpoint every rank agrees on, when asked: from the state this worker
+    parked with, where it holds the same shard at that checkpoint's step)."""
     # lazy: torch loads only in a worker process (the orchestrator imports this module's exit codes)
     import torch.distributed as dist
 
@@ -200,20 +274,33 @@ def _connect(run: _Run, world: int) -> None:
     args, rank, plan = run.args, run.rank, run.plan
     run.device = _device(plan, rank)
     timeout = _dt.timedelta(seconds=args.timeout_s)
-    if settings.preempt_url():
+    if settings.preempt_url() and not run.stop.get("watching"):  # one watch for all generations
         watch_preempt_url(settings.preempt_url(), lambda: run.stop.__setitem__("requested", True))
+        run.stop["watching"] = True
     # Our own store rather than env://'s: its server listens on MASTER_ADDR only, not every interface.
     addr, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
-    store = private_store(addr, port, world, is_master=rank == 0 and not uses_agent_store(), timeout=timeout)
-    dist.init_process_group("nccl" if run.device.type == "cuda" else "gloo", store=store, rank=rank,
-                            world_size=world, timeout=timeout)
-    run.heartbeat = Heartbeat(rank, world, addr, port).start()
+    hosts = rank == 0 and not uses_agent_store()
+    store = carry.stores.get((addr, port)) if hosts else None
+    if store is None:
+        store = private_store(addr, port, world, is_master=hosts, timeout=timeout)
+        if hosts:
+            carry.stores[(addr, port)] = store
+    prefix = f"sailor/gen{settings.generation()}/"
+    dist.init_process_group("nccl" if run.device.type == "cuda" else "gloo", store=dist.PrefixStore(prefix, store),
+                            rank=rank, world_size=world, timeout=timeout)
+    run.heartbeat = Heartbeat(rank, world, addr, port, prefix=prefix).start()
     run.trainer = StageTrainer(plan=plan, spec=run.spec, rank=rank, data=run.data, recipe=run.recipe,
                                seed=args.seed, device=run.device, groups=make_groups(plan, rank))
     info = _agreed_checkpoint(args.ckpt_dir, rank) if args.resume and run.storage is not None else None
     if info is not None:
-        run.trainer.load(run.storage, info)
-        _log(rank, f"resumed from {info.dirname} (next sample {run.trainer.next_sample})")
+        if carry.kept is not None and run.trainer.can_adopt(carry.kept, info):
+            run.trainer.adopt(carry.kept, info)
+            run.state_from = "memory"
+        else:
+            run.trainer.load(run.storage, info)
+            run.state_from = "checkpoint"
+        _log(rank, f"resumed from {info.dirname} (next sample {run.trainer.next_sample}; "
+                   f"state {'kept in memory' if run.state_from == 'memory' else 'read'})")
         if run.trainer.recipe != run.recipe:
             _log(rank, f"continuing the checkpoint's recipe {run.trainer.recipe} (asked: {run.recipe})")
     elif args.init_from:
@@ -221,6 +308,7 @@ def _connect(run: _Run, world: int) -> None:
 
         load_pretrained(run.trainer.model, args.init_from)
         run.trainer.init_from = args.init_from
+        run.state_from = "pretrained"
         _log(rank, f"started from the pretrained weights at {args.init_from}")
     run.saved_step = run.trainer.step if args.resume else -1
 
@@ -245,10 +333,14 @@ def _train(run: _Run) -> int:
         stop_any = _one_step(run, status, preempt_file)
         if stop_any:
             saved = run.storage is not None and _save_once(run)
-            metrics.write({"event": "preempted", "step": trainer.step, "checkpoint": saved})
+            parks = saved and args.park_dir is not None and not run.stop["requested"]
+            metrics.write({"event": "preempted", "step": trainer.step, "checkpoint": saved, "parked": parks})
             _log(run.rank, f"stopping at step {trainer.step} on a preemption notice "
-                           f"({'checkpoint saved' if saved else 'no checkpoint'})")
+                           f"({'checkpoint saved' if saved else 'no checkpoint'}"
+                           f"{'; parked for the next generation' if parks else ''})")
             _stop_heartbeat(run, "preempted")
+            if parks:
+                return _PARKED
             return EXIT_PREEMPTED if saved else EXIT_PREEMPTED_NO_CKPT
         if run.storage is not None and args.ckpt_every and trainer.step % args.ckpt_every == 0:
             _save_once(run)
@@ -272,7 +364,7 @@ def _one_step(run: _Run, status, preempt_file: str | None) -> bool:
     loss_sum = trainer.train_step(on_first_forward=mid_step)
     if preempt_file and os.path.exists(preempt_file):
         run.stop["requested"] = True
-    status[0], status[1] = loss_sum, float(run.stop["requested"])
+    status[0], status[1] = loss_sum, float(run.stop["requested"] or run.stop["park"])
     dist.all_reduce(status)
     # Reading the agreed status waits for the device, so the step time covers the GPU's
     # queued kernels too (CUDA runs ahead of the host until something is read back).
@@ -298,12 +390,17 @@ def _validation_due(run: _Run) -> bool:
             and (step % every == 0 or step == run.args.steps))
 
 
+def _note_parked(run: _Run, step: int) -> None:
+    park.write_parked(run.args.park_dir, park.Parked(pid=os.getpid(), rank=run.rank,
+                                                     local_rank=int(os.environ.get("LOCAL_RANK", "0")), step=step))
+
+
 def _stop_heartbeat(run: _Run, how: str) -> None:
     # lazy: torch loads only in a worker process (the orchestrator imports this module's exit codes)
     import torch.distributed as dist
 
-    run.heartbeat.stop()
     run.heartbeat.note_exit(how)
+    run.heartbeat.close()
     _finish(dist)
 
 

@@ -1,0 +1,174 @@
+"""Parked workers (runtime/park.py): two real agents and their workers; one instance preempted,
+the survivors keep their processes and, where their shard stays, their state in memory."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from sailor_core import settings
+from sailor_core.job.protocol import AgentAction, AgentAssignment, AgentState, read_status, write_assignment
+from sailor_core.runtime.recipe import Recipe
+from sailor_core.runtime.reference import train_reference
+from sailor_core.runtime.worker import EXIT_PREEMPTED
+
+from .conftest import make_plan
+
+TOTAL_STEPS = 40  # the recipe's (every generation continues the first one's schedule)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _agent(tmp_path: Path, job_url: str, iid: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "sailor_core.runtime.agent", "--job-url", job_url,
+                             "--instance-id", iid, "--work-dir", str(tmp_path / iid)],
+                            env={**os.environ, settings.NOTICE_S_ENV: "10"}, start_new_session=True)
+
+
+def _wait(job_url: str, iid: str, pred, timeout_s: float = 120.0):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        st = read_status(job_url, iid)
+        if st is not None and pred(st):
+            return st
+        time.sleep(0.05)
+    raise AssertionError(f"{iid}: status never matched; last: {read_status(job_url, iid)}")
+
+
+def _run(generation: int, plan, ranks, world: int, port: int, corpus, ckpt: str, steps: int) -> AgentAssignment:
+    return AgentAssignment(generation=generation, action=AgentAction.RUN, plan=plan.to_dict(), ranks=tuple(ranks),
+                           world_size=world, master_addr="127.0.0.1", master_port=port, steps=steps,
+                           data=str(corpus), ckpt_url=ckpt, ckpt_every=0, resume=generation > 1,
+                           extra_worker_args=("--threads", "1", "--timeout-s", "30", "--validate-every", "0"))
+
+
+def _started(st) -> dict:
+    """Rank 0's 'started' line of the generation ``st`` reports."""
+    lines = (Path(st.log_dir) / "metrics.jsonl").read_text().splitlines()
+    return next(json.loads(line) for line in lines if '"started"' in line)
+
+
+def _losses(*statuses) -> dict[int, float]:
+    return {step: loss for st in statuses for step, loss in st.losses}
+
+
+def test_survivors_park_and_train_on_with_their_state_in_memory(corpus, tmp_path: Path):
+    job_url, ckpt, port = str(tmp_path / "job"), str(tmp_path / "ckpt"), _free_port()
+    a, b = _agent(tmp_path, job_url, "i-a"), _agent(tmp_path, job_url, "i-b")
+    try:
+        # Generation 1: stage 0 on i-a, stage 1 with one replica on each instance.
+        wide = make_plan("tiny", [(0, 2, [1]), (2, 4, [1, 1])])
+        write_assignment(job_url, "i-a", _run(1, wide, (0, 1), 3, port, corpus, ckpt, TOTAL_STEPS))
+        write_assignment(job_url, "i-b", _run(1, wide, (2,), 3, port, corpus, ckpt, TOTAL_STEPS))
+        first = _wait(job_url, "i-a", lambda st: st.step is not None and st.step >= 3)
+        pids = dict(first.pids)
+        os.killpg(b.pid, signal.SIGTERM)  # i-b is preempted: every rank checkpoints the same step
+        assert b.wait(timeout=60) == 128 + signal.SIGTERM
+        gen1 = _wait(job_url, "i-a", lambda st: len(st.exit_codes) == 2)
+        assert gen1.exit_codes == {0: EXIT_PREEMPTED, 1: EXIT_PREEMPTED}  # parked, reported as stopped
+        assert all(subprocess.run(["kill", "-0", str(p)]).returncode == 0 for p in pids.values())
+        stop1 = gen1.step
+        write_assignment(job_url, "i-a", AgentAssignment(generation=2, action=AgentAction.STOP))
+        _wait(job_url, "i-a", lambda st: st.generation == 2)
+
+        # Generation 3 on the survivor: the same stages, one replica each -> the same shards, kept.
+        narrow = make_plan("tiny", [(0, 2, [1]), (2, 4, [1])])
+        write_assignment(job_url, "i-a", _run(3, narrow, (0, 1), 2, port, corpus, ckpt, stop1 + 3))
+        gen3 = _wait(job_url, "i-a", lambda st: st.generation == 3 and st.state == AgentState.EXITED)
+        assert gen3.pids == pids and gen3.exit_codes == {0: 0, 1: 0}
+        assert _started(gen3)["state_from"] == "memory" and _started(gen3)["ready_s"] >= 0
+        assert "kept in memory" in (Path(gen3.log_dir) / "rank1.log").read_text()
+
+        # Generation 4 (new processes: generation 3's finished its steps and exited) is stopped while
+        # it runs (the agent parks its workers); generation 6 moves the stage boundary: the same
+        # processes read the layers they now hold from the checkpoint.
+        write_assignment(job_url, "i-a", _run(4, narrow, (0, 1), 2, port, corpus, ckpt, TOTAL_STEPS))
+        _wait(job_url, "i-a", lambda st: st.generation == 4 and st.step is not None and st.step >= stop1 + 5)
+        write_assignment(job_url, "i-a", AgentAssignment(generation=5, action=AgentAction.STOP))
+        gen4 = _wait(job_url, "i-a", lambda st: st.generation == 5).previous
+        assert gen4.exit_codes == {0: EXIT_PREEMPTED, 1: EXIT_PREEMPTED}
+        moved = make_plan("tiny", [(0, 1, [1]), (1, 4, [1])])
+        write_assignment(job_url, "i-a", _run(6, moved, (0, 1), 2, port, corpus, ckpt, gen4.step + 2))
+        gen6 = _wait(job_url, "i-a", lambda st: st.generation == 6 and st.state == AgentState.EXITED)
+        assert gen6.pids == gen4.pids != pids and gen6.exit_codes == {0: 0, 1: 0}
+        assert _started(gen6)["state_from"] == "checkpoint"
+    finally:
+        for agent in (a, b):
+            if agent.poll() is None:
+                os.killpg(agent.pid, signal.SIGKILL)
+                agent.wait()
+
+    # The same samples and updates as one process training straight through.
+    losses = _losses(first, gen1, gen3, gen4, gen6)
+    assert sorted(losses) == list(range(1, gen4.step + 3))
+    ref = train_reference(wide, gen4.step + 2, str(corpus), recipe=Recipe(total_steps=TOTAL_STEPS),
+                          validate_every=0)
+    # (the two-replica stage's all-reduce sums in another order than one process: drift ~1e-4)
+    assert [losses[s] for s in sorted(losses)] == pytest.approx(ref.losses, rel=1e-4)
+
+
+@pytest.fixture
+def one_rank_group():
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def _trainer(plan, corpus):
+    import torch
+
+    from sailor_core.catalog.models import get_model
+    from sailor_core.runtime.data import TokenDataset
+    from sailor_core.runtime.trainer import StageTrainer, make_groups
+
+    spec = get_model(plan.model)
+    data = TokenDataset(str(corpus), plan.effective_seq_len(), spec.vocab_size, validation_fraction=0.0,
+                        min_val_samples=0)
+    return StageTrainer(plan=plan, spec=spec, rank=0, data=data, recipe=Recipe(total_steps=TOTAL_STEPS), seed=3,
+                        device=torch.device("cpu"), groups=make_groups(plan, 0))
+
+
+def test_a_kept_state_is_exactly_the_checkpoint_it_saved(corpus, tmp_path: Path, one_rank_group):
+    import torch
+
+    from sailor_core.runtime import checkpoint as ckpt
+    from sailor_core.runtime.worker import _save
+    from sailor_core.storage import open_storage
+
+    plan = make_plan("tiny", [(0, 4, [1])], gbs=4)
+    first = _trainer(plan, corpus)
+    for _ in range(3):
+        first.train_step()
+    storage = open_storage(str(tmp_path / "ck"))
+    _save(first, storage, keep=2, rank=0)
+    info = ckpt.latest_valid_checkpoint(str(tmp_path / "ck"))
+    kept = first.kept_state()
+    adopted, loaded = _trainer(plan, corpus), _trainer(plan, corpus)
+    adopted.adopt(kept, info)
+    loaded.load(storage, info)
+    for (_, name, p), (_, _, q) in zip(adopted._named_tensors(), loaded._named_tensors()):
+        assert torch.equal(p, q), name
+        for key in ("exp_avg", "exp_avg_sq"):
+            assert torch.equal(adopted.optimizer.state[p][key], loaded.optimizer.state[q][key]), (name, key)
+    assert (adopted.step, adopted.next_sample) == (loaded.step, loaded.next_sample) == (3, 12)
+    assert adopted.train_step() == loaded.train_step()  # and they train on identically
+
+    # Another shard (a stage boundary moved), or a checkpoint of another step: read it instead.
+    assert not adopted.can_adopt(dataclasses.replace(kept, shard=(0, 2, 1, 0)), info)
+    first.train_step()
+    assert not adopted.can_adopt(first.kept_state(), info)
