@@ -44,6 +44,8 @@ def replay_cmd(
     trace_zone: Optional[str] = typer.Option(None, "--trace-zone", help="Zone of a one-pool trace whose file name does not say."),
     provisioning_s: float = typer.Option(90.0, "--provisioning-s", help="Spot request to running VM."),
     startup_s: float = typer.Option(60.0, "--startup-s", help="Worker start-up and rendezvous."),
+    rejoin_s: float = typer.Option(10.0, "--rejoin-s", help="A change onto instances all held: their parked "
+                                   "workers re-form the job in place (no new processes)."),
     storage_gbps: float = typer.Option(1.0, "--storage-gb-per-s", help="Checkpoint store bandwidth (GB/s)."),
     checkpoint_interval_s: float = typer.Option(1800.0, "--checkpoint-interval-s", help="Periodic checkpoints."),
     exact: bool = typer.Option(False, "--exact-availability", help="Plan on exact counts (slower; default rounds pools to a 1/8 grid)."),
@@ -83,7 +85,7 @@ def replay_cmd(
     spec = get_model(model)
     num_tokens = _parse_tokens(tokens)
     costs = ChangeCosts(
-        provisioning_s=provisioning_s, startup_s=startup_s, checkpoint_interval_s=checkpoint_interval_s,
+        provisioning_s=provisioning_s, startup_s=startup_s, rejoin_s=rejoin_s, checkpoint_interval_s=checkpoint_interval_s,
         checkpoint_bytes=checkpoint_bytes_for(spec.name), storage_bw_bytes_per_s=storage_gbps * 1e9,
     )
     availability = load_trace(trace, gpu=trace_gpu, zone=trace_zone)

@@ -14,8 +14,9 @@ each with a meaning (``ControllerConfig``, ``ControllerState``):
 * **Effective throughput.** Over a long run a share 1 / (1 + H (restart_s + work_lost_s)) of
   the time trains: X = x / (1 + H D).
 * **Time and cost to finish** ``W`` remaining samples: T = change + W / X, where change is the
-  downtime of getting there (0 for the plan running, else a save if something runs,
-  provisioning if it needs instances not held, start-up and reload); C = USD/h x T.
+  downtime of getting there (0 for the plan running, else a save if something runs, then
+  provisioning and start-up if it needs instances not held, else a rejoin of the workers held,
+  which keep their processes; and the reload); C = USD/h x T.
 
 * **Finishing by a deadline.** T is what the plan takes on average; a deadline must hold in
   most outcomes, not half of them.  Over its W / x of training the plan is hit N times, N a
@@ -51,6 +52,11 @@ class Costs:
     provisioning_s: float  # new instances
     startup_s: float      # start-up, rendezvous and checkpoint load
     work_lost_s: float    # training redone per preemption
+    rejoin_s: float | None = None  # the workers held re-form in place and reload (None: a start-up)
+
+    @property
+    def rejoin_or_startup_s(self) -> float:
+        return self.startup_s if self.rejoin_s is None else self.rejoin_s
 
     @property
     def restart_s(self) -> float:
@@ -103,12 +109,14 @@ def change_s(option: PlanOption, *, running: PlanOption | None, held: Mapping[Gp
              held_on_demand: Mapping[GpuZone, int], costs: Costs) -> float:
     """Downtime to get from what runs (``running``, None if nothing does) to ``option``, holding
     ``held`` spot and ``held_on_demand`` GPUs: nothing if it is the plan running, else a save
-    (if something runs), provisioning (if it needs instances not held), start-up and reload."""
+    (if something runs), then provisioning and start-up if it needs instances not held, else the
+    held workers' rejoin (their processes stay: ``runtime/park.py``), reload included."""
     if running is not None and _same_gpus(option, running):
         return 0.0
     needs = any(n > held.get(k, 0) for k, n in option.gpus.items()) or \
         any(n > held_on_demand.get(k, 0) for k, n in option.on_demand.items())
-    return (costs.save_s if running is not None else 0.0) + (costs.provisioning_s if needs else 0.0) + costs.startup_s
+    start_s = costs.provisioning_s + costs.startup_s if needs else costs.rejoin_or_startup_s
+    return (costs.save_s if running is not None else 0.0) + start_s
 
 
 def outlook(option: PlanOption, *, remaining: float, change: float, rates: Mapping[GpuZone, float],

@@ -59,6 +59,8 @@ class ControllerConfig:
     provisioning_s: float = 150.0  # new instances up
     startup_s: float = 150.0      # workers started, rendezvous, checkpoint loaded
     work_lost_s: float = 0.0      # training redone per preemption (0 when the notice covers a save)
+    # A change onto GPUs all held: their workers re-form the job in place (None: a start-up)
+    rejoin_s: float | None = None
     min_gain: float = 0.05        # a voluntary switch must gain this much (samples, or USD per sample)
     # A deadline must hold in most outcomes, not on average: a plan makes it when it finishes in
     # time at this quantile of its preemptions (economics.deadline_margin_s; 0.5: the mean).
@@ -82,7 +84,8 @@ class ControllerConfig:
             raise InputError("the failover strategy needs exactly one GPU type")
         if self.objective not in OBJECTIVES:
             raise InputError(f"unknown objective {self.objective!r}; known: {', '.join(OBJECTIVES)}")
-        times = (self.shutdown_s, self.save_s, self.provisioning_s, self.startup_s, self.work_lost_s)
+        times = (self.shutdown_s, self.save_s, self.provisioning_s, self.startup_s, self.work_lost_s,
+                 self.startup_s if self.rejoin_s is None else self.rejoin_s)
         if min(times) < 0 or self.min_gain < 0 or self.min_growth < 0:
             raise InputError("controller times and gain must be >= 0")
         if self.min_throughput_samples_per_s is not None and not self.min_throughput_samples_per_s > 0:
@@ -93,7 +96,7 @@ class ControllerConfig:
     @property
     def costs(self) -> Costs:
         return Costs(save_s=self.save_s, provisioning_s=self.provisioning_s, startup_s=self.startup_s,
-                     work_lost_s=self.work_lost_s)
+                     work_lost_s=self.work_lost_s, rejoin_s=self.rejoin_s)
 
     @property
     def change_cost_s(self) -> float:

@@ -15,6 +15,10 @@ from sailor_core.zones import parse_zone
 class ChangeCosts:
     provisioning_s: float = 90.0          # spot request to a running VM (typically 1-2 min)
     startup_s: float = 60.0               # worker processes start, import, NCCL/gloo rendezvous
+    # A change onto instances all held: their parked workers (runtime/park.py) keep their
+    # processes and re-form the job: new process groups and the stages rebuilt, no import or
+    # CUDA start (the reload is counted apart, as for a start-up)
+    rejoin_s: float = 10.0
     checkpoint_bytes: float = 0.0         # model + optimizer state written per checkpoint
     storage_bw_bytes_per_s: float = 1e9   # aggregate write/read bandwidth to the checkpoint store
     checkpoint_interval_s: float = 1800.0  # periodic checkpoints while training
@@ -24,7 +28,7 @@ class ChangeCosts:
     notice_s_by_cloud: tuple[tuple[str, float], ...] = (("aws", 120.0), ("gcp", 30.0), ("local", 0.0))
 
     def __post_init__(self) -> None:
-        for name in ("provisioning_s", "startup_s", "checkpoint_bytes", "terminate_s"):
+        for name in ("provisioning_s", "startup_s", "rejoin_s", "checkpoint_bytes", "terminate_s"):
             if getattr(self, name) < 0:
                 raise InputError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.storage_bw_bytes_per_s <= 0 or self.checkpoint_interval_s <= 0:

@@ -316,7 +316,7 @@ class _Replay:
         """Rent ``new`` in place of what is held: a checkpoint first if the old plan still runs,
         then provisioning (for GPUs not held: the ones a preemption just took are gone, so a plan
         that needs them again waits for new instances, as the controller's ``change_s`` expects),
-        start-up and reload."""
+        start-up and reload; on GPUs all held, their parked workers rejoin instead of starting."""
         costs, old = self.setup.costs, self.holding
         after_loss = any(n > 0 for n in lost.values())
         switch_at = self.t
@@ -332,7 +332,8 @@ class _Replay:
         self.vms_at = running_at
         self.release(switch_at, "replanned")
         self.kept_gpus = self.acquire(new, switch_at, held=held, held_on_demand=held_od, running_at_s=running_at)
-        self.ready_at = running_at + costs.startup_s + (costs.load_s if self.ckpt_done > 0 else 0.0)
+        start_s = costs.startup_s if needs_vms else costs.rejoin_s
+        self.ready_at = running_at + start_s + (costs.load_s if self.ckpt_done > 0 else 0.0)
         self.done = self.ckpt_done
         if self.launched:
             self.num_replans += 1

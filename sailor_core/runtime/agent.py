@@ -239,6 +239,11 @@ class Agent:
             code = p.poll()
             if code is not None and rank not in gen.exit_codes:
                 gen.exit_codes[rank] = code
+        self._read_metrics(gen)
+
+    @staticmethod
+    def _read_metrics(gen: _Generation) -> None:
+        """Rank 0's new metrics lines: steps, losses, the last event."""
         if gen.log_dir is None:
             return
         path = gen.log_dir / "metrics.jsonl"

@@ -31,7 +31,7 @@ def test_the_agent_forwards_rank_0s_validation_losses(tmp_path):
     gen = _Generation(number=2, log_dir=tmp_path)
     (tmp_path / "metrics.jsonl").write_text(
         '{"step": 1, "loss": 6.0}\n{"step": 2, "loss": 5.9, "val_loss": 6.1}\n{"step": 3, "loss": 5.8}\n')
-    Agent._collect(gen)
+    Agent._read_metrics(gen)
     assert gen.losses == [(1, 6.0), (2, 5.9), (3, 5.8)] and gen.val_losses == [(2, 6.1)]
 
 

@@ -61,6 +61,11 @@ def test_change_pays_save_provisioning_and_startup_only_where_needed():
     assert change_s(bigger, running=running, held=held, held_on_demand={}, costs=COSTS) == 10 + 90 + 60
     # After a preemption nothing runs: no save; what survived needs no provisioning.
     assert change_s(smaller, running=None, held={("V100-16", A): 2}, held_on_demand={}, costs=COSTS) == 60
+    # With parked workers, a change onto GPUs all held is their rejoin, not a start-up.
+    parked = dataclasses.replace(COSTS, rejoin_s=15)
+    assert change_s(smaller, running=running, held=held, held_on_demand={}, costs=parked) == 10 + 15
+    assert change_s(smaller, running=None, held={("V100-16", A): 2}, held_on_demand={}, costs=parked) == 15
+    assert change_s(bigger, running=running, held=held, held_on_demand={}, costs=parked) == 10 + 90 + 60
 
 
 def test_effective_throughput_and_the_time_and_cost_to_finish():

@@ -17,7 +17,8 @@ ONE_USD = lambda gpu, zone, t: 1.0  # noqa: E731
 
 # 4 A100s, 2 of them preempted at 1 h, back at 2 h.
 DIP = build_trace([(0.0, {A: 4}), (3600.0, {A: 2}), (7200.0, {A: 4})])
-FAST = ChangeCosts(provisioning_s=100, startup_s=50, checkpoint_bytes=0, checkpoint_interval_s=1e9, terminate_s=0)
+FAST = ChangeCosts(provisioning_s=100, startup_s=50, rejoin_s=10, checkpoint_bytes=0, checkpoint_interval_s=1e9,
+                  terminate_s=0)
 
 
 def run(trace, policy, costs=FAST, target=288_000, budget=None, gpu="A100-40"):
@@ -28,31 +29,32 @@ def run(trace, policy, costs=FAST, target=288_000, budget=None, gpu="A100-40"):
 def test_ours_replans_on_loss_and_grows_back():
     r = run(DIP, "ours")
     # 0-150 start-up; 150-3600 at 40/s (138000); 3600 lose 2, restart on the 2 left (no VMs to
-    # provision: 50 s start-up); 3650-7200 at 20/s (71000); 7200 grow back: 150 s change;
-    # 7350 + 79000/40 = 9325.  Billed: new VMs from when they run (the first 4 at 100, the 2
-    # grown back at 7300), the 2 kept through the loss and the growth without a break.
-    assert r.finished and r.time_to_train_s == pytest.approx(9325)
-    assert r.usd_spent == pytest.approx((4 * 3500 + 2 * 3600 + 2 * 2125 + 2 * 2025) / 3600)
+    # provision: their parked workers rejoin, 10 s); 3610-7200 at 20/s (71800); 7200 grow back:
+    # 150 s change; 7350 + 78200/40 = 9305.  Billed: new VMs from when they run (the first 4 at
+    # 100, the 2 grown back at 7300), the 2 kept through the loss and the growth without a break.
+    assert r.finished and r.time_to_train_s == pytest.approx(9305)
+    assert r.usd_spent == pytest.approx((4 * 3500 + 2 * 3600 + 2 * 2105 + 2 * 2005) / 3600)
     assert (r.num_replans, r.num_restarts, r.num_preemptions_hit) == (2, 1, 1)
     assert r.work_lost_samples == 0  # nothing to save: the emergency checkpoint fits the notice
-    assert r.useful_work_fraction == pytest.approx((4 * 3450 + 2 * 3550 + 4 * 1975) / (14000 + 7200 + 4250 + 4050))
+    assert r.useful_work_fraction == pytest.approx((4 * 3450 + 2 * 3590 + 4 * 1955) / (14000 + 7200 + 4210 + 4010))
 
 
 def test_the_paid_gpu_time_is_told_by_activity():
     r = run(DIP, "ours")
-    # Start: 4 GPUs start up 100-150 (new instances are not paid while they boot); 3600: a
-    # restart on the 2 held, 50 s; 7200: the 2 held wait 100 s for the 2 new instances, then 4
-    # start up for 50 s; the rest trains.
+    # Start: 4 GPUs start up 100-150 (new instances are not paid while they boot); 3600: the 2
+    # held rejoin, 10 s; 7200: the 2 held wait 100 s for the 2 new instances, then 4 start up
+    # for 50 s; the rest trains.
     assert r.gpu_s_by_activity == pytest.approx({
-        "training": 4 * 3450 + 2 * 3550 + 4 * 1975, "redone": 0.0, "checkpointing": 0.0,
-        "provisioning": 2 * 100, "starting": 4 * 50 + 2 * 50 + 4 * 50, "other": 0.0})
+        "training": 4 * 3450 + 2 * 3590 + 4 * 1955, "redone": 0.0, "checkpointing": 0.0,
+        "provisioning": 2 * 100, "starting": 4 * 50 + 2 * 10 + 4 * 50, "other": 0.0})
     assert r.useful_work_fraction == pytest.approx(r.gpu_s_by_activity["training"] / sum(r.gpu_s_by_activity.values()))
 
 
 def test_saves_and_work_redone_are_told_apart():
     trace = build_trace([(0.0, {V: 2}), (3000.0, {V: 1})])
-    costs = ChangeCosts(provisioning_s=100, startup_s=50, checkpoint_bytes=200e9, storage_bw_bytes_per_s=1e9,
-                        checkpoint_interval_s=1000, terminate_s=0)  # 200 s saves > AWS's 120 s notice
+    costs = ChangeCosts(provisioning_s=100, startup_s=50, rejoin_s=50, checkpoint_bytes=200e9,
+                        storage_bw_bytes_per_s=1e9, checkpoint_interval_s=1000,
+                        terminate_s=0)  # 200 s saves > AWS's 120 s notice; no parked workers
     r = run(trace, "ours", costs=costs, target=20_400, gpu="V100-16")
     by = r.gpu_s_by_activity
     # periodic saves: 2 GPUs x 2 x 200 s, then 1 GPU x 200 s; the 3600 samples lost at 3000 s
@@ -66,9 +68,9 @@ def test_saves_and_work_redone_are_told_apart():
 
 def test_static_never_grows_back():
     r = run(DIP, "static")
-    # After the loss it keeps 2 GPUs: 79000 samples left at 7200 take 3950 s more.
-    assert r.time_to_train_s == pytest.approx(11150)
-    assert r.usd_spent == pytest.approx((4 * 3500 + 2 * (11150 - 3600)) / 3600)
+    # After the loss it keeps 2 GPUs (rejoining in 10 s): 78200 samples left at 7200 take 3910 s more.
+    assert r.time_to_train_s == pytest.approx(11110)
+    assert r.usd_spent == pytest.approx((4 * 3500 + 2 * (11110 - 3600)) / 3600)
     assert (r.num_replans, r.num_restarts) == (1, 1)
 
 
@@ -84,8 +86,9 @@ def test_skypilot_waits_for_its_whole_request():
 
 def test_work_since_checkpoint_is_lost_when_the_notice_is_too_short():
     trace = build_trace([(0.0, {V: 2}), (3000.0, {V: 1})])
-    costs = ChangeCosts(provisioning_s=100, startup_s=50, checkpoint_bytes=200e9, storage_bw_bytes_per_s=1e9,
-                        checkpoint_interval_s=1000, terminate_s=0)  # 200 s saves > AWS's 120 s notice
+    costs = ChangeCosts(provisioning_s=100, startup_s=50, rejoin_s=50, checkpoint_bytes=200e9,
+                        storage_bw_bytes_per_s=1e9, checkpoint_interval_s=1000,
+                        terminate_s=0)  # 200 s saves > AWS's 120 s notice; no parked workers
     r = run(trace, "ours", costs=costs, target=20_400, gpu="V100-16")
     # Checkpoints at 1150 (8000) and 2350 (16000), each pausing 200 s; 19600 at 3000 when 1 GPU goes:
     # 3600 samples lost.  Restart on the survivor: 50 s start-up + 200 s load, ready at 3250;

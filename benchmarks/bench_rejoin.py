@@ -1,0 +1,130 @@
+"""What parked workers save on a preemption: the surviving instance's ranks rejoin in place
+instead of starting new processes (``sailor_core/runtime/park.py``).
+
+Two real agents on this machine (as on two instances), a 2-stage plan with stage 1 on both
+(ranks 0, 1 on ``i-a``, rank 2 on ``i-b``); once it trains, ``i-b`` is preempted (SIGTERM to its
+process group, as the embedded cloud does), every rank checkpoints the same step, and ``i-a``
+is given the job again on its two ranks (the same shards): with parking its workers keep their
+processes and state; with ``--no-park`` new processes start and read the checkpoint.  Printed
+per mode: rank 0's ``ready_s`` (from the agent's handover or start to the rank being ready to
+train: process start, imports, rendezvous, model build, state), and the wall time from the new
+assignment to its first step, median over ``--runs``.
+
+    .venv/bin/python benchmarks/bench_rejoin.py [--model tiny] [--runs 3] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from sailor_core import settings  # noqa: E402
+from sailor_core.catalog.models import get_model  # noqa: E402
+from sailor_core.job.protocol import AgentAction, AgentAssignment, read_status, write_assignment  # noqa: E402
+from sailor_core.plan.types import plan_from_dict  # noqa: E402
+
+
+def _plan(model: str, replicas: int) -> dict:
+    n = get_model(model).num_layer_indices
+    return plan_from_dict({"model": model, "global_batch_size": 8, "micro_batch_size": 2, "stages": [
+        {"layers": [0, n // 2], "replicas": [{"gpu": "cpu"}]},
+        {"layers": [n // 2, n], "replicas": [{"gpu": "cpu"}] * replicas}]}).to_dict()
+
+
+def _wait(job_url: str, iid: str, pred, timeout_s: float = 300.0):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        st = read_status(job_url, iid)
+        if st is not None and pred(st):
+            return st
+        time.sleep(0.02)
+    raise SystemExit(f"error: {iid} never reached the expected state; last: {read_status(job_url, iid)}")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def one_run(model: str, corpus: str, park: bool, work: Path) -> dict:
+    job_url, ckpt, port = str(work / "job"), str(work / "ckpt"), _free_port()
+    extra = () if park else ("--no-park",)
+    agents = {iid: subprocess.Popen([sys.executable, "-m", "sailor_core.runtime.agent", "--job-url", job_url,
+                                     "--instance-id", iid, "--work-dir", str(work / iid), *extra],
+                                    env={**os.environ, settings.NOTICE_S_ENV: "30"}, start_new_session=True)
+              for iid in ("i-a", "i-b")}
+    common = dict(master_addr="127.0.0.1", master_port=port, data=corpus, ckpt_url=ckpt, ckpt_every=0,
+                  extra_worker_args=("--threads", "1", "--validate-every", "0"))
+    try:
+        wide = _plan(model, 2)
+        write_assignment(job_url, "i-a", AgentAssignment(generation=1, action=AgentAction.RUN, plan=wide,
+                                                         ranks=(0, 1), world_size=3, steps=10_000, **common))
+        write_assignment(job_url, "i-b", AgentAssignment(generation=1, action=AgentAction.RUN, plan=wide,
+                                                         ranks=(2,), world_size=3, steps=10_000, **common))
+        _wait(job_url, "i-a", lambda st: st.step is not None and st.step >= 3)
+        os.killpg(agents["i-b"].pid, signal.SIGTERM)
+        stopped = _wait(job_url, "i-a", lambda st: len(st.exit_codes) == 2)
+        write_assignment(job_url, "i-a", AgentAssignment(generation=2, action=AgentAction.STOP))
+        _wait(job_url, "i-a", lambda st: st.generation == 2)
+        t0 = time.monotonic()
+        write_assignment(job_url, "i-a", AgentAssignment(
+            generation=3, action=AgentAction.RUN, plan=_plan(model, 1), ranks=(0, 1), world_size=2,
+            steps=stopped.step + 3, resume=True, **common))
+        first = _wait(job_url, "i-a", lambda st: st.generation == 3 and st.step is not None)
+        to_first_step_s = time.monotonic() - t0
+        lines = (Path(first.log_dir) / "metrics.jsonl").read_text().splitlines()
+        started = next(json.loads(line) for line in lines if '"started"' in line)
+        return {"ready_s": started["ready_s"], "state_from": started["state_from"],
+                "to_first_step_s": to_first_step_s, "same_processes": first.pids == stopped.pids}
+    finally:
+        for p in agents.values():
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="tiny")
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    from sailor_core.runtime.data import generate_corpus  # lazy: torch-free import of the module above
+
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="bench-rejoin-") as tmp:
+        corpus = str(generate_corpus(Path(tmp) / "corpus.npy", vocab_size=get_model(args.model).vocab_size,
+                                     num_tokens=200_000, seed=1))
+        for park in (True, False):
+            runs = [one_run(args.model, corpus, park, Path(tmp) / f"{'park' if park else 'new'}{i}")
+                    for i in range(args.runs)]
+            rows.append({"mode": "parked workers" if park else "new processes (--no-park)",
+                         "state_from": sorted({r["state_from"] for r in runs}),
+                         "same_processes": all(r["same_processes"] for r in runs),
+                         "ready_s": statistics.median(r["ready_s"] for r in runs),
+                         "to_first_step_s": statistics.median(r["to_first_step_s"] for r in runs)})
+    if args.json:
+        print(json.dumps({"model": args.model, "runs": args.runs, "rows": rows}, indent=2))
+        return 0
+    print(f"model {args.model}, median of {args.runs} runs, 2 ranks rejoining after a preemption")
+    print(f"{'mode':28s} {'state from':12s} {'same pids':9s} {'ready s':>8s} {'to 1st step s':>14s}")
+    for r in rows:
+        print(f"{r['mode']:28s} {','.join(r['state_from']):12s} {str(r['same_processes']):9s} "
+              f"{r['ready_s']:8.2f} {r['to_first_step_s']:14.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
