@@ -55,6 +55,9 @@ from sailor_core.planner.request import DEFAULT_MAX_TP_DEGREE
 
 # Seconds a plan change costs before training resumes: boot, torch import, rendezvous, reload.
 CHANGE_COST_S = 30.0
+# ... and a change onto instances all held, whose parked workers rejoin in place (no boot, no
+# import; benchmarks/bench_rejoin.py: about a tenth of a new process's start here).
+REJOIN_COST_S = 3.0
 
 
 def availability(offers: Sequence[Offer], *, max_gpus_per_zone: int, max_gpus: int | None,
@@ -230,7 +233,8 @@ def controller_config(shutdown_s: float, spec: JobSpec | None = None) -> Control
     terms = {} if spec is None else dict(objective=spec.objective,
                                           min_throughput_samples_per_s=spec.min_throughput_samples_per_s)
     return ControllerConfig(strategy="replan", gpu_types=None, shutdown_s=shutdown_s,
-                            provisioning_s=CHANGE_COST_S / 2, startup_s=CHANGE_COST_S / 2, **terms)
+                            provisioning_s=CHANGE_COST_S / 2, startup_s=CHANGE_COST_S / 2, rejoin_s=REJOIN_COST_S,
+                            **terms)
 
 
 def controller_decision(planner: Planner, state: js.JobState, *, available: Mapping[tuple[str, str], int],

@@ -24,6 +24,7 @@ from sailor_core.job.attempts import (
     WORKER_FAILED,
     AttemptOutcome,
     classify_attempt,
+    restart_facts,
     run_generation,
     stop_generation,
 )
@@ -215,8 +216,11 @@ def watch_attempt(session, store: js.JobStore, state: js.JobState, assignments: 
         statuses = {i: read_status(session.jobs_url, i) for i in ids}
         new_state = _merge_progress(state, statuses, generation)
         moved = new_state is not state
-        if moved:
-            state = js.with_first_step(new_state, now)
+        if moved and any(st is not None and st.generation == generation and st.step is not None
+                         for st in statuses.values()):  # not merely an earlier generation's steps
+            state = js.with_first_step(new_state, now, **restart_facts(statuses, generation))
+        elif moved:
+            state = new_state
         reports = [st.injected_preemption for st in statuses.values()
                    if st and st.generation == generation and st.injected_preemption]
         if reports and not injection_noted:

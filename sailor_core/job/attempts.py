@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from sailor_core.job.protocol import AgentState, AgentStatus
 
@@ -71,3 +72,16 @@ def classify_attempt(*, generation: int, statuses: Mapping[str, AgentStatus | No
     if len(current) == len(statuses) and all(st.state == AgentState.EXITED for st in current.values()):
         return AttemptOutcome(kind=FINISHED, reason="step target reached")
     return AttemptOutcome(kind=RUNNING)
+
+
+def restart_facts(statuses: Mapping[str, AgentStatus | None], generation: int) -> dict[str, Any]:
+    """How ``generation``'s workers came back, from its agents' reports (``ReplanRecord``'s fields):
+    ranks in all, ranks handed to parked workers, rank 0's time to be ready and its state's source."""
+    current = [st for st in statuses.values() if st is not None and st.generation == generation]
+    started = next((st.started for st in current if st.started is not None), None)
+    fields = started.fields if started is not None else {}
+    ready_s = fields.get("ready_s")
+    return {"num_ranks": sum(len(st.pids) for st in current),
+            "num_ranks_rejoined": sum(len(st.rejoined) for st in current),
+            "ready_s": float(ready_s) if isinstance(ready_s, (int, float)) else None,
+            "state_from": fields.get("state_from") if isinstance(fields.get("state_from"), str) else None}

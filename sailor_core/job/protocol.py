@@ -353,6 +353,8 @@ class AgentStatus:
     injected_preemption: InjectionReport | None = None
     previous: AgentStatus | None = None  # the replaced generation's last report (its own previous: None)
     heartbeat_unix_s: float | None = None  # when the agent wrote this; None inside ``previous``
+    rejoined: tuple[int, ...] = ()  # ranks handed to parked workers (they kept their processes)
+    started: WorkerEvent | None = None  # rank 0's "started" line: state_from, ready_s
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -365,7 +367,8 @@ class AgentStatus:
             "samples_per_s": self.samples_per_s, "event": self.event.to_dict() if self.event else None,
             "injected_preemption": self.injected_preemption.to_dict() if self.injected_preemption else None,
             "previous": self.previous.to_dict() if self.previous else None,
-            "heartbeat_unix_s": self.heartbeat_unix_s,
+            "heartbeat_unix_s": self.heartbeat_unix_s, "rejoined": list(self.rejoined),
+            "started": self.started.to_dict() if self.started else None,
         }
 
     @classmethod
@@ -387,6 +390,8 @@ class AgentStatus:
             injected_preemption=_get(data, "injected_preemption", InjectionReport.from_dict, what, None),
             previous=_get(data, "previous", AgentStatus.from_dict, what, None),
             heartbeat_unix_s=_get(data, "heartbeat_unix_s", _float, what, None),
+            rejoined=_get(data, "rejoined", lambda v: tuple(_int(r) for r in _list(v)), what, ()),
+            started=_get(data, "started", WorkerEvent.from_dict, what, None),
         )
 
 

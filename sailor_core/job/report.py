@@ -95,6 +95,17 @@ def nodes_line(nodes: Iterable[Mapping[str, Any]]) -> str:
     return " + ".join(f"{k} x {t} ({g} {gpu}) in {z}" for (t, g, gpu, z), k in counts.items()) or "nothing"
 
 
+def restart_words(*, num_ranks: int | None, num_ranks_rejoined: int | None, ready_s: float | None,
+                  state_from: str | None) -> str:
+    """How an attempt's workers came back ('' when the agents did not say): its first-step event."""
+    if ready_s is None or not num_ranks:
+        return ""
+    kept = num_ranks_rejoined or 0
+    how = f"{kept} of {num_ranks} ranks kept their processes" if kept else "new worker processes"
+    source = {"memory": "kept in memory", "checkpoint": "read from the checkpoint"}.get(state_from or "")
+    return f"workers ready in {ready_s:.1f} s ({how}{f'; rank 0 state {source}' if source else ''})"
+
+
 def markdown_table(rows: list[Mapping[str, Any]]) -> str:
     """Rows of equal keys as a markdown table (the Prefect UI renders it)."""
     if not rows:

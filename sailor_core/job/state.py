@@ -80,6 +80,12 @@ class ReplanRecord:
     at_unix_s: float
     steps_done_before: int = 0  # the furthest step reached before: steps_done_before - at_step are redone
     first_step_unix_s: float | None = None  # when this attempt's first step completed (recovery time)
+    # How its workers came back (the agents' reports): ranks in all, ranks that kept their
+    # processes (parked workers), rank 0's time to be ready to train and where its state came from
+    num_ranks: int | None = None
+    num_ranks_rejoined: int | None = None
+    ready_s: float | None = None
+    state_from: str | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -211,11 +217,13 @@ def with_instances_ended(state: JobState, instance_ids: set[str] | frozenset[str
     return _touch(state, instances=tuple(out), num_preemptions=state.num_preemptions + num_new_preemptions)
 
 
-def with_first_step(state: JobState, now_unix_s: float) -> JobState:
-    """Note when the current attempt completed its first step (once)."""
+def with_first_step(state: JobState, now_unix_s: float, **restart: Any) -> JobState:
+    """Note when the current attempt completed its first step (once), and how its workers came
+    back (``restart``: ``ReplanRecord``'s ``num_ranks``, ``num_ranks_rejoined``, ``ready_s``,
+    ``state_from``)."""
     if not state.replans or state.replans[-1].first_step_unix_s is not None:
         return state
-    last = dataclasses.replace(state.replans[-1], first_step_unix_s=now_unix_s)
+    last = dataclasses.replace(state.replans[-1], first_step_unix_s=now_unix_s, **restart)
     return _touch(state, replans=state.replans[:-1] + (last,))
 
 

@@ -129,6 +129,8 @@ class _Generation:
     losses: list[tuple[int, float]] = field(default_factory=list)  # (step, loss) as rank 0 reported them
     val_losses: list[tuple[int, float]] = field(default_factory=list)  # (step, validation loss)
     last_event: WorkerEvent | None = None
+    started: WorkerEvent | None = None  # rank 0's "started" line
+    rejoined: list[int] = field(default_factory=list)  # ranks handed to parked workers
     samples_per_s: float | None = None
     inject: InjectPreemption | None = None  # the assignment's, until posted
     injected: InjectionReport | None = None  # what became of it
@@ -185,6 +187,7 @@ class Agent:
             gen.local_ranks[rank] = local_rank
             env, log_path = _worker_env(assignment, gen.number, rank, local_rank), log_dir / f"rank{rank}.log"
             if local_rank in self.parked:
+                gen.rejoined.append(rank)
                 gen.procs[rank] = self.parked.pop(local_rank)
                 park.write_handover(self.park_dir, gen.procs[rank].pid,
                                     park.Handover(argv=tuple(cmd[3:]), env=env, log_path=str(log_path)))
@@ -257,7 +260,9 @@ class Agent:
         gen.metrics_offset += end
         for line in chunk[:end].splitlines():
             record = read_metrics_line(line)
-            if isinstance(record, WorkerEvent):
+            if isinstance(record, WorkerEvent) and record.kind == "started":
+                gen.started = record
+            elif isinstance(record, WorkerEvent):
                 gen.last_event = record
             elif isinstance(record, StepReport):
                 gen.losses.append((record.step, record.loss))
@@ -314,6 +319,8 @@ class Agent:
             event=gen.last_event,
             injected_preemption=gen.injected,
             previous=self.previous,
+            rejoined=tuple(gen.rejoined),
+            started=gen.started,
         )
 
     # -- main loop --

@@ -206,3 +206,33 @@ def test_a_plan_across_two_clouds_meets_at_public_addresses_through_the_jobs_rul
     master = ipaddress.ip_address(masters.pop())
     assert master in ipaddress.ip_network("100.64.0.0/10"), f"{master}: not a public address of the embedded cloud"
     _assert_nothing_left(state)
+
+
+# ~50 s (two instances, one preempted): the agent and worker side are tested fast in tests/runtime/test_parked_workers.py
+@pytest.mark.slow
+def test_the_survivors_of_a_preemption_train_on_in_their_own_processes(prefect_api):
+    """A plan over two instances loses one: the flow stops the attempt, the survivor's worker parks
+    and is handed the next attempt, keeping its process and its state (the job's event says so);
+    no worker outlives the job."""
+    from flows.train_job import train_job
+    from tasks.reporting import add_event_listener, remove_event_listener
+
+    events = []
+    add_event_listener(events.append)
+    try:  # a batch of 1024: the plan uses both T4s
+        summary = train_job(model="tiny", budget_usd=0.05, steps=12, preempt_at_steps=[4], checkpoint_every_steps=2,
+                            global_batch_size=1024, validation_fraction=0.0, validate_every_steps=0,
+                            cloud="embedded", gpus=("T4",), zones=("us-central1-a", "us-central1-b"), max_gpus=2,
+                            max_gpus_per_zone=1, job_id="tiny-survivors")
+    finally:
+        remove_event_listener(events.append)
+    state = js.JobStore().load(summary["job_id"])
+    assert summary["status"] == "succeeded" and summary["steps"] == 12, summary
+    said = [e.text for e in events if e.kind == "event"]
+    first = next(t for t in said if t.startswith("training: attempt 1 started"))
+    assert "(new worker processes)" in first, said
+    kept = [t for t in said if t.startswith("training: attempt 2 resumed")]
+    assert state.replans[-1].num_ranks == 1 and len(state.instances) == 2, state.replans
+    assert kept and "1 of 1 ranks kept their processes; rank 0 state kept in memory" in kept[0], (said, state.replans)
+    assert state.replans[-1].state_from == "memory" and state.replans[-1].ready_s < state.replans[0].ready_s
+    _assert_nothing_left(state)
