@@ -216,18 +216,19 @@ def watch_attempt(session, store: js.JobStore, state: js.JobState, assignments: 
         statuses = {i: read_status(session.jobs_url, i) for i in ids}
         new_state = _merge_progress(state, statuses, generation)
         moved = new_state is not state
-        if moved and any(st is not None and st.generation == generation and st.step is not None
-                         for st in statuses.values()):  # not merely an earlier generation's steps
-            state = js.with_first_step(new_state, now, **restart_facts(statuses, generation))
-        elif moved:
-            state = new_state
+        # Progress merged from an earlier generation (its last steps, reported late) is kept, but the
+        # attempt trains, and its listeners hear of it, only once its own generation reports a step.
+        trains = any(st is not None and st.generation == generation and st.step is not None
+                     for st in statuses.values())
+        if moved:
+            state = js.with_first_step(new_state, now, **restart_facts(statuses, generation)) if trains else new_state
         reports = [st.injected_preemption for st in statuses.values()
                    if st and st.generation == generation and st.injected_preemption]
         if reports and not injection_noted:
             injection_noted = True  # one per attempt, and one log line about it
             state = note_injection(state, reports[0], log)
             store.save(state)
-        if moved:
+        if moved and trains:
             for fn in list(_listeners):
                 fn(state)
             if progress is not None and (now - last_progress > PROGRESS_EVERY_S
