@@ -85,7 +85,8 @@ def replay_cmd(
     spec = get_model(model)
     num_tokens = _parse_tokens(tokens)
     costs = ChangeCosts(
-        provisioning_s=provisioning_s, startup_s=startup_s, rejoin_s=rejoin_s, checkpoint_interval_s=checkpoint_interval_s,
+        provisioning_s=provisioning_s, startup_s=startup_s, rejoin_s=rejoin_s,
+        checkpoint_interval_s=checkpoint_interval_s,
         checkpoint_bytes=checkpoint_bytes_for(spec.name), storage_bw_bytes_per_s=storage_gbps * 1e9,
     )
     availability = load_trace(trace, gpu=trace_gpu, zone=trace_zone)

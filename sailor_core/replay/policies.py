@@ -25,7 +25,8 @@ def controller_config(policy: str, *, costs: ChangeCosts, gpu_type: str | None =
     loses the work since the last checkpoint where the notice is shorter than a save) and the
     job's objective (the skypilot policy keeps its one request whatever the objective)."""
     common = dict(shutdown_s=costs.shutdown_s, save_s=costs.save_s, provisioning_s=costs.provisioning_s,
-                  startup_s=costs.startup_s + costs.load_s, rejoin_s=costs.rejoin_s + costs.load_s, work_lost_s=costs.work_lost_s(zones), min_gain=min_gain,
+                  startup_s=costs.startup_s + costs.load_s, rejoin_s=costs.rejoin_s + costs.load_s,
+                  work_lost_s=costs.work_lost_s(zones), min_gain=min_gain,
                   objective=objective, min_throughput_samples_per_s=min_throughput_samples_per_s)
     if policy == "ours":
         return ControllerConfig(strategy="replan", **common)

@@ -208,7 +208,8 @@ def test_a_plan_across_two_clouds_meets_at_public_addresses_through_the_jobs_rul
     _assert_nothing_left(state)
 
 
-# ~50 s (two instances, one preempted): the agent and worker side are tested fast in tests/runtime/test_parked_workers.py
+# ~50 s (two instances, one preempted): the agent and worker side are tested fast in
+# tests/runtime/test_parked_workers.py
 @pytest.mark.slow
 def test_the_survivors_of_a_preemption_train_on_in_their_own_processes(prefect_api):
     """A plan over two instances loses one: the flow stops the attempt, the survivor's worker parks
