@@ -13,6 +13,7 @@ import pytest
         (["--trace", "derived:nope", "--model", "opt-350m", "--tokens", "1e9"], "unknown derived trace"),
         (["--trace", "derived:gcp-4d", "--model", "opt-350m", "--tokens", "1e9", "--workers", "-1"], "--workers"),
         (["--trace", "derived:gcp-4d", "--model", "opt-350m", "--tokens", "1e9", "--objective", "speed"], "objective"),
+        (["--trace", "derived:gcp-4d", "--model", "opt-350m", "--tokens", "1e9", "--rejoin-s", "-1"], "rejoin_s must be >= 0"),
         (["--trace", "derived:gcp-4d", "--model", "opt-350m", "--tokens", "1e9", "--deadline-h", "0"], "deadline"),
         (["--trace", "derived:gcp-4d", "--model", "opt-350m", "--tokens", "1e9", "--pareto", "x.png"], "--compare"),
         (["--trace", "derived:gcp-4d", "--model", "opt-350m", "--tokens", "1e9", "--on-demand-gpus", "-2"],
