@@ -248,7 +248,9 @@ def status(job_id: str = typer.Argument(..., help="job id (see `sailor jobs`)"),
     row["val_loss"] = state.last_val_loss
     row["val_loss_step"] = state.val_losses[-1][0] if state.val_losses else None
     row["replans"] = [{"attempt": r.attempt, "at_step": r.at_step, "reason": r.reason,
-                       "usd_per_hr": r.usd_per_hr} for r in state.replans]
+                       "usd_per_hr": r.usd_per_hr, "num_ranks": r.num_ranks,
+                       "num_ranks_rejoined": r.num_ranks_rejoined, "ready_s": r.ready_s,
+                       "state_from": r.state_from} for r in state.replans]
     by_instance = state.ledger().by_instance(time.time())
     row["instances"] = [{"instance_id": i.instance_id, "zone": i.zone, "instance_type": i.instance_type,
                          "attempt": i.attempt, "end_reason": i.end_reason or "running",
@@ -265,8 +267,10 @@ def status(job_id: str = typer.Argument(..., help="job id (see `sailor jobs`)"),
               f"loss {report.sig(state.last_loss, 4)}{val}, spent "
               f"{report.spend(row['usd_spent'], state.spec.budget_usd)}", highlight=False)
     for r in row["replans"]:
+        how = report.restart_words(num_ranks=r["num_ranks"], num_ranks_rejoined=r["num_ranks_rejoined"],
+                                   ready_s=r["ready_s"], state_from=r["state_from"])
         out.print(f"  attempt {r['attempt']} from step {r['at_step']}: {r['reason']} "
-                  f"({report.sig(r['usd_per_hr'])} USD/h)", highlight=False)
+                  f"({report.sig(r['usd_per_hr'])} USD/h){f'; {how}' if how else ''}", highlight=False)
     for i in row["instances"]:
         out.print(f"  {i['instance_id']} {i['instance_type']} in {i['zone']}, attempt {i['attempt']}: "
                   f"{i['end_reason']}, {report.usd(i['usd'])}", highlight=False)

@@ -78,12 +78,18 @@ def test_jobs_and_status_read_the_persisted_states(home, sailor_cli, monkeypatch
     assert detail["instances"][0]["end_reason"] == "preempted"
 
     s = js.with_progress(s, steps_done=10, losses=[(9, 5.5), (10, 5.4)], val_losses=[(5, 5.9), (10, 5.6)])
+    # the agents said how the second attempt's workers came back (tasks/workers.watch_attempt)
+    s = js.with_first_step(s, 1000.0 + 3700.0, num_ranks=2, num_ranks_rejoined=1, ready_s=2.5,
+                           state_from="checkpoint")
     store.save(s)
     r = sailor_cli("status", "tiny-abc", "--json")
     detail = json.loads(r.stdout)
     assert detail["final_loss"] == 5.4 and detail["val_loss"] == 5.6 and detail["val_loss_step"] == 10
+    assert [(r["num_ranks_rejoined"], r["ready_s"]) for r in detail["replans"]] == [(None, None), (1, 2.5)]
     r = sailor_cli("status", "tiny-abc")
     assert r.returncode == 0 and "val loss 5.6000 (step 10)" in r.stdout, r.stdout
+    assert ("preempted: i-1 at step 4 (0.200 USD/h); workers ready in 2.5 s (1 of 2 ranks kept their processes; "
+            "rank 0 state read from the checkpoint)") in r.stdout, r.stdout
     assert f"started {report.local_time(s.created_unix_s)}; flow run 0c8e5b2a-1111-2222-3333-444455556666: {url}" in r.stdout
 
     r = sailor_cli("status", "nope")
