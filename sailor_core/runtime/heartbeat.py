@@ -50,8 +50,8 @@ class Heartbeat:
         self._stop.set()
 
     def close(self) -> None:
-        """Stop beating and drop the store connection: the store's host cannot close its port
-        while a client is connected (a parked rank 0 hosts the next generation's store there)."""
+        """Stop beating and drop the store connection: a parked worker keeps no client of a store
+        it no longer uses (one left connected kept a store's port bound in a test)."""
         self.stop()
         self._thread.join()
         with self._lock:
