@@ -282,7 +282,10 @@ def _connect(run: _Run, world: int, carry: _Carry) -> None:
     hosts = rank == 0 and not uses_agent_store()
     store = carry.stores.get((addr, port)) if hosts else None
     if store is None:
-        store = private_store(addr, port, world, is_master=hosts, timeout=timeout)
+        try:
+            store = private_store(addr, port, world, is_master=hosts, timeout=timeout)
+        except OSError as exc:  # not this rank's checkpoint I/O, which an OSError means later on
+            raise RuntimeError(f"rendezvous at {addr}:{port} failed: {exc}") from None
         if hosts:
             carry.stores[(addr, port)] = store
     prefix = f"sailor/gen{settings.generation()}/"

@@ -172,3 +172,19 @@ def test_a_kept_state_is_exactly_the_checkpoint_it_saved(corpus, tmp_path: Path,
     assert not adopted.can_adopt(dataclasses.replace(kept, shard=(0, 2, 1, 0)), info)
     first.train_step()
     assert not adopted.can_adopt(first.kept_state(), info)
+
+
+def test_a_rendezvous_port_in_use_is_named_as_such(corpus, tmp_path: Path):
+    """Rank 0 cannot host the store (the port is taken): exit 77 saying so, not 'checkpoint I/O'."""
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps(make_plan("tiny", [(0, 4, [1])], gbs=2, mbs=1).to_dict()))
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        r = subprocess.run([sys.executable, "-m", "sailor_core.runtime.worker", "--plan", str(plan), "--steps", "1",
+                            "--data", str(corpus), "--threads", "1"], capture_output=True, text=True, timeout=120,
+                           env={**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": "0",
+                                "WORLD_SIZE": "1"})
+    assert r.returncode == 77, r.stderr
+    assert f"rendezvous at 127.0.0.1:{port} failed" in r.stderr and "checkpoint I/O" not in r.stderr, r.stderr
