@@ -4,8 +4,9 @@ instead of starting new processes (``sailor_core/runtime/park.py``).
 Two real agents on this machine (as on two instances), a 2-stage plan with stage 1 on both
 (ranks 0, 1 on ``i-a``, rank 2 on ``i-b``); once it trains, ``i-b`` is preempted (SIGTERM to its
 process group, as the embedded cloud does), every rank checkpoints the same step, and ``i-a``
-is given the job again on its two ranks (the same shards): with parking its workers keep their
-processes and state; with ``--no-park`` new processes start and read the checkpoint.  Printed
+is given the job again on its two ranks: with parking its workers keep their processes and,
+the shards being the same, their state; with the stage boundary moved they keep their
+processes and read the checkpoint; with ``--no-park`` new processes start and read it.  Printed
 per mode: rank 0's ``ready_s`` (from the agent's handover or start to the rank being ready to
 train: process start, imports, rendezvous, model build, state), and the wall time from the new
 assignment to its first step, median over ``--runs``.
@@ -35,11 +36,12 @@ from sailor_core.job.protocol import AgentAction, AgentAssignment, read_status, 
 from sailor_core.plan.types import plan_from_dict  # noqa: E402
 
 
-def _plan(model: str, replicas: int) -> dict:
+def _plan(model: str, replicas: int, *, moved: bool = False) -> dict:
     n = get_model(model).num_layer_indices
+    cut = n // 2 + (1 if moved else 0)
     return plan_from_dict({"model": model, "global_batch_size": 8, "micro_batch_size": 2, "stages": [
-        {"layers": [0, n // 2], "replicas": [{"gpu": "cpu"}]},
-        {"layers": [n // 2, n], "replicas": [{"gpu": "cpu"}] * replicas}]}).to_dict()
+        {"layers": [0, cut], "replicas": [{"gpu": "cpu"}]},
+        {"layers": [cut, n], "replicas": [{"gpu": "cpu"}] * replicas}]}).to_dict()
 
 
 def _wait(job_url: str, iid: str, pred, timeout_s: float = 300.0):
@@ -58,7 +60,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def one_run(model: str, corpus: str, park: bool, work: Path) -> dict:
+def one_run(model: str, corpus: str, park: bool, work: Path, *, moved: bool = False) -> dict:
     job_url, ckpt, port = str(work / "job"), str(work / "ckpt"), _free_port()
     extra = () if park else ("--no-park",)
     agents = {iid: subprocess.Popen([sys.executable, "-m", "sailor_core.runtime.agent", "--job-url", job_url,
@@ -80,7 +82,7 @@ def one_run(model: str, corpus: str, park: bool, work: Path) -> dict:
         _wait(job_url, "i-a", lambda st: st.generation == 2)
         t0 = time.monotonic()
         write_assignment(job_url, "i-a", AgentAssignment(
-            generation=3, action=AgentAction.RUN, plan=_plan(model, 1), ranks=(0, 1), world_size=2,
+            generation=3, action=AgentAction.RUN, plan=_plan(model, 1, moved=moved), ranks=(0, 1), world_size=2,
             steps=stopped.step + 3, resume=True, **common))
         first = _wait(job_url, "i-a", lambda st: st.generation == 3 and st.step is not None)
         to_first_step_s = time.monotonic() - t0
@@ -107,10 +109,12 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="bench-rejoin-") as tmp:
         corpus = str(generate_corpus(Path(tmp) / "corpus.npy", vocab_size=get_model(args.model).vocab_size,
                                      num_tokens=200_000, seed=1))
-        for park in (True, False):
-            runs = [one_run(args.model, corpus, park, Path(tmp) / f"{'park' if park else 'new'}{i}")
+        modes = (("parked workers", True, False), ("parked, stage boundary moved", True, True),
+                 ("new processes (--no-park)", False, False))
+        for mode, park, moved in modes:
+            runs = [one_run(args.model, corpus, park, Path(tmp) / f"{mode[:6]}{int(moved)}{i}", moved=moved)
                     for i in range(args.runs)]
-            rows.append({"mode": "parked workers" if park else "new processes (--no-park)",
+            rows.append({"mode": mode,
                          "state_from": sorted({r["state_from"] for r in runs}),
                          "same_processes": all(r["same_processes"] for r in runs),
                          "ready_s": statistics.median(r["ready_s"] for r in runs),
