@@ -151,6 +151,7 @@ GENERATION_ENV = "SAILOR_GENERATION"  # set by the agent for its workers (the as
 PREEMPT_FILE_ENV = "SAILOR_PREEMPT_FILE"
 PREEMPT_URL_ENV = "SAILOR_PREEMPT_URL"
 STARTED_UNIX_S_ENV = "SAILOR_STARTED_UNIX_S"  # set by the agent: when it started or handed over the worker
+AGENT_PID_ENV = "SAILOR_AGENT_PID"  # set by the agent: its pid, which a parked worker outlives by no more than a poll
 DEFAULT_NOTICE_S = 30.0
 
 
@@ -169,6 +170,13 @@ def preempt_file() -> str | None:
 def preempt_url() -> str | None:
     """``SAILOR_PREEMPT_URL``: a URL a worker polls; answering 200 means a preemption notice."""
     return os.environ.get(PREEMPT_URL_ENV) or None
+
+
+def agent_pid() -> int | None:
+    """``SAILOR_AGENT_PID``: the agent that started this worker; a parked worker exits once its
+    parent is no longer that process (unset: the parent the worker started with)."""
+    value = os.environ.get(AGENT_PID_ENV)
+    return int(value) if value else None
 
 
 def generation() -> int:

@@ -149,6 +149,7 @@ def _worker_env(assignment: AgentAssignment, generation: int, rank: int, local_r
         settings.ATTEMPT_ENV: str(assignment.attempt),
         settings.GENERATION_ENV: str(generation),
         settings.STARTED_UNIX_S_ENV: repr(time.time()),
+        settings.AGENT_PID_ENV: str(os.getpid()),
     }
 
 

@@ -136,7 +136,8 @@ def main(argv=None) -> int:
     stop = {"requested": False, "park": False}
     signal.signal(signal.SIGTERM, lambda *_: stop.__setitem__("requested", True))
     signal.signal(park.SIGNAL, lambda *_: stop.__setitem__("park", True))
-    agent_pid = os.getppid()
+    # the agent's pid from the agent itself: one that died while this process started is noticed too
+    agent_pid = settings.agent_pid() or os.getppid()
     carry = _Carry()
     while True:
         code = _generation(args, stop, carry)

@@ -188,3 +188,21 @@ def test_a_rendezvous_port_in_use_is_named_as_such(corpus, tmp_path: Path):
                                 "WORLD_SIZE": "1"})
     assert r.returncode == 77, r.stderr
     assert f"rendezvous at 127.0.0.1:{port} failed" in r.stderr and "checkpoint I/O" not in r.stderr, r.stderr
+
+
+def test_a_parked_worker_waits_for_its_agent_and_no_longer(tmp_path: Path):
+    from sailor_core.runtime import park
+
+    me = os.getpid()
+    # its agent gone (the parent is no longer that process): no wait
+    assert park.wait_handover(tmp_path, me, stopped=lambda: False, parent_pid=os.getppid() + 1) is None
+    assert park.wait_handover(tmp_path, me, stopped=lambda: True, parent_pid=os.getppid()) is None  # SIGTERM
+    park.write_parked(tmp_path, park.Parked(pid=me, rank=3, local_rank=1, step=7))
+    assert park.read_parked(tmp_path, me) == park.Parked(pid=me, rank=3, local_rank=1, step=7)
+    park.write_handover(tmp_path, me, park.Handover(argv=("--plan", "p.json"), env={"RANK": "0"}, log_path="x.log"))
+    assert park.read_parked(tmp_path, me) is None  # answered
+    got = park.wait_handover(tmp_path, me, stopped=lambda: False, parent_pid=os.getppid())
+    assert got == park.Handover(argv=("--plan", "p.json"), env={"RANK": "0"}, log_path="x.log")
+    park.write_handover(tmp_path, me, park.Handover(exit=True))
+    assert park.wait_handover(tmp_path, me, stopped=lambda: False, parent_pid=os.getppid()) is None
+    assert list(tmp_path.iterdir()) == []  # nothing left behind
