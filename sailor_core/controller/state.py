@@ -85,7 +85,7 @@ class ControllerConfig:
         if self.objective not in OBJECTIVES:
             raise InputError(f"unknown objective {self.objective!r}; known: {', '.join(OBJECTIVES)}")
         times = (self.shutdown_s, self.save_s, self.provisioning_s, self.startup_s, self.work_lost_s,
-                 self.startup_s if self.rejoin_s is None else self.rejoin_s)
+                 self.costs.rejoin_or_startup_s)
         if min(times) < 0 or self.min_gain < 0 or self.min_growth < 0:
             raise InputError("controller times and gain must be >= 0")
         if self.min_throughput_samples_per_s is not None and not self.min_throughput_samples_per_s > 0:

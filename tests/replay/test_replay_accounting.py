@@ -50,12 +50,16 @@ def test_the_paid_gpu_time_is_told_by_activity():
     assert r.useful_work_fraction == pytest.approx(r.gpu_s_by_activity["training"] / sum(r.gpu_s_by_activity.values()))
 
 
-def test_saves_and_work_redone_are_told_apart():
+def _one_of_two_v100s_lost_with_slow_saves():
+    """2 V100s, one taken at 3000 s; 200 s saves, longer than AWS's 120 s notice; no parked workers."""
     trace = build_trace([(0.0, {V: 2}), (3000.0, {V: 1})])
     costs = ChangeCosts(provisioning_s=100, startup_s=50, rejoin_s=50, checkpoint_bytes=200e9,
-                        storage_bw_bytes_per_s=1e9, checkpoint_interval_s=1000,
-                        terminate_s=0)  # 200 s saves > AWS's 120 s notice; no parked workers
-    r = run(trace, "ours", costs=costs, target=20_400, gpu="V100-16")
+                        storage_bw_bytes_per_s=1e9, checkpoint_interval_s=1000, terminate_s=0)
+    return run(trace, "ours", costs=costs, target=20_400, gpu="V100-16")
+
+
+def test_saves_and_work_redone_are_told_apart():
+    r = _one_of_two_v100s_lost_with_slow_saves()
     by = r.gpu_s_by_activity
     # periodic saves: 2 GPUs x 2 x 200 s, then 1 GPU x 200 s; the 3600 samples lost at 3000 s
     # were 450 s of 2 GPUs (at 8/s); the survivor starts 50 s and reloads 200 s; the final save is
@@ -85,11 +89,7 @@ def test_skypilot_waits_for_its_whole_request():
 
 
 def test_work_since_checkpoint_is_lost_when_the_notice_is_too_short():
-    trace = build_trace([(0.0, {V: 2}), (3000.0, {V: 1})])
-    costs = ChangeCosts(provisioning_s=100, startup_s=50, rejoin_s=50, checkpoint_bytes=200e9,
-                        storage_bw_bytes_per_s=1e9, checkpoint_interval_s=1000,
-                        terminate_s=0)  # 200 s saves > AWS's 120 s notice; no parked workers
-    r = run(trace, "ours", costs=costs, target=20_400, gpu="V100-16")
+    r = _one_of_two_v100s_lost_with_slow_saves()
     # Checkpoints at 1150 (8000) and 2350 (16000), each pausing 200 s; 19600 at 3000 when 1 GPU goes:
     # 3600 samples lost.  Restart on the survivor: 50 s start-up + 200 s load, ready at 3250;
     # checkpoint at 4250 (20000) pauses till 4450; 400 more at 4/s: done at 4550, then a 200 s final save.

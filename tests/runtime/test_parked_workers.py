@@ -10,42 +10,28 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from sailor_core import settings
-from sailor_core.job.protocol import AgentAction, AgentAssignment, AgentState, read_status, write_assignment
+from sailor_core.job.protocol import AgentAction, AgentAssignment, AgentState, write_assignment
 from sailor_core.runtime.recipe import Recipe
 from sailor_core.runtime.reference import train_reference
 from sailor_core.runtime.worker import EXIT_PREEMPTED
+
+from tests.flows.conftest import _free_port
+from tests.flows.test_agent import _wait_status
 
 from .conftest import make_plan
 
 TOTAL_STEPS = 40  # the recipe's (every generation continues the first one's schedule)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _agent(tmp_path: Path, job_url: str, iid: str) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "sailor_core.runtime.agent", "--job-url", job_url,
                              "--instance-id", iid, "--work-dir", str(tmp_path / iid)],
                             env={**os.environ, settings.NOTICE_S_ENV: "10"}, start_new_session=True)
-
-
-def _wait(job_url: str, iid: str, pred, timeout_s: float = 120.0):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        st = read_status(job_url, iid)
-        if st is not None and pred(st):
-            return st
-        time.sleep(0.05)
-    raise AssertionError(f"{iid}: status never matched; last: {read_status(job_url, iid)}")
 
 
 def _run(generation: int, plan, ranks, world: int, port: int, corpus, ckpt: str, steps: int) -> AgentAssignment:
@@ -73,21 +59,21 @@ def test_survivors_park_and_train_on_with_their_state_in_memory(corpus, tmp_path
         wide = make_plan("tiny", [(0, 2, [1]), (2, 4, [1, 1])])
         write_assignment(job_url, "i-a", _run(1, wide, (0, 1), 3, port, corpus, ckpt, TOTAL_STEPS))
         write_assignment(job_url, "i-b", _run(1, wide, (2,), 3, port, corpus, ckpt, TOTAL_STEPS))
-        first = _wait(job_url, "i-a", lambda st: st.step is not None and st.step >= 3)
+        first = _wait_status(job_url, "i-a", lambda st: st.step is not None and st.step >= 3)
         pids = dict(first.pids)
         os.killpg(b.pid, signal.SIGTERM)  # i-b is preempted: every rank checkpoints the same step
         assert b.wait(timeout=60) == 128 + signal.SIGTERM
-        gen1 = _wait(job_url, "i-a", lambda st: len(st.exit_codes) == 2)
+        gen1 = _wait_status(job_url, "i-a", lambda st: len(st.exit_codes) == 2)
         assert gen1.exit_codes == {0: EXIT_PREEMPTED, 1: EXIT_PREEMPTED}  # parked, reported as stopped
         assert all(subprocess.run(["kill", "-0", str(p)]).returncode == 0 for p in pids.values())
         stop1 = gen1.step
         write_assignment(job_url, "i-a", AgentAssignment(generation=2, action=AgentAction.STOP))
-        _wait(job_url, "i-a", lambda st: st.generation == 2)
+        _wait_status(job_url, "i-a", lambda st: st.generation == 2)
 
         # Generation 3 on the survivor: the same stages, one replica each -> the same shards, kept.
         narrow = make_plan("tiny", [(0, 2, [1]), (2, 4, [1])])
         write_assignment(job_url, "i-a", _run(3, narrow, (0, 1), 2, port, corpus, ckpt, stop1 + 3))
-        gen3 = _wait(job_url, "i-a", lambda st: st.generation == 3 and st.state == AgentState.EXITED)
+        gen3 = _wait_status(job_url, "i-a", lambda st: st.generation == 3 and st.state == AgentState.EXITED)
         assert gen3.pids == pids and gen3.exit_codes == {0: 0, 1: 0}
         assert _started(gen3)["state_from"] == "memory" and _started(gen3)["ready_s"] >= 0
         assert "kept in memory" in (Path(gen3.log_dir) / "rank1.log").read_text()
@@ -96,13 +82,13 @@ def test_survivors_park_and_train_on_with_their_state_in_memory(corpus, tmp_path
         # it runs (the agent parks its workers); generation 6 moves the stage boundary: the same
         # processes read the layers they now hold from the checkpoint.
         write_assignment(job_url, "i-a", _run(4, narrow, (0, 1), 2, port, corpus, ckpt, TOTAL_STEPS))
-        _wait(job_url, "i-a", lambda st: st.generation == 4 and st.step is not None and st.step >= stop1 + 5)
+        _wait_status(job_url, "i-a", lambda st: st.generation == 4 and st.step is not None and st.step >= stop1 + 5)
         write_assignment(job_url, "i-a", AgentAssignment(generation=5, action=AgentAction.STOP))
-        gen4 = _wait(job_url, "i-a", lambda st: st.generation == 5).previous
+        gen4 = _wait_status(job_url, "i-a", lambda st: st.generation == 5).previous
         assert gen4.exit_codes == {0: EXIT_PREEMPTED, 1: EXIT_PREEMPTED}
         moved = make_plan("tiny", [(0, 1, [1]), (1, 4, [1])])
         write_assignment(job_url, "i-a", _run(6, moved, (0, 1), 2, port, corpus, ckpt, gen4.step + 2))
-        gen6 = _wait(job_url, "i-a", lambda st: st.generation == 6 and st.state == AgentState.EXITED)
+        gen6 = _wait_status(job_url, "i-a", lambda st: st.generation == 6 and st.state == AgentState.EXITED)
         assert gen6.pids == gen4.pids != pids and gen6.exit_codes == {0: 0, 1: 0}
         assert _started(gen6)["state_from"] == "checkpoint"
     finally:
