@@ -33,6 +33,7 @@ from sailor_core.controller import (
     observed_preemption_rates_per_s,
     rate_window_s,
 )
+from sailor_core.controller.interim import interim_option, interim_pays, kept_gpus
 from sailor_core.replay.costs import ChangeCosts
 from sailor_core.replay.hits import gpus_lost
 from sailor_core.replay.lookahead import first_requests, upcoming_requests
@@ -98,6 +99,7 @@ class ReplayResult:
     num_declined: int = 0             # switches the controller weighed and declined (Decision.declined)
     # where the paid GPU-seconds went (GPU_TIME_KINDS): ``training`` over their sum is the useful fraction
     gpu_s_by_activity: Mapping[str, float] = field(default_factory=dict)
+    num_interims: int = 0             # changes whose survivors trained while new instances booted
 
     def to_dict(self, *, with_timeline: bool = False) -> dict:
         out = {
@@ -110,7 +112,7 @@ class ReplayResult:
             "work_lost_samples": self.work_lost_samples, "wait_s": self.wait_s,
             "usd_by_gpu_zone": dict(self.usd_by_gpu_zone), "planner_calls": self.planner_calls,
             "usd_by_market": dict(self.usd_by_market), "num_declined": self.num_declined,
-            "gpu_s_by_activity": dict(self.gpu_s_by_activity),
+            "gpu_s_by_activity": dict(self.gpu_s_by_activity), "num_interims": self.num_interims,
         }
         if with_timeline:
             out["timeline"] = [
@@ -195,6 +197,12 @@ class _Replay:
     saving_gpus: int = 0
     kept_gpus: int = 0
     vms_at: float = 0.0
+    # the survivors' interim plan (controller/interim.py) while new instances boot: it trains
+    # from ``interim_from`` until ``vms_at``, then saves until ``resume_at``; None: no interim
+    interim: PlanOption | None = None
+    interim_from: float = 0.0
+    resume_at: float = 0.0
+    num_interims: int = 0
     lost_samples: float = 0.0
     wait_s: float = 0.0
     num_replans: int = 0
@@ -214,6 +222,9 @@ class _Replay:
         """The plan whose instances are rented (starting or running)."""
         return self.plan if self.phase in ("starting", "running") else None
 
+    def in_interim(self) -> bool:
+        return self.phase == "starting" and self.interim is not None and self.interim_from <= self.t < self.vms_at
+
     # ---- the record and the leases
 
     def record(self) -> None:
@@ -223,6 +234,8 @@ class _Replay:
             for (g, _), n in self.plan.all_gpus().items():
                 by_type[g] = by_type.get(g, 0) + n
         x = self.plan.throughput_samples_per_s if running and self.plan else 0.0
+        if self.in_interim():
+            x = self.interim.throughput_samples_per_s
         point = TimelinePoint(time_s=self.t, gpus_by_type=by_type, throughput_samples_per_s=x)
         if self.timeline and self.timeline[-1].time_s == self.t:
             self.timeline[-1] = point
@@ -316,25 +329,39 @@ class _Replay:
         """Rent ``new`` in place of what is held: a checkpoint first if the old plan still runs,
         then provisioning (for GPUs not held: the ones a preemption just took are gone, so a plan
         that needs them again waits for new instances, as the controller's ``change_s`` expects),
-        start-up and reload; on GPUs all held, their parked workers rejoin instead of starting."""
+        start-up and reload; on GPUs all held, their parked workers rejoin instead of starting.
+        While new instances boot, what is held trains on: the old plan itself when the new one
+        only adds to it, else an interim plan on the survivors (``plan_interim``)."""
         costs, old = self.setup.costs, self.holding
         after_loss = any(n > 0 for n in lost.values())
-        switch_at = self.t
-        if self.phase == "running" and not after_loss:  # save first, on the old instances
-            self.ckpt_done = self.done
-            switch_at = self.t + costs.save_s
         held = {k: n - lost.get(k, 0) for k, n in old.gpus.items()} if old is not None else {}
         held_od = old.on_demand if old is not None else {}
         needs_vms = (any(n > held.get(k, 0) for k, n in new.gpus.items())
                      or any(n > held_od.get(k, 0) for k, n in new.on_demand.items()))
+        grows = (self.phase == "running" and not after_loss and needs_vms
+                 and all(n <= new.gpus.get(k, 0) for k, n in old.gpus.items())
+                 and all(n <= new.on_demand.get(k, 0) for k, n in old.on_demand.items()))
+        switch_at = self.t
+        saving_gpus = old.num_gpus if old is not None else 0
+        if self.in_interim():
+            saving_gpus = self.kept_gpus  # (the old plan's new instances do not run yet)
+        if (self.phase == "running" or self.in_interim()) and not after_loss and not grows:
+            self.ckpt_done = self.done  # save first, on the old instances
+            switch_at = self.t + costs.save_s
         running_at = switch_at + (costs.provisioning_s if needs_vms else 0.0)
-        self.saving_until, self.saving_gpus = switch_at, old.num_gpus if old is not None else 0
+        self.saving_until, self.saving_gpus = switch_at, saving_gpus
         self.vms_at = running_at
         self.release(switch_at, "replanned")
         self.kept_gpus = self.acquire(new, switch_at, held=held, held_on_demand=held_od, running_at_s=running_at)
         start_s = costs.startup_s if needs_vms else costs.rejoin_s
         self.ready_at = running_at + start_s + (costs.load_s if self.ckpt_done > 0 else 0.0)
-        self.done = self.ckpt_done
+        self.interim = None
+        if grows:
+            self.keep_training(old)
+        else:
+            self.done = self.ckpt_done
+            if needs_vms:
+                self.plan_interim(new, held, switch_at)
         if self.launched:
             self.num_replans += 1
             self.num_restarts += after_loss or self.pending_restart
@@ -342,6 +369,35 @@ class _Replay:
         self.pending_restart = False
         self.plan = self.last_plan = new
         self.phase = "starting"
+
+    def keep_training(self, old: PlanOption) -> None:
+        """The old plan trains on until the new one's added instances run, then saves."""
+        costs = self.setup.costs
+        self.interim, self.num_interims = old, self.num_interims + 1
+        self.interim_from = max(self.t, self.paused_until)  # (after a periodic save under way)
+        self.resume_at = self.vms_at + costs.save_s
+        self.ready_at = self.resume_at + costs.startup_s + costs.load_s
+
+    def plan_interim(self, new: PlanOption, held: Mapping[GpuZone, int], switch_at: float) -> None:
+        """The survivors ``new`` keeps train on their own plan until its new instances run,
+        when it pays (controller/interim.py): they rejoin and load first, save after."""
+        costs = self.setup.costs
+        kept = kept_gpus(new.gpus, held)
+        load_s = costs.load_s if self.ckpt_done > 0 else 0.0
+        # (first at the next plan's own speed, an interim's ceiling: no planner call when even that fails)
+        if not kept or not interim_pays(window_s=self.vms_at - switch_at, rejoin_s=costs.rejoin_s, load_s=load_s,
+                                        save_s=costs.save_s, interim_samples_per_s=new.throughput_samples_per_s,
+                                        next_samples_per_s=new.throughput_samples_per_s):
+            return
+        q = interim_option(self.setup.plan_fn, kept)
+        if q is None or not interim_pays(window_s=self.vms_at - switch_at, rejoin_s=costs.rejoin_s, load_s=load_s,
+                                         save_s=costs.save_s, interim_samples_per_s=q.throughput_samples_per_s,
+                                         next_samples_per_s=new.throughput_samples_per_s):
+            return
+        self.interim, self.num_interims = q, self.num_interims + 1
+        self.interim_from = switch_at + costs.rejoin_s + load_s
+        self.resume_at = self.vms_at + costs.save_s
+        self.ready_at = self.resume_at + costs.startup_s + costs.load_s
 
     def stop(self, reason: str) -> None:
         running = self.phase in ("starting", "running")
@@ -376,7 +432,12 @@ class _Replay:
                 self.advance_training(until, deadline)
 
     def advance_starting(self, until: float, deadline: float) -> None:
+        if self.in_interim():
+            self.advance_interim(until, deadline)
+            return
         tn = min(until, self.ready_at, deadline)
+        if self.interim is not None and self.t < self.interim_from:
+            tn = min(tn, self.interim_from)
         self.account_change(self.t, tn)
         self.t = tn
         if tn == deadline and tn < self.ready_at:
@@ -386,6 +447,28 @@ class _Replay:
             self.next_ckpt_at = self.t + self.setup.costs.checkpoint_interval_s
             self.paused_until = self.t
             self.record()
+        elif self.in_interim():
+            self.record()
+
+    def advance_interim(self, until: float, deadline: float) -> None:
+        """The interim plan trains until the new instances run, then its progress is saved;
+        the kept GPUs it leaves out wait as in any change."""
+        q, target = self.interim, self.setup.samples_target
+        x = q.throughput_samples_per_s
+        t_done = self.t + (target - self.done) / x
+        tn = min(until, t_done, self.vms_at, deadline)
+        self.done += x * (tn - self.t)
+        self.productive_gpu_s += q.num_gpus * (tn - self.t)
+        self.provisioning_gpu_s += (self.kept_gpus - q.num_gpus) * (tn - self.t)
+        self.t = tn
+        if tn == t_done:
+            self.done = target
+            self.ask(Event(kind=EventKind.PROGRESS))
+        elif tn == deadline:
+            self.at_deadline()
+        elif tn == self.vms_at:
+            self.ckpt_done = self.done
+            self.record()
 
     def account_change(self, t0: float, t1: float) -> None:
         """The paid GPU-seconds of a change from ``t0`` to ``t1``: the save on the old plan's GPUs,
@@ -394,8 +477,14 @@ class _Replay:
             return max(0.0, min(b, t1) - max(a, t0))
 
         self.checkpoint_gpu_s += self.saving_gpus * span(-math.inf, self.saving_until)
-        self.provisioning_gpu_s += self.kept_gpus * span(self.saving_until, self.vms_at)
-        self.starting_gpu_s += self.plan.num_gpus * span(max(self.saving_until, self.vms_at), math.inf)
+        if self.interim is None:
+            self.provisioning_gpu_s += self.kept_gpus * span(self.saving_until, self.vms_at)
+            self.starting_gpu_s += self.plan.num_gpus * span(max(self.saving_until, self.vms_at), math.inf)
+            return
+        # (the interim's training, from interim_from to vms_at, is advance_interim's)
+        self.starting_gpu_s += self.kept_gpus * span(self.saving_until, self.interim_from)
+        self.checkpoint_gpu_s += self.plan.num_gpus * span(self.vms_at, self.resume_at)
+        self.starting_gpu_s += self.plan.num_gpus * span(self.resume_at, math.inf)
 
     def advance_checkpointing(self, until: float, deadline: float) -> None:
         """A periodic checkpoint is being written: no progress."""
@@ -457,16 +546,17 @@ class _Replay:
 
     def lose_work(self, lost: Mapping[GpuZone, int]) -> None:
         """A preemption hit us: an emergency save if the notice allows it, else back to the last checkpoint."""
-        if self.phase != "running":
+        training = self.interim if self.in_interim() else self.plan if self.phase == "running" else None
+        if training is None:
             return
         costs = self.setup.costs
         if costs.save_s <= min(costs.notice_s(z) for (_, z) in lost):
             self.ckpt_done = self.done
             return
         gone = self.done - self.ckpt_done
-        if gone > 0 and self.plan is not None and self.plan.throughput_samples_per_s > 0:
+        if gone > 0 and training.throughput_samples_per_s > 0:
             self.lost_samples += gone
-            self.lost_gpu_s += gone / self.plan.throughput_samples_per_s * self.plan.num_gpus
+            self.lost_gpu_s += gone / training.throughput_samples_per_s * training.num_gpus
         self.done = self.ckpt_done
 
     def end_at_horizon(self) -> None:
@@ -498,7 +588,7 @@ class _Replay:
             usd_by_gpu_zone={f"{g}@{z}": v for (g, z), v in sorted(ledger.by_gpu_zone(end_s).items())},
             timeline=tuple(self.timeline), decisions=tuple(self.decisions),
             usd_by_market=dict(sorted(ledger.by_market(end_s).items())), num_declined=self.num_declined,
-            gpu_s_by_activity=by_activity,
+            gpu_s_by_activity=by_activity, num_interims=self.num_interims,
         )
 
 

@@ -30,23 +30,25 @@ def test_ours_replans_on_loss_and_grows_back():
     r = run(DIP, "ours")
     # 0-150 start-up; 150-3600 at 40/s (138000); 3600 lose 2, restart on the 2 left (no VMs to
     # provision: their parked workers rejoin, 10 s); 3610-7200 at 20/s (71800); 7200 grow back:
-    # 150 s change; 7350 + 78200/40 = 9305.  Billed: new VMs from when they run (the first 4 at
-    # 100, the 2 grown back at 7300), the 2 kept through the loss and the growth without a break.
-    assert r.finished and r.time_to_train_s == pytest.approx(9305)
-    assert r.usd_spent == pytest.approx((4 * 3500 + 2 * 3600 + 2 * 2105 + 2 * 2005) / 3600)
-    assert (r.num_replans, r.num_restarts, r.num_preemptions_hit) == (2, 1, 1)
+    # the 2 train on while the 2 new instances boot (100 s, 2000), then 50 s start-up;
+    # 7350 + 76200/40 = 9255.  Billed: new VMs from when they run (the first 4 at 100, the 2
+    # grown back at 7300), the 2 kept through the loss and the growth without a break.
+    assert r.finished and r.time_to_train_s == pytest.approx(9255)
+    assert r.usd_spent == pytest.approx((4 * 3500 + 2 * 3600 + 2 * 2055 + 2 * 1955) / 3600)
+    assert (r.num_replans, r.num_restarts, r.num_preemptions_hit, r.num_interims) == (2, 1, 1, 1)
     assert r.work_lost_samples == 0  # nothing to save: the emergency checkpoint fits the notice
-    assert r.useful_work_fraction == pytest.approx((4 * 3450 + 2 * 3590 + 4 * 1955) / (14000 + 7200 + 4210 + 4010))
+    assert r.useful_work_fraction == pytest.approx(
+        (4 * 3450 + 2 * 3590 + 2 * 100 + 4 * 1905) / (14000 + 7200 + 4110 + 3910))
 
 
 def test_the_paid_gpu_time_is_told_by_activity():
     r = run(DIP, "ours")
     # Start: 4 GPUs start up 100-150 (new instances are not paid while they boot); 3600: the 2
-    # held rejoin, 10 s; 7200: the 2 held wait 100 s for the 2 new instances, then 4 start up
-    # for 50 s; the rest trains.
+    # held rejoin, 10 s; 7200: the 2 held train on for the 100 s the 2 new instances boot, then
+    # 4 start up for 50 s; the rest trains.
     assert r.gpu_s_by_activity == pytest.approx({
-        "training": 4 * 3450 + 2 * 3590 + 4 * 1955, "redone": 0.0, "checkpointing": 0.0,
-        "provisioning": 2 * 100, "starting": 4 * 50 + 2 * 10 + 4 * 50, "other": 0.0})
+        "training": 4 * 3450 + 2 * 3590 + 2 * 100 + 4 * 1905, "redone": 0.0, "checkpointing": 0.0,
+        "provisioning": 0.0, "starting": 4 * 50 + 2 * 10 + 4 * 50, "other": 0.0})
     assert r.useful_work_fraction == pytest.approx(r.gpu_s_by_activity["training"] / sum(r.gpu_s_by_activity.values()))
 
 
@@ -181,6 +183,35 @@ def test_a_preempted_gpu_is_replaced_by_a_new_instance():
     trace = build_trace([(0.0, {A: 4}), (7200.0, {A: 4})],
                         preemptions=[PreemptionEvent(time_s=3600.0, gpu=A[0], zone=A[1], num_gpus=1)])
     r = run(trace, "ours")
-    # 0-150 start-up; 150-3600 at 40/s (138000); 3600-3750 new instance and start-up; 150000 / 40 = 3750.
-    assert r.finished and r.num_preemptions_hit == 1
-    assert r.time_to_train_s == pytest.approx(7500)
+    # 0-150 start-up; 150-3600 at 40/s (138000); 3600: the 3 survivors rejoin (10 s) and train
+    # at 30/s until the new instance runs at 3700 (2700), then 50 s start-up; 147300 / 40 = 3682.5.
+    assert r.finished and r.num_preemptions_hit == 1 and r.num_interims == 1
+    assert r.time_to_train_s == pytest.approx(7432.5)
+
+
+def _two_hits(costs):
+    from sailor_core.traces import PreemptionEvent
+
+    trace = build_trace([(0.0, {A: 4}), (7200.0, {A: 4})],
+                        preemptions=[PreemptionEvent(time_s=t, gpu=A[0], zone=A[1], num_gpus=1) for t in (3600.0, 3650.0)])
+    return run(trace, "ours", costs=costs)
+
+
+def test_no_interim_when_the_survivors_would_only_rejoin_and_save():
+    # The rejoin takes as long as the new instance's provisioning: the survivors wait, as before.
+    costs = ChangeCosts(provisioning_s=100, startup_s=50, rejoin_s=100, checkpoint_bytes=0,
+                        checkpoint_interval_s=1e9, terminate_s=0)
+    r = _two_hits(costs)
+    assert r.num_interims == 0 and r.gpu_s_by_activity["provisioning"] > 0
+
+
+def test_an_interim_cut_by_a_preemption_loses_its_unsaved_progress():
+    # Saves of 40 s do not fit GCP's 30 s notice, and no periodic checkpoint comes: the hit at
+    # 3600 loses all 134000 samples (0-250 start-up, then 40/s); the 3 survivors rejoin (10 s,
+    # nothing to load) and train at 30/s from 3610 until the second hit at 3650 takes those 1200.
+    costs = ChangeCosts(provisioning_s=200, startup_s=50, rejoin_s=10, checkpoint_bytes=40e9,
+                        storage_bw_bytes_per_s=1e9, checkpoint_interval_s=1e9, terminate_s=0)
+    r = _two_hits(costs)
+    assert r.num_interims >= 1 and r.num_preemptions_hit == 2
+    assert r.work_lost_samples == pytest.approx(134000 + 1200)
+    assert r.gpu_s_by_activity["redone"] == pytest.approx(4 * 3350 + 3 * 40)
