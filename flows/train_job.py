@@ -36,6 +36,7 @@ from sailor_core.controller import Action, PlanOption
 from sailor_core.job import recovery, report
 from sailor_core.job import state as js
 from sailor_core.job.attempts import FINISHED, INSTANCE_PREEMPTED, AttemptOutcome
+from sailor_core.job.nodes import RunningInstance, match_instances
 from sailor_core.job.spec import JobSpec
 from sailor_core.plan.types import plan_from_dict
 from tasks import cloud as cloud_tasks
@@ -161,11 +162,12 @@ def _attempts(run: _Run, state: js.JobState) -> js.JobState:
             time.sleep(recovery.WAIT_S)
             continue
         rec, reason = recovery.choose(rec, decision)
-        state = run.save(recovery.start_attempt(state, decision.plan, reason))
-        run.reporter.event(state, reason)
         try:
-            state, placed, option = _launch(run, state, planner, decision.plan, offers, reason=reason,
-                                            data_url=data_url)
+            state, plan = _train_while_booting(run, state, planner, decision.plan, offers, reason=reason,
+                                               data_url=data_url)
+            state = run.save(recovery.start_attempt(state, plan, reason))
+            run.reporter.event(state, reason)
+            state, placed, option = _launch(run, state, planner, plan, offers, reason=reason, data_url=data_url)
         except CapacityError as exc:  # nowhere to put some node now: a wait, then plan again
             state = run.save(js.with_status(state, js.RECOVERING, f"no capacity: {exc}"))
             rec = recovery.no_capacity(rec, str(exc))
@@ -191,6 +193,50 @@ def _attempts(run: _Run, state: js.JobState) -> js.JobState:
             return run.end(state, js.FAILED, recovery.stalled_reason(rec, outcome))
         run.reporter.event(state, "re-planning on the GPUs offered now, to resume from step "
                                   f"{state.last_checkpoint_step or 0}")
+
+
+def _train_while_booting(run: _Run, state: js.JobState, planner: control.Planner, option: PlanOption, offers, *,
+                         reason: str, data_url: str) -> tuple[js.JobState, PlanOption]:
+    """When ``option`` keeps some running instances and needs new ones, the kept ones train on an
+    interim attempt of their own while the new ones boot (``control.interim_plan``); the interim
+    then stops (its workers checkpoint and park) and ``option`` starts from that checkpoint.
+
+    Returns the job state and ``option`` with its replicas where the zone failover placed them.
+    A CapacityError of the launch is raised after the interim stopped.
+    """
+    nodes = planner.nodes(option)
+    placement = match_instances(nodes, [RunningInstance(instance_id=r.instance_id, zone=r.zone,
+                                                        instance_type=r.instance_type, spot=r.spot)
+                                        for r in state.running_instances()])
+    kept: dict[tuple[str, str], int] = {}
+    for node, _ in placement.keep:
+        if node.spot == state.spec.spot:
+            kept[(node.gpu, node.zone)] = kept.get((node.gpu, node.zone), 0) + len(node.ranks)
+    interim = control.interim_plan(state.spec, offers, option, kept) if placement.launch else None
+    if interim is None:
+        return state, option
+    interim_option, interim_nodes = interim
+    words = (f"interim: {report.gpus(interim_option.all_gpus())} train on while {len(placement.launch)} new "
+             f"instance{'s' if len(placement.launch) > 1 else ''} boot for the next plan ({reason})")
+    state = run.save(recovery.start_attempt(state, interim_option, words))
+    run.reporter.event(state, words)
+    placed = cloud_tasks.provision(run.session, state, interim_nodes, offers, end_surplus=False)
+    state = run.save(placed.state)
+    run.reporter.attempt(state, reason=words, nodes=[cloud_tasks.node_dict(n) for n in placed.nodes],
+                         history=[], pareto="")
+    workers.assign(run.session, state, placed.assignments, data_url=data_url, interim=True)
+    moved: dict[tuple[int, int], str] = {}
+    try:
+        state, moved, _ = cloud_tasks.launch_ahead(run.session, state, nodes, offers)
+    finally:
+        state = run.save(workers.stop_attempt(run.session, state, placed.assignments))
+        state = run.save(job_tasks.note_checkpoint(cloud_tasks.reconcile(run.session, state)))
+        run.reporter.event(state, f"interim stopped at step {state.steps_done}; newest checkpoint: step "
+                                  f"{state.last_checkpoint_step or 0}")
+    if moved:
+        plan = plan_from_dict(js.plan_with_zones(option.plan.to_dict(), moved))
+        option = planner.option(plan, option.throughput_samples_per_s)
+    return state, option
 
 
 def _launch(run: _Run, state: js.JobState, planner: control.Planner, option: PlanOption, offers, *,

@@ -489,17 +489,53 @@ def terminate_ids(session: CloudSession, instance_ids: list[str]) -> list[str]:
 
 
 def provision(session: CloudSession, state: js.JobState, nodes: Sequence[NodeRequest],
-              offers: Sequence[Offer]) -> Provisioned:
+              offers: Sequence[Offer], *, end_surplus: bool = True) -> Provisioned:
     """Keep running instances the plan can use, end the surplus, rent the rest (with zone failover).
 
     A node the failover placed in another zone moves its replicas there: the plan in the job
     state is updated to say where they really run.  Raises the provisioner's ProvisionError
     (a CapacityError) when some node could be had nowhere; nothing of this attempt is left running.
+    ``end_surplus=False`` (an interim attempt): the instances the plan leaves out stay up, for
+    the plan after it.
     """
+    state, running = _usable_instances(session, state)
+    placement = match_instances(nodes, running)
+    if placement.surplus and end_surplus:
+        terminate_ids(session, list(placement.surplus))
+        state = js.with_instances_ended(state, set(placement.surplus), "terminated")
+    state, placed, history = _launch_missing(session, state, placement.launch, offers)
+    state = js.with_plan_zones(state, _zones_moved(placed))
+    current = {i.instance_id: i for i in session.query()}
+    session.meet([current.get(i.instance_id, i) for _, i in placed]
+                 + [current[iid] for _, iid in placement.keep if iid in current])
+    assignments = [Assignment(instance_id=iid, node=node, address=session.address_of(current[iid]))
+                   for node, iid in placement.keep]
+    assignments += [Assignment(instance_id=i.instance_id, node=n, address=session.address_of(current.get(i.instance_id, i)))
+                    for n, i in placed]
+    assignments.sort(key=lambda a: a.node.ranks[0])
+    return Provisioned(state=state, nodes=tuple(a.node for a in assignments), assignments=tuple(assignments),
+                       history=history)
+
+
+def launch_ahead(session: CloudSession, state: js.JobState, nodes: Sequence[NodeRequest],
+                 offers: Sequence[Offer]) -> tuple[js.JobState, dict[tuple[int, int], str], tuple[str, ...]]:
+    """Rent the nodes of the next plan that no running instance serves, ending nothing: the
+    instances held train on meanwhile (an interim attempt).  Returns the job state, the
+    replicas the zone failover moved (``(stage, replica) -> zone``, for the next plan) and the
+    provisioner's tries; raises a CapacityError as ``provision`` does."""
+    state, running = _usable_instances(session, state)
+    state, placed, history = _launch_missing(session, state, match_instances(nodes, running).launch, offers)
+    return state, _zones_moved(placed), history
+
+
+def _zones_moved(placed: Sequence[tuple[NodeRequest, InstanceInfo]]) -> dict[tuple[int, int], str]:
+    return {rep: n.zone for n, _ in placed for rep in n.replicas}
+
+
+def _usable_instances(session: CloudSession, state: js.JobState) -> tuple[js.JobState, list[RunningInstance]]:
+    """The job's instances the cloud says are running with an address; the others' records closed.
+    (The job state can lag the cloud: a preemption may land while the flow re-plans.)"""
     log = get_run_logger()
-    now = time.time()
-    # The job state can lag the cloud (a preemption may land while the flow re-plans): keep only
-    # instances the cloud says are running with an address, and close the others' records.
     seen = {i.instance_id: i for i in session.query()}
     usable = []
     for r in state.running_instances():
@@ -512,40 +548,33 @@ def provision(session: CloudSession, state: js.JobState, nodes: Sequence[NodeReq
         reason = "preempted" if info is not None and info.state == "preempted" else "terminated"
         log.info("instance %s is %s in the cloud: not reused", r.instance_id, info.state if info else "gone")
         state = js.with_instances_ended(state, {r.instance_id}, reason)
-    running = [RunningInstance(instance_id=r.instance_id, zone=r.zone, instance_type=r.instance_type, spot=r.spot)
-               for r in usable]
-    placement = match_instances(nodes, running)
-    if placement.surplus:
-        terminate_ids(session, list(placement.surplus))
-        state = js.with_instances_ended(state, set(placement.surplus), "terminated")
-    history: tuple[str, ...] = ()
+    return state, [RunningInstance(instance_id=r.instance_id, zone=r.zone, instance_type=r.instance_type, spot=r.spot)
+                   for r in usable]
+
+
+def _launch_missing(session: CloudSession, state: js.JobState, launch: Sequence[NodeRequest], offers: Sequence[Offer]
+                    ) -> tuple[js.JobState, list[tuple[NodeRequest, InstanceInfo]], tuple[str, ...]]:
+    """Rent ``launch`` (zone failover may move a node: it is returned as placed), recorded in the job state."""
+    if not launch:
+        return state, [], ()
+    log = get_run_logger()
+    now = time.time()
+    needs = [GpuNeed(gpu=n.gpu, zone=n.zone, num_gpus=len(n.ranks), min_gpus_per_node=len(n.ranks), spot=n.spot)
+             for n in launch]
+    result = launch_nodes(session, needs, state.attempt, list(offers), state.spec.spot)
+    history = tuple(result.history_lines())
+    for line in history:
+        log.info("provision: %s", line)
     placed: list[tuple[NodeRequest, InstanceInfo]] = []
-    if placement.launch:
-        needs = [GpuNeed(gpu=n.gpu, zone=n.zone, num_gpus=len(n.ranks), min_gpus_per_node=len(n.ranks), spot=n.spot)
-                 for n in placement.launch]
-        result = launch_nodes(session, needs, state.attempt, list(offers), state.spec.spot)
-        history = tuple(result.history_lines())
-        for line in history:
-            log.info("provision: %s", line)
-        for node, alloc in zip(placement.launch, result.allocations, strict=True):
-            info = alloc.instances[0]
-            moved = dataclasses.replace(node, cloud=alloc.offer.cloud, zone=alloc.offer.zone,
-                                        instance_type=alloc.offer.instance_type,
-                                        gpus_per_node=alloc.offer.gpus_per_node,
-                                        usd_per_hr=alloc.usd_per_hr / max(1, len(alloc.instances)))
-            placed.append((moved, info))
-            state = js.with_instances_launched(state, (_record(info, moved, state.attempt, now),))
-        state = js.with_plan_zones(state, {rep: n.zone for n, _ in placed for rep in n.replicas})
-    current = {i.instance_id: i for i in session.query()}
-    session.meet([current.get(i.instance_id, i) for _, i in placed]
-                 + [current[iid] for _, iid in placement.keep if iid in current])
-    assignments = [Assignment(instance_id=iid, node=node, address=session.address_of(current[iid]))
-                   for node, iid in placement.keep]
-    assignments += [Assignment(instance_id=i.instance_id, node=n, address=session.address_of(current.get(i.instance_id, i)))
-                    for n, i in placed]
-    assignments.sort(key=lambda a: a.node.ranks[0])
-    return Provisioned(state=state, nodes=tuple(a.node for a in assignments), assignments=tuple(assignments),
-                       history=history)
+    for node, alloc in zip(launch, result.allocations, strict=True):
+        info = alloc.instances[0]
+        moved = dataclasses.replace(node, cloud=alloc.offer.cloud, zone=alloc.offer.zone,
+                                    instance_type=alloc.offer.instance_type,
+                                    gpus_per_node=alloc.offer.gpus_per_node,
+                                    usd_per_hr=alloc.usd_per_hr / max(1, len(alloc.instances)))
+        placed.append((moved, info))
+        state = js.with_instances_launched(state, (_record(info, moved, state.attempt, now),))
+    return state, placed, history
 
 
 @task(name="terminate-job", tags=["cloud"], retries=3, retry_delay_seconds=[1, 2, 4], cache_policy=NO_CACHE)

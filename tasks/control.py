@@ -50,6 +50,7 @@ from sailor_core.controller import (
     plan_option,
     planner_plan_fn,
 )
+from sailor_core.controller.interim import interim_option, interim_pays
 from sailor_core.errors import InfeasibleError
 from sailor_core.planner.request import DEFAULT_MAX_TP_DEGREE
 
@@ -249,6 +250,26 @@ def controller_decision(planner: Planner, state: js.JobState, *, available: Mapp
     if decision.plan is not None and decision.plan.on_demand and decision.plan is not current:
         decision = dataclasses.replace(decision, plan=planner.priced(decision.plan))
     return decision
+
+
+def interim_plan(spec: JobSpec, offers: Sequence[Offer], next_option: PlanOption,
+                 kept: Mapping[tuple[str, str], int]) -> tuple[PlanOption, tuple[NodeRequest, ...]] | None:
+    """What the GPUs ``kept`` (of running instances the next plan keeps) train on while its new
+    instances boot, with its nodes (``sailor_core.controller.interim``, as in the replay); None
+    when nothing trains on them or it would not pay.  Searched at the next plan's batch size and
+    without the job's floor or hourly cap: those GPUs are paid for meanwhile either way."""
+    if not kept:
+        return None
+    planner = planner_on_offers(offers, model=spec.model, global_batch_size=next_option.plan.global_batch_size,
+                                spot=spec.spot)
+    option = interim_option(planner, kept)
+    config = controller_config(0.0, spec)
+    if option is None or not interim_pays(
+            window_s=config.provisioning_s, rejoin_s=config.rejoin_s, load_s=0.0, save_s=0.0,
+            interim_samples_per_s=option.throughput_samples_per_s,
+            next_samples_per_s=next_option.throughput_samples_per_s):
+        return None
+    return option, planner.nodes(option)
 
 
 @task(name="decide", tags=["controller", "planner"], cache_policy=NO_CACHE)

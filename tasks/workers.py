@@ -114,13 +114,16 @@ def assignment_doc(state: js.JobState, a: Assignment, *, master: Assignment, mas
 
 
 @task(name="assign-workers", tags=["workers"], cache_policy=NO_CACHE)
-def assign(session, state: js.JobState, assignments: Sequence[Assignment], *, data_url: str) -> None:
-    """Tell every agent its ranks; the instance holding rank 0 hosts the rendezvous."""
+def assign(session, state: js.JobState, assignments: Sequence[Assignment], *, data_url: str,
+           interim: bool = False) -> None:
+    """Tell every agent its ranks; the instance holding rank 0 hosts the rendezvous.  An
+    ``interim`` attempt (survivors training while the next plan's instances boot) gets no
+    injected preemption: ``--preempt-at`` waits for the attempt after it."""
     master = min(assignments, key=lambda a: a.node.ranks[0])
     port = session.rendezvous_port(master)
     data_url = session.data_url(data_url)  # a local file is copied to the job's bucket once
-    inject = injection_doc(session, state, assignments)
-    if inject is None and preemption_for_attempt(state) is not None:
+    inject = None if interim else injection_doc(session, state, assignments)
+    if inject is None and not interim and preemption_for_attempt(state) is not None:
         get_run_logger().warning("--preempt-at is for the embedded cloud only; no preemption is injected here"
                                  if session.control_url is None else
                                  "every node of this attempt is on demand (never preempted): --preempt-at waits "

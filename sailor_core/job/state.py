@@ -185,13 +185,19 @@ def with_plan(state: JobState, *, plan: dict[str, Any], reason: str, usd_per_hr:
     return _touch(state, attempt=attempt, plan=plan, replans=state.replans + (record,))
 
 
+def plan_with_zones(plan: dict[str, Any], zones: dict[tuple[int, int], str]) -> dict[str, Any]:
+    """A copy of the plan document ``plan`` with replicas ``(stage, replica) -> zone`` moved."""
+    plan = json.loads(json.dumps(plan))
+    for (s, r), zone in zones.items():
+        plan["stages"][s]["replicas"][r]["zone"] = zone
+    return plan
+
+
 def with_plan_zones(state: JobState, zones: dict[tuple[int, int], str]) -> JobState:
     """Move replicas ``(stage, replica) -> zone`` (the provisioner's zone failover placed them there)."""
     if not zones or state.plan is None:
         return state
-    plan = json.loads(json.dumps(state.plan))
-    for (s, r), zone in zones.items():
-        plan["stages"][s]["replicas"][r]["zone"] = zone
+    plan = plan_with_zones(state.plan, zones)
     replans = state.replans
     if replans and replans[-1].attempt == state.attempt:
         replans = replans[:-1] + (dataclasses.replace(replans[-1], plan=plan),)

@@ -330,22 +330,20 @@ class _Replay:
         then provisioning (for GPUs not held: the ones a preemption just took are gone, so a plan
         that needs them again waits for new instances, as the controller's ``change_s`` expects),
         start-up and reload; on GPUs all held, their parked workers rejoin instead of starting.
-        While new instances boot, what is held trains on: the old plan itself when the new one
-        only adds to it, else an interim plan on the survivors (``plan_interim``)."""
+        While new instances boot, the GPUs held that the new plan keeps train on an interim plan
+        of their own (``plan_interim``), as the train-job flow does (a planned switch saves first
+        there too: the flow stops the attempt before it plans the next)."""
         costs, old = self.setup.costs, self.holding
         after_loss = any(n > 0 for n in lost.values())
         held = {k: n - lost.get(k, 0) for k, n in old.gpus.items()} if old is not None else {}
         held_od = old.on_demand if old is not None else {}
         needs_vms = (any(n > held.get(k, 0) for k, n in new.gpus.items())
                      or any(n > held_od.get(k, 0) for k, n in new.on_demand.items()))
-        grows = (self.phase == "running" and not after_loss and needs_vms
-                 and all(n <= new.gpus.get(k, 0) for k, n in old.gpus.items())
-                 and all(n <= new.on_demand.get(k, 0) for k, n in old.on_demand.items()))
         switch_at = self.t
         saving_gpus = old.num_gpus if old is not None else 0
         if self.in_interim():
             saving_gpus = self.kept_gpus  # (the old plan's new instances do not run yet)
-        if (self.phase == "running" or self.in_interim()) and not after_loss and not grows:
+        if (self.phase == "running" or self.in_interim()) and not after_loss:
             self.ckpt_done = self.done  # save first, on the old instances
             switch_at = self.t + costs.save_s
         running_at = switch_at + (costs.provisioning_s if needs_vms else 0.0)
@@ -355,13 +353,10 @@ class _Replay:
         self.kept_gpus = self.acquire(new, switch_at, held=held, held_on_demand=held_od, running_at_s=running_at)
         start_s = costs.startup_s if needs_vms else costs.rejoin_s
         self.ready_at = running_at + start_s + (costs.load_s if self.ckpt_done > 0 else 0.0)
+        self.done = self.ckpt_done
         self.interim = None
-        if grows:
-            self.keep_training(old)
-        else:
-            self.done = self.ckpt_done
-            if needs_vms:
-                self.plan_interim(new, held, switch_at)
+        if needs_vms:
+            self.plan_interim(new, held, switch_at)
         if self.launched:
             self.num_replans += 1
             self.num_restarts += after_loss or self.pending_restart
@@ -369,14 +364,6 @@ class _Replay:
         self.pending_restart = False
         self.plan = self.last_plan = new
         self.phase = "starting"
-
-    def keep_training(self, old: PlanOption) -> None:
-        """The old plan trains on until the new one's added instances run, then saves."""
-        costs = self.setup.costs
-        self.interim, self.num_interims = old, self.num_interims + 1
-        self.interim_from = max(self.t, self.paused_until)  # (after a periodic save under way)
-        self.resume_at = self.vms_at + costs.save_s
-        self.ready_at = self.resume_at + costs.startup_s + costs.load_s
 
     def plan_interim(self, new: PlanOption, held: Mapping[GpuZone, int], switch_at: float) -> None:
         """The survivors ``new`` keeps train on their own plan until its new instances run,

@@ -339,7 +339,7 @@ def _train(run: _Run) -> int:
             saved = run.storage is not None and _save_once(run)
             parks = saved and args.park_dir is not None and not run.stop["requested"]
             metrics.write({"event": "preempted", "step": trainer.step, "checkpoint": saved, "parked": parks})
-            _log(run.rank, f"stopping at step {trainer.step} on a preemption notice "
+            _log(run.rank, f"stopping at step {trainer.step} on a stop notice (a preemption's or the agent's) "
                            f"({'checkpoint saved' if saved else 'no checkpoint'}"
                            f"{'; parked for the next generation' if parks else ''})")
             _stop_heartbeat(run, "preempted")

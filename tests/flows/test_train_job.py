@@ -208,6 +208,34 @@ def test_a_plan_across_two_clouds_meets_at_public_addresses_through_the_jobs_rul
     _assert_nothing_left(state)
 
 
+# ~60 s (three instances, one preempted)
+@pytest.mark.slow
+def test_while_the_next_plans_instance_boots_the_survivor_trains_on_its_own(prefect_api):
+    """The job's floor needs both T4s; one is preempted.  The next plan needs a new instance, and
+    while it boots the survivor trains on an interim plan of its own (its worker kept, no injected
+    preemption), which stops with a checkpoint; the next attempt resumes from it on the survivor's
+    parked worker and the new instance."""
+    from flows.train_job import train_job
+
+    summary = train_job(model="tiny", budget_usd=0.05, steps=12, preempt_at_steps=[4], checkpoint_every_steps=2,
+                        global_batch_size=1024, validation_fraction=0.0, validate_every_steps=0,
+                        min_throughput_samples_per_s=20000.0, cloud="embedded", gpus=("T4",),
+                        zones=("us-central1-a", "us-central1-b", "us-central1-c"), max_gpus=2,
+                        max_gpus_per_zone=1, job_id="tiny-interim")
+    state = js.JobStore().load(summary["job_id"])
+    assert summary["status"] == "succeeded" and summary["steps"] == 12, summary
+    reasons = [r.reason for r in state.replans]
+    interims = [i for i, r in enumerate(state.replans) if r.reason.startswith("interim: ")]
+    assert len(interims) == 1 and 0 < interims[0] < len(state.replans) - 1, reasons
+    interim, after = state.replans[interims[0]], state.replans[interims[0] + 1]
+    assert sum(len(s["replicas"]) for s in interim.plan["stages"]) == 1, interim.plan
+    assert sum(len(s["replicas"]) for s in after.plan["stages"]) == 2, after.plan
+    assert after.at_step >= interim.at_step and after.at_step == after.steps_done_before, state.replans
+    assert after.num_ranks == 2 and after.num_ranks_rejoined == 1, state.replans
+    assert state.injected_preemption_steps == (4,) and len(state.instances) == 3, state.instances
+    _assert_nothing_left(state)
+
+
 # ~50 s (two instances, one preempted): the agent and worker side are tested fast in
 # tests/runtime/test_parked_workers.py
 @pytest.mark.slow

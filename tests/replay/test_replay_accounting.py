@@ -30,25 +30,25 @@ def test_ours_replans_on_loss_and_grows_back():
     r = run(DIP, "ours")
     # 0-150 start-up; 150-3600 at 40/s (138000); 3600 lose 2, restart on the 2 left (no VMs to
     # provision: their parked workers rejoin, 10 s); 3610-7200 at 20/s (71800); 7200 grow back:
-    # the 2 train on while the 2 new instances boot (100 s, 2000), then 50 s start-up;
-    # 7350 + 76200/40 = 9255.  Billed: new VMs from when they run (the first 4 at 100, the 2
-    # grown back at 7300), the 2 kept through the loss and the growth without a break.
-    assert r.finished and r.time_to_train_s == pytest.approx(9255)
-    assert r.usd_spent == pytest.approx((4 * 3500 + 2 * 3600 + 2 * 2055 + 2 * 1955) / 3600)
+    # the 2 rejoin (10 s) and train on while the 2 new instances boot (90 s, 1800), then 50 s
+    # start-up; 7350 + 76400/40 = 9260.  Billed: new VMs from when they run (the first 4 at 100,
+    # the 2 grown back at 7300), the 2 kept through the loss and the growth without a break.
+    assert r.finished and r.time_to_train_s == pytest.approx(9260)
+    assert r.usd_spent == pytest.approx((4 * 3500 + 2 * 3600 + 2 * 2060 + 2 * 1960) / 3600)
     assert (r.num_replans, r.num_restarts, r.num_preemptions_hit, r.num_interims) == (2, 1, 1, 1)
     assert r.work_lost_samples == 0  # nothing to save: the emergency checkpoint fits the notice
     assert r.useful_work_fraction == pytest.approx(
-        (4 * 3450 + 2 * 3590 + 2 * 100 + 4 * 1905) / (14000 + 7200 + 4110 + 3910))
+        (4 * 3450 + 2 * 3590 + 2 * 90 + 4 * 1910) / (14000 + 7200 + 4120 + 3920))
 
 
 def test_the_paid_gpu_time_is_told_by_activity():
     r = run(DIP, "ours")
     # Start: 4 GPUs start up 100-150 (new instances are not paid while they boot); 3600: the 2
-    # held rejoin, 10 s; 7200: the 2 held train on for the 100 s the 2 new instances boot, then
-    # 4 start up for 50 s; the rest trains.
+    # held rejoin, 10 s; 7200: the 2 held rejoin (10 s) and train on until the 2 new instances
+    # run (100 s after), then 4 start up for 50 s; the rest trains.
     assert r.gpu_s_by_activity == pytest.approx({
-        "training": 4 * 3450 + 2 * 3590 + 2 * 100 + 4 * 1905, "redone": 0.0, "checkpointing": 0.0,
-        "provisioning": 0.0, "starting": 4 * 50 + 2 * 10 + 4 * 50, "other": 0.0})
+        "training": 4 * 3450 + 2 * 3590 + 2 * 90 + 4 * 1910, "redone": 0.0, "checkpointing": 0.0,
+        "provisioning": 0.0, "starting": 4 * 50 + 2 * 10 + 2 * 10 + 4 * 50, "other": 0.0})
     assert r.useful_work_fraction == pytest.approx(r.gpu_s_by_activity["training"] / sum(r.gpu_s_by_activity.values()))
 
 
