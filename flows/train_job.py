@@ -22,6 +22,7 @@ cancellation/crash hooks when the flow process itself is being torn down.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,7 +37,7 @@ from sailor_core.controller import Action, PlanOption
 from sailor_core.job import recovery, report
 from sailor_core.job import state as js
 from sailor_core.job.attempts import FINISHED, INSTANCE_PREEMPTED, AttemptOutcome
-from sailor_core.job.nodes import RunningInstance, match_instances
+from sailor_core.job.nodes import NodeRequest, RunningInstance, match_instances
 from sailor_core.job.spec import JobSpec
 from sailor_core.plan.types import plan_from_dict
 from tasks import cloud as cloud_tasks
@@ -163,11 +164,12 @@ def _attempts(run: _Run, state: js.JobState) -> js.JobState:
             continue
         rec, reason = recovery.choose(rec, decision)
         try:
-            state, plan = _train_while_booting(run, state, planner, decision.plan, offers, reason=reason,
-                                               data_url=data_url)
+            state, plan, nodes = _train_while_booting(run, state, planner, decision.plan, offers, reason=reason,
+                                                      data_url=data_url)
             state = run.save(recovery.start_attempt(state, plan, reason))
             run.reporter.event(state, reason)
-            state, placed, option = _launch(run, state, planner, plan, offers, reason=reason, data_url=data_url)
+            state, placed, option = _launch(run, state, planner, plan, offers, reason=reason, data_url=data_url,
+                                            nodes=nodes)
         except CapacityError as exc:  # nowhere to put some node now: a wait, then plan again
             state = run.save(js.with_status(state, js.RECOVERING, f"no capacity: {exc}"))
             rec = recovery.no_capacity(rec, str(exc))
@@ -196,13 +198,15 @@ def _attempts(run: _Run, state: js.JobState) -> js.JobState:
 
 
 def _train_while_booting(run: _Run, state: js.JobState, planner: control.Planner, option: PlanOption, offers, *,
-                         reason: str, data_url: str) -> tuple[js.JobState, PlanOption]:
+                         reason: str, data_url: str
+                         ) -> tuple[js.JobState, PlanOption, tuple[NodeRequest, ...] | None]:
     """When ``option`` keeps some running instances and needs new ones, the kept ones train on an
     interim attempt of their own while the new ones boot (``control.interim_plan``); the interim
     then stops (its workers checkpoint and park) and ``option`` starts from that checkpoint.
 
-    Returns the job state and ``option`` with its replicas where the zone failover placed them.
-    A CapacityError of the launch is raised after the interim stopped.
+    Returns the job state, ``option`` with its replicas where the zone failover placed them and
+    its nodes as placed (None: no interim ran).  A CapacityError of the launch is raised after
+    the interim stopped.
     """
     nodes = planner.nodes(option)
     placement = match_instances(nodes, [RunningInstance(instance_id=r.instance_id, zone=r.zone,
@@ -214,7 +218,7 @@ def _train_while_booting(run: _Run, state: js.JobState, planner: control.Planner
             kept[(node.gpu, node.zone)] = kept.get((node.gpu, node.zone), 0) + len(node.ranks)
     interim = control.interim_plan(state.spec, offers, option, kept) if placement.launch else None
     if interim is None:
-        return state, option
+        return state, option, None
     interim_option, interim_nodes = interim
     words = (f"interim: {report.gpus(interim_option.all_gpus())} train on while {len(placement.launch)} new "
              f"instance{'s' if len(placement.launch) > 1 else ''} boot for the next plan ({reason})")
@@ -225,28 +229,30 @@ def _train_while_booting(run: _Run, state: js.JobState, planner: control.Planner
     run.reporter.attempt(state, reason=words, nodes=[cloud_tasks.node_dict(n) for n in placed.nodes],
                          history=[], pareto="")
     workers.assign(run.session, state, placed.assignments, data_url=data_url, interim=True)
-    moved: dict[tuple[int, int], str] = {}
     try:
-        state, moved, _ = cloud_tasks.launch_ahead(run.session, state, nodes, offers)
+        state, nodes = cloud_tasks.launch_ahead(run.session, state, nodes, offers)
     finally:
         state = run.save(workers.stop_attempt(run.session, state, placed.assignments))
         state = run.save(job_tasks.note_checkpoint(cloud_tasks.reconcile(run.session, state)))
         run.reporter.event(state, f"interim stopped at step {state.steps_done}; newest checkpoint: step "
                                   f"{state.last_checkpoint_step or 0}")
-    if moved:
-        plan = plan_from_dict(js.plan_with_zones(option.plan.to_dict(), moved))
+    zones = {rep: n.zone for n in nodes for rep in n.replicas}
+    if any(option.plan.stages[s].replicas[r].zone != z for (s, r), z in zones.items()):
+        plan = plan_from_dict(js.plan_with_zones(option.plan.to_dict(), zones))
         option = planner.option(plan, option.throughput_samples_per_s)
-    return state, option
+    return state, option, nodes
 
 
 def _launch(run: _Run, state: js.JobState, planner: control.Planner, option: PlanOption, offers, *,
-            reason: str, data_url: str) -> tuple[js.JobState, Any, PlanOption]:
+            reason: str, data_url: str, nodes: Sequence[NodeRequest] | None = None
+            ) -> tuple[js.JobState, Any, PlanOption]:
     """Rent the attempt's instances (keeping survivors that fit), publish the attempt, start its workers.
+    ``nodes``: the plan's nodes as already placed (an interim rented them), else the planner's.
 
     Returns the job state, what was placed, and the plan as placed: a zone failover may have moved nodes,
     and then that plan is the one watched.
     """
-    requests = planner.nodes(option)
+    requests = tuple(nodes) if nodes is not None else planner.nodes(option)
     run.reporter.event(state, f"provisioning {report.nodes_line([cloud_tasks.node_dict(n) for n in requests])}")
     placed = cloud_tasks.provision(run.session, state, requests, offers)
     state = run.save(placed.state)

@@ -518,14 +518,16 @@ def provision(session: CloudSession, state: js.JobState, nodes: Sequence[NodeReq
 
 
 def launch_ahead(session: CloudSession, state: js.JobState, nodes: Sequence[NodeRequest],
-                 offers: Sequence[Offer]) -> tuple[js.JobState, dict[tuple[int, int], str], tuple[str, ...]]:
+                 offers: Sequence[Offer]) -> tuple[js.JobState, tuple[NodeRequest, ...]]:
     """Rent the nodes of the next plan that no running instance serves, ending nothing: the
-    instances held train on meanwhile (an interim attempt).  Returns the job state, the
-    replicas the zone failover moved (``(stage, replica) -> zone``, for the next plan) and the
-    provisioner's tries; raises a CapacityError as ``provision`` does."""
+    instances held train on meanwhile (an interim attempt).  Returns the job state and ``nodes``
+    as placed (a node the zone failover moved says where: ``provision`` of these then finds
+    them all running); raises a CapacityError as ``provision`` does."""
     state, running = _usable_instances(session, state)
-    state, placed, history = _launch_missing(session, state, match_instances(nodes, running).launch, offers)
-    return state, _zones_moved(placed), history
+    launch = match_instances(nodes, running).launch
+    state, placed, _ = _launch_missing(session, state, launch, offers)
+    moved = {id(n): m for n, (m, _) in zip(launch, placed, strict=True)}
+    return state, tuple(moved.get(id(n), n) for n in nodes)
 
 
 def _zones_moved(placed: Sequence[tuple[NodeRequest, InstanceInfo]]) -> dict[tuple[int, int], str]:

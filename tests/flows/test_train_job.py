@@ -236,6 +236,46 @@ def test_while_the_next_plans_instance_boots_the_survivor_trains_on_its_own(pref
     _assert_nothing_left(state)
 
 
+# ~80 s (a 10 s wait for capacity)
+@pytest.mark.slow
+def test_an_interim_whose_next_plan_finds_no_capacity_stops_and_the_job_waits(prefect_api):
+    """The next plan's new instance finds no capacity while the survivor trains on its interim:
+    the interim stops with a checkpoint (its worker parks), the flow waits and plans again, and
+    the job finishes once capacity is back; nothing is left running."""
+    from flows.train_job import train_job
+    from infra.config import in_process_cloud
+    from tasks.reporting import add_event_listener, remove_event_listener
+
+    cloud, zones, said = in_process_cloud(), ("us-central1-a", "us-central1-b", "us-central1-c"), []
+
+    def on_event(e):
+        said.append(e.text)
+        if e.kind == "event" and e.text.startswith("interim: ") and not any("no capacity" in t for t in said):
+            for z in zones:  # no room but for the survivor (zone failover would find some elsewhere)
+                cloud.set_capacity("T4", z, 1 if z == zones[0] else 0)
+        if e.kind == "event" and e.text.startswith("no capacity"):
+            for z in zones:
+                cloud.set_capacity("T4", z, None)
+
+    add_event_listener(on_event)
+    try:
+        summary = train_job(model="tiny", budget_usd=0.05, steps=12, preempt_at_steps=[4], checkpoint_every_steps=2,
+                            global_batch_size=1024, validation_fraction=0.0, validate_every_steps=0,
+                            min_throughput_samples_per_s=20000.0, cloud="embedded", gpus=("T4",), zones=zones,
+                            max_gpus=2, max_gpus_per_zone=1, job_id="tiny-interim-nocap")
+    finally:
+        remove_event_listener(on_event)
+        for z in zones:
+            cloud.set_capacity("T4", z, None)
+    state = js.JobStore().load(summary["job_id"])
+    assert summary["status"] == "succeeded" and summary["steps"] == 12, (summary, said)
+    first = next(i for i, t in enumerate(said) if t.startswith("interim: "))
+    stopped = next(i for i, t in enumerate(said) if t.startswith("interim stopped at step"))
+    waited = next(i for i, t in enumerate(said) if t.startswith("no capacity"))
+    assert first < stopped < waited, said
+    _assert_nothing_left(state)
+
+
 # ~50 s (two instances, one preempted): the agent and worker side are tested fast in
 # tests/runtime/test_parked_workers.py
 @pytest.mark.slow
