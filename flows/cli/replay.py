@@ -208,7 +208,10 @@ def _print_suite(out: dict) -> None:
         )
     con.print(table)
     for name, r in out["policies"].items():
-        con.print(f"  {name}: the paid GPU time went to {activity_words(r.get('gpu_s_by_activity') or {})}")
+        interims = r.get("num_interims") or 0
+        con.print(f"  {name}: the paid GPU time went to {activity_words(r.get('gpu_s_by_activity') or {})}"
+                  + (f"; held GPUs trained while new instances booted in {interims} of {r['num_replans']} changes"
+                     if interims else ""))
     con.print(f"replayed in {out['wall_s']:.2f} s ({out['planner_calls']} planner calls, "
               f"{out['planner_time_s']:.2f} s planning)")
     comparison = out.get("comparison")
