@@ -9,6 +9,7 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from sailor_core.catalog.models import get_model
+from sailor_core.errors import InputError
 from sailor_core.job import state as js
 from sailor_core.job.spec import JobSpec
 
@@ -19,7 +20,10 @@ SYNTHETIC_TOKENS = 1 << 16
 def start_or_resume(store: js.JobStore, spec: JobSpec, job_id: str, *, run_id=None,
                     url: str | None = None) -> js.JobState:
     """The job's saved state when it exists (same job, next flow run), else a new job; either way
-    with this flow run (``run_id``, its page ``url``) as the job's latest."""
+    with this flow run (``run_id``, its page ``url``) as the job's latest.
+
+    A job whose data its workers would refuse (``check_data``) is saved as failed and its
+    InputError raised, before anything is rented."""
     if store.exists(job_id):
         state = store.load(job_id)
         if state.spec != spec:
@@ -30,8 +34,36 @@ def start_or_resume(store: js.JobStore, spec: JobSpec, job_id: str, *, run_id=No
     else:
         state = js.new_job(spec, job_id)
     state = js.with_flow_run(state, str(run_id) if run_id else None, url)
+    if not state.finished:
+        try:
+            check_data(state.spec)
+        except InputError as exc:
+            store.save(js.with_status(state, js.FAILED, str(exc)))
+            raise
     store.save(state)
     return state
+
+
+def check_data(spec: JobSpec) -> None:
+    """InputError when the job's data splits as its workers would refuse it (``TokenDataset``'s
+    split: the held-out samples, at least one global batch, leave none to train on), so that no
+    instance is rented for workers that exit at once.  The synthetic corpus holds
+    ``SYNTHETIC_TOKENS``; a local file is counted from its header.  Data in object storage is left
+    to the workers (the flow may lack what the instances have to read it): their refusal ends the
+    job after its first attempt (``recovery.after_attempt``)."""
+    # lazy: torch (~2 s), which the flow loads anyway to find the checkpoint
+    from sailor_core.runtime.data import is_remote, local_num_tokens, split_samples
+
+    if spec.dataset == SYNTHETIC:
+        num_tokens = SYNTHETIC_TOKENS
+    elif is_remote(spec.dataset):
+        return
+    else:
+        num_tokens = local_num_tokens(spec.dataset)
+    # As the worker splits it: a job's plans leave the sequence length to the model, and hold out at
+    # least the plan's global batch (at least one sample when the planner picks the batch).
+    split_samples(spec.dataset, num_tokens, get_model(spec.model).seq_len,
+                  validation_fraction=spec.validation_fraction, min_val_samples=spec.global_batch_size or 1)
 
 
 # No result cache: the file itself is the cache (a cached path whose file was removed would break the job).

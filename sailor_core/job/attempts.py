@@ -10,16 +10,21 @@ polls the agents' status documents and the cloud's instance states and asks
 - ``lost``: instances ended without a preemption, or their agents stopped reporting;
 - ``failed``: a worker exited non-zero and no instance is gone (a crash to retry from the
   checkpoint; a peer's preemption shows up as this before the cloud reports it, so the
-  caller waits ``failure_grace_s`` before believing it).
+  caller waits ``failure_grace_s`` before believing it).  The reason leads with the workers'
+  own error line when one wrote it (``AgentStatus.worker_error``), then the exit codes; a
+  worker that exited with the engine's bad-input code makes it ``bad_input``: any plan
+  would meet the same refusal.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from sailor_core.job.protocol import AgentState, AgentStatus
+from sailor_core.runtime.worker import EXIT_BAD_INPUT
 
 RUNNING = "running"
 FINISHED = "finished"
@@ -33,6 +38,14 @@ class AttemptOutcome:
     kind: str
     instance_ids: tuple[str, ...] = ()
     reason: str = ""
+    exit_codes: Mapping[str, Mapping[int, int]] = field(default_factory=dict)  # failed: instance -> rank -> code
+
+    @property
+    def bad_input(self) -> bool:
+        """A worker refused its plan, data or checkpoint (the engine's exit 2): not a crash to retry.
+        A peer's preemption (77) or the worker's own (75, 76) is not."""
+        return self.kind == WORKER_FAILED and any(
+            code == EXIT_BAD_INPUT for codes in self.exit_codes.values() for code in codes.values())
 
 
 def run_generation(attempt: int) -> int:
@@ -66,12 +79,23 @@ def classify_attempt(*, generation: int, statuses: Mapping[str, AgentStatus | No
                               reason=f"agent stopped reporting: {', '.join(stale)}")
     failed = sorted(i for i, st in current.items() if st.state == AgentState.FAILED)
     if failed:
-        codes = {i: {str(rank): code for rank, code in current[i].exit_codes.items()} for i in failed}
-        return AttemptOutcome(kind=WORKER_FAILED, instance_ids=tuple(failed),
-                              reason=f"worker exited non-zero: {codes}")
+        return _worker_failed({i: current[i] for i in failed})
     if len(current) == len(statuses) and all(st.state == AgentState.EXITED for st in current.values()):
         return AttemptOutcome(kind=FINISHED, reason="step target reached")
     return AttemptOutcome(kind=RUNNING)
+
+
+def _worker_failed(failed: Mapping[str, AgentStatus]) -> AttemptOutcome:
+    """The failed instances' outcome: the lowest rank's error line first (rank 0's when it wrote one)."""
+    outcome = AttemptOutcome(kind=WORKER_FAILED, instance_ids=tuple(failed),
+                             exit_codes={i: dict(st.exit_codes) for i, st in failed.items()})
+    codes = {i: {str(rank): code for rank, code in st.exit_codes.items()} for i, st in failed.items()}
+    errors = [st.worker_error for st in failed.values() if st.worker_error is not None]
+    if not errors:
+        return dataclasses.replace(outcome, reason=f"worker exited non-zero: {codes}")
+    first = min(errors, key=lambda e: e.rank)
+    what = "worker failed on bad input" if outcome.bad_input else "worker failed"
+    return dataclasses.replace(outcome, reason=f"{what}: {first.message} (exit codes {codes})")
 
 
 def restart_facts(statuses: Mapping[str, AgentStatus | None], generation: int) -> dict[str, Any]:

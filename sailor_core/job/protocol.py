@@ -8,8 +8,9 @@ documents under the job's URL (a path, ``file://`` or ``s3://``: ``sailor_core.s
   to run, the plan, data, checkpoint URL, steps, the generation, ...).  A higher generation
   replaces the current one: the agent stops its workers and starts the new ones.
 - ``agents/<instance_id>/status.json``, agent -> flow: ``AgentStatus`` (its ``AgentState``,
-  the workers' pids and exit codes, rank 0's losses and last ``WorkerEvent``, a heartbeat,
-  and under ``previous`` the last report of the generation it replaced).
+  the workers' pids and exit codes, rank 0's losses and last ``WorkerEvent``, the lowest
+  rank's error message (``WorkerError``), a heartbeat, and under ``previous`` the last
+  report of the generation it replaced).
 
 This module is the only one that turns these documents into JSON and back: every document
 carries ``version``; reading one of another version, or one that is not a document of this
@@ -34,6 +35,8 @@ from sailor_core.errors import InputError
 from sailor_core.storage import open_storage
 
 PROTOCOL_VERSION = 1
+# A worker's error message as the status carries it: its first line, at most this long.
+MAX_ERROR_CHARS = 500
 ASSIGNMENT_FILE = "assignment.json"
 STATUS_FILE = "status.json"
 # The modules an assignment may start: Sailor's own (the engine's worker, the network profiler).
@@ -138,6 +141,12 @@ def _losses(value: Any) -> tuple[tuple[int, float], ...]:
     return tuple(out)
 
 
+def one_line(text: str, max_chars: int = MAX_ERROR_CHARS) -> str:
+    """``text``'s first non-empty line, cut to ``max_chars`` (ending in "...") when longer."""
+    line = next((ln.strip() for ln in text.splitlines() if ln.strip()), "")
+    return line if len(line) <= max_chars else line[:max_chars - 3] + "..."
+
+
 def _check_version(data: Any, what: str) -> Mapping[str, Any]:
     if not isinstance(data, dict):
         raise ProtocolError(f"{what} is not a JSON object (got {type(data).__name__})")
@@ -227,6 +236,24 @@ class WorkerEvent:
         data = _object(data)
         kind = _get(data, "event", _str, "worker event")
         return cls(kind=kind, fields={k: v for k, v in data.items() if k != "event"})
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WorkerError:
+    """A worker's ``error`` metrics line: why it refused its inputs (exit 2) or its checkpoint I/O
+    failed (exit 77), as the agent forwards it (``message``: one line, ``one_line``)."""
+
+    rank: int  # the global rank that wrote it
+    message: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"rank": self.rank, "message": self.message}
+
+    @classmethod
+    def from_dict(cls, data: Any) -> WorkerError:
+        what = "worker_error"
+        data = _object(data)
+        return cls(rank=_get(data, "rank", _int, what), message=_get(data, "message", _str, what))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -355,6 +382,7 @@ class AgentStatus:
     heartbeat_unix_s: float | None = None  # when the agent wrote this; None inside ``previous``
     rejoined: tuple[int, ...] = ()  # ranks handed to parked workers (they kept their processes)
     started: WorkerEvent | None = None  # rank 0's "started" line: state_from, ready_s
+    worker_error: WorkerError | None = None  # the lowest rank's error line (rank 0's when it wrote one)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -369,6 +397,7 @@ class AgentStatus:
             "previous": self.previous.to_dict() if self.previous else None,
             "heartbeat_unix_s": self.heartbeat_unix_s, "rejoined": list(self.rejoined),
             "started": self.started.to_dict() if self.started else None,
+            "worker_error": self.worker_error.to_dict() if self.worker_error else None,
         }
 
     @classmethod
@@ -392,6 +421,7 @@ class AgentStatus:
             heartbeat_unix_s=_get(data, "heartbeat_unix_s", _float, what, None),
             rejoined=_get(data, "rejoined", lambda v: tuple(_int(r) for r in _list(v)), what, ()),
             started=_get(data, "started", WorkerEvent.from_dict, what, None),
+            worker_error=_get(data, "worker_error", WorkerError.from_dict, what, None),
         )
 
 

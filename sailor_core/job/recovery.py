@@ -36,6 +36,7 @@ class Recovery:
     num_waits: int = 0  # looks in a row that placed nothing
     num_without_progress: int = 0  # attempts in a row that ended without a new checkpoint
     cause: str = ""  # why the next plan is needed, in words ("" for a new job)
+    bad_input: bool = False  # the last attempt's workers refused their inputs before a new checkpoint
 
     @property
     def out_of_waits(self) -> bool:
@@ -43,7 +44,8 @@ class Recovery:
 
     @property
     def stalled(self) -> bool:
-        return self.num_without_progress >= MAX_ATTEMPTS_WITHOUT_PROGRESS
+        """Give up: a refusal of the inputs would meet every plan alike, or attempts keep ending early."""
+        return self.bad_input or self.num_without_progress >= MAX_ATTEMPTS_WITHOUT_PROGRESS
 
 
 def start(state: js.JobState) -> Recovery:
@@ -142,7 +144,11 @@ def preemption_words(state: js.JobState, instance_ids: Sequence[str]) -> str:
 def after_attempt(rec: Recovery, state: js.JobState, outcome: AttemptOutcome, *, ran: PlanOption,
                   checkpoint_before: int | None) -> Recovery:
     """An attempt of ``ran`` ended early (preempted, lost, failed, or replaced by the controller);
-    ``state`` has its survivors stopped and its newest checkpoint noted."""
+    ``state`` has its survivors stopped and its newest checkpoint noted.
+
+    Workers that refused their inputs (``AttemptOutcome.bad_input``) stall the job at once, unless the
+    attempt saved a new checkpoint first: then it trained on those inputs, and what failed later (a
+    read of remote data, say) may pass on the next attempt."""
     if outcome.kind == INSTANCE_PREEMPTED:
         event, cause = preemption_event(state, outcome.instance_ids), preemption_words(state, outcome.instance_ids)
     else:
@@ -150,10 +156,14 @@ def after_attempt(rec: Recovery, state: js.JobState, outcome: AttemptOutcome, *,
     progressed = state.last_checkpoint_step != checkpoint_before
     return dataclasses.replace(
         rec, event=event, current=ran,  # broken by the preemption's lost GPUs, or still whole after a crash
-        num_without_progress=0 if progressed else rec.num_without_progress + 1, cause=cause)
+        num_without_progress=0 if progressed else rec.num_without_progress + 1, cause=cause,
+        bad_input=outcome.bad_input and not progressed)
 
 
 def stalled_reason(rec: Recovery, outcome: AttemptOutcome) -> str:
+    """Why the job gives up: the workers' refusal in their words, or the streak of attempts."""
+    if rec.bad_input:
+        return outcome.reason
     return f"{rec.num_without_progress} attempts without a new checkpoint; last: {outcome.reason}"
 
 

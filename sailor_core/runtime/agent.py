@@ -49,7 +49,9 @@ from sailor_core.job.protocol import (
     InjectionReport,
     InjectPreemption,
     StepReport,
+    WorkerError,
     WorkerEvent,
+    one_line,
     read_assignment,
     read_metrics_line,
     write_status,
@@ -131,6 +133,7 @@ class _Generation:
     last_event: WorkerEvent | None = None
     started: WorkerEvent | None = None  # rank 0's "started" line
     rejoined: list[int] = field(default_factory=list)  # ranks handed to parked workers
+    errors: dict[int, str] = field(default_factory=dict)  # global rank -> its first error line's message
     samples_per_s: float | None = None
     inject: InjectPreemption | None = None  # the assignment's, until posted
     injected: InjectionReport | None = None  # what became of it
@@ -247,7 +250,7 @@ class Agent:
 
     @staticmethod
     def _read_metrics(gen: _Generation) -> None:
-        """Rank 0's new metrics lines: steps, losses, the last event."""
+        """The new metrics lines: rank 0's steps, losses and last event; any rank's error."""
         if gen.log_dir is None:
             return
         path = gen.log_dir / "metrics.jsonl"
@@ -264,7 +267,12 @@ class Agent:
             if isinstance(record, WorkerEvent) and record.kind == "started":
                 gen.started = record
             elif isinstance(record, WorkerEvent):
-                gen.last_event = record
+                rank = record.fields.get("rank", 0)  # lines without one are rank 0's (it alone writes those)
+                message = one_line(str(record.fields.get("message") or "")) if record.kind == "error" else ""
+                if message and isinstance(rank, int):
+                    gen.errors.setdefault(rank, message)
+                if rank == 0:
+                    gen.last_event = record
             elif isinstance(record, StepReport):
                 gen.losses.append((record.step, record.loss))
                 if record.val_loss is not None:
@@ -322,6 +330,7 @@ class Agent:
             previous=self.previous,
             rejoined=tuple(gen.rejoined),
             started=gen.started,
+            worker_error=_lowest_rank_error(gen.errors),
         )
 
     # -- main loop --
@@ -367,6 +376,14 @@ class Agent:
 
     def _on_sigterm(self, signum, frame) -> None:
         self.terminating = True
+
+
+def _lowest_rank_error(errors: dict[int, str]) -> WorkerError | None:
+    """Rank 0's error when it wrote one, else the lowest rank's (ranks refusing the same input say the same)."""
+    if not errors:
+        return None
+    rank = min(errors)
+    return WorkerError(rank=rank, message=errors[rank])
 
 
 def _wait_or_kill(procs: list[subprocess.Popen], grace_s: float) -> None:

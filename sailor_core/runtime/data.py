@@ -274,6 +274,30 @@ def held_out_samples(num_samples: int, fraction: float, min_samples: int) -> int
     return max(math.ceil(fraction * num_samples), min_samples)
 
 
+def split_samples(url: str, num_tokens: int, seq_len: int, *, validation_fraction: float,
+                  min_val_samples: int) -> Split:
+    """How a file of ``num_tokens`` tokens splits into samples of ``seq_len`` (+1 label) tokens:
+    ``validation_fraction`` of them held out, at least ``min_val_samples`` (the worker's: one
+    global batch).  InputError naming ``url`` when nothing is left to train on."""
+    num_samples = (num_tokens - 1) // seq_len
+    if num_samples < 1:
+        raise InputError(f"data {url!r} holds fewer than {seq_len + 1} tokens")
+    return _held_out_split(url, seq_len, num_samples,
+                           held_out_samples(num_samples, validation_fraction, min_val_samples))
+
+
+def _held_out_split(url: str, seq_len: int, num_samples: int, num_val_samples: int) -> Split:
+    if num_val_samples >= num_samples:
+        raise InputError(f"data {url!r} holds {num_samples} samples of {seq_len + 1} tokens; "
+                         f"holding out {num_val_samples} for validation leaves none to train on")
+    return Split(num_samples=num_samples, num_val_samples=num_val_samples)
+
+
+def local_num_tokens(url: str | Path) -> int:
+    """The tokens of a local token file (a path or ``file://``), read from its header or size."""
+    return _LocalTokens(url).num_tokens
+
+
 class TokenDataset:
     """Training and held-out samples of a token file (a path or URL), read by global sample index."""
 
@@ -284,25 +308,17 @@ class TokenDataset:
         self.source = _RemoteTokens(self.url, cache) if is_remote(url) else _LocalTokens(url)
         self.seq_len = seq_len
         self.vocab_size = vocab_size
-        num_samples = (self.source.num_tokens - 1) // seq_len
-        if num_samples < 1:
-            raise InputError(f"data {self.url!r} holds fewer than {seq_len + 1} tokens")
-        self.split = self._split(num_samples, held_out_samples(num_samples, validation_fraction, min_val_samples))
+        self.split = split_samples(self.url, self.source.num_tokens, seq_len, validation_fraction=validation_fraction,
+                                   min_val_samples=min_val_samples)
         if vocab_size is not None and isinstance(self.source, _LocalTokens):
             self._check_ids(self.source.read(0, min(self.source.num_tokens, 1 << 16)), "its first tokens")
-
-    def _split(self, num_samples: int, num_val_samples: int) -> Split:
-        if num_val_samples >= num_samples:
-            raise InputError(f"data {self.url!r} holds {num_samples} samples of {self.seq_len + 1} tokens; "
-                             f"holding out {num_val_samples} for validation leaves none to train on")
-        return Split(num_samples=num_samples, num_val_samples=num_val_samples)
 
     def with_held_out(self, num_val_samples: int) -> TokenDataset:
         """The same file split another way (a checkpoint's split, kept for the rest of the job)."""
         if num_val_samples == self.split.num_val_samples:
             return self
         other = copy.copy(self)
-        other.split = self._split(self.split.num_samples, num_val_samples)
+        other.split = _held_out_split(self.url, self.seq_len, self.split.num_samples, num_val_samples)
         return other
 
     @property

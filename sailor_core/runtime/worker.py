@@ -32,9 +32,10 @@ Rank 0 appends one JSON line per step to ``--metrics-file``:
 (``cpu_time_s``: rank 0's process CPU time in the step, all threads; on CUDA also
 ``peak_memory_bytes``, rank 0's ``torch.cuda.max_memory_allocated`` so far), and a last
 line ``{"event": "done" | "preempted" | "peer_lost" | "error", ...}``; ``peer_lost``
-carries ``dead_ranks`` (from heartbeats through the rendezvous store).  A step after which
-the held-out samples were evaluated (every ``--validate-every`` steps and after the run's
-last step) also carries ``val_loss``.
+carries ``dead_ranks`` (from heartbeats through the rendezvous store).  Any rank appends its
+own ``{"event": "error", "rank", "message"}`` line (bad input, its checkpoint I/O failing).
+A step after which the held-out samples were evaluated (every ``--validate-every`` steps and
+after the run's last step) also carries ``val_loss``.
 
 The recipe (``--lr``, ``--warmup-steps``, ``--min-lr-ratio``, ``--weight-decay``,
 ``--grad-clip-norm``: ``runtime/recipe.py``) and the held-out split are written into every
@@ -101,12 +102,27 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 class _Metrics:
     def __init__(self, path: str | None, enabled: bool) -> None:
+        self.path = path
         self.fh = open(path, "a") if (path and enabled) else None
 
     def write(self, record: dict) -> None:
         if self.fh:
             self.fh.write(json.dumps(record) + "\n")
             self.fh.flush()
+
+    def error(self, rank: int, message: str) -> None:
+        """An ``error`` line from any rank, not only rank 0: the rank that refused its inputs is
+        the one that knows why (its agent forwards the lowest rank's).  One appended write, so
+        lines of the ranks sharing the file do not interleave."""
+        record = {"event": "error", "rank": rank, "message": message}
+        if self.fh:
+            self.write(record)
+        elif self.path:
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            try:
+                os.write(fd, (json.dumps(record) + "\n").encode())
+            finally:
+                os.close(fd)
 
 
 @dataclass(slots=True, kw_only=True)
@@ -410,7 +426,7 @@ def _stop_heartbeat(run: _Run, how: str) -> None:
 
 def _bad_input(rank: int, metrics: _Metrics, exc: Exception) -> int:
     _log(rank, f"error: {exc}")
-    metrics.write({"event": "error", "rank": rank, "message": str(exc)})
+    metrics.error(rank, str(exc))
     return EXIT_BAD_INPUT
 
 
@@ -421,7 +437,7 @@ def _die_on_failure(run: _Run, exc: Exception) -> None:
     msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     if isinstance(exc, OSError):  # this rank's checkpoint I/O failed: it is the one to blame
         _log(rank, f"checkpoint I/O failed: {type(exc).__name__}: {msg[:500]}")
-        metrics.write({"event": "error", "rank": rank, "message": f"checkpoint I/O: {msg}"})
+        metrics.error(rank, f"checkpoint I/O: {msg}")
         sys.stderr.flush()
         os._exit(EXIT_PEER_LOST)
     dead = heartbeat.dead_ranks() if heartbeat is not None else None
