@@ -205,9 +205,23 @@ def _status_and_message(ex: _Exits, events: list[dict], grace_s: float) -> tuple
         if ex.hung:
             message += f"; ranks {ex.hung} did not exit within {grace_s:.0f} s and were killed"
     elif status != "ok":
-        message = "; ".join(json.dumps(e) for e in events if e.get("event") not in ("done", "started")) or \
-            f"exit codes {ex.codes}"
+        message = "; ".join(_distinct_events(events)) or f"exit codes {ex.codes}"
     return status, message
+
+
+def _distinct_events(events: list[dict]) -> list[str]:
+    """The events that explain an end, each said once: every rank writes its own error line,
+    most often the same one (bad input is the same for all)."""
+    seen: set[str] = set()
+    out = []
+    for e in events:
+        if e.get("event") in ("done", "started"):
+            continue
+        key = json.dumps({k: v for k, v in e.items() if k != "rank"}, sort_keys=True)
+        if key not in seen:
+            seen.add(key)
+            out.append(json.dumps(e))
+    return out
 
 
 def _result(plan: Plan, ex: _Exits, records: list[dict], wall: float, grace_s: float,

@@ -108,3 +108,12 @@ def test_checkpoint_to_s3_and_resume(corpus, tmp_path, moto_s3):
     assert b.status == "ok" and b.steps == [3], (b.message, b.stderr_tails)
     ref = train_reference(plan, 3, str(corpus), recipe=Recipe(total_steps=2))  # the checkpoint's schedule
     assert a.losses + b.losses == pytest.approx(ref.losses, abs=1e-5)
+
+
+def test_an_error_every_rank_writes_is_said_once():
+    from sailor_core.runtime.launch import _distinct_events
+
+    events = [{"event": "error", "rank": r, "message": "data holds 3 samples"} for r in (0, 1)]
+    events += [{"event": "error", "rank": 1, "message": "checkpoint I/O failed"}, {"event": "done", "rank": 0}]
+    assert _distinct_events(events) == ['{"event": "error", "rank": 0, "message": "data holds 3 samples"}',
+                                        '{"event": "error", "rank": 1, "message": "checkpoint I/O failed"}']
