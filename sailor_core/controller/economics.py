@@ -11,8 +11,12 @@ each with a meaning (``ControllerConfig``, ``ControllerState``):
   On-demand GPUs are never taken.
 * **Cost of a hit.** Each hit stops training for ``restart_s`` (new instances, start-up,
   checkpoint load) and redoes ``work_lost_s`` of training (0 where the notice covers a save).
-* **Effective throughput.** Over a long run a share 1 / (1 + H (restart_s + work_lost_s)) of
-  the time trains: X = x / (1 + H D).
+  With parked workers the survivors train on an interim plan while the replacements boot
+  (``controller/interim.py``), so a hit that takes a share q of the plan's GPUs idles the
+  plan for the survivors' rejoin, q of the provisioning, the save and the start-up
+  (``Costs.hit_s_at``; never more than the plain restart).
+* **Effective throughput.** Over a long run a share 1 / (1 + H D) of the time trains, D the
+  cost of a hit: X = x / (1 + H D).
 * **Time and cost to finish** ``W`` remaining samples: T = change + W / X, where change is the
   downtime of getting there (0 for the plan running, else a save if something runs, then
   provisioning and start-up if it needs instances not held, else a rejoin of the workers held,
@@ -68,6 +72,17 @@ class Costs:
         """Training time a hit costs: the restart and the work redone."""
         return self.restart_s + self.work_lost_s
 
+    def hit_s_at(self, share: float) -> float:
+        """Training time a hit that takes ``share`` of the plan's GPUs costs.  With parked workers
+        (``rejoin_s`` set) the survivors train on an interim plan while the replacements boot
+        (``controller/interim.py``): the provisioning idles only the share taken, and the hit
+        costs the survivors' rejoin, the save before the switch and the start-up after it;
+        never more than the plain restart (then no interim runs)."""
+        if self.rejoin_s is None or share >= 1.0:
+            return self.hit_s
+        interim_s = self.rejoin_s + self.save_s + share * self.provisioning_s + self.startup_s
+        return min(self.restart_s, interim_s) + self.work_lost_s
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Outlook:
@@ -77,6 +92,7 @@ class Outlook:
     hits_per_s: float                # preemptions expected to take GPUs of the plan
     effective_samples_per_s: float   # throughput after the restarts and the work redone
     change_s: float                  # downtime before it trains (0: it runs now)
+    hit_s: float                     # training time each hit costs (Costs.hit_s_at its share)
     time_s: float                    # expected time to finish, the change included
     cost_usd: float                  # expected USD to finish
 
@@ -105,6 +121,16 @@ def hits_per_s(option: PlanOption, *, rates: Mapping[GpuZone, float], shares: Ma
     return total
 
 
+def share_per_hit(option: PlanOption, *, rates: Mapping[GpuZone, float], shares: Mapping[GpuZone, float]) -> float:
+    """The expected share of ``option``'s spot GPUs one hit takes (1 without hits or spot GPUs)."""
+    h = hits_per_s(option, rates=rates, shares=shares)
+    gpus = option.num_gpus - sum(option.on_demand.values())
+    if h <= 0 or gpus <= 0:
+        return 1.0
+    taken_per_s = sum(rates.get(k, 0.0) * u * shares.get(k, 1.0) for k, u in option.gpus.items() if u > 0)
+    return min(1.0, taken_per_s / h / gpus)
+
+
 def change_s(option: PlanOption, *, running: PlanOption | None, held: Mapping[GpuZone, int],
              held_on_demand: Mapping[GpuZone, int], costs: Costs) -> float:
     """Downtime to get from what runs (``running``, None if nothing does) to ``option``, holding
@@ -122,10 +148,11 @@ def change_s(option: PlanOption, *, running: PlanOption | None, held: Mapping[Gp
 def outlook(option: PlanOption, *, remaining: float, change: float, rates: Mapping[GpuZone, float],
             shares: Mapping[GpuZone, float], costs: Costs) -> Outlook:
     h = hits_per_s(option, rates=rates, shares=shares)
+    hit_s = costs.hit_s_at(share_per_hit(option, rates=rates, shares=shares))
     x = option.throughput_samples_per_s
-    eff = x / (1.0 + h * costs.hit_s) if x > 0 else 0.0
+    eff = x / (1.0 + h * hit_s) if x > 0 else 0.0
     t = change + (remaining / eff if eff > 0 else math.inf)
-    return Outlook(option=option, hits_per_s=h, effective_samples_per_s=eff, change_s=change, time_s=t,
+    return Outlook(option=option, hits_per_s=h, effective_samples_per_s=eff, change_s=change, hit_s=hit_s, time_s=t,
                    cost_usd=option.usd_per_hr * t / _S_PER_HR if math.isfinite(t) else math.inf)
 
 
@@ -137,7 +164,7 @@ def deadline_margin_s(o: Outlook, *, quantile: float, costs: Costs) -> float:
     expected_hits = o.expected_hits
     if expected_hits <= 0 or not math.isfinite(expected_hits) or quantile <= 0.5:
         return 0.0
-    return NormalDist().inv_cdf(quantile) * math.sqrt(expected_hits) * costs.hit_s
+    return NormalDist().inv_cdf(quantile) * math.sqrt(expected_hits) * o.hit_s
 
 
 def switch_pays(now: Outlook, new: Outlook, *, objective: str, remaining: float, min_gain: float) -> bool:
@@ -179,11 +206,9 @@ def regrow_shortfall(new: Outlook, held: Outlook, *, rates: Mapping[GpuZone, flo
     """
     p_s, h = new.change_s - held.change_s, new.hits_per_s
     gpus = new.option.num_gpus - sum(new.option.on_demand.values())
-    if p_s <= 0 or h <= 0 or gpus <= 0:
+    if p_s <= 0 or h <= 0 or gpus <= 0 or hits_per_s(new.option, rates=rates, shares=shares) <= 0:
         return 0.0
-    taken_per_s = sum(rates.get(k, 0.0) * u * shares.get(k, 1.0) for k, u in new.option.gpus.items() if u > 0)
-    q = min(1.0, taken_per_s / h / gpus)
-    return math.sqrt(2.0 * p_s * q * h)
+    return math.sqrt(2.0 * p_s * share_per_hit(new.option, rates=rates, shares=shares) * h)
 
 
 def switch_window(now: Outlook, new: Outlook) -> tuple[float, str]:

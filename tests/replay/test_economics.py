@@ -18,7 +18,14 @@ from sailor_core.controller import (
     decide,
     with_on_demand,
 )
-from sailor_core.controller.economics import change_s, hits_per_s, outlook, regrow_shortfall, switch_pays
+from sailor_core.controller.economics import (
+    change_s,
+    hits_per_s,
+    outlook,
+    regrow_shortfall,
+    share_per_hit,
+    switch_pays,
+)
 from sailor_core.controller.reasons import why_words
 
 from replay_helpers import linear_option, linear_planner
@@ -189,6 +196,23 @@ def test_with_a_deadline_each_pool_alone_joins_the_options():
     d = run(state, plan_fn=everything, cost_plan_fn=lambda a, floor: [], objective="cost")
     assert d.plan.gpus == {("A100-40", B): 4}
     assert run(dataclasses.replace(state, time_left_s=math.inf), plan_fn=everything).plan.gpus == avail
+
+
+def test_a_hit_that_leaves_survivors_costs_what_the_interim_leaves_idle():
+    pool = ("V100-16", A)
+    rates, shares = {pool: 8 / 3600}, {pool: 1 / 16}   # each event takes 1 of the pool's 16
+    option = linear_option({pool: 16})
+    assert share_per_hit(option, rates=rates, shares=shares) == pytest.approx(1 / 16)
+    assert share_per_hit(option, rates={}, shares={}) == 1.0
+    parked = dataclasses.replace(COSTS, rejoin_s=10)
+    # The 15 survivors rejoin (10 s), train through the provisioning (a sixteenth of it idle),
+    # save (10 s) and start with the replacement (60 s): 85.625 s, not 150.
+    assert parked.hit_s_at(1 / 16) == pytest.approx(10 + 10 + 90 / 16 + 60)
+    assert parked.hit_s_at(1.0) == COSTS.hit_s == 150       # nothing survives: the plain restart
+    assert COSTS.hit_s_at(1 / 16) == 150                     # no parked workers: no interim
+    o = outlook(option, remaining=1e6, change=0, rates=rates, shares=shares, costs=parked)
+    assert o.hit_s == pytest.approx(85.625)
+    assert o.effective_samples_per_s == pytest.approx(64 / (1 + 8 / 3600 * 85.625))
 
 
 def test_replacements_pay_once_the_plan_on_what_is_held_falls_short_by_the_order_quantity():
