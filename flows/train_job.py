@@ -164,8 +164,7 @@ def _attempts(run: _Run, state: js.JobState) -> js.JobState:
             continue
         rec, reason = recovery.choose(rec, decision)
         try:
-            state, plan, nodes = _train_while_booting(run, state, planner, decision.plan, offers, reason=reason,
-                                                      data_url=data_url)
+            state, plan, nodes = _train_while_booting(run, state, planner, decision.plan, offers, data_url=data_url)
             state = run.save(recovery.start_attempt(state, plan, reason))
             run.reporter.event(state, reason)
             state, placed, option = _launch(run, state, planner, plan, offers, reason=reason, data_url=data_url,
@@ -198,8 +197,7 @@ def _attempts(run: _Run, state: js.JobState) -> js.JobState:
 
 
 def _train_while_booting(run: _Run, state: js.JobState, planner: control.Planner, option: PlanOption, offers, *,
-                         reason: str, data_url: str
-                         ) -> tuple[js.JobState, PlanOption, tuple[NodeRequest, ...] | None]:
+                         data_url: str) -> tuple[js.JobState, PlanOption, tuple[NodeRequest, ...] | None]:
     """When ``option`` keeps some running instances and needs new ones, the kept ones train on an
     interim attempt of their own while the new ones boot (``control.interim_plan``); the interim
     then stops (its workers checkpoint and park) and ``option`` starts from that checkpoint.
@@ -220,8 +218,9 @@ def _train_while_booting(run: _Run, state: js.JobState, planner: control.Planner
     if interim is None:
         return state, option, None
     interim_option, interim_nodes = interim
-    words = (f"interim: {report.gpus(interim_option.all_gpus())} train on while {len(placement.launch)} new "
-             f"instance{'s' if len(placement.launch) > 1 else ''} boot for the next plan ({reason})")
+    num_new = len(placement.launch)
+    words = (f"interim: the survivors ({report.gpus(interim_option.all_gpus())}) train on while {num_new} new "
+             f"instance{'s boot' if num_new > 1 else ' boots'} for the next plan")
     state = run.save(recovery.start_attempt(state, interim_option, words))
     run.reporter.event(state, words)
     placed = cloud_tasks.provision(run.session, state, interim_nodes, offers, end_surplus=False)
