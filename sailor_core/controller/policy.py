@@ -293,17 +293,19 @@ def _deadline_note(o: Outlook, rank: _Ranking) -> str:
 
 
 def _held_unless_renting_pays(choice: Outlook, rank: _Ranking, plan_fn: PlanFn) -> tuple[Outlook, str, str] | None:
-    """Finishing soonest, after a preemption: the best plan on the spot GPUs still held (with the
-    reason in figures and in words) instead of ``choice``, when ``choice`` needs new instances
-    that do not pay yet.  The restart comes either way; what it decides is whether to wait for
-    instances that a stormy pool will likely take again soon.  They pay once the plan on what is
-    held falls short of ``choice`` by ``regrow_shortfall`` (replacements rented in batches, not
-    after every hit).  Finishing cheapest, the ranking's own choice runs: a plan on fewer GPUs is
-    mostly cheaper per sample, so waiting for the shortfall to grow would shrink the job to
+    """Finishing soonest or by a deadline, after a preemption: the best plan on the spot GPUs
+    still held (with the reason in figures and in words) instead of ``choice``, when ``choice``
+    needs new instances that do not pay yet.  The restart comes either way; what it decides is
+    whether to wait for instances that a stormy pool will likely take again soon.  They pay once
+    the plan on what is held falls short of ``choice`` by ``regrow_shortfall`` (replacements
+    rented in batches, not after every hit; by a deadline only while the held plan still makes
+    it).  Finishing cheapest with no deadline, the ranking's own choice runs: a plan on fewer GPUs
+    is mostly cheaper per sample, so waiting for the shortfall to grow would shrink the job to
     nothing.  None: run ``choice``."""
     held = {k: min(n, rank.state.available.get(k, 0)) for k, n in rank.held.items()}
     held = {k: n for k, n in held.items() if n > 0}
-    if rank.config.objective != "throughput" or not held or rank.held_on_demand or choice.option.fits_in(held):
+    cheapest_at_any_time = rank.config.objective != "throughput" and math.isinf(rank.state.time_left_s)
+    if cheapest_at_any_time or not held or rank.held_on_demand or choice.option.fits_in(held):
         return None  # cheapest, nothing held, a mixed plan (its markets are the candidates' job), or no rent
     options = [rank.of(o) for o in plan_fn(held) if o.fits_in(held) and not o.on_demand]
     alt, gave_up = rank.best(options)

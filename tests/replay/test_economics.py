@@ -248,6 +248,11 @@ def test_after_a_preemption_the_job_restarts_on_the_gpus_held_until_new_instance
                             preemption_rate_per_s=rates, preemption_share=shares)
     d = decide(state, hit, config=ControllerConfig(**COSTS_CFG, objective="cost"), plan_fn=linear_planner)
     assert "not renting" not in d.reason
+    # By a deadline the 15 held still make (in 100 h), replacements wait for the shortfall as
+    # finishing soonest: the deadline keeps the job from shrinking away.
+    by_deadline = dataclasses.replace(state, time_left_s=100 * 3600.0)
+    d = decide(by_deadline, hit, config=ControllerConfig(**COSTS_CFG, objective="cost"), plan_fn=linear_planner)
+    assert d.plan.gpus == {pool: 15} and "not renting 1xV100-16@us-central1-a" in d.reason, d.reason
 
 
 COSTS_CFG = {"save_s": COSTS.save_s, "provisioning_s": COSTS.provisioning_s, "startup_s": COSTS.startup_s}
