@@ -526,8 +526,8 @@ def launch_ahead(session: CloudSession, state: js.JobState, nodes: Sequence[Node
     state, running = _usable_instances(session, state)
     launch = match_instances(nodes, running).launch
     state, placed, _ = _launch_missing(session, state, launch, offers)
-    moved = {id(n): m for n, (m, _) in zip(launch, placed, strict=True)}
-    return state, tuple(moved.get(id(n), n) for n in nodes)
+    moved = {n: m for n, (m, _) in zip(launch, placed, strict=True)}
+    return state, tuple(moved.get(n, n) for n in nodes)
 
 
 def _zones_moved(placed: Sequence[tuple[NodeRequest, InstanceInfo]]) -> dict[tuple[int, int], str]:
