@@ -165,12 +165,15 @@ def _attempts(run: _Run, state: js.JobState) -> js.JobState:
         rec, reason = recovery.choose(rec, decision)
         try:
             state, plan, nodes = _train_while_booting(run, state, planner, decision.plan, offers, data_url=data_url)
+            if recovery.status_when_stopped(state) == js.SUCCEEDED:  # the interim trained to the end
+                return run.end(state, js.SUCCEEDED, f"{state.steps_done} steps done")
             state = run.save(recovery.start_attempt(state, plan, reason))
             run.reporter.event(state, reason)
             state, placed, option = _launch(run, state, planner, plan, offers, reason=reason, data_url=data_url,
                                             nodes=nodes)
         except CapacityError as exc:  # nowhere to put some node now: a wait, then plan again
-            state = run.save(js.with_status(state, js.RECOVERING, f"no capacity: {exc}"))
+            # As last saved: an interim may have run first (its attempt, steps and checkpoint).
+            state = run.save(js.with_status(run.store.load(state.job_id), js.RECOVERING, f"no capacity: {exc}"))
             rec = recovery.no_capacity(rec, str(exc))
             if rec.out_of_waits:
                 return run.end(state, js.FAILED, f"no capacity: {exc}")

@@ -254,8 +254,11 @@ def watch_attempt(session, store: js.JobStore, state: js.JobState, assignments: 
                 return AttemptOutcome(kind=LOST, instance_ids=tuple(failed_boots), reason=reason), state
 
         # The controller, on a timer: keep going, switch to a plan that fits the budget, or stop
-        # while the spend so far, the next stretch and the shutdown still fit.
-        if planner is not None and now - last_decide > DECIDE_EVERY_S:
+        # while the spend so far, the next stretch and the shutdown still fit.  Not once the
+        # checkpoints reach the target: the workers end the attempt themselves (its "done" is no
+        # budget stop).
+        reached = (state.last_checkpoint_step or 0) >= state.spec.steps
+        if planner is not None and now - last_decide > DECIDE_EVERY_S and not reached:
             last_decide = now
             decision = controller_decision(planner, state, available=available, event=Event(kind=EventKind.TIMER),
                                            current=current, shutdown_s=session.shutdown_s, now_unix_s=now)

@@ -246,7 +246,7 @@ def test_an_interim_whose_next_plan_finds_no_capacity_stops_and_the_job_waits(pr
     from infra.config import in_process_cloud
     from tasks.reporting import add_event_listener, remove_event_listener
 
-    cloud, zones, said = in_process_cloud(), ("us-central1-a", "us-central1-b", "us-central1-c"), []
+    cloud, zones, said, at_wait = in_process_cloud(), ("us-central1-a", "us-central1-b", "us-central1-c"), [], []
 
     def on_event(e):
         said.append(e.text)
@@ -256,6 +256,7 @@ def test_an_interim_whose_next_plan_finds_no_capacity_stops_and_the_job_waits(pr
         if e.kind == "event" and e.text.startswith("no capacity"):
             for z in zones:
                 cloud.set_capacity("T4", z, None)
+            at_wait.append(js.JobStore().load("tiny-interim-nocap"))  # as saved for the wait
 
     add_event_listener(on_event)
     try:
@@ -273,6 +274,12 @@ def test_an_interim_whose_next_plan_finds_no_capacity_stops_and_the_job_waits(pr
     stopped = next(i for i, t in enumerate(said) if t.startswith("interim stopped at step"))
     waited = next(i for i, t in enumerate(said) if t.startswith("no capacity"))
     assert first < stopped < waited, said
+    # The job waits with the interim in its history: its attempt, and the checkpoint it stopped at
+    # (the interim may even finish the job while the launch fails).
+    saved = at_wait[0]
+    stopped_at = int(said[stopped].rsplit("step ", 1)[1])
+    assert saved.replans[-1].reason.startswith("interim: ") and saved.last_checkpoint_step == stopped_at, saved
+    assert [r.attempt for r in state.replans] == list(range(1, len(state.replans) + 1)), state.replans
     _assert_nothing_left(state)
 
 
