@@ -18,8 +18,8 @@ def test_times_are_positive_and_plausible(tiny_run):
         for layer in p.layers:
             # a layer of a 64-wide model on a few hundred tokens: well above a microsecond, well below a second
             assert 1e-6 < layer.fwd_s < 1.0 and 1e-6 < layer.bwd_s < 1.0
-        # a block does more arithmetic than the embedding lookup, forward and backward
-        assert p.layers[1].fwd_s + p.layers[1].bwd_s > p.layers[0].fwd_s + p.layers[0].bwd_s
+        # (which layer measures slower is the machine's load as much as the arithmetic on a model
+        # this small: seen inverted under a parallel test run; not asserted here)
         assert p.update_s_per_param > 0 and p.update_fixed_s >= 0
     assert "torch 2." in tiny_run.profiles[0].source and tiny_run.torch_version.startswith("2.")
 
