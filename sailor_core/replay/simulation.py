@@ -440,20 +440,10 @@ class _Replay:
     def advance_interim(self, until: float, deadline: float) -> None:
         """The interim plan trains until the new instances run, then its progress is saved;
         the kept GPUs it leaves out wait as in any change."""
-        q, target = self.interim, self.setup.samples_target
-        x = q.throughput_samples_per_s
-        t_done = self.t + (target - self.done) / x
-        tn = min(until, t_done, self.vms_at, deadline)
-        self.done += x * (tn - self.t)
-        self.productive_gpu_s += q.num_gpus * (tn - self.t)
-        self.provisioning_gpu_s += (self.kept_gpus - q.num_gpus) * (tn - self.t)
-        self.t = tn
-        if tn == t_done:
-            self.done = target
-            self.ask(Event(kind=EventKind.PROGRESS))
-        elif tn == deadline:
-            self.at_deadline()
-        elif tn == self.vms_at:
+        t0 = self.t
+        reached = self.train_on(self.interim, until, deadline, stop_at=self.vms_at)
+        self.provisioning_gpu_s += (self.kept_gpus - self.interim.num_gpus) * (self.t - t0)
+        if reached:
             self.ckpt_done = self.done
             self.record()
 
@@ -484,24 +474,28 @@ class _Replay:
             self.record()
 
     def advance_training(self, until: float, deadline: float) -> None:
-        plan, target = self.plan, self.setup.samples_target
+        if self.train_on(self.plan, until, deadline, stop_at=self.next_ckpt_at):
+            self.ckpt_done = self.done
+            self.paused_until = self.t + self.setup.costs.save_s
+            self.next_ckpt_at = self.paused_until + self.setup.costs.checkpoint_interval_s
+            self.record()
+
+    def train_on(self, plan: PlanOption, until: float, deadline: float, *, stop_at: float) -> bool:
+        """``plan`` trains until the first of ``until``, the end of the work (then asked about),
+        the budget deadline (then handled) and ``stop_at``; True when it stopped at ``stop_at``."""
         x = plan.throughput_samples_per_s
-        t_done = self.t + (target - self.done) / x if x > 0 else math.inf
-        tn = min(until, t_done, self.next_ckpt_at, deadline)
+        t_done = self.t + (self.setup.samples_target - self.done) / x if x > 0 else math.inf
+        tn = min(until, t_done, stop_at, deadline)
         if tn > self.t:
             self.done += x * (tn - self.t)
             self.productive_gpu_s += plan.num_gpus * (tn - self.t)
         self.t = tn
         if tn == t_done:
-            self.done = target
+            self.done = self.setup.samples_target
             self.ask(Event(kind=EventKind.PROGRESS))
         elif tn == deadline:
             self.at_deadline()
-        elif tn == self.next_ckpt_at:
-            self.ckpt_done = self.done
-            self.paused_until = self.t + self.setup.costs.save_s
-            self.next_ckpt_at = self.paused_until + self.setup.costs.checkpoint_interval_s
-            self.record()
+        return tn == stop_at and tn != t_done and tn != deadline
 
     # ---- external events: the trace's counts, preemptions and prices
 
