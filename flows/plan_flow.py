@@ -1,26 +1,35 @@
-"""The plan flow: the best plans for a model on the GPUs the clouds offer now; nothing is rented."""
+"""The plan flow: the best plans for a model on the GPUs the clouds offer now; nothing is rented.
+
+Its parameters are PlanTerms' fields (``sailor_core/specs/plan.py``, as ``sailor plan`` takes
+them) and the offers' filters here."""
 
 from __future__ import annotations
 
 from prefect import flow
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
+from flows.spec_parameters import takes_spec
 from sailor_core.job import report
+from sailor_core.specs.plan import PlanTerms
 from tasks import cloud as cloud_tasks
 from tasks import control, reporting
 
 
 @flow(name="plan", description="Plan a training job on current offers (no instances are rented).")
-def plan_flow(model: str = "opt-350m", objective: str = "throughput", global_batch_size: int | None = None,
-              max_usd_per_hr: float | None = None, min_throughput: float | None = None,
-              gpus: list[str] | None = None, zones: list[str] | None = None, clouds: list[str] | None = None,
-              max_gpus_per_zone: int = 8, max_gpus: int | None = None, spot: bool = True,
+@takes_spec(PlanTerms)
+def plan_flow(terms: PlanTerms, *, gpus: list[str] | None = None, zones: list[str] | None = None,
+              clouds: list[str] | None = None, max_gpus_per_zone: int = 8, max_gpus: int | None = None,
               cloud: str = "auto") -> dict:
+    """The plans for ``terms`` on the offers of the GPU types, zones and clouds allowed (all when not
+    given), at most ``max_gpus_per_zone`` of one type per zone and ``max_gpus`` in all."""
+    model = terms.model
     session = cloud_tasks.offers_session(cloud, clouds or ())
     offers = cloud_tasks.list_offers(session, gpus or (), zones or (), clouds or ())
-    planner = control.planner_on_offers(offers, model=model, objective=objective, global_batch_size=global_batch_size,
-                                        max_usd_per_hr=max_usd_per_hr, min_throughput_samples_per_s=min_throughput,
-                                        spot=spot)
+    planner = control.planner_on_offers(offers, model=model, objective=terms.objective,
+                                        global_batch_size=terms.global_batch_size,
+                                        max_usd_per_hr=terms.max_usd_per_hr,
+                                        min_throughput_samples_per_s=terms.min_throughput_samples_per_s,
+                                        spot=terms.spot)
     available = control.availability(offers, max_gpus_per_zone=max_gpus_per_zone, max_gpus=max_gpus)
     options = control.plan_options(planner, available)
     rows = [{"rank": i + 1, "GPUs": report.gpus(o.gpus), "samples/s": report.sig(o.throughput_samples_per_s),

@@ -11,7 +11,7 @@ A thin loop; every decision is a core function's:
 
 What each ending means for the job (its status, the controller's next event, which records
 to close, when to give up) is ``sailor_core.job.recovery``'s.  The flow's parameters are
-``JobSpec``'s fields (``flows.job_parameters``) plus the run-only ones of ``train_job``.
+``JobSpec``'s fields (``flows.spec_parameters``) plus the run-only ones of ``train_job``.
 
 The job state (``sailor_core.job.state``) is saved after every change, so a new
 flow run with the same ``job_id`` continues the job.  Every instance carrying
@@ -30,7 +30,7 @@ from prefect import flow, get_run_logger
 from prefect.runtime import flow_run as current_flow_run
 
 from flows.deploy_client import job_id_for
-from flows.job_parameters import takes_job_spec
+from flows.spec_parameters import takes_spec
 from infra.errors import CapacityError
 from sailor_core import settings
 from sailor_core.controller import Action, PlanOption
@@ -38,7 +38,7 @@ from sailor_core.job import recovery, report
 from sailor_core.job import state as js
 from sailor_core.job.attempts import FINISHED, INSTANCE_PREEMPTED, AttemptOutcome
 from sailor_core.job.nodes import NodeRequest, RunningInstance, match_instances
-from sailor_core.job.spec import JobSpec
+from sailor_core.job.spec import JobSpec, check_names
 from sailor_core.plan.types import plan_from_dict
 from tasks import cloud as cloud_tasks
 from tasks import control
@@ -85,7 +85,7 @@ class _Run:
 
 @flow(name="train-job", flow_run_name=_run_name, log_prints=False, on_cancellation=[_cleanup_hook],
       on_crashed=[_cleanup_hook], description="Train a model on spot GPUs within a budget, re-planning on preemption.")
-@takes_job_spec
+@takes_spec(JobSpec, check=check_names)
 def train_job(spec: JobSpec, *, job_id: str | None = None, jobs_url: str | None = None, cloud: str = "auto",
               max_gpus_per_zone: int = 2) -> dict[str, Any]:
     """Train the model of ``spec`` within its budget; returns the ``sailor train`` summary.

@@ -1,5 +1,6 @@
 """``sailor plan``: the ranked plans for a model over the GPUs available per type and zone.
 
+Its options are PlanSpec's fields (``sailor_core/specs/plan.py``) and the output ones here.
 Only Typer is imported at module level; the planner (numpy, no torch, no Prefect)
 is imported inside the command so ``sailor plan`` starts fast.
 """
@@ -13,64 +14,42 @@ from typing import Optional
 import typer
 
 from flows.cli.common import console, print_json
+from flows.cli.spec_options import with_spec_options
 from sailor_core.errors import InputError
 from sailor_core.job.report import sig
+from sailor_core.specs.plan import PlanSpec
 
 
 def plan_cmd(
-    model: str = typer.Option(..., "--model", help="Model name, e.g. opt-350m."),
-    gpus: Optional[str] = typer.Option(
-        None, "--gpus", help="GPUs available: 'A100-40@us-central1-a=32,V100-16@us-central1-a=96'."),
-    trace: Optional[str] = typer.Option(
-        None, "--trace", help="Take availability from a Sailor GPU trace CSV (with --row)."),
-    row: int = typer.Option(0, "--row", help="Row of --trace to plan for (0-based, after merging repeats)."),
-    objective: str = typer.Option("throughput", "--objective", help="throughput | cost"),
-    max_usd_per_iter: Optional[float] = typer.Option(None, "--max-usd-per-iter", help="Cost cap, USD per iteration."),
-    max_usd_per_hr: Optional[float] = typer.Option(None, "--max-usd-per-hr", help="Cost cap, USD per hour."),
-    min_throughput: Optional[float] = typer.Option(
-        None, "--min-throughput",
-        help="Throughput floor in samples (sequences) per second = iterations/s x global batch."),
-    global_batch_size: Optional[int] = typer.Option(None, "--global-batch-size",
-                                                    help="Sequences per iteration (default 1024)."),
-    top: int = typer.Option(5, "--top", help="How many plans to return."),
+    spec: PlanSpec,
+    *,
     pareto: Optional[str] = typer.Option(None, "--pareto", help="Write the cost/throughput Pareto chart to this PNG."),
     save: Optional[Path] = typer.Option(None, "--save", help="Write the best plan to this file, for `sailor "
                                                              "simulate` and `sailor engine run` (README: 'A plan file')."),
-    spot: bool = typer.Option(True, "--spot/--no-spot", help="Price GPUs as spot (else on demand)."),
-    max_stages: int = typer.Option(16, "--max-stages", help="Most pipeline stages to consider."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON: the ranked plans and their figures."),
-    # Older spellings, hidden: the options above are spelled as in `sailor train`.
-    max_usd_per_hour: Optional[float] = typer.Option(None, "--max-usd-per-hour", hidden=True),
-    global_batch: Optional[int] = typer.Option(None, "--global-batch", hidden=True),
-    on_demand: bool = typer.Option(False, "--on-demand", hidden=True),
 ) -> None:
     """Find the best plans: micro-batch, stages, uneven layer split, replicas, TP and zones."""
     # lazy: loaded when the command runs (the CLI starts light)
     from sailor_core.planner import make_request, parse_gpu_list, plan_job
 
-    max_usd_per_hr = max_usd_per_hour if max_usd_per_hour is not None else max_usd_per_hr
-    global_batch_size = global_batch if global_batch is not None else global_batch_size
-    spot = spot and not on_demand
-    if (gpus is None) == (trace is None):
+    if (spec.gpus is None) == (spec.trace is None):
         raise InputError("give exactly one of --gpus and --trace")
-    if gpus is not None:
-        _check_gpu_list_syntax(gpus)
-        availability = parse_gpu_list(gpus)
+    if spec.gpus is not None:
+        _check_gpu_list_syntax(spec.gpus)
+        availability = parse_gpu_list(spec.gpus)
     else:
-        availability = _trace_row(trace, row)
-    if max_stages < 1:
-        raise InputError(f"--max-stages must be at least 1, got {max_stages}")
+        availability = _trace_row(spec.trace, spec.row)
     request = make_request(
-        model=model,
+        model=spec.model,
         availability=availability,
-        objective=objective,
-        global_batch_size=global_batch_size,
-        max_usd_per_iteration=max_usd_per_iter,
-        max_usd_per_hour=max_usd_per_hr,
-        min_throughput_samples_per_s=min_throughput,
-        top_n=top,
-        spot=spot,
-        max_stages=max_stages,
+        objective=spec.objective,
+        global_batch_size=spec.global_batch_size,
+        max_usd_per_iteration=spec.max_usd_per_iter,
+        max_usd_per_hour=spec.max_usd_per_hr,
+        min_throughput_samples_per_s=spec.min_throughput_samples_per_s,
+        top_n=spec.top,
+        spot=spec.spot,
+        max_stages=spec.max_stages,
         collect_pareto=pareto is not None,
     )
     result = plan_job(request)
@@ -157,4 +136,4 @@ def _replicas(stage) -> str:
 
 
 def register(app: typer.Typer) -> None:
-    app.command("plan")(plan_cmd)
+    app.command("plan")(with_spec_options(PlanSpec)(plan_cmd))

@@ -21,19 +21,20 @@ from typing import Optional
 import typer
 
 from flows.cli.common import console, print_json
-from flows.cli.job_options import with_job_options
+from flows.cli.spec_options import with_spec_options
 from sailor_core.errors import InputError, SailorError
 from sailor_core.job import report
-from sailor_core.job.spec import JobSpec
+from sailor_core.job.spec import JobSpec, check_names
 
 SUMMARY_KEYS = ("status", "steps", "final_loss", "replans", "preemptions", "usd_spent", "budget_usd",
                 "instances_left_running")
 CLOUDS = ("auto", "embedded", "real")
 _JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
+JOB_PANEL = "Job (what to train, where, within what budget)"
 
 
 def register(app: typer.Typer) -> None:
-    app.command(name="train")(with_job_options(train))
+    app.command(name="train")(with_spec_options(JobSpec, panel=JOB_PANEL, check=check_names)(train))
     app.command(name="ui")(ui)
     app.command(name="jobs")(jobs)
     app.command(name="status")(status)
@@ -62,7 +63,7 @@ def train(
     # lazy: loaded when the command runs (the CLI starts light)
     from flows.cli.prefect_server import configure_prefect_env, would_start_server
     from flows.cli.progress import live_display
-    from flows.job_parameters import spec_parameters
+    from flows.spec_parameters import spec_parameters
     from sailor_core.job.state import new_job_id
 
     # Named here, so the flow run's name and its job_id parameter say which job it is.

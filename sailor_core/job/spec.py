@@ -1,10 +1,10 @@
 """What the user asked of a training job: its one description, fixed for the life of the job.
 
-Every user-facing option of a job is a ``JobSpec`` field, declared once with ``option``:
-its default, help text, unit and ``sailor train`` spelling sit next to the field, and
-``JobSpec`` validates them all.  The command line (``flows/cli/train.py``) and the
-train-job flow's parameters (``flows/job_parameters.py``) are generated from these
-fields, so a new option is one new field here.  Plain dataclasses only: the CLI reads
+Every user-facing option of a job is a ``JobSpec`` field, declared once with ``option``
+(``sailor_core/specs/fields.py``): its default, help text, unit and ``sailor train`` spelling
+sit next to the field, and ``JobSpec`` validates them all.  The command line
+(``flows/cli/train.py``) and the train-job flow's parameters (``flows/spec_parameters.py``)
+are generated from these fields, so a new option is one new field here.  Plain dataclasses only: the CLI reads
 this module at start-up.
 """
 
@@ -12,48 +12,19 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import functools
-import typing
 from dataclasses import dataclass
-from typing import Any
 
 from sailor_core.catalog.gpus import gpu_names, normalize_gpu_name
 from sailor_core.catalog.instances import CLOUDS, catalog_zones, rentable_gpus
 from sailor_core.catalog.models import model_names, normalize_model_name
-from sailor_core.errors import InputError, UnknownNameError
+from sailor_core.errors import UnknownNameError
+from sailor_core.specs.fields import SpecError, option
 
 OBJECTIVES = ("throughput", "cost")
-OPTION = "option"  # the metadata key of a field's Option
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Option:
-    """How a JobSpec field is offered to users (the CLI, the flow's parameters in the Prefect UI)."""
-
-    help: str
-    unit: str = ""  # of the value, as users write it: "USD", "steps", "samples/s"
-    cli: tuple[str, ...] = ()  # names on `sailor train`; empty: --the-field-name
-    aliases: tuple[str, ...] = ()  # older or sibling-command spellings, accepted and hidden from --help
-
-
-def option(default: Any = dataclasses.MISSING, *, help: str, unit: str = "", cli: tuple[str, ...] = (),
-           aliases: tuple[str, ...] = ()) -> Any:
-    """A JobSpec field with its user-facing description."""
-    return dataclasses.field(default=default,
-                             metadata={OPTION: Option(help=help, unit=unit, cli=cli, aliases=aliases)})
-
-
-class JobSpecError(InputError):
-    """A bad value of one JobSpec field; ``field`` names it, so each front end can say it its own way
-    (``--budget-usd`` on the command line, ``budget_usd`` as a flow parameter)."""
-
-    def __init__(self, field: str, problem: str) -> None:
-        super().__init__(f"{field} {problem}")
-        self.field = field
-        self.problem = problem
-
-    def __reduce__(self):  # picklable with its two arguments (Prefect ships exceptions between processes)
-        return (type(self), (self.field, self.problem))
+class JobSpecError(SpecError):
+    """A bad value of one JobSpec field."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -241,34 +212,3 @@ def _check_recipe(spec: JobSpec) -> None:
     for name in ("weight_decay", "grad_clip_norm"):
         if not getattr(spec, name) >= 0:
             raise JobSpecError(name, f"must be at least 0, got {getattr(spec, name)}")
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class SpecField:
-    """One JobSpec field as a front end sees it."""
-
-    name: str
-    type: Any  # resolved annotation, e.g. ``float | None``, ``tuple[str, ...]``
-    default: Any  # dataclasses.MISSING when the user must give it
-    option: Option
-
-    @property
-    def required(self) -> bool:
-        return self.default is dataclasses.MISSING
-
-    @property
-    def cli_names(self) -> tuple[str, ...]:
-        return self.option.cli or ("--" + self.name.replace("_", "-"),)
-
-    @property
-    def cli_name(self) -> str:
-        """The long option, as errors name it (``--spot`` of ``--spot/--no-spot``)."""
-        return self.cli_names[0].split("/")[0]
-
-
-@functools.cache
-def spec_fields() -> tuple[SpecField, ...]:
-    """JobSpec's fields, in declaration order, with their types resolved."""
-    hints = typing.get_type_hints(JobSpec)
-    return tuple(SpecField(name=f.name, type=hints[f.name], default=f.default, option=f.metadata[OPTION])
-                 for f in dataclasses.fields(JobSpec))

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from sailor_core.job.spec import JobSpec, spec_fields
+from sailor_core.job.spec import JobSpec
+from sailor_core.specs.fields import spec_fields
 
 ROOT = Path(__file__).resolve().parents[2]
 RUN_ONLY = ("job_id", "jobs_url", "cloud", "max_gpus_per_zone")
@@ -18,7 +19,7 @@ RUN_ONLY = ("job_id", "jobs_url", "cloud", "max_gpus_per_zone")
 
 def test_every_field_is_an_option_of_sailor_train(sailor_cli):
     out = sailor_cli("train", "--help").stdout
-    for f in spec_fields():
+    for f in spec_fields(JobSpec):
         assert f.cli_name in out, f.name
         for alias in f.option.aliases:
             assert not re.search(rf"{re.escape(alias)}(?![\w-])", out), f"{alias} is a hidden alias"
@@ -30,8 +31,8 @@ def test_the_flow_takes_jobspecs_fields_with_their_defaults_and_its_run_only_par
     from flows.train_job import train_job
 
     params = inspect.signature(train_job).parameters
-    assert list(params) == [f.name for f in spec_fields()] + list(RUN_ONLY)
-    for f in spec_fields():
+    assert list(params) == [f.name for f in spec_fields(JobSpec)] + list(RUN_ONLY)
+    for f in spec_fields(JobSpec):
         assert params[f.name].default == (inspect.Parameter.empty if f.required else f.default), f.name
 
 
@@ -155,3 +156,21 @@ def test_the_workers_defaults_are_the_jobs():
     default = parse_args(["--plan", "p", "--steps", "9", "--data", "d"])
     given = parse_args(["--plan", "p", "--steps", "9", "--data", "d", *recipe_worker_args(spec)])
     assert vars(default) == vars(given)
+
+
+def test_the_plan_flow_takes_plan_terms_and_sailor_plan_takes_plan_spec(sailor_cli):
+    import inspect
+
+    from flows.plan_flow import plan_flow
+    from sailor_core.specs.plan import PlanSpec, PlanTerms
+
+    params = inspect.signature(plan_flow).parameters
+    assert list(params)[:len(spec_fields(PlanTerms))] == [f.name for f in spec_fields(PlanTerms)]
+    deployments = yaml.safe_load((ROOT / "prefect.yaml").read_text())["deployments"]
+    (given,) = [d["parameters"] for d in deployments if d["name"] == "plan"]
+    assert plan_flow.validate_parameters(given)["model"] == given["model"]
+    out = sailor_cli("plan", "--help").stdout
+    for f in spec_fields(PlanSpec):
+        assert f.cli_name in out, f.name
+    r = sailor_cli("plan", "--model", "tiny", "--gpus", "T4@us-central1-a=2", "--max-stages", "0")
+    assert r.returncode != 0 and r.stderr.strip() == "error: --max-stages must be at least 1, got 0"

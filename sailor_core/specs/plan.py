@@ -1,0 +1,39 @@
+"""``sailor plan``'s settings and the plan flow's: what to plan for, and (on the command line)
+over which GPUs and how wide to search."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sailor_core.specs.fields import at_least, option
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PlanTerms:
+    """What a plan is for: the model, the objective and the caps (the plan flow's settings)."""
+
+    model: str = option(help="Model name, e.g. opt-350m.")
+    objective: str = option("throughput", help="throughput | cost")
+    global_batch_size: int | None = option(None, help="Sequences per iteration (default 1024).",
+                                           aliases=("--global-batch",))
+    max_usd_per_hr: float | None = option(None, help="Cost cap, USD per hour.", aliases=("--max-usd-per-hour",))
+    min_throughput_samples_per_s: float | None = option(
+        None, help="Throughput floor in samples (sequences) per second = iterations/s x global batch.",
+        cli=("--min-throughput",))
+    spot: bool = option(True, help="Price GPUs as spot (else on demand).", cli=("--spot/--no-spot",),
+                        off_aliases=("--on-demand",))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PlanSpec(PlanTerms):
+    """``sailor plan``: the terms, the GPUs available (a list or a trace's row) and the search's width."""
+
+    gpus: str | None = option(None, help="GPUs available: 'A100-40@us-central1-a=32,V100-16@us-central1-a=96'.")
+    trace: str | None = option(None, help="Take availability from a Sailor GPU trace CSV (with --row).")
+    row: int = option(0, help="Row of --trace to plan for (0-based, after merging repeats).")
+    max_usd_per_iter: float | None = option(None, help="Cost cap, USD per iteration.")
+    top: int = option(5, help="How many plans to return.")
+    max_stages: int = option(16, help="Most pipeline stages to consider.")
+
+    def __post_init__(self) -> None:
+        at_least("max_stages", self.max_stages, 1)
