@@ -293,10 +293,11 @@ def test_pipeline_lines_never_exceed_the_1f1b_schedule():
         (s_a, n_a, st_a), (s_b, n_b, st_b) = segs
         work = sum(st_a) + sum(st_b)
         x = sum(st_a) / work
-        u, v = bounds.pipeline_lines(np.array([0.0]), np.array([work * n_a / s_a]), np.array([bounds.steady_links_s(n_a, link, s_a)]),
-                               np.array([work * n_b / s_b]), np.array([bounds.steady_links_s(n_b, link, s_b)]),
-                               np.array([work]), np.array([work]), np.array([s_a]), np.array([s_b]),
-                               np.array([n_a]), np.array([n_b]), np.array([link]))
+        side_a, side_b = (bounds.PipelineSide(compute_s=np.array([work * n / s]),
+                                              steady_links_s=np.array([bounds.steady_links_s(n, link, s)]),
+                                              steps_s=np.array([work]), num_stages=np.array([s]),
+                                              num_microbatches=np.array([n])) for s, n in ((s_a, n_a), (s_b, n_b)))
+        u, v = bounds.pipeline_lines(np.array([0.0]), side_a, side_b, np.array([link]))
         bound = float((u + v * x).max())
         for first, second in ((segs[0], segs[1]), (segs[1], segs[0])):
             stages = [StageTiming(t, n * t, (n - 1) * t, t / 3, n) for s, n, steps in (first, second) for t in steps]
@@ -442,13 +443,18 @@ def test_sync_bound_is_the_least_ring_and_none_without_replicas():
     assert bounds.sync_lb((a, _seg(dp_degree=1)), lambda seg, p: 1.0) == 0.0
 
 
+def _joint_side(compute_s, steady_links_s, sync_curve, ring_usd):
+    return bounds.JointSide(compute_s=compute_s, steady_links_s=steady_links_s, sync_curve=sync_curve,
+                            ring_usd=ring_usd)
+
+
 def test_joint_bounds_on_a_hand_computed_shape():
     # Two equal segments, flat rings of 0.5 s: the best share is a half, 1 s of pipeline each.
     flat = (0.5,) * (GRID + 1)
     assert bounds.joint_lb(0.0, 2.0, 0.0, flat, 2.0, 0.0, flat) == 1.5
     assert bounds.joint_lb(1.25, 2.0, 0.0, flat, 2.0, 0.0, flat) == 1.75  # the floor binds
     # At 3600 USD/hour (1 USD/s) and no ring egress, the cost bound is the time bound plus the fixed part.
-    assert bounds.joint_cost_lb(0.0, 2.0, 0.0, flat, 0.0, 2.0, 0.0, flat, 0.0, 3600.0, 0.25) == 1.75
+    assert bounds.joint_cost_lb(0.0, _joint_side(2.0, 0.0, flat, 0.0), _joint_side(2.0, 0.0, flat, 0.0), 3600.0, 0.25) == 1.75
 
 
 def test_joint_bounds_never_exceed_the_least_over_the_share():
@@ -468,7 +474,8 @@ def test_joint_bounds_never_exceed_the_least_over_the_share():
         time = np.maximum(np.maximum(floor, a1 * xs + k1), a2 * (1 - xs) + k2) + ring
         assert bounds.joint_lb(floor, a1, k1, tuple(s1), a2, k2, tuple(s2)) <= time.min() * (1 + 1e-9)
         usd = usd_per_hr / 3600 * time + e1 * xs + e2 * (1 - xs)
-        got = bounds.joint_cost_lb(floor, a1, k1, tuple(s1), e1, a2, k2, tuple(s2), e2, usd_per_hr, 0.0)
+        got = bounds.joint_cost_lb(floor, _joint_side(a1, k1, tuple(s1), e1), _joint_side(a2, k2, tuple(s2), e2),
+                                   usd_per_hr, 0.0)
         assert got <= usd.min() * (1 + 1e-9)
 
 

@@ -17,6 +17,8 @@ from __future__ import annotations
 import functools
 import itertools
 import math
+from dataclasses import dataclass
+from typing import Any
 
 from sailor_core.network.model import Endpoint
 from sailor_core.planner.search.shapes import Segment, orders
@@ -81,25 +83,18 @@ def granular_many(sa, ra, ha, sb, rb, hb, num_blocks: int, iterations: int = 24)
     has_a, has_b = sa > 0, sb > 0
     ra1, rb1 = np.where(has_a, ra, 1.0), np.where(has_b, rb, 1.0)
     for _ in range(iterations):
-        mid = 0.5 * (lo + hi)
-        ok = _granular_fits(mid, sa, ha, has_a, ra1, sb, hb, has_b, rb1, num_blocks)
-        hi = np.where(ok, mid, hi)
-        lo = np.where(ok, lo, mid)
+        t = 0.5 * (lo + hi)
+        # Whether stages of busy time at most t hold every block whole (``granular_busiest_s``).
+        ka = np.where(has_a, np.floor(t / ra1 + 1e-9), 0.0)
+        kb = np.where(has_b, np.floor(t / rb1 + 1e-9), 0.0)
+        base = sa * ka + sb * kb
+        # The last layer's stage loses the blocks its head time displaces (or cannot be it).
+        loss_a = np.where(has_a & (t >= ha), ka - np.floor(np.maximum(t - ha, 0.0) / ra1 + 1e-9), np.inf)
+        loss_b = np.where(has_b & (t >= hb), kb - np.floor(np.maximum(t - hb, 0.0) / rb1 + 1e-9), np.inf)
+        ok = base - np.minimum(loss_a, loss_b) >= num_blocks
+        hi = np.where(ok, t, hi)
+        lo = np.where(ok, lo, t)
     return lo
-
-
-def _granular_fits(t, sa, ha, has_a, ra1, sb, hb, has_b, rb1, num_blocks: int):
-    """Whether stages of busy time at most ``t`` hold every block whole (``granular_many``)."""
-    # lazy: numpy loads when a search runs, not when the CLI checks a request
-    import numpy as np
-
-    ka = np.where(has_a, np.floor(t / ra1 + 1e-9), 0.0)
-    kb = np.where(has_b, np.floor(t / rb1 + 1e-9), 0.0)
-    base = sa * ka + sb * kb
-    # The last layer's stage loses the blocks its head time displaces (or cannot be it).
-    loss_a = np.where(has_a & (t >= ha), ka - np.floor(np.maximum(t - ha, 0.0) / ra1 + 1e-9), np.inf)
-    loss_b = np.where(has_b & (t >= hb), kb - np.floor(np.maximum(t - hb, 0.0) / rb1 + 1e-9), np.inf)
-    return base - np.minimum(loss_a, loss_b) >= num_blocks
 
 
 def pipe_work_rate(order: tuple[Segment, ...]) -> float:
@@ -229,12 +224,27 @@ def steady_share(n_own, n_other):
     return 2 / (n_own / np.minimum(n_own, n_other) + 1)
 
 
-def pipeline_lines(floor_s, a1, k1, a2, k2, steps_a, steps_b, num_stages_a, num_stages_b, n_a, n_b, link_s):
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PipelineSide:
+    """One segment of two-segment shapes as ``pipeline_lines`` sees it (numpy columns, one value
+    per shape, or floats): ``compute_s`` its compute were it to do all the block work (the
+    slope of a1 x), ``steady_links_s`` its links' steady state, ``steps_s`` its step sum at all
+    the work (the work times the slowness), its stages and micro-batches."""
+
+    compute_s: Any
+    steady_links_s: Any
+    steps_s: Any
+    num_stages: Any
+    num_microbatches: Any
+
+
+def pipeline_lines(floor_s, side_a: PipelineSide, side_b: PipelineSide, link_s):
     """Lower bounds on the pipeline time of a two-segment shape as lines in x, the share of the
     block work segment a does: (intercepts, slopes), numpy arrays with the lines on axis 0.
 
     ``floor_s``: a bound whatever the split.  Each segment's compute and links' steady state:
-    a1 x + k1 and a2 (1 - x) + k2 (see ``joint_lb``).  Where the segments meet: in 1F1B
+    a1 x + k1 and a2 (1 - x) + k2 (see ``joint_lb``; a1, k1: ``side_a``'s ``compute_s``,
+    ``steady_links_s``).  Where the segments meet: in 1F1B
     (``simulator.pipeline_time``) each of the two boundary stages' paths holds its step and n - 1
     times the mean of both steps plus the link l, with its own n, so an iteration T lasts at
     least ((n_a + 1) t_a + (n_a - 1) t_b + (n_a - 1) l) / 2, and the same from b's side.  No
@@ -246,8 +256,11 @@ def pipeline_lines(floor_s, a1, k1, a2, k2, steps_a, steps_b, num_stages_a, num_
     # lazy: numpy loads when a search runs, not when the CLI checks a request
     import numpy as np
 
+    a1, a2, steps_a, steps_b = side_a.compute_s, side_b.compute_s, side_a.steps_s, side_b.steps_s
+    num_stages_a, num_stages_b, n_a, n_b = (side_a.num_stages, side_b.num_stages, side_a.num_microbatches,
+                                            side_b.num_microbatches)
     ones = np.ones_like(np.asarray(floor_s, dtype=float))
-    k1, k2 = k1 * steady_share(n_a, n_b), k2 * steady_share(n_b, n_a)
+    k1, k2 = side_a.steady_links_s * steady_share(n_a, n_b), side_b.steady_links_s * steady_share(n_b, n_a)
     us, vs = [floor_s * ones, k1 * ones, (a2 + k2) * ones], [0 * ones, a1 * ones, -a2 * ones]
     p, q = (num_stages_a - 1) / n_a, (num_stages_b - 1) / n_b
     (own_a, other_a), (own_b, other_b) = (_boundary_coefficients(n_a, n_b, num_stages_a, num_stages_b),
@@ -418,15 +431,29 @@ def joint_lb(floor_s: float, a1: float, k1: float, s1, a2: float, k2: float, s2)
     return best
 
 
-def joint_cost_lb(floor_s: float, a1: float, k1: float, s1, e1: float, a2: float, k2: float, s2, e2: float,
-                  usd_per_hr: float, fixed_usd: float) -> float:
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JointSide:
+    """One segment of a two-segment shape as ``joint_cost_lb`` sees it: its compute were it to do
+    all the block work (``compute_s``), its links' steady state (``steady_links_s``), its rings'
+    ``sync_curve`` (per GRID point of its share) and their egress at all the work (``ring_usd``)."""
+
+    compute_s: float
+    steady_links_s: float
+    sync_curve: Any
+    ring_usd: float
+
+
+def joint_cost_lb(floor_s: float, side_a: JointSide, side_b: JointSide, usd_per_hr: float,
+                  fixed_usd: float) -> float:
     """USD per iteration of a two-segment shape: rent over ``joint_lb``'s time and the egress of
-    its rings together, ``fixed_usd`` (its p2p) added.  ``e1``, ``e2``: the rings' egress of each
-    segment were it to do all the block work; the segment doing the share x holds at least x of
+    its rings together, ``fixed_usd`` (its p2p) added.  ``e1``, ``e2`` (the sides' ``ring_usd``):
+    the rings' egress of each segment were it to do all the block work; the segment doing the share x holds at least x of
     the blocks (``Space.num_blocks_lb``), whose gradient its rings carry across zones if they
     must: shifting blocks to the segment whose rings stay in a zone saves egress but lengthens
     its pipeline.  On each GRID interval the cost is convex and piecewise linear in x, so its
     least is at an end or where two of its pieces meet."""
+    a1, k1, s1, e1 = side_a.compute_s, side_a.steady_links_s, side_a.sync_curve, side_a.ring_usd
+    a2, k2, s2, e2 = side_b.compute_s, side_b.steady_links_s, side_b.sync_curve, side_b.ring_usd
     per_s = usd_per_hr / 3600
     best = math.inf
     for k in range(GRID):

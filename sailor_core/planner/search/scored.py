@@ -12,12 +12,15 @@ chunks gives what refining everything at once does.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import Any
 
 from sailor_core.planner.request import Objective
 from sailor_core.planner.search.bounds import (
     GRID,
     PIPELINE_FALLING,
     PIPELINE_RISING,
+    PipelineSide,
     min_max_lines,
     pipe_work_rate_many,
     pipeline_lines,
@@ -62,6 +65,37 @@ class Limits:
 
     def score(self, t_lb, rate, egress):
         return -self.gbs / t_lb if self.throughput else rate * t_lb / 3600 + egress
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Pairs:
+    """The pairs of segments (index na / nb: that type unused) within the limits on capacity and
+    rent, as numpy columns: each type's segment, the stages, the capacity bound and the rent."""
+
+    ia: Any
+    ib: Any
+    stages: Any
+    tau: Any
+    rate: Any
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Refining:
+    """What refining a space's shapes reads besides their columns: each type's segments and
+    their columns (``segment_columns``), the links between the types' TP degrees (``lmat``),
+    the egress where two segments meet, the block work, the gradient's block and the least
+    blocks per segment, whether cost matters, and the planner's bound parts."""
+
+    lists: list
+    a: dict
+    b: dict
+    lmat: Any
+    rings_p2p: Any
+    work_s: float
+    block_bytes: float
+    num_blocks_lb: float
+    cost_matters: bool
+    parts: Any
 
 
 def probe(segs: list[Segment], tp: int) -> Segment:
@@ -151,19 +185,19 @@ def score_shapes(searcher: Searcher, present: list[list[Segment]], *, mbs: int, 
     a, b = _columns_of(lists[0], context, searcher, **kwargs), _columns_of(lists[1], context, searcher, **kwargs)
     limits = Limits(req, req.objective is Objective.THROUGHPUT)
     limit = searcher.threshold()
-    ia, ib, stages, tau, rate = _capacity_and_rent(searcher, a, b, work_s, limits, limit)
-    pipe, sync, lmat = _pipeline_and_sync(searcher.parts, lists, a, b, ia, ib, stages, tau, work_s, num_mb)
-    egress, rings_p2p = _egress(searcher, lists, a, b, ia, ib, num_mb, mbs, cost_matters)
-    return ScoredShapes(lists=lists, a=a, b=b, ia=ia, ib=ib, stages=stages, tau=tau, pipe=pipe, sync=sync,
-                        rate=rate, egress=egress, limits=limits, limit=limit, lmat=lmat, rings_p2p=rings_p2p,
-                        work_s=work_s, block_bytes=searcher.figures.gradient_bytes_lb(mbs)[1],
-                        num_blocks_lb=num_blocks_lb, cost_matters=cost_matters, parts=searcher.parts)
+    pairs = _capacity_and_rent(searcher, a, b, work_s, limits, limit)
+    pipe, sync, lmat = _pipeline_and_sync(searcher.parts, lists, a, b, pairs, work_s, num_mb)
+    egress, rings_p2p = _egress(searcher, lists, a, b, pairs, num_mb, mbs, cost_matters)
+    refining = Refining(lists=lists, a=a, b=b, lmat=lmat, rings_p2p=rings_p2p, work_s=work_s,
+                        block_bytes=searcher.figures.gradient_bytes_lb(mbs)[1], num_blocks_lb=num_blocks_lb,
+                        cost_matters=cost_matters, parts=searcher.parts)
+    return ScoredShapes(pairs, pipe=pipe, sync=sync, egress=egress, refining=refining, limits=limits, limit=limit)
 
 
-def _capacity_and_rent(searcher: Searcher, a: dict, b: dict, work_s: float, limits: Limits, limit: float):
+def _capacity_and_rent(searcher: Searcher, a: dict, b: dict, work_s: float, limits: Limits, limit: float) -> Pairs:
     """Every pair of segments (index na / nb: that type unused) as a grid, where the cheapest
-    terms are broadcast sums: (ia, ib, stages, capacity bound, rent) of the pairs within the
-    limits on capacity and rent alone (most shapes miss there), in the grid's order."""
+    terms are broadcast sums: the pairs within the limits on capacity and rent alone (most
+    shapes miss there), in the grid's order."""
     # lazy: numpy loads when a search runs, not when the CLI checks a request
     import numpy as np
 
@@ -182,16 +216,17 @@ def _capacity_and_rent(searcher: Searcher, a: dict, b: dict, work_s: float, limi
     with np.errstate(divide="ignore", invalid="ignore"):
         keep &= limits.within(tau, rate, 0.0) & (limits.score(tau, rate, 0.0) < limit)
     ia, ib = np.nonzero(keep)
-    return ia, ib, stages[ia, ib], tau[ia, ib], rate[ia, ib]
+    return Pairs(ia=ia, ib=ib, stages=stages[ia, ib], tau=tau[ia, ib], rate=rate[ia, ib])
 
 
-def _pipeline_and_sync(parts, lists, a: dict, b: dict, ia, ib, stages, tau, work_s: float, num_mb: int):
+def _pipeline_and_sync(parts, lists, a: dict, b: dict, pairs: Pairs, work_s: float, num_mb: int):
     """(pipeline bound whatever the split, sync bound, matrix of links between the types' TP
     degrees) of the pairs: links, the warm-up in the better order (``pipe_lb``), and for one
     segment its compute with its links (``steady_links_s``, ``warm_up_with_links_s``)."""
     # lazy: numpy loads when a search runs, not when the CLI checks a request
     import numpy as np
 
+    ia, ib, stages, tau = pairs.ia, pairs.ib, pairs.stages, pairs.tau
     na, nb = len(a["segs"]), len(b["segs"])
     both = (ia < na) & (ib < nb)
     cross = np.zeros(len(ia))
@@ -213,12 +248,13 @@ def _pipeline_and_sync(parts, lists, a: dict, b: dict, ia, ib, stages, tau, work
     return pipe, sync, lmat
 
 
-def _egress(searcher: Searcher, lists, a: dict, b: dict, ia, ib, num_mb: int, mbs: int, cost_matters: bool):
+def _egress(searcher: Searcher, lists, a: dict, b: dict, pairs: Pairs, num_mb: int, mbs: int, cost_matters: bool):
     """(egress USD per iteration bound, matrix of the between-segments part) of the pairs: each
     segment's own p2p, the rings (``rings_egress_lb``) and where two segments meet."""
     # lazy: numpy loads when a search runs, not when the CLI checks a request
     import numpy as np
 
+    ia, ib = pairs.ia, pairs.ib
     na, nb = len(a["segs"]), len(b["segs"])
     both = (ia < na) & (ib < nb)
     rings_p2p = np.zeros((na + 1, nb + 1))
@@ -244,16 +280,17 @@ class ScoredShapes:
                  "limits", "limit", "lmat", "rings_p2p", "work_s", "block_bytes", "num_blocks_lb",
                  "cost_matters", "parts", "pre", "first", "num_refined", "final", "never", "never_refined")
 
-    def __init__(self, *, lists, a, b, ia, ib, stages, tau, pipe, sync, rate, egress, limits: Limits,
-                 limit: float, lmat, rings_p2p, work_s: float, block_bytes: float, num_blocks_lb: float,
-                 cost_matters: bool, parts) -> None:
+    def __init__(self, pairs: Pairs, *, pipe, sync, egress, refining: Refining, limits: Limits,
+                 limit: float) -> None:
         # lazy: numpy loads when a search runs, not when the CLI checks a request
         import numpy as np
 
-        self.lists, self.a, self.b, self.limits, self.limit = lists, a, b, limits, limit
-        self.lmat, self.rings_p2p, self.parts = lmat, rings_p2p, parts
-        self.work_s, self.block_bytes, self.num_blocks_lb = work_s, block_bytes, num_blocks_lb
-        self.cost_matters = cost_matters
+        r = refining
+        self.lists, self.a, self.b, self.limits, self.limit = r.lists, r.a, r.b, limits, limit
+        self.lmat, self.rings_p2p, self.parts = r.lmat, r.rings_p2p, r.parts
+        self.work_s, self.block_bytes, self.num_blocks_lb = r.work_s, r.block_bytes, r.num_blocks_lb
+        self.cost_matters = r.cost_matters
+        ia, ib, stages, tau, rate = pairs.ia, pairs.ib, pairs.stages, pairs.tau, pairs.rate
         # The limits on the capacity bound with links, warm-up and sync, then with the rest.
         t_lb = np.maximum(tau, pipe) + sync
         ok = limits.within(t_lb, rate, egress) & (limits.score(t_lb, rate, egress) < limit)
@@ -351,9 +388,11 @@ class ScoredShapes:
         k1, k2 = a["steady"][ia[two]], b["steady"][ib[two]]
         floor_s = np.maximum(tau[two], self.pipe[two])
         # The pipeline as lines in the first segment's share x (where the segments meet too).
-        u, v = pipeline_lines(floor_s, a1, k1, a2, k2, work_s * a["slow"][ia[two]], work_s * b["slow"][ib[two]],
-                              a["stages"][ia[two]], b["stages"][ib[two]], a["nmb"][ia[two]], b["nmb"][ib[two]],
-                              self.lmat[a["tpi"][ia[two]], b["tpi"][ib[two]]])
+        side_a = PipelineSide(compute_s=a1, steady_links_s=k1, steps_s=work_s * a["slow"][ia[two]],
+                              num_stages=a["stages"][ia[two]], num_microbatches=a["nmb"][ia[two]])
+        side_b = PipelineSide(compute_s=a2, steady_links_s=k2, steps_s=work_s * b["slow"][ib[two]],
+                              num_stages=b["stages"][ib[two]], num_microbatches=b["nmb"][ib[two]])
+        u, v = pipeline_lines(floor_s, side_a, side_b, self.lmat[a["tpi"][ia[two]], b["tpi"][ib[two]]])
         rings = [np.maximum(c1[:, k], c2[:, GRID - 1 - k]) for k in range(GRID)]
         joint = np.min([h + ring for h, ring in zip(
             min_max_lines(u, v, _INTERVALS, PIPELINE_RISING, PIPELINE_FALLING), rings)], axis=0)

@@ -115,7 +115,9 @@ class ShapeBounds:
         block = self.figures.gradient_bytes_lb(space.mbs)[1]
         e1 = egress.ring_usd_per_byte(a) * block * space.num_blocks_lb
         e2 = egress.ring_usd_per_byte(b) * block * space.num_blocks_lb
-        return bounds.joint_cost_lb(floor_s, a1, k1, s1, e1, a2, k2, s2, e2, usd_per_hr, fixed_usd)
+        side_a = bounds.JointSide(compute_s=a1, steady_links_s=k1, sync_curve=s1, ring_usd=e1)
+        side_b = bounds.JointSide(compute_s=a2, steady_links_s=k2, sync_curve=s2, ring_usd=e2)
+        return bounds.joint_cost_lb(floor_s, side_a, side_b, usd_per_hr, fixed_usd)
 
     # ---- estimates: the queue's order and, in the estimating pass, the limits ------------------
 
