@@ -243,8 +243,9 @@ class JobReporter:
         """A new attempt runs: its section is added to the attempts artifact."""
         record = state.replans[-1]
         self._sections.append(report.attempt_markdown(
-            attempt=state.attempt, at_unix_s=record.at_unix_s, reason=reason, resume_step=record.at_step,
-            spent_usd=state.usd_spent(), budget_usd=state.spec.budget_usd,
+            start=report.AttemptStart(attempt=state.attempt, at_unix_s=record.at_unix_s, reason=reason,
+                                      resume_step=record.at_step),
+            budget=report.BudgetUse(spent_usd=state.usd_spent(), budget_usd=state.spec.budget_usd),
             plan=report.plan_line(state.plan, usd_per_hr=record.usd_per_hr,
                                   samples_per_s=record.throughput_samples_per_s),
             nodes=nodes, plan_rows=plan_rows(state.plan or {"stages": []}), history=history, pareto=pareto))
@@ -309,10 +310,11 @@ class JobReporter:
         now = time.time()
         record = state.replans[-1] if state.replans else None
         ledger = state.ledger()
+        progress = report.Progress(steps_done=state.steps_done, steps_target=state.spec.steps, loss=state.last_loss,
+                                   val_loss=state.val_losses[-1] if state.val_losses else None,
+                                   samples_per_s=self._samples_per_s(state))
         return report.status_markdown(
-            steps_done=state.steps_done, steps_target=state.spec.steps, loss=state.last_loss,
-            val_loss=state.val_losses[-1] if state.val_losses else None, samples_per_s=self._samples_per_s(state),
-            spent_usd=ledger.spent_usd(now), budget_usd=state.spec.budget_usd, usd_per_hr_now=ledger.usd_per_hr(),
-            attempt=state.attempt, status=state.status,
+            progress=progress, budget=report.BudgetUse(spent_usd=ledger.spent_usd(now), budget_usd=state.spec.budget_usd),
+            usd_per_hr_now=ledger.usd_per_hr(), attempt=state.attempt, status=state.status,
             plan=report.plan_line(state.plan, usd_per_hr=record.usd_per_hr if record else None),
             last_event=self._last_event)

@@ -11,6 +11,7 @@ import math
 import re
 import time
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 
@@ -116,32 +117,61 @@ def markdown_table(rows: list[Mapping[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def status_markdown(*, steps_done: int, steps_target: int, loss: float | None, val_loss: tuple[int, float] | None,
-                    samples_per_s: float | None, spent_usd: float, budget_usd: float, usd_per_hr_now: float,
-                    attempt: int, plan: str, status: str, last_event: tuple[float, str] | None) -> str:
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Progress:
+    """How far a job's training is: steps, the last loss and validation loss (step, loss), samples/s."""
+
+    steps_done: int
+    steps_target: int
+    loss: float | None
+    val_loss: tuple[int, float] | None = None
+    samples_per_s: float | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BudgetUse:
+    """What a job has spent of its budget."""
+
+    spent_usd: float
+    budget_usd: float
+
+
+def status_markdown(*, progress: Progress, budget: BudgetUse, usd_per_hr_now: float, attempt: int, plan: str,
+                    status: str, last_event: tuple[float, str] | None) -> str:
     """The live status of a job, a few short lines (the description of its status artifact)."""
-    pct = 100 * min(steps_done, steps_target) / max(1, steps_target)
-    train = [f"**Step {steps_done} of {steps_target}** ({pct:.0f} %)", f"loss {sig(loss, 4)}"]
-    if val_loss is not None:
-        train.append(f"val loss {sig(val_loss[1], 4)} (step {val_loss[0]})")
-    if samples_per_s is not None:
-        train.append(f"{sig(samples_per_s)} samples/s")
+    p = progress
+    pct = 100 * min(p.steps_done, p.steps_target) / max(1, p.steps_target)
+    train = [f"**Step {p.steps_done} of {p.steps_target}** ({pct:.0f} %)", f"loss {sig(p.loss, 4)}"]
+    if p.val_loss is not None:
+        train.append(f"val loss {sig(p.val_loss[1], 4)} (step {p.val_loss[0]})")
+    if p.samples_per_s is not None:
+        train.append(f"{sig(p.samples_per_s)} samples/s")
     lines = [" · ".join(train),
-             f"**Spent** {spend(spent_usd, budget_usd)} · {sig(usd_per_hr_now)} USD/h now · {status}",
+             f"**Spent** {spend(budget.spent_usd, budget.budget_usd)} · {sig(usd_per_hr_now)} USD/h now · {status}",
              f"**Plan** (attempt {attempt}): {plan}"]
     if last_event is not None:
         lines.append(f"**Last event** {local_time(last_event[0], date=False)}: {last_event[1]}")
     return "\n\n".join(lines)
 
 
-def attempt_markdown(*, attempt: int, at_unix_s: float, reason: str, resume_step: int, spent_usd: float,
-                     budget_usd: float, plan: str, nodes: list[Mapping[str, Any]], plan_rows: list[Mapping[str, Any]],
-                     history: list[str], pareto: str) -> str:
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AttemptStart:
+    """When and why an attempt began, and the step it resumed from."""
+
+    attempt: int
+    at_unix_s: float
+    reason: str
+    resume_step: int
+
+
+def attempt_markdown(*, start: AttemptStart, budget: BudgetUse, plan: str, nodes: list[Mapping[str, Any]],
+                     plan_rows: list[Mapping[str, Any]], history: list[str], pareto: str) -> str:
     """One attempt's section of the job's attempts artifact: why, what was rented and why, the plan."""
+    attempt, at_unix_s, reason, resume_step = start.attempt, start.at_unix_s, start.reason, start.resume_step
     rented = [{"rented": n["instance_type"], "zone": n["zone"], "ranks": ",".join(map(str, n["ranks"])),
                "USD/h": sig(n["usd_per_hr"]), "why": n.get("why") or "-"} for n in nodes]
     lines = [f"### Attempt {attempt} · {local_time(at_unix_s, date=False)}", "", reason[:1].upper() + reason[1:] + ".",
-             "", f"From step {resume_step}, {spend(spent_usd, budget_usd)} spent so far. Plan: {plan}.", "",
+             "", f"From step {resume_step}, {spend(budget.spent_usd, budget.budget_usd)} spent so far. Plan: {plan}.", "",
              markdown_table(rented)]
     if history:
         lines += ["", "Provisioning, cheapest zone first: " + "; ".join(history) + "."]

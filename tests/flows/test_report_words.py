@@ -31,8 +31,9 @@ def test_a_plan_reads_as_one_line():
 
 
 def test_the_status_says_step_loss_throughput_spend_plan_and_last_event():
-    text = report.status_markdown(steps_done=12, steps_target=30, loss=5.43219, val_loss=(10, 5.5), samples_per_s=13.61,
-                                  spent_usd=0.0123, budget_usd=0.05, usd_per_hr_now=0.3, attempt=2, status="running",
+    progress = report.Progress(steps_done=12, steps_target=30, loss=5.43219, val_loss=(10, 5.5), samples_per_s=13.61)
+    text = report.status_markdown(progress=progress, budget=report.BudgetUse(spent_usd=0.0123, budget_usd=0.05),
+                                  usd_per_hr_now=0.3, attempt=2, status="running",
                                   plan="2 T4 in us-central1-b", last_event=(0.0, "re-planned on 2 T4 in us-central1-b"))
     lines = text.split("\n\n")
     assert lines[0] == "**Step 12 of 30** (40 %) · loss 5.432 · val loss 5.500 (step 10) · 13.6 samples/s"
