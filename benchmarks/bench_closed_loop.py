@@ -118,6 +118,7 @@ def main(argv=None) -> int:
     from sailor_core.network.model import Endpoint, default_network
     from sailor_core.profiler.cpu_sharing import probe_other_load, shared_cpu_time
     from sailor_core.profiler.compute import profile_model, save_profiles, to_model_profile
+    from sailor_core.profiler.stats import Repetitions
     from sailor_core.profiler.network import profile_network, save_network_profile
     from sailor_core.profiler.overhead import idle_worker_rss_bytes
     from sailor_core.profiles import ProfileDB
@@ -131,13 +132,14 @@ def main(argv=None) -> int:
 
     # 1. profiles
     t0 = time.monotonic()
-    run = profile_model(args.model, micro_batch_sizes=[args.mbs], tp_degrees=[1], device="cpu", threads=1,
-                        reps=args.reps, timer="cpu")
+    run = profile_model(args.model, micro_batch_sizes=[args.mbs], tp_degrees=[1], repeat=Repetitions(reps=args.reps),
+                        timer="cpu")
     (prof_cpu,) = run.profiles
     detail = run.details[0]
-    prof_wall = to_model_profile(args.model, "cpu", 1, args.mbs, prof_cpu.seq_len, detail["layers"],
+    prof_wall = to_model_profile((args.model, "cpu", 1, args.mbs, prof_cpu.seq_len), detail["layers"],
                                  [[m["params"], m["update"]["median_s"]] for m in detail["layers"]],
-                                 prof_cpu.regime, prof_cpu.source.replace("cpu clock", "wall clock"), timer="wall")
+                                 regime=prof_cpu.regime, source=prof_cpu.source.replace("cpu clock", "wall clock"),
+                                 timer="wall")
     save_profiles([prof_cpu])
     net_prof = profile_network(2, sizes=[2**k for k in range(16, 27, 2)], reps=7)
     save_network_profile(net_prof)

@@ -59,6 +59,7 @@ def main(argv=None) -> int:
 
     from sailor_core.catalog.models import get_model
     from sailor_core.profiler.measure import measure_chained, measure_layer
+    from sailor_core.profiler.stats import Repetitions
 
     device = torch.device(args.device)
     spec = get_model(args.model)
@@ -66,8 +67,8 @@ def main(argv=None) -> int:
     name = torch.cuda.get_device_name(0) if device.type == "cuda" else "CPU"
     print(f"== {args.model} on {name} (torch {torch.__version__}), seq {seq}")
     for mbs in [int(x) for x in args.mbs.split(",")]:
-        alone = [measure_layer(spec, i, micro_batch_size=mbs, seq_len=seq, device=device, reps=args.reps,
-                               update_reps=1) for i in range(spec.num_layer_indices)]
+        alone = [measure_layer(spec, i, micro_batch_size=mbs, seq_len=seq, device=device,
+                               repeat=Repetitions(reps=args.reps, update_reps=1)) for i in range(spec.num_layer_indices)]
         fa = [m.fwd.median_s for m in alone]
         ba = [m.bwd.median_s for m in alone]
         chained = measure_chained(spec, micro_batch_size=mbs, seq_len=seq, device=device, reps=args.reps)

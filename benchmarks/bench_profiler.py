@@ -32,6 +32,7 @@ def main(argv=None) -> int:
 
     from sailor_core.network.model import Endpoint, NetworkModel
     from sailor_core.profiler.compute import profile_model
+    from sailor_core.profiler.stats import Repetitions
     from sailor_core.profiler.network import profile_network
 
     la = Path("/proc/loadavg").read_text().split()[0]
@@ -40,7 +41,8 @@ def main(argv=None) -> int:
     totals = {"wall": [], "cpu": []}
     for k in range(args.runs):
         t0 = time.monotonic()
-        run = profile_model(args.model, micro_batch_sizes=[args.mbs], tp_degrees=[1], reps=args.reps, timer="cpu")
+        run = profile_model(args.model, micro_batch_sizes=[args.mbs], tp_degrees=[1], repeat=Repetitions(reps=args.reps),
+                            timer="cpu")
         layers = run.details[0]["layers"]
         wall = sum(m["fwd"]["median_s"] + m["bwd"]["median_s"] for m in layers)
         cpu = sum(m["fwd_cpu"]["median_s"] + m["bwd_cpu"]["median_s"] for m in layers)

@@ -60,7 +60,8 @@ def main(argv=None) -> int:
     os.environ["SAILOR_HOME"] = str(workdir / "sailor_home")
 
     from sailor_core.plan.types import plan_from_dict
-    from sailor_core.profiler.compute import profile_model, save_profiles
+    from sailor_core.profiler.compute import Hardware, profile_model, save_profiles
+    from sailor_core.profiler.stats import Repetitions
     from sailor_core.profiles import ProfileDB
     from sailor_core.runtime.launch import launch_local
     from sailor_core.simulator import simulate
@@ -68,8 +69,8 @@ def main(argv=None) -> int:
     mbs_list = [int(x) for x in args.mbs.split(",")]
     report: dict = {"device": args.device, "models": {}}
     for model in args.models.split(","):
-        run = profile_model(model, micro_batch_sizes=mbs_list, tp_degrees=[1], device=args.device, reps=args.reps,
-                            measure_overhead=True)
+        run = profile_model(model, micro_batch_sizes=mbs_list, tp_degrees=[1], hardware=Hardware(device=args.device),
+                            repeat=Repetitions(reps=args.reps), measure_overhead=True)
         save_profiles(run.profiles)
         meas = measured_rows(model, Path(args.measurements)) if run.profiles[0].gpu == "H200" else {}
         entry = {"device_name": run.device_name, "profile_wall_s": run.wall_s, "overhead_bytes": run.overhead_bytes,

@@ -270,6 +270,7 @@ def main(argv=None) -> int:
     from sailor_core.catalog.models import get_model
     from sailor_core.errors import SailorError
     from sailor_core.profiler.compute import profile_model
+    from sailor_core.profiler.stats import Repetitions
     from sailor_core.profiler.cpu_sharing import probe_other_load
     from sailor_core.runtime.launch import ensure_corpus
 
@@ -287,8 +288,8 @@ def main(argv=None) -> int:
            "cpu_count": os.cpu_count(), "loadavg_start": loadavg(), "rows": [],
            "pace_s": [pace.fwd_s_per_layer, pace.bwd_s_per_layer] if pace else None}
     t0 = time.monotonic()
-    (profile,) = profile_model(args.model, micro_batch_sizes=[1], tp_degrees=[1], device="cpu", threads=1,
-                               reps=args.reps, timer="cpu").profiles
+    (profile,) = profile_model(args.model, micro_batch_sizes=[1], tp_degrees=[1],
+                               repeat=Repetitions(reps=args.reps), timer="cpu").profiles
     out["profile_s"] = time.monotonic() - t0
     out["profile_ms"] = [[round(l.fwd_s * 1e3, 3), round(l.bwd_s * 1e3, 3)] for l in profile.layers]
     out["update_s"] = [profile.update_s_per_param, profile.update_fixed_s]

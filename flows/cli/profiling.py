@@ -88,14 +88,16 @@ def profile_cmd(
         raise InputError(f"--reps must be >= 1, got {reps}")
     # lazy: loaded when the command runs (the CLI starts light)
     from sailor_core.catalog.models import get_model
-    from sailor_core.profiler.compute import num_steps, profile_model, save_profiles
+    from sailor_core.profiler.compute import Hardware, num_steps, profile_model, save_profiles
+    from sailor_core.profiler.stats import Repetitions
 
     spec = get_model(model)
     mbs_list, tp_list = _int_list(mbs, "--mbs"), _int_list(tp, "--tp")
     bar, on_event = _progress_bar(num_steps(spec.name, mbs_list, tp_list), json_out)
     try:
-        run = profile_model(spec.name, micro_batch_sizes=mbs_list, tp_degrees=tp_list, device=device, gpu=gpu,
-                            threads=threads, seq_len=seq_len, reps=reps, timer=timer, measure_overhead=overhead,
+        run = profile_model(spec.name, micro_batch_sizes=mbs_list, tp_degrees=tp_list, seq_len=seq_len,
+                            hardware=Hardware(device=device, gpu=gpu, threads=threads),
+                            repeat=Repetitions(reps=reps), timer=timer, measure_overhead=overhead,
                             progress=on_event)
     finally:
         if bar:

@@ -23,7 +23,8 @@ from sailor_core.profiler.group import run_local_group
 from sailor_core.profiler.overhead import idle_worker_rss_bytes
 from sailor_core.profiles import ProfileDB, reset_default_profile_db
 from sailor_core.profiles.store import read_profiles, user_profiles_dir
-from sailor_core.profiles.types import LayerProfile, ModelProfile
+from sailor_core.profiler.stats import Repetitions
+from sailor_core.profiles.types import LayerProfile, ModelProfile, ProfileKey
 
 CPU_REGIME = "torch-fp32-adamw"          # the engine on CPU: fp32, AdamW
 CUDA_REGIME = "torch-bf16-autocast-adamw"  # the engine on CUDA: bf16 autocast, AdamW
@@ -94,13 +95,20 @@ def gpu_type_of(cuda_device_name: str) -> str:
 # ---- measuring ------------------------------------------------------------------------------
 
 def run_measurements(model: str, micro_batch_sizes: list[int], *, device: str, seq_len: int | None = None,
-                     tp_degree: int = 1, tp_rank: int = 0, tp_group=None, warmups: int = 2, reps: int = 10,
-                     update_reps: int = 5, progress: Progress | None = None) -> dict:
+                     tp_degree: int = 1, tp_rank: int = 0, tp_group=None, repeat: Repetitions = Repetitions(),
+                     progress: Progress | None = None) -> dict:
     """Measure every layer index at every micro-batch size on this rank; JSON-able result."""
     import torch  # lazy: torch only where layers are measured; the CLI and flows import this module
 
-    from sailor_core.profiler.measure import measure_chained, measure_layer, measure_model_update  # lazy: torch
+    from sailor_core.profiler.measure import (  # lazy: torch
+        TpRank,
+        measure_chained,
+        measure_layer,
+        measure_model_update,
+    )
 
+    tp = TpRank(degree=tp_degree, rank=tp_rank, group=tp_group)
+    warmups, reps = repeat.warmups, repeat.reps
     spec = get_model(model)
     dev = torch.device(device)
     seq = seq_len or spec.seq_len
@@ -108,9 +116,7 @@ def run_measurements(model: str, micro_batch_sizes: list[int], *, device: str, s
     for mbs in micro_batch_sizes:
         layers = []
         for i in range(spec.num_layer_indices):
-            m = measure_layer(spec, i, micro_batch_size=mbs, seq_len=seq, device=dev, warmups=warmups,
-                              reps=reps, update_reps=update_reps, tp_degree=tp_degree, tp_rank=tp_rank,
-                              tp_group=tp_group)
+            m = measure_layer(spec, i, micro_batch_size=mbs, seq_len=seq, device=dev, repeat=repeat, tp=tp)
             layers.append(m.to_dict())
             if progress:
                 progress({"event": "layer", "tp": tp_degree, "mbs": mbs, "layer": i})
@@ -160,10 +166,11 @@ def fit_update_line(points: list[tuple[int, float]]) -> tuple[float, float]:
     return rate, 0.0
 
 
-def to_model_profile(model: str, gpu: str, tp_degree: int, micro_batch_size: int, seq_len: int,
-                     layers: list[dict], update_points: list, regime: str, source: str,
+def to_model_profile(key: ProfileKey, layers: list[dict], update_points: list, *, regime: str, source: str,
                      timer: str = "wall") -> ModelProfile:
-    """``timer`` "cpu" keeps the process CPU seconds (CPU devices at TP 1), "wall" the wall clock."""
+    """The profile of ``key`` from ``run_measurements``' layers and update points.  ``timer`` "cpu"
+    keeps the process CPU seconds (CPU devices at TP 1), "wall" the wall clock."""
+    model, gpu, tp_degree, micro_batch_size, seq_len = key
     f, b = ("fwd_cpu", "bwd_cpu") if timer == "cpu" else ("fwd", "bwd")
     rate, fixed = fit_update_line([tuple(p) for p in update_points])
     return ModelProfile(
@@ -177,11 +184,11 @@ def to_model_profile(model: str, gpu: str, tp_degree: int, micro_batch_size: int
 
 
 def run_tp_group(model: str, micro_batch_sizes: list[int], *, tp_degree: int, device: str, threads: int,
-                 seq_len: int | None = None, warmups: int = 2, reps: int = 10, timeout_s: float = 1800.0,
+                 seq_len: int | None = None, repeat: Repetitions = Repetitions(), timeout_s: float = 1800.0,
                  progress: Progress | None = None) -> dict:
     """Run the TP group as ``tp_degree`` local processes; rank 0's measurements."""
     args = ["--model", model, "--mbs", ",".join(map(str, micro_batch_sizes)), "--device", device,
-            "--threads", str(threads), "--warmups", str(warmups), "--reps", str(reps)]
+            "--threads", str(threads), "--warmups", str(repeat.warmups), "--reps", str(repeat.reps)]
     if seq_len:
         args += ["--seq-len", str(seq_len)]
     result = run_local_group([sys.executable, "-m", "sailor_core.profiler.tp_worker", *args],
@@ -190,9 +197,19 @@ def run_tp_group(model: str, micro_batch_sizes: list[int], *, tp_degree: int, de
     return result
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Hardware:
+    """Where a profile is measured: the device ("cpu" or "cuda"), the catalog GPU type to file a CUDA
+    profile under (None: from the device's name) and the intra-op threads per rank."""
+
+    device: str = "cpu"
+    gpu: str | None = None
+    threads: int = 1
+
+
 def profile_model(model: str, *, micro_batch_sizes: list[int] = (1,), tp_degrees: list[int] = (1,),
-                  device: str = "cpu", gpu: str | None = None, threads: int = 1, seq_len: int | None = None,
-                  warmups: int = 2, reps: int = 10, measure_overhead: bool = False, timer: str = "wall",
+                  seq_len: int | None = None, hardware: Hardware = Hardware(), repeat: Repetitions = Repetitions(),
+                  timer: str = "wall", measure_overhead: bool = False,
                   progress: Progress | None = None) -> ProfileRun:
     """Profile ``model`` on this machine for every (micro-batch size, TP degree).
 
@@ -200,6 +217,7 @@ def profile_model(model: str, *, micro_batch_sizes: list[int] = (1,), tp_degrees
     process CPU time, i.e. the layer's own work without what other jobs on a shared machine take
     (a TP group's waits on its peers are not CPU time, so TP > 1 always keeps wall clock).
     """
+    device, gpu, threads = hardware.device, hardware.gpu, hardware.threads
     spec = get_model(model)
     mbs_list = _positive_list(micro_batch_sizes, "micro-batch size")
     tps = _positive_list(tp_degrees, "TP degree")
@@ -243,19 +261,19 @@ def profile_model(model: str, *, micro_batch_sizes: list[int] = (1,), tp_degrees
             old = torch.get_num_threads()
             torch.set_num_threads(threads)
             try:
-                res = run_measurements(spec.name, mbs_list, device=device, seq_len=seq, warmups=warmups,
-                                       reps=reps, progress=progress)
+                res = run_measurements(spec.name, mbs_list, device=device, seq_len=seq, repeat=repeat,
+                                       progress=progress)
             finally:
                 torch.set_num_threads(old)
         else:
             res = run_tp_group(spec.name, mbs_list, tp_degree=tp, device=device, threads=threads, seq_len=seq,
-                               warmups=warmups, reps=reps, progress=progress)
+                               repeat=repeat, progress=progress)
         used = timer if tp == 1 else "wall"
         points = res["update_points_cpu"] if used == "cpu" else res["update_points"]
         for mbs in mbs_list:
             layers = res["by_mbs"][str(mbs)]
-            profiles.append(to_model_profile(spec.name, gpu_type, tp, mbs, seq, layers, points, regime,
-                                             f"{source}; {used} clock", timer=used))
+            profiles.append(to_model_profile((spec.name, gpu_type, tp, mbs, seq), layers, points, regime=regime,
+                                             source=f"{source}; {used} clock", timer=used))
             details.append({"layers": layers, "update_points": points, "timer": used})
     overhead = None
     if measure_overhead:

@@ -33,9 +33,18 @@ import torch
 import torch.distributed as dist
 
 from sailor_core.catalog.models import ModelSpec
-from sailor_core.profiler.stats import Timing, summarize
+from sailor_core.profiler.stats import Repetitions, Timing, summarize
 from sailor_core.runtime.trainer import make_optimizer
 from sailor_core.runtime.model import Head, StageModel, build_layer
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TpRank:
+    """This process's place in its TP group (``group``: the torch process group; None at TP 1)."""
+
+    degree: int = 1
+    rank: int = 0
+    group: object = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -123,11 +132,11 @@ def saved_activation_bytes(fn, exclude: set[int]) -> tuple[int, object]:
     return sum(seen.values()), out
 
 
-def measure_layer(spec: ModelSpec, index: int, *, micro_batch_size: int, seq_len: int,
-                  device: torch.device, warmups: int = 2, reps: int = 10, update_reps: int = 5,
-                  tp_degree: int = 1, tp_rank: int = 0, tp_group=None, seed: int = 0) -> LayerMeasurement:
+def measure_layer(spec: ModelSpec, index: int, *, micro_batch_size: int, seq_len: int, device: torch.device,
+                  repeat: Repetitions = Repetitions(), tp: TpRank = TpRank(), seed: int = 0) -> LayerMeasurement:
     """Forward, backward and update time and the sizes of layer ``index`` (see the module doc)."""
-    layer = build_layer(spec, index, tp_degree, tp_group, tp_rank=tp_rank, seed=seed).to(device)
+    warmups, reps, update_reps = repeat.warmups, repeat.reps, repeat.update_reps
+    layer = build_layer(spec, index, tp.degree, tp.group, tp_rank=tp.rank, seed=seed).to(device)
     kind = _kind(spec, index)
     gen = torch.Generator().manual_seed(1234 + index)  # equal on every TP rank: a TP group sees one input
     b, s = micro_batch_size, seq_len

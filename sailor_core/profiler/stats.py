@@ -7,6 +7,16 @@ from dataclasses import dataclass
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class Repetitions:
+    """How often each time is measured: untimed warm-ups, then timed repetitions (of forward and
+    backward; of the optimizer's update after its first, state-creating step)."""
+
+    warmups: int = 2
+    reps: int = 10
+    update_reps: int = 5
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Timing:
     """Repeated measurements of one quantity: the median is what profiles keep."""
 

@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 
 from sailor_core.profiler.compute import run_measurements
+from sailor_core.profiler.stats import Repetitions
 
 
 def main(argv=None) -> int:
@@ -47,7 +48,7 @@ def main(argv=None) -> int:
 
     res = run_measurements(args.model, [int(x) for x in args.mbs.split(",")], device=device,
                            seq_len=args.seq_len or None, tp_degree=world, tp_rank=rank, tp_group=group,
-                           warmups=args.warmups, reps=args.reps, progress=progress)
+                           repeat=Repetitions(warmups=args.warmups, reps=args.reps), progress=progress)
     if rank == 0:
         print(json.dumps({"event": "result", "result": res}), flush=True)
     dist.barrier()

@@ -21,6 +21,6 @@ def _isolated_home(tmp_path, monkeypatch):
 def tiny_run():
     """tiny on CPU, TP 1, micro-batch sizes 1 and 4: the profile the tests inspect."""
     from sailor_core.profiler.compute import profile_model
+    from sailor_core.profiler.stats import Repetitions
 
-    return profile_model("tiny", micro_batch_sizes=[1, 4], tp_degrees=[1], device="cpu", threads=1,
-                         warmups=1, reps=5)
+    return profile_model("tiny", micro_batch_sizes=[1, 4], tp_degrees=[1], repeat=Repetitions(warmups=1, reps=5))

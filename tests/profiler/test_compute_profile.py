@@ -54,8 +54,9 @@ def test_output_bytes_and_params_are_the_engines(tiny_run):
 
 def test_tp2_profile_runs_two_gloo_processes_and_halves_block_params(tiny_run):
     from sailor_core.profiler.compute import profile_model
+    from sailor_core.profiler.stats import Repetitions
 
-    run = profile_model("tiny", micro_batch_sizes=[2], tp_degrees=[2], device="cpu", warmups=1, reps=2)
+    run = profile_model("tiny", micro_batch_sizes=[2], tp_degrees=[2], repeat=Repetitions(warmups=1, reps=2))
     (tp2,) = run.profiles
     tp1 = _by_mbs(tiny_run)[1]
     assert tp2.tp_degree == 2 and tp2.measured
@@ -123,7 +124,8 @@ def test_measuring_a_layer_frees_it_without_the_cyclic_gc(monkeypatch):
     spec = get_model("tiny")
     cpu = torch.device("cpu")
     # torch's first embedding call in a process keeps its arguments once; not what is checked here
-    measure.measure_layer(spec, 0, micro_batch_size=1, seq_len=32, device=cpu, warmups=1, reps=1, update_reps=1)
+    once = measure.Repetitions(warmups=1, reps=1, update_reps=1)
+    measure.measure_layer(spec, 0, micro_batch_size=1, seq_len=32, device=cpu, repeat=once)
     params = []
     build = measure.build_layer
 
@@ -136,8 +138,7 @@ def test_measuring_a_layer_frees_it_without_the_cyclic_gc(monkeypatch):
     gc.disable()
     try:
         for index in range(spec.num_layer_indices):
-            measure.measure_layer(spec, index, micro_batch_size=1, seq_len=32, device=cpu, warmups=1, reps=1,
-                                  update_reps=1)
+            measure.measure_layer(spec, index, micro_batch_size=1, seq_len=32, device=cpu, repeat=once)
         alive = sum(ref() is not None for ref in params)
     finally:
         gc.enable()
