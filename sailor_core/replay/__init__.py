@@ -1,7 +1,8 @@
 """Trace-driven replay: what training costs and how long it takes on capacity that comes and goes."""
 
 from sailor_core.replay.costs import ChangeCosts, checkpoint_bytes_for
-from sailor_core.replay.simulation import DecisionRecord, ReplayResult, TimelinePoint, activity_words, replay
+from sailor_core.replay.result import DecisionRecord, ReplayResult, TimelinePoint, activity_words
+from sailor_core.replay.simulation import replay
 from sailor_core.replay.policies import POLICIES, POLICY_HELP, controller_config, pick_single_type
 from sailor_core.replay.prices import PriceSeries, load_price_series
 from sailor_core.replay.run import JobTerms, ReplaySuite, catalog_price_fn, run_policies

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sailor_core.replay.run import JobTerms, ReplaySuite, run_policies
-from sailor_core.replay.simulation import ReplayResult
+from sailor_core.replay.result import ReplayResult
 from sailor_core.traces import AvailabilityTrace
 
 _S_PER_HR = 3600.0

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
-from sailor_core.replay.simulation import ReplayResult
+from sailor_core.replay.result import ReplayResult
 from sailor_core.traces import AvailabilityTrace
 
 _H = 3600.0

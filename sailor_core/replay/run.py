@@ -30,7 +30,8 @@ from sailor_core.replay.plan_cache import PersistentPlanner, _key, persistent
 from sailor_core.replay.policies import POLICIES, controller_config, pick_single_type, single_type_requests
 from sailor_core.replay.prefetch import PrefetchingPlanner, PrefetchStats, default_workers
 from sailor_core.replay.prices import PriceSeries
-from sailor_core.replay.simulation import PriceFn, ReplayResult, replay
+from sailor_core.replay.result import ReplayResult
+from sailor_core.replay.simulation import PriceFn, replay
 from sailor_core.traces import AvailabilityTrace, GpuZone
 
 # Search knobs for re-planning inside a replay: a smaller budget of simulate()
