@@ -56,9 +56,10 @@ MODEL = "opt-350m"
 def record_calls(trace_name: str, tokens: float) -> list[list[list]]:
     """The planner requests (availability as [gpu, zone, count] rows) of a cold replay, in order."""
     from sailor_core.replay import run_policies
+    from sailor_core.specs.replay import ReplaySpec
     from sailor_core.traces import load_trace
 
-    suite = run_policies(load_trace(trace_name), model=MODEL, tokens=tokens, plan_cache_path=None, workers=0)
+    suite = run_policies(load_trace(trace_name), ReplaySpec(trace=trace_name, model=MODEL, tokens=tokens, workers=0))
     return [[[g, z, n] for (g, z), n in call.available.items()] for call in suite.planner_call_log]
 
 

@@ -21,15 +21,23 @@ search ahead (default: one per idle CPU up to 8, none if fewer than two are idle
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import contextlib
 import json
 import resource
 import statistics
 import time
 
-from sailor_core.replay import POLICIES, JobTerms, run_policies
+from sailor_core.replay import POLICIES, run_policies
 from sailor_core.replay.plot import plot_points, plot_timeline
+from sailor_core.specs.replay import ReplaySpec
 from sailor_core.traces import load_trace
+
+
+def _spec(args, policies, **settings) -> ReplaySpec:
+    """The replay's settings from the command line (the budget applies to every run)."""
+    return ReplaySpec(trace=args.trace, model=args.model, tokens=args.tokens, policy=",".join(policies),
+                      budget_usd=args.budget_usd, **settings)
 
 
 def main() -> None:
@@ -68,21 +76,17 @@ def main() -> None:
     trace = load_trace(args.trace)
     policies = args.policies.split(",")
     knobs = {"max_evaluations": args.max_evaluations} if args.max_evaluations else None
-    terms = JobTerms(objective=args.objective, deadline_h=args.deadline_h,
-                     min_throughput_samples_per_s=args.min_throughput, on_demand_gpus=args.on_demand_gpus)
     if args.compare:
         return compare_report(args, trace, policies, knobs)
     if args.cold:
         return cold_report(args, trace, policies, knobs)
     t0 = time.perf_counter()
-    cold = run_policies(trace, model=args.model, tokens=args.tokens, policies=policies,
-                        budget_usd=args.budget_usd, plan_cache_path=args.plan_cache,
-                        planner_knobs=knobs, workers=args.workers, terms=terms)
+    job = _spec(args, policies, plan_cache=args.plan_cache, objective=args.objective, deadline_h=args.deadline_h,
+                min_throughput_samples_per_s=args.min_throughput, on_demand_gpus=args.on_demand_gpus)
+    cold = run_policies(trace, dataclasses.replace(job, workers=args.workers), planner_knobs=knobs)
     cold_s = time.perf_counter() - t0
     t0 = time.perf_counter()
-    warm = run_policies(trace, model=args.model, tokens=args.tokens, policies=policies,
-                        budget_usd=args.budget_usd, plan_cache_path=args.plan_cache,
-                        planner_knobs=knobs, terms=terms)
+    warm = run_policies(trace, job, planner_knobs=knobs)
     warm_s = time.perf_counter() - t0
     out = cold.to_dict()
     out.update(max_evaluations=args.max_evaluations or 200, trace_arg=args.trace, model=args.model, tokens=args.tokens, trace_rows=trace.num_rows,
@@ -249,8 +253,7 @@ def virtual_workers(args, trace, policies, knobs, counts, base, base_wall_s, ans
         pf.planner_plan_fn = lambda **kw: lookup
         pf.PrefetchingPlanner._executor = lambda self: pool
         try:
-            suite = run_policies(trace, model=args.model, tokens=args.tokens, policies=policies,
-                                 budget_usd=args.budget_usd, planner_knobs=knobs, workers=n)
+            suite = run_policies(trace, _spec(args, policies, workers=n), planner_knobs=knobs)
         finally:
             pf.planner_plan_fn, pf.PrefetchingPlanner._executor = saved
         same = all((suite.results[p].usd_spent, suite.results[p].time_to_train_s)
@@ -269,9 +272,8 @@ def compare_report(args, trace, policies, knobs) -> None:
     from sailor_core.replay.compare import compare_policies, summary_lines
 
     t0 = time.perf_counter()
-    c = compare_policies(trace, model=args.model, tokens=args.tokens, policies=policies,
-                         on_demand_gpus=args.on_demand_gpus, plan_cache_path=args.plan_cache,
-                         planner_knobs=knobs, workers=args.workers,
+    c = compare_policies(trace, _spec(args, policies, on_demand_gpus=args.on_demand_gpus, plan_cache=args.plan_cache,
+                                      workers=args.workers), planner_knobs=knobs,
                          progress=lambda text: print(f"  replaying {text} ({time.perf_counter() - t0:.0f} s)",
                                                      flush=True))
     wall_s = time.perf_counter() - t0
@@ -311,9 +313,8 @@ def cold_report(args, trace, policies, knobs) -> None:
         raise SystemExit("--virtual-workers needs --workers 0 (it records one process's searches) and no probe")
     with _recording_searches() if args.virtual_workers else contextlib.nullcontext(({}, {})) as (answers, seconds):
         t0, c0, own0 = time.perf_counter(), _cpu_s(), time.process_time()
-        suite = run_policies(trace, model=args.model, tokens=args.tokens, policies=policies,
-                             budget_usd=args.budget_usd, planner_knobs=knobs,
-                             probe_micro_batches=args.probe_micro_batches, workers=args.workers)
+        suite = run_policies(trace, _spec(args, policies, workers=args.workers), planner_knobs=knobs,
+                             probe_micro_batches=args.probe_micro_batches)
         wall_s, cpu_s, own_cpu_s = time.perf_counter() - t0, _cpu_s() - c0, time.process_time() - own0
     calls = suite.planner_call_log
     print(f"{args.trace}: {trace.num_rows} rows, {trace.duration_s / 3600:.1f} h, "
@@ -344,8 +345,7 @@ def cold_report(args, trace, policies, knobs) -> None:
                                                  suite, wall_s, answers, seconds)
     if args.vs_all_micro_batches:
         t0, c0 = time.perf_counter(), _cpu_s()
-        full = run_policies(trace, model=args.model, tokens=args.tokens, policies=policies, budget_usd=args.budget_usd,
-                            planner_knobs=knobs, workers=args.workers)
+        full = run_policies(trace, _spec(args, policies, workers=args.workers), planner_knobs=knobs)
         full_wall_s, full_cpu_s = time.perf_counter() - t0, _cpu_s() - c0
         print(f"every micro-batch size: wall {full_wall_s:.2f} s, CPU {full_cpu_s:.2f} s, "
               f"{full.planner_calls} planner calls {full.planner_time_s:.2f} s")

@@ -81,6 +81,7 @@ def _api() -> SimpleNamespace:
     from sailor_core.planner.exhaustive import enumerate_best
     from sailor_core.profiles import default_profile_db
     from sailor_core.replay import run_policies
+    from sailor_core.specs.replay import ReplaySpec
     from sailor_core.simulator import simulate, stage_memory_for
     from sailor_core.traces import PreemptionEvent, build_trace, load_trace
 
@@ -139,7 +140,7 @@ def _api() -> SimpleNamespace:
         return out
 
     return SimpleNamespace(
-        bench_planner=bench_planner, InfeasibleError=InfeasibleError, default_network=default_network,
+        bench_planner=bench_planner, ReplaySpec=ReplaySpec, InfeasibleError=InfeasibleError, default_network=default_network,
         default_profile_db=default_profile_db, make_request=make_request, plan_job=plan_job,
         enumerate_best=enumerate_best, load_plan=load_plan, plan_from_dict=plan_from_dict,
         simulate=simulate, stage_memory_for=stage_memory_for, run_policies=run_policies,
@@ -403,13 +404,13 @@ def _synthetic_trace(api):
 def group_replay(ctx: _Ctx, only: Callable[[str], bool], golden: dict | None) -> dict:
     out = {}
     if only(GCP_4D):
-        suite = ctx.api.run_policies(ctx.api.load_trace("derived:gcp-4d:1"), model="opt-350m", tokens=5e9,
-                                     workers=0)
+        suite = ctx.api.run_policies(ctx.api.load_trace("derived:gcp-4d:1"),
+                                     ctx.api.ReplaySpec(trace="derived:gcp-4d:1", model="opt-350m", tokens=5e9, workers=0))
         out[GCP_4D] = ctx.api.replay_suite(suite)
     for name, budget in ((SYNTHETIC, None), (SYNTHETIC_BUDGET, 60.0)):
         if only(name):
-            suite = ctx.api.run_policies(_synthetic_trace(ctx.api), model="opt-350m", tokens=3e9, budget_usd=budget,
-                                         workers=0)
+            suite = ctx.api.run_policies(_synthetic_trace(ctx.api), ctx.api.ReplaySpec(
+                trace="synthetic", model="opt-350m", tokens=3e9, budget_usd=budget, workers=0))
             out[name] = ctx.api.replay_suite(suite)
     return out
 

@@ -1,5 +1,7 @@
 """``replay`` flow: a thin Prefect wrapper around ``sailor_core.replay.run_policies``.
 
+Its parameters are ReplaySpec's fields (``sailor_core/specs/replay.py``), as ``sailor replay`` takes them.
+
 Publishes the comparison as a table artifact and the timeline PNG (embedded in
 a markdown artifact) so the UI shows what each policy would cost and take.
 """
@@ -14,21 +16,23 @@ from typing import Any
 from prefect import flow, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
+from flows.spec_parameters import takes_spec
+from sailor_core.specs.replay import ReplaySpec
+
 
 @task(name="replay-policies", tags=["replay"])
-def replay_task(trace: str, model: str, tokens: float, policies: list[str],
-                budget_usd: float | None, plan_cache_path: str | None) -> tuple[dict[str, Any], bytes]:
+def replay_task(spec: ReplaySpec) -> tuple[dict[str, Any], bytes]:
     # lazy: the replay and its plotting (matplotlib) load in the task that runs them
     from sailor_core.replay import run_policies
     from sailor_core.replay.plot import plot_timeline
     from sailor_core.traces import load_trace
 
-    availability = load_trace(trace)
-    suite = run_policies(availability, model=model, tokens=tokens, policies=policies,
-                         budget_usd=budget_usd, plan_cache_path=plan_cache_path)
+    availability = load_trace(spec.trace, gpu=spec.trace_gpu, zone=spec.trace_zone)
+    suite = run_policies(availability, spec)
     with tempfile.TemporaryDirectory() as tmp:
         png = Path(tmp) / "timeline.png"
-        plot_timeline(suite.results, png, trace=availability, title=f"{model}, {tokens:.3g} tokens, {trace}")
+        plot_timeline(suite.results, png, trace=availability,
+                      title=f"{spec.model}, {spec.tokens:.3g} tokens, {spec.trace}")
         return suite.to_dict(), png.read_bytes()
 
 
@@ -56,13 +60,11 @@ def summary_rows(summary: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 @flow(name="replay", log_prints=True)
-def replay_flow(trace: str, model: str = "opt-350m", tokens: float = 2e10,
-                policies: list[str] | None = None, budget_usd: float | None = None,
-                plan_cache_path: str | None = None) -> dict[str, Any]:
-    # lazy: as above: the flow module stays light for `prefect deploy`
-    from sailor_core.replay import POLICIES
-
-    summary, png = replay_task(trace, model, tokens, list(policies or POLICIES), budget_usd, plan_cache_path)
+@takes_spec(ReplaySpec)
+def replay_flow(spec: ReplaySpec) -> dict[str, Any]:
+    """Replay a trace under each policy (``sailor replay``'s settings) and publish the comparison."""
+    trace, model, tokens = spec.trace, spec.model, spec.tokens
+    summary, png = replay_task(spec)
     create_table_artifact(key="replay-summary", table=summary_rows(summary),
                           description=f"Replay of {trace}: {model}, {tokens:.3g} tokens")
     data = base64.b64encode(png).decode()

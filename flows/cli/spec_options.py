@@ -39,6 +39,8 @@ def _is_list(f: SpecField) -> bool:
 
 
 def _cli_type(f: SpecField) -> Any:
+    if f.option.parse is not None:
+        return str if f.required else Optional[str]
     if _is_list(f):
         return Optional[str]
     inner = _value_type(f)
@@ -99,6 +101,11 @@ def spec_from_options(spec_type: type, options: dict[str, Any], check: Callable[
             if options.pop(_off_alias_name(f, i)):
                 value, spelled[f.name] = False, alias
         values[f.name] = _from_cli(f, value, spelled[f.name]) if _is_list(f) else value
+        if f.option.parse is not None and value is not None:
+            try:
+                values[f.name] = f.option.parse(value)
+            except ValueError as exc:
+                raise InputError(f"{spelled[f.name]} {exc}") from None
     try:
         spec = spec_type(**values)
         if check is not None:

@@ -22,8 +22,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sailor_core.replay.run import JobTerms, ReplaySuite, run_policies
+from sailor_core.replay.policies import POLICIES
+from sailor_core.replay.run import ReplaySuite, run_policies
 from sailor_core.replay.result import ReplayResult
+from sailor_core.specs.replay import ReplaySpec
 from sailor_core.traces import AvailabilityTrace
 
 _S_PER_HR = 3600.0
@@ -111,47 +113,48 @@ def pareto_front(points: Sequence[Point]) -> list[Point]:
     return front
 
 
-def compare_policies(trace: AvailabilityTrace, *, model: str, tokens: float, policies: Sequence[str],
-                     on_demand_gpus: int = 0, deadline_factors: Sequence[float] = DEADLINE_FACTORS,
+def compare_policies(trace: AvailabilityTrace, spec: ReplaySpec, *,
+                     deadline_factors: Sequence[float] = DEADLINE_FACTORS,
                      progress: Callable[[str], None] | None = None, **run_args: Any) -> Comparison:
-    """See the module doc; ``run_args`` go to every ``run_policies`` (costs, planner, cache...)."""
+    """See the module doc: ``spec``'s policies on its trace and job, whatever its objective,
+    deadline, floor and budget; ``run_args`` go to every ``run_policies`` (costs, planner...)."""
     say = progress or (lambda _text: None)
+    policies = spec.policy_names or POLICIES
+    base_spec = dataclasses.replace(spec, objective="throughput", deadline_h=None, min_throughput_samples_per_s=None,
+                                    budget_usd=None)
 
-    def ours(terms: JobTerms, budget_usd: float | None, label: str) -> Point:
+    def run(names: Sequence[str], **terms: Any) -> ReplaySuite:
+        return run_policies(trace, dataclasses.replace(base_spec, policy=",".join(names), **terms), **run_args)
+
+    def ours(label: str, **terms: Any) -> Point:
         say(f"ours, {label}")
-        suite = run_policies(trace, model=model, tokens=tokens, policies=("ours",), terms=terms,
-                             budget_usd=budget_usd, **run_args)
-        return Point.of(suite.results["ours"], label)
+        return Point.of(run(("ours",), **terms).results["ours"], label)
 
     say("every policy, fastest")
-    suite = run_policies(trace, model=model, tokens=tokens, policies=policies,
-                         terms=JobTerms(on_demand_gpus=on_demand_gpus), **run_args)
+    suite = run(policies)
     fastest = {name: Point.of(r, "fastest") for name, r in suite.results.items()}
     points = list(fastest.values())
     by_cost = [p for p in policies if p != "skypilot"]
     cheapest = None
     if by_cost:
         say("every policy, cheapest")
-        cheapest = run_policies(trace, model=model, tokens=tokens, policies=by_cost,
-                                terms=JobTerms(objective="cost", on_demand_gpus=on_demand_gpus), **run_args)
+        cheapest = run(by_cost, objective="cost")
         points += [Point.of(r, "cheapest") for r in cheapest.results.values()]
     if "ours" not in fastest:
         return Comparison(suite=suite, cheapest=cheapest, points=tuple(points), front=(), equal_terms=())
     base = fastest["ours"]
     deadlines = [base.time_h * f for f in deadline_factors] if base.time_h else []
     for d in deadlines:
-        points.append(ours(JobTerms(objective="cost", deadline_h=d, on_demand_gpus=on_demand_gpus), None,
-                           f"deadline {d:.2f} h"))
+        points.append(ours(f"deadline {d:.2f} h", objective="cost", deadline_h=d))
     equal = []
     for name, other in fastest.items():
         if name == "ours":
             continue
         by_deadline = by_budget = None
         if other.finished and other.time_h:
-            by_deadline = ours(JobTerms(objective="cost", deadline_h=other.time_h, on_demand_gpus=on_demand_gpus),
-                               None, f"deadline {other.time_h:.2f} h ({name}'s time)")
-            by_budget = ours(JobTerms(on_demand_gpus=on_demand_gpus), other.usd,
-                             f"budget {other.usd:.2f} USD ({name}'s spend)")
+            by_deadline = ours(f"deadline {other.time_h:.2f} h ({name}'s time)", objective="cost",
+                               deadline_h=other.time_h)
+            by_budget = ours(f"budget {other.usd:.2f} USD ({name}'s spend)", budget_usd=other.usd)
             points += [by_deadline, by_budget]
         equal.append(EqualTerms(other=name, other_point=other, ours_by_deadline=by_deadline,
                                 ours_by_budget=by_budget, ours_fastest=base))

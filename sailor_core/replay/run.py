@@ -29,9 +29,10 @@ from sailor_core.replay.lookahead import first_requests
 from sailor_core.replay.plan_cache import PersistentPlanner, _key, persistent
 from sailor_core.replay.policies import POLICIES, controller_config, pick_single_type, single_type_requests
 from sailor_core.replay.prefetch import PrefetchingPlanner, PrefetchStats, default_workers
-from sailor_core.replay.prices import PriceSeries
+from sailor_core.replay.prices import PriceSeries, load_price_series
 from sailor_core.replay.result import ReplayResult
 from sailor_core.replay.simulation import PriceFn, replay
+from sailor_core.specs.replay import ReplaySpec
 from sailor_core.traces import AvailabilityTrace, GpuZone
 
 # Search knobs for re-planning inside a replay: a smaller budget of simulate()
@@ -186,31 +187,19 @@ class JobTerms:
 
 def run_policies(
     trace: AvailabilityTrace,
+    spec: ReplaySpec,
     *,
-    model: str,
-    tokens: float,
-    policies: Sequence[str] = POLICIES,
-    global_batch_size: int | None = None,
-    budget_usd: float | None = None,
-    costs: ChangeCosts | None = None,
-    gpu_type: str | None = None,
-    prices: PriceSeries | None = None,
     plan_fn: PlanFn | None = None,
-    seq_len: int | None = None,
-    seed: int = 0,
-    max_time_s: float | None = None,
-    exact_availability: bool = False,
-    plan_cache_path: str | None = None,
+    costs: ChangeCosts | None = None,
     planner_knobs: dict[str, Any] | None = None,
     probe_micro_batches: bool = False,
-    workers: int | None = None,
     progress: Callable[[str, float, int], None] | None = None,
-    terms: JobTerms | None = None,
 ) -> ReplaySuite:
-    """Replay ``trace`` under each policy (in turn, sharing one planner cache).
+    """Replay ``trace`` under each policy of ``spec`` (in turn, sharing one planner cache).
 
-    ``terms``: the job's objective and constraints (``JobTerms``; default: finish soonest, on
-    spot only), which every policy but skypilot's managed job re-plans by.
+    The job's objective and constraints (``JobTerms`` of ``spec``: default: finish soonest, on
+    spot only) are what every policy but skypilot's managed job re-plans by.  ``costs``: the
+    costs of a change (default: ``spec``'s); ``plan_fn``: a planner in place of the real one.
 
     ``progress``, when given, is called as the replay goes with the policy, its simulated
     time and the planner searches made so far.
@@ -220,21 +209,25 @@ def run_policies(
     the availabilities the policies will likely ask about next while the replay runs;
     the results are those of a replay without them.
     """
-    spec = _checked_model(model, tokens=tokens, budget_usd=budget_usd, policies=policies)
-    terms = terms or JobTerms()
+    policies = spec.policy_names or POLICIES
+    budget_usd, global_batch_size, plan_cache_path = spec.budget_usd, spec.global_batch_size, spec.plan_cache
+    model = _checked_model(spec.model, tokens=spec.tokens, budget_usd=budget_usd, policies=policies)
+    terms = JobTerms(objective=spec.objective, min_throughput_samples_per_s=spec.min_throughput_samples_per_s,
+                     deadline_h=spec.deadline_h, on_demand_gpus=spec.on_demand_gpus)
     t0 = time.perf_counter()
-    samples_target = float(tokens) / float(seq_len or spec.seq_len)
-    if costs is None:
-        costs = ChangeCosts(checkpoint_bytes=checkpoint_bytes_for(spec.name))
-    planning = _planning(trace, plan_fn, model=spec.name, global_batch_size=global_batch_size,
+    samples_target = float(spec.tokens) / float(model.seq_len)
+    costs = costs or _change_costs(spec, model.name)
+    prices = load_price_series(spec.prices) if spec.prices else None
+    planning = _planning(trace, plan_fn, model=model.name, global_batch_size=global_batch_size,
                          planner_knobs=planner_knobs, probe_micro_batches=probe_micro_batches,
-                         exact_availability=exact_availability, plan_cache_path=plan_cache_path, workers=workers)
-    single = _single_type(trace, planning, policies=policies, gpu_type=gpu_type, costs=costs)
-    replay_args = dict(trace=trace, costs=costs, samples_target=samples_target, budget_usd=budget_usd, seed=seed,
-                       max_time_s=max_time_s, price_change_times=prices.change_times() if prices is not None else (),
+                         exact_availability=spec.exact_availability, plan_cache_path=plan_cache_path,
+                         workers=spec.workers)
+    single = _single_type(trace, planning, policies=policies, gpu_type=spec.gpu, costs=costs)
+    replay_args = dict(trace=trace, costs=costs, samples_target=samples_target, budget_usd=budget_usd, seed=spec.seed,
+                       max_time_s=None, price_change_times=prices.change_times() if prices is not None else (),
                        deadline_s=terms.deadline_h * 3600.0 if terms.deadline_h is not None else None,
                        on_demand_price_fn=catalog_price_fn(spot=False))
-    cheap = _cheap_planner(planning, model=spec.name, global_batch_size=global_batch_size,
+    cheap = _cheap_planner(planning, model=model.name, global_batch_size=global_batch_size,
                            planner_knobs=planner_knobs, terms=terms, plan_cache_path=plan_cache_path,
                            plan_fn=plan_fn, budget_usd=budget_usd)
     results = _replay_each(planning, policies, single=single, prices=prices, replay_args=replay_args,
@@ -248,6 +241,13 @@ def run_policies(
         micro_batch_sizes=planning.micro_batch_sizes,
         prefetch=prefetcher.stats() if prefetcher is not None else None, terms=terms,
     )
+
+
+def _change_costs(spec: ReplaySpec, model: str) -> ChangeCosts:
+    """What a change costs, as ``spec`` says, with the model's checkpoint."""
+    return ChangeCosts(provisioning_s=spec.provisioning_s, startup_s=spec.startup_s, rejoin_s=spec.rejoin_s,
+                       checkpoint_interval_s=spec.checkpoint_interval_s, checkpoint_bytes=checkpoint_bytes_for(model),
+                       storage_bw_bytes_per_s=spec.storage_gb_per_s * 1e9)
 
 
 def _checked_model(model: str, *, tokens: float, budget_usd: float | None, policies: Sequence[str]) -> ModelSpec:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,13 +23,15 @@ class Option:
     cli: tuple[str, ...] = ()  # names on the command line; empty: --the-field-name
     aliases: tuple[str, ...] = ()  # older or sibling-command spellings, accepted and hidden from --help
     off_aliases: tuple[str, ...] = ()  # of a yes/no field: older hidden flags that mean "no" (--on-demand)
+    parse: Callable[[str], Any] | None = None  # reads the command line's text ("20B"); ValueError says why not
 
 
 def option(default: Any = dataclasses.MISSING, *, help: str, unit: str = "", cli: tuple[str, ...] = (),
-           aliases: tuple[str, ...] = (), off_aliases: tuple[str, ...] = ()) -> Any:
+           aliases: tuple[str, ...] = (), off_aliases: tuple[str, ...] = (),
+           parse: Callable[[str], Any] | None = None) -> Any:
     """A spec's field with its user-facing description."""
     return dataclasses.field(default=default, metadata={OPTION: Option(
-        help=help, unit=unit, cli=cli, aliases=aliases, off_aliases=off_aliases)})
+        help=help, unit=unit, cli=cli, aliases=aliases, off_aliases=off_aliases, parse=parse)})
 
 
 class SpecError(InputError):

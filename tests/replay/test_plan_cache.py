@@ -4,6 +4,7 @@ import json
 
 from sailor_core.replay import run_policies
 from sailor_core.replay.plan_cache import persistent
+from sailor_core.specs.replay import ReplaySpec
 from sailor_core.traces import build_trace
 
 from replay_helpers import linear_planner
@@ -62,8 +63,8 @@ def test_a_second_replay_plans_nothing(tmp_path, monkeypatch):
 
     trace = build_trace([(0.0, {A: 8}), (3600.0, {A: 4}), (7200.0, {A: 8})])
     path = tmp_path / "plans.json"
-    kwargs = dict(model="opt-350m", tokens=2e8, policies=("ours", "static"), plan_cache_path=str(path), workers=0)
-    cold = run_policies(trace, **kwargs)
+    spec = ReplaySpec(trace="-", model="opt-350m", tokens=2e8, policy="ours,static", plan_cache=str(path), workers=0)
+    cold = run_policies(trace, spec)
     assert cold.planner_calls > 0 and path.exists()
 
     def no_search(**_args):
@@ -72,7 +73,7 @@ def test_a_second_replay_plans_nothing(tmp_path, monkeypatch):
         return search
 
     monkeypatch.setattr(replay_run, "planner_plan_fn", no_search)
-    warm = run_policies(trace, **kwargs)
+    warm = run_policies(trace, spec)
     assert warm.planner_calls == cold.planner_calls  # same calls, answered from the file
     for name, r in cold.results.items():
         assert (warm.results[name].time_to_train_s, warm.results[name].usd_spent) == (r.time_to_train_s, r.usd_spent)

@@ -1,9 +1,12 @@
 """Planner answers searched ahead: the lookahead names the requests the next re-plan makes,
 and worker processes' answers leave a replay's results as they are without them."""
 
+import dataclasses
+
 import pytest
 
 from sailor_core.replay import ChangeCosts, controller_config, replay, run_policies
+from sailor_core.specs.replay import ReplaySpec
 from sailor_core.traces import build_trace, derive_preset
 
 from replay_helpers import linear_planner
@@ -94,9 +97,9 @@ def test_worker_processes_leave_a_real_replay_unchanged():
     # Two GPU types, pools that lose and regain GPUs: several forced re-plans.
     trace = build_trace([(0.0, {A: 8, B: 8, V: 8}), (1800.0, {A: 6, B: 8, V: 8}), (2400.0, {A: 6, B: 5, V: 8}),
                          (3000.0, {A: 6, B: 5, V: 4}), (3600.0, {A: 8, B: 8, V: 8}), (4200.0, {A: 3, B: 8, V: 6})])
-    kwargs = dict(model="opt-350m", tokens=3e8, policies=("ours", "static"), seed=3)
-    alone = run_policies(trace, **kwargs, workers=0)
-    helped = run_policies(trace, **kwargs, workers=2)
+    spec = ReplaySpec(trace="-", model="opt-350m", tokens=3e8, policy="ours,static", seed=3)
+    alone = run_policies(trace, dataclasses.replace(spec, workers=0))
+    helped = run_policies(trace, dataclasses.replace(spec, workers=2))
     assert alone.prefetch is None
     assert helped.prefetch.num_from_workers > 0
     assert helped.prefetch.num_from_workers + helped.prefetch.num_in_process == helped.planner_calls
@@ -200,8 +203,8 @@ def test_the_single_type_pick_asks_what_the_replay_searches_ahead_for_it():
 def test_progress_follows_each_policy_through_simulated_time():
     trace = derive_preset("aws-3d", seed=1)
     seen = []
-    suite = run_policies(trace, model="opt-350m", tokens=1.5e10, policies=("ours", "static"), gpu_type="V100-16",
-                         plan_fn=linear_planner, workers=0, progress=lambda *a: seen.append(a))
+    spec = ReplaySpec(trace="-", model="opt-350m", tokens=1.5e10, policy="ours,static", gpu="V100-16", workers=0)
+    suite = run_policies(trace, spec, plan_fn=linear_planner, progress=lambda *a: seen.append(a))
     for policy in ("ours", "static"):
         times = [t for p, t, _ in seen if p == policy]
         assert len(times) > 2 and times == sorted(times)

@@ -6,6 +6,7 @@ from types import SimpleNamespace
 from sailor_core.controller import PlanOption
 from sailor_core.replay import run_policies
 from sailor_core.replay.run import probed_micro_batch_sizes
+from sailor_core.specs.replay import ReplaySpec
 from sailor_core.traces import build_trace
 
 A = ("A100-40", "us-central1-a")
@@ -45,9 +46,9 @@ def test_no_restriction_without_plans():
 def test_probed_sizes_leave_a_small_real_replay_unchanged():
     # One A100 pool that dips and returns, one V100 pool: real planner, both ways.
     trace = build_trace([(0.0, {A: 8, V: 4}), (3600.0, {A: 4, V: 4}), (7200.0, {A: 8, V: 4})])
-    kwargs = dict(model="opt-350m", tokens=2e8, policies=("ours", "static"))
-    probed = run_policies(trace, **kwargs, probe_micro_batches=True)
-    everything = run_policies(trace, **kwargs)  # the default: every size
+    spec = ReplaySpec(trace="-", model="opt-350m", tokens=2e8, policy="ours,static")
+    probed = run_policies(trace, spec, probe_micro_batches=True)
+    everything = run_policies(trace, spec)  # the default: every size
     assert probed.micro_batch_sizes and 1 in probed.micro_batch_sizes and everything.micro_batch_sizes is None
     # The probe's own calls (one per GPU type) count as planner calls.
     assert len(probed.planner_call_log) == probed.planner_calls

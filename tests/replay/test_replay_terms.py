@@ -1,11 +1,14 @@
 """The job's terms in the replay (objective, deadline, on-demand capacity) and the comparison at
 equal terms, with the linear test planner."""
 
+import dataclasses
+
 import pytest
 
 from sailor_core.controller import PlanOption
 from sailor_core.replay import ChangeCosts, JobTerms, controller_config, replay, run_policies
 from sailor_core.replay.compare import compare_policies, pareto_front, summary_lines
+from sailor_core.specs.replay import ReplaySpec
 from sailor_core.traces import build_trace
 
 from replay_helpers import linear_planner
@@ -67,11 +70,11 @@ def test_declined_switches_are_recorded_once_per_plan():
 
 def test_run_policies_takes_the_jobs_terms():
     trace = stormy(hours=20)
-    fastest = run_policies(trace, model="opt-350m", tokens=2e9, policies=("ours",), plan_fn=linear_planner,
-                           costs=COSTS, workers=0)
+    spec = ReplaySpec(trace="-", model="opt-350m", tokens=2e9, policy="ours", workers=0)
+    fastest = run_policies(trace, spec, plan_fn=linear_planner, costs=COSTS)
     slow_ok = fastest.results["ours"].time_to_train_s / 3600 * 3
-    cheap = run_policies(trace, model="opt-350m", tokens=2e9, policies=("ours",), plan_fn=linear_planner,
-                         costs=COSTS, workers=0, terms=JobTerms(objective="cost", deadline_h=slow_ok))
+    cheap = run_policies(trace, dataclasses.replace(spec, objective="cost", deadline_h=slow_ok),
+                         plan_fn=linear_planner, costs=COSTS)
     f, c = fastest.results["ours"], cheap.results["ours"]
     assert c.finished and c.time_to_train_s <= slow_ok * 3600
     assert c.usd_spent < f.usd_spent
@@ -82,9 +85,9 @@ def test_run_policies_takes_the_jobs_terms():
 
 def test_compare_at_equal_terms():
     trace = stormy(hours=40)
-    c = compare_policies(trace, model="opt-350m", tokens=2e9, policies=("ours", "single-type", "skypilot"),
-                         plan_fn=linear_planner, costs=COSTS, workers=0, gpu_type="A100-40",
-                         deadline_factors=(2.0,))
+    spec = ReplaySpec(trace="-", model="opt-350m", tokens=2e9, policy="ours,single-type,skypilot", workers=0,
+                      gpu="A100-40")
+    c = compare_policies(trace, spec, plan_fn=linear_planner, costs=COSTS, deadline_factors=(2.0,))
     assert {p.policy for p in c.points} == {"ours", "single-type", "skypilot"}
     assert c.front and all(p.policy == "ours" for p in c.front)
     assert c.front == tuple(pareto_front(c.front))
