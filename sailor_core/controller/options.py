@@ -123,9 +123,9 @@ class CachedPlanner:
     """
 
     plan_fn: PlanFn
-    # What the planner ranks by: with "cost" (its cheapest plans) only exact answers and a
+    # Whether the planner ranks by throughput; else (its cheapest plans) only exact answers and a
     # superset's best that still fits are reused (the throughput bound below does not apply).
-    objective: str = "throughput"
+    fastest_first: bool = True
     num_calls: int = 0
     num_hits: int = 0
     planner_time_s: float = 0.0
@@ -168,7 +168,7 @@ class CachedPlanner:
                 return tuple(o for o in options if o.fits_in(avail))
         if any(not options for _, options in supersets):
             return ()  # nothing runs on a superset, so nothing runs here
-        if self.objective != "throughput":
+        if not self.fastest_first:
             return None
         bound = min(options[0].throughput_samples_per_s for _, options in supersets)
         best = max((o for _, options in self._answers for o in options if o.fits_in(avail)),
@@ -205,7 +205,7 @@ class CheapestPlanner:
         floor = min_throughput_samples_per_s
         fn = self.planners.get(floor)
         if fn is None:
-            fn = self.planners[floor] = CachedPlanner(plan_fn=self.make(floor), objective="cost")
+            fn = self.planners[floor] = CachedPlanner(plan_fn=self.make(floor), fastest_first=False)
         return fn(available)
 
     @property

@@ -5,11 +5,12 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from enum import Enum
 
 from sailor_core.catalog.gpus import normalize_gpu_name
 from sailor_core.catalog.models import get_model, normalize_model_name
 from sailor_core.errors import InputError, UnknownNameError
+from sailor_core.objective import Objective
+from sailor_core.planner.ranking import PLAN_RANKINGS, PlanRanking
 from sailor_core.zones import parse_zone
 
 GpuZone = tuple[str, str]  # (canonical GPU type, zone)
@@ -18,13 +19,6 @@ GpuZone = tuple[str, str]  # (canonical GPU type, zone)
 DEFAULT_GLOBAL_BATCH_SIZE = 1024
 # A TP group lives on one node: 8 GPUs on the usual GPU servers.
 DEFAULT_MAX_TP_DEGREE = 8
-
-
-class Objective(str, Enum):
-    """``throughput``: most samples/s within the caps; ``cost``: least USD/iteration above the floor."""
-
-    THROUGHPUT = "throughput"
-    COST = "cost"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -56,6 +50,11 @@ class PlanRequest:
     @property
     def total_gpus(self) -> int:
         return sum(self.availability.values())
+
+    @property
+    def ranking(self) -> PlanRanking:
+        """How the search orders plans for the objective."""
+        return PLAN_RANKINGS[self.objective]
 
     @property
     def has_cost_caps(self) -> bool:
@@ -112,10 +111,7 @@ def make_request(
     **knobs,
 ) -> PlanRequest:
     """Validate a planning request; raises InputError/UnknownNameError naming the problem."""
-    try:
-        objective = Objective(str(getattr(objective, "value", objective)).strip().lower())
-    except ValueError:
-        raise InputError(f"unknown objective {objective!r}: expected 'throughput' or 'cost'") from None
+    objective = Objective.parse(objective)
     model = normalize_model_name(model)
     clean: dict[GpuZone, int] = {}
     for key, count in dict(availability).items():
@@ -153,7 +149,6 @@ def make_request(
 __all__ = [
     "DEFAULT_GLOBAL_BATCH_SIZE",
     "GpuZone",
-    "Objective",
     "PlanRequest",
     "UnknownNameError",
     "make_request",

@@ -14,11 +14,13 @@ from typing import Any
 from sailor_core.catalog import ModelSpec, get_model, normalize_gpu_name
 from sailor_core.catalog.instances import gpu_price_usd_per_hr
 from sailor_core.controller import (
-    OBJECTIVES,
+    POLICIES,
     CachedPlanner,
     CheapestPlanner,
     PlanFn,
     PlanOption,
+    controller_config,
+    option_ranking,
     planner_plan_fn,
     restrict,
 )
@@ -27,7 +29,8 @@ from sailor_core.errors import InputError
 from sailor_core.replay.costs import ChangeCosts, checkpoint_bytes_for
 from sailor_core.replay.lookahead import first_requests
 from sailor_core.replay.plan_cache import PersistentPlanner, _key, persistent
-from sailor_core.replay.policies import POLICIES, controller_config, pick_single_type, single_type_requests
+from sailor_core.objective import JobTerms
+from sailor_core.replay.policies import controller_costs, pick_single_type, single_type_requests
 from sailor_core.replay.prefetch import PrefetchingPlanner, PrefetchStats, default_workers
 from sailor_core.replay.prices import PriceSeries
 from sailor_core.replay.simulation import PriceFn, ReplayResult, replay
@@ -156,33 +159,6 @@ def catalog_price_fn(*, spot: bool = True) -> PriceFn:
     return lambda gpu, zone, _t: per_gpu(gpu, zone)
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class JobTerms:
-    """What the replayed job asks, as ``sailor train`` would: the objective (``throughput``:
-    finish soonest; ``cost``: for the fewest USD), a floor on the throughput, a deadline from
-    the trace's start, and on-demand GPUs per pool besides the spot ones (0: spot only; the
-    skypilot policy rents spot only)."""
-
-    objective: str = "throughput"
-    min_throughput_samples_per_s: float | None = None
-    deadline_h: float | None = None
-    on_demand_gpus: int = 0
-
-    def __post_init__(self) -> None:
-        if self.objective not in OBJECTIVES:
-            raise InputError(f"unknown objective {self.objective!r}; known: {', '.join(OBJECTIVES)}")
-        if self.min_throughput_samples_per_s is not None and not self.min_throughput_samples_per_s > 0:
-            raise InputError(f"throughput floor must be positive, got {self.min_throughput_samples_per_s}")
-        if self.deadline_h is not None and not (self.deadline_h > 0 and math.isfinite(self.deadline_h)):
-            raise InputError(f"deadline must be a positive number of hours, got {self.deadline_h}")
-        if self.on_demand_gpus < 0:
-            raise InputError(f"on-demand GPUs per pool must be >= 0, got {self.on_demand_gpus}")
-
-    @property
-    def wants_cheap_plans(self) -> bool:
-        """Whether the controller also asks the planner for its cheapest plans."""
-        return self.objective == "cost" or self.deadline_h is not None
-
 def run_policies(
     trace: AvailabilityTrace,
     *,
@@ -231,7 +207,7 @@ def run_policies(
     single = _single_type(trace, planning, policies=policies, gpu_type=gpu_type, costs=costs)
     replay_args = dict(trace=trace, costs=costs, samples_target=samples_target, budget_usd=budget_usd, seed=seed,
                        max_time_s=max_time_s, price_change_times=prices.change_times() if prices is not None else (),
-                       deadline_s=terms.deadline_h * 3600.0 if terms.deadline_h is not None else None,
+                       deadline_s=terms.deadline_s,
                        on_demand_price_fn=catalog_price_fn(spot=False))
     cheap = _cheap_planner(planning, model=spec.name, global_batch_size=global_batch_size,
                            planner_knobs=planner_knobs, terms=terms, plan_cache_path=plan_cache_path,
@@ -325,7 +301,9 @@ def _single_type(trace: AvailabilityTrace, planning: _Planning, *, policies: Seq
     if gpu_type is None and planning.prefetch is not None:
         # The replay's first searches, started together in the workers: the first plan of
         # `ours` (the largest of them) and what pick_single_type asks here.
-        lead = first_requests(trace, controller_config("ours", costs=costs)) if policies[0] == "ours" else []
+        lead = (first_requests(trace, controller_config("ours", costs=controller_costs(costs),
+                                                         shutdown_s=costs.shutdown_s))
+                if policies[0] == "ours" else [])
         planning.prefetch([*lead, *single_type_requests(trace)])
     return normalize_gpu_name(gpu_type) if gpu_type else pick_single_type(trace, planning.plan_fn)
 
@@ -337,7 +315,8 @@ def _cheap_planner(planning: _Planning, *, model: str, global_batch_size: int | 
     cost, has a deadline or a budget (``decide``'s ``cost_plan_fn``: with a budget only asked
     once no fast plan finishes within it); in this process, memoised per floor, on the grid
     unless exact, kept in the plan cache beside the fastest plans."""
-    if not terms.wants_cheap_plans and budget_usd is None:
+    if not option_ranking(terms.objective).asks_cheapest(deadline=terms.deadline_h is not None) \
+            and budget_usd is None:
         return None
     knobs = {**REPLAY_PLANNER_KNOBS, **(planner_knobs or {}), "objective": "cost"}
     if planning.micro_batch_sizes:
@@ -399,8 +378,8 @@ def _replay_each(planning: _Planning, policies: Sequence[str], *, single: str | 
 
 
 def _config(policy: str, *, costs: ChangeCosts, single: str | None, terms: JobTerms, zones: Sequence[str]):
-    return controller_config(policy, costs=costs, gpu_type=single, objective=terms.objective,
-                             min_throughput_samples_per_s=terms.min_throughput_samples_per_s, zones=zones)
+    return controller_config(policy, costs=controller_costs(costs, zones), shutdown_s=costs.shutdown_s, terms=terms,
+                             gpu_type=single)
 
 
 def _on_demand(trace: AvailabilityTrace, terms: JobTerms, config) -> dict[GpuZone, int]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 from sailor_core.catalog.instances import catalog_offers
-from sailor_core.controller import Action, Event, EventKind, planner_plan_fn
+from sailor_core.controller import Action, Event, EventKind, controller_config, planner_plan_fn
 from sailor_core.controller.economics import change_s, outlook
 from sailor_core.errors import InfeasibleError
 from sailor_core.job import state as js
@@ -19,7 +19,7 @@ SPEC = JobSpec(model="opt-350m", budget_usd=1e6, steps=2000, global_batch_size=6
 
 
 def _expected_usd(option, spec: JobSpec) -> float:
-    config = control.controller_config(5.0, spec)
+    config = controller_config("ours", costs=control.FLOW_COSTS, shutdown_s=5.0, terms=spec.terms)
     change = change_s(option, running=None, held={}, held_on_demand={}, costs=config.costs)
     o = outlook(option, remaining=spec.steps * spec.global_batch_size, change=change, rates={}, shares={},
                 costs=config.costs)

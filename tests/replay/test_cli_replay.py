@@ -17,7 +17,7 @@ import pytest
         (["--trace", "derived:gcp-4d", "--model", "opt-350m", "--tokens", "1e9", "--deadline-h", "0"], "deadline"),
         (["--trace", "derived:gcp-4d", "--model", "opt-350m", "--tokens", "1e9", "--pareto", "x.png"], "--compare"),
         (["--trace", "derived:gcp-4d", "--model", "opt-350m", "--tokens", "1e9", "--on-demand-gpus", "-2"],
-         "on-demand"),
+         "on_demand_gpus must be at least 0"),
     ],
 )
 def test_bad_input_one_error_line(sailor_cli, args, words):

@@ -3,7 +3,8 @@ and worker processes' answers leave a replay's results as they are without them.
 
 import pytest
 
-from sailor_core.replay import ChangeCosts, controller_config, replay, run_policies
+from sailor_core.controller import controller_config
+from sailor_core.replay import ChangeCosts, controller_costs, replay, run_policies
 from sailor_core.traces import build_trace, derive_preset
 
 from replay_helpers import linear_planner
@@ -24,7 +25,8 @@ def recorded_replay(trace, policy, *, target, decisions=1, costs=None):
         return linear_planner(available)
 
     costs = costs or ChangeCosts(checkpoint_bytes=4e9)
-    result = replay(trace, plan_fn=plan_fn, config=controller_config(policy, costs=costs, gpu_type="V100-16"),
+    result = replay(trace, plan_fn=plan_fn, config=controller_config(policy, costs=controller_costs(costs), shutdown_s=costs.shutdown_s,
+                                                                       gpu_type="V100-16"),
                     costs=costs, samples_target=target, price_fn=ONE_USD, policy=policy, seed=1,
                     prefetch=lambda requests: events.append(("guess", [dict(a) for a in requests])),
                     prefetch_decisions=decisions)
