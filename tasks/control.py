@@ -55,7 +55,7 @@ from sailor_core.controller.interim import interim_option, interim_pays
 from sailor_core.errors import InfeasibleError
 from sailor_core.objective import Objective
 from sailor_core.planner.ranking import CHEAPEST, FASTEST
-from sailor_core.planner.request import DEFAULT_MAX_TP_DEGREE
+from sailor_core.planner.request import DEFAULT_MAX_TP_DEGREE, PlanQuery, SearchSettings
 
 # Seconds a plan change costs before training resumes: boot, torch import, rendezvous, reload.
 CHANGE_COST_S = 30.0
@@ -157,10 +157,10 @@ def planner_on_offers(offers: Sequence[Offer], *, model: str, objective: Objecti
                       global_batch_size: int | None = None, max_usd_per_hr: float | None = None,
                       min_throughput_samples_per_s: float | None = None, spot: bool = True) -> Planner:
     pricing = OfferPricing(offers=tuple(offers), spot=spot)
-    search = planner_plan_fn(
-        model=model, objective=objective, global_batch_size=global_batch_size, max_usd_per_hour=max_usd_per_hr,
-        min_throughput_samples_per_s=min_throughput_samples_per_s, spot=spot, collect_pareto=True,
-        pricing=pricing, on_infeasible=_log_infeasible, max_tp_degree=max_tp_degree(offers))
+    query = PlanQuery(model=model, objective=Objective.parse(objective), global_batch_size=global_batch_size,
+                      max_usd_per_hour=max_usd_per_hr, min_throughput_samples_per_s=min_throughput_samples_per_s,
+                      spot=spot, search=SearchSettings(collect_pareto=True, max_tp_degree=max_tp_degree(offers)))
+    search = planner_plan_fn(query, pricing=pricing, on_infeasible=_log_infeasible)
     return Planner(search=search, cached=CachedPlanner(plan_fn=search), pricing=pricing)
 
 
@@ -181,10 +181,10 @@ def job_planner(spec: JobSpec, offers: Sequence[Offer]) -> Planner:
                                 min_throughput_samples_per_s=spec.min_throughput_samples_per_s, spot=spec.spot)
 
     def cheapest_above(floor: float | None) -> PlannerPlanFn:  # the controller's floor includes the job's
-        return planner_plan_fn(model=spec.model, objective=CHEAPEST.objective, global_batch_size=spec.global_batch_size,
-                               max_usd_per_hour=spec.max_usd_per_hr, min_throughput_samples_per_s=floor,
-                               spot=spec.spot, pricing=planner.pricing, on_infeasible=_log_infeasible,
-                               max_tp_degree=max_tp_degree(offers))
+        query = dataclasses.replace(planner.search.query, objective=CHEAPEST.objective,
+                                    min_throughput_samples_per_s=floor,
+                                    search=SearchSettings(max_tp_degree=max_tp_degree(offers)))
+        return planner_plan_fn(query, pricing=planner.pricing, on_infeasible=_log_infeasible)
 
     return dataclasses.replace(planner, cheap=CheapestPlanner(make=cheapest_above))
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -22,8 +23,25 @@ DEFAULT_MAX_TP_DEGREE = 8
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class PlanRequest:
-    """A planning problem.  Build it with ``make_request`` to validate untrusted values."""
+class SearchSettings:
+    """How the planner searches and what it answers: the settings callers tune (the defaults cover
+    what the planner searches; the replay and tests shrink them)."""
+
+    top_n: int = 5
+    micro_batch_sizes: tuple[int, ...] | None = None  # default: powers of two dividing the batch
+    max_stages: int = 16
+    max_tp_degree: int = DEFAULT_MAX_TP_DEGREE
+    mixed_stages: bool = True  # let leftover GPUs of other types join a stage as extra replicas
+    max_evaluations: int = 4000  # work of the best-first search before it stops: evaluations (a split: 1/4)
+    max_shapes_scored: int = 20000  # shapes given a bound by the lazy order before it stops adding
+    patience: int = 80  # evaluated shape orders in a row that do not improve the top N before the search stops
+    collect_pareto: bool = False  # evaluate more candidates so the cost/throughput front is wider
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PlanRequest(SearchSettings):
+    """A planning problem, with the settings of its search.  Build it with ``make_request`` to
+    validate untrusted values."""
 
     model: str
     availability: Mapping[GpuZone, int]
@@ -33,19 +51,9 @@ class PlanRequest:
     max_usd_per_hour: float | None = None
     # samples (sequences) per second; Sailor's "iterations/s" floor times the global batch.
     min_throughput_samples_per_s: float | None = None
-    top_n: int = 5
     seq_len: int | None = None
     regime: str | None = None
     spot: bool = True
-    # Search-space knobs (defaults cover what the planner searches; tests shrink them).
-    micro_batch_sizes: tuple[int, ...] | None = None  # default: powers of two dividing the batch
-    max_stages: int = 16
-    max_tp_degree: int = DEFAULT_MAX_TP_DEGREE
-    mixed_stages: bool = True  # let leftover GPUs of other types join a stage as extra replicas
-    max_evaluations: int = 4000  # work of the best-first search before it stops: evaluations (a split: 1/4)
-    max_shapes_scored: int = 20000  # shapes given a bound by the lazy order before it stops adding
-    patience: int = 80  # evaluated shape orders in a row that do not improve the top N before the search stops
-    collect_pareto: bool = False  # evaluate more candidates so the cost/throughput front is wider
 
     @property
     def total_gpus(self) -> int:
@@ -146,10 +154,33 @@ def make_request(
     )
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PlanQuery:
+    """What a caller asks the planner on each availability it offers (a PlanRequest less the
+    availability): the controller's planner (``controller.planner_plan_fn``) takes one."""
+
+    model: str
+    global_batch_size: int | None = None
+    objective: Objective = Objective.THROUGHPUT
+    max_usd_per_hour: float | None = None
+    min_throughput_samples_per_s: float | None = None
+    spot: bool = True
+    search: SearchSettings = SearchSettings()
+
+    def on(self, availability: Mapping[GpuZone, int]) -> PlanRequest:
+        """The request on ``availability``, validated (``make_request``)."""
+        search = {f.name: getattr(self.search, f.name) for f in dataclasses.fields(SearchSettings)}
+        return make_request(model=self.model, availability=availability, objective=self.objective,
+                            global_batch_size=self.global_batch_size, max_usd_per_hour=self.max_usd_per_hour,
+                            min_throughput_samples_per_s=self.min_throughput_samples_per_s, spot=self.spot, **search)
+
+
 __all__ = [
     "DEFAULT_GLOBAL_BATCH_SIZE",
     "GpuZone",
+    "PlanQuery",
     "PlanRequest",
+    "SearchSettings",
     "UnknownNameError",
     "make_request",
     "parse_gpu_list",

@@ -7,6 +7,7 @@ import dataclasses
 
 from sailor_core.catalog.instances import catalog_offers
 from sailor_core.controller import Action, Event, EventKind, controller_config, planner_plan_fn
+from sailor_core.planner.request import PlanQuery, SearchSettings
 from sailor_core.controller.economics import change_s, outlook
 from sailor_core.errors import InfeasibleError
 from sailor_core.job import state as js
@@ -65,8 +66,8 @@ def test_a_candidate_the_instances_cannot_hold_is_left_out_not_fatal():
             raise InfeasibleError("no instance type in us-central1-a has 2 T4 GPUs on one node")
         return 0.35 * sum(r.tp_degree for st in plan.stages for r in st.replicas)
 
-    fn = planner_plan_fn(model="opt-350m", global_batch_size=64, pricing=pricing, on_infeasible=heard.append,
-                         top_n=10)
+    fn = planner_plan_fn(PlanQuery(model="opt-350m", global_batch_size=64, search=SearchSettings(top_n=10)),
+                         pricing=pricing, on_infeasible=heard.append)
     options = fn({("T4", "us-central1-a"): 8})
     assert options and all(r.tp_degree == 1 for o in options for st in o.plan.stages for r in st.replicas)
     assert heard and all("on one node" in str(e) for e in heard)

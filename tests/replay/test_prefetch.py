@@ -168,9 +168,11 @@ def test_a_worker_killed_mid_search_costs_time_not_the_answer():
     from sailor_core.controller import planner_plan_fn
     from sailor_core.replay.prefetch import PrefetchingPlanner
 
-    args = dict(model="opt-350m", global_batch_size=None, max_evaluations=50)
+    from sailor_core.planner.request import PlanQuery, SearchSettings
+
+    query = PlanQuery(model="opt-350m", search=SearchSettings(max_evaluations=50))
     request = {A: 8, V: 8}
-    planner = PrefetchingPlanner(args, workers=1)
+    planner = PrefetchingPlanner(query, workers=1)
     try:
         planner.prefetch([request])
         # A worker killed (say by the kernel, for memory) breaks the whole pool.
@@ -181,7 +183,7 @@ def test_a_worker_killed_mid_search_costs_time_not_the_answer():
         planner.prefetch([{A: 4}])  # later guesses are ignored, not a crash
     finally:
         planner.close()
-    assert got == tuple(planner_plan_fn(**args)(request))
+    assert got == tuple(planner_plan_fn(query)(request))
 
 
 def test_the_single_type_pick_asks_what_the_replay_searches_ahead_for_it():
@@ -220,9 +222,11 @@ def test_a_shadow_search_shares_the_workers_answers_and_stops_when_they_stop():
     from sailor_core.controller import planner_plan_fn
     from sailor_core.replay.prefetch import PrefetchingPlanner
 
-    args = dict(model="opt-350m", global_batch_size=None, max_evaluations=50)
+    from sailor_core.planner.request import PlanQuery, SearchSettings
+
+    query = PlanQuery(model="opt-350m", search=SearchSettings(max_evaluations=50))
     request, other = {A: 8, V: 8}, {A: 4}
-    planner = PrefetchingPlanner(args, workers=1)
+    planner = PrefetchingPlanner(query, workers=1)
     try:
         planner.start()
         planner.prefetch([request])
@@ -233,7 +237,7 @@ def test_a_shadow_search_shares_the_workers_answers_and_stops_when_they_stop():
             os.kill(pid, signal.SIGKILL)
         assert planner.search_in_worker(other) is None  # the shadow stops; the replay searches it
         assert planner.workers == 0
-        assert planner(other) == tuple(planner_plan_fn(**args)(other))
+        assert planner(other) == tuple(planner_plan_fn(query)(other))
     finally:
         planner.close()
-    assert shadow_answer == tuple(planner_plan_fn(**args)(request))
+    assert shadow_answer == tuple(planner_plan_fn(query)(request))
