@@ -36,6 +36,22 @@ class Objective(StrEnum):
         except ValueError:
             raise InputError(f"unknown objective {value!r}; known: {', '.join(cls)}") from None
 
+    @property
+    def meaning(self) -> str:
+        """What it asks, in a few words for users."""
+        return _MEANINGS[self]
+
+    @classmethod
+    def described(cls) -> str:
+        """Every objective with its meaning, for help texts: ``throughput (finish soonest) or ...``."""
+        return " or ".join(f"{o.value} ({o.meaning})" for o in cls)
+
+
+_MEANINGS = {
+    Objective.THROUGHPUT: "finish soonest",
+    Objective.COST: "finish for the fewest USD",
+}
+
 
 class TermsError(InputError):
     """A bad job term; ``field`` names it (a JobSpec field), ``problem`` says what is wrong."""

@@ -61,9 +61,8 @@ class JobSpec:
     max_usd_per_hr: float | None = option(None, help="cap on the cost per hour", unit="USD/h",
                                           aliases=("--max-usd-per-hour",))
     objective: Objective = option(Objective.THROUGHPUT,
-                                  help="what every (re-)plan optimises over the job's life: throughput (finish "
-                                       "soonest) or cost (finish for the fewest USD), counting the restarts each "
-                                       "pool's preemptions cost")
+                                  help=f"what every (re-)plan optimises over the job's life: {Objective.described()}, "
+                                       "counting the restarts each pool's preemptions cost")
     deadline_h: float | None = option(None, help="finish within this many hours of the job's start; with "
                                                  "--objective cost: the cheapest plans that still make it",
                                       unit="h")

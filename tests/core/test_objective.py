@@ -37,3 +37,11 @@ def test_the_jobs_terms_are_its_specs_validated_in_one_place():
             JobSpec(budget_usd=1, **{field: value})
         with pytest.raises(InputError, match=f"{field} must be a positive number"):
             JobTerms(**{field: value})
+
+
+def test_each_objective_says_what_it_means_and_the_job_option_lists_them_all():
+    from sailor_core.job.spec import spec_fields
+
+    (field,) = [f for f in spec_fields() if f.name == "objective"]
+    for objective in Objective:
+        assert objective.meaning and f"{objective.value} ({objective.meaning})" in field.option.help
