@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import contextlib
+import dataclasses
 import json
 import resource
 import statistics
@@ -30,6 +31,7 @@ import time
 
 from sailor_core.replay import POLICIES, run_policies
 from sailor_core.replay.plot import plot_points, plot_timeline
+from sailor_core.replay.run import REPLAY_SEARCH
 from sailor_core.specs.replay import ReplaySpec
 from sailor_core.traces import load_trace
 
@@ -75,7 +77,7 @@ def main() -> None:
 
     trace = load_trace(args.trace)
     policies = args.policies.split(",")
-    knobs = {"max_evaluations": args.max_evaluations} if args.max_evaluations else None
+    knobs = dataclasses.replace(REPLAY_SEARCH, max_evaluations=args.max_evaluations) if args.max_evaluations else None
     if args.compare:
         return compare_report(args, trace, policies, knobs)
     if args.cold:
@@ -201,8 +203,8 @@ def _recording_searches():
     answers, seconds = {}, {}
     real_factory = rr.planner_plan_fn
 
-    def recording(**kw):
-        fn = real_factory(**kw)
+    def recording(*args, **kw):
+        fn = real_factory(*args, **kw)
 
         def plan(avail):
             t0 = time.perf_counter()
@@ -250,7 +252,7 @@ def virtual_workers(args, trace, policies, knobs, counts, base, base_wall_s, ans
 
         pool = _VirtualPool(n, clock, run)
         saved = pf.planner_plan_fn, pf.PrefetchingPlanner._executor
-        pf.planner_plan_fn = lambda **kw: lookup
+        pf.planner_plan_fn = lambda *_a, **_kw: lookup
         pf.PrefetchingPlanner._executor = lambda self: pool
         try:
             suite = run_policies(trace, _spec(args, policies, workers=n), planner_knobs=knobs)
@@ -361,7 +363,7 @@ def cold_report(args, trace, policies, knobs) -> None:
         out.update(all_micro_batches={"wall_s": full_wall_s, "cpu_s": full_cpu_s, "planner_calls": full.planner_calls,
                                       "drift": drift})
     out.update(trace_arg=args.trace, model=args.model, tokens=args.tokens, cold=True, wall_cold_s=wall_s,
-               cpu_cold_s=cpu_s, cpu_cold_this_process_s=own_cpu_s, workers=args.workers, max_evaluations=(knobs or {}).get("max_evaluations", 200),
+               cpu_cold_s=cpu_s, cpu_cold_this_process_s=own_cpu_s, workers=args.workers, max_evaluations=(knobs or REPLAY_SEARCH).max_evaluations,
                calls_by_shape=[{"gpu_types": t, "pools": p, "calls": len(v), "total_s": sum(v)}
                                for (t, p), v in sorted(groups.items())])
     if args.out:

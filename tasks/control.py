@@ -38,12 +38,13 @@ from sailor_core.catalog.instances import Offer
 from sailor_core.controller import (
     CachedPlanner,
     CheapestPlanner,
-    ControllerConfig,
     ControllerState,
+    Costs,
     Decision,
     Event,
     PlannerPlanFn,
     PlanOption,
+    controller_config,
     decide,
     observed_preemption_rates_per_s,
     rate_window_s,
@@ -52,13 +53,18 @@ from sailor_core.controller import (
 )
 from sailor_core.controller.interim import interim_option, interim_pays
 from sailor_core.errors import InfeasibleError
-from sailor_core.planner.request import DEFAULT_MAX_TP_DEGREE
+from sailor_core.objective import Objective
+from sailor_core.planner.ranking import CHEAPEST, FASTEST
+from sailor_core.planner.request import DEFAULT_MAX_TP_DEGREE, PlanQuery, SearchSettings
 
 # Seconds a plan change costs before training resumes: boot, torch import, rendezvous, reload.
 CHANGE_COST_S = 30.0
 # ... and a change onto instances all held, whose parked workers rejoin in place (no boot, no
 # import; benchmarks/bench_rejoin.py: about a tenth of a new process's start here).
 REJOIN_COST_S = 3.0
+# The flow's costs of change, as the controller weighs them.
+FLOW_COSTS = Costs(save_s=0.0, provisioning_s=CHANGE_COST_S / 2, startup_s=CHANGE_COST_S / 2, work_lost_s=0.0,
+                   rejoin_s=REJOIN_COST_S)
 
 
 def availability(offers: Sequence[Offer], *, max_gpus_per_zone: int, max_gpus: int | None,
@@ -147,14 +153,14 @@ class Planner:
         return self.pricing.nodes(option.plan)
 
 
-def planner_on_offers(offers: Sequence[Offer], *, model: str, objective: str = "throughput",
+def planner_on_offers(offers: Sequence[Offer], *, model: str, objective: Objective | str = Objective.THROUGHPUT,
                       global_batch_size: int | None = None, max_usd_per_hr: float | None = None,
                       min_throughput_samples_per_s: float | None = None, spot: bool = True) -> Planner:
     pricing = OfferPricing(offers=tuple(offers), spot=spot)
-    search = planner_plan_fn(
-        model=model, objective=objective, global_batch_size=global_batch_size, max_usd_per_hour=max_usd_per_hr,
-        min_throughput_samples_per_s=min_throughput_samples_per_s, spot=spot, collect_pareto=True,
-        pricing=pricing, on_infeasible=_log_infeasible, max_tp_degree=max_tp_degree(offers))
+    query = PlanQuery(model=model, objective=Objective.parse(objective), global_batch_size=global_batch_size,
+                      max_usd_per_hour=max_usd_per_hr, min_throughput_samples_per_s=min_throughput_samples_per_s,
+                      spot=spot, search=SearchSettings(collect_pareto=True, max_tp_degree=max_tp_degree(offers)))
+    search = planner_plan_fn(query, pricing=pricing, on_infeasible=_log_infeasible)
     return Planner(search=search, cached=CachedPlanner(plan_fn=search), pricing=pricing)
 
 
@@ -170,15 +176,15 @@ def job_planner(spec: JobSpec, offers: Sequence[Offer]) -> Planner:
     job's, or what a deadline needs), which the controller asks with the cost objective or a
     deadline, and once no fast plan finishes within the budget left; the controller ranks them
     by the job's objective."""
-    planner = planner_on_offers(offers, model=spec.model, objective="throughput",
+    planner = planner_on_offers(offers, model=spec.model, objective=FASTEST.objective,
                                 global_batch_size=spec.global_batch_size, max_usd_per_hr=spec.max_usd_per_hr,
                                 min_throughput_samples_per_s=spec.min_throughput_samples_per_s, spot=spec.spot)
 
     def cheapest_above(floor: float | None) -> PlannerPlanFn:  # the controller's floor includes the job's
-        return planner_plan_fn(model=spec.model, objective="cost", global_batch_size=spec.global_batch_size,
-                               max_usd_per_hour=spec.max_usd_per_hr, min_throughput_samples_per_s=floor,
-                               spot=spec.spot, pricing=planner.pricing, on_infeasible=_log_infeasible,
-                               max_tp_degree=max_tp_degree(offers))
+        query = dataclasses.replace(planner.search.query, objective=CHEAPEST.objective,
+                                    min_throughput_samples_per_s=floor,
+                                    search=SearchSettings(max_tp_degree=max_tp_degree(offers)))
+        return planner_plan_fn(query, pricing=planner.pricing, on_infeasible=_log_infeasible)
 
     return dataclasses.replace(planner, cheap=CheapestPlanner(make=cheapest_above))
 
@@ -229,24 +235,15 @@ def preemption_rates_per_s(state: js.JobState, now_unix_s: float) -> dict[tuple[
     return observed_preemption_rates_per_s(num_events, elapsed_s, window_s=window_s)
 
 
-def controller_config(shutdown_s: float, spec: JobSpec | None = None) -> ControllerConfig:
-    """The flow's controller: the job's objective and floor, the flow's costs of change."""
-    terms = {} if spec is None else dict(objective=spec.objective,
-                                          min_throughput_samples_per_s=spec.min_throughput_samples_per_s)
-    return ControllerConfig(strategy="replan", gpu_types=None, shutdown_s=shutdown_s,
-                            provisioning_s=CHANGE_COST_S / 2, startup_s=CHANGE_COST_S / 2, rejoin_s=REJOIN_COST_S,
-                            **terms)
-
-
 def controller_decision(planner: Planner, state: js.JobState, *, available: Mapping[tuple[str, str], int],
                         event: Event, current: PlanOption | None, shutdown_s: float, now_unix_s: float) -> Decision:
     """``decide`` on the job's terms: ``available`` are the job's caps per pool (spot, and on demand
     as far as ``on_demand_gpus`` allows), the planner asked within them; a mixed plan chosen is
     priced as its instances, each on its market (what the ledger will be charged)."""
     planner = planner.within(available)
+    config = controller_config("ours", costs=FLOW_COSTS, shutdown_s=shutdown_s, terms=state.spec.terms)
     decision = decide(controller_state(state, available=available, current=current, now_unix_s=now_unix_s),
-                      event, config=controller_config(shutdown_s, state.spec), plan_fn=planner,
-                      cost_plan_fn=planner.cost_plan_fn)
+                      event, config=config, plan_fn=planner, cost_plan_fn=planner.cost_plan_fn)
     if decision.plan is not None and decision.plan.on_demand and decision.plan is not current:
         decision = dataclasses.replace(decision, plan=planner.priced(decision.plan))
     return decision
@@ -263,7 +260,7 @@ def interim_plan(spec: JobSpec, offers: Sequence[Offer], next_option: PlanOption
     planner = planner_on_offers(offers, model=spec.model, global_batch_size=next_option.plan.global_batch_size,
                                 spot=spec.spot)
     option = interim_option(planner, kept)
-    config = controller_config(0.0, spec)
+    config = controller_config("ours", costs=FLOW_COSTS, shutdown_s=0.0, terms=spec.terms)
     if option is None or not interim_pays(
             window_s=config.provisioning_s, rejoin_s=config.rejoin_s, load_s=0.0, save_s=0.0,
             interim_samples_per_s=option.throughput_samples_per_s,

@@ -16,6 +16,7 @@ import typer
 from flows.cli.common import console, print_json
 from flows.cli.spec_options import with_spec_options
 from sailor_core.errors import InputError
+from sailor_core.objective import Objective
 from sailor_core.specs.replay import ReplaySpec
 
 
@@ -37,7 +38,7 @@ def replay_cmd(
 
     if pareto and not compare:
         raise InputError("--pareto draws the comparison: add --compare")
-    if compare and (spec.objective != "throughput" or spec.deadline_h is not None
+    if compare and (spec.objective is not Objective.THROUGHPUT or spec.deadline_h is not None
                     or spec.min_throughput_samples_per_s):
         raise InputError("--compare sets the objective and deadlines itself: leave out --objective, "
                          "--deadline-h and --min-throughput")

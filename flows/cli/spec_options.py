@@ -12,6 +12,7 @@ with one ``error:`` line naming the option, before anything starts.  Lists (``--
 from __future__ import annotations
 
 import copy
+import enum
 import inspect
 import types
 import typing
@@ -27,11 +28,12 @@ RUN_PANEL = "Run"
 
 
 def _value_type(f: SpecField) -> Any:
-    """The field's type without ``None`` (``float | None`` -> float)."""
+    """The field's type without ``None`` (``float | None`` -> float), a name (an Enum of names such as
+    the objective) as text: the spec parses it, and a bad one gets the spec's line naming the known ones."""
+    inner = f.type
     if isinstance(f.type, types.UnionType) or typing.get_origin(f.type) is typing.Union:
         (inner,) = [a for a in typing.get_args(f.type) if a is not type(None)]
-        return inner
-    return f.type
+    return str if isinstance(inner, type) and issubclass(inner, enum.Enum) else inner
 
 
 def _is_list(f: SpecField) -> bool:

@@ -22,8 +22,9 @@ from sailor_core.controller.options import (
 )
 from sailor_core.controller.economics import Costs, Outlook
 from sailor_core.controller.policy import decide
+from sailor_core.controller.policies import POLICIES, POLICY_HELP, controller_config
+from sailor_core.controller.ranking import OPTION_RANKINGS, OptionRanking, option_ranking
 from sailor_core.controller.state import (
-    OBJECTIVES,
     RATE_WINDOW_S,
     STRATEGIES,
     Action,
@@ -37,7 +38,9 @@ from sailor_core.controller.state import (
 )
 
 __all__ = [
-    "OBJECTIVES",
+    "OPTION_RANKINGS",
+    "POLICIES",
+    "POLICY_HELP",
     "RATE_WINDOW_S",
     "STRATEGIES",
     "Action",
@@ -52,15 +55,18 @@ __all__ = [
     "Event",
     "EventKind",
     "LedgerEntry",
+    "OptionRanking",
     "Outlook",
     "PlanFn",
     "PlanOption",
     "PlanPricing",
     "PlannerPlanFn",
+    "controller_config",
     "decide",
     "describe_gpus",
     "gpus_of_plan",
     "on_demand_of_plan",
+    "option_ranking",
     "observed_preemption_rates_per_s",
     "plan_option",
     "planner_plan_fn",

@@ -45,7 +45,7 @@ def candidates(avail: Mapping[GpuZone, int], state: ControllerState, config: Con
     options = list(plan_fn(asks[0]))
     for ask in asks[1:]:
         options += list(plan_fn(ask))[:1]
-    if cost_plan_fn is not None and (config.objective == "cost" or math.isfinite(state.time_left_s)):
+    if cost_plan_fn is not None and config.ranking.asks_cheapest(deadline=math.isfinite(state.time_left_s)):
         for floor in cheap_floors(state, config, useful=useful):
             options += list(cost_plan_fn(asks[0], floor))
         # Each pool alone, its fastest plan: one zone pays no cross-zone traffic, and is often the
@@ -80,7 +80,7 @@ def within_budget(avail: Mapping[GpuZone, int], state: ControllerState, config: 
     the cheapest plans above a floor that finish raise the lower end, those that do not lower the
     upper.  Every plan seen is returned (each on its markets); [] when the planner has none."""
     ask = planner_requests(avail, state, config)[0]
-    job_floor = config.min_throughput_samples_per_s
+    job_floor = config.terms.min_throughput_samples_per_s
     seen = list(cost_plan_fn(ask, job_floor))
     fit = [o.throughput_samples_per_s for o in seen if finishes(o)]
     if fit and fastest_samples_per_s > max(fit):
@@ -109,7 +109,7 @@ def cheap_floors(state: ControllerState, config: ControllerConfig, *, useful: fl
     what finishing in time needs (the samples left over the time left after a change, divided
     by the share of the time the plan in use trains, ``useful``), on ``floors_on_grid``
     (the grid's floors just below and above it); (None,): no floor."""
-    floor = config.min_throughput_samples_per_s or 0.0
+    floor = config.terms.min_throughput_samples_per_s or 0.0
     if math.isfinite(state.time_left_s):
         remaining = max(0.0, state.samples_target - state.samples_done)
         window_s = state.time_left_s - config.change_cost_s

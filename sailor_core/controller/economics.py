@@ -32,7 +32,7 @@ The objective (``throughput``: least T; ``cost``: least C) ranks the options tha
 constraints: the budget (C plus the shutdown within what is left), the deadline (T plus its
 margin within the time left) and the throughput floor (X at least it).  A switch away from a plan that
 still runs must pay for itself before the next preemption of either plan forces a re-plan
-anyway (``switch_pays``): that is the hysteresis that keeps a stormy pool from restarting
+anyway (``ranking.switch_pays``): that is the hysteresis that keeps a stormy pool from restarting
 the job every few minutes.
 """
 
@@ -165,31 +165,6 @@ def deadline_margin_s(o: Outlook, *, quantile: float, costs: Costs) -> float:
     if expected_hits <= 0 or not math.isfinite(expected_hits) or quantile <= 0.5:
         return 0.0
     return NormalDist().inv_cdf(quantile) * math.sqrt(expected_hits) * o.hit_s
-
-
-def switch_pays(now: Outlook, new: Outlook, *, objective: str, remaining: float, min_gain: float) -> bool:
-    """Whether leaving the running plan (``now``) for ``new`` pays within the window it can gain in.
-
-    The window ends at the first forced re-plan either way: the running plan's next hit (expected
-    in 1 / H_now; the switch would then come for free), the new plan's next hit (1 / H_new; its
-    advantage ends there and a restart follows), or the end of the job: tau = min(time to finish,
-    1 / H_now, 1 / H_new).  Over tau, staying trains x_now tau samples at c_now USD/h; switching
-    trains x_new (tau - change) at c_new.  With the throughput objective the switch must train
-    ``min_gain`` more; with the cost objective it must cost ``min_gain`` less per sample.
-    Without preemptions tau is the whole job: the plain "finishes sooner (or cheaper) after
-    paying the change".
-    """
-    tau, _ = switch_window(now, new)
-    x_now, x_new = now.option.throughput_samples_per_s, new.option.throughput_samples_per_s
-    trained_now = x_now * tau
-    trained_new = x_new * max(0.0, tau - new.change_s)
-    if trained_new <= 0 or not math.isfinite(trained_new):
-        return False
-    if objective == "cost":
-        per_sample_now = now.option.usd_per_hr * tau / trained_now if trained_now > 0 else math.inf
-        per_sample_new = new.option.usd_per_hr * tau / trained_new
-        return per_sample_new < per_sample_now * (1.0 - min_gain)
-    return trained_new > trained_now * (1.0 + min_gain)
 
 
 def regrow_shortfall(new: Outlook, held: Outlook, *, rates: Mapping[GpuZone, float],

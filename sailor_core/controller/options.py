@@ -7,11 +7,14 @@ import math
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sailor_core.catalog.instances import gpu_price_usd_per_hr
 from sailor_core.errors import InfeasibleError, InputError
 from sailor_core.plan.types import with_on_demand as mark_on_demand
+
+if TYPE_CHECKING:  # the planner loads when a search runs (see PlannerPlanFn.__call__)
+    from sailor_core.planner.request import PlanQuery
 
 GpuZone = tuple[str, str]
 
@@ -123,9 +126,9 @@ class CachedPlanner:
     """
 
     plan_fn: PlanFn
-    # What the planner ranks by: with "cost" (its cheapest plans) only exact answers and a
+    # Whether the planner ranks by throughput; else (its cheapest plans) only exact answers and a
     # superset's best that still fits are reused (the throughput bound below does not apply).
-    objective: str = "throughput"
+    fastest_first: bool = True
     num_calls: int = 0
     num_hits: int = 0
     planner_time_s: float = 0.0
@@ -168,7 +171,7 @@ class CachedPlanner:
                 return tuple(o for o in options if o.fits_in(avail))
         if any(not options for _, options in supersets):
             return ()  # nothing runs on a superset, so nothing runs here
-        if self.objective != "throughput":
+        if not self.fastest_first:
             return None
         bound = min(options[0].throughput_samples_per_s for _, options in supersets)
         best = max((o for _, options in self._answers for o in options if o.fits_in(avail)),
@@ -205,7 +208,7 @@ class CheapestPlanner:
         floor = min_throughput_samples_per_s
         fn = self.planners.get(floor)
         if fn is None:
-            fn = self.planners[floor] = CachedPlanner(plan_fn=self.make(floor), objective="cost")
+            fn = self.planners[floor] = CachedPlanner(plan_fn=self.make(floor), fastest_first=False)
         return fn(available)
 
     @property
@@ -223,7 +226,7 @@ class PlannerPlanFn:
     """The controller's PlanFn backed by ``sailor_core.planner.plan_job``; build it with
     ``planner_plan_fn``, the one way the controller's callers reach the planner.
 
-    Each call plans on an availability with the arguments fixed here.  Options are priced by
+    Each call plans on an availability what ``query`` asks.  Options are priced by
     ``pricing`` when given, else as the planner priced them (its GPUs, per hour).  An
     infeasible request answers no options, and a candidate ``pricing`` cannot place on the
     instances offered (a TP group wider than any node of its zone) is left out; ``on_infeasible``
@@ -231,19 +234,19 @@ class PlannerPlanFn:
     front, its candidates as scored).
     """
 
-    request_args: Mapping[str, Any]   # make_request's keyword arguments, less the availability
+    query: PlanQuery
     pricing: PlanPricing | None = None
     on_infeasible: Callable[[InfeasibleError], None] | None = None
     last_result: Any = None           # sailor_core.planner.PlanResult
 
     def __call__(self, available: Mapping[GpuZone, int]) -> list[PlanOption]:
         # lazy: importing the planner takes ~0.25 s (its search modules), ten times the controller
-        from sailor_core.planner import make_request, plan_job
+        from sailor_core.planner import plan_job
 
         if not any(available.values()):
             return []
         try:
-            result = plan_job(make_request(availability=available, **self.request_args))
+            result = plan_job(self.query.on(available))
         except InfeasibleError as exc:
             if self.on_infeasible is not None:
                 self.on_infeasible(exc)
@@ -266,28 +269,11 @@ class PlannerPlanFn:
                            usd_per_hr=float(usd_per_hr))
 
 
-def planner_plan_fn(
-    *,
-    model: str,
-    global_batch_size: int | None = None,
-    objective: str = "throughput",
-    max_usd_per_hour: float | None = None,
-    min_throughput_samples_per_s: float | None = None,
-    top_n: int = 5,
-    spot: bool = True,
-    collect_pareto: bool = False,
-    pricing: PlanPricing | None = None,
-    on_infeasible: Callable[[InfeasibleError], None] | None = None,
-    **knobs: Any,
-) -> PlannerPlanFn:
-    """The planner as the controller's PlanFn (``PlannerPlanFn``); ``knobs`` are the search's
-    own (``max_evaluations``, ``micro_batch_sizes``, ...: see ``planner.make_request``)."""
-    request_args = dict(
-        model=model, objective=objective, global_batch_size=global_batch_size, max_usd_per_hour=max_usd_per_hour,
-        min_throughput_samples_per_s=min_throughput_samples_per_s, top_n=top_n, spot=spot,
-        collect_pareto=collect_pareto, **knobs,
-    )
-    return PlannerPlanFn(request_args=request_args, pricing=pricing, on_infeasible=on_infeasible)
+def planner_plan_fn(query: PlanQuery, *, pricing: PlanPricing | None = None,
+                    on_infeasible: Callable[[InfeasibleError], None] | None = None) -> PlannerPlanFn:
+    """The planner as the controller's PlanFn (``PlannerPlanFn``), asked ``query`` (``planner.PlanQuery``:
+    the request less the availability, its search settings included)."""
+    return PlannerPlanFn(query=query, pricing=pricing, on_infeasible=on_infeasible)
 
 
 def plan_option(plan: Any, *, throughput_samples_per_s: float, usd_per_hr: float,

@@ -16,7 +16,8 @@ keep going, release everything and wait, or stop).  Three strategies:
 * ``static``: the plan chosen at the start; after a loss it re-plans on the GPUs
   it still holds and never grows back.
 
-The job's objective and constraints (``ControllerConfig.objective``, the throughput
+The job's objective and constraints (``ControllerConfig.terms``: the objective, ranked as
+``ranking.OPTION_RANKINGS`` says, and the throughput
 floor, ``ControllerState.budget_left_usd`` and ``time_left_s``): ``throughput`` finishes
 soonest, ``cost`` for the fewest USD; options that would cross the budget, miss the
 deadline or fall below the floor give way to those that do not (when none meets the
@@ -42,10 +43,10 @@ from sailor_core.controller.economics import (
     deadline_margin_s,
     outlook,
     regrow_shortfall,
-    switch_pays,
     switch_window,
 )
 from sailor_core.controller.options import CostPlanFn, GpuZone, PlanFn, PlanOption, describe_gpus, restrict
+from sailor_core.controller.ranking import CHEAPEST, SOONEST, switch_pays
 from sailor_core.controller.reasons import (
     deadline_words,
     explain,
@@ -132,17 +133,12 @@ class _Ranking:
         return deadline_margin_s(o, quantile=self.config.deadline_quantile, costs=self.config.costs)
 
     def above_floor(self, o: Outlook) -> bool:
-        floor = self.config.min_throughput_samples_per_s
+        floor = self.config.terms.min_throughput_samples_per_s
         return floor is None or o.effective_samples_per_s >= floor
 
     def holds(self, o: Outlook) -> bool:
         """Every constraint: budget, deadline, floor."""
         return self.finishes(o) and self.in_time(o) and self.above_floor(o)
-
-    def key(self, o: Outlook) -> tuple[float, float]:
-        if self.config.objective == "cost":
-            return (o.cost_usd, o.time_s)
-        return (o.time_s, o.cost_usd)
 
     def best(self, outlooks: Sequence[Outlook]) -> tuple[Outlook | None, str]:
         """The option the objective picks among those that finish within the budget, and the
@@ -153,8 +149,8 @@ class _Ranking:
         in_time = [o for o in within if self.in_time(o)]
         floor_ok = [o for o in in_time if self.above_floor(o)]
         if floor_ok:
-            best = min(floor_ok, key=self.key)
-            if self.config.objective == "cost" and math.isfinite(self.state.time_left_s):
+            best = min(floor_ok, key=self.config.ranking.key)
+            if self.config.ranking.by_cost and math.isfinite(self.state.time_left_s):
                 # By a deadline, plans within ``min_gain`` of the cheapest cost the same as far as the
                 # controller can tell (it would not switch for less); the soonest of them buys slack
                 # against the capacity it cannot foresee for next to nothing.
@@ -251,11 +247,11 @@ def _switch_or_keep(now: Outlook, outlooks: Sequence[Outlook], rank: _Ranking, *
     keeps, a switch that pays for itself, or the plan kept (with the better plan declined)."""
     state, config, current = rank.state, rank.config, now.option
     choice, gave_up = rank.best([now, *outlooks])
-    objective = config.objective
+    ranking = config.ranking
     if choice is None:  # none finishes within the budget: the most per USD, as long as it lasts
-        choice, objective = _most_per_usd([now, *outlooks]), "cost"
+        choice, ranking = _most_per_usd([now, *outlooks]), CHEAPEST
     elif math.isfinite(state.time_left_s) and not rank.in_time(choice):
-        objective = "throughput"  # none makes the deadline: the fastest runs, so a switch must save time
+        ranking = SOONEST  # none makes the deadline: the fastest runs, so a switch must save time
     if choice is None or _same(choice.option, current):
         return _keep(current, state, config, planned_on=ask)
     if not rank.holds(now) and rank.holds(choice):
@@ -271,17 +267,17 @@ def _switch_or_keep(now: Outlook, outlooks: Sequence[Outlook], rank: _Ranking, *
                     why=f"the plan in use would not keep the {what}"
                         + (f" (it {deadline_words(now, rank.margin_s(now), state, config)})" if late else "")
                         + (f"; {w}" if (w := why_words(choice, offered, state, "")) else ""))
-    if switch_pays(now, choice, objective=objective, remaining=rank.remaining, min_gain=config.min_gain):
+    if switch_pays(now, choice, ranking=ranking, remaining=rank.remaining, min_gain=config.min_gain):
         return _run(Action.REPLAN, f"{gave_up or 'capacity'}: {choice.option.label} {versus(choice, now)}",
                     choice.option, state, config, planned_on=ask,
-                    why=f"switched to a better plan: {plain_versus(choice, now, objective)}")
+                    why=f"switched to a better plan: {plain_versus(choice, now, ranking)}")
     tau, until = switch_window(now, choice)
     return _keep(current, state, config, planned_on=ask, declined=choice,
                  reason=f"declined {choice.option.label}: {versus(choice, now)}, but the switch "
                         f"({choice.change_s:.0f} s) does not pay for itself within {tau / 60:.0f} min "
                         f"(until {until}, expected then)",
                  why=f"kept the plan rather than move to {gpus_words(choice.option.all_gpus())}: "
-                     f"{plain_versus(choice, now, objective)}, but the {choice.change_s:.0f} s change would not "
+                     f"{plain_versus(choice, now, ranking)}, but the {choice.change_s:.0f} s change would not "
                      f"pay for itself before {until}")
 
 
@@ -304,7 +300,7 @@ def _held_unless_renting_pays(choice: Outlook, rank: _Ranking, plan_fn: PlanFn) 
     nothing.  None: run ``choice``."""
     held = {k: min(n, rank.state.available.get(k, 0)) for k, n in rank.held.items()}
     held = {k: n for k, n in held.items() if n > 0}
-    cheapest_at_any_time = rank.config.objective != "throughput" and math.isinf(rank.state.time_left_s)
+    cheapest_at_any_time = rank.config.ranking.by_cost and math.isinf(rank.state.time_left_s)
     if cheapest_at_any_time or not held or rank.held_on_demand or choice.option.fits_in(held):
         return None  # cheapest, nothing held, a mixed plan (its markets are the candidates' job), or no rent
     options = [rank.of(o) for o in plan_fn(held) if o.fits_in(held) and not o.on_demand]

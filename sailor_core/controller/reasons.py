@@ -8,6 +8,7 @@ from collections.abc import Mapping
 
 from sailor_core.controller.economics import Outlook
 from sailor_core.controller.options import GpuZone
+from sailor_core.controller.ranking import OptionRanking
 from sailor_core.controller.state import ControllerConfig, ControllerState
 
 _S_PER_HR = 3600.0
@@ -21,9 +22,9 @@ def figures(o: Outlook) -> str:
     return f"{hours(o.time_s)} and {o.cost_usd:,.2f} USD to finish"
 
 
-def plain_versus(new: Outlook, now: Outlook, objective: str) -> str:
-    """``new`` against ``now`` in the figure ``objective`` ranks by (``cost``: USD, else time)."""
-    if objective == "cost":
+def plain_versus(new: Outlook, now: Outlook, ranking: OptionRanking) -> str:
+    """``new`` against ``now`` in the figure ``ranking`` ranks by (USD, or time)."""
+    if ranking.by_cost:
         return f"it would cost {new.cost_usd:,.2f} USD to finish instead of {now.cost_usd:,.2f}"
     return f"it would finish in {hours(new.time_s)} instead of {hours(now.time_s)}"
 

@@ -11,15 +11,14 @@ from enum import Enum
 
 from sailor_core.controller.economics import Costs
 from sailor_core.controller.options import GpuZone, PlanOption
+from sailor_core.controller.ranking import OptionRanking, option_ranking
 from sailor_core.errors import InputError
+from sailor_core.objective import JobTerms
 
 _S_PER_HR = 3600.0
 
 
 STRATEGIES = ("replan", "failover", "static")
-
-
-OBJECTIVES = ("throughput", "cost")
 
 
 class Action(str, Enum):
@@ -49,8 +48,9 @@ class Event:
 class ControllerConfig:
     strategy: str = "replan"
     gpu_types: tuple[str, ...] | None = None   # None: every type
-    objective: str = "throughput"  # throughput: finish soonest; cost: finish for the fewest USD
-    min_throughput_samples_per_s: float | None = None  # floor on the expected (after restarts) throughput
+    # The job's objective and floor (on the expected throughput, after restarts); its deadline and
+    # on-demand GPUs reach the controller as ControllerState.time_left_s and on_demand_available.
+    terms: JobTerms = JobTerms()
     shutdown_s: float = 120.0     # paid after deciding to stop: final checkpoint + terminate
     # The costs of change (economics.Costs): a planned switch pays save + provisioning (for
     # instances not held) + start-up; a preemption that hits the plan costs provisioning +
@@ -82,16 +82,17 @@ class ControllerConfig:
             raise InputError(f"unknown controller strategy {self.strategy!r}; known: {', '.join(STRATEGIES)}")
         if self.strategy == "failover" and not self.gpu_types:
             raise InputError("the failover strategy needs exactly one GPU type")
-        if self.objective not in OBJECTIVES:
-            raise InputError(f"unknown objective {self.objective!r}; known: {', '.join(OBJECTIVES)}")
         times = (self.shutdown_s, self.save_s, self.provisioning_s, self.startup_s, self.work_lost_s,
                  self.costs.rejoin_or_startup_s)
         if min(times) < 0 or self.min_gain < 0 or self.min_growth < 0:
             raise InputError("controller times and gain must be >= 0")
-        if self.min_throughput_samples_per_s is not None and not self.min_throughput_samples_per_s > 0:
-            raise InputError(f"throughput floor must be positive, got {self.min_throughput_samples_per_s}")
         if not 0.5 <= self.deadline_quantile < 1.0:
             raise InputError(f"deadline quantile must be in [0.5, 1), got {self.deadline_quantile}")
+
+    @property
+    def ranking(self) -> OptionRanking:
+        """How the objective orders the options."""
+        return option_ranking(self.terms.objective)
 
     @property
     def costs(self) -> Costs:

@@ -18,12 +18,11 @@ from sailor_core.catalog.gpus import gpu_names, normalize_gpu_name
 from sailor_core.catalog.instances import CLOUDS, catalog_zones, rentable_gpus
 from sailor_core.catalog.models import model_names, normalize_model_name
 from sailor_core.errors import UnknownNameError
-from sailor_core.specs.fields import SpecError, option
+from sailor_core.objective import JobTerms, Objective, TermsError
+from sailor_core.specs.fields import option
 
-OBJECTIVES = ("throughput", "cost")
 
-
-class JobSpecError(SpecError):
+class JobSpecError(TermsError):
     """A bad value of one JobSpec field."""
 
 
@@ -39,9 +38,9 @@ class JobSpec:
                                                         cli=("--min-throughput",))
     max_usd_per_hr: float | None = option(None, help="cap on the cost per hour", unit="USD/h",
                                           aliases=("--max-usd-per-hour",))
-    objective: str = option("throughput", help="what every (re-)plan optimises over the job's life: throughput "
-                                               "(finish soonest) or cost (finish for the fewest USD), counting "
-                                               "the restarts each pool's preemptions cost")
+    objective: Objective = option(Objective.THROUGHPUT,
+                                  help=f"what every (re-)plan optimises over the job's life: {Objective.described()}, "
+                                       "counting the restarts each pool's preemptions cost")
     deadline_h: float | None = option(None, help="finish within this many hours of the job's start; with "
                                                  "--objective cost: the cheapest plans that still make it",
                                       unit="h")
@@ -88,7 +87,18 @@ class JobSpec:
         for name in ("gpus", "zones", "clouds"):
             object.__setattr__(self, name, tuple(getattr(self, name)))
         object.__setattr__(self, "preempt_at_steps", tuple(sorted(set(self.preempt_at_steps))))
+        try:  # the terms the controller and the replay share are validated (and parsed) there
+            terms = self.terms
+        except TermsError as exc:
+            raise JobSpecError(exc.field, exc.problem) from None
+        object.__setattr__(self, "objective", terms.objective)
         _check(self)
+
+    @property
+    def terms(self) -> JobTerms:
+        """The job's objective and constraints, as the controller takes them."""
+        return JobTerms(objective=self.objective, min_throughput_samples_per_s=self.min_throughput_samples_per_s,
+                        deadline_h=self.deadline_h, on_demand_gpus=self.on_demand_gpus)
 
     def for_job(self, job_url: str) -> JobSpec:
         """The spec as the job keeps it: checkpoints under the job's folder unless the user named a place."""
@@ -108,14 +118,8 @@ def _check(spec: JobSpec) -> None:
 
     positive("budget_usd", spec.budget_usd)
     at_least_one("steps", spec.steps)
-    positive("min_throughput_samples_per_s", spec.min_throughput_samples_per_s, optional=True)
-    positive("deadline_h", spec.deadline_h, optional=True)
     positive("max_usd_per_hr", spec.max_usd_per_hr, optional=True)
-    if spec.objective not in OBJECTIVES:
-        raise JobSpecError("objective", f"must be {' or '.join(OBJECTIVES)}, got {spec.objective!r}")
     at_least_one("max_gpus", spec.max_gpus, optional=True)
-    if spec.on_demand_gpus < 0:
-        raise JobSpecError("on_demand_gpus", f"must be at least 0, got {spec.on_demand_gpus}")
     if spec.on_demand_gpus and not spec.spot:  # a job off spot rents every GPU on demand already
         raise JobSpecError("on_demand_gpus", "is for spot jobs; without spot every GPU is rented on demand")
     at_least_one("global_batch_size", spec.global_batch_size, optional=True)

@@ -7,7 +7,8 @@ See ``docs/planner.md``.
 """
 
 from sailor_core.planner.api import plan_job
-from sailor_core.planner.request import Objective, PlanRequest, make_request, parse_gpu_list
+from sailor_core.objective import Objective
+from sailor_core.planner.request import PlanRequest, make_request, parse_gpu_list
 from sailor_core.planner.result import ParetoPoint, PlannedCandidate, PlanResult, pareto_front
 
 __all__ = [

@@ -17,7 +17,8 @@ from sailor_core.network.model import default_network
 from sailor_core.plan.types import validate_plan
 from sailor_core.planner.explain import relaxed, why_infeasible
 from sailor_core.planner.mixing import mix_leftovers
-from sailor_core.planner.request import Objective, PlanRequest
+from sailor_core.planner.ranking import FASTEST
+from sailor_core.planner.request import PlanRequest
 from sailor_core.planner.result import ParetoPoint, PlannedCandidate, PlanResult, pareto_front
 from sailor_core.planner.search import Evaluated, Searcher, run_search
 from sailor_core.profiles import default_profile_db
@@ -74,9 +75,8 @@ def _plan_job(request: PlanRequest, *, profiles, network) -> PlanResult:
             if mixed is not ev:
                 searcher.offer(mixed)
     candidates = _simulated(searcher, profiles=profiles, network=network)
-    key = (lambda c: -c.sim.throughput_samples_per_s) if request.objective is Objective.THROUGHPUT \
-        else (lambda c: c.sim.usd_per_iteration)
-    candidates.sort(key=key)
+    candidates.sort(key=lambda c: request.ranking.score(throughput_samples_per_s=c.sim.throughput_samples_per_s,
+                                                         usd_per_iteration=c.sim.usd_per_iteration))
     elapsed = time.perf_counter() - t0
     points = [
         ParetoPoint(usd_per_iteration=e.res.usd_per_iteration,
@@ -101,15 +101,14 @@ def _search_other_objective(searcher: Searcher) -> None:
     cheap, or the fast, plans first) under the same limits, unless the search proved that no
     plan meets them."""
     request = searcher.req
-    if request.objective is Objective.COST and not request.has_cost_caps:
+    if request.ranking.by_cost and not request.has_cost_caps:
         # A floor alone: the fastest plan there is decides.  It meets the floor (then it is
         # a plan, if not the cheapest) or it is the "best achievable" the error reports.
-        fastest = relaxed(searcher, Objective.THROUGHPUT, keep_caps=False, keep_floor=False)
+        fastest = relaxed(searcher, FASTEST, keep_caps=False, keep_floor=False)
         if fastest is not None:
             searcher.offer(searcher.evaluate(fastest.mbs, fastest.stages))
     else:
-        other = Objective.COST if request.objective is Objective.THROUGHPUT else Objective.THROUGHPUT
-        _adopt(searcher, _sub_search(searcher, objective=other))
+        _adopt(searcher, _sub_search(searcher, objective=request.ranking.other.objective))
 
 
 def _simulated(searcher: Searcher, *, profiles, network) -> list[PlannedCandidate]:
@@ -176,8 +175,8 @@ def _search_each_type(searcher: Searcher) -> None:
 
 def _search(searcher: Searcher) -> None:
     request = searcher.req
-    floor_binds = request.min_throughput_samples_per_s is not None and request.objective is Objective.COST
-    caps_bind = request.has_cost_caps and request.objective is Objective.THROUGHPUT
+    floor_binds = request.min_throughput_samples_per_s is not None and request.ranking.by_cost
+    caps_bind = request.has_cost_caps and not request.ranking.by_cost
     if floor_binds or caps_bind:
         # The bound leaves out part of the bubbles, links and sync, so shapes that meet a floor
         # or a cap on paper by a narrow margin mostly miss it in simulation.  First search with
@@ -214,7 +213,7 @@ def _by_promise(searcher: Searcher) -> list[str]:
 def _promise(req: PlanRequest, gpu: str) -> float:
     pools = {z: n for (g, z), n in req.availability.items() if g == gpu and n > 0}
     flops = get_gpu(gpu).peak_bf16_flops
-    if req.objective is Objective.COST:
+    if req.ranking.by_cost:
         return flops / min(gpu_price_usd_per_hr(gpu, z, spot=req.spot) for z in pools)
     return flops * sum(pools.values())
 

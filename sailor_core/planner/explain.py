@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 
 from sailor_core.planner.kinds import valid_tp_degrees
-from sailor_core.planner.request import Objective
+from sailor_core.planner.ranking import CHEAPEST, FASTEST, PlanRanking
 from sailor_core.planner.search import Evaluated, Searcher, run_search
 from sailor_core.simulator.memory import stage_memory
 
@@ -20,7 +20,7 @@ def why_infeasible(searcher: Searcher) -> str:
         # The limits may have ruled out every shape before one was simulated: check that
         # something fits at all before blaming memory.
         limited = req.has_cost_caps or req.min_throughput_samples_per_s is not None
-        if not limited or relaxed(searcher, Objective.THROUGHPUT, keep_caps=False, keep_floor=False) is None:
+        if not limited or relaxed(searcher, FASTEST, keep_caps=False, keep_floor=False) is None:
             return _memory_reason(searcher)
     reasons = []
     if req.min_throughput_samples_per_s is not None:
@@ -44,9 +44,9 @@ def why_infeasible(searcher: Searcher) -> str:
 def _floor_reasons(searcher: Searcher) -> list[str]:
     """The floor against the fastest plan there is (within the caps when something meets them)."""
     req = searcher.req
-    best = relaxed(searcher, Objective.THROUGHPUT, keep_caps=True, keep_floor=False)
+    best = relaxed(searcher, FASTEST, keep_caps=True, keep_floor=False)
     if best is None:  # the caps alone already rule everything out
-        best = relaxed(searcher, Objective.THROUGHPUT, keep_caps=False, keep_floor=False)
+        best = relaxed(searcher, FASTEST, keep_caps=False, keep_floor=False)
         caps_too = True
     else:
         caps_too = False
@@ -63,9 +63,9 @@ def _floor_reasons(searcher: Searcher) -> list[str]:
 def _cap_reasons(searcher: Searcher) -> list[str]:
     """The caps against the cheapest plan there is (meeting the floor when something does)."""
     req = searcher.req
-    cheapest = relaxed(searcher, Objective.COST, keep_caps=False, keep_floor=True)
+    cheapest = relaxed(searcher, CHEAPEST, keep_caps=False, keep_floor=True)
     if cheapest is None:
-        cheapest = relaxed(searcher, Objective.COST, keep_caps=False, keep_floor=False)
+        cheapest = relaxed(searcher, CHEAPEST, keep_caps=False, keep_floor=False)
     if cheapest is None:
         return []
     out = []
@@ -87,23 +87,23 @@ def _cap_reasons(searcher: Searcher) -> list[str]:
     return out
 
 
-def relaxed(searcher: Searcher, objective: Objective, *, keep_caps: bool, keep_floor: bool) -> Evaluated | None:
+def relaxed(searcher: Searcher, ranking: PlanRanking, *, keep_caps: bool, keep_floor: bool) -> Evaluated | None:
     """The best plan of the request with some of its limits dropped (memoised on the searcher:
     keeping limits the request does not set changes nothing, so each variant is searched once)."""
     req = searcher.req
-    key = (objective, keep_caps and req.has_cost_caps, keep_floor and req.min_throughput_samples_per_s is not None)
+    key = (ranking.objective, keep_caps and req.has_cost_caps, keep_floor and req.min_throughput_samples_per_s is not None)
     memo = searcher.memos.own.relaxed
     if key not in memo:
-        memo[key] = _relaxed_search(searcher, objective=objective, keep_caps=keep_caps, keep_floor=keep_floor)
+        memo[key] = _relaxed_search(searcher, ranking=ranking, keep_caps=keep_caps, keep_floor=keep_floor)
     return memo[key]
 
 
-def _relaxed_search(searcher: Searcher, *, objective: Objective, keep_caps: bool,
+def _relaxed_search(searcher: Searcher, *, ranking: PlanRanking, keep_caps: bool,
                     keep_floor: bool) -> Evaluated | None:
     req = searcher.req
     request = dataclasses.replace(
         req,
-        objective=objective,
+        objective=ranking.objective,
         top_n=1,
         max_usd_per_iteration=req.max_usd_per_iteration if keep_caps else None,
         max_usd_per_hour=req.max_usd_per_hour if keep_caps else None,

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from enum import Enum
 
 from sailor_core.catalog.gpus import normalize_gpu_name
 from sailor_core.catalog.models import get_model, normalize_model_name
 from sailor_core.errors import InputError, UnknownNameError
+from sailor_core.objective import Objective
+from sailor_core.planner.ranking import PLAN_RANKINGS, PlanRanking
 from sailor_core.zones import parse_zone
 
 GpuZone = tuple[str, str]  # (canonical GPU type, zone)
@@ -20,30 +22,12 @@ DEFAULT_GLOBAL_BATCH_SIZE = 1024
 DEFAULT_MAX_TP_DEGREE = 8
 
 
-class Objective(str, Enum):
-    """``throughput``: most samples/s within the caps; ``cost``: least USD/iteration above the floor."""
-
-    THROUGHPUT = "throughput"
-    COST = "cost"
-
-
 @dataclass(frozen=True, slots=True, kw_only=True)
-class PlanRequest:
-    """A planning problem.  Build it with ``make_request`` to validate untrusted values."""
+class SearchSettings:
+    """How the planner searches and what it answers: the settings callers tune (the defaults cover
+    what the planner searches; the replay and tests shrink them)."""
 
-    model: str
-    availability: Mapping[GpuZone, int]
-    objective: Objective = Objective.THROUGHPUT
-    global_batch_size: int = DEFAULT_GLOBAL_BATCH_SIZE
-    max_usd_per_iteration: float | None = None
-    max_usd_per_hour: float | None = None
-    # samples (sequences) per second; Sailor's "iterations/s" floor times the global batch.
-    min_throughput_samples_per_s: float | None = None
     top_n: int = 5
-    seq_len: int | None = None
-    regime: str | None = None
-    spot: bool = True
-    # Search-space knobs (defaults cover what the planner searches; tests shrink them).
     micro_batch_sizes: tuple[int, ...] | None = None  # default: powers of two dividing the batch
     max_stages: int = 16
     max_tp_degree: int = DEFAULT_MAX_TP_DEGREE
@@ -53,9 +37,32 @@ class PlanRequest:
     patience: int = 80  # evaluated shape orders in a row that do not improve the top N before the search stops
     collect_pareto: bool = False  # evaluate more candidates so the cost/throughput front is wider
 
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PlanRequest(SearchSettings):
+    """A planning problem, with the settings of its search.  Build it with ``make_request`` to
+    validate untrusted values."""
+
+    model: str
+    availability: Mapping[GpuZone, int]
+    objective: Objective = Objective.THROUGHPUT
+    global_batch_size: int = DEFAULT_GLOBAL_BATCH_SIZE
+    max_usd_per_iteration: float | None = None
+    max_usd_per_hour: float | None = None
+    # samples (sequences) per second; Sailor's "iterations/s" floor times the global batch.
+    min_throughput_samples_per_s: float | None = None
+    seq_len: int | None = None
+    regime: str | None = None
+    spot: bool = True
+
     @property
     def total_gpus(self) -> int:
         return sum(self.availability.values())
+
+    @property
+    def ranking(self) -> PlanRanking:
+        """How the search orders plans for the objective."""
+        return PLAN_RANKINGS[self.objective]
 
     @property
     def has_cost_caps(self) -> bool:
@@ -112,10 +119,7 @@ def make_request(
     **knobs,
 ) -> PlanRequest:
     """Validate a planning request; raises InputError/UnknownNameError naming the problem."""
-    try:
-        objective = Objective(str(getattr(objective, "value", objective)).strip().lower())
-    except ValueError:
-        raise InputError(f"unknown objective {objective!r}: expected 'throughput' or 'cost'") from None
+    objective = Objective.parse(objective)
     model = normalize_model_name(model)
     clean: dict[GpuZone, int] = {}
     for key, count in dict(availability).items():
@@ -150,11 +154,33 @@ def make_request(
     )
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PlanQuery:
+    """What a caller asks the planner on each availability it offers (a PlanRequest less the
+    availability): the controller's planner (``controller.planner_plan_fn``) takes one."""
+
+    model: str
+    global_batch_size: int | None = None
+    objective: Objective = Objective.THROUGHPUT
+    max_usd_per_hour: float | None = None
+    min_throughput_samples_per_s: float | None = None
+    spot: bool = True
+    search: SearchSettings = SearchSettings()
+
+    def on(self, availability: Mapping[GpuZone, int]) -> PlanRequest:
+        """The request on ``availability``, validated (``make_request``)."""
+        search = {f.name: getattr(self.search, f.name) for f in dataclasses.fields(SearchSettings)}
+        return make_request(model=self.model, availability=availability, objective=self.objective,
+                            global_batch_size=self.global_batch_size, max_usd_per_hour=self.max_usd_per_hour,
+                            min_throughput_samples_per_s=self.min_throughput_samples_per_s, spot=self.spot, **search)
+
+
 __all__ = [
     "DEFAULT_GLOBAL_BATCH_SIZE",
     "GpuZone",
-    "Objective",
+    "PlanQuery",
     "PlanRequest",
+    "SearchSettings",
     "UnknownNameError",
     "make_request",
     "parse_gpu_list",

@@ -3,9 +3,11 @@
 from sailor_core.replay.costs import ChangeCosts, checkpoint_bytes_for
 from sailor_core.replay.result import DecisionRecord, ReplayResult, TimelinePoint, activity_words
 from sailor_core.replay.simulation import replay
-from sailor_core.replay.policies import POLICIES, POLICY_HELP, controller_config, pick_single_type
+from sailor_core.controller.policies import POLICIES, POLICY_HELP
+from sailor_core.replay.policies import controller_costs, pick_single_type
 from sailor_core.replay.prices import PriceSeries, load_price_series
-from sailor_core.replay.run import JobTerms, ReplaySuite, catalog_price_fn, run_policies
+from sailor_core.objective import JobTerms
+from sailor_core.replay.run import ReplaySuite, catalog_price_fn, run_policies
 
 __all__ = [
     "POLICIES",
@@ -20,7 +22,7 @@ __all__ = [
     "activity_words",
     "catalog_price_fn",
     "checkpoint_bytes_for",
-    "controller_config",
+    "controller_costs",
     "load_price_series",
     "pick_single_type",
     "replay",

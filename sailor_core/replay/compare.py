@@ -22,7 +22,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sailor_core.replay.policies import POLICIES
+from sailor_core.controller.policies import POLICIES
+from sailor_core.objective import Objective
 from sailor_core.replay.run import ReplaySuite, run_policies
 from sailor_core.replay.result import ReplayResult
 from sailor_core.specs.replay import ReplaySpec
@@ -120,7 +121,7 @@ def compare_policies(trace: AvailabilityTrace, spec: ReplaySpec, *,
     deadline, floor and budget; ``run_args`` go to every ``run_policies`` (costs, planner...)."""
     say = progress or (lambda _text: None)
     policies = spec.policy_names or POLICIES
-    base_spec = dataclasses.replace(spec, objective="throughput", deadline_h=None, min_throughput_samples_per_s=None,
+    base_spec = dataclasses.replace(spec, objective=Objective.THROUGHPUT, deadline_h=None, min_throughput_samples_per_s=None,
                                     budget_usd=None)
 
     def run(names: Sequence[str], **terms: Any) -> ReplaySuite:
@@ -138,21 +139,21 @@ def compare_policies(trace: AvailabilityTrace, spec: ReplaySpec, *,
     cheapest = None
     if by_cost:
         say("every policy, cheapest")
-        cheapest = run(by_cost, objective="cost")
+        cheapest = run(by_cost, objective=Objective.COST)
         points += [Point.of(r, "cheapest") for r in cheapest.results.values()]
     if "ours" not in fastest:
         return Comparison(suite=suite, cheapest=cheapest, points=tuple(points), front=(), equal_terms=())
     base = fastest["ours"]
     deadlines = [base.time_h * f for f in deadline_factors] if base.time_h else []
     for d in deadlines:
-        points.append(ours(f"deadline {d:.2f} h", objective="cost", deadline_h=d))
+        points.append(ours(f"deadline {d:.2f} h", objective=Objective.COST, deadline_h=d))
     equal = []
     for name, other in fastest.items():
         if name == "ours":
             continue
         by_deadline = by_budget = None
         if other.finished and other.time_h:
-            by_deadline = ours(f"deadline {other.time_h:.2f} h ({name}'s time)", objective="cost",
+            by_deadline = ours(f"deadline {other.time_h:.2f} h ({name}'s time)", objective=Objective.COST,
                                deadline_h=other.time_h)
             by_budget = ours(f"budget {other.usd:.2f} USD ({name}'s spend)", budget_usd=other.usd)
             points += [by_deadline, by_budget]

@@ -1,43 +1,21 @@
-"""The four policies compared by the replay, as controller configurations."""
+"""The replay's side of the policies it compares (``controller.policies``): its costs of change as
+the controller weighs them, and the one GPU type the single-type policies get."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
-from sailor_core.controller import ControllerConfig, PlanFn, restrict
+from sailor_core.controller import Costs, PlanFn, restrict
 from sailor_core.errors import InputError
 from sailor_core.replay.costs import ChangeCosts
 from sailor_core.traces import AvailabilityTrace
 
-POLICIES = ("ours", "skypilot", "single-type", "static")
-POLICY_HELP = {
-    "ours": "re-plan on every change over all GPU types and zones",
-    "skypilot": "SkyPilot-style managed job: one fixed GPU request in one zone, restarted in the next cheapest zone",
-    "single-type": "our planner restricted to one GPU type (all zones)",
-    "static": "the plan chosen at the start; shrinks on losses, never grows back",
-}
-
-
-def controller_config(policy: str, *, costs: ChangeCosts, gpu_type: str | None = None, min_gain: float = 0.05,
-                      objective: str = "throughput", min_throughput_samples_per_s: float | None = None,
-                      zones: Iterable[str] = ()) -> ControllerConfig:
-    """The controller of ``policy`` with the replay's costs of change (a preemption in ``zones``
-    loses the work since the last checkpoint where the notice is shorter than a save) and the
-    job's objective (the skypilot policy keeps its one request whatever the objective)."""
-    common = dict(shutdown_s=costs.shutdown_s, save_s=costs.save_s, provisioning_s=costs.provisioning_s,
-                  startup_s=costs.startup_s + costs.load_s, rejoin_s=costs.rejoin_s + costs.load_s,
-                  work_lost_s=costs.work_lost_s(zones), min_gain=min_gain,
-                  objective=objective, min_throughput_samples_per_s=min_throughput_samples_per_s)
-    if policy == "ours":
-        return ControllerConfig(strategy="replan", **common)
-    if policy == "static":
-        return ControllerConfig(strategy="static", **common)
-    if policy in ("skypilot", "single-type"):
-        if gpu_type is None:
-            raise InputError(f"policy {policy!r} needs a GPU type")
-        strategy = "failover" if policy == "skypilot" else "replan"
-        return ControllerConfig(strategy=strategy, gpu_types=(gpu_type,), **common)
-    raise InputError(f"unknown policy {policy!r}; known: {', '.join(POLICIES)}")
+def controller_costs(costs: ChangeCosts, zones: Iterable[str] = ()) -> Costs:
+    """The replay's costs of change as the controller weighs them (``controller_config``'s
+    ``costs``): loading the checkpoint is part of a start-up and of a rejoin, and a preemption in
+    ``zones`` loses the work since the last checkpoint where the notice is shorter than a save."""
+    return Costs(save_s=costs.save_s, provisioning_s=costs.provisioning_s, startup_s=costs.startup_s + costs.load_s,
+                 rejoin_s=costs.rejoin_s + costs.load_s, work_lost_s=costs.work_lost_s(zones))
 
 
 def pick_single_type(trace: AvailabilityTrace, plan_fn: PlanFn) -> str:

@@ -19,17 +19,17 @@ from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import CancelledError, Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
-from typing import Any
 
 from sailor_core.controller import PlanFn, PlanOption, planner_plan_fn
+from sailor_core.planner.request import PlanQuery
 from sailor_core.traces import GpuZone
 
 _WORKER_FN: PlanFn | None = None
 
 
-def _worker_start(planner_args: dict[str, Any]) -> None:
+def _worker_start(query: PlanQuery) -> None:
     global _WORKER_FN
-    _WORKER_FN = planner_plan_fn(**planner_args)
+    _WORKER_FN = planner_plan_fn(query)
 
 
 def _worker_plan(available: tuple[tuple[GpuZone, int], ...]) -> tuple[tuple[PlanOption, ...], float]:
@@ -104,15 +104,15 @@ class PrefetchStats:
 
 
 class PrefetchingPlanner:
-    """A PlanFn (the planner, built in each process from ``planner_args`` for
+    """A PlanFn (the planner, built in each process from ``query`` by
     ``planner_plan_fn``) whose answers ``prefetch(requests)`` starts computing in
     up to ``workers`` processes.  ``known(available)`` says which requests need no
     search (answered by a cache above this one).  Call ``close()`` when done."""
 
-    def __init__(self, planner_args: dict[str, Any], *, workers: int,
+    def __init__(self, query: PlanQuery, *, workers: int,
                  known: Callable[[Mapping[GpuZone, int]], bool] = lambda _a: False) -> None:
-        self.planner_args, self.workers, self.known = dict(planner_args), workers, known
-        self._plan_here = planner_plan_fn(**self.planner_args)
+        self.query, self.workers, self.known = query, workers, known
+        self._plan_here = planner_plan_fn(query)
         self._pool: ProcessPoolExecutor | None = None
         self._futures: dict[frozenset, Future] = {}
         # Every answer a worker gave, for whichever caller asks it next: a policy replayed
@@ -282,5 +282,5 @@ class PrefetchingPlanner:
             method = "fork" if threading.active_count() == 1 and "fork" in multiprocessing.get_all_start_methods() \
                 else "spawn"
             self._pool = ProcessPoolExecutor(max_workers=self.workers, mp_context=multiprocessing.get_context(method),
-                                             initializer=_worker_start, initargs=(self.planner_args,))
+                                             initializer=_worker_start, initargs=(self.query,))
         return self._pool

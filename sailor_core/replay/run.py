@@ -14,11 +14,13 @@ from typing import Any
 from sailor_core.catalog import ModelSpec, get_model, normalize_gpu_name
 from sailor_core.catalog.instances import gpu_price_usd_per_hr
 from sailor_core.controller import (
-    OBJECTIVES,
+    POLICIES,
     CachedPlanner,
     CheapestPlanner,
     PlanFn,
     PlanOption,
+    controller_config,
+    option_ranking,
     planner_plan_fn,
     restrict,
 )
@@ -27,7 +29,10 @@ from sailor_core.errors import InputError
 from sailor_core.replay.costs import ChangeCosts, checkpoint_bytes_for
 from sailor_core.replay.lookahead import first_requests
 from sailor_core.replay.plan_cache import PersistentPlanner, _key, persistent
-from sailor_core.replay.policies import POLICIES, controller_config, pick_single_type, single_type_requests
+from sailor_core.objective import JobTerms
+from sailor_core.planner.ranking import CHEAPEST
+from sailor_core.planner.request import PlanQuery, SearchSettings
+from sailor_core.replay.policies import controller_costs, pick_single_type, single_type_requests
 from sailor_core.replay.prefetch import PrefetchingPlanner, PrefetchStats, default_workers
 from sailor_core.replay.prices import PriceSeries, load_price_series
 from sailor_core.replay.result import ReplayResult
@@ -35,11 +40,11 @@ from sailor_core.replay.simulation import PriceFn, replay
 from sailor_core.specs.replay import ReplaySpec
 from sailor_core.traces import AvailabilityTrace, GpuZone
 
-# Search knobs for re-planning inside a replay: a smaller budget of simulate()
+# The planner's search settings for re-planning inside a replay: a smaller budget of simulate()
 # calls than `sailor plan` (4000) keeps one planner call short.
 # run_policies(probe_micro_batches=True) also narrows the micro-batch sizes to what
 # the trace's GPU types use (probed_micro_batch_sizes): faster, but it moves results.
-REPLAY_PLANNER_KNOBS: dict[str, Any] = {"max_evaluations": 200, "top_n": 3}
+REPLAY_SEARCH = SearchSettings(max_evaluations=200, top_n=3)
 
 
 def grid_floor(n: int, *, fine_below: int = 8) -> int:
@@ -97,15 +102,30 @@ def probed_micro_batch_sizes(trace: AvailabilityTrace, plan_fn: PlanFn) -> tuple
     return tuple(sizes)
 
 
-def _planner(model: str, global_batch_size: int | None, knobs: dict[str, Any], plan_cache_path: str | None,
-             *, workers: int = 0) -> PlanFn:
-    args = dict(model=model, global_batch_size=global_batch_size, **knobs)
-    fn = PrefetchingPlanner(args, workers=workers) if workers > 0 else planner_plan_fn(**args)
+def _planner(query: PlanQuery, plan_cache_path: str | None, *, workers: int = 0) -> PlanFn:
+    fn = PrefetchingPlanner(query, workers=workers) if workers > 0 else planner_plan_fn(query)
     if not plan_cache_path:
         return fn
-    # (The throughput objective is the planner's default: its key stays that of earlier caches.)
-    text = ",".join(f"{k}={v}" for k, v in sorted(knobs.items()) if not (k == "objective" and v == "throughput"))
-    return persistent(fn, plan_cache_path, prefix=f"{model}|gbs={global_batch_size}|{text}")
+    return persistent(fn, plan_cache_path, prefix=cache_prefix(query))
+
+
+# Keyed whatever their value: the replay always set them (REPLAY_SEARCH).
+_ALWAYS_KEYED = ("max_evaluations", "top_n")
+
+
+def cache_prefix(query: PlanQuery) -> str:
+    """The plan cache's key of ``query``'s answers: the model and batch, then ``name=value`` in
+    name order for the search's evaluations and top N and every other setting or term that
+    differs from the planner's default (the keys of the caches written before the query was typed)."""
+    search, default = query.search, SearchSettings()
+    items = {f.name: getattr(search, f.name) for f in dataclasses.fields(SearchSettings)
+             if f.name in _ALWAYS_KEYED or getattr(search, f.name) != getattr(default, f.name)}
+    plain = PlanQuery(model=query.model)
+    for name in ("objective", "max_usd_per_hour", "min_throughput_samples_per_s", "spot"):
+        if getattr(query, name) != getattr(plain, name):
+            items[name] = getattr(query, name)
+    text = ",".join(f"{k}={v}" for k, v in sorted(items.items()))
+    return f"{query.model}|gbs={query.global_batch_size}|{text}"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -158,40 +178,13 @@ def catalog_price_fn(*, spot: bool = True) -> PriceFn:
     return lambda gpu, zone, _t: per_gpu(gpu, zone)
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class JobTerms:
-    """What the replayed job asks, as ``sailor train`` would: the objective (``throughput``:
-    finish soonest; ``cost``: for the fewest USD), a floor on the throughput, a deadline from
-    the trace's start, and on-demand GPUs per pool besides the spot ones (0: spot only; the
-    skypilot policy rents spot only)."""
-
-    objective: str = "throughput"
-    min_throughput_samples_per_s: float | None = None
-    deadline_h: float | None = None
-    on_demand_gpus: int = 0
-
-    def __post_init__(self) -> None:
-        if self.objective not in OBJECTIVES:
-            raise InputError(f"unknown objective {self.objective!r}; known: {', '.join(OBJECTIVES)}")
-        if self.min_throughput_samples_per_s is not None and not self.min_throughput_samples_per_s > 0:
-            raise InputError(f"throughput floor must be positive, got {self.min_throughput_samples_per_s}")
-        if self.deadline_h is not None and not (self.deadline_h > 0 and math.isfinite(self.deadline_h)):
-            raise InputError(f"deadline must be a positive number of hours, got {self.deadline_h}")
-        if self.on_demand_gpus < 0:
-            raise InputError(f"on-demand GPUs per pool must be >= 0, got {self.on_demand_gpus}")
-
-    @property
-    def wants_cheap_plans(self) -> bool:
-        """Whether the controller also asks the planner for its cheapest plans."""
-        return self.objective == "cost" or self.deadline_h is not None
-
 def run_policies(
     trace: AvailabilityTrace,
     spec: ReplaySpec,
     *,
     plan_fn: PlanFn | None = None,
     costs: ChangeCosts | None = None,
-    planner_knobs: dict[str, Any] | None = None,
+    planner_knobs: SearchSettings | None = None,
     probe_micro_batches: bool = False,
     progress: Callable[[str, float, int], None] | None = None,
 ) -> ReplaySuite:
@@ -199,7 +192,8 @@ def run_policies(
 
     The job's objective and constraints (``JobTerms`` of ``spec``: default: finish soonest, on
     spot only) are what every policy but skypilot's managed job re-plans by.  ``costs``: the
-    costs of a change (default: ``spec``'s); ``plan_fn``: a planner in place of the real one.
+    costs of a change (default: ``spec``'s); ``plan_fn``: a planner in place of the real one;
+    ``planner_knobs``: the planner's search settings (default: ``REPLAY_SEARCH``).
 
     ``progress``, when given, is called as the replay goes with the policy, its simulated
     time and the planner searches made so far.
@@ -212,8 +206,7 @@ def run_policies(
     policies = spec.policy_names or POLICIES
     budget_usd, global_batch_size, plan_cache_path = spec.budget_usd, spec.global_batch_size, spec.plan_cache
     model = _checked_model(spec.model, tokens=spec.tokens, budget_usd=budget_usd, policies=policies)
-    terms = JobTerms(objective=spec.objective, min_throughput_samples_per_s=spec.min_throughput_samples_per_s,
-                     deadline_h=spec.deadline_h, on_demand_gpus=spec.on_demand_gpus)
+    terms = spec.terms
     t0 = time.perf_counter()
     samples_target = float(spec.tokens) / float(model.seq_len)
     costs = costs or _change_costs(spec, model.name)
@@ -225,7 +218,7 @@ def run_policies(
     single = _single_type(trace, planning, policies=policies, gpu_type=spec.gpu, costs=costs)
     replay_args = dict(trace=trace, costs=costs, samples_target=samples_target, budget_usd=budget_usd, seed=spec.seed,
                        max_time_s=None, price_change_times=prices.change_times() if prices is not None else (),
-                       deadline_s=terms.deadline_h * 3600.0 if terms.deadline_h is not None else None,
+                       deadline_s=terms.deadline_s,
                        on_demand_price_fn=catalog_price_fn(spot=False))
     cheap = _cheap_planner(planning, model=model.name, global_batch_size=global_batch_size,
                            planner_knobs=planner_knobs, terms=terms, plan_cache_path=plan_cache_path,
@@ -289,23 +282,22 @@ class _Planning:
 
 
 def _planning(trace: AvailabilityTrace, plan_fn: PlanFn | None, *, model: str, global_batch_size: int | None,
-              planner_knobs: dict[str, Any] | None, probe_micro_batches: bool, exact_availability: bool,
+              planner_knobs: SearchSettings | None, probe_micro_batches: bool, exact_availability: bool,
               plan_cache_path: str | None, workers: int | None) -> _Planning:
-    """The real planner with the replay's knobs (unless ``plan_fn`` is given), memoised, and its workers."""
+    """The real planner with the replay's search settings (unless ``plan_fn`` is given), memoised, and its workers."""
     base = plan_fn
     probe = CachedPlanner(plan_fn=lambda _avail: ())
     mbs = None
     if base is None:
-        knobs_used = {**REPLAY_PLANNER_KNOBS, **(planner_knobs or {})}
-        if probe_micro_batches and "micro_batch_sizes" not in knobs_used:
-            probe = CachedPlanner(plan_fn=_planner(model, global_batch_size, knobs_used, plan_cache_path))
+        query = PlanQuery(model=model, global_batch_size=global_batch_size, search=planner_knobs or REPLAY_SEARCH)
+        if probe_micro_batches and query.search.micro_batch_sizes is None:
+            probe = CachedPlanner(plan_fn=_planner(query, plan_cache_path))
             sizes = probed_micro_batch_sizes(trace, probe if exact_availability else on_grid(probe))
             _flush(probe.plan_fn)  # before the main planner reads the same file
             if sizes:
-                knobs_used["micro_batch_sizes"] = sizes
-        base = _planner(model, global_batch_size, knobs_used, plan_cache_path,
-                        workers=default_workers() if workers is None else workers)
-        mbs = knobs_used.get("micro_batch_sizes")
+                query = dataclasses.replace(query, search=dataclasses.replace(query.search, micro_batch_sizes=sizes))
+        base = _planner(query, plan_cache_path, workers=default_workers() if workers is None else workers)
+        mbs = query.search.micro_batch_sizes
     cached = base if isinstance(base, CachedPlanner) else CachedPlanner(plan_fn=base)
     prefetcher = _prefetcher(cached.plan_fn)
     if prefetcher is not None:
@@ -326,39 +318,41 @@ def _single_type(trace: AvailabilityTrace, planning: _Planning, *, policies: Seq
     if gpu_type is None and planning.prefetch is not None:
         # The replay's first searches, started together in the workers: the first plan of
         # `ours` (the largest of them) and what pick_single_type asks here.
-        lead = first_requests(trace, controller_config("ours", costs=costs)) if policies[0] == "ours" else []
+        lead = (first_requests(trace, controller_config("ours", costs=controller_costs(costs),
+                                                         shutdown_s=costs.shutdown_s))
+                if policies[0] == "ours" else [])
         planning.prefetch([*lead, *single_type_requests(trace)])
     return normalize_gpu_name(gpu_type) if gpu_type else pick_single_type(trace, planning.plan_fn)
 
 
 def _cheap_planner(planning: _Planning, *, model: str, global_batch_size: int | None,
-                   planner_knobs: dict[str, Any] | None, terms: JobTerms, plan_cache_path: str | None,
+                   planner_knobs: SearchSettings | None, terms: JobTerms, plan_cache_path: str | None,
                    plan_fn: PlanFn | None, budget_usd: float | None) -> CheapestPlanner | None:
     """The planner's cheapest plans (its cost objective) above a floor, for a job that minimises
     cost, has a deadline or a budget (``decide``'s ``cost_plan_fn``: with a budget only asked
     once no fast plan finishes within it); in this process, memoised per floor, on the grid
     unless exact, kept in the plan cache beside the fastest plans."""
-    if not terms.wants_cheap_plans and budget_usd is None:
+    if not option_ranking(terms.objective).asks_cheapest(deadline=terms.deadline_h is not None) \
+            and budget_usd is None:
         return None
-    knobs = {**REPLAY_PLANNER_KNOBS, **(planner_knobs or {}), "objective": "cost"}
+    search = planner_knobs or REPLAY_SEARCH
     if planning.micro_batch_sizes:
-        knobs["micro_batch_sizes"] = planning.micro_batch_sizes
+        search = dataclasses.replace(search, micro_batch_sizes=planning.micro_batch_sizes)
+    cheapest = PlanQuery(model=model, global_batch_size=global_batch_size, objective=CHEAPEST.objective, search=search)
     disk = planning.cached.plan_fn if isinstance(planning.cached.plan_fn, PersistentPlanner) else None
 
     def make(floor: float | None) -> PlanFn:
         if plan_fn is not None:  # a test planner: its plans, those above the floor
             return lambda a: [o for o in plan_fn(a) if floor is None or o.throughput_samples_per_s >= floor]
-        args = {**knobs, **({"min_throughput_samples_per_s": floor} if floor is not None else {})}
-        fn = planner_plan_fn(model=model, global_batch_size=global_batch_size, **args)
+        query = dataclasses.replace(cheapest, min_throughput_samples_per_s=floor)
         if disk is None and plan_cache_path:
-            return _planner(model, global_batch_size, args, plan_cache_path)
+            return _planner(query, plan_cache_path)
         if disk is None:
-            return fn
-        text = ",".join(f"{k}={v}" for k, v in sorted(args.items()))
-        return disk.sibling(fn, prefix=f"{model}|gbs={global_batch_size}|{text}")
+            return planner_plan_fn(query)
+        return disk.sibling(planner_plan_fn(query), prefix=cache_prefix(query))
 
-    cheapest = CheapestPlanner(make=make)
-    return cheapest if planning.exact_availability else on_grid(cheapest)
+    planner = CheapestPlanner(make=make)
+    return planner if planning.exact_availability else on_grid(planner)
 
 
 def _replay_each(planning: _Planning, policies: Sequence[str], *, single: str | None, prices: PriceSeries | None,
@@ -400,8 +394,8 @@ def _replay_each(planning: _Planning, policies: Sequence[str], *, single: str | 
 
 
 def _config(policy: str, *, costs: ChangeCosts, single: str | None, terms: JobTerms, zones: Sequence[str]):
-    return controller_config(policy, costs=costs, gpu_type=single, objective=terms.objective,
-                             min_throughput_samples_per_s=terms.min_throughput_samples_per_s, zones=zones)
+    return controller_config(policy, costs=controller_costs(costs, zones), shutdown_s=costs.shutdown_s, terms=terms,
+                             gpu_type=single)
 
 
 def _on_demand(trace: AvailabilityTrace, terms: JobTerms, config) -> dict[GpuZone, int]:

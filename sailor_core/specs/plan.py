@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from sailor_core.objective import Objective, objective_term
 from sailor_core.specs.fields import at_least, option
 
 
@@ -13,7 +14,7 @@ class PlanTerms:
     """What a plan is for: the model, the objective and the caps (the plan flow's settings)."""
 
     model: str = option(help="Model name, e.g. opt-350m.")
-    objective: str = option("throughput", help="throughput | cost")
+    objective: Objective = option(Objective.THROUGHPUT, help=f"what to optimise: {Objective.described()}")
     global_batch_size: int | None = option(None, help="Sequences per iteration (default 1024).",
                                            aliases=("--global-batch",))
     max_usd_per_hr: float | None = option(None, help="Cost cap, USD per hour.", aliases=("--max-usd-per-hour",))
@@ -22,6 +23,9 @@ class PlanTerms:
         cli=("--min-throughput",))
     spot: bool = option(True, help="Price GPUs as spot (else on demand).", cli=("--spot/--no-spot",),
                         off_aliases=("--on-demand",))
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "objective", objective_term(self.objective))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -36,4 +40,5 @@ class PlanSpec(PlanTerms):
     max_stages: int = option(16, help="Most pipeline stages to consider.")
 
     def __post_init__(self) -> None:
+        PlanTerms.__post_init__(self)  # not super(): slotted dataclasses are rebuilt classes
         at_least("max_stages", self.max_stages, 1)

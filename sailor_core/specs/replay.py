@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from sailor_core.objective import JobTerms, Objective
 from sailor_core.specs.fields import SpecError, at_least, option
 
 
@@ -53,8 +54,8 @@ class ReplaySpec:
     workers: int | None = option(None, help="Processes that search the next re-plans ahead (default: one per idle "
                                             "CPU up to 8, none if fewer than two are idle; 0: none). Results do not "
                                             "depend on it.")
-    objective: str = option("throughput", help="What the job asks: throughput (finish soonest) or cost (finish for "
-                                               "the fewest USD); every policy but skypilot re-plans by it.")
+    objective: Objective = option(Objective.THROUGHPUT, help=f"What the job asks: {Objective.described()}; every "
+                                                             "policy but skypilot re-plans by it.")
     min_throughput_samples_per_s: float | None = option(
         None, help="Throughput floor (samples/s, counting restarts) for the cost objective.",
         cli=("--min-throughput",))
@@ -69,9 +70,15 @@ class ReplaySpec:
                 object.__setattr__(self, "tokens", parse_tokens(str(self.tokens)))
             except ValueError as exc:
                 raise SpecError("tokens", str(exc)) from None
-        object.__setattr__(self, "objective", self.objective.strip().lower())
+        object.__setattr__(self, "objective", self.terms.objective)  # validates the terms (JobTerms)
         if self.workers is not None:
             at_least("workers", self.workers, 0)
+
+    @property
+    def terms(self) -> JobTerms:
+        """The job's objective and constraints, which every policy but skypilot's re-plans by."""
+        return JobTerms(objective=self.objective, min_throughput_samples_per_s=self.min_throughput_samples_per_s,
+                        deadline_h=self.deadline_h, on_demand_gpus=self.on_demand_gpus)
 
     @property
     def policy_names(self) -> tuple[str, ...] | None:

@@ -6,7 +6,8 @@ from __future__ import annotations
 import dataclasses
 
 from sailor_core.catalog.instances import catalog_offers
-from sailor_core.controller import Action, Event, EventKind, planner_plan_fn
+from sailor_core.controller import Action, Event, EventKind, controller_config, planner_plan_fn
+from sailor_core.planner.request import PlanQuery, SearchSettings
 from sailor_core.controller.economics import change_s, outlook
 from sailor_core.errors import InfeasibleError
 from sailor_core.job import state as js
@@ -19,7 +20,7 @@ SPEC = JobSpec(model="opt-350m", budget_usd=1e6, steps=2000, global_batch_size=6
 
 
 def _expected_usd(option, spec: JobSpec) -> float:
-    config = control.controller_config(5.0, spec)
+    config = controller_config("ours", costs=control.FLOW_COSTS, shutdown_s=5.0, terms=spec.terms)
     change = change_s(option, running=None, held={}, held_on_demand={}, costs=config.costs)
     o = outlook(option, remaining=spec.steps * spec.global_batch_size, change=change, rates={}, shares={},
                 costs=config.costs)
@@ -65,8 +66,8 @@ def test_a_candidate_the_instances_cannot_hold_is_left_out_not_fatal():
             raise InfeasibleError("no instance type in us-central1-a has 2 T4 GPUs on one node")
         return 0.35 * sum(r.tp_degree for st in plan.stages for r in st.replicas)
 
-    fn = planner_plan_fn(model="opt-350m", global_batch_size=64, pricing=pricing, on_infeasible=heard.append,
-                         top_n=10)
+    fn = planner_plan_fn(PlanQuery(model="opt-350m", global_batch_size=64, search=SearchSettings(top_n=10)),
+                         pricing=pricing, on_infeasible=heard.append)
     options = fn({("T4", "us-central1-a"): 8})
     assert options and all(r.tp_degree == 1 for o in options for st in o.plan.stages for r in st.replicas)
     assert heard and all("on one node" in str(e) for e in heard)

@@ -7,6 +7,7 @@ import pytest
 from sailor_core.job import state as js
 
 from sailor_core.job.spec import JobSpec
+from sailor_core.objective import Objective
 from tasks.control import controller_state
 
 
@@ -31,14 +32,17 @@ def _job(**spec):
 
 
 def test_the_jobs_deadline_objective_and_floor_reach_the_controller():
-    from tasks.control import controller_config
+    from sailor_core.controller import controller_config
+    from tasks.control import FLOW_COSTS
 
     s = _job(objective="cost", deadline_h=2.0, min_throughput_samples_per_s=10.0)
     state = controller_state(s, available={}, current=None, now_unix_s=s.created_unix_s + 1800)
     assert state.time_left_s == pytest.approx(1.5 * 3600)
-    config = controller_config(5.0, s.spec)
-    assert (config.objective, config.min_throughput_samples_per_s, config.shutdown_s) == ("cost", 10.0, 5.0)
-    assert controller_config(5.0).objective == "throughput"
+    config = controller_config("ours", costs=FLOW_COSTS, shutdown_s=5.0, terms=s.spec.terms)
+    assert (config.terms.objective, config.terms.min_throughput_samples_per_s, config.shutdown_s) == \
+        (Objective.COST, 10.0, 5.0)
+    assert config.ranking.by_cost and config.terms.deadline_h == 2.0
+    assert controller_config("ours", costs=FLOW_COSTS, shutdown_s=5.0).terms.objective is Objective.THROUGHPUT
     no_deadline = _job()
     assert controller_state(no_deadline, available={}, current=None, now_unix_s=0.0).time_left_s == float("inf")
 

@@ -6,6 +6,7 @@ import math
 
 import pytest
 
+from sailor_core.objective import JobTerms, Objective
 from sailor_core.controller import Action, ControllerConfig, ControllerState, Event, EventKind, PlanOption, decide
 from sailor_core.controller.economics import change_s, outlook
 
@@ -13,7 +14,7 @@ POOL = ("V100-16", "us-east-1a")
 MAX_GPUS = 64
 SAMPLES = 2_000_000
 START = Event(kind=EventKind.START)
-CONFIG = ControllerConfig(objective="throughput")
+CONFIG = ControllerConfig(terms=JobTerms(objective=Objective.THROUGHPUT))
 
 
 def plan(n: int) -> PlanOption:

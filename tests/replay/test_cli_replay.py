@@ -17,7 +17,7 @@ import pytest
         (["--trace", "derived:gcp-4d", "--model", "opt-350m", "--tokens", "1e9", "--deadline-h", "0"], "deadline"),
         (["--trace", "derived:gcp-4d", "--model", "opt-350m", "--tokens", "1e9", "--pareto", "x.png"], "--compare"),
         (["--trace", "derived:gcp-4d", "--model", "opt-350m", "--tokens", "1e9", "--on-demand-gpus", "-2"],
-         "on-demand"),
+         "--on-demand-gpus must be at least 0"),
     ],
 )
 def test_bad_input_one_error_line(sailor_cli, args, words):
@@ -41,7 +41,7 @@ def test_json_and_plot(sailor_cli, tmp_path, monkeypatch):
     import sailor_core.replay.run as run_mod
     from replay_helpers import linear_planner
 
-    monkeypatch.setattr(run_mod, "planner_plan_fn", lambda **kw: linear_planner)  # real planner: slow test
+    monkeypatch.setattr(run_mod, "planner_plan_fn", lambda *_a, **_kw: linear_planner)  # real planner: slow test
     trace = tmp_path / "t.csv"
     trace.write_text(",Timestamp,A100-40_us-central1-a,V100-16_us-central1-b\n0,0,4,4\n1,3600,2,4\n2,7200,4,4\n")
     png = tmp_path / "timeline.png"
@@ -64,7 +64,7 @@ def test_the_table_says_where_the_paid_gpu_time_went(sailor_cli, tmp_path, monke
     import sailor_core.replay.run as run_mod
     from replay_helpers import linear_planner
 
-    monkeypatch.setattr(run_mod, "planner_plan_fn", lambda **kw: linear_planner)  # real planner: slow test
+    monkeypatch.setattr(run_mod, "planner_plan_fn", lambda *_a, **_kw: linear_planner)  # real planner: slow test
     trace = tmp_path / "t.csv"
     trace.write_text(",Timestamp,A100-40_us-central1-a,V100-16_us-central1-b\n0,0,4,4\n1,3600,2,4\n2,7200,4,4\n")
     p = sailor_cli("replay", "--trace", str(trace), "--model", "opt-350m", "--tokens", "2B", "--workers", "0")
@@ -85,7 +85,7 @@ def test_compare_prints_the_front_and_the_equal_terms(sailor_cli, tmp_path, monk
     import sailor_core.replay.run as run_mod
     from replay_helpers import linear_planner
 
-    monkeypatch.setattr(run_mod, "planner_plan_fn", lambda **kw: linear_planner)  # real planner: slow test
+    monkeypatch.setattr(run_mod, "planner_plan_fn", lambda *_a, **_kw: linear_planner)  # real planner: slow test
     trace = tmp_path / "t.csv"
     trace.write_text(",Timestamp,A100-40_us-central1-a,V100-16_us-central1-b\n0,0,4,4\n1,3600,2,4\n2,7200,4,4\n")
     png = tmp_path / "front.png"

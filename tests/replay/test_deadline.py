@@ -6,6 +6,7 @@ import dataclasses
 
 import pytest
 
+from sailor_core.objective import JobTerms, Objective
 from sailor_core.controller import (
     Action,
     ControllerConfig,
@@ -38,7 +39,7 @@ def both(_avail):
 
 
 def run(state, event=START, **cfg):
-    return decide(state, event, config=ControllerConfig(objective="cost", **cfg), plan_fn=both)
+    return decide(state, event, config=ControllerConfig(terms=JobTerms(objective=Objective.COST), **cfg), plan_fn=both)
 
 
 def _time_s(option, samples):
@@ -116,14 +117,14 @@ def test_by_a_deadline_a_plan_within_min_gain_of_the_cheapest_that_finishes_soon
         return [close, cheap]
 
     state = ControllerState(plan=None, available=AVAIL, samples_target=1_000_000, time_left_s=30 * 3600)
-    cfg = ControllerConfig(objective="cost")
+    cfg = ControllerConfig(terms=JobTerms(objective=Objective.COST))
     assert decide(state, START, config=cfg, plan_fn=plans).plan is close
     # Without a deadline the cheapest runs, whatever the margin.
     no_deadline = dataclasses.replace(state, time_left_s=float("inf"))
     assert decide(no_deadline, START, config=cfg, plan_fn=plans).plan is cheap
 
 
-@pytest.mark.parametrize("objective", ["throughput", "cost"])
+@pytest.mark.parametrize("objective", list(Objective))
 def test_without_a_deadline_the_quantile_changes_no_decision(objective):
     states = [
         ControllerState(plan=None, available={POOL: 8, ("T4", A): 4}, samples_target=1e6,
@@ -132,14 +133,14 @@ def test_without_a_deadline_the_quantile_changes_no_decision(objective):
                         preemption_rate_per_s={POOL: 1 / 3600}),
     ]
     for state in states:
-        a = decide(state, START, config=ControllerConfig(objective=objective), plan_fn=linear_planner)
-        b = decide(state, START, config=ControllerConfig(objective=objective, deadline_quantile=0.5),
+        a = decide(state, START, config=ControllerConfig(terms=JobTerms(objective=objective)), plan_fn=linear_planner)
+        b = decide(state, START, config=ControllerConfig(terms=JobTerms(objective=objective), deadline_quantile=0.5),
                    plan_fn=linear_planner)
         assert (a.action, a.plan, a.reason) == (b.action, b.plan, b.reason)
         running = dataclasses.replace(state, plan=a.plan, planned_on=dict(state.available),
                                       available={k: n * 2 for k, n in state.available.items()})
-        a2 = decide(running, CAP, config=ControllerConfig(objective=objective), plan_fn=linear_planner)
-        b2 = decide(running, CAP, config=ControllerConfig(objective=objective, deadline_quantile=0.5),
+        a2 = decide(running, CAP, config=ControllerConfig(terms=JobTerms(objective=objective)), plan_fn=linear_planner)
+        b2 = decide(running, CAP, config=ControllerConfig(terms=JobTerms(objective=objective), deadline_quantile=0.5),
                     plan_fn=linear_planner)
         assert (a2.action, a2.plan, a2.reason) == (b2.action, b2.plan, b2.reason)
 

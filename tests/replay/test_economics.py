@@ -7,6 +7,7 @@ import math
 
 import pytest
 
+from sailor_core.objective import JobTerms, Objective
 from sailor_core.controller import (
     Action,
     ControllerConfig,
@@ -24,8 +25,8 @@ from sailor_core.controller.economics import (
     outlook,
     regrow_shortfall,
     share_per_hit,
-    switch_pays,
 )
+from sailor_core.controller.ranking import SOONEST, switch_pays
 from sailor_core.controller.reasons import why_words
 
 from replay_helpers import linear_option, linear_planner
@@ -36,8 +37,14 @@ CAP = Event(kind=EventKind.CAPACITY)
 COSTS = Costs(save_s=10, provisioning_s=90, startup_s=60, work_lost_s=0)
 
 
-def run(state, event=START, plan_fn=linear_planner, cost_plan_fn=None, **cfg):
-    return decide(state, event, config=ControllerConfig(**cfg), plan_fn=plan_fn, cost_plan_fn=cost_plan_fn)
+CHEAPEST_TERMS = JobTerms(objective=Objective.COST)
+
+
+def run(state, event=START, plan_fn=linear_planner, cost_plan_fn=None, objective=Objective.THROUGHPUT,
+        min_throughput_samples_per_s=None, **cfg):
+    terms = JobTerms(objective=objective, min_throughput_samples_per_s=min_throughput_samples_per_s)
+    return decide(state, event, config=ControllerConfig(terms=terms, **cfg), plan_fn=plan_fn,
+                  cost_plan_fn=cost_plan_fn)
 
 
 # ---- the model --------------------------------------------------------------------
@@ -92,10 +99,10 @@ def test_a_switch_must_pay_before_the_next_preemption_would_force_a_replan():
                   rates={("V100-16", A): 12 / 3600}, shares={}, costs=COSTS)
     # 20 % faster, but the next hit comes in 5 min: 160 s of the 300 s are lost to the switch.
     assert new.time_s < now.time_s
-    assert not switch_pays(now, new, objective="throughput", remaining=1e7, min_gain=0.05)
+    assert not switch_pays(now, new, ranking=SOONEST, remaining=1e7, min_gain=0.05)
     calm_now = outlook(now.option, remaining=1e7, change=0, rates={}, shares={}, costs=COSTS)
     calm_new = outlook(new.option, remaining=1e7, change=160, rates={}, shares={}, costs=COSTS)
-    assert switch_pays(calm_now, calm_new, objective="throughput", remaining=1e7, min_gain=0.05)
+    assert switch_pays(calm_now, calm_new, ranking=SOONEST, remaining=1e7, min_gain=0.05)
 
 
 # ---- the objective, the constraints ------------------------------------------------
@@ -113,35 +120,35 @@ def both(_avail):
 def test_the_objective_picks_the_fastest_or_the_cheapest_to_finish():
     state = ControllerState(plan=None, available=AVAIL, samples_target=720_000)
     assert run(state, plan_fn=both).plan is FAST
-    d = run(state, plan_fn=both, objective="cost")
+    d = run(state, plan_fn=both, objective=Objective.COST)
     assert d.plan is CHEAP and "USD to finish" in d.reason
 
 
 def test_the_deadline_picks_the_cheapest_plan_that_finishes_in_time():
     # 720000 samples: FAST takes 2 h (24 USD), CHEAP 4 h (16 USD), each plus a 150 s start.
     state = ControllerState(plan=None, available=AVAIL, samples_target=720_000, time_left_s=5 * 3600)
-    assert run(state, plan_fn=both, objective="cost").plan is CHEAP
+    assert run(state, plan_fn=both, objective=Objective.COST).plan is CHEAP
     tight = ControllerState(plan=None, available=AVAIL, samples_target=720_000, time_left_s=3 * 3600)
-    assert run(tight, plan_fn=both, objective="cost").plan is FAST
+    assert run(tight, plan_fn=both, objective=Objective.COST).plan is FAST
     # None meets it: the fastest runs, and the reason says so.
     hopeless = ControllerState(plan=None, available=AVAIL, samples_target=720_000, time_left_s=3600)
-    d = run(hopeless, plan_fn=both, objective="cost")
+    d = run(hopeless, plan_fn=both, objective=Objective.COST)
     assert d.plan is FAST and "deadline" in d.reason
 
 
 def test_a_running_plan_that_will_miss_the_deadline_gives_way():
     state = ControllerState(plan=CHEAP, available=AVAIL, samples_target=720_000, time_left_s=3 * 3600,
                             planned_on=AVAIL)
-    d = run(state, CAP, plan_fn=both, objective="cost")
+    d = run(state, CAP, plan_fn=both, objective=Objective.COST)
     assert d.action == Action.REPLAN and d.plan is FAST and d.reason.startswith("deadline")
 
 
 def test_the_floor_counts_restarts():
     stormy = {("V100-16", A): 30 / 3600}  # CHEAP trains 50 / (1 + 30/3600 * 300) = 14.3 samples/s
     state = ControllerState(plan=None, available=AVAIL, samples_target=720_000, preemption_rate_per_s=stormy)
-    assert run(state, plan_fn=both, objective="cost", min_throughput_samples_per_s=40).plan is FAST
+    assert run(state, plan_fn=both, objective=Objective.COST, min_throughput_samples_per_s=40).plan is FAST
     calm = ControllerState(plan=None, available=AVAIL, samples_target=720_000)
-    assert run(calm, plan_fn=both, objective="cost", min_throughput_samples_per_s=40).plan is CHEAP
+    assert run(calm, plan_fn=both, objective=Objective.COST, min_throughput_samples_per_s=40).plan is CHEAP
 
 
 def test_cheap_plans_join_the_options_with_the_cost_objective_or_a_deadline():
@@ -154,12 +161,12 @@ def test_cheap_plans_join_the_options_with_the_cost_objective_or_a_deadline():
     state = ControllerState(plan=None, available=AVAIL, samples_target=720_000)
     fast_only = lambda _a: [FAST]  # noqa: E731
     assert run(state, plan_fn=fast_only, cost_plan_fn=cheapest).plan is FAST and floors == []  # not asked
-    assert run(state, plan_fn=fast_only, cost_plan_fn=cheapest, objective="cost").plan is CHEAP
+    assert run(state, plan_fn=fast_only, cost_plan_fn=cheapest, objective=Objective.COST).plan is CHEAP
     assert floors == [None]
     # A deadline asks for the cheapest plans fast enough to make it: 720000 samples in the 5 h left
     # after a 300 s change need 40 samples/s, between 2 ** (42 / 8) and 2 ** (43 / 8) on the floors' grid.
     in_time = ControllerState(plan=None, available=AVAIL, samples_target=720_000, time_left_s=5 * 3600 + 300)
-    assert run(in_time, plan_fn=fast_only, cost_plan_fn=cheapest, objective="cost").plan is CHEAP
+    assert run(in_time, plan_fn=fast_only, cost_plan_fn=cheapest, objective=Objective.COST).plan is CHEAP
     assert floors[-2:] == [pytest.approx(2 ** (42 / 8)), pytest.approx(2 ** (43 / 8))]
 
 
@@ -193,7 +200,7 @@ def test_with_a_deadline_each_pool_alone_joins_the_options():
     state = ControllerState(plan=None, available=avail, samples_target=1e6, time_left_s=1e6 / 40 + 1000)
     everything = lambda a: [linear_option(a)]  # noqa: E731 - a planner that never offers less
     # B alone (40/s, its zone 10 % cheaper) makes the deadline for less than both pools together.
-    d = run(state, plan_fn=everything, cost_plan_fn=lambda a, floor: [], objective="cost")
+    d = run(state, plan_fn=everything, cost_plan_fn=lambda a, floor: [], objective=Objective.COST)
     assert d.plan.gpus == {("A100-40", B): 4}
     assert run(dataclasses.replace(state, time_left_s=math.inf), plan_fn=everything).plan.gpus == avail
 
@@ -246,12 +253,14 @@ def test_after_a_preemption_the_job_restarts_on_the_gpus_held_until_new_instance
     # Finishing cheapest, the ranking's choice runs: waiting for a shortfall would shrink the job away.
     state = ControllerState(plan=linear_option({pool: 16}), available={pool: 16}, samples_target=1e7,
                             preemption_rate_per_s=rates, preemption_share=shares)
-    d = decide(state, hit, config=ControllerConfig(**COSTS_CFG, objective="cost"), plan_fn=linear_planner)
+    d = decide(state, hit, config=ControllerConfig(**COSTS_CFG, terms=CHEAPEST_TERMS),
+               plan_fn=linear_planner)
     assert "not renting" not in d.reason
     # By a deadline the 15 held still make (in 100 h), replacements wait for the shortfall as
     # finishing soonest: the deadline keeps the job from shrinking away.
     by_deadline = dataclasses.replace(state, time_left_s=100 * 3600.0)
-    d = decide(by_deadline, hit, config=ControllerConfig(**COSTS_CFG, objective="cost"), plan_fn=linear_planner)
+    d = decide(by_deadline, hit, config=ControllerConfig(**COSTS_CFG, terms=CHEAPEST_TERMS),
+               plan_fn=linear_planner)
     assert d.plan.gpus == {pool: 15} and "not renting 1xV100-16@us-central1-a" in d.reason, d.reason
 
 
@@ -280,7 +289,7 @@ def test_on_demand_takes_the_stormy_pool_when_the_objective_pays_for_it():
     assert d.plan.usd_per_hr == pytest.approx(4 * 1.2 + 4 * (1.2 * 0.9 + 2.0))  # B spot is 10 % cheaper
     assert "on demand" in d.reason
     # Finishing cheapest, the calm spot pool alone wins: on demand costs more than it saves.
-    d = run(state, plan_fn=planner, objective="cost")
+    d = run(state, plan_fn=planner, objective=Objective.COST)
     assert d.plan.gpus == {("A100-40", A): 4} and not d.plan.on_demand
 
 
@@ -292,13 +301,14 @@ def test_on_demand_capacity_runs_a_plan_when_spot_has_none():
     assert d.plan.usd_per_hr == pytest.approx(2 * 3.2)
 
 
-def test_config_checks_the_objective_and_floor():
+def test_terms_check_the_objective_and_floor():
     from sailor_core.errors import InputError
 
-    with pytest.raises(InputError, match="objective"):
-        ControllerConfig(objective="speed")
-    with pytest.raises(InputError, match="floor"):
-        ControllerConfig(min_throughput_samples_per_s=0)
+    with pytest.raises(InputError, match="objective must be throughput or cost, got 'speed'"):
+        JobTerms(objective="speed")
+    with pytest.raises(InputError, match="min_throughput_samples_per_s must be a positive number"):
+        JobTerms(min_throughput_samples_per_s=0)
+    assert JobTerms(objective=" Cost ").objective is Objective.COST
     assert math.isclose(ControllerConfig(save_s=4, provisioning_s=90, startup_s=64).change_cost_s, 158)
 
 

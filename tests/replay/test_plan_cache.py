@@ -67,7 +67,7 @@ def test_a_second_replay_plans_nothing(tmp_path, monkeypatch):
     cold = run_policies(trace, spec)
     assert cold.planner_calls > 0 and path.exists()
 
-    def no_search(**_args):
+    def no_search(*_args, **_kwargs):
         def search(_available):
             raise AssertionError("the second replay searched instead of reading the file")
         return search
@@ -111,3 +111,18 @@ def test_the_cheapest_planner_keeps_one_memo_per_floor():
     lo, hi = floors_on_grid(40.0)
     assert lo <= 40.0 <= hi and hi / lo == 2 ** (1 / 8)
     assert floors_on_grid(32.0) == (32.0, 32.0)
+
+
+def test_the_cache_keys_of_typed_queries_are_those_the_replays_dicts_wrote():
+    import dataclasses
+
+    from sailor_core.objective import Objective
+    from sailor_core.planner.request import PlanQuery
+    from sailor_core.replay.run import REPLAY_SEARCH, cache_prefix
+
+    fast = PlanQuery(model="opt-350m", search=dataclasses.replace(REPLAY_SEARCH, micro_batch_sizes=(1, 2, 4)))
+    assert cache_prefix(fast) == "opt-350m|gbs=None|max_evaluations=200,micro_batch_sizes=(1, 2, 4),top_n=3"
+    cheap = dataclasses.replace(PlanQuery(model="opt-350m", global_batch_size=64, search=REPLAY_SEARCH),
+                                objective=Objective.COST, min_throughput_samples_per_s=12.5)
+    assert cache_prefix(cheap) == \
+        "opt-350m|gbs=64|max_evaluations=200,min_throughput_samples_per_s=12.5,objective=cost,top_n=3"

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from sailor_core.controller import planner_plan_fn
+from sailor_core.planner.request import PlanQuery, SearchSettings
 
 AVAILABLE = {("T4", "us-central1-a"): 4}
-ARGS = dict(model="tiny", global_batch_size=8, max_evaluations=50, top_n=2)
+QUERY = PlanQuery(model="tiny", global_batch_size=8, search=SearchSettings(max_evaluations=50, top_n=2))
 
 
 def test_options_are_the_planners_candidates_priced_as_it_prices_them_and_its_result_is_kept():
-    plan_fn = planner_plan_fn(**ARGS)
+    plan_fn = planner_plan_fn(QUERY)
     options = plan_fn(AVAILABLE)
     candidates = plan_fn.last_result.candidates
     assert options and len(options) == len(candidates)
@@ -21,20 +24,20 @@ def test_options_are_the_planners_candidates_priced_as_it_prices_them_and_its_re
 
 
 def test_a_pricing_prices_every_option_and_leaves_the_ranking_to_the_planner():
-    plain = planner_plan_fn(**ARGS)(AVAILABLE)
-    priced = planner_plan_fn(**ARGS, pricing=lambda plan: 100.0 + plan.num_gpus)(AVAILABLE)
+    plain = planner_plan_fn(QUERY)(AVAILABLE)
+    priced = planner_plan_fn(QUERY, pricing=lambda plan: 100.0 + plan.num_gpus)(AVAILABLE)
     assert [o.plan for o in priced] == [o.plan for o in plain]
     assert [o.usd_per_hr for o in priced] == [100.0 + o.plan.num_gpus for o in plain]
 
 
 def test_an_infeasible_request_answers_nothing_and_says_why():
     heard = []
-    plan_fn = planner_plan_fn(**ARGS, min_throughput_samples_per_s=1e12, on_infeasible=heard.append)
+    plan_fn = planner_plan_fn(dataclasses.replace(QUERY, min_throughput_samples_per_s=1e12), on_infeasible=heard.append)
     assert plan_fn(AVAILABLE) == []
     assert plan_fn.last_result is None
     assert len(heard) == 1 and str(heard[0])
 
 
 def test_nothing_available_is_no_search():
-    plan_fn = planner_plan_fn(model="no-such-model")
+    plan_fn = planner_plan_fn(PlanQuery(model="no-such-model"))
     assert plan_fn({("T4", "us-central1-a"): 0}) == []

@@ -5,7 +5,8 @@ import dataclasses
 
 import pytest
 
-from sailor_core.replay import ChangeCosts, controller_config, replay, run_policies
+from sailor_core.controller import controller_config
+from sailor_core.replay import ChangeCosts, controller_costs, replay, run_policies
 from sailor_core.specs.replay import ReplaySpec
 from sailor_core.traces import build_trace, derive_preset
 
@@ -27,7 +28,8 @@ def recorded_replay(trace, policy, *, target, decisions=1, costs=None):
         return linear_planner(available)
 
     costs = costs or ChangeCosts(checkpoint_bytes=4e9)
-    result = replay(trace, plan_fn=plan_fn, config=controller_config(policy, costs=costs, gpu_type="V100-16"),
+    result = replay(trace, plan_fn=plan_fn, config=controller_config(policy, costs=controller_costs(costs), shutdown_s=costs.shutdown_s,
+                                                                       gpu_type="V100-16"),
                     costs=costs, samples_target=target, price_fn=ONE_USD, policy=policy, seed=1,
                     prefetch=lambda requests: events.append(("guess", [dict(a) for a in requests])),
                     prefetch_decisions=decisions)
@@ -169,9 +171,11 @@ def test_a_worker_killed_mid_search_costs_time_not_the_answer():
     from sailor_core.controller import planner_plan_fn
     from sailor_core.replay.prefetch import PrefetchingPlanner
 
-    args = dict(model="opt-350m", global_batch_size=None, max_evaluations=50)
+    from sailor_core.planner.request import PlanQuery, SearchSettings
+
+    query = PlanQuery(model="opt-350m", search=SearchSettings(max_evaluations=50))
     request = {A: 8, V: 8}
-    planner = PrefetchingPlanner(args, workers=1)
+    planner = PrefetchingPlanner(query, workers=1)
     try:
         planner.prefetch([request])
         # A worker killed (say by the kernel, for memory) breaks the whole pool.
@@ -182,7 +186,7 @@ def test_a_worker_killed_mid_search_costs_time_not_the_answer():
         planner.prefetch([{A: 4}])  # later guesses are ignored, not a crash
     finally:
         planner.close()
-    assert got == tuple(planner_plan_fn(**args)(request))
+    assert got == tuple(planner_plan_fn(query)(request))
 
 
 def test_the_single_type_pick_asks_what_the_replay_searches_ahead_for_it():
@@ -221,9 +225,11 @@ def test_a_shadow_search_shares_the_workers_answers_and_stops_when_they_stop():
     from sailor_core.controller import planner_plan_fn
     from sailor_core.replay.prefetch import PrefetchingPlanner
 
-    args = dict(model="opt-350m", global_batch_size=None, max_evaluations=50)
+    from sailor_core.planner.request import PlanQuery, SearchSettings
+
+    query = PlanQuery(model="opt-350m", search=SearchSettings(max_evaluations=50))
     request, other = {A: 8, V: 8}, {A: 4}
-    planner = PrefetchingPlanner(args, workers=1)
+    planner = PrefetchingPlanner(query, workers=1)
     try:
         planner.start()
         planner.prefetch([request])
@@ -234,7 +240,7 @@ def test_a_shadow_search_shares_the_workers_answers_and_stops_when_they_stop():
             os.kill(pid, signal.SIGKILL)
         assert planner.search_in_worker(other) is None  # the shadow stops; the replay searches it
         assert planner.workers == 0
-        assert planner(other) == tuple(planner_plan_fn(**args)(other))
+        assert planner(other) == tuple(planner_plan_fn(query)(other))
     finally:
         planner.close()
-    assert shadow_answer == tuple(planner_plan_fn(**args)(request))
+    assert shadow_answer == tuple(planner_plan_fn(query)(request))

@@ -6,7 +6,8 @@ import math
 import pytest
 
 from sailor_core.controller import ControllerConfig
-from sailor_core.replay import ChangeCosts, controller_config, replay
+from sailor_core.controller import controller_config
+from sailor_core.replay import ChangeCosts, controller_costs, replay
 from sailor_core.traces import build_trace, derive_preset
 
 from replay_helpers import linear_planner
@@ -22,7 +23,7 @@ FAST = ChangeCosts(provisioning_s=100, startup_s=50, rejoin_s=10, checkpoint_byt
 
 
 def run(trace, policy, costs=FAST, target=288_000, budget=None, gpu="A100-40"):
-    return replay(trace, plan_fn=linear_planner, config=controller_config(policy, costs=costs, gpu_type=gpu),
+    return replay(trace, plan_fn=linear_planner, config=controller_config(policy, costs=controller_costs(costs), shutdown_s=costs.shutdown_s, gpu_type=gpu),
                   costs=costs, samples_target=target, price_fn=ONE_USD, budget_usd=budget, policy=policy)
 
 
@@ -119,7 +120,8 @@ def test_budget_stop_lands_exactly_on_the_budget(terminate_s):
 def test_ledger_never_crosses_the_budget(policy, budget):
     trace = derive_preset("gcp-4d", seed=2)
     costs = ChangeCosts(provisioning_s=90, startup_s=60, checkpoint_bytes=4e9, terminate_s=30)
-    r = replay(trace, plan_fn=linear_planner, config=controller_config(policy, costs=costs, gpu_type="A100-40"),
+    r = replay(trace, plan_fn=linear_planner, config=controller_config(policy, costs=controller_costs(costs), shutdown_s=costs.shutdown_s,
+                                                                          gpu_type="A100-40"),
                costs=costs, samples_target=5e7, price_fn=lambda g, z, t: 1.0 + 0.1 * len(z), budget_usd=budget)
     assert r.usd_spent <= budget + 1e-6
     assert r.finished or r.stop_reason.startswith(("budget", "static", "horizon"))
@@ -156,7 +158,7 @@ def test_spot_price_series_is_charged_as_it_changes(tmp_path):
     p.write_text(",Timestamp,A100-40_us-central1-a\n0,1000,1.0\n1,2800,2.0\n")
     series = load_price_series(p)
     trace = build_trace([(0.0, {A: 4})])
-    r = replay(trace, plan_fn=linear_planner, config=controller_config("ours", costs=FAST), costs=FAST,
+    r = replay(trace, plan_fn=linear_planner, config=controller_config("ours", costs=controller_costs(FAST), shutdown_s=FAST.shutdown_s), costs=FAST,
                samples_target=40 * 3600, price_fn=series.price_fn(fallback=ONE_USD),
                price_change_times=series.change_times())
     # 4 GPUs, running from 100 s: 1700 s at 1 USD/h each, then 1950 s at 2 USD/h until the end

@@ -27,7 +27,7 @@ def test_replay_flow_publishes_summary_and_timeline(tmp_path, monkeypatch):
 
         monkeypatch.setenv("PREFECT_API_URL", api_url)
         # The real planner is exercised by the benchmarks and the CLI; here the flow's plumbing.
-        monkeypatch.setattr(run_mod, "planner_plan_fn", lambda **kw: linear_planner)
+        monkeypatch.setattr(run_mod, "planner_plan_fn", lambda *_a, **_kw: linear_planner)
         trace = tmp_path / "t.csv"
         trace.write_text(",Timestamp,A100-40_us-central1-a,V100-16_us-central1-a\n0,0,4,4\n1,3600,2,4\n2,7200,4,4\n")
         # The flow's logs would reach the API in batches after the server below is stopped.

@@ -5,8 +5,8 @@ import dataclasses
 
 import pytest
 
-from sailor_core.controller import PlanOption
-from sailor_core.replay import ChangeCosts, JobTerms, controller_config, replay, run_policies
+from sailor_core.controller import PlanOption, controller_config
+from sailor_core.replay import ChangeCosts, JobTerms, controller_costs, replay, run_policies
 from sailor_core.replay.compare import compare_policies, pareto_front, summary_lines
 from sailor_core.specs.replay import ReplaySpec
 from sailor_core.traces import build_trace
@@ -37,7 +37,8 @@ def priced(available):
 
 
 def run(trace, *, on_demand=None, target=1.2e6, objective="throughput"):
-    config = controller_config("ours", costs=COSTS, objective=objective, zones=("us-central1-a",))
+    config = controller_config("ours", costs=controller_costs(COSTS, ("us-central1-a",)), shutdown_s=COSTS.shutdown_s,
+                               terms=JobTerms(objective=objective))
     return replay(trace, plan_fn=priced, config=config, costs=COSTS, samples_target=target, price_fn=ONE_USD,
                   on_demand_available=on_demand, on_demand_price_fn=THREE_USD, policy="ours")
 

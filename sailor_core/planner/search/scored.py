@@ -15,7 +15,6 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from sailor_core.planner.request import Objective
 from sailor_core.planner.search.bounds import (
     GRID,
     PIPELINE_FALLING,
@@ -183,7 +182,7 @@ def score_shapes(searcher: Searcher, present: list[list[Segment]], *, mbs: int, 
     context = (alone, max_p, cost_matters, work_s, tuple(searcher.gpu_types), req.regime, req.max_tp_degree)
     kwargs = dict(alone=alone, max_p=max_p, cost_matters=cost_matters, work_s=work_s)
     a, b = _columns_of(lists[0], context, searcher, **kwargs), _columns_of(lists[1], context, searcher, **kwargs)
-    limits = Limits(req, req.objective is Objective.THROUGHPUT)
+    limits = Limits(req, not req.ranking.by_cost)
     limit = searcher.threshold()
     pairs = _capacity_and_rent(searcher, a, b, work_s, limits, limit)
     pipe, sync, lmat = _pipeline_and_sync(searcher.parts, lists, a, b, pairs, work_s, num_mb)

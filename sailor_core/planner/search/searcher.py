@@ -12,7 +12,7 @@ from sailor_core.catalog.models import get_model
 from sailor_core.plan.types import Plan, Replica, Stage
 from sailor_core.planner.fastsim import FastResult, FastSim, FastStage
 from sailor_core.planner.kinds import shared_kind_cache
-from sailor_core.planner.request import Objective, PlanRequest
+from sailor_core.planner.request import PlanRequest
 from sailor_core.planner.search.bounds import ideal_iteration
 from sailor_core.planner.search.egress import EgressParts
 from sailor_core.planner.search.figures import KindFigures
@@ -152,7 +152,7 @@ class Searcher:
     def cost_matters(self) -> bool:
         """Placement decides rent and egress, which only the cost objective and the caps look at."""
         r = self.req
-        return (r.objective is Objective.COST or r.max_usd_per_hour is not None
+        return (r.ranking.by_cost or r.max_usd_per_hour is not None
                 or r.max_usd_per_iteration is not None)
 
     @property
@@ -184,7 +184,7 @@ class Searcher:
             return math.inf
         if r.max_usd_per_iteration is not None and usd > r.max_usd_per_iteration * (1 + 1e-9):
             return math.inf
-        return -gbs / t if r.objective is Objective.THROUGHPUT else usd
+        return usd if r.ranking.by_cost else -gbs / t
 
     # ---- what the search learns: simulated over bounded time, by depth ----------------------
 
@@ -211,9 +211,8 @@ class Searcher:
     # ---- scoring, the top N and its thresholds ---------------------------------------------
 
     def score_of(self, res) -> float:
-        if self.req.objective is Objective.THROUGHPUT:
-            return -res.throughput_samples_per_s
-        return res.usd_per_iteration
+        return self.req.ranking.score(throughput_samples_per_s=res.throughput_samples_per_s,
+                                      usd_per_iteration=res.usd_per_iteration)
 
     def meets_limits(self, res) -> bool:
         """Caps and floor, on a FastResult or a SimResult."""
@@ -298,7 +297,7 @@ class Searcher:
         if hit is None:
             terms = self._segment_terms(gpu, mbs, ref)
             r = self.req
-            full_range = (r.objective is Objective.COST or r.max_usd_per_hour is not None
+            full_range = (r.ranking.by_cost or r.max_usd_per_hour is not None
                           or r.max_usd_per_iteration is not None or r.collect_pareto)
             # Shared by the process (kinds and network are the memo's): the type's pools (prices,
             # placements and crossings follow from them) and the terms decide the list.

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import math
 
-from sailor_core.planner.request import Objective
 from sailor_core.planner.search import bounds
 from sailor_core.planner.search.searcher import Searcher
 from sailor_core.planner.search.shapes import Segment
@@ -24,7 +23,7 @@ class ShapeBounds:
         self.searcher = searcher
         self.req = searcher.req
         self.gbs = searcher.req.global_batch_size
-        self.throughput = searcher.req.objective is Objective.THROUGHPUT
+        self.throughput = not searcher.req.ranking.by_cost
         self.cost_matters = searcher.cost_matters
         self.parts, self.egress, self.figures = searcher.parts, searcher.egress, searcher.figures
         self._last = None  # (arguments, (tau, floor, bound)) of the last time bound

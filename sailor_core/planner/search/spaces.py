@@ -7,7 +7,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from sailor_core.planner.request import Objective
 from sailor_core.planner.search.scored import score_shapes, settle_cut
 from sailor_core.planner.search.searcher import Searcher
 from sailor_core.planner.search.shapes import NO_SEGMENT, Segment
@@ -34,7 +33,7 @@ class Space:
 
 def build_spaces(searcher: Searcher) -> list[Space]:
     """One ``Space`` per micro-batch size with a kind of some GPU type."""
-    throughput = searcher.req.objective is Objective.THROUGHPUT
+    throughput = not searcher.req.ranking.by_cost
     L = searcher.num_layers
     spaces = []
     for mbs in searcher.micro_batch_sizes():
@@ -88,7 +87,7 @@ def attach_sorted(searcher: Searcher, spaces: list[Space]) -> None:
     sizes (the rest stay in the proof as a bound)."""
     req = searcher.req
     memo = searcher.memos.own.scored
-    banded = (req.objective is not Objective.THROUGHPUT or req.max_usd_per_hour is not None
+    banded = (req.ranking.by_cost or req.max_usd_per_hour is not None
               or req.max_usd_per_iteration is not None)
     if any(len(sp.lists) <= 2 and sp.mbs not in memo for sp in spaces):
         fresh = {sp.mbs: score_shapes(searcher, sp.present, mbs=sp.mbs, num_mb=sp.num_mb, work_s=sp.ref_total_s,
