@@ -25,8 +25,7 @@ from sailor_core.plan.types import Plan
 from sailor_core.runtime.data import generate_corpus
 from sailor_core.plan.layout import world_size
 from sailor_core.runtime.faults import FaultConfig
-from sailor_core.runtime.worker import (EXIT_OK, EXIT_PEER_LOST, EXIT_PREEMPTED,
-                                        EXIT_PREEMPTED_NO_CKPT)
+from sailor_core.job.protocol import EXIT_OK, EXIT_PEER_LOST, EXIT_PREEMPTED, EXIT_PREEMPTED_NO_CKPT
 
 _EXPECTED_CODES = {EXIT_OK, EXIT_PREEMPTED, EXIT_PREEMPTED_NO_CKPT, EXIT_PEER_LOST}
 

@@ -5,7 +5,7 @@ the same command runs as local processes or on cloud VMs.  ``--steps`` is the
 TOTAL number of optimizer steps of the job: a resumed worker continues from
 the checkpoint's step up to it.
 
-Exit codes (the orchestrator acts on them):
+Exit codes (the orchestrator acts on them; ``sailor_core/job/protocol.py`` names them):
   0   finished all steps
   2   bad input (plan, data, checkpoint)
   75  stopped on SIGTERM / preemption notice after an emergency checkpoint
@@ -56,14 +56,10 @@ import time
 from dataclasses import dataclass, field
 
 from sailor_core import settings
+from sailor_core.job.protocol import EXIT_BAD_INPUT, EXIT_OK, EXIT_PEER_LOST, EXIT_PREEMPTED, EXIT_PREEMPTED_NO_CKPT
 from sailor_core.runtime import faults, park
 from sailor_core.runtime.recipe import Recipe, spec_default
 
-EXIT_OK = 0
-EXIT_BAD_INPUT = 2
-EXIT_PREEMPTED = 75
-EXIT_PREEMPTED_NO_CKPT = 76
-EXIT_PEER_LOST = 77
 _PARKED = -1  # not an exit: the generation ended and this worker waits for the next
 
 
@@ -186,7 +182,7 @@ def _generation(args, stop: dict, carry: _Carry) -> int:
     world = int(os.environ.get("WORLD_SIZE", "1"))
     metrics = _Metrics(args.metrics_file, rank == 0)
 
-    # lazy: torch loads only in a worker process (the orchestrator imports this module's exit codes)
+    # lazy: torch loads only in a worker process (the agent imports this module)
     import torch
 
     from sailor_core.errors import SailorError
@@ -240,7 +236,7 @@ def _report_started(run: _Run) -> None:
 
 def _load_inputs(args, rank: int, world: int, metrics: _Metrics, stop: dict) -> _Run:
     """The plan, model, data and checkpoint storage; SailorError when any is unusable."""
-    # lazy: torch loads only in a worker process (the orchestrator imports this module's exit codes)
+    # lazy: torch loads only in a worker process (the agent imports this module)
     from sailor_core.catalog.models import get_model
     from sailor_core.errors import SailorError
     from sailor_core.plan.layout import world_size
@@ -266,7 +262,7 @@ def _load_inputs(args, rank: int, world: int, metrics: _Metrics, stop: dict) -> 
 
 
 def _device(plan, rank: int):
-    # lazy: torch loads only in a worker process (the orchestrator imports this module's exit codes)
+    # lazy: torch loads only in a worker process (the agent imports this module)
     import torch
 
     use_cuda = all(r.gpu != "cpu" for s in plan.stages for r in s.replicas) and torch.cuda.is_available()
@@ -281,7 +277,7 @@ def _connect(run: _Run, world: int, carry: _Carry) -> None:
     """Join the job's process group, start heartbeats and the preemption watch, build the trainer
     (resumed from the checkpoint every rank agrees on, when asked: from the state this worker
     parked with, where it holds the same shard at that checkpoint's step)."""
-    # lazy: torch loads only in a worker process (the orchestrator imports this module's exit codes)
+    # lazy: torch loads only in a worker process (the agent imports this module)
     import torch.distributed as dist
 
     from sailor_core.runtime.heartbeat import Heartbeat, watch_preempt_url
@@ -343,7 +339,7 @@ def _save_once(run: _Run) -> bool:
 
 def _train(run: _Run) -> int:
     """Steps until the job's total, a preemption notice (checkpoint, exit 75/76) or a failure."""
-    # lazy: torch loads only in a worker process (the orchestrator imports this module's exit codes)
+    # lazy: torch loads only in a worker process (the agent imports this module)
     import torch
 
     args, trainer, metrics = run.args, run.trainer, run.metrics
@@ -373,7 +369,7 @@ def _train(run: _Run) -> int:
 
 def _one_step(run: _Run, status, preempt_file: str | None) -> bool:
     """One optimizer step, its metrics line, and whether any rank was told to stop."""
-    # lazy: torch loads only in a worker process (the orchestrator imports this module's exit codes)
+    # lazy: torch loads only in a worker process (the agent imports this module)
     import torch
     import torch.distributed as dist
 
@@ -416,7 +412,7 @@ def _note_parked(run: _Run, step: int) -> None:
 
 
 def _stop_heartbeat(run: _Run, how: str) -> None:
-    # lazy: torch loads only in a worker process (the orchestrator imports this module's exit codes)
+    # lazy: torch loads only in a worker process (the agent imports this module)
     import torch.distributed as dist
 
     run.heartbeat.note_exit(how)
@@ -452,7 +448,7 @@ def _die_on_failure(run: _Run, exc: Exception) -> None:
 
 def _agreed_checkpoint(url: str, rank: int):
     """Rank 0 picks the latest valid checkpoint; everyone loads that same one."""
-    # lazy: torch loads only in a worker process (the orchestrator imports this module's exit codes)
+    # lazy: torch loads only in a worker process (the agent imports this module)
     import torch.distributed as dist
 
     from sailor_core.runtime import checkpoint as ckpt
@@ -468,7 +464,7 @@ def _agreed_checkpoint(url: str, rank: int):
 
 
 def _save(trainer, storage, keep: int, rank: int) -> bool:
-    # lazy: torch loads only in a worker process (the orchestrator imports this module's exit codes)
+    # lazy: torch loads only in a worker process (the agent imports this module)
     import torch.distributed as dist
 
     from sailor_core.runtime import checkpoint as ckpt

@@ -18,7 +18,7 @@ from sailor_core import settings
 from sailor_core.job.protocol import AgentAction, AgentAssignment, AgentState, write_assignment
 from sailor_core.runtime.recipe import Recipe
 from sailor_core.runtime.reference import train_reference
-from sailor_core.runtime.worker import EXIT_PREEMPTED
+from sailor_core.job.protocol import EXIT_PREEMPTED
 
 from tests.flows.conftest import _free_port
 from tests.flows.test_agent import _wait_status

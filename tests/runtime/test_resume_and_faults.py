@@ -14,7 +14,7 @@ from sailor_core.runtime.recipe import Recipe
 from sailor_core.runtime.reference import train_reference
 from sailor_core.storage import open_storage
 from sailor_core.runtime.faults import BEFORE_COMMIT, FaultConfig, Kill
-from sailor_core.runtime.worker import EXIT_PEER_LOST, EXIT_PREEMPTED
+from sailor_core.job.protocol import EXIT_PEER_LOST, EXIT_PREEMPTED
 
 from .conftest import make_plan, sigterm_rank_after_step
 
