@@ -198,7 +198,7 @@ class StageTrainer:
         self.groups = groups
         self.model = StageModel(spec, self.role.layer_start, self.role.layer_end,
                                 self.role.tp_degree, self.role.tp_rank, groups.tp, seed).to(device)
-        self.optimizer = make_optimizer(decay_groups(self.model, recipe.weight_decay), recipe.peak_lr)
+        self.optimizer = make_optimizer(decay_groups(self.model, recipe.weight_decay), recipe.learning_rate)
         self.seq_len = plan.effective_seq_len()
         self.num_microbatches = plan.num_microbatches
         dps = [s.dp_degree for s in plan.stages]
@@ -473,7 +473,7 @@ class StageTrainer:
     def load_recipe(self, meta: dict) -> None:
         """Continue the checkpoint's schedule and keep its held-out split (same file)."""
         if "recipe" in meta:
-            self.recipe = Recipe.from_dict(meta["recipe"])
+            self.recipe = self.recipe.continued(meta["recipe"])
         data = meta.get("data") or {}
         if data.get("num_samples") == self.data.split.num_samples and "num_val_samples" in data:
             self.data = self.data.with_held_out(int(data["num_val_samples"]))

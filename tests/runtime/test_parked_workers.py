@@ -100,8 +100,8 @@ def test_survivors_park_and_train_on_with_their_state_in_memory(corpus, tmp_path
     # The same samples and updates as one process training straight through.
     losses = _losses(first, gen1, gen3, gen4, gen6)
     assert sorted(losses) == list(range(1, gen4.step + 3))
-    ref = train_reference(wide, gen4.step + 2, str(corpus), recipe=Recipe(total_steps=TOTAL_STEPS),
-                          validate_every=0)
+    ref = train_reference(wide, gen4.step + 2, str(corpus),
+                          recipe=Recipe(total_steps=TOTAL_STEPS, validate_every_steps=0))
     # (the two-replica stage's all-reduce sums in another order than one process: drift ~1e-4)
     assert [losses[s] for s in sorted(losses)] == pytest.approx(ref.losses, rel=1e-4)
 

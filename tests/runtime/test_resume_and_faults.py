@@ -46,8 +46,8 @@ def test_preempt_then_resume_under_another_plan(corpus, tmp_path):
     assert b.steps == [stop_step + 1, stop_step + 2]
     assert "continuing the checkpoint's recipe" in b.stderr_tails[0]
     # B continues A's schedule (warm-up over 20 of A's 40 steps), which its checkpoint holds
-    recipe = Recipe(total_steps=40, warmup_steps=20)
-    ref = train_reference(plan_a, stop_step + 2, str(corpus), recipe=recipe, validate_every=100)
+    recipe = Recipe(total_steps=40, warmup_steps=20, validate_every_steps=100)
+    ref = train_reference(plan_a, stop_step + 2, str(corpus), recipe=recipe)
     assert a.losses == pytest.approx(ref.losses[:stop_step], abs=1e-5)
     assert b.losses == pytest.approx(ref.losses[stop_step:], abs=1e-5)
     assert b.val_losses == pytest.approx(ref.val_losses, abs=1e-5) and list(b.val_losses) == [stop_step + 2]
