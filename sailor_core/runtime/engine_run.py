@@ -7,7 +7,7 @@ from pathlib import Path
 from sailor_core.job.worker_args import worker_argv
 from sailor_core.plan.types import Plan
 from sailor_core.runtime import checkpoint as ckpt
-from sailor_core.runtime.trainer import full_params_close
+from sailor_core.runtime.stage_checkpoint import full_params_close
 from sailor_core.runtime.launch import ensure_corpus, launch_local
 from sailor_core.runtime.recipe import Recipe
 from sailor_core.plan.layout import world_size

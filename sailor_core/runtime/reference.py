@@ -20,7 +20,7 @@ from sailor_core.runtime.data import TokenDataset
 from sailor_core.runtime.hf import load_pretrained
 from sailor_core.runtime.model import StageModel
 from sailor_core.runtime.recipe import Recipe
-from sailor_core.runtime.trainer import apply_recipe, decay_groups, make_optimizer
+from sailor_core.runtime.optimizer import apply_recipe, decay_groups, make_optimizer
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -74,7 +74,9 @@ from sailor_core.runtime.hf import load_pretrained
 from sailor_core.runtime.model import check_plan_for_engine
 from sailor_core.runtime.recipe import Recipe, make_recipe
 from sailor_core.runtime.rendezvous import private_store, uses_agent_store
-from sailor_core.runtime.trainer import StageTrainer, make_groups
+from sailor_core.runtime.process_groups import make_groups
+from sailor_core.runtime.stage_checkpoint import adopt, can_adopt, checkpoint_meta, kept_state, load, save_layers
+from sailor_core.runtime.trainer import StageTrainer
 from sailor_core.storage import open_storage
 
 _PARKED = -1  # not an exit: the generation ended and this worker waits for the next
@@ -177,7 +179,7 @@ def main(argv=None) -> int:
 class _Carry:
     """What a parked worker carries from one generation to the next."""
 
-    kept: object = None  # trainer.KeptState: the training state, until the next trainer takes it over
+    kept: object = None  # stage_checkpoint.KeptState: the training state, until the next trainer takes it over
     # The rendezvous stores this process hosted, by (address, port): torch cannot be relied on to
     # close a store's port, so a parked rank 0 hosts the next generation's store on the same one.
     stores: dict = field(default_factory=dict)
@@ -202,7 +204,7 @@ def _generation(args, stop: dict, carry: _Carry) -> int:
         _report_started(run)
         code = _train(run)
         if code == _PARKED:
-            carry.kept = run.trainer.kept_state()
+            carry.kept = kept_state(run.trainer)
             run.trainer = None  # its gradients and process groups go; the kept tensors stay
             gc.collect()
             _note_parked(run, carry.kept.step)
@@ -247,8 +249,8 @@ def _load_inputs(args, rank: int, world: int, metrics: _Metrics, stop: dict) -> 
     recipe = make_recipe(args.steps, worker_values(args))
     cache = (SpanCache(args.data_cache_dir, args.data_cache_max_bytes or DEFAULT_CACHE_MAX_BYTES)
              if args.data_cache_dir else None)
-    data = TokenDataset(args.data, plan.effective_seq_len(), spec.vocab_size, validation_fraction=recipe.validation_fraction,
-                        min_val_samples=plan.global_batch_size, cache=cache)
+    data = TokenDataset(args.data, plan.effective_seq_len(), spec.vocab_size,
+                        validation_fraction=recipe.validation_fraction, min_val_samples=plan.global_batch_size, cache=cache)
     return _Run(args=args, rank=rank, plan=plan, spec=spec, data=data, recipe=recipe, metrics=metrics, stop=stop,
                 storage=open_storage(args.ckpt_dir) if args.ckpt_dir else None)
 
@@ -291,11 +293,11 @@ def _connect(run: _Run, world: int, carry: _Carry) -> None:
                                seed=args.seed, device=run.device, groups=make_groups(plan, rank))
     info = _agreed_checkpoint(args.ckpt_dir, rank) if args.resume and run.storage is not None else None
     if info is not None:
-        if carry.kept is not None and run.trainer.can_adopt(carry.kept, info):
-            run.trainer.adopt(carry.kept, info)
+        if carry.kept is not None and can_adopt(run.trainer, carry.kept, info):
+            adopt(run.trainer, carry.kept, info)
             run.state_from = "memory"
         else:
-            run.trainer.load(run.storage, info)
+            load(run.trainer, run.storage, info)
             run.state_from = "checkpoint"
         _log(rank, f"resumed from {info.dirname} (next sample {run.trainer.next_sample}; "
                    f"state {'kept in memory' if run.state_from == 'memory' else 'read'})")
@@ -429,7 +431,7 @@ def _agreed_checkpoint(url: str, rank: int):
 
 
 def _save(trainer, storage, keep: int, rank: int) -> bool:
-    files = trainer.save_layers(storage)
+    files = save_layers(trainer, storage)
     faults.at(faults.BEFORE_COMMIT, rank=rank, step=trainer.step)
     gathered = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, files)
@@ -437,7 +439,7 @@ def _save(trainer, storage, keep: int, rank: int) -> bool:
         merged = {}
         for f in gathered:
             merged.update(f)
-        ckpt.commit(storage, trainer.step, merged, trainer.meta(), keep=keep)
+        ckpt.commit(storage, trainer.step, merged, checkpoint_meta(trainer), keep=keep)
     dist.barrier()
     return True
 

@@ -27,7 +27,7 @@ from sailor_core.runtime.launch import launch_local
 from sailor_core.runtime.model import StageModel
 from sailor_core.runtime.recipe import Recipe
 from sailor_core.runtime.reference import train_reference
-from sailor_core.runtime.trainer import full_params_close, load_full_weights
+from sailor_core.runtime.stage_checkpoint import full_params_close, load_full_weights
 
 from .conftest import make_plan, sigterm_rank_after_step
 

@@ -13,7 +13,7 @@ from sailor_core.errors import InputError
 from sailor_core.job.spec import JobSpec, worker_fields
 from sailor_core.runtime.model import StageModel
 from sailor_core.runtime.recipe import Recipe, make_recipe
-from sailor_core.runtime.trainer import apply_recipe, decay_groups, decays, make_optimizer
+from sailor_core.runtime.optimizer import apply_recipe, decay_groups, decays, make_optimizer
 
 
 def test_warm_up_then_cosine_to_the_floor():

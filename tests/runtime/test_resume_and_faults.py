@@ -7,7 +7,7 @@ import signal
 import pytest
 
 from sailor_core.runtime import checkpoint as ckpt
-from sailor_core.runtime.trainer import full_params_close
+from sailor_core.runtime.stage_checkpoint import full_params_close
 from sailor_core.runtime.engine_run import final_params
 from sailor_core.runtime.launch import launch_local
 from sailor_core.runtime.recipe import Recipe
