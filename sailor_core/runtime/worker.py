@@ -73,8 +73,8 @@ from sailor_core.runtime.heartbeat import Heartbeat, watch_preempt_url
 from sailor_core.runtime.hf import load_pretrained
 from sailor_core.runtime.model import check_plan_for_engine
 from sailor_core.runtime.recipe import Recipe, make_recipe
-from sailor_core.runtime.rendezvous import private_store, uses_agent_store
 from sailor_core.runtime.process_groups import make_groups
+from sailor_core.runtime.rendezvous import private_store, uses_agent_store
 from sailor_core.runtime.stage_checkpoint import adopt, can_adopt, checkpoint_meta, kept_state, load, save_layers
 from sailor_core.runtime.trainer import StageTrainer
 from sailor_core.storage import open_storage
@@ -179,7 +179,7 @@ def main(argv=None) -> int:
 class _Carry:
     """What a parked worker carries from one generation to the next."""
 
-    kept: object = None  # stage_checkpoint.KeptState: the training state, until the next trainer takes it over
+    kept: object = None  # stage_checkpoint.KeptState: the state, until the next trainer takes it over
     # The rendezvous stores this process hosted, by (address, port): torch cannot be relied on to
     # close a store's port, so a parked rank 0 hosts the next generation's store on the same one.
     stores: dict = field(default_factory=dict)
@@ -250,7 +250,8 @@ def _load_inputs(args, rank: int, world: int, metrics: _Metrics, stop: dict) -> 
     cache = (SpanCache(args.data_cache_dir, args.data_cache_max_bytes or DEFAULT_CACHE_MAX_BYTES)
              if args.data_cache_dir else None)
     data = TokenDataset(args.data, plan.effective_seq_len(), spec.vocab_size,
-                        validation_fraction=recipe.validation_fraction, min_val_samples=plan.global_batch_size, cache=cache)
+                        validation_fraction=recipe.validation_fraction, min_val_samples=plan.global_batch_size,
+                        cache=cache)
     return _Run(args=args, rank=rank, plan=plan, spec=spec, data=data, recipe=recipe, metrics=metrics, stop=stop,
                 storage=open_storage(args.ckpt_dir) if args.ckpt_dir else None)
 
