@@ -48,14 +48,16 @@ def _trainer(spec, stages, rank: int, data_path: Path):
 
     from sailor_core.plan.types import plan_from_dict
     from sailor_core.runtime.data import TokenDataset
-    from sailor_core.runtime.trainer import Groups, StageTrainer
+    from sailor_core.runtime.process_groups import Groups
+    from sailor_core.runtime.recipe import Recipe
+    from sailor_core.runtime.trainer import StageTrainer
 
     plan = plan_from_dict({"model": spec.name, "global_batch_size": 2, "micro_batch_size": 2,
                            "stages": [{"layers": [a, b], "replicas": [{"gpu": "cpu", "tp": t}]}
                                       for a, b, t in stages]})
     data = TokenDataset(data_path, plan.effective_seq_len(), spec.vocab_size)
     # Restores touch no process group; TP slicing only needs the rank and degree.
-    return StageTrainer(plan=plan, spec=spec, rank=rank, data=data, lr=1e-3, seed=0,
+    return StageTrainer(plan=plan, spec=spec, rank=rank, data=data, recipe=Recipe(total_steps=1), seed=0,
                         device=torch.device("cpu"),
                         groups=Groups(tp=None, dp=None, dp_mixed_tp=False, fwd=None, bwd=None))
 
@@ -63,6 +65,7 @@ def _trainer(spec, stages, rank: int, data_path: Path):
 def bench(name: str, url: str, work: Path) -> dict:
     from sailor_core.runtime import checkpoint as ckpt
     from sailor_core.runtime.data import generate_corpus
+    from sailor_core.runtime.stage_checkpoint import checkpoint_meta, load, save_layers
     from sailor_core.storage import open_storage
 
     spec = _spec(name)
@@ -74,8 +77,8 @@ def bench(name: str, url: str, work: Path) -> dict:
     num_params = sum(p.numel() for p in src.model.parameters())
     storage = open_storage(url)
     t0 = time.perf_counter()
-    files = src.save_layers(storage)
-    ckpt.commit(storage, src.step, files, src.meta(), keep=1)
+    files = save_layers(src, storage)
+    ckpt.commit(storage, src.step, files, checkpoint_meta(src), keep=1)
     save_s = time.perf_counter() - t0
     total_bytes = sum(f["bytes"] for f in files.values())
     del src
@@ -85,7 +88,7 @@ def bench(name: str, url: str, work: Path) -> dict:
     find_s = time.perf_counter() - t0
     same = _trainer(spec, [(0, n, 1)], 0, data)
     t0 = time.perf_counter()
-    same.load(storage, info)
+    load(same, storage, info)
     restore_s = time.perf_counter() - t0
     del same
 
@@ -94,7 +97,7 @@ def bench(name: str, url: str, work: Path) -> dict:
     for rank in (0, 2):  # stage 0 TP rank 0 (of 2), stage 1
         t = _trainer(spec, [(0, split, 2), (split, n, 1)], rank, data)
         t0 = time.perf_counter()
-        t.load(storage, info)
+        load(t, storage, info)
         reshard.append(time.perf_counter() - t0)
         del t
     return {"model": name, "params": num_params, "checkpoint_bytes": total_bytes, "save_s": save_s,

@@ -84,7 +84,7 @@ def baseline_worker(args) -> None:
 
     from sailor_core.catalog.models import get_model
     from sailor_core.runtime.data import TokenDataset
-    from sailor_core.runtime.trainer import make_optimizer
+    from sailor_core.runtime.optimizer import make_optimizer
     from sailor_core.runtime.model import StageModel
 
     torch.set_num_threads(1)

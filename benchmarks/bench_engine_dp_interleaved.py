@@ -38,7 +38,10 @@ def _worker(rank: int, port: int, data: str, model_name: str, steps: int) -> Non
     from bench_engine import _null, _plan
     from sailor_core.catalog.models import get_model
     from sailor_core.runtime.data import TokenDataset
-    from sailor_core.runtime.trainer import StageTrainer, make_groups, make_optimizer
+    from sailor_core.runtime.optimizer import make_optimizer
+    from sailor_core.runtime.process_groups import make_groups
+    from sailor_core.runtime.recipe import Recipe
+    from sailor_core.runtime.trainer import StageTrainer
     from sailor_core.runtime.model import StageModel
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
@@ -47,7 +50,7 @@ def _worker(rank: int, port: int, data: str, model_name: str, steps: int) -> Non
     plan = _plan(model_name, "dp", GBS, MBS)
     spec = get_model(model_name)
     ds = TokenDataset(data, plan.effective_seq_len(), spec.vocab_size)
-    trainer = StageTrainer(plan=plan, spec=spec, rank=rank, data=ds, lr=1e-3, seed=0,
+    trainer = StageTrainer(plan=plan, spec=spec, rank=rank, data=ds, recipe=Recipe(total_steps=1), seed=0,
                            device=torch.device("cpu"), groups=make_groups(plan, rank))
     ddp = DDP(StageModel(spec, 0, spec.num_layer_indices))
     opt = make_optimizer(ddp.parameters(), 1e-3)

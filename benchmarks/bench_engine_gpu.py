@@ -45,7 +45,7 @@ def main(argv=None) -> int:
     from sailor_core.plan.types import plan_from_dict
     from sailor_core.profiler.compute import gpu_type_of
     from sailor_core.profiler.measure import measure_model_update
-    from sailor_core.runtime.trainer import BETAS, WEIGHT_DECAY, make_optimizer
+    from sailor_core.runtime.optimizer import BETAS, WEIGHT_DECAY, make_optimizer
     from sailor_core.runtime.launch import launch_local
 
     device = torch.device(args.device)

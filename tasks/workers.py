@@ -38,7 +38,7 @@ from sailor_core.job.protocol import (
     read_status,
     write_assignment,
 )
-from sailor_core.job.spec import JobSpec
+from sailor_core.job.worker_args import worker_argv
 from sailor_core.plan.layout import world_size
 from sailor_core.plan.types import plan_from_dict
 from tasks.control import controller_decision
@@ -83,22 +83,6 @@ def session_boot_failures(session, instance_ids: Sequence[str]) -> dict[str, str
     return check(instance_ids) if check is not None else {}
 
 
-def recipe_worker_args(spec: JobSpec) -> list[str]:
-    """The job's training recipe and validation as the engine's worker flags (``runtime/worker.py``)."""
-    args = ["--lr", repr(spec.learning_rate), "--min-lr-ratio", repr(spec.min_lr_ratio),
-            "--weight-decay", repr(spec.weight_decay), "--grad-clip-norm", repr(spec.grad_clip_norm),
-            "--val-fraction", repr(spec.validation_fraction), "--validate-every", str(spec.validate_every_steps),
-            "--val-batches", str(spec.validation_batches)]
-    if spec.warmup_steps is not None:
-        args += ["--warmup-steps", str(spec.warmup_steps)]
-    return args
-
-
-def init_worker_args(spec: JobSpec) -> list[str]:
-    """The pretrained weights a job starts from, as the worker's flag (a resumed worker ignores it)."""
-    return ["--init-from", spec.init_from] if spec.init_from else []
-
-
 def assignment_doc(state: js.JobState, a: Assignment, *, master: Assignment, master_port: int,
                    data_url: str, worker_args: Sequence[str], env: dict[str, str]) -> AgentAssignment:
     plan = state.plan or {}
@@ -108,7 +92,7 @@ def assignment_doc(state: js.JobState, a: Assignment, *, master: Assignment, mas
         master_addr=master.address, master_port=master_port, steps=state.spec.steps,
         data=data_url, ckpt_url=state.spec.checkpoint_url, ckpt_every=state.spec.checkpoint_every_steps,
         resume=True, seed=state.spec.seed,
-        extra_worker_args=(*recipe_worker_args(state.spec), *init_worker_args(state.spec), *worker_args),
+        extra_worker_args=(*worker_argv(state.spec), *worker_args),
         env=env,
     )
 

@@ -10,6 +10,9 @@ import typer
 
 from flows.cli.common import console, print_json
 from sailor_core.errors import InputError
+from sailor_core.job.spec import spec_field
+
+LR = spec_field("learning_rate")  # `sailor train --lr`: its default and help are a job's
 
 engine_app = typer.Typer(help="Run the training engine on this machine.", no_args_is_help=True)
 
@@ -25,7 +28,7 @@ def run_cmd(
     ckpt_dir: Optional[str] = typer.Option(None, "--ckpt-dir", help="checkpoint URL (dir or s3://)"),
     ckpt_every: int = typer.Option(0, "--ckpt-every", min=0),
     resume: bool = typer.Option(False, "--resume", help="continue from the latest valid checkpoint"),
-    lr: float = typer.Option(1e-3, "--lr"),
+    lr: float = typer.Option(LR.default, *LR.cli_names, help=LR.option.help),
     seed: int = typer.Option(0, "--seed"),
     timeout_s: float = typer.Option(900.0, "--timeout", help="give up after this many seconds"),
     json_out: bool = typer.Option(False, "--json", help="machine-readable output"),
@@ -39,10 +42,13 @@ def run_cmd(
         _check_data(data)
     # lazy: loaded when the command runs (the CLI starts light)
     from sailor_core.runtime.engine_run import run_plan
+    from sailor_core.runtime.recipe import make_recipe
+
+    recipe = make_recipe(steps, {LR.name: lr})  # a bad value stops here, naming --lr
 
     workdir = Path(tempfile.mkdtemp(prefix="sailor-engine-"))
     out = run_plan(p, steps, workdir=workdir, data=data, ckpt_dir=ckpt_dir, ckpt_every=ckpt_every,
-                   resume=resume, lr=lr, seed=seed, reference=reference, timeout_s=timeout_s)
+                   resume=resume, recipe=recipe, seed=seed, reference=reference, timeout_s=timeout_s)
     if json_out:
         print_json(out)
     else:

@@ -23,8 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from sailor_core.job.protocol import AgentState, AgentStatus
-from sailor_core.runtime.worker import EXIT_BAD_INPUT
+from sailor_core.job.protocol import EXIT_BAD_INPUT, AgentState, AgentStatus
 
 RUNNING = "running"
 FINISHED = "finished"

@@ -43,6 +43,15 @@ STATUS_FILE = "status.json"
 MODULE_PREFIX = "sailor_core."
 
 
+# The engine worker's exit codes (``sailor_core/runtime/worker.py``), as the agent reports them
+# (``AgentStatus.exit_codes``) and the flow reads them (``sailor_core/job/attempts.py``).
+EXIT_OK = 0  # finished all steps
+EXIT_BAD_INPUT = 2  # bad input (plan, data, checkpoint, recipe)
+EXIT_PREEMPTED = 75  # stopped on a preemption notice after an emergency checkpoint
+EXIT_PREEMPTED_NO_CKPT = 76  # ... without a checkpoint (none asked, or the save failed)
+EXIT_PEER_LOST = 77  # a peer died, a collective timed out, or this rank's checkpoint I/O failed
+
+
 class ProtocolError(InputError):
     """A job document of another protocol version, or not a document of the protocol."""
 

@@ -4,8 +4,12 @@ Every user-facing option of a job is a ``JobSpec`` field, declared once with ``o
 (``sailor_core/specs/fields.py``): its default, help text, unit and ``sailor train`` spelling
 sit next to the field, and ``JobSpec`` validates them all.  The command line
 (``flows/cli/train.py``) and the train-job flow's parameters (``flows/spec_parameters.py``)
-are generated from these fields, so a new option is one new field here.  Plain dataclasses only: the CLI reads
-this module at start-up.
+are generated from these fields, so a new option is one new field here.  An option marked
+``worker=True`` also reaches the engine's workers: as its ``sailor train`` flag on their command
+line (``sailor_core/job/worker_args.py``) and, in the workers, as the attribute of the same name
+of their ``Recipe`` (``sailor_core/runtime/recipe.py``), checked by ``check_worker_options`` on
+both sides; so such an option is its field here (and its check) plus the code that uses it.
+Plain dataclasses only: the CLI reads this module at start-up.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from sailor_core.catalog.instances import CLOUDS, catalog_zones, rentable_gpus
 from sailor_core.catalog.models import model_names, normalize_model_name
 from sailor_core.errors import UnknownNameError
 from sailor_core.objective import JobTerms, Objective, TermsError
-from sailor_core.specs.fields import option
+from sailor_core.specs.fields import SpecField, option, spec_fields
 
 
 class JobSpecError(TermsError):
@@ -59,20 +63,23 @@ class JobSpec:
                           cli=("--data",), aliases=("--dataset",))
     init_from: str = option("", help="start from pretrained weights: a Hugging Face model folder of the job's model "
                                      "(config.json + *.safetensors; an absolute path, s3:// or gs:// URL); "
-                                     "a resumed job continues from its checkpoints", cli=("--init-from",))
+                                     "a resumed job continues from its checkpoints", cli=("--init-from",), worker=True)
     validation_fraction: float = option(0.01, help="the last fraction of the samples, held out for the validation "
-                                                   "loss (at least one global batch); 0: none", cli=("--val-fraction",))
+                                                   "loss (at least one global batch); 0: none", cli=("--val-fraction",),
+                                        worker=True)
     validate_every_steps: int = option(50, help="validation loss every K steps and at the last step; 0: never",
-                                       unit="steps", cli=("--validate-every",))
+                                       unit="steps", cli=("--validate-every",), worker=True)
     validation_batches: int = option(2, help="held-out global batches each validation runs", unit="batches",
-                                     cli=("--val-batches",))
+                                     cli=("--val-batches",), worker=True)
     learning_rate: float = option(1e-3, help="peak learning rate: linear warm-up to it, cosine decay after",
-                                  cli=("--lr",), aliases=("--learning-rate",))
+                                  cli=("--lr",), aliases=("--learning-rate",), worker=True)
     warmup_steps: int | None = option(None, help="warm-up steps (default: 5 % of the steps, rounded up)",
-                                      unit="steps")
-    min_lr_ratio: float = option(0.1, help="the cosine decay's floor at the last step, as a fraction of the peak")
-    weight_decay: float = option(0.1, help="AdamW weight decay of weight matrices (not biases, norms, embeddings)")
-    grad_clip_norm: float = option(1.0, help="clip the global gradient norm to this; 0: no clipping")
+                                      unit="steps", worker=True)
+    min_lr_ratio: float = option(0.1, help="the cosine decay's floor at the last step, as a fraction of the peak",
+                                 worker=True)
+    weight_decay: float = option(0.1, help="AdamW weight decay of weight matrices (not biases, norms, embeddings)",
+                                 worker=True)
+    grad_clip_norm: float = option(1.0, help="clip the global gradient norm to this; 0: no clipping", worker=True)
     global_batch_size: int | None = option(8, help="samples per step", unit="samples",
                                            aliases=("--global-batch",))
     seed: int = option(0, help="seed of the initial weights and the synthetic data")
@@ -125,8 +132,7 @@ def _check(spec: JobSpec) -> None:
     at_least_one("global_batch_size", spec.global_batch_size, optional=True)
     at_least_one("checkpoint_every_steps", spec.checkpoint_every_steps)
     check_dataset(spec.dataset)
-    _check_init_from(spec.init_from)
-    _check_recipe(spec)
+    check_worker_options(spec)
     if any(s < 1 for s in spec.preempt_at_steps):
         raise JobSpecError("preempt_at_steps", f"must list steps of at least 1, got {list(spec.preempt_at_steps)}")
 
@@ -190,15 +196,10 @@ def check_dataset(dataset: str) -> None:
         raise JobSpecError("dataset", f"must name a .bin, .u32.bin or .npy token file, got {dataset!r}")
 
 
-def _check_init_from(url: str) -> None:
-    scheme = url.split("://", 1)[0] if "://" in url else ""
-    if scheme not in ("", "file", "s3", "gs"):
-        raise JobSpecError("init_from", f"must be a path, file://, s3:// or gs:// URL, got {url!r}")
-    if url and not scheme and not url.startswith("/"):  # the workers start in other folders
-        raise JobSpecError("init_from", f"must be an absolute path or a URL, got {url!r}")
-
-
-def _check_recipe(spec: JobSpec) -> None:
+def check_worker_options(spec: Any) -> None:
+    """The values of the options that reach the workers (``Option.worker``), on ``spec``: a JobSpec,
+    or the workers' Recipe (the same attribute names); JobSpecError naming the field."""
+    _check_init_from(spec.init_from)
     if not 0 <= spec.validation_fraction < 1:  # NaN too
         raise JobSpecError("validation_fraction", f"must be in [0, 1), got {spec.validation_fraction}")
     if spec.validate_every_steps < 0:
@@ -216,3 +217,21 @@ def _check_recipe(spec: JobSpec) -> None:
     for name in ("weight_decay", "grad_clip_norm"):
         if not getattr(spec, name) >= 0:
             raise JobSpecError(name, f"must be at least 0, got {getattr(spec, name)}")
+
+
+def _check_init_from(url: str) -> None:
+    scheme = url.split("://", 1)[0] if "://" in url else ""
+    if scheme not in ("", "file", "s3", "gs"):
+        raise JobSpecError("init_from", f"must be a path, file://, s3:// or gs:// URL, got {url!r}")
+    if url and not scheme and not url.startswith("/"):  # the workers start in other folders
+        raise JobSpecError("init_from", f"must be an absolute path or a URL, got {url!r}")
+
+
+def spec_field(name: str) -> SpecField:
+    """The JobSpec field ``name`` (its default, its flag)."""
+    return next(f for f in spec_fields(JobSpec) if f.name == name)
+
+
+def worker_fields() -> tuple[SpecField, ...]:
+    """The fields that reach the engine's workers (``Option.worker``), in declaration order."""
+    return tuple(f for f in spec_fields(JobSpec) if f.option.worker)

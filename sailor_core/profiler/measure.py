@@ -34,7 +34,7 @@ import torch.distributed as dist
 
 from sailor_core.catalog.models import ModelSpec
 from sailor_core.profiler.stats import Repetitions, Timing, summarize
-from sailor_core.runtime.trainer import make_optimizer
+from sailor_core.runtime.optimizer import make_optimizer
 from sailor_core.runtime.model import Head, StageModel, build_layer
 
 

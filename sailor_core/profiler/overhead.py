@@ -34,7 +34,7 @@ dist.init_process_group("nccl" if cuda else "gloo", init_method="env://", rank=r
                         world_size=int(os.environ["WORLD_SIZE"]), timeout=datetime.timedelta(seconds=120))
 dev = "cuda" if cuda else "cpu"
 from sailor_core.catalog.models import get_model
-from sailor_core.runtime.trainer import make_optimizer
+from sailor_core.runtime.optimizer import make_optimizer
 from sailor_core.runtime.model import StageModel
 spec = get_model("tiny")
 model = StageModel(spec, 0, spec.num_layer_indices).to(dev)

@@ -40,8 +40,8 @@ from pathlib import Path
 from sailor_core import settings
 from sailor_core.errors import SailorError
 from sailor_core.runtime import park
-from sailor_core.runtime.worker import EXIT_PREEMPTED
 from sailor_core.job.protocol import (
+    EXIT_PREEMPTED,
     AgentAction,
     AgentAssignment,
     AgentState,

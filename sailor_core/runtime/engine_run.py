@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from sailor_core.job.worker_args import worker_argv
 from sailor_core.plan.types import Plan
 from sailor_core.runtime import checkpoint as ckpt
-from sailor_core.runtime.trainer import full_params_close
+from sailor_core.runtime.stage_checkpoint import full_params_close
 from sailor_core.runtime.launch import ensure_corpus, launch_local
 from sailor_core.runtime.recipe import Recipe
 from sailor_core.plan.layout import world_size
@@ -25,16 +26,19 @@ def final_params(url: str) -> tuple[ckpt.CheckpointInfo, dict]:
 
 def run_plan(plan: Plan, steps: int, *, workdir: Path, data: str | Path | None = None,
              ckpt_dir: str | None = None, ckpt_every: int = 0, resume: bool = False,
-             lr: float = 1e-3, seed: int = 0, reference: bool = False,
+             recipe: Recipe | None = None, seed: int = 0, reference: bool = False,
              timeout_s: float = 900.0) -> dict:
+    """Train ``plan`` up to step ``steps`` with ``recipe`` (default: a job's over ``steps``)."""
     # lazy: the reference loads torch in-process; a plain run only spawns workers
     from sailor_core.runtime.reference import train_reference
 
+    recipe = recipe or Recipe(total_steps=steps)
     data = data or ensure_corpus(workdir, plan, seed=seed)
     if reference and ckpt_dir is None:
         ckpt_dir = str(workdir / "ckpt")  # the final checkpoint holds the full parameters to compare
     res = launch_local(plan, steps, data=data, ckpt_dir=ckpt_dir, ckpt_every=ckpt_every,
-                       resume=resume, seed=seed, lr=lr, workdir=workdir, timeout_s=timeout_s)
+                       resume=resume, seed=seed, workdir=workdir, timeout_s=timeout_s,
+                       worker_args=tuple(worker_argv(recipe)))
     out = res.to_dict()
     out.update(world_size=world_size(plan), global_batch_size=plan.global_batch_size,
                seq_len=plan.effective_seq_len(), model=plan.model)
@@ -44,7 +48,7 @@ def run_plan(plan: Plan, steps: int, *, workdir: Path, data: str | Path | None =
         # A resumed run is compared from its checkpoint's sample position onward only when it
         # started from scratch; otherwise the reference would need that checkpoint's weights.
         if first_step == 0:
-            ref = train_reference(plan, steps, str(data), recipe=Recipe(total_steps=steps, peak_lr=lr), seed=seed)
+            ref = train_reference(plan, steps, str(data), recipe=recipe, seed=seed)
             out["reference_losses"] = ref.losses
             out["max_param_diff"] = full_params_close(params, ref.params)
             out["max_loss_diff"] = max(abs(a - b) for a, b in zip(res.losses, ref.losses))

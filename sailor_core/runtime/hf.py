@@ -29,7 +29,7 @@ from sailor_core.catalog.models import ModelSpec, get_model
 from sailor_core.errors import InputError
 from sailor_core.runtime import checkpoint as ckpt
 from sailor_core.runtime.model import StageModel
-from sailor_core.runtime.trainer import load_full_weights, weight_layers
+from sailor_core.runtime.stage_checkpoint import load_full_weights, weight_layers
 from sailor_core.storage import open_storage
 
 WEIGHTS = "model.safetensors"

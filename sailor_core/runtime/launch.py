@@ -25,8 +25,7 @@ from sailor_core.plan.types import Plan
 from sailor_core.runtime.data import generate_corpus
 from sailor_core.plan.layout import world_size
 from sailor_core.runtime.faults import FaultConfig
-from sailor_core.runtime.worker import (EXIT_OK, EXIT_PEER_LOST, EXIT_PREEMPTED,
-                                        EXIT_PREEMPTED_NO_CKPT)
+from sailor_core.job.protocol import EXIT_OK, EXIT_PEER_LOST, EXIT_PREEMPTED, EXIT_PREEMPTED_NO_CKPT
 
 _EXPECTED_CODES = {EXIT_OK, EXIT_PREEMPTED, EXIT_PREEMPTED_NO_CKPT, EXIT_PEER_LOST}
 
@@ -78,7 +77,7 @@ def ensure_corpus(workdir: Path, plan: Plan, *, num_tokens: int | None = None, s
 
 def launch_local(plan: Plan, steps: int, *, data: str | Path | None = None,
                  ckpt_dir: str | None = None, ckpt_every: int = 0, keep: int = 2,
-                 resume: bool = False, seed: int = 0, lr: float = 1e-3,
+                 resume: bool = False, seed: int = 0,
                  workdir: str | Path | None = None, timeout_s: float = 600.0,
                  collective_timeout_s: float = 30.0, grace_s: float | None = None,
                  threads_per_rank: int = 1, env: dict[str, str] | None = None,
@@ -88,7 +87,7 @@ def launch_local(plan: Plan, steps: int, *, data: str | Path | None = None,
 
     ``data``: a path or URL (default: a synthetic corpus); ``faults``: what the workers inject
     (tests); ``env``: added to every worker's environment; ``worker_args``: more worker flags
-    (the recipe's, validation's: ``python -m sailor_core.runtime.worker --help``).
+    (the job's options, ``job/worker_args.worker_argv``: ``python -m sailor_core.runtime.worker --help``).
     """
     # lazy: torch; the launcher spawns the workers that train and needs it only for this check
     from sailor_core.runtime.model import check_plan_for_engine
@@ -109,7 +108,7 @@ def launch_local(plan: Plan, steps: int, *, data: str | Path | None = None,
     # worker and survivors can still read the heartbeats of a dead rank 0.
     store = private_store("127.0.0.1", 0, n, is_master=True, timeout=datetime.timedelta(seconds=300))
     args = ["--plan", str(plan_path), "--steps", str(steps), "--data", str(data), "--seed", str(seed),
-            "--lr", repr(lr), "--metrics-file", str(metrics_path), "--timeout-s", str(collective_timeout_s),
+            "--metrics-file", str(metrics_path), "--timeout-s", str(collective_timeout_s),
             "--threads", str(threads_per_rank), "--keep", str(keep),
             "--data-cache-dir", str(workdir / "data-cache"), *worker_args]
     if ckpt_dir:

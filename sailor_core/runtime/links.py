@@ -1,8 +1,9 @@
 """The engine's point-to-point transfers and gradient all-reduces, and a test-only slow link
 (and compute pace).
 
-``runtime/trainer.py`` moves activations, gradients and the data-parallel gradient sums only
-through ``isend``, ``irecv`` and ``all_reduce`` here.  In every real run they are
+The engine (``runtime/p2p.py``, ``runtime/allreduce.py``, ``runtime/trainer.py``) moves
+activations, gradients and the data-parallel gradient sums only through ``isend``, ``irecv``
+and ``all_reduce`` here.  In every real run they are
 ``torch.distributed``'s own.  A test or benchmark can instead give the workers a link of fixed
 latency and bandwidth (``LinkShim.to_env``; the variable is named in ``sailor_core.settings``),
 to compare the engine's step time over slow links with what the simulator predicts for the

@@ -19,8 +19,8 @@ from sailor_core.plan.types import Plan
 from sailor_core.runtime.data import TokenDataset
 from sailor_core.runtime.hf import load_pretrained
 from sailor_core.runtime.model import StageModel
-from sailor_core.runtime.recipe import Recipe, spec_default
-from sailor_core.runtime.trainer import apply_recipe, decay_groups, make_optimizer
+from sailor_core.runtime.recipe import Recipe
+from sailor_core.runtime.optimizer import apply_recipe, decay_groups, make_optimizer
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -32,20 +32,18 @@ class ReferenceResult:
 
 
 def train_reference(plan: Plan, steps: int, data_path: str, *, recipe: Recipe | None = None, seed: int = 0,
-                    first_sample: int = 0, validation_fraction: float = spec_default("validation_fraction"),
-                    validate_every: int = 0, validation_batches: int = spec_default("validation_batches"),
-                    init_from: str | None = None) -> ReferenceResult:
-    """Train ``steps`` steps from scratch, or from the Hugging Face weights at ``init_from``.
-    ``recipe``: the job's (default: the defaults over ``steps``); its ``total_steps`` may exceed
-    ``steps`` (the first part of a longer job)."""
+                    first_sample: int = 0) -> ReferenceResult:
+    """Train ``steps`` steps from scratch, or from the Hugging Face weights at the recipe's
+    ``init_from``, validating as it says.  ``recipe``: the job's (default: the defaults over
+    ``steps``); its ``total_steps`` may exceed ``steps`` (the first part of a longer job)."""
     spec = get_model(plan.model)
     recipe = recipe or Recipe(total_steps=steps)
     data = TokenDataset(data_path, plan.effective_seq_len(), spec.vocab_size,
-                        validation_fraction=validation_fraction, min_val_samples=plan.global_batch_size)
+                        validation_fraction=recipe.validation_fraction, min_val_samples=plan.global_batch_size)
     model = StageModel(spec, 0, spec.num_layer_indices, seed=seed)
-    if init_from:
-        load_pretrained(model, init_from)
-    opt = make_optimizer(decay_groups(model, recipe.weight_decay), recipe.peak_lr)
+    if recipe.init_from:
+        load_pretrained(model, recipe.init_from)
+    opt = make_optimizer(decay_groups(model, recipe.weight_decay), recipe.learning_rate)
     m_count = plan.num_microbatches
     losses, norms, val_losses = [], [], {}
     for it in range(steps):
@@ -62,8 +60,9 @@ def train_reference(plan: Plan, steps: int, data_path: str, *, recipe: Recipe | 
         opt.step()
         opt.zero_grad(set_to_none=True)
         losses.append(total / m_count)
-        if validate_every and ((it + 1) % validate_every == 0 or it + 1 == steps):
-            val_losses[it + 1] = _validate(model, data, plan, validation_batches)
+        every = recipe.validate_every_steps
+        if every and ((it + 1) % every == 0 or it + 1 == steps):
+            val_losses[it + 1] = _validate(model, data, plan, recipe.validation_batches)
     params = {layer.layer_index: {n: p.detach().clone() for n, p in layer.named_parameters(recurse=False)}
               for layer in model.layers}
     return ReferenceResult(losses=losses, params=params, val_losses=val_losses, grad_norms=norms)

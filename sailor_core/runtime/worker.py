@@ -5,7 +5,7 @@ the same command runs as local processes or on cloud VMs.  ``--steps`` is the
 TOTAL number of optimizer steps of the job: a resumed worker continues from
 the checkpoint's step up to it.
 
-Exit codes (the orchestrator acts on them):
+Exit codes (the orchestrator acts on them; ``sailor_core/job/protocol.py`` names them):
   0   finished all steps
   2   bad input (plan, data, checkpoint)
   75  stopped on SIGTERM / preemption notice after an emergency checkpoint
@@ -37,9 +37,10 @@ own ``{"event": "error", "rank", "message"}`` line (bad input, its checkpoint I/
 A step after which the held-out samples were evaluated (every ``--validate-every`` steps and
 after the run's last step) also carries ``val_loss``.
 
-The recipe (``--lr``, ``--warmup-steps``, ``--min-lr-ratio``, ``--weight-decay``,
-``--grad-clip-norm``: ``runtime/recipe.py``) and the held-out split are written into every
-checkpoint; ``--resume`` continues the checkpoint's, whatever these flags say.
+The job's options that reach the workers take their ``sailor train`` flags (``--lr``,
+``--warmup-steps``, ``--val-fraction``, ``--init-from``, ...: ``sailor_core/job/worker_args.py``)
+and make the ``Recipe`` (``runtime/recipe.py``); it and the held-out split are written into every
+checkpoint, and ``--resume`` continues the checkpoint's, whatever these flags say.
 """
 
 from __future__ import annotations
@@ -55,15 +56,29 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-from sailor_core import settings
-from sailor_core.runtime import faults, park
-from sailor_core.runtime.recipe import Recipe, spec_default
+import torch
+import torch.distributed as dist
 
-EXIT_OK = 0
-EXIT_BAD_INPUT = 2
-EXIT_PREEMPTED = 75
-EXIT_PREEMPTED_NO_CKPT = 76
-EXIT_PEER_LOST = 77
+from sailor_core import settings
+from sailor_core.catalog.models import get_model
+from sailor_core.errors import SailorError
+from sailor_core.job.protocol import EXIT_BAD_INPUT, EXIT_OK, EXIT_PEER_LOST, EXIT_PREEMPTED, EXIT_PREEMPTED_NO_CKPT
+from sailor_core.job.worker_args import add_worker_arguments, worker_values
+from sailor_core.plan.layout import world_size
+from sailor_core.plan.types import load_plan
+from sailor_core.runtime import checkpoint as ckpt
+from sailor_core.runtime import faults, park
+from sailor_core.runtime.data import DEFAULT_CACHE_MAX_BYTES, SpanCache, TokenDataset
+from sailor_core.runtime.heartbeat import Heartbeat, watch_preempt_url
+from sailor_core.runtime.hf import load_pretrained
+from sailor_core.runtime.model import check_plan_for_engine
+from sailor_core.runtime.recipe import Recipe, make_recipe
+from sailor_core.runtime.process_groups import make_groups
+from sailor_core.runtime.rendezvous import private_store, uses_agent_store
+from sailor_core.runtime.stage_checkpoint import adopt, can_adopt, checkpoint_meta, kept_state, load, save_layers
+from sailor_core.runtime.trainer import StageTrainer
+from sailor_core.storage import open_storage
+
 _PARKED = -1  # not an exit: the generation ended and this worker waits for the next
 
 
@@ -80,18 +95,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--keep", type=int, default=2, help="keep the latest K checkpoints")
     ap.add_argument("--resume", action="store_true", help="start from the latest valid checkpoint")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--init-from", default=None, help="Hugging Face model folder or URL to start from (unless resuming)")
-    # The recipe (runtime/recipe.py); a resumed run continues its checkpoint's instead.
-    ap.add_argument("--lr", type=float, default=spec_default("learning_rate"), help="peak learning rate")
-    ap.add_argument("--warmup-steps", type=int, default=None, help="default: 5 %% of --steps, rounded up")
-    ap.add_argument("--min-lr-ratio", type=float, default=spec_default("min_lr_ratio"))
-    ap.add_argument("--weight-decay", type=float, default=spec_default("weight_decay"))
-    ap.add_argument("--grad-clip-norm", type=float, default=spec_default("grad_clip_norm"), help="0: no clipping")
-    ap.add_argument("--val-fraction", type=float, default=spec_default("validation_fraction"),
-                    help="the last fraction of the samples, held out (at least one global batch)")
-    ap.add_argument("--validate-every", type=int, default=spec_default("validate_every_steps"),
-                    help="validation loss every K steps and at the last one (0: never)")
-    ap.add_argument("--val-batches", type=int, default=spec_default("validation_batches"))
+    # The job's options that reach the workers, as `sailor train` spells them: the Recipe's
+    # (runtime/recipe.py); a resumed run continues its checkpoint's instead.
+    add_worker_arguments(ap)
     ap.add_argument("--metrics-file", default=None)
     ap.add_argument("--timeout-s", type=float, default=60.0, help="collective / rendezvous timeout")
     ap.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: keep default)")
@@ -173,7 +179,7 @@ def main(argv=None) -> int:
 class _Carry:
     """What a parked worker carries from one generation to the next."""
 
-    kept: object = None  # trainer.KeptState: the training state, until the next trainer takes it over
+    kept: object = None  # stage_checkpoint.KeptState: the state, until the next trainer takes it over
     # The rendezvous stores this process hosted, by (address, port): torch cannot be relied on to
     # close a store's port, so a parked rank 0 hosts the next generation's store on the same one.
     stores: dict = field(default_factory=dict)
@@ -185,11 +191,6 @@ def _generation(args, stop: dict, carry: _Carry) -> int:
     rank = int(os.environ.get("RANK", "0"))
     world = int(os.environ.get("WORLD_SIZE", "1"))
     metrics = _Metrics(args.metrics_file, rank == 0)
-
-    # lazy: torch loads only in a worker process (the orchestrator imports this module's exit codes)
-    import torch
-
-    from sailor_core.errors import SailorError
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -203,7 +204,7 @@ def _generation(args, stop: dict, carry: _Carry) -> int:
         _report_started(run)
         code = _train(run)
         if code == _PARKED:
-            carry.kept = run.trainer.kept_state()
+            carry.kept = kept_state(run.trainer)
             run.trainer = None  # its gradients and process groups go; the kept tensors stay
             gc.collect()
             _note_parked(run, carry.kept.step)
@@ -240,35 +241,22 @@ def _report_started(run: _Run) -> None:
 
 def _load_inputs(args, rank: int, world: int, metrics: _Metrics, stop: dict) -> _Run:
     """The plan, model, data and checkpoint storage; SailorError when any is unusable."""
-    # lazy: torch loads only in a worker process (the orchestrator imports this module's exit codes)
-    from sailor_core.catalog.models import get_model
-    from sailor_core.errors import SailorError
-    from sailor_core.plan.layout import world_size
-    from sailor_core.plan.types import load_plan
-    from sailor_core.runtime.data import DEFAULT_CACHE_MAX_BYTES, SpanCache, TokenDataset
-    from sailor_core.runtime.model import check_plan_for_engine
-    from sailor_core.storage import open_storage
-
     plan = load_plan(args.plan)
     if world_size(plan) != world:
         raise SailorError(f"plan needs {world_size(plan)} ranks but WORLD_SIZE is {world}")
     spec = get_model(plan.model)
     check_plan_for_engine(plan)
-    recipe = Recipe(total_steps=args.steps, peak_lr=args.lr, warmup_steps=args.warmup_steps,
-                    min_lr_ratio=args.min_lr_ratio, weight_decay=args.weight_decay,
-                    grad_clip_norm=args.grad_clip_norm)
+    recipe = make_recipe(args.steps, worker_values(args))
     cache = (SpanCache(args.data_cache_dir, args.data_cache_max_bytes or DEFAULT_CACHE_MAX_BYTES)
              if args.data_cache_dir else None)
-    data = TokenDataset(args.data, plan.effective_seq_len(), spec.vocab_size, validation_fraction=args.val_fraction,
-                        min_val_samples=plan.global_batch_size, cache=cache)
+    data = TokenDataset(args.data, plan.effective_seq_len(), spec.vocab_size,
+                        validation_fraction=recipe.validation_fraction, min_val_samples=plan.global_batch_size,
+                        cache=cache)
     return _Run(args=args, rank=rank, plan=plan, spec=spec, data=data, recipe=recipe, metrics=metrics, stop=stop,
                 storage=open_storage(args.ckpt_dir) if args.ckpt_dir else None)
 
 
 def _device(plan, rank: int):
-    # lazy: torch loads only in a worker process (the orchestrator imports this module's exit codes)
-    import torch
-
     use_cuda = all(r.gpu != "cpu" for s in plan.stages for r in s.replicas) and torch.cuda.is_available()
     if not use_cuda:
         return torch.device("cpu")
@@ -281,13 +269,6 @@ def _connect(run: _Run, world: int, carry: _Carry) -> None:
     """Join the job's process group, start heartbeats and the preemption watch, build the trainer
     (resumed from the checkpoint every rank agrees on, when asked: from the state this worker
     parked with, where it holds the same shard at that checkpoint's step)."""
-    # lazy: torch loads only in a worker process (the orchestrator imports this module's exit codes)
-    import torch.distributed as dist
-
-    from sailor_core.runtime.heartbeat import Heartbeat, watch_preempt_url
-    from sailor_core.runtime.rendezvous import private_store, uses_agent_store
-    from sailor_core.runtime.trainer import StageTrainer, make_groups
-
     args, rank, plan = run.args, run.rank, run.plan
     run.device = _device(plan, rank)
     timeout = _dt.timedelta(seconds=args.timeout_s)
@@ -313,23 +294,21 @@ def _connect(run: _Run, world: int, carry: _Carry) -> None:
                                seed=args.seed, device=run.device, groups=make_groups(plan, rank))
     info = _agreed_checkpoint(args.ckpt_dir, rank) if args.resume and run.storage is not None else None
     if info is not None:
-        if carry.kept is not None and run.trainer.can_adopt(carry.kept, info):
-            run.trainer.adopt(carry.kept, info)
+        if carry.kept is not None and can_adopt(run.trainer, carry.kept, info):
+            adopt(run.trainer, carry.kept, info)
             run.state_from = "memory"
         else:
-            run.trainer.load(run.storage, info)
+            load(run.trainer, run.storage, info)
             run.state_from = "checkpoint"
         _log(rank, f"resumed from {info.dirname} (next sample {run.trainer.next_sample}; "
                    f"state {'kept in memory' if run.state_from == 'memory' else 'read'})")
         if run.trainer.recipe != run.recipe:
             _log(rank, f"continuing the checkpoint's recipe {run.trainer.recipe} (asked: {run.recipe})")
-    elif args.init_from:
-        from sailor_core.runtime.hf import load_pretrained  # lazy: torch loads only in a worker process
-
-        load_pretrained(run.trainer.model, args.init_from)
-        run.trainer.init_from = args.init_from
+    elif run.recipe.init_from:
+        load_pretrained(run.trainer.model, run.recipe.init_from)
+        run.trainer.init_from = run.recipe.init_from
         run.state_from = "pretrained"
-        _log(rank, f"started from the pretrained weights at {args.init_from}")
+        _log(rank, f"started from the pretrained weights at {run.recipe.init_from}")
     run.saved_step = run.trainer.step if args.resume else -1
 
 
@@ -343,9 +322,6 @@ def _save_once(run: _Run) -> bool:
 
 def _train(run: _Run) -> int:
     """Steps until the job's total, a preemption notice (checkpoint, exit 75/76) or a failure."""
-    # lazy: torch loads only in a worker process (the orchestrator imports this module's exit codes)
-    import torch
-
     args, trainer, metrics = run.args, run.trainer, run.metrics
     preempt_file = settings.preempt_file()
     status = torch.zeros(2, device=run.device)
@@ -373,10 +349,6 @@ def _train(run: _Run) -> int:
 
 def _one_step(run: _Run, status, preempt_file: str | None) -> bool:
     """One optimizer step, its metrics line, and whether any rank was told to stop."""
-    # lazy: torch loads only in a worker process (the orchestrator imports this module's exit codes)
-    import torch
-    import torch.distributed as dist
-
     trainer, plan, rank = run.trainer, run.plan, run.rank
     t0, c0 = time.perf_counter(), time.process_time()
     mid_step = (functools.partial(faults.at, faults.MID_STEP, rank=rank, step=trainer.step + 1)
@@ -397,15 +369,15 @@ def _one_step(run: _Run, status, preempt_file: str | None) -> bool:
     if run.device.type == "cuda":
         record["peak_memory_bytes"] = torch.cuda.max_memory_allocated(run.device)
     if not stop_any and _validation_due(run):
-        record["val_loss"] = trainer.validate(trainer.data.num_val_batches(run.args.val_batches, gbs))
+        record["val_loss"] = trainer.validate(trainer.data.num_val_batches(trainer.recipe.validation_batches, gbs))
     run.metrics.write(record)
     return stop_any > 0
 
 
 def _validation_due(run: _Run) -> bool:
-    """Every ``--validate-every`` steps and after the run's last one, when samples are held out
-    (a step that ends on a preemption notice skips it: the checkpoint comes first)."""
-    every, step = run.args.validate_every, run.trainer.step
+    """Every ``--validate-every`` steps (the recipe's in force) and after the run's last one, when
+    samples are held out (a step that ends on a preemption notice skips it: the checkpoint comes first)."""
+    every, step = run.trainer.recipe.validate_every_steps, run.trainer.step
     return (every > 0 and run.trainer.data.split.num_val_samples > 0
             and (step % every == 0 or step == run.args.steps))
 
@@ -416,9 +388,6 @@ def _note_parked(run: _Run, step: int) -> None:
 
 
 def _stop_heartbeat(run: _Run, how: str) -> None:
-    # lazy: torch loads only in a worker process (the orchestrator imports this module's exit codes)
-    import torch.distributed as dist
-
     run.heartbeat.note_exit(how)
     run.heartbeat.close()
     _finish(dist)
@@ -452,11 +421,6 @@ def _die_on_failure(run: _Run, exc: Exception) -> None:
 
 def _agreed_checkpoint(url: str, rank: int):
     """Rank 0 picks the latest valid checkpoint; everyone loads that same one."""
-    # lazy: torch loads only in a worker process (the orchestrator imports this module's exit codes)
-    import torch.distributed as dist
-
-    from sailor_core.runtime import checkpoint as ckpt
-
     pick = [None]
     if rank == 0:
         info = ckpt.latest_valid_checkpoint(url)
@@ -468,12 +432,7 @@ def _agreed_checkpoint(url: str, rank: int):
 
 
 def _save(trainer, storage, keep: int, rank: int) -> bool:
-    # lazy: torch loads only in a worker process (the orchestrator imports this module's exit codes)
-    import torch.distributed as dist
-
-    from sailor_core.runtime import checkpoint as ckpt
-
-    files = trainer.save_layers(storage)
+    files = save_layers(trainer, storage)
     faults.at(faults.BEFORE_COMMIT, rank=rank, step=trainer.step)
     gathered = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, files)
@@ -481,7 +440,7 @@ def _save(trainer, storage, keep: int, rank: int) -> bool:
         merged = {}
         for f in gathered:
             merged.update(f)
-        ckpt.commit(storage, trainer.step, merged, trainer.meta(), keep=keep)
+        ckpt.commit(storage, trainer.step, merged, checkpoint_meta(trainer), keep=keep)
     dist.barrier()
     return True
 

@@ -24,14 +24,15 @@ class Option:
     aliases: tuple[str, ...] = ()  # older or sibling-command spellings, accepted and hidden from --help
     off_aliases: tuple[str, ...] = ()  # of a yes/no field: older hidden flags that mean "no" (--on-demand)
     parse: Callable[[str], Any] | None = None  # reads the command line's text ("20B"); ValueError says why not
+    worker: bool = False  # a JobSpec option that reaches the engine's workers (their flags, their Recipe)
 
 
 def option(default: Any = dataclasses.MISSING, *, help: str, unit: str = "", cli: tuple[str, ...] = (),
            aliases: tuple[str, ...] = (), off_aliases: tuple[str, ...] = (),
-           parse: Callable[[str], Any] | None = None) -> Any:
+           parse: Callable[[str], Any] | None = None, worker: bool = False) -> Any:
     """A spec's field with its user-facing description."""
     return dataclasses.field(default=default, metadata={OPTION: Option(
-        help=help, unit=unit, cli=cli, aliases=aliases, off_aliases=off_aliases, parse=parse)})
+        help=help, unit=unit, cli=cli, aliases=aliases, off_aliases=off_aliases, parse=parse, worker=worker)})
 
 
 class SpecError(InputError):

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from sailor_core.job.spec import JobSpec
+from sailor_core.job.spec import JobSpec, spec_field, worker_fields
 from sailor_core.specs.fields import spec_fields
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -121,7 +121,7 @@ def test_a_spec_normalises_what_json_gives_it():
 def test_data_and_the_recipe_reach_the_flow_and_the_workers(sailor_cli, monkeypatch, tmp_path):
     import flows.cli.prefect_server as prefect_server
     import flows.cli.train as cli_train
-    from tasks.workers import recipe_worker_args
+    from sailor_core.job.worker_args import worker_argv
 
     seen = {}
     monkeypatch.setattr(prefect_server, "configure_prefect_env",
@@ -131,30 +131,31 @@ def test_data_and_the_recipe_reach_the_flow_and_the_workers(sailor_cli, monkeypa
     tokens.write_bytes(b"\0" * 64)
     r = sailor_cli("train", "--budget-usd", "1", "--dataset", str(tokens), "--lr", "3e-4", "--warmup-steps", "4",
                    "--min-lr-ratio", "0.05", "--weight-decay", "0.01", "--grad-clip-norm", "0.5",
-                   "--val-fraction", "0.02", "--validate-every", "7", "--val-batches", "3", "--json")
+                   "--val-fraction", "0.02", "--validate-every", "7", "--val-batches", "3",
+                   "--init-from", "s3://b/llama", "--json")
     assert r.returncode == 0, r.stderr
     spec = JobSpec(**{k: v for k, v in seen.items() if k not in RUN_ONLY})
     assert spec.dataset == str(tokens.resolve())  # --dataset: the hidden alias of --data
-    args = recipe_worker_args(spec)
+    args = worker_argv(spec)
     flags = dict(zip(args[::2], args[1::2]))
     assert flags == {"--lr": "0.0003", "--warmup-steps": "4", "--min-lr-ratio": "0.05", "--weight-decay": "0.01",
                      "--grad-clip-norm": "0.5", "--val-fraction": "0.02", "--validate-every": "7",
-                     "--val-batches": "3"}
+                     "--val-batches": "3", "--init-from": "s3://b/llama"}
     # the worker understands every flag the flow passes
     from sailor_core.runtime.worker import parse_args
 
     worker = parse_args(["--plan", "p", "--steps", "9", "--data", "d", *args])
-    assert (worker.lr, worker.warmup_steps, worker.validate_every) == (3e-4, 4, 7)
-    assert "--warmup-steps" not in recipe_worker_args(JobSpec(budget_usd=1))  # the worker's default: 5 % of steps
+    assert (worker.learning_rate, worker.warmup_steps, worker.validate_every_steps) == (3e-4, 4, 7)
+    assert "--warmup-steps" not in worker_argv(JobSpec(budget_usd=1))  # the worker's default: 5 % of steps
 
 
 def test_the_workers_defaults_are_the_jobs():
+    from sailor_core.job.worker_args import worker_argv
     from sailor_core.runtime.worker import parse_args
-    from tasks.workers import recipe_worker_args
 
     spec = JobSpec(budget_usd=1)
     default = parse_args(["--plan", "p", "--steps", "9", "--data", "d"])
-    given = parse_args(["--plan", "p", "--steps", "9", "--data", "d", *recipe_worker_args(spec)])
+    given = parse_args(["--plan", "p", "--steps", "9", "--data", "d", *worker_argv(spec)])
     assert vars(default) == vars(given)
 
 
@@ -174,3 +175,38 @@ def test_the_plan_flow_takes_plan_terms_and_sailor_plan_takes_plan_spec(sailor_c
         assert f.cli_name in out, f.name
     r = sailor_cli("plan", "--model", "tiny", "--gpus", "T4@us-central1-a=2", "--max-stages", "0")
     assert r.returncode != 0 and r.stderr.strip() == "error: --max-stages must be at least 1, got 0"
+
+
+def _unlike_the_default(f) -> object:
+    """A valid value of worker option ``f`` other than its default (by its type and its check's
+    bounds: fractions below 1, counts above 0)."""
+    if isinstance(f.default, str):
+        return "s3://bucket/model"  # init_from's form; a new text option names its own here
+    if isinstance(f.default, float):
+        return f.default / 2
+    return (f.default or 0) + 3  # counts, and None's (warm-up steps)
+
+
+@pytest.mark.parametrize("name", [f.name for f in worker_fields()])
+def test_every_worker_option_round_trips_from_the_spec_to_the_workers_recipe(name):
+    """JobSpec -> the worker's flags (as the flow writes them) -> the worker's parser -> its Recipe:
+    each option marked ``worker`` arrives with the value the job asked, under its own name."""
+    from sailor_core.job.worker_args import worker_argv, worker_values
+    from sailor_core.runtime.recipe import make_recipe
+    from sailor_core.runtime.worker import parse_args
+
+    value = _unlike_the_default(spec_field(name))
+    spec = JobSpec(budget_usd=1, **{name: value})
+    parsed = parse_args(["--plan", "p", "--steps", str(spec.steps), "--data", "d", *worker_argv(spec)])
+    recipe = make_recipe(parsed.steps, worker_values(parsed))
+    assert getattr(recipe, name) == value and type(getattr(recipe, name)) is type(value)
+    assert recipe == make_recipe(spec.steps, worker_values(spec))  # every other option too
+    assert recipe.total_steps == spec.steps
+
+
+def test_a_worker_option_is_a_recipe_field_and_nothing_else_lists_them():
+    from sailor_core.runtime.recipe import Recipe
+
+    fields = dataclasses.fields(Recipe)
+    assert [f.name for f in fields] == ["total_steps", *(f.name for f in worker_fields())]
+    assert [f.default for f in fields[1:]] == [f.default for f in worker_fields()]  # one default each

@@ -41,7 +41,7 @@ from sailor_core.job.protocol import (
 )
 from sailor_core.job.spec import JobSpec
 from sailor_core.runtime.data import TokenDataset, generate_corpus
-from sailor_core.runtime.worker import EXIT_BAD_INPUT, EXIT_PEER_LOST, EXIT_PREEMPTED, EXIT_PREEMPTED_NO_CKPT
+from sailor_core.job.protocol import EXIT_BAD_INPUT, EXIT_PEER_LOST, EXIT_PREEMPTED, EXIT_PREEMPTED_NO_CKPT
 from tasks import jobs as job_tasks
 from tests.flows.test_agent import _wait_status
 

@@ -60,3 +60,14 @@ def test_engine_run_reads_its_data_from_s3_and_rejects_bad_data_in_one_line(tmp_
         r = sailor_cli("engine", "run", "--plan", str(plan), "--steps", "1", "--data", data)
         assert r.returncode != 0 and r.stderr.startswith("error: ") and r.stderr.count("\n") == 1, r.stderr
         assert needle in r.stderr, r.stderr
+
+
+def test_engine_run_takes_a_jobs_learning_rate_and_refuses_a_bad_one_in_one_line(tmp_path, sailor_cli):
+    from sailor_core.job.spec import JobSpec
+
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"model": "tiny", "global_batch_size": 4, "micro_batch_size": 2,
+                                "stages": [{"layers": [0, 4], "replicas": [{"gpu": "cpu"}]}]}))
+    assert f"{JobSpec(budget_usd=1).learning_rate:g}" in sailor_cli("engine", "run", "--help").stdout  # one default
+    r = sailor_cli("engine", "run", "--plan", str(plan), "--steps", "1", "--lr", "0")
+    assert r.returncode != 0 and r.stderr == "error: --lr must be positive, got 0.0\n"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from sailor_core.runtime.engine_run import final_params
-from sailor_core.runtime.trainer import full_params_close
+from sailor_core.runtime.stage_checkpoint import full_params_close
 from sailor_core.runtime.launch import launch_local
 from sailor_core.runtime.data import TokenDataset
 from sailor_core.runtime.recipe import Recipe
@@ -31,8 +31,8 @@ def test_plan_matches_single_process(model, stages, corpus, tmp_path):
     res = launch_local(plan, STEPS, data=corpus, ckpt_dir=str(tmp_path / "ck"), workdir=tmp_path,
                        timeout_s=240, worker_args=("--grad-clip-norm", "0.3", "--validate-every", "2"))
     assert res.status == "ok", (res.message, res.stderr_tails)
-    ref = train_reference(plan, STEPS, str(corpus), recipe=Recipe(total_steps=STEPS, grad_clip_norm=0.3),
-                          validate_every=2)
+    ref = train_reference(plan, STEPS, str(corpus),
+                          recipe=Recipe(total_steps=STEPS, grad_clip_norm=0.3, validate_every_steps=2))
     assert min(ref.grad_norms) > 0.3
     assert res.steps == [1, 2, 3]
     assert res.losses == pytest.approx(ref.losses, abs=1e-5)
@@ -50,14 +50,14 @@ def test_clipping_validation_and_schedule_match_single_process(corpus, tmp_path)
     TP-replicated parameters counted once) clips as one process does, every step; the warm-up
     and decay follow the schedule; the validation loss is the reference's."""
     plan = make_plan("tiny", [(0, 2, [2, 2]), (2, 4, [2, 2])])
-    recipe = Recipe(total_steps=STEPS, peak_lr=2e-3, warmup_steps=1, min_lr_ratio=0.2, weight_decay=0.1,
-                    grad_clip_norm=0.3)
+    recipe = Recipe(total_steps=STEPS, learning_rate=2e-3, warmup_steps=1, min_lr_ratio=0.2, weight_decay=0.1,
+                    grad_clip_norm=0.3, validate_every_steps=2)
     flags = ["--lr", "2e-3", "--warmup-steps", "1", "--min-lr-ratio", "0.2", "--weight-decay", "0.1",
              "--grad-clip-norm", "0.3", "--validate-every", "2"]
     res = launch_local(plan, STEPS, data=corpus, ckpt_dir=str(tmp_path / "ck"), workdir=tmp_path, timeout_s=240,
                        worker_args=tuple(flags))
     assert res.status == "ok", (res.message, res.stderr_tails)
-    ref = train_reference(plan, STEPS, str(corpus), recipe=recipe, validate_every=2)
+    ref = train_reference(plan, STEPS, str(corpus), recipe=recipe)
     assert min(ref.grad_norms) > 0.3  # every step clips
     assert res.losses == pytest.approx(ref.losses, abs=1e-5)
     assert sorted(res.val_losses) == sorted(ref.val_losses) == [2, 3]

@@ -22,7 +22,7 @@ from sailor_core.catalog.hf_config import spec_from_hf_config
 from sailor_core.catalog.models import register_model
 from sailor_core.runtime.hf import hf_name, read_hf_weights
 from sailor_core.runtime.model import TIED, StageModel
-from sailor_core.runtime.trainer import load_full_weights, weight_layers
+from sailor_core.runtime.stage_checkpoint import load_full_weights, weight_layers
 
 from .tp_threads import run_tp, threaded_world
 

@@ -27,7 +27,7 @@ from sailor_core.runtime.launch import launch_local
 from sailor_core.runtime.model import StageModel
 from sailor_core.runtime.recipe import Recipe
 from sailor_core.runtime.reference import train_reference
-from sailor_core.runtime.trainer import full_params_close, load_full_weights
+from sailor_core.runtime.stage_checkpoint import full_params_close, load_full_weights
 
 from .conftest import make_plan, sigterm_rank_after_step
 
@@ -91,7 +91,8 @@ def test_import_train_preempt_resume_export_load(pretrained, corpus, tmp_path, c
     assert b.status == "ok", (b.message, b.stderr_tails)
     assert "pretrained" not in b.stderr_tails[0]
 
-    ref = train_reference(plan_a, STEPS, str(corpus), recipe=Recipe(total_steps=STEPS), init_from=str(pretrained))
+    ref = train_reference(plan_a, STEPS, str(corpus),
+                          recipe=Recipe(total_steps=STEPS, init_from=str(pretrained), validate_every_steps=0))
     assert a.losses + b.losses == pytest.approx(ref.losses, abs=1e-5)
     info, params = final_params(url)
     assert info.meta["init_from"] == str(pretrained)

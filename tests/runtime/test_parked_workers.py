@@ -18,7 +18,7 @@ from sailor_core import settings
 from sailor_core.job.protocol import AgentAction, AgentAssignment, AgentState, write_assignment
 from sailor_core.runtime.recipe import Recipe
 from sailor_core.runtime.reference import train_reference
-from sailor_core.runtime.worker import EXIT_PREEMPTED
+from sailor_core.job.protocol import EXIT_PREEMPTED
 
 from tests.flows.conftest import _free_port
 from tests.flows.test_agent import _wait_status
@@ -100,8 +100,8 @@ def test_survivors_park_and_train_on_with_their_state_in_memory(corpus, tmp_path
     # The same samples and updates as one process training straight through.
     losses = _losses(first, gen1, gen3, gen4, gen6)
     assert sorted(losses) == list(range(1, gen4.step + 3))
-    ref = train_reference(wide, gen4.step + 2, str(corpus), recipe=Recipe(total_steps=TOTAL_STEPS),
-                          validate_every=0)
+    ref = train_reference(wide, gen4.step + 2, str(corpus),
+                          recipe=Recipe(total_steps=TOTAL_STEPS, validate_every_steps=0))
     # (the two-replica stage's all-reduce sums in another order than one process: drift ~1e-4)
     assert [losses[s] for s in sorted(losses)] == pytest.approx(ref.losses, rel=1e-4)
 
@@ -120,7 +120,8 @@ def _trainer(plan, corpus):
 
     from sailor_core.catalog.models import get_model
     from sailor_core.runtime.data import TokenDataset
-    from sailor_core.runtime.trainer import StageTrainer, make_groups
+    from sailor_core.runtime.process_groups import make_groups
+    from sailor_core.runtime.trainer import StageTrainer
 
     spec = get_model(plan.model)
     data = TokenDataset(str(corpus), plan.effective_seq_len(), spec.vocab_size, validation_fraction=0.0,
@@ -133,6 +134,7 @@ def test_a_kept_state_is_exactly_the_checkpoint_it_saved(corpus, tmp_path: Path,
     import torch
 
     from sailor_core.runtime import checkpoint as ckpt
+    from sailor_core.runtime.stage_checkpoint import named_tensors, adopt, can_adopt, kept_state, load
     from sailor_core.runtime.worker import _save
     from sailor_core.storage import open_storage
 
@@ -143,11 +145,11 @@ def test_a_kept_state_is_exactly_the_checkpoint_it_saved(corpus, tmp_path: Path,
     storage = open_storage(str(tmp_path / "ck"))
     _save(first, storage, keep=2, rank=0)
     info = ckpt.latest_valid_checkpoint(str(tmp_path / "ck"))
-    kept = first.kept_state()
+    kept = kept_state(first)
     adopted, loaded = _trainer(plan, corpus), _trainer(plan, corpus)
-    adopted.adopt(kept, info)
-    loaded.load(storage, info)
-    for (_, name, p), (_, _, q) in zip(adopted._named_tensors(), loaded._named_tensors()):
+    adopt(adopted, kept, info)
+    load(loaded, storage, info)
+    for (_, name, p), (_, _, q) in zip(named_tensors(adopted), named_tensors(loaded)):
         assert torch.equal(p, q), name
         for key in ("exp_avg", "exp_avg_sq"):
             assert torch.equal(adopted.optimizer.state[p][key], loaded.optimizer.state[q][key]), (name, key)
@@ -155,9 +157,9 @@ def test_a_kept_state_is_exactly_the_checkpoint_it_saved(corpus, tmp_path: Path,
     assert adopted.train_step() == loaded.train_step()  # and they train on identically
 
     # Another shard (a stage boundary moved), or a checkpoint of another step: read it instead.
-    assert not adopted.can_adopt(dataclasses.replace(kept, shard=(0, 2, 1, 0)), info)
+    assert not can_adopt(adopted, dataclasses.replace(kept, shard=(0, 2, 1, 0)), info)
     first.train_step()
-    assert not adopted.can_adopt(first.kept_state(), info)
+    assert not can_adopt(adopted, kept_state(first), info)
 
 
 def test_a_rendezvous_port_in_use_is_named_as_such(corpus, tmp_path: Path):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -9,14 +10,14 @@ import torch
 
 from sailor_core.catalog.models import get_model
 from sailor_core.errors import InputError
-from sailor_core.job.spec import JobSpec
+from sailor_core.job.spec import JobSpec, worker_fields
 from sailor_core.runtime.model import StageModel
-from sailor_core.runtime.recipe import Recipe
-from sailor_core.runtime.trainer import apply_recipe, decay_groups, decays, make_optimizer
+from sailor_core.runtime.recipe import Recipe, make_recipe
+from sailor_core.runtime.optimizer import apply_recipe, decay_groups, decays, make_optimizer
 
 
 def test_warm_up_then_cosine_to_the_floor():
-    r = Recipe(total_steps=10, peak_lr=1e-3, warmup_steps=4, min_lr_ratio=0.1)
+    r = Recipe(total_steps=10, learning_rate=1e-3, warmup_steps=4, min_lr_ratio=0.1)
     # linear warm-up: (s + 1) / (warmup + 1) of the peak, so the first step already moves
     assert [r.lr_at(s) for s in range(4)] == pytest.approx([2e-4, 4e-4, 6e-4, 8e-4])
     assert r.lr_at(4) == pytest.approx(1e-3)  # the peak right after the warm-up
@@ -31,21 +32,28 @@ def test_warm_up_then_cosine_to_the_floor():
 def test_the_defaults_are_the_jobs():
     spec = JobSpec(budget_usd=1)
     r = Recipe(total_steps=spec.steps)
-    assert (r.peak_lr, r.min_lr_ratio, r.weight_decay, r.grad_clip_norm) == (
-        spec.learning_rate, spec.min_lr_ratio, spec.weight_decay, spec.grad_clip_norm)
+    assert {f.name: getattr(r, f.name) for f in worker_fields() if f.name != "warmup_steps"} == {
+        f.name: getattr(spec, f.name) for f in worker_fields() if f.name != "warmup_steps"}
     assert r.warmup_steps == 2  # 5 % of 30 steps, rounded up
     assert Recipe(total_steps=1000).warmup_steps == 50 and Recipe(total_steps=1).warmup_steps == 1
     assert Recipe(total_steps=1).lr_at(0) == pytest.approx(spec.learning_rate / 2)
     assert Recipe(total_steps=5, warmup_steps=0).lr_at(0) == pytest.approx(spec.learning_rate)
 
 
-def test_recipe_round_trips_through_checkpoint_meta_and_rejects_bad_values():
-    r = Recipe(total_steps=40, peak_lr=3e-4, warmup_steps=7, min_lr_ratio=0.0, weight_decay=0.05, grad_clip_norm=0.0)
-    assert Recipe.from_dict({**r.to_dict(), "from_a_later_version": 1}) == r
-    for bad in ({"total_steps": 0}, {"peak_lr": 0.0}, {"warmup_steps": -1}, {"min_lr_ratio": 1.5},
-                {"grad_clip_norm": -1.0}):
+def test_a_checkpoints_recipe_is_continued_and_bad_values_are_refused():
+    r = Recipe(total_steps=40, learning_rate=3e-4, warmup_steps=7, min_lr_ratio=0.0, weight_decay=0.05,
+               grad_clip_norm=0.0)
+    asked = Recipe(total_steps=80, validate_every_steps=3)
+    assert asked.continued({**r.to_dict(), "from_a_later_version": 1}) == r
+    # a checkpoint without a value (written before its option existed) keeps the asked one
+    kept = {k: v for k, v in r.to_dict().items() if k != "validate_every_steps"}
+    assert asked.continued(kept) == dataclasses.replace(r, validate_every_steps=3)
+    for bad in ({"total_steps": 0}, {"learning_rate": 0.0}, {"warmup_steps": -1}, {"min_lr_ratio": 1.5},
+                {"grad_clip_norm": -1.0}, {"init_from": "relative/folder"}):
         with pytest.raises(InputError):
             Recipe(**{"total_steps": 5, **bad})
+    with pytest.raises(InputError, match="^--lr must be positive"):  # named as the workers' flag
+        make_recipe(5, {"learning_rate": -1.0})
 
 
 def test_weight_decay_only_on_weight_matrices():

@@ -7,14 +7,14 @@ import signal
 import pytest
 
 from sailor_core.runtime import checkpoint as ckpt
-from sailor_core.runtime.trainer import full_params_close
+from sailor_core.runtime.stage_checkpoint import full_params_close
 from sailor_core.runtime.engine_run import final_params
 from sailor_core.runtime.launch import launch_local
 from sailor_core.runtime.recipe import Recipe
 from sailor_core.runtime.reference import train_reference
 from sailor_core.storage import open_storage
 from sailor_core.runtime.faults import BEFORE_COMMIT, FaultConfig, Kill
-from sailor_core.runtime.worker import EXIT_PEER_LOST, EXIT_PREEMPTED
+from sailor_core.job.protocol import EXIT_PEER_LOST, EXIT_PREEMPTED
 
 from .conftest import make_plan, sigterm_rank_after_step
 
@@ -46,8 +46,8 @@ def test_preempt_then_resume_under_another_plan(corpus, tmp_path):
     assert b.steps == [stop_step + 1, stop_step + 2]
     assert "continuing the checkpoint's recipe" in b.stderr_tails[0]
     # B continues A's schedule (warm-up over 20 of A's 40 steps), which its checkpoint holds
-    recipe = Recipe(total_steps=40, warmup_steps=20)
-    ref = train_reference(plan_a, stop_step + 2, str(corpus), recipe=recipe, validate_every=100)
+    recipe = Recipe(total_steps=40, warmup_steps=20, validate_every_steps=100)
+    ref = train_reference(plan_a, stop_step + 2, str(corpus), recipe=recipe)
     assert a.losses == pytest.approx(ref.losses[:stop_step], abs=1e-5)
     assert b.losses == pytest.approx(ref.losses[stop_step:], abs=1e-5)
     assert b.val_losses == pytest.approx(ref.val_losses, abs=1e-5) and list(b.val_losses) == [stop_step + 2]

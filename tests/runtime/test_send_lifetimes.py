@@ -1,7 +1,7 @@
 """A sent tensor is freed once the schedule says it arrived, not at the step's end: gloo reports
 a send complete only once waited, so without that the first stage kept every output it sent and
 the second every input gradient, and a stage's peak memory grew with the micro-batches of the
-step rather than with those in flight (``runtime/trainer.py``'s ``_retire``)."""
+step rather than with those in flight (``runtime/p2p.py``'s ``retire``)."""
 
 import sys
 from pathlib import Path

@@ -1,0 +1,89 @@
+"""Summing gradients over a data-parallel group: overlapped with the last backward in buckets
+(as DDP does), or as one flat collective."""
+
+from __future__ import annotations
+
+import torch
+
+from sailor_core.runtime import links
+
+
+class OverlappedAllReduce:
+    """Sum gradients over a DP group in buckets launched during the last backward (as DDP does).
+
+    Buckets hold parameters in reverse registration order (about the order backward
+    finishes them) and are launched strictly in bucket order on every rank, so the
+    collectives match across ranks whatever order the hooks fire in.
+    """
+
+    BUCKET_BYTES = 8 << 20
+
+    def __init__(self, params: list[torch.Tensor], group) -> None:
+        self.group = group
+        self.buckets: list[list[torch.Tensor]] = [[]]
+        size = 0
+        for p in reversed(params):
+            if size and size + p.numel() * p.element_size() > self.BUCKET_BYTES:
+                self.buckets.append([])
+                size = 0
+            self.buckets[-1].append(p)
+            size += p.numel() * p.element_size()
+        self.bucket_of = {id(p): b for b, ps in enumerate(self.buckets) for p in ps}
+        # One flat buffer per bucket for the whole run (as DDP keeps its buckets): a fresh
+        # multi-MB buffer per step costs page faults and zeroing on every iteration.
+        self.flats = [torch.empty(sum(p.numel() for p in ps), dtype=ps[0].dtype, device=ps[0].device)
+                      for ps in self.buckets]
+        self.armed = False
+        for p in params:
+            p.register_post_accumulate_grad_hook(self._on_grad)
+        self._reset()
+
+    def _reset(self) -> None:
+        self.ready = [0] * len(self.buckets)
+        self.next_bucket = 0
+        self.pending: list[tuple[object, torch.Tensor, int]] = []
+
+    def arm(self) -> None:
+        self._reset()
+        self.armed = True
+
+    def _on_grad(self, p: torch.Tensor) -> None:
+        if not self.armed:
+            return
+        self.ready[self.bucket_of[id(p)]] += 1
+        while (self.next_bucket < len(self.buckets)
+               and self.ready[self.next_bucket] == len(self.buckets[self.next_bucket])):
+            self._launch(self.next_bucket)
+
+    def _launch(self, b: int) -> None:
+        flat = self.flats[b]
+        torch.cat([p.grad.reshape(-1) for p in self.buckets[b]], out=flat)
+        self.pending.append((links.all_reduce(flat, self.group, async_op=True), flat, b))
+        self.next_bucket = b + 1
+
+    def finish(self) -> None:
+        """Launch what is left (in order), wait, write the sums back into the gradients."""
+        self.armed = False
+        while self.next_bucket < len(self.buckets):
+            self._launch(self.next_bucket)
+        for work, flat, b in self.pending:
+            work.wait()
+            offset = 0
+            for p in self.buckets[b]:
+                n = p.numel()
+                p.grad.copy_(flat[offset: offset + n].view_as(p.grad))
+                offset += n
+        self.pending = []
+
+
+def allreduce_flat(tensors: list[torch.Tensor], group) -> None:
+    """Sum tensors over the group with one collective (a flat bucket)."""
+    if not tensors:
+        return
+    flat = torch.cat([t.reshape(-1) for t in tensors])
+    links.all_reduce(flat, group)
+    offset = 0
+    for t in tensors:
+        n = t.numel()
+        t.copy_(flat[offset: offset + n].view_as(t))
+        offset += n
