@@ -30,7 +30,7 @@ T = TypeVar("T")
 
 class Poll(enum.Enum):
     AGAIN = "again"  # keep polling
-    WORKERS_FAILING = "workers failing"  # keep polling, asking the cloud every time, until the grace is over
+    WORKERS_FAILING = "workers failing"  # keep polling (the cloud asked every poll) until the grace is over
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -59,7 +59,7 @@ def watch_agents(session, instance_ids: Sequence[str], on_poll: Callable[[AgentP
         now_unix_s = time.time()
         statuses = {i: read_status(session.jobs_url, i) for i in ids}
         now = time.monotonic()
-        if now - last_cloud > CLOUD_POLL_S or (failed_since is not None and now - failed_since < FAILURE_GRACE_S):
+        if now - last_cloud > CLOUD_POLL_S:
             last_cloud = now
             cloud_states = session.instance_states(ids)
             booting = [i for i in ids if statuses[i] is None]
@@ -69,6 +69,7 @@ def watch_agents(session, instance_ids: Sequence[str], on_poll: Callable[[AgentP
                                    failing_for_s=None if failed_since is None else now - failed_since))
         if result is Poll.WORKERS_FAILING:
             failed_since = now if failed_since is None else failed_since
+            last_cloud = -math.inf  # the next poll asks the cloud: it may name a preempted peer
         elif result is not Poll.AGAIN:
             return result
         time.sleep(POLL_S)
