@@ -28,7 +28,6 @@ from sailor_core.job.protocol import (
     AgentState,
     AgentStatus,
     WorkerEvent,
-    read_status,
     write_assignment,
 )
 from sailor_core.profiler.network import NET_WORKER_MODULE, NetworkLink, network_worker_args
