@@ -12,7 +12,7 @@ embedded one, without reaching the instances over the network.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from prefect import get_run_logger, task
@@ -28,42 +28,27 @@ from sailor_core.job.protocol import (
     AgentState,
     AgentStatus,
     WorkerEvent,
-    read_status,
     write_assignment,
 )
 from sailor_core.profiler.network import NET_WORKER_MODULE, NetworkLink, network_worker_args
-from tasks.workers import session_boot_failures
+from tasks.agent_watch import POLL_S, AgentPoll, Listeners, Poll, watch_agents
 
-POLL_S = 0.3
-CLOUD_POLL_S = 1.0
 LAUNCH_WAIT_S = 600.0  # launch -> running, per zone tried
-ADDRESS_WAIT_S = 30.0
-FAILURE_GRACE_S = 4.0
-SETTLE_S = 10.0  # a stopping instance: how long to wait for its end state (preempted, terminated)  # a failed rank: how long to wait for the cloud to report a preempted peer  # a running instance gets its private address within seconds
+ADDRESS_WAIT_S = 30.0  # a running instance gets its private address within seconds
+SETTLE_S = 10.0  # a stopping instance: how long to wait for its end state (preempted, terminated)
 GENERATION = 1  # one assignment per instance: the profile is a single run
 
-# Listeners in this process (the CLI's progress bar): called with {"event": ..., ...} dicts.
-_listeners: list[Callable[[dict], None]] = []
+# Listeners in this process (the CLI's progress bar): told {"event": ..., ...} dicts.
+_listeners: Listeners[dict] = Listeners()
+add_progress_listener = _listeners.add
+remove_progress_listener = _listeners.remove
+emit = _listeners.emit
 
 
 class NetworkProfilingError(SailorError):
     """The profile's workers failed, an instance went away, or the run passed its deadline."""
 
     exit_code = 6
-
-
-def add_progress_listener(fn: Callable[[dict], None]) -> None:
-    _listeners.append(fn)
-
-
-def remove_progress_listener(fn: Callable[[dict], None]) -> None:
-    if fn in _listeners:
-        _listeners.remove(fn)
-
-
-def emit(msg: dict) -> None:
-    for fn in list(_listeners):
-        fn(msg)
 
 
 def offers_for(link: NetworkLink, offers: Sequence[Offer]) -> list[Offer]:
@@ -191,46 +176,50 @@ def run_workers(session, instance_ids: list[str], addresses: list[str], zones: l
             env=session.worker_env(None)))
     log.info("%d workers, rendezvous %s:%d", world, addresses[0], port)
     emit({"event": "workers", "num_workers": world})
-    deadline = time.monotonic() + timeout_s
-    last_cloud = 0.0
-    failed_since: float | None = None
-    done = 0
-    while True:
-        statuses = {iid: read_status(session.jobs_url, iid) for iid in instance_ids}
-        mine = {iid: st for iid, st in statuses.items() if st and st.generation == GENERATION}
-        first = mine.get(instance_ids[0])
+    watch = _ProfileWatch(session=session, instance_ids=instance_ids, zones=zones, sizes=sizes,
+                          timeout_s=timeout_s)
+    return watch_agents(session, instance_ids, watch.on_poll)
+
+
+class _ProfileWatch:
+    """``run_workers``' handling of each poll: rank 0's progress and result, or why the run cannot finish."""
+
+    __slots__ = ("session", "instance_ids", "zones", "sizes", "timeout_s", "deadline", "done")
+
+    def __init__(self, *, session, instance_ids: list[str], zones: list[str], sizes: list[int],
+                 timeout_s: float) -> None:
+        self.session, self.instance_ids, self.zones, self.sizes = session, instance_ids, zones, sizes
+        self.timeout_s = timeout_s
+        self.deadline = time.monotonic() + timeout_s
+        self.done = 0  # measurements rank 0 reported done
+
+    def on_poll(self, poll: AgentPoll) -> dict | Poll:
+        mine = {iid: st for iid, st in poll.statuses.items() if st and st.generation == GENERATION}
+        first = mine.get(self.instance_ids[0])
         event = first.event if first else None
+        total = 2 * len(self.sizes)
         if event is not None and event.kind == "result":
-            emit({"event": "measured", "done": 2 * len(sizes), "total": 2 * len(sizes)})
+            emit({"event": "measured", "done": total, "total": total})
             return event.result
-        step = _progress_step(event, sizes)
-        if step is not None and step > done:
-            done = step
-            emit({**event.to_dict(), "done": done, "total": 2 * len(sizes)})
-        failure = _worker_failure(mine, instance_ids, zones)
-        now = time.monotonic()
-        if failure is not None:
-            # A rank whose peer was preempted dies before the cloud reports the preemption: give the
-            # cloud a few seconds to say so, the real cause, before blaming the worker.
-            failed_since = failed_since or now
-            last_cloud = 0.0 if now - failed_since < FAILURE_GRACE_S else last_cloud
-        if now - last_cloud > CLOUD_POLL_S:
-            last_cloud = now
-            booted_badly = session_boot_failures(session, [iid for iid in instance_ids if iid not in mine])
-            if booted_badly:  # failed, not hung: the startup script said why
-                raise NetworkProfilingError(next(iter(booted_badly.values())))
-            gone = [(iid, st) for iid, st in session.instance_states(instance_ids).items() if st != "running"]
-            if gone:
-                iid, state = gone[0]
-                raise NetworkProfilingError(f"instance {iid} ({zones[instance_ids.index(iid)]}) is "
-                                            f"{_settled_state(session, iid, state)} before the profile finished")
-        if failure is not None and now - failed_since >= FAILURE_GRACE_S:
+        step = _progress_step(event, self.sizes)
+        if step is not None and step > self.done:
+            self.done = step
+            emit({**event.to_dict(), "done": step, "total": total})
+        if poll.boot_failures:  # failed, not hung: the startup script said why
+            raise NetworkProfilingError(next(iter(poll.boot_failures.values())))
+        gone = [(iid, st) for iid, st in poll.cloud_states.items() if st != "running"]
+        if gone:
+            iid, state = gone[0]
+            raise NetworkProfilingError(f"instance {iid} ({self.zones[self.instance_ids.index(iid)]}) is "
+                                        f"{_settled_state(self.session, iid, state)} before the profile finished")
+        failure = _worker_failure(mine, self.instance_ids, self.zones)
+        if failure is not None and poll.failure_grace_over:
             raise NetworkProfilingError(failure)
-        if now > deadline:
+        if time.monotonic() > self.deadline:
             raise NetworkProfilingError(
-                f"network profiling did not finish within {timeout_s:.0f} s (last: "
+                f"network profiling did not finish within {self.timeout_s:.0f} s (last: "
                 f"{event.kind if event else 'no report from rank 0'}); raise --timeout-s or lower --max-mib")
-        time.sleep(POLL_S)
+        return Poll.AGAIN if failure is None else Poll.WORKERS_FAILING
 
 
 def table_rows(profile) -> list[dict]:

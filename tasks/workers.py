@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from prefect import get_run_logger, task
@@ -41,31 +41,20 @@ from sailor_core.job.protocol import (
 from sailor_core.job.worker_args import worker_argv
 from sailor_core.plan.layout import world_size
 from sailor_core.plan.types import plan_from_dict
+from tasks.agent_watch import CLOUD_POLL_S, POLL_S, AgentPoll, Listeners, Poll, watch_agents
 from tasks.control import controller_decision
 from tasks.reporting import progress_description
 
 BUDGET = "budget"  # outcome: the controller stops the job before the budget would be crossed
 REPLAN = "replan"  # outcome: the controller switches plans (shrink to fit the budget, or new capacity)
-POLL_S = 0.3
 DECIDE_EVERY_S = 1.0
 SAVE_EVERY_S = 1.0
 PROGRESS_EVERY_S = 1.0  # the Prefect progress artifact: one API call each
-CLOUD_POLL_S = 1.0
-# A worker that died because a peer was preempted is seen before the cloud reports the
-# preemption; wait this long for the cloud before calling it a crash.
-FAILURE_GRACE_S = 4.0
 
-# Listeners in this process (the CLI's progress bar): called with the job state on progress.
-_listeners: list[Callable[[js.JobState], None]] = []
-
-
-def add_progress_listener(fn: Callable[[js.JobState], None]) -> None:
-    _listeners.append(fn)
-
-
-def remove_progress_listener(fn: Callable[[js.JobState], None]) -> None:
-    if fn in _listeners:
-        _listeners.remove(fn)
+# Listeners in this process (the CLI's progress bar): told of the job state on progress.
+_listeners: Listeners[js.JobState] = Listeners()
+add_progress_listener = _listeners.add
+remove_progress_listener = _listeners.remove
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -75,12 +64,6 @@ class Assignment:
     instance_id: str
     node: NodeRequest
     address: str  # where its processes are reached from the other instances
-
-
-def session_boot_failures(session, instance_ids: Sequence[str]) -> dict[str, str]:
-    """The failed boots among ``instance_ids`` (``CloudSession.boot_failures``), for a session that has them."""
-    check = getattr(session, "boot_failures", None)
-    return check(instance_ids) if check is not None else {}
 
 
 def assignment_doc(state: js.JobState, a: Assignment, *, master: Assignment, master_port: int,
@@ -191,85 +174,102 @@ def watch_attempt(session, store: js.JobStore, state: js.JobState, assignments: 
     Returns the outcome and the job state with the progress seen.  An injected preemption
     (``--preempt-at``, embedded cloud) is posted by rank 0's agent; its report is noted here.
     """
-    log = get_run_logger()
-    generation = run_generation(state.attempt)
     ids = [a.instance_id for a in assignments]
-    cloud_states: dict[str, str | None] = {i: "running" for i in ids}
-    last_cloud = last_save = last_decide = last_progress = 0.0
-    failed_since: float | None = None
-    injection_noted = False
-    while True:
-        now = time.time()
-        statuses = {i: read_status(session.jobs_url, i) for i in ids}
-        new_state = _merge_progress(state, statuses, generation)
-        moved = new_state is not state
+    watch = _AttemptWatch(session=session, store=store, state=state, ids=ids, progress=progress,
+                          planner=planner, available=available, current=current)
+    return watch_agents(session, ids, watch.on_poll)
+
+
+class _AttemptWatch:
+    """``watch_attempt``'s handling of each poll; ``state`` holds the progress seen so far."""
+
+    __slots__ = ("session", "store", "state", "ids", "progress", "planner", "available", "current", "log",
+                 "generation", "injection_noted", "last_save", "last_decide", "last_progress")
+
+    def __init__(self, *, session, store: js.JobStore, state: js.JobState, ids: list[str], progress,
+                 planner, available, current) -> None:
+        self.session, self.store, self.state, self.ids = session, store, state, ids
+        self.progress, self.planner, self.available, self.current = progress, planner, available, current
+        self.log = get_run_logger()
+        self.generation = run_generation(state.attempt)
+        self.injection_noted = False
+        self.last_save = self.last_decide = self.last_progress = 0.0
+
+    def on_poll(self, poll: AgentPoll) -> tuple[AttemptOutcome, js.JobState] | Poll:
+        now = poll.now_unix_s
+        self._merge(poll)
+        if now - self.last_save > SAVE_EVERY_S:
+            self.store.save(self.state)
+            self.last_save = now
+        if poll.boot_failures:  # failed, not hung: the instance is ended and the attempt re-planned
+            reason = "; ".join(poll.boot_failures.values())
+            self.log.error("%s", reason)
+            self.session.terminate(list(poll.boot_failures))
+            self.store.save(self.state)
+            return AttemptOutcome(kind=LOST, instance_ids=tuple(poll.boot_failures), reason=reason), self.state
+        stop = self._decide(now)
+        if stop is not None:
+            return stop, self.state
+        outcome = classify_attempt(generation=self.generation, statuses=poll.statuses,
+                                   cloud_states=poll.cloud_states, now_unix_s=now,
+                                   heartbeat_timeout_s=self.session.heartbeat_timeout_s)
+        if outcome.kind == WORKER_FAILED and not poll.failure_grace_over:
+            return Poll.WORKERS_FAILING
+        if outcome.kind != RUNNING:
+            self.store.save(self.state)
+            return outcome, self.state
+        return Poll.AGAIN
+
+    def _merge(self, poll: AgentPoll) -> None:
+        """The agents' progress and injection reports into ``state``; listeners hear of new steps."""
+        now, statuses, generation = poll.now_unix_s, poll.statuses, self.generation
+        new_state = _merge_progress(self.state, statuses, generation)
+        moved = new_state is not self.state
         # Progress merged from an earlier generation (its last steps, reported late) is kept, but the
         # attempt trains, and its listeners hear of it, only once its own generation reports a step.
         trains = any(st is not None and st.generation == generation and st.step is not None
                      for st in statuses.values())
         if moved:
-            state = js.with_first_step(new_state, now, **restart_facts(statuses, generation)) if trains else new_state
+            self.state = (js.with_first_step(new_state, now, **restart_facts(statuses, generation))
+                          if trains else new_state)
         reports = [st.injected_preemption for st in statuses.values()
                    if st and st.generation == generation and st.injected_preemption]
-        if reports and not injection_noted:
-            injection_noted = True  # one per attempt, and one log line about it
-            state = note_injection(state, reports[0], log)
-            store.save(state)
+        if reports and not self.injection_noted:
+            self.injection_noted = True  # one per attempt, and one log line about it
+            self.state = note_injection(self.state, reports[0], self.log)
+            self.store.save(self.state)
         if moved and trains:
-            for fn in list(_listeners):
-                fn(state)
-            if progress is not None and (now - last_progress > PROGRESS_EVERY_S
-                                         or state.steps_done >= state.spec.steps):
-                last_progress = now
-                progress.update(state.steps_done, state.spec.steps, progress_description(state))
-        if now - last_save > SAVE_EVERY_S:
-            store.save(state)
-            last_save = now
-        if now - last_cloud > CLOUD_POLL_S:
-            cloud_states = session.instance_states(ids)
-            last_cloud = now
-            booting = [i for i in ids if statuses.get(i) is None]
-            failed_boots = session_boot_failures(session, booting) if booting else {}
-            if failed_boots:  # failed, not hung: the instance is ended and the attempt re-planned
-                reason = "; ".join(failed_boots.values())
-                log.error("%s", reason)
-                session.terminate(list(failed_boots))
-                store.save(state)
-                return AttemptOutcome(kind=LOST, instance_ids=tuple(failed_boots), reason=reason), state
+            _listeners.emit(self.state)
+            if self.progress is not None and (now - self.last_progress > PROGRESS_EVERY_S
+                                              or self.state.steps_done >= self.state.spec.steps):
+                self.last_progress = now
+                self.progress.update(self.state.steps_done, self.state.spec.steps, progress_description(self.state))
 
-        # The controller, on a timer: keep going, switch to a plan that fits the budget, or stop
-        # while the spend so far, the next stretch and the shutdown still fit.  Not once the
-        # checkpoints reach the target: the workers end the attempt themselves (its "done" is no
-        # budget stop).
+    def _decide(self, now: float) -> AttemptOutcome | None:
+        """The controller, on a timer: keep going (None), switch to a plan that fits the budget, or
+        stop while the spend so far, the next stretch and the shutdown still fit.  Not once the
+        checkpoints reach the target: the workers end the attempt themselves (its "done" is no
+        budget stop)."""
+        state = self.state
         reached = (state.last_checkpoint_step or 0) >= state.spec.steps
-        if planner is not None and now - last_decide > DECIDE_EVERY_S and not reached:
-            last_decide = now
-            decision = controller_decision(planner, state, available=available, event=Event(kind=EventKind.TIMER),
-                                           current=current, shutdown_s=session.shutdown_s, now_unix_s=now)
-            horizon_s = 2 * max(DECIDE_EVERY_S, CLOUD_POLL_S) + session.worker_stop_s
-            if decision.action == Action.STOP or decision.stop_in_s <= horizon_s:
-                ledger = state.ledger()
-                reason = (f"budget: {ledger.spent_usd(now):.5f} of {state.spec.budget_usd:.5f} USD spent at "
-                          f"{ledger.usd_per_hr():.3f} USD/h; stopping now leaves the shutdown paid within it"
-                          if decision.action != Action.STOP or decision.reason.startswith("budget")
-                          else decision.reason)
-                log.warning("%s", reason)
-                return AttemptOutcome(kind=BUDGET, instance_ids=tuple(ids), reason=reason), state
-            if decision.changes_plan:
-                return AttemptOutcome(kind=REPLAN, reason=decision.reason), state
-
-        outcome = classify_attempt(generation=generation, statuses=statuses, cloud_states=cloud_states,
-                                   now_unix_s=now, heartbeat_timeout_s=session.heartbeat_timeout_s)
-        if outcome.kind == WORKER_FAILED:
-            failed_since = failed_since or now
-            if now - failed_since < FAILURE_GRACE_S:
-                last_cloud = 0.0  # look at the cloud again now: a peer may have been preempted
-                time.sleep(POLL_S)
-                continue
-        if outcome.kind != RUNNING:
-            store.save(state)
-            return outcome, state
-        time.sleep(POLL_S)
+        if self.planner is None or now - self.last_decide <= DECIDE_EVERY_S or reached:
+            return None
+        self.last_decide = now
+        decision = controller_decision(self.planner, state, available=self.available,
+                                       event=Event(kind=EventKind.TIMER), current=self.current,
+                                       shutdown_s=self.session.shutdown_s, now_unix_s=now)
+        horizon_s = 2 * max(DECIDE_EVERY_S, CLOUD_POLL_S) + self.session.worker_stop_s
+        if decision.action == Action.STOP or decision.stop_in_s <= horizon_s:
+            ledger = state.ledger()
+            reason = (f"budget: {ledger.spent_usd(now):.5f} of {state.spec.budget_usd:.5f} USD spent at "
+                      f"{ledger.usd_per_hr():.3f} USD/h; stopping now leaves the shutdown paid within it"
+                      if decision.action != Action.STOP or decision.reason.startswith("budget")
+                      else decision.reason)
+            self.log.warning("%s", reason)
+            return AttemptOutcome(kind=BUDGET, instance_ids=tuple(self.ids), reason=reason)
+        if decision.changes_plan:
+            return AttemptOutcome(kind=REPLAN, reason=decision.reason)
+        return None
 
 
 @task(name="stop-workers", tags=["workers"], cache_policy=NO_CACHE)

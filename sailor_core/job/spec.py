@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 from dataclasses import dataclass
+from typing import Any
 
 from sailor_core.catalog.gpus import gpu_names, normalize_gpu_name
 from sailor_core.catalog.instances import CLOUDS, catalog_zones, rentable_gpus

@@ -34,7 +34,7 @@ from sailor_core.simulator import compose
 from sailor_core.simulator import stage as st
 from sailor_core.simulator.memory import dp_bucket_bytes, dp_synced_params, inflight_microbatches
 from sailor_core.simulator.tables import layer_table
-from sailor_core.simulator.pipeline_time import one_f_one_b, stage_timing
+from sailor_core.simulator.pipeline_time import one_f_one_b_time, stage_timing
 
 Group = tuple[Kind, str, int]  # (kind, zone, replicas), in replica order
 
@@ -407,7 +407,7 @@ class FastSim:
                 ends[0] += tied
                 ends[last] += tied
         schedule = compose.p2p_schedule(regime)
-        pipe = one_f_one_b(timings, link_s, link_counts, schedule, split=False,
+        pipe = one_f_one_b_time(timings, link_s, link_counts, schedule, split=False,
                            drain_delay_s=compose.drain_contention_s(schedule, links, rings))
         # The slowest stage's end as one memoised figure (compose.iteration_s)
         iteration = compose.iteration_s(pipe, ends[compose.slowest_end(ends)])

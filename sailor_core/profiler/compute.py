@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from sailor_core.catalog.gpus import normalize_gpu_name
+from sailor_core.catalog.gpus import gpu_of_device_name, normalize_gpu_name
 from sailor_core.catalog.models import get_model
 from sailor_core.errors import InputError, ProfileError
 from sailor_core.profiler.group import run_local_group
@@ -76,20 +76,12 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
-_CUDA_NAMES = (  # substring of torch.cuda.get_device_name -> catalog GPU type (first match wins)
-    ("H200", "H200"), ("GH200", "GH-96"), ("H100", "H100-80"), ("A100-SXM4-80", "A100-80"),
-    ("A100 80", "A100-80"), ("A100-PCIE-80", "A100-80"), ("A100", "A100-40"), ("V100", "V100-16"),
-    ("A10G", "A10G"), ("L4", "L4"), ("T4", "T4"), ("3090", "RTX-3090"), ("2080", "RTX-2080"),
-    ("TITAN RTX", "Titan-RTX"),
-)
-
-
 def gpu_type_of(cuda_device_name: str) -> str:
-    """The catalog GPU type of a CUDA device name (``NVIDIA H200`` -> ``H200``)."""
-    for key, name in _CUDA_NAMES:
-        if key.lower() in cuda_device_name.lower():
-            return name
-    raise InputError(f"GPU {cuda_device_name!r} is not in the catalog; pass --gpu with its catalog name")
+    """The catalog GPU type of a CUDA device name (``NVIDIA H200`` -> ``H200``); names in gpus.json."""
+    gpu = gpu_of_device_name(cuda_device_name)
+    if gpu is None:
+        raise InputError(f"GPU {cuda_device_name!r} is not in the catalog; pass --gpu with its catalog name")
+    return gpu
 
 
 # ---- measuring ------------------------------------------------------------------------------

@@ -51,10 +51,6 @@ from sailor_core.catalog.models import get_model
 from sailor_core.network.model import default_network
 from sailor_core.regimes import TrainingRegime, get_regime
 
-# GPUs with TF32 tensor cores (Ampere and later): an fp32 framework's matmuls run at half the
-# bf16 tensor-core peak there, at the plain fp32 peak elsewhere.
-_TF32_GPUS = frozenset({"A100-40", "A100-80", "H100-80", "H200", "GH-96", "L4", "A10G", "RTX-3090"})
-
 # Used only when no GPU of the regime has been profiled at all.
 DEFAULT_INV_EFFICIENCY = 2.0
 DEFAULT_OVERHEAD_S = 5e-6
@@ -115,9 +111,11 @@ def default_calibration(gpu: str, regime: str) -> Calibration:
 
 
 def matmul_peak_flops(gpu: GPUSpec, regime: TrainingRegime) -> float:
+    # On GPUs with TF32 tensor cores (gpus.json "tf32") an fp32 framework's matmuls run at half
+    # the bf16 tensor-core peak, at the plain fp32 peak elsewhere.
     if regime.matmul_precision == "bf16":
         return gpu.peak_bf16_flops
-    if regime.matmul_precision == "tf32" and gpu.name in _TF32_GPUS:
+    if regime.matmul_precision == "tf32" and gpu.tf32:
         return gpu.peak_bf16_flops / 2
     return gpu.peak_fp32_flops
 

@@ -21,7 +21,7 @@ def stage_lookahead(stage: int, dp_degrees: list[int]) -> int:
     return (len(dp_degrees) - stage - 1) * max(dp_degrees)
 
 
-def one_f_one_b(local: list[int], lookahead: int) -> list[tuple[str, int]]:
+def one_f_one_b_order(local: list[int], lookahead: int) -> list[tuple[str, int]]:
     """[("F", m) | ("B", m), ...] for one rank."""
     ops: list[tuple[str, int]] = []
     next_fwd = 0
@@ -31,6 +31,14 @@ def one_f_one_b(local: list[int], lookahead: int) -> list[tuple[str, int]]:
             next_fwd += 1
         ops.append(("B", m))
     return ops
+
+
+def rank_op_order(num_microbatches: int, dp_degrees: list[int], stage: int,
+                  replica: int) -> list[tuple[str, int]]:
+    """The order in which replica ``replica`` of ``stage`` runs its forwards and backwards: what the
+    engine runs and what the simulator's exact reference (``simulator/schedule_reference``) replays."""
+    return one_f_one_b_order(local_microbatches(num_microbatches, dp_degrees[stage], replica),
+                             stage_lookahead(stage, dp_degrees))
 
 
 def gradients_known_arrived(num_microbatches: int, dp_degrees: list[int], stage: int,
@@ -44,11 +52,10 @@ def gradients_known_arrived(num_microbatches: int, dp_degrees: list[int], stage:
     if stage < 1:
         return {}
     up_dp, here_dp = dp_degrees[stage - 1], dp_degrees[stage]
-    lookahead = stage_lookahead(stage - 1, dp_degrees)
     out: dict[int, list[int]] = {}
     for up in range(up_dp):
         pending: list[int] = []  # backwards of upstream ``up`` whose gradient came from here
-        for kind, m in one_f_one_b(local_microbatches(num_microbatches, up_dp, up), lookahead):
+        for kind, m in rank_op_order(num_microbatches, dp_degrees, stage - 1, up):
             if kind == "B" and replica_of(m, here_dp) == replica:
                 pending.append(m)
             elif kind == "F" and pending and replica_of(m, here_dp) == replica:

@@ -35,7 +35,7 @@ from sailor_core.runtime.data import TokenDataset
 from sailor_core.runtime.model import TIED, ShardedLayer, StageModel
 from sailor_core.runtime.optimizer import apply_recipe, decay_groups, make_optimizer
 from sailor_core.runtime.p2p import Inbox, StagePeers, retire
-from sailor_core.runtime.pipeline_order import gradients_known_arrived, local_microbatches, one_f_one_b, stage_lookahead
+from sailor_core.runtime.pipeline_order import gradients_known_arrived, local_microbatches, rank_op_order
 from sailor_core.runtime.process_groups import Groups
 from sailor_core.runtime.recipe import Recipe
 
@@ -54,9 +54,7 @@ class StageTrainer:
         self.seq_len = plan.effective_seq_len()
         self.num_microbatches = plan.num_microbatches
         dps = [s.dp_degree for s in plan.stages]
-        self.schedule = one_f_one_b(
-            local_microbatches(self.num_microbatches, dps[self.role.stage], self.role.replica),
-            stage_lookahead(self.role.stage, dps))
+        self.schedule = rank_op_order(self.num_microbatches, dps, self.role.stage, self.role.replica)
         self.step = 0              # optimizer steps done
         self.first_sample = 0      # global sample index of iteration `first_step`
         self.first_step = 0

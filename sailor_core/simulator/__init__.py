@@ -10,7 +10,7 @@ functions.  No torch, no cloud SDK.
 from sailor_core.plan.routing import link_microbatches, microbatches_per_replica
 from sailor_core.simulator.memory import MemoryBreakdown, inflight_microbatches, stage_memory
 from sailor_core.simulator.result import BREAKDOWN_KEYS, ReplicaResult, SimResult, StageResult
-from sailor_core.simulator.pipeline_time import PipelineTime, StageTiming, one_f_one_b, stage_timing
+from sailor_core.simulator.pipeline_time import PipelineTime, StageTiming, one_f_one_b_time, stage_timing
 from sailor_core.simulator.simulate import simulate, stage_memory_for, stage_peak_memory_bytes
 from sailor_core.simulator.stage import (
     boundary_bytes,
@@ -36,7 +36,7 @@ __all__ = [
     "inflight_microbatches",
     "link_microbatches",
     "microbatches_per_replica",
-    "one_f_one_b",
+    "one_f_one_b_time",
     "simulate",
     "stage_compute_s",
     "stage_dp_sync_s",

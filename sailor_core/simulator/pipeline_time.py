@@ -44,7 +44,7 @@ stage's micro-batches: the engine's lookahead counts in the widest stage's (``_c
 A link is also a resource of its own: its busiest NIC carries ``n`` micro-batches, one
 direction each taking ``l / 2`` (full duplex).  The pipeline time is the largest candidate.
 
-Checked against exact event-driven schedules of both semantics (``tests/core/schedule_events``):
+Checked against exact event-driven schedules of both semantics (``schedule_reference``):
 on random pipelines of 1-8 stages, 1-32 micro-batches and links up to the stages' own time
 (latency and bandwidth apart) the median error is 0 and the extremes -4 % / +6 % (prefetch),
 -6 % / +2 % (blocking); with links three times a stage's forward, -5 % / +10 % and -11 % / 0 %.
@@ -303,7 +303,7 @@ def _longest_both(stages: Sequence[StageTiming], link_s: Sequence[float], link_c
     return best, where, at_link, best0
 
 
-def one_f_one_b(
+def one_f_one_b_time(
     stages: Sequence[StageTiming],
     link_s: Sequence[float],
     link_counts: Sequence[int],

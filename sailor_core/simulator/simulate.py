@@ -28,7 +28,7 @@ from sailor_core.simulator import compose
 from sailor_core.simulator import stage as st
 from sailor_core.simulator.memory import MemoryBreakdown, inflight_microbatches, stage_memory
 from sailor_core.simulator.result import ReplicaResult, SimResult, StageResult
-from sailor_core.simulator.pipeline_time import StageTiming, one_f_one_b, stage_timing
+from sailor_core.simulator.pipeline_time import StageTiming, one_f_one_b_time, stage_timing
 from sailor_core.simulator.tables import layer_table
 
 
@@ -114,7 +114,7 @@ def simulate(
     egress_terms.append(tied_egress)  # after the stages' (the planner adds them in this order)
 
     schedule = compose.p2p_schedule(looked_up.regime)
-    pipe = one_f_one_b(timings, link_s, link_counts, schedule,
+    pipe = one_f_one_b_time(timings, link_s, link_counts, schedule,
                        drain_delay_s=compose.drain_contention_s(schedule, links, rings))
     last = stages[compose.slowest_end([compose.stage_end_s(s.dp_sync_s, s.update_s) for s in stages])]
     iteration_s = compose.iteration_s(pipe, last.dp_sync_s, last.update_s)

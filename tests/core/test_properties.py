@@ -4,7 +4,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sailor_core.catalog.gpus import get_gpu
-from sailor_core.simulator import one_f_one_b, simulate, stage_timing
+from sailor_core.simulator import one_f_one_b_time, simulate, stage_timing
 from sailor_core.simulator.memory import stage_memory
 from sailor_core.regimes import get_regime
 from tests.core.helpers import db_of, flat_network, hand_profile, plan
@@ -57,14 +57,14 @@ def test_pipeline_parts_are_consistent(replicas, links):
     stages = [stage_timing([t for t, _ in reps], [n for _, n in reps]) for reps in replicas]
     link_s = [t for t, _ in links[: len(stages) - 1]]
     link_n = [n for _, n in links[: len(stages) - 1]]
-    pipe = one_f_one_b(stages, link_s, link_n)
+    pipe = one_f_one_b_time(stages, link_s, link_n)
     assert pipe.compute_s >= 0 and pipe.bubble_s >= 0 and pipe.p2p_s >= 0
     # never faster than any stage's own work, nor than one micro-batch's round trip
     assert pipe.total_s >= max(s.busy_s for s in stages) - 1e-9
     assert pipe.total_s >= sum(s.step_s for s in stages) + sum(link_s) - 1e-9
     # slower links never make the iteration faster
     if link_s:
-        slower = one_f_one_b(stages, [t * 1.5 + 0.01 for t in link_s], link_n)
+        slower = one_f_one_b_time(stages, [t * 1.5 + 0.01 for t in link_s], link_n)
         assert slower.total_s >= pipe.total_s - 1e-9
 
 

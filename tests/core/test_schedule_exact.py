@@ -1,5 +1,5 @@
 """The closed-form 1F1B time against exact event-driven schedules of the same pipeline
-(``schedule_events``): the engine's (prefetched receives, sends that never block, rendezvous
+(``simulator/schedule_reference``): the engine's (prefetched receives, sends that never block, rendezvous
 transfers, per-message latency, one FIFO link per direction) and DeepSpeed's (blocking)."""
 
 import random
@@ -8,15 +8,15 @@ import statistics
 import pytest
 
 from sailor_core.plan.routing import link_microbatches, microbatches_per_replica
-from sailor_core.simulator import one_f_one_b, stage_timing
-from tests.core.schedule_events import blocking_makespan, deepspeed_commands, engine_makespan
+from sailor_core.simulator import one_f_one_b_time, stage_timing
+from sailor_core.simulator.schedule_reference import blocking_makespan, deepspeed_commands, engine_makespan
 
 
 def closed_form(f, b, links, num_mb, schedule="prefetch"):
     """``links``: (latency, wire) one way per boundary, as the event schedules take them."""
     stages = [stage_timing([fi + bi], [num_mb], [fi]) for fi, bi in zip(f, b)]
     round_trip = [2 * (lat + wire) for lat, wire in links]
-    return one_f_one_b(stages, round_trip, [num_mb] * len(links), schedule).total_s
+    return one_f_one_b_time(stages, round_trip, [num_mb] * len(links), schedule).total_s
 
 
 def _random_pipeline(rng, link_max):
@@ -120,7 +120,7 @@ def test_closed_form_with_replicas_of_different_speeds():
         stages = [stage_timing([f + b for f, b in reps], microbatches_per_replica(m, len(reps)),
                                [f for f, _ in reps]) for reps in steps]
         counts = [link_microbatches(m, dps[i], dps[i + 1]) for i in range(p - 1)]
-        got = one_f_one_b(stages, [2 * (a + w) for a, w in links], counts).total_s
+        got = one_f_one_b_time(stages, [2 * (a + w) for a, w in links], counts).total_s
         errors.append(got / engine_makespan(steps, m, links) - 1)
     errors.sort()
     # the straggler's step stands for every replica: rarely much too fast, sometimes slow

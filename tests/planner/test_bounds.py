@@ -117,7 +117,7 @@ def test_pipeline_warm_up_bound_never_exceeds_the_1f1b_schedule():
     # three segments: whatever the split, the pipeline takes at least work / rate.
     from types import SimpleNamespace
 
-    from sailor_core.simulator.pipeline_time import StageTiming, one_f_one_b
+    from sailor_core.simulator.pipeline_time import StageTiming, one_f_one_b_time
 
     rng = random.Random(11)
     tight = 0
@@ -134,7 +134,7 @@ def test_pipeline_warm_up_bound_never_exceeds_the_1f1b_schedule():
                 stages.append(StageTiming(step, n * step, (n - 1) * step, step / 3, n))
         links = [rng.choice([0.0, rng.uniform(0.0, 0.1)]) for _ in stages[1:]]
         counts = [rng.randint(1, 24) for _ in links]
-        total = one_f_one_b(stages, links, counts).total_s
+        total = one_f_one_b_time(stages, links, counts).total_s
         bound = work / bounds.pipe_work_rate(order)
         assert bound <= total * (1 + 1e-9)
         tight += bound >= 0.9 * total
@@ -198,7 +198,7 @@ def test_search_bounds_hold_for_every_evaluated_order(profiles, network):
 def test_steady_link_bound_never_exceeds_the_1f1b_schedule():
     # steady_links_s against the simulator's own 1F1B model: a segment of s stages whose steps
     # sum to T, n micro-batches and links of at least l takes at least n T / s plus it.
-    from sailor_core.simulator.pipeline_time import StageTiming, one_f_one_b
+    from sailor_core.simulator.pipeline_time import StageTiming, one_f_one_b_time
 
     rng = random.Random(17)
     tight = 0
@@ -209,7 +209,7 @@ def test_steady_link_bound_never_exceeds_the_1f1b_schedule():
         link = rng.choice([0.0, rng.uniform(0.0, 0.1)])
         links = [link + rng.choice([0.0, rng.uniform(0.0, 0.05)]) for _ in range(s - 1)]
         stages = [StageTiming(t, n * t, (n - 1) * t, t / 3, n) for t in steps]
-        total = one_f_one_b(stages, links, [n] * len(links)).total_s
+        total = one_f_one_b_time(stages, links, [n] * len(links)).total_s
         bound = n * sum(steps) / s + bounds.steady_links_s(n, link, s)
         assert bound <= total * (1 + 1e-9)
         tight += bound >= 0.7 * total and bounds.steady_links_s(n, link, s) > 0.1 * bound
@@ -279,7 +279,7 @@ def test_scored_shape_bounds_hold_for_their_splits(objective, limits, profiles, 
 def test_pipeline_lines_never_exceed_the_1f1b_schedule():
     # pipeline_lines at a pipeline's own work share against the simulator's 1F1B model, on
     # random two-segment pipelines in either order, with uneven splits inside each segment.
-    from sailor_core.simulator.pipeline_time import StageTiming, one_f_one_b
+    from sailor_core.simulator.pipeline_time import StageTiming, one_f_one_b_time
 
     rng = random.Random(19)
     tight = 0
@@ -302,7 +302,7 @@ def test_pipeline_lines_never_exceed_the_1f1b_schedule():
         for first, second in ((segs[0], segs[1]), (segs[1], segs[0])):
             stages = [StageTiming(t, n * t, (n - 1) * t, t / 3, n) for s, n, steps in (first, second) for t in steps]
             links = [link + rng.choice([0.0, rng.uniform(0.0, 0.02)]) for _ in stages[1:]]
-            total = one_f_one_b(stages, links, [1] * len(links)).total_s
+            total = one_f_one_b_time(stages, links, [1] * len(links)).total_s
             assert bound <= total * (1 + 1e-9)
             tight += bound >= 0.8 * total
     assert tight > 25  # and it is not a trivially low bound
@@ -324,7 +324,7 @@ def test_least_of_the_largest_line_matches_a_fine_grid():
 def test_warm_up_with_links_never_exceeds_the_1f1b_schedule():
     # warm_up_with_links_s against the simulator's 1F1B model on random one-segment pipelines
     # with uneven steps and links of at least l.
-    from sailor_core.simulator.pipeline_time import StageTiming, one_f_one_b
+    from sailor_core.simulator.pipeline_time import StageTiming, one_f_one_b_time
 
     rng = random.Random(29)
     tight, cases = 0, []
@@ -334,7 +334,7 @@ def test_warm_up_with_links_never_exceeds_the_1f1b_schedule():
         link = rng.choice([0.0, rng.uniform(0.0, 0.05)])
         stages = [StageTiming(t, n * t, (n - 1) * t, t / 3, n) for t in steps]
         links = [link + rng.choice([0.0, rng.uniform(0.0, 0.02)]) for _ in stages[1:]]
-        total = one_f_one_b(stages, links, [n] * len(links)).total_s
+        total = one_f_one_b_time(stages, links, [n] * len(links)).total_s
         bound = float(bounds.warm_up_with_links_s(sum(steps), n, s, link))
         assert bound <= total * (1 + 1e-9)
         tight += bound >= 0.85 * total
@@ -373,10 +373,10 @@ def test_warm_up_bound_on_a_hand_computed_pipeline():
     assert bounds.pipe_work_rate((seg,)) == 0.75
     assert bounds.pipe_lb(3.0, (seg,)) == 4.0
     # 1F1B with steps 2 and 1 (3 s of work): exactly 4 s.
-    from sailor_core.simulator.pipeline_time import StageTiming, one_f_one_b
+    from sailor_core.simulator.pipeline_time import StageTiming, one_f_one_b_time
 
     stages = [StageTiming(t, 2 * t, t, t / 3, 2) for t in (2.0, 1.0)]
-    assert one_f_one_b(stages, [0.0], [2]).total_s >= 4.0 * (1 - 1e-12)
+    assert one_f_one_b_time(stages, [0.0], [2]).total_s >= 4.0 * (1 - 1e-12)
 
 
 def test_link_bound_is_the_transfer_in_a_shared_zone_or_between_the_first_zones(network):
@@ -393,7 +393,7 @@ def test_link_bound_is_the_transfer_in_a_shared_zone_or_between_the_first_zones(
 
 
 def test_link_steady_state_bound_never_exceeds_the_1f1b_schedule():
-    from sailor_core.simulator.pipeline_time import StageTiming, one_f_one_b
+    from sailor_core.simulator.pipeline_time import StageTiming, one_f_one_b_time
 
     rng = random.Random(31)
     for _ in range(200):
@@ -403,7 +403,7 @@ def test_link_steady_state_bound_never_exceeds_the_1f1b_schedule():
         bound = bounds.link_lb(n, (seg,), lambda a, b: link)
         assert bound == (n - 1) * link / 2
         stages = [StageTiming(t, n * t, (n - 1) * t, t / 3, n) for t in steps]
-        assert bound <= one_f_one_b(stages, [link] * (s - 1), [n] * (s - 1)).total_s * (1 + 1e-9)
+        assert bound <= one_f_one_b_time(stages, [link] * (s - 1), [n] * (s - 1)).total_s * (1 + 1e-9)
     # Between two segments, the narrower side's replicas each carry ceil(M / D) micro-batches.
     a, b = _seg(dp_degree=2, num_stages=1), _seg(dp_degree=4, num_stages=1)
     assert bounds.link_lb(16, (a, b), lambda x, y: 0.5 if x is a else 0.25) == (8 - 1) * 0.25 / 2

@@ -7,25 +7,25 @@ import subprocess
 import sys
 
 from sailor_core.plan.layout import rank_layout, replica_ranks, stage_ranks, world_size
-from sailor_core.runtime.pipeline_order import local_microbatches, one_f_one_b, stage_lookahead
+from sailor_core.runtime.pipeline_order import local_microbatches, one_f_one_b_order, stage_lookahead
 
 from .conftest import make_plan
 
 
 def test_homogeneous_schedule_is_1f1b():
     # stage 0 of 4, one replica, 6 micro-batches: 3 warm-up forwards, then alternate, then drain
-    ops = one_f_one_b(local_microbatches(6, 1, 0), stage_lookahead(0, [1, 1, 1, 1]))
+    ops = one_f_one_b_order(local_microbatches(6, 1, 0), stage_lookahead(0, [1, 1, 1, 1]))
     assert ops[:4] == [("F", 0), ("F", 1), ("F", 2), ("F", 3)]
     assert ops[4:8] == [("B", 0), ("F", 4), ("B", 1), ("F", 5)]
     assert [op for op in ops if op[0] == "B"] == [("B", m) for m in range(6)]
-    last = one_f_one_b(local_microbatches(6, 1, 0), stage_lookahead(3, [1, 1, 1, 1]))
+    last = one_f_one_b_order(local_microbatches(6, 1, 0), stage_lookahead(3, [1, 1, 1, 1]))
     assert last == [op for m in range(6) for op in (("F", m), ("B", m))]
 
 
 def _runs_to_completion(dps: list[int], num_mb: int) -> bool:
     """Play every rank's op list with blocking receives and non-blocking sends."""
     S = len(dps)
-    progs = {(s, r): one_f_one_b(local_microbatches(num_mb, dps[s], r), stage_lookahead(s, dps))
+    progs = {(s, r): one_f_one_b_order(local_microbatches(num_mb, dps[s], r), stage_lookahead(s, dps))
              for s in range(S) for r in range(dps[s])}
     pc = {k: 0 for k in progs}
     fwd_done, bwd_done = set(), set()  # (stage, m)
@@ -71,7 +71,7 @@ def test_layout_imports_no_torch():
 
 def test_a_gradient_sent_upstream_is_known_arrived_at_a_forward_sent_after_its_backward():
     from sailor_core.plan.routing import local_microbatches, replica_of
-    from sailor_core.runtime.pipeline_order import gradients_known_arrived, one_f_one_b, stage_lookahead
+    from sailor_core.runtime.pipeline_order import gradients_known_arrived, one_f_one_b_order, stage_lookahead
 
     assert gradients_known_arrived(8, [1, 1], 0, 0) == {}  # the first stage sends no gradient
     # 2 stages: stage 0 runs F0 F1 B0 F2 B1 F3 ...: the input of 2 comes after the backward of 0
@@ -84,7 +84,7 @@ def test_a_gradient_sent_upstream_is_known_arrived_at_a_forward_sent_after_its_b
                 for m2, ms in got.items():
                     assert m2 in mine and all(m in mine for m in ms)
                     for m in ms:  # upstream, m's backward comes before m2's forward
-                        up = one_f_one_b(local_microbatches(12, dps[stage - 1], replica_of(m, dps[stage - 1])),
+                        up = one_f_one_b_order(local_microbatches(12, dps[stage - 1], replica_of(m, dps[stage - 1])),
                                          stage_lookahead(stage - 1, dps))
                         assert up.index(("B", m)) < up.index(("F", m2))
                 flat = [m for ms in got.values() for m in ms]

@@ -1,11 +1,11 @@
-"""Exact event-driven 1F1B schedules: the truth the closed form (``simulator/pipeline_time``) is
-checked against.
+"""Exact event-driven 1F1B schedules: the model the closed form (``pipeline_time``), and through
+it the planner's bounds, are tested against.  Op by op, so slow: only tests run it.
 
 Two semantics, each op by op:
 
-* ``engine_makespan``: what ``runtime/trainer.py`` does.  Every rank runs its 1F1B op list
-  (``runtime/pipeline_order``: local micro-batches m mod D, lookahead (P - i - 1) max D).  Sends
-  never block (``isend``).  A transfer is a rendezvous, as NCCL's and gloo's are: it starts
+* ``engine_makespan``: what the engine (``runtime/trainer.py``) does.  Every rank runs the
+  engine's own op list (``runtime/pipeline_order.rank_op_order``: local micro-batches m mod D,
+  lookahead (P - i - 1) max D).  Sends never block (``isend``).  A transfer is a rendezvous, as NCCL's and gloo's are: it starts
   when the sender has sent, the receiver has posted its receive and the link (one FIFO per
   direction of each replica pair) is free, occupies the link for ``wire`` seconds and arrives
   ``latency`` later.  With ``prefetch`` (the engine since this model) the receive of an op's
@@ -21,12 +21,8 @@ Links are given per stage boundary as (latency s, wire s) one way, the same both
 
 from __future__ import annotations
 
-from sailor_core.plan.routing import local_microbatches
-from sailor_core.runtime.pipeline_order import one_f_one_b, stage_lookahead
-
-
-def _ops(num_mb: int, dps: list[int], stage: int, replica: int) -> list[tuple[str, int]]:
-    return one_f_one_b(local_microbatches(num_mb, dps[stage], replica), stage_lookahead(stage, dps))
+# The engine's op order (pure, no torch): the reference replays exactly what the engine runs.
+from sailor_core.runtime.pipeline_order import rank_op_order
 
 
 def engine_makespan(steps, num_mb: int, links, *, prefetch: bool = True, ahead=None) -> float:
@@ -36,7 +32,7 @@ def engine_makespan(steps, num_mb: int, links, *, prefetch: bool = True, ahead=N
     wire) of every replica pair between stage s and s + 1."""
     num_stages = len(steps)
     dps = [len(s) for s in steps]
-    ops = {(s, r): _ops(num_mb, dps, s, r) for s in range(num_stages) for r in range(dps[s])}
+    ops = {(s, r): rank_op_order(num_mb, dps, s, r) for s in range(num_stages) for r in range(dps[s])}
     pos = {k: 0 for k in ops}
     free = {k: 0.0 for k in ops}
     ends = {(k, kind): [] for k in ops for kind in "FB"}
