@@ -3,7 +3,7 @@
 Each (GPU type, zone) pool of capacity N evolves on a 1-minute grid (the
 resolution of Bamboo's event traces) by three processes whose parameters come
 from one measured trace (spot_traces README, section 2.1, recomputed by
-``pool_statistics`` and checked in tests/replay/test_traces_real.py):
+``pool_statistics`` and checked in tests/traces/test_traces_real.py):
 
 * preemption events, Poisson with the measured mean time between preemptions
   (duration / number of events);

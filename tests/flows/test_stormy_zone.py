@@ -1,6 +1,6 @@
 """The controller's decisions in the train-job flow: a job preempted in a stormy zone settles on a stable one.
 
-The same ``decide`` as the replay (tests/replay/test_economics.py covers its rule fast): the job's
+The same ``decide`` as the replay (tests/controller/test_economics.py covers its rule fast): the job's
 own preemptions per zone, counted over the job's expected length when that is short, make a plan
 in the zone that keeps preempting it expect restarts, so the re-plan moves to a zone that holds and
 says so in the job's re-plan record (the ``replanned`` event's reason).  The embedded cloud keeps
@@ -18,7 +18,7 @@ from tasks.reporting import JobEvent, add_event_listener, remove_event_listener
 from tests.flows.test_train_job import _live_instances
 
 # ~45 s (a Prefect flow, two attempts on the embedded cloud): the rule has fast tests in
-# tests/replay/test_economics.py, the flow's state, terms and reasons in tests/flows/test_controller_state.py.
+# tests/controller/test_economics.py, the flow's state, terms and reasons in tests/flows/test_controller_state.py.
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 

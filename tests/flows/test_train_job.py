@@ -110,7 +110,7 @@ def _assert_the_run_tells_what_happened(prefect_api: str, summary: dict, events:
     assert any(m.startswith(f"job {summary['job_id']}: spot preemption took") for m in infos), infos
 
 
-# ~90 s of instance time by design: slow; the stop's decisions are tested fast in tests/replay/test_controller.py
+# ~90 s of instance time by design: slow; the stop's decisions are tested fast in tests/controller/test_controller.py
 # and test_replay_accounting.py
 @pytest.mark.slow
 def test_a_job_whose_budget_runs_out_stops_cleanly(prefect_api):

@@ -39,7 +39,7 @@ def test_json_and_plot(sailor_cli, tmp_path, monkeypatch):
     import json
 
     import sailor_core.replay.run as run_mod
-    from replay_helpers import linear_planner
+    from tests.controller.planners import linear_planner
 
     monkeypatch.setattr(run_mod, "planner_plan_fn", lambda *_a, **_kw: linear_planner)  # real planner: slow test
     trace = tmp_path / "t.csv"
@@ -62,7 +62,7 @@ def test_json_and_plot(sailor_cli, tmp_path, monkeypatch):
 
 def test_the_table_says_where_the_paid_gpu_time_went(sailor_cli, tmp_path, monkeypatch):
     import sailor_core.replay.run as run_mod
-    from replay_helpers import linear_planner
+    from tests.controller.planners import linear_planner
 
     monkeypatch.setattr(run_mod, "planner_plan_fn", lambda *_a, **_kw: linear_planner)  # real planner: slow test
     trace = tmp_path / "t.csv"
@@ -83,7 +83,7 @@ def test_compare_prints_the_front_and_the_equal_terms(sailor_cli, tmp_path, monk
     import json
 
     import sailor_core.replay.run as run_mod
-    from replay_helpers import linear_planner
+    from tests.controller.planners import linear_planner
 
     monkeypatch.setattr(run_mod, "planner_plan_fn", lambda *_a, **_kw: linear_planner)  # real planner: slow test
     trace = tmp_path / "t.csv"

@@ -7,7 +7,7 @@ from sailor_core.replay.plan_cache import persistent
 from sailor_core.specs.replay import ReplaySpec
 from sailor_core.traces import build_trace
 
-from replay_helpers import linear_planner
+from tests.controller.planners import linear_planner
 
 A = ("A100-40", "us-central1-a")
 V = ("V100-16", "us-central1-a")

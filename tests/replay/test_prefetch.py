@@ -10,7 +10,7 @@ from sailor_core.replay import ChangeCosts, controller_costs, replay, run_polici
 from sailor_core.specs.replay import ReplaySpec
 from sailor_core.traces import build_trace, derive_preset
 
-from replay_helpers import linear_planner
+from tests.controller.planners import linear_planner
 
 A = ("A100-40", "us-central1-a")
 B = ("A100-40", "us-east1-b")

@@ -10,7 +10,7 @@ from sailor_core.controller import controller_config
 from sailor_core.replay import ChangeCosts, controller_costs, replay
 from sailor_core.traces import build_trace, derive_preset
 
-from replay_helpers import linear_planner
+from tests.controller.planners import linear_planner
 
 A = ("A100-40", "us-central1-a")   # GCP: 30 s notice
 V = ("V100-16", "us-east-1a")      # AWS: 120 s notice

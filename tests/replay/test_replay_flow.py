@@ -18,7 +18,7 @@ def test_replay_flow_publishes_summary_and_timeline(tmp_path, monkeypatch):
 
     import sailor_core.replay.run as run_mod
     from flows.cli.prefect_server import start_local_server, stop_local_server
-    from replay_helpers import linear_planner
+    from tests.controller.planners import linear_planner
 
     monkeypatch.setenv("SAILOR_HOME", str(tmp_path / "home"))
     api_url = start_local_server(port=_free_port())

@@ -11,7 +11,7 @@ from sailor_core.replay.compare import compare_policies, pareto_front, summary_l
 from sailor_core.specs.replay import ReplaySpec
 from sailor_core.traces import build_trace
 
-from replay_helpers import linear_planner
+from tests.controller.planners import linear_planner
 
 A = ("A100-40", "us-central1-a")   # stormy below
 B = ("A100-40", "us-central1-b")   # calm

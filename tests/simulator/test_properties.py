@@ -7,7 +7,7 @@ from sailor_core.catalog.gpus import get_gpu
 from sailor_core.simulator import one_f_one_b_time, simulate, stage_timing
 from sailor_core.simulator.memory import stage_memory
 from sailor_core.regimes import get_regime
-from tests.core.helpers import db_of, flat_network, hand_profile, plan
+from tests.simulator.helpers import db_of, flat_network, hand_profile, plan
 
 DB = db_of(hand_profile("A100-40"), hand_profile("V100-16", fwd_s=(0.002, 0.003, 0.005, 0.004)))
 NET = flat_network(2e9, 1e-5)

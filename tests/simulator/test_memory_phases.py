@@ -9,7 +9,7 @@ from sailor_core.regimes import get_regime
 from sailor_core.simulator import simulate
 from sailor_core.simulator import stage as st
 from sailor_core.simulator.memory import stage_memory
-from tests.core.helpers import db_of, flat_network, hand_profile, plan
+from tests.simulator.helpers import db_of, flat_network, hand_profile, plan
 
 BF16 = get_regime("torch-bf16-autocast-adamw")  # 16 B/param, fused AdamW, torch's cross-entropy
 CPU = get_regime("torch-fp32-adamw")  # the CPU engine: AdamW(foreach=False), in-place cross-entropy

@@ -1,7 +1,7 @@
 """``stage_timing`` was rewritten for speed: on random stages it must give exactly the figures of
 the implementation it replaced (kept here only for this comparison; since then a replica without
 micro-batches is no straggler).  ``one_f_one_b_time`` has its own reference since the link model
-changed: an exact event-driven schedule (``tests/core/test_schedule_exact.py``)."""
+changed: an exact event-driven schedule (``tests/simulator/test_schedule_exact.py``)."""
 
 import random
 

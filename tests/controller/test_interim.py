@@ -4,7 +4,7 @@ import pytest
 
 from sailor_core.controller.interim import interim_option, interim_pays, kept_gpus
 
-from replay_helpers import linear_option, linear_planner
+from tests.controller.planners import linear_option, linear_planner
 
 A = ("A100-40", "us-central1-a")
 V = ("V100-16", "us-east-1a")

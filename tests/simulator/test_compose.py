@@ -6,7 +6,7 @@ import pytest
 
 from sailor_core.simulator import compose, simulate
 from sailor_core.simulator.pipeline_time import PipelineTime
-from tests.core.helpers import db_of, flat_network, hand_profile, plan
+from tests.simulator.helpers import db_of, flat_network, hand_profile, plan
 
 A, B, C = "us-central1-a", "us-central1-b", "us-west1-b"
 

@@ -29,7 +29,7 @@ from sailor_core.controller.economics import (
 from sailor_core.controller.ranking import SOONEST, switch_pays
 from sailor_core.controller.reasons import why_words
 
-from replay_helpers import linear_option, linear_planner
+from tests.controller.planners import linear_option, linear_planner
 
 A, B, C = "us-central1-a", "us-central1-b", "us-east1-b"
 START = Event(kind=EventKind.START)

@@ -7,7 +7,7 @@ import pytest
 from sailor_core.network import Endpoint, LinkClass, default_network, link_class
 from sailor_core.network.fits import MAX_FIT_BYTES, MIN_FIT_BYTES, BandwidthFit
 from sailor_core.source_data import SAILOR_DATA_DIR
-from tests.core.helpers import flat_network
+from tests.simulator.helpers import flat_network
 
 SAILOR_HET = SAILOR_DATA_DIR / "providers" / "multizone_bandwidths_het.json"
 

@@ -20,7 +20,7 @@ from sailor_core.controller import (
 from sailor_core.controller.economics import deadline_margin_s, outlook
 from sailor_core.errors import InputError
 
-from replay_helpers import linear_planner
+from tests.controller.planners import linear_planner
 
 A = "us-east-1a"
 POOL = ("V100-16", A)

@@ -11,7 +11,7 @@ from sailor_core.network import default_network
 from sailor_core.regimes import get_regime
 from sailor_core.simulator import BREAKDOWN_KEYS, simulate
 from sailor_core.source_data import SAILOR_DATA_DIR
-from tests.core.helpers import db_of, flat_network, hand_profile, plan
+from tests.simulator.helpers import db_of, flat_network, hand_profile, plan
 
 MS = 1e-3
 SAILOR_HET = SAILOR_DATA_DIR / "providers" / "multizone_bandwidths_het.json"

@@ -1,10 +1,6 @@
-import sys
 from pathlib import Path
 
 import pytest
-
-# --import-mode=importlib puts no test directory on sys.path; the tests share replay_helpers.
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from sailor_core.source_data import SAILOR_CONFIGS_DIR as SAILOR_CONFIGS
 from sailor_core.source_data import SPOT_TRACES_DIR as SPOT

@@ -12,7 +12,7 @@ import pytest
 
 from sailor_core.network import LinkClass, LinkDefault, NetworkModel
 from sailor_core.simulator import compose, simulate
-from tests.core.helpers import db_of, flat_network, hand_profile, plan
+from tests.simulator.helpers import db_of, flat_network, hand_profile, plan
 
 ZA, ZB, WEST = "us-central1-a", "us-central1-b", "us-west1-b"
 US = 1e-6

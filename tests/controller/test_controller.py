@@ -15,7 +15,7 @@ from sailor_core.controller import (
 )
 from sailor_core.errors import InputError
 
-from replay_helpers import linear_option, linear_planner
+from tests.controller.planners import linear_option, linear_planner
 
 A, B = "us-central1-a", "us-central1-b"
 START = Event(kind=EventKind.START)
