@@ -8,6 +8,9 @@
 The instances carry the run's job labels and its job state (``sailor jobs`` / ``sailor status``
 show them and what they cost); they are terminated in ``finally`` whatever happened, and by
 the cancellation/crash hooks when the flow process itself is torn down.
+
+Its parameters are NetworkProfileSpec's fields (``sailor_core/specs/profile.py``, as ``sailor
+profile network`` takes them), the cloud and the job's id and store.
 """
 
 from __future__ import annotations
@@ -20,12 +23,13 @@ from prefect.artifacts import create_table_artifact
 from prefect.runtime import flow_run as current_flow_run
 
 from flows.deploy_client import job_id_for
-from sailor_core.errors import InputError
+from flows.spec_parameters import takes_spec
 from sailor_core.job import recovery
 from sailor_core.job import state as js
 from sailor_core.job.spec import JobSpec
 from sailor_core.profiler.network import (NetworkLink, network_link, network_profile_from_points,
                                           save_network_profile, sizes_up_to)
+from sailor_core.specs.profile import NetworkProfileSpec
 from tasks import cloud as cloud_tasks
 from tasks import net_profiling as net
 
@@ -46,59 +50,43 @@ def _cleanup_hook(flow_obj, flow_run, state) -> None:
 
 @flow(name="network-profile", log_prints=False, on_cancellation=[_cleanup_hook], on_crashed=[_cleanup_hook],
       description="Measure p2p bandwidth and all-reduce between cloud instances; save the fitted link.")
-def network_profile_flow(
-    gpu: str = "T4",
-    zone: str = "us-central1-a",
-    dst_zone: str | None = None,
-    workers: int = 2,
-    cloud: str = "auto",
-    device: str = "auto",
-    reps: int = 5,
-    max_mib: int | None = None,
-    spot: bool = True,
-    save: bool | None = None,
-    budget_usd: float = 5.0,
-    timeout_s: float = 600.0,
-    job_id: str | None = None,
-    jobs_url: str | None = None,
-) -> dict[str, Any]:
-    """``device``: auto = cuda (nccl) on real clouds, cpu (gloo) on the embedded one, whose
-    instances are local processes.  ``save``: None = on real clouds only (the embedded cloud
-    measures this machine's loopback, which must not stand in for the named zones' network).
-    ``max_mib``: the largest message, None = 256 MiB (16 MiB on the embedded cloud, whose
-    instances share this machine's cores)."""
+@takes_spec(NetworkProfileSpec)
+def network_profile_flow(spec: NetworkProfileSpec, *, cloud: str = "auto", job_id: str | None = None,
+                         jobs_url: str | None = None) -> dict[str, Any]:
+    """On the embedded cloud, whose instances are local processes, ``device`` defaults to cpu
+    (gloo), ``max_mib`` to 16 and ``save`` to no (it measures this machine's loopback, which
+    must not stand in for the named zones' network); on real clouds to cuda (nccl), 256, yes."""
     log = get_run_logger()
-    link = _checked_link(gpu, zone, dst_zone, workers, reps=reps, max_mib=max_mib, timeout_s=timeout_s,
-                         device=device)
+    link = network_link(spec.gpu, spec.zone, spec.dst_zone, spec.workers)  # bad input fails before renting
     store = js.JobStore(jobs_url)
     job_id = job_id or _job_id_for_run()
-    spec = JobSpec(model=JOB_PREFIX, budget_usd=budget_usd, steps=1, clouds=link.clouds,
-                      zones=tuple(dict.fromkeys((link.src_zone, link.dst_zone))), gpus=(link.gpu,), spot=spot,
-                      checkpoint_url=store.job_url(job_id))
-    session = cloud_tasks.open_session(cloud, job_id=job_id, jobs_url=store.job_url(job_id), spec=spec)
-    device = device if device != "auto" else ("cpu" if session.mode == "embedded" else "cuda")
-    save = session.mode == "real" if save is None else save
-    sizes = sizes_up_to(max_mib if max_mib is not None else (16 if session.mode == "embedded" else 256))
-    state = js.with_status(js.new_job(spec, job_id), js.RUNNING, f"profiling {link.src_zone} -> {link.dst_zone}")
+    job = JobSpec(model=JOB_PREFIX, budget_usd=spec.budget_usd, steps=1, clouds=link.clouds,
+                  zones=tuple(dict.fromkeys((link.src_zone, link.dst_zone))), gpus=(link.gpu,), spot=spec.spot,
+                  checkpoint_url=store.job_url(job_id))
+    session = cloud_tasks.open_session(cloud, job_id=job_id, jobs_url=store.job_url(job_id), spec=job)
+    device = spec.device or ("cpu" if session.mode == "embedded" else "cuda")
+    save = session.mode == "real" if spec.save is None else spec.save
+    sizes = sizes_up_to(spec.max_mib if spec.max_mib is not None else (16 if session.mode == "embedded" else 256))
+    state = js.with_status(js.new_job(job, job_id), js.RUNNING, f"profiling {link.src_zone} -> {link.dst_zone}")
     left_running = 0
     body_failed = False
     try:
         store.save(state)  # inside: a store that cannot be written still closes the session
         # Offers of the GPU anywhere in the clouds, then the zones': a zone without it gets its own message.
         offers = net.offers_for(link, cloud_tasks.list_offers(session, [link.gpu], (), link.clouds))
-        usd_per_hr = net.check_worst_case_cost(link, offers, spot=spot, budget_usd=budget_usd, timeout_s=timeout_s,
-                                               shutdown_s=session.shutdown_s)
+        usd_per_hr = net.check_worst_case_cost(link, offers, spot=spec.spot, budget_usd=spec.budget_usd,
+                                               timeout_s=spec.timeout_s, shutdown_s=session.shutdown_s)
         net.emit({"event": "launching", "num_workers": link.num_workers, "gpu": link.gpu,
                   "zones": sorted(set(link.zones_by_rank())), "usd_per_hr": usd_per_hr, "total": 2 * len(sizes)})
-        infos = net.launch_instances(session, link, offers, spot, net.LAUNCH_WAIT_S)
+        infos = net.launch_instances(session, link, offers, spec.spot, net.LAUNCH_WAIT_S)
         ids = [i.instance_id for i in infos]
         # The provisioner's instances are unrecorded yet: reconcile adopts every live one of the job.
         state = cloud_tasks.reconcile(session, state)
         store.save(state)
         net.emit({"event": "launched", "instances": ids})
         addresses = net.addresses_of(session, ids)
-        result = net.run_workers(session, ids, addresses, link.zones_by_rank(), sizes=sizes, reps=reps,
-                                 device=device, timeout_s=timeout_s)
+        result = net.run_workers(session, ids, addresses, link.zones_by_rank(), sizes=sizes, reps=spec.reps,
+                                 device=device, timeout_s=spec.timeout_s)
         types = sorted({i.instance_type for i in infos})
         profile, rows = _fit_and_publish(link, result, types, embedded=session.mode == "embedded", device=device,
                                          job_id=job_id)
@@ -123,21 +111,6 @@ def network_profile_flow(
         "saved_to": str(path) if path else None, "usd_spent": state.usd_spent(),
         "instances_left_running": left_running,
     }
-
-
-def _checked_link(gpu: str, zone: str, dst_zone: str | None, workers: int, *, reps: int, max_mib: int | None,
-                  timeout_s: float, device: str) -> NetworkLink:
-    """The link to measure; bad input fails here, before anything is rented."""
-    link = network_link(gpu, zone, dst_zone, workers)
-    if max_mib is not None:
-        sizes_up_to(max_mib)
-    if isinstance(reps, bool) or not isinstance(reps, int) or reps < 1:
-        raise InputError(f"--reps must be an integer >= 1, got {reps!r}")
-    if not timeout_s > 0:
-        raise InputError(f"--timeout-s must be positive, got {timeout_s}")
-    if device not in ("auto", "cpu", "cuda"):
-        raise InputError(f"--device must be auto, cpu or cuda, got {device!r}")
-    return link
 
 
 def _fit_and_publish(link: NetworkLink, result, instance_types: list[str], *, embedded: bool, device: str,

@@ -8,7 +8,7 @@ fields followed by the run-only parameters, and whose first act is ``SpecType(**
 a spec field is a flow parameter without being written here, and a bad value (or, with
 ``check``, a name not in the catalogs) fails the run before anything is rented, with the
 field's name.  The train-job flow takes JobSpec's fields, the plan flow PlanTerms', the
-replay flow ReplaySpec's.
+replay flow ReplaySpec's, the network-profile flow NetworkProfileSpec's.
 """
 
 from __future__ import annotations

@@ -1,7 +1,9 @@
 """``sailor profile`` (a model's layers on this machine) and ``sailor profile network``.
 
-Both write into the user's folders ($SAILOR_HOME or ~/.sailor: ``profiles/``, ``network/``),
-which the profile database and the network model read.  torch is imported inside the commands.
+Their options are ProfileSpec's and NetworkProfileSpec's fields (``sailor_core/specs/profile.py``)
+and the run-only ones here.  Both write into the user's folders ($SAILOR_HOME or ~/.sailor:
+``profiles/``, ``network/``), which the profile database and the network model read.  torch is
+imported inside the commands.
 """
 
 from __future__ import annotations
@@ -12,23 +14,16 @@ from typing import Optional
 import typer
 
 from flows.cli.common import console, print_json
+from flows.cli.spec_options import with_spec_options
+from flows.spec_parameters import spec_parameters
 from sailor_core.errors import InputError
+from sailor_core.specs.profile import NetworkProfileSpec, ProfileSpec
 
 profile_app = typer.Typer(
     name="profile",
     help="Profile a model's layers (or the network) on this machine into the profile database.",
     invoke_without_command=True,
 )
-
-
-def _int_list(text: str, what: str) -> list[int]:
-    try:
-        values = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise InputError(f"{what} must be comma-separated positive integers, got {text!r}") from None
-    if not values or any(v < 1 for v in values):
-        raise InputError(f"{what} must be comma-separated positive integers, got {text!r}")
-    return values
 
 
 def _progress_bar(total: int, quiet: bool):
@@ -59,50 +54,35 @@ def _progress_bar(total: int, quiet: bool):
     return bar, on_event
 
 
-@profile_app.callback()
 def profile_cmd(
+    spec: ProfileSpec,
+    *,
     ctx: typer.Context,
-    model: Optional[str] = typer.Option(None, "--model", help="catalog model name (e.g. tiny, small, opt-350m)"),
-    mbs: str = typer.Option("1", "--mbs", help="micro-batch sizes, comma-separated (e.g. 1,2,4)"),
-    tp: str = typer.Option("1", "--tp", help="TP degrees, comma-separated (e.g. 1,2)"),
-    device: str = typer.Option("cpu", "--device", help="cpu or cuda"),
-    gpu: Optional[str] = typer.Option(None, "--gpu", help="catalog GPU type to file a CUDA profile under "
-                                                        "(default: from the device name)"),
-    threads: int = typer.Option(1, "--threads", help="intra-op threads per rank (the engine's default is 1)"),
-    seq_len: Optional[int] = typer.Option(None, "--seq-len", help="tokens per sequence (default: the model's)"),
-    reps: int = typer.Option(10, "--reps", help="timed repetitions per layer (after 2 warm-ups)"),
-    timer: str = typer.Option("wall", "--timer", help="wall, or cpu: process CPU time (CPU, TP 1; robust on "
-                                                      "a machine shared with other jobs)"),
-    overhead: bool = typer.Option(True, "--overhead/--no-overhead",
-                                  help="also measure the framework's constant memory per process"),
-    save: bool = typer.Option(True, "--save/--no-save", help="write the profiles to your profiles folder"),
     json_out: bool = typer.Option(False, "--json", help="machine-readable output"),
 ) -> None:
     """Profile MODEL's layers (forward, backward, activation memory, optimizer) for each mbs x TP."""
     if ctx.invoked_subcommand is not None:
         return
 
-    if model is None:
+    if spec.model is None:
         raise InputError("--model is required (or use `sailor profile network`)")
-    if reps < 1:
-        raise InputError(f"--reps must be >= 1, got {reps}")
     # lazy: loaded when the command runs (the CLI starts light)
     from sailor_core.catalog.models import get_model
     from sailor_core.profiler.compute import Hardware, num_steps, profile_model, save_profiles
     from sailor_core.profiler.stats import Repetitions
 
-    spec = get_model(model)
-    mbs_list, tp_list = _int_list(mbs, "--mbs"), _int_list(tp, "--tp")
-    bar, on_event = _progress_bar(num_steps(spec.name, mbs_list, tp_list), json_out)
+    model = get_model(spec.model)
+    mbs_list, tp_list = list(spec.micro_batch_sizes), list(spec.tp_degrees)
+    bar, on_event = _progress_bar(num_steps(model.name, mbs_list, tp_list), json_out)
     try:
-        run = profile_model(spec.name, micro_batch_sizes=mbs_list, tp_degrees=tp_list, seq_len=seq_len,
-                            hardware=Hardware(device=device, gpu=gpu, threads=threads),
-                            repeat=Repetitions(reps=reps), timer=timer, measure_overhead=overhead,
-                            progress=on_event)
+        run = profile_model(model.name, micro_batch_sizes=mbs_list, tp_degrees=tp_list, seq_len=spec.seq_len,
+                            hardware=Hardware(device=spec.device, gpu=spec.gpu, threads=spec.threads),
+                            repeat=Repetitions(reps=spec.reps), timer=spec.timer,
+                            measure_overhead=spec.measure_overhead, progress=on_event)
     finally:
         if bar:
             bar.stop()
-    path = save_profiles(run.profiles) if save else None
+    path = save_profiles(run.profiles) if spec.save else None
     out = run.to_dict()
     out["saved_to"] = str(path) if path else None
     if json_out:
@@ -140,30 +120,12 @@ def _print_summary(run, path) -> None:
 CLOUD_MODES = {"auto": "auto", "embedded": "embedded", "local": "embedded", "real": "real"}
 
 
-@profile_app.command("network")
 def network_cmd(
-    workers: int = typer.Option(2, "--workers", help="workers: local processes, or cloud instances (p2p uses "
-                                                     "two, all-reduce all)"),
-    reps: int = typer.Option(5, "--reps", help="repetitions per message size (more for small ones)"),
-    max_mib: Optional[int] = typer.Option(None, "--max-mib", help="largest message in MiB (sizes 64 KiB x 4^k; "
-                                                                  "default 256, 16 on the embedded cloud)"),
-    device: Optional[str] = typer.Option(None, "--device", help="cpu (gloo) or cuda (nccl); default cpu locally, "
-                                                                "cuda on real clouds"),
+    spec: NetworkProfileSpec,
+    *,
     cloud: Optional[str] = typer.Option(None, "--cloud", help="profile between cloud instances: auto (real clouds "
                                                               "when SAILOR_CLOUDS asks for them), embedded, real"),
-    gpu: Optional[str] = typer.Option(None, "--gpu", help="GPU type of the instances (with --cloud)"),
-    zone: Optional[str] = typer.Option(None, "--zone", help="zone of the instances / of rank 0 (with --cloud)"),
-    dst_zone: Optional[str] = typer.Option(None, "--dst-zone", help="zone of rank 1: measure a cross-zone link"),
-    spot: bool = typer.Option(True, "--spot/--no-spot", help="rent spot instances (with --cloud)"),
-    budget_usd: float = typer.Option(5.0, "--budget-usd", help="refuse to start when the instances could cost "
-                                                               "more if run to the deadlines (with --cloud)"),
-    timeout_s: float = typer.Option(600.0, "--timeout-s", help="deadline for the measurement once the instances "
-                                                               "run (with --cloud)"),
-    save: Optional[bool] = typer.Option(None, "--save/--no-save",
-                                        help="write the fit to your network folder (default: yes, but not "
-                                             "from the embedded cloud)"),
     json_out: bool = typer.Option(False, "--json", help="machine-readable output"),
-    on_demand: bool = typer.Option(False, "--on-demand", hidden=True),  # the older spelling of --no-spot
 ) -> None:
     """Measure p2p bandwidth vs message size and all-reduce among workers; fit the network model's curve.
 
@@ -171,12 +133,6 @@ def network_cmd(
     (the network-profile flow), which are always terminated at the end.
     """
 
-    if reps < 1:
-        raise InputError(f"--reps must be >= 1, got {reps}")
-    if max_mib is not None and max_mib < 1:
-        raise InputError(f"--max-mib must be >= 1, got {max_mib}")
-    if device is not None and device not in ("cpu", "cuda"):
-        raise InputError(f"--device must be cpu or cuda, got {device!r}")
     if cloud is not None:
         if cloud not in CLOUD_MODES:
             raise InputError(f"--cloud must be auto, embedded (or local) or real, got {cloud!r}; the zone says "
@@ -184,31 +140,29 @@ def network_cmd(
         # lazy: loaded when the command runs (the CLI starts light)
         from sailor_core.profiler.network import network_link
 
-        network_link(gpu, zone, dst_zone, workers)  # bad input fails before a Prefect server is started
-        _network_cloud(dict(gpu=gpu, zone=zone, dst_zone=dst_zone, workers=workers, cloud=CLOUD_MODES[cloud],
-                            device=device or "auto", reps=reps, max_mib=max_mib, spot=spot and not on_demand,
-                            save=save,
-                            budget_usd=budget_usd, timeout_s=timeout_s), json_out)
+        network_link(spec.gpu, spec.zone, spec.dst_zone, spec.workers)  # bad input fails before a Prefect server
+        _network_cloud(spec, CLOUD_MODES[cloud], json_out)
         return
-    if gpu or zone or dst_zone:
+    if spec.gpu or spec.zone or spec.dst_zone:
         raise InputError("--gpu, --zone and --dst-zone are for cloud instances: add --cloud auto|embedded|real")
     # lazy: loaded when the command runs (the CLI starts light)
     from sailor_core.profiler.network import profile_network, save_network_profile, sizes_up_to
 
-    sizes = sizes_up_to(max_mib or 256)
+    sizes = sizes_up_to(spec.max_mib or 256)
     bar, on_event = _progress_bar(len(sizes) * 2, json_out)
     try:
-        prof = profile_network(workers, sizes=sizes, reps=reps, device=device or "cpu", progress=on_event)
+        prof = profile_network(spec.workers, sizes=sizes, reps=spec.reps, device=spec.device or "cpu",
+                               progress=on_event)
     finally:
         if bar:
             bar.stop()
-    path = save_network_profile(prof) if save is not False else None
+    path = save_network_profile(prof) if spec.save is not False else None
     out = prof.to_json()
     out["saved_to"] = str(path) if path else None
     if json_out:
         print_json(out)
         return
-    _print_network(prof, f"network: {workers} local workers ({prof.src_zone}/{prof.src_gpu})")
+    _print_network(prof, f"network: {spec.workers} local workers ({prof.src_zone}/{prof.src_gpu})")
     if path:
         console().print(f"saved to {path}", soft_wrap=True)
 
@@ -239,7 +193,7 @@ def _print_network(prof, title: str) -> None:
             f"{prof.max_rel_error:.0%}")
 
 
-def _network_cloud(params: dict, json_out: bool) -> None:
+def _network_cloud(spec: NetworkProfileSpec, cloud: str, json_out: bool) -> None:
     """Run the network-profile flow in this process (Prefect API chosen as `sailor train` does)."""
     # lazy: loaded when the command runs (the CLI starts light)
     from flows.cli.prefect_server import configure_prefect_env, would_start_server
@@ -259,7 +213,7 @@ def _network_cloud(params: dict, json_out: bool) -> None:
     net_profiling.add_progress_listener(on_event)
     try:
         with quiet_engine_failures():
-            summary = network_profile_flow(**params)
+            summary = network_profile_flow(**spec_parameters(spec), cloud=cloud)
     except KeyboardInterrupt:
         # Typer would turn it into a silent exit 130; the flow's `finally` has terminated the instances.
         stop_bar()
@@ -323,6 +277,10 @@ def _cloud_progress(quiet: bool):
             bar.update(task, completed=msg["done"], total=msg["total"], description=desc)
 
     return stop, on_event
+
+
+profile_app.callback()(with_spec_options(ProfileSpec)(profile_cmd))
+profile_app.command("network")(with_spec_options(NetworkProfileSpec)(network_cmd))
 
 
 def register(app: typer.Typer) -> None:

@@ -6,7 +6,8 @@ field of the spec (name, help, default and hidden aliases from the field's ``Opt
 the run-only ones; it builds the spec before calling ``fn``, so bad values stop the command
 with one ``error:`` line naming the option, before anything starts.  Lists (``--gpus``,
 ``--preempt-at``) are comma-separated.  ``sailor train`` (JobSpec), ``sailor plan``
-(PlanSpec) and ``sailor replay`` (ReplaySpec) are made this way.
+(PlanSpec), ``sailor replay`` (ReplaySpec), ``sailor profile`` (ProfileSpec) and ``sailor
+profile network`` (NetworkProfileSpec) are made this way.
 """
 
 from __future__ import annotations
@@ -57,11 +58,20 @@ def _off_alias_name(f: SpecField, i: int) -> str:
     return f"{f.name}__off{i}"
 
 
+def _cli_default(f: SpecField) -> Any:
+    """What the command line takes when the option is not given: a list's default as its text ("1")."""
+    if f.required:
+        return ...
+    if _is_list(f):
+        return ",".join(str(x) for x in f.default) or None
+    return f.default
+
+
 def _options(f: SpecField, panel: str | None) -> list[inspect.Parameter]:
-    default = ... if f.required else (None if _is_list(f) else f.default)
+    default = _cli_default(f)
     show_default = default not in (None, "", ...)
     metavar = f.option.unit.upper() if f.option.unit and not _is_list(f) else None
-    help = f.option.help + (", comma-separated" if _is_list(f) else "")
+    help = f.option.help + (", comma-separated" if _is_list(f) and f.option.parse is None else "")  # a parse's help says its syntax
     option = typer.Option(default, *f.cli_names, help=help, metavar=metavar, show_default=show_default,
                           rich_help_panel=panel)
     params = [inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, annotation=_cli_type(f), default=option)]
@@ -102,12 +112,13 @@ def spec_from_options(spec_type: type, options: dict[str, Any], check: Callable[
         for i, alias in enumerate(f.option.off_aliases):
             if options.pop(_off_alias_name(f, i)):
                 value, spelled[f.name] = False, alias
-        values[f.name] = _from_cli(f, value, spelled[f.name]) if _is_list(f) else value
         if f.option.parse is not None and value is not None:
             try:
                 values[f.name] = f.option.parse(value)
             except ValueError as exc:
                 raise InputError(f"{spelled[f.name]} {exc}") from None
+        else:
+            values[f.name] = _from_cli(f, value, spelled[f.name]) if _is_list(f) else value
     try:
         spec = spec_type(**values)
         if check is not None:

@@ -2,6 +2,7 @@
 
 from sailor_core.replay.costs import ChangeCosts, checkpoint_bytes_for
 from sailor_core.replay.result import DecisionRecord, ReplayResult, TimelinePoint, activity_words
+from sailor_core.replay.scenario import Goal, Lookahead, Market, ReplayPolicy
 from sailor_core.replay.simulation import replay
 from sailor_core.controller.policies import POLICIES, POLICY_HELP
 from sailor_core.replay.policies import controller_costs, pick_single_type
@@ -14,8 +15,12 @@ __all__ = [
     "POLICY_HELP",
     "ChangeCosts",
     "DecisionRecord",
+    "Goal",
     "JobTerms",
+    "Lookahead",
+    "Market",
     "PriceSeries",
+    "ReplayPolicy",
     "ReplayResult",
     "ReplaySuite",
     "TimelinePoint",

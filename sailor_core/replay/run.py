@@ -36,7 +36,8 @@ from sailor_core.replay.policies import controller_costs, pick_single_type, sing
 from sailor_core.replay.prefetch import PrefetchingPlanner, PrefetchStats, default_workers
 from sailor_core.replay.prices import PriceSeries, load_price_series
 from sailor_core.replay.result import ReplayResult
-from sailor_core.replay.simulation import PriceFn, replay
+from sailor_core.replay.scenario import Goal, Lookahead, Market, PriceFn, ReplayPolicy
+from sailor_core.replay.simulation import replay
 from sailor_core.specs.replay import ReplaySpec
 from sailor_core.traces import AvailabilityTrace, GpuZone
 
@@ -216,10 +217,9 @@ def run_policies(
                          exact_availability=spec.exact_availability, plan_cache_path=plan_cache_path,
                          workers=spec.workers)
     single = _single_type(trace, planning, policies=policies, gpu_type=spec.gpu, costs=costs)
-    replay_args = dict(trace=trace, costs=costs, samples_target=samples_target, budget_usd=budget_usd, seed=spec.seed,
-                       max_time_s=None, price_change_times=prices.change_times() if prices is not None else (),
-                       deadline_s=terms.deadline_s,
-                       on_demand_price_fn=catalog_price_fn(spot=False))
+    goal = Goal(samples_target=samples_target, budget_usd=budget_usd,
+                deadline_s=terms.deadline_s)
+    replay_args = dict(trace=trace, costs=costs, goal=goal, seed=spec.seed)
     cheap = _cheap_planner(planning, model=model.name, global_batch_size=global_batch_size,
                            planner_knobs=planner_knobs, terms=terms, plan_cache_path=plan_cache_path,
                            plan_fn=plan_fn, budget_usd=budget_usd)
@@ -362,7 +362,6 @@ def _replay_each(planning: _Planning, policies: Sequence[str], *, single: str | 
     plan cache written at the end."""
     cached, prefetcher, costs = planning.cached, planning.prefetcher, replay_args["costs"]
     zones = sorted({z for _, z in replay_args["trace"].keys})
-    price_fn = _price_fn(prices)
     results: dict[str, ReplayResult] = {}
     threads: ThreadPoolExecutor | None = None
     try:
@@ -373,11 +372,11 @@ def _replay_each(planning: _Planning, policies: Sequence[str], *, single: str | 
             config = _config(p, costs=costs, single=single, terms=terms, zones=zones)
             if p in shadows:
                 shadows[p].result()  # what it searched is with the workers' answers now
-            r = replay(plan_fn=planning.plan_fn, config=config, price_fn=price_fn, policy=p,
-                       cost_plan_fn=cheap if config.strategy != "failover" else None,
-                       on_demand_available=_on_demand(replay_args["trace"], terms, config),
-                       prefetch=planning.prefetch,
-                       prefetch_decisions=prefetcher.lookahead_decisions if prefetcher is not None else 0,
+            policy = ReplayPolicy(config=config, plan_fn=planning.plan_fn, name=p,
+                                  cost_plan_fn=cheap if config.strategy != "failover" else None)
+            r = replay(policy=policy, market=_market(prices, replay_args["trace"], terms, config),
+                       lookahead=(Lookahead(prefetch=planning.prefetch, num_decisions=prefetcher.lookahead_decisions)
+                                  if planning.prefetch is not None and prefetcher is not None else None),
                        progress=(lambda t, p=p: progress(p, t, cached.num_calls)) if progress is not None else None,
                        **replay_args)
             results[p] = _with_calls(r, cached.num_calls - calls_before)
@@ -396,6 +395,12 @@ def _replay_each(planning: _Planning, policies: Sequence[str], *, single: str | 
 def _config(policy: str, *, costs: ChangeCosts, single: str | None, terms: JobTerms, zones: Sequence[str]):
     return controller_config(policy, costs=controller_costs(costs, zones), shutdown_s=costs.shutdown_s, terms=terms,
                              gpu_type=single)
+
+
+def _market(prices: PriceSeries | None, trace: AvailabilityTrace, terms: JobTerms, config) -> Market:
+    """The spot prices (the series', else the catalog's) and the on-demand GPUs ``config``'s policy may rent."""
+    return Market(price_fn=_price_fn(prices), price_change_times=prices.change_times() if prices is not None else (),
+                  on_demand_available=_on_demand(trace, terms, config), on_demand_price_fn=catalog_price_fn(spot=False))
 
 
 def _on_demand(trace: AvailabilityTrace, terms: JobTerms, config) -> dict[GpuZone, int]:
@@ -432,9 +437,9 @@ def _start_shadows(planning: _Planning, policies: Sequence[str], *, single: str 
         config = _config(p, costs=replay_args["costs"], single=single, terms=terms, zones=zones)
         if config.strategy in ("static", "failover"):
             threads = threads or ThreadPoolExecutor(max_workers=len(policies) - 1)
-            shadows[p] = threads.submit(_shadow_replay, prefetcher, planning.exact_availability, prices,
-                                        dict(config=config, policy=p, **replay_args,
-                                             on_demand_available=_on_demand(replay_args["trace"], terms, config)))
+            shadows[p] = threads.submit(_shadow_replay, prefetcher, planning.exact_availability, config, p,
+                                        dict(market=_market(prices, replay_args["trace"], terms, config),
+                                             **replay_args))
     return threads, shadows
 
 
@@ -446,7 +451,7 @@ class _WorkersStopped(Exception):
     pass
 
 
-def _shadow_replay(prefetcher: PrefetchingPlanner, exact_availability: bool, prices: PriceSeries | None,
+def _shadow_replay(prefetcher: PrefetchingPlanner, exact_availability: bool, config, name: str,
                    replay_args: dict[str, Any]) -> None:
     """In a thread: one policy's replay with a planner cache of its own, searching in the
     workers; its answers stay with them for the policy's own replay.  It stops early if the
@@ -460,7 +465,8 @@ def _shadow_replay(prefetcher: PrefetchingPlanner, exact_availability: bool, pri
 
     cached = CachedPlanner(plan_fn=search)
     try:
-        replay(plan_fn=cached if exact_availability else on_grid(cached), price_fn=_price_fn(prices), **replay_args)
+        plan_fn = cached if exact_availability else on_grid(cached)
+        replay(policy=ReplayPolicy(config=config, plan_fn=plan_fn, name=name), **replay_args)
     except _WorkersStopped:
         pass
 

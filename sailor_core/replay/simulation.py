@@ -36,11 +36,11 @@ from sailor_core.controller import (
 from sailor_core.controller.interim import interim_option, interim_pays, kept_gpus
 from sailor_core.replay.costs import ChangeCosts
 from sailor_core.replay.hits import gpus_lost
-from sailor_core.replay.lookahead import first_requests, upcoming_requests
+from sailor_core.replay.lookahead import Position, TraceEvents, first_requests, upcoming_requests
 from sailor_core.replay.result import GPU_TIME_KINDS, DecisionRecord, ReplayResult, TimelinePoint
+from sailor_core.replay.scenario import Goal, Lookahead, Market, PriceFn, ReplayPolicy
 from sailor_core.traces import AvailabilityTrace, GpuZone
 
-PriceFn = Callable[[str, str, float], float]  # (gpu, zone, time_s) -> USD per GPU-hour
 _S_PER_HR = 3600.0
 _EPS_S = 1e-3
 
@@ -60,11 +60,8 @@ class _Setup:
     on_demand_available: Mapping[GpuZone, int]  # per pool, never preempted
     deadline_s: float                          # the job's deadline (inf: none)
     horizon_s: float
-    times: tuple[float, ...]                   # external events, in time order
-    preemptions_at: Mapping[float, list[int]]  # time -> indices into trace.preemptions
-    shares: tuple[float, ...]                  # one draw per preemption, the same for every policy
-    prefetch: Callable[[list[dict[GpuZone, int]]], None] | None
-    prefetch_decisions: int
+    events: TraceEvents                        # the same draws for every policy
+    lookahead: Lookahead | None
 
 
 def _setup(trace: AvailabilityTrace, *, seed: int, max_time_s: float | None,
@@ -78,8 +75,8 @@ def _setup(trace: AvailabilityTrace, *, seed: int, max_time_s: float | None,
     for i, e in enumerate(trace.preemptions):
         preemptions_at.setdefault(e.time_s, []).append(i)
     horizon_s = max_time_s if max_time_s is not None else trace.duration_s + 30 * 24 * _S_PER_HR
-    return _Setup(trace=trace, horizon_s=horizon_s, times=tuple(times), preemptions_at=preemptions_at,
-                  shares=shares, **fixed)
+    events = TraceEvents(trace=trace, times=tuple(times), preemptions_at=preemptions_at, shares=shares)
+    return _Setup(trace=trace, horizon_s=horizon_s, events=events, **fixed)
 
 
 @dataclass(slots=True, kw_only=True)
@@ -209,17 +206,17 @@ class _Replay:
         d = decide(state, event, config=setup.config, plan_fn=setup.plan_fn, cost_plan_fn=setup.cost_plan_fn)
         plan_before, planned_on_before = self.plan, self.planned_on
         self.apply(d, event)
-        if setup.prefetch is not None and (self.plan is not plan_before or self.planned_on is not planned_on_before):
+        if setup.lookahead is not None and (self.plan is not plan_before or self.planned_on is not planned_on_before):
             self.look_ahead()
 
     def look_ahead(self) -> None:
         setup, holding = self.setup, self.holding
-        setup.prefetch(upcoming_requests(
-            trace=setup.trace, times=setup.times, start=self.next_event, preemptions_at=setup.preemptions_at,
-            shares=setup.shares, plan_gpus=holding.gpus if holding is not None else None,
-            planned_on=self.planned_on, available=self.avail, config=setup.config,
-            num_decisions=setup.prefetch_decisions, seen_events=self.seen_events, seen_share=self.seen_share,
-            on_demand_available=setup.on_demand_available, fraction_done=self.done / setup.samples_target))
+        now = Position(next_event=self.next_event, plan_gpus=holding.gpus if holding is not None else None,
+                       planned_on=self.planned_on, available=self.avail, seen_events=self.seen_events,
+                       seen_share=self.seen_share, fraction_done=self.done / setup.samples_target)
+        setup.lookahead.prefetch(upcoming_requests(setup.events, now, config=setup.config,
+                                                   num_decisions=setup.lookahead.num_decisions,
+                                                   on_demand_available=setup.on_demand_available))
 
     def apply(self, d: Decision, event: Event) -> None:
         self.planned_on = d.planned_on
@@ -422,7 +419,7 @@ class _Replay:
         """The trace at ``t``: preemptions first (against the counts before), new prices, new counts."""
         setup = self.setup
         new_counts = setup.trace.counts_at(t)
-        indices = setup.preemptions_at.get(t, [])
+        indices = setup.events.preemptions_at.get(t, [])
         for i in indices:
             e = setup.trace.preemptions[i]
             key = (e.gpu, e.zone)
@@ -430,7 +427,7 @@ class _Replay:
             pool = max(self.avail.get(key, 0), e.num_gpus)
             self.seen_share[key] = self.seen_share.get(key, 0.0) + (min(1.0, e.num_gpus / pool) if pool else 1.0)
         holding = self.holding
-        lost = gpus_lost(setup.trace, indices, setup.shares, held=holding.gpus, before=self.avail,
+        lost = gpus_lost(setup.trace, indices, setup.events.shares, held=holding.gpus, before=self.avail,
                          after=new_counts) if holding is not None else {}
         for lease, (g, z, spot, num) in self.leases.items():
             if spot:
@@ -495,49 +492,34 @@ class _Replay:
 def replay(
     trace: AvailabilityTrace,
     *,
-    plan_fn: PlanFn,
-    config: ControllerConfig,
+    policy: ReplayPolicy,
+    market: Market,
+    goal: Goal,
     costs: ChangeCosts,
-    samples_target: float,
-    price_fn: PriceFn,
-    budget_usd: float | None = None,
-    policy: str = "",
     seed: int = 0,
     max_time_s: float | None = None,
-    price_change_times: tuple[float, ...] = (),
-    prefetch: Callable[[list[dict[GpuZone, int]]], None] | None = None,
-    prefetch_decisions: int = 2,
+    lookahead: Lookahead | None = None,
     progress: Callable[[float], None] | None = None,
-    cost_plan_fn: PlanFn | None = None,
-    deadline_s: float | None = None,
-    on_demand_available: Mapping[GpuZone, int] | None = None,
-    on_demand_price_fn: PriceFn | None = None,
 ) -> ReplayResult:
-    """Replay ``trace`` under one controller configuration; see the module doc.
+    """Replay ``trace`` under one policy, in ``market``, working to ``goal``; see the module doc.
 
-    ``progress``, when given, is called with the simulated time at every external event.
-    ``deadline_s``: the job's deadline from the trace's start (the controller's ``time_left_s``).
-    ``on_demand_available``: on-demand GPUs per pool the controller may rent besides the spot
-    pools, at ``on_demand_price_fn`` (USD per GPU-hour); ``cost_plan_fn``: the planner's
-    cheapest plans (``decide``'s).
-
-    ``prefetch``, when given, is told after every decision which availabilities the
-    controller will likely ask ``plan_fn`` about in its next ``prefetch_decisions``
-    re-plans (``lookahead.upcoming_requests``), so that they can be answered ahead.
+    ``max_time_s``: when to stop (default: 30 days after the trace's end).  ``progress``, when
+    given, is called with the simulated time at every external event; ``lookahead``, when
+    given, is told after every decision what the controller will likely ask the planner next.
     """
-    setup = _setup(trace, seed=seed, max_time_s=max_time_s, price_change_times=price_change_times,
-                   plan_fn=plan_fn, cost_plan_fn=cost_plan_fn, config=config, costs=costs,
-                   samples_target=samples_target, price_fn=price_fn,
-                   on_demand_price_fn=on_demand_price_fn or price_fn,
-                   on_demand_available=dict(on_demand_available or {}),
-                   deadline_s=math.inf if deadline_s is None else float(deadline_s),
-                   prefetch=prefetch, prefetch_decisions=prefetch_decisions)
-    r = _Replay(setup=setup, ledger=CostLedger(budget_usd=budget_usd), avail=dict(trace.rows[0][1]))
+    config = policy.config
+    setup = _setup(trace, seed=seed, max_time_s=max_time_s, price_change_times=market.price_change_times,
+                   plan_fn=policy.plan_fn, cost_plan_fn=policy.cost_plan_fn, config=config, costs=costs,
+                   samples_target=goal.samples_target, price_fn=market.price_fn,
+                   on_demand_price_fn=market.on_demand_price_fn or market.price_fn,
+                   on_demand_available=dict(market.on_demand_available),
+                   deadline_s=math.inf if goal.deadline_s is None else float(goal.deadline_s), lookahead=lookahead)
+    r = _Replay(setup=setup, ledger=CostLedger(budget_usd=goal.budget_usd), avail=dict(trace.rows[0][1]))
     r.record()
-    if prefetch is not None:
-        prefetch(first_requests(trace, config, setup.on_demand_available))
+    if lookahead is not None:
+        lookahead.prefetch(first_requests(trace, config, setup.on_demand_available))
     r.ask(Event(kind=EventKind.START))
-    for j, t in enumerate(setup.times):
+    for j, t in enumerate(setup.events.times):
         if r.phase == "ended" or t > setup.horizon_s:
             break
         r.next_event = j + 1
@@ -551,4 +533,4 @@ def replay(
         r.advance(setup.horizon_s)
     if r.phase != "ended":
         r.end_at_horizon()
-    return r.result(policy=policy, budget_usd=budget_usd)
+    return r.result(policy=policy.name, budget_usd=goal.budget_usd)

@@ -6,7 +6,16 @@ import dataclasses
 import pytest
 
 from sailor_core.controller import controller_config
-from sailor_core.replay import ChangeCosts, controller_costs, replay, run_policies
+from sailor_core.replay import (
+    ChangeCosts,
+    Goal,
+    Lookahead,
+    Market,
+    ReplayPolicy,
+    controller_costs,
+    replay,
+    run_policies,
+)
 from sailor_core.specs.replay import ReplaySpec
 from sailor_core.traces import build_trace, derive_preset
 
@@ -28,11 +37,11 @@ def recorded_replay(trace, policy, *, target, decisions=1, costs=None):
         return linear_planner(available)
 
     costs = costs or ChangeCosts(checkpoint_bytes=4e9)
-    result = replay(trace, plan_fn=plan_fn, config=controller_config(policy, costs=controller_costs(costs), shutdown_s=costs.shutdown_s,
-                                                                       gpu_type="V100-16"),
-                    costs=costs, samples_target=target, price_fn=ONE_USD, policy=policy, seed=1,
-                    prefetch=lambda requests: events.append(("guess", [dict(a) for a in requests])),
-                    prefetch_decisions=decisions)
+    config = controller_config(policy, costs=controller_costs(costs), shutdown_s=costs.shutdown_s, gpu_type="V100-16")
+    result = replay(trace, policy=ReplayPolicy(config=config, plan_fn=plan_fn, name=policy),
+                    market=Market(price_fn=ONE_USD), goal=Goal(samples_target=target), costs=costs, seed=1,
+                    lookahead=Lookahead(prefetch=lambda requests: events.append(("guess", [dict(a) for a in requests])),
+                                        num_decisions=decisions))
     return events, result
 
 

@@ -7,7 +7,7 @@ import pytest
 
 from sailor_core.controller import ControllerConfig
 from sailor_core.controller import controller_config
-from sailor_core.replay import ChangeCosts, controller_costs, replay
+from sailor_core.replay import ChangeCosts, Goal, Market, ReplayPolicy, controller_costs, replay
 from sailor_core.traces import build_trace, derive_preset
 
 from tests.controller.planners import linear_planner
@@ -23,8 +23,9 @@ FAST = ChangeCosts(provisioning_s=100, startup_s=50, rejoin_s=10, checkpoint_byt
 
 
 def run(trace, policy, costs=FAST, target=288_000, budget=None, gpu="A100-40"):
-    return replay(trace, plan_fn=linear_planner, config=controller_config(policy, costs=controller_costs(costs), shutdown_s=costs.shutdown_s, gpu_type=gpu),
-                  costs=costs, samples_target=target, price_fn=ONE_USD, budget_usd=budget, policy=policy)
+    config = controller_config(policy, costs=controller_costs(costs), shutdown_s=costs.shutdown_s, gpu_type=gpu)
+    return replay(trace, policy=ReplayPolicy(config=config, plan_fn=linear_planner, name=policy),
+                  market=Market(price_fn=ONE_USD), goal=Goal(samples_target=target, budget_usd=budget), costs=costs)
 
 
 def test_ours_replans_on_loss_and_grows_back():
@@ -120,17 +121,19 @@ def test_budget_stop_lands_exactly_on_the_budget(terminate_s):
 def test_ledger_never_crosses_the_budget(policy, budget):
     trace = derive_preset("gcp-4d", seed=2)
     costs = ChangeCosts(provisioning_s=90, startup_s=60, checkpoint_bytes=4e9, terminate_s=30)
-    r = replay(trace, plan_fn=linear_planner, config=controller_config(policy, costs=controller_costs(costs), shutdown_s=costs.shutdown_s,
-                                                                          gpu_type="A100-40"),
-               costs=costs, samples_target=5e7, price_fn=lambda g, z, t: 1.0 + 0.1 * len(z), budget_usd=budget)
+    config = controller_config(policy, costs=controller_costs(costs), shutdown_s=costs.shutdown_s,
+                               gpu_type="A100-40")
+    r = replay(trace, policy=ReplayPolicy(config=config, plan_fn=linear_planner),
+               market=Market(price_fn=lambda g, z, t: 1.0 + 0.1 * len(z)),
+               goal=Goal(samples_target=5e7, budget_usd=budget), costs=costs)
     assert r.usd_spent <= budget + 1e-6
     assert r.finished or r.stop_reason.startswith(("budget", "static", "horizon"))
 
 
 def test_trivial_config_without_changes():
     trace = build_trace([(0.0, {A: 2})])
-    r = replay(trace, plan_fn=linear_planner, config=ControllerConfig(), costs=FAST, samples_target=72_000,
-               price_fn=ONE_USD)
+    r = replay(trace, policy=ReplayPolicy(config=ControllerConfig(), plan_fn=linear_planner),
+               market=Market(price_fn=ONE_USD), goal=Goal(samples_target=72_000), costs=FAST)
     assert r.time_to_train_s == pytest.approx(150 + 3600)
     assert r.usd_spent == pytest.approx(2 * 3650 / 3600)  # billed from 100 s, when the VMs run
     assert r.num_replans == 0 and math.isclose(r.useful_work_fraction, 3600 / 3650)
@@ -158,9 +161,9 @@ def test_spot_price_series_is_charged_as_it_changes(tmp_path):
     p.write_text(",Timestamp,A100-40_us-central1-a\n0,1000,1.0\n1,2800,2.0\n")
     series = load_price_series(p)
     trace = build_trace([(0.0, {A: 4})])
-    r = replay(trace, plan_fn=linear_planner, config=controller_config("ours", costs=controller_costs(FAST), shutdown_s=FAST.shutdown_s), costs=FAST,
-               samples_target=40 * 3600, price_fn=series.price_fn(fallback=ONE_USD),
-               price_change_times=series.change_times())
+    r = replay(trace, policy=ReplayPolicy(config=controller_config("ours", costs=controller_costs(FAST), shutdown_s=FAST.shutdown_s), plan_fn=linear_planner),
+               market=Market(price_fn=series.price_fn(fallback=ONE_USD), price_change_times=series.change_times()),
+               goal=Goal(samples_target=40 * 3600), costs=FAST)
     # 4 GPUs, running from 100 s: 1700 s at 1 USD/h each, then 1950 s at 2 USD/h until the end
     # at 150 + 3600 s.
     assert r.time_to_train_s == pytest.approx(3750)

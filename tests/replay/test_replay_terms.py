@@ -6,7 +6,16 @@ import dataclasses
 import pytest
 
 from sailor_core.controller import PlanOption, controller_config
-from sailor_core.replay import ChangeCosts, JobTerms, controller_costs, replay, run_policies
+from sailor_core.replay import (
+    ChangeCosts,
+    Goal,
+    JobTerms,
+    Market,
+    ReplayPolicy,
+    controller_costs,
+    replay,
+    run_policies,
+)
 from sailor_core.replay.compare import compare_policies, pareto_front, summary_lines
 from sailor_core.specs.replay import ReplaySpec
 from sailor_core.traces import build_trace
@@ -39,8 +48,9 @@ def priced(available):
 def run(trace, *, on_demand=None, target=1.2e6, objective="throughput"):
     config = controller_config("ours", costs=controller_costs(COSTS, ("us-central1-a",)), shutdown_s=COSTS.shutdown_s,
                                terms=JobTerms(objective=objective))
-    return replay(trace, plan_fn=priced, config=config, costs=COSTS, samples_target=target, price_fn=ONE_USD,
-                  on_demand_available=on_demand, on_demand_price_fn=THREE_USD, policy="ours")
+    return replay(trace, policy=ReplayPolicy(config=config, plan_fn=priced, name="ours"),
+                  market=Market(price_fn=ONE_USD, on_demand_available=on_demand or {}, on_demand_price_fn=THREE_USD),
+                  goal=Goal(samples_target=target), costs=COSTS)
 
 
 def test_on_demand_gpus_are_never_preempted_and_are_billed_apart():
