@@ -219,7 +219,7 @@ class GCPProvider(CloudProvider):
         if self.service_account:
             inst.service_accounts = [compute_v1.ServiceAccount(
                 email=self.service_account, scopes=["https://www.googleapis.com/auth/devstorage.read_write"])]
-        if row.machine_type.startswith("n1-"):  # a2/a3/g2 come with their GPUs
+        if row.attached_gpus:
             inst.guest_accelerators = [compute_v1.AcceleratorConfig(
                 accelerator_count=row.gpus_per_node,
                 accelerator_type=f"zones/{zone}/acceleratorTypes/{row.accelerator_type}",
@@ -278,7 +278,7 @@ class GCPProvider(CloudProvider):
     def _row_of(self, machine_type: str, accel: str | None, count: int) -> InstanceType | None:
         for row in instance_types():
             if row.cloud == "gcp" and row.machine_type == machine_type:
-                if not machine_type.startswith("n1-") or (row.accelerator_type == accel and row.gpus_per_node == count):
+                if not row.attached_gpus or (row.accelerator_type == accel and row.gpus_per_node == count):
                     return row
         return None
 
