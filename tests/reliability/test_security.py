@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from sailor_core.ports import free_port
+
 ROOT = Path(__file__).resolve().parents[2]
 WILDCARDS = {"0.0.0.0", "::"}
 
@@ -53,12 +55,6 @@ def listening_sockets(pid: int) -> list[tuple[str, int]]:
     return out
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_rendezvous_and_worker_ports_listen_on_the_private_address_only(tmp_path):
     """Workers as an instance's agent starts them (rank 0 hosts the store): nothing listens on 0.0.0.0/::."""
     plan = {"model": "tiny", "global_batch_size": 4, "micro_batch_size": 2,
@@ -70,7 +66,7 @@ def test_rendezvous_and_worker_ports_listen_on_the_private_address_only(tmp_path
     from sailor_core.runtime.launch import ensure_corpus
 
     data = ensure_corpus(tmp_path, plan_from_dict(plan))
-    port, stop_file, metrics = _free_port(), tmp_path / "stop", tmp_path / "metrics.jsonl"
+    port, stop_file, metrics = free_port(), tmp_path / "stop", tmp_path / "metrics.jsonl"
     procs = []
     for rank in range(2):
         env = {k: v for k, v in os.environ.items() if k != "TORCHELASTIC_USE_AGENT_STORE"}
