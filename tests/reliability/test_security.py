@@ -143,7 +143,8 @@ def test_the_train_job_session_makes_its_s3_checkpoint_bucket_private(moto_s3):
 
     from sailor_core.job.spec import JobSpec
     from sailor_core.storage import open_storage
-    from tasks.cloud import close_session, open_session, stray_objects
+    from tasks.cloud import close_session, open_session
+    from tasks.embedded_bucket import stray_objects
 
     spec = JobSpec(model="tiny", budget_usd=1.0, steps=2, checkpoint_url="s3://sailor-flow-ckpt/j/ckpt")
     session = open_session("embedded", job_id="sec-job", jobs_url="/tmp/unused-jobs/sec-job", spec=spec)
