@@ -27,10 +27,8 @@ def doctor_cmd(
     providers = get_providers(cloud or None)
     embedded = not real_clouds()
     checks = []
-    if "aws" in providers:
-        checks += doctor.check_aws(providers["aws"], gpus=gpu or (), embedded=embedded)
-    if "gcp" in providers:
-        checks += doctor.check_gcp(providers["gcp"], gpus=gpu or (), embedded=embedded)
+    for provider in providers.values():
+        checks += doctor.check_cloud(provider, gpus=gpu or (), embedded=embedded)
     if embedded:
         # lazy: loaded when the command runs (the CLI starts light)
         from infra.buckets import ensure_private_bucket
