@@ -56,7 +56,7 @@ def run_engine(plan, steps: int, data: Path, workdir: Path) -> tuple[float, floa
 
 def run_baseline(kind: str, model: str, steps: int, gbs: int, mbs: int,
                  data: Path) -> tuple[float, float]:
-    from sailor_core.runtime.launch import free_port
+    from sailor_core.ports import free_port
 
     port = free_port()
     out = Path(tempfile.mkdtemp()) / "times.json"

@@ -99,7 +99,8 @@ def main() -> None:
     import torch.multiprocessing as mp
 
     from bench_engine import _plan
-    from sailor_core.runtime.launch import ensure_corpus, free_port
+    from sailor_core.ports import free_port
+    from sailor_core.runtime.launch import ensure_corpus
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="small")

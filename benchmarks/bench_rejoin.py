@@ -20,7 +20,6 @@ import argparse
 import json
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -34,6 +33,7 @@ from sailor_core import settings  # noqa: E402
 from sailor_core.catalog.models import get_model  # noqa: E402
 from sailor_core.job.protocol import AgentAction, AgentAssignment, read_status, write_assignment  # noqa: E402
 from sailor_core.plan.types import plan_from_dict  # noqa: E402
+from sailor_core.ports import free_port  # noqa: E402
 
 
 def _plan(model: str, replicas: int, *, moved: bool = False) -> dict:
@@ -54,14 +54,8 @@ def _wait(job_url: str, iid: str, pred, timeout_s: float = 300.0):
     raise SystemExit(f"error: {iid} never reached the expected state; last: {read_status(job_url, iid)}")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def one_run(model: str, corpus: str, park: bool, work: Path, *, moved: bool = False) -> dict:
-    job_url, ckpt, port = str(work / "job"), str(work / "ckpt"), _free_port()
+    job_url, ckpt, port = str(work / "job"), str(work / "ckpt"), free_port()
     extra = () if park else ("--no-park",)
     agents = {iid: subprocess.Popen([sys.executable, "-m", "sailor_core.runtime.agent", "--job-url", job_url,
                                      "--instance-id", iid, "--work-dir", str(work / iid), *extra],

@@ -26,7 +26,7 @@ from infra.errors import (
     QuotaError,
     TransientCloudError,
 )
-from infra.provider import CloudProvider, log
+from infra.provider import CloudProvider, Feature, log
 from infra.records import (
     JOB_LABEL,
     JOB_PORTS,
@@ -144,6 +144,7 @@ def _state_of(inst: dict) -> tuple[str, str | None]:
 
 class AWSProvider(CloudProvider):
     cloud = "aws"
+    features = frozenset({Feature.JOB_NETWORK, Feature.JOB_IDENTITY})
 
     def __init__(
         self,
@@ -172,6 +173,10 @@ class AWSProvider(CloudProvider):
         self._clients: dict[str, object] = {}
         self._groups: dict[tuple[str, str], str] = {}  # (job, region) -> its security group id
         self._profiles: dict[str, str] = {}  # job -> its instance profile's name
+
+    @classmethod
+    def from_settings(cls) -> "AWSProvider":
+        return cls(regions=settings.aws_regions() or None, ami_id=settings.aws_ami())
 
     def _iam(self):
         with _CLIENT_LOCK:
@@ -358,6 +363,9 @@ class AWSProvider(CloudProvider):
 
     # ---- a job's network: one security group per region it uses ------------------------
 
+    def open_job_network(self, job_id: str) -> None:
+        """Nothing yet: the job's group in a region is made when it first launches there."""
+
     def job_security_group(self, job_id: str, region: str) -> str:
         """The job's group in ``region`` (made on first use in the region's default VPC): the
         rendezvous and collective ports open to members of the same group only."""
@@ -393,6 +401,9 @@ class AWSProvider(CloudProvider):
                 out[region] = g
         return out
 
+    def job_network_leftovers(self, job_id: str) -> list[str]:
+        return [g["GroupId"] for g in self.job_groups(job_id).values()]
+
     def set_job_peers(self, job_id: str, cidrs: Sequence[str]) -> None:
         """Open the job's ports to exactly these outside addresses (peers in other VPCs or clouds)."""
         wanted = set(cidrs)
@@ -421,11 +432,13 @@ class AWSProvider(CloudProvider):
     # ---- a job's identity: an instance profile allowed the job's prefixes only -----------
 
     def create_job_identity(self, job_id: str, *, read_write: Sequence[str], read_only: Sequence[str] = (),
-                            gcp_service_account: str | None = None) -> str:
+                            trusted_accounts: Mapping[str, str] | None = None) -> str:
         """A role (and its instance profile) that may read and write ``read_write`` (s3:// URLs)
         and read ``read_only``, nothing else; the job's instances are launched with it.  A GCP
-        service account named here may assume it by web identity (cross-cloud jobs)."""
+        service account of ``trusted_accounts`` may assume it by web identity (cross-cloud jobs);
+        AWS knows no other cloud's accounts."""
         name = job_resource_name(job_id)
+        gcp_service_account = (trusted_accounts or {}).get("gcp")
         trust = [{"Effect": "Allow", "Principal": {"Service": "ec2.amazonaws.com"}, "Action": "sts:AssumeRole"}]
         if gcp_service_account:
             trust.append({"Effect": "Allow", "Principal": {"Federated": "accounts.google.com"},

@@ -18,10 +18,21 @@ from pathlib import Path
 from infra.code import CodeBundle
 from infra.instance_boot import BOOT_CONFIG_ENV, BOOT_REPORT, BOOT_VERSION
 from sailor_core import settings
+from sailor_core.catalog.clouds import all_clouds
 from sailor_core.storage import open_storage
 
 _BOOT_SOURCE = Path(__file__).with_name("instance_boot.py")
 DEFAULT_ENV_CACHE = "/opt/sailor/envs"  # on a real instance: root's, made by cloud-init
+
+
+_PROBE_KEYS = ("base_url", "headers", "token", "instance_id_path", "zone_path")
+
+
+def metadata_probes() -> list[dict]:
+    """How an instance asks each cloud's metadata server who it is, in the order to ask them."""
+    found = [c for c in all_clouds() if c.metadata is not None]
+    found.sort(key=lambda c: c.metadata["probe_order"])
+    return [{"cloud": c.name, **{k: c.metadata[k] for k in _PROBE_KEYS}} for c in found]
 
 
 def boot_config(job_url: str, code: CodeBundle, *, cloud: str, num_gpus: int) -> dict:
@@ -33,6 +44,7 @@ def boot_config(job_url: str, code: CodeBundle, *, cloud: str, num_gpus: int) ->
         "env_cache_var": settings.ENV_CACHE_ENV, "env_cache_default": DEFAULT_ENV_CACHE,
         "env_names": {"instance_id": settings.INSTANCE_ID_ENV, "cloud": settings.CLOUD_ENV,
                       "zone": settings.ZONE_ENV},
+        "metadata_probes": metadata_probes(),
     }
 
 

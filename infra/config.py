@@ -19,9 +19,8 @@ from pathlib import Path
 
 from infra.errors import CloudConfigError
 from infra.provider import CloudProvider
+from infra.providers import check_clouds, cloud_names, real_provider
 from sailor_core import settings
-
-CLOUDS = ("aws", "gcp")
 
 _lock = threading.Lock()
 _in_process = None  # EmbeddedCloud started by this process, if any
@@ -33,11 +32,12 @@ def real_clouds() -> tuple[str, ...]:
     if value in ("", "embedded", "local"):
         return ()
     if value in ("real", "all"):
-        return CLOUDS
+        return cloud_names()
     chosen = tuple(c.strip() for c in value.split(",") if c.strip())
-    unknown = [c for c in chosen if c not in CLOUDS]
+    unknown = [c for c in chosen if c not in cloud_names()]
     if unknown:
-        raise CloudConfigError(f"{settings.CLOUDS_ENV}={value!r}: expected 'embedded', 'real' or a list of {', '.join(CLOUDS)}")
+        raise CloudConfigError(f"{settings.CLOUDS_ENV}={value!r}: expected 'embedded', 'real' "
+                               f"or a list of {', '.join(cloud_names())}")
     return chosen
 
 
@@ -82,26 +82,11 @@ def embedded_endpoints() -> dict:
 
 def get_providers(clouds: tuple[str, ...] | list[str] | None = None) -> dict[str, CloudProvider]:
     """One provider per cloud asked for (default: all), real or embedded per ``SAILOR_CLOUDS``."""
-    wanted = tuple(clouds) if clouds else CLOUDS
-    unknown = [c for c in wanted if c not in CLOUDS]
-    if unknown:
-        raise CloudConfigError(f"unknown cloud {unknown[0]!r}; known: {', '.join(CLOUDS)}")
+    wanted = tuple(clouds) if clouds else cloud_names()
+    check_clouds(wanted)
     real = real_clouds()
     if real:
-        out: dict[str, CloudProvider] = {}
-        for cloud in wanted:
-            if cloud not in real:
-                continue
-            if cloud == "aws":
-                from infra.aws import AWSProvider  # lazy: boto3, only when real AWS is asked for
-
-                out["aws"] = AWSProvider(regions=settings.aws_regions() or None, ami_id=settings.aws_ami())
-            else:
-                from infra.gcp import GCPProvider  # lazy: google-cloud-compute (~2.4 s), only for real GCP
-
-                out["gcp"] = GCPProvider(project=settings.gcp_project(), zones=settings.gcp_zones() or None,
-                                         service_account=settings.gcp_service_account())
-        return out
+        return {cloud: real_provider(cloud) for cloud in wanted if cloud in real}
     from infra.local.cloud import providers_for  # lazy: moto's server, only for the embedded cloud
 
     ends = embedded_endpoints()

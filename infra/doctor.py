@@ -169,6 +169,15 @@ def check_gcp(provider, *, gpus: Sequence[str] = (), embedded: bool = False) -> 
     return out
 
 
+def check_cloud(provider, *, gpus: Sequence[str] = (), embedded: bool = False) -> list[Check]:
+    """The checks written for the provider's cloud (``CLOUD_CHECKS``); a cloud without any says so."""
+    check = CLOUD_CHECKS.get(provider.cloud)
+    if check is None:
+        return [Check(cloud=provider.cloud, name="checks", status=WARN,
+                      detail="no doctor checks are written for this cloud (infra/doctor.py CLOUD_CHECKS)")]
+    return check(provider, gpus=gpus, embedded=embedded)
+
+
 def check_bucket(jobs_url: str, *, s3_client=None) -> list[Check]:
     """The jobs' bucket: where the instances reach the job; private, encrypted and writable."""
     if "://" not in jobs_url or jobs_url.startswith("file://"):
@@ -198,3 +207,7 @@ def check_bucket(jobs_url: str, *, s3_client=None) -> list[Check]:
 
 def _line(exc: Exception) -> str:
     return (str(exc).splitlines() or [type(exc).__name__])[0][:200]
+
+
+# cloud -> its checks: a cloud without an entry is reported as unchecked, not as broken
+CLOUD_CHECKS = {"aws": check_aws, "gcp": check_gcp}

@@ -19,7 +19,7 @@ import requests
 from google.cloud import compute_v1
 
 from infra.errors import CapacityError, CloudConfigError, CloudError, QuotaError, TransientCloudError
-from infra.provider import CloudProvider
+from infra.provider import CloudProvider, Feature
 from infra.records import (
     ATTEMPT_LABEL,
     JOB_LABEL,
@@ -112,6 +112,7 @@ def _last(url: str) -> str:
 
 class GCPProvider(CloudProvider):
     cloud = "gcp"
+    features = frozenset({Feature.JOB_NETWORK})
 
     def __init__(
         self,
@@ -127,6 +128,7 @@ class GCPProvider(CloudProvider):
     ) -> None:
         super().__init__(retry=retry)
         self.service_account = service_account  # what the instances run as (their bucket access)
+        self.instance_account = service_account
         if credentials is None:
             try:
                 credentials, default_project = google.auth.default()
@@ -150,6 +152,11 @@ class GCPProvider(CloudProvider):
         self._zone_ops = compute_v1.ZoneOperationsClient(**kw)
         self._global_ops = compute_v1.GlobalOperationsClient(**kw)
         self._firewalls = compute_v1.FirewallsClient(**kw)
+
+    @classmethod
+    def from_settings(cls) -> "GCPProvider":
+        return cls(project=settings.gcp_project(), zones=settings.gcp_zones() or None,
+                   service_account=settings.gcp_service_account())
 
     def _do(self, what: str, fn, *, zone: str = ""):
         def call():
@@ -219,7 +226,7 @@ class GCPProvider(CloudProvider):
         if self.service_account:
             inst.service_accounts = [compute_v1.ServiceAccount(
                 email=self.service_account, scopes=["https://www.googleapis.com/auth/devstorage.read_write"])]
-        if row.machine_type.startswith("n1-"):  # a2/a3/g2 come with their GPUs
+        if row.attached_gpus:
             inst.guest_accelerators = [compute_v1.AcceleratorConfig(
                 accelerator_count=row.gpus_per_node,
                 accelerator_type=f"zones/{zone}/acceleratorTypes/{row.accelerator_type}",
@@ -278,7 +285,7 @@ class GCPProvider(CloudProvider):
     def _row_of(self, machine_type: str, accel: str | None, count: int) -> InstanceType | None:
         for row in instance_types():
             if row.cloud == "gcp" and row.machine_type == machine_type:
-                if not machine_type.startswith("n1-") or (row.accelerator_type == accel and row.gpus_per_node == count):
+                if not row.attached_gpus or (row.accelerator_type == accel and row.gpus_per_node == count):
                     return row
         return None
 
@@ -403,12 +410,10 @@ class GCPProvider(CloudProvider):
             rule.source_ranges = list(source_ranges)
         return rule
 
-    def open_job_network(self, job_id: str) -> str:
+    def open_job_network(self, job_id: str) -> None:
         """The job's rule: its ports open among instances carrying the job's tag, nothing else."""
         tag = job_resource_name(job_id)
-        name = job_resource_name(job_id, "peers-in")
-        self._insert_firewall(self._rule(name, tag, source_tags=[tag]))
-        return name
+        self._insert_firewall(self._rule(job_resource_name(job_id, "peers-in"), tag, source_tags=[tag]))
 
     def set_job_peers(self, job_id: str, cidrs) -> None:
         """Open the job's ports to exactly these outside addresses (peers in another cloud)."""
@@ -427,6 +432,9 @@ class GCPProvider(CloudProvider):
         rules = self._do("firewalls.list", lambda: list(self._firewalls.list(
             project=self.project, retry=None, timeout=self.timeout_s)))
         return {r.name: r for r in rules if r.name in names}
+
+    def job_network_leftovers(self, job_id: str) -> list[str]:
+        return list(self.job_firewalls(job_id))
 
     def delete_job_network(self, job_id: str) -> list[str]:
         return [name for name in self.job_firewalls(job_id) if self._delete_firewall(name)]

@@ -4,7 +4,8 @@ The startup script (``infra.bootstrap.startup_script``) runs this file's source 
 image's Python and a JSON configuration in ``SAILOR_BOOT_CONFIG``.  In order:
 
 1. who am I: the instance id, cloud and zone from the environment (the embedded cloud) or the
-   cloud's metadata server (AWS IMDSv2, GCE metadata);
+   first metadata server that answers (AWS IMDSv2, GCE metadata: how to ask each is in the
+   configuration, from ``sailor_core/catalog/data/clouds.json``);
 2. fetch ``<job URL>/code/<sha256>.whl`` from the job's bucket with the instance's own
    credentials (its instance profile / service account, through obstore's standard chain)
    and check its SHA-256;
@@ -49,40 +50,44 @@ class BootError(Exception):
         self.stage = stage
 
 
-def _metadata(url: str, headers: dict[str, str], timeout_s: float = 2.0) -> str | None:
+def ask_metadata(url: str, headers: dict[str, str], timeout_s: float = 2.0, method: str = "GET") -> str | None:
+    """The metadata server's answer, or None: no such server here, a 404 (no such entry), or too slow."""
     try:
-        with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=timeout_s) as resp:
+        req = urllib.request.Request(url, headers=headers, method=method)
+        with urllib.request.urlopen(req, timeout=timeout_s) as resp:
             return resp.read().decode().strip()
-    except OSError:
+    except (OSError, ValueError):
         return None
 
 
+def metadata_headers(probe: dict, timeout_s: float = 2.0) -> dict[str, str]:
+    """The headers one cloud's metadata server wants (``clouds.json``), with its session token if it
+    asks for one (AWS IMDSv2)."""
+    headers = dict(probe["headers"])
+    token = probe.get("token")
+    if token:
+        value = ask_metadata(f"{probe['base_url']}/{token['path']}", token["headers"], timeout_s, token["method"])
+        if value:
+            headers[token["header"]] = value
+    return headers
+
+
 def identity(cfg: dict) -> tuple[str, str, str]:
-    """(instance id, cloud, zone): the embedded cloud sets them; real clouds say them in metadata."""
+    """(instance id, cloud, zone): the embedded cloud sets them; on a real cloud, the metadata server
+    of each cloud the controller knows (``cfg["metadata_probes"]``, in their order) is asked in turn."""
     env = cfg["env_names"]
     iid, cloud, zone = (os.environ.get(env[k]) for k in ("instance_id", "cloud", "zone"))
     if iid:
         return iid, cloud or cfg.get("cloud", ""), zone or ""
-    cloud = cfg.get("cloud") or ("gcp" if _metadata("http://metadata.google.internal/computeMetadata/v1/instance/name",
-                                                    {"Metadata-Flavor": "Google"}, timeout_s=1.0) else "aws")
-    if cloud == "gcp":
-        base, hdr = "http://metadata.google.internal/computeMetadata/v1/instance", {"Metadata-Flavor": "Google"}
-        iid, zone = _metadata(f"{base}/name", hdr), (_metadata(f"{base}/zone", hdr) or "").rsplit("/", 1)[-1]
-    else:
-        token = None
-        try:
-            req = urllib.request.Request("http://169.254.169.254/latest/api/token", method="PUT",
-                                         headers={"X-aws-ec2-metadata-token-ttl-seconds": "300"})
-            with urllib.request.urlopen(req, timeout=2) as resp:
-                token = resp.read().decode()
-        except OSError:
-            pass
-        hdr = {"X-aws-ec2-metadata-token": token} if token else {}
-        iid = _metadata("http://169.254.169.254/latest/meta-data/instance-id", hdr)
-        zone = _metadata("http://169.254.169.254/latest/meta-data/placement/availability-zone", hdr) or ""
-    if not iid:
-        raise BootError("identity", "no instance id: neither the environment nor a metadata server says it")
-    return iid, cloud, zone
+    probes = [p for p in cfg["metadata_probes"] if p["cloud"] == cfg.get("cloud")] or cfg["metadata_probes"]
+    for probe in probes:
+        headers = metadata_headers(probe)
+        iid = ask_metadata(f"{probe['base_url']}/{probe['instance_id_path']}", headers)
+        if iid:
+            zone = ask_metadata(f"{probe['base_url']}/{probe['zone_path']}", headers) or ""
+            return iid, probe["cloud"], zone.rsplit("/", 1)[-1]  # GCE says projects/N/zones/ZONE
+    raise BootError("identity", "no instance id: the environment does not say it and no metadata server answers "
+                                f"(asked {', '.join(p['cloud'] for p in probes)})")
 
 
 def _pip(python: str, args: list[str], stage: str) -> None:

@@ -1,13 +1,20 @@
-"""The one interface every cloud implements (verbs after SkyPilot's ``sky/provision``)."""
+"""The one interface every cloud implements (verbs after SkyPilot's ``sky/provision``).
+
+Besides the instance verbs every cloud has, a provider declares the optional features it
+implements (``features``, after SkyPilot's ``Cloud._CLOUD_UNSUPPORTED_FEATURES``); callers ask
+``supports`` instead of probing for methods, and a verb of a feature a provider does not declare
+says so in one line.
+"""
 
 from __future__ import annotations
 
 import abc
+import enum
 import logging
 import time
 from collections.abc import Iterable, Mapping, Sequence
 
-from infra.errors import PreemptedError, TransientCloudError
+from infra.errors import CloudConfigError, PreemptedError, TransientCloudError
 from infra.records import JOB_LABEL, PREEMPTED, RUNNING, ClusterInfo, InstanceInfo
 from infra.retry import RetryPolicy, with_retries
 from sailor_core.catalog.instances import Offer
@@ -15,15 +22,42 @@ from sailor_core.catalog.instances import Offer
 log = logging.getLogger("sailor.infra")
 
 
+class Feature(enum.Enum):
+    """What a cloud may do for a job besides renting instances."""
+
+    # Rules opening the job's ports among its own instances (and to its peers in other
+    # networks): open_job_network, set_job_peers, job_network_leftovers, delete_job_network
+    JOB_NETWORK = "job network"
+    # An identity the job's instances run as, allowed the job's bucket prefixes only:
+    # create_job_identity, job_identity_leftovers, delete_job_identity
+    JOB_IDENTITY = "job identity"
+
+
 class CloudProvider(abc.ABC):
     """One cloud. Every method talks to the cloud; nothing is cached between calls,
     so a new process (or a restarted flow) sees the same state by querying labels."""
 
     cloud: str
+    features: frozenset[Feature] = frozenset()
+    # The account this cloud's instances run as, which another cloud's job identity may trust
+    # (a GCP service account assuming the job's AWS role); None where instances have none to offer
+    instance_account: str | None = None
 
     def __init__(self, *, retry: RetryPolicy | None = None) -> None:
         self.retry = retry or RetryPolicy()
         self.num_retries = 0  # transient errors absorbed so far (for tests and reports)
+
+    @classmethod
+    @abc.abstractmethod
+    def from_settings(cls) -> "CloudProvider":
+        """The provider of the real cloud, configured from Sailor's settings (infra/providers.py)."""
+
+    def supports(self, feature: Feature) -> bool:
+        return feature in self.features
+
+    def _unsupported(self, feature: Feature):
+        return CloudConfigError(f"{self.cloud} has no {feature.value} (its provider does not declare it)",
+                                cloud=self.cloud)
 
     def _call(self, fn, what: str):
         def note(exc, attempt):
@@ -106,3 +140,35 @@ class CloudProvider(abc.ABC):
     def get_cluster_info(self, labels: Mapping[str, str]) -> ClusterInfo:
         found = self.query_instances(labels, include_ended=False)
         return ClusterInfo(job_id=labels.get(JOB_LABEL, ""), instances=tuple(found))
+
+    # ---- Feature.JOB_NETWORK ------------------------------------------------------------
+
+    def open_job_network(self, job_id: str) -> None:
+        """Open the job's ports among its own instances (a cloud may do it per region at launch)."""
+        raise self._unsupported(Feature.JOB_NETWORK)
+
+    def set_job_peers(self, job_id: str, cidrs: Sequence[str]) -> None:
+        """Open the job's ports to exactly these outside addresses (peers in other networks or clouds)."""
+        raise self._unsupported(Feature.JOB_NETWORK)
+
+    def job_network_leftovers(self, job_id: str) -> list[str]:
+        """The job's rules still in the cloud, by name or id."""
+        raise self._unsupported(Feature.JOB_NETWORK)
+
+    def delete_job_network(self, job_id: str) -> list[str]:
+        raise self._unsupported(Feature.JOB_NETWORK)
+
+    # ---- Feature.JOB_IDENTITY -----------------------------------------------------------
+
+    def create_job_identity(self, job_id: str, *, read_write: Sequence[str], read_only: Sequence[str] = (),
+                            trusted_accounts: Mapping[str, str] | None = None) -> str:
+        """An identity for the job's instances that may read and write ``read_write`` and read
+        ``read_only`` (URLs of this cloud's object store), nothing else; ``trusted_accounts``
+        (cloud -> account) are other clouds' instance accounts that may assume it."""
+        raise self._unsupported(Feature.JOB_IDENTITY)
+
+    def job_identity_leftovers(self, job_id: str) -> list[str]:
+        raise self._unsupported(Feature.JOB_IDENTITY)
+
+    def delete_job_identity(self, job_id: str) -> list[str]:
+        raise self._unsupported(Feature.JOB_IDENTITY)

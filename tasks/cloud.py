@@ -1,49 +1,42 @@
-"""Cloud tasks: offers, provisioning with zone failover, instance states, terminate-by-label.
+"""Cloud tasks: opening and closing a flow run's session, offers, provisioning with zone
+failover, instance states, terminate-by-label.
 
-``CloudSession`` holds the providers one flow run uses -- the real clouds when
-``SAILOR_CLOUDS`` asks for them (infra.config), else the embedded local cloud
-(moto's EC2 and S3 server and the local GCE fake, whose instances are local process
-groups in their own root directories and network namespaces) -- and what the job
-rents besides instances: the bucket prefix the instances reach it through (the
-agents' documents, Sailor's wheel, staged data and checkpoints), its security
-groups / firewall rules and its instance profile.  All of it is removed when the
-session closes (also on failure or Ctrl-C); the bucket prefix is the job's result
-and stays.  Each task below wraps one provider call.
+A session (``tasks/cloud_session.py``) holds the providers one flow run uses and what the job
+rents besides instances (its bucket prefix, network rules and identity: ``tasks/job_resources.py``).
+All of it is removed when the session closes (also on failure or Ctrl-C); the bucket prefix is
+the job's result and stays.  Each task below wraps one provider call.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
-import socket
 import sys
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from infra import config
-from infra.bootstrap import read_boot_report, startup_script
 from infra.buckets import ensure_private_bucket
-from infra.code import CodeBundle, upload_code
+from infra.code import upload_code
 from infra.errors import CloudConfigError
+from infra.provider import CloudProvider
 from infra.provisioner import GpuNeed, Provisioner
-from infra.records import LOCAL_ADDRESS_LABEL, RENDEZVOUS_PORT, InstanceInfo, job_labels
+from infra.records import InstanceInfo, job_labels
 from sailor_core import settings
-from sailor_core.storage import open_storage
 from sailor_core.catalog.instances import Offer, get_instance_type
 from sailor_core.errors import InfeasibleError
 from sailor_core.job import state as js
 from sailor_core.job.nodes import NodeRequest, RunningInstance, match_instances
 from sailor_core.job.spec import JobSpec
-from sailor_core.runtime.agent import post_preemption
+from tasks.cloud_session import CloudSession
+from tasks.embedded_bucket import EMBEDDED_BUCKET, embedded_s3_client, use_embedded_s3
+from tasks.job_resources import delete_job_resources, open_job_resources
 from tasks.workers import Assignment
 
 OFFERS_TTL = timedelta(minutes=10)
@@ -53,144 +46,6 @@ def node_dict(node: NodeRequest) -> dict[str, Any]:
     return asdict(node)
 
 
-EMBEDDED_BUCKET = "sailor-jobs"  # the embedded cloud's bucket for jobs (moto's S3)
-
-
-@dataclass(slots=True, kw_only=True)
-class CloudSession:
-    """The providers of one flow run and what the flow needs to know about them."""
-
-    mode: str  # "embedded" or "real"
-    job_id: str
-    jobs_url: str  # the job's URL in the bucket its instances reach: agents' documents, code, staged data
-    providers: dict[str, Any]  # cloud name -> infra CloudProvider
-    control_url: str | None = None  # the embedded cloud's control surface (preemption injection)
-    network: str = "real"  # embedded: "netns" (own addresses, rules enforced) or "host" (all on 127.0.0.1)
-    shutdown_s: float = 120.0  # terminate -> billing stops (real clouds bill the shutdown)
-    worker_stop_s: float = 10.0  # SIGTERM -> workers checkpointed and exited
-    heartbeat_timeout_s: float = 120.0
-    code: CodeBundle | None = None  # Sailor's wheel in the job's bucket
-    public_addresses: bool = False  # this attempt's instances span VPCs: they meet at their public addresses
-    _closers: list = field(default_factory=list)
-
-    @property
-    def labels(self) -> dict[str, str]:
-        return job_labels(self.job_id)
-
-    def cache_key(self) -> str:
-        return f"{self.mode}:{','.join(sorted(self.providers))}"
-
-    def provider(self, cloud: str):
-        try:
-            return self.providers[cloud]
-        except KeyError:
-            raise CloudConfigError(f"no {cloud} provider configured in this session", cloud=cloud) from None
-
-    def address_of(self, info: InstanceInfo) -> str:
-        """Where the instance's peers reach it: its private address inside one VPC, else its public one."""
-        addr = (info.public_ip if self.public_addresses else None) or info.labels.get(LOCAL_ADDRESS_LABEL) \
-            or info.private_ip
-        if not addr:
-            raise CloudConfigError(f"{info.instance_id} has no address yet", cloud=info.cloud)
-        if self.public_addresses and not info.public_ip:
-            raise CloudConfigError(f"{info.instance_id} has no public address, and its peers are outside its VPC",
-                                   cloud=info.cloud)
-        return addr
-
-    def rendezvous_port(self, master: Assignment | None) -> int:
-        if self.mode == "embedded" and self.network == "host":  # every "instance" shares this machine's ports
-            with socket.socket() as s:
-                s.bind(("127.0.0.1", 0))
-                return s.getsockname()[1]
-        return RENDEZVOUS_PORT  # the port the job's security group / firewall rule opens
-
-    def worker_args(self, a: Assignment | None) -> list[str]:
-        # On the embedded cloud all ranks share this machine's cores: one thread each.
-        return ["--threads", "1", "--timeout-s", "30"] if self.mode == "embedded" else []
-
-    def worker_env(self, a: Assignment | None) -> dict[str, str]:
-        env = {settings.FAULT_KILL_ENV: settings.fault_kill()} if settings.fault_kill() else {}
-        if settings.fault_upload():
-            env[settings.FAULT_UPLOAD_ENV] = settings.fault_upload()
-        if self.mode != "embedded":
-            return env
-        # gloo's pairs listen on this interface's address: the one the peers can reach
-        iface = "lo" if self.network == "host" else ("pub0" if self.public_addresses else "eth0")
-        return {**env, "GLOO_SOCKET_IFNAME": iface, "OMP_NUM_THREADS": "1"}
-
-    def startup_script(self, num_gpus: int = 1) -> str:
-        """What every instance runs at boot: Sailor's wheel from the job's bucket, then the agent."""
-        if self.code is None:
-            self.code = upload_code(self.jobs_url)
-        return startup_script(self.jobs_url, self.code, cloud="", num_gpus=num_gpus)
-
-    def data_url(self, url: str) -> str:
-        """A data file the instances can read: a local file is copied under the job's prefix once."""
-        if "://" in url and not url.startswith("file://"):
-            return url
-        path = Path(url[len("file://"):] if url.startswith("file://") else url)
-        key = f"data/{path.name}"
-        store = open_storage(self.jobs_url)
-        size = path.stat().st_size
-        if not store.exists(key) or store.size(key) != size:
-            store.put_atomic(key, path.read_bytes())
-        return f"{self.jobs_url}/{key}"
-
-    def checkpoint_url(self, url: str) -> str:
-        """Where the workers keep checkpoints: a local directory is not on the instances, the bucket is."""
-        if "://" in url and not url.startswith("file://"):
-            return url
-        return f"{self.jobs_url}/checkpoints"
-
-    def terminate(self, instance_ids: Sequence[str]) -> list[str]:
-        ended: list[str] = []
-        for provider in self.providers.values():
-            ended += provider.terminate_instances(self.labels, instance_ids=list(instance_ids))
-        return ended
-
-    def boot_failures(self, instance_ids: Sequence[str]) -> dict[str, str]:
-        """What went wrong on instances whose startup script reported a failed boot (wheel, install,
-        GPU, version), in words with their log tails; such an instance is failed, not slow."""
-        found = [read_boot_report(self.jobs_url, iid) for iid in instance_ids]
-        return {r.instance_id: r.describe() for r in found if r is not None}
-
-    def meet(self, infos: Sequence[InstanceInfo]) -> None:
-        """Decide how this attempt's instances reach each other, and open the job's rules to match:
-        inside one VPC by private address (the job's group/tag rule), else by public address, with
-        each cloud's rule opened to exactly the peers' public addresses."""
-        vpcs = {_vpc_of(i) for i in infos}
-        self.public_addresses = len(vpcs) > 1
-        peers = sorted(f"{i.public_ip}/32" for i in infos if i.public_ip) if self.public_addresses else []
-        for provider in self.providers.values():
-            if hasattr(provider, "set_job_peers"):
-                provider.set_job_peers(self.job_id, peers)
-
-    def query(self) -> list[InstanceInfo]:
-        out: list[InstanceInfo] = []
-        for p in self.providers.values():
-            out += p.query_instances(self.labels)
-        return out
-
-    def instance_states(self, ids: Sequence[str]) -> dict[str, str | None]:
-        seen = {i.instance_id: i.state for i in self.query()}
-        return {i: seen.get(i) for i in ids}
-
-    def preempt(self, instance_id: str) -> bool:
-        """Inject a spot preemption (notice, SIGTERM, notice period, SIGKILL) on the embedded cloud.
-
-        False when the cloud has no such live instance (gone, or already being preempted);
-        CloudConfigError when no embedded cloud is there to ask.
-        """
-        if self.control_url is None:
-            raise CloudConfigError("preemptions can only be injected on the embedded cloud")
-        answer = post_preemption(self.control_url, instance_id)
-        if answer.ok:
-            return True
-        if answer.http_status == 404:
-            return False
-        raise CloudConfigError(f"the embedded cloud could not preempt {instance_id}: {answer.error}")
-
-
 # ---- opening and closing --------------------------------------------------------
 
 # Sessions open in this process, by job id: the cancellation/crash hooks find them here.
@@ -198,7 +53,7 @@ _sessions: dict[str, CloudSession] = {}
 _lock = threading.Lock()
 
 
-def providers_for_mode(mode: str, clouds: Sequence[str] = ()) -> tuple[str, dict[str, Any], str | None]:
+def providers_for_mode(mode: str, clouds: Sequence[str] = ()) -> tuple[str, dict[str, CloudProvider], str | None]:
     """(mode used, providers, embedded control URL) for ``auto`` / ``embedded`` / ``real``.
 
     ``auto`` follows ``SAILOR_CLOUDS`` (infra.config): the embedded cloud unless real clouds
@@ -221,11 +76,6 @@ def providers_for_mode(mode: str, clouds: Sequence[str] = ()) -> tuple[str, dict
     return "embedded", providers, ends["control_url"]
 
 
-def _vpc_of(info: InstanceInfo) -> tuple[str, str]:
-    """AWS VPCs are regional (the default VPC of each region); GCP's default network is global."""
-    return (info.cloud, info.zone[:-1] if info.cloud == "aws" else "")
-
-
 def offers_session(mode: str, clouds: Sequence[str] = ()) -> CloudSession:
     """A session that only reads offers (plan and refresh-offers flows)."""
     used, providers, control_url = providers_for_mode(mode, clouds)
@@ -245,12 +95,12 @@ def open_session(mode: str, *, job_id: str, jobs_url: str, spec: JobSpec) -> Clo
         s3_client = None
     else:
         ends = config.embedded_endpoints()
-        _use_embedded_s3(ends["aws_endpoint"])
+        use_embedded_s3(ends["aws_endpoint"])
         # Ending a local process group takes about the cloud's halt grace (1 s); bill a margin.
         session = CloudSession(mode=used, job_id=job_id, jobs_url=f"s3://{EMBEDDED_BUCKET}/{job_id}",
                                providers=providers, control_url=control_url, network=ends.get("network", "host"),
                                shutdown_s=5.0, worker_stop_s=8.0, heartbeat_timeout_s=60.0)
-        s3_client = _embedded_s3_client(ends["aws_endpoint"])
+        s3_client = embedded_s3_client(ends["aws_endpoint"])
     with _lock:
         _sessions[job_id] = session  # from here on, a failure still finds what to clean up
     try:
@@ -258,56 +108,11 @@ def open_session(mode: str, *, job_id: str, jobs_url: str, spec: JobSpec) -> Clo
             if url.startswith("s3://"):
                 ensure_private_bucket(url, client=s3_client)  # created private and encrypted, refused if public
         session.code = upload_code(session.jobs_url)
-        _open_job_resources(session, spec)
+        open_job_resources(session, spec)
     except BaseException:
         close_session(session)
         raise
     return session
-
-
-def _use_embedded_s3(endpoint: str) -> None:
-    """This process reaches the embedded cloud's S3 (moto's; any keys do) with the standard variables."""
-    os.environ["AWS_ENDPOINT_URL_S3"] = endpoint
-    os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
-    os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
-
-
-def _embedded_s3_client(endpoint: str):
-    from infra.local.cloud import _local_session  # lazy: boto3, only for the embedded cloud's bucket
-
-    return _local_session().client("s3", endpoint_url=endpoint)
-
-
-def _open_job_resources(session: CloudSession, spec: JobSpec) -> None:
-    """The job's rules (its ports among its own instances) and the identity its instances run as:
-    an AWS instance profile allowed the job's prefixes only (GCP instances assume it by web
-    identity when the bucket is S3).  Closed (deleted) with the session."""
-    gcp = session.providers.get("gcp")
-    aws = session.providers.get("aws")
-    if gcp is not None:
-        gcp.open_job_network(session.job_id)
-        session._closers.append(lambda: gcp.delete_job_network(session.job_id))
-    if aws is not None:
-        session._closers.append(lambda: aws.delete_job_network(session.job_id))
-    elif session.mode == "embedded":
-        # The embedded jobs bucket is S3 (moto's) whichever cloud the job rents: a GCP-only job's
-        # instances still read it through the AWS role their service account may assume.
-        aws = _embedded_iam_provider()
-    if aws is not None:
-        rw = [u for u in {session.jobs_url, session.checkpoint_url(spec.checkpoint_url)} if u.startswith("s3://")]
-        ro = [u for u in (spec.dataset,) if u.startswith("s3://")]
-        if rw:
-            aws.create_job_identity(session.job_id, read_write=sorted(rw), read_only=ro,
-                                    gcp_service_account=getattr(gcp, "service_account", None))
-            session._closers.append(lambda: aws.delete_job_identity(session.job_id))
-
-
-def _embedded_iam_provider():
-    """The embedded cloud's AWS provider (for IAM only), when the job's own clouds leave AWS out."""
-    ends = config.embedded_endpoints()
-    from infra.local.cloud import providers_for  # lazy: the SDKs, only for the embedded cloud
-
-    return providers_for(ends["aws_endpoint"], ends["gce_endpoint"])["aws"]
 
 
 def job_bucket_spec(state: js.JobState, session: CloudSession) -> js.JobState:
@@ -317,49 +122,6 @@ def job_bucket_spec(state: js.JobState, session: CloudSession) -> js.JobState:
     if url == state.spec.checkpoint_url:
         return state
     return dataclasses.replace(state, spec=dataclasses.replace(state.spec, checkpoint_url=url))
-
-
-def agent_reports(job_id: str, *, aws_endpoint: str | None = None) -> list[dict]:
-    """The last status documents the job's agents wrote to its prefix of the embedded cloud's jobs
-    bucket (``job_id`` ending in ``*``: every job whose id starts so).  ``aws_endpoint``: a standalone
-    cloud's S3, else this process's embedded cloud's."""
-    s3 = _embedded_s3_client(aws_endpoint or config.embedded_endpoints()["aws_endpoint"])
-    stem = job_id[:-1] if job_id.endswith("*") else f"{job_id}/"
-    out = []
-    try:
-        pages = list(s3.get_paginator("list_objects_v2").paginate(Bucket=EMBEDDED_BUCKET, Prefix=stem))
-    except s3.exceptions.NoSuchBucket:  # no job has opened its session yet
-        return out
-    for page in pages:
-        for obj in page.get("Contents", []):
-            parts = obj["Key"].split("/")
-            if len(parts) == 4 and parts[1] == "agents" and parts[3] == "status.json":
-                try:
-                    out.append(json.loads(s3.get_object(Bucket=EMBEDDED_BUCKET, Key=obj["Key"])["Body"].read()))
-                except (s3.exceptions.NoSuchKey, ValueError):
-                    continue
-    return out
-
-
-def stray_objects(known_jobs: Sequence[str]) -> list[str]:
-    """Objects in the embedded cloud's jobs bucket outside every known job's prefix (none should be)."""
-    s3 = _embedded_s3_client(config.embedded_endpoints()["aws_endpoint"])
-    top = s3.list_objects_v2(Bucket=EMBEDDED_BUCKET, Delimiter="/")
-    return ([o["Key"] for o in top.get("Contents", [])]
-            + [p["Prefix"] for p in top.get("CommonPrefixes", []) if p["Prefix"].rstrip("/") not in set(known_jobs)])
-
-
-def job_leftovers(job_id: str, providers: dict[str, Any] | None = None) -> list[str]:
-    """The job's security groups, firewall rules and roles still in the clouds (none after the job)."""
-    found: list[str] = []
-    for provider in (providers or config.get_providers()).values():
-        if hasattr(provider, "job_groups"):
-            found += [g["GroupId"] for g in provider.job_groups(job_id).values()]
-        if hasattr(provider, "job_firewalls"):
-            found += list(provider.job_firewalls(job_id))
-        if hasattr(provider, "job_identity_leftovers"):
-            found += provider.job_identity_leftovers(job_id)
-    return found
 
 
 def close_session(session: CloudSession) -> None:
@@ -398,13 +160,7 @@ def terminate_job_everywhere(job_id: str, *, reason: str) -> list[str]:
             close_session(session)
         except Exception as exc:  # noqa: BLE001 - the verbs below try again
             sys.stderr.write(f"sailor: could not close {job_id}'s session ({reason}): {exc}\n")
-    for cloud, provider in providers.items():  # then the rules and identity the instances held
-        for verb in ("delete_job_network", "delete_job_identity"):
-            try:
-                if hasattr(provider, verb):
-                    getattr(provider, verb)(job_id)
-            except Exception as exc:  # noqa: BLE001
-                sys.stderr.write(f"sailor: could not clean up {job_id} on {cloud} ({verb}, {reason}): {exc}\n")
+    delete_job_resources(providers, job_id, reason=reason)  # then the rules and identity the instances held
     return ids
 
 

@@ -27,19 +27,17 @@ def doctor_cmd(
     providers = get_providers(cloud or None)
     embedded = not real_clouds()
     checks = []
-    if "aws" in providers:
-        checks += doctor.check_aws(providers["aws"], gpus=gpu or (), embedded=embedded)
-    if "gcp" in providers:
-        checks += doctor.check_gcp(providers["gcp"], gpus=gpu or (), embedded=embedded)
+    for provider in providers.values():
+        checks += doctor.check_cloud(provider, gpus=gpu or (), embedded=embedded)
     if embedded:
         # lazy: loaded when the command runs (the CLI starts light)
         from infra.buckets import ensure_private_bucket
         from infra.config import embedded_endpoints
-        from tasks.cloud import EMBEDDED_BUCKET, _embedded_s3_client, _use_embedded_s3
+        from tasks.embedded_bucket import EMBEDDED_BUCKET, embedded_s3_client, use_embedded_s3
 
         endpoint = embedded_endpoints()["aws_endpoint"]
-        _use_embedded_s3(endpoint)
-        client = _embedded_s3_client(endpoint)
+        use_embedded_s3(endpoint)
+        client = embedded_s3_client(endpoint)
         jobs_url = f"s3://{EMBEDDED_BUCKET}/doctor"
         ensure_private_bucket(jobs_url, client=client)
         checks += doctor.check_bucket(jobs_url, s3_client=client)

@@ -34,7 +34,6 @@ import contextlib
 import fcntl
 import importlib.util
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -47,6 +46,7 @@ from pathlib import Path
 from flows.cli import background
 from sailor_core import settings
 from sailor_core.errors import SailorError
+from sailor_core.ports import free_port
 
 DEFAULT_PORT = 4200
 PROFILE = "sailor"  # the Prefect profile that points at the local server
@@ -230,17 +230,6 @@ def configure_prefect_env(*, start_server: bool = False) -> ApiChoice:
 # ---- the local server ---------------------------------------------------------------------------
 
 
-def _free_port(preferred: int) -> int:
-    for port in (preferred, 0):
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return s.getsockname()[1]
-    raise SailorError("no free TCP port for the Prefect server")
-
-
 def _wait_healthy(api_url: str, pid: int, deadline: float) -> bool:
     while time.monotonic() < deadline:
         if healthy(api_url):
@@ -278,7 +267,7 @@ def server_command(port: int) -> list[str]:
 
 def _start(port: int, timeout_s: float, *, previous_profile: str | None) -> str:
     home = prefect_home()
-    port = _free_port(port)
+    port = free_port(port)
     api_url = f"http://127.0.0.1:{port}/api"
     env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_API_URL", "PREFECT_PROFILE")}
     env.update(PREFECT_HOME=str(home), PREFECT_SERVER_ANALYTICS_ENABLED="false",

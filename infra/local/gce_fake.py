@@ -30,7 +30,7 @@ from urllib.parse import parse_qs, urlparse
 from infra.doctor import gcp_gpu_quota_metric
 from infra.local.capacity import Capacity
 from infra.local.faults import Faults
-from sailor_core.catalog.instances import gpu_for_gcp_accelerator, instance_types
+from sailor_core.catalog.instances import gpu_for_accelerator, instance_types
 from sailor_core.zones import parse_zone
 
 _log = logging.getLogger(__name__)
@@ -59,7 +59,7 @@ def _catalog_zones() -> dict[str, dict]:
             continue
         for zone in row.zones:
             z = zones.setdefault(zone, {"machine_types": {}, "accelerators": {}})
-            builtin = not row.machine_type.startswith("n1-")
+            builtin = not row.attached_gpus
             z["machine_types"][row.machine_type] = (row.accelerator_type, row.gpus_per_node) if builtin else None
             acc = z["accelerators"]
             acc[row.accelerator_type] = max(acc.get(row.accelerator_type, 0), row.gpus_per_node)
@@ -330,7 +330,7 @@ class GCEFake:
 
     def _machine_type(self, zone: str, name: str) -> dict:
         built_in = self.zones[zone]["machine_types"][name]
-        cpus = int(name.rsplit("-", 1)[-1]) if name.startswith("n1-") else 12
+        cpus = 12 if built_in else int(name.rsplit("-", 1)[-1])  # n1-standard-N: N vCPUs
         out = {"kind": "compute#machineType", "id": str(abs(hash(name)) % 10**15), "name": name, "zone": zone,
                "guestCpus": cpus, "memoryMb": cpus * 3840, "selfLink": self._link("zones", zone, "machineTypes", name)}
         if built_in:
@@ -344,7 +344,7 @@ class GCEFake:
             raise ApiError(404, "notFound", f"The resource 'projects/{self.project}/regions/{region}' was not found")
         quotas = []
         for accel in sorted({a for z in zones for a in self.zones[z]["accelerators"]}):
-            gpu = gpu_for_gcp_accelerator(accel)
+            gpu = gpu_for_accelerator("gcp", accel)
             limits = [self.capacity.available(gpu, z) for z in zones]
             limit = 64 if any(v is None for v in limits) else sum(limits)
             usage = sum(self.gpus_in_use(gpu, z) for z in zones)
@@ -402,7 +402,7 @@ class GCEFake:
         if not accels:
             return None, 0
         acc = accels[0]
-        return gpu_for_gcp_accelerator(acc["acceleratorType"].rsplit("/", 1)[-1]), int(acc.get("acceleratorCount", 0))
+        return gpu_for_accelerator("gcp", acc["acceleratorType"].rsplit("/", 1)[-1]), int(acc.get("acceleratorCount", 0))
 
     def gpus_in_use(self, gpu: str, zone: str) -> int:
         with self._lock:

@@ -11,11 +11,10 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from sailor_core.catalog._load import load_data_file
+from sailor_core.catalog.clouds import check_rented
 from sailor_core.catalog.gpus import gpu_names, normalize_gpu_name
 from sailor_core.errors import UnknownNameError
 from sailor_core.zones import parse_zone
-
-CLOUDS = ("aws", "gcp")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -46,7 +45,10 @@ class InstanceType:
     cloud: str
     instance_type: str  # the name offers use; for GCP n1 + GPU a synthetic "n1-standard-8-v100x1"
     machine_type: str  # what the cloud API takes (GCP machine type / EC2 instance type)
-    accelerator_type: str | None  # GCP accelerator to attach; None where the machine has its GPUs
+    accelerator_type: str | None  # the cloud's name for the GPU (GCP's accelerator type), where it has one
+    # The GPUs are attached to the machine type at launch (GCP's n1 + accelerator rows name the
+    # accelerator in the data) rather than built into it (a2/a3/g2): the one home of that rule
+    attached_gpus: bool = False
     gpu: str
     gpus_per_node: int
     on_demand_usd_per_hr: float
@@ -63,21 +65,20 @@ def _data() -> dict:
 @lru_cache(maxsize=1)
 def instance_types() -> tuple[InstanceType, ...]:
     data = _data()
-    accel = data["gcp_accelerator_types"]
     rows = []
     for row in data["instances"]:
         gpu = normalize_gpu_name(row["gpu"])
         cloud = row["cloud"]
         machine_type = row.get("machine_type", row["instance_type"])
-        accelerator = row.get("accelerator_type")
-        if cloud == "gcp" and accelerator is None:
-            accelerator = accel[gpu]  # a2/a3/g2: GPUs come with the machine type
+        attached = row.get("accelerator_type")
+        accelerator = attached or data["accelerator_types"].get(cloud, {}).get(gpu)
         rows.append(
             InstanceType(
                 cloud=cloud,
                 instance_type=row["instance_type"],
                 machine_type=machine_type,
                 accelerator_type=accelerator,
+                attached_gpus=attached is not None,
                 gpu=gpu,
                 gpus_per_node=int(row["gpus_per_node"]),
                 on_demand_usd_per_hr=float(row["on_demand_usd_per_hr"]),
@@ -101,16 +102,9 @@ def get_instance_type(cloud: str, instance_type: str) -> InstanceType:
     raise UnknownNameError(f"unknown {cloud} instance type {instance_type!r} (not in the instance catalog)")
 
 
-def gcp_accelerator_type(gpu: str) -> str:
-    gpu = normalize_gpu_name(gpu)
-    try:
-        return _data()["gcp_accelerator_types"][gpu]
-    except KeyError:
-        raise UnknownNameError(f"GCP sells no {gpu} accelerator") from None
-
-
-def gpu_for_gcp_accelerator(accelerator_type: str) -> str | None:
-    for gpu, name in _data()["gcp_accelerator_types"].items():
+def gpu_for_accelerator(cloud: str, accelerator_type: str) -> str | None:
+    """The GPU a cloud sells as ``accelerator_type`` (GCP's ``nvidia-tesla-t4``), if any."""
+    for gpu, name in _data()["accelerator_types"].get(cloud, {}).items():
         if name == accelerator_type:
             return gpu
     return None
@@ -167,9 +161,7 @@ def catalog_offers(gpus=None, zones=None, clouds=None) -> list[Offer]:
     gpu_set = {normalize_gpu_name(g) for g in gpus} if gpus else None
     zone_set = {parse_zone(z).name for z in zones} if zones else None
     if clouds:
-        unknown = set(clouds) - set(CLOUDS)
-        if unknown:
-            raise UnknownNameError(f"unknown cloud {sorted(unknown)[0]!r}; known: {', '.join(CLOUDS)}")
+        check_rented(clouds)
     cloud_set = set(clouds) if clouds else None
     return [
         o

@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from sailor_core.catalog.gpus import gpu_names, normalize_gpu_name
-from sailor_core.catalog.instances import CLOUDS, catalog_zones, rentable_gpus
+from sailor_core.catalog.clouds import rented_clouds
+from sailor_core.catalog.instances import catalog_zones, rentable_gpus
 from sailor_core.catalog.models import model_names, normalize_model_name
 from sailor_core.errors import UnknownNameError
 from sailor_core.objective import JobTerms, Objective, TermsError
@@ -162,8 +163,9 @@ def check_names(spec: JobSpec) -> None:
             raise JobSpecError("zones", f"{zone!r}: no cloud of the catalog sells GPUs there; "
                                         f"{_did_you_mean(zone, zones)}(`sailor catalog instances`)")
     for cloud in spec.clouds:
-        if cloud not in CLOUDS:
-            raise JobSpecError("clouds", f"{cloud!r} is not a cloud Sailor rents from; known: {', '.join(CLOUDS)}")
+        if cloud not in rented_clouds():
+            raise JobSpecError("clouds", f"{cloud!r} is not a cloud Sailor rents from; "
+                                         f"known: {', '.join(rented_clouds())}")
 
 
 def _check_gpu_type(gpu: str) -> None:

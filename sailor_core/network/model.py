@@ -25,7 +25,7 @@ from typing import Sequence
 from sailor_core.catalog.gpus import get_gpu
 from sailor_core.network._data import load_egress_table, load_inter_fits, load_intra_fits, load_user_inter_fits
 from sailor_core.network.fits import BandwidthFit
-from sailor_core.zones import Zone, parse_zone
+from sailor_core.zones import parse_zone
 
 # Sailor's data-parallel sync splits gradients into buckets of this size (DeepSpeed's default).
 ALLREDUCE_BUCKET_BYTES = 5e8
@@ -96,11 +96,6 @@ def link_class(src_zone: str, dst_zone: str) -> LinkClass:
     if a.region == b.region:
         return LinkClass.CROSS_ZONE
     return LinkClass.CROSS_REGION
-
-
-def _continent(zone: Zone) -> str:
-    prefix = zone.region.split("-", 1)[0]
-    return {"eu": "europe", "ap": "asia"}.get(prefix, prefix)
 
 
 @dataclass(frozen=True, slots=True)
@@ -313,7 +308,7 @@ def _egress_usd_per_gb(table: dict[tuple[str, str], float], src_zone: str, dst_z
 def _default_egress_usd_per_gb(src_zone: str, dst_zone: str) -> float:
     cls = link_class(src_zone, dst_zone)
     if cls is LinkClass.CROSS_REGION:
-        same = _continent(parse_zone(src_zone)) == _continent(parse_zone(dst_zone))
+        same = parse_zone(src_zone).continent == parse_zone(dst_zone).continent
         return DEFAULT_EGRESS_USD_PER_GB["cross_region" if same else "cross_continent"]
     return DEFAULT_EGRESS_USD_PER_GB[cls.value]
 

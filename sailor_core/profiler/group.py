@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import tempfile
 import time
@@ -12,12 +11,7 @@ from pathlib import Path
 from typing import Callable
 
 from sailor_core.errors import ProfileError
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from sailor_core.ports import free_port
 
 
 def run_local_group(argv: list[str], *, num_ranks: int, threads: int, timeout_s: float, what: str,

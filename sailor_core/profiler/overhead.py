@@ -19,7 +19,7 @@ import subprocess
 import sys
 
 from sailor_core.errors import ProfileError
-from sailor_core.profiler.group import free_port
+from sailor_core.ports import free_port
 
 _IDLE = r"""
 import json, os, sys, datetime

@@ -6,6 +6,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from sailor_core.catalog.layers import total_params
+from sailor_core.catalog.clouds import cloud_facts
 from sailor_core.errors import InputError
 from sailor_core.regimes import DEFAULT_REGIME, get_regime
 from sailor_core.zones import parse_zone
@@ -23,9 +24,6 @@ class ChangeCosts:
     storage_bw_bytes_per_s: float = 1e9   # aggregate write/read bandwidth to the checkpoint store
     checkpoint_interval_s: float = 1800.0  # periodic checkpoints while training
     terminate_s: float = 30.0             # instance shutdown after the final checkpoint
-    # Preemption notice per cloud: AWS warns 2 min ahead, GCP 30 s.  When the
-    # checkpoint save fits in it, an emergency save loses no work.
-    notice_s_by_cloud: tuple[tuple[str, float], ...] = (("aws", 120.0), ("gcp", 30.0), ("local", 0.0))
 
     def __post_init__(self) -> None:
         for name in ("provisioning_s", "startup_s", "rejoin_s", "checkpoint_bytes", "terminate_s"):
@@ -53,7 +51,9 @@ class ChangeCosts:
         return self.save_s + self.provisioning_s + self.startup_s + self.load_s
 
     def notice_s(self, zone: str) -> float:
-        return dict(self.notice_s_by_cloud).get(parse_zone(zone).cloud, 0.0)
+        """The zone's cloud's preemption notice (clouds.json): when the checkpoint save fits in
+        it, an emergency save loses no work."""
+        return cloud_facts(parse_zone(zone).cloud).preemption_notice_s
 
     def work_lost_s(self, zones: Iterable[str]) -> float:
         """Training a preemption is expected to cost in ``zones``: none where the notice covers an

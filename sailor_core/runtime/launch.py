@@ -12,7 +12,6 @@ import datetime
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -58,12 +57,6 @@ class LaunchResult:
                 "dead_rank": self.dead_rank, "hung_ranks": list(self.hung_ranks),
                 "message": self.message, "peak_memory_bytes": self.peak_memory_bytes,
                 "val_losses": {str(k): v for k, v in self.val_losses.items()}}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def ensure_corpus(workdir: Path, plan: Plan, *, num_tokens: int | None = None, seed: int = 0) -> Path:

@@ -8,21 +8,15 @@ separate process can reach; the in-process flows use the same server.
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 from flows.cli.background import pid_alive as process_alive  # noqa: F401 - the tests' name for it
+from sailor_core.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="session")
@@ -48,7 +42,7 @@ def prefect_api(sailor_home) -> str:
     os.environ["PREFECT_HOME"] = str(sailor_home / "prefect")
     os.environ.pop("PREFECT_API_URL", None)
     _stop_server_when_this_process_ends()  # before the start: a kill may come while it waits for the server
-    api_url = start_local_server(port=_free_port())
+    api_url = start_local_server(port=free_port())
     os.environ["PREFECT_API_URL"] = api_url
     from prefect.settings import PREFECT_API_URL, PREFECT_HOME, PREFECT_SERVER_ANALYTICS_ENABLED, temporary_settings
 

@@ -86,7 +86,7 @@ def _instances(cloud: dict) -> list:
 
 def _agent_statuses(cloud: dict) -> list[dict]:
     """The job's agents' reports, in its prefix of the standalone cloud's bucket (where its instances write)."""
-    from tasks.cloud import agent_reports
+    from tasks.embedded_bucket import agent_reports
 
     return agent_reports(JOB_ID, aws_endpoint=cloud["aws_endpoint"])
 

@@ -35,7 +35,8 @@ def _assert_nothing_left(job_id: str, *, expect_workers: bool = True) -> None:
     state = js.JobStore().load(job_id)
     assert not state.running_instances()
     assert _live_instances(job_id) == []
-    from tasks.cloud import agent_reports, job_leftovers
+    from tasks.embedded_bucket import agent_reports
+    from tasks.job_resources import job_leftovers
 
     assert job_leftovers(job_id) == []  # no firewall rule, security group or role
     reports = agent_reports(job_id)  # in the job's bucket, where its instances wrote them

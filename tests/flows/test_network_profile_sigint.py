@@ -26,7 +26,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 def _statuses(home: Path, cloud: dict) -> list[dict]:
     """The profile's agents' reports, in its job's prefix of the standalone cloud's bucket."""
-    from tasks.cloud import agent_reports
+    from tasks.embedded_bucket import agent_reports
 
     return agent_reports("network-profile-*", aws_endpoint=cloud["aws_endpoint"])
 

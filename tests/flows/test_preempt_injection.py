@@ -23,7 +23,7 @@ from sailor_core.job import state as js
 from sailor_core.job.protocol import InjectionReport, InjectPreemption
 from sailor_core.job.spec import JobSpec
 from sailor_core.runtime.agent import Agent, _Generation
-from tasks.cloud import CloudSession
+from tasks.cloud_session import CloudSession
 from tasks.workers import note_injection, preemption_for_attempt
 
 LOG = logging.getLogger("test-preempt-injection")

@@ -34,11 +34,12 @@ def _live_instances(job_id: str) -> list:
 def _assert_nothing_left(state: js.JobState) -> None:
     assert not state.running_instances()
     assert _live_instances(state.job_id) == []
-    from tasks import cloud as cloud_tasks
+    from tasks.embedded_bucket import agent_reports, stray_objects
+    from tasks.job_resources import job_leftovers
 
-    assert cloud_tasks.job_leftovers(state.job_id) == []  # no security group, firewall rule or role
-    assert cloud_tasks.stray_objects([s.job_id for s in js.JobStore().list()]) == []  # nothing outside the jobs' prefixes
-    reports = cloud_tasks.agent_reports(state.job_id)  # in the job's bucket, where its instances wrote them
+    assert job_leftovers(state.job_id) == []  # no security group, firewall rule or role
+    assert stray_objects([s.job_id for s in js.JobStore().list()]) == []  # nothing outside the jobs' prefixes
+    reports = agent_reports(state.job_id)  # in the job's bucket, where its instances wrote them
     reports += [r["previous"] for r in reports if r.get("previous")]  # a stopped generation's last report
     pids = [pid for r in reports for pid in r.get("pids", {}).values()]
     assert pids, "the agents reported no workers"

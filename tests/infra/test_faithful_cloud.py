@@ -166,7 +166,7 @@ def test_instance_credentials_reach_the_jobs_prefix_and_nothing_else(cloud, prov
     # A GCE instance runs as the service account; a job with an S3 bucket trusts it (federation).
     gcp_job = "cred-b"
     providers["aws"].create_job_identity(gcp_job, read_write=[f"s3://{BUCKET}/{gcp_job}"],
-                                         gcp_service_account=SERVICE_ACCOUNT)
+                                         trusted_accounts={"gcp": SERVICE_ACCOUNT})
     vm = _boot_one(cloud, providers, gcp_job, script="#!/bin/bash\nsleep 60\n", cloud_name="gcp")
     got = providers["gcp"]._instances.get(project="sailor-local", zone=vm.zone, instance=vm.instance_id)
     assert [a.email for a in got.service_accounts] == [SERVICE_ACCOUNT]

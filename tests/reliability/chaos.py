@@ -244,7 +244,7 @@ class _Watcher:
         self.aws_endpoint, self.job_id = env.cloud["aws_endpoint"], job_id
 
     def statuses(self) -> list[dict]:
-        from tasks.cloud import agent_reports
+        from tasks.embedded_bucket import agent_reports
 
         return agent_reports(self.job_id, aws_endpoint=self.aws_endpoint)
 
@@ -339,7 +339,7 @@ def run_trial(env: ChaosEnv, seed: int, *, steps: int = 20, ckpt_every: int = 4,
     params = {**_flow_params(job_id, steps=steps, ckpt_every=ckpt_every, budget_usd=budget_usd, seed=seed),
               **(flow_overrides or {})}
     store = js.JobStore(env.jobs_url())
-    from tasks.cloud import EMBEDDED_BUCKET  # lazy: Prefect, for the trials only
+    from tasks.embedded_bucket import EMBEDDED_BUCKET  # lazy: Prefect, for the trials only
 
     ckpt_dir = f"s3://{EMBEDDED_BUCKET}/{job_id}/checkpoints"  # the job's prefix of the embedded cloud's bucket
     log_path = env.home / f"{job_id}.flow.log"

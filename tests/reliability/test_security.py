@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from sailor_core.ports import free_port
+
 ROOT = Path(__file__).resolve().parents[2]
 WILDCARDS = {"0.0.0.0", "::"}
 
@@ -53,12 +55,6 @@ def listening_sockets(pid: int) -> list[tuple[str, int]]:
     return out
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_rendezvous_and_worker_ports_listen_on_the_private_address_only(tmp_path):
     """Workers as an instance's agent starts them (rank 0 hosts the store): nothing listens on 0.0.0.0/::."""
     plan = {"model": "tiny", "global_batch_size": 4, "micro_batch_size": 2,
@@ -70,7 +66,7 @@ def test_rendezvous_and_worker_ports_listen_on_the_private_address_only(tmp_path
     from sailor_core.runtime.launch import ensure_corpus
 
     data = ensure_corpus(tmp_path, plan_from_dict(plan))
-    port, stop_file, metrics = _free_port(), tmp_path / "stop", tmp_path / "metrics.jsonl"
+    port, stop_file, metrics = free_port(), tmp_path / "stop", tmp_path / "metrics.jsonl"
     procs = []
     for rank in range(2):
         env = {k: v for k, v in os.environ.items() if k != "TORCHELASTIC_USE_AGENT_STORE"}
@@ -147,7 +143,8 @@ def test_the_train_job_session_makes_its_s3_checkpoint_bucket_private(moto_s3):
 
     from sailor_core.job.spec import JobSpec
     from sailor_core.storage import open_storage
-    from tasks.cloud import close_session, open_session, stray_objects
+    from tasks.cloud import close_session, open_session
+    from tasks.embedded_bucket import stray_objects
 
     spec = JobSpec(model="tiny", budget_usd=1.0, steps=2, checkpoint_url="s3://sailor-flow-ckpt/j/ckpt")
     session = open_session("embedded", job_id="sec-job", jobs_url="/tmp/unused-jobs/sec-job", spec=spec)

@@ -1,16 +1,11 @@
 """The replay flow against a real local Prefect server: it runs and publishes its artifacts."""
 
-import socket
 
 import pytest
 
+from sailor_core.ports import free_port
+
 pytestmark = pytest.mark.slow
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_replay_flow_publishes_summary_and_timeline(tmp_path, monkeypatch):
@@ -21,7 +16,7 @@ def test_replay_flow_publishes_summary_and_timeline(tmp_path, monkeypatch):
     from tests.controller.planners import linear_planner
 
     monkeypatch.setenv("SAILOR_HOME", str(tmp_path / "home"))
-    api_url = start_local_server(port=_free_port())
+    api_url = start_local_server(port=free_port())
     try:
         from prefect.settings import PREFECT_API_URL, PREFECT_LOGGING_TO_API_ENABLED, temporary_settings
 

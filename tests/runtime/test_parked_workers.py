@@ -20,7 +20,7 @@ from sailor_core.runtime.recipe import Recipe
 from sailor_core.runtime.reference import train_reference
 from sailor_core.job.protocol import EXIT_PREEMPTED
 
-from tests.flows.conftest import _free_port
+from sailor_core.ports import free_port
 from tests.flows.test_agent import _wait_status
 
 from .conftest import make_plan
@@ -52,7 +52,7 @@ def _losses(*statuses) -> dict[int, float]:
 
 
 def test_survivors_park_and_train_on_with_their_state_in_memory(corpus, tmp_path: Path):
-    job_url, ckpt, port = str(tmp_path / "job"), str(tmp_path / "ckpt"), _free_port()
+    job_url, ckpt, port = str(tmp_path / "job"), str(tmp_path / "ckpt"), free_port()
     a, b = _agent(tmp_path, job_url, "i-a"), _agent(tmp_path, job_url, "i-b")
     try:
         # Generation 1: stage 0 on i-a, stage 1 with one replica on each instance.

@@ -1,0 +1,56 @@
+"""The embedded cloud's jobs bucket (moto's S3): reaching it from this process, and reading what
+the jobs left in it (their agents' reports, objects outside every job's prefix)."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+
+from infra import config
+
+EMBEDDED_BUCKET = "sailor-jobs"  # the embedded cloud's bucket for jobs (moto's S3)
+
+
+def use_embedded_s3(endpoint: str) -> None:
+    """This process reaches the embedded cloud's S3 (moto's; any keys do) with the standard variables."""
+    os.environ["AWS_ENDPOINT_URL_S3"] = endpoint
+    os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
+    os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
+
+
+def embedded_s3_client(endpoint: str):
+    from infra.local.cloud import _local_session  # lazy: boto3, only for the embedded cloud's bucket
+
+    return _local_session().client("s3", endpoint_url=endpoint)
+
+
+
+def agent_reports(job_id: str, *, aws_endpoint: str | None = None) -> list[dict]:
+    """The last status documents the job's agents wrote to its prefix of the embedded cloud's jobs
+    bucket (``job_id`` ending in ``*``: every job whose id starts so).  ``aws_endpoint``: a standalone
+    cloud's S3, else this process's embedded cloud's."""
+    s3 = embedded_s3_client(aws_endpoint or config.embedded_endpoints()["aws_endpoint"])
+    stem = job_id[:-1] if job_id.endswith("*") else f"{job_id}/"
+    out = []
+    try:
+        pages = list(s3.get_paginator("list_objects_v2").paginate(Bucket=EMBEDDED_BUCKET, Prefix=stem))
+    except s3.exceptions.NoSuchBucket:  # no job has opened its session yet
+        return out
+    for page in pages:
+        for obj in page.get("Contents", []):
+            parts = obj["Key"].split("/")
+            if len(parts) == 4 and parts[1] == "agents" and parts[3] == "status.json":
+                try:
+                    out.append(json.loads(s3.get_object(Bucket=EMBEDDED_BUCKET, Key=obj["Key"])["Body"].read()))
+                except (s3.exceptions.NoSuchKey, ValueError):
+                    continue
+    return out
+
+
+def stray_objects(known_jobs: Sequence[str]) -> list[str]:
+    """Objects in the embedded cloud's jobs bucket outside every known job's prefix (none should be)."""
+    s3 = embedded_s3_client(config.embedded_endpoints()["aws_endpoint"])
+    top = s3.list_objects_v2(Bucket=EMBEDDED_BUCKET, Delimiter="/")
+    return ([o["Key"] for o in top.get("Contents", [])]
+            + [p["Prefix"] for p in top.get("CommonPrefixes", []) if p["Prefix"].rstrip("/") not in set(known_jobs)])
