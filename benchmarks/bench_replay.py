@@ -21,7 +21,6 @@ search ahead (default: one per idle CPU up to 8, none if fewer than two are idle
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import contextlib
 import dataclasses
 import json

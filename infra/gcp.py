@@ -37,7 +37,6 @@ from infra.retry import RetryPolicy
 from sailor_core import settings
 from sailor_core.catalog import normalize_gpu_name
 from sailor_core.catalog.instances import InstanceType, Offer, get_instance_type, instance_types, offer_for
-from sailor_core.zones import parse_zone
 
 PREEMPTED_OPERATION = "compute.instances.preempted"
 _CAPACITY_CODES = {

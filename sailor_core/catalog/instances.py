@@ -12,7 +12,7 @@ from functools import lru_cache
 
 from sailor_core.catalog._load import load_data_file
 from sailor_core.catalog.clouds import check_rented
-from sailor_core.catalog.gpus import gpu_names, normalize_gpu_name
+from sailor_core.catalog.gpus import normalize_gpu_name
 from sailor_core.errors import UnknownNameError
 from sailor_core.zones import parse_zone
 

@@ -26,7 +26,6 @@ from sailor_core.controller.state import observed_preemption_rates_per_s
 from sailor_core.errors import InputError
 from sailor_core.job.spec import JobSpec
 from sailor_core.settings import jobs_url
-from sailor_core.settings import sailor_home  # noqa: F401  (kept for callers not yet on settings: flows, tests)
 from sailor_core.storage import open_storage
 
 STATE_VERSION = 1
