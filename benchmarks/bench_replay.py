@@ -84,10 +84,10 @@ def main() -> None:
     t0 = time.perf_counter()
     job = _spec(args, policies, plan_cache=args.plan_cache, objective=args.objective, deadline_h=args.deadline_h,
                 min_throughput_samples_per_s=args.min_throughput, on_demand_gpus=args.on_demand_gpus)
-    cold = run_policies(trace, dataclasses.replace(job, workers=args.workers), planner_knobs=knobs)
+    cold = run_policies(trace, dataclasses.replace(job, workers=args.workers), search=knobs)
     cold_s = time.perf_counter() - t0
     t0 = time.perf_counter()
-    warm = run_policies(trace, job, planner_knobs=knobs)
+    warm = run_policies(trace, job, search=knobs)
     warm_s = time.perf_counter() - t0
     out = cold.to_dict()
     out.update(max_evaluations=args.max_evaluations or 200, trace_arg=args.trace, model=args.model, tokens=args.tokens, trace_rows=trace.num_rows,
@@ -254,7 +254,7 @@ def virtual_workers(args, trace, policies, knobs, counts, base, base_wall_s, ans
         pf.planner_plan_fn = lambda *_a, **_kw: lookup
         pf.PrefetchingPlanner._executor = lambda self: pool
         try:
-            suite = run_policies(trace, _spec(args, policies, workers=n), planner_knobs=knobs)
+            suite = run_policies(trace, _spec(args, policies, workers=n), search=knobs)
         finally:
             pf.planner_plan_fn, pf.PrefetchingPlanner._executor = saved
         same = all((suite.results[p].usd_spent, suite.results[p].time_to_train_s)
@@ -274,7 +274,7 @@ def compare_report(args, trace, policies, knobs) -> None:
 
     t0 = time.perf_counter()
     c = compare_policies(trace, _spec(args, policies, on_demand_gpus=args.on_demand_gpus, plan_cache=args.plan_cache,
-                                      workers=args.workers), planner_knobs=knobs,
+                                      workers=args.workers), search=knobs,
                          progress=lambda text: print(f"  replaying {text} ({time.perf_counter() - t0:.0f} s)",
                                                      flush=True))
     wall_s = time.perf_counter() - t0
@@ -314,7 +314,7 @@ def cold_report(args, trace, policies, knobs) -> None:
         raise SystemExit("--virtual-workers needs --workers 0 (it records one process's searches) and no probe")
     with _recording_searches() if args.virtual_workers else contextlib.nullcontext(({}, {})) as (answers, seconds):
         t0, c0, own0 = time.perf_counter(), _cpu_s(), time.process_time()
-        suite = run_policies(trace, _spec(args, policies, workers=args.workers), planner_knobs=knobs,
+        suite = run_policies(trace, _spec(args, policies, workers=args.workers), search=knobs,
                              probe_micro_batches=args.probe_micro_batches)
         wall_s, cpu_s, own_cpu_s = time.perf_counter() - t0, _cpu_s() - c0, time.process_time() - own0
     calls = suite.planner_call_log
@@ -346,7 +346,7 @@ def cold_report(args, trace, policies, knobs) -> None:
                                                  suite, wall_s, answers, seconds)
     if args.vs_all_micro_batches:
         t0, c0 = time.perf_counter(), _cpu_s()
-        full = run_policies(trace, _spec(args, policies, workers=args.workers), planner_knobs=knobs)
+        full = run_policies(trace, _spec(args, policies, workers=args.workers), search=knobs)
         full_wall_s, full_cpu_s = time.perf_counter() - t0, _cpu_s() - c0
         print(f"every micro-batch size: wall {full_wall_s:.2f} s, CPU {full_cpu_s:.2f} s, "
               f"{full.planner_calls} planner calls {full.planner_time_s:.2f} s")

@@ -185,7 +185,7 @@ def run_policies(
     *,
     plan_fn: PlanFn | None = None,
     costs: ChangeCosts | None = None,
-    planner_knobs: SearchSettings | None = None,
+    search: SearchSettings | None = None,
     probe_micro_batches: bool = False,
     progress: Callable[[str, float, int], None] | None = None,
 ) -> ReplaySuite:
@@ -194,7 +194,7 @@ def run_policies(
     The job's objective and constraints (``JobTerms`` of ``spec``: default: finish soonest, on
     spot only) are what every policy but skypilot's managed job re-plans by.  ``costs``: the
     costs of a change (default: ``spec``'s); ``plan_fn``: a planner in place of the real one;
-    ``planner_knobs``: the planner's search settings (default: ``REPLAY_SEARCH``).
+    ``search``: the planner's search settings (default: ``REPLAY_SEARCH``).
 
     ``progress``, when given, is called as the replay goes with the policy, its simulated
     time and the planner searches made so far.
@@ -213,7 +213,7 @@ def run_policies(
     costs = costs or _change_costs(spec, model.name)
     prices = load_price_series(spec.prices) if spec.prices else None
     planning = _planning(trace, plan_fn, model=model.name, global_batch_size=global_batch_size,
-                         planner_knobs=planner_knobs, probe_micro_batches=probe_micro_batches,
+                         search=search, probe_micro_batches=probe_micro_batches,
                          exact_availability=spec.exact_availability, plan_cache_path=plan_cache_path,
                          workers=spec.workers)
     single = _single_type(trace, planning, policies=policies, gpu_type=spec.gpu, costs=costs)
@@ -221,7 +221,7 @@ def run_policies(
                 deadline_s=terms.deadline_s)
     replay_args = dict(trace=trace, costs=costs, goal=goal, seed=spec.seed)
     cheap = _cheap_planner(planning, model=model.name, global_batch_size=global_batch_size,
-                           planner_knobs=planner_knobs, terms=terms, plan_cache_path=plan_cache_path,
+                           search=search, terms=terms, plan_cache_path=plan_cache_path,
                            plan_fn=plan_fn, budget_usd=budget_usd)
     results = _replay_each(planning, policies, single=single, prices=prices, replay_args=replay_args,
                            progress=progress, terms=terms, cheap=cheap)
@@ -282,14 +282,14 @@ class _Planning:
 
 
 def _planning(trace: AvailabilityTrace, plan_fn: PlanFn | None, *, model: str, global_batch_size: int | None,
-              planner_knobs: SearchSettings | None, probe_micro_batches: bool, exact_availability: bool,
+              search: SearchSettings | None, probe_micro_batches: bool, exact_availability: bool,
               plan_cache_path: str | None, workers: int | None) -> _Planning:
     """The real planner with the replay's search settings (unless ``plan_fn`` is given), memoised, and its workers."""
     base = plan_fn
     probe = CachedPlanner(plan_fn=lambda _avail: ())
     mbs = None
     if base is None:
-        query = PlanQuery(model=model, global_batch_size=global_batch_size, search=planner_knobs or REPLAY_SEARCH)
+        query = PlanQuery(model=model, global_batch_size=global_batch_size, search=search or REPLAY_SEARCH)
         if probe_micro_batches and query.search.micro_batch_sizes is None:
             probe = CachedPlanner(plan_fn=_planner(query, plan_cache_path))
             sizes = probed_micro_batch_sizes(trace, probe if exact_availability else on_grid(probe))
@@ -326,7 +326,7 @@ def _single_type(trace: AvailabilityTrace, planning: _Planning, *, policies: Seq
 
 
 def _cheap_planner(planning: _Planning, *, model: str, global_batch_size: int | None,
-                   planner_knobs: SearchSettings | None, terms: JobTerms, plan_cache_path: str | None,
+                   search: SearchSettings | None, terms: JobTerms, plan_cache_path: str | None,
                    plan_fn: PlanFn | None, budget_usd: float | None) -> CheapestPlanner | None:
     """The planner's cheapest plans (its cost objective) above a floor, for a job that minimises
     cost, has a deadline or a budget (``decide``'s ``cost_plan_fn``: with a budget only asked
@@ -335,7 +335,7 @@ def _cheap_planner(planning: _Planning, *, model: str, global_batch_size: int | 
     if not option_ranking(terms.objective).asks_cheapest(deadline=terms.deadline_h is not None) \
             and budget_usd is None:
         return None
-    search = planner_knobs or REPLAY_SEARCH
+    search = search or REPLAY_SEARCH
     if planning.micro_batch_sizes:
         search = dataclasses.replace(search, micro_batch_sizes=planning.micro_batch_sizes)
     cheapest = PlanQuery(model=model, global_batch_size=global_batch_size, objective=CHEAPEST.objective, search=search)
