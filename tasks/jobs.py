@@ -54,7 +54,7 @@ def check_data(spec: JobSpec) -> None:
     refusal ends the job after its first attempt (``recovery.after_attempt``)."""
     # lazy: torch (~2 s), which the flow loads anyway to find the checkpoint
     from sailor_core.runtime.data import is_remote, local_num_tokens, split_samples
-    from sailor_core.runtime.token_manifest import check_vocab
+    from sailor_core.runtime.token_manifest import check_manifest
 
     model = get_model(spec.model)
     if spec.dataset == SYNTHETIC:
@@ -62,8 +62,8 @@ def check_data(spec: JobSpec) -> None:
     elif is_remote(spec.dataset):
         return
     else:
-        check_vocab(spec.dataset, spec.model, model.vocab_size)
         num_tokens = local_num_tokens(spec.dataset)
+        check_manifest(spec.dataset, num_tokens, spec.model, model.vocab_size)
     # As the worker splits it: a job's plans leave the sequence length to the model, and hold out at
     # least the plan's global batch (at least one sample when the planner picks the batch).
     split_samples(spec.dataset, num_tokens, model.seq_len,

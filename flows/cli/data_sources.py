@@ -10,6 +10,7 @@ named column (text, or messages), read a row group at a time.  A null value is n
 
 from __future__ import annotations
 
+import datetime
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -45,6 +46,7 @@ class ChatTemplate:
         # lazy: jinja2, only when chat messages are prepared
         import jinja2
         import jinja2.ext
+        import jinja2.nodes
         from jinja2.sandbox import ImmutableSandboxedEnvironment
 
         def raise_exception(message: str):
@@ -53,10 +55,24 @@ class ChatTemplate:
         def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
             return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
+        def strftime_now(fmt: str) -> str:
+            return datetime.datetime.now().strftime(fmt)
+
+        class Generation(jinja2.ext.Extension):
+            """``{% generation %}...{% endgeneration %}`` (transformers marks assistant tokens with it):
+            its body, as rendered; the marks only matter to training masks, which packing has not."""
+            tags = {"generation"}
+
+            def parse(self, parser):
+                lineno = next(parser.stream).lineno
+                body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+                return jinja2.nodes.Scope(body, lineno=lineno)
+
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                            extensions=[jinja2.ext.loopcontrols])
+                                            extensions=[Generation, jinja2.ext.loopcontrols])
         env.filters["tojson"] = tojson
         env.globals["raise_exception"] = raise_exception
+        env.globals["strftime_now"] = strftime_now
         try:
             self._template = env.from_string(source)
         except jinja2.exceptions.TemplateError as exc:

@@ -3,8 +3,9 @@
 ``tokens.bin`` gets ``tokens.bin.manifest.json``: the tokenizer (path, name, vocabulary size),
 the end-of-text id, the dtype, the numbers of documents and tokens, and each source file with
 its SHA-256.  ``sailor train --data`` reads it before renting (``tasks/jobs.check_data``): a
-vocabulary larger than the model's would index past its embedding on the workers.  A token
-file without a manifest (made by other tools) is taken as before.
+vocabulary larger than the model's would index past its embedding on the workers, and a
+manifest whose token count is not the file's describes another file.  A token file without a
+manifest (made by other tools) is taken as before.
 
 Torch-free: the flow and the CLI read it without loading the engine.
 """
@@ -88,10 +89,16 @@ def read_manifest(token_file: str | Path) -> TokenManifest | None:
     return TokenManifest.from_dict(data, where=str(path))
 
 
-def check_vocab(token_file: str | Path, model: str, model_vocab_size: int) -> None:
-    """InputError when the manifest's tokenizer has ids the model cannot embed."""
+def check_manifest(token_file: str | Path, num_tokens: int, model: str, model_vocab_size: int) -> None:
+    """InputError when the manifest beside a token file of ``num_tokens`` describes another file (a
+    stale one: it would vouch for ids it never saw), or names a tokenizer with ids the model cannot embed."""
     manifest = read_manifest(token_file)
-    if manifest is not None and manifest.vocab_size > model_vocab_size:
+    if manifest is None:
+        return
+    if manifest.num_tokens != num_tokens:
+        raise InputError(f"token manifest {str(manifest_path(token_file))!r} describes {manifest.num_tokens:,} tokens, "
+                         f"but {str(token_file)!r} holds {num_tokens:,}: prepare the file again or delete the manifest")
+    if manifest.vocab_size > model_vocab_size:
         name = manifest.tokenizer_name or manifest.tokenizer_path
         raise InputError(f"data {str(token_file)!r} was prepared with tokenizer {name!r} of {manifest.vocab_size:,} "
                          f"ids; model {model!r} has a vocabulary of {model_vocab_size:,} (token ids must be below it)")

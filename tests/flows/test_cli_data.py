@@ -160,6 +160,17 @@ def test_a_jsonl_chat_corpus_renders_as_transformers_does_with_a_manifest(tmp_pa
     assert [tok.decode(d[:-1].tolist(), skip_special_tokens=False) for d in docs] == \
         [hf.apply_chat_template(c, tokenize=False) for c in CHATS]
     assert all(tok.token_to_id("<|im_start|>") in d for d in docs)  # special tokens are single ids
+    # transformers' {% generation %} marks (assistant turns) render as their body, as there.
+    from flows.cli.data_sources import load_chat_template
+
+    marked = ("{% for m in messages %}{% if m['role'] == 'assistant' %}{% generation %}{{ m['content'] + eos_token }}"
+              "{% endgeneration %}{% else %}{{ m['role'] + ': ' + m['content'] + '\\n' }}{% endif %}{% endfor %}")
+    config = json.loads((tok_path.parent / "tokenizer_config.json").read_text())
+    (tmp_path / "marked").mkdir()
+    (tmp_path / "marked" / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": marked}))
+    ours = load_chat_template(tmp_path / "marked" / "tokenizer.json")
+    assert [ours.render(c, "test") for c in CHATS] == [hf.apply_chat_template(c, tokenize=False, chat_template=marked)
+                                                     for c in CHATS]
 
     manifest = json.loads((tmp_path / "chat.bin.manifest.json").read_text())
     assert result["manifest"] == str(tmp_path / "chat.bin.manifest.json")

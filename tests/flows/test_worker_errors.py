@@ -262,6 +262,8 @@ def test_a_local_file_is_refused_in_the_workers_words(tmp_path: Path):
 def test_a_manifest_whose_vocabulary_exceeds_the_model_s_is_refused_before_renting(tmp_path: Path):
     """`sailor data prepare`'s manifest names the tokenizer's vocabulary: past the model's, the job
     fails at its start (nothing planned or rented); within it, or without a manifest, it goes on."""
+    import dataclasses
+
     from sailor_core.runtime.token_manifest import SourceFile, TokenManifest, manifest_path, write_manifest
 
     tiny_vocab = get_model("tiny").vocab_size
@@ -284,6 +286,9 @@ def test_a_manifest_whose_vocabulary_exceeds_the_model_s_is_refused_before_renti
                               f"has a vocabulary of {tiny_vocab:,} (token ids must be below it)")
     saved = store.load("too-big")
     assert saved.status == js.FAILED and saved.attempt == 0 and saved.instances == ()
+    write_manifest(data, dataclasses.replace(manifest(tiny_vocab), num_tokens=4000))  # another file's
+    with pytest.raises(InputError, match=r"describes 4,000 tokens, but .* holds 4,096: prepare the file again"):
+        job_tasks.check_data(spec)
     manifest_path(data).write_text('{"tokenizer": {}}')
     with pytest.raises(InputError, match="token manifest .* is malformed"):
         job_tasks.check_data(spec)
