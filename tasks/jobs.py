@@ -48,21 +48,25 @@ def check_data(spec: JobSpec) -> None:
     """InputError when the job's data splits as its workers would refuse it (``TokenDataset``'s
     split: the held-out samples, at least one global batch, leave none to train on), so that no
     instance is rented for workers that exit at once.  The synthetic corpus holds
-    ``SYNTHETIC_TOKENS``; a local file is counted from its header.  Data in object storage is left
-    to the workers (the flow may lack what the instances have to read it): their refusal ends the
-    job after its first attempt (``recovery.after_attempt``)."""
+    ``SYNTHETIC_TOKENS``; a local file is counted from its header, and its manifest (``sailor data
+    prepare``'s, when there is one) must name a tokenizer whose ids the model embeds.  Data in object
+    storage is left to the workers (the flow may lack what the instances have to read it): their
+    refusal ends the job after its first attempt (``recovery.after_attempt``)."""
     # lazy: torch (~2 s), which the flow loads anyway to find the checkpoint
     from sailor_core.runtime.data import is_remote, local_num_tokens, split_samples
+    from sailor_core.runtime.token_manifest import check_manifest
 
+    model = get_model(spec.model)
     if spec.dataset == SYNTHETIC:
         num_tokens = SYNTHETIC_TOKENS
     elif is_remote(spec.dataset):
         return
     else:
         num_tokens = local_num_tokens(spec.dataset)
+        check_manifest(spec.dataset, num_tokens, spec.model, model.vocab_size)
     # As the worker splits it: a job's plans leave the sequence length to the model, and hold out at
     # least the plan's global batch (at least one sample when the planner picks the batch).
-    split_samples(spec.dataset, num_tokens, get_model(spec.model).seq_len,
+    split_samples(spec.dataset, num_tokens, model.seq_len,
                   validation_fraction=spec.validation_fraction, min_val_samples=spec.global_batch_size or 1)
 
 

@@ -1,17 +1,21 @@
-"""``sailor data prepare``: the user's text files -> a flat token file the engine reads.
+"""``sailor data prepare``: the user's corpus -> a flat token file the engine reads, and its manifest.
 
-Each input file is one document, tokenised with the user's Hugging Face ``tokenizer.json``
-(the ``tokenizers`` library, no special tokens added) and followed by the tokenizer's
-end-of-text token when it has one (``--eos-token`` names another), so the model sees where
-documents end.  The output is what ``sailor_core.runtime.data`` reads: raw little-endian
-``uint16`` (``.bin``) when every id fits, ``uint32`` (``.u32.bin``) otherwise, or ``.npy``.
-Files are read in blocks cut at line ends and tokenised a batch of blocks at a time, line by
-line, so a large corpus never sits in memory whole.
+The documents (a text file each, a JSON Lines line each, a Parquet row each: ``data_sources``)
+are tokenised with the user's Hugging Face ``tokenizer.json`` (the ``tokenizers`` library, no
+special tokens added) and each followed by the tokenizer's end-of-text token when it has one
+(``--eos-token`` names another), so the model sees where documents end.  The output is what
+``sailor_core.runtime.data`` reads: raw little-endian ``uint16`` (``.bin``) when every id fits,
+``uint32`` (``.u32.bin``) otherwise, or ``.npy``; beside it ``<file>.manifest.json``
+(``runtime.token_manifest``), which ``sailor train --data`` checks against the model's
+vocabulary.  Inputs are read a piece at a time (text blocks cut at line ends, JSON lines,
+Parquet row groups) and tokenised a batch at a time, line by line, so a large corpus never
+sits in memory whole.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
@@ -22,10 +26,11 @@ from typing import Optional
 import typer
 
 from flows.cli.common import console, print_json
+from flows.cli.data_sources import Fields, Piece, document_pieces, load_chat_template
 from sailor_core.errors import InputError
+from sailor_core.runtime.token_manifest import SourceFile, TokenManifest, write_manifest
 
-BLOCK_BYTES = 64 << 10  # one encode input, cut at a line end
-BATCH_BLOCKS = 64  # blocks per encode_batch call (the tokenizer spreads them over its threads)
+BATCH_BYTES = 4 << 20  # text per encode_batch call (the tokenizer spreads it over its threads)
 UINT16_IDS = 1 << 16
 # End-of-document tokens of common tokenizers, most specific first (GPT-2/NeoX, Llama 3, Llama 2/T5, Gemma).
 EOS_CANDIDATES = ("<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>", "<|eos|>")
@@ -41,10 +46,12 @@ class Prepared:
     dtype: str  # "uint16" or "uint32"
     eos_id: int | None
     num_documents: int
+    manifest_path: Path
 
     def to_dict(self) -> dict:
         return {"file": str(self.path), "tokens": self.num_tokens, "vocab_size": self.vocab_size,
-                "dtype": self.dtype, "eos_id": self.eos_id, "documents": self.num_documents}
+                "dtype": self.dtype, "eos_id": self.eos_id, "documents": self.num_documents,
+                "manifest": str(self.manifest_path)}
 
 
 def load_tokenizer(path: Path):
@@ -83,31 +90,10 @@ def output_path(out: Path, vocab_size: int) -> tuple[Path, str]:
     raise InputError(f"--out {str(out)!r} must end in .bin, .u32.bin or .npy")
 
 
-def _blocks(path: Path) -> Sequence[tuple[str, int]]:
-    """(text, bytes) blocks of a UTF-8 file, each cut after a line end (the last one at the end)."""
-    with open(path, "rb") as fh:
-        rest, offset = b"", 0
-        while True:
-            data = fh.read(BLOCK_BYTES)
-            buf = rest + data
-            cut = buf.rfind(b"\n") + 1 if data else len(buf)
-            if cut == 0 and data:
-                cut = len(buf) if len(buf) > 16 * BLOCK_BYTES else 0  # one very long line: cut anyway
-            block, rest = buf[:cut], buf[cut:]
-            if block:
-                try:
-                    text = block.decode("utf-8")
-                except UnicodeDecodeError as exc:
-                    raise InputError(f"input {str(path)!r} is not UTF-8 text (byte {offset + exc.start})") from None
-                yield text, len(block)
-                offset += len(block)
-            if not data:
-                return
-
-
 def prepare(inputs: Sequence[Path], tokenizer_path: Path, out: Path, *, eos_token: str | None = None,
-            on_progress: Callable[[int, int], None] | None = None) -> Prepared:
-    """Tokenise ``inputs`` (one document each) into ``out``; ``on_progress(files_done, bytes_done)``."""
+            fields: Fields = Fields(), on_progress: Callable[[int, int], None] | None = None) -> Prepared:
+    """Tokenise the documents of ``inputs`` into ``out``, each followed by the end-of-text id, and
+    write the manifest beside it; ``on_progress(files_done, bytes_done)``."""
     import numpy as np  # lazy: only this command needs it
 
     if not inputs:
@@ -116,52 +102,85 @@ def prepare(inputs: Sequence[Path], tokenizer_path: Path, out: Path, *, eos_toke
         if not path.is_file():
             raise InputError(f"input file {str(path)!r} does not exist")
     tokenizer = load_tokenizer(tokenizer_path)
+    chat = load_chat_template(tokenizer_path) if fields.messages is not None else None
     vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
     eos = eos_id(tokenizer, eos_token)
     path, dtype = output_path(out, vocab_size)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    num_tokens, num_eos, bytes_done = 0, 0, 0  # text tokens, document ends, input bytes read
+    num_tokens, num_docs, bytes_done = 0, 0, 0  # text tokens, documents, input bytes read
     try:
         with open(tmp, "wb") as fh:
             for files_done, src in enumerate(inputs, 1):
-                batch: list[tuple[str, int]] = []
-                for block in _blocks(src):
-                    batch.append(block)
-                    if len(batch) == BATCH_BLOCKS:
-                        num_tokens += _write(fh, tokenizer, [t for t, _ in batch], dtype, np)
-                        bytes_done += sum(n for _, n in batch)
-                        batch = []
-                        if on_progress:
-                            on_progress(files_done - 1, bytes_done)
-                num_tokens += _write(fh, tokenizer, [t for t, _ in batch], dtype, np)
-                bytes_done += sum(n for _, n in batch)
-                if eos is not None:
-                    np.asarray([eos], dtype="<u4" if dtype == "uint32" else "<u2").tofile(fh)
-                    num_eos += 1
+                for batch in _batches(document_pieces(src, fields, chat)):
+                    tokens, docs = _write(fh, tokenizer, batch, eos, np.dtype("<u4" if dtype == "uint32" else "<u2"))
+                    num_tokens, num_docs = num_tokens + tokens, num_docs + docs
+                    bytes_done += sum(p.num_bytes for p in batch)
+                    if on_progress:
+                        on_progress(files_done - 1, bytes_done)
                 if on_progress:
                     on_progress(files_done, bytes_done)
         if num_tokens == 0:
             raise InputError("no tokens: the input files hold no text")
-        num_tokens += num_eos
+        num_tokens += num_docs if eos is not None else 0
         if path.suffix == ".npy":
             _raw_to_npy(tmp, num_tokens, dtype, np)
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
+    manifest = TokenManifest(tokenizer_path=str(tokenizer_path.resolve()), tokenizer_name=_tokenizer_name(tokenizer_path),
+                             vocab_size=vocab_size, eos_id=eos, dtype=dtype, num_documents=num_docs,
+                             num_tokens=num_tokens, sources=tuple(_source(p) for p in inputs))
     return Prepared(path=path, num_tokens=num_tokens, vocab_size=vocab_size, dtype=dtype, eos_id=eos,
-                    num_documents=len(inputs))
+                    num_documents=num_docs, manifest_path=write_manifest(path, manifest))
 
 
-def _write(fh, tokenizer, texts: list[str], dtype: str, np) -> int:
-    if not texts:
-        return 0
+def _tokenizer_name(tokenizer_path: Path) -> str:
+    """The tokenizer's folder (a model's name, as Hugging Face lays them out), else its file."""
+    folder = tokenizer_path.resolve().parent.name
+    return folder or tokenizer_path.name
+
+
+def _source(path: Path) -> SourceFile:
+    with open(path, "rb") as fh:
+        digest = hashlib.file_digest(fh, "sha256").hexdigest()
+    return SourceFile(path=str(path.resolve()), num_bytes=path.stat().st_size, sha256=digest)
+
+
+def _batches(pieces: Iterator[Piece]) -> Iterator[list[Piece]]:
+    """Pieces in groups of about BATCH_BYTES of text, one encode_batch call each."""
+    batch, size = [], 0
+    for piece in pieces:
+        batch.append(piece)
+        size += len(piece.text)
+        if size >= BATCH_BYTES:
+            yield batch
+            batch, size = [], 0
+    if batch:
+        yield batch
+
+
+def _write(fh, tokenizer, batch: list[Piece], eos: int | None, dtype) -> tuple[int, int]:
+    """Write the batch's ids, an end-of-text id after each document's last piece: (text tokens, documents)."""
+    import numpy as np  # lazy: with the command
+
     # Line by line: the same ids up to where whitespace runs cross a line end, and about twice
     # as fast as whole blocks (shorter inputs for BPE's merges).
-    lines = [line for text in texts for line in text.splitlines(keepends=True)]
-    ids = [i for enc in tokenizer.encode_batch_fast(lines, add_special_tokens=False) for i in enc.ids]
-    np.asarray(ids, dtype="<u4" if dtype == "uint32" else "<u2").tofile(fh)
-    return len(ids)
+    lines_per_piece = [p.text.splitlines(keepends=True) for p in batch]
+    encodings = tokenizer.encode_batch_fast([line for lines in lines_per_piece for line in lines],
+                                            add_special_tokens=False)
+    ids: list[int] = []
+    num_docs, at = 0, 0
+    for piece, lines in zip(batch, lines_per_piece):
+        for enc in encodings[at: at + len(lines)]:
+            ids.extend(enc.ids)
+        at += len(lines)
+        if piece.ends_document:
+            num_docs += 1
+            if eos is not None:
+                ids.append(eos)
+    np.asarray(ids, dtype=dtype).tofile(fh)
+    return len(ids) - (num_docs if eos is not None else 0), num_docs
 
 
 def _raw_to_npy(tmp: Path, num_tokens: int, dtype: str, np) -> None:
@@ -178,29 +197,36 @@ def _raw_to_npy(tmp: Path, num_tokens: int, dtype: str, np) -> None:
 
 @data_app.command("prepare")
 def prepare_cmd(
-    inputs: Optional[list[Path]] = typer.Option(None, "--input", "-i",
-                                               help="text files (UTF-8), one document each; more may follow"),
-    more_inputs: Optional[list[Path]] = typer.Argument(None, help="more text files", show_default=False),
+    inputs: Optional[list[Path]] = typer.Option(
+        None, "--input", "-i", help="text files (UTF-8, one document each), .jsonl (one per line) or .parquet "
+                                    "(one per row); more may follow"),
+    more_inputs: Optional[list[Path]] = typer.Argument(None, help="more input files", show_default=False),
     tokenizer: Path = typer.Option(..., "--tokenizer", help="the model's Hugging Face tokenizer.json"),
     out: Path = typer.Option(..., "--out", "-o",
                              help="tokens.bin (uint16 ids; NAME.u32.bin when the vocabulary needs 32 bits), "
                                   "tokens.u32.bin or tokens.npy"),
     eos_token: Optional[str] = typer.Option(
         None, "--eos-token", help="the token that ends each document (default: the tokenizer's end-of-text token)"),
+    text_field: str = typer.Option("text", "--text-field",
+                                   help="the .jsonl field or .parquet column that holds each document's text"),
+    messages_field: Optional[str] = typer.Option(
+        None, "--messages-field", help="the .jsonl field or .parquet column of chat messages ([{role, content}]), "
+                                       "rendered with the chat template of tokenizer_config.json beside the tokenizer"),
     as_json: bool = typer.Option(False, "--json", help="print the result as JSON"),
 ) -> None:
-    """Tokenise text files into a token file for `sailor train --data` (a path, or upload it to s3:// or gs://)."""
+    """Tokenise a corpus into a token file for `sailor train --data` (a path, or upload it to s3:// or gs://)."""
     files = [*(inputs or []), *(more_inputs or [])]
     total_bytes = sum(p.stat().st_size for p in files if p.is_file())
     with _progress(len(files), total_bytes, show=not as_json and sys.stderr.isatty()) as on_progress:
-        result = prepare(files, tokenizer, out, eos_token=eos_token, on_progress=on_progress)
+        result = prepare(files, tokenizer, out, eos_token=eos_token, on_progress=on_progress,
+                         fields=Fields(text=text_field, messages=messages_field))
     if as_json:
         print_json(result.to_dict())
         return
     eos = "no end-of-text token" if result.eos_id is None else f"documents end with id {result.eos_id}"
     docs = f"{result.num_documents} document" + ("s" if result.num_documents != 1 else "")
     console().print(f"wrote {result.num_tokens:,} tokens ({docs}, {eos}; "
-                    f"vocabulary {result.vocab_size:,}, {result.dtype}) to {result.path}")
+                    f"vocabulary {result.vocab_size:,}, {result.dtype}) to {result.path}; manifest {result.manifest_path}")
 
 
 @contextlib.contextmanager

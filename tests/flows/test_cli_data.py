@@ -103,3 +103,143 @@ def test_prepare_errors_are_one_line(bpe, tmp_path, sailor_cli):
         assert not (tmp_path / "out.bin").exists() and not list(tmp_path.glob(".out.bin*"))
     r = sailor_cli("data", "prepare", "--input", str(a), "--tokenizer", str(bpe), "--out", str(tmp_path / "t.txt"))
     assert r.returncode != 0 and "must end in .bin, .u32.bin or .npy" in r.stderr
+
+
+# ---- corpora as people keep them: JSON Lines (text or chat) and Parquet; the manifest -----------------
+
+CHATML = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + "
+          "'<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
+CHATS = [[{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Name a colour."},
+          {"role": "assistant", "content": "Blue."}],
+         [{"role": "user", "content": "Héllo? Two\nlines."}, {"role": "assistant", "content": "Hi ✓"}]]
+
+
+def chat_tokenizer(folder):
+    """A byte-level BPE tokenizer with ChatML's special tokens, saved as a Hugging Face folder
+    (tokenizer.json and a tokenizer_config.json with the chat template)."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=[AddedToken(s, special=True) for s in specials],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(TEXTS + [m["content"] for chat in CHATS for m in chat], trainer)
+    folder.mkdir(parents=True, exist_ok=True)
+    tok.save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "PreTrainedTokenizerFast", "chat_template": CHATML, "eos_token": "<|endoftext|>",
+        "pad_token": "<|endoftext|>"}))
+    return folder / "tokenizer.json"
+
+
+def _documents(path, eos):
+    ids = np.load(path) if path.suffix == ".npy" else np.fromfile(path, dtype="<u4" if ".u32" in path.name else "<u2")
+    assert ids[-1] == eos
+    return np.split(ids, np.flatnonzero(ids == eos) + 1)[:-1]
+
+
+def test_a_jsonl_chat_corpus_renders_as_transformers_does_with_a_manifest(tmp_path, sailor_cli):
+    import hashlib
+
+    from tokenizers import Tokenizer
+    from transformers import AutoTokenizer
+
+    tok_path = chat_tokenizer(tmp_path / "chat-tok")
+    corpus = tmp_path / "chats.jsonl"
+    corpus.write_text("\n".join(json.dumps({"id": i, "conversation": c}) for i, c in enumerate(CHATS)) + "\n\n")
+    r = sailor_cli("data", "prepare", "-i", str(corpus), "--tokenizer", str(tok_path),
+                   "--messages-field", "conversation", "--out", str(tmp_path / "chat.bin"), "--json")
+    assert r.returncode == 0, r.stderr
+    result = json.loads(r.stdout)
+    tok = Tokenizer.from_file(str(tok_path))
+    eos = tok.token_to_id("<|endoftext|>")
+    docs = _documents(tmp_path / "chat.bin", eos)
+    hf = AutoTokenizer.from_pretrained(str(tok_path.parent))  # the yardstick of chat templates
+    assert [tok.decode(d[:-1].tolist(), skip_special_tokens=False) for d in docs] == \
+        [hf.apply_chat_template(c, tokenize=False) for c in CHATS]
+    assert all(tok.token_to_id("<|im_start|>") in d for d in docs)  # special tokens are single ids
+    # transformers' {% generation %} marks (assistant turns) render as their body, as there.
+    from flows.cli.data_sources import load_chat_template
+
+    marked = ("{% for m in messages %}{% if m['role'] == 'assistant' %}{% generation %}{{ m['content'] + eos_token }}"
+              "{% endgeneration %}{% else %}{{ m['role'] + ': ' + m['content'] + '\\n' }}{% endif %}{% endfor %}")
+    config = json.loads((tok_path.parent / "tokenizer_config.json").read_text())
+    (tmp_path / "marked").mkdir()
+    (tmp_path / "marked" / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": marked}))
+    ours = load_chat_template(tmp_path / "marked" / "tokenizer.json")
+    assert [ours.render(c, "test") for c in CHATS] == [hf.apply_chat_template(c, tokenize=False, chat_template=marked)
+                                                     for c in CHATS]
+
+    manifest = json.loads((tmp_path / "chat.bin.manifest.json").read_text())
+    assert result["manifest"] == str(tmp_path / "chat.bin.manifest.json")
+    assert manifest["tokenizer"] == {"path": str(tok_path), "name": "chat-tok", "vocab_size": tok.get_vocab_size()}
+    assert (manifest["eos_id"], manifest["dtype"], manifest["num_documents"]) == (eos, "uint16", 2)
+    assert manifest["num_tokens"] == result["tokens"] == sum(len(d) for d in docs)
+    assert manifest["sources"] == [{"path": str(corpus), "bytes": corpus.stat().st_size,
+                                    "sha256": hashlib.sha256(corpus.read_bytes()).hexdigest()}]
+
+
+def test_jsonl_text_and_parquet_columns_are_one_document_per_record(bpe, tmp_path, sailor_cli):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from tokenizers import Tokenizer
+
+    rows = [TEXTS[0], None, "short one", TEXTS[1], "", "last\n"]
+    pq.write_table(pa.table({"id": list(range(len(rows))), "body": rows}), tmp_path / "c.parquet", row_group_size=2)
+    (tmp_path / "c.jsonl").write_text("".join(json.dumps({"body": t}) + "\n" for t in rows))
+    r = sailor_cli("data", "prepare", "-i", str(tmp_path / "c.parquet"), str(tmp_path / "c.jsonl"),
+                   "--tokenizer", str(bpe), "--text-field", "body", "--out", str(tmp_path / "c.npy"), "--json")
+    assert r.returncode == 0, r.stderr
+    tok = Tokenizer.from_file(str(bpe))
+    kept = [t for t in rows if t]  # a null or empty value is no document
+    docs = _documents(tmp_path / "c.npy", tok.token_to_id("<|endoftext|>"))
+    assert [tok.decode(d[:-1].tolist()) for d in docs] == kept * 2
+    assert json.loads(r.stdout)["documents"] == 2 * len(kept)
+
+    cases = [(["-i", str(tmp_path / "c.parquet")], "c.parquet has no column 'text' (it has: id, body; name it "
+                                                     "with --text-field)"),
+             (["-i", str(tmp_path / "c.jsonl")], "c.jsonl line 1 has no field 'text' (it has: body"),
+             (["-i", str(tmp_path / "c.jsonl"), "--messages-field", "body"], "--messages-field needs a chat template")]
+    (tmp_path / "bad.jsonl").write_text('{"text": "a"}\n[1, 2]\n')
+    (tmp_path / "num.jsonl").write_text('{"text": 7}\n')
+    cases += [(["-i", str(tmp_path / "bad.jsonl")], "bad.jsonl line 2 is not a JSON object"),
+              (["-i", str(tmp_path / "num.jsonl")], "num.jsonl line 1: 'text' is int, not text")]
+    for args, needle in cases:
+        r = sailor_cli("data", "prepare", *args, "--tokenizer", str(bpe), "--out", str(tmp_path / "e.bin"))
+        lines = r.stderr.strip().splitlines()
+        assert r.returncode == 2 and len(lines) == 1 and needle in lines[0], (args, r.stderr)
+        assert not (tmp_path / "e.bin").exists() and not (tmp_path / "e.bin.manifest.json").exists()
+
+
+def test_a_128k_vocabulary_corpus_round_trips_as_uint32(tmp_path, sailor_cli):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    from sailor_core.runtime.data import TokenDataset
+
+    num_words = 128_000
+    vocab = {f"w{i}": i for i in range(num_words)} | {"[UNK]": num_words, "<|endoftext|>": num_words + 1}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    (tmp_path / "big").mkdir()
+    tok.save(str(tmp_path / "big" / "tokenizer.json"))
+    rng = np.random.default_rng(0)
+    docs = [rng.integers(0, num_words, size=n).tolist() for n in (40, 1, 77)]
+    docs[0][:3] = [0, 65_535, 65_536]  # around the 16-bit edge
+    docs[2][-1] = num_words - 1
+    (tmp_path / "big.jsonl").write_text("".join(json.dumps({"text": " ".join(f"w{i}" for i in d)}) + "\n"
+                                                for d in docs))
+    r = sailor_cli("data", "prepare", "-i", str(tmp_path / "big.jsonl"), "--tokenizer",
+                   str(tmp_path / "big" / "tokenizer.json"), "--out", str(tmp_path / "big.bin"), "--json")
+    assert r.returncode == 0, r.stderr
+    result = json.loads(r.stdout)
+    assert result["file"] == str(tmp_path / "big.u32.bin") and result["dtype"] == "uint32"
+    manifest = json.loads((tmp_path / "big.u32.bin.manifest.json").read_text())
+    assert manifest["dtype"] == "uint32" and manifest["tokenizer"]["vocab_size"] == num_words + 2
+    expected = [i for d in docs for i in (*d, num_words + 1)]
+    # Read back as the engine reads it: one sample spanning the whole file.
+    data = TokenDataset(tmp_path / "big.u32.bin", len(expected) - 1, num_words + 2)
+    inputs, labels = data.samples([0])
+    assert inputs[0].tolist() == expected[:-1] and labels[0].tolist() == expected[1:]

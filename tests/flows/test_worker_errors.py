@@ -259,6 +259,41 @@ def test_a_local_file_is_refused_in_the_workers_words(tmp_path: Path):
                                  global_batch_size=1024))
 
 
+def test_a_manifest_whose_vocabulary_exceeds_the_model_s_is_refused_before_renting(tmp_path: Path):
+    """`sailor data prepare`'s manifest names the tokenizer's vocabulary: past the model's, the job
+    fails at its start (nothing planned or rented); within it, or without a manifest, it goes on."""
+    import dataclasses
+
+    from sailor_core.runtime.token_manifest import SourceFile, TokenManifest, manifest_path, write_manifest
+
+    tiny_vocab = get_model("tiny").vocab_size
+    data = generate_corpus(tmp_path / "tokens.npy", vocab_size=tiny_vocab, num_tokens=4096)
+    store = js.JobStore(str(tmp_path / "jobs"))
+    spec = JobSpec(model="tiny", budget_usd=0.05, steps=4, dataset=str(data))
+    assert job_tasks.start_or_resume(store, spec, "no-manifest").status != js.FAILED
+
+    def manifest(vocab_size: int) -> TokenManifest:
+        return TokenManifest(tokenizer_path="/models/big/tokenizer.json", tokenizer_name="big", vocab_size=vocab_size,
+                             eos_id=0, dtype="uint32", num_documents=1, num_tokens=4096,
+                             sources=(SourceFile(path="/corpus.jsonl", num_bytes=1, sha256="0" * 64),))
+
+    write_manifest(data, manifest(tiny_vocab))
+    assert job_tasks.start_or_resume(store, spec, "fits").status != js.FAILED
+    write_manifest(data, manifest(128_256))
+    with pytest.raises(InputError) as err:
+        job_tasks.start_or_resume(store, spec, "too-big")
+    assert str(err.value) == (f"data {str(data)!r} was prepared with tokenizer 'big' of 128,256 ids; model 'tiny' "
+                              f"has a vocabulary of {tiny_vocab:,} (token ids must be below it)")
+    saved = store.load("too-big")
+    assert saved.status == js.FAILED and saved.attempt == 0 and saved.instances == ()
+    write_manifest(data, dataclasses.replace(manifest(tiny_vocab), num_tokens=4000))  # another file's
+    with pytest.raises(InputError, match=r"describes 4,000 tokens, but .* holds 4,096: prepare the file again"):
+        job_tasks.check_data(spec)
+    manifest_path(data).write_text('{"tokenizer": {}}')
+    with pytest.raises(InputError, match="token manifest .* is malformed"):
+        job_tasks.check_data(spec)
+
+
 def test_a_finished_job_is_not_checked_again(tmp_path: Path):
     store = js.JobStore(str(tmp_path / "jobs"))
     spec = JobSpec(model="tiny", budget_usd=0.05, steps=12, global_batch_size=1024)
