@@ -172,6 +172,7 @@ def test_a_missing_bucket_is_a_storage_error_on_write(gcs_fake, moto_s3):
 def test_an_unreachable_endpoint_is_a_storage_error_after_the_retries(monkeypatch):
     """obstore retries (10 times, with backoff) before giving up: seconds, so not in the default run."""
     monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")
+    monkeypatch.delenv("AWS_ENDPOINT_URL_S3", raising=False)  # another test's embedded cloud may have set it
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "k")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "s")
     with pytest.raises(StorageError, match="s3://bkt-test/p: cannot read 'a'"):
