@@ -213,3 +213,30 @@ class _MLflow:
 
     def close(self) -> None:
         self.client.set_terminated(self.run_id, status="FINISHED")
+
+
+ATTEMPTS_RUN = "attempts"  # the flow's TensorBoard run beside the workers': <job url>/tensorboard/attempts
+
+
+def write_attempt_events(tensorboard_url: str, *, step: int, attempt: int, scalars: dict[str, float],
+                         text: str) -> None:
+    """The flow's record of one attempt (what the workers cannot know: the spend, the preemptions so
+    far, the plan's price) as one event file at the step it starts from, in the run ``attempts``
+    of the job's TensorBoard folder; tensorboard's own writer, without torch (the flow has none)."""
+    # lazy: tensorboard's writer and protos, only where a job writes its curves
+    from tensorboard.compat.proto.event_pb2 import Event
+    from tensorboard.compat.proto.summary_pb2 import Summary
+    from tensorboard.compat.proto.tensor_pb2 import TensorProto
+    from tensorboard.plugins.text.metadata import create_summary_metadata
+    from tensorboard.summary.writer.event_file_writer import EventFileWriter
+
+    values = [Summary.Value(tag=f"attempt/{k}", simple_value=float(v)) for k, v in scalars.items()]
+    values.append(Summary.Value(tag="attempt/plan", metadata=create_summary_metadata("plan", ""),
+                                tensor=TensorProto(dtype=7, string_val=[text.encode()])))  # 7: DT_STRING
+    with tempfile.TemporaryDirectory(prefix="sailor-tb-") as folder:
+        writer = EventFileWriter(folder)
+        writer.add_event(Event(step=step, wall_time=time.time(), summary=Summary(value=values)))
+        writer.close()
+        (path,) = Path(folder).glob("*tfevents*")
+        name = f"events.out.tfevents.{time.time_ns():020d}.sailor-attempt{attempt}.flow"
+        open_storage(f"{tensorboard_url.rstrip('/')}/{ATTEMPTS_RUN}").put(name, path.read_bytes())

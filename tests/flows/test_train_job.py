@@ -89,20 +89,25 @@ def _assert_tensorboard_tells_one_run(state: js.JobState, folder: Path, steps: i
     its three attempts, every metric at every step, the attempts and preemptions marked."""
     from infra.config import embedded_endpoints
     from tasks.embedded_bucket import EMBEDDED_BUCKET, embedded_s3_client
+    from sailor_core.runtime.trackers import ATTEMPTS_RUN
     from tests.runtime.test_trackers import STEP_TAGS, read_tensorboard
 
     s3 = embedded_s3_client(embedded_endpoints()["aws_endpoint"])
-    folder.mkdir(parents=True)
-    listed = s3.list_objects_v2(Bucket=EMBEDDED_BUCKET, Prefix=f"{state.job_id}/tensorboard/")["Contents"]
-    for obj in listed:
-        (folder / obj["Key"].rsplit("/", 1)[1]).write_bytes(
-            s3.get_object(Bucket=EMBEDDED_BUCKET, Key=obj["Key"])["Body"].read())
+    prefix = f"{state.job_id}/tensorboard/"
+    for obj in s3.list_objects_v2(Bucket=EMBEDDED_BUCKET, Prefix=prefix)["Contents"]:
+        path = folder / obj["Key"][len(prefix):]
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(s3.get_object(Bucket=EMBEDDED_BUCKET, Key=obj["Key"])["Body"].read())
     acc = read_tensorboard(folder)
     for tag in [t for t in STEP_TAGS if not t.startswith("memory/")] + ["memory/peak_bytes_rank0"]:
         assert [e.step for e in acc.Scalars(tag)] == list(range(1, steps + 1)), tag
     assert [e.value for e in acc.Scalars("events/attempt")] == [1, 2, 3]
     assert len(acc.Scalars("events/preemption")) == 2
     assert [e.step for e in acc.Scalars("val/loss")] == [steps] and acc.Scalars("val/perplexity")
+    flow = read_tensorboard(folder / ATTEMPTS_RUN)  # the flow's own marks: spend, preemptions so far
+    assert [e.value for e in flow.Scalars("attempt/number")] == [1, 2, 3]
+    assert [e.value for e in flow.Scalars("attempt/preemptions")] == [0, 1, 2]
+    assert [e.step for e in flow.Scalars("attempt/number")] == [r.at_step for r in state.replans]
 
 
 def _assert_the_run_tells_what_happened(prefect_api: str, summary: dict, events: list) -> None:

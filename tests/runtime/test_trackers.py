@@ -125,3 +125,17 @@ def _check_mlflow(uri: str) -> None:
     assert sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, "events/attempt")) == \
         [(0, 1.0), (4, 2.0)]
     assert sorted(m.step for m in client.get_metric_history(run.info.run_id, "val/perplexity")) == [3, 4, 6]
+
+
+def test_the_flows_attempt_marks_read_back_as_their_own_run(tmp_path):
+    from sailor_core.runtime.trackers import ATTEMPTS_RUN, write_attempt_events
+
+    for attempt, step, spend in ((1, 0, 0.0), (2, 10, 0.001)):
+        write_attempt_events(str(tmp_path), step=step, attempt=attempt, text=f"attempt {attempt}: 1 x T4",
+                             scalars={"number": attempt, "spend_usd": spend, "preemptions": attempt - 1})
+    acc = read_tensorboard(tmp_path / ATTEMPTS_RUN)
+    assert [(e.step, e.value) for e in acc.Scalars("attempt/number")] == [(0, 1), (10, 2)]
+    assert [e.value for e in acc.Scalars("attempt/preemptions")] == [0, 1]
+    assert acc.Scalars("attempt/spend_usd")[-1].value == pytest.approx(0.001)
+    texts = [t.tensor_proto.string_val[0].decode() for t in acc.Tensors("attempt/plan")]
+    assert texts == ["attempt 1: 1 x T4", "attempt 2: 1 x T4"]
