@@ -41,7 +41,8 @@ MLFLOW_DEFAULT_EXPERIMENT = "sailor"
 class Trackers:
     """Rank 0's sinks of the job's metrics (each optional)."""
 
-    def __init__(self, *, job_id: str, tensorboard_url: str | None, attempt: int, config: dict) -> None:
+    def __init__(self, *, job_id: str | None, tensorboard_url: str | None, attempt: int, config: dict) -> None:
+        """``job_id``: the run every attempt continues (None: a new run, e.g. `sailor engine run`)."""
         self.job_id, self.attempt = job_id, attempt
         self._tb = _TensorBoard(tensorboard_url, attempt) if tensorboard_url else None
         self._wandb = _start("wandb", lambda: _WandB(job_id, config)) if settings.wandb_enabled() else None
@@ -153,11 +154,11 @@ class _TensorBoard:
 
 
 class _WandB:
-    def __init__(self, job_id: str, config: dict) -> None:
+    def __init__(self, job_id: str | None, config: dict) -> None:
         import wandb  # lazy: an optional extra (`pip install sailor[wandb]`)
 
         self.wandb = wandb
-        self.run = wandb.init(id=job_id, name=job_id, resume="allow", config=config,
+        self.run = wandb.init(id=job_id, name=job_id, resume="allow" if job_id else None, config=config,
                               project=os.environ.get("WANDB_PROJECT") or "sailor")
         self.pending: dict[str, float] = {}
 
@@ -179,19 +180,21 @@ class _WandB:
 
 
 class _MLflow:
-    def __init__(self, job_id: str, config: dict) -> None:
+    def __init__(self, job_id: str | None, config: dict) -> None:
         from mlflow.tracking import MlflowClient  # lazy: an optional extra (`pip install sailor[mlflow]`)
 
         self.client = MlflowClient(tracking_uri=settings.mlflow_tracking_uri())
         name = os.environ.get("MLFLOW_EXPERIMENT_NAME") or MLFLOW_DEFAULT_EXPERIMENT
         exp = self.client.get_experiment_by_name(name)
         exp_id = exp.experiment_id if exp is not None else self.client.create_experiment(name)
-        runs = self.client.search_runs([exp_id], filter_string=f"tags.job_id = '{job_id}'", max_results=1)
+        runs = (self.client.search_runs([exp_id], filter_string=f"tags.job_id = '{job_id}'", max_results=1)
+                if job_id else [])
         if runs:
             self.run_id = runs[0].info.run_id
             self.client.update_run(self.run_id, status="RUNNING")
         else:
-            self.run_id = self.client.create_run(exp_id, run_name=job_id, tags={"job_id": job_id}).info.run_id
+            tags = {"job_id": job_id} if job_id else {}
+            self.run_id = self.client.create_run(exp_id, run_name=job_id, tags=tags).info.run_id
             for key, value in config.items():
                 self.client.log_param(self.run_id, key, value)
 

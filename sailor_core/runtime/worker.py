@@ -108,7 +108,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--metrics-file", default=None)
     ap.add_argument("--tensorboard-url", default=None,
                     help="rank 0 writes TensorBoard event files here (the job's <url>/tensorboard)")
-    ap.add_argument("--job-id", default="sailor-job", help="names the job's W&B and MLflow run")
+    ap.add_argument("--job-id", default=None,
+                    help="the job's W&B run id and MLflow job_id tag, which every attempt continues "
+                         "(none: a new run each launch)")
     ap.add_argument("--timeout-s", type=float, default=60.0, help="collective / rendezvous timeout")
     ap.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: keep default)")
     ap.add_argument("--park-dir", default=None,
