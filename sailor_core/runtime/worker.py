@@ -29,8 +29,9 @@ its layer files of a checkpoint, before the manifest); none in a real run.
 
 Rank 0 appends one JSON line per step to ``--metrics-file``:
 ``{"step", "loss", "step_time_s", "cpu_time_s", "samples_per_s", "tokens_per_s", "lr",
-"grad_norm", "grad_norm_clipped", "clipped", "model_flops_per_s", "peak_memory_bytes",
-"peak_memory_bytes_by_rank"}`` and ``"mfu"`` (``"mfu_nominal"`` on a CPU device) where the
+"grad_norm", "grad_norm_clipped", "clipped", "model_flops_per_s", "peak_memory_bytes_by_rank"}``,
+on CUDA ``"peak_memory_bytes"`` (rank 0's ``torch.cuda.max_memory_allocated``), and ``"mfu"``
+(``"mfu_nominal"`` on a CPU device) where the
 plan's GPUs have a catalog peak (``cpu_time_s``: rank 0's process CPU time in the step, all
 threads; memory: each rank's high-water mark, ``runtime/metrics.py`` says how each figure is
 counted and what it costs); with ``--tensorboard-url`` and the trackers' environment rank 0
@@ -441,8 +442,9 @@ def _step_figures(run: _Run, values: list[float], dt: float) -> dict:
     flops_per_s = run.flops_per_step / dt
     out = {"lr": trainer.recipe.lr_at(trainer.step - 1), "grad_norm": norm,
            "grad_norm_clipped": min(norm, clip) if clip else norm, "clipped": bool(clip and norm > clip),
-           "model_flops_per_s": flops_per_s, "peak_memory_bytes": memory[0],
-           "peak_memory_bytes_by_rank": memory}
+           "model_flops_per_s": flops_per_s, "peak_memory_bytes_by_rank": memory}
+    if run.device.type == "cuda":  # rank 0's allocator peak, as LaunchResult reads it (None on CPU)
+        out["peak_memory_bytes"] = memory[0]
     if run.peak_flops:
         # against the plan's GPUs' catalog peak; on a CPU device (the embedded cloud) only nominal
         out["mfu" if run.device.type == "cuda" else "mfu_nominal"] = flops_per_s / run.peak_flops
