@@ -265,6 +265,7 @@ def _launch(run: _Run, state: js.JobState, planner: control.Planner, option: Pla
                          pareto=reporting.pareto_markdown(control.pareto_points(planner),
                                                           control.chosen_point(planner, option)))
     workers.assign(run.session, state, placed.assignments, data_url=data_url)
+    reporting.mark_attempt(run.session.jobs_url, state, reason)
     at = state.last_checkpoint_step or 0
     run.reporter.event(state, f"rented {report.nodes_line(nodes)}; starting the workers"
                               + (f", to resume from the checkpoint at step {at}" if at else ""))

@@ -179,6 +179,11 @@ def agent_pid() -> int | None:
     return int(value) if value else None
 
 
+def attempt() -> int:
+    """``SAILOR_ATTEMPT``: the job's attempt a worker belongs to (set by the agent; 0 outside a job)."""
+    return int(os.environ.get(ATTEMPT_ENV, "0"))
+
+
 def generation() -> int:
     """``SAILOR_GENERATION``: the agent's generation a worker runs (0 outside an agent); the
     rendezvous keys of each generation are apart, since a parked rank 0 hosts the store again."""
@@ -251,3 +256,28 @@ def fuzz_examples(default: int = 6) -> int:
     """``SAILOR_FUZZ_EXAMPLES``: examples per property of the bad-input fuzz tests (set by a
     developer for a deep run, e.g. 200)."""
     return int(os.environ.get(FUZZ_EXAMPLES_ENV, str(default)))
+
+
+# ---- experiment trackers (set by the user; their owners' names) -------------------------
+
+# Forwarded from the flow's environment to the workers (``tasks/cloud_session.worker_env``), so a
+# job's rank 0 logs where the user asked; secrets (WANDB_API_KEY, MLflow's tokens) are not: they
+# would be written into the job's storage with the assignment (set them on the instances).
+TRACKER_ENVS = ("WANDB_PROJECT", "WANDB_ENTITY", "WANDB_MODE", "WANDB_DIR", "WANDB_BASE_URL",
+                "MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_NAME", "MLFLOW_ALLOW_FILE_STORE")
+
+
+def tracker_env() -> dict[str, str]:
+    """The experiment trackers' variables set here (``TRACKER_ENVS``), for a worker's environment."""
+    return {name: os.environ[name] for name in TRACKER_ENVS if os.environ.get(name)}
+
+
+def wandb_enabled() -> bool:
+    """Weights & Biases is on when ``WANDB_PROJECT`` or ``WANDB_MODE`` is set (not ``disabled``)."""
+    mode = os.environ.get("WANDB_MODE", "").strip().lower()
+    return mode != "disabled" and bool(mode or os.environ.get("WANDB_PROJECT"))
+
+
+def mlflow_tracking_uri() -> str | None:
+    """MLflow is on when ``MLFLOW_TRACKING_URI`` is set (``file:///...`` for its file store)."""
+    return os.environ.get("MLFLOW_TRACKING_URI") or None

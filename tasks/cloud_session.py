@@ -80,6 +80,7 @@ class CloudSession:
 
     def worker_env(self, a: Assignment | None) -> dict[str, str]:
         env = {settings.FAULT_KILL_ENV: settings.fault_kill()} if settings.fault_kill() else {}
+        env.update(settings.tracker_env())  # W&B / MLflow where the user asked (no secrets)
         if settings.fault_upload():
             env[settings.FAULT_UPLOAD_ENV] = settings.fault_upload()
         if self.mode != "embedded":

@@ -41,6 +41,7 @@ from sailor_core.errors import SailorError
 from sailor_core.job import report
 from sailor_core.job.state import JobState
 from sailor_core.profiles import default_profile_db
+from sailor_core.runtime.trackers import write_attempt_events
 
 STATUS_EVERY_S = 1.0  # most one status update per this long while steps complete
 TICK_S = 3.0  # and at least one per this long (spend grows while nothing else moves)
@@ -107,6 +108,25 @@ def emit_job_event(name: str, state: JobState, **payload: Any) -> None:
 
 
 # ---- the parts of the artifacts ------------------------------------------------------------------
+
+
+def mark_attempt(job_url: str, state: JobState, reason: str) -> None:
+    """The attempt on the job's TensorBoard (run ``attempts``, at the step it starts from): its number,
+    the spend and preemptions so far, the plan's price and throughput, why it runs."""
+    if not state.spec.tensorboard or not state.replans:
+        return
+    record = state.replans[-1]
+    scalars = {"number": state.attempt, "spend_usd": state.usd_spent(),
+               "preemptions": sum(1 for i in state.instances if i.end_reason == "preempted"),
+               "plan_usd_per_hr": record.usd_per_hr or 0.0,
+               "plan_samples_per_s": record.throughput_samples_per_s or 0.0}
+    plan = report.plan_line(state.plan, usd_per_hr=record.usd_per_hr, samples_per_s=record.throughput_samples_per_s)
+    text = f"attempt {state.attempt} from step {record.at_step}: {reason}; {plan}"
+    try:
+        write_attempt_events(f"{job_url}/tensorboard", step=record.at_step or 0, attempt=state.attempt,
+                             scalars=scalars, text=text)
+    except Exception as exc:  # the curves never stop a job
+        get_run_logger().warning("attempt %d not marked on TensorBoard: %s", state.attempt, exc)
 
 
 def plan_rows(plan: dict[str, Any]) -> list[dict[str, Any]]:

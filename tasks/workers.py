@@ -67,7 +67,8 @@ class Assignment:
 
 
 def assignment_doc(state: js.JobState, a: Assignment, *, master: Assignment, master_port: int,
-                   data_url: str, worker_args: Sequence[str], env: dict[str, str]) -> AgentAssignment:
+                   data_url: str, worker_args: Sequence[str], env: dict[str, str], job_url: str) -> AgentAssignment:
+    """``job_url``: the job's folder as its instances reach it (its ``tensorboard/`` is there)."""
     plan = state.plan or {}
     return AgentAssignment(
         generation=run_generation(state.attempt), attempt=state.attempt, action=AgentAction.RUN,
@@ -75,7 +76,8 @@ def assignment_doc(state: js.JobState, a: Assignment, *, master: Assignment, mas
         master_addr=master.address, master_port=master_port, steps=state.spec.steps,
         data=data_url, ckpt_url=state.spec.checkpoint_url, ckpt_every=state.spec.checkpoint_every_steps,
         resume=True, seed=state.spec.seed,
-        extra_worker_args=(*worker_argv(state.spec), *worker_args),
+        extra_worker_args=(*worker_argv(state.spec), *worker_args, "--job-id", state.job_id,
+                           *(("--tensorboard-url", f"{job_url}/tensorboard") if state.spec.tensorboard else ())),
         env=env,
     )
 
@@ -97,7 +99,8 @@ def assign(session, state: js.JobState, assignments: Sequence[Assignment], *, da
                                  "for an attempt with spot nodes")
     for a in assignments:
         doc = assignment_doc(state, a, master=master, master_port=port, data_url=data_url,
-                             worker_args=session.worker_args(a), env=session.worker_env(a))
+                             worker_args=session.worker_args(a), env=session.worker_env(a),
+                             job_url=session.jobs_url)
         if inject is not None and a is master:
             doc = dataclasses.replace(doc, inject_preemption=inject)
         write_assignment(session.jobs_url, a.instance_id, doc)

@@ -268,7 +268,11 @@ class WorkerError:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StepReport:
     """A step line of rank 0's metrics file (``{"step", "loss", "samples_per_s", ...}``; ``val_loss``
-    after a step that ran the validation)."""
+    after a step that ran the validation).  The line holds more than the agent forwards (``lr``,
+    ``grad_norm``, ``grad_norm_clipped``, ``clipped``, ``tokens_per_s``, ``model_flops_per_s``,
+    ``mfu`` or ``mfu_nominal``, ``peak_memory_bytes_by_rank``, ``val_perplexity``:
+    ``runtime/worker.py``); their history is in the job's TensorBoard files
+    (``<job url>/tensorboard``, docs/engine.md#metrics), not in the agent's status."""
 
     step: int
     loss: float

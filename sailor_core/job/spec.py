@@ -90,6 +90,9 @@ class JobSpec:
                                          cli=("--checkpoint-every",))
     preempt_at_steps: tuple[int, ...] = option((), help="inject preemptions at these steps (embedded cloud)",
                                                unit="steps", cli=("--preempt-at",))
+    tensorboard: bool = option(True, help="rank 0 writes TensorBoard event files to the job's <url>/tensorboard "
+                                          "(`tensorboard --logdir` on it); W&B and MLflow follow WANDB_PROJECT / "
+                                          "WANDB_MODE and MLFLOW_TRACKING_URI", cli=("--tensorboard/--no-tb",))
 
     def __post_init__(self) -> None:
         # Sequences arrive as lists from JSON (job states, flow parameters); the spec keeps tuples.

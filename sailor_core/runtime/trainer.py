@@ -56,6 +56,11 @@ class StageTrainer:
         dps = [s.dp_degree for s in plan.stages]
         self.schedule = rank_op_order(self.num_microbatches, dps, self.role.stage, self.role.replica)
         self.step = 0              # optimizer steps done
+        # The last step's global gradient norm before clipping (a device tensor, read after the
+        # step's status all-reduce so no extra host sync), or this rank's share of its square
+        # when nothing clips (``grad_sq_share``: the worker sums the shares in that all-reduce).
+        self.grad_norm_before_clip: torch.Tensor | None = None
+        self.grad_sq_share: torch.Tensor | None = None
         self.first_sample = 0      # global sample index of iteration `first_step`
         self.first_step = 0
         self.init_from: str | None = None  # the pretrained weights the job started from (checkpoint meta)
@@ -194,23 +199,32 @@ class StageTrainer:
         sharded = layer.shard_dims[name] is not None and self.role.tp_degree > 1
         return sharded or self.role.tp_rank == 0
 
-    def grad_norm(self) -> torch.Tensor:
-        """The global L2 norm of all gradients of the model (every rank gets the same value)."""
+    def _grad_sq_share(self) -> torch.Tensor:
+        """This rank's part of the squared global gradient norm (``_counts_in_norm``)."""
         mine = [p.grad for layer, name, p in self.model.named_layer_params() if self._counts_in_norm(layer, name)]
         sq = (torch.nn.utils.get_total_norm(mine, foreach=False) ** 2 if mine
               else torch.zeros((), device=self.device))
-        sq = sq.to(device=self.device, dtype=torch.float32).reshape(())
+        return sq.to(device=self.device, dtype=torch.float32).reshape(())
+
+    def grad_norm(self) -> torch.Tensor:
+        """The global L2 norm of all gradients of the model (every rank gets the same value)."""
+        sq = self._grad_sq_share()
         dist.all_reduce(sq)
         return sq.sqrt()
 
-    def clip_grads(self) -> float | None:
-        """Scale the gradients so their global norm is at most the recipe's (none: no clipping)."""
+    def clip_grads(self) -> torch.Tensor | None:
+        """Scale the gradients so their global norm is at most the recipe's (none: no clipping, and
+        only this rank's share of the squared norm is kept, for the metrics).  Returns the norm
+        before clipping as a device tensor: reading it is left to whoever needs the number."""
+        self.grad_norm_before_clip = self.grad_sq_share = None
         if not self.recipe.grad_clip_norm:
+            self.grad_sq_share = self._grad_sq_share()
             return None
         norm = self.grad_norm()
         torch.nn.utils.clip_grads_with_norm_(list(self.model.parameters()), self.recipe.grad_clip_norm, norm,
                                              foreach=False)
-        return float(norm)
+        self.grad_norm_before_clip = norm
+        return norm
 
     # ---- validation ---------------------------------------------------------
     def validate(self, num_batches: int) -> float:

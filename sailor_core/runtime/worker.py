@@ -28,14 +28,19 @@ Faults for tests and chaos trials strike at ``sailor_core.runtime.faults``' poin
 its layer files of a checkpoint, before the manifest); none in a real run.
 
 Rank 0 appends one JSON line per step to ``--metrics-file``:
-``{"step", "loss", "step_time_s", "cpu_time_s", "samples_per_s", "tokens_per_s"}``
-(``cpu_time_s``: rank 0's process CPU time in the step, all threads; on CUDA also
-``peak_memory_bytes``, rank 0's ``torch.cuda.max_memory_allocated`` so far), and a last
+``{"step", "loss", "step_time_s", "cpu_time_s", "samples_per_s", "tokens_per_s", "lr",
+"grad_norm", "grad_norm_clipped", "clipped", "model_flops_per_s", "peak_memory_bytes_by_rank"}``,
+on CUDA ``"peak_memory_bytes"`` (rank 0's ``torch.cuda.max_memory_allocated``), and ``"mfu"``
+(``"mfu_nominal"`` on a CPU device) where the
+plan's GPUs have a catalog peak (``cpu_time_s``: rank 0's process CPU time in the step, all
+threads; memory: each rank's high-water mark, ``runtime/metrics.py`` says how each figure is
+counted and what it costs); with ``--tensorboard-url`` and the trackers' environment rank 0
+logs them there too (``runtime/trackers.py``), and a last
 line ``{"event": "done" | "preempted" | "peer_lost" | "error", ...}``; ``peer_lost``
 carries ``dead_ranks`` (from heartbeats through the rendezvous store).  Any rank appends its
 own ``{"event": "error", "rank", "message"}`` line (bad input, its checkpoint I/O failing).
 A step after which the held-out samples were evaluated (every ``--validate-every`` steps and
-after the run's last step) also carries ``val_loss``.
+after the run's last step) also carries ``val_loss`` and ``val_perplexity``.
 
 The job's options that reach the workers take their ``sailor train`` flags (``--lr``,
 ``--warmup-steps``, ``--val-fraction``, ``--init-from``, ...: ``sailor_core/job/worker_args.py``)
@@ -50,6 +55,7 @@ import datetime as _dt
 import functools
 import gc
 import json
+import math
 import os
 import signal
 import sys
@@ -71,11 +77,13 @@ from sailor_core.runtime import faults, park
 from sailor_core.runtime.data import DEFAULT_CACHE_MAX_BYTES, SpanCache, TokenDataset
 from sailor_core.runtime.heartbeat import Heartbeat, watch_preempt_url
 from sailor_core.runtime.hf import load_pretrained
+from sailor_core.runtime.metrics import model_flops_per_step, peak_flops, peak_memory_bytes
 from sailor_core.runtime.model import check_plan_for_engine
 from sailor_core.runtime.recipe import Recipe, make_recipe
 from sailor_core.runtime.process_groups import make_groups
 from sailor_core.runtime.rendezvous import private_store, uses_agent_store
 from sailor_core.runtime.stage_checkpoint import adopt, can_adopt, checkpoint_meta, kept_state, load, save_layers
+from sailor_core.runtime.trackers import Trackers
 from sailor_core.runtime.trainer import StageTrainer
 from sailor_core.storage import open_storage
 
@@ -99,6 +107,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     # (runtime/recipe.py); a resumed run continues its checkpoint's instead.
     add_worker_arguments(ap)
     ap.add_argument("--metrics-file", default=None)
+    ap.add_argument("--tensorboard-url", default=None,
+                    help="rank 0 writes TensorBoard event files here (the job's <url>/tensorboard)")
+    ap.add_argument("--job-id", default=None,
+                    help="the job's W&B run id and MLflow job_id tag, which every attempt continues "
+                         "(none: a new run each launch)")
     ap.add_argument("--timeout-s", type=float, default=60.0, help="collective / rendezvous timeout")
     ap.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: keep default)")
     ap.add_argument("--park-dir", default=None,
@@ -148,6 +161,9 @@ class _Run:
     trainer: object = None
     heartbeat: object = None
     saved_step: int = -1
+    flops_per_step: float = 0.0  # the model FLOPs of one step (runtime/metrics.py)
+    peak_flops: float | None = None  # the plan's GPUs' summed peak; None on cpu
+    trackers: Trackers | None = None  # rank 0's TensorBoard, W&B, MLflow (runtime/trackers.py)
     state_from: str = "init"  # where the trainer's state came from: init, pretrained, checkpoint, memory
 
 
@@ -202,6 +218,7 @@ def _generation(args, stop: dict, carry: _Carry) -> int:
         _connect(run, world, carry)
         carry.kept = None  # taken over or not, freed before training allocates
         _report_started(run)
+        _start_trackers(run)
         code = _train(run)
         if code == _PARKED:
             carry.kept = kept_state(run.trainer)
@@ -239,6 +256,25 @@ def _report_started(run: _Run) -> None:
         _log(run.rank, f"ready to train in {ready_s:.2f} s (state from {run.state_from})")
 
 
+def _start_trackers(run: _Run) -> None:
+    """Rank 0's trackers, the attempt marked at the step it starts from."""
+    if run.rank != 0:
+        return
+    args = run.args
+    config = {"model": run.plan.model, "global_batch_size": run.plan.global_batch_size,
+              "num_gpus": run.plan.num_gpus, **run.trainer.recipe.to_dict()}
+    run.trackers = Trackers(job_id=args.job_id, tensorboard_url=args.tensorboard_url,
+                            attempt=settings.attempt(), config=config)
+    run.trackers.started(run.trainer.step, plan_text=run.plan.to_json(), state_from=run.state_from)
+
+
+def _close_trackers(run: _Run, preempted: bool = False) -> None:
+    if run.trackers is not None:
+        if preempted:
+            run.trackers.preempted(run.trainer.step)
+        run.trackers.close()
+
+
 def _load_inputs(args, rank: int, world: int, metrics: _Metrics, stop: dict) -> _Run:
     """The plan, model, data and checkpoint storage; SailorError when any is unusable."""
     plan = load_plan(args.plan)
@@ -253,7 +289,8 @@ def _load_inputs(args, rank: int, world: int, metrics: _Metrics, stop: dict) -> 
                         validation_fraction=recipe.validation_fraction, min_val_samples=plan.global_batch_size,
                         cache=cache)
     return _Run(args=args, rank=rank, plan=plan, spec=spec, data=data, recipe=recipe, metrics=metrics, stop=stop,
-                storage=open_storage(args.ckpt_dir) if args.ckpt_dir else None)
+                storage=open_storage(args.ckpt_dir) if args.ckpt_dir else None,
+                flops_per_step=model_flops_per_step(plan), peak_flops=peak_flops(plan))
 
 
 def _device(plan, rank: int):
@@ -317,6 +354,8 @@ def _save_once(run: _Run) -> bool:
     if run.saved_step != run.trainer.step:
         _save(run.trainer, run.storage, run.args.keep, run.rank)
         run.saved_step = run.trainer.step
+        if run.trackers is not None:  # what the checkpoint keeps, the charts keep
+            run.trackers.flush()
     return True
 
 
@@ -324,7 +363,7 @@ def _train(run: _Run) -> int:
     """Steps until the job's total, a preemption notice (checkpoint, exit 75/76) or a failure."""
     args, trainer, metrics = run.args, run.trainer, run.metrics
     preempt_file = settings.preempt_file()
-    status = torch.zeros(2, device=run.device)
+    status = _status_vector(run.device, dist.get_world_size())
     while trainer.step < args.steps:
         stop_any = _one_step(run, status, preempt_file)
         if stop_any:
@@ -335,6 +374,7 @@ def _train(run: _Run) -> int:
                            f"({'checkpoint saved' if saved else 'no checkpoint'}"
                            f"{'; parked for the next generation' if parks else ''})")
             _stop_heartbeat(run, "preempted")
+            _close_trackers(run, preempted=True)
             if parks:
                 return _PARKED
             return EXIT_PREEMPTED if saved else EXIT_PREEMPTED_NO_CKPT
@@ -344,6 +384,7 @@ def _train(run: _Run) -> int:
         _save_once(run)
     metrics.write({"event": "done", "step": trainer.step})
     _stop_heartbeat(run, "done")
+    _close_trackers(run)
     return EXIT_OK
 
 
@@ -356,22 +397,75 @@ def _one_step(run: _Run, status, preempt_file: str | None) -> bool:
     loss_sum = trainer.train_step(on_first_forward=mid_step)
     if preempt_file and os.path.exists(preempt_file):
         run.stop["requested"] = True
+    # One all-reduce agrees on the stop and carries the metrics: the loss, the gradient norm's
+    # squared shares (when nothing clips) and each rank's memory high-water mark in its slot.
+    status.zero_()
     status[0], status[1] = loss_sum, float(run.stop["requested"] or run.stop["park"])
+    if trainer.grad_sq_share is not None:
+        status[2] = trainer.grad_sq_share
+    status[_MEMORY_SLOT + rank] = peak_memory_bytes(run.device)
     dist.all_reduce(status)
     # Reading the agreed status waits for the device, so the step time covers the GPU's
     # queued kernels too (CUDA runs ahead of the host until something is read back).
-    loss_total, stop_any = (float(v) for v in status.tolist())
+    values = status.tolist()
+    loss_total, stop_any = values[0], values[1]
     dt = time.perf_counter() - t0
     gbs = plan.global_batch_size
     record = {"step": trainer.step, "loss": loss_total / plan.num_microbatches,
               "step_time_s": dt, "cpu_time_s": time.process_time() - c0,
-              "samples_per_s": gbs / dt, "tokens_per_s": gbs * trainer.seq_len / dt}
-    if run.device.type == "cuda":
-        record["peak_memory_bytes"] = torch.cuda.max_memory_allocated(run.device)
+              "samples_per_s": gbs / dt, "tokens_per_s": gbs * trainer.seq_len / dt,
+              **_step_figures(run, values, dt)}
     if not stop_any and _validation_due(run):
-        record["val_loss"] = trainer.validate(trainer.data.num_val_batches(trainer.recipe.validation_batches, gbs))
+        val = trainer.validate(trainer.data.num_val_batches(trainer.recipe.validation_batches, gbs))
+        record["val_loss"], record["val_perplexity"] = val, _perplexity(val)
     run.metrics.write(record)
+    if run.trackers is not None:
+        run.trackers.log(trainer.step, _tracked(record))
     return stop_any > 0
+
+
+_MEMORY_SLOT = 3  # the status vector: loss, stop, squared gradient norm, then one slot per rank
+
+
+def _status_vector(device, world: int):
+    return torch.zeros(_MEMORY_SLOT + world, dtype=torch.float64, device=device)
+
+
+def _step_figures(run: _Run, values: list[float], dt: float) -> dict:
+    """The step's learning rate, gradient norm (before and after clipping), FLOPs utilisation and
+    memory high-water marks, from what the step and its status all-reduce already hold."""
+    trainer = run.trainer
+    clip = trainer.recipe.grad_clip_norm
+    norm_t = trainer.grad_norm_before_clip
+    norm = float(norm_t) if norm_t is not None else values[2] ** 0.5  # reduced already: no extra wait
+    memory = [int(v) for v in values[_MEMORY_SLOT:]]
+    flops_per_s = run.flops_per_step / dt
+    out = {"lr": trainer.recipe.lr_at(trainer.step - 1), "grad_norm": norm,
+           "grad_norm_clipped": min(norm, clip) if clip else norm, "clipped": bool(clip and norm > clip),
+           "model_flops_per_s": flops_per_s, "peak_memory_bytes_by_rank": memory}
+    if run.device.type == "cuda":  # rank 0's allocator peak, as LaunchResult reads it (None on CPU)
+        out["peak_memory_bytes"] = memory[0]
+    if run.peak_flops:
+        # against the plan's GPUs' catalog peak; on a CPU device (the embedded cloud) only nominal
+        out["mfu" if run.device.type == "cuda" else "mfu_nominal"] = flops_per_s / run.peak_flops
+    return out
+
+
+def _perplexity(loss: float) -> float:
+    return math.exp(min(loss, 700.0))  # past exp's float range a loss is divergence anyway
+
+
+def _tracked(record: dict) -> dict[str, float]:
+    """A metrics line as the trackers' scalars, grouped as TensorBoard shows them."""
+    tags = {"loss": "train/loss", "val_loss": "val/loss", "val_perplexity": "val/perplexity",
+            "lr": "train/lr", "grad_norm": "train/grad_norm", "grad_norm_clipped": "train/grad_norm_clipped",
+            "clipped": "train/clipped", "samples_per_s": "perf/samples_per_s", "tokens_per_s": "perf/tokens_per_s",
+            "step_time_s": "perf/step_time_s", "model_flops_per_s": "perf/model_flops_per_s", "mfu": "perf/mfu",
+            "mfu_nominal": "perf/mfu_nominal"}
+    out = {tag: float(record[key]) for key, tag in tags.items() if key in record}
+    for r, peak in enumerate(record["peak_memory_bytes_by_rank"]):
+        out[f"memory/peak_bytes_rank{r}"] = float(peak)
+    return out
 
 
 def _validation_due(run: _Run) -> bool:

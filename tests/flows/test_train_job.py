@@ -72,6 +72,7 @@ def test_two_preemptions_end_with_the_loss_of_an_uninterrupted_run(prefect_api, 
     assert [i.end_reason for i in state.instances].count("preempted") == 2
     assert all(r.at_step > 0 for r in state.replans[1:]), "each recovery resumed from a checkpoint"
     _assert_nothing_left(state)
+    _assert_tensorboard_tells_one_run(state, tmp_path / "tb", steps)
 
     # The same samples, uninterrupted, on local processes under the plan the job ended with.
     data = settings.sailor_home() / "data" / "synthetic-tiny-seed0.npy"
@@ -81,6 +82,32 @@ def test_two_preemptions_end_with_the_loss_of_an_uninterrupted_run(prefect_api, 
     job_losses = dict(state.losses)
     for step, loss in zip(ref.steps, ref.losses):
         assert job_losses[step] == pytest.approx(loss, rel=1e-5, abs=1e-6), f"step {step}"
+
+
+def _assert_tensorboard_tells_one_run(state: js.JobState, folder: Path, steps: int) -> None:
+    """The job's event files (from its bucket, read by TensorBoard's own reader): one step axis over
+    its three attempts, every metric at every step, the attempts and preemptions marked."""
+    from infra.config import embedded_endpoints
+    from tasks.embedded_bucket import EMBEDDED_BUCKET, embedded_s3_client
+    from sailor_core.runtime.trackers import ATTEMPTS_RUN
+    from tests.runtime.test_trackers import STEP_TAGS, read_tensorboard
+
+    s3 = embedded_s3_client(embedded_endpoints()["aws_endpoint"])
+    prefix = f"{state.job_id}/tensorboard/"
+    for obj in s3.list_objects_v2(Bucket=EMBEDDED_BUCKET, Prefix=prefix)["Contents"]:
+        path = folder / obj["Key"][len(prefix):]
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(s3.get_object(Bucket=EMBEDDED_BUCKET, Key=obj["Key"])["Body"].read())
+    acc = read_tensorboard(folder)
+    for tag in [t for t in STEP_TAGS if not t.startswith("memory/")] + ["memory/peak_bytes_rank0"]:
+        assert [e.step for e in acc.Scalars(tag)] == list(range(1, steps + 1)), tag
+    assert [e.value for e in acc.Scalars("events/attempt")] == [1, 2, 3]
+    assert len(acc.Scalars("events/preemption")) == 2
+    assert [e.step for e in acc.Scalars("val/loss")] == [steps] and acc.Scalars("val/perplexity")
+    flow = read_tensorboard(folder / ATTEMPTS_RUN)  # the flow's own marks: spend, preemptions so far
+    assert [e.value for e in flow.Scalars("attempt/number")] == [1, 2, 3]
+    assert [e.value for e in flow.Scalars("attempt/preemptions")] == [0, 1, 2]
+    assert [e.step for e in flow.Scalars("attempt/number")] == [r.at_step for r in state.replans]
 
 
 def _assert_the_run_tells_what_happened(prefect_api: str, summary: dict, events: list) -> None:
