@@ -9,9 +9,13 @@ the chart of the job's status card in the Prefect UI (``tasks/reporting.py``).
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import io
+import math
 from collections.abc import Sequence
 from typing import Any
+
+from sailor_core.controller.ledger import CostLedger
 
 MAX_POINTS = 500  # per curve: a chart of a few hundred pixels shows no more
 
@@ -41,13 +45,25 @@ def with_step_time(points: tuple[tuple[float, int], ...], unix_s: float, step: i
     return tuple(out[i] for i in sorted(picks))
 
 
-def samples_per_s(points: Sequence[tuple[float, int]], samples_per_step: int) -> list[tuple[float, float]]:
-    """(time, samples/s) between consecutive points; none across a restart (the step went back)."""
-    out = []
+def samples_per_s(points: Sequence[tuple[float, int]], samples_per_step: int,
+                  breaks: Sequence[float] = ()) -> list[tuple[float, float]]:
+    """(time, samples/s) between consecutive points; none across a restart (the step went back, or
+    a time of ``breaks``, an attempt's start, lies between them: a NaN there breaks the line)."""
+    out: list[tuple[float, float]] = []
     for (t0, s0), (t1, s1) in zip(points, points[1:]):
-        if t1 > t0 and s1 > s0:
-            out.append(((t0 + t1) / 2, (s1 - s0) * samples_per_step / (t1 - t0)))
+        if s1 <= s0 or t1 <= t0 or any(t0 < b <= t1 for b in breaks):
+            if out and not math.isnan(out[-1][1]):
+                out.append(((t0 + t1) / 2, math.nan))
+            continue
+        out.append(((t0 + t1) / 2, (s1 - s0) * samples_per_step / (t1 - t0)))
     return out
+
+
+def spent_usd_at(instances: Sequence[Any], unix_s: float) -> float:
+    """What the job had spent at ``unix_s``: its instance records as they stood then, on the ledger."""
+    then = [dataclasses.replace(i, ended_unix_s=min(i.ended_unix_s or unix_s, unix_s))
+            for i in instances if i.launched_unix_s <= unix_s]
+    return CostLedger.from_instance_records(then).spent_usd(unix_s)
 
 
 def curves_png(state: Any, now_unix_s: float) -> bytes:  # a JobState (job/state.py imports this module)
@@ -92,24 +108,24 @@ def _time_panel(ax, state: Any, now_unix_s: float) -> None:
         return (t - t0) / 60
 
     samples_per_step = (state.plan or {}).get("global_batch_size") or state.spec.global_batch_size or 1
-    rates = samples_per_s(state.step_times, samples_per_step)
+    rates = samples_per_s(state.step_times, samples_per_step, [r.at_unix_s for r in state.replans[1:]])
     if rates:
         xs, ys = zip(*rates)
         ax.plot([minutes(x) for x in xs], ys, lw=1, color="tab:blue", label="samples/s")
     ax.set_xlabel("minutes since the first launch")
     ax.set_ylabel("samples/s")
     spend = ax.twinx()
-    ledger = state.ledger()
     ended = [i.ended_unix_s for i in state.instances if i.ended_unix_s]
     end = now_unix_s if state.running_instances() else max(ended, default=t0)  # spend grows while one runs
     times = sorted({t0, end, *(t for t, _ in state.step_times if t <= end),
                     *ended})
-    spend.plot([minutes(t) for t in times], [ledger.spent_usd(t) for t in times], color="tab:green", lw=1)
+    spend.plot([minutes(t) for t in times], [spent_usd_at(state.instances, t) for t in times], color="tab:green",
+               lw=1, label="USD spent")
     spend.set_ylabel("USD spent", color="tab:green")
     for r in state.replans[1:]:
         ax.axvline(minutes(r.at_unix_s), color="grey", ls="--", lw=0.8)
     preempted = sorted({i.ended_unix_s for i in state.instances if i.end_reason == "preempted" and i.ended_unix_s})
     for k, t in enumerate(preempted):
         ax.axvline(minutes(t), color="tab:red", lw=1, label="preemption" if k == 0 else None)
-    if rates or preempted:
-        ax.legend(loc="upper left", fontsize=7)
+    lines = ax.get_legend_handles_labels()[0] + spend.get_legend_handles_labels()[0]
+    ax.legend(handles=lines, loc="upper left", fontsize=7)

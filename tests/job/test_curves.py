@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
+import math
 
 import pytest
 
@@ -34,8 +36,25 @@ def test_the_step_history_stays_bounded_and_spans_the_whole_job():
 
 
 def test_samples_per_s_between_points_and_none_across_a_restart():
-    pts = [(0.0, 0), (2.0, 4), (4.0, 8), (5.0, 6), (7.0, 10)]  # step 8 -> 6: resumed from a checkpoint
-    assert curves.samples_per_s(pts, 8) == [(1.0, 16.0), (3.0, 16.0), (6.0, 16.0)]
+    pts = [(0.0, 0), (2.0, 4), (4.0, 8), (5.0, 6), (7.0, 10), (11.0, 12), (13.0, 16)]  # 8 -> 6: resumed
+    rates = curves.samples_per_s(pts, 8, breaks=[9.0])  # and an attempt started at 9 s, its first step at 11
+    assert [(t, r) for t, r in rates if not math.isnan(r)] == [(1.0, 16.0), (3.0, 16.0), (6.0, 16.0), (12.0, 16.0)]
+    assert [t for t, r in rates if math.isnan(r)] == [4.5, 9.0]  # the line breaks there
+
+
+def test_spend_over_time_counts_each_instance_while_it_ran():
+    a = _instance("a", launched=100.0)
+    b = dataclasses.replace(_instance("b", launched=110.0), ended_unix_s=130.0, end_reason="preempted")
+    # 3.6 USD/h = 0.001 USD/s
+    assert curves.spent_usd_at([a, b], 90.0) == 0.0
+    assert curves.spent_usd_at([a, b], 120.0) == pytest.approx(0.020 + 0.010)
+    assert curves.spent_usd_at([a, b], 150.0) == pytest.approx(0.050 + 0.020)
+
+
+def _instance(iid: str, *, launched: float) -> js.InstanceRecord:
+    return js.InstanceRecord(instance_id=iid, cloud="aws", zone="us-east-1a", instance_type="p3.2xlarge",
+                             gpu="V100-16", num_gpus=1, usd_per_hr=3.6, spot=True, attempt=1,
+                             launched_unix_s=launched)
 
 
 def test_the_chart_of_a_preempted_job_is_a_png_and_survives_the_state_round_trip():
@@ -44,9 +63,7 @@ def test_the_chart_of_a_preempted_job_is_a_png_and_survives_the_state_round_trip
     s = js.new_job(JobSpec(model="tiny", budget_usd=1.0, steps=20), job_id="c1")
     s = js.with_plan(s, plan={"global_batch_size": 8}, reason="initial plan", usd_per_hr=1.0,
                      throughput_samples_per_s=2.0, now_unix_s=s.created_unix_s)
-    s = js.with_instances_launched(s, (js.InstanceRecord(
-        instance_id="a", cloud="aws", zone="us-east-1a", instance_type="p3.2xlarge", gpu="V100-16", num_gpus=1,
-        usd_per_hr=3.6, spot=True, attempt=1, launched_unix_s=s.created_unix_s),))
+    s = js.with_instances_launched(s, (_instance("a", launched=s.created_unix_s),))
     for step in range(1, 11):
         s = js.with_progress(s, steps_done=step, losses=[(step, 5.0 - 0.1 * step)],
                              val_losses=[(step, 5.2 - 0.1 * step)] if step % 5 == 0 else [])
