@@ -381,7 +381,8 @@ class Agent:
         # Preempted: the workers got the same SIGTERM and checkpoint within the notice period.
         # Keep forwarding their metrics meanwhile: the SIGKILL may come before they are done.
         gen = self.current
-        self.logs.say(f"preempted: SIGTERM; the workers checkpoint within {settings.notice_s():.0f} s")
+        self.logs.say(f"SIGTERM (a preemption or the instance's end): the workers checkpoint within "
+                      f"{settings.notice_s():.0f} s")
         deadline = time.monotonic() + settings.notice_s()
         while gen is not None and time.monotonic() < deadline and any(p.poll() is None for p in gen.procs.values()):
             self._collect(gen)

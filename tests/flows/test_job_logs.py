@@ -25,7 +25,9 @@ def assert_the_logs_outlive_the_instances(sailor_cli, state: js.JobState) -> Non
     assert len(headers) == len(refs) and [int(a) for a, _, _ in headers] == sorted(int(a) for a, _, _ in headers)
     assert "[sailor worker rank 0] ready to train in" in done.stdout  # a worker's start line
     assert re.search(r"agent \S+: generation \d+ \(attempt 1\): starting ranks 0", done.stdout)
-    assert "preempted: SIGTERM" in done.stdout  # a preempted instance's last words were uploaded
+    preempted = [i.instance_id for i in state.instances if i.end_reason == "preempted"]
+    sections = dict(re.findall(r"^==> attempt \d+ (\S+) agent <==\n(.*?)(?=^==> |\Z)", done.stdout, re.M | re.S))
+    assert preempted and all("SIGTERM (a preemption" in sections[i] for i in preempted)  # their last words
 
     only = sailor_cli("logs", state.job_id, "--rank", "0", "--attempt", "2")
     assert only.returncode == 0, only.stderr
