@@ -5,6 +5,7 @@ here the storage layout, the tails and the one-line errors."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 from sailor_core.job import state as js
@@ -47,6 +48,21 @@ def test_an_unknown_job_or_one_without_logs_is_one_line(sailor_cli, tmp_path, mo
     js.JobStore().save(js.new_job(JobSpec(model="tiny", budget_usd=1.0, steps=2), job_id="quiet"))
     quiet = sailor_cli("logs", "quiet", "--rank", "3")
     assert quiet.returncode != 0 and quiet.stderr.startswith("error: job 'quiet' has no logs of rank 3")
+
+
+def test_follow_prints_what_there_is_and_returns_once_the_attempt_has_ended(sailor_cli, tmp_path, monkeypatch):
+    from sailor_core.job.spec import JobSpec
+
+    monkeypatch.setenv("SAILOR_HOME", str(tmp_path))
+    store = js.JobStore()
+    state = js.with_status(js.new_job(JobSpec(model="tiny", budget_usd=1.0, steps=2), job_id="ended"), js.SUCCEEDED)
+    store.save(dataclasses.replace(state, attempt=1))
+    log = tmp_path / "rank0.log"
+    log.write_text("[sailor worker rank 0] ready to train in 1.00 s (state from init)\n")
+    upload(open_storage(store.job_url("ended")), LogRef(attempt=1, instance_id="i-1", rank=0), log)
+    done = sailor_cli("logs", "ended", "--follow")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "==> attempt 1 i-1 rank 0 <==\n" + log.read_text()
 
 
 def test_uploads_keep_each_logs_last_mib_from_a_whole_line(tmp_path):
