@@ -384,9 +384,12 @@ class Agent:
         self.logs.say(f"SIGTERM (a preemption or the instance's end): the workers checkpoint within "
                       f"{settings.notice_s():.0f} s")
         deadline = time.monotonic() + settings.notice_s()
+        self._upload_logs(gen, force=True)  # now: the SIGKILL may end the instance before the loop below does
         while gen is not None and time.monotonic() < deadline and any(p.poll() is None for p in gen.procs.values()):
             self._collect(gen)
             self._report()
+            self._upload_logs(gen, force=self._logs_due)
+            self._logs_due = False
             time.sleep(POLL_S / 2)
         if gen is not None:
             self._stop(gen, grace_s=0.0)
