@@ -130,6 +130,7 @@ def train_job(spec: JobSpec, *, job_id: str | None = None, jobs_url: str | None 
                                                       what=f"job {job_id}", after=reporter.finish)
         finally:
             reporter.close()
+            job_tasks.keep_logs(session.jobs_url, store.job_url(job_id))
     return job_tasks.summary(state, instances_left_running=left_running)
 
 

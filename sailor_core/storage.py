@@ -124,6 +124,12 @@ class Storage:
         cut = len(self._prefix) + 1 if self._prefix else 0
         return sorted(p[cut:].strip("/") for p in found["common_prefixes"])
 
+    def list_files(self, name: str = "") -> list[str]:
+        """The names of the objects right under ``name/`` (the root by default), not in its "directories"."""
+        under = self._path(name) or None
+        found = self._call("list", name, lambda: obstore.list_with_delimiter(self._store, under))
+        return sorted(meta["path"].rsplit("/", 1)[-1] for meta in found["objects"])
+
     def delete_dir(self, name: str) -> None:
         """Delete every object under ``name/``; a missing directory is no error."""
         under = self._path(name) + "/"

@@ -9,8 +9,9 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from sailor_core.catalog.models import get_model
-from sailor_core.errors import InputError
+from sailor_core.errors import InputError, SailorError
 from sailor_core.job import state as js
+from sailor_core.job.logs import copy_logs
 from sailor_core.job.spec import JobSpec
 
 SYNTHETIC = "synthetic"
@@ -93,6 +94,19 @@ def note_checkpoint(state: js.JobState) -> js.JobState:
     if info is None:
         return state
     return js.with_progress(state, last_checkpoint_step=info.step)
+
+
+def keep_logs(instances_url: str, job_url: str) -> None:
+    """The logs the instances uploaded, copied to the job's own storage when theirs is elsewhere
+    (the embedded cloud's bucket lives only as long as its process): ``sailor logs`` reads them there."""
+    if instances_url.rstrip("/") == job_url.rstrip("/"):
+        return
+    try:
+        num_logs = copy_logs(instances_url, job_url)
+    except (SailorError, OSError) as exc:  # the job's end stands without its logs
+        get_run_logger().warning("the instances' logs were not kept: %s", exc)
+        return
+    get_run_logger().info("%d logs of the job's instances kept under %s/logs", num_logs, job_url.rstrip("/"))
 
 
 def summary(state: js.JobState, *, instances_left_running: int) -> dict[str, Any]:

@@ -5,7 +5,10 @@ them under "Flow run":
 
 - ``status-<job>``: one progress artifact, updated in place at every step (at most once a
   second) and every few seconds in between: step/total, loss, validation loss, throughput,
-  USD spent against the budget, the plan in one line, the last event;
+  USD spent against the budget, the plan in one line, the last event, and a chart (loss and
+  validation loss over steps, samples/s and spend over time, attempts and preemptions marked:
+  ``sailor_core/job/curves.py``) as a PNG data URI, which the UI renders, redrawn at most every
+  ``CHART_EVERY_S`` and when the attempt or the status changes;
 - ``attempts-<job>``: one markdown artifact, a section per attempt in order (why it was
   planned, what was rented and why, the plan, the Pareto front it was chosen from), updated
   in place as attempts start (the UI lists separate artifacts in no particular order);
@@ -39,12 +42,14 @@ from prefect.settings import PREFECT_UI_URL
 
 from sailor_core.errors import SailorError
 from sailor_core.job import report
+from sailor_core.job.curves import curves_png
 from sailor_core.job.state import JobState
 from sailor_core.profiles import default_profile_db
 from sailor_core.runtime.trackers import write_attempt_events
 
 STATUS_EVERY_S = 1.0  # most one status update per this long while steps complete
 TICK_S = 3.0  # and at least one per this long (spend grows while nothing else moves)
+CHART_EVERY_S = 15.0  # the status's chart is redrawn at most this often (besides attempt and status changes)
 
 
 def artifact_key(kind: str, job_id: str) -> str:
@@ -218,6 +223,8 @@ class JobReporter:
         self._rates: deque[tuple[float, int]] = deque(maxlen=60)
         self._training_attempt = 0
         self._sections: list[str] = []
+        self._chart = ""  # the chart's markdown, and when and for what (attempt, status) it was drawn
+        self._chart_drawn: tuple[float, int, str] = (0.0, -1, "")
         self._attempts_id: UUID | None = None
         self._status_id = create_progress_artifact(progress=self._pct(state), key=artifact_key("status", self.job_id),
                                                    description=self._status(state))
@@ -301,7 +308,7 @@ class JobReporter:
             if not force and now - self._last_push < STATUS_EVERY_S:
                 return
             self._last_push = now
-            pct, description = self._pct(state), self._status(state)
+            pct, description = self._pct(state), self._status(state) + self._chart_markdown(state, now)
         _update_artifact(self._status_id, data=pct, description=description)
 
     def _tick(self) -> None:
@@ -314,6 +321,16 @@ class JobReporter:
                     self.push(state, force=True)
                 except Exception:  # noqa: BLE001  a missed refresh is harmless; the next one comes
                     pass
+
+    def _chart_markdown(self, state: JobState, now: float) -> str:
+        """The chart, redrawn when due (called under the lock); '' before the first step."""
+        at, attempt, status = self._chart_drawn
+        if now - at >= CHART_EVERY_S or attempt != state.attempt or status != state.status:
+            if state.step_times or state.losses:
+                png = base64.b64encode(curves_png(state, time.time())).decode()
+                self._chart = f"\n\n![loss, samples/s and spend](data:image/png;base64,{png})"
+            self._chart_drawn = (now, state.attempt, state.status)
+        return self._chart
 
     @staticmethod
     def _pct(state: JobState) -> float:

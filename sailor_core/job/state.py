@@ -24,6 +24,7 @@ from typing import Any
 from sailor_core.controller.ledger import CostLedger
 from sailor_core.controller.state import observed_preemption_rates_per_s
 from sailor_core.errors import InputError
+from sailor_core.job.curves import with_step_time
 from sailor_core.job.spec import JobSpec
 from sailor_core.settings import jobs_url
 from sailor_core.storage import open_storage
@@ -101,6 +102,7 @@ class JobState:
     last_loss: float | None = None
     losses: tuple[tuple[int, float], ...] = ()  # (step, loss) as reported by rank 0
     val_losses: tuple[tuple[int, float], ...] = ()  # (step, validation loss after it) as reported by rank 0
+    step_times: tuple[tuple[float, int], ...] = ()  # (unix s, step) as the flow saw steps, bounded (job/curves.py)
     replans: tuple[ReplanRecord, ...] = ()
     num_preemptions: int = 0
     injected_preemption_steps: tuple[int, ...] = ()  # --preempt-at steps already injected
@@ -247,6 +249,7 @@ def with_progress(state: JobState, *, steps_done: int | None = None,
         changes["last_loss"] = merged[-1][1]
     if steps_done is not None:
         changes["steps_done"] = steps_done
+        changes["step_times"] = with_step_time(state.step_times, time.time(), steps_done)
     if last_checkpoint_step is not None:
         changes["last_checkpoint_step"] = last_checkpoint_step
     return _touch(state, **changes)
@@ -285,6 +288,7 @@ def state_from_dict(data: Any) -> JobState:
                 "replans": tuple(ReplanRecord(**r) for r in data["replans"]),
                 "losses": tuple((int(s), float(v)) for s, v in data["losses"]),
                 "val_losses": tuple((int(s), float(v)) for s, v in data.get("val_losses", ())),
+                "step_times": tuple((float(t), int(s)) for t, s in data.get("step_times", ())),
                 "injected_preemption_steps": tuple(int(s) for s in data.get("injected_preemption_steps", ())),
             }
         )

@@ -40,6 +40,7 @@ from pathlib import Path
 from sailor_core import settings
 from sailor_core.errors import SailorError
 from sailor_core.runtime import park
+from sailor_core.runtime.agent_logs import AgentLogs
 from sailor_core.job.protocol import (
     EXIT_PREEMPTED,
     AgentAction,
@@ -123,6 +124,7 @@ def worker_command(assignment: AgentAssignment, plan_path: Path, metrics_path: P
 @dataclass(slots=True)
 class _Generation:
     number: int
+    attempt: int = 0  # the job's attempt it trains for (where its logs are uploaded)
     procs: dict[int, subprocess.Popen] = field(default_factory=dict)  # global rank -> process
     local_ranks: dict[int, int] = field(default_factory=dict)  # global rank -> its GPU on this instance
     exit_codes: dict[int, int] = field(default_factory=dict)  # a parked worker's: 75, as if it exited
@@ -169,12 +171,17 @@ class Agent:
         self.final = False
         self._last_status: AgentStatus | None = None
         self._last_status_s = 0.0
+        self.logs = AgentLogs(job_url, instance_id, work_dir)
+        self._logs_due = False  # a worker exited: its last lines go up now, not in UPLOAD_EVERY_S
 
     # -- workers --
     def _start(self, assignment: AgentAssignment) -> _Generation:
-        gen = _Generation(number=assignment.generation)
+        gen = _Generation(number=assignment.generation, attempt=assignment.attempt)
         if assignment.action != AgentAction.RUN:
+            self.logs.say(f"generation {gen.number}: {assignment.action.value}")
             return gen
+        self.logs.say(f"generation {gen.number} (attempt {gen.attempt}): starting ranks "
+                      f"{', '.join(map(str, assignment.ranks))}")
         gen.inject = assignment.inject_preemption
         log_dir = self.work_dir / f"gen{gen.number}"
         log_dir.mkdir(parents=True, exist_ok=True)
@@ -246,7 +253,13 @@ class Agent:
             code = p.poll()
             if code is not None and rank not in gen.exit_codes:
                 gen.exit_codes[rank] = code
+                self.logs.say(f"generation {gen.number}: rank {rank} exited with code {code}")
+                self._logs_due = True
         self._read_metrics(gen)
+
+    def _upload_logs(self, gen: _Generation | None, *, force: bool = False) -> None:
+        if gen is not None and gen.log_dir is not None:
+            self.logs.upload(gen.attempt, {r: gen.log_dir / f"rank{r}.log" for r in gen.procs}, force=force)
 
     @staticmethod
     def _read_metrics(gen: _Generation) -> None:
@@ -342,12 +355,15 @@ class Agent:
             assignment = read_assignment(self.job_url, self.instance_id)
             if assignment is not None and (self.current is None or assignment.generation > self.current.number):
                 if self.current is not None:
+                    self.logs.say(f"generation {self.current.number}: stopping for generation {assignment.generation}")
                     self._stop(self.current)
+                    self._upload_logs(self.current, force=True)
                     self.previous = dataclasses.replace(self._status_body(), previous=None)
                 self.current = self._start(assignment)
                 self._report(force=True)
                 if assignment.action == AgentAction.SHUTDOWN:
                     self._release_parked()
+                    self._upload_logs(self.current, force=True)
                     return 0
             if self.current is not None:
                 self._collect(self.current)
@@ -355,23 +371,32 @@ class Agent:
                 idle_since = time.monotonic() if self._state() == AgentState.RUNNING else idle_since
             if max_idle_s is not None and time.monotonic() - idle_since > max_idle_s:
                 self._release_parked()
+                self._upload_logs(self.current, force=True)
                 return 0
             self._report()
+            self._upload_logs(self.current, force=self._logs_due)
+            self._logs_due = False
             pending = self.current is not None and self.current.inject and self._state() == AgentState.RUNNING
             time.sleep(INJECT_POLL_S if pending else POLL_S)
         # Preempted: the workers got the same SIGTERM and checkpoint within the notice period.
         # Keep forwarding their metrics meanwhile: the SIGKILL may come before they are done.
         gen = self.current
+        self.logs.say(f"SIGTERM (a preemption or the instance's end): the workers checkpoint within "
+                      f"{settings.notice_s():.0f} s")
         deadline = time.monotonic() + settings.notice_s()
+        self._upload_logs(gen, force=True)  # now: the SIGKILL may end the instance before the loop below does
         while gen is not None and time.monotonic() < deadline and any(p.poll() is None for p in gen.procs.values()):
             self._collect(gen)
             self._report()
+            self._upload_logs(gen, force=self._logs_due)
+            self._logs_due = False
             time.sleep(POLL_S / 2)
         if gen is not None:
             self._stop(gen, grace_s=0.0)
         _wait_or_kill(list(self.parked.values()), 0.0)  # they had the SIGTERM too
         self.final = True
         self._report(force=True)
+        self._upload_logs(gen, force=True)
         return 128 + signal.SIGTERM
 
     def _on_sigterm(self, signum, frame) -> None:

@@ -17,6 +17,7 @@ import pytest
 from sailor_core import settings
 from sailor_core.job import state as js
 from tests.flows.conftest import process_alive
+from tests.flows.test_job_logs import assert_the_logs_outlive_the_instances
 
 pytestmark = pytest.mark.e2e
 
@@ -46,7 +47,7 @@ def _assert_nothing_left(state: js.JobState) -> None:
     assert not [pid for pid in pids if process_alive(pid)], "a worker process outlived the job"
 
 
-def test_two_preemptions_end_with_the_loss_of_an_uninterrupted_run(prefect_api, tmp_path):
+def test_two_preemptions_end_with_the_loss_of_an_uninterrupted_run(prefect_api, tmp_path, sailor_cli):
     from flows.train_job import train_job
     from sailor_core.plan.types import plan_from_dict
     from sailor_core.runtime.launch import launch_local
@@ -73,6 +74,7 @@ def test_two_preemptions_end_with_the_loss_of_an_uninterrupted_run(prefect_api, 
     assert all(r.at_step > 0 for r in state.replans[1:]), "each recovery resumed from a checkpoint"
     _assert_nothing_left(state)
     _assert_tensorboard_tells_one_run(state, tmp_path / "tb", steps)
+    assert_the_logs_outlive_the_instances(sailor_cli, state)  # `sailor logs`, instances gone
 
     # The same samples, uninterrupted, on local processes under the plan the job ended with.
     data = settings.sailor_home() / "data" / "synthetic-tiny-seed0.npy"
