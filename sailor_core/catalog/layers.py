@@ -5,7 +5,7 @@ norm + LM head + loss.  Every figure is for ONE GPU holding its tensor-parallel 
 (Megatron-style: column-parallel QKV/FC1, row-parallel out-proj/FC2, vocab-parallel embedding
 and head; norms, position embeddings and row-parallel biases replicated; no sequence parallel).
 
-Notation: h hidden, f FFN width, a heads, g KV heads, d = h/a head dim, kv = g*d, V vocab,
+Notation: h hidden, f FFN width, a heads, g KV heads, d head dim (h/a unless the config says), kv = g*d, V vocab,
 s sequence length, t the TP degree, P the max positions, e the OPT-350m embedding projection width.
 
 Parameters (whole layer, t = 1):
@@ -14,7 +14,9 @@ Parameters (whole layer, t = 1):
   * LLaMA embed.    V*h
   * OPT block       4h^2 + 4h (attention) + 2h*f + f + h (MLP) + 4h (two LayerNorms)
   * GPT-Neo block   3h^2 (QKV, no bias) + h^2 + h (out) + 2h*f + f + h + 4h
-  * LLaMA block     2h^2 + 2h*kv (attention) + 3h*f (SwiGLU) + 2h (RMSNorms)
+  * LLaMA block     2h*a*d + 2h*kv (attention) + 3h*f (gated MLP) + 2h (RMSNorms); the other
+                    Llama-style families add a*d + 2kv (Qwen2's q/k/v biases), 2d (q/k norms: Qwen3,
+                    Gemma 3), 2h (Gemma's post norms)
   * head            final norm (2h LayerNorm / h RMSNorm; none for post-LN OPT) + [h*e out-proj]
                     + V*e' unless the head is tied to the embedding (then the matrix is counted once,
                     in the embedding, as transformers' num_parameters(); the head still reads it:
@@ -140,12 +142,13 @@ def _embedding(spec: ModelSpec, t: int, s: int, regime: TrainingRegime) -> Layer
 def _block(spec: ModelSpec, t: int, s: int, regime: TrainingRegime, index: int) -> LayerShape:
     h, f, a, d = spec.hidden_size, spec.ffn_size, spec.num_heads, spec.head_dim
     kv = _ceil_div(spec.num_kv_heads, t) * d  # per GPU
-    q = h // t  # per GPU
+    q = (a // t) * d  # per GPU: the query width (h / t when d = h / a)
     fs = _ceil_div(f, t)
     c, r = regime.activation_bytes_per_element, regime.residual_bytes_per_element
-    if spec.family == "llama":
+    if spec.is_llama:
         matmul = h * q + 2 * h * kv + q * h + 3 * h * fs
-        params = matmul + 2 * h
+        params = (matmul + 2 * h + (q + 2 * kv if spec.qkv_bias else 0) + (2 * d if spec.qk_norm else 0)
+                  + (2 * h if spec.post_norms else 0))
         mlp_saved, mlp_inputs = 4 * fs, 2
     else:
         qkv_bias = 0 if spec.family == "gptneo" else q + 2 * kv
@@ -188,7 +191,7 @@ def _head(spec: ModelSpec, t: int, s: int, regime: TrainingRegime, index: int) -
     matmul = vocab_rows * e
     params = 0 if spec.tie_embeddings else matmul
     if spec.pre_norm:
-        params += h if spec.family == "llama" else 2 * h
+        params += h if spec.is_llama else 2 * h
     if spec.word_embed_proj_dim:
         matmul += h * e  # project_out, replicated
         params += h * e
