@@ -104,7 +104,8 @@ PUBLISHED = {
 }
 # the shipped catalog's models (model_names() also lists models other tests register in-process)
 CATALOG = [row["name"] for row in load_data_file("models.json")["models"]]
-TEST_MODELS = ("tiny", "tiny-llama", "tiny-neo", "small")
+TEST_MODELS = ("tiny", "tiny-llama", "tiny-neo", "small", "tiny-qwen2", "tiny-mistral", "tiny-qwen3", "tiny-phi3",
+               "tiny-gemma2", "tiny-gemma3")
 KNOWN = {"opt-350m": 331_196_416, "gpt-neo-2.7b": 2_651_307_520, "llama-3.2-1b": 1_235_814_400,
          "llama-3-8b": 8_030_261_248}  # the model cards' and the H200 measurements' figures
 # the sizes the model cards name (billions): the catalog lands within 1% of each
@@ -156,7 +157,7 @@ def test_every_published_model_is_checked():
     assert set(PUBLISHED) == {n for n in CATALOG if n not in TEST_MODELS}
 
 
-@pytest.mark.parametrize("name,tp", [(n, t) for n in TEST_MODELS[:3] for t in (1, 2, 4)
+@pytest.mark.parametrize("name,tp", [(n, t) for n in TEST_MODELS[:3] + TEST_MODELS[4:] for t in (1, 2, 4)
                                      if get_model(n).num_kv_heads % t == 0]  # TP divides the KV heads
                          + [("small", 2)])  # small: the untied head
 def test_engine_stage_params_equal_the_memory_model(name, tp):

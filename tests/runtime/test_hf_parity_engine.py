@@ -27,7 +27,8 @@ PLANS = {
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("model", ["tiny", "tiny-llama", "tiny-neo"])
+@pytest.mark.parametrize("model", ["tiny", "tiny-llama", "tiny-neo", "tiny-qwen2", "tiny-mistral", "tiny-qwen3",
+                                   "tiny-phi3", "tiny-gemma2", "tiny-gemma3"])
 def test_first_step_loss_equals_transformers(model, corpus, tmp_path):
     transformers.logging.set_verbosity_error()
     spec = get_model(model)
