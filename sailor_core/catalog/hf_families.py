@@ -94,7 +94,7 @@ def _rope(cfg: dict, family: str) -> tuple[float, RopeScaling | None, float | No
 
 def _attention_layers(cfg: dict, family: str, n: int) -> tuple[tuple[str, ...], int]:
     """(global/local per block, or () when all global; the window), as each family's config decides."""
-    window = cfg.get("sliding_window")
+    window = cfg.get("sliding_window", None if family == "phi3" else 4096)  # the config classes' defaults
     if family == "llama":
         return (), 0
     if family in _WHOLE_MODEL_WINDOW:

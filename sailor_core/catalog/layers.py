@@ -27,7 +27,10 @@ Parameters (whole layer, t = 1):
 
 Forward FLOPs per token (per GPU): 2 x (matmul weights of the shard) plus attention
   2 * 2 * s_eff * (a/t)*d for Q K^T and P V, where s_eff = s/2 for a fused causal kernel
-  (masked tiles are skipped) and s for eager attention (the full square is computed).
+  (masked tiles are skipped) and s for eager attention (the full square is computed).  A local
+  (sliding-window) block whose window w is shorter than s runs with an explicit band mask, which
+  no kernel the engine uses skips tiles of: s_eff = s under every kernel (the engine runs a
+  window w >= s as plain causal attention, so that block costs as a global one).
   Backward is 2x forward (input and weight gradients).
 
 Activation bytes kept for backward, per sequence, counted from the tensors autograd saves
@@ -57,7 +60,7 @@ matmul, log-softmax, loss); backward launches about twice as many.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 
 from sailor_core.catalog.models import ModelSpec, get_model
@@ -139,6 +142,13 @@ def _embedding(spec: ModelSpec, t: int, s: int, regime: TrainingRegime) -> Layer
     )
 
 
+def _attention_span(spec: ModelSpec, index: int, s: int, eager: bool) -> float:
+    """s_eff of block ``index``: the keys per query its attention kernel computes."""
+    if eager or (spec.attention_kind(index) == "local" and spec.attention_window < s):
+        return float(s)
+    return s / 2
+
+
 def _block(spec: ModelSpec, t: int, s: int, regime: TrainingRegime, index: int) -> LayerShape:
     h, f, a, d = spec.hidden_size, spec.ffn_size, spec.num_heads, spec.head_dim
     kv = _ceil_div(spec.num_kv_heads, t) * d  # per GPU
@@ -157,7 +167,7 @@ def _block(spec: ModelSpec, t: int, s: int, regime: TrainingRegime, index: int) 
         mlp_saved = fs if spec.family == "opt" else 2 * fs  # ReLU keeps one tensor, GELU two
         mlp_inputs = 1
     eager = regime.attention_kernel == "eager"
-    s_eff = s if eager else s / 2
+    s_eff = _attention_span(spec, index, s, eager)
     flops = 2.0 * matmul + 4.0 * s_eff * q
     attn_in = 3 if regime.casts_linear_inputs else 1
     mlp_in = mlp_inputs if regime.casts_linear_inputs else 1
@@ -219,21 +229,10 @@ def _layer_shapes(model: str, tp_degree: int, seq_len: int, regime_name: str) ->
     regime = get_regime(regime_name)
     _check(spec, tp_degree, seq_len)
     emb = _embedding(spec, tp_degree, seq_len, regime)
-    block = _block(spec, tp_degree, seq_len, regime, 1)
-    blocks = [
-        LayerShape(
-            index=i,
-            kind="block",
-            params=block.params,
-            params_read=block.params_read,
-            fwd_flops_per_token=block.fwd_flops_per_token,
-            activation_bytes_per_seq=block.activation_bytes_per_seq,
-            activation_bytes_fixed=block.activation_bytes_fixed,
-            output_bytes_per_seq=block.output_bytes_per_seq,
-            num_kernels=block.num_kernels,
-        )
-        for i in range(1, spec.num_layers + 1)
-    ]
+    by_kind: dict[str, LayerShape] = {}  # the blocks of one attention kind are alike
+    for i in range(1, spec.num_layers + 1):
+        by_kind.setdefault(spec.attention_kind(i), _block(spec, tp_degree, seq_len, regime, i))
+    blocks = [replace(by_kind[spec.attention_kind(i)], index=i) for i in range(1, spec.num_layers + 1)]
     head = _head(spec, tp_degree, seq_len, regime, spec.num_layers + 1)
     return (emb, *blocks, head)
 

@@ -295,7 +295,8 @@ class Block(ShardedLayer):
         scale = 1.0 if spec.family == "gptneo" else None  # GPT-Neo does not scale its scores
         if spec.query_pre_attn_scalar is not None:
             scale = spec.query_pre_attn_scalar ** -0.5
-        mask = _local_mask(s, spec.attention_window, device) if self.local else None
+        # a window at least the sequence is plain causal attention (the fused kernels skip masked tiles)
+        mask = _local_mask(s, spec.attention_window, device) if self.local and spec.attention_window < s else None
         if spec.attn_logit_softcap is not None:
             scores = _softcap(torch.matmul(q, k.transpose(2, 3)) * (scale or q.shape[-1] ** -0.5),
                               spec.attn_logit_softcap)
