@@ -30,7 +30,8 @@ Forward FLOPs per token (per GPU): 2 x (matmul weights of the shard) plus attent
   (masked tiles are skipped) and s for eager attention (the full square is computed).  A local
   (sliding-window) block whose window w is shorter than s runs with an explicit band mask, which
   no kernel the engine uses skips tiles of: s_eff = s under every kernel (the engine runs a
-  window w >= s as plain causal attention, so that block costs as a global one).
+  window w >= s as plain causal attention, so that block costs as a global one).  Attention
+  soft-capping (Gemma 2) is eager attention under every regime (s_eff = s, probabilities kept).
   Backward is 2x forward (input and weight gradients).
 
 Activation bytes kept for backward, per sequence, counted from the tensors autograd saves
@@ -166,7 +167,8 @@ def _block(spec: ModelSpec, t: int, s: int, regime: TrainingRegime, index: int) 
         params = matmul + qkv_bias + h + fs + h + 4 * h  # biases: QKV, out, fc1, fc2; two LayerNorms
         mlp_saved = fs if spec.family == "opt" else 2 * fs  # ReLU keeps one tensor, GELU two
         mlp_inputs = 1
-    eager = regime.attention_kernel == "eager"
+    # attention soft-capping (Gemma 2) runs eager attention in the engine whatever the regime
+    eager = regime.attention_kernel == "eager" or spec.attn_logit_softcap is not None
     s_eff = _attention_span(spec, index, s, eager)
     flops = 2.0 * matmul + 4.0 * s_eff * q
     attn_in = 3 if regime.casts_linear_inputs else 1
