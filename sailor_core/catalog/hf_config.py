@@ -2,10 +2,10 @@
 
 ``spec_from_hf_config`` reads OPT (``model_type: opt``), GPT-Neo (``gpt_neo``) and the
 Llama-style families (``llama``, ``qwen2``, ``qwen3``, ``mistral``, ``phi3``, ``gemma2``,
-``gemma3_text``: ``catalog/hf_families.py``) configs, in transformers 4's and 5's spellings (RoPE as ``rope_theta`` +
-``rope_scaling`` or as ``rope_parameters``), and refuses what the engine does not build
-(another activation, biases switched off or on where the family has none, another RoPE
-type, a head size other than hidden / heads).  ``hf_config`` writes the spelling both
+``gemma3_text``: ``catalog/hf_families.py``) configs, in transformers 4's and 5's spellings
+(RoPE as ``rope_theta`` + ``rope_scaling`` or as ``rope_parameters``), and refuses what the
+engine does not build (another activation, biases switched off or on where the family has
+none, another RoPE type).  ``hf_config`` writes the spelling both
 versions read.  ``check_hf_config`` says in one line how a checkpoint's config differs
 from a catalog model (``sailor train --init-from``).
 """
@@ -27,7 +27,7 @@ _ARCHITECTURES = {"opt": "OPTForCausalLM", "gptneo": "GPTNeoForCausalLM",
 
 
 def spec_from_hf_config(cfg: dict[str, Any], *, name: str = "hf-model", seq_len: int | None = None) -> ModelSpec:
-    """The ModelSpec of a Hugging Face ``config.json`` (OPT, GPT-Neo or Llama); InputError for
+    """The ModelSpec of a Hugging Face ``config.json`` (OPT, GPT-Neo or a Llama-style family); InputError for
     another architecture or a feature the engine does not build."""
     family = _MODEL_TYPES.get(str(cfg.get("model_type")))
     if family is None:

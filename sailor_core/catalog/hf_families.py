@@ -40,7 +40,8 @@ def llama_style_spec(cfg: dict, family: str) -> dict:
             raise InputError("config.json: use_bidirectional_attention is not supported (a causal decoder only)")
     else:
         require(cfg, "hidden_act", "silu", "silu")
-    require(cfg, "attention_bias", False, False) if family != "qwen2" else None  # Qwen2: q/k/v biases, always
+    if family != "qwen2":  # Qwen2 has q/k/v biases whatever the key says; the others none (nor an out bias)
+        require(cfg, "attention_bias", False, False)
     require(cfg, "mlp_bias", False, False)
     h, heads, n = int(cfg["hidden_size"]), int(cfg["num_attention_heads"]), int(cfg["num_hidden_layers"])
     head_dim = int(cfg.get("head_dim") or h // heads)
