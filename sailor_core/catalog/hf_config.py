@@ -1,10 +1,11 @@
-"""Hugging Face ``config.json`` <-> ``ModelSpec`` for the three families (no torch, no transformers).
+"""Hugging Face ``config.json`` <-> ``ModelSpec`` for the families (no torch, no transformers).
 
-``spec_from_hf_config`` reads OPT (``model_type: opt``), GPT-Neo (``gpt_neo``) and Llama
-(``llama``) configs, in transformers 4's and 5's spellings (RoPE as ``rope_theta`` +
-``rope_scaling`` or as ``rope_parameters``), and refuses what the engine does not build
-(another activation, biases switched off or on where the family has none, another RoPE
-type, a head size other than hidden / heads).  ``hf_config`` writes the spelling both
+``spec_from_hf_config`` reads OPT (``model_type: opt``), GPT-Neo (``gpt_neo``) and the
+Llama-style families (``llama``, ``qwen2``, ``qwen3``, ``mistral``, ``phi3``, ``gemma2``,
+``gemma3_text``: ``catalog/hf_families.py``) configs, in transformers 4's and 5's spellings
+(RoPE as ``rope_theta`` + ``rope_scaling`` or as ``rope_parameters``), and refuses what the
+engine does not build (another activation, biases switched off or on where the family has
+none, another RoPE type).  ``hf_config`` writes the spelling both
 versions read.  ``check_hf_config`` says in one line how a checkpoint's config differs
 from a catalog model (``sailor train --init-from``).
 """
@@ -14,25 +15,27 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from sailor_core.catalog.models import ModelSpec, RopeScaling
+from sailor_core.catalog.hf_families import HF_TYPES, MODEL_TYPES, llama_style_config, llama_style_spec, require
+from sailor_core.catalog.models import ModelSpec
 from sailor_core.errors import InputError, SailorError
 from sailor_core.storage import open_storage
 
 CONFIG = "config.json"
-_MODEL_TYPES = {"opt": "opt", "gpt_neo": "gptneo", "llama": "llama"}
-_ARCHITECTURES = {"opt": "OPTForCausalLM", "gptneo": "GPTNeoForCausalLM", "llama": "LlamaForCausalLM"}
+_MODEL_TYPES = {"opt": "opt", "gpt_neo": "gptneo", **MODEL_TYPES}
+_ARCHITECTURES = {"opt": "OPTForCausalLM", "gptneo": "GPTNeoForCausalLM",
+                  **{family: arch for family, (_, arch) in HF_TYPES.items()}}
 
 
 def spec_from_hf_config(cfg: dict[str, Any], *, name: str = "hf-model", seq_len: int | None = None) -> ModelSpec:
-    """The ModelSpec of a Hugging Face ``config.json`` (OPT, GPT-Neo or Llama); InputError for
+    """The ModelSpec of a Hugging Face ``config.json`` (OPT, GPT-Neo or a Llama-style family); InputError for
     another architecture or a feature the engine does not build."""
     family = _MODEL_TYPES.get(str(cfg.get("model_type")))
     if family is None:
         raise InputError(f"config.json: model_type {cfg.get('model_type')!r} is not one of "
                          f"{', '.join(_MODEL_TYPES)}")
-    build = {"opt": _opt_spec, "gptneo": _gptneo_spec, "llama": _llama_spec}[family]
+    build = {"opt": _opt_spec, "gptneo": _gptneo_spec}.get(family)
     try:
-        fields = build(cfg)
+        fields = build(cfg) if build else llama_style_spec(cfg, family)
         max_pos = int(cfg.get("max_position_embeddings", 2048))
         vocab = int(cfg["vocab_size"])
     except InputError:
@@ -45,9 +48,7 @@ def spec_from_hf_config(cfg: dict[str, Any], *, name: str = "hf-model", seq_len:
                      vocab_size=vocab, **fields)
 
 
-def _require(cfg: dict, key: str, want: Any, default: Any) -> None:
-    if cfg.get(key, default) != want:
-        raise InputError(f"config.json: {key} = {cfg.get(key, default)!r} is not supported (only {want!r})")
+_require = require
 
 
 def _opt_spec(cfg: dict) -> dict:
@@ -77,29 +78,6 @@ def _gptneo_spec(cfg: dict) -> dict:
             "attention_window": int(cfg.get("window_size", 256)) if "local" in layers else 0}
 
 
-def _llama_spec(cfg: dict) -> dict:
-    _require(cfg, "hidden_act", "silu", "silu")
-    _require(cfg, "attention_bias", False, False)
-    _require(cfg, "mlp_bias", False, False)
-    h, heads = int(cfg["hidden_size"]), int(cfg["num_attention_heads"])
-    if cfg.get("head_dim") not in (None, h // heads):
-        raise InputError(f"config.json: head_dim {cfg['head_dim']} other than hidden_size / heads is not supported")
-    rope = dict(cfg.get("rope_parameters") or cfg.get("rope_scaling") or {})  # transformers 5 / 4 spelling
-    theta = float(rope.get("rope_theta", cfg.get("rope_theta", 10_000.0)))
-    kind = rope.get("rope_type", rope.get("type", "default"))
-    if kind not in ("default", "llama3"):
-        raise InputError(f"config.json: RoPE type {kind!r} is not supported (default or llama3)")
-    scaling = (RopeScaling(factor=float(rope["factor"]), low_freq_factor=float(rope["low_freq_factor"]),
-                           high_freq_factor=float(rope["high_freq_factor"]),
-                           original_max_position_embeddings=int(rope["original_max_position_embeddings"]))
-               if kind == "llama3" else None)
-    return {"num_layers": int(cfg["num_hidden_layers"]), "hidden_size": h, "ffn_size": int(cfg["intermediate_size"]),
-            "num_heads": heads, "num_kv_heads": int(cfg.get("num_key_value_heads") or heads),
-            "tie_embeddings": bool(cfg.get("tie_word_embeddings", False)),
-            "norm_eps": float(cfg.get("rms_norm_eps", 1e-6)),
-            "rope_theta": theta, "rope_scaling": scaling, "pad_token_id": cfg.get("pad_token_id")}
-
-
 def hf_config(spec: ModelSpec, *, dtype: str = "float32", base: dict | None = None) -> dict[str, Any]:
     """The ``config.json`` of ``spec`` (RoPE in the spelling transformers 4 and 5 both read);
     ``base``: a config whose other keys (token ids, ...) to keep."""
@@ -120,22 +98,16 @@ def hf_config(spec: ModelSpec, *, dtype: str = "float32", base: dict | None = No
                 "attention_layers": list(kinds), "window_size": spec.attention_window or 256,
                 "embed_dropout": 0.0, "attention_dropout": 0.0, "resid_dropout": 0.0}
     else:
-        scaling = spec.rope_scaling
-        arch = {"model_type": "llama", "num_hidden_layers": spec.num_layers, "intermediate_size": spec.ffn_size,
-                "num_attention_heads": spec.num_heads, "num_key_value_heads": spec.num_kv_heads,
-                "head_dim": spec.head_dim, "hidden_act": "silu", "rms_norm_eps": spec.norm_eps,
-                "rope_theta": spec.rope_theta, "attention_bias": False, "mlp_bias": False,
-                "rope_scaling": None if scaling is None else {
-                    "rope_type": "llama3", "factor": scaling.factor, "low_freq_factor": scaling.low_freq_factor,
-                    "high_freq_factor": scaling.high_freq_factor,
-                    "original_max_position_embeddings": scaling.original_max_position_embeddings}}
+        arch = llama_style_config(spec)
     kept = {k: v for k, v in (base or {}).items() if k not in ("rope_parameters", "torch_dtype")}
     return {**kept, **common, **arch}
 
 
 _ARCH_FIELDS = ("family", "num_layers", "hidden_size", "ffn_size", "num_heads", "num_kv_heads", "vocab_size",
                 "word_embed_proj_dim", "tie_embeddings", "pre_norm", "norm_eps", "attention_layers",
-                "attention_window")
+                "attention_window", "head_dim", "qkv_bias", "qk_norm", "mlp_activation", "norm_unit_offset",
+                "post_norms", "scale_embeddings", "query_pre_attn_scalar", "attn_logit_softcap",
+                "final_logit_softcap", "rope_local_theta")
 _LLAMA_FIELDS = ("rope_theta", "rope_scaling")
 
 

@@ -5,7 +5,7 @@ norm + LM head + loss.  Every figure is for ONE GPU holding its tensor-parallel 
 (Megatron-style: column-parallel QKV/FC1, row-parallel out-proj/FC2, vocab-parallel embedding
 and head; norms, position embeddings and row-parallel biases replicated; no sequence parallel).
 
-Notation: h hidden, f FFN width, a heads, g KV heads, d = h/a head dim, kv = g*d, V vocab,
+Notation: h hidden, f FFN width, a heads, g KV heads, d head dim (h/a unless the config says), kv = g*d, V vocab,
 s sequence length, t the TP degree, P the max positions, e the OPT-350m embedding projection width.
 
 Parameters (whole layer, t = 1):
@@ -14,7 +14,9 @@ Parameters (whole layer, t = 1):
   * LLaMA embed.    V*h
   * OPT block       4h^2 + 4h (attention) + 2h*f + f + h (MLP) + 4h (two LayerNorms)
   * GPT-Neo block   3h^2 (QKV, no bias) + h^2 + h (out) + 2h*f + f + h + 4h
-  * LLaMA block     2h^2 + 2h*kv (attention) + 3h*f (SwiGLU) + 2h (RMSNorms)
+  * LLaMA block     2h*a*d + 2h*kv (attention) + 3h*f (gated MLP) + 2h (RMSNorms); the other
+                    Llama-style families add a*d + 2kv (Qwen2's q/k/v biases), 2d (q/k norms: Qwen3,
+                    Gemma 3), 2h (Gemma's post norms)
   * head            final norm (2h LayerNorm / h RMSNorm; none for post-LN OPT) + [h*e out-proj]
                     + V*e' unless the head is tied to the embedding (then the matrix is counted once,
                     in the embedding, as transformers' num_parameters(); the head still reads it:
@@ -25,7 +27,11 @@ Parameters (whole layer, t = 1):
 
 Forward FLOPs per token (per GPU): 2 x (matmul weights of the shard) plus attention
   2 * 2 * s_eff * (a/t)*d for Q K^T and P V, where s_eff = s/2 for a fused causal kernel
-  (masked tiles are skipped) and s for eager attention (the full square is computed).
+  (masked tiles are skipped) and s for eager attention (the full square is computed).  A local
+  (sliding-window) block whose window w is shorter than s runs with an explicit band mask, which
+  no kernel the engine uses skips tiles of: s_eff = s under every kernel (the engine runs a
+  window w >= s as plain causal attention, so that block costs as a global one).  Attention
+  soft-capping (Gemma 2) is eager attention under every regime (s_eff = s, probabilities kept).
   Backward is 2x forward (input and weight gradients).
 
 Activation bytes kept for backward, per sequence, counted from the tensors autograd saves
@@ -55,7 +61,7 @@ matmul, log-softmax, loss); backward launches about twice as many.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 
 from sailor_core.catalog.models import ModelSpec, get_model
@@ -137,15 +143,23 @@ def _embedding(spec: ModelSpec, t: int, s: int, regime: TrainingRegime) -> Layer
     )
 
 
+def _attention_span(spec: ModelSpec, index: int, s: int, eager: bool) -> float:
+    """s_eff of block ``index``: the keys per query its attention kernel computes."""
+    if eager or (spec.attention_kind(index) == "local" and spec.attention_window < s):
+        return float(s)
+    return s / 2
+
+
 def _block(spec: ModelSpec, t: int, s: int, regime: TrainingRegime, index: int) -> LayerShape:
     h, f, a, d = spec.hidden_size, spec.ffn_size, spec.num_heads, spec.head_dim
     kv = _ceil_div(spec.num_kv_heads, t) * d  # per GPU
-    q = h // t  # per GPU
+    q = (a // t) * d  # per GPU: the query width (h / t when d = h / a)
     fs = _ceil_div(f, t)
     c, r = regime.activation_bytes_per_element, regime.residual_bytes_per_element
-    if spec.family == "llama":
+    if spec.is_llama:
         matmul = h * q + 2 * h * kv + q * h + 3 * h * fs
-        params = matmul + 2 * h
+        params = (matmul + 2 * h + (q + 2 * kv if spec.qkv_bias else 0) + (2 * d if spec.qk_norm else 0)
+                  + (2 * h if spec.post_norms else 0))
         mlp_saved, mlp_inputs = 4 * fs, 2
     else:
         qkv_bias = 0 if spec.family == "gptneo" else q + 2 * kv
@@ -153,8 +167,9 @@ def _block(spec: ModelSpec, t: int, s: int, regime: TrainingRegime, index: int) 
         params = matmul + qkv_bias + h + fs + h + 4 * h  # biases: QKV, out, fc1, fc2; two LayerNorms
         mlp_saved = fs if spec.family == "opt" else 2 * fs  # ReLU keeps one tensor, GELU two
         mlp_inputs = 1
-    eager = regime.attention_kernel == "eager"
-    s_eff = s if eager else s / 2
+    # attention soft-capping (Gemma 2) runs eager attention in the engine whatever the regime
+    eager = regime.attention_kernel == "eager" or spec.attn_logit_softcap is not None
+    s_eff = _attention_span(spec, index, s, eager)
     flops = 2.0 * matmul + 4.0 * s_eff * q
     attn_in = 3 if regime.casts_linear_inputs else 1
     mlp_in = mlp_inputs if regime.casts_linear_inputs else 1
@@ -188,7 +203,7 @@ def _head(spec: ModelSpec, t: int, s: int, regime: TrainingRegime, index: int) -
     matmul = vocab_rows * e
     params = 0 if spec.tie_embeddings else matmul
     if spec.pre_norm:
-        params += h if spec.family == "llama" else 2 * h
+        params += h if spec.is_llama else 2 * h
     if spec.word_embed_proj_dim:
         matmul += h * e  # project_out, replicated
         params += h * e
@@ -216,21 +231,10 @@ def _layer_shapes(model: str, tp_degree: int, seq_len: int, regime_name: str) ->
     regime = get_regime(regime_name)
     _check(spec, tp_degree, seq_len)
     emb = _embedding(spec, tp_degree, seq_len, regime)
-    block = _block(spec, tp_degree, seq_len, regime, 1)
-    blocks = [
-        LayerShape(
-            index=i,
-            kind="block",
-            params=block.params,
-            params_read=block.params_read,
-            fwd_flops_per_token=block.fwd_flops_per_token,
-            activation_bytes_per_seq=block.activation_bytes_per_seq,
-            activation_bytes_fixed=block.activation_bytes_fixed,
-            output_bytes_per_seq=block.output_bytes_per_seq,
-            num_kernels=block.num_kernels,
-        )
-        for i in range(1, spec.num_layers + 1)
-    ]
+    by_kind: dict[str, LayerShape] = {}  # the blocks of one attention kind are alike
+    for i in range(1, spec.num_layers + 1):
+        by_kind.setdefault(spec.attention_kind(i), _block(spec, tp_degree, seq_len, regime, i))
+    blocks = [replace(by_kind[spec.attention_kind(i)], index=i) for i in range(1, spec.num_layers + 1)]
     head = _head(spec, tp_degree, seq_len, regime, spec.num_layers + 1)
     return (emb, *blocks, head)
 

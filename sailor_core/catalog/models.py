@@ -1,9 +1,13 @@
 """Model architectures (decoder-only transformers) from the model catalog.
 
-Each catalog model is one of three Hugging Face ``transformers`` families, with the
+Each catalog model is one of the Hugging Face ``transformers`` families, with the
 hyperparameters of its published ``config.json``: ``opt`` (``OPTForCausalLM``), ``gptneo``
-(``GPTNeoForCausalLM``) and ``llama`` (``LlamaForCausalLM``).  The engine builds exactly
-that model (``runtime/model.py``), ``runtime/hf.py`` maps a ``config.json`` to a spec and back.
+(``GPTNeoForCausalLM``), and the Llama-style families (RMSNorm, RoPE, gated MLP, no learned
+positions): ``llama``, ``qwen2``, ``qwen3``, ``mistral``, ``phi3``, ``gemma2`` and ``gemma3``.
+What distinguishes those is a set of feature fields on ``ModelSpec`` (q/k/v biases, q/k norms,
+head size, sliding windows, activation, Gemma's norms, scaling and soft-capping), so a family is
+its config mapping (``catalog/hf_config.py``) and its weight names (``runtime/hf.py``).  The
+engine builds exactly that model (``runtime/model.py``).
 """
 
 from __future__ import annotations
@@ -14,8 +18,11 @@ from functools import lru_cache
 from sailor_core.catalog._load import load_data_file
 from sailor_core.errors import InputError, UnknownNameError
 
-FAMILIES = ("opt", "gptneo", "llama")
+# Llama-style families: one engine code path, told apart by ModelSpec's feature fields
+ROPE_FAMILIES = ("llama", "qwen2", "qwen3", "mistral", "phi3", "gemma2", "gemma3")
+FAMILIES = ("opt", "gptneo", *ROPE_FAMILIES)
 ATTENTION_KINDS = ("global", "local")
+MLP_ACTIVATIONS = ("silu", "gelu_tanh")  # of the gate of a Llama-style gated MLP
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -39,7 +46,7 @@ class ModelSpec:
     """
 
     name: str
-    family: str  # "opt", "gptneo" or "llama"
+    family: str  # one of FAMILIES
     num_layers: int
     hidden_size: int
     ffn_size: int
@@ -61,6 +68,18 @@ class ModelSpec:
     # the embedding's padding_idx (transformers: OPT's and Llama's pad_token_id): the input lookup
     # leaves that row's gradient at zero (a tied head still trains it)
     pad_token_id: int | None = None
+    # ---- features of the Llama-style families (defaults: Llama's) ----
+    head_size: int | None = None  # per-head width when not hidden_size / num_heads (Qwen3, Gemma)
+    qkv_bias: bool = False  # Qwen2: biases on q/k/v
+    qk_norm: bool = False  # Qwen3, Gemma 3: RMSNorm of each query and key head before RoPE
+    mlp_activation: str = "silu"  # Gemma: "gelu_tanh" (gelu_pytorch_tanh)
+    norm_unit_offset: bool = False  # Gemma: RMSNorm scales by (1 + weight); weights start at 0
+    post_norms: bool = False  # Gemma 2/3: RMSNorm of the attention and MLP outputs before the residual add
+    scale_embeddings: bool = False  # Gemma: embeddings times sqrt(hidden_size)
+    query_pre_attn_scalar: int | None = None  # Gemma: scores scaled by this ** -0.5, not head_dim ** -0.5
+    attn_logit_softcap: float | None = None  # Gemma 2: scores -> cap * tanh(scores / cap)
+    final_logit_softcap: float | None = None  # Gemma 2: logits -> cap * tanh(logits / cap)
+    rope_local_theta: float | None = None  # Gemma 3: the RoPE theta of local (sliding) layers
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "attention_layers", tuple(self.attention_layers))
@@ -72,6 +91,8 @@ class ModelSpec:
                                       or set(self.attention_layers) - set(ATTENTION_KINDS)):
             raise InputError(f"model {self.name}: attention_layers must name global or local for each of its "
                              f"{self.num_layers} blocks")
+        if self.mlp_activation not in MLP_ACTIVATIONS:
+            raise InputError(f"model {self.name}: mlp_activation must be one of {', '.join(MLP_ACTIVATIONS)}")
         if "local" in self.attention_layers and self.attention_window < 1:
             raise InputError(f"model {self.name}: local attention layers need an attention_window")
 
@@ -81,11 +102,12 @@ class ModelSpec:
 
     @property
     def head_dim(self) -> int:
-        return self.hidden_size // self.num_heads
+        return self.head_size or self.hidden_size // self.num_heads
 
     @property
     def is_llama(self) -> bool:
-        return self.family == "llama"
+        """A Llama-style model: RMSNorm, RoPE, gated MLP, no learned positions (ROPE_FAMILIES)."""
+        return self.family in ROPE_FAMILIES
 
     @property
     def embedding_dim(self) -> int:

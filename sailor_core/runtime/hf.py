@@ -11,7 +11,9 @@ needs ``transformers``.
 
 Names: layer index 0 is the embedding, 1..L the HF layers 0..L-1, L+1 the final norm and
 LM head.  A tied model's matrix is layer 0's ``tok`` (HF: the input embedding); its
-``lm_head.weight``, when a file has it, is the same tensor and is not read.
+``lm_head.weight``, when a file has it, is the same tensor and is not read.  Several of our
+tensors may share one HF name (Phi-3's ``qkv_proj`` and ``gate_up_proj``): they are its row
+blocks in table order, split on import and concatenated on export.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ EXPORT_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16"
 _DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16, "F64": torch.float64}
 
 # Per family: the HF model's prefix, and our (layer kind, name) -> HF name below it ("{i}": HF layer).
-_PREFIX = {"opt": "model.decoder.", "gptneo": "transformer.", "llama": "model."}
+_PREFIX = {"opt": "model.decoder.", "gptneo": "transformer."}  # the Llama-style families: "model."
 _NAMES: dict[str, dict[tuple[str, str], str]] = {
     "opt": {
         ("embedding", "tok"): "embed_tokens.weight", ("embedding", "pos"): "embed_positions.weight",
@@ -76,6 +78,18 @@ _NAMES: dict[str, dict[tuple[str, str], str]] = {
         ("head", "norm_w"): "norm.weight",
     },
 }
+_LLAMA = _NAMES["llama"]
+_QKV_BIAS = {("block", f"{p}_b"): f"layers.{{i}}.self_attn.{p}_proj.bias" for p in "qkv"}
+_QK_NORM = {("block", f"{p}_norm_w"): f"layers.{{i}}.self_attn.{p}_norm.weight" for p in "qk"}
+_GEMMA = {**_LLAMA, ("block", "attn_post_w"): "layers.{i}.post_attention_layernorm.weight",
+          ("block", "norm2_w"): "layers.{i}.pre_feedforward_layernorm.weight",
+          ("block", "mlp_post_w"): "layers.{i}.post_feedforward_layernorm.weight"}
+_NAMES.update({
+    "qwen2": {**_LLAMA, **_QKV_BIAS}, "qwen3": {**_LLAMA, **_QK_NORM}, "mistral": _LLAMA,
+    "phi3": {**_LLAMA, **{("block", f"{p}_w"): "layers.{i}.self_attn.qkv_proj.weight" for p in "qkv"},
+             **{("block", f"{p}_w"): "layers.{i}.mlp.gate_up_proj.weight" for p in ("gate", "up")}},
+    "gemma2": _GEMMA, "gemma3": {**_GEMMA, **_QK_NORM},
+})
 LM_HEAD = "lm_head.weight"  # the untied head, outside the prefix
 
 
@@ -90,7 +104,7 @@ def hf_name(spec: ModelSpec, layer_index: int, name: str) -> str:
     suffix = _NAMES[spec.family].get((_kind(spec, layer_index), name))
     if suffix is None:
         raise InputError(f"{spec.name}: parameter {name} of layer {layer_index} has no Hugging Face name")
-    return _PREFIX[spec.family] + suffix.format(i=layer_index - 1)
+    return _PREFIX.get(spec.family, "model.") + suffix.format(i=layer_index - 1)
 
 
 def hf_names(spec: ModelSpec, layer_index: int) -> dict[str, str]:
@@ -109,6 +123,8 @@ def _has(spec: ModelSpec, kind: str, name: str) -> bool:
         return bool(spec.word_embed_proj_dim)
     if kind == "head" and name.startswith("norm"):
         return spec.pre_norm
+    if name in ("q_b", "k_b", "v_b") and spec.is_llama:
+        return spec.qkv_bias
     return True
 
 
@@ -162,7 +178,7 @@ def read_hf_weights(url: str, spec: ModelSpec, layer_indices) -> dict[int, dict[
     out: dict[int, dict[str, torch.Tensor]] = {}
     for layer in layer_indices:
         out[layer] = {}
-        for ours, theirs in hf_names(spec, layer).items():
+        for theirs, ours in _by_hf_name(hf_names(spec, layer)).items():
             found = _find(files, spec, theirs)
             if found is None:
                 raise InputError(f"{url}: the weights have no tensor {theirs}")
@@ -170,8 +186,33 @@ def read_hf_weights(url: str, spec: ModelSpec, layer_indices) -> dict[int, dict[
             if filename not in headers:
                 headers[filename] = _header(storage, filename)
             start, header = headers[filename]
-            out[layer][ours] = _read_tensor(storage, filename, start, header[found], found)
+            tensor = _read_tensor(storage, filename, start, header[found], found)
+            out[layer].update(_split_fused(spec, ours, tensor, theirs, url))
     return out
+
+
+def _by_hf_name(names: dict[str, str]) -> dict[str, list[str]]:
+    """{HF name: our names, in table order} (several: a fused tensor's row blocks)."""
+    out: dict[str, list[str]] = {}
+    for ours, theirs in names.items():
+        out.setdefault(theirs, []).append(ours)
+    return out
+
+
+def _rows(spec: ModelSpec, name: str) -> int:
+    """Rows of one block of a fused tensor: q, k, v projections or the gate and up halves."""
+    return {"q_w": spec.num_heads * spec.head_dim, "k_w": spec.num_kv_heads * spec.head_dim,
+            "v_w": spec.num_kv_heads * spec.head_dim}.get(name, spec.ffn_size)
+
+
+def _split_fused(spec: ModelSpec, ours: list[str], tensor: torch.Tensor, theirs: str,
+                 url: str) -> dict[str, torch.Tensor]:
+    if len(ours) == 1:
+        return {ours[0]: tensor}
+    rows = [_rows(spec, name) for name in ours]
+    if tensor.shape[0] != sum(rows):
+        raise InputError(f"{url}: {theirs} has {tensor.shape[0]} rows, not the {sum(rows)} of {', '.join(ours)}")
+    return dict(zip(ours, torch.split(tensor, rows, dim=0)))
 
 
 # ---- export -----------------------------------------------------------------------------------
@@ -180,8 +221,11 @@ def hf_state_dict(spec: ModelSpec, params: dict[int, dict[str, torch.Tensor]]) -
     """Our full per-layer tensors as a Hugging Face state dict (a tied matrix once, as the embedding)."""
     out = {}
     for layer, tensors in params.items():
-        for name, t in tensors.items():
-            out[hf_name(spec, layer, name)] = t
+        table = list(hf_names(spec, layer))  # a fused tensor's blocks in table order
+        names = {name: hf_name(spec, layer, name) for name in sorted(tensors, key=lambda n: (n not in table,
+                                                                                          table.index(n) if n in table else 0))}
+        for theirs, ours in _by_hf_name(names).items():
+            out[theirs] = tensors[ours[0]] if len(ours) == 1 else torch.cat([tensors[n] for n in ours], dim=0)
     return out
 
 

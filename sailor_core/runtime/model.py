@@ -20,7 +20,14 @@ The families are Hugging Face ``transformers``' models, computed the same way
   attention scores, ``gelu_new`` (GELU's tanh form), and blocks that alternate
   global and local attention (a window of the ``attention_window`` latest positions).
 * ``llama`` (``LlamaForCausalLM``): RMSNorm, RoPE with the config's theta and Llama 3
-  frequency scaling, grouped-query attention, SwiGLU, no biases.
+  frequency scaling, grouped-query attention, SwiGLU, no biases.  The other Llama-style
+  families are this block with ModelSpec's features switched on: q/k/v biases (Qwen2), q/k
+  RMSNorm per head (Qwen3, Gemma 3; replicated on TP ranks, their gradient summed over the
+  ranks' heads by ``copy_to_tp``), a head size other than hidden / heads, sliding-window layers
+  (Mistral, Phi-3, Qwen2, Gemma: the ``local`` mask), GeGLU, Gemma's (1 + weight) RMSNorm, post
+  norms, scaled embeddings, query_pre_attn_scalar and attention / final logit soft-capping
+  (elementwise, so applied to each rank's own heads / vocabulary shard), and a separate RoPE
+  theta for local layers (Gemma 3).  Phi-3's fused qkv and gate/up weights are split on import.
 
 Embedding and LM head are vocabulary-parallel: TP rank r holds rows
 ``shard_range(V, t, r)`` and the loss never gathers the full logits
@@ -130,9 +137,19 @@ def _init_full(seed: int, shape, init: str) -> torch.Tensor:
 
 
 def _norm(spec: ModelSpec) -> Callable:
+    if spec.is_llama and spec.norm_unit_offset:  # Gemma: x / rms(x) * (1 + w)
+        return lambda x, w, b=None: F.rms_norm(x, (x.shape[-1],), 1.0 + w, eps=spec.norm_eps)
     if spec.is_llama:
         return lambda x, w, b=None: F.rms_norm(x, (x.shape[-1],), w, eps=spec.norm_eps)
     return lambda x, w, b: F.layer_norm(x, (x.shape[-1],), w, b, eps=spec.norm_eps)
+
+
+def _norm_init(spec: ModelSpec) -> str:
+    return "zeros" if spec.norm_unit_offset else "ones"
+
+
+def _softcap(x: torch.Tensor, cap: float | None) -> torch.Tensor:
+    return x if cap is None else torch.tanh(x / cap) * cap
 
 
 def _vocab_start(spec: ModelSpec, layer: ShardedLayer) -> int:
@@ -159,6 +176,8 @@ class Embedding(ShardedLayer):
                                      self.spec.pad_token_id)
         if self.spec.word_embed_proj_dim:
             x = F.linear(x, self.proj_in)
+        if self.spec.scale_embeddings:  # as Gemma: sqrt(hidden) as a tensor of the weights' dtype
+            x = x * torch.tensor(self.spec.hidden_size ** 0.5, dtype=self.tok.dtype)
         if not self.spec.is_llama:
             x = x + self.pos[self.position_offset: self.position_offset + tokens.shape[1]]
         return x
@@ -181,10 +200,10 @@ def _inv_freq(head_dim: int, theta: float, scaling: RopeScaling | None) -> torch
     return torch.where(medium, smoothed, scaled)
 
 
-def _rope(x: torch.Tensor, spec: ModelSpec) -> torch.Tensor:
+def _rope(x: torch.Tensor, theta: float, scaling: RopeScaling | None) -> torch.Tensor:
     """Rotary embedding (rotate-half form, Hugging Face's weight layout) on [batch, heads, seq, head_dim]."""
     seq, hd = x.shape[-2], x.shape[-1]
-    inv = _inv_freq(hd, spec.rope_theta, spec.rope_scaling).to(x.device)
+    inv = _inv_freq(hd, theta, scaling).to(x.device)
     ang = torch.arange(seq, device=x.device, dtype=torch.float32)[:, None] * inv
     ang = torch.cat([ang, ang], dim=-1)
     cos, sin = ang.cos().to(x.dtype), ang.sin().to(x.dtype)
@@ -213,20 +232,27 @@ class Block(ShardedLayer):
         nh, nkv = spec.num_heads, spec.num_kv_heads
         self.local_heads, self.local_kv_heads = nh // tp_degree, nkv // tp_degree
         biases = not spec.is_llama
-        self._add("norm1_w", (h,), None, "ones", seed)
+        norm_init = _norm_init(spec)
+        self._add("norm1_w", (h,), None, norm_init, seed)
         if biases:
             self._add("norm1_b", (h,), None, "zeros", seed)
         self._add("q_w", (nh * hd, h), 0, "normal", seed)
         self._add("k_w", (nkv * hd, h), 0, "normal", seed)
         self._add("v_w", (nkv * hd, h), 0, "normal", seed)
         self._add("o_w", (h, nh * hd), 1, "normal", seed)
-        if spec.family == "opt":
+        if spec.family == "opt" or spec.qkv_bias:
             self._add("q_b", (nh * hd,), 0, "zeros", seed)
             self._add("k_b", (nkv * hd,), 0, "zeros", seed)
             self._add("v_b", (nkv * hd,), 0, "zeros", seed)
+        if spec.qk_norm:
+            self._add("q_norm_w", (hd,), None, norm_init, seed)
+            self._add("k_norm_w", (hd,), None, norm_init, seed)
         if biases:
             self._add("o_b", (h,), None, "zeros", seed)
-        self._add("norm2_w", (h,), None, "ones", seed)
+        self._add("norm2_w", (h,), None, norm_init, seed)
+        if spec.post_norms:
+            self._add("attn_post_w", (h,), None, norm_init, seed)
+            self._add("mlp_post_w", (h,), None, norm_init, seed)
         if biases:
             self._add("norm2_b", (h,), None, "zeros", seed)
         if spec.is_llama:
@@ -247,25 +273,46 @@ class Block(ShardedLayer):
         q = F.linear(x, self.q_w, self._p("q_b")).view(b, s, self.local_heads, hd).transpose(1, 2)
         k = F.linear(x, self.k_w, self._p("k_b")).view(b, s, self.local_kv_heads, hd).transpose(1, 2)
         v = F.linear(x, self.v_w, self._p("v_b")).view(b, s, self.local_kv_heads, hd).transpose(1, 2)
+        if self.spec.qk_norm:  # replicated weights seeing this rank's heads: gradients summed over TP
+            norm = _norm(self.spec)
+            q = norm(q, copy_to_tp(self.q_norm_w, self.tp_group))
+            k = norm(k, copy_to_tp(self.k_norm_w, self.tp_group))
         if self.spec.is_llama:
-            q, k = _rope(q, self.spec), _rope(k, self.spec)
+            local_theta = self.spec.rope_local_theta if self.local else None
+            theta, scaling = (local_theta, None) if local_theta else (self.spec.rope_theta, self.spec.rope_scaling)
+            q, k = _rope(q, theta, scaling), _rope(k, theta, scaling)
         if self.local_kv_heads != self.local_heads:
             rep = self.local_heads // self.local_kv_heads
             k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
-        scale = 1.0 if self.spec.family == "gptneo" else None  # GPT-Neo does not scale its scores
-        if self.local:
-            mask = _local_mask(s, self.spec.attention_window, x.device)
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
-        else:
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
+        y = self._scores_to_output(q, k, v, x.device)
         y = F.linear(y.transpose(1, 2).reshape(b, s, self.local_heads * hd), self.o_w)
         y = reduce_from_tp(y, self.tp_group)
         return y if self._p("o_b") is None else y + self.o_b
 
+    def _scores_to_output(self, q, k, v, device) -> torch.Tensor:
+        """softmax(scale * q k^T (soft-capped), causal or local mask) v; eager when soft-capped."""
+        spec, s = self.spec, q.shape[-2]
+        scale = 1.0 if spec.family == "gptneo" else None  # GPT-Neo does not scale its scores
+        if spec.query_pre_attn_scalar is not None:
+            scale = spec.query_pre_attn_scalar ** -0.5
+        # a window at least the sequence is plain causal attention (the fused kernels skip masked tiles)
+        mask = _local_mask(s, spec.attention_window, device) if self.local and spec.attention_window < s else None
+        if spec.attn_logit_softcap is not None:
+            scores = _softcap(torch.matmul(q, k.transpose(2, 3)) * (scale or q.shape[-1] ** -0.5),
+                              spec.attn_logit_softcap)
+            allowed = mask if mask is not None else _local_mask(s, s, device)
+            scores = scores.masked_fill(~allowed, float("-inf"))
+            return torch.matmul(F.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype), v)
+        if mask is not None:
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
+
     def _mlp(self, x: torch.Tensor) -> torch.Tensor:
         x = copy_to_tp(x, self.tp_group)
         if self.spec.is_llama:
-            y = F.silu(F.linear(x, self.gate_w)) * F.linear(x, self.up_w)
+            gate = F.linear(x, self.gate_w)
+            gate = F.silu(gate) if self.spec.mlp_activation == "silu" else F.gelu(gate, approximate="tanh")
+            y = gate * F.linear(x, self.up_w)
         else:
             y = F.linear(x, self.up_w, self.up_b)
             y = F.gelu(y, approximate="tanh") if self.spec.family == "gptneo" else F.relu(y)
@@ -277,8 +324,9 @@ class Block(ShardedLayer):
         n1 = lambda t: norm(t, self.norm1_w, self._p("norm1_b"))  # noqa: E731
         n2 = lambda t: norm(t, self.norm2_w, self._p("norm2_b"))  # noqa: E731
         if self.spec.pre_norm:
-            x = x + self._attention(n1(x))
-            return x + self._mlp(n2(x))
+            post = (lambda t, w: norm(t, w)) if self.spec.post_norms else (lambda t, w: t)  # noqa: E731
+            x = x + post(self._attention(n1(x)), self._p("attn_post_w"))
+            return x + post(self._mlp(n2(x)), self._p("mlp_post_w"))
         x = n1(x + self._attention(x))
         return n2(x + self._mlp(x))
 
@@ -296,7 +344,7 @@ class Head(ShardedLayer):
         self.spec = spec
         h = spec.hidden_size
         if spec.pre_norm:
-            self._add("norm_w", (h,), None, "ones", seed)
+            self._add("norm_w", (h,), None, _norm_init(spec), seed)
             if not spec.is_llama:
                 self._add("norm_b", (h,), None, "zeros", seed)
         if spec.word_embed_proj_dim:
@@ -318,7 +366,7 @@ class Head(ShardedLayer):
             x = _norm(self.spec)(x, self.norm_w, getattr(self, "norm_b", None))
         if self.spec.word_embed_proj_dim:
             x = F.linear(x, self.proj_out)
-        logits = F.linear(copy_to_tp(x, self.tp_group), self.lm_weight())
+        logits = _softcap(F.linear(copy_to_tp(x, self.tp_group), self.lm_weight()), self.spec.final_logit_softcap)
         if labels is None:
             return gather_shards(logits, logits.ndim - 1, self.spec.vocab_size, self.tp_degree, self.tp_group)
         return vocab_parallel_cross_entropy(logits, labels, _vocab_start(self.spec, self), self.tp_group)

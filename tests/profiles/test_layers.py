@@ -88,3 +88,23 @@ def test_last_index_sends_nothing_and_bad_tp_is_refused():
     assert layer_shapes("opt-350m")[0].output_bytes(2) == 2 * 2048 * 1024 * 4
     with pytest.raises(InputError, match="heads"):
         layer_shapes("opt-350m", tp_degree=3)
+
+
+
+@pytest.mark.parametrize("seq,s_eff", [(4096, 4096), (2047, 2047 / 2)])
+def test_a_window_shorter_than_the_sequence_costs_the_full_square(seq, s_eff):
+    """Phi-3-mini's blocks attend to 2047 positions: at 4096 tokens the band-masked kernel skips no
+    tiles (s per query); at 2047 they run as causal attention, whose fused kernel skips half."""
+    h, f = 3072, 8192  # 32 heads of 96, MHA
+    matmul = 4 * h * h + 3 * h * f
+    block = layer_shapes("phi-3-mini", seq_len=seq, regime="torch-bf16-autocast-adamw")[1]
+    assert block.fwd_flops_per_token == 2.0 * matmul + 4.0 * s_eff * h
+
+
+def test_soft_capped_attention_is_eager_under_every_regime():
+    """Gemma 2 at 4096 tokens: the engine's soft-capped attention is eager, local (window 4096) or not."""
+    shapes = layer_shapes("gemma-2-2b", seq_len=4096, regime="torch-bf16-autocast-adamw")
+    local, global_ = shapes[1], shapes[2]
+    assert local.fwd_flops_per_token == global_.fwd_flops_per_token
+    heads, s = 8, 4096
+    assert local.activation_bytes_per_seq > heads * s * s * 2  # the probabilities are kept

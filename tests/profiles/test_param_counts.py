@@ -43,12 +43,75 @@ PUBLISHED = {
                    "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 128256,
                    "max_position_embeddings": 8192, "rms_norm_eps": 1e-5, "rope_theta": 500000.0,
                    "tie_word_embeddings": False},
+    "llama-3.1-8b": {"model_type": "llama", "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
+                     "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 128256,
+                     "max_position_embeddings": 131072, "rms_norm_eps": 1e-5, "rope_theta": 500000.0,
+                     "rope_scaling": {**_LLAMA3, "factor": 8.0}, "tie_word_embeddings": False},
+    "llama-3.1-70b": {"model_type": "llama", "hidden_size": 8192, "intermediate_size": 28672, "num_hidden_layers": 80,
+                      "num_attention_heads": 64, "num_key_value_heads": 8, "vocab_size": 128256,
+                      "max_position_embeddings": 131072, "rms_norm_eps": 1e-5, "rope_theta": 500000.0,
+                      "rope_scaling": {**_LLAMA3, "factor": 8.0}, "tie_word_embeddings": False},
+    "llama-3.2-3b": {"model_type": "llama", "hidden_size": 3072, "intermediate_size": 8192, "num_hidden_layers": 28,
+                     "num_attention_heads": 24, "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 128256,
+                     "max_position_embeddings": 131072, "rms_norm_eps": 1e-5, "rope_theta": 500000.0,
+                     "rope_scaling": _LLAMA3, "tie_word_embeddings": True},
+    "qwen2.5-0.5b": {"model_type": "qwen2", "hidden_size": 896, "intermediate_size": 4864, "num_hidden_layers": 24,
+                     "num_attention_heads": 14, "num_key_value_heads": 2, "vocab_size": 151936,
+                     "max_position_embeddings": 32768, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
+                     "sliding_window": 32768, "use_sliding_window": False, "max_window_layers": 24,
+                     "tie_word_embeddings": True},
+    "qwen2.5-1.5b": {"model_type": "qwen2", "hidden_size": 1536, "intermediate_size": 8960, "num_hidden_layers": 28,
+                     "num_attention_heads": 12, "num_key_value_heads": 2, "vocab_size": 151936,
+                     "max_position_embeddings": 131072, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
+                     "sliding_window": 131072, "use_sliding_window": False, "max_window_layers": 21,
+                     "tie_word_embeddings": True},
+    "qwen2.5-7b": {"model_type": "qwen2", "hidden_size": 3584, "intermediate_size": 18944, "num_hidden_layers": 28,
+                   "num_attention_heads": 28, "num_key_value_heads": 4, "vocab_size": 152064,
+                   "max_position_embeddings": 131072, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
+                   "sliding_window": 131072, "use_sliding_window": False, "max_window_layers": 28,
+                   "tie_word_embeddings": False},
+    "qwen3-0.6b": {"model_type": "qwen3", "hidden_size": 1024, "intermediate_size": 3072, "num_hidden_layers": 28,
+                   "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 151936,
+                   "max_position_embeddings": 40960, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
+                   "tie_word_embeddings": True},
+    "qwen3-4b": {"model_type": "qwen3", "hidden_size": 2560, "intermediate_size": 9728, "num_hidden_layers": 36,
+                 "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 151936,
+                 "max_position_embeddings": 40960, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
+                 "tie_word_embeddings": True},
+    "qwen3-8b": {"model_type": "qwen3", "hidden_size": 4096, "intermediate_size": 12288, "num_hidden_layers": 36,
+                 "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 151936,
+                 "max_position_embeddings": 40960, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
+                 "tie_word_embeddings": False},
+    "mistral-7b-v0.3": {"model_type": "mistral", "hidden_size": 4096, "intermediate_size": 14336,
+                        "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+                        "vocab_size": 32768, "max_position_embeddings": 32768, "rms_norm_eps": 1e-5,
+                        "rope_theta": 1000000.0, "sliding_window": None, "tie_word_embeddings": False},
+    "phi-3-mini": {"model_type": "phi3", "hidden_size": 3072, "intermediate_size": 8192, "num_hidden_layers": 32,
+                   "num_attention_heads": 32, "num_key_value_heads": 32, "vocab_size": 32064,
+                   "max_position_embeddings": 4096, "original_max_position_embeddings": 4096, "rms_norm_eps": 1e-5,
+                   "rope_theta": 10000.0, "sliding_window": 2047, "pad_token_id": 32000, "bos_token_id": 1,
+                   "eos_token_id": 32000, "tie_word_embeddings": False},
+    "gemma-2-2b": {"model_type": "gemma2", "hidden_size": 2304, "intermediate_size": 9216, "num_hidden_layers": 26,
+                   "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256, "vocab_size": 256000,
+                   "max_position_embeddings": 8192, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
+                   "query_pre_attn_scalar": 256, "sliding_window": 4096, "attn_logit_softcapping": 50.0,
+                   "final_logit_softcapping": 30.0, "hidden_activation": "gelu_pytorch_tanh", "pad_token_id": 0},
+    "gemma-2-9b": {"model_type": "gemma2", "hidden_size": 3584, "intermediate_size": 14336, "num_hidden_layers": 42,
+                   "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 256, "vocab_size": 256000,
+                   "max_position_embeddings": 8192, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
+                   "query_pre_attn_scalar": 256, "sliding_window": 4096, "attn_logit_softcapping": 50.0,
+                   "final_logit_softcapping": 30.0, "hidden_activation": "gelu_pytorch_tanh", "pad_token_id": 0},
 }
 # the shipped catalog's models (model_names() also lists models other tests register in-process)
 CATALOG = [row["name"] for row in load_data_file("models.json")["models"]]
-TEST_MODELS = ("tiny", "tiny-llama", "tiny-neo", "small")
+TEST_MODELS = ("tiny", "tiny-llama", "tiny-neo", "small", "tiny-qwen2", "tiny-mistral", "tiny-qwen3", "tiny-phi3",
+               "tiny-gemma2", "tiny-gemma3")
 KNOWN = {"opt-350m": 331_196_416, "gpt-neo-2.7b": 2_651_307_520, "llama-3.2-1b": 1_235_814_400,
          "llama-3-8b": 8_030_261_248}  # the model cards' and the H200 measurements' figures
+# the sizes the model cards name (billions): the catalog lands within 1% of each
+PUBLISHED_SIZES_B = {"llama-3.1-8b": 8.03, "llama-3.1-70b": 70.6, "llama-3.2-3b": 3.21, "qwen2.5-0.5b": 0.49,
+                     "qwen2.5-1.5b": 1.54, "qwen2.5-7b": 7.61, "qwen3-0.6b": 0.6, "qwen3-4b": 4.02, "qwen3-8b": 8.19,
+                     "mistral-7b-v0.3": 7.25, "phi-3-mini": 3.82, "gemma-2-2b": 2.61, "gemma-2-9b": 9.24}
 
 
 def _hf_num_parameters(config: dict) -> int:
@@ -69,11 +132,32 @@ def test_catalog_params_equal_transformers(name):
         assert total_params(name) == KNOWN[name]
 
 
+@pytest.mark.parametrize("name", sorted(PUBLISHED_SIZES_B))
+def test_catalog_params_land_on_the_model_cards_size(name):
+    assert total_params(name) == pytest.approx(PUBLISHED_SIZES_B[name] * 1e9, rel=0.01)
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED))
+def test_catalog_entry_is_its_published_configs_spec(name):
+    """The catalog's facts are those of the published config.json (every feature field)."""
+    from dataclasses import replace
+
+    from sailor_core.catalog.hf_config import spec_from_hf_config
+
+    spec = get_model(name)
+    theirs = spec_from_hf_config({**PUBLISHED[name], "pad_token_id": PUBLISHED[name].get("pad_token_id",
+                                                                                         spec.pad_token_id)},
+                                 name=name, seq_len=spec.seq_len)
+    if spec.family == "opt":  # OPT's pad id is its config's default
+        theirs = replace(theirs, pad_token_id=spec.pad_token_id)
+    assert theirs == spec
+
+
 def test_every_published_model_is_checked():
     assert set(PUBLISHED) == {n for n in CATALOG if n not in TEST_MODELS}
 
 
-@pytest.mark.parametrize("name,tp", [(n, t) for n in TEST_MODELS[:3] for t in (1, 2, 4)
+@pytest.mark.parametrize("name,tp", [(n, t) for n in TEST_MODELS[:3] + TEST_MODELS[4:] for t in (1, 2, 4)
                                      if get_model(n).num_kv_heads % t == 0]  # TP divides the KV heads
                          + [("small", 2)])  # small: the untied head
 def test_engine_stage_params_equal_the_memory_model(name, tp):

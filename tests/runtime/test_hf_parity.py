@@ -18,9 +18,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from sailor_core.catalog.hf_config import spec_from_hf_config
+from safetensors.torch import save_file
+
+from sailor_core.catalog.hf_config import hf_config, spec_from_hf_config
 from sailor_core.catalog.models import register_model
-from sailor_core.runtime.hf import hf_name, read_hf_weights
+from sailor_core.runtime.hf import WEIGHTS, hf_state_dict, read_hf_weights
 from sailor_core.runtime.model import TIED, StageModel
 from sailor_core.runtime.stage_checkpoint import load_full_weights, weight_layers
 
@@ -54,6 +56,32 @@ def _configs() -> dict:
                                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
                                       rms_norm_eps=1e-5,
                                       rope_parameters={"rope_type": "default", "rope_theta": 500000.0}),
+        # the Llama-style families, in shapes their catalog entries lack: GQA 3:1, untied heads, head
+        # sizes other than hidden / heads, sliding windows shorter than the sequence
+        "qwen2": t.Qwen2Config(vocab_size=97, hidden_size=48, intermediate_size=64, num_hidden_layers=3,
+                               num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=64,
+                               tie_word_embeddings=False, use_sliding_window=True, sliding_window=5,
+                               max_window_layers=1),
+        "qwen2-tied": t.Qwen2Config(vocab_size=101, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                                    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                                    tie_word_embeddings=True, rope_theta=1e6),
+        "mistral": t.MistralConfig(vocab_size=97, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                                   num_attention_heads=6, num_key_value_heads=2, head_dim=16,
+                                   max_position_embeddings=64, sliding_window=5),
+        "qwen3": t.Qwen3Config(vocab_size=101, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                               num_attention_heads=4, num_key_value_heads=2, head_dim=12, max_position_embeddings=64,
+                               tie_word_embeddings=True),
+        "phi3": t.Phi3Config(vocab_size=97, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64, sliding_window=5,
+                             pad_token_id=0, bos_token_id=1, eos_token_id=2),
+        "gemma2": t.Gemma2Config(vocab_size=97, hidden_size=32, intermediate_size=48, num_hidden_layers=3,
+                                 num_attention_heads=4, num_key_value_heads=2, head_dim=12, max_position_embeddings=64,
+                                 sliding_window=5, query_pre_attn_scalar=10, attn_logit_softcapping=2.0,
+                                 final_logit_softcapping=3.0),
+        "gemma3": t.Gemma3TextConfig(vocab_size=101, hidden_size=32, intermediate_size=48, num_hidden_layers=3,
+                                     num_attention_heads=4, num_key_value_heads=2, head_dim=12,
+                                     max_position_embeddings=64, sliding_window=5, sliding_window_pattern=2,
+                                     rope_theta=1e6, rope_local_base_freq=1e4, tie_word_embeddings=False),
     }
 
 
@@ -125,7 +153,8 @@ def test_logits_and_loss_equal_transformers_under_every_plan(families, family):
             assert abs(float(loss) - float(hf_loss)) <= 2 * TOL, (plan_name, diff)
 
 
-@pytest.mark.parametrize("family", ["opt-350m-like", "gpt-neo", "llama-3.2-like", "llama-3-like"])
+@pytest.mark.parametrize("family", ["opt-350m-like", "gpt-neo", "llama-3.2-like", "llama-3-like", "qwen2",
+                                    "qwen2-tied", "mistral", "qwen3", "phi3", "gemma2", "gemma3"])
 def test_gradients_equal_transformers_pp2_tp2(families, family):
     """Stage 1 of 2 (TP 2) forward and backward, then stage 0 (TP 2) backward from its output
     gradient; a tied matrix's gradient is the sum of the two stages' (the embedding group's sum)."""
@@ -158,8 +187,33 @@ def test_gradients_equal_transformers_pp2_tp2(families, family):
             full = shards[0] if dim is None else torch.cat(shards, dim=dim)
             target = (0, TIED) if key[1] in layer.tied else key  # the copy's gradient adds to layer 0's
             ours[target] = ours[target] + full if target in ours else full
-    assert spec.tie_embeddings == (family != "llama-3-like")
+    assert spec.tie_embeddings == bool(hf_model.config.tie_word_embeddings)
+    by_layer: dict[int, dict[str, torch.Tensor]] = {}
     for (layer_index, name), grad in ours.items():
-        want = hf_grads[hf_name(spec, layer_index, name)].grad
-        assert (grad - want).abs().max() <= TOL, (layer_index, name)
-    assert len(ours) == len(hf_grads)
+        by_layer.setdefault(layer_index, {})[name] = grad
+    named = hf_state_dict(spec, by_layer)  # Phi-3: the fused tensors' gradients, fused
+    for hf_key, grad in named.items():
+        assert (grad - hf_grads[hf_key].grad).abs().max() <= TOL, hf_key
+    assert len(named) == len(hf_grads)
+
+
+@pytest.mark.parametrize("family", ["llama-3-like", "qwen2", "qwen2-tied", "mistral", "qwen3", "phi3", "gemma2",
+                                    "gemma3"])
+def test_export_reloads_in_transformers_with_the_engines_logits(families, family, tmp_path):
+    """Our tensors written as the family's state dict (Phi-3's fused again) and config; transformers
+    loads it with the same class and features, and its logits are the engine's."""
+    spec, weights, hf_model, tokens, _ = families[family]
+    save_file({k: v.contiguous() for k, v in hf_state_dict(spec, weights).items()}, str(tmp_path / WEIGHTS))
+    (tmp_path / "config.json").write_text(json.dumps(hf_config(spec)))
+    reloaded = transformers.AutoModelForCausalLM.from_pretrained(tmp_path).float().eval()
+    assert type(reloaded) is type(hf_model)
+    assert set(reloaded.state_dict()) == set(hf_model.state_dict())
+    for key in ("num_key_value_heads", "head_dim", "tie_word_embeddings", "sliding_window", "layer_types",
+                "query_pre_attn_scalar", "attn_logit_softcapping", "final_logit_softcapping", "rope_parameters"):
+        if getattr(hf_model.config, key, None) is not None:
+            assert getattr(reloaded.config, key) == getattr(hf_model.config, key), key
+    assert spec_from_hf_config(reloaded.config.to_dict(), name=spec.name, seq_len=SEQ) == spec
+    model = StageModel(spec, 0, spec.num_layer_indices)
+    load_full_weights(model, weights, "test")
+    with torch.no_grad():
+        assert (reloaded(input_ids=tokens).logits - model(tokens)).abs().max() <= TOL
