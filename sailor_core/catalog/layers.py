@@ -58,7 +58,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
-from sailor_core.catalog.models import ModelSpec, get_model
+from sailor_core.catalog.models import ModelSpec, get_model, tp_split_problem
 from sailor_core.errors import InputError
 from sailor_core.regimes import DEFAULT_REGIME, TrainingRegime, get_regime
 
@@ -100,10 +100,9 @@ def _ceil_div(a: int, b: int) -> int:
 
 
 def _check(spec: ModelSpec, tp_degree: int, seq_len: int) -> None:
-    if tp_degree < 1:
-        raise InputError(f"TP degree must be >= 1, got {tp_degree}")
-    if spec.num_heads % tp_degree:
-        raise InputError(f"{spec.name}: {spec.num_heads} attention heads do not split over TP {tp_degree}")
+    problem = tp_split_problem(spec, tp_degree)
+    if problem:
+        raise InputError(problem)
     if seq_len < 1:
         raise InputError(f"sequence length must be >= 1, got {seq_len}")
 

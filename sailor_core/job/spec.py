@@ -22,8 +22,9 @@ from typing import Any
 from sailor_core.catalog.gpus import gpu_names, normalize_gpu_name
 from sailor_core.catalog.clouds import rented_clouds
 from sailor_core.catalog.instances import catalog_zones, rentable_gpus
-from sailor_core.catalog.models import model_names, normalize_model_name
-from sailor_core.errors import UnknownNameError
+from sailor_core.catalog.hf_config import is_model_url, resolve_model
+from sailor_core.catalog.models import model_names
+from sailor_core.errors import InputError, UnknownNameError
 from sailor_core.objective import JobTerms, Objective, TermsError
 from sailor_core.specs.fields import SpecField, option, spec_fields
 
@@ -36,7 +37,9 @@ class JobSpecError(TermsError):
 class JobSpec:
     """What the user asked for; fixed for the life of the job."""
 
-    model: str = option("tiny", help="model name (see `sailor catalog models`)", cli=("--model", "-m"))
+    model: str = option("tiny", help="a catalog model (see `sailor catalog models`) or a Hugging Face model folder: "
+                                     "its config.json is the model (an absolute path, file://, s3:// or gs:// URL)",
+                        cli=("--model", "-m"))
     budget_usd: float = option(help="total budget; never crossed", unit="USD")
     steps: int = option(30, help="training steps (iterations) to run", unit="steps")
     min_throughput_samples_per_s: float | None = option(None, help="throughput floor, counting the restarts of "
@@ -150,11 +153,15 @@ def check_names(spec: JobSpec) -> None:
     Apart from the checks of every JobSpec: the front ends (``sailor train``, the train-job flow's
     parameters) call it on what users give, while a saved job state stays readable when a catalog
     changes, and other flows may keep their own records in a JobSpec (a network profile's)."""
+    if is_model_url(spec.model):  # the flow and the workers start in other folders
+        _check_url("model", spec.model)
     try:
-        normalize_model_name(spec.model)
+        resolve_model(spec.model)
     except UnknownNameError:
-        raise JobSpecError("model", f"{spec.model!r} is not in the model catalog; "
+        raise JobSpecError("model", f"{spec.model!r} is not in the model catalog nor a model folder; "
                                     f"{_did_you_mean(spec.model, model_names())}(`sailor catalog models`)") from None
+    except InputError as exc:
+        raise JobSpecError("model", str(exc)) from None
     for gpu in spec.gpus:
         _check_gpu_type(gpu)
     zones = catalog_zones()
@@ -223,11 +230,15 @@ def check_worker_options(spec: Any) -> None:
 
 
 def _check_init_from(url: str) -> None:
+    _check_url("init_from", url)
+
+
+def _check_url(field: str, url: str) -> None:
     scheme = url.split("://", 1)[0] if "://" in url else ""
     if scheme not in ("", "file", "s3", "gs"):
-        raise JobSpecError("init_from", f"must be a path, file://, s3:// or gs:// URL, got {url!r}")
+        raise JobSpecError(field, f"must be a path, file://, s3:// or gs:// URL, got {url!r}")
     if url and not scheme and not url.startswith("/"):  # the workers start in other folders
-        raise JobSpecError("init_from", f"must be an absolute path or a URL, got {url!r}")
+        raise JobSpecError(field, f"must be an absolute path or a URL, got {url!r}")
 
 
 def spec_field(name: str) -> SpecField:

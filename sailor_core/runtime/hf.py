@@ -27,6 +27,7 @@ from safetensors.torch import save_file
 from sailor_core.catalog.hf_config import CONFIG, check_hf_config, hf_config, read_hf_config
 from sailor_core.catalog.models import ModelSpec, get_model
 from sailor_core.errors import InputError
+from sailor_core.plan.types import plan_from_dict
 from sailor_core.runtime import checkpoint as ckpt
 from sailor_core.runtime.model import StageModel
 from sailor_core.runtime.stage_checkpoint import load_full_weights, weight_layers
@@ -205,7 +206,8 @@ def export_checkpoint(ckpt_url: str, out_dir: str | Path, *, dtype: str = "float
     info = ckpt.latest_valid_checkpoint(ckpt_url)
     if info is None:
         raise InputError(f"no valid checkpoint under {ckpt_url}")
-    spec = get_model(info.meta["model"])
+    # the plan carries a model folder's spec: the export needs no catalog entry nor the folder
+    spec = get_model(plan_from_dict(info.meta["plan"], validate=False).model)
     storage = open_storage(ckpt_url)
     params = {i: ckpt.read_layer(storage, info, i)["params"] for i in range(spec.num_layer_indices)}
     tensors = {k: v.to(torch_dtype).contiguous() for k, v in hf_state_dict(spec, params).items()}
