@@ -43,7 +43,7 @@ def spec_from_hf_config(cfg: dict[str, Any], *, name: str = "hf-model", seq_len:
     except (TypeError, ValueError) as exc:
         raise InputError(f"config.json: a value of the wrong kind ({exc})") from None
     return ModelSpec(name=name, family=family, seq_len=seq_len or min(max_pos, 2048), max_position_embeddings=max_pos,
-                     vocab_size=vocab, **fields)
+                     vocab_size=vocab, **fields, **token_ids(cfg))
 
 
 def _require(cfg: dict, key: str, want: Any, default: Any) -> None:
@@ -106,7 +106,8 @@ def hf_config(spec: ModelSpec, *, dtype: str = "float32", base: dict | None = No
     ``base``: a config whose other keys (token ids, ...) to keep."""
     common = {"vocab_size": spec.vocab_size, "max_position_embeddings": spec.max_position_embeddings,
               "hidden_size": spec.hidden_size, "tie_word_embeddings": spec.tie_embeddings, "dtype": dtype,
-              "architectures": [_ARCHITECTURES[spec.family]], "pad_token_id": spec.pad_token_id}
+              "architectures": [_ARCHITECTURES[spec.family]], "pad_token_id": spec.pad_token_id,
+              **{k: v for k, v in generation_token_ids(spec).items() if k != "pad_token_id"}}
     if spec.family == "opt":
         arch = {"model_type": "opt", "num_hidden_layers": spec.num_layers, "ffn_dim": spec.ffn_size,
                 "num_attention_heads": spec.num_heads, "word_embed_proj_dim": spec.embedding_dim,
@@ -220,3 +221,23 @@ def resolve_model(ref: str) -> str:
         raise InputError(f"{name}: {str(exc).removeprefix(name + ': ')}") from None
     register_model(spec)
     return get_model(name).name
+
+
+def token_ids(cfg: dict[str, Any]) -> dict[str, Any]:
+    """The bos and eos ids of a ``config.json`` (a family's own code reads its pad id: OPT's
+    defaults to 1)."""
+    out = {}
+    for key in ("bos_token_id", "eos_token_id"):
+        value = cfg.get(key)
+        if isinstance(value, list):
+            value = tuple(int(v) for v in value)
+        out[key] = None if value is None else value if isinstance(value, tuple) else int(value)
+    return out
+
+
+def generation_token_ids(spec: ModelSpec) -> dict[str, Any]:
+    """``spec``'s token ids as ``config.json`` and ``generation_config.json`` write them (an eos of
+    several ids as a list); the unknown ones left out."""
+    ids = {"bos_token_id": spec.bos_token_id, "pad_token_id": spec.pad_token_id,
+           "eos_token_id": list(spec.eos_token_id) if isinstance(spec.eos_token_id, tuple) else spec.eos_token_id}
+    return {k: v for k, v in ids.items() if v is not None}

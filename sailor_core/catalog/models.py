@@ -63,9 +63,15 @@ class ModelSpec:
     # the embedding's padding_idx (transformers: OPT's and Llama's pad_token_id): the input lookup
     # leaves that row's gradient at zero (a tied head still trains it)
     pad_token_id: int | None = None
+    # the tokenizer's, as config.json gives them (they do not change the maths; an export writes
+    # them back): eos may be several ids (Llama 3.1 Instruct's)
+    bos_token_id: int | None = None
+    eos_token_id: int | tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "attention_layers", tuple(self.attention_layers))
+        if isinstance(self.eos_token_id, list):
+            object.__setattr__(self, "eos_token_id", tuple(self.eos_token_id))
         if isinstance(self.rope_scaling, dict):
             object.__setattr__(self, "rope_scaling", RopeScaling(**self.rope_scaling))
         if self.family not in FAMILIES:

@@ -158,8 +158,9 @@ def check_names(spec: JobSpec) -> None:
     try:
         resolve_model(spec.model)
     except UnknownNameError:
-        raise JobSpecError("model", f"{spec.model!r} is not in the model catalog nor a model folder; "
-                                    f"{_did_you_mean(spec.model, model_names())}(`sailor catalog models`)") from None
+        raise JobSpecError("model", f"{spec.model!r} is not in the model catalog; "
+                                    f"{_did_you_mean(spec.model, model_names())}(`sailor catalog models`; "
+                                    "or a Hugging Face model folder, by its path)") from None
     except InputError as exc:
         raise JobSpecError("model", str(exc)) from None
     for gpu in spec.gpus:

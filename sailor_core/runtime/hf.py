@@ -24,9 +24,10 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from sailor_core.catalog.hf_config import CONFIG, check_hf_config, hf_config, read_hf_config
+from sailor_core.catalog.hf_config import (CONFIG, check_hf_config, generation_token_ids, hf_config,
+                                          read_hf_config)
 from sailor_core.catalog.models import ModelSpec, get_model
-from sailor_core.errors import InputError
+from sailor_core.errors import InputError, SailorError
 from sailor_core.plan.types import plan_from_dict
 from sailor_core.runtime import checkpoint as ckpt
 from sailor_core.runtime.model import StageModel
@@ -34,6 +35,7 @@ from sailor_core.runtime.stage_checkpoint import load_full_weights, weight_layer
 from sailor_core.storage import open_storage
 
 WEIGHTS = "model.safetensors"
+GENERATION_CONFIG = "generation_config.json"  # kept from the pretrained folder, else the token ids
 WEIGHTS_INDEX = "model.safetensors.index.json"
 EXPORT_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16, "F64": torch.float64}
@@ -218,9 +220,29 @@ def export_checkpoint(ckpt_url: str, out_dir: str | Path, *, dtype: str = "float
     base = _readable_config(config_from)
     config = hf_config(spec, dtype=dtype, base=base)
     (out / CONFIG).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    generation = _readable_json(config_from, GENERATION_CONFIG) or _generation_config(spec)
+    if generation:
+        (out / GENERATION_CONFIG).write_text(json.dumps(generation, indent=2, sort_keys=True) + "\n")
     return Exported(out_dir=out, model=spec.name, step=info.step,
                     num_parameters=sum(t.numel() for t in tensors.values()), dtype=dtype,
                     config_from=config_from if base is not None else None)
+
+
+def _generation_config(spec: ModelSpec) -> dict | None:
+    """What ``save_pretrained`` writes for a model without a generation config of its own: its token ids."""
+    ids = generation_token_ids(spec)
+    return {**ids, "_from_model_config": True} if ids else None
+
+
+def _readable_json(url: str | None, name: str) -> dict | None:
+    """The JSON object ``name`` of the folder at ``url``; None when there is none."""
+    if not url:
+        return None
+    try:
+        doc = json.loads(open_storage(url).get(name))
+    except (OSError, ValueError, SailorError):
+        return None
+    return doc if isinstance(doc, dict) else None
 
 
 def _readable_config(url: str | None) -> dict | None:
