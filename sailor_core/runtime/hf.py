@@ -36,6 +36,9 @@ from sailor_core.storage import open_storage
 
 WEIGHTS = "model.safetensors"
 GENERATION_CONFIG = "generation_config.json"  # kept from the pretrained folder, else the token ids
+# what AutoTokenizer.from_pretrained reads, in the spellings of fast and slow tokenizers
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+                   "tokenizer.model", "vocab.json", "merges.txt", "chat_template.jinja")
 WEIGHTS_INDEX = "model.safetensors.index.json"
 EXPORT_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16, "F64": torch.float64}
@@ -196,12 +199,15 @@ class Exported:
     num_parameters: int  # as transformers' num_parameters() counts them (a tied matrix once)
     dtype: str
     config_from: str | None  # the pretrained folder whose other config keys (token ids) were kept
+    tokenizer_from: str | None = None  # the folder whose tokenizer files were copied
 
 
-def export_checkpoint(ckpt_url: str, out_dir: str | Path, *, dtype: str = "float32") -> Exported:
+def export_checkpoint(ckpt_url: str, out_dir: str | Path, *, dtype: str = "float32",
+                      tokenizer_from: str | None = None) -> Exported:
     """Write the latest valid checkpoint under ``ckpt_url`` as ``config.json`` + ``model.safetensors``.
     A job that started from pretrained weights keeps that config's other keys (token ids, ...)
-    when its folder is still readable."""
+    when its folder is still readable.  The tokenizer's files come from ``tokenizer_from``, else
+    from the pretrained folder or the model's own folder when they hold them."""
     torch_dtype = EXPORT_DTYPES.get(dtype)
     if torch_dtype is None:
         raise InputError(f"dtype must be one of {', '.join(EXPORT_DTYPES)}, got {dtype!r}")
@@ -223,9 +229,29 @@ def export_checkpoint(ckpt_url: str, out_dir: str | Path, *, dtype: str = "float
     generation = _readable_json(config_from, GENERATION_CONFIG) or _generation_config(spec)
     if generation:
         (out / GENERATION_CONFIG).write_text(json.dumps(generation, indent=2, sort_keys=True) + "\n")
+    tokenizer = _copy_tokenizer([tokenizer_from] if tokenizer_from else [config_from, spec.name], out)
     return Exported(out_dir=out, model=spec.name, step=info.step,
                     num_parameters=sum(t.numel() for t in tensors.values()), dtype=dtype,
-                    config_from=config_from if base is not None else None)
+                    config_from=config_from if base is not None else None, tokenizer_from=tokenizer)
+
+
+def _copy_tokenizer(candidates: list[str | None], out: Path) -> str | None:
+    """Copy the tokenizer files of the first candidate folder that has a ``tokenizer_config.json``
+    or ``tokenizer.json``; which folder (None: none had them).  A model's name is a folder only
+    when it is a path or URL (a catalog name is not)."""
+    for url in candidates:
+        if not url or "/" not in url:
+            continue
+        try:
+            storage = open_storage(url)
+            found = {name: storage.get(name) for name in TOKENIZER_FILES if storage.exists(name)}
+        except (OSError, SailorError):
+            continue
+        if {"tokenizer_config.json", "tokenizer.json"} & set(found):
+            for name, data in found.items():
+                (out / name).write_bytes(data)
+            return url
+    return None
 
 
 def _generation_config(spec: ModelSpec) -> dict | None:

@@ -3,7 +3,7 @@
 A 3-layer Llama with 6 heads over 3 KV heads (no catalog entry has that depth nor that GQA ratio),
 made by transformers, trains from its own weights on the embedded cloud under a real Prefect
 server; the workers learn the model from the plan they are given, and the export reloads in
-transformers with the token ids the folder had.
+transformers with the token ids, the generation config and the tokenizer the folder had.
 """
 
 from __future__ import annotations
@@ -26,6 +26,12 @@ def llama_folder(tmp_path_factory):
     torch.manual_seed(0)
     folder = tmp_path_factory.mktemp("my-llama")
     transformers.LlamaForCausalLM(cfg).save_pretrained(folder)
+    from tokenizers import Tokenizer, models, pre_tokenizers  # transformers' own dependency
+
+    words = Tokenizer(models.WordLevel({"<pad>": 0, "<s>": 1, "</s>": 2, "[UNK]": 3, "hello": 4}, unk_token="[UNK]"))
+    words.pre_tokenizer = pre_tokenizers.Whitespace()
+    transformers.PreTrainedTokenizerFast(tokenizer_object=words, pad_token="<pad>", bos_token="<s>", eos_token="</s>",
+                                         unk_token="[UNK]").save_pretrained(folder)
     return folder
 
 
@@ -49,3 +55,8 @@ def test_a_model_folder_trains_on_the_embedded_cloud_and_exports(prefect_api, ll
     assert (config["pad_token_id"], config["bos_token_id"], config["eos_token_id"]) == (0, 1, 2)
     model = transformers.AutoModelForCausalLM.from_pretrained(done.out_dir)
     assert model.config.num_hidden_layers == 3
+    generation = json.loads((tmp_path / "export" / "generation_config.json").read_text())
+    assert generation == json.loads((llama_folder / "generation_config.json").read_text())
+    assert done.tokenizer_from == str(llama_folder)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(done.out_dir)
+    assert tokenizer("hello")["input_ids"] == [4] and tokenizer.pad_token_id == model.config.pad_token_id
