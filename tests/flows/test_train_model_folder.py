@@ -2,7 +2,7 @@
 
 A 3-layer Llama with 6 heads over 3 KV heads (no catalog entry has that depth nor that GQA ratio),
 made by transformers, trains from its own weights on the embedded cloud under a real Prefect
-server; the workers learn the model from the plan they are given, and the export reloads in
+server through a preemption; the workers learn the model from the plan they are given, and the export reloads in
 transformers with the token ids, the generation config and the tokenizer the folder had.
 """
 
@@ -40,11 +40,12 @@ def test_a_model_folder_trains_on_the_embedded_cloud_and_exports(prefect_api, ll
     from sailor_core.job import state as js
     from sailor_core.runtime.hf import export_checkpoint
 
-    summary = train_job(model=str(llama_folder), init_from=str(llama_folder), budget_usd=0.05, steps=4,
+    summary = train_job(model=str(llama_folder), init_from=str(llama_folder), budget_usd=0.05, steps=6,
                         checkpoint_every_steps=2, global_batch_size=8, validate_every_steps=0, cloud="embedded",
-                        max_gpus=2, job_id="my-llama-folder")
+                        max_gpus=2, preempt_at_steps=[3], job_id="my-llama-folder")
     assert summary["status"] == "succeeded", summary
-    assert summary["steps"] == 4 and summary["instances_left_running"] == 0
+    assert summary["steps"] == 6 and summary["instances_left_running"] == 0
+    assert summary["preemptions"] == 1  # the new workers learned the model from their plan, and resumed
     state = js.JobStore().load(summary["job_id"])
     assert state.spec.model == str(llama_folder)
     assert state.plan["model"] == str(llama_folder) and state.plan["model_spec"]["num_layers"] == 3
