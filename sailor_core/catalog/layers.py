@@ -21,7 +21,7 @@ Parameters (whole layer, t = 1):
                     ``params_read``; a pipeline stage holding the head without the embedding holds a
                     copy, which the memory model adds: sailor_core/simulator/memory.py)
   Sharded: matmul weights and their column-parallel biases / t, vocab rows ceil(V/t);
-  KV heads ceil(g/t) per GPU (replicated when t > g).
+  KV heads g/t per GPU (TP divides them, as the engine needs: catalog.models.tp_split_problem).
 
 Forward FLOPs per token (per GPU): 2 x (matmul weights of the shard) plus attention
   2 * 2 * s_eff * (a/t)*d for Q K^T and P V, where s_eff = s/2 for a fused causal kernel

@@ -99,7 +99,7 @@ def test_bad_requests():
         db.get("gpt-5", "A100-40", 1, 1)
     with pytest.raises(UnknownNameError, match="unknown GPU"):
         db.get("opt-350m", "B300", 1, 1)
-    with pytest.raises(ProfileError, match="heads do not split 3 ways"):
+    with pytest.raises(ProfileError, match="cannot run at TP 3: TP degree 3 does not divide opt-350m's 16 attention heads"):
         db.get("opt-350m", "A100-40", 3, 1)
     with pytest.raises(ProfileError, match="at most 2048 tokens"):
         db.get("opt-350m", "A100-40", 1, 1, 4096)
