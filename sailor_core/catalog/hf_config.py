@@ -106,8 +106,7 @@ def hf_config(spec: ModelSpec, *, dtype: str = "float32", base: dict | None = No
     ``base``: a config whose other keys (token ids, ...) to keep."""
     common = {"vocab_size": spec.vocab_size, "max_position_embeddings": spec.max_position_embeddings,
               "hidden_size": spec.hidden_size, "tie_word_embeddings": spec.tie_embeddings, "dtype": dtype,
-              "architectures": [_ARCHITECTURES[spec.family]], "pad_token_id": spec.pad_token_id,
-              **{k: v for k, v in generation_token_ids(spec).items() if k != "pad_token_id"}}
+              "architectures": [_ARCHITECTURES[spec.family]], "pad_token_id": spec.pad_token_id}
     if spec.family == "opt":
         arch = {"model_type": "opt", "num_hidden_layers": spec.num_layers, "ffn_dim": spec.ffn_size,
                 "num_attention_heads": spec.num_heads, "word_embed_proj_dim": spec.embedding_dim,
@@ -132,7 +131,10 @@ def hf_config(spec: ModelSpec, *, dtype: str = "float32", base: dict | None = No
                     "high_freq_factor": scaling.high_freq_factor,
                     "original_max_position_embeddings": scaling.original_max_position_embeddings}}
     kept = {k: v for k, v in (base or {}).items() if k not in ("rope_parameters", "torch_dtype")}
-    return {**kept, **common, **arch}
+    # bos and eos: the pretrained folder's (its tokenizer's) over the spec's (a catalog entry's);
+    # the pad id is the embedding's padding row, so the spec's
+    ids = {k: v for k, v in generation_token_ids(spec).items() if k != "pad_token_id"}
+    return {**ids, **kept, **common, **arch}
 
 
 _ARCH_FIELDS = ("family", "num_layers", "hidden_size", "ffn_size", "num_heads", "num_kv_heads", "vocab_size",

@@ -87,6 +87,9 @@ def test_token_ids_survive_the_config_both_ways(folder):
     assert (tiny["pad_token_id"], tiny["bos_token_id"], tiny["eos_token_id"]) == (1, 2, 2)
     loaded = transformers.OPTConfig(**{k: v for k, v in tiny.items() if k != "architectures"})
     assert loaded.pad_token_id == 1
+    # a pretrained folder's eos ids (an Instruct model's several) win over the catalog entry's
+    instruct = hf_config(get_model("llama-3.2-1b"), base={"eos_token_id": [128001, 128008, 128009]})
+    assert (instruct["bos_token_id"], instruct["eos_token_id"]) == (128000, [128001, 128008, 128009])
 
 
 def test_a_copy_of_a_folder_is_another_model(folder, tmp_path):
