@@ -98,3 +98,15 @@ def test_a_copy_of_a_folder_is_another_model(folder, tmp_path):
     assert model_slug(resolve_model(str(copy))) != model_slug(resolve_model(str(folder)))
     with pytest.raises(InputError, match="a mixture-of-experts model"):
         spec_from_hf_config({**json.loads((folder / "config.json").read_text()), "num_local_experts": 4})
+
+
+def test_a_model_in_object_storage_is_a_model(folder, moto_s3):
+    import boto3
+
+    from sailor_core.storage import open_storage
+
+    boto3.client("s3", endpoint_url=moto_s3).create_bucket(Bucket="models")
+    open_storage("s3://models/my-llama").put("config.json", (folder / "config.json").read_bytes())
+    spec = get_model(resolve_model("s3://models/my-llama"))
+    assert spec.name == "s3://models/my-llama" and (spec.num_layers, spec.num_kv_heads) == (3, 2)
+    check_names(JobSpec(budget_usd=1.0, model="s3://models/my-llama"))
