@@ -24,7 +24,7 @@ def export_cmd(
     dtype: str = typer.Option("float32", "--dtype", help="float32, bfloat16 or float16"),
     tokenizer: Optional[str] = typer.Option(None, "--tokenizer",
                                             help="a folder (path, s3://, gs://) whose tokenizer files to copy; "
-                                                 "default: the pretrained folder's or the model folder's"),
+                                                 "default: the job's --tokenizer, else the pretrained folder's or the model folder's"),
     as_json: bool = typer.Option(False, "--json", help="print JSON"),
 ) -> None:
     """Write a job's trained model as a Hugging Face model folder."""
@@ -34,7 +34,8 @@ def export_cmd(
         # lazy: loaded when the command runs (the CLI starts light)
         from sailor_core.job.state import JobStore
 
-        checkpoint = JobStore().load(job_id).spec.checkpoint_url
+        job = JobStore().load(job_id).spec
+        checkpoint, tokenizer = job.checkpoint_url, tokenizer or job.tokenizer or None
         if not checkpoint:
             raise InputError(f"job {job_id!r} has no checkpoint URL")
     from sailor_core.runtime.hf import export_checkpoint  # lazy: torch, only for this command

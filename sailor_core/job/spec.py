@@ -69,6 +69,9 @@ class JobSpec:
     init_from: str = option("", help="start from pretrained weights: a Hugging Face model folder of the job's model "
                                      "(config.json + *.safetensors; an absolute path, s3:// or gs:// URL); "
                                      "a resumed job continues from its checkpoints", cli=("--init-from",), worker=True)
+    tokenizer: str = option("", help="the tokenizer of the data: a folder (absolute path, s3:// or gs:// URL) whose "
+                                     "tokenizer files `sailor export` puts with the model; default: the --init-from "
+                                     "or --model folder's, when it has them")
     validation_fraction: float = option(0.01, help="the last fraction of the samples, held out for the validation "
                                                    "loss (at least one global batch); 0: none", cli=("--val-fraction",),
                                         worker=True)
@@ -137,6 +140,7 @@ def _check(spec: JobSpec) -> None:
     at_least_one("global_batch_size", spec.global_batch_size, optional=True)
     at_least_one("checkpoint_every_steps", spec.checkpoint_every_steps)
     check_dataset(spec.dataset)
+    _check_url("tokenizer", spec.tokenizer)
     check_worker_options(spec)
     if any(s < 1 for s in spec.preempt_at_steps):
         raise JobSpecError("preempt_at_steps", f"must list steps of at least 1, got {list(spec.preempt_at_steps)}")
