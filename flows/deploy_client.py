@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from sailor_core.catalog.models import model_slug
 from sailor_core.errors import SailorError
 from sailor_core.job import state as js
 
@@ -22,7 +23,7 @@ _STATE_WORDS = {"SCHEDULED": "scheduled: waiting for a worker", "PENDING": "a wo
 
 
 def job_id_for(model: str, flow_run_id) -> str:
-    safe = "".join(c if c.isalnum() else "-" for c in model.lower()).strip("-")
+    safe = "".join(c if c.isalnum() else "-" for c in model_slug(model).lower()).strip("-")
     return f"{safe}-{str(flow_run_id).replace('-', '')[:10]}"
 
 

@@ -8,7 +8,7 @@ from typing import Any
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from sailor_core.catalog.models import get_model
+from sailor_core.catalog.models import get_model, model_slug
 from sailor_core.errors import InputError, SailorError
 from sailor_core.job import state as js
 from sailor_core.job.logs import copy_logs
@@ -77,7 +77,7 @@ def prepare_data(dataset: str, model: str, seed: int, data_dir: str) -> str:
     """A synthetic token corpus for ``dataset="synthetic"``; any other dataset is a path or URL used as is."""
     if dataset != SYNTHETIC:
         return dataset
-    path = Path(data_dir) / f"synthetic-{model}-seed{seed}.npy"
+    path = Path(data_dir) / f"synthetic-{model_slug(model)}-seed{seed}.npy"
     if not path.exists():
         from sailor_core.runtime.data import generate_corpus  # lazy: torch (~2 s), only to make a corpus
 

@@ -129,7 +129,8 @@ def _replica_summary(replicas) -> str:
 
 
 def memory_cmd(
-    model: str = typer.Option(..., "--model", help="Model name, e.g. opt-350m."),
+    model: str = typer.Option(..., "--model", help="A catalog model, e.g. opt-350m, or a Hugging Face model "
+                                                   "folder (its config.json)."),
     gpu: str = typer.Option(..., "--gpu", help="GPU type, e.g. A100-40."),
     mbs: int = typer.Option(..., "--mbs", help="Micro-batch size (sequences)."),
     inflight: int = typer.Option(1, "--inflight", help="Micro-batches in flight (1F1B: P - stage index)."),
@@ -141,8 +142,10 @@ def memory_cmd(
 ) -> None:
     """Peak memory of one GPU holding a stage with K micro-batches in flight."""
     # lazy: loaded when the command runs (the CLI starts light)
+    from sailor_core.catalog.hf_config import resolve_model
     from sailor_core.simulator import stage_memory_for
 
+    model = resolve_model(model)
     if mbs < 1:
         raise fail(f"--mbs must be >= 1, got {mbs}")
     if inflight < 1:

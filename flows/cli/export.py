@@ -22,6 +22,9 @@ def export_cmd(
     checkpoint: Optional[str] = typer.Option(None, "--checkpoint",
                                              help="a checkpoint URL (path, s3://, gs://) instead of a job's"),
     dtype: str = typer.Option("float32", "--dtype", help="float32, bfloat16 or float16"),
+    tokenizer: Optional[str] = typer.Option(None, "--tokenizer",
+                                            help="a folder (path, s3://, gs://) whose tokenizer files to copy; "
+                                                 "default: the job's --tokenizer, else the pretrained folder's or the model folder's"),
     as_json: bool = typer.Option(False, "--json", help="print JSON"),
 ) -> None:
     """Write a job's trained model as a Hugging Face model folder."""
@@ -31,14 +34,16 @@ def export_cmd(
         # lazy: loaded when the command runs (the CLI starts light)
         from sailor_core.job.state import JobStore
 
-        checkpoint = JobStore().load(job_id).spec.checkpoint_url
+        job = JobStore().load(job_id).spec
+        checkpoint, tokenizer = job.checkpoint_url, tokenizer or job.tokenizer or None
         if not checkpoint:
             raise InputError(f"job {job_id!r} has no checkpoint URL")
     from sailor_core.runtime.hf import export_checkpoint  # lazy: torch, only for this command
 
-    done = export_checkpoint(checkpoint, out, dtype=dtype)
+    done = export_checkpoint(checkpoint, out, dtype=dtype, tokenizer_from=tokenizer)
     row = {"out": str(done.out_dir), "model": done.model, "step": done.step, "num_parameters": done.num_parameters,
-           "dtype": done.dtype, "checkpoint": checkpoint, "config_from": done.config_from}
+           "dtype": done.dtype, "checkpoint": checkpoint, "config_from": done.config_from,
+           "tokenizer_from": done.tokenizer_from}
     if as_json:
         print_json(row)
         return

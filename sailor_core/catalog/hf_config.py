@@ -16,8 +16,8 @@ import json
 from typing import Any
 
 from sailor_core.catalog.hf_families import HF_TYPES, MODEL_TYPES, llama_style_config, llama_style_spec, require
-from sailor_core.catalog.models import ModelSpec
-from sailor_core.errors import InputError, SailorError
+from sailor_core.catalog.models import ModelSpec, get_model, normalize_model_name, register_model
+from sailor_core.errors import InputError, SailorError, UnknownNameError
 from sailor_core.storage import open_storage
 
 CONFIG = "config.json"
@@ -29,6 +29,7 @@ _ARCHITECTURES = {"opt": "OPTForCausalLM", "gptneo": "GPTNeoForCausalLM",
 def spec_from_hf_config(cfg: dict[str, Any], *, name: str = "hf-model", seq_len: int | None = None) -> ModelSpec:
     """The ModelSpec of a Hugging Face ``config.json`` (OPT, GPT-Neo or a Llama-style family); InputError for
     another architecture or a feature the engine does not build."""
+    refuse_unsupported(cfg)
     family = _MODEL_TYPES.get(str(cfg.get("model_type")))
     if family is None:
         raise InputError(f"config.json: model_type {cfg.get('model_type')!r} is not one of "
@@ -45,7 +46,7 @@ def spec_from_hf_config(cfg: dict[str, Any], *, name: str = "hf-model", seq_len:
     except (TypeError, ValueError) as exc:
         raise InputError(f"config.json: a value of the wrong kind ({exc})") from None
     return ModelSpec(name=name, family=family, seq_len=seq_len or min(max_pos, 2048), max_position_embeddings=max_pos,
-                     vocab_size=vocab, **fields)
+                     vocab_size=vocab, **fields, **token_ids(cfg))
 
 
 _require = require
@@ -100,7 +101,10 @@ def hf_config(spec: ModelSpec, *, dtype: str = "float32", base: dict | None = No
     else:
         arch = llama_style_config(spec)
     kept = {k: v for k, v in (base or {}).items() if k not in ("rope_parameters", "torch_dtype")}
-    return {**kept, **common, **arch}
+    # bos and eos: the pretrained folder's (its tokenizer's) over the spec's (a catalog entry's);
+    # the pad id is the embedding's padding row, so the spec's
+    ids = {k: v for k, v in generation_token_ids(spec).items() if k != "pad_token_id"}
+    return {**ids, **kept, **common, **arch}
 
 
 _ARCH_FIELDS = ("family", "num_layers", "hidden_size", "ffn_size", "num_heads", "num_kv_heads", "vocab_size",
@@ -134,3 +138,80 @@ def read_hf_config(url: str) -> dict[str, Any]:
     return cfg
 
 
+
+
+# ---- a model given as a folder or URL; what no family builds ------------------------------------
+
+# the keys that make a config a mixture of experts, in the spellings of Mixtral, Qwen2/3-MoE,
+# DeepSeek, DBRX/OLMoE and friends
+_EXPERT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
+SUPPORTED_ROPE_TYPES = ("default", "llama3")
+
+
+def refuse_unsupported(cfg: dict[str, Any]) -> None:
+    """InputError naming what no family of the engine builds: a mixture of experts, a RoPE type
+    other than ``SUPPORTED_ROPE_TYPES`` (checked before the family, so a Mixtral or a YaRN
+    config is refused for that and not merely as an unknown ``model_type``)."""
+    for key in _EXPERT_KEYS:
+        value = cfg.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 1:
+            raise InputError(f"config.json: a mixture-of-experts model ({key} = {value}) is not supported: "
+                             "the engine builds dense models only")
+    rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+    # transformers 5 may key the parameters by layer type (full_attention, sliding_attention)
+    params = ([v for v in rope.values() if isinstance(v, dict)] or [rope]) if isinstance(rope, dict) else []
+    for p in params:
+        kind = p.get("rope_type", p.get("type", "default"))
+        if kind not in SUPPORTED_ROPE_TYPES:
+            raise InputError(f"config.json: RoPE type {kind!r} is not supported "
+                             f"({' or '.join(SUPPORTED_ROPE_TYPES)})")
+
+
+def is_model_url(ref: str) -> bool:
+    """Whether ``--model``'s value names a Hugging Face model folder (a path or a storage URL)
+    rather than a catalog entry (whose names hold no slash)."""
+    return "/" in ref or ref.startswith(".")
+
+
+def resolve_model(ref: str) -> str:
+    """The catalog name ``ref`` stands for, registering the model on the way when ``ref`` is a
+    Hugging Face model folder (a path, ``file://``, ``s3://`` or ``gs://`` URL): its spec is its
+    ``config.json``'s, named ``ref`` itself, so that the name says where it came from and a
+    plan or job that names it is that model.  UnknownNameError for a name no catalog has,
+    InputError for a folder without a config the engine builds."""
+    try:
+        return normalize_model_name(ref)
+    except UnknownNameError:
+        if not is_model_url(ref):
+            raise
+    name = ref.rstrip("/") or ref
+    try:
+        return normalize_model_name(name)  # this process read it already
+    except UnknownNameError:
+        pass
+    try:
+        spec = spec_from_hf_config(read_hf_config(name), name=name)
+    except InputError as exc:
+        raise InputError(f"{name}: {str(exc).removeprefix(name + ': ')}") from None
+    register_model(spec)
+    return get_model(name).name
+
+
+def token_ids(cfg: dict[str, Any]) -> dict[str, Any]:
+    """The bos and eos ids of a ``config.json`` (a family's own code reads its pad id: OPT's
+    defaults to 1)."""
+    out = {}
+    for key in ("bos_token_id", "eos_token_id"):
+        value = cfg.get(key)
+        if isinstance(value, list):
+            value = tuple(int(v) for v in value)
+        out[key] = None if value is None else value if isinstance(value, tuple) else int(value)
+    return out
+
+
+def generation_token_ids(spec: ModelSpec) -> dict[str, Any]:
+    """``spec``'s token ids as ``config.json`` and ``generation_config.json`` write them (an eos of
+    several ids as a list); the unknown ones left out."""
+    ids = {"bos_token_id": spec.bos_token_id, "pad_token_id": spec.pad_token_id,
+           "eos_token_id": list(spec.eos_token_id) if isinstance(spec.eos_token_id, tuple) else spec.eos_token_id}
+    return {k: v for k, v in ids.items() if v is not None}

@@ -23,7 +23,7 @@ Parameters (whole layer, t = 1):
                     ``params_read``; a pipeline stage holding the head without the embedding holds a
                     copy, which the memory model adds: sailor_core/simulator/memory.py)
   Sharded: matmul weights and their column-parallel biases / t, vocab rows ceil(V/t);
-  KV heads ceil(g/t) per GPU (replicated when t > g).
+  KV heads g/t per GPU (TP divides them, as the engine needs: catalog.models.tp_split_problem).
 
 Forward FLOPs per token (per GPU): 2 x (matmul weights of the shard) plus attention
   2 * 2 * s_eff * (a/t)*d for Q K^T and P V, where s_eff = s/2 for a fused causal kernel
@@ -64,7 +64,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from functools import lru_cache
 
-from sailor_core.catalog.models import ModelSpec, get_model
+from sailor_core.catalog.models import ModelSpec, get_model, tp_split_problem
 from sailor_core.errors import InputError
 from sailor_core.regimes import DEFAULT_REGIME, TrainingRegime, get_regime
 
@@ -106,10 +106,9 @@ def _ceil_div(a: int, b: int) -> int:
 
 
 def _check(spec: ModelSpec, tp_degree: int, seq_len: int) -> None:
-    if tp_degree < 1:
-        raise InputError(f"TP degree must be >= 1, got {tp_degree}")
-    if spec.num_heads % tp_degree:
-        raise InputError(f"{spec.name}: {spec.num_heads} attention heads do not split over TP {tp_degree}")
+    problem = tp_split_problem(spec, tp_degree)
+    if problem:
+        raise InputError(problem)
     if seq_len < 1:
         raise InputError(f"sequence length must be >= 1, got {seq_len}")
 

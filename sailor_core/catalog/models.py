@@ -12,7 +12,9 @@ engine builds exactly that model (``runtime/model.py``).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
+import zlib
 from functools import lru_cache
 
 from sailor_core.catalog._load import load_data_file
@@ -68,6 +70,10 @@ class ModelSpec:
     # the embedding's padding_idx (transformers: OPT's and Llama's pad_token_id): the input lookup
     # leaves that row's gradient at zero (a tied head still trains it)
     pad_token_id: int | None = None
+    # the tokenizer's, as config.json gives them (they do not change the maths; an export writes
+    # them back): eos may be several ids (Llama 3.1 Instruct's)
+    bos_token_id: int | None = None
+    eos_token_id: int | tuple[int, ...] | None = None
     # ---- features of the Llama-style families (defaults: Llama's) ----
     head_size: int | None = None  # per-head width when not hidden_size / num_heads (Qwen3, Gemma)
     qkv_bias: bool = False  # Qwen2: biases on q/k/v
@@ -83,6 +89,8 @@ class ModelSpec:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "attention_layers", tuple(self.attention_layers))
+        if isinstance(self.eos_token_id, list):
+            object.__setattr__(self, "eos_token_id", tuple(self.eos_token_id))
         if isinstance(self.rope_scaling, dict):
             object.__setattr__(self, "rope_scaling", RopeScaling(**self.rope_scaling))
         if self.family not in FAMILIES:
@@ -119,6 +127,23 @@ class ModelSpec:
         return self.attention_layers[block - 1] if self.attention_layers else "global"
 
 
+def tp_split_problem(spec: ModelSpec, tp_degree: int) -> str | None:
+    """Why TP degree ``tp_degree`` cannot split ``spec`` (None: it can).  The one rule the engine
+    (``runtime/model.check_tp_degree``), plan validation, the planner, the simulator and the
+    profiles all apply: heads, KV heads and the FFN split evenly (each rank holds whole heads and
+    whole KV groups); the vocabulary is split unevenly in contiguous ranges
+    (``runtime/tp.shard_range``: no padding), so it only needs a row for every rank."""
+    if tp_degree < 1:
+        return f"TP degree must be >= 1, got {tp_degree}"
+    for what, n in (("attention heads", spec.num_heads), ("KV heads", spec.num_kv_heads),
+                    ("FFN size", spec.ffn_size)):
+        if n % tp_degree:
+            return f"TP degree {tp_degree} does not divide {spec.name}'s {n} {what}"
+    if spec.vocab_size < tp_degree:
+        return f"TP degree {tp_degree} exceeds {spec.name}'s vocabulary of {spec.vocab_size} rows"
+    return None
+
+
 def _expand_attention_types(types: list) -> list[str]:
     """Hugging Face GPT-Neo's compact ``attention_types``, e.g. ``[[["global", "local"], 16]]``."""
     return [kind for pattern, repeat in types for _ in range(repeat) for kind in pattern]
@@ -138,6 +163,44 @@ def _catalog() -> tuple[dict[str, ModelSpec], dict[str, str]]:
         for alias in [spec.name, *row.get("aliases", [])]:
             aliases[alias.lower()] = spec.name
     return specs, aliases
+
+
+def is_shipped_model(name: str) -> bool:
+    """Whether ``name`` is one of the catalog's own entries (not a model registered in this process:
+    a Hugging Face folder's, a test's), which every process knows without being told."""
+    return name in _shipped_names()
+
+
+@lru_cache(maxsize=1)
+def _shipped_names() -> frozenset[str]:
+    return frozenset(row["name"] for row in load_data_file("models.json")["models"])
+
+
+def model_slug(name: str) -> str:
+    """``name`` as a piece of a file name or job id: a catalog name as it is; a model folder's
+    (a path or URL) its last component, lower-cased, with a hash of the whole name (two folders
+    of the same name are two models)."""
+    if "/" not in name:
+        return name
+    last = name.rstrip("/").rsplit("/", 1)[-1]
+    safe = "".join(c if c.isalnum() or c == "." else "-" for c in last.lower()).strip("-.") or "model"
+    return f"{safe}-{zlib.crc32(name.encode()):08x}"
+
+
+def model_spec_to_dict(spec: ModelSpec) -> dict:
+    """``spec`` as JSON (a plan file carries a model the catalog does not have)."""
+    return dataclasses.asdict(spec)
+
+
+def model_spec_from_dict(data: dict) -> ModelSpec:
+    """The ModelSpec of ``model_spec_to_dict``'s output; InputError for anything else."""
+    fields = set(ModelSpec.__dataclass_fields__)
+    if not isinstance(data, dict) or set(data) - fields:
+        raise InputError(f"a model spec takes the fields {', '.join(sorted(fields))}")
+    try:
+        return ModelSpec(**data)
+    except TypeError as exc:
+        raise InputError(f"a model spec: {exc}") from None
 
 
 def model_names() -> list[str]:

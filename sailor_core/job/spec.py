@@ -22,8 +22,9 @@ from typing import Any
 from sailor_core.catalog.gpus import gpu_names, normalize_gpu_name
 from sailor_core.catalog.clouds import rented_clouds
 from sailor_core.catalog.instances import catalog_zones, rentable_gpus
-from sailor_core.catalog.models import model_names, normalize_model_name
-from sailor_core.errors import UnknownNameError
+from sailor_core.catalog.hf_config import is_model_url, resolve_model
+from sailor_core.catalog.models import model_names
+from sailor_core.errors import InputError, UnknownNameError
 from sailor_core.objective import JobTerms, Objective, TermsError
 from sailor_core.specs.fields import SpecField, option, spec_fields
 
@@ -36,7 +37,9 @@ class JobSpecError(TermsError):
 class JobSpec:
     """What the user asked for; fixed for the life of the job."""
 
-    model: str = option("tiny", help="model name (see `sailor catalog models`)", cli=("--model", "-m"))
+    model: str = option("tiny", help="a catalog model (see `sailor catalog models`) or a Hugging Face model folder: "
+                                     "its config.json is the model (an absolute path, file://, s3:// or gs:// URL)",
+                        cli=("--model", "-m"))
     budget_usd: float = option(help="total budget; never crossed", unit="USD")
     steps: int = option(30, help="training steps (iterations) to run", unit="steps")
     min_throughput_samples_per_s: float | None = option(None, help="throughput floor, counting the restarts of "
@@ -66,6 +69,9 @@ class JobSpec:
     init_from: str = option("", help="start from pretrained weights: a Hugging Face model folder of the job's model "
                                      "(config.json + *.safetensors; an absolute path, s3:// or gs:// URL); "
                                      "a resumed job continues from its checkpoints", cli=("--init-from",), worker=True)
+    tokenizer: str = option("", help="the tokenizer of the data: a folder (absolute path, s3:// or gs:// URL) whose "
+                                     "tokenizer files `sailor export` puts with the model; default: the --init-from "
+                                     "or --model folder's, when it has them")
     validation_fraction: float = option(0.01, help="the last fraction of the samples, held out for the validation "
                                                    "loss (at least one global batch); 0: none", cli=("--val-fraction",),
                                         worker=True)
@@ -137,6 +143,7 @@ def _check(spec: JobSpec) -> None:
     at_least_one("global_batch_size", spec.global_batch_size, optional=True)
     at_least_one("checkpoint_every_steps", spec.checkpoint_every_steps)
     check_dataset(spec.dataset)
+    _check_url("tokenizer", spec.tokenizer)
     check_worker_options(spec)
     if any(s < 1 for s in spec.preempt_at_steps):
         raise JobSpecError("preempt_at_steps", f"must list steps of at least 1, got {list(spec.preempt_at_steps)}")
@@ -153,11 +160,16 @@ def check_names(spec: JobSpec) -> None:
     Apart from the checks of every JobSpec: the front ends (``sailor train``, the train-job flow's
     parameters) call it on what users give, while a saved job state stays readable when a catalog
     changes, and other flows may keep their own records in a JobSpec (a network profile's)."""
+    if is_model_url(spec.model):  # the flow and the workers start in other folders
+        _check_url("model", spec.model)
     try:
-        normalize_model_name(spec.model)
+        resolve_model(spec.model)
     except UnknownNameError:
         raise JobSpecError("model", f"{spec.model!r} is not in the model catalog; "
-                                    f"{_did_you_mean(spec.model, model_names())}(`sailor catalog models`)") from None
+                                    f"{_did_you_mean(spec.model, model_names())}(`sailor catalog models`; "
+                                    "or a Hugging Face model folder, by its path)") from None
+    except InputError as exc:
+        raise JobSpecError("model", str(exc)) from None
     for gpu in spec.gpus:
         _check_gpu_type(gpu)
     zones = catalog_zones()
@@ -226,11 +238,15 @@ def check_worker_options(spec: Any) -> None:
 
 
 def _check_init_from(url: str) -> None:
+    _check_url("init_from", url)
+
+
+def _check_url(field: str, url: str) -> None:
     scheme = url.split("://", 1)[0] if "://" in url else ""
     if scheme not in ("", "file", "s3", "gs"):
-        raise JobSpecError("init_from", f"must be a path, file://, s3:// or gs:// URL, got {url!r}")
+        raise JobSpecError(field, f"must be a path, file://, s3:// or gs:// URL, got {url!r}")
     if url and not scheme and not url.startswith("/"):  # the workers start in other folders
-        raise JobSpecError("init_from", f"must be an absolute path or a URL, got {url!r}")
+        raise JobSpecError(field, f"must be an absolute path or a URL, got {url!r}")
 
 
 def spec_field(name: str) -> SpecField:

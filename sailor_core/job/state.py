@@ -23,6 +23,7 @@ from typing import Any
 
 from sailor_core.controller.ledger import CostLedger
 from sailor_core.controller.state import observed_preemption_rates_per_s
+from sailor_core.catalog.models import model_slug
 from sailor_core.errors import InputError
 from sailor_core.job.curves import with_step_time
 from sailor_core.job.spec import JobSpec
@@ -157,7 +158,7 @@ def new_job(spec: JobSpec, job_id: str | None = None) -> JobState:
 
 
 def new_job_id(model: str) -> str:
-    safe = "".join(c if c.isalnum() else "-" for c in model.lower()).strip("-")
+    safe = "".join(c if c.isalnum() else "-" for c in model_slug(model).lower()).strip("-")
     return f"{safe}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{secrets.token_hex(2)}"
 
 

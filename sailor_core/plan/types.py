@@ -21,7 +21,9 @@ from typing import Any, Literal
 import pydantic
 
 from sailor_core.catalog.gpus import get_gpu, normalize_gpu_name
-from sailor_core.catalog.models import ModelSpec, get_model, normalize_model_name
+from sailor_core.catalog.hf_config import resolve_model
+from sailor_core.catalog.models import (ModelSpec, get_model, is_shipped_model, model_spec_from_dict,
+                                      model_spec_to_dict, register_model, tp_split_problem)
 from sailor_core.errors import InputError, PlanError, UnknownNameError
 from sailor_core.plan.routing import replica_of
 from sailor_core.zones import parse_zone
@@ -136,6 +138,8 @@ class Plan:
             out["seq_len"] = self.seq_len
         if self.regime is not None:
             out["regime"] = self.regime
+        if not is_shipped_model(self.model):  # a model folder's: whoever reads the plan learns the model
+            out["model_spec"] = model_spec_to_dict(get_model(self.model))
         return out
 
     def to_json(self) -> str:
@@ -167,6 +171,7 @@ class _PlanIn(pydantic.BaseModel):
     stages: list[_StageIn] = pydantic.Field(min_length=1)
     seq_len: int | None = pydantic.Field(None, ge=1)
     regime: str | None = None
+    model_spec: dict[str, Any] | None = None
 
 
 def format_validation_error(exc: pydantic.ValidationError, what: str) -> str:
@@ -177,6 +182,18 @@ def format_validation_error(exc: pydantic.ValidationError, what: str) -> str:
     return f"invalid {what}: {where}: {err.get('msg', 'invalid')}{more}"
 
 
+def _plan_model(name: str, model_spec: dict[str, Any] | None) -> str:
+    """The plan's model: a catalog name, or a model folder's, registered from the spec the plan
+    carries (a worker may not see the folder) or else read from the folder."""
+    if model_spec is None:
+        return resolve_model(name)
+    spec = model_spec_from_dict(model_spec)
+    if spec.name != name:
+        raise PlanError(f"the plan's model_spec is of {spec.name!r}, not of its model {name!r}")
+    register_model(spec)
+    return spec.name
+
+
 def plan_from_dict(data: Any, *, validate: bool = True) -> Plan:
     """Build a Plan from parsed JSON; raises PlanError naming the problem."""
     try:
@@ -185,7 +202,7 @@ def plan_from_dict(data: Any, *, validate: bool = True) -> Plan:
         raise PlanError(format_validation_error(exc, "plan")) from None
     try:
         plan = Plan(
-            model=normalize_model_name(raw.model),
+            model=_plan_model(raw.model, raw.model_spec),
             global_batch_size=raw.global_batch_size,
             micro_batch_size=raw.micro_batch_size,
             seq_len=raw.seq_len,
@@ -202,7 +219,7 @@ def plan_from_dict(data: Any, *, validate: bool = True) -> Plan:
                 for s in raw.stages
             ),
         )
-    except UnknownNameError as exc:
+    except (UnknownNameError, InputError) as exc:
         raise PlanError(f"invalid plan: {exc}") from None
     if validate:
         validate_plan(plan)
@@ -270,11 +287,9 @@ def validate_plan(plan: Plan, model: ModelSpec | None = None) -> None:
                     f"stage {i} replica {j}: TP degree {rep.tp_degree} does not fit a {gpu.name} "
                     f"node (at most {gpu.max_gpus_per_node} GPUs per node, power of two)"
                 )
-            if model.num_heads % rep.tp_degree:
-                raise PlanError(
-                    f"stage {i} replica {j}: TP degree {rep.tp_degree} does not divide "
-                    f"{model.name}'s {model.num_heads} attention heads"
-                )
+            problem = tp_split_problem(model, rep.tp_degree)
+            if problem:
+                raise PlanError(f"stage {i} replica {j}: {problem}")
             try:
                 parse_zone(rep.zone)
             except UnknownNameError as exc:

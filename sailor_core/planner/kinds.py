@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from sailor_core.catalog.gpus import get_gpu
-from sailor_core.catalog.models import get_model
+from sailor_core.catalog.models import get_model, tp_split_problem
 from sailor_core.errors import ProfileError
 from sailor_core.profiles.types import ModelProfile
 from sailor_core.regimes import TrainingRegime, get_regime
@@ -103,10 +103,11 @@ def shared_kind_cache(model: str, seq_len: int | None, regime: str | None, profi
 
 
 def valid_tp_degrees(model: str, gpu: str, max_tp_degree: int) -> list[int]:
-    """TP degrees a replica may use: powers of two inside one node that split the heads."""
+    """TP degrees a replica may use: powers of two inside one node that the engine can split the
+    model over (``catalog.models.tp_split_problem``: heads, KV heads, FFN, vocabulary)."""
     spec = get_model(model)
     node = get_gpu(gpu).max_gpus_per_node
-    return [d for d in (1, 2, 4, 8, 16) if d <= min(node, max_tp_degree) and spec.num_heads % d == 0]
+    return [d for d in (1, 2, 4, 8, 16) if d <= min(node, max_tp_degree) and tp_split_problem(spec, d) is None]
 
 
 class KindCache:

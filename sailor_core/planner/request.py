@@ -8,7 +8,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from sailor_core.catalog.gpus import normalize_gpu_name
-from sailor_core.catalog.models import get_model, normalize_model_name
+from sailor_core.catalog.hf_config import resolve_model
+from sailor_core.catalog.models import get_model
 from sailor_core.errors import InputError, UnknownNameError
 from sailor_core.objective import Objective
 from sailor_core.planner.ranking import PLAN_RANKINGS, PlanRanking
@@ -120,7 +121,7 @@ def make_request(
 ) -> PlanRequest:
     """Validate a planning request; raises InputError/UnknownNameError naming the problem."""
     objective = Objective.parse(objective)
-    model = normalize_model_name(model)
+    model = resolve_model(model)  # a catalog name or a Hugging Face model folder
     clean: dict[GpuZone, int] = {}
     for key, count in dict(availability).items():
         gpu, zone = key

@@ -30,7 +30,7 @@ from pathlib import Path
 
 from sailor_core.catalog.gpus import get_gpu, normalize_gpu_name
 from sailor_core.catalog.layers import LayerShape, layer_shapes
-from sailor_core.catalog.models import get_model, normalize_model_name
+from sailor_core.catalog.models import get_model, normalize_model_name, tp_split_problem
 from sailor_core.errors import InputError, ProfileError
 from sailor_core.profiles import estimator as est
 from sailor_core.profiles.store import read_profiles, write_profiles
@@ -148,8 +148,9 @@ class ProfileDB:
         spec = get_model(m)
         if seq > spec.max_position_embeddings:
             raise ProfileError(f"{m} takes at most {spec.max_position_embeddings} tokens per sequence, not {seq}")
-        if spec.num_heads % tp:
-            raise ProfileError(f"{m} cannot run at TP {tp}: its {spec.num_heads} heads do not split {tp} ways")
+        problem = tp_split_problem(spec, tp)
+        if problem:
+            raise ProfileError(f"{m} cannot run at TP {tp}: {problem}")
         stored = self._stored.get((m, g, tp, mbs, seq))
         if stored is not None and (reg is None or stored.regime == reg):
             answer = stored

@@ -34,7 +34,7 @@ from pathlib import Path
 from statistics import median
 
 from sailor_core.catalog.gpus import normalize_gpu_name
-from sailor_core.catalog.models import get_model
+from sailor_core.catalog.models import get_model, tp_split_problem
 from sailor_core.errors import InputError, ProfileError
 from sailor_core.profiles import estimator as est
 from sailor_core.profiles.types import LayerProfile, ModelProfile
@@ -231,7 +231,7 @@ def import_sailor(root: str | Path) -> list[ModelProfile]:
                     mbs, tp = int(mbs_key), int(tp_key)
                 except ValueError:
                     raise ProfileError(f"{source}: mbs/tp keys must be integers, got {mbs_key!r}/{tp_key!r}") from None
-                if get_model(SAILOR_MODELS[sailor_model]).num_heads % tp:
+                if tp_split_problem(get_model(SAILOR_MODELS[sailor_model]), tp):
                     continue  # e.g. OPT-30 at tp 7 on V100: heads do not split evenly; unusable
                 profiles.append(_convert(sailor_model, gpu, mbs, tp, layers, llm_info, source))
     return _fill_update_rates(profiles)

@@ -26,15 +26,21 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from sailor_core.catalog.hf_config import CONFIG, check_hf_config, hf_config, read_hf_config
+from sailor_core.catalog.hf_config import (CONFIG, check_hf_config, generation_token_ids, hf_config,
+                                          read_hf_config)
 from sailor_core.catalog.models import ModelSpec, get_model
-from sailor_core.errors import InputError
+from sailor_core.errors import InputError, SailorError
+from sailor_core.plan.types import plan_from_dict
 from sailor_core.runtime import checkpoint as ckpt
 from sailor_core.runtime.model import StageModel
 from sailor_core.runtime.stage_checkpoint import load_full_weights, weight_layers
 from sailor_core.storage import open_storage
 
 WEIGHTS = "model.safetensors"
+GENERATION_CONFIG = "generation_config.json"  # kept from the pretrained folder, else the token ids
+# what AutoTokenizer.from_pretrained reads, in the spellings of fast and slow tokenizers
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+                   "tokenizer.model", "vocab.json", "merges.txt", "chat_template.jinja")
 WEIGHTS_INDEX = "model.safetensors.index.json"
 EXPORT_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16, "F64": torch.float64}
@@ -237,19 +243,23 @@ class Exported:
     num_parameters: int  # as transformers' num_parameters() counts them (a tied matrix once)
     dtype: str
     config_from: str | None  # the pretrained folder whose other config keys (token ids) were kept
+    tokenizer_from: str | None = None  # the folder whose tokenizer files were copied
 
 
-def export_checkpoint(ckpt_url: str, out_dir: str | Path, *, dtype: str = "float32") -> Exported:
+def export_checkpoint(ckpt_url: str, out_dir: str | Path, *, dtype: str = "float32",
+                      tokenizer_from: str | None = None) -> Exported:
     """Write the latest valid checkpoint under ``ckpt_url`` as ``config.json`` + ``model.safetensors``.
     A job that started from pretrained weights keeps that config's other keys (token ids, ...)
-    when its folder is still readable."""
+    when its folder is still readable.  The tokenizer's files come from ``tokenizer_from``, else
+    from the pretrained folder or the model's own folder when they hold them."""
     torch_dtype = EXPORT_DTYPES.get(dtype)
     if torch_dtype is None:
         raise InputError(f"dtype must be one of {', '.join(EXPORT_DTYPES)}, got {dtype!r}")
     info = ckpt.latest_valid_checkpoint(ckpt_url)
     if info is None:
         raise InputError(f"no valid checkpoint under {ckpt_url}")
-    spec = get_model(info.meta["model"])
+    # the plan carries a model folder's spec: the export needs no catalog entry nor the folder
+    spec = get_model(plan_from_dict(info.meta["plan"], validate=False).model)
     storage = open_storage(ckpt_url)
     params = {i: ckpt.read_layer(storage, info, i)["params"] for i in range(spec.num_layer_indices)}
     tensors = {k: v.to(torch_dtype).contiguous() for k, v in hf_state_dict(spec, params).items()}
@@ -260,9 +270,49 @@ def export_checkpoint(ckpt_url: str, out_dir: str | Path, *, dtype: str = "float
     base = _readable_config(config_from)
     config = hf_config(spec, dtype=dtype, base=base)
     (out / CONFIG).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    generation = _readable_json(config_from, GENERATION_CONFIG) or _generation_config(spec)
+    if generation:
+        (out / GENERATION_CONFIG).write_text(json.dumps(generation, indent=2, sort_keys=True) + "\n")
+    tokenizer = _copy_tokenizer([tokenizer_from] if tokenizer_from else [config_from, spec.name], out)
     return Exported(out_dir=out, model=spec.name, step=info.step,
                     num_parameters=sum(t.numel() for t in tensors.values()), dtype=dtype,
-                    config_from=config_from if base is not None else None)
+                    config_from=config_from if base is not None else None, tokenizer_from=tokenizer)
+
+
+def _copy_tokenizer(candidates: list[str | None], out: Path) -> str | None:
+    """Copy the tokenizer files of the first candidate folder that has a ``tokenizer_config.json``
+    or ``tokenizer.json``; which folder (None: none had them).  A model's name is a folder only
+    when it is a path or URL (a catalog name is not)."""
+    for url in candidates:
+        if not url or "/" not in url:
+            continue
+        try:
+            storage = open_storage(url)
+            found = {name: storage.get(name) for name in TOKENIZER_FILES if storage.exists(name)}
+        except (OSError, SailorError):
+            continue
+        if {"tokenizer_config.json", "tokenizer.json"} & set(found):
+            for name, data in found.items():
+                (out / name).write_bytes(data)
+            return url
+    return None
+
+
+def _generation_config(spec: ModelSpec) -> dict | None:
+    """What ``save_pretrained`` writes for a model without a generation config of its own: its token ids."""
+    ids = generation_token_ids(spec)
+    return {**ids, "_from_model_config": True} if ids else None
+
+
+def _readable_json(url: str | None, name: str) -> dict | None:
+    """The JSON object ``name`` of the folder at ``url``; None when there is none."""
+    if not url:
+        return None
+    try:
+        doc = json.loads(open_storage(url).get(name))
+    except (OSError, ValueError, SailorError):
+        return None
+    return doc if isinstance(doc, dict) else None
 
 
 def _readable_config(url: str | None) -> dict | None:

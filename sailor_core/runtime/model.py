@@ -49,7 +49,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from sailor_core.catalog.models import ModelSpec, RopeScaling, get_model
+from sailor_core.catalog.models import ModelSpec, RopeScaling, get_model, tp_split_problem
 from sailor_core.errors import PlanError
 from sailor_core.runtime.tp import (copy_to_tp, gather_shards, reduce_from_tp, shard_range,
                                     vocab_parallel_cross_entropy, vocab_parallel_embedding)
@@ -60,11 +60,10 @@ TIED = "tok"  # the token embedding; the LM head of a tied model
 
 
 def check_tp_degree(spec: ModelSpec, tp_degree: int) -> None:
-    """TP must split heads, KV heads and the FFN evenly (the vocabulary may split unevenly)."""
-    for what, n in (("attention heads", spec.num_heads), ("KV heads", spec.num_kv_heads),
-                    ("FFN size", spec.ffn_size)):
-        if n % tp_degree:
-            raise PlanError(f"TP degree {tp_degree} does not divide {spec.name}'s {n} {what}")
+    """TP must split heads, KV heads and the FFN evenly (``catalog.models.tp_split_problem``)."""
+    problem = tp_split_problem(spec, tp_degree)
+    if problem:
+        raise PlanError(problem)
 
 
 def check_plan_for_engine(plan) -> None:

@@ -9,11 +9,13 @@ sample, the recipe and the held-out split, so a resumed or re-planned job contin
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 
 import torch
 
+from sailor_core.catalog.models import model_spec_to_dict
 from sailor_core.runtime import checkpoint as ckpt
 from sailor_core.runtime.model import ShardedLayer, StageModel
 from sailor_core.runtime.trainer import StageTrainer
@@ -122,6 +124,10 @@ def _check_model(trainer: StageTrainer, info: ckpt.CheckpointInfo) -> None:
     if info.meta.get("model") != trainer.spec.name:
         raise ckpt.CheckpointError(f"checkpoint {info.dirname} is of model "
                                    f"{info.meta.get('model')!r}, not {trainer.spec.name!r}")
+    theirs = (info.meta.get("plan") or {}).get("model_spec")  # a model folder's: the same name, another config?
+    if theirs is not None and theirs != json.loads(json.dumps(model_spec_to_dict(trainer.spec))):
+        raise ckpt.CheckpointError(f"checkpoint {info.dirname} is of another config of {trainer.spec.name!r} "
+                                   "(its config.json changed since)")
 
 
 def _take_meta(trainer: StageTrainer, info: ckpt.CheckpointInfo) -> None:

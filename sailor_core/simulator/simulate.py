@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from sailor_core.catalog.gpus import get_gpu, normalize_gpu_name
-from sailor_core.catalog.models import get_model
+from sailor_core.catalog.models import get_model, tp_split_problem
 from sailor_core.errors import InputError, PlanError
 from sailor_core.catalog.instances import gpu_price_usd_per_hr
 from sailor_core.network.model import NetworkModel, default_network
@@ -333,11 +333,10 @@ def stage_memory_for(
         raise InputError(f"micro-batch size must be >= 1, got {micro_batch_size}")
     if num_inflight < 1:
         raise InputError(f"micro-batches in flight must be >= 1, got {num_inflight}")
-    if tp_degree < 1 or tp_degree > gpu_spec.max_gpus_per_node or spec.num_heads % tp_degree:
-        raise PlanError(
-            f"TP degree {tp_degree} must divide {spec.name}'s {spec.num_heads} heads and fit a "
-            f"{gpu_spec.name} node (at most {gpu_spec.max_gpus_per_node} GPUs)"
-        )
+    problem = tp_split_problem(spec, tp_degree)
+    if problem or tp_degree > gpu_spec.max_gpus_per_node:
+        raise PlanError(problem or f"TP degree {tp_degree} does not fit a {gpu_spec.name} node "
+                        f"(at most {gpu_spec.max_gpus_per_node} GPUs)")
     n = spec.num_layer_indices
     start, end = layers if layers is not None else (0, n)
     if not 0 <= start < end <= n:

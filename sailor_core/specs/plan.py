@@ -13,7 +13,7 @@ from sailor_core.specs.fields import at_least, option
 class PlanTerms:
     """What a plan is for: the model, the objective and the caps (the plan flow's settings)."""
 
-    model: str = option(help="Model name, e.g. opt-350m.")
+    model: str = option(help="A catalog model, e.g. opt-350m, or a Hugging Face model folder (its config.json).")
     objective: Objective = option(Objective.THROUGHPUT, help=f"what to optimise: {Objective.described()}")
     global_batch_size: int | None = option(None, help="Sequences per iteration (default 1024).",
                                            aliases=("--global-batch",))

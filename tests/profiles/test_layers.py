@@ -45,11 +45,13 @@ def test_tp_shards_matmuls_and_replicates_norms():
 
 
 
-def test_gqa_kv_heads_are_replicated_when_tp_exceeds_them():
-    # tiny-llama: h 64, 4 heads of 16, 2 KV heads, FFN 192; at TP 4 each GPU keeps one whole KV head
-    h, d, f, t = 64, 16, 192, 4
+def test_gqa_kv_heads_split_over_tp_and_a_tp_above_them_is_refused_as_the_engine_does():
+    # tiny-llama: h 64, 4 heads of 16, 2 KV heads, FFN 192; at TP 2 each GPU keeps one whole KV head
+    h, d, f, t = 64, 16, 192, 2
     block = layer_shapes("tiny-llama", tp_degree=t)[1]
     assert block.params == h * (h // t) + 2 * h * d + (h // t) * h + 3 * h * (f // t) + 2 * h
+    with pytest.raises(InputError, match="TP degree 4 does not divide tiny-llama's 2 KV heads"):
+        layer_shapes("tiny-llama", tp_degree=4)
 
 
 def test_flops_are_two_per_weight_plus_attention():

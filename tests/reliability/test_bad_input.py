@@ -312,6 +312,32 @@ def test_bad_names_and_syntax_fail_at_once_with_nothing_created(tmp_path, args, 
     """The issue's cases (`--model tinyy` failed after 11.5 s, `--gpus B200` after 24.5 s, each leaving a
     failed job and a failed flow run): now one line naming the likely fix, without Prefect or torch loaded,
     no server started, no job state written."""
+    _assert_one_line_and_nothing_created(tmp_path, args, hint)
+
+
+_LLAMA = {"model_type": "llama", "vocab_size": 256, "hidden_size": 64, "intermediate_size": 128,
+          "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 64}
+
+
+@pytest.mark.parametrize("config, hint", [
+    ({**_LLAMA, "model_type": "mixtral", "num_local_experts": 8, "num_experts_per_tok": 2},
+     "a mixture-of-experts model (num_local_experts = 8) is not supported"),
+    ({**_LLAMA, "model_type": "qwen3_moe", "num_experts": 128}, "a mixture-of-experts model (num_experts = 128)"),
+    ({**_LLAMA, "model_type": "deepseek_v3", "n_routed_experts": 256}, "(n_routed_experts = 256)"),
+    ({**_LLAMA, "rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "RoPE type 'yarn' is not supported"),
+])
+@pytest.mark.parametrize("command", ["train", "plan"])
+def test_unsupported_model_folders_fail_at_once_with_nothing_created(tmp_path, config, hint, command):
+    """A model folder no family builds: one line naming what is unsupported, before anything is rented."""
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(config))
+    args = (["train", "--budget-usd", "1", "--model", str(folder)] if command == "train"
+            else ["plan", "--model", str(folder), "--gpus", "T4@us-central1-a=2"])
+    _assert_one_line_and_nothing_created(tmp_path, args, hint)
+
+
+def _assert_one_line_and_nothing_created(tmp_path, args: list[str], hint: str) -> None:
     import os
     import subprocess
     import sys
