@@ -62,10 +62,19 @@ def _ours(entry: Path) -> bool:
             or (entry.suffix == ".pth" and _mentions_checkout(entry)))
 
 
+def image_key(purelib: Path) -> str:
+    """The image's name: the environment it links and what that holds.  Its entries' names count
+    (a package's dist-info names its version), so installing or upgrading a package, as a new
+    Sailor with a new dependency does, makes a new image instead of one that lacks it (its
+    instances would then try to download the package at boot)."""
+    entries = sorted(e.name for e in purelib.iterdir() if e.name != "__pycache__" and not _ours(e))
+    return hashlib.sha256("\0".join([str(purelib), sys.version, *entries]).encode()).hexdigest()[:16]
+
+
 def image_for_this_machine(home: Path | None = None) -> Image:
     """The image, made the first time (a second or so) in this environment (or under ``home``)."""
     purelib = Path(sysconfig.get_paths()["purelib"]).resolve()
-    key = hashlib.sha256(f"{purelib}\0{sys.version}".encode()).hexdigest()[:16]
+    key = image_key(purelib)
     root = Path(home or Path(sys.prefix) / "sailor-embedded-image") / key
     image = Image(root=root, python=root / "python" / "bin" / "python3", bin_dir=root / "bin",
                   site_dir=root / "site-packages", env_cache=root / "envs", base_prefix=Path(sys.base_prefix),

@@ -58,3 +58,22 @@ def test_the_embedded_image_prunes_idle_environments(tmp_path):
     stale = [_entry(image.env_cache, n, age_s=(30 + n) * day) for n in range(cache_dirs.KEEP + 3)]
     assert image_for_this_machine(home=tmp_path) == image  # a cloud starting on the image
     assert [p.exists() for p in stale] == [True] * cache_dirs.KEEP + [False] * 3
+
+
+def test_a_package_installed_or_upgraded_makes_a_new_embedded_image(tmp_path):
+    """An image made before a package was installed lacks it: its instances would download it at boot."""
+    from infra.local.image import image_key
+
+    site = tmp_path / "site-packages"
+    site.mkdir()
+    (site / "torch-2.13.0.dist-info").mkdir()
+    before = image_key(site)
+    assert image_key(site) == before  # the same environment, the same image
+    (site / "tensorboard-2.21.0.dist-info").mkdir()
+    installed = image_key(site)
+    (site / "tensorboard-2.21.0.dist-info").rename(site / "tensorboard-2.22.0.dist-info")
+    assert len({before, installed, image_key(site)}) == 3
+    upgraded = image_key(site)
+    (site / "sailor_core").mkdir()  # Sailor's own entries and caches are not the image's
+    (site / "__pycache__").mkdir()
+    assert image_key(site) == upgraded
