@@ -24,7 +24,8 @@ def export_cmd(
     dtype: str = typer.Option("float32", "--dtype", help="float32, bfloat16 or float16"),
     tokenizer: Optional[str] = typer.Option(None, "--tokenizer",
                                             help="a folder (path, s3://, gs://) whose tokenizer files to copy; "
-                                                 "default: the job's --tokenizer, else the pretrained folder's or the model folder's"),
+                                                 "default: the job's --tokenizer, else the one its --data was prepared with (its "
+                                                 "manifest), else the pretrained folder's or the model folder's"),
     as_json: bool = typer.Option(False, "--json", help="print JSON"),
 ) -> None:
     """Write a job's trained model as a Hugging Face model folder."""
@@ -35,7 +36,10 @@ def export_cmd(
         from sailor_core.job.state import JobStore
 
         job = JobStore().load(job_id).spec
-        checkpoint, tokenizer = job.checkpoint_url, tokenizer or job.tokenizer or None
+        from sailor_core.runtime.token_manifest import tokenizer_folder  # lazy: as above
+
+        data_tokenizer = tokenizer_folder(job.dataset) if job.dataset != "synthetic" else None
+        checkpoint, tokenizer = job.checkpoint_url, tokenizer or job.tokenizer or data_tokenizer or None
         if not checkpoint:
             raise InputError(f"job {job_id!r} has no checkpoint URL")
     from sailor_core.runtime.hf import export_checkpoint  # lazy: torch, only for this command

@@ -89,6 +89,18 @@ def read_manifest(token_file: str | Path) -> TokenManifest | None:
     return TokenManifest.from_dict(data, where=str(path))
 
 
+def tokenizer_folder(token_file: str) -> str | None:
+    """The folder of the tokenizer a local token file was prepared with, as its manifest names it
+    (None: a URL, no manifest, or a tokenizer no longer there): an export copies its files."""
+    if "://" in token_file and not token_file.startswith("file://"):
+        return None
+    manifest = read_manifest(token_file)
+    if manifest is None or not manifest.tokenizer_path:
+        return None
+    folder = Path(manifest.tokenizer_path).parent
+    return str(folder) if folder.is_dir() else None
+
+
 def check_manifest(token_file: str | Path, num_tokens: int, model: str, model_vocab_size: int) -> None:
     """InputError when the manifest beside a token file of ``num_tokens`` describes another file (a
     stale one: it would vouch for ids it never saw), or names a tokenizer with ids the model cannot embed."""

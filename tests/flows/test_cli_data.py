@@ -179,6 +179,11 @@ def test_a_jsonl_chat_corpus_renders_as_transformers_does_with_a_manifest(tmp_pa
     assert manifest["num_tokens"] == result["tokens"] == sum(len(d) for d in docs)
     assert manifest["sources"] == [{"path": str(corpus), "bytes": corpus.stat().st_size,
                                     "sha256": hashlib.sha256(corpus.read_bytes()).hexdigest()}]
+    # an export copies the tokenizer files from the folder the manifest names
+    from sailor_core.runtime.token_manifest import tokenizer_folder
+
+    assert tokenizer_folder(str(tmp_path / "chat.bin")) == str(tok_path.parent)
+    assert tokenizer_folder("s3://bucket/chat.bin") is None and tokenizer_folder(str(tmp_path / "none.bin")) is None
 
 
 def test_jsonl_text_and_parquet_columns_are_one_document_per_record(bpe, tmp_path, sailor_cli):

@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 
 import pytest
+from tokenizers import Tokenizer
 
 from sailor_core.job import state as js
 from tests.flows.test_cli_data import CHATS, chat_tokenizer
@@ -65,6 +66,16 @@ def test_a_prepared_corpus_trains_through_a_preemption(prefect_api, sailor_cli, 
     ref = launch_local(plan_from_dict(state.plan), steps, data=tmp_path / "t.bin", seed=0, workdir=tmp_path / "ref")
     assert ref.status == "ok", ref.message
     assert summary["final_loss"] == pytest.approx(ref.losses[-1], rel=1e-5, abs=1e-6)
+
+    # the export carries the tokenizer the data was prepared with (its manifest names it)
+    r = sailor_cli("export", summary["job_id"], "--out", str(tmp_path / "export"), "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["tokenizer_from"] == str(tok.parent.resolve())
+    from transformers import AutoTokenizer  # lazy: the yardstick
+
+    text = "hello world"
+    assert AutoTokenizer.from_pretrained(tmp_path / "export").encode(text) == Tokenizer.from_file(str(tok)).encode(
+        text).ids
 
 
 def test_train_refuses_a_corpus_prepared_for_a_larger_vocabulary(prefect_api, sailor_cli, tmp_path):
