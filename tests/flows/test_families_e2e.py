@@ -94,7 +94,9 @@ def test_a_family_folder_trains_pp_tp_through_a_preemption_and_exports(family, p
     state = js.JobStore().load(summary["job_id"])
     assert [(len(p["stages"]), [r["tp"] for s in p["stages"] for r in s["replicas"]]) for p in given][:2] \
         == [(2, [2, 2])] * 2
-    assert [[r["tp"] for r in s["replicas"]] for s in state.plan["stages"]] == [[2], [2]]
+    assert len(state.replans) == 2 and state.replans[1].at_step >= 1  # resumed from a checkpoint
+    for replan in state.replans:  # both attempts ran 2 stages of TP 2
+        assert [[r["tp"] for r in s["replicas"]] for s in replan.plan["stages"]] == [[2], [2]]
 
     # step 1 (before any update) is transformers' loss on the job's first batch
     dataset = TokenDataset(str(data), spec.seq_len, spec.vocab_size, validation_fraction=0.0, min_val_samples=BATCH)
