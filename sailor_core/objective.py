@@ -86,6 +86,12 @@ class JobTerms:
         if self.on_demand_gpus < 0:
             raise TermsError("on_demand_gpus", f"must be at least 0, got {self.on_demand_gpus}")
 
+    @classmethod
+    def of(cls, spec: object) -> JobTerms:
+        """The terms a spec holds under the same field names (JobSpec, ReplaySpec): read in one place."""
+        return cls(objective=spec.objective, min_throughput_samples_per_s=spec.min_throughput_samples_per_s,
+                   deadline_h=spec.deadline_h, on_demand_gpus=spec.on_demand_gpus)
+
     @property
     def deadline_s(self) -> float | None:
         return self.deadline_h * 3600.0 if self.deadline_h is not None else None

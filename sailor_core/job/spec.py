@@ -115,8 +115,7 @@ class JobSpec:
     @property
     def terms(self) -> JobTerms:
         """The job's objective and constraints, as the controller takes them."""
-        return JobTerms(objective=self.objective, min_throughput_samples_per_s=self.min_throughput_samples_per_s,
-                        deadline_h=self.deadline_h, on_demand_gpus=self.on_demand_gpus)
+        return JobTerms.of(self)
 
     def for_job(self, job_url: str) -> JobSpec:
         """The spec as the job keeps it: checkpoints under the job's folder unless the user named a place."""

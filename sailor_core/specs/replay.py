@@ -77,8 +77,7 @@ class ReplaySpec:
     @property
     def terms(self) -> JobTerms:
         """The job's objective and constraints, which every policy but skypilot's re-plans by."""
-        return JobTerms(objective=self.objective, min_throughput_samples_per_s=self.min_throughput_samples_per_s,
-                        deadline_h=self.deadline_h, on_demand_gpus=self.on_demand_gpus)
+        return JobTerms.of(self)
 
     @property
     def policy_names(self) -> tuple[str, ...] | None:
