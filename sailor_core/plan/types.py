@@ -32,6 +32,11 @@ from sailor_core.zones import parse_zone
 SPOT = "spot"
 ON_DEMAND = "on_demand"
 MARKETS = (SPOT, ON_DEMAND)
+# A stage's memory levers (see docs/engine.md): which activations its backward re-runs, and how far
+# its optimizer states (1) and gradients (2) are sharded over its data-parallel group (ZeRO).
+RECOMPUTE_NONE, RECOMPUTE_SELECTIVE, RECOMPUTE_FULL = "none", "selective", "full"
+RECOMPUTE_MODES = (RECOMPUTE_NONE, RECOMPUTE_SELECTIVE, RECOMPUTE_FULL)
+ZERO_STAGES = (0, 1, 2)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -58,6 +63,8 @@ class Stage:
     layer_start: int  # inclusive
     layer_end: int  # exclusive
     replicas: tuple[Replica, ...]
+    recompute: str = RECOMPUTE_NONE  # one of RECOMPUTE_MODES
+    zero_stage: int = 0  # one of ZERO_STAGES; sharded over this stage's replicas
 
     @property
     def num_layers(self) -> int:
@@ -131,6 +138,8 @@ class Plan:
                         for r in s.replicas
                     ],
                 }
+                | ({"recompute": s.recompute} if s.recompute != RECOMPUTE_NONE else {})
+                | ({"zero": s.zero_stage} if s.zero_stage else {})
                 for s in self.stages
             ],
         }
@@ -161,6 +170,8 @@ class _StageIn(pydantic.BaseModel):
     model_config = pydantic.ConfigDict(extra="forbid", strict=True)
     layers: list[int] = pydantic.Field(min_length=2, max_length=2)
     replicas: list[_ReplicaIn] = pydantic.Field(min_length=1)
+    recompute: Literal["none", "selective", "full"] = RECOMPUTE_NONE
+    zero: Literal[0, 1, 2] = 0
 
 
 class _PlanIn(pydantic.BaseModel):
@@ -215,6 +226,8 @@ def plan_from_dict(data: Any, *, validate: bool = True) -> Plan:
                         Replica(gpu=normalize_gpu_name(r.gpu), tp_degree=r.tp, zone=r.zone, market=r.market)
                         for r in s.replicas
                     ),
+                    recompute=s.recompute,
+                    zero_stage=s.zero,
                 )
                 for s in raw.stages
             ),
