@@ -71,7 +71,7 @@ class OverlappedAllReduce:
             c = chunk_of(n, self.group_size)
             flat = torch.cat([*(p.grad.reshape(-1) for p in ps), ps[0].new_zeros(c * self.group_size - n)])
             out = flat.new_empty(c)
-            self.pending.append((dist.reduce_scatter_tensor(out, flat, group=self.group, async_op=True), out, b))
+            self.pending.append((dist.reduce_scatter_single(out, flat, group=self.group, async_op=True), out, b))
         else:
             flat = self.flats[b]
             torch.cat([p.grad.reshape(-1) for p in self.buckets[b]], out=flat)

@@ -19,8 +19,9 @@ and then every rank all-gathers every bucket's ranges back into the parameters.
 A piece is a view of its parameter (the update writes the parameter in place) when the group's
 ranks hold tensors of one shape; with mixed TP degrees pieces are copies of the full tensors'
 elements, refreshed from the parameters before each update (the checkpoint may have set them).
-Collectives: ``reduce_scatter_tensor`` and ``all_gather_into_tensor`` on both backends (torch
-2.13's gloo has both).
+Collectives: ``reduce_scatter_single`` and ``all_gather_single`` (torch 2.13's names for
+``reduce_scatter_tensor`` and ``all_gather_into_tensor``) on both backends: torch 2.13's gloo
+has both, so the CPU path is NCCL's.
 """
 
 from __future__ import annotations
@@ -123,7 +124,7 @@ class ShardedAdamW:
         """ZeRO-2 with mixed TP: sum the full gradients (one bucket) and keep this rank's range."""
         flat = _padded(torch.cat([f.reshape(-1) for f in fulls]), self.group_size)
         out = flat.new_empty(flat.numel() // self.group_size)
-        dist.reduce_scatter_tensor(out, flat, group=self.group)
+        dist.reduce_scatter_single(out, flat, group=self.group)
         self.shard_grads = [out]
 
     def grad_sq_share(self, counts) -> torch.Tensor | None:
@@ -151,12 +152,9 @@ class ShardedAdamW:
         self.shard_grads = None
 
     def _refresh_copies(self) -> None:
-        fulls = {}
-        for pc in self.pieces:
-            e = pc.entry
-            if id(e.param) not in fulls:
-                fulls[id(e.param)] = e.layer.gather(e.name, e.param.detach()).reshape(-1)
-        # every TP rank of a replica gathers the same parameters in the same order
+        # every entry, on every rank: the TP ranks of a replica hold different pieces, but their
+        # gathers must match
+        fulls = {id(e.param): e.layer.gather(e.name, e.param.detach()).reshape(-1) for e in self.entries}
         for pc in self.pieces:
             pc.values.copy_(fulls[id(pc.entry.param)][pc.lo:pc.hi])
 
@@ -170,7 +168,7 @@ class ShardedAdamW:
                 start = pc.entry.offset + pc.lo - lo
                 mine[start: start + pc.hi - pc.lo] = pc.values
         flat = mine.new_empty(c * self.group_size)
-        dist.all_gather_into_tensor(flat, mine, group=self.group)
+        dist.all_gather_single(flat, mine, group=self.group)
         with torch.no_grad():
             for e in members:
                 values = flat[e.offset: e.offset + e.numel]
@@ -208,7 +206,7 @@ class ShardedAdamW:
                 start = pc.entry.offset + pc.lo - lo
                 mine[start: start + pc.hi - pc.lo] = self.inner.state[pc.values][key]
         flat = mine.new_empty(c * self.group_size)
-        dist.all_gather_into_tensor(flat, mine, group=self.group)
+        dist.all_gather_single(flat, mine, group=self.group)
         return flat
 
     def holds(self, p: torch.Tensor) -> bool:
