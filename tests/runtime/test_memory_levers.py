@@ -55,11 +55,7 @@ def test_chunks_cover_a_bucket_once():
             assert sum(hi - lo for lo, hi in ranges) == n and c * d >= n
 
 
-def test_levers_on_pp_tp_dp_with_mixed_replicas_match_single_process(corpus, tmp_path):
-    """Stage 0: two TP-2 replicas of different GPU types, ZeRO-2 and full recomputation; stage 1:
-    a TP-2 and a TP-1 replica (the mixed-TP DP group), ZeRO-1 and selective recomputation."""
-    plan = lever_plan("tiny-llama", [(0, 2, [("V100-16", 2), ("A100-40", 2)], {"zero": 2, "recompute": "full"}),
-                                     (2, 4, [("T4", 2), ("L4", 1)], {"zero": 1, "recompute": "selective"})])
+def _matches_single_process(plan, corpus, tmp_path) -> None:
     steps = 3
     res = launch_local(plan, steps, data=corpus, ckpt_dir=str(tmp_path / "ck"), workdir=tmp_path, timeout_s=240,
                        worker_args=CLIP)
@@ -69,6 +65,24 @@ def test_levers_on_pp_tp_dp_with_mixed_replicas_match_single_process(corpus, tmp
     assert res.losses == pytest.approx(ref.losses, abs=1e-5)
     _, params = final_params(str(tmp_path / "ck"))
     assert full_params_close(params, ref.params) < 2e-5
+
+
+def test_levers_on_pp_dp_with_mixed_replicas_match_single_process(corpus, tmp_path):
+    """Two stages of two replicas of different GPU types: ZeRO-2 with full recomputation, ZeRO-1
+    with selective recomputation (the TP variants: the slow test below)."""
+    _matches_single_process(lever_plan("tiny", [(0, 2, [("V100-16", 1), ("A100-40", 1)], {"zero": 2, "recompute": "full"}),
+                                                (2, 4, [("T4", 1), ("L4", 1)], {"zero": 1, "recompute": "selective"})]),
+                            corpus, tmp_path)
+
+
+@pytest.mark.slow  # 7 processes (~40 s on 2 cores)
+def test_levers_on_pp_tp_dp_with_mixed_replicas_match_single_process(corpus, tmp_path):
+    """Stage 0: two TP-2 replicas of different GPU types, ZeRO-2 and full recomputation; stage 1:
+    a TP-2 and a TP-1 replica (the mixed-TP DP group: ZeRO over full tensors), ZeRO-1 and
+    selective recomputation."""
+    _matches_single_process(lever_plan("tiny-llama", [(0, 2, [("V100-16", 2), ("A100-40", 2)], {"zero": 2, "recompute": "full"}),
+                                                      (2, 4, [("T4", 2), ("L4", 1)], {"zero": 1, "recompute": "selective"})]),
+                            corpus, tmp_path)
 
 
 def _layers(url: str, step: int) -> dict:
