@@ -26,14 +26,7 @@ class OverlappedAllReduce:
         self.reduce_scatter = reduce_scatter
         self.group_size = dist.get_world_size(group)
         self.shards: list[torch.Tensor | None] = []  # reduce-scatter: this rank's range of each bucket
-        self.buckets: list[list[torch.Tensor]] = [[]]
-        size = 0
-        for p in reversed(params):
-            if size and size + p.numel() * p.element_size() > self.BUCKET_BYTES:
-                self.buckets.append([])
-                size = 0
-            self.buckets[-1].append(p)
-            size += p.numel() * p.element_size()
+        self.buckets = buckets_of(params, self.BUCKET_BYTES)
         self.bucket_of = {id(p): b for b, ps in enumerate(self.buckets) for p in ps}
         # One flat buffer per bucket for the whole run (as DDP keeps its buckets): a fresh
         # multi-MB buffer per step costs page faults and zeroing on every iteration.
@@ -97,6 +90,20 @@ class OverlappedAllReduce:
                 p.grad.copy_(flat[offset: offset + n].view_as(p.grad))
                 offset += n
         self.pending = []
+
+
+def buckets_of(params: list[torch.Tensor], bucket_bytes: int) -> list[list[torch.Tensor]]:
+    """The parameters in buckets of about ``bucket_bytes``, in reverse registration order (about
+    the order backward finishes them): the DP sync's and ZeRO's layout."""
+    buckets: list[list[torch.Tensor]] = [[]]
+    size = 0
+    for p in reversed(params):
+        if size and size + p.numel() * p.element_size() > bucket_bytes:
+            buckets.append([])
+            size = 0
+        buckets[-1].append(p)
+        size += p.numel() * p.element_size()
+    return buckets
 
 
 def allreduce_flat(tensors: list[torch.Tensor], group) -> None:
