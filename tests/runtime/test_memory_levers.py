@@ -17,8 +17,12 @@ from sailor_core.runtime.model import StageModel
 from sailor_core.runtime.recipe import Recipe
 from sailor_core.runtime.reference import train_reference
 from sailor_core.runtime.stage_checkpoint import full_params_close
-from sailor_core.runtime.zero import chunk_of
+from sailor_core.runtime.allreduce import OverlappedAllReduce
+from sailor_core.runtime.optimizer import decay_groups, make_optimizer
+from sailor_core.runtime.zero import ShardedAdamW, chunk_of
 from sailor_core.storage import open_storage
+
+from .tp_threads import run_tp, threaded_world
 
 CLIP = ("--grad-clip-norm", "0.3")
 
@@ -53,6 +57,54 @@ def test_chunks_cover_a_bucket_once():
             c = chunk_of(n, d)
             ranges = [(min(i * c, n), min((i + 1) * c, n)) for i in range(d)]
             assert sum(hi - lo for lo, hi in ranges) == n and c * d >= n
+
+
+def _tokens(spec, rank: int, step: int) -> torch.Tensor:
+    return torch.randint(0, spec.vocab_size, (2, 16), generator=torch.Generator().manual_seed(10 * step + rank))
+
+
+@pytest.mark.parametrize("zero_stage", [1, 2])
+def test_sharded_adamw_is_adamw_on_the_summed_gradient(zero_stage):
+    """Two DP ranks (threads) each update their half of AdamW's states: the parameters and the
+    gathered moments are those of one AdamW on the sum of both ranks' gradients, bit for bit,
+    and each rank holds half of the moments."""
+    spec = get_model("tiny")
+    lr, wd, steps = 1e-2, 0.1, 3
+
+    def dp_rank(rank, group):
+        model = StageModel(spec, 0, 2)  # the same initial values on every rank
+        overlap = OverlappedAllReduce(list(model.parameters()), group, reduce_scatter=zero_stage == 2)
+        named = {id(p): (layer, name, p) for layer, name, p in model.named_layer_params()}
+        zero = ShardedAdamW([[named[id(p)] for p in b] for b in overlap.buckets], group=group,
+                            zero_stage=zero_stage, full_space=False, lr=lr, weight_decay=wd)
+        for step in range(steps):
+            overlap.arm()
+            model(_tokens(spec, rank, step)).square().mean().backward()
+            overlap.finish()
+            zero.shard_grads = overlap.shards if zero_stage == 2 else None
+            zero.take_grads()
+            zero.step()
+            zero.zero_grad()
+        return ([p.detach().clone() for p in model.parameters()], zero.gathered_states(has_state=True),
+                [id(p) for p in model.parameters()], zero.state_bytes(), len(overlap.buckets))
+
+    with threaded_world():
+        results = run_tp(2, dp_rank)
+    ref = StageModel(spec, 0, 2)
+    opt = make_optimizer(decay_groups(ref, wd), lr)
+    for step in range(steps):
+        for rank in range(2):  # gradients accumulate: the sum of both ranks'
+            ref(_tokens(spec, rank, step)).square().mean().backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    full_state_bytes = sum(8 * p.numel() for p in ref.parameters())
+    for params, states, ids, state_bytes, num_buckets in results:
+        assert all(torch.equal(a, b) for a, b in zip(params, ref.parameters()))
+        for i, p in zip(ids, ref.parameters()):
+            assert torch.equal(states[i]["exp_avg"], opt.state[p]["exp_avg"])
+            assert torch.equal(states[i]["exp_avg_sq"], opt.state[p]["exp_avg_sq"])
+        assert abs(state_bytes - full_state_bytes / 2) <= 8 * num_buckets  # half, up to a bucket's padding
+    assert sum(r[3] for r in results) == full_state_bytes
 
 
 def _matches_single_process(plan, corpus, tmp_path) -> None:
