@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import secrets
 
-from sailor_core.catalog.hf_config import check_hf_config, read_hf_config, refuse_unsupported, spec_from_hf_config
+from sailor_core.catalog.hf_config import (check_hf_config, read_hf_config, refuse_unsupported, resolve_model,
+                                          spec_from_hf_config)
 from sailor_core.catalog.hf_weights import check_weights
 from sailor_core.catalog.instances import Offer
 from sailor_core.catalog.models import get_model
@@ -47,8 +48,8 @@ def check_inputs(spec: JobSpec) -> None:
 
 def _check_init_from(spec: JobSpec) -> None:
     url = spec.init_from.rstrip("/")
-    model = get_model(spec.model)
     try:
+        model = get_model(resolve_model(spec.model))
         cfg = read_hf_config(url)
         refuse_unsupported(cfg)
         spec_from_hf_config(cfg)  # an unknown family is refused here
@@ -81,7 +82,10 @@ def _missing_bucket(url: str) -> str | None:
     except FileNotFoundError:
         return f"{url}: no bucket {bucket!r}"
     except StorageError as exc:
-        return f"{url}: bucket {bucket!r} cannot be listed ({_one_line(exc).split(': ', 1)[-1]})"
+        reason = _one_line(exc)
+        if "404" in reason or "NoSuchBucket" in reason:
+            return f"{url}: no bucket {bucket!r}"
+        return f"{url}: bucket {bucket!r} cannot be listed ({reason.split(': ', 1)[-1]})"
 
 
 def _check_writable(field: str, url: str) -> None:
