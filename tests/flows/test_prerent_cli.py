@@ -76,3 +76,18 @@ def test_a_bad_input_is_refused_before_anything_starts(prefect_api, folders, sai
     assert needle.format(**folders) in lines[0], lines[0]
     assert [s.job_id for s in js.JobStore().list()] == jobs_before
     assert _num_flow_runs(prefect_api) == runs_before
+
+
+@pytest.mark.slow  # the embedded cloud's session opens first (~100 s on a loaded 2-core machine)
+def test_a_flow_run_started_elsewhere_fails_at_its_start_with_nothing_rented(prefect_api):
+    """A deployment run or one from the UI skips the CLI: the flow checks the same at its start,
+    on the offers of its session, and ends the job failed with the one line."""
+    from flows.train_job import train_job
+    from sailor_core.errors import InputError
+
+    with pytest.raises(InputError, match="min_throughput_samples_per_s 1e\\+09 samples/s is above what any plan"):
+        train_job(model="tiny", budget_usd=1.0, steps=10, min_throughput_samples_per_s=1e9, cloud="embedded",
+                  job_id="bad-floor-in-flow")
+    state = js.JobStore().load("bad-floor-in-flow")
+    assert state.status == js.FAILED and "above what any plan" in state.status_reason
+    assert state.attempt == 0 and not state.instances
