@@ -102,22 +102,24 @@ def check_reach(spec: JobSpec, offers: list[Offer], *, max_gpus_per_zone: int, p
     """The floor and the budget against what any plan on ``offers`` could do at best.
     ``prices_are_live``: the offers' prices are the ones the job will pay (a catalog's list
     prices for a real cloud are not: its budget is then left to the controller)."""
-    # lazy: the planner and the plan types load numpy (~1 s), only for the floor and the budget
-    from sailor_core.job.nodes import availability_from_offers
-    from sailor_core.planner import ideal_bounds
-    from sailor_core.planner.request import PlanQuery
-
-    usable = availability_from_offers(offers, max_gpus_per_type_zone=max_gpus_per_zone, gpus=spec.gpus,
-                                      zones=spec.zones)
-    if not usable:
+    usable_offers = [o for o in offers if (not spec.gpus or o.gpu in spec.gpus)
+                     and (not spec.zones or o.zone in spec.zones)]
+    if not usable_offers:
         return  # nothing offered: the planner and the controller say so, and wait
-    cheapest = min((o for o in offers if (o.gpu, o.zone) in usable), key=lambda o: _node_usd_per_hr(o, spec.spot))
+    cheapest = min(usable_offers, key=lambda o: _node_usd_per_hr(o, spec.spot))
     # The controller starts a plan only when the budget pays its start-up (``CHANGE_COST_S``).
     start_usd = _node_usd_per_hr(cheapest, spec.spot) * CHANGE_COST_S / 3600.0
     if prices_are_live and spec.budget_usd <= start_usd:
         raise JobSpecError("budget_usd", _budget_words(spec, start_usd, cheapest))
     if spec.min_throughput_samples_per_s is None and not prices_are_live:
         return
+    # lazy: the planner and the plan types load numpy, and the bound the layer profiles (~1 s on a
+    # quiet machine), only when the floor or the budget is not settled by the prices alone
+    from sailor_core.job.nodes import availability_from_offers
+    from sailor_core.planner import ideal_bounds
+    from sailor_core.planner.request import PlanQuery
+
+    usable = availability_from_offers(usable_offers, max_gpus_per_type_zone=max_gpus_per_zone)
     per_gpu = {(o.gpu, o.zone): o.usd_per_gpu_hr(spot=spec.spot) for o in offers}
     request = PlanQuery(model=spec.model, global_batch_size=spec.global_batch_size, spot=spec.spot).on(usable)
     bounds = ideal_bounds(request, max_gpus=spec.max_gpus, usd_per_gpu_hr=per_gpu)
