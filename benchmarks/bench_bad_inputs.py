@@ -3,8 +3,9 @@ console script, a new process each time) on the embedded default, in a fresh Sai
 no environment variables of Sailor's or the clouds'.  Each must exit 2 with one `error:` line,
 leave no job state and start no Prefect server (so no flow run), within 2 s.
 
-Printed per input: the wall time of the whole command (median of ``--runs``), its exit code and
-its line; first the command's own floor: `sailor train --budget-usd -1` (an argument error, no
+Printed per input: the wall time of the whole command and its CPU time (user + system, its
+process and children: what an idle machine takes; medians of ``--runs``), its exit code and its
+line; first the command's own floor: `sailor train --budget-usd -1` (an argument error, no
 check run), what any refusal costs at least on this machine.
 
     .venv/bin/python benchmarks/bench_bad_inputs.py [--runs 3] [--json]
@@ -15,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -65,13 +67,20 @@ def _env(home: Path) -> dict:
     return {**env, "SAILOR_HOME": str(home / "sailor"), "PREFECT_HOME": str(home / "prefect")}
 
 
-def run_case(args: list[str], home: Path) -> tuple[float, int, str]:
+def _children_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def run_case(args: list[str], home: Path) -> tuple[float, float, int, str]:
+    """(wall s, CPU s, exit code, the line) of one command; on a shared machine the CPU seconds
+    are what an idle one would take."""
     argv = [SAILOR, "train", "--budget-usd", "1", *[a.format(home=home) for a in args]]
-    t0 = time.perf_counter()
+    cpu0, t0 = _children_cpu_s(), time.perf_counter()
     done = subprocess.run(argv, env=_env(home), capture_output=True, text=True, timeout=300)
-    wall_s = time.perf_counter() - t0
+    wall_s, cpu_s = time.perf_counter() - t0, _children_cpu_s() - cpu0
     lines = [ln for ln in done.stderr.strip().splitlines() if ln.strip()]
-    return wall_s, done.returncode, lines[-1] if len(lines) == 1 else f"{len(lines)} lines: {done.stderr[-300:]}"
+    return wall_s, cpu_s, done.returncode, lines[-1] if len(lines) == 1 else f"{len(lines)} lines: {done.stderr[-300:]}"
 
 
 def main() -> None:
@@ -87,7 +96,8 @@ def main() -> None:
             runs = [run_case(case, home) for _ in range(args.runs)]
             wall = statistics.median(r[0] for r in runs)
             rows.append({"input": name, "wall_s": round(wall, 2), "max_wall_s": round(max(r[0] for r in runs), 2),
-                         "exit": runs[0][1], "line": runs[0][2].replace(str(home), "$TMP")})
+                         "cpu_s": round(statistics.median(r[1] for r in runs), 2),
+                         "exit": runs[0][2], "line": runs[0][3].replace(str(home), "$TMP")})
         left = {"job states": sorted(p.name for p in (home / "sailor" / "jobs").glob("*")),
                 "prefect home": (home / "prefect").exists()}
     load = os.getloadavg()[0]
@@ -96,7 +106,8 @@ def main() -> None:
         return
     print(f"load average (1 min) at the end: {load:.1f} on {os.cpu_count()} CPUs")
     for r in rows:
-        print(f"{r['wall_s']:6.2f} s (max {r['max_wall_s']:.2f})  exit {r['exit']}  {r['input']}\n        {r['line']}")
+        print(f"{r['wall_s']:6.2f} s wall (max {r['max_wall_s']:.2f}), {r['cpu_s']:.2f} s CPU  exit {r['exit']}  "
+              f"{r['input']}\n        {r['line']}")
     print(f"left behind: job states {left['job states'] or 'none'}; Prefect home made: {left['prefect home']}")
 
 
