@@ -5,10 +5,13 @@ train-job flow's start, where a deployment run or one from the UI is checked the
 In the CLI the GPUs offered are the catalog's (a superset of any cloud's offers, at the embedded
 cloud's own prices); real clouds' live spot prices may be lower, so their budget is checked by
 the flow on the offers it gets.  Object storage is reached as the flow will reach it: on the
-embedded cloud, its S3.
+embedded cloud, its S3 (of the embedded cloud running; with none running its buckets are not
+there yet), and no GCS (the embedded cloud has no GCS endpoint).
 """
 
 from __future__ import annotations
+
+import os
 
 from infra import config
 from sailor_core.catalog.instances import catalog_offers
@@ -16,11 +19,13 @@ from sailor_core.job.prerent import check_inputs, check_reach
 from sailor_core.job.spec import JobSpec, JobSpecError
 from tasks.embedded_bucket import use_embedded_s3
 
+# obstore's GCSStore reaches an emulator at this base URL (tests/gcs_fake.py); the embedded cloud has none
+GCS_ENDPOINT_ENV = "GOOGLE_BASE_URL"
+
 
 def check_before_renting(spec: JobSpec, *, cloud: str, max_gpus_per_zone: int) -> None:
     """JobSpecError (one line naming the field) for an input the job's workers would refuse, a
-    floor no plan reaches or a budget that buys no checkpoint; nothing is started but, when the
-    job's data, weights or checkpoints are in the embedded cloud's object storage, that cloud."""
+    floor no plan reaches or a budget that buys no checkpoint; nothing is started."""
     embedded = not (cloud == "real" or (cloud == "auto" and config.real_clouds()))
     if embedded:
         _reach_embedded_storage(spec)
@@ -34,6 +39,12 @@ def _reach_embedded_storage(spec: JobSpec) -> None:
     """Reach the embedded cloud's S3 as the flow will.  With no embedded cloud running, the one
     the flow starts has no bucket but the jobs bucket it makes: data or weights in S3 cannot be
     there, which is said at once rather than after starting that cloud (seconds)."""
+    gcs = [(f, u) for f, u in (("dataset", spec.dataset), ("init_from", spec.init_from),
+                               ("checkpoint_url", spec.checkpoint_url)) if u.startswith("gs://")]
+    if gcs and not os.environ.get(GCS_ENDPOINT_ENV):
+        field, url = gcs[0]
+        raise JobSpecError(field, f"{url}: the embedded cloud has no GCS endpoint (use s3:// or a path there, "
+                                  "or gs:// on GCP)")
     reads = [u for u in (spec.dataset, spec.init_from) if u.startswith("s3://")]
     if not reads and not spec.checkpoint_url.startswith("s3://"):
         return

@@ -47,6 +47,8 @@ BAD_INPUTS = {
     "corrupt safetensors": (["--model", "{llama}", "--init-from", "{corrupt}"],
                             "--init-from {corrupt}/model.safetensors: tensor"),
     "missing data bucket": (["--data", "s3://no-such-bucket/corpus/tokens.bin"], "no bucket 'no-such-bucket'"),
+    "gs:// on the embedded default": (["--checkpoint-url", "gs://ckpt-bucket/job"],
+                                      "--checkpoint-url gs://ckpt-bucket/job: the embedded cloud has no GCS endpoint"),
     "unwritable checkpoint URL": (["--checkpoint-url", "{unwritable}"], "--checkpoint-url {unwritable}: not writable"),
     "unreachable throughput floor": (["--min-throughput", "1e9"],
                                      "--min-throughput 1e+09 samples/s is above what any plan on the GPUs offered "
