@@ -11,6 +11,7 @@ there yet), and no GCS (the embedded cloud has no GCS endpoint).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 from infra import config
@@ -27,18 +28,18 @@ def check_before_renting(spec: JobSpec, *, cloud: str, max_gpus_per_zone: int) -
     """JobSpecError (one line naming the field) for an input the job's workers would refuse, a
     floor no plan reaches or a budget that buys no checkpoint; nothing is started."""
     embedded = not (cloud == "real" or (cloud == "auto" and config.real_clouds()))
-    if embedded:
-        _reach_embedded_storage(spec)
-    check_inputs(spec)
+    check_inputs(_reach_embedded_storage(spec) if embedded else spec)
     offers = catalog_offers(gpus=spec.gpus or None, zones=spec.zones or None, clouds=spec.clouds or None)
     check_reach(spec, offers, max_gpus_per_zone=max_gpus_per_zone, prices_are_live=embedded)
 
 
 
-def _reach_embedded_storage(spec: JobSpec) -> None:
-    """Reach the embedded cloud's S3 as the flow will.  With no embedded cloud running, the one
-    the flow starts has no bucket but the jobs bucket it makes: data or weights in S3 cannot be
-    there, which is said at once rather than after starting that cloud (seconds)."""
+def _reach_embedded_storage(spec: JobSpec) -> JobSpec:
+    """Reach the embedded cloud's S3 as the flow will; ``spec`` as it can be checked now.  With
+    no embedded cloud running, the one the flow starts has no bucket but those the flow makes
+    (the jobs bucket, an ``s3://`` checkpoint URL's): data or weights in S3 cannot be there, which
+    is said at once rather than after starting that cloud (seconds), and the checkpoint URL is
+    left to the flow."""
     gcs = [(f, u) for f, u in (("dataset", spec.dataset), ("init_from", spec.init_from),
                                ("checkpoint_url", spec.checkpoint_url)) if u.startswith("gs://")]
     if gcs and not os.environ.get(GCS_ENDPOINT_ENV):
@@ -47,12 +48,14 @@ def _reach_embedded_storage(spec: JobSpec) -> None:
                                   "or gs:// on GCP)")
     reads = [u for u in (spec.dataset, spec.init_from) if u.startswith("s3://")]
     if not reads and not spec.checkpoint_url.startswith("s3://"):
-        return
+        return spec
     running = config.running_embedded_endpoints()
     if running is not None:
         use_embedded_s3(running["aws_endpoint"])
-    elif reads:
+        return spec
+    if reads:
         field = "dataset" if reads[0] == spec.dataset else "init_from"
         bucket = reads[0][len("s3://"):].split("/", 1)[0]
         raise JobSpecError(field, f"{reads[0]}: no bucket {bucket!r} in the embedded cloud's S3 (none is "
                                   "running: `sailor cloud up` starts one that keeps its buckets while it runs)")
+    return dataclasses.replace(spec, checkpoint_url="")

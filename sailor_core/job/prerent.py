@@ -89,13 +89,18 @@ def _missing_bucket(url: str) -> str | None:
 
 
 def _check_writable(field: str, url: str) -> None:
+    """A probe object written and deleted; an ``s3://`` bucket not there yet passes, since the
+    flow creates it (``infra/buckets.py``, public access blocked) when it opens its session."""
     probe = f"{_PROBE}{secrets.token_hex(4)}"
     try:
         storage = open_storage(url)
         storage.put(probe, b"")
         storage.delete(probe)
     except (StorageError, OSError, InputError) as exc:
-        raise JobSpecError(field, f"{url}: not writable ({_one_line(exc).split(': ', 1)[-1]})") from None
+        reason = _one_line(exc).split(": ", 1)[-1]
+        if url.startswith("s3://") and reason.endswith("no such bucket"):
+            return
+        raise JobSpecError(field, f"{url}: not writable ({reason})") from None
 
 
 def check_reach(spec: JobSpec, offers: list[Offer], *, max_gpus_per_zone: int, prices_are_live: bool = True) -> None:

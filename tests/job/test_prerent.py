@@ -123,6 +123,10 @@ def test_data_in_object_storage_must_be_there(moto_s3):
         "s3://corpora/web/other.bin: no such object"
     assert _refused(JobSpec(budget_usd=1, dataset="s3://no-corpora/web/tokens.bin"), "dataset") == \
         "s3://no-corpora/web/tokens.bin: no bucket 'no-corpora'"
+    # A checkpoint prefix is probed and left empty; a bucket not there yet is the flow's to create.
+    check_inputs(JobSpec(budget_usd=1, checkpoint_url="s3://corpora/runs/job-a"))
+    assert "Contents" not in s3.list_objects_v2(Bucket="corpora", Prefix="runs/")
+    check_inputs(JobSpec(budget_usd=1, checkpoint_url="s3://checkpoints-to-be/job-a"))
 
 
 OFFERS = catalog_offers()
