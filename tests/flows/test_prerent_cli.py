@@ -47,7 +47,7 @@ BAD_INPUTS = {
     "corrupt safetensors": (["--model", "{llama}", "--init-from", "{corrupt}"],
                             "--init-from {corrupt}/model.safetensors: tensor"),
     "missing data bucket": (["--data", "s3://no-such-bucket/corpus/tokens.bin"], "no bucket 'no-such-bucket'"),
-    "gs:// on the embedded default": (["--checkpoint-url", "gs://ckpt-bucket/job"],
+    "gcs on the embedded default": (["--checkpoint-url", "gs://ckpt-bucket/job"],
                                       "--checkpoint-url gs://ckpt-bucket/job: the embedded cloud has no GCS endpoint"),
     "unwritable checkpoint URL": (["--checkpoint-url", "{unwritable}"], "--checkpoint-url {unwritable}: not writable"),
     "unreachable throughput floor": (["--min-throughput", "1e9"],
@@ -72,7 +72,8 @@ def test_a_bad_input_is_refused_before_anything_starts(prefect_api, folders, sai
     args = [a.format(**folders) for a in args]
     jobs_before = [s.job_id for s in js.JobStore().list()]
     runs_before = _num_flow_runs(prefect_api)
-    r = sailor_cli("train", "--budget-usd", "1", *args, "--job-id", f"bad-{case.replace(' ', '-')}")
+    job_id = "bad-" + "".join(c if c.isalnum() else "-" for c in case)
+    r = sailor_cli("train", "--budget-usd", "1", *args, "--job-id", job_id)
     lines = r.stderr.strip().splitlines()
     assert r.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: "), r.stderr
     assert needle.format(**folders) in lines[0], lines[0]
