@@ -19,7 +19,6 @@ blocks in table order, split on import and concatenated on export.
 from __future__ import annotations
 
 import json
-import struct
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,7 +27,7 @@ from safetensors.torch import save_file
 
 from sailor_core.catalog.hf_config import (CONFIG, check_hf_config, generation_token_ids, hf_config,
                                           read_hf_config)
-from sailor_core.catalog.hf_weights import (WEIGHTS, WEIGHTS_INDEX, by_hf_name, find_tensor, hf_name, hf_names,
+from sailor_core.catalog.hf_weights import (WEIGHTS, by_hf_name, find_tensor, hf_name, hf_names,
                                            read_header, tensor_rows, weight_files)
 from sailor_core.catalog.models import ModelSpec, get_model
 from sailor_core.errors import InputError, SailorError
