@@ -8,7 +8,9 @@ import contextlib
 import dataclasses
 import gc
 import itertools
+import math
 import time
+from collections.abc import Mapping
 
 from sailor_core.catalog.gpus import get_gpu
 from sailor_core.catalog.instances import gpu_price_usd_per_hr
@@ -18,9 +20,10 @@ from sailor_core.plan.types import validate_plan
 from sailor_core.planner.explain import relaxed, why_infeasible
 from sailor_core.planner.mixing import mix_leftovers
 from sailor_core.planner.ranking import FASTEST
-from sailor_core.planner.request import PlanRequest
+from sailor_core.planner.request import GpuZone, PlanRequest
 from sailor_core.planner.result import ParetoPoint, PlannedCandidate, PlanResult, pareto_front
 from sailor_core.planner.search import Evaluated, Searcher, run_search
+from sailor_core.planner.search.bounds import ideal_iteration
 from sailor_core.profiles import default_profile_db
 from sailor_core.simulator.simulate import simulate
 
@@ -226,3 +229,32 @@ def _adopt(searcher: Searcher, sub: Searcher) -> None:
     seen.sort(key=lambda e: searcher.score_of(e.res))
     for ev in seen[: searcher.req.top_n + 20]:
         searcher.offer(searcher.evaluate(ev.mbs, ev.stages))
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class IdealBounds:
+    """What no plan of a request beats: every GPU busy the whole iteration with no bubble, link or
+    sync (``bounds.ideal_iteration``), each layer on its fastest GPU type, at the cheapest price."""
+
+    throughput_samples_per_s: float  # no plan is faster
+    usd_per_iteration: float  # no plan is cheaper per iteration
+    num_gpus: int  # the GPUs counted
+
+
+def ideal_bounds(request: PlanRequest, *, max_gpus: int | None = None, profiles=None,
+                 usd_per_gpu_hr: Mapping[GpuZone, float] | None = None) -> IdealBounds | None:
+    """The bounds of the search's pruning (``Searcher.ideal_score``) on the whole request, without
+    searching: on at most ``max_gpus`` of the GPUs available, at ``usd_per_gpu_hr`` per pool (else
+    the catalog's).  None when no GPU type offered holds a layer of the model."""
+    searcher = Searcher(request, profiles=profiles or default_profile_db(), network=default_network())
+    gpu_s = searcher.figures.ideal_gpu_s(searcher.gpu_types, searcher.micro_batch_sizes(),
+                                         request.global_batch_size)
+    pools = [k for k, n in request.availability.items() if n > 0]
+    num_gpus = sum(request.availability[k] for k in pools)
+    num_gpus = num_gpus if max_gpus is None else min(num_gpus, max_gpus)
+    if gpu_s == math.inf or num_gpus < 1:
+        return None
+    price = min((usd_per_gpu_hr or {}).get(k) or gpu_price_usd_per_hr(k[0], k[1], spot=request.spot) for k in pools)
+    iteration_s, usd = ideal_iteration(gpu_s, num_gpus, price)
+    return IdealBounds(throughput_samples_per_s=request.global_batch_size / iteration_s, usd_per_iteration=usd,
+                       num_gpus=num_gpus)
