@@ -15,6 +15,8 @@ from sailor_core.catalog.instances import gpu_price_usd_per_hr
 from sailor_core.errors import InfeasibleError
 from sailor_core.network.model import default_network
 from sailor_core.plan.types import validate_plan
+from sailor_core.plan.types import RECOMPUTE_NONE
+from sailor_core.planner import levers
 from sailor_core.planner.explain import relaxed, why_infeasible
 from sailor_core.planner.mixing import mix_leftovers
 from sailor_core.planner.ranking import FASTEST
@@ -68,6 +70,7 @@ def _plan_job(request: PlanRequest, *, profiles, network) -> PlanResult:
     if not any(e.feasible for e in searcher.top) and not searcher.stats.exhausted and (
             request.has_cost_caps or request.min_throughput_samples_per_s is not None):
         _search_other_objective(searcher)
+    _search_levers(searcher)
     searcher.polish_top(request.top_n + 5)
     if request.mixed_stages:
         for ev in list(searcher.top[: request.top_n]):
@@ -128,10 +131,31 @@ def _simulated(searcher: Searcher, *, profiles, network) -> list[PlannedCandidat
             searcher.stats.num_disagreements += 1
             if not (sim.fits and searcher.meets_limits(sim)):
                 continue
-        candidates.append(PlannedCandidate(plan=plan, sim=sim))
+        notes = levers.notes(plan, profiles=profiles, network=network, spot=request.spot) if any(
+            s.recompute != RECOMPUTE_NONE or s.zero_stage for s in plan.stages) else ()
+        candidates.append(PlannedCandidate(plan=plan, sim=sim, notes=notes))
     if not candidates:
         raise InfeasibleError(why_infeasible(searcher))
     return candidates
+
+
+def _search_levers(searcher: Searcher) -> None:
+    """The searches with memory levers (``levers``: on which rungs, and when), each a search of the
+    request on kinds of one setting; their plans, relaxed stage by stage, join the main search's."""
+    when_needed = searcher.req.memory_levers == levers.LEVERS_WHEN_NEEDED
+    for rung in levers.rungs_to_search(searcher):
+        req = dataclasses.replace(searcher.req, mixed_stages=False, collect_pareto=False)
+        sub = Searcher(req, profiles=searcher.profiles, network=searcher.network,
+                       kinds=levers.lever_kinds(searcher, rung))
+        sub.seed_from(searcher)
+        _search_each_type(sub)
+        _search(sub)
+        sub.done_searching()
+        found = [e for e in sub.top if e.feasible and e.key not in searcher.seen_plans]
+        for ev in found[: req.top_n + 5]:
+            searcher.offer(levers.relax(searcher, searcher.evaluate(ev.mbs, ev.stages)))
+        if when_needed and any(e.feasible for e in searcher.top):
+            return
 
 
 def _search_each_type(searcher: Searcher) -> None:

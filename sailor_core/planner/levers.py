@@ -1,0 +1,135 @@
+"""The memory levers in the planner: ZeRO and activation recomputation per stage, where they pay.
+
+The search itself (``search/``) runs on kinds of one lever setting: ``KindCache`` builds every
+kind of a search with one (recomputation, ZeRO stage), so its bounds, splits and ``fastsim``
+figures are those of that setting, and a bound stays admissible (a lever only adds time to what
+the bound reads, or, for ZeRO's sharded step, to what it does not read).  ``plan_job`` first
+searches without levers (the plans and search time of every request that fits are as before);
+then, under ``memory_levers``:
+
+* ``off``: nothing more;
+* ``when-needed`` (the default): only when no plan met the request, it searches again on the
+  ladder of settings, cheapest first (``kinds.LEVER_LADDER``: ZeRO-1, selective recomputation
+  with ZeRO-1, selective with ZeRO-2, full with ZeRO-2), and stops at the first rung that gives
+  a plan;
+* ``always``: every rung is searched and its plans compete with those without levers (search
+  time grows about fivefold).
+
+Each plan found on a rung is then relaxed stage by stage (``relax``): every stage takes the
+cheapest setting, from none up its rung, under which the plan still fits, unless a stronger one
+scores better (ZeRO-1's sharded optimizer step can be faster).  ``notes`` says, for the stages
+that keep a lever, what they would need without it.
+"""
+
+from __future__ import annotations
+
+from sailor_core.catalog.gpus import get_gpu
+from sailor_core.plan.types import RECOMPUTE_NONE, RECOMPUTE_SELECTIVE, Plan, Stage
+from sailor_core.planner.fastsim import FastStage
+from sailor_core.planner.kinds import LEVER_LADDER, KindCache, shared_kind_cache
+from sailor_core.planner.search import Evaluated, Searcher, better
+from sailor_core.simulator.levers import lever_label
+from sailor_core.simulator.simulate import simulate
+
+LEVERS_OFF, LEVERS_WHEN_NEEDED, LEVERS_ALWAYS = "off", "when-needed", "always"
+MEMORY_LEVER_MODES = (LEVERS_OFF, LEVERS_WHEN_NEEDED, LEVERS_ALWAYS)
+_NO_LEVERS = (RECOMPUTE_NONE, 0)
+
+
+def rungs_to_search(searcher: Searcher) -> tuple[tuple[str, int], ...]:
+    """The lever settings ``plan_job`` searches after the plain search (see the module doc)."""
+    mode = searcher.req.memory_levers
+    if mode == LEVERS_OFF or (mode == LEVERS_WHEN_NEEDED and any(e.feasible for e in searcher.top)):
+        return ()
+    return LEVER_LADDER
+
+
+def lever_kinds(searcher: Searcher, levers: tuple[str, int]) -> KindCache:
+    req = searcher.req
+    return shared_kind_cache(req.model, req.seq_len, req.regime, searcher.profiles, levers)
+
+
+def relax(searcher: Searcher, ev: Evaluated) -> Evaluated:
+    """``ev`` with each stage on the weakest lever setting that keeps the plan fitting, unless a
+    stronger one up to its own scores better (see the module doc)."""
+    stage_levers = [_levers_of(s) for s in ev.stages]
+    if all(lv == _NO_LEVERS for lv in stage_levers):
+        return ev
+    best = ev
+    for i, stage in enumerate(ev.stages):
+        top = stage_levers[i]
+        options = [_NO_LEVERS, *LEVER_LADDER[: LEVER_LADDER.index(top) + 1]] if top != _NO_LEVERS else []
+        chosen = None
+        for levers in options:
+            moved = _with_levers(searcher, stage, levers)
+            if moved is None:
+                continue
+            stages = list(best.stages)
+            stages[i] = moved
+            trial = searcher.evaluate(best.mbs, tuple(stages))
+            if trial.feasible and (chosen is None or better(trial, chosen)):
+                chosen = trial
+        if chosen is not None:
+            best = chosen
+    return best
+
+
+def _levers_of(stage: FastStage) -> tuple[str, int]:
+    kind = stage.groups[0][0]
+    return kind.recompute, kind.zero_stage
+
+
+def _with_levers(searcher: Searcher, stage: FastStage, levers: tuple[str, int]) -> FastStage | None:
+    """``stage`` with its kinds under ``levers`` (None when a kind has no profile)."""
+    kinds = searcher.kinds if levers == _NO_LEVERS else lever_kinds(searcher, levers)
+    groups = []
+    for kind, zone, n in stage.groups:
+        other = kinds.get(kind.gpu, kind.tp_degree, kind.micro_batch_size, searcher.req.regime)
+        if other is None:
+            return None
+        groups.append((other, zone, n))
+    return FastStage(stage.layer_start, stage.layer_end, tuple(groups))
+
+
+def notes(plan: Plan, *, profiles, network, spot: bool) -> tuple[str, ...]:
+    """One line per stage that keeps a lever: what it would need without each of its levers."""
+    out = []
+    for i, stage in enumerate(plan.stages):
+        dropped = []
+        if stage.recompute != RECOMPUTE_NONE:
+            what = "recomputes attention" if stage.recompute == RECOMPUTE_SELECTIVE else "recomputes every block"
+            dropped.append((what, _replace_stage(plan, i, recompute=RECOMPUTE_NONE)))
+        if stage.zero_stage:
+            what = (f"shards its optimizer states over {stage.dp_degree} replicas (ZeRO-1)" if stage.zero_stage == 1
+                    else f"shards its optimizer states and gradients over {stage.dp_degree} replicas (ZeRO-2)")
+            dropped.append((what, _replace_stage(plan, i, zero_stage=0)))
+        for what, without in dropped:
+            out.append(f"stage {i} {what}: without it, {_need(without, i, profiles, network, spot)}")
+    return tuple(out)
+
+
+def _replace_stage(plan: Plan, index: int, **changes) -> Plan:
+    stages = list(plan.stages)
+    old = stages[index]
+    stages[index] = Stage(layer_start=old.layer_start, layer_end=old.layer_end, replicas=old.replicas,
+                          recompute=changes.get("recompute", old.recompute),
+                          zero_stage=changes.get("zero_stage", old.zero_stage))
+    return Plan(model=plan.model, global_batch_size=plan.global_batch_size, micro_batch_size=plan.micro_batch_size,
+                stages=tuple(stages), seq_len=plan.seq_len, regime=plan.regime)
+
+
+def _need(plan: Plan, index: int, profiles, network, spot: bool) -> str:
+    """What stage ``index`` of ``plan`` needs on its fullest GPU, against that GPU's memory."""
+    sim = simulate(plan, profiles=profiles, network=network, spot=spot, validate=False)
+    stage = sim.stages[index]
+    worst = max(stage.replicas, key=lambda r: r.memory.peak_bytes - r.memory.capacity_bytes)
+    mem = worst.memory
+    if not mem.fits:
+        return f"{mem.peak_bytes / 2**30:.1f} GiB > {mem.capacity_bytes / 2**30:.1f} GiB on {worst.gpu}"
+    return (f"it fits ({mem.peak_bytes / 2**30:.1f} GiB of {get_gpu(worst.gpu).memory_bytes / 2**30:.1f} GiB on "
+            f"{worst.gpu}) but is slower or dearer: {sim.throughput_samples_per_s:.4g} samples/s, "
+            f"{sim.usd_per_iteration:.4g} USD/iteration")
+
+
+__all__ = ["LEVERS_ALWAYS", "LEVERS_OFF", "LEVERS_WHEN_NEEDED", "MEMORY_LEVER_MODES", "lever_kinds",
+           "lever_label", "notes", "relax", "rungs_to_search"]
