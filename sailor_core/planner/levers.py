@@ -23,8 +23,10 @@ that keep a lever, what they would need without it.
 
 from __future__ import annotations
 
+import dataclasses
+
 from sailor_core.catalog.gpus import get_gpu
-from sailor_core.plan.types import RECOMPUTE_NONE, RECOMPUTE_SELECTIVE, Plan, Stage
+from sailor_core.plan.types import RECOMPUTE_NONE, RECOMPUTE_SELECTIVE, Plan
 from sailor_core.planner.fastsim import FastStage
 from sailor_core.planner.kinds import LEVER_LADDER, KindCache, shared_kind_cache
 from sailor_core.planner.search import Evaluated, Searcher, better
@@ -110,12 +112,8 @@ def notes(plan: Plan, *, profiles, network, spot: bool) -> tuple[str, ...]:
 
 def _replace_stage(plan: Plan, index: int, **changes) -> Plan:
     stages = list(plan.stages)
-    old = stages[index]
-    stages[index] = Stage(layer_start=old.layer_start, layer_end=old.layer_end, replicas=old.replicas,
-                          recompute=changes.get("recompute", old.recompute),
-                          zero_stage=changes.get("zero_stage", old.zero_stage))
-    return Plan(model=plan.model, global_batch_size=plan.global_batch_size, micro_batch_size=plan.micro_batch_size,
-                stages=tuple(stages), seq_len=plan.seq_len, regime=plan.regime)
+    stages[index] = dataclasses.replace(stages[index], **changes)
+    return dataclasses.replace(plan, stages=tuple(stages))
 
 
 def _need(plan: Plan, index: int, profiles, network, spot: bool) -> str:

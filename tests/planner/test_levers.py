@@ -1,0 +1,43 @@
+"""The planner's memory levers (issue 34): searched only when nothing fits without them (the
+default), kept off where a plan fits without them, explained, and agreeing with ``simulate``."""
+
+import pytest
+
+from sailor_core.errors import InfeasibleError, InputError
+from sailor_core.planner import make_request, plan_job
+from sailor_core.simulator import simulate
+
+BIG = {("V100-16", "us-central1-a"): 32}  # llama-3-8b fits nowhere on these without a lever
+
+
+def _request(levers, availability=BIG, model="llama-3-8b"):
+    return make_request(model=model, availability=availability, global_batch_size=64, top_n=1,
+                        memory_levers=levers)
+
+
+def test_a_model_too_big_for_the_gpus_gets_a_plan_with_levers():
+    with pytest.raises(InfeasibleError, match="does not fit"):
+        plan_job(_request("off"))
+    result = plan_job(_request("when-needed"))
+    cand = result.candidates[0]
+    levered = [s for s in cand.plan.stages if s.recompute != "none" or s.zero_stage]
+    assert levered and cand.sim.fits and result.num_disagreements == 0
+    # each lever kept is explained: without it the stage does not fit, or the plan is worse
+    assert len(cand.notes) >= len(levered)
+    for note in cand.notes:
+        assert note.startswith("stage ") and ("GiB >" in note or "slower or dearer" in note)
+    # simulate reads the same levers from the plan (its file round trip: tests/simulator/test_levers.py)
+    assert simulate(cand.plan).iteration_time_s == pytest.approx(cand.sim.iteration_time_s, rel=1e-12)
+
+
+def test_a_plan_that_fits_without_levers_is_unchanged():
+    small = {("A100-40", "us-central1-a"): 8}
+    off = plan_job(_request("off", small, "opt-350m")).candidates[0]
+    default = plan_job(_request("when-needed", small, "opt-350m")).candidates[0]
+    assert default.plan == off.plan and not default.notes
+    assert all(s.recompute == "none" and s.zero_stage == 0 for s in default.plan.stages)
+
+
+def test_bad_lever_mode_is_one_clear_error():
+    with pytest.raises(InputError, match="memory levers"):
+        _request("sometimes")
