@@ -8,7 +8,7 @@ searches without levers (the plans and search time of every request that fits ar
 then, under ``memory_levers``:
 
 * ``off``: nothing more;
-* ``when-needed`` (the default): only when no plan met the request, it searches again on the
+* ``when-needed`` (the default): only when no plan fitted in memory, it searches again on the
   ladder of settings, cheapest first (``kinds.LEVER_LADDER``: ZeRO-1, selective recomputation
   with ZeRO-1, selective with ZeRO-2, full with ZeRO-2), and stops at the first rung that gives
   a plan;
@@ -41,8 +41,8 @@ _NO_LEVERS = (RECOMPUTE_NONE, 0)
 def rungs_to_search(searcher: Searcher) -> tuple[tuple[str, int], ...]:
     """The lever settings ``plan_job`` searches after the plain search (see the module doc)."""
     mode = searcher.req.memory_levers
-    if mode == LEVERS_OFF or (mode == LEVERS_WHEN_NEEDED and any(e.feasible for e in searcher.top)):
-        return ()
+    if mode == LEVERS_OFF or (mode == LEVERS_WHEN_NEEDED and searcher.stats.any_fits):
+        return ()  # a plan fits: a cap or a floor, not memory, is what rules plans out
     return LEVER_LADDER
 
 

@@ -12,7 +12,7 @@ functions the planner's fast path calls.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from sailor_core.catalog.gpus import get_gpu, normalize_gpu_name
 from sailor_core.catalog.models import get_model, tp_split_problem
@@ -332,18 +332,37 @@ def stage_memory_for(
     seq_len: int | None = None,
     regime: str | None = None,
     profiles: ProfileSource | None = None,
-    recompute: str = RECOMPUTE_NONE,
-    zero_stage: int = 0,
-    dp_degree: int = 1,
 ) -> MemoryBreakdown:
-    """Memory of one GPU holding ``layers`` (half-open; default all) with K micro-batches in flight,
-    under ``recompute`` and ZeRO ``zero_stage`` in a stage of ``dp_degree`` replicas."""
+    """Memory of one GPU holding ``layers`` (half-open; default all) with K micro-batches in flight."""
+    return stage_memory_under(NO_LEVERS, model, gpu, tp_degree, micro_batch_size, num_inflight, layers,
+                              seq_len=seq_len, regime=regime, profiles=profiles)
+
+
+NO_LEVERS = (RECOMPUTE_NONE, 0, 1)
+
+
+def stage_memory_under(
+    levers: tuple[str, int, int],
+    model: str,
+    gpu: str,
+    tp_degree: int,
+    micro_batch_size: int,
+    num_inflight: int,
+    layers: tuple[int, int] | None = None,
+    **lookup: Any,
+) -> MemoryBreakdown:
+    """``stage_memory_for`` (``lookup``: its ``seq_len``, ``regime`` and ``profiles``) under
+    ``levers``: (recomputation, ZeRO stage, the stage's DP degree that ZeRO shards over)."""
+    recompute, zero_stage, dp_degree = levers
     spec = get_model(model)
     gpu_spec = get_gpu(normalize_gpu_name(gpu))
     if micro_batch_size < 1:
         raise InputError(f"micro-batch size must be >= 1, got {micro_batch_size}")
     if num_inflight < 1:
         raise InputError(f"micro-batches in flight must be >= 1, got {num_inflight}")
+    if recompute not in RECOMPUTE_MODES or zero_stage not in ZERO_STAGES or dp_degree < 1:
+        raise InputError(f"recomputation must be one of {', '.join(RECOMPUTE_MODES)}, ZeRO one of "
+                         f"{', '.join(map(str, ZERO_STAGES))} and the DP degree >= 1")
     problem = tp_split_problem(spec, tp_degree)
     if problem or tp_degree > gpu_spec.max_gpus_per_node:
         raise PlanError(problem or f"TP degree {tp_degree} does not fit a {gpu_spec.name} node "
@@ -352,12 +371,10 @@ def stage_memory_for(
     start, end = layers if layers is not None else (0, n)
     if not 0 <= start < end <= n:
         raise PlanError(f"layers {start}:{end} are not a non-empty range within {spec.name}'s layers 0..{n - 1}")
-    profiles = profiles if profiles is not None else _default_profiles()
-    prof = profiles.get(spec.name, gpu_spec.name, tp_degree, micro_batch_size, seq_len or spec.seq_len,
+    profiles = lookup.get("profiles") or _default_profiles()
+    regime = lookup.get("regime")
+    prof = profiles.get(spec.name, gpu_spec.name, tp_degree, micro_batch_size, lookup.get("seq_len") or spec.seq_len,
                         regime=regime)
-    if recompute not in RECOMPUTE_MODES or zero_stage not in ZERO_STAGES or dp_degree < 1:
-        raise InputError(f"recomputation must be one of {', '.join(RECOMPUTE_MODES)}, ZeRO one of "
-                         f"{', '.join(map(str, ZERO_STAGES))} and the DP degree >= 1")
     reg = get_regime(regime or prof.regime)
     return stage_memory(recomputed_profile(prof, recompute), start, end, num_inflight, reg, gpu_spec.memory_bytes,
                         dp_degree, zero_stage=zero_stage)

@@ -12,7 +12,7 @@ from sailor_core.simulator import simulate
 from sailor_core.simulator.levers import (recompute_working_bytes, recomputed_profile, zero_bucket_bytes,
                                           zero_sync_factor)
 from sailor_core.simulator.memory import stage_memory
-from sailor_core.simulator.simulate import stage_memory_for
+from sailor_core.simulator.simulate import stage_memory_for, stage_memory_under
 from sailor_core.simulator.tables import layer_table
 
 MODEL, GPU = "opt-2.7b", "V100-16"
@@ -76,7 +76,7 @@ def test_zero_shards_optimizer_states_then_gradients_over_the_replicas():
 
 def test_stage_memory_for_with_no_levers_is_as_before():
     a = stage_memory_for(MODEL, GPU, 1, 1, 3, (0, 10))
-    b = stage_memory_for(MODEL, GPU, 1, 1, 3, (0, 10), recompute="none", zero_stage=1, dp_degree=1)
+    b = stage_memory_under(("none", 1, 1), MODEL, GPU, 1, 1, 3, (0, 10))
     assert a == b
 
 
