@@ -27,8 +27,10 @@ import dataclasses
 
 from sailor_core.catalog.gpus import get_gpu
 from sailor_core.plan.types import RECOMPUTE_NONE, RECOMPUTE_SELECTIVE, Plan
+from sailor_core.planner.explain import relaxed
 from sailor_core.planner.fastsim import FastStage
 from sailor_core.planner.kinds import LEVER_LADDER, KindCache, shared_kind_cache
+from sailor_core.planner.ranking import FASTEST
 from sailor_core.planner.search import Evaluated, Searcher, better
 from sailor_core.simulator.levers import lever_label
 from sailor_core.simulator.simulate import simulate
@@ -40,9 +42,17 @@ _NO_LEVERS = (RECOMPUTE_NONE, 0)
 
 def rungs_to_search(searcher: Searcher) -> tuple[tuple[str, int], ...]:
     """The lever settings ``plan_job`` searches after the plain search (see the module doc)."""
-    mode = searcher.req.memory_levers
-    if mode == LEVERS_OFF or (mode == LEVERS_WHEN_NEEDED and searcher.stats.any_fits):
-        return ()  # a plan fits: a cap or a floor, not memory, is what rules plans out
+    req = searcher.req
+    if req.memory_levers == LEVERS_OFF:
+        return ()
+    if req.memory_levers == LEVERS_WHEN_NEEDED:
+        if searcher.stats.any_fits:
+            return ()  # a plan fits: a cap or a floor, not memory, rules plans out
+        limited = req.has_cost_caps or req.min_throughput_samples_per_s is not None
+        # the limits may have pruned every shape before one was simulated: the search without
+        # them says whether anything fits (memoised: why_infeasible asks it too)
+        if limited and relaxed(searcher, FASTEST, keep_caps=False, keep_floor=False) is not None:
+            return ()
     return LEVER_LADDER
 
 

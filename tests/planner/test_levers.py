@@ -41,3 +41,14 @@ def test_a_plan_that_fits_without_levers_is_unchanged():
 def test_bad_lever_mode_is_one_clear_error():
     with pytest.raises(InputError, match="memory levers"):
         _request("sometimes")
+
+
+def test_always_lets_levers_compete_and_keeps_them_only_where_they_pay():
+    pool = {("V100-16", "us-central1-a"): 8, ("A100-40", "us-central1-a"): 4}  # mixed types
+    off = plan_job(_request("off", pool, "opt-2.7b")).candidates[0]
+    result = plan_job(_request("always", pool, "opt-2.7b"))
+    best = result.candidates[0]
+    assert result.num_disagreements == 0  # fastsim's lever figures are simulate's
+    assert best.sim.throughput_samples_per_s >= off.sim.throughput_samples_per_s
+    levered = [s for s in best.plan.stages if s.recompute != "none" or s.zero_stage]
+    assert len(best.notes) == sum((s.recompute != "none") + bool(s.zero_stage) for s in levered)
