@@ -136,7 +136,7 @@ def _levers(stage) -> str:
     from sailor_core.simulator.levers import lever_label
 
     label = lever_label(stage.recompute, stage.zero_stage)
-    return f" [{label}]" if label != "none" else ""
+    return f" ({label})" if label != "none" else ""
 
 
 def _replicas(stage) -> str:

@@ -70,14 +70,19 @@ def _plan_job(request: PlanRequest, *, profiles, network) -> PlanResult:
     if not any(e.feasible for e in searcher.top) and not searcher.stats.exhausted and (
             request.has_cost_caps or request.min_throughput_samples_per_s is not None):
         _search_other_objective(searcher)
-    _search_levers(searcher)
+    levers_searched = _search_levers(searcher)
     searcher.polish_top(request.top_n + 5)
     if request.mixed_stages:
         for ev in list(searcher.top[: request.top_n]):
             mixed = mix_leftovers(searcher, ev)
             if mixed is not ev:
                 searcher.offer(mixed)
-    candidates = _simulated(searcher, profiles=profiles, network=network)
+    try:
+        candidates = _simulated(searcher, profiles=profiles, network=network)
+    except InfeasibleError as exc:
+        if not levers_searched:
+            raise
+        raise InfeasibleError(f"{exc}; nor with ZeRO and activation recomputation per stage") from None
     candidates.sort(key=lambda c: request.ranking.score(throughput_samples_per_s=c.sim.throughput_samples_per_s,
                                                          usd_per_iteration=c.sim.usd_per_iteration))
     elapsed = time.perf_counter() - t0
@@ -139,11 +144,13 @@ def _simulated(searcher: Searcher, *, profiles, network) -> list[PlannedCandidat
     return candidates
 
 
-def _search_levers(searcher: Searcher) -> None:
+def _search_levers(searcher: Searcher) -> bool:
     """The searches with memory levers (``levers``: on which rungs, and when), each a search of the
-    request on kinds of one setting; their plans, relaxed stage by stage, join the main search's."""
+    request on kinds of one setting; their plans, relaxed stage by stage, join the main search's.
+    Whether any ran."""
     when_needed = searcher.req.memory_levers == levers.LEVERS_WHEN_NEEDED
-    for rung in levers.rungs_to_search(searcher):
+    rungs = levers.rungs_to_search(searcher)
+    for rung in rungs:
         req = dataclasses.replace(searcher.req, mixed_stages=False, collect_pareto=False)
         sub = Searcher(req, profiles=searcher.profiles, network=searcher.network,
                        kinds=levers.lever_kinds(searcher, rung))
@@ -155,7 +162,8 @@ def _search_levers(searcher: Searcher) -> None:
         for ev in found[: req.top_n + 5]:
             searcher.offer(levers.relax(searcher, searcher.evaluate(ev.mbs, ev.stages)))
         if when_needed and any(e.feasible for e in searcher.top):
-            return
+            break
+    return bool(rungs)
 
 
 def _search_each_type(searcher: Searcher) -> None:

@@ -133,8 +133,8 @@ def _need(plan: Plan, index: int, profiles, network, spot: bool) -> str:
     worst = max(stage.replicas, key=lambda r: r.memory.peak_bytes - r.memory.capacity_bytes)
     mem = worst.memory
     if not mem.fits:
-        return f"{mem.peak_bytes / 2**30:.1f} GiB > {mem.capacity_bytes / 2**30:.1f} GiB on {worst.gpu}"
-    return (f"it fits ({mem.peak_bytes / 2**30:.1f} GiB of {get_gpu(worst.gpu).memory_bytes / 2**30:.1f} GiB on "
+        return f"{mem.peak_bytes / 1e9:.1f} GB > {mem.capacity_bytes / 1e9:.1f} GB on {worst.gpu}"
+    return (f"it fits ({mem.peak_bytes / 1e9:.1f} GB of {get_gpu(worst.gpu).memory_bytes / 1e9:.1f} GB on "
             f"{worst.gpu}) but is slower or dearer: {sim.throughput_samples_per_s:.4g} samples/s, "
             f"{sim.usd_per_iteration:.4g} USD/iteration")
 

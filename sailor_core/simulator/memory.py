@@ -205,8 +205,8 @@ def stage_memory_parts(
     activations."""
     num_params = stage_params_held(table, layer_start, layer_end)
     holds_head = layer_end == len(table.output_bytes)
-    shards = zero_shards(zero_stage, dp_degree)
-    state = _state_bytes(num_params, regime, shards)
+    shards = zero_shards(zero_stage, dp_degree) if zero_stage else _UNSHARDED
+    state = _state_bytes(num_params, regime, shards) if zero_stage else num_params * regime.state_bytes_per_param
     kept_state, act, loss, work, comm = _activation_peak(table, layer_start, layer_end, num_inflight, regime,
                                                          head_logits if holds_head else 0, num_microbatches,
                                                          shards)
@@ -221,6 +221,9 @@ def stage_memory_parts(
     return num_params, kept_state, act, loss, work, overhead, comm, 0
 
 
+_UNSHARDED = (1, 1)  # no ZeRO: the identity the hot paths test for
+
+
 def _state_bytes(num_params: int, regime: TrainingRegime, shards: tuple[int, int]) -> int:
     """Weights, gradients and optimizer states of ``num_params``, the optimizer states and the
     gradients split over (``shards``) replicas (ZeRO-1, -2)."""
@@ -233,7 +236,7 @@ def _state_bytes(num_params: int, regime: TrainingRegime, shards: tuple[int, int
 
 def _activation_peak(
     table: LayerTable, layer_start: int, layer_end: int, num_inflight: int, regime: TrainingRegime,
-    head_logits: int, num_microbatches: int, shards: tuple[int, int] = (1, 1),
+    head_logits: int, num_microbatches: int, shards: tuple[int, int] = _UNSHARDED,
 ) -> tuple[int, int, int, int, int]:
     """(state, activation, loss working, backward working, p2p buffers) bytes while a stage holds
     activations.
@@ -249,7 +252,8 @@ def _activation_peak(
     activations alive.
     """
     num_params = stage_params_held(table, layer_start, layer_end)
-    state = _state_bytes(num_params, regime, shards)
+    sharding = shards is not _UNSHARDED
+    state = _state_bytes(num_params, regime, shards) if sharding else num_params * regime.state_bytes_per_param
     grad_bytes = regime.grad_bytes_per_param
     grad_shards = shards[1]
     # A stage that sends keeps each micro-batch's output until its gradient comes back (no layer
@@ -264,7 +268,7 @@ def _activation_peak(
     one = act_cum[layer_end] - act_cum[layer_start] + sent
     loss = regime.loss_working_bytes_per_logit * head_logits
     accumulating = num_microbatches == 0 or num_microbatches > num_inflight
-    kept = state - sharded(num_params, grad_shards) * grad_bytes
+    kept = state - (sharded(num_params, grad_shards) if sharding else num_params) * grad_bytes
     others = (num_inflight - 1) * one
     prof = table.profile
     rework = recompute_working_bytes(prof)  # full recomputation: one block's re-run forward
@@ -281,10 +285,8 @@ def _activation_peak(
             layers.append(0)
     for layer in layers:
         act = others + act_cum[layer + 1] - act_cum[layer_start] + sent
-        if accumulating:
-            grads = sharded(num_params, grad_shards) * grad_bytes
-        else:
-            grads = sharded(num_params - (params_cum[layer] - params_cum[layer_start]), grad_shards) * grad_bytes
+        grads = num_params if accumulating else num_params - (params_cum[layer] - params_cum[layer_start])
+        grads = (sharded(grads, grad_shards) if sharding else grads) * grad_bytes
         layer_loss = loss if layer == layer_end - 1 and holds_head else 0  # the loss runs backward with the head
         work = backward_working_bytes(prof.model, prof.tp_degree, prof.micro_batch_size, prof.seq_len, layer,
                                       regime.activation_bytes_per_element, grad_bytes, accumulating)
