@@ -1,10 +1,15 @@
 """The planner's memory levers (issue 34): searched only when nothing fits without them (the
 default), kept off where a plan fits without them, explained, and agreeing with ``simulate``."""
 
+import random
+
 import pytest
 
 from sailor_core.errors import InfeasibleError, InputError
 from sailor_core.planner import make_request, plan_job
+from sailor_core.planner.fastsim import FastStage
+from sailor_core.planner.kinds import LEVER_LADDER, shared_kind_cache
+from sailor_core.planner.search import Evaluated, Searcher
 from sailor_core.simulator import simulate
 
 BIG = {("V100-16", "us-central1-a"): 32}  # llama-3-8b fits nowhere on these without a lever
@@ -58,3 +63,31 @@ def test_too_big_even_with_levers_says_so():
     # 8 V100-16 hold 128 GB: llama-3-8b's 16 B per parameter do not fit without replicas to shard over
     with pytest.raises(InfeasibleError, match="nor with ZeRO and activation recomputation"):
         plan_job(_request("when-needed", {("V100-16", "us-central1-a"): 8}))
+
+
+def test_fastsim_matches_simulate_on_random_plans_with_levers(profiles, network):
+    # Random stages over mixed GPU types, TP degrees and zones, each stage on kinds of a random
+    # lever setting (as a lever search or relax builds them): fastsim's figures are simulate's.
+    rng = random.Random(34)
+    model = "gpt-neo-2.7b"
+    req = make_request(model=model, availability={("A100-40", "us-central1-a"): 8}, global_batch_size=256)
+    s = Searcher(req, profiles=profiles, network=network)
+    settings = [("none", 0), *LEVER_LADDER]
+    kinds = [("A100-40", 1), ("A100-40", 2), ("V100-16", 1), ("V100-16", 4)]
+    zones = ["us-central1-a", "us-central1-b", "us-west1-b"]
+    for _ in range(30):
+        mbs = rng.choice([1, 2])
+        ends = [*sorted(rng.sample(range(1, s.num_layers), rng.randint(0, 3))), s.num_layers]
+        stages, start = [], 0
+        for end in ends:
+            cache = shared_kind_cache(model, None, None, profiles, rng.choice(settings))
+            groups = [(cache.get(*rng.choice(kinds), mbs), rng.choice(zones), rng.randint(1, 4))
+                      for _ in range(rng.randint(1, 3))]
+            stages.append(FastStage(start, end, tuple(groups)))
+            start = end
+        res = s.fast.evaluate(mbs, stages)
+        plan = s.to_plan(Evaluated(score=0.0, mbs=mbs, stages=tuple(stages), res=res, feasible=True))
+        sim = simulate(plan, profiles=profiles, network=network)
+        assert res.iteration_time_s == pytest.approx(sim.iteration_time_s, rel=1e-9)
+        assert res.usd_per_iteration == pytest.approx(sim.usd_per_iteration, rel=1e-9)
+        assert res.peak_memory_bytes == sim.peak_memory_bytes and res.fits == sim.fits
