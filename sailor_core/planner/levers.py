@@ -10,8 +10,8 @@ then, under ``memory_levers``:
 * ``off``: nothing more;
 * ``when-needed`` (the default): only when no plan fitted in memory, it searches again on the
   ladder of settings, cheapest first (``kinds.LEVER_LADDER``: ZeRO-1, selective recomputation
-  with ZeRO-1, selective with ZeRO-2, full with ZeRO-2), and stops at the first rung that gives
-  a plan;
+  with ZeRO-1, selective with ZeRO-2, full with ZeRO-2), every rung (a stronger lever can allow
+  a shallower pipeline), its plans competing;
 * ``always``: every rung is searched and its plans compete with those without levers (search
   time grows about fivefold).
 
