@@ -11,6 +11,7 @@ from sailor_core.planner.fastsim import FastStage
 from sailor_core.planner.kinds import LEVER_LADDER, shared_kind_cache
 from sailor_core.planner.search import Evaluated, Searcher
 from sailor_core.simulator import simulate
+from sailor_core.specs.plan import PlanSpec
 
 BIG = {("V100-16", "us-central1-a"): 32}  # llama-3-8b fits nowhere on these without a lever
 
@@ -46,6 +47,8 @@ def test_a_plan_that_fits_without_levers_is_unchanged():
 def test_bad_lever_mode_is_one_clear_error():
     with pytest.raises(InputError, match="memory levers"):
         _request("sometimes")
+    with pytest.raises(InputError, match="--memory-levers"):
+        PlanSpec(model="opt-350m", gpus="A100-40@us-central1-a=1", memory_levers="sometimes")
 
 
 def test_always_lets_levers_compete_and_keeps_them_only_where_they_pay():
