@@ -230,7 +230,7 @@ class FastSim:
         return ctx
 
     @staticmethod
-    def _egress_terms(costs: _Costs, stage: FastStage, regime: TrainingRegime, num_mb: int) -> tuple[float, ...]:
+    def _egress_terms(costs: _Costs, stage: FastStage, regime: TrainingRegime) -> tuple[float, ...]:
         """``compose.stage_egress_terms`` of a stage (its byte counts looked up only when a
         ring hop or a boundary route leaves a zone)."""
         hop_bytes = 0.0
@@ -238,8 +238,7 @@ class FastSim:
             thinnest = costs.thinnest
             sync_bytes = st.dp_sync_bytes(thinnest.profile, stage.layer_start, stage.layer_end, regime)
             hop_bytes = compose.ring_hop_bytes(costs.dp_degree, sync_bytes, thinnest.tp_degree)
-            factor = zero_sync_factor(thinnest.zero_stage,
-                                      routing.replica_num_microbatches(num_mb, costs.dp_degree, 0))
+            factor = zero_sync_factor(thinnest.zero_stage, regime)
             if factor != 1.0:  # simulate's _dp_ring
                 hop_bytes *= factor
         nbytes = st.boundary_bytes(stage.groups[0][0].profile, stage.layer_end) if costs.crossing else 0
@@ -252,7 +251,7 @@ class FastSim:
         if costs is None:
             groups = stage.groups
             costs = self._costs.get((groups, nxt, num_mb)) or self._costs_of(groups, nxt, num_mb)
-        egress = self._egress_terms(costs, stage, regime, num_mb) if costs.hop_usd_per_byte or costs.crossing else ()
+        egress = self._egress_terms(costs, stage, regime) if costs.hop_usd_per_byte or costs.crossing else ()
         memo = self._stage_costs_memo
         if len(memo) >= _MAX_STAGE_ENTRIES:
             memo.clear()
@@ -294,7 +293,7 @@ class FastSim:
         stage_parts = self._stage_parts
         costs = ctx.costs
         zero = groups[0][0].zero_stage if costs.dp_degree > 1 else 0
-        opt_shards = zero_shards(zero, costs.dp_degree)[0]
+        opt_shards = zero_shards(zero, costs.dp_degree)
         for kind, _ in ctx.kinds_counts:
             pkey = (kind, a, b) if opt_shards == 1 else (kind, a, b, opt_shards)
             parts = stage_parts.get(pkey)
@@ -310,7 +309,7 @@ class FastSim:
         if costs.dp_degree > 1:
             sync_bytes = st.dp_sync_bytes(costs.thinnest.profile, a, b, regime)
             sync = self._sync_s(sync_bytes, ctx.ring)
-            factor = zero_sync_factor(zero, ctx.most_microbatches)
+            factor = zero_sync_factor(zero, regime)
             if factor != 1.0:  # simulate's _dp_ring
                 sync *= factor
             tp = costs.thinnest.tp_degree

@@ -16,8 +16,9 @@ then, under ``memory_levers``:
   time grows 1.5-9x: docs/benchmarks/planner.md).
 
 Each plan found on a rung is then relaxed stage by stage (``relax``): every stage takes the
-cheapest setting, from none up its rung, under which the plan still fits, unless a stronger one
-scores better (ZeRO-1's sharded optimizer step can be faster).  ``notes`` says, for the stages
+setting, of those no stronger than its rung (no more recomputation, no higher ZeRO stage), that
+scores best while the plan fits, the weakest of equals (ZeRO's sharded optimizer step can be
+faster).  ``notes`` says, for the stages
 that keep a lever, what they would need without it.
 """
 
@@ -26,7 +27,7 @@ from __future__ import annotations
 import dataclasses
 
 from sailor_core.catalog.gpus import get_gpu
-from sailor_core.plan.types import RECOMPUTE_NONE, RECOMPUTE_SELECTIVE, Plan
+from sailor_core.plan.types import RECOMPUTE_MODES, RECOMPUTE_NONE, RECOMPUTE_SELECTIVE, Plan
 from sailor_core.planner.explain import relaxed
 from sailor_core.planner.fastsim import FastStage
 from sailor_core.planner.kinds import LEVER_LADDER, KindCache, shared_kind_cache
@@ -70,7 +71,7 @@ def relax(searcher: Searcher, ev: Evaluated) -> Evaluated:
     best = ev
     for i, stage in enumerate(ev.stages):
         top = stage_levers[i]
-        options = [_NO_LEVERS, *LEVER_LADDER[: LEVER_LADDER.index(top) + 1]] if top != _NO_LEVERS else []
+        options = _weaker_or_equal(top) if top != _NO_LEVERS else []
         chosen = None
         for levers in options:
             moved = _with_levers(searcher, stage, levers)
@@ -84,6 +85,14 @@ def relax(searcher: Searcher, ev: Evaluated) -> Evaluated:
         if chosen is not None:
             best = chosen
     return best
+
+
+def _weaker_or_equal(levers: tuple[str, int]) -> list[tuple[str, int]]:
+    """Every setting with no more recomputation and no higher ZeRO stage than ``levers``,
+    weakest first."""
+    recompute, zero = levers
+    modes = RECOMPUTE_MODES[: RECOMPUTE_MODES.index(recompute) + 1]
+    return [(mode, z) for mode in modes for z in range(zero + 1)]
 
 
 def _levers_of(stage: FastStage) -> tuple[str, int]:

@@ -17,17 +17,20 @@ their activations, as in Megatron):
   (``recompute_working_bytes``).
 
 ZeRO depends on the stage's data-parallel degree D, so it is applied where D is known
-(``memory.stage_memory_parts``, ``simulate``, ``planner/fastsim.py``):
+(``memory.stage_memory_parts``, ``simulate``, ``planner/fastsim.py``), as the engine runs it
+(``runtime/zero.py``, docs/engine.md):
 
-* memory: ZeRO-1 keeps 1/D of the optimizer states per replica (``ceil(params / D)``, whatever
-  the replicas' GPU types), ZeRO-2 1/D of the gradients too, plus one bucket of the gradient
-  being reduce-scattered (``zero_bucket_bytes``) instead of the flat all-reduce copy;
-* time: the gradient all-reduce becomes a reduce-scatter, the optimizer step runs on 1/D of the
-  parameters, then an all-gather of the updated parameters: the same ring bytes as the
-  all-reduce, the all-gather after the step (not overlapped with the next forward: charged in
-  full).  ZeRO-2 reduce-scatters each micro-batch's gradients as it makes them (the shard is
-  all it keeps), so a replica of n micro-batches runs n reduce-scatters and one all-gather:
-  ``zero_sync_factor`` = (n + 1) / 2 all-reduces, counted after the drain as the all-reduce is.
+* memory: ZeRO-1 and -2 keep 1/D of the optimizer states per replica (``ceil(params / D)``,
+  whatever the replicas' GPU types).  ZeRO-1 keeps the all-reduce's flat buckets (a second
+  copy of the gradients); ZeRO-2 keeps only its range of them (1/D) and drops the full
+  gradients at the optimizer step, but still holds them through the backwards (the 1F1B
+  accumulates every micro-batch into them);
+* time: the optimizer step runs on 1/D of the parameters, then the updated parameters are
+  all-gathered (``(D - 1) / D`` of them per replica, half an all-reduce's ring traffic).  ZeRO-1
+  all-reduces the gradients as before, so its sync is 1 + w/(2g) all-reduces (``zero_sync_factor``,
+  w and g the bytes per weight and per gradient); ZeRO-2 reduce-scatters them instead (half an
+  all-reduce): 1/2 + w/(2g).  Both are charged after the pipeline drains, as the all-reduce is
+  (the all-gather is not overlapped with the next forward).
 """
 
 from __future__ import annotations
@@ -38,10 +41,7 @@ from sailor_core.catalog.layers import attention_core, layer_shapes
 from sailor_core.catalog.models import get_model
 from sailor_core.plan.types import RECOMPUTE_FULL, RECOMPUTE_NONE, RECOMPUTE_SELECTIVE
 from sailor_core.profiles.types import ModelProfile
-
-# A gradient bucket of ZeRO-2's reduce-scatter (DeepSpeed's reduce_bucket_size default, 5e8
-# elements, is for large clusters; the engine's DP buckets are 25 MB as DDP's).
-ZERO_BUCKET_BYTES = 25 * 2**20
+from sailor_core.regimes import TrainingRegime
 
 # (id(base), mode) -> derived, id(derived) -> (base, mode, derived): both held for the process (a
 # few hundred profiles at most), so an id is never reused and a kind's profile stays known.
@@ -118,10 +118,9 @@ def recompute_working_bytes(profile: ModelProfile) -> int:
     return found
 
 
-def zero_shards(zero_stage: int, dp_degree: int) -> tuple[int, int]:
-    """(shards of the optimizer states, shards of the gradients) per replica."""
-    d = max(1, dp_degree)
-    return (d if zero_stage >= 1 else 1), (d if zero_stage >= 2 else 1)
+def zero_shards(zero_stage: int, dp_degree: int) -> int:
+    """Shards of the optimizer states per replica (ZeRO-1 and -2)."""
+    return max(1, dp_degree) if zero_stage >= 1 else 1
 
 
 def sharded(count: int, shards: int) -> int:
@@ -129,17 +128,13 @@ def sharded(count: int, shards: int) -> int:
     return count if shards <= 1 else -(-count // shards)
 
 
-def zero_sync_factor(zero_stage: int, num_microbatches: int) -> float:
-    """The stage's gradient sync under ZeRO in all-reduces of the same bytes: ZeRO-2 reduce-scatters
-    each of its ``num_microbatches`` (the busiest replica's) and all-gathers once."""
-    if zero_stage < 2 or num_microbatches <= 1:
+def zero_sync_factor(zero_stage: int, regime: TrainingRegime) -> float:
+    """The stage's gradient sync and parameter all-gather under ZeRO, in all-reduces of its
+    gradient bytes (the module doc)."""
+    if zero_stage < 1:
         return 1.0
-    return (num_microbatches + 1) / 2
-
-
-def zero_bucket_bytes(grad_bytes: int) -> int:
-    """ZeRO-2's transient: one bucket of the gradient being reduce-scattered."""
-    return min(grad_bytes, ZERO_BUCKET_BYTES)
+    gather = regime.weight_bytes_per_param / (2 * regime.grad_bytes_per_param)
+    return (1.0 if zero_stage == 1 else 0.5) + gather
 
 
 def lever_label(recompute: str, zero_stage: int) -> str:

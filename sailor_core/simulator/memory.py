@@ -65,7 +65,7 @@ from sailor_core.catalog.models import get_model
 from sailor_core.profiles.types import ModelProfile
 from sailor_core.regimes import TrainingRegime
 from sailor_core.simulator.compose import BLOCKING_P2P_REGIMES
-from sailor_core.simulator.levers import recompute_working_bytes, sharded, zero_bucket_bytes, zero_shards
+from sailor_core.simulator.levers import recompute_working_bytes, sharded, zero_shards
 from sailor_core.simulator.tables import LayerTable, layer_table
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -200,16 +200,19 @@ def stage_memory_parts(
     (counted only when the stage holds the head); ``num_microbatches``: those of the replica (0:
     more than K).  The memory model's arithmetic, in one place: the breakdown (``stage_memory``)
     and the planner's bare peak (``stage_peak_bytes``) both use it.  ``zero_stage`` shards the
-    optimizer states (1) and the gradients (2) over the stage's ``dp_degree`` replicas
+    optimizer states over the stage's ``dp_degree`` replicas, and under ZeRO-2 the gradients are
+    gone at the step (the replica's range of their sum is its DP bucket: ``dp_bucket_bytes``)
     (``levers``); a recomputing profile (``levers.recomputed_profile``) brings its own
     activations."""
     num_params = stage_params_held(table, layer_start, layer_end)
     holds_head = layer_end == len(table.output_bytes)
-    shards = zero_shards(zero_stage, dp_degree) if zero_stage else _UNSHARDED
-    state = _state_bytes(num_params, regime, shards) if zero_stage else num_params * regime.state_bytes_per_param
+    opt_shards = zero_shards(zero_stage, dp_degree) if zero_stage else 1
+    state = _state_bytes(num_params, regime, opt_shards)
+    if zero_stage >= 2 and opt_shards > 1:
+        state -= num_params * regime.grad_bytes_per_param
     kept_state, act, loss, work, comm = _activation_peak(table, layer_start, layer_end, num_inflight, regime,
                                                          head_logits if holds_head else 0, num_microbatches,
-                                                         shards)
+                                                         opt_shards)
     overhead = regime.constant_overhead_bytes
     temps = 0
     if regime.optimizer_temp_tensors:
@@ -221,22 +224,18 @@ def stage_memory_parts(
     return num_params, kept_state, act, loss, work, overhead, comm, 0
 
 
-_UNSHARDED = (1, 1)  # no ZeRO: the identity the hot paths test for
-
-
-def _state_bytes(num_params: int, regime: TrainingRegime, shards: tuple[int, int]) -> int:
-    """Weights, gradients and optimizer states of ``num_params``, the optimizer states and the
-    gradients split over (``shards``) replicas (ZeRO-1, -2)."""
-    opt_shards, grad_shards = shards
-    if opt_shards == 1 and grad_shards == 1:
+def _state_bytes(num_params: int, regime: TrainingRegime, opt_shards: int) -> int:
+    """Weights, gradients and optimizer states of ``num_params``, the optimizer states split over
+    ``opt_shards`` replicas (ZeRO)."""
+    if opt_shards == 1:
         return num_params * regime.state_bytes_per_param
-    return (num_params * regime.weight_bytes_per_param + sharded(num_params, grad_shards) * regime.grad_bytes_per_param
+    return (num_params * (regime.weight_bytes_per_param + regime.grad_bytes_per_param)
             + sharded(num_params, opt_shards) * regime.optimizer_bytes_per_param)
 
 
 def _activation_peak(
     table: LayerTable, layer_start: int, layer_end: int, num_inflight: int, regime: TrainingRegime,
-    head_logits: int, num_microbatches: int, shards: tuple[int, int] = _UNSHARDED,
+    head_logits: int, num_microbatches: int, opt_shards: int = 1,
 ) -> tuple[int, int, int, int, int]:
     """(state, activation, loss working, backward working, p2p buffers) bytes while a stage holds
     activations.
@@ -252,10 +251,8 @@ def _activation_peak(
     activations alive.
     """
     num_params = stage_params_held(table, layer_start, layer_end)
-    sharding = shards is not _UNSHARDED
-    state = _state_bytes(num_params, regime, shards) if sharding else num_params * regime.state_bytes_per_param
+    state = _state_bytes(num_params, regime, opt_shards)  # the gradients in full, under ZeRO-2 too
     grad_bytes = regime.grad_bytes_per_param
-    grad_shards = shards[1]
     # A stage that sends keeps each micro-batch's output until its gradient comes back (no layer
     # of the stage saves it for its own backward); receive buffers: the next input's, posted a
     # step ahead, and the gradient of the stage's output (``runtime/trainer.py``, DeepSpeed's
@@ -268,7 +265,7 @@ def _activation_peak(
     one = act_cum[layer_end] - act_cum[layer_start] + sent
     loss = regime.loss_working_bytes_per_logit * head_logits
     accumulating = num_microbatches == 0 or num_microbatches > num_inflight
-    kept = state - (sharded(num_params, grad_shards) if sharding else num_params) * grad_bytes
+    kept = state - num_params * grad_bytes
     others = (num_inflight - 1) * one
     prof = table.profile
     rework = recompute_working_bytes(prof)  # full recomputation: one block's re-run forward
@@ -285,8 +282,10 @@ def _activation_peak(
             layers.append(0)
     for layer in layers:
         act = others + act_cum[layer + 1] - act_cum[layer_start] + sent
-        grads = num_params if accumulating else num_params - (params_cum[layer] - params_cum[layer_start])
-        grads = (sharded(grads, grad_shards) if sharding else grads) * grad_bytes
+        if accumulating:
+            grads = num_params * grad_bytes
+        else:
+            grads = (num_params - (params_cum[layer] - params_cum[layer_start])) * grad_bytes
         layer_loss = loss if layer == layer_end - 1 and holds_head else 0  # the loss runs backward with the head
         work = backward_working_bytes(prof.model, prof.tp_degree, prof.micro_batch_size, prof.seq_len, layer,
                                       regime.activation_bytes_per_element, grad_bytes, accumulating)
@@ -327,13 +326,13 @@ def dp_synced_params(table: LayerTable, layer_start: int, layer_end: int) -> int
 def dp_bucket_bytes(num_params: int, regime: TrainingRegime, dp_degree: int, zero_stage: int = 0) -> int:
     """The engine's data-parallel gradient buckets for ``num_params`` (``dp_synced_params``): a flat
     copy of those gradients kept for the whole run (``runtime/trainer.py``, as DDP keeps its
-    buckets), under ZeRO-2 one bucket being reduce-scattered (``levers.zero_bucket_bytes``);
+    buckets), under ZeRO-2 only the replica's range of each (1/D: ``runtime/zero.py``);
     none with one replica, and none counted for DeepSpeed (Sailor's profiles: its constant
     reserve holds its buffers)."""
     if dp_degree <= 1 or regime.name in BLOCKING_P2P_REGIMES:
         return 0
     if zero_stage >= 2:
-        return zero_bucket_bytes(num_params * regime.grad_bytes_per_param)
+        return sharded(num_params, dp_degree) * regime.grad_bytes_per_param
     return num_params * regime.grad_bytes_per_param
 
 

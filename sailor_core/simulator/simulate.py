@@ -164,7 +164,7 @@ def _simulate_stage(looked_up: _PlanProfiles, network: NetworkModel, plan: Plan,
     widest = max(s.dp_degree for s in plan.stages)
     replicas, steps, fwds = _stage_replicas(looked_up, stage, index, len(plan.stages), counts,
                                             widest / stage.dp_degree)
-    sync_s, sync_bytes, hop_bytes, hop_usd, ring = _dp_ring(looked_up, network, stage, max(counts))
+    sync_s, sync_bytes, hop_bytes, hop_usd, ring = _dp_ring(looked_up, network, stage)
     sync_s += tied_s
     p2p_s, p2p_bytes, crossings, link = 0.0, 0, [], None
     if index + 1 < len(plan.stages):
@@ -202,7 +202,7 @@ def _stage_replicas(looked_up: _PlanProfiles, stage: Stage, index: int, num_stag
     # once; results are frozen, so identical replicas share one.
     same: dict[tuple[str, int, int], tuple] = {}
     results: dict[tuple[Replica, int, int], ReplicaResult] = {}
-    opt_shards = zero_shards(stage.zero_stage, stage.dp_degree)[0]
+    opt_shards = zero_shards(stage.zero_stage, stage.dp_degree)
     for r, rep in enumerate(stage.replicas):
         inflight = inflight_microbatches(index, num_stages, counts[r], lookahead_scale)
         # A replica holding no more micro-batches than in flight runs no forward beside gradients.
@@ -232,19 +232,19 @@ def _stage_replicas(looked_up: _PlanProfiles, stage: Stage, index: int, num_stag
     return tuple(replicas), steps, fwds
 
 
-def _dp_ring(looked_up: _PlanProfiles, network: NetworkModel, stage: Stage, num_microbatches: int,
+def _dp_ring(looked_up: _PlanProfiles, network: NetworkModel, stage: Stage,
              ) -> tuple[float, float, float, list[float], tuple[float, float]]:
     """A stage's gradient all-reduce over its replicas: (seconds, bytes one GPU all-reduces,
     bytes per ring hop, USD per byte of each hop that leaves a zone, the ring as it meets the
     stage's last sends: ``stage.overlapped_dp_ring``); under ZeRO its reduce-scatters and
-    all-gather (``levers.zero_sync_factor`` of the busiest replica's ``num_microbatches``)."""
+    all-gather (``levers.zero_sync_factor``)."""
     thinnest = min(stage.replicas, key=lambda rep: rep.tp_degree)
     sync_bytes = st.dp_sync_bytes(looked_up.of(thinnest.gpu, thinnest.tp_degree), stage.layer_start,
                                   stage.layer_end, looked_up.regime)
     sync_s = st.stage_dp_sync_s(network, sync_bytes, [(rep.zone, rep.gpu, rep.tp_degree) for rep in stage.replicas])
     hop_usd = compose.ring_hop_usd_per_byte(network, [rep.zone for rep in stage.replicas])
     hop_bytes = compose.ring_hop_bytes(stage.dp_degree, sync_bytes, thinnest.tp_degree) if hop_usd else 0.0
-    factor = zero_sync_factor(stage.zero_stage, num_microbatches)
+    factor = zero_sync_factor(stage.zero_stage, looked_up.regime) if stage.dp_degree > 1 else 1.0
     if factor != 1.0:
         sync_s, hop_bytes = sync_s * factor, hop_bytes * factor
     tp = thinnest.tp_degree
