@@ -147,9 +147,9 @@ def _simulated(searcher: Searcher, *, profiles, network) -> list[PlannedCandidat
 def _search_levers(searcher: Searcher) -> bool:
     """The searches with memory levers (``levers``: on which rungs, and when), each a search of the
     request on kinds of one setting; their plans, relaxed stage by stage, join the main search's.
-    Every rung is searched (a stronger lever can allow a shallower pipeline: llama-3.2-3b on 16
-    V100-16, 1.313 samples/s with full recomputation on some stages against 1.130 on the first
-    rung that fits).  Whether any ran."""
+    Every rung is searched: a stronger lever can allow a shallower, faster pipeline (llama-3.2-3b
+    on 16 V100-16: 1.130 samples/s on the first rung that fits, 1.27-1.31 with the later ones,
+    docs/benchmarks/planner.md).  Whether any ran."""
     rungs = levers.rungs_to_search(searcher)
     for rung in rungs:
         req = dataclasses.replace(searcher.req, mixed_stages=False, collect_pareto=False)

@@ -13,7 +13,7 @@ then, under ``memory_levers``:
   with ZeRO-1, selective with ZeRO-2, full with ZeRO-2), every rung (a stronger lever can allow
   a shallower pipeline), its plans competing;
 * ``always``: every rung is searched and its plans compete with those without levers (search
-  time grows 1.5-9x: docs/benchmarks/planner.md).
+  time grows 1.2-11x: docs/benchmarks/planner.md).
 
 Each plan found on a rung is then relaxed stage by stage (``relax``): every stage takes the
 setting, of those no stronger than its rung (no more recomputation, no higher ZeRO stage), that
