@@ -17,6 +17,8 @@ from sailor_core.catalog.instances import gpu_price_usd_per_hr
 from sailor_core.errors import InfeasibleError
 from sailor_core.network.model import default_network
 from sailor_core.plan.types import validate_plan
+from sailor_core.plan.types import RECOMPUTE_NONE
+from sailor_core.planner import levers
 from sailor_core.planner.explain import relaxed, why_infeasible
 from sailor_core.planner.mixing import mix_leftovers
 from sailor_core.planner.ranking import FASTEST
@@ -71,13 +73,19 @@ def _plan_job(request: PlanRequest, *, profiles, network) -> PlanResult:
     if not any(e.feasible for e in searcher.top) and not searcher.stats.exhausted and (
             request.has_cost_caps or request.min_throughput_samples_per_s is not None):
         _search_other_objective(searcher)
+    levers_searched = _search_levers(searcher)
     searcher.polish_top(request.top_n + 5)
     if request.mixed_stages:
         for ev in list(searcher.top[: request.top_n]):
             mixed = mix_leftovers(searcher, ev)
             if mixed is not ev:
                 searcher.offer(mixed)
-    candidates = _simulated(searcher, profiles=profiles, network=network)
+    try:
+        candidates = _simulated(searcher, profiles=profiles, network=network)
+    except InfeasibleError as exc:
+        if not levers_searched:
+            raise
+        raise InfeasibleError(f"{exc}; nor with ZeRO and activation recomputation per stage") from None
     candidates.sort(key=lambda c: request.ranking.score(throughput_samples_per_s=c.sim.throughput_samples_per_s,
                                                          usd_per_iteration=c.sim.usd_per_iteration))
     elapsed = time.perf_counter() - t0
@@ -131,10 +139,33 @@ def _simulated(searcher: Searcher, *, profiles, network) -> list[PlannedCandidat
             searcher.stats.num_disagreements += 1
             if not (sim.fits and searcher.meets_limits(sim)):
                 continue
-        candidates.append(PlannedCandidate(plan=plan, sim=sim))
+        notes = levers.notes(plan, profiles=profiles, network=network, spot=request.spot) if any(
+            s.recompute != RECOMPUTE_NONE or s.zero_stage for s in plan.stages) else ()
+        candidates.append(PlannedCandidate(plan=plan, sim=sim, notes=notes))
     if not candidates:
         raise InfeasibleError(why_infeasible(searcher))
     return candidates
+
+
+def _search_levers(searcher: Searcher) -> bool:
+    """The searches with memory levers (``levers``: on which rungs, and when), each a search of the
+    request on kinds of one setting; their plans, relaxed stage by stage, join the main search's.
+    Every rung is searched: a stronger lever can allow a shallower, faster pipeline (llama-3.2-3b
+    on 16 V100-16: 1.130 samples/s on the first rung that fits, 1.27-1.31 with the later ones,
+    docs/benchmarks/planner.md).  Whether any ran."""
+    rungs = levers.rungs_to_search(searcher)
+    for rung in rungs:
+        req = dataclasses.replace(searcher.req, mixed_stages=False, collect_pareto=False)
+        sub = Searcher(req, profiles=searcher.profiles, network=searcher.network,
+                       kinds=levers.lever_kinds(searcher, rung))
+        sub.seed_from(searcher)
+        _search_each_type(sub)
+        _search(sub)
+        sub.done_searching()
+        found = [e for e in sub.top if e.feasible and e.key not in searcher.seen_plans]
+        for ev in found[: req.top_n + 5]:
+            searcher.offer(levers.relax(searcher, searcher.evaluate(ev.mbs, ev.stages)))
+    return bool(rungs)
 
 
 def _search_each_type(searcher: Searcher) -> None:
