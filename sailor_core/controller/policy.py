@@ -120,7 +120,7 @@ class _Ranking:
         """Within the budget left: the expected cost to finish, then the shutdown."""
         if math.isinf(self.state.budget_left_usd):
             return True
-        return o.option.usd_per_hr * (o.time_s + self.config.shutdown_s) / _S_PER_HR <= self.state.budget_left_usd
+        return o.option.cost_usd_per_hr * (o.time_s + self.config.shutdown_s) / _S_PER_HR <= self.state.budget_left_usd
 
     def in_time(self, o: Outlook) -> bool:
         """Finishes by the deadline at the configured quantile of its preemptions, not just on average."""
@@ -345,7 +345,7 @@ def _decide_failover(state, event, lost, broken, config, plan_fn, remaining) -> 
             opts = plan_fn({(gpu, z): size})
             if opts:
                 moved.append(opts[0])
-    moved.sort(key=lambda o: (next(iter(o.gpus))[1] == lost_zone, o.usd_per_hr))
+    moved.sort(key=lambda o: (next(iter(o.gpus))[1] == lost_zone, o.cost_usd_per_hr))
     why = _why_new(current, lost, event)
     if not moved:
         return Decision(action=Action.WAIT, reason=f"{why}: no zone has {size}x{gpu} free; waiting")
@@ -387,14 +387,14 @@ def _finishes(option: PlanOption, state: ControllerState, config: ControllerConf
     if math.isinf(state.budget_left_usd):
         return True
     need_s = config.change_cost_s + _time_to_finish_s(option, remaining) + config.shutdown_s
-    return option.usd_per_hr * need_s / _S_PER_HR <= state.budget_left_usd
+    return option.cost_usd_per_hr * need_s / _S_PER_HR <= state.budget_left_usd
 
 
 def _affordable_at_all(option: PlanOption, state: ControllerState, config: ControllerConfig) -> bool:
     """Can it run long enough to get past its start-up and still pay its shutdown?"""
     if math.isinf(state.budget_left_usd):
         return True
-    return option.usd_per_hr * (config.change_cost_s + config.shutdown_s) / _S_PER_HR < state.budget_left_usd
+    return option.cost_usd_per_hr * (config.change_cost_s + config.shutdown_s) / _S_PER_HR < state.budget_left_usd
 
 
 def _choose(options, state: ControllerState, config: ControllerConfig, remaining: float) -> PlanOption | None:
@@ -413,14 +413,14 @@ def _most_per_usd(outlooks: Sequence[Outlook]) -> Outlook | None:
     usable = [o for o in outlooks if o.effective_samples_per_s > 0]
     if not usable:
         return None
-    return max(usable, key=lambda o: o.effective_samples_per_s / o.option.usd_per_hr
-               if o.option.usd_per_hr > 0 else math.inf)
+    return max(usable, key=lambda o: o.effective_samples_per_s / o.option.cost_usd_per_hr
+               if o.option.cost_usd_per_hr > 0 else math.inf)
 
 
 def _stop_in_s(option: PlanOption, state: ControllerState, config: ControllerConfig) -> float:
-    if math.isinf(state.budget_left_usd) or option.usd_per_hr <= 0:
+    if math.isinf(state.budget_left_usd) or option.cost_usd_per_hr <= 0:
         return math.inf
-    return state.budget_left_usd * _S_PER_HR / option.usd_per_hr - config.shutdown_s
+    return state.budget_left_usd * _S_PER_HR / option.cost_usd_per_hr - config.shutdown_s
 
 
 def grew(avail: Mapping[GpuZone, int], planned_on: Mapping[GpuZone, int] | None, min_growth: float) -> bool:
