@@ -39,6 +39,7 @@ from sailor_core.job.protocol import (
     write_assignment,
 )
 from sailor_core.job.worker_args import worker_argv
+from sailor_core.network.model import default_network
 from sailor_core.plan.layout import world_size
 from sailor_core.plan.types import plan_from_dict
 from tasks.agent_watch import CLOUD_POLL_S, POLL_S, AgentPoll, Listeners, Poll, watch_agents
@@ -117,12 +118,14 @@ def _merge_progress(state: js.JobState, statuses: dict[str, AgentStatus | None],
     # Earlier generations count too: workers a killed flow run left behind keep training (and
     # checkpointing) until the next run replaces them; their steps are the job's.  Older first,
     # so a redone step's newer loss wins.
-    for st in sorted(reports, key=lambda r: r.generation):
-        if -1 < st.generation <= generation:
-            losses += st.losses
-            val_losses += st.val_losses
-            if st.step is not None:
-                step = max(step, st.step)
+    reports = [st for st in sorted(reports, key=lambda r: r.generation) if -1 < st.generation <= generation]
+    for st in reports:
+        losses += st.losses
+        val_losses += st.val_losses
+        if st.step is not None:
+            step = max(step, st.step)
+    # the bytes the engine sent across zones, priced per pair from the network model
+    state = js.with_egress(state, reports, usd_per_byte=default_network().egress_usd_per_byte, now_unix_s=time.time())
     if not losses and step == state.steps_done:
         return state
     return js.with_progress(state, steps_done=step, losses=losses, val_losses=val_losses)
@@ -264,8 +267,9 @@ class _AttemptWatch:
         horizon_s = 2 * max(DECIDE_EVERY_S, CLOUD_POLL_S) + self.session.worker_stop_s
         if decision.action == Action.STOP or decision.stop_in_s <= horizon_s:
             ledger = state.ledger()
-            reason = (f"budget: {ledger.spent_usd(now):.5f} of {state.spec.budget_usd:.5f} USD spent at "
-                      f"{ledger.usd_per_hr():.3f} USD/h; stopping now leaves the shutdown paid within it"
+            reason = (f"budget: {ledger.spent_usd(now):.5f} of {state.spec.budget_usd:.5f} USD spent (egress "
+                      f"{ledger.egress_usd():.5f}) at {ledger.usd_per_hr():.3f} USD/h of rent; stopping now leaves "
+                      "the shutdown paid within it"
                       if decision.action != Action.STOP or decision.reason.startswith("budget")
                       else decision.reason)
             self.log.warning("%s", reason)

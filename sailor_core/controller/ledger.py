@@ -172,12 +172,17 @@ class CostLedger:
         need = usd_per_hr * (max(duration_s, 0.0) + max(shutdown_s, 0.0)) / _S_PER_HR
         return need <= self.budget_left_usd(now_s) + 1e-9
 
-    def affordable_s(self, usd_per_hr: float, shutdown_s: float, *, now_s: float) -> float:
-        """How long one can still run at ``usd_per_hr`` and pay the shutdown (inf without a budget)."""
+    def affordable_s(self, usd_per_hr: float, shutdown_s: float, *, now_s: float,
+                     shutdown_usd_per_hr: float | None = None) -> float:
+        """How long one can still run at ``usd_per_hr`` and pay the shutdown, at
+        ``shutdown_usd_per_hr`` when it differs (the rent without the egress of training), else
+        at the same rate (inf without a budget)."""
         left = self.budget_left_usd(now_s)
         if math.isinf(left) or usd_per_hr <= 0:
             return math.inf
-        return max(0.0, left * _S_PER_HR / usd_per_hr - max(shutdown_s, 0.0))
+        if shutdown_usd_per_hr is None or shutdown_usd_per_hr == usd_per_hr:
+            return max(0.0, left * _S_PER_HR / usd_per_hr - max(shutdown_s, 0.0))
+        return max(0.0, (left * _S_PER_HR - shutdown_usd_per_hr * max(shutdown_s, 0.0)) / usd_per_hr)
 
     def by_instance(self, now_s: float) -> dict[str, float]:
         return {i: e.cost_usd(now_s) for i, e in self._entries.items()}

@@ -47,6 +47,11 @@ class PlanOption:
         """What training on it costs per hour: rent plus egress."""
         return self.usd_per_hr + self.egress_usd_per_hr
 
+    def usd_for(self, held_s: float, training_s: float) -> float:
+        """What holding it ``held_s`` costs, ``training_s`` of them training: the rent for all of
+        them, the egress for the training (none while it starts, saves or shuts down)."""
+        return self.usd_per_hr * held_s / 3600.0 + self.egress_usd_per_hr * training_s / 3600.0
+
     @property
     def num_gpus(self) -> int:
         return sum(self.gpus.values()) + sum(self.on_demand.values())

@@ -120,7 +120,7 @@ class _Ranking:
         """Within the budget left: the expected cost to finish, then the shutdown."""
         if math.isinf(self.state.budget_left_usd):
             return True
-        return o.option.cost_usd_per_hr * (o.time_s + self.config.shutdown_s) / _S_PER_HR <= self.state.budget_left_usd
+        return o.option.usd_for(o.time_s + self.config.shutdown_s, o.time_s - o.change_s) <= self.state.budget_left_usd
 
     def in_time(self, o: Outlook) -> bool:
         """Finishes by the deadline at the configured quantile of its preemptions, not just on average."""
@@ -386,15 +386,16 @@ def _finishes(option: PlanOption, state: ControllerState, config: ControllerConf
     """Without preemptions: a change, the work, then the shutdown, within the budget left."""
     if math.isinf(state.budget_left_usd):
         return True
-    need_s = config.change_cost_s + _time_to_finish_s(option, remaining) + config.shutdown_s
-    return option.cost_usd_per_hr * need_s / _S_PER_HR <= state.budget_left_usd
+    training_s = _time_to_finish_s(option, remaining)
+    need_s = config.change_cost_s + training_s + config.shutdown_s
+    return option.usd_for(need_s, training_s) <= state.budget_left_usd
 
 
 def _affordable_at_all(option: PlanOption, state: ControllerState, config: ControllerConfig) -> bool:
     """Can it run long enough to get past its start-up and still pay its shutdown?"""
     if math.isinf(state.budget_left_usd):
         return True
-    return option.cost_usd_per_hr * (config.change_cost_s + config.shutdown_s) / _S_PER_HR < state.budget_left_usd
+    return option.usd_per_hr * (config.change_cost_s + config.shutdown_s) / _S_PER_HR < state.budget_left_usd
 
 
 def _choose(options, state: ControllerState, config: ControllerConfig, remaining: float) -> PlanOption | None:
@@ -418,9 +419,12 @@ def _most_per_usd(outlooks: Sequence[Outlook]) -> Outlook | None:
 
 
 def _stop_in_s(option: PlanOption, state: ControllerState, config: ControllerConfig) -> float:
+    """How long ``option`` can train before only its shutdown (rent, no egress) is left to pay."""
     if math.isinf(state.budget_left_usd) or option.cost_usd_per_hr <= 0:
         return math.inf
-    return state.budget_left_usd * _S_PER_HR / option.cost_usd_per_hr - config.shutdown_s
+    if option.egress_usd_per_hr <= 0:
+        return state.budget_left_usd * _S_PER_HR / option.usd_per_hr - config.shutdown_s
+    return (state.budget_left_usd * _S_PER_HR - option.usd_per_hr * config.shutdown_s) / option.cost_usd_per_hr
 
 
 def grew(avail: Mapping[GpuZone, int], planned_on: Mapping[GpuZone, int] | None, min_growth: float) -> bool:

@@ -188,9 +188,9 @@ class _Replay:
     def affordable_s(self) -> float:
         """Seconds until the budget, less the shutdown, is spent at the current rate: the rent,
         plus the egress of the plan training now (none while it starts or saves)."""
-        training = self.training_now()
-        rate = self.ledger.usd_per_hr() + (training.egress_usd_per_hr if training is not None else 0.0)
-        return self.ledger.affordable_s(rate, self.setup.costs.shutdown_s, now_s=self.t)
+        training, rent = self.training_now(), self.ledger.usd_per_hr()
+        rate = rent + (training.egress_usd_per_hr if training is not None else 0.0)
+        return self.ledger.affordable_s(rate, self.setup.costs.shutdown_s, now_s=self.t, shutdown_usd_per_hr=rent)
 
     def training_now(self) -> PlanOption | None:
         if self.in_interim():
