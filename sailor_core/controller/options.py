@@ -301,6 +301,16 @@ def egress_rate_usd_per_hr(egress_usd_per_iteration: float, throughput_samples_p
     return egress_usd_per_iteration * throughput_samples_per_s * 3600.0 / global_batch_size
 
 
+def with_measured_egress(option: PlanOption, samples_per_s: float | None) -> PlanOption:
+    """``option`` (the plan running) with its egress per hour at the rate it is measured to train:
+    the simulator prices an iteration's bytes as the engine sends them, but its iterations per hour
+    are the model's (on the embedded cloud's CPU processes, far more than they run)."""
+    if not samples_per_s or option.egress_usd_per_hr <= 0 or option.throughput_samples_per_s <= 0:
+        return option
+    return dataclasses.replace(option, egress_usd_per_hr=option.egress_usd_per_hr * samples_per_s
+                               / option.throughput_samples_per_s)
+
+
 def plan_option(plan: Any, *, throughput_samples_per_s: float, usd_per_hr: float,
                 on_demand_premium_usd_per_hr: Mapping[GpuZone, float] | None = None,
                 egress_usd_per_hr: float = 0.0) -> PlanOption:
