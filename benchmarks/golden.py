@@ -482,7 +482,7 @@ def record(data_dir: Path = DATA_DIR, groups: tuple[str, ...] = GROUPS) -> dict[
         _write(data_dir, group, out[group], meta)
         print(f"{group}: recorded {len(out[group])} entries in {seconds[group]:.1f} s -> "
               f"{_path(data_dir, group).relative_to(ROOT) if data_dir.is_relative_to(ROOT) else _path(data_dir, group)}")
-    return {g: len(out[g]) for g in GROUPS}
+    return {g: len(out[g]) for g in out}
 
 
 GROUP_FNS = {"planner": group_planner, "optimality": group_optimality, "simulate": group_simulate,
