@@ -142,7 +142,12 @@ def _count(dst: int, num_bytes: float) -> None:
         _sent_bytes[zone] = _sent_bytes.get(zone, 0.0) + num_bytes
 
 
-def _count_ring(tensor: torch.Tensor, group) -> None:
+def meter_ring(num_bytes: float, group, *, passes: int = 2) -> None:
+    """Count what a ring collective of ``num_bytes`` over ``group`` sends to this rank's ring
+    neighbour: ``passes x (n - 1) / n`` of them (an all-reduce 2, a reduce-scatter or an
+    all-gather 1).  A collective outside this module (ZeRO's) calls it beside its own."""
+    if not _zone_of_rank:
+        return
     key = id(group)
     nxt = _ring_next.get(key)
     if nxt is None:
@@ -150,7 +155,7 @@ def _count_ring(tensor: torch.Tensor, group) -> None:
         nxt = _ring_next[key] = members[(members.index(dist.get_rank()) + 1) % len(members)]
     n = dist.get_world_size(group)
     if n > 1:
-        _count(nxt, 2 * (n - 1) / n * tensor.numel() * tensor.element_size())
+        _count(nxt, passes * (n - 1) / n * num_bytes)
 
 
 _UNREAD = object()
@@ -259,8 +264,7 @@ class _Reduced:
 def all_reduce(tensor: torch.Tensor, group, *, async_op: bool = False):
     """``dist.all_reduce`` (a sum) of a data-parallel group, or under the shim one that lasts a
     ring's time over the slow link."""
-    if _zone_of_rank:
-        _count_ring(tensor, group)
+    meter_ring(tensor.numel() * tensor.element_size(), group)
     link = shim()
     if link is None:
         return dist.all_reduce(tensor, group=group, async_op=async_op)
