@@ -63,3 +63,12 @@ def test_the_expected_cost_and_the_budget_count_egress():
     # ... where, its egress ignored, the spanning plan would look the cheaper one that finishes
     blind = lambda av: [dataclasses.replace(o, egress_usd_per_hr=0.0) for o in both(av)]  # noqa: E731
     assert decide(_state(budget), START, config=config, plan_fn=blind).plan.label == "two zones"
+
+
+def test_the_running_plans_egress_follows_its_measured_throughput():
+    from sailor_core.controller.options import with_measured_egress
+
+    o = spanning()  # 100 samples/s simulated, 4 USD/h of egress
+    assert with_measured_egress(o, 25.0).egress_usd_per_hr == pytest.approx(1.0)  # a quarter of the iterations
+    assert with_measured_egress(o, None) is o
+    assert with_measured_egress(one_zone(), 25.0).egress_usd_per_hr == 0.0
