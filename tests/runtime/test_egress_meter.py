@@ -19,10 +19,10 @@ A, B = "us-central1-a", "us-central1-b"
 STEPS = 3
 
 
-def _plan():
+def _plan(zero: int = 0):
     rep = lambda zone: {"gpu": "cpu", "tp": 1, "zone": zone}  # noqa: E731
     return plan_from_dict({"model": "tiny", "global_batch_size": 8, "micro_batch_size": 2,
-                           "stages": [{"layers": [0, 2], "replicas": [rep(A), rep(B)]},
+                           "stages": [{"layers": [0, 2], "replicas": [rep(A), rep(B)], "zero": zero},
                                       {"layers": [2, 4], "replicas": [rep(B)]}]})
 
 
@@ -38,8 +38,11 @@ def test_slots_sum_each_pair_and_report_only_pairs_that_moved():
     assert EgressSlots.of(one_zone, 5, 0).num_slots == 0
 
 
-def test_engine_counts_the_bytes_the_simulator_prices(corpus, tmp_path):
-    plan = _plan()
+# ZeRO's reduce-scatter and parameter all-gather cross the zones too (ZeRO-1: an all-reduce and an
+# all-gather; ZeRO-2: a reduce-scatter and an all-gather)
+@pytest.mark.parametrize("zero", [0, 1, 2])
+def test_engine_counts_the_bytes_the_simulator_prices(corpus, tmp_path, zero):
+    plan = _plan(zero)
     seen = {}
     res = launch_local(plan, STEPS, data=corpus, workdir=tmp_path, timeout_s=240,
                        on_started=lambda procs, path: seen.setdefault("metrics", path))
