@@ -7,8 +7,12 @@ from __future__ import annotations
 import socket
 import threading
 import time
+import uuid
 from typing import Any
 
+from prefect.client.orchestration import get_client
+from prefect.deployments import run_deployment
+from prefect.exceptions import ObjectNotFound
 from prefect.runtime import deployment as current_deployment
 from prefect.runtime import flow_run as current_flow_run
 
@@ -73,6 +77,7 @@ class LeaseKeeper:
             return False
         if held is not None and held.owner != self.owner and not held.released:
             self.took_over_from = held
+        self.store.save_lease(jl.renewed(back, time.time()))  # its length counts from now, not from before the settle
         return True
 
     def _renew_loop(self) -> None:
@@ -135,11 +140,22 @@ def leases(store: js.JobStore) -> list[tuple[js.JobState, jl.JobLease | None]]:
 
 def resubmit(lease: jl.JobLease) -> str:
     """A flow run of the dead controller's deployment for its job; the run's id.  Prefect returns
-    the same run for the same idempotency key, so watches running at once submit one."""
-    # lazy: only the watch submits runs, and run_deployment pulls in Prefect's client machinery
-    from prefect.deployments import run_deployment
-
+    the same run for the same idempotency key, so watches running at once submit one.  The dead
+    controller's run, which no process will ever end, is marked Crashed with the reason."""
     run = run_deployment(lease.deployment, parameters={**lease.run_parameters, "job_id": lease.job_id},
                          timeout=0, as_subflow=False, idempotency_key=jl.takeover_key(lease),
                          flow_run_name=lease.job_id, tags=["sailor", "takeover"])
+    try:
+        dead_id = uuid.UUID(lease.owner)
+    except ValueError:  # a local run's lease: no flow run to mark
+        return str(run.id)
+    with get_client(sync_client=True) as client:
+        try:
+            dead = client.read_flow_run(dead_id)
+        except ObjectNotFound:
+            return str(run.id)
+        if dead.state is None or not dead.state.is_final():
+            client.set_flow_run_state(dead_id, Crashed(message=(
+                f"its controller stopped renewing job {lease.job_id}'s lease on {lease.host} (machine or process "
+                f"died); flow run {run.id} took the job over")), force=True)
     return str(run.id)
