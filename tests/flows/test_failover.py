@@ -65,7 +65,7 @@ def _pids_of_home(home: Path) -> set[int]:
     for d in Path("/proc").iterdir():
         if d.name.isdigit():
             try:
-                if marker in (d / "environ").read_bytes():
+                if marker in (d / "environ").read_bytes() and ") Z" not in (d / "stat").read_text():
                     found.add(int(d.name))
             except OSError:
                 continue
@@ -73,18 +73,25 @@ def _pids_of_home(home: Path) -> set[int]:
 
 
 def _kill_machine(home: Path) -> set[int]:
-    """SIGKILL every process of the machine ``home`` and their process groups (never this test's)."""
-    pids = _pids_of_home(home)
+    """SIGKILL every process of the machine ``home`` and their process groups (never this test's), until
+    none is left (one may be forking a flow run's process meanwhile)."""
     own = os.getpgid(0)
-    for pid in pids:
-        try:
-            pgid = os.getpgid(pid)
-            if pgid != own:
-                os.killpg(pgid, signal.SIGKILL)
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            continue
-    return pids
+    killed: set[int] = set()
+    for _ in range(50):
+        pids = _pids_of_home(home)
+        if not pids:
+            break
+        for pid in pids:
+            try:
+                pgid = os.getpgid(pid)
+                if pgid != own:
+                    os.killpg(pgid, signal.SIGKILL)
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                continue
+        killed |= pids
+        time.sleep(0.1)
+    return killed
 
 
 class _Site:
@@ -156,10 +163,11 @@ class _Site:
         self.cloud = json.loads(cloud_json)
         for home in self.homes.values():  # each machine is configured to reach the same cloud
             (home / "cloud.json").write_text(cloud_json)
+        from infra.buckets import ensure_private_bucket
         from tasks.embedded_bucket import embedded_s3_client
 
-        s3 = embedded_s3_client(self.cloud["aws_endpoint"])
-        s3.create_bucket(Bucket=BUCKET)
+        # Where the jobs live, private as Sailor requires of any bucket it writes to.
+        ensure_private_bucket(f"s3://{BUCKET}", client=embedded_s3_client(self.cloud["aws_endpoint"]))
         return self
 
     def stop(self) -> None:
