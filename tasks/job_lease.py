@@ -15,6 +15,7 @@ from prefect.deployments import run_deployment
 from prefect.exceptions import ObjectNotFound
 from prefect.runtime import deployment as current_deployment
 from prefect.runtime import flow_run as current_flow_run
+from prefect.states import Crashed
 
 from sailor_core import settings
 from sailor_core.errors import SailorError
