@@ -43,7 +43,9 @@ POOL = "sailor-process"
 BUCKET = "sailor-jobs"
 LEASE_S = 20
 WATCH_EVERY_S = 15
-STEPS = 1200
+# The workers train on while no controller watches them, so the job must be long enough not to end
+# within the takeover (at least LEASE_S; about a minute here, when tiny makes 1-10 steps a second).
+STEPS = 600
 CKPT_EVERY = 10
 KILL_AT = 40
 
