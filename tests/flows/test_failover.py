@@ -276,7 +276,7 @@ def test_a_job_whose_controller_machine_dies_is_taken_over_and_finishes(site):
 
     # Machine 1 dies: its worker, the flow run's process and everything they started.
     before = store.load(job_id)
-    ckpt_at_kill = latest_valid_checkpoint(ckpt_url).step
+    ckpt_at_kill, step_at_kill = latest_valid_checkpoint(ckpt_url).step, _live_step(site, job_id)
     killed = _kill_machine(site.homes["m1"])
     t_kill = time.time()
     assert killed and not _pids_of_home(site.homes["m1"])
@@ -288,7 +288,7 @@ def test_a_job_whose_controller_machine_dies_is_taken_over_and_finishes(site):
     t_takeover = time.time()
     done = _wait("the job to end", lambda: store.load(job_id).status in js.ENDED_STATUSES and store.load(job_id),
                  900, every_s=2.0)
-    sys.stderr.write(f"[failover] killed at step {_live_step(site, job_id)} (checkpoint {ckpt_at_kill}); lease taken "
+    sys.stderr.write(f"[failover] killed at step {step_at_kill} (checkpoint {ckpt_at_kill}); lease taken "
                      f"{t_takeover - t_kill:.1f} s after the kill (lease {LEASE_S} s, watch every {WATCH_EVERY_S} s)\n")
 
     assert done.status == js.SUCCEEDED, done.status_reason
@@ -299,6 +299,7 @@ def test_a_job_whose_controller_machine_dies_is_taken_over_and_finishes(site):
     after = [r for r in done.replans if r.at_unix_s > t_kill]
     assert after, "the new controller started no attempt"
     assert after[0].at_step >= ckpt_at_kill > 0
+    assert after[0].first_step_unix_s is not None
     first_step_s = after[0].first_step_unix_s - t_kill
     sys.stderr.write(f"[failover] training again {first_step_s:.1f} s after the kill, from step {after[0].at_step}\n")
 
@@ -315,7 +316,9 @@ def test_a_job_whose_controller_machine_dies_is_taken_over_and_finishes(site):
     assert done.usd_spent() == pytest.approx(by_hand, rel=1e-9)
     assert done.usd_spent() <= done.spec.budget_usd
 
-    with _client(site.api_url) as client:  # Prefect tells the same story
-        dead, new = client.read_flow_run(first.id), client.read_flow_run(uuid.UUID(lease.owner))
+    with _client(site.api_url) as client:  # Prefect tells the same story, once the new run has ended
+        dead = client.read_flow_run(first.id)
+        new = _wait("the new flow run to end", lambda: (run := client.read_flow_run(uuid.UUID(lease.owner))).state
+                    and run.state.is_final() and run, 300)
     assert dead.state.type == StateType.CRASHED and "took the job over" in dead.state.message
-    assert new.state.type == StateType.COMPLETED
+    assert new.state.type == StateType.COMPLETED, new.state
