@@ -286,8 +286,12 @@ def test_a_job_whose_controller_machine_dies_is_taken_over_and_finishes(site):
     lease = _wait("another flow run to take the job over", lambda: (store.load_lease(job_id) or 0) and
                   store.load_lease(job_id).owner != str(first.id) and store.load_lease(job_id), 600, every_s=0.5)
     t_takeover = time.time()
-    done = _wait("the job to end", lambda: store.load(job_id).status in js.ENDED_STATUSES and store.load(job_id),
-                 900, every_s=2.0)
+    _wait("the job to end", lambda: store.load(job_id).status in js.ENDED_STATUSES, 900, every_s=2.0)
+    with _client(site.api_url) as client:  # its flow run ends after the clean-up: its record is the last word
+        new = _wait("the new flow run to end", lambda: (run := client.read_flow_run(uuid.UUID(lease.owner))).state
+                    and run.state.is_final() and run, 300)
+        dead = client.read_flow_run(first.id)
+    done = store.load(job_id)
     sys.stderr.write(f"[failover] killed at step {step_at_kill} (checkpoint {ckpt_at_kill}); lease taken "
                      f"{t_takeover - t_kill:.1f} s after the kill (lease {LEASE_S} s, watch every {WATCH_EVERY_S} s)\n")
 
@@ -316,9 +320,6 @@ def test_a_job_whose_controller_machine_dies_is_taken_over_and_finishes(site):
     assert done.usd_spent() == pytest.approx(by_hand, rel=1e-9)
     assert done.usd_spent() <= done.spec.budget_usd
 
-    with _client(site.api_url) as client:  # Prefect tells the same story, once the new run has ended
-        dead = client.read_flow_run(first.id)
-        new = _wait("the new flow run to end", lambda: (run := client.read_flow_run(uuid.UUID(lease.owner))).state
-                    and run.state.is_final() and run, 300)
+    # Prefect tells the same story.
     assert dead.state.type == StateType.CRASHED and "took the job over" in dead.state.message
     assert new.state.type == StateType.COMPLETED, new.state
