@@ -42,6 +42,7 @@ from sailor_core.job.spec import JobSpec, JobSpecError, check_names
 from sailor_core.plan.types import plan_from_dict
 from tasks import cloud as cloud_tasks
 from tasks import control
+from tasks import job_lease
 from tasks import jobs as job_tasks
 from tasks import reporting, workers
 
@@ -99,6 +100,21 @@ def train_job(spec: JobSpec, *, job_id: str | None = None, jobs_url: str | None 
     log = get_run_logger()
     store = js.JobStore(jobs_url)
     job_id = job_id or _job_id_for_run(spec.model)
+    # One controller per job: a run whose job another live run controls stops here (JobHeldError);
+    # one that finds a dead controller's lease waits it out, then takes the job over.
+    keeper = job_lease.hold(store, job_id, current_flow_run.get_id(), log=log,
+                            run_parameters={"jobs_url": store.root, "cloud": cloud,
+                                            "max_gpus_per_zone": max_gpus_per_zone})
+    try:
+        return _control(spec, store, job_id, keeper, cloud=cloud, max_gpus_per_zone=max_gpus_per_zone)
+    finally:
+        keeper.release()
+
+
+def _control(spec: JobSpec, store: js.JobStore, job_id: str, keeper: job_lease.LeaseKeeper, *, cloud: str,
+             max_gpus_per_zone: int) -> dict[str, Any]:
+    """The job's controller while this run holds its lease; the ``sailor train`` summary."""
+    log = get_run_logger()
     run_id = current_flow_run.get_id()
     url = reporting.flow_run_url(run_id)
     # The saved spec wins over this run's parameters when the job exists (start_or_resume says so).
@@ -112,6 +128,8 @@ def train_job(spec: JobSpec, *, job_id: str | None = None, jobs_url: str | None 
     session = cloud_tasks.open_session(cloud, job_id=job_id, jobs_url=store.job_url(job_id), spec=state.spec)
     state = cloud_tasks.job_bucket_spec(state, session)  # checkpoints where the instances keep them
     run = _Run(session=session, store=store, reporter=reporter, max_gpus_per_zone=max_gpus_per_zone)
+    if keeper.took_over_from is not None:
+        run.reporter.event(state, job_lease.takeover_words(keeper.took_over_from))
     left_running = 0
     body_failed = False
     try:
@@ -122,13 +140,15 @@ def train_job(spec: JobSpec, *, job_id: str | None = None, jobs_url: str | None 
         body_failed = True
         saved = store.load(job_id) if store.exists(job_id) else state
         state = recovery.ended_by_exception(state, saved, exc, cancelled=cloud_tasks.is_cancellation(exc))
-        store.save(state)
+        if not keeper.lost:  # the job's state is the new controller's now
+            store.save(state)
         raise
     finally:
         workers.remove_progress_listener(reporter.on_progress)
-        try:  # nothing may stay rented: terminate by label even if the body failed
-            state, left_running = cloud_tasks.release(session, state, store, body_failed=body_failed, log=log,
-                                                      what=f"job {job_id}", after=reporter.finish)
+        try:  # nothing may stay rented: terminate by label even if the body failed (unless taken over)
+            if not keeper.lost:
+                state, left_running = cloud_tasks.release(session, state, store, body_failed=body_failed, log=log,
+                                                          what=f"job {job_id}", after=reporter.finish)
         finally:
             reporter.close()
             job_tasks.keep_logs(session.jobs_url, store.job_url(job_id))

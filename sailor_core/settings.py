@@ -35,6 +35,16 @@ def jobs_url() -> str:
     return os.environ.get(JOBS_URL_ENV) or str(sailor_home() / "jobs")
 
 
+JOB_LEASE_S_ENV = "SAILOR_JOB_LEASE_S"
+
+
+def job_lease_s(default_s: float) -> float:
+    """``SAILOR_JOB_LEASE_S``: how long a dead controller's job waits before another flow run may
+    take it over (``sailor_core.job.lease``); renewed every quarter of it."""
+    value = os.environ.get(JOB_LEASE_S_ENV)
+    return float(value) if value else default_s
+
+
 # ---- which clouds (set by the user) -----------------------------------------------------
 
 CLOUDS_ENV = "SAILOR_CLOUDS"

@@ -27,6 +27,7 @@ from sailor_core.controller.state import observed_preemption_rates_per_s
 from sailor_core.catalog.models import model_slug
 from sailor_core.errors import InputError
 from sailor_core.job.curves import with_step_time
+from sailor_core.job.lease import JobLease, lease_from_json, lease_to_json
 from sailor_core.job.spec import JobSpec
 from sailor_core.settings import jobs_url
 from sailor_core.storage import open_storage
@@ -370,6 +371,15 @@ class JobStore:
 
     def exists(self, job_id: str) -> bool:
         return self._storage().exists(f"{job_id}/state.json")
+
+    def save_lease(self, lease: JobLease) -> None:
+        self._storage().put_atomic(f"{lease.job_id}/lease.json", lease_to_json(lease))
+
+    def load_lease(self, job_id: str) -> JobLease | None:
+        """The job's lease (``sailor_core.job.lease``), None when no controller ever held one."""
+        storage = self._storage()
+        key = f"{job_id}/lease.json"
+        return lease_from_json(storage.get(key)) if storage.exists(key) else None
 
     def list(self) -> list[JobState]:
         """Every readable job, newest first; unreadable ones are skipped (a listing must not fail)."""

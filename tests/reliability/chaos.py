@@ -129,6 +129,8 @@ class ChaosEnv:
         env.update({settings.HOME_ENV: str(self.home), settings.CLOUDS_ENV: "embedded"}, PYTHONPATH=str(ROOT),
                    PREFECT_SERVER_ANALYTICS_ENABLED="false", PREFECT_LOGGING_LEVEL="WARNING",
                    PREFECT_HOME=str(self.home / "prefect"), **self.faults().to_env())
+        # A killed flow's restart waits out its lease (sailor_core/job/lease.py): short here, as trials restart at once.
+        env[settings.JOB_LEASE_S_ENV] = "10"
         if self.api_url:
             env["PREFECT_API_URL"] = self.api_url
         return env
