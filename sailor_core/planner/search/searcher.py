@@ -288,29 +288,40 @@ class Searcher:
 
     # ---- segments, placements and splits ----------------------------------------------------
 
-    def segments_for(self, gpu: str, mbs: int, num_mb: int, ref: list[float]) -> list[Segment]:
+    def segments_for(self, gpu: str, mbs: int, num_mb: int, ref: list[float], *,
+                     every_degree: bool = False) -> list[Segment]:
         """Every segment of ``gpu`` at this micro-batch size, with slowness against ``ref`` (per
-        layer, the fastest kind's time): ``shapes.build_segments``, memoised."""
+        layer, the fastest kind's time): ``shapes.build_segments``, memoised.  ``every_degree``:
+        every DP degree, not only those that can be best (the exhaustive yardstick's space)."""
         memo = self.memos.own.segments
-        key = (gpu, mbs, num_mb, tuple(ref))
+        key = (gpu, mbs, num_mb, tuple(ref), every_degree)
         hit = memo.get(key)
         if hit is None:
             terms = self._segment_terms(gpu, mbs, ref)
             r = self.req
-            full_range = (r.ranking.by_cost or r.max_usd_per_hour is not None
-                          or r.max_usd_per_iteration is not None or r.collect_pareto)
+            degrees = "every" if every_degree else self.dp_space
             # Shared by the process (kinds and network are the memo's): the type's pools (prices,
             # placements and crossings follow from them) and the terms decide the list.
-            shared = (gpu, tuple(self.zone_gpus[gpu].items()), r.spot, num_mb, full_range,
+            shared = (gpu, tuple(self.zone_gpus[gpu].items()), r.spot, num_mb, degrees,
                       self.max_stages_per_type, terms)
             lists = self.memos.process.segment_lists
             hit = lists.get(shared)
             if hit is None:
                 hit = lists[shared] = build_segments(
-                    gpu, self.zone_gpus[gpu], spot=r.spot, num_mb=num_mb, full_range=full_range,
+                    gpu, self.zone_gpus[gpu], spot=r.spot, num_mb=num_mb, degrees=degrees,
                     max_stages=self.max_stages_per_type, terms=terms, fewest_crossings=self.egress.fewest_crossings)
             memo[key] = hit
         return hit
+
+    @property
+    def dp_space(self) -> str:
+        """The data-parallel degrees this search covers (``shapes.DP_SPACES``): every efficient
+        one when fewer GPUs can win (cost objective, caps, a Pareto front), else per number of
+        zones the most they hold."""
+        r = self.req
+        wide = (r.ranking.by_cost or r.max_usd_per_hour is not None or r.max_usd_per_iteration is not None
+                or r.collect_pareto)
+        return "efficient" if wide else "zones"
 
     def _segment_terms(self, gpu: str, mbs: int, ref: list[float]) -> tuple:
         """Per TP degree with a kind: (TP, kind, slowness against ``ref``, fastest block and last
