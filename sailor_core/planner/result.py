@@ -61,6 +61,8 @@ class PlanResult:
     exhausted: bool  # True when the bounds proved nothing unexplored can enter the top N
     objective: str
     num_disagreements: int = 0  # plans where the search's evaluator and simulate differed (a bug if > 0)
+    # The data-parallel degrees ``exhausted`` speaks for, in words (``search.shapes.DP_SPACES``)
+    searched_dp_degrees: str = ""
 
     @property
     def best(self) -> PlannedCandidate:
@@ -73,6 +75,7 @@ class PlanResult:
             "num_evaluated": self.num_evaluated,
             "exhausted": self.exhausted,
             "num_disagreements": self.num_disagreements,
+            "searched_dp_degrees": self.searched_dp_degrees,
             "plans": [c.to_dict() for c in self.candidates],
             "pareto": [
                 {"usd_per_iteration": p.usd_per_iteration,

@@ -58,6 +58,8 @@ class SearchStats:
     cheapest_per_hour: Evaluated | None = None
     memory_failures: int = 0
     exhausted: bool = False
+    # The DP degrees (a ``shapes.DP_SPACES`` key) ``exhausted`` covers when not the search's own
+    wider_proof: str | None = None
     num_disagreements: int = 0  # returned plans whose fastsim figures differ from simulate's
     num_splits: int = 0  # min-max splits computed (a split costs about a quarter of an evaluation)
     fitting: list[Evaluated] = field(default_factory=list)
@@ -110,6 +112,8 @@ class Searcher:
         # GPU types whose one-type shapes a search of their own has settled: every one that could
         # enter this search's top N was evaluated there and its plans offered here (plan_job).
         self.settled_types: set[str] = set()
+        # The data-parallel degrees searched, when not ``dp_space``'s choice (plan_job's widening pass).
+        self.dp_space_override: str | None = None
         self.figures = KindFigures(kinds=kinds, model=request.model, regime=request.regime,
                                    max_tp_degree=request.max_tp_degree, gpu_types=self.gpu_types,
                                    num_layers=self.num_layers, memos=self.memos)
@@ -294,12 +298,12 @@ class Searcher:
         layer, the fastest kind's time): ``shapes.build_segments``, memoised.  ``every_degree``:
         every DP degree, not only those that can be best (the exhaustive yardstick's space)."""
         memo = self.memos.own.segments
-        key = (gpu, mbs, num_mb, tuple(ref), every_degree)
+        degrees = "every" if every_degree else self.dp_space
+        key = (gpu, mbs, num_mb, tuple(ref), degrees)
         hit = memo.get(key)
         if hit is None:
             terms = self._segment_terms(gpu, mbs, ref)
             r = self.req
-            degrees = "every" if every_degree else self.dp_space
             # Shared by the process (kinds and network are the memo's): the type's pools (prices,
             # placements and crossings follow from them) and the terms decide the list.
             shared = (gpu, tuple(self.zone_gpus[gpu].items()), r.spot, num_mb, degrees,
@@ -315,13 +319,17 @@ class Searcher:
 
     @property
     def dp_space(self) -> str:
-        """The data-parallel degrees this search covers (``shapes.DP_SPACES``): every efficient
-        one when fewer GPUs can win (cost objective, caps, a Pareto front), else per number of
-        zones the most they hold."""
+        """The data-parallel degrees this search covers (``shapes.DP_SPACES``): when fewer GPUs
+        can win (cost objective, caps, a Pareto front) every efficient one for one GPU type, a
+        grid of them for several; else per number of zones the most they hold."""
+        if self.dp_space_override is not None:
+            return self.dp_space_override
         r = self.req
         wide = (r.ranking.by_cost or r.max_usd_per_hour is not None or r.max_usd_per_iteration is not None
                 or r.collect_pareto)
-        return "efficient" if wide else "zones"
+        if not wide:
+            return "zones"
+        return "efficient" if len(self.gpu_types) == 1 else "grid"
 
     def _segment_terms(self, gpu: str, mbs: int, ref: list[float]) -> tuple:
         """Per TP degree with a kind: (TP, kind, slowness against ``ref``, fastest block and last

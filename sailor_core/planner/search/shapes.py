@@ -132,6 +132,11 @@ DP_SPACES = {
     # the throughput objective alone: the most replicas the k largest zones hold, for every k
     "zones": "per number of zones k, the largest efficient degree the k largest zones hold, "
              "and the largest dividing the micro-batches",
+    # several GPU types under a cost objective, caps or a Pareto front: their product of
+    # every efficient degree is 7x as many shapes (2.6 million at one micro-batch on the floor
+    # row), so a grid; each type alone is searched over "efficient" first
+    "grid": "the zones degrees, and the efficient degrees of 1, 2, 3, 4, 6, 8, 12, ... (powers of "
+            "two and 1.5 times them)",
 }
 
 
@@ -146,8 +151,13 @@ def dp_degrees(space: str, d_max: int, num_mb: int, zone_reps: list[int]) -> lis
         return list(range(1, d_max + 1))
     if space == "efficient":
         return [d for d in range(1, d_max + 1) if _efficient(d, num_mb) == d]
-    assert space == "zones", space
+    assert space in ("zones", "grid"), space
     out, held = set(), 0
+    if space == "grid":
+        d = 1
+        while d <= d_max:
+            out.update((_efficient(d, num_mb), _efficient(min(d * 3 // 2, d_max), num_mb)))
+            d *= 2
     for reps in zone_reps:
         held += reps
         d = min(d_max, held)
