@@ -67,3 +67,16 @@ def test_zone_degrees_hold_the_most_each_number_of_zones_can():
     got = dp_degrees("zones", 38, 256, [20, 20, 20, 16])
     assert 37 in got  # Sailor's geo row 1 degree: 38 replicas' busiest (7) at 37
     assert 20 in got and 16 in got  # one zone; the largest dividing the micro-batches
+
+
+def test_placements_list_a_ring_s_zones_in_ring_order():
+    from sailor_core.planner.placement import place_pipelines, place_stages
+    from sailor_core.zones import ring_order_key
+
+    pools = {"us-central1-b": 2, "europe-west4-a": 2, "us-east-1a": 2, "us-central1-a": 2, "asia-east1-a": 2}
+    for placed in (place_stages(pools, 1, 9, 1), place_pipelines(pools, 1, 9, 1)):
+        zones = [z for z, _ in placed[0]]
+        assert zones == sorted(zones, key=ring_order_key) and len(zones) == 5
+        # each cloud, then each continent, contiguous: a ring crosses clouds twice, continents 2 + 2
+        clouds = [ring_order_key(z)[0] for z in zones]
+        assert sum(1 for x, y in zip(clouds, clouds[1:] + clouds[:1]) if x != y) == 2
