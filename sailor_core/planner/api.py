@@ -15,13 +15,14 @@ from sailor_core.catalog.instances import gpu_price_usd_per_hr
 from sailor_core.errors import InfeasibleError
 from sailor_core.network.model import default_network
 from sailor_core.plan.types import validate_plan
-from sailor_core.planner.explain import relaxed, why_infeasible
+from sailor_core.planner.explain import relaxed, why_infeasible, why_simpler
 from sailor_core.planner.mixing import mix_leftovers
 from sailor_core.planner.ranking import FASTEST
 from sailor_core.planner.request import PlanRequest
 from sailor_core.planner.result import ParetoPoint, PlannedCandidate, PlanResult, pareto_front
 from sailor_core.planner.search import Evaluated, Searcher, run_search
 from sailor_core.planner.search.shapes import DP_SPACES
+from sailor_core.planner.simpler import SIMPLER_WITHIN, prefer_simpler
 from sailor_core.profiles import default_profile_db
 from sailor_core.simulator.simulate import simulate
 
@@ -76,9 +77,19 @@ def _plan_job(request: PlanRequest, *, profiles, network) -> PlanResult:
             mixed = mix_leftovers(searcher, ev)
             if mixed is not ev:
                 searcher.offer(mixed)
+    preferred = prefer_simpler(searcher)
     candidates = _simulated(searcher, profiles=profiles, network=network)
     candidates.sort(key=lambda c: request.ranking.score(throughput_samples_per_s=c.sim.throughput_samples_per_s,
                                                          usd_per_iteration=c.sim.usd_per_iteration))
+    explanation = ""
+    if preferred is not None:
+        chosen = searcher.to_plan(preferred[0])
+        first = next((c for c in candidates if c.plan == chosen), None)
+        if first is not None:
+            candidates.remove(first)
+            candidates.insert(0, first)
+            explanation = why_simpler(*preferred, num_layers=searcher.num_layers, tolerance=SIMPLER_WITHIN,
+                                      by_cost=request.ranking.by_cost)
     elapsed = time.perf_counter() - t0
     points = [
         ParetoPoint(usd_per_iteration=e.res.usd_per_iteration,
@@ -94,6 +105,7 @@ def _plan_job(request: PlanRequest, *, profiles, network) -> PlanResult:
         objective=request.objective.value,
         num_disagreements=searcher.stats.num_disagreements,
         searched_dp_degrees=DP_SPACES[searcher.stats.wider_proof or searcher.dp_space],
+        explanation=explanation,
     )
 
 
