@@ -21,6 +21,7 @@ from sailor_core.simulator.compose import SECONDS_PER_HOUR
 # and network fits); 2 % is what a difference in the plans' own structure (a layer moved, a
 # ring across one more zone) must exceed to be believed.
 SIMPLER_WITHIN = 0.02
+EGRESS_DIGITS = 9  # egress compared to a nano-dollar per iteration
 
 
 def simplicity(ev: Evaluated, num_layers: int) -> tuple[bool, int, float]:
@@ -30,7 +31,8 @@ def simplicity(ev: Evaluated, num_layers: int) -> tuple[bool, int, float]:
     zones = {z for s in ev.stages for _, z, _ in s.groups}
     res = ev.res
     egress = max(0.0, res.usd_per_iteration - res.usd_per_hour * res.iteration_time_s / SECONDS_PER_HOUR)
-    return sizes != even, len(zones), egress
+    # (rent subtracted from the total leaves rounding dust where there is no egress)
+    return sizes != even, len(zones), round(egress, EGRESS_DIGITS)
 
 
 def even_twin(searcher: Searcher, ev: Evaluated) -> Evaluated | None:
