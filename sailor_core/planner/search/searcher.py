@@ -4,6 +4,7 @@ and splitting shapes, and evaluating, offering and polishing plans, with the top
 
 from __future__ import annotations
 
+import bisect
 import math
 from dataclasses import dataclass, field
 
@@ -73,6 +74,10 @@ class SearchStats:
 def better(a: Evaluated, b: Evaluated) -> bool:
     """Feasible beats infeasible; fitting beats not fitting; then the score."""
     return (not a.feasible, not a.res.fits, a.score) < (not b.feasible, not b.res.fits, b.score)
+
+
+def _top_key(ev: Evaluated) -> tuple[float, int]:
+    return ev.score, ev.num_gpus
 
 
 class Searcher:
@@ -273,8 +278,9 @@ class Searcher:
         limit = self.req.top_n + 20
         if len(self.top) >= limit and ev.score >= self.top[-1].score:
             return
-        self.top.append(ev)
-        self.top.sort(key=lambda e: (e.score, e.num_gpus))  # stable: earlier (better-bounded) first
+        # After every equal one, as a stable sort of the list with it appended would put it
+        # (earlier, better-bounded plans first); the list is kept sorted, so bisect.
+        bisect.insort_right(self.top, ev, key=_top_key)
         del self.top[limit:]
 
     def to_plan(self, ev: Evaluated) -> Plan:
