@@ -1,7 +1,8 @@
 """Planner requests of a cold replay: CPU time of answering, in order and in one process, the
 ``plan_job`` requests a cold replay of a derived trace sends to the planner, and a check that
-every answer is exactly (bit for bit) the one the planner of commit 523cc49 gave (the recording's
-model; 60137dd's before the simulator's link model, memory in flight and embedding group).
+every answer is exactly (bit for bit) the one the planner of branch ``search`` (issue 35: every
+efficient DP degree, rings in order, simpler plans within 2 %) gave; 523cc49's before it,
+60137dd's before the simulator's link model, memory in flight and embedding group.
 
     .venv/bin/python benchmarks/bench_planner_replay_calls.py                 # both traces, check + time
     .venv/bin/python benchmarks/bench_planner_replay_calls.py --trace aws-3d --six --reps 3
@@ -21,7 +22,7 @@ repetitions (less sensitive to bursts of load from other jobs).
 ``record`` replays both traces and writes their requests, and the SHA-256 of each answer (its
 plans, throughput, USD per hour, evaluation count and exhausted flag as JSON), to
 ``tests/planner/data/replay_calls.json.gz``: answers of the code at hand become the reference,
-so only record on a commit whose answers are known to be right (the file holds 523cc49's).
+so only record on a commit whose answers are known to be right (the file holds issue 35's).
 ``tests/planner/test_replay_calls.py`` replays the first requests of each on every test run.
 
 To time the implementation before the change with the same script, unpack that commit's

@@ -108,6 +108,8 @@ def _print_result(request, result, pareto: str | None, save: Path | None) -> Non
         f"global batch {request.global_batch_size}; searched in {result.search_time_s:.2f} s "
         f"({result.num_evaluated} plans evaluated{'' if result.exhausted else ', stopped by patience/budget'})"
     )
+    if result.explanation:
+        con.print(result.explanation[0].upper() + result.explanation[1:])
     table = Table(title="Plans (best first)")
     for col in ("#", "samples/s", "USD/iter", "USD/h", "GPUs", "mbs", "stages (layers: replicas)", "peak GB"):
         table.add_column(col, justify="right" if col != "stages (layers: replicas)" else "left", overflow="fold")

@@ -15,7 +15,6 @@ internet 0.09 USD/GB).
 
 from __future__ import annotations
 
-import itertools
 import math
 from dataclasses import dataclass, field
 from enum import Enum
@@ -207,7 +206,9 @@ class NetworkModel:
         self, num_bytes: float, endpoints: Sequence[Endpoint], *,
         bucket_bytes: float = ALLREDUCE_BUCKET_BYTES,
     ) -> float:
-        """Bucketed ring all-reduce of ``num_bytes`` over ``endpoints``, paced by the slowest link.
+        """Bucketed ring all-reduce of ``num_bytes`` over ``endpoints`` in ring order (a stage's
+        replicas in plan order: ``plan.types.Stage``), paced by the slowest of its hops
+        (``ring_hop_pairs``).
 
         One bucket of B bytes over N members takes 2(N-1) steps of B/N bytes each.
         """
@@ -276,9 +277,7 @@ class NetworkModel:
         ring = self._ring_parts.get(key)
         if ring is None:
             n = len(endpoints)
-            distinct = list(dict.fromkeys(endpoints))
-            pairs = [(a, b) for a, b in itertools.permutations(distinct, 2)]
-            pairs += [(a, a) for a in distinct if endpoints.count(a) > 1]
+            pairs = ring_hop_pairs(endpoints)
 
             def step_s(size: float) -> float:
                 return max(self.p2p_time_s(size / n, a, b) for a, b in pairs)
@@ -329,6 +328,24 @@ def effective_bandwidth_bytes_per_s(network: NetworkModel, num_bytes: float,
     """``num_bytes / time``: handy for tables and docs."""
     t = network.p2p_time_s(num_bytes, src, dst)
     return num_bytes / t if t > 0 else math.inf
+
+
+def ring_hop_pairs(members: Sequence) -> list[tuple]:
+    """The (sender, receiver) pairs a ring over ``members`` (in ring order, the last sending
+    back to the first) uses, each distinct pair once, both ways: an all-reduce ring runs
+    both directions (NCCL's channels, and the reduce-scatter and all-gather halves alike), so
+    a hop is as slow as its slower direction.  Members that repeat side by side add the pair
+    of a member with itself (two replicas at one endpoint: their link).  A ring grouped by
+    endpoint over at most three endpoints uses every pair of them; beyond that the order
+    decides which links pace it."""
+    n = len(members)
+    pairs: dict[tuple, None] = {}
+    for i in range(n):
+        a, b = members[i], members[(i + 1) % n]
+        pairs[(a, b)] = None
+        if a != b:
+            pairs[(b, a)] = None
+    return list(pairs)
 
 
 def _bucketed_ring_s(num_bytes: float, n: int, bucket_bytes: float, step_s) -> float:

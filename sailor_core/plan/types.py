@@ -60,6 +60,15 @@ class Replica:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Stage:
+    """Layers ``[layer_start, layer_end)`` on ``replicas``.  The replicas' order is the stage's
+    data-parallel ring: the engine's groups follow it (ranks rise along it, ``plan.layout``),
+    the simulator times the ring by its hops in that order and prices every hop that changes
+    zone (``simulator.compose.ring_hop_usd_per_byte``), and micro-batch m goes to replica
+    m mod D in it (``plan.routing``).  The embedding group of a tied model split over stages is
+    the first stage's replicas then the last stage's.  The planner lists a stage's replicas
+    grouped by zone in ``zones.ring_order_key`` order, so its rings cross as few zone, region,
+    continent and cloud boundaries as a ring can."""
+
     layer_start: int  # inclusive
     layer_end: int  # exclusive
     replicas: tuple[Replica, ...]

@@ -19,13 +19,15 @@ from sailor_core.network.model import default_network
 from sailor_core.plan.types import validate_plan
 from sailor_core.plan.types import RECOMPUTE_NONE
 from sailor_core.planner import levers
-from sailor_core.planner.explain import relaxed, why_infeasible
+from sailor_core.planner.explain import relaxed, why_infeasible, why_simpler
 from sailor_core.planner.mixing import mix_leftovers
 from sailor_core.planner.ranking import FASTEST
 from sailor_core.planner.request import GpuZone, PlanRequest
 from sailor_core.planner.result import ParetoPoint, PlannedCandidate, PlanResult, pareto_front
 from sailor_core.planner.search import Evaluated, Searcher, run_search
 from sailor_core.planner.search.bounds import ideal_iteration
+from sailor_core.planner.search.shapes import DP_SPACES
+from sailor_core.planner.simpler import SIMPLER_WITHIN, prefer_simpler
 from sailor_core.profiles import default_profile_db
 from sailor_core.simulator.simulate import simulate
 
@@ -69,6 +71,7 @@ def _plan_job(request: PlanRequest, *, profiles, network) -> PlanResult:
     searcher = Searcher(request, profiles=profiles, network=network)
     _search_each_type(searcher)
     _search(searcher)
+    _widen_degrees(searcher)
     searcher.done_searching()
     if not any(e.feasible for e in searcher.top) and not searcher.stats.exhausted and (
             request.has_cost_caps or request.min_throughput_samples_per_s is not None):
@@ -80,6 +83,7 @@ def _plan_job(request: PlanRequest, *, profiles, network) -> PlanResult:
             mixed = mix_leftovers(searcher, ev)
             if mixed is not ev:
                 searcher.offer(mixed)
+    preferred = prefer_simpler(searcher)
     try:
         candidates = _simulated(searcher, profiles=profiles, network=network)
     except InfeasibleError as exc:
@@ -88,6 +92,15 @@ def _plan_job(request: PlanRequest, *, profiles, network) -> PlanResult:
         raise InfeasibleError(f"{exc}; nor with ZeRO and activation recomputation per stage") from None
     candidates.sort(key=lambda c: request.ranking.score(throughput_samples_per_s=c.sim.throughput_samples_per_s,
                                                          usd_per_iteration=c.sim.usd_per_iteration))
+    explanation = ""
+    if preferred is not None:
+        chosen = searcher.to_plan(preferred[0])
+        first = next((c for c in candidates if c.plan == chosen), None)
+        if first is not None:
+            candidates.remove(first)
+            candidates.insert(0, first)
+            explanation = why_simpler(*preferred, num_layers=searcher.num_layers, tolerance=SIMPLER_WITHIN,
+                                      by_cost=request.ranking.by_cost)
     elapsed = time.perf_counter() - t0
     points = [
         ParetoPoint(usd_per_iteration=e.res.usd_per_iteration,
@@ -102,6 +115,8 @@ def _plan_job(request: PlanRequest, *, profiles, network) -> PlanResult:
         exhausted=searcher.stats.exhausted,
         objective=request.objective.value,
         num_disagreements=searcher.stats.num_disagreements,
+        searched_dp_degrees=DP_SPACES[searcher.stats.wider_proof or searcher.dp_space],
+        explanation=explanation,
     )
 
 
@@ -224,6 +239,33 @@ def _search(searcher: Searcher) -> None:
         run_search(searcher, budget=request.max_evaluations // 4, by_bound_only=True)
     else:
         run_search(searcher)
+
+
+# Work (evaluations) of the pass over every efficient DP degree after a throughput search.
+WIDEN_BUDGET = 24
+
+
+def _widen_degrees(searcher: Searcher) -> None:
+    """A throughput search covers, per number of zones, the most replicas they hold (``zones``):
+    that is where the best plan nearly always is, and the estimate-ordered search over every
+    degree loses its way among near-equal shapes (geo row 0: 317.6 samples/s instead of 406.7).
+    Then every efficient degree is searched, seeded with the plans found: their bound prunes
+    almost every smaller degree at once, and the proof (``exhausted``) covers every degree
+    that can be best.  Small models whose gradient ring costs more than it saves want fewer
+    replicas than the pools hold (tests/planner/test_completeness.py)."""
+    if searcher.dp_space != "zones" or len(searcher.gpu_types) > 1:
+        return
+    sub = searcher.sub_searcher(searcher.req)
+    sub.dp_space_override = "efficient"
+    sub.seed_from(searcher)
+    sub.learn_excess_from(searcher)
+    run_search(sub, budget=WIDEN_BUDGET, by_bound_only=True)
+    sub.done_searching()
+    _adopt(searcher, sub)
+    searcher.stats.num_evaluated += sub.stats.num_evaluated
+    if sub.stats.exhausted:
+        searcher.stats.exhausted = True
+        searcher.stats.wider_proof = "efficient"
 
 
 def _sub_search(searcher: Searcher, *, seeded: bool = False, **changes) -> Searcher:

@@ -1,8 +1,9 @@
 """Exhaustive enumeration of the planner's search space, for tests and the optimality benchmark.
 
-Same space as ``search``: the same per-type segment lists, the same segment orders
-and placements, but *every* contiguous layer split instead of the min-max split
-plus polish, and no pruning.  Scored with the same evaluator.  Only for small
+Same space as ``search``: the same per-type segment lists (or, with ``every_degree``,
+every data-parallel degree the pools allow instead of the search's ``dp_space``), the same
+segment orders and placements, but *every* contiguous layer split instead of the min-max
+split plus polish, and no pruning.  Scored with the same evaluator.  Only for small
 cases: the count grows like the product of the segment lists times C(L-1, P-1).
 """
 
@@ -22,7 +23,7 @@ class ExhaustiveResult:
     num_plans: int  # plans evaluated
 
 
-def enumerate_best(request: PlanRequest, *, profiles, network) -> ExhaustiveResult:
+def enumerate_best(request: PlanRequest, *, profiles, network, every_degree: bool = False) -> ExhaustiveResult:
     s = Searcher(request, profiles=profiles, network=network)
     best: Evaluated | None = None
     count = 0
@@ -34,7 +35,7 @@ def enumerate_best(request: PlanRequest, *, profiles, network) -> ExhaustiveResu
         if not kinds:
             continue
         ref = [min(k.time_s(i, i + 1) for k in kinds) for i in range(L)]
-        lists = [[None, *s.segments_for(g, mbs, num_mb, ref)] for g in s.gpu_types]
+        lists = [[None, *s.segments_for(g, mbs, num_mb, ref, every_degree=every_degree)] for g in s.gpu_types]
         for combo in itertools.product(*lists):
             shape = tuple(x for x in combo if x is not None)
             if not shape:

@@ -1,6 +1,7 @@
-"""Explaining an empty answer: why no plan meets the request (memory, a floor above the best
+"""Explaining an answer: why no plan meets the request (memory, a floor above the best
 achievable throughput, a cap below the cheapest plan), found by searching the request again
-with some of its limits dropped (``relaxed``)."""
+with some of its limits dropped (``relaxed``); and why a simpler plan comes before a slightly
+better one (``why_simpler``)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import dataclasses
 from sailor_core.planner.kinds import valid_tp_degrees
 from sailor_core.planner.ranking import CHEAPEST, FASTEST, PlanRanking
 from sailor_core.planner.search import Evaluated, Searcher, run_search
+from sailor_core.planner.simpler import simplicity
 from sailor_core.simulator.memory import stage_memory
 
 
@@ -160,3 +162,24 @@ def _memory_reason(searcher: Searcher) -> str:
         f"{total} GPUs available with up to {searcher.max_stages} pipeline stages and TP up to "
         f"{req.max_tp_degree} (1F1B keeps up to P - i micro-batches in flight on stage i)"
     )
+
+
+def why_simpler(chosen: Evaluated, best: Evaluated, *, num_layers: int, tolerance: float,
+                by_cost: bool) -> str:
+    """One line saying why ``chosen`` is returned before the slightly better ``best``
+    (``simpler.prefer_simpler``)."""
+    (c_uneven, c_zones, c_egress), (b_uneven, b_zones, b_egress) = (simplicity(chosen, num_layers),
+                                                                    simplicity(best, num_layers))
+    why = []
+    if b_uneven and not c_uneven:
+        why.append("an even layer split")
+    if c_zones < b_zones:
+        why.append(f"{b_zones - c_zones} zone{'s' if b_zones - c_zones > 1 else ''} fewer")
+    if c_egress < b_egress:
+        why.append(f"{b_egress - c_egress:.4g} USD less egress per iteration")
+    if by_cost:
+        gap = f"{chosen.res.usd_per_iteration:.4g} USD/iteration against {best.res.usd_per_iteration:.4g}"
+    else:
+        gap = f"{chosen.res.throughput_samples_per_s:.4g} samples/s against {best.res.throughput_samples_per_s:.4g}"
+    return (f"preferred the simpler plan ({', '.join(why)}): {gap} for the best found, a difference under "
+            f"the simulator's tolerance of {tolerance:.0%}")

@@ -4,6 +4,7 @@ replicas while the simulated objective improves (see docs/planner.md)."""
 from __future__ import annotations
 
 from sailor_core.plan.types import RECOMPUTE_NONE
+from sailor_core.zones import ring_order_key
 from sailor_core.planner.fastsim import FastStage
 from sailor_core.planner.kinds import valid_tp_degrees
 from sailor_core.planner.search import Evaluated, Searcher, better
@@ -39,6 +40,25 @@ def mix_leftovers(searcher: Searcher, ev: Evaluated, max_added: int = 64) -> Eva
     return best
 
 
+def _with_replica(groups: tuple, kind, zone: str) -> tuple:
+    """A stage's replica groups with one more replica of ``kind`` in ``zone``, where the ring
+    order (``plan.types.Stage``) wants it: beside the stage's replicas in that zone, else
+    between the zones before and after it (``zones.ring_order_key``)."""
+    out = list(groups)
+    same = [i for i, g in enumerate(out) if g[1] == zone]
+    for i in reversed(same):
+        if out[i][0] is kind:
+            out[i] = (kind, zone, out[i][2] + 1)
+            return tuple(out)
+    if same:
+        pos = same[-1] + 1
+    else:
+        key = ring_order_key(zone)
+        pos = next((i for i, g in enumerate(out) if ring_order_key(g[1]) > key), len(out))
+    out.insert(pos, (kind, zone, 1))
+    return tuple(out)
+
+
 def _join_stage(searcher: Searcher, mbs: int, best: Evaluated, si: int, left: dict, tried: set) -> Evaluated | None:
     """``best`` with one more replica in stage ``si`` (the first of the three likeliest options
     not tried yet that improves it), or None."""
@@ -48,11 +68,7 @@ def _join_stage(searcher: Searcher, mbs: int, best: Evaluated, si: int, left: di
         if key in tried:
             continue
         tried.add(key)
-        groups = list(stage.groups)
-        if groups[-1][0] is kind and groups[-1][1] == zone:
-            groups[-1] = (kind, zone, groups[-1][2] + 1)
-        else:
-            groups.append((kind, zone, 1))
+        groups = _with_replica(stage.groups, kind, zone)
         stages = list(best.stages)
         stages[si] = FastStage(stage.layer_start, stage.layer_end, tuple(groups))
         trial = searcher.evaluate(mbs, tuple(stages))

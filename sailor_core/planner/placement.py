@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import functools
 
-from sailor_core.zones import parse_zone
+from sailor_core.zones import parse_zone, ring_order_key
 
-StagePlacement = tuple[tuple[str, int], ...]  # (zone, replicas) in ring/routing order
+# (zone, replicas) in ring/routing order: zones by ``zones.ring_order_key``, so a ring crosses
+# each cloud, continent, region and zone boundary as few times as a ring can
+StagePlacement = tuple[tuple[str, int], ...]
 
 
 @functools.lru_cache(maxsize=1024)
@@ -61,7 +63,7 @@ def _place_stages(zone_gpus: tuple[tuple[str, int], ...], tp_degree: int, dp_deg
                 break
         if need:
             return None
-        parts.sort()
+        parts.sort(key=lambda p: ring_order_key(p[0]))
         out.append(tuple(parts))
         prev = max(parts, key=lambda p: (p[1], p[0]))[0]
     return tuple(out)
@@ -81,7 +83,7 @@ def place_pipelines(zone_gpus: dict[str, int], tp_degree: int, dp_degree: int,
             need -= take
         if not need:
             break
-    parts.sort()
+    parts.sort(key=lambda p: ring_order_key(p[0]))
     return (tuple(parts),) * num_stages
 
 

@@ -62,6 +62,9 @@ class PlanResult:
     exhausted: bool  # True when the bounds proved nothing unexplored can enter the top N
     objective: str
     num_disagreements: int = 0  # plans where the search's evaluator and simulate differed (a bug if > 0)
+    # The data-parallel degrees ``exhausted`` speaks for, in words (``search.shapes.DP_SPACES``)
+    searched_dp_degrees: str = ""
+    explanation: str = ""  # why the first plan is first when it is not the best found (planner.simpler)
 
     @property
     def best(self) -> PlannedCandidate:
@@ -74,6 +77,8 @@ class PlanResult:
             "num_evaluated": self.num_evaluated,
             "exhausted": self.exhausted,
             "num_disagreements": self.num_disagreements,
+            "searched_dp_degrees": self.searched_dp_degrees,
+            "explanation": self.explanation,
             "plans": [c.to_dict() for c in self.candidates],
             "pareto": [
                 {"usd_per_iteration": p.usd_per_iteration,

@@ -163,13 +163,14 @@ def ring_egress_usd_per_byte_lb(dp_degree: int, cheapest_usd_per_byte: float) ->
 
 
 def ring_hop_usd_per_byte(network: NetworkModel, zones: Iterable[str]) -> list[float]:
-    """Egress price of each ring hop that leaves a zone, in ring order.  The ring visits a
-    stage's replicas grouped by zone, zones sorted, so it leaves each zone once (and none when
-    all its replicas share one zone)."""
-    order = sorted(set(zones))
+    """Egress price of each ring hop that leaves a zone, in ring order: ``zones`` are the ring's
+    members' zones in the order the ring visits them (a stage's replicas, ``plan.types.Stage``),
+    the last member sending back to the first.  A ring grouped by zone leaves each zone once
+    (none when all its members share one); interleaved zones pay for every change."""
+    order = list(zones)
     if len(order) < 2:
         return []
-    return [network.egress_usd_per_byte(a, b) for a, b in zip(order, order[1:] + order[:1])]
+    return [network.egress_usd_per_byte(a, b) for a, b in zip(order, order[1:] + order[:1]) if a != b]
 
 
 def round_trip_usd_per_byte(network: NetworkModel, zone_a: str, zone_b: str) -> float:

@@ -150,3 +150,22 @@ def test_vectorised_uniform_ring_equals_the_general_all_reduce():
         got = net.uniform_allreduce_times_s(sizes, e, n)
         want = [net.allreduce_time_s(float(b), [e] * n) for b in sizes]
         assert got.tolist() == want
+
+
+def test_a_ring_is_paced_by_the_hops_of_its_order():
+    from sailor_core.network.model import ring_hop_pairs
+
+    a, b, c, d = "a", "b", "c", "d"
+    # grouped: each member's neighbours, both ways, and a member beside its own kind
+    assert set(ring_hop_pairs([a, a, b, c])) == {(a, a), (a, b), (b, a), (b, c), (c, b), (c, a), (a, c)}
+    # four endpoints: the pairs that are not neighbours in the ring do not pace it
+    pairs = set(ring_hop_pairs([a, b, c, d]))
+    assert (a, c) not in pairs and (b, d) not in pairs and (d, a) in pairs
+    # so a far endpoint between two near ones paces the ring, one at the end of a group the same
+    net = default_network()
+    near = Endpoint(zone="us-central1-a", gpu="A100-40")
+    near_b = Endpoint(zone="us-central1-b", gpu="A100-40")
+    far = Endpoint(zone="europe-west4-a", gpu="A100-40")
+    grouped = net.allreduce_time_s(4e8, [near, near, near_b, far])
+    assert grouped == net.allreduce_time_s(4e8, [near, near_b, far, near])  # the same ring, rotated
+    assert grouped > net.allreduce_time_s(4e8, [near, near, near_b, near_b])

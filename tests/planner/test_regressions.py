@@ -4,7 +4,7 @@ import dataclasses
 
 import pytest
 
-from sailor_core.planner import make_request, plan_job
+from sailor_core.planner import make_request, plan_job, simpler
 from sailor_core.planner.exhaustive import enumerate_best
 
 A, V, L4 = "A100-40", "V100-16", "L4"
@@ -13,14 +13,20 @@ ZA, ZB = "us-central1-a", "us-central1-b"
 TWO_ZONES = {(A, ZA): 128, (A, ZB): 128, (V, ZA): 128, (V, ZB): 128}
 
 
-def test_more_gpu_types_never_give_a_worse_plan(profiles, network):
+def test_more_gpu_types_never_give_a_worse_plan(profiles, network, monkeypatch):
     # opt-350m on 2 zones once planned 708.7 samples/s on A100+V100 but 711.2 on the A100s alone:
     # the larger search's patience stop ended before it reached the A100-only shape.
     both = make_request(model="opt-350m", availability=TWO_ZONES, global_batch_size=1024)
     only = dataclasses.replace(both, availability={k: n for k, n in TWO_ZONES.items() if k[0] == A})
+    # The best plan found (no simpler plan preferred within the tolerance: planner.simpler) ...
+    monkeypatch.setattr(simpler, "SIMPLER_WITHIN", 0.0)
     best_both = plan_job(both, profiles=profiles, network=network).best
     best_only = plan_job(only, profiles=profiles, network=network).best
     assert best_both.throughput_samples_per_s >= best_only.throughput_samples_per_s * (1 - 1e-9)
+    # ... and the plan returned, which gives up at most the tolerance for a simpler one
+    monkeypatch.undo()
+    chosen = plan_job(both, profiles=profiles, network=network).best
+    assert chosen.throughput_samples_per_s >= best_only.throughput_samples_per_s * (1 - simpler.SIMPLER_WITHIN)
 
 
 def test_cost_cap_finds_a_feasible_plan_when_the_budget_runs_short(profiles, network):

@@ -39,11 +39,16 @@ def test_the_ring_bound_is_the_search_s_formula_to_the_bit():
         assert compose.ring_egress_usd_per_byte_lb(d, price) == 2 * 2 * (d - 1) / d * price
 
 
-def test_ring_hops_leave_each_zone_once_in_zone_order():
+def test_ring_hops_follow_the_ring_order():
+    # A ring visits its members in the order given (a stage's replicas: plan.types.Stage), the
+    # last sending back to the first; every change of zone on the way is a hop that pays.
     net = flat_network()
     assert compose.ring_hop_usd_per_byte(net, [A, A, A]) == []
-    hops = compose.ring_hop_usd_per_byte(net, [C, A, C, B])
-    assert hops == [net.egress_usd_per_byte(A, B), net.egress_usd_per_byte(B, C), net.egress_usd_per_byte(C, A)]
+    grouped = compose.ring_hop_usd_per_byte(net, [A, A, B, C, C])
+    assert grouped == [net.egress_usd_per_byte(A, B), net.egress_usd_per_byte(B, C), net.egress_usd_per_byte(C, A)]
+    interleaved = compose.ring_hop_usd_per_byte(net, [C, A, C, B])
+    assert interleaved == [net.egress_usd_per_byte(C, A), net.egress_usd_per_byte(A, C),
+                           net.egress_usd_per_byte(C, B), net.egress_usd_per_byte(B, C)]
 
 
 def test_only_routes_that_leave_a_zone_pay_egress_both_ways():

@@ -20,10 +20,11 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from sailor_core.network.model import Endpoint
+from sailor_core.network.model import Endpoint, ring_hop_pairs
 from sailor_core.planner.search.shapes import Segment, orders
 from sailor_core.simulator import compose
 from sailor_core.simulator.stage import boundary_transfer_s, endpoint
+from sailor_core.zones import ring_zone_order
 
 GRID = 8  # intervals of a segment's share of the blocks in the joint compute/sync bound
 
@@ -351,9 +352,10 @@ def _line_pairs(num_lines: int, rising, falling):
 def rings_s(network, gpu: str, dp_degree: int, room: dict[str, int], nbytes):
     """The fastest ring ``dp_degree`` replicas of ``gpu`` can form, for each of ``nbytes``
     (numpy): a ring in one zone with ``room`` for them all, else one over a set of zones that
-    has room.  A ring is paced by the slowest of its replicas' pairs (as ``NetworkModel`` times it),
-    so over a set of zones it is at least the ring whose every hop is the set's slowest pair.
-    ``room``: replicas each zone has room for."""
+    has room.  A ring is paced by the slowest of its hops (as ``NetworkModel`` times it), and the
+    planner visits a ring's zones in ring order (``placement``), so over a set of zones it is at
+    least the ring whose every hop is the slowest between zones next to each other in that order
+    (``network.model.ring_hop_pairs``).  ``room``: replicas each zone has room for."""
     # lazy: numpy loads when a search runs, not when the CLI checks a request
     import numpy as np
 
@@ -369,7 +371,7 @@ def rings_s(network, gpu: str, dp_degree: int, room: dict[str, int], nbytes):
                 continue
             ring = np.max([network.uniform_allreduce_times_s(nbytes, Endpoint(zone=a, gpu=gpu), d,
                                                              to=Endpoint(zone=b, gpu=gpu))
-                           for a, b in itertools.permutations(zones, 2)], axis=0)
+                           for a, b in ring_hop_pairs(ring_zone_order(zones))], axis=0)
             best = ring if best is None else np.minimum(best, ring)
     assert best is not None, "a segment's replicas fit its GPU type's zones"
     return best

@@ -4,6 +4,7 @@ and splitting shapes, and evaluating, offering and polishing plans, with the top
 
 from __future__ import annotations
 
+import bisect
 import math
 from dataclasses import dataclass, field
 
@@ -58,6 +59,8 @@ class SearchStats:
     cheapest_per_hour: Evaluated | None = None
     memory_failures: int = 0
     exhausted: bool = False
+    # The DP degrees (a ``shapes.DP_SPACES`` key) ``exhausted`` covers when not the search's own
+    wider_proof: str | None = None
     num_disagreements: int = 0  # returned plans whose fastsim figures differ from simulate's
     num_splits: int = 0  # min-max splits computed (a split costs about a quarter of an evaluation)
     fitting: list[Evaluated] = field(default_factory=list)
@@ -71,6 +74,10 @@ class SearchStats:
 def better(a: Evaluated, b: Evaluated) -> bool:
     """Feasible beats infeasible; fitting beats not fitting; then the score."""
     return (not a.feasible, not a.res.fits, a.score) < (not b.feasible, not b.res.fits, b.score)
+
+
+def _top_key(ev: Evaluated) -> tuple[float, int]:
+    return ev.score, ev.num_gpus
 
 
 class Searcher:
@@ -110,6 +117,8 @@ class Searcher:
         # GPU types whose one-type shapes a search of their own has settled: every one that could
         # enter this search's top N was evaluated there and its plans offered here (plan_job).
         self.settled_types: set[str] = set()
+        # The data-parallel degrees searched, when not ``dp_space``'s choice (plan_job's widening pass).
+        self.dp_space_override: str | None = None
         self.figures = KindFigures(kinds=kinds, model=request.model, regime=request.regime,
                                    max_tp_degree=request.max_tp_degree, gpu_types=self.gpu_types,
                                    num_layers=self.num_layers, memos=self.memos)
@@ -269,8 +278,9 @@ class Searcher:
         limit = self.req.top_n + 20
         if len(self.top) >= limit and ev.score >= self.top[-1].score:
             return
-        self.top.append(ev)
-        self.top.sort(key=lambda e: (e.score, e.num_gpus))  # stable: earlier (better-bounded) first
+        # After every equal one, as a stable sort of the list with it appended would put it
+        # (earlier, better-bounded plans first); the list is kept sorted, so bisect.
+        bisect.insort_right(self.top, ev, key=_top_key)
         del self.top[limit:]
 
     def to_plan(self, ev: Evaluated) -> Plan:
@@ -290,29 +300,44 @@ class Searcher:
 
     # ---- segments, placements and splits ----------------------------------------------------
 
-    def segments_for(self, gpu: str, mbs: int, num_mb: int, ref: list[float]) -> list[Segment]:
+    def segments_for(self, gpu: str, mbs: int, num_mb: int, ref: list[float], *,
+                     every_degree: bool = False) -> list[Segment]:
         """Every segment of ``gpu`` at this micro-batch size, with slowness against ``ref`` (per
-        layer, the fastest kind's time): ``shapes.build_segments``, memoised."""
+        layer, the fastest kind's time): ``shapes.build_segments``, memoised.  ``every_degree``:
+        every DP degree, not only those that can be best (the exhaustive yardstick's space)."""
         memo = self.memos.own.segments
-        key = (gpu, mbs, num_mb, tuple(ref))
+        degrees = "every" if every_degree else self.dp_space
+        key = (gpu, mbs, num_mb, tuple(ref), degrees)
         hit = memo.get(key)
         if hit is None:
             terms = self._segment_terms(gpu, mbs, ref)
             r = self.req
-            full_range = (r.ranking.by_cost or r.max_usd_per_hour is not None
-                          or r.max_usd_per_iteration is not None or r.collect_pareto)
             # Shared by the process (kinds and network are the memo's): the type's pools (prices,
             # placements and crossings follow from them) and the terms decide the list.
-            shared = (gpu, tuple(self.zone_gpus[gpu].items()), r.spot, num_mb, full_range,
+            shared = (gpu, tuple(self.zone_gpus[gpu].items()), r.spot, num_mb, degrees,
                       self.max_stages_per_type, terms)
             lists = self.memos.process.segment_lists
             hit = lists.get(shared)
             if hit is None:
                 hit = lists[shared] = build_segments(
-                    gpu, self.zone_gpus[gpu], spot=r.spot, num_mb=num_mb, full_range=full_range,
+                    gpu, self.zone_gpus[gpu], spot=r.spot, num_mb=num_mb, degrees=degrees,
                     max_stages=self.max_stages_per_type, terms=terms, fewest_crossings=self.egress.fewest_crossings)
             memo[key] = hit
         return hit
+
+    @property
+    def dp_space(self) -> str:
+        """The data-parallel degrees this search covers (``shapes.DP_SPACES``): when fewer GPUs
+        can win (cost objective, caps, a Pareto front) every efficient one for one GPU type, a
+        grid of them for several; else per number of zones the most they hold."""
+        if self.dp_space_override is not None:
+            return self.dp_space_override
+        r = self.req
+        wide = (r.ranking.by_cost or r.max_usd_per_hour is not None or r.max_usd_per_iteration is not None
+                or r.collect_pareto)
+        if not wide:
+            return "zones"
+        return "efficient" if len(self.gpu_types) == 1 else "grid"
 
     def _segment_terms(self, gpu: str, mbs: int, ref: list[float]) -> tuple:
         """Per TP degree with a kind: (TP, kind, slowness against ``ref``, fastest block and last

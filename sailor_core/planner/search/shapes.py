@@ -77,44 +77,25 @@ def fast_stages(stages: Placed, ends: list[int]) -> tuple[FastStage, ...]:
     return tuple(out)
 
 
-def d_grid(d_max: int) -> list[int]:
-    """Data-parallel degrees searched below ``d_max``: powers of two and 1.5 times them."""
-    out, d = [], 1
-    while d <= d_max:
-        out.append(d)
-        if d * 3 // 2 <= d_max and d >= 2 and d * 3 // 2 != d:
-            out.append(d * 3 // 2)
-        d *= 2
-    out.append(d_max)
-    return sorted(set(out))
-
-
-def largest_divisor_at_most(n: int, limit: int) -> int:
-    for d in range(min(n, limit), 0, -1):
-        if n % d == 0:
-            return d
-    return 1
-
-
-def build_segments(gpu: str, pools: dict[str, int], *, spot: bool, num_mb: int, full_range: bool,
+def build_segments(gpu: str, pools: dict[str, int], *, spot: bool, num_mb: int, degrees: str,
                    max_stages: int, terms: tuple, fewest_crossings) -> list[Segment]:
     """Every segment of one GPU type: per TP degree of ``terms`` (TP, kind, slowness, fastest
     block and last layer, USD per micro-batch crossing zones or None), per stage count up to
-    ``max_stages``, the DP degrees worth searching (the largest that fits, the largest dividing
-    the micro-batches, the same within one zone, and with ``full_range`` a grid below), under
-    each placement rule that differs.  ``fewest_crossings(gpu, tp, dp, stages)``: zone crossings
-    the stage rule cannot avoid (``EgressParts.fewest_crossings``)."""
+    ``max_stages``, the data-parallel degrees ``degrees`` names (``DP_SPACES``), under each
+    placement rule that differs.  ``fewest_crossings(gpu, tp, dp, stages)``: zone crossings the
+    stage rule cannot avoid (``EgressParts.fewest_crossings``)."""
     live = {z: n for z, n in pools.items() if n > 0}
     min_price = min(gpu_price_usd_per_hr(gpu, z, spot=spot) for z in live)
     out: list[Segment] = []
     for tp, kind, ratio, block_s, head_s, per_byte in terms:
         total_rep = sum(n // tp for n in live.values())
-        zone_max = max(n // tp for n in live.values())
+        zone_reps = sorted((n // tp for n in live.values()), reverse=True)
+        zone_max = zone_reps[0]
         for num_stages in range(1, max_stages + 1):
             d_max = min(total_rep // num_stages, num_mb)
             if d_max < 1:
                 break
-            for d in _dp_degrees(d_max, num_mb, zone_max, full_range):
+            for d in dp_degrees(degrees, d_max, num_mb, zone_reps):
                 n_per_rep = -(-num_mb // d)
                 cap = num_stages / (n_per_rep * ratio)
                 rules = ["stage"]
@@ -141,13 +122,62 @@ def build_segments(gpu: str, pools: dict[str, int], *, spot: bool, num_mb: int, 
     return out
 
 
-def _dp_degrees(d_max: int, num_mb: int, zone_max: int, full_range: bool) -> list[int]:
-    ds = set(d_grid(d_max)) if full_range else {d_max}
-    ds.add(largest_divisor_at_most(num_mb, d_max))
-    one_zone = min(d_max, zone_max)
-    ds.add(one_zone)
-    ds.add(largest_divisor_at_most(num_mb, one_zone))
-    return sorted(ds)
+# The data-parallel degrees a segment list holds (``build_segments``), by name:
+DP_SPACES = {
+    # every degree from 1: the exhaustive yardstick's space (``planner/exhaustive.py``)
+    "every": "every degree from 1 to the most the pools hold",
+    # a cost objective, caps or a Pareto front: fewer GPUs can be cheaper, so every degree that
+    # can be best is searched
+    "efficient": "every degree that is the smallest for its busiest-replica micro-batch count",
+    # the throughput objective alone: the most replicas the k largest zones hold, for every k
+    "zones": "per number of zones k, the largest efficient degree the k largest zones hold, "
+             "and the largest dividing the micro-batches",
+    # several GPU types under a cost objective, caps or a Pareto front: their product of
+    # every efficient degree is 7x as many shapes (2.6 million at one micro-batch on the floor
+    # row), so a grid; each type alone is searched over "efficient" first
+    "grid": "the zones degrees, and the efficient degrees of 1, 2, 3, 4, 6, 8, 12, ... (powers of "
+            "two and 1.5 times them)",
+}
+
+
+def dp_degrees(space: str, d_max: int, num_mb: int, zone_reps: list[int]) -> list[int]:
+    """The data-parallel degrees up to ``d_max`` in ``space`` (``DP_SPACES``).  *Efficient*
+    degrees are the smallest for each busiest-replica micro-batch count ``ceil(num_mb / d)``:
+    micro-batch m goes to replica m mod D, so a degree between two of them has the same busiest
+    replica (the same pipeline time and memory) with more GPUs (more rent, a ring no shorter,
+    zones no easier to fit) and is never better; there are about ``2 sqrt(num_mb)`` of them.
+    ``zone_reps``: replicas per zone, largest first."""
+    if space == "every":
+        return list(range(1, d_max + 1))
+    if space == "efficient":
+        return [d for d in range(1, d_max + 1) if _efficient(d, num_mb) == d]
+    assert space in ("zones", "grid"), space
+    out, held = set(), 0
+    if space == "grid":
+        d = 1
+        while d <= d_max:
+            out.update((_efficient(d, num_mb), _efficient(min(d * 3 // 2, d_max), num_mb)))
+            d *= 2
+    for reps in zone_reps:
+        held += reps
+        d = min(d_max, held)
+        out.add(_efficient(d, num_mb))
+        out.add(largest_divisor_at_most(num_mb, d))
+        if held >= d_max:
+            break
+    return sorted(out)
+
+
+def largest_divisor_at_most(n: int, limit: int) -> int:
+    for d in range(min(n, limit), 0, -1):
+        if n % d == 0:
+            return d
+    return 1
+
+
+def _efficient(d: int, num_mb: int) -> int:
+    """The fewest replicas whose busiest holds as few micro-batches as ``d`` replicas' busiest."""
+    return -(-num_mb // -(-num_mb // d))
 
 
 def place_segment(seg: Segment, pools: dict[str, int], prev_zone: str | None,
