@@ -35,6 +35,7 @@ class CloudSession:
     mode: str  # "embedded" or "real"
     job_id: str
     jobs_url: str  # the job's URL in the bucket its instances reach: agents' documents, code, staged data
+    home_url: str = ""  # the job's folder where the controller keeps its state (its default checkpoints' parent)
     providers: dict[str, CloudProvider]  # cloud name -> its provider (infra/providers.py)
     control_url: str | None = None  # the embedded cloud's control surface (preemption injection)
     network: str = "real"  # embedded: "netns" (own addresses, rules enforced) or "host" (all on 127.0.0.1)
@@ -108,10 +109,16 @@ class CloudSession:
         return f"{self.jobs_url}/{key}"
 
     def checkpoint_url(self, url: str) -> str:
-        """Where the workers keep checkpoints: a local directory is not on the instances, the bucket is."""
+        """Where the workers keep checkpoints: the job's own folder on this machine (the default)
+        becomes its prefix in the bucket; another folder of this machine is refused, since the
+        instances cannot reach it (on the embedded cloud neither, once they are confined as VMs)."""
         if "://" in url and not url.startswith("file://"):
             return url
-        return f"{self.jobs_url}/checkpoints"
+        if not self.home_url or url.rstrip("/") == f"{self.home_url.rstrip('/')}/checkpoints":
+            return f"{self.jobs_url}/checkpoints"
+        raise CloudConfigError(f"--checkpoint-url {url}: a folder on this machine is out of the instances' reach; "
+                               f"give an s3:// or gs:// URL, or leave it out for the job's bucket "
+                               f"({self.jobs_url}/checkpoints)")
 
     def terminate(self, instance_ids: Sequence[str]) -> list[str]:
         ended: list[str] = []
