@@ -59,6 +59,21 @@ def rclone_binary() -> str:
     return found
 
 
+def reap_orphan_servers(folder: Path) -> None:
+    """End the rclone servers that processes, now dead, started over ``folder``'s buckets."""
+    for marker in folder.glob("rclone-*.pid"):
+        owner = marker.stem.split("-", 1)[1]
+        if owner.isdigit() and Path(f"/proc/{owner}").exists():
+            continue
+        try:
+            pid = int(marker.read_text())
+            if b"rclone" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                os.kill(pid, signal.SIGKILL)
+        except (OSError, ValueError):
+            pass
+        marker.unlink(missing_ok=True)
+
+
 class _QuietHandler(WSGIRequestHandler):
     def log_request(self, *args, **kwargs):
         pass
@@ -77,13 +92,18 @@ class DiskBuckets:
     def start(self, host: str = "127.0.0.1") -> DiskBuckets:
         self.root.mkdir(parents=True, exist_ok=True)
         self._port = free_port()
-        log = open(self.root.parent / f"rclone-{os.getpid()}.log", "ab")  # noqa: SIM115 - the child holds it
+        log = open(self.root.parent / "rclone.log", "ab")  # noqa: SIM115 - the child holds it
+        reap_orphan_servers(self.root.parent)
         self._process = subprocess.Popen(
             [rclone_binary(), "serve", "s3", str(self.root), "--addr", f"127.0.0.1:{self._port}",
              "--config", os.devnull, "--log-level", "NOTICE",
-             "--dir-cache-time", "0s"],  # another server over the same folder may have written since
+             # what another server over the same folder wrote shows within a second (0 s: each request
+             # re-reads every folder, and a server slows to seconds per request within minutes)
+             "--dir-cache-time", "1s"],
             stdin=subprocess.DEVNULL, stdout=log, stderr=log)
         log.close()
+        # what a later start ends if this process dies without stopping it (rclone outlives its parent)
+        (self.root.parent / f"rclone-{os.getpid()}.pid").write_text(str(self._process.pid))
         self._wait_serving()
         self._gcs = self._serve(host, self._gcs_front, "embedded-gcs")
         self._local = self._serve("127.0.0.1", self.forward, "embedded-s3-local")
@@ -108,7 +128,7 @@ class DiskBuckets:
             except OSError:
                 time.sleep(0.02)
         self.stop()
-        raise CloudConfigError(f"rclone did not serve {self.root} (its log: {self.root.parent}/rclone-*.log)")
+        raise CloudConfigError(f"rclone did not serve {self.root} (its log: {self.root.parent}/rclone.log)")
 
     def stop(self) -> None:
         for server in (self._gcs, self._local):
@@ -123,6 +143,8 @@ class DiskBuckets:
             except subprocess.TimeoutExpired:
                 self._process.kill()
                 self._process.wait()
+        if self._process is not None:
+            (self.root.parent / f"rclone-{os.getpid()}.pid").unlink(missing_ok=True)
         self._process = None
 
     @property
@@ -140,7 +162,15 @@ class DiskBuckets:
         """The bucket's folder (S3's CreateBucket through moto, GCS buckets made by the embedded cloud)."""
         if not _BUCKET.match(name):
             raise CloudConfigError(f"{name!r} is not a bucket name")
-        (self.root / name).mkdir(exist_ok=True)
+        conn = http.client.HTTPConnection("127.0.0.1", self._port, timeout=30)
+        try:  # through rclone, which then knows it at once (a folder made beside it shows within its cache time)
+            conn.request("PUT", f"/{name}")
+            resp = conn.getresponse()
+            body = resp.read()
+        finally:
+            conn.close()
+        if resp.status >= 300 and b"BucketAlready" not in body:
+            raise CloudConfigError(f"the embedded object storage could not create bucket {name!r}: {resp.status}")
 
     # ---- forwarding ----------------------------------------------------------------
 
