@@ -24,6 +24,7 @@ forwards with one fix: rclone answers a ranged GET with status 200 (and the rang
 
 from __future__ import annotations
 
+import hashlib
 import http.client
 import os
 import re
@@ -47,6 +48,7 @@ _HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "te", "trailer",
                "proxy-authenticate", "host", "authorization", "content-length", "content-type"}
 _BUCKET = re.compile(r"^[a-z0-9][a-z0-9.\-_]{1,61}[a-z0-9]$")
 _START_TIMEOUT_S = 10.0
+_READ_TRIES = 5
 
 
 def rclone_binary() -> str:
@@ -185,13 +187,7 @@ class DiskBuckets:
                    if name.startswith("HTTP_") and name[5:].replace("_", "-").lower() not in _HOP_BY_HOP}
         if environ.get("CONTENT_TYPE"):
             headers["content-type"] = environ["CONTENT_TYPE"]
-        conn = http.client.HTTPConnection("127.0.0.1", self._port, timeout=120)
-        try:
-            conn.request(environ.get("REQUEST_METHOD", "GET"), raw, body=body, headers=headers)
-            resp = conn.getresponse()
-            data = resp.read()
-        finally:
-            conn.close()
+        resp, data = self._send(environ.get("REQUEST_METHOD", "GET"), raw, body, headers)
         status = resp.status
         if status == 200 and resp.getheader("Content-Range") and environ.get("HTTP_RANGE"):
             status = 206  # rclone answers a range with its bytes and Content-Range, but status 200
@@ -201,6 +197,30 @@ class DiskBuckets:
                 ("Content-Length", resp.getheader("Content-Length", "0") if head else str(len(data)))]
         start_response(f"{status} {'Partial Content' if status == 206 else resp.reason}", out)
         return [b""] if head else [data]
+
+    def _send(self, method: str, target: str, body: bytes, headers: dict) -> tuple:
+        """One request to rclone.  A GET that races an overwrite of its object can get the old size
+        with the new bytes (rclone's listing cache): cut short, or whole bytes that do not match
+        the ETag (the MD5 of what it read): asked again then, as a client would on a bad read."""
+        for attempt in range(_READ_TRIES):
+            conn = http.client.HTTPConnection("127.0.0.1", self._port, timeout=120)
+            try:
+                conn.request(method, target, body=body, headers=headers)
+                resp = conn.getresponse()
+                data = resp.read()
+            except http.client.IncompleteRead:
+                if attempt == _READ_TRIES - 1:
+                    raise
+                time.sleep(0.05)
+                continue
+            finally:
+                conn.close()
+            etag = (resp.getheader("ETag") or "").strip('"')
+            whole = method == "GET" and resp.status == 200 and not resp.getheader("Content-Range")
+            if not whole or len(etag) != 32 or hashlib.md5(data).hexdigest() == etag or attempt == _READ_TRIES - 1:
+                return resp, data
+            time.sleep(0.05)
+        raise AssertionError("unreachable: the last try returns or raises")
 
     def _gcs_front(self, environ, start_response):
         auth = environ.get("HTTP_AUTHORIZATION", "")
