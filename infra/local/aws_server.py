@@ -166,7 +166,8 @@ class MotoEC2:
 
     def _other_service(self, environ, start_response):
         """S3 through the same server; requests signed with an instance's credentials must stay
-        within what its role's policy allows (moto itself checks no credentials)."""
+        within what its role's policy allows (neither moto nor rclone checks credentials).  Then
+        objects and listings go to the buckets on disk, bucket settings to moto's S3."""
         auth = environ.get("HTTP_AUTHORIZATION", "")
         key = re.search(r"Credential=([A-Z0-9]+)/", auth)
         if key and self.s3_guard is not None:
