@@ -98,9 +98,9 @@ def use_embedded_storage() -> None:
     state = standalone_state()
     with _lock:
         if state is not None:
-            s3, gcs = state.get("s3_endpoint", state["aws_endpoint"]), state.get("gcs_endpoint")
+            s3, gcs = state["aws_endpoint"], state.get("gcs_endpoint")  # its S3 front: objects and bucket settings
         elif _in_process is not None:
-            s3, gcs = _in_process.disk.endpoint, _in_process.gcs_endpoint
+            s3, gcs = _in_process.aws_endpoint, _in_process.gcs_endpoint
         else:
             if _storage_only is None:
                 from infra.local.object_store import DiskBuckets  # lazy: only for the embedded cloud's buckets
@@ -133,7 +133,7 @@ def embedded_endpoints() -> dict:
         return {**state, "source": "standalone"}
     cloud = in_process_cloud()
     return {"aws_endpoint": cloud.aws_endpoint, "gce_endpoint": cloud.gce_endpoint, "gcs_endpoint": cloud.gcs_endpoint,
-            "s3_endpoint": cloud.disk.endpoint, "control_url": f"{cloud.gce_endpoint}/sailor",
+            "control_url": f"{cloud.gce_endpoint}/sailor",
             "network": cloud.network.mode, "source": "in-process"}
 
 

@@ -95,7 +95,7 @@ def open_session(mode: str, *, job_id: str, jobs_url: str, spec: JobSpec) -> Clo
         s3_client = None
     else:
         ends = config.embedded_endpoints()
-        config.point_at_embedded_storage(ends.get("s3_endpoint", ends["aws_endpoint"]), ends.get("gcs_endpoint"))
+        config.point_at_embedded_storage(ends["aws_endpoint"], ends.get("gcs_endpoint"))
         # Ending a local process group takes about the cloud's halt grace (1 s); bill a margin.
         session = CloudSession(mode=used, job_id=job_id, jobs_url=f"s3://{EMBEDDED_BUCKET}/{job_id}", home_url=jobs_url,
                                providers=providers, control_url=control_url, network=ends.get("network", "host"),

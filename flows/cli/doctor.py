@@ -37,7 +37,7 @@ def doctor_cmd(
 
         ends = embedded_endpoints()
         endpoint = ends["aws_endpoint"]
-        point_at_embedded_storage(ends.get("s3_endpoint", endpoint), ends.get("gcs_endpoint"))
+        point_at_embedded_storage(endpoint, ends.get("gcs_endpoint"))
         client = embedded_s3_client(endpoint)
         jobs_url = f"s3://{EMBEDDED_BUCKET}/doctor"
         ensure_private_bucket(jobs_url, client=client)

@@ -295,8 +295,8 @@ def _tensorboard_hint(state, store) -> list[str]:
         return []
     lines = [f"curves: tensorboard --logdir {folder}"]
     cloud = standalone_state()
-    if cloud is not None and cloud.get("s3_endpoint"):
-        lines.append(f"  or over S3: S3_ENDPOINT={cloud['s3_endpoint']} AWS_ACCESS_KEY_ID=testing "
+    if cloud is not None:
+        lines.append(f"  or over S3: S3_ENDPOINT={cloud['aws_endpoint']} AWS_ACCESS_KEY_ID=testing "
                      f"AWS_SECRET_ACCESS_KEY=testing AWS_REGION=us-east-1 "
                      f"tensorboard --logdir s3://{EMBEDDED_BUCKET}/{state.job_id}/tensorboard")
     else:

@@ -40,7 +40,6 @@ def main(argv: list[str] | None = None) -> int:
         "aws_endpoint": cloud.aws_endpoint,
         "gce_endpoint": cloud.gce_endpoint,
         "gcs_endpoint": cloud.gcs_endpoint,
-        "s3_endpoint": cloud.disk.endpoint,  # the buckets for this machine's processes (no guard)
         "control_url": f"{cloud.gce_endpoint}/sailor",
         "metadata_url": f"{cloud.gce_endpoint}/metadata",
         "project": PROJECT,

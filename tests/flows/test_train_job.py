@@ -115,7 +115,7 @@ def _assert_tensorboard_tells_one_run(state: js.JobState, steps: int) -> None:
 
     # TensorBoard's own S3 file system (boto3), told the embedded endpoint as a user is (`sailor status`)
     saved = {k: os.environ.get(k) for k in ("S3_ENDPOINT", "AWS_REGION")}
-    os.environ.update(S3_ENDPOINT=embedded_endpoints()["s3_endpoint"], AWS_REGION="us-east-1")
+    os.environ.update(S3_ENDPOINT=embedded_endpoints()["aws_endpoint"], AWS_REGION="us-east-1")
     try:
         url = f"s3://{EMBEDDED_BUCKET}/{state.job_id}/tensorboard"
         acc, flow = read_tensorboard(url), read_tensorboard(f"{url}/{ATTEMPTS_RUN}")
