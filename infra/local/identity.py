@@ -9,7 +9,9 @@ service account (the embedded stand-in for AWS web-identity federation of a GCP 
 account, docs/clouds.md).  An instance without a profile or account gets no credentials.
 
 The keys are issued here and recorded, and S3 requests signed with them must stay inside what
-the role's inline policies allow (``s3_refusal``): moto's S3 checks no credentials itself.
+the role's inline policies allow (``s3_refusal``): neither moto's S3 nor rclone (the
+buckets on disk) checks credentials itself. GCS tokens the metadata server issued are recorded too
+(``gcs_refusal``).
 """
 
 from __future__ import annotations
