@@ -5,23 +5,15 @@ train-job flow's start, where a deployment run or one from the UI is checked the
 In the CLI the GPUs offered are the catalog's (a superset of any cloud's offers, at the embedded
 cloud's own prices); real clouds' live spot prices may be lower, so their budget is checked by
 the flow on the offers it gets.  Object storage is reached as the flow will reach it: on the
-embedded cloud, its S3 (of the embedded cloud running; with none running its buckets are not
-there yet), and no GCS (the embedded cloud has no GCS endpoint).
+embedded cloud, its buckets on disk (S3 and GCS, ``infra.config.use_embedded_storage``).
 """
 
 from __future__ import annotations
 
-import dataclasses
-import os
-
 from infra import config
 from sailor_core.catalog.instances import catalog_offers
-from sailor_core.job.prerent import check_inputs, check_reach
+from sailor_core.job.prerent import check_inputs, check_reach, local_checkpoint_problem
 from sailor_core.job.spec import JobSpec, JobSpecError
-from tasks.embedded_bucket import use_embedded_s3
-
-# obstore's GCSStore reaches an emulator at this base URL (tests/gcs_fake.py); the embedded cloud has none
-GCS_ENDPOINT_ENV = "GOOGLE_BASE_URL"
 
 
 def check_before_renting(spec: JobSpec, *, cloud: str, max_gpus_per_zone: int) -> None:
@@ -35,27 +27,12 @@ def check_before_renting(spec: JobSpec, *, cloud: str, max_gpus_per_zone: int) -
 
 
 def _reach_embedded_storage(spec: JobSpec) -> JobSpec:
-    """Reach the embedded cloud's S3 as the flow will; ``spec`` as it can be checked now.  With
-    no embedded cloud running, the one the flow starts has no bucket but those the flow makes
-    (the jobs bucket, an ``s3://`` checkpoint URL's): data or weights in S3 cannot be there, which
-    is said at once rather than after starting that cloud (seconds), and the checkpoint URL is
-    left to the flow."""
-    gcs = [(f, u) for f, u in (("dataset", spec.dataset), ("init_from", spec.init_from),
-                               ("checkpoint_url", spec.checkpoint_url)) if u.startswith("gs://")]
-    if gcs and not os.environ.get(GCS_ENDPOINT_ENV):
-        field, url = gcs[0]
-        raise JobSpecError(field, f"{url}: the embedded cloud has no GCS endpoint (use s3:// or a path there, "
-                                  "or gs:// on GCP)")
-    reads = [u for u in (spec.dataset, spec.init_from) if u.startswith("s3://")]
-    if not reads and not spec.checkpoint_url.startswith("s3://"):
-        return spec
-    running = config.running_embedded_endpoints()
-    if running is not None:
-        use_embedded_s3(running["aws_endpoint"])
-        return spec
-    if reads:
-        field = "dataset" if reads[0] == spec.dataset else "init_from"
-        bucket = reads[0][len("s3://"):].split("/", 1)[0]
-        raise JobSpecError(field, f"{reads[0]}: no bucket {bucket!r} in the embedded cloud's S3 (none is "
-                                  "running: `sailor cloud up` starts one that keeps its buckets while it runs)")
-    return dataclasses.replace(spec, checkpoint_url="")
+    """Reach the embedded cloud's buckets (on disk under the Sailor home, S3 and GCS) as the flow
+    will, when the job names any; a checkpoint folder on this machine is refused, as the flow's
+    session refuses it (``local_checkpoint_problem``)."""
+    problem = local_checkpoint_problem(spec.checkpoint_url)
+    if problem:
+        raise JobSpecError("checkpoint_url", f"{spec.checkpoint_url}: {problem}")
+    if any(u.startswith(("s3://", "gs://")) for u in (spec.dataset, spec.init_from, spec.checkpoint_url)):
+        config.use_embedded_storage()
+    return spec

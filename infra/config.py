@@ -5,7 +5,9 @@ for one of them), so a machine that happens to hold credentials never spends mon
 by surprise. Real credentials come the SDKs' usual ways: boto3's chain (env vars,
 ``AWS_PROFILE``, ~/.aws, SSO, instance role) and ``google.auth.default()``.
 Otherwise a standalone embedded cloud (``sailor cloud up``, found through
-``$SAILOR_HOME/cloud.json``) is used, or one is started inside this process.
+``$SAILOR_HOME/cloud.json``) is used, or one is started inside this process.  Either keeps its
+buckets in ``$SAILOR_HOME/cloud/buckets`` (``buckets_dir``), so a later command reaches what an
+ended one wrote (``use_embedded_storage``).
 """
 
 from __future__ import annotations
@@ -58,16 +60,70 @@ def standalone_state() -> dict | None:
         return None
 
 
+def buckets_dir() -> Path:
+    """The embedded cloud's buckets, on disk: every embedded cloud of this Sailor home serves them."""
+    return settings.sailor_home() / "cloud" / "buckets"
+
+
+def runs_dir() -> Path:
+    """Where the embedded clouds of this Sailor home keep their instances, one folder per cloud process."""
+    return settings.sailor_home() / "cloud" / "runs"
+
+
 def in_process_cloud():
-    """An embedded cloud inside this process (started once, stopped at exit)."""
+    """An embedded cloud inside this process (started once, stopped at exit), over the Sailor
+    home's buckets; instances a dead one left running are ended first."""
     global _in_process
     with _lock:
         if _in_process is None:
             from infra.local.cloud import EmbeddedCloud  # lazy: moto's server, only when the embedded cloud runs here
+            from infra.local.machines import reap_dead_runs  # lazy: as above
 
-            _in_process = EmbeddedCloud().start()
+            reap_dead_runs(runs_dir())
+            _in_process = EmbeddedCloud(state_dir=runs_dir() / str(os.getpid()), buckets_dir=buckets_dir()).start()
             atexit.register(_in_process.stop)
         return _in_process
+
+
+_storage_only = None  # DiskBuckets this process serves when no embedded cloud runs
+
+
+def use_embedded_storage() -> None:
+    """Let this process reach the embedded cloud's buckets (``s3://``, ``gs://``) with the standard
+    variables, when Sailor is on the embedded cloud and the environment names no endpoint: a
+    running cloud's (standalone, else this process's), else the buckets on disk served here."""
+    global _storage_only
+    if real_clouds() or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL"):
+        return
+    state = standalone_state()
+    with _lock:
+        if state is not None:
+            s3, gcs = state["aws_endpoint"], state.get("gcs_endpoint")  # its S3 front: objects and bucket settings
+        elif _in_process is not None:
+            s3, gcs = _in_process.aws_endpoint, _in_process.gcs_endpoint
+        else:
+            if _storage_only is None:
+                from infra.local.object_store import DiskBuckets  # lazy: only for the embedded cloud's buckets
+
+                _storage_only = DiskBuckets(buckets_dir()).start()
+                atexit.register(_storage_only.stop)
+            s3, gcs = _storage_only.endpoint, _storage_only.gcs_endpoint
+    point_at_embedded_storage(s3, gcs)
+
+
+def point_at_embedded_storage(s3_endpoint: str, gcs_endpoint: str | None) -> None:
+    """This process reaches the embedded S3 (any keys: it checks only those its metadata server
+    issued) and GCS (no token: the controller's) through the variables obstore and boto3 read."""
+    os.environ["AWS_ENDPOINT_URL_S3"] = s3_endpoint
+    os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
+    os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
+    if gcs_endpoint and not os.environ.get("GOOGLE_BASE_URL"):
+        key = settings.sailor_home() / "cloud" / "gcs-no-oauth.json"  # an emulator's "key": no token at all
+        key.parent.mkdir(parents=True, exist_ok=True)
+        key.write_text(json.dumps({"gcs_base_url": gcs_endpoint, "disable_oauth": True, "client_email": "",
+                                   "private_key": "", "private_key_id": ""}))
+        os.environ["GOOGLE_BASE_URL"] = gcs_endpoint
+        os.environ["GOOGLE_SERVICE_ACCOUNT"] = str(key)
 
 
 def embedded_endpoints() -> dict:
@@ -76,8 +132,9 @@ def embedded_endpoints() -> dict:
     if state is not None:
         return {**state, "source": "standalone"}
     cloud = in_process_cloud()
-    return {"aws_endpoint": cloud.aws_endpoint, "gce_endpoint": cloud.gce_endpoint,
-            "control_url": f"{cloud.gce_endpoint}/sailor", "network": cloud.network.mode, "source": "in-process"}
+    return {"aws_endpoint": cloud.aws_endpoint, "gce_endpoint": cloud.gce_endpoint, "gcs_endpoint": cloud.gcs_endpoint,
+            "control_url": f"{cloud.gce_endpoint}/sailor",
+            "network": cloud.network.mode, "source": "in-process"}
 
 
 def running_embedded_endpoints() -> dict | None:

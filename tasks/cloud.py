@@ -35,7 +35,7 @@ from sailor_core.job import state as js
 from sailor_core.job.nodes import NodeRequest, RunningInstance, match_instances
 from sailor_core.job.spec import JobSpec
 from tasks.cloud_session import CloudSession
-from tasks.embedded_bucket import EMBEDDED_BUCKET, embedded_s3_client, use_embedded_s3
+from tasks.embedded_bucket import EMBEDDED_BUCKET, embedded_s3_client
 from tasks.job_resources import delete_job_resources, open_job_resources
 from tasks.workers import Assignment
 
@@ -91,22 +91,25 @@ def open_session(mode: str, *, job_id: str, jobs_url: str, spec: JobSpec) -> Clo
         if "://" not in jobs_url or jobs_url.startswith("file://"):
             raise CloudConfigError("on real clouds the job's documents must be where instances reach them: "
                                    f"set jobs_url (or {settings.JOBS_URL_ENV}) to an s3:// or gs:// URL")
-        session = CloudSession(mode=used, job_id=job_id, jobs_url=jobs_url, providers=providers)
+        session = CloudSession(mode=used, job_id=job_id, jobs_url=jobs_url, home_url=jobs_url, providers=providers)
         s3_client = None
     else:
         ends = config.embedded_endpoints()
-        use_embedded_s3(ends["aws_endpoint"])
+        config.point_at_embedded_storage(ends["aws_endpoint"], ends.get("gcs_endpoint"))
         # Ending a local process group takes about the cloud's halt grace (1 s); bill a margin.
-        session = CloudSession(mode=used, job_id=job_id, jobs_url=f"s3://{EMBEDDED_BUCKET}/{job_id}",
+        session = CloudSession(mode=used, job_id=job_id, jobs_url=f"s3://{EMBEDDED_BUCKET}/{job_id}", home_url=jobs_url,
                                providers=providers, control_url=control_url, network=ends.get("network", "host"),
                                shutdown_s=5.0, worker_stop_s=8.0, heartbeat_timeout_s=60.0)
         s3_client = embedded_s3_client(ends["aws_endpoint"])
+    session.checkpoint_url(spec.checkpoint_url)  # a folder the instances cannot reach: refused before anything is rented
     with _lock:
         _sessions[job_id] = session  # from here on, a failure still finds what to clean up
     try:
         for url in sorted({spec.checkpoint_url, session.jobs_url}):
             if url.startswith("s3://"):
                 ensure_private_bucket(url, client=s3_client)  # created private and encrypted, refused if public
+            elif url.startswith("gs://") and used == "embedded":  # the embedded gs:// and s3:// buckets: one folder
+                ensure_private_bucket(f"s3://{url[len('gs://'):].split('/', 1)[0]}", client=s3_client)
         session.code = upload_code(session.jobs_url)
         open_job_resources(session, spec)
     except BaseException:
@@ -192,14 +195,19 @@ def list_offers(session: CloudSession, gpus: Sequence[str] = (), zones: Sequence
 
 def reconcile(session: CloudSession, state: js.JobState) -> js.JobState:
     """Line the job's records up with the cloud: close what ended, adopt what is up but unrecorded."""
-    now = time.time()
+    now, saved_at = time.time(), state.updated_unix_s
     found = {i.instance_id: i for i in session.query()}
     ended_preempted = {r.instance_id for r in state.running_instances()
                        if r.instance_id in found and found[r.instance_id].state == "preempted"}
     ended_other = {r.instance_id for r in state.running_instances()
-                   if r.instance_id not in found or not found[r.instance_id].live} - ended_preempted
+                   if r.instance_id in found and not found[r.instance_id].live} - ended_preempted
+    unknown = {r.instance_id for r in state.running_instances() if r.instance_id not in found}
     state = js.with_instances_ended(state, ended_preempted, "preempted", now_unix_s=now)
     state = js.with_instances_ended(state, ended_other, "lost", now_unix_s=now)
+    # An embedded cloud unknown to this one died with the process that ran it (its instances reaped
+    # at this cloud's start): billed until the job's state was last saved, not on to now.
+    lost_at = min(now, saved_at) if session.mode == "embedded" else now
+    state = js.with_instances_ended(state, unknown, "lost", now_unix_s=lost_at)
     known = {r.instance_id for r in state.instances}
     orphans = [i for i in found.values() if i.live and i.instance_id not in known]
     if orphans:  # launched by a flow run that died before saving: pay for them from now on

@@ -21,6 +21,7 @@ from infra.provider import CloudProvider, Feature
 from infra.records import LOCAL_ADDRESS_LABEL, RENDEZVOUS_PORT, InstanceInfo, job_labels
 from sailor_core import settings
 from sailor_core.catalog.clouds import cloud_facts
+from sailor_core.job.prerent import local_checkpoint_problem
 from sailor_core.ports import free_port
 from sailor_core.runtime.agent import post_preemption
 from sailor_core.storage import open_storage
@@ -35,6 +36,7 @@ class CloudSession:
     mode: str  # "embedded" or "real"
     job_id: str
     jobs_url: str  # the job's URL in the bucket its instances reach: agents' documents, code, staged data
+    home_url: str = ""  # the job's folder where the controller keeps its state (its default checkpoints' parent)
     providers: dict[str, CloudProvider]  # cloud name -> its provider (infra/providers.py)
     control_url: str | None = None  # the embedded cloud's control surface (preemption injection)
     network: str = "real"  # embedded: "netns" (own addresses, rules enforced) or "host" (all on 127.0.0.1)
@@ -108,10 +110,15 @@ class CloudSession:
         return f"{self.jobs_url}/{key}"
 
     def checkpoint_url(self, url: str) -> str:
-        """Where the workers keep checkpoints: a local directory is not on the instances, the bucket is."""
-        if "://" in url and not url.startswith("file://"):
+        """Where the workers keep checkpoints: the job's own folder on this machine (the default)
+        becomes its prefix in the bucket; another folder of this machine is refused, since the
+        instances cannot reach it (on the embedded cloud neither, once they are confined as VMs)."""
+        if not local_checkpoint_problem(url):
             return url
-        return f"{self.jobs_url}/checkpoints"
+        if not self.home_url or url.rstrip("/") == f"{self.home_url.rstrip('/')}/checkpoints":
+            return f"{self.jobs_url}/checkpoints"
+        raise CloudConfigError(f"--checkpoint-url {url}: {local_checkpoint_problem(url)} "
+                               f"({self.jobs_url}/checkpoints)")
 
     def terminate(self, instance_ids: Sequence[str]) -> list[str]:
         ended: list[str] = []

@@ -1,22 +1,14 @@
-"""The embedded cloud's jobs bucket (moto's S3): reaching it from this process, and reading what
-the jobs left in it (their agents' reports, objects outside every job's prefix)."""
+"""The embedded cloud's jobs bucket (on disk under the Sailor home, infra/local/object_store.py):
+reading what the jobs left in it (their agents' reports, objects outside every job's prefix)."""
 
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Sequence
 
 from infra import config
 
-EMBEDDED_BUCKET = "sailor-jobs"  # the embedded cloud's bucket for jobs (moto's S3)
-
-
-def use_embedded_s3(endpoint: str) -> None:
-    """This process reaches the embedded cloud's S3 (moto's; any keys do) with the standard variables."""
-    os.environ["AWS_ENDPOINT_URL_S3"] = endpoint
-    os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
-    os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
+EMBEDDED_BUCKET = "sailor-jobs"  # the embedded cloud's bucket for jobs
 
 
 def embedded_s3_client(endpoint: str):

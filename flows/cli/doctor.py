@@ -32,11 +32,12 @@ def doctor_cmd(
     if embedded:
         # lazy: loaded when the command runs (the CLI starts light)
         from infra.buckets import ensure_private_bucket
-        from infra.config import embedded_endpoints
-        from tasks.embedded_bucket import EMBEDDED_BUCKET, embedded_s3_client, use_embedded_s3
+        from infra.config import embedded_endpoints, point_at_embedded_storage
+        from tasks.embedded_bucket import EMBEDDED_BUCKET, embedded_s3_client
 
-        endpoint = embedded_endpoints()["aws_endpoint"]
-        use_embedded_s3(endpoint)
+        ends = embedded_endpoints()
+        endpoint = ends["aws_endpoint"]
+        point_at_embedded_storage(endpoint, ends.get("gcs_endpoint"))
         client = embedded_s3_client(endpoint)
         jobs_url = f"s3://{EMBEDDED_BUCKET}/doctor"
         ensure_private_bucket(jobs_url, client=client)

@@ -42,7 +42,10 @@ def export_cmd(
         checkpoint, tokenizer = job.checkpoint_url, tokenizer or job.tokenizer or data_tokenizer or None
         if not checkpoint:
             raise InputError(f"job {job_id!r} has no checkpoint URL")
+    from infra.config import use_embedded_storage  # lazy: as above
     from sailor_core.runtime.hf import export_checkpoint  # lazy: torch, only for this command
+
+    use_embedded_storage()  # a job's checkpoints in the embedded cloud's buckets, from any shell
 
     done = export_checkpoint(checkpoint, out, dtype=dtype, tokenizer_from=tokenizer)
     row = {"out": str(done.out_dir), "model": done.model, "step": done.step, "num_parameters": done.num_parameters,

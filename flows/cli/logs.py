@@ -1,8 +1,8 @@
 """``sailor logs``: the agents' and workers' logs of a job, from its storage, after the instances are gone.
 
-Instances upload them as they run (``sailor_core/job/logs.py``); on the embedded cloud the
-flow keeps them in the job's own storage when its run ends (the embedded bucket ends with
-its process), on a real cloud they are in the job's bucket from the first upload on.
+Instances upload them as they run (``sailor_core/job/logs.py``) to the job's bucket: on a real
+cloud the job's storage, on the embedded cloud its bucket on disk under the Sailor home (read
+from there, live; the flow also copies them to the job's folder when its run ends).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ def logs(job_id: str = typer.Argument(..., help="job id (see `sailor jobs`)"),
 
     store = js.JobStore()
     state = store.load(job_id)  # an unknown job: InputError, one line
-    url = store.job_url(job_id)
+    url = _logs_url(job_id, store.job_url(job_id))
     printed: dict = {}  # LogRef -> bytes of it printed
     while True:
         for ref in find_logs(url, attempt=attempt, rank=rank):
@@ -56,6 +56,26 @@ def logs(job_id: str = typer.Argument(..., help="job id (see `sailor jobs`)"),
         which = f" of attempt {attempt}" if attempt else ""
         which += f" of rank {rank}" if rank is not None else ""
         raise InputError(f"job {job_id!r} has no logs{which} under {url}/logs")
+
+
+def _logs_url(job_id: str, job_url: str) -> str:
+    """Where the job's logs are: on the embedded cloud its bucket (on disk, uploaded as the
+    instances run, so ``--follow`` is live), else the job's own storage."""
+    # lazy: as above
+    from infra.config import real_clouds, use_embedded_storage
+    from sailor_core.job.logs import find_logs
+    from tasks.embedded_bucket import EMBEDDED_BUCKET
+
+    if real_clouds():
+        return job_url
+    from sailor_core.storage import StorageError  # lazy: as above
+
+    use_embedded_storage()
+    bucket_url = f"s3://{EMBEDDED_BUCKET}/{job_id}"
+    try:
+        return bucket_url if find_logs(bucket_url) else job_url
+    except StorageError:  # the buckets' folder was removed: the copy the flow kept
+        return job_url
 
 
 def _attempt_ended(state, attempt: int) -> bool:

@@ -296,3 +296,30 @@ def status(job_id: str = typer.Argument(..., help="job id (see `sailor jobs`)"),
     for i in row["instances"]:
         out.print(f"  {i['instance_id']} {i['instance_type']} in {i['zone']}, attempt {i['attempt']}: "
                   f"{i['end_reason']}, {report.usd(i['usd'])}", highlight=False)
+    for line in _tensorboard_hint(state, JobStore()):
+        out.print(line, highlight=False, soft_wrap=True)
+
+
+def _tensorboard_hint(state, store) -> list[str]:
+    """How to read the job's curves: on the embedded cloud its event files are plain files under the
+    Sailor home (its buckets' folder), and over S3 while a standalone cloud serves them."""
+    # lazy: loaded when the command runs (the CLI starts light)
+    from infra.config import buckets_dir, real_clouds, standalone_state
+    from tasks.embedded_bucket import EMBEDDED_BUCKET
+
+    if not state.spec.tensorboard:
+        return []
+    if real_clouds():
+        return [f"curves: tensorboard --logdir {store.job_url(state.job_id)}/tensorboard"]
+    folder = buckets_dir() / EMBEDDED_BUCKET / state.job_id / "tensorboard"
+    if not folder.is_dir():
+        return []
+    lines = [f"curves: tensorboard --logdir {folder}"]
+    cloud = standalone_state()
+    if cloud is not None:
+        lines.append(f"  or over S3: S3_ENDPOINT={cloud['aws_endpoint']} AWS_ACCESS_KEY_ID=testing "
+                     f"AWS_SECRET_ACCESS_KEY=testing AWS_REGION=us-east-1 "
+                     f"tensorboard --logdir s3://{EMBEDDED_BUCKET}/{state.job_id}/tensorboard")
+    else:
+        lines.append("  (over S3 too while `sailor cloud up` serves the buckets: `sailor status` then says how)")
+    return lines

@@ -47,6 +47,26 @@ def _error(code: str, message: str, status: int):
     return status, body
 
 
+# Bucket settings moto keeps (its S3 in memory); objects and listings are the disk's.
+_BUCKET_SETTINGS = frozenset({
+    "publicAccessBlock", "encryption", "ownershipControls", "policy", "policyStatus", "acl", "versioning",
+    "tagging", "cors", "lifecycle", "location", "logging", "website", "notification", "replication",
+    "object-lock", "accelerate", "requestPayment"})
+
+
+def _bucket_setting(method: str, path: str, query: str) -> bool:
+    """Whether an S3 request is about a bucket itself (create, check, delete, its settings) or moto's
+    own API, rather than objects: those go to moto, the rest to the disk."""
+    if path.startswith("/moto-api"):
+        return True
+    bucket, _, key = path.lstrip("/").partition("/")
+    if not bucket or key:
+        return False
+    if set(parse_qs(query, keep_blank_values=True)) & _BUCKET_SETTINGS:
+        return True
+    return method in ("PUT", "HEAD", "DELETE")
+
+
 def gpus_of_type(instance_type: str) -> tuple[str | None, int]:
     try:
         row = get_instance_type("aws", instance_type)
@@ -70,6 +90,7 @@ class MotoEC2:
         on_change: Callable[[], None] | None = None,
         on_launch: Callable[[list[str]], None] | None = None,
         s3_guard: Callable[[str, str, str], str | None] | None = None,
+        disk=None,
     ) -> None:
         self.regions = regions
         self.capacity = capacity
@@ -77,6 +98,7 @@ class MotoEC2:
         self.on_change = on_change
         self.on_launch = on_launch  # the ids of instances just launched, before the caller hears back
         self.s3_guard = s3_guard  # (access key id, method, path) -> why it is refused, or None
+        self.disk = disk  # DiskBuckets (infra/local/object_store.py): the objects, on disk; None: moto's memory
         self._app = DomainDispatcherApplication(create_backend_app)
         self._server = None
         self._thread: threading.Thread | None = None
@@ -144,7 +166,8 @@ class MotoEC2:
 
     def _other_service(self, environ, start_response):
         """S3 through the same server; requests signed with an instance's credentials must stay
-        within what its role's policy allows (moto itself checks no credentials)."""
+        within what its role's policy allows (neither moto nor rclone checks credentials).  Then
+        objects and listings go to the buckets on disk, bucket settings to moto's S3."""
         auth = environ.get("HTTP_AUTHORIZATION", "")
         key = re.search(r"Credential=([A-Z0-9]+)/", auth)
         if key and self.s3_guard is not None:
@@ -157,7 +180,16 @@ class MotoEC2:
                 start_response("403 Forbidden", [("Content-Type", "application/xml"),
                                                  ("Content-Length", str(len(body)))])
                 return [body]
-        return self._app(environ, start_response)
+        if self.disk is None:
+            return self._app(environ, start_response)
+        method, path = environ.get("REQUEST_METHOD", "GET"), environ.get("PATH_INFO", "/")
+        if not _bucket_setting(method, path, environ.get("QUERY_STRING", "")):
+            return self.disk.forward(environ, start_response)
+        result = b"".join(self._app(environ, start_response))
+        bucket = path.strip("/")
+        if method == "PUT" and "<Error>" not in result.decode("utf-8", "replace")[:200] and bucket:
+            self.disk.ensure_bucket(bucket)  # created by moto (its settings), its objects on disk
+        return [result]
 
     def _service_quota(self, environ, start_response):
         """Service Quotas' GetServiceQuota for EC2's spot vCPU quotas (moto has none for EC2): the

@@ -30,6 +30,7 @@ from infra.local.identity import Identities
 from infra.local.image import image_for_this_machine
 from infra.local.machines import Hardware, Machines
 from infra.local.network import Network
+from infra.local.object_store import DiskBuckets
 from infra.local.rules import aws_allows, gce_allows
 from infra.retry import RetryPolicy
 from sailor_core.catalog.instances import instance_types
@@ -65,8 +66,12 @@ class EmbeddedCloud:
         faults: FaultRates | None = None,
         network: str | None = None,
         trace_files: bool = False,
+        buckets_dir: str | Path | None = None,
     ) -> None:
         self.state_dir = Path(state_dir) if state_dir else Path(tempfile.mkdtemp(prefix="sailor-cloud-"))
+        # the buckets' folder: the Sailor home's for the clouds Sailor starts, so they outlive this one
+        self.disk = DiskBuckets(Path(buckets_dir) if buckets_dir else self.state_dir / "buckets",
+                                gcs_guard=self._gcs_guard)
         self.notice_s = notice_s
         self.tick_s = tick_s
         self.halt_grace_s = halt_grace_s
@@ -77,7 +82,7 @@ class EmbeddedCloud:
         self.identities = Identities()
         self.trace_files = trace_files
         self.aws = MotoEC2(regions=self.aws_regions, capacity=self.capacity, faults=self.faults, on_change=self.reconcile,
-                           on_launch=self._aws_launched, s3_guard=self._s3_guard)
+                           on_launch=self._aws_launched, s3_guard=self._s3_guard, disk=self.disk)
         self.gce = GCEFake(project=PROJECT, capacity=self.capacity, faults=self.faults, boot_s=boot_s,
                            on_running=self._gce_running, on_halt=self._gce_halt, addresses=self._gce_addresses)
         self.machines: Machines | None = None
@@ -96,6 +101,7 @@ class EmbeddedCloud:
     def start(self) -> EmbeddedCloud:
         self.network.start()
         host = self.network.host_address  # where the instances reach the endpoints
+        self.disk.start(host=host)
         self.aws.start(host=host)
         self.gce.start(host=host)
         self.machines = Machines(self.state_dir / "instances", metadata_url=f"{self.gce.endpoint}/metadata",
@@ -117,6 +123,7 @@ class EmbeddedCloud:
             self.machines.halt_all()
         self.aws.stop()
         self.gce.stop()
+        self.disk.stop()
         self.network.stop()
         self.started = False
 
@@ -136,13 +143,19 @@ class EmbeddedCloud:
 
     @property
     def s3_endpoint(self) -> str:
-        """The embedded S3 (moto's, the same server as EC2): the jobs' buckets."""
+        """The embedded S3 (the same server as EC2: its guard, then the buckets on disk)."""
         return self.aws.endpoint
+
+    @property
+    def gcs_endpoint(self) -> str:
+        """The embedded GCS (its XML API: the guard, then the same buckets on disk)."""
+        return self.disk.gcs_endpoint
 
     def instance_endpoint_env(self) -> dict[str, str]:
         """What an embedded instance is told about its cloud (a real one knows its endpoints):
-        where S3 is and its region.  Never a credential: those come from the metadata server."""
-        return {"AWS_ENDPOINT_URL_S3": self.s3_endpoint, "AWS_REGION": "us-east-1"}
+        where S3 and GCS are and its region.  Never a credential: those come from the metadata server."""
+        return {"AWS_ENDPOINT_URL_S3": self.s3_endpoint, "AWS_REGION": "us-east-1",
+                "GOOGLE_BASE_URL": self.gcs_endpoint}
 
     def providers(self, *, retry: RetryPolicy | None = None) -> dict:
         return providers_for(self.aws_endpoint, self.gce_endpoint, retry=retry, aws_regions=self.aws_regions)
@@ -377,6 +390,9 @@ class EmbeddedCloud:
     def _s3_guard(self, access_key_id: str, method: str, path: str) -> str | None:
         return self.identities.s3_refusal(self, access_key_id, method, path)
 
+    def _gcs_guard(self, token: str, method: str, path: str) -> str | None:
+        return self.identities.gcs_refusal(self, token, method, path)
+
     # ---- the jobs' network rules, enforced in the instances' namespaces ---------------
 
     def apply_rules(self) -> None:
@@ -434,6 +450,8 @@ class EmbeddedCloud:
         return {
             "aws_endpoint": self.aws_endpoint,
             "gce_endpoint": self.gce_endpoint,
+            "gcs_endpoint": self.gcs_endpoint,
+            "buckets_dir": str(self.disk.root),
             "project": PROJECT,
             "network": self.network.mode,
             "notice_s": self.notice_s,

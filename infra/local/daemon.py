@@ -13,9 +13,10 @@ import signal
 import sys
 import time
 
-from infra.config import state_file
+from infra.config import buckets_dir, runs_dir, state_file
 from infra.local.cloud import PROJECT, EmbeddedCloud
 from infra.local.faults import parse_fault_rates
+from infra.local.machines import reap_dead_runs
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -28,7 +29,9 @@ def main(argv: list[str] | None = None) -> int:
 
     path = state_file()
     path.parent.mkdir(parents=True, exist_ok=True)
-    cloud = EmbeddedCloud(state_dir=path.parent / "cloud", notice_s=args.notice_s, faults=parse_fault_rates(args.faults))
+    reap_dead_runs(runs_dir())
+    cloud = EmbeddedCloud(state_dir=runs_dir() / str(os.getpid()), buckets_dir=buckets_dir(), notice_s=args.notice_s,
+                          faults=parse_fault_rates(args.faults))
     cloud.start()
     if args.trace:
         cloud.play_trace(args.trace, time_scale=args.time_scale)
@@ -36,6 +39,7 @@ def main(argv: list[str] | None = None) -> int:
         "pid": os.getpid(),
         "aws_endpoint": cloud.aws_endpoint,
         "gce_endpoint": cloud.gce_endpoint,
+        "gcs_endpoint": cloud.gcs_endpoint,
         "control_url": f"{cloud.gce_endpoint}/sailor",
         "metadata_url": f"{cloud.gce_endpoint}/metadata",
         "project": PROJECT,

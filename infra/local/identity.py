@@ -9,8 +9,9 @@ service account (the embedded stand-in for AWS web-identity federation of a GCP 
 account, docs/clouds.md).  An instance without a profile or account gets no credentials.
 
 The keys are issued here and recorded, and S3 requests signed with them must stay inside what
-the role's inline policies allow (``s3_refusal``, evaluated by moto's IAM policy engine): moto's S3
-checks no credentials itself.
+the role's inline policies allow (``s3_refusal``, evaluated by moto's IAM policy engine): neither
+moto's S3 nor rclone (the buckets on disk) checks credentials itself. GCS tokens the metadata
+server issued are recorded too (``gcs_refusal``).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from moto.iam.access_control import IAMPolicy, PermissionResult
 from moto.iam.models import iam_backends
 
 _CREDENTIALS = "latest/meta-data/iam/security-credentials"
+_TOKEN = "computeMetadata/v1/instance/service-accounts/default/token"
 
 
 class Identities:
@@ -34,6 +36,7 @@ class Identities:
         self._lock = threading.Lock()
         self._issued: dict[str, str] = {}  # access key id -> role name
         self._keys: dict[tuple[str, str], dict] = {}  # (instance, role) -> credentials document
+        self._tokens: dict[str, str] = {}  # GCS access token -> the service account it was issued to
 
     @staticmethod
     def _iam():
@@ -74,6 +77,22 @@ class Identities:
                 self._issued[key] = role
             return doc
 
+    def _token(self, account: str) -> dict:
+        token = "ya29.sailor-" + secrets.token_urlsafe(32)
+        with self._lock:
+            self._tokens[token] = account
+        return {"access_token": token, "expires_in": 3599, "token_type": "Bearer"}
+
+    def gcs_refusal(self, cloud, token: str, method: str, path: str) -> str | None:
+        """Why a GCS request is refused: a bearer token this metadata server never issued.  An issued
+        token is its service account's, which may use the buckets as on GCP (read_write scope, no
+        per-job scoping there either); a request without one is the controller's, as on S3."""
+        if not token:
+            return None
+        with self._lock:
+            known = token in self._tokens
+        return None if known else f"an unknown token may not {method} gs:/{urllib.parse.unquote(path.split('?')[0])}"
+
     def metadata(self, cloud, machine, path: str, method: str) -> tuple[int, str] | None:
         """The answer for identity and credential paths; None for the others (notices: files)."""
         if path == "latest/api/token":
@@ -87,6 +106,9 @@ class Identities:
         if path == "computeMetadata/v1/instance/service-accounts/default/email":
             account = self.service_account_of(cloud, machine) if machine.cloud == "gcp" else None
             return (200, account) if account else (404, "no service account")
+        if path == _TOKEN:
+            account = self.service_account_of(cloud, machine) if machine.cloud == "gcp" else None
+            return (200, json.dumps(self._token(account))) if account else (404, "no service account")
         if path.rstrip("/") == _CREDENTIALS or path.startswith(_CREDENTIALS + "/"):
             role = self.role_of(cloud, machine)
             if role is None:

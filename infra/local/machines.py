@@ -61,6 +61,37 @@ class Machine:
         return self.directory / "root"
 
 
+PGID_FILE = "pgid"
+
+
+def reap_dead_runs(runs: Path) -> list[str]:
+    """End the instances that embedded clouds, now dead, left running under ``runs/<pid>/`` (their
+    process groups), and remove those folders: a new cloud never leaves an old one's instances on.
+    Returns the instance ids reaped."""
+    reaped: list[str] = []
+    for run in sorted(runs.glob("*")) if runs.is_dir() else []:
+        if not run.name.isdigit() or _pid_alive(int(run.name)):
+            continue
+        for pgid_file in run.glob(f"instances/*/{PGID_FILE}"):
+            try:
+                os.killpg(int(pgid_file.read_text()), signal.SIGKILL)
+                reaped.append(pgid_file.parent.name)
+            except (ProcessLookupError, PermissionError, ValueError):
+                pass
+        shutil.rmtree(run, ignore_errors=True)
+    return reaped
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+
+
 class Machines:
     """Local process groups standing in for instances; thread-safe.
 
@@ -111,6 +142,8 @@ class Machines:
                 self.network.attach(instance_id)
             if script and script.strip():
                 machine.process = self._start(machine, script)
+                # what a later cloud over this folder ends if this one dies without halting it
+                (directory / PGID_FILE).write_text(str(machine.process.pid))
             return machine
 
     def environment(self, machine: Machine) -> dict[str, str]:
@@ -140,6 +173,8 @@ class Machines:
             env[settings.METADATA_URL_ENV] = f"{self.metadata_url}/{machine.instance_id}"
             # where the AWS SDKs and obstore ask for the instance profile's credentials (IMDS)
             env["AWS_METADATA_ENDPOINT"] = f"{self.metadata_url}/{machine.instance_id}"
+            if machine.cloud == "gcp":  # where obstore asks for the VM's service-account token (GCS)
+                env["GCE_METADATA_HOST"] = f"{self.metadata_url.split('://', 1)[-1]}/{machine.instance_id}"
         return env
 
     def _start(self, machine: Machine, script: str) -> subprocess.Popen:

@@ -36,6 +36,16 @@ OBJECT_SCHEMES = ("s3://", "gs://")
 _PROBE = ".sailor-write-check-"
 
 
+def local_checkpoint_problem(url: str) -> str | None:
+    """Why ``url`` (a ``--checkpoint-url``) cannot hold a job's checkpoints, or None: a folder of
+    this machine is out of the instances' reach (on the embedded cloud too, whose instances are
+    confined as VMs)."""
+    if not url or ("://" in url and not url.startswith("file://")):
+        return None
+    return ("a folder on this machine is out of the instances' reach; give an s3:// or gs:// URL, "
+            "or leave it out for the job's bucket")
+
+
 def check_inputs(spec: JobSpec) -> None:
     """The job's model weights, data and checkpoint location, as its workers will use them."""
     if spec.init_from:

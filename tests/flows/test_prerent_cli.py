@@ -47,9 +47,9 @@ BAD_INPUTS = {
     "corrupt safetensors": (["--model", "{llama}", "--init-from", "{corrupt}"],
                             "--init-from {corrupt}/model.safetensors: tensor"),
     "missing data bucket": (["--data", "s3://no-such-bucket/corpus/tokens.bin"], "no bucket 'no-such-bucket'"),
-    "gcs on the embedded default": (["--checkpoint-url", "gs://ckpt-bucket/job"],
-                                      "--checkpoint-url gs://ckpt-bucket/job: the embedded cloud has no GCS endpoint"),
-    "unwritable checkpoint URL": (["--checkpoint-url", "{unwritable}"], "--checkpoint-url {unwritable}: not writable"),
+    "missing gs:// data bucket": (["--data", "gs://no-such-bucket/corpus/tokens.bin"], "no bucket 'no-such-bucket'"),
+    "local checkpoint folder": (["--checkpoint-url", "{unwritable}"],
+                                "--checkpoint-url {unwritable}: a folder on this machine is out of the instances' reach"),
     "unreachable throughput floor": (["--min-throughput", "1e9"],
                                      "--min-throughput 1e+09 samples/s is above what any plan on the GPUs offered "
                                      "reaches: at most"),

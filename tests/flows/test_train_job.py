@@ -9,6 +9,9 @@ SIGTERM, SIGKILL), the controller and the planner decide.
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -73,8 +76,9 @@ def test_two_preemptions_end_with_the_loss_of_an_uninterrupted_run(prefect_api, 
     assert [i.end_reason for i in state.instances].count("preempted") == 2
     assert all(r.at_step > 0 for r in state.replans[1:]), "each recovery resumed from a checkpoint"
     _assert_nothing_left(state)
-    _assert_tensorboard_tells_one_run(state, tmp_path / "tb", steps)
+    _assert_tensorboard_tells_one_run(state, steps)
     assert_the_logs_outlive_the_instances(sailor_cli, state)  # `sailor logs`, instances gone
+    _assert_a_new_shell_reaches_the_job(state, tmp_path / "export")
 
     # The same samples, uninterrupted, on local processes under the plan the job ended with.
     data = settings.sailor_home() / "data" / "synthetic-tiny-seed0.npy"
@@ -86,27 +90,44 @@ def test_two_preemptions_end_with_the_loss_of_an_uninterrupted_run(prefect_api, 
         assert job_losses[step] == pytest.approx(loss, rel=1e-5, abs=1e-6), f"step {step}"
 
 
-def _assert_tensorboard_tells_one_run(state: js.JobState, folder: Path, steps: int) -> None:
+def _assert_a_new_shell_reaches_the_job(state: js.JobState, out: Path) -> None:
+    """From a process with no environment but the Sailor home: the job's status, and its export from
+    the checkpoints in the embedded cloud's buckets (on disk; this process's cloud is not asked)."""
+    sailor = str(Path(sys.executable).parent / "sailor")
+    env = {"PATH": os.environ["PATH"], "HOME": str(out.parent), "SAILOR_HOME": str(settings.sailor_home())}
+    status = subprocess.run([sailor, "status", state.job_id, "--json"], env=env, capture_output=True, text=True,
+                            timeout=120)
+    assert status.returncode == 0, status.stderr
+    assert json.loads(status.stdout)["last_checkpoint_step"] == state.last_checkpoint_step
+    done = subprocess.run([sailor, "export", state.job_id, "--out", str(out), "--json"], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["step"] == state.steps_done and (out / "model.safetensors").is_file()
+
+
+def _assert_tensorboard_tells_one_run(state: js.JobState, steps: int) -> None:
     """The job's event files (from its bucket, read by TensorBoard's own reader): one step axis over
     its three attempts, every metric at every step, the attempts and preemptions marked."""
     from infra.config import embedded_endpoints
-    from tasks.embedded_bucket import EMBEDDED_BUCKET, embedded_s3_client
+    from tasks.embedded_bucket import EMBEDDED_BUCKET
     from sailor_core.runtime.trackers import ATTEMPTS_RUN
     from tests.runtime.test_trackers import STEP_TAGS, read_tensorboard
 
-    s3 = embedded_s3_client(embedded_endpoints()["aws_endpoint"])
-    prefix = f"{state.job_id}/tensorboard/"
-    for obj in s3.list_objects_v2(Bucket=EMBEDDED_BUCKET, Prefix=prefix)["Contents"]:
-        path = folder / obj["Key"][len(prefix):]
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(s3.get_object(Bucket=EMBEDDED_BUCKET, Key=obj["Key"])["Body"].read())
-    acc = read_tensorboard(folder)
+    # TensorBoard's own S3 file system (boto3), told the embedded endpoint as a user is (`sailor status`)
+    saved = {k: os.environ.get(k) for k in ("S3_ENDPOINT", "AWS_REGION")}
+    os.environ.update(S3_ENDPOINT=embedded_endpoints()["aws_endpoint"], AWS_REGION="us-east-1")
+    try:
+        url = f"s3://{EMBEDDED_BUCKET}/{state.job_id}/tensorboard"
+        acc, flow = read_tensorboard(url), read_tensorboard(f"{url}/{ATTEMPTS_RUN}")
+    finally:
+        for k, v in saved.items():
+            os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
     for tag in [t for t in STEP_TAGS if not t.startswith("memory/")] + ["memory/peak_bytes_rank0"]:
         assert [e.step for e in acc.Scalars(tag)] == list(range(1, steps + 1)), tag
     assert [e.value for e in acc.Scalars("events/attempt")] == [1, 2, 3]
     assert len(acc.Scalars("events/preemption")) == 2
     assert [e.step for e in acc.Scalars("val/loss")] == [steps] and acc.Scalars("val/perplexity")
-    flow = read_tensorboard(folder / ATTEMPTS_RUN)  # the flow's own marks: spend, preemptions so far
+    # the flow's own marks: spend, preemptions so far
     assert [e.value for e in flow.Scalars("attempt/number")] == [1, 2, 3]
     assert [e.value for e in flow.Scalars("attempt/preemptions")] == [0, 1, 2]
     assert [e.step for e in flow.Scalars("attempt/number")] == [r.at_step for r in state.replans]
