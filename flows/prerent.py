@@ -19,20 +19,18 @@ from sailor_core.job.spec import JobSpec, JobSpecError
 def check_before_renting(spec: JobSpec, *, cloud: str, max_gpus_per_zone: int) -> None:
     """JobSpecError (one line naming the field) for an input the job's workers would refuse, a
     floor no plan reaches or a budget that buys no checkpoint; nothing is started."""
+    problem = local_checkpoint_problem(spec.checkpoint_url)
+    if problem:  # on every cloud, as the flow's session refuses it
+        raise JobSpecError("checkpoint_url", f"{spec.checkpoint_url}: {problem}")
     embedded = not (cloud == "real" or (cloud == "auto" and config.real_clouds()))
     check_inputs(_reach_embedded_storage(spec) if embedded else spec)
     offers = catalog_offers(gpus=spec.gpus or None, zones=spec.zones or None, clouds=spec.clouds or None)
     check_reach(spec, offers, max_gpus_per_zone=max_gpus_per_zone, prices_are_live=embedded)
 
 
-
 def _reach_embedded_storage(spec: JobSpec) -> JobSpec:
     """Reach the embedded cloud's buckets (on disk under the Sailor home, S3 and GCS) as the flow
-    will, when the job names any; a checkpoint folder on this machine is refused, as the flow's
-    session refuses it (``local_checkpoint_problem``)."""
-    problem = local_checkpoint_problem(spec.checkpoint_url)
-    if problem:
-        raise JobSpecError("checkpoint_url", f"{spec.checkpoint_url}: {problem}")
+    will, when the job names any."""
     if any(u.startswith(("s3://", "gs://")) for u in (spec.dataset, spec.init_from, spec.checkpoint_url)):
         config.use_embedded_storage()
     return spec
