@@ -26,11 +26,15 @@ def sailor_cli(capsys):
     from flows.cli.app import main
 
     def run(*args: str) -> subprocess.CompletedProcess:
+        env = dict(os.environ)  # a command may point its process at the embedded buckets: gone when it exits
         try:
             main(list(args))
             code = 0
         except SystemExit as exc:
             code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        finally:
+            os.environ.clear()
+            os.environ.update(env)
         out = capsys.readouterr()
         return subprocess.CompletedProcess(args, code, out.out, out.err)
 
