@@ -184,12 +184,12 @@ def _attempts(run: _Run, state: js.JobState) -> js.JobState:
         rec = recovery.launched(rec)
         if option is not decision.plan:  # moved by a zone failover: the GPUs it got (either market) count as available
             available = recovery.available_with(available, option.all_gpus())
+        before = state.last_checkpoint_step  # the watch records the checkpoints made meanwhile
         outcome, state = workers.watch_attempt(run.session, run.store, state, placed.assignments, planner=planner,
                                                available=available, current=option)
         state = run.save(state)
         if outcome.kind == FINISHED:
             return run.end(job_tasks.note_checkpoint(state), js.SUCCEEDED, f"{state.steps_done} steps done")
-        before = state.last_checkpoint_step
         state = _settle_early_end(run, state, placed.assignments, outcome)
         if outcome.kind == workers.BUDGET:
             return run.end(state, js.STOPPED_BUDGET, outcome.reason)

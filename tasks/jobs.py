@@ -93,7 +93,10 @@ def note_checkpoint(state: js.JobState) -> js.JobState:
     info = latest_valid_checkpoint(state.spec.checkpoint_url)
     if info is None:
         return state
-    return js.with_progress(state, last_checkpoint_step=info.step)
+    known = state.last_checkpoint
+    when = known.at_unix_s if known is not None and known.step == info.step else None  # as its workers reported it
+    return js.with_checkpoint(state, js.CheckpointRecord(step=info.step, url=f"{info.url.rstrip('/')}/{info.dirname}",
+                                                         at_unix_s=when))
 
 
 def keep_logs(instances_url: str, job_url: str) -> None:

@@ -33,6 +33,7 @@ from sailor_core.job.protocol import (
     AgentAction,
     AgentAssignment,
     AgentStatus,
+    CheckpointReport,
     InjectionReport,
     InjectPreemption,
     read_status,
@@ -117,15 +118,27 @@ def _merge_progress(state: js.JobState, statuses: dict[str, AgentStatus | None],
     # Earlier generations count too: workers a killed flow run left behind keep training (and
     # checkpointing) until the next run replaces them; their steps are the job's.  Older first,
     # so a redone step's newer loss wins.
+    checkpoint = None
     for st in sorted(reports, key=lambda r: r.generation):
         if -1 < st.generation <= generation:
             losses += st.losses
             val_losses += st.val_losses
             if st.step is not None:
                 step = max(step, st.step)
+            if st.checkpoint is not None and (checkpoint is None or st.checkpoint.step >= checkpoint.step):
+                checkpoint = st.checkpoint
+    state = _note_reported_checkpoint(state, checkpoint)
     if not losses and step == state.steps_done:
         return state
     return js.with_progress(state, steps_done=step, losses=losses, val_losses=val_losses)
+
+
+def _note_reported_checkpoint(state: js.JobState, report: CheckpointReport | None) -> js.JobState:
+    """The job's record of its newest checkpoint, as its workers committed it (``sailor status`` shows it
+    live).  Only a newer one than recorded: an earlier generation's report is older news."""
+    if report is None or report.step <= (state.last_checkpoint_step if state.last_checkpoint_step is not None else -1):
+        return state
+    return js.with_checkpoint(state, js.CheckpointRecord(step=report.step, url=report.url, at_unix_s=report.unix_s))
 
 
 def preemption_for_attempt(state: js.JobState) -> int | None:

@@ -245,6 +245,8 @@ def status(job_id: str = typer.Argument(..., help="job id (see `sailor jobs`)"),
     row = _job_row(state)
     row["status_reason"] = state.status_reason
     row["last_checkpoint_step"] = state.last_checkpoint_step
+    row["last_checkpoint_url"] = state.last_checkpoint.url if state.last_checkpoint else None
+    row["last_checkpoint_unix_s"] = state.last_checkpoint.at_unix_s if state.last_checkpoint else None
     row["final_loss"] = state.last_loss
     row["val_loss"] = state.last_val_loss
     row["val_loss_step"] = state.val_losses[-1][0] if state.val_losses else None
@@ -264,7 +266,9 @@ def status(job_id: str = typer.Argument(..., help="job id (see `sailor jobs`)"),
     out.print(f"started {row['started']}; flow run {state.flow_run_id or '-'}"
               + (f": {state.flow_run_url}" if state.flow_run_url else ""), highlight=False)
     val = "" if row["val_loss"] is None else f", val loss {row['val_loss']:.4f} (step {row['val_loss_step']})"
-    out.print(f"steps {state.steps_done}/{state.spec.steps}, last checkpoint {state.last_checkpoint_step}, "
+    where = f" at {row['last_checkpoint_url']}" if row["last_checkpoint_url"] else ""
+    out.print(f"steps {state.steps_done}/{state.spec.steps}, "
+              f"{report.checkpoint_words(state.last_checkpoint_step, row['last_checkpoint_unix_s'])}{where}, "
               f"loss {report.sig(state.last_loss, 4)}{val}, spent "
               f"{report.spend(row['usd_spent'], state.spec.budget_usd)}", highlight=False)
     for r in row["replans"]:

@@ -69,6 +69,16 @@ class InstanceRecord:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class CheckpointRecord:
+    """The job's newest checkpoint: where its workers committed it, and when (None: found by listing
+    the checkpoint storage, not reported as it completed)."""
+
+    step: int
+    url: str
+    at_unix_s: float | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ReplanRecord:
     """One (re-)plan: why it happened and what was chosen."""
 
@@ -100,6 +110,7 @@ class JobState:
     instances: tuple[InstanceRecord, ...] = ()
     steps_done: int = 0
     last_checkpoint_step: int | None = None
+    last_checkpoint: CheckpointRecord | None = None  # the same checkpoint: its URL and when it completed
     last_loss: float | None = None
     losses: tuple[tuple[int, float], ...] = ()  # (step, loss) as reported by rank 0
     val_losses: tuple[tuple[int, float], ...] = ()  # (step, validation loss after it) as reported by rank 0
@@ -256,6 +267,13 @@ def with_progress(state: JobState, *, steps_done: int | None = None,
     return _touch(state, **changes)
 
 
+def with_checkpoint(state: JobState, record: CheckpointRecord) -> JobState:
+    """The job's newest checkpoint is ``record`` (its workers reported it, or the storage lists it)."""
+    if state.last_checkpoint == record and state.last_checkpoint_step == record.step:
+        return state
+    return _touch(state, last_checkpoint_step=record.step, last_checkpoint=record)
+
+
 def _merge_by_step(old, new) -> tuple[tuple[int, float], ...]:
     by_step = dict(old)
     by_step.update((int(s), float(v)) for s, v in new)
@@ -287,6 +305,8 @@ def state_from_dict(data: Any) -> JobState:
                 "spec": spec,
                 "instances": tuple(InstanceRecord(**i) for i in data["instances"]),
                 "replans": tuple(ReplanRecord(**r) for r in data["replans"]),
+                "last_checkpoint": (CheckpointRecord(**data["last_checkpoint"])
+                                    if data.get("last_checkpoint") else None),
                 "losses": tuple((int(s), float(v)) for s, v in data["losses"]),
                 "val_losses": tuple((int(s), float(v)) for s, v in data.get("val_losses", ())),
                 "step_times": tuple((float(t), int(s)) for t, s in data.get("step_times", ())),
