@@ -12,7 +12,7 @@ from sailor_core.catalog.models import get_model, model_slug
 from sailor_core.errors import InputError, SailorError
 from sailor_core.job import state as js
 from sailor_core.job.logs import copy_logs
-from sailor_core.job.spec import JobSpec
+from sailor_core.job.spec import JobSpec, raised_limits, raised_words
 
 SYNTHETIC = "synthetic"
 SYNTHETIC_TOKENS = 1 << 16
@@ -27,13 +27,18 @@ def start_or_resume(store: js.JobStore, spec: JobSpec, job_id: str, *, run_id=No
     InputError raised, before anything is rented."""
     if store.exists(job_id):
         state = store.load(job_id)
-        if state.spec != spec:
+        raised = raised_limits(state.spec, spec) if state.spec != spec else None
+        if raised is not None:
+            get_run_logger().info("job %s continues with %s", job_id, raised_words(state.spec, raised))
+            state = js.with_spec(state, raised)
+        elif state.spec != spec:
             get_run_logger().warning(
                 "job %s continues with the settings it was started with (budget %.4f USD, %d steps); "
                 "the new flow run's differing parameters are ignored", job_id, state.spec.budget_usd,
                 state.spec.steps)
     else:
         state = js.new_job(spec, job_id)
+    store.clear_stop(job_id)  # a request that stopped an earlier run is done with
     state = js.with_flow_run(state, str(run_id) if run_id else None, url)
     if not state.finished:
         try:

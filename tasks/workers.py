@@ -47,6 +47,7 @@ from tasks.control import controller_decision
 from tasks.reporting import progress_description
 
 BUDGET = "budget"  # outcome: the controller stops the job before the budget would be crossed
+STOPPED = "stopped"  # outcome: someone asked the job to stop (its reason: who, ``StopRequest.by``)
 REPLAN = "replan"  # outcome: the controller switches plans (shrink to fit the budget, or new capacity)
 DECIDE_EVERY_S = 1.0
 SAVE_EVERY_S = 1.0
@@ -217,6 +218,9 @@ class _AttemptWatch:
         if now - self.last_save > SAVE_EVERY_S:
             self.store.save(self.state)
             self.last_save = now
+            request = self.store.stop_request(self.state.job_id)  # as often as the saves: one read a second
+            if request is not None:
+                return AttemptOutcome(kind=STOPPED, instance_ids=tuple(self.ids), reason=request.by), self.state
         if poll.boot_failures:  # failed, not hung: the instance is ended and the attempt re-planned
             reason = "; ".join(poll.boot_failures.values())
             self.log.error("%s", reason)
@@ -289,16 +293,16 @@ class _AttemptWatch:
 
 
 @task(name="stop-workers", tags=["workers"], cache_policy=NO_CACHE)
-def stop_attempt(session, state: js.JobState, assignments: Sequence[Assignment], timeout_s: float = 15.0) -> js.JobState:
-    """Stop the attempt's workers on the instances still up (SIGTERM: they checkpoint if they can).
+def stop_attempt(session, state: js.JobState, instance_ids: Sequence[str], timeout_s: float = 15.0) -> js.JobState:
+    """Stop the attempt's workers on the instances (``instance_ids``) still up (SIGTERM: they checkpoint
+    if they can).
 
     The agents' last reports of the attempt are merged first: the stop replaces them.
     """
-    statuses = {a.instance_id: read_status(session.jobs_url, a.instance_id) for a in assignments}
+    statuses = {iid: read_status(session.jobs_url, iid) for iid in instance_ids}
     state = _merge_progress(state, statuses, run_generation(state.attempt))
     generation = stop_generation(state.attempt)
-    live = [a.instance_id for a in assignments
-            if session.instance_states([a.instance_id]).get(a.instance_id) == "running"]
+    live = [iid for iid in instance_ids if session.instance_states([iid]).get(iid) == "running"]
     for iid in live:
         write_assignment(session.jobs_url, iid, AgentAssignment(generation=generation, attempt=state.attempt,
                                                                 action=AgentAction.STOP))
@@ -313,7 +317,7 @@ def stop_attempt(session, state: js.JobState, assignments: Sequence[Assignment],
     if pending:
         get_run_logger().warning("agents did not confirm the stop: %s", sorted(pending))
     # The stopped generation's final report (its ``previous``) has the steps run until the stop.
-    statuses = {a.instance_id: read_status(session.jobs_url, a.instance_id) for a in assignments}
+    statuses = {iid: read_status(session.jobs_url, iid) for iid in instance_ids}
     return _merge_progress(state, statuses, run_generation(state.attempt))
 
 

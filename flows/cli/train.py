@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-import signal
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Optional
@@ -22,6 +20,7 @@ import typer
 
 from flows.cli.common import console, print_json
 from flows.cli.spec_options import with_spec_options
+from flows.cli.stop import GracefulStop
 from sailor_core.errors import InputError, SailorError
 from sailor_core.job import report
 from sailor_core.job.spec import JobSpec, check_names
@@ -34,7 +33,8 @@ JOB_PANEL = "Job (what to train, where, within what budget)"
 
 
 def register(app: typer.Typer) -> None:
-    app.command(name="train")(with_spec_options(JobSpec, panel=JOB_PANEL, check=check_names)(train))
+    app.command(name="train")(with_spec_options(JobSpec, panel=JOB_PANEL, check=check_names,
+                                                continues=_continued)(train))
     app.command(name="ui")(ui)
     app.command(name="jobs")(jobs)
     app.command(name="status")(status)
@@ -64,7 +64,7 @@ def train(
     from flows.cli.prefect_server import configure_prefect_env, would_start_server
     from flows.cli.progress import live_display
     from flows.spec_parameters import spec_parameters
-    from sailor_core.job.state import new_job_id
+    from sailor_core.job.state import JobStore, new_job_id
 
     # Named here, so the flow run's name and its job_id parameter say which job it is.
     job_id = job_id or new_job_id(spec.model)
@@ -75,38 +75,69 @@ def train(
     choice = configure_prefect_env(start_server=not deployment)
     if not as_json and choice.source in ("started", "ephemeral"):
         out.print(f"[dim]{choice.describe()}[/dim]", highlight=False)
-    _sigint_interrupts()
-    try:
-        with live_display(enabled=not as_json, steps=spec.steps) as display:
+    with live_display(enabled=not as_json, steps=spec.steps) as display:
+        ctrl_c = GracefulStop(JobStore(), job_id, say=display.event if not as_json else _say)
+        ctrl_c.install()
+        try:
             summary = (_run_deployment(params, choice, display) if deployment else _run_local(params, display))
-    except KeyboardInterrupt:
-        # Typer turns Ctrl-C into a silent exit 130; say what became of the job. Locally the flow's
-        # `finally` has terminated the instances and saved the job as cancelled by now.
-        what = ("the flow run goes on on its worker (cancel it in the Prefect UI)" if deployment
-                else "job cancelled, its instances terminated (see `sailor jobs`)")
-        sys.stderr.write(f"error: interrupted; {what}\n")
-        raise typer.Exit(130) from None
+        except KeyboardInterrupt:
+            # Stopped at once (a second Ctrl-C, the grace over): locally the flow's `finally` has terminated the
+            # instances and saved the job as cancelled by now; a deployment's run was cancelled through the API.
+            summary = _summary_after_interrupt(job_id)
+        finally:
+            ctrl_c.uninstall()
     if as_json:
         print_json({k: summary.get(k) for k in (*SUMMARY_KEYS, "job_id", "status_reason", "flow_run_id",
                                                 "flow_run_url")})
     else:
         _print_summary(summary)
+    if ctrl_c.requested:
+        raise typer.Exit(130)  # as an interrupted command exits
     if summary.get("status") not in ("succeeded", "stopped_budget"):
         raise typer.Exit(1)
 
 
-def _sigint_interrupts() -> None:
-    """SIGINT (Ctrl-C) raises KeyboardInterrupt here, whatever this process inherited.
+def _say(text: str) -> None:
+    sys.stderr.write(text + "\n")
 
-    Python keeps an ignored SIGINT it inherits, and parents pass one on: a shell without job
-    control (a script, a CI step) starts `cmd &` with SIGINT ignored, and its children inherit
-    that.  Then a SIGINT would do nothing: the job trains on and its instances bill until someone
-    kills the process by force, skipping the flow's cleanup.  SIGINT is how `sailor train` is cancelled, so
-    it always cancels: the flow saves the job as cancelled and terminates its instances.
-    """
-    if threading.current_thread() is threading.main_thread() \
-            and signal.getsignal(signal.SIGINT) in (signal.SIG_IGN, signal.SIG_DFL, None):
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+def _summary_after_interrupt(job_id: str) -> dict:
+    """The job's summary as its store has it after a stop at once."""
+    # lazy: prefect's task machinery, once the job has run
+    from sailor_core.job.state import JobStore
+    from tasks.jobs import summary as job_summary
+
+    store = JobStore()
+    if not store.exists(job_id):
+        return {"job_id": job_id, "status": "cancelled", "status_reason": "stopped before the job started",
+                "steps": 0}
+    job = store.load(job_id)
+    return job_summary(job, instances_left_running=len(job.running_instances()))
+
+
+def _continued(run_only: dict, given: dict, spelled: dict) -> JobSpec | None:
+    """``--job-id`` of a job that exists: its own settings, with ``--budget-usd``/``--steps`` raised
+    where given (said in one line); any other option that differs from the job's is refused."""
+    job_id = run_only.get("job_id")
+    if not job_id or not _JOB_ID.fullmatch(job_id):
+        return None
+    # lazy: the job store, only for --job-id
+    from sailor_core.job.spec import JobSpecError, continued_spec, raised_words
+    from sailor_core.job.state import JobStore
+
+    store = JobStore()
+    if not store.exists(job_id):
+        return None
+    recorded = store.load(job_id).spec
+    if "dataset" in given:
+        given["dataset"] = _with_local_data_resolved(dataclasses.replace(recorded, dataset=given["dataset"])).dataset
+    try:
+        spec = continued_spec(recorded, given)
+    except JobSpecError as exc:
+        raise InputError(f"{spelled.get(exc.field, exc.field)} {exc.problem}") from None
+    raised = raised_words(recorded, spec)
+    sys.stderr.write(f"job {job_id} continues with its own settings" + (f"; {raised}" if raised else "") + "\n")
+    return spec
 
 
 def _with_local_data_resolved(spec: JobSpec) -> JobSpec:
@@ -131,10 +162,14 @@ def _run_local(params: dict, display) -> dict:
     add_event_listener(display.on_job_event)
     try:
         with quiet_engine_failures():
-            summary = train_job(**params)
+            final = train_job(**params, return_state=True)
     finally:
         remove_event_listener(display.on_job_event)
         remove_progress_listener(display.state)
+    if not final.is_cancelled():
+        summary = final.result()  # the flow's summary; a failure raises as it did (its one error line)
+    else:  # a stop: the job as its store has it
+        summary = _summary_after_interrupt(params["job_id"])
     display.finish(summary)
     return summary
 

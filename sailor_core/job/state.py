@@ -31,6 +31,7 @@ from sailor_core.settings import jobs_url
 from sailor_core.storage import open_storage
 
 STATE_VERSION = 1
+STOP_FILE = "stop.json"  # next to the job's state.json: a StopRequest
 
 SUCCEEDED = "succeeded"
 STOPPED_BUDGET = "stopped_budget"
@@ -177,6 +178,11 @@ def with_status(state: JobState, status: str, reason: str = "") -> JobState:
     return _touch(state, status=status, status_reason=reason)
 
 
+def with_spec(state: JobState, spec: JobSpec) -> JobState:
+    """A continued job's raised limits (``sailor_core.job.spec.raised_limits``)."""
+    return _touch(state, spec=spec)
+
+
 def with_flow_run(state: JobState, run_id: str | None = None, url: str | None = None) -> JobState:
     return _touch(state, num_flow_runs=state.num_flow_runs + 1, flow_run_id=run_id, flow_run_url=url)
 
@@ -280,6 +286,29 @@ def _merge_by_step(old, new) -> tuple[tuple[int, float], ...]:
     return tuple(sorted(by_step.items()))
 
 
+# ---- a person's request to stop ----------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StopRequest:
+    """Someone asked the job to stop: its workers take a final checkpoint, its instances end, and
+    it is saved as cancelled (continued later with ``sailor train --job-id``).  Written by
+    ``sailor stop``, by the first Ctrl-C of ``sailor train`` (also with ``--deployment``); the
+    flow run of the job reads it while it watches the workers (``JobStore.stop_request``)."""
+
+    by: str  # who asked, as the job's reason says it: "Ctrl-C", "`sailor stop`", ...
+    at_unix_s: float
+
+
+def stopped_reason(state: JobState, by: str) -> str:
+    """Why a stopped job ended, and how to go on: "stopped by the user (Ctrl-C) at step 547;
+    checkpoint 545 saved; continue with `sailor train --job-id J`"."""
+    saved = (f"checkpoint {state.last_checkpoint_step} saved" if state.last_checkpoint_step is not None
+             else "no checkpoint yet (a continued job starts from step 0)")
+    return (f"stopped by the user ({by}) at step {state.steps_done}; {saved}; "
+            f"continue with `sailor train --job-id {state.job_id}`")
+
+
 # ---- serialisation -----------------------------------------------------------
 
 
@@ -347,6 +376,25 @@ class JobStore:
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise InputError(f"job state of {job_id!r} is not valid JSON: {exc}") from None
         return state_from_dict(data)
+
+    def request_stop(self, job_id: str, request: StopRequest) -> None:
+        self._storage().put_atomic(f"{job_id}/{STOP_FILE}", json.dumps(dataclasses.asdict(request)).encode())
+
+    def stop_request(self, job_id: str) -> StopRequest | None:
+        """The job's pending stop request; None when there is none (or it cannot be read)."""
+        storage = self._storage()
+        key = f"{job_id}/{STOP_FILE}"
+        try:
+            if not storage.exists(key):
+                return None
+            data = json.loads(storage.get(key))
+            return StopRequest(by=str(data["by"]), at_unix_s=float(data["at_unix_s"]))
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+    def clear_stop(self, job_id: str) -> None:
+        """A new flow run of the job starts: an old request (it stopped the last run) is done."""
+        self._storage().delete(f"{job_id}/{STOP_FILE}")
 
     def exists(self, job_id: str) -> bool:
         return self._storage().exists(f"{job_id}/state.json")
