@@ -218,20 +218,24 @@ def ui(
 ) -> None:
     """Start a local Prefect server (SQLite under $SAILOR_HOME/prefect) and print its URL."""
     # lazy: loaded when the command runs (the CLI starts light)
-    from flows.cli.prefect_server import PROFILE, ensure_local_server, prefect_home, stop_local_server, ui_url
+    from flows.cli.prefect_server import (PROFILE, ensure_local_server, prefect_home, previous_profile,
+                                          stop_local_server, ui_url)
     from flows.cli.worker import stop_worker
 
     if stop:
         worker = stop_worker()
-        server = stop_local_server()
-        typer.echo("stopped " + " and ".join(w for w, did in (("the worker", worker), ("the server", server)) if did)
-                   if worker or server else "no server was running")
+        active = stop_local_server()
+        typer.echo("stopped " + " and ".join(w for w, did in (("the worker", worker), ("the server", active)) if did)
+                   + (f"; the Prefect profile {active!r} is active" if active else "")
+                   if worker or active else "no server was running")
         return
     api_url, started = ensure_local_server(port=port)
+    was = previous_profile()
     typer.echo(ui_url(api_url))
     typer.echo(f"({'started' if started else 'already running'}; API {api_url}; database and log under "
-               f"{prefect_home()}; the Prefect profile {PROFILE!r} is active, so plain `prefect` commands and "
-               "`sailor train` use this server; `sailor ui --stop` stops it)", err=True)
+               f"{prefect_home()}; the Prefect profile {PROFILE!r} is active" + (f" (was {was!r})" if was else "")
+               + ", so plain `prefect` commands and `sailor train` use this server; `sailor ui --stop` stops it"
+               + (f" and makes {was!r} active again)" if was else ")"), err=True)
 
 
 def _job_row(state) -> dict:
