@@ -51,7 +51,9 @@ def _flow_run(run_id: str):
         return client.read_flow_run(run_id)
 
 
-def _train_until_ctrl_c(home, api_url) -> tuple[int, str, str]:
+def _train_until_stopped(home, api_url, stop=lambda proc: os.killpg(proc.pid, signal.SIGINT)
+                         ) -> tuple[int, str, str]:
+    """`sailor train` of the job until it passes step 50, then ``stop(process)`` (default: a terminal's Ctrl-C)."""
     # A batch of 128 keeps the tiny model's steps slow enough that the stop lands before step 200.
     train = _sailor(home, api_url, "train", "--budget-usd", "0.5", "--steps", str(STEPS), "--checkpoint-every",
                     str(EVERY), "--global-batch", "128", "--val-fraction", "0", "--validate-every", "0",
@@ -66,7 +68,7 @@ def _train_until_ctrl_c(home, api_url) -> tuple[int, str, str]:
             time.sleep(0.3)
         else:
             pytest.fail("the job did not pass step 50 within 400 s")
-        os.killpg(train.pid, signal.SIGINT)  # what Ctrl-C in a terminal does
+        stop(train)
         out, err = train.communicate(timeout=120)
     finally:
         _stop_group(train, signal.SIGKILL)
@@ -77,7 +79,7 @@ def _train_until_ctrl_c(home, api_url) -> tuple[int, str, str]:
 def test_ctrl_c_stops_with_a_final_checkpoint_and_a_new_process_continues_from_it(standalone_cloud, prefect_api,
                                                                                    tmp_path, monkeypatch):
     home, cloud = standalone_cloud
-    code, out, err = _train_until_ctrl_c(home, prefect_api)
+    code, out, err = _train_until_stopped(home, prefect_api)
     assert code == 130, (code, out[-3000:], err[-3000:])
     assert "Traceback" not in err and "KeyboardInterrupt" not in out + err, err[-3000:]
     assert "its workers take a final checkpoint" in out + err
@@ -141,3 +143,21 @@ def _assert_logits_equal(checkpoint_url: str, folder) -> None:
     tokens = torch.randint(0, spec.vocab_size, (2, spec.seq_len), generator=torch.Generator().manual_seed(6))
     with torch.no_grad():
         assert float((exported(input_ids=tokens).logits - engine(tokens)).abs().max()) <= TOL
+
+
+@pytest.mark.slow  # ~2 min: a standalone cloud and a flow run
+def test_a_cancel_of_the_flow_run_stops_it_with_a_final_checkpoint(standalone_cloud, prefect_api):
+    """What a cancel in the Prefect UI does to the run's process (its worker SIGTERMs it; Prefect raises
+    TerminationSignal in the flow), here to `sailor train`'s own: the workers checkpoint, the run ends Cancelled."""
+    home, cloud = standalone_cloud
+    code, out, err = _train_until_stopped(home, prefect_api, stop=lambda proc: os.kill(proc.pid, signal.SIGTERM))
+    assert code == 1 and "Traceback" not in err and "TerminationSignal" not in out + err, (code, err[-3000:])
+    stopped = _job(home)
+    ckpt = stopped["last_checkpoint_step"]
+    reason = (f"stopped by the user (a cancel of its flow run: the Prefect UI or SIGTERM) at step "
+              f"{stopped['steps_done']}; checkpoint {ckpt} saved; continue with `sailor train --job-id {JOB_ID}`")
+    assert stopped["status"] == "cancelled" and stopped["status_reason"] == reason
+    assert STOP_AFTER <= ckpt == stopped["steps_done"] < STEPS
+    assert not [i for i in _job_instances(cloud) if i.state in ("pending", "running")]
+    run = _flow_run(stopped["flow_run_id"])
+    assert run.state.type.value == "CANCELLED" and run.state.message == reason
