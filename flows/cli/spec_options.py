@@ -117,21 +117,19 @@ def _build(spec_type: type, values: dict[str, Any], spelled: dict[str, str], che
         raise InputError(f"{spelled.get(exc.field, exc.field)} {exc.problem}") from None
 
 
-def _given(spec_type: type) -> set[str]:
-    """The spec's fields whose option (or an alias of it) this command line gave."""
-    # lazy: click comes with typer; only the running command's context is asked
-    import click
-    from click.core import ParameterSource
+_CTX = "sailor_typer_context"  # the command's Typer context, asked which options the command line gave
 
-    ctx = click.get_current_context(silent=True)
+
+def _given(spec_type: type, ctx: typer.Context | None) -> set[str]:
+    """The spec's fields whose option (or an alias of it) this command line gave."""
     if ctx is None:
         return set()
     given = set()
     for f in spec_fields(spec_type):
         names = [f.name, *(_alias_name(f, i) for i in range(len(f.option.aliases))),
                  *(_off_alias_name(f, i) for i in range(len(f.option.off_aliases)))]
-        if any(ctx.get_parameter_source(n) in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT)
-               for n in names):
+        sources = [ctx.get_parameter_source(n) for n in names]
+        if any(src is not None and src.name in ("COMMANDLINE", "ENVIRONMENT") for src in sources):
             given.add(f.name)
     return given
 
@@ -187,7 +185,7 @@ def with_spec_options(spec_type: type, *, panel: str | None = None, check: Calla
         assert not clash, f"run-only options shadow {spec_type.__name__} fields: {sorted(clash)}"
 
         def command(**options: Any) -> None:
-            given = _given(spec_type) if continues is not None else set()
+            given = _given(spec_type, options.pop(_CTX, None))
             values, spelled = _values_from_options(spec_type, options)
             spec = continues({p.name: options[p.name] for p in run_only}, {k: values[k] for k in given},
                              spelled) if continues is not None else None
@@ -198,7 +196,9 @@ def with_spec_options(spec_type: type, *, panel: str | None = None, check: Calla
                 spec = _build(spec_type, values, spelled, check)
             fn(spec, **options)
 
-        signature = inspect.Signature(params + [_in_run_panel(p) if panel else p for p in run_only])
+        context = ([inspect.Parameter(_CTX, inspect.Parameter.KEYWORD_ONLY, annotation=typer.Context)]
+                   if continues is not None else [])
+        signature = inspect.Signature(params + [_in_run_panel(p) if panel else p for p in run_only] + context)
         command.__name__, command.__doc__ = fn.__name__, fn.__doc__
         command.__signature__ = signature  # type: ignore[attr-defined]
         command.__annotations__ = {p.name: p.annotation for p in signature.parameters.values()}
