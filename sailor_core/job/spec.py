@@ -99,6 +99,11 @@ class JobSpec:
     tensorboard: bool = option(True, help="rank 0 writes TensorBoard event files to the job's <url>/tensorboard "
                                           "(`tensorboard --logdir` on it); W&B and MLflow follow WANDB_PROJECT / "
                                           "WANDB_MODE and MLFLOW_TRACKING_URI", cli=("--tensorboard/--no-tb",))
+    wandb_project: str = option("", help="rank 0 logs to this Weights & Biases project (the `wandb` extra; "
+                                         "WANDB_PROJECT does the same)", cli=("--wandb",), worker=True)
+    mlflow_tracking_uri: str = option("", help="rank 0 logs to this MLflow tracking server or file:// store (the "
+                                               "`mlflow` extra; MLFLOW_TRACKING_URI does the same)",
+                                      cli=("--mlflow",), worker=True)
 
     def __post_init__(self) -> None:
         # Sequences arrive as lists from JSON (job states, flow parameters); the spec keeps tuples.
@@ -234,6 +239,25 @@ def check_worker_options(spec: Any) -> None:
     for name in ("weight_decay", "grad_clip_norm"):
         if not getattr(spec, name) >= 0:
             raise JobSpecError(name, f"must be at least 0, got {getattr(spec, name)}")
+    _check_trackers(spec.wandb_project, spec.mlflow_tracking_uri)
+
+
+def _check_trackers(wandb_project: str, mlflow_uri: str) -> None:
+    bad = sorted(set(wandb_project) & set(_WANDB_FORBIDDEN))
+    if bad or len(wandb_project) > 128:  # W&B refuses these in project names
+        raise JobSpecError("wandb_project", f"is not a W&B project name (no {' '.join(_WANDB_FORBIDDEN)}; "
+                                            f"at most 128 characters), got {wandb_project!r}")
+    scheme = mlflow_uri.split("://", 1)[0] if "://" in mlflow_uri else ""
+    if mlflow_uri and scheme not in _MLFLOW_SCHEMES:
+        raise JobSpecError("mlflow_tracking_uri", f"must be an http(s):// server, a file:// store or a "
+                                                  f"databricks URI, got {mlflow_uri!r}")
+    if "@" in mlflow_uri.split("://", 1)[-1].split("/", 1)[0]:  # it is written into checkpoints and logs
+        raise JobSpecError("mlflow_tracking_uri", "must not carry credentials: set MLFLOW_TRACKING_USERNAME/"
+                                                  "PASSWORD (or _TOKEN) on the instances")
+
+
+_WANDB_FORBIDDEN = "/\\#?%:"
+_MLFLOW_SCHEMES = ("http", "https", "file", "databricks")
 
 
 def _check_init_from(url: str) -> None:

@@ -64,8 +64,12 @@ class _RecipeRules:
     def continued(self, kept: Mapping[str, Any]) -> Recipe:
         """This recipe with a checkpoint's values (``to_dict``) over it: a value the checkpoint
         lacks (an option added since, a key of another version) stays as asked."""
-        names = {f.name for f in dataclasses.fields(self)}
+        names = {f.name for f in dataclasses.fields(self)} - _ASKED_EACH_ATTEMPT
         return dataclasses.replace(self, **{k: v for k, v in kept.items() if k in names})
+
+
+# Where the metrics go is no part of the training: the workers log where this attempt was told.
+_ASKED_EACH_ATTEMPT = {"wandb_project", "mlflow_tracking_uri"}
 
 
 # The job's total steps, then JobSpec's worker options with their types and defaults.

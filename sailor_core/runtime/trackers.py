@@ -14,10 +14,10 @@ step it stopped (``events/preemption``).
   of a worker that dies are lost with it, as its training is: the next attempt redoes them.  Each attempt's file starts with a ``SessionLog.START`` at its first new step:
   TensorBoard drops the steps after it that an earlier attempt logged past its last
   checkpoint (a peer lost mid-way), so each step shows once.
-- Weights & Biases (``wandb``; on when ``WANDB_PROJECT`` or ``WANDB_MODE`` is set, other than
-  ``disabled``): the run id is the job id with ``resume="allow"``, so every attempt continues
+- Weights & Biases (``wandb``; on with ``--wandb PROJECT``, or when ``WANDB_PROJECT`` or
+  ``WANDB_MODE`` is set, other than ``disabled``): the run id is the job id with ``resume="allow"``, so every attempt continues
   one run; the attempt markers go with the next step's figures (W&B takes steps in order).
-- MLflow (``mlflow-skinny``; on when ``MLFLOW_TRACKING_URI`` is set): the run tagged
+- MLflow (``mlflow-skinny``; on with ``--mlflow URI`` or when ``MLFLOW_TRACKING_URI`` is set): the run tagged
   ``job_id`` in the experiment ``MLFLOW_EXPERIMENT_NAME`` (default ``sailor``), found again by
   that tag on resume.
 A tracker that fails to start or to log is reported once on stderr and left off: the
@@ -41,13 +41,16 @@ MLFLOW_DEFAULT_EXPERIMENT = "sailor"
 class Trackers:
     """Rank 0's sinks of the job's metrics (each optional)."""
 
-    def __init__(self, *, job_id: str | None, tensorboard_url: str | None, attempt: int, config: dict) -> None:
-        """``job_id``: the run every attempt continues (None: a new run, e.g. `sailor engine run`)."""
+    def __init__(self, *, job_id: str | None, tensorboard_url: str | None, attempt: int, config: dict,
+                 wandb_project: str = "", mlflow_uri: str = "") -> None:
+        """``job_id``: the run every attempt continues (None: a new run, e.g. `sailor engine run`);
+        ``wandb_project``/``mlflow_uri``: the job's `--wandb`/`--mlflow`, else their variables."""
         self.job_id, self.attempt = job_id, attempt
         self._tb = _TensorBoard(tensorboard_url, attempt) if tensorboard_url else None
-        self._wandb = _start("wandb", lambda: _WandB(job_id, config)) if settings.wandb_enabled() else None
-        self._mlflow = (_start("mlflow", lambda: _MLflow(job_id, config))
-                        if settings.mlflow_tracking_uri() else None)
+        wandb_on = bool(wandb_project) or settings.wandb_enabled()
+        self._wandb = _start("wandb", lambda: _WandB(job_id, config, wandb_project)) if wandb_on else None
+        mlflow_uri = mlflow_uri or settings.mlflow_tracking_uri() or ""
+        self._mlflow = _start("mlflow", lambda: _MLflow(job_id, config, mlflow_uri)) if mlflow_uri else None
 
     def _sinks(self) -> list:
         return [s for s in (self._tb, self._wandb, self._mlflow) if s is not None]
@@ -154,12 +157,12 @@ class _TensorBoard:
 
 
 class _WandB:
-    def __init__(self, job_id: str | None, config: dict) -> None:
+    def __init__(self, job_id: str | None, config: dict, project: str) -> None:
         import wandb  # lazy: an optional extra (`pip install sailor[wandb]`)
 
         self.wandb = wandb
         self.run = wandb.init(id=job_id, name=job_id, resume="allow" if job_id else None, config=config,
-                              project=os.environ.get("WANDB_PROJECT") or "sailor")
+                              project=project or os.environ.get("WANDB_PROJECT") or "sailor")
         self.pending: dict[str, float] = {}
 
     def start(self, step: int, attempt: int, text: str) -> None:
@@ -180,10 +183,10 @@ class _WandB:
 
 
 class _MLflow:
-    def __init__(self, job_id: str | None, config: dict) -> None:
+    def __init__(self, job_id: str | None, config: dict, tracking_uri: str) -> None:
         from mlflow.tracking import MlflowClient  # lazy: an optional extra (`pip install sailor[mlflow]`)
 
-        self.client = MlflowClient(tracking_uri=settings.mlflow_tracking_uri())
+        self.client = MlflowClient(tracking_uri=tracking_uri)
         name = os.environ.get("MLFLOW_EXPERIMENT_NAME") or MLFLOW_DEFAULT_EXPERIMENT
         exp = self.client.get_experiment_by_name(name)
         exp_id = exp.experiment_id if exp is not None else self.client.create_experiment(name)

@@ -264,8 +264,10 @@ def _start_trackers(run: _Run) -> None:
     args = run.args
     config = {"model": run.plan.model, "global_batch_size": run.plan.global_batch_size,
               "num_gpus": run.plan.num_gpus, **run.trainer.recipe.to_dict()}
+    recipe = run.trainer.recipe
     run.trackers = Trackers(job_id=args.job_id, tensorboard_url=args.tensorboard_url,
-                            attempt=settings.attempt(), config=config)
+                            attempt=settings.attempt(), config=config,
+                            wandb_project=recipe.wandb_project, mlflow_uri=recipe.mlflow_tracking_uri)
     run.trackers.started(run.trainer.step, plan_text=run.plan.to_json(), state_from=run.state_from)
 
 

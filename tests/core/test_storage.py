@@ -146,6 +146,8 @@ def test_urls_that_name_no_storage_are_refused():
 def test_a_refusing_endpoint_is_one_line_naming_the_url(gcs_fake, monkeypatch):
     gcs_fake.create_bucket(BUCKET)
     gcs_fake.refuse = True
+    # the S3-only variable wins over the general one: an in-process `sailor train` of another test may have left it
+    monkeypatch.delenv("AWS_ENDPOINT_URL_S3", raising=False)
     monkeypatch.setenv("AWS_ENDPOINT_URL", gcs_fake.url)  # an S3 endpoint that answers 403 as well
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "k")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "s")

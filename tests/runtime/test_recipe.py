@@ -86,3 +86,32 @@ def test_an_undecayed_parameter_is_not_shrunk():
     opt.step()
     assert torch.equal(tok, tok_before)
     assert torch.allclose(q_w, q_before * (1 - 1e-2 * 0.5))
+
+
+def test_tracker_flags_reach_the_workers_and_follow_each_attempt():
+    import argparse
+
+    from sailor_core.job.worker_args import add_worker_arguments, worker_argv, worker_values
+
+    spec = JobSpec(budget_usd=1, wandb_project="team-runs", mlflow_tracking_uri="file:///tmp/mlruns")
+    parser = argparse.ArgumentParser()
+    add_worker_arguments(parser)
+    parsed = parser.parse_args(worker_argv(spec))
+    recipe = make_recipe(spec.steps, worker_values(parsed))
+    assert (recipe.wandb_project, recipe.mlflow_tracking_uri) == ("team-runs", "file:///tmp/mlruns")
+    # a checkpoint's recipe keeps the training's values, not where an earlier attempt logged
+    earlier = Recipe(total_steps=30, wandb_project="old", learning_rate=2e-3)
+    continued = recipe.continued(earlier.to_dict())
+    assert continued.wandb_project == "team-runs" and continued.learning_rate == 2e-3
+
+
+@pytest.mark.parametrize("field, value, problem", [
+    ("wandb_project", "team/runs", "not a W&B project name"),
+    ("mlflow_tracking_uri", "ftp://host", "must be an http"),
+    ("mlflow_tracking_uri", "https://me:secret@mlflow.example.com", "must not carry credentials"),
+])
+def test_bad_tracker_flags_are_refused_in_one_line(field, value, problem):
+    from sailor_core.job.spec import JobSpecError
+
+    with pytest.raises(JobSpecError, match=problem):
+        JobSpec(budget_usd=1, **{field: value})

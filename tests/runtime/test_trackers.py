@@ -28,7 +28,7 @@ def read_tensorboard(folder: Path):
     return acc
 
 
-def _two_attempts(corpus, tmp_path: Path, env: dict[str, str]) -> Path:
+def _two_attempts(corpus, tmp_path: Path, env: dict[str, str], more_flags: tuple[str, ...] = ()) -> Path:
     """Steps 1..4 (checkpoint at 2 and 4), then a second attempt from step 4 to 6."""
     # the embedded cloud's stand-in GPUs on this CPU: MFU is nominal, against the A100's peak
     plan = plan_from_dict({"model": "tiny", "global_batch_size": 8, "micro_batch_size": 2,
@@ -36,7 +36,7 @@ def _two_attempts(corpus, tmp_path: Path, env: dict[str, str]) -> Path:
                                       for a, b in ((0, 2), (2, 4))]})
     tb, ck = tmp_path / "tb", str(tmp_path / "ck")
     flags = ("--tensorboard-url", str(tb), "--job-id", "job-metrics-test", "--validate-every", "3",
-             "--grad-clip-norm", "0.5")
+             "--grad-clip-norm", "0.5", *more_flags)
     for attempt, steps in ((1, 4), (2, 6)):
         run = launch_local(plan, steps, data=corpus, ckpt_dir=ck, ckpt_every=2, resume=attempt > 1,
                            workdir=tmp_path / f"a{attempt}", timeout_s=240, worker_args=flags,
@@ -54,7 +54,24 @@ def test_metrics_reach_tensorboard_wandb_and_mlflow_on_one_step_axis(corpus, tmp
     env = {"WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path / "wandb"), "WANDB_PROJECT": "sailor-test",
            "MLFLOW_TRACKING_URI": mlflow_uri, "MLFLOW_ALLOW_FILE_STORE": "true", "WANDB_SILENT": "true"}
     tb = _two_attempts(corpus, tmp_path, env)
+    _check_runs(tmp_path, tb, mlflow_uri)
 
+
+# the same through the job's flags (`sailor train --wandb --mlflow`), no tracker variables but W&B's
+# offline mode: ~70 s on 2 cores
+@pytest.mark.slow
+def test_the_tracker_flags_switch_wandb_and_mlflow_on(corpus, tmp_path, monkeypatch):
+    mlflow_uri = f"file://{tmp_path / 'mlruns'}"
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    monkeypatch.delenv("WANDB_PROJECT", raising=False)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    env = {"WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path / "wandb"), "MLFLOW_ALLOW_FILE_STORE": "true",
+           "WANDB_SILENT": "true"}
+    tb = _two_attempts(corpus, tmp_path, env, ("--wandb", "sailor-test", "--mlflow", mlflow_uri))
+    _check_runs(tmp_path, tb, mlflow_uri)
+
+
+def _check_runs(tmp_path: Path, tb: Path, mlflow_uri: str) -> None:
     acc = read_tensorboard(tb)
     tags = acc.Tags()["scalars"]
     for tag in STEP_TAGS:
