@@ -143,7 +143,7 @@ def train_job(spec: JobSpec, *, job_id: str | None = None, jobs_url: str | None 
             job_tasks.keep_logs(session.jobs_url, store.job_url(job_id))
     summary = job_tasks.summary(state, instances_left_running=left_running)
     if state.status == js.CANCELLED:  # the run ends Cancelled in Prefect, with the job's reason
-        return Cancelled(message=state.status_reason, data=summary)
+        return Cancelled(message=state.status_reason)
     return summary
 
 
