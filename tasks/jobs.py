@@ -38,7 +38,9 @@ def start_or_resume(store: js.JobStore, spec: JobSpec, job_id: str, *, run_id=No
                 state.spec.steps)
     else:
         state = js.new_job(spec, job_id)
-    store.clear_stop(job_id)  # a request that stopped an earlier run is done with
+    request = store.stop_request(job_id)
+    if request is not None and state.status in js.ENDED_STATUSES and state.updated_unix_s >= request.at_unix_s:
+        store.clear_stop(job_id)  # it stopped an earlier run; a newer one (a Ctrl-C while this run started) stands
     state = js.with_flow_run(state, str(run_id) if run_id else None, url)
     if not state.finished:
         try:

@@ -76,7 +76,9 @@ def train(
     if not as_json and choice.source in ("started", "ephemeral"):
         out.print(f"[dim]{choice.describe()}[/dim]", highlight=False)
     with live_display(enabled=not as_json, steps=spec.steps) as display:
-        ctrl_c = GracefulStop(JobStore(), job_id, say=display.event if not as_json else _say)
+        store = JobStore()
+        store.clear_stop(job_id)  # this command starts the job anew: an older request (say, of a dead run) is done
+        ctrl_c = GracefulStop(store, job_id, say=display.event if not as_json else _say)
         ctrl_c.install()
         try:
             summary = (_run_deployment(params, choice, display) if deployment else _run_local(params, display))

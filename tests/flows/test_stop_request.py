@@ -50,3 +50,18 @@ def test_the_first_ctrl_c_asks_for_a_stop_the_second_stops_at_once_further_ones_
         stop._on_sigint(2, None)  # the instances are being terminated: no second interrupt of that
     finally:
         stop.uninstall()
+
+
+def test_a_new_flow_run_drops_the_request_that_stopped_the_last_one_but_not_a_newer_one(tmp_path):
+    from tasks.jobs import start_or_resume
+
+    store = js.JobStore(str(tmp_path))
+    spec = JobSpec(model="tiny", budget_usd=0.5, steps=200)
+    store.request_stop("job-1", js.StopRequest(by="Ctrl-C", at_unix_s=time.time() - 60))
+    store.save(js.with_status(js.new_job(spec, "job-1"), js.CANCELLED, "stopped by the user"))
+    start_or_resume(store, spec, "job-1")
+    assert store.stop_request("job-1") is None  # handled by the run that ended after it
+
+    store.request_stop("job-1", js.StopRequest(by="Ctrl-C", at_unix_s=time.time() + 1))  # while this run starts
+    start_or_resume(store, spec, "job-1")
+    assert store.stop_request("job-1") is not None
