@@ -1,11 +1,14 @@
 """Summing gradients over a data-parallel group: overlapped with the last backward in buckets
-(as DDP does), or as one flat collective."""
+(as DDP does), or as one flat collective.  Under ZeRO-2 (``runtime/zero.py``) the buckets are
+reduce-scattered instead: each rank keeps its range of every bucket's sum."""
 
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist
 
 from sailor_core.runtime import links
+from sailor_core.runtime.zero import chunk_of
 
 
 class OverlappedAllReduce:
@@ -18,21 +21,20 @@ class OverlappedAllReduce:
 
     BUCKET_BYTES = 8 << 20
 
-    def __init__(self, params: list[torch.Tensor], group) -> None:
+    def __init__(self, params: list[torch.Tensor], group, *, reduce_scatter: bool = False) -> None:
         self.group = group
-        self.buckets: list[list[torch.Tensor]] = [[]]
-        size = 0
-        for p in reversed(params):
-            if size and size + p.numel() * p.element_size() > self.BUCKET_BYTES:
-                self.buckets.append([])
-                size = 0
-            self.buckets[-1].append(p)
-            size += p.numel() * p.element_size()
+        self.reduce_scatter = reduce_scatter
+        self.group_size = dist.get_world_size(group)
+        self.shards: list[torch.Tensor | None] = []  # reduce-scatter: this rank's range of each bucket
+        self.buckets = buckets_of(params, self.BUCKET_BYTES)
         self.bucket_of = {id(p): b for b, ps in enumerate(self.buckets) for p in ps}
         # One flat buffer per bucket for the whole run (as DDP keeps its buckets): a fresh
         # multi-MB buffer per step costs page faults and zeroing on every iteration.
-        self.flats = [torch.empty(sum(p.numel() for p in ps), dtype=ps[0].dtype, device=ps[0].device)
-                      for ps in self.buckets]
+        # Reduce-scattering, a bucket's flat lives only while its collective runs (ZeRO-2 keeps
+        # no full gradient after the step's sync).
+        self.flats = ([] if reduce_scatter else
+                      [torch.empty(sum(p.numel() for p in ps), dtype=ps[0].dtype, device=ps[0].device)
+                       for ps in self.buckets])
         self.armed = False
         for p in params:
             p.register_post_accumulate_grad_hook(self._on_grad)
@@ -56,9 +58,17 @@ class OverlappedAllReduce:
             self._launch(self.next_bucket)
 
     def _launch(self, b: int) -> None:
-        flat = self.flats[b]
-        torch.cat([p.grad.reshape(-1) for p in self.buckets[b]], out=flat)
-        self.pending.append((links.all_reduce(flat, self.group, async_op=True), flat, b))
+        if self.reduce_scatter:
+            ps = self.buckets[b]
+            n = sum(p.numel() for p in ps)
+            c = chunk_of(n, self.group_size)
+            flat = torch.cat([*(p.grad.reshape(-1) for p in ps), ps[0].new_zeros(c * self.group_size - n)])
+            out = flat.new_empty(c)
+            self.pending.append((dist.reduce_scatter_single(out, flat, group=self.group, async_op=True), out, b))
+        else:
+            flat = self.flats[b]
+            torch.cat([p.grad.reshape(-1) for p in self.buckets[b]], out=flat)
+            self.pending.append((links.all_reduce(flat, self.group, async_op=True), flat, b))
         self.next_bucket = b + 1
 
     def finish(self) -> None:
@@ -66,14 +76,34 @@ class OverlappedAllReduce:
         self.armed = False
         while self.next_bucket < len(self.buckets):
             self._launch(self.next_bucket)
+        self.shards = [None] * len(self.buckets)
         for work, flat, b in self.pending:
             work.wait()
+            if self.reduce_scatter:
+                self.shards[b] = flat
+                for p in self.buckets[b]:
+                    p.grad = None  # only the range of the sum is kept
+                continue
             offset = 0
             for p in self.buckets[b]:
                 n = p.numel()
                 p.grad.copy_(flat[offset: offset + n].view_as(p.grad))
                 offset += n
         self.pending = []
+
+
+def buckets_of(params: list[torch.Tensor], bucket_bytes: int) -> list[list[torch.Tensor]]:
+    """The parameters in buckets of about ``bucket_bytes``, in reverse registration order (about
+    the order backward finishes them): the DP sync's and ZeRO's layout."""
+    buckets: list[list[torch.Tensor]] = [[]]
+    size = 0
+    for p in reversed(params):
+        if size and size + p.numel() * p.element_size() > bucket_bytes:
+            buckets.append([])
+            size = 0
+        buckets[-1].append(p)
+        size += p.numel() * p.element_size()
+    return buckets
 
 
 def allreduce_flat(tensors: list[torch.Tensor], group) -> None:

@@ -48,9 +48,11 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from sailor_core.catalog.models import ModelSpec, RopeScaling, get_model, tp_split_problem
 from sailor_core.errors import PlanError
+from sailor_core.plan.types import RECOMPUTE_FULL, RECOMPUTE_MODES, RECOMPUTE_NONE, RECOMPUTE_SELECTIVE
 from sailor_core.runtime.tp import (copy_to_tp, gather_shards, reduce_from_tp, shard_range,
                                     vocab_parallel_cross_entropy, vocab_parallel_embedding)
 
@@ -227,6 +229,7 @@ class Block(ShardedLayer):
         check_tp_degree(spec, tp_degree)
         self.spec = spec
         self.local = spec.attention_kind(layer_index) == "local"
+        self.recompute_core = False  # selective recomputation (StageModel sets it)
         h, hd, f = spec.hidden_size, spec.head_dim, spec.ffn_size
         nh, nkv = spec.num_heads, spec.num_kv_heads
         self.local_heads, self.local_kv_heads = nh // tp_degree, nkv // tp_degree
@@ -283,7 +286,12 @@ class Block(ShardedLayer):
         if self.local_kv_heads != self.local_heads:
             rep = self.local_heads // self.local_kv_heads
             k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
-        y = self._scores_to_output(q, k, v, x.device)
+        if self.recompute_core and torch.is_grad_enabled():
+            # Megatron's selective recomputation: keep q, k, v, drop the core's scores and
+            # probabilities, re-run it in backward (no collective inside, so TP needs nothing)
+            y = checkpoint(self._scores_to_output, q, k, v, x.device, use_reentrant=False)
+        else:
+            y = self._scores_to_output(q, k, v, x.device)
         y = F.linear(y.transpose(1, 2).reshape(b, s, self.local_heads * hd), self.o_w)
         y = reduce_from_tp(y, self.tp_group)
         return y if self._p("o_b") is None else y + self.o_b
@@ -386,12 +394,21 @@ def build_layer(spec: ModelSpec, layer_index: int, tp_degree: int = 1, tp_group=
 
 
 class StageModel(nn.Module):
-    """Layers [start, end) of a model; the last stage returns the loss (the logits without labels)."""
+    """Layers [start, end) of a model; the last stage returns the loss (the logits without labels).
+
+    ``recompute`` (a plan stage's, ``plan/types.RECOMPUTE_MODES``): ``selective`` re-runs each
+    block's attention core in backward, ``full`` each block (its input kept, nothing inside).
+    Both use ``torch.utils.checkpoint`` without re-entrance, so the 1F1B's manual
+    ``backward(grad)`` and the TP collectives of a re-run block (issued again, in the same order
+    on every TP rank) need nothing special.  The values are the same either way."""
 
     def __init__(self, spec: ModelSpec, layer_start: int, layer_end: int, tp_degree: int = 1,
-                 tp_rank: int = 0, tp_group=None, seed: int = 0) -> None:
+                 tp_rank: int = 0, tp_group=None, seed: int = 0, *, recompute: str = RECOMPUTE_NONE) -> None:
         super().__init__()
+        if recompute not in RECOMPUTE_MODES:
+            raise PlanError(f"recompute must be one of {', '.join(RECOMPUTE_MODES)}, got {recompute!r}")
         self.spec = spec
+        self.recompute = recompute
         self.layer_start, self.layer_end = layer_start, layer_end
         layers: list[ShardedLayer] = []
         for i in range(layer_start, layer_end):
@@ -400,6 +417,9 @@ class StageModel(nn.Module):
             else:
                 layers.append(build_layer(spec, i, tp_degree, tp_group, tp_rank=tp_rank, seed=seed))
         self.layers = nn.ModuleList(layers)
+        for layer in layers:
+            if isinstance(layer, Block):
+                layer.recompute_core = recompute == RECOMPUTE_SELECTIVE
 
     @property
     def is_first(self) -> bool:
@@ -417,7 +437,12 @@ class StageModel(nn.Module):
 
     def forward(self, x: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
         for layer in self.layers:
-            x = layer(x, labels) if isinstance(layer, Head) else layer(x)
+            if isinstance(layer, Head):
+                x = layer(x, labels)
+            elif self.recompute == RECOMPUTE_FULL and isinstance(layer, Block) and torch.is_grad_enabled():
+                x = checkpoint(layer, x, use_reentrant=False)
+            else:
+                x = layer(x)
         return x
 
     def named_layer_params(self):

@@ -44,11 +44,13 @@ def decays(name: str, p: torch.Tensor) -> bool:
     return p.ndim >= 2 and name not in EMBEDDING_PARAMS
 
 
-def decay_groups(model: StageModel, weight_decay: float) -> list[dict]:
-    """The model's parameters as two AdamW groups: with ``weight_decay`` and without (``decays``)."""
+def decay_groups(model: StageModel, weight_decay: float, keep=None) -> list[dict]:
+    """The model's parameters (those ``keep(p)`` accepts, default all) as two AdamW groups: with
+    ``weight_decay`` and without (``decays``); no group when it would be empty."""
     with_decay, without = [], []
     for _, name, p in model.named_layer_params():
-        (with_decay if decays(name, p) else without).append(p)
+        if keep is None or keep(p):
+            (with_decay if decays(name, p) else without).append(p)
     groups = [{"params": with_decay, "weight_decay": weight_decay, "decay": True},
               {"params": without, "weight_decay": 0.0, "decay": False}]
     return [g for g in groups if g["params"]]

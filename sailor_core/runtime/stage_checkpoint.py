@@ -5,6 +5,9 @@ Replica 0 of each stage writes its layers' full tensors (gathered over TP) with 
 state; any plan's ranks then load their shards of them.  A tied embedding's copy on the last
 stage is never stored: it loads from layer 0's file.  The meta holds the step, the next
 sample, the recipe and the held-out split, so a resumed or re-planned job continues them.
+Under ZeRO every DP rank of a stage first all-gathers the AdamW states to the layout an
+unsharded optimizer has (``ShardedAdamW.gathered_states``), so a checkpoint is the same whatever
+the sharding and recomputation it was written under, and loads under any other.
 """
 
 from __future__ import annotations
@@ -31,17 +34,19 @@ class KeptState:
     shard: tuple[int, int, int, int]  # layer_start, layer_end, tp_degree, tp_rank
     step: int
     tensors: tuple[tuple[int, str, torch.Tensor, dict], ...]  # (layer index, name, values, optimizer state)
+    sharded: bool = False  # kept under ZeRO: no optimizer state to adopt
 
 
 def save_layers(trainer: StageTrainer, storage: Storage) -> dict:
     """Replica 0 of each stage gathers full tensors over TP; its TP rank 0 writes them."""
     files: dict = {}
+    states = _optimizer_states(trainer)  # a collective of the DP group under ZeRO
     if trainer.role.replica != 0:
         return files
     for layer in trainer.model.layers:
         state = {"params": {}, "exp_avg": {}, "exp_avg_sq": {}}
         for name, p in layer.own_parameters():  # a tied copy is layer 0's, stored there
-            st = trainer.optimizer.state.get(p, {})
+            st = states.get(id(p), {})
             state["params"][name] = layer.gather(name, p.data)
             for key in ("exp_avg", "exp_avg_sq"):
                 if key in st:
@@ -49,6 +54,15 @@ def save_layers(trainer: StageTrainer, storage: Storage) -> dict:
         if trainer.role.tp_rank == 0:
             files.update(ckpt.write_layer(storage, trainer.step, layer.layer_index, state))
     return files
+
+
+def _optimizer_states(trainer: StageTrainer) -> dict[int, dict]:
+    """id of parameter -> its AdamW state shaped as the parameter (ZeRO's gathered over DP)."""
+    plain = trainer.optimizer.state if trainer.optimizer is not None else {}
+    states = {id(p): st for p, st in plain.items()}
+    if trainer.zero is not None:
+        states.update(trainer.zero.gathered_states(has_state=trainer.step > 0))
+    return states
 
 
 def checkpoint_meta(trainer: StageTrainer) -> dict:
@@ -67,13 +81,15 @@ def load(trainer: StageTrainer, storage: Storage, info: ckpt.CheckpointInfo) -> 
     _check_model(trainer, info)
     step_t = torch.tensor(float(info.step))
     # The fused kernel reads its step counts on the parameters' device; the others on the CPU.
-    fused = bool(trainer.optimizer.defaults.get("fused"))
+    fused = trainer.optimizer is not None and bool(trainer.optimizer.defaults.get("fused"))
     states = {i: ckpt.read_layer(storage, info, i) for i in weight_layers(trainer.model)}
     for layer in trainer.model.layers:
         for name, p in layer.named_parameters(recurse=False):
             state = states[0 if name in layer.tied else layer.layer_index]
             copy_full_param(layer, name, p, state["params"].get(name), f"checkpoint {info.dirname}")
-            if name in state["exp_avg"]:
+            if name in state["exp_avg"] and trainer.zero is not None and trainer.zero.holds(p):
+                trainer.zero.load_state(p, {k: state[k][name] for k in ("exp_avg", "exp_avg_sq")}, step_t)
+            elif name in state["exp_avg"]:
                 trainer.optimizer.state[p] = {
                     "step": step_t.to(p.device) if fused else step_t.clone(),
                     "exp_avg": layer.shard(name, state["exp_avg"][name]).to(p.device),
@@ -83,16 +99,20 @@ def load(trainer: StageTrainer, storage: Storage, info: ckpt.CheckpointInfo) -> 
 
 
 def kept_state(trainer: StageTrainer) -> KeptState:
-    """This rank's state, to be taken over by the next generation's trainer (``adopt``)."""
+    """This rank's state, to be taken over by the next generation's trainer (``adopt``); under
+    ZeRO a rank's AdamW states are pieces of others' too, so it keeps none and ``can_adopt`` says no."""
+    plain = trainer.optimizer.state if trainer.optimizer is not None and trainer.zero is None else {}
     return KeptState(model=trainer.spec.name, shard=_shard(trainer), step=trainer.step,
-                     tensors=tuple((i, name, p.detach(), dict(trainer.optimizer.state.get(p, {})))
-                                   for i, name, p in named_tensors(trainer)))
+                     tensors=tuple((i, name, p.detach(), dict(plain.get(p, {})))
+                                   for i, name, p in named_tensors(trainer)),
+                     sharded=trainer.zero is not None)
 
 
 def can_adopt(trainer: StageTrainer, kept: KeptState, info: ckpt.CheckpointInfo) -> bool:
     """Whether ``kept`` is exactly what loading ``info`` would give this rank: the same
-    model and shard, at the checkpoint's step (the checkpoint was written from it)."""
-    return kept.model == trainer.spec.name and kept.shard == _shard(trainer) and kept.step == info.step
+    model and shard, at the checkpoint's step (the checkpoint was written from it), neither under ZeRO."""
+    return (kept.model == trainer.spec.name and kept.shard == _shard(trainer) and kept.step == info.step
+            and not kept.sharded and trainer.zero is None)
 
 
 def adopt(trainer: StageTrainer, kept: KeptState, info: ckpt.CheckpointInfo) -> None:

@@ -3,7 +3,13 @@
 Its parts: the optimizer and how the recipe drives it (``runtime/optimizer.py``), the process
 groups (``runtime/process_groups.py``), point to point between stages and the step's inbox
 (``runtime/p2p.py``), the overlapped DP all-reduce (``runtime/allreduce.py``), and its state to
-and from checkpoints (``runtime/stage_checkpoint.py``); here: the training step and validation.
+and from checkpoints (``runtime/stage_checkpoint.py``), and ZeRO's sharded AdamW (``runtime/zero.py``);
+here: the training step and validation.
+
+A stage's memory levers come from its plan stage: ``recompute`` goes to the model
+(``StageModel``), ``zero_stage`` shards AdamW's states (1) and the gradients (2) over the
+stage's DP group (nothing to shard with one replica).  A tied matrix the embedding group sums
+stays with a plain AdamW on every rank holding it.
 
 Loss of an iteration = mean over its global batch: each micro-batch's mean
 token loss is scaled by 1/M before backward and gradients are summed over
@@ -38,6 +44,7 @@ from sailor_core.runtime.p2p import Inbox, StagePeers, retire
 from sailor_core.runtime.pipeline_order import gradients_known_arrived, local_microbatches, rank_op_order
 from sailor_core.runtime.process_groups import Groups
 from sailor_core.runtime.recipe import Recipe
+from sailor_core.runtime.zero import ShardedAdamW
 
 
 class StageTrainer:
@@ -48,9 +55,10 @@ class StageTrainer:
         self.role: RankRole = self.roles[rank]
         self.device = device
         self.groups = groups
-        self.model = StageModel(spec, self.role.layer_start, self.role.layer_end,
-                                self.role.tp_degree, self.role.tp_rank, groups.tp, seed).to(device)
-        self.optimizer = make_optimizer(decay_groups(self.model, recipe.weight_decay), recipe.learning_rate)
+        stage = plan.stages[self.role.stage]
+        self.model = StageModel(spec, self.role.layer_start, self.role.layer_end, self.role.tp_degree,
+                                self.role.tp_rank, groups.tp, seed, recompute=stage.recompute).to(device)
+        self.zero_stage = stage.zero_stage if groups.dp is not None else 0
         self.seq_len = plan.effective_seq_len()
         self.num_microbatches = plan.num_microbatches
         dps = [s.dp_degree for s in plan.stages]
@@ -67,8 +75,13 @@ class StageTrainer:
         self.autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda"
                          else contextlib.nullcontext())
         self._tied = _tied_matrix(self.model) if groups.tied is not None else None
-        self._overlap = (OverlappedAllReduce(self._dp_params(), groups.dp)
+        self._overlap = (OverlappedAllReduce(self._dp_params(), groups.dp, reduce_scatter=self.zero_stage == 2)
                          if groups.dp is not None and not groups.dp_mixed_tp else None)
+        self.zero = self._sharded_optimizer() if self.zero_stage else None
+        # AdamW of what ZeRO does not shard (all of it without ZeRO; None when nothing is left)
+        plain = decay_groups(self.model, recipe.weight_decay,
+                             keep=(lambda p: not self.zero.holds(p)) if self.zero else None)
+        self.optimizer = make_optimizer(plain, recipe.learning_rate) if plain else None
         self._last_backward = max(i for i, (kind, _) in enumerate(self.schedule) if kind == "B")
         self._gradients_arrived = gradients_known_arrived(self.num_microbatches, dps, self.role.stage,
                                                           self.role.replica)
@@ -141,9 +154,13 @@ class StageTrainer:
             work.wait()
         self._sync_grads()
         self.clip_grads()
-        apply_recipe(self.optimizer, self.recipe, self.step)
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        for opt in self._optimizers():
+            apply_recipe(opt, self.recipe, self.step)
+            opt.step()
+        if self.optimizer is not None:
+            self.optimizer.zero_grad(set_to_none=True)
+        if self.zero is not None:
+            self.zero.zero_grad()
         self.step += 1
         return float(loss_sum) if role.tp_rank == 0 else 0.0
 
@@ -155,13 +172,45 @@ class StageTrainer:
                 p.grad = torch.zeros_like(p)
         if g.dp is not None and not g.dp_mixed_tp:
             self._overlap.finish()
+            if self.zero is not None:
+                self.zero.shard_grads = self._overlap.shards if self.zero_stage == 2 else None
+                self.zero.take_grads()
         elif g.dp is not None:
             synced = [(layer, name, p) for layer, name, p in self.model.named_layer_params() if p is not self._tied]
             fulls = [self._gather_full(layer, name, p.grad) / self.role.tp_degree for layer, name, p in synced]
-            allreduce_flat(fulls, g.dp)
-            for (layer, name, p), full in zip(synced, fulls):
-                p.grad.copy_(layer.shard(name, full))
+            if self.zero_stage == 2:
+                self.zero.reduce_scatter_fulls(fulls)
+                for _, _, p in synced:
+                    p.grad = None
+                self.zero.take_grads()
+            else:
+                allreduce_flat(fulls, g.dp)
+                for (layer, name, p), full in zip(synced, fulls):
+                    p.grad.copy_(layer.shard(name, full))
+                if self.zero is not None:
+                    self.zero.take_grads({id(p): full for (_, _, p), full in zip(synced, fulls)})
         self._sync_tied_grads()
+
+    # ---- ZeRO ---------------------------------------------------------------
+    def _sharded_optimizer(self) -> ShardedAdamW:
+        """ZeRO over the DP group: the overlapped all-reduce's buckets, or (mixed TP degrees) one
+        bucket of the full tensors."""
+        named = {id(p): (layer, name, p) for layer, name, p in self.model.named_layer_params()}
+        if self._overlap is not None:
+            buckets = [[named[id(p)] for p in ps] for ps in self._overlap.buckets]
+        else:
+            buckets = [[named[id(p)] for p in self._dp_params()]]
+        return ShardedAdamW(buckets, group=self.groups.dp, zero_stage=self.zero_stage,
+                            full_space=self._overlap is None, lr=self.recipe.learning_rate,
+                            weight_decay=self.recipe.weight_decay)
+
+    def _optimizers(self) -> list:
+        return [opt for opt in (self.optimizer, self.zero) if opt is not None]
+
+    def _updated_tensors(self) -> list[torch.Tensor]:
+        """What the optimizers update (and so what clipping scales): ZeRO's pieces, the rest's parameters."""
+        plain = [p for g in self.optimizer.param_groups for p in g["params"]] if self.optimizer is not None else []
+        return plain + ([pc.values for pc in self.zero.pieces] if self.zero is not None else [])
 
     # ---- tied embeddings (the embedding group) ------------------------------
     def _dp_params(self) -> list[torch.Tensor]:
@@ -196,14 +245,24 @@ class StageTrainer:
         # getattr: ShardedLayer.tied arrives with tied embeddings (runtime/model.py)
         if self.role.replica != 0 or name in getattr(layer, "tied", ()):
             return False
+        return self._counts_in_tp(layer, name)
+
+    def _counts_in_tp(self, layer, name: str) -> bool:
+        """A TP-sharded parameter counts on every TP rank, a replicated one on TP rank 0."""
         sharded = layer.shard_dims[name] is not None and self.role.tp_degree > 1
         return sharded or self.role.tp_rank == 0
 
     def _grad_sq_share(self) -> torch.Tensor:
-        """This rank's part of the squared global gradient norm (``_counts_in_norm``)."""
-        mine = [p.grad for layer, name, p in self.model.named_layer_params() if self._counts_in_norm(layer, name)]
+        """This rank's part of the squared global gradient norm (``_counts_in_norm``; under ZeRO-2
+        every DP rank counts its own pieces of the gradient)."""
+        sharded = self.zero_stage == 2
+        mine = [p.grad for layer, name, p in self.model.named_layer_params()
+                if self._counts_in_norm(layer, name) and not (sharded and self.zero.holds(p))]
         sq = (torch.nn.utils.get_total_norm(mine, foreach=False) ** 2 if mine
               else torch.zeros((), device=self.device))
+        if sharded:
+            pieces = self.zero.grad_sq_share(self._counts_in_tp)
+            sq = sq if pieces is None else sq + pieces
         return sq.to(device=self.device, dtype=torch.float32).reshape(())
 
     def grad_norm(self) -> torch.Tensor:
@@ -221,7 +280,7 @@ class StageTrainer:
             self.grad_sq_share = self._grad_sq_share()
             return None
         norm = self.grad_norm()
-        torch.nn.utils.clip_grads_with_norm_(list(self.model.parameters()), self.recipe.grad_clip_norm, norm,
+        torch.nn.utils.clip_grads_with_norm_(self._updated_tensors(), self.recipe.grad_clip_norm, norm,
                                              foreach=False)
         self.grad_norm_before_clip = norm
         return norm
