@@ -14,7 +14,10 @@ to close, when to give up) is ``sailor_core.job.recovery``'s.  The flow's parame
 ``JobSpec``'s fields (``flows.spec_parameters``) plus the run-only ones of ``train_job``.
 
 The job state (``sailor_core.job.state``) is saved after every change, so a new
-flow run with the same ``job_id`` continues the job.  Every instance carrying
+flow run with the same ``job_id`` continues the job.  A person's stop (``sailor stop``, Ctrl-C:
+a ``StopRequest`` the watch reads; a cancel in the Prefect UI: Prefect's ``TerminationSignal``)
+has the workers take a final checkpoint, saves the job cancelled with how to continue it, and
+ends the run Cancelled with that reason (the flow returns a ``Cancelled`` state, not its summary).  Every instance carrying
 the job's label is terminated at the end: in ``finally``, and from the
 cancellation/crash hooks when the flow process itself is being torn down.
 """
