@@ -459,11 +459,14 @@ def _commit() -> str:
         return "unknown"
 
 
-def record(data_dir: Path = DATA_DIR) -> dict[str, int]:
+def record(data_dir: Path = DATA_DIR, groups: tuple[str, ...] = GROUPS) -> dict[str, int]:
+    """Write the golden files of ``groups`` (``simulate``'s plans come from ``planner`` and
+    ``optimality``, which are then computed too but written only when asked)."""
     ctx = _Ctx()
     every = lambda _n: True  # noqa: E731
     out, seconds = {}, {}
-    for group in GROUPS:
+    needed = set(groups) | ({"planner", "optimality"} if "simulate" in groups else set())
+    for group in (g for g in GROUPS if g in needed):
         t0 = time.perf_counter()
         if group == "simulate":
             entries = group_simulate(ctx, every, None, planner=out["planner"], optimality=out["optimality"])
@@ -472,11 +475,11 @@ def record(data_dir: Path = DATA_DIR) -> dict[str, int]:
         out[group] = _canon(entries)
         seconds[group] = time.perf_counter() - t0
     meta = {"commit": _commit(), "date": time.strftime("%Y-%m-%d", time.gmtime())}
-    for group in GROUPS:
+    for group in groups:
         _write(data_dir, group, out[group], meta)
         print(f"{group}: recorded {len(out[group])} entries in {seconds[group]:.1f} s -> "
               f"{_path(data_dir, group).relative_to(ROOT) if data_dir.is_relative_to(ROOT) else _path(data_dir, group)}")
-    return {g: len(out[g]) for g in GROUPS}
+    return {g: len(out[g]) for g in groups}
 
 
 GROUP_FNS = {"planner": group_planner, "optimality": group_optimality, "simulate": group_simulate,
@@ -558,6 +561,7 @@ def main(argv: list[str] | None = None) -> int:
     sub = ap.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("record", help="write the golden files from the current code")
     r.add_argument("--data", type=Path, default=DATA_DIR, help=f"folder of the golden files (default {DATA_DIR})")
+    r.add_argument("--group", action="append", choices=GROUPS, help="only this group (repeatable)")
     c = sub.add_parser("check", help="recompute and compare bit for bit; exit 1 on any difference")
     c.add_argument("--quick", action="store_true", help="only the subset tests/golden runs by default")
     c.add_argument("--group", action="append", choices=GROUPS, help="only this group (repeatable)")
@@ -565,7 +569,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
     if args.cmd == "record":
-        record(args.data)
+        record(args.data, tuple(args.group or GROUPS))
         print(f"recorded in {time.perf_counter() - t0:.1f} s")
         return 0
     ok = check(quick=args.quick, groups=tuple(args.group or GROUPS), data_dir=args.data)

@@ -39,11 +39,11 @@ from flows.spec_parameters import takes_spec
 from infra.errors import CapacityError
 from sailor_core import settings
 from sailor_core.controller import Action, PlanOption
-from sailor_core.job import recovery, report
+from sailor_core.job import prerent, recovery, report
 from sailor_core.job import state as js
 from sailor_core.job.attempts import FINISHED, INSTANCE_PREEMPTED, AttemptOutcome
 from sailor_core.job.nodes import NodeRequest, RunningInstance, match_instances
-from sailor_core.job.spec import JobSpec, check_names
+from sailor_core.job.spec import JobSpec, JobSpecError, check_names
 from sailor_core.plan.types import plan_from_dict
 from tasks import cloud as cloud_tasks
 from tasks import control
@@ -122,6 +122,7 @@ def train_job(spec: JobSpec, *, job_id: str | None = None, jobs_url: str | None 
     left_running = 0
     body_failed = False
     try:
+        _check_before_renting(run, state)
         state = _pick_up(run, state)
         state = _attempts(run, state)
     except BaseException as exc:
@@ -171,6 +172,22 @@ def _stopped(run: _Run, state: js.JobState, instance_ids: list[str], *, by: str,
         state = run.end(state, js.CANCELLED, js.stopped_reason(state, by))
         run.reporter.event(state, state.status_reason)
     return state
+
+
+def _check_before_renting(run: _Run, state: js.JobState) -> None:
+    """A job not started yet is checked as ``sailor train`` checks it (``sailor_core.job.prerent``),
+    here on the offers of the session's clouds at their prices: a run from a deployment or the UI
+    fails at once, with nothing rented, on what its workers would refuse or no plan could do."""
+    if state.attempt or state.instances:
+        return
+    spec = state.spec
+    try:
+        prerent.check_inputs(spec)
+        prerent.check_reach(spec, cloud_tasks.list_offers(run.session, spec.gpus, spec.zones, spec.clouds),
+                            max_gpus_per_zone=run.max_gpus_per_zone)
+    except JobSpecError as exc:
+        run.end(state, js.FAILED, str(exc))
+        raise
 
 
 def _pick_up(run: _Run, state: js.JobState) -> js.JobState:

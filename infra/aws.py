@@ -432,9 +432,10 @@ class AWSProvider(CloudProvider):
     # ---- a job's identity: an instance profile allowed the job's prefixes only -----------
 
     def create_job_identity(self, job_id: str, *, read_write: Sequence[str], read_only: Sequence[str] = (),
-                            trusted_accounts: Mapping[str, str] | None = None) -> str:
-        """A role (and its instance profile) that may read and write ``read_write`` (s3:// URLs)
-        and read ``read_only``, nothing else; the job's instances are launched with it.  A GCP
+                            read_objects: Sequence[str] = (), trusted_accounts: Mapping[str, str] | None = None) -> str:
+        """A role (and its instance profile) that may read and write the prefixes ``read_write``
+        (s3:// URLs), read the prefixes ``read_only`` and the objects ``read_objects``, nothing
+        else (``prefix_policy``); the job's instances are launched with it.  A GCP
         service account of ``trusted_accounts`` may assume it by web identity (cross-cloud jobs);
         AWS knows no other cloud's accounts."""
         name = job_resource_name(job_id)
@@ -452,7 +453,7 @@ class AWSProvider(CloudProvider):
             if exc.code != "EntityAlreadyExists":
                 raise
         self._do_iam("put_role_policy", RoleName=name, PolicyName="job-prefix",
-                     PolicyDocument=json.dumps(prefix_policy(read_write, read_only)))
+                     PolicyDocument=json.dumps(prefix_policy(read_write, read_only, read_objects)))
         try:
             self._do_iam("create_instance_profile", InstanceProfileName=name)
             self._do_iam("add_role_to_instance_profile", InstanceProfileName=name, RoleName=name)
@@ -489,17 +490,31 @@ class AWSProvider(CloudProvider):
             raise
 
 
-def prefix_policy(read_write: Sequence[str], read_only: Sequence[str] = ()) -> dict:
-    """An IAM policy: objects under ``read_write`` (s3:// URLs) read and written, under
-    ``read_only`` read, their listings within those prefixes; nothing else."""
+def prefix_policy(read_write: Sequence[str], read_only: Sequence[str] = (), read_objects: Sequence[str] = ()) -> dict:
+    """An IAM policy: objects under the prefixes ``read_write`` (s3:// URLs) read and written, under
+    ``read_only`` read, their listings within those prefixes, and the single objects
+    ``read_objects`` read (an object is not a folder: ``s3://b/corpus/tokens.bin`` grants that key,
+    not ``corpus/tokens.bin/*``); nothing else.  A prefix is a folder: ``s3://b/job`` grants
+    ``job/...``, never ``job2/...``; a bucket's root grants the bucket."""
     statements = []
     for urls, actions in ((read_write, ["s3:GetObject", "s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload"]),
                           (read_only, ["s3:GetObject"])):
         for url in urls:
-            bucket, _, prefix = url[len("s3://"):].partition("/")
-            prefix = prefix.strip("/")
+            bucket, prefix = _bucket_and_key(url)
             statements.append({"Effect": "Allow", "Action": actions,
                                "Resource": f"arn:aws:s3:::{bucket}/{prefix + '/' if prefix else ''}*"})
             statements.append({"Effect": "Allow", "Action": "s3:ListBucket", "Resource": f"arn:aws:s3:::{bucket}",
                                "Condition": {"StringLike": {"s3:prefix": [f"{prefix}/*" if prefix else "*"]}}})
+    for url in read_objects:
+        bucket, key = _bucket_and_key(url)
+        if not key or url.endswith("/"):
+            raise ValueError(f"{url}: an object's URL names a key, not a bucket or folder")
+        statements.append({"Effect": "Allow", "Action": ["s3:GetObject"], "Resource": f"arn:aws:s3:::{bucket}/{key}"})
     return {"Version": "2012-10-17", "Statement": statements}
+
+
+def _bucket_and_key(url: str) -> tuple[str, str]:
+    if not url.startswith("s3://"):
+        raise ValueError(f"{url}: not an s3:// URL")
+    bucket, _, key = url[len("s3://"):].partition("/")
+    return bucket, key.strip("/")

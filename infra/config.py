@@ -80,6 +80,15 @@ def embedded_endpoints() -> dict:
             "control_url": f"{cloud.gce_endpoint}/sailor", "network": cloud.network.mode, "source": "in-process"}
 
 
+def running_embedded_endpoints() -> dict | None:
+    """``embedded_endpoints()`` of an embedded cloud already running (standalone, or started in
+    this process), without starting one; None when none runs."""
+    state = standalone_state()
+    if state is not None:
+        return {**state, "source": "standalone"}
+    return embedded_endpoints() if _in_process is not None else None
+
+
 def get_providers(clouds: tuple[str, ...] | list[str] | None = None) -> dict[str, CloudProvider]:
     """One provider per cloud asked for (default: all), real or embedded per ``SAILOR_CLOUDS``."""
     wanted = tuple(clouds) if clouds else cloud_names()

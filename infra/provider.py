@@ -161,9 +161,10 @@ class CloudProvider(abc.ABC):
     # ---- Feature.JOB_IDENTITY -----------------------------------------------------------
 
     def create_job_identity(self, job_id: str, *, read_write: Sequence[str], read_only: Sequence[str] = (),
-                            trusted_accounts: Mapping[str, str] | None = None) -> str:
-        """An identity for the job's instances that may read and write ``read_write`` and read
-        ``read_only`` (URLs of this cloud's object store), nothing else; ``trusted_accounts``
+                            read_objects: Sequence[str] = (), trusted_accounts: Mapping[str, str] | None = None) -> str:
+        """An identity for the job's instances that may read and write the prefixes ``read_write``,
+        read the prefixes ``read_only`` and the single objects ``read_objects`` (URLs of this
+        cloud's object store), nothing else; ``trusted_accounts``
         (cloud -> account) are other clouds' instance accounts that may assume it."""
         raise self._unsupported(Feature.JOB_IDENTITY)
 

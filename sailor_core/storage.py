@@ -148,6 +148,10 @@ class Storage:
             # a file system keeps the emptied directories, and they would still be listed
             shutil.rmtree(self._local_root / name, ignore_errors=True)
 
+    def delete(self, key: str) -> None:
+        """Delete one object; a missing one is no error."""
+        self._call("delete", key, lambda: self._delete([self._path(key)]))
+
     def _delete(self, paths: list[str]) -> None:
         try:
             obstore.delete(self._store, paths)

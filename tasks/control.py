@@ -51,17 +51,13 @@ from sailor_core.controller import (
     plan_option,
     planner_plan_fn,
 )
+from sailor_core.controller.economics import CHANGE_COST_S, REJOIN_COST_S
 from sailor_core.controller.interim import interim_option, interim_pays
 from sailor_core.errors import InfeasibleError
 from sailor_core.objective import Objective
 from sailor_core.planner.ranking import CHEAPEST, FASTEST
 from sailor_core.planner.request import DEFAULT_MAX_TP_DEGREE, PlanQuery, SearchSettings
 
-# Seconds a plan change costs before training resumes: boot, torch import, rendezvous, reload.
-CHANGE_COST_S = 30.0
-# ... and a change onto instances all held, whose parked workers rejoin in place (no boot, no
-# import; benchmarks/bench_rejoin.py: about a tenth of a new process's start here).
-REJOIN_COST_S = 3.0
 # The flow's costs of change, as the controller weighs them.
 FLOW_COSTS = Costs(save_s=0.0, provisioning_s=CHANGE_COST_S / 2, startup_s=CHANGE_COST_S / 2, work_lost_s=0.0,
                    rejoin_s=REJOIN_COST_S)

@@ -30,11 +30,18 @@ def open_job_resources(session: CloudSession, spec: JobSpec) -> None:
     for provider in _identity_providers(session):
         scheme = f"{cloud_facts(provider.cloud).storage_scheme}://"
         rw = [u for u in {session.jobs_url, session.checkpoint_url(spec.checkpoint_url)} if u.startswith(scheme)]
-        ro = [u for u in (spec.dataset,) if u.startswith(scheme)]
         if rw:
-            provider.create_job_identity(session.job_id, read_write=sorted(rw), read_only=ro,
-                                         trusted_accounts=trusted)
+            provider.create_job_identity(session.job_id, read_write=sorted(rw), trusted_accounts=trusted,
+                                         **job_reads(spec, scheme))
             session._closers.append(lambda p=provider: p.delete_job_identity(session.job_id))
+
+
+def job_reads(spec: JobSpec, scheme: str) -> dict[str, list[str]]:
+    """What the job's instances read besides their own prefixes, in the object store of ``scheme``
+    (``s3://``, ``gs://``): the ``--init-from`` folder (a prefix) and the ``--data`` token file
+    (one object, not a folder)."""
+    return {"read_only": [u for u in (spec.init_from,) if u.startswith(scheme)],
+            "read_objects": [u for u in (spec.dataset,) if u.startswith(scheme)]}
 
 
 def _identity_providers(session: CloudSession) -> list[CloudProvider]:

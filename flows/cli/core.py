@@ -13,8 +13,10 @@ from typing import Optional
 import typer
 
 from flows.cli.common import console, fail, parse_layers, print_json
+from flows.cli.spec_options import with_spec_options
 from sailor_core.errors import InputError, PlanError
 from sailor_core.job.report import sig
+from sailor_core.specs.memory import MemorySpec
 
 _CATALOGS = ("gpus", "models", "instances")
 
@@ -129,52 +131,51 @@ def _replica_summary(replicas) -> str:
 
 
 def memory_cmd(
-    model: str = typer.Option(..., "--model", help="A catalog model, e.g. opt-350m, or a Hugging Face model "
-                                                   "folder (its config.json)."),
-    gpu: str = typer.Option(..., "--gpu", help="GPU type, e.g. A100-40."),
-    mbs: int = typer.Option(..., "--mbs", help="Micro-batch size (sequences)."),
-    inflight: int = typer.Option(1, "--inflight", help="Micro-batches in flight (1F1B: P - stage index)."),
-    layers: Optional[str] = typer.Option(None, "--layers", help="Half-open layer range START:END (default: all)."),
-    tp: int = typer.Option(1, "--tp", help="Tensor-parallel degree."),
-    seq_len: Optional[int] = typer.Option(None, "--seq-len", help="Sequence length (default: the model's)."),
-    regime: Optional[str] = typer.Option(None, "--regime", help="Training regime (default: the profile's)."),
+    spec: MemorySpec,
+    *,
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
-    """Peak memory of one GPU holding a stage with K micro-batches in flight."""
+    """Peak memory of one GPU holding a stage with K micro-batches in flight, by part, with and
+    without each memory lever (recomputation, ZeRO)."""
     # lazy: loaded when the command runs (the CLI starts light)
     from sailor_core.catalog.hf_config import resolve_model
-    from sailor_core.simulator import stage_memory_for
+    from sailor_core.simulator.levers import lever_label
+    from sailor_core.simulator.simulate import stage_memory_under
 
-    model = resolve_model(model)
-    if mbs < 1:
-        raise fail(f"--mbs must be >= 1, got {mbs}")
-    if inflight < 1:
-        raise fail(f"--inflight must be >= 1, got {inflight}")
-    if seq_len is not None and seq_len < 1:
-        raise fail(f"--seq-len must be >= 1, got {seq_len}")
-    span = parse_layers(layers)
-    mem = stage_memory_for(model, gpu, tp, mbs, inflight, span, seq_len=seq_len, regime=regime)
+    model, gpu, mbs, inflight, tp, dp = resolve_model(spec.model), spec.gpu, spec.mbs, spec.inflight, spec.tp, spec.dp
+    span = parse_layers(spec.layers)
+    asked = (spec.recompute, spec.zero)
+    settings = list(dict.fromkeys([asked, ("none", 0), ("none", 1), ("none", 2), ("selective", 0), ("full", 0)]))
+    mems = {lv: stage_memory_under(lv + (dp,), model, gpu, tp, mbs, inflight, span, seq_len=spec.seq_len,
+                                   regime=spec.regime) for lv in settings}
+    mem = mems[asked]
     if as_json:
-        print_json(mem.to_dict())
+        print_json(mem.to_dict() | {"recompute": spec.recompute, "zero": spec.zero, "dp_degree": dp,
+                                    "levers": {lever_label(*lv): m.to_dict() for lv, m in mems.items()}})
         return
     # lazy: loaded when the command runs (the CLI starts light)
     from rich.table import Table
 
-    table = Table(title=f"{model} on {gpu} (tp {tp}, micro-batch {mbs}, {inflight} in flight)")
+    table = Table(title=f"{model} on {gpu} (tp {tp}, micro-batch {mbs}, {inflight} in flight, dp {dp})")
     table.add_column("part")
-    table.add_column("bytes", justify="right")
-    for name, value in (("weights + grads + optimizer", mem.state_bytes),
-                        ("activations in flight", mem.activation_bytes),
-                        ("loss working memory", mem.loss_working_bytes),
-                        ("backward working memory", mem.backward_working_bytes),
-                        ("communication buffers", mem.comm_bytes),
-                        ("optimizer step temporaries", mem.optimizer_working_bytes),
-                        ("constant overhead", mem.overhead_bytes),
-                        ("[bold]peak[/bold]", mem.peak_bytes),
-                        ("GPU memory", mem.capacity_bytes)):
-        table.add_row(name, _gb(value))
+    for lv in settings:
+        table.add_column(lever_label(*lv) + (" (asked)" if lv == asked and len(settings) > 1 else ""),
+                         justify="right")
+    for name, part in (("weights + grads + optimizer", "state_bytes"),
+                       ("activations in flight", "activation_bytes"),
+                       ("loss working memory", "loss_working_bytes"),
+                       ("backward working memory", "backward_working_bytes"),
+                       ("communication buffers", "comm_bytes"),
+                       ("optimizer step temporaries", "optimizer_working_bytes"),
+                       ("constant overhead", "overhead_bytes"),
+                       ("[bold]peak[/bold]", "peak_bytes"),
+                       ("GPU memory", "capacity_bytes")):
+        table.add_row(name, *(_gb(getattr(mems[lv], part)) for lv in settings))
+    table.add_row("fits", *("yes" if mems[lv].fits else "[red]no[/red]" for lv in settings))
     con = console()
     con.print(table)
+    if dp == 1 and spec.zero:
+        con.print("ZeRO shards over the stage's replicas: with --dp 1 it saves nothing")
     con.print("fits" if mem.fits else "[red]does not fit[/red]")
 
 
@@ -279,5 +280,5 @@ def _instance_rows() -> list[dict]:
 
 def register(app: typer.Typer) -> None:
     app.command("simulate")(simulate_cmd)
-    app.command("memory")(memory_cmd)
+    app.command("memory")(with_spec_options(MemorySpec)(memory_cmd))
     app.command("catalog")(catalog_cmd)

@@ -50,6 +50,7 @@ def plan_cmd(
         top_n=spec.top,
         spot=spec.spot,
         max_stages=spec.max_stages,
+        memory_levers=spec.memory_levers,
         collect_pareto=pareto is not None,
     )
     result = plan_job(request)
@@ -115,16 +116,27 @@ def _print_result(request, result, pareto: str | None, save: Path | None) -> Non
         table.add_row(
             str(i + 1), f"{cand.throughput_samples_per_s:,.2f}", sig(cand.usd_per_iteration),
             f"{cand.sim.usd_per_hour:,.2f}", str(plan.num_gpus), str(plan.micro_batch_size),
-            "; ".join(f"{s.layer_start}:{s.layer_end} {_replicas(s)}" for s in plan.stages),
+            "; ".join(f"{s.layer_start}:{s.layer_end} {_replicas(s)}{_levers(s)}" for s in plan.stages),
             f"{cand.sim.peak_memory_bytes / 1e9:,.1f}",
         )
     con.print(table)
     best = result.candidates[0]
     con.print("GPUs used by the best plan: " + ", ".join(f"{k}={n}" for k, n in best.gpus_by_type_zone().items()))
+    for note in best.notes:
+        con.print(f"memory: {note}")
     if pareto:
         con.print(f"Pareto chart ({len(result.pareto)} points) written to {pareto}")
     if save is not None:
         con.print(f"best plan written to {save} (`sailor simulate {save}`)")
+
+
+def _levers(stage) -> str:
+    """A stage's memory levers as the table shows them (none: nothing)."""
+    # lazy: loaded when the command runs (the CLI starts light)
+    from sailor_core.simulator.levers import lever_label
+
+    label = lever_label(stage.recompute, stage.zero_stage)
+    return f" ({label})" if label != "none" else ""
 
 
 def _replicas(stage) -> str:

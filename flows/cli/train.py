@@ -60,6 +60,7 @@ def train(
         raise InputError(f"--job-id {job_id!r}: use letters, digits, '.', '_' and '-' (at most 100), "
                          "starting with a letter or digit")
     spec = _with_local_data_resolved(spec)
+    _check_before_renting(spec, cloud=cloud, max_gpus_per_zone=max_gpus_per_zone)
     # lazy: loaded when the command runs (the CLI starts light)
     from flows.cli.prefect_server import configure_prefect_env, would_start_server
     from flows.cli.progress import live_display
@@ -151,6 +152,18 @@ def _with_local_data_resolved(spec: JobSpec) -> JobSpec:
     if not path.is_file():
         raise InputError(f"--data {spec.dataset!r}: no such file")
     return dataclasses.replace(spec, dataset=str(path.resolve()))
+
+
+def _check_before_renting(spec: JobSpec, *, cloud: str, max_gpus_per_zone: int) -> None:
+    """``flows.prerent``'s checks, before the flow is submitted; the field named as its option."""
+    # lazy: the planner's profiles and the clouds' configuration, loaded when the command runs
+    from flows.prerent import check_before_renting
+    from sailor_core.job.spec import JobSpecError, spec_field
+
+    try:
+        check_before_renting(spec, cloud=cloud, max_gpus_per_zone=max_gpus_per_zone)
+    except JobSpecError as exc:
+        raise InputError(f"{spec_field(exc.field).cli_name} {exc.problem}") from None
 
 
 def _run_local(params: dict, display) -> dict:

@@ -9,11 +9,13 @@ service account (the embedded stand-in for AWS web-identity federation of a GCP 
 account, docs/clouds.md).  An instance without a profile or account gets no credentials.
 
 The keys are issued here and recorded, and S3 requests signed with them must stay inside what
-the role's inline policies allow (``s3_refusal``): moto's S3 checks no credentials itself.
+the role's inline policies allow (``s3_refusal``, evaluated by moto's IAM policy engine): moto's S3
+checks no credentials itself.
 """
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import secrets
 import threading
@@ -21,6 +23,7 @@ import time
 import urllib.parse
 
 from moto.core import DEFAULT_ACCOUNT_ID
+from moto.iam.access_control import IAMPolicy, PermissionResult
 from moto.iam.models import iam_backends
 
 _CREDENTIALS = "latest/meta-data/iam/security-credentials"
@@ -96,21 +99,10 @@ class Identities:
             return 200, json.dumps(self._credentials(machine, role))
         return None
 
-    def grants(self, role: str) -> list[tuple[str, str]]:
-        """(bucket, key prefix) pairs the role's inline policies allow object access to."""
+    def policies(self, role: str) -> list[dict]:
+        """The role's inline policy documents."""
         found = self._iam().roles.get(self._role_id(role))
-        out: list[tuple[str, str]] = []
-        for text in (found.policies.values() if found else ()):
-            doc = json.loads(text) if isinstance(text, str) else text
-            for st in doc.get("Statement", []):
-                if st.get("Effect") != "Allow":
-                    continue
-                resources = st.get("Resource", [])
-                for res in [resources] if isinstance(resources, str) else resources:
-                    if res.startswith("arn:aws:s3:::") and "/" in res:
-                        bucket, _, prefix = res[len("arn:aws:s3:::"):].partition("/")
-                        out.append((bucket, prefix.rstrip("*")))
-        return out
+        return [json.loads(text) if isinstance(text, str) else text for text in (found.policies.values() if found else ())]
 
     def _role_id(self, name: str) -> str | None:
         return next((rid for rid, r in self._iam().roles.items() if r.name == name), None)
@@ -120,14 +112,64 @@ class Identities:
         (or not signed with issued keys: the controller's own requests)."""
         with self._lock:
             role = self._issued.get(access_key_id)
-        if role is None:
-            return None
+        return None if role is None else self.role_refusal(role, method, path)
+
+    def role_refusal(self, role: str, method: str, path: str) -> str | None:
+        """Why the role's policies do not allow this S3 request (``method``, ``/bucket/key?query``);
+        None if they do.  Evaluated by moto's IAM policy engine (``s3_allows``)."""
         raw_path, _, query = path.partition("?")
         bucket, _, key = urllib.parse.unquote(raw_path).lstrip("/").partition("/")
-        grants = [prefix for b, prefix in self.grants(role) if b == bucket]
+        params = urllib.parse.parse_qs(query, keep_blank_values=True)
         if key:
-            ok = any(key.startswith(prefix) for prefix in grants)
-        else:  # a listing: its prefix must be inside a grant; a batch delete names its keys in the body
-            asked = urllib.parse.parse_qs(query).get("prefix", [""])[0]
-            ok = bool(grants) and (method == "POST" or any(asked.startswith(prefix) for prefix in grants))
+            action = _object_action(method, params)
+            ok = s3_allows(self.policies(role), action, f"arn:aws:s3:::{bucket}/{key}")
+        elif method == "POST":  # a batch delete names its keys in the body: any delete grant in the bucket
+            ok = any(s3_allows([doc], "s3:DeleteObject", f"arn:aws:s3:::{bucket}/{st_key}")
+                     for doc in self.policies(role) for st_key in _granted_keys(doc, bucket))
+        else:
+            ok = s3_allows(self.policies(role), "s3:ListBucket", f"arn:aws:s3:::{bucket}",
+                           prefix=params.get("prefix", [""])[0])
         return None if ok else f"role {role} may not {method} s3://{bucket}/{key}"
+
+
+def _object_action(method: str, params: dict) -> str:
+    if method in ("GET", "HEAD"):
+        return "s3:GetObject"
+    if method == "DELETE":
+        return "s3:AbortMultipartUpload" if "uploadId" in params else "s3:DeleteObject"
+    return "s3:PutObject"  # PUT, and POST: a multipart upload's start and end
+
+
+def _granted_keys(doc: dict, bucket: str) -> list[str]:
+    """A key each of the document's object grants in ``bucket`` covers (a wildcard taken as empty)."""
+    out = []
+    for st in doc.get("Statement", []):
+        resources = st.get("Resource", [])
+        for res in [resources] if isinstance(resources, str) else resources:
+            if res.startswith(f"arn:aws:s3:::{bucket}/"):
+                out.append(res.split("/", 1)[1].replace("*", ""))
+    return out
+
+
+def s3_allows(policies: list[dict], action: str, resource: str, *, prefix: str | None = None) -> bool:
+    """Whether identity policies allow ``action`` on ``resource``, by moto's evaluation (actions,
+    resources, wildcards, explicit denies).  moto leaves ``StringLike`` conditions unchecked, so a
+    listing's ``s3:prefix`` condition is checked here: ``prefix`` must match one of its patterns."""
+    allowed = False
+    for doc in policies:
+        for st in doc.get("Statement", []):
+            one = IAMPolicy(json.dumps({"Version": "2012-10-17", "Statement": [st]}))
+            result = one.is_action_permitted(action, resource)
+            if result == PermissionResult.DENIED:
+                return False
+            if result == PermissionResult.PERMITTED and _string_like_holds(st, prefix):
+                allowed = True
+    return allowed
+
+
+def _string_like_holds(statement: dict, prefix: str | None) -> bool:
+    patterns = statement.get("Condition", {}).get("StringLike", {}).get("s3:prefix")
+    if patterns is None:
+        return True
+    patterns = [patterns] if isinstance(patterns, str) else patterns
+    return prefix is not None and any(fnmatch.fnmatchcase(prefix, p) for p in patterns)

@@ -149,6 +149,29 @@ def _attention_span(spec: ModelSpec, index: int, s: int, eager: bool) -> float:
     return s / 2
 
 
+def _attention_core(spec: ModelSpec, t: int, s: int, regime: TrainingRegime, index: int) -> tuple[int, float]:
+    """(bytes per token the attention core alone saves for backward, its forward FLOPs per token)
+    of block ``index`` on one GPU: the softmax probabilities (eager) or the fused kernel's
+    logsumexp, and Q K^T plus P V.  What selective recomputation drops and re-runs
+    (``simulator/levers.py``); Q, K, V and the context stay saved by the linears around it."""
+    # attention soft-capping (Gemma 2) runs eager attention in the engine whatever the regime
+    eager = regime.attention_kernel == "eager" or spec.attn_logit_softcap is not None
+    heads = spec.num_heads // t
+    s_eff = _attention_span(spec, index, s, eager)
+    q = heads * spec.head_dim
+    return (heads * s * regime.activation_bytes_per_element if eager else heads * _LOGSUMEXP_BYTES), 4.0 * s_eff * q
+
+
+def attention_core(model: str, *, tp_degree: int, seq_len: int, regime: TrainingRegime | str,
+                   index: int) -> tuple[int, float]:
+    """``_attention_core`` of block ``index`` of a catalog model: (saved bytes per sequence,
+    forward FLOPs per token)."""
+    spec = get_model(model)
+    reg = regime if isinstance(regime, TrainingRegime) else get_regime(regime)
+    per_token, flops = _attention_core(spec, int(tp_degree), int(seq_len), reg, index)
+    return per_token * int(seq_len), flops
+
+
 def _block(spec: ModelSpec, t: int, s: int, regime: TrainingRegime, index: int) -> LayerShape:
     h, f, a, d = spec.hidden_size, spec.ffn_size, spec.num_heads, spec.head_dim
     kv = _ceil_div(spec.num_kv_heads, t) * d  # per GPU
@@ -166,20 +189,17 @@ def _block(spec: ModelSpec, t: int, s: int, regime: TrainingRegime, index: int) 
         params = matmul + qkv_bias + h + fs + h + 4 * h  # biases: QKV, out, fc1, fc2; two LayerNorms
         mlp_saved = fs if spec.family == "opt" else 2 * fs  # ReLU keeps one tensor, GELU two
         mlp_inputs = 1
-    # attention soft-capping (Gemma 2) runs eager attention in the engine whatever the regime
-    eager = regime.attention_kernel == "eager" or spec.attn_logit_softcap is not None
-    s_eff = _attention_span(spec, index, s, eager)
-    flops = 2.0 * matmul + 4.0 * s_eff * q
+    core_saved, core_flops = _attention_core(spec, t, s, regime, index)
+    flops = 2.0 * matmul + core_flops
     attn_in = 3 if regime.casts_linear_inputs else 1
     mlp_in = mlp_inputs if regime.casts_linear_inputs else 1
-    heads = a // t
     per_token = (
         2 * h * r
         + (attn_in + mlp_in) * h * c
         + (q + 2 * kv) * c
         + q * c
         + mlp_saved * c
-        + (heads * s * c if eager else heads * _LOGSUMEXP_BYTES)
+        + core_saved
     )
     return LayerShape(
         index=index,

@@ -46,6 +46,12 @@ from statistics import NormalDist
 from sailor_core.controller.options import GpuZone, PlanOption
 
 _S_PER_HR = 3600.0
+# The train-job flow's costs: seconds a plan change costs before training resumes (boot, torch
+# import, rendezvous, reload) ...
+CHANGE_COST_S = 30.0
+# ... and a change onto instances all held, whose parked workers rejoin in place (no boot, no
+# import; benchmarks/bench_rejoin.py: about a tenth of a new process's start here).
+REJOIN_COST_S = 3.0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

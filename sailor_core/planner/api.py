@@ -8,19 +8,24 @@ import contextlib
 import dataclasses
 import gc
 import itertools
+import math
 import time
+from collections.abc import Mapping
 
 from sailor_core.catalog.gpus import get_gpu
 from sailor_core.catalog.instances import gpu_price_usd_per_hr
 from sailor_core.errors import InfeasibleError
 from sailor_core.network.model import default_network
 from sailor_core.plan.types import validate_plan
+from sailor_core.plan.types import RECOMPUTE_NONE
+from sailor_core.planner import levers
 from sailor_core.planner.explain import relaxed, why_infeasible
 from sailor_core.planner.mixing import mix_leftovers
 from sailor_core.planner.ranking import FASTEST
-from sailor_core.planner.request import PlanRequest
+from sailor_core.planner.request import GpuZone, PlanRequest
 from sailor_core.planner.result import ParetoPoint, PlannedCandidate, PlanResult, pareto_front
 from sailor_core.planner.search import Evaluated, Searcher, run_search
+from sailor_core.planner.search.bounds import ideal_iteration
 from sailor_core.profiles import default_profile_db
 from sailor_core.simulator.simulate import simulate
 
@@ -68,13 +73,19 @@ def _plan_job(request: PlanRequest, *, profiles, network) -> PlanResult:
     if not any(e.feasible for e in searcher.top) and not searcher.stats.exhausted and (
             request.has_cost_caps or request.min_throughput_samples_per_s is not None):
         _search_other_objective(searcher)
+    levers_searched = _search_levers(searcher)
     searcher.polish_top(request.top_n + 5)
     if request.mixed_stages:
         for ev in list(searcher.top[: request.top_n]):
             mixed = mix_leftovers(searcher, ev)
             if mixed is not ev:
                 searcher.offer(mixed)
-    candidates = _simulated(searcher, profiles=profiles, network=network)
+    try:
+        candidates = _simulated(searcher, profiles=profiles, network=network)
+    except InfeasibleError as exc:
+        if not levers_searched:
+            raise
+        raise InfeasibleError(f"{exc}; nor with ZeRO and activation recomputation per stage") from None
     candidates.sort(key=lambda c: request.ranking.score(throughput_samples_per_s=c.sim.throughput_samples_per_s,
                                                          usd_per_iteration=c.sim.usd_per_iteration))
     elapsed = time.perf_counter() - t0
@@ -128,10 +139,33 @@ def _simulated(searcher: Searcher, *, profiles, network) -> list[PlannedCandidat
             searcher.stats.num_disagreements += 1
             if not (sim.fits and searcher.meets_limits(sim)):
                 continue
-        candidates.append(PlannedCandidate(plan=plan, sim=sim))
+        notes = levers.notes(plan, profiles=profiles, network=network, spot=request.spot) if any(
+            s.recompute != RECOMPUTE_NONE or s.zero_stage for s in plan.stages) else ()
+        candidates.append(PlannedCandidate(plan=plan, sim=sim, notes=notes))
     if not candidates:
         raise InfeasibleError(why_infeasible(searcher))
     return candidates
+
+
+def _search_levers(searcher: Searcher) -> bool:
+    """The searches with memory levers (``levers``: on which rungs, and when), each a search of the
+    request on kinds of one setting; their plans, relaxed stage by stage, join the main search's.
+    Every rung is searched: a stronger lever can allow a shallower, faster pipeline (llama-3.2-3b
+    on 16 V100-16: 1.130 samples/s on the first rung that fits, 1.27-1.31 with the later ones,
+    docs/benchmarks/planner.md).  Whether any ran."""
+    rungs = levers.rungs_to_search(searcher)
+    for rung in rungs:
+        req = dataclasses.replace(searcher.req, mixed_stages=False, collect_pareto=False)
+        sub = Searcher(req, profiles=searcher.profiles, network=searcher.network,
+                       kinds=levers.lever_kinds(searcher, rung))
+        sub.seed_from(searcher)
+        _search_each_type(sub)
+        _search(sub)
+        sub.done_searching()
+        found = [e for e in sub.top if e.feasible and e.key not in searcher.seen_plans]
+        for ev in found[: req.top_n + 5]:
+            searcher.offer(levers.relax(searcher, searcher.evaluate(ev.mbs, ev.stages)))
+    return bool(rungs)
 
 
 def _search_each_type(searcher: Searcher) -> None:
@@ -226,3 +260,32 @@ def _adopt(searcher: Searcher, sub: Searcher) -> None:
     seen.sort(key=lambda e: searcher.score_of(e.res))
     for ev in seen[: searcher.req.top_n + 20]:
         searcher.offer(searcher.evaluate(ev.mbs, ev.stages))
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class IdealBounds:
+    """What no plan of a request beats: every GPU busy the whole iteration with no bubble, link or
+    sync (``bounds.ideal_iteration``), each layer on its fastest GPU type, at the cheapest price."""
+
+    throughput_samples_per_s: float  # no plan is faster
+    usd_per_iteration: float  # no plan is cheaper per iteration
+    num_gpus: int  # the GPUs counted
+
+
+def ideal_bounds(request: PlanRequest, *, max_gpus: int | None = None, profiles=None,
+                 usd_per_gpu_hr: Mapping[GpuZone, float] | None = None) -> IdealBounds | None:
+    """The bounds of the search's pruning (``Searcher.ideal_score``) on the whole request, without
+    searching: on at most ``max_gpus`` of the GPUs available, at ``usd_per_gpu_hr`` per pool (else
+    the catalog's).  None when no GPU type offered holds a layer of the model."""
+    searcher = Searcher(request, profiles=profiles or default_profile_db(), network=default_network())
+    gpu_s = searcher.figures.ideal_gpu_s(searcher.gpu_types, searcher.micro_batch_sizes(),
+                                         request.global_batch_size)
+    pools = [k for k, n in request.availability.items() if n > 0]
+    num_gpus = sum(request.availability[k] for k in pools)
+    num_gpus = num_gpus if max_gpus is None else min(num_gpus, max_gpus)
+    if gpu_s == math.inf or num_gpus < 1:
+        return None
+    price = min((usd_per_gpu_hr or {}).get(k) or gpu_price_usd_per_hr(k[0], k[1], spot=request.spot) for k in pools)
+    iteration_s, usd = ideal_iteration(gpu_s, num_gpus, price)
+    return IdealBounds(throughput_samples_per_s=request.global_batch_size / iteration_s, usd_per_iteration=usd,
+                       num_gpus=num_gpus)

@@ -32,6 +32,7 @@ from sailor_core.planner.kinds import Kind
 from sailor_core.regimes import TrainingRegime
 from sailor_core.simulator import compose
 from sailor_core.simulator import stage as st
+from sailor_core.simulator.levers import zero_shards, zero_sync_factor
 from sailor_core.simulator.memory import dp_bucket_bytes, dp_synced_params, inflight_microbatches
 from sailor_core.simulator.tables import layer_table
 from sailor_core.simulator.pipeline_time import one_f_one_b_time, stage_timing
@@ -237,6 +238,9 @@ class FastSim:
             thinnest = costs.thinnest
             sync_bytes = st.dp_sync_bytes(thinnest.profile, stage.layer_start, stage.layer_end, regime)
             hop_bytes = compose.ring_hop_bytes(costs.dp_degree, sync_bytes, thinnest.tp_degree)
+            factor = zero_sync_factor(thinnest.zero_stage, regime)
+            if factor != 1.0:  # simulate's _dp_ring
+                hop_bytes *= factor
         nbytes = st.boundary_bytes(stage.groups[0][0].profile, stage.layer_end) if costs.crossing else 0
         return tuple(compose.stage_egress_terms(hop_bytes, costs.hop_usd_per_byte, nbytes, costs.crossing))
 
@@ -287,22 +291,27 @@ class FastSim:
         fwds: list[float] = []
         update = 0.0
         stage_parts = self._stage_parts
+        costs = ctx.costs
+        zero = groups[0][0].zero_stage if costs.dp_degree > 1 else 0
+        opt_shards = zero_shards(zero, costs.dp_degree)
         for kind, _ in ctx.kinds_counts:
-            pkey = (kind, a, b)
+            pkey = (kind, a, b) if opt_shards == 1 else (kind, a, b, opt_shards)
             parts = stage_parts.get(pkey)
             if parts is None:
                 fwd, bwd = st.stage_compute_s(kind.profile, a, b)
-                parts = stage_parts[pkey] = (fwd, bwd, st.stage_update_s(kind.profile, a, b))
+                parts = stage_parts[pkey] = (fwd, bwd, st.stage_update_s(kind.profile, a, b, opt_shards))
             fwd, bwd, upd = parts
             update = max(update, upd)
             steps.append(fwd + bwd)
             fwds.append(fwd)
-        costs = ctx.costs
         sync = 0.0
         ring = (0.0, 0.0)
         if costs.dp_degree > 1:
             sync_bytes = st.dp_sync_bytes(costs.thinnest.profile, a, b, regime)
             sync = self._sync_s(sync_bytes, ctx.ring)
+            factor = zero_sync_factor(zero, regime)
+            if factor != 1.0:  # simulate's _dp_ring
+                sync *= factor
             tp = costs.thinnest.tp_degree
             ring = st.overlapped_dp_ring(sync, sync_bytes, costs.dp_degree,
                                          tp if all(g[0].tp_degree == tp for g in groups) else None)
@@ -336,9 +345,10 @@ class FastSim:
         peak, fits = 0, True
         for kind, count in ctx.kinds_counts:
             # simulate's stage_memory, without its breakdown
-            mem = kind.peak_bytes(a, b, inflight_microbatches(0, depth, count), regime, count)
+            mem = kind.peak_bytes(a, b, inflight_microbatches(0, depth, count), regime, count, dp)
             if dp > 1:
-                mem += dp_bucket_bytes(dp_synced_params(layer_table(kind.profile), a, b), regime, dp)
+                mem += dp_bucket_bytes(dp_synced_params(layer_table(kind.profile), a, b), regime, dp,
+                                       kind.zero_stage)
             if mem > peak:
                 peak = mem
             fits = fits and mem <= kind.capacity_bytes

@@ -14,6 +14,8 @@ from sailor_core.catalog.models import get_model, tp_split_problem
 from sailor_core.errors import ProfileError
 from sailor_core.profiles.types import ModelProfile
 from sailor_core.regimes import TrainingRegime, get_regime
+from sailor_core.plan.types import RECOMPUTE_FULL, RECOMPUTE_NONE, RECOMPUTE_SELECTIVE
+from sailor_core.simulator.levers import recomputed_profile
 from sailor_core.simulator.memory import profile_head_logits, stage_peak_bytes
 from sailor_core.simulator.tables import LayerTable, layer_table
 
@@ -30,7 +32,9 @@ class Kind:
     capacity_bytes: int
     comp_cum: list[float]
     num_layers: int
-    max_end_memo: dict[tuple[int, int], int] = field(default_factory=dict)  # max_end by (start, K), read in split's hot loop
+    max_end_memo: dict[tuple, int] = field(default_factory=dict)  # max_end by (start, K[, DP]), read in split's hot loop
+    recompute: str = RECOMPUTE_NONE  # the memory levers of the stages it runs (simulator/levers.py):
+    zero_stage: int = 0  # its profile recomputes; ZeRO applies where a stage has replicas to shard over
     _table: LayerTable | None = None  # the profile's, set with _head_logits on first use
     _head_logits: int = -1  # logits of one micro-batch on its LM head (memory.profile_head_logits)
 
@@ -46,26 +50,30 @@ class Kind:
     def model_time_s(self) -> float:
         return self.comp_cum[-1]
 
-    def fits(self, start: int, end: int, num_inflight: int) -> bool:
-        return self.peak_bytes(start, end, num_inflight) <= self.capacity_bytes
+    def fits(self, start: int, end: int, num_inflight: int, dp_degree: int = 1) -> bool:
+        return self.peak_bytes(start, end, num_inflight, dp_degree=dp_degree) <= self.capacity_bytes
 
     def peak_bytes(self, start: int, end: int, num_inflight: int, regime: TrainingRegime | None = None,
-                   num_microbatches: int = 0) -> int:
+                   num_microbatches: int = 0, dp_degree: int = 1) -> int:
         """``stage_memory(...).peak_bytes`` of one GPU holding layers [start, end) with K in flight,
         under ``regime`` (default: the kind's), its replica running ``num_microbatches`` (0: more
-        than K), without building the breakdown."""
+        than K) in a stage of ``dp_degree`` replicas (ZeRO's shards), without building the breakdown."""
         if self._head_logits < 0:
             self._table = layer_table(self.profile)
             self._head_logits = profile_head_logits(self.profile)
         return stage_peak_bytes(self._table, start, end, num_inflight, regime or self.regime, self._head_logits,
-                                num_microbatches)
+                                num_microbatches, dp_degree, self.zero_stage)
 
-    def max_end(self, start: int, num_inflight: int) -> int:
+    def max_end_key(self, start: int, num_inflight: int, dp_degree: int) -> tuple:
+        """``max_end_memo``'s key: the DP degree counts only where ZeRO shards by it."""
+        return (start, num_inflight) if not self.zero_stage else (start, num_inflight, dp_degree)
+
+    def max_end(self, start: int, num_inflight: int, dp_degree: int = 1) -> int:
         """Largest ``end`` such that layers [start, end) fit with K in flight; ``start`` if none does.
 
         Memory grows with every added layer, so the fitting ends form a prefix: binary search.
         """
-        key = (start, num_inflight)
+        key = self.max_end_key(start, num_inflight, dp_degree)
         found = self.max_end_memo.get(key)
         if found is not None:
             return found
@@ -73,7 +81,7 @@ class Kind:
         lo, hi = start, self.num_layers  # invariant: lo fits (or is start), answer in [lo, hi]
         while lo < hi:
             mid = (lo + hi + 1) // 2
-            if peak(start, mid, num_inflight) <= capacity:
+            if peak(start, mid, num_inflight, dp_degree=dp_degree) <= capacity:
                 lo = mid
             else:
                 hi = mid - 1
@@ -83,22 +91,31 @@ class Kind:
 
 _SHARED: dict[tuple, KindCache] = {}
 
+# The memory levers a search may add, cheapest first (``planner/levers.py``): ZeRO-1 (its time is
+# nearly free), selective recomputation, ZeRO-2, full recomputation.  ZeRO needs a stage with
+# replicas; a stage of one replica gets the recomputation of its rung alone.
+LEVER_LADDER: tuple[tuple[str, int], ...] = (
+    (RECOMPUTE_NONE, 1), (RECOMPUTE_SELECTIVE, 1), (RECOMPUTE_SELECTIVE, 2), (RECOMPUTE_FULL, 2))
 
-def shared_kind_cache(model: str, seq_len: int | None, regime: str | None, profiles) -> KindCache:
+
+def shared_kind_cache(model: str, seq_len: int | None, regime: str | None, profiles,
+                      levers: tuple[str, int] = (RECOMPUTE_NONE, 0)) -> KindCache:
     """The process's KindCache for these arguments: planning calls that follow each other (a
     replay, a job re-planning after preemptions) meet the same kinds, with their memory
     limits and the simulator's stage figures memoised on them.  A profile source with a
     ``version`` (ProfileDB counts its changes) is shared until it changes; one without gets
-    a cache of its own."""
+    a cache of its own.  ``levers``: (recomputation, ZeRO stage) of every kind it builds."""
     version = getattr(profiles, "version", None)
     if version is None:
-        return KindCache(model, seq_len, regime, profiles)
+        return KindCache(model, seq_len, regime, profiles, levers)
     key = (model, seq_len, regime, id(profiles), version)
+    if levers != (RECOMPUTE_NONE, 0):
+        key += (levers,)
     hit = _SHARED.get(key)
     if hit is None or hit.profiles is not profiles:
-        if len(_SHARED) >= 8:
+        if len(_SHARED) >= 8 + 2 * len(LEVER_LADDER):
             _SHARED.clear()
-        hit = _SHARED[key] = KindCache(model, seq_len, regime, profiles)
+        hit = _SHARED[key] = KindCache(model, seq_len, regime, profiles, levers)
     return hit
 
 
@@ -113,8 +130,10 @@ def valid_tp_degrees(model: str, gpu: str, max_tp_degree: int) -> list[int]:
 class KindCache:
     """Builds and memoises kinds from a profile source."""
 
-    def __init__(self, model: str, seq_len: int | None, regime: str | None, profiles) -> None:
+    def __init__(self, model: str, seq_len: int | None, regime: str | None, profiles,
+                 levers: tuple[str, int] = (RECOMPUTE_NONE, 0)) -> None:
         self.model = model
+        self.levers = levers
         self.seq_len = seq_len
         self.regime_name = regime
         self.profiles = profiles
@@ -144,6 +163,7 @@ class KindCache:
             self._errors[key] = str(exc)
             self._kinds[key] = None
             return None
+        prof = recomputed_profile(prof, self.levers[0])
         table = layer_table(prof)
         comp = [f + b for f, b in zip(table.fwd_cum, table.bwd_cum)]
         kind = Kind(
@@ -155,6 +175,8 @@ class KindCache:
             capacity_bytes=get_gpu(gpu).memory_bytes,
             comp_cum=comp,
             num_layers=table.num_layers,
+            recompute=self.levers[0],
+            zero_stage=self.levers[1],
         )
         self._kinds[key] = kind
         return kind

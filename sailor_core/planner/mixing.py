@@ -3,6 +3,7 @@ replicas while the simulated objective improves (see docs/planner.md)."""
 
 from __future__ import annotations
 
+from sailor_core.plan.types import RECOMPUTE_NONE
 from sailor_core.planner.fastsim import FastStage
 from sailor_core.planner.kinds import valid_tp_degrees
 from sailor_core.planner.search import Evaluated, Searcher, better
@@ -15,6 +16,8 @@ def mix_leftovers(searcher: Searcher, ev: Evaluated, max_added: int = 64) -> Eva
     A replica only joins a stage if it is not slower than the stage's straggler on that
     stage's layers and fits its memory, so it takes micro-batches off the others.
     """
+    if any(g[0].recompute != RECOMPUTE_NONE or g[0].zero_stage for st in ev.stages for g in st.groups):
+        return ev  # leftovers would join without the stage's levers (planner/levers.py)
     best = ev
     added = 0
     tried: set = set()

@@ -37,6 +37,9 @@ class SearchSettings:
     max_shapes_scored: int = 20000  # shapes given a bound by the lazy order before it stops adding
     patience: int = 80  # evaluated shape orders in a row that do not improve the top N before the search stops
     collect_pareto: bool = False  # evaluate more candidates so the cost/throughput front is wider
+    # ZeRO and activation recomputation per stage (planner/levers.py): "off", "when-needed" (only
+    # when no plan fits without them) or "always" (they compete with plans without them)
+    memory_levers: str = "when-needed"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -141,6 +144,9 @@ def make_request(
     mbs = knobs.get("micro_batch_sizes")
     if mbs is not None and (not mbs or any(int(b) < 1 for b in mbs)):
         raise InputError(f"micro-batch sizes must be positive, got {mbs!r}")
+    levers = knobs.get("memory_levers", "when-needed")
+    if levers not in ("off", "when-needed", "always"):
+        raise InputError(f"memory levers must be one of off, when-needed, always; got {levers!r}")
     get_model(model)  # existence already checked; keeps one failure point for aliases
     return PlanRequest(
         model=model,

@@ -15,6 +15,7 @@ class PlannedCandidate:
 
     plan: Plan
     sim: SimResult
+    notes: tuple[str, ...] = ()  # why its stages keep their memory levers (planner/levers.notes)
 
     @property
     def throughput_samples_per_s(self) -> float:
@@ -42,7 +43,7 @@ class PlannedCandidate:
             "gpus": self.gpus_by_type_zone(),
             "breakdown": dict(sim.breakdown),
             "bottleneck": sim.bottleneck,
-        }
+        } | ({"notes": list(self.notes)} if self.notes else {})
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

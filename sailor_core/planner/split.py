@@ -26,6 +26,7 @@ class StageSlot:
     kind: Kind
     num_microbatches: int  # the busiest replica's micro-batches per iteration
     num_inflight: int
+    dp_degree: int = 1  # the stage's replicas (what ZeRO shards over: Kind.max_end)
 
 
 def greedy_split(slots: list[StageSlot], num_layers: int, tau: float) -> list[int] | None:
@@ -43,9 +44,10 @@ def greedy_split(slots: list[StageSlot], num_layers: int, tau: float) -> list[in
             within = bisect_right(cum, cum[start] + tau / slot.num_microbatches) - 1
             if within < end:
                 end = within
-        fit = kind.max_end_memo.get((start, slot.num_inflight))
+        fit = kind.max_end_memo.get((start, slot.num_inflight) if not kind.zero_stage
+                                    else (start, slot.num_inflight, slot.dp_degree))
         if fit is None:
-            fit = kind.max_end(start, slot.num_inflight)
+            fit = kind.max_end(start, slot.num_inflight, slot.dp_degree)
         if fit < end:
             end = fit
         if end <= start:

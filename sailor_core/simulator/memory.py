@@ -65,6 +65,7 @@ from sailor_core.catalog.models import get_model
 from sailor_core.profiles.types import ModelProfile
 from sailor_core.regimes import TrainingRegime
 from sailor_core.simulator.compose import BLOCKING_P2P_REGIMES
+from sailor_core.simulator.levers import recompute_working_bytes, sharded, zero_shards
 from sailor_core.simulator.tables import LayerTable, layer_table
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -188,7 +189,7 @@ def _tied_copy_params(model: str, tp_degree: int, head_params: int) -> int:
 
 def stage_memory_parts(
     table: LayerTable, layer_start: int, layer_end: int, num_inflight: int, regime: TrainingRegime,
-    head_logits: int, num_microbatches: int = 0,
+    head_logits: int, num_microbatches: int = 0, dp_degree: int = 1, zero_stage: int = 0,
 ) -> tuple[int, int, int, int, int, int, int, int]:
     """(params, state, activation, loss working, backward working, overhead, p2p buffers, optimizer
     working) bytes of
@@ -198,12 +199,20 @@ def stage_memory_parts(
     or p2p buffer is alive then).  ``head_logits``: ``profile_head_logits`` of the profile
     (counted only when the stage holds the head); ``num_microbatches``: those of the replica (0:
     more than K).  The memory model's arithmetic, in one place: the breakdown (``stage_memory``)
-    and the planner's bare peak (``stage_peak_bytes``) both use it."""
+    and the planner's bare peak (``stage_peak_bytes``) both use it.  ``zero_stage`` shards the
+    optimizer states over the stage's ``dp_degree`` replicas, and under ZeRO-2 the gradients are
+    gone at the step (the replica's range of their sum is its DP bucket: ``dp_bucket_bytes``)
+    (``levers``); a recomputing profile (``levers.recomputed_profile``) brings its own
+    activations."""
     num_params = stage_params_held(table, layer_start, layer_end)
     holds_head = layer_end == len(table.output_bytes)
-    state = num_params * regime.state_bytes_per_param
+    opt_shards = zero_shards(zero_stage, dp_degree) if zero_stage else 1
+    state = _state_bytes(num_params, regime, opt_shards)
+    if zero_stage >= 2 and opt_shards > 1:
+        state -= num_params * regime.grad_bytes_per_param
     kept_state, act, loss, work, comm = _activation_peak(table, layer_start, layer_end, num_inflight, regime,
-                                                         head_logits if holds_head else 0, num_microbatches)
+                                                         head_logits if holds_head else 0, num_microbatches,
+                                                         opt_shards)
     overhead = regime.constant_overhead_bytes
     temps = 0
     if regime.optimizer_temp_tensors:
@@ -215,9 +224,18 @@ def stage_memory_parts(
     return num_params, kept_state, act, loss, work, overhead, comm, 0
 
 
+def _state_bytes(num_params: int, regime: TrainingRegime, opt_shards: int) -> int:
+    """Weights, gradients and optimizer states of ``num_params``, the optimizer states split over
+    ``opt_shards`` replicas (ZeRO)."""
+    if opt_shards == 1:
+        return num_params * regime.state_bytes_per_param
+    return (num_params * (regime.weight_bytes_per_param + regime.grad_bytes_per_param)
+            + sharded(num_params, opt_shards) * regime.optimizer_bytes_per_param)
+
+
 def _activation_peak(
     table: LayerTable, layer_start: int, layer_end: int, num_inflight: int, regime: TrainingRegime,
-    head_logits: int, num_microbatches: int,
+    head_logits: int, num_microbatches: int, opt_shards: int = 1,
 ) -> tuple[int, int, int, int, int]:
     """(state, activation, loss working, backward working, p2p buffers) bytes while a stage holds
     activations.
@@ -233,7 +251,7 @@ def _activation_peak(
     activations alive.
     """
     num_params = stage_params_held(table, layer_start, layer_end)
-    state = num_params * regime.state_bytes_per_param
+    state = _state_bytes(num_params, regime, opt_shards)  # the gradients in full, under ZeRO-2 too
     grad_bytes = regime.grad_bytes_per_param
     # A stage that sends keeps each micro-batch's output until its gradient comes back (no layer
     # of the stage saves it for its own backward); receive buffers: the next input's, posted a
@@ -250,6 +268,7 @@ def _activation_peak(
     kept = state - num_params * grad_bytes
     others = (num_inflight - 1) * one
     prof = table.profile
+    rework = recompute_working_bytes(prof)  # full recomputation: one block's re-run forward
     best = (-1, 0, 0, 0, 0)
     layers: Sequence[int] = range(layer_end - 1, layer_start - 1, -1)
     if accumulating:
@@ -270,6 +289,8 @@ def _activation_peak(
         layer_loss = loss if layer == layer_end - 1 and holds_head else 0  # the loss runs backward with the head
         work = backward_working_bytes(prof.model, prof.tp_degree, prof.micro_batch_size, prof.seq_len, layer,
                                       regime.activation_bytes_per_element, grad_bytes, accumulating)
+        if rework and 0 < layer < table.num_layers - 1:
+            work += rework
         if act + grads + layer_loss + work > best[0]:
             best = (act + grads + layer_loss + work, kept + grads, act, layer_loss, work)
     return best[1], best[2], best[3], best[4], comm
@@ -302,24 +323,27 @@ def dp_synced_params(table: LayerTable, layer_start: int, layer_end: int) -> int
     return stage_params_held(table, layer_start, layer_end) - tied_params_summed_apart(table, layer_start, layer_end)
 
 
-def dp_bucket_bytes(num_params: int, regime: TrainingRegime, dp_degree: int) -> int:
+def dp_bucket_bytes(num_params: int, regime: TrainingRegime, dp_degree: int, zero_stage: int = 0) -> int:
     """The engine's data-parallel gradient buckets for ``num_params`` (``dp_synced_params``): a flat
     copy of those gradients kept for the whole run (``runtime/trainer.py``, as DDP keeps its
-    buckets); none with one replica, and none counted for DeepSpeed (Sailor's profiles: its
-    constant reserve holds its buffers)."""
+    buckets), under ZeRO-2 only the replica's range of each (1/D: ``runtime/zero.py``);
+    none with one replica, and none counted for DeepSpeed (Sailor's profiles: its constant
+    reserve holds its buffers)."""
     if dp_degree <= 1 or regime.name in BLOCKING_P2P_REGIMES:
         return 0
+    if zero_stage >= 2:
+        return sharded(num_params, dp_degree) * regime.grad_bytes_per_param
     return num_params * regime.grad_bytes_per_param
 
 
 def stage_peak_bytes(
     table: LayerTable, layer_start: int, layer_end: int, num_inflight: int, regime: TrainingRegime,
-    head_logits: int, num_microbatches: int = 0,
+    head_logits: int, num_microbatches: int = 0, dp_degree: int = 1, zero_stage: int = 0,
 ) -> int:
     """``stage_memory(...).peak_bytes`` without building the breakdown (the planner's searches
-    for the largest stage that fits ask for many)."""
+    for the largest stage that fits ask for many), the DP buckets left out."""
     _, state, act, loss, work, overhead, comm, temps = stage_memory_parts(
-        table, layer_start, layer_end, num_inflight, regime, head_logits, num_microbatches)
+        table, layer_start, layer_end, num_inflight, regime, head_logits, num_microbatches, dp_degree, zero_stage)
     return state + act + loss + work + comm + temps + overhead
 
 
@@ -332,12 +356,15 @@ def stage_memory(
     capacity_bytes: int,
     dp_degree: int = 1,
     num_microbatches: int = 0,
+    zero_stage: int = 0,
 ) -> MemoryBreakdown:
     """Memory of one GPU of ``profile``'s (GPU, TP) holding layers [start, end) with K in flight,
-    in a stage of ``dp_degree`` replicas, the replica running ``num_microbatches`` (0: more than K)."""
+    in a stage of ``dp_degree`` replicas, the replica running ``num_microbatches`` (0: more than K),
+    its states sharded by ``zero_stage`` (``profile`` recomputing: ``levers.recomputed_profile``)."""
     table = layer_table(profile)
     num_params, state, act, loss, work, overhead, comm, temps = stage_memory_parts(
-        table, layer_start, layer_end, num_inflight, regime, profile_head_logits(profile), num_microbatches)
+        table, layer_start, layer_end, num_inflight, regime, profile_head_logits(profile), num_microbatches,
+        dp_degree, zero_stage)
     return MemoryBreakdown(
         state_bytes=state,
         activation_bytes=act,
@@ -346,7 +373,8 @@ def stage_memory(
         num_params=num_params,
         num_inflight=num_inflight,
         capacity_bytes=capacity_bytes,
-        comm_bytes=comm + dp_bucket_bytes(dp_synced_params(table, layer_start, layer_end), regime, dp_degree),
+        comm_bytes=comm + dp_bucket_bytes(dp_synced_params(table, layer_start, layer_end), regime, dp_degree,
+                                          zero_stage),
         optimizer_working_bytes=temps,
         backward_working_bytes=work,
     )

@@ -12,7 +12,7 @@ functions the planner's fast path calls.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from sailor_core.catalog.gpus import get_gpu, normalize_gpu_name
 from sailor_core.catalog.models import get_model, tp_split_problem
@@ -21,11 +21,13 @@ from sailor_core.catalog.instances import gpu_price_usd_per_hr
 from sailor_core.network.model import NetworkModel, default_network
 from sailor_core.profiles import default_profile_db
 from sailor_core.plan import routing
-from sailor_core.plan.types import Plan, Replica, Stage, validate_plan
+from sailor_core.plan.types import (RECOMPUTE_MODES, RECOMPUTE_NONE, ZERO_STAGES, Plan, Replica, Stage,
+                                    validate_plan)
 from sailor_core.profiles.types import ModelProfile
 from sailor_core.regimes import TrainingRegime, get_regime
 from sailor_core.simulator import compose
 from sailor_core.simulator import stage as st
+from sailor_core.simulator.levers import recomputed_profile, zero_shards, zero_sync_factor
 from sailor_core.simulator.memory import MemoryBreakdown, inflight_microbatches, stage_memory
 from sailor_core.simulator.result import ReplicaResult, SimResult, StageResult
 from sailor_core.simulator.pipeline_time import StageTiming, one_f_one_b_time, stage_timing
@@ -200,19 +202,20 @@ def _stage_replicas(looked_up: _PlanProfiles, stage: Stage, index: int, num_stag
     # once; results are frozen, so identical replicas share one.
     same: dict[tuple[str, int, int], tuple] = {}
     results: dict[tuple[Replica, int, int], ReplicaResult] = {}
+    opt_shards = zero_shards(stage.zero_stage, stage.dp_degree)
     for r, rep in enumerate(stage.replicas):
         inflight = inflight_microbatches(index, num_stages, counts[r], lookahead_scale)
         # A replica holding no more micro-batches than in flight runs no forward beside gradients.
         key = (rep.gpu, rep.tp_degree, inflight, counts[r] > inflight)
         known = same.get(key)
         if known is None:
-            prof = looked_up.of(rep.gpu, rep.tp_degree)
+            prof = recomputed_profile(looked_up.of(rep.gpu, rep.tp_degree), stage.recompute)
             table = layer_table(prof)
             mem = stage_memory(prof, start, end, inflight, looked_up.regime, get_gpu(rep.gpu).memory_bytes,
-                               stage.dp_degree, counts[r])
+                               stage.dp_degree, counts[r], stage.zero_stage)
             known = same[key] = (
                 prof, table.fwd_s(start, end), table.bwd_s(start, end),
-                prof.update_s(table.params(start, end)), mem, table.measured(start, end),
+                st.stage_update_s(prof, start, end, opt_shards), mem, table.measured(start, end),
             )
         prof, fwd, bwd, upd, mem, measured = known
         steps.append(fwd + bwd)
@@ -233,13 +236,17 @@ def _dp_ring(looked_up: _PlanProfiles, network: NetworkModel, stage: Stage,
              ) -> tuple[float, float, float, list[float], tuple[float, float]]:
     """A stage's gradient all-reduce over its replicas: (seconds, bytes one GPU all-reduces,
     bytes per ring hop, USD per byte of each hop that leaves a zone, the ring as it meets the
-    stage's last sends: ``stage.overlapped_dp_ring``)."""
+    stage's last sends: ``stage.overlapped_dp_ring``); under ZeRO its reduce-scatters and
+    all-gather (``levers.zero_sync_factor``)."""
     thinnest = min(stage.replicas, key=lambda rep: rep.tp_degree)
     sync_bytes = st.dp_sync_bytes(looked_up.of(thinnest.gpu, thinnest.tp_degree), stage.layer_start,
                                   stage.layer_end, looked_up.regime)
     sync_s = st.stage_dp_sync_s(network, sync_bytes, [(rep.zone, rep.gpu, rep.tp_degree) for rep in stage.replicas])
     hop_usd = compose.ring_hop_usd_per_byte(network, [rep.zone for rep in stage.replicas])
     hop_bytes = compose.ring_hop_bytes(stage.dp_degree, sync_bytes, thinnest.tp_degree) if hop_usd else 0.0
+    factor = zero_sync_factor(stage.zero_stage, looked_up.regime) if stage.dp_degree > 1 else 1.0
+    if factor != 1.0:
+        sync_s, hop_bytes = sync_s * factor, hop_bytes * factor
     tp = thinnest.tp_degree
     ring = st.overlapped_dp_ring(sync_s, sync_bytes, stage.dp_degree,
                                  tp if all(rep.tp_degree == tp for rep in stage.replicas) else None)
@@ -327,12 +334,35 @@ def stage_memory_for(
     profiles: ProfileSource | None = None,
 ) -> MemoryBreakdown:
     """Memory of one GPU holding ``layers`` (half-open; default all) with K micro-batches in flight."""
+    return stage_memory_under(NO_LEVERS, model, gpu, tp_degree, micro_batch_size, num_inflight, layers,
+                              seq_len=seq_len, regime=regime, profiles=profiles)
+
+
+NO_LEVERS = (RECOMPUTE_NONE, 0, 1)
+
+
+def stage_memory_under(
+    levers: tuple[str, int, int],
+    model: str,
+    gpu: str,
+    tp_degree: int,
+    micro_batch_size: int,
+    num_inflight: int,
+    layers: tuple[int, int] | None = None,
+    **lookup: Any,
+) -> MemoryBreakdown:
+    """``stage_memory_for`` (``lookup``: its ``seq_len``, ``regime`` and ``profiles``) under
+    ``levers``: (recomputation, ZeRO stage, the stage's DP degree that ZeRO shards over)."""
+    recompute, zero_stage, dp_degree = levers
     spec = get_model(model)
     gpu_spec = get_gpu(normalize_gpu_name(gpu))
     if micro_batch_size < 1:
         raise InputError(f"micro-batch size must be >= 1, got {micro_batch_size}")
     if num_inflight < 1:
         raise InputError(f"micro-batches in flight must be >= 1, got {num_inflight}")
+    if recompute not in RECOMPUTE_MODES or zero_stage not in ZERO_STAGES or dp_degree < 1:
+        raise InputError(f"recomputation must be one of {', '.join(RECOMPUTE_MODES)}, ZeRO one of "
+                         f"{', '.join(map(str, ZERO_STAGES))} and the DP degree >= 1")
     problem = tp_split_problem(spec, tp_degree)
     if problem or tp_degree > gpu_spec.max_gpus_per_node:
         raise PlanError(problem or f"TP degree {tp_degree} does not fit a {gpu_spec.name} node "
@@ -341,11 +371,13 @@ def stage_memory_for(
     start, end = layers if layers is not None else (0, n)
     if not 0 <= start < end <= n:
         raise PlanError(f"layers {start}:{end} are not a non-empty range within {spec.name}'s layers 0..{n - 1}")
-    profiles = profiles if profiles is not None else _default_profiles()
-    prof = profiles.get(spec.name, gpu_spec.name, tp_degree, micro_batch_size, seq_len or spec.seq_len,
+    profiles = lookup.get("profiles") or _default_profiles()
+    regime = lookup.get("regime")
+    prof = profiles.get(spec.name, gpu_spec.name, tp_degree, micro_batch_size, lookup.get("seq_len") or spec.seq_len,
                         regime=regime)
     reg = get_regime(regime or prof.regime)
-    return stage_memory(prof, start, end, num_inflight, reg, gpu_spec.memory_bytes)
+    return stage_memory(recomputed_profile(prof, recompute), start, end, num_inflight, reg, gpu_spec.memory_bytes,
+                        dp_degree, zero_stage=zero_stage)
 
 
 def stage_peak_memory_bytes(

@@ -16,6 +16,7 @@ from sailor_core.plan.routing import group_p2p_pairs, p2p_pairs  # noqa: F401
 from sailor_core.profiles.types import ModelProfile
 from sailor_core.regimes import TrainingRegime
 from sailor_core.simulator import compose
+from sailor_core.simulator.levers import sharded
 from sailor_core.simulator.memory import dp_synced_params, tied_copy_params
 from sailor_core.simulator.tables import layer_table
 
@@ -31,9 +32,10 @@ def stage_params(profile: ModelProfile, layer_start: int, layer_end: int) -> int
     return layer_table(profile).params(layer_start, layer_end)
 
 
-def stage_update_s(profile: ModelProfile, layer_start: int, layer_end: int) -> float:
-    """Optimizer step of one GPU holding layers [start, end) of ``profile``."""
-    return profile.update_s(layer_table(profile).params(layer_start, layer_end))
+def stage_update_s(profile: ModelProfile, layer_start: int, layer_end: int, opt_shards: int = 1) -> float:
+    """Optimizer step of one GPU holding layers [start, end) of ``profile``, its optimizer states
+    split ``opt_shards`` ways (ZeRO: ``levers.zero_shards``)."""
+    return profile.update_s(sharded(layer_table(profile).params(layer_start, layer_end), opt_shards))
 
 
 def boundary_bytes(profile: ModelProfile, layer_end: int) -> int:

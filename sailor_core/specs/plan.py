@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from sailor_core.errors import InputError
 from sailor_core.objective import Objective, objective_term
 from sailor_core.specs.fields import at_least, option
 
@@ -38,7 +39,11 @@ class PlanSpec(PlanTerms):
     max_usd_per_iter: float | None = option(None, help="Cost cap, USD per iteration.")
     top: int = option(5, help="How many plans to return.")
     max_stages: int = option(16, help="Most pipeline stages to consider.")
+    memory_levers: str = option("when-needed", help="ZeRO and activation recomputation per stage: off, "
+                                "when-needed (only when no plan fits without them) or always.")
 
     def __post_init__(self) -> None:
         PlanTerms.__post_init__(self)  # not super(): slotted dataclasses are rebuilt classes
         at_least("max_stages", self.max_stages, 1)
+        if self.memory_levers not in ("off", "when-needed", "always"):
+            raise InputError(f"--memory-levers must be off, when-needed or always, got {self.memory_levers!r}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from sailor_core.controller import planner_plan_fn
+from sailor_core.plan.types import plan_from_dict
 from sailor_core.planner.request import PlanQuery, SearchSettings
 
 AVAILABLE = {("T4", "us-central1-a"): 4}
@@ -41,3 +42,16 @@ def test_an_infeasible_request_answers_nothing_and_says_why():
 def test_nothing_available_is_no_search():
     plan_fn = planner_plan_fn(PlanQuery(model="no-such-model"))
     assert plan_fn({("T4", "us-central1-a"): 0}) == []
+
+
+def test_a_replan_where_nothing_fits_without_memory_levers_keeps_them_in_its_plan():
+    # issue 34: the controller's re-plans search the levers as `sailor plan` does (SearchSettings'
+    # memory_levers), and the option's plan carries them to the workers through the plan file.
+    query = PlanQuery(model="llama-3-8b", global_batch_size=64, search=SearchSettings(top_n=1))
+    options = planner_plan_fn(query)({("V100-16", "us-central1-a"): 32})
+    assert options
+    plan = options[0].plan
+    assert any(s.recompute != "none" or s.zero_stage for s in plan.stages)
+    assert plan_from_dict(plan.to_dict()) == plan
+    off = dataclasses.replace(query, search=SearchSettings(top_n=1, memory_levers="off"))
+    assert planner_plan_fn(off)({("V100-16", "us-central1-a"): 32}) == []

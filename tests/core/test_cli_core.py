@@ -60,6 +60,24 @@ def test_memory_json_and_growth_with_inflight(sailor_cli):
     assert all(name in table.stdout for name in ("communication buffers", "optimizer step temporaries"))
 
 
+def test_memory_lists_the_parts_with_and_without_each_lever(sailor_cli):
+    # issue 34: one column per lever setting; the asked one first and in the JSON's top level
+    out = sailor_cli("memory", "--model", "opt-2.7b", "--gpu", "V100-16", "--mbs", "1", "--inflight", "4",
+                     "--layers", "0:17", "--dp", "4", "--recompute", "selective", "--zero", "1", "--json")
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    levers = data["levers"]
+    assert set(levers) == {"recompute selective, ZeRO-1", "none", "ZeRO-1", "ZeRO-2", "recompute selective",
+                           "recompute full"}
+    assert data["peak_memory_bytes"] == levers["recompute selective, ZeRO-1"]["peak_memory_bytes"]
+    none = levers["none"]
+    assert levers["ZeRO-1"]["state_bytes"] < none["state_bytes"]
+    assert levers["ZeRO-2"]["peak_memory_bytes"] <= levers["ZeRO-1"]["peak_memory_bytes"]
+    assert levers["recompute full"]["activation_bytes"] < levers["recompute selective"]["activation_bytes"] < none["activation_bytes"]
+    table = sailor_cli("memory", "--model", "opt-2.7b", "--gpu", "V100-16", "--mbs", "1", "--dp", "2")
+    assert table.returncode == 0 and "recompute full" in table.stdout and "ZeRO-2" in table.stdout
+
+
 def test_catalogs(sailor_cli):
     sailor = sailor_cli
     for what, key in (("gpus", "H200"), ("models", "opt-350m"), ("instances", "p5")):
@@ -91,6 +109,9 @@ def _assert_one_line_error(out: subprocess.CompletedProcess, *words: str) -> Non
           "--layers", "x"), ("--layers",)),
         (("memory", "--model", "opt-350m", "--gpu", "A100-40", "--mbs", "1", "--inflight", "1",
           "--tp", "3"), ("TP degree",)),
+        (("memory", "--model", "opt-350m", "--gpu", "A100-40", "--mbs", "1", "--recompute", "some"), ("--recompute",)),
+        (("memory", "--model", "opt-350m", "--gpu", "A100-40", "--mbs", "1", "--zero", "3"), ("--zero",)),
+        (("memory", "--model", "opt-350m", "--gpu", "A100-40", "--mbs", "1", "--dp", "0"), ("--dp",)),
         (("catalog", "zones"), ("unknown catalog",)),
         (("simulate", "/nonexistent/plan.json"), ("cannot read",)),
     ],

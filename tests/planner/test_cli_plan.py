@@ -64,3 +64,19 @@ def test_bad_input_gives_one_error_line(args, needle):
     assert out.returncode != 0
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0]
+
+
+def test_plan_with_memory_levers_explains_them_and_simulate_agrees(tmp_path):
+    # issue 34: llama-3-8b has no plan on 32 V100-16 without a lever; with the default it has one,
+    # each stage's levers in the table, why in the notes, and the saved plan file carries them
+    args = ("plan", "--model", "llama-3-8b", "--gpus", "V100-16@us-central1-a=32", "--global-batch", "64",
+            "--top", "1")
+    off = _run(*args, "--memory-levers", "off", check=False)
+    assert off.returncode != 0 and "does not fit" in off.stderr
+    path = tmp_path / "plan.json"
+    out = _run(*args, "--save", str(path))
+    assert "(recompute " in out.stdout and "memory: stage 0 " in out.stdout and "GB >" in out.stdout
+    plan = json.loads(path.read_text())
+    assert any("recompute" in s or "zero" in s for s in plan["stages"])
+    sim = json.loads(_run("simulate", str(path), "--json").stdout)
+    assert sim["fits"] is True

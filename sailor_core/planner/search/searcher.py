@@ -278,7 +278,9 @@ class Searcher:
             model=self.req.model, global_batch_size=self.req.global_batch_size, micro_batch_size=ev.mbs,
             stages=tuple(
                 Stage(layer_start=s.layer_start, layer_end=s.layer_end, replicas=tuple(
-                    Replica(gpu=k.gpu, tp_degree=k.tp_degree, zone=z) for k, z, n in s.groups for _ in range(n)))
+                    Replica(gpu=k.gpu, tp_degree=k.tp_degree, zone=z) for k, z, n in s.groups for _ in range(n)),
+                      recompute=s.groups[0][0].recompute,
+                      zero_stage=s.groups[0][0].zero_stage if s.dp_degree > 1 else 0)
                 for s in ev.stages
             ),
             seq_len=self.req.seq_len, regime=self.req.regime,
@@ -359,7 +361,7 @@ class Searcher:
             for i, (kind, d) in enumerate(split_key[2]):
                 n = -(-num_mb // d)
                 slots.append(StageSlot(kind=kind, num_microbatches=n,
-                                       num_inflight=inflight_microbatches(i, P, n)))
+                                       num_inflight=inflight_microbatches(i, P, n), dp_degree=d))
             ends = min_max_split(slots, self.num_layers, lower_bound_s=tau_lb)
             hit = splits[split_key] = (ends, None if ends is None else busiest_s(slots, ends))
         ends, busiest = hit

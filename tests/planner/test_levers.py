@@ -1,0 +1,96 @@
+"""The planner's memory levers (issue 34): searched only when nothing fits without them (the
+default), kept off where a plan fits without them, explained, and agreeing with ``simulate``."""
+
+import random
+
+import pytest
+
+from sailor_core.errors import InfeasibleError, InputError
+from sailor_core.planner import make_request, plan_job
+from sailor_core.planner.fastsim import FastStage
+from sailor_core.planner.kinds import LEVER_LADDER, shared_kind_cache
+from sailor_core.planner.search import Evaluated, Searcher
+from sailor_core.simulator import simulate
+from sailor_core.specs.plan import PlanSpec
+
+BIG = {("V100-16", "us-central1-a"): 32}  # llama-3-8b fits nowhere on these without a lever
+
+
+def _request(levers, availability=BIG, model="llama-3-8b"):
+    return make_request(model=model, availability=availability, global_batch_size=64, top_n=1,
+                        memory_levers=levers)
+
+
+def test_a_model_too_big_for_the_gpus_gets_a_plan_with_levers():
+    with pytest.raises(InfeasibleError, match="does not fit"):
+        plan_job(_request("off"))
+    result = plan_job(_request("when-needed"))
+    cand = result.candidates[0]
+    levered = [s for s in cand.plan.stages if s.recompute != "none" or s.zero_stage]
+    assert levered and cand.sim.fits and result.num_disagreements == 0
+    # each lever kept is explained: without it the stage does not fit, or the plan is worse
+    assert len(cand.notes) >= len(levered)
+    for note in cand.notes:
+        assert note.startswith("stage ") and ("GB >" in note or "slower or dearer" in note)
+    # simulate reads the same levers from the plan (its file round trip: tests/simulator/test_levers.py)
+    assert simulate(cand.plan).iteration_time_s == pytest.approx(cand.sim.iteration_time_s, rel=1e-12)
+
+
+def test_a_plan_that_fits_without_levers_is_unchanged():
+    small = {("A100-40", "us-central1-a"): 8}
+    off = plan_job(_request("off", small, "opt-350m")).candidates[0]
+    default = plan_job(_request("when-needed", small, "opt-350m")).candidates[0]
+    assert default.plan == off.plan and not default.notes
+    assert all(s.recompute == "none" and s.zero_stage == 0 for s in default.plan.stages)
+
+
+def test_bad_lever_mode_is_one_clear_error():
+    with pytest.raises(InputError, match="memory levers"):
+        _request("sometimes")
+    with pytest.raises(InputError, match="--memory-levers"):
+        PlanSpec(model="opt-350m", gpus="A100-40@us-central1-a=1", memory_levers="sometimes")
+
+
+def test_always_lets_levers_compete_and_keeps_them_only_where_they_pay():
+    pool = {("V100-16", "us-central1-a"): 8, ("A100-40", "us-central1-a"): 4}  # mixed types
+    off = plan_job(_request("off", pool, "opt-2.7b")).candidates[0]
+    result = plan_job(_request("always", pool, "opt-2.7b"))
+    best = result.candidates[0]
+    assert result.num_disagreements == 0  # fastsim's lever figures are simulate's
+    assert best.sim.throughput_samples_per_s >= off.sim.throughput_samples_per_s
+    levered = [s for s in best.plan.stages if s.recompute != "none" or s.zero_stage]
+    assert len(best.notes) == sum((s.recompute != "none") + bool(s.zero_stage) for s in levered)
+
+
+def test_too_big_even_with_levers_says_so():
+    # 8 V100-16 hold 128 GB: llama-3-8b's 16 B per parameter do not fit without replicas to shard over
+    with pytest.raises(InfeasibleError, match="nor with ZeRO and activation recomputation"):
+        plan_job(_request("when-needed", {("V100-16", "us-central1-a"): 8}))
+
+
+def test_fastsim_matches_simulate_on_random_plans_with_levers(profiles, network):
+    # Random stages over mixed GPU types, TP degrees and zones, each stage on kinds of a random
+    # lever setting (as a lever search or relax builds them): fastsim's figures are simulate's.
+    rng = random.Random(34)
+    model = "gpt-neo-2.7b"
+    req = make_request(model=model, availability={("A100-40", "us-central1-a"): 8}, global_batch_size=256)
+    s = Searcher(req, profiles=profiles, network=network)
+    settings = [("none", 0), *LEVER_LADDER]
+    kinds = [("A100-40", 1), ("A100-40", 2), ("V100-16", 1), ("V100-16", 4)]
+    zones = ["us-central1-a", "us-central1-b", "us-west1-b"]
+    for _ in range(30):
+        mbs = rng.choice([1, 2])
+        ends = [*sorted(rng.sample(range(1, s.num_layers), rng.randint(0, 3))), s.num_layers]
+        stages, start = [], 0
+        for end in ends:
+            cache = shared_kind_cache(model, None, None, profiles, rng.choice(settings))
+            groups = [(cache.get(*rng.choice(kinds), mbs), rng.choice(zones), rng.randint(1, 4))
+                      for _ in range(rng.randint(1, 3))]
+            stages.append(FastStage(start, end, tuple(groups)))
+            start = end
+        res = s.fast.evaluate(mbs, stages)
+        plan = s.to_plan(Evaluated(score=0.0, mbs=mbs, stages=tuple(stages), res=res, feasible=True))
+        sim = simulate(plan, profiles=profiles, network=network)
+        assert res.iteration_time_s == pytest.approx(sim.iteration_time_s, rel=1e-9)
+        assert res.usd_per_iteration == pytest.approx(sim.usd_per_iteration, rel=1e-9)
+        assert res.peak_memory_bytes == sim.peak_memory_bytes and res.fits == sim.fits
