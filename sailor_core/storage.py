@@ -130,13 +130,6 @@ class Storage:
         found = self._call("list", name, lambda: obstore.list_with_delimiter(self._store, under))
         return sorted(meta["path"].rsplit("/", 1)[-1] for meta in found["objects"])
 
-    def delete(self, key: str) -> None:
-        """Delete one object; a missing one is no error."""
-        try:
-            self._call("delete", key, lambda: self._delete([self._path(key)]))
-        except FileNotFoundError:
-            pass
-
     def delete_dir(self, name: str) -> None:
         """Delete every object under ``name/``; a missing directory is no error."""
         under = self._path(name) + "/"
