@@ -2,6 +2,7 @@
 the code before the redesign and compared bit for bit afterwards.
 
     .venv/bin/python benchmarks/golden.py record           # (re)write tests/golden/data/*.json.gz
+    .venv/bin/python benchmarks/golden.py record --group replay   # only that group's file
     .venv/bin/python benchmarks/golden.py check            # recompute everything, compare exactly
     .venv/bin/python benchmarks/golden.py check --quick    # the subset tests/golden runs by default
     .venv/bin/python benchmarks/golden.py check --group planner --group simulate
@@ -460,26 +461,28 @@ def _commit() -> str:
 
 
 def record(data_dir: Path = DATA_DIR, groups: tuple[str, ...] = GROUPS) -> dict[str, int]:
-    """Write the golden files of ``groups`` (``simulate``'s plans come from ``planner`` and
-    ``optimality``, which are then computed too but written only when asked)."""
+    """Record ``groups`` (every group by default; the others' files stay as they are). ``simulate``
+    takes the best plans of ``planner`` and ``optimality``: recorded now, or from their files."""
     ctx = _Ctx()
     every = lambda _n: True  # noqa: E731
     out, seconds = {}, {}
-    needed = set(groups) | ({"planner", "optimality"} if "simulate" in groups else set())
-    for group in (g for g in GROUPS if g in needed):
+    for group in GROUPS:
+        if group not in groups:
+            continue
         t0 = time.perf_counter()
         if group == "simulate":
-            entries = group_simulate(ctx, every, None, planner=out["planner"], optimality=out["optimality"])
+            best = {g: out[g] if g in out else _read(data_dir, g)["entries"] for g in ("planner", "optimality")}
+            entries = group_simulate(ctx, every, None, planner=best["planner"], optimality=best["optimality"])
         else:
             entries = GROUP_FNS[group](ctx, every, None)
         out[group] = _canon(entries)
         seconds[group] = time.perf_counter() - t0
     meta = {"commit": _commit(), "date": time.strftime("%Y-%m-%d", time.gmtime())}
-    for group in groups:
+    for group in out:
         _write(data_dir, group, out[group], meta)
         print(f"{group}: recorded {len(out[group])} entries in {seconds[group]:.1f} s -> "
               f"{_path(data_dir, group).relative_to(ROOT) if data_dir.is_relative_to(ROOT) else _path(data_dir, group)}")
-    return {g: len(out[g]) for g in groups}
+    return {g: len(out[g]) for g in out}
 
 
 GROUP_FNS = {"planner": group_planner, "optimality": group_optimality, "simulate": group_simulate,
@@ -560,8 +563,8 @@ def main(argv: list[str] | None = None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("record", help="write the golden files from the current code")
-    r.add_argument("--data", type=Path, default=DATA_DIR, help=f"folder of the golden files (default {DATA_DIR})")
     r.add_argument("--group", action="append", choices=GROUPS, help="only this group (repeatable)")
+    r.add_argument("--data", type=Path, default=DATA_DIR, help=f"folder of the golden files (default {DATA_DIR})")
     c = sub.add_parser("check", help="recompute and compare bit for bit; exit 1 on any difference")
     c.add_argument("--quick", action="store_true", help="only the subset tests/golden runs by default")
     c.add_argument("--group", action="append", choices=GROUPS, help="only this group (repeatable)")

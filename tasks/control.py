@@ -53,10 +53,12 @@ from sailor_core.controller import (
 )
 from sailor_core.controller.economics import CHANGE_COST_S, REJOIN_COST_S
 from sailor_core.controller.interim import interim_option, interim_pays
+from sailor_core.controller.options import egress_rate_usd_per_hr
 from sailor_core.errors import InfeasibleError
 from sailor_core.objective import Objective
 from sailor_core.planner.ranking import CHEAPEST, FASTEST
 from sailor_core.planner.request import DEFAULT_MAX_TP_DEGREE, PlanQuery, SearchSettings
+from sailor_core.simulator.simulate import simulate
 
 # The flow's costs of change, as the controller weighs them.
 FLOW_COSTS = Costs(save_s=0.0, provisioning_s=CHANGE_COST_S / 2, startup_s=CHANGE_COST_S / 2, work_lost_s=0.0,
@@ -143,10 +145,22 @@ class Planner:
         return self.search.last_result
 
     def option(self, plan, throughput_samples_per_s: float) -> PlanOption:
-        return plan_option(plan, throughput_samples_per_s=throughput_samples_per_s, usd_per_hr=self.pricing(plan))
+        """``plan`` at ``throughput_samples_per_s``, priced as its instances, with the simulator's egress."""
+        egress = plan_egress_usd_per_hr(plan, throughput_samples_per_s, spot=self.pricing.spot)
+        return plan_option(plan, throughput_samples_per_s=throughput_samples_per_s, usd_per_hr=self.pricing(plan),
+                           egress_usd_per_hr=egress)
 
     def nodes(self, option: PlanOption) -> tuple[NodeRequest, ...]:
         return self.pricing.nodes(option.plan)
+
+
+def plan_egress_usd_per_hr(plan, throughput_samples_per_s: float, *, spot: bool) -> float:
+    """What ``plan``'s bytes across zones cost per hour of training at that throughput (the
+    simulator's egress per iteration); a plan in one zone sends none."""
+    if len({r.zone for s in plan.stages for r in s.replicas}) < 2:
+        return 0.0
+    sim = simulate(plan, spot=spot)
+    return egress_rate_usd_per_hr(sim.egress_usd_per_iteration, throughput_samples_per_s, plan.global_batch_size)
 
 
 def planner_on_offers(offers: Sequence[Offer], *, model: str, objective: Objective | str = Objective.THROUGHPUT,

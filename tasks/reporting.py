@@ -193,9 +193,13 @@ def progress_description(state: JobState) -> str:
 def publish_cost_report(state: JobState) -> None:
     """The instances the job rented, what each cost and how it ended (a table artifact)."""
     now = state.updated_unix_s
-    rows = report.cost_rows(state.instances, state.ledger().by_instance(now), now)
+    ledger = state.ledger()
+    rows = report.cost_rows(state.instances, ledger.by_instance(now), now)
+    # egress rows after the instances', in the same table: one artifact, its columns the union
+    rows += [{"instance": "egress", **r} for r in report.egress_rows(ledger.egress_by_pair())]
     create_table_artifact(key=artifact_key("cost", state.job_id), table=rows or [{"instance": "none", "USD": "0"}],
-                          description=(f"{state.status}: {report.spend(state.usd_spent(now), state.spec.budget_usd)} "
+                          description=(f"{state.status}: {report.spend(ledger.spent_usd(now), state.spec.budget_usd)} "
+                                       f"({report.rent_and_egress(ledger.rent_usd(now), ledger.egress_usd())}) "
                                        f"over {len(state.instances)} instances, {state.num_preemptions} preemptions"))
 
 
@@ -354,7 +358,8 @@ class JobReporter:
                                        state.last_checkpoint_step,
                                        state.last_checkpoint.at_unix_s if state.last_checkpoint else None))
         return report.status_markdown(
-            progress=progress, budget=report.BudgetUse(spent_usd=ledger.spent_usd(now), budget_usd=state.spec.budget_usd),
+            progress=progress, budget=report.BudgetUse(spent_usd=ledger.spent_usd(now), egress_usd=ledger.egress_usd(),
+                                                       budget_usd=state.spec.budget_usd),
             usd_per_hr_now=ledger.usd_per_hr(), attempt=state.attempt, status=state.status,
             plan=report.plan_line(state.plan, usd_per_hr=record.usd_per_hr if record else None),
             last_event=self._last_event)

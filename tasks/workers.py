@@ -17,6 +17,7 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from sailor_core.controller import Action, Event, EventKind
+from sailor_core.controller.options import with_measured_egress
 from sailor_core.job import state as js
 from sailor_core.job.attempts import (
     LOST,
@@ -40,6 +41,7 @@ from sailor_core.job.protocol import (
     write_assignment,
 )
 from sailor_core.job.worker_args import worker_argv
+from sailor_core.network.model import default_network
 from sailor_core.plan.layout import world_size
 from sailor_core.plan.types import plan_from_dict
 from tasks.agent_watch import CLOUD_POLL_S, POLL_S, AgentPoll, Listeners, Poll, watch_agents
@@ -119,16 +121,18 @@ def _merge_progress(state: js.JobState, statuses: dict[str, AgentStatus | None],
     # Earlier generations count too: workers a killed flow run left behind keep training (and
     # checkpointing) until the next run replaces them; their steps are the job's.  Older first,
     # so a redone step's newer loss wins.
+    reports = [st for st in sorted(reports, key=lambda r: r.generation) if -1 < st.generation <= generation]
     checkpoint = None
-    for st in sorted(reports, key=lambda r: r.generation):
-        if -1 < st.generation <= generation:
-            losses += st.losses
-            val_losses += st.val_losses
-            if st.step is not None:
-                step = max(step, st.step)
-            if st.checkpoint is not None and (checkpoint is None or st.checkpoint.step >= checkpoint.step):
-                checkpoint = st.checkpoint
+    for st in reports:
+        losses += st.losses
+        val_losses += st.val_losses
+        if st.step is not None:
+            step = max(step, st.step)
+        if st.checkpoint is not None and (checkpoint is None or st.checkpoint.step >= checkpoint.step):
+            checkpoint = st.checkpoint
     state = _note_reported_checkpoint(state, checkpoint)
+    # the bytes the engine sent across zones, priced per pair from the network model
+    state = js.with_egress(state, reports, usd_per_byte=default_network().egress_usd_per_byte, now_unix_s=time.time())
     if not losses and step == state.steps_done:
         return state
     return js.with_progress(state, steps_done=step, losses=losses, val_losses=val_losses)
@@ -201,7 +205,7 @@ class _AttemptWatch:
     """``watch_attempt``'s handling of each poll; ``state`` holds the progress seen so far."""
 
     __slots__ = ("session", "store", "state", "ids", "progress", "planner", "available", "current", "log",
-                 "generation", "injection_noted", "last_save", "last_decide", "last_progress")
+                 "generation", "injection_noted", "last_save", "last_decide", "last_progress", "samples_per_s")
 
     def __init__(self, *, session, store: js.JobStore, state: js.JobState, ids: list[str], progress,
                  planner, available, current) -> None:
@@ -211,6 +215,7 @@ class _AttemptWatch:
         self.generation = run_generation(state.attempt)
         self.injection_noted = False
         self.last_save = self.last_decide = self.last_progress = 0.0
+        self.samples_per_s: float | None = None  # rank 0's last step, as its agent reported it
 
     def on_poll(self, poll: AgentPoll) -> tuple[AttemptOutcome, js.JobState] | Poll:
         now = poll.now_unix_s
@@ -252,6 +257,9 @@ class _AttemptWatch:
         if moved:
             self.state = (js.with_first_step(new_state, now, **restart_facts(statuses, generation))
                           if trains else new_state)
+        rates = [st.samples_per_s for st in statuses.values()
+                 if st and st.generation == generation and st.samples_per_s]
+        self.samples_per_s = rates[0] if rates else self.samples_per_s
         reports = [st.injected_preemption for st in statuses.values()
                    if st and st.generation == generation and st.injected_preemption]
         if reports and not self.injection_noted:
@@ -275,14 +283,16 @@ class _AttemptWatch:
         if self.planner is None or now - self.last_decide <= DECIDE_EVERY_S or reached:
             return None
         self.last_decide = now
+        current = with_measured_egress(self.current, self.samples_per_s) if self.current is not None else None
         decision = controller_decision(self.planner, state, available=self.available,
-                                       event=Event(kind=EventKind.TIMER), current=self.current,
+                                       event=Event(kind=EventKind.TIMER), current=current,
                                        shutdown_s=self.session.shutdown_s, now_unix_s=now)
         horizon_s = 2 * max(DECIDE_EVERY_S, CLOUD_POLL_S) + self.session.worker_stop_s
         if decision.action == Action.STOP or decision.stop_in_s <= horizon_s:
             ledger = state.ledger()
-            reason = (f"budget: {ledger.spent_usd(now):.5f} of {state.spec.budget_usd:.5f} USD spent at "
-                      f"{ledger.usd_per_hr():.3f} USD/h; stopping now leaves the shutdown paid within it"
+            reason = (f"budget: {ledger.spent_usd(now):.5f} of {state.spec.budget_usd:.5f} USD spent (egress "
+                      f"{ledger.egress_usd():.5f}) at {ledger.usd_per_hr():.3f} USD/h of rent; stopping now leaves "
+                      "the shutdown paid within it"
                       if decision.action != Action.STOP or decision.reason.startswith("budget")
                       else decision.reason)
             self.log.warning("%s", reason)

@@ -308,7 +308,11 @@ def status(job_id: str = typer.Argument(..., help="job id (see `sailor jobs`)"),
                        "usd_per_hr": r.usd_per_hr, "num_ranks": r.num_ranks,
                        "num_ranks_rejoined": r.num_ranks_rejoined, "ready_s": r.ready_s,
                        "state_from": r.state_from} for r in state.replans]
-    by_instance = state.ledger().by_instance(time.time())
+    ledger, now = state.ledger(), time.time()
+    by_instance = ledger.by_instance(now)
+    row["usd_rent"], row["usd_egress"] = ledger.rent_usd(now), ledger.egress_usd()
+    row["egress"] = [{"from": src, "to": dst, "bytes": b, "usd": c} for (src, dst), (b, c) in
+                     sorted(ledger.egress_by_pair().items())]
     row["instances"] = [{"instance_id": i.instance_id, "zone": i.zone, "instance_type": i.instance_type,
                          "attempt": i.attempt, "end_reason": i.end_reason or "running",
                          "usd": by_instance.get(i.instance_id, 0.0)} for i in state.instances]
@@ -324,7 +328,11 @@ def status(job_id: str = typer.Argument(..., help="job id (see `sailor jobs`)"),
     out.print(f"steps {state.steps_done}/{state.spec.steps}, "
               f"{report.checkpoint_words(state.last_checkpoint_step, row['last_checkpoint_unix_s'])}{where}, "
               f"loss {report.sig(state.last_loss, 4)}{val}, spent "
-              f"{report.spend(row['usd_spent'], state.spec.budget_usd)}", highlight=False)
+              f"{report.spend(row['usd_spent'], state.spec.budget_usd)} "
+              f"({report.rent_and_egress(row['usd_rent'], row['usd_egress'])})", highlight=False)
+    for e in row["egress"]:
+        out.print(f"  egress {e['from']} -> {e['to']}: {report.sig(e['bytes'] / 1e9)} GB, {report.usd(e['usd'])}",
+                  highlight=False)
     for r in row["replans"]:
         how = report.restart_words(num_ranks=r["num_ranks"], num_ranks_rejoined=r["num_ranks_rejoined"],
                                    ready_s=r["ready_s"], state_from=r["state_from"])

@@ -151,7 +151,7 @@ def _distinct(options: Sequence[PlanOption]) -> list[PlanOption]:
     seen, out = set(), []
     for o in options:
         key = (tuple(sorted(o.gpus.items())), tuple(sorted(o.on_demand.items())),
-               o.throughput_samples_per_s, o.usd_per_hr)
+               o.throughput_samples_per_s, o.usd_per_hr, o.egress_usd_per_hr)
         if key not in seen:
             seen.add(key)
             out.append(o)

@@ -159,7 +159,7 @@ def outlook(option: PlanOption, *, remaining: float, change: float, rates: Mappi
     eff = x / (1.0 + h * hit_s) if x > 0 else 0.0
     t = change + (remaining / eff if eff > 0 else math.inf)
     return Outlook(option=option, hits_per_s=h, effective_samples_per_s=eff, change_s=change, hit_s=hit_s, time_s=t,
-                   cost_usd=option.usd_per_hr * t / _S_PER_HR if math.isfinite(t) else math.inf)
+                   cost_usd=option.usd_for(t, t - change) if math.isfinite(t) else math.inf)
 
 
 def deadline_margin_s(o: Outlook, *, quantile: float, costs: Costs) -> float:

@@ -1,9 +1,13 @@
-"""The cost ledger: every instance's running time x its price, and what the budget still allows.
+"""The cost ledger: every instance's running time x its price, the egress its bytes across
+zones and clouds cost, and what the budget still allows.
 
 Time is any monotonic clock in seconds (Unix time in the train-job flow,
 simulated time in the replay).  A price can change while an instance runs
 (spot price series); each instance keeps its price segments and its market
 (spot or on demand: a mixed plan rents both, and ``by_market`` splits the spend).
+Egress is charged as it is known (``charge_egress``: bytes and USD from one zone to another,
+at a time; the flow charges what the engine counted, the replay what the simulator predicts);
+``spent_usd`` counts it, ``rent_usd`` and ``egress_usd`` tell the two apart.
 """
 
 from __future__ import annotations
@@ -15,6 +19,9 @@ from typing import Any
 from sailor_core.errors import InputError
 
 _S_PER_HR = 3600.0
+# The pair of an egress charge the simulator priced for a whole plan (the replay charges its
+# options' egress per hour of training: neither split by pair nor counted in bytes).
+SIMULATED_PAIR = ("*", "*")
 
 
 @dataclass(slots=True, kw_only=True)
@@ -47,22 +54,44 @@ class LedgerEntry:
         return total
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EgressCharge:
+    """Bytes sent from ``src_zone`` to ``dst_zone`` and what they cost, charged at ``at_s``."""
+
+    src_zone: str
+    dst_zone: str
+    num_bytes: float
+    usd: float
+    at_s: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"src_zone": self.src_zone, "dst_zone": self.dst_zone, "num_bytes": self.num_bytes,
+                "usd": self.usd, "at_s": self.at_s}
+
+    @classmethod
+    def from_dict(cls, row: Any) -> "EgressCharge":
+        return cls(src_zone=str(row["src_zone"]), dst_zone=str(row["dst_zone"]), num_bytes=float(row["num_bytes"]),
+                   usd=float(row["usd"]), at_s=float(row["at_s"]))
+
+
 class CostLedger:
     """Accumulates spend as instances open, change price and close.
 
     ``can_afford`` is the one budget test: spend so far plus running at a rate
     for a duration plus the shutdown still to pay at that rate must stay within
     the budget.  The controller asks it before every step forward, so the
-    budget is never crossed.
+    budget is never crossed; the rate it is asked about is rent plus egress
+    while training (``PlanOption.cost_usd_per_hr``).
     """
 
-    __slots__ = ("budget_usd", "_entries")
+    __slots__ = ("budget_usd", "_entries", "_egress")
 
     def __init__(self, *, budget_usd: float | None = None) -> None:
         if budget_usd is not None and not (math.isfinite(budget_usd) and budget_usd > 0):
             raise InputError(f"budget must be a positive number of USD, got {budget_usd!r}")
         self.budget_usd = budget_usd
         self._entries: dict[str, LedgerEntry] = {}
+        self._egress: list[EgressCharge] = []
 
     # ---- recording -------------------------------------------------------
     def open(self, instance_id: str, *, gpu: str, zone: str, num_gpus: int, usd_per_hr: float,
@@ -91,6 +120,15 @@ class CostLedger:
             e.end_s = max(float(end_s), e.start_s)
             e.end_reason = reason
 
+    def charge_egress(self, src_zone: str, dst_zone: str, *, num_bytes: float, usd: float, at_s: float) -> None:
+        """Charge ``num_bytes`` sent from ``src_zone`` to ``dst_zone``, costing ``usd``, at ``at_s``."""
+        if not (math.isfinite(num_bytes) and num_bytes >= 0 and math.isfinite(usd) and usd >= 0):
+            raise InputError(f"egress {src_zone} -> {dst_zone} must be >= 0 bytes and USD, got {num_bytes!r} "
+                             f"bytes for {usd!r} USD")
+        if num_bytes > 0 or usd > 0:
+            self._egress.append(EgressCharge(src_zone=src_zone, dst_zone=dst_zone, num_bytes=float(num_bytes),
+                                             usd=float(usd), at_s=float(at_s)))
+
     def _entry(self, instance_id: str) -> LedgerEntry:
         try:
             return self._entries[instance_id]
@@ -106,7 +144,25 @@ class CostLedger:
         return sum(e.usd_per_hr for e in self._entries.values() if e.end_s is None)
 
     def spent_usd(self, now_s: float) -> float:
+        """Rent and egress (every egress charge made, whatever its time)."""
+        return self.rent_usd(now_s) + self.egress_usd()
+
+    def rent_usd(self, now_s: float) -> float:
         return sum(e.cost_usd(now_s) for e in self._entries.values())
+
+    def egress_usd(self) -> float:
+        return sum(c.usd for c in self._egress)
+
+    def egress_by_pair(self) -> dict[tuple[str, str], tuple[float, float]]:
+        """(bytes, USD) sent from each zone to each other zone."""
+        out: dict[tuple[str, str], tuple[float, float]] = {}
+        for c in self._egress:
+            num_bytes, usd = out.get((c.src_zone, c.dst_zone), (0.0, 0.0))
+            out[(c.src_zone, c.dst_zone)] = (num_bytes + c.num_bytes, usd + c.usd)
+        return out
+
+    def egress_charges(self) -> list[EgressCharge]:
+        return list(self._egress)
 
     def budget_left_usd(self, now_s: float) -> float:
         return math.inf if self.budget_usd is None else self.budget_usd - self.spent_usd(now_s)
@@ -116,12 +172,17 @@ class CostLedger:
         need = usd_per_hr * (max(duration_s, 0.0) + max(shutdown_s, 0.0)) / _S_PER_HR
         return need <= self.budget_left_usd(now_s) + 1e-9
 
-    def affordable_s(self, usd_per_hr: float, shutdown_s: float, *, now_s: float) -> float:
-        """How long one can still run at ``usd_per_hr`` and pay the shutdown (inf without a budget)."""
+    def affordable_s(self, usd_per_hr: float, shutdown_s: float, *, now_s: float,
+                     shutdown_usd_per_hr: float | None = None) -> float:
+        """How long one can still run at ``usd_per_hr`` and pay the shutdown, at
+        ``shutdown_usd_per_hr`` when it differs (the rent without the egress of training), else
+        at the same rate (inf without a budget)."""
         left = self.budget_left_usd(now_s)
         if math.isinf(left) or usd_per_hr <= 0:
             return math.inf
-        return max(0.0, left * _S_PER_HR / usd_per_hr - max(shutdown_s, 0.0))
+        if shutdown_usd_per_hr is None or shutdown_usd_per_hr == usd_per_hr:
+            return max(0.0, left * _S_PER_HR / usd_per_hr - max(shutdown_s, 0.0))
+        return max(0.0, (left * _S_PER_HR - shutdown_usd_per_hr * max(shutdown_s, 0.0)) / usd_per_hr)
 
     def by_instance(self, now_s: float) -> dict[str, float]:
         return {i: e.cost_usd(now_s) for i, e in self._entries.items()}
@@ -161,7 +222,7 @@ class CostLedger:
                 } | ({} if e.spot else {"spot": False})
                 for e in self._entries.values()
             ],
-        }
+        } | ({"egress": [c.to_dict() for c in self._egress]} if self._egress else {})
 
     @classmethod
     def from_dict(cls, data: Any) -> "CostLedger":
@@ -177,6 +238,9 @@ class CostLedger:
                     end_s=None if row.get("end_s") is None else float(row["end_s"]),
                     end_reason=row.get("end_reason"), spot=bool(row.get("spot", True)),
                 )
+            for row in data.get("egress", ()):  # absent from ledgers written before egress was charged
+                c = EgressCharge.from_dict(row)
+                ledger.charge_egress(c.src_zone, c.dst_zone, num_bytes=c.num_bytes, usd=c.usd, at_s=c.at_s)
             return ledger
         except InputError:
             raise
@@ -184,9 +248,11 @@ class CostLedger:
             raise InputError(f"corrupt cost ledger: {type(exc).__name__}: {exc}") from None
 
     @classmethod
-    def from_instance_records(cls, records, *, budget_usd: float | None = None) -> "CostLedger":
-        """Rebuild from the job state's instance records (``sailor_core.job.state.InstanceRecord``)."""
+    def from_instance_records(cls, records, *, budget_usd: float | None = None, egress=()) -> "CostLedger":
+        """Rebuild from the job state's instance records (``sailor_core.job.state.InstanceRecord``)
+        and its egress charges (``EgressCharge``s)."""
         ledger = cls(budget_usd=budget_usd)
+        ledger._egress = list(egress)
         for r in records:
             ledger.open(r.instance_id, gpu=r.gpu, zone=r.zone, num_gpus=r.num_gpus,
                         usd_per_hr=r.usd_per_hr, start_s=r.launched_unix_s, spot=r.spot)

@@ -27,7 +27,10 @@ class PlanOption:
     availability must hold and what preemptions take.  ``on_demand`` are GPUs a mixed plan
     rents on demand instead (never preempted), priced in ``usd_per_hr``.
     ``on_demand_premium_usd_per_hr`` says what moving one GPU of a pool from spot to on
-    demand adds per hour (empty: the option cannot be moved).
+    demand adds per hour (empty: the option cannot be moved).  ``usd_per_hr`` is the rent;
+    ``egress_usd_per_hr`` what its bytes across zones and clouds cost per hour of training
+    (the simulator's egress per iteration x iterations per hour); every ranking and budget
+    test weighs both (``cost_usd_per_hr``).
     """
 
     gpus: Mapping[GpuZone, int]          # GPUs the plan holds per (type, zone), on the job's market
@@ -37,6 +40,17 @@ class PlanOption:
     label: str = ""
     on_demand: Mapping[GpuZone, int] = field(default_factory=dict)
     on_demand_premium_usd_per_hr: Mapping[GpuZone, float] = field(default_factory=dict)
+    egress_usd_per_hr: float = 0.0
+
+    @property
+    def cost_usd_per_hr(self) -> float:
+        """What training on it costs per hour: rent plus egress."""
+        return self.usd_per_hr + self.egress_usd_per_hr
+
+    def usd_for(self, held_s: float, training_s: float) -> float:
+        """What holding it ``held_s`` costs, ``training_s`` of them training: the rent for all of
+        them, the egress for the training (none while it starts, saves or shuts down)."""
+        return self.usd_per_hr * held_s / 3600.0 + self.egress_usd_per_hr * training_s / 3600.0
 
     @property
     def num_gpus(self) -> int:
@@ -54,7 +68,8 @@ class PlanOption:
         return _covers(available, self.gpus) and (not self.on_demand or _covers(on_demand or {}, self.on_demand))
 
     def samples_per_usd(self) -> float:
-        return self.throughput_samples_per_s * 3600.0 / self.usd_per_hr if self.usd_per_hr > 0 else float("inf")
+        cost = self.cost_usd_per_hr
+        return self.throughput_samples_per_s * 3600.0 / cost if cost > 0 else float("inf")
 
 
 def _covers(big: Mapping[GpuZone, int], small: Mapping[GpuZone, int]) -> bool:
@@ -265,8 +280,10 @@ class PlannerPlanFn:
         """A candidate (``.plan`` and ``.sim``, the simulator's SimResult) as the controller sees it."""
         sim = candidate.sim
         usd_per_hr = self.pricing(candidate.plan) if self.pricing is not None else sim.usd_per_hour
-        return plan_option(candidate.plan, throughput_samples_per_s=float(sim.throughput_samples_per_s),
-                           usd_per_hr=float(usd_per_hr))
+        x = float(sim.throughput_samples_per_s)
+        return plan_option(candidate.plan, throughput_samples_per_s=x, usd_per_hr=float(usd_per_hr),
+                           egress_usd_per_hr=egress_rate_usd_per_hr(sim.egress_usd_per_iteration, x,
+                                                               candidate.plan.global_batch_size))
 
 
 def planner_plan_fn(query: PlanQuery, *, pricing: PlanPricing | None = None,
@@ -276,8 +293,27 @@ def planner_plan_fn(query: PlanQuery, *, pricing: PlanPricing | None = None,
     return PlannerPlanFn(query=query, pricing=pricing, on_infeasible=on_infeasible)
 
 
+def egress_rate_usd_per_hr(egress_usd_per_iteration: float, throughput_samples_per_s: float,
+                      global_batch_size: int) -> float:
+    """Egress per hour of training: per iteration x iterations per hour at that throughput."""
+    if egress_usd_per_iteration <= 0 or global_batch_size <= 0:
+        return 0.0
+    return egress_usd_per_iteration * throughput_samples_per_s * 3600.0 / global_batch_size
+
+
+def with_measured_egress(option: PlanOption, samples_per_s: float | None) -> PlanOption:
+    """``option`` (the plan running) with its egress per hour at the rate it is measured to train:
+    the simulator prices an iteration's bytes as the engine sends them, but its iterations per hour
+    are the model's (on the embedded cloud's CPU processes, far more than they run)."""
+    if not samples_per_s or option.egress_usd_per_hr <= 0 or option.throughput_samples_per_s <= 0:
+        return option
+    return dataclasses.replace(option, egress_usd_per_hr=option.egress_usd_per_hr * samples_per_s
+                               / option.throughput_samples_per_s)
+
+
 def plan_option(plan: Any, *, throughput_samples_per_s: float, usd_per_hr: float,
-                on_demand_premium_usd_per_hr: Mapping[GpuZone, float] | None = None) -> PlanOption:
+                on_demand_premium_usd_per_hr: Mapping[GpuZone, float] | None = None,
+                egress_usd_per_hr: float = 0.0) -> PlanOption:
     """``plan`` (a ``Plan``) as an option: the GPUs it holds on each market, labelled.  The
     premium of renting its GPUs on demand is the catalog's unless given."""
     gpus, on_demand = gpus_of_plan(plan), on_demand_of_plan(plan)
@@ -285,7 +321,8 @@ def plan_option(plan: Any, *, throughput_samples_per_s: float, usd_per_hr: float
         on_demand_premium_usd_per_hr = catalog_on_demand_premium({**gpus, **on_demand})
     return PlanOption(gpus=gpus, throughput_samples_per_s=throughput_samples_per_s, usd_per_hr=usd_per_hr,
                       plan=plan, label=describe_gpus(gpus, on_demand), on_demand=on_demand,
-                      on_demand_premium_usd_per_hr=on_demand_premium_usd_per_hr)
+                      on_demand_premium_usd_per_hr=on_demand_premium_usd_per_hr,
+                      egress_usd_per_hr=egress_usd_per_hr)
 
 
 def catalog_on_demand_premium(pools: Iterable[GpuZone]) -> dict[GpuZone, float]:

@@ -120,7 +120,7 @@ class _Ranking:
         """Within the budget left: the expected cost to finish, then the shutdown."""
         if math.isinf(self.state.budget_left_usd):
             return True
-        return o.option.usd_per_hr * (o.time_s + self.config.shutdown_s) / _S_PER_HR <= self.state.budget_left_usd
+        return o.option.usd_for(o.time_s + self.config.shutdown_s, o.time_s - o.change_s) <= self.state.budget_left_usd
 
     def in_time(self, o: Outlook) -> bool:
         """Finishes by the deadline at the configured quantile of its preemptions, not just on average."""
@@ -345,7 +345,7 @@ def _decide_failover(state, event, lost, broken, config, plan_fn, remaining) -> 
             opts = plan_fn({(gpu, z): size})
             if opts:
                 moved.append(opts[0])
-    moved.sort(key=lambda o: (next(iter(o.gpus))[1] == lost_zone, o.usd_per_hr))
+    moved.sort(key=lambda o: (next(iter(o.gpus))[1] == lost_zone, o.cost_usd_per_hr))
     why = _why_new(current, lost, event)
     if not moved:
         return Decision(action=Action.WAIT, reason=f"{why}: no zone has {size}x{gpu} free; waiting")
@@ -386,8 +386,9 @@ def _finishes(option: PlanOption, state: ControllerState, config: ControllerConf
     """Without preemptions: a change, the work, then the shutdown, within the budget left."""
     if math.isinf(state.budget_left_usd):
         return True
-    need_s = config.change_cost_s + _time_to_finish_s(option, remaining) + config.shutdown_s
-    return option.usd_per_hr * need_s / _S_PER_HR <= state.budget_left_usd
+    training_s = _time_to_finish_s(option, remaining)
+    need_s = config.change_cost_s + training_s + config.shutdown_s
+    return option.usd_for(need_s, training_s) <= state.budget_left_usd
 
 
 def _affordable_at_all(option: PlanOption, state: ControllerState, config: ControllerConfig) -> bool:
@@ -413,14 +414,17 @@ def _most_per_usd(outlooks: Sequence[Outlook]) -> Outlook | None:
     usable = [o for o in outlooks if o.effective_samples_per_s > 0]
     if not usable:
         return None
-    return max(usable, key=lambda o: o.effective_samples_per_s / o.option.usd_per_hr
-               if o.option.usd_per_hr > 0 else math.inf)
+    return max(usable, key=lambda o: o.effective_samples_per_s / o.option.cost_usd_per_hr
+               if o.option.cost_usd_per_hr > 0 else math.inf)
 
 
 def _stop_in_s(option: PlanOption, state: ControllerState, config: ControllerConfig) -> float:
-    if math.isinf(state.budget_left_usd) or option.usd_per_hr <= 0:
+    """How long ``option`` can train before only its shutdown (rent, no egress) is left to pay."""
+    if math.isinf(state.budget_left_usd) or option.cost_usd_per_hr <= 0:
         return math.inf
-    return state.budget_left_usd * _S_PER_HR / option.usd_per_hr - config.shutdown_s
+    if option.egress_usd_per_hr <= 0:
+        return state.budget_left_usd * _S_PER_HR / option.usd_per_hr - config.shutdown_s
+    return (state.budget_left_usd * _S_PER_HR - option.usd_per_hr * config.shutdown_s) / option.cost_usd_per_hr
 
 
 def grew(avail: Mapping[GpuZone, int], planned_on: Mapping[GpuZone, int] | None, min_growth: float) -> bool:

@@ -62,8 +62,8 @@ def switch_pays(now: Outlook, new: Outlook, *, ranking: OptionRanking, remaining
     if trained_new <= 0 or not math.isfinite(trained_new):
         return False
     if ranking.by_cost:
-        per_sample_now = now.option.usd_per_hr * tau / trained_now if trained_now > 0 else math.inf
-        per_sample_new = new.option.usd_per_hr * tau / trained_new
+        per_sample_now = now.option.cost_usd_per_hr * tau / trained_now if trained_now > 0 else math.inf
+        per_sample_new = new.option.cost_usd_per_hr * tau / trained_new
         return per_sample_new < per_sample_now * (1.0 - min_gain)
     return trained_new > trained_now * (1.0 + min_gain)
 

@@ -298,6 +298,36 @@ class StepReport:
     loss: float
     samples_per_s: float | None = None
     val_loss: float | None = None
+    egress_bytes: tuple[tuple[str, str, float], ...] = ()  # the step's (source zone, destination zone, bytes)
+
+
+# The version of ``AgentStatus.egress``'s meaning: the bytes the generation's ranks sent from one
+# zone to another (sends' bytes; an all-reduce's ring share to each rank's ring neighbour,
+# ``runtime/links.py``), summed over its steps.  A reader takes a field of another version as absent.
+EGRESS_VERSION = 1
+
+
+def _egress_pairs(value: Any) -> tuple[tuple[str, str, float], ...]:
+    out = []
+    for row in _list(value):
+        src, dst, num_bytes = _list(row)
+        out.append((_str(src), _str(dst), _float(num_bytes)))
+    return tuple(out)
+
+
+def _egress_field(value: Any) -> tuple[tuple[str, str, float], ...]:
+    data = _object(value)
+    if data.get("version") != EGRESS_VERSION:
+        return ()
+    return _egress_pairs(data.get("pairs", []))
+
+
+def add_egress(total: Mapping[tuple[str, str], float], pairs) -> dict[tuple[str, str], float]:
+    """``total`` bytes per (source, destination) zone plus ``pairs`` (``(src, dst, bytes)``)."""
+    out = dict(total)
+    for src, dst, num_bytes in pairs:
+        out[(src, dst)] = out.get((src, dst), 0.0) + num_bytes
+    return out
 
 
 def read_metrics_line(line: bytes | str) -> StepReport | WorkerEvent | None:
@@ -315,7 +345,8 @@ def read_metrics_line(line: bytes | str) -> StepReport | WorkerEvent | None:
             rate, val = record.get("samples_per_s"), record.get("val_loss")
             return StepReport(step=int(record["step"]), loss=float(record["loss"]),
                               samples_per_s=None if rate is None else float(rate),
-                              val_loss=None if val is None else float(val))
+                              val_loss=None if val is None else float(val),
+                              egress_bytes=_egress_pairs(record.get("egress_bytes", [])))
     except (ProtocolError, TypeError, ValueError):
         return None
     return None
@@ -417,6 +448,9 @@ class AgentStatus:
     started: WorkerEvent | None = None  # rank 0's "started" line: state_from, ready_s
     worker_error: WorkerError | None = None  # the lowest rank's error line (rank 0's when it wrote one)
     checkpoint: CheckpointReport | None = None  # the newest checkpoint this generation committed
+    # (source zone, destination zone, bytes) the generation sent across zones so far, as rank 0
+    # reported them (``EGRESS_VERSION``); written only when not empty
+    egress: tuple[tuple[str, str, float], ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -433,7 +467,7 @@ class AgentStatus:
             "started": self.started.to_dict() if self.started else None,
             "worker_error": self.worker_error.to_dict() if self.worker_error else None,
             "checkpoint": self.checkpoint.to_dict() if self.checkpoint else None,
-        }
+        } | ({"egress": {"version": EGRESS_VERSION, "pairs": [list(p) for p in self.egress]}} if self.egress else {})
 
     @classmethod
     def from_dict(cls, data: Any) -> AgentStatus:
@@ -458,6 +492,7 @@ class AgentStatus:
             started=_get(data, "started", WorkerEvent.from_dict, what, None),
             worker_error=_get(data, "worker_error", WorkerError.from_dict, what, None),
             checkpoint=_get(data, "checkpoint", CheckpointReport.from_dict, what, None),
+            egress=_get(data, "egress", _egress_field, what, ()),
         )
 
 

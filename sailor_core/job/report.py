@@ -38,6 +38,17 @@ def spend(spent_usd: float, budget_usd: float) -> str:
     return f"{sig(spent_usd)} of {sig(budget_usd)} USD{share}"
 
 
+def rent_and_egress(rent_usd: float, egress_usd: float) -> str:
+    """``GPU rent 0.0123 USD + egress 0.00456 USD``: a spend's two parts."""
+    return f"GPU rent {usd(rent_usd)} + egress {usd(egress_usd)}"
+
+
+def egress_rows(by_pair: Mapping[tuple[str, str], tuple[float, float]]) -> list[dict[str, Any]]:
+    """One row per zone pair the job's bytes crossed: the bytes and what they cost."""
+    return [{"from": src, "to": dst, "GB": sig(num_bytes / 1e9), "USD": sig(cost)}
+            for (src, dst), (num_bytes, cost) in sorted(by_pair.items())]
+
+
 def duration(seconds: float | None) -> str:
     """``45 s``, ``3 min 12 s``, ``1 h 05 min``."""
     if seconds is None or not math.isfinite(seconds):
@@ -135,6 +146,7 @@ class BudgetUse:
 
     spent_usd: float
     budget_usd: float
+    egress_usd: float = 0.0  # of spent_usd
 
 
 def checkpoint_words(step: int | None, at_unix_s: float | None = None) -> str:
@@ -157,7 +169,9 @@ def status_markdown(*, progress: Progress, budget: BudgetUse, usd_per_hr_now: fl
     if p.checkpoint is not None:
         train.append(checkpoint_words(*p.checkpoint))
     lines = [" · ".join(train),
-             f"**Spent** {spend(budget.spent_usd, budget.budget_usd)} · {sig(usd_per_hr_now)} USD/h now · {status}",
+             f"**Spent** {spend(budget.spent_usd, budget.budget_usd)}"
+             + (f" (egress {usd(budget.egress_usd)})" if budget.egress_usd else "")
+             + f" · {sig(usd_per_hr_now)} USD/h now · {status}",
              f"**Plan** (attempt {attempt}): {plan}"]
     if last_event is not None:
         lines.append(f"**Last event** {local_time(last_event[0], date=False)}: {last_event[1]}")

@@ -7,7 +7,8 @@ starting over.  Every change is a pure function returning a new ``JobState``;
 ``JobStore`` writes it as one JSON document per job to a local directory or a
 ``file://`` / ``s3://`` URL (the engine's storage).
 
-Spend is derived from the instance records (running time x price): the
+Spend is derived from the instance records (running time x price) and the egress
+records (the bytes the engine counted across zones, priced per pair): the
 controller's ``CostLedger`` is rebuilt from them (``JobState.ledger()``), so
 the persisted state needs no separate ledger document.
 """
@@ -21,7 +22,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from sailor_core.controller.ledger import CostLedger
+from sailor_core.controller.ledger import CostLedger, EgressCharge
 from sailor_core.controller.state import observed_preemption_rates_per_s
 from sailor_core.catalog.models import model_slug
 from sailor_core.errors import InputError
@@ -80,6 +81,24 @@ class CheckpointRecord:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class EgressRecord:
+    """The bytes one generation of workers sent from ``src_zone`` to ``dst_zone`` as the agent of
+    ``instance_id`` last reported them (its running total), priced when charged."""
+
+    instance_id: str
+    generation: int
+    src_zone: str
+    dst_zone: str
+    num_bytes: float
+    usd: float
+    at_unix_s: float
+
+    def charge(self) -> EgressCharge:
+        return EgressCharge(src_zone=self.src_zone, dst_zone=self.dst_zone, num_bytes=self.num_bytes,
+                            usd=self.usd, at_s=self.at_unix_s)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ReplanRecord:
     """One (re-)plan: why it happened and what was chosen."""
 
@@ -119,6 +138,7 @@ class JobState:
     replans: tuple[ReplanRecord, ...] = ()
     num_preemptions: int = 0
     injected_preemption_steps: tuple[int, ...] = ()  # --preempt-at steps already injected
+    egress: tuple[EgressRecord, ...] = ()  # what the ledger charges for bytes across zones
     num_flow_runs: int = 0
     flow_run_id: str | None = None  # the latest flow run of the job, and its page in the Prefect UI
     flow_run_url: str | None = None
@@ -139,7 +159,8 @@ class JobState:
 
     def ledger(self) -> CostLedger:
         """The cost ledger of this job, rebuilt from the instance records (the controller's CostLedger)."""
-        return CostLedger.from_instance_records(self.instances, budget_usd=self.spec.budget_usd)
+        return CostLedger.from_instance_records(self.instances, budget_usd=self.spec.budget_usd,
+                                                egress=[e.charge() for e in self.egress])
 
     def usd_spent(self, now_unix_s: float | None = None) -> float:
         return self.ledger().spent_usd(time.time() if now_unix_s is None else now_unix_s)
@@ -280,6 +301,24 @@ def with_checkpoint(state: JobState, record: CheckpointRecord) -> JobState:
     return _touch(state, last_checkpoint_step=record.step, last_checkpoint=record)
 
 
+def with_egress(state: JobState, reports, *, usd_per_byte, now_unix_s: float) -> JobState:
+    """The egress the agents reported (``AgentStatus``es, each with the running totals of its
+    generation), charged at ``usd_per_byte(src_zone, dst_zone)``: a total larger than the one
+    recorded for its instance, generation and pair replaces it, so a report read twice is charged once."""
+    records = {(e.instance_id, e.generation, e.src_zone, e.dst_zone): e for e in state.egress}
+    changed = False
+    for st in reports:
+        for src, dst, num_bytes in st.egress:
+            key = (st.instance_id, st.generation, src, dst)
+            old = records.get(key)
+            if old is None or num_bytes > old.num_bytes:
+                records[key] = EgressRecord(instance_id=st.instance_id, generation=st.generation, src_zone=src,
+                                            dst_zone=dst, num_bytes=num_bytes, usd=num_bytes * usd_per_byte(src, dst),
+                                            at_unix_s=now_unix_s)
+                changed = True
+    return _touch(state, egress=tuple(records.values())) if changed else state
+
+
 def _merge_by_step(old, new) -> tuple[tuple[int, float], ...]:
     by_step = dict(old)
     by_step.update((int(s), float(v)) for s, v in new)
@@ -340,6 +379,7 @@ def state_from_dict(data: Any) -> JobState:
                 "val_losses": tuple((int(s), float(v)) for s, v in data.get("val_losses", ())),
                 "step_times": tuple((float(t), int(s)) for t, s in data.get("step_times", ())),
                 "injected_preemption_steps": tuple(int(s) for s in data.get("injected_preemption_steps", ())),
+                "egress": tuple(EgressRecord(**e) for e in data.get("egress", ())),
             }
         )
     except InputError:

@@ -23,17 +23,21 @@ def _to_json(o: PlanOption) -> dict:
         "gpus": [[g, z, n] for (g, z), n in sorted(o.gpus.items())],
         "throughput_samples_per_s": o.throughput_samples_per_s,
         "usd_per_hr": o.usd_per_hr,
+        "egress_usd_per_hr": o.egress_usd_per_hr,
         "label": o.label,
         "plan": o.plan.to_dict() if o.plan is not None and hasattr(o.plan, "to_dict") else None,
     }
 
 
 def _from_json(d: dict) -> PlanOption:
-    x, usd = float(d["throughput_samples_per_s"]), float(d["usd_per_hr"])
+    """An option as stored; a KeyError for one stored before options carried their egress (the
+    caller then plans again: its egress is not known)."""
+    x, usd, egress = float(d["throughput_samples_per_s"]), float(d["usd_per_hr"]), float(d["egress_usd_per_hr"])
     if d.get("plan"):  # its GPUs on each market, label and on-demand premiums follow from the plan
-        return plan_option(plan_from_dict(d["plan"], validate=False), throughput_samples_per_s=x, usd_per_hr=usd)
+        return plan_option(plan_from_dict(d["plan"], validate=False), throughput_samples_per_s=x, usd_per_hr=usd,
+                           egress_usd_per_hr=egress)
     return PlanOption(gpus={(g, z): int(n) for g, z, n in d["gpus"]}, throughput_samples_per_s=x, usd_per_hr=usd,
-                      label=d.get("label", ""))
+                      label=d.get("label", ""), egress_usd_per_hr=egress)
 
 
 class PersistentPlanner:

@@ -33,6 +33,7 @@ from sailor_core.controller import (
     observed_preemption_rates_per_s,
     rate_window_s,
 )
+from sailor_core.controller.ledger import SIMULATED_PAIR
 from sailor_core.controller.interim import interim_option, interim_pays, kept_gpus
 from sailor_core.replay.costs import ChangeCosts
 from sailor_core.replay.hits import gpus_lost
@@ -185,8 +186,18 @@ class _Replay:
         return total_kept
 
     def affordable_s(self) -> float:
-        """Seconds until the budget, less the shutdown, is spent at the current rate."""
-        return self.ledger.affordable_s(self.ledger.usd_per_hr(), self.setup.costs.shutdown_s, now_s=self.t)
+        """Seconds until the budget, less the shutdown, is spent at the current rate: the rent,
+        plus the egress of the plan training now (none while it starts or saves)."""
+        training, rent = self.training_now(), self.ledger.usd_per_hr()
+        rate = rent + (training.egress_usd_per_hr if training is not None else 0.0)
+        return self.ledger.affordable_s(rate, self.setup.costs.shutdown_s, now_s=self.t, shutdown_usd_per_hr=rent)
+
+    def training_now(self) -> PlanOption | None:
+        if self.in_interim():
+            return self.interim
+        if self.phase == "running" and self.t >= self.paused_until:
+            return self.plan
+        return None
 
     # ---- decisions
 
@@ -405,6 +416,9 @@ class _Replay:
         if tn > self.t:
             self.done += x * (tn - self.t)
             self.productive_gpu_s += plan.num_gpus * (tn - self.t)
+            if plan.egress_usd_per_hr > 0:  # the simulator's egress per iteration, for the iterations trained
+                self.ledger.charge_egress(*SIMULATED_PAIR, num_bytes=0.0, at_s=tn,
+                                          usd=plan.egress_usd_per_hr * (tn - self.t) / _S_PER_HR)
         self.t = tn
         if tn == t_done:
             self.done = self.setup.samples_target
@@ -478,7 +492,7 @@ class _Replay:
             policy=policy, finished=self.finished_at is not None, stop_reason=self.stop_reason,
             time_to_train_s=self.finished_at, end_s=end_s,
             samples_done=self.done, samples_target=self.setup.samples_target,
-            usd_spent=ledger.spent_usd(end_s), budget_usd=budget_usd,
+            usd_spent=ledger.spent_usd(end_s), budget_usd=budget_usd, egress_usd=ledger.egress_usd(),
             useful_work_fraction=useful_gpu_s / paid_gpu_s if paid_gpu_s > 0 else 0.0,
             num_replans=self.num_replans, num_restarts=self.num_restarts, num_preemptions_hit=self.num_hits,
             work_lost_samples=self.lost_samples, wait_s=self.wait_s,

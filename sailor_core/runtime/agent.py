@@ -54,6 +54,7 @@ from sailor_core.job.protocol import (
     StepReport,
     WorkerError,
     WorkerEvent,
+    add_egress,
     one_line,
     read_assignment,
     read_metrics_line,
@@ -140,6 +141,7 @@ class _Generation:
     rejoined: list[int] = field(default_factory=list)  # ranks handed to parked workers
     errors: dict[int, str] = field(default_factory=dict)  # global rank -> its first error line's message
     samples_per_s: float | None = None
+    egress: dict[tuple[str, str], float] = field(default_factory=dict)  # bytes per zone pair, summed over steps
     inject: InjectPreemption | None = None  # the assignment's, until posted
     injected: InjectionReport | None = None  # what became of it
 
@@ -299,6 +301,8 @@ class Agent:
                 if record.val_loss is not None:
                     gen.val_losses.append((record.step, record.val_loss))
                 gen.samples_per_s = record.samples_per_s
+                if record.egress_bytes:
+                    gen.egress = add_egress(gen.egress, record.egress_bytes)
 
     def _maybe_inject(self, gen: _Generation) -> None:
         """Post the assignment's injected preemption once rank 0 has reached its step."""
@@ -353,6 +357,7 @@ class Agent:
             started=gen.started,
             worker_error=_lowest_rank_error(gen.errors),
             checkpoint=gen.checkpoint,
+            egress=tuple((src, dst, n) for (src, dst), n in sorted(gen.egress.items())),
         )
 
     # -- main loop --

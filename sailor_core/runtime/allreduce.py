@@ -64,6 +64,7 @@ class OverlappedAllReduce:
             c = chunk_of(n, self.group_size)
             flat = torch.cat([*(p.grad.reshape(-1) for p in ps), ps[0].new_zeros(c * self.group_size - n)])
             out = flat.new_empty(c)
+            links.meter_ring(flat.numel() * flat.element_size(), self.group, passes=1)
             self.pending.append((dist.reduce_scatter_single(out, flat, group=self.group, async_op=True), out, b))
         else:
             flat = self.flats[b]

@@ -18,6 +18,13 @@ travels over the real backend, and the receiver then waits until it would have a
 * an all-reduce of ``bytes`` over ``n`` ranks takes a ring's ``2 (n - 1) (latency + bytes / n /
   bandwidth)`` from when its last rank joined (each rank's join time travels in a MAX
   all-reduce beside it); a group's all-reduces run one after another.
+
+The same three calls meter egress (``meter_zones``): each rank counts the bytes it sends to a
+rank of another zone, by destination zone, with no message of its own: a point-to-point send
+its tensor's bytes, an all-reduce of ``bytes`` over ``n`` ranks a ring's ``2 (n - 1) / n x
+bytes`` to its ring neighbour (the next rank of the group, as NCCL's ring and the simulator's
+``compose.ring_hop_bytes`` count it).  The worker sums the counts over the ranks in the step's
+status all-reduce (``runtime/worker.py``); the flow prices them per pair.
 """
 
 from __future__ import annotations
@@ -108,6 +115,49 @@ class ComputePace:
         _sleep_until(started_s + self.op_s(kind, num_layers))
 
 
+_zone_of_rank: tuple[str, ...] = ()  # each global rank's zone; empty: no metering
+_sent_bytes: dict[str, float] = {}  # destination zone -> bytes this rank sent there since the last take
+_ring_next: dict[int, int] = {}  # id(group) -> this rank's ring neighbour in it
+
+
+def meter_zones(zones) -> None:
+    """Count from now on the bytes this rank sends to ranks of another zone (``zones[r]``: global
+    rank r's zone, ``plan.layout.rank_layout``'s)."""
+    global _zone_of_rank
+    _zone_of_rank = tuple(zones)
+    _sent_bytes.clear()
+    _ring_next.clear()
+
+
+def take_sent_bytes() -> dict[str, float]:
+    """Bytes sent to each other zone since the last call (this rank's), and start over."""
+    out = dict(_sent_bytes)
+    _sent_bytes.clear()
+    return out
+
+
+def _count(dst: int, num_bytes: float) -> None:
+    zone = _zone_of_rank[dst]
+    if zone != _zone_of_rank[dist.get_rank()]:
+        _sent_bytes[zone] = _sent_bytes.get(zone, 0.0) + num_bytes
+
+
+def meter_ring(num_bytes: float, group, *, passes: int = 2) -> None:
+    """Count what a ring collective of ``num_bytes`` over ``group`` sends to this rank's ring
+    neighbour: ``passes x (n - 1) / n`` of them (an all-reduce 2, a reduce-scatter or an
+    all-gather 1).  A collective outside this module (ZeRO's) calls it beside its own."""
+    if not _zone_of_rank:
+        return
+    key = id(group)
+    nxt = _ring_next.get(key)
+    if nxt is None:
+        members = dist.get_process_group_ranks(group)
+        nxt = _ring_next[key] = members[(members.index(dist.get_rank()) + 1) % len(members)]
+    n = dist.get_world_size(group)
+    if n > 1:
+        _count(nxt, passes * (n - 1) / n * num_bytes)
+
+
 _UNREAD = object()
 _shim: LinkShim | None | object = _UNREAD
 _link_free: dict[tuple, float] = {}  # (src, dst) -> when that direction's link is free again
@@ -166,6 +216,8 @@ class _Received:
 
 def isend(tensor: torch.Tensor, dst: int, tag: int, group):
     """``dist.isend``, or under the shim the message and its send time."""
+    if _zone_of_rank:
+        _count(dst, tensor.numel() * tensor.element_size())
     link = shim()
     if link is None:
         return dist.isend(tensor, dst=dst, tag=tag, group=group)
@@ -212,6 +264,7 @@ class _Reduced:
 def all_reduce(tensor: torch.Tensor, group, *, async_op: bool = False):
     """``dist.all_reduce`` (a sum) of a data-parallel group, or under the shim one that lasts a
     ring's time over the slow link."""
+    meter_ring(tensor.numel() * tensor.element_size(), group)
     link = shim()
     if link is None:
         return dist.all_reduce(tensor, group=group, async_op=async_op)

@@ -71,11 +71,12 @@ from sailor_core.catalog.models import get_model
 from sailor_core.errors import SailorError
 from sailor_core.job.protocol import EXIT_BAD_INPUT, EXIT_OK, EXIT_PEER_LOST, EXIT_PREEMPTED, EXIT_PREEMPTED_NO_CKPT
 from sailor_core.job.worker_args import add_worker_arguments, worker_values
-from sailor_core.plan.layout import world_size
+from sailor_core.plan.layout import rank_layout, world_size
 from sailor_core.plan.types import load_plan
 from sailor_core.runtime import checkpoint as ckpt
-from sailor_core.runtime import faults, park
+from sailor_core.runtime import faults, links, park
 from sailor_core.runtime.data import DEFAULT_CACHE_MAX_BYTES, SpanCache, TokenDataset
+from sailor_core.runtime.egress_meter import EgressSlots
 from sailor_core.runtime.heartbeat import Heartbeat, watch_preempt_url
 from sailor_core.runtime.hf import load_pretrained
 from sailor_core.runtime.metrics import model_flops_per_step, peak_flops, peak_memory_bytes
@@ -166,6 +167,7 @@ class _Run:
     peak_flops: float | None = None  # the plan's GPUs' summed peak; None on cpu
     trackers: Trackers | None = None  # rank 0's TensorBoard, W&B, MLflow (runtime/trackers.py)
     state_from: str = "init"  # where the trainer's state came from: init, pretrained, checkpoint, memory
+    egress: EgressSlots | None = None  # the status vector's egress slots (runtime/egress_meter.py)
 
 
 def main(argv=None) -> int:
@@ -369,7 +371,10 @@ def _train(run: _Run) -> int:
     """Steps until the job's total, a preemption notice (checkpoint, exit 75/76) or a failure."""
     args, trainer, metrics = run.args, run.trainer, run.metrics
     preempt_file = settings.preempt_file()
-    status = _status_vector(run.device, dist.get_world_size())
+    world = dist.get_world_size()
+    run.egress = EgressSlots.of(run.plan, _MEMORY_SLOT + world, run.rank)
+    links.meter_zones([r.zone for r in rank_layout(run.plan)] if run.egress.num_slots else ())
+    status = _status_vector(run.device, world + run.egress.num_slots)
     while trainer.step < args.steps:
         stop_any = _one_step(run, status, preempt_file)
         if stop_any:
@@ -410,6 +415,8 @@ def _one_step(run: _Run, status, preempt_file: str | None) -> bool:
     if trainer.grad_sq_share is not None:
         status[2] = trainer.grad_sq_share
     status[_MEMORY_SLOT + rank] = peak_memory_bytes(run.device)
+    if run.egress.num_slots:
+        run.egress.fill(status, links.take_sent_bytes())
     dist.all_reduce(status)
     # Reading the agreed status waits for the device, so the step time covers the GPU's
     # queued kernels too (CUDA runs ahead of the host until something is read back).
@@ -421,6 +428,8 @@ def _one_step(run: _Run, status, preempt_file: str | None) -> bool:
               "step_time_s": dt, "cpu_time_s": time.process_time() - c0,
               "samples_per_s": gbs / dt, "tokens_per_s": gbs * trainer.seq_len / dt,
               **_step_figures(run, values, dt)}
+    if run.egress.num_slots:
+        record["egress_bytes"] = run.egress.pairs(values)
     if not stop_any and _validation_due(run):
         val = trainer.validate(trainer.data.num_val_batches(trainer.recipe.validation_batches, gbs))
         record["val_loss"], record["val_perplexity"] = val, _perplexity(val)
@@ -430,11 +439,12 @@ def _one_step(run: _Run, status, preempt_file: str | None) -> bool:
     return stop_any > 0
 
 
-_MEMORY_SLOT = 3  # the status vector: loss, stop, squared gradient norm, then one slot per rank
+# the status vector: loss, stop, squared gradient norm, one slot per rank, then the egress slots
+_MEMORY_SLOT = 3
 
 
-def _status_vector(device, world: int):
-    return torch.zeros(_MEMORY_SLOT + world, dtype=torch.float64, device=device)
+def _status_vector(device, num_slots: int):
+    return torch.zeros(_MEMORY_SLOT + num_slots, dtype=torch.float64, device=device)
 
 
 def _step_figures(run: _Run, values: list[float], dt: float) -> dict:
@@ -444,7 +454,7 @@ def _step_figures(run: _Run, values: list[float], dt: float) -> dict:
     clip = trainer.recipe.grad_clip_norm
     norm_t = trainer.grad_norm_before_clip
     norm = float(norm_t) if norm_t is not None else values[2] ** 0.5  # reduced already: no extra wait
-    memory = [int(v) for v in values[_MEMORY_SLOT:]]
+    memory = [int(v) for v in values[_MEMORY_SLOT:run.egress.offset if run.egress else None]]
     flops_per_s = run.flops_per_step / dt
     out = {"lr": trainer.recipe.lr_at(trainer.step - 1), "grad_norm": norm,
            "grad_norm_clipped": min(norm, clip) if clip else norm, "clipped": bool(clip and norm > clip),

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from sailor_core.runtime import links
 from sailor_core.runtime.optimizer import decays, make_optimizer
 
 
@@ -124,6 +125,7 @@ class ShardedAdamW:
         """ZeRO-2 with mixed TP: sum the full gradients (one bucket) and keep this rank's range."""
         flat = _padded(torch.cat([f.reshape(-1) for f in fulls]), self.group_size)
         out = flat.new_empty(flat.numel() // self.group_size)
+        links.meter_ring(flat.numel() * flat.element_size(), self.group, passes=1)
         dist.reduce_scatter_single(out, flat, group=self.group)
         self.shard_grads = [out]
 
@@ -168,6 +170,7 @@ class ShardedAdamW:
                 start = pc.entry.offset + pc.lo - lo
                 mine[start: start + pc.hi - pc.lo] = pc.values
         flat = mine.new_empty(c * self.group_size)
+        links.meter_ring(flat.numel() * flat.element_size(), self.group, passes=1)
         dist.all_gather_single(flat, mine, group=self.group)
         with torch.no_grad():
             for e in members:
@@ -206,6 +209,7 @@ class ShardedAdamW:
                 start = pc.entry.offset + pc.lo - lo
                 mine[start: start + pc.hi - pc.lo] = self.inner.state[pc.values][key]
         flat = mine.new_empty(c * self.group_size)
+        links.meter_ring(flat.numel() * flat.element_size(), self.group, passes=1)
         dist.all_gather_single(flat, mine, group=self.group)
         return flat
 

@@ -92,3 +92,33 @@ def test_spot_and_on_demand_are_kept_apart():
     for row in old["instances"]:
         row.pop("spot", None)
     assert set(CostLedger.from_dict(old).by_market(1800)) == {"spot"}
+
+
+def test_egress_is_charged_per_pair_apart_from_the_rent_and_kept_in_json():
+    led = CostLedger(budget_usd=1.0)
+    led.open("a", gpu="T4", zone="us-east-1a", num_gpus=1, usd_per_hr=0.36, start_s=0)
+    led.charge_egress("us-east-1a", "us-east-1b", num_bytes=2e9, usd=0.02, at_s=100)
+    led.charge_egress("us-east-1a", "us-east-1b", num_bytes=1e9, usd=0.01, at_s=200)
+    led.charge_egress("us-east-1b", "us-east-1a", num_bytes=1e9, usd=0.01, at_s=200)
+    led.charge_egress("us-east-1b", "us-east-1a", num_bytes=0, usd=0.0, at_s=300)  # nothing: no entry
+    assert led.rent_usd(3600) == pytest.approx(0.36)
+    assert led.egress_usd() == pytest.approx(0.04)
+    assert led.spent_usd(3600) == pytest.approx(0.40)
+    assert led.egress_by_pair() == {("us-east-1a", "us-east-1b"): pytest.approx((3e9, 0.03)),
+                                    ("us-east-1b", "us-east-1a"): pytest.approx((1e9, 0.01))}
+    assert len(led.egress_charges()) == 3
+    # the budget test sees the egress: 0.60 USD left at 3600 s
+    assert led.affordable_s(0.36, 0, now_s=3600) == pytest.approx(0.60 * 3600 / 0.36)
+    back = CostLedger.from_dict(json.loads(json.dumps(led.to_dict())))
+    assert back.to_dict() == led.to_dict() and back.egress_by_pair() == led.egress_by_pair()
+    with pytest.raises(InputError, match="egress"):
+        led.charge_egress("a", "b", num_bytes=-1, usd=0.0, at_s=0)
+
+
+def test_a_ledger_written_before_egress_loads_without_it():
+    led = CostLedger(budget_usd=5.0)
+    led.open("a", gpu="T4", zone="us-east-1a", num_gpus=1, usd_per_hr=1.0, start_s=0)
+    data = led.to_dict()
+    assert "egress" not in data  # no key until something is charged: old readers see the same document
+    back = CostLedger.from_dict(json.loads(json.dumps(data)))
+    assert back.egress_usd() == 0.0 and back.spent_usd(3600) == pytest.approx(1.0)

@@ -127,3 +127,27 @@ def test_a_continued_job_needs_no_budget_and_refuses_other_settings_in_one_line(
         and len(r.stderr.splitlines()) == 1
     r = sailor_cli("train", "--steps", "100")  # a new job still needs its budget
     assert r.returncode == 2 and r.stderr == "error: --budget-usd is required\n"
+
+
+def test_status_shows_gpu_rent_and_egress_apart(home, sailor_cli):
+    from sailor_core.job.protocol import AgentState, AgentStatus
+
+    store = js.JobStore()
+    s = js.new_job(JobSpec(model="tiny", budget_usd=0.5, steps=10), job_id="tiny-egress")
+    s = js.with_instances_launched(s, (js.InstanceRecord(
+        instance_id="i-1", cloud="gcp", zone="us-central1-a", instance_type="n1-standard-4-t4", gpu="T4",
+        num_gpus=1, usd_per_hr=0.36, spot=True, attempt=1, launched_unix_s=1000.0),))
+    s = js.with_instances_ended(s, {"i-1"}, "terminated", now_unix_s=1000.0 + 600.0)
+    sent = AgentStatus(instance_id="i-1", generation=1, state=AgentState.EXITED,
+                       egress=(("us-central1-a", "us-central1-b", 3e9),))
+    s = js.with_egress(s, [sent], usd_per_byte=lambda a, b: 1e-11, now_unix_s=1500.0)
+    store.save(s)
+    r = sailor_cli("status", "tiny-egress", "--json")
+    assert r.returncode == 0, r.stderr
+    detail = json.loads(r.stdout)
+    assert detail["usd_rent"] == pytest.approx(0.06) and detail["usd_egress"] == pytest.approx(0.03)
+    assert detail["usd_spent"] == pytest.approx(0.09)
+    assert detail["egress"] == [{"from": "us-central1-a", "to": "us-central1-b", "bytes": 3e9, "usd": pytest.approx(0.03)}]
+    r = sailor_cli("status", "tiny-egress")
+    assert "(GPU rent 0.0600 USD + egress 0.0300 USD)" in r.stdout, r.stdout
+    assert "egress us-central1-a -> us-central1-b: 3.00 GB, 0.0300 USD" in r.stdout, r.stdout

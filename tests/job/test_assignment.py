@@ -125,3 +125,20 @@ def test_a_failed_worker_is_named_with_its_exit_codes():
                                now_unix_s=100.0)
     assert (outcome.kind, outcome.instance_ids) == (WORKER_FAILED, ("a",))
     assert outcome.reason == "worker exited non-zero: {'a': {'0': 0, '1': 77}}"
+
+
+def test_an_agent_status_carries_the_generations_egress_versioned():
+    import json
+
+    from sailor_core.job.protocol import EGRESS_VERSION, read_metrics_line
+
+    st = AgentStatus(instance_id="i", generation=3, state=AgentState.RUNNING,
+                     egress=(("us-east-1a", "us-east-1b", 12.5),))
+    data = json.loads(json.dumps(st.to_dict()))
+    assert data["egress"] == {"version": EGRESS_VERSION, "pairs": [["us-east-1a", "us-east-1b", 12.5]]}
+    assert AgentStatus.from_dict(data) == st
+    assert "egress" not in AgentStatus(instance_id="i", generation=3, state=AgentState.RUNNING).to_dict()
+    data["egress"]["version"] = EGRESS_VERSION + 1  # a meaning this reader does not know: absent
+    assert AgentStatus.from_dict(data).egress == ()
+    line = read_metrics_line(json.dumps({"step": 2, "loss": 1.0, "egress_bytes": [["a", "b", 4.0]]}))
+    assert line.egress_bytes == (("a", "b", 4.0),)

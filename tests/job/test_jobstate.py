@@ -109,3 +109,24 @@ def test_a_state_written_with_the_removed_on_demand_fallback_option_still_loads(
     data = json.loads(json.dumps(js.state_to_dict(s)))
     data["spec"]["on_demand_fallback"] = False
     assert js.state_from_dict(data) == s
+
+
+def test_agents_egress_reports_are_charged_once_per_generation_and_pair():
+    from sailor_core.job.protocol import AgentState, AgentStatus
+
+    a, b = "us-east-1a", "us-east-1b"
+    price = {(a, b): 1e-11, (b, a): 2e-11}
+
+    def report(gen, egress):
+        return AgentStatus(instance_id="i", generation=gen, state=AgentState.RUNNING, egress=egress)
+
+    s = js.with_instances_launched(js.new_job(_spec(), job_id="e1"), (_instance("i", launched=0.0, price=0.0),))
+    s = js.with_egress(s, [report(1, ((a, b, 1e9),))], usd_per_byte=lambda x, y: price[(x, y)], now_unix_s=10.0)
+    again = js.with_egress(s, [report(1, ((a, b, 1e9),))], usd_per_byte=lambda x, y: price[(x, y)], now_unix_s=11.0)
+    assert again is s  # the same total read twice is charged once
+    s = js.with_egress(s, [report(1, ((a, b, 3e9), (b, a, 1e9))), report(2, ((a, b, 1e9),))],
+                       usd_per_byte=lambda x, y: price[(x, y)], now_unix_s=20.0)
+    ledger = s.ledger()
+    assert ledger.egress_by_pair() == {(a, b): pytest.approx((4e9, 0.04)), (b, a): pytest.approx((1e9, 0.02))}
+    assert s.usd_spent(now_unix_s=20.0) == pytest.approx(0.06)
+    assert js.state_from_dict(json.loads(json.dumps(js.state_to_dict(s)))) == s

@@ -220,3 +220,29 @@ def test_an_interim_cut_by_a_preemption_loses_its_unsaved_progress():
     assert r.num_interims >= 1 and r.num_preemptions_hit == 2
     assert r.work_lost_samples == pytest.approx(134000 + 1200)
     assert r.gpu_s_by_activity["redone"] == pytest.approx(4 * 3350 + 3 * 40)
+
+
+def _with_egress(usd_per_hr):
+    """The linear planner whose options' bytes across zones cost ``usd_per_hr`` while they train."""
+    import dataclasses
+
+    return lambda available: [dataclasses.replace(o, egress_usd_per_hr=usd_per_hr) for o in linear_planner(available)]
+
+
+@pytest.mark.parametrize("terminate_s", [0, 60])
+def test_egress_is_charged_while_training_and_the_budget_stop_holds_with_it(terminate_s):
+    costs = ChangeCosts(provisioning_s=100, startup_s=50, checkpoint_bytes=0, checkpoint_interval_s=1e9,
+                        terminate_s=terminate_s)
+    config = controller_config("ours", costs=controller_costs(costs), shutdown_s=costs.shutdown_s, gpu_type="A100-40")
+    r = replay(build_trace([(0.0, {A: 4})]), policy=ReplayPolicy(config=config, plan_fn=_with_egress(2.0), name="ours"),
+               market=Market(price_fn=ONE_USD), goal=Goal(samples_target=288_000, budget_usd=1.0), costs=costs)
+    # 4 USD/h of rent from 100 s, 2 USD/h more of egress while training from 150 s: the budget
+    # is spent at t with 4 (t - 100) + 2 (t - 150) = 3600, t = 700 s, of which the shutdown
+    # (rent only) is the last `terminate_s`: training stops at t_stop with
+    # 4 (t_stop + terminate_s - 100) + 2 (t_stop - 150) = 3600
+    t_stop = (3600 + 400 + 300 - 4 * terminate_s) / 6
+    assert not r.finished and r.stop_reason.startswith("budget")
+    assert r.usd_spent == pytest.approx(1.0)
+    assert r.egress_usd == pytest.approx(2.0 * (t_stop - 150) / 3600)
+    assert r.samples_done == pytest.approx(40 * (t_stop - 150))
+    assert r.to_dict()["egress_usd"] == r.egress_usd
