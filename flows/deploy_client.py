@@ -47,7 +47,11 @@ def run_train_deployment(params: dict[str, Any], *, display, timeout_s: float = 
                           "(see docs/orchestration.md)") from None
     url = flow_run_url(run.id)
     display.run_started(url, job_id)
-    fr = _follow(run, job_id, store, display, timeout_s=timeout_s, poll_s=poll_s)
+    try:
+        fr = _follow(run, job_id, store, display, timeout_s=timeout_s, poll_s=poll_s)
+    except KeyboardInterrupt:  # stop at once (a second Ctrl-C): the worker ends the run and its instances
+        _cancel_run(run.id)
+        raise
     state = fr.state.type.value if fr.state else "PENDING"
     summary: dict[str, Any] = {"flow_run_id": str(run.id), "flow_run_url": url, "job_id": job_id,
                                "status": state.lower(), "status_reason": fr.state.message if fr.state else ""}
@@ -60,6 +64,17 @@ def run_train_deployment(params: dict[str, Any], *, display, timeout_s: float = 
         if state != "COMPLETED":
             summary["status"] = job.status if job.status in js.ENDED_STATUSES else state.lower()
     return summary
+
+
+def _cancel_run(run_id) -> None:
+    """Cancel the flow run through the API: its worker kills the run's process, whose cancellation hook
+    terminates the job's instances (after a short grace: ``flows.train_job``)."""
+    from prefect.client.orchestration import get_client  # lazy: prefect, after the CLI chose the API
+    from prefect.states import Cancelling
+
+    with get_client(sync_client=True) as client:
+        client.set_flow_run_state(run_id, Cancelling(message="stopped at once from `sailor train` (Ctrl-C)"),
+                                  force=True)
 
 
 def _follow(run, job_id: str, store: js.JobStore, display, *, timeout_s: float, poll_s: float):

@@ -14,7 +14,10 @@ to close, when to give up) is ``sailor_core.job.recovery``'s.  The flow's parame
 ``JobSpec``'s fields (``flows.spec_parameters``) plus the run-only ones of ``train_job``.
 
 The job state (``sailor_core.job.state``) is saved after every change, so a new
-flow run with the same ``job_id`` continues the job.  Every instance carrying
+flow run with the same ``job_id`` continues the job.  A person's stop (``sailor stop``, Ctrl-C:
+a ``StopRequest`` the watch reads; a cancel in the Prefect UI: Prefect's ``TerminationSignal``)
+has the workers take a final checkpoint, saves the job cancelled with how to continue it, and
+ends the run Cancelled with that reason (the flow returns a ``Cancelled`` state, not its summary).  Every instance carrying
 the job's label is terminated at the end: in ``finally``, and from the
 cancellation/crash hooks when the flow process itself is being torn down.
 """
@@ -27,7 +30,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from prefect import flow, get_run_logger
+from prefect.exceptions import TerminationSignal
 from prefect.runtime import flow_run as current_flow_run
+from prefect.states import Cancelled
 
 from flows.deploy_client import job_id_for
 from flows.spec_parameters import takes_spec
@@ -45,6 +50,8 @@ from tasks import control
 from tasks import job_lease
 from tasks import jobs as job_tasks
 from tasks import reporting, workers
+
+UI_CANCEL_STOP_S = 20.0  # a final checkpoint after a cancel in the UI: the worker kills the run 30 s after it
 
 
 def _job_id_for_run(model: str) -> str:
@@ -139,10 +146,16 @@ def _control(spec: JobSpec, store: js.JobStore, job_id: str, keeper: job_lease.L
     except BaseException as exc:
         body_failed = True
         saved = store.load(job_id) if store.exists(job_id) else state
-        state = recovery.ended_by_exception(state, saved, exc, cancelled=cloud_tasks.is_cancellation(exc))
-        if not keeper.lost:  # the job's state is the new controller's now
-            store.save(state)
-        raise
+        if isinstance(exc, TerminationSignal) and not keeper.lost:  # a UI cancel: the worker waits ~30 s, then kills
+            state = recovery.latest(state, saved)
+            state = _stopped(run, state, _ids(state.running_instances()), by="a cancel of its flow run: the Prefect UI or SIGTERM",
+                             within_s=UI_CANCEL_STOP_S, engine=False)
+        else:
+            state = recovery.ended_by_exception(state, saved, exc, cancelled=cloud_tasks.is_cancellation(exc))
+            if not keeper.lost:  # the job's state is the new controller's now
+                store.save(state)
+        if not cloud_tasks.is_cancellation(exc):
+            raise
     finally:
         workers.remove_progress_listener(reporter.on_progress)
         try:  # nothing may stay rented: terminate by label even if the body failed (unless taken over)
@@ -152,7 +165,33 @@ def _control(spec: JobSpec, store: js.JobStore, job_id: str, keeper: job_lease.L
         finally:
             reporter.close()
             job_tasks.keep_logs(session.jobs_url, store.job_url(job_id))
-    return job_tasks.summary(state, instances_left_running=left_running)
+    summary = job_tasks.summary(state, instances_left_running=left_running)
+    if state.status == js.CANCELLED:  # the run ends Cancelled in Prefect, with the job's reason
+        return Cancelled(message=state.status_reason)
+    return summary
+
+
+def _ids(records) -> list[str]:
+    """The instance ids of an attempt's assignments or instance records."""
+    return [r.instance_id for r in records]
+
+
+def _stopped(run: _Run, state: js.JobState, instance_ids: list[str], *, by: str, within_s: float = 15.0,
+             engine: bool = True) -> js.JobState:
+    """Someone asked the job to stop: its workers take a final checkpoint (within ``within_s``), the
+    job is saved as cancelled with the way to go on, and the flow's end terminates the instances.
+    ``engine=False``: the tasks' bodies only, when Prefect is cancelling the run (no new task runs)."""
+    run.reporter.event(state, f"stop asked ({by}) at step {state.steps_done}; the workers take a final checkpoint")
+    stop, note = workers.stop_attempt, job_tasks.note_checkpoint
+    if not engine:
+        stop, note = stop.fn, note.fn
+    try:
+        state = run.save(stop(run.session, state, instance_ids, timeout_s=within_s))
+        state = run.save(note(cloud_tasks.reconcile(run.session, state)))
+    finally:  # even when the final checkpoint could not be had, the job says it was stopped
+        state = run.end(state, js.CANCELLED, js.stopped_reason(state, by))
+        run.reporter.event(state, state.status_reason)
+    return state
 
 
 def _check_before_renting(run: _Run, state: js.JobState) -> None:
@@ -186,6 +225,9 @@ def _attempts(run: _Run, state: js.JobState) -> js.JobState:
                                       data_dir=str(settings.sailor_home() / "data"))
     rec = recovery.start(state)
     while True:
+        request = run.store.stop_request(state.job_id)  # asked while waiting or between attempts
+        if request is not None:
+            return run.end(state, js.CANCELLED, js.stopped_reason(state, request.by))
         offers = cloud_tasks.list_offers(run.session, spec.gpus, spec.zones, spec.clouds)
         planner = control.job_planner(spec, offers)
         available = control.availability(offers, max_gpus_per_zone=run.max_gpus_per_zone, max_gpus=spec.max_gpus)
@@ -221,12 +263,14 @@ def _attempts(run: _Run, state: js.JobState) -> js.JobState:
         rec = recovery.launched(rec)
         if option is not decision.plan:  # moved by a zone failover: the GPUs it got (either market) count as available
             available = recovery.available_with(available, option.all_gpus())
+        before = state.last_checkpoint_step  # the watch records the checkpoints made meanwhile
         outcome, state = workers.watch_attempt(run.session, run.store, state, placed.assignments, planner=planner,
                                                available=available, current=option)
         state = run.save(state)
+        if outcome.kind == workers.STOPPED:
+            return _stopped(run, state, _ids(placed.assignments), by=outcome.reason)
         if outcome.kind == FINISHED:
             return run.end(job_tasks.note_checkpoint(state), js.SUCCEEDED, f"{state.steps_done} steps done")
-        before = state.last_checkpoint_step
         state = _settle_early_end(run, state, placed.assignments, outcome)
         if outcome.kind == workers.BUDGET:
             return run.end(state, js.STOPPED_BUDGET, outcome.reason)
@@ -272,7 +316,7 @@ def _train_while_booting(run: _Run, state: js.JobState, planner: control.Planner
     try:
         state, nodes = cloud_tasks.launch_ahead(run.session, state, nodes, offers)
     finally:
-        state = run.save(workers.stop_attempt(run.session, state, placed.assignments))
+        state = run.save(workers.stop_attempt(run.session, state, _ids(placed.assignments)))
         state = run.save(job_tasks.note_checkpoint(cloud_tasks.reconcile(run.session, state)))
         run.reporter.event(state, f"interim stopped at step {state.steps_done}; newest checkpoint: step "
                                   f"{state.last_checkpoint_step or 0}")
@@ -319,7 +363,7 @@ def _settle_early_end(run: _Run, state: js.JobState, assignments, outcome: Attem
     else:
         what = f"{outcome.reason} at step {state.steps_done}"
     run.reporter.event(state, f"{what}; stopping the attempt (its workers checkpoint first)")
-    state = run.save(workers.stop_attempt(run.session, state, assignments))
+    state = run.save(workers.stop_attempt(run.session, state, _ids(assignments)))
     state = run.save(cloud_tasks.reconcile(run.session, state))
     state = recovery.close_preempted(state, outcome)
     state = run.save(job_tasks.note_checkpoint(state))

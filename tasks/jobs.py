@@ -12,7 +12,7 @@ from sailor_core.catalog.models import get_model, model_slug
 from sailor_core.errors import InputError, SailorError
 from sailor_core.job import state as js
 from sailor_core.job.logs import copy_logs
-from sailor_core.job.spec import JobSpec
+from sailor_core.job.spec import JobSpec, raised_limits, raised_words
 
 SYNTHETIC = "synthetic"
 SYNTHETIC_TOKENS = 1 << 16
@@ -27,13 +27,20 @@ def start_or_resume(store: js.JobStore, spec: JobSpec, job_id: str, *, run_id=No
     InputError raised, before anything is rented."""
     if store.exists(job_id):
         state = store.load(job_id)
-        if state.spec != spec:
+        raised = raised_limits(state.spec, spec) if state.spec != spec else None
+        if raised is not None:
+            get_run_logger().info("job %s continues with %s", job_id, raised_words(state.spec, raised))
+            state = js.with_spec(state, raised)
+        elif state.spec != spec:
             get_run_logger().warning(
                 "job %s continues with the settings it was started with (budget %.4f USD, %d steps); "
                 "the new flow run's differing parameters are ignored", job_id, state.spec.budget_usd,
                 state.spec.steps)
     else:
         state = js.new_job(spec, job_id)
+    request = store.stop_request(job_id)
+    if request is not None and state.status in js.ENDED_STATUSES and state.updated_unix_s >= request.at_unix_s:
+        store.clear_stop(job_id)  # it stopped an earlier run; a newer one (a Ctrl-C while this run started) stands
     state = js.with_flow_run(state, str(run_id) if run_id else None, url)
     if not state.finished:
         try:
@@ -93,7 +100,10 @@ def note_checkpoint(state: js.JobState) -> js.JobState:
     info = latest_valid_checkpoint(state.spec.checkpoint_url)
     if info is None:
         return state
-    return js.with_progress(state, last_checkpoint_step=info.step)
+    known = state.last_checkpoint
+    when = known.at_unix_s if known is not None and known.step == info.step else None  # as its workers reported it
+    return js.with_checkpoint(state, js.CheckpointRecord(step=info.step, url=f"{info.url.rstrip('/')}/{info.dirname}",
+                                                         at_unix_s=when))
 
 
 def keep_logs(instances_url: str, job_url: str) -> None:

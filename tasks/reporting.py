@@ -353,7 +353,10 @@ class JobReporter:
         ledger = state.ledger()
         progress = report.Progress(steps_done=state.steps_done, steps_target=state.spec.steps, loss=state.last_loss,
                                    val_loss=state.val_losses[-1] if state.val_losses else None,
-                                   samples_per_s=self._samples_per_s(state))
+                                   samples_per_s=self._samples_per_s(state),
+                                   checkpoint=None if state.last_checkpoint_step is None else (
+                                       state.last_checkpoint_step,
+                                       state.last_checkpoint.at_unix_s if state.last_checkpoint else None))
         return report.status_markdown(
             progress=progress, budget=report.BudgetUse(spent_usd=ledger.spent_usd(now), egress_usd=ledger.egress_usd(),
                                                        budget_usd=state.spec.budget_usd),

@@ -34,6 +34,7 @@ from sailor_core.job.protocol import (
     AgentAction,
     AgentAssignment,
     AgentStatus,
+    CheckpointReport,
     InjectionReport,
     InjectPreemption,
     read_status,
@@ -48,6 +49,7 @@ from tasks.control import controller_decision
 from tasks.reporting import progress_description
 
 BUDGET = "budget"  # outcome: the controller stops the job before the budget would be crossed
+STOPPED = "stopped"  # outcome: someone asked the job to stop (its reason: who, ``StopRequest.by``)
 REPLAN = "replan"  # outcome: the controller switches plans (shrink to fit the budget, or new capacity)
 DECIDE_EVERY_S = 1.0
 SAVE_EVERY_S = 1.0
@@ -120,16 +122,28 @@ def _merge_progress(state: js.JobState, statuses: dict[str, AgentStatus | None],
     # checkpointing) until the next run replaces them; their steps are the job's.  Older first,
     # so a redone step's newer loss wins.
     reports = [st for st in sorted(reports, key=lambda r: r.generation) if -1 < st.generation <= generation]
+    checkpoint = None
     for st in reports:
         losses += st.losses
         val_losses += st.val_losses
         if st.step is not None:
             step = max(step, st.step)
+        if st.checkpoint is not None and (checkpoint is None or st.checkpoint.step >= checkpoint.step):
+            checkpoint = st.checkpoint
+    state = _note_reported_checkpoint(state, checkpoint)
     # the bytes the engine sent across zones, priced per pair from the network model
     state = js.with_egress(state, reports, usd_per_byte=default_network().egress_usd_per_byte, now_unix_s=time.time())
     if not losses and step == state.steps_done:
         return state
     return js.with_progress(state, steps_done=step, losses=losses, val_losses=val_losses)
+
+
+def _note_reported_checkpoint(state: js.JobState, report: CheckpointReport | None) -> js.JobState:
+    """The job's record of its newest checkpoint, as its workers committed it (``sailor status`` shows it
+    live).  Only a newer one than recorded: an earlier generation's report is older news."""
+    if report is None or report.step <= (state.last_checkpoint_step if state.last_checkpoint_step is not None else -1):
+        return state
+    return js.with_checkpoint(state, js.CheckpointRecord(step=report.step, url=report.url, at_unix_s=report.unix_s))
 
 
 def preemption_for_attempt(state: js.JobState) -> int | None:
@@ -209,6 +223,9 @@ class _AttemptWatch:
         if now - self.last_save > SAVE_EVERY_S:
             self.store.save(self.state)
             self.last_save = now
+            request = self.store.stop_request(self.state.job_id)  # as often as the saves: one read a second
+            if request is not None:
+                return AttemptOutcome(kind=STOPPED, instance_ids=tuple(self.ids), reason=request.by), self.state
         if poll.boot_failures:  # failed, not hung: the instance is ended and the attempt re-planned
             reason = "; ".join(poll.boot_failures.values())
             self.log.error("%s", reason)
@@ -286,16 +303,16 @@ class _AttemptWatch:
 
 
 @task(name="stop-workers", tags=["workers"], cache_policy=NO_CACHE)
-def stop_attempt(session, state: js.JobState, assignments: Sequence[Assignment], timeout_s: float = 15.0) -> js.JobState:
-    """Stop the attempt's workers on the instances still up (SIGTERM: they checkpoint if they can).
+def stop_attempt(session, state: js.JobState, instance_ids: Sequence[str], timeout_s: float = 15.0) -> js.JobState:
+    """Stop the attempt's workers on the instances (``instance_ids``) still up (SIGTERM: they checkpoint
+    if they can).
 
     The agents' last reports of the attempt are merged first: the stop replaces them.
     """
-    statuses = {a.instance_id: read_status(session.jobs_url, a.instance_id) for a in assignments}
+    statuses = {iid: read_status(session.jobs_url, iid) for iid in instance_ids}
     state = _merge_progress(state, statuses, run_generation(state.attempt))
     generation = stop_generation(state.attempt)
-    live = [a.instance_id for a in assignments
-            if session.instance_states([a.instance_id]).get(a.instance_id) == "running"]
+    live = [iid for iid in instance_ids if session.instance_states([iid]).get(iid) == "running"]
     for iid in live:
         write_assignment(session.jobs_url, iid, AgentAssignment(generation=generation, attempt=state.attempt,
                                                                 action=AgentAction.STOP))
@@ -310,7 +327,7 @@ def stop_attempt(session, state: js.JobState, assignments: Sequence[Assignment],
     if pending:
         get_run_logger().warning("agents did not confirm the stop: %s", sorted(pending))
     # The stopped generation's final report (its ``previous``) has the steps run until the stop.
-    statuses = {a.instance_id: read_status(session.jobs_url, a.instance_id) for a in assignments}
+    statuses = {iid: read_status(session.jobs_url, iid) for iid in instance_ids}
     return _merge_progress(state, statuses, run_generation(state.attempt))
 
 

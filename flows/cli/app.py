@@ -33,6 +33,7 @@ _COMMAND_MODULES = (
     "flows.cli.engine",
     "flows.cli.data",
     "flows.cli.train",
+    "flows.cli.stop",
     "flows.cli.logs",
     "flows.cli.deploy",
     "flows.cli.replay",

@@ -16,8 +16,11 @@ CLI avoids that when it can, in this order:
 Starting the local server holds a lock (``server.lock``), so commands started at once
 share one server.  Once it answers, the Prefect profile ``sailor`` holds its API URL and is
 made active, so plain ``prefect ...`` commands (work pools, deployments, workers) reach it;
-``sailor ui --stop`` stops the server, the worker ``sailor deploy --worker`` started, and
-makes the profile that was active before active again.
+the command that started it says so, naming the profile it replaced (recorded in
+``server.json``: the one active before Sailor's first start, kept across restarts of a dead
+server).  ``sailor ui --stop`` stops the server, the worker ``sailor deploy --worker`` started,
+and makes that profile active again (if ``sailor`` still is: a profile the user chose since
+stays), and says which profile is active.
 
 The server is ``prefect server start`` in its own session with its output in
 ``server.log``.  Not ``prefect server start --background``: that leaves the server's
@@ -70,8 +73,12 @@ class ApiChoice:
         if self.source == "sailor-ui":
             return f"Prefect server {self.ui_url} (started by `sailor ui`)"
         if self.source == "started":
+            was = previous_profile()
             return (f"started a local Prefect server at {self.ui_url} (SQLite under {prefect_home()}); "
-                    "it keeps running so runs stay in its UI; `sailor ui --stop` stops it")
+                    "it keeps running so runs stay in its UI; the Prefect profile "
+                    f"{PROFILE!r} points plain `prefect` commands at it and is now active"
+                    + (f" (was {was!r})" if was else "")
+                    + "; `sailor ui --stop` stops it" + (f" and makes {was!r} active again" if was else ""))
         return ("no Prefect server running: using a temporary one for this run (~20 s to start; "
                 "start one with `sailor ui` to skip that and watch runs in the UI)")
 
@@ -173,11 +180,11 @@ def _profile_main(argv: list[str]) -> int:
 
     profiles = load_profiles()
     if argv[0] == "use":
-        previous = profiles.active_name
+        previous = profiles.active_name or "ephemeral"  # Prefect's own default when none is named
         profiles.update_profile(PROFILE, settings={"PREFECT_API_URL": argv[1]})
         profiles.set_active(PROFILE)
         save_profiles(profiles)
-        print(previous if previous and previous != PROFILE else "")
+        print(previous if previous != PROFILE else "")
     elif argv[0] == "restore" and profiles.active_name == PROFILE:
         profiles.set_active(argv[1] if argv[1] in profiles.names else None, check=False)
         save_profiles(profiles)
@@ -281,10 +288,10 @@ def _start(port: int, timeout_s: float, *, previous_profile: str | None) -> str:
             _server_record().unlink(missing_ok=True)
             raise SailorError(f"the Prefect server exited with code {proc.returncode}; see {home / 'server.log'}")
         if healthy(api_url):
-            if previous_profile is None:
-                record["previous_profile"] = _use_profile(api_url) or ""
-            else:
-                _use_profile(api_url)
+            # The profile active before Sailor's first start is the one `sailor ui --stop` brings back: a
+            # restart (the server died) finds `sailor` active and keeps the recorded one.
+            replaced = _use_profile(api_url)
+            record["previous_profile"] = previous_profile or replaced or ""
             _write_record(record)
             return api_url
         time.sleep(0.5)
@@ -298,20 +305,26 @@ def start_local_server(port: int = DEFAULT_PORT, timeout_s: float = 240.0) -> st
     return ensure_local_server(port, timeout_s)[0]
 
 
-def stop_local_server() -> bool:
+def previous_profile() -> str | None:
+    """The Prefect profile that was active before the local server made ``sailor`` active (None: not known)."""
+    return _read_record().get("previous_profile") or None
+
+
+def stop_local_server() -> str | None:
     """Stop the server Sailor started and make the Prefect profile that was active before it active
-    again; False when no server was recorded."""
+    again (when ``sailor`` still is: a profile the user chose since stays); None when no server was
+    recorded, else the profile active now."""
     with _server_lock():
         record = _read_record()
         if not record:
-            return False
+            return None
         pid = int(record.get("pid", 0))
         if pid > 0:
             background.stop_group(pid)  # the server runs uvicorn children in its session
         _server_record().unlink(missing_ok=True)
-        if record.get("previous_profile") is not None:
-            _use_profile(None, restore=record["previous_profile"] or "ephemeral")
-        return True
+        if record.get("previous_profile"):
+            _use_profile(None, restore=record["previous_profile"])
+        return active_profile()[0] or "ephemeral"
 
 
 if __name__ == "__main__":

@@ -108,7 +108,8 @@ class LiveDisplay:
         """Progress from a job state (``sailor_core.job.state.JobState``)."""
         if self._bar is None:
             return
-        self._bar.update(self._task, completed=min(state.steps_done, self.steps),
+        self.steps = state.spec.steps  # the job's own total (a continued job keeps its steps)
+        self._bar.update(self._task, total=self.steps, completed=min(state.steps_done, self.steps),
                          info=progress_info(loss=state.last_loss, num_preemptions=state.num_preemptions,
                                             usd_spent=state.usd_spent(), budget_usd=state.spec.budget_usd))
 

@@ -58,17 +58,18 @@ def _off_alias_name(f: SpecField, i: int) -> str:
     return f"{f.name}__off{i}"
 
 
-def _cli_default(f: SpecField) -> Any:
-    """What the command line takes when the option is not given: a list's default as its text ("1")."""
+def _cli_default(f: SpecField, required: bool = True) -> Any:
+    """What the command line takes when the option is not given: a list's default as its text ("1");
+    a required field's is None where the command may not need it (``continues``)."""
     if f.required:
-        return ...
+        return ... if required else None
     if _is_list(f):
         return ",".join(str(x) for x in f.default) or None
     return f.default
 
 
-def _options(f: SpecField, panel: str | None) -> list[inspect.Parameter]:
-    default = _cli_default(f)
+def _options(f: SpecField, panel: str | None, *, required: bool = True) -> list[inspect.Parameter]:
+    default = _cli_default(f, required)
     show_default = default not in (None, "", ...)
     metavar = f.option.unit.upper() if f.option.unit and not _is_list(f) else None
     help = f.option.help + (", comma-separated" if _is_list(f) and f.option.parse is None else "")  # a parse's help says its syntax
@@ -102,6 +103,39 @@ def _from_cli(f: SpecField, text: str | None, spelled: str) -> tuple:
 def spec_from_options(spec_type: type, options: dict[str, Any], check: Callable[[Any], None] | None = None) -> Any:
     """Take the spec's options out of ``options`` (a command's arguments) and build the spec, then
     ``check`` it (JobSpec: its names against the catalogs); a bad value is one error naming its option."""
+    values, spelled = _values_from_options(spec_type, options)
+    return _build(spec_type, values, spelled, check)
+
+
+def _build(spec_type: type, values: dict[str, Any], spelled: dict[str, str], check) -> Any:
+    try:
+        spec = spec_type(**values)
+        if check is not None:
+            check(spec)
+        return spec
+    except SpecError as exc:
+        raise InputError(f"{spelled.get(exc.field, exc.field)} {exc.problem}") from None
+
+
+_CTX = "sailor_typer_context"  # the command's Typer context, asked which options the command line gave
+
+
+def _given(spec_type: type, ctx: typer.Context | None) -> set[str]:
+    """The spec's fields whose option (or an alias of it) this command line gave."""
+    if ctx is None:
+        return set()
+    given = set()
+    for f in spec_fields(spec_type):
+        names = [f.name, *(_alias_name(f, i) for i in range(len(f.option.aliases))),
+                 *(_off_alias_name(f, i) for i in range(len(f.option.off_aliases)))]
+        sources = [ctx.get_parameter_source(n) for n in names]
+        if any(src is not None and src.name in ("COMMANDLINE", "ENVIRONMENT") for src in sources):
+            given.add(f.name)
+    return given
+
+
+def _values_from_options(spec_type: type, options: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
+    """The spec's values taken out of ``options``, and how each was spelled on the command line."""
     values, spelled = {}, {}
     for f in spec_fields(spec_type):
         value, spelled[f.name] = options.pop(f.name), f.cli_name
@@ -119,13 +153,7 @@ def spec_from_options(spec_type: type, options: dict[str, Any], check: Callable[
                 raise InputError(f"{spelled[f.name]} {exc}") from None
         else:
             values[f.name] = _from_cli(f, value, spelled[f.name]) if _is_list(f) else value
-    try:
-        spec = spec_type(**values)
-        if check is not None:
-            check(spec)
-        return spec
-    except SpecError as exc:
-        raise InputError(f"{spelled.get(exc.field, exc.field)} {exc.problem}") from None
+    return values, spelled
 
 
 def _in_run_panel(p: inspect.Parameter) -> inspect.Parameter:
@@ -137,22 +165,40 @@ def _in_run_panel(p: inspect.Parameter) -> inspect.Parameter:
     return p.replace(default=info)
 
 
-def with_spec_options(spec_type: type, *, panel: str | None = None,
-                      check: Callable[[Any], None] | None = None) -> Callable[[Callable[..., None]], Callable[..., None]]:
+Continues = Callable[[dict[str, Any], dict[str, Any], dict[str, str]], Any]
+
+
+def with_spec_options(spec_type: type, *, panel: str | None = None, check: Callable[[Any], None] | None = None,
+                      continues: Continues | None = None) -> Callable[[Callable[..., None]], Callable[..., None]]:
     """``fn(spec, **run_only)`` as a Typer command taking ``spec_type``'s options and ``fn``'s own;
-    with a ``panel``, --help shows the spec's options under that heading and the run-only ones under "Run"."""
+    with a ``panel``, --help shows the spec's options under that heading and the run-only ones under "Run".
+
+    ``continues(run_only, given, spelled)``: the spec of something the command continues (``sailor
+    train --job-id`` of a job that exists), built from its recorded spec and the spec options given
+    on the command line (``given``: their values; ``spelled``: as typed), or None for a new one.  With
+    it, a required field is optional on the command line (a continued job has it already)."""
 
     def decorate(fn: Callable[..., None]) -> Callable[..., None]:
         run_only = list(inspect.signature(fn, eval_str=True).parameters.values())[1:]
-        params = [p for f in spec_fields(spec_type) for p in _options(f, panel)]
+        params = [p for f in spec_fields(spec_type) for p in _options(f, panel, required=continues is None)]
         clash = {p.name for p in params} & {p.name for p in run_only}
         assert not clash, f"run-only options shadow {spec_type.__name__} fields: {sorted(clash)}"
 
         def command(**options: Any) -> None:
-            spec = spec_from_options(spec_type, options, check)
+            given = _given(spec_type, options.pop(_CTX, None))
+            values, spelled = _values_from_options(spec_type, options)
+            spec = continues({p.name: options[p.name] for p in run_only}, {k: values[k] for k in given},
+                             spelled) if continues is not None else None
+            if spec is None:
+                missing = [spelled[f.name] for f in spec_fields(spec_type) if f.required and values[f.name] is None]
+                if missing:
+                    raise InputError(f"{missing[0]} is required")
+                spec = _build(spec_type, values, spelled, check)
             fn(spec, **options)
 
-        signature = inspect.Signature(params + [_in_run_panel(p) if panel else p for p in run_only])
+        context = ([inspect.Parameter(_CTX, inspect.Parameter.KEYWORD_ONLY, annotation=typer.Context)]
+                   if continues is not None else [])
+        signature = inspect.Signature(params + [_in_run_panel(p) if panel else p for p in run_only] + context)
         command.__name__, command.__doc__ = fn.__name__, fn.__doc__
         command.__signature__ = signature  # type: ignore[attr-defined]
         command.__annotations__ = {p.name: p.annotation for p in signature.parameters.values()}

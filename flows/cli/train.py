@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-import signal
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Optional
@@ -22,6 +20,7 @@ import typer
 
 from flows.cli.common import console, print_json
 from flows.cli.spec_options import with_spec_options
+from flows.cli.stop import GracefulStop
 from sailor_core.errors import InputError, SailorError
 from sailor_core.job import report
 from sailor_core.job.spec import JobSpec, check_names
@@ -34,7 +33,8 @@ JOB_PANEL = "Job (what to train, where, within what budget)"
 
 
 def register(app: typer.Typer) -> None:
-    app.command(name="train")(with_spec_options(JobSpec, panel=JOB_PANEL, check=check_names)(train))
+    app.command(name="train")(with_spec_options(JobSpec, panel=JOB_PANEL, check=check_names,
+                                                continues=_continued)(train))
     app.command(name="ui")(ui)
     app.command(name="jobs")(jobs)
     app.command(name="status")(status)
@@ -65,7 +65,7 @@ def train(
     from flows.cli.prefect_server import configure_prefect_env, would_start_server
     from flows.cli.progress import live_display
     from flows.spec_parameters import spec_parameters
-    from sailor_core.job.state import new_job_id
+    from sailor_core.job.state import JobStore, new_job_id
 
     # Named here, so the flow run's name and its job_id parameter say which job it is.
     job_id = job_id or new_job_id(spec.model)
@@ -76,38 +76,71 @@ def train(
     choice = configure_prefect_env(start_server=not deployment)
     if not as_json and choice.source in ("started", "ephemeral"):
         out.print(f"[dim]{choice.describe()}[/dim]", highlight=False)
-    _sigint_interrupts()
-    try:
-        with live_display(enabled=not as_json, steps=spec.steps) as display:
+    with live_display(enabled=not as_json, steps=spec.steps) as display:
+        store = JobStore()
+        store.clear_stop(job_id)  # this command starts the job anew: an older request (say, of a dead run) is done
+        ctrl_c = GracefulStop(store, job_id, say=display.event if not as_json else _say)
+        ctrl_c.install()
+        try:
             summary = (_run_deployment(params, choice, display) if deployment else _run_local(params, display))
-    except KeyboardInterrupt:
-        # Typer turns Ctrl-C into a silent exit 130; say what became of the job. Locally the flow's
-        # `finally` has terminated the instances and saved the job as cancelled by now.
-        what = ("the flow run goes on on its worker (cancel it in the Prefect UI)" if deployment
-                else "job cancelled, its instances terminated (see `sailor jobs`)")
-        sys.stderr.write(f"error: interrupted; {what}\n")
-        raise typer.Exit(130) from None
+        except KeyboardInterrupt:
+            # Stopped at once (a second Ctrl-C, the grace over): locally the flow's `finally` has terminated the
+            # instances and saved the job as cancelled by now; a deployment's run was cancelled through the API.
+            summary = _summary_after_interrupt(job_id)
+        finally:
+            ctrl_c.uninstall()
     if as_json:
         print_json({k: summary.get(k) for k in (*SUMMARY_KEYS, "job_id", "status_reason", "flow_run_id",
                                                 "flow_run_url")})
     else:
         _print_summary(summary)
+    if ctrl_c.requested:
+        raise typer.Exit(130)  # as an interrupted command exits
     if summary.get("status") not in ("succeeded", "stopped_budget"):
         raise typer.Exit(1)
 
 
-def _sigint_interrupts() -> None:
-    """SIGINT (Ctrl-C) raises KeyboardInterrupt here, whatever this process inherited.
+def _say(text: str) -> None:
+    sys.stderr.write(text + "\n")
 
-    Python keeps an ignored SIGINT it inherits, and parents pass one on: a shell without job
-    control (a script, a CI step) starts `cmd &` with SIGINT ignored, and its children inherit
-    that.  Then a SIGINT would do nothing: the job trains on and its instances bill until someone
-    kills the process by force, skipping the flow's cleanup.  SIGINT is how `sailor train` is cancelled, so
-    it always cancels: the flow saves the job as cancelled and terminates its instances.
-    """
-    if threading.current_thread() is threading.main_thread() \
-            and signal.getsignal(signal.SIGINT) in (signal.SIG_IGN, signal.SIG_DFL, None):
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+def _summary_after_interrupt(job_id: str) -> dict:
+    """The job's summary as its store has it after a stop at once."""
+    # lazy: prefect's task machinery, once the job has run
+    from sailor_core.job.state import JobStore
+    from tasks.jobs import summary as job_summary
+
+    store = JobStore()
+    if not store.exists(job_id):
+        return {"job_id": job_id, "status": "cancelled", "status_reason": "stopped before the job started",
+                "steps": 0}
+    job = store.load(job_id)
+    return job_summary(job, instances_left_running=len(job.running_instances()))
+
+
+def _continued(run_only: dict, given: dict, spelled: dict) -> JobSpec | None:
+    """``--job-id`` of a job that exists: its own settings, with ``--budget-usd``/``--steps`` raised
+    where given (said in one line); any other option that differs from the job's is refused."""
+    job_id = run_only.get("job_id")
+    if not job_id or not _JOB_ID.fullmatch(job_id):
+        return None
+    # lazy: the job store, only for --job-id
+    from sailor_core.job.spec import JobSpecError, continued_spec, raised_words
+    from sailor_core.job.state import JobStore
+
+    store = JobStore()
+    if not store.exists(job_id):
+        return None
+    recorded = store.load(job_id).spec
+    if "dataset" in given:
+        given["dataset"] = _with_local_data_resolved(dataclasses.replace(recorded, dataset=given["dataset"])).dataset
+    try:
+        spec = continued_spec(recorded, given)
+    except JobSpecError as exc:
+        raise InputError(f"{spelled.get(exc.field, exc.field)} {exc.problem}") from None
+    raised = raised_words(recorded, spec)
+    sys.stderr.write(f"job {job_id} continues with its own settings" + (f"; {raised}" if raised else "") + "\n")
+    return spec
 
 
 def _with_local_data_resolved(spec: JobSpec) -> JobSpec:
@@ -144,10 +177,14 @@ def _run_local(params: dict, display) -> dict:
     add_event_listener(display.on_job_event)
     try:
         with quiet_engine_failures():
-            summary = train_job(**params)
+            final = train_job(**params, return_state=True)
     finally:
         remove_event_listener(display.on_job_event)
         remove_progress_listener(display.state)
+    if not final.is_cancelled():
+        summary = final.result()  # the flow's summary; a failure raises as it did (its one error line)
+    else:  # a stop: the job as its store has it
+        summary = _summary_after_interrupt(params["job_id"])
     display.finish(summary)
     return summary
 
@@ -196,20 +233,24 @@ def ui(
 ) -> None:
     """Start a local Prefect server (SQLite under $SAILOR_HOME/prefect) and print its URL."""
     # lazy: loaded when the command runs (the CLI starts light)
-    from flows.cli.prefect_server import PROFILE, ensure_local_server, prefect_home, stop_local_server, ui_url
+    from flows.cli.prefect_server import (PROFILE, ensure_local_server, prefect_home, previous_profile,
+                                          stop_local_server, ui_url)
     from flows.cli.worker import stop_worker
 
     if stop:
         worker = stop_worker()
-        server = stop_local_server()
-        typer.echo("stopped " + " and ".join(w for w, did in (("the worker", worker), ("the server", server)) if did)
-                   if worker or server else "no server was running")
+        active = stop_local_server()
+        typer.echo("stopped " + " and ".join(w for w, did in (("the worker", worker), ("the server", active)) if did)
+                   + (f"; the Prefect profile {active!r} is active" if active else "")
+                   if worker or active else "no server was running")
         return
     api_url, started = ensure_local_server(port=port)
+    was = previous_profile()
     typer.echo(ui_url(api_url))
     typer.echo(f"({'started' if started else 'already running'}; API {api_url}; database and log under "
-               f"{prefect_home()}; the Prefect profile {PROFILE!r} is active, so plain `prefect` commands and "
-               "`sailor train` use this server; `sailor ui --stop` stops it)", err=True)
+               f"{prefect_home()}; the Prefect profile {PROFILE!r} is active" + (f" (was {was!r})" if was else "")
+               + ", so plain `prefect` commands and `sailor train` use this server; `sailor ui --stop` stops it"
+               + (f" and makes {was!r} active again)" if was else ")"), err=True)
 
 
 def _job_row(state) -> dict:
@@ -258,6 +299,8 @@ def status(job_id: str = typer.Argument(..., help="job id (see `sailor jobs`)"),
     row = _job_row(state)
     row["status_reason"] = state.status_reason
     row["last_checkpoint_step"] = state.last_checkpoint_step
+    row["last_checkpoint_url"] = state.last_checkpoint.url if state.last_checkpoint else None
+    row["last_checkpoint_unix_s"] = state.last_checkpoint.at_unix_s if state.last_checkpoint else None
     row["final_loss"] = state.last_loss
     row["val_loss"] = state.last_val_loss
     row["val_loss_step"] = state.val_losses[-1][0] if state.val_losses else None
@@ -281,7 +324,9 @@ def status(job_id: str = typer.Argument(..., help="job id (see `sailor jobs`)"),
     out.print(f"started {row['started']}; flow run {state.flow_run_id or '-'}"
               + (f": {state.flow_run_url}" if state.flow_run_url else ""), highlight=False)
     val = "" if row["val_loss"] is None else f", val loss {row['val_loss']:.4f} (step {row['val_loss_step']})"
-    out.print(f"steps {state.steps_done}/{state.spec.steps}, last checkpoint {state.last_checkpoint_step}, "
+    where = f" at {row['last_checkpoint_url']}" if row["last_checkpoint_url"] else ""
+    out.print(f"steps {state.steps_done}/{state.spec.steps}, "
+              f"{report.checkpoint_words(state.last_checkpoint_step, row['last_checkpoint_unix_s'])}{where}, "
               f"loss {report.sig(state.last_loss, 4)}{val}, spent "
               f"{report.spend(row['usd_spent'], state.spec.budget_usd)} "
               f"({report.rent_and_egress(row['usd_rent'], row['usd_egress'])})", highlight=False)

@@ -10,7 +10,7 @@ documents under the job's URL (a path, ``file://`` or ``s3://``: ``sailor_core.s
 - ``agents/<instance_id>/status.json``, agent -> flow: ``AgentStatus`` (its ``AgentState``,
   the workers' pids and exit codes, rank 0's losses and last ``WorkerEvent``, the lowest
   rank's error message (``WorkerError``), a heartbeat, and under ``previous`` the last
-  report of the generation it replaced).
+  report of the generation it replaced, and the newest checkpoint its workers committed).
 
 This module is the only one that turns these documents into JSON and back: every document
 carries ``version``; reading one of another version, or one that is not a document of this
@@ -212,6 +212,26 @@ class InjectionReport:
                    instance_id=_get(data, "instance_id", _str, what), ok=_get(data, "ok", _bool, what),
                    http_status=_get(data, "http_status", _int, what, None),
                    error=_get(data, "error", _str, what, None))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CheckpointReport:
+    """A checkpoint the workers committed: rank 0's ``{"event": "checkpoint", "step", "url", "unix_s"}``
+    line, as the agent forwards the newest (``AgentStatus.checkpoint``) and the job records it."""
+
+    step: int
+    url: str  # the checkpoint's folder (``<checkpoint url>/step_<N>``)
+    unix_s: float  # when its manifest was committed
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"step": self.step, "url": self.url, "unix_s": self.unix_s}
+
+    @classmethod
+    def from_dict(cls, data: Any) -> CheckpointReport:
+        what = "checkpoint"
+        data = _object(data)
+        return cls(step=_get(data, "step", _int, what), url=_get(data, "url", _str, what),
+                   unix_s=_get(data, "unix_s", _float, what))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -427,6 +447,7 @@ class AgentStatus:
     rejoined: tuple[int, ...] = ()  # ranks handed to parked workers (they kept their processes)
     started: WorkerEvent | None = None  # rank 0's "started" line: state_from, ready_s
     worker_error: WorkerError | None = None  # the lowest rank's error line (rank 0's when it wrote one)
+    checkpoint: CheckpointReport | None = None  # the newest checkpoint this generation committed
     # (source zone, destination zone, bytes) the generation sent across zones so far, as rank 0
     # reported them (``EGRESS_VERSION``); written only when not empty
     egress: tuple[tuple[str, str, float], ...] = ()
@@ -445,6 +466,7 @@ class AgentStatus:
             "heartbeat_unix_s": self.heartbeat_unix_s, "rejoined": list(self.rejoined),
             "started": self.started.to_dict() if self.started else None,
             "worker_error": self.worker_error.to_dict() if self.worker_error else None,
+            "checkpoint": self.checkpoint.to_dict() if self.checkpoint else None,
         } | ({"egress": {"version": EGRESS_VERSION, "pairs": [list(p) for p in self.egress]}} if self.egress else {})
 
     @classmethod
@@ -469,6 +491,7 @@ class AgentStatus:
             rejoined=_get(data, "rejoined", lambda v: tuple(_int(r) for r in _list(v)), what, ()),
             started=_get(data, "started", WorkerEvent.from_dict, what, None),
             worker_error=_get(data, "worker_error", WorkerError.from_dict, what, None),
+            checkpoint=_get(data, "checkpoint", CheckpointReport.from_dict, what, None),
             egress=_get(data, "egress", _egress_field, what, ()),
         )
 

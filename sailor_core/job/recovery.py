@@ -167,10 +167,21 @@ def stalled_reason(rec: Recovery, outcome: AttemptOutcome) -> str:
     return f"{rec.num_without_progress} attempts without a new checkpoint; last: {outcome.reason}"
 
 
+def latest(state: js.JobState, saved: js.JobState) -> js.JobState:
+    """The newer of the flow body's own state and the saved one (a task interrupted mid-way, e.g.
+    the watch, saved progress the body never saw)."""
+    return saved if saved.updated_unix_s > state.updated_unix_s else state
+
+
 def ended_by_exception(state: js.JobState, saved: js.JobState, exc: BaseException, *,
                        cancelled: bool) -> js.JobState:
-    """The flow body raised: the newer of its own state and the saved one (a task interrupted
-    mid-way, e.g. the watch, saved progress the body never saw), cancelled or failed."""
-    latest = saved if saved.updated_unix_s > state.updated_unix_s else state
-    reason = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
-    return js.with_status(latest, js.CANCELLED if cancelled else js.FAILED, reason)
+    """The flow body raised: the latest state, cancelled (stopped at once: a second Ctrl-C, the end
+    of the stop's grace period, the flow's process terminated) or failed."""
+    state = latest(state, saved)
+    if not cancelled:
+        return js.with_status(state, js.FAILED, f"{type(exc).__name__}: {exc}".splitlines()[0][:300])
+    how = "Ctrl-C" if isinstance(exc, KeyboardInterrupt) else "its flow run's process was ended"
+    saved_words = (f"checkpoint {state.last_checkpoint_step} is the newest" if state.last_checkpoint_step is not None
+                   else "no checkpoint yet")
+    return js.with_status(state, js.CANCELLED, f"stopped at once ({how}) at step {state.steps_done}; {saved_words}; "
+                                               f"continue with `sailor train --job-id {state.job_id}`")

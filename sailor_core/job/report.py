@@ -137,6 +137,7 @@ class Progress:
     loss: float | None
     val_loss: tuple[int, float] | None = None
     samples_per_s: float | None = None
+    checkpoint: tuple[int, float | None] | None = None  # the newest checkpoint: (step, when it completed)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -146,6 +147,13 @@ class BudgetUse:
     spent_usd: float
     budget_usd: float
     egress_usd: float = 0.0  # of spent_usd
+
+
+def checkpoint_words(step: int | None, at_unix_s: float | None = None) -> str:
+    """``checkpoint 540 (12:03:04)``: the job's newest checkpoint, as status lines say it."""
+    if step is None:
+        return "no checkpoint yet"
+    return f"checkpoint {step}" + (f" ({local_time(at_unix_s, date=False)})" if at_unix_s else "")
 
 
 def status_markdown(*, progress: Progress, budget: BudgetUse, usd_per_hr_now: float, attempt: int, plan: str,
@@ -158,6 +166,8 @@ def status_markdown(*, progress: Progress, budget: BudgetUse, usd_per_hr_now: fl
         train.append(f"val loss {sig(p.val_loss[1], 4)} (step {p.val_loss[0]})")
     if p.samples_per_s is not None:
         train.append(f"{sig(p.samples_per_s)} samples/s")
+    if p.checkpoint is not None:
+        train.append(checkpoint_words(*p.checkpoint))
     lines = [" · ".join(train),
              f"**Spent** {spend(budget.spent_usd, budget.budget_usd)}"
              + (f" (egress {usd(budget.egress_usd)})" if budget.egress_usd else "")

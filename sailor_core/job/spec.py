@@ -280,3 +280,44 @@ def spec_field(name: str) -> SpecField:
 def worker_fields() -> tuple[SpecField, ...]:
     """The fields that reach the engine's workers (``Option.worker``), in declaration order."""
     return tuple(f for f in spec_fields(JobSpec) if f.option.worker)
+
+
+# What a continued job (``sailor train --job-id`` of a job that exists) may change: raise these.
+RAISABLE = ("budget_usd", "steps")
+
+
+def continued_spec(recorded: JobSpec, given: dict[str, Any]) -> JobSpec:
+    """The spec a continued job runs under: its ``recorded`` one, with the ``given`` values (field ->
+    value, as a command line gave them) of ``RAISABLE`` fields raised; JobSpecError naming the field
+    for a lower one or any other field that differs from the recorded (the job keeps its settings)."""
+    changes: dict[str, Any] = {}
+    for name, value in given.items():
+        was = getattr(recorded, name)
+        if value == was or (name == "checkpoint_url" and not value):
+            continue
+        if name not in RAISABLE:
+            raise JobSpecError(name, f"is {value!r} for the job, which keeps the settings it started with "
+                                     f"({was!r}); a continued job may only raise --budget-usd and --steps")
+        if value < was:
+            raise JobSpecError(name, f"{value} is below the job's {was}: a continued job may only raise it")
+        changes[name] = value
+    return dataclasses.replace(recorded, **changes) if changes else recorded
+
+
+def raised_limits(recorded: JobSpec, asked: JobSpec) -> JobSpec | None:
+    """``asked`` when it is ``recorded`` with only ``RAISABLE`` fields raised (a continued job's flow
+    run), else None."""
+    same = dataclasses.replace(asked, **{n: getattr(recorded, n) for n in RAISABLE})
+    if same != recorded or any(getattr(asked, n) < getattr(recorded, n) for n in RAISABLE):
+        return None
+    return asked
+
+
+def raised_words(recorded: JobSpec, spec: JobSpec) -> str:
+    """``budget 0.5 -> 1 USD, steps 200 -> 400``: what a continued job raised ("" when nothing)."""
+    parts = []
+    if spec.budget_usd != recorded.budget_usd:
+        parts.append(f"budget {recorded.budget_usd:g} -> {spec.budget_usd:g} USD")
+    if spec.steps != recorded.steps:
+        parts.append(f"steps {recorded.steps} -> {spec.steps}")
+    return ", ".join(parts)

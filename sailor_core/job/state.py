@@ -33,6 +33,7 @@ from sailor_core.settings import jobs_url
 from sailor_core.storage import open_storage
 
 STATE_VERSION = 1
+STOP_FILE = "stop.json"  # next to the job's state.json: a StopRequest
 
 SUCCEEDED = "succeeded"
 STOPPED_BUDGET = "stopped_budget"
@@ -68,6 +69,16 @@ class InstanceRecord:
     def running(self) -> bool:
         return self.ended_unix_s is None
 
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CheckpointRecord:
+    """The job's newest checkpoint: where its workers committed it, and when (None: found by listing
+    the checkpoint storage, not reported as it completed)."""
+
+    step: int
+    url: str
+    at_unix_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -120,6 +131,7 @@ class JobState:
     instances: tuple[InstanceRecord, ...] = ()
     steps_done: int = 0
     last_checkpoint_step: int | None = None
+    last_checkpoint: CheckpointRecord | None = None  # the same checkpoint: its URL and when it completed
     last_loss: float | None = None
     losses: tuple[tuple[int, float], ...] = ()  # (step, loss) as reported by rank 0
     val_losses: tuple[tuple[int, float], ...] = ()  # (step, validation loss after it) as reported by rank 0
@@ -186,6 +198,11 @@ def new_job_id(model: str) -> str:
 
 def with_status(state: JobState, status: str, reason: str = "") -> JobState:
     return _touch(state, status=status, status_reason=reason)
+
+
+def with_spec(state: JobState, spec: JobSpec) -> JobState:
+    """A continued job's raised limits (``sailor_core.job.spec.raised_limits``)."""
+    return _touch(state, spec=spec)
 
 
 def with_flow_run(state: JobState, run_id: str | None = None, url: str | None = None) -> JobState:
@@ -278,6 +295,13 @@ def with_progress(state: JobState, *, steps_done: int | None = None,
     return _touch(state, **changes)
 
 
+def with_checkpoint(state: JobState, record: CheckpointRecord) -> JobState:
+    """The job's newest checkpoint is ``record`` (its workers reported it, or the storage lists it)."""
+    if state.last_checkpoint == record and state.last_checkpoint_step == record.step:
+        return state
+    return _touch(state, last_checkpoint_step=record.step, last_checkpoint=record)
+
+
 def with_egress(state: JobState, reports, *, usd_per_byte, now_unix_s: float) -> JobState:
     """The egress the agents reported (``AgentStatus``es, each with the running totals of its
     generation), charged at ``usd_per_byte(src_zone, dst_zone)``: a total larger than the one
@@ -300,6 +324,29 @@ def _merge_by_step(old, new) -> tuple[tuple[int, float], ...]:
     by_step = dict(old)
     by_step.update((int(s), float(v)) for s, v in new)
     return tuple(sorted(by_step.items()))
+
+
+# ---- a person's request to stop ----------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StopRequest:
+    """Someone asked the job to stop: its workers take a final checkpoint, its instances end, and
+    it is saved as cancelled (continued later with ``sailor train --job-id``).  Written by
+    ``sailor stop``, by the first Ctrl-C of ``sailor train`` (also with ``--deployment``); the
+    flow run of the job reads it while it watches the workers (``JobStore.stop_request``)."""
+
+    by: str  # who asked, as the job's reason says it: "Ctrl-C", "`sailor stop`", ...
+    at_unix_s: float
+
+
+def stopped_reason(state: JobState, by: str) -> str:
+    """Why a stopped job ended, and how to go on: "stopped by the user (Ctrl-C) at step 547;
+    checkpoint 545 saved; continue with `sailor train --job-id J`"."""
+    saved = (f"checkpoint {state.last_checkpoint_step} saved" if state.last_checkpoint_step is not None
+             else "no checkpoint yet (a continued job starts from step 0)")
+    return (f"stopped by the user ({by}) at step {state.steps_done}; {saved}; "
+            f"continue with `sailor train --job-id {state.job_id}`")
 
 
 # ---- serialisation -----------------------------------------------------------
@@ -327,6 +374,8 @@ def state_from_dict(data: Any) -> JobState:
                 "spec": spec,
                 "instances": tuple(InstanceRecord(**i) for i in data["instances"]),
                 "replans": tuple(ReplanRecord(**r) for r in data["replans"]),
+                "last_checkpoint": (CheckpointRecord(**data["last_checkpoint"])
+                                    if data.get("last_checkpoint") else None),
                 "losses": tuple((int(s), float(v)) for s, v in data["losses"]),
                 "val_losses": tuple((int(s), float(v)) for s, v in data.get("val_losses", ())),
                 "step_times": tuple((float(t), int(s)) for t, s in data.get("step_times", ())),
@@ -368,6 +417,25 @@ class JobStore:
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise InputError(f"job state of {job_id!r} is not valid JSON: {exc}") from None
         return state_from_dict(data)
+
+    def request_stop(self, job_id: str, request: StopRequest) -> None:
+        self._storage().put_atomic(f"{job_id}/{STOP_FILE}", json.dumps(dataclasses.asdict(request)).encode())
+
+    def stop_request(self, job_id: str) -> StopRequest | None:
+        """The job's pending stop request; None when there is none (or it cannot be read)."""
+        storage = self._storage()
+        key = f"{job_id}/{STOP_FILE}"
+        try:
+            if not storage.exists(key):
+                return None
+            data = json.loads(storage.get(key))
+            return StopRequest(by=str(data["by"]), at_unix_s=float(data["at_unix_s"]))
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+    def clear_stop(self, job_id: str) -> None:
+        """A new flow run of the job starts: an old request (it stopped the last run) is done."""
+        self._storage().delete(f"{job_id}/{STOP_FILE}")
 
     def exists(self, job_id: str) -> bool:
         return self._storage().exists(f"{job_id}/state.json")

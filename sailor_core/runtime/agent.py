@@ -47,8 +47,10 @@ from sailor_core.job.protocol import (
     AgentAssignment,
     AgentState,
     AgentStatus,
+    CheckpointReport,
     InjectionReport,
     InjectPreemption,
+    ProtocolError,
     StepReport,
     WorkerError,
     WorkerEvent,
@@ -135,6 +137,7 @@ class _Generation:
     val_losses: list[tuple[int, float]] = field(default_factory=list)  # (step, validation loss)
     last_event: WorkerEvent | None = None
     started: WorkerEvent | None = None  # rank 0's "started" line
+    checkpoint: CheckpointReport | None = None  # rank 0's newest "checkpoint" line
     rejoined: list[int] = field(default_factory=list)  # ranks handed to parked workers
     errors: dict[int, str] = field(default_factory=dict)  # global rank -> its first error line's message
     samples_per_s: float | None = None
@@ -281,6 +284,11 @@ class Agent:
             record = read_metrics_line(line)
             if isinstance(record, WorkerEvent) and record.kind == "started":
                 gen.started = record
+            elif isinstance(record, WorkerEvent) and record.kind == "checkpoint":
+                try:
+                    gen.checkpoint = CheckpointReport.from_dict(record.fields)
+                except ProtocolError:  # a line of another Sailor: the job finds the checkpoint by listing
+                    continue
             elif isinstance(record, WorkerEvent):
                 rank = record.fields.get("rank", 0)  # lines without one are rank 0's (it alone writes those)
                 message = one_line(str(record.fields.get("message") or "")) if record.kind == "error" else ""
@@ -348,6 +356,7 @@ class Agent:
             rejoined=tuple(gen.rejoined),
             started=gen.started,
             worker_error=_lowest_rank_error(gen.errors),
+            checkpoint=gen.checkpoint,
             egress=tuple((src, dst, n) for (src, dst), n in sorted(gen.egress.items())),
         )
 

@@ -207,7 +207,7 @@ def _distinct_events(events: list[dict]) -> list[str]:
     seen: set[str] = set()
     out = []
     for e in events:
-        if e.get("event") in ("done", "started"):
+        if e.get("event") in ("done", "started", "checkpoint"):
             continue
         key = json.dumps({k: v for k, v in e.items() if k != "rank"}, sort_keys=True)
         if key not in seen:

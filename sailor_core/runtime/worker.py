@@ -36,7 +36,8 @@ plan's GPUs have a catalog peak (``cpu_time_s``: rank 0's process CPU time in th
 threads; memory: each rank's high-water mark, ``runtime/metrics.py`` says how each figure is
 counted and what it costs); with ``--tensorboard-url`` and the trackers' environment rank 0
 logs them there too (``runtime/trackers.py``), and a last
-line ``{"event": "done" | "preempted" | "peer_lost" | "error", ...}``; ``peer_lost``
+line ``{"event": "done" | "preempted" | "peer_lost" | "error", ...}``; after every checkpoint
+committed ``{"event": "checkpoint", "step", "url", "unix_s"}``; ``peer_lost``
 carries ``dead_ranks`` (from heartbeats through the rendezvous store).  Any rank appends its
 own ``{"event": "error", "rank", "message"}`` line (bad input, its checkpoint I/O failing).
 A step after which the held-out samples were evaluated (every ``--validate-every`` steps and
@@ -354,10 +355,13 @@ def _connect(run: _Run, world: int, carry: _Carry) -> None:
 
 
 def _save_once(run: _Run) -> bool:
-    """Checkpoint the current step unless it already is."""
+    """Checkpoint the current step unless it already is; rank 0 says so in a ``checkpoint`` line
+    (the job records it as it completes)."""
     if run.saved_step != run.trainer.step:
         _save(run.trainer, run.storage, run.args.keep, run.rank)
         run.saved_step = run.trainer.step
+        run.metrics.write({"event": "checkpoint", "step": run.saved_step, "unix_s": time.time(),
+                           "url": f"{run.args.ckpt_dir.rstrip('/')}/{ckpt.step_dirname(run.saved_step)}"})
         if run.trackers is not None:  # what the checkpoint keeps, the charts keep
             run.trackers.flush()
     return True

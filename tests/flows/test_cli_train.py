@@ -96,6 +96,39 @@ def test_jobs_and_status_read_the_persisted_states(home, sailor_cli, monkeypatch
     assert r.returncode != 0 and r.stderr.strip() == f"error: no job 'nope' under {home / 'jobs'}"
 
 
+def test_stop_asks_a_running_job_to_stop_and_refuses_an_ended_one(home, sailor_cli):
+    store = js.JobStore()
+    store.save(js.with_status(js.new_job(JobSpec(model="tiny", budget_usd=0.5, steps=10), job_id="j-run"),
+                              js.RUNNING))
+    r = sailor_cli("stop", "j-run", "--no-wait")
+    assert r.returncode == 0 and "final checkpoint" in r.stdout, r.stderr
+    assert store.stop_request("j-run").by == "`sailor stop`"
+
+    store.save(js.with_status(js.new_job(JobSpec(model="tiny", budget_usd=0.5, steps=10), job_id="j-done"),
+                              js.SUCCEEDED, "10 steps done"))
+    r = sailor_cli("stop", "j-done")
+    assert r.returncode == 2 and r.stderr == "error: job j-done is not running: succeeded 10 steps done\n"
+    assert store.stop_request("j-done") is None
+
+
+def test_a_continued_job_needs_no_budget_and_refuses_other_settings_in_one_line(home, sailor_cli, monkeypatch):
+    from flows.cli import prefect_server
+
+    def nothing_starts(**kw):
+        raise AssertionError("a refused command started Prefect")
+
+    monkeypatch.setattr(prefect_server, "configure_prefect_env", nothing_starts)
+    js.JobStore().save(js.new_job(JobSpec(model="tiny", budget_usd=0.5, steps=600), job_id="j-old"))
+    r = sailor_cli("train", "--job-id", "j-old", "--steps", "100")
+    assert r.returncode == 2 and r.stderr.splitlines() == [
+        "error: --steps 100 is below the job's 600: a continued job may only raise it"]
+    r = sailor_cli("train", "--job-id", "j-old", "--lr", "0.5")
+    assert r.returncode == 2 and r.stderr.startswith("error: --lr is 0.5 for the job, which keeps the settings") \
+        and len(r.stderr.splitlines()) == 1
+    r = sailor_cli("train", "--steps", "100")  # a new job still needs its budget
+    assert r.returncode == 2 and r.stderr == "error: --budget-usd is required\n"
+
+
 def test_status_shows_gpu_rent_and_egress_apart(home, sailor_cli):
     from sailor_core.job.protocol import AgentState, AgentStatus
 

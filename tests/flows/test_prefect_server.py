@@ -82,3 +82,24 @@ def test_a_profile_the_user_chose_wins_over_the_local_server(homes, monkeypatch)
     choice = prefect_server.configure_prefect_env(start_server=True)
     assert (choice.source, choice.api_url, choice.profile) == ("profile", "https://prefect.example/api", "team")
     assert not prefect_server.would_start_server()
+
+
+def test_stop_brings_back_the_profile_the_user_had_across_a_restart_and_says_so(homes, monkeypatch):
+    """The user's own profile is active; Sailor's server makes `sailor` active and says it replaced it; a
+    restart (the server died) keeps that; `sailor ui --stop` makes the user's active again and says so."""
+    monkeypatch.setattr(prefect_server, "server_command", lambda port: [sys.executable, "-c", FAKE_SERVER, str(port)])
+    (homes / "prefect").mkdir(exist_ok=True)
+    (homes / "prefect" / "profiles.toml").write_text('active = "mine"\n[profiles.mine]\n')
+    url = prefect_server.start_local_server(port=0)
+    try:
+        assert prefect_server.active_profile() == (prefect_server.PROFILE, url)
+        assert prefect_server.previous_profile() == "mine"
+        choice = prefect_server.ApiChoice(api_url=url, source="started")
+        assert "'sailor' points plain `prefect` commands at it and is now active (was 'mine')" in choice.describe()
+        background.stop_group(int(prefect_server._read_record()["pid"]))  # it dies; the next command starts one
+        url = prefect_server.start_local_server(port=0)
+        assert prefect_server.active_profile() == (prefect_server.PROFILE, url)
+        assert prefect_server.previous_profile() == "mine"
+    finally:
+        active = prefect_server.stop_local_server()
+    assert active == "mine" and prefect_server.active_profile() == ("mine", None)

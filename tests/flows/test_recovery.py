@@ -136,6 +136,8 @@ def test_a_body_that_raised_ends_from_the_newest_state():
     older = _job()
     newer = js.with_progress(older, steps_done=4)
     ended = recovery.ended_by_exception(older, newer, KeyboardInterrupt(), cancelled=True)
-    assert (ended.status, ended.steps_done, ended.status_reason) == (js.CANCELLED, 4, "KeyboardInterrupt: ")
+    assert (ended.status, ended.steps_done) == (js.CANCELLED, 4)
+    assert ended.status_reason == (f"stopped at once (Ctrl-C) at step 4; no checkpoint yet; continue with "
+                                   f"`sailor train --job-id {older.job_id}`")
     ended = recovery.ended_by_exception(newer, older, RuntimeError("boom\nmore"), cancelled=False)
     assert (ended.status, ended.steps_done, ended.status_reason) == (js.FAILED, 4, "RuntimeError: boom")

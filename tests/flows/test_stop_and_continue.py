@@ -1,0 +1,163 @@
+"""Ctrl-C stops a job gracefully and a new process continues it from its last checkpoint (issue 32).
+
+A real `sailor train` process on a standalone embedded cloud (`python -m infra.local.daemon`, found
+through ``$SAILOR_HOME/cloud.json``: its bucket outlives the train process): 200 steps with a
+checkpoint every 10; SIGINT to its process group (a terminal's Ctrl-C) once the job passed step 50.
+The workers take a final checkpoint, the instances end, the flow run ends Cancelled in Prefect with
+the job's reason, and the command prints the summary.  `sailor status` shows that checkpoint; a NEW
+`sailor train --job-id J` (no --budget-usd: the job keeps its settings) resumes from it and reaches
+200; `sailor export` writes a folder transformers loads with the engine's logits.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from tests.flows.conftest import ROOT
+from tests.flows.test_cancellation import _env, _stop_group, standalone_cloud  # noqa: F401 - a fixture
+
+import transformers  # noqa: E402  (the dev extra installs it: scripts/bootstrap)
+
+JOB_ID = "stop-go"
+STEPS, EVERY, STOP_AFTER = 200, 10, 50
+TOL = 1e-5
+
+
+def _sailor(home, api_url, *args: str, env: dict | None = None, **kw) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "flows.cli.app", *args], env={**_env(home, api_url), **(env or {})},
+                            cwd=str(ROOT), stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                            start_new_session=True, **kw)
+
+
+def _job(home) -> dict | None:
+    try:
+        return json.loads((home / "jobs" / JOB_ID / "state.json").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _flow_run(run_id: str):
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        return client.read_flow_run(run_id)
+
+
+def _train_until_stopped(home, api_url, stop=lambda proc: os.killpg(proc.pid, signal.SIGINT)
+                         ) -> tuple[int, str, str]:
+    """`sailor train` of the job until it passes step 50, then ``stop(process)`` (default: a terminal's Ctrl-C)."""
+    # A batch of 128 keeps the tiny model's steps slow enough that the stop lands before step 200.
+    train = _sailor(home, api_url, "train", "--budget-usd", "0.5", "--steps", str(STEPS), "--checkpoint-every",
+                    str(EVERY), "--global-batch", "128", "--val-fraction", "0", "--validate-every", "0",
+                    "--job-id", JOB_ID, "--cloud", "embedded")
+    try:
+        deadline = time.monotonic() + 400
+        while time.monotonic() < deadline:
+            assert train.poll() is None, f"train exited early ({train.returncode}): {train.stderr.read()[-3000:]}"
+            job = _job(home)
+            if job and job["steps_done"] >= STOP_AFTER:
+                break
+            time.sleep(0.3)
+        else:
+            pytest.fail("the job did not pass step 50 within 400 s")
+        stop(train)
+        out, err = train.communicate(timeout=120)
+    finally:
+        _stop_group(train, signal.SIGKILL)
+    return train.returncode, out.decode(), err.decode()
+
+
+@pytest.mark.slow  # ~3 min: a standalone cloud, two flow runs, an export
+def test_ctrl_c_stops_with_a_final_checkpoint_and_a_new_process_continues_from_it(standalone_cloud, prefect_api,
+                                                                                   tmp_path, monkeypatch):
+    home, cloud = standalone_cloud
+    code, out, err = _train_until_stopped(home, prefect_api)
+    assert code == 130, (code, out[-3000:], err[-3000:])
+    assert "Traceback" not in err and "KeyboardInterrupt" not in out + err, err[-3000:]
+    assert "its workers take a final checkpoint" in out + err
+    stopped = _job(home)
+    ckpt = stopped["last_checkpoint_step"]
+    assert stopped["status"] == "cancelled" and STOP_AFTER <= ckpt < STEPS, stopped["status_reason"]
+    reason = (f"stopped by the user (Ctrl-C) at step {stopped['steps_done']}; checkpoint {ckpt} saved; "
+              f"continue with `sailor train --job-id {JOB_ID}`")
+    assert stopped["status_reason"] == reason
+    assert ckpt == stopped["steps_done"], "the final checkpoint is of the step the workers stopped at"
+    assert stopped["last_checkpoint"]["url"].endswith(f"step_{ckpt:08d}")
+    assert reason in out, out[-3000:]  # the summary
+    assert not [i for i in _job_instances(cloud) if i.state in ("pending", "running")]
+    run = _flow_run(stopped["flow_run_id"])
+    assert run.state.type.value == "CANCELLED" and run.state.message == reason
+
+    status = _sailor(home, prefect_api, "status", JOB_ID)
+    status_out, _ = status.communicate(timeout=60)
+    assert f"checkpoint {ckpt}" in status_out.decode(), status_out.decode()
+
+    again = _sailor(home, prefect_api, "train", "--job-id", JOB_ID, "--cloud", "embedded")
+    out2, err2 = (b.decode() for b in again.communicate(timeout=600))
+    assert again.returncode == 0, (out2[-3000:], err2[-3000:])
+    assert f"job {JOB_ID} continues with its own settings" in err2
+    assert f"{STEPS}/{STEPS}" in out2 and "/30 " not in out2, out2[-3000:]  # the bar's total is the job's
+    done = _job(home)
+    assert done["status"] == "succeeded" and done["steps_done"] == STEPS
+    assert done["replans"][-1]["at_step"] == ckpt, "resumed from the checkpoint the stop saved"
+    assert done["last_checkpoint_step"] == STEPS
+
+    s3_env = {"AWS_ENDPOINT_URL_S3": cloud["aws_endpoint"], "AWS_ACCESS_KEY_ID": "testing",
+              "AWS_SECRET_ACCESS_KEY": "testing"}  # the standalone cloud's bucket (the durable default: issue 32)
+    export = _sailor(home, prefect_api, "export", JOB_ID, "--out", str(tmp_path / "export"), "--json", env=s3_env)
+    out3, err3 = export.communicate(timeout=300)
+    assert export.returncode == 0, err3.decode()[-3000:]
+    assert json.loads(out3)["step"] == STEPS
+    for k, v in s3_env.items():
+        monkeypatch.setenv(k, v)
+    _assert_logits_equal(done["spec"]["checkpoint_url"], tmp_path / "export")
+
+
+def _job_instances(cloud: dict) -> list:
+    from infra.local.cloud import providers_for
+    from infra.records import job_labels
+
+    providers = providers_for(cloud["aws_endpoint"], cloud["gce_endpoint"])
+    return [i for p in providers.values() for i in p.query_instances(job_labels(JOB_ID))]
+
+
+def _assert_logits_equal(checkpoint_url: str, folder) -> None:
+    from sailor_core.catalog.models import get_model
+    from sailor_core.runtime.engine_run import final_params
+    from sailor_core.runtime.model import StageModel
+    from sailor_core.runtime.stage_checkpoint import load_full_weights
+
+    _, params = final_params(checkpoint_url)
+    spec = get_model("tiny")
+    engine = StageModel(spec, 0, spec.num_layer_indices)
+    load_full_weights(engine, params, "test")
+    exported = transformers.AutoModelForCausalLM.from_pretrained(folder).float().eval()
+    tokens = torch.randint(0, spec.vocab_size, (2, spec.seq_len), generator=torch.Generator().manual_seed(6))
+    with torch.no_grad():
+        assert float((exported(input_ids=tokens).logits - engine(tokens)).abs().max()) <= TOL
+
+
+@pytest.mark.slow  # ~2 min: a standalone cloud and a flow run
+def test_a_cancel_of_the_flow_run_stops_it_with_a_final_checkpoint(standalone_cloud, prefect_api):
+    """What a cancel in the Prefect UI does to the run's process (its worker SIGTERMs it; Prefect raises
+    TerminationSignal in the flow), here to `sailor train`'s own: the workers checkpoint, the run ends Cancelled."""
+    home, cloud = standalone_cloud
+    code, out, err = _train_until_stopped(home, prefect_api, stop=lambda proc: os.kill(proc.pid, signal.SIGTERM))
+    assert code == 1 and "Traceback" not in err and "TerminationSignal" not in out + err, (code, err[-3000:])
+    stopped = _job(home)
+    ckpt = stopped["last_checkpoint_step"]
+    reason = (f"stopped by the user (a cancel of its flow run: the Prefect UI or SIGTERM) at step "
+              f"{stopped['steps_done']}; checkpoint {ckpt} saved; continue with `sailor train --job-id {JOB_ID}`")
+    assert stopped["status"] == "cancelled" and stopped["status_reason"] == reason
+    assert STOP_AFTER <= ckpt == stopped["steps_done"] < STEPS
+    assert not [i for i in _job_instances(cloud) if i.state in ("pending", "running")]
+    run = _flow_run(stopped["flow_run_id"])
+    assert run.state.type.value == "CANCELLED" and run.state.message == reason
