@@ -27,6 +27,8 @@ from moto.core import DEFAULT_ACCOUNT_ID
 from moto.iam.access_control import IAMPolicy, PermissionResult
 from moto.iam.models import iam_backends
 
+from infra.records import JOB_LABEL, job_resource_name
+
 _CREDENTIALS = "latest/meta-data/iam/security-credentials"
 _TOKEN = "computeMetadata/v1/instance/service-accounts/default/token"
 
@@ -49,20 +51,30 @@ class Identities:
             assoc = inst.ec2_backend.iam_instance_profile_associations.get(machine.instance_id) if inst else None
             roles = assoc.iam_instance_profile.roles if assoc is not None else []
             return roles[0].name if roles else None
-        account = self.service_account_of(cloud, machine)
-        if not account:
+        # Every job's GCE instances run as the one service account, which every cross-cloud job's role
+        # trusts: the instance assumes its own job's role (named by its job label), as a real one
+        # names the role ARN in AssumeRoleWithWebIdentity; the first role trusting the account was
+        # another job's when two ran at once.
+        account, job = self.service_account_of(cloud, machine), self._job_of(cloud, machine)
+        if not account or not job:
             return None
+        wanted = job_resource_name(job)
         for role in list(self._iam().roles.values()):
-            if account in (role.assume_role_policy_document or ""):
+            if role.name == wanted and account in (role.assume_role_policy_document or ""):
                 return role.name
         return None
 
     @staticmethod
-    def service_account_of(cloud, machine) -> str | None:
+    def _gce_instance(cloud, machine) -> dict:
         with cloud.gce._lock:
-            inst = cloud.gce.instances.get((machine.zone, machine.instance_id))
-            accounts = list((inst or {}).get("serviceAccounts") or [])
+            return dict(cloud.gce.instances.get((machine.zone, machine.instance_id)) or {})
+
+    def service_account_of(self, cloud, machine) -> str | None:
+        accounts = list(self._gce_instance(cloud, machine).get("serviceAccounts") or [])
         return accounts[0].get("email") if accounts else None
+
+    def _job_of(self, cloud, machine) -> str | None:
+        return (self._gce_instance(cloud, machine).get("labels") or {}).get(JOB_LABEL)
 
     def _credentials(self, machine, role: str) -> dict:
         with self._lock:

@@ -177,6 +177,31 @@ def test_instance_credentials_reach_the_jobs_prefix_and_nothing_else(cloud, prov
     providers["aws"].delete_job_identity(gcp_job)
 
 
+def test_two_gcp_jobs_at_once_each_get_their_own_jobs_role(cloud, providers, bucket):
+    """Every job's GCE instances run as the one service account, which both jobs' roles trust; each
+    instance gets its own job's role (it was the first job's for both: the second job's instances
+    then failed with 403 on their own prefix)."""
+    jobs = ("twin-a", "twin-b")
+    for job in jobs:
+        providers["aws"].create_job_identity(job, read_write=[f"s3://{BUCKET}/{job}"],
+                                             trusted_accounts={"gcp": SERVICE_ACCOUNT})
+    try:
+        vms = {job: _boot_one(cloud, providers, job, script="#!/bin/bash\nsleep 60\n", cloud_name="gcp")
+               for job in jobs}
+        for job, vm in vms.items():
+            base = f"{cloud.gce_endpoint}/metadata/{vm.instance_id}/latest/meta-data/iam/security-credentials"
+            assert urllib.request.urlopen(f"{base}/").read().decode() == job_resource_name(job)
+            creds = _imds_credentials(cloud, vm.instance_id)
+            other = next(j for j in jobs if j != job)
+            role = cloud.identities._issued[creds["AccessKeyId"]]
+            assert cloud.identities.role_refusal(role, "PUT", f"/{BUCKET}/{job}/x") is None
+            assert cloud.identities.role_refusal(role, "PUT", f"/{BUCKET}/{other}/x") is not None
+    finally:
+        for job in jobs:
+            providers["gcp"].terminate_instances({"sailor-job": job})
+            providers["aws"].delete_job_identity(job)
+
+
 def test_no_secret_in_startup_scripts_or_instance_metadata(cloud, providers, bucket, monkeypatch):
     canary = "CANARYsecret0123456789abcdefghij"
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", canary)
