@@ -61,8 +61,7 @@ def network_profile_flow(spec: NetworkProfileSpec, *, cloud: str = "auto", job_i
     store = js.JobStore(jobs_url)
     job_id = job_id or _job_id_for_run()
     job = JobSpec(model=JOB_PREFIX, budget_usd=spec.budget_usd, steps=1, clouds=link.clouds,
-                  zones=tuple(dict.fromkeys((link.src_zone, link.dst_zone))), gpus=(link.gpu,), spot=spec.spot,
-                  checkpoint_url=store.job_url(job_id))
+                  zones=tuple(dict.fromkeys((link.src_zone, link.dst_zone))), gpus=(link.gpu,), spot=spec.spot)
     session = cloud_tasks.open_session(cloud, job_id=job_id, jobs_url=store.job_url(job_id), spec=job)
     device = spec.device or ("cpu" if session.mode == "embedded" else "cuda")
     save = session.mode == "real" if spec.save is None else spec.save

@@ -113,9 +113,9 @@ class CloudSession:
         """Where the workers keep checkpoints: the job's own folder on this machine (the default)
         becomes its prefix in the bucket; another folder of this machine is refused, since the
         instances cannot reach it (on the embedded cloud neither, once they are confined as VMs)."""
-        if not local_checkpoint_problem(url):
+        if url and not local_checkpoint_problem(url):
             return url
-        if not self.home_url or url.rstrip("/") == f"{self.home_url.rstrip('/')}/checkpoints":
+        if not url or not self.home_url or url.rstrip("/") == f"{self.home_url.rstrip('/')}/checkpoints":
             return f"{self.jobs_url}/checkpoints"
         raise CloudConfigError(f"--checkpoint-url {url}: {local_checkpoint_problem(url)} "
                                f"({self.jobs_url}/checkpoints)")

@@ -127,6 +127,8 @@ def test_data_and_the_recipe_reach_the_flow_and_the_workers(sailor_cli, monkeypa
     monkeypatch.setattr(prefect_server, "configure_prefect_env",
                         lambda **kw: prefect_server.ApiChoice(api_url="http://127.0.0.1:9/api", source="env"))
     monkeypatch.setattr(cli_train, "_run_local", lambda params, display: seen.update(params) or {"status": "succeeded"})
+    # the checks before renting would look for s3://b/llama (tests/flows/test_prerent_cli.py checks them)
+    monkeypatch.setattr(cli_train, "_check_before_renting", lambda spec, **kw: None)
     tokens = tmp_path / "tokens.bin"
     tokens.write_bytes(b"\0" * 64)
     r = sailor_cli("train", "--budget-usd", "1", "--dataset", str(tokens), "--lr", "3e-4", "--warmup-steps", "4",
@@ -140,7 +142,7 @@ def test_data_and_the_recipe_reach_the_flow_and_the_workers(sailor_cli, monkeypa
     flags = dict(zip(args[::2], args[1::2]))
     assert flags == {"--lr": "0.0003", "--warmup-steps": "4", "--min-lr-ratio": "0.05", "--weight-decay": "0.01",
                      "--grad-clip-norm": "0.5", "--val-fraction": "0.02", "--validate-every": "7",
-                     "--val-batches": "3", "--init-from": "s3://b/llama"}
+                     "--val-batches": "3", "--init-from": "s3://b/llama", "--wandb": "", "--mlflow": ""}
     # the worker understands every flag the flow passes
     from sailor_core.runtime.worker import parse_args
 
@@ -180,8 +182,9 @@ def test_the_plan_flow_takes_plan_terms_and_sailor_plan_takes_plan_spec(sailor_c
 def _unlike_the_default(f) -> object:
     """A valid value of worker option ``f`` other than its default (by its type and its check's
     bounds: fractions below 1, counts above 0)."""
-    if isinstance(f.default, str):
-        return "s3://bucket/model"  # init_from's form; a new text option names its own here
+    if isinstance(f.default, str):  # a new text option names its own here
+        return {"wandb_project": "team-runs", "mlflow_tracking_uri": "file:///tmp/mlruns"}.get(
+            f.name, "s3://bucket/model")  # init_from's and tokenizer's form
     if isinstance(f.default, float):
         return f.default / 2
     return (f.default or 0) + 3  # counts, and None's (warm-up steps)
