@@ -346,8 +346,10 @@ def status(job_id: str = typer.Argument(..., help="job id (see `sailor jobs`)"),
 
 
 def _tensorboard_hint(state, store) -> list[str]:
-    """How to read the job's curves: on the embedded cloud its event files are plain files under the
-    Sailor home (its buckets' folder), and over S3 while a standalone cloud serves them."""
+    """How to read the job's curves: on a real cloud at the job's URL (gs:// needs gcsfs, TensorBoard's
+    way to GCS without TensorFlow); on the embedded cloud its event files are plain files under the
+    Sailor home (its buckets' folder), and over S3 while a standalone cloud serves them (its GCS
+    front speaks the XML API, not the JSON API gcsfs does: gs:// is that same folder)."""
     # lazy: loaded when the command runs (the CLI starts light)
     from infra.config import buckets_dir, real_clouds, standalone_state
     from tasks.embedded_bucket import EMBEDDED_BUCKET
@@ -355,7 +357,10 @@ def _tensorboard_hint(state, store) -> list[str]:
     if not state.spec.tensorboard:
         return []
     if real_clouds():
-        return [f"curves: tensorboard --logdir {store.job_url(state.job_id)}/tensorboard"]
+        url = f"{store.job_url(state.job_id)}/tensorboard"
+        if url.startswith("gs://"):
+            return [f"curves: pip install 'sailor[gcs]' (gcsfs), then tensorboard --logdir {url}"]
+        return [f"curves: tensorboard --logdir {url}"]
     folder = buckets_dir() / EMBEDDED_BUCKET / state.job_id / "tensorboard"
     if not folder.is_dir():
         return []

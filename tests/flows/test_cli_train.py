@@ -151,3 +151,17 @@ def test_status_shows_gpu_rent_and_egress_apart(home, sailor_cli):
     r = sailor_cli("status", "tiny-egress")
     assert "(GPU rent 0.0600 USD + egress 0.0300 USD)" in r.stdout, r.stdout
     assert "egress us-central1-a -> us-central1-b: 3.00 GB, 0.0300 USD" in r.stdout, r.stdout
+
+
+@pytest.mark.parametrize("jobs_url, expected", [
+    ("gs://my-bucket/sailor-jobs", "curves: pip install 'sailor[gcs]' (gcsfs), then "
+                                   "tensorboard --logdir gs://my-bucket/sailor-jobs/tiny-abc/tensorboard"),
+    ("s3://my-bucket/sailor-jobs", "curves: tensorboard --logdir s3://my-bucket/sailor-jobs/tiny-abc/tensorboard"),
+])
+def test_status_tells_how_tensorboard_reads_a_real_clouds_job(home, monkeypatch, jobs_url, expected):
+    # the command tests/runtime/test_tensorboard_gcs.py runs (gs://) and test_train_job.py (s3://)
+    from flows.cli.train import _tensorboard_hint
+
+    monkeypatch.setenv("SAILOR_CLOUDS", "real")
+    state = js.new_job(JobSpec(model="tiny", budget_usd=0.5, steps=10), job_id="tiny-abc")
+    assert _tensorboard_hint(state, js.JobStore(jobs_url)) == [expected]
