@@ -129,7 +129,8 @@ def test_a_continued_job_needs_no_budget_and_refuses_other_settings_in_one_line(
     assert r.returncode == 2 and r.stderr == "error: --budget-usd is required\n"
 
 
-def test_status_shows_gpu_rent_and_egress_apart(home, sailor_cli):
+def test_status_shows_gpu_rent_and_egress_apart(home, sailor_cli, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")  # the spend's line unwrapped (a test worker has no terminal: 80)
     from sailor_core.job.protocol import AgentState, AgentStatus
 
     store = js.JobStore()

@@ -84,6 +84,9 @@ def test_the_pool_that_preempted_the_job_is_rented_on_demand_and_paid_at_that_pr
     by_market = state.ledger().by_market(end)
     assert by_market["on_demand"] > 0 and by_market["spot"] > 0
     paid = sum(r.usd_per_hr * ((r.ended_unix_s or end) - r.launched_unix_s) / 3600 for r in state.instances)
-    assert summary["usd_spent"] == pytest.approx(sum(by_market.values()), abs=1e-6)
-    assert summary["usd_spent"] == pytest.approx(paid, abs=1e-6) and 0 < paid <= 0.05
+    # rent by market, and the bytes the two zones' replicas sent each other (egress, issue 36)
+    egress = state.ledger().egress_usd()
+    assert egress > 0
+    assert summary["usd_spent"] == pytest.approx(sum(by_market.values()) + egress, abs=1e-6)
+    assert summary["usd_spent"] == pytest.approx(paid + egress, abs=1e-6) and 0 < paid <= 0.05
     _assert_nothing_left(state)
