@@ -1,0 +1,36 @@
+"""The memory model's micro-batches in flight per replica are the engine's: the peak count of
+forwards without their backward in ``runtime/pipeline_order.rank_op_order`` (pure, no torch),
+also where the stages' replica counts differ (the 1F1B lookahead counts in the widest stage's
+micro-batches) and where a replica runs fewer micro-batches than its lookahead."""
+
+import pytest
+
+from sailor_core.plan.types import plan_from_dict
+from sailor_core.runtime.pipeline_order import rank_op_order
+from sailor_core.simulator import simulate
+
+SPLITS = {2: [[0, 4], [4, 8]], 3: [[0, 3], [3, 6], [6, 8]]}
+
+
+def engine_inflight(num_mb: int, dps: list[int], stage: int, replica: int) -> int:
+    live = peak = 0
+    for kind, _ in rank_op_order(num_mb, dps, stage, replica):
+        live += 1 if kind == "F" else -1
+        peak = max(peak, live)
+    return peak
+
+
+DPS = [(2, 1), (2, 2), (2, 4), (2, 6), (1, 3), (2, 3), (3, 1, 2), (1, 2, 2)]
+
+
+# each replica runs at least one micro-batch: the widest stage's degree is the fewest a plan may have
+@pytest.mark.parametrize("dps,num_mb", [(dps, n) for dps in DPS for n in sorted({max(dps), 6, 16})])
+def test_simulated_inflight_is_the_engines(dps, num_mb):
+    rep = {"gpu": "cpu", "tp": 1}
+    plan = plan_from_dict({"model": "small", "global_batch_size": 2 * num_mb, "micro_batch_size": 2,
+                           "stages": [{"layers": span, "replicas": [rep] * d}
+                                      for span, d in zip(SPLITS[len(dps)], dps)]})
+    sim = simulate(plan)
+    for i, d in enumerate(dps):
+        for r in range(d):
+            assert sim.stages[i].replicas[r].memory.num_inflight == engine_inflight(num_mb, list(dps), i, r), (i, r)
