@@ -34,3 +34,10 @@ def test_simulated_inflight_is_the_engines(dps, num_mb):
     for i, d in enumerate(dps):
         for r in range(d):
             assert sim.stages[i].replicas[r].memory.num_inflight == engine_inflight(num_mb, list(dps), i, r), (i, r)
+
+
+def test_the_modelled_bucket_is_the_engines():
+    from sailor_core.runtime.allreduce import OverlappedAllReduce  # lazy: torch, for this check only
+    from sailor_core.simulator.levers import ENGINE_BUCKET_BYTES
+
+    assert ENGINE_BUCKET_BYTES == OverlappedAllReduce.BUCKET_BYTES
