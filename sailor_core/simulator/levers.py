@@ -129,7 +129,7 @@ def sharded(count: int, shards: int) -> int:
 
 
 # The engine's DP buckets close before they pass 8 MiB of gradients (``runtime/allreduce.py``,
-# ``OverlappedAllReduce.BUCKET_BYTES``; tests/simulator/test_inflight_engine_order.py checks it).
+# ``OverlappedAllReduce.BUCKET_BYTES``; tests/simulator/test_memory_vs_engine.py checks it).
 ENGINE_BUCKET_BYTES = 8 * 1024 * 1024
 
 
