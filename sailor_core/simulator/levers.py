@@ -128,6 +128,20 @@ def sharded(count: int, shards: int) -> int:
     return count if shards <= 1 else -(-count // shards)
 
 
+# The engine's DP buckets close before they pass 8 MiB of gradients (``runtime/allreduce.py``,
+# ``OverlappedAllReduce.BUCKET_BYTES``; tests/simulator/test_memory_vs_engine.py checks it).
+ENGINE_BUCKET_BYTES = 8 * 1024 * 1024
+
+
+def zero_gather_bytes(num_synced: int, largest_tensor: int, bytes_per_param: int, shards: int) -> int:
+    """ZeRO's step working memory: after AdamW on its ranges, a replica all-gathers each bucket,
+    its range copied out (1/D of the bucket) beside the gathered flat (the whole bucket), the
+    largest bucket at the peak (``runtime/zero.ShardedAdamW._all_gather``).  A bucket holds at
+    most ``ENGINE_BUCKET_BYTES`` unless one tensor alone is larger."""
+    bucket = min(num_synced, max(ENGINE_BUCKET_BYTES // bytes_per_param, largest_tensor))
+    return (bucket + sharded(bucket, shards)) * bytes_per_param
+
+
 def zero_sync_factor(zero_stage: int, regime: TrainingRegime) -> float:
     """The stage's gradient sync and parameter all-gather under ZeRO, in all-reduces of its
     gradient bytes (the module doc)."""

@@ -65,7 +65,7 @@ from sailor_core.catalog.models import get_model
 from sailor_core.profiles.types import ModelProfile
 from sailor_core.regimes import TrainingRegime
 from sailor_core.simulator.compose import BLOCKING_P2P_REGIMES
-from sailor_core.simulator.levers import recompute_working_bytes, sharded, zero_shards
+from sailor_core.simulator.levers import recompute_working_bytes, sharded, zero_gather_bytes, zero_shards
 from sailor_core.simulator.tables import LayerTable, layer_table
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -80,7 +80,7 @@ class MemoryBreakdown:
     num_inflight: int
     capacity_bytes: int
     comm_bytes: int = 0  # receive buffers posted ahead, the data-parallel gradient buckets
-    optimizer_working_bytes: int = 0  # the optimizer step's temporaries (when the step is the peak)
+    optimizer_working_bytes: int = 0  # the step's temporaries (when the step is the peak; ZeRO: its sync's buffers)
     backward_working_bytes: int = 0  # a backward's new gradients at the peak (none at the LM head: the loss's)
 
     @property
@@ -219,6 +219,14 @@ def stage_memory_parts(
         largest = largest_tensor_params(table.profile.model, table.profile.tp_degree,
                                         layer_start == 0 or holds_head)
         temps = regime.optimizer_temp_tensors * largest * regime.weight_bytes_per_param
+    if opt_shards > 1 and regime.name not in BLOCKING_P2P_REGIMES:  # the engine's ZeRO (not DeepSpeed's)
+        largest = largest_tensor_params(table.profile.model, table.profile.tp_degree, layer_start == 0 or holds_head)
+        synced = dp_synced_params(table, layer_start, layer_end)
+        temps = max(temps, zero_gather_bytes(synced, largest, regime.weight_bytes_per_param, opt_shards))
+        if zero_stage >= 2:
+            # the last backward's reduce-scatters: each bucket's gradients copied into a flat that
+            # lives until the sync is waited, beside the full gradients (``runtime/allreduce.py``)
+            temps = max(temps, (num_params + synced) * regime.grad_bytes_per_param)
     if state + temps > kept_state + act + loss + work + comm:  # the optimizer step is the peak
         return num_params, state, 0, 0, 0, overhead, 0, temps
     return num_params, kept_state, act, loss, work, overhead, comm, 0
