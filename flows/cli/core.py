@@ -147,7 +147,7 @@ def memory_cmd(
     asked = (spec.recompute, spec.zero)
     settings = list(dict.fromkeys([asked, ("none", 0), ("none", 1), ("none", 2), ("selective", 0), ("full", 0)]))
     mems = {lv: stage_memory_under(lv + (dp,), model, gpu, tp, mbs, inflight, span, seq_len=spec.seq_len,
-                                   regime=spec.regime) for lv in settings}
+                                   regime=spec.regime, num_microbatches=spec.microbatches) for lv in settings}
     mem = mems[asked]
     if as_json:
         print_json(mem.to_dict() | {"recompute": spec.recompute, "zero": spec.zero, "dp_degree": dp,

@@ -351,7 +351,8 @@ def stage_memory_under(
     layers: tuple[int, int] | None = None,
     **lookup: Any,
 ) -> MemoryBreakdown:
-    """``stage_memory_for`` (``lookup``: its ``seq_len``, ``regime`` and ``profiles``) under
+    """``stage_memory_for`` (``lookup``: its ``seq_len``, ``regime``, ``profiles`` and the
+    replica's ``num_microbatches`` per step, 0 or absent: more than in flight) under
     ``levers``: (recomputation, ZeRO stage, the stage's DP degree that ZeRO shards over)."""
     recompute, zero_stage, dp_degree = levers
     spec = get_model(model)
@@ -377,7 +378,7 @@ def stage_memory_under(
                         regime=regime)
     reg = get_regime(regime or prof.regime)
     return stage_memory(recomputed_profile(prof, recompute), start, end, num_inflight, reg, gpu_spec.memory_bytes,
-                        dp_degree, zero_stage=zero_stage)
+                        dp_degree, num_microbatches=lookup.get("num_microbatches") or 0, zero_stage=zero_stage)
 
 
 def stage_peak_memory_bytes(

@@ -26,6 +26,8 @@ class MemorySpec:
     zero: int = option(0, help="ZeRO stage: 0, 1 (optimizer states sharded over --dp replicas) or 2 "
                                "(gradients too).")
     dp: int = option(1, help="Data-parallel replicas of the stage (what ZeRO shards over).")
+    microbatches: int = option(0, help="Micro-batches this replica runs per step (0: more than in flight; "
+                                       "with as many as in flight the step's peak differs).")
 
     def __post_init__(self) -> None:
         at_least("mbs", self.mbs, 1)
@@ -33,6 +35,9 @@ class MemorySpec:
         at_least("tp", self.tp, 1)
         at_least("seq_len", self.seq_len, 1, optional=True)
         at_least("dp", self.dp, 1)
+        at_least("microbatches", self.microbatches, 0)
+        if self.microbatches and self.microbatches < self.inflight:
+            raise SpecError("microbatches", f"must be at least --inflight ({self.inflight}) or 0, got {self.microbatches}")
         if self.recompute not in RECOMPUTE_CHOICES:
             raise SpecError("recompute", f"must be one of {', '.join(RECOMPUTE_CHOICES)}, got {self.recompute!r}")
         if self.zero not in (0, 1, 2):

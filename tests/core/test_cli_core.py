@@ -138,3 +138,23 @@ def test_corrupt_plan_file_in_a_real_process(tmp_path):
     corrupt = tmp_path / "corrupt.json"
     corrupt.write_text('{"model": "tiny", "stages": [')
     _assert_one_line_error(sailor("simulate", str(corrupt)), "not valid JSON")
+
+
+def test_memory_with_as_many_micro_batches_as_in_flight_is_the_simulators(sailor_cli):
+    """A replica running one micro-batch per step (K = 1 of one) peaks where simulate says, not
+    where a replica with more micro-batches than in flight does."""
+    from sailor_core.plan.types import plan_from_dict
+    from sailor_core.simulator import simulate
+
+    rep = {"gpu": "A100-40", "tp": 1}
+    plan = plan_from_dict({"model": "small", "global_batch_size": 2, "micro_batch_size": 2,
+                           "stages": [{"layers": [0, 4], "replicas": [rep]}, {"layers": [4, 8], "replicas": [rep]}]})
+    want = simulate(plan).stages[0].replicas[0].memory.peak_bytes
+    args = ("memory", "--model", "small", "--gpu", "A100-40", "--mbs", "2", "--inflight", "1", "--layers", "0:4",
+            "--json")
+    one = json.loads(sailor_cli(*args, "--microbatches", "1").stdout)
+    many = json.loads(sailor_cli(*args).stdout)
+    assert one["peak_memory_bytes"] == want != many["peak_memory_bytes"]
+    bad = sailor_cli("memory", "--model", "small", "--gpu", "A100-40", "--mbs", "2", "--inflight", "2",
+                     "--microbatches", "1")
+    assert bad.returncode == 2 and bad.stderr.strip() == "error: --microbatches must be at least --inflight (2) or 0, got 1"
