@@ -7,6 +7,11 @@ exhaustive enumeration over every DP degree.
 
     .venv/bin/python benchmarks/bench_planner_ae.py [--runs 3] [--only geo]
     .venv/bin/python benchmarks/bench_planner_ae.py completeness
+    .venv/bin/python benchmarks/bench_planner_ae.py cpu [--runs 3] [--only geo]
+
+``cpu``: the CPU time (``time.process_time``) of one ``plan_job`` of each row's request in a fresh
+process after the profiles are loaded (what ``search_time_s`` counts, without the wall clock's
+share of a loaded machine), best of ``--runs``.
 
 ``search s`` is the ``search_time_s`` the command reports (the search, not the process start);
 ``start s`` the process's wall time before and after it (imports, profiles, printing).
@@ -62,10 +67,8 @@ def rows() -> list[tuple[str, str, int]]:
 
 def time_rows(runs: int, only: str | None) -> None:
     from sailor_core.network.model import default_network
-    from sailor_core.planner import make_request
     from sailor_core.planner.baseline import sailor_rule_best
     from sailor_core.profiles import default_profile_db
-    from sailor_core.traces import load_gpu_trace
 
     db, net = default_profile_db(), default_network()
     sailor = str(ROOT / ".venv" / "bin" / "sailor")
@@ -84,10 +87,7 @@ def time_rows(runs: int, only: str | None) -> None:
             best_s = min(best_s, out["search_time_s"])
             start_s = min(start_s, wall - out["search_time_s"])
         plan = out["plans"][0]
-        trace = load_gpu_trace(CONFIGS / TRACES[name])
-        avail = {k: n for k, n in trace.row(row).items() if n}
-        req = make_request(model=MODEL, availability=avail, global_batch_size=GBS, spot=False, **_limits(name))
-        base = sailor_rule_best(req, profiles=db, network=net)
+        base = sailor_rule_best(_request(name, row), profiles=db, network=net)
         if name == "floor":  # cost objective: the cheaper, the better
             ratio = base.res.usd_per_iteration / plan["usd_per_iteration"]
         else:
@@ -95,6 +95,44 @@ def time_rows(runs: int, only: str | None) -> None:
         print(f"| {label} | {SAILOR_S[label]:.3f} | {best_s:.3f} | {best_s / SAILOR_S[label]:.2f} | {start_s:.2f} | "
               f"{plan['throughput_samples_per_s']:.2f} | {plan['usd_per_iteration']:.4f} | "
               f"{base.res.throughput_samples_per_s:.2f} | {base.res.usd_per_iteration:.4f} | {ratio:.3f} |", flush=True)
+
+
+def _request(name: str, row: int):
+    from sailor_core.planner import make_request
+    from sailor_core.traces import load_gpu_trace
+
+    trace = load_gpu_trace(CONFIGS / TRACES[name])
+    avail = {k: n for k, n in trace.row(row).items() if n}
+    return make_request(model=MODEL, availability=avail, global_batch_size=GBS, spot=False, **_limits(name))
+
+
+def cpu_one(label: str) -> None:
+    """One row's ``plan_job`` in this process: its CPU and wall seconds and the plan, as JSON."""
+    from sailor_core.network.model import default_network
+    from sailor_core.planner import plan_job
+    from sailor_core.profiles import default_profile_db
+
+    name, row = next((n, r) for lab, n, r in rows() if lab == label)
+    db, net, req = default_profile_db(), default_network(), _request(name, row)
+    c0, w0 = time.process_time(), time.perf_counter()
+    res = plan_job(req, profiles=db, network=net)
+    cpu_s, wall_s = time.process_time() - c0, time.perf_counter() - w0
+    best = res.candidates[0].sim
+    print(json.dumps({"cpu_s": cpu_s, "wall_s": wall_s, "samples_per_s": best.throughput_samples_per_s,
+                      "usd_per_iteration": best.usd_per_iteration, "num_evaluated": res.num_evaluated}))
+
+
+def time_cpu(runs: int, only: str | None) -> None:
+    print("| row | Sailor s | ours CPU s (best of %d) | wall s of that run | ours/Sailor | samples/s | evaluated |" % runs)
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for label, _, _ in rows():
+        if only and not label.startswith(only):
+            continue
+        outs = [json.loads(subprocess.run([sys.executable, __file__, "_one", label], capture_output=True, text=True,
+                                          check=True).stdout) for _ in range(runs)]
+        best = min(outs, key=lambda o: o["cpu_s"])
+        print(f"| {label} | {SAILOR_S[label]:.3f} | {best['cpu_s']:.3f} | {best['wall_s']:.3f} | "
+              f"{best['cpu_s'] / SAILOR_S[label]:.2f} | {best['samples_per_s']:.2f} | {best['num_evaluated']} |", flush=True)
 
 
 def completeness() -> None:
@@ -124,12 +162,17 @@ def completeness() -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("what", nargs="?", default="rows", choices=["rows", "completeness"])
+    ap.add_argument("what", nargs="?", default="rows", choices=["rows", "completeness", "cpu", "_one"])
+    ap.add_argument("label", nargs="?", help="_one: the row (e.g. 'geo 0')")
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--only")
     args = ap.parse_args()
     if args.what == "completeness":
         completeness()
+    elif args.what == "cpu":
+        time_cpu(args.runs, args.only)
+    elif args.what == "_one":
+        cpu_one(args.label)
     else:
         time_rows(args.runs, args.only)
 

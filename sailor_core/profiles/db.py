@@ -33,6 +33,7 @@ from sailor_core.catalog.layers import LayerShape, layer_shapes
 from sailor_core.catalog.models import get_model, normalize_model_name, tp_split_problem
 from sailor_core.errors import InputError, ProfileError
 from sailor_core.profiles import estimator as est
+from sailor_core.profiles.calibration_cache import cached_calibrate
 from sailor_core.profiles.store import read_profiles, write_profiles
 from sailor_core.profiles.types import LayerProfile, ModelProfile, ProfileKey
 from sailor_core.regimes import DEFAULT_REGIME, get_regime
@@ -164,7 +165,7 @@ class ProfileDB:
         key = (normalize_gpu_name(gpu), get_regime(regime).name)
         cal = self._calibrations.get(key)
         if cal is None:
-            cal = est.calibrate(self._by_gpu.get(key[0], ()), key[0], key[1])
+            cal = cached_calibrate(self._by_gpu.get(key[0], ()), key[0], key[1])
             self._calibrations[key] = cal
         return cal
 

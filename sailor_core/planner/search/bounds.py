@@ -365,13 +365,22 @@ def rings_s(network, gpu: str, dp_degree: int, room: dict[str, int], nbytes):
         return np.min([network.uniform_allreduce_times_s(nbytes, Endpoint(zone=z, gpu=gpu), d) for z in alone],
                       axis=0)
     best = None
+    # The sets of zones share their hops: time each (sender, receiver) pair once per call (the
+    # network's own memo keys on the endpoints and the sizes' bytes, dearer than the lookup).
+    hops: dict[tuple[str, str], object] = {}
+
+    def hop(a: str, b: str):
+        t = hops.get((a, b))
+        if t is None:
+            t = hops[(a, b)] = network.uniform_allreduce_times_s(nbytes, Endpoint(zone=a, gpu=gpu), d,
+                                                                  to=Endpoint(zone=b, gpu=gpu))
+        return t
+
     for size in range(2, len(room) + 1):
         for zones in itertools.combinations(sorted(room), size):
             if sum(room[z] for z in zones) < d:
                 continue
-            ring = np.max([network.uniform_allreduce_times_s(nbytes, Endpoint(zone=a, gpu=gpu), d,
-                                                             to=Endpoint(zone=b, gpu=gpu))
-                           for a, b in ring_hop_pairs(ring_zone_order(zones))], axis=0)
+            ring = np.max([hop(a, b) for a, b in ring_hop_pairs(ring_zone_order(zones))], axis=0)
             best = ring if best is None else np.minimum(best, ring)
     assert best is not None, "a segment's replicas fit its GPU type's zones"
     return best
