@@ -66,6 +66,10 @@ def _job(home) -> dict | None:
         return None
 
 
+def _lease(home) -> dict:
+    return json.loads((home / "jobs" / JOB_ID / "lease.json").read_text())
+
+
 def _flow_run(run_id: str):
     from prefect.client.orchestration import get_client
 
@@ -107,6 +111,8 @@ def _instances_left(home) -> set[int]:
 def test_ctrl_c_stops_with_a_final_checkpoint_and_a_new_process_continues_from_it(home, prefect_api, tmp_path,
                                                                                    checkpoint_url):
     extra = ("--checkpoint-url", checkpoint_url) if checkpoint_url else ()
+    if checkpoint_url:  # a gs:// bucket must exist, as on GCP; the embedded cloud's buckets are its folders
+        (home / "cloud" / "buckets" / checkpoint_url.split("/")[2]).mkdir(parents=True)
     code, out, err = _train_until_stopped(home, prefect_api, *extra)
     assert code == 130, (code, out[-3000:], err[-3000:])
     assert "Traceback" not in err and "KeyboardInterrupt" not in out + err, err[-3000:]
@@ -122,6 +128,7 @@ def test_ctrl_c_stops_with_a_final_checkpoint_and_a_new_process_continues_from_i
     assert stopped["spec"]["checkpoint_url"] == (checkpoint_url or f"s3://sailor-jobs/{JOB_ID}/checkpoints")
     assert reason in out, out[-3000:]  # the summary
     assert not _instances_left(home)
+    assert _lease(home)["released"], "a graceful stop releases the job's lease: a continuation need not wait it out"
     run = _flow_run(stopped["flow_run_id"])
     assert run.state.type.value == "CANCELLED" and run.state.message == reason
 
@@ -133,6 +140,7 @@ def test_ctrl_c_stops_with_a_final_checkpoint_and_a_new_process_continues_from_i
     out2, err2 = (b.decode() for b in again.communicate(timeout=600))
     assert again.returncode == 0, (out2[-3000:], err2[-3000:])
     assert f"job {JOB_ID} continues with its own settings" in err2
+    assert "waiting for the lease" not in out2 + err2
     assert f"{STEPS}/{STEPS}" in out2 and "/30 " not in out2, out2[-3000:]  # the bar's total is the job's
     done = _job(home)
     assert done["status"] == "succeeded" and done["steps_done"] == STEPS
@@ -184,5 +192,6 @@ def test_a_cancel_of_the_flow_run_stops_it_with_a_final_checkpoint(home, prefect
     assert stopped["status"] == "cancelled" and stopped["status_reason"] == reason
     assert STOP_AFTER <= ckpt == stopped["steps_done"] < STEPS
     assert not _instances_left(home)
+    assert _lease(home)["released"]
     run = _flow_run(stopped["flow_run_id"])
     assert run.state.type.value == "CANCELLED" and run.state.message == reason
