@@ -106,7 +106,7 @@ def _instances_left(home) -> set[int]:
     return home_pids(home, (b"sailor_core.runtime",))
 
 
-@pytest.mark.slow  # ~5-6 min each on 2 busy cores: two flow runs, an export
+@pytest.mark.slow  # ~2 min each (5 on 2 busy cores): two flow runs, an export
 @pytest.mark.parametrize("checkpoint_url", [None, GS_CHECKPOINTS], ids=["default", "gs"])
 def test_ctrl_c_stops_with_a_final_checkpoint_and_a_new_process_continues_from_it(home, prefect_api, tmp_path,
                                                                                    checkpoint_url):
@@ -179,7 +179,7 @@ def _assert_logits_equal(checkpoint_dir: Path, folder) -> None:
         assert float((exported(input_ids=tokens).logits - engine(tokens)).abs().max()) <= TOL
 
 
-@pytest.mark.slow  # ~1-2 min: a flow run
+@pytest.mark.slow  # ~30 s (1 min on 2 busy cores): a flow run
 def test_a_cancel_of_the_flow_run_stops_it_with_a_final_checkpoint(home, prefect_api):
     """What a cancel in the Prefect UI does to the run's process (its worker SIGTERMs it; Prefect raises
     TerminationSignal in the flow), here to `sailor train`'s own: the workers checkpoint, the run ends Cancelled."""
