@@ -102,7 +102,10 @@ class DiskBuckets:
              # what another server over the same folder wrote shows within a second (0 s: each request
              # re-reads every folder, and a server slows to seconds per request within minutes)
              "--dir-cache-time", "1s"],
-            stdin=subprocess.DEVNULL, stdout=log, stderr=log)
+            stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+            # not in this process's group: a terminal's Ctrl-C to `sailor train` would end the storage
+            # its workers take their final checkpoint to (this process stops rclone itself)
+            start_new_session=True)
         log.close()
         # what a later start ends if this process dies without stopping it (rclone outlives its parent)
         (self.root.parent / f"rclone-{os.getpid()}.pid").write_text(str(self._process.pid))
