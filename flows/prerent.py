@@ -11,6 +11,7 @@ embedded cloud, its buckets on disk (S3 and GCS, ``infra.config.use_embedded_sto
 from __future__ import annotations
 
 from infra import config
+from sailor_core.catalog.clouds import rented_clouds
 from sailor_core.catalog.instances import catalog_offers
 from sailor_core.job.prerent import check_inputs, check_reach, local_checkpoint_problem
 from sailor_core.job.spec import JobSpec, JobSpecError
@@ -22,6 +23,7 @@ def check_before_renting(spec: JobSpec, *, cloud: str, max_gpus_per_zone: int) -
     problem = local_checkpoint_problem(spec.checkpoint_url)
     if problem:  # on every cloud, as the flow's session refuses it
         raise JobSpecError("checkpoint_url", f"{spec.checkpoint_url}: {problem}")
+    _refuse_gcs_beyond_gcp(spec)
     embedded = not (cloud == "real" or (cloud == "auto" and config.real_clouds()))
     check_inputs(_reach_embedded_storage(spec) if embedded else spec)
     offers = catalog_offers(gpus=spec.gpus or None, zones=spec.zones or None, clouds=spec.clouds or None)
@@ -34,3 +36,16 @@ def _reach_embedded_storage(spec: JobSpec) -> JobSpec:
     if any(u.startswith(("s3://", "gs://")) for u in (spec.dataset, spec.init_from, spec.checkpoint_url)):
         config.use_embedded_storage()
     return spec
+
+
+def _refuse_gcs_beyond_gcp(spec: JobSpec) -> None:
+    """A gs:// location is reached by a GCE instance's service account; an AWS instance has no GCP
+    identity (its boot would fail with 403 after renting), so such a job runs on GCP alone."""
+    gcs = [(f, u) for f, u in (("data", spec.dataset), ("init_from", spec.init_from),
+                               ("checkpoint_url", spec.checkpoint_url)) if u.startswith("gs://")]
+    others = [c for c in (spec.clouds or rented_clouds()) if c != "gcp"]
+    if gcs and others:
+        field, url = gcs[0]
+        flag = "--" + field.replace("_", "-")
+        raise JobSpecError("clouds", f"must be gcp alone for a job with gs:// locations ({flag} {url}): "
+                                     f"{', '.join(others)} instances have no GCP identity; give --clouds gcp")

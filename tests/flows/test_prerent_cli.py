@@ -47,7 +47,11 @@ BAD_INPUTS = {
     "corrupt safetensors": (["--model", "{llama}", "--init-from", "{corrupt}"],
                             "--init-from {corrupt}/model.safetensors: tensor"),
     "missing data bucket": (["--data", "s3://no-such-bucket/corpus/tokens.bin"], "no bucket 'no-such-bucket'"),
-    "missing gs:// data bucket": (["--data", "gs://no-such-bucket/corpus/tokens.bin"], "no bucket 'no-such-bucket'"),
+    "missing gs:// data bucket": (["--clouds", "gcp", "--data", "gs://no-such-bucket/corpus/tokens.bin"],
+                                  "no bucket 'no-such-bucket'"),
+    "gs:// with AWS allowed": (["--checkpoint-url", "gs://ckpt-bucket/job"],
+                               "--clouds must be gcp alone for a job with gs:// locations (--checkpoint-url "
+                               "gs://ckpt-bucket/job): aws instances have no GCP identity; give --clouds gcp"),
     "local checkpoint folder": (["--checkpoint-url", "{unwritable}"],
                                 "--checkpoint-url {unwritable}: a folder on this machine is out of the instances' reach"),
     "unreachable throughput floor": (["--min-throughput", "1e9"],
