@@ -21,6 +21,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from infra.local.network import pid_alive
 from sailor_core import settings
 
 # Paths inside an instance's metadata tree, as the real metadata servers name them.
@@ -70,7 +71,7 @@ def reap_dead_runs(runs: Path) -> list[str]:
     Returns the instance ids reaped."""
     reaped: list[str] = []
     for run in sorted(runs.glob("*")) if runs.is_dir() else []:
-        if not run.name.isdigit() or _pid_alive(int(run.name)):
+        if not run.name.isdigit() or pid_alive(int(run.name)):
             continue
         for pgid_file in run.glob(f"instances/*/{PGID_FILE}"):
             try:
@@ -80,16 +81,6 @@ def reap_dead_runs(runs: Path) -> list[str]:
                 pass
         shutil.rmtree(run, ignore_errors=True)
     return reaped
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-        return True
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
 
 
 class Machines:

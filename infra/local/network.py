@@ -89,7 +89,8 @@ def _run(*args: str, input_text: str | None = None, check: bool = True) -> subpr
     return proc
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists (one of another user counts)."""
     try:
         os.kill(pid, 0)
         return True
@@ -114,7 +115,7 @@ def _owner_alive(fields: list[str]) -> bool:
         pid = int(fields[0])
     except (ValueError, IndexError):
         return False
-    if not _pid_alive(pid):
+    if not pid_alive(pid):
         return False
     started = fields[2] if len(fields) > 2 else ""
     return not started or started == _start_ticks(pid)
