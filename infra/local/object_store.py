@@ -12,13 +12,16 @@ fronts decide who may do what, as before:
 - S3 through the cloud's AWS endpoint (``infra/local/aws_server.py``): the identity guard, then
   bucket settings (public access block, encryption, ownership) to moto's S3, objects and
   listings here.
-- GCS's XML API through ``gcs_endpoint`` (this module's front): for what ``sailor_core.storage``
-  uses -- PUT, GET with Range, HEAD, DELETE, ``GET /bucket?list-type=2`` -- GCS's XML API is
-  S3's, so the front forwards it after its own guard.  ``s3://b`` and ``gs://b`` name the same
-  folder on the embedded cloud.
+- GCS's XML API through ``instance_gcs_endpoint`` (this module's front, what instances reach):
+  for what ``sailor_core.storage`` uses -- PUT, GET with Range, HEAD, DELETE,
+  ``GET /bucket?list-type=2`` -- GCS's XML API is S3's, so the front forwards it once the
+  guard allowed it: the bearer token's service account must be granted the request by the
+  bucket's IAM policy (``infra/local/gcp_iam.py``); no token or an unknown one is refused.
+  ``s3://b`` and ``gs://b`` name the same folder on the embedded cloud.
 
 rclone listens on the loopback address only: instances reach storage through the fronts, this
-machine's own processes through ``endpoint`` (loopback, no guard, as rclone itself).  Every front
+machine's own processes through ``endpoint`` and ``gcs_endpoint`` (the same loopback forward, no
+guard, as rclone itself: the controller is the buckets' owner).  Every front
 forwards with one fix: rclone answers a ranged GET with status 200 (and the range's bytes), S3 206.
 """
 
@@ -84,9 +87,10 @@ class _QuietHandler(WSGIRequestHandler):
 class DiskBuckets:
     """rclone serving ``root`` on the loopback address, and the GCS front over it."""
 
-    def __init__(self, root: str | Path, *, gcs_guard: Callable[[str, str, str], str | None] | None = None) -> None:
+    def __init__(self, root: str | Path, *, gcs_guard: Callable[[str, str, str, str], str | None] | None = None) -> None:
         self.root = Path(root)
-        self.gcs_guard = gcs_guard  # (bearer token, method, path) -> why it is refused, or None
+        # (bearer token, method, path, copy source) -> why it is refused, or None; none: all refused
+        self.gcs_guard = gcs_guard
         self._process: subprocess.Popen | None = None
         self._port = 0
         self._gcs = self._local = None
@@ -160,6 +164,12 @@ class DiskBuckets:
 
     @property
     def gcs_endpoint(self) -> str:
+        """GCS (its XML API) for this machine's processes: the loopback forward, as ``endpoint``."""
+        return self.endpoint
+
+    @property
+    def instance_gcs_endpoint(self) -> str:
+        """GCS for the instances: every request checked by ``gcs_guard``."""
         host, port = self._gcs.server_address[:2]
         return f"http://{host}:{port}"
 
@@ -226,11 +236,15 @@ class DiskBuckets:
         raise AssertionError("unreachable: the last try returns or raises")
 
     def _gcs_front(self, environ, start_response):
+        """An instance's GCS request: forwarded only when the guard finds its token's account granted it."""
         auth = environ.get("HTTP_AUTHORIZATION", "")
         token = auth[len("Bearer "):] if auth.startswith("Bearer ") else ""
         query = environ.get("QUERY_STRING", "")
         path = environ.get("PATH_INFO", "/") + (f"?{query}" if query else "")
-        why = self.gcs_guard(token, environ.get("REQUEST_METHOD", "GET"), path) if self.gcs_guard else None
+        copy_source = environ.get("HTTP_X_GOOG_COPY_SOURCE") or environ.get("HTTP_X_AMZ_COPY_SOURCE") or ""
+        method = environ.get("REQUEST_METHOD", "GET")
+        why = (self.gcs_guard(token, method, path, copy_source) if self.gcs_guard
+               else "this front serves no instances (no guard)")
         if why is not None:
             body = f"<?xml version='1.0' encoding='UTF-8'?><Error><Code>AccessDenied</Code><Message>{why}</Message></Error>"
             data = body.encode()
