@@ -50,6 +50,7 @@ from sailor_core.ports import free_port
 _HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade", "proxy-authorization",
                "proxy-authenticate", "host", "authorization", "content-length", "content-type"}
 _BUCKET = re.compile(r"^[a-z0-9][a-z0-9.\-_]{1,61}[a-z0-9]$")
+_IP = re.compile(r"^\d+\.\d+\.\d+\.\d+$")
 _START_TIMEOUT_S = 10.0
 _READ_TRIES = 5
 
@@ -77,6 +78,23 @@ def reap_orphan_servers(folder: Path) -> None:
         except (OSError, ValueError):
             pass
         marker.unlink(missing_ok=True)
+
+
+def bucket_name_problem(scheme: str, name: str) -> str | None:
+    """Why ``name`` cannot name a bucket of ``scheme`` (``s3``, ``gs``) by that cloud's naming rules;
+    None when it can.  Both: 3 to 63 of lower-case letters, digits, ``-`` and ``.``, a letter or
+    digit at each end, no ``..``, not an IP address; S3 no ``_`` (GCS allows it), GCS no ``goog``
+    prefix nor ``google`` in it."""
+    if not 3 <= len(name) <= 63:
+        return f"a bucket name has 3 to 63 characters, {name!r} has {len(name)}"
+    allowed = "lower-case letters, digits, '-', '.'" + (" and '_'" if scheme == "gs" else "")
+    if not _BUCKET.match(name) or (scheme == "s3" and "_" in name):
+        return f"{name!r}: a bucket name has only {allowed}, and a letter or digit at each end"
+    if ".." in name or _IP.match(name):
+        return f"{name!r}: a bucket name has no '..' and is not an IP address"
+    if scheme == "gs" and (name.startswith("goog") or "google" in name):
+        return f"{name!r}: a GCS bucket name may not start with 'goog' nor contain 'google'"
+    return None
 
 
 class _QuietHandler(WSGIRequestHandler):
