@@ -180,3 +180,27 @@ def test_an_instance_reaches_exactly_its_jobs_urls_with_its_own_token(cloud, pro
         assert providers["gcp"].delete_job_identity("job-a") == [email]
     assert providers["gcp"].job_identity_leftovers("job-a") == []
     assert cloud.gcp_iam.handle("GET", "/storage/v1/b/gcp-access/iam", dict)[1]["bindings"] == []
+
+
+def test_a_jobs_session_makes_its_gcp_account_and_the_aws_role_trusts_that_account(cloud, providers):
+    """``open_job_resources`` (tasks/job_resources.py): with instances on both clouds, a gs:// checkpoint
+    location and an s3:// jobs bucket, GCP grants the job's account its gs:// prefix and AWS's role
+    trusts that same account (no shared one); closing the session deletes both."""
+    from infra.local.identity import _web_identity_audiences
+    from tasks.cloud import close_session
+    from tasks.cloud_session import CloudSession
+    from tasks.job_resources import job_leftovers, open_job_resources
+
+    cloud.disk.ensure_bucket("sess-ckpt")
+    session = CloudSession(mode="real", job_id="sess-a", jobs_url="s3://sess-jobs/sess-a", providers=providers)
+    open_job_resources(session, JobSpec(budget_usd=1, checkpoint_url="gs://sess-ckpt/runs/sess-a"))
+    try:
+        account = job_account_email("sess-a", "sailor-local")
+        assert cloud.gcp_iam.has_account(account)
+        assert cloud.gcp_iam.refusal(account, "PUT", "/sess-ckpt/runs/sess-a/step_1/x") is None
+        assert cloud.gcp_iam.refusal(account, "PUT", "/sess-ckpt/runs/sess-b/step_1/x") is not None
+        role = providers["aws"]._do_iam("get_role", RoleName="sailor-sess-a")["Role"]
+        assert _web_identity_audiences(role["AssumeRolePolicyDocument"]) == {account}
+    finally:
+        close_session(session)
+    assert job_leftovers("sess-a", providers) == []
