@@ -143,6 +143,10 @@ class GcpJobIdentities:
         self._request("DELETE", self._account_url(email), ok_missing=True)
         return [email]
 
+    def accounts_readable(self) -> None:
+        """Raises unless these credentials may list the project's service accounts (``sailor doctor``)."""
+        self._request("GET", f"{self._account_url()}?pageSize=1")
+
     def leftovers(self, job_id: str) -> list[str]:
         email = job_account_email(job_id, self.project)
         return [email] if self._request("GET", self._account_url(email), ok_missing=True) is not None else []

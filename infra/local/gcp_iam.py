@@ -100,6 +100,9 @@ class GcpIam:
                     "description", ""))
             except KeyError:
                 return _error(409, "ALREADY_EXISTS", f"Service account {account_id} already exists")
+        if email is None and method == "GET":
+            with self._lock:
+                return 200, {"accounts": [dict(a) for a in self._accounts.values()]}
         with self._lock:
             found = self._accounts.get(email or "")
             if found is not None and method == "DELETE":
