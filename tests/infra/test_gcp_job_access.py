@@ -53,6 +53,19 @@ def test_a_data_object_is_granted_as_that_object_and_nothing_beside_it():
     assert not _can(iam, "GET", "gs://data-bucket?list-type=2&prefix=corpus/")
 
 
+def test_a_data_prefix_is_read_as_a_folder_and_nothing_beside_it():
+    """A prefix the job reads (a folder of data) grants its objects and listings, not a neighbour with the same start."""
+    iam = GcpIam(project="p", bucket_exists=lambda name: True)
+    (bucket, bindings), = job_bindings(MEMBER, "job-a", read_only=["gs://data-bucket/corpus"]).items()
+    assert iam.handle("PUT", f"/storage/v1/b/{bucket}/iam", lambda: {"bindings": bindings, "version": 3})[0] == 200
+    assert _can(iam, "GET", "gs://data-bucket/corpus/shard-0.bin")
+    assert _can(iam, "GET", "gs://data-bucket?list-type=2&prefix=corpus/")
+    for refused in ("gs://data-bucket/corpus2/shard-0.bin", "gs://data-bucket/corpus", "gs://data-bucket/top.bin"):
+        assert not _can(iam, "GET", refused), refused
+    assert not _can(iam, "PUT", "gs://data-bucket/corpus/shard-0.bin")
+    assert not _can(iam, "GET", "gs://data-bucket?list-type=2&prefix=corpus2/")
+
+
 def test_the_init_from_folder_is_read_as_a_prefix_and_a_bucket_root_as_the_bucket():
     iam = _iam(JobSpec(budget_usd=1, init_from="gs://models/llama-1b"))
     assert _can(iam, "GET", "gs://models/llama-1b/config.json")
