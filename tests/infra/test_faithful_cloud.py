@@ -10,6 +10,7 @@ import json
 import os
 import re
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -210,9 +211,16 @@ def test_two_gcp_jobs_at_once_each_get_their_own_jobs_account_and_role(cloud, pr
             assert cloud.identities.token_account(token) == accounts[job]
             assert cloud.gcp_iam.refusal(accounts[job], "PUT", f"/twin-gs/{job}/x") is None
             assert cloud.gcp_iam.refusal(accounts[job], "PUT", f"/twin-gs/{other}/x") is not None
-        # a role is handed only to an instance whose account its trust names, even under its job's name
+        # a role is handed only to an instance whose account its trust names, even under its job's name:
+        # a twin-b instance running as twin-a's account gets no role at all
         trust_b = providers["aws"]._do_iam("get_role", RoleName=job_resource_name("twin-b"))["Role"]
         assert accounts["twin-a"] not in json.dumps(trust_b["AssumeRolePolicyDocument"])
+        providers["gcp"].terminate_instances({"sailor-job": "twin-b"})
+        providers["gcp"]._accounts["twin-b"] = accounts["twin-a"]
+        impostor = _boot_one(cloud, providers, "twin-b", script="#!/bin/bash\nsleep 60\n", cloud_name="gcp")
+        base = f"{cloud.gce_endpoint}/metadata/{impostor.instance_id}/latest/meta-data/iam/security-credentials/"
+        with pytest.raises(urllib.error.HTTPError, match="404"):
+            urllib.request.urlopen(base)
     finally:
         for job in jobs:
             providers["gcp"].terminate_instances({"sailor-job": job})
