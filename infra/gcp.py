@@ -87,6 +87,9 @@ def translate_gcp_error(exc: Exception, *, zone: str = "", what: str = "") -> Ex
         return CloudConfigError(msg, cloud="gcp", zone=zone, code="unauthorized")
     if isinstance(exc, gexc.BadRequest) and "does not exist in zone" in str(exc):
         return CapacityError(msg, cloud="gcp", zone=zone, code="NOT_OFFERED")
+    if isinstance(exc, gexc.BadRequest) and "/serviceAccounts/" in str(exc) and "not found" in str(exc):
+        # a job's account made seconds ago: IAM is eventually consistent, GCE sees it within a minute
+        return TransientCloudError(msg, cloud="gcp", zone=zone, code="serviceAccountNotFound")
     if isinstance(exc, gexc.GoogleAPICallError):
         return CloudError(msg, cloud="gcp", zone=zone, code=str(getattr(exc, "code", "")))
     return exc

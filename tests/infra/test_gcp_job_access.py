@@ -217,3 +217,15 @@ def test_a_jobs_session_makes_its_gcp_account_and_the_aws_role_trusts_that_accou
     finally:
         close_session(session)
     assert job_leftovers("sess-a", providers) == []
+
+
+def test_an_instance_with_an_unknown_account_is_refused_and_retried_as_iam_propagation(cloud, providers):
+    """GCE refuses an account that does not exist; right after its creation on real GCP that is IAM's
+    propagation delay, so the provider retries it as transient rather than failing the attempt."""
+    from infra.errors import TransientCloudError
+
+    providers["gcp"]._accounts["ghost"] = job_account_email("ghost", "sailor-local")  # never created
+    with pytest.raises(TransientCloudError, match="serviceAccounts/sailor-ghost@"):
+        providers["gcp"].run_instances(zone="us-central1-a", instance_type="n1-standard-4-t4x1", count=1,
+                                       labels=job_labels("ghost", 1), startup_script="#!/bin/bash\nsleep 60\n")
+    assert providers["gcp"].query_instances(job_labels("ghost")) == []
