@@ -34,9 +34,10 @@ def open_job_resources(session: CloudSession, spec: JobSpec) -> None:
         # a cloud whose instances run as the job's own account makes it even with none of its URLs to grant
         runs_as_it = provider.cloud in session.providers and provider.job_instance_account(session.job_id) is not None
         if rw or runs_as_it:
+            # registered first: a create that fails half-way (an account made, a bucket refused) is undone too
+            session._closers.append(lambda p=provider: p.delete_job_identity(session.job_id))
             provider.create_job_identity(session.job_id, read_write=sorted(rw), trusted_accounts=trusted,
                                          **job_reads(spec, scheme))
-            session._closers.append(lambda p=provider: p.delete_job_identity(session.job_id))
 
 
 def job_reads(spec: JobSpec, scheme: str) -> dict[str, list[str]]:

@@ -199,6 +199,7 @@ def test_a_jobs_session_makes_its_gcp_account_and_the_aws_role_trusts_that_accou
     """``open_job_resources`` (tasks/job_resources.py): with instances on both clouds, a gs:// checkpoint
     location and an s3:// jobs bucket, GCP grants the job's account its gs:// prefix and AWS's role
     trusts that same account (no shared one); closing the session deletes both."""
+    from infra.errors import CloudError
     from infra.local.identity import _web_identity_audiences
     from tasks.cloud import close_session
     from tasks.cloud_session import CloudSession
@@ -217,6 +218,12 @@ def test_a_jobs_session_makes_its_gcp_account_and_the_aws_role_trusts_that_accou
     finally:
         close_session(session)
     assert job_leftovers("sess-a", providers) == []
+    # a grant the cloud refuses (no such bucket) fails the session's opening and leaves no account behind
+    failing = CloudSession(mode="real", job_id="sess-b", jobs_url="s3://sess-jobs/sess-b", providers=providers)
+    with pytest.raises(CloudError, match="404"):
+        open_job_resources(failing, JobSpec(budget_usd=1, checkpoint_url="gs://no-such-bucket/runs/sess-b"))
+    close_session(failing)
+    assert job_leftovers("sess-b", providers) == []
 
 
 def test_an_instance_with_an_unknown_account_is_refused_and_retried_as_iam_propagation(cloud, providers):
