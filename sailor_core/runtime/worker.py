@@ -37,7 +37,9 @@ threads; memory: each rank's high-water mark, ``runtime/metrics.py`` says how ea
 counted and what it costs); with ``--tensorboard-url`` and the trackers' environment rank 0
 logs them there too (``runtime/trackers.py``), and a last
 line ``{"event": "done" | "preempted" | "peer_lost" | "error", ...}``; after every checkpoint
-committed ``{"event": "checkpoint", "step", "url", "unix_s"}``; ``peer_lost``
+committed ``{"event": "checkpoint", "step", "url", "unix_s"}`` (periodic ones are written in the
+background, ``runtime/checkpoint_writer.py``: the line comes at the end of the step during which
+the write finished; the stop's and the last step's are written at once, after the one in flight); ``peer_lost``
 carries ``dead_ranks`` (from heartbeats through the rendezvous store).  Any rank appends its
 own ``{"event": "error", "rank", "message"}`` line (bad input, its checkpoint I/O failing).
 A step after which the held-out samples were evaluated (every ``--validate-every`` steps and
