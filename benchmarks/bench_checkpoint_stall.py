@@ -91,14 +91,27 @@ def _same_bytes(a: dict, b: dict) -> bool:
 
 
 def _s3_url() -> tuple[str, object]:
-    import boto3
-    from moto.server import ThreadedMotoServer
+    """moto's S3 server in a process of its own: in this one its request handling would take the
+    training thread's interpreter lock, which a real object store does not."""
+    import subprocess
+    import urllib.request
 
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    os.environ.update(AWS_ENDPOINT_URL=f"http://{host}:{port}", AWS_ACCESS_KEY_ID="x",
-                      AWS_SECRET_ACCESS_KEY="x", AWS_DEFAULT_REGION="us-east-1")
+    import boto3
+
+    from sailor_core.ports import free_port
+
+    port = free_port()
+    server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    endpoint = f"http://127.0.0.1:{port}"
+    for _ in range(300):
+        try:
+            urllib.request.urlopen(f"{endpoint}/moto-api/", timeout=1).read()
+            break
+        except OSError:
+            time.sleep(0.1)
+    os.environ.update(AWS_ENDPOINT_URL=endpoint, AWS_ACCESS_KEY_ID="x", AWS_SECRET_ACCESS_KEY="x",
+                      AWS_DEFAULT_REGION="us-east-1")
     boto3.client("s3").create_bucket(Bucket="bench-stall")
     return "s3://bench-stall", server
 
@@ -109,7 +122,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--every", type=int, default=3)
     ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--s3", action="store_true", help="write to moto's S3 server on localhost")
+    ap.add_argument("--s3", action="store_true", help="write to moto's S3 server on localhost (its own process)")
     args = ap.parse_args()
     import torch
     import torch.distributed as dist
@@ -146,7 +159,8 @@ def main() -> None:
     print(json.dumps([{k: v for k, v in row.items() if k != "url"} for row in rows]))
     dist.destroy_process_group()
     if server is not None:
-        server.stop()
+        server.terminate()
+        server.wait()
 
 
 if __name__ == "__main__":
