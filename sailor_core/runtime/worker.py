@@ -417,7 +417,7 @@ def _train(run: _Run) -> int:
         if run.storage is not None and args.ckpt_every and trainer.step % args.ckpt_every == 0:
             _save_once(run)
         elif run.storage is not None:
-            _note_checkpoints(run)
+            _note_checkpoints(run)  # a background write may have committed during the step
     if run.storage is not None:
         _save_once(run, now=True)
     metrics.write({"event": "done", "step": trainer.step})
