@@ -41,9 +41,11 @@ def main(argv: list[str] | None = None) -> int:
         "gce_endpoint": cloud.gce_endpoint,
         "gcs_endpoint": cloud.gcs_endpoint,
         "control_url": f"{cloud.gce_endpoint}/sailor",
+        "control_secret_file": str(cloud.control_secret_file),  # 0600: the secret itself is never in this file
         "metadata_url": f"{cloud.gce_endpoint}/metadata",
         "project": PROJECT,
         "network": cloud.network.mode,
+        "metadata_tells_instances_apart": cloud.network.enforced,
         "state_dir": str(cloud.state_dir),
         "started_at": time.time(),
     }

@@ -161,11 +161,16 @@ class Machines:
             env[settings.NOTICE_S_ENV] = str(self.notice_s)
         env.update(self.endpoint_env)
         if self.metadata_url:
-            env[settings.METADATA_URL_ENV] = f"{self.metadata_url}/{machine.instance_id}"
-            # where the AWS SDKs and obstore ask for the instance profile's credentials (IMDS)
-            env["AWS_METADATA_ENDPOINT"] = f"{self.metadata_url}/{machine.instance_id}"
+            # The server knows the caller by its address (netns); on the shared 127.0.0.1 (host) it
+            # must name itself (infra/local/metadata_door.py).
+            by_address = self.network is not None and self.network.enforced
+            base = self.metadata_url if by_address else f"{self.metadata_url}/{machine.instance_id}"
+            env[settings.METADATA_URL_ENV] = base
+            # where obstore (AWS_METADATA_ENDPOINT) and botocore ask for the instance profile's credentials (IMDSv2)
+            env["AWS_METADATA_ENDPOINT"] = base
+            env["AWS_EC2_METADATA_SERVICE_ENDPOINT"] = base + "/"
             if machine.cloud == "gcp":  # where obstore asks for the VM's service-account token (GCS)
-                env["GCE_METADATA_HOST"] = f"{self.metadata_url.split('://', 1)[-1]}/{machine.instance_id}"
+                env["GCE_METADATA_HOST"] = base.split("://", 1)[-1]
         return env
 
     def _start(self, machine: Machine, script: str) -> subprocess.Popen:
@@ -237,6 +242,9 @@ class Machines:
         machine.ended = True
         if self.network is not None:
             self.network.detach(instance_id)
+        # Its disk goes with it (wheel, scripts, rank logs, metadata, console): the agent has put its
+        # logs in the job's bucket (`sailor logs`), and nothing of a job stays on the host after it.
+        shutil.rmtree(machine.directory, ignore_errors=True)
 
     def _alive(self, machine: Machine) -> bool:
         if machine.process is None:

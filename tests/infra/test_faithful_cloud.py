@@ -10,7 +10,6 @@ import json
 import os
 import re
 import time
-import urllib.request
 from pathlib import Path
 
 import boto3
@@ -24,6 +23,7 @@ from infra.records import job_labels, job_resource_name
 from sailor_core.job.protocol import AgentAction, AgentAssignment, AgentState, read_status, write_assignment
 from sailor_core.storage import StorageError, open_storage
 from tests.infra.conftest import wait_until
+from tests.instance_calls import metadata, role_credentials
 
 BUCKET = "faithful-jobs"
 
@@ -140,9 +140,7 @@ def test_a_failed_boot_is_reported_in_the_bucket_with_its_log_tail(cloud, provid
 
 
 def _imds_credentials(cloud, instance_id: str) -> dict:
-    base = f"{cloud.gce_endpoint}/metadata/{instance_id}/latest/meta-data/iam/security-credentials"
-    role = urllib.request.urlopen(f"{base}/").read().decode()
-    return json.loads(urllib.request.urlopen(f"{base}/{role}").read())
+    return role_credentials(cloud, instance_id)  # as the instance asks: from its address, with a token
 
 
 def test_instance_credentials_reach_the_jobs_prefix_and_nothing_else(cloud, providers, bucket, monkeypatch):
@@ -189,8 +187,8 @@ def test_two_gcp_jobs_at_once_each_get_their_own_jobs_role(cloud, providers, buc
         vms = {job: _boot_one(cloud, providers, job, script="#!/bin/bash\nsleep 60\n", cloud_name="gcp")
                for job in jobs}
         for job, vm in vms.items():
-            base = f"{cloud.gce_endpoint}/metadata/{vm.instance_id}/latest/meta-data/iam/security-credentials"
-            assert urllib.request.urlopen(f"{base}/").read().decode() == job_resource_name(job)
+            assert metadata(cloud, vm.instance_id, "latest/meta-data/iam/security-credentials/") == (
+                200, job_resource_name(job))
             creds = _imds_credentials(cloud, vm.instance_id)
             other = next(j for j in jobs if j != job)
             role = cloud.identities._issued[creds["AccessKeyId"]]

@@ -204,8 +204,10 @@ class ChaosEnv:
         return [i for p in self.providers().values() for i in p.query_instances(job_labels(job_id)) if i.live]
 
     def control(self, route: str, body: dict) -> dict:
+        from infra.config import control_headers
+
         req = urllib.request.Request(f"{self.cloud['control_url']}/{route}", method="POST",
-                                     data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+                                     data=json.dumps(body).encode(), headers=control_headers(self.cloud))
         try:
             with urllib.request.urlopen(req, timeout=10) as resp:
                 return json.loads(resp.read() or b"{}")
