@@ -85,6 +85,7 @@ class EmbeddedCloud:
         self.network = Network(network)  # mode from SAILOR_EMBEDDED_NETWORK unless given
         self.identities = Identities()
         self.trace_files = trace_files
+        self.keep_ended_disks = False  # an ended instance's disk is removed unless asked (before start) to keep it
         self.aws = MotoEC2(regions=self.aws_regions, capacity=self.capacity, faults=self.faults, on_change=self.reconcile,
                            on_launch=self._aws_launched, s3_guard=self._s3_guard, disk=self.disk)
         self.gce = GCEFake(project=PROJECT, capacity=self.capacity, faults=self.faults, boot_s=boot_s,
@@ -115,7 +116,7 @@ class EmbeddedCloud:
         self.machines = Machines(self.state_dir / "instances", metadata_url=f"{self.gce.endpoint}/metadata",
                                  image=image_for_this_machine(), network=self.network,
                                  endpoint_env=self.instance_endpoint_env(), notice_s=self.notice_s,
-                                 trace_files=self.trace_files)
+                                 trace_files=self.trace_files, keep_ended_disks=self.keep_ended_disks)
         self.gce.metadata_handler = self._metadata
         self.gce.control_handler = self.control
         self.gce.control_secret = self.control_secret
@@ -138,6 +139,7 @@ class EmbeddedCloud:
         self.gce.stop()
         self.disk.stop()
         self.network.stop()
+        self.control_secret_file.unlink(missing_ok=True)  # it opened nothing that still runs
         self.started = False
 
     @property

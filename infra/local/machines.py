@@ -90,12 +90,13 @@ class Machines:
     (``image``: Python with the framework, no Sailor); its environment is built from nothing
     (no variable of the process that runs the cloud), with its identity, the endpoints of the
     clouds (``endpoint_env``) and its metadata server.  ``network`` puts it in its own network
-    namespace.  ``trace_files`` runs it under strace to audit which files it touches.
+    namespace.  ``trace_files`` runs it under strace to audit which files it touches.  An ended
+    instance's folder (its disk, metadata and console) is removed unless ``keep_ended_disks``.
     """
 
     def __init__(self, root: Path, *, metadata_url: str | None = None, image=None, network=None,
                  endpoint_env: dict[str, str] | None = None, notice_s: float | None = None,
-                 trace_files: bool = False) -> None:
+                 trace_files: bool = False, keep_ended_disks: bool = False) -> None:
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
         self.metadata_url = metadata_url  # base URL serving <id>/<metadata path>
@@ -104,6 +105,7 @@ class Machines:
         self.endpoint_env = dict(endpoint_env or {})
         self.notice_s = notice_s
         self.trace_files = trace_files
+        self.keep_ended_disks = keep_ended_disks  # asked for by an audit (the chaos harness): kept until the cloud's end
         self._machines: dict[str, Machine] = {}
         self._lock = threading.RLock()
 
@@ -244,7 +246,8 @@ class Machines:
             self.network.detach(instance_id)
         # Its disk goes with it (wheel, scripts, rank logs, metadata, console): the agent has put its
         # logs in the job's bucket (`sailor logs`), and nothing of a job stays on the host after it.
-        shutil.rmtree(machine.directory, ignore_errors=True)
+        if not self.keep_ended_disks:
+            shutil.rmtree(machine.directory, ignore_errors=True)
 
     def _alive(self, machine: Machine) -> bool:
         if machine.process is None:

@@ -150,7 +150,8 @@ class ChaosEnv:
         self.api_url = start_local_server(port=0, timeout_s=300.0)  # slow on a loaded machine
         log = open(self.home / "cloud.log", "ab")
         self.cloud_proc = subprocess.Popen(
-            [sys.executable, "-m", "infra.local.daemon", "--notice-s", str(self.notice_s)],
+            # the audit reads rank 0's step records from the ended instances' disks (_executed_steps)
+            [sys.executable, "-m", "infra.local.daemon", "--notice-s", str(self.notice_s), "--keep-ended-disks"],
             env=self.env(), cwd=str(ROOT), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             start_new_session=True)
         log.close()
