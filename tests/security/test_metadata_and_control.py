@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import stat
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -22,7 +23,7 @@ from infra.local.cloud import SERVICE_ACCOUNT, EmbeddedCloud
 from infra.local.network import netns_available
 from infra.records import job_labels, job_resource_name
 from tests.infra.conftest import embedded, make_providers, wait_until  # noqa: F401 - the session's cloud
-from tests.instance_calls import ask, imds_token, metadata, metadata_base, role_credentials
+from tests.instance_calls import ask, imds_token, metadata, metadata_base, role_credentials, run_as
 
 BUCKET = "security-jobs"
 JOBS = ("sec-a", "sec-b")
@@ -85,6 +86,32 @@ def test_an_instance_gets_its_own_jobs_credentials_and_never_anothers(cloud, two
     with pytest.raises(urllib.error.HTTPError) as refused:
         urllib.request.urlopen(f"{cloud.gce_endpoint}/metadata/{b}/{INSTANCE_ID[name]}", timeout=10)
     assert refused.value.code == 404
+
+
+_FROM = """
+import sys, urllib.request, http.client
+source, url = sys.argv[1], sys.argv[2]
+host, port = url.split("//")[1].split("/")[0].split(":")
+conn = http.client.HTTPConnection(host, int(port), timeout=3, source_address=(source, 0))
+try:
+    conn.request("GET", "/" + url.split("//")[1].split("/", 1)[1], headers={"Metadata-Flavor": "Google"})
+    print(conn.getresponse().status)
+except OSError as exc:
+    print("no answer", type(exc).__name__)
+"""
+
+
+@pytest.mark.parametrize("two_jobs", ["gcp"], indirect=True)
+def test_an_instance_cannot_pass_for_another_by_taking_its_address(cloud, two_jobs):
+    name, a, b = two_jobs
+    b_public = cloud.network.addresses(b).public
+    took = run_as(cloud, a, ["ip", "addr", "add", f"{b_public}/16", "dev", "pub0"])
+    assert took.returncode == 0, took.stderr  # root in its namespace (until confined) may add it...
+    url = f"{metadata_base(cloud, a)}/{INSTANCE_ID[name]}"
+    sent = run_as(cloud, a, [sys.executable, "-c", _FROM, b_public, url])
+    assert sent.stdout.split()[:2] == ["no", "answer"], sent.stdout + sent.stderr  # ...but not send from it
+    own = run_as(cloud, a, [sys.executable, "-c", _FROM, cloud.network.addresses(a).public, url])
+    assert own.stdout.strip() == "200", own.stdout + own.stderr
 
 
 @BOTH
