@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -39,8 +40,12 @@ def run_as(cloud, instance_id: str, argv: list[str], *, env: dict[str, str] | No
     """``argv`` run from the instance's network address, with its metadata URL in the environment."""
     full = {**os.environ, "PYTHONPATH": str(ROOT), "SAILOR_METADATA_URL": metadata_base(cloud, instance_id),
             **(env or {})}
-    return subprocess.run(cloud.network.wrap(instance_id, argv), env=full, capture_output=True, text=True,
-                          timeout=timeout_s, check=False)
+    deadline = time.monotonic() + 15  # a VM is RUNNING before its machine has booted into its namespace
+    while cloud.network.enforced and cloud.network.wrap(instance_id, argv) == argv and time.monotonic() < deadline:
+        time.sleep(0.05)
+    wrapped = cloud.network.wrap(instance_id, argv)
+    assert wrapped != argv or not cloud.network.enforced, f"{instance_id} has no network namespace"
+    return subprocess.run(wrapped, env=full, capture_output=True, text=True, timeout=timeout_s, check=False)
 
 
 def ask(cloud, instance_id: str, url: str, *, method: str = "GET", headers: dict[str, str] | None = None,
