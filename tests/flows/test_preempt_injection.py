@@ -20,9 +20,8 @@ import pytest
 from infra.errors import CloudConfigError
 from infra.records import PREEMPTED, job_labels
 from sailor_core.job import state as js
-from sailor_core.job.protocol import InjectionReport, InjectPreemption
+from sailor_core.job.protocol import InjectionReport
 from sailor_core.job.spec import JobSpec
-from sailor_core.runtime.agent import Agent, _Generation
 from tasks.cloud_session import CloudSession
 from tasks.workers import note_injection, preemption_for_attempt
 
@@ -63,7 +62,6 @@ _RANK0_AGENT = """
 import json, sys
 from pathlib import Path
 from sailor_core.job.protocol import InjectPreemption
-from sailor_core.runtime.agent import Agent, _Generation
 work, victim, control_url = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
 agent = Agent(str(work / "job"), "rank0-host", work / "work")
 gen = _Generation(number=2, losses=[[9, 5.0]],
