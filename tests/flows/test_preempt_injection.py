@@ -62,6 +62,7 @@ _RANK0_AGENT = """
 import json, sys
 from pathlib import Path
 from sailor_core.job.protocol import InjectPreemption
+from sailor_core.runtime.agent import Agent, _Generation
 work, victim, control_url = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
 agent = Agent(str(work / "job"), "rank0-host", work / "work")
 gen = _Generation(number=2, losses=[[9, 5.0]],
