@@ -53,11 +53,21 @@ def standalone_state() -> dict | None:
     try:
         state = json.loads(path.read_text())
         os.kill(int(state["pid"]), 0)
-        with urllib.request.urlopen(f"{state['control_url']}/status", timeout=2) as resp:
+        state["control_secret"] = Path(state["control_secret_file"]).read_text().strip()
+        request = urllib.request.Request(f"{state['control_url']}/status", headers=control_headers(state))
+        with urllib.request.urlopen(request, timeout=2) as resp:
             resp.read()
         return state
     except (OSError, ValueError, KeyError):
         return None
+
+
+def control_headers(ends: dict) -> dict[str, str]:
+    """What a request to the embedded cloud's control API (``ends["control_url"]``) carries: the
+    cloud's secret, which only the controller holds (the Sailor home's 0600 file, or the cloud of
+    this process); the API refuses a request without it."""
+    secret = ends.get("control_secret")
+    return {"Content-Type": "application/json", **({"Authorization": f"Bearer {secret}"} if secret else {})}
 
 
 def buckets_dir() -> Path:
@@ -127,13 +137,13 @@ def point_at_embedded_storage(s3_endpoint: str, gcs_endpoint: str | None) -> Non
 
 
 def embedded_endpoints() -> dict:
-    """aws_endpoint, gce_endpoint, control_url and where they come from."""
+    """aws_endpoint, gce_endpoint, control_url (with control_secret) and where they come from."""
     state = standalone_state()
     if state is not None:
         return {**state, "source": "standalone"}
     cloud = in_process_cloud()
     return {"aws_endpoint": cloud.aws_endpoint, "gce_endpoint": cloud.gce_endpoint, "gcs_endpoint": cloud.gcs_endpoint,
-            "control_url": f"{cloud.gce_endpoint}/sailor",
+            "control_url": f"{cloud.gce_endpoint}/sailor", "control_secret": cloud.control_secret,
             "network": cloud.network.mode, "source": "in-process"}
 
 

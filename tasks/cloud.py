@@ -98,7 +98,8 @@ def open_session(mode: str, *, job_id: str, jobs_url: str, spec: JobSpec) -> Clo
         config.point_at_embedded_storage(ends["aws_endpoint"], ends.get("gcs_endpoint"))
         # Ending a local process group takes about the cloud's halt grace (1 s); bill a margin.
         session = CloudSession(mode=used, job_id=job_id, jobs_url=f"s3://{EMBEDDED_BUCKET}/{job_id}", home_url=jobs_url,
-                               providers=providers, control_url=control_url, network=ends.get("network", "host"),
+                               providers=providers, control_url=control_url,
+                               control_secret=ends.get("control_secret"), network=ends.get("network", "host"),
                                shutdown_s=5.0, worker_stop_s=8.0, heartbeat_timeout_s=60.0)
         s3_client = embedded_s3_client(ends["aws_endpoint"])
     session.checkpoint_url(spec.checkpoint_url)  # a folder the instances cannot reach: refused before anything is rented

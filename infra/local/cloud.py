@@ -16,6 +16,8 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import os
+import secrets
 import tempfile
 import threading
 import time
@@ -30,9 +32,11 @@ from infra.local.gcp_iam import GcpIam
 from infra.local.identity import Identities
 from infra.local.image import image_for_this_machine
 from infra.local.machines import Hardware, Machines
+from infra.local.metadata_door import MetadataDoor
 from infra.local.network import Network
 from infra.local.object_store import DiskBuckets
 from infra.local.rules import aws_allows, gce_allows
+from infra.records import JOB_LABEL
 from infra.retry import RetryPolicy
 from sailor_core.catalog.instances import instance_types
 from sailor_core.errors import InputError, SailorError
@@ -84,6 +88,7 @@ class EmbeddedCloud:
         self.network = Network(network)  # mode from SAILOR_EMBEDDED_NETWORK unless given
         self.identities = Identities()
         self.trace_files = trace_files
+        self.keep_ended_disks = False  # an ended instance's disk is removed unless asked (before start) to keep it
         self.aws = MotoEC2(regions=self.aws_regions, capacity=self.capacity, faults=self.faults, on_change=self.reconcile,
                            on_launch=self._aws_launched, s3_guard=self._s3_guard, disk=self.disk)
         self.gce = GCEFake(project=PROJECT, capacity=self.capacity, faults=self.faults, boot_s=boot_s,
@@ -101,6 +106,10 @@ class EmbeddedCloud:
         self._trace_events_done = 0
         self.shutdown_requested = threading.Event()  # a standalone daemon waits on it
         self.started = False
+        self.door = MetadataDoor(by_address=self.network.enforced)
+        # The control API's secret: the controller's alone (this process, and the Sailor home's file
+        # `control_secret_file` for the CLI); never in an instance's environment or metadata.
+        self.control_secret = secrets.token_urlsafe(32)
 
     # ---- life cycle --------------------------------------------------------------
 
@@ -113,9 +122,14 @@ class EmbeddedCloud:
         self.machines = Machines(self.state_dir / "instances", metadata_url=f"{self.gce.endpoint}/metadata",
                                  image=image_for_this_machine(), network=self.network,
                                  endpoint_env=self.instance_endpoint_env(), notice_s=self.notice_s,
-                                 trace_files=self.trace_files)
+                                 trace_files=self.trace_files, keep_ended_disks=self.keep_ended_disks)
         self.gce.metadata_handler = self._metadata
         self.gce.control_handler = self.control
+        self.gce.control_secret = self.control_secret
+        self._write_control_secret()
+        if not self.network.enforced:
+            log.warning("embedded cloud (host network): every instance is 127.0.0.1, so the metadata server cannot "
+                        "tell instances apart: an instance names itself and could name another (docs/clouds.md)")
         self._ticker = threading.Thread(target=self._tick_loop, name="embedded-cloud", daemon=True)
         self._ticker.start()
         self.started = True
@@ -131,7 +145,20 @@ class EmbeddedCloud:
         self.gce.stop()
         self.disk.stop()
         self.network.stop()
+        self.control_secret_file.unlink(missing_ok=True)  # it opened nothing that still runs
         self.started = False
+
+    @property
+    def control_secret_file(self) -> Path:
+        """The control secret, readable by its owner only (0600), under the cloud's state folder."""
+        return self.state_dir / "control-secret"
+
+    def _write_control_secret(self) -> None:
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        self.control_secret_file.unlink(missing_ok=True)
+        fd = os.open(self.control_secret_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(self.control_secret)
 
     def __enter__(self) -> EmbeddedCloud:
         return self.start()
@@ -386,18 +413,42 @@ class EmbeddedCloud:
             threading.Thread(target=self.machines.halt, args=(inst["name"],),
                              kwargs={"grace_s": self.halt_grace_s}, daemon=True).start()
 
-    def _metadata(self, instance_id: str, path: str, method: str = "GET") -> tuple[int, str]:
-        """The instance's metadata server: preemption notices, identity, and its role's credentials."""
-        machine = self.machines.get(instance_id) if self.machines else None
+    def _metadata(self, caller: str, path: str, method: str, headers, body) -> tuple[int, str]:
+        """The calling instance's metadata server: preemption notices, identity, its role's credentials."""
+        machine, path = self.door.caller(self.machines, caller, path) if self.machines else (None, path)
         if machine is None:
             return 404, "no such instance"
-        answer = self.identities.metadata(self, machine, path.strip("/"), method)
+        answer = self.door.check(machine.instance_id, path, method, headers)
+        if answer is not None:
+            return answer
+        if path == "sailor/preempt" and method == "POST":
+            return self._preempt_for(machine, str(body().get("instance_id", "")))
+        answer = self.identities.metadata(self, machine, path, method)
         if answer is not None:
             return answer
         target = (machine.metadata_dir / path).resolve()
         if machine.metadata_dir.resolve() not in target.parents or not target.is_file():
             return 404, "not found"
         return 200, target.read_text()
+
+    def _preempt_for(self, machine, victim: str) -> tuple[int, str]:
+        """A preemption an instance asks for (``--preempt-at``: the agent that sees each step asks):
+        only of an instance of its own job, never another's, and without the control secret."""
+        job = self.job_of(machine.cloud, machine.instance_id)
+        inst = self._find(victim)
+        if job is None or inst is None or self.job_of(inst.cloud, victim) != job:
+            return 404, "no such live spot instance of this instance's job"
+        return (200, json.dumps({"preempted": [victim]})) if self.preempt(victim) else (404, "not a live spot instance")
+
+    def job_of(self, cloud: str, instance_id: str) -> str | None:
+        """The job an instance was launched for (its ``sailor-job`` tag or label)."""
+        if cloud == "aws":
+            inst = self.aws.find(instance_id)
+            tags = {t["key"]: t["value"] for t in inst.get_tags()} if inst is not None else {}
+            return tags.get(JOB_LABEL)
+        with self.gce._lock:
+            found = next((i for (_, name), i in self.gce.instances.items() if name == instance_id), None)
+            return ((found or {}).get("labels") or {}).get(JOB_LABEL)
 
     def _s3_guard(self, access_key_id: str, method: str, path: str) -> str | None:
         return self.identities.s3_refusal(self, access_key_id, method, path)
@@ -468,6 +519,7 @@ class EmbeddedCloud:
             "buckets_dir": str(self.disk.root),
             "project": PROJECT,
             "network": self.network.mode,
+            "metadata_tells_instances_apart": self.network.enforced,
             "notice_s": self.notice_s,
             "live_instances": [{"cloud": i.cloud, "instance_id": i.instance_id, "zone": i.zone, "gpu": i.gpu,
                                 "num_gpus": i.num_gpus} for i in live],

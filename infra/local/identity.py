@@ -1,6 +1,6 @@
 """What an embedded instance's metadata server says about who it is, and its role's credentials.
 
-AWS instances: IMDSv2 (``PUT latest/api/token``), ``latest/meta-data/instance-id``,
+AWS instances (IMDSv2's tokens: ``metadata_door.py``): ``latest/meta-data/instance-id``,
 ``placement/availability-zone`` and ``iam/security-credentials/<role>``: temporary keys of the
 role in the instance profile attached at launch (recorded by moto's EC2 and IAM).  GCE
 instances: ``computeMetadata/v1/instance/{name,zone,service-accounts/default/email}``; for
@@ -104,8 +104,6 @@ class Identities:
 
     def metadata(self, cloud, machine, path: str, method: str) -> tuple[int, str] | None:
         """The answer for identity and credential paths; None for the others (notices: files)."""
-        if path == "latest/api/token":
-            return (200, secrets.token_urlsafe(32)) if method == "PUT" else (405, "PUT only")
         if path == "latest/meta-data/instance-id" or path == "computeMetadata/v1/instance/name":
             return 200, machine.instance_id
         if path == "latest/meta-data/placement/availability-zone":

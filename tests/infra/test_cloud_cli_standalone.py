@@ -8,6 +8,9 @@ import os
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
+from pathlib import Path
 
 import pytest
 
@@ -44,6 +47,14 @@ def test_standalone_cloud_up_status_preempt_down(tmp_path):
         data = json.loads(status.stdout)
         assert data["running"] and data["pid"] == state["pid"]
         assert [i["instance_id"] for i in data["live_instances"]] == [instance_id]
+        # The control API's secret: in its owner-only file, never in cloud.json nor printed.
+        secret_file = Path(state["control_secret_file"])
+        assert secret_file.stat().st_mode & 0o777 == 0o600
+        secret = secret_file.read_text()
+        assert secret not in (tmp_path / "cloud.json").read_text() and secret not in status.stdout
+        with pytest.raises(urllib.error.HTTPError) as refused:  # without it: refused
+            urllib.request.urlopen(f"{state['control_url']}/status", timeout=10)
+        assert refused.value.code == 401
 
         pre = sailor("cloud", "preempt", instance_id, env=env)
         assert pre.returncode == 0 and instance_id in pre.stdout

@@ -20,6 +20,7 @@ from infra.local.machines import reap_dead_runs
 from infra.local.object_store import DiskBuckets
 from sailor_core.storage import StorageError, open_storage
 from tests.infra.conftest import wait_until
+from tests.instance_calls import metadata
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -103,9 +104,9 @@ def test_gcs_answers_a_vms_own_token_and_refuses_a_made_up_one(cloud, providers)
                               labels=job_labels("gcs-token", 1), startup_script="#!/bin/bash\nsleep 60\n")
     p.wait_instances(job_labels("gcs-token", 1), instance_ids=[inst.instance_id], timeout_s=20)
     assert wait_until(lambda: cloud.machines.get(inst.instance_id) is not None, timeout_s=10)
-    token_url = (f"{cloud.gce_endpoint}/metadata/{inst.instance_id}/computeMetadata/v1/instance/"
-                 "service-accounts/default/token")
-    token = json.loads(urllib.request.urlopen(token_url).read())["access_token"]
+    status, answer = metadata(cloud, inst.instance_id, "computeMetadata/v1/instance/service-accounts/default/token")
+    assert status == 200
+    token = json.loads(answer)["access_token"]
 
     def put(bearer: str | None) -> int:
         req = urllib.request.Request(f"{cloud.instance_gcs_endpoint}/gcs-token-bucket/gcs-token/x.txt", data=b"hi",

@@ -150,7 +150,8 @@ class ChaosEnv:
         self.api_url = start_local_server(port=0, timeout_s=300.0)  # slow on a loaded machine
         log = open(self.home / "cloud.log", "ab")
         self.cloud_proc = subprocess.Popen(
-            [sys.executable, "-m", "infra.local.daemon", "--notice-s", str(self.notice_s)],
+            # the audit reads rank 0's step records from the ended instances' disks (_executed_steps)
+            [sys.executable, "-m", "infra.local.daemon", "--notice-s", str(self.notice_s), "--keep-ended-disks"],
             env=self.env(), cwd=str(ROOT), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             start_new_session=True)
         log.close()
@@ -204,8 +205,10 @@ class ChaosEnv:
         return [i for p in self.providers().values() for i in p.query_instances(job_labels(job_id)) if i.live]
 
     def control(self, route: str, body: dict) -> dict:
+        from infra.config import control_headers
+
         req = urllib.request.Request(f"{self.cloud['control_url']}/{route}", method="POST",
-                                     data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+                                     data=json.dumps(body).encode(), headers=control_headers(self.cloud))
         try:
             with urllib.request.urlopen(req, timeout=10) as resp:
                 return json.loads(resp.read() or b"{}")

@@ -175,5 +175,8 @@ def _status(env) -> dict:
     import json
     import urllib.request
 
-    with urllib.request.urlopen(f"{env.cloud['control_url']}/status", timeout=10) as resp:
+    from infra.config import control_headers
+
+    request = urllib.request.Request(f"{env.cloud['control_url']}/status", headers=control_headers(env.cloud))
+    with urllib.request.urlopen(request, timeout=10) as resp:
         return json.loads(resp.read())

@@ -187,8 +187,9 @@ def test_instances_of_the_embedded_cloud_do_not_inherit_credentials(monkeypatch,
     out = m.root / "env.txt"  # SAILOR_INSTANCE_DIR: the instance's own root
     while time.monotonic() < deadline and not (out.exists() and "SAILOR_INSTANCE_ID" in out.read_text()):
         time.sleep(0.1)
-    machines.halt_all()
     env = out.read_text()
+    machines.halt_all()
+    assert not m.directory.exists()  # an ended instance's disk goes with it
     assert "SAILOR_INSTANCE_ID=i-canary" in env
     assert CANARY_AWS not in env and "AKIACANARY" not in env and str(creds) not in env
 
