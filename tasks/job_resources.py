@@ -54,7 +54,7 @@ def _identity_providers(session: CloudSession) -> list[CloudProvider]:
 
     ends = config.embedded_endpoints()
     scheme = session.jobs_url.split("://", 1)[0]
-    return [p for p in providers_for(ends["aws_endpoint"], ends["gce_endpoint"]).values()
+    return [p for p in providers_for(ends["aws_endpoint"], ends["gce_endpoint"], aws_keys=tuple(ends["aws_keys"])).values()
             if p.supports(Feature.JOB_IDENTITY) and cloud_facts(p.cloud).storage_scheme == scheme]
 
 

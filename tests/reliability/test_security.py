@@ -246,7 +246,7 @@ def _aws_user_data(env, job_id: str) -> list[str]:
     import boto3
 
     out = []
-    session = boto3.Session(aws_access_key_id="testing", aws_secret_access_key="testing")
+    session = boto3.Session(aws_access_key_id=env.cloud["aws_keys"][0], aws_secret_access_key=env.cloud["aws_keys"][1])
     for region in ("us-east-1", "us-west-2", "eu-west-1"):
         ec2 = session.client("ec2", endpoint_url=env.cloud["aws_endpoint"], region_name=region)
         for res in ec2.describe_instances()["Reservations"]:
