@@ -156,7 +156,8 @@ def status_cmd(as_json: bool = typer.Option(False, "--json")) -> None:
         raise fail("embedded cloud is not running (start it with 'sailor cloud up')", code=1)
     status = _control(state, "status")
     if as_json:
-        print_json({"running": True, **state, **status})
+        shown = {k: v for k, v in state.items() if k != "aws_keys"}  # the administrator's secret stays in the file
+        print_json({"running": True, **shown, **status})
         return
     _print_state(state, "up")
     con = console()

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import fnmatch
 import json
+import time
 import urllib.parse
 import uuid
 import xml.etree.ElementTree as ET
@@ -98,7 +99,7 @@ def instance_credentials(role_name: str, session_name: str) -> dict | None:
         duration=_SESSION_S, external_id=None)
     return {"Code": "Success", "Type": "AWS-HMAC", "AccessKeyId": session.access_key_id,
             "SecretAccessKey": session.secret_access_key, "Token": session.session_token,
-            "LastUpdated": session.expiration.strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "LastUpdated": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "Expiration": session.expiration.strftime("%Y-%m-%dT%H:%M:%SZ")}
 
 

@@ -161,7 +161,7 @@ class ChaosEnv:
             state = standalone_state()
             if state is not None and state.get("pid") == self.cloud_proc.pid:
                 self.cloud = state
-                # This process reads the jobs' prefixes of the cloud's bucket (moto's S3: any keys do).
+                # This process reads the jobs' prefixes of the cloud's bucket, with its administrator's keys.
                 os.environ.update(AWS_ENDPOINT_URL_S3=state["aws_endpoint"], AWS_ACCESS_KEY_ID=state["aws_keys"][0],
                                   AWS_SECRET_ACCESS_KEY=state["aws_keys"][1])
                 return self

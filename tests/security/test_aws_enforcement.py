@@ -270,3 +270,25 @@ def test_moto_s_own_controls_and_unsigned_calls_are_refused(cloud):
             urllib.request.urlopen(req, timeout=10)
         assert refused.value.code == 403, path
     assert _admin(cloud, "ec2").describe_regions()["Regions"]  # the controller's keys still work
+
+
+def test_a_known_key_with_a_wrong_secret_or_token_is_refused(cloud):
+    key_id, _ = cloud.aws_keys
+    forged = dict(endpoint_url=cloud.aws_endpoint, region_name="us-east-1", aws_access_key_id=key_id,
+                  aws_secret_access_key="not-the-secret")
+    with pytest.raises(ClientError, match="SignatureDoesNotMatch"):
+        boto3.client("s3", **forged).list_buckets()
+    with pytest.raises(ClientError, match="AuthFailure"):
+        boto3.client("ec2", **forged).describe_instances()
+    iam = _admin(cloud, "iam")
+    role = "sailor-sec-token"
+    iam.create_role(RoleName=role, AssumeRolePolicyDocument=json.dumps({"Version": "2012-10-17", "Statement": [
+        {"Effect": "Allow", "Principal": {"Service": "ec2.amazonaws.com"}, "Action": "sts:AssumeRole"}]}))
+    try:
+        keys = instance_credentials(role, "i-token-test")
+        with pytest.raises(ClientError, match="InvalidToken"):
+            boto3.client("s3", endpoint_url=cloud.aws_endpoint, region_name="us-east-1",
+                         aws_access_key_id=keys["AccessKeyId"], aws_secret_access_key=keys["SecretAccessKey"],
+                         aws_session_token="another-session's-token").list_buckets()
+    finally:
+        iam.delete_role(RoleName=role)
