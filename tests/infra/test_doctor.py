@@ -35,7 +35,8 @@ def test_the_jobs_bucket_must_be_remote_private_encrypted_and_writable(cloud, mo
     monkeypatch.setenv("AWS_ENDPOINT_URL_S3", cloud.s3_endpoint)
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", cloud.aws_keys[0])
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", cloud.aws_keys[1])
-    s3 = boto3.client("s3", endpoint_url=cloud.s3_endpoint, region_name="us-east-1")
+    s3 = boto3.client("s3", endpoint_url=cloud.s3_endpoint, region_name="us-east-1",
+                      aws_access_key_id=cloud.aws_keys[0], aws_secret_access_key=cloud.aws_keys[1])
     assert _by_name(doctor.check_bucket("/tmp/jobs"))[("storage", "jobs bucket")].status == doctor.MISSING
     ensure_private_bucket("s3://doctor-good/jobs", client=s3)
     good = _by_name(doctor.check_bucket("s3://doctor-good/jobs", s3_client=s3))
