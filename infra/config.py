@@ -99,7 +99,7 @@ def use_embedded_storage() -> None:
     with _lock:
         if state is not None:
             s3, gcs = state["aws_endpoint"], state.get("gcs_endpoint")  # its S3 front: objects and bucket settings
-            keys = tuple(state["aws_keys"])
+            keys = tuple(state["aws_keys"]) if "aws_keys" in state else None  # an older cloud takes any keys
         elif _in_process is not None:
             s3, gcs, keys = _in_process.aws_endpoint, _in_process.gcs_endpoint, _in_process.aws_keys
         else:
@@ -136,6 +136,9 @@ def embedded_endpoints() -> dict:
     """aws_endpoint, gce_endpoint, control_url and where they come from."""
     state = standalone_state()
     if state is not None:
+        if "aws_keys" not in state:  # started by a Sailor whose embedded AWS took any keys
+            raise CloudConfigError(f"the standalone embedded cloud (pid {state['pid']}) is of an older Sailor and has no "
+                                   "administrator keys: restart it (sailor cloud down; sailor cloud up)")
         return {**state, "source": "standalone"}
     cloud = in_process_cloud()
     return {"aws_endpoint": cloud.aws_endpoint, "gce_endpoint": cloud.gce_endpoint, "gcs_endpoint": cloud.gcs_endpoint,
