@@ -135,7 +135,7 @@ def test_a_kept_state_is_exactly_the_checkpoint_it_saved(corpus, tmp_path: Path,
 
     from sailor_core.runtime import checkpoint as ckpt
     from sailor_core.runtime.stage_checkpoint import named_tensors, adopt, can_adopt, kept_state, load
-    from sailor_core.runtime.worker import _save
+    from sailor_core.runtime.checkpoint_writer import save_sync
     from sailor_core.storage import open_storage
 
     plan = make_plan("tiny", [(0, 4, [1])], gbs=4)
@@ -143,7 +143,7 @@ def test_a_kept_state_is_exactly_the_checkpoint_it_saved(corpus, tmp_path: Path,
     for _ in range(3):
         first.train_step()
     storage = open_storage(str(tmp_path / "ck"))
-    _save(first, storage, keep=2, rank=0)
+    save_sync(first, storage, keep=2, rank=0)
     info = ckpt.latest_valid_checkpoint(str(tmp_path / "ck"))
     kept = kept_state(first)
     adopted, loaded = _trainer(plan, corpus), _trainer(plan, corpus)
