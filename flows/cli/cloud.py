@@ -161,7 +161,9 @@ def status_cmd(as_json: bool = typer.Option(False, "--json")) -> None:
         raise fail("embedded cloud is not running (start it with 'sailor cloud up')", code=1)
     status = _control(state, "status")
     if as_json:
-        print_json({"running": True, **{k: v for k, v in state.items() if k != "control_secret"}, **status})
+        # the administrator's keys and the control secret stay in their 0600 files
+        shown = {k: v for k, v in state.items() if k not in ("aws_keys", "control_secret")}
+        print_json({"running": True, **shown, **status})
         return
     _print_state(state, "up")
     con = console()

@@ -24,6 +24,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from infra.local.aws_auth import controller_keys
 from infra.local.aws_server import FIXED_AMI, LIVE, MotoEC2, gpus_of_type
 from infra.local.capacity import Capacity
 from infra.local.faults import FaultRates, Faults, parse_fault_rates
@@ -90,7 +91,7 @@ class EmbeddedCloud:
         self.trace_files = trace_files
         self.keep_ended_disks = False  # an ended instance's disk is removed unless asked (before start) to keep it
         self.aws = MotoEC2(regions=self.aws_regions, capacity=self.capacity, faults=self.faults, on_change=self.reconcile,
-                           on_launch=self._aws_launched, s3_guard=self._s3_guard, disk=self.disk)
+                           on_launch=self._aws_launched, disk=self.disk)
         self.gce = GCEFake(project=PROJECT, capacity=self.capacity, faults=self.faults, boot_s=boot_s,
                            on_running=self._gce_running, on_halt=self._gce_halt, addresses=self._gce_addresses)
         self.gcp_iam = GcpIam(project=PROJECT, bucket_exists=lambda name: (self.disk.root / name).is_dir())
@@ -110,10 +111,13 @@ class EmbeddedCloud:
         # The control API's secret: the controller's alone (this process, and the Sailor home's file
         # `control_secret_file` for the CLI); never in an instance's environment or metadata.
         self.control_secret = secrets.token_urlsafe(32)
+        self.aws_keys: tuple[str, str] = ("", "")  # the administrator's, made at start
 
     # ---- life cycle --------------------------------------------------------------
 
     def start(self) -> EmbeddedCloud:
+        # the account's administrator: the controller's credentials (every other key is refused)
+        self.aws_keys = controller_keys()
         self.network.start()
         host = self.network.host_address  # where the instances reach the endpoints
         self.disk.start(host=host)
@@ -196,7 +200,8 @@ class EmbeddedCloud:
                 "GOOGLE_BASE_URL": self.instance_gcs_endpoint}
 
     def providers(self, *, retry: RetryPolicy | None = None) -> dict:
-        return providers_for(self.aws_endpoint, self.gce_endpoint, retry=retry, aws_regions=self.aws_regions)
+        return providers_for(self.aws_endpoint, self.gce_endpoint, retry=retry, aws_regions=self.aws_regions,
+                             aws_keys=self.aws_keys)
 
     def reset(self) -> None:
         """Back to an empty cloud (tests share one): no instances, capacity or faults."""
@@ -450,9 +455,6 @@ class EmbeddedCloud:
             found = next((i for (_, name), i in self.gce.instances.items() if name == instance_id), None)
             return ((found or {}).get("labels") or {}).get(JOB_LABEL)
 
-    def _s3_guard(self, access_key_id: str, method: str, path: str) -> str | None:
-        return self.identities.s3_refusal(self, access_key_id, method, path)
-
     def _gcs_guard(self, token: str, method: str, path: str, copy_source: str = "") -> str | None:
         """A GCS request of an instance, by its token's account and the bucket's IAM policy."""
         return self.gcp_iam.refusal(self.identities.token_account(token), method, path, copy_source)
@@ -536,8 +538,9 @@ def json_copy(value):
 
 
 def providers_for(aws_endpoint: str, gce_endpoint: str, *, retry: RetryPolicy | None = None,
-                  aws_regions: list[str] | None = None) -> dict:
-    """Providers aimed at an embedded cloud (this process's or a standalone one)."""
+                  aws_regions: list[str] | None = None, aws_keys: tuple[str, str]) -> dict:
+    """Providers aimed at an embedded cloud (this process's or a standalone one), signing with its
+    administrator's keys (``aws_keys``: the cloud's ``aws_keys``, or its state file's)."""
     # Imported here: the cloud itself (e.g. the daemon) needs neither SDK's client.
     from google.auth.credentials import AnonymousCredentials  # lazy: google-auth, only for the clients
 
@@ -546,16 +549,16 @@ def providers_for(aws_endpoint: str, gce_endpoint: str, *, retry: RetryPolicy | 
 
     return {
         "aws": AWSProvider(endpoint_url=aws_endpoint, ami_id=FIXED_AMI, regions=aws_regions,
-                           spot_prices_from_api=False, retry=retry, session=_local_session()),
+                           spot_prices_from_api=False, retry=retry, session=_local_session(*aws_keys)),
         "gcp": GCPProvider(project=PROJECT, api_endpoint=gce_endpoint, credentials=AnonymousCredentials(), retry=retry,
                            service_account=SERVICE_ACCOUNT),
     }
 
 
-@functools.lru_cache(maxsize=1)
-def _local_session():
-    """One session for all embedded providers: each new one re-reads EC2's service model (~0.5 s)."""
+@functools.lru_cache(maxsize=4)
+def _local_session(key_id: str, secret: str):
+    """One session per embedded account for all its providers: each new one re-reads EC2's service
+    model (~0.5 s).  Its own keys: never pick up (or send) the user's real AWS credentials locally."""
     import boto3  # lazy: boto3, only for the clients (see providers_for)
 
-    # Fixed fake keys: never pick up (or send) the user's real AWS credentials locally.
-    return boto3.Session(aws_access_key_id="testing", aws_secret_access_key="testing", region_name="us-east-1")
+    return boto3.Session(aws_access_key_id=key_id, aws_secret_access_key=secret, region_name="us-east-1")

@@ -49,11 +49,14 @@ def main(argv: list[str] | None = None) -> int:
         "project": PROJECT,
         "network": cloud.network.mode,
         "metadata_tells_instances_apart": cloud.network.enforced,
+        "aws_keys": list(cloud.aws_keys),  # the embedded account's administrator: hence the file's 0600
         "state_dir": str(cloud.state_dir),
         "started_at": time.time(),
     }
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(state, indent=2))
+    tmp.unlink(missing_ok=True)
+    with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as out:
+        out.write(json.dumps(state, indent=2))
     tmp.replace(path)
 
     def stop(*_):
@@ -61,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
-    print(json.dumps(state), flush=True)
+    print(json.dumps({k: v for k, v in state.items() if k != "aws_keys"}), flush=True)
     try:
         cloud.shutdown_requested.wait()
     finally:

@@ -25,12 +25,12 @@ from tests.instance_calls import metadata
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _point_at(monkeypatch, tmp_path, s3: str, gcs: str) -> None:
+def _point_at(monkeypatch, tmp_path, s3: str, gcs: str, keys: tuple[str, str] = ("testing", "testing")) -> None:
     key = tmp_path / "gcs-no-oauth.json"
     key.write_text(json.dumps({"gcs_base_url": gcs, "disable_oauth": True, "client_email": "",
                                "private_key": "", "private_key_id": ""}))
-    for name, value in (("AWS_ENDPOINT_URL_S3", s3), ("AWS_ACCESS_KEY_ID", "testing"),
-                        ("AWS_SECRET_ACCESS_KEY", "testing"), ("GOOGLE_BASE_URL", gcs),
+    for name, value in (("AWS_ENDPOINT_URL_S3", s3), ("AWS_ACCESS_KEY_ID", keys[0]),
+                        ("AWS_SECRET_ACCESS_KEY", keys[1]), ("GOOGLE_BASE_URL", gcs),
                         ("GOOGLE_SERVICE_ACCOUNT", str(key))):
         monkeypatch.setenv(name, value)
 
@@ -42,8 +42,9 @@ def test_buckets_written_by_one_cloud_are_served_by_the_next_over_the_same_folde
         from infra.buckets import ensure_private_bucket
         from tasks.embedded_bucket import embedded_s3_client
 
-        ensure_private_bucket("s3://durable-jobs/j", client=embedded_s3_client(first.s3_endpoint))
-        _point_at(monkeypatch, tmp_path, first.s3_endpoint, first.gcs_endpoint)
+        ensure_private_bucket("s3://durable-jobs/j", client=embedded_s3_client(
+            {"aws_endpoint": first.s3_endpoint, "aws_keys": first.aws_keys}))
+        _point_at(monkeypatch, tmp_path, first.s3_endpoint, first.gcs_endpoint, first.aws_keys)
         open_storage("s3://durable-jobs/job-a").put("checkpoints/step-5/rank-0.pt", b"weights")
         open_storage("gs://durable-jobs/job-b").put("checkpoints/step-7/rank-0.pt", b"more weights")
     finally:

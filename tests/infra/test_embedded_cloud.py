@@ -96,7 +96,7 @@ def test_aws_spot_prices_come_from_the_spot_price_history_when_asked(cloud):
     from sailor_core.catalog.instances import get_instance_type
 
     live = AWSProvider(endpoint_url=cloud.aws_endpoint, ami_id=FIXED_AMI, regions=["us-east-1"],
-                       spot_prices_from_api=True, session=_local_session())
+                       spot_prices_from_api=True, session=_local_session(*cloud.aws_keys))
     offers = live.list_offers(gpu_types=["T4"])
     row = get_instance_type("aws", "g4dn.xlarge")
     g4 = [o for o in offers if o.instance_type == "g4dn.xlarge"]

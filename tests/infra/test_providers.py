@@ -216,7 +216,7 @@ def test_timeouts_are_transient_and_retried(cloud, cloud_name):
     retry = RetryPolicy(max_attempts=2, base_delay_s=0.01, max_delay_s=0.02)
     if cloud_name == "aws":
         p = AWSProvider(endpoint_url=cloud.aws_endpoint, ami_id=FIXED_AMI, regions=["us-east-1"], retry=retry,
-                        read_timeout_s=0.3, session=_local_session())
+                        read_timeout_s=0.3, session=_local_session(*cloud.aws_keys))
     else:
         p = GCPProvider(project=PROJECT, api_endpoint=cloud.gce_endpoint, credentials=AnonymousCredentials(),
                         zones=["us-central1-a"], retry=retry, timeout_s=0.3)

@@ -162,9 +162,9 @@ class ChaosEnv:
             state = standalone_state()
             if state is not None and state.get("pid") == self.cloud_proc.pid:
                 self.cloud = state
-                # This process reads the jobs' prefixes of the cloud's bucket (moto's S3: any keys do).
-                os.environ.update(AWS_ENDPOINT_URL_S3=state["aws_endpoint"], AWS_ACCESS_KEY_ID="testing",
-                                  AWS_SECRET_ACCESS_KEY="testing")
+                # This process reads the jobs' prefixes of the cloud's bucket, with its administrator's keys.
+                os.environ.update(AWS_ENDPOINT_URL_S3=state["aws_endpoint"], AWS_ACCESS_KEY_ID=state["aws_keys"][0],
+                                  AWS_SECRET_ACCESS_KEY=state["aws_keys"][1])
                 return self
             if self.cloud_proc.poll() is not None:
                 raise SailorError(f"embedded cloud exited; see {self.home / 'cloud.log'}")
@@ -197,7 +197,7 @@ class ChaosEnv:
     def providers(self) -> dict:
         from infra.local.cloud import providers_for
 
-        return providers_for(self.cloud["aws_endpoint"], self.cloud["gce_endpoint"])
+        return providers_for(self.cloud["aws_endpoint"], self.cloud["gce_endpoint"], aws_keys=self.cloud["aws_keys"])
 
     def live_instances(self, job_id: str) -> list:
         from infra.records import job_labels
@@ -246,12 +246,12 @@ class _Watcher:
     and worker pids."""
 
     def __init__(self, env: ChaosEnv, job_id: str) -> None:
-        self.aws_endpoint, self.job_id = env.cloud["aws_endpoint"], job_id
+        self.cloud, self.job_id = env.cloud, job_id
 
     def statuses(self) -> list[dict]:
         from tasks.embedded_bucket import agent_reports
 
-        return agent_reports(self.job_id, aws_endpoint=self.aws_endpoint)
+        return agent_reports(self.job_id, ends=self.cloud)
 
     def snapshot(self) -> tuple[int, int | None, list[int]]:
         """(highest generation, live step of it, its worker pids)."""

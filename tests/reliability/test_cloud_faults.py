@@ -31,7 +31,8 @@ def cloud(tmp_path_factory):
 
 
 def _providers(cloud):
-    p = providers_for(cloud.aws_endpoint, cloud.gce_endpoint, retry=FAST_RETRY, aws_regions=AWS_REGIONS)
+    p = providers_for(cloud.aws_endpoint, cloud.gce_endpoint, retry=FAST_RETRY, aws_regions=AWS_REGIONS,
+                      aws_keys=cloud.aws_keys)
     p["gcp"].zones = list(GCP_ZONES)
     return p
 
