@@ -74,7 +74,7 @@ def test_an_instance_gets_its_own_jobs_credentials_and_never_anothers(cloud, two
     assert metadata(cloud, a, INSTANCE_ID[name]) == (200, a)
     assert metadata(cloud, a, f"{CREDENTIALS}/") == (200, job_resource_name("sec-a"))
     creds = role_credentials(cloud, a)
-    assert cloud.identities._issued[creds["AccessKeyId"]] == job_resource_name("sec-a")
+    assert cloud.identities._keys[(a, job_resource_name("sec-a"))]["AccessKeyId"] == creds["AccessKeyId"]
     # Naming B, as any instance could before: in the path, or B's role under A's own path.
     token = imds_token(cloud, a)
     named = ask(cloud, a, f"{cloud.gce_endpoint}/metadata/{b}/{CREDENTIALS}/{job_resource_name('sec-b')}",
