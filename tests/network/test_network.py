@@ -152,6 +152,30 @@ def test_vectorised_uniform_ring_equals_the_general_all_reduce():
         assert got.tolist() == want
 
 
+def test_rings_paced_by_many_pairs_at_once_equal_each_pair_alone():
+    # The ring bounds time every pair of zones in one numpy pass (paced_allreduce_times_s):
+    # each row is, bit for bit, the ring that pair alone paces, links with fits and without mixed.
+    import random
+
+    import numpy as np
+
+    net = default_network()
+    rng = random.Random(7)
+    zones = ["us-central1-a", "us-central1-b", "us-east1-b", "us-east-1a", "europe-west4-a", "asia-east1-a"]
+    for _ in range(30):
+        gpu = rng.choice(["A100-40", "V100-16", "T4"])
+        pairs = [(Endpoint(zone=rng.choice(zones), gpu=gpu), Endpoint(zone=rng.choice(zones), gpu=gpu))
+                 for _ in range(rng.randint(1, 9))]
+        n = rng.randint(2, 64)
+        sizes = np.array([0.0, 1e3, 6e4, 2e7, 5e8, 7.5e8, 3e9]) * rng.uniform(0.5, 2.0)
+        got = net.paced_allreduce_times_s(sizes, pairs, n)
+        assert got.shape == (len(pairs), len(sizes))
+        for row, (a, b) in zip(got, pairs):
+            assert row.tobytes() == net.uniform_allreduce_times_s(sizes, a, n, to=b).tobytes()
+            if a == b:
+                assert row.tolist() == [net.allreduce_time_s(float(x), [a] * n) for x in sizes]
+
+
 def test_a_ring_is_paced_by_the_hops_of_its_order():
     from sailor_core.network.model import ring_hop_pairs
 

@@ -362,28 +362,23 @@ def rings_s(network, gpu: str, dp_degree: int, room: dict[str, int], nbytes):
     d = dp_degree
     alone = [z for z, c in room.items() if c >= d]
     if alone:
-        return np.min([network.uniform_allreduce_times_s(nbytes, Endpoint(zone=z, gpu=gpu), d) for z in alone],
-                      axis=0)
-    best = None
-    # The sets of zones share their hops: time each (sender, receiver) pair once per call (the
-    # network's own memo keys on the endpoints and the sizes' bytes, dearer than the lookup).
-    hops: dict[tuple[str, str], object] = {}
-
-    def hop(a: str, b: str):
-        t = hops.get((a, b))
-        if t is None:
-            t = hops[(a, b)] = network.uniform_allreduce_times_s(nbytes, Endpoint(zone=a, gpu=gpu), d,
-                                                                  to=Endpoint(zone=b, gpu=gpu))
-        return t
-
+        return network.paced_allreduce_times_s(
+            nbytes, [(Endpoint(zone=z, gpu=gpu), Endpoint(zone=z, gpu=gpu)) for z in alone], d).min(axis=0)
+    # The sets of zones share their hops: every (sender, receiver) pair is timed once, all at
+    # once (one numpy pass instead of one per pair), then each set's ring is its slowest hop.
+    pairs: dict[tuple[str, str], int] = {}
+    sets = []
     for size in range(2, len(room) + 1):
         for zones in itertools.combinations(sorted(room), size):
             if sum(room[z] for z in zones) < d:
                 continue
-            ring = np.max([hop(a, b) for a, b in ring_hop_pairs(ring_zone_order(zones))], axis=0)
-            best = ring if best is None else np.minimum(best, ring)
-    assert best is not None, "a segment's replicas fit its GPU type's zones"
-    return best
+            sets.append([pairs.setdefault(p, len(pairs)) for p in ring_hop_pairs(ring_zone_order(zones))])
+    assert sets, "a segment's replicas fit its GPU type's zones"
+    hops = network.paced_allreduce_times_s(nbytes, [(Endpoint(zone=a, gpu=gpu), Endpoint(zone=b, gpu=gpu))
+                                                    for a, b in pairs], d)
+    widest = max(len(hs) for hs in sets)
+    rows = np.array([hs + hs[:1] * (widest - len(hs)) for hs in sets])  # padded with a hop of its own
+    return hops[rows].max(axis=1).min(axis=0)
 
 
 def ring_row_s(network, gpu: str, dp_degree: int, room: dict[str, int], grad_bytes: float,
