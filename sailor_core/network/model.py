@@ -232,12 +232,15 @@ class NetworkModel:
             return 0.0
         if endpoints.count(endpoints[0]) == n:  # (count compares identity first: cheap on [e] * n)
             return self.uniform_allreduce_time_s(num_bytes, endpoints[0], n, bucket_bytes=bucket_bytes)
-        key = (num_bytes, bucket_bytes, tuple(endpoints))
+        # A ring is its runs of equal members (a stage lists its replicas grouped): keyed by
+        # them, a ring of 37 replicas in 5 zones hashes 5 endpoints, not 37.
+        runs = _runs(endpoints)
+        key = (num_bytes, bucket_bytes, runs)
         hit = self._rings.get(key)
         if hit is None:
             if len(self._rings) > 65536:
                 self._rings.clear()
-            hit = self._rings[key] = self._ring_s(num_bytes, endpoints, bucket_bytes)
+            hit = self._rings[key] = self._ring_s(num_bytes, runs, n, bucket_bytes)
         return hit
 
     def uniform_allreduce_time_s(
@@ -298,14 +301,18 @@ class NetworkModel:
         part = steps * _links_times_s(links, rest / n)
         return np.where(nb > 0, num_full * full + part, 0.0)
 
-    def _ring_s(self, num_bytes: float, endpoints: Sequence[Endpoint], bucket_bytes: float) -> float:
+    def _ring_s(self, num_bytes: float, runs: tuple[tuple[Endpoint, int], ...], n: int, bucket_bytes: float,
+                ) -> float:
+        """A ring of ``n`` members given as ``runs`` (``_runs``): its pairs are those of the runs'
+        endpoints in ring order (``ring_hop_pairs``), plus a member's pair with itself where a run
+        holds two or more (the pairs ``ring_hop_pairs`` of the whole ring gives)."""
         # One ring's slowest link per full bucket is the same whatever the gradient's size (the
         # planner asks for one ring at many sizes): keep it with the ring's pairs.
-        key = (tuple(endpoints), bucket_bytes)
+        key = (runs, bucket_bytes)
         ring = self._ring_parts.get(key)
         if ring is None:
-            n = len(endpoints)
-            pairs = ring_hop_pairs(endpoints)
+            pairs = dict.fromkeys(ring_hop_pairs([e for e, _ in runs]))
+            pairs.update(((e, e), None) for e, count in runs if count > 1)
 
             def step_s(size: float) -> float:
                 return max(self.p2p_time_s(size / n, a, b) for a, b in pairs)
@@ -374,6 +381,17 @@ def ring_hop_pairs(members: Sequence) -> list[tuple]:
         if a != b:
             pairs[(b, a)] = None
     return list(pairs)
+
+
+def _runs(members: Sequence) -> tuple[tuple, ...]:
+    """``members`` as (member, how many in a row) runs of equal neighbours."""
+    runs: list[list] = []
+    for m in members:
+        if runs and (runs[-1][0] is m or runs[-1][0] == m):
+            runs[-1][1] += 1
+        else:
+            runs.append([m, 1])
+    return tuple((m, count) for m, count in runs)
 
 
 def _bucketed_ring_s(num_bytes: float, n: int, bucket_bytes: float, step_s) -> float:
