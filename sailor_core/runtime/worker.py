@@ -75,6 +75,7 @@ from sailor_core.plan.layout import rank_layout, world_size
 from sailor_core.plan.types import load_plan
 from sailor_core.runtime import checkpoint as ckpt
 from sailor_core.runtime import faults, links, park
+from sailor_core.runtime import handover as state_handover
 from sailor_core.runtime.data import DEFAULT_CACHE_MAX_BYTES, SpanCache, TokenDataset
 from sailor_core.runtime.egress_meter import EgressSlots
 from sailor_core.runtime.heartbeat import Heartbeat, watch_preempt_url
@@ -84,12 +85,14 @@ from sailor_core.runtime.model import check_plan_for_engine
 from sailor_core.runtime.recipe import Recipe, make_recipe
 from sailor_core.runtime.process_groups import make_groups
 from sailor_core.runtime.rendezvous import private_store, uses_agent_store
-from sailor_core.runtime.stage_checkpoint import adopt, can_adopt, checkpoint_meta, kept_state, load, save_layers
+from sailor_core.runtime.stage_checkpoint import checkpoint_meta, kept_state, save_layers
 from sailor_core.runtime.trackers import Trackers
 from sailor_core.runtime.trainer import StageTrainer
 from sailor_core.storage import open_storage
 
 _PARKED = -1  # not an exit: the generation ended and this worker waits for the next
+_STATE_SAID = {state_handover.FROM_MEMORY: "kept in memory", state_handover.FROM_PEERS: "handed over by its peers",
+               state_handover.FROM_CHECKPOINT: "read"}
 
 
 
@@ -336,14 +339,10 @@ def _connect(run: _Run, world: int, carry: _Carry) -> None:
                                seed=args.seed, device=run.device, groups=make_groups(plan, rank))
     info = _agreed_checkpoint(args.ckpt_dir, rank) if args.resume and run.storage is not None else None
     if info is not None:
-        if carry.kept is not None and can_adopt(run.trainer, carry.kept, info):
-            adopt(run.trainer, carry.kept, info)
-            run.state_from = "memory"
-        else:
-            load(run.trainer, run.storage, info)
-            run.state_from = "checkpoint"
+        # its own kept state, its peers' (runtime/handover.py) or the checkpoint's files
+        run.state_from = state_handover.resume(run.trainer, carry.kept, info, run.storage)
         _log(rank, f"resumed from {info.dirname} (next sample {run.trainer.next_sample}; "
-                   f"state {'kept in memory' if run.state_from == 'memory' else 'read'})")
+                   f"state {_STATE_SAID[run.state_from]})")
         if run.trainer.recipe != run.recipe:
             _log(rank, f"continuing the checkpoint's recipe {run.trainer.recipe} (asked: {run.recipe})")
     elif run.recipe.init_from:
