@@ -47,6 +47,14 @@ def main() -> None:
     print(f"status {summary['status']}, steps {summary['steps']}, final loss {summary['final_loss']:.4f}, "
           f"preemptions {summary['preemptions']}, re-plans {summary['replans']}, "
           f"spent {summary['usd_spent']:.5f} USD, flow wall {wall:.1f} s")
+    for rec in state.replans:  # every attempt, interims included: how its workers came back
+        plan = rec.plan or {}
+        shape = " | ".join(f"{st['layers']}:" + "+".join(f"{r['gpu']}x{r.get('tp', 1)}" for r in st["replicas"])
+                           for st in plan.get("stages", []))
+        print(f"  attempt {rec.attempt} from step {rec.at_step}: {shape}; ranks {rec.num_ranks}, kept "
+              f"{rec.num_ranks_rejoined}, ready {rec.ready_s if rec.ready_s is None else round(rec.ready_s, 2)} s, "
+              f"state from {rec.state_from}; first step {(rec.first_step_unix_s or float('nan')) - rec.at_unix_s:.1f} s "
+              f"after the plan ({rec.reason[:60]})")
     first = state.replans[0]
     print(f"start: plan -> first step {first.first_step_unix_s - first.at_unix_s:.1f} s "
           f"(provision, agent, worker start-up)")
