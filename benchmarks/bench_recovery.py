@@ -6,6 +6,13 @@ server and prints, per preemption: detection-to-new-plan, new-plan-to-first-step
 between the resumed checkpoint and the furthest step reached), plus totals.
 
     .venv/bin/python benchmarks/bench_recovery.py [--steps 40] [--preempt-at 10,25] [--gbs 64]
+
+With survivors (a plan over two instances, of which one is preempted: the survivor trains on an
+interim while a new instance boots, whose worker then takes its state from the survivor,
+``runtime/handover.py``):
+
+    .venv/bin/python benchmarks/bench_recovery.py --steps 16 --preempt-at 5,11 --gbs 1024 \
+        --zones us-central1-a,us-central1-b,us-central1-c
 """
 
 from __future__ import annotations
@@ -14,6 +21,8 @@ import argparse
 import os
 import tempfile
 import time
+from collections import Counter
+from pathlib import Path
 
 
 def main() -> None:
@@ -22,6 +31,7 @@ def main() -> None:
     ap.add_argument("--preempt-at", default="10,25")
     ap.add_argument("--gbs", type=int, default=64)
     ap.add_argument("--checkpoint-every", type=int, default=5)
+    ap.add_argument("--zones", default="", help="comma-separated zones the job may use (default: any)")
     args = ap.parse_args()
     os.environ.setdefault("SAILOR_HOME", tempfile.mkdtemp(prefix="sailor-bench-"))
     from flows.cli.prefect_server import configure_prefect_env, start_local_server, stop_local_server
@@ -39,7 +49,8 @@ def main() -> None:
         summary = train_job(model="tiny", budget_usd=0.05, steps=args.steps, global_batch_size=args.gbs,
                             checkpoint_every_steps=args.checkpoint_every, cloud="embedded", max_gpus=2,
                             max_gpus_per_zone=1,
-                            preempt_at_steps=[int(x) for x in args.preempt_at.split(",") if x])
+                            preempt_at_steps=[int(x) for x in args.preempt_at.split(",") if x],
+                            **({"gpus": ("T4",), "zones": tuple(args.zones.split(","))} if args.zones else {}))
         wall = time.monotonic() - t1
         state = JobStore().load(summary["job_id"])
     finally:
@@ -59,11 +70,19 @@ def main() -> None:
     print(f"start: plan -> first step {first.first_step_unix_s - first.at_unix_s:.1f} s "
           f"(provision, agent, worker start-up)")
     ended = sorted((i.ended_unix_s for i in state.instances if i.end_reason == "preempted"))
-    for k, (rec, preempted_at) in enumerate(zip(state.replans[1:], ended), 1):
+    # each preemption's first attempt after it (an interim's, when survivors train on)
+    after = [next(r for r in state.replans if r.at_unix_s >= t) for t in ended]
+    for k, (rec, preempted_at) in enumerate(zip(after, ended), 1):
         to_plan = rec.at_unix_s - preempted_at
         to_step = (rec.first_step_unix_s or float("nan")) - rec.at_unix_s
         print(f"preemption {k}: instance gone -> new plan {to_plan:.1f} s, new plan -> first step {to_step:.1f} s, "
               f"resumed from step {rec.at_step}, redone {max(0, rec.steps_done_before - rec.at_step)} steps")
+    home = Path(os.environ["SAILOR_HOME"])  # the workers' logs: how many ranks took their state from peers
+    said = Counter(m for f in home.rglob("rank*.log") for m in _STATE_SAID if m in f.read_text(errors="replace"))
+    print(f"worker logs under {home}: " + ", ".join(f"{n} x state {m}" for m, n in sorted(said.items())))
+
+
+_STATE_SAID = ("kept in memory", "handed over by its peers", "state read")
 
 
 if __name__ == "__main__":
