@@ -50,7 +50,8 @@ def main() -> None:
                             checkpoint_every_steps=args.checkpoint_every, cloud="embedded", max_gpus=2,
                             max_gpus_per_zone=1,
                             preempt_at_steps=[int(x) for x in args.preempt_at.split(",") if x],
-                            **({"gpus": ("T4",), "zones": tuple(args.zones.split(","))} if args.zones else {}))
+                            **({"gpus": ("T4",), "zones": tuple(args.zones.split(",")),  # batches of 1024
+                                "validation_fraction": 0.0, "validate_every_steps": 0} if args.zones else {}))
         wall = time.monotonic() - t1
         state = JobStore().load(summary["job_id"])
     finally:
