@@ -12,7 +12,10 @@ interim while a new instance boots, whose worker then takes its state from the s
 ``runtime/handover.py``):
 
     .venv/bin/python benchmarks/bench_recovery.py --steps 16 --preempt-at 5,11 --gbs 1024 \
-        --zones us-central1-a,us-central1-b,us-central1-c
+        --zones us-central1-a,us-central1-b,us-central1-c --notice-s 10
+
+(a plan over two instances steps slowly on two loaded cores: with the 2 s notice its emergency
+checkpoint may not finish, and the survivor then exits as for a lost peer instead of parking)
 """
 
 from __future__ import annotations
@@ -32,6 +35,8 @@ def main() -> None:
     ap.add_argument("--gbs", type=int, default=64)
     ap.add_argument("--checkpoint-every", type=int, default=5)
     ap.add_argument("--zones", default="", help="comma-separated zones the job may use (default: any)")
+    ap.add_argument("--notice-s", type=float, default=2.0,
+                    help="the embedded cloud's preemption notice (2 s: its default; a real spot notice is 30-120 s)")
     args = ap.parse_args()
     os.environ.setdefault("SAILOR_HOME", tempfile.mkdtemp(prefix="sailor-bench-"))
     from flows.cli.prefect_server import configure_prefect_env, start_local_server, stop_local_server
@@ -43,6 +48,10 @@ def main() -> None:
     print(f"prefect server up in {time.monotonic() - t0:.1f} s ({api})")
     try:
         from flows.train_job import train_job
+        from infra.config import in_process_cloud
+
+        cloud = in_process_cloud()  # the flow's own; the notice counts from the next preemption on
+        cloud.notice_s = cloud.machines.notice_s = args.notice_s
         from sailor_core.job.state import JobStore
 
         t1 = time.monotonic()
