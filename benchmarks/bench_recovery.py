@@ -74,7 +74,8 @@ def main() -> None:
                            for st in plan.get("stages", []))
         print(f"  attempt {rec.attempt} from step {rec.at_step}: {shape}; ranks {rec.num_ranks}, kept "
               f"{rec.num_ranks_rejoined}, ready {rec.ready_s if rec.ready_s is None else round(rec.ready_s, 2)} s, "
-              f"state from {rec.state_from}; first step {(rec.first_step_unix_s or float('nan')) - rec.at_unix_s:.1f} s "
+              f"state from {rec.state_from}; "
+              f"first step {(rec.first_step_unix_s or float('nan')) - rec.at_unix_s:.1f} s "
               f"after the plan ({rec.reason[:60]})")
     first = state.replans[0]
     print(f"start: plan -> first step {first.first_step_unix_s - first.at_unix_s:.1f} s "

@@ -115,7 +115,8 @@ def plan_schedule(all_offers: list[list[Offer]], all_needs: list[list[Need]]) ->
     held: dict[tuple[int, str], dict[int, dict[int, list[tuple[int, Offer]]]]] = {}
     for rank, items in enumerate(all_offers):
         for o in items:
-            held.setdefault((o.layer, o.name), {}).setdefault(o.tp_degree, {}).setdefault(o.tp_rank, []).append((rank, o))
+            by_degree = held.setdefault((o.layer, o.name), {})
+            by_degree.setdefault(o.tp_degree, {}).setdefault(o.tp_rank, []).append((rank, o))
     load_bytes = [0] * len(all_offers)
     sources, transfers = {}, []
     for rank, wanted in enumerate(all_needs):

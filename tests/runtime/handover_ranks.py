@@ -36,8 +36,8 @@ def plan_of(stages):
     from sailor_core.plan.types import plan_from_dict
 
     return plan_from_dict({"model": "tiny", "global_batch_size": 8, "micro_batch_size": 2,
-                           "stages": [{"layers": list(layers), "replicas": [{"gpu": g, "tp": t} for g, t in reps], **opts}
-                                      for layers, reps, opts in stages]})
+                           "stages": [{"layers": list(layers), "replicas": [{"gpu": g, "tp": t} for g, t in reps],
+                                       **opts} for layers, reps, opts in stages]})
 
 
 def _trainer(plan, rank: int, corpus: str):
