@@ -169,7 +169,7 @@ class _Run:
     flops_per_step: float = 0.0  # the model FLOPs of one step (runtime/metrics.py)
     peak_flops: float | None = None  # the plan's GPUs' summed peak; None on cpu
     trackers: Trackers | None = None  # rank 0's TensorBoard, W&B, MLflow (runtime/trackers.py)
-    state_from: str = "init"  # where the trainer's state came from: init, pretrained, checkpoint, memory
+    state_from: str = "init"  # where the trainer's state came from: init, pretrained, checkpoint, memory, peers
     egress: EgressSlots | None = None  # the status vector's egress slots (runtime/egress_meter.py)
 
 
