@@ -88,10 +88,17 @@ def checkpoint_meta(trainer: StageTrainer) -> dict:
 def load(trainer: StageTrainer, storage: Storage, info: ckpt.CheckpointInfo) -> None:
     """Resume ``trainer`` from the checkpoint ``info``: its shard of every layer, AdamW state, meta."""
     _check_model(trainer, info)
+    load_states(trainer, {i: ckpt.read_layer(storage, info, i) for i in weight_layers(trainer.model)}, info)
+
+
+def load_states(trainer: StageTrainer, states: dict[int, dict], info: ckpt.CheckpointInfo) -> None:
+    """Resume ``trainer`` from full per-layer states (``weight_layers``' indices, each as a layer file
+    holds it) at the checkpoint ``info``: read from its files (``load``) or handed over by the ranks
+    that hold them (``runtime/handover.py``), the same way either way."""
+    _check_model(trainer, info)
     step_t = torch.tensor(float(info.step))
     # The fused kernel reads its step counts on the parameters' device; the others on the CPU.
     fused = trainer.optimizer is not None and bool(trainer.optimizer.defaults.get("fused"))
-    states = {i: ckpt.read_layer(storage, info, i) for i in weight_layers(trainer.model)}
     for layer in trainer.model.layers:
         for name, p in layer.named_parameters(recurse=False):
             state = states[0 if name in layer.tied else layer.layer_index]

@@ -78,6 +78,7 @@ from sailor_core.plan.types import load_plan
 from sailor_core.runtime import checkpoint as ckpt
 from sailor_core.runtime import faults, links, park
 from sailor_core.runtime.checkpoint_writer import CheckpointWriter
+from sailor_core.runtime import handover as state_handover
 from sailor_core.runtime.data import DEFAULT_CACHE_MAX_BYTES, SpanCache, TokenDataset
 from sailor_core.runtime.egress_meter import EgressSlots
 from sailor_core.runtime.heartbeat import Heartbeat, watch_preempt_url
@@ -87,12 +88,14 @@ from sailor_core.runtime.model import check_plan_for_engine
 from sailor_core.runtime.recipe import Recipe, make_recipe
 from sailor_core.runtime.process_groups import make_groups
 from sailor_core.runtime.rendezvous import private_store, uses_agent_store
-from sailor_core.runtime.stage_checkpoint import adopt, can_adopt, kept_state, load
+from sailor_core.runtime.stage_checkpoint import kept_state
 from sailor_core.runtime.trackers import Trackers
 from sailor_core.runtime.trainer import StageTrainer
 from sailor_core.storage import open_storage
 
 _PARKED = -1  # not an exit: the generation ended and this worker waits for the next
+_STATE_SAID = {state_handover.FROM_MEMORY: "kept in memory", state_handover.FROM_PEERS: "handed over by its peers",
+               state_handover.FROM_CHECKPOINT: "read"}
 
 
 
@@ -172,7 +175,7 @@ class _Run:
     flops_per_step: float = 0.0  # the model FLOPs of one step (runtime/metrics.py)
     peak_flops: float | None = None  # the plan's GPUs' summed peak; None on cpu
     trackers: Trackers | None = None  # rank 0's TensorBoard, W&B, MLflow (runtime/trackers.py)
-    state_from: str = "init"  # where the trainer's state came from: init, pretrained, checkpoint, memory
+    state_from: str = "init"  # where the trainer's state came from: init, pretrained, checkpoint, memory, peers
     egress: EgressSlots | None = None  # the status vector's egress slots (runtime/egress_meter.py)
     writer: CheckpointWriter | None = None  # the checkpoints' (runtime/checkpoint_writer.py)
 
@@ -343,14 +346,10 @@ def _connect(run: _Run, world: int, carry: _Carry) -> None:
                                seed=args.seed, device=run.device, groups=make_groups(plan, rank))
     info = _agreed_checkpoint(args.ckpt_dir, rank) if args.resume and run.storage is not None else None
     if info is not None:
-        if carry.kept is not None and can_adopt(run.trainer, carry.kept, info):
-            adopt(run.trainer, carry.kept, info)
-            run.state_from = "memory"
-        else:
-            load(run.trainer, run.storage, info)
-            run.state_from = "checkpoint"
+        # its own kept state, its peers' (runtime/handover.py) or the checkpoint's files
+        run.state_from = state_handover.resume(run.trainer, carry.kept, info, run.storage)
         _log(rank, f"resumed from {info.dirname} (next sample {run.trainer.next_sample}; "
-                   f"state {'kept in memory' if run.state_from == 'memory' else 'read'})")
+                   f"state {_STATE_SAID[run.state_from]})")
         if run.trainer.recipe != run.recipe:
             _log(rank, f"continuing the checkpoint's recipe {run.trainer.recipe} (asked: {run.recipe})")
     elif run.recipe.init_from:
