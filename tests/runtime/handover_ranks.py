@@ -93,7 +93,7 @@ def main(index: int, port: int, corpus: str, ckpt_dir: str, out: str) -> None:
     from sailor_core.runtime import checkpoint as ckpt
     from sailor_core.runtime import handover
     from sailor_core.runtime.stage_checkpoint import kept_state, load
-    from sailor_core.runtime.worker import _save
+    from sailor_core.runtime.checkpoint_writer import save_sync
     from sailor_core.storage import open_storage
 
     torch.set_num_threads(1)
@@ -121,7 +121,7 @@ def main(index: int, port: int, corpus: str, ckpt_dir: str, out: str) -> None:
         kept = None
         for _ in range(2 if g == 0 else 1):
             trainer.train_step()
-        _save(trainer, storage, keep=2, rank=rank)
+        save_sync(trainer, storage, keep=2, rank=rank)
         kept = kept_state(trainer)
         del trainer
         dist.destroy_process_group()
