@@ -16,6 +16,8 @@ Exit codes (the orchestrator acts on them; ``sailor_core/job/protocol.py`` names
 Started by the agent with ``--park-dir``, a worker the agent stops (``park.SIGNAL``) checkpoints
 with the others and parks: it keeps its process and state for the agent's next generation
 (``sailor_core/runtime/park.py``).  Its exit code in the stopped generation counts as 75.
+``python -m sailor_core.runtime.worker --standby --park-dir DIR`` (the agent's standby workers,
+started at boot) imports the engine, creates the device context and parks at once, without state.
 
 A preemption notice is SIGTERM to any worker, the file named by
 ``SAILOR_PREEMPT_FILE`` appearing, or the URL in ``SAILOR_PREEMPT_URL`` (polled
@@ -90,6 +92,7 @@ from sailor_core.runtime.trainer import StageTrainer
 from sailor_core.storage import open_storage
 
 _PARKED = -1  # not an exit: the generation ended and this worker waits for the next
+STANDBY_FLAG = "--standby"  # the agent's workers started at boot, parked before any generation
 
 
 
@@ -171,7 +174,7 @@ class _Run:
 
 
 def main(argv=None) -> int:
-    args = parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
     # requested: a preemption notice for this worker (exit after the checkpoint);
     # park: the agent stops the generation (checkpoint, then wait for the next one)
     stop = {"requested": False, "park": False}
@@ -180,18 +183,50 @@ def main(argv=None) -> int:
     # the agent's pid from the agent itself: one that died while this process started is noticed too
     agent_pid = settings.agent_pid() or os.getppid()
     carry = _Carry()
-    while True:
+    args = _standby(argv, stop, agent_pid) if STANDBY_FLAG in argv else parse_args(argv)
+    while args is not None:
         code = _generation(args, stop, carry)
         if code != _PARKED:
             return code
-        handover = park.wait_handover(args.park_dir, os.getpid(), stopped=lambda: stop["requested"],
-                                      parent_pid=agent_pid)
-        if handover is None:
-            return EXIT_PREEMPTED
-        os.environ.update(handover.env)
-        _move_output(handover.log_path)
-        args = parse_args(list(handover.argv))
-        stop["park"] = False
+        args = _take_handover(args.park_dir, stop, agent_pid)
+    return EXIT_PREEMPTED
+
+
+def _standby(argv: list[str], stop: dict, agent_pid: int) -> argparse.Namespace | None:
+    """A standby worker (``--standby --park-dir DIR``, started by the agent at boot): the engine
+    imported (this module did), the device context created, parked without state; its first
+    generation's arguments come with the agent's handover (None: told to exit)."""
+    ap = argparse.ArgumentParser(prog=f"python -m sailor_core.runtime.worker {STANDBY_FLAG}")
+    ap.add_argument(STANDBY_FLAG, action="store_true")
+    ap.add_argument("--park-dir", required=True)
+    park_dir = ap.parse_args(argv).park_dir
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    _device_context(local_rank)
+    park.write_parked(park_dir, park.Parked(pid=os.getpid(), rank=park.STANDBY_RANK, local_rank=local_rank, step=-1))
+    return _take_handover(park_dir, stop, agent_pid)
+
+
+def _device_context(local_rank: int) -> None:
+    """Create the CUDA context of this worker's GPU now rather than at its first generation (the
+    second or so it takes is then spent while the instance waits for work); none without a GPU."""
+    if torch.cuda.is_available() and local_rank < torch.cuda.device_count():
+        torch.cuda.set_device(local_rank)
+        torch.empty(1, device="cuda")
+
+
+def _take_handover(park_dir: str, stop: dict, agent_pid: int) -> argparse.Namespace | None:
+    """Wait parked for the agent's handover: the next generation's arguments, its environment and
+    log file taken on; None when told to exit, on a preemption notice or without the agent."""
+    handover = park.wait_handover(park_dir, os.getpid(), stopped=lambda: stop["requested"], parent_pid=agent_pid)
+    if handover is None:
+        return None
+    os.environ.update(handover.env)
+    threads = handover.env.get("OMP_NUM_THREADS", "")
+    if threads.isdigit() and int(threads) > 0:  # read by torch at import: a standby worker imported it without
+        torch.set_num_threads(int(threads))
+    _move_output(handover.log_path)
+    stop["park"] = False
+    return parse_args(list(handover.argv))
 
 
 @dataclass(slots=True)
