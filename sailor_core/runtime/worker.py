@@ -16,8 +16,8 @@ Exit codes (the orchestrator acts on them; ``sailor_core/job/protocol.py`` names
 Started by the agent with ``--park-dir``, a worker the agent stops (``park.SIGNAL``) checkpoints
 with the others and parks: it keeps its process and state for the agent's next generation
 (``sailor_core/runtime/park.py``).  Its exit code in the stopped generation counts as 75.
-``python -m sailor_core.runtime.worker --standby --park-dir DIR`` (the agent's standby workers,
-started at boot) imports the engine, creates the device context and parks at once, without state.
+``--standby --park-dir DIR``: the agent's standby workers, started at boot, park at once without
+state (``runtime/standby.py``).
 
 A preemption notice is SIGTERM to any worker, the file named by
 ``SAILOR_PREEMPT_FILE`` appearing, or the URL in ``SAILOR_PREEMPT_URL`` (polled
@@ -76,7 +76,7 @@ from sailor_core.job.worker_args import add_worker_arguments, worker_values
 from sailor_core.plan.layout import rank_layout, world_size
 from sailor_core.plan.types import load_plan
 from sailor_core.runtime import checkpoint as ckpt
-from sailor_core.runtime import faults, links, park
+from sailor_core.runtime import faults, links, park, standby
 from sailor_core.runtime.data import DEFAULT_CACHE_MAX_BYTES, SpanCache, TokenDataset
 from sailor_core.runtime.egress_meter import EgressSlots
 from sailor_core.runtime.heartbeat import Heartbeat, watch_preempt_url
@@ -92,7 +92,6 @@ from sailor_core.runtime.trainer import StageTrainer
 from sailor_core.storage import open_storage
 
 _PARKED = -1  # not an exit: the generation ended and this worker waits for the next
-STANDBY_FLAG = "--standby"  # the agent's workers started at boot, parked before any generation
 
 
 
@@ -183,35 +182,13 @@ def main(argv=None) -> int:
     # the agent's pid from the agent itself: one that died while this process started is noticed too
     agent_pid = settings.agent_pid() or os.getppid()
     carry = _Carry()
-    args = _standby(argv, stop, agent_pid) if STANDBY_FLAG in argv else parse_args(argv)
+    args = _take_handover(standby.ready(argv), stop, agent_pid) if standby.FLAG in argv else parse_args(argv)
     while args is not None:
         code = _generation(args, stop, carry)
         if code != _PARKED:
             return code
         args = _take_handover(args.park_dir, stop, agent_pid)
     return EXIT_PREEMPTED
-
-
-def _standby(argv: list[str], stop: dict, agent_pid: int) -> argparse.Namespace | None:
-    """A standby worker (``--standby --park-dir DIR``, started by the agent at boot): the engine
-    imported (this module did), the device context created, parked without state; its first
-    generation's arguments come with the agent's handover (None: told to exit)."""
-    ap = argparse.ArgumentParser(prog=f"python -m sailor_core.runtime.worker {STANDBY_FLAG}")
-    ap.add_argument(STANDBY_FLAG, action="store_true")
-    ap.add_argument("--park-dir", required=True)
-    park_dir = ap.parse_args(argv).park_dir
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    _device_context(local_rank)
-    park.write_parked(park_dir, park.Parked(pid=os.getpid(), rank=park.STANDBY_RANK, local_rank=local_rank, step=-1))
-    return _take_handover(park_dir, stop, agent_pid)
-
-
-def _device_context(local_rank: int) -> None:
-    """Create the CUDA context of this worker's GPU now rather than at its first generation (the
-    second or so it takes is then spent while the instance waits for work); none without a GPU."""
-    if torch.cuda.is_available() and local_rank < torch.cuda.device_count():
-        torch.cuda.set_device(local_rank)
-        torch.empty(1, device="cuda")
 
 
 def _take_handover(park_dir: str, stop: dict, agent_pid: int) -> argparse.Namespace | None:
