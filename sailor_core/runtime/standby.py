@@ -1,7 +1,7 @@
 """A standby worker: started by the agent at an instance's boot, ready before any assignment.
 
 ``python -m sailor_core.runtime.worker --standby --park-dir DIR`` imports the engine (the worker
-module does), creates the CUDA context of its GPU (``LOCAL_RANK``) and parks without state
+module does, and torch's compiler, which the first optimizer would import otherwise), creates the CUDA context of its GPU (``LOCAL_RANK``) and parks without state
 (``park.STANDBY_RANK``); the instance's first generation is then handed to it as a later one is
 to a survivor (``runtime/park.py``), and the interpreter, the imports and the device context are
 paid while the instance waits for work rather than after its assignment.
@@ -13,6 +13,7 @@ import argparse
 import os
 
 import torch
+import torch._dynamo  # noqa: F401 - imported by the first optimizer (torch/_compile.py): 2-4 s, paid at boot
 
 from sailor_core.runtime import park
 
