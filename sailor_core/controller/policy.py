@@ -143,15 +143,20 @@ class _Ranking:
     def near_best(self, options: Sequence[Outlook]) -> Outlook:
         """The objective's pick of ``options`` (all keeping the constraints).  Plans within
         ``min_gain`` of the best in the ranking's own figure are alike as far as the controller
-        can tell (it would not switch for less).  Finishing soonest, the cheapest of them runs: a
-        plan that spans zones for a sliver of speed would pay its egress for nothing.  By cost
-        with a deadline, the soonest of them: slack against the capacity it cannot foresee, for
-        next to nothing.  By cost with no deadline, the cheapest."""
+        can tell (it would not switch for less).  Finishing soonest, one of them that sends less
+        across zones than the soonest runs instead when it costs less (rent plus egress): a plan
+        that spans zones for a sliver of speed would pay its egress for nothing.  "Within" counts
+        the effective throughput too: near the end of a job the time is mostly the change, and
+        half the GPUs would look as soon.  By cost with a deadline, the soonest of them: slack
+        against the capacity it cannot foresee, for next to nothing.  By cost with no deadline,
+        the cheapest."""
         best = min(options, key=self.config.ranking.key)
         slack = 1.0 + self.config.min_gain
         if not self.config.ranking.by_cost:
-            near = [o for o in options if o.time_s <= best.time_s * slack]
-            return min(near, key=lambda o: (o.cost_usd, o.time_s))
+            less_egress = [o for o in options if o.option.egress_usd_per_hr < best.option.egress_usd_per_hr
+                           and o.time_s <= best.time_s * slack
+                           and o.effective_samples_per_s * slack >= best.effective_samples_per_s]
+            return min([best, *less_egress], key=lambda o: (o.cost_usd, o.time_s))
         if math.isfinite(self.state.time_left_s):
             near = [o for o in options if o.cost_usd <= best.cost_usd * slack]
             return min(near, key=lambda o: (o.time_s, o.cost_usd))
