@@ -3,7 +3,9 @@
 Runs `train_job` (tiny model) with injected preemptions against a local Prefect
 server and prints, per preemption: detection-to-new-plan, new-plan-to-first-step
 (provisioning + agent + worker start-up + checkpoint load), work redone (steps
-between the resumed checkpoint and the furthest step reached), plus totals.
+between the resumed checkpoint and the furthest step reached), plus totals; and per plan, its
+workers' start: rank 0's time from its agent's assignment (a handover to a parked or standby
+worker, or a new process) to being ready to train, and how many ranks were handed over.
 
     .venv/bin/python benchmarks/bench_recovery.py [--steps 40] [--preempt-at 10,25] [--gbs 64]
 
@@ -80,6 +82,8 @@ def main() -> None:
     first = state.replans[0]
     print(f"start: plan -> first step {first.first_step_unix_s - first.at_unix_s:.1f} s "
           f"(provision, agent, worker start-up)")
+    for rec in state.replans:
+        print(f"plan {rec.attempt}: {_workers_words(rec)}")
     ended = sorted((i.ended_unix_s for i in state.instances if i.end_reason == "preempted"))
     # each preemption's first attempt after it (an interim's, when survivors train on)
     after = [next(r for r in state.replans if r.at_unix_s >= t) for t in ended]
@@ -94,6 +98,14 @@ def main() -> None:
 
 
 _STATE_SAID = ("kept in memory", "handed over by its peers", "state read")
+
+
+def _workers_words(rec) -> str:
+    """A plan's workers' start, from its agents' reports (``ReplanRecord``)."""
+    ready = "-" if rec.ready_s is None else f"{rec.ready_s:.2f} s"
+    return (f"assignment -> rank 0 ready to train {ready}, {rec.num_ranks_rejoined or 0} of {rec.num_ranks or 0} "
+            f"ranks handed over (state from {rec.state_from or '-'}), plan -> first step "
+            f"{(rec.first_step_unix_s or float('nan')) - rec.at_unix_s:.1f} s")
 
 
 if __name__ == "__main__":

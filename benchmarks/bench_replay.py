@@ -38,7 +38,7 @@ from sailor_core.traces import load_trace
 def _spec(args, policies, **settings) -> ReplaySpec:
     """The replay's settings from the command line (the budget applies to every run)."""
     return ReplaySpec(trace=args.trace, model=args.model, tokens=args.tokens, policy=",".join(policies),
-                      budget_usd=args.budget_usd, **settings)
+                      budget_usd=args.budget_usd, standby_workers=not args.no_standby_workers, **settings)
 
 
 def main() -> None:
@@ -66,6 +66,8 @@ def main() -> None:
     ap.add_argument("--deadline-h", type=float, default=None, help="finish within this many hours of the start")
     ap.add_argument("--min-throughput", type=float, default=None, help="throughput floor (samples/s)")
     ap.add_argument("--on-demand-gpus", type=int, default=0, help="on-demand GPUs per pool besides spot")
+    ap.add_argument("--no-standby-workers", action="store_true",
+                    help="new instances' workers start once the VM runs (the start-up after the provisioning)")
     ap.add_argument("--compare", action="store_true",
                     help="ours over objectives and deadlines, and at equal terms with the other policies")
     ap.add_argument("--pareto", default=None, help="with --compare: the (time, cost) chart")

@@ -15,6 +15,7 @@ with the environment it is made from), and reused by later clouds and test runs.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import shutil
@@ -50,8 +51,17 @@ class Image:
     backing_dir: Path  # what the links of site_dir point into
 
     def read_only_paths(self) -> tuple[Path, ...]:
-        """Where an instance's processes may read outside their root: the image itself."""
-        return (self.root, self.base_prefix, self.backing_dir)
+        """Where an instance's processes may read outside their root: the image itself, and where
+        the backing site-packages' own links lead (a checkout whose venv links another's packages:
+        importing torch resolves its real path there)."""
+        return (self.root, self.base_prefix, self.backing_dir, *_link_targets(self.backing_dir))
+
+
+@functools.cache
+def _link_targets(directory: Path) -> tuple[Path, ...]:
+    """The folders that ``directory``'s symbolic links point into (once per process: an audit asks
+    for every line of a trace)."""
+    return tuple(sorted({entry.resolve().parent for entry in directory.iterdir() if entry.is_symlink()}))
 
 
 def _ours(entry: Path) -> bool:

@@ -60,7 +60,10 @@ class Costs:
 
     save_s: float         # checkpoint before a planned switch
     provisioning_s: float  # new instances
-    startup_s: float      # start-up, rendezvous and checkpoint load
+    # From new instances running to training: their workers' start-up (with standby workers,
+    # started at boot and parked, a handover like a rejoin: the replay's
+    # ChangeCosts.new_instance_start_s), the rendezvous and the checkpoint load
+    startup_s: float
     work_lost_s: float    # training redone per preemption
     rejoin_s: float | None = None  # the workers held re-form in place and reload (None: a start-up)
 

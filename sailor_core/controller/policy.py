@@ -140,6 +140,28 @@ class _Ranking:
         """Every constraint: budget, deadline, floor."""
         return self.finishes(o) and self.in_time(o) and self.above_floor(o)
 
+    def near_best(self, options: Sequence[Outlook]) -> Outlook:
+        """The objective's pick of ``options`` (all keeping the constraints).  Plans within
+        ``min_gain`` of the best in the ranking's own figure are alike as far as the controller
+        can tell (it would not switch for less).  Finishing soonest, one of them that sends less
+        across zones than the soonest runs instead when it costs less (rent plus egress): a plan
+        that spans zones for a sliver of speed would pay its egress for nothing.  "Within" counts
+        the effective throughput too: near the end of a job the time is mostly the change, and
+        half the GPUs would look as soon.  By cost with a deadline, the soonest of them: slack
+        against the capacity it cannot foresee, for next to nothing.  By cost with no deadline,
+        the cheapest."""
+        best = min(options, key=self.config.ranking.key)
+        slack = 1.0 + self.config.min_gain
+        if not self.config.ranking.by_cost:
+            less_egress = [o for o in options if o.option.egress_usd_per_hr < best.option.egress_usd_per_hr
+                           and o.time_s <= best.time_s * slack
+                           and o.effective_samples_per_s * slack >= best.effective_samples_per_s]
+            return min([best, *less_egress], key=lambda o: (o.cost_usd, o.time_s))
+        if math.isfinite(self.state.time_left_s):
+            near = [o for o in options if o.cost_usd <= best.cost_usd * slack]
+            return min(near, key=lambda o: (o.time_s, o.cost_usd))
+        return best
+
     def best(self, outlooks: Sequence[Outlook]) -> tuple[Outlook | None, str]:
         """The option the objective picks among those that finish within the budget, and the
         constraint it had to give up ("" when none).  None when none finishes within it."""
@@ -149,14 +171,7 @@ class _Ranking:
         in_time = [o for o in within if self.in_time(o)]
         floor_ok = [o for o in in_time if self.above_floor(o)]
         if floor_ok:
-            best = min(floor_ok, key=self.config.ranking.key)
-            if self.config.ranking.by_cost and math.isfinite(self.state.time_left_s):
-                # By a deadline, plans within ``min_gain`` of the cheapest cost the same as far as the
-                # controller can tell (it would not switch for less); the soonest of them buys slack
-                # against the capacity it cannot foresee for next to nothing.
-                near = [o for o in floor_ok if o.cost_usd <= best.cost_usd * (1.0 + self.config.min_gain)]
-                best = min(near, key=lambda o: (o.time_s, o.cost_usd))
-            return best, ""
+            return self.near_best(floor_ok), ""
         why = ("no plan finishes by the deadline" if not in_time
                else "no plan keeps the throughput floor")
         return min(within, key=lambda o: (o.time_s, o.cost_usd)), f"{why}; the fastest runs"

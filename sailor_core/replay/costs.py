@@ -20,6 +20,10 @@ class ChangeCosts:
     # processes and re-form the job: new process groups and the stages rebuilt, no import or
     # CUDA start (the reload is counted apart, as for a start-up)
     rejoin_s: float = 10.0
+    # Standby workers (runtime/agent.py): an instance's agent starts its workers at boot, parked
+    # without state, so their start-up overlaps the provisioning and the first assignment is a
+    # handover like a rejoin.  False models workers that start only once the VM runs.
+    standby_workers: bool = True
     checkpoint_bytes: float = 0.0         # model + optimizer state written per checkpoint
     storage_bw_bytes_per_s: float = 1e9   # aggregate write/read bandwidth to the checkpoint store
     checkpoint_interval_s: float = 1800.0  # periodic checkpoints while training
@@ -46,9 +50,18 @@ class ChangeCosts:
         return self.save_s + self.terminate_s
 
     @property
+    def new_instance_start_s(self) -> float:
+        """From new instances running to their workers ready to train, the reload apart: with
+        standby workers a rejoin, their start-up having overlapped the provisioning (what of it
+        does not fit in the provisioning still counts), else the whole start-up."""
+        if not self.standby_workers:
+            return self.startup_s
+        return max(self.rejoin_s, self.startup_s - self.provisioning_s)
+
+    @property
     def planned_change_s(self) -> float:
         """Downtime of a planned switch: save, provision, start, load."""
-        return self.save_s + self.provisioning_s + self.startup_s + self.load_s
+        return self.save_s + self.provisioning_s + self.new_instance_start_s + self.load_s
 
     def notice_s(self, zone: str) -> float:
         """The zone's cloud's preemption notice (clouds.json): when the checkpoint save fits in

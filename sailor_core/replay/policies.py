@@ -13,8 +13,10 @@ from sailor_core.traces import AvailabilityTrace
 def controller_costs(costs: ChangeCosts, zones: Iterable[str] = ()) -> Costs:
     """The replay's costs of change as the controller weighs them (``controller_config``'s
     ``costs``): loading the checkpoint is part of a start-up and of a rejoin, and a preemption in
-    ``zones`` loses the work since the last checkpoint where the notice is shorter than a save."""
-    return Costs(save_s=costs.save_s, provisioning_s=costs.provisioning_s, startup_s=costs.startup_s + costs.load_s,
+    ``zones`` loses the work since the last checkpoint where the notice is shorter than a save; new
+    instances' start-up is their standby workers' handover where they have them."""
+    return Costs(save_s=costs.save_s, provisioning_s=costs.provisioning_s,
+                 startup_s=costs.new_instance_start_s + costs.load_s,
                  rejoin_s=costs.rejoin_s + costs.load_s, work_lost_s=costs.work_lost_s(zones))
 
 

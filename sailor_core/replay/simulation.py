@@ -278,7 +278,7 @@ class _Replay:
         self.vms_at = running_at
         self.release(switch_at, "replanned")
         self.kept_gpus = self.acquire(new, switch_at, held=held, held_on_demand=held_od, running_at_s=running_at)
-        start_s = costs.startup_s if needs_vms else costs.rejoin_s
+        start_s = costs.new_instance_start_s if needs_vms else costs.rejoin_s
         self.ready_at = running_at + start_s + (costs.load_s if self.ckpt_done > 0 else 0.0)
         self.done = self.ckpt_done
         self.interim = None
@@ -311,7 +311,7 @@ class _Replay:
         self.interim, self.num_interims = q, self.num_interims + 1
         self.interim_from = switch_at + costs.rejoin_s + load_s
         self.resume_at = self.vms_at + costs.save_s
-        self.ready_at = self.resume_at + costs.startup_s + costs.load_s
+        self.ready_at = self.resume_at + costs.new_instance_start_s + costs.load_s
 
     def stop(self, reason: str) -> None:
         running = self.phase in ("starting", "running")

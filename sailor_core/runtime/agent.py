@@ -10,7 +10,10 @@ each field means).  A higher generation replaces the current one: the agent
 stops its workers and starts the new ones: the engine's workers park when stopped
 (``runtime/park.py``) and the agent hands the next generation to them, so the ranks
 of a surviving instance keep their processes and, where their shard stays, their
-state (``--no-park``: new processes every time).  On the embedded cloud, an
+state (``--no-park``: new processes every time).  At boot the agent starts one standby
+worker per GPU (``--standby``; ``auto``: as many as ``nvidia-smi`` lists), parked without state
+before any assignment, so the first generation is a handover too: the imports and the device
+context are paid while the instance waits for work, not after its assignment.  On the embedded cloud, an
 assignment's ``inject_preemption`` asks the agent of rank 0 to have the cloud
 preempt an instance once its workers reach a step (``--preempt-at``): the agent
 sees each step as rank 0 writes it, the flow only some polls later, and a small
@@ -30,6 +33,7 @@ import argparse
 import dataclasses
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -170,12 +174,14 @@ def _worker_env(assignment: AgentAssignment, generation: int, rank: int, local_r
 
 
 class Agent:
-    def __init__(self, job_url: str, instance_id: str, work_dir: Path, *, park_workers: bool = True) -> None:
+    def __init__(self, job_url: str, instance_id: str, work_dir: Path, *, park_workers: bool = True,
+                 num_standby: int = 0) -> None:
         self.job_url = job_url
         self.instance_id = instance_id
         self.work_dir = work_dir
         self.park_dir = work_dir / "parked" if park_workers else None
         self.parked: dict[int, subprocess.Popen] = {}  # local rank -> a parked worker
+        self.num_standby = num_standby if park_workers else 0  # workers started at boot (parked, no state)
         self.current: _Generation | None = None
         self.previous: AgentStatus | None = None  # the replaced generation's last report
         self.terminating = False
@@ -221,6 +227,21 @@ class Agent:
             log.close()
         return gen
 
+    def _start_standby(self) -> None:
+        """Start the standby workers: each imports the engine, creates its device context and parks
+        without state (``worker --standby``), in the agent's process group as every worker."""
+        log_dir = self.work_dir / "standby"
+        log_dir.mkdir(parents=True, exist_ok=True)
+        for local_rank in range(self.num_standby):
+            env = {**os.environ, "LOCAL_RANK": str(local_rank), settings.AGENT_PID_ENV: str(os.getpid())}
+            with open(log_dir / f"local{local_rank}.log", "ab") as log:
+                self.parked[local_rank] = subprocess.Popen(
+                    [sys.executable, "-m", "sailor_core.runtime.worker", "--standby", "--park-dir", str(self.park_dir)],
+                    env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        if self.num_standby:
+            self.logs.say(f"{self.num_standby} standby workers started (pids "
+                          f"{', '.join(str(p.pid) for p in self.parked.values())})")
+
     def _release_parked(self, keep: set[int] = frozenset(), grace_s: float = STOP_GRACE_S) -> None:
         """Tell the parked workers not in ``keep`` (local ranks) to exit, and wait: their GPU memory
         is the next workers'."""
@@ -238,7 +259,7 @@ class Agent:
             if rank in gen.exit_codes or p.poll() is not None:
                 continue
             note = park.read_parked(self.park_dir, p.pid)
-            if note is not None:
+            if note is not None and note.rank != park.STANDBY_RANK:  # a standby's late note is no stop
                 gen.exit_codes[rank] = EXIT_PREEMPTED
                 self.parked[gen.local_ranks[rank]] = p
 
@@ -370,6 +391,7 @@ class Agent:
     # -- main loop --
     def run(self, *, max_idle_s: float | None = None) -> int:
         signal.signal(signal.SIGTERM, self._on_sigterm)
+        self._start_standby()
         idle_since = time.monotonic()
         self._report(force=True)
         while not self.terminating:
@@ -432,6 +454,20 @@ def _lowest_rank_error(errors: dict[int, str]) -> WorkerError | None:
     return WorkerError(rank=rank, message=errors[rank])
 
 
+def num_gpus() -> int:
+    """The GPUs ``nvidia-smi`` lists (the embedded cloud's image has one that lists its instance's);
+    0 without it or when it fails."""
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return 0
+    try:
+        proc = subprocess.run([smi, "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True,
+                              timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return 0
+    return sum(1 for line in proc.stdout.splitlines() if line.strip()) if proc.returncode == 0 else 0
+
+
 def _wait_or_kill(procs: list[subprocess.Popen], grace_s: float) -> None:
     deadline = time.monotonic() + grace_s
     for p in procs:
@@ -451,6 +487,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="exit after this long with no running workers (default: never)")
     parser.add_argument("--no-park", action="store_true",
                         help="stop workers with SIGTERM and start new processes for every generation")
+    parser.add_argument("--standby", default="auto",
+                        help="workers to start at boot, parked until the first assignment (auto: one per GPU "
+                             "nvidia-smi lists; 0: none, the first generation starts new processes)")
     args = parser.parse_args(argv)
     if not args.instance_id:
         sys.stderr.write(f"error: no instance id (--instance-id or {settings.INSTANCE_ID_ENV})\n")
@@ -461,9 +500,13 @@ def main(argv: list[str] | None = None) -> int:
                    else Path(os.environ.get("TMPDIR", "/tmp")) / f"sailor-agent-{args.instance_id}")
     work_dir = Path(args.work_dir or default_dir)
     work_dir.mkdir(parents=True, exist_ok=True)
+    num_standby = num_gpus() if args.standby == "auto" else int(args.standby) if args.standby.isdigit() else -1
+    if num_standby < 0:
+        sys.stderr.write(f"error: --standby must be auto or a count, got {args.standby!r}\n")
+        return 2
     try:
-        return Agent(args.job_url, args.instance_id, work_dir,
-                     park_workers=not args.no_park).run(max_idle_s=args.max_idle_s)
+        return Agent(args.job_url, args.instance_id, work_dir, park_workers=not args.no_park,
+                     num_standby=num_standby).run(max_idle_s=args.max_idle_s)
     except SailorError as exc:  # an assignment of another protocol version, a bad job URL
         sys.stderr.write(f"error: {exc}\n")
         return exc.exit_code

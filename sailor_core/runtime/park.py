@@ -10,6 +10,11 @@ the next generation the agent writes ``<pid>.handover.json``: the worker's new a
 environment (it joins the new process group and, where it holds the same shard at the
 checkpoint's step, keeps its state instead of reading it), or ``exit``.
 
+Standby workers are parked from the start: the agent starts one per GPU at boot
+(``python -m sailor_core.runtime.worker --standby``), each imports the engine, creates its
+device context and parks without state (``STANDBY_RANK``), so an instance's first assignment is
+a handover like a survivor's rejoin instead of a process start after the VM runs.
+
 Files are written whole (a temporary file, then a rename), so a reader never sees half of
 one.  No torch here: the agent imports this module.
 """
@@ -26,6 +31,7 @@ from pathlib import Path
 
 SIGNAL = signal.SIGUSR1  # agent -> worker: stop at the next agreed step, checkpoint, park
 POLL_S = 0.05
+STANDBY_RANK = -1  # a standby worker's note: parked before any generation, no state
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -98,6 +104,8 @@ def wait_handover(park_dir: str | Path, pid: int, *, stopped: Callable[[], bool]
             time.sleep(POLL_S)
             continue
         path.unlink(missing_ok=True)
+        # a standby worker may write its note after the agent answered it: none outlives the answer
+        parked_path(park_dir, pid).unlink(missing_ok=True)
         if doc.get("exit"):
             return None
         return Handover(argv=tuple(doc["argv"]), env=dict(doc["env"]), log_path=doc.get("log_path"))

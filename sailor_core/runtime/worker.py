@@ -16,6 +16,8 @@ Exit codes (the orchestrator acts on them; ``sailor_core/job/protocol.py`` names
 Started by the agent with ``--park-dir``, a worker the agent stops (``park.SIGNAL``) checkpoints
 with the others and parks: it keeps its process and state for the agent's next generation
 (``sailor_core/runtime/park.py``).  Its exit code in the stopped generation counts as 75.
+``--standby --park-dir DIR``: the agent's standby workers, started at boot, park at once without
+state (``runtime/standby.py``).
 
 A preemption notice is SIGTERM to any worker, the file named by
 ``SAILOR_PREEMPT_FILE`` appearing, or the URL in ``SAILOR_PREEMPT_URL`` (polled
@@ -76,9 +78,9 @@ from sailor_core.job.worker_args import add_worker_arguments, worker_values
 from sailor_core.plan.layout import rank_layout, world_size
 from sailor_core.plan.types import load_plan
 from sailor_core.runtime import checkpoint as ckpt
-from sailor_core.runtime import faults, links, park
-from sailor_core.runtime.checkpoint_writer import CheckpointWriter
+from sailor_core.runtime import faults, links, park, standby
 from sailor_core.runtime import handover as state_handover
+from sailor_core.runtime.checkpoint_writer import CheckpointWriter
 from sailor_core.runtime.data import DEFAULT_CACHE_MAX_BYTES, SpanCache, TokenDataset
 from sailor_core.runtime.egress_meter import EgressSlots
 from sailor_core.runtime.heartbeat import Heartbeat, watch_preempt_url
@@ -181,7 +183,7 @@ class _Run:
 
 
 def main(argv=None) -> int:
-    args = parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
     # requested: a preemption notice for this worker (exit after the checkpoint);
     # park: the agent stops the generation (checkpoint, then wait for the next one)
     stop = {"requested": False, "park": False}
@@ -190,18 +192,28 @@ def main(argv=None) -> int:
     # the agent's pid from the agent itself: one that died while this process started is noticed too
     agent_pid = settings.agent_pid() or os.getppid()
     carry = _Carry()
-    while True:
+    args = _take_handover(standby.ready(argv), stop, agent_pid) if standby.FLAG in argv else parse_args(argv)
+    while args is not None:
         code = _generation(args, stop, carry)
         if code != _PARKED:
             return code
-        handover = park.wait_handover(args.park_dir, os.getpid(), stopped=lambda: stop["requested"],
-                                      parent_pid=agent_pid)
-        if handover is None:
-            return EXIT_PREEMPTED
-        os.environ.update(handover.env)
-        _move_output(handover.log_path)
-        args = parse_args(list(handover.argv))
-        stop["park"] = False
+        args = _take_handover(args.park_dir, stop, agent_pid)
+    return EXIT_PREEMPTED
+
+
+def _take_handover(park_dir: str, stop: dict, agent_pid: int) -> argparse.Namespace | None:
+    """Wait parked for the agent's handover: the next generation's arguments, its environment and
+    log file taken on; None when told to exit, on a preemption notice or without the agent."""
+    handover = park.wait_handover(park_dir, os.getpid(), stopped=lambda: stop["requested"], parent_pid=agent_pid)
+    if handover is None:
+        return None
+    os.environ.update(handover.env)
+    threads = handover.env.get("OMP_NUM_THREADS", "")
+    if threads.isdigit() and int(threads) > 0:  # read by torch at import: a standby worker imported it without
+        torch.set_num_threads(int(threads))
+    _move_output(handover.log_path)
+    stop["park"] = False
+    return parse_args(list(handover.argv))
 
 
 @dataclass(slots=True)

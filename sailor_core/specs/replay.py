@@ -45,6 +45,10 @@ class ReplaySpec:
     startup_s: float = option(60.0, help="Worker start-up and rendezvous.")
     rejoin_s: float = option(10.0, help="A change onto instances all held: their parked workers re-form the job "
                                         "in place (no new processes).")
+    standby_workers: bool = option(True, help="New instances' workers start at boot, parked until their first "
+                                              "assignment: after provisioning they start as in a rejoin (--no-standby"
+                                              "-workers: they start once the VM runs, --startup-s).",
+                                   cli=("--standby-workers/--no-standby-workers",))
     storage_gb_per_s: float = option(1.0, help="Checkpoint store bandwidth (GB/s).")
     checkpoint_interval_s: float = option(1800.0, help="Periodic checkpoints.")
     exact_availability: bool = option(False, help="Plan on exact counts (slower; default rounds pools to a 1/8 grid).")

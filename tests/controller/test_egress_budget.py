@@ -72,3 +72,23 @@ def test_the_running_plans_egress_follows_its_measured_throughput():
     assert with_measured_egress(o, 25.0).egress_usd_per_hr == pytest.approx(1.0)  # a quarter of the iterations
     assert with_measured_egress(o, None) is o
     assert with_measured_egress(one_zone(), 25.0).egress_usd_per_hr == 0.0
+
+
+def _spanning_faster_by(share: float):
+    def plan_fn(available):
+        fast = dataclasses.replace(spanning(), throughput_samples_per_s=100.0 * (1.0 + share))
+        return [o for o in (fast, one_zone()) if o.fits_in(available)]
+    return plan_fn
+
+
+def test_finishing_soonest_a_sliver_of_speed_does_not_buy_the_egress():
+    # The plan across zones is 2 % faster (within min_gain, 5 %: alike as far as the controller
+    # can tell) and costs 12 USD/h with its egress against 10: the one-zone plan runs.  At 20 %
+    # faster it is the soonest by more than that, and runs whatever its egress.
+    config = ControllerConfig(terms=JobTerms(objective=Objective.THROUGHPUT))
+    near = decide(_state(), START, config=config, plan_fn=_spanning_faster_by(0.02))
+    assert near.action == Action.REPLAN and near.plan.label == "one zone"
+    far = decide(_state(), START, config=config, plan_fn=_spanning_faster_by(0.20))
+    assert far.action == Action.REPLAN and far.plan.label == "two zones"
+    strict = dataclasses.replace(config, min_gain=0.0)  # no slack: the soonest, to the last sample
+    assert decide(_state(), START, config=strict, plan_fn=_spanning_faster_by(0.02)).plan.label == "two zones"

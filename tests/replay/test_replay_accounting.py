@@ -1,6 +1,7 @@
 """The replay's accounting on small hand-computed traces (linear planner: 10 samples/s per A100,
 4 per V100; every GPU costs 1 USD/h)."""
 
+import dataclasses
 import math
 
 import pytest
@@ -18,8 +19,9 @@ ONE_USD = lambda gpu, zone, t: 1.0  # noqa: E731
 
 # 4 A100s, 2 of them preempted at 1 h, back at 2 h.
 DIP = build_trace([(0.0, {A: 4}), (3600.0, {A: 2}), (7200.0, {A: 4})])
-FAST = ChangeCosts(provisioning_s=100, startup_s=50, rejoin_s=10, checkpoint_bytes=0, checkpoint_interval_s=1e9,
-                  terminate_s=0)
+# (workers that start once the VM runs: the start-up after the provisioning, as before standby workers)
+FAST = ChangeCosts(standby_workers=False, provisioning_s=100, startup_s=50, rejoin_s=10, checkpoint_bytes=0,
+                  checkpoint_interval_s=1e9, terminate_s=0)
 
 
 def run(trace, policy, costs=FAST, target=288_000, budget=None, gpu="A100-40"):
@@ -43,6 +45,29 @@ def test_ours_replans_on_loss_and_grows_back():
         (4 * 3450 + 2 * 3590 + 2 * 90 + 4 * 1910) / (14000 + 7200 + 4120 + 3920))
 
 
+def test_standby_workers_start_new_instances_as_a_rejoin():
+    r = run(DIP, "ours", costs=dataclasses.replace(FAST, standby_workers=True))
+    # As above, but new instances' workers started at boot, parked: once the VMs run they start
+    # in the rejoin's 10 s, not the start-up's 50: 0-100 provisioning, 110-3600 at 40/s (139600);
+    # 3610-7200 at 20/s (71800); the interim 7210-7300 (1800); the 4 ready at 7310, 74800 left at
+    # 40/s: done at 9180 (80 s sooner: two start-ups of 40 s less).
+    assert r.finished and r.time_to_train_s == pytest.approx(9180)
+    assert r.gpu_s_by_activity["starting"] == pytest.approx(4 * 10 + 2 * 10 + 2 * 10 + 4 * 10)
+    assert (r.num_replans, r.num_restarts, r.num_interims) == (2, 1, 1)
+
+
+def test_standby_workers_start_what_the_provisioning_does_not_hide():
+    assert ChangeCosts(provisioning_s=100, startup_s=50, rejoin_s=10).new_instance_start_s == 10
+    assert ChangeCosts(provisioning_s=30, startup_s=60, rejoin_s=10).new_instance_start_s == 30
+    assert ChangeCosts(provisioning_s=100, startup_s=50, rejoin_s=10, standby_workers=False).new_instance_start_s == 50
+    # the controller weighs a start-up onto new instances as the replay runs it, the reload included
+    for standby, start_s in ((True, 10 + 4), (False, 50 + 4)):
+        costs = ChangeCosts(provisioning_s=100, startup_s=50, rejoin_s=10, checkpoint_bytes=4e9,
+                            standby_workers=standby)
+        assert controller_costs(costs).startup_s == pytest.approx(start_s)
+        assert controller_costs(costs).restart_s == pytest.approx(100 + start_s)
+
+
 def test_the_paid_gpu_time_is_told_by_activity():
     r = run(DIP, "ours")
     # Start: 4 GPUs start up 100-150 (new instances are not paid while they boot); 3600: the 2
@@ -57,7 +82,7 @@ def test_the_paid_gpu_time_is_told_by_activity():
 def _one_of_two_v100s_lost_with_slow_saves():
     """2 V100s, one taken at 3000 s; 200 s saves, longer than AWS's 120 s notice; no parked workers."""
     trace = build_trace([(0.0, {V: 2}), (3000.0, {V: 1})])
-    costs = ChangeCosts(provisioning_s=100, startup_s=50, rejoin_s=50, checkpoint_bytes=200e9,
+    costs = ChangeCosts(standby_workers=False, provisioning_s=100, startup_s=50, rejoin_s=50, checkpoint_bytes=200e9,
                         storage_bw_bytes_per_s=1e9, checkpoint_interval_s=1000, terminate_s=0)
     return run(trace, "ours", costs=costs, target=20_400, gpu="V100-16")
 
@@ -106,8 +131,8 @@ def test_work_since_checkpoint_is_lost_when_the_notice_is_too_short():
 
 @pytest.mark.parametrize("terminate_s", [0, 60])
 def test_budget_stop_lands_exactly_on_the_budget(terminate_s):
-    costs = ChangeCosts(provisioning_s=100, startup_s=50, checkpoint_bytes=0, checkpoint_interval_s=1e9,
-                        terminate_s=terminate_s)
+    costs = ChangeCosts(standby_workers=False, provisioning_s=100, startup_s=50, checkpoint_bytes=0,
+                        checkpoint_interval_s=1e9, terminate_s=terminate_s)
     r = run(build_trace([(0.0, {A: 4})]), "ours", costs=costs, budget=1.0)
     # 4 USD/h: the budget buys 900 s from when the VMs run (100 s), the last `terminate_s` of them
     # for the shutdown; training starts at 150 s.
@@ -214,7 +239,7 @@ def test_an_interim_cut_by_a_preemption_loses_its_unsaved_progress():
     # Saves of 40 s do not fit GCP's 30 s notice, and no periodic checkpoint comes: the hit at
     # 3600 loses all 134000 samples (0-250 start-up, then 40/s); the 3 survivors rejoin (10 s,
     # nothing to load) and train at 30/s from 3610 until the second hit at 3650 takes those 1200.
-    costs = ChangeCosts(provisioning_s=200, startup_s=50, rejoin_s=10, checkpoint_bytes=40e9,
+    costs = ChangeCosts(standby_workers=False, provisioning_s=200, startup_s=50, rejoin_s=10, checkpoint_bytes=40e9,
                         storage_bw_bytes_per_s=1e9, checkpoint_interval_s=1e9, terminate_s=0)
     r = _two_hits(costs)
     assert r.num_interims >= 1 and r.num_preemptions_hit == 2
@@ -231,8 +256,8 @@ def _with_egress(usd_per_hr):
 
 @pytest.mark.parametrize("terminate_s", [0, 60])
 def test_egress_is_charged_while_training_and_the_budget_stop_holds_with_it(terminate_s):
-    costs = ChangeCosts(provisioning_s=100, startup_s=50, checkpoint_bytes=0, checkpoint_interval_s=1e9,
-                        terminate_s=terminate_s)
+    costs = ChangeCosts(standby_workers=False, provisioning_s=100, startup_s=50, checkpoint_bytes=0,
+                        checkpoint_interval_s=1e9, terminate_s=terminate_s)
     config = controller_config("ours", costs=controller_costs(costs), shutdown_s=costs.shutdown_s, gpu_type="A100-40")
     r = replay(build_trace([(0.0, {A: 4})]), policy=ReplayPolicy(config=config, plan_fn=_with_egress(2.0), name="ours"),
                market=Market(price_fn=ONE_USD), goal=Goal(samples_target=288_000, budget_usd=1.0), costs=costs)

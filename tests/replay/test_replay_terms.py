@@ -24,7 +24,8 @@ from tests.controller.planners import linear_planner
 
 A = ("A100-40", "us-central1-a")   # stormy below
 B = ("A100-40", "us-central1-b")   # calm
-COSTS = ChangeCosts(provisioning_s=100, startup_s=50, checkpoint_bytes=0, checkpoint_interval_s=1e9, terminate_s=0)
+COSTS = ChangeCosts(standby_workers=False, provisioning_s=100, startup_s=50, checkpoint_bytes=0,
+                    checkpoint_interval_s=1e9, terminate_s=0)
 ONE_USD = lambda gpu, zone, t: 1.0  # noqa: E731
 THREE_USD = lambda gpu, zone, t: 3.0  # noqa: E731
 
