@@ -197,6 +197,7 @@ def setup_script(jail: Jail) -> str:
         "# PID 1 of an embedded instance (infra/local/confine.py): its file system, then its program, confined",
         "set -eu",
         "umask 022",
+        'INSTANCE_PATH="$PATH"',
         f"PATH={q(os.pathsep.join(sorted({os.path.dirname(_tool(t)) for t in _TOOLS})))}:/usr/bin:/bin",
         f"R={q(str(jail.mount_point))}",
         'ro() { mkdir -p "$R$1" && mount --bind "$1" "$R$1" && mount -o remount,bind,ro,nosuid,nodev "$R$1"; }',
@@ -215,6 +216,7 @@ def setup_script(jail: Jail) -> str:
         *_device_lines(),
         'mount -o remount,ro "$R"',
         "set +e",
+        'PATH="$INSTANCE_PATH"',
         f'{_tool("chroot")} "$R" {_tool("setpriv")} --reuid {jail.uid} --regid {jail.uid} --clear-groups --inh-caps=-all '
         f"--bounding-set=-all --no-new-privs -- /bin/sh -c 'cd \"$0\" && exec \"$@\"' {q(str(jail.root))} \"$@\" &",
         "child=$!",
