@@ -37,6 +37,7 @@ import os
 import shlex
 import shutil
 import subprocess
+import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -128,7 +129,9 @@ class Confinement:
     """The jails of one cloud's instances: a uid each, the image read-only to all; thread-safe."""
 
     def __init__(self, image) -> None:
-        self.read_only = image_paths(image) if image is not None else ()
+        # no image: the instance runs this interpreter (SAILOR_PYTHON), so its environment is read-only to it
+        self.read_only = image_paths(image) if image is not None else _outermost([Path(sys.base_prefix),
+                                                                                   Path(sys.prefix)])
         self._first_uid = UID_BASE + (os.getpid() % 4_194_304) * _UIDS_PER_CLOUD  # pid_max is at most 2**22
         self._next = 0
         self._lock = threading.Lock()
