@@ -2,8 +2,9 @@
 
 AWS: credentials (STS), regions, the image (``SAILOR_AWS_AMI``), IAM (Sailor makes a role and
 instance profile per job, scoped to the job's prefix), spot GPU quotas (Service Quotas, in vCPUs,
-for the GPU types asked for).  GCP: credentials and project, the instances' service account
-(``SAILOR_GCP_SERVICE_ACCOUNT``, a prerequisite), firewall rules (Sailor makes them per job),
+for the GPU types asked for).  GCP: credentials and project, firewall rules (Sailor makes them
+per job), job identities (Sailor makes a service account per job and grants it the job's gs://
+URLs by bucket IAM: the credentials must manage service accounts),
 preemptible GPU quotas per region.  The jobs' bucket (``SAILOR_JOBS_URL``): private, encrypted,
 writable.  On the embedded cloud every check runs against moto and the GCE fake.
 """
@@ -128,11 +129,6 @@ def check_gcp(provider, *, gpus: Sequence[str] = (), embedded: bool = False) -> 
     from google.cloud import compute_v1  # lazy: google-cloud-compute (~2 s), only for GCP's checks
 
     out = [Check(cloud="gcp", name="project", status=OK, detail=provider.project)]
-    account = provider.service_account
-    out.append(Check(cloud="gcp", name="service account", status=OK if account else MISSING,
-                     detail=account or "instances would run without one and could not reach the job's bucket",
-                     fix="" if account else (f"create one with roles/storage.objectUser on the jobs bucket only, and "
-                                             f"set {settings.GCP_SERVICE_ACCOUNT_ENV} to its email")))
     try:
         provider._do("firewalls.list", lambda: list(provider._firewalls.list(project=provider.project, retry=None,
                                                                              timeout=provider.timeout_s)))
@@ -141,6 +137,16 @@ def check_gcp(provider, *, gpus: Sequence[str] = (), embedded: bool = False) -> 
     except CloudError as exc:
         return out + [Check(cloud="gcp", name="credentials", status=MISSING, detail=_line(exc),
                             fix="gcloud auth application-default login, or GOOGLE_APPLICATION_CREDENTIALS")]
+    try:
+        provider._call(provider._identities.accounts_readable, "iam.serviceAccounts.list")
+        out.append(Check(cloud="gcp", name="job identity", status=OK,
+                         detail="service accounts readable: each job's instances run as its own (sailor-<job>@"
+                                f"{provider.project}), granted its gs:// URLs by bucket IAM"))
+    except CloudError as exc:
+        out.append(Check(cloud="gcp", name="job identity", status=MISSING, detail=_line(exc),
+                         fix="give Sailor's credentials roles/iam.serviceAccountAdmin and roles/iam.serviceAccountUser "
+                             "on the project, and storage.buckets.setIamPolicy on the jobs' buckets "
+                             "(uniform bucket-level access on)"))
     out.append(Check(cloud="gcp", name="image", status=OK,
                      detail=provider.image + (" (the embedded image)" if embedded else "")))
     regions_client = compute_v1.RegionsClient(credentials=provider._instances._transport._credentials,

@@ -19,6 +19,7 @@ import requests
 from google.cloud import compute_v1
 
 from infra.errors import CapacityError, CloudConfigError, CloudError, QuotaError, TransientCloudError
+from infra.gcp_identity import GcpJobIdentities, job_account_email
 from infra.provider import CloudProvider, Feature
 from infra.records import (
     ATTEMPT_LABEL,
@@ -86,6 +87,9 @@ def translate_gcp_error(exc: Exception, *, zone: str = "", what: str = "") -> Ex
         return CloudConfigError(msg, cloud="gcp", zone=zone, code="unauthorized")
     if isinstance(exc, gexc.BadRequest) and "does not exist in zone" in str(exc):
         return CapacityError(msg, cloud="gcp", zone=zone, code="NOT_OFFERED")
+    if isinstance(exc, gexc.BadRequest) and "/serviceAccounts/" in str(exc) and "not found" in str(exc):
+        # a job's account made seconds ago: IAM is eventually consistent, GCE sees it within a minute
+        return TransientCloudError(msg, cloud="gcp", zone=zone, code="serviceAccountNotFound")
     if isinstance(exc, gexc.GoogleAPICallError):
         return CloudError(msg, cloud="gcp", zone=zone, code=str(getattr(exc, "code", "")))
     return exc
@@ -111,7 +115,7 @@ def _last(url: str) -> str:
 
 class GCPProvider(CloudProvider):
     cloud = "gcp"
-    features = frozenset({Feature.JOB_NETWORK})
+    features = frozenset({Feature.JOB_NETWORK, Feature.JOB_IDENTITY})
 
     def __init__(
         self,
@@ -126,8 +130,10 @@ class GCPProvider(CloudProvider):
         service_account: str | None = None,
     ) -> None:
         super().__init__(retry=retry)
-        self.service_account = service_account  # what the instances run as (their bucket access)
+        # what instances outside a job's identity run as; a job's run as its own account (create_job_identity)
+        self.service_account = service_account
         self.instance_account = service_account
+        self._accounts: dict[str, str] = {}  # job id -> the job's service account, made by this provider
         if credentials is None:
             try:
                 credentials, default_project = google.auth.default()
@@ -151,6 +157,8 @@ class GCPProvider(CloudProvider):
         self._zone_ops = compute_v1.ZoneOperationsClient(**kw)
         self._global_ops = compute_v1.GlobalOperationsClient(**kw)
         self._firewalls = compute_v1.FirewallsClient(**kw)
+        self._identities = GcpJobIdentities(credentials=credentials, project=project, endpoint=api_endpoint,
+                                            timeout_s=timeout_s)
 
     @classmethod
     def from_settings(cls) -> "GCPProvider":
@@ -222,9 +230,10 @@ class GCPProvider(CloudProvider):
                 access_configs=[compute_v1.AccessConfig(name="External NAT", type_="ONE_TO_ONE_NAT")])],
             tags=compute_v1.Tags(items=[job_resource_name(labels[JOB_LABEL])] if JOB_LABEL in labels else []),
         )
-        if self.service_account:
+        account = self._accounts.get(labels.get(JOB_LABEL, "")) or self.service_account
+        if account:
             inst.service_accounts = [compute_v1.ServiceAccount(
-                email=self.service_account, scopes=["https://www.googleapis.com/auth/devstorage.read_write"])]
+                email=account, scopes=["https://www.googleapis.com/auth/devstorage.read_write"])]
         if row.attached_gpus:
             inst.guest_accelerators = [compute_v1.AcceleratorConfig(
                 accelerator_count=row.gpus_per_node,
@@ -437,3 +446,25 @@ class GCPProvider(CloudProvider):
 
     def delete_job_network(self, job_id: str) -> list[str]:
         return [name for name in self.job_firewalls(job_id) if self._delete_firewall(name)]
+
+    # ---- a job's identity: its own service account, granted its gs:// URLs by bucket IAM ----
+
+    def job_instance_account(self, job_id: str) -> str | None:
+        return job_account_email(job_id, self.project)
+
+    def create_job_identity(self, job_id: str, *, read_write: Sequence[str], read_only: Sequence[str] = (),
+                            read_objects: Sequence[str] = (), trusted_accounts: Mapping[str, str] | None = None) -> str:
+        """The job's service account, which its instances run as, with bucket IAM bindings (IAM
+        Conditions) for exactly the gs:// URLs given (``infra.gcp_identity``); GCP trusts no
+        other cloud's accounts (``trusted_accounts`` is unused)."""
+        email = self._call(lambda: self._identities.create(job_id, read_write=read_write, read_only=read_only,
+                                                           read_objects=read_objects), "iam.serviceAccounts.create")
+        self._accounts[job_id] = email
+        return email
+
+    def delete_job_identity(self, job_id: str) -> list[str]:
+        self._accounts.pop(job_id, None)
+        return self._call(lambda: self._identities.delete(job_id), "iam.serviceAccounts.delete")
+
+    def job_identity_leftovers(self, job_id: str) -> list[str]:
+        return self._call(lambda: self._identities.leftovers(job_id), "iam.serviceAccounts.get")

@@ -160,6 +160,11 @@ class CloudProvider(abc.ABC):
 
     # ---- Feature.JOB_IDENTITY -----------------------------------------------------------
 
+    def job_instance_account(self, job_id: str) -> str | None:
+        """The account the job's instances run as in this cloud (another cloud's job identity may
+        trust it): the job's own where the cloud makes one per job, else ``instance_account``."""
+        return self.instance_account
+
     def create_job_identity(self, job_id: str, *, read_write: Sequence[str], read_only: Sequence[str] = (),
                             read_objects: Sequence[str] = (), trusted_accounts: Mapping[str, str] | None = None) -> str:
         """An identity for the job's instances that may read and write the prefixes ``read_write``,

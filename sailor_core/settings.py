@@ -95,10 +95,10 @@ def s3_kms_key() -> str | None:
 
 
 def gcp_service_account() -> str | None:
-    """``SAILOR_GCP_SERVICE_ACCOUNT``: the email of the service account Sailor's GCE instances run as
-    (a prerequisite on real GCP: it may read and write the job's bucket and nothing else;
-    ``sailor doctor`` checks it).  Unset on real GCP: instances get no account and cannot reach
-    the bucket.  The embedded cloud uses ``sailor-instances@sailor-local.iam.gserviceaccount.com``."""
+    """``SAILOR_GCP_SERVICE_ACCOUNT``: the email of the service account GCE instances launched outside
+    a job's identity run as (optional: a job's instances run as the job's own account, which
+    Sailor makes, ``infra/gcp_identity.py``).  The embedded cloud uses
+    ``sailor-instances@sailor-local.iam.gserviceaccount.com``."""
     return os.environ.get(GCP_SERVICE_ACCOUNT_ENV) or None
 
 

@@ -19,21 +19,25 @@ from tasks.cloud_session import CloudSession
 def open_job_resources(session: CloudSession, spec: JobSpec) -> None:
     """The job's rules (its ports among its own instances) and the identity its instances run as,
     made by each cloud that has them and registered with the session, which deletes them when it
-    closes.  An identity is made by the cloud whose object store holds the job's bucket, and
-    trusts the instance accounts of the session's other clouds (GCP instances assume the job's
-    AWS role by web identity when the bucket is S3)."""
+    closes.  An identity is made by each cloud whose object store holds one of the job's URLs, and
+    trusts the accounts the job's instances run as in the session's other clouds (GCP instances
+    run as the job's own service account, which assumes the job's AWS role by web identity when
+    the bucket is S3); GCP makes the job's account even with no gs:// URL to grant."""
     for provider in session.providers.values():
         if provider.supports(Feature.JOB_NETWORK):
             provider.open_job_network(session.job_id)
             session._closers.append(lambda p=provider: p.delete_job_network(session.job_id))
-    trusted = {c: p.instance_account for c, p in session.providers.items() if p.instance_account}
+    trusted = {c: a for c, p in session.providers.items() if (a := p.job_instance_account(session.job_id))}
     for provider in _identity_providers(session):
         scheme = f"{cloud_facts(provider.cloud).storage_scheme}://"
         rw = [u for u in {session.jobs_url, session.checkpoint_url(spec.checkpoint_url)} if u.startswith(scheme)]
-        if rw:
+        # a cloud whose instances run as the job's own account makes it even with none of its URLs to grant
+        runs_as_it = provider.cloud in session.providers and provider.job_instance_account(session.job_id) is not None
+        if rw or runs_as_it:
+            # registered first: a create that fails half-way (an account made, a bucket refused) is undone too
+            session._closers.append(lambda p=provider: p.delete_job_identity(session.job_id))
             provider.create_job_identity(session.job_id, read_write=sorted(rw), trusted_accounts=trusted,
                                          **job_reads(spec, scheme))
-            session._closers.append(lambda p=provider: p.delete_job_identity(session.job_id))
 
 
 def job_reads(spec: JobSpec, scheme: str) -> dict[str, list[str]]:
@@ -46,16 +50,16 @@ def job_reads(spec: JobSpec, scheme: str) -> dict[str, list[str]]:
 
 def _identity_providers(session: CloudSession) -> list[CloudProvider]:
     own = [p for p in session.providers.values() if p.supports(Feature.JOB_IDENTITY)]
-    if own or session.mode != "embedded":
+    scheme = session.jobs_url.split("://", 1)[0]
+    if session.mode != "embedded" or any(cloud_facts(p.cloud).storage_scheme == scheme for p in own):
         return own
     # The embedded jobs bucket is S3 (moto's) whichever cloud the job rents: a GCP-only job's
     # instances still read it through the identity of the bucket's cloud, which they may assume.
     from infra.local.cloud import providers_for  # lazy: the SDKs, only for the embedded cloud
 
     ends = config.embedded_endpoints()
-    scheme = session.jobs_url.split("://", 1)[0]
-    return [p for p in providers_for(ends["aws_endpoint"], ends["gce_endpoint"]).values()
-            if p.supports(Feature.JOB_IDENTITY) and cloud_facts(p.cloud).storage_scheme == scheme]
+    return own + [p for p in providers_for(ends["aws_endpoint"], ends["gce_endpoint"]).values()
+                  if p.supports(Feature.JOB_IDENTITY) and cloud_facts(p.cloud).storage_scheme == scheme]
 
 
 def job_leftovers(job_id: str, providers: Mapping[str, CloudProvider] | None = None) -> list[str]:

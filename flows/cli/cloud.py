@@ -1,4 +1,5 @@
-"""``sailor offers`` and ``sailor cloud up|down|status|preempt``: the clouds from the command line.
+"""``sailor offers``, ``sailor cloud up|down|status|preempt`` and ``sailor cloud bucket create``: the
+clouds from the command line.
 
 Imports happen inside the commands so ``sailor --help`` stays light.
 """
@@ -21,6 +22,8 @@ from flows.cli.common import console, fail, print_json
 
 cloud_app = typer.Typer(help="The embedded local cloud (moto EC2 + a GCE fake) run standalone.",
                         no_args_is_help=True)
+bucket_app = typer.Typer(help="The embedded cloud's buckets (gs://NAME and s3://NAME name the same one).",
+                         no_args_is_help=True)
 
 
 def offers_cmd(
@@ -191,6 +194,35 @@ def preempt_cmd(
                     f"(notice, then killed)")
 
 
+@bucket_app.command("create")
+def bucket_create_cmd(
+    url: str = typer.Argument(..., help="The bucket: gs://NAME or s3://NAME (no path)."),
+) -> None:
+    """Make a bucket on the embedded cloud, as `gcloud storage buckets create` / `aws s3 mb` on real ones."""
+    # lazy: loaded when the command runs (the CLI starts light)
+    from infra.config import buckets_dir, real_clouds
+    from infra.local.object_store import bucket_name_problem
+
+    scheme, sep, rest = url.partition("://")
+    if not sep or scheme not in ("gs", "s3"):
+        raise fail(f"{url!r} is not a bucket URL: give gs://NAME or s3://NAME")
+    name, _, path = rest.partition("/")
+    if path:
+        raise fail(f"{url}: a bucket URL has no path (give {scheme}://{name}; a prefix needs no creating)")
+    problem = bucket_name_problem(scheme, name)
+    if problem:
+        raise fail(problem)
+    if real_clouds():
+        raise fail("this makes buckets of the embedded cloud; on GCP: gcloud storage buckets create gs://NAME "
+                   "--uniform-bucket-level-access, on AWS: aws s3 mb s3://NAME")
+    folder = buckets_dir() / name
+    if folder.exists():
+        raise fail(f"{scheme}://{name} already exists ({folder})", code=1)
+    folder.mkdir(parents=True)  # the buckets are rclone's folders: a running cloud serves it within a second
+    other = "s3" if scheme == "gs" else "gs"
+    console().print(f"created {scheme}://{name} on the embedded cloud ({folder}; {other}://{name} is the same bucket)")
+
+
 def _control(state: dict, route: str, body: dict | None = None) -> dict:
     url = f"{state['control_url']}/{route}"
     data = json.dumps(body).encode() if body is not None else None
@@ -206,4 +238,5 @@ def _control(state: dict, route: str, body: dict | None = None) -> dict:
 
 def register(app: typer.Typer) -> None:
     app.command("offers")(offers_cmd)
+    cloud_app.add_typer(bucket_app, name="bucket")
     app.add_typer(cloud_app, name="cloud")

@@ -26,6 +26,7 @@ from infra.local.aws_server import FIXED_AMI, LIVE, MotoEC2, gpus_of_type
 from infra.local.capacity import Capacity
 from infra.local.faults import FaultRates, Faults, parse_fault_rates
 from infra.local.gce_fake import GCEFake
+from infra.local.gcp_iam import GcpIam
 from infra.local.identity import Identities
 from infra.local.image import image_for_this_machine
 from infra.local.machines import Hardware, Machines
@@ -39,8 +40,10 @@ from sailor_core.zones import parse_zone
 
 log = logging.getLogger("sailor.infra.local")
 PROJECT = "sailor-local"
-# What the embedded GCE instances run as (on real GCP: SAILOR_GCP_SERVICE_ACCOUNT, a prerequisite).
-SERVICE_ACCOUNT = f"sailor-instances@{PROJECT}.iam.gserviceaccount.com"
+# What embedded GCE instances outside a job's identity run as (on real GCP: SAILOR_GCP_SERVICE_ACCOUNT);
+# a job's run as the job's own account (infra/gcp_identity.py), granted by bucket IAM.
+SERVICE_ACCOUNT_ID = "sailor-instances"
+SERVICE_ACCOUNT = f"{SERVICE_ACCOUNT_ID}@{PROJECT}.iam.gserviceaccount.com"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -85,6 +88,9 @@ class EmbeddedCloud:
                            on_launch=self._aws_launched, s3_guard=self._s3_guard, disk=self.disk)
         self.gce = GCEFake(project=PROJECT, capacity=self.capacity, faults=self.faults, boot_s=boot_s,
                            on_running=self._gce_running, on_halt=self._gce_halt, addresses=self._gce_addresses)
+        self.gcp_iam = GcpIam(project=PROJECT, bucket_exists=lambda name: (self.disk.root / name).is_dir())
+        self.gcp_iam.add_account(SERVICE_ACCOUNT_ID)
+        self.gce.iam = self.gcp_iam
         self.machines: Machines | None = None
         self.preemptions: list[dict] = []  # history: what was preempted, when, why
         self._preempting: set[str] = set()
@@ -148,14 +154,19 @@ class EmbeddedCloud:
 
     @property
     def gcs_endpoint(self) -> str:
-        """The embedded GCS (its XML API: the guard, then the same buckets on disk)."""
+        """The embedded GCS for this machine's processes (the buckets' owner: no guard)."""
         return self.disk.gcs_endpoint
+
+    @property
+    def instance_gcs_endpoint(self) -> str:
+        """The embedded GCS the instances reach: each request checked against the bucket's IAM policy."""
+        return self.disk.instance_gcs_endpoint
 
     def instance_endpoint_env(self) -> dict[str, str]:
         """What an embedded instance is told about its cloud (a real one knows its endpoints):
         where S3 and GCS are and its region.  Never a credential: those come from the metadata server."""
         return {"AWS_ENDPOINT_URL_S3": self.s3_endpoint, "AWS_REGION": "us-east-1",
-                "GOOGLE_BASE_URL": self.gcs_endpoint}
+                "GOOGLE_BASE_URL": self.instance_gcs_endpoint}
 
     def providers(self, *, retry: RetryPolicy | None = None) -> dict:
         return providers_for(self.aws_endpoint, self.gce_endpoint, retry=retry, aws_regions=self.aws_regions)
@@ -177,6 +188,7 @@ class EmbeddedCloud:
             self.gce.instances.clear()
             self.gce.operations.clear()
             self.gce.firewalls.clear()
+        self.gcp_iam.reset(keep=(SERVICE_ACCOUNT,))
         self.capacity = self.aws.capacity = self.gce.capacity = Capacity()
         self.faults.configure(FaultRates())
         with self._lock:
@@ -390,8 +402,9 @@ class EmbeddedCloud:
     def _s3_guard(self, access_key_id: str, method: str, path: str) -> str | None:
         return self.identities.s3_refusal(self, access_key_id, method, path)
 
-    def _gcs_guard(self, token: str, method: str, path: str) -> str | None:
-        return self.identities.gcs_refusal(self, token, method, path)
+    def _gcs_guard(self, token: str, method: str, path: str, copy_source: str = "") -> str | None:
+        """A GCS request of an instance, by its token's account and the bucket's IAM policy."""
+        return self.gcp_iam.refusal(self.identities.token_account(token), method, path, copy_source)
 
     # ---- the jobs' network rules, enforced in the instances' namespaces ---------------
 
@@ -451,6 +464,7 @@ class EmbeddedCloud:
             "aws_endpoint": self.aws_endpoint,
             "gce_endpoint": self.gce_endpoint,
             "gcs_endpoint": self.gcs_endpoint,
+            "instance_gcs_endpoint": self.instance_gcs_endpoint,
             "buckets_dir": str(self.disk.root),
             "project": PROJECT,
             "network": self.network.mode,

@@ -104,6 +104,7 @@ class GCEFake:
         self.firewalls: dict[str, dict] = {}  # name -> firewall rule (global)
         self.metadata_handler: Callable[[str, str], tuple[int, str]] | None = None
         self.control_handler: Callable[[str, str, dict], tuple[int, dict]] | None = None
+        self.iam = None  # the embedded GCP's IAM (infra/local/gcp_iam.py): its APIs, and accounts instances run as
         self.zones = _catalog_zones()
         self._lock = threading.RLock()
         self.instances: dict[tuple[str, str], dict] = {}
@@ -190,6 +191,9 @@ class GCEFake:
             if self.control_handler is None:
                 raise ApiError(404, "notFound", "no control here")
             status, payload = self.control_handler(method, path[len("/sailor/"):], body() if method == "POST" else query)
+            return status, payload, "application/json"
+        if path.startswith(("/v1/projects/", "/storage/v1/")) and self.iam is not None:
+            status, payload = self.iam.handle(method, path, body)  # IAM's and Cloud Storage's JSON APIs
             return status, payload, "application/json"
         if not path.startswith(API):
             raise ApiError(404, "notFound", f"no such path {path}")
@@ -421,6 +425,10 @@ class GCEFake:
             acc_name = acc["acceleratorType"].rsplit("/", 1)[-1]
             if acc_name not in self.zones[zone]["accelerators"]:
                 raise ApiError(400, "invalid", f"Invalid value for field 'resource.guestAccelerators[0].acceleratorType': accelerator type '{acc_name}' does not exist in zone '{zone}'.")
+        for account in body.get("serviceAccounts") or []:
+            if self.iam is not None and not self.iam.has_account(str(account.get("email", ""))):
+                raise ApiError(400, "invalid", f"The resource 'projects/{self.project}/serviceAccounts/"
+                                               f"{account.get('email')}' was not found")
         inst = {
             "kind": "compute#instance", "id": str(next(_ids)), "name": name, "zone": self._link("zones", zone),
             "machineType": self._link("zones", zone, "machineTypes", mt), "status": "PROVISIONING",

@@ -11,7 +11,8 @@ account, docs/clouds.md).  An instance without a profile or account gets no cred
 The keys are issued here and recorded, and S3 requests signed with them must stay inside what
 the role's inline policies allow (``s3_refusal``, evaluated by moto's IAM policy engine): neither
 moto's S3 nor rclone (the buckets on disk) checks credentials itself. GCS tokens the metadata
-server issued are recorded too (``gcs_refusal``).
+server issued are recorded too (``token_account``): the GCS front grants what the bucket IAM
+policies grant the token's account (``infra/local/gcp_iam.py``).
 """
 
 from __future__ import annotations
@@ -51,16 +52,16 @@ class Identities:
             assoc = inst.ec2_backend.iam_instance_profile_associations.get(machine.instance_id) if inst else None
             roles = assoc.iam_instance_profile.roles if assoc is not None else []
             return roles[0].name if roles else None
-        # Every job's GCE instances run as the one service account, which every cross-cloud job's role
-        # trusts: the instance assumes its own job's role (named by its job label), as a real one
-        # names the role ARN in AssumeRoleWithWebIdentity; the first role trusting the account was
-        # another job's when two ran at once.
+        # A job's GCE instances run as the job's own service account, which the job's role trusts by
+        # web identity; the instance names its job's role (by its job label) as a real one names the
+        # role ARN in AssumeRoleWithWebIdentity, and the trust must name the instance's account
+        # exactly (when all jobs shared one account, the first role trusting it was another job's).
         account, job = self.service_account_of(cloud, machine), self._job_of(cloud, machine)
         if not account or not job:
             return None
         wanted = job_resource_name(job)
         for role in list(self._iam().roles.values()):
-            if role.name == wanted and account in (role.assume_role_policy_document or ""):
+            if role.name == wanted and account in _web_identity_audiences(role.assume_role_policy_document):
                 return role.name
         return None
 
@@ -95,15 +96,11 @@ class Identities:
             self._tokens[token] = account
         return {"access_token": token, "expires_in": 3599, "token_type": "Bearer"}
 
-    def gcs_refusal(self, cloud, token: str, method: str, path: str) -> str | None:
-        """Why a GCS request is refused: a bearer token this metadata server never issued.  An issued
-        token is its service account's, which may use the buckets as on GCP (read_write scope, no
-        per-job scoping there either); a request without one is the controller's, as on S3."""
-        if not token:
-            return None
+    def token_account(self, token: str) -> str | None:
+        """The service account a GCS bearer token was issued to by a metadata server here; None for
+        no token or one never issued (the GCS front refuses both: infra/local/gcp_iam.py)."""
         with self._lock:
-            known = token in self._tokens
-        return None if known else f"an unknown token may not {method} gs:/{urllib.parse.unquote(path.split('?')[0])}"
+            return self._tokens.get(token) if token else None
 
     def metadata(self, cloud, machine, path: str, method: str) -> tuple[int, str] | None:
         """The answer for identity and credential paths; None for the others (notices: files)."""
@@ -164,6 +161,17 @@ class Identities:
             ok = s3_allows(self.policies(role), "s3:ListBucket", f"arn:aws:s3:::{bucket}",
                            prefix=params.get("prefix", [""])[0])
         return None if ok else f"role {role} may not {method} s3://{bucket}/{key}"
+
+
+def _web_identity_audiences(trust) -> set[str]:
+    """The GCP accounts a role's trust policy lets assume it by web identity (``accounts.google.com:aud``)."""
+    doc = json.loads(trust) if isinstance(trust, str) else (trust or {})
+    out: set[str] = set()
+    for st in doc.get("Statement", []):
+        if st.get("Effect") == "Allow" and "sts:AssumeRoleWithWebIdentity" in str(st.get("Action")):
+            aud = st.get("Condition", {}).get("StringEquals", {}).get("accounts.google.com:aud", [])
+            out |= {aud} if isinstance(aud, str) else set(aud)
+    return out
 
 
 def _object_action(method: str, params: dict) -> str:

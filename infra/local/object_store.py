@@ -12,13 +12,16 @@ fronts decide who may do what, as before:
 - S3 through the cloud's AWS endpoint (``infra/local/aws_server.py``): the identity guard, then
   bucket settings (public access block, encryption, ownership) to moto's S3, objects and
   listings here.
-- GCS's XML API through ``gcs_endpoint`` (this module's front): for what ``sailor_core.storage``
-  uses -- PUT, GET with Range, HEAD, DELETE, ``GET /bucket?list-type=2`` -- GCS's XML API is
-  S3's, so the front forwards it after its own guard.  ``s3://b`` and ``gs://b`` name the same
-  folder on the embedded cloud.
+- GCS's XML API through ``instance_gcs_endpoint`` (this module's front, what instances reach):
+  for what ``sailor_core.storage`` uses -- PUT, GET with Range, HEAD, DELETE,
+  ``GET /bucket?list-type=2`` -- GCS's XML API is S3's, so the front forwards it once the
+  guard allowed it: the bearer token's service account must be granted the request by the
+  bucket's IAM policy (``infra/local/gcp_iam.py``); no token or an unknown one is refused.
+  ``s3://b`` and ``gs://b`` name the same folder on the embedded cloud.
 
 rclone listens on the loopback address only: instances reach storage through the fronts, this
-machine's own processes through ``endpoint`` (loopback, no guard, as rclone itself).  Every front
+machine's own processes through ``endpoint`` and ``gcs_endpoint`` (the same loopback forward, no
+guard, as rclone itself: the controller is the buckets' owner).  Every front
 forwards with one fix: rclone answers a ranged GET with status 200 (and the range's bytes), S3 206.
 """
 
@@ -47,6 +50,7 @@ from sailor_core.ports import free_port
 _HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade", "proxy-authorization",
                "proxy-authenticate", "host", "authorization", "content-length", "content-type"}
 _BUCKET = re.compile(r"^[a-z0-9][a-z0-9.\-_]{1,61}[a-z0-9]$")
+_IP = re.compile(r"^\d+\.\d+\.\d+\.\d+$")
 _START_TIMEOUT_S = 10.0
 _READ_TRIES = 5
 
@@ -76,6 +80,23 @@ def reap_orphan_servers(folder: Path) -> None:
         marker.unlink(missing_ok=True)
 
 
+def bucket_name_problem(scheme: str, name: str) -> str | None:
+    """Why ``name`` cannot name a bucket of ``scheme`` (``s3``, ``gs``) by that cloud's naming rules;
+    None when it can.  Both: 3 to 63 of lower-case letters, digits, ``-`` and ``.``, a letter or
+    digit at each end, no ``..``, not an IP address; S3 no ``_`` (GCS allows it), GCS no ``goog``
+    prefix nor ``google`` in it."""
+    if not 3 <= len(name) <= 63:
+        return f"a bucket name has 3 to 63 characters, {name!r} has {len(name)}"
+    allowed = "lower-case letters, digits, '-', '.'" + (" and '_'" if scheme == "gs" else "")
+    if not _BUCKET.match(name) or (scheme == "s3" and "_" in name):
+        return f"{name!r}: a bucket name has only {allowed}, and a letter or digit at each end"
+    if ".." in name or _IP.match(name):
+        return f"{name!r}: a bucket name has no '..' and is not an IP address"
+    if scheme == "gs" and (name.startswith("goog") or "google" in name):
+        return f"{name!r}: a GCS bucket name may not start with 'goog' nor contain 'google'"
+    return None
+
+
 class _QuietHandler(WSGIRequestHandler):
     def log_request(self, *args, **kwargs):
         pass
@@ -84,9 +105,10 @@ class _QuietHandler(WSGIRequestHandler):
 class DiskBuckets:
     """rclone serving ``root`` on the loopback address, and the GCS front over it."""
 
-    def __init__(self, root: str | Path, *, gcs_guard: Callable[[str, str, str], str | None] | None = None) -> None:
+    def __init__(self, root: str | Path, *, gcs_guard: Callable[[str, str, str, str], str | None] | None = None) -> None:
         self.root = Path(root)
-        self.gcs_guard = gcs_guard  # (bearer token, method, path) -> why it is refused, or None
+        # (bearer token, method, path, copy source) -> why it is refused, or None; none: all refused
+        self.gcs_guard = gcs_guard
         self._process: subprocess.Popen | None = None
         self._port = 0
         self._gcs = self._local = None
@@ -160,6 +182,12 @@ class DiskBuckets:
 
     @property
     def gcs_endpoint(self) -> str:
+        """GCS (its XML API) for this machine's processes: the loopback forward, as ``endpoint``."""
+        return self.endpoint
+
+    @property
+    def instance_gcs_endpoint(self) -> str:
+        """GCS for the instances: every request checked by ``gcs_guard``."""
         host, port = self._gcs.server_address[:2]
         return f"http://{host}:{port}"
 
@@ -226,11 +254,15 @@ class DiskBuckets:
         raise AssertionError("unreachable: the last try returns or raises")
 
     def _gcs_front(self, environ, start_response):
+        """An instance's GCS request: forwarded only when the guard finds its token's account granted it."""
         auth = environ.get("HTTP_AUTHORIZATION", "")
         token = auth[len("Bearer "):] if auth.startswith("Bearer ") else ""
         query = environ.get("QUERY_STRING", "")
         path = environ.get("PATH_INFO", "/") + (f"?{query}" if query else "")
-        why = self.gcs_guard(token, environ.get("REQUEST_METHOD", "GET"), path) if self.gcs_guard else None
+        copy_source = environ.get("HTTP_X_GOOG_COPY_SOURCE") or environ.get("HTTP_X_AMZ_COPY_SOURCE") or ""
+        method = environ.get("REQUEST_METHOD", "GET")
+        why = (self.gcs_guard(token, method, path, copy_source) if self.gcs_guard
+               else "this front serves no instances (no guard)")
         if why is not None:
             body = f"<?xml version='1.0' encoding='UTF-8'?><Error><Code>AccessDenied</Code><Message>{why}</Message></Error>"
             data = body.encode()

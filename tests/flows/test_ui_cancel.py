@@ -16,6 +16,7 @@ import time
 
 import pytest
 
+from flows.cli.prefect_server import prefect_home
 from sailor_core.job import state as js
 from tests.flows.conftest import ROOT
 from tests.flows.test_deployment_e2e import OUT, UI_TIMEOUT_MS, _api, _Browser
@@ -81,3 +82,25 @@ def test_a_cancel_in_the_ui_stops_a_deployment_run_with_a_final_checkpoint(prefe
     assert run["state"]["type"] == "CANCELLED", run["state"]
     assert "Traceback" not in err and "TerminationSignal" not in out + err, err[-3000:]
     assert "stopped by the user" in first + out, out[-3000:]
+    # What a person reads where they cancelled: the run's state message (the UI's run page) and its log,
+    # and the worker's log (the run's output as the worker streamed it) -- the job's own reason, word for word.
+    assert run["state"]["message"] == reason, run["state"]
+    assert _wait_for(lambda: reason in _run_log(prefect_api, run_id)), _run_log(prefect_api, run_id)[-3000:]
+    worker_log = prefect_home() / "worker.log"
+    assert _wait_for(lambda: reason in worker_log.read_text(errors="replace")), worker_log
+
+
+def _run_log(prefect_api: str, run_id: str) -> str:
+    found = _api(prefect_api, "/logs/filter", {"logs": {"flow_run_id": {"any_": [run_id]}}, "limit": 200,
+                                               "sort": "TIMESTAMP_DESC"})
+    return "\n".join(entry["message"] for entry in found)
+
+
+def _wait_for(predicate, timeout_s: float = 30.0) -> bool:
+    """Logs reach the API (and the worker's file) in batches, within seconds of the run's end."""
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.5)
+    return True

@@ -21,13 +21,13 @@ def test_a_ready_account_passes_and_a_missing_image_quota_or_account_says_how_to
     assert "g4dn.xlarge needs 4" in ready[("aws", "quota T4")].detail
     assert "PREEMPTIBLE_NVIDIA_T4_GPUS" in ready[("gcp", "quota T4")].detail
 
-    aws.ami_id, gcp.service_account = None, None
+    aws.ami_id, gcp._identities.project = None, "not-this-project"  # credentials that manage no accounts there
     for zone in cloud.gce.zones:  # every zone of the regions the check looks at
         cloud.set_capacity("T4", zone, 0)
     broken = _by_name(doctor.check_aws(aws, gpus=["T4"]) + doctor.check_gcp(gcp, gpus=["T4"]))
     assert broken[("aws", "image")].status == doctor.MISSING and "SAILOR_AWS_AMI" in broken[("aws", "image")].fix
-    assert broken[("gcp", "service account")].status == doctor.MISSING
-    assert "SAILOR_GCP_SERVICE_ACCOUNT" in broken[("gcp", "service account")].fix
+    assert broken[("gcp", "job identity")].status == doctor.MISSING
+    assert "roles/iam.serviceAccountAdmin" in broken[("gcp", "job identity")].fix
     assert broken[("gcp", "quota T4")].status == doctor.MISSING and "request more" in broken[("gcp", "quota T4")].fix
 
 

@@ -97,6 +97,8 @@ def test_gcs_answers_a_vms_own_token_and_refuses_a_made_up_one(cloud, providers)
     from infra.records import job_labels
 
     p = providers["gcp"]
+    cloud.disk.ensure_bucket("gcs-token-bucket")
+    p.create_job_identity("gcs-token", read_write=["gs://gcs-token-bucket/gcs-token"])
     (inst,) = p.run_instances(zone="us-central1-a", instance_type="n1-standard-4-t4x1", count=1,
                               labels=job_labels("gcs-token", 1), startup_script="#!/bin/bash\nsleep 60\n")
     p.wait_instances(job_labels("gcs-token", 1), instance_ids=[inst.instance_id], timeout_s=20)
@@ -104,11 +106,10 @@ def test_gcs_answers_a_vms_own_token_and_refuses_a_made_up_one(cloud, providers)
     token_url = (f"{cloud.gce_endpoint}/metadata/{inst.instance_id}/computeMetadata/v1/instance/"
                  "service-accounts/default/token")
     token = json.loads(urllib.request.urlopen(token_url).read())["access_token"]
-    cloud.disk.ensure_bucket("gcs-token-bucket")
 
-    def put(bearer: str) -> int:
-        req = urllib.request.Request(f"{cloud.gcs_endpoint}/gcs-token-bucket/x.txt", data=b"hi", method="PUT",
-                                     headers={"Authorization": f"Bearer {bearer}"})
+    def put(bearer: str | None) -> int:
+        req = urllib.request.Request(f"{cloud.instance_gcs_endpoint}/gcs-token-bucket/gcs-token/x.txt", data=b"hi",
+                                     method="PUT", headers={"Authorization": f"Bearer {bearer}"} if bearer else {})
         try:
             return urllib.request.urlopen(req).status
         except urllib.error.HTTPError as exc:
@@ -116,7 +117,9 @@ def test_gcs_answers_a_vms_own_token_and_refuses_a_made_up_one(cloud, providers)
 
     assert put(token) == 200
     assert put("ya29.made-up") == 403
+    assert put(None) == 403
     p.terminate_instances(job_labels("gcs-token"))
+    p.delete_job_identity("gcs-token")
 
 
 def test_a_jobs_scoped_keys_reach_only_its_prefix_on_the_disk_buckets(cloud, providers, monkeypatch):

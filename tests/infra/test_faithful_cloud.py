@@ -10,6 +10,7 @@ import json
 import os
 import re
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -177,29 +178,54 @@ def test_instance_credentials_reach_the_jobs_prefix_and_nothing_else(cloud, prov
     providers["aws"].delete_job_identity(gcp_job)
 
 
-def test_two_gcp_jobs_at_once_each_get_their_own_jobs_role(cloud, providers, bucket):
-    """Every job's GCE instances run as the one service account, which both jobs' roles trust; each
-    instance gets its own job's role (it was the first job's for both: the second job's instances
-    then failed with 403 on their own prefix)."""
+def test_two_gcp_jobs_at_once_each_get_their_own_jobs_account_and_role(cloud, providers, bucket):
+    """Each job's GCE instances run as the job's own service account, which only its own job's AWS
+    role trusts: each instance gets its own job's account, role and GCS grants (with one shared
+    account, the second job's instance was handed the first job's role and failed with 403 on its
+    own prefix).  Checked in both places the mix-up could be: the GCP provider's identity code
+    (which account an instance is launched with) and the embedded metadata server (which role it
+    hands out)."""
     jobs = ("twin-a", "twin-b")
+    cloud.disk.ensure_bucket("twin-gs")
+    accounts = {job: providers["gcp"].create_job_identity(job, read_write=[f"gs://twin-gs/{job}"]) for job in jobs}
+    assert len(set(accounts.values())) == 2
     for job in jobs:
         providers["aws"].create_job_identity(job, read_write=[f"s3://{BUCKET}/{job}"],
-                                             trusted_accounts={"gcp": SERVICE_ACCOUNT})
+                                             trusted_accounts={"gcp": providers["gcp"].job_instance_account(job)})
     try:
         vms = {job: _boot_one(cloud, providers, job, script="#!/bin/bash\nsleep 60\n", cloud_name="gcp")
                for job in jobs}
         for job, vm in vms.items():
+            other = next(j for j in jobs if j != job)
+            got = providers["gcp"]._instances.get(project="sailor-local", zone=vm.zone, instance=vm.instance_id)
+            assert [a.email for a in got.service_accounts] == [accounts[job]]
+            email_url = f"{cloud.gce_endpoint}/metadata/{vm.instance_id}/computeMetadata/v1/instance/service-accounts/default/email"
+            assert urllib.request.urlopen(email_url).read().decode() == accounts[job]
             base = f"{cloud.gce_endpoint}/metadata/{vm.instance_id}/latest/meta-data/iam/security-credentials"
             assert urllib.request.urlopen(f"{base}/").read().decode() == job_resource_name(job)
             creds = _imds_credentials(cloud, vm.instance_id)
-            other = next(j for j in jobs if j != job)
             role = cloud.identities._issued[creds["AccessKeyId"]]
             assert cloud.identities.role_refusal(role, "PUT", f"/{BUCKET}/{job}/x") is None
             assert cloud.identities.role_refusal(role, "PUT", f"/{BUCKET}/{other}/x") is not None
+            token = json.loads(urllib.request.urlopen(email_url.replace("/email", "/token")).read())["access_token"]
+            assert cloud.identities.token_account(token) == accounts[job]
+            assert cloud.gcp_iam.refusal(accounts[job], "PUT", f"/twin-gs/{job}/x") is None
+            assert cloud.gcp_iam.refusal(accounts[job], "PUT", f"/twin-gs/{other}/x") is not None
+        # a role is handed only to an instance whose account its trust names, even under its job's name:
+        # a twin-b instance running as twin-a's account gets no role at all
+        trust_b = providers["aws"]._do_iam("get_role", RoleName=job_resource_name("twin-b"))["Role"]
+        assert accounts["twin-a"] not in json.dumps(trust_b["AssumeRolePolicyDocument"])
+        providers["gcp"].terminate_instances({"sailor-job": "twin-b"})
+        providers["gcp"]._accounts["twin-b"] = accounts["twin-a"]
+        impostor = _boot_one(cloud, providers, "twin-b", script="#!/bin/bash\nsleep 60\n", cloud_name="gcp")
+        base = f"{cloud.gce_endpoint}/metadata/{impostor.instance_id}/latest/meta-data/iam/security-credentials/"
+        with pytest.raises(urllib.error.HTTPError, match="404"):
+            urllib.request.urlopen(base)
     finally:
         for job in jobs:
             providers["gcp"].terminate_instances({"sailor-job": job})
             providers["aws"].delete_job_identity(job)
+            providers["gcp"].delete_job_identity(job)
 
 
 def test_no_secret_in_startup_scripts_or_instance_metadata(cloud, providers, bucket, monkeypatch):
