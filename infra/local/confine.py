@@ -206,11 +206,12 @@ def setup_script(jail: Jail) -> str:
         'ro() { mkdir -p "$R$1" && mount --bind "$1" "$R$1" && mount -o remount,bind,ro,nosuid,nodev "$R$1"; }',
         'rw() { mkdir -p "$R$1" && mount --bind "$1" "$R$1" && mount -o remount,bind,nosuid,nodev "$R$1"; }',
         'mount -t tmpfs -o mode=755,size=1m tmpfs "$R"',
+        # /tmp first: a checkout, an image or a root under /tmp is then mounted inside it, not hidden by it
+        'mkdir -p "$R/tmp" && mount -t tmpfs -o mode=1777,nosuid,nodev tmpfs "$R/tmp"',
         *_system_lines(),
         f'mount --bind {q(str(jail.directory / "passwd"))} "$R/etc/passwd"',
         f'mount --bind {q(str(jail.directory / "group"))} "$R/etc/group"',
         *(f"ro {q(str(p))}" for p in jail.read_only),
-        'mkdir -p "$R/tmp" && mount -t tmpfs -o mode=1777,nosuid,nodev tmpfs "$R/tmp"',
         f"rw {q(str(jail.root))}",
         *(f'mkdir -p "$R"{q(str(f.parent))} && touch "$R"{q(str(f))} && mount --bind {q(str(f))} "$R"{q(str(f))}'
           for f in jail.writable_files),
