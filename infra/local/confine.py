@@ -170,32 +170,37 @@ def _tool(name: str) -> str:
     return shutil.which(name) or name
 
 
+def _system_dirs() -> list[str]:
+    return [p for p in _SYSTEM if os.path.isdir(p) and not os.path.islink(p)]
+
+
 def _system_lines() -> list[str]:
-    lines = []
-    for path in _SYSTEM:
-        if os.path.islink(path):  # a merged /usr: /bin -> usr/bin
-            lines.append(f'ln -s {shlex.quote(os.readlink(path))} "$R"{path}')
-        elif os.path.isdir(path):
-            lines.append(f"ro {path}")
+    lines = [f'ln -s {shlex.quote(os.readlink(p))} "$R"{p}' for p in _SYSTEM if os.path.islink(p)]  # merged /usr
+    lines += [f"ro {p}" for p in _system_dirs()]
     lines += [f'mount --bind /dev/null "$R"{p}' for p in _MASKED if os.path.exists(p)]
     return lines
 
 
 def _device_lines() -> list[str]:
     names = [*_DEVICES, *sorted(n for n in os.listdir("/dev") if n.startswith("nvidia"))]
-    lines = ['mkdir "$R/dev"', 'mount -t tmpfs -o mode=755,size=64k,nosuid tmpfs "$R/dev"']
-    for name in names:
-        if os.path.exists(f"/dev/{name}") and not os.path.isdir(f"/dev/{name}"):
-            lines.append(f'touch "$R/dev/{name}" && mount --bind /dev/{name} "$R/dev/{name}"')
-    lines += ['mkdir "$R/dev/shm" && mount -t tmpfs -o mode=1777,nosuid,nodev tmpfs "$R/dev/shm"',
-              'ln -s /proc/self/fd "$R/dev/fd"', 'ln -s /proc/self/fd/0 "$R/dev/stdin"',
-              'ln -s /proc/self/fd/1 "$R/dev/stdout"', 'ln -s /proc/self/fd/2 "$R/dev/stderr"']
+    names = [n for n in names if os.path.exists(f"/dev/{n}") and not os.path.isdir(f"/dev/{n}")]
+    lines = ['mount -t tmpfs -o mode=755,size=64k,nosuid tmpfs "$R/dev"',
+             'mkdir "$R/dev/shm" && mount -t tmpfs -o mode=1777,nosuid,nodev tmpfs "$R/dev/shm"']
+    lines += [f': > "$R/dev/{n}" && mount --bind /dev/{n} "$R/dev/{n}"' for n in names]
+    lines += [f'ln -s {target} "$R/dev/{name}"' for name, target in
+              (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"),
+               ("stderr", "/proc/self/fd/2"))]
     return lines
 
 
 def setup_script(jail: Jail) -> str:
-    """PID 1 of the instance: builds its file system, starts ``"$@"`` in it as its user, waits."""
+    """PID 1 of the instance: builds its file system, starts ``"$@"`` in it as its user, waits.
+    Each line is a process or two, and the instance's boot waits for them all: few of them."""
     q = shlex.quote
+    system = [Path(d) for d in _system_dirs()]
+    read_only = [p for p in jail.read_only if not any(p == d or d in p.parents for d in system)]  # e.g. /usr/lib/python3
+    mount_points = [*map(str, system), *map(str, read_only), str(jail.root),
+                    *(str(f.parent) for f in jail.writable_files), "/proc", "/sys", "/dev"]
     lines = [
         "# PID 1 of an embedded instance (infra/local/confine.py): its file system, then its program, confined",
         "set -eu",
@@ -203,20 +208,20 @@ def setup_script(jail: Jail) -> str:
         'INSTANCE_PATH="$PATH"',
         f"PATH={q(os.pathsep.join(sorted({os.path.dirname(_tool(t)) for t in _TOOLS})))}:/usr/bin:/bin",
         f"R={q(str(jail.mount_point))}",
-        'ro() { mkdir -p "$R$1" && mount --bind "$1" "$R$1" && mount -o remount,bind,ro,nosuid,nodev "$R$1"; }',
-        'rw() { mkdir -p "$R$1" && mount --bind "$1" "$R$1" && mount -o remount,bind,nosuid,nodev "$R$1"; }',
+        'ro() { mount -o bind,ro,nosuid,nodev "$1" "$R$1"; }',
+        'rw() { mount -o bind,nosuid,nodev "$1" "$R$1"; }',
         'mount -t tmpfs -o mode=755,size=1m tmpfs "$R"',
         # /tmp first: a checkout, an image or a root under /tmp is then mounted inside it, not hidden by it
-        'mkdir -p "$R/tmp" && mount -t tmpfs -o mode=1777,nosuid,nodev tmpfs "$R/tmp"',
+        'mkdir "$R/tmp" && mount -t tmpfs -o mode=1777,nosuid,nodev tmpfs "$R/tmp"',
+        "mkdir -p " + " ".join(f'"$R"{q(p)}' for p in mount_points),
         *_system_lines(),
         f'mount --bind {q(str(jail.directory / "passwd"))} "$R/etc/passwd"',
         f'mount --bind {q(str(jail.directory / "group"))} "$R/etc/group"',
-        *(f"ro {q(str(p))}" for p in jail.read_only),
+        *(f"ro {q(str(p))}" for p in read_only),
         f"rw {q(str(jail.root))}",
-        *(f'mkdir -p "$R"{q(str(f.parent))} && touch "$R"{q(str(f))} && mount --bind {q(str(f))} "$R"{q(str(f))}'
-          for f in jail.writable_files),
-        'mkdir "$R/proc" && mount -t proc -o nosuid,nodev,noexec proc "$R/proc"',
-        'mkdir "$R/sys" && mount -t sysfs -o ro,nosuid,nodev,noexec sysfs "$R/sys"',
+        *(f': > "$R"{q(str(f))} && mount --bind {q(str(f))} "$R"{q(str(f))}' for f in jail.writable_files),
+        'mount -t proc -o nosuid,nodev,noexec proc "$R/proc"',
+        'mount -t sysfs -o ro,nosuid,nodev,noexec sysfs "$R/sys"',
         *_device_lines(),
         'mount -o remount,ro "$R"',
         "set +e",
