@@ -233,3 +233,25 @@ def setup_script(jail: Jail) -> str:
         'while :; do wait "$child"; rc=$?; kill -0 "$child" 2>/dev/null || exit "$rc"; done',
     ]
     return "\n".join(lines) + "\n"
+
+
+def host_pid(instance_id: str, pid: int) -> int | None:
+    """This machine's pid of the live process that embedded instance ``instance_id`` numbers
+    ``pid`` (what its agent reports: in its own PID namespace when confined, the same number when
+    not), found by its environment's instance id; None when no such process lives.  For tests and
+    harnesses that signal or watch an instance's workers from outside, as no real cloud lets one."""
+    marker = f"{settings.INSTANCE_ID_ENV}={instance_id}".encode()
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/status") as fh:
+                nspid = next((line.split()[1:] for line in fh if line.startswith("NSpid:")), [])
+            if not nspid or int(nspid[-1]) != pid:
+                continue
+            with open(f"/proc/{entry.name}/environ", "rb") as fh:
+                if marker in fh.read().split(b"\0"):
+                    return int(entry.name)
+        except (OSError, ValueError):
+            continue
+    return None

@@ -23,6 +23,7 @@ import pytest
 from infra.config import buckets_dir, runs_dir
 from infra.local import confine
 from infra.local.cloud import EmbeddedCloud
+from infra.local.image import image_for_this_machine
 from infra.local.machines import Machines
 from infra.records import job_labels
 from sailor_core.errors import InputError
@@ -175,3 +176,21 @@ def test_the_fallback_is_said_in_one_line_and_a_bad_setting_refused(monkeypatch,
     monkeypatch.setenv("SAILOR_EMBEDDED_CONFINE", "jail")
     with pytest.raises(InputError, match="expected auto, on or off"):
         confine.choose_confined()
+
+
+@pytest.mark.parametrize("confined", [True, False])
+def test_an_instances_own_pid_maps_to_the_hosts_while_it_lives(tmp_path, confined):
+    """What harnesses signal from outside (a worker the agent reports by its own number)."""
+    machines = Machines(tmp_path, image=image_for_this_machine(), confined=confined)
+    m = machines.boot(instance_id="i-pid", cloud="aws", zone="us-east-1a",
+                      script='#!/bin/bash\necho $$ > "$HOME/pid.tmp" && mv "$HOME/pid.tmp" "$HOME/pid"\nexec sleep 600\n')
+    try:
+        assert wait_until(lambda: (m.root / "pid").exists(), timeout_s=30)
+        own = int((m.root / "pid").read_text())
+        host = confine.host_pid("i-pid", own)
+        assert host is not None and (host != own) == confined
+        assert Path(f"/proc/{host}/cmdline").read_bytes().startswith(b"sleep\x00600")
+        assert confine.host_pid("i-other", own) is None
+    finally:
+        machines.halt("i-pid")
+    assert confine.host_pid("i-pid", own) is None
