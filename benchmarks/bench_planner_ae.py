@@ -3,7 +3,8 @@
 of ``--runs``) against Sailor's planner timed on a machine of the same kind, and the best plan
 against the Sailor-rule baseline (``planner/baseline.py``) in our own simulator.  Then the
 completeness scenarios (``tests/planner/test_completeness.py``): the search against an
-exhaustive enumeration over every DP degree.
+exhaustive enumeration over every DP degree, and, where the optimum needs a stage of several GPU
+types, against ``enumerate_mixed_best`` (the answer states that its proof covers one-type stages).
 
     .venv/bin/python benchmarks/bench_planner_ae.py [--runs 3] [--only geo]
     .venv/bin/python benchmarks/bench_planner_ae.py completeness
@@ -137,11 +138,11 @@ def time_cpu(runs: int, only: str | None) -> None:
 
 def completeness() -> None:
     sys.path.insert(0, str(ROOT / "tests" / "planner"))
-    from test_completeness import SCENARIOS
+    from test_completeness import MIXED, SCENARIOS
 
     from sailor_core.network.model import default_network
     from sailor_core.planner import make_request, plan_job
-    from sailor_core.planner.exhaustive import enumerate_best
+    from sailor_core.planner.exhaustive import enumerate_best, enumerate_mixed_best
     from sailor_core.profiles import default_profile_db
 
     db, net = default_profile_db(), default_network()
@@ -158,6 +159,16 @@ def completeness() -> None:
               f"{fig(exact.best.res.throughput_samples_per_s, exact.best.res.usd_per_iteration)} (DP {dp}) | "
               f"{fig(res.best.throughput_samples_per_s, res.best.usd_per_iteration)} | {res.search_time_s:.3f} | "
               f"{res.exhausted} | {res.searched_dp_degrees} |", flush=True)
+    for name, kw in MIXED.items():  # the optimum needs a stage of several GPU types
+        req = make_request(max_stages=2, **kw)
+        mixed = enumerate_mixed_best(req, profiles=db, network=net)
+        one_type = enumerate_best(req, profiles=db, network=net, every_degree=True)
+        res = plan_job(req, profiles=db, network=net)
+        stages = " / ".join("+".join(f"{n}x{k.gpu}" for k, _, n in st.groups) for st in mixed.best.stages)
+        print(f"| {name} | {mixed.num_plans} (mixed) | {mixed.best.res.throughput_samples_per_s:.2f} samples/s "
+              f"({stages}; one-type stages: {one_type.best.res.throughput_samples_per_s:.2f}) | "
+              f"{res.best.throughput_samples_per_s:.2f} | {res.search_time_s:.3f} | {res.exhausted} | "
+              f"{res.searched_stages} |", flush=True)
 
 
 def main() -> None:

@@ -503,8 +503,10 @@ def prefix_policy(read_write: Sequence[str], read_only: Sequence[str] = (), read
             bucket, prefix = _bucket_and_key(url)
             statements.append({"Effect": "Allow", "Action": actions,
                                "Resource": f"arn:aws:s3:::{bucket}/{prefix + '/' if prefix else ''}*"})
-            statements.append({"Effect": "Allow", "Action": "s3:ListBucket", "Resource": f"arn:aws:s3:::{bucket}",
-                               "Condition": {"StringLike": {"s3:prefix": [f"{prefix}/*" if prefix else "*"]}}})
+            listing = {"Effect": "Allow", "Action": "s3:ListBucket", "Resource": f"arn:aws:s3:::{bucket}"}
+            if prefix:  # a bucket's root: no condition (a listing without a prefix has no s3:prefix to match)
+                listing["Condition"] = {"StringLike": {"s3:prefix": [f"{prefix}/*"]}}
+            statements.append(listing)
     for url in read_objects:
         bucket, key = _bucket_and_key(url)
         if not key or url.endswith("/"):

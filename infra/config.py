@@ -53,11 +53,21 @@ def standalone_state() -> dict | None:
     try:
         state = json.loads(path.read_text())
         os.kill(int(state["pid"]), 0)
-        with urllib.request.urlopen(f"{state['control_url']}/status", timeout=2) as resp:
+        state["control_secret"] = Path(state["control_secret_file"]).read_text().strip()
+        request = urllib.request.Request(f"{state['control_url']}/status", headers=control_headers(state))
+        with urllib.request.urlopen(request, timeout=2) as resp:
             resp.read()
         return state
     except (OSError, ValueError, KeyError):
         return None
+
+
+def control_headers(ends: dict) -> dict[str, str]:
+    """What a request to the embedded cloud's control API (``ends["control_url"]``) carries: the
+    cloud's secret, which only the controller holds (the Sailor home's 0600 file, or the cloud of
+    this process); the API refuses a request without it."""
+    secret = ends.get("control_secret")
+    return {"Content-Type": "application/json", **({"Authorization": f"Bearer {secret}"} if secret else {})}
 
 
 def buckets_dir() -> Path:
@@ -99,24 +109,30 @@ def use_embedded_storage() -> None:
     with _lock:
         if state is not None:
             s3, gcs = state["aws_endpoint"], state.get("gcs_endpoint")  # its S3 front: objects and bucket settings
+            keys = tuple(state["aws_keys"]) if "aws_keys" in state else None  # an older cloud takes any keys
         elif _in_process is not None:
-            s3, gcs = _in_process.aws_endpoint, _in_process.gcs_endpoint
+            s3, gcs, keys = _in_process.aws_endpoint, _in_process.gcs_endpoint, _in_process.aws_keys
         else:
             if _storage_only is None:
                 from infra.local.object_store import DiskBuckets  # lazy: only for the embedded cloud's buckets
 
                 _storage_only = DiskBuckets(buckets_dir()).start()
                 atexit.register(_storage_only.stop)
-            s3, gcs = _storage_only.endpoint, _storage_only.gcs_endpoint
-    point_at_embedded_storage(s3, gcs)
+            s3, gcs, keys = _storage_only.endpoint, _storage_only.gcs_endpoint, None
+    point_at_embedded_storage(s3, gcs, keys)
 
 
-def point_at_embedded_storage(s3_endpoint: str, gcs_endpoint: str | None) -> None:
-    """This process reaches the embedded S3 (any keys: it checks only those its metadata server
-    issued) and GCS (no token: the controller's) through the variables obstore and boto3 read."""
+def point_at_embedded_storage(s3_endpoint: str, gcs_endpoint: str | None, aws_keys: tuple[str, str] | None) -> None:
+    """This process reaches the embedded S3 with the embedded account's administrator keys
+    (``aws_keys``: a running cloud's; None: the buckets served on the loopback address, which
+    check no keys) and GCS (no token: the controller's) through the variables obstore and boto3 read."""
     os.environ["AWS_ENDPOINT_URL_S3"] = s3_endpoint
-    os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
-    os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
+    if aws_keys is not None:  # this embedded account's, whatever keys the environment held
+        os.environ["AWS_ACCESS_KEY_ID"], os.environ["AWS_SECRET_ACCESS_KEY"] = aws_keys
+        os.environ.pop("AWS_SESSION_TOKEN", None)
+    else:
+        os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
+        os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
     if gcs_endpoint and not os.environ.get("GOOGLE_BASE_URL"):
         key = settings.sailor_home() / "cloud" / "gcs-no-oauth.json"  # an emulator's "key": no token at all
         key.parent.mkdir(parents=True, exist_ok=True)
@@ -127,13 +143,17 @@ def point_at_embedded_storage(s3_endpoint: str, gcs_endpoint: str | None) -> Non
 
 
 def embedded_endpoints() -> dict:
-    """aws_endpoint, gce_endpoint, control_url and where they come from."""
+    """aws_endpoint, gce_endpoint, control_url (with control_secret) and where they come from."""
     state = standalone_state()
     if state is not None:
+        if "aws_keys" not in state:  # started by a Sailor whose embedded AWS took any keys
+            raise CloudConfigError(f"the standalone embedded cloud (pid {state['pid']}) is of an older Sailor and has no "
+                                   "administrator keys: restart it (sailor cloud down; sailor cloud up)")
         return {**state, "source": "standalone"}
     cloud = in_process_cloud()
     return {"aws_endpoint": cloud.aws_endpoint, "gce_endpoint": cloud.gce_endpoint, "gcs_endpoint": cloud.gcs_endpoint,
-            "control_url": f"{cloud.gce_endpoint}/sailor",
+            "control_url": f"{cloud.gce_endpoint}/sailor", "control_secret": cloud.control_secret,
+            "aws_keys": list(cloud.aws_keys),
             "network": cloud.network.mode, "source": "in-process"}
 
 
@@ -156,7 +176,8 @@ def get_providers(clouds: tuple[str, ...] | list[str] | None = None) -> dict[str
     from infra.local.cloud import providers_for  # lazy: moto's server, only for the embedded cloud
 
     ends = embedded_endpoints()
-    return {c: p for c, p in providers_for(ends["aws_endpoint"], ends["gce_endpoint"]).items() if c in wanted}
+    providers = providers_for(ends["aws_endpoint"], ends["gce_endpoint"], aws_keys=tuple(ends["aws_keys"]))
+    return {c: p for c, p in providers.items() if c in wanted}
 
 
 def describe_mode() -> str:

@@ -4,8 +4,8 @@ Each cloud's metadata server says it at a path of its own (``clouds.json``: ``no
 AWS IMDSv2 ``/latest/meta-data/spot/instance-action`` (404 until a notice, then JSON with
 ``action`` and ``time``, two minutes ahead), GCE ``/computeMetadata/v1/instance/preempted``
 (``FALSE`` / ``TRUE``, ~30 s ahead: ``notice_text``).  The embedded cloud serves the same paths
-under ``$SAILOR_METADATA_URL`` (and as files under ``$SAILOR_METADATA_DIR``), so one poller works
-in both.
+under ``$SAILOR_METADATA_URL`` and asks for the same as the real servers (an IMDSv2 token, GCE's
+``Metadata-Flavor`` header), so one poller works in both.
 """
 
 from __future__ import annotations
@@ -22,10 +22,7 @@ def preemption_notice(cloud: str | None = None, *, timeout_s: float = 0.5) -> st
     probe = next((c.metadata for c in all_clouds() if c.name == cloud), None)
     if probe is None:
         return None
-    base = settings.metadata_url()
-    if base:  # the embedded cloud: the same paths, no token
-        text = ask_metadata(f"{base}/{probe['notice_path']}", {}, timeout_s)
-    else:
-        text = ask_metadata(f"{probe['base_url']}/{probe['notice_path']}", metadata_headers(probe, timeout_s), timeout_s)
+    probe = {**probe, "base_url": settings.metadata_url() or probe["base_url"]}  # the embedded cloud's: its own
+    text = ask_metadata(f"{probe['base_url']}/{probe['notice_path']}", metadata_headers(probe, timeout_s), timeout_s)
     want = probe["notice_text"]
     return text if text and (want is None or text.upper() == want) else None

@@ -70,7 +70,7 @@ def providers_for_mode(mode: str, clouds: Sequence[str] = ()) -> tuple[str, dict
     from infra.local.cloud import providers_for  # lazy: moto's server, only for the embedded cloud
 
     ends = config.embedded_endpoints()  # `sailor cloud up`'s standalone cloud, else one in this process
-    providers = providers_for(ends["aws_endpoint"], ends["gce_endpoint"])
+    providers = providers_for(ends["aws_endpoint"], ends["gce_endpoint"], aws_keys=tuple(ends["aws_keys"]))
     if clouds:
         providers = {c: p for c, p in providers.items() if c in clouds}
     return "embedded", providers, ends["control_url"]
@@ -95,12 +95,13 @@ def open_session(mode: str, *, job_id: str, jobs_url: str, spec: JobSpec) -> Clo
         s3_client = None
     else:
         ends = config.embedded_endpoints()
-        config.point_at_embedded_storage(ends["aws_endpoint"], ends.get("gcs_endpoint"))
+        config.point_at_embedded_storage(ends["aws_endpoint"], ends.get("gcs_endpoint"), tuple(ends["aws_keys"]))
         # Ending a local process group takes about the cloud's halt grace (1 s); bill a margin.
         session = CloudSession(mode=used, job_id=job_id, jobs_url=f"s3://{EMBEDDED_BUCKET}/{job_id}", home_url=jobs_url,
-                               providers=providers, control_url=control_url, network=ends.get("network", "host"),
+                               providers=providers, control_url=control_url,
+                               control_secret=ends.get("control_secret"), network=ends.get("network", "host"),
                                shutdown_s=5.0, worker_stop_s=8.0, heartbeat_timeout_s=60.0)
-        s3_client = embedded_s3_client(ends["aws_endpoint"])
+        s3_client = embedded_s3_client(ends)
     session.checkpoint_url(spec.checkpoint_url)  # a folder the instances cannot reach: refused before anything is rented
     with _lock:
         _sessions[job_id] = session  # from here on, a failure still finds what to clean up

@@ -39,6 +39,7 @@ class CloudSession:
     home_url: str = ""  # the job's folder where the controller keeps its state (its default checkpoints' parent)
     providers: dict[str, CloudProvider]  # cloud name -> its provider (infra/providers.py)
     control_url: str | None = None  # the embedded cloud's control surface (preemption injection)
+    control_secret: str | None = field(default=None, repr=False)  # its secret: the controller's alone
     network: str = "real"  # embedded: "netns" (own addresses, rules enforced) or "host" (all on 127.0.0.1)
     shutdown_s: float = 120.0  # terminate -> billing stops (real clouds bill the shutdown)
     worker_stop_s: float = 10.0  # SIGTERM -> workers checkpointed and exited
@@ -161,7 +162,7 @@ class CloudSession:
         """
         if self.control_url is None:
             raise CloudConfigError("preemptions can only be injected on the embedded cloud")
-        answer = post_preemption(self.control_url, instance_id)
+        answer = post_preemption(self.control_url, instance_id, secret=self.control_secret)
         if answer.ok:
             return True
         if answer.http_status == 404:

@@ -11,18 +11,20 @@ from infra import config
 EMBEDDED_BUCKET = "sailor-jobs"  # the embedded cloud's bucket for jobs
 
 
-def embedded_s3_client(endpoint: str):
+def embedded_s3_client(ends: dict):
+    """boto3's S3 on an embedded cloud (``ends``: its endpoints and administrator keys, as
+    ``config.embedded_endpoints()`` or a standalone cloud's state gives them)."""
     from infra.local.cloud import _local_session  # lazy: boto3, only for the embedded cloud's bucket
 
-    return _local_session().client("s3", endpoint_url=endpoint)
+    return _local_session(*ends["aws_keys"]).client("s3", endpoint_url=ends["aws_endpoint"])
 
 
 
-def agent_reports(job_id: str, *, aws_endpoint: str | None = None) -> list[dict]:
+def agent_reports(job_id: str, *, ends: dict | None = None) -> list[dict]:
     """The last status documents the job's agents wrote to its prefix of the embedded cloud's jobs
-    bucket (``job_id`` ending in ``*``: every job whose id starts so).  ``aws_endpoint``: a standalone
-    cloud's S3, else this process's embedded cloud's."""
-    s3 = embedded_s3_client(aws_endpoint or config.embedded_endpoints()["aws_endpoint"])
+    bucket (``job_id`` ending in ``*``: every job whose id starts so).  ``ends``: a standalone
+    cloud's state, else this process's embedded cloud's endpoints."""
+    s3 = embedded_s3_client(ends or config.embedded_endpoints())
     stem = job_id[:-1] if job_id.endswith("*") else f"{job_id}/"
     out = []
     try:
@@ -42,7 +44,7 @@ def agent_reports(job_id: str, *, aws_endpoint: str | None = None) -> list[dict]
 
 def stray_objects(known_jobs: Sequence[str]) -> list[str]:
     """Objects in the embedded cloud's jobs bucket outside every known job's prefix (none should be)."""
-    s3 = embedded_s3_client(config.embedded_endpoints()["aws_endpoint"])
+    s3 = embedded_s3_client(config.embedded_endpoints())
     top = s3.list_objects_v2(Bucket=EMBEDDED_BUCKET, Delimiter="/")
     return ([o["Key"] for o in top.get("Contents", [])]
             + [p["Prefix"] for p in top.get("CommonPrefixes", []) if p["Prefix"].rstrip("/") not in set(known_jobs)])

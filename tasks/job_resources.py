@@ -58,7 +58,8 @@ def _identity_providers(session: CloudSession) -> list[CloudProvider]:
     from infra.local.cloud import providers_for  # lazy: the SDKs, only for the embedded cloud
 
     ends = config.embedded_endpoints()
-    return own + [p for p in providers_for(ends["aws_endpoint"], ends["gce_endpoint"]).values()
+    return own + [p for p in providers_for(ends["aws_endpoint"], ends["gce_endpoint"],
+                                            aws_keys=tuple(ends["aws_keys"])).values()
                   if p.supports(Feature.JOB_IDENTITY) and cloud_facts(p.cloud).storage_scheme == scheme]
 
 

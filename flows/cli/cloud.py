@@ -118,7 +118,9 @@ def _print_state(state: dict, word: str) -> None:
         f"embedded cloud {word} (pid {state['pid']})\n"
         f"  AWS (moto EC2):  AWS_ENDPOINT_URL={state['aws_endpoint']}\n"
         f"  GCE (fake):      {state['gce_endpoint']}  project {state['project']}\n"
-        f"  control:         {state['control_url']}"
+        f"  control:         {state['control_url']}  (its secret: {state.get('control_secret_file')}, 0600)"
+        + ("" if state.get("metadata_tells_instances_apart", True) else
+           "\n  metadata:        cannot tell instances apart (host network: no namespaces), docs/clouds.md")
     )
 
 
@@ -159,7 +161,9 @@ def status_cmd(as_json: bool = typer.Option(False, "--json")) -> None:
         raise fail("embedded cloud is not running (start it with 'sailor cloud up')", code=1)
     status = _control(state, "status")
     if as_json:
-        print_json({"running": True, **state, **status})
+        # the administrator's keys and the control secret stay in their 0600 files
+        shown = {k: v for k, v in state.items() if k not in ("aws_keys", "control_secret")}
+        print_json({"running": True, **shown, **status})
         return
     _print_state(state, "up")
     con = console()
@@ -224,10 +228,12 @@ def bucket_create_cmd(
 
 
 def _control(state: dict, route: str, body: dict | None = None) -> dict:
+    from infra.config import control_headers  # lazy: loaded when the command runs (the CLI starts light)
+
     url = f"{state['control_url']}/{route}"
     data = json.dumps(body).encode() if body is not None else None
     req = urllib.request.Request(url, data=data, method="POST" if body is not None else "GET",
-                                 headers={"Content-Type": "application/json"})
+                                 headers=control_headers(state))
     try:
         with urllib.request.urlopen(req, timeout=10) as resp:
             return json.loads(resp.read())

@@ -36,9 +36,8 @@ def doctor_cmd(
         from tasks.embedded_bucket import EMBEDDED_BUCKET, embedded_s3_client
 
         ends = embedded_endpoints()
-        endpoint = ends["aws_endpoint"]
-        point_at_embedded_storage(endpoint, ends.get("gcs_endpoint"))
-        client = embedded_s3_client(endpoint)
+        point_at_embedded_storage(ends["aws_endpoint"], ends.get("gcs_endpoint"), tuple(ends["aws_keys"]))
+        client = embedded_s3_client(ends)
         jobs_url = f"s3://{EMBEDDED_BUCKET}/doctor"
         ensure_private_bucket(jobs_url, client=client)
         checks += doctor.check_bucket(jobs_url, s3_client=client)

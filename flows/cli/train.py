@@ -351,7 +351,7 @@ def _tensorboard_hint(state, store) -> list[str]:
     Sailor home (its buckets' folder), and over S3 while a standalone cloud serves them (its GCS
     front speaks the XML API, not the JSON API gcsfs does: gs:// is that same folder)."""
     # lazy: loaded when the command runs (the CLI starts light)
-    from infra.config import buckets_dir, real_clouds, standalone_state
+    from infra.config import buckets_dir, real_clouds, standalone_state, state_file
     from tasks.embedded_bucket import EMBEDDED_BUCKET
 
     if not state.spec.tensorboard:
@@ -367,8 +367,9 @@ def _tensorboard_hint(state, store) -> list[str]:
     lines = [f"curves: tensorboard --logdir {folder}"]
     cloud = standalone_state()
     if cloud is not None:
-        lines.append(f"  or over S3: S3_ENDPOINT={cloud['aws_endpoint']} AWS_ACCESS_KEY_ID=testing "
-                     f"AWS_SECRET_ACCESS_KEY=testing AWS_REGION=us-east-1 "
+        key_id, _ = cloud["aws_keys"]  # the secret stays in the cloud's state file, not on the screen
+        lines.append(f"  or over S3: S3_ENDPOINT={cloud['aws_endpoint']} AWS_ACCESS_KEY_ID={key_id} "
+                     f"AWS_SECRET_ACCESS_KEY=<aws_keys[1] of {state_file()}> AWS_REGION=us-east-1 "
                      f"tensorboard --logdir s3://{EMBEDDED_BUCKET}/{state.job_id}/tensorboard")
     else:
         lines.append("  (over S3 too while `sailor cloud up` serves the buckets: `sailor status` then says how)")

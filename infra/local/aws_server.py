@@ -1,7 +1,8 @@
 """moto's EC2 server, in this process, behind a thin WSGI layer that adds what moto lacks.
 
-moto accepts any launch; the layer refuses launches beyond the zone's GPU
-capacity (``InsufficientInstanceCapacity``, as EC2 does) and injects API faults.
+Every request is authenticated and authorised first (``infra/local/aws_auth.py``: moto's IAM
+access control, for this server alone).  moto accepts any launch; the layer refuses launches
+beyond the zone's GPU capacity (``InsufficientInstanceCapacity``, as EC2 does) and injects API faults.
 Running in-process gives direct access to moto's backend objects, which is the
 only way to end an instance with the reason ``Server.SpotInstanceTermination``.
 """
@@ -26,7 +27,9 @@ from moto.ec2.models import ec2_backends  # noqa: E402
 from moto.ec2.models.instances import StateReason  # noqa: E402
 from moto.moto_server.werkzeug_app import DomainDispatcherApplication, create_backend_app  # noqa: E402
 from werkzeug.serving import WSGIRequestHandler, make_server  # noqa: E402
+from werkzeug.wsgi import get_input_stream  # noqa: E402
 
+from infra.local.aws_auth import query_refusal, s3_refusal  # noqa: E402
 from infra.local.capacity import Capacity  # noqa: E402
 from infra.local.faults import Faults  # noqa: E402
 from sailor_core.catalog.instances import get_instance_type  # noqa: E402
@@ -67,6 +70,20 @@ def _bucket_setting(method: str, path: str, query: str) -> bool:
     return method in ("PUT", "HEAD", "DELETE")
 
 
+def _read_body(environ) -> bytes:
+    """The request's body, read once and put back for whoever reads it next."""
+    raw = get_input_stream(environ).read()  # by its length, or to its end when sent chunked
+    environ["wsgi.input"] = io.BytesIO(raw)
+    environ["CONTENT_LENGTH"] = str(len(raw))
+    environ.pop("wsgi.input_terminated", None)
+    return raw
+
+
+def _answer(start_response, status: int, body: bytes):
+    start_response(f"{status} Error", [("Content-Type", "text/xml"), ("Content-Length", str(len(body)))])
+    return [body]
+
+
 def gpus_of_type(instance_type: str) -> tuple[str | None, int]:
     try:
         row = get_instance_type("aws", instance_type)
@@ -89,7 +106,6 @@ class MotoEC2:
         faults: Faults,
         on_change: Callable[[], None] | None = None,
         on_launch: Callable[[list[str]], None] | None = None,
-        s3_guard: Callable[[str, str, str], str | None] | None = None,
         disk=None,
     ) -> None:
         self.regions = regions
@@ -97,7 +113,6 @@ class MotoEC2:
         self.faults = faults
         self.on_change = on_change
         self.on_launch = on_launch  # the ids of instances just launched, before the caller hears back
-        self.s3_guard = s3_guard  # (access key id, method, path) -> why it is refused, or None
         self.disk = disk  # DiskBuckets (infra/local/object_store.py): the objects, on disk; None: moto's memory
         self._app = DomainDispatcherApplication(create_backend_app)
         self._server = None
@@ -127,16 +142,20 @@ class MotoEC2:
             self._server = None
 
     def _wsgi(self, environ, start_response):
+        if environ.get("PATH_INFO", "/").startswith("/moto-api"):  # moto's own controls: not AWS's API
+            return _answer(start_response, 403, _error("AccessDenied", "not part of the AWS API", 403)[1])
+        raw = _read_body(environ)
         if environ.get("PATH_INFO", "/") != "/" or environ.get("REQUEST_METHOD") != "POST":
-            return self._other_service(environ, start_response)  # S3 (path-style), not EC2's Query API
-        if environ.get("HTTP_X_AMZ_TARGET", "").startswith("ServiceQuotas"):
-            return self._service_quota(environ, start_response)
-        length = int(environ.get("CONTENT_LENGTH") or 0)
-        raw = environ["wsgi.input"].read(length) if length else b""
-        environ["wsgi.input"] = io.BytesIO(raw)
+            return self._other_service(environ, start_response, raw)  # S3 (path-style), not EC2's Query API
         params = {k: v[0] for k, v in parse_qs(raw.decode("utf-8", "replace")).items()}
-        action = params.get("Action")
-        if not action:  # moto-api and anything not EC2 Query
+        target = environ.get("HTTP_X_AMZ_TARGET", "")
+        action = params.get("Action") or target.rpartition(".")[2] or "Unknown"
+        denied = query_refusal(environ, raw, action)
+        if denied is not None:
+            return _answer(start_response, *denied)
+        if target.startswith("ServiceQuotas"):
+            return self._service_quota(environ, start_response)
+        if not params.get("Action"):  # anything not EC2 Query
             return self._app(environ, start_response)
         refusal = self._refusal(action, params, environ)
         if refusal is not None:
@@ -164,22 +183,15 @@ class MotoEC2:
             self._changed()
         return result
 
-    def _other_service(self, environ, start_response):
-        """S3 through the same server; requests signed with an instance's credentials must stay
-        within what its role's policy allows (neither moto nor rclone checks credentials).  Then
-        objects and listings go to the buckets on disk, bucket settings to moto's S3."""
-        auth = environ.get("HTTP_AUTHORIZATION", "")
-        key = re.search(r"Credential=([A-Z0-9]+)/", auth)
-        if key and self.s3_guard is not None:
-            query = environ.get("QUERY_STRING", "")
-            path = environ.get("PATH_INFO", "/") + (f"?{query}" if query else "")
-            why = self.s3_guard(key.group(1), environ.get("REQUEST_METHOD", "GET"), path)
-            if why is not None:
-                body = (f'<?xml version="1.0" encoding="UTF-8"?><Error><Code>AccessDenied</Code>'
-                        f"<Message>{why}</Message><RequestId>{uuid.uuid4()}</RequestId></Error>").encode()
-                start_response("403 Forbidden", [("Content-Type", "application/xml"),
-                                                 ("Content-Length", str(len(body)))])
-                return [body]
+    def _other_service(self, environ, start_response, body: bytes):
+        """S3 through the same server: signed by keys the account knows, within the caller's
+        policies (neither moto's S3 nor rclone checks credentials).  Then objects and listings go
+        to the buckets on disk, bucket settings to moto's S3."""
+        denied = s3_refusal(environ, body)
+        if denied is not None:
+            status, data = denied
+            start_response(f"{status} Forbidden", [("Content-Type", "application/xml"), ("Content-Length", str(len(data)))])
+            return [data]
         if self.disk is None:
             return self._app(environ, start_response)
         method, path = environ.get("REQUEST_METHOD", "GET"), environ.get("PATH_INFO", "/")
@@ -194,8 +206,7 @@ class MotoEC2:
     def _service_quota(self, environ, start_response):
         """Service Quotas' GetServiceQuota for EC2's spot vCPU quotas (moto has none for EC2): the
         embedded account may run 256 vCPUs of each family."""
-        length = int(environ.get("CONTENT_LENGTH") or 0)
-        asked = json.loads(environ["wsgi.input"].read(length) or b"{}") if length else {}
+        asked = json.loads(_read_body(environ) or b"{}")
         if not environ.get("HTTP_X_AMZ_TARGET", "").endswith("GetServiceQuota") or asked.get("ServiceCode") != "ec2":
             body, status = json.dumps({"__type": "NoSuchResourceException", "message": "no such quota"}), "400 Bad Request"
         else:

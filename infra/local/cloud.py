@@ -16,12 +16,15 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import os
+import secrets
 import tempfile
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from infra.local.aws_auth import controller_keys
 from infra.local.aws_server import FIXED_AMI, LIVE, MotoEC2, gpus_of_type
 from infra.local.capacity import Capacity
 from infra.local.faults import FaultRates, Faults, parse_fault_rates
@@ -30,9 +33,11 @@ from infra.local.gcp_iam import GcpIam
 from infra.local.identity import Identities
 from infra.local.image import image_for_this_machine
 from infra.local.machines import Hardware, Machines
+from infra.local.metadata_door import MetadataDoor
 from infra.local.network import Network
 from infra.local.object_store import DiskBuckets
 from infra.local.rules import aws_allows, gce_allows
+from infra.records import JOB_LABEL
 from infra.retry import RetryPolicy
 from sailor_core.catalog.instances import instance_types
 from sailor_core.errors import InputError, SailorError
@@ -84,8 +89,9 @@ class EmbeddedCloud:
         self.network = Network(network)  # mode from SAILOR_EMBEDDED_NETWORK unless given
         self.identities = Identities()
         self.trace_files = trace_files
+        self.keep_ended_disks = False  # an ended instance's disk is removed unless asked (before start) to keep it
         self.aws = MotoEC2(regions=self.aws_regions, capacity=self.capacity, faults=self.faults, on_change=self.reconcile,
-                           on_launch=self._aws_launched, s3_guard=self._s3_guard, disk=self.disk)
+                           on_launch=self._aws_launched, disk=self.disk)
         self.gce = GCEFake(project=PROJECT, capacity=self.capacity, faults=self.faults, boot_s=boot_s,
                            on_running=self._gce_running, on_halt=self._gce_halt, addresses=self._gce_addresses)
         self.gcp_iam = GcpIam(project=PROJECT, bucket_exists=lambda name: (self.disk.root / name).is_dir())
@@ -101,10 +107,17 @@ class EmbeddedCloud:
         self._trace_events_done = 0
         self.shutdown_requested = threading.Event()  # a standalone daemon waits on it
         self.started = False
+        self.door = MetadataDoor(by_address=self.network.enforced)
+        # The control API's secret: the controller's alone (this process, and the Sailor home's file
+        # `control_secret_file` for the CLI); never in an instance's environment or metadata.
+        self.control_secret = secrets.token_urlsafe(32)
+        self.aws_keys: tuple[str, str] = ("", "")  # the administrator's, made at start
 
     # ---- life cycle --------------------------------------------------------------
 
     def start(self) -> EmbeddedCloud:
+        # the account's administrator: the controller's credentials (every other key is refused)
+        self.aws_keys = controller_keys()
         self.network.start()
         host = self.network.host_address  # where the instances reach the endpoints
         self.disk.start(host=host)
@@ -113,9 +126,14 @@ class EmbeddedCloud:
         self.machines = Machines(self.state_dir / "instances", metadata_url=f"{self.gce.endpoint}/metadata",
                                  image=image_for_this_machine(), network=self.network,
                                  endpoint_env=self.instance_endpoint_env(), notice_s=self.notice_s,
-                                 trace_files=self.trace_files)
+                                 trace_files=self.trace_files, keep_ended_disks=self.keep_ended_disks)
         self.gce.metadata_handler = self._metadata
         self.gce.control_handler = self.control
+        self.gce.control_secret = self.control_secret
+        self._write_control_secret()
+        if not self.network.enforced:
+            log.warning("embedded cloud (host network): every instance is 127.0.0.1, so the metadata server cannot "
+                        "tell instances apart: an instance names itself and could name another (docs/clouds.md)")
         self._ticker = threading.Thread(target=self._tick_loop, name="embedded-cloud", daemon=True)
         self._ticker.start()
         self.started = True
@@ -131,7 +149,20 @@ class EmbeddedCloud:
         self.gce.stop()
         self.disk.stop()
         self.network.stop()
+        self.control_secret_file.unlink(missing_ok=True)  # it opened nothing that still runs
         self.started = False
+
+    @property
+    def control_secret_file(self) -> Path:
+        """The control secret, readable by its owner only (0600), under the cloud's state folder."""
+        return self.state_dir / "control-secret"
+
+    def _write_control_secret(self) -> None:
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        self.control_secret_file.unlink(missing_ok=True)
+        fd = os.open(self.control_secret_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(self.control_secret)
 
     def __enter__(self) -> EmbeddedCloud:
         return self.start()
@@ -169,7 +200,8 @@ class EmbeddedCloud:
                 "GOOGLE_BASE_URL": self.instance_gcs_endpoint}
 
     def providers(self, *, retry: RetryPolicy | None = None) -> dict:
-        return providers_for(self.aws_endpoint, self.gce_endpoint, retry=retry, aws_regions=self.aws_regions)
+        return providers_for(self.aws_endpoint, self.gce_endpoint, retry=retry, aws_regions=self.aws_regions,
+                             aws_keys=self.aws_keys)
 
     def reset(self) -> None:
         """Back to an empty cloud (tests share one): no instances, capacity or faults."""
@@ -386,12 +418,17 @@ class EmbeddedCloud:
             threading.Thread(target=self.machines.halt, args=(inst["name"],),
                              kwargs={"grace_s": self.halt_grace_s}, daemon=True).start()
 
-    def _metadata(self, instance_id: str, path: str, method: str = "GET") -> tuple[int, str]:
-        """The instance's metadata server: preemption notices, identity, and its role's credentials."""
-        machine = self.machines.get(instance_id) if self.machines else None
+    def _metadata(self, caller: str, path: str, method: str, headers, body) -> tuple[int, str]:
+        """The calling instance's metadata server: preemption notices, identity, its role's credentials."""
+        machine, path = self.door.caller(self.machines, caller, path) if self.machines else (None, path)
         if machine is None:
             return 404, "no such instance"
-        answer = self.identities.metadata(self, machine, path.strip("/"), method)
+        answer = self.door.check(machine.instance_id, path, method, headers)
+        if answer is not None:
+            return answer
+        if path == "sailor/preempt" and method == "POST":
+            return self._preempt_for(machine, str(body().get("instance_id", "")))
+        answer = self.identities.metadata(self, machine, path, method)
         if answer is not None:
             return answer
         target = (machine.metadata_dir / path).resolve()
@@ -399,8 +436,24 @@ class EmbeddedCloud:
             return 404, "not found"
         return 200, target.read_text()
 
-    def _s3_guard(self, access_key_id: str, method: str, path: str) -> str | None:
-        return self.identities.s3_refusal(self, access_key_id, method, path)
+    def _preempt_for(self, machine, victim: str) -> tuple[int, str]:
+        """A preemption an instance asks for (``--preempt-at``: the agent that sees each step asks):
+        only of an instance of its own job, never another's, and without the control secret."""
+        job = self.job_of(machine.cloud, machine.instance_id)
+        inst = self._find(victim)
+        if job is None or inst is None or self.job_of(inst.cloud, victim) != job:
+            return 404, "no such live spot instance of this instance's job"
+        return (200, json.dumps({"preempted": [victim]})) if self.preempt(victim) else (404, "not a live spot instance")
+
+    def job_of(self, cloud: str, instance_id: str) -> str | None:
+        """The job an instance was launched for (its ``sailor-job`` tag or label)."""
+        if cloud == "aws":
+            inst = self.aws.find(instance_id)
+            tags = {t["key"]: t["value"] for t in inst.get_tags()} if inst is not None else {}
+            return tags.get(JOB_LABEL)
+        with self.gce._lock:
+            found = next((i for (_, name), i in self.gce.instances.items() if name == instance_id), None)
+            return ((found or {}).get("labels") or {}).get(JOB_LABEL)
 
     def _gcs_guard(self, token: str, method: str, path: str, copy_source: str = "") -> str | None:
         """A GCS request of an instance, by its token's account and the bucket's IAM policy."""
@@ -468,6 +521,7 @@ class EmbeddedCloud:
             "buckets_dir": str(self.disk.root),
             "project": PROJECT,
             "network": self.network.mode,
+            "metadata_tells_instances_apart": self.network.enforced,
             "notice_s": self.notice_s,
             "live_instances": [{"cloud": i.cloud, "instance_id": i.instance_id, "zone": i.zone, "gpu": i.gpu,
                                 "num_gpus": i.num_gpus} for i in live],
@@ -484,8 +538,9 @@ def json_copy(value):
 
 
 def providers_for(aws_endpoint: str, gce_endpoint: str, *, retry: RetryPolicy | None = None,
-                  aws_regions: list[str] | None = None) -> dict:
-    """Providers aimed at an embedded cloud (this process's or a standalone one)."""
+                  aws_regions: list[str] | None = None, aws_keys: tuple[str, str]) -> dict:
+    """Providers aimed at an embedded cloud (this process's or a standalone one), signing with its
+    administrator's keys (``aws_keys``: the cloud's ``aws_keys``, or its state file's)."""
     # Imported here: the cloud itself (e.g. the daemon) needs neither SDK's client.
     from google.auth.credentials import AnonymousCredentials  # lazy: google-auth, only for the clients
 
@@ -494,16 +549,16 @@ def providers_for(aws_endpoint: str, gce_endpoint: str, *, retry: RetryPolicy | 
 
     return {
         "aws": AWSProvider(endpoint_url=aws_endpoint, ami_id=FIXED_AMI, regions=aws_regions,
-                           spot_prices_from_api=False, retry=retry, session=_local_session()),
+                           spot_prices_from_api=False, retry=retry, session=_local_session(*aws_keys)),
         "gcp": GCPProvider(project=PROJECT, api_endpoint=gce_endpoint, credentials=AnonymousCredentials(), retry=retry,
                            service_account=SERVICE_ACCOUNT),
     }
 
 
-@functools.lru_cache(maxsize=1)
-def _local_session():
-    """One session for all embedded providers: each new one re-reads EC2's service model (~0.5 s)."""
+@functools.lru_cache(maxsize=4)
+def _local_session(key_id: str, secret: str):
+    """One session per embedded account for all its providers: each new one re-reads EC2's service
+    model (~0.5 s).  Its own keys: never pick up (or send) the user's real AWS credentials locally."""
     import boto3  # lazy: boto3, only for the clients (see providers_for)
 
-    # Fixed fake keys: never pick up (or send) the user's real AWS credentials locally.
-    return boto3.Session(aws_access_key_id="testing", aws_secret_access_key="testing", region_name="us-east-1")
+    return boto3.Session(aws_access_key_id=key_id, aws_secret_access_key=secret, region_name="us-east-1")

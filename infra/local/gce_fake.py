@@ -8,13 +8,15 @@ them, spot preemption recorded as a ``compute.instances.preempted`` operation.
 Operations finish before the call returns (status DONE), so the client's own
 operation poller, which ignores ``api_endpoint``, is never needed.
 
-The same server also answers ``/metadata/<instance>/...`` (the per-instance
-metadata a worker polls) and ``/sailor/...`` (control of the embedded cloud);
-both are plugged in by ``EmbeddedCloud``.
+The same server also answers ``/metadata/...`` (the calling instance's metadata:
+``infra/local/metadata_door.py``) and ``/sailor/...`` (control of the embedded cloud,
+only with its secret: ``Authorization: Bearer <control_secret>``); both are plugged
+in by ``EmbeddedCloud``.
 """
 
 from __future__ import annotations
 
+import hmac
 import itertools
 import json
 import logging
@@ -102,9 +104,11 @@ class GCEFake:
         self.on_halt = on_halt  # an instance stops existing as a machine (delete)
         self.addresses = addresses  # (name, zone) -> (network IP, external IP) its machine will have
         self.firewalls: dict[str, dict] = {}  # name -> firewall rule (global)
-        self.metadata_handler: Callable[[str, str], tuple[int, str]] | None = None
+        # (caller's address, path, method, headers, body) -> (status, text)
+        self.metadata_handler: Callable[..., tuple[int, str]] | None = None
         self.control_handler: Callable[[str, str, dict], tuple[int, dict]] | None = None
         self.iam = None  # the embedded GCP's IAM (infra/local/gcp_iam.py): its APIs, and accounts instances run as
+        self.control_secret: str | None = None  # None: control open (a fake run on its own, without a cloud)
         self.zones = _catalog_zones()
         self._lock = threading.RLock()
         self.instances: dict[tuple[str, str], dict] = {}
@@ -130,7 +134,8 @@ class GCEFake:
 
             def _handle(self, method: str) -> None:
                 try:
-                    status, payload, ctype = fake.dispatch(method, self.path, self._body)
+                    status, payload, ctype = fake.dispatch(method, self.path, self._body, headers=self.headers,
+                                                           caller=self.client_address[0])
                 except Exception as exc:  # noqa: BLE001 - every failure answers as the API would
                     if not isinstance(exc, ApiError):
                         bad_input = isinstance(exc, (ValueError, KeyError, TypeError))
@@ -142,6 +147,8 @@ class GCEFake:
                 data = payload.encode() if isinstance(payload, str) else json.dumps(payload).encode()
                 self.send_response(status)
                 self.send_header("Content-Type", ctype)
+                if self.path.startswith("/metadata/"):  # what clients check to know the server is GCE's
+                    self.send_header("Metadata-Flavor", "Google")
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
                 self.wfile.write(data)
@@ -177,19 +184,23 @@ class GCEFake:
 
     # ---- routing -----------------------------------------------------------------
 
-    def dispatch(self, method: str, raw_path: str, body: Callable[[], dict]):
+    def dispatch(self, method: str, raw_path: str, body: Callable[[], dict], *, headers=None, caller: str = ""):
         url = urlparse(raw_path)
         query = {k: v[0] for k, v in parse_qs(url.query).items()}
         path = url.path
+        headers = headers if headers is not None else {}
         if path.startswith("/metadata/"):
-            _, _, instance_id, sub = path.split("/", 3)
             if self.metadata_handler is None:
                 raise ApiError(404, "notFound", "no metadata here")
-            status, text = self.metadata_handler(instance_id, sub, method)
+            status, text = self.metadata_handler(caller, path[len("/metadata/"):], method, headers, body)
             return status, text, "text/plain"
         if path.startswith("/sailor/"):
             if self.control_handler is None:
                 raise ApiError(404, "notFound", "no control here")
+            if self.control_secret is not None and not hmac.compare_digest(
+                    headers.get("Authorization", "").encode(), f"Bearer {self.control_secret}".encode()):
+                raise ApiError(401, "unauthorized", "the embedded cloud's control needs its secret "
+                                                    "(Authorization: Bearer <secret>, docs/clouds.md)")
             status, payload = self.control_handler(method, path[len("/sailor/"):], body() if method == "POST" else query)
             return status, payload, "application/json"
         if path.startswith(("/v1/projects/", "/storage/v1/")) and self.iam is not None:

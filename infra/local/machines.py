@@ -97,12 +97,13 @@ class Machines:
     namespace.  ``confined`` (default: where the machine allows it, ``confine.choose_confined``)
     runs it as its own user in its own PID and mount namespaces, where the image is read-only
     and its environments are made on its own disk.  ``trace_files`` runs it under strace to
-    audit which files it touches.
+    audit which files it touches.  An ended instance's folder (its disk, metadata and console)
+    is removed unless ``keep_ended_disks``.
     """
 
     def __init__(self, root: Path, *, metadata_url: str | None = None, image=None, network=None,
                  endpoint_env: dict[str, str] | None = None, notice_s: float | None = None,
-                 trace_files: bool = False, confined: bool | None = None) -> None:
+                 trace_files: bool = False, keep_ended_disks: bool = False, confined: bool | None = None) -> None:
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
         self.metadata_url = metadata_url  # base URL serving <id>/<metadata path>
@@ -111,6 +112,7 @@ class Machines:
         self.endpoint_env = dict(endpoint_env or {})
         self.notice_s = notice_s
         self.trace_files = trace_files
+        self.keep_ended_disks = keep_ended_disks  # asked for by an audit (the chaos harness): kept until the cloud's end
         self.confinement = Confinement(image) if (choose_confined() if confined is None else confined) else None
         self._machines: dict[str, Machine] = {}
         self._lock = threading.RLock()
@@ -171,11 +173,16 @@ class Machines:
             env[settings.NOTICE_S_ENV] = str(self.notice_s)
         env.update(self.endpoint_env)
         if self.metadata_url:
-            env[settings.METADATA_URL_ENV] = f"{self.metadata_url}/{machine.instance_id}"
-            # where the AWS SDKs and obstore ask for the instance profile's credentials (IMDS)
-            env["AWS_METADATA_ENDPOINT"] = f"{self.metadata_url}/{machine.instance_id}"
+            # The server knows the caller by its address (netns); on the shared 127.0.0.1 (host) it
+            # must name itself (infra/local/metadata_door.py).
+            by_address = self.network is not None and self.network.enforced
+            base = self.metadata_url if by_address else f"{self.metadata_url}/{machine.instance_id}"
+            env[settings.METADATA_URL_ENV] = base
+            # where obstore (AWS_METADATA_ENDPOINT) and botocore ask for the instance profile's credentials (IMDSv2)
+            env["AWS_METADATA_ENDPOINT"] = base
+            env["AWS_EC2_METADATA_SERVICE_ENDPOINT"] = base + "/"
             if machine.cloud == "gcp":  # where obstore asks for the VM's service-account token (GCS)
-                env["GCE_METADATA_HOST"] = f"{self.metadata_url.split('://', 1)[-1]}/{machine.instance_id}"
+                env["GCE_METADATA_HOST"] = base.split("://", 1)[-1]
         return env
 
     def _start(self, machine: Machine, script: str) -> subprocess.Popen:
@@ -251,6 +258,10 @@ class Machines:
         machine.ended = True
         if self.network is not None:
             self.network.detach(instance_id)
+        # Its disk goes with it (wheel, scripts, rank logs, metadata, console): the agent has put its
+        # logs in the job's bucket (`sailor logs`), and nothing of a job stays on the host after it.
+        if not self.keep_ended_disks:
+            shutil.rmtree(machine.directory, ignore_errors=True)
 
     def _alive(self, machine: Machine) -> bool:
         if machine.process is None:

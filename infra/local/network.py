@@ -9,6 +9,8 @@ public addresses; the endpoints (moto, the GCE fake, the metadata server) listen
 host's address on the internet bridge.  Each instance's namespace drops every inbound
 connection but those its security groups / firewall rules allow (nftables, from what moto's
 EC2 and the GCE fake record), so a missing or wrong rule breaks the rendezvous as on a cloud.
+The bridges let each instance send only from its own addresses (no instance passes for another
+with the metadata server or a peer's rules).
 
 ``host`` mode (not root, or no ``nft``): every instance on 127.0.0.1; the rules are recorded
 by the clouds but nothing enforces them.
@@ -141,6 +143,7 @@ class Network:
         self._addresses: dict[str, Addresses] = {}
         self._namespaces: dict[str, str] = {}  # instance id -> namespace
         self._rules: dict[str, str] = {}  # instance id -> the nft ruleset applied
+        self._ports: dict[str, tuple[tuple[str, str], ...]] = {}  # instance id -> its (bridge port, address)s
         self._vpcs: dict[str, int] = {}
         self._next_host: dict[str, int] = {}
         self._next_public = 0
@@ -261,6 +264,9 @@ class Network:
             _run("ip", "-n", ns, "addr", "add", f"{ip}/{prefix}", "dev", iface)
             _run("ip", "-n", ns, "link", "set", iface, "up")
             _run("ip", "-n", inet, "link", "set", peer, "master", bridge, "up")
+        with self._lock:
+            self._ports[instance_id] = ((f"p{n}", addr.public), (f"e{n}", addr.private))
+        self._guard_addresses()
         self.apply(instance_id, [])  # closed until its rules say otherwise
         return ns
 
@@ -268,8 +274,26 @@ class Network:
         with self._lock:
             ns = self._namespaces.pop(instance_id, None)
             self._rules.pop(instance_id, None)
+            had_ports = self._ports.pop(instance_id, None) is not None
         if ns:
             _run("ip", "netns", "del", ns, check=False)
+        if had_ports:
+            self._guard_addresses()
+
+    def _guard_addresses(self) -> None:
+        """Each instance's interfaces may send only from its own addresses (as a cloud's hypervisor
+        allows): the metadata server and the peers' rules know an instance by its address, so one
+        that took another's address would pass for it."""
+        with self._lock:
+            ports = [p for pairs in self._ports.values() for p in pairs]
+            lines = ["table bridge sailor_addresses {", "  chain forward {",
+                     "    type filter hook forward priority 0; policy accept;"]
+            for port, address in sorted(ports):
+                lines += [f'    iifname "{port}" ether type ip ip saddr != {address} drop',
+                          f'    iifname "{port}" ether type arp arp saddr ip != {address} drop']
+            text = "\n".join([*lines, "  }", "}"]) + "\n"
+            _run("ip", "netns", "exec", self._inet, "nft", "-f", "-",
+                 input_text="table bridge sailor_addresses {}\ndelete table bridge sailor_addresses\n" + text)
 
     def wrap(self, instance_id: str, argv: list[str]) -> list[str]:
         """``argv`` run inside the instance's namespace."""

@@ -114,7 +114,8 @@ def restart_words(*, num_ranks: int | None, num_ranks_rejoined: int | None, read
         return ""
     kept = num_ranks_rejoined or 0
     how = f"{kept} of {num_ranks} ranks kept their processes" if kept else "new worker processes"
-    source = {"memory": "kept in memory", "checkpoint": "read from the checkpoint"}.get(state_from or "")
+    source = {"memory": "kept in memory", "peers": "handed over by its peers",
+              "checkpoint": "read from the checkpoint"}.get(state_from or "")
     return f"workers ready in {ready_s:.1f} s ({how}{f'; rank 0 state {source}' if source else ''})"
 
 

@@ -55,18 +55,20 @@ class BandwidthFit:
                 t = ct
         return t
 
-    def bandwidths_bytes_per_s(self, num_bytes):
-        """``bandwidth_bytes_per_s`` of a numpy array of message sizes."""
-        import numpy as np  # lazy: numpy (~0.15 s) only when arrays are computed; importing this module stays light
-
-        x = np.clip(np.log2(np.maximum(num_bytes, 1.0) / 1e6), _X_MIN, _X_MAX)
-        bw = (self.a * x * x + self.b * x + self.c) * 1e9
-        return np.where(bw > self.max_bw_bytes_per_s, self.max_bw_bytes_per_s, np.maximum(bw, MIN_BW_BYTES_PER_S))
-
     @classmethod
     def from_json(cls, entry: list) -> "BandwidthFit":
         (a, b, c), max_bw = entry
         return cls(a=float(a), b=float(b), c=float(c), max_bw_bytes_per_s=float(max_bw))
+
+
+def fitted_bandwidths_bytes_per_s(a, b, c, max_bw, num_bytes):
+    """``BandwidthFit.bandwidth_bytes_per_s`` of a numpy array of message sizes, with the fit's
+    constants as numbers or as numpy columns (one fit per row: many links timed at once)."""
+    import numpy as np  # lazy: numpy (~0.15 s) only when arrays are computed; importing this module stays light
+
+    x = np.clip(np.log2(np.maximum(num_bytes, 1.0) / 1e6), _X_MIN, _X_MAX)
+    bw = (a * x * x + b * x + c) * 1e9
+    return np.where(bw > max_bw, max_bw, np.maximum(bw, MIN_BW_BYTES_PER_S))
 
 
 @lru_cache(maxsize=256)

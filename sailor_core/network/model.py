@@ -23,7 +23,7 @@ from typing import Sequence
 
 from sailor_core.catalog.gpus import get_gpu
 from sailor_core.network._data import load_egress_table, load_inter_fits, load_intra_fits, load_user_inter_fits
-from sailor_core.network.fits import BandwidthFit
+from sailor_core.network.fits import BandwidthFit, fitted_bandwidths_bytes_per_s
 from sailor_core.zones import parse_zone
 
 # Sailor's data-parallel sync splits gradients into buckets of this size (DeepSpeed's default).
@@ -115,17 +115,32 @@ class _Link:
             return num_bytes / self.fit.bandwidth_bytes_per_s(num_bytes / self.num_pairs)
         return self.latency_s + num_bytes / self.default_bw_bytes_per_s
 
-    def times_s(self, num_bytes):
-        """``time_s`` of a numpy array of message sizes."""
-        import numpy as np  # lazy: numpy (~0.15 s) only when arrays are computed; importing this module stays light
 
-        nb = np.asarray(num_bytes, dtype=float)
-        safe = np.maximum(nb, 1e-300)
-        if self.fit is not None:
-            t = nb / self.fit.bandwidths_bytes_per_s(safe / self.num_pairs)
-        else:
-            t = self.latency_s + nb / self.default_bw_bytes_per_s
-        return np.where(nb > 0, t, 0.0)
+_NO_FIT = BandwidthFit(a=0.0, b=0.0, c=1.0, max_bw_bytes_per_s=1e12)  # a placeholder row, never read
+
+
+def _links_times_s(links: Sequence[_Link], num_bytes):
+    """``_Link.time_s`` of each of the sizes ``num_bytes`` (numpy) over each of ``links``: a row
+    per link, the arithmetic of one link element by element."""
+    import numpy as np  # lazy: numpy (~0.15 s) only when arrays are computed; importing this module stays light
+
+    def column(values) -> object:
+        return np.array(values, dtype=float)[:, None]
+
+    nb = np.asarray(num_bytes, dtype=float)
+    safe = np.maximum(nb, 1e-300)
+    fitted = [link.fit is not None for link in links]
+    t = None
+    if any(fitted):
+        fits = [link.fit or _NO_FIT for link in links]
+        t = nb / fitted_bandwidths_bytes_per_s(
+            column([f.a for f in fits]), column([f.b for f in fits]), column([f.c for f in fits]),
+            column([f.max_bw_bytes_per_s for f in fits]), safe / column([link.num_pairs for link in links]))
+    if not all(fitted):
+        latency = column([link.latency_s for link in links])
+        plain = latency + nb / column([link.default_bw_bytes_per_s or 1.0 for link in links])
+        t = plain if t is None else np.where(np.array(fitted)[:, None], t, plain)
+    return np.where(nb > 0, t, 0.0)
 
 
 @dataclass(slots=True, kw_only=True)
@@ -217,12 +232,15 @@ class NetworkModel:
             return 0.0
         if endpoints.count(endpoints[0]) == n:  # (count compares identity first: cheap on [e] * n)
             return self.uniform_allreduce_time_s(num_bytes, endpoints[0], n, bucket_bytes=bucket_bytes)
-        key = (num_bytes, bucket_bytes, tuple(endpoints))
+        # A ring is its runs of equal members (a stage lists its replicas grouped): keyed by
+        # them, a ring of 37 replicas in 5 zones hashes 5 endpoints, not 37.
+        runs = _runs(endpoints)
+        key = (num_bytes, bucket_bytes, runs)
         hit = self._rings.get(key)
         if hit is None:
             if len(self._rings) > 65536:
                 self._rings.clear()
-            hit = self._rings[key] = self._ring_s(num_bytes, endpoints, bucket_bytes)
+            hit = self._rings[key] = self._ring_s(num_bytes, runs, n, bucket_bytes)
         return hit
 
     def uniform_allreduce_time_s(
@@ -257,27 +275,44 @@ class NetworkModel:
         hit = self._rings.get(key)
         if hit is not None:
             return hit
-        link = self.link(endpoint, to if to is not None else endpoint)
-        num_full = np.floor(nb / bucket_bytes)
-        rest = nb - num_full * bucket_bytes
-        steps = 2 * (n - 1)
-        full = steps * float(link.times_s(bucket_bytes / n))
-        part = steps * link.times_s(rest / n)
-        out = np.where(nb > 0, num_full * full + part, 0.0)
+        out = self.paced_allreduce_times_s(nb, [(endpoint, to if to is not None else endpoint)], n,
+                                           bucket_bytes=bucket_bytes)[0]
         out.flags.writeable = False
         if len(self._rings) > 65536:
             self._rings.clear()
         self._rings[key] = out
         return out
 
-    def _ring_s(self, num_bytes: float, endpoints: Sequence[Endpoint], bucket_bytes: float) -> float:
+    def paced_allreduce_times_s(self, num_bytes, pairs: Sequence[tuple[Endpoint, Endpoint]], n: int, *,
+                                bucket_bytes: float = ALLREDUCE_BUCKET_BYTES):
+        """Rings of ``n`` members each paced by one (sender, receiver) pair of ``pairs``: a numpy
+        array with a row per pair of the times of ``num_bytes`` (the planner's ring bounds time
+        every pair of zones at once: ``planner/search/bounds.rings_s``)."""
+        import numpy as np  # lazy: numpy (~0.15 s) only when arrays are computed; importing this module stays light
+
+        nb = np.asarray(num_bytes, dtype=float)
+        if n <= 1:
+            return np.zeros((len(pairs), *nb.shape))
+        links = [self.link(a, b) for a, b in pairs]
+        num_full = np.floor(nb / bucket_bytes)
+        rest = nb - num_full * bucket_bytes
+        steps = 2 * (n - 1)
+        full = steps * _links_times_s(links, np.array([bucket_bytes / n]))  # a column: one bucket per link
+        part = steps * _links_times_s(links, rest / n)
+        return np.where(nb > 0, num_full * full + part, 0.0)
+
+    def _ring_s(self, num_bytes: float, runs: tuple[tuple[Endpoint, int], ...], n: int, bucket_bytes: float,
+                ) -> float:
+        """A ring of ``n`` members given as ``runs`` (``_runs``): its pairs are those of the runs'
+        endpoints in ring order (``ring_hop_pairs``), plus a member's pair with itself where a run
+        holds two or more (the pairs ``ring_hop_pairs`` of the whole ring gives)."""
         # One ring's slowest link per full bucket is the same whatever the gradient's size (the
         # planner asks for one ring at many sizes): keep it with the ring's pairs.
-        key = (tuple(endpoints), bucket_bytes)
+        key = (runs, bucket_bytes)
         ring = self._ring_parts.get(key)
         if ring is None:
-            n = len(endpoints)
-            pairs = ring_hop_pairs(endpoints)
+            pairs = dict.fromkeys(ring_hop_pairs([e for e, _ in runs]))
+            pairs.update(((e, e), None) for e, count in runs if count > 1)
 
             def step_s(size: float) -> float:
                 return max(self.p2p_time_s(size / n, a, b) for a, b in pairs)
@@ -346,6 +381,17 @@ def ring_hop_pairs(members: Sequence) -> list[tuple]:
         if a != b:
             pairs[(b, a)] = None
     return list(pairs)
+
+
+def _runs(members: Sequence) -> tuple[tuple, ...]:
+    """``members`` as (member, how many in a row) runs of equal neighbours."""
+    runs: list[list] = []
+    for m in members:
+        if runs and (runs[-1][0] is m or runs[-1][0] == m):
+            runs[-1][1] += 1
+        else:
+            runs.append([m, 1])
+    return tuple((m, count) for m, count in runs)
 
 
 def _bucketed_ring_s(num_bytes: float, n: int, bucket_bytes: float, step_s) -> float:

@@ -19,14 +19,14 @@ from sailor_core.network.model import default_network
 from sailor_core.plan.types import validate_plan
 from sailor_core.plan.types import RECOMPUTE_NONE
 from sailor_core.planner import levers
-from sailor_core.planner.explain import relaxed, why_infeasible, why_simpler
+from sailor_core.planner.explain import relaxed, why_infeasible, why_mixed, why_simpler
 from sailor_core.planner.mixing import mix_leftovers
 from sailor_core.planner.ranking import FASTEST
 from sailor_core.planner.request import GpuZone, PlanRequest
 from sailor_core.planner.result import ParetoPoint, PlannedCandidate, PlanResult, pareto_front
 from sailor_core.planner.search import Evaluated, Searcher, run_search
 from sailor_core.planner.search.bounds import ideal_iteration
-from sailor_core.planner.search.shapes import DP_SPACES
+from sailor_core.planner.search.shapes import DP_SPACES, STAGE_SPACES
 from sailor_core.planner.simpler import SIMPLER_WITHIN, prefer_simpler
 from sailor_core.profiles import default_profile_db
 from sailor_core.simulator.simulate import simulate
@@ -101,6 +101,7 @@ def _plan_job(request: PlanRequest, *, profiles, network) -> PlanResult:
             candidates.insert(0, first)
             explanation = why_simpler(*preferred, num_layers=searcher.num_layers, tolerance=SIMPLER_WITHIN,
                                       by_cost=request.ranking.by_cost)
+    explanation = "; ".join(x for x in (explanation, why_mixed(candidates[0].plan)) if x)
     elapsed = time.perf_counter() - t0
     points = [
         ParetoPoint(usd_per_iteration=e.res.usd_per_iteration,
@@ -116,6 +117,7 @@ def _plan_job(request: PlanRequest, *, profiles, network) -> PlanResult:
         objective=request.objective.value,
         num_disagreements=searcher.stats.num_disagreements,
         searched_dp_degrees=DP_SPACES[searcher.stats.wider_proof or searcher.dp_space],
+        searched_stages=STAGE_SPACES[request.mixed_stages],
         explanation=explanation,
     )
 

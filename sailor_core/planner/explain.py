@@ -1,7 +1,8 @@
 """Explaining an answer: why no plan meets the request (memory, a floor above the best
 achievable throughput, a cap below the cheapest plan), found by searching the request again
-with some of its limits dropped (``relaxed``); and why a simpler plan comes before a slightly
-better one (``why_simpler``)."""
+with some of its limits dropped (``relaxed``); why a simpler plan comes before a slightly
+better one (``why_simpler``); and which stages of a plan mix GPU types outside what the search
+proves (``why_mixed``)."""
 
 from __future__ import annotations
 
@@ -183,3 +184,16 @@ def why_simpler(chosen: Evaluated, best: Evaluated, *, num_layers: int, toleranc
         gap = f"{chosen.res.throughput_samples_per_s:.4g} samples/s against {best.res.throughput_samples_per_s:.4g}"
     return (f"preferred the simpler plan ({', '.join(why)}): {gap} for the best found, a difference under "
             f"the simulator's tolerance of {tolerance:.0%}")
+
+
+def why_mixed(plan) -> str:
+    """One line naming the stages of ``plan`` whose replicas are of several GPU types: they come
+    from the leftover step (``mixing``), which the search's proof does not cover
+    (``search.shapes.STAGE_SPACES``); "" when no stage mixes types."""
+    mixed = [(i, sorted({r.gpu for r in st.replicas})) for i, st in enumerate(plan.stages)]
+    mixed = [(i, gpus) for i, gpus in mixed if len(gpus) > 1]
+    if not mixed:
+        return ""
+    names = ", ".join(f"stage {i} ({' + '.join(gpus)})" for i, gpus in mixed)
+    return (f"{names} mix{'es' if len(mixed) == 1 else ''} GPU types: leftover GPUs joined after the search, "
+            "whose proof (`exhausted`) covers stages of one GPU type only, so a better mixed stage may exist")

@@ -117,6 +117,9 @@ class FastSim:
         # Keyed by (layers, groups, next groups, micro-batches, regime): a stage of a candidate.
         self._stage_costs_memo: dict = {}
         self._stages: dict = {}
+        # Keyed by (kind, layers, in flight, micro-batches, DP degree, regime): one GPU's peak
+        # bytes, which stages of other groups (zones, neighbours) holding the same kind share.
+        self._peaks: dict = {}
         # Keyed by (micro-batch size, stages): recent whole results, which a request's searches
         # meet again (a sub-search's plans offered to the main search, the final polish) and
         # so do the next requests of a replay; kept few, as each holds its stages for the collector.
@@ -125,7 +128,7 @@ class FastSim:
     def trim(self, max_entries: int = 1 << 17) -> None:
         """Forget memoised figures past a size (the instance outlives one search: see Searcher)."""
         for memo in (self._sync, self._tied, self._p2p, self._pairs, self._stage_parts, self._costs, self._contexts,
-                     self._stage_costs_memo, self._stages):
+                     self._stage_costs_memo, self._stages, self._peaks):
             if len(memo) > max_entries:
                 memo.clear()
 
@@ -335,20 +338,29 @@ class FastSim:
                              compose.stage_end_s(sync, update), link, ctx, {}, ring)
         return entry
 
-    @staticmethod
-    def _stage_memory(stage: FastStage, ctx: _Context, depth: int, regime: TrainingRegime) -> tuple[int, bool]:
+    def _stage_memory(self, stage: FastStage, ctx: _Context, depth: int, regime: TrainingRegime) -> tuple[int, bool]:
         """(peak bytes, fits) of a stage whose replicas run ``depth - 1`` warm-up forwards at most
         (``memory.inflight_microbatches``: P - i stages to the pipeline's end, more beside a
         wider stage)."""
         a, b = stage.layer_start, stage.layer_end
         dp = ctx.costs.dp_degree
         peak, fits = 0, True
+        peaks = self._peaks
+        if len(peaks) >= _MAX_STAGE_ENTRIES:
+            peaks.clear()
         for kind, count in ctx.kinds_counts:
-            # simulate's stage_memory, without its breakdown
-            mem = kind.peak_bytes(a, b, inflight_microbatches(0, depth, count), regime, count, dp)
-            if dp > 1:
-                mem += dp_bucket_bytes(dp_synced_params(layer_table(kind.profile), a, b), regime, dp,
-                                       kind.zero_stage)
+            inflight = inflight_microbatches(0, depth, count)
+            key = (kind, a, b, inflight, count, dp, id(regime))
+            hit = peaks.get(key)
+            if hit is not None and hit[0] is regime:
+                mem = hit[1]
+            else:
+                # simulate's stage_memory, without its breakdown
+                mem = kind.peak_bytes(a, b, inflight, regime, count, dp)
+                if dp > 1:
+                    mem += dp_bucket_bytes(dp_synced_params(layer_table(kind.profile), a, b), regime, dp,
+                                           kind.zero_stage)
+                peaks[key] = (regime, mem)
             if mem > peak:
                 peak = mem
             fits = fits and mem <= kind.capacity_bytes

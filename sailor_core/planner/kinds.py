@@ -72,20 +72,33 @@ class Kind:
         """Largest ``end`` such that layers [start, end) fit with K in flight; ``start`` if none does.
 
         Memory grows with every added layer, so the fitting ends form a prefix: binary search.
+        It grows with K too, so the answers for K + j and K - j already found bound this one
+        (narrowing the search, never changing its answer).
         """
+        memo = self.max_end_memo
         key = self.max_end_key(start, num_inflight, dp_degree)
-        found = self.max_end_memo.get(key)
+        found = memo.get(key)
         if found is not None:
             return found
         peak, capacity = self.peak_bytes, self.capacity_bytes
         lo, hi = start, self.num_layers  # invariant: lo fits (or is start), answer in [lo, hi]
+        for j in (1, 2, 3):
+            more = memo.get(self.max_end_key(start, num_inflight + j, dp_degree))
+            if more is not None:
+                lo = more
+                break
+        for j in (1, 2, 3):
+            fewer = memo.get(self.max_end_key(start, num_inflight - j, dp_degree)) if num_inflight > j else None
+            if fewer is not None:
+                hi = fewer
+                break
         while lo < hi:
             mid = (lo + hi + 1) // 2
             if peak(start, mid, num_inflight, dp_degree=dp_degree) <= capacity:
                 lo = mid
             else:
                 hi = mid - 1
-        self.max_end_memo[key] = lo
+        memo[key] = lo
         return lo
 
 

@@ -64,7 +64,11 @@ class PlanResult:
     num_disagreements: int = 0  # plans where the search's evaluator and simulate differed (a bug if > 0)
     # The data-parallel degrees ``exhausted`` speaks for, in words (``search.shapes.DP_SPACES``)
     searched_dp_degrees: str = ""
-    explanation: str = ""  # why the first plan is first when it is not the best found (planner.simpler)
+    # What a stage may hold in the space ``exhausted`` speaks for (``search.shapes.STAGE_SPACES``)
+    searched_stages: str = ""
+    # why the first plan is first when it is not the best found (planner.simpler), and which of
+    # its stages mix GPU types outside what the search proves (explain.why_mixed)
+    explanation: str = ""
 
     @property
     def best(self) -> PlannedCandidate:
@@ -78,6 +82,7 @@ class PlanResult:
             "exhausted": self.exhausted,
             "num_disagreements": self.num_disagreements,
             "searched_dp_degrees": self.searched_dp_degrees,
+            "searched_stages": self.searched_stages,
             "explanation": self.explanation,
             "plans": [c.to_dict() for c in self.candidates],
             "pareto": [

@@ -59,6 +59,8 @@ class ProfileDB:
         self._answers: dict[tuple, ModelProfile] = {}
         self._calibrations: dict[tuple[str, str], est.Calibration] = {}
         self._update_rates: dict[tuple[str, str], tuple[float, float, bool]] = {}
+        # a measured curve's points carried to (gpu, TP, seq): every micro-batch size of a target reads them
+        self._points: dict[tuple, tuple] = {}
         self._by_model_gpu: dict[tuple[str, str], list[ModelProfile]] = defaultdict(list)
         self._by_gpu: dict[str, list[ModelProfile]] = defaultdict(list)
         self._by_model: dict[str, list[ModelProfile]] = defaultdict(list)
@@ -102,6 +104,7 @@ class ProfileDB:
         self._answers.clear()
         self._calibrations.clear()
         self._update_rates.clear()
+        self._points.clear()
 
     def extend(self, profiles: Iterable[ModelProfile]) -> None:
         for p in profiles:
@@ -110,6 +113,7 @@ class ProfileDB:
         self._answers.clear()
         self._calibrations.clear()
         self._update_rates.clear()
+        self._points.clear()
 
     def profiles(self) -> list[ModelProfile]:
         """Stored profiles (measured or added), sorted by key."""
@@ -277,7 +281,7 @@ class ProfileDB:
             times = est.predict_model(ref.model, g, tp, b, seq, ref.regime, cal)
             return [(f, bw, s.activation_bytes(b), s.output_bytes(b)) for (f, bw), s in zip(times, shapes, strict=True)]
 
-        points = _never_decreasing([self._scaled_point(p, g, tp, seq, shapes, cal) for p in curve])
+        points = self._curve_points(curve, g, tp, seq, shapes, cal)
         sizes = [p.micro_batch_size for p in curve]
         hi = bisect.bisect_left(sizes, mbs)  # the first measured size >= mbs
         now = analytic(mbs)
@@ -318,6 +322,19 @@ class ProfileDB:
             update_fixed_s=fixed,
             update_measured=False,
         )
+
+    def _curve_points(self, curve: list[ModelProfile], g: str, tp: int, seq: int,
+                      target_s: tuple[LayerShape, ...], cal: est.Calibration) -> list[list[tuple]]:
+        """``curve``'s points carried to (g, tp, seq), never decreasing (``_scaled_point``,
+        ``_never_decreasing``), memoised: every micro-batch size of a target reads them, and
+        ``target_s`` and ``cal`` follow from the key (the shapes of the curve's model at (tp, seq)
+        in its regime; the calibration of its GPU)."""
+        key = (tuple((p.key, p.regime) for p in curve), g, tp, seq)
+        hit = self._points.get(key)
+        if hit is None or any(a is not b for a, b in zip(hit[0], curve)) or hit[1] != cal:
+            points = _never_decreasing([self._scaled_point(p, g, tp, seq, target_s, cal) for p in curve])
+            hit = self._points[key] = (tuple(curve), cal, points)
+        return hit[2]
 
     def _scaled_point(
         self, ref: ModelProfile, g: str, tp: int, seq: int, target_s: tuple[LayerShape, ...], cal: est.Calibration

@@ -189,10 +189,24 @@ def predict_model(
         cal = dataclasses.replace(cal, tp_latency_s=DEFAULT_TP_LATENCY_S, tp_bw_efficiency=1.0)
     shapes = layer_shapes(model, tp_degree=tp_degree, seq_len=seq_len, regime=reg)
     m = get_model(model)
-    return tuple(
-        predict_layer(s, spec, reg, micro_batch_size, seq_len, cal, tp_degree, m.hidden_size, m.num_heads)
-        for s in shapes
-    )
+    # A model's blocks are alike but for their index, which the analytic model does not read
+    # (``_terms_key``): each distinct layer is predicted once.
+    seen: dict[tuple, tuple[float, float]] = {}
+    out = []
+    for s in shapes:
+        key = _terms_key(s)
+        times = seen.get(key)
+        if times is None:
+            times = seen[key] = predict_layer(s, spec, reg, micro_batch_size, seq_len, cal, tp_degree,
+                                              m.hidden_size, m.num_heads)
+        out.append(times)
+    return tuple(out)
+
+
+def _terms_key(shape: LayerShape) -> tuple:
+    """What ``analytic_terms`` reads of a layer's shape (all of it but its index)."""
+    return (shape.kind, shape.params_read, shape.fwd_flops_per_token, shape.activation_bytes_per_seq,
+            shape.activation_bytes_fixed, shape.num_kernels)
 
 
 def _fit_three(points: Sequence[tuple], *, fit_memory: bool) -> tuple[float, float, float]:

@@ -14,7 +14,9 @@ state (``--no-park``: new processes every time).  On the embedded cloud, an
 assignment's ``inject_preemption`` asks the agent of rank 0 to have the cloud
 preempt an instance once its workers reach a step (``--preempt-at``): the agent
 sees each step as rank 0 writes it, the flow only some polls later, and a small
-model runs tens of steps a second.
+model runs tens of steps a second.  It asks its own metadata server (which lets an
+instance preempt only an instance of its own job): the cloud's control API needs
+the controller's secret, which no instance holds.
 
 Workers are started in the agent's own process group, so a preemption (SIGTERM
 to the group, the notice period, then SIGKILL) reaches them directly and they
@@ -76,12 +78,16 @@ class PreemptionAnswer:
     error: str | None = None
 
 
-def post_preemption(control_url: str, instance_id: str, timeout_s: float = 10.0) -> PreemptionAnswer:
-    """Ask the embedded cloud's control surface to preempt ``instance_id``; an injected
-    preemption that cannot be had is an answer, never raised."""
+def post_preemption(control_url: str, instance_id: str, timeout_s: float = 10.0, *,
+                    secret: str | None = None) -> PreemptionAnswer:
+    """Ask the embedded cloud's control surface (with its ``secret``: the controller) or an
+    instance's metadata server (``<metadata URL>/sailor``: its own job's instances) to preempt
+    ``instance_id``; an injected preemption that cannot be had is an answer, never raised."""
+    headers = {"Content-Type": "application/json"}
+    if secret:
+        headers["Authorization"] = f"Bearer {secret}"
     request = urllib.request.Request(f"{control_url.rstrip('/')}/preempt", method="POST",
-                                     data=json.dumps({"instance_id": instance_id}).encode(),
-                                     headers={"Content-Type": "application/json"})
+                                     data=json.dumps({"instance_id": instance_id}).encode(), headers=headers)
     try:
         with urllib.request.urlopen(request, timeout=timeout_s) as resp:
             resp.read()
@@ -310,7 +316,8 @@ class Agent:
         if want is None or not gen.losses or gen.losses[-1][0] < want.at_step:
             return
         gen.inject = None
-        answer = post_preemption(want.control_url, want.instance_id)
+        metadata = settings.metadata_url()  # on an embedded instance: its own metadata server
+        answer = post_preemption(f"{metadata}/sailor" if metadata else want.control_url, want.instance_id)
         gen.injected = InjectionReport(at_step=want.at_step, step=gen.losses[-1][0], instance_id=want.instance_id,
                                        ok=answer.ok, http_status=answer.http_status, error=answer.error)
 

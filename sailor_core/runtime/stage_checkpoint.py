@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -38,11 +39,20 @@ class KeptState:
 
 
 def save_layers(trainer: StageTrainer, storage: Storage) -> dict:
-    """Replica 0 of each stage gathers full tensors over TP; its TP rank 0 writes them."""
+    """Write this rank's layer files of the trainer's step (``layer_states``), one layer at a time."""
     files: dict = {}
+    for layer_index, state in layer_states(trainer):
+        files.update(ckpt.write_layer(storage, trainer.step, layer_index, state))
+    return files
+
+
+def layer_states(trainer: StageTrainer) -> Iterator[tuple[int, dict]]:
+    """(layer index, full tensors) of the layers this rank stores: replica 0 of each stage gathers
+    full tensors over TP, its TP rank 0 gets them.  A collective: every rank runs it to its end.
+    The tensors are copies, not the live ones (``ShardedLayer.gather`` clones; ZeRO's gathered)."""
     states = _optimizer_states(trainer)  # a collective of the DP group under ZeRO
     if trainer.role.replica != 0:
-        return files
+        return
     for layer in trainer.model.layers:
         state = {"params": {}, "exp_avg": {}, "exp_avg_sq": {}}
         for name, p in layer.own_parameters():  # a tied copy is layer 0's, stored there
@@ -52,8 +62,7 @@ def save_layers(trainer: StageTrainer, storage: Storage) -> dict:
                 if key in st:
                     state[key][name] = layer.gather(name, st[key])
         if trainer.role.tp_rank == 0:
-            files.update(ckpt.write_layer(storage, trainer.step, layer.layer_index, state))
-    return files
+            yield layer.layer_index, state
 
 
 def _optimizer_states(trainer: StageTrainer) -> dict[int, dict]:
@@ -79,10 +88,17 @@ def checkpoint_meta(trainer: StageTrainer) -> dict:
 def load(trainer: StageTrainer, storage: Storage, info: ckpt.CheckpointInfo) -> None:
     """Resume ``trainer`` from the checkpoint ``info``: its shard of every layer, AdamW state, meta."""
     _check_model(trainer, info)
+    load_states(trainer, {i: ckpt.read_layer(storage, info, i) for i in weight_layers(trainer.model)}, info)
+
+
+def load_states(trainer: StageTrainer, states: dict[int, dict], info: ckpt.CheckpointInfo) -> None:
+    """Resume ``trainer`` from full per-layer states (``weight_layers``' indices, each as a layer file
+    holds it) at the checkpoint ``info``: read from its files (``load``) or handed over by the ranks
+    that hold them (``runtime/handover.py``), the same way either way."""
+    _check_model(trainer, info)
     step_t = torch.tensor(float(info.step))
     # The fused kernel reads its step counts on the parameters' device; the others on the CPU.
     fused = trainer.optimizer is not None and bool(trainer.optimizer.defaults.get("fused"))
-    states = {i: ckpt.read_layer(storage, info, i) for i in weight_layers(trainer.model)}
     for layer in trainer.model.layers:
         for name, p in layer.named_parameters(recurse=False):
             state = states[0 if name in layer.tied else layer.layer_index]

@@ -37,7 +37,9 @@ threads; memory: each rank's high-water mark, ``runtime/metrics.py`` says how ea
 counted and what it costs); with ``--tensorboard-url`` and the trackers' environment rank 0
 logs them there too (``runtime/trackers.py``), and a last
 line ``{"event": "done" | "preempted" | "peer_lost" | "error", ...}``; after every checkpoint
-committed ``{"event": "checkpoint", "step", "url", "unix_s"}``; ``peer_lost``
+committed ``{"event": "checkpoint", "step", "url", "unix_s"}`` (periodic ones are written in the
+background, ``runtime/checkpoint_writer.py``: the line comes at the end of the step during which
+the write finished; the stop's and the last step's are written at once, after the one in flight); ``peer_lost``
 carries ``dead_ranks`` (from heartbeats through the rendezvous store).  Any rank appends its
 own ``{"event": "error", "rank", "message"}`` line (bad input, its checkpoint I/O failing).
 A step after which the held-out samples were evaluated (every ``--validate-every`` steps and
@@ -75,6 +77,8 @@ from sailor_core.plan.layout import rank_layout, world_size
 from sailor_core.plan.types import load_plan
 from sailor_core.runtime import checkpoint as ckpt
 from sailor_core.runtime import faults, links, park
+from sailor_core.runtime.checkpoint_writer import CheckpointWriter
+from sailor_core.runtime import handover as state_handover
 from sailor_core.runtime.data import DEFAULT_CACHE_MAX_BYTES, SpanCache, TokenDataset
 from sailor_core.runtime.egress_meter import EgressSlots
 from sailor_core.runtime.heartbeat import Heartbeat, watch_preempt_url
@@ -84,12 +88,14 @@ from sailor_core.runtime.model import check_plan_for_engine
 from sailor_core.runtime.recipe import Recipe, make_recipe
 from sailor_core.runtime.process_groups import make_groups
 from sailor_core.runtime.rendezvous import private_store, uses_agent_store
-from sailor_core.runtime.stage_checkpoint import adopt, can_adopt, checkpoint_meta, kept_state, load, save_layers
+from sailor_core.runtime.stage_checkpoint import kept_state
 from sailor_core.runtime.trackers import Trackers
 from sailor_core.runtime.trainer import StageTrainer
 from sailor_core.storage import open_storage
 
 _PARKED = -1  # not an exit: the generation ended and this worker waits for the next
+_STATE_SAID = {state_handover.FROM_MEMORY: "kept in memory", state_handover.FROM_PEERS: "handed over by its peers",
+               state_handover.FROM_CHECKPOINT: "read"}
 
 
 
@@ -103,6 +109,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--ckpt-dir", default=None, help="local path, file:// or s3:// URL")
     ap.add_argument("--ckpt-every", type=int, default=0, help="checkpoint every K steps (0: only at the end)")
     ap.add_argument("--keep", type=int, default=2, help="keep the latest K checkpoints")
+    ap.add_argument("--ckpt-sync", action="store_true",
+                    help="write every checkpoint on the training thread (default: staged in CPU memory "
+                         "and written in the background; the stop's and the last one are written at once)")
     ap.add_argument("--resume", action="store_true", help="start from the latest valid checkpoint")
     ap.add_argument("--seed", type=int, default=0)
     # The job's options that reach the workers, as `sailor train` spells them: the Recipe's
@@ -166,8 +175,9 @@ class _Run:
     flops_per_step: float = 0.0  # the model FLOPs of one step (runtime/metrics.py)
     peak_flops: float | None = None  # the plan's GPUs' summed peak; None on cpu
     trackers: Trackers | None = None  # rank 0's TensorBoard, W&B, MLflow (runtime/trackers.py)
-    state_from: str = "init"  # where the trainer's state came from: init, pretrained, checkpoint, memory
+    state_from: str = "init"  # where the trainer's state came from: init, pretrained, checkpoint, memory, peers
     egress: EgressSlots | None = None  # the status vector's egress slots (runtime/egress_meter.py)
+    writer: CheckpointWriter | None = None  # the checkpoints' (runtime/checkpoint_writer.py)
 
 
 def main(argv=None) -> int:
@@ -336,14 +346,10 @@ def _connect(run: _Run, world: int, carry: _Carry) -> None:
                                seed=args.seed, device=run.device, groups=make_groups(plan, rank))
     info = _agreed_checkpoint(args.ckpt_dir, rank) if args.resume and run.storage is not None else None
     if info is not None:
-        if carry.kept is not None and can_adopt(run.trainer, carry.kept, info):
-            adopt(run.trainer, carry.kept, info)
-            run.state_from = "memory"
-        else:
-            load(run.trainer, run.storage, info)
-            run.state_from = "checkpoint"
+        # its own kept state, its peers' (runtime/handover.py) or the checkpoint's files
+        run.state_from = state_handover.resume(run.trainer, carry.kept, info, run.storage)
         _log(rank, f"resumed from {info.dirname} (next sample {run.trainer.next_sample}; "
-                   f"state {'kept in memory' if run.state_from == 'memory' else 'read'})")
+                   f"state {_STATE_SAID[run.state_from]})")
         if run.trainer.recipe != run.recipe:
             _log(rank, f"continuing the checkpoint's recipe {run.trainer.recipe} (asked: {run.recipe})")
     elif run.recipe.init_from:
@@ -352,19 +358,37 @@ def _connect(run: _Run, world: int, carry: _Carry) -> None:
         run.state_from = "pretrained"
         _log(rank, f"started from the pretrained weights at {run.recipe.init_from}")
     run.saved_step = run.trainer.step if args.resume else -1
+    if run.storage is not None:
+        run.writer = CheckpointWriter(run.storage, keep=args.keep, rank=rank, on_wait=functools.partial(_waiting, rank))
 
 
-def _save_once(run: _Run) -> bool:
-    """Checkpoint the current step unless it already is; rank 0 says so in a ``checkpoint`` line
-    (the job records it as it completes)."""
+def _waiting(rank: int, step: int) -> None:
+    if rank == 0:
+        _log(rank, f"waiting for the checkpoint of step {step} to be written")
+
+
+def _save_once(run: _Run, now: bool = False) -> bool:
+    """Checkpoint the current step unless it already is: in the background, or with ``now`` (or
+    --ckpt-sync) complete when this returns, as is any write in flight (``runtime/checkpoint_writer.py``)."""
     if run.saved_step != run.trainer.step:
-        _save(run.trainer, run.storage, run.args.keep, run.rank)
+        if now or run.args.ckpt_sync:
+            run.writer.save_now(run.trainer)
+        else:
+            run.writer.save_async(run.trainer)
         run.saved_step = run.trainer.step
-        run.metrics.write({"event": "checkpoint", "step": run.saved_step, "unix_s": time.time(),
-                           "url": f"{run.args.ckpt_dir.rstrip('/')}/{ckpt.step_dirname(run.saved_step)}"})
+    elif now:
+        run.writer.wait()
+    _note_checkpoints(run)
+    return True
+
+
+def _note_checkpoints(run: _Run) -> None:
+    """Rank 0's ``checkpoint`` line for each checkpoint committed since (the job records it then)."""
+    for step in run.writer.committed():
+        run.metrics.write({"event": "checkpoint", "step": step, "unix_s": time.time(),
+                           "url": f"{run.args.ckpt_dir.rstrip('/')}/{ckpt.step_dirname(step)}"})
         if run.trackers is not None:  # what the checkpoint keeps, the charts keep
             run.trackers.flush()
-    return True
 
 
 def _train(run: _Run) -> int:
@@ -378,7 +402,7 @@ def _train(run: _Run) -> int:
     while trainer.step < args.steps:
         stop_any = _one_step(run, status, preempt_file)
         if stop_any:
-            saved = run.storage is not None and _save_once(run)
+            saved = run.storage is not None and _save_once(run, now=True)
             parks = saved and args.park_dir is not None and not run.stop["requested"]
             metrics.write({"event": "preempted", "step": trainer.step, "checkpoint": saved, "parked": parks})
             _log(run.rank, f"stopping at step {trainer.step} on a stop notice (a preemption's or the agent's) "
@@ -391,8 +415,10 @@ def _train(run: _Run) -> int:
             return EXIT_PREEMPTED if saved else EXIT_PREEMPTED_NO_CKPT
         if run.storage is not None and args.ckpt_every and trainer.step % args.ckpt_every == 0:
             _save_once(run)
+        elif run.storage is not None:
+            _note_checkpoints(run)  # a background write may have committed during the step
     if run.storage is not None:
-        _save_once(run)
+        _save_once(run, now=True)
     metrics.write({"event": "done", "step": trainer.step})
     _stop_heartbeat(run, "done")
     _close_trackers(run)
@@ -539,20 +565,6 @@ def _agreed_checkpoint(url: str, rank: int):
     if pick[0] is None:
         return None
     return ckpt.read_checkpoint(ckpt.open_storage(url), pick[0], url, verify=False)
-
-
-def _save(trainer, storage, keep: int, rank: int) -> bool:
-    files = save_layers(trainer, storage)
-    faults.at(faults.BEFORE_COMMIT, rank=rank, step=trainer.step)
-    gathered = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, files)
-    if rank == 0:
-        merged = {}
-        for f in gathered:
-            merged.update(f)
-        ckpt.commit(storage, trainer.step, merged, checkpoint_meta(trainer), keep=keep)
-    dist.barrier()
-    return True
 
 
 def _finish(dist) -> None:

@@ -82,7 +82,7 @@ def _instances(cloud: dict) -> list:
     from infra.local.cloud import providers_for
     from infra.records import job_labels
 
-    providers = providers_for(cloud["aws_endpoint"], cloud["gce_endpoint"])
+    providers = providers_for(cloud["aws_endpoint"], cloud["gce_endpoint"], aws_keys=cloud["aws_keys"])
     return [i for p in providers.values() for i in p.query_instances(job_labels(JOB_ID))]
 
 
@@ -90,7 +90,7 @@ def _agent_statuses(cloud: dict) -> list[dict]:
     """The job's agents' reports, in its prefix of the standalone cloud's bucket (where its instances write)."""
     from tasks.embedded_bucket import agent_reports
 
-    return agent_reports(JOB_ID, aws_endpoint=cloud["aws_endpoint"])
+    return agent_reports(JOB_ID, ends=cloud)
 
 
 def _runtime_pids(home: Path) -> set[int]:

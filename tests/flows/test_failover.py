@@ -115,8 +115,8 @@ class _Site:
                     "PREFECT_WORKER_QUERY_SECONDS": "2", "PYTHONPATH": str(ROOT),
                     settings.JOBS_URL_ENV: f"s3://{BUCKET}", settings.JOB_LEASE_S_ENV: str(LEASE_S)})
         if self.cloud:
-            env.update(AWS_ENDPOINT_URL_S3=self.cloud["aws_endpoint"], AWS_ACCESS_KEY_ID="testing",
-                       AWS_SECRET_ACCESS_KEY="testing")
+            env.update(AWS_ENDPOINT_URL_S3=self.cloud["aws_endpoint"], AWS_ACCESS_KEY_ID=self.cloud["aws_keys"][0],
+                       AWS_SECRET_ACCESS_KEY=self.cloud["aws_keys"][1])
         return env
 
     def spawn(self, argv: list[str], home: Path, log_name: str) -> subprocess.Popen:
@@ -170,7 +170,7 @@ class _Site:
         from tasks.embedded_bucket import embedded_s3_client
 
         # Where the jobs live, private as Sailor requires of any bucket it writes to.
-        ensure_private_bucket(f"s3://{BUCKET}", client=embedded_s3_client(self.cloud["aws_endpoint"]))
+        ensure_private_bucket(f"s3://{BUCKET}", client=embedded_s3_client(self.cloud))
         return self
 
     def stop(self) -> None:
@@ -194,15 +194,15 @@ class _Site:
 
     # -- what the test reads --
     def store(self) -> js.JobStore:
-        os.environ.update(AWS_ENDPOINT_URL_S3=self.cloud["aws_endpoint"], AWS_ACCESS_KEY_ID="testing",
-                          AWS_SECRET_ACCESS_KEY="testing")
+        os.environ.update(AWS_ENDPOINT_URL_S3=self.cloud["aws_endpoint"], AWS_ACCESS_KEY_ID=self.cloud["aws_keys"][0],
+                          AWS_SECRET_ACCESS_KEY=self.cloud["aws_keys"][1])
         return js.JobStore(f"s3://{BUCKET}")
 
     def live_instances(self, job_id: str) -> list:
         from infra.local.cloud import providers_for
         from infra.records import job_labels
 
-        providers = providers_for(self.cloud["aws_endpoint"], self.cloud["gce_endpoint"])
+        providers = providers_for(self.cloud["aws_endpoint"], self.cloud["gce_endpoint"], aws_keys=self.cloud["aws_keys"])
         return [i for p in providers.values() for i in p.query_instances(job_labels(job_id)) if i.live]
 
 
@@ -247,7 +247,7 @@ def _worker(site: _Site, machine: str) -> subprocess.Popen:
 def _live_step(site: _Site, job_id: str) -> int | None:
     from tasks.embedded_bucket import agent_reports
 
-    steps = [int(s["step"]) for s in agent_reports(job_id, aws_endpoint=site.cloud["aws_endpoint"])
+    steps = [int(s["step"]) for s in agent_reports(job_id, ends=site.cloud)
              if s.get("step") is not None]
     return max(steps) if steps else None
 

@@ -29,7 +29,7 @@ def _statuses(home: Path, cloud: dict) -> list[dict]:
     """The profile's agents' reports, in its job's prefix of the standalone cloud's bucket."""
     from tasks.embedded_bucket import agent_reports
 
-    return agent_reports("network-profile-*", aws_endpoint=cloud["aws_endpoint"])
+    return agent_reports("network-profile-*", ends=cloud)
 
 
 def _instances(cloud: dict, home: Path) -> list:
@@ -37,7 +37,7 @@ def _instances(cloud: dict, home: Path) -> list:
     from infra.local.cloud import providers_for
     from infra.records import job_labels
 
-    providers = providers_for(cloud["aws_endpoint"], cloud["gce_endpoint"])
+    providers = providers_for(cloud["aws_endpoint"], cloud["gce_endpoint"], aws_keys=cloud["aws_keys"])
     return [i for job in (home / "jobs").glob("network-profile-*") for p in providers.values()
             for i in p.query_instances(job_labels(job.name))]
 

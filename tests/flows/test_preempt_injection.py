@@ -20,9 +20,8 @@ import pytest
 from infra.errors import CloudConfigError
 from infra.records import PREEMPTED, job_labels
 from sailor_core.job import state as js
-from sailor_core.job.protocol import InjectionReport, InjectPreemption
+from sailor_core.job.protocol import InjectionReport
 from sailor_core.job.spec import JobSpec
-from sailor_core.runtime.agent import Agent, _Generation
 from tasks.cloud_session import CloudSession
 from tasks.workers import note_injection, preemption_for_attempt
 
@@ -59,44 +58,66 @@ def _dead_url() -> str:
         return f"http://127.0.0.1:{s.getsockname()[1]}/sailor"
 
 
+_RANK0_AGENT = """
+import json, sys
+from pathlib import Path
+from sailor_core.job.protocol import InjectPreemption
+from sailor_core.runtime.agent import Agent, _Generation
+work, victim, control_url = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
+agent = Agent(str(work / "job"), "rank0-host", work / "work")
+gen = _Generation(number=2, losses=[[9, 5.0]],
+                  inject=InjectPreemption(at_step=10, instance_id=victim, control_url=control_url))
+agent._maybe_inject(gen)
+before = gen.injected
+gen.losses.append([11, 4.9])
+agent._maybe_inject(gen)
+agent.current = gen
+agent._report(force=True)
+print(json.dumps([before is None, gen.injected.step, gen.injected.ok, gen.injected.error]))
+"""
+
+
 def test_the_agent_posts_the_preemption_at_its_step_and_a_second_one_is_refused(tmp_path):
+    """Rank 0's agent asks its own metadata server (it holds no control secret), which lets it
+    preempt an instance of its own job; the controller's session asks the control API with the secret."""
+    import sys
+
     from infra.config import in_process_cloud
+    from tests.instance_calls import run_as
 
     cloud = in_process_cloud()
     provider = cloud.providers()["gcp"]
     labels = job_labels("inject-twice", 1)
-    (inst,) = provider.run_instances(zone="us-central1-a", instance_type="n1-standard-4-t4x1", count=1,
-                                     labels=labels, startup_script="#!/bin/bash\nwhile true; do sleep 0.1; done\n")
+    (inst, rank0) = provider.run_instances(zone="us-central1-a", instance_type="n1-standard-4-t4x1", count=2,
+                                           labels=labels, startup_script="#!/bin/bash\nwhile true; do sleep 0.1; done\n")
     provider.wait_instances(labels, timeout_s=20)
     control_url = f"{cloud.gce_endpoint}/sailor"
     try:
-        # Rank 0's agent (in this process, its workers' steps fed by hand) waits for step 10.
-        agent = Agent(str(tmp_path / "job"), "rank0-host", tmp_path / "work")
-        gen = _Generation(number=2, losses=[[9, 5.0]],
-                          inject=InjectPreemption(at_step=10, instance_id=inst.instance_id, control_url=control_url))
-        agent._maybe_inject(gen)
-        assert gen.injected is None
-        assert inst.instance_id not in {p["instance_id"] for p in cloud.preemptions}
-        gen.losses.append([11, 4.9])
-        agent._maybe_inject(gen)
-        assert gen.injected == InjectionReport(at_step=10, step=11, instance_id=inst.instance_id, ok=True)
+        # Rank 0's agent (on the second instance, its workers' steps fed by hand) waits for step 10.
+        ran = run_as(cloud, rank0.instance_id, [sys.executable, "-c", _RANK0_AGENT, str(tmp_path),
+                                                inst.instance_id, control_url])
+        assert ran.returncode == 0, ran.stderr
+        assert json.loads(ran.stdout) == [True, 11, True, None]
         assert inst.instance_id in {p["instance_id"] for p in cloud.preemptions}
-        agent.current = gen
-        agent._report(force=True)
         status = json.loads((tmp_path / "job/agents/rank0-host/status.json").read_text())
         assert status["injected_preemption"]["ok"] is True
 
         # A second injection at the instance being preempted (what failed the flow) is an answer.
-        session = CloudSession(mode="embedded", job_id="x", jobs_url="", providers={}, control_url=control_url)
+        secret = cloud.control_secret
+        session = CloudSession(mode="embedded", job_id="x", jobs_url="", providers={}, control_url=control_url,
+                               control_secret=secret)
         assert session.preempt(inst.instance_id) is False
         assert session.preempt("no-such-instance") is False
+        with pytest.raises(CloudConfigError, match="HTTP 401"):  # the control API without its secret
+            CloudSession(mode="embedded", job_id="x", jobs_url="", providers={},
+                         control_url=control_url).preempt(rank0.instance_id)
         with pytest.raises(CloudConfigError, match="did not answer"):
             CloudSession(mode="embedded", job_id="x", jobs_url="", providers={},
-                         control_url=_dead_url()).preempt(inst.instance_id)
+                         control_url=_dead_url(), control_secret=secret).preempt(inst.instance_id)
 
         deadline = time.monotonic() + 15
-        while time.monotonic() < deadline and [i.state for i in provider.query_instances(labels)] != [PREEMPTED]:
+        while time.monotonic() < deadline and PREEMPTED not in [i.state for i in provider.query_instances(labels)]:
             time.sleep(0.1)
-        assert [i.state for i in provider.query_instances(labels)] == [PREEMPTED]
+        assert PREEMPTED in [i.state for i in provider.query_instances(labels)]
     finally:
         provider.terminate_instances(labels)

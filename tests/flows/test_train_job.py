@@ -31,7 +31,7 @@ def _live_instances(job_id: str) -> list:
     from infra.records import job_labels
 
     ends = embedded_endpoints()
-    return [i for p in providers_for(ends["aws_endpoint"], ends["gce_endpoint"]).values()
+    return [i for p in providers_for(ends["aws_endpoint"], ends["gce_endpoint"], aws_keys=ends["aws_keys"]).values()
             for i in p.query_instances(job_labels(job_id)) if i.live]
 
 

@@ -31,7 +31,8 @@ def cloud(embedded):
 
 
 def make_providers(cloud: EmbeddedCloud, retry: RetryPolicy = FAST_RETRY) -> dict:
-    providers = providers_for(cloud.aws_endpoint, cloud.gce_endpoint, retry=retry, aws_regions=AWS_REGIONS)
+    providers = providers_for(cloud.aws_endpoint, cloud.gce_endpoint, retry=retry, aws_regions=AWS_REGIONS,
+                              aws_keys=cloud.aws_keys)
     providers["gcp"].zones = list(GCP_ZONES)
     return providers
 

@@ -33,9 +33,10 @@ def test_a_ready_account_passes_and_a_missing_image_quota_or_account_says_how_to
 
 def test_the_jobs_bucket_must_be_remote_private_encrypted_and_writable(cloud, monkeypatch):
     monkeypatch.setenv("AWS_ENDPOINT_URL_S3", cloud.s3_endpoint)
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
-    s3 = boto3.client("s3", endpoint_url=cloud.s3_endpoint, region_name="us-east-1")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", cloud.aws_keys[0])
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", cloud.aws_keys[1])
+    s3 = boto3.client("s3", endpoint_url=cloud.s3_endpoint, region_name="us-east-1",
+                      aws_access_key_id=cloud.aws_keys[0], aws_secret_access_key=cloud.aws_keys[1])
     assert _by_name(doctor.check_bucket("/tmp/jobs"))[("storage", "jobs bucket")].status == doctor.MISSING
     ensure_private_bucket("s3://doctor-good/jobs", client=s3)
     good = _by_name(doctor.check_bucket("s3://doctor-good/jobs", s3_client=s3))

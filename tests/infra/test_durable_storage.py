@@ -20,16 +20,17 @@ from infra.local.machines import reap_dead_runs
 from infra.local.object_store import DiskBuckets
 from sailor_core.storage import StorageError, open_storage
 from tests.infra.conftest import wait_until
+from tests.instance_calls import metadata
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _point_at(monkeypatch, tmp_path, s3: str, gcs: str) -> None:
+def _point_at(monkeypatch, tmp_path, s3: str, gcs: str, keys: tuple[str, str] = ("testing", "testing")) -> None:
     key = tmp_path / "gcs-no-oauth.json"
     key.write_text(json.dumps({"gcs_base_url": gcs, "disable_oauth": True, "client_email": "",
                                "private_key": "", "private_key_id": ""}))
-    for name, value in (("AWS_ENDPOINT_URL_S3", s3), ("AWS_ACCESS_KEY_ID", "testing"),
-                        ("AWS_SECRET_ACCESS_KEY", "testing"), ("GOOGLE_BASE_URL", gcs),
+    for name, value in (("AWS_ENDPOINT_URL_S3", s3), ("AWS_ACCESS_KEY_ID", keys[0]),
+                        ("AWS_SECRET_ACCESS_KEY", keys[1]), ("GOOGLE_BASE_URL", gcs),
                         ("GOOGLE_SERVICE_ACCOUNT", str(key))):
         monkeypatch.setenv(name, value)
 
@@ -41,8 +42,9 @@ def test_buckets_written_by_one_cloud_are_served_by_the_next_over_the_same_folde
         from infra.buckets import ensure_private_bucket
         from tasks.embedded_bucket import embedded_s3_client
 
-        ensure_private_bucket("s3://durable-jobs/j", client=embedded_s3_client(first.s3_endpoint))
-        _point_at(monkeypatch, tmp_path, first.s3_endpoint, first.gcs_endpoint)
+        ensure_private_bucket("s3://durable-jobs/j", client=embedded_s3_client(
+            {"aws_endpoint": first.s3_endpoint, "aws_keys": first.aws_keys}))
+        _point_at(monkeypatch, tmp_path, first.s3_endpoint, first.gcs_endpoint, first.aws_keys)
         open_storage("s3://durable-jobs/job-a").put("checkpoints/step-5/rank-0.pt", b"weights")
         open_storage("gs://durable-jobs/job-b").put("checkpoints/step-7/rank-0.pt", b"more weights")
     finally:
@@ -103,9 +105,9 @@ def test_gcs_answers_a_vms_own_token_and_refuses_a_made_up_one(cloud, providers)
                               labels=job_labels("gcs-token", 1), startup_script="#!/bin/bash\nsleep 60\n")
     p.wait_instances(job_labels("gcs-token", 1), instance_ids=[inst.instance_id], timeout_s=20)
     assert wait_until(lambda: cloud.machines.get(inst.instance_id) is not None, timeout_s=10)
-    token_url = (f"{cloud.gce_endpoint}/metadata/{inst.instance_id}/computeMetadata/v1/instance/"
-                 "service-accounts/default/token")
-    token = json.loads(urllib.request.urlopen(token_url).read())["access_token"]
+    status, answer = metadata(cloud, inst.instance_id, "computeMetadata/v1/instance/service-accounts/default/token")
+    assert status == 200
+    token = json.loads(answer)["access_token"]
 
     def put(bearer: str | None) -> int:
         req = urllib.request.Request(f"{cloud.instance_gcs_endpoint}/gcs-token-bucket/gcs-token/x.txt", data=b"hi",

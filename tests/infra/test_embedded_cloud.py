@@ -55,9 +55,10 @@ def test_control_endpoint_preempts_a_zone_and_reports_status(cloud, providers):
     gcp.run_instances(zone="us-central1-b", instance_type="a2-highgpu-1g", count=2, labels=labels)
     gcp.wait_instances(labels, timeout_s=10)
     control = f"{cloud.gce_endpoint}/sailor"
-    status = json.loads(urllib.request.urlopen(f"{control}/status").read())
+    secret = {"Authorization": f"Bearer {cloud.control_secret}"}  # the controller's (tests/security: without it)
+    status = json.loads(urllib.request.urlopen(urllib.request.Request(f"{control}/status", headers=secret)).read())
     assert status["num_live_instances"] == 2
-    req = urllib.request.Request(f"{control}/preempt", method="POST", headers={"Content-Type": "application/json"},
+    req = urllib.request.Request(f"{control}/preempt", method="POST", headers={"Content-Type": "application/json", **secret},
                                  data=json.dumps({"zone": "us-central1-b", "gpu": "A100-40", "num_gpus": 1}).encode())
     out = json.loads(urllib.request.urlopen(req).read())
     assert len(out["preempted"]) == 1  # one 1-GPU instance is enough
@@ -95,7 +96,7 @@ def test_aws_spot_prices_come_from_the_spot_price_history_when_asked(cloud):
     from sailor_core.catalog.instances import get_instance_type
 
     live = AWSProvider(endpoint_url=cloud.aws_endpoint, ami_id=FIXED_AMI, regions=["us-east-1"],
-                       spot_prices_from_api=True, session=_local_session())
+                       spot_prices_from_api=True, session=_local_session(*cloud.aws_keys))
     offers = live.list_offers(gpu_types=["T4"])
     row = get_instance_type("aws", "g4dn.xlarge")
     g4 = [o for o in offers if o.instance_type == "g4dn.xlarge"]

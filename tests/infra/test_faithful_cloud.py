@@ -10,8 +10,6 @@ import json
 import os
 import re
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import boto3
@@ -25,6 +23,7 @@ from infra.records import job_labels, job_resource_name
 from sailor_core.job.protocol import AgentAction, AgentAssignment, AgentState, read_status, write_assignment
 from sailor_core.storage import StorageError, open_storage
 from tests.infra.conftest import wait_until
+from tests.instance_calls import metadata, role_credentials
 
 BUCKET = "faithful-jobs"
 
@@ -39,10 +38,11 @@ def _need_namespaces(cloud) -> None:
 def bucket(cloud, monkeypatch):
     """The embedded S3, reached by this process (the controller) with the standard variables."""
     monkeypatch.setenv("AWS_ENDPOINT_URL_S3", cloud.s3_endpoint)
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    key_id, secret = cloud.aws_keys  # the embedded account's administrator: the controller's keys
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", key_id)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", secret)
     s3 = boto3.client("s3", endpoint_url=cloud.s3_endpoint, region_name="us-east-1",
-                      aws_access_key_id="testing", aws_secret_access_key="testing")
+                      aws_access_key_id=key_id, aws_secret_access_key=secret)
     try:
         s3.create_bucket(Bucket=BUCKET)
     except s3.exceptions.BucketAlreadyOwnedByYou:
@@ -141,9 +141,7 @@ def test_a_failed_boot_is_reported_in_the_bucket_with_its_log_tail(cloud, provid
 
 
 def _imds_credentials(cloud, instance_id: str) -> dict:
-    base = f"{cloud.gce_endpoint}/metadata/{instance_id}/latest/meta-data/iam/security-credentials"
-    role = urllib.request.urlopen(f"{base}/").read().decode()
-    return json.loads(urllib.request.urlopen(f"{base}/{role}").read())
+    return role_credentials(cloud, instance_id)  # as the instance asks: from its address, with a token
 
 
 def test_instance_credentials_reach_the_jobs_prefix_and_nothing_else(cloud, providers, bucket, monkeypatch):
@@ -199,15 +197,20 @@ def test_two_gcp_jobs_at_once_each_get_their_own_jobs_account_and_role(cloud, pr
             other = next(j for j in jobs if j != job)
             got = providers["gcp"]._instances.get(project="sailor-local", zone=vm.zone, instance=vm.instance_id)
             assert [a.email for a in got.service_accounts] == [accounts[job]]
-            email_url = f"{cloud.gce_endpoint}/metadata/{vm.instance_id}/computeMetadata/v1/instance/service-accounts/default/email"
-            assert urllib.request.urlopen(email_url).read().decode() == accounts[job]
-            base = f"{cloud.gce_endpoint}/metadata/{vm.instance_id}/latest/meta-data/iam/security-credentials"
-            assert urllib.request.urlopen(f"{base}/").read().decode() == job_resource_name(job)
+            assert metadata(cloud, vm.instance_id,
+                            "computeMetadata/v1/instance/service-accounts/default/email") == (200, accounts[job])
+            assert metadata(cloud, vm.instance_id, "latest/meta-data/iam/security-credentials/") == (
+                200, job_resource_name(job))
             creds = _imds_credentials(cloud, vm.instance_id)
-            role = cloud.identities._issued[creds["AccessKeyId"]]
-            assert cloud.identities.role_refusal(role, "PUT", f"/{BUCKET}/{job}/x") is None
-            assert cloud.identities.role_refusal(role, "PUT", f"/{BUCKET}/{other}/x") is not None
-            token = json.loads(urllib.request.urlopen(email_url.replace("/email", "/token")).read())["access_token"]
+            s3 = boto3.client("s3", endpoint_url=cloud.s3_endpoint, region_name="us-east-1",
+                              aws_access_key_id=creds["AccessKeyId"], aws_secret_access_key=creds["SecretAccessKey"],
+                              aws_session_token=creds["Token"])
+            s3.put_object(Bucket=BUCKET, Key=f"{job}/x", Body=b"mine")
+            with pytest.raises(s3.exceptions.ClientError, match="AccessDenied"):
+                s3.put_object(Bucket=BUCKET, Key=f"{other}/x", Body=b"theirs")
+            status, answer = metadata(cloud, vm.instance_id, "computeMetadata/v1/instance/service-accounts/default/token")
+            assert status == 200, answer
+            token = json.loads(answer)["access_token"]
             assert cloud.identities.token_account(token) == accounts[job]
             assert cloud.gcp_iam.refusal(accounts[job], "PUT", f"/twin-gs/{job}/x") is None
             assert cloud.gcp_iam.refusal(accounts[job], "PUT", f"/twin-gs/{other}/x") is not None
@@ -218,9 +221,7 @@ def test_two_gcp_jobs_at_once_each_get_their_own_jobs_account_and_role(cloud, pr
         providers["gcp"].terminate_instances({"sailor-job": "twin-b"})
         providers["gcp"]._accounts["twin-b"] = accounts["twin-a"]
         impostor = _boot_one(cloud, providers, "twin-b", script="#!/bin/bash\nsleep 60\n", cloud_name="gcp")
-        base = f"{cloud.gce_endpoint}/metadata/{impostor.instance_id}/latest/meta-data/iam/security-credentials/"
-        with pytest.raises(urllib.error.HTTPError, match="404"):
-            urllib.request.urlopen(base)
+        assert metadata(cloud, impostor.instance_id, "latest/meta-data/iam/security-credentials/")[0] == 404
     finally:
         for job in jobs:
             providers["gcp"].terminate_instances({"sailor-job": job})
@@ -233,10 +234,10 @@ def test_no_secret_in_startup_scripts_or_instance_metadata(cloud, providers, buc
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", canary)
     monkeypatch.setenv("GOOGLE_OAUTH_ACCESS_TOKEN", canary)
     job, job_url = "secret-a", f"s3://{BUCKET}/secret-a"
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")  # the controller's own key to the bucket
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", cloud.aws_keys[1])  # the controller's own key to the bucket
     script = startup_script(job_url, upload_code(job_url), cloud="", num_gpus=1)
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", canary)
-    assert canary not in script and "testing" not in script and "AWS_SECRET" not in script
+    assert canary not in script and cloud.aws_keys[1] not in script and "AWS_SECRET" not in script
     for cloud_name in ("aws", "gcp"):
         inst = _boot_one(cloud, providers, job, script=script, cloud_name=cloud_name)
         machine = cloud.machines.get(inst.instance_id)

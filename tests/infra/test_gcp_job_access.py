@@ -19,6 +19,7 @@ from infra.records import job_labels
 from sailor_core.job.spec import JobSpec
 from tasks.job_resources import job_reads
 from tests.infra.conftest import wait_until
+from tests.instance_calls import metadata
 
 JOB = "gs://jobs-bucket/job-a"
 CHECKPOINTS = "gs://ckpt-bucket/runs/job-a"
@@ -139,8 +140,9 @@ def _boot(cloud, providers, job: str):
 
 
 def _token(cloud, instance_id: str) -> str:
-    url = f"{cloud.gce_endpoint}/metadata/{instance_id}/computeMetadata/v1/instance/service-accounts/default/token"
-    return json.loads(urllib.request.urlopen(url).read())["access_token"]
+    status, answer = metadata(cloud, instance_id, "computeMetadata/v1/instance/service-accounts/default/token")
+    assert status == 200, answer
+    return json.loads(answer)["access_token"]
 
 
 def _status(cloud, method: str, url: str, token: str | None, *, data: bytes | None = None) -> int:

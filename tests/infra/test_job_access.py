@@ -2,18 +2,15 @@
 object, a prefix a prefix), read on its ``--init-from`` folder, read and write on its own
 prefixes, nothing else.  The policy ``infra/aws.prefix_policy`` builds (the same for real AWS)
 is evaluated by moto's IAM policy engine, as the embedded cloud's S3 applies it
-(``infra/local/identity.py``), for each kind of URL."""
+(``infra/local/aws_auth.py``), for each kind of URL."""
 
 from __future__ import annotations
 
-import json
 
 import pytest
-from moto.core import DEFAULT_ACCOUNT_ID
-from moto.iam.models import iam_backends
 
 from infra.aws import prefix_policy
-from infra.local.identity import Identities, s3_allows
+from infra.local.aws_auth import s3_allows
 from sailor_core.job.spec import JobSpec
 from tasks.job_resources import job_reads
 
@@ -80,30 +77,3 @@ def test_the_jobs_own_prefixes_are_read_and_written_and_a_neighbours_are_not():
 def test_an_object_url_must_name_a_key():
     with pytest.raises(ValueError, match="names a key"):
         prefix_policy([JOB], read_objects=["s3://data-bucket"])
-
-
-def test_the_embedded_s3_refuses_requests_outside_the_roles_policy():
-    """What an instance's S3 request meets in the embedded cloud: the role's inline policy as
-    ``create_job_identity`` puts it, evaluated per request (object reads, writes, listings)."""
-    iam = iam_backends[DEFAULT_ACCOUNT_ID]["aws"]
-    name = "sailor-access-test"
-    iam.create_role(role_name=name, assume_role_policy_document="{}", path="/", permissions_boundary=None,
-                    description="", tags=[], max_session_duration="3600")
-    try:
-        spec = JobSpec(budget_usd=1, dataset="s3://data-bucket/corpus/tokens.bin", init_from="s3://models/llama-1b")
-        iam.put_role_policy(name, "job-prefix", json.dumps(_policy(spec)))
-        ids = Identities()
-        allowed = [("GET", "/data-bucket/corpus/tokens.bin"), ("HEAD", "/data-bucket/corpus/tokens.bin"),
-                   ("GET", "/models/llama-1b/config.json"), ("GET", "/models?list-type=2&prefix=llama-1b/"),
-                   ("PUT", "/jobs-bucket/job-a/agents/i-1/status.json"),
-                   ("DELETE", "/ckpt-bucket/runs/job-a/step-5/rank0.pt")]
-        refused = [("GET", "/data-bucket/corpus/tokens.bin/x"), ("PUT", "/data-bucket/corpus/tokens.bin"),
-                   ("GET", "/models/llama-1b2/config.json"), ("GET", "/models?list-type=2&prefix="),
-                   ("GET", "/jobs-bucket/job-b/agents/i-1/status.json"), ("PUT", "/jobs-bucket/job-b/x")]
-        for method, path in allowed:
-            assert ids.role_refusal(name, method, path) is None, (method, path)
-        for method, path in refused:
-            assert ids.role_refusal(name, method, path) is not None, (method, path)
-    finally:
-        iam.delete_role_policy(name, "job-prefix")
-        iam.delete_role(name)

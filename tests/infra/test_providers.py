@@ -4,16 +4,16 @@ real boto3 and google-cloud-compute clients."""
 from __future__ import annotations
 
 import os
-import urllib.request
+import sys
 
 import pytest
 
 from infra.errors import CapacityError, CloudConfigError, QuotaError, TransientCloudError
 from infra.local.faults import FaultRates
-from infra.metadata import preemption_notice
 from infra.provisioner import GpuNeed, Provisioner
 from infra.records import PREEMPTED, RUNNING, job_labels
 from tests.infra.conftest import wait_until
+from tests.instance_calls import metadata, run_as
 from sailor_core.catalog.instances import catalog_offers, offer_for, get_instance_type
 
 # (cloud, a zone, a second zone, a 1-GPU instance type sold in both, its GPU)
@@ -138,7 +138,8 @@ def test_quota_and_persistent_errors_surface_as_project_errors(cloud, providers,
     assert p.query_instances(job_labels("job-q")) == []
 
 
-def test_interruption_is_detected_with_the_clouds_reason_and_kills_the_script(cloud, providers, cloud_name, tmp_path):
+def test_interruption_is_detected_with_the_clouds_reason_and_kills_the_script(cloud, providers, cloud_name, tmp_path,
+                                                                              monkeypatch):
     zone, _, itype, _ = CASES[cloud_name]
     p = providers[cloud_name]
     out = tmp_path / "seen"
@@ -155,25 +156,23 @@ def test_interruption_is_detected_with_the_clouds_reason_and_kills_the_script(cl
     assert wait_until(lambda: out.exists() and out.read_text().strip())
     assert out.read_text().split() == [inst.instance_id, zone, cloud_name, cloud.network.addresses(inst.instance_id).private]
     machine = cloud.machines.get(inst.instance_id)
-    url = f"{cloud.gce_endpoint}/metadata/{inst.instance_id}/computeMetadata/v1/instance/preempted"
-    assert urllib.request.urlopen(url).read() == b"FALSE"
-    env = {"SAILOR_METADATA_URL": f"{cloud.gce_endpoint}/metadata/{inst.instance_id}", "SAILOR_CLOUD": cloud_name}
-    with pytest.MonkeyPatch.context() as mp:
-        for k, v in env.items():
-            mp.setenv(k, v)
-        assert preemption_notice() is None
+    preempted = "computeMetadata/v1/instance/preempted"
+    assert metadata(cloud, inst.instance_id, preempted) == (200, "FALSE")
+    # the worker's poller, from the instance's address (the metadata server answers only the caller)
+    poll = [sys.executable, "-c", "from infra.metadata import preemption_notice; print(preemption_notice())"]
+    assert run_as(cloud, inst.instance_id, poll, env={"SAILOR_CLOUD": cloud_name}).stdout.strip() == "None"
 
+    monkeypatch.setattr(cloud, "notice_s", 4.0)  # room for the checks below from the instance's namespace
     assert cloud.preempt(inst.instance_id)
     assert wait_until(lambda: "term" in out.read_text(), 2)  # SIGTERM at the notice
-    assert not group_gone(machine.process.pid)  # still alive during the notice period
-    assert urllib.request.urlopen(url).read() == b"TRUE"
-    with pytest.MonkeyPatch.context() as mp:
-        for k, v in env.items():
-            mp.setenv(k, v)
-        assert preemption_notice()  # what the worker's poller sees during the notice
     notice = machine.metadata_dir / "latest/meta-data/spot/instance-action"
     assert '"action": "terminate"' in notice.read_text()
-    assert wait_until(lambda: group_gone(machine.process.pid), 3)  # SIGKILL after it
+    assert not group_gone(machine.process.pid)  # still alive during the notice period
+    assert metadata(cloud, inst.instance_id, preempted) == (200, "TRUE")
+    seen_notice = run_as(cloud, inst.instance_id, poll, env={"SAILOR_CLOUD": cloud_name}).stdout.strip()
+    assert seen_notice not in ("", "None")  # what the worker's poller sees during the notice
+    assert wait_until(lambda: group_gone(machine.process.pid), 8)  # SIGKILL after it
+    assert wait_until(lambda: not machine.directory.exists(), 3)  # its disk went with it
     assert wait_until(lambda: [i.state for i in p.query_instances(labels)] == [PREEMPTED], 3)
     (seen,) = p.query_instances(labels)
     assert seen.instance_id == inst.instance_id and seen.state_reason == PREEMPT_REASON[cloud_name]
@@ -217,7 +216,7 @@ def test_timeouts_are_transient_and_retried(cloud, cloud_name):
     retry = RetryPolicy(max_attempts=2, base_delay_s=0.01, max_delay_s=0.02)
     if cloud_name == "aws":
         p = AWSProvider(endpoint_url=cloud.aws_endpoint, ami_id=FIXED_AMI, regions=["us-east-1"], retry=retry,
-                        read_timeout_s=0.3, session=_local_session())
+                        read_timeout_s=0.3, session=_local_session(*cloud.aws_keys))
     else:
         p = GCPProvider(project=PROJECT, api_endpoint=cloud.gce_endpoint, credentials=AnonymousCredentials(),
                         zones=["us-central1-a"], retry=retry, timeout_s=0.3)

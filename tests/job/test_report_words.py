@@ -53,3 +53,13 @@ def test_the_cost_table_is_short_enough_for_a_laptop():
     assert row == {"instance": "a1-fb0040", "type": "n1-standard-8-t4x2", "zone": "us-central1-a", "attempt": 1,
                    "USD/h": "0.300", "ran": "11 s", "USD": "0.000917", "ended": "preempted"}
     assert sum(len(str(v)) for v in row.values()) < 80
+
+
+def test_how_workers_came_back_names_where_rank_0_took_its_state():
+    words = {source: report.restart_words(num_ranks=2, num_ranks_rejoined=1, ready_s=0.4, state_from=source)
+             for source in ("memory", "peers", "checkpoint")}
+    assert words == {"memory": "workers ready in 0.4 s (1 of 2 ranks kept their processes; rank 0 state kept in memory)",
+                     "peers": "workers ready in 0.4 s (1 of 2 ranks kept their processes; "
+                              "rank 0 state handed over by its peers)",
+                     "checkpoint": "workers ready in 0.4 s (1 of 2 ranks kept their processes; "
+                                   "rank 0 state read from the checkpoint)"}

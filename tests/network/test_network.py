@@ -152,6 +152,55 @@ def test_vectorised_uniform_ring_equals_the_general_all_reduce():
         assert got.tolist() == want
 
 
+def test_rings_paced_by_many_pairs_at_once_equal_each_pair_alone():
+    # The ring bounds time every pair of zones in one numpy pass (paced_allreduce_times_s):
+    # each row is, bit for bit, the ring that pair alone paces, links with fits and without mixed.
+    import random
+
+    import numpy as np
+
+    net = default_network()
+    rng = random.Random(7)
+    zones = ["us-central1-a", "us-central1-b", "us-east1-b", "us-east-1a", "europe-west4-a", "asia-east1-a"]
+    for _ in range(30):
+        gpu = rng.choice(["A100-40", "V100-16", "T4"])
+        pairs = [(Endpoint(zone=rng.choice(zones), gpu=gpu), Endpoint(zone=rng.choice(zones), gpu=gpu))
+                 for _ in range(rng.randint(1, 9))]
+        n = rng.randint(2, 64)
+        sizes = np.array([0.0, 1e3, 6e4, 2e7, 5e8, 7.5e8, 3e9]) * rng.uniform(0.5, 2.0)
+        got = net.paced_allreduce_times_s(sizes, pairs, n)
+        assert got.shape == (len(pairs), len(sizes))
+        for row, (a, b) in zip(got, pairs):
+            assert row.tobytes() == net.uniform_allreduce_times_s(sizes, a, n, to=b).tobytes()
+            if a == b:
+                assert row.tolist() == [net.allreduce_time_s(float(x), [a] * n) for x in sizes]
+
+
+def test_a_ring_keyed_by_its_runs_is_timed_by_every_hop_of_the_whole_ring():
+    # allreduce_time_s keys and paces a ring by its runs of equal members; the figure is the
+    # bucketed ring paced by the slowest pair ring_hop_pairs gives for the whole member list
+    import random
+
+    from sailor_core.network.model import ALLREDUCE_BUCKET_BYTES, ring_hop_pairs
+
+    net = default_network()
+    rng = random.Random(11)
+    ends = [Endpoint(zone=z, gpu=g) for z in ("us-central1-a", "us-central1-b", "us-east-1a") for g in ("A100-40", "T4")]
+    for _ in range(80):
+        members = [rng.choice(ends) for _ in range(rng.randint(2, 6)) for _ in range(rng.randint(1, 4))]
+        members = [Endpoint(zone=e.zone, gpu=e.gpu) for e in members]  # equal, not identical
+        if len(set(members)) == 1:
+            continue
+        n, size = len(members), rng.choice([3e6, 2.5e7, 9e8])
+
+        def step(b: float) -> float:
+            return max(net.p2p_time_s(b / n, a, c) for a, c in ring_hop_pairs(members))
+
+        full, rest = divmod(size, ALLREDUCE_BUCKET_BYTES)
+        want = full * (2 * (n - 1) * step(ALLREDUCE_BUCKET_BYTES)) + (2 * (n - 1) * step(rest) if rest > 0 else 0.0)
+        assert net.allreduce_time_s(size, members) == want
+
+
 def test_a_ring_is_paced_by_the_hops_of_its_order():
     from sailor_core.network.model import ring_hop_pairs
 

@@ -1,13 +1,15 @@
 """The search is complete where it says so: on small scenarios whose best plan needs an odd
 data-parallel degree, fewer replicas than the pools hold, or an uneven layer split, it finds the
 optimum of an exhaustive enumeration over *every* DP degree the pools allow (not only the
-degrees the search itself covers), and says which degrees its proof covers."""
+degrees the search itself covers), and says which degrees its proof covers.  A stage mixing GPU
+types is outside the space the search proves (only its leftover step makes one): where the
+optimum needs one, the answer says what its proof covers and names its own mixed stages."""
 
 import pytest
 
 from sailor_core.planner import make_request, plan_job
-from sailor_core.planner.exhaustive import enumerate_best
-from sailor_core.planner.search.shapes import DP_SPACES, dp_degrees
+from sailor_core.planner.exhaustive import enumerate_best, enumerate_mixed_best
+from sailor_core.planner.search.shapes import DP_SPACES, STAGE_SPACES, dp_degrees
 
 A, V = "A100-40", "V100-16"
 ZA, ZB, ZC = "us-central1-a", "us-central1-b", "us-central1-c"
@@ -27,6 +29,15 @@ SCENARIOS = {
     # the faster GPU's stage takes more layers
     "uneven split over two GPU types": ("uneven", dict(model="opt-350m", availability={(A, ZA): 2, (V, ZA): 2},
                                             global_batch_size=16, micro_batch_sizes=(1, 2))),
+}
+
+
+# Scenarios whose optimum is a stage of several GPU types (``enumerate_mixed_best``): one A100
+# and two V100s as one stage of DP 3, the A100 first so that it takes the extra micro-batch of
+# 16, beat every plan whose stages hold one GPU type.
+MIXED = {
+    "a mixed stage (A100 + 2 V100)": dict(model="small", availability={(A, ZA): 1, (V, ZA): 2},
+                                          global_batch_size=1024),
 }
 
 
@@ -80,3 +91,45 @@ def test_placements_list_a_ring_s_zones_in_ring_order():
         # each cloud, then each continent, contiguous: a ring crosses clouds twice, continents 2 + 2
         clouds = [ring_order_key(z)[0] for z in zones]
         assert sum(1 for x, y in zip(clouds, clouds[1:] + clouds[:1]) if x != y) == 2
+
+
+def _gpus_per_stage(ev) -> list[set[str]]:
+    return [{g[0].gpu for g in s.groups} for s in ev.stages]
+
+
+@pytest.mark.parametrize("name", sorted(MIXED))
+def test_a_mixed_optimum_is_found_or_the_answer_says_what_its_proof_covers(name, profiles, network):
+    req = make_request(max_stages=2, **MIXED[name])
+    mixed = enumerate_mixed_best(req, profiles=profiles, network=network)
+    one_type = enumerate_best(req, profiles=profiles, network=network, every_degree=True)
+    # the scenario's optimum needs a stage of several GPU types
+    assert any(len(gpus) > 1 for gpus in _gpus_per_stage(mixed.best))
+    best_one_type = one_type.best.res.throughput_samples_per_s
+    assert mixed.best.res.throughput_samples_per_s > best_one_type
+    ours = plan_job(req, profiles=profiles, network=network)
+    got = ours.best.throughput_samples_per_s
+    # at least the optimum of the space the search proves, at most the whole space's
+    assert best_one_type * (1 - 1e-9) <= got <= mixed.best.res.throughput_samples_per_s * (1 + 1e-9)
+    # ``exhausted`` speaks for stages of one GPU type, and the answer says so
+    assert ours.searched_stages == STAGE_SPACES[True] and "does not cover" in ours.searched_stages
+    plan_mixes = [len({r.gpu for r in st.replicas}) > 1 for st in ours.best.plan.stages]
+    # a mixed stage in the answer is named as the leftover step's, outside the proof
+    for i, mixes in enumerate(plan_mixes):
+        assert (f"stage {i} (" in ours.explanation) == mixes
+    if any(plan_mixes):
+        assert "covers stages of one GPU type only" in ours.explanation
+    # without leftovers joining stages, the answer is the one-type optimum and says no stage mixes
+    plain = plan_job(make_request(max_stages=2, mixed_stages=False, **MIXED[name]), profiles=profiles,
+                     network=network)
+    assert plain.best.throughput_samples_per_s == pytest.approx(best_one_type, rel=1e-9)
+    assert plain.exhausted and plain.searched_stages == STAGE_SPACES[False] and "stage 0 (" not in plain.explanation
+
+
+def test_the_mixed_yardstick_holds_the_one_type_space(profiles, network):
+    # every plan the one-type enumeration scores is one of the mixed enumeration's (TP and zones
+    # alike), so its optimum is never below the one-type optimum, on the one-type scenarios too
+    for name in ("uneven split over two GPU types", "odd DP in one zone"):
+        req = make_request(mixed_stages=False, max_stages=2, **SCENARIOS[name][1])
+        mixed = enumerate_mixed_best(req, profiles=profiles, network=network)
+        one_type = enumerate_best(req, profiles=profiles, network=network, every_degree=True)
+        assert mixed.best.res.throughput_samples_per_s >= one_type.best.res.throughput_samples_per_s * (1 - 1e-12)

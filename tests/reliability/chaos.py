@@ -151,7 +151,8 @@ class ChaosEnv:
         self.api_url = start_local_server(port=0, timeout_s=300.0)  # slow on a loaded machine
         log = open(self.home / "cloud.log", "ab")
         self.cloud_proc = subprocess.Popen(
-            [sys.executable, "-m", "infra.local.daemon", "--notice-s", str(self.notice_s)],
+            # the audit reads rank 0's step records from the ended instances' disks (_executed_steps)
+            [sys.executable, "-m", "infra.local.daemon", "--notice-s", str(self.notice_s), "--keep-ended-disks"],
             env=self.env(), cwd=str(ROOT), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             start_new_session=True)
         log.close()
@@ -162,9 +163,9 @@ class ChaosEnv:
             state = standalone_state()
             if state is not None and state.get("pid") == self.cloud_proc.pid:
                 self.cloud = state
-                # This process reads the jobs' prefixes of the cloud's bucket (moto's S3: any keys do).
-                os.environ.update(AWS_ENDPOINT_URL_S3=state["aws_endpoint"], AWS_ACCESS_KEY_ID="testing",
-                                  AWS_SECRET_ACCESS_KEY="testing")
+                # This process reads the jobs' prefixes of the cloud's bucket, with its administrator's keys.
+                os.environ.update(AWS_ENDPOINT_URL_S3=state["aws_endpoint"], AWS_ACCESS_KEY_ID=state["aws_keys"][0],
+                                  AWS_SECRET_ACCESS_KEY=state["aws_keys"][1])
                 return self
             if self.cloud_proc.poll() is not None:
                 raise SailorError(f"embedded cloud exited; see {self.home / 'cloud.log'}")
@@ -197,7 +198,7 @@ class ChaosEnv:
     def providers(self) -> dict:
         from infra.local.cloud import providers_for
 
-        return providers_for(self.cloud["aws_endpoint"], self.cloud["gce_endpoint"])
+        return providers_for(self.cloud["aws_endpoint"], self.cloud["gce_endpoint"], aws_keys=self.cloud["aws_keys"])
 
     def live_instances(self, job_id: str) -> list:
         from infra.records import job_labels
@@ -205,8 +206,10 @@ class ChaosEnv:
         return [i for p in self.providers().values() for i in p.query_instances(job_labels(job_id)) if i.live]
 
     def control(self, route: str, body: dict) -> dict:
+        from infra.config import control_headers
+
         req = urllib.request.Request(f"{self.cloud['control_url']}/{route}", method="POST",
-                                     data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+                                     data=json.dumps(body).encode(), headers=control_headers(self.cloud))
         try:
             with urllib.request.urlopen(req, timeout=10) as resp:
                 return json.loads(resp.read() or b"{}")
@@ -244,12 +247,12 @@ class _Watcher:
     and worker pids."""
 
     def __init__(self, env: ChaosEnv, job_id: str) -> None:
-        self.aws_endpoint, self.job_id = env.cloud["aws_endpoint"], job_id
+        self.cloud, self.job_id = env.cloud, job_id
 
     def statuses(self) -> list[dict]:
         from tasks.embedded_bucket import agent_reports
 
-        return agent_reports(self.job_id, aws_endpoint=self.aws_endpoint)
+        return agent_reports(self.job_id, ends=self.cloud)
 
     def snapshot(self) -> tuple[int, int | None, list[int]]:
         """(highest generation, live step of it, its worker pids on this machine: an instance's own

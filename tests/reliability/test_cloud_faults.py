@@ -31,7 +31,8 @@ def cloud(tmp_path_factory):
 
 
 def _providers(cloud):
-    p = providers_for(cloud.aws_endpoint, cloud.gce_endpoint, retry=FAST_RETRY, aws_regions=AWS_REGIONS)
+    p = providers_for(cloud.aws_endpoint, cloud.gce_endpoint, retry=FAST_RETRY, aws_regions=AWS_REGIONS,
+                      aws_keys=cloud.aws_keys)
     p["gcp"].zones = list(GCP_ZONES)
     return p
 
@@ -175,5 +176,8 @@ def _status(env) -> dict:
     import json
     import urllib.request
 
-    with urllib.request.urlopen(f"{env.cloud['control_url']}/status", timeout=10) as resp:
+    from infra.config import control_headers
+
+    request = urllib.request.Request(f"{env.cloud['control_url']}/status", headers=control_headers(env.cloud))
+    with urllib.request.urlopen(request, timeout=10) as resp:
         return json.loads(resp.read())

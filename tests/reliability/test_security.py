@@ -153,7 +153,11 @@ def test_the_train_job_session_makes_its_s3_checkpoint_bucket_private(moto_s3):
     # tests' jobs share (they check that no object lies outside a known job): remove it.
     open_storage(session.jobs_url.rsplit("/", 1)[0]).delete_dir("sec-job")
     assert "sec-job/" not in stray_objects([])
-    block = boto3.client("s3").get_public_access_block(Bucket="sailor-flow-ckpt")
+    # the embedded cloud's administrator keys, which the session put in the environment (boto3's default
+    # session keeps the keys it first read: an earlier test's)
+    s3 = boto3.client("s3", aws_access_key_id=os.environ["AWS_ACCESS_KEY_ID"],
+                      aws_secret_access_key=os.environ["AWS_SECRET_ACCESS_KEY"])
+    block = s3.get_public_access_block(Bucket="sailor-flow-ckpt")
     assert all(block["PublicAccessBlockConfiguration"].values())
 
 
@@ -187,8 +191,9 @@ def test_instances_of_the_embedded_cloud_do_not_inherit_credentials(monkeypatch,
     out = m.root / "env.txt"  # SAILOR_INSTANCE_DIR: the instance's own root
     while time.monotonic() < deadline and not (out.exists() and "SAILOR_INSTANCE_ID" in out.read_text()):
         time.sleep(0.1)
-    machines.halt_all()
     env = out.read_text()
+    machines.halt_all()
+    assert not m.directory.exists()  # an ended instance's disk goes with it
     assert "SAILOR_INSTANCE_ID=i-canary" in env
     assert CANARY_AWS not in env and "AKIACANARY" not in env and str(creds) not in env
 
@@ -246,7 +251,7 @@ def _aws_user_data(env, job_id: str) -> list[str]:
     import boto3
 
     out = []
-    session = boto3.Session(aws_access_key_id="testing", aws_secret_access_key="testing")
+    session = boto3.Session(aws_access_key_id=env.cloud["aws_keys"][0], aws_secret_access_key=env.cloud["aws_keys"][1])
     for region in ("us-east-1", "us-west-2", "eu-west-1"):
         ec2 = session.client("ec2", endpoint_url=env.cloud["aws_endpoint"], region_name=region)
         for res in ec2.describe_instances()["Reservations"]:

@@ -80,7 +80,7 @@ def test_survivors_park_and_train_on_with_their_state_in_memory(corpus, tmp_path
 
         # Generation 4 (new processes: generation 3's finished its steps and exited) is stopped while
         # it runs (the agent parks its workers); generation 6 moves the stage boundary: the same
-        # processes read the layers they now hold from the checkpoint.
+        # processes take the layers they now hold from each other (runtime/handover.py).
         write_assignment(job_url, "i-a", _run(4, narrow, (0, 1), 2, port, corpus, ckpt, TOTAL_STEPS))
         _wait_status(job_url, "i-a", lambda st: st.generation == 4 and st.step is not None and st.step >= stop1 + 5)
         write_assignment(job_url, "i-a", AgentAssignment(generation=5, action=AgentAction.STOP))
@@ -90,7 +90,9 @@ def test_survivors_park_and_train_on_with_their_state_in_memory(corpus, tmp_path
         write_assignment(job_url, "i-a", _run(6, moved, (0, 1), 2, port, corpus, ckpt, gen4.step + 2))
         gen6 = _wait_status(job_url, "i-a", lambda st: st.generation == 6 and st.state == AgentState.EXITED)
         assert gen6.pids == gen4.pids != pids and gen6.exit_codes == {0: 0, 1: 0}
-        assert _started(gen6)["state_from"] == "checkpoint"
+        # rank 0 keeps layer 0 of what it held; rank 1 takes layer 1 and the tied matrix from it
+        assert _started(gen6)["state_from"] == "memory"
+        assert "handed over by its peers" in (Path(gen6.log_dir) / "rank1.log").read_text()
     finally:
         for agent in (a, b):
             if agent.poll() is None:
@@ -135,7 +137,7 @@ def test_a_kept_state_is_exactly_the_checkpoint_it_saved(corpus, tmp_path: Path,
 
     from sailor_core.runtime import checkpoint as ckpt
     from sailor_core.runtime.stage_checkpoint import named_tensors, adopt, can_adopt, kept_state, load
-    from sailor_core.runtime.worker import _save
+    from sailor_core.runtime.checkpoint_writer import save_sync
     from sailor_core.storage import open_storage
 
     plan = make_plan("tiny", [(0, 4, [1])], gbs=4)
@@ -143,7 +145,7 @@ def test_a_kept_state_is_exactly_the_checkpoint_it_saved(corpus, tmp_path: Path,
     for _ in range(3):
         first.train_step()
     storage = open_storage(str(tmp_path / "ck"))
-    _save(first, storage, keep=2, rank=0)
+    save_sync(first, storage, keep=2, rank=0)
     info = ckpt.latest_valid_checkpoint(str(tmp_path / "ck"))
     kept = kept_state(first)
     adopted, loaded = _trainer(plan, corpus), _trainer(plan, corpus)

@@ -362,28 +362,30 @@ def rings_s(network, gpu: str, dp_degree: int, room: dict[str, int], nbytes):
     d = dp_degree
     alone = [z for z, c in room.items() if c >= d]
     if alone:
-        return np.min([network.uniform_allreduce_times_s(nbytes, Endpoint(zone=z, gpu=gpu), d) for z in alone],
-                      axis=0)
-    best = None
-    # The sets of zones share their hops: time each (sender, receiver) pair once per call (the
-    # network's own memo keys on the endpoints and the sizes' bytes, dearer than the lookup).
-    hops: dict[tuple[str, str], object] = {}
+        return network.paced_allreduce_times_s(
+            nbytes, [(Endpoint(zone=z, gpu=gpu), Endpoint(zone=z, gpu=gpu)) for z in alone], d).min(axis=0)
+    # The sets of zones share their hops: every (sender, receiver) pair is timed once, all at
+    # once (one numpy pass instead of one per pair), then each set's ring is its slowest hop.
+    pairs, sets = _zone_sets(tuple(sorted(room)))
+    rows = [hops for zones, hops in sets if sum([room[z] for z in zones]) >= d]
+    assert rows, "a segment's replicas fit its GPU type's zones"
+    times = network.paced_allreduce_times_s(nbytes, [(Endpoint(zone=a, gpu=gpu), Endpoint(zone=b, gpu=gpu))
+                                                     for a, b in pairs], d)
+    return times[np.array(rows)].max(axis=1).min(axis=0)
 
-    def hop(a: str, b: str):
-        t = hops.get((a, b))
-        if t is None:
-            t = hops[(a, b)] = network.uniform_allreduce_times_s(nbytes, Endpoint(zone=a, gpu=gpu), d,
-                                                                  to=Endpoint(zone=b, gpu=gpu))
-        return t
 
-    for size in range(2, len(room) + 1):
-        for zones in itertools.combinations(sorted(room), size):
-            if sum(room[z] for z in zones) < d:
-                continue
-            ring = np.max([hop(a, b) for a, b in ring_hop_pairs(ring_zone_order(zones))], axis=0)
-            best = ring if best is None else np.minimum(best, ring)
-    assert best is not None, "a segment's replicas fit its GPU type's zones"
-    return best
+@functools.lru_cache(maxsize=256)
+def _zone_sets(zones: tuple[str, ...]) -> tuple[tuple, tuple]:
+    """The hops of a ring over each set of two or more of ``zones`` (sorted) in ring order:
+    (every (sender, receiver) pair any set uses, ((set, indices of its pairs), ...)), the
+    indices padded with a pair of the set's own to one length (a maximum is unchanged)."""
+    pairs: dict[tuple[str, str], int] = {}
+    sets = []
+    for size in range(2, len(zones) + 1):
+        for combo in itertools.combinations(zones, size):
+            sets.append((combo, [pairs.setdefault(p, len(pairs)) for p in ring_hop_pairs(ring_zone_order(combo))]))
+    widest = max((len(hops) for _, hops in sets), default=0)
+    return tuple(pairs), tuple((combo, tuple(hops + hops[:1] * (widest - len(hops)))) for combo, hops in sets)
 
 
 def ring_row_s(network, gpu: str, dp_degree: int, room: dict[str, int], grad_bytes: float,
