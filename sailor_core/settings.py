@@ -55,6 +55,7 @@ GCP_ZONES_ENV = "SAILOR_GCP_ZONES"
 S3_KMS_KEY_ENV = "SAILOR_S3_KMS_KEY"
 GCP_SERVICE_ACCOUNT_ENV = "SAILOR_GCP_SERVICE_ACCOUNT"
 EMBEDDED_NETWORK_ENV = "SAILOR_EMBEDDED_NETWORK"
+EMBEDDED_CONFINE_ENV = "SAILOR_EMBEDDED_CONFINE"
 
 
 def clouds() -> str:
@@ -108,6 +109,16 @@ def embedded_network() -> str:
     but not enforced), or ``auto`` (default: ``netns`` when root with ``ip`` and ``nft``, else
     ``host``, with a warning)."""
     return os.environ.get(EMBEDDED_NETWORK_ENV, "auto").strip().lower() or "auto"
+
+
+def embedded_confine() -> str:
+    """``SAILOR_EMBEDDED_CONFINE``: how the embedded cloud confines its instances' processes:
+    ``on`` (each instance as its own unprivileged user in its own PID and mount namespaces,
+    seeing only its root, the read-only image and a few devices; needs root and namespaces),
+    ``off`` (a process group of this user, as the instance's root directory and environment
+    alone separate it), or ``auto`` (default: ``on`` where the machine allows it, else ``off``,
+    with a warning)."""
+    return os.environ.get(EMBEDDED_CONFINE_ENV, "auto").strip().lower() or "auto"
 
 
 # ---- an instance's identity (set by the embedded cloud for each instance it starts) ------

@@ -90,10 +90,12 @@ def image_for_this_machine(home: Path | None = None) -> Image:
                   site_dir=root / "site-packages", env_cache=root / "envs", base_prefix=Path(sys.base_prefix),
                   backing_dir=purelib)
     if (root / ".complete").exists():
+        root.chmod(0o755)  # made by mkdtemp (0700) before instances ran as users of their own
         cache_dirs.prune(image.env_cache)  # one environment per wheel the instances installed
         return image
     root.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f"{key}.tmp-", dir=root.parent))
+    tmp.chmod(0o755)  # confined instances run as users of their own (infra/local/confine.py)
     try:
         site = tmp / "site-packages"
         site.mkdir()

@@ -3,7 +3,9 @@
 An instance's startup script (GCE metadata ``startup-script``) or user-data (EC2)
 runs as its own session in the instance's root directory, with an environment made
 from nothing but the instance's identity, the clouds' endpoints and its metadata
-server, and (``netns`` network) in its own network namespace.
+server, and (``netns`` network) in its own network namespace; confined (``confine.py``: root
+with namespaces) it runs as its own user in its own PID and mount namespaces, seeing its root,
+the read-only image and a few devices only.
 Preemption follows the clouds: a notice in the instance metadata, SIGTERM
 (GCE sends an ACPI soft-off), the notice period, then SIGKILL.
 """
@@ -21,6 +23,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from infra.local.confine import Confinement, Jail, choose_confined
 from infra.local.network import pid_alive
 from sailor_core import settings
 
@@ -51,6 +54,7 @@ class Machine:
     preempting: bool = False
     ended: bool = False
     started_at: float = field(default_factory=time.time)
+    jail: Jail | None = None  # its user and view when confined
 
     @property
     def metadata_dir(self) -> Path:
@@ -90,13 +94,16 @@ class Machines:
     (``image``: Python with the framework, no Sailor); its environment is built from nothing
     (no variable of the process that runs the cloud), with its identity, the endpoints of the
     clouds (``endpoint_env``) and its metadata server.  ``network`` puts it in its own network
-    namespace.  ``trace_files`` runs it under strace to audit which files it touches.  An ended
-    instance's folder (its disk, metadata and console) is removed unless ``keep_ended_disks``.
+    namespace.  ``confined`` (default: where the machine allows it, ``confine.choose_confined``)
+    runs it as its own user in its own PID and mount namespaces, where the image is read-only
+    and its environments are made on its own disk.  ``trace_files`` runs it under strace to
+    audit which files it touches.  An ended instance's folder (its disk, metadata and console)
+    is removed unless ``keep_ended_disks``.
     """
 
     def __init__(self, root: Path, *, metadata_url: str | None = None, image=None, network=None,
                  endpoint_env: dict[str, str] | None = None, notice_s: float | None = None,
-                 trace_files: bool = False, keep_ended_disks: bool = False) -> None:
+                 trace_files: bool = False, keep_ended_disks: bool = False, confined: bool | None = None) -> None:
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
         self.metadata_url = metadata_url  # base URL serving <id>/<metadata path>
@@ -106,6 +113,7 @@ class Machines:
         self.notice_s = notice_s
         self.trace_files = trace_files
         self.keep_ended_disks = keep_ended_disks  # asked for by an audit (the chaos harness): kept until the cloud's end
+        self.confinement = Confinement(image) if (choose_confined() if confined is None else confined) else None
         self._machines: dict[str, Machine] = {}
         self._lock = threading.RLock()
 
@@ -158,7 +166,9 @@ class Machines:
             settings.EMBEDDED_GPUS_ENV: f"{hw.num_gpus} {hw.gpu or 'none'}",
         }
         if self.image is not None:
-            env[settings.ENV_CACHE_ENV] = str(self.image.env_cache)
+            # confined, the image is read-only: each instance makes its environment on its own disk, as a VM does
+            env[settings.ENV_CACHE_ENV] = str(machine.root / "opt" / "sailor" / "envs" if self.confinement is not None
+                                              else self.image.env_cache)
         if self.notice_s is not None:
             env[settings.NOTICE_S_ENV] = str(self.notice_s)
         env.update(self.endpoint_env)
@@ -181,9 +191,13 @@ class Machines:
         path.write_text(script)
         path.chmod(0o755)
         argv = [str(path)] if script.startswith("#!") else ["/bin/bash", str(path)]
+        trace = machine.directory / "files.strace"
         if self.trace_files:
-            argv = ["strace", "-f", "-qq", "-e", "trace=%file,%desc", "-e", "signal=none",
-                    "-o", str(machine.directory / "files.strace"), *argv]
+            argv = ["strace", "-f", "-qq", "-e", "trace=%file,%desc", "-e", "signal=none", "-o", str(trace), *argv]
+        if self.confinement is not None:
+            machine.jail = self.confinement.prepare(machine.directory, machine.root,
+                                                    writable_files=(trace,) if self.trace_files else ())
+            argv = self.confinement.wrap(machine.jail, argv)
         if self.network is not None:
             argv = self.network.wrap(machine.instance_id, argv)
         log = (machine.directory / "console.log").open("ab")

@@ -19,7 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.flows.conftest import ROOT, home_pids, process_alive
+from infra.local.confine import host_pid
+from tests.flows.conftest import ROOT, home_pids
 
 JOB_ID = "cancel-test"
 STEPS = 1_000_000  # far more than the test waits for (hours of the tiny model): only the SIGINT ends it
@@ -117,13 +118,13 @@ def test_sigint_terminates_instances_and_workers(standalone_cloud, prefect_api):
             start_new_session=True, preexec_fn=_sigint_ignored)
     try:
         # Training, not just launching: instances running and rank 0's workers past a step.
-        worker_pids: set[int] = set()
+        worker_pids: set[tuple[str, int]] = set()  # (instance, its pid as the instance numbers it)
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline:
             assert train.poll() is None, f"train exited early ({train.returncode}): {err_path.read_text()[-2000:]}"
             running = [i for i in _instances(cloud) if i.state == "running"]
             statuses = [s for s in _agent_statuses(cloud) if s.get("state") == "running"]
-            worker_pids = {int(p) for s in statuses for p in (s.get("pids") or {}).values()}
+            worker_pids = {(s["instance_id"], int(p)) for s in statuses for p in (s.get("pids") or {}).values()}
             if running and worker_pids and any((s.get("step") or 0) >= 3 for s in statuses):
                 break
             time.sleep(1.0)
@@ -155,10 +156,10 @@ def test_sigint_terminates_instances_and_workers(standalone_cloud, prefect_api):
 
     # Their processes go with them (a terminated instance's processes get SIGTERM, then SIGKILL).
     deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and (_runtime_pids(home) or any(process_alive(p) for p in worker_pids)):
+    while time.monotonic() < deadline and (_runtime_pids(home) or any(host_pid(i, p) for i, p in worker_pids)):
         time.sleep(0.5)
     assert not _runtime_pids(home), f"agent/worker processes alive: {sorted(_runtime_pids(home))}"
-    assert not [p for p in worker_pids if process_alive(p)]
+    assert not [p for i, p in worker_pids if host_pid(i, p)]
     assert not [i for i in _instances(cloud) if i.live and i.state != "stopping"]
 
     from sailor_core.job import state as js

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from infra.local.confine import host_pid
 from sailor_core.job import state as js
-from tests.flows.conftest import process_alive
 
 pytestmark = pytest.mark.e2e
 
@@ -40,10 +40,10 @@ def _assert_nothing_left(job_id: str, *, expect_workers: bool = True) -> None:
 
     assert job_leftovers(job_id) == []  # no firewall rule, security group or role
     reports = agent_reports(job_id)  # in the job's bucket, where its instances wrote them
-    pids = [pid for r in reports for pid in r.get("pids", {}).values()]
+    pids = [(r["instance_id"], pid) for r in reports for pid in r.get("pids", {}).values()]
     if expect_workers:
         assert pids, "the agents reported no workers"
-    assert not [pid for pid in pids if process_alive(pid)], "a worker process outlived the profile"
+    assert not [p for i, p in pids if host_pid(i, p)], "a worker process outlived the profile"
 
 
 def test_two_instances_in_one_zone_give_a_saved_profile_and_leave_nothing_running(prefect_api):

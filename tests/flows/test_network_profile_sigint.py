@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.flows.conftest import ROOT, home_pids, process_alive
+from infra.local.confine import host_pid
+from tests.flows.conftest import ROOT, home_pids
 from tests.flows.test_cancellation import _env, _stop_group, standalone_cloud  # noqa: F401  (fixture)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -57,11 +58,11 @@ def test_sigint_while_measuring_terminates_the_instances(standalone_cloud, prefe
             start_new_session=True)
     try:
         deadline = time.monotonic() + 180
-        worker_pids: set[int] = set()
+        worker_pids: set[tuple[str, int]] = set()  # (instance, its pid as the instance numbers it)
         while time.monotonic() < deadline:
             assert proc.poll() is None, f"exited early ({proc.returncode}): {err_path.read_text()[-2000:]}"
             running = [s for s in _statuses(home, cloud) if s.get("state") == "running" and s.get("generation") == 1]
-            worker_pids = {int(p) for s in running for p in (s.get("pids") or {}).values()}
+            worker_pids = {(s["instance_id"], int(p)) for s in running for p in (s.get("pids") or {}).values()}
             if len(running) == 2 and any((s.get("event") or {}).get("event") == "p2p" for s in running):
                 break  # both ranks up and measuring
             time.sleep(0.5)
@@ -84,9 +85,9 @@ def test_sigint_while_measuring_terminates_the_instances(standalone_cloud, prefe
     left = [(i.instance_id, i.state) for i in _instances(cloud, home) if i.state in ("pending", "running")]
     assert not left, f"instances still up after Ctrl-C: {left}"
     deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and (_sailor_pids(home) or any(process_alive(p) for p in worker_pids)):
+    while time.monotonic() < deadline and (_sailor_pids(home) or any(host_pid(i, p) for i, p in worker_pids)):
         time.sleep(0.5)
-    assert not _sailor_pids(home) and not [p for p in worker_pids if process_alive(p)]
+    assert not _sailor_pids(home) and not [p for i, p in worker_pids if host_pid(i, p)]
 
     from sailor_core.job import state as js
 

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
+from infra.local.confine import host_pid
 from sailor_core import settings
 from sailor_core.job import state as js
-from tests.flows.conftest import process_alive
 from tests.flows.test_job_logs import assert_the_logs_outlive_the_instances
 
 pytestmark = pytest.mark.e2e
@@ -44,10 +44,11 @@ def _assert_nothing_left(state: js.JobState) -> None:
     assert job_leftovers(state.job_id) == []  # no security group, firewall rule or role
     assert stray_objects([s.job_id for s in js.JobStore().list()]) == []  # nothing outside the jobs' prefixes
     reports = agent_reports(state.job_id)  # in the job's bucket, where its instances wrote them
-    reports += [r["previous"] for r in reports if r.get("previous")]  # a stopped generation's last report
-    pids = [pid for r in reports for pid in r.get("pids", {}).values()]
+    # a stopped generation's last report: its instance's
+    pids = [(r["instance_id"], pid) for r in reports for d in (r, r.get("previous") or {})
+            for pid in d.get("pids", {}).values()]
     assert pids, "the agents reported no workers"
-    assert not [pid for pid in pids if process_alive(pid)], "a worker process outlived the job"
+    assert not [p for i, p in pids if host_pid(i, p)], "a worker process outlived the job"
 
 
 def test_two_preemptions_end_with_the_loss_of_an_uninterrupted_run(prefect_api, tmp_path, sailor_cli):

@@ -37,6 +37,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from infra.local.confine import host_pid
 from sailor_core import settings
 from sailor_core.errors import SailorError
 from sailor_core.runtime import faults
@@ -254,7 +255,8 @@ class _Watcher:
         return agent_reports(self.job_id, ends=self.cloud)
 
     def snapshot(self) -> tuple[int, int | None, list[int]]:
-        """(highest generation, live step of it, its worker pids)."""
+        """(highest generation, live step of it, its worker pids on this machine: an instance's own
+        numbers are of its PID namespace when confined)."""
         sts = self.statuses()
         if not sts:
             return -1, None, []
@@ -263,7 +265,7 @@ class _Watcher:
         cur = [s for s in of_gen if s.get("state") == "running"]
         # Its step even once it has ended: a short attempt may run to its end between two polls of the bucket.
         steps = [int(s["step"]) for s in of_gen if s.get("step") is not None]
-        pids = [int(p) for s in cur for p in (s.get("pids") or {}).values()]
+        pids = [hp for s in cur for p in (s.get("pids") or {}).values() if (hp := host_pid(s["instance_id"], int(p)))]
         return gen, (max(steps) if steps else None), pids
 
 
