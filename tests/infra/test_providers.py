@@ -142,17 +142,19 @@ def test_interruption_is_detected_with_the_clouds_reason_and_kills_the_script(cl
                                                                               monkeypatch):
     zone, _, itype, _ = CASES[cloud_name]
     p = providers[cloud_name]
-    out = tmp_path / "seen"
-    # The "worker": records its identity, ignores SIGTERM (so the notice period is observable).
+    # The "worker": records its identity in its own root (its HOME: a confined instance sees
+    # nothing of the host's files), ignores SIGTERM (so the notice period is observable).
     script = (
         "#!/bin/bash\n"
-        f"echo \"$SAILOR_INSTANCE_ID $SAILOR_ZONE $SAILOR_CLOUD $SAILOR_PRIVATE_IP\" > {out}\n"
-        f"trap 'echo term >> {out}' TERM\n"
+        "echo \"$SAILOR_INSTANCE_ID $SAILOR_ZONE $SAILOR_CLOUD $SAILOR_PRIVATE_IP\" > \"$HOME/seen\"\n"
+        "trap 'echo term >> \"$HOME/seen\"' TERM\n"
         "while true; do sleep 0.05; done\n"
     )
     labels = job_labels("job-p", 1)
     (inst,) = p.run_instances(zone=zone, instance_type=itype, count=1, labels=labels, startup_script=script)
     p.wait_instances(labels, timeout_s=10)
+    assert wait_until(lambda: cloud.machines.get(inst.instance_id) is not None)
+    out = cloud.machines.get(inst.instance_id).root / "seen"
     assert wait_until(lambda: out.exists() and out.read_text().strip())
     assert out.read_text().split() == [inst.instance_id, zone, cloud_name, cloud.network.addresses(inst.instance_id).private]
     machine = cloud.machines.get(inst.instance_id)
