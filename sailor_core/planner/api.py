@@ -169,7 +169,8 @@ def _search_levers(searcher: Searcher) -> bool:
     of the request on kinds of one setting; their plans, relaxed stage by stage, join the main
     search's.  Every rung is searched: a stronger lever can allow a shallower, faster pipeline
     (llama-3.2-3b on 16 V100-16: 1.130 samples/s on the first rung that fits, 1.27-1.31 with the
-    later ones, docs/benchmarks/planner.md).  Whether any ran."""
+    later ones, docs/benchmarks/planner.md).  Whether they ran in full (an empty answer then says
+    that not even the levers help)."""
     rungs, thorough = levers.rungs_to_search(searcher)
     if rungs and not thorough:
         for ev in [e for e in searcher.top if e.feasible][: searcher.req.top_n + 5]:
@@ -186,7 +187,7 @@ def _search_levers(searcher: Searcher) -> bool:
         found = [e for e in sub.top if e.feasible and e.key not in searcher.seen_plans]
         for ev in found[: req.top_n + (5 if thorough else 0)]:
             searcher.offer(levers.strengthen(searcher, levers.relax(searcher, searcher.evaluate(ev.mbs, ev.stages))))
-    return bool(rungs)
+    return bool(rungs) and thorough
 
 
 def _search_each_type(searcher: Searcher) -> None:
