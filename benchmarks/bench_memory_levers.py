@@ -9,7 +9,8 @@ plans competing with the plain ones) or ``--mode`` (e.g. ``when-needed``, the de
 ``pays``); its throughput, USD per iteration, the levers its stages keep, and the search time.
 Every call starts with the process's kind caches emptied (``kinds._SHARED``: the memos of a
 model's kinds, which a fresh ``sailor plan`` starts without), so no call is timed warm on the
-searches of the call before it.  ``--quick``: two models, three pools.
+searches of the call before it.  Search times are CPU seconds (``time.process_time``): the shared
+VM's wall clock counts the other jobs' share.  ``--quick``: two models, three pools.
 """
 
 from __future__ import annotations
@@ -43,12 +44,12 @@ POOLS = {
 def _best(model: str, pool: dict, levers: str, profiles) -> tuple[str, float]:
     req = make_request(model=model, availability=pool, global_batch_size=256, top_n=1, memory_levers=levers)
     kinds._SHARED.clear()
-    t0 = time.perf_counter()
+    t0 = time.process_time()
     try:
         result = plan_job(req, profiles=profiles)
     except InfeasibleError:
-        return "no plan", time.perf_counter() - t0
-    elapsed = time.perf_counter() - t0
+        return "no plan", time.process_time() - t0
+    elapsed = time.process_time() - t0
     cand = result.candidates[0]
     stages = {lever_label(s.recompute, s.zero_stage) for s in cand.plan.stages} - {"none"}
     text = (f"{cand.throughput_samples_per_s:.3f} samples/s, {cand.usd_per_iteration:.4f} USD/it, "
@@ -65,7 +66,7 @@ def main() -> None:
     profiles = default_profile_db()
     models = MODELS[::3] if quick else MODELS
     pools = dict(list(POOLS.items())[:3]) if quick else POOLS
-    print(f"| model | pool | levers off | levers {mode} | search s (off / {mode}) |")
+    print(f"| model | pool | levers off | levers {mode} | search CPU s (off / {mode}) |")
     print("|---|---|---|---|---|")
     for model in models:
         for name, pool in pools.items():

@@ -24,8 +24,9 @@ searches without levers; then, under ``memory_levers``:
 
 Each plan found on a rung is then relaxed stage by stage (``relax``): every stage takes the
 setting, of those no stronger than its rung (no more recomputation, no higher ZeRO stage), that
-scores best while the plan fits, the weakest of equals.  ``notes`` says, for the stages that
-keep a lever, what they would need without it, or what it gains.
+scores best while the plan fits, the weakest of those within ``MIN_GAIN`` of it; ``strengthen``
+adds ZeRO where it pays by more.  ``notes`` says, for the stages that keep a lever, what they
+would need without it, or what it gains.
 """
 
 from __future__ import annotations
@@ -58,6 +59,9 @@ PAYS_BUDGET, PAYS_PATIENCE = 60, 12
 # later rungs' short searches stopped sooner), but one (opt-2.7b on V100-16 + A100-40: 5.733
 # instead of 5.774 samples/s), in about half the time.
 PAYS_RUNGS: tuple[tuple[str, int], ...] = ((RECOMPUTE_SELECTIVE, 2), (RECOMPUTE_FULL, 2))
+# A stronger setting on a stage that fits without it is kept only when the plan's score gains more
+# than this (relative): below it the lever is noise that a note could only call "+0.0 % faster".
+MIN_GAIN = 1e-3
 
 
 def rungs_to_search(searcher: Searcher) -> tuple[tuple[tuple[str, int], ...], bool]:
@@ -107,9 +111,17 @@ def strengthen(searcher: Searcher, ev: Evaluated) -> Evaluated:
             stages = list(best.stages)
             stages[i] = moved
             trial = searcher.evaluate(best.mbs, tuple(stages))
-            if trial.feasible and better(trial, best):
+            if trial.feasible and _pays(trial, best):
                 best = trial
     return best
+
+
+def _pays(trial: Evaluated, than: Evaluated) -> bool:
+    """``trial`` (stronger levers) beats ``than``: it fits where ``than`` does not, or scores
+    better by more than ``MIN_GAIN``."""
+    if not (than.feasible and than.res.fits):
+        return better(trial, than)
+    return trial.score < than.score - MIN_GAIN * abs(than.score)
 
 
 def lever_kinds(searcher: Searcher, levers: tuple[str, int]) -> KindCache:
@@ -135,7 +147,7 @@ def relax(searcher: Searcher, ev: Evaluated) -> Evaluated:
             stages = list(best.stages)
             stages[i] = moved
             trial = searcher.evaluate(best.mbs, tuple(stages))
-            if trial.feasible and (chosen is None or better(trial, chosen)):
+            if trial.feasible and (chosen is None or _pays(trial, chosen)):
                 chosen = trial
         if chosen is not None:
             best = chosen
@@ -206,7 +218,7 @@ def _need(plan: Plan, index: int, chosen, profiles, network, spot: bool) -> str:
     saving = 1 - chosen.usd_per_iteration / sim.usd_per_iteration
     return (f"it fits ({mem.peak_bytes / 1e9:.1f} GB of {get_gpu(worst.gpu).memory_bytes / 1e9:.1f} GB on "
             f"{worst.gpu}), but the plan runs {sim.throughput_samples_per_s:.4g} samples/s at "
-            f"{sim.usd_per_iteration:.4g} USD/iteration: with it {speed:+.1%} faster, {saving:+.1%} cheaper")
+            f"{sim.usd_per_iteration:.4g} USD/iteration: with it {speed:+.2%} faster, {saving:+.2%} cheaper")
 
 
 __all__ = ["LEVERS_ALWAYS", "LEVERS_OFF", "LEVERS_PAYS", "LEVERS_WHEN_NEEDED", "MEMORY_LEVER_MODES",
