@@ -172,7 +172,7 @@ def _search_levers(searcher: Searcher) -> bool:
     later ones, docs/benchmarks/planner.md).  Whether they ran in full (an empty answer then says
     that not even the levers help)."""
     rungs, thorough = levers.rungs_to_search(searcher)
-    if rungs and not thorough:
+    if not thorough:
         for ev in [e for e in searcher.top if e.feasible][: searcher.req.top_n + 5]:
             searcher.offer(levers.strengthen(searcher, ev))
     for rung in rungs:

@@ -18,7 +18,7 @@ searches without levers; then, under ``memory_levers``:
   (``PAYS_RUNGS``: selective recomputation with ZeRO-2, full with ZeRO-2; ``rung_request``:
   ``PAYS_BUDGET`` work, ``PAYS_PATIENCE``, no per-type sub-searches), seeded with those plans,
   for the shapes that only fit with a lever (a larger micro-batch, fewer stages, narrower TP)
-  and whose bound beats them;
+  and whose bound beats them (not under a cap or a floor: ZeRO on the best plans only);
 * ``always``: every rung is searched in full and its plans compete with those without levers
   (search time grows 1.2-11x: docs/benchmarks/planner.md).
 
@@ -74,7 +74,12 @@ def rungs_to_search(searcher: Searcher) -> tuple[tuple[tuple[str, int], ...], bo
         return LEVER_LADDER, True
     if _plain_plans_fit(searcher):
         # a plan fits (or a cap or a floor, not memory, rules plans out)
-        return (PAYS_RUNGS, False) if req.memory_levers == LEVERS_PAYS else ((), True)
+        if req.memory_levers != LEVERS_PAYS:
+            return (), True
+        # Under a cap or a floor the rungs' short searches took the AE rows past 1 s (0.9 -> 1.5 s
+        # CPU on gpt-neo-2.7b's cost cap) for no better plan: ZeRO on the best plans only.
+        limited = req.has_cost_caps or req.min_throughput_samples_per_s is not None
+        return (() if limited else PAYS_RUNGS), False
     return LEVER_LADDER, True
 
 
