@@ -173,7 +173,7 @@ def _search_levers(searcher: Searcher) -> bool:
     that not even the levers help)."""
     rungs, thorough = levers.rungs_to_search(searcher)
     if not thorough:
-        for ev in [e for e in searcher.top if e.feasible][: searcher.req.top_n + 5]:
+        for ev in [e for e in searcher.top if e.feasible][: levers.num_to_strengthen(searcher.req)]:
             searcher.offer(levers.strengthen(searcher, ev))
     for rung in rungs:
         req = levers.rung_request(searcher, thorough)

@@ -100,6 +100,13 @@ def rung_request(searcher: Searcher, thorough: bool):
     return dataclasses.replace(searcher.req, mixed_stages=False, collect_pareto=False, **changes)
 
 
+def num_to_strengthen(req) -> int:
+    """How many of the best plans ``strengthen`` tries: the top N and 5 more, or under a cap or a
+    floor the top N alone (the AE cost-cap row's 1 s: 0.92 s CPU before, 1.03 with 5 more)."""
+    limited = req.has_cost_caps or req.min_throughput_samples_per_s is not None
+    return req.top_n + (0 if limited else 5)
+
+
 def strengthen(searcher: Searcher, ev: Evaluated) -> Evaluated:
     """``ev`` with ZeRO-1 or ZeRO-2 added to each stage of replicas without ZeRO where the plan
     then scores better (stage by stage; the weaker of equals): a sharded optimizer step can make
@@ -227,5 +234,5 @@ def _need(plan: Plan, index: int, chosen, profiles, network, spot: bool) -> str:
 
 
 __all__ = ["LEVERS_ALWAYS", "LEVERS_OFF", "LEVERS_PAYS", "LEVERS_WHEN_NEEDED", "MEMORY_LEVER_MODES",
-           "PAYS_BUDGET", "PAYS_PATIENCE", "PAYS_RUNGS", "lever_kinds", "lever_label", "notes", "relax", "rung_request",
-           "rungs_to_search", "strengthen"]
+           "PAYS_BUDGET", "PAYS_PATIENCE", "PAYS_RUNGS", "lever_kinds", "lever_label", "notes",
+           "num_to_strengthen", "relax", "rung_request", "rungs_to_search", "strengthen"]
