@@ -78,19 +78,16 @@ def rungs_to_search(searcher: Searcher) -> tuple[tuple[tuple[str, int], ...], bo
             return (), True
         # Under a cap or a floor the rungs' short searches took the AE rows past 1 s (0.9 -> 1.5 s
         # CPU on gpt-neo-2.7b's cost cap) for no better plan: ZeRO on the best plans only.
-        limited = req.has_cost_caps or req.min_throughput_samples_per_s is not None
-        return (() if limited else PAYS_RUNGS), False
+        return (() if _limited(req) else PAYS_RUNGS), False
     return LEVER_LADDER, True
 
 
 def _plain_plans_fit(searcher: Searcher) -> bool:
     if searcher.stats.any_fits:
         return True
-    req = searcher.req
-    limited = req.has_cost_caps or req.min_throughput_samples_per_s is not None
     # the limits may have pruned every shape before one was simulated: the search without
     # them says whether anything fits (memoised: why_infeasible asks it too)
-    return limited and relaxed(searcher, FASTEST, keep_caps=False, keep_floor=False) is not None
+    return _limited(searcher.req) and relaxed(searcher, FASTEST, keep_caps=False, keep_floor=False) is not None
 
 
 def rung_request(searcher: Searcher, thorough: bool):
@@ -103,8 +100,12 @@ def rung_request(searcher: Searcher, thorough: bool):
 def num_to_strengthen(req) -> int:
     """How many of the best plans ``strengthen`` tries: the top N and 5 more, or under a cap or a
     floor the top N alone (the AE cost-cap row's 1 s: 0.92 s CPU before, 1.03 with 5 more)."""
-    limited = req.has_cost_caps or req.min_throughput_samples_per_s is not None
-    return req.top_n + (0 if limited else 5)
+    return req.top_n + (0 if _limited(req) else 5)
+
+
+def _limited(req) -> bool:
+    """A cap or a floor on the request."""
+    return req.has_cost_caps or req.min_throughput_samples_per_s is not None
 
 
 def strengthen(searcher: Searcher, ev: Evaluated) -> Evaluated:
