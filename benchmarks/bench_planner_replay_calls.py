@@ -71,7 +71,11 @@ def answer(available: list[list]) -> dict:
 
     req = make_request(model=MODEL, availability={(g, z): n for g, z, n in available}, objective="throughput",
                        global_batch_size=None, max_usd_per_hour=None, min_throughput_samples_per_s=None,
-                       top_n=3, spot=True, max_evaluations=200)
+                       top_n=3, spot=True, max_evaluations=200,
+                       # the reference answers are the search's without memory levers where a plan
+                       # fits (issue 35's); what the default ``pays`` adds is the planner goldens'
+                       # and tests/planner/test_levers.py's to check (its answers count more evaluations)
+                       memory_levers="when-needed")
     try:
         result = plan_job(req)
     except InfeasibleError as exc:

@@ -156,7 +156,7 @@ def _simulated(searcher: Searcher, *, profiles, network) -> list[PlannedCandidat
             searcher.stats.num_disagreements += 1
             if not (sim.fits and searcher.meets_limits(sim)):
                 continue
-        notes = levers.notes(plan, profiles=profiles, network=network, spot=request.spot) if any(
+        notes = levers.notes(plan, profiles=profiles, network=network, spot=request.spot, sim=sim) if any(
             s.recompute != RECOMPUTE_NONE or s.zero_stage for s in plan.stages) else ()
         candidates.append(PlannedCandidate(plan=plan, sim=sim, notes=notes))
     if not candidates:
@@ -165,24 +165,29 @@ def _simulated(searcher: Searcher, *, profiles, network) -> list[PlannedCandidat
 
 
 def _search_levers(searcher: Searcher) -> bool:
-    """The searches with memory levers (``levers``: on which rungs, and when), each a search of the
-    request on kinds of one setting; their plans, relaxed stage by stage, join the main search's.
-    Every rung is searched: a stronger lever can allow a shallower, faster pipeline (llama-3.2-3b
-    on 16 V100-16: 1.130 samples/s on the first rung that fits, 1.27-1.31 with the later ones,
-    docs/benchmarks/planner.md).  Whether any ran."""
-    rungs = levers.rungs_to_search(searcher)
+    """The searches with memory levers (``levers``: on which rungs, when and how far), each a search
+    of the request on kinds of one setting; their plans, relaxed stage by stage, join the main
+    search's.  Every rung is searched: a stronger lever can allow a shallower, faster pipeline
+    (llama-3.2-3b on 16 V100-16: 1.130 samples/s on the first rung that fits, 1.27-1.31 with the
+    later ones, docs/benchmarks/planner.md).  Whether they ran in full (an empty answer then says
+    that not even the levers help)."""
+    rungs, thorough = levers.rungs_to_search(searcher)
+    if not thorough:
+        for ev in [e for e in searcher.top if e.feasible][: levers.num_to_strengthen(searcher.req)]:
+            searcher.offer(levers.strengthen(searcher, ev))
     for rung in rungs:
-        req = dataclasses.replace(searcher.req, mixed_stages=False, collect_pareto=False)
+        req = levers.rung_request(searcher, thorough)
         sub = Searcher(req, profiles=searcher.profiles, network=searcher.network,
                        kinds=levers.lever_kinds(searcher, rung))
         sub.seed_from(searcher)
-        _search_each_type(sub)
+        if thorough:
+            _search_each_type(sub)
         _search(sub)
         sub.done_searching()
         found = [e for e in sub.top if e.feasible and e.key not in searcher.seen_plans]
-        for ev in found[: req.top_n + 5]:
-            searcher.offer(levers.relax(searcher, searcher.evaluate(ev.mbs, ev.stages)))
-    return bool(rungs)
+        for ev in found[: req.top_n + (5 if thorough else 0)]:
+            searcher.offer(levers.strengthen(searcher, levers.relax(searcher, searcher.evaluate(ev.mbs, ev.stages))))
+    return bool(rungs) and thorough
 
 
 def _search_each_type(searcher: Searcher) -> None:

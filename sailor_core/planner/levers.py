@@ -4,22 +4,29 @@ The search itself (``search/``) runs on kinds of one lever setting: ``KindCache`
 kind of a search with one (recomputation, ZeRO stage), so its bounds, splits and ``fastsim``
 figures are those of that setting, and a bound stays admissible (a lever only adds time to what
 the bound reads, or, for ZeRO's sharded step, to what it does not read).  ``plan_job`` first
-searches without levers (the plans and search time of every request that fits are as before);
-then, under ``memory_levers``:
+searches without levers; then, under ``memory_levers``:
 
 * ``off``: nothing more;
-* ``when-needed`` (the default): only when no plan fitted in memory, it searches again on the
-  ladder of settings, cheapest first (``kinds.LEVER_LADDER``: ZeRO-1, selective recomputation
-  with ZeRO-1, selective with ZeRO-2, full with ZeRO-2), every rung (a stronger lever can allow
-  a shallower pipeline), its plans competing;
-* ``always``: every rung is searched and its plans compete with those without levers (search
-  time grows 1.2-11x: docs/benchmarks/planner.md).
+* ``when-needed``: only when no plan fitted in memory, it searches again on the ladder of
+  settings, cheapest first (``kinds.LEVER_LADDER``: ZeRO-1, selective recomputation with
+  ZeRO-1, selective with ZeRO-2, full with ZeRO-2), every rung in full (a stronger lever can
+  allow a shallower pipeline), its plans competing;
+* ``pays`` (the default): as ``when-needed`` when nothing fits; when plans fit, the levers
+  compete where they can pay, within about the plain search's time: ZeRO on the stages of the
+  plain search's best plans (``strengthen``: ZeRO's optimizer step on 1/D of the parameters is
+  the one thing a lever can make faster on a shape that fits), and a short search on two rungs
+  (``PAYS_RUNGS``: selective recomputation with ZeRO-2, full with ZeRO-2; ``rung_request``:
+  ``PAYS_BUDGET`` work, ``PAYS_PATIENCE``, no per-type sub-searches), seeded with those plans,
+  for the shapes that only fit with a lever (a larger micro-batch, fewer stages, narrower TP)
+  and whose bound beats them (not under a cap or a floor: ZeRO on the best plans only);
+* ``always``: every rung is searched in full and its plans compete with those without levers
+  (search time grows 1.2-11x: docs/benchmarks/planner.md).
 
 Each plan found on a rung is then relaxed stage by stage (``relax``): every stage takes the
 setting, of those no stronger than its rung (no more recomputation, no higher ZeRO stage), that
-scores best while the plan fits, the weakest of equals (ZeRO's sharded optimizer step can be
-faster).  ``notes`` says, for the stages
-that keep a lever, what they would need without it.
+scores best while the plan fits, the weakest of those within ``MIN_GAIN`` of it; ``strengthen``
+adds ZeRO where it pays by more.  ``notes`` says, for the stages that keep a lever, what they
+would need without it, or what it gains.
 """
 
 from __future__ import annotations
@@ -27,7 +34,7 @@ from __future__ import annotations
 import dataclasses
 
 from sailor_core.catalog.gpus import get_gpu
-from sailor_core.plan.types import RECOMPUTE_MODES, RECOMPUTE_NONE, RECOMPUTE_SELECTIVE, Plan
+from sailor_core.plan.types import RECOMPUTE_FULL, RECOMPUTE_MODES, RECOMPUTE_NONE, RECOMPUTE_SELECTIVE, Plan
 from sailor_core.planner.explain import relaxed
 from sailor_core.planner.fastsim import FastStage
 from sailor_core.planner.kinds import LEVER_LADDER, KindCache, shared_kind_cache
@@ -35,26 +42,99 @@ from sailor_core.planner.ranking import FASTEST
 from sailor_core.planner.search import Evaluated, Searcher, better
 from sailor_core.simulator.levers import lever_label
 from sailor_core.simulator.simulate import simulate
+from sailor_core.specs.plan import MEMORY_LEVER_MODES
 
-LEVERS_OFF, LEVERS_WHEN_NEEDED, LEVERS_ALWAYS = "off", "when-needed", "always"
-MEMORY_LEVER_MODES = (LEVERS_OFF, LEVERS_WHEN_NEEDED, LEVERS_ALWAYS)
+LEVERS_OFF, LEVERS_WHEN_NEEDED, LEVERS_PAYS, LEVERS_ALWAYS = MEMORY_LEVER_MODES
 _NO_LEVERS = (RECOMPUTE_NONE, 0)
+# A ``pays`` rung's search where plans fit without levers: its work budget (evaluations; a split
+# counts a quarter) and patience.  Seeded with the best plans, most of a rung's shapes are pruned
+# by their bound; these cover the few lever-only shapes the estimate puts first
+# (docs/benchmarks/planner.md: the gains of ``always`` they find, and the time they take).
+PAYS_BUDGET, PAYS_PATIENCE = 60, 12
+# The rungs ``pays`` searches where plans fit: ``relax`` weakens a rung's plan stage by stage, so a
+# rung covers the settings below it, and selective recomputation costs little time, so its rung's
+# bounds prune nearly as the plain ones do; full recomputation's rung, slower on paper, finds the
+# shapes only it fits.  On the 22 requests of bench_memory_levers with a plan either way these two
+# alone found plans as fast as the four (faster on 7, seeded with the earlier rungs' plans the
+# later rungs' short searches stopped sooner), but one (opt-2.7b on V100-16 + A100-40: 5.733
+# instead of 5.774 samples/s), in about half the time.
+PAYS_RUNGS: tuple[tuple[str, int], ...] = ((RECOMPUTE_SELECTIVE, 2), (RECOMPUTE_FULL, 2))
+# A stronger setting on a stage that fits without it is kept only when the plan's score gains more
+# than this (relative): below it the lever is noise that a note could only call "+0.0 % faster".
+MIN_GAIN = 1e-3
 
 
-def rungs_to_search(searcher: Searcher) -> tuple[tuple[str, int], ...]:
-    """The lever settings ``plan_job`` searches after the plain search (see the module doc)."""
+def rungs_to_search(searcher: Searcher) -> tuple[tuple[tuple[str, int], ...], bool]:
+    """The lever settings ``plan_job`` searches after the plain search, and whether in full
+    (see the module doc)."""
     req = searcher.req
     if req.memory_levers == LEVERS_OFF:
-        return ()
-    if req.memory_levers == LEVERS_WHEN_NEEDED:
-        if searcher.stats.any_fits:
-            return ()  # a plan fits: a cap or a floor, not memory, rules plans out
-        limited = req.has_cost_caps or req.min_throughput_samples_per_s is not None
-        # the limits may have pruned every shape before one was simulated: the search without
-        # them says whether anything fits (memoised: why_infeasible asks it too)
-        if limited and relaxed(searcher, FASTEST, keep_caps=False, keep_floor=False) is not None:
-            return ()
-    return LEVER_LADDER
+        return (), True
+    if req.memory_levers == LEVERS_ALWAYS:
+        return LEVER_LADDER, True
+    if _plain_plans_fit(searcher):
+        # a plan fits (or a cap or a floor, not memory, rules plans out)
+        if req.memory_levers != LEVERS_PAYS:
+            return (), True
+        # Under a cap or a floor the rungs' short searches took the AE rows past 1 s (0.9 -> 1.5 s
+        # CPU on gpt-neo-2.7b's cost cap) for no better plan: ZeRO on the best plans only.
+        return (() if _limited(req) else PAYS_RUNGS), False
+    return LEVER_LADDER, True
+
+
+def _plain_plans_fit(searcher: Searcher) -> bool:
+    if searcher.stats.any_fits:
+        return True
+    # the limits may have pruned every shape before one was simulated: the search without
+    # them says whether anything fits (memoised: why_infeasible asks it too)
+    return _limited(searcher.req) and relaxed(searcher, FASTEST, keep_caps=False, keep_floor=False) is not None
+
+
+def rung_request(searcher: Searcher, thorough: bool):
+    """The request a rung's search runs: the searcher's, without mixing or a front, and, where
+    plans fit without levers under ``pays``, with the short budget of the module doc."""
+    changes = {} if thorough else {"max_evaluations": PAYS_BUDGET, "patience": PAYS_PATIENCE}
+    return dataclasses.replace(searcher.req, mixed_stages=False, collect_pareto=False, **changes)
+
+
+def num_to_strengthen(req) -> int:
+    """How many of the best plans ``strengthen`` tries: the top N and 5 more, or under a cap or a
+    floor the top N alone (the AE cost-cap row's 1 s: 0.92 s CPU before, 1.03 with 5 more)."""
+    return req.top_n + (0 if _limited(req) else 5)
+
+
+def _limited(req) -> bool:
+    """A cap or a floor on the request."""
+    return req.has_cost_caps or req.min_throughput_samples_per_s is not None
+
+
+def strengthen(searcher: Searcher, ev: Evaluated) -> Evaluated:
+    """``ev`` with ZeRO-1 or ZeRO-2 added to each stage of replicas without ZeRO where the plan
+    then scores better (stage by stage; the weaker of equals): a sharded optimizer step can make
+    a plan that fits faster or cheaper, whereas recomputation only adds time to a stage that fits."""
+    best = ev
+    for i, stage in enumerate(ev.stages):
+        recompute, zero = _levers_of(stage)
+        if stage.dp_degree < 2 or zero:
+            continue
+        for levers in ((recompute, 1), (recompute, 2)):
+            moved = _with_levers(searcher, stage, levers)
+            if moved is None:
+                continue
+            stages = list(best.stages)
+            stages[i] = moved
+            trial = searcher.evaluate(best.mbs, tuple(stages))
+            if trial.feasible and _pays(trial, best):
+                best = trial
+    return best
+
+
+def _pays(trial: Evaluated, than: Evaluated) -> bool:
+    """``trial`` (stronger levers) beats ``than``: it fits where ``than`` does not, or scores
+    better by more than ``MIN_GAIN``."""
+    if not (than.feasible and than.res.fits):
+        return better(trial, than)
+    return trial.score < than.score - MIN_GAIN * abs(than.score)
 
 
 def lever_kinds(searcher: Searcher, levers: tuple[str, int]) -> KindCache:
@@ -80,7 +160,7 @@ def relax(searcher: Searcher, ev: Evaluated) -> Evaluated:
             stages = list(best.stages)
             stages[i] = moved
             trial = searcher.evaluate(best.mbs, tuple(stages))
-            if trial.feasible and (chosen is None or better(trial, chosen)):
+            if trial.feasible and (chosen is None or _pays(trial, chosen)):
                 chosen = trial
         if chosen is not None:
             best = chosen
@@ -112,8 +192,11 @@ def _with_levers(searcher: Searcher, stage: FastStage, levers: tuple[str, int]) 
     return FastStage(stage.layer_start, stage.layer_end, tuple(groups))
 
 
-def notes(plan: Plan, *, profiles, network, spot: bool) -> tuple[str, ...]:
-    """One line per stage that keeps a lever: what it would need without each of its levers."""
+def notes(plan: Plan, *, profiles, network, spot: bool, sim=None) -> tuple[str, ...]:
+    """One line per lever a stage keeps: what the stage would need without it (memory), or, where
+    it fits without it, what the lever gains (``sim``: the plan's own figures, else simulated)."""
+    if sim is None:
+        sim = simulate(plan, profiles=profiles, network=network, spot=spot, validate=False)
     out = []
     for i, stage in enumerate(plan.stages):
         dropped = []
@@ -125,7 +208,7 @@ def notes(plan: Plan, *, profiles, network, spot: bool) -> tuple[str, ...]:
                     else f"shards its optimizer states and gradients over {stage.dp_degree} replicas (ZeRO-2)")
             dropped.append((what, _replace_stage(plan, i, zero_stage=0)))
         for what, without in dropped:
-            out.append(f"stage {i} {what}: without it, {_need(without, i, profiles, network, spot)}")
+            out.append(f"stage {i} {what}: without it, {_need(without, i, sim, profiles, network, spot)}")
     return tuple(out)
 
 
@@ -135,18 +218,22 @@ def _replace_stage(plan: Plan, index: int, **changes) -> Plan:
     return dataclasses.replace(plan, stages=tuple(stages))
 
 
-def _need(plan: Plan, index: int, profiles, network, spot: bool) -> str:
-    """What stage ``index`` of ``plan`` needs on its fullest GPU, against that GPU's memory."""
+def _need(plan: Plan, index: int, chosen, profiles, network, spot: bool) -> str:
+    """What stage ``index`` of ``plan`` needs on its fullest GPU, against that GPU's memory; where
+    it fits, what the plan without the lever loses against ``chosen`` (the plan with it)."""
     sim = simulate(plan, profiles=profiles, network=network, spot=spot, validate=False)
     stage = sim.stages[index]
     worst = max(stage.replicas, key=lambda r: r.memory.peak_bytes - r.memory.capacity_bytes)
     mem = worst.memory
     if not mem.fits:
         return f"{mem.peak_bytes / 1e9:.1f} GB > {mem.capacity_bytes / 1e9:.1f} GB on {worst.gpu}"
+    speed = chosen.throughput_samples_per_s / sim.throughput_samples_per_s - 1
+    saving = 1 - chosen.usd_per_iteration / sim.usd_per_iteration
     return (f"it fits ({mem.peak_bytes / 1e9:.1f} GB of {get_gpu(worst.gpu).memory_bytes / 1e9:.1f} GB on "
-            f"{worst.gpu}) but is slower or dearer: {sim.throughput_samples_per_s:.4g} samples/s, "
-            f"{sim.usd_per_iteration:.4g} USD/iteration")
+            f"{worst.gpu}), but the plan runs {sim.throughput_samples_per_s:.4g} samples/s at "
+            f"{sim.usd_per_iteration:.4g} USD/iteration: with it {speed:+.2%} faster, {saving:+.2%} cheaper")
 
 
-__all__ = ["LEVERS_ALWAYS", "LEVERS_OFF", "LEVERS_WHEN_NEEDED", "MEMORY_LEVER_MODES", "lever_kinds",
-           "lever_label", "notes", "relax", "rungs_to_search"]
+__all__ = ["LEVERS_ALWAYS", "LEVERS_OFF", "LEVERS_PAYS", "LEVERS_WHEN_NEEDED", "MEMORY_LEVER_MODES",
+           "PAYS_BUDGET", "PAYS_PATIENCE", "PAYS_RUNGS", "lever_kinds", "lever_label", "notes",
+           "num_to_strengthen", "relax", "rung_request", "rungs_to_search", "strengthen"]

@@ -13,6 +13,7 @@ from sailor_core.catalog.models import get_model
 from sailor_core.errors import InputError, UnknownNameError
 from sailor_core.objective import Objective
 from sailor_core.planner.ranking import PLAN_RANKINGS, PlanRanking
+from sailor_core.specs.plan import DEFAULT_MEMORY_LEVERS, MEMORY_LEVER_MODES
 from sailor_core.zones import parse_zone
 
 GpuZone = tuple[str, str]  # (canonical GPU type, zone)
@@ -37,9 +38,11 @@ class SearchSettings:
     max_shapes_scored: int = 20000  # shapes given a bound by the lazy order before it stops adding
     patience: int = 80  # evaluated shape orders in a row that do not improve the top N before the search stops
     collect_pareto: bool = False  # evaluate more candidates so the cost/throughput front is wider
-    # ZeRO and activation recomputation per stage (planner/levers.py): "off", "when-needed" (only
-    # when no plan fits without them) or "always" (they compete with plans without them)
-    memory_levers: str = "when-needed"
+    # ZeRO and activation recomputation per stage (planner/levers.py; MEMORY_LEVER_MODES): "off",
+    # "when-needed" (only when no plan fits without them), "pays" (also where they make a plan
+    # that fits faster or cheaper, within about the plain search's time) or "always" (searched
+    # in full for every request)
+    memory_levers: str = DEFAULT_MEMORY_LEVERS
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -144,9 +147,9 @@ def make_request(
     mbs = knobs.get("micro_batch_sizes")
     if mbs is not None and (not mbs or any(int(b) < 1 for b in mbs)):
         raise InputError(f"micro-batch sizes must be positive, got {mbs!r}")
-    levers = knobs.get("memory_levers", "when-needed")
-    if levers not in ("off", "when-needed", "always"):
-        raise InputError(f"memory levers must be one of off, when-needed, always; got {levers!r}")
+    levers = knobs.get("memory_levers", DEFAULT_MEMORY_LEVERS)
+    if levers not in MEMORY_LEVER_MODES:
+        raise InputError(f"memory levers must be one of {', '.join(MEMORY_LEVER_MODES)}; got {levers!r}")
     get_model(model)  # existence already checked; keeps one failure point for aliases
     return PlanRequest(
         model=model,

@@ -9,6 +9,12 @@ from sailor_core.errors import InputError
 from sailor_core.objective import Objective, objective_term
 from sailor_core.specs.fields import at_least, option
 
+# ZeRO and activation recomputation per stage (planner/levers.py): never; only when no plan fits
+# without them; also where they make a plan that fits faster or cheaper, within about the plain
+# search's time (the default); every lever searched in full for every request.
+MEMORY_LEVER_MODES = ("off", "when-needed", "pays", "always")
+DEFAULT_MEMORY_LEVERS = "pays"
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PlanTerms:
@@ -39,11 +45,14 @@ class PlanSpec(PlanTerms):
     max_usd_per_iter: float | None = option(None, help="Cost cap, USD per iteration.")
     top: int = option(5, help="How many plans to return.")
     max_stages: int = option(16, help="Most pipeline stages to consider.")
-    memory_levers: str = option("when-needed", help="ZeRO and activation recomputation per stage: off, "
-                                "when-needed (only when no plan fits without them) or always.")
+    memory_levers: str = option(DEFAULT_MEMORY_LEVERS, help="ZeRO and activation recomputation per stage: off, "
+                                "when-needed (only when no plan fits without them), pays (also where they make "
+                                "a plan faster or cheaper, found in about the time of the search without them) "
+                                "or always (searched in full everywhere: slower).")
 
     def __post_init__(self) -> None:
         PlanTerms.__post_init__(self)  # not super(): slotted dataclasses are rebuilt classes
         at_least("max_stages", self.max_stages, 1)
-        if self.memory_levers not in ("off", "when-needed", "always"):
-            raise InputError(f"--memory-levers must be off, when-needed or always, got {self.memory_levers!r}")
+        if self.memory_levers not in MEMORY_LEVER_MODES:
+            raise InputError(f"--memory-levers must be one of {', '.join(MEMORY_LEVER_MODES)}, "
+                             f"got {self.memory_levers!r}")
