@@ -100,6 +100,9 @@ class MemoryBreakdown:
     def to_dict(self) -> dict[str, int | bool]:
         return {
             "peak_memory_bytes": self.peak_bytes,
+            # what torch.cuda.max_memory_allocated sees: the peak less the regime's constant
+            # overhead (the CUDA context), so a comparison with the allocator reads it directly
+            "allocated_bytes": self.allocated_bytes,
             "state_bytes": self.state_bytes,
             "activation_bytes": self.activation_bytes,
             "loss_working_bytes": self.loss_working_bytes,
