@@ -77,18 +77,19 @@ def partitioned_boundary_s(network: NetworkModel, num_bytes: float, src: Endpoin
     """What DeepSpeed's pipeline engine adds to one micro-batch's round trip over a boundary
     between replicas of equal TP degree ``t > 1``.  With model parallelism it partitions the
     boundary's tensors over the TP group (``pipe_partitioned`` and ``grad_partitioned``, on by
-    default; ``runtime/pipe/engine.py``): every rank sends a small meta tensor, then its 1/t
+    default; DeepSpeed's ``deepspeed/runtime/pipe/engine.py``): every rank sends a small meta tensor, then its 1/t
     slice, both blocking sends (the slices are ``boundary_transfer_s``'s crossing), and the
     tensor is rebuilt by an all-gather over the TP group three times per micro-batch: the
     receiver's of the activation before its forward, and, before the sender's backward, of its own
     output (whose data it dropped after partitioning it) and of the received gradient.  The
     gathers run inside the node on the TP link (``NetworkModel.tp_bandwidth_bytes_per_s``), as
-    a ring: ``t - 1`` steps of ``bytes / t``, each paying the TP collective's latency."""
+    a ring (``t - 1`` steps of ``bytes / t``) that pays the TP collective's latency once, as the
+    estimator's TP all-reduce does."""
     tp = src.num_gpus
     if tp == 1 or dst.num_gpus != tp:
         return 0.0
-    step_bytes = num_bytes / tp
-    gathers = sum((tp - 1) * (DEFAULT_TP_LATENCY_S + step_bytes / network.tp_bandwidth_bytes_per_s(gpu, tp, num_bytes))
+    wire_bytes = (tp - 1) * num_bytes / tp
+    gathers = sum(DEFAULT_TP_LATENCY_S + wire_bytes / network.tp_bandwidth_bytes_per_s(gpu, tp, num_bytes)
                   for gpu in (dst.gpu, src.gpu, src.gpu))
     meta = network.p2p_time_s(_PARTITION_META_BYTES, src, dst) + network.p2p_time_s(_PARTITION_META_BYTES, dst, src)
     return gathers + meta
