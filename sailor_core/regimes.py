@@ -108,9 +108,12 @@ _REGIMES: dict[str, TrainingRegime] = {
             attention_kernel="flash",
             matmul_precision="bf16",
             optimizer_traffic_bytes_per_param=28,
-            # data/measurements were taken with transformers' loss (torch's cross-entropy); for
-            # the engine's in-place one on a GPU this is an upper bound (docs/simulator.md).
-            loss_working_bytes_per_logit=8,
+            # data/measurements were taken with transformers' loss (torch's cross-entropy): the
+            # fp32 gradients of the log-probabilities and of the logits (8 B) beside the bf16
+            # logits the output references while that micro-batch's loss runs (2 B; autograd
+            # saves only the fp32 log-softmax, catalog/layers.py); for the engine's in-place
+            # cross-entropy on a GPU this is an upper bound (docs/simulator.md).
+            loss_working_bytes_per_logit=10,
             optimizer_temp_tensors=0,  # AdamW(fused=True) on CUDA (runtime/trainer.make_optimizer)
         ),
         TrainingRegime(

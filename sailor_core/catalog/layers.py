@@ -36,7 +36,10 @@ Forward FLOPs per token (per GPU): 2 x (matmul weights of the shard) plus attent
 
 Activation bytes kept for backward, per sequence, counted from the tensors autograd saves
 (r = residual/norm dtype bytes, c = activation dtype bytes; per token):
-  * norm inputs                          2 * h * r
+  * norm inputs                          2 * h * r; an RMSNorm (LLaMA family) 2 * 2 * h * r: both
+                                         transformers' and F.rms_norm keep its input and the
+                                         normalised fp32 tensor the weight multiplies (measured on
+                                         CPU, issue 35: Llama-3.2-1B 154.70 MB per block at seq 256)
   * linear inputs: attention in          h * c, or 3*h*c when autocast casts the fp32 norm output
                                          separately for each of Q, K, V (each linear keeps its copy)
                    MLP in                h * c  (x2 for gate/up under autocast)
@@ -47,8 +50,14 @@ Activation bytes kept for backward, per sequence, counted from the tensors autog
     SwiGLU gate, up, silu(gate), product 4f/t*c
   plus, per micro-batch and independent of its size, the compute-dtype copies of the weights
   autocast makes (regime.weight_copy_bytes_per_param x params).
-  Embedding: token ids 8 B/token (+ the projection input e*c for OPT-350m).
-  Head: norm input h*r + head input h*c + logits V/t*c + fp32 log-softmax V/t*4
+  Embedding: token ids 8 B/token (+ the projection input e*c for OPT-350m; + RoPE's cos and sin,
+  2*d*r, made once per micro-batch and kept by every block's rotation, LLaMA family).
+  Head: norm input h*r (post-LN OPT-350m, no final norm: project_out's cast input h*c) + head
+  input e*c + fp32 log-softmax V/t*4; the bf16 logits are not saved by autograd (the cast to fp32
+  keeps nothing) and live only while the model's output references them, i.e. while that
+  micro-batch's loss runs: the regime's loss working memory, not once per micro-batch in flight
+  (measured, issue 35: transformers' OPT-350m under CPU autocast saves 33.575 MB per block and
+  106.1 MB for embedding + head at seq 256, these formulas 33.571 and 106.1).
   (fp32 regimes: logits and probabilities, 2 * V/t * 4).
 
 Output bytes per sequence (sent to the next stage): s*h*r for the embedding and the blocks
@@ -87,12 +96,19 @@ class LayerShape:
     activation_bytes_per_seq: int  # saved for backward, grows with the micro-batch
     activation_bytes_fixed: int  # per micro-batch whatever its size (autocast weight copies)
     output_bytes_per_seq: int  # sent to the next stage
+    # written and read by the forward but not saved for backward (the head's bf16 logits): memory
+    # traffic for the time estimate, not memory in flight
+    unsaved_bytes_per_seq: int = 0
     # forward kernel launches (order of magnitude, from the layer's operators): what a layer costs
     # at least when the GPU waits for the CPU to issue work
     num_kernels: int = 1
 
     def activation_bytes(self, micro_batch_size: int) -> int:
         return self.activation_bytes_per_seq * micro_batch_size + self.activation_bytes_fixed
+
+    def traffic_bytes(self, micro_batch_size: int) -> int:
+        """The activation bytes the forward moves: what it saves and what it makes and drops."""
+        return self.activation_bytes(micro_batch_size) + self.unsaved_bytes_per_seq * micro_batch_size
 
     def output_bytes(self, micro_batch_size: int) -> int:
         return self.output_bytes_per_seq * micro_batch_size
@@ -125,6 +141,8 @@ def _embedding(spec: ModelSpec, t: int, s: int, regime: TrainingRegime) -> Layer
         params += (spec.max_position_embeddings + 2) * h
     elif spec.family == "gptneo":
         params += spec.max_position_embeddings * h
+    if spec.is_llama:
+        act += 2 * spec.head_dim * regime.residual_bytes_per_element  # RoPE's cos and sin, which every block's rotation keeps
     if spec.word_embed_proj_dim:
         params += e * h  # project_in, replicated
         flops += 2.0 * e * h
@@ -140,6 +158,12 @@ def _embedding(spec: ModelSpec, t: int, s: int, regime: TrainingRegime) -> Layer
         output_bytes_per_seq=s * h * regime.residual_bytes_per_element,
         num_kernels=_EMBEDDING_KERNELS + (1 if spec.word_embed_proj_dim else 0),
     )
+
+
+def _norm_saved(spec: ModelSpec) -> int:
+    """Tensors of the hidden width a norm saves for backward: a LayerNorm its input (its mean and
+    rstd are per token), an RMSNorm its input and the normalised tensor."""
+    return 2 if spec.is_llama else 1
 
 
 def _attention_span(spec: ModelSpec, index: int, s: int, eager: bool) -> float:
@@ -194,7 +218,7 @@ def _block(spec: ModelSpec, t: int, s: int, regime: TrainingRegime, index: int) 
     attn_in = 3 if regime.casts_linear_inputs else 1
     mlp_in = mlp_inputs if regime.casts_linear_inputs else 1
     per_token = (
-        2 * h * r
+        2 * _norm_saved(spec) * h * r
         + (attn_in + mlp_in) * h * c
         + (q + 2 * kv) * c
         + q * c
@@ -226,11 +250,20 @@ def _head(spec: ModelSpec, t: int, s: int, regime: TrainingRegime, index: int) -
     if spec.word_embed_proj_dim:
         matmul += h * e  # project_out, replicated
         params += h * e
+    unsaved = 0
     if regime.casts_linear_inputs:
-        logits = vocab_rows * (c + 4)
+        # only the fp32 log-softmax is saved: the bf16 logits live while the loss runs (the
+        # model's output references them), the regime's loss working memory, once per stage
+        logits = vocab_rows * 4
+        unsaved = vocab_rows * c
     else:
         logits = vocab_rows * 2 * regime.activation_bytes_per_element
-    per_token = h * r + e * c + logits
+    # a final norm keeps its residual-dtype input; post-LN OPT-350m has none, and its
+    # project_out keeps the compute-dtype cast of the residual (reading the residual itself)
+    head_in = _norm_saved(spec) * r if spec.pre_norm else c
+    if not spec.pre_norm:
+        unsaved += h * (r - c)
+    per_token = h * head_in + e * c + logits
     return LayerShape(
         index=index,
         kind="head",
@@ -240,6 +273,7 @@ def _head(spec: ModelSpec, t: int, s: int, regime: TrainingRegime, index: int) -
         activation_bytes_per_seq=per_token * s,
         activation_bytes_fixed=regime.weight_copy_bytes_per_param * matmul,
         output_bytes_per_seq=0,
+        unsaved_bytes_per_seq=unsaved * s,
         num_kernels=_HEAD_KERNELS,
     )
 

@@ -166,14 +166,14 @@ class FastSim:
                                      tuple(st.tied_sync_egress_terms(self.network, tied_bytes, ring)))
         return hit
 
-    def _transfer_s(self, nbytes: int, ends: tuple) -> float:
+    def _transfer_s(self, nbytes: int, ends: tuple, partitioned: bool) -> float:
         """``boundary_transfer_s`` of ``nbytes`` between (gpu, tp, zone) ``ends[:3]`` and ``ends[3:]``."""
-        key = (nbytes, ends)
+        key = (nbytes, ends, partitioned)
         hit = self._p2p.get(key)
         if hit is None:
             ga, ta, za, gb, tb, zb = ends
             hit = self._p2p[key] = st.boundary_transfer_s(
-                self.network, nbytes, st.endpoint(za, ga, ta), st.endpoint(zb, gb, tb))
+                self.network, nbytes, st.endpoint(za, ga, ta), st.endpoint(zb, gb, tb), partitioned=partitioned)
         return hit
 
     def _group_pairs(self, num_mb: int, src: tuple[Group, ...], dst: tuple[Group, ...]) -> dict:
@@ -322,8 +322,9 @@ class FastSim:
         if nxt is not None:
             nbytes = st.boundary_bytes(groups[0][0].profile, b)
             worst_link = worst_bytes = 0.0
+            partitioned = compose.partitions_boundaries(regime)
             for ends in ctx.link_ends:
-                t = self._transfer_s(nbytes, ends)
+                t = self._transfer_s(nbytes, ends, partitioned)
                 if t >= worst_link:  # simulate's _boundary: the slowest pair, the most bytes of equals
                     wire = st.boundary_wire_bytes(nbytes, ends[1], ends[4])
                     if t > worst_link or wire > worst_bytes:

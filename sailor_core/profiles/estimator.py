@@ -134,7 +134,7 @@ def analytic_terms(
     all-reduce wire s at the full intra-node bandwidth, kernel launches)."""
     b, s = micro_batch_size, seq_len
     compute_s = shape.fwd_flops(b, s) / matmul_peak_flops(gpu, regime)
-    traffic = 2 * shape.activation_bytes(b) + shape.params_read * regime.weight_bytes_per_param
+    traffic = 2 * shape.traffic_bytes(b) + shape.params_read * regime.weight_bytes_per_param
     if regime.attention_kernel == "eager" and shape.kind == "block" and num_heads:
         # six passes over the scores; the saved-tensor count above covered two
         traffic += (_EAGER_SCORE_PASSES - 2) * b * (num_heads // tp_degree) * s * s * regime.activation_bytes_per_element

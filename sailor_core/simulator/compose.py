@@ -43,6 +43,12 @@ def job_regime(plan_regime: str | None, first_profile: ModelProfile) -> Training
 BLOCKING_P2P_REGIMES = frozenset({"megatron-fp32-adamw"})
 
 
+def partitions_boundaries(regime: TrainingRegime) -> bool:
+    """Whether the framework partitions a boundary's tensors over the TP group (DeepSpeed's
+    pipeline engine: ``stage.partitioned_boundary_s``)."""
+    return regime.name in BLOCKING_P2P_REGIMES
+
+
 def p2p_schedule(regime: TrainingRegime) -> str:
     """How the job's framework moves activations between stages (``pipeline_time``)."""
     return "blocking" if regime.name in BLOCKING_P2P_REGIMES else "prefetch"

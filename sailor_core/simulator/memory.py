@@ -33,7 +33,9 @@
   hundred tensors per micro-batch make it kilobytes.
 * Loss working memory: ``regime.loss_working_bytes_per_logit x micro_batch x seq x
   ceil(V / tp)``: torch's cross-entropy (the H200 records) allocates the fp32 gradient of the
-  log-probabilities and of the logits during its backward (8 B); the CPU engine's
+  log-probabilities and of the logits during its backward (8 B), beside the bf16 logits the
+  model's output references while that micro-batch's loss runs (2 B: no backward saves them, so
+  they are not held once per micro-batch in flight, ``catalog/layers.py``); the CPU engine's
   vocabulary-parallel one turns its saved softmax into the gradient in place (0: its forward's
   logits + probabilities are the head's activation figure).  One micro-batch at a time.
 * Backward working memory (``backward_working_bytes``): a stage without the LM head starts a
@@ -100,6 +102,9 @@ class MemoryBreakdown:
     def to_dict(self) -> dict[str, int | bool]:
         return {
             "peak_memory_bytes": self.peak_bytes,
+            # what torch.cuda.max_memory_allocated sees: the peak less the regime's constant
+            # overhead (the CUDA context), so a comparison with the allocator reads it directly
+            "allocated_bytes": self.allocated_bytes,
             "state_bytes": self.state_bytes,
             "activation_bytes": self.activation_bytes,
             "loss_working_bytes": self.loss_working_bytes,

@@ -284,7 +284,8 @@ def _boundary(looked_up: _PlanProfiles, network: NetworkModel, src: Stage, dst: 
             hit = pair_s[(sender, receiver)] = (
                 st.boundary_transfer_s(network, nbytes,
                                        st.endpoint(sender.zone, sender.gpu, sender.tp_degree),
-                                       st.endpoint(receiver.zone, receiver.gpu, receiver.tp_degree)),
+                                       st.endpoint(receiver.zone, receiver.gpu, receiver.tp_degree),
+                                       partitioned=compose.partitions_boundaries(looked_up.regime)),
                 st.boundary_wire_bytes(nbytes, sender.tp_degree, receiver.tp_degree))
         t, wire = hit
         if t > slowest or (t == slowest and wire > slowest_bytes):

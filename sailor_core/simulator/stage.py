@@ -13,6 +13,7 @@ from typing import Sequence
 from sailor_core.network.model import Endpoint, NetworkModel
 # The routing rule lives in plan/routing; tests/planner/test_leaf_replay.py still imports these from here.
 from sailor_core.plan.routing import group_p2p_pairs, p2p_pairs  # noqa: F401
+from sailor_core.profiles.estimator import DEFAULT_TP_LATENCY_S
 from sailor_core.profiles.types import ModelProfile
 from sailor_core.regimes import TrainingRegime
 from sailor_core.simulator import compose
@@ -51,7 +52,7 @@ def endpoint(zone: str, gpu: str, tp_degree: int) -> Endpoint:
 
 
 def boundary_transfer_s(
-    network: NetworkModel, num_bytes: float, src: Endpoint, dst: Endpoint
+    network: NetworkModel, num_bytes: float, src: Endpoint, dst: Endpoint, *, partitioned: bool = False,
 ) -> float:
     """Activation forward plus its gradient backward for one micro-batch over one replica pair.
 
@@ -59,11 +60,39 @@ def boundary_transfer_s(
     gathers them inside its node (the engine's and Megatron's scatter-gather; the gather is left
     out).  Otherwise every GPU of the receiving replica gets a whole copy, sent by the other's
     GPUs in turn (``runtime/trainer.py``): ``tp_dst`` copies forward and ``tp_src`` back, over
-    min(tp) GPU pairs."""
+    min(tp) GPU pairs.  ``partitioned``: DeepSpeed's pipeline engine, which adds
+    ``partitioned_boundary_s`` (``compose.partitions_boundaries``)."""
     if src.num_gpus == dst.num_gpus:
-        return network.p2p_time_s(num_bytes, src, dst) + network.p2p_time_s(num_bytes, dst, src)
+        extra = partitioned_boundary_s(network, num_bytes, src, dst) if partitioned else 0.0
+        return network.p2p_time_s(num_bytes, src, dst) + network.p2p_time_s(num_bytes, dst, src) + extra
     return (network.p2p_time_s(num_bytes * dst.num_gpus, src, dst)
             + network.p2p_time_s(num_bytes * src.num_gpus, dst, src))
+
+
+# DeepSpeed's PartitionedTensor meta: a LongTensor of a few entries (group size, shape, offsets)
+_PARTITION_META_BYTES = 64
+
+
+def partitioned_boundary_s(network: NetworkModel, num_bytes: float, src: Endpoint, dst: Endpoint) -> float:
+    """What DeepSpeed's pipeline engine adds to one micro-batch's round trip over a boundary
+    between replicas of equal TP degree ``t > 1``.  With model parallelism it partitions the
+    boundary's tensors over the TP group (``pipe_partitioned`` and ``grad_partitioned``, on by
+    default; DeepSpeed's ``deepspeed/runtime/pipe/engine.py``): every rank sends a small meta tensor, then its 1/t
+    slice, both blocking sends (the slices are ``boundary_transfer_s``'s crossing), and the
+    tensor is rebuilt by an all-gather over the TP group three times per micro-batch: the
+    receiver's of the activation before its forward, and, before the sender's backward, of its own
+    output (whose data it dropped after partitioning it) and of the received gradient.  The
+    gathers run inside the node on the TP link (``NetworkModel.tp_bandwidth_bytes_per_s``), as
+    a ring (``t - 1`` steps of ``bytes / t``) that pays the TP collective's latency once, as the
+    estimator's TP all-reduce does."""
+    tp = src.num_gpus
+    if tp == 1 or dst.num_gpus != tp:
+        return 0.0
+    wire_bytes = (tp - 1) * num_bytes / tp
+    gathers = sum(DEFAULT_TP_LATENCY_S + wire_bytes / network.tp_bandwidth_bytes_per_s(gpu, tp, num_bytes)
+                  for gpu in (dst.gpu, src.gpu, src.gpu))
+    meta = network.p2p_time_s(_PARTITION_META_BYTES, src, dst) + network.p2p_time_s(_PARTITION_META_BYTES, dst, src)
+    return gathers + meta
 
 
 def boundary_wire_bytes(num_bytes: float, tp_src: int, tp_dst: int) -> float:

@@ -29,7 +29,7 @@ def test_last_stage_with_one_microbatch_has_no_gradients_beside_its_forward():
     prof = hand_profile("A100-40")
     held = 2000 + 1000 + MATRIX
     one = stage_memory(prof, 2, 4, 1, BF16, 1 << 40, num_microbatches=1)
-    loss = 8 * LOGITS
+    loss = 10 * LOGITS  # the bf16 logits the output references (2 B) + the fp32 gradients (8 B)
     assert one.state_bytes == held * 12 + (1000 + MATRIX) * 4
     assert one.activation_bytes == 1000 + 500 and one.loss_working_bytes == loss
     # Two micro-batches: the second forward runs beside every gradient.

@@ -1,0 +1,117 @@
+"""The simulator's residual kinds of issue 35, from first principles (docs/simulator.md, Accuracy).
+
+* Kind 1/2: what DeepSpeed's partitioned boundary tensors (``stage.partitioned_boundary_s``)
+  add to TP pipelines under its regime, per plan: OPT-350M and GPT-Neo-2.7B on GH-96 at TP 4
+  (1-8 stages), and mixed RTX pipelines at TP 2 and 8, global batch 32.
+* Kind 5: the memory model's bytes per extra micro-batch in flight on an H200 (mbs 1) and, with
+  ``--saved``, what autograd saves in ``transformers``' models under CPU bf16 autocast (seq 256,
+  depth 2 and 4 differenced) beside ``catalog/layers.py`` (a few minutes: full-width models).
+
+    .venv/bin/python benchmarks/bench_residual_kinds.py [--saved]
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from sailor_core.catalog.layers import layer_shapes  # noqa: E402
+from sailor_core.catalog.models import get_model  # noqa: E402
+from sailor_core.plan.types import plan_from_dict  # noqa: E402
+from sailor_core.profiles import default_profile_db  # noqa: E402
+from sailor_core.regimes import get_regime  # noqa: E402
+from sailor_core.simulator import compose, simulate, stage_memory  # noqa: E402
+
+ZONE = "us-central1-a"
+BF16 = "torch-bf16-autocast-adamw"
+
+
+def _plan(model: str, gpus: list[str], tp: int, mbs: int) -> dict:
+    n = get_model(model).num_layer_indices
+    cuts = [round(i * n / len(gpus)) for i in range(len(gpus) + 1)]
+    return {"model": model, "global_batch_size": 32, "micro_batch_size": mbs,
+            "stages": [{"layers": [cuts[i], cuts[i + 1]], "replicas": [{"gpu": g, "tp": tp, "zone": ZONE}]}
+                       for i, g in enumerate(gpus)]}
+
+
+def partition_rows() -> None:
+    cases = [("opt-350m", ["GH-96"] * p, 4, m) for p in (2, 4) for m in (1, 4)]
+    cases += [("gpt-neo-2.7b", ["GH-96"] * p, 4, m) for p in (4, 8) for m in (1, 4)]
+    mixed = ["RTX-3090", "Titan-RTX", "RTX-2080", "RTX-3090"]
+    cases += [("opt-350m", mixed[:p], tp, 1) for p in (2, 4) for tp in (2, 8)]
+    print("| model | stages (GPUs) | TP | mbs | without partition s | with s | change |")
+    print("|---|---|---|---|---|---|---|")
+    orig = compose.partitions_boundaries
+    for model, gpus, tp, mbs in cases:
+        plan = plan_from_dict(_plan(model, gpus, tp, mbs))
+        after = simulate(plan).iteration_time_s
+        compose.partitions_boundaries = lambda regime: False
+        try:
+            before = simulate(plan).iteration_time_s
+        finally:
+            compose.partitions_boundaries = orig
+        print(f"| {model} | {len(gpus)} ({'/'.join(sorted(set(gpus)))}) | {tp} | {mbs} | {before:.4f} | "
+              f"{after:.4f} | {100 * (after / before - 1):+.1f} % |")
+
+
+def memory_rows() -> None:
+    db, regime = default_profile_db(), get_regime(BF16)
+    print("\n| model (H200, mbs 1) | allocated k=1 GB | k=8 GB | per extra micro-batch MB |")
+    print("|---|---|---|---|")
+    for model in ("opt-350m", "opt-1.3b", "llama-3.2-1b"):
+        prof = db.get(model, "H200", 1, 1, regime=BF16)
+        n = get_model(model).num_layer_indices
+        one, eight = (stage_memory(prof, 0, n, k, regime, 1 << 50) for k in (1, 8))
+        print(f"| {model} | {one.allocated_bytes / 1e9:.2f} | {eight.allocated_bytes / 1e9:.2f} | "
+              f"{(eight.allocated_bytes - one.allocated_bytes) / 7 / 1e6:.0f} |")
+
+
+def saved_rows(seq: int = 256) -> None:
+    import torch  # lazy: only for --saved
+    import transformers  # lazy: the dev extra, only for --saved
+
+    def saved(config) -> int:
+        config._attn_implementation = "sdpa"
+        model = transformers.AutoModelForCausalLM.from_config(config)
+        params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+        seen: dict[int, int] = {}
+
+        def pack(t):
+            if t.untyped_storage().data_ptr() not in params:
+                seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+            return t
+        tokens = torch.randint(0, config.vocab_size, (1, seq))
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), torch.autocast("cpu", dtype=torch.bfloat16):
+            model(tokens, labels=tokens)
+        return sum(seen.values())
+
+    t = transformers
+    configs = {
+        "opt-350m": lambda n: t.OPTConfig(num_hidden_layers=n, hidden_size=1024, ffn_dim=4096, num_attention_heads=16,
+                                          word_embed_proj_dim=512, do_layer_norm_before=False, vocab_size=50272,
+                                          dropout=0.0),
+        "opt-1.3b": lambda n: t.OPTConfig(num_hidden_layers=n, hidden_size=2048, ffn_dim=8192, num_attention_heads=32,
+                                          word_embed_proj_dim=2048, vocab_size=50272, dropout=0.0),
+        "llama-3.2-1b": lambda n: t.LlamaConfig(num_hidden_layers=n, hidden_size=2048, intermediate_size=8192,
+                                                num_attention_heads=32, num_key_value_heads=8, vocab_size=128256,
+                                                tie_word_embeddings=True),
+    }
+    print(f"\n| model (seq {seq}) | saved per block MB | model | saved embedding+head MB | model |")
+    print("|---|---|---|---|---|")
+    for name, make in configs.items():
+        torch.manual_seed(0)
+        two, four = saved(make(2)), saved(make(4))
+        shapes = layer_shapes(name, seq_len=seq, regime=BF16)
+        rest = shapes[0].activation_bytes(1) + shapes[-1].activation_bytes(1)
+        print(f"| {name} | {(four - two) / 2 / 1e6:.3f} | {shapes[1].activation_bytes(1) / 1e6:.3f} | "
+              f"{(2 * two - four) / 1e6:.2f} | {rest / 1e6:.2f} |")
+
+
+if __name__ == "__main__":
+    partition_rows()
+    memory_rows()
+    if "--saved" in sys.argv[1:]:
+        saved_rows()
