@@ -23,6 +23,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from infra.local.aws_auth import controller_keys
 from infra.local.aws_server import FIXED_AMI, LIVE, MotoEC2, gpus_of_type
@@ -123,6 +124,8 @@ class EmbeddedCloud:
         self.disk.start(host=host)
         self.aws.start(host=host)
         self.gce.start(host=host)
+        self.network.admit_to_host([urlsplit(url).port for url in (self.aws_endpoint, self.gce_endpoint,
+                                                                   self.instance_gcs_endpoint)])
         self.machines = Machines(self.state_dir / "instances", metadata_url=f"{self.gce.endpoint}/metadata",
                                  image=image_for_this_machine(), network=self.network,
                                  endpoint_env=self.instance_endpoint_env(), notice_s=self.notice_s,

@@ -295,6 +295,22 @@ class Network:
             _run("ip", "netns", "exec", self._inet, "nft", "-f", "-",
                  input_text="table bridge sailor_addresses {}\ndelete table bridge sailor_addresses\n" + text)
 
+    def admit_to_host(self, ports: list[int]) -> None:
+        """The host answers instances on the cloud's endpoints only: a service of this machine that
+        listens on every address (0.0.0.0: a Prefect server, a database, rclone) is the user's, not
+        the internet's, and a real cloud's instances cannot reach the user's machine."""
+        if self.mode != "netns" or not self.tag:
+            return
+        table, iface = _host_table(self.tag), f"sl{self.tag}h"
+        allowed = ", ".join(str(p) for p in sorted(set(ports)))
+        text = (f"table inet {table} {{}}\ndelete table inet {table}\n"
+                f"table inet {table} {{\n  chain input {{\n"
+                "    type filter hook input priority 0; policy accept;\n"
+                f'    iifname "{iface}" ct state established,related accept\n'
+                f'    iifname "{iface}" tcp dport {{ {allowed} }} accept\n'
+                f'    iifname "{iface}" drop\n  }}\n}}\n')
+        _run("nft", "-f", "-", input_text=text)
+
     def wrap(self, instance_id: str, argv: list[str]) -> list[str]:
         """``argv`` run inside the instance's namespace."""
         with self._lock:
@@ -340,6 +356,11 @@ def ruleset(allows: list[Allow]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _host_table(tag: str) -> str:
+    """The host's nftables table of one cloud: what its instances may reach of this machine."""
+    return f"sailor_host_{tag}"
+
+
 def _delete_cloud(tag: str) -> None:
     out = _run("ip", "netns", "list", check=False).stdout
     for line in out.splitlines():
@@ -347,6 +368,7 @@ def _delete_cloud(tag: str) -> None:
         if name.startswith(f"sl{tag}-") or name == f"sl{tag}i":
             _run("ip", "netns", "del", name, check=False)
     _run("ip", "link", "del", f"sl{tag}h", check=False)
+    _run("nft", "delete", "table", "inet", _host_table(tag), check=False)
     try:
         (_RUN_DIR / f"{tag}.cloud").unlink()
     except FileNotFoundError:

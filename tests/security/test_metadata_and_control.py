@@ -187,3 +187,34 @@ def test_host_network_says_the_metadata_cannot_tell_instances_apart(tmp_path, ca
         assert stat.S_IMODE(os.stat(cloud.control_secret_file).st_mode) == 0o600
     finally:
         cloud.stop()
+
+
+_CONNECT = """
+import socket, sys
+try:
+    socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=3).close()
+    print("connected")
+except OSError as exc:
+    print(type(exc).__name__)
+"""
+
+
+@pytest.mark.parametrize("two_jobs", ["aws"], indirect=True)
+def test_a_service_of_the_host_on_every_address_is_out_of_an_instances_reach(cloud, two_jobs):
+    """A Prefect server, a database or the buckets' rclone listening on 0.0.0.0 is the user's
+    machine, not the internet: an instance reaches the host's address on the cloud's endpoints only."""
+    import socket
+
+    _, a, _ = two_jobs
+    server = socket.create_server(("0.0.0.0", 0))
+    try:
+        port = server.getsockname()[1]
+        host = cloud.network.host_address
+
+        def attempt(p: int) -> str:
+            return run_as(cloud, a, [sys.executable, "-c", _CONNECT, host, str(p)]).stdout.strip()
+
+        assert attempt(port) != "connected"
+        assert attempt(int(cloud.gce_endpoint.rsplit(":", 1)[1].split("/")[0])) == "connected"  # its metadata server
+    finally:
+        server.close()
