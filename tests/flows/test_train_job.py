@@ -115,8 +115,13 @@ def _assert_tensorboard_tells_one_run(state: js.JobState, steps: int) -> None:
     from tests.runtime.test_trackers import STEP_TAGS, read_tensorboard
 
     # TensorBoard's own S3 file system (boto3), told the embedded endpoint as a user is (`sailor status`)
-    saved = {k: os.environ.get(k) for k in ("S3_ENDPOINT", "AWS_REGION")}
-    os.environ.update(S3_ENDPOINT=embedded_endpoints()["aws_endpoint"], AWS_REGION="us-east-1")
+    # (and the embedded account's keys: every request is checked, and another test of this worker
+    # process may have left other keys in the environment)
+    saved = {k: os.environ.get(k) for k in ("S3_ENDPOINT", "AWS_REGION", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}
+    ends = embedded_endpoints()
+    key_id, secret = ends["aws_keys"]
+    os.environ.update(S3_ENDPOINT=ends["aws_endpoint"], AWS_REGION="us-east-1", AWS_ACCESS_KEY_ID=key_id,
+                      AWS_SECRET_ACCESS_KEY=secret)
     try:
         url = f"s3://{EMBEDDED_BUCKET}/{state.job_id}/tensorboard"
         acc, flow = read_tensorboard(url), read_tensorboard(f"{url}/{ATTEMPTS_RUN}")
