@@ -262,7 +262,8 @@ class JobReporter:
             record = state.replans[-1] if state.replans else None
             at = record.at_step if record else 0
             how = "" if record is None else report.restart_words(
-                num_ranks=record.num_ranks, num_ranks_rejoined=record.num_ranks_rejoined, ready_s=record.ready_s,
+                num_ranks=record.num_ranks, num_ranks_rejoined=record.num_ranks_rejoined,
+                num_ranks_standby=record.num_ranks_standby, ready_s=record.ready_s,
                 state_from=record.state_from)
             self.event(state, f"training: attempt {state.attempt} " + (f"resumed from step {at}" if at else "started")
                        + (f"; {how}" if how else ""))

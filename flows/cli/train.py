@@ -306,7 +306,8 @@ def status(job_id: str = typer.Argument(..., help="job id (see `sailor jobs`)"),
     row["val_loss_step"] = state.val_losses[-1][0] if state.val_losses else None
     row["replans"] = [{"attempt": r.attempt, "at_step": r.at_step, "reason": r.reason,
                        "usd_per_hr": r.usd_per_hr, "num_ranks": r.num_ranks,
-                       "num_ranks_rejoined": r.num_ranks_rejoined, "ready_s": r.ready_s,
+                       "num_ranks_rejoined": r.num_ranks_rejoined, "num_ranks_standby": r.num_ranks_standby,
+                       "ready_s": r.ready_s,
                        "state_from": r.state_from} for r in state.replans]
     ledger, now = state.ledger(), time.time()
     by_instance = ledger.by_instance(now)
@@ -335,6 +336,7 @@ def status(job_id: str = typer.Argument(..., help="job id (see `sailor jobs`)"),
                   highlight=False)
     for r in row["replans"]:
         how = report.restart_words(num_ranks=r["num_ranks"], num_ranks_rejoined=r["num_ranks_rejoined"],
+                                   num_ranks_standby=r["num_ranks_standby"],
                                    ready_s=r["ready_s"], state_from=r["state_from"])
         out.print(f"  attempt {r['attempt']} from step {r['at_step']}: {r['reason']} "
                   f"({report.sig(r['usd_per_hr'])} USD/h){f'; {how}' if how else ''}", highlight=False)

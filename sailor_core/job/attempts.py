@@ -106,5 +106,6 @@ def restart_facts(statuses: Mapping[str, AgentStatus | None], generation: int) -
     ready_s = fields.get("ready_s")
     return {"num_ranks": sum(len(st.pids) for st in current),
             "num_ranks_rejoined": sum(len(st.rejoined) for st in current),
+            "num_ranks_standby": sum(len(st.standby) for st in current),
             "ready_s": float(ready_s) if isinstance(ready_s, (int, float)) else None,
             "state_from": fields.get("state_from") if isinstance(fields.get("state_from"), str) else None}

@@ -445,6 +445,7 @@ class AgentStatus:
     previous: AgentStatus | None = None  # the replaced generation's last report (its own previous: None)
     heartbeat_unix_s: float | None = None  # when the agent wrote this; None inside ``previous``
     rejoined: tuple[int, ...] = ()  # ranks handed to parked workers (they kept their processes)
+    standby: tuple[int, ...] = ()  # ranks handed to standby workers (started at boot, without state)
     started: WorkerEvent | None = None  # rank 0's "started" line: state_from, ready_s
     worker_error: WorkerError | None = None  # the lowest rank's error line (rank 0's when it wrote one)
     checkpoint: CheckpointReport | None = None  # the newest checkpoint this generation committed
@@ -464,6 +465,7 @@ class AgentStatus:
             "injected_preemption": self.injected_preemption.to_dict() if self.injected_preemption else None,
             "previous": self.previous.to_dict() if self.previous else None,
             "heartbeat_unix_s": self.heartbeat_unix_s, "rejoined": list(self.rejoined),
+            "standby": list(self.standby),
             "started": self.started.to_dict() if self.started else None,
             "worker_error": self.worker_error.to_dict() if self.worker_error else None,
             "checkpoint": self.checkpoint.to_dict() if self.checkpoint else None,
@@ -489,6 +491,7 @@ class AgentStatus:
             previous=_get(data, "previous", AgentStatus.from_dict, what, None),
             heartbeat_unix_s=_get(data, "heartbeat_unix_s", _float, what, None),
             rejoined=_get(data, "rejoined", lambda v: tuple(_int(r) for r in _list(v)), what, ()),
+            standby=_get(data, "standby", lambda v: tuple(_int(r) for r in _list(v)), what, ()),
             started=_get(data, "started", WorkerEvent.from_dict, what, None),
             worker_error=_get(data, "worker_error", WorkerError.from_dict, what, None),
             checkpoint=_get(data, "checkpoint", CheckpointReport.from_dict, what, None),

@@ -108,12 +108,14 @@ def nodes_line(nodes: Iterable[Mapping[str, Any]]) -> str:
 
 
 def restart_words(*, num_ranks: int | None, num_ranks_rejoined: int | None, ready_s: float | None,
-                  state_from: str | None) -> str:
+                  state_from: str | None, num_ranks_standby: int | None = None) -> str:
     """How an attempt's workers came back ('' when the agents did not say): its first-step event."""
     if ready_s is None or not num_ranks:
         return ""
-    kept = num_ranks_rejoined or 0
-    how = f"{kept} of {num_ranks} ranks kept their processes" if kept else "new worker processes"
+    kept, standby = num_ranks_rejoined or 0, num_ranks_standby or 0
+    parts = ([f"{kept} of {num_ranks} ranks kept their processes"] if kept else []) + (
+        [f"{standby} of {num_ranks} ranks in standby workers"] if standby else [])
+    how = ", ".join(parts) or "new worker processes"
     source = {"memory": "kept in memory", "peers": "handed over by its peers",
               "checkpoint": "read from the checkpoint"}.get(state_from or "")
     return f"workers ready in {ready_s:.1f} s ({how}{f'; rank 0 state {source}' if source else ''})"

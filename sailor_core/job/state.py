@@ -116,6 +116,7 @@ class ReplanRecord:
     # processes (parked workers), rank 0's time to be ready to train and where its state came from
     num_ranks: int | None = None
     num_ranks_rejoined: int | None = None
+    num_ranks_standby: int | None = None  # ranks handed to standby workers (new instances' agents start them at boot)
     ready_s: float | None = None
     state_from: str | None = None
 

@@ -148,7 +148,8 @@ class _Generation:
     last_event: WorkerEvent | None = None
     started: WorkerEvent | None = None  # rank 0's "started" line
     checkpoint: CheckpointReport | None = None  # rank 0's newest "checkpoint" line
-    rejoined: list[int] = field(default_factory=list)  # ranks handed to parked workers
+    rejoined: list[int] = field(default_factory=list)  # ranks handed to parked workers of a generation before
+    standby: list[int] = field(default_factory=list)  # ranks handed to standby workers (parked at boot, no state)
     errors: dict[int, str] = field(default_factory=dict)  # global rank -> its first error line's message
     samples_per_s: float | None = None
     egress: dict[tuple[str, str], float] = field(default_factory=dict)  # bytes per zone pair, summed over steps
@@ -181,6 +182,7 @@ class Agent:
         self.work_dir = work_dir
         self.park_dir = work_dir / "parked" if park_workers else None
         self.parked: dict[int, subprocess.Popen] = {}  # local rank -> a parked worker
+        self.standby_pids: set[int] = set()  # parked workers started at boot, not yet handed a generation
         self.num_standby = num_standby if park_workers else 0  # workers started at boot (parked, no state)
         self.current: _Generation | None = None
         self.previous: AgentStatus | None = None  # the replaced generation's last report
@@ -215,8 +217,10 @@ class Agent:
             gen.local_ranks[rank] = local_rank
             env, log_path = _worker_env(assignment, gen.number, rank, local_rank), log_dir / f"rank{rank}.log"
             if local_rank in self.parked:
-                gen.rejoined.append(rank)
                 gen.procs[rank] = self.parked.pop(local_rank)
+                fresh = gen.procs[rank].pid in self.standby_pids
+                self.standby_pids.discard(gen.procs[rank].pid)
+                (gen.standby if fresh else gen.rejoined).append(rank)
                 park.write_handover(self.park_dir, gen.procs[rank].pid,
                                     park.Handover(argv=tuple(cmd[3:]), env=env, log_path=str(log_path)))
                 continue
@@ -238,6 +242,7 @@ class Agent:
                 self.parked[local_rank] = subprocess.Popen(
                     [sys.executable, "-m", "sailor_core.runtime.worker", "--standby", "--park-dir", str(self.park_dir)],
                     env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        self.standby_pids = {p.pid for p in self.parked.values()}
         if self.num_standby:
             self.logs.say(f"{self.num_standby} standby workers started (pids "
                           f"{', '.join(str(p.pid) for p in self.parked.values())})")
@@ -382,6 +387,7 @@ class Agent:
             injected_preemption=gen.injected,
             previous=self.previous,
             rejoined=tuple(gen.rejoined),
+            standby=tuple(gen.standby),
             started=gen.started,
             worker_error=_lowest_rank_error(gen.errors),
             checkpoint=gen.checkpoint,

@@ -290,7 +290,7 @@ def test_while_the_next_plans_instance_boots_the_survivor_trains_on_its_own(pref
     assert sum(len(s["replicas"]) for s in interim.plan["stages"]) == 1, interim.plan
     assert sum(len(s["replicas"]) for s in after.plan["stages"]) == 2, after.plan
     assert after.at_step >= interim.at_step and after.at_step == after.steps_done_before, state.replans
-    assert after.num_ranks == 2 and after.num_ranks_rejoined == 1, state.replans
+    assert after.num_ranks == 2 and after.num_ranks_rejoined == 1 and after.num_ranks_standby == 1, state.replans
     assert state.injected_preemption_steps == (4,) and len(state.instances) == 3, state.instances
     _assert_nothing_left(state)
 
@@ -365,7 +365,7 @@ def test_the_survivors_of_a_preemption_train_on_in_their_own_processes(prefect_a
     assert summary["status"] == "succeeded" and summary["steps"] == 12, summary
     said = [e.text for e in events if e.kind == "event"]
     first = next(t for t in said if t.startswith("training: attempt 1 started"))
-    assert "(new worker processes)" in first, said
+    assert "(2 of 2 ranks in standby workers)" in first, said  # the new instances' agents started them at boot
     kept = [t for t in said if t.startswith("training: attempt 2 resumed")]
     assert state.replans[-1].num_ranks == 1 and len(state.instances) == 2, state.replans
     assert kept and "1 of 1 ranks kept their processes; rank 0 state kept in memory" in kept[0], (said, state.replans)

@@ -63,3 +63,15 @@ def test_how_workers_came_back_names_where_rank_0_took_its_state():
                               "rank 0 state handed over by its peers)",
                      "checkpoint": "workers ready in 0.4 s (1 of 2 ranks kept their processes; "
                                    "rank 0 state read from the checkpoint)"}
+
+
+def test_ranks_in_standby_workers_are_not_said_to_have_kept_their_processes():
+    """A new instance's standby worker (started at boot, no state) is no survivor."""
+    both = report.restart_words(num_ranks=2, num_ranks_rejoined=1, num_ranks_standby=1, ready_s=0.4,
+                                state_from="memory")
+    assert both == ("workers ready in 0.4 s (1 of 2 ranks kept their processes, 1 of 2 ranks in standby workers; "
+                    "rank 0 state kept in memory)")
+    fresh = report.restart_words(num_ranks=2, num_ranks_rejoined=0, num_ranks_standby=2, ready_s=1.5, state_from=None)
+    assert fresh == "workers ready in 1.5 s (2 of 2 ranks in standby workers)"
+    assert report.restart_words(num_ranks=2, num_ranks_rejoined=0, ready_s=1.5, state_from=None) == \
+        "workers ready in 1.5 s (new worker processes)"

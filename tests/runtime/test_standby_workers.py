@@ -59,7 +59,7 @@ def test_the_first_assignment_is_a_handover_to_the_standby_workers(corpus, tmp_p
         write_assignment(job_url, "i-a", _run(1, plan, (0, 1), 2, port, corpus, ckpt, 3))
         gen1 = _wait_status(job_url, "i-a", lambda st: st.generation == 1 and st.state == AgentState.EXITED)
         assert gen1.pids == {0: notes[0].pid, 1: notes[1].pid}
-        assert gen1.rejoined == (0, 1) and gen1.exit_codes == {0: 0, 1: 0}
+        assert gen1.standby == (0, 1) and gen1.rejoined == () and gen1.exit_codes == {0: 0, 1: 0}
         assert [step for step, _ in gen1.losses] == [1, 2, 3]
         assert _started(gen1)["state_from"] == "init" and _started(gen1)["ready_s"] >= 0
         assert not _alive(notes[2].pid)  # released (and reaped) at the handover
