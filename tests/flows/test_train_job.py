@@ -122,12 +122,16 @@ def _assert_tensorboard_tells_one_run(state: js.JobState, steps: int) -> None:
     key_id, secret = ends["aws_keys"]
     os.environ.update(S3_ENDPOINT=ends["aws_endpoint"], AWS_REGION="us-east-1", AWS_ACCESS_KEY_ID=key_id,
                       AWS_SECRET_ACCESS_KEY=secret)
+    import boto3
+
+    boto3.DEFAULT_SESSION = None  # TensorBoard's reader uses boto3's default session, which keeps the first keys it read
     try:
         url = f"s3://{EMBEDDED_BUCKET}/{state.job_id}/tensorboard"
         acc, flow = read_tensorboard(url), read_tensorboard(f"{url}/{ATTEMPTS_RUN}")
     finally:
         for k, v in saved.items():
             os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
+        boto3.DEFAULT_SESSION = None
     for tag in [t for t in STEP_TAGS if not t.startswith("memory/")] + ["memory/peak_bytes_rank0"]:
         assert [e.step for e in acc.Scalars(tag)] == list(range(1, steps + 1)), tag
     assert [e.value for e in acc.Scalars("events/attempt")] == [1, 2, 3]
