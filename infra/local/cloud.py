@@ -14,6 +14,8 @@ pool refuses both), but a drop reclaims spot capacity, as the clouds do.
 from __future__ import annotations
 
 import functools
+import hashlib
+import hmac
 import json
 import logging
 import os
@@ -133,6 +135,8 @@ class EmbeddedCloud:
         self.gce.metadata_handler = self._metadata
         self.gce.control_handler = self.control
         self.gce.control_secret = self.control_secret
+        self.gce.admin_token = admin_gcp_token(self.aws_keys)
+        self.gce.token_account = self.identities.token_account
         self._write_control_secret()
         if not self.network.enforced:
             log.warning("embedded cloud (host network): every instance is 127.0.0.1, so the metadata server cannot "
@@ -545,7 +549,7 @@ def providers_for(aws_endpoint: str, gce_endpoint: str, *, retry: RetryPolicy | 
     """Providers aimed at an embedded cloud (this process's or a standalone one), signing with its
     administrator's keys (``aws_keys``: the cloud's ``aws_keys``, or its state file's)."""
     # Imported here: the cloud itself (e.g. the daemon) needs neither SDK's client.
-    from google.auth.credentials import AnonymousCredentials  # lazy: google-auth, only for the clients
+    from google.oauth2.credentials import Credentials  # lazy: google-auth, only for the clients
 
     from infra.aws import AWSProvider  # lazy: boto3, only for the clients
     from infra.gcp import GCPProvider  # lazy: google-cloud-compute (~2.4 s), only for the clients
@@ -553,9 +557,16 @@ def providers_for(aws_endpoint: str, gce_endpoint: str, *, retry: RetryPolicy | 
     return {
         "aws": AWSProvider(endpoint_url=aws_endpoint, ami_id=FIXED_AMI, regions=aws_regions,
                            spot_prices_from_api=False, retry=retry, session=_local_session(*aws_keys)),
-        "gcp": GCPProvider(project=PROJECT, api_endpoint=gce_endpoint, credentials=AnonymousCredentials(), retry=retry,
+        "gcp": GCPProvider(project=PROJECT, api_endpoint=gce_endpoint, retry=retry,
+                           credentials=Credentials(token=admin_gcp_token(aws_keys)),
                            service_account=SERVICE_ACCOUNT),
     }
+
+
+def admin_gcp_token(aws_keys: tuple[str, str]) -> str:
+    """The embedded project owner's GCP access token: the same administrator as the AWS account's
+    keys (the controller holds both), derived from its secret so that nothing more needs keeping."""
+    return "ya29.sailor-admin-" + hmac.new(aws_keys[1].encode(), b"gcp-owner", hashlib.sha256).hexdigest()
 
 
 @functools.lru_cache(maxsize=4)

@@ -107,6 +107,8 @@ class GCEFake:
         # (caller's address, path, method, headers, body) -> (status, text)
         self.metadata_handler: Callable[..., tuple[int, str]] | None = None
         self.control_handler: Callable[[str, str, dict], tuple[int, dict]] | None = None
+        self.admin_token: str | None = None  # the project owner's (the controller's) access token; None: open
+        self.token_account: Callable[[str], str | None] | None = None  # an instance's token -> its account
         self.iam = None  # the embedded GCP's IAM (infra/local/gcp_iam.py): its APIs, and accounts instances run as
         self.control_secret: str | None = None  # None: control open (a fake run on its own, without a cloud)
         self.zones = _catalog_zones()
@@ -184,6 +186,21 @@ class GCEFake:
 
     # ---- routing -----------------------------------------------------------------
 
+    def _authorize(self, headers) -> None:
+        """The compute, IAM and Cloud Storage JSON APIs answer the project's owner only (the controller,
+        as the user's own credentials on GCP); a job's service account holds no role on them, so an
+        instance's token is refused (403) and a request without a known token is unauthenticated (401)."""
+        if self.admin_token is None:  # a fake run on its own, without a cloud
+            return
+        got = headers.get("Authorization", "")
+        if hmac.compare_digest(got.encode(), f"Bearer {self.admin_token}".encode()):
+            return
+        token = got[len("Bearer "):] if got.startswith("Bearer ") else ""
+        if token and self.token_account is not None and self.token_account(token):
+            raise ApiError(403, "forbidden", "Permission denied: the caller's service account has no role on "
+                                             "the project's compute, IAM or storage administration")
+        raise ApiError(401, "unauthenticated", "Request is missing valid authentication credentials")
+
     def dispatch(self, method: str, raw_path: str, body: Callable[[], dict], *, headers=None, caller: str = ""):
         url = urlparse(raw_path)
         query = {k: v[0] for k, v in parse_qs(url.query).items()}
@@ -203,6 +220,7 @@ class GCEFake:
                                                     "(Authorization: Bearer <secret>, docs/clouds.md)")
             status, payload = self.control_handler(method, path[len("/sailor/"):], body() if method == "POST" else query)
             return status, payload, "application/json"
+        self._authorize(headers)
         if path.startswith(("/v1/projects/", "/storage/v1/")) and self.iam is not None:
             status, payload = self.iam.handle(method, path, body)  # IAM's and Cloud Storage's JSON APIs
             return status, payload, "application/json"

@@ -208,11 +208,11 @@ def test_a_launch_is_all_or_nothing(cloud, providers, cloud_name):
 
 
 def test_timeouts_are_transient_and_retried(cloud, cloud_name):
-    from google.auth.credentials import AnonymousCredentials
+    from google.oauth2.credentials import Credentials
 
     from infra.aws import AWSProvider
     from infra.gcp import GCPProvider
-    from infra.local.cloud import FIXED_AMI, PROJECT, _local_session
+    from infra.local.cloud import FIXED_AMI, PROJECT, _local_session, admin_gcp_token
     from infra.retry import RetryPolicy
 
     retry = RetryPolicy(max_attempts=2, base_delay_s=0.01, max_delay_s=0.02)
@@ -220,8 +220,8 @@ def test_timeouts_are_transient_and_retried(cloud, cloud_name):
         p = AWSProvider(endpoint_url=cloud.aws_endpoint, ami_id=FIXED_AMI, regions=["us-east-1"], retry=retry,
                         read_timeout_s=0.3, session=_local_session(*cloud.aws_keys))
     else:
-        p = GCPProvider(project=PROJECT, api_endpoint=cloud.gce_endpoint, credentials=AnonymousCredentials(),
-                        zones=["us-central1-a"], retry=retry, timeout_s=0.3)
+        p = GCPProvider(project=PROJECT, api_endpoint=cloud.gce_endpoint, zones=["us-central1-a"], retry=retry,
+                        credentials=Credentials(token=admin_gcp_token(cloud.aws_keys)), timeout_s=0.3)
     cloud.set_faults(FaultRates(timeout=1.0, timeout_s=0.8))
     with pytest.raises(TransientCloudError):
         p.query_instances(job_labels("job-slow"))

@@ -266,6 +266,9 @@ def _aws_user_data(env, job_id: str) -> list[str]:
 def _gce_metadata(env) -> list[str]:
     import urllib.request
 
-    with urllib.request.urlopen(f"{env.cloud['gce_endpoint']}/compute/v1/projects/sailor-local/aggregated/instances",
-                                timeout=10) as resp:
+    from infra.local.cloud import admin_gcp_token
+
+    req = urllib.request.Request(f"{env.cloud['gce_endpoint']}/compute/v1/projects/sailor-local/aggregated/instances",
+                                 headers={"Authorization": f"Bearer {admin_gcp_token(tuple(env.cloud['aws_keys']))}"})
+    with urllib.request.urlopen(req, timeout=10) as resp:
         return [resp.read().decode(errors="replace")]

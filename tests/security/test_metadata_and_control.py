@@ -218,3 +218,29 @@ def test_a_service_of_the_host_on_every_address_is_out_of_an_instances_reach(clo
         assert attempt(int(cloud.gce_endpoint.rsplit(":", 1)[1].split("/")[0])) == "connected"  # its metadata server
     finally:
         server.close()
+
+
+@pytest.mark.parametrize("two_jobs", ["gcp"], indirect=True)
+def test_an_instances_token_gets_nothing_of_gces_iams_or_storages_administration(cloud, two_jobs):
+    """GCP's control plane from job A's instance: its service account's token (from its metadata
+    server) holds no role there, a request without one is unauthenticated; B stays as it was."""
+    _, a, b = two_jobs
+    status, answer = metadata(cloud, a, "computeMetadata/v1/instance/service-accounts/default/token")
+    assert status == 200, answer
+    bearer = {"Authorization": f"Bearer {json.loads(answer)['access_token']}"}
+    api = f"{cloud.gce_endpoint}/compute/v1/projects/sailor-local"
+    attempts = [
+        ("DELETE", f"{api}/zones/us-central1-a/instances/{b}", None),
+        ("POST", f"{api}/global/firewalls", json.dumps({"name": "open-b", "sourceRanges": ["0.0.0.0/0"],
+                                                         "allowed": [{"IPProtocol": "tcp"}]})),
+        ("GET", f"{api}/aggregated/instances", None),
+        ("POST", f"{cloud.gce_endpoint}/v1/projects/sailor-local/serviceAccounts",
+         json.dumps({"accountId": "sailor-a-widened"})),
+        ("PUT", f"{cloud.gce_endpoint}/storage/v1/b/{BUCKET}/iam", json.dumps({"bindings": []})),
+    ]
+    for method, url, body in attempts:
+        assert ask(cloud, a, url, method=method, headers=bearer, data=body)[0] == 403, (method, url)
+        assert ask(cloud, a, url, method=method, data=body)[0] == 401, (method, url)
+    assert cloud.machines.get(b) is not None and not cloud.machines.get(b).ended
+    gcp = make_providers(cloud)["gcp"]  # the controller's own credentials still do all of it
+    assert b in {i.instance_id for i in gcp.query_instances(job_labels(JOBS[1]), include_ended=False)}
