@@ -118,15 +118,22 @@ def strengthen(searcher: Searcher, ev: Evaluated) -> Evaluated:
         if stage.dp_degree < 2 or zero:
             continue
         for levers in ((recompute, 1), (recompute, 2)):
-            moved = _with_levers(searcher, stage, levers)
-            if moved is None:
-                continue
-            stages = list(best.stages)
-            stages[i] = moved
-            trial = searcher.evaluate(best.mbs, tuple(stages))
-            if trial.feasible and _pays(trial, best):
+            trial = _with_stage_levers(searcher, best, i, levers)
+            if trial is not None and _pays(trial, best):
                 best = trial
     return best
+
+
+def _with_stage_levers(searcher: Searcher, ev: Evaluated, i: int, levers: tuple[str, int]) -> Evaluated | None:
+    """``ev`` evaluated with stage ``i`` under ``levers``; None when a kind has no profile or it
+    does not fit."""
+    moved = _with_levers(searcher, ev.stages[i], levers)
+    if moved is None:
+        return None
+    stages = list(ev.stages)
+    stages[i] = moved
+    trial = searcher.evaluate(ev.mbs, tuple(stages))
+    return trial if trial.feasible else None
 
 
 def _pays(trial: Evaluated, than: Evaluated) -> bool:
@@ -154,13 +161,8 @@ def relax(searcher: Searcher, ev: Evaluated) -> Evaluated:
         options = _weaker_or_equal(top) if top != _NO_LEVERS else []
         chosen = None
         for levers in options:
-            moved = _with_levers(searcher, stage, levers)
-            if moved is None:
-                continue
-            stages = list(best.stages)
-            stages[i] = moved
-            trial = searcher.evaluate(best.mbs, tuple(stages))
-            if trial.feasible and (chosen is None or _pays(trial, chosen)):
+            trial = _with_stage_levers(searcher, best, i, levers)
+            if trial is not None and (chosen is None or _pays(trial, chosen)):
                 chosen = trial
         if chosen is not None:
             best = chosen
