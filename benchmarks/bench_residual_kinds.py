@@ -3,6 +3,13 @@
 * Kind 1/2: what DeepSpeed's partitioned boundary tensors (``stage.partitioned_boundary_s``)
   add to TP pipelines under its regime, per plan: OPT-350M and GPT-Neo-2.7B on GH-96 at TP 4
   (1-8 stages), and mixed RTX pipelines at TP 2 and 8, global batch 32.
+* Kind 1: the closed form (``pipeline_time``) against the exact replay of DeepSpeed's lock-step
+  ``TrainSchedule`` (``schedule_reference.blocking_makespan``) on the same stages and links.
+* Kind 2 (a lead, not the model): the same lock-step schedule if a send completed once its
+  data is buffered (the receiver alone waiting for the wire) instead of blocking both ends.
+* Kind 3: the GH-96 OPT-350M profile's forward and backward sums per (TP, mbs): the per-block
+  floor at TP 4 that does not shrink with the micro-batch.
+* Kind 4: what the model charges a 2-stage, one-sample iteration, part by part.
 * Kind 5: the memory model's bytes per extra micro-batch in flight on an H200 (mbs 1) and, with
   ``--saved``, what autograd saves in ``transformers``' models under CPU bf16 autocast (seq 256,
   depth 2 and 4 differenced) beside ``catalog/layers.py`` (a few minutes: full-width models).
@@ -24,15 +31,16 @@ from sailor_core.plan.types import plan_from_dict  # noqa: E402
 from sailor_core.profiles import default_profile_db  # noqa: E402
 from sailor_core.regimes import get_regime  # noqa: E402
 from sailor_core.simulator import compose, simulate, stage_memory  # noqa: E402
+from sailor_core.simulator.schedule_reference import blocking_makespan, deepspeed_commands  # noqa: E402
 
 ZONE = "us-central1-a"
 BF16 = "torch-bf16-autocast-adamw"
 
 
-def _plan(model: str, gpus: list[str], tp: int, mbs: int) -> dict:
+def _plan(model: str, gpus: list[str], tp: int, mbs: int, gbs: int = 32) -> dict:
     n = get_model(model).num_layer_indices
     cuts = [round(i * n / len(gpus)) for i in range(len(gpus) + 1)]
-    return {"model": model, "global_batch_size": 32, "micro_batch_size": mbs,
+    return {"model": model, "global_batch_size": gbs, "micro_batch_size": mbs,
             "stages": [{"layers": [cuts[i], cuts[i + 1]], "replicas": [{"gpu": g, "tp": tp, "zone": ZONE}]}
                        for i, g in enumerate(gpus)]}
 
@@ -110,8 +118,102 @@ def saved_rows(seq: int = 256) -> None:
               f"{(2 * two - four) / 1e6:.2f} | {rest / 1e6:.2f} |")
 
 
+def _stages_and_links(result) -> tuple[list[tuple[float, float]], list[tuple[float, float]]]:
+    """(forward, backward) of each stage's replica and (latency 0, one way) of each link, as
+    ``simulate`` charged them (one replica per stage)."""
+    steps = [(s.replicas[0].fwd_s, s.replicas[0].bwd_s) for s in result.stages]
+    return steps, [(0.0, s.p2p_s_per_microbatch / 2) for s in result.stages[:-1]]
+
+
+def schedule_rows() -> None:
+    print("\n| model | stages | mbs | micro-batches | closed form s | exact DeepSpeed schedule s | closed / exact |")
+    print("|---|---|---|---|---|---|---|")
+    for model, p, mbs in (("opt-350m", 2, 1), ("opt-350m", 4, 1), ("opt-350m", 4, 4), ("gpt-neo-2.7b", 4, 1),
+                          ("gpt-neo-2.7b", 8, 1), ("gpt-neo-2.7b", 8, 4)):
+        result = simulate(plan_from_dict(_plan(model, ["GH-96"] * p, 4, mbs)))
+        pipe = result.breakdown["compute"] + result.breakdown["bubble"] + result.breakdown["p2p"]
+        steps, links = _stages_and_links(result)
+        exact = blocking_makespan(steps, result.num_microbatches, links)
+        print(f"| {model} | {p} | {mbs} | {result.num_microbatches} | {pipe:.4f} | {exact:.4f} | {pipe / exact:.3f} |")
+
+
+def buffered_send_makespan(steps, num_mb: int, links) -> float:
+    """DeepSpeed's lock-step commands (``deepspeed_commands``) where a send costs its sender
+    nothing once its data is buffered: the transfer starts at the send (one FIFO per link and
+    direction) and the receive waits for its arrival.  An exploration for kind 2, not the model."""
+    num_stages = len(steps)
+    cmds = [deepspeed_commands(num_stages, s, num_mb) for s in range(num_stages)]
+    pos, free = [0] * num_stages, [0.0] * num_stages
+    arrival: dict[tuple[str, int, int], float] = {}
+    link_free: dict[tuple[int, str], float] = {}
+    remaining = sum(len(c) for c in cmds)
+    while remaining:
+        progressed = False
+        for s in range(num_stages):
+            while pos[s] < len(cmds[s]):
+                kind, m = cmds[s][pos[s]]
+                if kind in ("F", "B"):
+                    free[s] += steps[s][0 if kind == "F" else 1]
+                elif kind.startswith("send"):
+                    peer = s + (1 if kind == "send_act" else -1)
+                    lat, wire = links[min(s, peer)]
+                    start = max(free[s], link_free.get((min(s, peer), kind), 0.0))
+                    link_free[(min(s, peer), kind)] = start + wire
+                    arrival[(kind[5:], m, peer)] = start + wire + lat
+                elif (kind[5:], m, s) in arrival:
+                    free[s] = max(free[s], arrival[(kind[5:], m, s)])
+                else:
+                    break
+                pos[s] += 1
+                remaining -= 1
+                progressed = True
+        assert progressed, "deadlock"
+    return max(free)
+
+
+def buffered_send_rows() -> None:
+    print("\n| stages (GPUs) | TP | simulate s | p2p s | exact blocking s | buffered sends s | buffered / blocking |")
+    print("|---|---|---|---|---|---|---|")
+    mixed = ["RTX-3090", "Titan-RTX", "RTX-2080", "RTX-3090"]
+    for p, tp in ((2, 2), (2, 8), (4, 2), (4, 8)):
+        result = simulate(plan_from_dict(_plan("opt-350m", mixed[:p], tp, 1)))
+        steps, links = _stages_and_links(result)
+        exact = blocking_makespan(steps, result.num_microbatches, links)
+        eager = buffered_send_makespan(steps, result.num_microbatches, links)
+        print(f"| {p} ({'/'.join(mixed[:p])}) | {tp} | {result.iteration_time_s:.3f} | {result.breakdown['p2p']:.3f} | "
+              f"{exact:.3f} | {eager:.3f} | {eager / exact:.3f} |")
+
+
+def profile_floor_rows() -> None:
+    db = default_profile_db()
+    print("\n| GH-96 opt-350m | mbs 1 fwd/bwd ms | mbs 2 | mbs 4 | mbs 8 |")
+    print("|---|---|---|---|---|")
+    for tp in (1, 2, 4):
+        cells = []
+        for mbs in (1, 2, 4, 8):
+            prof = db.get("opt-350m", "GH-96", tp, mbs, regime="megatron-fp32-adamw")
+            fwd = sum(layer.fwd_s for layer in prof.layers)
+            bwd = sum(layer.bwd_s for layer in prof.layers)
+            cells.append(f"{1e3 * fwd:.1f} / {1e3 * bwd:.1f}")
+        print(f"| TP {tp} | " + " | ".join(cells) + " |")
+
+
+def single_sample_rows() -> None:
+    print("\n| 2 stages, 1 micro-batch of 1 sample | iteration ms | compute | bubble | p2p | dp_sync | update |")
+    print("|---|---|---|---|---|---|---|")
+    for model, gpu, tp in (("opt-350m", "GH-96", 4), ("opt-350m", "GH-96", 1), ("gpt-neo-2.7b", "GH-96", 4),
+                           ("opt-350m", "RTX-3090", 2)):
+        result = simulate(plan_from_dict(_plan(model, [gpu] * 2, tp, 1, gbs=1)))
+        parts = " | ".join(f"{1e3 * result.breakdown[k]:.1f}" for k in ("compute", "bubble", "p2p", "dp_sync", "update"))
+        print(f"| {model} {gpu} TP {tp} | {1e3 * result.iteration_time_s:.1f} | {parts} |")
+
+
 if __name__ == "__main__":
     partition_rows()
+    schedule_rows()
+    buffered_send_rows()
+    profile_floor_rows()
+    single_sample_rows()
     memory_rows()
     if "--saved" in sys.argv[1:]:
         saved_rows()

@@ -77,20 +77,22 @@ def partitioned_boundary_s(network: NetworkModel, num_bytes: float, src: Endpoin
     """What DeepSpeed's pipeline engine adds to one micro-batch's round trip over a boundary
     between replicas of equal TP degree ``t > 1``.  With model parallelism it partitions the
     boundary's tensors over the TP group (``pipe_partitioned`` and ``grad_partitioned``, on by
-    default; DeepSpeed's ``deepspeed/runtime/pipe/engine.py``): every rank sends a small meta tensor, then its 1/t
-    slice, both blocking sends (the slices are ``boundary_transfer_s``'s crossing), and the
-    tensor is rebuilt by an all-gather over the TP group three times per micro-batch: the
-    receiver's of the activation before its forward, and, before the sender's backward, of its own
-    output (whose data it dropped after partitioning it) and of the received gradient.  The
-    gathers run inside the node on the TP link (``NetworkModel.tp_bandwidth_bytes_per_s``), as
-    a ring (``t - 1`` steps of ``bytes / t``) that pays the TP collective's latency once, as the
-    estimator's TP all-reduce does."""
+    default): every rank sends a small meta tensor, then its 1/t slice, both blocking sends (the
+    slices are ``boundary_transfer_s``'s crossing), and the tensor is rebuilt by an all-gather
+    over the TP group twice per micro-batch, as Sailor's pipeline engine (``deepspeed/
+    pipe_engine.py`` of eth-easl/sailor, under which its profiles and runs were taken) does:
+    the receiver's gather of the activation before its forward (``reconstruct_tensor`` of the
+    received input) and the sender's of the received gradient before its backward (the output
+    is not gathered again: its data is pointed at the gathered gradient; upstream DeepSpeed
+    gathers the output too, a third gather).  The gathers run inside the node on the TP link
+    (``NetworkModel.tp_bandwidth_bytes_per_s``), as a ring (``t - 1`` steps of ``bytes / t``)
+    that pays the TP collective's latency once, as the estimator's TP all-reduce does."""
     tp = src.num_gpus
     if tp == 1 or dst.num_gpus != tp:
         return 0.0
     wire_bytes = (tp - 1) * num_bytes / tp
     gathers = sum(DEFAULT_TP_LATENCY_S + wire_bytes / network.tp_bandwidth_bytes_per_s(gpu, tp, num_bytes)
-                  for gpu in (dst.gpu, src.gpu, src.gpu))
+                  for gpu in (dst.gpu, src.gpu))
     meta = network.p2p_time_s(_PARTITION_META_BYTES, src, dst) + network.p2p_time_s(_PARTITION_META_BYTES, dst, src)
     return gathers + meta
 
