@@ -85,7 +85,9 @@ def record() -> None:
         kind = orig_get(self, gpu, tp_degree, micro_batch_size, regime)
         if kind is not None and id(kind) not in kind_ids:
             kind_ids[id(kind)] = len(kinds)
-            kinds.append([self.model, self.seq_len, self.regime_name, gpu, tp_degree, micro_batch_size, regime])
+            # the cache's memory levers too: a kind under recomputation or ZeRO answers differently
+            kinds.append([self.model, self.seq_len, self.regime_name, gpu, tp_degree, micro_batch_size, regime,
+                          list(self.levers)])
             keep_alive.append(kind)
         return kind
 
@@ -124,7 +126,7 @@ def record() -> None:
     def min_max_split(slots, num_layers, *, lower_bound_s=0.0, rel_tol=5e-3):
         ends = orig_split(slots, num_layers, lower_bound_s=lower_bound_s, rel_tol=rel_tol)
         calls["min_max_split"].append([
-            [[kind_ids[id(s.kind)], s.num_microbatches, s.num_inflight] for s in slots],
+            [[kind_ids[id(s.kind)], s.num_microbatches, s.num_inflight, s.dp_degree] for s in slots],
             num_layers, lower_bound_s, rel_tol, ends])
         return ends
 
@@ -180,13 +182,15 @@ class Replay:
         from sailor_core.planner.fastsim import FastSim, FastStage
         from sailor_core.planner.kinds import KindCache
         from sailor_core.planner.split import StageSlot
+        from sailor_core.plan.types import RECOMPUTE_NONE
 
         caches: dict = {}
         self.kinds = []
-        for model, seq_len, cache_regime, gpu, tp, mbs, regime in data["kinds"]:
-            ckey = (model, seq_len, cache_regime)
+        for model, seq_len, cache_regime, gpu, tp, mbs, regime, *levers in data["kinds"]:
+            lever = tuple(levers[0]) if levers else (RECOMPUTE_NONE, 0)
+            ckey = (model, seq_len, cache_regime, lever)
             if ckey not in caches:
-                caches[ckey] = KindCache(model, seq_len, cache_regime, profiles)
+                caches[ckey] = KindCache(model, seq_len, cache_regime, profiles, levers=lever)
             self.kinds.append(caches[ckey].get(gpu, tp, mbs, regime))
         self.sims = [FastSim(model=m, global_batch_size=g, network=network, spot=s, regime=r)
                      for m, g, s, r in data["sims"]]
@@ -196,7 +200,8 @@ class Replay:
 
         self.evaluate = [(self.sims[i], mbs, stages(enc), want) for i, mbs, enc, want in data["evaluate"]]
         self.rent = [(self.sims[i], mbs, stages(enc), want) for i, mbs, enc, want in data["rent_and_egress"]]
-        self.split = [([StageSlot(kind=self.kinds[k], num_microbatches=n, num_inflight=f) for k, n, f in slots],
+        self.split = [([StageSlot(kind=self.kinds[k], num_microbatches=n, num_inflight=f, dp_degree=d[0] if d else 1)
+                        for k, n, f, *d in slots],
                        num_layers, lb, tol, want) for slots, num_layers, lb, tol, want in data["min_max_split"]]
 
 
