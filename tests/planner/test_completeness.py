@@ -9,7 +9,8 @@ import pytest
 
 from sailor_core.planner import make_request, plan_job
 from sailor_core.planner.exhaustive import enumerate_best, enumerate_mixed_best
-from sailor_core.planner.search.shapes import DP_SPACES, STAGE_SPACES, dp_degrees
+from sailor_core.planner.mixed_space import STAGE_SPACES
+from sailor_core.planner.search.shapes import DP_SPACES, dp_degrees
 
 A, V = "A100-40", "V100-16"
 ZA, ZB, ZC = "us-central1-a", "us-central1-b", "us-central1-c"
