@@ -24,6 +24,7 @@ extended.
 
 from __future__ import annotations
 
+from sailor_core.plan.routing import microbatches_per_replica
 from sailor_core.planner.fastsim import FastStage
 from sailor_core.planner.kinds import valid_tp_degrees
 from sailor_core.planner.search import Searcher
@@ -41,10 +42,11 @@ _SLACK = 1 + 1e-9  # the bound is a sum of the same per-layer times the simulato
 STAGE_SPACES = {
     # ``PlanRequest.mixed_stages`` off
     "one-type": "stages of one GPU type each; no stage mixes GPU types",
-    # mixed stages asked for, pools beyond the bounded walk's reach
+    # mixed stages asked for, pools beyond the bounded walk's reach (``MAX_MIXED_GPUS``) or its
+    # budget (the words the planner goldens hold since before the walk)
     "leftover": "stages of one GPU type each; a stage mixes GPU types only where leftover GPUs joined the "
                 "busiest stages after the search, one at a time while the plan improved, which `exhausted` "
-                f"does not cover (the mixed space is proven only on pools of at most {MAX_MIXED_GPUS} GPUs)",
+                "does not cover",
     # the bounded walk covered the mixed space
     "mixed": "stages of any GPU types, TP degrees and zones, their replica groups in any order, every DP "
              "degree and layer split (without memory levers): proven by a bound over the whole mixed space, "
@@ -97,22 +99,22 @@ def in_plan_regime(searcher: Searcher, groups: list) -> tuple:
 
 def busiest_counts(groups: tuple, num_mb: int) -> tuple:
     """(kind, the most micro-batches one of its replicas runs) per group of one stage."""
-    d = sum(n for _, _, n in groups)
-    q, r = divmod(num_mb, d)
+    counts = microbatches_per_replica(num_mb, sum(n for _, _, n in groups))
     out, pos = [], 0
     for k, _, n in groups:
-        out.append((k, q + 1 if pos < r else q))
+        out.append((k, max(counts[pos:pos + n])))
         pos += n
     return tuple(out)
 
 
-def search_mixed(searcher: Searcher) -> bool:
+def search_mixed(searcher: Searcher, *, max_checks: int = MAX_MIXED_CHECKS,
+                 max_evaluations: int = MAX_MIXED_EVALUATIONS) -> bool:
     """Offer every plan of the mixed space whose bound may enter the top N; True when the whole
     space was covered (the top N is then proven over it), False when not tried or given up."""
     req = searcher.req
     if sum(req.availability.values()) > MAX_MIXED_GPUS:
         return False
-    checks = [0, 0]  # partial splits bounded, plans evaluated
+    checks = [max_checks, max_evaluations]  # what is left of each budget
     try:
         for mbs in searcher.micro_batch_sizes():
             options = stage_options(searcher, mbs)
@@ -159,8 +161,8 @@ def _search_splits(searcher: Searcher, mbs: int, groups: tuple, num_mb: int, che
 
     def walk(i: int, start: int) -> None:
         for end in (range(start + 1, L - (P - i - 1) + 1) if i < P - 1 else (L,)):
-            checks[0] += 1
-            if checks[0] > MAX_MIXED_CHECKS:
+            checks[0] -= 1
+            if checks[0] < 0:
                 raise _OutOfChecks
             t = max(n * k.time_s(start, end) for k, n in busiest[i])
             if t > _time_limit_s(searcher, rent_usd_per_s):
@@ -171,8 +173,8 @@ def _search_splits(searcher: Searcher, mbs: int, groups: tuple, num_mb: int, che
             else:
                 bounds = zip((0, *ends[:-1]), ends)
                 stages = tuple(FastStage(a, b, g) for (a, b), g in zip(bounds, groups))
-                checks[1] += 1
-                if checks[1] > MAX_MIXED_EVALUATIONS:
+                checks[1] -= 1
+                if checks[1] < 0:
                     raise _OutOfChecks
                 searcher.offer(searcher.evaluate(mbs, stages))
             ends.pop()
