@@ -65,18 +65,20 @@ def enumerate_best(request: PlanRequest, *, profiles, network, every_degree: boo
 
 def enumerate_mixed_best(request: PlanRequest, *, profiles, network) -> ExhaustiveResult:
     """The best of every plan of up to ``request.max_stages`` stages, each stage any ordered
-    groups of (GPU type, TP degree, zone) replicas the pools hold (micro-batch m goes to replica
-    m mod D, so the order decides which group gets the most), every contiguous split."""
+    groups of (GPU type, TP degree, zone) replicas the pools hold, no more than the micro-batches
+    (micro-batch m goes to replica m mod D, so the order decides which group gets the most),
+    every contiguous split."""
     s = Searcher(request, profiles=profiles, network=network)
     best: Evaluated | None = None
     count = 0
     L = s.num_layers
     for mbs in s.micro_batch_sizes():
         options = stage_options(s, mbs)
+        num_mb = request.global_batch_size // mbs
         for num_stages in range(1, min(s.max_stages, L) + 1):
             for cuts in itertools.combinations(range(1, L), num_stages - 1):
                 bounds = list(zip((0, *cuts), (*cuts, L)))
-                for groups in stage_groups(options, dict(request.availability), num_stages):
+                for groups in stage_groups(options, dict(request.availability), num_stages, num_mb):
                     stages = tuple(FastStage(a, b, g) for (a, b), g in zip(bounds, in_plan_regime(s, groups)))
                     ev = s.evaluate(mbs, stages)
                     count += 1

@@ -11,8 +11,9 @@ The bound: a replica runs its micro-batches one after another, so an iteration t
 the busiest replica's micro-batches (micro-batch m goes to replica m mod D: the first
 ``num_mb mod D`` replicas of a stage get one more) times its forward and backward time on its
 stage's layers (``Kind.time_s``), whatever the links, bubbles and rings add; the rent of the
-stages' GPUs over that time bounds the cost.  Splits are walked stage by stage and a stage's
-end stops growing once its bound passes the limit (its time only grows with its layers).
+stages' GPUs over that time bounds the cost.  Splits are walked stage by stage: a stage's end
+stops growing once its bound passes the limit (its time only grows with its layers), and an end
+that leaves the later stages more than the limit on average (``_rest_bounds``) is skipped.
 
 The space grows like the ordered groupings of the pools times the splits, so it is searched only
 where the pools hold at most ``MAX_MIXED_GPUS`` GPUs, and the proof is given up (the leftover
@@ -32,7 +33,7 @@ from sailor_core.simulator.compose import SECONDS_PER_HOUR
 
 MAX_MIXED_GPUS = 8  # pools of more GPUs: the leftover step only (its orderings outgrow any budget)
 MAX_MIXED_CHECKS = 20_000  # partial splits bounded before the proof is given up (about 0.1 s)
-MAX_MIXED_EVALUATIONS = 1_000  # plans evaluated before it is given up (where the bound is weak)
+MAX_MIXED_EVALUATIONS = 2_500  # plans evaluated before it is given up (where the bound is weak)
 _SLACK = 1 + 1e-9  # the bound is a sum of the same per-layer times the simulator adds: rounding
 
 # What a stage may hold in the space ``exhausted`` speaks for, by what ``plan_job`` searched: the
@@ -66,29 +67,31 @@ def stage_options(searcher: Searcher, mbs: int) -> list:
             if (k := searcher.kinds.get(gpu, tp, mbs)) is not None]
 
 
-def stage_groups(options: list, left: dict, num_stages: int):
+def stage_groups(options: list, left: dict, num_stages: int, max_replicas: int):
     """Every list of ``num_stages`` stages' groups ((kind, zone, replicas), distinct (kind, zone)
-    per stage, in every order) whose GPUs the pools ``left`` hold."""
+    per stage, in every order, at most ``max_replicas`` replicas a stage: a plan keeps every
+    replica busy, ``plan.types.validate_plan``) whose GPUs the pools ``left`` hold."""
     if num_stages == 0:
         yield []
         return
-    for groups in _one_stage(options, left):
+    for groups in _one_stage(options, left, max_replicas):
         rest = dict(left)
         for k, z, n in groups:
             rest[(k.gpu, z)] -= n * k.tp_degree
-        for later in stage_groups(options, rest, num_stages - 1):
+        for later in stage_groups(options, rest, num_stages - 1, max_replicas):
             yield [groups, *later]
 
 
-def _one_stage(options: list, left: dict, used: tuple = ()):
+def _one_stage(options: list, left: dict, max_replicas: int, used: tuple = ()):
     """Every non-empty ordered tuple of groups one stage can take from ``left``."""
     for k, z in options:
         if any(k is uk and z == uz for uk, uz, _ in used):
             continue
-        for n in range(1, left[(k.gpu, z)] // k.tp_degree + 1):
+        for n in range(1, min(left[(k.gpu, z)] // k.tp_degree, max_replicas) + 1):
             groups = (*used, (k, z, n))
             yield groups
-            yield from _one_stage(options, {**left, (k.gpu, z): left[(k.gpu, z)] - n * k.tp_degree}, groups)
+            yield from _one_stage(options, {**left, (k.gpu, z): left[(k.gpu, z)] - n * k.tp_degree},
+                                  max_replicas - n, groups)
 
 
 def in_plan_regime(searcher: Searcher, groups: list) -> tuple:
@@ -120,7 +123,7 @@ def search_mixed(searcher: Searcher, *, max_checks: int = MAX_MIXED_CHECKS,
             options = stage_options(searcher, mbs)
             num_mb = req.global_batch_size // mbs
             for num_stages in range(1, searcher.max_stages + 1):
-                for groups in stage_groups(options, dict(req.availability), num_stages):
+                for groups in stage_groups(options, dict(req.availability), num_stages, num_mb):
                     _search_splits(searcher, mbs, in_plan_regime(searcher, groups), num_mb, checks)
     except _OutOfChecks:
         return False
@@ -157,16 +160,19 @@ def _search_splits(searcher: Searcher, mbs: int, groups: tuple, num_mb: int, che
     P = len(groups)
     if P > L:
         return
+    rest = _rest_bounds(busiest, L)
     ends: list[int] = []
 
     def walk(i: int, start: int) -> None:
+        limit = _time_limit_s(searcher, rent_usd_per_s)
         for end in (range(start + 1, L - (P - i - 1) + 1) if i < P - 1 else (L,)):
             checks[0] -= 1
             if checks[0] < 0:
                 raise _OutOfChecks
-            t = max(n * k.time_s(start, end) for k, n in busiest[i])
-            if t > _time_limit_s(searcher, rent_usd_per_s):
+            if max(n * k.time_s(start, end) for k, n in busiest[i]) > limit:
                 return  # a later end only adds layers to this stage
+            if i < P - 1 and rest[i][end] > limit:
+                continue  # too much left to the later stages; a later end leaves less
             ends.append(end)
             if i < P - 1:
                 walk(i + 1, end)
@@ -178,8 +184,30 @@ def _search_splits(searcher: Searcher, mbs: int, groups: tuple, num_mb: int, che
                     raise _OutOfChecks
                 searcher.offer(searcher.evaluate(mbs, stages))
             ends.pop()
+            limit = _time_limit_s(searcher, rent_usd_per_s)
 
     walk(0, 0)
+
+
+def _rest_bounds(busiest: list, num_layers: int) -> list[list[float]]:
+    """Per stage i (but the last) and first layer e after it: a bound on the busiest of stages
+    i+1.. holding layers [e, L).  Each such stage's bound is at least its cheapest group's time on
+    its layers, so theirs add up to at least the cheapest of them on each layer, summed, and the
+    busiest holds at least their mean."""
+    P = len(busiest)
+    out: list[list[float]] = [[] for _ in range(P - 1)]
+    rate: list[float] | None = None
+    for j in range(P - 1, 0, -1):
+        cums = [(k.comp_cum, n) for k, n in busiest[j]]
+        mine = [min(n * (c[layer + 1] - c[layer]) for c, n in cums) for layer in range(num_layers)]
+        rate = mine if rate is None else [min(a, b) for a, b in zip(rate, mine)]
+        suffix = [0.0] * (num_layers + 1)
+        acc = 0.0
+        for layer in range(num_layers - 1, -1, -1):
+            acc += rate[layer]
+            suffix[layer] = acc / (P - j)
+        out[j - 1] = suffix
+    return out
 
 
 def bound_s(groups: tuple, ends: list[int], num_mb: int) -> float:
@@ -189,5 +217,5 @@ def bound_s(groups: tuple, ends: list[int], num_mb: int) -> float:
                for k, n in busiest_counts(g, num_mb))
 
 
-__all__ = ["MAX_MIXED_CHECKS", "MAX_MIXED_EVALUATIONS", "MAX_MIXED_GPUS", "STAGE_SPACES", "bound_s", "busiest_counts", "in_plan_regime", "search_mixed",
-           "stage_groups", "stage_options"]
+__all__ = ["MAX_MIXED_CHECKS", "MAX_MIXED_EVALUATIONS", "MAX_MIXED_GPUS", "STAGE_SPACES", "bound_s", "busiest_counts",
+           "in_plan_regime", "search_mixed", "stage_groups", "stage_options"]

@@ -28,7 +28,7 @@ def test_the_bound_never_exceeds_the_simulated_iteration(kw, profiles, network):
     for mbs in s.micro_batch_sizes():
         num_mb = s.req.global_batch_size // mbs
         for num_stages in (1, 2):
-            for groups in stage_groups(stage_options(s, mbs), dict(s.req.availability), num_stages):
+            for groups in stage_groups(stage_options(s, mbs), dict(s.req.availability), num_stages, num_mb):
                 groups = in_plan_regime(s, groups)
                 for cuts in itertools.islice(itertools.combinations(range(1, L), num_stages - 1), 0, None, 3):
                     ends = [*cuts, L]
