@@ -18,7 +18,9 @@ that leaves the later stages more than the limit on average (``_rest_bounds``) i
 The space grows like the ordered groupings of the pools times the splits, so it is searched only
 where the pools hold at most ``MAX_MIXED_GPUS`` GPUs, and the proof is given up (the leftover
 step's plans stand, unproven) after ``MAX_MIXED_CHECKS`` partial splits bounded or
-``MAX_MIXED_EVALUATIONS`` plans evaluated (a compute bound is weak where links dominate).  Plans with
+``MAX_MIXED_EVALUATIONS`` plans evaluated (or the request's ``max_evaluations``, if smaller):
+the bound leaves out links, bubbles and rings, so where they are a tenth of the iteration every
+near-equal grouping and split must be evaluated.  Plans with
 memory levers (``planner/levers.py``) are outside it, so a search that needed them is not
 extended.
 """
@@ -111,12 +113,16 @@ def busiest_counts(groups: tuple, num_mb: int) -> tuple:
 
 
 def search_mixed(searcher: Searcher, *, max_checks: int = MAX_MIXED_CHECKS,
-                 max_evaluations: int = MAX_MIXED_EVALUATIONS) -> bool:
+                 max_evaluations: int | None = None) -> bool:
     """Offer every plan of the mixed space whose bound may enter the top N; True when the whole
-    space was covered (the top N is then proven over it), False when not tried or given up."""
+    space was covered (the top N is then proven over it), False when not tried or given up.
+    ``max_evaluations``: default the smaller of ``MAX_MIXED_EVALUATIONS`` and the request's own
+    budget (the replay's searches are short)."""
     req = searcher.req
     if sum(req.availability.values()) > MAX_MIXED_GPUS:
         return False
+    if max_evaluations is None:
+        max_evaluations = min(MAX_MIXED_EVALUATIONS, req.max_evaluations)
     checks = [max_checks, max_evaluations]  # what is left of each budget
     try:
         for mbs in searcher.micro_batch_sizes():
