@@ -156,11 +156,9 @@ def _time_limit_s(searcher: Searcher, rent_usd_per_s: float) -> float:
 def _search_splits(searcher: Searcher, mbs: int, groups: tuple, num_mb: int, checks: list) -> None:
     """Evaluate and offer every split of ``groups``' stages whose bound beats the limit."""
     req = searcher.req
-    fast = searcher.fast
-    rent_usd_per_hr = sum(fast.price(k.gpu, z) * k.tp_degree * n for g in groups for k, z, n in g)
-    if req.max_usd_per_hour is not None and rent_usd_per_hr > req.max_usd_per_hour:
+    rent_usd_per_s = rent_s(searcher, groups)
+    if req.max_usd_per_hour is not None and rent_usd_per_s * SECONDS_PER_HOUR > req.max_usd_per_hour:
         return
-    rent_usd_per_s = rent_usd_per_hr / SECONDS_PER_HOUR
     busiest = [busiest_counts(g, num_mb) for g in groups]
     L = searcher.num_layers
     P = len(groups)
@@ -216,6 +214,12 @@ def _rest_bounds(busiest: list, num_layers: int) -> list[list[float]]:
     return out
 
 
+def rent_s(searcher: Searcher, groups: tuple) -> float:
+    """USD per second the stages' GPUs rent for (egress, the rest of a plan's cost, is >= 0)."""
+    fast = searcher.fast
+    return sum(fast.price(k.gpu, z) * k.tp_degree * n for g in groups for k, z, n in g) / SECONDS_PER_HOUR
+
+
 def bound_s(groups: tuple, ends: list[int], num_mb: int) -> float:
     """The iteration-time bound of one plan of the mixed space (its stages' groups in the plan's
     regime, each stage's end layer): the busiest replica's compute."""
@@ -224,4 +228,4 @@ def bound_s(groups: tuple, ends: list[int], num_mb: int) -> float:
 
 
 __all__ = ["MAX_MIXED_CHECKS", "MAX_MIXED_EVALUATIONS", "MAX_MIXED_GPUS", "STAGE_SPACES", "bound_s", "busiest_counts",
-           "in_plan_regime", "search_mixed", "stage_groups", "stage_options"]
+           "in_plan_regime", "rent_s", "search_mixed", "stage_groups", "stage_options"]

@@ -9,8 +9,8 @@ import pytest
 from sailor_core.plan.routing import replica_of
 from sailor_core.planner import make_request
 from sailor_core.planner.fastsim import FastStage
-from sailor_core.planner.mixed_space import (MAX_MIXED_GPUS, bound_s, busiest_counts, in_plan_regime, search_mixed,
-                                             stage_groups, stage_options)
+from sailor_core.planner.mixed_space import (MAX_MIXED_GPUS, bound_s, busiest_counts, in_plan_regime, rent_s,
+                                             search_mixed, stage_groups, stage_options)
 from sailor_core.planner.search import Searcher
 
 A, V = "A100-40", "V100-16"
@@ -19,9 +19,10 @@ ZA, ZB = "us-central1-a", "us-central1-b"
 
 @pytest.mark.parametrize("kw", [
     dict(model="small", availability={(A, ZA): 1, (V, ZA): 2}, global_batch_size=1024),
-    dict(model="opt-350m", availability={(A, ZA): 1, (V, ZB): 2}, global_batch_size=16, micro_batch_sizes=(1, 2)),
+    dict(model="opt-350m", availability={(A, ZA): 1, (V, ZB): 2}, global_batch_size=16, micro_batch_sizes=(1, 2),
+         spot=False),
 ])
-def test_the_bound_never_exceeds_the_simulated_iteration(kw, profiles, network):
+def test_the_bounds_never_exceed_the_simulated_iteration_and_cost(kw, profiles, network):
     s = Searcher(make_request(max_stages=2, **kw), profiles=profiles, network=network)
     L = s.num_layers
     count = 0
@@ -33,8 +34,10 @@ def test_the_bound_never_exceeds_the_simulated_iteration(kw, profiles, network):
                 for cuts in itertools.islice(itertools.combinations(range(1, L), num_stages - 1), 0, None, 3):
                     ends = [*cuts, L]
                     stages = tuple(FastStage(a, b, g) for a, b, g in zip((0, *cuts), ends, groups))
-                    it_s = s.evaluate(mbs, stages).res.iteration_time_s
-                    assert bound_s(groups, ends, num_mb) <= it_s * (1 + 1e-9)
+                    res = s.evaluate(mbs, stages).res
+                    b = bound_s(groups, ends, num_mb)
+                    assert b <= res.iteration_time_s * (1 + 1e-9)
+                    assert rent_s(s, groups) * b <= res.usd_per_iteration * (1 + 1e-9)
                     count += 1
     assert count > 100
 
