@@ -4,7 +4,8 @@ of ``--runs``) against Sailor's planner timed on a machine of the same kind, and
 against the Sailor-rule baseline (``planner/baseline.py``) in our own simulator.  Then the
 completeness scenarios (``tests/planner/test_completeness.py``): the search against an
 exhaustive enumeration over every DP degree, and, where the optimum needs a stage of several GPU
-types, against ``enumerate_mixed_best`` (the answer states that its proof covers one-type stages).
+types, against ``enumerate_mixed_best`` (every mixed plan; the search proves its answer over that
+space on pools of at most 8 GPUs, ``planner/mixed_space.py``).
 
     .venv/bin/python benchmarks/bench_planner_ae.py [--runs 3] [--only geo]
     .venv/bin/python benchmarks/bench_planner_ae.py completeness
@@ -143,6 +144,7 @@ def completeness() -> None:
     from sailor_core.network.model import default_network
     from sailor_core.planner import make_request, plan_job
     from sailor_core.planner.exhaustive import enumerate_best, enumerate_mixed_best
+    from sailor_core.planner.mixed_space import STAGE_SPACES
     from sailor_core.profiles import default_profile_db
 
     db, net = default_profile_db(), default_network()
@@ -162,13 +164,16 @@ def completeness() -> None:
     for name, kw in MIXED.items():  # the optimum needs a stage of several GPU types
         req = make_request(max_stages=2, **kw)
         mixed = enumerate_mixed_best(req, profiles=db, network=net)
-        one_type = enumerate_best(req, profiles=db, network=net, every_degree=True)
+        one_type = enumerate_best(req, profiles=db, network=net, every_degree=True).best
         res = plan_job(req, profiles=db, network=net)
-        stages = " / ".join("+".join(f"{n}x{k.gpu}" for k, _, n in st.groups) for st in mixed.best.stages)
-        print(f"| {name} | {mixed.num_plans} (mixed) | {mixed.best.res.throughput_samples_per_s:.2f} samples/s "
-              f"({stages}; one-type stages: {one_type.best.res.throughput_samples_per_s:.2f}) | "
-              f"{res.best.throughput_samples_per_s:.2f} | {res.search_time_s:.3f} | {res.exhausted} | "
-              f"{res.searched_stages} |", flush=True)
+        fig = (lambda t, u: f"{u:.6f} USD/it" if req.ranking.by_cost else f"{t:.2f} samples/s")
+        stages = " / ".join("+".join(f"{n}x{k.gpu}@{z[-1]}" for k, z, n in st.groups) for st in mixed.best.stages)
+        one = fig(one_type.res.throughput_samples_per_s, one_type.res.usd_per_iteration) if one_type else "none"
+        space = next(k for k, v in STAGE_SPACES.items() if v == res.searched_stages)
+        print(f"| {name} | {mixed.num_plans} (mixed) | "
+              f"{fig(mixed.best.res.throughput_samples_per_s, mixed.best.res.usd_per_iteration)} "
+              f"({stages}; one-type stages: {one}) | {fig(res.best.throughput_samples_per_s, res.best.usd_per_iteration)} | "
+              f"{res.search_time_s:.3f} | {res.exhausted} | stages: {space}, DP: {res.searched_dp_degrees} |", flush=True)
 
 
 def main() -> None:

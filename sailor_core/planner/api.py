@@ -20,13 +20,14 @@ from sailor_core.plan.types import validate_plan
 from sailor_core.plan.types import RECOMPUTE_NONE
 from sailor_core.planner import levers
 from sailor_core.planner.explain import relaxed, why_infeasible, why_mixed, why_simpler
+from sailor_core.planner.mixed_space import STAGE_SPACES, search_mixed
 from sailor_core.planner.mixing import mix_leftovers
 from sailor_core.planner.ranking import FASTEST
 from sailor_core.planner.request import GpuZone, PlanRequest
 from sailor_core.planner.result import ParetoPoint, PlannedCandidate, PlanResult, pareto_front
 from sailor_core.planner.search import Evaluated, Searcher, run_search
 from sailor_core.planner.search.bounds import ideal_iteration
-from sailor_core.planner.search.shapes import DP_SPACES, STAGE_SPACES
+from sailor_core.planner.search.shapes import DP_SPACES
 from sailor_core.planner.simpler import SIMPLER_WITHIN, prefer_simpler
 from sailor_core.profiles import default_profile_db
 from sailor_core.simulator.simulate import simulate
@@ -78,11 +79,16 @@ def _plan_job(request: PlanRequest, *, profiles, network) -> PlanResult:
         _search_other_objective(searcher)
     levers_searched = _search_levers(searcher)
     searcher.polish_top(request.top_n + 5)
+    stage_space = "one-type"
     if request.mixed_stages:
         for ev in list(searcher.top[: request.top_n]):
             mixed = mix_leftovers(searcher, ev)
             if mixed is not ev:
                 searcher.offer(mixed)
+        stage_space = "mixed" if not levers_searched and search_mixed(searcher) else "leftover"
+        if stage_space == "mixed":
+            # the walk covered a space holding the search's (every DP degree included)
+            searcher.stats.exhausted, searcher.stats.wider_proof = True, "every"
     preferred = prefer_simpler(searcher)
     try:
         candidates = _simulated(searcher, profiles=profiles, network=network)
@@ -101,7 +107,7 @@ def _plan_job(request: PlanRequest, *, profiles, network) -> PlanResult:
             candidates.insert(0, first)
             explanation = why_simpler(*preferred, num_layers=searcher.num_layers, tolerance=SIMPLER_WITHIN,
                                       by_cost=request.ranking.by_cost)
-    explanation = "; ".join(x for x in (explanation, why_mixed(candidates[0].plan)) if x)
+    explanation = "; ".join(x for x in (explanation, why_mixed(candidates[0].plan, proven=stage_space == "mixed")) if x)
     elapsed = time.perf_counter() - t0
     points = [
         ParetoPoint(usd_per_iteration=e.res.usd_per_iteration,
@@ -117,7 +123,7 @@ def _plan_job(request: PlanRequest, *, profiles, network) -> PlanResult:
         objective=request.objective.value,
         num_disagreements=searcher.stats.num_disagreements,
         searched_dp_degrees=DP_SPACES[searcher.stats.wider_proof or searcher.dp_space],
-        searched_stages=STAGE_SPACES[request.mixed_stages],
+        searched_stages=STAGE_SPACES[stage_space],
         explanation=explanation,
     )
 

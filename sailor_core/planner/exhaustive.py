@@ -8,7 +8,8 @@ cases: the count grows like the product of the segment lists times C(L-1, P-1).
 
 ``enumerate_mixed_best`` goes beyond the search's space: stages whose replicas are of several
 GPU types (and TP degrees), their groups in every order, which the search reaches only through
-its leftover step (``planner/mixing.py``); tiny cases only.
+its leftover step (``planner/mixing.py``) and, on small pools, its bounded walk of the same
+space (``planner/mixed_space.py``); tiny cases only.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 from sailor_core.planner.kinds import valid_tp_degrees
 from sailor_core.planner.request import PlanRequest
 from sailor_core.planner.fastsim import FastStage
+from sailor_core.planner.mixed_space import in_plan_regime, stage_groups, stage_options
 from sailor_core.planner.search import Evaluated, Searcher, orders
 
 
@@ -63,50 +65,23 @@ def enumerate_best(request: PlanRequest, *, profiles, network, every_degree: boo
 
 def enumerate_mixed_best(request: PlanRequest, *, profiles, network) -> ExhaustiveResult:
     """The best of every plan of up to ``request.max_stages`` stages, each stage any ordered
-    groups of (GPU type, TP degree, zone) replicas the pools hold (micro-batch m goes to replica
-    m mod D, so the order decides which group gets the most), every contiguous split."""
+    groups of (GPU type, TP degree, zone) replicas the pools hold, no more than the micro-batches
+    (micro-batch m goes to replica m mod D, so the order decides which group gets the most),
+    every contiguous split."""
     s = Searcher(request, profiles=profiles, network=network)
     best: Evaluated | None = None
     count = 0
     L = s.num_layers
     for mbs in s.micro_batch_sizes():
-        options = [(k, zone) for (gpu, zone) in sorted(request.availability)
-                   for tp in valid_tp_degrees(request.model, gpu, request.max_tp_degree)
-                   if (k := s.kinds.get(gpu, tp, mbs)) is not None]
+        options = stage_options(s, mbs)
+        num_mb = request.global_batch_size // mbs
         for num_stages in range(1, min(s.max_stages, L) + 1):
             for cuts in itertools.combinations(range(1, L), num_stages - 1):
                 bounds = list(zip((0, *cuts), (*cuts, L)))
-                for groups in _stage_groups(options, dict(request.availability), num_stages):
-                    first = groups[0][0][0]
-                    stages = tuple(FastStage(a, b, tuple((s.kinds.in_regime_of(k, first), z, n) for k, z, n in g))
-                                   for (a, b), g in zip(bounds, groups))
+                for groups in stage_groups(options, dict(request.availability), num_stages, num_mb):
+                    stages = tuple(FastStage(a, b, g) for (a, b), g in zip(bounds, in_plan_regime(s, groups)))
                     ev = s.evaluate(mbs, stages)
                     count += 1
                     if ev.feasible and (best is None or ev.score < best.score):
                         best = ev
     return ExhaustiveResult(best=best, num_plans=count)
-
-
-def _stage_groups(options: list, left: dict, num_stages: int):
-    """Every list of ``num_stages`` stages' groups ((kind, zone, replicas), distinct (kind, zone)
-    per stage, in every order) whose GPUs the pools ``left`` hold."""
-    if num_stages == 0:
-        yield []
-        return
-    for groups in _one_stage(options, left):
-        rest = dict(left)
-        for k, z, n in groups:
-            rest[(k.gpu, z)] -= n * k.tp_degree
-        for later in _stage_groups(options, rest, num_stages - 1):
-            yield [groups, *later]
-
-
-def _one_stage(options: list, left: dict, used: tuple = ()):
-    """Every non-empty ordered tuple of groups one stage can take from ``left``."""
-    for k, z in options:
-        if any(k is uk and z == uz for uk, uz, _ in used):
-            continue
-        for n in range(1, left[(k.gpu, z)] // k.tp_degree + 1):
-            groups = (*used, (k, z, n))
-            yield groups
-            yield from _one_stage(options, {**left, (k.gpu, z): left[(k.gpu, z)] - n * k.tp_degree}, groups)

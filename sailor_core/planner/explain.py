@@ -186,14 +186,17 @@ def why_simpler(chosen: Evaluated, best: Evaluated, *, num_layers: int, toleranc
             f"the simulator's tolerance of {tolerance:.0%}")
 
 
-def why_mixed(plan) -> str:
-    """One line naming the stages of ``plan`` whose replicas are of several GPU types: they come
-    from the leftover step (``mixing``), which the search's proof does not cover
-    (``search.shapes.STAGE_SPACES``); "" when no stage mixes types."""
+def why_mixed(plan, *, proven: bool = False) -> str:
+    """One line naming the stages of ``plan`` whose replicas are of several GPU types: from the
+    leftover step (``mixing``), which the search's proof does not cover, or (``proven``) from
+    the bounded walk of the mixed space (``mixed_space.STAGE_SPACES``); "" when no stage mixes types."""
     mixed = [(i, sorted({r.gpu for r in st.replicas})) for i, st in enumerate(plan.stages)]
     mixed = [(i, gpus) for i, gpus in mixed if len(gpus) > 1]
     if not mixed:
         return ""
     names = ", ".join(f"stage {i} ({' + '.join(gpus)})" for i, gpus in mixed)
-    return (f"{names} mix{'es' if len(mixed) == 1 else ''} GPU types: leftover GPUs joined after the search, "
+    verb = "mixes" if len(mixed) == 1 else "mix"
+    if proven:
+        return f"{names} {verb} GPU types, within the proof (`exhausted` covers mixed stages on these pools)"
+    return (f"{names} {verb} GPU types: leftover GPUs joined after the search, "
             "whose proof (`exhausted`) covers stages of one GPU type only, so a better mixed stage may exist")

@@ -33,7 +33,9 @@ class SearchSettings:
     micro_batch_sizes: tuple[int, ...] | None = None  # default: powers of two dividing the batch
     max_stages: int = 16
     max_tp_degree: int = DEFAULT_MAX_TP_DEGREE
-    mixed_stages: bool = True  # let leftover GPUs of other types join a stage as extra replicas
+    # stages may mix GPU types: leftover GPUs join a stage (planner/mixing.py) and, on small pools,
+    # the whole mixed space is walked with a bound (planner/mixed_space.py)
+    mixed_stages: bool = True
     max_evaluations: int = 4000  # work of the best-first search before it stops: evaluations (a split: 1/4)
     max_shapes_scored: int = 20000  # shapes given a bound by the lazy order before it stops adding
     patience: int = 80  # evaluated shape orders in a row that do not improve the top N before the search stops

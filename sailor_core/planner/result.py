@@ -64,10 +64,10 @@ class PlanResult:
     num_disagreements: int = 0  # plans where the search's evaluator and simulate differed (a bug if > 0)
     # The data-parallel degrees ``exhausted`` speaks for, in words (``search.shapes.DP_SPACES``)
     searched_dp_degrees: str = ""
-    # What a stage may hold in the space ``exhausted`` speaks for (``search.shapes.STAGE_SPACES``)
+    # What a stage may hold in the space ``exhausted`` speaks for (``mixed_space.STAGE_SPACES``)
     searched_stages: str = ""
     # why the first plan is first when it is not the best found (planner.simpler), and which of
-    # its stages mix GPU types outside what the search proves (explain.why_mixed)
+    # its stages mix GPU types, and whether the proof covers them (explain.why_mixed)
     explanation: str = ""
 
     @property

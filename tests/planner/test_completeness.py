@@ -1,15 +1,18 @@
 """The search is complete where it says so: on small scenarios whose best plan needs an odd
 data-parallel degree, fewer replicas than the pools hold, or an uneven layer split, it finds the
 optimum of an exhaustive enumeration over *every* DP degree the pools allow (not only the
-degrees the search itself covers), and says which degrees its proof covers.  A stage mixing GPU
-types is outside the space the search proves (only its leftover step makes one): where the
-optimum needs one, the answer says what its proof covers and names its own mixed stages."""
+degrees the search itself covers), and says which degrees its proof covers.  Where the optimum
+needs a stage mixing GPU types, the search finds the optimum of an exhaustive enumeration of
+every mixed plan (pools of at most ``MAX_MIXED_GPUS`` GPUs: ``planner/mixed_space.py``), and
+says what its proof covers, beyond those pools too."""
 
 import pytest
 
+from sailor_core.errors import InfeasibleError
 from sailor_core.planner import make_request, plan_job
 from sailor_core.planner.exhaustive import enumerate_best, enumerate_mixed_best
-from sailor_core.planner.search.shapes import DP_SPACES, STAGE_SPACES, dp_degrees
+from sailor_core.planner.mixed_space import MAX_MIXED_GPUS, STAGE_SPACES
+from sailor_core.planner.search.shapes import DP_SPACES, dp_degrees
 
 A, V = "A100-40", "V100-16"
 ZA, ZB, ZC = "us-central1-a", "us-central1-b", "us-central1-c"
@@ -32,12 +35,21 @@ SCENARIOS = {
 }
 
 
-# Scenarios whose optimum is a stage of several GPU types (``enumerate_mixed_best``): one A100
-# and two V100s as one stage of DP 3, the A100 first so that it takes the extra micro-batch of
-# 16, beat every plan whose stages hold one GPU type.
+# Scenarios whose optimum is a stage of several GPU types (``enumerate_mixed_best``) and beats
+# every plan whose stages hold one GPU type: one A100 and two V100s as one stage of DP 3, the A100
+# first so that it takes the extra micro-batch of 16; the same over two zones (the ring crosses
+# them); an A100 first with three L4s; and a floor that only a mixed stage meets.
+L4 = "L4"
 MIXED = {
     "a mixed stage (A100 + 2 V100)": dict(model="small", availability={(A, ZA): 1, (V, ZA): 2},
                                           global_batch_size=1024),
+    "a mixed stage over two zones (A100 + 2 V100)": dict(model="small", availability={(A, ZA): 1, (V, ZB): 2},
+                                                         global_batch_size=1024),
+    "a mixed stage (A100 + 3 L4)": dict(model="small", availability={(A, ZA): 1, (L4, ZA): 3},
+                                        global_batch_size=1024),
+    "a floor only a mixed stage meets, cost objective (A100 + 3 V100)": dict(
+        model="small", availability={(A, ZA): 1, (V, ZA): 3}, global_batch_size=1024, objective="cost",
+        min_throughput_samples_per_s=5000.0),
 }
 
 
@@ -98,31 +110,56 @@ def _gpus_per_stage(ev) -> list[set[str]]:
 
 
 @pytest.mark.parametrize("name", sorted(MIXED))
-def test_a_mixed_optimum_is_found_or_the_answer_says_what_its_proof_covers(name, profiles, network):
+def test_the_search_finds_the_mixed_optimum(name, profiles, network):
     req = make_request(max_stages=2, **MIXED[name])
     mixed = enumerate_mixed_best(req, profiles=profiles, network=network)
     one_type = enumerate_best(req, profiles=profiles, network=network, every_degree=True)
     # the scenario's optimum needs a stage of several GPU types
     assert any(len(gpus) > 1 for gpus in _gpus_per_stage(mixed.best))
-    best_one_type = one_type.best.res.throughput_samples_per_s
-    assert mixed.best.res.throughput_samples_per_s > best_one_type
+    assert one_type.best is None or mixed.best.score < one_type.best.score
     ours = plan_job(req, profiles=profiles, network=network)
-    got = ours.best.throughput_samples_per_s
-    # at least the optimum of the space the search proves, at most the whole space's
-    assert best_one_type * (1 - 1e-9) <= got <= mixed.best.res.throughput_samples_per_s * (1 + 1e-9)
-    # ``exhausted`` speaks for stages of one GPU type, and the answer says so
-    assert ours.searched_stages == STAGE_SPACES[True] and "does not cover" in ours.searched_stages
+    _assert_same_figures(ours, mixed.best)
+    assert ours.exhausted and ours.searched_stages == STAGE_SPACES["mixed"]
+    assert ours.searched_dp_degrees == DP_SPACES["every"]
+    # the answer's mixed stage is named, as within the proof
     plan_mixes = [len({r.gpu for r in st.replicas}) > 1 for st in ours.best.plan.stages]
-    # a mixed stage in the answer is named as the leftover step's, outside the proof
+    assert any(plan_mixes)
     for i, mixes in enumerate(plan_mixes):
         assert (f"stage {i} (" in ours.explanation) == mixes
-    if any(plan_mixes):
-        assert "covers stages of one GPU type only" in ours.explanation
-    # without leftovers joining stages, the answer is the one-type optimum and says no stage mixes
-    plain = plan_job(make_request(max_stages=2, mixed_stages=False, **MIXED[name]), profiles=profiles,
-                     network=network)
-    assert plain.best.throughput_samples_per_s == pytest.approx(best_one_type, rel=1e-9)
-    assert plain.exhausted and plain.searched_stages == STAGE_SPACES[False] and "stage 0 (" not in plain.explanation
+    assert "within the proof" in ours.explanation and "may exist" not in ours.explanation
+    # without mixed stages, the answer is the one-type optimum (or none) and says no stage mixes
+    plain_req = make_request(max_stages=2, mixed_stages=False, **MIXED[name])
+    if one_type.best is None:
+        with pytest.raises(InfeasibleError):
+            plan_job(plain_req, profiles=profiles, network=network)
+        return
+    plain = plan_job(plain_req, profiles=profiles, network=network)
+    _assert_same_figures(plain, one_type.best)
+    assert plain.exhausted and plain.searched_stages == STAGE_SPACES["one-type"] and "stage 0 (" not in plain.explanation
+
+
+def _assert_same_figures(ours, ev) -> None:
+    assert ours.best.usd_per_iteration == pytest.approx(ev.res.usd_per_iteration, rel=1e-9)
+    assert ours.best.throughput_samples_per_s == pytest.approx(ev.res.throughput_samples_per_s, rel=1e-9)
+
+
+@pytest.mark.parametrize("name", sorted(n for n, (_, kw) in SCENARIOS.items()
+                                        if sum(kw["availability"].values()) <= MAX_MIXED_GPUS))
+def test_on_small_pools_the_proof_covers_every_mixed_plan(name, profiles, network):
+    # the one-type scenarios with mixed stages allowed: the optimum over every mixed plan
+    req = make_request(max_stages=2, **SCENARIOS[name][1])
+    mixed = enumerate_mixed_best(req, profiles=profiles, network=network)
+    ours = plan_job(req, profiles=profiles, network=network)
+    _assert_same_figures(ours, mixed.best)
+    assert ours.exhausted and ours.searched_stages == STAGE_SPACES["mixed"]
+
+
+def test_beyond_small_pools_the_answer_says_mixed_stages_are_unproven(profiles, network):
+    _, kw = SCENARIOS["odd DP over three zones"]
+    assert sum(kw["availability"].values()) > MAX_MIXED_GPUS
+    ours = plan_job(make_request(max_stages=2, **kw), profiles=profiles, network=network)
+    assert ours.searched_stages == STAGE_SPACES["leftover"] and "does not cover" in ours.searched_stages
+    assert ours.searched_dp_degrees in DP_SPACES.values()
 
 
 def test_the_mixed_yardstick_holds_the_one_type_space(profiles, network):

@@ -10,7 +10,9 @@ Search space (per micro-batch size):
   the segments' different speeds and memory, then polished by moving stage
   boundaries one layer at a time while ``simulate`` says the objective improves;
 * optionally (``mixed_stages``) leftover GPUs of any type join a stage as extra
-  replicas when they are not slower than its straggler and the objective improves.
+  replicas when they are not slower than its straggler and the objective improves
+  (``planner/mixing.py``), and on small pools the whole space of mixed stages is walked
+  with a bound (``planner/mixed_space.py``).
 
 Every candidate is scored by ``simulate`` itself, so the ranking, the caps and
 the floor are checked against the same figures ``sailor simulate`` prints.

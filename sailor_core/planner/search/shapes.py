@@ -122,17 +122,6 @@ def build_segments(gpu: str, pools: dict[str, int], *, spot: bool, num_mb: int, 
     return out
 
 
-# What a stage may hold, by ``PlanRequest.mixed_stages``: the search's segments (and so what
-# ``exhausted`` speaks for) put one GPU type in a stage; only the leftover step after it
-# (``planner/mixing.py``) mixes types, greedily, with the new replica last in its zone's run
-# (``planner/exhaustive.enumerate_mixed_best`` is the yardstick of the whole mixed space).
-STAGE_SPACES = {
-    False: "stages of one GPU type each; no stage mixes GPU types",
-    True: "stages of one GPU type each; a stage mixes GPU types only where leftover GPUs joined the "
-          "busiest stages after the search, one at a time while the plan improved, which `exhausted` "
-          "does not cover",
-}
-
 # The data-parallel degrees a segment list holds (``build_segments``), by name:
 DP_SPACES = {
     # every degree from 1: the exhaustive yardstick's space (``planner/exhaustive.py``)
