@@ -6,7 +6,9 @@ cost of a hit) and for the replay (``replay/costs.ChangeCosts``), so both weigh 
 
 What the runtime does (``runtime/handover.py``): a rank whose own shard (same layers, same TP
 degree, no ZeRO) survives adopts it and receives nothing; any other rank receives its layers' TP
-shard (weights and AdamW moments) point-to-point from a surviving holder, over the job's network;
+shard (weights and AdamW moments) point-to-point from a surviving holder, over the job's network
+(a survivor is a rank of the old plan on an instance the new one keeps: instances released with
+the change take their state with them);
 layers no survivor holds (every replica of their stage preempted), and stages under ZeRO (whose
 holders keep no AdamW state), come from the checkpoint in storage.  Ranks receive in parallel, as
 storage is read in parallel: the load is the slowest receiver's transfer, or the bytes storage
@@ -41,11 +43,14 @@ class StateLoad:
     handover: bool = True
 
     def load_s(self, new: Any, *, holder: Any, lost: Mapping[GpuZone, int]) -> float:
-        """Seconds until ``new``'s ranks hold their state, the ranks of ``holder`` (the layout the
-        workers held keep in memory; None: nothing held) less ``lost`` GPUs per pool surviving."""
+        """Seconds until ``new``'s ranks hold their state, from the ranks of ``holder`` (the layout
+        the workers held keep in memory; None: nothing held) that survive: less ``lost`` GPUs
+        per pool, and less those ``new`` does not keep."""
         if not self.handover or new is None or holder is None:
             return self.storage_load_s
-        survivors = _survivors(holder, lost)
+        kept = _kept(holder, new, lost)
+        survivors = {key: {k: n for k, n in pools.items() if kept.get(k, 0) > 0}
+                     for key, pools in _survivors(holder, lost).items()}
         peers_s, storage_bytes = 0.0, 0.0
         for stage in new.stages:
             key = (stage.layer_start, stage.layer_end)
@@ -55,8 +60,9 @@ class StateLoad:
             from_storage = False
             for r in stage.replicas:
                 pool = (r.gpu, r.zone)
-                if left.get(pool, 0) > 0:  # its own shard survives: adopted
+                if left.get(pool, 0) > 0 and kept[pool] >= r.tp_degree:  # its own shard survives: adopted
                     left[pool] -= 1
+                    kept[pool] -= r.tp_degree
                 elif sources is not None:
                     peers_s = max(peers_s, max(_receive_s(rank_bytes, pools, pool) for pools in sources))
                 else:
@@ -78,6 +84,22 @@ class StateLoad:
 
 def _tp(stage: Any) -> int:
     return stage.replicas[0].tp_degree
+
+
+def _kept(holder: Any, new: Any, lost: Mapping[GpuZone, int]) -> dict[GpuZone, int]:
+    """``holder``'s GPUs per pool that ``new`` keeps: not ``lost``, and no more than ``new`` uses
+    there (the instances released with the change take their state with them; the ones kept
+    are those whose ranks keep their own shards, where the survivors allow it)."""
+    held, wanted = _gpus(holder), _gpus(new)
+    return {k: min(wanted.get(k, 0), max(0, n - lost.get(k, 0))) for k, n in held.items()}
+
+
+def _gpus(plan: Any) -> dict[GpuZone, int]:
+    out: dict[GpuZone, int] = {}
+    for stage in plan.stages:
+        for r in stage.replicas:
+            out[(r.gpu, r.zone)] = out.get((r.gpu, r.zone), 0) + r.tp_degree
+    return out
 
 
 def _survivors(holder: Any, lost: Mapping[GpuZone, int]) -> dict[tuple[int, int, int], dict[GpuZone, int]]:
