@@ -77,9 +77,15 @@ class StateLoad:
         stage has no other replica)."""
         if not self.handover or plan is None:
             return self.storage_load_s
-        stage = max(plan.stages, key=lambda s: (s.layer_end - s.layer_start) / _tp(s))
-        r = stage.replicas[0]
-        return self.load_s(plan, holder=plan, lost={(r.gpu, r.zone): r.tp_degree})
+        return _hit_load_s(self, plan)
+
+
+@lru_cache(maxsize=4096)
+def _hit_load_s(load: StateLoad, plan: Any) -> float:
+    """``StateLoad.hit_load_s``, kept: every re-plan weighs it for each option (a plan's own)."""
+    stage = max(plan.stages, key=lambda s: (s.layer_end - s.layer_start) / _tp(s))
+    r = stage.replicas[0]
+    return load.load_s(plan, holder=plan, lost={(r.gpu, r.zone): r.tp_degree})
 
 
 def _tp(stage: Any) -> int:
