@@ -16,7 +16,10 @@ must serve at its aggregate bandwidth, whichever is longer.
 
 The replay knows how many GPUs each pool lost, not which ranks: it assumes a pool's losses took
 the replicas of the stage it looks at (the fewest survivors a stage can have), so adopters are
-never over-counted.  A plan without its ``Plan`` (a test planner's) reads the whole checkpoint.
+never over-counted.  It does not follow ranks either: a rank whose new layers lie within what it
+held (the runtime serves it from its own memory) is charged its whole shard from a peer, and a
+shard that spans old stages is charged whole over the slowest of their nearest links.  Both err
+on the side of a longer load.  A plan without its ``Plan`` (a test planner's) reads the whole checkpoint.
 """
 
 from __future__ import annotations
