@@ -38,7 +38,8 @@ from sailor_core.traces import load_trace
 def _spec(args, policies, **settings) -> ReplaySpec:
     """The replay's settings from the command line (the budget applies to every run)."""
     return ReplaySpec(trace=args.trace, model=args.model, tokens=args.tokens, policy=",".join(policies),
-                      budget_usd=args.budget_usd, standby_workers=not args.no_standby_workers, **settings)
+                      budget_usd=args.budget_usd, standby_workers=not args.no_standby_workers,
+                      handover=not args.no_handover, **settings)
 
 
 def main() -> None:
@@ -68,6 +69,8 @@ def main() -> None:
     ap.add_argument("--on-demand-gpus", type=int, default=0, help="on-demand GPUs per pool besides spot")
     ap.add_argument("--no-standby-workers", action="store_true",
                     help="new instances' workers start once the VM runs (the start-up after the provisioning)")
+    ap.add_argument("--no-handover", action="store_true",
+                    help="every change reloads the checkpoint from storage (no state handed over in memory)")
     ap.add_argument("--compare", action="store_true",
                     help="ours over objectives and deadlines, and at equal terms with the other policies")
     ap.add_argument("--pareto", default=None, help="with --compare: the (time, cost) chart")

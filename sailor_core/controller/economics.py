@@ -42,8 +42,10 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from statistics import NormalDist
+from typing import Any
 
 from sailor_core.controller.options import GpuZone, PlanOption
+from sailor_core.controller.state_load import StateLoad
 
 _S_PER_HR = 3600.0
 # The train-job flow's costs: seconds a plan change costs before training resumes (boot, torch
@@ -66,6 +68,15 @@ class Costs:
     startup_s: float
     work_lost_s: float    # training redone per preemption
     rejoin_s: float | None = None  # the workers held re-form in place and reload (None: a start-up)
+    # The load of a change by what the ranks held keep (``state_load``): start-up and rejoin
+    # above include the whole checkpoint's load from storage, ``state_load.storage_load_s``,
+    # which then gives way to the plans' own.  None: every change reloads the checkpoint.
+    state_load: StateLoad | None = None
+
+    def load_instead_s(self, load_s: float) -> float:
+        """What a change's time gains (negative) or adds when its load is ``load_s`` rather than
+        the checkpoint's from storage that the start-up and rejoin include."""
+        return 0.0 if self.state_load is None else load_s - self.state_load.storage_load_s
 
     @property
     def rejoin_or_startup_s(self) -> float:
@@ -81,16 +92,18 @@ class Costs:
         """Training time a hit costs: the restart and the work redone."""
         return self.restart_s + self.work_lost_s
 
-    def hit_s_at(self, share: float) -> float:
+    def hit_s_at(self, share: float, plan: Any = None) -> float:
         """Training time a hit that takes ``share`` of the plan's GPUs costs.  With parked workers
         (``rejoin_s`` set) the survivors train on an interim plan while the replacements boot
         (``controller/interim.py``): the provisioning idles only the share taken, and the hit
         costs the survivors' rejoin, the save before the switch and the start-up after it;
-        never more than the plain restart (then no interim runs)."""
+        never more than the plain restart (then no interim runs).  With ``state_load``, the
+        loads are those of a hit on ``plan`` (``StateLoad.hit_load_s``)."""
+        extra = self.load_instead_s(self.state_load.hit_load_s(plan)) if self.state_load is not None else 0.0
         if self.rejoin_s is None or share >= 1.0:
-            return self.hit_s
+            return self.hit_s + extra
         interim_s = self.rejoin_s + self.save_s + share * self.provisioning_s + self.startup_s
-        return min(self.restart_s, interim_s) + self.work_lost_s
+        return min(self.restart_s + extra, interim_s + 2 * extra) + self.work_lost_s
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -141,23 +154,29 @@ def share_per_hit(option: PlanOption, *, rates: Mapping[GpuZone, float], shares:
 
 
 def change_s(option: PlanOption, *, running: PlanOption | None, held: Mapping[GpuZone, int],
-             held_on_demand: Mapping[GpuZone, int], costs: Costs) -> float:
+             held_on_demand: Mapping[GpuZone, int], costs: Costs, holder: PlanOption | None = None,
+             lost: Mapping[GpuZone, int] | None = None) -> float:
     """Downtime to get from what runs (``running``, None if nothing does) to ``option``, holding
     ``held`` spot and ``held_on_demand`` GPUs: nothing if it is the plan running, else a save
     (if something runs), then provisioning and start-up if it needs instances not held, else the
-    held workers' rejoin (their processes stay: ``runtime/park.py``), reload included."""
+    held workers' rejoin (their processes stay: ``runtime/park.py``), reload included: with
+    ``costs.state_load``, what ``option``'s ranks must receive from those of ``holder`` (the plan
+    whose ranks hold the state, less ``lost``) rather than the whole checkpoint."""
     if running is not None and _same_gpus(option, running):
         return 0.0
     needs = any(n > held.get(k, 0) for k, n in option.gpus.items()) or \
         any(n > held_on_demand.get(k, 0) for k, n in option.on_demand.items())
     start_s = costs.provisioning_s + costs.startup_s if needs else costs.rejoin_or_startup_s
+    if costs.state_load is not None:
+        start_s += costs.load_instead_s(costs.state_load.load_s(
+            option.plan, holder=holder.plan if holder is not None else None, lost=lost or {}))
     return (costs.save_s if running is not None else 0.0) + start_s
 
 
 def outlook(option: PlanOption, *, remaining: float, change: float, rates: Mapping[GpuZone, float],
             shares: Mapping[GpuZone, float], costs: Costs) -> Outlook:
     h = hits_per_s(option, rates=rates, shares=shares)
-    hit_s = costs.hit_s_at(share_per_hit(option, rates=rates, shares=shares))
+    hit_s = costs.hit_s_at(share_per_hit(option, rates=rates, shares=shares), option.plan)
     x = option.throughput_samples_per_s
     eff = x / (1.0 + h * hit_s) if x > 0 else 0.0
     t = change + (remaining / eff if eff > 0 else math.inf)

@@ -22,7 +22,8 @@ def controller_config(policy: str, *, costs: Costs, shutdown_s: float, terms: Jo
     """The controller of ``policy`` with its costs of change (``costs``, then ``shutdown_s`` to stop)
     on the job's ``terms`` (the skypilot policy keeps its one request whatever the objective)."""
     common = dict(shutdown_s=shutdown_s, save_s=costs.save_s, provisioning_s=costs.provisioning_s,
-                  startup_s=costs.startup_s, rejoin_s=costs.rejoin_s, work_lost_s=costs.work_lost_s, terms=terms)
+                  startup_s=costs.startup_s, rejoin_s=costs.rejoin_s, work_lost_s=costs.work_lost_s, terms=terms,
+                  state_load=costs.state_load)
     if policy == "ours":
         return ControllerConfig(strategy="replan", **common)
     if policy == "static":

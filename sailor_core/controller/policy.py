@@ -32,6 +32,7 @@ Every decision says why in plain words (``Decision.reason``), a declined switch 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -109,10 +110,12 @@ class _Ranking:
     running: PlanOption | None
     held: Mapping[GpuZone, int]
     held_on_demand: Mapping[GpuZone, int]
+    holder: PlanOption | None = None  # whose ranks hold the state (the plan in use, even broken)
+    lost: Mapping[GpuZone, int] = dataclasses.field(default_factory=dict)  # its GPUs just taken
 
     def of(self, option: PlanOption) -> Outlook:
         change = change_s(option, running=self.running, held=self.held, held_on_demand=self.held_on_demand,
-                          costs=self.config.costs)
+                          costs=self.config.costs, holder=self.holder, lost=self.lost)
         return outlook(option, remaining=self.remaining, change=change, rates=self.state.preemption_rate_per_s,
                        shares=self.state.preemption_share, costs=self.config.costs)
 
@@ -184,7 +187,8 @@ def _ranking(state: ControllerState, config: ControllerConfig, remaining: float,
     return _Ranking(state=state, config=config, remaining=remaining,
                     running=current if current is not None and not broken else None,
                     held={k: n for k, n in held.items() if n > 0},
-                    held_on_demand=dict(current.on_demand) if current is not None else {})
+                    held_on_demand=dict(current.on_demand) if current is not None else {},
+                    holder=current, lost=dict(lost))
 
 
 # ---- strategies ---------------------------------------------------------------

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from sailor_core.controller.economics import Costs
+from sailor_core.controller.state_load import StateLoad
 from sailor_core.controller.options import GpuZone, PlanOption
 from sailor_core.controller.ranking import OptionRanking, option_ranking
 from sailor_core.errors import InputError
@@ -61,6 +62,9 @@ class ControllerConfig:
     work_lost_s: float = 0.0      # training redone per preemption (0 when the notice covers a save)
     # A change onto GPUs all held: their workers re-form the job in place (None: a start-up)
     rejoin_s: float | None = None
+    # What a change loads, by what the ranks held keep in memory (None: the whole checkpoint, in
+    # start-up and rejoin above): economics.Costs.state_load
+    state_load: StateLoad | None = None
     min_gain: float = 0.05        # a voluntary switch must gain this much (samples, or USD per sample)
     # A deadline must hold in most outcomes, not on average: a plan makes it when it finishes in
     # time at this quantile of its preemptions (economics.deadline_margin_s; 0.5: the mean).
@@ -97,7 +101,7 @@ class ControllerConfig:
     @property
     def costs(self) -> Costs:
         return Costs(save_s=self.save_s, provisioning_s=self.provisioning_s, startup_s=self.startup_s,
-                     work_lost_s=self.work_lost_s, rejoin_s=self.rejoin_s)
+                     work_lost_s=self.work_lost_s, rejoin_s=self.rejoin_s, state_load=self.state_load)
 
     @property
     def change_cost_s(self) -> float:

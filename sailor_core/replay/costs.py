@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from sailor_core.catalog.layers import total_params
 from sailor_core.catalog.clouds import cloud_facts
+from sailor_core.controller.state_load import StateLoad
 from sailor_core.errors import InputError
 from sailor_core.regimes import DEFAULT_REGIME, get_regime
+from sailor_core.traces import GpuZone
 from sailor_core.zones import parse_zone
 
 
@@ -24,6 +27,10 @@ class ChangeCosts:
     # without state, so their start-up overlaps the provisioning and the first assignment is a
     # handover like a rejoin.  False models workers that start only once the VM runs.
     standby_workers: bool = True
+    # State handed over in memory (runtime/handover.py): a change's ranks take their state from
+    # the ranks held that keep it, over the job's network, and only what no survivor holds from
+    # the checkpoint (controller/state_load.py).  False: every change reloads the checkpoint.
+    handover: bool = True
     checkpoint_bytes: float = 0.0         # model + optimizer state written per checkpoint
     storage_bw_bytes_per_s: float = 1e9   # aggregate write/read bandwidth to the checkpoint store
     checkpoint_interval_s: float = 1800.0  # periodic checkpoints while training
@@ -43,6 +50,19 @@ class ChangeCosts:
     @property
     def load_s(self) -> float:
         return self.checkpoint_bytes / self.storage_bw_bytes_per_s
+
+    @property
+    def state_load(self) -> StateLoad:
+        """The load of a change, as the controller weighs it too."""
+        return StateLoad(storage_load_s=self.load_s, storage_bw_bytes_per_s=self.storage_bw_bytes_per_s,
+                         handover=self.handover)
+
+    def load_for_s(self, new: Any, *, holder: Any, lost: Mapping[GpuZone, int]) -> float:
+        """Seconds until ``new`` (a ``Plan``) holds the state, ``holder``'s ranks (less ``lost``)
+        keeping theirs: ``load_s`` without the handover."""
+        if not self.handover:
+            return self.load_s
+        return self.state_load.load_s(new, holder=holder, lost=lost)
 
     @property
     def shutdown_s(self) -> float:

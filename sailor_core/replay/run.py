@@ -239,7 +239,7 @@ def run_policies(
 def _change_costs(spec: ReplaySpec, model: str) -> ChangeCosts:
     """What a change costs, as ``spec`` says, with the model's checkpoint."""
     return ChangeCosts(provisioning_s=spec.provisioning_s, startup_s=spec.startup_s, rejoin_s=spec.rejoin_s,
-                       standby_workers=spec.standby_workers,
+                       standby_workers=spec.standby_workers, handover=spec.handover,
                        checkpoint_interval_s=spec.checkpoint_interval_s, checkpoint_bytes=checkpoint_bytes_for(model),
                        storage_bw_bytes_per_s=spec.storage_gb_per_s * 1e9)
 

@@ -117,6 +117,9 @@ class _Replay:
     # the survivors' interim plan (controller/interim.py) while new instances boot: it trains
     # from ``interim_from`` until ``vms_at``, then saves until ``resume_at``; None: no interim
     interim: PlanOption | None = None
+    # the plan whose layout the workers held keep in memory (the last that trained): what a
+    # change's ranks may take their state from (ChangeCosts.load_for_s)
+    trained: PlanOption | None = None
     interim_from: float = 0.0
     resume_at: float = 0.0
     num_interims: int = 0
@@ -279,11 +282,12 @@ class _Replay:
         self.release(switch_at, "replanned")
         self.kept_gpus = self.acquire(new, switch_at, held=held, held_on_demand=held_od, running_at_s=running_at)
         start_s = costs.new_instance_start_s if needs_vms else costs.rejoin_s
-        self.ready_at = running_at + start_s + (costs.load_s if self.ckpt_done > 0 else 0.0)
+        holder = self.holder()
+        self.ready_at = running_at + start_s + (self.load_s(new, holder=holder, lost=lost) if self.ckpt_done > 0 else 0.0)
         self.done = self.ckpt_done
         self.interim = None
         if needs_vms:
-            self.plan_interim(new, held, switch_at)
+            self.plan_interim(new, held, switch_at, holder=holder, lost=lost)
         if self.launched:
             self.num_replans += 1
             self.num_restarts += after_loss or self.pending_restart
@@ -292,18 +296,33 @@ class _Replay:
         self.plan = self.last_plan = new
         self.phase = "starting"
 
-    def plan_interim(self, new: PlanOption, held: Mapping[GpuZone, int], switch_at: float) -> None:
+    def holder(self) -> PlanOption | None:
+        """The plan whose ranks hold the state now: the interim once it trains, else the last
+        plan that reached training."""
+        if self.interim is not None and self.t >= self.interim_from:
+            return self.interim
+        return self.trained
+
+    def load_s(self, new: PlanOption, *, holder: PlanOption | None, lost: Mapping[GpuZone, int]) -> float:
+        return self.setup.costs.load_for_s(new.plan, holder=holder.plan if holder is not None else None, lost=lost)
+
+    def plan_interim(self, new: PlanOption, held: Mapping[GpuZone, int], switch_at: float, *,
+                     holder: PlanOption | None, lost: Mapping[GpuZone, int]) -> None:
         """The survivors ``new`` keeps train on their own plan until its new instances run,
         when it pays (controller/interim.py): they rejoin and load first, save after."""
         costs = self.setup.costs
         kept = kept_gpus(new.gpus, held)
         load_s = costs.load_s if self.ckpt_done > 0 else 0.0
-        # (first at the next plan's own speed, an interim's ceiling: no planner call when even that fails)
-        if not kept or not interim_pays(window_s=self.vms_at - switch_at, rejoin_s=costs.rejoin_s, load_s=load_s,
+        # (first at the next plan's own speed and the least load, an interim's ceiling: no planner
+        # call when even that fails; survivors that keep their shards load nothing)
+        if not kept or not interim_pays(window_s=self.vms_at - switch_at, rejoin_s=costs.rejoin_s,
+                                        load_s=0.0 if costs.handover else load_s,
                                         save_s=costs.save_s, interim_samples_per_s=new.throughput_samples_per_s,
                                         next_samples_per_s=new.throughput_samples_per_s):
             return
         q = interim_option(self.setup.plan_fn, kept)
+        if q is not None and self.ckpt_done > 0:
+            load_s = self.load_s(q, holder=holder, lost=lost)
         if q is None or not interim_pays(window_s=self.vms_at - switch_at, rejoin_s=costs.rejoin_s, load_s=load_s,
                                          save_s=costs.save_s, interim_samples_per_s=q.throughput_samples_per_s,
                                          next_samples_per_s=new.throughput_samples_per_s):
@@ -311,7 +330,7 @@ class _Replay:
         self.interim, self.num_interims = q, self.num_interims + 1
         self.interim_from = switch_at + costs.rejoin_s + load_s
         self.resume_at = self.vms_at + costs.save_s
-        self.ready_at = self.resume_at + costs.new_instance_start_s + costs.load_s
+        self.ready_at = self.resume_at + costs.new_instance_start_s + self.load_s(new, holder=q, lost={})
 
     def stop(self, reason: str) -> None:
         running = self.phase in ("starting", "running")
@@ -357,7 +376,7 @@ class _Replay:
         if tn == deadline and tn < self.ready_at:
             self.at_deadline()
         elif tn == self.ready_at:
-            self.phase = "running"
+            self.phase, self.trained = "running", self.plan
             self.next_ckpt_at = self.t + self.setup.costs.checkpoint_interval_s
             self.paused_until = self.t
             self.record()

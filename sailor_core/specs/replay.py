@@ -49,6 +49,10 @@ class ReplaySpec:
                                               "assignment: after provisioning they start as in a rejoin (--no-standby"
                                               "-workers: they start once the VM runs, --startup-s).",
                                    cli=("--standby-workers/--no-standby-workers",))
+    handover: bool = option(True, help="A change's ranks take their state from the ranks held that keep it, over "
+                                       "the job's network; only what no survivor holds comes from the checkpoint "
+                                       "(--no-handover: every change reloads the checkpoint from storage).",
+                            cli=("--handover/--no-handover",))
     storage_gb_per_s: float = option(1.0, help="Checkpoint store bandwidth (GB/s).")
     checkpoint_interval_s: float = option(1800.0, help="Periodic checkpoints.")
     exact_availability: bool = option(False, help="Plan on exact counts (slower; default rounds pools to a 1/8 grid).")

@@ -6,9 +6,13 @@ import math
 
 import pytest
 
+from sailor_core.catalog.layers import layer_shapes
 from sailor_core.controller import ControllerConfig
 from sailor_core.controller import controller_config
+from sailor_core.network.model import Endpoint, default_network
+from sailor_core.plan.types import Plan, Replica, Stage
 from sailor_core.replay import ChangeCosts, Goal, Market, ReplayPolicy, controller_costs, replay
+from sailor_core.replay.costs import checkpoint_bytes_for
 from sailor_core.traces import build_trace, derive_preset
 
 from tests.controller.planners import linear_planner
@@ -271,3 +275,35 @@ def test_egress_is_charged_while_training_and_the_budget_stop_holds_with_it(term
     assert r.egress_usd == pytest.approx(2.0 * (t_stop - 150) / 3600)
     assert r.samples_done == pytest.approx(40 * (t_stop - 150))
     assert r.to_dict()["egress_usd"] == r.egress_usd
+
+
+def _dp_planner(available):
+    """``linear_planner``'s options, each with a ``Plan``: one stage of the whole model, a replica
+    per GPU (so survivors of a loss keep their shards)."""
+    num_layers = len(layer_shapes("opt-350m", seq_len=1))
+    out = []
+    for o in linear_planner(available):
+        replicas = tuple(Replica(gpu=g, zone=z, tp_degree=1) for (g, z), n in o.gpus.items() for _ in range(n))
+        p = Plan(model="opt-350m", global_batch_size=1024, micro_batch_size=1,
+                 stages=(Stage(layer_start=0, layer_end=num_layers, replicas=replicas),))
+        out.append(dataclasses.replace(o, plan=p))
+    return out
+
+
+@pytest.mark.parametrize("handover", [True, False])
+def test_survivors_hand_the_state_over_instead_of_reloading_it(handover):
+    ckpt = checkpoint_bytes_for("opt-350m")
+    costs = ChangeCosts(provisioning_s=100, startup_s=50, rejoin_s=10, checkpoint_bytes=ckpt,
+                        checkpoint_interval_s=1e9, terminate_s=0, handover=handover)
+    config = controller_config("ours", costs=controller_costs(costs), shutdown_s=costs.shutdown_s)
+    r = replay(DIP, policy=ReplayPolicy(config=config, plan_fn=_dp_planner, name="ours"),
+               market=Market(price_fn=ONE_USD), goal=Goal(samples_target=288_000), costs=costs)
+    # 0: 4 start (nothing to load); 3600: the 2 survivors rejoin; 7200: they rejoin for the
+    # interim, then all 4 once the 2 new instances run.  With the handover the survivors keep
+    # their shards (no load) and the new ranks receive theirs from a peer in the zone; without
+    # it every one of those reloads the checkpoint.
+    shard_s = default_network().p2p_time_s(ckpt, Endpoint(gpu=A[0], zone=A[1]), Endpoint(gpu=A[0], zone=A[1]))
+    load_s, new_load_s = (0.0, shard_s) if handover else (costs.load_s, costs.load_s)
+    assert (r.num_replans, r.num_restarts, r.num_interims) == (2, 1, 1)
+    assert r.gpu_s_by_activity["starting"] == pytest.approx(4 * 10 + 2 * (10 + load_s) + 2 * (10 + load_s)
+                                                          + 4 * (10 + new_load_s))
