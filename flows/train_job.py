@@ -24,6 +24,7 @@ cancellation/crash hooks when the flow process itself is being torn down.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -224,15 +225,16 @@ def _attempts(run: _Run, state: js.JobState) -> js.JobState:
     data_url = job_tasks.prepare_data(spec.dataset, spec.model, spec.seed,
                                       data_dir=str(settings.sailor_home() / "data"))
     rec = recovery.start(state)
+    looked = _Offers()
+    checked: Any = None  # the newest checkpoint's check, running while the controller decides
     while True:
         request = run.store.stop_request(state.job_id)  # asked while waiting or between attempts
         if request is not None:
             return run.end(state, js.CANCELLED, js.stopped_reason(state, request.by))
-        offers = cloud_tasks.list_offers(run.session, spec.gpus, spec.zones, spec.clouds)
-        planner = control.job_planner(spec, offers)
+        offers, planner = looked.now(run, spec)
         available = control.availability(offers, max_gpus_per_zone=run.max_gpus_per_zone, max_gpus=spec.max_gpus)
-        decision = control.decide_next(planner, state, available=available, event=rec.event, current=rec.current,
-                                       shutdown_s=run.session.shutdown_s, now_unix_s=time.time())
+        state, decision = _decide(run, state, planner, available, rec, checked)
+        checked = None
         if decision.action == Action.STOP:
             return run.end(state, recovery.status_when_stopped(state), decision.reason)
         if decision.action == Action.WAIT or decision.plan is None:
@@ -264,19 +266,22 @@ def _attempts(run: _Run, state: js.JobState) -> js.JobState:
         if option is not decision.plan:  # moved by a zone failover: the GPUs it got (either market) count as available
             available = recovery.available_with(available, option.all_gpus())
         before = state.last_checkpoint_step  # the watch records the checkpoints made meanwhile
+        warmup = control.DecisionWarmup(planner, state, instance_ids=_ids(placed.assignments), available=available,
+                                        current=option, shutdown_s=run.session.shutdown_s)
         outcome, state = workers.watch_attempt(run.session, run.store, state, placed.assignments, planner=planner,
                                                available=available, current=option)
         state = run.save(state)
+        warmup.wait()
         if outcome.kind == workers.STOPPED:
             return _stopped(run, state, _ids(placed.assignments), by=outcome.reason)
         if outcome.kind == FINISHED:
             return run.end(job_tasks.note_checkpoint(state), js.SUCCEEDED, f"{state.steps_done} steps done")
-        state = _settle_early_end(run, state, placed.assignments, outcome)
+        state, checked = _settle_early_end(run, state, placed.assignments, outcome)
         if outcome.kind == workers.BUDGET:
-            return run.end(state, js.STOPPED_BUDGET, outcome.reason)
+            return run.end(_noted(run, state, checked), js.STOPPED_BUDGET, outcome.reason)
         rec = recovery.after_attempt(rec, state, outcome, ran=option, checkpoint_before=before)
         if rec.stalled:
-            return run.end(state, js.FAILED, recovery.stalled_reason(rec, outcome))
+            return run.end(_noted(run, state, checked), js.FAILED, recovery.stalled_reason(rec, outcome))
         run.reporter.event(state, "re-planning on the GPUs offered now, to resume from step "
                                   f"{state.last_checkpoint_step or 0}")
 
@@ -354,9 +359,10 @@ def _launch(run: _Run, state: js.JobState, planner: control.Planner, option: Pla
     return state, placed, option
 
 
-def _settle_early_end(run: _Run, state: js.JobState, assignments, outcome: AttemptOutcome) -> js.JobState:
+def _settle_early_end(run: _Run, state: js.JobState, assignments, outcome: AttemptOutcome) -> tuple[js.JobState, Any]:
     """The attempt ended early: stop the survivors (SIGTERM: they checkpoint if they can), then settle
-    the instance records and note the checkpoint the next attempt starts from."""
+    the instance records; returns the job state and the check of the checkpoint the next attempt
+    starts from (a future of ``note_checkpoint``, which ``_noted`` waits for)."""
     if outcome.kind == INSTANCE_PREEMPTED:
         reporting.emit_job_event("preempted", state, instances=list(outcome.instance_ids))
         what = recovery.preemption_words(state, outcome.instance_ids)
@@ -365,7 +371,52 @@ def _settle_early_end(run: _Run, state: js.JobState, assignments, outcome: Attem
     run.reporter.event(state, f"{what}; stopping the attempt (its workers checkpoint first)")
     state = run.save(workers.stop_attempt(run.session, state, _ids(assignments)))
     state = run.save(cloud_tasks.reconcile(run.session, state))
-    state = recovery.close_preempted(state, outcome)
-    state = run.save(job_tasks.note_checkpoint(state))
+    state = run.save(recovery.close_preempted(state, outcome))
+    # The checkpoint storage is checked while the controller decides on the checkpoint the workers
+    # reported (``_decide``): they agree unless that one is torn, and then the decision is made again.
+    return state, job_tasks.note_checkpoint.submit(state)
+
+
+class _Offers:
+    """What the clouds offer and the job's planner on it, looked up again once the offers' cache
+    (``OFFERS_TTL``) would have expired: until then ``list_offers`` answers the same offers, and the
+    planner kept with them keeps its memo (the searches made, and those the warm-up made before a
+    preemption, ``control.DecisionWarmup``)."""
+
+    def __init__(self) -> None:
+        self._at = -math.inf
+        self._offers: Any = None
+        self._planner: control.Planner | None = None
+
+    def now(self, run: _Run, spec: JobSpec) -> tuple[Any, control.Planner]:
+        if self._planner is None or time.monotonic() - self._at > cloud_tasks.OFFERS_TTL.total_seconds():
+            self._offers = cloud_tasks.list_offers(run.session, spec.gpus, spec.zones, spec.clouds)
+            self._planner = control.job_planner(spec, self._offers)
+            self._at = time.monotonic()
+        return self._offers, self._planner
+
+
+def _decide(run: _Run, state: js.JobState, planner: control.Planner, available, rec: recovery.Recovery,
+            checked: Any) -> tuple[js.JobState, Any]:
+    """The controller's decision on what runs next, and the job state with its newest checkpoint noted.
+    ``checked``: the check of the checkpoint storage that runs meanwhile (None: none)."""
+    def decide(on: js.JobState):
+        return control.decide_next(planner, on, available=available, event=rec.event, current=rec.current,
+                                   shutdown_s=run.session.shutdown_s, now_unix_s=time.time())
+
+    decision = decide(state)
+    if checked is None:
+        return state, decision
+    noted = _noted(run, state, checked)
+    if noted.last_checkpoint_step != state.last_checkpoint_step:  # the reported one did not verify
+        decision = decide(noted)
+    return noted, decision
+
+
+def _noted(run: _Run, state: js.JobState, checked: Any) -> js.JobState:
+    """``state`` with the checkpoint its check found (``note_checkpoint``'s future; None: no check)."""
+    if checked is None:
+        return state
+    state = run.save(checked.result())
     run.reporter.event(state, f"newest checkpoint: step {state.last_checkpoint_step or 0}")
     return state

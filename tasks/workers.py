@@ -312,7 +312,8 @@ def stop_attempt(session, state: js.JobState, instance_ids: Sequence[str], timeo
     statuses = {iid: read_status(session.jobs_url, iid) for iid in instance_ids}
     state = _merge_progress(state, statuses, run_generation(state.attempt))
     generation = stop_generation(state.attempt)
-    live = [iid for iid in instance_ids if session.instance_states([iid]).get(iid) == "running"]
+    cloud_states = session.instance_states(list(instance_ids))  # one call: this wait is on the recovery's path
+    live = [iid for iid in instance_ids if cloud_states.get(iid) == "running"]
     for iid in live:
         write_assignment(session.jobs_url, iid, AgentAssignment(generation=generation, attempt=state.attempt,
                                                                 action=AgentAction.STOP))
