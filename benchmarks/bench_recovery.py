@@ -154,7 +154,8 @@ class _Timeline:
             for part in name.split(".")[:-1]:  # a class's method
                 owner = getattr(owner, part)
             attr = name.split(".")[-1]
-            setattr(owner, attr, self._wrap(attr, getattr(owner, attr)))
+            if hasattr(owner, attr):  # (an older flow, run as "before", lacks some)
+                setattr(owner, attr, self._wrap(attr, getattr(owner, attr)))
 
     def _wrap(self, name: str, fn):
         def timed(*a, **kw):
@@ -204,6 +205,7 @@ def _compare_with_uninterrupted(state, steps: int) -> str:
     trained = [r for r in state.replans if r.first_step_unix_s is not None]
     ends = [r.at_step for r in trained[1:]] + [steps]
     res = None
+    step_s = {}  # each plan's median step time here, uninterrupted: a first step after a recovery takes one
     for k, (rec, end) in enumerate(zip(trained, ends)):
         if end <= rec.at_step:
             continue
@@ -212,8 +214,10 @@ def _compare_with_uninterrupted(state, steps: int) -> str:
                            worker_args=tuple(worker_argv(state.spec)))
         if res.status != "ok":
             return f"uninterrupted run failed: {res.message}"
+        step_s[k] = statistics.median(res.step_times_s[1:] or res.step_times_s)
     diff, bitwise, why = _final_params_diff(state.spec.checkpoint_url, work / "ckpt", steps)
-    segments = " -> ".join(f"{_shape(r.plan)} from step {r.at_step}" for r in trained)
+    segments = " -> ".join(f"{_shape(r.plan)} from step {r.at_step} ({step_s.get(k, float('nan')):.2f} s a step)"
+                           for k, r in enumerate(trained))
     return (f"final parameters against the uninterrupted run: {why}" if diff is None else
             f"final parameters against the same plans uninterrupted ({segments}): bitwise equal {bitwise}, "
             f"max |diff| {diff:.3g}; final loss {state.last_loss!r} vs {res.losses[-1]!r}")
@@ -221,6 +225,9 @@ def _compare_with_uninterrupted(state, steps: int) -> str:
 
 def _shape(plan: dict) -> str:
     return " | ".join("+".join(f"{r['gpu']}x{r.get('tp', 1)}" for r in st["replicas"]) for st in plan.get("stages", []))
+
+
+_STATE_SAID = ("kept in memory", "handed over by its peers", "state read")
 
 
 def _workers_words(rec) -> str:

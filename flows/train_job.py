@@ -24,9 +24,11 @@ cancellation/crash hooks when the flow process itself is being torn down.
 
 from __future__ import annotations
 
+import contextvars
 import math
 import time
 from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,6 +54,7 @@ from tasks import job_lease
 from tasks import jobs as job_tasks
 from tasks import reporting, workers
 
+_CHECKS = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sailor-checkpoint-check")
 UI_CANCEL_STOP_S = 20.0  # a final checkpoint after a cancel in the UI: the worker kills the run 30 s after it
 
 
@@ -226,7 +229,7 @@ def _attempts(run: _Run, state: js.JobState) -> js.JobState:
                                       data_dir=str(settings.sailor_home() / "data"))
     rec = recovery.start(state)
     looked = _Offers()
-    checked: Any = None  # the newest checkpoint's check, running while the controller decides
+    checked: Future | None = None  # the newest checkpoint's check, running while the controller decides
     while True:
         request = run.store.stop_request(state.job_id)  # asked while waiting or between attempts
         if request is not None:
@@ -315,9 +318,9 @@ def _train_while_booting(run: _Run, state: js.JobState, planner: control.Planner
     run.reporter.event(state, words)
     placed = cloud_tasks.provision(run.session, state, interim_nodes, offers, end_surplus=False)
     state = run.save(placed.state)
+    workers.assign(run.session, state, placed.assignments, data_url=data_url, interim=True)
     run.reporter.attempt(state, reason=words, nodes=[cloud_tasks.node_dict(n) for n in placed.nodes],
                          history=[], pareto="")
-    workers.assign(run.session, state, placed.assignments, data_url=data_url, interim=True)
     try:
         state, nodes = cloud_tasks.launch_ahead(run.session, state, nodes, offers)
     finally:
@@ -348,10 +351,10 @@ def _launch(run: _Run, state: js.JobState, planner: control.Planner, option: Pla
     if state.plan != option.plan.to_dict():
         option = planner.option(plan_from_dict(state.plan), option.throughput_samples_per_s)
     nodes = [cloud_tasks.node_dict(n) for n in placed.nodes]
+    workers.assign(run.session, state, placed.assignments, data_url=data_url)  # first: the workers wait for it
     run.reporter.attempt(state, reason=reason, nodes=nodes, history=list(placed.history),
                          pareto=reporting.pareto_markdown(control.pareto_points(planner),
                                                           control.chosen_point(planner, option)))
-    workers.assign(run.session, state, placed.assignments, data_url=data_url)
     reporting.mark_attempt(run.session.jobs_url, state, reason)
     at = state.last_checkpoint_step or 0
     run.reporter.event(state, f"rented {report.nodes_line(nodes)}; starting the workers"
@@ -359,7 +362,8 @@ def _launch(run: _Run, state: js.JobState, planner: control.Planner, option: Pla
     return state, placed, option
 
 
-def _settle_early_end(run: _Run, state: js.JobState, assignments, outcome: AttemptOutcome) -> tuple[js.JobState, Any]:
+def _settle_early_end(run: _Run, state: js.JobState, assignments, outcome: AttemptOutcome
+                      ) -> tuple[js.JobState, Future]:
     """The attempt ended early: stop the survivors (SIGTERM: they checkpoint if they can), then settle
     the instance records; returns the job state and the check of the checkpoint the next attempt
     starts from (a future of ``note_checkpoint``, which ``_noted`` waits for)."""
@@ -374,7 +378,9 @@ def _settle_early_end(run: _Run, state: js.JobState, assignments, outcome: Attem
     state = run.save(recovery.close_preempted(state, outcome))
     # The checkpoint storage is checked while the controller decides on the checkpoint the workers
     # reported (``_decide``): they agree unless that one is torn, and then the decision is made again.
-    return state, job_tasks.note_checkpoint.submit(state)
+    # The task's body in a thread of this process: a task run submitted to Prefect's runner started
+    # up to 2 s late on a loaded server, on the recovery's path; its retries come when it fails.
+    return state, _CHECKS.submit(contextvars.copy_context().run, job_tasks.note_checkpoint.fn, state)
 
 
 class _Offers:
@@ -397,7 +403,7 @@ class _Offers:
 
 
 def _decide(run: _Run, state: js.JobState, planner: control.Planner, available, rec: recovery.Recovery,
-            checked: Any) -> tuple[js.JobState, Any]:
+            checked: Future | None) -> tuple[js.JobState, Any]:
     """The controller's decision on what runs next, and the job state with its newest checkpoint noted.
     ``checked``: the check of the checkpoint storage that runs meanwhile (None: none)."""
     def decide(on: js.JobState):
@@ -413,10 +419,14 @@ def _decide(run: _Run, state: js.JobState, planner: control.Planner, available, 
     return noted, decision
 
 
-def _noted(run: _Run, state: js.JobState, checked: Any) -> js.JobState:
+def _noted(run: _Run, state: js.JobState, checked: Future | None) -> js.JobState:
     """``state`` with the checkpoint its check found (``note_checkpoint``'s future; None: no check)."""
     if checked is None:
         return state
-    state = run.save(checked.result())
+    try:
+        noted = checked.result()
+    except Exception:  # noqa: BLE001  the storage did not answer: the task, with its retries, asks again
+        noted = job_tasks.note_checkpoint(state)
+    state = run.save(noted)
     run.reporter.event(state, f"newest checkpoint: step {state.last_checkpoint_step or 0}")
     return state
