@@ -55,6 +55,9 @@ from tasks import jobs as job_tasks
 from tasks import reporting, workers
 
 _CHECKS = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sailor-checkpoint-check")
+# In place: the tasks on a recovery's path (stop the survivors, decide, assign) run their bodies in the
+# flow run (their log lines stay the run's), not as task runs: a task run is created on the Prefect
+# server first, and a busy server answered that 2 s late (its client's first retry), on a loaded machine.
 UI_CANCEL_STOP_S = 20.0  # a final checkpoint after a cancel in the UI: the worker kills the run 30 s after it
 
 
@@ -269,12 +272,9 @@ def _attempts(run: _Run, state: js.JobState) -> js.JobState:
         if option is not decision.plan:  # moved by a zone failover: the GPUs it got (either market) count as available
             available = recovery.available_with(available, option.all_gpus())
         before = state.last_checkpoint_step  # the watch records the checkpoints made meanwhile
-        warmup = control.DecisionWarmup(planner, state, instance_ids=_ids(placed.assignments), available=available,
-                                        current=option, shutdown_s=run.session.shutdown_s)
         outcome, state = workers.watch_attempt(run.session, run.store, state, placed.assignments, planner=planner,
                                                available=available, current=option)
         state = run.save(state)
-        warmup.wait()
         if outcome.kind == workers.STOPPED:
             return _stopped(run, state, _ids(placed.assignments), by=outcome.reason)
         if outcome.kind == FINISHED:
@@ -318,7 +318,7 @@ def _train_while_booting(run: _Run, state: js.JobState, planner: control.Planner
     run.reporter.event(state, words)
     placed = cloud_tasks.provision(run.session, state, interim_nodes, offers, end_surplus=False)
     state = run.save(placed.state)
-    workers.assign(run.session, state, placed.assignments, data_url=data_url, interim=True)
+    workers.assign.fn(run.session, state, placed.assignments, data_url=data_url, interim=True)  # in place
     run.reporter.attempt(state, reason=words, nodes=[cloud_tasks.node_dict(n) for n in placed.nodes],
                          history=[], pareto="")
     try:
@@ -351,7 +351,7 @@ def _launch(run: _Run, state: js.JobState, planner: control.Planner, option: Pla
     if state.plan != option.plan.to_dict():
         option = planner.option(plan_from_dict(state.plan), option.throughput_samples_per_s)
     nodes = [cloud_tasks.node_dict(n) for n in placed.nodes]
-    workers.assign(run.session, state, placed.assignments, data_url=data_url)  # first: the workers wait for it
+    workers.assign.fn(run.session, state, placed.assignments, data_url=data_url)  # first; in place
     run.reporter.attempt(state, reason=reason, nodes=nodes, history=list(placed.history),
                          pareto=reporting.pareto_markdown(control.pareto_points(planner),
                                                           control.chosen_point(planner, option)))
@@ -373,7 +373,7 @@ def _settle_early_end(run: _Run, state: js.JobState, assignments, outcome: Attem
     else:
         what = f"{outcome.reason} at step {state.steps_done}"
     run.reporter.event(state, f"{what}; stopping the attempt (its workers checkpoint first)")
-    state = run.save(workers.stop_attempt(run.session, state, _ids(assignments)))
+    state = run.save(workers.stop_attempt.fn(run.session, state, _ids(assignments)))  # in place
     state = run.save(cloud_tasks.reconcile(run.session, state))
     state = run.save(recovery.close_preempted(state, outcome))
     # The checkpoint storage is checked while the controller decides on the checkpoint the workers
@@ -407,8 +407,8 @@ def _decide(run: _Run, state: js.JobState, planner: control.Planner, available, 
     """The controller's decision on what runs next, and the job state with its newest checkpoint noted.
     ``checked``: the check of the checkpoint storage that runs meanwhile (None: none)."""
     def decide(on: js.JobState):
-        return control.decide_next(planner, on, available=available, event=rec.event, current=rec.current,
-                                   shutdown_s=run.session.shutdown_s, now_unix_s=time.time())
+        return control.decide_next.fn(planner, on, available=available, event=rec.event, current=rec.current,
+                                      shutdown_s=run.session.shutdown_s, now_unix_s=time.time())  # in place
 
     decision = decide(state)
     if checked is None:

@@ -45,7 +45,7 @@ from sailor_core.network.model import default_network
 from sailor_core.plan.layout import world_size
 from sailor_core.plan.types import plan_from_dict
 from tasks.agent_watch import CLOUD_POLL_S, POLL_S, AgentPoll, Listeners, Poll, watch_agents
-from tasks.control import controller_decision
+from tasks.control import DecisionWarmup, controller_decision
 from tasks.reporting import progress_description
 
 BUDGET = "budget"  # outcome: the controller stops the job before the budget would be crossed
@@ -194,11 +194,19 @@ def watch_attempt(session, store: js.JobStore, state: js.JobState, assignments: 
 
     Returns the outcome and the job state with the progress seen.  An injected preemption
     (``--preempt-at``, embedded cloud) is posted by rank 0's agent; its report is noted here.
+    Meanwhile the controller's decision after each preemption that may come next is made once on
+    ``planner`` (``control.DecisionWarmup``), so that the decision after a real one finds its searches.
     """
     ids = [a.instance_id for a in assignments]
     watch = _AttemptWatch(session=session, store=store, state=state, ids=ids, progress=progress,
                           planner=planner, available=available, current=current)
-    return watch_agents(session, ids, watch.on_poll)
+    # Here, not before the task: Prefect walks the task's arguments (the planner's memo) as it starts it.
+    warmup = DecisionWarmup(planner, state, instance_ids=ids, available=available or {}, current=current,
+                            shutdown_s=session.shutdown_s)
+    try:
+        return watch_agents(session, ids, watch.on_poll)
+    finally:  # the decision after this attempt finds what the warm-up searched
+        warmup.wait()
 
 
 class _AttemptWatch:
