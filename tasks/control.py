@@ -291,12 +291,14 @@ class DecisionWarmup:
     (one of the attempt's spot instances taken: the survivors' pool is known before it ends) is made
     once in a background thread on ``planner``, the planner the flow asks after it: its planner
     searches are then memoised (``CachedPlanner``), and the decision after a real preemption is made
-    at once, the same decision, since the memo answers exactly what the search would.  ``wait``
-    before that decision: the two never search at once (a search half made is not memoised)."""
+    at once, the same decision, since the memo answers exactly what the search would.  ``start`` once
+    the attempt trains (its searches do not compete with the workers' start for the CPU); ``wait``
+    before the next decision: the two never search at once (a search half made is not memoised)."""
 
     def __init__(self, planner: Planner | None, state: js.JobState, *, instance_ids: Sequence[str],
                  available: Mapping[tuple[str, str], int], current: PlanOption | None, shutdown_s: float) -> None:
         self._thread: threading.Thread | None = None
+        self._started = False
         spot = [r.instance_id for r in state.running_instances() if r.instance_id in instance_ids and r.spot]
         if planner is None or not spot:
             return
@@ -305,7 +307,12 @@ class DecisionWarmup:
         self._thread = threading.Thread(target=run, args=(self._warm, planner, state, spot, dict(available),
                                                           current, shutdown_s),
                                         name="sailor-decision-warmup", daemon=True)
-        self._thread.start()
+
+    def start(self) -> DecisionWarmup:
+        if self._thread is not None and not self._started:
+            self._started = True
+            self._thread.start()
+        return self
 
     @staticmethod
     def _warm(planner: Planner, state: js.JobState, victims: Sequence[str], available: Mapping[tuple[str, str], int],
@@ -321,7 +328,7 @@ class DecisionWarmup:
                 _log.debug("decision warm-up after a preemption of %s: %s", iid, exc)
 
     def wait(self) -> None:
-        if self._thread is not None:
+        if self._started:
             self._thread.join()
 
 

@@ -198,11 +198,11 @@ def watch_attempt(session, store: js.JobStore, state: js.JobState, assignments: 
     ``planner`` (``control.DecisionWarmup``), so that the decision after a real one finds its searches.
     """
     ids = [a.instance_id for a in assignments]
-    watch = _AttemptWatch(session=session, store=store, state=state, ids=ids, progress=progress,
-                          planner=planner, available=available, current=current)
     # Here, not before the task: Prefect walks the task's arguments (the planner's memo) as it starts it.
     warmup = DecisionWarmup(planner, state, instance_ids=ids, available=available or {}, current=current,
                             shutdown_s=session.shutdown_s)
+    watch = _AttemptWatch(session=session, store=store, state=state, ids=ids, progress=progress,
+                          planner=planner, available=available, current=current, trains=warmup.start)
     try:
         return watch_agents(session, ids, watch.on_poll)
     finally:  # the decision after this attempt finds what the warm-up searched
@@ -213,11 +213,13 @@ class _AttemptWatch:
     """``watch_attempt``'s handling of each poll; ``state`` holds the progress seen so far."""
 
     __slots__ = ("session", "store", "state", "ids", "progress", "planner", "available", "current", "log",
-                 "generation", "injection_noted", "last_save", "last_decide", "last_progress", "samples_per_s")
+                 "generation", "injection_noted", "last_save", "last_decide", "last_progress", "samples_per_s",
+                 "trains")
 
     def __init__(self, *, session, store: js.JobStore, state: js.JobState, ids: list[str], progress,
-                 planner, available, current) -> None:
+                 planner, available, current, trains=lambda: None) -> None:
         self.session, self.store, self.state, self.ids = session, store, state, ids
+        self.trains = trains  # called at each step of the attempt's own workers (the first one counts)
         self.progress, self.planner, self.available, self.current = progress, planner, available, current
         self.log = get_run_logger()
         self.generation = run_generation(state.attempt)
@@ -275,6 +277,7 @@ class _AttemptWatch:
             self.state = note_injection(self.state, reports[0], self.log)
             self.store.save(self.state)
         if moved and trains:
+            self.trains()
             _listeners.emit(self.state)
             if self.progress is not None and (now - self.last_progress > PROGRESS_EVERY_S
                                               or self.state.steps_done >= self.state.spec.steps):

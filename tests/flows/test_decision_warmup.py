@@ -43,7 +43,7 @@ def test_a_preemption_after_the_warmup_is_decided_without_a_search_and_as_withou
     assert len(state.instances) == 3
     searched = planner.cached.num_calls
     control.DecisionWarmup(planner, state, instance_ids=[i.instance_id for i in state.instances], available=available,
-                           current=option, shutdown_s=120.0).wait()
+                           current=option, shutdown_s=120.0).start().wait()
     assert planner.cached.num_calls > searched  # the survivors' pools were searched ahead
 
     warmed = planner.cached.num_calls
@@ -70,7 +70,7 @@ def test_nothing_is_warmed_without_a_planner_or_spot_instances():
                                                            for r in state.instances))
     searched = planner.cached.num_calls
     control.DecisionWarmup(planner, on_demand, instance_ids=[i.instance_id for i in state.instances],
-                           available=available, current=option, shutdown_s=120.0).wait()
+                           available=available, current=option, shutdown_s=120.0).start().wait()
     control.DecisionWarmup(None, state, instance_ids=[i.instance_id for i in state.instances],
-                           available=available, current=option, shutdown_s=120.0).wait()
+                           available=available, current=option, shutdown_s=120.0).start().wait()
     assert planner.cached.num_calls == searched
