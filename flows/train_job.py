@@ -54,10 +54,12 @@ from tasks import job_lease
 from tasks import jobs as job_tasks
 from tasks import reporting, workers
 
-_CHECKS = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sailor-checkpoint-check")
 # In place: the tasks on a recovery's path (stop the survivors, decide, assign) run their bodies in the
 # flow run (their log lines stay the run's), not as task runs: a task run is created on the Prefect
 # server first, and a busy server answered that 2 s late (its client's first retry), on a loaded machine.
+# The checkpoint's check, beside the decision, runs in this pool.
+_CHECKS = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sailor-checkpoint-check")
+
 UI_CANCEL_STOP_S = 20.0  # a final checkpoint after a cancel in the UI: the worker kills the run 30 s after it
 
 

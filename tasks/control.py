@@ -290,8 +290,9 @@ class DecisionWarmup:
     """While an attempt trains, the controller's decision after each preemption that may come next
     (one of the attempt's spot instances taken: the survivors' pool is known before it ends) is made
     once in a background thread on ``planner``, the planner the flow asks after it: its planner
-    searches are then memoised (``CachedPlanner``), and the decision after a real preemption is made
-    at once, the same decision, since the memo answers exactly what the search would.  ``start`` once
+    searches are then memoised (``CachedPlanner``), and the decision after a real preemption finds
+    them and is made at once, the decision that planner makes anyway (the memo answers what it
+    answered on each availability, or what its answers on a larger one imply).  ``start`` once
     the attempt trains (its searches do not compete with the workers' start for the CPU); ``wait``
     before the next decision: the two never search at once (a search half made is not memoised)."""
 
