@@ -24,8 +24,11 @@ cancellation/crash hooks when the flow process itself is being torn down.
 
 from __future__ import annotations
 
+import contextvars
+import math
 import time
 from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,6 +53,12 @@ from tasks import control
 from tasks import job_lease
 from tasks import jobs as job_tasks
 from tasks import reporting, workers
+
+# In place: the tasks on a recovery's path (stop the survivors, decide, assign) run their bodies in the
+# flow run (their log lines stay the run's), not as task runs: a task run is created on the Prefect
+# server first, and a busy server answered that 2 s late (its client's first retry), on a loaded machine.
+# The checkpoint's check, beside the decision, runs in this pool.
+_CHECKS = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sailor-checkpoint-check")
 
 UI_CANCEL_STOP_S = 20.0  # a final checkpoint after a cancel in the UI: the worker kills the run 30 s after it
 
@@ -224,15 +233,16 @@ def _attempts(run: _Run, state: js.JobState) -> js.JobState:
     data_url = job_tasks.prepare_data(spec.dataset, spec.model, spec.seed,
                                       data_dir=str(settings.sailor_home() / "data"))
     rec = recovery.start(state)
+    looked = _Offers()
+    checked: Future | None = None  # the newest checkpoint's check, running while the controller decides
     while True:
         request = run.store.stop_request(state.job_id)  # asked while waiting or between attempts
         if request is not None:
             return run.end(state, js.CANCELLED, js.stopped_reason(state, request.by))
-        offers = cloud_tasks.list_offers(run.session, spec.gpus, spec.zones, spec.clouds)
-        planner = control.job_planner(spec, offers)
+        offers, planner = looked.now(run, spec)
         available = control.availability(offers, max_gpus_per_zone=run.max_gpus_per_zone, max_gpus=spec.max_gpus)
-        decision = control.decide_next(planner, state, available=available, event=rec.event, current=rec.current,
-                                       shutdown_s=run.session.shutdown_s, now_unix_s=time.time())
+        state, decision = _decide(run, state, planner, available, rec, checked)
+        checked = None
         if decision.action == Action.STOP:
             return run.end(state, recovery.status_when_stopped(state), decision.reason)
         if decision.action == Action.WAIT or decision.plan is None:
@@ -271,12 +281,12 @@ def _attempts(run: _Run, state: js.JobState) -> js.JobState:
             return _stopped(run, state, _ids(placed.assignments), by=outcome.reason)
         if outcome.kind == FINISHED:
             return run.end(job_tasks.note_checkpoint(state), js.SUCCEEDED, f"{state.steps_done} steps done")
-        state = _settle_early_end(run, state, placed.assignments, outcome)
+        state, checked = _settle_early_end(run, state, placed.assignments, outcome)
         if outcome.kind == workers.BUDGET:
-            return run.end(state, js.STOPPED_BUDGET, outcome.reason)
+            return run.end(_noted(run, state, checked), js.STOPPED_BUDGET, outcome.reason)
         rec = recovery.after_attempt(rec, state, outcome, ran=option, checkpoint_before=before)
         if rec.stalled:
-            return run.end(state, js.FAILED, recovery.stalled_reason(rec, outcome))
+            return run.end(_noted(run, state, checked), js.FAILED, recovery.stalled_reason(rec, outcome))
         run.reporter.event(state, "re-planning on the GPUs offered now, to resume from step "
                                   f"{state.last_checkpoint_step or 0}")
 
@@ -310,9 +320,9 @@ def _train_while_booting(run: _Run, state: js.JobState, planner: control.Planner
     run.reporter.event(state, words)
     placed = cloud_tasks.provision(run.session, state, interim_nodes, offers, end_surplus=False)
     state = run.save(placed.state)
+    workers.assign.fn(run.session, state, placed.assignments, data_url=data_url, interim=True)  # in place
     run.reporter.attempt(state, reason=words, nodes=[cloud_tasks.node_dict(n) for n in placed.nodes],
                          history=[], pareto="")
-    workers.assign(run.session, state, placed.assignments, data_url=data_url, interim=True)
     try:
         state, nodes = cloud_tasks.launch_ahead(run.session, state, nodes, offers)
     finally:
@@ -343,10 +353,10 @@ def _launch(run: _Run, state: js.JobState, planner: control.Planner, option: Pla
     if state.plan != option.plan.to_dict():
         option = planner.option(plan_from_dict(state.plan), option.throughput_samples_per_s)
     nodes = [cloud_tasks.node_dict(n) for n in placed.nodes]
+    workers.assign.fn(run.session, state, placed.assignments, data_url=data_url)  # first; in place
     run.reporter.attempt(state, reason=reason, nodes=nodes, history=list(placed.history),
                          pareto=reporting.pareto_markdown(control.pareto_points(planner),
                                                           control.chosen_point(planner, option)))
-    workers.assign(run.session, state, placed.assignments, data_url=data_url)
     reporting.mark_attempt(run.session.jobs_url, state, reason)
     at = state.last_checkpoint_step or 0
     run.reporter.event(state, f"rented {report.nodes_line(nodes)}; starting the workers"
@@ -354,18 +364,71 @@ def _launch(run: _Run, state: js.JobState, planner: control.Planner, option: Pla
     return state, placed, option
 
 
-def _settle_early_end(run: _Run, state: js.JobState, assignments, outcome: AttemptOutcome) -> js.JobState:
+def _settle_early_end(run: _Run, state: js.JobState, assignments, outcome: AttemptOutcome
+                      ) -> tuple[js.JobState, Future]:
     """The attempt ended early: stop the survivors (SIGTERM: they checkpoint if they can), then settle
-    the instance records and note the checkpoint the next attempt starts from."""
+    the instance records; returns the job state and the check of the checkpoint the next attempt
+    starts from (a future of ``note_checkpoint``, which ``_noted`` waits for)."""
     if outcome.kind == INSTANCE_PREEMPTED:
         reporting.emit_job_event("preempted", state, instances=list(outcome.instance_ids))
         what = recovery.preemption_words(state, outcome.instance_ids)
     else:
         what = f"{outcome.reason} at step {state.steps_done}"
     run.reporter.event(state, f"{what}; stopping the attempt (its workers checkpoint first)")
-    state = run.save(workers.stop_attempt(run.session, state, _ids(assignments)))
+    state = run.save(workers.stop_attempt.fn(run.session, state, _ids(assignments)))  # in place
     state = run.save(cloud_tasks.reconcile(run.session, state))
-    state = recovery.close_preempted(state, outcome)
-    state = run.save(job_tasks.note_checkpoint(state))
+    state = run.save(recovery.close_preempted(state, outcome))
+    # The checkpoint storage is checked while the controller decides on the checkpoint the workers
+    # reported (``_decide``): they agree unless that one is torn, and then the decision is made again.
+    # The task's body in a thread of this process: a task run submitted to Prefect's runner started
+    # up to 2 s late on a loaded server, on the recovery's path; its retries come when it fails.
+    return state, _CHECKS.submit(contextvars.copy_context().run, job_tasks.note_checkpoint.fn, state)
+
+
+class _Offers:
+    """What the clouds offer and the job's planner on it, looked up again once the offers' cache
+    (``OFFERS_TTL``) would have expired: until then ``list_offers`` answers the same offers, and the
+    planner kept with them keeps its memo (the searches made, and those the warm-up made before a
+    preemption, ``control.DecisionWarmup``)."""
+
+    def __init__(self) -> None:
+        self._at = -math.inf
+        self._offers: Any = None
+        self._planner: control.Planner | None = None
+
+    def now(self, run: _Run, spec: JobSpec) -> tuple[Any, control.Planner]:
+        if self._planner is None or time.monotonic() - self._at > cloud_tasks.OFFERS_TTL.total_seconds():
+            self._offers = cloud_tasks.list_offers(run.session, spec.gpus, spec.zones, spec.clouds)
+            self._planner = control.job_planner(spec, self._offers)
+            self._at = time.monotonic()
+        return self._offers, self._planner
+
+
+def _decide(run: _Run, state: js.JobState, planner: control.Planner, available, rec: recovery.Recovery,
+            checked: Future | None) -> tuple[js.JobState, Any]:
+    """The controller's decision on what runs next, and the job state with its newest checkpoint noted.
+    ``checked``: the check of the checkpoint storage that runs meanwhile (None: none)."""
+    def decide(on: js.JobState):
+        return control.decide_next.fn(planner, on, available=available, event=rec.event, current=rec.current,
+                                      shutdown_s=run.session.shutdown_s, now_unix_s=time.time())  # in place
+
+    decision = decide(state)
+    if checked is None:
+        return state, decision
+    noted = _noted(run, state, checked)
+    if noted.last_checkpoint_step != state.last_checkpoint_step:  # the reported one did not verify
+        decision = decide(noted)
+    return noted, decision
+
+
+def _noted(run: _Run, state: js.JobState, checked: Future | None) -> js.JobState:
+    """``state`` with the checkpoint its check found (``note_checkpoint``'s future; None: no check)."""
+    if checked is None:
+        return state
+    try:
+        noted = checked.result()
+    except Exception:  # noqa: BLE001  the storage did not answer: the task, with its retries, asks again
+        noted = job_tasks.note_checkpoint(state)
+    state = run.save(noted)
     run.reporter.event(state, f"newest checkpoint: step {state.last_checkpoint_step or 0}")
     return state

@@ -47,6 +47,7 @@ class CloudSession:
     code: CodeBundle | None = None  # Sailor's wheel in the job's bucket
     public_addresses: bool = False  # this attempt's instances span VPCs: they meet at their public addresses
     _closers: list = field(default_factory=list)
+    _staged: dict = field(default_factory=dict)  # data files copied to the job's bucket: key -> size
 
     @property
     def labels(self) -> dict[str, str]:
@@ -104,10 +105,12 @@ class CloudSession:
             return url
         path = Path(url[len("file://"):] if url.startswith("file://") else url)
         key = f"data/{path.name}"
-        store = open_storage(self.jobs_url)
         size = path.stat().st_size
-        if not store.exists(key) or store.size(key) != size:
-            store.put_atomic(key, path.read_bytes())
+        if self._staged.get(key) != size:  # once a session: each attempt's assignment asks again
+            store = open_storage(self.jobs_url)
+            if not store.exists(key) or store.size(key) != size:
+                store.put_atomic(key, path.read_bytes())
+            self._staged[key] = size
         return f"{self.jobs_url}/{key}"
 
     def checkpoint_url(self, url: str) -> str:

@@ -21,8 +21,12 @@ count the GPUs of both markets: the planner is asked within them (``Planner.with
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
+import logging
 import math
+import threading
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -30,6 +34,7 @@ from typing import Any
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
+from sailor_core.job import recovery
 from sailor_core.job import state as js
 
 from sailor_core.job.spec import JobSpec
@@ -59,6 +64,8 @@ from sailor_core.objective import Objective
 from sailor_core.planner.ranking import CHEAPEST, FASTEST
 from sailor_core.planner.request import DEFAULT_MAX_TP_DEGREE, PlanQuery, SearchSettings
 from sailor_core.simulator.simulate import simulate
+
+_log = logging.getLogger(__name__)
 
 # The flow's costs of change, as the controller weighs them.
 FLOW_COSTS = Costs(save_s=0.0, provisioning_s=CHANGE_COST_S / 2, startup_s=CHANGE_COST_S / 2, work_lost_s=0.0,
@@ -277,6 +284,53 @@ def interim_plan(spec: JobSpec, offers: Sequence[Offer], next_option: PlanOption
             next_samples_per_s=next_option.throughput_samples_per_s):
         return None
     return option, planner.nodes(option)
+
+
+class DecisionWarmup:
+    """While an attempt trains, the controller's decision after each preemption that may come next
+    (one of the attempt's spot instances taken: the survivors' pool is known before it ends) is made
+    once in a background thread on ``planner``, the planner the flow asks after it: its planner
+    searches are then memoised (``CachedPlanner``), and the decision after a real preemption finds
+    them and is made at once, the decision that planner makes anyway (the memo answers what it
+    answered on each availability, or what its answers on a larger one imply).  ``start`` once
+    the attempt trains (its searches do not compete with the workers' start for the CPU); ``wait``
+    before the next decision: the two never search at once (a search half made is not memoised)."""
+
+    def __init__(self, planner: Planner | None, state: js.JobState, *, instance_ids: Sequence[str],
+                 available: Mapping[tuple[str, str], int], current: PlanOption | None, shutdown_s: float) -> None:
+        self._thread: threading.Thread | None = None
+        self._started = False
+        spot = [r.instance_id for r in state.running_instances() if r.instance_id in instance_ids and r.spot]
+        if planner is None or not spot:
+            return
+        # the flow run's context (its logger) in the thread: an infeasible search logs a warning
+        run = contextvars.copy_context().run
+        self._thread = threading.Thread(target=run, args=(self._warm, planner, state, spot, dict(available),
+                                                          current, shutdown_s),
+                                        name="sailor-decision-warmup", daemon=True)
+
+    def start(self) -> DecisionWarmup:
+        if self._thread is not None and not self._started:
+            self._started = True
+            self._thread.start()
+        return self
+
+    @staticmethod
+    def _warm(planner: Planner, state: js.JobState, victims: Sequence[str], available: Mapping[tuple[str, str], int],
+              current: PlanOption | None, shutdown_s: float) -> None:
+        for iid in victims:
+            now = time.time()
+            after = js.with_instances_ended(state, {iid}, "preempted", now_unix_s=now)
+            event = recovery.preemption_event(after, [iid])
+            try:
+                controller_decision(planner, after, available=available, event=event, current=current,
+                                    shutdown_s=shutdown_s, now_unix_s=now)
+            except Exception as exc:  # noqa: BLE001  a warm-up only: the real decision is made (and fails) in the flow
+                _log.debug("decision warm-up after a preemption of %s: %s", iid, exc)
+
+    def wait(self) -> None:
+        if self._started:
+            self._thread.join()
 
 
 @task(name="decide", tags=["controller", "planner"], cache_policy=NO_CACHE)

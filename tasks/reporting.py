@@ -233,6 +233,7 @@ class JobReporter:
         self._status_id = create_progress_artifact(progress=self._pct(state), key=artifact_key("status", self.job_id),
                                                    description=self._status(state))
         self._stop = threading.Event()
+        self._wake = threading.Event()  # an event to show now
         self._ticker = threading.Thread(target=contextvars.copy_context().run, args=(self._tick,), daemon=True,
                                         name=f"status-{self.job_id}")
         self._ticker.start()
@@ -248,7 +249,12 @@ class JobReporter:
         with self._lock:
             self._last_event = (time.time(), text)
         _notify(JobEvent(kind="event", job_id=self.job_id, text=text))
-        self.push(state, force=True)
+        if self._stop.is_set():  # the ticker has stopped (the job's end): push it here
+            self.push(state, force=True)
+            return
+        with self._lock:  # the ticker pushes it at once, off the flow's path (a recovery's events come in a row)
+            self._state = state
+        self._wake.set()
 
     def on_progress(self, state: JobState) -> None:
         now = time.time()
@@ -295,6 +301,7 @@ class JobReporter:
     def finish(self, state: JobState) -> None:
         """The job's instances are gone: the cost report, the final status; the ticker stops."""
         self._stop.set()
+        self._wake.set()
         publish_cost_report(state)
         text = f"{state.status}: {state.status_reason}" if state.status_reason else state.status
         self.event(state, f"{text}; {report.spend(state.usd_spent(state.updated_unix_s), state.spec.budget_usd)}")
@@ -302,6 +309,7 @@ class JobReporter:
 
     def close(self) -> None:
         self._stop.set()
+        self._wake.set()
         self._ticker.join(timeout=5)
 
     # -- the status artifact
@@ -317,9 +325,13 @@ class JobReporter:
         _update_artifact(self._status_id, data=pct, description=description)
 
     def _tick(self) -> None:
-        while not self._stop.wait(TICK_S):
+        while True:
+            woken = self._wake.wait(TICK_S)
+            self._wake.clear()
+            if self._stop.is_set():
+                return
             with self._lock:
-                due = time.monotonic() - self._last_push >= TICK_S
+                due = woken or time.monotonic() - self._last_push >= TICK_S
                 state = self._state
             if due:
                 try:

@@ -45,7 +45,7 @@ from sailor_core.network.model import default_network
 from sailor_core.plan.layout import world_size
 from sailor_core.plan.types import plan_from_dict
 from tasks.agent_watch import CLOUD_POLL_S, POLL_S, AgentPoll, Listeners, Poll, watch_agents
-from tasks.control import controller_decision
+from tasks.control import DecisionWarmup, controller_decision
 from tasks.reporting import progress_description
 
 BUDGET = "budget"  # outcome: the controller stops the job before the budget would be crossed
@@ -194,22 +194,32 @@ def watch_attempt(session, store: js.JobStore, state: js.JobState, assignments: 
 
     Returns the outcome and the job state with the progress seen.  An injected preemption
     (``--preempt-at``, embedded cloud) is posted by rank 0's agent; its report is noted here.
+    Meanwhile the controller's decision after each preemption that may come next is made once on
+    ``planner`` (``control.DecisionWarmup``), so that the decision after a real one finds its searches.
     """
     ids = [a.instance_id for a in assignments]
+    # Here, not before the task: Prefect walks the task's arguments (the planner's memo) as it starts it.
+    warmup = DecisionWarmup(planner, state, instance_ids=ids, available=available or {}, current=current,
+                            shutdown_s=session.shutdown_s)
     watch = _AttemptWatch(session=session, store=store, state=state, ids=ids, progress=progress,
-                          planner=planner, available=available, current=current)
-    return watch_agents(session, ids, watch.on_poll)
+                          planner=planner, available=available, current=current, trains=warmup.start)
+    try:
+        return watch_agents(session, ids, watch.on_poll)
+    finally:  # the decision after this attempt finds what the warm-up searched
+        warmup.wait()
 
 
 class _AttemptWatch:
     """``watch_attempt``'s handling of each poll; ``state`` holds the progress seen so far."""
 
     __slots__ = ("session", "store", "state", "ids", "progress", "planner", "available", "current", "log",
-                 "generation", "injection_noted", "last_save", "last_decide", "last_progress", "samples_per_s")
+                 "generation", "injection_noted", "last_save", "last_decide", "last_progress", "samples_per_s",
+                 "trains")
 
     def __init__(self, *, session, store: js.JobStore, state: js.JobState, ids: list[str], progress,
-                 planner, available, current) -> None:
+                 planner, available, current, trains=lambda: None) -> None:
         self.session, self.store, self.state, self.ids = session, store, state, ids
+        self.trains = trains  # called at each step of the attempt's own workers (the first one counts)
         self.progress, self.planner, self.available, self.current = progress, planner, available, current
         self.log = get_run_logger()
         self.generation = run_generation(state.attempt)
@@ -267,6 +277,7 @@ class _AttemptWatch:
             self.state = note_injection(self.state, reports[0], self.log)
             self.store.save(self.state)
         if moved and trains:
+            self.trains()
             _listeners.emit(self.state)
             if self.progress is not None and (now - self.last_progress > PROGRESS_EVERY_S
                                               or self.state.steps_done >= self.state.spec.steps):
@@ -312,7 +323,8 @@ def stop_attempt(session, state: js.JobState, instance_ids: Sequence[str], timeo
     statuses = {iid: read_status(session.jobs_url, iid) for iid in instance_ids}
     state = _merge_progress(state, statuses, run_generation(state.attempt))
     generation = stop_generation(state.attempt)
-    live = [iid for iid in instance_ids if session.instance_states([iid]).get(iid) == "running"]
+    cloud_states = session.instance_states(list(instance_ids))  # one call: this wait is on the recovery's path
+    live = [iid for iid in instance_ids if cloud_states.get(iid) == "running"]
     for iid in live:
         write_assignment(session.jobs_url, iid, AgentAssignment(generation=generation, attempt=state.attempt,
                                                                 action=AgentAction.STOP))
