@@ -173,6 +173,7 @@ PREEMPT_FILE_ENV = "SAILOR_PREEMPT_FILE"
 PREEMPT_URL_ENV = "SAILOR_PREEMPT_URL"
 STARTED_UNIX_S_ENV = "SAILOR_STARTED_UNIX_S"  # set by the agent: when it started or handed over the worker
 AGENT_PID_ENV = "SAILOR_AGENT_PID"  # set by the agent: its pid, which a parked worker outlives by no more than a poll
+SAVE_NOTE_ENV = "SAILOR_SAVE_NOTE"  # set by the agent: where a stopping worker notes its saves' progress
 DEFAULT_NOTICE_S = 30.0
 
 
@@ -198,6 +199,12 @@ def agent_pid() -> int | None:
     parent is no longer that process (unset: the parent the worker started with)."""
     value = os.environ.get(AGENT_PID_ENV)
     return int(value) if value else None
+
+
+def save_note_file() -> str | None:
+    """``SAILOR_SAVE_NOTE``: the file where a worker notes its stop saves' progress for its agent
+    (``runtime/save_note.py``; unset outside an agent: no note)."""
+    return os.environ.get(SAVE_NOTE_ENV) or None
 
 
 def attempt() -> int:
@@ -233,7 +240,8 @@ def fault_kill() -> str:
 
 def fault_upload() -> str | None:
     """``SAILOR_FAULT_UPLOAD``: path of a JSON file (``{"delay_s": x}`` or ``{"fail": true}``) the
-    first checkpoint upload that sees it claims and applies."""
+    first checkpoint upload that sees it claims and applies (``{"delay_s": x, "every": true}``:
+    every upload waits, a slow store)."""
     return os.environ.get(FAULT_UPLOAD_ENV)
 
 

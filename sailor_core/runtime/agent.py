@@ -45,7 +45,7 @@ from pathlib import Path
 
 from sailor_core import settings
 from sailor_core.errors import SailorError
-from sailor_core.runtime import park
+from sailor_core.runtime import park, save_note
 from sailor_core.runtime.agent_logs import AgentLogs
 from sailor_core.job.protocol import (
     EXIT_PREEMPTED,
@@ -70,7 +70,10 @@ from sailor_core.job.protocol import (
 POLL_S = 0.2
 INJECT_POLL_S = 0.02  # while a preemption waits for its step: land it within a step or two
 MAX_LOSSES = 5000  # per generation, in status.json
+# A stopped worker gets STOP_GRACE_S, and again after every piece of its stop's saves (plus twice
+# the longest piece it has written: runtime/save_note.py), never more than STOP_MAX_S in all.
 STOP_GRACE_S = 5.0
+STOP_MAX_S = 600.0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -157,7 +160,8 @@ class _Generation:
     injected: InjectionReport | None = None  # what became of it
 
 
-def _worker_env(assignment: AgentAssignment, generation: int, rank: int, local_rank: int) -> dict[str, str]:
+def _worker_env(assignment: AgentAssignment, generation: int, rank: int, local_rank: int,
+                log_dir: Path) -> dict[str, str]:
     """What a worker's environment adds to the agent's (a parked worker is handed just this)."""
     return {
         **assignment.env,
@@ -171,6 +175,7 @@ def _worker_env(assignment: AgentAssignment, generation: int, rank: int, local_r
         settings.GENERATION_ENV: str(generation),
         settings.STARTED_UNIX_S_ENV: repr(time.time()),
         settings.AGENT_PID_ENV: str(os.getpid()),
+        settings.SAVE_NOTE_ENV: str(save_note.note_path(log_dir, rank)),
     }
 
 
@@ -215,7 +220,7 @@ class Agent:
         self._release_parked(keep=set(range(len(assignment.ranks))) if parks else set())
         for local_rank, rank in enumerate(assignment.ranks):
             gen.local_ranks[rank] = local_rank
-            env, log_path = _worker_env(assignment, gen.number, rank, local_rank), log_dir / f"rank{rank}.log"
+            env, log_path = _worker_env(assignment, gen.number, rank, local_rank, log_dir), log_dir / f"rank{rank}.log"
             if local_rank in self.parked:
                 gen.procs[rank] = self.parked.pop(local_rank)
                 fresh = gen.procs[rank].pid in self.standby_pids
@@ -270,18 +275,22 @@ class Agent:
 
     def _stop(self, gen: _Generation, grace_s: float = STOP_GRACE_S) -> None:
         """Stop the generation's workers: park them (they checkpoint together first) or, when
-        the instance is going away or parking is off, SIGTERM (they checkpoint and exit)."""
+        the instance is going away or parking is off, SIGTERM (they checkpoint and exit).  The
+        workers get ``grace_s``, and more while their saves progress (``runtime/save_note.py``):
+        only a worker that makes no progress is killed, so a slow store costs a stop no checkpoint."""
         self._collect(gen)
         live = {r: p for r, p in gen.procs.items() if r not in gen.exit_codes and p.poll() is None}
         parks = self.park_dir is not None and not self.terminating
+        paths = {r: save_note.note_path(gen.log_dir, r) for r in live} if gen.log_dir is not None else {}
+        wait = save_note.StopWait(grace_s, STOP_MAX_S if grace_s > 0 else 0.0, _notes(paths))
         for p in live.values():
             p.send_signal(park.SIGNAL if parks else signal.SIGTERM)
-        deadline = time.monotonic() + grace_s
-        while parks and time.monotonic() < deadline and any(r not in gen.exit_codes for r in live):
+        while any(r not in gen.exit_codes for r in live) and not wait.over(_notes(paths)):
             time.sleep(park.POLL_S)
             self._collect(gen)
+            self._beat()
         unparked = [p for p in live.values() if all(p is not q for q in self.parked.values())]
-        _wait_or_kill(unparked, max(0.0, deadline - time.monotonic()))
+        _wait_or_kill(unparked, 0.0)
         self._collect(gen)
 
     def _collect(self, gen: _Generation) -> None:
@@ -365,6 +374,14 @@ class Agent:
         if force or status != self._last_status or now - self._last_status_s > 1.0:
             write_status(self.job_url, self.instance_id, dataclasses.replace(status, heartbeat_unix_s=now))
             self._last_status, self._last_status_s = status, now
+
+    def _beat(self) -> None:
+        """The last report again, with a fresh heartbeat: while its workers save for a stop the agent
+        stays alive to the flow, and the generation's state stays what it was until the stop ends."""
+        now = time.time()
+        if self._last_status is not None and now - self._last_status_s > 1.0:
+            write_status(self.job_url, self.instance_id, dataclasses.replace(self._last_status, heartbeat_unix_s=now))
+            self._last_status_s = now
 
     def _status_body(self) -> AgentStatus:
         """The report without its heartbeat (what changed since the last one is what matters)."""
@@ -450,6 +467,10 @@ class Agent:
 
     def _on_sigterm(self, signum, frame) -> None:
         self.terminating = True
+
+
+def _notes(paths: dict[int, Path]) -> dict[int, save_note.SaveNote | None]:
+    return {rank: save_note.read_note(path) for rank, path in paths.items()}
 
 
 def _lowest_rank_error(errors: dict[int, str]) -> WorkerError | None:

@@ -15,6 +15,10 @@ longer than the checkpoint interval, training slows to the storage's pace instea
 checkpoints, so one exists every ``--ckpt-every`` steps as the replay and the controller assume.
 ``save_now`` (the emergency save on a preemption notice, the agent's stop, the run's last step)
 waits for the one in flight, then saves on the training thread: both are complete when it returns.
+A stop lets the write in flight commit first (``wait``; it holds the newest state no older than
+one interval) and only then writes its own, so a stop cut short still loses at most one interval;
+``on_write`` is told of every piece of every write (``runtime/save_note.py``: the agent waits
+while a stopping worker's saves progress).
 
 A checkpoint counts when its manifest is written, as before; the worker reports it (its
 ``checkpoint`` metrics line, which the job records) only once ``committed`` returns its step.  A
@@ -36,6 +40,7 @@ import torch.distributed as dist
 
 from sailor_core.runtime import checkpoint as ckpt
 from sailor_core.runtime import faults
+from sailor_core.runtime.save_note import COMMITTED, FILE, STAGED
 from sailor_core.runtime.stage_checkpoint import checkpoint_meta, layer_states, save_layers
 from sailor_core.runtime.trainer import StageTrainer
 from sailor_core.storage import Storage
@@ -57,16 +62,26 @@ def stage(trainer: StageTrainer) -> StagedCheckpoint:
     return StagedCheckpoint(step=trainer.step, layers=layers, meta=checkpoint_meta(trainer))
 
 
-def save_sync(trainer: StageTrainer, storage: Storage, keep: int, rank: int) -> None:
-    """Write the checkpoint of the trainer's step on this thread; committed when it returns."""
-    files = save_layers(trainer, storage)
+def _ignore(what: str) -> None:
+    pass
+
+
+def save_sync(trainer: StageTrainer, storage: Storage, keep: int, rank: int,
+              on_write: Callable[[str], None] = _ignore) -> None:
+    """Write the checkpoint of the trainer's step on this thread; committed when it returns
+    (``on_write``: told ``STAGED``, each ``FILE``, ``COMMITTED``, as ``save_note.SaveProgress`` takes them)."""
+    on_write(STAGED)
+    files = save_layers(trainer, storage, on_file=lambda: on_write(FILE))
     commit_together(storage, trainer.step, files, checkpoint_meta(trainer), keep=keep, rank=rank)
+    on_write(COMMITTED)
 
 
-def write_staged(storage: Storage, staged: StagedCheckpoint) -> dict[str, dict[str, Any]]:
+def write_staged(storage: Storage, staged: StagedCheckpoint,
+                 on_write: Callable[[str], None] = _ignore) -> dict[str, dict[str, Any]]:
     files: dict[str, dict[str, Any]] = {}
     for layer_index, state in staged.layers:
         files.update(ckpt.write_layer(storage, staged.step, layer_index, state))
+        on_write(FILE)
     return files
 
 
@@ -89,11 +104,12 @@ class CheckpointWriter:
     """A rank's checkpoints: written in the background (``save_async``) or now (``save_now``), at
     most one in flight.  Every rank makes the same calls at the same steps (they are collectives).
 
-    ``on_wait(step)`` is told when a save or ``wait`` has to wait for the write of ``step``."""
+    ``on_wait(step)`` is told when a save or ``wait`` has to wait for the write of ``step``;
+    ``on_write(what)`` of every piece of every write, from the thread that did it."""
 
     def __init__(self, storage: Storage, *, keep: int, rank: int,
-                 on_wait: Callable[[int], None] | None = None) -> None:
-        self.storage, self.keep, self.rank, self.on_wait = storage, keep, rank, on_wait
+                 on_wait: Callable[[int], None] | None = None, on_write: Callable[[str], None] = _ignore) -> None:
+        self.storage, self.keep, self.rank, self.on_wait, self.on_write = storage, keep, rank, on_wait, on_write
         self._group: dist.ProcessGroup | None = None  # the writers' own, made at the first background save
         self._thread: threading.Thread | None = None
         self._in_flight: int | None = None
@@ -108,6 +124,7 @@ class CheckpointWriter:
     def save_async(self, trainer: StageTrainer) -> None:
         """Stage the trainer's state and write it in the background (after the previous write)."""
         self.wait()
+        self.on_write(STAGED)
         staged = stage(trainer)
         if self._group is None:
             self._group = dist.new_group(backend="gloo")
@@ -119,7 +136,7 @@ class CheckpointWriter:
     def save_now(self, trainer: StageTrainer) -> None:
         """Wait for the write in flight, then save the trainer's step on this thread."""
         self.wait()
-        save_sync(trainer, self.storage, self.keep, self.rank)
+        save_sync(trainer, self.storage, self.keep, self.rank, self.on_write)
         self._committed.append(trainer.step)
 
     def wait(self) -> None:
@@ -148,8 +165,9 @@ class CheckpointWriter:
 
     def _write(self, staged: StagedCheckpoint) -> None:
         try:
-            files = write_staged(self.storage, staged)
+            files = write_staged(self.storage, staged, self.on_write)
             commit_together(self.storage, staged.step, files, staged.meta, keep=self.keep, rank=self.rank,
                             group=self._group)
+            self.on_write(COMMITTED)
         except BaseException as exc:  # raised again on the training thread (_collect)
             self._error = exc

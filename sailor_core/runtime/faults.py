@@ -9,7 +9,8 @@ The engine calls ``at(POINT, **where)`` where a fault may strike; with nothing c
   step's checkpoint, before the manifest commits it);
 - an upload fault: the next checkpoint file upload (``UPLOAD``) is delayed or fails.  It is
   armed at run time (``arm_upload``) by writing a small file that the first upload to see
-  it claims, so exactly one rank of all the running workers takes it.
+  it claims, so exactly one rank of all the running workers takes it; or, armed with
+  ``every``, a slow store: every upload of every rank waits, unclaimed, while the file exists.
 
 A parent passes the configuration to its workers in the environment (``FaultConfig.to_env``;
 the variables are named in ``sailor_core.settings``); a worker reads it once, at its first
@@ -127,6 +128,14 @@ def at(point: str, **where) -> None:
 def _take_armed_upload_fault(path: str) -> None:
     if not os.path.exists(path):
         return
+    try:
+        with open(path) as fh:
+            slow = json.load(fh)
+    except (OSError, ValueError):
+        return
+    if slow.get("every"):  # a slow store: every upload waits while the file exists
+        time.sleep(float(slow.get("delay_s", 0.0)))
+        return
     claimed = f"{path}.claimed-{os.getpid()}"
     try:
         os.rename(path, claimed)  # atomic: of all the ranks polling it, one takes the fault
@@ -139,12 +148,15 @@ def _take_armed_upload_fault(path: str) -> None:
         raise OSError("injected checkpoint upload failure")
 
 
-def arm_upload(path: str | Path, *, delay_s: float = 0.0, fail: bool = False) -> dict:
-    """Make the next upload of a run whose ``upload_file`` is ``path`` wait ``delay_s``, then fail if asked.
+def arm_upload(path: str | Path, *, delay_s: float = 0.0, fail: bool = False, every: bool = False) -> dict:
+    """Make the next upload of a run whose ``upload_file`` is ``path`` wait ``delay_s``, then fail if asked
+    (``every``: every upload waits ``delay_s``, until the file is removed: a slow store).
 
     Written atomically, so no upload ever reads half of it.  Returns the fault as written.
     """
-    fault = {"fail": True} if fail else {"delay_s": float(delay_s)}
+    if every and fail:
+        raise InputError("a slow store delays every upload; a failure is armed for one")
+    fault = {"fail": True} if fail else {"delay_s": float(delay_s), **({"every": True} if every else {})}
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(fault))

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -38,11 +38,14 @@ class KeptState:
     sharded: bool = False  # kept under ZeRO: no optimizer state to adopt
 
 
-def save_layers(trainer: StageTrainer, storage: Storage) -> dict:
-    """Write this rank's layer files of the trainer's step (``layer_states``), one layer at a time."""
+def save_layers(trainer: StageTrainer, storage: Storage, on_file: Callable[[], None] | None = None) -> dict:
+    """Write this rank's layer files of the trainer's step (``layer_states``), one layer at a time
+    (``on_file``: told after each)."""
     files: dict = {}
     for layer_index, state in layer_states(trainer):
         files.update(ckpt.write_layer(storage, trainer.step, layer_index, state))
+        if on_file is not None:
+            on_file()
     return files
 
 

@@ -1,9 +1,8 @@
 """The worker process: ``python -m sailor_core.runtime.worker --plan PLAN.json --steps N ...``.
 
-Rendezvous is torch's env:// (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE), so
-the same command runs as local processes or on cloud VMs.  ``--steps`` is the
-TOTAL number of optimizer steps of the job: a resumed worker continues from
-the checkpoint's step up to it.
+Rendezvous is torch's env:// (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE), so the same command runs
+as local processes or on cloud VMs.  ``--steps`` is the TOTAL number of optimizer steps of the
+job: a resumed worker continues from the checkpoint's step up to it.
 
 Exit codes (the orchestrator acts on them; ``sailor_core/job/protocol.py`` names them):
   0   finished all steps
@@ -25,9 +24,7 @@ every second, e.g. a spot instance-action metadata endpoint) answering 200.  Eve
 all-reduce that also carries the loss) on whether any rank was told to stop,
 so they checkpoint the same step together.
 
-Faults for tests and chaos trials strike at ``sailor_core.runtime.faults``' points
-``MID_STEP`` (a rank SIGKILLed in the middle of a step) and ``BEFORE_COMMIT`` (after
-its layer files of a checkpoint, before the manifest); none in a real run.
+Faults for tests and chaos trials strike at ``runtime/faults.py``' points; none in a real run.
 
 Rank 0 appends one JSON line per step to ``--metrics-file``:
 ``{"step", "loss", "step_time_s", "cpu_time_s", "samples_per_s", "tokens_per_s", "lr",
@@ -39,9 +36,8 @@ threads; memory: each rank's high-water mark, ``runtime/metrics.py`` says how ea
 counted and what it costs); with ``--tensorboard-url`` and the trackers' environment rank 0
 logs them there too (``runtime/trackers.py``), and a last
 line ``{"event": "done" | "preempted" | "peer_lost" | "error", ...}``; after every checkpoint
-committed ``{"event": "checkpoint", "step", "url", "unix_s"}`` (periodic ones are written in the
-background, ``runtime/checkpoint_writer.py``: the line comes at the end of the step during which
-the write finished; the stop's and the last step's are written at once, after the one in flight); ``peer_lost``
+committed ``{"event": "checkpoint", "step", "url", "unix_s"}`` (``runtime/checkpoint_writer.py``
+says when each is written and reported; ``runtime/save_note.py`` what the agent sees); ``peer_lost``
 carries ``dead_ranks`` (from heartbeats through the rendezvous store).  Any rank appends its
 own ``{"event": "error", "rank", "message"}`` line (bad input, its checkpoint I/O failing).
 A step after which the held-out samples were evaluated (every ``--validate-every`` steps and
@@ -78,7 +74,7 @@ from sailor_core.job.worker_args import add_worker_arguments, worker_values
 from sailor_core.plan.layout import rank_layout, world_size
 from sailor_core.plan.types import load_plan
 from sailor_core.runtime import checkpoint as ckpt
-from sailor_core.runtime import faults, links, park, standby
+from sailor_core.runtime import faults, links, park, save_note, standby
 from sailor_core.runtime import handover as state_handover
 from sailor_core.runtime.checkpoint_writer import CheckpointWriter
 from sailor_core.runtime.data import DEFAULT_CACHE_MAX_BYTES, SpanCache, TokenDataset
@@ -98,7 +94,6 @@ from sailor_core.storage import open_storage
 _PARKED = -1  # not an exit: the generation ended and this worker waits for the next
 _STATE_SAID = {state_handover.FROM_MEMORY: "kept in memory", state_handover.FROM_PEERS: "handed over by its peers",
                state_handover.FROM_CHECKPOINT: "read"}
-
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -180,6 +175,7 @@ class _Run:
     state_from: str = "init"  # where the trainer's state came from: init, pretrained, checkpoint, memory, peers
     egress: EgressSlots | None = None  # the status vector's egress slots (runtime/egress_meter.py)
     writer: CheckpointWriter | None = None  # the checkpoints' (runtime/checkpoint_writer.py)
+    saves: save_note.SaveProgress | None = None  # the stop saves' progress, noted for the agent
 
 
 def main(argv=None) -> int:
@@ -371,7 +367,9 @@ def _connect(run: _Run, world: int, carry: _Carry) -> None:
         _log(rank, f"started from the pretrained weights at {run.recipe.init_from}")
     run.saved_step = run.trainer.step if args.resume else -1
     if run.storage is not None:
-        run.writer = CheckpointWriter(run.storage, keep=args.keep, rank=rank, on_wait=functools.partial(_waiting, rank))
+        run.saves = save_note.SaveProgress(settings.save_note_file())
+        run.writer = CheckpointWriter(run.storage, keep=args.keep, rank=rank, on_wait=functools.partial(_waiting, rank),
+                                      on_write=run.saves.on_write)
 
 
 def _waiting(rank: int, step: int) -> None:
@@ -381,16 +379,23 @@ def _waiting(rank: int, step: int) -> None:
 
 def _save_once(run: _Run, now: bool = False) -> bool:
     """Checkpoint the current step unless it already is: in the background, or with ``now`` (or
-    --ckpt-sync) complete when this returns, as is any write in flight (``runtime/checkpoint_writer.py``)."""
+    --ckpt-sync) complete when this returns, as is any write in flight (``runtime/checkpoint_writer.py``).
+    With ``now`` (a stop, the last step) the write in flight commits and is reported first, so a stop
+    cut short in its own save loses less than one interval; its agent sees the saves progress
+    (``runtime/save_note.py``)."""
+    if now:
+        run.saves.begin()
+        run.writer.wait()
+        _note_checkpoints(run)
     if run.saved_step != run.trainer.step:
         if now or run.args.ckpt_sync:
             run.writer.save_now(run.trainer)
         else:
             run.writer.save_async(run.trainer)
         run.saved_step = run.trainer.step
-    elif now:
-        run.writer.wait()
     _note_checkpoints(run)
+    if now:
+        run.saves.end()
     return True
 
 
