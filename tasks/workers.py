@@ -37,6 +37,7 @@ from sailor_core.job.protocol import (
     CheckpointReport,
     InjectionReport,
     InjectPreemption,
+    STOP_MAX_S,
     read_status,
     write_assignment,
 )
@@ -328,19 +329,43 @@ def stop_attempt(session, state: js.JobState, instance_ids: Sequence[str], timeo
     for iid in live:
         write_assignment(session.jobs_url, iid, AgentAssignment(generation=generation, attempt=state.attempt,
                                                                 action=AgentAction.STOP))
-    deadline = time.monotonic() + timeout_s
-    pending = set(live)
-    while pending and time.monotonic() < deadline:
-        for iid in list(pending):
-            st = read_status(session.jobs_url, iid)
-            if st and st.generation >= generation:
-                pending.discard(iid)
-        time.sleep(POLL_S)
+    pending, saving = _await_stop(session.jobs_url, live, generation, timeout_s)
+    if saving:
+        get_run_logger().info("waited past %.0f s for the stop saves of %s (their agents kept beating)",
+                              timeout_s, ", ".join(sorted(saving)))
     if pending:
         get_run_logger().warning("agents did not confirm the stop: %s", sorted(pending))
     # The stopped generation's final report (its ``previous``) has the steps run until the stop.
     statuses = {iid: read_status(session.jobs_url, iid) for iid in instance_ids}
     return _merge_progress(state, statuses, run_generation(state.attempt))
+
+
+STOP_BEAT_FRESH_S = 5.0  # an agent beats every second while its workers save (runtime/agent.py _beat)
+
+
+def _await_stop(jobs_url: str, instance_ids: Sequence[str], generation: int, timeout_s: float
+                ) -> tuple[set[str], set[str]]:
+    """The instances whose agents did not confirm the stop ``generation``, and those waited for past
+    ``timeout_s``: an agent still beating then has workers whose stop saves make progress on a slow
+    store (the agent waits for them, up to ``STOP_MAX_S``); shutting its instance down would lose them."""
+    start = time.monotonic()
+    pending, saving = set(instance_ids), set()
+    while pending:
+        statuses = {iid: read_status(jobs_url, iid) for iid in pending}
+        pending = {iid for iid, st in statuses.items() if not (st and st.generation >= generation)}
+        elapsed_s = time.monotonic() - start
+        if pending and elapsed_s >= timeout_s:
+            beating = {iid for iid in pending if _beating(statuses[iid], STOP_BEAT_FRESH_S)}
+            if not beating or elapsed_s >= STOP_MAX_S:
+                break
+            saving |= beating
+        if pending:
+            time.sleep(POLL_S)
+    return pending, saving
+
+
+def _beating(status: AgentStatus | None, fresh_s: float) -> bool:
+    return bool(status and status.heartbeat_unix_s is not None and time.time() - status.heartbeat_unix_s <= fresh_s)
 
 
 def merge_agent_reports(session, state: js.JobState) -> js.JobState:

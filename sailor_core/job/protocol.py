@@ -43,6 +43,9 @@ STATUS_FILE = "status.json"
 MODULE_PREFIX = "sailor_core."
 
 
+# How long an agent lets stopped workers save while they make progress (``runtime/agent.py``), and so
+# how long the flow may wait for a stop's confirmation while the agent's heartbeat stays fresh.
+STOP_MAX_S = 600.0
 # The engine worker's exit codes (``sailor_core/runtime/worker.py``), as the agent reports them
 # (``AgentStatus.exit_codes``) and the flow reads them (``sailor_core/job/attempts.py``).
 EXIT_OK = 0  # finished all steps

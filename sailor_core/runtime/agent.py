@@ -49,6 +49,7 @@ from sailor_core.runtime import park, save_note
 from sailor_core.runtime.agent_logs import AgentLogs
 from sailor_core.job.protocol import (
     EXIT_PREEMPTED,
+    STOP_MAX_S,
     AgentAction,
     AgentAssignment,
     AgentState,
@@ -73,7 +74,6 @@ MAX_LOSSES = 5000  # per generation, in status.json
 # A stopped worker gets STOP_GRACE_S, and again after every piece of its stop's saves (plus twice
 # the longest piece it has written: runtime/save_note.py), never more than STOP_MAX_S in all.
 STOP_GRACE_S = 5.0
-STOP_MAX_S = 600.0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
