@@ -64,6 +64,9 @@ class _Context:
 
     costs: _Costs
     kinds_counts: tuple[tuple[Kind, int], ...]  # each group's kind, micro-batches of its first replica
+    # the distinct ones, first seen first: a stage's groups in several zones mostly share their
+    # kind and count, and its memory (the largest peak, all fit) depends on these alone
+    distinct_kinds_counts: tuple[tuple[Kind, int], ...]
     counts: tuple[int, ...]
     most_microbatches: int  # the most a replica gets, at least 1
     ring: tuple[tuple[str, str, int, int], ...]  # (gpu, zone, replicas, TP degree) per group
@@ -221,9 +224,11 @@ class FastSim:
                 (ka, za, _), (kb, zb, _) = groups[ga], nxt[gb]
                 ends[(ka.gpu, ka.tp_degree, za, kb.gpu, kb.tp_degree, zb)] = None
             link_microbatches = routing.link_microbatches(num_mb, d, sum(g[2] for g in nxt))
+        kinds_counts = tuple((g[0], c) for g, c in zip(groups, counts))
         ctx = self._contexts[key] = _Context(
             costs=costs,
-            kinds_counts=tuple((g[0], c) for g, c in zip(groups, counts)),
+            kinds_counts=kinds_counts,
+            distinct_kinds_counts=tuple(dict.fromkeys(kinds_counts)),
             counts=tuple(counts),
             most_microbatches=max(1, *counts),
             ring=tuple([(k.gpu, z, n, k.tp_degree) for k, z, n in groups]),
@@ -349,7 +354,7 @@ class FastSim:
         peaks = self._peaks
         if len(peaks) >= _MAX_STAGE_ENTRIES:
             peaks.clear()
-        for kind, count in ctx.kinds_counts:
+        for kind, count in ctx.distinct_kinds_counts:
             inflight = inflight_microbatches(0, depth, count)
             key = (kind, a, b, inflight, count, dp, id(regime))
             hit = peaks.get(key)
