@@ -101,17 +101,21 @@ class FastSim:
     """Evaluates candidate plans of one model, batch and regime (see module docstring)."""
 
     def __init__(self, *, model: str, global_batch_size: int, network: NetworkModel, spot: bool,
-                 regime: str | None) -> None:
+                 regime: str | None, shared: FastSim | None = None) -> None:
+        """``shared``: the FastSim of the same model, batch, network, spot and regime on kinds of
+        another lever setting, whose figures of the network and prices alone (keyed by bytes,
+        zones, GPU types and counts, never by kind) this one takes as its own."""
         self.model = model
         self.gbs = global_batch_size
         self.network = network
         self.spot = spot
         self.regime_name = regime
-        self._sync: dict = {}
         self._tied: dict = {}  # (first stage's groups, last stage's, regime) -> embedding group's sum
-        self._p2p: dict = {}
-        self._pairs: dict = {}
-        self._price: dict = {}
+        # (sync bytes, ring) -> DP sync s; (bytes, ends, partitioned) -> boundary s; routing; prices
+        self._sync: dict = shared._sync if shared is not None else {}
+        self._p2p: dict = shared._p2p if shared is not None else {}
+        self._pairs: dict = shared._pairs if shared is not None else {}
+        self._price: dict = shared._price if shared is not None else {}
         # Keyed by kind (it holds the profile): (forward, backward, update) per layer range.
         self._stage_parts: dict = {}
         # Keyed by groups of kinds (the keys hold them).
