@@ -8,11 +8,10 @@ import math
 
 from sailor_core.plan import routing
 from sailor_core.planner.kinds import Kind
-from sailor_core.planner.placement import place_stages
 from sailor_core.planner.search import bounds
 from sailor_core.planner.search.figures import KindFigures
 from sailor_core.planner.search.memo import SearchMemos
-from sailor_core.planner.search.shapes import Placed, Segment, place_segment
+from sailor_core.planner.search.shapes import Placed, Segment, place_run, place_segment
 from sailor_core.simulator import compose
 
 
@@ -59,10 +58,12 @@ class EgressParts:
         key = (gpu, tp, d, num_stages)
         fewest = memo.get(key)
         if fewest is None:
-            zones = {z: n for z, n in self.zone_gpus[gpu].items() if n > 0}
+            pools = self.zone_gpus[gpu]
+            zones = {z: n for z, n in pools.items() if n > 0}
             fewest = 0 if len(zones) < 2 else math.inf
             for prev in (None, *sorted(zones)) if fewest else ():
-                placed = place_stages(zones, tp, d, num_stages, prev)
+                # the placements the search takes (``place_segment``'s memo, the process's)
+                placed = place_run(gpu, pools, tp, d, num_stages, "stage", prev, self.memos.process.segment_places)
                 if placed is None:
                     fewest = 0
                     break

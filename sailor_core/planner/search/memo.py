@@ -93,7 +93,8 @@ class ProcessMemos:
 
     splits: dict  # (micro-batches, starting bound, ((kind, replicas) per stage)) -> (ends, busiest s)
     kind_figures: dict  # ("block and head" | "slowness", variants, ...) -> figures of regime variants
-    segment_places: dict  # (GPU, pools, TP, DP, stages, rule, previous zone) -> placement of a segment
+    # (GPU, pools, TP, DP, stages, rule, previous zone) -> placement of a segment (every lever setting's)
+    segment_places: dict
     segment_lists: dict  # (GPU, pools, spot, micro-batches, full range, stages cap, terms) -> [Segment]
     ordered_lists: dict  # (id(segment list), throughput) -> (list, the list with "unused" sorted, present)
     bound_parts: dict  # ((part, key, zones...), variants) -> links
@@ -111,7 +112,7 @@ class ProcessMemos:
         return cls(
             splits=process_memo(kinds, network, "splits", max_entries=1 << 15),
             kind_figures=process_memo(kinds, network, "kind figures", max_entries=1 << 14),
-            segment_places=process_memo(kinds, network, "segment placements", max_entries=1 << 15),
+            segment_places=process_memo(kinds, network, "segment placements", max_entries=1 << 15, family=True),
             segment_lists=process_memo(kinds, network, "segment lists"),
             ordered_lists=process_memo(kinds, network, "ordered segment lists"),
             bound_parts=process_memo(kinds, network, "bound parts", max_entries=1 << 15),
