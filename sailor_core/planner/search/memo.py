@@ -53,8 +53,6 @@ class ModelMemos:
     # (micro-batch size, order_key) -> (USD per hour, egress USD per iteration lower bound) of the
     # placed order before its split (EgressParts.placed_costs_lb).
     placed_costs: dict = field(default_factory=dict)
-    # (GPU, TP, DP degree, stages) -> the fewest zone crossings between whole stages.
-    fewest_crossings: dict = field(default_factory=dict)
 
 
 @dataclass(slots=True, eq=False)
@@ -95,6 +93,7 @@ class ProcessMemos:
     kind_figures: dict  # ("block and head" | "slowness", variants, ...) -> figures of regime variants
     # (GPU, pools, TP, DP, stages, rule, previous zone) -> placement of a segment (every lever setting's)
     segment_places: dict
+    fewest_crossings: dict  # (GPU, pools, TP, DP, stages) -> the fewest zone crossings between whole stages
     segment_lists: dict  # (GPU, pools, spot, micro-batches, full range, stages cap, terms) -> [Segment]
     ordered_lists: dict  # (id(segment list), throughput) -> (list, the list with "unused" sorted, present)
     bound_parts: dict  # ((part, key, zones...), variants) -> links
@@ -113,6 +112,7 @@ class ProcessMemos:
             splits=process_memo(kinds, network, "splits", max_entries=1 << 15),
             kind_figures=process_memo(kinds, network, "kind figures", max_entries=1 << 14),
             segment_places=process_memo(kinds, network, "segment placements", max_entries=1 << 15, family=True),
+            fewest_crossings=process_memo(kinds, network, "fewest crossings", max_entries=1 << 15, family=True),
             segment_lists=process_memo(kinds, network, "segment lists"),
             ordered_lists=process_memo(kinds, network, "ordered segment lists"),
             bound_parts=process_memo(kinds, network, "bound parts", max_entries=1 << 15),

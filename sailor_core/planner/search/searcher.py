@@ -327,7 +327,7 @@ class Searcher:
             if hit is None:
                 hit = lists[shared] = build_segments(
                     gpu, self.zone_gpus[gpu], spot=r.spot, num_mb=num_mb, degrees=degrees,
-                    max_stages=self.max_stages_per_type, terms=terms, fewest_crossings=self.egress.fewest_crossings)
+                    max_stages=self.max_stages_per_type, terms=terms, fewest_crossings=self.egress.crossings_counter(gpu))
             memo[key] = hit
         return hit
 
