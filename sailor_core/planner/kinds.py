@@ -126,11 +126,12 @@ def shared_kind_cache(model: str, seq_len: int | None, regime: str | None, profi
         key += (levers,)
     hit = _SHARED.get(key)
     if hit is None or hit.profiles is not profiles:
+        plain = None if levers == (RECOMPUTE_NONE, 0) else shared_kind_cache(model, seq_len, regime, profiles)
         if len(_SHARED) >= 8 + 2 * len(LEVER_LADDER):
             _SHARED.clear()
         hit = _SHARED[key] = KindCache(model, seq_len, regime, profiles, levers)
-        if levers != (RECOMPUTE_NONE, 0):
-            hit.family_extras = shared_kind_cache(model, seq_len, regime, profiles).extras
+        if plain is not None:
+            hit.family_extras = plain.extras
     return hit
 
 
