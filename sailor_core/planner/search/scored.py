@@ -252,15 +252,23 @@ def _rings_of(x: dict, idx, parts):
     import numpy as np
 
     need = np.flatnonzero(np.bincount(idx[~x["have_ring"][idx]], minlength=len(x["have_ring"])))
-    ring, segs, max_p = x["ring"], x["segs"], x["max_p"]
+    ring, segs = x["ring"], x["segs"]
+    rows: dict = {}  # ring_row by (TP, DP degree): the same for every stage count
+    at, depths, values = [], [], []
     for i in need.tolist():
         seg = segs[i] if i < len(segs) else None
         if seg is None or seg.dp_degree <= 1:
             continue
         if x["alone"]:
-            ring[i, seg.num_stages] = parts.ring_lb(seg, seg.num_stages)
+            at.append(i)
+            depths.append(seg.num_stages)
+            values.append(parts.ring_lb(seg, seg.num_stages))
         else:
-            ring[i] = parts.ring_row(seg)[: max_p + 1]
+            rows.setdefault((seg.tp_degree, seg.dp_degree), (seg, []))[1].append(i)
+    if at:
+        ring[at, depths] = values
+    for seg, where in rows.values():
+        ring[where] = parts.ring_row(seg)[: x["max_p"] + 1]
     x["have_ring"][need] = True
     return ring
 
@@ -296,10 +304,10 @@ def _egress_of(x: dict, idx, egress) -> None:
 
     need = np.flatnonzero(np.bincount(idx[~x["have_egress"][idx]], minlength=len(x["have_egress"])))
     segs = x["segs"]
-    for i in need.tolist():
-        if i < len(segs):
-            x["p2p_usd"][i] = segs[i].egress_usd
-            x["ring_usd"][i] = egress.ring_usd_per_byte(segs[i])
+    at = [i for i in need.tolist() if i < len(segs)]
+    if at:
+        x["p2p_usd"][at] = [segs[i].egress_usd for i in at]
+        x["ring_usd"][at] = [egress.ring_usd_per_byte(segs[i]) for i in at]
     x["have_egress"][need] = True
 
 
