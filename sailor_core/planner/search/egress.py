@@ -155,7 +155,9 @@ def fewest_crossings(zones: dict[str, int], pools_key: tuple, places: dict, memo
     if fewest is None:
         fewest = 0 if len(zones) < 2 else math.inf
         for prev in (None, *sorted(zones)) if fewest else ():
-            placed = place_run(gpu, zones, tp, d, num_stages, "stage", prev, places)
+            placed = places.get((*pools_key, tp, d, num_stages, "stage", prev), False)  # place_run's key
+            if placed is False:
+                placed = place_run(gpu, zones, tp, d, num_stages, "stage", prev, places)
             if placed is None:
                 fewest = 0
                 break

@@ -110,7 +110,7 @@ def segment_columns(segs: list[Segment], *, alone: bool, max_p: int, cost_matter
     # lazy: numpy loads when a search runs, not when the CLI checks a request
     import numpy as np
 
-    parts = searcher.parts
+    parts, egress = searcher.parts, searcher.egress
     # rings at every depth, filled as shapes within the capacity and rent limits need them
     # (``_rings_of``: most segments of a list never are)
     ring = np.full((len(segs) + 1, max_p + 1), np.inf)
@@ -138,9 +138,8 @@ def segment_columns(segs: list[Segment], *, alone: bool, max_p: int, cost_matter
             np.array([seg.num_microbatches for seg in segs], dtype=float),
             np.array([seg.num_stages for seg in segs], dtype=int),
             np.array(links, dtype=float)), 0.0) if segs else np.zeros(1),
-        # egress figures, filled where the cost matters for the segments shapes hold (``_egress_of``)
-        p2p_usd=np.zeros(len(segs) + 1), ring_usd=np.zeros(len(segs) + 1),
-        have_egress=np.zeros(len(segs) + 1, dtype=bool) if cost_matters else np.ones(len(segs) + 1, dtype=bool),
+        p2p_usd=np.array([seg.egress_usd if cost_matters else 0.0 for seg in segs] + [0.0]),
+        ring_usd=np.array([egress.ring_usd_per_byte(seg) if cost_matters else 0.0 for seg in segs] + [0.0]),
         inv=np.array([1.0 / seg.slowness for seg in segs] + [0.0]),
         slow=np.array([seg.slowness for seg in segs] + [0.0]),
         nmb=np.array([seg.num_microbatches for seg in segs] + [1]),
@@ -251,8 +250,15 @@ def _rings_of(x: dict, idx, parts):
     # lazy: numpy loads when a search runs, not when the CLI checks a request
     import numpy as np
 
-    need = np.flatnonzero(np.bincount(idx[~x["have_ring"][idx]], minlength=len(x["have_ring"])))
-    ring, segs = x["ring"], x["segs"]
+    have, ring, segs = x["have_ring"], x["ring"], x["segs"]
+    if have.all():
+        return ring
+    if len(idx) > 4 * len(have):
+        # many shapes per segment (two types' grid): finding the ones held costs more than
+        # filling every segment's
+        need = np.flatnonzero(~have)
+    else:
+        need = np.flatnonzero(np.bincount(idx[~have[idx]], minlength=len(have)))
     rows: dict = {}  # ring_row by (TP, DP degree): the same for every stage count
     at, depths, values = [], [], []
     for i in need.tolist():
@@ -269,7 +275,7 @@ def _rings_of(x: dict, idx, parts):
         ring[at, depths] = values
     for seg, where in rows.values():
         ring[where] = parts.ring_row(seg)[: x["max_p"] + 1]
-    x["have_ring"][need] = True
+    have[need] = True
     return ring
 
 
@@ -289,26 +295,9 @@ def _egress(searcher: Searcher, lists, a: dict, b: dict, pairs: Pairs, num_mb: i
         rings_p2p[np.ix_(ua, ub)] = searcher.egress.between_segments_usd(
             num_mb, [lists[0][i] for i in ua.tolist()], [lists[1][i] for i in ub.tolist()])
     whole, block = searcher.figures.gradient_bytes_lb(mbs)
-    _egress_of(a, ia, searcher.egress)
-    _egress_of(b, ib, searcher.egress)
     rings = rings_egress_lb_many(a["ring_usd"][ia], b["ring_usd"][ib], a["stages"][ia], b["stages"][ib], both,
                                  whole, block)
     return a["p2p_usd"][ia] + b["p2p_usd"][ib] + rings + rings_p2p[ia, ib], rings_p2p
-
-
-def _egress_of(x: dict, idx, egress) -> None:
-    """Fill a list's columns' egress figures (a segment's own p2p, its rings' USD per byte) for
-    the segments ``idx`` (past its end: no segment, none) where the cost matters (else they stay 0)."""
-    # lazy: numpy loads when a search runs, not when the CLI checks a request
-    import numpy as np
-
-    need = np.flatnonzero(np.bincount(idx[~x["have_egress"][idx]], minlength=len(x["have_egress"])))
-    segs = x["segs"]
-    at = [i for i in need.tolist() if i < len(segs)]
-    if at:
-        x["p2p_usd"][at] = [segs[i].egress_usd for i in at]
-        x["ring_usd"][at] = [egress.ring_usd_per_byte(segs[i]) for i in at]
-    x["have_egress"][need] = True
 
 
 class ScoredShapes:

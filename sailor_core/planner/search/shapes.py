@@ -35,26 +35,11 @@ class Segment:
     min_usd_per_hr: float
     block_busy_s: float  # num_microbatches x the fastest block (any variant): a stage's busy time per block
     head_busy_s: float  # num_microbatches x the fastest last layer: what the stage holding it adds
-    # For ``egress_usd``, counted on first use (most segments' never is): (the function counting
-    # the zone crossings the stage rule cannot avoid, micro-batches per iteration, USD per
-    # micro-batch's byte crossing), or None where none can cross; then the figure itself.
-    crossing_terms: tuple | float | None = None
+    egress_usd: float = 0.0  # a lower bound on its own p2p egress per iteration (stages in different zones)
 
     @property
     def num_gpus(self) -> int:
         return self.num_stages * self.dp_degree * self.tp_degree
-
-    @property
-    def egress_usd(self) -> float:
-        """A lower bound on its own p2p egress per iteration (stages in different zones)."""
-        terms = self.crossing_terms
-        if terms is None:
-            return 0.0
-        if isinstance(terms, tuple):
-            fewest_crossings, num_mb, per_byte = terms
-            terms = self.crossing_terms = fewest_crossings(self.gpu, self.tp_degree, self.dp_degree,
-                                                           self.num_stages) * num_mb * per_byte
-        return terms
 
 
 NO_SEGMENT = None  # "this GPU type is not used" in a per-type list
@@ -125,14 +110,14 @@ def build_segments(gpu: str, pools: dict[str, int], *, spot: bool, num_mb: int, 
                     # whole in different zones send every micro-batch across, both ways,
                     # whatever zone the segment starts after; none under the pipeline rule
                     # (its p2p stays in a zone) or for a one-zone type.
-                    crossing = (fewest_crossings, num_mb, per_byte) \
-                        if per_byte is not None and rule == "stage" and num_stages > 1 else None
+                    egress = fewest_crossings(gpu, tp, d, num_stages) * num_mb * per_byte \
+                        if per_byte is not None and rule == "stage" and num_stages > 1 else 0.0
                     out.append(Segment(
                         gpu=gpu, kind=kind, tp_degree=tp, dp_degree=d, num_stages=num_stages,
                         rule=rule, capacity=cap, slowness=ratio, num_microbatches=n_per_rep,
                         min_usd_per_hr=num_stages * d * tp * min_price,
                         block_busy_s=n_per_rep * block_s, head_busy_s=n_per_rep * head_s,
-                        crossing_terms=crossing,
+                        egress_usd=egress,
                     ))
     return out
 
