@@ -64,6 +64,9 @@ class _Context:
 
     costs: _Costs
     kinds_counts: tuple[tuple[Kind, int], ...]  # each group's kind, micro-batches of its first replica
+    # the distinct ones, first seen first: a stage's groups in several zones mostly share their
+    # kind and count, and its memory (the largest peak, all fit) depends on these alone
+    distinct_kinds_counts: tuple[tuple[Kind, int], ...]
     counts: tuple[int, ...]
     most_microbatches: int  # the most a replica gets, at least 1
     ring: tuple[tuple[str, str, int, int], ...]  # (gpu, zone, replicas, TP degree) per group
@@ -98,17 +101,21 @@ class FastSim:
     """Evaluates candidate plans of one model, batch and regime (see module docstring)."""
 
     def __init__(self, *, model: str, global_batch_size: int, network: NetworkModel, spot: bool,
-                 regime: str | None) -> None:
+                 regime: str | None, shared: FastSim | None = None) -> None:
+        """``shared``: the FastSim of the same model, batch, network, spot and regime on kinds of
+        another lever setting, whose figures of the network and prices alone (keyed by bytes,
+        zones, GPU types and counts, never by kind) this one takes as its own."""
         self.model = model
         self.gbs = global_batch_size
         self.network = network
         self.spot = spot
         self.regime_name = regime
-        self._sync: dict = {}
         self._tied: dict = {}  # (first stage's groups, last stage's, regime) -> embedding group's sum
-        self._p2p: dict = {}
-        self._pairs: dict = {}
-        self._price: dict = {}
+        # (sync bytes, ring) -> DP sync s; (bytes, ends, partitioned) -> boundary s; routing; prices
+        self._sync: dict = shared._sync if shared is not None else {}
+        self._p2p: dict = shared._p2p if shared is not None else {}
+        self._pairs: dict = shared._pairs if shared is not None else {}
+        self._price: dict = shared._price if shared is not None else {}
         # Keyed by kind (it holds the profile): (forward, backward, update) per layer range.
         self._stage_parts: dict = {}
         # Keyed by groups of kinds (the keys hold them).
@@ -221,9 +228,11 @@ class FastSim:
                 (ka, za, _), (kb, zb, _) = groups[ga], nxt[gb]
                 ends[(ka.gpu, ka.tp_degree, za, kb.gpu, kb.tp_degree, zb)] = None
             link_microbatches = routing.link_microbatches(num_mb, d, sum(g[2] for g in nxt))
+        kinds_counts = tuple((g[0], c) for g, c in zip(groups, counts))
         ctx = self._contexts[key] = _Context(
             costs=costs,
-            kinds_counts=tuple((g[0], c) for g, c in zip(groups, counts)),
+            kinds_counts=kinds_counts,
+            distinct_kinds_counts=tuple(dict.fromkeys(kinds_counts)),
             counts=tuple(counts),
             most_microbatches=max(1, *counts),
             ring=tuple([(k.gpu, z, n, k.tp_degree) for k, z, n in groups]),
@@ -349,7 +358,7 @@ class FastSim:
         peaks = self._peaks
         if len(peaks) >= _MAX_STAGE_ENTRIES:
             peaks.clear()
-        for kind, count in ctx.kinds_counts:
+        for kind, count in ctx.distinct_kinds_counts:
             inflight = inflight_microbatches(0, depth, count)
             key = (kind, a, b, inflight, count, dp, id(regime))
             hit = peaks.get(key)

@@ -126,9 +126,12 @@ def shared_kind_cache(model: str, seq_len: int | None, regime: str | None, profi
         key += (levers,)
     hit = _SHARED.get(key)
     if hit is None or hit.profiles is not profiles:
+        plain = None if levers == (RECOMPUTE_NONE, 0) else shared_kind_cache(model, seq_len, regime, profiles)
         if len(_SHARED) >= 8 + 2 * len(LEVER_LADDER):
             _SHARED.clear()
         hit = _SHARED[key] = KindCache(model, seq_len, regime, profiles, levers)
+        if plain is not None:
+            hit.family_extras = plain.extras
     return hit
 
 
@@ -153,6 +156,9 @@ class KindCache:
         self._kinds: dict[tuple[str, int, int], Kind | None] = {}
         self._errors: dict[tuple, str] = {}
         self.extras: dict = {}  # what lives as long as these kinds (see planner.search.memo)
+        # what lives as long as the kinds of every lever setting of this model and profile source
+        # (the levers' caches take the plain one's): figures the levers leave unchanged
+        self.family_extras: dict = self.extras
 
     def errors_for(self, gpus) -> list[str]:
         """Why kinds of these GPU types could not be built (one message per missing profile)."""

@@ -179,7 +179,14 @@ class ProfileDB:
 
         own = usable(self._by_model_gpu.get((m, g), ()))
         if own:
-            return self._scaled(_reference_curve(own, tp, seq), g, tp, mbs, seq, "scaled from measured")
+            # The same measured profiles answer every regime they all share and no regime at all
+            # (the planner asks both): one estimate, one object, for them (kept with the answers).
+            key = ("scaled from", g, tp, mbs, seq, tuple(map(id, own)))
+            hit = self._answers.get(key)
+            if hit is None:
+                hit = self._answers[key] = self._scaled(_reference_curve(own, tp, seq), g, tp, mbs, seq,
+                                                        "scaled from measured")
+            return hit
         on_gpu = usable(self._by_gpu.get(g, ()))
         if on_gpu:
             regime = reg or _most_common_regime(on_gpu)

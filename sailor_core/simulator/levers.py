@@ -40,7 +40,7 @@ import dataclasses
 from sailor_core.catalog.layers import attention_core, layer_shapes
 from sailor_core.catalog.models import get_model
 from sailor_core.plan.types import RECOMPUTE_FULL, RECOMPUTE_NONE, RECOMPUTE_SELECTIVE
-from sailor_core.profiles.types import ModelProfile
+from sailor_core.profiles.types import LayerProfile, ModelProfile
 from sailor_core.regimes import TrainingRegime
 
 # (id(base), mode) -> derived, id(derived) -> (base, mode, derived): both held for the process (a
@@ -78,15 +78,20 @@ def base_profile(profile: ModelProfile) -> tuple[ModelProfile, str]:
 def _derive(profile: ModelProfile, mode: str) -> ModelProfile:
     spec = get_model(profile.model)
     layers = list(profile.layers)
+    shares: dict[str, tuple[int, float]] = {}  # blocks of one attention kind are alike (catalog.layers)
     for i in range(1, spec.num_layers + 1):
         layer = layers[i]
         if mode == RECOMPUTE_FULL:
             # the block's input: the previous layer's output (the residual stream)
             kept, extra_s = min(layer.activation_bytes, layers[i - 1].output_bytes), layer.fwd_s
         else:
-            saved, share = attention_core_share(profile, i)
+            kind = spec.attention_kind(i)
+            saved, share = shares.get(kind) or shares.setdefault(kind, attention_core_share(profile, i))
             kept, extra_s = max(0, layer.activation_bytes - saved), layer.fwd_s * share
-        layers[i] = dataclasses.replace(layer, activation_bytes=kept, bwd_s=layer.bwd_s + extra_s)
+        # a derived profile is built for every kind a lever search meets: the constructor, not
+        # dataclasses.replace (which inspects the fields each call)
+        layers[i] = LayerProfile(fwd_s=layer.fwd_s, bwd_s=layer.bwd_s + extra_s, params=layer.params,
+                                 activation_bytes=kept, output_bytes=layer.output_bytes, measured=layer.measured)
     # the base profile's layers stay the ones read for a block's full activations
     return dataclasses.replace(profile, layers=tuple(layers), source=f"{profile.source}; recompute {mode}")
 

@@ -212,12 +212,12 @@ def stage_memory_parts(
     num_params = stage_params_held(table, layer_start, layer_end)
     holds_head = layer_end == len(table.output_bytes)
     opt_shards = zero_shards(zero_stage, dp_degree) if zero_stage else 1
-    state = _state_bytes(num_params, regime, opt_shards)
+    state = full_state = _state_bytes(num_params, regime, opt_shards)
     if zero_stage >= 2 and opt_shards > 1:
         state -= num_params * regime.grad_bytes_per_param
     kept_state, act, loss, work, comm = _activation_peak(table, layer_start, layer_end, num_inflight, regime,
                                                          head_logits if holds_head else 0, num_microbatches,
-                                                         opt_shards)
+                                                         num_params, full_state)
     overhead = regime.constant_overhead_bytes
     temps = 0
     if regime.optimizer_temp_tensors:
@@ -248,7 +248,7 @@ def _state_bytes(num_params: int, regime: TrainingRegime, opt_shards: int) -> in
 
 def _activation_peak(
     table: LayerTable, layer_start: int, layer_end: int, num_inflight: int, regime: TrainingRegime,
-    head_logits: int, num_microbatches: int, opt_shards: int = 1,
+    head_logits: int, num_microbatches: int, num_params: int, state: int,
 ) -> tuple[int, int, int, int, int]:
     """(state, activation, loss working, backward working, p2p buffers) bytes while a stage holds
     activations.
@@ -263,8 +263,8 @@ def _activation_peak(
     last (the layer that runs backward holds both), with the K - 1 other micro-batches'
     activations alive.
     """
-    num_params = stage_params_held(table, layer_start, layer_end)
-    state = _state_bytes(num_params, regime, opt_shards)  # the gradients in full, under ZeRO-2 too
+    # ``num_params``: ``stage_params_held``; ``state``: their ``_state_bytes`` (the gradients in
+    # full, under ZeRO-2 too), both as ``stage_memory_parts`` has them
     grad_bytes = regime.grad_bytes_per_param
     # A stage that sends keeps each micro-batch's output until its gradient comes back (no layer
     # of the stage saves it for its own backward); receive buffers: the next input's, posted a

@@ -122,3 +122,26 @@ def test_fastsim_matches_simulate_on_random_plans_with_levers(profiles, network)
         assert res.iteration_time_s == pytest.approx(sim.iteration_time_s, rel=1e-9)
         assert res.usd_per_iteration == pytest.approx(sim.usd_per_iteration, rel=1e-9)
         assert res.peak_memory_bytes == sim.peak_memory_bytes and res.fits == sim.fits
+
+
+def test_lever_searches_share_what_the_levers_leave_unchanged_and_answer_the_same():
+    """Rings, placements and the network's figures are computed once for every lever setting of a
+    model (``KindCache.family_extras``): a lever search after another request's plain search
+    answers, plan and count, as one in a process that planned nothing before."""
+    from sailor_core.planner import kinds
+    from sailor_core.profiles import default_profile_db
+
+    pool = {("V100-16", "us-central1-a"): 16}  # selective recomputation: PP2 instead of PP4
+    req = _request("pays", pool, "opt-2.7b")
+    kinds._SHARED.clear()
+    fresh = plan_job(req)
+    kinds._SHARED.clear()
+    plan_job(_request("off", pool, "opt-2.7b"))  # the plain kinds and their memos, filled
+    warm = plan_job(req)
+    assert [c.plan for c in warm.candidates] == [c.plan for c in fresh.candidates]
+    assert any(s.recompute != "none" for s in warm.candidates[0].plan.stages)
+    assert warm.num_evaluated == fresh.num_evaluated
+    db = default_profile_db()
+    plain = shared_kind_cache(req.model, req.seq_len, req.regime, db)
+    for levers in LEVER_LADDER:
+        assert shared_kind_cache(req.model, req.seq_len, req.regime, db, levers).family_extras is plain.extras

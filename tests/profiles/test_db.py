@@ -79,6 +79,16 @@ def test_regime_restricts_the_data_used():
     assert db.get("opt-350m", "A100-40", 1, 2).regime == "megatron-fp32-adamw"
 
 
+def test_the_regime_every_measurement_shares_gets_the_same_estimate_as_none():
+    # opt-350m on A100-40 is measured under megatron-fp32 alone, and not at TP 8: asking with that
+    # regime or none reads the same profiles, so it is one estimate (the planner asks both)
+    db = default_profile_db()
+    plain = db.get("opt-350m", "A100-40", 8, 16)
+    assert not plain.measured and plain.regime == "megatron-fp32-adamw"
+    assert db.get("opt-350m", "A100-40", 8, 16, regime="megatron-fp32-adamw") is plain
+    assert db.get("opt-350m", "A100-40", 8, 16, regime="torch-bf16-autocast-adamw") is not plain
+
+
 def test_nothing_profiled_anywhere_still_answers():
     p = ProfileDB().get("tiny", "cpu", 1, 2)
     assert not p.measured and "uncalibrated" in p.source and p.fwd_bwd_s() > 0

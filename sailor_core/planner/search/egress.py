@@ -4,15 +4,15 @@ micro-batches and gradient rings that must cross zones cost at the least (the fo
 
 from __future__ import annotations
 
+import functools
 import math
 
 from sailor_core.plan import routing
 from sailor_core.planner.kinds import Kind
-from sailor_core.planner.placement import place_stages
 from sailor_core.planner.search import bounds
 from sailor_core.planner.search.figures import KindFigures
 from sailor_core.planner.search.memo import SearchMemos
-from sailor_core.planner.search.shapes import Placed, Segment, place_segment
+from sailor_core.planner.search.shapes import Placed, Segment, place_run, place_segment
 from sailor_core.simulator import compose
 
 
@@ -52,25 +52,13 @@ class EgressParts:
             per_byte = memo[pkey] = price * min(figures.min_boundary_bytes(v) for v in figures.variants(kind))
         return per_byte
 
-    def fewest_crossings(self, gpu: str, tp: int, d: int, num_stages: int) -> int:
-        """The fewest boundaries between consecutive stages placed whole in different zones,
-        over the zones the stage placement may start after (0 for a one-zone type)."""
-        memo = self.memos.model.fewest_crossings
-        key = (gpu, tp, d, num_stages)
-        fewest = memo.get(key)
-        if fewest is None:
-            zones = {z: n for z, n in self.zone_gpus[gpu].items() if n > 0}
-            fewest = 0 if len(zones) < 2 else math.inf
-            for prev in (None, *sorted(zones)) if fewest else ():
-                placed = place_stages(zones, tp, d, num_stages, prev)
-                if placed is None:
-                    fewest = 0
-                    break
-                crossings = sum(1 for a, b in zip(placed, placed[1:])
-                                if len(a) == 1 and len(b) == 1 and a[0][0] != b[0][0])
-                fewest = min(fewest, crossings)
-            memo[key] = fewest
-        return fewest
+    def crossings_counter(self, gpu: str):
+        """``fewest_crossings`` on ``gpu``'s pools, as a function of (GPU, TP, DP degree, stages)
+        that holds the process's memos alone (a segment keeps it until it counts)."""
+        memos = self.memos.process
+        zones = {z: n for z, n in self.zone_gpus[gpu].items() if n > 0}
+        return functools.partial(fewest_crossings, zones, (gpu, tuple(zones.items())), memos.segment_places,
+                                 memos.fewest_crossings)
 
     # ---- gradient rings -------------------------------------------------------------------
 
@@ -154,3 +142,27 @@ class EgressParts:
         kinds = {id(seg.kind): seg.kind for seg in (*first, *second)}.values()
         nbytes = min(figures.min_boundary_bytes(v) for kind in kinds for v in figures.variants(kind))
         return crossings * nbytes * price
+
+
+def fewest_crossings(zones: dict[str, int], pools_key: tuple, places: dict, memo: dict, gpu: str, tp: int, d: int,
+                     num_stages: int) -> int:
+    """The fewest boundaries between consecutive stages placed whole in different ``zones``
+    (``gpu``'s with GPUs left; ``pools_key``: (``gpu``, their items)), over the zones the stage
+    placement may start after (0 for a one-zone type), on the placements the search takes
+    (``shapes.place_run``, memoised in ``places``)."""
+    key = (pools_key, tp, d, num_stages)
+    fewest = memo.get(key)
+    if fewest is None:
+        fewest = 0 if len(zones) < 2 else math.inf
+        for prev in (None, *sorted(zones)) if fewest else ():
+            placed = places.get((*pools_key, tp, d, num_stages, "stage", prev), False)  # place_run's key
+            if placed is False:
+                placed = place_run(gpu, zones, tp, d, num_stages, "stage", prev, places)
+            if placed is None:
+                fewest = 0
+                break
+            crossings = sum(1 for a, b in zip(placed, placed[1:])
+                            if len(a) == 1 and len(b) == 1 and a[0][0] != b[0][0])
+            fewest = min(fewest, crossings)
+        memo[key] = fewest
+    return fewest

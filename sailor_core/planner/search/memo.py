@@ -26,13 +26,15 @@ from dataclasses import dataclass, field
 PROCESS_MEMO_SIZE = 1024  # entries per process memo (a replay's requests meet a few hundred lists)
 
 
-def process_memo(kinds, network, name: str, max_entries: int = PROCESS_MEMO_SIZE) -> dict:
+def process_memo(kinds, network, name: str, max_entries: int = PROCESS_MEMO_SIZE, *, family: bool = False) -> dict:
     """A dict that lives as long as ``kinds`` (one model's, see ``kinds.shared_kind_cache``) for
-    ``network``, for what planning calls one after the other can share; emptied when full."""
+    ``network``, for what planning calls one after the other can share; emptied when full.
+    ``family``: shared by the kinds of every lever setting (``KindCache.family_extras``)."""
     key = ("process memo", name)
-    hit = kinds.extras.get(key)
+    extras = kinds.family_extras if family else kinds.extras
+    hit = extras.get(key)
     if hit is None or hit[0] is not network:
-        hit = kinds.extras[key] = (network, {})
+        hit = extras[key] = (network, {})
     memo = hit[1]
     if len(memo) >= max_entries:
         memo.clear()
@@ -51,8 +53,6 @@ class ModelMemos:
     # (micro-batch size, order_key) -> (USD per hour, egress USD per iteration lower bound) of the
     # placed order before its split (EgressParts.placed_costs_lb).
     placed_costs: dict = field(default_factory=dict)
-    # (GPU, TP, DP degree, stages) -> the fewest zone crossings between whole stages.
-    fewest_crossings: dict = field(default_factory=dict)
 
 
 @dataclass(slots=True, eq=False)
@@ -91,10 +91,15 @@ class ProcessMemos:
 
     splits: dict  # (micro-batches, starting bound, ((kind, replicas) per stage)) -> (ends, busiest s)
     kind_figures: dict  # ("block and head" | "slowness", variants, ...) -> figures of regime variants
-    segment_places: dict  # (GPU, pools, TP, DP, stages, rule, previous zone) -> placement of a segment
+    # (GPU, pools, TP, DP, stages, rule, previous zone) -> placement of a segment (every lever setting's)
+    segment_places: dict
+    fewest_crossings: dict  # (GPU, pools, TP, DP, stages) -> the fewest zone crossings between whole stages
     segment_lists: dict  # (GPU, pools, spot, micro-batches, full range, stages cap, terms) -> [Segment]
     ordered_lists: dict  # (id(segment list), throughput) -> (list, the list with "unused" sorted, present)
-    bound_parts: dict  # ((part, key, zones...), variants) -> rings, links and sync curves
+    bound_parts: dict  # ((part, key, zones...), variants) -> links
+    # (part, GPU, DP degree, [stages,] zones, stages cap, gradient bytes) -> ring rows and sync
+    # curves: the network and those alone decide them, so every lever setting shares them
+    rings: dict
     segment_columns: dict  # (id(segment list), context) -> (list, numpy columns of the list)
     small: dict  # ("gradient bytes" | "ideal GPU-seconds", ...) -> figures of the kinds alone
     # Never emptied: (stages, block busy s, head busy s) -> number; cached columns hold the numbers.
@@ -106,10 +111,12 @@ class ProcessMemos:
         return cls(
             splits=process_memo(kinds, network, "splits", max_entries=1 << 15),
             kind_figures=process_memo(kinds, network, "kind figures", max_entries=1 << 14),
-            segment_places=process_memo(kinds, network, "segment placements", max_entries=1 << 15),
+            segment_places=process_memo(kinds, network, "segment placements", max_entries=1 << 15, family=True),
+            fewest_crossings=process_memo(kinds, network, "fewest crossings", max_entries=1 << 15, family=True),
             segment_lists=process_memo(kinds, network, "segment lists"),
             ordered_lists=process_memo(kinds, network, "ordered segment lists"),
             bound_parts=process_memo(kinds, network, "bound parts", max_entries=1 << 15),
+            rings=process_memo(kinds, network, "rings", max_entries=1 << 15, family=True),
             segment_columns=process_memo(kinds, network, "segment columns"),
             small=process_memo(kinds, network, "figures of the kinds"),
             granular_ids=kinds.extras.setdefault("granular ids", {}),

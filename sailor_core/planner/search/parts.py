@@ -21,10 +21,12 @@ def ring_room(pools: dict[str, int], tp_degree: int) -> dict[str, int]:
 class SegmentParts:
     """Links, rings, sync curves and granular bounds of segments (see the module docstring).
 
-    Behind the search's memos, the process's (``ProcessMemos.bound_parts``): rings depend on
-    the zones that can hold a segment's replicas (``ring_zones``), links on its type's zone
-    names, both on its kind under each regime it may run in (``KindFigures.variants``) and on
-    the network (the memo's)."""
+    Behind the search's memos, the process's: links (``ProcessMemos.bound_parts``) on its type's
+    zone names and its kind under each regime it may run in (``KindFigures.variants``); rings and
+    sync curves (``ProcessMemos.rings``) on the zones that can hold a segment's replicas
+    (``ring_zones``) and the gradient bytes of those variants alone, so the searches of every
+    lever setting (whose kinds hold the same parameters) share them; all on the network (the
+    memo's)."""
 
     __slots__ = ("network", "zone_gpus", "num_layers", "num_blocks", "max_stages", "figures", "memos",
                  "_links", "_zone_names")
@@ -80,14 +82,15 @@ class SegmentParts:
         key = (seg.gpu, seg.tp_degree, seg.dp_degree)
         row = memo.get(key)
         if row is None:
-            hit, full = self._shared(("sync", key, self.ring_zones(seg), self.max_stages), seg)
-            if hit is None:
-                grad_bytes = min(v.total_params * v.regime.grad_bytes_per_param
-                                 for v in self.figures.variants(seg.kind))
-                hit = self.memos.process.bound_parts[full] = bounds.ring_row_s(
+            grad_bytes = min(v.total_params * v.regime.grad_bytes_per_param for v in self.figures.variants(seg.kind))
+            full = ("sync", seg.gpu, seg.dp_degree, self.ring_zones(seg), self.max_stages, grad_bytes)
+            rings = self.memos.process.rings
+            row = rings.get(full)
+            if row is None:
+                row = rings[full] = bounds.ring_row_s(
                     self.network, seg.gpu, seg.dp_degree, ring_room(self.zone_gpus[seg.gpu], seg.tp_degree),
                     grad_bytes, self.max_stages)
-            row = memo[key] = hit
+            memo[key] = row
         return row
 
     def ring_lb(self, seg: Segment, num_stages: int) -> float:
@@ -100,20 +103,21 @@ class SegmentParts:
         key = (seg.gpu, seg.tp_degree, seg.dp_degree, seg.num_stages)
         curve = memo.get(key)
         if curve is None:
-            hit, full = self._shared(("sync curve", key, self.ring_zones(seg)), seg)
-            if hit is None:
-                hit = self.memos.process.bound_parts[full] = self._sync_curve(seg)
-            curve = memo[key] = hit
+            L = self.num_layers
+            if seg.dp_degree <= 1 or L < 3:
+                curve = memo[key] = (0.0,) * (bounds.GRID + 1)
+                return curve
+            blocks = min(layer_table(v.profile).params(1, L - 1) * v.regime.grad_bytes_per_param
+                         for v in self.figures.variants(seg.kind))
+            full = ("sync curve", seg.gpu, seg.dp_degree, seg.num_stages, self.ring_zones(seg), blocks)
+            rings = self.memos.process.rings
+            curve = rings.get(full)
+            if curve is None:
+                curve = rings[full] = bounds.sync_curve_s(
+                    self.network, seg.gpu, seg.dp_degree, ring_room(self.zone_gpus[seg.gpu], seg.tp_degree), blocks,
+                    seg.num_stages)
+            memo[key] = curve
         return curve
-
-    def _sync_curve(self, seg: Segment) -> tuple[float, ...]:
-        L = self.num_layers
-        if seg.dp_degree <= 1 or L < 3:
-            return (0.0,) * (bounds.GRID + 1)
-        blocks = min(layer_table(v.profile).params(1, L - 1) * v.regime.grad_bytes_per_param
-                     for v in self.figures.variants(seg.kind))
-        return bounds.sync_curve_s(self.network, seg.gpu, seg.dp_degree,
-                                   ring_room(self.zone_gpus[seg.gpu], seg.tp_degree), blocks, seg.num_stages)
 
     def joint_lb(self, work_s: float, shape: tuple[Segment, ...], floor_s: float) -> float:
         """``bounds.joint_lb`` of a two-segment shape."""

@@ -111,15 +111,9 @@ def segment_columns(segs: list[Segment], *, alone: bool, max_p: int, cost_matter
     import numpy as np
 
     parts, egress = searcher.parts, searcher.egress
+    # rings at every depth, filled as shapes within the capacity and rent limits need them
+    # (``_rings_of``: most segments of a list never are)
     ring = np.full((len(segs) + 1, max_p + 1), np.inf)
-    rows: dict = {}  # ring_row by (TP, DP degree): the same for every stage count
-    for i, seg in enumerate(segs):
-        if seg.dp_degree > 1 and alone:
-            ring[i, seg.num_stages] = parts.ring_lb(seg, seg.num_stages)
-        elif seg.dp_degree > 1:
-            rows.setdefault((seg.tp_degree, seg.dp_degree), (seg, []))[1].append(i)
-    for seg, at in rows.values():
-        ring[at] = parts.ring_row(seg)[: max_p + 1]
     tps = sorted({seg.tp_degree for seg in segs})
     curves = np.zeros((len(segs) + 1, GRID + 1))  # sync_curve per segment, as needed
     # A segment's own link depends on its GPU type, TP and micro-batch size only.
@@ -127,7 +121,8 @@ def segment_columns(segs: list[Segment], *, alone: bool, max_p: int, cost_matter
     links = [by_tp[seg.tp_degree] for seg in segs]
     granular_id = parts.granular_id
     return dict(
-        segs=segs, tps=tps, ring=ring, curves=curves, have_curve=np.zeros(len(segs) + 1, dtype=bool),
+        segs=segs, tps=tps, ring=ring, have_ring=np.zeros(len(segs) + 1, dtype=bool), alone=alone, max_p=max_p,
+        curves=curves, have_curve=np.zeros(len(segs) + 1, dtype=bool),
         cap=np.array([seg.capacity for seg in segs] + [0.0]),
         rate=np.array([seg.min_usd_per_hr for seg in segs] + [0.0]),
         stages=np.array([seg.num_stages for seg in segs] + [0]),
@@ -243,8 +238,45 @@ def _pipeline_and_sync(parts, lists, a: dict, b: dict, pairs: Pairs, work_s: flo
     alone_a, alone_b = ia[~both], ib[~both]
     warm = np.where(alone_a < na, a["warm"][alone_a], b["warm"][alone_b])
     pipe[~both] = np.maximum(pipe[~both], warm)
-    sync = np.where(a["d1"][ia] | b["d1"][ib], 0.0, np.minimum(a["ring"][ia, stages], b["ring"][ib, stages]))
+    sync = np.where(a["d1"][ia] | b["d1"][ib], 0.0, np.minimum(_rings_of(a, ia, parts)[ia, stages],
+                                                                 _rings_of(b, ib, parts)[ib, stages]))
     return pipe, sync, lmat
+
+
+def _rings_of(x: dict, idx, parts):
+    """A list's columns' ring bounds (per segment, per depth), filled for the segments ``idx``
+    (past its end: no segment, no ring) as needed: with several types a segment's ring at every
+    depth (``SegmentParts.ring_row``, one per TP and DP degree), alone at its own depth."""
+    # lazy: numpy loads when a search runs, not when the CLI checks a request
+    import numpy as np
+
+    have, ring, segs = x["have_ring"], x["ring"], x["segs"]
+    if have.all():
+        return ring
+    if len(idx) > 4 * len(have):
+        # many shapes per segment (two types' grid): finding the ones held costs more than
+        # filling every segment's
+        need = np.flatnonzero(~have)
+    else:
+        need = np.flatnonzero(np.bincount(idx[~have[idx]], minlength=len(have)))
+    rows: dict = {}  # ring_row by (TP, DP degree): the same for every stage count
+    at, depths, values = [], [], []
+    for i in need.tolist():
+        seg = segs[i] if i < len(segs) else None
+        if seg is None or seg.dp_degree <= 1:
+            continue
+        if x["alone"]:
+            at.append(i)
+            depths.append(seg.num_stages)
+            values.append(parts.ring_lb(seg, seg.num_stages))
+        else:
+            rows.setdefault((seg.tp_degree, seg.dp_degree), (seg, []))[1].append(i)
+    if at:
+        ring[at, depths] = values
+    for seg, where in rows.values():
+        ring[where] = parts.ring_row(seg)[: x["max_p"] + 1]
+    have[need] = True
+    return ring
 
 
 def _egress(searcher: Searcher, lists, a: dict, b: dict, pairs: Pairs, num_mb: int, mbs: int, cost_matters: bool):

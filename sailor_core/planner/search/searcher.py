@@ -129,14 +129,20 @@ class Searcher:
                                   figures=self.figures, memos=self.memos)
 
     def _fast_sim(self) -> FastSim:
-        """The simulator's memoised figures live as long as the kinds they were keyed on (by id)."""
+        """The simulator's memoised figures live as long as the kinds they were keyed on (by id);
+        those of the network alone as long as the kinds of every lever setting (a lever search's
+        FastSim shares them with the plain one's: ``FastSim(shared=...)``)."""
+        return self._fast_sim_in(self.kinds.extras, self.kinds.family_extras)
+
+    def _fast_sim_in(self, extras: dict, family_extras: dict) -> FastSim:
         request, network = self.req, self.network
         fkey = ("fastsim", request.global_batch_size, id(network), request.spot, request.regime)
-        fast = self.kinds.extras.get(fkey)
+        fast = extras.get(fkey)
         if fast is None or fast.network is not network:
-            fast = self.kinds.extras[fkey] = FastSim(
+            shared = None if family_extras is extras else self._fast_sim_in(family_extras, family_extras)
+            fast = extras[fkey] = FastSim(
                 model=request.model, global_batch_size=request.global_batch_size,
-                network=network, spot=request.spot, regime=request.regime)
+                network=network, spot=request.spot, regime=request.regime, shared=shared)
         fast.trim()
         return fast
 
@@ -321,7 +327,7 @@ class Searcher:
             if hit is None:
                 hit = lists[shared] = build_segments(
                     gpu, self.zone_gpus[gpu], spot=r.spot, num_mb=num_mb, degrees=degrees,
-                    max_stages=self.max_stages_per_type, terms=terms, fewest_crossings=self.egress.fewest_crossings)
+                    max_stages=self.max_stages_per_type, terms=terms, fewest_crossings=self.egress.crossings_counter(gpu))
             memo[key] = hit
         return hit
 

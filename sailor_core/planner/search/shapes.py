@@ -184,15 +184,20 @@ def place_segment(seg: Segment, pools: dict[str, int], prev_zone: str | None,
                   memo: dict) -> tuple[StagePlacement, ...] | None:
     """Zones of each stage of ``seg`` under its rule (``placement``), after a stage ending in
     ``prev_zone``; None if the pools cannot hold it.  ``memo``: by pools and segment."""
+    return place_run(seg.gpu, pools, seg.tp_degree, seg.dp_degree, seg.num_stages, seg.rule, prev_zone, memo)
+
+
+def place_run(gpu: str, pools: dict[str, int], tp: int, dp: int, num_stages: int, rule: str,
+              prev_zone: str | None, memo: dict) -> tuple[StagePlacement, ...] | None:
+    """``place_segment`` of a segment's figures (what a placement depends on), memoised in ``memo``."""
     zones = {z: n for z, n in pools.items() if n > 0}
-    key = (seg.gpu, tuple(zones.items()), seg.tp_degree, seg.dp_degree, seg.num_stages, seg.rule,
-           prev_zone if seg.rule == "stage" else None)
+    key = (gpu, tuple(zones.items()), tp, dp, num_stages, rule, prev_zone if rule == "stage" else None)
     if key in memo:
         return memo[key]
-    if seg.rule == "pipeline":
-        placed = memo[key] = place_pipelines(zones, seg.tp_degree, seg.dp_degree, seg.num_stages)
+    if rule == "pipeline":
+        placed = memo[key] = place_pipelines(zones, tp, dp, num_stages)
     else:
-        placed = memo[key] = place_stages(zones, seg.tp_degree, seg.dp_degree, seg.num_stages, prev_zone)
+        placed = memo[key] = place_stages(zones, tp, dp, num_stages, prev_zone)
     return placed
 
 
