@@ -53,6 +53,9 @@ class ModelMemos:
     placed_costs: dict = field(default_factory=dict)
     # (GPU, TP, DP degree, stages) -> the fewest zone crossings between whole stages.
     fewest_crossings: dict = field(default_factory=dict)
+    # (recomputation, ZeRO stage) -> the KindCache of that lever setting (levers.lever_kinds): one
+    # object for the whole search, whatever the process's shared dict drops meanwhile.
+    lever_kinds: dict = field(default_factory=dict)
 
 
 @dataclass(slots=True, eq=False)
