@@ -145,8 +145,16 @@ def _pays(trial: Evaluated, than: Evaluated) -> bool:
 
 
 def lever_kinds(searcher: Searcher, levers: tuple[str, int]) -> KindCache:
-    req = searcher.req
-    return shared_kind_cache(req.model, req.seq_len, req.regime, searcher.profiles, levers)
+    """The kinds of ``levers`` for this search and its sub-searches: fetched from the process once,
+    then held.  Kinds compare by identity (the evaluations' memo, the splits' keys), so a second
+    fetch after the process's shared dict was emptied (``kinds.shared_kind_cache``: by whatever
+    earlier requests left in it) would count plans already evaluated again."""
+    held = searcher.memos.model.lever_kinds
+    hit = held.get(levers)
+    if hit is None:
+        req = searcher.req
+        hit = held[levers] = shared_kind_cache(req.model, req.seq_len, req.regime, searcher.profiles, levers)
+    return hit
 
 
 def relax(searcher: Searcher, ev: Evaluated) -> Evaluated:

@@ -45,6 +45,9 @@ def process_memo(kinds, network, name: str, max_entries: int = PROCESS_MEMO_SIZE
 class ModelMemos:
     """Shared by a search and every sub-search (same model, kinds and zones per GPU type)."""
 
+    # (recomputation, ZeRO stage) -> the KindCache of that lever setting (levers.lever_kinds): one
+    # object for the whole search, whatever the process's shared dict drops meanwhile.
+    lever_kinds: dict = field(default_factory=dict)
     # (micro-batch size, shapes.order_key) -> (placed stages, layer ends, busiest stage s) of the
     # order's min-max split, or None (no placement or no split fits); a hit is not a new split.
     prepared: dict = field(default_factory=dict)
