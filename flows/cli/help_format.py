@@ -6,7 +6,9 @@ at 80 columns ``--global-batch-size`` showed as ``--global-batch-si…``.  Here 
 column, the negative form of a flag on its own line, and that column and the metavar's are as
 wide as their longest entry; only the help column gives way, wrapping its words and folding a
 word longer than the column rather than cutting it.  Installed once by the app for every
-command; the rest of the help (usage, text, command panels, epilog) stays Typer's.
+command; the rest of the help (usage, text, command panels, epilog) stays Typer's.  It stands in
+for Typer's private ``rich_utils._print_options_panel`` (same signature, Typer 0.29) and uses its
+helpers: tests/flows/test_cli_help.py fails if a Typer upgrade changes them.
 """
 
 from __future__ import annotations

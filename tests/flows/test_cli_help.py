@@ -28,7 +28,7 @@ def _whole(word: str, text: str) -> bool:
     return re.search(rf"(?<![\w-]){re.escape(word)}(?![\w-])", text) is not None
 
 
-@pytest.mark.parametrize("columns", [80, 60])
+@pytest.mark.parametrize("columns", [200, 80, 60])
 def test_every_help_keeps_its_names_whole(sailor_cli, monkeypatch, columns):
     commands = _commands()
     assert len(commands) > 20  # the walk found the groups' commands, not only the root
