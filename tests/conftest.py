@@ -17,6 +17,15 @@ os.environ["SAILOR_HOME"] = _home
 os.environ["PREFECT_HOME"] = os.path.join(_home, "prefect")
 os.environ.pop("SAILOR_JOBS_URL", None)
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+# One terminal width for every test that reads what Rich prints (the CLI's tables, --help). Without it
+# the width depended on how pytest ran: pytest imports readline (_pytest/capture.py's
+# _readline_workaround), and GNU readline, finding no terminal, puts COLUMNS=80 into the C environment
+# (not os.environ) which the pytest-xdist workers inherit; with `-n 0`, no COLUMNS, so Rich measured
+# stdin/stdout/stderr: the terminal's width, or 80 where none is one.  A line wrapped or an option
+# name was cut in one run and not the other.  A test wanting a narrow terminal sets its own COLUMNS.
+# TERMINAL_WIDTH would fix Typer's --help at another width: not here.
+os.environ["COLUMNS"] = "200"
+os.environ.pop("TERMINAL_WIDTH", None)
 
 
 @pytest.fixture

@@ -12,6 +12,7 @@ import sys
 
 import typer
 
+from flows.cli import help_format
 from sailor_core.errors import SailorError
 
 app = typer.Typer(
@@ -41,7 +42,15 @@ _COMMAND_MODULES = (
 )
 
 
+_registered: list[str] = []
+
+
 def _register_all() -> None:
+    """Once per process: the tests call ``main`` many times in one, and each register would add
+    its commands to ``app`` again (Typer then builds every copy on each call)."""
+    if _registered:
+        return
+    help_format.install()
     for name in _COMMAND_MODULES:
         try:
             module = importlib.import_module(name)
@@ -50,6 +59,7 @@ def _register_all() -> None:
                 continue
             raise
         module.register(app)
+        _registered.append(name)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -42,8 +42,7 @@ def test_simulate_table():
     assert "Iteration time" in out.stdout and "bubble" in out.stdout
 
 
-def test_memory_json_and_growth_with_inflight(sailor_cli, monkeypatch):
-    monkeypatch.setenv("COLUMNS", "200")  # the table's names unwrapped (a test worker has no terminal: 80)
+def test_memory_json_and_growth_with_inflight(sailor_cli):
     sailor = sailor_cli
     one = sailor("memory", "--model", "opt-350m", "--gpu", "A100-40", "--mbs", "2", "--inflight", "1",
                  "--layers", "0:13", "--json")
@@ -61,8 +60,7 @@ def test_memory_json_and_growth_with_inflight(sailor_cli, monkeypatch):
     assert all(name in table.stdout for name in ("communication buffers", "optimizer step temporaries"))
 
 
-def test_memory_lists_the_parts_with_and_without_each_lever(sailor_cli, monkeypatch):
-    monkeypatch.setenv("COLUMNS", "200")  # one column per lever: wider than 80
+def test_memory_lists_the_parts_with_and_without_each_lever(sailor_cli):
     # issue 34: one column per lever setting; the asked one first and in the JSON's top level
     out = sailor_cli("memory", "--model", "opt-2.7b", "--gpu", "V100-16", "--mbs", "1", "--inflight", "4",
                      "--layers", "0:17", "--dp", "4", "--recompute", "selective", "--zero", "1", "--json")

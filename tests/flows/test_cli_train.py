@@ -43,7 +43,7 @@ def test_train_rejects_bad_arguments_in_one_line(home, sailor_cli, args, needle)
     assert code != 0 and len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], err
 
 
-def test_jobs_and_status_read_the_persisted_states(home, sailor_cli, monkeypatch):
+def test_jobs_and_status_read_the_persisted_states(home, sailor_cli):
     store = js.JobStore()
     s = js.new_job(JobSpec(model="tiny", budget_usd=0.5, steps=10), job_id="tiny-abc")
     url = "http://127.0.0.1:4200/runs/flow-run/0c8e5b2a-1111-2222-3333-444455556666"
@@ -66,7 +66,6 @@ def test_jobs_and_status_read_the_persisted_states(home, sailor_cli, monkeypatch
     assert row["attempts"] == 2 and row["preemptions"] == 1 and row["usd_spent"] == pytest.approx(0.2)
 
     assert row["flow_run_url"] == url and row["started"] and row["started_unix_s"] == s.created_unix_s
-    monkeypatch.setenv("COLUMNS", "200")  # a wide terminal: the link on one line
     r = sailor_cli("jobs")
     assert r.returncode == 0 and url in r.stdout, r.stdout
     assert report.local_time(s.created_unix_s) in r.stdout
@@ -129,8 +128,7 @@ def test_a_continued_job_needs_no_budget_and_refuses_other_settings_in_one_line(
     assert r.returncode == 2 and r.stderr == "error: --budget-usd is required\n"
 
 
-def test_status_shows_gpu_rent_and_egress_apart(home, sailor_cli, monkeypatch):
-    monkeypatch.setenv("COLUMNS", "200")  # the spend's line unwrapped (a test worker has no terminal: 80)
+def test_status_shows_gpu_rent_and_egress_apart(home, sailor_cli):
     from sailor_core.job.protocol import AgentState, AgentStatus
 
     store = js.JobStore()

@@ -37,7 +37,7 @@ UI_TIMEOUT_MS = 180_000
 def _env() -> dict[str, str]:
     """The user's shell: no PREFECT_API_URL, no SAILOR_ROOT; SAILOR_HOME/PREFECT_HOME are the session's."""
     env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_API_URL", "SAILOR_ROOT", "PREFECT_PROFILE")}
-    return {**env, "PREFECT_WORKER_QUERY_SECONDS": "1", "COLUMNS": "200", "PYTHONUNBUFFERED": "1"}
+    return {**env, "PREFECT_WORKER_QUERY_SECONDS": "1", "PYTHONUNBUFFERED": "1"}
 
 
 def _api(prefect_api: str, path: str, body: dict | None = None) -> object:

@@ -23,7 +23,7 @@ def sailor(*args, env):
 
 
 def test_standalone_cloud_up_status_preempt_down(tmp_path):
-    env = {**os.environ, "SAILOR_HOME": str(tmp_path), "COLUMNS": "200"}
+    env = {**os.environ, "SAILOR_HOME": str(tmp_path)}
     env.pop("SAILOR_CLOUDS", None)
     up = sailor("cloud", "up", "--notice-s", "0.5", env=env)
     assert up.returncode == 0, up.stderr

@@ -83,8 +83,7 @@ def test_sailor_offers_lists_both_clouds_on_the_embedded_cloud(cloud, monkeypatc
     by = {(o["zone"], o["instance_type"]): o for o in data["offers"]}
     assert by[("us-central1-a", "a2-highgpu-1g")]["on_demand_usd_per_hr"] == 3.673385
     assert ("us-east-1a", "p4d.24xlarge") in by
-    table = runner.invoke(app, ["offers", "--cloud", "gcp", "--gpu", "V100-16", "--region", "us-west1"],
-                          env={"COLUMNS": "200"})
+    table = runner.invoke(app, ["offers", "--cloud", "gcp", "--gpu", "V100-16", "--region", "us-west1"])
     assert table.exit_code == 0 and "us-west1-b" in table.output and "n1-standard-8-v100x1" in table.output
     bad = runner.invoke(app, ["offers", "--cloud", "azure"])
     assert bad.exit_code != 0

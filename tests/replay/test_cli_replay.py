@@ -65,7 +65,6 @@ def test_the_table_says_where_the_paid_gpu_time_went(sailor_cli, tmp_path, monke
     from tests.controller.planners import linear_planner
 
     monkeypatch.setattr(run_mod, "planner_plan_fn", lambda *_a, **_kw: linear_planner)  # real planner: slow test
-    monkeypatch.setenv("COLUMNS", "200")  # each policy's line unwrapped (a test worker has no terminal)
     trace = tmp_path / "t.csv"
     trace.write_text(",Timestamp,A100-40_us-central1-a,V100-16_us-central1-b\n0,0,4,4\n1,3600,2,4\n2,7200,4,4\n")
     p = sailor_cli("replay", "--trace", str(trace), "--model", "opt-350m", "--tokens", "2B", "--workers", "0")
