@@ -20,7 +20,15 @@ from typer import core
 
 _INSTALLED = "_sailor_wrapping_panels"
 _PANEL_FRAME = 4  # the panel's border and its padding, both sides
-_MIN_HELP_WIDTH = 16  # narrower, the help goes under the names instead of beside them
+_MIN_HELP_WIDTH = 16
+# What of typer.rich_utils (private, Typer 0.29) the panels use: checked before they stand in.
+_TYPER_HELPERS = (
+    "_print_options_panel", "_get_parameter_help", "highlighter", "negative_highlighter", "types_highlighter",
+    "ALIGN_OPTIONS_PANEL", "RANGE_STRING", "REQUIRED_SHORT_STRING", "STYLE_OPTIONS_PANEL_BORDER",
+    "STYLE_OPTIONS_TABLE_BORDER_STYLE", "STYLE_OPTIONS_TABLE_BOX", "STYLE_OPTIONS_TABLE_LEADING",
+    "STYLE_OPTIONS_TABLE_PADDING", "STYLE_OPTIONS_TABLE_PAD_EDGE", "STYLE_OPTIONS_TABLE_ROW_STYLES",
+    "STYLE_OPTIONS_TABLE_SHOW_LINES", "STYLE_REQUIRED_SHORT", "STYLE_TYPES",
+)  # narrower, the help goes under the names instead of beside them
 
 
 def install() -> None:
@@ -38,7 +46,9 @@ def _with_wrapping_panels(format_help):
         # lazy: typer's Rich help (Rich's markdown, tables, panels) only when a help is printed
         from typer import rich_utils
 
-        rich_utils._print_options_panel = _print_options_panel
+        if all(hasattr(rich_utils, name) for name in _TYPER_HELPERS):
+            rich_utils._print_options_panel = _print_options_panel
+        # else: a Typer whose private help helpers differ keeps its own panels (cut, not broken)
         return format_help(self, ctx, formatter)
 
     setattr(wrapped, _INSTALLED, True)
