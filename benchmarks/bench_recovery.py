@@ -25,6 +25,12 @@ preempted while the other two hold the state, with a notice long enough for the 
 
 (a plan over several instances steps slowly on two loaded cores: with the 2 s notice its emergency
 checkpoint may not finish, and the survivors then exit as for a lost peer instead of parking)
+
+A plan mixing survivors with a new instance (a floor the survivor cannot meet alone: it trains on an
+interim while the new instance boots; the line "interim ... -> attempt" times the switch):
+
+    .venv/bin/python benchmarks/bench_recovery.py --steps 24 --preempt-at 6 --gbs 1024 --max-gpus 2 \
+        --zones us-central1-a,us-central1-b,us-central1-c --min-throughput 20000 --checkpoint-every 2 --notice-s 10
 """
 
 from __future__ import annotations
