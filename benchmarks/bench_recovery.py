@@ -25,6 +25,12 @@ preempted while the other two hold the state, with a notice long enough for the 
 
 (a plan over several instances steps slowly on two loaded cores: with the 2 s notice its emergency
 checkpoint may not finish, and the survivors then exit as for a lost peer instead of parking)
+
+A plan mixing survivors with a new instance (a floor the survivor cannot meet alone: it trains on an
+interim while the new instance boots; the line "interim ... -> attempt" times the switch):
+
+    .venv/bin/python benchmarks/bench_recovery.py --steps 24 --preempt-at 6 --gbs 1024 --max-gpus 2 \
+        --zones us-central1-a,us-central1-b,us-central1-c --min-throughput 20000 --checkpoint-every 2 --notice-s 10
 """
 
 from __future__ import annotations
@@ -48,6 +54,9 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=1, help="jobs run one after another (one Prefect server)")
     ap.add_argument("--no-compare", action="store_true", help="skip the uninterrupted reference run")
     ap.add_argument("--zones", default="", help="comma-separated zones the job may use (default: any)")
+    ap.add_argument("--min-throughput", type=float, default=0.0,
+                    help="the job's floor (samples/s): one the survivors cannot meet alone makes the next plan "
+                         "mix them with a new instance, booted while they train on an interim")
     ap.add_argument("--notice-s", type=float, default=2.0,
                     help="the embedded cloud's preemption notice (2 s: its default; a real spot notice is 30-120 s)")
     args = ap.parse_args()
@@ -86,7 +95,7 @@ def _one_run(args, spans: _Timeline) -> list[float]:
     t1 = time.monotonic()
     summary = train_job(model="tiny", budget_usd=0.05, steps=args.steps, global_batch_size=args.gbs,
                         checkpoint_every_steps=args.checkpoint_every, cloud="embedded", max_gpus=args.max_gpus,
-                        max_gpus_per_zone=1,
+                        max_gpus_per_zone=1, min_throughput_samples_per_s=args.min_throughput,
                         preempt_at_steps=[int(x) for x in args.preempt_at.split(",") if x],
                         **({"gpus": ("T4",), "zones": tuple(args.zones.split(",")),  # batches of 1024
                             "validation_fraction": 0.0, "validate_every_steps": 0} if args.zones else {}))
@@ -118,6 +127,14 @@ def _one_run(args, spans: _Timeline) -> list[float]:
               f"{rec.at_step}, redone {max(0, rec.steps_done_before - rec.at_step)} steps, "
               f"state from {rec.state_from}")
         print("    " + spans.words(detected, rec.first_step_unix_s, rec))
+    for k, rec in enumerate(state.replans[:-1]):  # the switch from an interim to the plan it waited for
+        if rec.reason.startswith("interim: "):
+            after = state.replans[k + 1]
+            stop = min((s for n, s, _ in spans.spans if n == "stop_attempt" and s > rec.at_unix_s), default=None)
+            if stop is not None and after.first_step_unix_s:
+                print(f"interim (attempt {rec.attempt}) -> attempt {after.attempt}: trained from its plan until "
+                      f"{stop - rec.at_unix_s:.1f} s; its stop -> the next plan's first step "
+                      f"{after.first_step_unix_s - stop:.1f} s ({after.num_ranks_standby or 0} ranks in standby workers)")
     home = Path(os.environ["SAILOR_HOME"])  # the workers' logs: how many ranks took their state from peers
     said = Counter(m for f in home.rglob("rank*.log") for m in _STATE_SAID if m in f.read_text(errors="replace"))
     print(f"worker logs under {home}: " + ", ".join(f"{n} x state {m}" for m, n in sorted(said.items())))

@@ -44,7 +44,7 @@ from sailor_core import settings
 from sailor_core.controller import Action, PlanOption
 from sailor_core.job import prerent, recovery, report
 from sailor_core.job import state as js
-from sailor_core.job.attempts import FINISHED, INSTANCE_PREEMPTED, AttemptOutcome
+from sailor_core.job.attempts import FINISHED, INSTANCE_PREEMPTED, AttemptOutcome, run_generation
 from sailor_core.job.nodes import NodeRequest, RunningInstance, match_instances
 from sailor_core.job.spec import JobSpec, JobSpecError, check_names
 from sailor_core.plan.types import plan_from_dict
@@ -323,8 +323,16 @@ def _train_while_booting(run: _Run, state: js.JobState, planner: control.Planner
     workers.assign.fn(run.session, state, placed.assignments, data_url=data_url, interim=True)  # in place
     run.reporter.attempt(state, reason=words, nodes=[cloud_tasks.node_dict(n) for n in placed.nodes],
                          history=[], pareto="")
+    held = {r.instance_id for r in state.running_instances()}
     try:
         state, nodes = cloud_tasks.launch_ahead(run.session, state, nodes, offers)
+        # The interim trains on while the new instances' standby workers import: the next plan's
+        # assignment then finds every rank ready.
+        waited = workers.wait_standby(run.session, [r.instance_id for r in state.running_instances()
+                                                    if r.instance_id not in held],
+                                      training=_ids(placed.assignments), generation=run_generation(state.attempt))
+        if waited:
+            run.reporter.event(state, waited)
     finally:
         state = run.save(workers.stop_attempt(run.session, state, _ids(placed.assignments)))
         state = run.save(job_tasks.note_checkpoint(cloud_tasks.reconcile(run.session, state)))

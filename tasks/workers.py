@@ -33,6 +33,7 @@ from sailor_core.job.nodes import NodeRequest
 from sailor_core.job.protocol import (
     AgentAction,
     AgentAssignment,
+    AgentState,
     AgentStatus,
     CheckpointReport,
     InjectionReport,
@@ -55,6 +56,9 @@ REPLAN = "replan"  # outcome: the controller switches plans (shrink to fit the b
 DECIDE_EVERY_S = 1.0
 SAVE_EVERY_S = 1.0
 PROGRESS_EVERY_S = 1.0  # the Prefect progress artifact: one API call each
+# The longest the flow waits for new instances' standby workers before their first assignment:
+# an import that never ends (a standby worker that died) must not hold the job.
+STANDBY_WAIT_S = 30.0
 
 # Listeners in this process (the CLI's progress bar): told of the job state on progress.
 _listeners: Listeners[js.JobState] = Listeners()
@@ -111,6 +115,51 @@ def assign(session, state: js.JobState, assignments: Sequence[Assignment], *, da
         write_assignment(session.jobs_url, a.instance_id, doc)
     get_run_logger().info("attempt %d: %d instances, world size %d, rendezvous %s:%d", state.attempt,
                           len(assignments), sum(len(a.node.ranks) for a in assignments), master.address, port)
+
+
+def wait_standby(session, instance_ids: Sequence[str], *, training: Sequence[str] = (), generation: int = -1,
+                 timeout_s: float = STANDBY_WAIT_S) -> str | None:
+    """Wait, at most ``timeout_s``, until the agents of new instances (before their first
+    assignment) report their standby workers ready (imports done, parked), so that the assignment
+    finds every rank ready.  Not waited for: an agent without standby workers (``--standby 0``, an
+    image older than the report), an instance given work already, one the cloud no longer runs or
+    whose boot failed (the attempt finds out).  ``training``: the instances of the attempt that
+    trains meanwhile (its ``generation``): the wait ends when it stops training.  Returns what it
+    waited for, in words (None: nothing)."""
+    if not instance_ids:
+        return None
+    start = time.monotonic()
+
+    def on_poll(poll: AgentPoll) -> AgentPoll | Poll:
+        stopped = any(st is not None and st.generation == generation and st.state != AgentState.RUNNING
+                      for st in (poll.statuses[i] for i in training))
+        if stopped or time.monotonic() - start >= timeout_s or not _standby_pending(poll, instance_ids):
+            return poll
+        return Poll.AGAIN
+
+    poll = watch_agents(session, [*instance_ids, *training], on_poll)
+    waited_s = time.monotonic() - start
+    statuses = [st for i in instance_ids if (st := poll.statuses[i]) is not None and st.generation < 0]
+    ready = sum(min(st.num_standby_ready, st.num_standby) for st in statuses)
+    without = sum(1 for st in statuses if st.num_standby == 0)
+    words = (f"waited {waited_s:.1f} s for the standby workers of {len(instance_ids)} new instance"
+             f"{'s' if len(instance_ids) > 1 else ''}: {ready} of {sum(st.num_standby for st in statuses)} ready")
+    if without:
+        words += f"; {without} without standby workers (not waited for)"
+    pending = _standby_pending(poll, instance_ids)
+    if pending:
+        silent = sum(1 for i in pending if poll.statuses[i] is None)
+        words += ("; the interim stopped training" if waited_s < timeout_s else
+                  f"; assigning without the rest after {timeout_s:g} s")
+        words += f" ({silent} agent{'s' if silent > 1 else ''} not reporting yet)" if silent else ""
+    return words
+
+
+def _standby_pending(poll: AgentPoll, instance_ids: Sequence[str]) -> list[str]:
+    """Those of ``instance_ids`` whose agent is not up yet or whose standby workers are still getting ready."""
+    return [i for i in instance_ids
+            if poll.cloud_states.get(i) == "running" and i not in poll.boot_failures
+            and (poll.statuses[i] is None or poll.statuses[i].standby_starting)]
 
 
 def _merge_progress(state: js.JobState, statuses: dict[str, AgentStatus | None], generation: int) -> js.JobState:

@@ -449,12 +449,22 @@ class AgentStatus:
     heartbeat_unix_s: float | None = None  # when the agent wrote this; None inside ``previous``
     rejoined: tuple[int, ...] = ()  # ranks handed to parked workers (they kept their processes)
     standby: tuple[int, ...] = ()  # ranks handed to standby workers (started at boot, without state)
+    # The standby workers the agent started at boot, and how many of them got ready (imports done,
+    # parked) before any handover: the flow waits for them before a new instance's first assignment.
+    # 0 and 0 from an agent without standby workers (``--standby 0``, or an image older than the field).
+    num_standby: int = 0
+    num_standby_ready: int = 0
     started: WorkerEvent | None = None  # rank 0's "started" line: state_from, ready_s
     worker_error: WorkerError | None = None  # the lowest rank's error line (rank 0's when it wrote one)
     checkpoint: CheckpointReport | None = None  # the newest checkpoint this generation committed
     # (source zone, destination zone, bytes) the generation sent across zones so far, as rank 0
     # reported them (``EGRESS_VERSION``); written only when not empty
     egress: tuple[tuple[str, str, float], ...] = ()
+
+    @property
+    def standby_starting(self) -> bool:
+        """Before its first assignment, some of the agent's standby workers are still getting ready."""
+        return self.generation < 0 and self.num_standby_ready < self.num_standby
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -469,6 +479,7 @@ class AgentStatus:
             "previous": self.previous.to_dict() if self.previous else None,
             "heartbeat_unix_s": self.heartbeat_unix_s, "rejoined": list(self.rejoined),
             "standby": list(self.standby),
+            "num_standby": self.num_standby, "num_standby_ready": self.num_standby_ready,
             "started": self.started.to_dict() if self.started else None,
             "worker_error": self.worker_error.to_dict() if self.worker_error else None,
             "checkpoint": self.checkpoint.to_dict() if self.checkpoint else None,
@@ -495,6 +506,8 @@ class AgentStatus:
             heartbeat_unix_s=_get(data, "heartbeat_unix_s", _float, what, None),
             rejoined=_get(data, "rejoined", lambda v: tuple(_int(r) for r in _list(v)), what, ()),
             standby=_get(data, "standby", lambda v: tuple(_int(r) for r in _list(v)), what, ()),
+            num_standby=_get(data, "num_standby", _int, what, 0),
+            num_standby_ready=_get(data, "num_standby_ready", _int, what, 0),
             started=_get(data, "started", WorkerEvent.from_dict, what, None),
             worker_error=_get(data, "worker_error", WorkerError.from_dict, what, None),
             checkpoint=_get(data, "checkpoint", CheckpointReport.from_dict, what, None),

@@ -188,6 +188,8 @@ class Agent:
         self.park_dir = work_dir / "parked" if park_workers else None
         self.parked: dict[int, subprocess.Popen] = {}  # local rank -> a parked worker
         self.standby_pids: set[int] = set()  # parked workers started at boot, not yet handed a generation
+        self.standby_ready: set[int] = set()  # those of them that parked (imports done) before a handover
+        self._standby_started_s = time.monotonic()
         self.num_standby = num_standby if park_workers else 0  # workers started at boot (parked, no state)
         self.current: _Generation | None = None
         self.previous: AgentStatus | None = None  # the replaced generation's last report
@@ -251,6 +253,17 @@ class Agent:
         if self.num_standby:
             self.logs.say(f"{self.num_standby} standby workers started (pids "
                           f"{', '.join(str(p.pid) for p in self.parked.values())})")
+        self._standby_started_s = time.monotonic()
+
+    def _note_standby_ready(self) -> None:
+        """Note the standby workers that have parked (their note, until a handover answers it)."""
+        waiting = self.standby_pids - self.standby_ready
+        if not waiting:
+            return
+        self.standby_ready |= {pid for pid in waiting if park.read_parked(self.park_dir, pid) is not None}
+        if len(self.standby_ready) == self.num_standby:
+            self.logs.say(f"{self.num_standby} standby workers ready (imports done, parked) "
+                          f"{time.monotonic() - self._standby_started_s:.2f} s after their start")
 
     def _release_parked(self, keep: set[int] = frozenset(), grace_s: float = STOP_GRACE_S) -> None:
         """Tell the parked workers not in ``keep`` (local ranks) to exit, and wait: their GPU memory
@@ -388,7 +401,8 @@ class Agent:
         gen = self.current
         if gen is None:
             return AgentStatus(instance_id=self.instance_id, generation=-1, state=self._state(),
-                               previous=self.previous)
+                               previous=self.previous, num_standby=self.num_standby,
+                               num_standby_ready=len(self.standby_ready))
         return AgentStatus(
             instance_id=self.instance_id,
             generation=gen.number,
@@ -405,6 +419,8 @@ class Agent:
             previous=self.previous,
             rejoined=tuple(gen.rejoined),
             standby=tuple(gen.standby),
+            num_standby=self.num_standby,
+            num_standby_ready=len(self.standby_ready),
             started=gen.started,
             worker_error=_lowest_rank_error(gen.errors),
             checkpoint=gen.checkpoint,
@@ -435,6 +451,7 @@ class Agent:
                 self._collect(self.current)
                 self._maybe_inject(self.current)
                 idle_since = time.monotonic() if self._state() == AgentState.RUNNING else idle_since
+            self._note_standby_ready()
             if max_idle_s is not None and time.monotonic() - idle_since > max_idle_s:
                 self._release_parked()
                 self._upload_logs(self.current, force=True)

@@ -279,13 +279,23 @@ def test_while_the_next_plans_instance_boots_the_survivor_trains_on_its_own(pref
     preemption), which stops with a checkpoint; the next attempt resumes from it on the survivor's
     parked worker and the new instance."""
     from flows.train_job import train_job
+    from tasks.reporting import add_event_listener, remove_event_listener
 
-    summary = train_job(model="tiny", budget_usd=0.05, steps=12, preempt_at_steps=[4], checkpoint_every_steps=2,
-                        global_batch_size=1024, validation_fraction=0.0, validate_every_steps=0,
-                        min_throughput_samples_per_s=20000.0, cloud="embedded", gpus=("T4",),
-                        zones=("us-central1-a", "us-central1-b", "us-central1-c"), max_gpus=2,
-                        max_gpus_per_zone=1, job_id="tiny-interim")
+    said: list[str] = []
+    add_event_listener(on_event := lambda e: said.append(e.text))
+    try:
+        summary = train_job(model="tiny", budget_usd=0.05, steps=12, preempt_at_steps=[4], checkpoint_every_steps=2,
+                            global_batch_size=1024, validation_fraction=0.0, validate_every_steps=0,
+                            min_throughput_samples_per_s=20000.0, cloud="embedded", gpus=("T4",),
+                            zones=("us-central1-a", "us-central1-b", "us-central1-c"), max_gpus=2,
+                            max_gpus_per_zone=1, job_id="tiny-interim")
+    finally:
+        remove_event_listener(on_event)
     state = js.JobStore().load(summary["job_id"])
+    # The interim trained on until the new instance's standby worker was ready, not just its VM.
+    first, waited, stopped = (next(i for i, t in enumerate(said) if t.startswith(w))
+                              for w in ("interim: ", "waited ", "interim stopped at step"))
+    assert first < waited < stopped and said[waited].endswith("of 1 new instance: 1 of 1 ready"), said
     assert summary["status"] == "succeeded" and summary["steps"] == 12, summary
     reasons = [r.reason for r in state.replans]
     interims = [i for i, r in enumerate(state.replans) if r.reason.startswith("interim: ")]

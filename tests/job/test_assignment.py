@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from sailor_core.job.nodes import RunningInstance, match_instances, nodes_for_plan, plan_usd_per_hr
@@ -142,3 +144,19 @@ def test_an_agent_status_carries_the_generations_egress_versioned():
     assert AgentStatus.from_dict(data).egress == ()
     line = read_metrics_line(json.dumps({"step": 2, "loss": 1.0, "egress_bytes": [["a", "b", 4.0]]}))
     assert line.egress_bytes == (("a", "b", 4.0),)
+
+
+def test_an_agent_status_says_how_many_standby_workers_are_ready():
+    import json
+
+    st = AgentStatus(instance_id="i", generation=-1, state=AgentState.IDLE, num_standby=2, num_standby_ready=1)
+    data = json.loads(json.dumps(st.to_dict()))
+    assert (data["num_standby"], data["num_standby_ready"]) == (2, 1)
+    assert AgentStatus.from_dict(data) == st
+    assert st.standby_starting  # before its first assignment, one still imports
+    assert not dataclasses.replace(st, num_standby_ready=2).standby_starting
+    assert not dataclasses.replace(st, generation=1).standby_starting  # given work already: nothing to wait for
+    # An agent older than the field (or one without standby workers): nothing to wait for.
+    del data["num_standby"], data["num_standby_ready"]
+    old = AgentStatus.from_dict(data)
+    assert (old.num_standby, old.num_standby_ready, old.standby_starting) == (0, 0, False)

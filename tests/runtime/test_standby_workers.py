@@ -52,7 +52,8 @@ def test_the_first_assignment_is_a_handover_to_the_standby_workers(corpus, tmp_p
         notes = _standby_notes(work / "parked", 3)
         assert sorted(notes) == [0, 1, 2]
         assert all(n.rank == park.STANDBY_RANK and n.step == -1 and _alive(n.pid) for n in notes.values())
-        assert read_status(job_url, "i-a").state == AgentState.IDLE
+        idle = _wait_status(job_url, "i-a", lambda st: st.num_standby_ready == 3)
+        assert (idle.state, idle.generation, idle.num_standby, idle.standby_starting) == (AgentState.IDLE, -1, 3, False)
 
         # The first generation (two ranks) goes to standby workers 0 and 1; the third exits.
         plan = make_plan("tiny", [(0, 2, [1]), (2, 4, [1])])
@@ -60,6 +61,7 @@ def test_the_first_assignment_is_a_handover_to_the_standby_workers(corpus, tmp_p
         gen1 = _wait_status(job_url, "i-a", lambda st: st.generation == 1 and st.state == AgentState.EXITED)
         assert gen1.pids == {0: notes[0].pid, 1: notes[1].pid}
         assert gen1.standby == (0, 1) and gen1.rejoined == () and gen1.exit_codes == {0: 0, 1: 0}
+        assert (gen1.num_standby, gen1.num_standby_ready) == (3, 3)
         assert [step for step, _ in gen1.losses] == [1, 2, 3]
         assert _started(gen1)["state_from"] == "init" and _started(gen1)["ready_s"] >= 0
         assert not _alive(notes[2].pid)  # released (and reaped) at the handover
