@@ -113,6 +113,24 @@ class CloudSession:
             self._staged[key] = size
         return f"{self.jobs_url}/{key}"
 
+    def folder_url(self, url: str) -> str:
+        """A model folder the instances can read (``--init-from``): a local one is copied under the
+        job's prefix once, file by file (the instances, confined as VMs, cannot reach this machine's
+        files); a bucket URL is used as is."""
+        if not url or ("://" in url and not url.startswith("file://")):
+            return url
+        root = Path(url[len("file://"):] if url.startswith("file://") else url)
+        prefix = f"inputs/{root.name}"
+        files = sorted(p for p in root.rglob("*") if p.is_file())
+        if self._staged.get(prefix) != len(files):  # once a session: each attempt's assignment asks again
+            store = open_storage(self.jobs_url)
+            for path in files:
+                key = f"{prefix}/{path.relative_to(root).as_posix()}"
+                if not store.exists(key) or store.size(key) != path.stat().st_size:
+                    store.put_atomic(key, path.read_bytes())
+            self._staged[prefix] = len(files)
+        return f"{self.jobs_url}/{prefix}"
+
     def checkpoint_url(self, url: str) -> str:
         """Where the workers keep checkpoints: the job's own folder on this machine (the default)
         becomes its prefix in the bucket; another folder of this machine is refused, since the

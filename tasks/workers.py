@@ -100,6 +100,8 @@ def assign(session, state: js.JobState, assignments: Sequence[Assignment], *, da
     master = min(assignments, key=lambda a: a.node.ranks[0])
     port = session.rendezvous_port(master)
     data_url = session.data_url(data_url)  # a local file is copied to the job's bucket once
+    # and a local --init-from folder likewise: the workers read it where they run
+    state = dataclasses.replace(state, spec=dataclasses.replace(state.spec, init_from=session.folder_url(state.spec.init_from)))
     inject = None if interim else injection_doc(session, state, assignments)
     if inject is None and not interim and preemption_for_attempt(state) is not None:
         get_run_logger().warning("--preempt-at is for the embedded cloud only; no preemption is injected here"

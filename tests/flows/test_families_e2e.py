@@ -92,8 +92,9 @@ def test_a_family_folder_trains_pp_tp_through_a_preemption_and_exports(family, p
     assert summary["steps"] == STEPS and summary["instances_left_running"] == 0
     assert summary["preemptions"] == 1  # the second attempt resumed from a checkpoint
     state = js.JobStore().load(summary["job_id"])
-    assert [(len(p["stages"]), [r["tp"] for s in p["stages"] for r in s["replicas"]]) for p in given][:2] \
-        == [(2, [2, 2])] * 2
+    # the flow keeps its planner between attempts (its memo answers the second decision): one plan at least
+    assert given and {(len(p["stages"]), tuple(r["tp"] for s in p["stages"] for r in s["replicas"])) for p in given} \
+        == {(2, (2, 2))}
     assert len(state.replans) == 2 and state.replans[1].at_step >= 1  # resumed from a checkpoint
     for replan in state.replans:  # both attempts ran 2 stages of TP 2
         assert [[r["tp"] for r in s["replicas"]] for s in replan.plan["stages"]] == [[2], [2]]

@@ -46,3 +46,22 @@ def test_instances_of_a_dead_embedded_cloud_are_billed_until_the_state_was_saved
     assert ended.end_reason == "lost" and ended.ended_unix_s == pytest.approx(launched + 60)
     on_real = reconcile(_session("real"), state).instances[0]  # a real cloud's API says when; here: now
     assert on_real.ended_unix_s > launched + 3000
+
+
+def test_a_local_init_from_folder_is_copied_under_the_jobs_prefix_once(tmp_path):
+    from sailor_core.storage import open_storage
+
+    folder = tmp_path / "my-model"
+    (folder / "sub").mkdir(parents=True)
+    (folder / "config.json").write_text('{"model_type": "llama"}')
+    (folder / "sub" / "w.bin").write_bytes(b"\x00" * 10)
+    jobs = tmp_path / "bucket" / "j"
+    s = CloudSession(mode="embedded", job_id="j", jobs_url=str(jobs), providers={})
+    url = s.folder_url(str(folder))
+    assert url == f"{jobs}/inputs/my-model"
+    store = open_storage(url)
+    assert store.list_files() == ["config.json"] and store.list_files("sub") == ["w.bin"]
+    assert store.get("config.json") == b'{"model_type": "llama"}'
+    (folder / "config.json").write_text("changed")  # staged once a session: not copied again
+    assert s.folder_url(f"file://{folder}") == url and store.get("config.json") == b'{"model_type": "llama"}'
+    assert s.folder_url("s3://weights/m") == "s3://weights/m" and s.folder_url("") == ""
