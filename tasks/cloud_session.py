@@ -101,15 +101,13 @@ class CloudSession:
 
     def data_url(self, url: str) -> str:
         """A data file the instances can read: a local file is copied under the job's prefix once."""
-        if "://" in url and not url.startswith("file://"):
+        path = _local_path(url)
+        if path is None:
             return url
-        path = Path(url[len("file://"):] if url.startswith("file://") else url)
         key = f"data/{path.name}"
         size = path.stat().st_size
         if self._staged.get(key) != size:  # once a session: each attempt's assignment asks again
-            store = open_storage(self.jobs_url)
-            if not store.exists(key) or store.size(key) != size:
-                store.put_atomic(key, path.read_bytes())
+            self._copy_up(key, path, open_storage(self.jobs_url))
             self._staged[key] = size
         return f"{self.jobs_url}/{key}"
 
@@ -117,19 +115,23 @@ class CloudSession:
         """A model folder the instances can read (``--init-from``): a local one is copied under the
         job's prefix once, file by file (the instances, confined as VMs, cannot reach this machine's
         files); a bucket URL is used as is."""
-        if not url or ("://" in url and not url.startswith("file://")):
+        root = _local_path(url) if url else None
+        if root is None:
             return url
-        root = Path(url[len("file://"):] if url.startswith("file://") else url)
         prefix = f"inputs/{root.name}"
         files = sorted(p for p in root.rglob("*") if p.is_file())
-        if self._staged.get(prefix) != len(files):  # once a session: each attempt's assignment asks again
+        if self._staged.get(prefix) != len(files):  # once a session, as data_url
             store = open_storage(self.jobs_url)
             for path in files:
-                key = f"{prefix}/{path.relative_to(root).as_posix()}"
-                if not store.exists(key) or store.size(key) != path.stat().st_size:
-                    store.put_atomic(key, path.read_bytes())
+                self._copy_up(f"{prefix}/{path.relative_to(root).as_posix()}", path, store)
             self._staged[prefix] = len(files)
         return f"{self.jobs_url}/{prefix}"
+
+    @staticmethod
+    def _copy_up(key: str, path: Path, store) -> None:
+        """``path``'s bytes at ``key`` unless an object of its size is there (a continued job's)."""
+        if not store.exists(key) or store.size(key) != path.stat().st_size:
+            store.put_atomic(key, path.read_bytes())
 
     def checkpoint_url(self, url: str) -> str:
         """Where the workers keep checkpoints: the job's own folder on this machine (the default)
@@ -194,3 +196,10 @@ class CloudSession:
 def _vpc_of(info: InstanceInfo) -> tuple[str, str]:
     """The private network an instance joins: per region (AWS's default VPCs) or one per cloud (GCP's)."""
     return (info.cloud, cloud_facts(info.cloud).network_of(parse_zone(info.zone).region))
+
+
+def _local_path(url: str) -> Path | None:
+    """This machine's path a ``--data`` or ``--init-from`` value names; None for a bucket URL."""
+    if "://" in url and not url.startswith("file://"):
+        return None
+    return Path(url[len("file://"):] if url.startswith("file://") else url)
