@@ -20,7 +20,8 @@ each with a meaning (``ControllerConfig``, ``ControllerState``):
 * **Time and cost to finish** ``W`` remaining samples: T = change + W / X, where change is the
   downtime of getting there (0 for the plan running, else a save if something runs, then
   provisioning and start-up if it needs instances not held, else a rejoin of the workers held,
-  which keep their processes; and the reload); C = USD/h x T.
+  which keep their processes; and the reload); C = rent/h x T + egress/h x the training in it
+  (W / x and the work the hits redo: no bytes cross zones while the plan starts or restarts).
 
 * **Finishing by a deadline.** T is what the plan takes on average; a deadline must hold in
   most outcomes, not half of them.  Over its W / x of training the plan is hit N times, N a
@@ -117,6 +118,10 @@ class Outlook:
     hit_s: float                     # training time each hit costs (Costs.hit_s_at its share)
     time_s: float                    # expected time to finish, the change included
     cost_usd: float                  # expected USD to finish
+    # of time_s, what it trains: the work left at its throughput and the work its hits redo; the
+    # change and the hits' restarts pay the rent but no egress (nothing trains: as the ledger and
+    # the replay charge it)
+    training_s: float = math.inf
 
     @property
     def useful_fraction(self) -> float:
@@ -180,8 +185,9 @@ def outlook(option: PlanOption, *, remaining: float, change: float, rates: Mappi
     x = option.throughput_samples_per_s
     eff = x / (1.0 + h * hit_s) if x > 0 else 0.0
     t = change + (remaining / eff if eff > 0 else math.inf)
+    train_s = remaining / x * (1.0 + h * costs.work_lost_s) if eff > 0 else math.inf
     return Outlook(option=option, hits_per_s=h, effective_samples_per_s=eff, change_s=change, hit_s=hit_s, time_s=t,
-                   cost_usd=option.usd_for(t, t - change) if math.isfinite(t) else math.inf)
+                   cost_usd=option.usd_for(t, train_s) if math.isfinite(t) else math.inf, training_s=train_s)
 
 
 def deadline_margin_s(o: Outlook, *, quantile: float, costs: Costs) -> float:

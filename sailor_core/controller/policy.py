@@ -110,7 +110,9 @@ class _Ranking:
     running: PlanOption | None
     held: Mapping[GpuZone, int]
     held_on_demand: Mapping[GpuZone, int]
-    holder: PlanOption | None = None  # whose ranks hold the state (the plan in use, even broken)
+    # whose ranks hold the state: the plan in use, even broken, unless a change under way left it
+    # elsewhere (ControllerState.state_holder)
+    holder: PlanOption | None = None
     lost: Mapping[GpuZone, int] = dataclasses.field(default_factory=dict)  # its GPUs just taken
 
     def of(self, option: PlanOption) -> Outlook:
@@ -123,7 +125,7 @@ class _Ranking:
         """Within the budget left: the expected cost to finish, then the shutdown."""
         if math.isinf(self.state.budget_left_usd):
             return True
-        return o.option.usd_for(o.time_s + self.config.shutdown_s, o.time_s - o.change_s) <= self.state.budget_left_usd
+        return o.option.usd_for(o.time_s + self.config.shutdown_s, o.training_s) <= self.state.budget_left_usd
 
     def in_time(self, o: Outlook) -> bool:
         """Finishes by the deadline at the configured quantile of its preemptions, not just on average."""
@@ -188,7 +190,7 @@ def _ranking(state: ControllerState, config: ControllerConfig, remaining: float,
                     running=current if current is not None and not broken else None,
                     held={k: n for k, n in held.items() if n > 0},
                     held_on_demand=dict(current.on_demand) if current is not None else {},
-                    holder=current, lost=dict(lost))
+                    holder=state.state_holder or current, lost=dict(lost))
 
 
 # ---- strategies ---------------------------------------------------------------

@@ -125,6 +125,10 @@ class ControllerState:
     preemption_share: Mapping[GpuZone, float] = field(default_factory=dict)
     # On-demand GPUs obtainable per pool (empty: spot only); never preempted.
     on_demand_available: Mapping[GpuZone, int] = field(default_factory=dict)
+    # Whose ranks hold the training state when not ``plan``'s: during a change, the interim that
+    # trains while new instances boot, or the last plan that trained while ``plan`` starts (None:
+    # ``plan``'s).  A change's load is from them (``state_load``), as the replay charges it.
+    state_holder: PlanOption | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -215,7 +215,7 @@ class _Replay:
             preemption_rate_per_s=observed_preemption_rates_per_s(
                 self.seen_events, self.t, window_s=rate_window_s(self.t, self.done / setup.samples_target)),
             preemption_share={k: v / self.seen_events[k] for k, v in self.seen_share.items()},
-            on_demand_available=setup.on_demand_available,
+            on_demand_available=setup.on_demand_available, state_holder=self.state_holder(),
         )
         d = decide(state, event, config=setup.config, plan_fn=setup.plan_fn, cost_plan_fn=setup.cost_plan_fn)
         plan_before, planned_on_before = self.plan, self.planned_on
@@ -297,11 +297,21 @@ class _Replay:
         self.phase = "starting"
 
     def holder(self) -> PlanOption | None:
-        """The plan whose ranks hold the state now: the interim once it trains, else the last
-        plan that reached training."""
-        if self.interim is not None and self.t >= self.interim_from:
+        """The plan whose ranks hold the state now: the interim once it trains and until the plan
+        it stands in for reaches training (whose ranks then hold it in their own layout), else the
+        last plan that reached training; None when nothing is held (released instances take their
+        state with them)."""
+        if self.holding is None:
+            return None
+        if self.interim is not None and self.phase == "starting" and self.t >= self.interim_from:
             return self.interim
         return self.trained
+
+    def state_holder(self) -> PlanOption | None:
+        """``holder`` for the controller (``ControllerState.state_holder``) when it is not the plan
+        held: the controller then weighs a change's load from the ranks this replay charges it from."""
+        holder, holding = self.holder(), self.holding
+        return holder if holder is not None and holding is not None and holder is not holding else None
 
     def load_s(self, new: PlanOption, *, holder: PlanOption | None, lost: Mapping[GpuZone, int]) -> float:
         return self.setup.costs.load_for_s(new.plan, holder=holder.plan if holder is not None else None, lost=lost)

@@ -65,6 +65,22 @@ def test_the_expected_cost_and_the_budget_count_egress():
     assert decide(_state(budget), START, config=config, plan_fn=blind).plan.label == "two zones"
 
 
+def test_the_hits_restarts_pay_rent_but_no_egress():
+    # Preempted every 10 min, each hit costing its restart (and, with a 60 s work_lost_s, a minute
+    # of training redone): the expected time counts the restarts, the egress only the training,
+    # the work left at the plan's throughput and the work redone, as the replay and the ledger
+    # charge it (nothing crosses zones while the plan restarts).
+    costs = dataclasses.replace(ControllerConfig().costs, work_lost_s=60.0)
+    o = spanning()
+    rates = {A: 1 / 600.0}
+    look = outlook(o, remaining=SAMPLES, change=0.0, rates=rates, shares={A: 0.25}, costs=costs)
+    hits = look.hits_per_s * SAMPLES / 100.0
+    assert hits == pytest.approx(look.expected_hits) and hits > 0
+    training_s = SAMPLES / 100.0 + hits * 60.0
+    assert look.training_s == pytest.approx(training_s) and look.training_s < look.time_s
+    assert look.cost_usd == pytest.approx((8.0 * look.time_s + 4.0 * training_s) / 3600)
+
+
 def test_the_running_plans_egress_follows_its_measured_throughput():
     from sailor_core.controller.options import with_measured_egress
 

@@ -114,3 +114,31 @@ def test_instances_the_new_plan_releases_take_their_state_with_them():
     # keeping one of the two: the one kept holds the state, the new instance in B receives it
     got = LOAD.load_s(plan((0, NUM_LAYERS, {A: 1, B: 1}, 1)), holder=held, lost={})
     assert got == pytest.approx(p2p_s(shard_bytes(0, NUM_LAYERS), A, B))
+
+
+def test_the_controller_loads_from_whoever_holds_the_state_during_a_change():
+    """A hit while a plan starts: its ranks do not hold the state yet, the interim's do (the
+    replay's ``holder``, passed as ``ControllerState.state_holder``); the controller weighs the
+    load the replay charges for the change, from the interim."""
+    from sailor_core.controller import ControllerConfig, ControllerState
+    from sailor_core.controller.policy import _ranking
+
+    costs = ChangeCosts(provisioning_s=90, startup_s=60, rejoin_s=10, checkpoint_bytes=CKPT,
+                        storage_bw_bytes_per_s=STORAGE_BW)
+    config = ControllerConfig(provisioning_s=costs.provisioning_s, startup_s=costs.new_instance_start_s + costs.load_s,
+                              rejoin_s=costs.rejoin_s + costs.load_s, save_s=costs.save_s, state_load=costs.state_load)
+    starting = PlanOption(gpus={A: 4}, throughput_samples_per_s=4.0, usd_per_hr=4.0, plan=plan((0, NUM_LAYERS, {A: 4}, 1)))
+    interim = PlanOption(gpus={A: 3}, throughput_samples_per_s=3.0, usd_per_hr=3.0, plan=plan((0, NUM_LAYERS, {A: 3}, 1)))
+    new = PlanOption(gpus={A: 3}, throughput_samples_per_s=3.0, usd_per_hr=3.0, plan=plan((0, NUM_LAYERS, {A: 3}, 1)))
+    lost = {A: 1}
+
+    def weighed(state_holder):
+        state = ControllerState(plan=starting, available={A: 3}, samples_target=1e6, state_holder=state_holder)
+        return _ranking(state, config, 1e6, lost=lost, broken=True).of(new).change_s
+
+    # the interim's 3 ranks less the one lost: two adopt their shards, the third receives its own
+    from_interim = costs.load_for_s(new.plan, holder=interim.plan, lost=lost)
+    assert from_interim == pytest.approx(p2p_s(shard_bytes(0, NUM_LAYERS), A, A)) and from_interim > 0
+    assert weighed(interim) == pytest.approx(costs.rejoin_s + from_interim)
+    # read from the plan starting instead (3 of its 4 replicas left, all kept): no load at all
+    assert weighed(None) == pytest.approx(costs.rejoin_s)

@@ -307,3 +307,26 @@ def test_survivors_hand_the_state_over_instead_of_reloading_it(handover):
     assert (r.num_replans, r.num_restarts, r.num_interims) == (2, 1, 1)
     assert r.gpu_s_by_activity["starting"] == pytest.approx(4 * 10 + 2 * (10 + load_s) + 2 * (10 + load_s)
                                                           + 4 * (10 + new_load_s))
+
+
+def test_after_an_interim_the_plan_it_stood_in_for_holds_the_state():
+    from sailor_core.traces import PreemptionEvent
+
+    # 3600: one of 4 GPUs taken, the pool refills: the 3 survivors train on an interim while a
+    # new instance boots, then all 4 (the new rank receives its shard from a peer).  5000: the pool
+    # shrinks to 3, taking one of ours: the 3 left rejoin on GPUs all held.  By then the 4-GPU plan trains and
+    # its 3 survivors keep their shards: nothing to load (the interim, which ran on other ranks'
+    # layout, holds nothing any more).
+    ckpt = checkpoint_bytes_for("opt-350m")
+    costs = ChangeCosts(provisioning_s=100, startup_s=50, rejoin_s=10, checkpoint_bytes=ckpt,
+                        checkpoint_interval_s=1e9, terminate_s=0)
+    trace = build_trace([(0.0, {A: 4}), (5000.0, {A: 3})],
+                        preemptions=[PreemptionEvent(time_s=3600.0, gpu=A[0], zone=A[1], num_gpus=1)])
+    config = controller_config("ours", costs=controller_costs(costs), shutdown_s=costs.shutdown_s)
+    r = replay(trace, policy=ReplayPolicy(config=config, plan_fn=_dp_planner, name="ours"),
+               market=Market(price_fn=ONE_USD), goal=Goal(samples_target=288_000), costs=costs)
+    shard_s = default_network().p2p_time_s(ckpt, Endpoint(gpu=A[0], zone=A[1]), Endpoint(gpu=A[0], zone=A[1]))
+    assert (r.num_replans, r.num_restarts, r.num_interims) == (2, 2, 1)
+    # start: 4 x 10 s; the interim: 3 rejoin (10 s, their own shards); the 4: 10 s and the new
+    # rank's shard; 5000: 3 rejoin, nothing to load
+    assert r.gpu_s_by_activity["starting"] == pytest.approx(4 * 10 + 3 * 10 + 4 * (10 + shard_s) + 3 * 10)
