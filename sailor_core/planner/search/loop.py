@@ -227,7 +227,7 @@ class SearchLoop:
         if ev is not None and ev.res.fits:
             ratio = ev.res.iteration_time_s / parts[0]
             searcher.learn_excess(parts[3], ratio)
-            if searcher.fit_freely is not None and not searcher.polish_met_memory:
+            if searcher.fit_freely is not None and not searcher.memory_limited:
                 searcher.fit_freely[placed_key(mbs, prep[0])] = ratio
         after = searcher.threshold()
         best_after = searcher.top[0].score if searcher.top else math.inf

@@ -127,7 +127,7 @@ class Searcher:
         self.fit_freely: dict[tuple, float] | None = None
         self.skip_shapes: dict[tuple, float] | None = None
         # memory limited the last evaluate_shape's split, or its polish met a plan that does not fit
-        self.polish_met_memory = False
+        self.memory_limited = False
         self.figures = KindFigures(kinds=kinds, model=request.model, regime=request.regime,
                                    max_tp_degree=request.max_tp_degree, gpu_types=self.gpu_types,
                                    num_layers=self.num_layers, memos=self.memos)
@@ -429,7 +429,7 @@ class Searcher:
         # split ignores p2p, sync and warm-up; polishing has gained up to ~20 %, mostly a few %).
         cutoff = self.top[0].score if self.top else math.inf
         gate = 0.25 if len(stages) <= 6 else 0.05  # long pipelines polish only their busiest stage
-        self.polish_met_memory = memory_bound
+        self.memory_limited = memory_bound
         if ev.res.fits and ev.score < cutoff * (1 - gate if cutoff < 0 else 1 + gate):
             ev = self.polish(mbs, stages, ends, ev)
         self.offer(ev)
@@ -486,7 +486,7 @@ class Searcher:
                     continue
                 trial = self.evaluate(mbs, fast_stages(stages, cand))
                 if not trial.res.fits:
-                    self.polish_met_memory = True
+                    self.memory_limited = True
                 if better(trial, best):
                     best, best_ends, found = trial, cand, True
         return (best, best_ends) if found else None
