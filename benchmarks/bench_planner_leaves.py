@@ -123,8 +123,8 @@ def record() -> None:
             calls["rent_and_egress"].append([sim_id(self), micro_batch_size, enc_stages(stages), list(out)])
         return out
 
-    def min_max_split(slots, num_layers, *, lower_bound_s=0.0, rel_tol=5e-3):
-        ends = orig_split(slots, num_layers, lower_bound_s=lower_bound_s, rel_tol=rel_tol)
+    def min_max_split(slots, num_layers, *, lower_bound_s=0.0, rel_tol=5e-3, memory_hits=None):
+        ends = orig_split(slots, num_layers, lower_bound_s=lower_bound_s, rel_tol=rel_tol, memory_hits=memory_hits)
         calls["min_max_split"].append([
             [[kind_ids[id(s.kind)], s.num_microbatches, s.num_inflight, s.dp_degree] for s in slots],
             num_layers, lower_bound_s, rel_tol, ends])

@@ -70,6 +70,8 @@ def _plan_job(request: PlanRequest, *, profiles, network) -> PlanResult:
         network = default_network()
     t0 = time.perf_counter()
     searcher = Searcher(request, profiles=profiles, network=network)
+    if levers.may_search_pays_rungs(request):
+        searcher.fit_freely = {}
     _search_each_type(searcher)
     _search(searcher)
     _widen_degrees(searcher)
@@ -186,6 +188,8 @@ def _search_levers(searcher: Searcher) -> bool:
         sub = Searcher(req, profiles=searcher.profiles, network=searcher.network,
                        kinds=levers.lever_kinds(searcher, rung))
         sub.seed_from(searcher)
+        if not thorough:
+            sub.skip_shapes = searcher.fit_freely
         if thorough:
             _search_each_type(sub)
         _search(sub)

@@ -18,7 +18,17 @@ searches without levers; then, under ``memory_levers``:
   (``PAYS_RUNGS``: selective recomputation with ZeRO-2, full with ZeRO-2; ``rung_request``:
   ``PAYS_BUDGET`` work, ``PAYS_PATIENCE``, no per-type sub-searches), seeded with those plans,
   for the shapes that only fit with a lever (a larger micro-batch, fewer stages, narrower TP)
-  and whose bound beats them (not under a cap or a floor: ZeRO on the best plans only);
+  and whose bound beats them (not under a cap or a floor: ZeRO on the best plans only).  A
+  shape the search without levers fitted with memory limiting neither its split (no pass of
+  ``split.min_max_split`` with a time budget ended a stage for memory) nor its polish is not
+  one: there recomputation only adds time to the split time alone gives, and what ZeRO gains
+  is ``strengthen``'s.  That search notes such shapes (``Searcher.fit_freely``) and the rung
+  searches skip them, each counted as the fruitless evaluation it would have been, with its
+  simulated over bounded time (``loop.SearchLoop._fits_without_levers``): on the AE rows they
+  were most of what the rungs evaluated (all 72 on geo rows 0 and 1), and the patience they
+  spent there now reaches lever-only shapes (docs/benchmarks/planner.md, "lever-only shapes").
+  (Skipping the rung searches outright where no shape whose bound beats the top N was ruled out
+  for memory would fire on one AE row, geo 2, and on none of bench_memory_levers' requests.);
 * ``always``: every rung is searched in full and its plans compete with those without levers
   (search time grows 1.2-11x: docs/benchmarks/planner.md).
 
@@ -80,6 +90,12 @@ def rungs_to_search(searcher: Searcher) -> tuple[tuple[tuple[str, int], ...], bo
         # CPU on gpt-neo-2.7b's cost cap) for no better plan: ZeRO on the best plans only.
         return (() if _limited(req) else PAYS_RUNGS), False
     return LEVER_LADDER, True
+
+
+def may_search_pays_rungs(req) -> bool:
+    """Whether ``pays``' short rung searches can follow the search without levers (where plans
+    fit): then that search notes the shapes it fitted freely, which they skip (module doc)."""
+    return req.memory_levers == LEVERS_PAYS and not _limited(req)
 
 
 def _plain_plans_fit(searcher: Searcher) -> bool:
@@ -245,5 +261,5 @@ def _need(plan: Plan, index: int, chosen, profiles, network, spot: bool) -> str:
 
 
 __all__ = ["LEVERS_ALWAYS", "LEVERS_OFF", "LEVERS_PAYS", "LEVERS_WHEN_NEEDED", "MEMORY_LEVER_MODES",
-           "PAYS_BUDGET", "PAYS_PATIENCE", "PAYS_RUNGS", "lever_kinds", "lever_label", "notes",
+           "PAYS_BUDGET", "PAYS_PATIENCE", "PAYS_RUNGS", "lever_kinds", "lever_label", "may_search_pays_rungs", "notes",
            "num_to_strengthen", "relax", "rung_request", "rungs_to_search", "strengthen"]

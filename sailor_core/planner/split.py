@@ -29,8 +29,11 @@ class StageSlot:
     dp_degree: int = 1  # the stage's replicas (what ZeRO shards over: Kind.max_end)
 
 
-def greedy_split(slots: list[StageSlot], num_layers: int, tau: float) -> list[int] | None:
-    """Stage end indices for bound ``tau`` (``inf`` = memory only), or None if infeasible."""
+def greedy_split(slots: list[StageSlot], num_layers: int, tau: float,
+                 memory_hits: list[int] | None = None) -> list[int] | None:
+    """Stage end indices for bound ``tau`` (``inf`` = memory only), or None if infeasible;
+    ``memory_hits`` (bounded ``tau`` only) gets the start layer of each stage its memory, not its
+    time budget, ended."""
     ends: list[int] = []
     start = 0
     limit = num_layers - len(slots)  # stage i leaves one layer for each later stage
@@ -50,6 +53,8 @@ def greedy_split(slots: list[StageSlot], num_layers: int, tau: float) -> list[in
             fit = kind.max_end(start, slot.num_inflight, slot.dp_degree)
         if fit < end:
             end = fit
+            if memory_hits is not None and bounded:
+                memory_hits.append(start)
         if end <= start:
             return None
         ends.append(end)
@@ -69,8 +74,10 @@ def busiest_s(slots: list[StageSlot], ends: list[int]) -> float:
 
 
 def min_max_split(slots: list[StageSlot], num_layers: int, *, lower_bound_s: float = 0.0,
-                  rel_tol: float = 5e-3) -> list[int] | None:
-    """The split minimising the busiest stage (within ``rel_tol``), or None if nothing fits."""
+                  rel_tol: float = 5e-3, memory_hits: list[int] | None = None) -> list[int] | None:
+    """The split minimising the busiest stage (within ``rel_tol``), or None if nothing fits.
+    ``memory_hits``: see ``greedy_split``; left empty, memory limited no pass with a time budget,
+    so the split is the one time alone gives (to ``rel_tol``)."""
     if len(slots) > num_layers:
         return None
     loose = greedy_split(slots, num_layers, float("inf"))
@@ -84,7 +91,7 @@ def min_max_split(slots: list[StageSlot], num_layers: int, *, lower_bound_s: flo
     # Start from the bound: most splits land within a few percent of it.
     probe = max(lo * 1.02, hi * 0.01)
     while probe < hi:
-        ends = greedy_split(slots, num_layers, probe)
+        ends = greedy_split(slots, num_layers, probe, memory_hits)
         if ends is not None:
             best, hi = ends, busiest_s(slots, ends)
             break
@@ -92,7 +99,7 @@ def min_max_split(slots: list[StageSlot], num_layers: int, *, lower_bound_s: flo
         probe *= 1.25
     while hi - lo > rel_tol * hi:
         mid = 0.5 * (lo + hi)
-        ends = greedy_split(slots, num_layers, mid)
+        ends = greedy_split(slots, num_layers, mid, memory_hits)
         if ends is None:
             lo = mid
         else:

@@ -145,3 +145,58 @@ def test_lever_searches_share_what_the_levers_leave_unchanged_and_answer_the_sam
     plain = shared_kind_cache(req.model, req.seq_len, req.regime, db)
     for levers in LEVER_LADDER:
         assert shared_kind_cache(req.model, req.seq_len, req.regime, db, levers).family_extras is plain.extras
+
+
+@pytest.mark.parametrize("model, gpu", [("opt-350m", "A100-40"), ("gpt-neo-2.7b", "A100-40"), ("opt-2.7b", "T4")])
+def test_a_split_memory_never_limited_is_the_split_time_alone_gives(model, gpu, profiles):
+    # The premise of the lever searches' skip (levers.py): where min_max_split reports no memory
+    # hit, the same kinds with unlimited memory split no better (to its tolerance), so a lever,
+    # which frees memory and adds time, cannot balance that shape better.
+    import dataclasses
+
+    from sailor_core.planner.split import StageSlot, busiest_s, min_max_split
+    from sailor_core.simulator.memory import inflight_microbatches
+
+    cache = shared_kind_cache(model, None, None, profiles)
+    rng = random.Random(35)
+    free_seen = limited_seen = 0
+    for _ in range(60):
+        mbs = rng.choice([1, 2, 4, 8])
+        kind = cache.get(gpu, rng.choice([1, 2, 4]), mbs)
+        if kind is None:
+            continue
+        unlimited = dataclasses.replace(kind, capacity_bytes=10 ** 18, max_end_memo={})
+        num_stages, num_mb = rng.randint(2, 8), rng.choice([8, 32, 128])
+        n = -(-num_mb // rng.choice([1, 2, 4]))
+        slots = [StageSlot(kind=kind, num_microbatches=n, num_inflight=inflight_microbatches(i, num_stages, n))
+                 for i in range(num_stages)]
+        free = [dataclasses.replace(s, kind=unlimited) for s in slots]
+        hits: list[int] = []
+        ends = min_max_split(slots, kind.num_layers, memory_hits=hits)
+        assert ends == min_max_split(slots, kind.num_layers)  # reporting changes nothing
+        free_ends = min_max_split(free, kind.num_layers)
+        if ends is None:  # nothing fits (a memory failure of its own)
+            continue
+        if hits:
+            limited_seen += 1
+        else:
+            free_seen += 1
+            assert busiest_s(slots, ends) <= busiest_s(free, free_ends) * (1 + 1e-2)
+    assert free_seen >= 10 and limited_seen >= 5
+
+
+def test_pays_lever_searches_skip_shapes_that_fit_freely_and_answer_the_same(monkeypatch):
+    """``pays``' short rung searches skip the shapes the search without levers fitted with memory
+    limiting neither split nor polish: the same plans (the lever-only one, one stage of micro-batches
+    of 16 under selective recomputation and ZeRO-2, among them), fewer evaluations."""
+    from sailor_core.planner import kinds, levers
+
+    req = make_request(model="opt-350m", availability={("A100-40", "us-central1-a"): 128}, global_batch_size=1024)
+    kinds._SHARED.clear()
+    skipping = plan_job(req)
+    monkeypatch.setattr(levers, "may_search_pays_rungs", lambda _req: False)  # nothing noted: nothing skipped
+    kinds._SHARED.clear()
+    full = plan_job(req)
+    assert [c.plan for c in skipping.candidates] == [c.plan for c in full.candidates]
+    assert any(s.recompute != "none" for c in skipping.candidates for s in c.plan.stages)
+    assert skipping.num_evaluated < full.num_evaluated

@@ -21,7 +21,7 @@ import math
 
 from sailor_core.planner.search.searcher import Searcher
 from sailor_core.planner.search.shape_bound import ShapeBounds
-from sailor_core.planner.search.shapes import Segment, fast_stages, order_key, orders
+from sailor_core.planner.search.shapes import Segment, fast_stages, order_key, orders, placed_key
 from sailor_core.planner.search.spaces import Space, attach_sorted, build_spaces
 
 # Queue entries: (key, tie, space index, shape, busiest bound, level, level data, score bound, bound parts)
@@ -183,7 +183,10 @@ class SearchLoop:
         on its own bound: the worse one is often never evaluated."""
         _, _, si, shape, tau, _, _, _, parts = entry
         searcher, space = self.searcher, self.spaces[si]
+        skip = searcher.skip_shapes
         for order in orders(shape):
+            if skip and self._fits_without_levers(space.mbs, order, skip):
+                continue
             prep = searcher.prepare(space.mbs, order, tau)
             if prep is None:
                 continue
@@ -198,15 +201,34 @@ class SearchLoop:
                 # shapes mostly miss a limit after the split would run to its budget.
                 self.since_gain += 0.25
 
+    def _fits_without_levers(self, mbs: int, order: tuple[Segment, ...], skip: dict[tuple, float]) -> bool:
+        """A ``pays`` lever search (``Searcher.skip_shapes``): the order is a shape the search
+        without levers fitted with memory limiting neither its split nor its polish, so no lever
+        makes it fit better (levers.py).  It counts as the fruitless evaluation it would have
+        been, with that search's simulated over bounded time for its depth, so the patience stop
+        and the queue's order stay near where they were."""
+        searcher = self.searcher
+        placed = searcher.build_stages(order)
+        ratio = None if placed is None else skip.get(placed_key(mbs, placed))
+        if ratio is None:
+            return False
+        searcher.learn_excess(len(placed), ratio)
+        self.since_gain += 1.0
+        return True
+
     def _evaluate(self, entry: tuple, best_before: float) -> None:
         """Level 2: evaluate (and polish) the split order; patience: the queue's order is an
         estimate, so stop once many evaluations in a row no longer improve the best plan by
         more than 0.1 %."""
         _, _, si, _, tau, _, (order, prep), _, parts = entry
         searcher = self.searcher
-        ev = searcher.evaluate_shape(self.spaces[si].mbs, order, tau, prep)
+        mbs = self.spaces[si].mbs
+        ev = searcher.evaluate_shape(mbs, order, tau, prep)
         if ev is not None and ev.res.fits:
-            searcher.learn_excess(parts[3], ev.res.iteration_time_s / parts[0])
+            ratio = ev.res.iteration_time_s / parts[0]
+            searcher.learn_excess(parts[3], ratio)
+            if searcher.fit_freely is not None and not searcher.memory_limited:
+                searcher.fit_freely[placed_key(mbs, prep[0])] = ratio
         after = searcher.threshold()
         best_after = searcher.top[0].score if searcher.top else math.inf
         if best_after < best_before and (best_before == math.inf or best_before - best_after > 1e-3 * abs(best_before)):

@@ -26,6 +26,7 @@ from sailor_core.planner.search.shapes import (
     fast_stages,
     order_key,
     place_shape,
+    placed_key,
     stages_key,
 )
 from sailor_core.planner.split import StageSlot, busiest_s, min_max_split
@@ -119,6 +120,14 @@ class Searcher:
         self.settled_types: set[str] = set()
         # The data-parallel degrees searched, when not ``dp_space``'s choice (plan_job's widening pass).
         self.dp_space_override: str | None = None
+        # Where a ``pays`` lever search may follow: per ``placed_key`` of each shape whose plan fits
+        # with memory limiting neither its split nor its polish (no lever-only shape, which that
+        # search skips: ``skip_shapes``, levers.py), its simulated over bounded time (``learn_excess``).
+        # Its sub-searches add to the same dict.
+        self.fit_freely: dict[tuple, float] | None = None
+        self.skip_shapes: dict[tuple, float] | None = None
+        # memory limited the last evaluate_shape's split, or its polish met a plan that does not fit
+        self.memory_limited = False
         self.figures = KindFigures(kinds=kinds, model=request.model, regime=request.regime,
                                    max_tp_degree=request.max_tp_degree, gpu_types=self.gpu_types,
                                    num_layers=self.num_layers, memos=self.memos)
@@ -151,7 +160,9 @@ class Searcher:
         or fewer limits) handed this one's kinds and the memos it may share (``SearchMemos``)."""
         memos = self.memos.for_sub_search(self.kinds, self.network, self.num_blocks,
                                           same_availability=request.availability == self.req.availability)
-        return Searcher(request, profiles=self.profiles, network=self.network, kinds=self.kinds, memos=memos)
+        sub = Searcher(request, profiles=self.profiles, network=self.network, kinds=self.kinds, memos=memos)
+        sub.fit_freely = self.fit_freely
+        return sub
 
     def seed_from(self, other: Searcher) -> None:
         """Start from ``other``'s top N (same objective and limits): only plans that beat them matter."""
@@ -367,7 +378,8 @@ class Searcher:
         return out
 
     def prepare(self, mbs: int, shape: tuple[Segment, ...], tau_lb: float):
-        """(stages, ends, busiest-stage time) of the min-max split of one ordered shape, or None."""
+        """(stages, ends, busiest-stage time, whether memory limited the split) of the min-max
+        split of one ordered shape, or None."""
         memo = self.memos.model.prepared
         key = (mbs, order_key(shape))
         if key in memo:
@@ -393,13 +405,14 @@ class Searcher:
                 n = -(-num_mb // d)
                 slots.append(StageSlot(kind=kind, num_microbatches=n,
                                        num_inflight=inflight_microbatches(i, P, n), dp_degree=d))
-            ends = min_max_split(slots, self.num_layers, lower_bound_s=tau_lb)
-            hit = splits[split_key] = (ends, None if ends is None else busiest_s(slots, ends))
-        ends, busiest = hit
+            hits: list[int] = []
+            ends = min_max_split(slots, self.num_layers, lower_bound_s=tau_lb, memory_hits=hits)
+            hit = splits[split_key] = (ends, None if ends is None else busiest_s(slots, ends), bool(hits))
+        ends, busiest, memory_bound = hit
         if ends is None:
             self.stats.memory_failures += 1
             return None
-        return stages, ends, busiest
+        return stages, ends, busiest, memory_bound
 
     # ---- evaluating and polishing a split shape ----------------------------------------------
 
@@ -409,13 +422,14 @@ class Searcher:
             prepared = self.prepare(mbs, shape, tau_lb)
             if prepared is None:
                 return None
-        stages, ends, _ = prepared
+        stages, ends, _, memory_bound = prepared
         self.stats.num_shapes += 1
         ev = self.evaluate(mbs, fast_stages(stages, ends))
         # Polish only shapes that may become the best plan: within a margin of it (the min-max
         # split ignores p2p, sync and warm-up; polishing has gained up to ~20 %, mostly a few %).
         cutoff = self.top[0].score if self.top else math.inf
         gate = 0.25 if len(stages) <= 6 else 0.05  # long pipelines polish only their busiest stage
+        self.memory_limited = memory_bound
         if ev.res.fits and ev.score < cutoff * (1 - gate if cutoff < 0 else 1 + gate):
             ev = self.polish(mbs, stages, ends, ev)
         self.offer(ev)
@@ -471,6 +485,8 @@ class Searcher:
                 if not all(x < y for x, y in zip([0, *cand], cand)) or cand[-1] != best_ends[-1]:
                     continue
                 trial = self.evaluate(mbs, fast_stages(stages, cand))
+                if not trial.res.fits:
+                    self.memory_limited = True
                 if better(trial, best):
                     best, best_ends, found = trial, cand, True
         return (best, best_ends) if found else None

@@ -68,6 +68,12 @@ def stages_key(mbs: int, stages: tuple[FastStage, ...]) -> tuple:
     ))
 
 
+def placed_key(mbs: int, stages: Placed) -> tuple:
+    """What identifies a placed shape under any lever setting: micro-batch size, and per stage its
+    GPU type, TP degree and replicas per zone (the kinds' levers left out)."""
+    return (mbs, tuple((kind.gpu, kind.tp_degree, placed) for kind, placed in stages))
+
+
 def fast_stages(stages: Placed, ends: list[int]) -> tuple[FastStage, ...]:
     """A placed shape split at ``ends`` (each stage's end layer), as fastsim takes it."""
     out, start = [], 0
