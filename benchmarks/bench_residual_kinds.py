@@ -10,6 +10,9 @@
 * Kind 3: the GH-96 OPT-350M profile's forward and backward sums per (TP, mbs): the per-block
   floor at TP 4 that does not shrink with the micro-batch.
 * Kind 4: what the model charges a 2-stage, one-sample iteration, part by part.
+* Kinds 1 and 4: what DeepSpeed's per-iteration work beyond the model's parts would add (the
+  tied matrix's sum were OPT tied, the world barrier and the loss broadcast, ``ReduceGrads``'
+  passes at DP 1, fp32 clipping's passes, the partition's meta sends), from bytes and latencies.
 * Kind 5: the memory model's bytes per extra micro-batch in flight on an H200 (mbs 1) and, with
   ``--saved``, what autograd saves in ``transformers``' models under CPU bf16 autocast (seq 256,
   depth 2 and 4 differenced) beside ``catalog/layers.py`` (a few minutes: full-width models).
@@ -25,12 +28,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from sailor_core.catalog.gpus import get_gpu  # noqa: E402
 from sailor_core.catalog.layers import layer_shapes  # noqa: E402
 from sailor_core.catalog.models import get_model  # noqa: E402
+from sailor_core.network.model import Endpoint, default_network  # noqa: E402
 from sailor_core.plan.types import plan_from_dict  # noqa: E402
 from sailor_core.profiles import default_profile_db  # noqa: E402
 from sailor_core.regimes import get_regime  # noqa: E402
 from sailor_core.simulator import compose, simulate, stage_memory  # noqa: E402
+from sailor_core.simulator import stage as st  # noqa: E402
 from sailor_core.simulator.schedule_reference import blocking_makespan, deepspeed_commands  # noqa: E402
 
 ZONE = "us-central1-a"
@@ -208,12 +214,42 @@ def single_sample_rows() -> None:
         print(f"| {model} {gpu} TP {tp} | {1e3 * result.iteration_time_s:.1f} | {parts} |")
 
 
+def engine_extras_rows() -> None:
+    """What DeepSpeed's pipeline engine does per iteration beyond the model's parts, sized on
+    GH-96 TP 4 OPT-350M plans (kind 1: 4 stages, 32 micro-batches of 1; kind 4: 2 stages, one
+    sample): what each would add, from its bytes on the network model's links and GPU memory."""
+    network = default_network()
+    gpu = get_gpu("GH-96")
+    print("\n| OPT-350M GH-96 TP 4 | iteration ms | the tied matrix's sum, were OPT tied ms | world barrier + "
+          "loss broadcast (fits, no latency floor) ms | ReduceGrads at DP 1 ms | fp32 clipping ms | "
+          "partition meta sends (modelled) ms |")
+    print("|---|---|---|---|---|---|---|")
+    for stages, gbs in ((4, 32), (2, 1)):
+        plan = plan_from_dict(_plan("opt-350m", ["GH-96"] * stages, 4, 1, gbs=gbs))
+        result = simulate(plan)
+        prof = default_profile_db().get("opt-350m", "GH-96", 4, 1, regime="megatron-fp32-adamw")
+        matrix = -(-50304 // 4) * 1024  # Megatron's padded vocabulary x hidden, one TP shard
+        ends = [(ZONE, "GH-96", 4)] * 2
+        tied = st.stage_dp_sync_s(network, matrix * 4, ends)
+        world = [Endpoint(zone=ZONE, gpu="GH-96", num_gpus=1)] * (4 * stages)
+        pipe = [Endpoint(zone=ZONE, gpu="GH-96", num_gpus=1)] * stages
+        sync = network.allreduce_time_s(4, world) + network.allreduce_time_s(8, pipe)
+        biggest = max(st.stage_params(prof, s.layer_start, s.layer_end) for s in plan.stages)
+        reduce_grads = 24 * biggest / gpu.memory_bw_bytes_per_s  # flatten, 1-rank all-reduce, copy back
+        clipping = 12 * biggest / gpu.memory_bw_bytes_per_s  # each gradient's norm, then its scaling
+        src = dst = st.endpoint(ZONE, "GH-96", 4)
+        meta = result.num_microbatches * 2 * (stages - 1) * network.p2p_time_s(64, src, dst)
+        print(f"| {stages} stages, {result.num_microbatches} micro-batches | {1e3 * result.iteration_time_s:.1f} | "
+              f"{1e3 * tied:.2f} | {1e3 * sync:.3f} | {1e3 * reduce_grads:.2f} | {1e3 * clipping:.2f} | {1e3 * meta:.2f} |")
+
+
 if __name__ == "__main__":
     partition_rows()
     schedule_rows()
     buffered_send_rows()
     profile_floor_rows()
     single_sample_rows()
+    engine_extras_rows()
     memory_rows()
     if "--saved" in sys.argv[1:]:
         saved_rows()

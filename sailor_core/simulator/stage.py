@@ -18,7 +18,7 @@ from sailor_core.profiles.types import ModelProfile
 from sailor_core.regimes import TrainingRegime
 from sailor_core.simulator import compose
 from sailor_core.simulator.levers import sharded
-from sailor_core.simulator.memory import dp_synced_params, tied_copy_params
+from sailor_core.simulator.memory import dp_synced_params, embedding_group_params
 from sailor_core.simulator.tables import layer_table
 
 
@@ -156,9 +156,10 @@ def overlapped_dp_ring(sync_s: float, sync_bytes: float, dp_degree: int, tp_degr
 
 def tied_sync_bytes(profile: ModelProfile, regime: TrainingRegime) -> float:
     """Gradient bytes of a tied embedding matrix one GPU of ``profile``'s (GPU, TP) sums in the
-    embedding group of a multi-stage plan: its shard of the matrix (0 for an untied model, or a
-    profile whose head counts a matrix of its own: ``memory.tied_copy_params``)."""
-    return tied_copy_params(profile) * regime.grad_bytes_per_param
+    embedding group of a multi-stage plan: its shard of the matrix (0 for an untied model, a
+    profile whose head counts a matrix of its own, or a framework without the group:
+    ``memory.embedding_group_params``)."""
+    return embedding_group_params(profile) * regime.grad_bytes_per_param
 
 
 def tied_sync_s(network: NetworkModel, tied_bytes: float, members: Sequence[tuple[str, str, int]]) -> float:
