@@ -12,7 +12,8 @@
 * Kind 4: what the model charges a 2-stage, one-sample iteration, part by part.
 * Kinds 1 and 4: what DeepSpeed's per-iteration work beyond the model's parts would add (the
   tied matrix's sum were OPT tied, the world barrier and the loss broadcast, ``ReduceGrads``'
-  passes at DP 1, fp32 clipping's passes, the partition's meta sends), from bytes and latencies.
+  passes at DP 1, fp32 clipping's passes, the partition's meta sends), from bytes and latencies;
+  and, as a sensitivity, what 1 ms per micro-batch and stage of host-side cost would add.
 * Kind 5: the memory model's bytes per extra micro-batch in flight on an H200 (mbs 1) and, with
   ``--saved``, what autograd saves in ``transformers``' models under CPU bf16 autocast (seq 256,
   depth 2 and 4 differenced) beside ``catalog/layers.py`` (a few minutes: full-width models).
@@ -214,6 +215,23 @@ def single_sample_rows() -> None:
         print(f"| {model} {gpu} TP {tp} | {1e3 * result.iteration_time_s:.1f} | {parts} |")
 
 
+def host_cost_rows(cost_s: float = 1e-3) -> None:
+    """A sensitivity, not a fit: what a fixed cost per micro-batch and stage (half on each
+    forward, half on each backward: the engine's Python exposed by its host syncs) adds under
+    DeepSpeed's lock-step schedule, replayed exactly (``blocking_makespan``)."""
+    print(f"\n| GH-96 TP 4, global batch 32 | stages | mbs | iteration s | +{1e3 * cost_s:.0f} ms per micro-batch "
+          "and stage: added s | added % |")
+    print("|---|---|---|---|---|---|")
+    for model, p, mbs in (("opt-350m", 1, 1), ("opt-350m", 2, 1), ("opt-350m", 4, 1), ("opt-350m", 4, 4),
+                          ("gpt-neo-2.7b", 4, 1), ("gpt-neo-2.7b", 8, 1), ("gpt-neo-2.7b", 8, 4)):
+        result = simulate(plan_from_dict(_plan(model, ["GH-96"] * p, 4, mbs)))
+        steps, links = _stages_and_links(result)
+        base = blocking_makespan(steps, result.num_microbatches, links)
+        more = blocking_makespan([(f + cost_s / 2, b + cost_s / 2) for f, b in steps], result.num_microbatches, links)
+        print(f"| {model} | {p} | {mbs} | {result.iteration_time_s:.4f} | {more - base:.4f} | "
+              f"{100 * (more - base) / result.iteration_time_s:+.1f} % |")
+
+
 def engine_extras_rows() -> None:
     """What DeepSpeed's pipeline engine does per iteration beyond the model's parts, sized on
     GH-96 TP 4 OPT-350M plans (kind 1: 4 stages, 32 micro-batches of 1; kind 4: 2 stages, one
@@ -250,6 +268,7 @@ if __name__ == "__main__":
     profile_floor_rows()
     single_sample_rows()
     engine_extras_rows()
+    host_cost_rows()
     memory_rows()
     if "--saved" in sys.argv[1:]:
         saved_rows()
