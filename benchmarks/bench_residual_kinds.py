@@ -10,6 +10,10 @@
 * Kind 3: the GH-96 OPT-350M profile's forward and backward sums per (TP, mbs): the per-block
   floor at TP 4 that does not shrink with the micro-batch.
 * Kind 4: what the model charges a 2-stage, one-sample iteration, part by part.
+* Kinds 1 and 4: what DeepSpeed's per-iteration work beyond the model's parts would add (the
+  tied matrix's sum were OPT tied, the world barrier and the loss broadcast, ``ReduceGrads``'
+  passes at DP 1, fp32 clipping's passes, the partition's meta sends), from bytes and latencies;
+  and, as a sensitivity, what 1 ms per micro-batch and stage of host-side cost would add.
 * Kind 5: the memory model's bytes per extra micro-batch in flight on an H200 (mbs 1) and, with
   ``--saved``, what autograd saves in ``transformers``' models under CPU bf16 autocast (seq 256,
   depth 2 and 4 differenced) beside ``catalog/layers.py`` (a few minutes: full-width models).
@@ -25,12 +29,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from sailor_core.catalog.gpus import get_gpu  # noqa: E402
 from sailor_core.catalog.layers import layer_shapes  # noqa: E402
 from sailor_core.catalog.models import get_model  # noqa: E402
+from sailor_core.network.model import Endpoint, default_network  # noqa: E402
 from sailor_core.plan.types import plan_from_dict  # noqa: E402
 from sailor_core.profiles import default_profile_db  # noqa: E402
 from sailor_core.regimes import get_regime  # noqa: E402
 from sailor_core.simulator import compose, simulate, stage_memory  # noqa: E402
+from sailor_core.simulator import stage as st  # noqa: E402
 from sailor_core.simulator.schedule_reference import blocking_makespan, deepspeed_commands  # noqa: E402
 
 ZONE = "us-central1-a"
@@ -185,9 +192,15 @@ def buffered_send_rows() -> None:
 
 
 def profile_floor_rows() -> None:
+    """The GH-96 OPT-350M profile's forward / backward sums, beside the whole model's arithmetic
+    (``catalog/layers.py``'s FLOPs, backward twice the forward) at the GPU's fp32 peak: at TP 4 the
+    measured time is several times the arithmetic, so these stages are bound by fixed per-op
+    costs (launches, TP latencies, the host), where any host-side work of the engine adds in full."""
     db = default_profile_db()
-    print("\n| GH-96 opt-350m | mbs 1 fwd/bwd ms | mbs 2 | mbs 4 | mbs 8 |")
-    print("|---|---|---|---|---|")
+    shapes = layer_shapes("opt-350m", seq_len=2048, regime="megatron-fp32-adamw")
+    peak = get_gpu("GH-96").peak_fp32_flops
+    print("\n| GH-96 opt-350m | mbs 1 fwd/bwd ms | mbs 2 | mbs 4 | mbs 8 | mbs 1 fwd+bwd at fp32 peak ms |")
+    print("|---|---|---|---|---|---|")
     for tp in (1, 2, 4):
         cells = []
         for mbs in (1, 2, 4, 8):
@@ -195,7 +208,8 @@ def profile_floor_rows() -> None:
             fwd = sum(layer.fwd_s for layer in prof.layers)
             bwd = sum(layer.bwd_s for layer in prof.layers)
             cells.append(f"{1e3 * fwd:.1f} / {1e3 * bwd:.1f}")
-        print(f"| TP {tp} | " + " | ".join(cells) + " |")
+        arithmetic = 3 * sum(s.fwd_flops(1, 2048) for s in shapes) / tp / peak
+        print(f"| TP {tp} | " + " | ".join(cells) + f" | {1e3 * arithmetic:.1f} |")
 
 
 def single_sample_rows() -> None:
@@ -208,12 +222,60 @@ def single_sample_rows() -> None:
         print(f"| {model} {gpu} TP {tp} | {1e3 * result.iteration_time_s:.1f} | {parts} |")
 
 
+def host_cost_rows(cost_s: float = 1e-3) -> None:
+    """A sensitivity, not a fit: what a fixed cost per micro-batch and stage (half on each
+    forward, half on each backward: the engine's Python exposed by its host syncs) adds under
+    DeepSpeed's lock-step schedule, replayed exactly (``blocking_makespan``)."""
+    print(f"\n| GH-96 TP 4, global batch 32 | stages | mbs | iteration s | +{1e3 * cost_s:.0f} ms per micro-batch "
+          "and stage: added s | added % |")
+    print("|---|---|---|---|---|---|")
+    for model, p, mbs in (("opt-350m", 1, 1), ("opt-350m", 2, 1), ("opt-350m", 4, 1), ("opt-350m", 4, 4),
+                          ("gpt-neo-2.7b", 4, 1), ("gpt-neo-2.7b", 8, 1), ("gpt-neo-2.7b", 8, 4)):
+        result = simulate(plan_from_dict(_plan(model, ["GH-96"] * p, 4, mbs)))
+        steps, links = _stages_and_links(result)
+        base = blocking_makespan(steps, result.num_microbatches, links)
+        more = blocking_makespan([(f + cost_s / 2, b + cost_s / 2) for f, b in steps], result.num_microbatches, links)
+        print(f"| {model} | {p} | {mbs} | {result.iteration_time_s:.4f} | {more - base:.4f} | "
+              f"{100 * (more - base) / result.iteration_time_s:+.1f} % |")
+
+
+def engine_extras_rows() -> None:
+    """What DeepSpeed's pipeline engine does per iteration beyond the model's parts, sized on
+    GH-96 TP 4 OPT-350M plans (kind 1: 4 stages, 32 micro-batches of 1; kind 4: 2 stages, one
+    sample): what each would add, from its bytes on the network model's links and GPU memory."""
+    network = default_network()
+    gpu = get_gpu("GH-96")
+    print("\n| OPT-350M GH-96 TP 4 | iteration ms | the tied matrix's sum, were OPT tied ms | world barrier + "
+          "loss broadcast (fits, no latency floor) ms | ReduceGrads at DP 1 ms | fp32 clipping ms | "
+          "partition meta sends (modelled) ms |")
+    print("|---|---|---|---|---|---|---|")
+    for stages, gbs in ((4, 32), (2, 1)):
+        plan = plan_from_dict(_plan("opt-350m", ["GH-96"] * stages, 4, 1, gbs=gbs))
+        result = simulate(plan)
+        prof = default_profile_db().get("opt-350m", "GH-96", 4, 1, regime="megatron-fp32-adamw")
+        matrix = -(-50304 // 4) * 1024  # Megatron's padded vocabulary x hidden, one TP shard
+        ends = [(ZONE, "GH-96", 4)] * 2
+        tied = st.stage_dp_sync_s(network, matrix * 4, ends)
+        world = [Endpoint(zone=ZONE, gpu="GH-96", num_gpus=1)] * (4 * stages)
+        pipe = [Endpoint(zone=ZONE, gpu="GH-96", num_gpus=1)] * stages
+        sync = network.allreduce_time_s(4, world) + network.allreduce_time_s(8, pipe)
+        biggest = max(st.stage_params(prof, s.layer_start, s.layer_end) for s in plan.stages)
+        reduce_grads = 24 * biggest / gpu.memory_bw_bytes_per_s  # flatten, 1-rank all-reduce, copy back
+        clipping = 12 * biggest / gpu.memory_bw_bytes_per_s  # each gradient's norm, then its scaling
+        src = dst = st.endpoint(ZONE, "GH-96", 4)
+        meta = result.num_microbatches * 2 * (stages - 1) * network.p2p_time_s(64, src, dst)
+        print(f"| {stages} stages, {result.num_microbatches} micro-batches | {1e3 * result.iteration_time_s:.1f} | "
+              f"{1e3 * tied:.2f} | {1e3 * sync:.3f} | {1e3 * reduce_grads:.2f} | {1e3 * clipping:.2f} | {1e3 * meta:.2f} |")
+
+
 if __name__ == "__main__":
     partition_rows()
     schedule_rows()
     buffered_send_rows()
     profile_floor_rows()
     single_sample_rows()
+    engine_extras_rows()
+    host_cost_rows()
     memory_rows()
     if "--saved" in sys.argv[1:]:
         saved_rows()

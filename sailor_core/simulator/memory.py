@@ -54,7 +54,11 @@
   ``ceil(V / tp) x embedding width`` more parameters, with their gradients and
   optimizer state (``tied_copy_params``).  A profile whose head layer already
   counts a vocabulary matrix (Sailor's OPT profiles, measured with Megatron's
-  untied head) gets no copy.
+  untied head) gets no copy.  Under DeepSpeed's pipeline engine nothing is summed
+  between the stages (``embedding_group_params``): Sailor's models give the head a
+  matrix of its own, which the last stage holds and syncs over its replicas as any
+  other weight (GPT-Neo's pipeline has no head at all; its profile's last index is a
+  LayerNorm, and the copy it is still counted is an over-estimate left as it was).
 """
 
 from __future__ import annotations
@@ -66,7 +70,7 @@ from functools import lru_cache
 from sailor_core.catalog.models import get_model
 from sailor_core.profiles.types import ModelProfile
 from sailor_core.regimes import TrainingRegime
-from sailor_core.simulator.compose import BLOCKING_P2P_REGIMES
+from sailor_core.simulator.compose import BLOCKING_P2P_REGIMES, ties_embedding_across_stages
 from sailor_core.simulator.levers import recompute_working_bytes, sharded, zero_gather_bytes, zero_shards
 from sailor_core.simulator.tables import LayerTable, layer_table
 
@@ -318,16 +322,25 @@ def stage_params_held(table: LayerTable, layer_start: int, layer_end: int) -> in
     return num_params
 
 
+def embedding_group_params(profile: ModelProfile) -> int:
+    """Parameters of the tied matrix one GPU of ``profile``'s (GPU, TP) sums in the embedding
+    group of a multi-stage plan: its copy (``tied_copy_params``), or 0 under a framework that
+    sums nothing between the first and the last stage (``compose.ties_embedding_across_stages``:
+    DeepSpeed's, whose last stage keeps its matrix as its own)."""
+    return tied_copy_params(profile) if ties_embedding_across_stages(profile.regime) else 0
+
+
 def tied_params_summed_apart(table: LayerTable, layer_start: int, layer_end: int) -> int:
     """Parameters of a tied embedding matrix one GPU holding layers [start, end) sums in the
     embedding group instead of its stage's DP sync: layer 0's matrix on a first stage that does
     not hold the head, the copy on a last stage that does not hold layer 0 (the engine's
-    ``_dp_params``); 0 for a stage holding both (one stage: no embedding group) or neither."""
+    ``_dp_params``); 0 for a stage holding both (one stage: no embedding group) or neither, and
+    without an embedding group (``embedding_group_params``)."""
     if (layer_start == 0) == (layer_end == len(table.output_bytes)):
         return 0
     if layer_start == 0:  # layer 0's parameters include its matrix (a hand-made profile may not)
-        return min(tied_copy_params(table.profile), table.params_cum[1])
-    return tied_copy_params(table.profile)
+        return min(embedding_group_params(table.profile), table.params_cum[1])
+    return embedding_group_params(table.profile)
 
 
 def dp_synced_params(table: LayerTable, layer_start: int, layer_end: int) -> int:

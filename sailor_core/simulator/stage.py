@@ -18,7 +18,7 @@ from sailor_core.profiles.types import ModelProfile
 from sailor_core.regimes import TrainingRegime
 from sailor_core.simulator import compose
 from sailor_core.simulator.levers import sharded
-from sailor_core.simulator.memory import dp_synced_params, tied_copy_params
+from sailor_core.simulator.memory import dp_synced_params, embedding_group_params
 from sailor_core.simulator.tables import layer_table
 
 
@@ -108,7 +108,8 @@ def boundary_wire_bytes(num_bytes: float, tp_src: int, tp_dst: int) -> float:
 
 def dp_sync_bytes(profile: ModelProfile, layer_start: int, layer_end: int, regime: TrainingRegime) -> float:
     """Gradient bytes each data-parallel ring all-reduces: the stage's gradients but a tied
-    matrix, which the embedding group sums (``memory.dp_synced_params``, ``tied_sync_s``).
+    matrix, which the embedding group sums where the framework has one (``memory.dp_synced_params``,
+    ``tied_sync_s``).
 
     ``profile`` is that of the replica with the smallest TP degree: its GPU holds the stage's
     gradient divided by that degree (Sailor's rule for replicas of different TP).
@@ -156,16 +157,18 @@ def overlapped_dp_ring(sync_s: float, sync_bytes: float, dp_degree: int, tp_degr
 
 def tied_sync_bytes(profile: ModelProfile, regime: TrainingRegime) -> float:
     """Gradient bytes of a tied embedding matrix one GPU of ``profile``'s (GPU, TP) sums in the
-    embedding group of a multi-stage plan: its shard of the matrix (0 for an untied model, or a
-    profile whose head counts a matrix of its own: ``memory.tied_copy_params``)."""
-    return tied_copy_params(profile) * regime.grad_bytes_per_param
+    embedding group of a multi-stage plan: its shard of the matrix (0 for an untied model, a
+    profile whose head counts a matrix of its own, or a framework without the group:
+    ``memory.embedding_group_params``)."""
+    return embedding_group_params(profile) * regime.grad_bytes_per_param
 
 
 def tied_sync_s(network: NetworkModel, tied_bytes: float, members: Sequence[tuple[str, str, int]]) -> float:
     """The embedding group's all-reduce of a tied matrix's gradient, after the stages' DP syncs:
     one ring over every replica of the first and the last stage, (zone, GPU, TP degree) each,
-    first stage's replicas then last stage's (``runtime/trainer.py``'s group; Megatron and
-    DeepSpeed sum it between the two stages likewise).  It ends both stages' iteration, so it
+    first stage's replicas then last stage's (``runtime/trainer.py``'s group; Megatron sums it
+    between the two stages likewise; DeepSpeed would through a ``TiedLayerSpec``, which Sailor's
+    models do not declare: ``compose.ties_embedding_across_stages``).  It ends both stages' iteration, so it
     adds to their ``dp_sync_s``.  ``tied_bytes``: ``tied_sync_bytes`` of the thinnest member;
     TP ranks as in ``stage_dp_sync_s``.  Neither stage's DP ring carries the matrix
     (``dp_sync_bytes``), as in the engine."""
