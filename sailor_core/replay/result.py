@@ -62,7 +62,7 @@ class ReplayResult:
     # where the paid GPU-seconds went (GPU_TIME_KINDS): ``training`` over their sum is the useful fraction
     gpu_s_by_activity: Mapping[str, float] = field(default_factory=dict)
     num_interims: int = 0             # changes whose survivors trained while new instances booted
-    egress_usd: float = 0.0           # of ``usd_spent``: the simulator's egress of the iterations trained
+    egress_usd: float = 0.0           # of ``usd_spent``: the simulator's egress of the iterations trained, and the handovers'
     # of ``egress_usd``: the state handed over across zones at the changes (StateLoad.handover_egress)
     handover_egress_usd: float = 0.0
     handover_egress_bytes: float = 0.0

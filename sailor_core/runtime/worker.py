@@ -353,8 +353,7 @@ def _connect(run: _Run, world: int, carry: _Carry) -> None:
     run.trainer = StageTrainer(plan=plan, spec=run.spec, rank=rank, data=run.data, recipe=run.recipe,
                                seed=args.seed, device=run.device, groups=make_groups(plan, rank))
     info = _agreed_checkpoint(args.ckpt_dir, rank) if args.resume and run.storage is not None else None
-    # metered from the handover on: its bytes across zones go out with the first step's (``_train``)
-    run.egress = EgressSlots.of(plan, _MEMORY_SLOT + world, rank)
+    run.egress = EgressSlots.of(plan, _MEMORY_SLOT + world, rank)  # metered from the handover on: see _one_step
     links.meter_zones([r.zone for r in rank_layout(plan)] if run.egress.num_slots else ())
     if info is not None:
         # its own kept state, its peers' (runtime/handover.py) or the checkpoint's files
