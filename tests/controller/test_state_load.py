@@ -212,3 +212,28 @@ def test_the_controller_s_expected_cost_includes_the_handover_it_charges():
     assert hit_usd == pytest.approx(shard_bytes(0, NUM_LAYERS) * price(B, A))
     stormy = outlook(new, remaining=1e4, change=10.0, rates={A: 1e-3}, shares={A: 1.0}, costs=ctl)
     assert stormy.handover_usd == pytest.approx(stormy.hits_per_s * 1e4 / 2.0 * hit_usd)
+
+
+def test_the_budget_test_counts_the_change_s_handover():
+    """A budget that pays an option's rent and training egress to the end, but not the state it
+    must receive across zones first, rules it out."""
+    import dataclasses
+
+    from sailor_core.controller import ControllerConfig, ControllerState
+    from sailor_core.controller.policy import _ranking
+
+    config = ControllerConfig(provisioning_s=90.0, startup_s=70.0, rejoin_s=10.0, save_s=4.0, state_load=LOAD)
+    held = PlanOption(gpus={A: 2}, throughput_samples_per_s=2.0, usd_per_hr=2.0, plan=plan((0, NUM_LAYERS, {A: 2}, 1)))
+    new = PlanOption(gpus={A: 1, B: 1}, throughput_samples_per_s=2.5, usd_per_hr=2.0,
+                     plan=plan((0, NUM_LAYERS, {A: 1, B: 1}, 1)))
+    state = ControllerState(plan=held, available={A: 2, B: 1}, samples_target=1e4)
+
+    def finishes(budget_usd: float) -> bool:
+        rank = _ranking(dataclasses.replace(state, budget_left_usd=budget_usd), config, 1e4, lost={}, broken=False)
+        return rank.finishes(rank.of(new))
+
+    o = _ranking(state, config, 1e4, lost={}, broken=False).of(new)
+    assert o.handover_usd == pytest.approx(LOAD.handover_usd(new.plan, holder=held.plan, lost={})) and o.handover_usd > 0
+    without = new.usd_for(o.time_s + config.shutdown_s, o.training_s)
+    assert not finishes(without + o.handover_usd / 2)
+    assert finishes(without + o.handover_usd * 1.01)
