@@ -21,7 +21,9 @@ each with a meaning (``ControllerConfig``, ``ControllerState``):
   downtime of getting there (0 for the plan running, else a save if something runs, then
   provisioning and start-up if it needs instances not held, else a rejoin of the workers held,
   which keep their processes; and the reload); C = rent/h x T + egress/h x the training in it
-  (W / x and the work the hits redo: no bytes cross zones while the plan starts or restarts).
+  (W / x and the work the hits redo: no bytes cross zones while the plan starts or restarts)
+  + the egress of the state handed over across zones, at the change and at each hit it expects
+  (``StateLoad.handover_usd``, what the replay and the ledger charge too).
 
 * **Finishing by a deadline.** T is what the plan takes on average; a deadline must hold in
   most outcomes, not half of them.  Over its W / x of training the plan is hit N times, N a
@@ -122,6 +124,9 @@ class Outlook:
     # change and the hits' restarts pay the rent but no egress (nothing trains: as the ledger and
     # the replay charge it)
     training_s: float = math.inf
+    # of cost_usd, the egress of the state handed over across zones: at the change and at the
+    # hits expected over the training (``StateLoad.handover_usd``)
+    handover_usd: float = 0.0
 
     @property
     def useful_fraction(self) -> float:
@@ -178,16 +183,31 @@ def change_s(option: PlanOption, *, running: PlanOption | None, held: Mapping[Gp
     return (costs.save_s if running is not None else 0.0) + start_s
 
 
+def change_usd(option: PlanOption, *, running: PlanOption | None, costs: Costs, holder: PlanOption | None = None,
+               lost: Mapping[GpuZone, int] | None = None) -> float:
+    """The egress of ``change_s``'s handover: what ``option``'s ranks receive across zones from
+    those of ``holder`` (less ``lost``); nothing for the plan running or without ``costs.state_load``."""
+    if costs.state_load is None or (running is not None and _same_gpus(option, running)):
+        return 0.0
+    return costs.state_load.handover_usd(option.plan, holder=holder.plan if holder is not None else None,
+                                         lost=lost or {})
+
+
 def outlook(option: PlanOption, *, remaining: float, change: float, rates: Mapping[GpuZone, float],
-            shares: Mapping[GpuZone, float], costs: Costs) -> Outlook:
+            shares: Mapping[GpuZone, float], costs: Costs, change_usd: float = 0.0) -> Outlook:
+    """``option``'s outlook after a change of ``change`` seconds whose handover's egress is ``change_usd``."""
     h = hits_per_s(option, rates=rates, shares=shares)
     hit_s = costs.hit_s_at(share_per_hit(option, rates=rates, shares=shares), option.plan)
     x = option.throughput_samples_per_s
     eff = x / (1.0 + h * hit_s) if x > 0 else 0.0
     t = change + (remaining / eff if eff > 0 else math.inf)
     train_s = remaining / x * (1.0 + h * costs.work_lost_s) if eff > 0 else math.inf
+    handover = change_usd
+    if costs.state_load is not None and h > 0 and math.isfinite(train_s):  # each hit hands over again
+        handover += h * remaining / x * costs.state_load.hit_handover_usd(option.plan)
     return Outlook(option=option, hits_per_s=h, effective_samples_per_s=eff, change_s=change, hit_s=hit_s, time_s=t,
-                   cost_usd=option.usd_for(t, train_s) if math.isfinite(t) else math.inf, training_s=train_s)
+                   cost_usd=option.usd_for(t, train_s) + handover if math.isfinite(t) else math.inf,
+                   training_s=train_s, handover_usd=handover)
 
 
 def deadline_margin_s(o: Outlook, *, quantile: float, costs: Costs) -> float:

@@ -51,28 +51,39 @@ class StateLoad:
         per pool, and less those ``new`` does not keep."""
         if not self.handover or new is None or holder is None:
             return self.storage_load_s
-        kept = _kept(holder, new, lost)
-        survivors = {key: {k: n for k, n in pools.items() if kept.get(k, 0) > 0}
-                     for key, pools in _survivors(holder, lost).items()}
-        peers_s, storage_bytes = 0.0, 0.0
-        for stage in new.stages:
-            key = (stage.layer_start, stage.layer_end)
-            rank_bytes = _rank_bytes(new.model, new.regime, *key, _tp(stage))
-            left = dict(survivors.get((*key, _tp(stage)), {})) if stage.zero_stage == 0 else {}
-            sources = _sources(survivors, *key) if stage.zero_stage == 0 else None
-            from_storage = False
-            for r in stage.replicas:
-                pool = (r.gpu, r.zone)
-                if left.get(pool, 0) > 0 and kept[pool] >= r.tp_degree:  # its own shard survives: adopted
-                    left[pool] -= 1
-                    kept[pool] -= r.tp_degree
-                elif sources is not None:
-                    peers_s = max(peers_s, max(_receive_s(rank_bytes, pools, pool) for pools in sources))
-                else:
-                    from_storage = True
-            # (storage serves each byte once at its aggregate bandwidth, as a full reload does)
-            storage_bytes += rank_bytes * _tp(stage) if from_storage else 0.0
-        return max(peers_s, storage_bytes / self.storage_bw_bytes_per_s)
+        peers_s, from_storage = 0.0, {}
+        for i, stage, r, rank_bytes, sources in _receivers(new, holder, lost):
+            if sources is None:  # (storage serves each byte once at its aggregate bandwidth, as a full reload does)
+                from_storage[i] = rank_bytes * _tp(stage)
+            else:
+                peers_s = max(peers_s, max(_nearest(rank_bytes, pools, (r.gpu, r.zone))[1] for _, _, pools in sources))
+        return max(peers_s, sum(from_storage.values()) / self.storage_bw_bytes_per_s)
+
+    def handover_egress(self, new: Any, *, holder: Any, lost: Mapping[GpuZone, int]) -> dict[tuple[str, str], tuple[float, float]]:
+        """(bytes, USD) per (source zone, destination zone) that ``load_s``'s handover sends across
+        zones: each receiving rank's layers from the holder ``load_s`` weighs them from (a layer
+        once, from the first holder stage that has it), priced per pair by the network model the
+        simulator's egress uses; nothing without the handover or from storage."""
+        if not self.handover or new is None or holder is None:
+            return {}
+        sent: dict[tuple[str, str], float] = {}
+        for _, stage, r, _, sources in _receivers(new, holder, lost):
+            covered: set[int] = set()
+            for lo, hi, pools in sources or ():
+                layers = [i for i in range(max(lo, stage.layer_start), min(hi, stage.layer_end)) if i not in covered]
+                covered.update(layers)
+                if not layers:
+                    continue
+                num_bytes = sum(_rank_bytes(new.model, new.regime, i, i + 1, _tp(stage)) for i in layers)
+                src = _nearest(num_bytes, pools, (r.gpu, r.zone))[0][1]
+                if src != r.zone:
+                    sent[(src, r.zone)] = sent.get((src, r.zone), 0.0) + num_bytes * r.tp_degree
+        net = default_network()
+        return {pair: (n, n * net.egress_usd_per_byte(*pair)) for pair, n in sorted(sent.items())}
+
+    def handover_usd(self, new: Any, *, holder: Any, lost: Mapping[GpuZone, int]) -> float:
+        """What ``handover_egress`` costs in all."""
+        return sum(usd for _, usd in self.handover_egress(new, holder=holder, lost=lost).values())
 
     def hit_load_s(self, plan: Any) -> float:
         """The load after a hit on ``plan`` that takes one replica of its largest stage: the
@@ -83,12 +94,50 @@ class StateLoad:
         return _hit_load_s(self, plan)
 
 
+    def hit_handover_usd(self, plan: Any) -> float:
+        """The egress of ``hit_load_s``'s handover."""
+        if not self.handover or plan is None:
+            return 0.0
+        return _hit_handover_usd(self, plan)
+
+
+def _hit(plan: Any) -> dict[GpuZone, int]:
+    """The GPUs a hit on ``plan`` takes (``hit_load_s``'s): one replica of its largest stage."""
+    stage = max(plan.stages, key=lambda s: (s.layer_end - s.layer_start) / _tp(s))
+    r = stage.replicas[0]
+    return {(r.gpu, r.zone): r.tp_degree}
+
+
 @lru_cache(maxsize=4096)
 def _hit_load_s(load: StateLoad, plan: Any) -> float:
     """``StateLoad.hit_load_s``, kept: every re-plan weighs it for each option (a plan's own)."""
-    stage = max(plan.stages, key=lambda s: (s.layer_end - s.layer_start) / _tp(s))
-    r = stage.replicas[0]
-    return load.load_s(plan, holder=plan, lost={(r.gpu, r.zone): r.tp_degree})
+    return load.load_s(plan, holder=plan, lost=_hit(plan))
+
+
+@lru_cache(maxsize=4096)
+def _hit_handover_usd(load: StateLoad, plan: Any) -> float:
+    return load.handover_usd(plan, holder=plan, lost=_hit(plan))
+
+
+def _receivers(new: Any, holder: Any, lost: Mapping[GpuZone, int]):
+    """``new``'s replicas that receive their state, as (stage index, stage, replica, one rank's
+    bytes, the (layer start, end, pools) of the surviving holders of its layers, None when some
+    no survivor holds: from storage); a replica whose own shard survives adopts it instead."""
+    kept = _kept(holder, new, lost)
+    survivors = {key: {k: n for k, n in pools.items() if kept.get(k, 0) > 0}
+                 for key, pools in _survivors(holder, lost).items()}
+    for i, stage in enumerate(new.stages):
+        key = (stage.layer_start, stage.layer_end)
+        rank_bytes = _rank_bytes(new.model, new.regime, *key, _tp(stage))
+        left = dict(survivors.get((*key, _tp(stage)), {})) if stage.zero_stage == 0 else {}
+        sources = _sources(survivors, *key) if stage.zero_stage == 0 else None
+        for r in stage.replicas:
+            pool = (r.gpu, r.zone)
+            if left.get(pool, 0) > 0 and kept[pool] >= r.tp_degree:  # its own shard survives: adopted
+                left[pool] -= 1
+                kept[pool] -= r.tp_degree
+            else:
+                yield i, stage, r, rank_bytes, sources
 
 
 def _tp(stage: Any) -> int:
@@ -138,22 +187,26 @@ def _rank_bytes(model: str, regime: str | None, layer_start: int, layer_end: int
 
 
 def _sources(survivors: Mapping[tuple[int, int, int], Mapping[GpuZone, int]], layer_start: int,
-             layer_end: int) -> list[frozenset[GpuZone]] | None:
-    """The pools holding surviving replicas of each holder stage that ``[layer_start, layer_end)``
-    overlaps; None when some of those layers no survivor holds."""
+             layer_end: int) -> list[tuple[int, int, frozenset[GpuZone]]] | None:
+    """(layer start, end, pools holding surviving replicas) of each holder stage that
+    ``[layer_start, layer_end)`` overlaps; None when some of those layers no survivor holds."""
     sources, covered = [], set()
     for (lo, hi, _), pools in survivors.items():
         held = frozenset(k for k, n in pools.items() if n > 0)
         if held and lo < layer_end and layer_start < hi:
-            sources.append(held)
+            sources.append((lo, hi, held))
             covered.update(range(max(lo, layer_start), min(hi, layer_end)))
     return sources if len(covered) == layer_end - layer_start else None
 
 
 @lru_cache(maxsize=4096)
-def _receive_s(num_bytes: float, holders: frozenset[GpuZone], pool: GpuZone) -> float:
-    """One rank in ``pool`` receiving ``num_bytes`` from the nearest of ``holders`` (the network
-    model's link; the whole shard over it, though a shard spanning stages comes from several)."""
+def _nearest(num_bytes: float, holders: frozenset[GpuZone], pool: GpuZone) -> tuple[GpuZone, float]:
+    """The holder a rank in ``pool`` receives ``num_bytes`` from, and the seconds it takes (the
+    network model's link; the whole shard over it, though a shard spanning stages comes from
+    several): the nearest of those in its own zone, as the runtime prefers them (no egress),
+    else the nearest of all."""
     net = default_network()
     dst = Endpoint(gpu=pool[0], zone=pool[1])
-    return min(net.p2p_time_s(num_bytes, Endpoint(gpu=g, zone=z), dst) for g, z in sorted(holders))
+    candidates = [h for h in sorted(holders) if h[1] == pool[1]] or sorted(holders)
+    return min(((h, net.p2p_time_s(num_bytes, Endpoint(gpu=h[0], zone=h[1]), dst)) for h in candidates),
+               key=lambda c: c[1])

@@ -64,6 +64,11 @@ class ChangeCosts:
             return self.load_s
         return self.state_load.load_s(new, holder=holder, lost=lost)
 
+    def handover_egress_for(self, new: Any, *, holder: Any,
+                            lost: Mapping[GpuZone, int]) -> dict[tuple[str, str], tuple[float, float]]:
+        """(bytes, USD) per zone pair that ``load_for_s``'s handover sends across zones."""
+        return self.state_load.handover_egress(new, holder=holder, lost=lost)
+
     @property
     def shutdown_s(self) -> float:
         """Paid after the decision to stop: the final checkpoint, then termination."""

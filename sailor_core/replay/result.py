@@ -62,7 +62,10 @@ class ReplayResult:
     # where the paid GPU-seconds went (GPU_TIME_KINDS): ``training`` over their sum is the useful fraction
     gpu_s_by_activity: Mapping[str, float] = field(default_factory=dict)
     num_interims: int = 0             # changes whose survivors trained while new instances booted
-    egress_usd: float = 0.0           # of ``usd_spent``: the simulator's egress of the iterations trained
+    egress_usd: float = 0.0           # of ``usd_spent``: the simulator's egress of the iterations trained, and the handovers'
+    # of ``egress_usd``: the state handed over across zones at the changes (StateLoad.handover_egress)
+    handover_egress_usd: float = 0.0
+    handover_egress_bytes: float = 0.0
 
     def to_dict(self, *, with_timeline: bool = False) -> dict:
         out = {
@@ -76,7 +79,9 @@ class ReplayResult:
             "usd_by_gpu_zone": dict(self.usd_by_gpu_zone), "planner_calls": self.planner_calls,
             "usd_by_market": dict(self.usd_by_market), "num_declined": self.num_declined,
             "gpu_s_by_activity": dict(self.gpu_s_by_activity), "num_interims": self.num_interims,
-        } | ({"egress_usd": self.egress_usd} if self.egress_usd else {})
+        } | ({"egress_usd": self.egress_usd} if self.egress_usd else {}) \
+            | ({"handover_egress_usd": self.handover_egress_usd, "handover_egress_bytes": self.handover_egress_bytes}
+               if self.handover_egress_bytes else {})
         if with_timeline:
             out["timeline"] = [
                 {"time_s": p.time_s, "gpus_by_type": dict(p.gpus_by_type),

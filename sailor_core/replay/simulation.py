@@ -288,6 +288,12 @@ class _Replay:
         self.interim = None
         if needs_vms:
             self.plan_interim(new, held, switch_at, holder=holder, lost=lost)
+        if self.interim is not None:  # the survivors load the interim's layout, then the new plan loads from it
+            if self.ckpt_done > 0:
+                self.charge_handover(self.interim, holder=holder, lost=lost)
+            self.charge_handover(new, holder=self.interim, lost={})
+        elif self.ckpt_done > 0:
+            self.charge_handover(new, holder=holder, lost=lost)
         if self.launched:
             self.num_replans += 1
             self.num_restarts += after_loss or self.pending_restart
@@ -315,6 +321,14 @@ class _Replay:
 
     def load_s(self, new: PlanOption, *, holder: PlanOption | None, lost: Mapping[GpuZone, int]) -> float:
         return self.setup.costs.load_for_s(new.plan, holder=holder.plan if holder is not None else None, lost=lost)
+
+    def charge_handover(self, new: PlanOption, *, holder: PlanOption | None, lost: Mapping[GpuZone, int]) -> None:
+        """The egress of the state ``new``'s ranks receive across zones from ``holder``'s, charged
+        when the change is decided (as the controller's expected cost counts it)."""
+        pairs = self.setup.costs.handover_egress_for(new.plan, holder=holder.plan if holder is not None else None,
+                                                     lost=lost)
+        for (src, dst), (num_bytes, usd) in pairs.items():
+            self.ledger.charge_egress(src, dst, num_bytes=num_bytes, usd=usd, at_s=self.t)
 
     def plan_interim(self, new: PlanOption, held: Mapping[GpuZone, int], switch_at: float, *,
                      holder: PlanOption | None, lost: Mapping[GpuZone, int]) -> None:
@@ -517,11 +531,14 @@ class _Replay:
                        "provisioning": self.provisioning_gpu_s, "starting": self.starting_gpu_s}
         by_activity["other"] = max(0.0, paid_gpu_s - sum(by_activity.values()))
         assert tuple(by_activity) == GPU_TIME_KINDS
+        # (the training's egress is charged as the simulator's, per plan; the handovers' per zone pair)
+        handover = [v for pair, v in ledger.egress_by_pair().items() if pair != SIMULATED_PAIR]
         return ReplayResult(
             policy=policy, finished=self.finished_at is not None, stop_reason=self.stop_reason,
             time_to_train_s=self.finished_at, end_s=end_s,
             samples_done=self.done, samples_target=self.setup.samples_target,
             usd_spent=ledger.spent_usd(end_s), budget_usd=budget_usd, egress_usd=ledger.egress_usd(),
+            handover_egress_usd=sum(usd for _, usd in handover), handover_egress_bytes=sum(n for n, _ in handover),
             useful_work_fraction=useful_gpu_s / paid_gpu_s if paid_gpu_s > 0 else 0.0,
             num_replans=self.num_replans, num_restarts=self.num_restarts, num_preemptions_hit=self.num_hits,
             work_lost_samples=self.lost_samples, wait_s=self.wait_s,

@@ -5,7 +5,9 @@ worker adds its count to the step's status vector, whose all-reduce already runs
 in one slot per (source zone, destination zone) of the plan's zones.  After the all-reduce
 every slot holds the job's bytes of that pair in the step; rank 0 writes them in its metrics
 line (``egress_bytes``: ``[[src, dst, bytes], ...]``), which its agent forwards
-(``job/protocol.py``, ``AgentStatus.egress``) and the flow prices per pair.
+(``job/protocol.py``, ``AgentStatus.egress``) and the flow prices per pair.  The first step's
+slots also carry the state handed over at the resume (``runtime/handover.py``: the worker meters
+from before it).
 """
 
 from __future__ import annotations

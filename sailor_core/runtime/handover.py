@@ -4,8 +4,10 @@ from the ranks that hold them, over the job's network, instead of reading the ch
 When a plan changes, the workers that park (``runtime/park.py``) keep their shard of the state
 at the checkpoint's step (``stage_checkpoint.KeptState``).  At the next generation's resume every
 rank says what it holds and what it needs (one ``all_gather_object``), every rank computes the
-same schedule from that, the holders send their TP shards point-to-point over a gloo group of the
-whole world (the default group on CPU), and each receiver puts the full per-layer tensors
+same schedule from that (a holder in the receiver's zone preferred: no egress), the holders send
+their TP shards point-to-point over a gloo group of the whole world (the default group on CPU)
+through the engine's links (``runtime/links.py``), whose meter counts what crosses zones (the
+worker reports it with its first step's bytes, ``runtime/egress_meter.py``), and each receiver puts the full per-layer tensors
 together and takes its shard of them exactly as from the checkpoint's files
 (``stage_checkpoint.load_states``): the result is bit for bit a reload.  A full tensor is put
 together from the shards of one TP set (every TP rank of a replica of the old plan; a replicated
@@ -21,12 +23,15 @@ the checkpoint's meta, which every rank reads anyway to agree on the step (a few
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
+from sailor_core.plan.layout import rank_layout
 from sailor_core.runtime import checkpoint as ckpt
+from sailor_core.runtime import links
 from sailor_core.runtime.model import TIED
 from sailor_core.runtime.stage_checkpoint import KeptState, adopt, can_adopt, load, load_states
 from sailor_core.runtime.tp import shard_range
@@ -108,10 +113,12 @@ def needs(trainer: StageTrainer) -> list[Need]:
     return list(out.values())
 
 
-def plan_schedule(all_offers: list[list[Offer]], all_needs: list[list[Need]]) -> Schedule:
+def plan_schedule(all_offers: list[list[Offer]], all_needs: list[list[Need]],
+                  zones: Sequence[str] | None = None) -> Schedule:
     """The same schedule on every rank: each rank with needs is served when every one of them has a
-    complete TP set of holders (itself preferred, then the least loaded holder, then the lowest rank);
-    otherwise it reads the checkpoint.  Pure: no torch.distributed."""
+    complete TP set of holders (itself preferred, then a holder in its zone, ``zones[r]`` rank r's:
+    no egress, and the nearer link; then the least loaded holder, then the lowest rank); otherwise
+    it reads the checkpoint.  Pure: no torch.distributed."""
     held: dict[tuple[int, str], dict[int, dict[int, list[tuple[int, Offer]]]]] = {}
     for rank, items in enumerate(all_offers):
         for o in items:
@@ -120,7 +127,7 @@ def plan_schedule(all_offers: list[list[Offer]], all_needs: list[list[Need]]) ->
     load_bytes = [0] * len(all_offers)
     sources, transfers = {}, []
     for rank, wanted in enumerate(all_needs):
-        picks = [_pick(held.get((n.layer, n.name), {}), n, rank, load_bytes) for n in wanted]
+        picks = [_pick(held.get((n.layer, n.name), {}), n, rank, load_bytes, zones) for n in wanted]
         if not wanted or any(p is None for p in picks):
             continue
         for need, (degree, parts) in zip(wanted, picks):
@@ -132,14 +139,14 @@ def plan_schedule(all_offers: list[list[Offer]], all_needs: list[list[Need]]) ->
     return Schedule(sources=sources, transfers=tuple(transfers))
 
 
-def _pick(by_degree: dict, need: Need, rank: int, load_bytes: list[int]):
+def _pick(by_degree: dict, need: Need, rank: int, load_bytes: list[int], zones: Sequence[str] | None):
     """(TP degree, ((TP rank, holder, offer), ...)) of a complete set for ``need``, or None."""
     complete = []
     for degree in sorted(by_degree):
         wanted = [0] if need.shard_dim is None else list(range(degree))
         if not all(t in by_degree[degree] for t in wanted):
             continue
-        parts = tuple((t, *_holder(by_degree[degree][t], rank, load_bytes)) for t in wanted)
+        parts = tuple((t, *_holder(by_degree[degree][t], rank, load_bytes, zones)) for t in wanted)
         if len({o.fields for _, _, o in parts}) != 1 or not _fits(need, degree, parts):
             continue
         complete.append((sum(src != rank for _, src, _ in parts), degree, parts))
@@ -149,11 +156,13 @@ def _pick(by_degree: dict, need: Need, rank: int, load_bytes: list[int]):
     return degree, parts
 
 
-def _holder(candidates: list[tuple[int, Offer]], rank: int, load_bytes: list[int]) -> tuple[int, Offer]:
+def _holder(candidates: list[tuple[int, Offer]], rank: int, load_bytes: list[int],
+            zones: Sequence[str] | None) -> tuple[int, Offer]:
     for src, offer in candidates:
         if src == rank:
             return src, offer
-    return min(candidates, key=lambda c: (load_bytes[c[0]], c[0]))
+    away = (lambda src: zones[src] != zones[rank]) if zones is not None else (lambda src: False)
+    return min(candidates, key=lambda c: (away(c[0]), load_bytes[c[0]], c[0]))
 
 
 def _fits(need: Need, degree: int, parts) -> bool:
@@ -182,7 +191,8 @@ def resume(trainer: StageTrainer, kept: KeptState | None, info: ckpt.CheckpointI
     mine = offers(kept, info, trainer.spec)
     gathered: list = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, (mine, [] if own else needs(trainer)))
-    schedule = plan_schedule([g[0] for g in gathered], [g[1] for g in gathered])
+    schedule = plan_schedule([g[0] for g in gathered], [g[1] for g in gathered],
+                             [r.zone for r in rank_layout(trainer.plan)])
     rank = dist.get_rank()
     received = _exchange(schedule.transfers, rank, kept) if schedule.transfers else {}
     if own:
@@ -204,7 +214,8 @@ def _own_tensors(kept: KeptState) -> dict[tuple[int, str], dict[str, torch.Tenso
 
 def _exchange(transfers: tuple[Transfer, ...], rank: int, kept: KeptState | None) -> dict:
     """Post this rank's sends and receives of the schedule, wait for them; what it received, by
-    (layer, name, TP rank, field).  Gloo everywhere: a GPU plan's default group is NCCL."""
+    (layer, name, TP rank, field).  Gloo everywhere: a GPU plan's default group is NCCL.  The
+    engine's transfers (``runtime/links.py``) meter what crosses zones, as the training's do."""
     group = None if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
     own = _own_tensors(kept) if kept is not None else {}
     works, keep_alive, received = [], [], {}
@@ -213,11 +224,11 @@ def _exchange(transfers: tuple[Transfer, ...], rank: int, kept: KeptState | None
         if t.dst == rank:
             buf = torch.empty(o.shape, dtype=getattr(torch, o.dtype))
             received[(o.layer, o.name, o.tp_rank, t.field)] = buf
-            works.append(dist.irecv(buf, src=t.src, group=group, tag=tag))
+            works.append(links.irecv(buf, t.src, tag, group))
         elif t.src == rank:
             data = own[(o.layer, o.name)][t.field].detach().cpu().contiguous()
             keep_alive.append(data)
-            works.append(dist.isend(data, dst=t.dst, group=group, tag=tag))
+            works.append(links.isend(data, t.dst, tag, group))
     for w in works:
         w.wait()
     return received

@@ -353,6 +353,8 @@ def _connect(run: _Run, world: int, carry: _Carry) -> None:
     run.trainer = StageTrainer(plan=plan, spec=run.spec, rank=rank, data=run.data, recipe=run.recipe,
                                seed=args.seed, device=run.device, groups=make_groups(plan, rank))
     info = _agreed_checkpoint(args.ckpt_dir, rank) if args.resume and run.storage is not None else None
+    run.egress = EgressSlots.of(plan, _MEMORY_SLOT + world, rank)  # metered from the handover on: see _one_step
+    links.meter_zones([r.zone for r in rank_layout(plan)] if run.egress.num_slots else ())
     if info is not None:
         # its own kept state, its peers' (runtime/handover.py) or the checkpoint's files
         run.state_from = state_handover.resume(run.trainer, carry.kept, info, run.storage)
@@ -413,8 +415,6 @@ def _train(run: _Run) -> int:
     args, trainer, metrics = run.args, run.trainer, run.metrics
     preempt_file = settings.preempt_file()
     world = dist.get_world_size()
-    run.egress = EgressSlots.of(run.plan, _MEMORY_SLOT + world, run.rank)
-    links.meter_zones([r.zone for r in rank_layout(run.plan)] if run.egress.num_slots else ())
     status = _status_vector(run.device, world + run.egress.num_slots)
     while trainer.step < args.steps:
         stop_any = _one_step(run, status, preempt_file)

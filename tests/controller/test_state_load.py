@@ -142,3 +142,98 @@ def test_the_controller_loads_from_whoever_holds_the_state_during_a_change():
     assert weighed(interim) == pytest.approx(costs.rejoin_s + from_interim)
     # read from the plan starting instead (3 of its 4 replicas left, all kept): no load at all
     assert weighed(None) == pytest.approx(costs.rejoin_s)
+
+
+# ---- the handover's bytes across zones and what they cost (StateLoad.handover_egress)
+
+def price(src, dst) -> float:
+    return default_network().egress_usd_per_byte(src[1], dst[1])
+
+
+def test_a_new_rank_in_a_zone_without_holders_is_charged_its_shard_across_zones():
+    held = plan((0, NUM_LAYERS, {A: 2}, 1))
+    got = LOAD.handover_egress(plan((0, NUM_LAYERS, {A: 1, B: 1}, 1)), holder=held, lost={})
+    num_bytes = shard_bytes(0, NUM_LAYERS)
+    assert got == {(A[1], B[1]): (pytest.approx(num_bytes), pytest.approx(num_bytes * price(A, B)))}
+    assert LOAD.handover_usd(plan((0, NUM_LAYERS, {A: 1, B: 1}, 1)), holder=held, lost={}) > 0
+    # a TP-2 replica's two ranks each receive their half
+    held_tp = plan((0, NUM_LAYERS, {A: 2}, 2))
+    got_tp = LOAD.handover_egress(plan((0, NUM_LAYERS, {A: 1, B: 1}, 2)), holder=held_tp, lost={})
+    assert got_tp[(A[1], B[1])][0] == pytest.approx(2 * shard_bytes(0, NUM_LAYERS, 2))
+
+
+def test_nothing_crosses_zones_where_a_holder_shares_the_receiver_s_zone():
+    held = plan((0, NUM_LAYERS, {A: 1, B: 1}, 1))
+    assert LOAD.handover_egress(plan((0, NUM_LAYERS, {A: 1, B: 2}, 1)), holder=held, lost={}) == {}
+    # from storage (no survivor holds the layers) or without the handover: no egress either
+    assert LOAD.handover_egress(plan((0, NUM_LAYERS, {B: 2}, 1)), holder=plan((0, NUM_LAYERS, {A: 1}, 1)),
+                                lost={A: 1}) == {}
+    off = StateLoad(storage_load_s=LOAD.storage_load_s, storage_bw_bytes_per_s=STORAGE_BW, handover=False)
+    assert off.handover_egress(plan((0, NUM_LAYERS, {A: 1, B: 1}, 1)), holder=plan((0, NUM_LAYERS, {A: 2}, 1)),
+                               lost={}) == {}
+
+
+def test_a_same_zone_holder_is_preferred_even_where_the_model_s_cross_zone_link_is_faster():
+    # Sailor's measured fits make an A100's link from us-central1-b to us-central1-a faster than
+    # within us-central1-a; the runtime still takes the same-zone holder (no egress), and so does the load
+    a, b = ("A100-40", "us-central1-a"), ("A100-40", "us-central1-b")
+    num_bytes = shard_bytes(0, NUM_LAYERS)
+    assert p2p_s(num_bytes, b, a) < p2p_s(num_bytes, a, a)
+    held, new = plan((0, NUM_LAYERS, {a: 1, b: 1}, 1)), plan((0, NUM_LAYERS, {a: 2, b: 1}, 1))
+    assert LOAD.load_s(new, holder=held, lost={}) == pytest.approx(p2p_s(num_bytes, a, a))
+    assert LOAD.handover_egress(new, holder=held, lost={}) == {}
+
+
+def test_a_shard_spanning_holder_stages_is_charged_each_layer_once():
+    held = plan((0, HALF, {A: 1}, 1), (HALF, NUM_LAYERS, {A: 1}, 1))
+    new = plan((0, NUM_LAYERS, {A: 1, B: 1}, 1))  # PP 2 -> 1, one replica kept in A, one new in B
+    got = LOAD.handover_egress(new, holder=held, lost={})
+    # B's rank receives each half once, from its holder stage in A (the load weighs the whole over each link)
+    assert got[(A[1], B[1])][0] == pytest.approx(shard_bytes(0, HALF) + shard_bytes(HALF, NUM_LAYERS))
+
+
+def test_the_controller_s_expected_cost_includes_the_handover_it_charges():
+    """The change's handover egress and each expected hit's are in an option's cost, and in the
+    budget test, as the replay charges them."""
+    from sailor_core.controller.economics import change_usd, outlook
+
+    ctl = Costs(save_s=0.0, provisioning_s=90.0, startup_s=70.0, rejoin_s=10.0, work_lost_s=0.0, state_load=LOAD)
+    held = PlanOption(gpus={A: 2}, throughput_samples_per_s=2.0, usd_per_hr=2.0, plan=plan((0, NUM_LAYERS, {A: 2}, 1)))
+    new = PlanOption(gpus={A: 1, B: 1}, throughput_samples_per_s=2.0, usd_per_hr=2.0,
+                     plan=plan((0, NUM_LAYERS, {A: 1, B: 1}, 1)))
+    usd = change_usd(new, running=held, costs=ctl, holder=held, lost={})
+    assert usd == pytest.approx(LOAD.handover_usd(new.plan, holder=held.plan, lost={})) and usd > 0
+    assert change_usd(held, running=held, costs=ctl, holder=held, lost={}) == 0.0  # no change
+    calm = dict(remaining=1e4, change=10.0, rates={}, shares={}, costs=ctl)
+    assert outlook(new, change_usd=usd, **calm).cost_usd == pytest.approx(outlook(new, **calm).cost_usd + usd)
+    # a hit on the two-zone plan takes its replica in A (its only stage's first); the replacement
+    # receives from B across zones: each expected hit adds that
+    hit_usd = LOAD.hit_handover_usd(new.plan)
+    assert hit_usd == pytest.approx(shard_bytes(0, NUM_LAYERS) * price(B, A))
+    stormy = outlook(new, remaining=1e4, change=10.0, rates={A: 1e-3}, shares={A: 1.0}, costs=ctl)
+    assert stormy.handover_usd == pytest.approx(stormy.hits_per_s * 1e4 / 2.0 * hit_usd)
+
+
+def test_the_budget_test_counts_the_change_s_handover():
+    """A budget that pays an option's rent and training egress to the end, but not the state it
+    must receive across zones first, rules it out."""
+    import dataclasses
+
+    from sailor_core.controller import ControllerConfig, ControllerState
+    from sailor_core.controller.policy import _ranking
+
+    config = ControllerConfig(provisioning_s=90.0, startup_s=70.0, rejoin_s=10.0, save_s=4.0, state_load=LOAD)
+    held = PlanOption(gpus={A: 2}, throughput_samples_per_s=2.0, usd_per_hr=2.0, plan=plan((0, NUM_LAYERS, {A: 2}, 1)))
+    new = PlanOption(gpus={A: 1, B: 1}, throughput_samples_per_s=2.5, usd_per_hr=2.0,
+                     plan=plan((0, NUM_LAYERS, {A: 1, B: 1}, 1)))
+    state = ControllerState(plan=held, available={A: 2, B: 1}, samples_target=1e4)
+
+    def finishes(budget_usd: float) -> bool:
+        rank = _ranking(dataclasses.replace(state, budget_left_usd=budget_usd), config, 1e4, lost={}, broken=False)
+        return rank.finishes(rank.of(new))
+
+    o = _ranking(state, config, 1e4, lost={}, broken=False).of(new)
+    assert o.handover_usd == pytest.approx(LOAD.handover_usd(new.plan, holder=held.plan, lost={})) and o.handover_usd > 0
+    without = new.usd_for(o.time_s + config.shutdown_s, o.training_s)
+    assert not finishes(without + o.handover_usd / 2)
+    assert finishes(without + o.handover_usd * 1.01)

@@ -15,10 +15,13 @@ from pathlib import Path
 import pytest
 
 from sailor_core import settings
+from sailor_core.catalog.layers import layer_shapes
+from sailor_core.catalog.models import get_model
 from sailor_core.job.protocol import AgentAction, AgentAssignment, AgentState, write_assignment
 from sailor_core.runtime.recipe import Recipe
 from sailor_core.runtime.reference import train_reference
 from sailor_core.job.protocol import EXIT_PREEMPTED
+from sailor_core.plan.types import plan_from_dict
 
 from sailor_core.ports import free_port
 from tests.flows.test_agent import _wait_status
@@ -26,6 +29,7 @@ from tests.flows.test_agent import _wait_status
 from .conftest import make_plan
 
 TOTAL_STEPS = 40  # the recipe's (every generation continues the first one's schedule)
+ZONE_A, ZONE_B = "us-central1-a", "us-central1-b"
 
 
 def _agent(tmp_path: Path, job_url: str, iid: str) -> subprocess.Popen:
@@ -86,13 +90,28 @@ def test_survivors_park_and_train_on_with_their_state_in_memory(corpus, tmp_path
         write_assignment(job_url, "i-a", AgentAssignment(generation=5, action=AgentAction.STOP))
         gen4 = _wait_status(job_url, "i-a", lambda st: st.generation == 5).previous
         assert gen4.exit_codes == {0: EXIT_PREEMPTED, 1: EXIT_PREEMPTED}
-        moved = make_plan("tiny", [(0, 1, [1]), (1, 4, [1])])
+        # (its two stages in two zones: the handover's bytes across them are metered with the first step's)
+        moved = plan_from_dict({**make_plan("tiny", [(0, 1, [1]), (1, 4, [1])]).to_dict(), "stages": [
+            {"layers": [lo, hi], "replicas": [{"gpu": "cpu", "tp": 1, "zone": zone}]}
+            for lo, hi, zone in ((0, 1, ZONE_A), (1, 4, ZONE_B))]})
         write_assignment(job_url, "i-a", _run(6, moved, (0, 1), 2, port, corpus, ckpt, gen4.step + 2))
         gen6 = _wait_status(job_url, "i-a", lambda st: st.generation == 6 and st.state == AgentState.EXITED)
         assert gen6.pids == gen4.pids != pids and gen6.exit_codes == {0: 0, 1: 0}
         # rank 0 keeps layer 0 of what it held; rank 1 takes layer 1 and the tied matrix from it
         assert _started(gen6)["state_from"] == "memory"
         assert "handed over by its peers" in (Path(gen6.log_dir) / "rank1.log").read_text()
+        steps = [json.loads(line) for line in (Path(gen6.log_dir) / "metrics.jsonl").read_text().splitlines()
+                 if '"egress_bytes"' in line]
+        sent = [{(src, dst): n for src, dst, n in st["egress_bytes"]} for st in steps]
+        assert len(sent) == 2
+        # layer 1 and the tied matrix (weights and both AdamW moments, float32), from zone A to B,
+        # beside the step's activations and gradients (the same every step)
+        shapes = layer_shapes("tiny", seq_len=1)
+        spec = get_model("tiny")
+        handed = (shapes[1].params + spec.vocab_size * spec.hidden_size) * 3 * 4
+        assert sent[0][(ZONE_A, ZONE_B)] - sent[1][(ZONE_A, ZONE_B)] == handed
+        assert sent[0][(ZONE_B, ZONE_A)] == sent[1][(ZONE_B, ZONE_A)]
+        assert {(src, dst): n for src, dst, n in gen6.egress}[(ZONE_A, ZONE_B)] == sum(s[(ZONE_A, ZONE_B)] for s in sent)
     finally:
         for agent in (a, b):
             if agent.poll() is None:
