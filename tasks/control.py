@@ -59,17 +59,31 @@ from sailor_core.controller import (
 from sailor_core.controller.economics import CHANGE_COST_S, REJOIN_COST_S
 from sailor_core.controller.interim import interim_option, interim_pays
 from sailor_core.controller.options import egress_rate_usd_per_hr
+from sailor_core.controller.state_load import StateLoad
 from sailor_core.errors import InfeasibleError
 from sailor_core.objective import Objective
 from sailor_core.planner.ranking import CHEAPEST, FASTEST
 from sailor_core.planner.request import DEFAULT_MAX_TP_DEGREE, PlanQuery, SearchSettings
+from sailor_core.replay.costs import ChangeCosts, checkpoint_bytes_for
 from sailor_core.simulator.simulate import simulate
 
 _log = logging.getLogger(__name__)
 
-# The flow's costs of change, as the controller weighs them.
-FLOW_COSTS = Costs(save_s=0.0, provisioning_s=CHANGE_COST_S / 2, startup_s=CHANGE_COST_S / 2, work_lost_s=0.0,
-                   rejoin_s=REJOIN_COST_S)
+
+def flow_costs(spec: JobSpec) -> Costs:
+    """The flow's costs of change for ``spec``'s job, as the controller weighs them: half of
+    ``CHANGE_COST_S`` provisioning, half start-up, ``REJOIN_COST_S`` a rejoin, each plus the job's
+    whole checkpoint from storage (its model's weights and optimizer state, ``checkpoint_bytes_for``,
+    at the replay's default storage bandwidth: the job records no timing of its own saves or loads), which a change's
+    ``state_load`` replaces with what its ranks must receive: the engine hands the state over in
+    memory (``runtime/handover.py``), and the bytes that cross zones are priced (what the ledger
+    charges).  The constants were measured on the embedded cloud's small models, whose reload is
+    negligible, so the load is added, not taken out of them (as the replay's ``controller_costs``)."""
+    bw_bytes_per_s = ChangeCosts().storage_bw_bytes_per_s
+    load = StateLoad(storage_load_s=checkpoint_bytes_for(spec.model) / bw_bytes_per_s,
+                     storage_bw_bytes_per_s=bw_bytes_per_s, handover=True)
+    return Costs(save_s=0.0, provisioning_s=CHANGE_COST_S / 2, startup_s=CHANGE_COST_S / 2 + load.storage_load_s,
+                 work_lost_s=0.0, rejoin_s=REJOIN_COST_S + load.storage_load_s, state_load=load)
 
 
 def availability(offers: Sequence[Offer], *, max_gpus_per_zone: int, max_gpus: int | None,
@@ -258,7 +272,7 @@ def controller_decision(planner: Planner, state: js.JobState, *, available: Mapp
     as far as ``on_demand_gpus`` allows), the planner asked within them; a mixed plan chosen is
     priced as its instances, each on its market (what the ledger will be charged)."""
     planner = planner.within(available)
-    config = controller_config("ours", costs=FLOW_COSTS, shutdown_s=shutdown_s, terms=state.spec.terms)
+    config = controller_config("ours", costs=flow_costs(state.spec), shutdown_s=shutdown_s, terms=state.spec.terms)
     decision = decide(controller_state(state, available=available, current=current, now_unix_s=now_unix_s),
                       event, config=config, plan_fn=planner, cost_plan_fn=planner.cost_plan_fn)
     if decision.plan is not None and decision.plan.on_demand and decision.plan is not current:
@@ -277,7 +291,7 @@ def interim_plan(spec: JobSpec, offers: Sequence[Offer], next_option: PlanOption
     planner = planner_on_offers(offers, model=spec.model, global_batch_size=next_option.plan.global_batch_size,
                                 spot=spec.spot)
     option = interim_option(planner, kept)
-    config = controller_config("ours", costs=FLOW_COSTS, shutdown_s=0.0, terms=spec.terms)
+    config = controller_config("ours", costs=flow_costs(spec), shutdown_s=0.0, terms=spec.terms)
     if option is None or not interim_pays(
             window_s=config.provisioning_s, rejoin_s=config.rejoin_s, load_s=0.0, save_s=0.0,
             interim_samples_per_s=option.throughput_samples_per_s,

@@ -20,7 +20,7 @@ SPEC = JobSpec(model="opt-350m", budget_usd=1e6, steps=2000, global_batch_size=6
 
 
 def _expected_usd(option, spec: JobSpec) -> float:
-    config = controller_config("ours", costs=control.FLOW_COSTS, shutdown_s=5.0, terms=spec.terms)
+    config = controller_config("ours", costs=control.flow_costs(spec), shutdown_s=5.0, terms=spec.terms)
     change = change_s(option, running=None, held={}, held_on_demand={}, costs=config.costs)
     o = outlook(option, remaining=spec.steps * spec.global_batch_size, change=change, rates={}, shares={},
                 costs=config.costs)

@@ -33,16 +33,16 @@ def _job(**spec):
 
 def test_the_jobs_deadline_objective_and_floor_reach_the_controller():
     from sailor_core.controller import controller_config
-    from tasks.control import FLOW_COSTS
+    from tasks.control import flow_costs
 
     s = _job(objective="cost", deadline_h=2.0, min_throughput_samples_per_s=10.0)
     state = controller_state(s, available={}, current=None, now_unix_s=s.created_unix_s + 1800)
     assert state.time_left_s == pytest.approx(1.5 * 3600)
-    config = controller_config("ours", costs=FLOW_COSTS, shutdown_s=5.0, terms=s.spec.terms)
+    config = controller_config("ours", costs=flow_costs(s.spec), shutdown_s=5.0, terms=s.spec.terms)
     assert (config.terms.objective, config.terms.min_throughput_samples_per_s, config.shutdown_s) == \
         (Objective.COST, 10.0, 5.0)
     assert config.ranking.by_cost and config.terms.deadline_h == 2.0
-    assert controller_config("ours", costs=FLOW_COSTS, shutdown_s=5.0).terms.objective is Objective.THROUGHPUT
+    assert controller_config("ours", costs=flow_costs(s.spec), shutdown_s=5.0).terms.objective is Objective.THROUGHPUT
     no_deadline = _job()
     assert controller_state(no_deadline, available={}, current=None, now_unix_s=0.0).time_left_s == float("inf")
 
@@ -114,3 +114,80 @@ def test_after_a_preemption_the_flows_controller_moves_the_stormy_pool_on_demand
     by_zone = {o.zone: o for o in offers if o.instance_type == "n1-standard-4-t4x1"}
     assert d.plan.usd_per_hr == pytest.approx(by_zone[zones[0]].on_demand_usd_per_hr
                                               + by_zone[zones[1]].spot_usd_per_hr)
+
+
+# ---- the flow's costs of change: the job's own checkpoint, handed over in memory (issue 36)
+
+def test_the_flows_costs_carry_a_state_load_sized_by_the_jobs_checkpoint():
+    from sailor_core.replay.costs import ChangeCosts, checkpoint_bytes_for
+    from sailor_core.controller.economics import CHANGE_COST_S, REJOIN_COST_S
+    from tasks.control import flow_costs
+
+    bw = ChangeCosts().storage_bw_bytes_per_s
+    small, large = flow_costs(JobSpec(model="tiny", budget_usd=1.0)), flow_costs(JobSpec(model="opt-350m", budget_usd=1.0))
+    for costs, model in ((small, "tiny"), (large, "opt-350m")):
+        load = costs.state_load
+        assert load is not None and load.handover and load.storage_bw_bytes_per_s == bw
+        assert load.storage_load_s == pytest.approx(checkpoint_bytes_for(model) / bw)
+        # the start-up and the rejoin include the whole reload, which a change's own load replaces
+        assert costs.startup_s == pytest.approx(CHANGE_COST_S / 2 + load.storage_load_s)
+        assert costs.rejoin_s == pytest.approx(REJOIN_COST_S + load.storage_load_s)
+    assert large.state_load.storage_load_s > small.state_load.storage_load_s > 0
+
+
+class _Options:
+    """A planner for ``controller_decision`` that offers fixed options, those that fit."""
+
+    def __init__(self, *options):
+        self.options = options
+        self.cost_plan_fn = None
+
+    def within(self, caps):
+        return self
+
+    def __call__(self, available):
+        return [o for o in self.options if o.fits_in(available)]
+
+
+def test_the_flows_controller_prefers_the_replacement_that_sends_no_state_across_zones():
+    """After a preemption, two replacements alike in speed, rent and training egress; one new
+    rank sits in the survivor's zone, the other in another zone and must receive its state
+    across it.  By cost, the flow's controller now weighs that handover and takes the first."""
+    import dataclasses
+
+    from sailor_core.controller import Action, Event, EventKind, PlanOption
+    from sailor_core.catalog.layers import layer_shapes
+    from sailor_core.controller.economics import change_s, change_usd, outlook
+    from sailor_core.plan.types import Plan, Replica, Stage
+    from tasks.control import controller_decision, flow_costs
+
+    model, a, b = "opt-350m", ("T4", "us-central1-a"), ("T4", "us-central1-b")
+    spec = JobSpec(model=model, objective="cost", budget_usd=1e6, steps=1000, global_batch_size=64)
+    num_layers = len(layer_shapes(model, seq_len=1))
+
+    def option(pools):
+        plan = Plan(model=model, global_batch_size=64, micro_batch_size=1, stages=(Stage(
+            layer_start=0, layer_end=num_layers,
+            replicas=tuple(Replica(gpu=g, zone=z, tp_degree=1) for (g, z), n in pools.items() for _ in range(n))),))
+        return PlanOption(gpus=pools, throughput_samples_per_s=2.0, usd_per_hr=0.4, plan=plan)
+
+    running, across, within = option({a: 2}), option({a: 1, b: 1}), option({a: 2})
+    s = js.new_job(spec, job_id="j-handover")
+    event = Event(kind=EventKind.PREEMPTION, lost={a: 1}, zone_hint=a[1])
+    available = {a: 2, b: 1}
+    costs = flow_costs(spec)
+    assert change_usd(across, running=None, costs=costs, holder=running, lost={a: 1}) > 0
+    assert change_usd(within, running=None, costs=costs, holder=running, lost={a: 1}) == 0.0
+
+    # without the state's load the two cost the same to the end: the planner's order (``across``
+    # first) decided, as it did in the flow before
+    plain = dataclasses.replace(costs, state_load=None)
+    figures = dict(remaining=1000 * 64, rates={}, shares={}, costs=plain)
+    assert outlook(across, change=change_s(across, running=None, held={a: 1}, held_on_demand={}, costs=plain),
+                   **figures).cost_usd == \
+        outlook(within, change=change_s(within, running=None, held={a: 1}, held_on_demand={}, costs=plain),
+                **figures).cost_usd
+
+    decision = controller_decision(_Options(across, within), s, available=available, event=event, current=running,
+                                   shutdown_s=5.0, now_unix_s=s.created_unix_s)
+    assert decision.action == Action.REPLAN and decision.plan is within
