@@ -52,7 +52,8 @@ from sailor_core.controller.state_load import StateLoad
 
 _S_PER_HR = 3600.0
 # The train-job flow's costs: seconds a plan change costs before training resumes (boot, torch
-# import, rendezvous, reload) ...
+# import, rendezvous; measured on small models: the job's own reload is added to it and to the
+# rejoin per job, ``tasks.control.flow_costs``) ...
 CHANGE_COST_S = 30.0
 # ... and a change onto instances all held, whose parked workers rejoin in place (no boot, no
 # import; benchmarks/bench_rejoin.py: about a tenth of a new process's start here).
