@@ -118,7 +118,7 @@ def _one_run(args, spans: _Timeline) -> dict[str, list[float]]:
     t1 = time.monotonic()
     summary = train_job(model="tiny", budget_usd=0.05, steps=args.steps, global_batch_size=args.gbs,
                         checkpoint_every_steps=args.checkpoint_every, cloud="embedded", max_gpus=args.max_gpus,
-                        max_gpus_per_zone=1, min_throughput_samples_per_s=args.min_throughput,
+                        max_gpus_per_zone=1, min_throughput_samples_per_s=args.min_throughput or None,
                         preempt_at_steps=[int(x) for x in args.preempt_at.split(",") if x],
                         **({"gpus": ("T4",), "zones": tuple(args.zones.split(",")),  # batches of 1024
                             "validation_fraction": 0.0, "validate_every_steps": 0} if args.zones else {}))
@@ -154,7 +154,8 @@ def _one_run(args, spans: _Timeline) -> dict[str, list[float]]:
               f"-> the next plan's first step {nxt_trained - detected:.1f} s (attempt {nxt.attempt}"
               f"{spans.steps.late_words(nxt.attempt)}; as the flow's watch saw it "
               f"{(nxt.first_step_unix_s or float('nan')) - detected:.1f} s), resumed from step {rec.at_step}, "
-              f"redone {max(0, rec.steps_done_before - rec.at_step)} steps, state from {rec.state_from}")
+              f"redone {max(0, rec.steps_done_before - rec.at_step)} steps, state from {rec.state_from or '-'}"
+              + "".join(spans.steps.inside_stop_words(r.attempt, detected) for r in after if r.attempt < rec.attempt))
         print("    " + spans.words(detected, nxt_trained, nxt))
     for k, rec in enumerate(state.replans[:-1]):  # the switch from an interim to the plan it waited for
         if rec.reason.startswith("interim: "):
@@ -251,6 +252,7 @@ class _FirstSteps:
         self._lock = threading.Lock()
         self._watched: dict[int, tuple[str, tuple[str, ...], int]] = {}  # attempt -> (jobs URL, instances, generation)
         self._first: dict[int, tuple[float, int]] = {}  # attempt -> (unix s, steps past its first when seen)
+        self._inside_stop: dict[int, tuple[float, int]] = {}  # attempt -> (its stop's end, last step): none before
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -258,6 +260,7 @@ class _FirstSteps:
         with self._lock:
             self._watched.clear()
             self._first.clear()
+            self._inside_stop.clear()
 
     def watch(self, session, state, assignments) -> None:
         from sailor_core.job.attempts import run_generation
@@ -278,6 +281,13 @@ class _FirstSteps:
         with self._lock:
             return self._first[attempt][0] if attempt in self._first else None
 
+    def inside_stop_words(self, attempt: int, detected: float) -> str:
+        """An attempt (an interim stopped at once) whose only steps finished inside its stop."""
+        with self._lock:
+            seen = self._inside_stop.get(attempt)
+        return "" if seen is None else (f"; attempt {attempt} (interim) trained only inside its stop (the step in "
+                                        f"flight, to step {seen[1]}; its stop ended {seen[0] - detected:+.1f} s)")
+
     def late_words(self, attempt: int) -> str:
         """When the first report seen was past the attempt's first step (the time is then later than it)."""
         with self._lock:
@@ -289,12 +299,19 @@ class _FirstSteps:
 
         while not self._stop.wait(self.POLL_S):
             with self._lock:
-                pending = {k: v for k, v in self._watched.items() if k not in self._first}
+                pending = {k: v for k, v in self._watched.items() if k not in self._first and k not in self._inside_stop}
             for attempt, (jobs_url, ids, generation) in pending.items():
                 for iid in ids:
                     try:
                         st = read_status(jobs_url, iid)
                     except Exception:  # a report being replaced, a store going away at the job's end
+                        continue
+                    if st is not None and st.generation > generation and st.previous is not None \
+                            and st.previous.generation == generation and st.previous.step is not None:
+                        # Its steps came inside its stop (the step in flight finished as it saved): not
+                        # training resumed; the time is the stop's end, the first report after them.
+                        with self._lock:
+                            self._inside_stop.setdefault(attempt, (st.heartbeat_unix_s or time.time(), st.previous.step))
                         continue
                     if st is None or st.generation != generation or st.step is None:
                         continue
