@@ -31,6 +31,15 @@ interim while the new instance boots; the line "interim ... -> attempt" times th
 
     .venv/bin/python benchmarks/bench_recovery.py --steps 24 --preempt-at 6 --gbs 1024 --max-gpus 2 \
         --zones us-central1-a,us-central1-b,us-central1-c --min-throughput 20000 --checkpoint-every 2 --notice-s 10
+
+Every attempt's first step is watched here alike (``_FirstSteps``: the first report of its agents with
+a step of its generation, at the heartbeat the agent wrote it with), the interim's too, which the flow
+does not watch. Per preemption the bench prints detection -> training (the first step of whatever
+trains next: the interim on the survivors when one runs, else the next plan) and detection -> the
+next plan's first step (the plan the interim waited for, with the new instance; the same attempt when
+no interim runs), each median and max over the runs. ``--no-standby-wait``: the flow assigns the next
+plan without waiting for the new instances' standby workers (``tasks.workers.wait_standby`` answers at
+once: the flow as it was before the wait), to compare the two in the same conditions.
 """
 
 from __future__ import annotations
@@ -39,6 +48,7 @@ import argparse
 import os
 import statistics
 import tempfile
+import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -59,6 +69,8 @@ def main() -> None:
                          "mix them with a new instance, booted while they train on an interim")
     ap.add_argument("--notice-s", type=float, default=2.0,
                     help="the embedded cloud's preemption notice (2 s: its default; a real spot notice is 30-120 s)")
+    ap.add_argument("--no-standby-wait", action="store_true",
+                    help="the flow assigns the next plan without waiting for new instances' standby workers")
     args = ap.parse_args()
     os.environ.setdefault("SAILOR_HOME", tempfile.mkdtemp(prefix="sailor-bench-"))
     from flows.cli.prefect_server import configure_prefect_env, start_local_server, stop_local_server
@@ -68,9 +80,14 @@ def main() -> None:
     os.environ["PREFECT_API_URL"] = api
     configure_prefect_env()
     print(f"prefect server up in {time.monotonic() - t0:.1f} s ({api}); load average {os.getloadavg()[0]:.1f}")
-    recoveries: list[float] = []
+    figures: dict[str, list[float]] = {"training": [], "next plan": [], "flow wall": []}
     try:
         from infra.config import in_process_cloud
+        from tasks import workers
+
+        if args.no_standby_wait:
+            workers.wait_standby = lambda *a, **kw: None  # the flow before its wait: assign at once
+        print(f"standby wait: {'off' if args.no_standby_wait else 'on'}")
 
         cloud = in_process_cloud()  # the flow's own; the notice counts from the next preemption on
         cloud.notice_s = cloud.machines.notice_s = args.notice_s
@@ -78,16 +95,22 @@ def main() -> None:
         spans.install()
         for run in range(1, args.runs + 1):
             print(f"--- run {run} of {args.runs} (load average {os.getloadavg()[0]:.1f})")
-            recoveries += _one_run(args, spans)
+            for key, values in _one_run(args, spans).items():
+                figures[key] += values
     finally:
+        spans.steps.stop()
         stop_local_server()
-    if recoveries:
-        print(f"detection -> training over {len(recoveries)} preemptions: median {statistics.median(recoveries):.1f} s, "
-              f"max {max(recoveries):.1f} s ({', '.join(f'{x:.1f}' for x in recoveries)})")
+    for key, what in (("training", "detection -> training (the first step of what trains next)"),
+                      ("next plan", "detection -> the next plan's first step (after any interim)"),
+                      ("flow wall", "the job's flow, start to end")):
+        values = figures[key]
+        if values:
+            print(f"{what}, {len(values)} figures: median {statistics.median(values):.1f} s, max {max(values):.1f} s "
+                  f"({', '.join(f'{x:.1f}' for x in values)})")
 
 
-def _one_run(args, spans: _Timeline) -> list[float]:
-    """One job with its preemptions; its detection -> training figures."""
+def _one_run(args, spans: _Timeline) -> dict[str, list[float]]:
+    """One job with its preemptions; its detection -> training and -> next plan figures, its wall time."""
     from flows.train_job import train_job
     from sailor_core.job.state import JobStore
 
@@ -95,7 +118,7 @@ def _one_run(args, spans: _Timeline) -> list[float]:
     t1 = time.monotonic()
     summary = train_job(model="tiny", budget_usd=0.05, steps=args.steps, global_batch_size=args.gbs,
                         checkpoint_every_steps=args.checkpoint_every, cloud="embedded", max_gpus=args.max_gpus,
-                        max_gpus_per_zone=1, min_throughput_samples_per_s=args.min_throughput,
+                        max_gpus_per_zone=1, min_throughput_samples_per_s=args.min_throughput or None,
                         preempt_at_steps=[int(x) for x in args.preempt_at.split(",") if x],
                         **({"gpus": ("T4",), "zones": tuple(args.zones.split(",")),  # batches of 1024
                             "validation_fraction": 0.0, "validate_every_steps": 0} if args.zones else {}))
@@ -113,20 +136,27 @@ def _one_run(args, spans: _Timeline) -> list[float]:
     first = state.replans[0]
     print(f"start: plan -> first step {first.first_step_unix_s - first.at_unix_s:.1f} s "
           f"(provision, agent, worker start-up)")
-    recoveries = []
+    figures: dict[str, list[float]] = {"training": [], "next plan": [], "flow wall": [wall]}
     for k, detected in enumerate(spans.detections(), 1):
-        # each preemption's first attempt after it (an interim's, when survivors train on)
-        rec = next((r for r in state.replans if r.at_unix_s >= detected and r.first_step_unix_s), None)
-        if rec is None:
-            print(f"preemption {k}: no attempt trained after it")
+        after = [r for r in state.replans if r.at_unix_s >= detected]
+        resumed = next(((r, t) for r in after if (t := spans.steps.first_step_s(r.attempt)) is not None), None)
+        final = next(((r, t) for r in after if not r.reason.startswith("interim: ")
+                      and (t := spans.steps.first_step_s(r.attempt)) is not None), None)
+        if resumed is None or final is None:
+            print(f"preemption {k}: {'nothing' if resumed is None else 'no next plan'} trained after it")
             continue
-        total = rec.first_step_unix_s - detected
-        recoveries.append(total)
-        print(f"preemption {k}: detection -> training {total:.1f} s (-> new plan {rec.at_unix_s - detected:.1f} s, "
-              f"new plan -> first step {rec.first_step_unix_s - rec.at_unix_s:.1f} s), resumed from step "
-              f"{rec.at_step}, redone {max(0, rec.steps_done_before - rec.at_step)} steps, "
-              f"state from {rec.state_from}")
-        print("    " + spans.words(detected, rec.first_step_unix_s, rec))
+        (rec, trained), (nxt, nxt_trained) = resumed, final
+        figures["training"].append(trained - detected)
+        figures["next plan"].append(nxt_trained - detected)
+        print(f"preemption {k}: detection -> training {trained - detected:.1f} s (attempt {rec.attempt}"
+              f"{', an interim' if rec is not nxt else ''}: -> its plan {rec.at_unix_s - detected:.1f} s, "
+              f"-> its first step {trained - rec.at_unix_s:.1f} s{spans.steps.late_words(rec.attempt)}); "
+              f"-> the next plan's first step {nxt_trained - detected:.1f} s (attempt {nxt.attempt}"
+              f"{spans.steps.late_words(nxt.attempt)}; as the flow's watch saw it "
+              f"{(nxt.first_step_unix_s or float('nan')) - detected:.1f} s), resumed from step {rec.at_step}, "
+              f"redone {max(0, rec.steps_done_before - rec.at_step)} steps, state from {rec.state_from or '-'}"
+              + "".join(spans.steps.inside_stop_words(r.attempt, detected) for r in after if r.attempt < rec.attempt))
+        print("    " + spans.words(detected, nxt_trained, nxt))
     for k, rec in enumerate(state.replans[:-1]):  # the switch from an interim to the plan it waited for
         if rec.reason.startswith("interim: "):
             after = state.replans[k + 1]
@@ -140,7 +170,7 @@ def _one_run(args, spans: _Timeline) -> list[float]:
     print(f"worker logs under {home}: " + ", ".join(f"{n} x state {m}" for m, n in sorted(said.items())))
     if not args.no_compare and state.status == "succeeded":
         print(_compare_with_uninterrupted(state, args.steps))
-    return recoveries
+    return figures
 
 
 # The flow's steps timed on the timeline: (module, attribute) of the tasks ``flows.train_job`` calls.
@@ -159,10 +189,12 @@ class _Timeline:
     def __init__(self) -> None:
         self.spans: list[tuple[str, float, float]] = []
         self._detected: list[float] = []
+        self.steps = _FirstSteps()
 
     def clear(self) -> None:
         self.spans.clear()
         self._detected.clear()
+        self.steps.clear()
 
     def install(self) -> None:
         import importlib
@@ -178,6 +210,8 @@ class _Timeline:
     def _wrap(self, name: str, fn):
         def timed(*a, **kw):
             t = time.time()
+            if name == "assign":  # (session, state, assignments): watch the attempt's first step
+                self.steps.watch(*a[:3])
             try:
                 result = fn(*a, **kw)
             finally:
@@ -198,11 +232,94 @@ class _Timeline:
         """The flow's steps between a detection and training, relative to the detection."""
         parts = [f"{n} {s - detected:+.1f}..{e - detected:+.1f}" for n, s, e in sorted(self.spans, key=lambda x: x[1])
                  if detected <= s < trained]
-        parts.append(f"plan recorded {rec.at_unix_s - detected:+.1f}")
+        parts.append(f"next plan recorded {rec.at_unix_s - detected:+.1f}")
         if rec.ready_s is not None:
             parts.append(f"rank 0 ready {rec.ready_s:.2f} s after its assignment")
         parts.append(f"first step {trained - detected:+.1f}")
         return "; ".join(parts)
+
+
+class _FirstSteps:
+    """Each attempt's first step as its agents report it: the heartbeat of the first report of the
+    attempt's generation with a step (the agent writes a report as it reads a step, within its 0.2 s
+    poll; this polls every 0.1 s).  The flow watches no interim attempt, so its first step, where
+    training resumes after a preemption, is in none of its records; here every attempt is watched
+    alike, the interim's and the next plan's."""
+
+    POLL_S = 0.1
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._watched: dict[int, tuple[str, tuple[str, ...], int]] = {}  # attempt -> (jobs URL, instances, generation)
+        self._first: dict[int, tuple[float, int]] = {}  # attempt -> (unix s, steps past its first when seen)
+        self._inside_stop: dict[int, tuple[float, int]] = {}  # attempt -> (its stop's end, last step): none before
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def clear(self) -> None:
+        with self._lock:
+            self._watched.clear()
+            self._first.clear()
+            self._inside_stop.clear()
+
+    def watch(self, session, state, assignments) -> None:
+        from sailor_core.job.attempts import run_generation
+
+        with self._lock:
+            self._watched[state.attempt] = (session.jobs_url, tuple(a.instance_id for a in assignments),
+                                            run_generation(state.attempt))
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name="bench-first-steps", daemon=True)
+            self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+
+    def first_step_s(self, attempt: int) -> float | None:
+        with self._lock:
+            return self._first[attempt][0] if attempt in self._first else None
+
+    def inside_stop_words(self, attempt: int, detected: float) -> str:
+        """An attempt (an interim stopped at once) whose only steps finished inside its stop."""
+        with self._lock:
+            seen = self._inside_stop.get(attempt)
+        return "" if seen is None else (f"; attempt {attempt} (interim) trained only inside its stop (the step in "
+                                        f"flight, to step {seen[1]}; its stop ended {seen[0] - detected:+.1f} s)")
+
+    def late_words(self, attempt: int) -> str:
+        """When the first report seen was past the attempt's first step (the time is then later than it)."""
+        with self._lock:
+            late = self._first.get(attempt, (0.0, 0))[1]
+        return f", seen {late} step{'s' if late > 1 else ''} late" if late else ""
+
+    def _loop(self) -> None:
+        from sailor_core.job.protocol import read_status
+
+        while not self._stop.wait(self.POLL_S):
+            with self._lock:
+                pending = {k: v for k, v in self._watched.items() if k not in self._first and k not in self._inside_stop}
+            for attempt, (jobs_url, ids, generation) in pending.items():
+                for iid in ids:
+                    try:
+                        st = read_status(jobs_url, iid)
+                    except Exception:  # a report being replaced, a store going away at the job's end
+                        continue
+                    if st is not None and st.generation > generation and st.previous is not None \
+                            and st.previous.generation == generation and st.previous.step is not None:
+                        # Its steps came inside its stop (the step in flight finished as it saved): not
+                        # training resumed; the time is the stop's end, the first report after them.
+                        with self._lock:
+                            self._inside_stop.setdefault(attempt, (st.heartbeat_unix_s or time.time(), st.previous.step))
+                        continue
+                    if st is None or st.generation != generation or st.step is None:
+                        continue
+                    started = st.started.fields.get("step") if st.started else None
+                    late = st.step - started - 1 if isinstance(started, int) else 0
+                    with self._lock:
+                        self._first.setdefault(attempt, (st.heartbeat_unix_s or time.time(), max(0, late)))
+                    break
 
 
 def _compare_with_uninterrupted(state, steps: int) -> str:
