@@ -47,6 +47,7 @@ import os, sys, time
 from infra.local.object_store import DiskBuckets
 buckets = DiskBuckets(sys.argv[1]).start()
 print(buckets.endpoint, flush=True)
+sys.stdin.readline()  # the test has seen the server
 if sys.argv[2] == "os._exit":
     os._exit(1)
 time.sleep(600)
@@ -56,12 +57,15 @@ time.sleep(600)
 @pytest.mark.parametrize("end", ["SIGKILL", "SIGTERM", "os._exit"])
 def test_no_server_outlives_its_owner(tmp_path, end):
     root = tmp_path / "buckets"
-    owner = subprocess.Popen([sys.executable, "-c", OWNER, str(root), end], cwd=ROOT, stdout=subprocess.PIPE,
-                             text=True)
+    owner = subprocess.Popen([sys.executable, "-c", OWNER, str(root), end], cwd=ROOT, stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)
     try:
         assert owner.stdout.readline().startswith("http://"), "the owner's buckets did not start"
         assert _servers_over(root), "no rclone over the folder while its owner lives"
-        if end != "os._exit":
+        if end == "os._exit":
+            owner.stdin.write("go\n")
+            owner.stdin.flush()
+        else:
             owner.send_signal(getattr(signal, end))
         owner.wait(timeout=60)
         # a bounded wait for the tether to see its owner gone: it ends rclone, then itself
