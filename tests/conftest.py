@@ -12,9 +12,11 @@ import tempfile
 import pytest
 
 # Forced, not defaulted: a test run must never read or write the user's jobs, profiles or Prefect DB.
-_home = tempfile.mkdtemp(prefix="sailor-test-home-")
-os.environ["SAILOR_HOME"] = _home
-os.environ["PREFECT_HOME"] = os.path.join(_home, "prefect")
+# The process's one Sailor home: what the process starts once (its embedded cloud, over the home's
+# buckets; Prefect's settings) belongs to it, so the areas' fixtures use it rather than make another.
+PROCESS_SAILOR_HOME = tempfile.mkdtemp(prefix="sailor-test-home-")
+os.environ["SAILOR_HOME"] = PROCESS_SAILOR_HOME
+os.environ["PREFECT_HOME"] = os.path.join(PROCESS_SAILOR_HOME, "prefect")
 os.environ.pop("SAILOR_JOBS_URL", None)
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 # One terminal width for every test that reads what Rich prints (the CLI's tables, --help). Without it

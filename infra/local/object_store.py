@@ -74,10 +74,17 @@ def reap_orphan_servers(folder: Path) -> None:
         try:
             pid = int(marker.read_text())
             if b"rclone" in Path(f"/proc/{pid}/cmdline").read_bytes():
-                os.kill(pid, signal.SIGKILL)
+                _signal_group(pid, signal.SIGKILL)  # a tether's group (an older Sailor's rclone led its own)
         except (OSError, ValueError):
             pass
         marker.unlink(missing_ok=True)
+
+
+def _signal_group(leader: int, sig: int) -> None:
+    try:
+        os.killpg(leader, sig)
+    except ProcessLookupError:
+        pass
 
 
 def bucket_name_problem(scheme: str, name: str) -> str | None:
@@ -118,18 +125,20 @@ class DiskBuckets:
         self._port = free_port()
         log = open(self.root.parent / "rclone.log", "ab")  # noqa: SIM115 - the child holds it
         reap_orphan_servers(self.root.parent)
+        # rclone on a tether (tether.py): it ends when this process does, however this one ends
         self._process = subprocess.Popen(
-            [rclone_binary(), "serve", "s3", str(self.root), "--addr", f"127.0.0.1:{self._port}",
+            [sys.executable, str(Path(__file__).with_name("tether.py")),
+             rclone_binary(), "serve", "s3", str(self.root), "--addr", f"127.0.0.1:{self._port}",
              "--config", os.devnull, "--log-level", "NOTICE",
              # what another server over the same folder wrote shows within a second (0 s: each request
              # re-reads every folder, and a server slows to seconds per request within minutes)
              "--dir-cache-time", "1s"],
-            stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+            stdin=subprocess.PIPE, stdout=log, stderr=log,
             # not in this process's group: a terminal's Ctrl-C to `sailor train` would end the storage
             # its workers take their final checkpoint to (this process stops rclone itself)
             start_new_session=True)
         log.close()
-        # what a later start ends if this process dies without stopping it (rclone outlives its parent)
+        # what a later start ends if the tether failed to (its process group: the tether and rclone)
         (self.root.parent / f"rclone-{os.getpid()}.pid").write_text(str(self._process.pid))
         self._wait_serving()
         self._gcs = self._serve(host, self._gcs_front, "embedded-gcs")
@@ -164,13 +173,14 @@ class DiskBuckets:
                 server.server_close()
         self._gcs = self._local = None
         if self._process is not None and self._process.poll() is None:
-            self._process.send_signal(signal.SIGTERM)
+            _signal_group(self._process.pid, signal.SIGTERM)  # the tether and rclone
             try:
                 self._process.wait(timeout=5)
             except subprocess.TimeoutExpired:
-                self._process.kill()
+                _signal_group(self._process.pid, signal.SIGKILL)
                 self._process.wait()
         if self._process is not None:
+            self._process.stdin.close()
             (self.root.parent / f"rclone-{os.getpid()}.pid").unlink(missing_ok=True)
         self._process = None
 

@@ -15,20 +15,19 @@ from pathlib import Path
 import pytest
 from flows.cli.background import pid_alive as process_alive  # noqa: F401 - the tests' name for it
 from sailor_core.ports import free_port
+from tests.conftest import PROCESS_SAILOR_HOME
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="session")
-def sailor_home(tmp_path_factory) -> Path:
-    home = tmp_path_factory.mktemp("sailor-home")
-    old = os.environ.get("SAILOR_HOME")
-    os.environ["SAILOR_HOME"] = str(home)
-    yield home
-    if old is None:
-        os.environ.pop("SAILOR_HOME", None)
-    else:
-        os.environ["SAILOR_HOME"] = old
+def sailor_home() -> Path:
+    """The process's Sailor home (tests/conftest.py's), not one of the flow tests' own: the process's
+    embedded cloud, started by whichever test needs it first (`sailor doctor`'s test, say), keeps its
+    buckets in the home it started in, and a new shell reads the buckets of the home it is given.  With
+    a second home here, a job's checkpoints went to the first home's buckets and `sailor export` from a
+    new shell listed the second's: a 404 in any worker that had run such a test before this folder's."""
+    return Path(PROCESS_SAILOR_HOME)
 
 
 @pytest.fixture(scope="session")

@@ -21,8 +21,8 @@ from botocore.exceptions import ClientError
 from infra.aws import prefix_policy
 from infra.buckets import ensure_private_bucket
 from infra.local.aws_auth import instance_credentials
-from infra.local.cloud import EmbeddedCloud
 from infra.records import job_labels
+from tests.infra.conftest import embedded  # noqa: F401 - the session's cloud
 
 BUCKET = "sec-jobs"
 OTHER_BUCKET = "sec-other"
@@ -123,12 +123,12 @@ print("attempts done", flush=True)
 OWN = {"own: put", "own: list", "own: data object", "own: init-from", "own: init-from list"}
 
 
-@pytest.fixture(scope="module")
-def cloud(tmp_path_factory):
-    cloud = EmbeddedCloud(state_dir=tmp_path_factory.mktemp("sec-cloud"), notice_s=0.5, tick_s=0.1, halt_grace_s=0.3)
-    cloud.start()
-    yield cloud
-    cloud.stop()
+@pytest.fixture
+def cloud(embedded):  # noqa: F811 - the session's cloud (as the other security tests'), reset around each test
+    # each test here cleans up its roles, instances and objects; the names are this file's own
+    embedded.reset()
+    yield embedded
+    embedded.reset()
 
 
 def _admin(cloud, service: str):
