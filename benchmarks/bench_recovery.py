@@ -95,7 +95,7 @@ def _one_run(args, spans: _Timeline) -> list[float]:
     t1 = time.monotonic()
     summary = train_job(model="tiny", budget_usd=0.05, steps=args.steps, global_batch_size=args.gbs,
                         checkpoint_every_steps=args.checkpoint_every, cloud="embedded", max_gpus=args.max_gpus,
-                        max_gpus_per_zone=1, min_throughput_samples_per_s=args.min_throughput,
+                        max_gpus_per_zone=1, min_throughput_samples_per_s=args.min_throughput or None,
                         preempt_at_steps=[int(x) for x in args.preempt_at.split(",") if x],
                         **({"gpus": ("T4",), "zones": tuple(args.zones.split(",")),  # batches of 1024
                             "validation_fraction": 0.0, "validate_every_steps": 0} if args.zones else {}))
