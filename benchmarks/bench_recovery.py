@@ -166,11 +166,23 @@ def _one_run(args, spans: _Timeline) -> dict[str, list[float]]:
                       f"{stop - rec.at_unix_s:.1f} s; its stop -> the next plan's first step "
                       f"{after.first_step_unix_s - stop:.1f} s ({after.num_ranks_standby or 0} ranks in standby workers)")
     home = Path(os.environ["SAILOR_HOME"])  # the workers' logs: how many ranks took their state from peers
-    said = Counter(m for f in home.rglob("rank*.log") for m in _STATE_SAID if m in f.read_text(errors="replace"))
+    said = Counter(m for text in _worker_logs(home) for m in _STATE_SAID if m in text)
     print(f"worker logs under {home}: " + ", ".join(f"{n} x state {m}" for m, n in sorted(said.items())))
     if not args.no_compare and state.status == "succeeded":
         print(_compare_with_uninterrupted(state, args.steps))
     return figures
+
+
+def _worker_logs(home: Path):
+    """The texts of the workers' logs under ``home``, skipping those of instances the embedded cloud
+    removes meanwhile (``os.walk`` passes over folders that vanish; ``rglob`` raised)."""
+    for folder, _, files in os.walk(home):
+        for name in files:
+            if name.startswith("rank") and name.endswith(".log"):
+                try:
+                    yield (Path(folder) / name).read_text(errors="replace")
+                except FileNotFoundError:
+                    pass
 
 
 # The flow's steps timed on the timeline: (module, attribute) of the tasks ``flows.train_job`` calls.

@@ -54,9 +54,6 @@ from tasks import job_lease
 from tasks import jobs as job_tasks
 from tasks import reporting, workers
 
-# In place: the tasks on a recovery's path (stop the survivors, decide, assign) run their bodies in the
-# flow run (their log lines stay the run's), not as task runs: a task run is created on the Prefect
-# server first, and a busy server answered that 2 s late (its client's first retry), on a loaded machine.
 # The checkpoint's check, beside the decision, runs in this pool.
 _CHECKS = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sailor-checkpoint-check")
 
@@ -320,7 +317,7 @@ def _train_while_booting(run: _Run, state: js.JobState, planner: control.Planner
     run.reporter.event(state, words)
     placed = cloud_tasks.provision(run.session, state, interim_nodes, offers, end_surplus=False)
     state = run.save(placed.state)
-    workers.assign.fn(run.session, state, placed.assignments, data_url=data_url, interim=True)  # in place
+    workers.assign(run.session, state, placed.assignments, data_url=data_url, interim=True)
     run.reporter.attempt(state, reason=words, nodes=[cloud_tasks.node_dict(n) for n in placed.nodes],
                          history=[], pareto="")
     held = {r.instance_id for r in state.running_instances()}
@@ -333,8 +330,8 @@ def _train_while_booting(run: _Run, state: js.JobState, planner: control.Planner
                                       training=_ids(placed.assignments), generation=run_generation(state.attempt))
         if waited:
             run.reporter.event(state, waited)
-    finally:  # on the next plan's path: the bodies in place, as after a preemption
-        state = run.save(workers.stop_attempt.fn(run.session, state, _ids(placed.assignments)))
+    finally:  # on the next plan's path: a task run as after a preemption, the check in place
+        state = run.save(workers.stop_attempt(run.session, state, _ids(placed.assignments)))
         state = run.save(_checked(cloud_tasks.reconcile(run.session, state)))
         run.reporter.event(state, f"interim stopped at step {state.steps_done}; newest checkpoint: step "
                                   f"{state.last_checkpoint_step or 0}")
@@ -361,7 +358,7 @@ def _launch(run: _Run, state: js.JobState, planner: control.Planner, option: Pla
     if state.plan != option.plan.to_dict():
         option = planner.option(plan_from_dict(state.plan), option.throughput_samples_per_s)
     nodes = [cloud_tasks.node_dict(n) for n in placed.nodes]
-    workers.assign.fn(run.session, state, placed.assignments, data_url=data_url)  # first; in place
+    workers.assign(run.session, state, placed.assignments, data_url=data_url)  # first: the workers wait for it
     run.reporter.attempt(state, reason=reason, nodes=nodes, history=list(placed.history),
                          pareto=reporting.pareto_markdown(control.pareto_points(planner),
                                                           control.chosen_point(planner, option)))
@@ -383,7 +380,7 @@ def _settle_early_end(run: _Run, state: js.JobState, assignments, outcome: Attem
     else:
         what = f"{outcome.reason} at step {state.steps_done}"
     run.reporter.event(state, f"{what}; stopping the attempt (its workers checkpoint first)")
-    state = run.save(workers.stop_attempt.fn(run.session, state, _ids(assignments)))  # in place
+    state = run.save(workers.stop_attempt(run.session, state, _ids(assignments)))
     state = run.save(cloud_tasks.reconcile(run.session, state))
     state = run.save(recovery.close_preempted(state, outcome))
     # The checkpoint storage is checked while the controller decides on the checkpoint the workers
@@ -417,8 +414,8 @@ def _decide(run: _Run, state: js.JobState, planner: control.Planner, available, 
     """The controller's decision on what runs next, and the job state with its newest checkpoint noted.
     ``checked``: the check of the checkpoint storage that runs meanwhile (None: none)."""
     def decide(on: js.JobState):
-        return control.decide_next.fn(planner, on, available=available, event=rec.event, current=rec.current,
-                                      shutdown_s=run.session.shutdown_s, now_unix_s=time.time())  # in place
+        return control.decide_next(planner, on, available=available, event=rec.event, current=rec.current,
+                                   shutdown_s=run.session.shutdown_s, now_unix_s=time.time())
 
     decision = decide(state)
     if checked is None:
@@ -430,9 +427,9 @@ def _decide(run: _Run, state: js.JobState, planner: control.Planner, available, 
 
 
 def _checked(state: js.JobState) -> js.JobState:
-    """``state`` with its newest valid checkpoint: ``note_checkpoint``'s body in place (as a task it
-    took 1.9-2.5 s on a loaded server, its body 0.1 s); the task, with its retries, when
-    the storage did not answer."""
+    """``state`` with its newest valid checkpoint: ``note_checkpoint``'s body in place (its task's
+    ``checkpoint`` tag asks the server for a concurrency slot first, which a loaded server answered
+    1.9-2.5 s late: docs/orchestration.md); the task, with its retries, when the storage did not answer."""
     try:
         return job_tasks.note_checkpoint.fn(state)
     except Exception:  # noqa: BLE001  the storage did not answer: the task, with its retries, asks again

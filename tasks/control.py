@@ -347,7 +347,7 @@ class DecisionWarmup:
             self._thread.join()
 
 
-@task(name="decide", tags=["controller", "planner"], cache_policy=NO_CACHE)
+@task(name="decide", cache_policy=NO_CACHE)  # no tags: see tasks/workers.py
 def decide_next(planner: Planner, state: js.JobState, *, available: Mapping[tuple[str, str], int],
                 event: Event, current: PlanOption | None, shutdown_s: float, now_unix_s: float) -> Decision:
     """The controller's decision (start, after a preemption, or on a timer), planning on ``available``."""

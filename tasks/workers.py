@@ -4,6 +4,11 @@ The flow talks to each instance's agent (``sailor_core.runtime.agent``)
 through the assignment/status documents under the job's URL
 (``sailor_core.job.protocol``); the agent starts the engine's workers and
 forwards rank 0's per-step metrics.
+
+These tasks carry no tags: Prefect asks the server for a concurrency slot of each tag of a task run
+before its body runs (a write on the server's SQLite), and while a job writes its status, logs and
+events that write was refused as busy (503), to be retried 2 s later, on a recovery's path
+(benchmarks/bench_task_start.py; docs/orchestration.md).
 """
 
 from __future__ import annotations
@@ -91,7 +96,7 @@ def assignment_doc(state: js.JobState, a: Assignment, *, master: Assignment, mas
     )
 
 
-@task(name="assign-workers", tags=["workers"], cache_policy=NO_CACHE)
+@task(name="assign-workers", cache_policy=NO_CACHE)
 def assign(session, state: js.JobState, assignments: Sequence[Assignment], *, data_url: str,
            interim: bool = False) -> None:
     """Tell every agent its ranks; the instance holding rank 0 hosts the rendezvous.  An
@@ -239,7 +244,7 @@ def note_injection(state: js.JobState, report: InjectionReport | None, log) -> j
     return js.with_injected_preemption(state, report.at_step)
 
 
-@task(name="watch-attempt", tags=["workers", "monitor"], cache_policy=NO_CACHE)
+@task(name="watch-attempt", cache_policy=NO_CACHE)
 def watch_attempt(session, store: js.JobStore, state: js.JobState, assignments: Sequence[Assignment],
                   progress=None, planner=None, available=None, current=None) -> tuple[AttemptOutcome, js.JobState]:
     """Poll agents and the cloud until the attempt finishes or breaks; keep the ledger within the budget.
@@ -365,7 +370,7 @@ class _AttemptWatch:
         return None
 
 
-@task(name="stop-workers", tags=["workers"], cache_policy=NO_CACHE)
+@task(name="stop-workers", cache_policy=NO_CACHE)
 def stop_attempt(session, state: js.JobState, instance_ids: Sequence[str], timeout_s: float = 15.0) -> js.JobState:
     """Stop the attempt's workers on the instances (``instance_ids``) still up (SIGTERM: they checkpoint
     if they can).

@@ -384,4 +384,28 @@ def test_the_survivors_of_a_preemption_train_on_in_their_own_processes(prefect_a
     assert state.replans[-1].num_ranks == 1 and len(state.instances) == 2, state.replans
     assert kept and "1 of 1 ranks kept their processes; rank 0 state kept in memory" in kept[0], (said, state.replans)
     assert state.replans[-1].state_from == "memory" and state.replans[-1].ready_s < state.replans[0].ready_s
+    _assert_the_recovery_is_task_runs(prefect_api, summary["flow_run_id"])
     _assert_nothing_left(state)
+
+
+def _assert_the_recovery_is_task_runs(prefect_api: str, flow_run_id: str) -> None:
+    """The recovery's steps are the flow run's task runs on the server (the UI's run graph): after the
+    first attempt's watch, the survivors' stop, the decision and the assignment, each completed."""
+    import urllib.request
+
+    body = json.dumps({"flow_runs": {"id": {"any_": [flow_run_id]}}, "sort": "EXPECTED_START_TIME_ASC"}).encode()
+    want = [(name, "COMPLETED") for name in ("watch-attempt", "stop-workers", "decide", "assign-workers",
+                                             "watch-attempt")]
+    deadline = time.monotonic() + 30  # the server records task runs from their events, in batches
+    while True:
+        req = urllib.request.Request(f"{prefect_api}/task_runs/filter", data=body, method="POST",
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            runs = [(r["name"].rsplit("-", 1)[0], r["state_type"]) for r in json.loads(resp.read())]
+        steps = [run for run in runs if run[0] in {name for name, _ in want}]
+        names = [name for name, _ in steps]
+        got = steps[names.index("watch-attempt"):][:len(want)] if "watch-attempt" in names else []
+        if got == want or time.monotonic() > deadline:
+            break
+        time.sleep(1)
+    assert got == want, runs
