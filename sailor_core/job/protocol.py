@@ -241,7 +241,8 @@ class CheckpointReport:
 class WorkerEvent:
     """A ``{"event": KIND, ...}`` line of a worker's metrics file, forwarded as the agent got it.
 
-    Kinds: the engine's ``done``, ``preempted``, ``peer_lost``, ``error`` (docs/engine.md); the
+    Kinds: the engine's ``done``, ``preempted``, ``peer_lost``, ``error``, ``egress`` (any rank's
+    bytes across zones that no step line carried, ``egress_bytes``: docs/engine.md); the
     network profiler's progress ``p2p`` and ``allreduce`` (with ``bytes``) and its last line,
     ``result`` (with ``result``, the measured points).
     """
@@ -259,6 +260,14 @@ class WorkerEvent:
     def result(self) -> Any:
         """The payload of a ``result`` event (the network profiler's points)."""
         return self.fields.get("result")
+
+    @property
+    def egress_bytes(self) -> tuple[tuple[str, str, float], ...]:
+        """An ``egress`` event's ``(source zone, destination zone, bytes)``; ProtocolError when malformed."""
+        try:
+            return _egress_pairs(self.fields.get("egress_bytes", []))
+        except (TypeError, ValueError) as exc:
+            raise ProtocolError(f"worker event egress_bytes: {exc}") from None
 
     def to_dict(self) -> dict[str, Any]:
         return {"event": self.kind, **self.fields}

@@ -155,7 +155,7 @@ class _Generation:
     standby: list[int] = field(default_factory=list)  # ranks handed to standby workers (parked at boot, no state)
     errors: dict[int, str] = field(default_factory=dict)  # global rank -> its first error line's message
     samples_per_s: float | None = None
-    egress: dict[tuple[str, str], float] = field(default_factory=dict)  # bytes per zone pair, summed over steps
+    egress: dict[tuple[str, str], float] = field(default_factory=dict)  # bytes per zone pair: steps' and egress lines
     inject: InjectPreemption | None = None  # the assignment's, until posted
     injected: InjectionReport | None = None  # what became of it
 
@@ -322,7 +322,7 @@ class Agent:
 
     @staticmethod
     def _read_metrics(gen: _Generation) -> None:
-        """The new metrics lines: rank 0's steps, losses and last event; any rank's error."""
+        """The new metrics lines: rank 0's steps, losses and last event; any rank's error and egress."""
         if gen.log_dir is None:
             return
         path = gen.log_dir / "metrics.jsonl"
@@ -342,6 +342,11 @@ class Agent:
                 try:
                     gen.checkpoint = CheckpointReport.from_dict(record.fields)
                 except ProtocolError:  # a line of another Sailor: the job finds the checkpoint by listing
+                    continue
+            elif isinstance(record, WorkerEvent) and record.kind == "egress":  # any rank's, no step carried
+                try:
+                    gen.egress = add_egress(gen.egress, record.egress_bytes)
+                except ProtocolError:
                     continue
             elif isinstance(record, WorkerEvent):
                 rank = record.fields.get("rank", 0)  # lines without one are rank 0's (it alone writes those)

@@ -7,7 +7,9 @@ every slot holds the job's bytes of that pair in the step; rank 0 writes them in
 line (``egress_bytes``: ``[[src, dst, bytes], ...]``), which its agent forwards
 (``job/protocol.py``, ``AgentStatus.egress``) and the flow prices per pair.  The first step's
 slots also carry the state handed over at the resume (``runtime/handover.py``: the worker meters
-from before it).
+from before it).  What no step's all-reduce carried (a generation that ends before its first step, a
+validation after the last) each rank writes in its own ``{"event": "egress", "rank", "egress_bytes"}``
+line as its generation ends (``worker._report_unsent_egress``); its agent adds those too.
 """
 
 from __future__ import annotations
@@ -43,6 +45,10 @@ class EgressSlots:
         i = self.zones.index(self.zone)
         for dst, num_bytes in sent_bytes.items():
             status[self.offset + i * len(self.zones) + self.zones.index(dst)] += num_bytes
+
+    def own_pairs(self, sent_bytes: Mapping[str, float]) -> list[list]:
+        """This rank's bytes sent per destination zone as ``[src, dst, bytes]`` (an ``egress`` line's)."""
+        return [[self.zone, dst, num_bytes] for dst, num_bytes in sorted(sent_bytes.items()) if num_bytes > 0]
 
     def pairs(self, values: Sequence[float]) -> list[list]:
         """The reduced slots as ``[src, dst, bytes]``, the pairs that moved bytes only."""

@@ -139,9 +139,12 @@ class _Metrics:
 
     def error(self, rank: int, message: str) -> None:
         """An ``error`` line from any rank, not only rank 0: the rank that refused its inputs is
-        the one that knows why (its agent forwards the lowest rank's).  One appended write, so
-        lines of the ranks sharing the file do not interleave."""
-        record = {"event": "error", "rank": rank, "message": message}
+        the one that knows why (its agent forwards the lowest rank's)."""
+        self.any_rank({"event": "error", "rank": rank, "message": message})
+
+    def any_rank(self, record: dict) -> None:
+        """A line any rank writes: rank 0's through its handle, the others' appended in one write,
+        so lines of the ranks sharing the file do not interleave."""
         if self.fh:
             self.write(record)
         elif self.path:
@@ -248,6 +251,7 @@ def _generation(args, stop: dict, carry: _Carry) -> int:
             _note_parked(run, carry.kept.step)
         return code
     except SailorError as exc:
+        _report_unsent_egress(run)
         return _bad_input(rank, metrics, exc)
     except Exception as exc:  # a peer vanished or a collective timed out: never hang
         _die_on_failure(run, exc)
@@ -421,6 +425,7 @@ def _train(run: _Run) -> int:
         if stop_any:
             saved = run.storage is not None and _save_once(run, now=True)
             parks = saved and args.park_dir is not None and not run.stop["requested"]
+            _report_unsent_egress(run)
             metrics.write({"event": "preempted", "step": trainer.step, "checkpoint": saved, "parked": parks})
             _log(run.rank, f"stopping at step {trainer.step} on a stop notice (a preemption's or the agent's) "
                            f"({'checkpoint saved' if saved else 'no checkpoint'}"
@@ -436,6 +441,7 @@ def _train(run: _Run) -> int:
             _note_checkpoints(run)  # a background write may have committed during the step
     if run.storage is not None:
         _save_once(run, now=True)
+    _report_unsent_egress(run)
     metrics.write({"event": "done", "step": trainer.step})
     _stop_heartbeat(run, "done")
     _close_trackers(run)
@@ -535,6 +541,19 @@ def _validation_due(run: _Run) -> bool:
             and (step % every == 0 or step == run.args.steps))
 
 
+def _report_unsent_egress(run: _Run) -> None:
+    """This rank's metered bytes that no step's status all-reduce carried, in its own ``egress``
+    line (any rank's, as an error line), which its agent adds to the generation's: a handover's when
+    the generation ends before its first step, a validation's after the last step.  Taken from the
+    meter, so a later line cannot count them again; bytes already put in a status vector whose
+    all-reduce then failed are not (rank 0 may have reported them)."""
+    if run.egress is None or not run.egress.num_slots:
+        return
+    pairs = run.egress.own_pairs(links.take_sent_bytes())
+    if pairs:
+        run.metrics.any_rank({"event": "egress", "rank": run.rank, "egress_bytes": pairs})
+
+
 def _note_parked(run: _Run, step: int) -> None:
     park.write_parked(run.args.park_dir, park.Parked(pid=os.getpid(), rank=run.rank,
                                                      local_rank=int(os.environ.get("LOCAL_RANK", "0")), step=step))
@@ -556,6 +575,7 @@ def _die_on_failure(run: _Run, exc: Exception) -> None:
     """Exit 77 without waiting on anyone: a peer died, a collective timed out, or this rank's
     checkpoint I/O failed (the job must restart from the previous checkpoint)."""
     rank, metrics, heartbeat = run.rank, run.metrics, run.heartbeat
+    _report_unsent_egress(run)
     msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     if isinstance(exc, OSError):  # this rank's checkpoint I/O failed: it is the one to blame
         _log(rank, f"checkpoint I/O failed: {type(exc).__name__}: {msg[:500]}")
