@@ -39,7 +39,9 @@ line ``{"event": "done" | "preempted" | "peer_lost" | "error", ...}``; after eve
 committed ``{"event": "checkpoint", "step", "url", "unix_s"}`` (``runtime/checkpoint_writer.py``
 says when each is written and reported; ``runtime/save_note.py`` what the agent sees); ``peer_lost``
 carries ``dead_ranks`` (from heartbeats through the rendezvous store).  Any rank appends its
-own ``{"event": "error", "rank", "message"}`` line (bad input, its checkpoint I/O failing).
+own ``{"event": "error", "rank", "message"}`` line (bad input, its checkpoint I/O failing), and
+on a plan across zones, as its generation ends, ``{"event": "egress", "rank", "egress_bytes"}``
+with the bytes it sent across zones that no step line carried (``_report_unsent_egress``).
 A step after which the held-out samples were evaluated (every ``--validate-every`` steps and
 after the run's last step) also carries ``val_loss`` and ``val_perplexity``.
 
@@ -55,7 +57,6 @@ import argparse
 import datetime as _dt
 import functools
 import gc
-import json
 import math
 import os
 import signal
@@ -82,6 +83,7 @@ from sailor_core.runtime.egress_meter import EgressSlots
 from sailor_core.runtime.heartbeat import Heartbeat, watch_preempt_url
 from sailor_core.runtime.hf import load_pretrained
 from sailor_core.runtime.metrics import model_flops_per_step, peak_flops, peak_memory_bytes
+from sailor_core.runtime.metrics_file import MetricsFile
 from sailor_core.runtime.model import check_plan_for_engine
 from sailor_core.runtime.recipe import Recipe, make_recipe
 from sailor_core.runtime.process_groups import make_groups
@@ -127,34 +129,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
-class _Metrics:
-    def __init__(self, path: str | None, enabled: bool) -> None:
-        self.path = path
-        self.fh = open(path, "a") if (path and enabled) else None
-
-    def write(self, record: dict) -> None:
-        if self.fh:
-            self.fh.write(json.dumps(record) + "\n")
-            self.fh.flush()
-
-    def error(self, rank: int, message: str) -> None:
-        """An ``error`` line from any rank, not only rank 0: the rank that refused its inputs is
-        the one that knows why (its agent forwards the lowest rank's)."""
-        self.any_rank({"event": "error", "rank": rank, "message": message})
-
-    def any_rank(self, record: dict) -> None:
-        """A line any rank writes: rank 0's through its handle, the others' appended in one write,
-        so lines of the ranks sharing the file do not interleave."""
-        if self.fh:
-            self.write(record)
-        elif self.path:
-            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-            try:
-                os.write(fd, (json.dumps(record) + "\n").encode())
-            finally:
-                os.close(fd)
-
-
 @dataclass(slots=True, kw_only=True)
 class _Run:
     """What one worker's training loop works with (built by ``_load_inputs`` and ``_connect``)."""
@@ -166,7 +140,7 @@ class _Run:
     data: object
     recipe: Recipe
     storage: object | None
-    metrics: _Metrics
+    metrics: MetricsFile
     stop: dict
     device: object = None
     trainer: object = None
@@ -230,7 +204,7 @@ def _generation(args, stop: dict, carry: _Carry) -> int:
     generation may keep in ``carry``."""
     rank = int(os.environ.get("RANK", "0"))
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    metrics = _Metrics(args.metrics_file, rank == 0)
+    metrics = MetricsFile(args.metrics_file, rank == 0)
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -302,7 +276,7 @@ def _close_trackers(run: _Run, preempted: bool = False) -> None:
         run.trackers.close()
 
 
-def _load_inputs(args, rank: int, world: int, metrics: _Metrics, stop: dict) -> _Run:
+def _load_inputs(args, rank: int, world: int, metrics: MetricsFile, stop: dict) -> _Run:
     """The plan, model, data and checkpoint storage; SailorError when any is unusable."""
     plan = load_plan(args.plan)
     if world_size(plan) != world:
@@ -565,7 +539,7 @@ def _stop_heartbeat(run: _Run, how: str) -> None:
     _finish(dist)
 
 
-def _bad_input(rank: int, metrics: _Metrics, exc: Exception) -> int:
+def _bad_input(rank: int, metrics: MetricsFile, exc: Exception) -> int:
     _log(rank, f"error: {exc}")
     metrics.error(rank, str(exc))
     return EXIT_BAD_INPUT

@@ -56,7 +56,6 @@ def test_handover_bytes_across_zones_are_metered_as_sent(corpus, tmp_path: Path)
     assert set(metered) <= {(zones[0], zones[3]), (zones[1], zones[3])} and metered and within > 0
 
 
-@pytest.mark.slow  # a real agent and two workers importing torch: ~40 s on the shared 2 cores
 def test_a_generation_ended_before_its_first_step_reports_its_handover_once(corpus, tmp_path: Path):
     """The handover's bytes ride in the first step's status all-reduce; a generation that ends
     before it has one (here: already at its last step) reports them in its ranks' ``egress`` lines,
