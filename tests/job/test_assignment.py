@@ -132,7 +132,7 @@ def test_a_failed_worker_is_named_with_its_exit_codes():
 def test_an_agent_status_carries_the_generations_egress_versioned():
     import json
 
-    from sailor_core.job.protocol import EGRESS_VERSION, read_metrics_line
+    from sailor_core.job.protocol import EGRESS_VERSION, ProtocolError, read_metrics_line
 
     st = AgentStatus(instance_id="i", generation=3, state=AgentState.RUNNING,
                      egress=(("us-east-1a", "us-east-1b", 12.5),))
@@ -144,6 +144,11 @@ def test_an_agent_status_carries_the_generations_egress_versioned():
     assert AgentStatus.from_dict(data).egress == ()
     line = read_metrics_line(json.dumps({"step": 2, "loss": 1.0, "egress_bytes": [["a", "b", 4.0]]}))
     assert line.egress_bytes == (("a", "b", 4.0),)
+    # any rank's bytes that no step line carried (a generation ended before its first step)
+    event = read_metrics_line(json.dumps({"event": "egress", "rank": 1, "egress_bytes": [["b", "c", 8]]}))
+    assert event.kind == "egress" and event.egress_bytes == (("b", "c", 8.0),)
+    with pytest.raises(ProtocolError):
+        _ = read_metrics_line(json.dumps({"event": "egress", "egress_bytes": [["b", "c"]]})).egress_bytes
 
 
 def test_an_agent_status_says_how_many_standby_workers_are_ready():
