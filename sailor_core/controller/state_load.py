@@ -2,7 +2,10 @@
 the job's network (``runtime/handover.py``), or from the checkpoint in object storage.
 
 The one model of that load for the controller's cost of a change (``economics.change_s`` and the
-cost of a hit) and for the replay (``replay/costs.ChangeCosts``), so both weigh the same seconds.
+cost of a hit) and for the replay (``replay/costs.ChangeCosts``), so both weigh the same seconds;
+and the one home of a job's whole checkpoint (``checkpoint_bytes_for``) and of the storage's default
+bandwidth, which the flow's costs (``economics.job_costs``) and the check before renting
+(``job/prerent.check_reach``) read too.
 
 What the runtime does (``runtime/handover.py``): a rank whose own shard (same layers, same TP
 degree, no ZeRO) survives adopts it and receives nothing; any other rank receives its layers' TP

@@ -8,7 +8,8 @@ their instances booted (and were paid for), each refused here in one line.
   Storage is reached with this process's credentials, the ones the flow hands the job: on the
   clouds the job's own identity is granted exactly these locations (``infra/aws.prefix_policy``).
 - ``check_reach``: a throughput floor above what any plan on the GPUs offered reaches, and a
-  budget that does not buy one checkpoint interval of the cheapest plan; both from the planner's
+  budget that does not buy one checkpoint interval of the cheapest plan (its start-up the flow's
+  controller's, ``economics.job_costs``: the checkpoint's reload included); both from the planner's
   own ideal bounds (``planner.ideal_bounds``: every GPU busy, no bubble, link or sync), so a
   refusal is certain while a floor or budget merely tight still goes to the planner and the
   controller (which wait for capacity that is really missing, as before).
