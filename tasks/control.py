@@ -56,34 +56,25 @@ from sailor_core.controller import (
     plan_option,
     planner_plan_fn,
 )
-from sailor_core.controller.economics import CHANGE_COST_S, REJOIN_COST_S
+from sailor_core.controller.economics import job_costs
 from sailor_core.controller.interim import interim_option, interim_pays
 from sailor_core.controller.options import egress_rate_usd_per_hr
-from sailor_core.controller.state_load import StateLoad
 from sailor_core.errors import InfeasibleError
 from sailor_core.objective import Objective
 from sailor_core.planner.ranking import CHEAPEST, FASTEST
 from sailor_core.planner.request import DEFAULT_MAX_TP_DEGREE, PlanQuery, SearchSettings
-from sailor_core.replay.costs import ChangeCosts, checkpoint_bytes_for
 from sailor_core.simulator.simulate import simulate
 
 _log = logging.getLogger(__name__)
 
 
 def flow_costs(spec: JobSpec) -> Costs:
-    """The flow's costs of change for ``spec``'s job, as the controller weighs them: half of
-    ``CHANGE_COST_S`` provisioning, half start-up, ``REJOIN_COST_S`` a rejoin, each plus the job's
-    whole checkpoint from storage (its model's weights and optimizer state, ``checkpoint_bytes_for``,
-    at the replay's default storage bandwidth: the job records no timing of its own saves or loads), which a change's
+    """The flow's costs of change for ``spec``'s job, as the controller weighs them
+    (``economics.job_costs``: the job's checkpoint reload included, which a change's
     ``state_load`` replaces with what its ranks must receive: the engine hands the state over in
-    memory (``runtime/handover.py``), and the bytes that cross zones are priced (what the ledger
-    charges).  The constants were measured on the embedded cloud's small models, whose reload is
-    negligible, so the load is added, not taken out of them (as the replay's ``controller_costs``)."""
-    bw_bytes_per_s = ChangeCosts().storage_bw_bytes_per_s
-    load = StateLoad(storage_load_s=checkpoint_bytes_for(spec.model) / bw_bytes_per_s,
-                     storage_bw_bytes_per_s=bw_bytes_per_s, handover=True)
-    return Costs(save_s=0.0, provisioning_s=CHANGE_COST_S / 2, startup_s=CHANGE_COST_S / 2 + load.storage_load_s,
-                 work_lost_s=0.0, rejoin_s=REJOIN_COST_S + load.storage_load_s, state_load=load)
+    memory, ``runtime/handover.py``, and the bytes that cross zones are priced, as the ledger
+    charges them); the check before renting charges the same start-up."""
+    return job_costs(spec.model)
 
 
 def availability(offers: Sequence[Offer], *, max_gpus_per_zone: int, max_gpus: int | None,

@@ -53,7 +53,7 @@ from sailor_core.controller.state_load import StateLoad
 _S_PER_HR = 3600.0
 # The train-job flow's costs: seconds a plan change costs before training resumes (boot, torch
 # import, rendezvous; measured on small models: the job's own reload is added to it and to the
-# rejoin per job, ``tasks.control.flow_costs``) ...
+# rejoin per job, ``job_costs``) ...
 CHANGE_COST_S = 30.0
 # ... and a change onto instances all held, whose parked workers rejoin in place (no boot, no
 # import; benchmarks/bench_rejoin.py: about a tenth of a new process's start here).
@@ -108,6 +108,20 @@ class Costs:
             return self.hit_s + extra
         interim_s = self.rejoin_s + self.save_s + share * self.provisioning_s + self.startup_s
         return min(self.restart_s + extra, interim_s + 2 * extra) + self.work_lost_s
+
+
+def job_costs(model: str) -> Costs:
+    """The train-job flow's costs of change for a job of ``model`` (``tasks.control.flow_costs``),
+    and the start-up the check before renting charges (``job/prerent.check_reach``: its
+    ``restart_s``): half of ``CHANGE_COST_S`` provisioning, half start-up, ``REJOIN_COST_S`` a
+    rejoin, each plus the job's whole checkpoint from storage (``StateLoad.of_checkpoint``, at
+    the default storage bandwidth: the job records no timing of its own saves or loads), which a
+    change's ``state_load`` replaces with what its ranks must receive.  The constants were
+    measured on the embedded cloud's small models, whose reload is negligible, so the load is
+    added, not taken out of them (as the replay's ``controller_costs``)."""
+    load = StateLoad.of_checkpoint(model)
+    return Costs(save_s=0.0, provisioning_s=CHANGE_COST_S / 2, startup_s=CHANGE_COST_S / 2 + load.storage_load_s,
+                 work_lost_s=0.0, rejoin_s=REJOIN_COST_S + load.storage_load_s, state_load=load)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -2,7 +2,10 @@
 the job's network (``runtime/handover.py``), or from the checkpoint in object storage.
 
 The one model of that load for the controller's cost of a change (``economics.change_s`` and the
-cost of a hit) and for the replay (``replay/costs.ChangeCosts``), so both weigh the same seconds.
+cost of a hit) and for the replay (``replay/costs.ChangeCosts``), so both weigh the same seconds;
+and the one home of a job's whole checkpoint (``checkpoint_bytes_for``) and of the storage's default
+bandwidth, which the flow's costs (``economics.job_costs``) and the check before renting
+(``job/prerent.check_reach``) read too.
 
 What the runtime does (``runtime/handover.py``): a rank whose own shard (same layers, same TP
 degree, no ZeRO) survives adopts it and receives nothing; any other rank receives its layers' TP
@@ -29,11 +32,21 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from sailor_core.catalog.layers import layer_shapes
+from sailor_core.catalog.layers import layer_shapes, total_params
 from sailor_core.network.model import Endpoint, default_network
 from sailor_core.regimes import DEFAULT_REGIME, get_regime
 
 GpuZone = tuple[str, str]
+
+# The checkpoint store's aggregate read and write bandwidth where none is given: the replay's
+# default (``ChangeCosts``) and the train-job flow's, whose job records no timing of its own saves.
+DEFAULT_STORAGE_BW_BYTES_PER_S = 1e9
+
+
+def checkpoint_bytes_for(model: str, regime: str | None = None) -> float:
+    """Bytes of one full checkpoint: weights plus optimizer state (gradients are not saved)."""
+    r = get_regime(regime or DEFAULT_REGIME)
+    return float(total_params(model)) * (r.weight_bytes_per_param + r.optimizer_bytes_per_param)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -44,6 +57,14 @@ class StateLoad:
     storage_load_s: float
     storage_bw_bytes_per_s: float
     handover: bool = True
+
+    @classmethod
+    def of_checkpoint(cls, model: str, *, storage_bw_bytes_per_s: float = DEFAULT_STORAGE_BW_BYTES_PER_S,
+                      handover: bool = True) -> StateLoad:
+        """The load of ``model``'s job whose whole checkpoint (``checkpoint_bytes_for``) storage
+        serves at ``storage_bw_bytes_per_s``."""
+        return cls(storage_load_s=checkpoint_bytes_for(model) / storage_bw_bytes_per_s,
+                   storage_bw_bytes_per_s=storage_bw_bytes_per_s, handover=handover)
 
     def load_s(self, new: Any, *, holder: Any, lost: Mapping[GpuZone, int]) -> float:
         """Seconds until ``new``'s ranks hold their state, from the ranks of ``holder`` (the layout

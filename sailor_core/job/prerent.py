@@ -8,7 +8,8 @@ their instances booted (and were paid for), each refused here in one line.
   Storage is reached with this process's credentials, the ones the flow hands the job: on the
   clouds the job's own identity is granted exactly these locations (``infra/aws.prefix_policy``).
 - ``check_reach``: a throughput floor above what any plan on the GPUs offered reaches, and a
-  budget that does not buy one checkpoint interval of the cheapest plan; both from the planner's
+  budget that does not buy one checkpoint interval of the cheapest plan (its start-up the flow's
+  controller's, ``economics.job_costs``: the checkpoint's reload included); both from the planner's
   own ideal bounds (``planner.ideal_bounds``: every GPU busy, no bubble, link or sync), so a
   refusal is certain while a floor or budget merely tight still goes to the planner and the
   controller (which wait for capacity that is really missing, as before).
@@ -27,7 +28,7 @@ from sailor_core.catalog.hf_config import (check_hf_config, read_hf_config, refu
 from sailor_core.catalog.hf_weights import check_weights
 from sailor_core.catalog.instances import Offer
 from sailor_core.catalog.models import get_model
-from sailor_core.controller.economics import CHANGE_COST_S
+from sailor_core.controller.economics import job_costs
 from sailor_core.errors import InputError
 from sailor_core.job.spec import JobSpec, JobSpecError
 from sailor_core.storage import StorageError, open_storage
@@ -122,8 +123,10 @@ def check_reach(spec: JobSpec, offers: list[Offer], *, max_gpus_per_zone: int, p
     if not usable_offers:
         return  # nothing offered: the planner and the controller say so, and wait
     cheapest = min(usable_offers, key=lambda o: _node_usd_per_hr(o, spec.spot))
-    # The controller starts a plan only when the budget pays its start-up (``CHANGE_COST_S``).
-    start_usd = _node_usd_per_hr(cheapest, spec.spot) * CHANGE_COST_S / 3600.0
+    # The controller starts a plan only when the budget pays its start-up: the flow's own
+    # (``economics.job_costs``, as ``tasks.control.flow_costs``), the checkpoint's reload included.
+    start_s = job_costs(spec.model).restart_s
+    start_usd = _node_usd_per_hr(cheapest, spec.spot) * start_s / 3600.0
     if prices_are_live and spec.budget_usd <= start_usd:
         raise JobSpecError("budget_usd", _budget_words(spec, start_usd, cheapest))
     if spec.min_throughput_samples_per_s is None and not prices_are_live:
@@ -157,8 +160,11 @@ def _node_usd_per_hr(offer: Offer, spot: bool) -> float:
 
 def _budget_words(spec: JobSpec, least_usd: float, cheapest: Offer) -> str:
     interval = min(spec.checkpoint_every_steps, spec.steps)
+    costs = job_costs(spec.model)
+    reload_s = costs.state_load.storage_load_s if costs.state_load is not None else 0.0
     return (f"{spec.budget_usd:g} USD does not buy one checkpoint interval ({interval} steps) of the cheapest "
-            f"plan: that takes at least {least_usd:.2g} USD (its start-up of {CHANGE_COST_S:g} s on "
+            f"plan: that takes at least {least_usd:.4g} USD (its start-up of {costs.restart_s:.3g} s, "
+            f"{reload_s:.3g} s of it the checkpoint's reload, on "
             f"{cheapest.instance_type} in {cheapest.zone} at {_node_usd_per_hr(cheapest, spec.spot):g} USD/h, "
             "then the steps)")
 

@@ -1,6 +1,7 @@
 """Trace-driven replay: what training costs and how long it takes on capacity that comes and goes."""
 
-from sailor_core.replay.costs import ChangeCosts, checkpoint_bytes_for
+from sailor_core.controller.state_load import checkpoint_bytes_for
+from sailor_core.replay.costs import ChangeCosts
 from sailor_core.replay.result import DecisionRecord, ReplayResult, TimelinePoint, activity_words
 from sailor_core.replay.scenario import Goal, Lookahead, Market, ReplayPolicy
 from sailor_core.replay.simulation import replay

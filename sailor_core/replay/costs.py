@@ -6,11 +6,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from sailor_core.catalog.layers import total_params
 from sailor_core.catalog.clouds import cloud_facts
-from sailor_core.controller.state_load import StateLoad
+from sailor_core.controller.state_load import DEFAULT_STORAGE_BW_BYTES_PER_S, StateLoad
 from sailor_core.errors import InputError
-from sailor_core.regimes import DEFAULT_REGIME, get_regime
 from sailor_core.traces import GpuZone
 from sailor_core.zones import parse_zone
 
@@ -32,7 +30,7 @@ class ChangeCosts:
     # the checkpoint (controller/state_load.py).  False: every change reloads the checkpoint.
     handover: bool = True
     checkpoint_bytes: float = 0.0         # model + optimizer state written per checkpoint
-    storage_bw_bytes_per_s: float = 1e9   # aggregate write/read bandwidth to the checkpoint store
+    storage_bw_bytes_per_s: float = DEFAULT_STORAGE_BW_BYTES_PER_S  # aggregate write/read bandwidth to the checkpoint store
     checkpoint_interval_s: float = 1800.0  # periodic checkpoints while training
     terminate_s: float = 30.0             # instance shutdown after the final checkpoint
 
@@ -102,8 +100,3 @@ class ChangeCosts:
             return 0.0
         return self.checkpoint_interval_s / 2
 
-
-def checkpoint_bytes_for(model: str, regime: str | None = None) -> float:
-    """Bytes of one full checkpoint: weights plus optimizer state (gradients are not saved)."""
-    r = get_regime(regime or DEFAULT_REGIME)
-    return float(total_params(model)) * (r.weight_bytes_per_param + r.optimizer_bytes_per_param)

@@ -26,7 +26,8 @@ from sailor_core.controller import (
 )
 from sailor_core.controller.options import PlannerCall
 from sailor_core.errors import InputError
-from sailor_core.replay.costs import ChangeCosts, checkpoint_bytes_for
+from sailor_core.controller.state_load import checkpoint_bytes_for
+from sailor_core.replay.costs import ChangeCosts
 from sailor_core.replay.lookahead import first_requests
 from sailor_core.replay.plan_cache import PersistentPlanner, _key, persistent
 from sailor_core.objective import JobTerms

@@ -6,11 +6,11 @@ import pytest
 from sailor_core.catalog.layers import layer_shapes
 from sailor_core.controller import PlanOption
 from sailor_core.controller.economics import Costs, change_s
-from sailor_core.controller.state_load import StateLoad
+from sailor_core.controller.state_load import StateLoad, checkpoint_bytes_for
 from sailor_core.network.model import Endpoint, default_network
 from sailor_core.plan.types import Plan, Replica, Stage
 from sailor_core.regimes import DEFAULT_REGIME, get_regime
-from sailor_core.replay.costs import ChangeCosts, checkpoint_bytes_for
+from sailor_core.replay.costs import ChangeCosts
 
 MODEL = "opt-350m"
 A, B = ("V100-16", "us-east-1a"), ("V100-16", "us-east-1b")

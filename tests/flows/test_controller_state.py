@@ -119,7 +119,8 @@ def test_after_a_preemption_the_flows_controller_moves_the_stormy_pool_on_demand
 # ---- the flow's costs of change: the job's own checkpoint, handed over in memory (issue 36)
 
 def test_the_flows_costs_carry_a_state_load_sized_by_the_jobs_checkpoint():
-    from sailor_core.replay.costs import ChangeCosts, checkpoint_bytes_for
+    from sailor_core.controller.state_load import checkpoint_bytes_for
+    from sailor_core.replay.costs import ChangeCosts
     from sailor_core.controller.economics import CHANGE_COST_S, REJOIN_COST_S
     from tasks.control import flow_costs
 

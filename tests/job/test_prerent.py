@@ -14,6 +14,8 @@ from sailor_core.catalog.hf_config import resolve_model
 from sailor_core.catalog.hf_weights import WEIGHTS, check_weights
 from sailor_core.catalog.instances import catalog_offers
 from sailor_core.catalog.models import get_model
+from sailor_core.controller.economics import CHANGE_COST_S, job_costs
+from sailor_core.controller.state_load import DEFAULT_STORAGE_BW_BYTES_PER_S, checkpoint_bytes_for
 from sailor_core.errors import InputError
 from sailor_core.job.prerent import check_inputs, check_reach
 from sailor_core.job.spec import JobSpec, JobSpecError
@@ -156,3 +158,36 @@ def test_a_budget_that_buys_no_checkpoint_interval_is_refused_saying_what_would(
 
 def test_capacity_that_is_missing_is_not_refused_here():
     check_reach(JobSpec(budget_usd=1e-6, min_throughput_samples_per_s=1e9), [], max_gpus_per_zone=2)
+
+
+def _least_usd(spec: JobSpec) -> tuple[float, str]:
+    """What ``check_reach`` says ``spec``'s first checkpoint interval takes at least, and its line."""
+    with pytest.raises(JobSpecError) as info:
+        check_reach(spec, OFFERS, max_gpus_per_zone=2)
+    assert info.value.field == "budget_usd" and "\n" not in str(info.value)
+    return float(info.value.problem.split("at least ")[1].split(" ")[0]), info.value.problem
+
+
+def test_the_budget_check_counts_the_checkpoint_reload_as_the_flows_controller_does():
+    # lazy: the flow's tasks load Prefect, only to compare with what the flow's controller weighs
+    from tasks.control import flow_costs
+
+    model = "opt-1.3b"  # about 18 GB of weights and AdamW state: a reload of seconds, not milliseconds
+    costs = flow_costs(JobSpec(model=model, budget_usd=1))
+    assert costs == job_costs(model)
+    reload_s = costs.state_load.storage_load_s
+    assert reload_s == pytest.approx(checkpoint_bytes_for(model) / DEFAULT_STORAGE_BW_BYTES_PER_S) and reload_s > 10
+    assert costs.restart_s == pytest.approx(CHANGE_COST_S + reload_s)
+    usd_per_hr = min(o.spot_usd_per_hr for o in OFFERS)
+    # A budget below the start-up alone is refused saying the start-up the flow's controller weighs.
+    start_usd = usd_per_hr * costs.restart_s / 3600
+    least, line = _least_usd(JobSpec(model=model, budget_usd=start_usd * 0.999))
+    assert least == pytest.approx(start_usd, rel=1e-3)
+    assert f"its start-up of {costs.restart_s:.3g} s, {reload_s:.3g} s of it the checkpoint's reload" in line
+    # Past the start-up, the first interval's steps: a budget that pays them and a start-up
+    # without the reload (what the check counted before) is refused; one that pays it all passes.
+    least, line = _least_usd(JobSpec(model=model, budget_usd=start_usd * 1.001))
+    reload_usd = usd_per_hr * reload_s / 3600
+    assert least > start_usd and "then the steps" in line
+    _least_usd(JobSpec(model=model, budget_usd=least - reload_usd / 2))
+    check_reach(JobSpec(model=model, budget_usd=least * 1.001), OFFERS, max_gpus_per_zone=2)

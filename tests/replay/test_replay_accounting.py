@@ -12,7 +12,7 @@ from sailor_core.controller import controller_config
 from sailor_core.network.model import Endpoint, default_network
 from sailor_core.plan.types import Plan, Replica, Stage
 from sailor_core.replay import ChangeCosts, Goal, Market, ReplayPolicy, controller_costs, replay
-from sailor_core.replay.costs import checkpoint_bytes_for
+from sailor_core.controller.state_load import checkpoint_bytes_for
 from sailor_core.traces import build_trace, derive_preset
 
 from tests.controller.planners import linear_planner
