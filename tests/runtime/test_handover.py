@@ -4,41 +4,20 @@ the checkpoint puts them; a rank some of whose state nobody holds reads the chec
 
 from __future__ import annotations
 
-import datetime as dt
-import json
-import subprocess
-import sys
 from pathlib import Path
 
-from sailor_core.ports import free_port
 from sailor_core.runtime.handover import Need, Offer, plan_schedule
 
 from .handover_ranks import GENERATIONS
+from .rank_scripts import run_rank_scripts
 
 FULL = ("params", "exp_avg", "exp_avg_sq")
 
 
 def test_handed_over_state_is_the_checkpoint_reloaded_across_plans(corpus, tmp_path: Path):
-    import torch.distributed as dist
-
-    port = free_port()
-    store = dist.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False,
-                          timeout=dt.timedelta(seconds=90))
-    script = Path(__file__).with_name("handover_ranks.py")
-    repo = Path(__file__).parents[2]
     num = 1 + max(p for _, procs, _, _ in GENERATIONS for p in procs)
-    procs = [subprocess.Popen([sys.executable, str(script), str(i), str(port), str(corpus), str(tmp_path / "ck"),
-                               str(tmp_path / f"out{i}.json")], cwd=repo, stderr=subprocess.PIPE, text=True)
-             for i in range(num)]
-    try:
-        errors = [p.communicate(timeout=300)[1] for p in procs]
-    finally:
-        for p in procs:
-            p.kill()
-        del store
-    assert [p.returncode for p in procs] == [0] * num, "\n".join(e[-3000:] for e in errors)
-    got = {(r["generation"], r["rank"]): r for i in range(num)
-           for r in json.loads((tmp_path / f"out{i}.json").read_text())}
+    got = {(r["generation"], r["rank"]): r for out in run_rank_scripts("handover_ranks.py", num, corpus, tmp_path)
+           for r in out}
     want = {(g, rank): source for g, (_, _, _, expected) in enumerate(GENERATIONS) for rank, source in expected.items()}
     assert {k: r["state_from"] for k, r in got.items()} == want
     assert {k: r["differences"] for k, r in got.items() if r["differences"]} == {}

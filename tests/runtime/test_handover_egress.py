@@ -4,10 +4,7 @@ backend was actually given; a receiver with a holder in its own zone takes its s
 
 from __future__ import annotations
 
-import datetime as dt
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,28 +12,12 @@ import pytest
 from sailor_core.ports import free_port
 
 from .handover_egress_ranks import GENERATIONS
+from .rank_scripts import run_rank_scripts
 
 
 @pytest.mark.slow  # four processes importing torch: ~30 s on the shared 2 cores
 def test_handover_bytes_across_zones_are_metered_as_sent(corpus, tmp_path: Path):
-    import torch.distributed as dist
-
-    port = free_port()
-    store = dist.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False,
-                          timeout=dt.timedelta(seconds=90))
-    script = Path(__file__).with_name("handover_egress_ranks.py")
-    num = len(GENERATIONS[-1])
-    procs = [subprocess.Popen([sys.executable, str(script), str(i), str(port), str(corpus), str(tmp_path / "ck"),
-                               str(tmp_path / f"out{i}.json")], cwd=Path(__file__).parents[2],
-                              stderr=subprocess.PIPE, text=True) for i in range(num)]
-    try:
-        errors = [p.communicate(timeout=300)[1] for p in procs]
-    finally:
-        for p in procs:
-            p.kill()
-        del store
-    assert [p.returncode for p in procs] == [0] * num, "\n".join(e[-3000:] for e in errors)
-    got = [json.loads((tmp_path / f"out{i}.json").read_text()) for i in range(num)]
+    got = run_rank_scripts("handover_egress_ranks.py", len(GENERATIONS[-1]), corpus, tmp_path)
     zones = got[0]["zones"]
     assert [r["state_from"] for r in got] == ["memory", "memory", "peers", "peers"]
     across, within = {}, 0
