@@ -14,6 +14,9 @@
   tied matrix's sum were OPT tied, the world barrier and the loss broadcast, ``ReduceGrads``'
   passes at DP 1, fp32 clipping's passes, the partition's meta sends), from bytes and latencies;
   and, as a sensitivity, what 1 ms per micro-batch and stage of host-side cost would add.
+* Kinds 1 and 3, the regime: which matmul path Sailor's profiles ran on (each model's fastest
+  block against the plain fp32 peak), and what the last stage of GH-96 TP 4 pipelines holds
+  under DeepSpeed's regime now and with the tied copy counted as before.
 * Kind 5: the memory model's bytes per extra micro-batch in flight on an H200 (mbs 1) and, with
   ``--saved``, what autograd saves in ``transformers``' models under CPU bf16 autocast (seq 256,
   depth 2 and 4 differenced) beside ``catalog/layers.py`` (a few minutes: full-width models).
@@ -36,7 +39,8 @@ from sailor_core.network.model import Endpoint, default_network  # noqa: E402
 from sailor_core.plan.types import plan_from_dict  # noqa: E402
 from sailor_core.profiles import default_profile_db  # noqa: E402
 from sailor_core.regimes import get_regime  # noqa: E402
-from sailor_core.simulator import compose, simulate, stage_memory  # noqa: E402
+from sailor_core.profiles import estimator as est  # noqa: E402
+from sailor_core.simulator import compose, memory, simulate, stage_memory  # noqa: E402
 from sailor_core.simulator import stage as st  # noqa: E402
 from sailor_core.simulator.schedule_reference import blocking_makespan, deepspeed_commands  # noqa: E402
 
@@ -268,6 +272,53 @@ def engine_extras_rows() -> None:
               f"{1e3 * tied:.2f} | {1e3 * sync:.3f} | {1e3 * reduce_grads:.2f} | {1e3 * clipping:.2f} | {1e3 * meta:.2f} |")
 
 
+def precision_rows() -> None:
+    """Which matmul path Sailor's profiles ran on (issue 35): each model's fastest measured block
+    (``estimator.fastest_block_flops``) against the GPU's plain fp32 peak; above it only TF32 can
+    run (the DeepSpeed regime's ``matmul_precision``)."""
+    profiles = default_profile_db().profiles()
+    print("\n| GPU | plain fp32 peak TFLOP/s | TF32 peak | model: fastest block TFLOP/s (x plain peak) |")
+    print("|---|---|---|---|")
+    for gpu in ("GH-96", "A100-40", "A100-80", "V100-16"):
+        spec = get_gpu(gpu)
+        rates = est.fastest_block_flops(profiles, gpu, "megatron-fp32-adamw")
+        cells = ", ".join(f"{m} {r / 1e12:.0f} ({r / spec.peak_fp32_flops:.2f})" for m, r in sorted(rates.items()))
+        tf32 = est.matmul_peak_flops(spec, get_regime("megatron-fp32-adamw"))
+        print(f"| {gpu} | {spec.peak_fp32_flops / 1e12:.1f} | {tf32 / 1e12:.1f} | {cells} |")
+
+
+def last_stage_memory_rows() -> None:
+    """The last stage of GH-96 TP 4 pipelines under DeepSpeed's regime: what it holds now (what
+    its profile's head counts; GPT-Neo's pipe is headless, its loss reading the norm's output) and
+    with the tied copy and vocabulary-wide loss counted as before (``memory`` patched back)."""
+    print("\n| GH-96 TP 4, global batch 32 | stages | mbs | DP | last stage peak GB | params | loss MB | "
+          "before: peak GB | params | loss MB | iteration s now / before |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for model, p, mbs, dp in (("gpt-neo-2.7b", 4, 1, 1), ("gpt-neo-2.7b", 4, 4, 1), ("gpt-neo-2.7b", 8, 1, 1),
+                              ("gpt-neo-2.7b", 4, 1, 2), ("opt-350m", 4, 1, 1), ("opt-350m", 1, 1, 1)):
+        d = _plan(model, ["GH-96"] * p, 4, mbs, gbs=32 * dp)
+        for stage in d["stages"]:
+            stage["replicas"] = stage["replicas"] * dp
+        figures = []
+        for before in (False, True):
+            saved = memory.tied_copy_params, memory.headless, st.embedding_group_params
+            if before:
+                memory.tied_copy_params = lambda prof: memory._tied_copy_params(
+                    prof.model, prof.tp_degree, prof.layers[-1].params, True)
+                memory.headless = lambda prof: False
+                st.embedding_group_params = lambda prof: 0  # no embedding group's sum (third round)
+            try:
+                result = simulate(plan_from_dict(d))
+            finally:
+                memory.tied_copy_params, memory.headless, st.embedding_group_params = saved
+            mem = result.to_dict()["stages"][-1]["replicas"][0]["memory"]
+            figures.append((mem["peak_memory_bytes"] / 1e9, mem["num_params"], mem["loss_working_bytes"] / 1e6,
+                            result.iteration_time_s))
+        (now_gb, now_params, now_loss, now_s), (old_gb, old_params, old_loss, old_s) = figures
+        print(f"| {model} | {p} | {mbs} | {dp} | {now_gb:.3f} | {now_params:,} | {now_loss:.1f} | {old_gb:.3f} | "
+              f"{old_params:,} | {old_loss:.1f} | {now_s:.4f} / {old_s:.4f} |")
+
+
 if __name__ == "__main__":
     partition_rows()
     schedule_rows()
@@ -277,5 +328,7 @@ if __name__ == "__main__":
     engine_extras_rows()
     host_cost_rows()
     memory_rows()
+    precision_rows()
+    last_stage_memory_rows()
     if "--saved" in sys.argv[1:]:
         saved_rows()

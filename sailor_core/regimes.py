@@ -57,6 +57,16 @@ class TrainingRegime:
     # single-tensor AdamW (``foreach=False``) computes ``exp_avg_sq.sqrt() / bias_correction``
     # (two), a fused kernel none.  The step's peak is the largest tensor's.
     optimizer_temp_tensors: int
+    # Whether the framework's pipeline ties a tied model's LM head to its embedding across stages:
+    # the last stage holds a copy of the embedding matrix, summed with the first stage's in an
+    # embedding group (Megatron's, Sailor's own engine: ``runtime/process_groups.py``).  False:
+    # the last stage holds the head its pipeline module declares with a matrix of its own, or
+    # none (DeepSpeed's ``PipelineModule`` without a ``TiedLayerSpec``, Sailor's OPT/Llama/GPT-Neo
+    # pipes), and nothing is summed between the stages.  The one predicate behind the embedding
+    # group's time (``simulator/compose.ties_embedding_across_stages``), the tied copy in memory
+    # (``simulator/memory.tied_copy_params``) and an estimated head's parameters
+    # (``catalog/layers.py``).
+    ties_embedding_across_stages: bool = True
 
     @property
     def state_bytes_per_param(self) -> int:
@@ -89,6 +99,10 @@ _REGIMES: dict[str, TrainingRegime] = {
             # Sailor's memory rule (its validated check); DeepSpeed's fused Adam: no temporaries.
             loss_working_bytes_per_logit=8,
             optimizer_temp_tensors=0,
+            # Sailor's Megatron-DeepSpeed pipes declare no TiedLayerSpec (eth-easl/sailor 494eaa5):
+            # OPT's head is LayerSpec(OPTLMHeadPipe), Llama's LlamaLMHeadPipe, each a
+            # ColumnParallelLinear of its own; GPT-Neo's pipe ends with a LayerNorm (no head)
+            ties_embedding_across_stages=False,
         ),
         TrainingRegime(
             name="torch-bf16-autocast-adamw",

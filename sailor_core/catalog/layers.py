@@ -21,7 +21,9 @@ Parameters (whole layer, t = 1):
                     + V*e' unless the head is tied to the embedding (then the matrix is counted once,
                     in the embedding, as transformers' num_parameters(); the head still reads it:
                     ``params_read``; a pipeline stage holding the head without the embedding holds a
-                    copy, which the memory model adds: sailor_core/simulator/memory.py)
+                    copy, which the memory model adds: sailor_core/simulator/memory.py).  Under a
+                    regime whose pipeline ties nothing across stages (DeepSpeed's: Sailor's OPT and
+                    Llama pipes declare a head of their own) the head counts V*e' of its own.
   Sharded: matmul weights and their column-parallel biases / t, vocab rows ceil(V/t);
   KV heads g/t per GPU (TP divides them, as the engine needs: catalog.models.tp_split_problem).
 
@@ -244,7 +246,10 @@ def _head(spec: ModelSpec, t: int, s: int, regime: TrainingRegime, index: int) -
     c, r = regime.activation_bytes_per_element, regime.residual_bytes_per_element
     vocab_rows = _ceil_div(v, t)
     matmul = vocab_rows * e
-    params = 0 if spec.tie_embeddings else matmul
+    # a framework that ties nothing across stages (DeepSpeed's pipes) gives the head a matrix of
+    # its own whatever the config says (``TrainingRegime.ties_embedding_across_stages``)
+    tied = spec.tie_embeddings and regime.ties_embedding_across_stages
+    params = 0 if tied else matmul
     if spec.pre_norm:
         params += h if spec.is_llama else 2 * h
     if spec.word_embed_proj_dim:
@@ -268,7 +273,7 @@ def _head(spec: ModelSpec, t: int, s: int, regime: TrainingRegime, index: int) -
         index=index,
         kind="head",
         params=params,
-        params_read=params + (vocab_rows * e if spec.tie_embeddings else 0),
+        params_read=params + (vocab_rows * e if tied else 0),
         fwd_flops_per_token=2.0 * matmul,
         activation_bytes_per_seq=per_token * s,
         activation_bytes_fixed=regime.weight_copy_bytes_per_param * matmul,

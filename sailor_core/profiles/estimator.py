@@ -289,9 +289,22 @@ def off_datapath_models(profiles: Iterable, gpu: str, regime: str) -> frozenset[
     plain_peak = spec.peak_fp32_flops
     if matmul_peak_flops(spec, reg) <= plain_peak:
         return frozenset()
-    best: dict[str, float] = {}  # model -> fastest block, FLOP/s
+    best = fastest_block_flops(profiles, spec.name, reg.name)
+    proven = [get_model(m).hidden_size for m, rate in best.items() if rate > plain_peak]
+    if not proven:
+        return frozenset()
+    narrowest = min(proven)
+    return frozenset(m for m, rate in best.items() if rate <= plain_peak and get_model(m).hidden_size >= narrowest)
+
+
+def fastest_block_flops(profiles: Iterable, gpu: str, regime: str) -> dict[str, float]:
+    """{model: FLOP/s of its fastest measured transformer block on ``gpu`` under ``regime``}, a
+    block's forward or backward (twice the forward's FLOPs), over every TP degree and micro-batch
+    size: above the GPU's plain fp32 peak it proves a faster matmul path (TF32)."""
+    reg = get_regime(regime)
+    best: dict[str, float] = {}
     for p in profiles:
-        if p.gpu != spec.name or p.regime != reg.name:
+        if p.gpu != gpu or p.regime != reg.name:
             continue
         shapes = layer_shapes(p.model, tp_degree=p.tp_degree, seq_len=p.seq_len, regime=reg)
         if len(shapes) != len(p.layers):
@@ -302,11 +315,7 @@ def off_datapath_models(profiles: Iterable, gpu: str, regime: str) -> frozenset[
             flops = shape.fwd_flops(p.micro_batch_size, p.seq_len)
             rate = max(flops / layer.fwd_s if layer.fwd_s > 0 else 0.0, 2 * flops / layer.bwd_s if layer.bwd_s > 0 else 0.0)
             best[p.model] = max(best.get(p.model, 0.0), rate)
-    proven = [get_model(m).hidden_size for m, rate in best.items() if rate > plain_peak]
-    if not proven:
-        return frozenset()
-    narrowest = min(proven)
-    return frozenset(m for m, rate in best.items() if rate <= plain_peak and get_model(m).hidden_size >= narrowest)
+    return best
 
 
 # Matmul efficiency, memory traffic and launch time per kernel are told apart only by blocks

@@ -50,15 +50,18 @@ def partitions_boundaries(regime: TrainingRegime) -> bool:
 
 
 def ties_embedding_across_stages(regime_name: str) -> bool:
-    """Whether the framework sums a tied embedding matrix's gradient between a pipeline's first
-    and last stage (an embedding group, ``stage.tied_sync_s``): Megatron's embedding group and
-    Sailor's own engine (``runtime/process_groups.py``) do.  Under DeepSpeed's pipeline engine
-    (Sailor's profiles and measured runs) that sum is ``TiedLayerSpec``'s
-    (``_exec_reduce_tied_grads``), and Sailor's Megatron-DeepSpeed models declare none: OPT's head
-    is a ``LayerSpec(OPTLMHeadPipe)`` with a matrix of its own (its profile's head counts it),
-    Llama's a ``LlamaLMHead``, GPT-Neo's pipeline has no head.  There the last stage's matrix is
-    its own: its stage's DP ring carries it, as the first stage's carries the embedding."""
-    return regime_name not in BLOCKING_P2P_REGIMES
+    """Whether the framework ties a tied model's LM head to its embedding across a pipeline's
+    stages (``TrainingRegime.ties_embedding_across_stages``): then the last stage holds a copy of
+    the matrix (``memory.tied_copy_params``) and sums its gradient with the first stage's in an
+    embedding group (``stage.tied_sync_s``), as Megatron and Sailor's own engine
+    (``runtime/process_groups.py``) do.  Under DeepSpeed's pipeline engine (Sailor's profiles and
+    measured runs) that sum is ``TiedLayerSpec``'s (``_exec_reduce_tied_grads``), and Sailor's
+    Megatron-DeepSpeed models declare none: OPT's head is a ``LayerSpec(OPTLMHeadPipe)`` with a
+    matrix of its own (its profile's head counts it), Llama's a ``LlamaLMHead``, GPT-Neo's
+    pipeline ends with a LayerNorm and has no head.  There the last stage holds what its
+    profile's head counts and its stage's DP ring carries it, as the first stage's carries the
+    embedding.  Time and memory both ask this one predicate."""
+    return get_regime(regime_name).ties_embedding_across_stages
 
 
 def p2p_schedule(regime: TrainingRegime) -> str:

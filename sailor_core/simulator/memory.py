@@ -54,11 +54,13 @@
   ``ceil(V / tp) x embedding width`` more parameters, with their gradients and
   optimizer state (``tied_copy_params``).  A profile whose head layer already
   counts a vocabulary matrix (Sailor's OPT profiles, measured with Megatron's
-  untied head) gets no copy.  Under DeepSpeed's pipeline engine nothing is summed
-  between the stages (``embedding_group_params``): Sailor's models give the head a
-  matrix of its own, which the last stage holds and syncs over its replicas as any
-  other weight (GPT-Neo's pipeline has no head at all; its profile's last index is a
-  LayerNorm, and the copy it is still counted is an over-estimate left as it was).
+  untied head) gets no copy.  Under DeepSpeed's pipeline engine nothing is tied across
+  the stages (``compose.ties_embedding_across_stages``, the one predicate the embedding
+  group's time reads too): the last stage holds what its profile's head counts and syncs
+  it over its replicas as any other weight.  Sailor's OPT and Llama pipes give the head
+  a matrix of its own (their profiles count it; an estimated head counts it under that
+  regime, ``catalog/layers.py``); its GPT-Neo pipe has no head (``headless``: the profile's
+  last index is a LayerNorm, and the loss reads the norm's hidden-wide output).
 """
 
 from __future__ import annotations
@@ -144,8 +146,22 @@ def head_logits(model: str, tp_degree: int, micro_batch_size: int, seq_len: int)
 
 
 def profile_head_logits(profile: ModelProfile) -> int:
-    """``head_logits`` of ``profile``'s (GPU, TP, micro-batch, sequence)."""
+    """Logits one GPU of ``profile``'s (GPU, TP, micro-batch, sequence) gives its loss for one
+    micro-batch: its head's ``head_logits``, or, for a pipeline without a head
+    (``headless``), the final norm's hidden-wide output, which the loss reads in their place."""
+    if headless(profile):
+        return profile.micro_batch_size * profile.seq_len * get_model(profile.model).hidden_size
     return head_logits(profile.model, profile.tp_degree, profile.micro_batch_size, profile.seq_len)
+
+
+def headless(profile: ModelProfile) -> bool:
+    """Whether ``profile``'s last index holds no vocabulary matrix at all: under a framework that
+    ties nothing across stages (``compose.ties_embedding_across_stages``) the last stage holds
+    what its profile's head counts, and a head of a final norm's parameters at most (2h) has no
+    matrix (Sailor's GPT-Neo pipe ends with a LayerNorm; its loss reads the norm's output)."""
+    if ties_embedding_across_stages(profile.regime):
+        return False
+    return profile.layers[-1].params <= 2 * get_model(profile.model).hidden_size
 
 
 @lru_cache(maxsize=1024)
@@ -183,14 +199,17 @@ def backward_working_bytes(model: str, tp_degree: int, micro_batch_size: int, se
 
 def tied_copy_params(profile: ModelProfile) -> int:
     """Parameters a GPU of ``profile``'s (GPU, TP) holding the LM head but not layer 0 holds beyond
-    the layers' own: its copy of a tied embedding matrix (0 for an untied model)."""
-    return _tied_copy_params(profile.model, profile.tp_degree, profile.layers[-1].params)
+    the layers' own: its copy of a tied embedding matrix, under a framework that ties the head to
+    the embedding across stages (``compose.ties_embedding_across_stages``); 0 for an untied model
+    and under a framework whose last stage holds only the head its profile counts (DeepSpeed's)."""
+    return _tied_copy_params(profile.model, profile.tp_degree, profile.layers[-1].params,
+                             ties_embedding_across_stages(profile.regime))
 
 
 @lru_cache(maxsize=1024)
-def _tied_copy_params(model: str, tp_degree: int, head_params: int) -> int:
+def _tied_copy_params(model: str, tp_degree: int, head_params: int, ties: bool) -> int:
     spec = get_model(model)
-    if not spec.tie_embeddings:
+    if not (ties and spec.tie_embeddings):
         return 0
     matrix = -(-spec.vocab_size // tp_degree) * spec.embedding_dim
     return 0 if head_params >= matrix else matrix  # a head measured untied counts its own matrix
@@ -324,10 +343,9 @@ def stage_params_held(table: LayerTable, layer_start: int, layer_end: int) -> in
 
 def embedding_group_params(profile: ModelProfile) -> int:
     """Parameters of the tied matrix one GPU of ``profile``'s (GPU, TP) sums in the embedding
-    group of a multi-stage plan: its copy (``tied_copy_params``), or 0 under a framework that
-    sums nothing between the first and the last stage (``compose.ties_embedding_across_stages``:
-    DeepSpeed's, whose last stage keeps its matrix as its own)."""
-    return tied_copy_params(profile) if ties_embedding_across_stages(profile.regime) else 0
+    group of a multi-stage plan: its copy (``tied_copy_params``, 0 under a framework that ties
+    nothing across stages, whose last stage keeps what its head counts as its own)."""
+    return tied_copy_params(profile)
 
 
 def tied_params_summed_apart(table: LayerTable, layer_start: int, layer_end: int) -> int:

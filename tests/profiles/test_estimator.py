@@ -141,6 +141,19 @@ def test_a_model_measured_without_tf32_is_left_out_of_the_calibration():
     assert est.off_datapath_models(_synthetic(truth, gpu="V100-16"), "V100-16", REGIME) == set()
 
 
+def test_shipped_gh96_profiles_ran_their_matmuls_on_tf32(sailor_profiles):
+    """Issue 35: the DeepSpeed regime's TF32 is the datapath of Sailor's GH200 runs.  Every model
+    profiled there has a block faster than the plain fp32 peak (67 TFLOP/s), which no fp32 matmul
+    reaches: TF32 was on (PyTorch's own default has been off since 1.12; the environment turned
+    it on).  OPT-350M's 98.5 ms at TP 1, mbs 1 (80 % of the plain peak's arithmetic) is a small
+    model's TF32 efficiency: the same profile's blocks reach 82 TFLOP/s at mbs 32."""
+    gh = get_gpu("GH-96")
+    rates = est.fastest_block_flops(sailor_profiles, "GH-96", REGIME)
+    assert set(rates) == {"opt-350m", "gpt-neo-2.7b", "opt-30b", "llama-3-8b"}
+    assert all(rate > gh.peak_fp32_flops for rate in rates.values()), rates
+    assert est.matmul_peak_flops(gh, get_regime(REGIME)) == gh.peak_bf16_flops / 2
+
+
 def test_shipped_a100_40_profiles_without_tf32_are_found(sailor_profiles):
     assert est.off_datapath_models(sailor_profiles, "A100-40", REGIME) == {"opt-30b", "llama-3-8b"}
     for gpu in ("A100-80", "GH-96", "V100-16", "RTX-3090"):
