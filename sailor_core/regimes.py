@@ -164,6 +164,9 @@ def regime_names() -> list[str]:
 
 
 def get_regime(name: str) -> TrainingRegime:
+    hit = _REGIMES.get(name)  # a profile's regime name is already the table's (hot in the planner)
+    if hit is not None:
+        return hit
     try:
         return _REGIMES[str(name).strip().lower()]
     except KeyError:

@@ -155,13 +155,15 @@ def profile_head_logits(profile: ModelProfile) -> int:
 
 
 def headless(profile: ModelProfile) -> bool:
-    """Whether ``profile``'s last index holds no vocabulary matrix at all: under a framework that
-    ties nothing across stages (``compose.ties_embedding_across_stages``) the last stage holds
-    what its profile's head counts, and a head of a final norm's parameters at most (2h) has no
-    matrix (Sailor's GPT-Neo pipe ends with a LayerNorm; its loss reads the norm's output)."""
+    """Whether ``profile``'s last index holds no vocabulary matrix at all (Sailor's GPT-Neo pipe
+    ends with a LayerNorm; its loss reads the norm's output).  Under a framework that ties nothing
+    across stages (``compose.ties_embedding_across_stages``) the last stage holds what its
+    profile's head counts, and a head with a matrix holds as many vocabulary rows as the
+    embedding, split alike over TP (the embedding adds position embeddings at most): a head of
+    less than half the embedding's parameters has none (GPT-Neo's: 5,120 against 134 M at TP 1)."""
     if ties_embedding_across_stages(profile.regime):
         return False
-    return profile.layers[-1].params <= 2 * get_model(profile.model).hidden_size
+    return 2 * profile.layers[-1].params < profile.layers[0].params
 
 
 @lru_cache(maxsize=1024)
