@@ -3,7 +3,8 @@ engine and Megatron sum it between the first and the last stage; under DeepSpeed
 engine Sailor's models declare no ``TiedLayerSpec`` (OPT's and Llama's heads are LayerSpecs
 with a matrix of their own, GPT-Neo's pipeline has none), so nothing is summed there and each
 stage's DP ring carries what the stage holds.  ``simulate`` and the planner's fast path read
-the same rule (``compose.ties_embedding_across_stages``)."""
+the same rule (``compose.ties_embedding_across_stages``), and so does memory: no tied copy on a
+DeepSpeed last stage, which holds what its profile's head counts (GPT-Neo's pipe: no head)."""
 
 from __future__ import annotations
 
