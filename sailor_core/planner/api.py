@@ -71,7 +71,7 @@ def _plan_job(request: PlanRequest, *, profiles, network) -> PlanResult:
     t0 = time.perf_counter()
     searcher = Searcher(request, profiles=profiles, network=network)
     if levers.may_search_pays_rungs(request):
-        searcher.fit_freely = {}
+        searcher.fit_freely, searcher.split_orders = {}, []
     _search_each_type(searcher)
     _search(searcher)
     _widen_degrees(searcher)
@@ -184,6 +184,8 @@ def _search_levers(searcher: Searcher) -> bool:
         for ev in [e for e in searcher.top if e.feasible][: levers.num_to_strengthen(searcher.req)]:
             searcher.offer(levers.strengthen(searcher, ev))
     for rung in rungs:
+        if not thorough and levers.cannot_pay(searcher, rung):
+            continue
         req = levers.rung_request(searcher, thorough)
         sub = Searcher(req, profiles=searcher.profiles, network=searcher.network,
                        kinds=levers.lever_kinds(searcher, rung))
