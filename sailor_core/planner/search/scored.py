@@ -49,6 +49,9 @@ class Limits:
         self.gbs = request.global_batch_size
         self.throughput = throughput
 
+    def unlimited(self) -> bool:
+        return self.max_usd_per_hour is None and self.max_usd_per_iteration is None and self.min_throughput is None
+
     def within(self, t_lb, rate, egress):
         # lazy: numpy loads when a search runs, not when the CLI checks a request
         import numpy as np
@@ -251,6 +254,8 @@ def _within_before_sync(pairs: Pairs, pipe, limits: Limits, limit: float) -> tup
     # lazy: numpy loads when a search runs, not when the CLI checks a request
     import numpy as np
 
+    if limit == math.inf and limits.unlimited():
+        return pairs, pipe  # (nothing to drop: a search's first pass)
     t_pre = np.maximum(pairs.tau, pipe)
     ok = limits.within(t_pre, pairs.rate, 0.0) & (limits.score(t_pre, pairs.rate, 0.0) < limit)
     if ok.all():
