@@ -27,8 +27,14 @@ searches without levers; then, under ``memory_levers``:
   simulated over bounded time (``loop.SearchLoop._fits_without_levers``): on the AE rows they
   were most of what the rungs evaluated (all 72 on geo rows 0 and 1), and the patience they
   spent there now reaches lever-only shapes (docs/benchmarks/planner.md, "lever-only shapes").
-  (Skipping the rung searches outright where no shape whose bound beats the top N was ruled out
-  for memory would fire on one AE row, geo 2, and on none of bench_memory_levers' requests.);
+  A rung search is not run at all where it cannot pay (``cannot_pay``): where the search without
+  levers proved its top N, every plan a rung search could offer is on a shape that search split
+  and did not fit freely, and none of those, with its busiest stage the least that any split
+  fitting in the rung's memory allows (each stage timed without levers), has a bound that beats
+  the N-th plan or comes within ``simpler.SIMPLER_WITHIN`` of the best.  It holds on memory to
+  spare (a small model's shapes all fit freely) and on geo AE row 2; on the other AE rows the
+  bound of some shape that only a lever fits (or that memory limited) still beats the top N by
+  16-38 % (docs/benchmarks/planner.md, "fifth pass"), so their rung searches run;
 * ``always``: every rung is searched in full and its plans compete with those without levers
   (search time grows 1.2-11x: docs/benchmarks/planner.md).
 
@@ -138,8 +144,10 @@ def cannot_pay(searcher: Searcher, rung: tuple[str, int]) -> bool:
     return True
 
 
-# The min-max split's tolerance where ``cannot_pay`` reads it as a bound (``split.min_max_split``).
-_SPLIT_TOL = 5e-3
+# The min-max split's tolerance where ``cannot_pay`` reads it as a bound (``split.min_max_split``):
+# its bound is the split's busiest less this share, and the search's 5e-3 left geo AE row 2's last
+# shape 0.1 % over the N-th plan, where a few more bisection steps prove it cannot pay.
+_SPLIT_TOL = 1e-4
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
