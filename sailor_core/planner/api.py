@@ -175,7 +175,8 @@ def _simulated(searcher: Searcher, *, profiles, network) -> list[PlannedCandidat
 def _search_levers(searcher: Searcher) -> bool:
     """The searches with memory levers (``levers``: on which rungs, when and how far), each a search
     of the request on kinds of one setting; their plans, relaxed stage by stage, join the main
-    search's.  Every rung is searched: a stronger lever can allow a shallower, faster pipeline
+    search's.  Every rung is searched (but a ``pays`` one that provably cannot change the answer,
+    ``levers.cannot_pay``): a stronger lever can allow a shallower, faster pipeline
     (llama-3.2-3b on 16 V100-16: 1.130 samples/s on the first rung that fits, 1.27-1.31 with the
     later ones, docs/benchmarks/planner.md).  Whether they ran in full (an empty answer then says
     that not even the levers help)."""
@@ -199,6 +200,7 @@ def _search_levers(searcher: Searcher) -> bool:
         found = [e for e in sub.top if e.feasible and e.key not in searcher.seen_plans]
         for ev in found[: req.top_n + (5 if thorough else 0)]:
             searcher.offer(levers.strengthen(searcher, levers.relax(searcher, searcher.evaluate(ev.mbs, ev.stages))))
+    searcher.split_orders = None  # (they hold the search's spaces)
     return bool(rungs) and thorough
 
 
@@ -276,6 +278,8 @@ def _widen_degrees(searcher: Searcher) -> None:
         return
     sub = searcher.sub_searcher(searcher.req)
     sub.dp_space_override = "efficient"
+    # (its proof may stand for the search's: what it splits counts as split, levers.cannot_pay)
+    sub.split_orders = searcher.split_orders
     sub.seed_from(searcher)
     sub.learn_excess_from(searcher)
     run_search(sub, budget=WIDEN_BUDGET, by_bound_only=True)

@@ -116,8 +116,9 @@ def cannot_pay(searcher: Searcher, rung: tuple[str, int]) -> bool:
     busiest stage, the least busiest of any split that fits in the rung's memory, each stage
     timed without levers (``_least_busiest``).  A plan matters when it beats the N-th best found
     or comes within ``SIMPLER_WITHIN`` of the best (``prefer_simpler``).  When the search without
-    levers proved its top N (``exhausted``), every shape whose bound beats that was split there
-    (``Searcher.split_orders``); those it fitted freely the rung search skips (module doc).  If
+    levers proved its top N (``exhausted``, by its own pass or the widening pass over every
+    efficient degree), every shape whose bound beats that was split there (``Searcher.split_orders``,
+    both passes'); those it fitted freely the rung search skips (module doc).  If
     none of the rest, on the rung's memory, beats it, the rung search cannot pay.  One GPU type
     only (with more, types settled by their own searches are not split in the search's loop)."""
     orders = searcher.split_orders
