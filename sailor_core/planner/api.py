@@ -71,7 +71,7 @@ def _plan_job(request: PlanRequest, *, profiles, network) -> PlanResult:
     t0 = time.perf_counter()
     searcher = Searcher(request, profiles=profiles, network=network)
     if levers.may_search_pays_rungs(request):
-        searcher.fit_freely = {}
+        searcher.fit_freely, searcher.split_orders = {}, []
     _search_each_type(searcher)
     _search(searcher)
     _widen_degrees(searcher)
@@ -175,7 +175,8 @@ def _simulated(searcher: Searcher, *, profiles, network) -> list[PlannedCandidat
 def _search_levers(searcher: Searcher) -> bool:
     """The searches with memory levers (``levers``: on which rungs, when and how far), each a search
     of the request on kinds of one setting; their plans, relaxed stage by stage, join the main
-    search's.  Every rung is searched: a stronger lever can allow a shallower, faster pipeline
+    search's.  Every rung is searched (but a ``pays`` one that provably cannot change the answer,
+    ``levers.cannot_pay``): a stronger lever can allow a shallower, faster pipeline
     (llama-3.2-3b on 16 V100-16: 1.130 samples/s on the first rung that fits, 1.27-1.31 with the
     later ones, docs/benchmarks/planner.md).  Whether they ran in full (an empty answer then says
     that not even the levers help)."""
@@ -184,6 +185,8 @@ def _search_levers(searcher: Searcher) -> bool:
         for ev in [e for e in searcher.top if e.feasible][: levers.num_to_strengthen(searcher.req)]:
             searcher.offer(levers.strengthen(searcher, ev))
     for rung in rungs:
+        if not thorough and levers.cannot_pay(searcher, rung):
+            continue
         req = levers.rung_request(searcher, thorough)
         sub = Searcher(req, profiles=searcher.profiles, network=searcher.network,
                        kinds=levers.lever_kinds(searcher, rung))
@@ -197,6 +200,7 @@ def _search_levers(searcher: Searcher) -> bool:
         found = [e for e in sub.top if e.feasible and e.key not in searcher.seen_plans]
         for ev in found[: req.top_n + (5 if thorough else 0)]:
             searcher.offer(levers.strengthen(searcher, levers.relax(searcher, searcher.evaluate(ev.mbs, ev.stages))))
+    searcher.split_orders = None  # (they hold the search's spaces)
     return bool(rungs) and thorough
 
 
@@ -274,6 +278,8 @@ def _widen_degrees(searcher: Searcher) -> None:
         return
     sub = searcher.sub_searcher(searcher.req)
     sub.dp_space_override = "efficient"
+    # (its proof may stand for the search's: what it splits counts as split, levers.cannot_pay)
+    sub.split_orders = searcher.split_orders
     sub.seed_from(searcher)
     sub.learn_excess_from(searcher)
     run_search(sub, budget=WIDEN_BUDGET, by_bound_only=True)

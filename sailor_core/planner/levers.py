@@ -27,8 +27,14 @@ searches without levers; then, under ``memory_levers``:
   simulated over bounded time (``loop.SearchLoop._fits_without_levers``): on the AE rows they
   were most of what the rungs evaluated (all 72 on geo rows 0 and 1), and the patience they
   spent there now reaches lever-only shapes (docs/benchmarks/planner.md, "lever-only shapes").
-  (Skipping the rung searches outright where no shape whose bound beats the top N was ruled out
-  for memory would fire on one AE row, geo 2, and on none of bench_memory_levers' requests.);
+  A rung search is not run at all where it cannot pay (``cannot_pay``): where the search without
+  levers proved its top N, every plan a rung search could offer is on a shape that search split
+  and did not fit freely, and none of those, with its busiest stage the least that any split
+  fitting in the rung's memory allows (each stage timed without levers), has a bound that beats
+  the N-th plan or comes within ``simpler.SIMPLER_WITHIN`` of the best.  It holds on memory to
+  spare (a small model's shapes all fit freely) and on geo AE row 2; on the other AE rows the
+  bound of some shape that only a lever fits (or that memory limited) still beats the top N by
+  16-38 % (docs/benchmarks/planner.md, "fifth pass"), so their rung searches run;
 * ``always``: every rung is searched in full and its plans compete with those without levers
   (search time grows 1.2-11x: docs/benchmarks/planner.md).
 
@@ -42,6 +48,7 @@ would need without it, or what it gains.
 from __future__ import annotations
 
 import dataclasses
+import math
 
 from sailor_core.catalog.gpus import get_gpu
 from sailor_core.plan.types import RECOMPUTE_FULL, RECOMPUTE_MODES, RECOMPUTE_NONE, RECOMPUTE_SELECTIVE, Plan
@@ -50,6 +57,11 @@ from sailor_core.planner.fastsim import FastStage
 from sailor_core.planner.kinds import LEVER_LADDER, KindCache, shared_kind_cache
 from sailor_core.planner.ranking import FASTEST
 from sailor_core.planner.search import Evaluated, Searcher, better
+from sailor_core.planner.search.shape_bound import ShapeBounds
+from sailor_core.planner.search.shapes import placed_key
+from sailor_core.planner.simpler import SIMPLER_WITHIN
+from sailor_core.planner.split import StageSlot, busiest_s, min_max_split
+from sailor_core.simulator.memory import inflight_microbatches
 from sailor_core.simulator.levers import lever_label
 from sailor_core.simulator.simulate import simulate
 from sailor_core.specs.plan import MEMORY_LEVER_MODES
@@ -90,6 +102,85 @@ def rungs_to_search(searcher: Searcher) -> tuple[tuple[tuple[str, int], ...], bo
         # CPU on gpt-neo-2.7b's cost cap) for no better plan: ZeRO on the best plans only.
         return (() if _limited(req) else PAYS_RUNGS), False
     return LEVER_LADDER, True
+
+
+def cannot_pay(searcher: Searcher, rung: tuple[str, int]) -> bool:
+    """Whether a ``pays`` rung search (``rung``, where plans fit) can offer no plan that changes the
+    answer, proven from what the search without levers did, so that it need not run.
+
+    Every plan the rung search offers is on a shape of the search's own space (the same
+    segments, on the rung's kinds), split so that it fits under the rung (``relax`` and
+    ``strengthen`` only weaken recomputation or move ZeRO within it, and a stage that fits under
+    weaker levers fits under stronger ones); polishing moves its split.  Levers only add time to
+    what the bound reads (the module doc), so no such plan beats the shape's bound with, as its
+    busiest stage, the least busiest of any split that fits in the rung's memory, each stage
+    timed without levers (``_least_busiest``).  A plan matters when it beats the N-th best found
+    or comes within ``SIMPLER_WITHIN`` of the best (``prefer_simpler``).  When the search without
+    levers proved its top N (``exhausted``, by its own pass or the widening pass over every
+    efficient degree), every shape whose bound beats that was split there (``Searcher.split_orders``,
+    both passes'); those it fitted freely the rung search skips (module doc).  If
+    none of the rest, on the rung's memory, beats it, the rung search cannot pay.  One GPU type
+    only (with more, types settled by their own searches are not split in the search's loop)."""
+    orders = searcher.split_orders
+    top = searcher.top
+    if orders is None or not searcher.stats.exhausted or len(searcher.gpu_types) != 1 or not top:
+        return False
+    best = top[0].score
+    limit = max(searcher.threshold(), best + SIMPLER_WITHIN * abs(best))
+    if limit == math.inf:
+        return False
+    kinds, bounds, freely = lever_kinds(searcher, rung), ShapeBounds(searcher), searcher.fit_freely or {}
+    for score, t_lb, space, shape, order in sorted(orders, key=lambda o: o[0]):
+        if score >= limit:
+            return True
+        placed = searcher.build_stages(order)
+        if placed is None or placed_key(space.mbs, placed) in freely:
+            continue
+        busiest = _least_busiest(searcher, kinds, space.mbs, placed)
+        if busiest is None:
+            continue  # nothing fits even under the rung
+        t = bounds.tight(space, shape, busiest, known=(t_lb, 0.0))
+        if t is not None and t[0] < limit:
+            return False
+    return True
+
+
+# The min-max split's tolerance where ``cannot_pay`` reads it as a bound (``split.min_max_split``):
+# its bound is the split's busiest less this share, and the search's 5e-3 left geo AE row 2's last
+# shape 0.1 % over the N-th plan, where a few more bisection steps prove it cannot pay.
+_SPLIT_TOL = 1e-4
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _PlainTimes:
+    """A kind as ``split`` reads it: the times of one kind (without levers) and the memory of
+    another (under a rung)."""
+
+    comp_cum: list[float]
+    zero_stage: int
+    max_end_memo: dict
+    max_end: object
+
+
+def _least_busiest(searcher: Searcher, kinds: KindCache, mbs: int, placed) -> float | None:
+    """A lower bound on the busiest stage (micro-batches x forward and backward without levers) of
+    every split of ``placed`` (kinds without levers) that fits in the memory of ``kinds``; None
+    when none fits.  Greedy splitting decides feasibility exactly (``split``), so the min-max
+    split's bisection ends above a budget no split meets and within its tolerance of it."""
+    num_mb = searcher.req.global_batch_size // mbs
+    slots = []
+    for i, (kind, replicas) in enumerate(placed):
+        rung = kinds.get(kind.gpu, kind.tp_degree, kind.micro_batch_size, searcher.req.regime)
+        if rung is None:
+            return None
+        d = sum(n for _, n in replicas)
+        n = -(-num_mb // d)
+        hybrid = _PlainTimes(comp_cum=kind.comp_cum, zero_stage=rung.zero_stage, max_end_memo=rung.max_end_memo,
+                             max_end=rung.max_end)
+        slots.append(StageSlot(kind=hybrid, num_microbatches=n, num_inflight=inflight_microbatches(i, len(placed), n),
+                               dp_degree=d))
+    ends = min_max_split(slots, searcher.num_layers, rel_tol=_SPLIT_TOL)
+    return None if ends is None else busiest_s(slots, ends) * (1 - _SPLIT_TOL)
 
 
 def may_search_pays_rungs(req) -> bool:

@@ -183,8 +183,10 @@ class SearchLoop:
         on its own bound: the worse one is often never evaluated."""
         _, _, si, shape, tau, _, _, _, parts = entry
         searcher, space = self.searcher, self.spaces[si]
-        skip = searcher.skip_shapes
+        skip, split = searcher.skip_shapes, searcher.split_orders
         for order in orders(shape):
+            if split is not None:
+                split.append((entry[_BOUND], parts[0], space, shape, order))
             if skip and self._fits_without_levers(space.mbs, order, skip):
                 continue
             prep = searcher.prepare(space.mbs, order, tau)

@@ -49,6 +49,9 @@ class Limits:
         self.gbs = request.global_batch_size
         self.throughput = throughput
 
+    def unlimited(self) -> bool:
+        return self.max_usd_per_hour is None and self.max_usd_per_iteration is None and self.min_throughput is None
+
     def within(self, t_lb, rate, egress):
         # lazy: numpy loads when a search runs, not when the CLI checks a request
         import numpy as np
@@ -180,7 +183,9 @@ def score_shapes(searcher: Searcher, present: list[list[Segment]], *, mbs: int, 
     limits = Limits(req, not req.ranking.by_cost)
     limit = searcher.threshold()
     pairs = _capacity_and_rent(searcher, a, b, work_s, limits, limit)
-    pipe, sync, lmat = _pipeline_and_sync(searcher.parts, lists, a, b, pairs, work_s, num_mb)
+    pipe, lmat = _pipeline(searcher.parts, lists, a, b, pairs, work_s, num_mb)
+    pairs, pipe = _within_before_sync(pairs, pipe, limits, limit)
+    sync = _sync(searcher.parts, a, b, pairs)
     egress, rings_p2p = _egress(searcher, lists, a, b, pairs, num_mb, mbs, cost_matters)
     refining = Refining(lists=lists, a=a, b=b, lmat=lmat, rings_p2p=rings_p2p, work_s=work_s,
                         block_bytes=searcher.figures.gradient_bytes_lb(mbs)[1], num_blocks_lb=num_blocks_lb,
@@ -213,10 +218,10 @@ def _capacity_and_rent(searcher: Searcher, a: dict, b: dict, work_s: float, limi
     return Pairs(ia=ia, ib=ib, stages=stages[ia, ib], tau=tau[ia, ib], rate=rate[ia, ib])
 
 
-def _pipeline_and_sync(parts, lists, a: dict, b: dict, pairs: Pairs, work_s: float, num_mb: int):
-    """(pipeline bound whatever the split, sync bound, matrix of links between the types' TP
-    degrees) of the pairs: links, the warm-up in the better order (``pipe_lb``), and for one
-    segment its compute with its links (``steady_links_s``, ``warm_up_with_links_s``)."""
+def _pipeline(parts, lists, a: dict, b: dict, pairs: Pairs, work_s: float, num_mb: int):
+    """(pipeline bound whatever the split, matrix of links between the types' TP degrees) of the
+    pairs: links, the warm-up in the better order (``pipe_lb``), and for one segment its compute
+    with its links (``steady_links_s``, ``warm_up_with_links_s``)."""
     # lazy: numpy loads when a search runs, not when the CLI checks a request
     import numpy as np
 
@@ -238,9 +243,35 @@ def _pipeline_and_sync(parts, lists, a: dict, b: dict, pairs: Pairs, work_s: flo
     alone_a, alone_b = ia[~both], ib[~both]
     warm = np.where(alone_a < na, a["warm"][alone_a], b["warm"][alone_b])
     pipe[~both] = np.maximum(pipe[~both], warm)
-    sync = np.where(a["d1"][ia] | b["d1"][ib], 0.0, np.minimum(_rings_of(a, ia, parts)[ia, stages],
+    return pipe, lmat
+
+
+def _within_before_sync(pairs: Pairs, pipe, limits: Limits, limit: float) -> tuple[Pairs, Any]:
+    """The pairs (and their pipeline bounds) that the limits and the top N leave on the bound
+    without sync and egress: both only add to it, and every check and score grows with them,
+    so a pair dropped here is one ``ScoredShapes`` drops (its rings, the costly part, are not
+    computed): 40 % of the widening pass's on geo row 0, whose threshold is that of the plans found)."""
+    # lazy: numpy loads when a search runs, not when the CLI checks a request
+    import numpy as np
+
+    if limit == math.inf and limits.unlimited():
+        return pairs, pipe  # (nothing to drop: a search's first pass)
+    t_pre = np.maximum(pairs.tau, pipe)
+    ok = limits.within(t_pre, pairs.rate, 0.0) & (limits.score(t_pre, pairs.rate, 0.0) < limit)
+    if ok.all():
+        return pairs, pipe
+    return Pairs(ia=pairs.ia[ok], ib=pairs.ib[ok], stages=pairs.stages[ok], tau=pairs.tau[ok],
+                 rate=pairs.rate[ok]), pipe[ok]
+
+
+def _sync(parts, a: dict, b: dict, pairs: Pairs):
+    """The sync bound of the pairs: the smaller of their segments' rings at the shape's depth."""
+    # lazy: numpy loads when a search runs, not when the CLI checks a request
+    import numpy as np
+
+    ia, ib, stages = pairs.ia, pairs.ib, pairs.stages
+    return np.where(a["d1"][ia] | b["d1"][ib], 0.0, np.minimum(_rings_of(a, ia, parts)[ia, stages],
                                                                  _rings_of(b, ib, parts)[ib, stages]))
-    return pipe, sync, lmat
 
 
 def _rings_of(x: dict, idx, parts):

@@ -126,6 +126,9 @@ class Searcher:
         # Its sub-searches add to the same dict.
         self.fit_freely: dict[tuple, float] | None = None
         self.skip_shapes: dict[tuple, float] | None = None
+        # Where such a search may follow: every order this search split, as (score bound, iteration
+        # time bound, space, shape, order) at the split (levers.cannot_pay reads them).
+        self.split_orders: list[tuple] | None = None
         # memory limited the last evaluate_shape's split, or its polish met a plan that does not fit
         self.memory_limited = False
         self.figures = KindFigures(kinds=kinds, model=request.model, regime=request.regime,
@@ -329,18 +332,41 @@ class Searcher:
         if hit is None:
             terms = self._segment_terms(gpu, mbs, ref)
             r = self.req
+            cut = None if every_degree else self._capacity_cut(sum(ref))
             # Shared by the process (kinds and network are the memo's): the type's pools (prices,
-            # placements and crossings follow from them) and the terms decide the list.
+            # placements and crossings follow from them), the terms and the cut decide the list.
             shared = (gpu, tuple(self.zone_gpus[gpu].items()), r.spot, num_mb, degrees,
-                      self.max_stages_per_type, terms)
+                      self.max_stages_per_type, terms, cut)
             lists = self.memos.process.segment_lists
             hit = lists.get(shared)
             if hit is None:
                 hit = lists[shared] = build_segments(
                     gpu, self.zone_gpus[gpu], spot=r.spot, num_mb=num_mb, degrees=degrees,
-                    max_stages=self.max_stages_per_type, terms=terms, fewest_crossings=self.egress.crossings_counter(gpu))
+                    max_stages=self.max_stages_per_type, terms=terms, fewest_crossings=self.egress.crossings_counter(gpu),
+                    matters=None if cut is None else self._beats_threshold(*cut))
             memo[key] = hit
         return hit
+
+    def _capacity_cut(self, work_s: float) -> tuple[float, float] | None:
+        """(threshold, block work) below which a one-type throughput search's segments matter, or
+        None.  A seeded search (the widening pass, the lever rungs, a type's own search) starts
+        with a threshold; its scoring (``scored._capacity_and_rent``) drops every shape whose
+        capacity bound cannot beat it, and with one GPU type a shape is one segment, so such a
+        segment need not be built (nor its columns, rings and placements): the same shapes are
+        scored, in the same order.  The threshold only falls during a search, so a list built
+        with an earlier one (``own.segments``) holds every segment a later pass needs."""
+        r = self.req
+        limit = self.threshold()
+        if (len(self.gpu_types) != 1 or limit == math.inf or r.ranking.by_cost or r.has_cost_caps
+                or r.min_throughput_samples_per_s is not None):
+            return None
+        return limit, work_s
+
+    def _beats_threshold(self, limit: float, work_s: float):
+        """``scored._capacity_and_rent``'s test of one segment alone, under the throughput
+        objective without limits (the same arithmetic, so the same decision)."""
+        gbs = self.req.global_batch_size
+        return lambda capacity: -gbs / (work_s / capacity) < limit
 
     @property
     def dp_space(self) -> str:

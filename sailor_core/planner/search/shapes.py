@@ -84,12 +84,13 @@ def fast_stages(stages: Placed, ends: list[int]) -> tuple[FastStage, ...]:
 
 
 def build_segments(gpu: str, pools: dict[str, int], *, spot: bool, num_mb: int, degrees: str,
-                   max_stages: int, terms: tuple, fewest_crossings) -> list[Segment]:
+                   max_stages: int, terms: tuple, fewest_crossings, matters=None) -> list[Segment]:
     """Every segment of one GPU type: per TP degree of ``terms`` (TP, kind, slowness, fastest
     block and last layer, USD per micro-batch crossing zones or None), per stage count up to
     ``max_stages``, the data-parallel degrees ``degrees`` names (``DP_SPACES``), under each
     placement rule that differs.  ``fewest_crossings(gpu, tp, dp, stages)``: zone crossings the
-    stage rule cannot avoid (``EgressParts.fewest_crossings``)."""
+    stage rule cannot avoid (``EgressParts.fewest_crossings``).  ``matters(capacity)``: whether a
+    segment of that capacity can matter (``Searcher._capacity_cut``); None: all can."""
     live = {z: n for z, n in pools.items() if n > 0}
     min_price = min(gpu_price_usd_per_hr(gpu, z, spot=spot) for z in live)
     out: list[Segment] = []
@@ -101,9 +102,14 @@ def build_segments(gpu: str, pools: dict[str, int], *, spot: bool, num_mb: int, 
             d_max = min(total_rep // num_stages, num_mb)
             if d_max < 1:
                 break
+            # (a segment's capacity grows with its degree: none matters if the largest does not)
+            if matters is not None and not matters(num_stages / (-(-num_mb // d_max) * ratio)):
+                continue
             for d in dp_degrees(degrees, d_max, num_mb, zone_reps):
                 n_per_rep = -(-num_mb // d)
                 cap = num_stages / (n_per_rep * ratio)
+                if matters is not None and not matters(cap):
+                    continue
                 rules = ["stage"]
                 # Whole pipelines per zone only differ from the stage rule when the segment
                 # does not fit one zone: the stage rule then sends every micro-batch across
