@@ -33,7 +33,7 @@ from sailor_core.regimes import TrainingRegime
 from sailor_core.simulator import compose
 from sailor_core.simulator import stage as st
 from sailor_core.simulator.levers import zero_shards, zero_sync_factor
-from sailor_core.simulator.memory import dp_bucket_bytes, dp_synced_params, inflight_microbatches
+from sailor_core.simulator.memory import dp_bucket_bytes, dp_synced_params, inflight_microbatches, peak_inputs
 from sailor_core.simulator.tables import layer_table
 from sailor_core.simulator.pipeline_time import one_f_one_b_time, stage_timing
 
@@ -69,7 +69,7 @@ class _Context:
     distinct_kinds_counts: tuple[tuple[Kind, int], ...]
     counts: tuple[int, ...]
     most_microbatches: int  # the most a replica gets, at least 1
-    ring: tuple[tuple[str, str, int, int], ...]  # (gpu, zone, replicas, TP degree) per group
+    ring: tuple[tuple[tuple[str, str, int], int], ...]  # ((zone, gpu, TP degree), replicas) runs (stage.member_runs)
     link_ends: tuple[tuple, ...]  # distinct (gpu, tp, zone, gpu, tp, zone) the next boundary uses
     link_microbatches: int  # micro-batches the busiest NIC on it carries
 
@@ -124,8 +124,9 @@ class FastSim:
         # Keyed by (layers, groups, next groups, micro-batches, regime): a stage of a candidate.
         self._stage_costs_memo: dict = {}
         self._stages: dict = {}
-        # Keyed by (kind, layers, in flight, micro-batches, DP degree, regime): one GPU's peak
-        # bytes, which stages of other groups (zones, neighbours) holding the same kind share.
+        # Keyed by (kind, layers, what of in flight, micro-batches and DP degree it depends on
+        # (memory.peak_inputs), regime): one GPU's peak bytes, which stages of other groups
+        # (zones, neighbours, DP degrees) holding the same kind share.
         self._peaks: dict = {}
         # Keyed by (micro-batch size, stages): recent whole results, which a request's searches
         # meet again (a sub-search's plans offered to the main search, the final polish) and
@@ -149,13 +150,12 @@ class FastSim:
             p = self._price[key] = gpu_price_usd_per_hr(gpu, zone, spot=self.spot)
         return p
 
-    def _sync_s(self, sync_bytes: float, ring: tuple[tuple[str, str, int, int], ...]) -> float:
-        """``stage_dp_sync_s`` over a ring of (gpu, zone, replicas, TP degree) groups."""
+    def _sync_s(self, sync_bytes: float, ring: tuple[tuple[tuple[str, str, int], int], ...]) -> float:
+        """``stage_dp_sync_s`` over a ring of ((zone, gpu, TP degree), replicas) runs."""
         key = (sync_bytes, ring)
         hit = self._sync.get(key)
         if hit is None:
-            hit = self._sync[key] = st.stage_dp_sync_s(
-                self.network, sync_bytes, [zg for gpu, zone, n, tp in ring for zg in [(zone, gpu, tp)] * n])
+            hit = self._sync[key] = st.stage_dp_sync_runs_s(self.network, sync_bytes, ring)
         return hit
 
     def _tied_sum(self, first: tuple[Group, ...], last: tuple[Group, ...], regime: TrainingRegime,
@@ -235,7 +235,7 @@ class FastSim:
             distinct_kinds_counts=tuple(dict.fromkeys(kinds_counts)),
             counts=tuple(counts),
             most_microbatches=max(1, *counts),
-            ring=tuple([(k.gpu, z, n, k.tp_degree) for k, z, n in groups]),
+            ring=st.member_runs([((z, k.gpu, k.tp_degree), n) for k, z, n in groups]),
             link_ends=tuple(ends),
             link_microbatches=link_microbatches,
         )
@@ -360,7 +360,7 @@ class FastSim:
             peaks.clear()
         for kind, count in ctx.distinct_kinds_counts:
             inflight = inflight_microbatches(0, depth, count)
-            key = (kind, a, b, inflight, count, dp, id(regime))
+            key = (kind, a, b, peak_inputs(inflight, count, dp, kind.zero_stage), id(regime))
             hit = peaks.get(key)
             if hit is not None and hit[0] is regime:
                 mem = hit[1]
