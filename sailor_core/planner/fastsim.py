@@ -168,9 +168,9 @@ class FastSim:
             groups = (*first, *last)
             thinnest = min(groups, key=lambda g: g[0].tp_degree)[0]
             tied_bytes = st.tied_sync_bytes(thinnest.profile, regime)
-            ring = [(zone, kind.gpu, kind.tp_degree) for kind, zone, n in groups for _ in range(n)]
-            hit = self._tied[key] = (st.tied_sync_s(self.network, tied_bytes, ring),
-                                     tuple(st.tied_sync_egress_terms(self.network, tied_bytes, ring)))
+            ring = st.member_runs([((zone, kind.gpu, kind.tp_degree), n) for kind, zone, n in groups])
+            hit = self._tied[key] = (st.tied_sync_runs_s(self.network, tied_bytes, ring),
+                                     tuple(st.tied_sync_egress_runs_terms(self.network, tied_bytes, ring)))
         return hit
 
     def _transfer_s(self, nbytes: int, ends: tuple, partitioned: bool) -> float:

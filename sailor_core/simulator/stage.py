@@ -209,9 +209,15 @@ def tied_sync_s(network: NetworkModel, tied_bytes: float, members: Sequence[tupl
     adds to their ``dp_sync_s``.  ``tied_bytes``: ``tied_sync_bytes`` of the thinnest member;
     TP ranks as in ``stage_dp_sync_s``.  Neither stage's DP ring carries the matrix
     (``dp_sync_bytes``), as in the engine."""
+    return tied_sync_runs_s(network, tied_bytes, member_runs([(m, 1) for m in members]))
+
+
+def tied_sync_runs_s(network: NetworkModel, tied_bytes: float,
+                     runs: tuple[tuple[tuple[str, str, int], int], ...]) -> float:
+    """``tied_sync_s`` of the members listed as runs (``member_runs``)."""
     if tied_bytes <= 0:
         return 0.0
-    return stage_dp_sync_s(network, tied_bytes, members)
+    return stage_dp_sync_runs_s(network, tied_bytes, runs)
 
 
 def tied_sync_egress_terms(network: NetworkModel, tied_bytes: float,
@@ -219,8 +225,16 @@ def tied_sync_egress_terms(network: NetworkModel, tied_bytes: float,
     """USD per iteration of each hop of the embedding group's ring that leaves a zone (the
     members of ``tied_sync_s``; first and last stages in different zones: the sum crosses), priced
     as a stage's DP ring (``compose.ring_hop_bytes``, ``compose.stage_egress_terms``)."""
-    hop_usd = compose.ring_hop_usd_per_byte(network, [zone for zone, _, _ in members])
+    return tied_sync_egress_runs_terms(network, tied_bytes, member_runs([(m, 1) for m in members]))
+
+
+def tied_sync_egress_runs_terms(network: NetworkModel, tied_bytes: float,
+                                runs: tuple[tuple[tuple[str, str, int], int], ...]) -> list[float]:
+    """``tied_sync_egress_terms`` of the members listed as runs (``member_runs``): a run's
+    members share a zone, so the ring leaves a zone where the runs' zones change."""
+    hop_usd = compose.ring_hop_usd_per_byte(network, [zone for (zone, _, _), _ in runs])
     if tied_bytes <= 0 or not hop_usd:
         return []
-    thinnest = min(tp for _, _, tp in members)
-    return compose.stage_egress_terms(compose.ring_hop_bytes(len(members), tied_bytes, thinnest), hop_usd, 0, [])
+    thinnest = min(tp for (_, _, tp), _ in runs)
+    num_members = sum(count for _, count in runs)
+    return compose.stage_egress_terms(compose.ring_hop_bytes(num_members, tied_bytes, thinnest), hop_usd, 0, [])
