@@ -242,13 +242,15 @@ class FastSim:
         return ctx
 
     @staticmethod
-    def _egress_terms(costs: _Costs, stage: FastStage, regime: TrainingRegime) -> tuple[float, ...]:
+    def _egress_terms(costs: _Costs, stage: FastStage, regime: TrainingRegime,
+                      sync_bytes: float | None = None) -> tuple[float, ...]:
         """``compose.stage_egress_terms`` of a stage (its byte counts looked up only when a
-        ring hop or a boundary route leaves a zone)."""
+        ring hop or a boundary route leaves a zone; ``sync_bytes``: its ``dp_sync_bytes`` if known)."""
         hop_bytes = 0.0
         if costs.hop_usd_per_byte:
             thinnest = costs.thinnest
-            sync_bytes = st.dp_sync_bytes(thinnest.profile, stage.layer_start, stage.layer_end, regime)
+            if sync_bytes is None:
+                sync_bytes = st.dp_sync_bytes(thinnest.profile, stage.layer_start, stage.layer_end, regime)
             hop_bytes = compose.ring_hop_bytes(costs.dp_degree, sync_bytes, thinnest.tp_degree)
             factor = zero_sync_factor(thinnest.zero_stage, regime)
             if factor != 1.0:  # simulate's _dp_ring
@@ -258,12 +260,12 @@ class FastSim:
 
     def _stage_costs(self, stage: FastStage, nxt: tuple[Group, ...] | None, num_mb: int,
                      regime: TrainingRegime, key: tuple, costs: _Costs | None = None,
-                     ) -> tuple[tuple[float, ...], tuple[float, ...]]:
+                     sync_bytes: float | None = None) -> tuple[tuple[float, ...], tuple[float, ...]]:
         """(USD per hour of each group, ``_egress_terms``) of a stage, memoised under ``key``."""
         if costs is None:
             groups = stage.groups
             costs = self._costs.get((groups, nxt, num_mb)) or self._costs_of(groups, nxt, num_mb)
-        egress = self._egress_terms(costs, stage, regime) if costs.hop_usd_per_byte or costs.crossing else ()
+        egress = self._egress_terms(costs, stage, regime, sync_bytes) if costs.hop_usd_per_byte or costs.crossing else ()
         memo = self._stage_costs_memo
         if len(memo) >= _MAX_STAGE_ENTRIES:
             memo.clear()
@@ -318,6 +320,7 @@ class FastSim:
             fwds.append(fwd)
         sync = 0.0
         ring = (0.0, 0.0)
+        sync_bytes = None
         if costs.dp_degree > 1:
             sync_bytes = st.dp_sync_bytes(costs.thinnest.profile, a, b, regime)
             sync = self._sync_s(sync_bytes, ctx.ring)
@@ -340,7 +343,7 @@ class FastSim:
                         worst_link, worst_bytes = t, wire
             link = (worst_link, ctx.link_microbatches, worst_bytes)
         rent, egress = (self._stage_costs_memo.get(key)
-                        or self._stage_costs(stage, nxt, num_mb, regime, key, costs))
+                        or self._stage_costs(stage, nxt, num_mb, regime, key, costs, sync_bytes))
         memo = self._stages
         if len(memo) >= _MAX_STAGE_ENTRIES:
             memo.clear()
