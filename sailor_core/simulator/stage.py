@@ -128,7 +128,7 @@ def stage_dp_sync_s(network: NetworkModel, sync_bytes: float, replicas: Sequence
     a ring of ``tp``-GPU endpoints carrying ``tp x sync_bytes``.  With different TP degrees the
     engine all-reduces the stage's whole gradient over all its ranks (``runtime/trainer.py``):
     one ring of single GPUs, ``sum tp`` members, ``thinnest tp x sync_bytes``."""
-    return stage_dp_sync_runs_s(network, sync_bytes, member_runs([(r, 1) for r in replicas]))
+    return stage_dp_sync_runs_s(network, sync_bytes, member_runs([(tuple(r), 1) for r in replicas]))
 
 
 def stage_dp_sync_runs_s(network: NetworkModel, sync_bytes: float,
@@ -209,7 +209,7 @@ def tied_sync_s(network: NetworkModel, tied_bytes: float, members: Sequence[tupl
     adds to their ``dp_sync_s``.  ``tied_bytes``: ``tied_sync_bytes`` of the thinnest member;
     TP ranks as in ``stage_dp_sync_s``.  Neither stage's DP ring carries the matrix
     (``dp_sync_bytes``), as in the engine."""
-    return tied_sync_runs_s(network, tied_bytes, member_runs([(m, 1) for m in members]))
+    return tied_sync_runs_s(network, tied_bytes, member_runs([(tuple(m), 1) for m in members]))
 
 
 def tied_sync_runs_s(network: NetworkModel, tied_bytes: float,
@@ -225,7 +225,7 @@ def tied_sync_egress_terms(network: NetworkModel, tied_bytes: float,
     """USD per iteration of each hop of the embedding group's ring that leaves a zone (the
     members of ``tied_sync_s``; first and last stages in different zones: the sum crosses), priced
     as a stage's DP ring (``compose.ring_hop_bytes``, ``compose.stage_egress_terms``)."""
-    return tied_sync_egress_runs_terms(network, tied_bytes, member_runs([(m, 1) for m in members]))
+    return tied_sync_egress_runs_terms(network, tied_bytes, member_runs([(tuple(m), 1) for m in members]))
 
 
 def tied_sync_egress_runs_terms(network: NetworkModel, tied_bytes: float,
