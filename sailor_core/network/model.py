@@ -232,9 +232,21 @@ class NetworkModel:
             return 0.0
         if endpoints.count(endpoints[0]) == n:  # (count compares identity first: cheap on [e] * n)
             return self.uniform_allreduce_time_s(num_bytes, endpoints[0], n, bucket_bytes=bucket_bytes)
-        # A ring is its runs of equal members (a stage lists its replicas grouped): keyed by
-        # them, a ring of 37 replicas in 5 zones hashes 5 endpoints, not 37.
-        runs = _runs(endpoints)
+        return self.allreduce_runs_time_s(num_bytes, _runs(endpoints), bucket_bytes=bucket_bytes)
+
+    def allreduce_runs_time_s(
+        self, num_bytes: float, runs: tuple[tuple[Endpoint, int], ...], *,
+        bucket_bytes: float = ALLREDUCE_BUCKET_BYTES,
+    ) -> float:
+        """``allreduce_time_s`` of the ring whose members are ``runs``: (endpoint, how many in a
+        row) in ring order, neighbouring runs unequal (``_runs``).  A ring is its runs (a stage
+        lists its replicas grouped): keyed by them, a ring of 37 replicas in 5 zones hashes 5
+        endpoints, not 37, and a caller holding the runs never lists the 37."""
+        n = sum(count for _, count in runs)
+        if n <= 1 or num_bytes <= 0:
+            return 0.0
+        if len(runs) == 1:
+            return self.uniform_allreduce_time_s(num_bytes, runs[0][0], n, bucket_bytes=bucket_bytes)
         key = (num_bytes, bucket_bytes, runs)
         hit = self._rings.get(key)
         if hit is None:
@@ -313,9 +325,12 @@ class NetworkModel:
         if ring is None:
             pairs = dict.fromkeys(ring_hop_pairs([e for e, _ in runs]))
             pairs.update(((e, e), None) for e, count in runs if count > 1)
+            # equal links time a message alike: the slowest of the distinct ones paces the ring
+            links = tuple(dict.fromkeys(self.link(a, b) for a, b in pairs))
 
             def step_s(size: float) -> float:
-                return max(self.p2p_time_s(size / n, a, b) for a, b in pairs)
+                per_pair = size / n
+                return max(link.time_s(per_pair) for link in links)
 
             if len(self._ring_parts) > 4096:
                 self._ring_parts.clear()

@@ -33,7 +33,7 @@ from sailor_core.regimes import TrainingRegime
 from sailor_core.simulator import compose
 from sailor_core.simulator import stage as st
 from sailor_core.simulator.levers import zero_shards, zero_sync_factor
-from sailor_core.simulator.memory import dp_bucket_bytes, dp_synced_params, inflight_microbatches
+from sailor_core.simulator.memory import dp_bucket_bytes, dp_synced_params, inflight_microbatches, peak_inputs
 from sailor_core.simulator.tables import layer_table
 from sailor_core.simulator.pipeline_time import one_f_one_b_time, stage_timing
 
@@ -69,7 +69,7 @@ class _Context:
     distinct_kinds_counts: tuple[tuple[Kind, int], ...]
     counts: tuple[int, ...]
     most_microbatches: int  # the most a replica gets, at least 1
-    ring: tuple[tuple[str, str, int, int], ...]  # (gpu, zone, replicas, TP degree) per group
+    ring: tuple[tuple[tuple[str, str, int], int], ...]  # ((zone, gpu, TP degree), replicas) runs (stage.member_runs)
     link_ends: tuple[tuple, ...]  # distinct (gpu, tp, zone, gpu, tp, zone) the next boundary uses
     link_microbatches: int  # micro-batches the busiest NIC on it carries
 
@@ -124,8 +124,9 @@ class FastSim:
         # Keyed by (layers, groups, next groups, micro-batches, regime): a stage of a candidate.
         self._stage_costs_memo: dict = {}
         self._stages: dict = {}
-        # Keyed by (kind, layers, in flight, micro-batches, DP degree, regime): one GPU's peak
-        # bytes, which stages of other groups (zones, neighbours) holding the same kind share.
+        # Keyed by (kind, layers, what of in flight, micro-batches and DP degree it depends on
+        # (memory.peak_inputs), regime): one GPU's peak bytes, which stages of other groups
+        # (zones, neighbours, DP degrees) holding the same kind share.
         self._peaks: dict = {}
         # Keyed by (micro-batch size, stages): recent whole results, which a request's searches
         # meet again (a sub-search's plans offered to the main search, the final polish) and
@@ -149,13 +150,12 @@ class FastSim:
             p = self._price[key] = gpu_price_usd_per_hr(gpu, zone, spot=self.spot)
         return p
 
-    def _sync_s(self, sync_bytes: float, ring: tuple[tuple[str, str, int, int], ...]) -> float:
-        """``stage_dp_sync_s`` over a ring of (gpu, zone, replicas, TP degree) groups."""
+    def _sync_s(self, sync_bytes: float, ring: tuple[tuple[tuple[str, str, int], int], ...]) -> float:
+        """``stage_dp_sync_s`` over a ring of ((zone, gpu, TP degree), replicas) runs."""
         key = (sync_bytes, ring)
         hit = self._sync.get(key)
         if hit is None:
-            hit = self._sync[key] = st.stage_dp_sync_s(
-                self.network, sync_bytes, [zg for gpu, zone, n, tp in ring for zg in [(zone, gpu, tp)] * n])
+            hit = self._sync[key] = st.stage_dp_sync_runs_s(self.network, sync_bytes, ring)
         return hit
 
     def _tied_sum(self, first: tuple[Group, ...], last: tuple[Group, ...], regime: TrainingRegime,
@@ -168,9 +168,9 @@ class FastSim:
             groups = (*first, *last)
             thinnest = min(groups, key=lambda g: g[0].tp_degree)[0]
             tied_bytes = st.tied_sync_bytes(thinnest.profile, regime)
-            ring = [(zone, kind.gpu, kind.tp_degree) for kind, zone, n in groups for _ in range(n)]
-            hit = self._tied[key] = (st.tied_sync_s(self.network, tied_bytes, ring),
-                                     tuple(st.tied_sync_egress_terms(self.network, tied_bytes, ring)))
+            ring = st.member_runs([((zone, kind.gpu, kind.tp_degree), n) for kind, zone, n in groups])
+            hit = self._tied[key] = (st.tied_sync_runs_s(self.network, tied_bytes, ring),
+                                     tuple(st.tied_sync_egress_runs_terms(self.network, tied_bytes, ring)))
         return hit
 
     def _transfer_s(self, nbytes: int, ends: tuple, partitioned: bool) -> float:
@@ -235,20 +235,22 @@ class FastSim:
             distinct_kinds_counts=tuple(dict.fromkeys(kinds_counts)),
             counts=tuple(counts),
             most_microbatches=max(1, *counts),
-            ring=tuple([(k.gpu, z, n, k.tp_degree) for k, z, n in groups]),
+            ring=st.member_runs([((z, k.gpu, k.tp_degree), n) for k, z, n in groups]),
             link_ends=tuple(ends),
             link_microbatches=link_microbatches,
         )
         return ctx
 
     @staticmethod
-    def _egress_terms(costs: _Costs, stage: FastStage, regime: TrainingRegime) -> tuple[float, ...]:
+    def _egress_terms(costs: _Costs, stage: FastStage, regime: TrainingRegime,
+                      sync_bytes: float | None = None) -> tuple[float, ...]:
         """``compose.stage_egress_terms`` of a stage (its byte counts looked up only when a
-        ring hop or a boundary route leaves a zone)."""
+        ring hop or a boundary route leaves a zone; ``sync_bytes``: its ``dp_sync_bytes`` if known)."""
         hop_bytes = 0.0
         if costs.hop_usd_per_byte:
             thinnest = costs.thinnest
-            sync_bytes = st.dp_sync_bytes(thinnest.profile, stage.layer_start, stage.layer_end, regime)
+            if sync_bytes is None:
+                sync_bytes = st.dp_sync_bytes(thinnest.profile, stage.layer_start, stage.layer_end, regime)
             hop_bytes = compose.ring_hop_bytes(costs.dp_degree, sync_bytes, thinnest.tp_degree)
             factor = zero_sync_factor(thinnest.zero_stage, regime)
             if factor != 1.0:  # simulate's _dp_ring
@@ -258,12 +260,12 @@ class FastSim:
 
     def _stage_costs(self, stage: FastStage, nxt: tuple[Group, ...] | None, num_mb: int,
                      regime: TrainingRegime, key: tuple, costs: _Costs | None = None,
-                     ) -> tuple[tuple[float, ...], tuple[float, ...]]:
+                     sync_bytes: float | None = None) -> tuple[tuple[float, ...], tuple[float, ...]]:
         """(USD per hour of each group, ``_egress_terms``) of a stage, memoised under ``key``."""
         if costs is None:
             groups = stage.groups
             costs = self._costs.get((groups, nxt, num_mb)) or self._costs_of(groups, nxt, num_mb)
-        egress = self._egress_terms(costs, stage, regime) if costs.hop_usd_per_byte or costs.crossing else ()
+        egress = self._egress_terms(costs, stage, regime, sync_bytes) if costs.hop_usd_per_byte or costs.crossing else ()
         memo = self._stage_costs_memo
         if len(memo) >= _MAX_STAGE_ENTRIES:
             memo.clear()
@@ -318,6 +320,7 @@ class FastSim:
             fwds.append(fwd)
         sync = 0.0
         ring = (0.0, 0.0)
+        sync_bytes = None
         if costs.dp_degree > 1:
             sync_bytes = st.dp_sync_bytes(costs.thinnest.profile, a, b, regime)
             sync = self._sync_s(sync_bytes, ctx.ring)
@@ -340,7 +343,7 @@ class FastSim:
                         worst_link, worst_bytes = t, wire
             link = (worst_link, ctx.link_microbatches, worst_bytes)
         rent, egress = (self._stage_costs_memo.get(key)
-                        or self._stage_costs(stage, nxt, num_mb, regime, key, costs))
+                        or self._stage_costs(stage, nxt, num_mb, regime, key, costs, sync_bytes))
         memo = self._stages
         if len(memo) >= _MAX_STAGE_ENTRIES:
             memo.clear()
@@ -360,7 +363,7 @@ class FastSim:
             peaks.clear()
         for kind, count in ctx.distinct_kinds_counts:
             inflight = inflight_microbatches(0, depth, count)
-            key = (kind, a, b, inflight, count, dp, id(regime))
+            key = (kind, a, b, peak_inputs(inflight, count, dp, kind.zero_stage), id(regime))
             hit = peaks.get(key)
             if hit is not None and hit[0] is regime:
                 mem = hit[1]

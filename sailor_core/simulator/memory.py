@@ -382,6 +382,15 @@ def dp_bucket_bytes(num_params: int, regime: TrainingRegime, dp_degree: int, zer
     return num_params * regime.grad_bytes_per_param
 
 
+def peak_inputs(num_inflight: int, num_microbatches: int, dp_degree: int, zero_stage: int) -> tuple:
+    """What of these a stage's peak (``stage_peak_bytes``) and its DP buckets (``dp_bucket_bytes``)
+    depend on, for one GPU's layers and regime: K in flight, whether the replica accumulates
+    (``_activation_peak``: more micro-batches than K, or 0), and the DP degree where ZeRO shards
+    by it, else only whether the stage has replicas (the buckets).  Equal inputs, equal peaks."""
+    accumulating = num_microbatches == 0 or num_microbatches > num_inflight
+    return num_inflight, accumulating, dp_degree if zero_stage else dp_degree > 1
+
+
 def stage_peak_bytes(
     table: LayerTable, layer_start: int, layer_end: int, num_inflight: int, regime: TrainingRegime,
     head_logits: int, num_microbatches: int = 0, dp_degree: int = 1, zero_stage: int = 0,

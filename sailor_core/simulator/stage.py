@@ -8,6 +8,7 @@ sums from prefix tables, network lookups cached per endpoint pair.
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Sequence
 
 from sailor_core.network.model import Endpoint, NetworkModel
@@ -127,17 +128,53 @@ def stage_dp_sync_s(network: NetworkModel, sync_bytes: float, replicas: Sequence
     a ring of ``tp``-GPU endpoints carrying ``tp x sync_bytes``.  With different TP degrees the
     engine all-reduces the stage's whole gradient over all its ranks (``runtime/trainer.py``):
     one ring of single GPUs, ``sum tp`` members, ``thinnest tp x sync_bytes``."""
-    if len(replicas) <= 1:
+    return stage_dp_sync_runs_s(network, sync_bytes, member_runs([(tuple(r), 1) for r in replicas]))
+
+
+def stage_dp_sync_runs_s(network: NetworkModel, sync_bytes: float,
+                         runs: tuple[tuple[tuple[str, str, int], int], ...]) -> float:
+    """``stage_dp_sync_s`` of the replicas listed as runs: ((zone, GPU, TP degree), how many in a
+    row) in ring order (``member_runs``; the planner's stages are groups of equal replicas)."""
+    rings = _sync_rings(runs)
+    if rings is None:
         return 0.0
-    one = _ring_s(network, sync_bytes, [(zone, gpu, 1) for zone, gpu, _ in replicas])
-    tp = replicas[0][2]
-    if all(r[2] == tp for r in replicas):
-        shared = one if tp == 1 else _ring_s(network, sync_bytes * tp, replicas)
-    else:
-        thinnest = min(r[2] for r in replicas)
-        shared = _ring_s(network, sync_bytes * thinnest,
-                         [(zone, gpu, 1) for zone, gpu, n in replicas for _ in range(n)])
+    singles, scale, shared_ring = rings
+    one = network.allreduce_runs_time_s(sync_bytes, singles)
+    shared = one if shared_ring is None else network.allreduce_runs_time_s(sync_bytes * scale, shared_ring)
     return shared if shared > one else one
+
+
+@lru_cache(maxsize=4096)
+def _sync_rings(runs: tuple[tuple[tuple[str, str, int], int], ...]):
+    """The rings ``stage_dp_sync_s`` times over these replicas, as endpoint runs: (one GPU per
+    replica, the factor of the sync bytes the shared ring carries, the shared ring (None: the
+    first)); None for one replica.  The same for every stage of these replicas, whatever its layers."""
+    if sum(count for _, count in runs) <= 1:
+        return None
+    singles = _endpoint_runs(member_runs([((zone, gpu, 1), count) for (zone, gpu, _), count in runs]))
+    tp = runs[0][0][2]
+    if all(member[2] == tp for member, _ in runs):
+        return singles, tp, None if tp == 1 else _endpoint_runs(runs)
+    # every GPU a member of its own: a replica of TP t is t members in a row
+    thinnest = min(member[2] for member, _ in runs)
+    return singles, thinnest, _endpoint_runs(
+        member_runs([((zone, gpu, 1), count * n) for (zone, gpu, n), count in runs]))
+
+
+def _endpoint_runs(runs) -> tuple[tuple[Endpoint, int], ...]:
+    """Runs of (zone, GPU, GPUs per side) members as the network's (Endpoint, count) runs."""
+    return tuple((Endpoint(zone=zone, gpu=gpu, num_gpus=k), count) for (zone, gpu, k), count in runs)
+
+
+def member_runs(runs: Sequence[tuple[tuple, int]]) -> tuple[tuple[tuple, int], ...]:
+    """``runs`` ((member, count) in ring order) with equal neighbours merged."""
+    out: list[list] = []
+    for member, count in runs:
+        if out and out[-1][0] == member:
+            out[-1][1] += count
+        else:
+            out.append([member, count])
+    return tuple((member, count) for member, count in out)
 
 
 def overlapped_dp_ring(sync_s: float, sync_bytes: float, dp_degree: int, tp_degree: int | None,
@@ -172,9 +209,15 @@ def tied_sync_s(network: NetworkModel, tied_bytes: float, members: Sequence[tupl
     adds to their ``dp_sync_s``.  ``tied_bytes``: ``tied_sync_bytes`` of the thinnest member;
     TP ranks as in ``stage_dp_sync_s``.  Neither stage's DP ring carries the matrix
     (``dp_sync_bytes``), as in the engine."""
+    return tied_sync_runs_s(network, tied_bytes, member_runs([(tuple(m), 1) for m in members]))
+
+
+def tied_sync_runs_s(network: NetworkModel, tied_bytes: float,
+                     runs: tuple[tuple[tuple[str, str, int], int], ...]) -> float:
+    """``tied_sync_s`` of the members listed as runs (``member_runs``)."""
     if tied_bytes <= 0:
         return 0.0
-    return stage_dp_sync_s(network, tied_bytes, members)
+    return stage_dp_sync_runs_s(network, tied_bytes, runs)
 
 
 def tied_sync_egress_terms(network: NetworkModel, tied_bytes: float,
@@ -182,18 +225,16 @@ def tied_sync_egress_terms(network: NetworkModel, tied_bytes: float,
     """USD per iteration of each hop of the embedding group's ring that leaves a zone (the
     members of ``tied_sync_s``; first and last stages in different zones: the sum crosses), priced
     as a stage's DP ring (``compose.ring_hop_bytes``, ``compose.stage_egress_terms``)."""
-    hop_usd = compose.ring_hop_usd_per_byte(network, [zone for zone, _, _ in members])
+    return tied_sync_egress_runs_terms(network, tied_bytes, member_runs([(tuple(m), 1) for m in members]))
+
+
+def tied_sync_egress_runs_terms(network: NetworkModel, tied_bytes: float,
+                                runs: tuple[tuple[tuple[str, str, int], int], ...]) -> list[float]:
+    """``tied_sync_egress_terms`` of the members listed as runs (``member_runs``): a run's
+    members share a zone, so the ring leaves a zone where the runs' zones change."""
+    hop_usd = compose.ring_hop_usd_per_byte(network, [zone for (zone, _, _), _ in runs])
     if tied_bytes <= 0 or not hop_usd:
         return []
-    thinnest = min(tp for _, _, tp in members)
-    return compose.stage_egress_terms(compose.ring_hop_bytes(len(members), tied_bytes, thinnest), hop_usd, 0, [])
-
-
-def _ring_s(network: NetworkModel, num_bytes: float, members: Sequence[tuple[str, str, int]]) -> float:
-    """``allreduce_time_s`` over (zone, GPU, GPUs per side) members."""
-    # One Endpoint per distinct member, repeated: the network compares and hashes the ring's
-    # members, which is quick for the same object (it answers exactly as for equal ones).
-    distinct = {m: Endpoint(zone=m[0], gpu=m[1], num_gpus=m[2]) for m in dict.fromkeys(members)}
-    if len(distinct) == 1:  # what allreduce_time_s does for a ring at one endpoint, without its scan
-        return network.uniform_allreduce_time_s(num_bytes, next(iter(distinct.values())), len(members))
-    return network.allreduce_time_s(num_bytes, [distinct[m] for m in members])
+    thinnest = min(tp for (_, _, tp), _ in runs)
+    num_members = sum(count for _, count in runs)
+    return compose.stage_egress_terms(compose.ring_hop_bytes(num_members, tied_bytes, thinnest), hop_usd, 0, [])

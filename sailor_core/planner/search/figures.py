@@ -51,7 +51,8 @@ class KindFigures:
         out = [kind]
         for f in firsts:
             v = self.kinds.in_regime_of(kind, f)
-            if all(v is not o for o in out):
+            # a kind of the same profile under the same regime has every figure of one already in
+            if all(v is not o and (v.profile is not o.profile or v.regime is not o.regime) for o in out):
                 out.append(v)
         memo[key] = out
         return out
