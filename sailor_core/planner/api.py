@@ -220,7 +220,9 @@ def _search_each_type(searcher: Searcher) -> None:
             searcher.settled_types.add(gpu)
             continue
         only = {k: n for k, n in request.availability.items() if k[0] == gpu}
-        sub = _sub_search(searcher, seeded=True, availability=only, top_n=1)
+        # Its proof settles the type only for a top 1 (below); else its plans are all it gives.
+        proves = not request.collect_pareto and request.top_n == 1
+        sub = _sub_search(searcher, seeded=True, prove=proves, availability=only, top_n=1)
         _adopt(searcher, sub)
         # Its simulated-over-bounded times by depth start the mixed search's queue estimate.
         searcher.learn_excess_from(sub)
@@ -239,7 +241,9 @@ def _search_each_type(searcher: Searcher) -> None:
         _adopt(searcher, _sub_search(searcher, seeded=True, availability=only, top_n=1))
 
 
-def _search(searcher: Searcher) -> None:
+def _search(searcher: Searcher, *, prove: bool = True) -> None:
+    """``prove``: under a floor or a cap, the pass that checks the limits on the bound alone
+    (what a proof needs); without it the search finds plans and proves nothing."""
     request = searcher.req
     floor_binds = request.min_throughput_samples_per_s is not None and request.ranking.by_cost
     caps_bind = request.has_cost_caps and not request.ranking.by_cost
@@ -253,6 +257,9 @@ def _search(searcher: Searcher) -> None:
         searcher.estimate_limits = True
         run_search(searcher, budget=request.max_evaluations // 2)
         searcher.estimate_limits = False
+        if not prove:
+            searcher.stats.exhausted = False  # shapes the estimate ruled out were never bounded
+            return
         run_search(searcher, budget=request.max_evaluations // 4, by_bound_only=True)
     else:
         run_search(searcher)
@@ -285,14 +292,14 @@ def _widen_degrees(searcher: Searcher) -> None:
         searcher.stats.wider_proof = "efficient"
 
 
-def _sub_search(searcher: Searcher, *, seeded: bool = False, **changes) -> Searcher:
+def _sub_search(searcher: Searcher, *, seeded: bool = False, prove: bool = True, **changes) -> Searcher:
     """A search of part of the request's space (same model, limits and profiles); ``seeded``:
     it only looks for plans that beat the top N ``searcher`` has (same objective)."""
     req = dataclasses.replace(searcher.req, mixed_stages=False, collect_pareto=False, **changes)
     sub = searcher.sub_searcher(req)
     if seeded:
         sub.seed_from(searcher)
-    _search(sub)
+    _search(sub, prove=prove)
     sub.done_searching()
     return sub
 
