@@ -25,7 +25,7 @@ from sailor_core.planner.mixing import mix_leftovers
 from sailor_core.planner.ranking import FASTEST
 from sailor_core.planner.request import GpuZone, PlanRequest
 from sailor_core.planner.result import ParetoPoint, PlannedCandidate, PlanResult, pareto_front
-from sailor_core.planner.search import Evaluated, Searcher, run_search
+from sailor_core.planner.search import Evaluated, Searcher, proof_possible, run_search
 from sailor_core.planner.search.bounds import ideal_iteration
 from sailor_core.planner.search.shapes import DP_SPACES
 from sailor_core.planner.simpler import SIMPLER_WITHIN, prefer_simpler
@@ -253,11 +253,15 @@ def _search(searcher: Searcher, *, prove: bool = True) -> None:
         # the limits checked on an estimate (the bound times the excess seen on pipelines as
         # deep), which keeps the budget for shapes that may meet them; then, with the plans
         # found pruning it, once more with the limits checked on the bound alone, for the
-        # shapes just under a cap that the estimate ruled out.
+        # shapes just under a cap that the estimate ruled out.  That pass walks in order of the
+        # bound to prove the top N; where the first pass's scored shapes already left out some
+        # that beat the threshold no proof can come of it, and on every request with a floor or
+        # a cap measured (the AE floor and cap rows, bench_planner's four) it then found no plan
+        # for the top N either: it is skipped (docs/benchmarks/planner.md, floor row).
         searcher.estimate_limits = True
         run_search(searcher, budget=request.max_evaluations // 2)
         searcher.estimate_limits = False
-        if not prove:
+        if not prove or not (request.collect_pareto or proof_possible(searcher)):
             searcher.stats.exhausted = False  # shapes the estimate ruled out were never bounded
             return
         run_search(searcher, budget=request.max_evaluations // 4, by_bound_only=True)

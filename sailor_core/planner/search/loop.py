@@ -35,6 +35,15 @@ def run_search(searcher: Searcher, budget: int | None = None, *, by_bound_only: 
     SearchLoop(searcher, budget, by_bound_only=by_bound_only).run()
 
 
+def proof_possible(searcher: Searcher) -> bool:
+    """Whether a pass in bound order could still prove the top N: no scored space of the search
+    (``spaces.attach_sorted``) has left out shapes whose bound beats the threshold (a cap, a floor
+    or the cost objective keep the best ``BANDED_KEEP`` bounds; the rest stay in the proof as
+    their cut, which is then below the threshold and no walk of what is kept changes that)."""
+    threshold = searcher.threshold()
+    return all(scored.cut >= threshold for scored in searcher.memos.own.scored.values())
+
+
 class Calibration:
     """The capacity bound that orders the lazy heaps (three GPU types or more) is far looser than
     the queue's keys, so moving shapes until it crosses the best queued key would score tens of
