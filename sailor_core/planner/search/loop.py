@@ -116,9 +116,10 @@ class SearchLoop:
                 searcher.stats.exhausted = self.proven_done(searcher.threshold())
                 return
             if self.since_gain >= req.patience and not self.by_bound:
-                if not proof_possible(searcher):
+                if not (req.collect_pareto or proof_possible(searcher)):
                     # The bound's order is for the proof; with none to be had, the estimate's
-                    # order was the better one to spend the search on, and it has run dry.
+                    # order was the better one to spend the search on, and it has run dry (a
+                    # Pareto front asked for takes the plans of both, as before).
                     return
                 self._order_by_bound()
                 continue
