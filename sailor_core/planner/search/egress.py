@@ -166,5 +166,7 @@ def fewest_crossings(zones: dict[str, int], pools_key: tuple, places: dict, memo
             crossings = sum(1 for a, b in zip(placed, placed[1:])
                             if len(a) == 1 and len(b) == 1 and a[0][0] != b[0][0])
             fewest = min(fewest, crossings)
+            if not fewest:
+                break  # none is the least there is (most segments: every stage in one zone)
         memo[key] = fewest
     return fewest
