@@ -202,21 +202,53 @@ def _capacity_and_rent(searcher: Searcher, a: dict, b: dict, work_s: float, limi
     import numpy as np
 
     na, nb = len(a["segs"]), len(b["segs"])
-    stages = a["stages"][:, None] + b["stages"][None, :]
+    # Only the segments some pair may hold (``_may_pair``): the same pairs, figures and order as
+    # the whole grid, which on two types is mostly segments no pair within the limits holds.
+    ra, rb = (np.flatnonzero(_may_pair(x, y, work_s, limits, limit, searcher.max_stages)) for x, y in ((a, b), (b, a)))
+    stages = a["stages"][ra, None] + b["stages"][None, rb]
     keep = (stages >= 1) & (stages <= searcher.max_stages)
     # One-type shapes of a type whose own search proved its best (see plan_job) are settled.
     if len(searcher.gpu_types) == 2:
         if searcher.gpu_types[0] in searcher.settled_types:
-            keep[:, nb] = False
+            keep[:, rb == nb] = False
         if searcher.gpu_types[1] in searcher.settled_types:
-            keep[na, :] = False
+            keep[ra == na, :] = False
     with np.errstate(divide="ignore", invalid="ignore"):  # (no segment at all: not kept)
-        tau = work_s / (a["cap"][:, None] + b["cap"][None, :])
-    rate = a["rate"][:, None] + b["rate"][None, :]
+        tau = work_s / (a["cap"][ra, None] + b["cap"][None, rb])
+    rate = a["rate"][ra, None] + b["rate"][None, rb]
     with np.errstate(divide="ignore", invalid="ignore"):
         keep &= limits.within(tau, rate, 0.0) & (limits.score(tau, rate, 0.0) < limit)
     ia, ib = np.nonzero(keep)
-    return Pairs(ia=ia, ib=ib, stages=stages[ia, ib], tau=tau[ia, ib], rate=rate[ia, ib])
+    return Pairs(ia=ra[ia], ib=rb[ib], stages=stages[ia, ib], tau=tau[ia, ib], rate=rate[ia, ib])
+
+
+def _may_pair(x: dict, y: dict, work_s: float, limits: Limits, limit: float, max_stages: int):
+    """Per segment of ``x`` (and its last index, the type unused, always), whether a pair with some
+    segment of ``y`` (or none) may be within the limits on capacity and rent: its depth with
+    the shallowest and deepest of ``y``, the floor and the throughput objective at ``y``'s most
+    capacity and the hourly cap at its least rent (the same float operations as the grid's,
+    which are monotone in each), and the cost per iteration under its cap or the threshold as
+    a sum of one term per segment (with a margin for rounding)."""
+    # lazy: numpy loads when a search runs, not when the CLI checks a request
+    import numpy as np
+
+    cap, rate, stages = x["cap"], x["rate"], x["stages"]
+    ok = (stages + y["stages"].min() <= max_stages) & (stages + y["stages"].max() >= 1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        tau = work_s / (cap + y["cap"].max())
+        if limits.min_throughput is not None:
+            ok &= limits.gbs / tau >= limits.min_throughput * (1 - 1e-9)
+        if limits.throughput:
+            ok &= -limits.gbs / tau < limit
+        if limits.max_usd_per_hour is not None:
+            ok &= rate + y["rate"].min() <= limits.max_usd_per_hour * (1 + 1e-9)
+        for most in (limits.max_usd_per_iteration, None if limits.throughput else limit):
+            if most is not None and most < math.inf:
+                # (ra + rb) work / (ca + cb) < most <=> (ra work - most ca) + (rb work - most cb) < 0
+                most *= (1 + 1e-9) * (1 + 1e-6) * 3600 / work_s
+                ok &= rate - most * cap + (y["rate"] - most * y["cap"]).min() < 0
+    ok[-1] = True
+    return ok
 
 
 def _pipeline(parts, lists, a: dict, b: dict, pairs: Pairs, work_s: float, num_mb: int):
