@@ -203,8 +203,13 @@ def _capacity_and_rent(searcher: Searcher, a: dict, b: dict, work_s: float, limi
 
     na, nb = len(a["segs"]), len(b["segs"])
     # Only the segments some pair may hold (``_may_pair``): the same pairs, figures and order as
-    # the whole grid, which on two types is mostly segments no pair within the limits holds.
-    ra, rb = (np.flatnonzero(_may_pair(x, y, work_s, limits, limit, searcher.max_stages)) for x, y in ((a, b), (b, a)))
+    # the whole grid, which on two types is mostly segments no pair within the limits holds (on
+    # one type's column the test would cost more than it saves).
+    if na and nb:
+        ra, rb = (np.flatnonzero(_may_pair(x, y, work_s, limits, limit, searcher.max_stages))
+                  for x, y in ((a, b), (b, a)))
+    else:
+        ra, rb = np.arange(na + 1), np.arange(nb + 1)
     stages = a["stages"][ra, None] + b["stages"][None, rb]
     keep = (stages >= 1) & (stages <= searcher.max_stages)
     # One-type shapes of a type whose own search proved its best (see plan_job) are settled.
