@@ -259,8 +259,9 @@ def _search(searcher: Searcher, *, prove: bool = True) -> None:
         # shapes just under a cap that the estimate ruled out.  That pass walks in order of the
         # bound to prove the top N; where the first pass's scored shapes already left out some
         # that beat the threshold no proof can come of it, and on every request with a floor or
-        # a cap measured (the AE floor and cap rows, bench_planner's four) it then found no plan
-        # for the top N either: it is skipped (docs/benchmarks/planner.md, floor row).
+        # a cap measured (the AE floor and cap rows, bench_planner's opt-350m floor and cap and
+        # gpt-neo-2.7b cap) it then found no plan for the top N either: it is skipped
+        # (docs/benchmarks/planner.md, floor row).
         searcher.estimate_limits = True
         run_search(searcher, budget=request.max_evaluations // 2)
         searcher.estimate_limits = False

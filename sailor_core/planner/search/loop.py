@@ -39,7 +39,7 @@ def proof_possible(searcher: Searcher) -> bool:
     """Whether a pass in bound order could still prove the top N: no scored space of the search
     (``spaces.attach_sorted``) has left out shapes whose bound beats the threshold (a cap, a floor
     or the cost objective keep the best ``BANDED_KEEP`` bounds; the rest stay in the proof as
-    their cut, which is then below the threshold and no walk of what is kept changes that)."""
+    their cut: while that is below the threshold, no walk proves the top N)."""
     threshold = searcher.threshold()
     return all(scored.cut >= threshold for scored in searcher.memos.own.scored.values())
 
