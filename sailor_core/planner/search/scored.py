@@ -418,16 +418,17 @@ class ScoredShapes:
     def next_pre(self) -> float:
         return float(self.pre[self.first[self.num_refined]]) if self.num_refined < len(self.first) else math.inf
 
-    def refine_next(self, count: int) -> None:
-        """Refine the next ``count`` shapes of ``first``, keeping their final bounds in ``final``."""
+    def refine_next(self, count: int, below: float = math.inf) -> None:
+        """Refine the next ``count`` shapes of ``first``, keeping their final bounds in ``final``
+        (``below``: see ``_refine_bounds``)."""
         sel = self.first[self.num_refined:self.num_refined + count]
         self.num_refined += len(sel)
         if len(sel):
-            self.final.append(self.final_of(sel)[1])
+            self.final.append(self.final_of(sel, below)[1])
 
-    def final_of(self, sel):
+    def final_of(self, sel, below: float = math.inf):
         """Refine the shapes ``sel`` (a run of ``first``): (those within the limits, their final bounds)."""
-        self._refine_bounds(sel)
+        self._refine_bounds(sel, below)
         return self.kept(sel)
 
     def kept(self, sel):
@@ -476,10 +477,11 @@ class ScoredShapes:
         out.cut = self.limit
         return out
 
-    def _refine_bounds(self, sel) -> None:
+    def _refine_bounds(self, sel, below: float = math.inf) -> None:
         """The granular bound, then for two segments compute, links and sync together (the
         joint bound with where the segments meet) and, when cost matters, rent and egress
-        together, for the shapes ``sel``."""
+        together, for the shapes ``sel``; the joint bounds not for shapes whose granular bound
+        is ``below`` or more (``settle_cut``: they end above its cut either way)."""
         # lazy: numpy loads when a search runs, not when the CLI checks a request
         import numpy as np
 
@@ -487,7 +489,7 @@ class ScoredShapes:
         tau[sel] = np.maximum(tau[sel], self.parts.granular_of(a, ia[sel], b, ib[sel]))
         t_lb[sel] = np.maximum(tau[sel], self.pipe[sel]) + self.sync[sel]
         alive = self.limits.within(t_lb[sel], self.rate[sel], self.egress[sel]) & (
-            self.limits.score(t_lb[sel], self.rate[sel], self.egress[sel]) < self.limit)
+            self.limits.score(t_lb[sel], self.rate[sel], self.egress[sel]) < min(self.limit, below))
         two = sel[alive & (ia[sel] < len(a["segs"])) & (ib[sel] < len(b["segs"]))]  # (the rest keep the weaker bound)
         if not len(two):
             return
@@ -560,4 +562,6 @@ def settle_cut(scored: list[ScoredShapes], keep: int, chunk: int = CHUNK) -> flo
         nxt = min(scored, key=lambda s: s.next_pre(), default=None)
         if nxt is None or nxt.next_pre() >= cut:
             return cut
-        nxt.refine_next(chunk)
+        # A shape whose granular bound is not below the cut known stays at least that cut with
+        # or without its joint bounds: the (keep + 1)-th best, now and after, is the same.
+        nxt.refine_next(chunk, below=cut)
