@@ -25,7 +25,7 @@ from sailor_core.planner.mixing import mix_leftovers
 from sailor_core.planner.ranking import FASTEST
 from sailor_core.planner.request import GpuZone, PlanRequest
 from sailor_core.planner.result import ParetoPoint, PlannedCandidate, PlanResult, pareto_front
-from sailor_core.planner.search import Evaluated, Searcher, run_search
+from sailor_core.planner.search import Evaluated, Searcher, proof_possible, run_search
 from sailor_core.planner.search.bounds import ideal_iteration
 from sailor_core.planner.search.shapes import DP_SPACES
 from sailor_core.planner.simpler import SIMPLER_WITHIN, prefer_simpler
@@ -224,7 +224,12 @@ def _search_each_type(searcher: Searcher) -> None:
             searcher.settled_types.add(gpu)
             continue
         only = {k: n for k, n in request.availability.items() if k[0] == gpu}
-        sub = _sub_search(searcher, seeded=True, availability=only, top_n=1)
+        # Under a floor or a cap its proof would take a pass in bound order over the one-type
+        # shapes just inside the limits on paper (the floor row: 325 evaluations, 315 missing
+        # the floor) to settle shapes the mixed search bounds anyway: its first pass only (the
+        # same plans on every floor or cap request measured, top 1 or 5; a Pareto front asked
+        # for keeps both passes' plans).
+        sub = _sub_search(searcher, seeded=True, prove=request.collect_pareto, availability=only, top_n=1)
         _adopt(searcher, sub)
         # Its simulated-over-bounded times by depth start the mixed search's queue estimate.
         searcher.learn_excess_from(sub)
@@ -243,7 +248,9 @@ def _search_each_type(searcher: Searcher) -> None:
         _adopt(searcher, _sub_search(searcher, seeded=True, availability=only, top_n=1))
 
 
-def _search(searcher: Searcher) -> None:
+def _search(searcher: Searcher, *, prove: bool = True) -> None:
+    """``prove``: under a floor or a cap, the pass that checks the limits on the bound alone
+    (what a proof needs); without it the search finds plans and proves nothing."""
     request = searcher.req
     floor_binds = request.min_throughput_samples_per_s is not None and request.ranking.by_cost
     caps_bind = request.has_cost_caps and not request.ranking.by_cost
@@ -253,10 +260,18 @@ def _search(searcher: Searcher) -> None:
         # the limits checked on an estimate (the bound times the excess seen on pipelines as
         # deep), which keeps the budget for shapes that may meet them; then, with the plans
         # found pruning it, once more with the limits checked on the bound alone, for the
-        # shapes just under a cap that the estimate ruled out.
+        # shapes just under a cap that the estimate ruled out.  That pass walks in order of the
+        # bound to prove the top N; where the first pass's scored shapes already left out some
+        # that beat the threshold no proof can come of it, and on every request with a floor or
+        # a cap measured (the AE floor and cap rows, bench_planner's opt-350m floor and cap and
+        # gpt-neo-2.7b cap) it then found no plan for the top N either: it is skipped
+        # (docs/benchmarks/planner.md, floor row).
         searcher.estimate_limits = True
         run_search(searcher, budget=request.max_evaluations // 2)
         searcher.estimate_limits = False
+        if not prove or not (request.collect_pareto or proof_possible(searcher)):
+            searcher.stats.exhausted = False  # shapes the estimate ruled out were never bounded
+            return
         run_search(searcher, budget=request.max_evaluations // 4, by_bound_only=True)
     else:
         run_search(searcher)
@@ -291,14 +306,14 @@ def _widen_degrees(searcher: Searcher) -> None:
         searcher.stats.wider_proof = "efficient"
 
 
-def _sub_search(searcher: Searcher, *, seeded: bool = False, **changes) -> Searcher:
+def _sub_search(searcher: Searcher, *, seeded: bool = False, prove: bool = True, **changes) -> Searcher:
     """A search of part of the request's space (same model, limits and profiles); ``seeded``:
     it only looks for plans that beat the top N ``searcher`` has (same objective)."""
     req = dataclasses.replace(searcher.req, mixed_stages=False, collect_pareto=False, **changes)
     sub = searcher.sub_searcher(req)
     if seeded:
         sub.seed_from(searcher)
-    _search(sub)
+    _search(sub, prove=prove)
     sub.done_searching()
     return sub
 

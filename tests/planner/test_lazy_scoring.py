@@ -52,3 +52,61 @@ def test_refining_on_demand_keeps_what_refining_everything_keeps(limits, fewer, 
     assert lazy[0] == full[0] and lazy[1] == full[1]  # same plans, same number simulated
     assert lazy[2] == full[2]  # the same shapes kept, in the same order, with the same bounds
     assert (sum(lazy[3]) < sum(full[3])) if fewer else (sum(lazy[3]) <= sum(full[3]))
+
+
+def _whole_grid(searcher, a, b, work_s, limits, limit):
+    """``scored._capacity_and_rent`` over every pair of segments (the yardstick)."""
+    import numpy as np
+
+    from sailor_core.planner.search.scored import Pairs
+
+    na, nb = len(a["segs"]), len(b["segs"])
+    stages = a["stages"][:, None] + b["stages"][None, :]
+    keep = (stages >= 1) & (stages <= searcher.max_stages)
+    if len(searcher.gpu_types) == 2:
+        if searcher.gpu_types[0] in searcher.settled_types:
+            keep[:, nb] = False
+        if searcher.gpu_types[1] in searcher.settled_types:
+            keep[na, :] = False
+    with np.errstate(divide="ignore", invalid="ignore"):
+        tau = work_s / (a["cap"][:, None] + b["cap"][None, :])
+        rate = a["rate"][:, None] + b["rate"][None, :]
+        keep &= limits.within(tau, rate, 0.0) & (limits.score(tau, rate, 0.0) < limit)
+    ia, ib = np.nonzero(keep)
+    return Pairs(ia=ia, ib=ib, stages=stages[ia, ib], tau=tau[ia, ib], rate=rate[ia, ib])
+
+
+@pytest.mark.parametrize("limits", [
+    {"objective": "cost", "min_throughput_samples_per_s": 100.0},
+    {"max_usd_per_iteration": 0.5},
+    {"max_usd_per_hour": 150.0, "min_throughput_samples_per_s": 150.0},
+    {"objective": "cost"},
+])
+def test_pairs_of_the_segments_that_may_pair_are_the_whole_grids(limits, profiles, network, monkeypatch):
+    import numpy as np
+
+    import sailor_core.planner.search.scored as scored
+
+    built, checked, cells = scored._capacity_and_rent, [], [0, 0]
+
+    def both(searcher, a, b, work_s, lim, limit):
+        got, want = built(searcher, a, b, work_s, lim, limit), _whole_grid(searcher, a, b, work_s, lim, limit)
+        for name in ("ia", "ib", "stages", "tau", "rate"):
+            x, y = getattr(got, name), getattr(want, name)
+            assert x.dtype == y.dtype and np.array_equal(x, y), name
+        checked.append(len(want.ia))
+        rows = scored._may_pair(a, b, work_s, lim, limit, searcher.max_stages)
+        cols = scored._may_pair(b, a, work_s, lim, limit, searcher.max_stages)
+        cells[0] += int(rows.sum()) * int(cols.sum())
+        cells[1] += len(rows) * len(cols)
+        return got
+
+    monkeypatch.setattr(scored, "_capacity_and_rent", both)
+    avail = {(A, ZA): 64, (A, ZB): 64, (V, ZA): 64, (V, ZB): 64}
+    try:
+        plan_job(make_request(model="opt-350m", availability=avail, global_batch_size=1024, **limits),
+                 profiles=profiles, network=network)
+    except Exception as exc:  # an infeasible request still scored its shapes
+        assert "no feasible plan" in str(exc)
+    assert checked and sum(checked) > 0
+    assert cells[0] <= cells[1]

@@ -123,10 +123,11 @@ class EgressParts:
             memo[key] = hit
         return hit
 
-    def between_segments_usd(self, num_mb: int, first: list[Segment], second: list[Segment]):
+    def between_segments_usd(self, num_mb: int, first: list[Segment], second: list[Segment], *, kinds=None):
         """USD per iteration, at the least, of the micro-batches crossing zones between two
         segments, per pair (numpy matrix; ``bounds.boundary_crossings``), each crossing carrying
-        the smallest boundary activation both ways at the cheapest price."""
+        the smallest boundary activation both ways (over ``kinds``, else the segments' own) at the
+        cheapest price."""
         # lazy: numpy loads when a search runs, not when the CLI checks a request
         import numpy as np
 
@@ -139,7 +140,8 @@ class EgressParts:
         live = {z for gpu in gpus for z, n in self.zone_gpus[gpu].items() if n > 0}
         price = min(self.round_trip_usd_per_byte(x, y) for x in live for y in live if x != y)
         figures = self.figures
-        kinds = {id(seg.kind): seg.kind for seg in (*first, *second)}.values()
+        if kinds is None:
+            kinds = {id(seg.kind): seg.kind for seg in (*first, *second)}.values()
         nbytes = min(figures.min_boundary_bytes(v) for kind in kinds for v in figures.variants(kind))
         return crossings * nbytes * price
 
@@ -164,5 +166,7 @@ def fewest_crossings(zones: dict[str, int], pools_key: tuple, places: dict, memo
             crossings = sum(1 for a, b in zip(placed, placed[1:])
                             if len(a) == 1 and len(b) == 1 and a[0][0] != b[0][0])
             fewest = min(fewest, crossings)
+            if not fewest:
+                break  # none is the least there is (most segments: every stage in one zone)
         memo[key] = fewest
     return fewest

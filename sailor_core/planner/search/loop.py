@@ -35,6 +35,15 @@ def run_search(searcher: Searcher, budget: int | None = None, *, by_bound_only: 
     SearchLoop(searcher, budget, by_bound_only=by_bound_only).run()
 
 
+def proof_possible(searcher: Searcher) -> bool:
+    """Whether a pass in bound order could still prove the top N: no scored space of the search
+    (``spaces.attach_sorted``) has left out shapes whose bound beats the threshold (a cap, a floor
+    or the cost objective keep the best ``BANDED_KEEP`` bounds; the rest stay in the proof as
+    their cut: while that is below the threshold, no walk proves the top N)."""
+    threshold = searcher.threshold()
+    return all(scored.cut >= threshold for scored in searcher.memos.own.scored.values())
+
+
 class Calibration:
     """The capacity bound that orders the lazy heaps (three GPU types or more) is far looser than
     the queue's keys, so moving shapes until it crosses the best queued key would score tens of
@@ -107,6 +116,11 @@ class SearchLoop:
                 searcher.stats.exhausted = self.proven_done(searcher.threshold())
                 return
             if self.since_gain >= req.patience and not self.by_bound:
+                if not (req.collect_pareto or proof_possible(searcher)):
+                    # The bound's order is for the proof; with none to be had, the estimate's
+                    # order was the better one to spend the search on, and it has run dry (a
+                    # Pareto front asked for takes the plans of both, as before).
+                    return
                 self._order_by_bound()
                 continue
             entry = heapq.heappop(pending)

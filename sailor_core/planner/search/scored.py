@@ -183,10 +183,14 @@ def score_shapes(searcher: Searcher, present: list[list[Segment]], *, mbs: int, 
     limits = Limits(req, not req.ranking.by_cost)
     limit = searcher.threshold()
     pairs = _capacity_and_rent(searcher, a, b, work_s, limits, limit)
+    kinds = _meeting_kinds(lists, a, b, pairs) if cost_matters else None
     pipe, lmat = _pipeline(searcher.parts, lists, a, b, pairs, work_s, num_mb)
-    pairs, pipe = _within_before_sync(pairs, pipe, limits, limit)
+    # The pipeline bound rules out most pairs a cap, a floor or the top N leave on capacity and
+    # rent (the floor row: 469,000 of 2.5 million -> 72,000); the sync and egress bounds, which
+    # only raise a bound, are needed for the rest alone (same figures and order as for all).
+    pairs, pipe = _within_on_pipeline(pairs, pipe, limits, limit)
     sync = _sync(searcher.parts, a, b, pairs)
-    egress, rings_p2p = _egress(searcher, lists, a, b, pairs, num_mb, mbs, cost_matters)
+    egress, rings_p2p = _egress(searcher, lists, a, b, pairs, num_mb, mbs, kinds)
     refining = Refining(lists=lists, a=a, b=b, lmat=lmat, rings_p2p=rings_p2p, work_s=work_s,
                         block_bytes=searcher.figures.gradient_bytes_lb(mbs)[1], num_blocks_lb=num_blocks_lb,
                         cost_matters=cost_matters, parts=searcher.parts)
@@ -201,27 +205,64 @@ def _capacity_and_rent(searcher: Searcher, a: dict, b: dict, work_s: float, limi
     import numpy as np
 
     na, nb = len(a["segs"]), len(b["segs"])
-    stages = a["stages"][:, None] + b["stages"][None, :]
+    # Only the segments some pair may hold (``_may_pair``): the same pairs, figures and order as
+    # the whole grid, which on two types is mostly segments no pair within the limits holds (on
+    # one type's column the test would cost more than it saves).
+    if na and nb:
+        ra, rb = (np.flatnonzero(_may_pair(x, y, work_s, limits, limit, searcher.max_stages))
+                  for x, y in ((a, b), (b, a)))
+    else:
+        ra, rb = np.arange(na + 1), np.arange(nb + 1)
+    stages = a["stages"][ra, None] + b["stages"][None, rb]
     keep = (stages >= 1) & (stages <= searcher.max_stages)
     # One-type shapes of a type whose own search proved its best (see plan_job) are settled.
     if len(searcher.gpu_types) == 2:
         if searcher.gpu_types[0] in searcher.settled_types:
-            keep[:, nb] = False
+            keep[:, rb == nb] = False
         if searcher.gpu_types[1] in searcher.settled_types:
-            keep[na, :] = False
+            keep[ra == na, :] = False
     with np.errstate(divide="ignore", invalid="ignore"):  # (no segment at all: not kept)
-        tau = work_s / (a["cap"][:, None] + b["cap"][None, :])
-    rate = a["rate"][:, None] + b["rate"][None, :]
+        tau = work_s / (a["cap"][ra, None] + b["cap"][None, rb])
+    rate = a["rate"][ra, None] + b["rate"][None, rb]
     with np.errstate(divide="ignore", invalid="ignore"):
         keep &= limits.within(tau, rate, 0.0) & (limits.score(tau, rate, 0.0) < limit)
     ia, ib = np.nonzero(keep)
-    return Pairs(ia=ia, ib=ib, stages=stages[ia, ib], tau=tau[ia, ib], rate=rate[ia, ib])
+    return Pairs(ia=ra[ia], ib=rb[ib], stages=stages[ia, ib], tau=tau[ia, ib], rate=rate[ia, ib])
+
+
+def _may_pair(x: dict, y: dict, work_s: float, limits: Limits, limit: float, max_stages: int):
+    """Per segment of ``x`` (and its last index, the type unused, always), whether a pair with some
+    segment of ``y`` (or none) may be within the limits on capacity and rent: its depth with
+    the shallowest and deepest of ``y``, the floor and the throughput objective at ``y``'s most
+    capacity and the hourly cap at its least rent (the same float operations as the grid's,
+    which are monotone in each), and the cost per iteration under its cap or the threshold as
+    a sum of one term per segment (with a margin for rounding)."""
+    # lazy: numpy loads when a search runs, not when the CLI checks a request
+    import numpy as np
+
+    cap, rate, stages = x["cap"], x["rate"], x["stages"]
+    ok = (stages + y["stages"].min() <= max_stages) & (stages + y["stages"].max() >= 1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        tau = work_s / (cap + y["cap"].max())
+        if limits.min_throughput is not None:
+            ok &= limits.gbs / tau >= limits.min_throughput * (1 - 1e-9)
+        if limits.throughput:
+            ok &= -limits.gbs / tau < limit
+        if limits.max_usd_per_hour is not None:
+            ok &= rate + y["rate"].min() <= limits.max_usd_per_hour * (1 + 1e-9)
+        for most in (limits.max_usd_per_iteration, None if limits.throughput else limit):
+            if most is not None and most < math.inf:
+                # (ra + rb) work / (ca + cb) < most <=> (ra work - most ca) + (rb work - most cb) < 0
+                most *= (1 + 1e-9) * (1 + 1e-6) * 3600 / work_s
+                ok &= rate - most * cap + (y["rate"] - most * y["cap"]).min() < 0
+    ok[-1] = True
+    return ok
 
 
 def _pipeline(parts, lists, a: dict, b: dict, pairs: Pairs, work_s: float, num_mb: int):
-    """(pipeline bound whatever the split, matrix of links between the types' TP degrees) of the
-    pairs: links, the warm-up in the better order (``pipe_lb``), and for one segment its compute
-    with its links (``steady_links_s``, ``warm_up_with_links_s``)."""
+    """(pipeline bound whatever the split, matrix of links between the types' TP degrees) of
+    the pairs: links, the warm-up in the better order (``pipe_lb``), and for one segment its
+    compute with its links (``steady_links_s``, ``warm_up_with_links_s``)."""
     # lazy: numpy loads when a search runs, not when the CLI checks a request
     import numpy as np
 
@@ -246,32 +287,33 @@ def _pipeline(parts, lists, a: dict, b: dict, pairs: Pairs, work_s: float, num_m
     return pipe, lmat
 
 
-def _within_before_sync(pairs: Pairs, pipe, limits: Limits, limit: float) -> tuple[Pairs, Any]:
-    """The pairs (and their pipeline bounds) that the limits and the top N leave on the bound
-    without sync and egress: both only add to it, and every check and score grows with them,
-    so a pair dropped here is one ``ScoredShapes`` drops (its rings, the costly part, are not
-    computed): 40 % of the widening pass's on geo row 0, whose threshold is that of the plans found)."""
+def _within_on_pipeline(pairs: Pairs, pipe, limits: Limits, limit: float) -> tuple[Pairs, Any]:
+    """The pairs (and their pipeline bounds) that the limits and ``limit`` leave on the capacity
+    and pipeline bounds alone, in order: sync and egress only add to the time and the cost, and
+    every check and score grows with them, so a pair dropped here is one ``ScoredShapes`` drops
+    (its rings, the costly part, are not computed)."""
     # lazy: numpy loads when a search runs, not when the CLI checks a request
     import numpy as np
 
     if limit == math.inf and limits.unlimited():
         return pairs, pipe  # (nothing to drop: a search's first pass)
-    t_pre = np.maximum(pairs.tau, pipe)
-    ok = limits.within(t_pre, pairs.rate, 0.0) & (limits.score(t_pre, pairs.rate, 0.0) < limit)
+    t = np.maximum(pairs.tau, pipe)
+    ok = limits.within(t, pairs.rate, 0.0) & (limits.score(t, pairs.rate, 0.0) < limit)
     if ok.all():
         return pairs, pipe
+    ok = np.flatnonzero(ok)
     return Pairs(ia=pairs.ia[ok], ib=pairs.ib[ok], stages=pairs.stages[ok], tau=pairs.tau[ok],
                  rate=pairs.rate[ok]), pipe[ok]
 
 
 def _sync(parts, a: dict, b: dict, pairs: Pairs):
-    """The sync bound of the pairs: the smaller of their segments' rings at the shape's depth."""
+    """The sync bound of the pairs: the shorter of the two segments' rings at the shape's depth."""
     # lazy: numpy loads when a search runs, not when the CLI checks a request
     import numpy as np
 
     ia, ib, stages = pairs.ia, pairs.ib, pairs.stages
     return np.where(a["d1"][ia] | b["d1"][ib], 0.0, np.minimum(_rings_of(a, ia, parts)[ia, stages],
-                                                                 _rings_of(b, ib, parts)[ib, stages]))
+                                                               _rings_of(b, ib, parts)[ib, stages]))
 
 
 def _rings_of(x: dict, idx, parts):
@@ -310,9 +352,25 @@ def _rings_of(x: dict, idx, parts):
     return ring
 
 
-def _egress(searcher: Searcher, lists, a: dict, b: dict, pairs: Pairs, num_mb: int, mbs: int, cost_matters: bool):
+def _meeting_kinds(lists, a: dict, b: dict, pairs: Pairs) -> list:
+    """The kinds of the segments that meet one of the other type in the pairs within the limits
+    on capacity and rent: the least boundary activation over them prices where segments meet
+    (``between_segments_usd``), the same however many of the pairs the pipeline bound rules out."""
+    ia, ib = pairs.ia, pairs.ib
+    na, nb = len(a["segs"]), len(b["segs"])
+    both = (ia < na) & (ib < nb)
+    # lazy: numpy loads when a search runs, not when the CLI checks a request
+    import numpy as np
+
+    ua, ub = (np.flatnonzero(np.bincount(idx[both], minlength=n)) for idx, n in ((ia, na), (ib, nb)))
+    segs = [lists[0][i] for i in ua.tolist()] + [lists[1][i] for i in ub.tolist()]
+    return list({id(seg.kind): seg.kind for seg in segs}.values())
+
+
+def _egress(searcher: Searcher, lists, a: dict, b: dict, pairs: Pairs, num_mb: int, mbs: int, kinds: list | None):
     """(egress USD per iteration bound, matrix of the between-segments part) of the pairs: each
-    segment's own p2p, the rings (``rings_egress_lb``) and where two segments meet."""
+    segment's own p2p, the rings (``rings_egress_lb``) and where two segments meet (``kinds``:
+    whose boundary activations price it; None: cost does not matter)."""
     # lazy: numpy loads when a search runs, not when the CLI checks a request
     import numpy as np
 
@@ -320,11 +378,11 @@ def _egress(searcher: Searcher, lists, a: dict, b: dict, pairs: Pairs, num_mb: i
     na, nb = len(a["segs"]), len(b["segs"])
     both = (ia < na) & (ib < nb)
     rings_p2p = np.zeros((na + 1, nb + 1))
-    if cost_matters and both.any():
+    if kinds is not None and both.any():
         # Only for the segments of the shapes left.
         ua, ub = (np.flatnonzero(np.bincount(idx[both], minlength=n)) for idx, n in ((ia, na), (ib, nb)))
         rings_p2p[np.ix_(ua, ub)] = searcher.egress.between_segments_usd(
-            num_mb, [lists[0][i] for i in ua.tolist()], [lists[1][i] for i in ub.tolist()])
+            num_mb, [lists[0][i] for i in ua.tolist()], [lists[1][i] for i in ub.tolist()], kinds=kinds)
     whole, block = searcher.figures.gradient_bytes_lb(mbs)
     rings = rings_egress_lb_many(a["ring_usd"][ia], b["ring_usd"][ib], a["stages"][ia], b["stages"][ib], both,
                                  whole, block)
@@ -370,16 +428,17 @@ class ScoredShapes:
     def next_pre(self) -> float:
         return float(self.pre[self.first[self.num_refined]]) if self.num_refined < len(self.first) else math.inf
 
-    def refine_next(self, count: int) -> None:
-        """Refine the next ``count`` shapes of ``first``, keeping their final bounds in ``final``."""
+    def refine_next(self, count: int, below: float = math.inf) -> None:
+        """Refine the next ``count`` shapes of ``first``, keeping their final bounds in ``final``
+        (``below``: see ``_refine_bounds``)."""
         sel = self.first[self.num_refined:self.num_refined + count]
         self.num_refined += len(sel)
         if len(sel):
-            self.final.append(self.final_of(sel)[1])
+            self.final.append(self.final_of(sel, below)[1])
 
-    def final_of(self, sel):
+    def final_of(self, sel, below: float = math.inf):
         """Refine the shapes ``sel`` (a run of ``first``): (those within the limits, their final bounds)."""
-        self._refine_bounds(sel)
+        self._refine_bounds(sel, below)
         return self.kept(sel)
 
     def kept(self, sel):
@@ -428,10 +487,11 @@ class ScoredShapes:
         out.cut = self.limit
         return out
 
-    def _refine_bounds(self, sel) -> None:
+    def _refine_bounds(self, sel, below: float = math.inf) -> None:
         """The granular bound, then for two segments compute, links and sync together (the
         joint bound with where the segments meet) and, when cost matters, rent and egress
-        together, for the shapes ``sel``."""
+        together, for the shapes ``sel``; the joint bounds not for shapes whose granular bound
+        is ``below`` or more (``settle_cut``: they end above its cut either way)."""
         # lazy: numpy loads when a search runs, not when the CLI checks a request
         import numpy as np
 
@@ -439,7 +499,7 @@ class ScoredShapes:
         tau[sel] = np.maximum(tau[sel], self.parts.granular_of(a, ia[sel], b, ib[sel]))
         t_lb[sel] = np.maximum(tau[sel], self.pipe[sel]) + self.sync[sel]
         alive = self.limits.within(t_lb[sel], self.rate[sel], self.egress[sel]) & (
-            self.limits.score(t_lb[sel], self.rate[sel], self.egress[sel]) < self.limit)
+            self.limits.score(t_lb[sel], self.rate[sel], self.egress[sel]) < min(self.limit, below))
         two = sel[alive & (ia[sel] < len(a["segs"])) & (ib[sel] < len(b["segs"]))]  # (the rest keep the weaker bound)
         if not len(two):
             return
@@ -512,4 +572,6 @@ def settle_cut(scored: list[ScoredShapes], keep: int, chunk: int = CHUNK) -> flo
         nxt = min(scored, key=lambda s: s.next_pre(), default=None)
         if nxt is None or nxt.next_pre() >= cut:
             return cut
-        nxt.refine_next(chunk)
+        # A shape whose granular bound is not below the cut known stays at least that cut with
+        # or without its joint bounds: the (keep + 1)-th best, now and after, is the same.
+        nxt.refine_next(chunk, below=cut)
