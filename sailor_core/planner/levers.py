@@ -48,6 +48,7 @@ would need without it, or what it gains.
 from __future__ import annotations
 
 import dataclasses
+import heapq
 import math
 
 from sailor_core.catalog.gpus import get_gpu
@@ -121,14 +122,12 @@ def cannot_pay(searcher: Searcher, rung: tuple[str, int]) -> bool:
     both passes'); those it fitted freely the rung search skips (module doc).  If
     none of the rest, on the rung's memory, beats it, the rung search cannot pay.  One GPU type
     only (with more, types settled by their own searches are not split in the search's loop)."""
-    orders = searcher.split_orders
-    top = searcher.top
-    if orders is None or not searcher.stats.exhausted or len(searcher.gpu_types) != 1 or not top:
+    if not _proof_applies(searcher):
         return False
-    best = top[0].score
-    limit = max(searcher.threshold(), best + SIMPLER_WITHIN * abs(best))
+    limit = _limit(searcher)
     if limit == math.inf:
         return False
+    orders = searcher.split_orders
     kinds, bounds, freely = lever_kinds(searcher, rung), ShapeBounds(searcher), searcher.fit_freely or {}
     for score, t_lb, space, shape, order in sorted(orders, key=lambda o: o[0]):
         if score >= limit:
@@ -143,6 +142,69 @@ def cannot_pay(searcher: Searcher, rung: tuple[str, int]) -> bool:
         if t is not None and t[0] < limit:
             return False
     return True
+
+
+def _proof_applies(searcher: Searcher) -> bool:
+    """``cannot_pay``'s argument holds: the search without levers proved its top N over the shapes
+    it split, on one GPU type."""
+    return (searcher.split_orders is not None and searcher.stats.exhausted and len(searcher.gpu_types) == 1
+            and bool(searcher.top))
+
+
+def _limit(searcher: Searcher) -> float:
+    """The score a plan must beat to matter: the N-th plan's, or within ``SIMPLER_WITHIN`` of the best."""
+    best = searcher.top[0].score
+    return max(searcher.threshold(), best + SIMPLER_WITHIN * abs(best))
+
+
+# A ``pays`` rung with at most this many shapes that could pay (``cannot_pay``'s) is searched over
+# those alone (``search_rung_directly``), else by a short search of the rung's whole space.
+DIRECT_MAX_SHAPES = 400
+
+
+def search_rung_directly(searcher: Searcher, rung: tuple[str, int], req) -> Searcher | None:
+    """A ``pays`` rung's search (``req``: ``rung_request``'s) over the only shapes where a plan can
+    pay (``cannot_pay``'s argument), or None where that argument does not apply or they are many.
+
+    Every plan that matters is on a shape the search without levers split and did not fit freely
+    whose bound, with the least busiest stage that fits in the rung's memory, beats the plans found
+    (``_limit``): those are split on the rung's kinds and evaluated (and polished) as the rung's
+    search would, by that bound, best first, until the next bound cannot beat the plans found so
+    far (the limit falls as they improve).  Complete over the shapes that can pay, where the rung's
+    search was a heuristic with a budget and patience; its plans are in the returned search's top."""
+    if not _proof_applies(searcher) or _limit(searcher) == math.inf:
+        return None
+    limit, freely, seen = _limit(searcher), searcher.fit_freely or {}, set()
+    queue = []
+    for score, t_lb, space, shape, order in searcher.split_orders:
+        placed = searcher.build_stages(order) if score < limit else None
+        if placed is None or (key := placed_key(space.mbs, placed)) in freely or key in seen:
+            continue
+        seen.add(key)
+        queue.append((score, len(queue), 0, (t_lb, space, shape, placed)))
+    if len(queue) > DIRECT_MAX_SHAPES:
+        return None
+    heapq.heapify(queue)
+    kinds = lever_kinds(searcher, rung)
+    sub = Searcher(req, profiles=searcher.profiles, network=searcher.network, kinds=kinds)
+    sub.seed_from(searcher)
+    bounds, count = ShapeBounds(searcher), len(queue)
+    while queue and queue[0][0] < _limit(sub):
+        _, _, level, (t_lb, space, shape, placed) = heapq.heappop(queue)
+        if level == 0:
+            busiest = _least_busiest(searcher, kinds, space.mbs, placed)
+            t = None if busiest is None else bounds.tight(space, shape, busiest, known=(t_lb, 0.0))
+            if t is not None:
+                count += 1
+                heapq.heappush(queue, (t[0], count, 1, (busiest, space, shape, placed)))
+            continue
+        stages = [(kinds.get(k.gpu, k.tp_degree, k.micro_batch_size, req.regime), p) for k, p in placed]
+        sub.stats.num_splits += 1
+        prep = sub.split_placed(space.mbs, stages, t_lb)
+        if prep is not None:
+            sub.evaluate_shape(space.mbs, shape, t_lb, prep)
+    sub.done_searching()
+    return sub
 
 
 # The min-max split's tolerance where ``cannot_pay`` reads it as a bound (``split.min_max_split``):
