@@ -58,6 +58,7 @@ from sailor_core.planner.fastsim import FastStage
 from sailor_core.planner.kinds import LEVER_LADDER, KindCache, shared_kind_cache
 from sailor_core.planner.ranking import FASTEST
 from sailor_core.planner.search import Evaluated, Searcher, better
+from sailor_core.planner.search.bounds import granular_busiest_s
 from sailor_core.planner.search.shape_bound import ShapeBounds
 from sailor_core.planner.search.shapes import placed_key
 from sailor_core.planner.simpler import SIMPLER_WITHIN
@@ -157,54 +158,102 @@ def _limit(searcher: Searcher) -> float:
     return max(searcher.threshold(), best + SIMPLER_WITHIN * abs(best))
 
 
-# A ``pays`` rung with at most this many shapes that could pay (``cannot_pay``'s) is searched over
-# those alone (``search_rung_directly``), else by a short search of the rung's whole space.
-DIRECT_MAX_SHAPES = 400
+# A ``pays`` rung whose shapes that can pay (``search_rung_directly``) are at most this many is
+# searched over those alone, else by its short search: each costs a split and an evaluation (1.25
+# of ``PAYS_BUDGET``'s work, polishing aside), so the direct walk does no more than the rung
+# search's budget allows, and without its set-up (its kinds' figures, spaces and scoring: 6-7 ms
+# of CPU on the AE rows where it evaluates nothing); a shape costs 0.3-0.5 ms.  More shapes (geo
+# AE row 0: 107 and 79) cost more than the short search, which stops at its patience.
+DIRECT_MAX_SHAPES = PAYS_BUDGET * 4 // 5
 
 
 def search_rung_directly(searcher: Searcher, rung: tuple[str, int], req) -> Searcher | None:
-    """A ``pays`` rung's search (``req``: ``rung_request``'s) over the only shapes where a plan can
-    pay (``cannot_pay``'s argument), or None where that argument does not apply or they are many.
+    """A ``pays`` rung's search (``req``: ``rung_request``'s) over the only shapes where it can find
+    a plan (``cannot_pay``'s argument), or None where that argument does not apply or they are many.
 
-    Every plan that matters is on a shape the search without levers split and did not fit freely
-    whose bound, with the least busiest stage that fits in the rung's memory, beats the plans found
-    (``_limit``): those are split on the rung's kinds and evaluated (and polished) as the rung's
-    search would, by that bound, best first, until the next bound cannot beat the plans found so
-    far (the limit falls as they improve).  Complete over the shapes that can pay, where the rung's
-    search was a heuristic with a budget and patience; its plans are in the returned search's top."""
-    if not _proof_applies(searcher) or _limit(searcher) == math.inf:
+    The rung's search looks for plans on its kinds that beat the N-th plan found (its threshold);
+    every such plan is on a shape the search without levers split and did not fit freely whose
+    plain bound beats the threshold.  Those are taken by that bound, best first: each is split on
+    the rung's kinds (the min-max split, as the rung's search splits it; its bisection's last
+    failing budget bounds the busiest stage of every split that fits), queued again on the bound
+    with that busiest stage, and evaluated (and polished) as the rung's search would when it comes
+    first again, until the next bound cannot beat the threshold (which falls as plans are found).
+    Complete over the rung's plans that can matter, where the rung's search was a heuristic with a
+    budget and patience; its plans are in the returned search's top."""
+    if not _proof_applies(searcher) or searcher.threshold() == math.inf:
         return None
-    limit, freely, seen = _limit(searcher), searcher.fit_freely or {}, set()
-    queue = []
+    kinds, bounds = lever_kinds(searcher, rung), ShapeBounds(searcher)
+    queue = _rung_candidates(searcher, kinds, bounds)
+    if queue is None:
+        return None
+    sub = Searcher(req, profiles=searcher.profiles, network=searcher.network, kinds=kinds)
+    sub.seed_from(searcher)
+    count = len(queue)
+    while queue and queue[0][0] < sub.threshold():
+        _, _, g, prep, (t_lb, space, shape, placed) = heapq.heappop(queue)
+        if prep is not None:
+            sub.evaluate_shape(space.mbs, shape, g, prep)
+            continue
+        stages = [(kinds.get(k.gpu, k.tp_degree, k.micro_batch_size, req.regime), p) for k, p in placed]
+        sub.stats.num_splits += 1
+        prep = sub.split_placed(space.mbs, stages, g)
+        t = None if prep is None else bounds.tight(space, shape, prep[2] * (1 - _RUNG_SPLIT_TOL), known=(t_lb, 0.0))
+        if t is not None:
+            count += 1
+            heapq.heappush(queue, (t[0], count, g, prep, (t_lb, space, shape, placed)))
+    sub.done_searching()
+    return sub
+
+
+def _rung_candidates(searcher: Searcher, kinds: KindCache, bounds: ShapeBounds) -> list | None:
+    """The shapes where the rung's search can find a plan (``search_rung_directly``), as a heap of
+    (score bound with the rung's granular bound on the busiest stage, tie, that granular bound,
+    None, (iteration time bound, space, shape, placed stages)); None when more than
+    ``DIRECT_MAX_SHAPES``."""
+    limit, freely, seen, ratios = searcher.threshold(), searcher.fit_freely or {}, set(), {}
+    out: list = []
     for score, t_lb, space, shape, order in searcher.split_orders:
         placed = searcher.build_stages(order) if score < limit else None
         if placed is None or (key := placed_key(space.mbs, placed)) in freely or key in seen:
             continue
         seen.add(key)
-        queue.append((score, len(queue), 0, (t_lb, space, shape, placed)))
-    if len(queue) > DIRECT_MAX_SHAPES:
-        return None
-    heapq.heapify(queue)
-    kinds = lever_kinds(searcher, rung)
-    sub = Searcher(req, profiles=searcher.profiles, network=searcher.network, kinds=kinds)
-    sub.seed_from(searcher)
-    bounds, count = ShapeBounds(searcher), len(queue)
-    while queue and queue[0][0] < _limit(sub):
-        _, _, level, (t_lb, space, shape, placed) = heapq.heappop(queue)
-        if level == 0:
-            busiest = _least_busiest(searcher, kinds, space.mbs, placed)
-            t = None if busiest is None else bounds.tight(space, shape, busiest, known=(t_lb, 0.0))
-            if t is not None:
-                count += 1
-                heapq.heappush(queue, (t[0], count, 1, (busiest, space, shape, placed)))
-            continue
-        stages = [(kinds.get(k.gpu, k.tp_degree, k.micro_batch_size, req.regime), p) for k, p in placed]
-        sub.stats.num_splits += 1
-        prep = sub.split_placed(space.mbs, stages, t_lb)
-        if prep is not None:
-            sub.evaluate_shape(space.mbs, shape, t_lb, prep)
-    sub.done_searching()
-    return sub
+        g = _rung_granular_s(searcher, kinds, shape, ratios)
+        t = bounds.tight(space, shape, g, known=(t_lb, 0.0))
+        if t is not None and t[0] < limit:
+            if len(out) == DIRECT_MAX_SHAPES:
+                return None
+            out.append((t[0], len(out), g, None, (t_lb, space, shape, placed)))
+    heapq.heapify(out)
+    return out
+
+
+def _rung_granular_s(searcher: Searcher, kinds: KindCache, shape, ratios: dict) -> float:
+    """The granular bound on the busiest stage (``bounds.granular_busiest_s``) of every split of
+    ``shape`` on the rung's kinds: each segment's block and last-layer times scaled by the least
+    ratio of the rung's to the plain kind's over the blocks, and the last layer's (1 where the
+    plain figures take the fastest of several regimes: ``KindFigures.variants``)."""
+    segments = []
+    for seg in shape:
+        key = (seg.gpu, seg.tp_degree, seg.kind.micro_batch_size)
+        r = ratios.get(key)
+        if r is None:
+            r = ratios[key] = _time_ratios(searcher, kinds, seg.kind)
+        segments.append((seg.num_stages, seg.block_busy_s * r[0], seg.head_busy_s * r[1]))
+    return granular_busiest_s(tuple(sorted(segments)), searcher.num_blocks)
+
+
+def _time_ratios(searcher: Searcher, kinds: KindCache, kind) -> tuple[float, float]:
+    L = searcher.num_layers
+    rung = kinds.get(kind.gpu, kind.tp_degree, kind.micro_batch_size, searcher.req.regime)
+    if L < 3 or rung is None or searcher.figures.variants(kind) != [kind]:
+        return 1.0, 1.0
+    block = min(rung.time_s(i, i + 1) / kind.time_s(i, i + 1) for i in range(1, L - 1))
+    return max(1.0, block), max(1.0, rung.time_s(L - 1, L) / kind.time_s(L - 1, L))
+
+
+# ``split.min_max_split``'s default tolerance (the rung's splits'): its busiest stage, less this
+# share, bounds every split that fits (the bisection's last failing budget is above it).
+_RUNG_SPLIT_TOL = 5e-3
 
 
 # The min-max split's tolerance where ``cannot_pay`` reads it as a bound (``split.min_max_split``):
