@@ -34,7 +34,11 @@ searches without levers; then, under ``memory_levers``:
   the N-th plan or comes within ``simpler.SIMPLER_WITHIN`` of the best.  It holds on memory to
   spare (a small model's shapes all fit freely) and on geo AE row 2; on the other AE rows the
   bound of some shape that only a lever fits (or that memory limited) still beats the top N by
-  16-38 % (docs/benchmarks/planner.md, "fifth pass"), so their rung searches run;
+  16-38 % (docs/benchmarks/planner.md, "fifth pass"), so their rung searches run.  Where that
+  argument holds and few shapes can pay (``DIRECT_MAX_SHAPES``), the rung's search is replaced by
+  a walk over exactly those shapes (``search_rung_directly``): bounded on the rung's kinds, split
+  and evaluated as the rung's search would, best bound first, until none left can beat the N-th
+  plan; complete over the shapes the rung's search could use, where it stopped at its patience;
 * ``always``: every rung is searched in full and its plans compete with those without levers
   (search time grows 1.2-11x: docs/benchmarks/planner.md).
 
@@ -58,7 +62,6 @@ from sailor_core.planner.fastsim import FastStage
 from sailor_core.planner.kinds import LEVER_LADDER, KindCache, shared_kind_cache
 from sailor_core.planner.ranking import FASTEST
 from sailor_core.planner.search import Evaluated, Searcher, better
-from sailor_core.planner.search.bounds import granular_busiest_s
 from sailor_core.planner.search.shape_bound import ShapeBounds
 from sailor_core.planner.search.shapes import placed_key
 from sailor_core.planner.simpler import SIMPLER_WITHIN
@@ -159,12 +162,13 @@ def _limit(searcher: Searcher) -> float:
 
 
 # A ``pays`` rung whose shapes that can pay (``search_rung_directly``) are at most this many is
-# searched over those alone, else by its short search: each costs a split and an evaluation (1.25
-# of ``PAYS_BUDGET``'s work, polishing aside), so the direct walk does no more than the rung
-# search's budget allows, and without its set-up (its kinds' figures, spaces and scoring: 6-7 ms
-# of CPU on the AE rows where it evaluates nothing); a shape costs 0.3-0.5 ms.  More shapes (geo
-# AE row 0: 107 and 79) cost more than the short search, which stops at its patience.
-DIRECT_MAX_SHAPES = PAYS_BUDGET * 4 // 5
+# walked over those alone, else searched by its short search.  A shape walked costs a split and
+# an evaluation with its polish (1.5-2.5 evaluations a shape on the AE rows), so the walk does
+# about the work of the rung search's budget at most, without its set-up (the rung's spaces and
+# scoring: 6-7 ms of CPU where it evaluates nothing, 0.3-0.7 ms a shape walked); geo AE row 0's
+# selective rung, with 85, costs more to walk (49 ms) than the short search that stops at its
+# patience (15 ms).
+DIRECT_MAX_SHAPES = PAYS_BUDGET // 2
 
 
 def search_rung_directly(searcher: Searcher, rung: tuple[str, int], req) -> Searcher | None:
@@ -217,29 +221,32 @@ def _rung_candidates(searcher: Searcher, kinds: KindCache, bounds: ShapeBounds) 
         if placed is None or (key := placed_key(space.mbs, placed)) in freely or key in seen:
             continue
         seen.add(key)
-        g = _rung_granular_s(searcher, kinds, shape, ratios)
-        t = bounds.tight(space, shape, g, known=(t_lb, 0.0))
+        rung_shape = _on_rung(searcher, kinds, shape, ratios)
+        g = searcher.parts.granular_busiest_s(rung_shape)
+        t = bounds.tight(space, rung_shape, g, known=(t_lb, 0.0))
         if t is not None and t[0] < limit:
             if len(out) == DIRECT_MAX_SHAPES:
                 return None
-            out.append((t[0], len(out), g, None, (t_lb, space, shape, placed)))
+            out.append((t[0], len(out), g, None, (t_lb, space, rung_shape, placed)))
     heapq.heapify(out)
     return out
 
 
-def _rung_granular_s(searcher: Searcher, kinds: KindCache, shape, ratios: dict) -> float:
-    """The granular bound on the busiest stage (``bounds.granular_busiest_s``) of every split of
-    ``shape`` on the rung's kinds: each segment's block and last-layer times scaled by the least
-    ratio of the rung's to the plain kind's over the blocks, and the last layer's (1 where the
-    plain figures take the fastest of several regimes: ``KindFigures.variants``)."""
-    segments = []
+def _on_rung(searcher: Searcher, kinds: KindCache, shape, ratios: dict) -> tuple:
+    """``shape``'s segments with the compute figures the bound reads (``ShapeBounds.tight``:
+    slowness and capacity, the granular bound's fastest block and last layer) scaled to the rung's
+    kinds by the least ratio of the rung's to the plain kind's times over the blocks, and the last
+    layer's (1 where the plain figures take the fastest of several regimes:
+    ``KindFigures.variants``); its bounds bound every plan of the rung on the shape."""
+    out = []
     for seg in shape:
         key = (seg.gpu, seg.tp_degree, seg.kind.micro_batch_size)
         r = ratios.get(key)
         if r is None:
             r = ratios[key] = _time_ratios(searcher, kinds, seg.kind)
-        segments.append((seg.num_stages, seg.block_busy_s * r[0], seg.head_busy_s * r[1]))
-    return granular_busiest_s(tuple(sorted(segments)), searcher.num_blocks)
+        out.append(dataclasses.replace(seg, slowness=seg.slowness * r[0], capacity=seg.capacity / r[0],
+                                       block_busy_s=seg.block_busy_s * r[0], head_busy_s=seg.head_busy_s * r[1]))
+    return tuple(out)
 
 
 def _time_ratios(searcher: Searcher, kinds: KindCache, kind) -> tuple[float, float]:
@@ -463,5 +470,6 @@ def _need(plan: Plan, index: int, chosen, profiles, network, spot: bool) -> str:
 
 
 __all__ = ["LEVERS_ALWAYS", "LEVERS_OFF", "LEVERS_PAYS", "LEVERS_WHEN_NEEDED", "MEMORY_LEVER_MODES",
-           "PAYS_BUDGET", "PAYS_PATIENCE", "PAYS_RUNGS", "lever_kinds", "lever_label", "may_search_pays_rungs", "notes",
-           "num_to_strengthen", "relax", "rung_request", "rungs_to_search", "strengthen"]
+           "DIRECT_MAX_SHAPES", "PAYS_BUDGET", "PAYS_PATIENCE", "PAYS_RUNGS", "lever_kinds", "lever_label",
+           "may_search_pays_rungs", "notes", "num_to_strengthen", "relax", "rung_request", "rungs_to_search",
+           "search_rung_directly", "strengthen"]
