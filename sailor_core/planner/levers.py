@@ -177,13 +177,14 @@ def search_rung_directly(searcher: Searcher, rung: tuple[str, int], req) -> Sear
 
     The rung's search looks for plans on its kinds that beat the N-th plan found (its threshold);
     every such plan is on a shape the search without levers split and did not fit freely whose
-    plain bound beats the threshold.  Those are taken by that bound, best first: each is split on
-    the rung's kinds (the min-max split, as the rung's search splits it; its bisection's last
-    failing budget bounds the busiest stage of every split that fits), queued again on the bound
-    with that busiest stage, and evaluated (and polished) as the rung's search would when it comes
-    first again, until the next bound cannot beat the threshold (which falls as plans are found).
-    Complete over the rung's plans that can matter, where the rung's search was a heuristic with a
-    budget and patience; its plans are in the returned search's top."""
+    bound on the rung's kinds (``_on_rung``) beats the threshold (``_rung_candidates``).  Those are
+    taken by that bound, best first: each is split on the rung's kinds (the min-max split, as the
+    rung's search splits it; its bisection's last failing budget bounds the busiest stage of every
+    split that fits), queued again on the bound with that busiest stage, and evaluated (and
+    polished) as the rung's search would when it comes first again, until the next bound cannot
+    beat the threshold (which falls as plans are found).  Complete over the rung's plans that can
+    enter the top N, where the rung's search was a heuristic with a budget and patience; its plans
+    are in the returned search's top."""
     if not _proof_applies(searcher) or searcher.threshold() == math.inf:
         return None
     kinds, bounds = lever_kinds(searcher, rung), ShapeBounds(searcher)
@@ -211,9 +212,9 @@ def search_rung_directly(searcher: Searcher, rung: tuple[str, int], req) -> Sear
 
 def _rung_candidates(searcher: Searcher, kinds: KindCache, bounds: ShapeBounds) -> list | None:
     """The shapes where the rung's search can find a plan (``search_rung_directly``), as a heap of
-    (score bound with the rung's granular bound on the busiest stage, tie, that granular bound,
-    None, (iteration time bound, space, shape, placed stages)); None when more than
-    ``DIRECT_MAX_SHAPES``."""
+    (score bound on the rung's kinds with their granular bound on the busiest stage, tie, that
+    granular bound, None, (iteration time bound without levers, space, the shape on the rung's
+    figures, placed stages)); None when more than ``DIRECT_MAX_SHAPES``."""
     limit, freely, seen, ratios = searcher.threshold(), searcher.fit_freely or {}, set(), {}
     out: list = []
     for score, t_lb, space, shape, order in searcher.split_orders:
@@ -250,6 +251,7 @@ def _on_rung(searcher: Searcher, kinds: KindCache, shape, ratios: dict) -> tuple
 
 
 def _time_ratios(searcher: Searcher, kinds: KindCache, kind) -> tuple[float, float]:
+    """(least block ratio, last layer's ratio) of the rung's times to ``kind``'s, each at least 1."""
     L = searcher.num_layers
     rung = kinds.get(kind.gpu, kind.tp_degree, kind.micro_batch_size, searcher.req.regime)
     if L < 3 or rung is None or searcher.figures.variants(kind) != [kind]:
