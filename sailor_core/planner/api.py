@@ -188,20 +188,27 @@ def _search_levers(searcher: Searcher) -> bool:
         if not thorough and levers.cannot_pay(searcher, rung):
             continue
         req = levers.rung_request(searcher, thorough)
-        sub = Searcher(req, profiles=searcher.profiles, network=searcher.network,
-                       kinds=levers.lever_kinds(searcher, rung))
-        sub.seed_from(searcher)
-        if not thorough:
-            sub.skip_shapes = searcher.fit_freely
-        if thorough:
-            _search_each_type(sub)
-        _search(sub)
-        sub.done_searching()
+        sub = None if thorough else levers.search_rung_directly(searcher, rung, req)
+        if sub is None:
+            sub = _search_rung(searcher, rung, req, thorough)
         found = [e for e in sub.top if e.feasible and e.key not in searcher.seen_plans]
         for ev in found[: req.top_n + (5 if thorough else 0)]:
             searcher.offer(levers.strengthen(searcher, levers.relax(searcher, searcher.evaluate(ev.mbs, ev.stages))))
     searcher.split_orders = None  # (they hold the search's spaces)
     return bool(rungs) and thorough
+
+
+def _search_rung(searcher: Searcher, rung: tuple[str, int], req: PlanRequest, thorough: bool) -> Searcher:
+    """A search of ``req`` on the kinds of ``rung``, seeded with ``searcher``'s plans."""
+    sub = Searcher(req, profiles=searcher.profiles, network=searcher.network, kinds=levers.lever_kinds(searcher, rung))
+    sub.seed_from(searcher)
+    if not thorough:
+        sub.skip_shapes = searcher.fit_freely
+    if thorough:
+        _search_each_type(sub)
+    _search(sub)
+    sub.done_searching()
+    return sub
 
 
 def _search_each_type(searcher: Searcher) -> None:

@@ -34,7 +34,11 @@ searches without levers; then, under ``memory_levers``:
   the N-th plan or comes within ``simpler.SIMPLER_WITHIN`` of the best.  It holds on memory to
   spare (a small model's shapes all fit freely) and on geo AE row 2; on the other AE rows the
   bound of some shape that only a lever fits (or that memory limited) still beats the top N by
-  16-38 % (docs/benchmarks/planner.md, "fifth pass"), so their rung searches run;
+  16-38 % (docs/benchmarks/planner.md, "fifth pass"), so their rung searches run.  Where that
+  argument holds and few shapes can pay (``DIRECT_MAX_SHAPES``), the rung's search is replaced by
+  a walk over exactly those shapes (``search_rung_directly``): bounded on the rung's kinds, split
+  and evaluated as the rung's search would, best bound first, until none left can beat the N-th
+  plan; complete over the shapes the rung's search could use, where it stopped at its patience;
 * ``always``: every rung is searched in full and its plans compete with those without levers
   (search time grows 1.2-11x: docs/benchmarks/planner.md).
 
@@ -48,6 +52,7 @@ would need without it, or what it gains.
 from __future__ import annotations
 
 import dataclasses
+import heapq
 import math
 
 from sailor_core.catalog.gpus import get_gpu
@@ -121,14 +126,12 @@ def cannot_pay(searcher: Searcher, rung: tuple[str, int]) -> bool:
     both passes'); those it fitted freely the rung search skips (module doc).  If
     none of the rest, on the rung's memory, beats it, the rung search cannot pay.  One GPU type
     only (with more, types settled by their own searches are not split in the search's loop)."""
-    orders = searcher.split_orders
-    top = searcher.top
-    if orders is None or not searcher.stats.exhausted or len(searcher.gpu_types) != 1 or not top:
+    if not _proof_applies(searcher):
         return False
-    best = top[0].score
-    limit = max(searcher.threshold(), best + SIMPLER_WITHIN * abs(best))
+    limit = _limit(searcher)
     if limit == math.inf:
         return False
+    orders = searcher.split_orders
     kinds, bounds, freely = lever_kinds(searcher, rung), ShapeBounds(searcher), searcher.fit_freely or {}
     for score, t_lb, space, shape, order in sorted(orders, key=lambda o: o[0]):
         if score >= limit:
@@ -143,6 +146,123 @@ def cannot_pay(searcher: Searcher, rung: tuple[str, int]) -> bool:
         if t is not None and t[0] < limit:
             return False
     return True
+
+
+def _proof_applies(searcher: Searcher) -> bool:
+    """``cannot_pay``'s argument holds: the search without levers proved its top N over the shapes
+    it split, on one GPU type."""
+    return (searcher.split_orders is not None and searcher.stats.exhausted and len(searcher.gpu_types) == 1
+            and bool(searcher.top))
+
+
+def _limit(searcher: Searcher) -> float:
+    """The score a plan must beat to matter: the N-th plan's, or within ``SIMPLER_WITHIN`` of the best."""
+    best = searcher.top[0].score
+    return max(searcher.threshold(), best + SIMPLER_WITHIN * abs(best))
+
+
+# A ``pays`` rung whose shapes that can pay (``search_rung_directly``) are at most this many is
+# walked over those alone, else searched by its short search.  A shape walked costs a split and
+# an evaluation with its polish (1.5-2.5 evaluations a shape on the AE rows), so the walk does
+# about the work of the rung search's budget at most, without its set-up (the rung's spaces and
+# scoring: 6-7 ms of CPU where it evaluates nothing, 0.3-0.7 ms a shape walked); geo AE row 0's
+# selective rung, with 85, costs more to walk (49 ms) than the short search that stops at its
+# patience (15 ms).
+DIRECT_MAX_SHAPES = PAYS_BUDGET // 2
+
+
+def search_rung_directly(searcher: Searcher, rung: tuple[str, int], req) -> Searcher | None:
+    """A ``pays`` rung's search (``req``: ``rung_request``'s) over the only shapes where it can find
+    a plan (``cannot_pay``'s argument), or None where that argument does not apply or they are many.
+
+    The rung's search looks for plans on its kinds that beat the N-th plan found (its threshold);
+    every such plan is on a shape the search without levers split and did not fit freely whose
+    bound on the rung's kinds (``_on_rung``) beats the threshold (``_rung_candidates``).  Those are
+    taken by that bound, best first: each is split on the rung's kinds (the min-max split, as the
+    rung's search splits it; its bisection's last failing budget bounds the busiest stage of every
+    split that fits), queued again on the bound with that busiest stage, and evaluated (and
+    polished) as the rung's search would when it comes first again, until the next bound cannot
+    beat the threshold (which falls as plans are found).  Complete over the rung's plans that can
+    enter the top N, where the rung's search was a heuristic with a budget and patience; its plans
+    are in the returned search's top."""
+    if not _proof_applies(searcher) or searcher.threshold() == math.inf:
+        return None
+    kinds, bounds = lever_kinds(searcher, rung), ShapeBounds(searcher)
+    queue = _rung_candidates(searcher, kinds, bounds)
+    if queue is None:
+        return None
+    sub = Searcher(req, profiles=searcher.profiles, network=searcher.network, kinds=kinds)
+    sub.seed_from(searcher)
+    count = len(queue)
+    while queue and queue[0][0] < sub.threshold():
+        _, _, g, prep, (t_lb, space, shape, placed) = heapq.heappop(queue)
+        if prep is not None:
+            sub.evaluate_shape(space.mbs, shape, g, prep)
+            continue
+        stages = [(kinds.get(k.gpu, k.tp_degree, k.micro_batch_size, req.regime), p) for k, p in placed]
+        sub.stats.num_splits += 1
+        prep = sub.split_placed(space.mbs, stages, g)
+        t = None if prep is None else bounds.tight(space, shape, prep[2] * (1 - _RUNG_SPLIT_TOL), known=(t_lb, 0.0))
+        if t is not None:
+            count += 1
+            heapq.heappush(queue, (t[0], count, g, prep, (t_lb, space, shape, placed)))
+    sub.done_searching()
+    return sub
+
+
+def _rung_candidates(searcher: Searcher, kinds: KindCache, bounds: ShapeBounds) -> list | None:
+    """The shapes where the rung's search can find a plan (``search_rung_directly``), as a heap of
+    (score bound on the rung's kinds with their granular bound on the busiest stage, tie, that
+    granular bound, None, (iteration time bound without levers, space, the shape on the rung's
+    figures, placed stages)); None when more than ``DIRECT_MAX_SHAPES``."""
+    limit, freely, seen, ratios = searcher.threshold(), searcher.fit_freely or {}, set(), {}
+    out: list = []
+    for score, t_lb, space, shape, order in searcher.split_orders:
+        placed = searcher.build_stages(order) if score < limit else None
+        if placed is None or (key := placed_key(space.mbs, placed)) in freely or key in seen:
+            continue
+        seen.add(key)
+        rung_shape = _on_rung(searcher, kinds, shape, ratios)
+        g = searcher.parts.granular_busiest_s(rung_shape)
+        t = bounds.tight(space, rung_shape, g, known=(t_lb, 0.0))
+        if t is not None and t[0] < limit:
+            if len(out) == DIRECT_MAX_SHAPES:
+                return None
+            out.append((t[0], len(out), g, None, (t_lb, space, rung_shape, placed)))
+    heapq.heapify(out)
+    return out
+
+
+def _on_rung(searcher: Searcher, kinds: KindCache, shape, ratios: dict) -> tuple:
+    """``shape``'s segments with the compute figures the bound reads (``ShapeBounds.tight``:
+    slowness and capacity, the granular bound's fastest block and last layer) scaled to the rung's
+    kinds by the least ratio of the rung's to the plain kind's times over the blocks, and the last
+    layer's (1 where the plain figures take the fastest of several regimes:
+    ``KindFigures.variants``); its bounds bound every plan of the rung on the shape."""
+    out = []
+    for seg in shape:
+        key = (seg.gpu, seg.tp_degree, seg.kind.micro_batch_size)
+        r = ratios.get(key)
+        if r is None:
+            r = ratios[key] = _time_ratios(searcher, kinds, seg.kind)
+        out.append(dataclasses.replace(seg, slowness=seg.slowness * r[0], capacity=seg.capacity / r[0],
+                                       block_busy_s=seg.block_busy_s * r[0], head_busy_s=seg.head_busy_s * r[1]))
+    return tuple(out)
+
+
+def _time_ratios(searcher: Searcher, kinds: KindCache, kind) -> tuple[float, float]:
+    """(least block ratio, last layer's ratio) of the rung's times to ``kind``'s, each at least 1."""
+    L = searcher.num_layers
+    rung = kinds.get(kind.gpu, kind.tp_degree, kind.micro_batch_size, searcher.req.regime)
+    if L < 3 or rung is None or searcher.figures.variants(kind) != [kind]:
+        return 1.0, 1.0
+    block = min(rung.time_s(i, i + 1) / kind.time_s(i, i + 1) for i in range(1, L - 1))
+    return max(1.0, block), max(1.0, rung.time_s(L - 1, L) / kind.time_s(L - 1, L))
+
+
+# ``split.min_max_split``'s default tolerance (the rung's splits'): its busiest stage, less this
+# share, bounds every split that fits (the bisection's last failing budget is above it).
+_RUNG_SPLIT_TOL = 5e-3
 
 
 # The min-max split's tolerance where ``cannot_pay`` reads it as a bound (``split.min_max_split``):
@@ -352,5 +472,6 @@ def _need(plan: Plan, index: int, chosen, profiles, network, spot: bool) -> str:
 
 
 __all__ = ["LEVERS_ALWAYS", "LEVERS_OFF", "LEVERS_PAYS", "LEVERS_WHEN_NEEDED", "MEMORY_LEVER_MODES",
-           "PAYS_BUDGET", "PAYS_PATIENCE", "PAYS_RUNGS", "lever_kinds", "lever_label", "may_search_pays_rungs", "notes",
-           "num_to_strengthen", "relax", "rung_request", "rungs_to_search", "strengthen"]
+           "DIRECT_MAX_SHAPES", "PAYS_BUDGET", "PAYS_PATIENCE", "PAYS_RUNGS", "lever_kinds", "lever_label",
+           "may_search_pays_rungs", "notes", "num_to_strengthen", "relax", "rung_request", "rungs_to_search",
+           "search_rung_directly", "strengthen"]

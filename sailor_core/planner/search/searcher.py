@@ -418,6 +418,10 @@ class Searcher:
         stages = self.build_stages(shape)
         if stages is None:
             return None
+        return self.split_placed(mbs, stages, tau_lb)
+
+    def split_placed(self, mbs: int, stages: Placed, tau_lb: float):
+        """``prepare``'s answer for placed stages (not counted as a split; not memoised by order)."""
         num_mb = self.req.global_batch_size // mbs
         # The split depends on the stages' kinds and replica counts, not their zones: shared by
         # the process (the first bound asked decides where the bisection ends: in the key).

@@ -1,0 +1,70 @@
+"""A ``pays`` rung with few shapes that can pay is searched over those alone
+(``levers.search_rung_directly``): it finds the lever plans the rung's short search finds, and where
+that search's patience runs out first, what it missed."""
+
+from sailor_core.plan.types import RECOMPUTE_SELECTIVE
+from sailor_core.planner import levers, make_request, plan_job
+
+A, ZA = "A100-40", "us-central1-a"
+
+
+def _runs(monkeypatch, direct: bool) -> list:
+    """Whether each rung was walked directly; ``direct`` False: never (the rung's short search)."""
+    walked = []
+    orig = levers.search_rung_directly
+
+    def spied(*args):
+        sub = orig(*args) if direct else None
+        walked.append(sub is not None)
+        return sub
+
+    monkeypatch.setattr(levers, "search_rung_directly", spied)
+    return walked
+
+
+def _answer(result) -> list:
+    return [(c.plan, c.sim.throughput_samples_per_s, c.notes) for c in result.candidates]
+
+
+def test_direct_walk_finds_the_lever_plan_the_rung_search_finds(monkeypatch):
+    # opt-350m on 16 A100-40: micro-batches of 8 over one stage fit only with recomputation
+    request = make_request(model="opt-350m", availability={(A, ZA): 16}, global_batch_size=256)
+    walked = _runs(monkeypatch, direct=True)
+    direct = plan_job(request)
+    assert walked == [True] * len(levers.PAYS_RUNGS)
+    assert any(s.recompute == RECOMPUTE_SELECTIVE for c in direct.candidates for s in c.plan.stages)
+    with monkeypatch.context() as m:
+        _runs(m, direct=False)
+        searched = plan_job(request)
+    assert _answer(direct) == _answer(searched)
+
+
+def test_direct_walk_is_complete_where_the_rung_search_stops_at_its_patience(monkeypatch):
+    # opt-350m on 2 L4: the rung's short search stops before the shape whose plan, relaxed, holds
+    # two replicas with ZeRO-2 and no recomputation
+    request = make_request(model="opt-350m", availability={("L4", "us-central1-b"): 2}, global_batch_size=1024,
+                           top_n=3)
+    walked = _runs(monkeypatch, direct=True)
+    direct = plan_job(request)
+    assert True in walked
+    with monkeypatch.context() as m:
+        _runs(m, direct=False)
+        searched = plan_job(request)
+    ranked = sorted((c.sim.throughput_samples_per_s for c in direct.candidates), reverse=True)
+    ranked_searched = sorted((c.sim.throughput_samples_per_s for c in searched.candidates), reverse=True)
+    assert len(ranked) >= len(ranked_searched)
+    assert all(a >= b * (1 - 1e-9) for a, b in zip(ranked, ranked_searched))
+    assert ranked[0] > ranked_searched[0]
+
+
+def test_many_shapes_fall_back_to_the_rung_search(monkeypatch):
+    # none allowed: a rung with a shape that can pay is searched (one with none is walked, at no cost)
+    request = make_request(model="opt-350m", availability={(A, ZA): 16}, global_batch_size=256)
+    monkeypatch.setattr(levers, "DIRECT_MAX_SHAPES", 0)
+    walked = _runs(monkeypatch, direct=True)
+    fallen = plan_job(request)
+    assert False in walked
+    with monkeypatch.context() as m:
+        _runs(m, direct=False)
+        searched = plan_job(request)
+    assert _answer(fallen) == _answer(searched)
