@@ -71,6 +71,7 @@ class TypeMemos:
     ring_usd: dict = field(default_factory=dict)  # (GPU, TP, DP, rule) -> rings' egress USD per gradient byte
     sync_curves: dict = field(default_factory=dict)  # (GPU, TP, DP, stages) -> ring s per block share
     routes: dict = field(default_factory=dict)  # (GPU, TP, DP, stages, rule) -> micro-batch route
+    blocked_links: dict = field(default_factory=dict)  # (GPU, TP, DP, stages, rule, mbs) -> link bounds or None
 
 
 @dataclass(slots=True, eq=False)

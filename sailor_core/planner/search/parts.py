@@ -5,9 +5,12 @@ keeps the answers in the search's ``SearchMemos``)."""
 from __future__ import annotations
 
 from sailor_core.planner.search import bounds
+from sailor_core.planner.search.blocked import blocked_pipeline_s
 from sailor_core.planner.search.figures import KindFigures
 from sailor_core.planner.search.memo import SearchMemos
-from sailor_core.planner.search.shapes import Segment
+from sailor_core.planner.search.shapes import Segment, place_run
+from sailor_core.simulator import compose
+from sailor_core.simulator.stage import boundary_transfer_s, endpoint
 from sailor_core.simulator.tables import layer_table
 
 _GRANULAR_MEMO_SIZE = 1 << 16  # the second type's list of a one-type space (never changed)
@@ -65,6 +68,36 @@ class SegmentParts:
 
     def steady_links_s(self, seg: Segment) -> float:
         return bounds.steady_links_s(seg.num_microbatches, self.link_s(seg, seg), seg.num_stages)
+
+    def blocked_s(self, seg: Segment, steps_s: float) -> float:
+        """The pipeline of a shape of this segment alone, whose steps sum to ``steps_s``, at the
+        least, where every regime it may run in blocks on its sends (``blocked``); else 0."""
+        links = self._blocked_links(seg)
+        return blocked_pipeline_s(steps_s, seg.num_microbatches, links) if links else 0.0
+
+    def _blocked_links(self, seg: Segment) -> tuple[float, ...] | None:
+        """Per boundary of the segment placed alone (``shapes.place_run``: no stage before it),
+        a bound on its link: the segment's own (``link_s``), or between stages placed whole in
+        two zones that pair's; None (no bound) for one stage, a prefetching regime or no room."""
+        memo = self.memos.types.blocked_links
+        key = (seg.gpu, seg.tp_degree, seg.dp_degree, seg.num_stages, seg.rule, seg.kind.micro_batch_size)
+        if key in memo:
+            return memo[key]
+        links = None
+        variants = self.figures.variants(seg.kind)
+        if seg.num_stages > 1 and all(compose.p2p_schedule(v.regime) == "blocking" for v in variants):
+            placed = place_run(seg.gpu, self.zone_gpus[seg.gpu], seg.tp_degree, seg.dp_degree, seg.num_stages,
+                               seg.rule, None, self.memos.process.segment_places)
+            if placed is not None:
+                own = self.link_s(seg, seg)
+                nbytes = self.figures.link_bytes(seg.kind)
+                links = tuple(
+                    max(own, boundary_transfer_s(self.network, nbytes, endpoint(a[0][0], seg.gpu, seg.tp_degree),
+                                                 endpoint(b[0][0], seg.gpu, seg.tp_degree)))
+                    if len(a) == 1 and len(b) == 1 and a[0][0] != b[0][0] else own
+                    for a, b in zip(placed, placed[1:]))
+        memo[key] = links
+        return links
 
     # ---- rings ------------------------------------------------------------------------------
 
