@@ -32,10 +32,10 @@ class SegmentParts:
     memo's)."""
 
     __slots__ = ("network", "zone_gpus", "num_layers", "num_blocks", "max_stages", "figures", "memos",
-                 "_links", "_zone_names")
+                 "blocked", "_links", "_zone_names")
 
     def __init__(self, *, network, zone_gpus: dict[str, dict[str, int]], num_layers: int, max_stages: int,
-                 figures: KindFigures, memos: SearchMemos) -> None:
+                 figures: KindFigures, memos: SearchMemos, blocked: bool = True) -> None:
         self.network = network
         self.zone_gpus = zone_gpus
         self.num_layers = num_layers
@@ -43,6 +43,7 @@ class SegmentParts:
         self.max_stages = max_stages
         self.figures = figures
         self.memos = memos
+        self.blocked = blocked  # whether ``blocked_s`` bounds (else 0)
         self._links = memos.types.links  # (the most asked: bound here)
         self._zone_names = {gpu: tuple(sorted(zones)) for gpu, zones in zone_gpus.items()}
 
@@ -71,8 +72,9 @@ class SegmentParts:
 
     def blocked_s(self, seg: Segment, steps_s: float) -> float:
         """The pipeline of a shape of this segment alone, whose steps sum to ``steps_s``, at the
-        least, where every regime it may run in blocks on its sends (``blocked``); else 0."""
-        links = self._blocked_links(seg)
+        least, where every regime it may run in blocks on its sends (``blocked``); else 0 (also
+        when the search draws a Pareto front: see ``Searcher``)."""
+        links = self._blocked_links(seg) if self.blocked else None
         return blocked_pipeline_s(steps_s, seg.num_microbatches, links) if links else 0.0
 
     def _blocked_links(self, seg: Segment) -> tuple[float, ...] | None:
@@ -80,24 +82,36 @@ class SegmentParts:
         a bound on its link: the segment's own (``link_s``), or between stages placed whole in
         two zones that pair's; None (no bound) for one stage, a prefetching regime or no room."""
         memo = self.memos.types.blocked_links
-        key = (seg.gpu, seg.tp_degree, seg.dp_degree, seg.num_stages, seg.rule, seg.kind.micro_batch_size)
+        kind_key = (seg.gpu, seg.tp_degree, seg.kind.micro_batch_size)
+        key = (*kind_key, seg.dp_degree, seg.num_stages, seg.rule)
         if key in memo:
             return memo[key]
+        pairs = memo.get(kind_key)
+        if pairs is None:  # {(zone a, zone b): link s} of the kind, with its own link and bytes
+            blocking = all(compose.p2p_schedule(v.regime) == "blocking" for v in self.figures.variants(seg.kind))
+            pairs = memo[kind_key] = {"own": self.link_s(seg, seg), "bytes": self.figures.link_bytes(seg.kind)} \
+                if blocking else {}
         links = None
-        variants = self.figures.variants(seg.kind)
-        if seg.num_stages > 1 and all(compose.p2p_schedule(v.regime) == "blocking" for v in variants):
+        if seg.num_stages > 1 and pairs:
             placed = place_run(seg.gpu, self.zone_gpus[seg.gpu], seg.tp_degree, seg.dp_degree, seg.num_stages,
                                seg.rule, None, self.memos.process.segment_places)
             if placed is not None:
-                own = self.link_s(seg, seg)
-                nbytes = self.figures.link_bytes(seg.kind)
-                links = tuple(
-                    max(own, boundary_transfer_s(self.network, nbytes, endpoint(a[0][0], seg.gpu, seg.tp_degree),
-                                                 endpoint(b[0][0], seg.gpu, seg.tp_degree)))
-                    if len(a) == 1 and len(b) == 1 and a[0][0] != b[0][0] else own
-                    for a, b in zip(placed, placed[1:]))
+                own = pairs["own"]
+                links = tuple(self._zone_link(seg, pairs, a[0][0], b[0][0])
+                              if len(a) == 1 and len(b) == 1 and a[0][0] != b[0][0] else own
+                              for a, b in zip(placed, placed[1:]))
         memo[key] = links
         return links
+
+    def _zone_link(self, seg: Segment, pairs: dict, zone_a: str, zone_b: str) -> float:
+        """The link of ``seg``'s kind from a replica in ``zone_a`` to one in ``zone_b`` (``bounds.link_s``'s
+        bytes), at least its own link bound, kept in ``pairs``."""
+        t = pairs.get((zone_a, zone_b))
+        if t is None:
+            t = pairs[(zone_a, zone_b)] = max(pairs["own"], boundary_transfer_s(
+                self.network, pairs["bytes"], endpoint(zone_a, seg.gpu, seg.tp_degree),
+                endpoint(zone_b, seg.gpu, seg.tp_degree)))
+        return t
 
     # ---- rings ------------------------------------------------------------------------------
 

@@ -179,7 +179,8 @@ def score_shapes(searcher: Searcher, present: list[list[Segment]], *, mbs: int, 
         lists.append(_NO_SEGMENTS)
     max_p, cost_matters = searcher.max_stages, searcher.cost_matters
     alone = not lists[1]  # one GPU type: a shape's depth is its one segment's
-    context = (alone, max_p, cost_matters, work_s, tuple(searcher.gpu_types), req.regime, req.max_tp_degree)
+    context = (alone, max_p, cost_matters, work_s, tuple(searcher.gpu_types), req.regime, req.max_tp_degree,
+               searcher.parts.blocked)
     kwargs = dict(alone=alone, max_p=max_p, cost_matters=cost_matters, work_s=work_s)
     a, b = _columns_of(lists[0], context, searcher, **kwargs), _columns_of(lists[1], context, searcher, **kwargs)
     limits = Limits(req, not req.ranking.by_cost)
