@@ -180,7 +180,7 @@ def score_shapes(searcher: Searcher, present: list[list[Segment]], *, mbs: int, 
     max_p, cost_matters = searcher.max_stages, searcher.cost_matters
     alone = not lists[1]  # one GPU type: a shape's depth is its one segment's
     context = (alone, max_p, cost_matters, work_s, tuple(searcher.gpu_types), req.regime, req.max_tp_degree,
-               searcher.parts.blocked)
+               searcher.parts.placed)
     kwargs = dict(alone=alone, max_p=max_p, cost_matters=cost_matters, work_s=work_s)
     a, b = _columns_of(lists[0], context, searcher, **kwargs), _columns_of(lists[1], context, searcher, **kwargs)
     limits = Limits(req, not req.ranking.by_cost)
@@ -302,7 +302,7 @@ def _rings_of(x: dict, idx, parts):
         if x["alone"]:
             at.append(i)
             depths.append(seg.num_stages)
-            values.append(parts.ring_lb(seg, seg.num_stages))
+            values.append(parts.alone_ring_lb(seg))
         else:
             rows.setdefault((seg.tp_degree, seg.dp_degree), (seg, []))[1].append(i)
     if at:
