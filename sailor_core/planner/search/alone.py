@@ -4,22 +4,18 @@ of ``bounds`` take the fastest zones the type's pools allow.  On several zones t
 times below the simulated time of most pipelines and the search evaluated hundreds of them to
 prove them worse (geo AE row 0: 327 shapes).
 
-* ``blocked_pipeline_s``: frameworks whose sends block (``compose.p2p_schedule`` "blocking":
-  DeepSpeed's pipeline engine, the regimes of Sailor's measured runs) spend both directions of
-  both their links on every micro-batch, on top of their own step (``simulator.pipeline_time``),
-  so a stage pays its links ``n - 1`` times; the prefetch-based link bounds
-  (``bounds.steady_links_s``, ``bounds.warm_up_with_links_s``) count a quarter of that, over
-  the fastest link only.
-* ``zones_ring_s``: a stage's data-parallel ring over the zones it is placed in, where
-  ``bounds.rings_s`` takes the fastest set of zones with room for the ring.
+``blocked_pipeline_s``: frameworks whose sends block (``compose.p2p_schedule`` "blocking":
+DeepSpeed's pipeline engine, the regimes of Sailor's measured runs) spend both directions of
+both their links on every micro-batch, on top of their own step (``simulator.pipeline_time``),
+so a stage pays its links ``n - 1`` times; the prefetch-based link bounds
+(``bounds.steady_links_s``, ``bounds.warm_up_with_links_s``) count a quarter of that, over the
+fastest link only.  (A ring bound over a stage's placed zones was tried too: it cost more to
+compute for every segment than the evaluations it saved, docs/benchmarks/planner.md.)
 """
 
 from __future__ import annotations
 
 from typing import Sequence
-
-from sailor_core.network.model import Endpoint, ring_hop_pairs
-from sailor_core.zones import ring_zone_order
 
 
 def blocked_pipeline_s(steps_s: float, num_microbatches: int, links_s: Sequence[float]) -> float:
@@ -53,14 +49,3 @@ def blocked_pipeline_s(steps_s: float, num_microbatches: int, links_s: Sequence[
             return level
     return 0.0  # (no stage: not reached)
 
-
-def zones_ring_s(network, gpu: str, dp_degree: int, zones: tuple[str, ...], nbytes: float) -> float:
-    """A ring of ``dp_degree`` replicas of ``gpu`` over ``zones`` (the zones of one stage's
-    replicas) syncing ``nbytes``, at the least: ``bounds.rings_s`` over that set of zones alone
-    (every hop as slow as the slowest between zones next to each other in ring order)."""
-    if len(zones) == 1:
-        pairs = [(Endpoint(zone=zones[0], gpu=gpu), Endpoint(zone=zones[0], gpu=gpu))]
-    else:
-        pairs = [(Endpoint(zone=a, gpu=gpu), Endpoint(zone=b, gpu=gpu))
-                 for a, b in ring_hop_pairs(ring_zone_order(zones))]
-    return float(network.paced_allreduce_times_s(nbytes, pairs, dp_degree).max())

@@ -73,8 +73,6 @@ class TypeMemos:
     routes: dict = field(default_factory=dict)  # (GPU, TP, DP, stages, rule) -> micro-batch route
     # (GPU, TP, mbs, DP, stages, rule) -> link bounds or None; (GPU, TP, mbs) -> links between zones
     blocked_links: dict = field(default_factory=dict)
-    # (GPU, TP, DP, stages, rule) -> placed ring s; (GPU, DP, zones, bytes) -> ring s over those zones
-    placed_rings: dict = field(default_factory=dict)
 
 
 @dataclass(slots=True, eq=False)

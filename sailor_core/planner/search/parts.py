@@ -5,7 +5,7 @@ keeps the answers in the search's ``SearchMemos``)."""
 from __future__ import annotations
 
 from sailor_core.planner.search import bounds
-from sailor_core.planner.search.alone import blocked_pipeline_s, zones_ring_s
+from sailor_core.planner.search.alone import blocked_pipeline_s
 from sailor_core.planner.search.figures import KindFigures
 from sailor_core.planner.search.memo import SearchMemos
 from sailor_core.planner.search.shapes import Segment, place_run
@@ -112,39 +112,6 @@ class SegmentParts:
                 self.network, pairs["bytes"], endpoint(zone_a, seg.gpu, seg.tp_degree),
                 endpoint(zone_b, seg.gpu, seg.tp_degree)))
         return t
-
-    def placed_ring_s(self, seg: Segment) -> float:
-        """The sync of a shape of this segment alone, at the least: the stage holding the most
-        parameters holds at least 1 / stages of the gradient (as ``ring_row``), and its ring
-        spans that stage's zones (``alone.zones_ring_s``), whichever stage it is; 0 where the
-        search takes no placed bounds, for one replica or no room."""
-        if not self.placed or seg.dp_degree <= 1:
-            return 0.0
-        memo = self.memos.types.placed_rings
-        key = (seg.gpu, seg.tp_degree, seg.dp_degree, seg.num_stages, seg.rule)
-        t = memo.get(key)
-        if t is None:
-            placed = place_run(seg.gpu, self.zone_gpus[seg.gpu], seg.tp_degree, seg.dp_degree, seg.num_stages,
-                               seg.rule, None, self.memos.process.segment_places)
-            t = 0.0
-            if placed is not None:
-                grad_bytes = min(v.total_params * v.regime.grad_bytes_per_param for v in self.figures.variants(seg.kind))
-                nbytes = grad_bytes / seg.num_stages
-                t = min(self._zones_ring(seg, tuple(sorted(z for z, _ in p)), nbytes) for p in set(placed))
-            memo[key] = t
-        return t
-
-    def _zones_ring(self, seg: Segment, zones: tuple[str, ...], nbytes: float) -> float:
-        memo = self.memos.types.placed_rings
-        key = (seg.gpu, seg.dp_degree, zones, nbytes)
-        t = memo.get(key)
-        if t is None:
-            t = memo[key] = zones_ring_s(self.network, seg.gpu, seg.dp_degree, zones, nbytes)
-        return t
-
-    def alone_ring_lb(self, seg: Segment) -> float:
-        """``ring_lb`` of a shape of this segment alone, with its placement (``placed_ring_s``)."""
-        return max(self.ring_lb(seg, seg.num_stages), self.placed_ring_s(seg))
 
     # ---- rings ------------------------------------------------------------------------------
 

@@ -302,7 +302,7 @@ def _rings_of(x: dict, idx, parts):
         if x["alone"]:
             at.append(i)
             depths.append(seg.num_stages)
-            values.append(parts.alone_ring_lb(seg))
+            values.append(parts.ring_lb(seg, seg.num_stages))
         else:
             rows.setdefault((seg.tp_degree, seg.dp_degree), (seg, []))[1].append(i)
     if at:
