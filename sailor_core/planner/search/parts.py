@@ -92,7 +92,9 @@ class SegmentParts:
             pairs = memo[kind_key] = {"own": self.link_s(seg, seg), "bytes": self.figures.link_bytes(seg.kind)} \
                 if blocking else {}
         links = None
-        if seg.num_stages > 1 and pairs:
+        if seg.num_stages > 1 and pairs and seg.rule == "pipeline":
+            links = (pairs["own"],) * (seg.num_stages - 1)  # (every stage in the same zones: no crossing)
+        elif seg.num_stages > 1 and pairs:
             placed = place_run(seg.gpu, self.zone_gpus[seg.gpu], seg.tp_degree, seg.dp_degree, seg.num_stages,
                                seg.rule, None, self.memos.process.segment_places)
             if placed is not None:
