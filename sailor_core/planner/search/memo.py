@@ -73,6 +73,7 @@ class TypeMemos:
     routes: dict = field(default_factory=dict)  # (GPU, TP, DP, stages, rule) -> micro-batch route
     # (GPU, TP, mbs, DP, stages, rule) -> link bounds or None; (GPU, TP, mbs) -> links between zones
     blocked_links: dict = field(default_factory=dict)
+    blocked_s: dict = field(default_factory=dict)  # (GPU, TP, mbs, DP, stages, rule, steps s) -> blocked bound s
 
 
 @dataclass(slots=True, eq=False)

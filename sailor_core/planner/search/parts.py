@@ -74,8 +74,15 @@ class SegmentParts:
         """The pipeline of a shape of this segment alone, whose steps sum to ``steps_s``, at the
         least, where every regime it may run in blocks on its sends (``blocked``); else 0 (also
         when the search draws a Pareto front: see ``Searcher``)."""
-        links = self._blocked_links(seg) if self.placed else None
-        return blocked_pipeline_s(steps_s, seg.num_microbatches, links) if links else 0.0
+        if not self.placed or seg.num_stages < 2:
+            return 0.0
+        memo = self.memos.types.blocked_s
+        key = (seg.gpu, seg.tp_degree, seg.kind.micro_batch_size, seg.dp_degree, seg.num_stages, seg.rule, steps_s)
+        t = memo.get(key)
+        if t is None:
+            links = self._blocked_links(seg)
+            t = memo[key] = blocked_pipeline_s(steps_s, seg.num_microbatches, links) if links else 0.0
+        return t
 
     def _blocked_links(self, seg: Segment) -> tuple[float, ...] | None:
         """Per boundary of the segment placed alone (``shapes.place_run``: no stage before it),
@@ -92,7 +99,7 @@ class SegmentParts:
             pairs = memo[kind_key] = {"own": self.link_s(seg, seg), "bytes": self.figures.link_bytes(seg.kind)} \
                 if blocking else {}
         links = None
-        if seg.num_stages > 1 and pairs and seg.rule == "pipeline":
+        if seg.num_stages > 1 and pairs and (seg.rule == "pipeline" or len(self._zone_names[seg.gpu]) == 1):
             links = (pairs["own"],) * (seg.num_stages - 1)  # (every stage in the same zones: no crossing)
         elif seg.num_stages > 1 and pairs:
             placed = place_run(seg.gpu, self.zone_gpus[seg.gpu], seg.tp_degree, seg.dp_degree, seg.num_stages,
