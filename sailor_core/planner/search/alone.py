@@ -2,7 +2,7 @@
 before it) its stages' zones are known before its split (``shapes.place_run``), where the bounds
 of ``bounds`` take the fastest zones the type's pools allow.  On several zones those were 2-7
 times below the simulated time of most pipelines and the search evaluated hundreds of them to
-prove them worse (geo AE row 0: 327 shapes).
+prove them worse (geo AE row 0: 325 shapes in its main search).
 
 ``blocked_pipeline_s``: frameworks whose sends block (``compose.p2p_schedule`` "blocking":
 DeepSpeed's pipeline engine, the regimes of Sailor's measured runs) spend both directions of
