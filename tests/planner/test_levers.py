@@ -199,4 +199,16 @@ def test_pays_lever_searches_skip_shapes_that_fit_freely_and_answer_the_same(mon
     full = plan_job(req)
     assert [c.plan for c in skipping.candidates] == [c.plan for c in full.candidates]
     assert any(s.recompute != "none" for c in skipping.candidates for s in c.plan.stages)
+    # Under its regime's blocking sends the bound of a segment placed alone (search/alone.py)
+    # already proves worse the shapes the skip saved; with a regime that prefetches it does not.
+    assert skipping.num_evaluated <= full.num_evaluated
+    monkeypatch.undo()
+    req = make_request(model="opt-350m", availability={("A100-40", "us-central1-a"): 128}, global_batch_size=1024,
+                       regime="torch-fp32-adamw")
+    kinds._SHARED.clear()
+    skipping = plan_job(req)
+    monkeypatch.setattr(levers, "may_search_pays_rungs", lambda _req: False)
+    kinds._SHARED.clear()
+    full = plan_job(req)
+    assert [c.plan for c in skipping.candidates] == [c.plan for c in full.candidates]
     assert skipping.num_evaluated < full.num_evaluated

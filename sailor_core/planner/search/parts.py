@@ -5,9 +5,12 @@ keeps the answers in the search's ``SearchMemos``)."""
 from __future__ import annotations
 
 from sailor_core.planner.search import bounds
+from sailor_core.planner.search.alone import blocked_pipeline_s
 from sailor_core.planner.search.figures import KindFigures
 from sailor_core.planner.search.memo import SearchMemos
-from sailor_core.planner.search.shapes import Segment
+from sailor_core.planner.search.shapes import Segment, place_run
+from sailor_core.simulator import compose
+from sailor_core.simulator.stage import boundary_transfer_s, endpoint
 from sailor_core.simulator.tables import layer_table
 
 _GRANULAR_MEMO_SIZE = 1 << 16  # the second type's list of a one-type space (never changed)
@@ -29,10 +32,10 @@ class SegmentParts:
     memo's)."""
 
     __slots__ = ("network", "zone_gpus", "num_layers", "num_blocks", "max_stages", "figures", "memos",
-                 "_links", "_zone_names")
+                 "placed", "_links", "_zone_names")
 
     def __init__(self, *, network, zone_gpus: dict[str, dict[str, int]], num_layers: int, max_stages: int,
-                 figures: KindFigures, memos: SearchMemos) -> None:
+                 figures: KindFigures, memos: SearchMemos, placed: bool = True) -> None:
         self.network = network
         self.zone_gpus = zone_gpus
         self.num_layers = num_layers
@@ -40,6 +43,7 @@ class SegmentParts:
         self.max_stages = max_stages
         self.figures = figures
         self.memos = memos
+        self.placed = placed  # whether the bounds of a segment placed alone (``alone``) are taken
         self._links = memos.types.links  # (the most asked: bound here)
         self._zone_names = {gpu: tuple(sorted(zones)) for gpu, zones in zone_gpus.items()}
 
@@ -65,6 +69,58 @@ class SegmentParts:
 
     def steady_links_s(self, seg: Segment) -> float:
         return bounds.steady_links_s(seg.num_microbatches, self.link_s(seg, seg), seg.num_stages)
+
+    def blocked_s(self, seg: Segment, steps_s: float) -> float:
+        """The pipeline of a shape of this segment alone, whose steps sum to ``steps_s``, at the
+        least, where every regime it may run in blocks on its sends (``blocked``); else 0 (also
+        when the search draws a Pareto front: see ``Searcher``)."""
+        if not self.placed or seg.num_stages < 2:
+            return 0.0
+        memo = self.memos.types.blocked_s
+        key = (seg.gpu, seg.tp_degree, seg.kind.micro_batch_size, seg.dp_degree, seg.num_stages, seg.rule, steps_s)
+        t = memo.get(key)
+        if t is None:
+            links = self._blocked_links(seg)
+            t = memo[key] = blocked_pipeline_s(steps_s, seg.num_microbatches, links) if links else 0.0
+        return t
+
+    def _blocked_links(self, seg: Segment) -> tuple[float, ...] | None:
+        """Per boundary of the segment placed alone (``shapes.place_run``: no stage before it),
+        a bound on its link: the segment's own (``link_s``), or between stages placed whole in
+        two zones that pair's; None (no bound) for one stage, a prefetching regime or no room."""
+        memo = self.memos.types.blocked_links
+        kind_key = (seg.gpu, seg.tp_degree, seg.kind.micro_batch_size)
+        key = (*kind_key, seg.dp_degree, seg.num_stages, seg.rule)
+        if key in memo:
+            return memo[key]
+        pairs = memo.get(kind_key)
+        if pairs is None:  # {(zone a, zone b): link s} of the kind, with its own link and bytes
+            blocking = all(compose.p2p_schedule(v.regime) == "blocking" for v in self.figures.variants(seg.kind))
+            pairs = memo[kind_key] = {"own": self.link_s(seg, seg), "bytes": self.figures.link_bytes(seg.kind)} \
+                if blocking else {}
+        links = None
+        if seg.num_stages > 1 and pairs and (seg.rule == "pipeline" or len(self._zone_names[seg.gpu]) == 1):
+            links = (pairs["own"],) * (seg.num_stages - 1)  # (every stage in the same zones: no crossing)
+        elif seg.num_stages > 1 and pairs:
+            placed = place_run(seg.gpu, self.zone_gpus[seg.gpu], seg.tp_degree, seg.dp_degree, seg.num_stages,
+                               seg.rule, None, self.memos.process.segment_places)
+            if placed is not None:
+                own = pairs["own"]
+                links = tuple(self._zone_link(seg, pairs, a[0][0], b[0][0])
+                              if len(a) == 1 and len(b) == 1 and a[0][0] != b[0][0] else own
+                              for a, b in zip(placed, placed[1:]))
+        memo[key] = links
+        return links
+
+    def _zone_link(self, seg: Segment, pairs: dict, zone_a: str, zone_b: str) -> float:
+        """The link of ``seg``'s kind from a replica in ``zone_a`` to one in ``zone_b`` (``bounds.link_s``'s
+        bytes), at least its own link bound, kept in ``pairs``."""
+        t = pairs.get((zone_a, zone_b))
+        if t is None:
+            t = pairs[(zone_a, zone_b)] = max(pairs["own"], boundary_transfer_s(
+                self.network, pairs["bytes"], endpoint(zone_a, seg.gpu, seg.tp_degree),
+                endpoint(zone_b, seg.gpu, seg.tp_degree)))
+        return t
 
     # ---- rings ------------------------------------------------------------------------------
 

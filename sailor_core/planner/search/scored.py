@@ -136,11 +136,13 @@ def segment_columns(segs: list[Segment], *, alone: bool, max_p: int, cost_matter
                             else 0.0 for seg, link in zip(segs, links)] + [0.0]),
         steady=np.array([steady_links_s(seg.num_microbatches, link, seg.num_stages)
                          for seg, link in zip(segs, links)] + [0.0]),
-        warm=np.append(warm_up_with_links_s(
+        # (with ``SegmentParts.blocked_s``: one segment alone, as ``ShapeBounds.time_lb`` has it)
+        warm=np.append(np.maximum(warm_up_with_links_s(
             work_s * np.array([seg.slowness for seg in segs], dtype=float),
             np.array([seg.num_microbatches for seg in segs], dtype=float),
             np.array([seg.num_stages for seg in segs], dtype=int),
-            np.array(links, dtype=float)), 0.0) if segs else np.zeros(1),
+            np.array(links, dtype=float)), [parts.blocked_s(seg, work_s * seg.slowness) for seg in segs]),
+            0.0) if segs else np.zeros(1),
         p2p_usd=np.array([seg.egress_usd if cost_matters else 0.0 for seg in segs] + [0.0]),
         ring_usd=np.array([egress.ring_usd_per_byte(seg) if cost_matters else 0.0 for seg in segs] + [0.0]),
         inv=np.array([1.0 / seg.slowness for seg in segs] + [0.0]),
@@ -177,7 +179,8 @@ def score_shapes(searcher: Searcher, present: list[list[Segment]], *, mbs: int, 
         lists.append(_NO_SEGMENTS)
     max_p, cost_matters = searcher.max_stages, searcher.cost_matters
     alone = not lists[1]  # one GPU type: a shape's depth is its one segment's
-    context = (alone, max_p, cost_matters, work_s, tuple(searcher.gpu_types), req.regime, req.max_tp_degree)
+    context = (alone, max_p, cost_matters, work_s, tuple(searcher.gpu_types), req.regime, req.max_tp_degree,
+               searcher.parts.placed)
     kwargs = dict(alone=alone, max_p=max_p, cost_matters=cost_matters, work_s=work_s)
     a, b = _columns_of(lists[0], context, searcher, **kwargs), _columns_of(lists[1], context, searcher, **kwargs)
     limits = Limits(req, not req.ranking.by_cost)

@@ -134,8 +134,11 @@ class Searcher:
         self.figures = KindFigures(kinds=kinds, model=request.model, regime=request.regime,
                                    max_tp_degree=request.max_tp_degree, gpu_types=self.gpu_types,
                                    num_layers=self.num_layers, memos=self.memos)
+        # (a Pareto front is drawn from the plans evaluated: the bounds of a segment's own
+        # placement, which prove many of them worse without evaluating them, would narrow it)
         self.parts = SegmentParts(network=network, zone_gpus=self.zone_gpus, num_layers=self.num_layers,
-                                  max_stages=self.max_stages, figures=self.figures, memos=self.memos)
+                                  max_stages=self.max_stages, figures=self.figures, memos=self.memos,
+                                  placed=not request.collect_pareto)
         self.egress = EgressParts(network=network, zone_gpus=self.zone_gpus,
                                   global_batch_size=request.global_batch_size, fast=self.fast,
                                   figures=self.figures, memos=self.memos)

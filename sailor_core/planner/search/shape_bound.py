@@ -43,7 +43,8 @@ class ShapeBounds:
             seg = shape[0]
             n, s = seg.num_microbatches, seg.num_stages
             floor_s = max(floor_s, tau + bounds.steady_links_s(n, link_s(seg, seg), s),
-                          bounds.warm_up_with_links_s(work_s * seg.slowness, n, s, link_s(seg, seg)))
+                          bounds.warm_up_with_links_s(work_s * seg.slowness, n, s, link_s(seg, seg)),
+                          parts.blocked_s(seg, work_s * seg.slowness))
         t_lb = floor_s + bounds.sync_lb(shape, parts.ring_lb)
         if len(shape) == 2:
             t_lb = max(t_lb, parts.joint_lb(work_s, shape, floor_s))
