@@ -216,7 +216,9 @@ def _capacity_and_rent(searcher: Searcher, a: dict, b: dict, work_s: float, limi
                   for x, y in ((a, b), (b, a)))
     else:
         ra, rb = np.arange(na + 1), np.arange(nb + 1)
-    stages = a["stages"][ra, None] + b["stages"][None, rb]
+    # Small integers, in-place tests and one flat index: the grid is the costly part (250,000
+    # cells per micro-batch size on the floor row), each pass over it a memory-bound sweep.
+    stages = a["stages"][ra].astype(np.int16)[:, None] + b["stages"][rb].astype(np.int16)[None, :]
     keep = (stages >= 1) & (stages <= searcher.max_stages)
     # One-type shapes of a type whose own search proved its best (see plan_job) are settled.
     if len(searcher.gpu_types) == 2:
@@ -225,12 +227,14 @@ def _capacity_and_rent(searcher: Searcher, a: dict, b: dict, work_s: float, limi
         if searcher.gpu_types[1] in searcher.settled_types:
             keep[ra == na, :] = False
     with np.errstate(divide="ignore", invalid="ignore"):  # (no segment at all: not kept)
-        tau = work_s / (a["cap"][ra, None] + b["cap"][None, rb])
-    rate = a["rate"][ra, None] + b["rate"][None, rb]
-    with np.errstate(divide="ignore", invalid="ignore"):
-        keep &= limits.within(tau, rate, 0.0) & (limits.score(tau, rate, 0.0) < limit)
-    ia, ib = np.nonzero(keep)
-    return Pairs(ia=ra[ia], ib=rb[ib], stages=stages[ia, ib], tau=tau[ia, ib], rate=rate[ia, ib])
+        tau = work_s / (a["cap"][ra][:, None] + b["cap"][rb][None, :])
+        rate = a["rate"][ra][:, None] + b["rate"][rb][None, :]
+        keep &= limits.within(tau, rate, 0.0)
+        keep &= limits.score(tau, rate, 0.0) < limit
+    flat = np.flatnonzero(keep)
+    ia, ib = np.divmod(flat, len(rb))
+    return Pairs(ia=ra[ia], ib=rb[ib], stages=stages.ravel()[flat].astype(np.int64), tau=tau.ravel()[flat],
+                 rate=rate.ravel()[flat])
 
 
 def _may_pair(x: dict, y: dict, work_s: float, limits: Limits, limit: float, max_stages: int):
