@@ -136,15 +136,13 @@ def segment_columns(segs: list[Segment], *, alone: bool, max_p: int, cost_matter
                             else 0.0 for seg, link in zip(segs, links)] + [0.0]),
         steady=np.array([steady_links_s(seg.num_microbatches, link, seg.num_stages)
                          for seg, link in zip(segs, links)] + [0.0]),
-        # (raised by ``SegmentParts.blocked_s`` as shapes within the capacity and rent limits
-        # need it, ``_blocked_of``: one segment alone, as ``ShapeBounds.time_lb`` has it)
+        # (raised by ``SegmentParts.blocked_s`` where the cheaper bounds leave a shape within
+        # the limits, ``_with_blocked``: one segment alone, as ``ShapeBounds.time_lb`` has it)
         warm=np.append(warm_up_with_links_s(
             work_s * np.array([seg.slowness for seg in segs], dtype=float),
             np.array([seg.num_microbatches for seg in segs], dtype=float),
             np.array([seg.num_stages for seg in segs], dtype=int),
             np.array(links, dtype=float)), 0.0) if segs else np.zeros(1),
-        blocked=np.zeros(len(segs) + 1), have_blocked=np.append(np.zeros(len(segs), dtype=bool), True),
-        work_s=work_s,
         p2p_usd=np.array([seg.egress_usd if cost_matters else 0.0 for seg in segs] + [0.0]),
         ring_usd=np.array([egress.ring_usd_per_byte(seg) if cost_matters else 0.0 for seg in segs] + [0.0]),
         inv=np.array([1.0 / seg.slowness for seg in segs] + [0.0]),
@@ -194,7 +192,7 @@ def score_shapes(searcher: Searcher, present: list[list[Segment]], *, mbs: int, 
     # rent (the floor row: 469,000 of 2.5 million -> 72,000); the sync and egress bounds, which
     # only raise a bound, are needed for the rest alone (same figures and order as for all).
     pairs, pipe = _within_on_pipeline(pairs, pipe, limits, limit)
-    pairs, pipe = _within_on_pipeline(pairs, _with_blocked(searcher.parts, a, b, pairs, pipe), limits, limit)
+    pairs, pipe = _within_on_pipeline(pairs, _with_blocked(searcher.parts, a, b, pairs, pipe, work_s), limits, limit)
     sync = _sync(searcher.parts, a, b, pairs)
     egress, rings_p2p = _egress(searcher, lists, a, b, pairs, num_mb, mbs, kinds)
     refining = Refining(lists=lists, a=a, b=b, lmat=lmat, rings_p2p=rings_p2p, work_s=work_s,
@@ -293,39 +291,20 @@ def _pipeline(parts, lists, a: dict, b: dict, pairs: Pairs, work_s: float, num_m
     return pipe, lmat
 
 
-def _with_blocked(parts, a: dict, b: dict, pairs: Pairs, pipe):
-    """The pipeline bounds of the pairs, those of one segment raised by its blocking bound
-    (``SegmentParts.blocked_s``), which places each segment: asked only for the pairs the
-    limits leave on the cheaper bounds (it only raises a bound, so the same pairs are left)."""
+def _with_blocked(parts, a: dict, b: dict, pairs: Pairs, pipe, work_s: float):
+    """The pairs' pipeline bounds, a lone segment's raised by ``SegmentParts.blocked_column``:
+    asked only where the cheaper bounds left the pair within the limits (it only raises them)."""
     # lazy: numpy loads when a search runs, not when the CLI checks a request
     import numpy as np
 
-    ia, ib = pairs.ia, pairs.ib
     na, nb = len(a["segs"]), len(b["segs"])
-    alone = (ia >= na) | (ib >= nb)
+    alone = (pairs.ia >= na) | (pairs.ib >= nb)
     if not alone.any():
         return pipe
-    alone_a, alone_b = ia[alone], ib[alone]
-    blocked = np.where(alone_a < na, _blocked_of(a, alone_a, parts)[alone_a], _blocked_of(b, alone_b, parts)[alone_b])
-    pipe = pipe.copy()
-    pipe[alone] = np.maximum(pipe[alone], blocked)
+    ia, ib, pipe = pairs.ia[alone], pairs.ib[alone], pipe.copy()
+    pipe[alone] = np.maximum(pipe[alone], np.where(ia < na, parts.blocked_column(a, ia, work_s)[ia],
+                                                   parts.blocked_column(b, ib, work_s)[ib]))
     return pipe
-
-
-def _blocked_of(x: dict, idx, parts):
-    """A list's columns' blocking bounds (``SegmentParts.blocked_s``), filled for the segments
-    ``idx`` (past its end: none) as needed."""
-    # lazy: numpy loads when a search runs, not when the CLI checks a request
-    import numpy as np
-
-    have, blocked = x["have_blocked"], x["blocked"]
-    held = np.unique(idx)
-    need = held[~have[held]]
-    if len(need):
-        segs, work_s = x["segs"], x["work_s"]
-        blocked[need] = [parts.blocked_s(segs[i], work_s * segs[i].slowness) for i in need.tolist()]
-        have[need] = True
-    return blocked
 
 
 def _within_on_pipeline(pairs: Pairs, pipe, limits: Limits, limit: float) -> tuple[Pairs, Any]:
