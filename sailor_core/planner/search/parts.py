@@ -84,6 +84,23 @@ class SegmentParts:
             t = memo[key] = blocked_pipeline_s(steps_s, seg.num_microbatches, links) if links else 0.0
         return t
 
+    def blocked_column(self, columns: dict, idx, work_s: float):
+        """``blocked_s`` of a list's segments (``scored.segment_columns``, index len(segs): none),
+        filled for the segments ``idx`` as needed (it places each segment: most of a seeded
+        search's have no shape within the limits on the cheaper bounds)."""
+        # lazy: numpy loads when a search runs, not when the CLI checks a request
+        import numpy as np
+
+        segs = columns["segs"]
+        if "blocked" not in columns:
+            columns["blocked"], columns["have_blocked"] = np.zeros(len(segs) + 1), np.arange(len(segs) + 1) == len(segs)
+        have, blocked = columns["have_blocked"], columns["blocked"]
+        need = np.flatnonzero(np.bincount(idx[~have[idx]], minlength=len(have)))
+        if len(need):
+            blocked[need] = [self.blocked_s(segs[i], work_s * segs[i].slowness) for i in need.tolist()]
+            have[need] = True
+        return blocked
+
     def _blocked_links(self, seg: Segment) -> tuple[float, ...] | None:
         """Per boundary of the segment placed alone (``shapes.place_run``: no stage before it),
         a bound on its link: the segment's own (``link_s``), or between stages placed whole in

@@ -136,13 +136,13 @@ def segment_columns(segs: list[Segment], *, alone: bool, max_p: int, cost_matter
                             else 0.0 for seg, link in zip(segs, links)] + [0.0]),
         steady=np.array([steady_links_s(seg.num_microbatches, link, seg.num_stages)
                          for seg, link in zip(segs, links)] + [0.0]),
-        # (with ``SegmentParts.blocked_s``: one segment alone, as ``ShapeBounds.time_lb`` has it)
-        warm=np.append(np.maximum(warm_up_with_links_s(
+        # (raised by ``SegmentParts.blocked_s`` where the cheaper bounds leave a shape within
+        # the limits, ``_with_blocked``: one segment alone, as ``ShapeBounds.time_lb`` has it)
+        warm=np.append(warm_up_with_links_s(
             work_s * np.array([seg.slowness for seg in segs], dtype=float),
             np.array([seg.num_microbatches for seg in segs], dtype=float),
             np.array([seg.num_stages for seg in segs], dtype=int),
-            np.array(links, dtype=float)), [parts.blocked_s(seg, work_s * seg.slowness) for seg in segs]),
-            0.0) if segs else np.zeros(1),
+            np.array(links, dtype=float)), 0.0) if segs else np.zeros(1),
         p2p_usd=np.array([seg.egress_usd if cost_matters else 0.0 for seg in segs] + [0.0]),
         ring_usd=np.array([egress.ring_usd_per_byte(seg) if cost_matters else 0.0 for seg in segs] + [0.0]),
         inv=np.array([1.0 / seg.slowness for seg in segs] + [0.0]),
@@ -192,6 +192,7 @@ def score_shapes(searcher: Searcher, present: list[list[Segment]], *, mbs: int, 
     # rent (the floor row: 469,000 of 2.5 million -> 72,000); the sync and egress bounds, which
     # only raise a bound, are needed for the rest alone (same figures and order as for all).
     pairs, pipe = _within_on_pipeline(pairs, pipe, limits, limit)
+    pairs, pipe = _within_on_pipeline(pairs, _with_blocked(searcher.parts, a, b, pairs, pipe, work_s), limits, limit)
     sync = _sync(searcher.parts, a, b, pairs)
     egress, rings_p2p = _egress(searcher, lists, a, b, pairs, num_mb, mbs, kinds)
     refining = Refining(lists=lists, a=a, b=b, lmat=lmat, rings_p2p=rings_p2p, work_s=work_s,
@@ -292,6 +293,22 @@ def _pipeline(parts, lists, a: dict, b: dict, pairs: Pairs, work_s: float, num_m
     warm = np.where(alone_a < na, a["warm"][alone_a], b["warm"][alone_b])
     pipe[~both] = np.maximum(pipe[~both], warm)
     return pipe, lmat
+
+
+def _with_blocked(parts, a: dict, b: dict, pairs: Pairs, pipe, work_s: float):
+    """The pairs' pipeline bounds, a lone segment's raised by ``SegmentParts.blocked_column``:
+    asked only where the cheaper bounds left the pair within the limits (it only raises them)."""
+    # lazy: numpy loads when a search runs, not when the CLI checks a request
+    import numpy as np
+
+    na, nb = len(a["segs"]), len(b["segs"])
+    alone = (pairs.ia >= na) | (pairs.ib >= nb)
+    if not alone.any():
+        return pipe
+    ia, ib, pipe = pairs.ia[alone], pairs.ib[alone], pipe.copy()
+    pipe[alone] = np.maximum(pipe[alone], np.where(ia < na, parts.blocked_column(a, ia, work_s)[ia],
+                                                   parts.blocked_column(b, ib, work_s)[ib]))
+    return pipe
 
 
 def _within_on_pipeline(pairs: Pairs, pipe, limits: Limits, limit: float) -> tuple[Pairs, Any]:
