@@ -290,6 +290,12 @@ class SearchLoop:
                 return
             space = spaces[si]
             if space.sorted is not None:
+                if space.sorted.peek() >= searcher.threshold():
+                    # In order of the bound: no shape left here can enter the top N (the
+                    # threshold only falls), where each would have been queued to be dropped
+                    # (the floor row's A100 search: 3928 of its 4000 shapes).
+                    keys[si] = math.inf
+                    continue
                 # Scored with the same bound as ``tight`` (numpy): only the estimate is left to check.
                 shape, t = space.sorted.pop()
                 keys[si] = next_key(space)
