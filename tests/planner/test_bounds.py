@@ -73,6 +73,23 @@ def test_vectorised_granular_bound_matches_the_exact_one():
         assert g >= exact * (1 - 1e-5)  # and as tight
 
 
+def test_vectorised_granular_bound_of_one_segment_shapes_is_the_general_path_bit_for_bit():
+    # One GPU type (no second segment anywhere: 0 stages, inf figures, as scored's columns have
+    # it) takes a shorter path; a row with a second segment forces the general one.
+    rng = np.random.default_rng(11)
+    for _ in range(300):
+        n = int(rng.integers(1, 40))
+        sa = rng.integers(1, 33, n)
+        ra = rng.uniform(1e-4, 1.0, n) * 10.0 ** rng.integers(-3, 2, n)
+        ha = ra * rng.uniform(0, 3, n) * rng.integers(0, 2)
+        sb, rb, hb = np.zeros(n, dtype=sa.dtype), np.full(n, np.inf), np.full(n, np.inf)
+        blocks, steps = int(rng.integers(1, 100)), int(rng.choice([16, 24]))
+        one = bounds.granular_many(sa, ra, ha, sb, rb, hb, blocks, iterations=steps)
+        general = bounds.granular_many(*(np.append(x, v) for x, v in ((sa, 1), (ra, 1.0), (ha, 0.0), (sb, 1),
+                                                                     (rb, 1.0), (hb, 0.0))), blocks, iterations=steps)
+        assert one.tobytes() == general[:-1].tobytes()
+
+
 def test_every_evaluated_plan_is_no_better_than_its_shape_bound(profiles, network):
     # Bound validity end to end: no simulated plan may beat the bound its shape was queued with.
     import sailor_core.planner.search as search

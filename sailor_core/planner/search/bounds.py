@@ -83,16 +83,22 @@ def granular_many(sa, ra, ha, sb, rb, hb, num_blocks: int, iterations: int = 24)
 
     has_a, has_b = sa > 0, sb > 0
     ra1, rb1 = np.where(has_a, ra, 1.0), np.where(has_b, rb, 1.0)
+    # One segment each (one GPU type): the same bits without the absent one's terms (+ 0.0, min with inf)
+    one = bool(has_a.all()) and not has_b.any()
     for _ in range(iterations):
         t = 0.5 * (lo + hi)
         # Whether stages of busy time at most t hold every block whole (``granular_busiest_s``).
-        ka = np.where(has_a, np.floor(t / ra1 + 1e-9), 0.0)
-        kb = np.where(has_b, np.floor(t / rb1 + 1e-9), 0.0)
-        base = sa * ka + sb * kb
-        # The last layer's stage loses the blocks its head time displaces (or cannot be it).
-        loss_a = np.where(has_a & (t >= ha), ka - np.floor(np.maximum(t - ha, 0.0) / ra1 + 1e-9), np.inf)
-        loss_b = np.where(has_b & (t >= hb), kb - np.floor(np.maximum(t - hb, 0.0) / rb1 + 1e-9), np.inf)
-        ok = base - np.minimum(loss_a, loss_b) >= num_blocks
+        if one:
+            ka = np.floor(t / ra + 1e-9)
+            base, loss = sa * ka, np.where(t >= ha, ka - np.floor(np.maximum(t - ha, 0.0) / ra + 1e-9), np.inf)
+        else:
+            ka = np.where(has_a, np.floor(t / ra1 + 1e-9), 0.0)
+            kb = np.where(has_b, np.floor(t / rb1 + 1e-9), 0.0)
+            base = sa * ka + sb * kb
+            # The last layer's stage loses the blocks its head time displaces (or cannot be it).
+            loss = np.minimum(np.where(has_a & (t >= ha), ka - np.floor(np.maximum(t - ha, 0.0) / ra1 + 1e-9), np.inf),
+                              np.where(has_b & (t >= hb), kb - np.floor(np.maximum(t - hb, 0.0) / rb1 + 1e-9), np.inf))
+        ok = base - loss >= num_blocks
         hi = np.where(ok, t, hi)
         lo = np.where(ok, lo, t)
     return lo
