@@ -3,10 +3,9 @@ bound ``tight`` gives a shape before refinement, then refined (``ScoredShapes``:
 bound, and for two segments the joint time and cost bounds) in order of that first bound, only
 as far as the search walks (``streams.ShapeStream``) or a cut needs (``settle_cut``).
 
-The cheap parts (capacity, rent, links, warm-up, the smallest ring, egress) are scored for
-every pair of segments on a grid; the costly ones for the best ``FIRST_REFINED`` shapes by the
-cheap bound, in chunks.  Each shape's figures depend on its own inputs alone, so refining in
-chunks gives what refining everything at once does.
+The cheap parts (capacity, rent, links, warm-up, the smallest ring, egress) are scored for every
+pair of segments on a grid; the costly ones for the best ``FIRST_REFINED`` shapes by the cheap bound,
+in chunks: each shape's figures depend on its own inputs alone, so chunks give what all at once does.
 """
 
 from __future__ import annotations
