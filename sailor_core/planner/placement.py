@@ -36,13 +36,14 @@ def place_stages(zone_gpus: dict[str, int], tp_degree: int, dp_degree: int, num_
 def _place_stages(zone_gpus: tuple[tuple[str, int], ...], tp_degree: int, dp_degree: int, num_stages: int,
                   prev_zone: str | None) -> tuple[StagePlacement, ...] | None:
     rem = {z: n // tp_degree for z, n in zone_gpus}
+    regions = {z: _region(z) for z in rem}  # (the sort keys below ask for them per stage)
     out: list[StagePlacement] = []
     prev = prev_zone
     for _ in range(num_stages):
         prev_region = _region(prev) if prev else None
 
         def near(z: str) -> tuple:
-            return (z != prev, _region(z) != prev_region, -rem[z], z)
+            return (z != prev, regions[z] != prev_region, -rem[z], z)
 
         order = sorted((z for z in rem if rem[z] > 0), key=near)
         single = next((z for z in order if rem[z] >= dp_degree), None)
@@ -53,7 +54,7 @@ def _place_stages(zone_gpus: tuple[tuple[str, int], ...], tp_degree: int, dp_deg
             continue
         need = dp_degree
         parts: list[tuple[str, int]] = []
-        for z in sorted(order, key=lambda z: (_region(z) != prev_region, -rem[z], z)):
+        for z in sorted(order, key=lambda z: (regions[z] != prev_region, -rem[z], z)):
             take = min(need, rem[z])
             if take:
                 parts.append((z, take))

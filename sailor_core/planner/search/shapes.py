@@ -105,6 +105,7 @@ def build_segments(gpu: str, pools: dict[str, int], *, spot: bool, num_mb: int, 
             # (a segment's capacity grows with its degree: none matters if the largest does not)
             if matters is not None and not matters(num_stages / (-(-num_mb // d_max) * ratio)):
                 continue
+            whole_pipelines = sum(n // (tp * num_stages) for n in live.values()) if len(live) > 1 else 0
             for d in dp_degrees(degrees, d_max, num_mb, zone_reps):
                 n_per_rep = -(-num_mb // d)
                 cap = num_stages / (n_per_rep * ratio)
@@ -114,8 +115,7 @@ def build_segments(gpu: str, pools: dict[str, int], *, spot: bool, num_mb: int, 
                 # Whole pipelines per zone only differ from the stage rule when the segment
                 # does not fit one zone: the stage rule then sends every micro-batch across
                 # a zone boundary between stages, this one crosses zones in the DP rings.
-                if (len(live) > 1 and d * num_stages > zone_max
-                        and sum(n // (tp * num_stages) for n in live.values()) >= d):
+                if d * num_stages > zone_max and whole_pipelines >= d:
                     rules.append("pipeline")
                 for rule in rules:
                     # A lower bound on the segment's own p2p egress: consecutive stages placed
@@ -162,7 +162,15 @@ def dp_degrees(space: str, d_max: int, num_mb: int, zone_reps: list[int]) -> lis
     if space == "every":
         return list(range(1, d_max + 1))
     if space == "efficient":
-        return [d for d in range(1, d_max + 1) if _efficient(d, num_mb) == d]
+        # (from each, the next: the fewest replicas whose busiest holds one micro-batch fewer)
+        out, d = [], 1
+        while d <= d_max:
+            out.append(d)
+            per_rep = -(-num_mb // d)
+            if per_rep == 1:
+                break
+            d = -(-num_mb // (per_rep - 1))
+        return out
     assert space in ("zones", "grid"), space
     out, held = set(), 0
     if space == "grid":
