@@ -134,7 +134,9 @@ class ShapeStream:
         self.pool_idx = np.empty(0, dtype=np.int64)  # final, not placed yet, sorted by (bound, index)
         self.pool_score = np.empty(0)
         self.never_added = False
-        self.chunk = 256  # shapes refined at once, doubling to CHUNK (few are needed at first)
+        # Shapes refined at once, doubling to CHUNK (few are needed at first; fewer where the
+        # refinement also places lone segments and their rings, ``ScoredShapes.defer``).
+        self.chunk = 64 if scored.defer else 256
 
     def _next_unplaced_lb(self) -> float:
         """A bound on every shape not in the pool or placed yet (inf: none)."""
