@@ -1,4 +1,4 @@
-"""Refining shape bounds on demand (``scored.settle_cut``) must keep exactly what refining every
+"""Refining shape bounds on demand (``cut.settle_cut``, ``cut.LazyCut``) must keep exactly what refining every
 shape keeps: the same shapes, bounds and order, hence the same search."""
 
 import pytest

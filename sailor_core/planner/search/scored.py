@@ -28,7 +28,7 @@ from sailor_core.planner.search.bounds import (
 )
 from sailor_core.planner.search.searcher import Searcher
 from sailor_core.planner.search.shapes import Segment
-from sailor_core.planner.search.streams import CHUNK, ShapeStream, SortedShapes
+from sailor_core.planner.search.streams import ShapeStream, SortedShapes
 
 FIRST_REFINED = 20000  # shapes given the costly bounds; the rest keep the cheap one (weaker, still a bound)
 _NO_SEGMENTS: list[Segment] = []  # the second type's list of a one-type space (never changed)
