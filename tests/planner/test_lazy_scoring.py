@@ -1,4 +1,4 @@
-"""Refining shape bounds on demand (``scored.settle_cut``) must keep exactly what refining every
+"""Refining shape bounds on demand (``cut.settle_cut``, ``cut.LazyCut``) must keep exactly what refining every
 shape keeps: the same shapes, bounds and order, hence the same search."""
 
 import pytest
@@ -110,3 +110,33 @@ def test_pairs_of_the_segments_that_may_pair_are_the_whole_grids(limits, profile
         assert "no feasible plan" in str(exc)
     assert checked and sum(checked) > 0
     assert cells[0] <= cells[1]
+
+
+def _one_type(req, profiles, network, monkeypatch, *, lazy: bool, keep: int):
+    popped = []
+    original_pop = streams.SortedShapes.pop
+
+    def pop(self):
+        got = original_pop(self)
+        popped.append((got[0], got[1]))
+        return got
+
+    with monkeypatch.context() as patch:  # (undone before the next run wraps ``pop`` again)
+        patch.setattr(spaces, "LAZY_ONE_TYPE", lazy)
+        patch.setattr(spaces, "BANDED_KEEP", keep)
+        patch.setattr(streams.SortedShapes, "pop", pop)
+        result = plan_job(req, profiles=profiles, network=network)
+    plans = [(c.plan, c.sim.throughput_samples_per_s, c.sim.usd_per_iteration) for c in result.candidates]
+    return plans, result.num_evaluated, result.exhausted, popped
+
+
+@pytest.mark.parametrize("keep", [4000, 30])  # 30: the walk passes the cut's lower bound (settled then)
+@pytest.mark.parametrize("limits", [
+    {"objective": "cost", "min_throughput_samples_per_s": 100.0},
+    {"max_usd_per_iteration": 0.5},
+])
+def test_one_type_cut_lazily_walks_what_the_settled_cut_walks(limits, keep, profiles, network, monkeypatch):
+    req = make_request(model="opt-350m", availability={(A, ZA): 64, (A, ZB): 64}, global_batch_size=1024, **limits)
+    lazy = _one_type(req, profiles, network, monkeypatch, lazy=True, keep=keep)
+    settled = _one_type(req, profiles, network, monkeypatch, lazy=False, keep=keep)
+    assert lazy[3] and lazy == settled  # same plans, evaluations, proof and shapes walked in order

@@ -41,7 +41,8 @@ def proof_possible(searcher: Searcher) -> bool:
     or the cost objective keep the best ``BANDED_KEEP`` bounds; the rest stay in the proof as
     their cut: while that is below the threshold, no walk proves the top N)."""
     threshold = searcher.threshold()
-    return all(scored.cut >= threshold for scored in searcher.memos.own.scored.values())
+    return all(scored.cut >= threshold or scored.exact_cut() >= threshold
+               for scored in searcher.memos.own.scored.values())
 
 
 class Calibration:

@@ -1,7 +1,7 @@
 """Every shape of one or two GPU types scored at once with numpy (``score_shapes``), with the
 bound ``tight`` gives a shape before refinement, then refined (``ScoredShapes``: the granular
 bound, and for two segments the joint time and cost bounds) in order of that first bound, only
-as far as the search walks (``streams.ShapeStream``) or a cut needs (``settle_cut``).
+as far as the search walks (``streams.ShapeStream``) or a cut needs (``cut.settle_cut``).
 
 The cheap parts (capacity, rent, links, warm-up, the smallest ring, egress) are scored for every
 pair of segments on a grid; the costly ones for the best ``FIRST_REFINED`` shapes by the cheap bound,
@@ -28,7 +28,7 @@ from sailor_core.planner.search.bounds import (
 )
 from sailor_core.planner.search.searcher import Searcher
 from sailor_core.planner.search.shapes import Segment
-from sailor_core.planner.search.streams import CHUNK, ShapeStream, SortedShapes
+from sailor_core.planner.search.streams import ShapeStream, SortedShapes
 
 FIRST_REFINED = 20000  # shapes given the costly bounds; the rest keep the cheap one (weaker, still a bound)
 _NO_SEGMENTS: list[Segment] = []  # the second type's list of a one-type space (never changed)
@@ -167,11 +167,12 @@ def _columns_of(segs: list[Segment], context: tuple, searcher: Searcher, **kwarg
 
 
 def score_shapes(searcher: Searcher, present: list[list[Segment]], *, mbs: int, num_mb: int, work_s: float,
-                 num_blocks_lb: float) -> ScoredShapes:
+                 num_blocks_lb: float, defer: bool = False) -> ScoredShapes:
     """Every shape of one or two GPU types (``present``: each type's segments), scored at once
     with the bound ``tight`` gives it before refinement; shapes that miss the limits, or whose
     bound cannot enter the top N found so far, are dropped (``searcher.threshold``: it only
-    falls, so it stays their bound)."""
+    falls, so it stays their bound).  ``defer`` (one type, ``cut.LazyCut``): the alone bound and
+    the ring are left to the refinement, which gives the same final bounds."""
     req = searcher.req
     lists = list(present)
     if len(lists) == 1:
@@ -191,13 +192,18 @@ def score_shapes(searcher: Searcher, present: list[list[Segment]], *, mbs: int, 
     # rent (the floor row: 469,000 of 2.5 million -> 72,000); the sync and egress bounds, which
     # only raise a bound, are needed for the rest alone (same figures and order as for all).
     pairs, pipe = _within_on_pipeline(pairs, pipe, limits, limit)
-    pairs, pipe = _within_on_pipeline(pairs, _with_blocked(searcher.parts, a, b, pairs, pipe, work_s), limits, limit)
-    sync = _sync(searcher.parts, a, b, pairs)
+    if defer:
+        sync = pairs.tau * 0.0
+    else:
+        pairs, pipe = _within_on_pipeline(pairs, _with_blocked(searcher.parts, a, b, pairs, pipe, work_s), limits,
+                                          limit)
+        sync = _sync(searcher.parts, a, b, pairs)
     egress, rings_p2p = _egress(searcher, lists, a, b, pairs, num_mb, mbs, kinds)
     refining = Refining(lists=lists, a=a, b=b, lmat=lmat, rings_p2p=rings_p2p, work_s=work_s,
                         block_bytes=searcher.figures.gradient_bytes_lb(mbs)[1], num_blocks_lb=num_blocks_lb,
                         cost_matters=cost_matters, parts=searcher.parts)
-    return ScoredShapes(pairs, pipe=pipe, sync=sync, egress=egress, refining=refining, limits=limits, limit=limit)
+    return ScoredShapes(pairs, pipe=pipe, sync=sync, egress=egress, refining=refining, limits=limits, limit=limit,
+                        defer=defer)
 
 
 def _capacity_and_rent(searcher: Searcher, a: dict, b: dict, work_s: float, limits: Limits, limit: float) -> Pairs:
@@ -421,10 +427,10 @@ class ScoredShapes:
 
     __slots__ = ("lists", "a", "b", "ia", "ib", "stages", "tau", "pipe", "sync", "rate", "egress", "t_lb",
                  "limits", "limit", "lmat", "rings_p2p", "work_s", "block_bytes", "num_blocks_lb",
-                 "cost_matters", "parts", "pre", "first", "num_refined", "final", "never", "never_refined")
+                 "cost_matters", "parts", "pre", "first", "num_refined", "final", "never", "never_refined", "defer")
 
     def __init__(self, pairs: Pairs, *, pipe, sync, egress, refining: Refining, limits: Limits,
-                 limit: float) -> None:
+                 limit: float, defer: bool = False) -> None:
         # lazy: numpy loads when a search runs, not when the CLI checks a request
         import numpy as np
 
@@ -440,7 +446,8 @@ class ScoredShapes:
         self.ia, self.ib, self.stages, self.tau, self.pipe, self.sync, self.rate, self.egress, self.t_lb = (
             x[ok] for x in (ia, ib, stages, tau, pipe, sync, rate, egress, t_lb))
         self.pre = limits.score(self.t_lb, self.rate, self.egress)  # the first bound
-        self.first = np.argsort(self.pre, kind="stable")[:FIRST_REFINED]  # to refine, best first
+        self.defer = defer  # the alone bound and the ring still to add (every shape is refined then)
+        self.first = np.argsort(self.pre, kind="stable")[:None if defer else FIRST_REFINED]  # to refine, best first
         self.tau, self.egress = self.tau.copy(), self.egress.copy()  # refined in place
         self.num_refined = 0
         self.final = []  # arrays of refined bounds within the limits (refine_next)
@@ -519,6 +526,10 @@ class ScoredShapes:
         import numpy as np
 
         a, b, ia, ib, tau, t_lb = self.a, self.b, self.ia, self.ib, self.tau, self.t_lb
+        if self.defer:  # what ``score_shapes`` left out, the same figures
+            sub = Pairs(ia=ia[sel], ib=ib[sel], stages=self.stages[sel], tau=tau[sel], rate=self.rate[sel])
+            self.pipe[sel] = _with_blocked(self.parts, a, b, sub, self.pipe[sel], self.work_s)
+            self.sync[sel] = _sync(self.parts, a, b, sub)
         tau[sel] = np.maximum(tau[sel], self.parts.granular_of(a, ia[sel], b, ib[sel]))
         t_lb[sel] = np.maximum(tau[sel], self.pipe[sel]) + self.sync[sel]
         alive = self.limits.within(t_lb[sel], self.rate[sel], self.egress[sel]) & (
@@ -577,24 +588,3 @@ def _curves_of(x: dict, idx, sync_curve):
             x["curves"][i] = sync_curve(x["segs"][i])
     x["have_curve"][need] = True
     return x["curves"][idx]
-
-
-def settle_cut(scored: list[ScoredShapes], keep: int, chunk: int = CHUNK) -> float:
-    """The (keep + 1)-th best final bound over every shape of ``scored`` (inf if there are no
-    more than ``keep``), refining shapes only as far as that needs: best first bound first,
-    until the next first bound is no better than the (keep + 1)-th best final bound known.
-    Refining only raises a bound, so the shapes left unrefined cannot come below it (and the
-    shapes below it are exactly those a full refinement would put there)."""
-    # lazy: numpy loads when a search runs, not when the CLI checks a request
-    import numpy as np
-
-    while True:
-        pool = np.concatenate([s.never_refined[:keep + 1] for s in scored]
-                              + [x for s in scored for x in s.final] or [np.empty(0)])
-        cut = float(np.partition(pool, keep)[keep]) if len(pool) > keep else math.inf
-        nxt = min(scored, key=lambda s: s.next_pre(), default=None)
-        if nxt is None or nxt.next_pre() >= cut:
-            return cut
-        # A shape whose granular bound is not below the cut known stays at least that cut with
-        # or without its joint bounds: the (keep + 1)-th best, now and after, is the same.
-        nxt.refine_next(chunk, below=cut)

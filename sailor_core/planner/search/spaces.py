@@ -7,7 +7,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from sailor_core.planner.search.scored import score_shapes, settle_cut
+from sailor_core.planner.search.cut import LazyCut, settle_cut
+from sailor_core.planner.search.scored import score_shapes
 from sailor_core.planner.search.searcher import Searcher
 from sailor_core.planner.search.shapes import NO_SEGMENT, Segment
 from sailor_core.planner.search.streams import ProductHeap, SortedShapes
@@ -15,6 +16,7 @@ from sailor_core.planner.search.streams import ProductHeap, SortedShapes
 # Under a cap, a floor or the cost objective, only the best this many bounds over all
 # micro-batch sizes are queued (see ``attach_sorted``).
 BANDED_KEEP = 4000
+LAZY_ONE_TYPE = True  # (tests compare it with the cut settled before the walk)
 
 
 @dataclass(slots=True, eq=False)
@@ -90,12 +92,18 @@ def attach_sorted(searcher: Searcher, spaces: list[Space]) -> None:
     banded = (req.ranking.by_cost or req.max_usd_per_hour is not None
               or req.max_usd_per_iteration is not None)
     if any(len(sp.lists) <= 2 and sp.mbs not in memo for sp in spaces):
+        # One type banded: its walk stops far below the cut (``cut.LazyCut``).
+        lazy = banded and LAZY_ONE_TYPE and len(searcher.gpu_types) == 1
         fresh = {sp.mbs: score_shapes(searcher, sp.present, mbs=sp.mbs, num_mb=sp.num_mb, work_s=sp.ref_total_s,
-                                      num_blocks_lb=sp.num_blocks_lb)
+                                      num_blocks_lb=sp.num_blocks_lb, defer=lazy)
                  for sp in spaces if len(sp.lists) <= 2}
-        cut = settle_cut(list(fresh.values()), BANDED_KEEP) if banded else math.inf
-        for mbs, scored in fresh.items():
-            memo[mbs] = scored.sorted_below(cut) if banded else scored.streamed()
+        if lazy:
+            band = LazyCut(list(fresh.values()), BANDED_KEEP)
+            memo.update({mbs: band.sorted(scored) for mbs, scored in fresh.items()})
+        else:
+            cut = settle_cut(list(fresh.values()), BANDED_KEEP) if banded else math.inf
+            for mbs, scored in fresh.items():
+                memo[mbs] = scored.sorted_below(cut) if banded else scored.streamed()
     for space in spaces:
         if len(space.lists) <= 2:
             space.sorted = memo[space.mbs].fresh()

@@ -53,30 +53,39 @@ class SortedShapes:
         self.busiest = busiest.tolist()
         self.parts = [x.tolist() for x in parts]  # per part, a list over the shapes
         self.pos = 0
-        self.cut = math.inf
+        self.cut = math.inf  # shapes not below it are left out (with ``lazy``: a lower bound of that cut)
         self.stream: ShapeStream | None = None
+        self.lazy, self.lazy_limit = None, math.inf  # a ``cut.LazyCut``, and the limit it is capped by
 
     def _have(self, count: int) -> bool:
         """Whether there are at least ``count`` shapes (growing the lists if need be)."""
-        return count <= len(self.scores) or (self.stream is not None and self.stream.grow(count))
+        have = count <= len(self.scores) or (self.stream is not None and self.stream.grow(count))
+        return have and (self.lazy is None or self.cut_above(self.scores[count - 1]))
+
+    def exact_cut(self) -> float:
+        return self.cut if self.lazy is None else min(self.lazy_limit, self.lazy.exact())
+
+    def cut_above(self, score: float) -> bool:
+        """Whether the cut is above ``score`` (with ``lazy``, settled only if need be)."""
+        return score < self.cut or score < self.exact_cut()
 
     def peek(self) -> float:
         """The best bound left (those cut off included)."""
-        return self.scores[self.pos] if self._have(self.pos + 1) else self.cut
+        return self.scores[self.pos] if self._have(self.pos + 1) else self.exact_cut()
 
     def fresh(self) -> SortedShapes:
         """A copy to walk from the start (the lists are shared, only ever appended to)."""
         out = SortedShapes.__new__(SortedShapes)
         out.first, out.second, out.ia, out.ib, out.scores = self.first, self.second, self.ia, self.ib, self.scores
         out.busiest, out.parts, out.stream = self.busiest, self.parts, self.stream
-        out.pos, out.cut = 0, self.cut
+        out.pos, out.cut, out.lazy, out.lazy_limit = 0, self.cut, self.lazy, self.lazy_limit
         return out
 
     def has_next(self) -> bool:
         return self._have(self.pos + 1)
 
     def count_below(self, score: float) -> int:
-        if self.cut < score:
+        if not (self.cut >= score or self.exact_cut() >= score):
             return 1 << 30  # some were cut off: no proof
         if self.stream is not None:
             self.stream.grow_below(score)
@@ -125,7 +134,9 @@ class ShapeStream:
         self.pool_idx = np.empty(0, dtype=np.int64)  # final, not placed yet, sorted by (bound, index)
         self.pool_score = np.empty(0)
         self.never_added = False
-        self.chunk = 256  # shapes refined at once, doubling to CHUNK (few are needed at first)
+        # Shapes refined at once, doubling to CHUNK (few are needed at first; fewer where the
+        # refinement also places lone segments and their rings, ``ScoredShapes.defer``).
+        self.chunk = 64 if scored.defer else 256
 
     def _next_unplaced_lb(self) -> float:
         """A bound on every shape not in the pool or placed yet (inf: none)."""
@@ -170,6 +181,14 @@ class ShapeStream:
         all_score = np.concatenate([self.pool_score, score])
         order = np.lexsort((all_idx, all_score))
         self.pool_idx, self.pool_score = all_idx[order], all_score[order]
+
+    def refine_all(self) -> None:
+        """Refine every shape left at once (the same figures as in chunks), into the pool."""
+        s = self.scored
+        if s.num_refined < len(s.first):
+            sel = s.first[s.num_refined:]
+            s.num_refined = len(s.first)
+            self._merge(*s.final_of(sel))
 
     def grow(self, count: int) -> bool:
         scores = self.lists[2]
