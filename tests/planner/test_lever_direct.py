@@ -26,16 +26,22 @@ def _answer(result) -> list:
     return [(c.plan, c.sim.throughput_samples_per_s, c.notes) for c in result.candidates]
 
 
-def test_direct_walk_finds_the_lever_plan_the_rung_search_finds(monkeypatch):
-    # opt-350m on 16 A100-40: micro-batches of 8 over one stage fit only with recomputation
-    request = make_request(model="opt-350m", availability={(A, ZA): 16}, global_batch_size=256)
+def _walked_and_searched(monkeypatch, request):
+    """(whether each rung was walked, the answer with the direct walk, the answer without it)."""
     walked = _runs(monkeypatch, direct=True)
     direct = plan_job(request)
-    assert walked == [True] * len(levers.PAYS_RUNGS)
-    assert any(s.recompute == RECOMPUTE_SELECTIVE for c in direct.candidates for s in c.plan.stages)
     with monkeypatch.context() as m:
         _runs(m, direct=False)
         searched = plan_job(request)
+    return walked, direct, searched
+
+
+def test_direct_walk_finds_the_lever_plan_the_rung_search_finds(monkeypatch):
+    # opt-350m on 16 A100-40: micro-batches of 8 over one stage fit only with recomputation
+    request = make_request(model="opt-350m", availability={(A, ZA): 16}, global_batch_size=256)
+    walked, direct, searched = _walked_and_searched(monkeypatch, request)
+    assert walked == [True] * len(levers.PAYS_RUNGS)
+    assert any(s.recompute == RECOMPUTE_SELECTIVE for c in direct.candidates for s in c.plan.stages)
     assert _answer(direct) == _answer(searched)
 
 
@@ -44,12 +50,8 @@ def test_direct_walk_is_complete_where_the_rung_search_stops_at_its_patience(mon
     # two replicas with ZeRO-2 and no recomputation
     request = make_request(model="opt-350m", availability={("L4", "us-central1-b"): 2}, global_batch_size=1024,
                            top_n=3)
-    walked = _runs(monkeypatch, direct=True)
-    direct = plan_job(request)
+    walked, direct, searched = _walked_and_searched(monkeypatch, request)
     assert True in walked
-    with monkeypatch.context() as m:
-        _runs(m, direct=False)
-        searched = plan_job(request)
     ranked = sorted((c.sim.throughput_samples_per_s for c in direct.candidates), reverse=True)
     ranked_searched = sorted((c.sim.throughput_samples_per_s for c in searched.candidates), reverse=True)
     assert len(ranked) >= len(ranked_searched)
@@ -61,10 +63,6 @@ def test_many_shapes_fall_back_to_the_rung_search(monkeypatch):
     # none allowed: a rung with a shape that can pay is searched (one with none is walked, at no cost)
     request = make_request(model="opt-350m", availability={(A, ZA): 16}, global_batch_size=256)
     monkeypatch.setattr(levers, "DIRECT_MAX_SHAPES", 0)
-    walked = _runs(monkeypatch, direct=True)
-    fallen = plan_job(request)
+    walked, fallen, searched = _walked_and_searched(monkeypatch, request)
     assert False in walked
-    with monkeypatch.context() as m:
-        _runs(m, direct=False)
-        searched = plan_job(request)
     assert _answer(fallen) == _answer(searched)
