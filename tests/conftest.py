@@ -5,7 +5,9 @@ module imports it.  Areas that need a Prefect server use their own fixtures
 (tests/flows/conftest.py starts one real server per session).
 """
 
+import atexit
 import os
+import shutil
 import subprocess
 import tempfile
 
@@ -15,6 +17,9 @@ import pytest
 # The process's one Sailor home: what the process starts once (its embedded cloud, over the home's
 # buckets; Prefect's settings) belongs to it, so the areas' fixtures use it rather than make another.
 PROCESS_SAILOR_HOME = tempfile.mkdtemp(prefix="sailor-test-home-")
+# Removed when the process exits, after its session fixtures have stopped what ran over it: a run of
+# the suite would otherwise leave hundreds of MB of jobs, buckets and Prefect databases in /tmp.
+atexit.register(shutil.rmtree, PROCESS_SAILOR_HOME, ignore_errors=True)
 os.environ["SAILOR_HOME"] = PROCESS_SAILOR_HOME
 os.environ["PREFECT_HOME"] = os.path.join(PROCESS_SAILOR_HOME, "prefect")
 os.environ.pop("SAILOR_JOBS_URL", None)

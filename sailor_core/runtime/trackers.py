@@ -27,6 +27,7 @@ metrics never stop training.
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -147,13 +148,15 @@ class _TensorBoard:
         self.writer.close()
         (path,) = self.folder.glob("events.out.tfevents.*")
         self.storage.put(self.name, path.read_bytes())
-        path.unlink()
+        shutil.rmtree(self.folder, ignore_errors=True)
         if reopen:
             self._open()
 
     def close(self) -> None:
         self.flush(reopen=False)
         self.writer.close()
+        # every segment is uploaded by now: a worker's local copy would only pile up in the temp folder
+        shutil.rmtree(self.local, ignore_errors=True)
 
 
 class _WandB:

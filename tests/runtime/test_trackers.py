@@ -156,3 +156,24 @@ def test_the_flows_attempt_marks_read_back_as_their_own_run(tmp_path):
     assert acc.Scalars("attempt/spend_usd")[-1].value == pytest.approx(0.001)
     texts = [t.tensor_proto.string_val[0].decode() for t in acc.Tensors("attempt/plan")]
     assert texts == ["attempt 1: 1 x T4", "attempt 2: 1 x T4"]
+
+
+def test_tensorboard_uploads_every_segment_and_leaves_no_local_copy(tmp_path, monkeypatch):
+    import tempfile
+
+    from sailor_core.runtime.trackers import Trackers
+
+    for name in ("WANDB_PROJECT", "WANDB_MODE", "MLFLOW_TRACKING_URI"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "scratch"))
+    (tmp_path / "scratch").mkdir()
+    trackers = Trackers(job_id=None, tensorboard_url=str(tmp_path / "tb"), attempt=1, config={},
+                        wandb_project="", mlflow_uri="")
+    trackers.started(0, plan_text="{}", state_from="scratch")
+    trackers.log(1, {"train/loss": 2.5})
+    trackers.flush()  # a checkpoint: the segment so far goes up, the next begins
+    trackers.log(2, {"train/loss": 2.0})
+    trackers.close()
+    assert [e.value for e in read_tensorboard(tmp_path / "tb").Scalars("train/loss")] == [2.5, 2.0]
+    assert len(list((tmp_path / "tb").glob("events.out.tfevents.*"))) == 2
+    assert list((tmp_path / "scratch").iterdir()) == []  # nothing of the worker's left in the temp folder
