@@ -111,10 +111,10 @@ class KindFigures:
                 for tp in valid_tp_degrees(self.model, g, self.max_tp_degree):
                     kind = self.kinds.get(g, tp, mbs)
                     for v in self.variants(kind) if kind is not None else ():
-                        table = layer_table(v.profile)
+                        cum = layer_table(v.profile).params_cum
                         scale = tp * v.regime.grad_bytes_per_param
-                        for i in range(L):
-                            per_layer[i] = min(per_layer[i], scale * table.params(i, i + 1))
+                        # (``LayerTable.params`` of each layer, scaled)
+                        per_layer = list(map(min, per_layer, [scale * (cum[i + 1] - cum[i]) for i in range(L)]))
             blocks = per_layer[1:L - 1] if L >= 3 else per_layer
             hit = shared[key] = (sum(per_layer), min(blocks))
         return hit
