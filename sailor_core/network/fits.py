@@ -66,7 +66,8 @@ def fitted_bandwidths_bytes_per_s(a, b, c, max_bw, num_bytes):
     constants as numbers or as numpy columns (one fit per row: many links timed at once)."""
     import numpy as np  # lazy: numpy (~0.15 s) only when arrays are computed; importing this module stays light
 
-    x = np.clip(np.log2(np.maximum(num_bytes, 1.0) / 1e6), _X_MIN, _X_MAX)
+    # (``np.clip``'s values, without its Python-level dispatch: a few us of each of thousands of calls)
+    x = np.minimum(np.maximum(np.log2(np.maximum(num_bytes, 1.0) / 1e6), _X_MIN), _X_MAX)
     bw = (a * x * x + b * x + c) * 1e9
     return np.where(bw > max_bw, max_bw, np.maximum(bw, MIN_BW_BYTES_PER_S))
 

@@ -309,7 +309,13 @@ class NetworkModel:
         num_full = np.floor(nb / bucket_bytes)
         rest = nb - num_full * bucket_bytes
         steps = 2 * (n - 1)
-        full = steps * _links_times_s(links, np.array([bucket_bytes / n]))  # a column: one bucket per link
+        # A column: one bucket per link, whatever the sizes (the planner times the same rings at
+        # the gradient sizes of every TP degree and depth).
+        key = ("full bucket", tuple(links), n, bucket_bytes)
+        full = self._rings.get(key)
+        if full is None:
+            full = self._rings[key] = steps * _links_times_s(links, np.array([bucket_bytes / n]))
+            full.flags.writeable = False
         part = steps * _links_times_s(links, rest / n)
         return np.where(nb > 0, num_full * full + part, 0.0)
 

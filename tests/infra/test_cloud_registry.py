@@ -72,7 +72,7 @@ class AcmeProvider(CloudProvider):
 
 def _caches() -> list:
     return [catalog_clouds._registry, catalog_instances._data, catalog_instances.instance_types,
-            catalog_instances._all_offers, catalog_instances.catalog_zones, catalog_instances.rentable_gpus,
+            catalog_instances._all_offers, catalog_instances._offers_of, catalog_instances.catalog_zones, catalog_instances.rentable_gpus,
             catalog_instances.gpu_price_usd_per_hr, parse_zone, network_model._default_egress_usd_per_gb]
 
 

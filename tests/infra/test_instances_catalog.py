@@ -4,6 +4,7 @@ import pytest
 
 from sailor_core.catalog import gpu_names
 from sailor_core.catalog.instances import (
+    _offers_of,
     catalog_offers,
     get_instance_type,
     gpu_price_usd_per_hr,
@@ -55,3 +56,10 @@ def test_filters_and_unknown_names():
     with pytest.raises(UnknownNameError):
         get_instance_type("aws", "x9.huge")
     assert get_instance_type("gcp", "n1-standard-8-v100x1").machine_type == "n1-standard-8"
+
+
+def test_a_gpus_own_offers_are_the_catalogs_in_its_order():
+    # Pricing a GPU builds its offers alone (_offers_of); they must be the catalog's, in order,
+    # so the smallest node and cheapest offer picked are the same.
+    for gpu in gpu_names():
+        assert _offers_of(gpu) == tuple(o for o in catalog_offers() if o.gpu == gpu)

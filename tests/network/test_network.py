@@ -176,6 +176,20 @@ def test_rings_paced_by_many_pairs_at_once_equal_each_pair_alone():
                 assert row.tolist() == [net.allreduce_time_s(float(x), [a] * n) for x in sizes]
 
 
+def test_a_rings_full_buckets_kept_between_calls_time_it_as_a_fresh_network_does():
+    # paced_allreduce_times_s keeps a ring's full-bucket time per (links, members): the same
+    # rings asked again at other sizes are, bit for bit, what a network asked once gives.
+    import numpy as np
+
+    net = default_network()
+    a, b = Endpoint(zone="us-central1-a", gpu="A100-40"), Endpoint(zone="us-east1-b", gpu="A100-40")
+    for scale in (1.0, 3.7, 0.2):
+        sizes = np.array([0.0, 5e5, 3e7, 2.1e8, 9e8]) * scale
+        for n in (2, 5, 32):
+            got = net.paced_allreduce_times_s(sizes, [(a, a), (a, b)], n)
+            assert got.tobytes() == default_network().paced_allreduce_times_s(sizes, [(a, a), (a, b)], n).tobytes()
+
+
 def test_a_ring_keyed_by_its_runs_is_timed_by_every_hop_of_the_whole_ring():
     # allreduce_time_s keys and paces a ring by its runs of equal members; the figure is the
     # bucketed ring paced by the slowest pair ring_hop_pairs gives for the whole member list

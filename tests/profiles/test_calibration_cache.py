@@ -2,10 +2,11 @@
 file that cannot be read is computed again."""
 
 import dataclasses
+import struct
 
 from sailor_core.profiles import ProfileDB
 from sailor_core.profiles import estimator as est
-from sailor_core.profiles.calibration_cache import cache_dir, cached_calibrate
+from sailor_core.profiles.calibration_cache import _profile_bytes, cache_dir, cached_calibrate
 
 GPU, REGIME = "A100-40", "megatron-fp32-adamw"
 
@@ -43,3 +44,18 @@ def test_an_unreadable_entry_is_fitted_again(sailor_profiles):
     path.write_text("{not json")
     assert cached_calibrate(profiles, GPU, REGIME) == est.calibrate(profiles, GPU, REGIME)
     assert ProfileDB(profiles).calibration(GPU, REGIME) == est.calibrate(profiles, GPU, REGIME)
+
+
+def test_a_profiles_digest_bytes_are_its_fields_column_by_column(sailor_profiles):
+    # The file names of existing caches stay valid: every layer field packed as one column (8
+    # bytes a value, exact), the profile's other fields by repr, as the digest has always read them.
+    codes = {"float": "d", "int": "q", "bool": "?"}
+    for profile in sailor_profiles[:40]:
+        want = [repr([(f.name, getattr(profile, f.name)) for f in dataclasses.fields(profile)
+                      if f.name != "layers"]).encode()]
+        for f in dataclasses.fields(profile.layers[0]):
+            column = [getattr(layer, f.name) for layer in profile.layers]
+            code = codes[f.type if isinstance(f.type, str) else f.type.__name__]
+            want += [struct.pack(f"<{len(column)}{code}", *column), f.name.encode()]
+        want.append(str(len(profile.layers)).encode())
+        assert _profile_bytes(profile) == b"\x00".join(want)

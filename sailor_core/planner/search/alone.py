@@ -31,14 +31,13 @@ def blocked_pipeline_s(steps_s: float, num_microbatches: int, links_s: Sequence[
     the split decides the ``t_k``, so the bound is the least level T with ``sum_k max(0, T -
     c_k) / n >= steps_s`` (c_k the link part): the steps poured over the stages' link parts."""
     n = num_microbatches
-    last = len(links_s)
+    m = n - 1
     costs = []
-    before = 0.0
-    for k in range(last + 1):
-        l_in = links_s[k - 1] if k else 0.0
-        l_out = links_s[k] if k < last else 0.0
-        costs.append(before + (n - 1) * (l_in + l_out) + l_out / 2)
+    before = l_in = 0.0
+    for l_out in (*links_s, 0.0):  # stage k's links: l_in = links_s[k - 1], l_out = links_s[k] (0: none)
+        costs.append(before + m * (l_in + l_out) + l_out / 2)
         before += l_out
+        l_in = l_out
     costs.sort()
     need = steps_s * n
     total = 0.0

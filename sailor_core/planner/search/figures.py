@@ -72,11 +72,12 @@ class KindFigures:
             hit = shared.get(("block and head", tuple(vs)))
             if hit is None:
                 L = self.num_layers
+                # (``Kind.time_s`` of each layer, read off the kinds' sums)
                 if L >= 3:
-                    block = min(v.time_s(i, i + 1) for v in vs for i in range(1, L - 1))
+                    block = min(c[i + 1] - c[i] for c in (v.comp_cum for v in vs) for i in range(1, L - 1))
                     head = min(v.time_s(L - 1, L) for v in vs)
                 else:
-                    block, head = min(v.time_s(i, i + 1) for v in vs for i in range(L)), 0.0
+                    block, head = min(c[i + 1] - c[i] for c in (v.comp_cum for v in vs) for i in range(L)), 0.0
                 hit = shared[("block and head", tuple(vs))] = (block, head)
             memo[key] = hit
         return hit
@@ -90,7 +91,7 @@ class KindFigures:
         ratio = shared.get(key)
         if ratio is None:
             ratio = shared[key] = min(
-                (v.time_s(i, i + 1) / ref[i]) for v in self.variants(kind)
+                ((c[i + 1] - c[i]) / ref[i]) for c in (v.comp_cum for v in self.variants(kind))  # (``Kind.time_s``)
                 for i in range(self.num_layers) if ref[i] > 0
             ) if any(r > 0 for r in ref) else 1.0
         return ratio
@@ -111,10 +112,10 @@ class KindFigures:
                 for tp in valid_tp_degrees(self.model, g, self.max_tp_degree):
                     kind = self.kinds.get(g, tp, mbs)
                     for v in self.variants(kind) if kind is not None else ():
-                        table = layer_table(v.profile)
+                        cum = layer_table(v.profile).params_cum
                         scale = tp * v.regime.grad_bytes_per_param
-                        for i in range(L):
-                            per_layer[i] = min(per_layer[i], scale * table.params(i, i + 1))
+                        # (``LayerTable.params`` of each layer, scaled)
+                        per_layer = list(map(min, per_layer, [scale * (cum[i + 1] - cum[i]) for i in range(L)]))
             blocks = per_layer[1:L - 1] if L >= 3 else per_layer
             hit = shared[key] = (sum(per_layer), min(blocks))
         return hit

@@ -160,6 +160,8 @@ def _columns_of(segs: list[Segment], context: tuple, searcher: Searcher, **kwarg
     (the regime variants on the GPU types, the rings and links on the type's pools, which the
     list is keyed on, and the network, the memo's)."""
     memo = searcher.memos.process.segment_columns
+    if not segs:  # the unused type's: its one row (and its ring's width) is the same in every context
+        context = (kwargs["alone"], kwargs["max_p"])
     hit = memo.get((id(segs), context))
     if hit is None or hit[0] is not segs:
         hit = memo[(id(segs), context)] = (segs, segment_columns(segs, searcher=searcher, **kwargs))

@@ -44,7 +44,9 @@ def build_spaces(searcher: Searcher) -> list[Space]:
         if not kinds:
             continue
         variants = [v for k in kinds for v in searcher.figures.variants(k)]
-        ref_all = [min(k.time_s(i, i + 1) for k in variants) for i in range(L)]
+        # (each variant's layer times, ``Kind.time_s``, listed once; then the least per layer)
+        ref_all = [min(times) for times in zip(*[[c[i + 1] - c[i] for i in range(L)]
+                                                 for c in (v.comp_cum for v in variants)])]
         # The capacity bound may count any subset of layers; the transformer blocks scale alike
         # on every kind, whereas the embedding (whose backward Sailor's profiles miss) would make
         # the slowest kind look as fast as the fastest.
