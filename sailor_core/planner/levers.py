@@ -66,8 +66,10 @@ from sailor_core.planner.search.shape_bound import ShapeBounds
 from sailor_core.planner.search.shapes import placed_key
 from sailor_core.planner.simpler import SIMPLER_WITHIN
 from sailor_core.planner.split import StageSlot, busiest_s, min_max_split
-from sailor_core.simulator.memory import inflight_microbatches
-from sailor_core.simulator.levers import lever_label
+from sailor_core.simulator.levers import lever_label, zero_sync_factor
+from sailor_core.simulator.memory import dp_synced_params, inflight_microbatches
+from sailor_core.simulator.stage import member_runs, stage_dp_sync_runs_least_s
+from sailor_core.simulator.tables import layer_table
 from sailor_core.simulator.simulate import simulate
 from sailor_core.specs.plan import MEMORY_LEVER_MODES
 
@@ -125,7 +127,9 @@ def cannot_pay(searcher: Searcher, rung: tuple[str, int]) -> bool:
     efficient degree), every shape whose bound beats that was split there (``Searcher.split_orders``,
     both passes'); those it fitted freely the rung search skips (module doc).  If
     none of the rest, on the rung's memory, beats it, the rung search cannot pay.  One GPU type
-    only (with more, types settled by their own searches are not split in the search's loop)."""
+    only (with more, types settled by their own searches are not split in the search's loop).
+    A shape's bound here and in ``search_rung_directly`` also counts the sync its placed stages
+    cannot avoid after the pipeline (``least_sync_s``)."""
     if not _proof_applies(searcher):
         return False
     limit = _limit(searcher)
@@ -139,10 +143,14 @@ def cannot_pay(searcher: Searcher, rung: tuple[str, int]) -> bool:
         placed = searcher.build_stages(order)
         if placed is None or placed_key(space.mbs, placed) in freely:
             continue
+        sync_s = least_sync_s(searcher, placed, rung[1])
+        t = _synced_tight(bounds, space, shape, 0.0, t_lb, sync_s)
+        if t is None or t[0] >= limit:
+            continue  # (before the split below, which costs more)
         busiest = _least_busiest(searcher, kinds, space.mbs, placed)
         if busiest is None:
             continue  # nothing fits even under the rung
-        t = bounds.tight(space, shape, busiest, known=(t_lb, 0.0))
+        t = _synced_tight(bounds, space, shape, busiest, t_lb, sync_s)
         if t is not None and t[0] < limit:
             return False
     return True
@@ -188,33 +196,34 @@ def search_rung_directly(searcher: Searcher, rung: tuple[str, int], req) -> Sear
     if not _proof_applies(searcher) or searcher.threshold() == math.inf:
         return None
     kinds, bounds = lever_kinds(searcher, rung), ShapeBounds(searcher)
-    queue = _rung_candidates(searcher, kinds, bounds)
+    queue = _rung_candidates(searcher, kinds, bounds, rung[1])
     if queue is None:
         return None
     sub = Searcher(req, profiles=searcher.profiles, network=searcher.network, kinds=kinds)
     sub.seed_from(searcher)
     count = len(queue)
     while queue and queue[0][0] < sub.threshold():
-        _, _, g, prep, (t_lb, space, shape, placed) = heapq.heappop(queue)
+        _, _, g, prep, (t_lb, space, shape, placed, sync_s) = heapq.heappop(queue)
         if prep is not None:
             sub.evaluate_shape(space.mbs, shape, g, prep)
             continue
         stages = [(kinds.get(k.gpu, k.tp_degree, k.micro_batch_size, req.regime), p) for k, p in placed]
         sub.stats.num_splits += 1
         prep = sub.split_placed(space.mbs, stages, g)
-        t = None if prep is None else bounds.tight(space, shape, prep[2] * (1 - _RUNG_SPLIT_TOL), known=(t_lb, 0.0))
+        t = None if prep is None else _synced_tight(bounds, space, shape, prep[2] * (1 - _RUNG_SPLIT_TOL), t_lb, sync_s)
         if t is not None:
             count += 1
-            heapq.heappush(queue, (t[0], count, g, prep, (t_lb, space, shape, placed)))
+            heapq.heappush(queue, (t[0], count, g, prep, (t_lb, space, shape, placed, sync_s)))
     sub.done_searching()
     return sub
 
 
-def _rung_candidates(searcher: Searcher, kinds: KindCache, bounds: ShapeBounds) -> list | None:
+def _rung_candidates(searcher: Searcher, kinds: KindCache, bounds: ShapeBounds, zero_stage: int) -> list | None:
     """The shapes where the rung's search can find a plan (``search_rung_directly``), as a heap of
     (score bound on the rung's kinds with their granular bound on the busiest stage, tie, that
     granular bound, None, (iteration time bound without levers, space, the shape on the rung's
-    figures, placed stages)); None when more than ``DIRECT_MAX_SHAPES``."""
+    figures, placed stages, their least sync: ``least_sync_s``)); None when more than
+    ``DIRECT_MAX_SHAPES``."""
     limit, freely, seen, ratios = searcher.threshold(), searcher.fit_freely or {}, set(), {}
     out: list = []
     for score, t_lb, space, shape, order in searcher.split_orders:
@@ -225,12 +234,68 @@ def _rung_candidates(searcher: Searcher, kinds: KindCache, bounds: ShapeBounds) 
         rung_shape = _on_rung(searcher, kinds, shape, ratios)
         g = searcher.parts.granular_busiest_s(rung_shape)
         t = bounds.tight(space, rung_shape, g, known=(t_lb, 0.0))
+        if t is None or t[0] >= limit:
+            continue
+        sync_s = least_sync_s(searcher, placed, zero_stage)
+        t = _synced_tight(bounds, space, rung_shape, g, t_lb, sync_s)
         if t is not None and t[0] < limit:
             if len(out) == DIRECT_MAX_SHAPES:
                 return None
-            out.append((t[0], len(out), g, None, (t_lb, space, rung_shape, placed)))
+            out.append((t[0], len(out), g, None, (t_lb, space, rung_shape, placed, sync_s)))
     heapq.heapify(out)
     return out
+
+
+def _synced_tight(bounds: ShapeBounds, space, shape, busiest: float, t_lb: float, sync_s: float):
+    """``ShapeBounds.tight`` of a shape whose iteration is known to last at least ``t_lb`` and, after
+    its pipeline (no shorter than the bound's ``floor_s``), to end on a sync of at least ``sync_s``
+    (every stage syncs, then steps, once the pipeline drains: ``compose.iteration_s``)."""
+    if sync_s > 0:
+        t_lb = max(t_lb, bounds.time_lb(space, shape, busiest, t_lb)[1] + sync_s)
+    return bounds.tight(space, shape, busiest, known=(t_lb, 0.0))
+
+
+def least_sync_s(searcher: Searcher, placed, zero_stage: int) -> float:
+    """The least gradient sync that ends an iteration of ``placed`` (stages of plain kinds, placed
+    in their zones), whatever its split and with any ZeRO stage up to ``zero_stage``: the largest
+    over its stages of the ring over its own zones (as the plan's stage runs it,
+    ``stage.stage_dp_sync_runs_s``) of the least gradient the stage can hold
+    (``_least_synced_params``), at its least (``stage.stage_dp_sync_runs_least_s``).
+
+    The bounds of the search take each ring over the fastest zones that have room for it and
+    1/P of the gradient: a stage placed over a slow link (geo AE row 0: a stage with replicas in
+    us-west1-b besides us-central1's) simulated 2-3x its shape's bound."""
+    memo, last, worst = searcher.memos.model.least_syncs, len(placed) - 1, 0.0
+    for index, (kind, zones) in enumerate(placed):
+        where = "alone" if not last else "first" if index == 0 else "last" if index == last else "inner"
+        key = (kind, zones, where)
+        sync_s = memo.get(key)
+        if sync_s is None:
+            params = memo.get((kind, where))
+            if params is None:
+                params = memo[(kind, where)] = _least_synced_params(kind, where)
+            sync_s = memo[key] = 0.0 if sum(n for _, n in zones) < 2 else stage_dp_sync_runs_least_s(
+                searcher.network, params * kind.regime.grad_bytes_per_param,
+                member_runs([((zone, kind.gpu, kind.tp_degree), n) for zone, n in zones]))
+        if sync_s > worst:
+            worst = sync_s * min(zero_sync_factor(z, kind.regime) for z in range(zero_stage + 1))
+    return worst
+
+
+def _least_synced_params(kind, where: str) -> int:
+    """The fewest parameters a stage on ``kind`` syncs over its replicas (``memory.dp_synced_params``)
+    in any split, by ``where`` it is: the whole model ``alone``; else at least layer 0 on the
+    ``first`` stage (less a tied matrix its embedding group sums), the last layer on the ``last``,
+    one inner layer on the others."""
+    table = layer_table(kind.profile)
+    end = len(table.params_cum) - 1
+    if where == "alone":
+        return dp_synced_params(table, 0, end)
+    if where == "first":
+        return dp_synced_params(table, 0, 1)
+    if where == "last":
+        return dp_synced_params(table, end - 1, end)
+    return min(dp_synced_params(table, i, i + 1) for i in range(1, end - 1))
 
 
 def _on_rung(searcher: Searcher, kinds: KindCache, shape, ratios: dict) -> tuple:
