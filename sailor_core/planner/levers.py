@@ -68,7 +68,7 @@ from sailor_core.planner.simpler import SIMPLER_WITHIN
 from sailor_core.planner.split import StageSlot, busiest_s, min_max_split
 from sailor_core.simulator.levers import lever_label, zero_sync_factor
 from sailor_core.simulator.memory import dp_synced_params, inflight_microbatches
-from sailor_core.simulator.stage import member_runs, stage_dp_sync_runs_least_s
+from sailor_core.simulator.stage import member_runs, stage_dp_sync_runs_least_s, stage_update_s
 from sailor_core.simulator.tables import layer_table
 from sailor_core.simulator.simulate import simulate
 from sailor_core.specs.plan import MEMORY_LEVER_MODES
@@ -403,8 +403,11 @@ def _limited(req) -> bool:
 def strengthen(searcher: Searcher, ev: Evaluated) -> Evaluated:
     """``ev`` with ZeRO-1 or ZeRO-2 added to each stage of replicas without ZeRO where the plan
     then scores better (stage by stage; the weaker of equals): a sharded optimizer step can make
-    a plan that fits faster or cheaper, whereas recomputation only adds time to a stage that fits."""
+    a plan that fits faster or cheaper, whereas recomputation only adds time to a stage that fits.
+    Not tried where it provably cannot pay (``_zero_cannot_pay``)."""
     best = ev
+    if _zero_cannot_pay(searcher, ev):
+        return ev
     for i, stage in enumerate(ev.stages):
         recompute, zero = _levers_of(stage)
         if stage.dp_degree < 2 or zero:
@@ -414,6 +417,32 @@ def strengthen(searcher: Searcher, ev: Evaluated) -> Evaluated:
             if trial is not None and _pays(trial, best):
                 best = trial
     return best
+
+
+def _zero_cannot_pay(searcher: Searcher, ev: Evaluated) -> bool:
+    """Whether ZeRO on any stage of ``ev`` (a plan that fits) cannot score ``MIN_GAIN`` better
+    (``_pays``).  Where ZeRO syncs no fewer bytes (``zero_sync_factor`` at least 1: the regimes'
+    weights are as wide as their gradients), a stage under it syncs no sooner, its ring meets its
+    last sends no sooner (``compose.drain_contention_s``), its pipeline and rent are the same and
+    its egress no less: all it can save is part of one stage's optimizer step, at most the
+    largest step of a stage it would shard.  The AE rows' steps are 0.1-1 ms of 2-9 s
+    iterations, so ``strengthen`` evaluated 2-4 plans a plan for nothing.  (A Pareto front asked
+    for keeps them: a ZeRO plan 0.07 % faster and cheaper is a point of the front.)"""
+    if searcher.req.collect_pareto or not (ev.feasible and ev.res.fits):
+        return False
+    regime = searcher.fast.regime_for(ev.stages[0].groups[0][0])
+    if min(zero_sync_factor(z, regime) for z in (1, 2)) < 1:
+        return False
+    saved = max((stage_update_s(kind.profile, stage.layer_start, stage.layer_end)
+                 for stage in ev.stages if stage.dp_degree >= 2 and not _levers_of(stage)[1]
+                 for kind, _, _ in stage.groups), default=0.0)
+    res = ev.res
+    if saved >= res.iteration_time_s:
+        return False
+    t = res.iteration_time_s - saved
+    best = searcher.req.ranking.score(throughput_samples_per_s=searcher.req.global_batch_size / t,
+                                      usd_per_iteration=res.usd_per_iteration - res.usd_per_hour * saved / 3600)
+    return best >= ev.score - (MIN_GAIN - 1e-9) * abs(ev.score)  # (a margin for rounding)
 
 
 def _with_stage_levers(searcher: Searcher, ev: Evaluated, i: int, levers: tuple[str, int]) -> Evaluated | None:
