@@ -60,16 +60,16 @@ from sailor_core.plan.types import RECOMPUTE_FULL, RECOMPUTE_MODES, RECOMPUTE_NO
 from sailor_core.planner.explain import relaxed
 from sailor_core.planner.fastsim import FastStage
 from sailor_core.planner.kinds import LEVER_LADDER, KindCache, shared_kind_cache
+from sailor_core.planner.lever_bounds import (MIN_GAIN, least_sync_s, stage_levers, stronger_cannot_pay,
+                                              synced_tight, zero_cannot_pay)
 from sailor_core.planner.ranking import FASTEST
 from sailor_core.planner.search import Evaluated, Searcher, better
 from sailor_core.planner.search.shape_bound import ShapeBounds
 from sailor_core.planner.search.shapes import placed_key
 from sailor_core.planner.simpler import SIMPLER_WITHIN
 from sailor_core.planner.split import StageSlot, busiest_s, min_max_split
-from sailor_core.simulator.levers import lever_label, zero_sync_factor
-from sailor_core.simulator.memory import dp_synced_params, inflight_microbatches
-from sailor_core.simulator.stage import member_runs, stage_dp_sync_runs_least_s, stage_update_s
-from sailor_core.simulator.tables import layer_table
+from sailor_core.simulator.levers import lever_label
+from sailor_core.simulator.memory import inflight_microbatches
 from sailor_core.simulator.simulate import simulate
 from sailor_core.specs.plan import MEMORY_LEVER_MODES
 
@@ -88,9 +88,6 @@ PAYS_BUDGET, PAYS_PATIENCE = 60, 12
 # later rungs' short searches stopped sooner), but one (opt-2.7b on V100-16 + A100-40: 5.733
 # instead of 5.774 samples/s), in about half the time.
 PAYS_RUNGS: tuple[tuple[str, int], ...] = ((RECOMPUTE_SELECTIVE, 2), (RECOMPUTE_FULL, 2))
-# A stronger setting on a stage that fits without it is kept only when the plan's score gains more
-# than this (relative): below it the lever is noise that a note could only call "+0.0 % faster".
-MIN_GAIN = 1e-3
 
 
 def rungs_to_search(searcher: Searcher) -> tuple[tuple[tuple[str, int], ...], bool]:
@@ -144,13 +141,13 @@ def cannot_pay(searcher: Searcher, rung: tuple[str, int]) -> bool:
         if placed is None or placed_key(space.mbs, placed) in freely:
             continue
         sync_s = least_sync_s(searcher, placed, rung[1])
-        t = _synced_tight(bounds, space, shape, 0.0, t_lb, sync_s)
+        t = synced_tight(bounds, space, shape, 0.0, t_lb, sync_s)
         if t is None or t[0] >= limit:
             continue  # (before the split below, which costs more)
         busiest = _least_busiest(searcher, kinds, space.mbs, placed)
         if busiest is None:
             continue  # nothing fits even under the rung
-        t = _synced_tight(bounds, space, shape, busiest, t_lb, sync_s)
+        t = synced_tight(bounds, space, shape, busiest, t_lb, sync_s)
         if t is not None and t[0] < limit:
             return False
     return True
@@ -210,7 +207,7 @@ def search_rung_directly(searcher: Searcher, rung: tuple[str, int], req) -> Sear
         stages = [(kinds.get(k.gpu, k.tp_degree, k.micro_batch_size, req.regime), p) for k, p in placed]
         sub.stats.num_splits += 1
         prep = sub.split_placed(space.mbs, stages, g)
-        t = None if prep is None else _synced_tight(bounds, space, shape, prep[2] * (1 - _RUNG_SPLIT_TOL), t_lb, sync_s)
+        t = None if prep is None else synced_tight(bounds, space, shape, prep[2] * (1 - _RUNG_SPLIT_TOL), t_lb, sync_s)
         if t is not None:
             count += 1
             heapq.heappush(queue, (t[0], count, g, prep, (t_lb, space, shape, placed, sync_s)))
@@ -237,65 +234,13 @@ def _rung_candidates(searcher: Searcher, kinds: KindCache, bounds: ShapeBounds, 
         if t is None or t[0] >= limit:
             continue
         sync_s = least_sync_s(searcher, placed, zero_stage)
-        t = _synced_tight(bounds, space, rung_shape, g, t_lb, sync_s)
+        t = synced_tight(bounds, space, rung_shape, g, t_lb, sync_s)
         if t is not None and t[0] < limit:
             if len(out) == DIRECT_MAX_SHAPES:
                 return None
             out.append((t[0], len(out), g, None, (t_lb, space, rung_shape, placed, sync_s)))
     heapq.heapify(out)
     return out
-
-
-def _synced_tight(bounds: ShapeBounds, space, shape, busiest: float, t_lb: float, sync_s: float):
-    """``ShapeBounds.tight`` of a shape whose iteration is known to last at least ``t_lb`` and, after
-    its pipeline (no shorter than the bound's ``floor_s``), to end on a sync of at least ``sync_s``
-    (every stage syncs, then steps, once the pipeline drains: ``compose.iteration_s``)."""
-    if sync_s > 0:
-        t_lb = max(t_lb, bounds.time_lb(space, shape, busiest, t_lb)[1] + sync_s)
-    return bounds.tight(space, shape, busiest, known=(t_lb, 0.0))
-
-
-def least_sync_s(searcher: Searcher, placed, zero_stage: int) -> float:
-    """The least gradient sync that ends an iteration of ``placed`` (stages of plain kinds, placed
-    in their zones), whatever its split and with any ZeRO stage up to ``zero_stage``: the largest
-    over its stages of the ring over its own zones (as the plan's stage runs it,
-    ``stage.stage_dp_sync_runs_s``) of the least gradient the stage can hold
-    (``_least_synced_params``), at its least (``stage.stage_dp_sync_runs_least_s``).
-
-    The bounds of the search take each ring over the fastest zones that have room for it and
-    1/P of the gradient: a stage placed over a slow link (geo AE row 0: a stage with replicas in
-    us-west1-b besides us-central1's) simulated 2-3x its shape's bound."""
-    memo, last, worst = searcher.memos.model.least_syncs, len(placed) - 1, 0.0
-    for index, (kind, zones) in enumerate(placed):
-        where = "alone" if not last else "first" if index == 0 else "last" if index == last else "inner"
-        key = (kind, zones, where)
-        sync_s = memo.get(key)
-        if sync_s is None:
-            params = memo.get((kind, where))
-            if params is None:
-                params = memo[(kind, where)] = _least_synced_params(kind, where)
-            sync_s = memo[key] = 0.0 if sum(n for _, n in zones) < 2 else stage_dp_sync_runs_least_s(
-                searcher.network, params * kind.regime.grad_bytes_per_param,
-                member_runs([((zone, kind.gpu, kind.tp_degree), n) for zone, n in zones]))
-        if sync_s > worst:
-            worst = sync_s * min(zero_sync_factor(z, kind.regime) for z in range(zero_stage + 1))
-    return worst
-
-
-def _least_synced_params(kind, where: str) -> int:
-    """The fewest parameters a stage on ``kind`` syncs over its replicas (``memory.dp_synced_params``)
-    in any split, by ``where`` it is: the whole model ``alone``; else at least layer 0 on the
-    ``first`` stage (less a tied matrix its embedding group sums), the last layer on the ``last``,
-    one inner layer on the others."""
-    table = layer_table(kind.profile)
-    end = len(table.params_cum) - 1
-    if where == "alone":
-        return dp_synced_params(table, 0, end)
-    if where == "first":
-        return dp_synced_params(table, 0, 1)
-    if where == "last":
-        return dp_synced_params(table, end - 1, end)
-    return min(dp_synced_params(table, i, i + 1) for i in range(1, end - 1))
 
 
 def _on_rung(searcher: Searcher, kinds: KindCache, shape, ratios: dict) -> tuple:
@@ -404,12 +349,12 @@ def strengthen(searcher: Searcher, ev: Evaluated) -> Evaluated:
     """``ev`` with ZeRO-1 or ZeRO-2 added to each stage of replicas without ZeRO where the plan
     then scores better (stage by stage; the weaker of equals): a sharded optimizer step can make
     a plan that fits faster or cheaper, whereas recomputation only adds time to a stage that fits.
-    Not tried where it provably cannot pay (``_zero_cannot_pay``)."""
+    Not tried where it provably cannot pay (``lever_bounds.zero_cannot_pay``)."""
     best = ev
-    if _zero_cannot_pay(searcher, ev):
+    if zero_cannot_pay(searcher, ev):
         return ev
     for i, stage in enumerate(ev.stages):
-        recompute, zero = _levers_of(stage)
+        recompute, zero = stage_levers(stage)
         if stage.dp_degree < 2 or zero:
             continue
         for levers in ((recompute, 1), (recompute, 2)):
@@ -417,32 +362,6 @@ def strengthen(searcher: Searcher, ev: Evaluated) -> Evaluated:
             if trial is not None and _pays(trial, best):
                 best = trial
     return best
-
-
-def _zero_cannot_pay(searcher: Searcher, ev: Evaluated) -> bool:
-    """Whether ZeRO on any stage of ``ev`` (a plan that fits) cannot score ``MIN_GAIN`` better
-    (``_pays``).  Where ZeRO syncs no fewer bytes (``zero_sync_factor`` at least 1: the regimes'
-    weights are as wide as their gradients), a stage under it syncs no sooner, its ring meets its
-    last sends no sooner (``compose.drain_contention_s``), its pipeline and rent are the same and
-    its egress no less: all it can save is part of one stage's optimizer step, at most the
-    largest step of a stage it would shard.  The AE rows' steps are 0.1-1 ms of 2-9 s
-    iterations, so ``strengthen`` evaluated 2-4 plans a plan for nothing.  (A Pareto front asked
-    for keeps them: a ZeRO plan 0.07 % faster and cheaper is a point of the front.)"""
-    if searcher.req.collect_pareto or not (ev.feasible and ev.res.fits):
-        return False
-    regime = searcher.fast.regime_for(ev.stages[0].groups[0][0])
-    if min(zero_sync_factor(z, regime) for z in (1, 2)) < 1:
-        return False
-    saved = max((stage_update_s(kind.profile, stage.layer_start, stage.layer_end)
-                 for stage in ev.stages if stage.dp_degree >= 2 and not _levers_of(stage)[1]
-                 for kind, _, _ in stage.groups), default=0.0)
-    res = ev.res
-    if saved >= res.iteration_time_s:
-        return False
-    t = res.iteration_time_s - saved
-    best = searcher.req.ranking.score(throughput_samples_per_s=searcher.req.global_batch_size / t,
-                                      usd_per_iteration=res.usd_per_iteration - res.usd_per_hour * saved / 3600)
-    return best >= ev.score - (MIN_GAIN - 1e-9) * abs(ev.score)  # (a margin for rounding)
 
 
 def _with_stage_levers(searcher: Searcher, ev: Evaluated, i: int, levers: tuple[str, int]) -> Evaluated | None:
@@ -480,19 +399,22 @@ def lever_kinds(searcher: Searcher, levers: tuple[str, int]) -> KindCache:
 
 def relax(searcher: Searcher, ev: Evaluated) -> Evaluated:
     """``ev`` with each stage on the weakest lever setting that keeps the plan fitting, unless a
-    stronger one up to its own scores better (see the module doc)."""
-    stage_levers = [_levers_of(s) for s in ev.stages]
-    if all(lv == _NO_LEVERS for lv in stage_levers):
+    stronger one up to its own scores better (see the module doc; the stronger ones are not tried
+    where they provably cannot: ``lever_bounds.stronger_cannot_pay``)."""
+    settings = [stage_levers(s) for s in ev.stages]
+    if all(lv == _NO_LEVERS for lv in settings):
         return ev
     best = ev
     for i, stage in enumerate(ev.stages):
-        top = stage_levers[i]
+        top = settings[i]
         options = _weaker_or_equal(top) if top != _NO_LEVERS else []
         chosen = None
         for levers in options:
             trial = _with_stage_levers(searcher, best, i, levers)
             if trial is not None and (chosen is None or _pays(trial, chosen)):
                 chosen = trial
+                if stronger_cannot_pay(searcher, chosen, i, top):
+                    break
         if chosen is not None:
             best = chosen
     return best
@@ -504,11 +426,6 @@ def _weaker_or_equal(levers: tuple[str, int]) -> list[tuple[str, int]]:
     recompute, zero = levers
     modes = RECOMPUTE_MODES[: RECOMPUTE_MODES.index(recompute) + 1]
     return [(mode, z) for mode in modes for z in range(zero + 1)]
-
-
-def _levers_of(stage: FastStage) -> tuple[str, int]:
-    kind = stage.groups[0][0]
-    return kind.recompute, kind.zero_stage
 
 
 def _with_levers(searcher: Searcher, stage: FastStage, levers: tuple[str, int]) -> FastStage | None:

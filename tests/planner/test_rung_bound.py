@@ -2,19 +2,19 @@
 skips only plans on which ZeRO cannot pay.
 
 ``levers.cannot_pay`` and ``levers.search_rung_directly`` bound a shape the search without levers
-split by its pipeline and the sync its placed stages cannot avoid after it (``levers.least_sync_s``):
+split by its pipeline and the sync its placed stages cannot avoid after it (``lever_bounds.least_sync_s``):
 on every such shape of the AE rows where the ``pays`` rungs run (one GPU type, no cap or floor) and
 of the completeness scenarios without a floor, the bound each of them prunes on is checked against the plans it
 covers: the rung's split and its one-layer neighbours (what polishing reaches) on the rung's kinds
 (both bounds), and the split on the plain and ZeRO-2 kinds too (``cannot_pay``'s bound, which also
 covers relaxed plans), wherever they fit; and the least sync against the split's slowest stage sync
-in ``simulate``.  ``levers._zero_cannot_pay``: wherever it holds on those requests (and on small
+in ``simulate``.  ``levers.zero_cannot_pay``: wherever it holds on those requests (and on small
 GPUs where ZeRO can pay), trying ZeRO on every stage as ``strengthen`` did keeps the plan."""
 
 import pytest
 
 from sailor_core.plan.types import RECOMPUTE_NONE
-from sailor_core.planner import levers, make_request, plan_job
+from sailor_core.planner import lever_bounds, levers, make_request, plan_job
 from sailor_core.planner.search.shape_bound import ShapeBounds
 from sailor_core.planner.search.shapes import fast_stages
 from sailor_core.simulator.simulate import simulate
@@ -59,17 +59,18 @@ def _check(searcher, rung, found: dict) -> None:
         placed = searcher.build_stages(order)
         if placed is None:
             continue
-        sync_s = levers.least_sync_s(searcher, placed, rung[1])
+        sync_s = lever_bounds.least_sync_s(searcher, placed, rung[1])
         rung_stages = [(kinds.get(k.gpu, k.tp_degree, k.micro_batch_size, regime), z) for k, z in placed]
         prep = searcher.split_placed(space.mbs, rung_stages, 0.0)
         busiest = levers._least_busiest(searcher, kinds, space.mbs, placed)
         if prep is None or busiest is None:
             continue
         rung_shape = levers._on_rung(searcher, kinds, shape, {})
-        walk = levers._synced_tight(bounds, space, rung_shape, prep[2] * (1 - levers._RUNG_SPLIT_TOL), t_lb, sync_s)
-        proof = levers._synced_tight(bounds, space, shape, busiest, t_lb, sync_s)
+        split_busiest = prep[2] * (1 - levers._RUNG_SPLIT_TOL)
+        walk = lever_bounds.synced_tight(bounds, space, rung_shape, split_busiest, t_lb, sync_s)
+        proof = lever_bounds.synced_tight(bounds, space, shape, busiest, t_lb, sync_s)
         found["raised"] += walk is not None and walk[2][0] > bounds.tight(
-            space, rung_shape, prep[2] * (1 - levers._RUNG_SPLIT_TOL), known=(t_lb, 0.0))[2][0]
+            space, rung_shape, split_busiest, known=(t_lb, 0.0))[2][0]
         for ends in _neighbours(prep[1]):
             for setting in settings if ends == prep[1] else settings[:1]:
                 stages = [(setting.get(k.gpu, k.tp_degree, k.micro_batch_size, regime), z) for k, z in placed]
@@ -116,21 +117,30 @@ STRENGTHEN = {**REQUESTS, "opt-350m in bf16 on L4": (lambda kw: make_request(**k
 
 
 @pytest.mark.parametrize("name", sorted(STRENGTHEN))
-def test_strengthen_skips_only_plans_zero_cannot_improve(monkeypatch, name):
+def test_strengthen_and_relax_skip_only_what_cannot_pay(monkeypatch, name):
     make, args = STRENGTHEN[name]
     decided = {True: 0, False: 0}
-    cannot_pay = levers._zero_cannot_pay
+    cannot_pay, relax = levers.zero_cannot_pay, levers.relax
 
     def checked(searcher, ev):
         skip = cannot_pay(searcher, ev)
         decided[skip] += 1
         if skip:
             with monkeypatch.context() as m:
-                m.setattr(levers, "_zero_cannot_pay", lambda *a: False)
+                m.setattr(levers, "zero_cannot_pay", lambda *a: False)
                 assert levers.strengthen(searcher, ev) is ev
         return skip
 
-    monkeypatch.setattr(levers, "_zero_cannot_pay", checked)
+    def relaxed(searcher, ev):
+        out = relax(searcher, ev)
+        with monkeypatch.context() as m:
+            m.setattr(levers, "stronger_cannot_pay", lambda *a: False)
+            full = relax(searcher, ev)
+        assert (out.key, out.score) == (full.key, full.score)
+        return out
+
+    monkeypatch.setattr(levers, "zero_cannot_pay", checked)
+    monkeypatch.setattr(levers, "relax", relaxed)
     plan_job(make(*args))
     if name in REQUESTS:
         assert decided[True] > 0  # (one stage of 40 replicas holds the whole model's step: 0.2 % of it)
