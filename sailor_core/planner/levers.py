@@ -38,14 +38,17 @@ searches without levers; then, under ``memory_levers``:
   argument holds and few shapes can pay (``DIRECT_MAX_SHAPES``), the rung's search is replaced by
   a walk over exactly those shapes (``search_rung_directly``): bounded on the rung's kinds, split
   and evaluated as the rung's search would, best bound first, until none left can beat the N-th
-  plan; complete over the shapes the rung's search could use, where it stopped at its patience;
+  plan; complete over the shapes the rung's search could use, where it stopped at its patience.
+  The walk is tried first, ``cannot_pay`` where it does not apply; both also bound a shape by
+  the sync its placed stages end on at the least (``lever_bounds.least_sync_s``);
 * ``always``: every rung is searched in full and its plans compete with those without levers
   (search time grows 1.2-11x: docs/benchmarks/planner.md).
 
 Each plan found on a rung is then relaxed stage by stage (``relax``): every stage takes the
 setting, of those no stronger than its rung (no more recomputation, no higher ZeRO stage), that
 scores best while the plan fits, the weakest of those within ``MIN_GAIN`` of it; ``strengthen``
-adds ZeRO where it pays by more.  ``notes`` says, for the stages that keep a lever, what they
+adds ZeRO where it pays by more; neither tries the settings that provably cannot pay
+(``lever_bounds.zero_cannot_pay``, ``stronger_cannot_pay``).  ``notes`` says, for the stages that keep a lever, what they
 would need without it, or what it gains.
 """
 
