@@ -47,8 +47,9 @@ def least_sync_s(searcher: Searcher, placed, zero_stage: int) -> float:
             sync_s = memo[key] = 0.0 if sum(n for _, n in zones) < 2 else stage_dp_sync_runs_least_s(
                 searcher.network, params * kind.regime.grad_bytes_per_param,
                 member_runs([((zone, kind.gpu, kind.tp_degree), n) for zone, n in zones]))
+        sync_s *= min(zero_sync_factor(z, kind.regime) for z in range(zero_stage + 1))
         if sync_s > worst:
-            worst = sync_s * min(zero_sync_factor(z, kind.regime) for z in range(zero_stage + 1))
+            worst = sync_s
     return worst
 
 
@@ -84,7 +85,7 @@ def zero_cannot_pay(searcher: Searcher, ev: Evaluated) -> bool:
 def stronger_cannot_pay(searcher: Searcher, ev: Evaluated, index: int, top: tuple[str, int]) -> bool:
     """Whether no setting ``relax`` tries after stage ``index``'s in ``ev`` (up to ``top``: more
     recomputation, or as much and a higher ZeRO stage) can score ``MIN_GAIN`` better: where the
-    stage's ZeRO syncs the fewest bytes of any stage up to ``top``'s, all a later one can save is
+    stage's ZeRO stage syncs the fewest bytes of any up to ``top``'s, all a later one can save is
     part of the stage's optimizer step (``_cannot_gain``; recomputation only adds time)."""
     factors = _zero_factors(searcher, ev)
     zero = stage_levers(ev.stages[index])[1]
