@@ -115,6 +115,15 @@ class _Link:
             return num_bytes / self.fit.bandwidth_bytes_per_s(num_bytes / self.num_pairs)
         return self.latency_s + num_bytes / self.default_bw_bytes_per_s
 
+    def least_time_s(self, num_bytes: float) -> float:
+        """The least ``time_s`` of a message of ``num_bytes`` or more: a fit's time can fall as
+        the message grows (``BandwidthFit.least_time_s``, per pair); a default's cannot."""
+        if num_bytes <= 0:
+            return 0.0
+        if self.fit is not None:
+            return self.num_pairs * self.fit.least_time_s(num_bytes / self.num_pairs)
+        return self.time_s(num_bytes)
+
 
 _NO_FIT = BandwidthFit(a=0.0, b=0.0, c=1.0, max_bw_bytes_per_s=1e12)  # a placeholder row, never read
 
@@ -319,20 +328,56 @@ class NetworkModel:
         part = steps * _links_times_s(links, rest / n)
         return np.where(nb > 0, num_full * full + part, 0.0)
 
+    def least_allreduce_runs_time_s(self, num_bytes: float, runs: tuple[tuple[Endpoint, int], ...], *,
+                                    bucket_bytes: float = ALLREDUCE_BUCKET_BYTES) -> float:
+        """A lower bound on ``allreduce_runs_time_s`` of any size from ``num_bytes`` up over
+        ``runs`` (the planner's bound on a stage's ring where only the least it may hold is
+        known).  Below a bucket, a ring of B bytes takes 2(N-1) steps of B/N, each at least its
+        slowest hop's least time from ``num_bytes``/N up (``_Link.least_time_s``); from a bucket
+        up, at least ``num_bytes // bucket_bytes`` whole buckets, and never less than one below."""
+        n = sum(count for _, count in runs)
+        if n <= 1 or num_bytes <= 0:
+            return 0.0
+        key = ("least", num_bytes, bucket_bytes, runs)
+        hit = self._rings.get(key)
+        if hit is None:
+            if num_bytes >= bucket_bytes:
+                whole = self.allreduce_runs_time_s(bucket_bytes, runs, bucket_bytes=bucket_bytes)
+                hit = (num_bytes // bucket_bytes) * whole
+            else:
+                step = max(link.least_time_s(num_bytes / n) for link in self._hop_links(runs))
+                hit = 2 * (n - 1) * step
+            if len(self._rings) > 65536:
+                self._rings.clear()
+            self._rings[key] = hit
+        return hit
+
+    def _hop_links(self, runs: tuple[tuple[Endpoint, int], ...]) -> tuple[_Link, ...]:
+        """The distinct links of a ring given as ``runs`` (``_runs``): those of the runs' endpoints
+        in ring order (``ring_hop_pairs``), plus a member's link with itself where a run holds two
+        or more (the pairs ``ring_hop_pairs`` of the whole ring gives); one run: that link alone
+        (``uniform_allreduce_time_s``)."""
+        key = ("links", runs)
+        links = self._ring_parts.get(key)
+        if links is None:
+            pairs = dict.fromkeys(ring_hop_pairs([e for e, _ in runs]))
+            pairs.update(((e, e), None) for e, count in runs if count > 1)
+            if len(self._ring_parts) > 4096:
+                self._ring_parts.clear()
+            links = self._ring_parts[key] = tuple(dict.fromkeys(self.link(a, b) for a, b in pairs))
+        return links
+
     def _ring_s(self, num_bytes: float, runs: tuple[tuple[Endpoint, int], ...], n: int, bucket_bytes: float,
                 ) -> float:
-        """A ring of ``n`` members given as ``runs`` (``_runs``): its pairs are those of the runs'
-        endpoints in ring order (``ring_hop_pairs``), plus a member's pair with itself where a run
-        holds two or more (the pairs ``ring_hop_pairs`` of the whole ring gives)."""
+        """A ring of ``n`` members given as ``runs`` (``_runs``), paced by its slowest link
+        (``_hop_links``)."""
         # One ring's slowest link per full bucket is the same whatever the gradient's size (the
         # planner asks for one ring at many sizes): keep it with the ring's pairs.
         key = (runs, bucket_bytes)
         ring = self._ring_parts.get(key)
         if ring is None:
-            pairs = dict.fromkeys(ring_hop_pairs([e for e, _ in runs]))
-            pairs.update(((e, e), None) for e, count in runs if count > 1)
             # equal links time a message alike: the slowest of the distinct ones paces the ring
-            links = tuple(dict.fromkeys(self.link(a, b) for a, b in pairs))
+            links = self._hop_links(runs)
 
             def step_s(size: float) -> float:
                 per_pair = size / n

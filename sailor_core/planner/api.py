@@ -175,8 +175,9 @@ def _simulated(searcher: Searcher, *, profiles, network) -> list[PlannedCandidat
 def _search_levers(searcher: Searcher) -> bool:
     """The searches with memory levers (``levers``: on which rungs, when and how far), each a search
     of the request on kinds of one setting; their plans, relaxed stage by stage, join the main
-    search's.  Every rung is searched (but a ``pays`` one that provably cannot change the answer,
-    ``levers.cannot_pay``): a stronger lever can allow a shallower, faster pipeline
+    search's.  Every rung is searched (a ``pays`` one over the shapes that can pay where they are
+    few, ``levers.search_rung_directly``, else not at all where it provably cannot change the
+    answer, ``levers.cannot_pay``): a stronger lever can allow a shallower, faster pipeline
     (llama-3.2-3b on 16 V100-16: 1.130 samples/s on the first rung that fits, 1.27-1.31 with the
     later ones, docs/benchmarks/planner.md).  Whether they ran in full (an empty answer then says
     that not even the levers help)."""
@@ -185,10 +186,12 @@ def _search_levers(searcher: Searcher) -> bool:
         for ev in [e for e in searcher.top if e.feasible][: levers.num_to_strengthen(searcher.req)]:
             searcher.offer(levers.strengthen(searcher, ev))
     for rung in rungs:
-        if not thorough and levers.cannot_pay(searcher, rung):
-            continue
         req = levers.rung_request(searcher, thorough)
+        # The direct walk first: where it applies it costs about what cannot_pay's scan does, and
+        # a plan it finds where cannot_pay holds is one that proof bounds out of the answer.
         sub = None if thorough else levers.search_rung_directly(searcher, rung, req)
+        if sub is None and not thorough and levers.cannot_pay(searcher, rung):
+            continue
         if sub is None:
             sub = _search_rung(searcher, rung, req, thorough)
         found = [e for e in sub.top if e.feasible and e.key not in searcher.seen_plans]

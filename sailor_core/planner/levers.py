@@ -38,14 +38,17 @@ searches without levers; then, under ``memory_levers``:
   argument holds and few shapes can pay (``DIRECT_MAX_SHAPES``), the rung's search is replaced by
   a walk over exactly those shapes (``search_rung_directly``): bounded on the rung's kinds, split
   and evaluated as the rung's search would, best bound first, until none left can beat the N-th
-  plan; complete over the shapes the rung's search could use, where it stopped at its patience;
+  plan; complete over the shapes the rung's search could use, where it stopped at its patience.
+  The walk is tried first, ``cannot_pay`` where it does not apply; both also bound a shape by
+  the sync its placed stages end on at the least (``lever_bounds.least_sync_s``);
 * ``always``: every rung is searched in full and its plans compete with those without levers
   (search time grows 1.2-11x: docs/benchmarks/planner.md).
 
 Each plan found on a rung is then relaxed stage by stage (``relax``): every stage takes the
 setting, of those no stronger than its rung (no more recomputation, no higher ZeRO stage), that
 scores best while the plan fits, the weakest of those within ``MIN_GAIN`` of it; ``strengthen``
-adds ZeRO where it pays by more.  ``notes`` says, for the stages that keep a lever, what they
+adds ZeRO where it pays by more; neither tries the settings that provably cannot pay
+(``lever_bounds.zero_cannot_pay``, ``stronger_cannot_pay``).  ``notes`` says, for the stages that keep a lever, what they
 would need without it, or what it gains.
 """
 
@@ -60,14 +63,16 @@ from sailor_core.plan.types import RECOMPUTE_FULL, RECOMPUTE_MODES, RECOMPUTE_NO
 from sailor_core.planner.explain import relaxed
 from sailor_core.planner.fastsim import FastStage
 from sailor_core.planner.kinds import LEVER_LADDER, KindCache, shared_kind_cache
+from sailor_core.planner.lever_bounds import (MIN_GAIN, least_sync_s, stage_levers, stronger_cannot_pay,
+                                              synced_tight, zero_cannot_pay)
 from sailor_core.planner.ranking import FASTEST
 from sailor_core.planner.search import Evaluated, Searcher, better
 from sailor_core.planner.search.shape_bound import ShapeBounds
 from sailor_core.planner.search.shapes import placed_key
 from sailor_core.planner.simpler import SIMPLER_WITHIN
 from sailor_core.planner.split import StageSlot, busiest_s, min_max_split
-from sailor_core.simulator.memory import inflight_microbatches
 from sailor_core.simulator.levers import lever_label
+from sailor_core.simulator.memory import inflight_microbatches
 from sailor_core.simulator.simulate import simulate
 from sailor_core.specs.plan import MEMORY_LEVER_MODES
 
@@ -86,9 +91,6 @@ PAYS_BUDGET, PAYS_PATIENCE = 60, 12
 # later rungs' short searches stopped sooner), but one (opt-2.7b on V100-16 + A100-40: 5.733
 # instead of 5.774 samples/s), in about half the time.
 PAYS_RUNGS: tuple[tuple[str, int], ...] = ((RECOMPUTE_SELECTIVE, 2), (RECOMPUTE_FULL, 2))
-# A stronger setting on a stage that fits without it is kept only when the plan's score gains more
-# than this (relative): below it the lever is noise that a note could only call "+0.0 % faster".
-MIN_GAIN = 1e-3
 
 
 def rungs_to_search(searcher: Searcher) -> tuple[tuple[tuple[str, int], ...], bool]:
@@ -125,7 +127,9 @@ def cannot_pay(searcher: Searcher, rung: tuple[str, int]) -> bool:
     efficient degree), every shape whose bound beats that was split there (``Searcher.split_orders``,
     both passes'); those it fitted freely the rung search skips (module doc).  If
     none of the rest, on the rung's memory, beats it, the rung search cannot pay.  One GPU type
-    only (with more, types settled by their own searches are not split in the search's loop)."""
+    only (with more, types settled by their own searches are not split in the search's loop).
+    A shape's bound here and in ``search_rung_directly`` also counts the sync its placed stages
+    cannot avoid after the pipeline (``least_sync_s``)."""
     if not _proof_applies(searcher):
         return False
     limit = _limit(searcher)
@@ -139,10 +143,14 @@ def cannot_pay(searcher: Searcher, rung: tuple[str, int]) -> bool:
         placed = searcher.build_stages(order)
         if placed is None or placed_key(space.mbs, placed) in freely:
             continue
+        sync_s = least_sync_s(searcher, placed, rung[1])
+        t = synced_tight(bounds, space, shape, 0.0, t_lb, sync_s)
+        if t is None or t[0] >= limit:
+            continue  # (before the split below, which costs more)
         busiest = _least_busiest(searcher, kinds, space.mbs, placed)
         if busiest is None:
             continue  # nothing fits even under the rung
-        t = bounds.tight(space, shape, busiest, known=(t_lb, 0.0))
+        t = synced_tight(bounds, space, shape, busiest, t_lb, sync_s)
         if t is not None and t[0] < limit:
             return False
     return True
@@ -188,33 +196,34 @@ def search_rung_directly(searcher: Searcher, rung: tuple[str, int], req) -> Sear
     if not _proof_applies(searcher) or searcher.threshold() == math.inf:
         return None
     kinds, bounds = lever_kinds(searcher, rung), ShapeBounds(searcher)
-    queue = _rung_candidates(searcher, kinds, bounds)
+    queue = _rung_candidates(searcher, kinds, bounds, rung[1])
     if queue is None:
         return None
     sub = Searcher(req, profiles=searcher.profiles, network=searcher.network, kinds=kinds)
     sub.seed_from(searcher)
     count = len(queue)
     while queue and queue[0][0] < sub.threshold():
-        _, _, g, prep, (t_lb, space, shape, placed) = heapq.heappop(queue)
+        _, _, g, prep, (t_lb, space, shape, placed, sync_s) = heapq.heappop(queue)
         if prep is not None:
             sub.evaluate_shape(space.mbs, shape, g, prep)
             continue
         stages = [(kinds.get(k.gpu, k.tp_degree, k.micro_batch_size, req.regime), p) for k, p in placed]
         sub.stats.num_splits += 1
         prep = sub.split_placed(space.mbs, stages, g)
-        t = None if prep is None else bounds.tight(space, shape, prep[2] * (1 - _RUNG_SPLIT_TOL), known=(t_lb, 0.0))
+        t = None if prep is None else synced_tight(bounds, space, shape, prep[2] * (1 - _RUNG_SPLIT_TOL), t_lb, sync_s)
         if t is not None:
             count += 1
-            heapq.heappush(queue, (t[0], count, g, prep, (t_lb, space, shape, placed)))
+            heapq.heappush(queue, (t[0], count, g, prep, (t_lb, space, shape, placed, sync_s)))
     sub.done_searching()
     return sub
 
 
-def _rung_candidates(searcher: Searcher, kinds: KindCache, bounds: ShapeBounds) -> list | None:
+def _rung_candidates(searcher: Searcher, kinds: KindCache, bounds: ShapeBounds, zero_stage: int) -> list | None:
     """The shapes where the rung's search can find a plan (``search_rung_directly``), as a heap of
     (score bound on the rung's kinds with their granular bound on the busiest stage, tie, that
     granular bound, None, (iteration time bound without levers, space, the shape on the rung's
-    figures, placed stages)); None when more than ``DIRECT_MAX_SHAPES``."""
+    figures, placed stages, their least sync: ``least_sync_s``)); None when more than
+    ``DIRECT_MAX_SHAPES``."""
     limit, freely, seen, ratios = searcher.threshold(), searcher.fit_freely or {}, set(), {}
     out: list = []
     for score, t_lb, space, shape, order in searcher.split_orders:
@@ -225,10 +234,14 @@ def _rung_candidates(searcher: Searcher, kinds: KindCache, bounds: ShapeBounds) 
         rung_shape = _on_rung(searcher, kinds, shape, ratios)
         g = searcher.parts.granular_busiest_s(rung_shape)
         t = bounds.tight(space, rung_shape, g, known=(t_lb, 0.0))
+        if t is None or t[0] >= limit:
+            continue
+        sync_s = least_sync_s(searcher, placed, zero_stage)
+        t = synced_tight(bounds, space, rung_shape, g, t_lb, sync_s)
         if t is not None and t[0] < limit:
             if len(out) == DIRECT_MAX_SHAPES:
                 return None
-            out.append((t[0], len(out), g, None, (t_lb, space, rung_shape, placed)))
+            out.append((t[0], len(out), g, None, (t_lb, space, rung_shape, placed, sync_s)))
     heapq.heapify(out)
     return out
 
@@ -338,10 +351,13 @@ def _limited(req) -> bool:
 def strengthen(searcher: Searcher, ev: Evaluated) -> Evaluated:
     """``ev`` with ZeRO-1 or ZeRO-2 added to each stage of replicas without ZeRO where the plan
     then scores better (stage by stage; the weaker of equals): a sharded optimizer step can make
-    a plan that fits faster or cheaper, whereas recomputation only adds time to a stage that fits."""
+    a plan that fits faster or cheaper, whereas recomputation only adds time to a stage that fits.
+    Not tried where it provably cannot pay (``lever_bounds.zero_cannot_pay``)."""
     best = ev
+    if zero_cannot_pay(searcher, ev):
+        return ev
     for i, stage in enumerate(ev.stages):
-        recompute, zero = _levers_of(stage)
+        recompute, zero = stage_levers(stage)
         if stage.dp_degree < 2 or zero:
             continue
         for levers in ((recompute, 1), (recompute, 2)):
@@ -386,19 +402,22 @@ def lever_kinds(searcher: Searcher, levers: tuple[str, int]) -> KindCache:
 
 def relax(searcher: Searcher, ev: Evaluated) -> Evaluated:
     """``ev`` with each stage on the weakest lever setting that keeps the plan fitting, unless a
-    stronger one up to its own scores better (see the module doc)."""
-    stage_levers = [_levers_of(s) for s in ev.stages]
-    if all(lv == _NO_LEVERS for lv in stage_levers):
+    stronger one up to its own scores better (see the module doc; the stronger ones are not tried
+    where they provably cannot: ``lever_bounds.stronger_cannot_pay``)."""
+    settings = [stage_levers(s) for s in ev.stages]
+    if all(lv == _NO_LEVERS for lv in settings):
         return ev
     best = ev
     for i, stage in enumerate(ev.stages):
-        top = stage_levers[i]
+        top = settings[i]
         options = _weaker_or_equal(top) if top != _NO_LEVERS else []
         chosen = None
         for levers in options:
             trial = _with_stage_levers(searcher, best, i, levers)
             if trial is not None and (chosen is None or _pays(trial, chosen)):
                 chosen = trial
+                if stronger_cannot_pay(searcher, chosen, i, top):
+                    break
         if chosen is not None:
             best = chosen
     return best
@@ -410,11 +429,6 @@ def _weaker_or_equal(levers: tuple[str, int]) -> list[tuple[str, int]]:
     recompute, zero = levers
     modes = RECOMPUTE_MODES[: RECOMPUTE_MODES.index(recompute) + 1]
     return [(mode, z) for mode in modes for z in range(zero + 1)]
-
-
-def _levers_of(stage: FastStage) -> tuple[str, int]:
-    kind = stage.groups[0][0]
-    return kind.recompute, kind.zero_stage
 
 
 def _with_levers(searcher: Searcher, stage: FastStage, levers: tuple[str, int]) -> FastStage | None:

@@ -144,6 +144,21 @@ def stage_dp_sync_runs_s(network: NetworkModel, sync_bytes: float,
     return shared if shared > one else one
 
 
+def stage_dp_sync_runs_least_s(network: NetworkModel, sync_bytes: float,
+                               runs: tuple[tuple[tuple[str, str, int], int], ...]) -> float:
+    """A lower bound on ``stage_dp_sync_runs_s`` of ``sync_bytes`` or more over these replicas
+    (each of its rings at its least: ``NetworkModel.least_allreduce_runs_time_s``)."""
+    rings = _sync_rings(runs)
+    if rings is None:
+        return 0.0
+    singles, scale, shared_ring = rings
+    one = network.least_allreduce_runs_time_s(sync_bytes, singles)
+    if shared_ring is None:
+        return one
+    shared = network.least_allreduce_runs_time_s(sync_bytes * scale, shared_ring)
+    return shared if shared > one else one
+
+
 @lru_cache(maxsize=4096)
 def _sync_rings(runs: tuple[tuple[tuple[str, str, int], int], ...]):
     """The rings ``stage_dp_sync_s`` times over these replicas, as endpoint runs: (one GPU per

@@ -1,6 +1,7 @@
 """A stage's rings given as runs of equal replicas (what fastsim passes) time and price exactly as
-the rings listed replica by replica, and fastsim's peak memo key (``memory.peak_inputs``) holds
-what the peak reads."""
+the rings listed replica by replica, their least time from a size up (the planner's bound) is
+never more than their time at any larger size, and fastsim's peak memo key
+(``memory.peak_inputs``) holds what the peak reads."""
 
 import random
 
@@ -57,6 +58,26 @@ def test_runs_time_and_price_a_ring_as_its_replicas_listed():
             t for _, _, t in replicas)), hops, 0, []) if hops else []
         assert st.tied_sync_egress_terms(net, sync_bytes, replicas) == listed
         assert st.tied_sync_egress_runs_terms(net, sync_bytes, runs) == listed
+
+
+def test_least_sync_is_never_more_than_the_sync_from_that_size_up():
+    # sizes from below the fits' measured range (where bytes / bandwidth falls as a message grows)
+    # to several buckets (network.model.ALLREDUCE_BUCKET_BYTES)
+    net, rng = default_network(), random.Random(11)
+    for _ in range(150):
+        runs = st.member_runs(_random_replicas(rng))
+        least_bytes = 10 ** rng.uniform(3, 9.7)
+        least = st.stage_dp_sync_runs_least_s(net, least_bytes, runs)
+        for factor in (1.0, 1 + 1e-9, 1.3, 2.0, 7.0, 40.0, 10 ** rng.uniform(0, 3)):
+            assert least <= st.stage_dp_sync_runs_s(net, least_bytes * factor, runs) * (1 + 1e-12)
+        for whole in (1, 2, 3):  # a bucket's edges
+            size = 5e8 * whole
+            if size >= least_bytes:
+                for edge in (size * (1 - 1e-9), size, size * (1 + 1e-9)):
+                    if edge >= least_bytes:
+                        assert least <= st.stage_dp_sync_runs_s(net, edge, runs) * (1 + 1e-12)
+        if sum(n for _, n in runs) > 1:
+            assert least > 0
 
 
 def test_member_runs_merge_equal_neighbours_only():

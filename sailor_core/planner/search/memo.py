@@ -56,6 +56,9 @@ class ModelMemos:
     # (micro-batch size, order_key) -> (USD per hour, egress USD per iteration lower bound) of the
     # placed order before its split (EgressParts.placed_costs_lb).
     placed_costs: dict = field(default_factory=dict)
+    # (kind, its replicas per zone, the stage's place: lever_bounds._least_synced_params) -> the least
+    # DP sync of such a stage without ZeRO (lever_bounds.least_sync_s); (kind, place) -> those parameters.
+    least_syncs: dict = field(default_factory=dict)
 
 
 @dataclass(slots=True, eq=False)

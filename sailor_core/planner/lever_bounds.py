@@ -1,0 +1,128 @@
+"""What the lever phase (``levers``) can leave out, proven: the sync a placed shape ends on at the
+least, which the ``pays`` rungs' bounds add (``least_sync_s``, ``synced_tight``), and the stronger
+settings that cannot score ``MIN_GAIN`` better, which ``strengthen`` and ``relax`` do not try
+(``zero_cannot_pay``, ``stronger_cannot_pay``).  docs/benchmarks/planner.md ("rungbound")."""
+
+from __future__ import annotations
+
+from sailor_core.planner.fastsim import FastStage
+from sailor_core.planner.search import Evaluated, Searcher
+from sailor_core.planner.search.shape_bound import ShapeBounds
+from sailor_core.simulator.levers import zero_sync_factor
+from sailor_core.simulator.memory import dp_synced_params
+from sailor_core.simulator.stage import member_runs, stage_dp_sync_runs_least_s, stage_update_s
+from sailor_core.simulator.tables import layer_table
+
+# A stronger setting on a stage that fits without it is kept only when the plan's score gains more
+# than this (relative): below it the lever is noise that a note could only call "+0.0 % faster".
+MIN_GAIN = 1e-3
+
+
+def synced_tight(bounds: ShapeBounds, space, shape, busiest: float, t_lb: float, sync_s: float):
+    """``ShapeBounds.tight`` of a shape whose iteration lasts at least ``t_lb`` and ends, after its
+    pipeline (at least ``floor_s``), on a sync of at least ``sync_s`` (``compose.iteration_s``)."""
+    if sync_s > 0:
+        t_lb = max(t_lb, bounds.time_lb(space, shape, busiest, t_lb)[1] + sync_s)
+    return bounds.tight(space, shape, busiest, known=(t_lb, 0.0))
+
+
+def least_sync_s(searcher: Searcher, placed, zero_stage: int) -> float:
+    """The least gradient sync that ends an iteration of ``placed`` (stages of plain kinds, placed
+    in their zones), whatever its split and with any ZeRO stage up to ``zero_stage``: the largest
+    over its stages of the ring over its own zones (as the plan's stage runs it,
+    ``stage.stage_dp_sync_runs_s``) of the least gradient the stage can hold
+    (``_least_synced_params``), at its least (``stage.stage_dp_sync_runs_least_s``).
+
+    The search's bounds take a ring over the fastest zones with room for it: a stage placed over
+    a slow link (geo AE row 0: us-west1-b with us-central1's zones) simulated 2-3x its bound."""
+    memo, last, worst = searcher.memos.model.least_syncs, len(placed) - 1, 0.0
+    for index, (kind, zones) in enumerate(placed):
+        where = "alone" if not last else "first" if index == 0 else "last" if index == last else "inner"
+        key = (kind, zones, where)
+        sync_s = memo.get(key)
+        if sync_s is None:
+            params = memo.get((kind, where))
+            if params is None:
+                params = memo[(kind, where)] = _least_synced_params(kind, where)
+            sync_s = memo[key] = 0.0 if sum(n for _, n in zones) < 2 else stage_dp_sync_runs_least_s(
+                searcher.network, params * kind.regime.grad_bytes_per_param,
+                member_runs([((zone, kind.gpu, kind.tp_degree), n) for zone, n in zones]))
+        sync_s *= min(zero_sync_factor(z, kind.regime) for z in range(zero_stage + 1))
+        if sync_s > worst:
+            worst = sync_s
+    return worst
+
+
+def _least_synced_params(kind, where: str) -> int:
+    """The fewest parameters a stage on ``kind`` syncs (``memory.dp_synced_params``) in any split:
+    the whole model ``alone``; else at least layer 0 on the ``first`` stage (less a tied matrix its
+    embedding group sums), the last layer on the ``last``, one inner layer on the others."""
+    table = layer_table(kind.profile)
+    end = len(table.params_cum) - 1
+    if where == "alone":
+        return dp_synced_params(table, 0, end)
+    if where == "first":
+        return dp_synced_params(table, 0, 1)
+    if where == "last":
+        return dp_synced_params(table, end - 1, end)
+    return min(dp_synced_params(table, i, i + 1) for i in range(1, end - 1))
+
+
+def zero_cannot_pay(searcher: Searcher, ev: Evaluated) -> bool:
+    """Whether ZeRO on any stage of ``ev`` cannot score ``MIN_GAIN`` better (``_pays``): where ZeRO
+    syncs no fewer bytes than none (``zero_sync_factor`` at least 1: the regimes' weights are as
+    wide as their gradients), all it can save is part of a stage's optimizer step
+    (``_cannot_gain``).  The AE rows' steps are 0.1-1 ms of 2-9 s iterations, so ``strengthen``
+    evaluated 2-4 plans a plan for nothing."""
+    factors = _zero_factors(searcher, ev)
+    if factors is None or min(factors[1:]) < factors[0]:
+        return False
+    saved = max((_update_s(stage) for stage in ev.stages if stage.dp_degree >= 2 and not stage_levers(stage)[1]),
+                default=0.0)
+    return _cannot_gain(searcher, ev, saved)
+
+
+def stronger_cannot_pay(searcher: Searcher, ev: Evaluated, index: int, top: tuple[str, int]) -> bool:
+    """Whether no setting ``relax`` tries after stage ``index``'s in ``ev`` (up to ``top``: more
+    recomputation, or as much and a higher ZeRO stage) can score ``MIN_GAIN`` better: where the
+    stage's ZeRO stage syncs the fewest bytes of any up to ``top``'s, all a later one can save is
+    part of the stage's optimizer step (``_cannot_gain``; recomputation only adds time)."""
+    factors = _zero_factors(searcher, ev)
+    zero = stage_levers(ev.stages[index])[1]
+    if factors is None or factors[zero] > min(factors[: top[1] + 1]):
+        return False
+    return _cannot_gain(searcher, ev, _update_s(ev.stages[index]))
+
+
+def _zero_factors(searcher: Searcher, ev: Evaluated) -> tuple[float, ...] | None:
+    """``zero_sync_factor`` of ZeRO stages 0-2 under ``ev``'s regime; None for a plan that does not
+    fit, or a Pareto front asked for (it keeps every plan tried: a ZeRO one 0.07 % better is on it)."""
+    if searcher.req.collect_pareto or not (ev.feasible and ev.res.fits):
+        return None
+    regime = searcher.fast.regime_for(ev.stages[0].groups[0][0])
+    return tuple(zero_sync_factor(z, regime) for z in (0, 1, 2))
+
+
+def _update_s(stage: FastStage) -> float:
+    """The stage's optimizer step unsharded (``stage.stage_update_s``), its slowest kind's."""
+    return max(stage_update_s(kind.profile, stage.layer_start, stage.layer_end) for kind, _, _ in stage.groups)
+
+
+def _cannot_gain(searcher: Searcher, ev: Evaluated, saved_s: float) -> bool:
+    """Whether a plan that differs from ``ev`` in stronger levers on its stages, none computing or
+    syncing sooner (so its ring meets its last sends no sooner: ``compose.drain_contention_s``),
+    at the same rent and no less egress, and saving at most ``saved_s`` of optimizer steps,
+    cannot score ``MIN_GAIN`` better than ``ev`` (``_pays``)."""
+    res = ev.res
+    if saved_s >= res.iteration_time_s:
+        return False
+    t = res.iteration_time_s - saved_s
+    best = searcher.req.ranking.score(throughput_samples_per_s=searcher.req.global_batch_size / t,
+                                      usd_per_iteration=res.usd_per_iteration - res.usd_per_hour * saved_s / 3600)
+    return best >= ev.score - (MIN_GAIN - 1e-9) * abs(ev.score)  # (a margin for rounding)
+
+
+def stage_levers(stage: FastStage) -> tuple[str, int]:
+    """(recomputation, ZeRO stage) of a stage of one lever setting."""
+    kind = stage.groups[0][0]
+    return kind.recompute, kind.zero_stage
