@@ -305,12 +305,25 @@ class NetworkModel:
         nb = np.asarray(num_bytes, dtype=float)
         if n <= 1:
             return np.zeros((len(pairs), *nb.shape))
+        return self.paced_allreduce_times_many(nb, pairs, [n], bucket_bytes=bucket_bytes)[:, 0]
+
+    def paced_allreduce_times_many(self, num_bytes, pairs: Sequence[tuple[Endpoint, Endpoint]], ns: Sequence[int],
+                                   *, bucket_bytes: float = ALLREDUCE_BUCKET_BYTES):
+        """``paced_allreduce_times_s`` for rings of each size of ``ns`` (each >= 2) at once, element
+        by element the same arithmetic: an array indexed by pair, ring size, then ``num_bytes``'s
+        shape (the planner's ring bounds time every data-parallel degree of a list at once)."""
+        import numpy as np  # lazy: numpy (~0.15 s) only when arrays are computed; importing this module stays light
+
+        nb = np.asarray(num_bytes, dtype=float)
+        n = np.asarray(ns, dtype=float).reshape(-1, *(1,) * nb.ndim)  # a ring size per row
         links = [self.link(a, b) for a, b in pairs]
         num_full = np.floor(nb / bucket_bytes)
         rest = nb - num_full * bucket_bytes
         steps = 2 * (n - 1)
-        full = steps * _links_times_s(links, np.array([bucket_bytes / n]))  # a column: one bucket per link
-        part = steps * _links_times_s(links, rest / n)
+        # one bucket per link and ring size, then the rest; timed as flat arrays, shaped back
+        full = steps * _links_times_s(links, (bucket_bytes / n).ravel()).reshape(len(links), *n.shape)
+        per_rest = rest / n
+        part = steps * _links_times_s(links, per_rest.ravel()).reshape(len(links), *per_rest.shape)
         return np.where(nb > 0, num_full * full + part, 0.0)
 
     def _ring_s(self, num_bytes: float, runs: tuple[tuple[Endpoint, int], ...], n: int, bucket_bytes: float,

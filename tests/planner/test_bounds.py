@@ -444,7 +444,7 @@ def test_ring_bounds_never_exceed_the_simulated_sync(profiles, network):
                 for s, e in zip(starts, cuts)))
             sim = simulate(plan, profiles=profiles, network=network)
             synced = max(st.dp_sync_s for st in sim.stages)
-            row = bounds.ring_row_s(network, A, 4, room, grad, 4)
+            row = bounds.ring_rows_s(network, A, [4], room, grad, 4)[0]
             assert row[0] == np.inf and len(row) == 5
             assert row[len(cuts)] <= synced * (1 + 1e-9)
             block_bytes = layer_table(kind.profile).params(1, L - 1) * kind.regime.grad_bytes_per_param

@@ -150,24 +150,40 @@ class SegmentParts:
 
     def ring_row(self, seg: Segment) -> list[float]:
         """``ring_lb`` of the segment's GPU type, TP and DP degree at every depth 1..max_stages
-        (index 0: inf), at once (``bounds.ring_row_s``)."""
-        memo = self.memos.types.ring_rows
-        key = (seg.gpu, seg.tp_degree, seg.dp_degree)
-        row = memo.get(key)
+        (index 0: inf), at once (``bounds.ring_rows_s``)."""
+        row = self.memos.types.ring_rows.get((seg.gpu, seg.tp_degree, seg.dp_degree))
         if row is None:
-            grad_bytes = min(v.total_params * v.regime.grad_bytes_per_param for v in self.figures.variants(seg.kind))
-            full = ("sync", seg.gpu, seg.dp_degree, self.ring_zones(seg), self.max_stages, grad_bytes)
-            rings = self.memos.process.rings
-            row = rings.get(full)
-            if row is None:
-                row = rings[full] = bounds.ring_row_s(
-                    self.network, seg.gpu, seg.dp_degree, ring_room(self.zone_gpus[seg.gpu], seg.tp_degree),
-                    grad_bytes, self.max_stages)
-            memo[key] = row
+            self.fill_ring_rows([seg])
+            row = self.memos.types.ring_rows[(seg.gpu, seg.tp_degree, seg.dp_degree)]
         return row
 
+    def fill_ring_rows(self, segs) -> None:
+        """``ring_row`` of each segment of ``segs`` with more than one replica, the rows missing
+        from the memos computed together per GPU type, TP degree and gradient: their degrees share
+        the pairs of zones to time (``bounds.rings_s``; the widening pass asks for ~60 new degrees)."""
+        memo, rings = self.memos.types.ring_rows, self.memos.process.rings
+        missing: dict[tuple, dict[int, tuple]] = {}
+        asked = set()
+        for seg in segs:
+            key = (seg.gpu, seg.tp_degree, seg.dp_degree)
+            if seg.dp_degree <= 1 or key in memo or key in asked:
+                continue
+            asked.add(key)
+            grad_bytes = min(v.total_params * v.regime.grad_bytes_per_param for v in self.figures.variants(seg.kind))
+            full = ("sync", seg.gpu, seg.dp_degree, self.ring_zones(seg), self.max_stages, grad_bytes)
+            row = rings.get(full)
+            if row is not None:
+                memo[key] = row
+            else:
+                missing.setdefault((seg.gpu, seg.tp_degree, grad_bytes), {})[seg.dp_degree] = (key, full)
+        for (gpu, tp, grad_bytes), wanted in missing.items():
+            rows = bounds.ring_rows_s(self.network, gpu, list(wanted), ring_room(self.zone_gpus[gpu], tp), grad_bytes,
+                                      self.max_stages)
+            for (key, full), row in zip(wanted.values(), rows):
+                memo[key] = rings[full] = row
+
     def ring_lb(self, seg: Segment, num_stages: int) -> float:
-        """The sync of a pipeline of ``num_stages`` holding this segment (``bounds.ring_row_s``)."""
+        """The sync of a pipeline of ``num_stages`` holding this segment (``bounds.ring_rows_s``)."""
         return self.ring_row(seg)[num_stages] if seg.dp_degree > 1 else 0.0
 
     def sync_curve(self, seg: Segment) -> tuple[float, ...]:

@@ -361,6 +361,7 @@ def _rings_of(x: dict, idx, parts):
         need = np.flatnonzero(~have)
     else:
         need = np.flatnonzero(np.bincount(idx[~have[idx]], minlength=len(have)))
+    parts.fill_ring_rows([segs[i] for i in need.tolist() if i < len(segs)])  # (the new rows at once)
     rows: dict = {}  # ring_row by (TP, DP degree): the same for every stage count
     at, depths, values = [], [], []
     for i in need.tolist():
