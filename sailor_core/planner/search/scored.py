@@ -167,12 +167,13 @@ def _columns_of(segs: list[Segment], context: tuple, searcher: Searcher, **kwarg
 
 
 def score_shapes(searcher: Searcher, present: list[list[Segment]], *, mbs: int, num_mb: int, work_s: float,
-                 num_blocks_lb: float, defer: bool = False) -> ScoredShapes:
+                 num_blocks_lb: float, defer: tuple[str, ...] = ()) -> ScoredShapes:
     """Every shape of one or two GPU types (``present``: each type's segments), scored at once
     with the bound ``tight`` gives it before refinement; shapes that miss the limits, or whose
     bound cannot enter the top N found so far, are dropped (``searcher.threshold``: it only
-    falls, so it stays their bound).  ``defer`` (one type, ``cut.LazyCut``): the alone bound and
-    the ring are left to the refinement, which gives the same final bounds."""
+    falls, so it stays their bound).  ``defer`` (one type): what is left to the refinement, which
+    gives the same final bounds: "alone" the alone bound, "ring" the ring (``cut.LazyCut``: both;
+    the widening pass: the alone bound, on at most ``FIRST_REFINED`` shapes, all refined then)."""
     req = searcher.req
     lists = list(present)
     if len(lists) == 1:
@@ -192,12 +193,12 @@ def score_shapes(searcher: Searcher, present: list[list[Segment]], *, mbs: int, 
     # rent (the floor row: 469,000 of 2.5 million -> 72,000); the sync and egress bounds, which
     # only raise a bound, are needed for the rest alone (same figures and order as for all).
     pairs, pipe = _within_on_pipeline(pairs, pipe, limits, limit)
-    if defer:
-        sync = pairs.tau * 0.0
-    else:
+    if defer == ("alone",) and len(pairs.ia) > FIRST_REFINED:
+        defer = ()  # (past the first refined, shapes keep their first bound: it must hold it)
+    if "alone" not in defer:
         pairs, pipe = _within_on_pipeline(pairs, _with_blocked(searcher.parts, a, b, pairs, pipe, work_s), limits,
                                           limit)
-        sync = _sync(searcher.parts, a, b, pairs)
+    sync = pairs.tau * 0.0 if "ring" in defer else _sync(searcher.parts, a, b, pairs)
     egress, rings_p2p = _egress(searcher, lists, a, b, pairs, num_mb, mbs, kinds)
     refining = Refining(lists=lists, a=a, b=b, lmat=lmat, rings_p2p=rings_p2p, work_s=work_s,
                         block_bytes=searcher.figures.gradient_bytes_lb(mbs)[1], num_blocks_lb=num_blocks_lb,
@@ -431,7 +432,7 @@ class ScoredShapes:
                  "cost_matters", "parts", "pre", "first", "num_refined", "final", "never", "never_refined", "defer")
 
     def __init__(self, pairs: Pairs, *, pipe, sync, egress, refining: Refining, limits: Limits,
-                 limit: float, defer: bool = False) -> None:
+                 limit: float, defer: tuple[str, ...] = ()) -> None:
         # lazy: numpy loads when a search runs, not when the CLI checks a request
         import numpy as np
 
@@ -447,7 +448,7 @@ class ScoredShapes:
         self.ia, self.ib, self.stages, self.tau, self.pipe, self.sync, self.rate, self.egress, self.t_lb = (
             x[ok] for x in (ia, ib, stages, tau, pipe, sync, rate, egress, t_lb))
         self.pre = limits.score(self.t_lb, self.rate, self.egress)  # the first bound
-        self.defer = defer  # the alone bound and the ring still to add (every shape is refined then)
+        self.defer = defer  # what is still to add ("alone", "ring": every shape is refined then)
         self.first = np.argsort(self.pre, kind="stable")[:None if defer else FIRST_REFINED]  # to refine, best first
         self.tau, self.egress = self.tau.copy(), self.egress.copy()  # refined in place
         self.num_refined = 0
@@ -530,7 +531,8 @@ class ScoredShapes:
         if self.defer:  # what ``score_shapes`` left out, the same figures
             sub = Pairs(ia=ia[sel], ib=ib[sel], stages=self.stages[sel], tau=tau[sel], rate=self.rate[sel])
             self.pipe[sel] = _with_blocked(self.parts, a, b, sub, self.pipe[sel], self.work_s)
-            self.sync[sel] = _sync(self.parts, a, b, sub)
+            if "ring" in self.defer:
+                self.sync[sel] = _sync(self.parts, a, b, sub)
         tau[sel] = np.maximum(tau[sel], self.parts.granular_of(a, ia[sel], b, ib[sel]))
         t_lb[sel] = np.maximum(tau[sel], self.pipe[sel]) + self.sync[sel]
         alive = self.limits.within(t_lb[sel], self.rate[sel], self.egress[sel]) & (

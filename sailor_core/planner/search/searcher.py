@@ -120,6 +120,9 @@ class Searcher:
         self.settled_types: set[str] = set()
         # The data-parallel degrees searched, when not ``dp_space``'s choice (plan_job's widening pass).
         self.dp_space_override: str | None = None
+        # One GPU type: each shape's alone bound (``SegmentParts.blocked_s``, a placement per segment)
+        # added as the walk reaches it, not when scored (the widening pass walks its best few).
+        self.lazy_alone_bound = False
         # Where a ``pays`` lever search may follow: per ``placed_key`` of each shape whose plan fits
         # with memory limiting neither its split nor its polish (no lever-only shape, which that
         # search skips: ``skip_shapes``, levers.py), its simulated over bounded time (``learn_excess``).

@@ -94,8 +94,10 @@ def attach_sorted(searcher: Searcher, spaces: list[Space]) -> None:
     if any(len(sp.lists) <= 2 and sp.mbs not in memo for sp in spaces):
         # One type banded: its walk stops far below the cut (``cut.LazyCut``).
         lazy = banded and LAZY_ONE_TYPE and len(searcher.gpu_types) == 1
+        alone_later = searcher.lazy_alone_bound and len(searcher.gpu_types) == 1
+        defer = ("alone", "ring") if lazy else ("alone",) if alone_later else ()
         fresh = {sp.mbs: score_shapes(searcher, sp.present, mbs=sp.mbs, num_mb=sp.num_mb, work_s=sp.ref_total_s,
-                                      num_blocks_lb=sp.num_blocks_lb, defer=lazy)
+                                      num_blocks_lb=sp.num_blocks_lb, defer=defer)
                  for sp in spaces if len(sp.lists) <= 2}
         if lazy:
             band = LazyCut(list(fresh.values()), BANDED_KEEP)
