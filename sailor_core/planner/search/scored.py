@@ -362,23 +362,22 @@ def _rings_of(x: dict, idx, parts):
         need = np.flatnonzero(~have)
     else:
         need = np.flatnonzero(np.bincount(idx[~have[idx]], minlength=len(have)))
-    parts.fill_ring_rows([segs[i] for i in need.tolist() if i < len(segs)])  # (the new rows at once)
-    rows: dict = {}  # ring_row by (TP, DP degree): the same for every stage count
-    at, depths, values = [], [], []
-    for i in need.tolist():
-        seg = segs[i] if i < len(segs) else None
-        if seg is None or seg.dp_degree <= 1:
-            continue
+    # One row per (TP, DP degree), the same for every stage count (the missing ones computed
+    # together, ``SegmentParts.fill_ring_rows``), then laid out by array indexing.
+    some = need[need < len(segs)]
+    some = some[x["dp"][some] > 1]
+    if len(some):
+        codes = x["tpi"][some] * (1 << 32) + x["dp"][some]
+        one_of = dict(zip(codes.tolist(), some.tolist()))  # a segment of each
+        keys = sorted(one_of)
+        held = [segs[one_of[c]] for c in keys]
+        parts.fill_ring_rows(held)
+        table = np.array([parts.ring_row(seg)[: x["max_p"] + 1] for seg in held])
+        at = np.searchsorted(np.array(keys), codes)
         if x["alone"]:
-            at.append(i)
-            depths.append(seg.num_stages)
-            values.append(parts.ring_lb(seg, seg.num_stages))
+            ring[some, x["stages"][some]] = table[at, x["stages"][some]]
         else:
-            rows.setdefault((seg.tp_degree, seg.dp_degree), (seg, []))[1].append(i)
-    if at:
-        ring[at, depths] = values
-    for seg, where in rows.values():
-        ring[where] = parts.ring_row(seg)[: x["max_p"] + 1]
+            ring[some] = table[at]
     have[need] = True
     return ring
 
