@@ -205,17 +205,18 @@ def link_lb(num_mb: int, shape: tuple[Segment, ...], link_s) -> float:
     return worst
 
 
-def steady_links_s(num_microbatches: int, link_s: float, num_stages: int) -> float:
-    """What links add, at the least, to the pipeline time of a segment beyond n sum(t) / s.
+def steady_links_s(num_microbatches, link_s, num_stages):
+    """What links add, at the least, to the pipeline time of a segment beyond n sum(t) / s (numpy
+    arrays of segments, or numbers).
 
     In 1F1B (``simulator.pipeline_time``) a stage's path holds its step and (n - 1) times the mean
     of its and a neighbour's step plus their link l, so for the neighbours (t, t') with the
     largest sum an iteration lasts at least n (t + t') / 2 + (n - 1) l / 2, and at least
     n t_max.  The largest neighbour sum is at least (2 sum t - 2 t_max) / (s - 1); the least
     over t_max of the larger of the two is n sum(t) / s + (n - 1) l / 2 (s - 1) / s."""
-    if num_stages < 2:
+    if not hasattr(num_stages, "shape") and num_stages < 2:
         return 0.0
-    return (num_microbatches - 1) * link_s / 2 * (num_stages - 1) / num_stages
+    return (num_microbatches - 1) * link_s / 2 * (num_stages - 1) / num_stages * (num_stages >= 2)
 
 
 def steady_share(n_own, n_other):
@@ -362,8 +363,7 @@ def rings_s(network, gpu: str, dp_degrees, room: dict[str, int], nbytes):
     ``NetworkModel`` times it), and the planner visits a ring's zones in ring order
     (``placement``), so over a set of zones it is at least the ring whose every hop is the slowest
     between zones next to each other in that order (``network.model.ring_hop_pairs``).  ``room``:
-    replicas each zone has room for.  Every pair of zones is timed once for all the degrees
-    (``paced_allreduce_times_many``); a zone or set without room for a ring is inf in its least."""
+    replicas each zone has room for.  (Each pair of zones timed once for all the degrees.)"""
     # lazy: numpy loads when a search runs, not when the CLI checks a request
     import numpy as np
 

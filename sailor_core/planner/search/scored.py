@@ -119,37 +119,31 @@ def segment_columns(segs: list[Segment], *, alone: bool, max_p: int, cost_matter
     tps = sorted({seg.tp_degree for seg in segs})
     curves = np.zeros((len(segs) + 1, GRID + 1))  # sync_curve per segment, as needed
     # A segment's own link depends on its GPU type, TP and micro-batch size only.
-    by_tp = {tp: parts.link_s(seg, seg) for tp in tps for seg in (probe(segs, tp),)}
-    links = [by_tp[seg.tp_degree] for seg in segs]
+    tp_link = np.array([parts.link_s(seg, seg) for tp in tps for seg in (probe(segs, tp),)] or [0.0])
+    tp_at = {tp: i for i, tp in enumerate(tps)}
+    # One pass over the segments' fields, then whole columns: the same float operations as on
+    # each segment, element by element.
+    cap, rate, stages, dp, tpi, nmb, slow, block, head, p2p = np.array(
+        [(seg.capacity, seg.min_usd_per_hr, seg.num_stages, seg.dp_degree, tp_at[seg.tp_degree], seg.num_microbatches,
+          seg.slowness, seg.block_busy_s, seg.head_busy_s, seg.egress_usd) for seg in segs], dtype=float).reshape(-1, 10).T
+    stages, dp, tpi = stages.astype(np.int64), dp.astype(np.int64), tpi.astype(np.int64)
+    links = tp_link[tpi]
+    self_link = np.where(stages > 1, (nmb - 1) * links / 2, 0.0)
     granular_id = parts.granular_id
     return dict(
         segs=segs, tps=tps, ring=ring, have_ring=np.zeros(len(segs) + 1, dtype=bool), alone=alone, max_p=max_p,
         curves=curves, have_curve=np.zeros(len(segs) + 1, dtype=bool),
-        cap=np.array([seg.capacity for seg in segs] + [0.0]),
-        rate=np.array([seg.min_usd_per_hr for seg in segs] + [0.0]),
-        stages=np.array([seg.num_stages for seg in segs] + [0]),
-        dp=np.array([seg.dp_degree for seg in segs] + [1 << 30]),
-        d1=np.array([seg.dp_degree == 1 for seg in segs] + [False]),
-        tpi=np.array([tps.index(seg.tp_degree) for seg in segs] + [0]),
-        self_link=np.array([(seg.num_microbatches - 1) * link / 2 if seg.num_stages > 1
-                            else 0.0 for seg, link in zip(segs, links)] + [0.0]),
-        steady=np.array([steady_links_s(seg.num_microbatches, link, seg.num_stages)
-                         for seg, link in zip(segs, links)] + [0.0]),
+        cap=np.append(cap, 0.0), rate=np.append(rate, 0.0), stages=np.append(stages, 0), dp=np.append(dp, 1 << 30),
+        d1=np.append(dp == 1, False), tpi=np.append(tpi, 0), self_link=np.append(self_link, 0.0),
+        steady=np.append(steady_links_s(nmb, links, stages), 0.0),
         # (raised by ``SegmentParts.blocked_s`` where the cheaper bounds leave a shape within
         # the limits, ``_with_blocked``: one segment alone, as ``ShapeBounds.time_lb`` has it)
-        warm=np.append(warm_up_with_links_s(
-            work_s * np.array([seg.slowness for seg in segs], dtype=float),
-            np.array([seg.num_microbatches for seg in segs], dtype=float),
-            np.array([seg.num_stages for seg in segs], dtype=int),
-            np.array(links, dtype=float)), 0.0) if segs else np.zeros(1),
-        p2p_usd=np.array([seg.egress_usd if cost_matters else 0.0 for seg in segs] + [0.0]),
+        warm=np.append(warm_up_with_links_s(work_s * slow, nmb, stages, links), 0.0) if segs else np.zeros(1),
+        p2p_usd=np.append(p2p if cost_matters else np.zeros(len(segs)), 0.0),
         ring_usd=np.array([egress.ring_usd_per_byte(seg) if cost_matters else 0.0 for seg in segs] + [0.0]),
-        inv=np.array([1.0 / seg.slowness for seg in segs] + [0.0]),
-        slow=np.array([seg.slowness for seg in segs] + [0.0]),
-        nmb=np.array([seg.num_microbatches for seg in segs] + [1]),
+        inv=np.append(1.0 / slow, 0.0), slow=np.append(slow, 0.0), nmb=np.append(nmb.astype(np.int64), 1),
         drain=np.array([(1 - 1 / seg.num_microbatches) ** seg.num_stages for seg in segs] + [1.0]),
-        block=np.array([seg.block_busy_s for seg in segs] + [np.inf]),
-        head=np.array([seg.head_busy_s for seg in segs] + [np.inf]),
+        block=np.append(block, np.inf), head=np.append(head, np.inf),
         gid=np.array([granular_id(seg.num_stages, seg.block_busy_s, seg.head_busy_s) for seg in segs]
                      + [granular_id(0, math.inf, math.inf)], dtype=np.int64),
     )
