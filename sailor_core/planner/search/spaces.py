@@ -17,6 +17,7 @@ from sailor_core.planner.search.streams import ProductHeap, SortedShapes
 # micro-batch sizes are queued (see ``attach_sorted``).
 BANDED_KEEP = 4000
 LAZY_ONE_TYPE = True  # (tests compare it with the cut settled before the walk)
+LAZY_ALONE = True  # (tests compare it with the alone bound scored up front)
 
 
 @dataclass(slots=True, eq=False)
@@ -94,7 +95,7 @@ def attach_sorted(searcher: Searcher, spaces: list[Space]) -> None:
     if any(len(sp.lists) <= 2 and sp.mbs not in memo for sp in spaces):
         # One type banded: its walk stops far below the cut (``cut.LazyCut``).
         lazy = banded and LAZY_ONE_TYPE and len(searcher.gpu_types) == 1
-        alone_later = searcher.lazy_alone_bound and len(searcher.gpu_types) == 1
+        alone_later = LAZY_ALONE and searcher.lazy_alone_bound and len(searcher.gpu_types) == 1
         defer = ("alone", "ring") if lazy else ("alone",) if alone_later else ()
         fresh = {sp.mbs: score_shapes(searcher, sp.present, mbs=sp.mbs, num_mb=sp.num_mb, work_s=sp.ref_total_s,
                                       num_blocks_lb=sp.num_blocks_lb, defer=defer)
