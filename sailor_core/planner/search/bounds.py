@@ -368,7 +368,7 @@ def rings_s(network, gpu: str, dp_degrees, room: dict[str, int], nbytes):
     import numpy as np
 
     nb, d, zones = np.asarray(nbytes, dtype=float), np.asarray(dp_degrees), list(room)
-    fits = np.array([[room[z] >= x for z in zones] for x in d.tolist()], dtype=bool).reshape(len(d), len(zones))
+    fits = np.array([room[z] for z in zones])[None, :] >= d[:, None]
     out, alone, tail = np.empty((len(d), *nb.shape)), fits.any(axis=1), (1,) * nb.ndim
     if alone.any():
         times = network.paced_allreduce_times_many(nb, [(Endpoint(zone=z, gpu=gpu),) * 2 for z in zones], d[alone])

@@ -234,6 +234,20 @@ class SegmentParts:
         ids = self.memos.process.granular_ids
         return ids.setdefault((num_stages, block_s, head_s), len(ids))
 
+    def granular_column(self, columns: dict, idx):
+        """``granular_id`` of a list's segments ``idx`` (``scored.segment_columns``' "gid", -1 where
+        not asked for yet: a seeded search refines a few hundred of its thousands), filled as needed."""
+        # lazy: numpy loads when a search runs, not when the CLI checks a request
+        import numpy as np
+
+        gid, segs = columns["gid"], columns["segs"]
+        missing = idx[gid[idx] < 0]
+        if len(missing):
+            need = np.flatnonzero(np.bincount(missing, minlength=len(gid)))
+            gid[need] = [self.granular_id(seg.num_stages, seg.block_busy_s, seg.head_busy_s)
+                         for seg in (segs[i] for i in need.tolist())]
+        return gid[idx]
+
     def granular_of(self, a: dict, ia, b: dict, ib):
         """``bounds.granular_many`` of the shapes (ia, ib) of two lists' columns (``scored``), each
         pair of segment numbers worked out once (in one batch: each shape's figures depend on its
@@ -242,7 +256,7 @@ class SegmentParts:
         import numpy as np
 
         memo = self.memos.process.granular_bounds
-        codes = a["gid"][ia] * (1 << 32) + b["gid"][ib]
+        codes = self.granular_column(a, ia) * (1 << 32) + self.granular_column(b, ib)
         uniq, at, inverse = np.unique(codes, return_index=True, return_inverse=True)
         known = [memo.get(c) for c in uniq.tolist()]
         miss = [j for j, v in enumerate(known) if v is None]

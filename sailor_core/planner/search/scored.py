@@ -129,7 +129,6 @@ def segment_columns(segs: list[Segment], *, alone: bool, max_p: int, cost_matter
     stages, dp, tpi = stages.astype(np.int64), dp.astype(np.int64), tpi.astype(np.int64)
     links = tp_link[tpi]
     self_link = np.where(stages > 1, (nmb - 1) * links / 2, 0.0)
-    granular_id = parts.granular_id
     return dict(
         segs=segs, tps=tps, ring=ring, have_ring=np.zeros(len(segs) + 1, dtype=bool), alone=alone, max_p=max_p,
         curves=curves, have_curve=np.zeros(len(segs) + 1, dtype=bool),
@@ -144,8 +143,7 @@ def segment_columns(segs: list[Segment], *, alone: bool, max_p: int, cost_matter
         inv=np.append(1.0 / slow, 0.0), slow=np.append(slow, 0.0), nmb=np.append(nmb.astype(np.int64), 1),
         drain=np.array([(1 - 1 / seg.num_microbatches) ** seg.num_stages for seg in segs] + [1.0]),
         block=np.append(block, np.inf), head=np.append(head, np.inf),
-        gid=np.array([granular_id(seg.num_stages, seg.block_busy_s, seg.head_busy_s) for seg in segs]
-                     + [granular_id(0, math.inf, math.inf)], dtype=np.int64),
+        gid=np.append(np.full(len(segs), -1, dtype=np.int64), parts.granular_id(0, math.inf, math.inf)),
     )
 
 
