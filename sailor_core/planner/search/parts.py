@@ -47,9 +47,9 @@ class SegmentParts:
         self._links = memos.types.links  # (the most asked: bound here)
         self._zone_names = {gpu: tuple(sorted(zones)) for gpu, zones in zone_gpus.items()}
 
-    def _shared(self, key: tuple, seg: Segment):
-        """The process's memo entry of a part (None if absent) and its full key."""
-        key = (key, tuple(self.figures.variants(seg.kind)))
+    def _shared(self, key: tuple, kind):
+        """The process's memo entry of a part of a kind's segments (None if absent) and its full key."""
+        key = (key, tuple(self.figures.variants(kind)))
         return self.memos.process.bound_parts.get(key), key
 
     # ---- links --------------------------------------------------------------------------
@@ -58,14 +58,23 @@ class SegmentParts:
         """Activation + gradient of one micro-batch between replicas of a and b (``bounds.link_s``)."""
         key = (a.gpu, a.tp_degree, b.gpu, b.tp_degree, a.kind.micro_batch_size)
         t = self._links.get(key)
-        if t is None:
-            hit, full = self._shared(("link", key, self._zone_names[a.gpu], self._zone_names[b.gpu]), a)
-            if hit is None:
-                hit = self.memos.process.bound_parts[full] = bounds.link_s(
-                    self.network, self.figures.link_bytes(a.kind), self.zone_gpus[a.gpu], self.zone_gpus[b.gpu],
-                    a.gpu, a.tp_degree, b.gpu, b.tp_degree)
-            t = self._links[key] = hit
-        return t
+        return t if t is not None else self._link(key, a.kind)
+
+    def own_link_s(self, gpu: str, tp_degree: int, kind) -> float:
+        """``link_s`` between two segments of ``gpu``, ``tp_degree`` and ``kind`` (before any is built)."""
+        key = (gpu, tp_degree, gpu, tp_degree, kind.micro_batch_size)
+        t = self._links.get(key)
+        return t if t is not None else self._link(key, kind)
+
+    def _link(self, key: tuple, kind) -> float:
+        gpu_a, tp_a, gpu_b, tp_b, _ = key
+        hit, full = self._shared(("link", key, self._zone_names[gpu_a], self._zone_names[gpu_b]), kind)
+        if hit is None:
+            hit = self.memos.process.bound_parts[full] = bounds.link_s(
+                self.network, self.figures.link_bytes(kind), self.zone_gpus[gpu_a], self.zone_gpus[gpu_b],
+                gpu_a, tp_a, gpu_b, tp_b)
+        self._links[key] = hit
+        return hit
 
     def steady_links_s(self, seg: Segment) -> float:
         return bounds.steady_links_s(seg.num_microbatches, self.link_s(seg, seg), seg.num_stages)

@@ -14,7 +14,7 @@ from sailor_core.plan.types import Plan, Replica, Stage
 from sailor_core.planner.fastsim import FastResult, FastSim, FastStage
 from sailor_core.planner.kinds import shared_kind_cache
 from sailor_core.planner.request import PlanRequest
-from sailor_core.planner.search.bounds import ideal_iteration
+from sailor_core.planner.search.bounds import ideal_iteration, steady_links_s
 from sailor_core.planner.search.egress import EgressParts
 from sailor_core.planner.search.figures import KindFigures
 from sailor_core.planner.search.memo import SearchMemos
@@ -349,7 +349,7 @@ class Searcher:
                 hit = lists[shared] = build_segments(
                     gpu, self.zone_gpus[gpu], spot=r.spot, num_mb=num_mb, degrees=degrees,
                     max_stages=self.max_stages_per_type, terms=terms, fewest_crossings=self.egress.crossings_counter(gpu),
-                    matters=None if cut is None else self._beats_threshold(*cut))
+                    matters=None if cut is None else self._beats_threshold(*cut, gpu=gpu, terms=terms))
             memo[key] = hit
         return hit
 
@@ -368,11 +368,23 @@ class Searcher:
             return None
         return limit, work_s
 
-    def _beats_threshold(self, limit: float, work_s: float):
-        """``scored._capacity_and_rent``'s test of one segment alone, under the throughput
-        objective without limits (the same arithmetic, so the same decision)."""
+    def _beats_threshold(self, limit: float, work_s: float, *, gpu: str, terms: tuple):
+        """``build_segments``' ``matters``: whether a segment alone beats ``limit`` on the capacity
+        bound (``scored._capacity_and_rent``'s test, under the throughput objective without limits)
+        and, given its TP degree, stages and micro-batches per replica, on the capacity bound plus
+        its links' steady state (``bounds.steady_links_s``), which ``scored._pipeline``'s bound of a
+        lone segment holds: the same arithmetic, so a segment it drops is one scoring drops.  Both
+        only fall as the degree grows (fewer micro-batches per replica)."""
         gbs = self.req.global_batch_size
-        return lambda capacity: -gbs / (work_s / capacity) < limit
+        links = {tp: self.parts.own_link_s(gpu, tp, kind) for tp, kind, *_ in terms}
+
+        def matters(capacity: float, tp: int | None = None, num_stages: int = 1, n_per_rep: int = 1) -> bool:
+            t = work_s / capacity
+            if tp is not None:
+                t = t + steady_links_s(n_per_rep, links[tp], num_stages)
+            return -gbs / t < limit
+
+        return matters
 
     @property
     def dp_space(self) -> str:
