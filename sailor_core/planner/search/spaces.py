@@ -30,7 +30,7 @@ class Space:
     num_blocks_lb: float  # ref_total_s / the largest block's ref: blocks a share x of the work holds >= x times it
     lists: list[list[Segment | None]]  # per type: its segments and NO_SEGMENT, in the heap's order
     present: list[list[Segment]]  # the same without NO_SEGMENT (shared: never changed)
-    heap: ProductHeap
+    heap: ProductHeap | None  # three types or more: their shapes in the lazy order
     sorted: SortedShapes | None = None
 
 
@@ -44,8 +44,12 @@ def build_spaces(searcher: Searcher) -> list[Space]:
         kinds = [k for g in searcher.gpu_types for _, k in searcher.figures.kinds_of(g, mbs)]
         if not kinds:
             continue
-        variants = [v for k in kinds for v in searcher.figures.variants(k)]
-        ref_all = [min(k.time_s(i, i + 1) for k in variants) for i in range(L)]
+        # (a sub-search of the same GPU types, the widening pass, has the same kinds and variants)
+        ref_all = searcher.memos.types.layer_refs.get(mbs)
+        if ref_all is None:
+            variants = [v for k in kinds for v in searcher.figures.variants(k)]
+            ref_all = searcher.memos.types.layer_refs[mbs] = [min(k.time_s(i, i + 1) for k in variants)
+                                                              for i in range(L)]
         # The capacity bound may count any subset of layers; the transformer blocks scale alike
         # on every kind, whereas the embedding (whose backward Sailor's profiles miss) would make
         # the slowest kind look as fast as the fastest.
@@ -56,13 +60,13 @@ def build_spaces(searcher: Searcher) -> list[Space]:
             ordered, segs = _ordered(searcher, searcher.segments_for(gpu, mbs, num_mb, ref), throughput)
             lists.append(ordered)
             present.append(segs)
-        if throughput:
-            keys = [[-(s.capacity if s else 0.0) for s in lst] for lst in lists]
-        else:
-            keys = [[(s.min_usd_per_hr if s else 0.0) for s in lst] for lst in lists]
+        heap = None  # (one or two types are scored and sorted: ``attach_sorted``)
+        if len(lists) > 2:
+            heap = ProductHeap([[-(s.capacity if s else 0.0) for s in lst] if throughput else
+                                [(s.min_usd_per_hr if s else 0.0) for s in lst] for lst in lists])
         spaces.append(Space(mbs=mbs, num_mb=num_mb, ref=ref, ref_total_s=sum(ref), all_total_s=sum(ref_all),
                             num_blocks_lb=sum(ref) / max(max(ref), 1e-300), lists=lists, present=present,
-                            heap=ProductHeap(keys)))
+                            heap=heap))
     return spaces
 
 
