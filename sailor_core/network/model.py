@@ -158,6 +158,7 @@ class NetworkModel:
     _links: dict = field(default_factory=dict, repr=False)
     _rings: dict = field(default_factory=dict, repr=False)
     _ring_parts: dict = field(default_factory=dict, repr=False)
+    _pair_links: dict = field(default_factory=dict, repr=False)
 
     # ---- point to point -------------------------------------------------------
 
@@ -316,7 +317,7 @@ class NetworkModel:
 
         nb = np.asarray(num_bytes, dtype=float)
         n = np.asarray(ns, dtype=float).reshape(-1, *(1,) * nb.ndim)  # a ring size per row
-        links = [self.link(a, b) for a, b in pairs]
+        links = self._links_of(pairs)
         num_full = np.floor(nb / bucket_bytes)
         rest = nb - num_full * bucket_bytes
         steps = 2 * (n - 1)
@@ -325,6 +326,18 @@ class NetworkModel:
         per_rest = rest / n
         part = steps * _links_times_s(links, per_rest.ravel()).reshape(len(links), *per_rest.shape)
         return np.where(nb > 0, num_full * full + part, 0.0)
+
+    def _links_of(self, pairs: Sequence[tuple[Endpoint, Endpoint]]) -> list[_Link]:
+        """The links of ``pairs``, those of a tuple asked for again (the planner's ring bounds ask
+        for one tuple per GPU type and set of zones) looked up once."""
+        if type(pairs) is not tuple:
+            return [self.link(a, b) for a, b in pairs]
+        hit = self._pair_links.get(id(pairs))
+        if hit is None or hit[0] is not pairs:
+            if len(self._pair_links) > 4096:
+                self._pair_links.clear()
+            hit = self._pair_links[id(pairs)] = (pairs, [self.link(a, b) for a, b in pairs])
+        return hit[1]
 
     def _ring_s(self, num_bytes: float, runs: tuple[tuple[Endpoint, int], ...], n: int, bucket_bytes: float,
                 ) -> float:

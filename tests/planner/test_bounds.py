@@ -475,9 +475,8 @@ def test_ring_rows_of_several_degrees_at_once_are_each_degree_alone(network):
                 want = network.paced_allreduce_times_s(sizes, [(Endpoint(zone=z, gpu=A),) * 2 for z in alone], d)
                 assert row[1:] == want.min(axis=0).tolist()
             else:
-                pairs, sets = bounds._zone_sets(tuple(sorted(room)))
-                times = network.paced_allreduce_times_s(
-                    sizes, [(Endpoint(zone=a, gpu=A), Endpoint(zone=b, gpu=A)) for a, b in pairs], d)
+                _, pairs, sets = bounds._zone_sets(A, tuple(sorted(room)))
+                times = network.paced_allreduce_times_s(sizes, list(pairs), d)
                 held = [hops for combo, hops in sets if sum(room[z] for z in combo) >= d]
                 assert row[1:] == times[np.array(held)].max(axis=1).min(axis=0).tolist()
 

@@ -357,47 +357,47 @@ def _line_pairs(num_lines: int, rising, falling):
 
 
 def rings_s(network, gpu: str, dp_degrees, room: dict[str, int], nbytes):
-    """Per ``d`` of ``dp_degrees`` (a row each), the fastest ring ``d`` replicas of ``gpu`` can
-    form, for each of ``nbytes`` (numpy): a ring in one zone with ``room`` for them all, else one
-    over a set of zones that has room.  A ring is paced by the slowest of its hops (as
-    ``NetworkModel`` times it), and the planner visits a ring's zones in ring order
-    (``placement``), so over a set of zones it is at least the ring whose every hop is the slowest
-    between zones next to each other in that order (``network.model.ring_hop_pairs``).  ``room``:
-    replicas each zone has room for.  (Each pair of zones timed once for all the degrees.)"""
+    """Per ``d`` of ``dp_degrees`` (a row each; every pair of zones timed once for all), the fastest
+    ring ``d`` replicas of ``gpu`` can form, for each of ``nbytes`` (numpy): a ring in one zone with
+    ``room`` (replicas each zone has room for) for them all, else one over a set of zones that has
+    room.  A ring is paced by the slowest of its hops (as ``NetworkModel`` times it), and the planner
+    visits a ring's zones in ring order (``placement``), so over a set of zones it is at least the
+    ring whose every hop is the slowest between zones next to each other in that order."""
     # lazy: numpy loads when a search runs, not when the CLI checks a request
     import numpy as np
 
-    nb, d, zones = np.asarray(nbytes, dtype=float), np.asarray(dp_degrees), list(room)
+    nb, d, zones = np.asarray(nbytes, dtype=float), np.asarray(dp_degrees), tuple(sorted(room))
     fits = np.array([room[z] for z in zones])[None, :] >= d[:, None]
     out, alone, tail = np.empty((len(d), *nb.shape)), fits.any(axis=1), (1,) * nb.ndim
+    own, pairs, sets = _zone_sets(gpu, zones)
     if alone.any():
-        times = network.paced_allreduce_times_many(nb, [(Endpoint(zone=z, gpu=gpu),) * 2 for z in zones], d[alone])
+        times = network.paced_allreduce_times_many(nb, own, d[alone])
         out[alone] = np.where(fits[alone].T.reshape(*times.shape[:2], *tail), times, np.inf).min(axis=0)
     if not alone.all():
         # The sets of zones share their hops: every (sender, receiver) pair is timed once, all at
         # once (one numpy pass instead of one per pair), then each set's ring is its slowest hop.
-        pairs, sets = _zone_sets(tuple(sorted(room)))
         held = np.array([sum([room[z] for z in combo]) for combo, _ in sets])[:, None] >= d[~alone][None, :]
         assert held.any(axis=0).all(), "a segment's replicas fit its GPU type's zones"
-        times = network.paced_allreduce_times_many(
-            nb, [(Endpoint(zone=a, gpu=gpu), Endpoint(zone=b, gpu=gpu)) for a, b in pairs], d[~alone])
+        times = network.paced_allreduce_times_many(nb, pairs, d[~alone])
         worst = times[np.array([hops for _, hops in sets])].max(axis=1)
         out[~alone] = np.where(held.reshape(*held.shape, *tail), worst, np.inf).min(axis=0)
     return out
 
 
 @functools.lru_cache(maxsize=256)
-def _zone_sets(zones: tuple[str, ...]) -> tuple[tuple, tuple]:
-    """The hops of a ring over each set of two or more of ``zones`` (sorted) in ring order:
-    (every (sender, receiver) pair any set uses, ((set, indices of its pairs), ...)), the
-    indices padded with a pair of the set's own to one length (a maximum is unchanged)."""
+def _zone_sets(gpu: str, zones: tuple[str, ...]) -> tuple[tuple, tuple, tuple]:
+    """(each zone's endpoint of ``gpu`` with itself, every (sender, receiver) pair a ring over a set
+    of two or more of ``zones`` (sorted) uses in ring order, ((set, indices of its pairs), ...) padded
+    with a pair of the set's own to one length): one tuple a call, whose links the network keeps."""
     pairs: dict[tuple[str, str], int] = {}
     sets = []
     for size in range(2, len(zones) + 1):
         for combo in itertools.combinations(zones, size):
             sets.append((combo, [pairs.setdefault(p, len(pairs)) for p in ring_hop_pairs(ring_zone_order(combo))]))
     widest = max((len(hops) for _, hops in sets), default=0)
-    return tuple(pairs), tuple((combo, tuple(hops + hops[:1] * (widest - len(hops)))) for combo, hops in sets)
+    at = {z: Endpoint(zone=z, gpu=gpu) for z in zones}
+    return (tuple((at[z], at[z]) for z in zones), tuple((at[a], at[b]) for a, b in pairs),
+            tuple((combo, tuple(hops + hops[:1] * (widest - len(hops)))) for combo, hops in sets))
 
 
 def ring_rows_s(network, gpu: str, dp_degrees, room: dict[str, int], grad_bytes: float,
