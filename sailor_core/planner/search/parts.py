@@ -244,18 +244,20 @@ class SegmentParts:
         return ids.setdefault((num_stages, block_s, head_s), len(ids))
 
     def granular_column(self, columns: dict, idx):
-        """``granular_id`` of a list's segments ``idx`` (``scored.segment_columns``' "gid", -1 where
-        not asked for yet: a seeded search refines a few hundred of its thousands), filled as needed."""
+        """``granular_id`` of a list's segments ``idx`` (``scored.segment_columns``' "gid"; one type's
+        -1 where not asked for yet: a seeded search refines a few hundred of its thousands, whereas
+        two types' grids refine nearly every segment and are numbered with their columns)."""
         # lazy: numpy loads when a search runs, not when the CLI checks a request
         import numpy as np
 
         gid, segs = columns["gid"], columns["segs"]
-        missing = idx[gid[idx] < 0]
-        if len(missing):
-            need = np.flatnonzero(np.bincount(missing, minlength=len(gid)))
+        got = gid[idx]
+        if columns["alone"] and len(got) and got.min() < 0:
+            need = np.flatnonzero(np.bincount(idx[got < 0], minlength=len(gid)))
             gid[need] = [self.granular_id(seg.num_stages, seg.block_busy_s, seg.head_busy_s)
                          for seg in (segs[i] for i in need.tolist())]
-        return gid[idx]
+            got = gid[idx]
+        return got
 
     def granular_of(self, a: dict, ia, b: dict, ib):
         """``bounds.granular_many`` of the shapes (ia, ib) of two lists' columns (``scored``), each

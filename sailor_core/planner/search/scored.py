@@ -143,7 +143,8 @@ def segment_columns(segs: list[Segment], *, alone: bool, max_p: int, cost_matter
         inv=np.append(1.0 / slow, 0.0), slow=np.append(slow, 0.0), nmb=np.append(nmb.astype(np.int64), 1),
         drain=np.array([(1 - 1 / seg.num_microbatches) ** seg.num_stages for seg in segs] + [1.0]),
         block=np.append(block, np.inf), head=np.append(head, np.inf),
-        gid=np.append(np.full(len(segs), -1, dtype=np.int64), parts.granular_id(0, math.inf, math.inf)),
+        gid=np.array([-1 if alone else parts.granular_id(seg.num_stages, seg.block_busy_s, seg.head_busy_s)
+                      for seg in segs] + [parts.granular_id(0, math.inf, math.inf)], dtype=np.int64),
     )
 
 
