@@ -167,6 +167,7 @@ class NetworkModel:
     _links: dict = field(default_factory=dict, repr=False)
     _rings: dict = field(default_factory=dict, repr=False)
     _ring_parts: dict = field(default_factory=dict, repr=False)
+    _pair_links: dict = field(default_factory=dict, repr=False)
 
     # ---- point to point -------------------------------------------------------
 
@@ -314,18 +315,34 @@ class NetworkModel:
         nb = np.asarray(num_bytes, dtype=float)
         if n <= 1:
             return np.zeros((len(pairs), *nb.shape))
-        links = [self.link(a, b) for a, b in pairs]
+        return self.paced_allreduce_times_many(nb, pairs, [n], bucket_bytes=bucket_bytes)[:, 0]
+
+    def paced_allreduce_times_many(self, num_bytes, pairs: Sequence[tuple[Endpoint, Endpoint]], ns: Sequence[int],
+                                   *, bucket_bytes: float = ALLREDUCE_BUCKET_BYTES):
+        """``paced_allreduce_times_s`` for rings of each size of ``ns`` (each >= 2) at once, element
+        by element the same arithmetic: an array indexed by pair, ring size, then ``num_bytes``'s
+        shape (the planner's ring bounds time every data-parallel degree of a list at once)."""
+        import numpy as np  # lazy: numpy (~0.15 s) only when arrays are computed; importing this module stays light
+
+        nb = np.asarray(num_bytes, dtype=float)
+        n = np.asarray(ns, dtype=float).reshape(-1, *(1,) * nb.ndim)  # a ring size per row
+        links = self._links_of(pairs)
         num_full = np.floor(nb / bucket_bytes)
         rest = nb - num_full * bucket_bytes
         steps = 2 * (n - 1)
-        # A column: one bucket per link, whatever the sizes (the planner times the same rings at
-        # the gradient sizes of every TP degree and depth).
-        key = ("full bucket", tuple(links), n, bucket_bytes)
+        # One bucket per link and ring size, whatever the sizes: kept (the planner times the same
+        # rings at the gradient sizes of every TP degree and depth); then the rest. Timed as flat
+        # arrays, shaped back.
+        key = ("full bucket", tuple(links), tuple(ns), bucket_bytes, nb.ndim)
         full = self._rings.get(key)
         if full is None:
-            full = self._rings[key] = steps * _links_times_s(links, np.array([bucket_bytes / n]))
+            full = steps * _links_times_s(links, (bucket_bytes / n).ravel()).reshape(len(links), *n.shape)
             full.flags.writeable = False
-        part = steps * _links_times_s(links, rest / n)
+            if len(self._rings) > 65536:
+                self._rings.clear()
+            self._rings[key] = full
+        per_rest = rest / n
+        part = steps * _links_times_s(links, per_rest.ravel()).reshape(len(links), *per_rest.shape)
         return np.where(nb > 0, num_full * full + part, 0.0)
 
     def least_allreduce_runs_time_s(self, num_bytes: float, runs: tuple[tuple[Endpoint, int], ...], *,
@@ -366,6 +383,18 @@ class NetworkModel:
                 self._ring_parts.clear()
             links = self._ring_parts[key] = tuple(dict.fromkeys(self.link(a, b) for a, b in pairs))
         return links
+
+    def _links_of(self, pairs: Sequence[tuple[Endpoint, Endpoint]]) -> list[_Link]:
+        """The links of ``pairs``, those of a tuple asked for again (the planner's ring bounds ask
+        for one tuple per GPU type and set of zones) looked up once."""
+        if type(pairs) is not tuple:
+            return [self.link(a, b) for a, b in pairs]
+        hit = self._pair_links.get(id(pairs))
+        if hit is None or hit[0] is not pairs:
+            if len(self._pair_links) > 4096:
+                self._pair_links.clear()
+            hit = self._pair_links[id(pairs)] = (pairs, [self.link(a, b) for a, b in pairs])
+        return hit[1]
 
     def _ring_s(self, num_bytes: float, runs: tuple[tuple[Endpoint, int], ...], n: int, bucket_bytes: float,
                 ) -> float:

@@ -303,6 +303,7 @@ def _widen_degrees(searcher: Searcher) -> None:
         return
     sub = searcher.sub_searcher(searcher.req)
     sub.dp_space_override = "efficient"
+    sub.lazy_alone_bound = True
     # (its proof may stand for the search's: what it splits counts as split, levers.cannot_pay)
     sub.split_orders = searcher.split_orders
     sub.seed_from(searcher)

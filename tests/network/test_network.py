@@ -190,6 +190,28 @@ def test_a_rings_full_buckets_kept_between_calls_time_it_as_a_fresh_network_does
             assert got.tobytes() == default_network().paced_allreduce_times_s(sizes, [(a, a), (a, b)], n).tobytes()
 
 
+def test_rings_of_several_sizes_at_once_are_each_size_alone_bit_for_bit():
+    # paced_allreduce_times_many: the planner times every DP degree of a segment list at once
+    import random
+
+    import numpy as np
+
+    net = default_network()
+    rng = random.Random(11)
+    zones = ["us-central1-a", "us-central1-b", "us-west1-b", "us-east-1a", "europe-west4-a"]
+    for _ in range(40):
+        gpu = rng.choice(["A100-40", "V100-16", "T4", "L4"])
+        pairs = [(Endpoint(zone=rng.choice(zones), gpu=gpu), Endpoint(zone=rng.choice(zones), gpu=gpu))
+                 for _ in range(rng.randint(1, 12))]
+        ns = [rng.randint(2, 200) for _ in range(rng.randint(1, 12))]
+        sizes = 1.6e9 / np.arange(1, rng.randint(2, 17), dtype=float) if rng.random() < 0.5 else \
+            np.array([0.0, 1e3, 6e4, 2e7, 5e8, 3e9]) * rng.uniform(0.5, 2.0)
+        many = net.paced_allreduce_times_many(sizes, pairs, ns)
+        assert many.shape == (len(pairs), len(ns), len(sizes))
+        for j, n in enumerate(ns):
+            assert many[:, j].tobytes() == net.paced_allreduce_times_s(sizes, pairs, n).tobytes()
+
+
 def test_a_ring_keyed_by_its_runs_is_timed_by_every_hop_of_the_whole_ring():
     # allreduce_time_s keys and paces a ring by its runs of equal members; the figure is the
     # bucketed ring paced by the slowest pair ring_hop_pairs gives for the whole member list

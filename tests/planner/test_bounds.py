@@ -444,13 +444,41 @@ def test_ring_bounds_never_exceed_the_simulated_sync(profiles, network):
                 for s, e in zip(starts, cuts)))
             sim = simulate(plan, profiles=profiles, network=network)
             synced = max(st.dp_sync_s for st in sim.stages)
-            row = bounds.ring_row_s(network, A, 4, room, grad, 4)
+            row = bounds.ring_rows_s(network, A, [4], room, grad, 4)[0]
             assert row[0] == np.inf and len(row) == 5
             assert row[len(cuts)] <= synced * (1 + 1e-9)
             block_bytes = layer_table(kind.profile).params(1, L - 1) * kind.regime.grad_bytes_per_param
             curve = bounds.sync_curve_s(network, A, 4, room, block_bytes, len(cuts))
             assert curve[0] == 0.0 and list(curve) == sorted(curve) and len(curve) == GRID + 1
             assert curve[GRID] <= synced * (1 + 1e-9)  # the segment holds all the blocks
+
+
+def test_ring_rows_of_several_degrees_at_once_are_each_degree_alone(network):
+    # bounds.rings_s times a list's DP degrees together (the zones or sets of zones without room
+    # for a degree left out of its least): each row bit for bit what that degree alone gives,
+    # and what the definition gives (the least over the zones that hold it all, else over the
+    # sets of zones that do of their slowest hop)
+    from sailor_core.network import Endpoint
+
+    zones = ["us-central1-a", "us-central1-b", "us-central1-c", "us-west1-b"]
+    rng = random.Random(5)
+    for _ in range(12):
+        room = {z: rng.randint(2, 12) for z in rng.sample(zones, rng.randint(1, 4))}
+        degrees = sorted(rng.sample(range(2, sum(room.values()) + 1), min(6, sum(room.values()) - 1)))
+        grad = rng.uniform(1e8, 3e9)
+        rows = bounds.ring_rows_s(network, A, degrees, room, grad, 8)
+        sizes = np.array([grad / p for p in range(1, 9)])
+        for d, row in zip(degrees, rows):
+            assert row == bounds.ring_rows_s(network, A, [d], room, grad, 8)[0]
+            alone = [z for z, c in room.items() if c >= d]
+            if alone:
+                want = network.paced_allreduce_times_s(sizes, [(Endpoint(zone=z, gpu=A),) * 2 for z in alone], d)
+                assert row[1:] == want.min(axis=0).tolist()
+            else:
+                _, pairs, sets = bounds._zone_sets(A, tuple(sorted(room)))
+                times = network.paced_allreduce_times_s(sizes, list(pairs), d)
+                held = [hops for combo, hops in sets if sum(room[z] for z in combo) >= d]
+                assert row[1:] == times[np.array(held)].max(axis=1).min(axis=0).tolist()
 
 
 def test_sync_bound_is_the_least_ring_and_none_without_replicas():

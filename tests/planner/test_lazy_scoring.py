@@ -140,3 +140,50 @@ def test_one_type_cut_lazily_walks_what_the_settled_cut_walks(limits, keep, prof
     lazy = _one_type(req, profiles, network, monkeypatch, lazy=True, keep=keep)
     settled = _one_type(req, profiles, network, monkeypatch, lazy=False, keep=keep)
     assert lazy[3] and lazy == settled  # same plans, evaluations, proof and shapes walked in order
+
+
+def _widened(req, profiles, network, monkeypatch, *, lazy: bool):
+    """What every pass walks (each shape popped with its bound), the answer, and how many alone
+    bounds (``SegmentParts.blocked_s``) were asked for."""
+    import sailor_core.planner.search.parts as parts
+    from sailor_core.planner.search.shapes import order_key
+
+    popped, asked = [], [0]
+    original_pop, original_blocked = streams.SortedShapes.pop, parts.SegmentParts.blocked_s
+
+    def pop(self):
+        got = original_pop(self)
+        popped.append((order_key(got[0]), got[1]))
+        return got
+
+    def blocked(self, seg, steps_s):
+        asked[0] += 1
+        return original_blocked(self, seg, steps_s)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(spaces, "LAZY_ALONE", lazy)
+        patch.setattr(streams.SortedShapes, "pop", pop)
+        patch.setattr(parts.SegmentParts, "blocked_s", blocked)
+        result = plan_job(req, profiles=profiles, network=network)
+    plans = [(c.plan, c.sim.throughput_samples_per_s, c.sim.usd_per_iteration) for c in result.candidates]
+    return (plans, result.num_evaluated, result.exhausted, result.searched_dp_degrees, popped), asked[0]
+
+
+@pytest.mark.parametrize("avail,gbs", [
+    ({(A, z): 32 for z in (ZA, ZB, "us-central1-c", "us-central1-f", "us-west1-b")}, 1024),  # AE geo row 0
+    ({(A, ZA): 5, (A, ZB): 5, (A, "us-central1-c"): 3}, 24),  # the widening pass proves DP 1 best
+])
+def test_widening_pass_with_the_alone_bound_added_as_walked_walks_what_scoring_it_first_walks(
+        avail, gbs, profiles, network, monkeypatch):
+    # (each run starts without the process's caches, as a fresh process does)
+    from sailor_core.planner import kinds
+
+    model = "opt-350m" if gbs == 1024 else "small"
+    req = make_request(model=model, availability=avail, global_batch_size=gbs)
+    kinds._SHARED.clear()
+    lazy, lazy_asked = _widened(req, profiles, network, monkeypatch, lazy=True)
+    kinds._SHARED.clear()
+    eager, eager_asked = _widened(req, profiles, network, monkeypatch, lazy=False)
+    kinds._SHARED.clear()
+    assert lazy[4] and lazy == eager  # same plans, evaluations, proof, degrees, shapes walked with bounds
+    assert lazy_asked <= eager_asked

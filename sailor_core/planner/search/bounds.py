@@ -205,17 +205,18 @@ def link_lb(num_mb: int, shape: tuple[Segment, ...], link_s) -> float:
     return worst
 
 
-def steady_links_s(num_microbatches: int, link_s: float, num_stages: int) -> float:
-    """What links add, at the least, to the pipeline time of a segment beyond n sum(t) / s.
+def steady_links_s(num_microbatches, link_s, num_stages):
+    """What links add, at the least, to the pipeline time of a segment beyond n sum(t) / s (numpy
+    arrays of segments, or numbers).
 
     In 1F1B (``simulator.pipeline_time``) a stage's path holds its step and (n - 1) times the mean
     of its and a neighbour's step plus their link l, so for the neighbours (t, t') with the
     largest sum an iteration lasts at least n (t + t') / 2 + (n - 1) l / 2, and at least
     n t_max.  The largest neighbour sum is at least (2 sum t - 2 t_max) / (s - 1); the least
     over t_max of the larger of the two is n sum(t) / s + (n - 1) l / 2 (s - 1) / s."""
-    if num_stages < 2:
+    if not hasattr(num_stages, "shape") and num_stages < 2:
         return 0.0
-    return (num_microbatches - 1) * link_s / 2 * (num_stages - 1) / num_stages
+    return (num_microbatches - 1) * link_s / 2 * (num_stages - 1) / num_stages * (num_stages >= 2)
 
 
 def steady_share(n_own, n_other):
@@ -355,55 +356,57 @@ def _line_pairs(num_lines: int, rising, falling):
 # ---- gradient sync: data-parallel rings -------------------------------------------------
 
 
-def rings_s(network, gpu: str, dp_degree: int, room: dict[str, int], nbytes):
-    """The fastest ring ``dp_degree`` replicas of ``gpu`` can form, for each of ``nbytes``
-    (numpy): a ring in one zone with ``room`` for them all, else one over a set of zones that
-    has room.  A ring is paced by the slowest of its hops (as ``NetworkModel`` times it), and the
-    planner visits a ring's zones in ring order (``placement``), so over a set of zones it is at
-    least the ring whose every hop is the slowest between zones next to each other in that order
-    (``network.model.ring_hop_pairs``).  ``room``: replicas each zone has room for."""
+def rings_s(network, gpu: str, dp_degrees, room: dict[str, int], nbytes):
+    """Per ``d`` of ``dp_degrees`` (a row each; every pair of zones timed once for all), the fastest
+    ring ``d`` replicas of ``gpu`` can form, for each of ``nbytes`` (numpy): a ring in one zone with
+    ``room`` (replicas each zone has room for) for them all, else one over a set of zones that has
+    room.  A ring is paced by the slowest of its hops (as ``NetworkModel`` times it), and the planner
+    visits a ring's zones in ring order (``placement``), so over a set of zones it is at least the
+    ring whose every hop is the slowest between zones next to each other in that order."""
     # lazy: numpy loads when a search runs, not when the CLI checks a request
     import numpy as np
 
-    d = dp_degree
-    alone = [z for z, c in room.items() if c >= d]
-    if alone:
-        return network.paced_allreduce_times_s(
-            nbytes, [(Endpoint(zone=z, gpu=gpu), Endpoint(zone=z, gpu=gpu)) for z in alone], d).min(axis=0)
-    # The sets of zones share their hops: every (sender, receiver) pair is timed once, all at
-    # once (one numpy pass instead of one per pair), then each set's ring is its slowest hop.
-    pairs, sets = _zone_sets(tuple(sorted(room)))
-    rows = [hops for zones, hops in sets if sum([room[z] for z in zones]) >= d]
-    assert rows, "a segment's replicas fit its GPU type's zones"
-    times = network.paced_allreduce_times_s(nbytes, [(Endpoint(zone=a, gpu=gpu), Endpoint(zone=b, gpu=gpu))
-                                                     for a, b in pairs], d)
-    return times[np.array(rows)].max(axis=1).min(axis=0)
+    nb, d, zones = np.asarray(nbytes, dtype=float), np.asarray(dp_degrees), tuple(sorted(room))
+    fits = np.array([room[z] for z in zones])[None, :] >= d[:, None]
+    out, alone, tail = np.empty((len(d), *nb.shape)), fits.any(axis=1), (1,) * nb.ndim
+    own, pairs, sets = _zone_sets(gpu, zones)
+    if alone.any():
+        times = network.paced_allreduce_times_many(nb, own, d[alone])
+        out[alone] = np.where(fits[alone].T.reshape(*times.shape[:2], *tail), times, np.inf).min(axis=0)
+    if not alone.all():
+        # The sets of zones share their hops: every (sender, receiver) pair is timed once, all at
+        # once (one numpy pass instead of one per pair), then each set's ring is its slowest hop.
+        held = np.array([sum([room[z] for z in combo]) for combo, _ in sets])[:, None] >= d[~alone][None, :]
+        assert held.any(axis=0).all(), "a segment's replicas fit its GPU type's zones"
+        times = network.paced_allreduce_times_many(nb, pairs, d[~alone])
+        worst = times[np.array([hops for _, hops in sets])].max(axis=1)
+        out[~alone] = np.where(held.reshape(*held.shape, *tail), worst, np.inf).min(axis=0)
+    return out
 
 
 @functools.lru_cache(maxsize=256)
-def _zone_sets(zones: tuple[str, ...]) -> tuple[tuple, tuple]:
-    """The hops of a ring over each set of two or more of ``zones`` (sorted) in ring order:
-    (every (sender, receiver) pair any set uses, ((set, indices of its pairs), ...)), the
-    indices padded with a pair of the set's own to one length (a maximum is unchanged)."""
+def _zone_sets(gpu: str, zones: tuple[str, ...]) -> tuple[tuple, tuple, tuple]:
+    """(each zone's endpoint of ``gpu`` with itself, every (sender, receiver) pair a ring over a set
+    of two or more of ``zones`` (sorted) uses in ring order, ((set, indices of its pairs), ...) padded
+    with a pair of the set's own to one length): one tuple a call, whose links the network keeps."""
     pairs: dict[tuple[str, str], int] = {}
     sets = []
     for size in range(2, len(zones) + 1):
         for combo in itertools.combinations(zones, size):
             sets.append((combo, [pairs.setdefault(p, len(pairs)) for p in ring_hop_pairs(ring_zone_order(combo))]))
     widest = max((len(hops) for _, hops in sets), default=0)
-    return tuple(pairs), tuple((combo, tuple(hops + hops[:1] * (widest - len(hops)))) for combo, hops in sets)
+    at = {z: Endpoint(zone=z, gpu=gpu) for z in zones}
+    return (tuple((at[z], at[z]) for z in zones), tuple((at[a], at[b]) for a, b in pairs),
+            tuple((combo, tuple(hops + hops[:1] * (widest - len(hops)))) for combo, hops in sets))
 
 
-def ring_row_s(network, gpu: str, dp_degree: int, room: dict[str, int], grad_bytes: float,
-               max_stages: int) -> list[float]:
-    """The sync of a pipeline of P stages, P = 1..max_stages (index 0: inf): the stage holding
-    the most parameters holds at least 1/P of the model's ``grad_bytes``, and its ring is at
-    best ``rings_s`` of its segment's replicas.  (A bound up to TP-sharding rounding.)"""
-    # lazy: numpy loads when a search runs, not when the CLI checks a request
-    import numpy as np
-
-    depths = np.arange(1, max_stages + 1, dtype=float)
-    return [math.inf] + rings_s(network, gpu, dp_degree, room, grad_bytes / depths).tolist()
+def ring_rows_s(network, gpu: str, dp_degrees, room: dict[str, int], grad_bytes: float,
+                max_stages: int) -> list[list[float]]:
+    """Per degree of ``dp_degrees``, the sync of a pipeline of P stages, P = 1..max_stages (index
+    0: inf): the stage holding the most parameters holds at least 1/P of the model's
+    ``grad_bytes``, and its ring is at best ``rings_s``.  (A bound up to TP-sharding rounding.)"""
+    shares = [grad_bytes / p for p in range(1, max_stages + 1)]
+    return [[math.inf, *row] for row in rings_s(network, gpu, dp_degrees, room, shares).tolist()]
 
 
 def sync_curve_s(network, gpu: str, dp_degree: int, room: dict[str, int], blocks_grad_bytes: float,
@@ -411,11 +414,8 @@ def sync_curve_s(network, gpu: str, dp_degree: int, room: dict[str, int], blocks
     """The slowest ring of a segment of ``num_stages`` stages holding the share k / GRID of the
     blocks (whose gradient is ``blocks_grad_bytes``), k = 0..GRID: one of its stages holds at
     least 1 / stages of that share's gradient, and its ring is at best ``rings_s``."""
-    # lazy: numpy loads when a search runs, not when the CLI checks a request
-    import numpy as np
-
-    return tuple(rings_s(network, gpu, dp_degree, room,
-                         blocks_grad_bytes * np.arange(GRID + 1) / GRID / num_stages).tolist())
+    shares = [blocks_grad_bytes * k / GRID / num_stages for k in range(GRID + 1)]
+    return tuple(rings_s(network, gpu, [dp_degree], room, shares)[0].tolist())
 
 
 def sync_lb(shape: tuple[Segment, ...], ring_lb) -> float:

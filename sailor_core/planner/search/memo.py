@@ -77,6 +77,7 @@ class TypeMemos:
     # (GPU, TP, mbs, DP, stages, rule) -> link bounds or None; (GPU, TP, mbs) -> links between zones
     blocked_links: dict = field(default_factory=dict)
     blocked_s: dict = field(default_factory=dict)  # (GPU, TP, mbs, DP, stages, rule, steps s) -> blocked bound s
+    layer_refs: dict = field(default_factory=dict)  # mbs -> per layer, the fastest variant's time (spaces)
 
 
 @dataclass(slots=True, eq=False)

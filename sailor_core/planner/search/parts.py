@@ -47,9 +47,9 @@ class SegmentParts:
         self._links = memos.types.links  # (the most asked: bound here)
         self._zone_names = {gpu: tuple(sorted(zones)) for gpu, zones in zone_gpus.items()}
 
-    def _shared(self, key: tuple, seg: Segment):
-        """The process's memo entry of a part (None if absent) and its full key."""
-        key = (key, tuple(self.figures.variants(seg.kind)))
+    def _shared(self, key: tuple, kind):
+        """The process's memo entry of a part of a kind's segments (None if absent) and its full key."""
+        key = (key, tuple(self.figures.variants(kind)))
         return self.memos.process.bound_parts.get(key), key
 
     # ---- links --------------------------------------------------------------------------
@@ -58,14 +58,23 @@ class SegmentParts:
         """Activation + gradient of one micro-batch between replicas of a and b (``bounds.link_s``)."""
         key = (a.gpu, a.tp_degree, b.gpu, b.tp_degree, a.kind.micro_batch_size)
         t = self._links.get(key)
-        if t is None:
-            hit, full = self._shared(("link", key, self._zone_names[a.gpu], self._zone_names[b.gpu]), a)
-            if hit is None:
-                hit = self.memos.process.bound_parts[full] = bounds.link_s(
-                    self.network, self.figures.link_bytes(a.kind), self.zone_gpus[a.gpu], self.zone_gpus[b.gpu],
-                    a.gpu, a.tp_degree, b.gpu, b.tp_degree)
-            t = self._links[key] = hit
-        return t
+        return t if t is not None else self._link(key, a.kind)
+
+    def own_link_s(self, gpu: str, tp_degree: int, kind) -> float:
+        """``link_s`` between two segments of ``gpu``, ``tp_degree`` and ``kind`` (before any is built)."""
+        key = (gpu, tp_degree, gpu, tp_degree, kind.micro_batch_size)
+        t = self._links.get(key)
+        return t if t is not None else self._link(key, kind)
+
+    def _link(self, key: tuple, kind) -> float:
+        gpu_a, tp_a, gpu_b, tp_b, _ = key
+        hit, full = self._shared(("link", key, self._zone_names[gpu_a], self._zone_names[gpu_b]), kind)
+        if hit is None:
+            hit = self.memos.process.bound_parts[full] = bounds.link_s(
+                self.network, self.figures.link_bytes(kind), self.zone_gpus[gpu_a], self.zone_gpus[gpu_b],
+                gpu_a, tp_a, gpu_b, tp_b)
+        self._links[key] = hit
+        return hit
 
     def steady_links_s(self, seg: Segment) -> float:
         return bounds.steady_links_s(seg.num_microbatches, self.link_s(seg, seg), seg.num_stages)
@@ -150,24 +159,40 @@ class SegmentParts:
 
     def ring_row(self, seg: Segment) -> list[float]:
         """``ring_lb`` of the segment's GPU type, TP and DP degree at every depth 1..max_stages
-        (index 0: inf), at once (``bounds.ring_row_s``)."""
-        memo = self.memos.types.ring_rows
-        key = (seg.gpu, seg.tp_degree, seg.dp_degree)
-        row = memo.get(key)
+        (index 0: inf), at once (``bounds.ring_rows_s``)."""
+        row = self.memos.types.ring_rows.get((seg.gpu, seg.tp_degree, seg.dp_degree))
         if row is None:
-            grad_bytes = min(v.total_params * v.regime.grad_bytes_per_param for v in self.figures.variants(seg.kind))
-            full = ("sync", seg.gpu, seg.dp_degree, self.ring_zones(seg), self.max_stages, grad_bytes)
-            rings = self.memos.process.rings
-            row = rings.get(full)
-            if row is None:
-                row = rings[full] = bounds.ring_row_s(
-                    self.network, seg.gpu, seg.dp_degree, ring_room(self.zone_gpus[seg.gpu], seg.tp_degree),
-                    grad_bytes, self.max_stages)
-            memo[key] = row
+            self.fill_ring_rows([seg])
+            row = self.memos.types.ring_rows[(seg.gpu, seg.tp_degree, seg.dp_degree)]
         return row
 
+    def fill_ring_rows(self, segs) -> None:
+        """``ring_row`` of each segment of ``segs`` with more than one replica, the rows missing
+        from the memos computed together per GPU type, TP degree and gradient: their degrees share
+        the pairs of zones to time (``bounds.rings_s``; the widening pass asks for ~60 new degrees)."""
+        memo, rings = self.memos.types.ring_rows, self.memos.process.rings
+        missing: dict[tuple, dict[int, tuple]] = {}
+        asked = set()
+        for seg in segs:
+            key = (seg.gpu, seg.tp_degree, seg.dp_degree)
+            if seg.dp_degree <= 1 or key in memo or key in asked:
+                continue
+            asked.add(key)
+            grad_bytes = min(v.total_params * v.regime.grad_bytes_per_param for v in self.figures.variants(seg.kind))
+            full = ("sync", seg.gpu, seg.dp_degree, self.ring_zones(seg), self.max_stages, grad_bytes)
+            row = rings.get(full)
+            if row is not None:
+                memo[key] = row
+            else:
+                missing.setdefault((seg.gpu, seg.tp_degree, grad_bytes), {})[seg.dp_degree] = (key, full)
+        for (gpu, tp, grad_bytes), wanted in missing.items():
+            rows = bounds.ring_rows_s(self.network, gpu, list(wanted), ring_room(self.zone_gpus[gpu], tp), grad_bytes,
+                                      self.max_stages)
+            for (key, full), row in zip(wanted.values(), rows):
+                memo[key] = rings[full] = row
+
     def ring_lb(self, seg: Segment, num_stages: int) -> float:
-        """The sync of a pipeline of ``num_stages`` holding this segment (``bounds.ring_row_s``)."""
+        """The sync of a pipeline of ``num_stages`` holding this segment (``bounds.ring_rows_s``)."""
         return self.ring_row(seg)[num_stages] if seg.dp_degree > 1 else 0.0
 
     def sync_curve(self, seg: Segment) -> tuple[float, ...]:
@@ -218,6 +243,22 @@ class SegmentParts:
         ids = self.memos.process.granular_ids
         return ids.setdefault((num_stages, block_s, head_s), len(ids))
 
+    def granular_column(self, columns: dict, idx):
+        """``granular_id`` of a list's segments ``idx`` (``scored.segment_columns``' "gid"; one type's
+        -1 where not asked for yet: a seeded search refines a few hundred of its thousands, whereas
+        two types' grids refine nearly every segment and are numbered with their columns)."""
+        # lazy: numpy loads when a search runs, not when the CLI checks a request
+        import numpy as np
+
+        gid, segs = columns["gid"], columns["segs"]
+        got = gid[idx]
+        if columns["alone"] and len(got) and got.min() < 0:
+            need = np.flatnonzero(np.bincount(idx[got < 0], minlength=len(gid)))
+            gid[need] = [self.granular_id(seg.num_stages, seg.block_busy_s, seg.head_busy_s)
+                         for seg in (segs[i] for i in need.tolist())]
+            got = gid[idx]
+        return got
+
     def granular_of(self, a: dict, ia, b: dict, ib):
         """``bounds.granular_many`` of the shapes (ia, ib) of two lists' columns (``scored``), each
         pair of segment numbers worked out once (in one batch: each shape's figures depend on its
@@ -226,7 +267,7 @@ class SegmentParts:
         import numpy as np
 
         memo = self.memos.process.granular_bounds
-        codes = a["gid"][ia] * (1 << 32) + b["gid"][ib]
+        codes = self.granular_column(a, ia) * (1 << 32) + self.granular_column(b, ib)
         uniq, at, inverse = np.unique(codes, return_index=True, return_inverse=True)
         known = [memo.get(c) for c in uniq.tolist()]
         miss = [j for j, v in enumerate(known) if v is None]

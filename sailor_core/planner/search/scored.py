@@ -119,39 +119,32 @@ def segment_columns(segs: list[Segment], *, alone: bool, max_p: int, cost_matter
     tps = sorted({seg.tp_degree for seg in segs})
     curves = np.zeros((len(segs) + 1, GRID + 1))  # sync_curve per segment, as needed
     # A segment's own link depends on its GPU type, TP and micro-batch size only.
-    by_tp = {tp: parts.link_s(seg, seg) for tp in tps for seg in (probe(segs, tp),)}
-    links = [by_tp[seg.tp_degree] for seg in segs]
-    granular_id = parts.granular_id
+    tp_link = np.array([parts.link_s(seg, seg) for tp in tps for seg in (probe(segs, tp),)] or [0.0])
+    tp_at = {tp: i for i, tp in enumerate(tps)}
+    # One pass over the segments' fields, then whole columns: the same float operations as on
+    # each segment, element by element.
+    cap, rate, stages, dp, tpi, nmb, slow, block, head, p2p = np.array(
+        [(seg.capacity, seg.min_usd_per_hr, seg.num_stages, seg.dp_degree, tp_at[seg.tp_degree], seg.num_microbatches,
+          seg.slowness, seg.block_busy_s, seg.head_busy_s, seg.egress_usd) for seg in segs], dtype=float).reshape(-1, 10).T
+    stages, dp, tpi = stages.astype(np.int64), dp.astype(np.int64), tpi.astype(np.int64)
+    links = tp_link[tpi]
+    self_link = np.where(stages > 1, (nmb - 1) * links / 2, 0.0)
     return dict(
         segs=segs, tps=tps, ring=ring, have_ring=np.zeros(len(segs) + 1, dtype=bool), alone=alone, max_p=max_p,
         curves=curves, have_curve=np.zeros(len(segs) + 1, dtype=bool),
-        cap=np.array([seg.capacity for seg in segs] + [0.0]),
-        rate=np.array([seg.min_usd_per_hr for seg in segs] + [0.0]),
-        stages=np.array([seg.num_stages for seg in segs] + [0]),
-        dp=np.array([seg.dp_degree for seg in segs] + [1 << 30]),
-        d1=np.array([seg.dp_degree == 1 for seg in segs] + [False]),
-        tpi=np.array([tps.index(seg.tp_degree) for seg in segs] + [0]),
-        self_link=np.array([(seg.num_microbatches - 1) * link / 2 if seg.num_stages > 1
-                            else 0.0 for seg, link in zip(segs, links)] + [0.0]),
-        steady=np.array([steady_links_s(seg.num_microbatches, link, seg.num_stages)
-                         for seg, link in zip(segs, links)] + [0.0]),
+        cap=np.append(cap, 0.0), rate=np.append(rate, 0.0), stages=np.append(stages, 0), dp=np.append(dp, 1 << 30),
+        d1=np.append(dp == 1, False), tpi=np.append(tpi, 0), self_link=np.append(self_link, 0.0),
+        steady=np.append(steady_links_s(nmb, links, stages), 0.0),
         # (raised by ``SegmentParts.blocked_s`` where the cheaper bounds leave a shape within
         # the limits, ``_with_blocked``: one segment alone, as ``ShapeBounds.time_lb`` has it)
-        warm=np.append(warm_up_with_links_s(
-            work_s * np.array([seg.slowness for seg in segs], dtype=float),
-            np.array([seg.num_microbatches for seg in segs], dtype=float),
-            np.array([seg.num_stages for seg in segs], dtype=int),
-            np.array(links, dtype=float)), 0.0) if segs else np.zeros(1),
-        p2p_usd=np.array([seg.egress_usd if cost_matters else 0.0 for seg in segs] + [0.0]),
+        warm=np.append(warm_up_with_links_s(work_s * slow, nmb, stages, links), 0.0) if segs else np.zeros(1),
+        p2p_usd=np.append(p2p if cost_matters else np.zeros(len(segs)), 0.0),
         ring_usd=np.array([egress.ring_usd_per_byte(seg) if cost_matters else 0.0 for seg in segs] + [0.0]),
-        inv=np.array([1.0 / seg.slowness for seg in segs] + [0.0]),
-        slow=np.array([seg.slowness for seg in segs] + [0.0]),
-        nmb=np.array([seg.num_microbatches for seg in segs] + [1]),
+        inv=np.append(1.0 / slow, 0.0), slow=np.append(slow, 0.0), nmb=np.append(nmb.astype(np.int64), 1),
         drain=np.array([(1 - 1 / seg.num_microbatches) ** seg.num_stages for seg in segs] + [1.0]),
-        block=np.array([seg.block_busy_s for seg in segs] + [np.inf]),
-        head=np.array([seg.head_busy_s for seg in segs] + [np.inf]),
-        gid=np.array([granular_id(seg.num_stages, seg.block_busy_s, seg.head_busy_s) for seg in segs]
-                     + [granular_id(0, math.inf, math.inf)], dtype=np.int64),
+        block=np.append(block, np.inf), head=np.append(head, np.inf),
+        gid=np.array([-1 if alone else parts.granular_id(seg.num_stages, seg.block_busy_s, seg.head_busy_s)
+                      for seg in segs] + [parts.granular_id(0, math.inf, math.inf)], dtype=np.int64),
     )
 
 
@@ -169,12 +162,13 @@ def _columns_of(segs: list[Segment], context: tuple, searcher: Searcher, **kwarg
 
 
 def score_shapes(searcher: Searcher, present: list[list[Segment]], *, mbs: int, num_mb: int, work_s: float,
-                 num_blocks_lb: float, defer: bool = False) -> ScoredShapes:
+                 num_blocks_lb: float, defer: tuple[str, ...] = ()) -> ScoredShapes:
     """Every shape of one or two GPU types (``present``: each type's segments), scored at once
     with the bound ``tight`` gives it before refinement; shapes that miss the limits, or whose
     bound cannot enter the top N found so far, are dropped (``searcher.threshold``: it only
-    falls, so it stays their bound).  ``defer`` (one type, ``cut.LazyCut``): the alone bound and
-    the ring are left to the refinement, which gives the same final bounds."""
+    falls, so it stays their bound).  ``defer`` (one type): what is left to the refinement, which
+    gives the same final bounds: "alone" the alone bound, "ring" the ring (``cut.LazyCut``: both;
+    the widening pass: the alone bound, on at most ``FIRST_REFINED`` shapes, all refined then)."""
     req = searcher.req
     lists = list(present)
     if len(lists) == 1:
@@ -194,12 +188,12 @@ def score_shapes(searcher: Searcher, present: list[list[Segment]], *, mbs: int, 
     # rent (the floor row: 469,000 of 2.5 million -> 72,000); the sync and egress bounds, which
     # only raise a bound, are needed for the rest alone (same figures and order as for all).
     pairs, pipe = _within_on_pipeline(pairs, pipe, limits, limit)
-    if defer:
-        sync = pairs.tau * 0.0
-    else:
+    if defer == ("alone",) and len(pairs.ia) > FIRST_REFINED:
+        defer = ()  # (past the first refined, shapes keep their first bound: it must hold it)
+    if "alone" not in defer:
         pairs, pipe = _within_on_pipeline(pairs, _with_blocked(searcher.parts, a, b, pairs, pipe, work_s), limits,
                                           limit)
-        sync = _sync(searcher.parts, a, b, pairs)
+    sync = pairs.tau * 0.0 if "ring" in defer else _sync(searcher.parts, a, b, pairs)
     egress, rings_p2p = _egress(searcher, lists, a, b, pairs, num_mb, mbs, kinds)
     refining = Refining(lists=lists, a=a, b=b, lmat=lmat, rings_p2p=rings_p2p, work_s=work_s,
                         block_bytes=searcher.figures.gradient_bytes_lb(mbs)[1], num_blocks_lb=num_blocks_lb,
@@ -363,22 +357,22 @@ def _rings_of(x: dict, idx, parts):
         need = np.flatnonzero(~have)
     else:
         need = np.flatnonzero(np.bincount(idx[~have[idx]], minlength=len(have)))
-    rows: dict = {}  # ring_row by (TP, DP degree): the same for every stage count
-    at, depths, values = [], [], []
-    for i in need.tolist():
-        seg = segs[i] if i < len(segs) else None
-        if seg is None or seg.dp_degree <= 1:
-            continue
+    # One row per (TP, DP degree), the same for every stage count (the missing ones computed
+    # together, ``SegmentParts.fill_ring_rows``), then laid out by array indexing.
+    some = need[need < len(segs)]
+    some = some[x["dp"][some] > 1]
+    if len(some):
+        codes = x["tpi"][some] * (1 << 32) + x["dp"][some]
+        one_of = dict(zip(codes.tolist(), some.tolist()))  # a segment of each
+        keys = sorted(one_of)
+        held = [segs[one_of[c]] for c in keys]
+        parts.fill_ring_rows(held)
+        table = np.array([parts.ring_row(seg)[: x["max_p"] + 1] for seg in held])
+        at = np.searchsorted(np.array(keys), codes)
         if x["alone"]:
-            at.append(i)
-            depths.append(seg.num_stages)
-            values.append(parts.ring_lb(seg, seg.num_stages))
+            ring[some, x["stages"][some]] = table[at, x["stages"][some]]
         else:
-            rows.setdefault((seg.tp_degree, seg.dp_degree), (seg, []))[1].append(i)
-    if at:
-        ring[at, depths] = values
-    for seg, where in rows.values():
-        ring[where] = parts.ring_row(seg)[: x["max_p"] + 1]
+            ring[some] = table[at]
     have[need] = True
     return ring
 
@@ -432,7 +426,7 @@ class ScoredShapes:
                  "cost_matters", "parts", "pre", "first", "num_refined", "final", "never", "never_refined", "defer")
 
     def __init__(self, pairs: Pairs, *, pipe, sync, egress, refining: Refining, limits: Limits,
-                 limit: float, defer: bool = False) -> None:
+                 limit: float, defer: tuple[str, ...] = ()) -> None:
         # lazy: numpy loads when a search runs, not when the CLI checks a request
         import numpy as np
 
@@ -448,7 +442,7 @@ class ScoredShapes:
         self.ia, self.ib, self.stages, self.tau, self.pipe, self.sync, self.rate, self.egress, self.t_lb = (
             x[ok] for x in (ia, ib, stages, tau, pipe, sync, rate, egress, t_lb))
         self.pre = limits.score(self.t_lb, self.rate, self.egress)  # the first bound
-        self.defer = defer  # the alone bound and the ring still to add (every shape is refined then)
+        self.defer = defer  # what is still to add ("alone", "ring": every shape is refined then)
         self.first = np.argsort(self.pre, kind="stable")[:None if defer else FIRST_REFINED]  # to refine, best first
         self.tau, self.egress = self.tau.copy(), self.egress.copy()  # refined in place
         self.num_refined = 0
@@ -531,7 +525,8 @@ class ScoredShapes:
         if self.defer:  # what ``score_shapes`` left out, the same figures
             sub = Pairs(ia=ia[sel], ib=ib[sel], stages=self.stages[sel], tau=tau[sel], rate=self.rate[sel])
             self.pipe[sel] = _with_blocked(self.parts, a, b, sub, self.pipe[sel], self.work_s)
-            self.sync[sel] = _sync(self.parts, a, b, sub)
+            if "ring" in self.defer:
+                self.sync[sel] = _sync(self.parts, a, b, sub)
         tau[sel] = np.maximum(tau[sel], self.parts.granular_of(a, ia[sel], b, ib[sel]))
         t_lb[sel] = np.maximum(tau[sel], self.pipe[sel]) + self.sync[sel]
         alive = self.limits.within(t_lb[sel], self.rate[sel], self.egress[sel]) & (

@@ -14,7 +14,7 @@ from sailor_core.plan.types import Plan, Replica, Stage
 from sailor_core.planner.fastsim import FastResult, FastSim, FastStage
 from sailor_core.planner.kinds import shared_kind_cache
 from sailor_core.planner.request import PlanRequest
-from sailor_core.planner.search.bounds import ideal_iteration
+from sailor_core.planner.search.bounds import ideal_iteration, steady_links_s
 from sailor_core.planner.search.egress import EgressParts
 from sailor_core.planner.search.figures import KindFigures
 from sailor_core.planner.search.memo import SearchMemos
@@ -120,6 +120,9 @@ class Searcher:
         self.settled_types: set[str] = set()
         # The data-parallel degrees searched, when not ``dp_space``'s choice (plan_job's widening pass).
         self.dp_space_override: str | None = None
+        # One GPU type: each shape's alone bound (``SegmentParts.blocked_s``, a placement per segment)
+        # added as the walk reaches it, not when scored (the widening pass walks its best few).
+        self.lazy_alone_bound = False
         # Where a ``pays`` lever search may follow: per ``placed_key`` of each shape whose plan fits
         # with memory limiting neither its split nor its polish (no lever-only shape, which that
         # search skips: ``skip_shapes``, levers.py), its simulated over bounded time (``learn_excess``).
@@ -346,7 +349,7 @@ class Searcher:
                 hit = lists[shared] = build_segments(
                     gpu, self.zone_gpus[gpu], spot=r.spot, num_mb=num_mb, degrees=degrees,
                     max_stages=self.max_stages_per_type, terms=terms, fewest_crossings=self.egress.crossings_counter(gpu),
-                    matters=None if cut is None else self._beats_threshold(*cut))
+                    matters=None if cut is None else self._beats_threshold(*cut, gpu=gpu, terms=terms))
             memo[key] = hit
         return hit
 
@@ -365,11 +368,23 @@ class Searcher:
             return None
         return limit, work_s
 
-    def _beats_threshold(self, limit: float, work_s: float):
-        """``scored._capacity_and_rent``'s test of one segment alone, under the throughput
-        objective without limits (the same arithmetic, so the same decision)."""
+    def _beats_threshold(self, limit: float, work_s: float, *, gpu: str, terms: tuple):
+        """``build_segments``' ``matters``: whether a segment alone beats ``limit`` on the capacity
+        bound (``scored._capacity_and_rent``'s test, under the throughput objective without limits)
+        and, given its TP degree, stages and micro-batches per replica, on the capacity bound plus
+        its links' steady state (``bounds.steady_links_s``), which ``scored._pipeline``'s bound of a
+        lone segment holds: the same arithmetic, so a segment it drops is one scoring drops.  Both
+        only fall as the degree grows (fewer micro-batches per replica)."""
         gbs = self.req.global_batch_size
-        return lambda capacity: -gbs / (work_s / capacity) < limit
+        links = {tp: self.parts.own_link_s(gpu, tp, kind) for tp, kind, *_ in terms}
+
+        def matters(capacity: float, tp: int | None = None, num_stages: int = 1, n_per_rep: int = 1) -> bool:
+            t = work_s / capacity
+            if tp is not None:
+                t = t + steady_links_s(n_per_rep, links[tp], num_stages)
+            return -gbs / t < limit
+
+        return matters
 
     @property
     def dp_space(self) -> str:

@@ -8,6 +8,7 @@ makes one GPU type's segment list; ``place_shape`` puts an ordered shape's stage
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass
 
 from sailor_core.catalog.gpus import get_gpu
@@ -89,11 +90,14 @@ def build_segments(gpu: str, pools: dict[str, int], *, spot: bool, num_mb: int, 
     block and last layer, USD per micro-batch crossing zones or None), per stage count up to
     ``max_stages``, the data-parallel degrees ``degrees`` names (``DP_SPACES``), under each
     placement rule that differs.  ``fewest_crossings(gpu, tp, dp, stages)``: zone crossings the
-    stage rule cannot avoid (``EgressParts.fewest_crossings``).  ``matters(capacity)``: whether a
-    segment of that capacity can matter (``Searcher._capacity_cut``); None: all can."""
+    stage rule cannot avoid (``EgressParts.fewest_crossings``).  ``matters(capacity, tp, stages,
+    micro-batches per replica)``: whether such a segment can matter, false on the smaller degrees
+    only (``Searcher._capacity_cut``); None: all can."""
     live = {z: n for z, n in pools.items() if n > 0}
     min_price = min(gpu_price_usd_per_hr(gpu, z, spot=spot) for z in live)
     out: list[Segment] = []
+    # (efficient degrees up to any d_max are a prefix of those up to the most: listed once)
+    efficient = dp_degrees(degrees, num_mb, num_mb, []) if degrees == "efficient" else None
     for tp, kind, ratio, block_s, head_s, per_byte in terms:
         total_rep = sum(n // tp for n in live.values())
         zone_reps = sorted((n // tp for n in live.values()), reverse=True)
@@ -102,15 +106,25 @@ def build_segments(gpu: str, pools: dict[str, int], *, spot: bool, num_mb: int, 
             d_max = min(total_rep // num_stages, num_mb)
             if d_max < 1:
                 break
-            # (a segment's capacity grows with its degree: none matters if the largest does not)
-            if matters is not None and not matters(num_stages / (-(-num_mb // d_max) * ratio)):
+            # (none matters if the largest degree does not)
+            n_least = -(-num_mb // d_max)
+            if matters is not None and not matters(num_stages / (n_least * ratio), tp, num_stages, n_least):
                 continue
             whole_pipelines = sum(n // (tp * num_stages) for n in live.values()) if len(live) > 1 else 0
-            for d in dp_degrees(degrees, d_max, num_mb, zone_reps):
+            ds = efficient[:bisect.bisect_right(efficient, d_max)] if efficient else dp_degrees(
+                degrees, d_max, num_mb, zone_reps)
+            if matters is not None:
+                # the degrees that matter are the largest ones: from the top, down to the first that does not
+                first = len(ds)
+                while first:
+                    n = -(-num_mb // ds[first - 1])
+                    if not matters(num_stages / (n * ratio), tp, num_stages, n):
+                        break
+                    first -= 1
+                ds = ds[first:]
+            for d in ds:
                 n_per_rep = -(-num_mb // d)
                 cap = num_stages / (n_per_rep * ratio)
-                if matters is not None and not matters(cap):
-                    continue
                 rules = ["stage"]
                 # Whole pipelines per zone only differ from the stage rule when the segment
                 # does not fit one zone: the stage rule then sends every micro-batch across

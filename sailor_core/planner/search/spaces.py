@@ -17,6 +17,7 @@ from sailor_core.planner.search.streams import ProductHeap, SortedShapes
 # micro-batch sizes are queued (see ``attach_sorted``).
 BANDED_KEEP = 4000
 LAZY_ONE_TYPE = True  # (tests compare it with the cut settled before the walk)
+LAZY_ALONE = True  # (tests compare it with the alone bound scored up front)
 
 
 @dataclass(slots=True, eq=False)
@@ -29,7 +30,7 @@ class Space:
     num_blocks_lb: float  # ref_total_s / the largest block's ref: blocks a share x of the work holds >= x times it
     lists: list[list[Segment | None]]  # per type: its segments and NO_SEGMENT, in the heap's order
     present: list[list[Segment]]  # the same without NO_SEGMENT (shared: never changed)
-    heap: ProductHeap
+    heap: ProductHeap | None  # three types or more: their shapes in the lazy order
     sorted: SortedShapes | None = None
 
 
@@ -43,10 +44,14 @@ def build_spaces(searcher: Searcher) -> list[Space]:
         kinds = [k for g in searcher.gpu_types for _, k in searcher.figures.kinds_of(g, mbs)]
         if not kinds:
             continue
-        variants = [v for k in kinds for v in searcher.figures.variants(k)]
-        # (each variant's layer times, ``Kind.time_s``, listed once; then the least per layer)
-        ref_all = [min(times) for times in zip(*[[c[i + 1] - c[i] for i in range(L)]
-                                                 for c in (v.comp_cum for v in variants)])]
+        # (a sub-search of the same GPU types, the widening pass, has the same kinds and variants)
+        ref_all = searcher.memos.types.layer_refs.get(mbs)
+        if ref_all is None:
+            variants = [v for k in kinds for v in searcher.figures.variants(k)]
+            # (each variant's layer times, ``Kind.time_s``, listed once; then the least per layer)
+            ref_all = searcher.memos.types.layer_refs[mbs] = [
+                min(times) for times in zip(*[[c[i + 1] - c[i] for i in range(L)]
+                                              for c in (v.comp_cum for v in variants)])]
         # The capacity bound may count any subset of layers; the transformer blocks scale alike
         # on every kind, whereas the embedding (whose backward Sailor's profiles miss) would make
         # the slowest kind look as fast as the fastest.
@@ -57,13 +62,13 @@ def build_spaces(searcher: Searcher) -> list[Space]:
             ordered, segs = _ordered(searcher, searcher.segments_for(gpu, mbs, num_mb, ref), throughput)
             lists.append(ordered)
             present.append(segs)
-        if throughput:
-            keys = [[-(s.capacity if s else 0.0) for s in lst] for lst in lists]
-        else:
-            keys = [[(s.min_usd_per_hr if s else 0.0) for s in lst] for lst in lists]
+        heap = None  # (one or two types are scored and sorted: ``attach_sorted``)
+        if len(lists) > 2:
+            heap = ProductHeap([[-(s.capacity if s else 0.0) for s in lst] if throughput else
+                                [(s.min_usd_per_hr if s else 0.0) for s in lst] for lst in lists])
         spaces.append(Space(mbs=mbs, num_mb=num_mb, ref=ref, ref_total_s=sum(ref), all_total_s=sum(ref_all),
                             num_blocks_lb=sum(ref) / max(max(ref), 1e-300), lists=lists, present=present,
-                            heap=ProductHeap(keys)))
+                            heap=heap))
     return spaces
 
 
@@ -96,8 +101,10 @@ def attach_sorted(searcher: Searcher, spaces: list[Space]) -> None:
     if any(len(sp.lists) <= 2 and sp.mbs not in memo for sp in spaces):
         # One type banded: its walk stops far below the cut (``cut.LazyCut``).
         lazy = banded and LAZY_ONE_TYPE and len(searcher.gpu_types) == 1
+        alone_later = LAZY_ALONE and searcher.lazy_alone_bound and len(searcher.gpu_types) == 1
+        defer = ("alone", "ring") if lazy else ("alone",) if alone_later else ()
         fresh = {sp.mbs: score_shapes(searcher, sp.present, mbs=sp.mbs, num_mb=sp.num_mb, work_s=sp.ref_total_s,
-                                      num_blocks_lb=sp.num_blocks_lb, defer=lazy)
+                                      num_blocks_lb=sp.num_blocks_lb, defer=defer)
                  for sp in spaces if len(sp.lists) <= 2}
         if lazy:
             band = LazyCut(list(fresh.values()), BANDED_KEEP)
