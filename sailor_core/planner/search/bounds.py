@@ -407,15 +407,15 @@ def ring_row_s(network, gpu: str, dp_degree: int, room: dict[str, int], grad_byt
 
 
 def sync_curve_s(network, gpu: str, dp_degree: int, room: dict[str, int], blocks_grad_bytes: float,
-                 num_stages: int) -> tuple[float, ...]:
-    """The slowest ring of a segment of ``num_stages`` stages holding the share k / GRID of the
-    blocks (whose gradient is ``blocks_grad_bytes``), k = 0..GRID: one of its stages holds at
-    least 1 / stages of that share's gradient, and its ring is at best ``rings_s``."""
+                 stage_counts) -> list[tuple[float, ...]]:
+    """Per stage count of ``stage_counts``, the slowest ring of a segment of that many stages holding
+    k / GRID of the blocks (gradient ``blocks_grad_bytes``), k = 0..GRID: one stage holds >= 1 / stages of it."""
     # lazy: numpy loads when a search runs, not when the CLI checks a request
     import numpy as np
 
-    return tuple(rings_s(network, gpu, dp_degree, room,
-                         blocks_grad_bytes * np.arange(GRID + 1) / GRID / num_stages).tolist())
+    shares = blocks_grad_bytes * np.arange(GRID + 1) / GRID  # (one call for all: the same figures)
+    rings = rings_s(network, gpu, dp_degree, room, np.concatenate([shares / n for n in stage_counts]))
+    return [tuple(row) for row in rings.reshape(len(stage_counts), GRID + 1).tolist()]
 
 
 def sync_lb(shape: tuple[Segment, ...], ring_lb) -> float:

@@ -33,7 +33,9 @@ def settle_cut(scored: list[ScoredShapes], keep: int, chunk: int = CHUNK) -> flo
             return cut
         # A shape whose granular bound is not below the cut known stays at least that cut with
         # or without its joint bounds: the (keep + 1)-th best, now and after, is the same.
-        nxt.refine_next(chunk, below=cut)
+        # Past the cut known no shape is needed (the cut only falls as shapes are refined).
+        ahead = nxt.pre[nxt.first[nxt.num_refined:nxt.num_refined + chunk]]
+        nxt.refine_next(int(np.searchsorted(ahead, cut, side="left")), below=cut)
 
 
 class LazyCut:

@@ -182,13 +182,18 @@ class SegmentParts:
                 return curve
             blocks = min(layer_table(v.profile).params(1, L - 1) * v.regime.grad_bytes_per_param
                          for v in self.figures.variants(seg.kind))
-            full = ("sync curve", seg.gpu, seg.dp_degree, seg.num_stages, self.ring_zones(seg), blocks)
+            zones = self.ring_zones(seg)
             rings = self.memos.process.rings
-            curve = rings.get(full)
+            curve = rings.get(("sync curve", seg.gpu, seg.dp_degree, seg.num_stages, zones, blocks))
             if curve is None:
-                curve = rings[full] = bounds.sync_curve_s(
-                    self.network, seg.gpu, seg.dp_degree, ring_room(self.zone_gpus[seg.gpu], seg.tp_degree), blocks,
-                    seg.num_stages)
+                # Every depth's at once (the same figures): a two-type search asks for most of them,
+                # and one call for them all costs about what one costs (the floor row: 298 -> 74).
+                depths = range(1, max(self.max_stages, seg.num_stages) + 1)
+                curves = bounds.sync_curve_s(self.network, seg.gpu, seg.dp_degree,
+                                             ring_room(self.zone_gpus[seg.gpu], seg.tp_degree), blocks, depths)
+                for p, c in zip(depths, curves):
+                    rings[("sync curve", seg.gpu, seg.dp_degree, p, zones, blocks)] = c
+                curve = curves[seg.num_stages - 1]
             memo[key] = curve
         return curve
 
@@ -218,13 +223,17 @@ class SegmentParts:
         ids = self.memos.process.granular_ids
         return ids.setdefault((num_stages, block_s, head_s), len(ids))
 
-    def granular_of(self, a: dict, ia, b: dict, ib):
+    def granular_of(self, a: dict, ia, b: dict, ib, *, steps: int | None = None):
         """``bounds.granular_many`` of the shapes (ia, ib) of two lists' columns (``scored``), each
         pair of segment numbers worked out once (in one batch: each shape's figures depend on its
-        own inputs alone), kept by pair of numbers for the process."""
+        own inputs alone), kept by pair of numbers for the process; with ``steps``, a lower bound
+        after that many of its steps, for each shape (not kept)."""
         # lazy: numpy loads when a search runs, not when the CLI checks a request
         import numpy as np
 
+        if steps is not None:
+            return bounds.granular_many(a["stages"][ia], a["block"][ia], a["head"][ia], b["stages"][ib],
+                                        b["block"][ib], b["head"][ib], self.num_blocks, iterations=steps)
         memo = self.memos.process.granular_bounds
         codes = a["gid"][ia] * (1 << 32) + b["gid"][ib]
         uniq, at, inverse = np.unique(codes, return_index=True, return_inverse=True)

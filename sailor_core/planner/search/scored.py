@@ -30,6 +30,7 @@ from sailor_core.planner.search.searcher import Searcher
 from sailor_core.planner.search.shapes import Segment
 from sailor_core.planner.search.streams import ShapeStream, SortedShapes
 
+ROUGH_STEPS = 6  # of the granular bound's bisection, before all of them (``ScoredShapes._refine_bounds``)
 FIRST_REFINED = 20000  # shapes given the costly bounds; the rest keep the cheap one (weaker, still a bound)
 _NO_SEGMENTS: list[Segment] = []  # the second type's list of a one-type space (never changed)
 _INTERVALS = [(k / GRID, (k + 1) / GRID) for k in range(GRID)]
@@ -472,9 +473,8 @@ class ScoredShapes:
         return self.kept(sel)
 
     def kept(self, sel):
-        score = self.limits.score(self.t_lb[sel], self.rate[sel], self.egress[sel])
-        ok = self.limits.within(self.t_lb[sel], self.rate[sel], self.egress[sel]) & (score < self.limit)
-        return sel[ok], score[ok]
+        ok = self._alive(sel, math.inf)
+        return sel[ok], self.limits.score(self.t_lb[sel], self.rate[sel], self.egress[sel])[ok]
 
     def never_kept(self):
         """``kept`` of the shapes never refined."""
@@ -530,10 +530,15 @@ class ScoredShapes:
             sub = Pairs(ia=ia[sel], ib=ib[sel], stages=self.stages[sel], tau=tau[sel], rate=self.rate[sel])
             self.pipe[sel] = _with_blocked(self.parts, a, b, sub, self.pipe[sel], self.work_s)
             self.sync[sel] = _sync(self.parts, a, b, sub)
-        tau[sel] = np.maximum(tau[sel], self.parts.granular_of(a, ia[sel], b, ib[sel]))
-        t_lb[sel] = np.maximum(tau[sel], self.pipe[sel]) + self.sync[sel]
-        alive = self.limits.within(t_lb[sel], self.rate[sel], self.egress[sel]) & (
-            self.limits.score(t_lb[sel], self.rate[sel], self.egress[sel]) < min(self.limit, below))
+        exact = sel
+        if below < math.inf:
+            # A few bisection steps first (a lower bound) leave most at or above ``below`` (floor row: 30 % not)
+            tau[sel] = np.maximum(tau[sel], self.parts.granular_of(a, ia[sel], b, ib[sel], steps=ROUGH_STEPS))
+            t_lb[sel] = np.maximum(tau[sel], self.pipe[sel]) + self.sync[sel]
+            exact = sel[self._alive(sel, below)]
+        tau[exact] = np.maximum(tau[exact], self.parts.granular_of(a, ia[exact], b, ib[exact]))
+        t_lb[exact] = np.maximum(tau[exact], self.pipe[exact]) + self.sync[exact]
+        alive = self._alive(sel, below)
         two = sel[alive & (ia[sel] < len(a["segs"])) & (ib[sel] < len(b["segs"]))]  # (the rest keep the weaker bound)
         if not len(two):
             return
@@ -555,6 +560,11 @@ class ScoredShapes:
         t_lb[two] = np.maximum(t_lb[two], joint)
         if self.cost_matters:
             self._refine_cost(two, u, v, rings)
+
+    def _alive(self, sel, below: float):
+        """Of the shapes ``sel``: whether their ``t_lb`` is within the limits and below ``below``."""
+        t_lb, rate, egress = self.t_lb[sel], self.rate[sel], self.egress[sel]
+        return self.limits.within(t_lb, rate, egress) & (self.limits.score(t_lb, rate, egress) < min(self.limit, below))
 
     def _refine_cost(self, two, u, v, rings) -> None:
         """Rent, time and the rings' egress together (``bounds.joint_cost_lb``), in the egress."""
