@@ -546,19 +546,20 @@ def boundary_crossings(num_mb: int, zones: list[str], routes_a: list, routes_b: 
     (ia, ra), (ib, rb) = _route_rows(routes_a, zones, m), _route_rows(routes_b, zones, m)
     if not (len(ra) or len(rb)):
         return None
-    # Crossings between rows, and between a row and a one-zone stage (the last column/row).
+    # Crossings between rows, and between a row and a one-zone stage (the last column/row): per
+    # zone, which micro-batches each row has there (summed products count the ones two rows keep
+    # in one zone: exact integers; ``einsum``, not BLAS, whose threads cost more than they save).
+    in_a, in_b = ([(rows == z).astype(np.int32) for z in range(len(zones))] for rows in (ra, rb))
     crossing = np.zeros((len(ra) + 1, len(rb) + 1))
-    crossing[:-1, :-1] = (ra[:, None, :] != rb[None, :, :]).sum(axis=2)
+    crossing[:-1, :-1] = len(m) - sum(np.einsum("im,jm->ij", x, y) for x, y in zip(in_a, in_b))
     if len(ra):
-        crossing[:-1, -1] = _off_the_busiest_zone(ra, len(zones), len(m))
+        crossing[:-1, -1] = len(m) - np.max([x.sum(axis=1) for x in in_a], axis=0)  # off the busiest zone
     if len(rb):
-        crossing[-1, :-1] = _off_the_busiest_zone(rb, len(zones), len(m))
+        crossing[-1, :-1] = len(m) - np.max([y.sum(axis=1) for y in in_b], axis=0)
     ra_of = np.where(ia == -2, len(ra), ia)  # -2: the one-zone row/column; -1 stays unknown
     rb_of = np.where(ib == -2, len(rb), ib)
     known = (ia[:, None] != -1) & (ib[None, :] != -1) & ~((ia[:, None] == -2) & (ib[None, :] == -2))
-    out = np.zeros((len(routes_a), len(routes_b)))
-    out[known] = crossing[ra_of[:, None], rb_of[None, :]][known]
-    return out
+    return np.where(known, crossing[ra_of[:, None], rb_of[None, :]], 0.0)
 
 
 def _route_rows(routes: list, zones: list[str], m):
@@ -580,13 +581,6 @@ def _route_rows(routes: list, zones: list[str], m):
             rows.append(of_replica[m % len(of_replica)])
         index[i] = seen[key]
     return np.array(index, dtype=int), np.array(rows, dtype=int).reshape(len(rows), len(m))
-
-
-def _off_the_busiest_zone(rows, num_zones: int, num_mb: int):
-    # lazy: numpy loads when a search runs, not when the CLI checks a request
-    import numpy as np
-
-    return num_mb - np.stack([(rows == z).sum(axis=1) for z in range(num_zones)], axis=1).max(axis=1)
 
 
 # ---- the whole request ------------------------------------------------------------------
