@@ -251,7 +251,6 @@ class SegmentParts:
                                                self.num_blocks, iterations=16)
             if len(keys) > _GRANULAR_MEMO_SIZE:
                 keys, values = keys[:0], values[:0]
-            keys, values = np.concatenate([keys, uniq[miss]]), np.concatenate([values, known[miss]])
-            order = np.argsort(keys, kind="stable")
-            memo["codes"], memo["values"] = keys[order], values[order]
+            where = np.searchsorted(keys, uniq[miss])  # (both sorted, none in common)
+            memo["codes"], memo["values"] = np.insert(keys, where, uniq[miss]), np.insert(values, where, known[miss])
         return known[inverse]
