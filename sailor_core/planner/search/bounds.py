@@ -533,7 +533,9 @@ def rings_egress_lb_many(fa, fb, stages_a, stages_b, both, whole_bytes: float, b
 
 def boundary_crossings(num_mb: int, zones: list[str], routes_a: list, routes_b: list):
     """Micro-batches that must cross zones where a segment of ``routes_a`` meets one of
-    ``routes_b`` (numpy matrix; 0 where unknown), or None when no route is known.
+    ``routes_b`` (0 where unknown), or None when no route is known: (a numpy matrix over the
+    distinct routes, each route's row of it, each one's column), route i of ``routes_a`` meeting
+    route j of ``routes_b``: ``matrix[rows[i], cols[j]]``.
 
     A route is "one zone" (every stage of the segment in one zone, which at best is the zone
     the other segment routes the most micro-batches to), None (unknown), or the replicas per
@@ -546,20 +548,19 @@ def boundary_crossings(num_mb: int, zones: list[str], routes_a: list, routes_b: 
     (ia, ra), (ib, rb) = _route_rows(routes_a, zones, m), _route_rows(routes_b, zones, m)
     if not (len(ra) or len(rb)):
         return None
-    # Crossings between rows, and between a row and a one-zone stage (the last column/row): per
-    # zone, which micro-batches each row has there (summed products count the ones two rows keep
-    # in one zone: exact integers; ``einsum``, not BLAS, whose threads cost more than they save).
+    # Crossings between rows, and between a row and a one-zone stage (the row / column after
+    # them; two one-zone stages may share a zone; the last: unknown, nothing counted): per zone,
+    # which micro-batches each row has there (summed products count the ones two rows keep in
+    # one zone: exact integers; ``einsum``, not BLAS, whose threads cost more than they save).
     in_a, in_b = ([(rows == z).astype(np.int32) for z in range(len(zones))] for rows in (ra, rb))
-    crossing = np.zeros((len(ra) + 1, len(rb) + 1))
-    crossing[:-1, :-1] = len(m) - sum(np.einsum("im,jm->ij", x, y) for x, y in zip(in_a, in_b))
+    crossing = np.zeros((len(ra) + 2, len(rb) + 2))
+    crossing[:-2, :-2] = len(m) - sum(np.einsum("im,jm->ij", x, y) for x, y in zip(in_a, in_b))
     if len(ra):
-        crossing[:-1, -1] = len(m) - np.max([x.sum(axis=1) for x in in_a], axis=0)  # off the busiest zone
+        crossing[:-2, -2] = len(m) - np.max([x.sum(axis=1) for x in in_a], axis=0)  # off the busiest zone
     if len(rb):
-        crossing[-1, :-1] = len(m) - np.max([y.sum(axis=1) for y in in_b], axis=0)
-    ra_of = np.where(ia == -2, len(ra), ia)  # -2: the one-zone row/column; -1 stays unknown
-    rb_of = np.where(ib == -2, len(rb), ib)
-    known = (ia[:, None] != -1) & (ib[None, :] != -1) & ~((ia[:, None] == -2) & (ib[None, :] == -2))
-    return np.where(known, crossing[ra_of[:, None], rb_of[None, :]], 0.0)
+        crossing[-2, :-2] = len(m) - np.max([y.sum(axis=1) for y in in_b], axis=0)
+    return (crossing, np.where(ia == -2, len(ra), np.where(ia == -1, len(ra) + 1, ia)),
+            np.where(ib == -2, len(rb), np.where(ib == -1, len(rb) + 1, ib)))
 
 
 def _route_rows(routes: list, zones: list[str], m):

@@ -41,8 +41,8 @@ _INTERVALS = [(k / GRID, (k + 1) / GRID) for k in range(GRID)]
 class Refining:
     """What refining a space's shapes reads besides their columns: each type's segments and
     their columns (``segment_columns``), the links between the types' TP degrees (``lmat``),
-    the egress where two segments meet, the block work, the gradient's block and the least
-    blocks per segment, whether cost matters, and the planner's bound parts."""
+    the egress where two segments meet (``_meeting_usd``), the block work, the gradient's block
+    and the least blocks per segment, whether cost matters, and the planner's bound parts."""
 
     lists: list
     a: dict
@@ -288,25 +288,34 @@ def _meeting_kinds(lists, a: dict, b: dict, pairs: Pairs) -> list:
 
 
 def _egress(searcher: Searcher, lists, a: dict, b: dict, pairs: Pairs, num_mb: int, mbs: int, kinds: list | None):
-    """(egress USD per iteration bound, matrix of the between-segments part) of the pairs: each
-    segment's own p2p, the rings (``rings_egress_lb``) and where two segments meet (``kinds``:
-    whose boundary activations price it; None: cost does not matter)."""
+    """(egress USD per iteration bound, the between-segments part as ``_meeting_usd`` reads it) of
+    the pairs: each segment's own p2p, the rings (``rings_egress_lb``) and where two segments
+    meet (``kinds``: whose boundary activations price it; None: cost does not matter)."""
     # lazy: numpy loads when a search runs, not when the CLI checks a request
     import numpy as np
 
     ia, ib = pairs.ia, pairs.ib
     na, nb = len(a["segs"]), len(b["segs"])
     both = (ia < na) & (ib < nb)
-    rings_p2p = np.zeros((na + 1, nb + 1))
+    meeting = np.zeros((1, 1)), np.zeros(na + 1, dtype=int), np.zeros(nb + 1, dtype=int)  # (all 0)
     if kinds is not None and both.any():
-        # Only for the segments of the shapes left.
+        # Only for the segments of the shapes left (the others: a zero row or column).
         ua, ub = (np.flatnonzero(np.bincount(idx[both], minlength=n)) for idx, n in ((ia, na), (ib, nb)))
-        rings_p2p[np.ix_(ua, ub)] = searcher.egress.between_segments_usd(
+        usd, rows, cols = searcher.egress.between_segments_usd(
             num_mb, [lists[0][i] for i in ua.tolist()], [lists[1][i] for i in ub.tolist()], kinds=kinds)
+        meeting = np.pad(usd, ((0, 1), (0, 1))), np.full(na + 1, len(usd)), np.full(nb + 1, usd.shape[1])
+        meeting[1][ua], meeting[2][ub] = rows, cols
     whole, block = searcher.figures.gradient_bytes_lb(mbs)
     rings = rings_egress_lb_many(a["ring_usd"][ia], b["ring_usd"][ib], a["stages"][ia], b["stages"][ib], both,
                                  whole, block)
-    return a["p2p_usd"][ia] + b["p2p_usd"][ib] + rings + rings_p2p[ia, ib], rings_p2p
+    return a["p2p_usd"][ia] + b["p2p_usd"][ib] + rings + _meeting_usd(meeting, ia, ib), meeting
+
+
+def _meeting_usd(meeting: tuple, ia, ib):
+    """The between-segments egress of the pairs (ia, ib): (matrix, row per segment of the first
+    type, column per segment of the second), as ``_egress`` keeps it."""
+    usd, rows, cols = meeting
+    return usd[rows[ia], cols[ib]]
 
 
 class ScoredShapes:
@@ -472,7 +481,7 @@ class ScoredShapes:
         cu = np.vstack([per_s * u[flat].max(axis=0), per_s * np.delete(u, flat, axis=0)]) + e2
         cv = np.vstack([np.zeros((1, len(two))), per_s * np.delete(v, flat, axis=0)]) + (e1 - e2)
         usd = np.min([h + per_s * ring for h, ring in zip(min_max_lines(cu, cv, _INTERVALS), rings)], axis=0)
-        fixed = a["p2p_usd"][ia[two]] + b["p2p_usd"][ib[two]] + self.rings_p2p[ia[two], ib[two]]
+        fixed = a["p2p_usd"][ia[two]] + b["p2p_usd"][ib[two]] + _meeting_usd(self.rings_p2p, ia[two], ib[two])
         self.egress[two] = np.maximum(self.egress[two], usd + fixed - rate[two] * self.t_lb[two] / 3600)
 
 
