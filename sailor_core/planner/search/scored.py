@@ -170,7 +170,7 @@ def _pipeline(parts, lists, a: dict, b: dict, pairs: Pairs, work_s: float, num_m
     # lazy: numpy loads when a search runs, not when the CLI checks a request
     import numpy as np
 
-    ia, ib, stages, tau = pairs.ia, pairs.ib, pairs.stages, pairs.tau
+    ia, ib, tau = pairs.ia, pairs.ib, pairs.tau
     na, nb = len(a["segs"]), len(b["segs"])
     both = (ia < na) & (ib < nb)
     cross = np.zeros(len(ia))
@@ -184,10 +184,11 @@ def _pipeline(parts, lists, a: dict, b: dict, pairs: Pairs, work_s: float, num_m
         lmat = np.zeros((1, 1))
     link = np.maximum(np.maximum(a["self_link"][ia], b["self_link"][ib]), cross)
     pipe = np.maximum(link, work_s / pipe_work_rate_many(a["inv"][ia], a["drain"][ia], b["inv"][ib], b["drain"][ib]))
-    pipe = np.maximum(pipe, np.where(both, 0.0, tau + a["steady"][ia] + b["steady"][ib]))
-    alone_a, alone_b = ia[~both], ib[~both]
-    warm = np.where(alone_a < na, a["warm"][alone_a], b["warm"][alone_b])
-    pipe[~both] = np.maximum(pipe[~both], warm)
+    # One segment alone (a few of two types' pairs): its compute with its links, and its warm-up.
+    lone = np.flatnonzero(~both)
+    la, lb = ia[lone], ib[lone]
+    pipe[lone] = np.maximum(np.maximum(pipe[lone], tau[lone] + a["steady"][la] + b["steady"][lb]),
+                            np.where(la < na, a["warm"][la], b["warm"][lb]))
     return pipe, lmat
 
 
