@@ -295,22 +295,21 @@ class NetworkModel:
         self._rings[key] = out
         return out
 
-    def paced_allreduce_times_s(self, num_bytes, pairs: Sequence[tuple[Endpoint, Endpoint]], n, *,
+    def paced_allreduce_times_s(self, num_bytes, pairs: Sequence[tuple[Endpoint, Endpoint]], n: int, *,
                                 bucket_bytes: float = ALLREDUCE_BUCKET_BYTES):
-        """Rings of ``n`` members (or, a numpy array of at least 2 per size, of that many for each
-        size) each paced by one (sender, receiver) pair of ``pairs``: a numpy array with a row per
-        pair of the times of ``num_bytes`` (the planner's ring bounds time every pair of zones, and
-        rings of several sizes, at once: ``planner/search/bounds.rings_s``)."""
+        """Rings of ``n`` members each paced by one (sender, receiver) pair of ``pairs``: a numpy
+        array with a row per pair of the times of ``num_bytes`` (the planner's ring bounds time
+        every pair of zones at once: ``planner/search/bounds.rings_s``)."""
         import numpy as np  # lazy: numpy (~0.15 s) only when arrays are computed; importing this module stays light
 
         nb = np.asarray(num_bytes, dtype=float)
-        if np.ndim(n) == 0 and n <= 1:
+        if n <= 1:
             return np.zeros((len(pairs), *nb.shape))
         links = [self.link(a, b) for a, b in pairs]
         num_full = np.floor(nb / bucket_bytes)
         rest = nb - num_full * bucket_bytes
         steps = 2 * (n - 1)
-        full = steps * _links_times_s(links, np.atleast_1d(bucket_bytes / n))  # one bucket per link (and ring size)
+        full = steps * _links_times_s(links, np.array([bucket_bytes / n]))  # a column: one bucket per link
         part = steps * _links_times_s(links, rest / n)
         return np.where(nb > 0, num_full * full + part, 0.0)
 

@@ -444,11 +444,11 @@ def test_ring_bounds_never_exceed_the_simulated_sync(profiles, network):
                 for s, e in zip(starts, cuts)))
             sim = simulate(plan, profiles=profiles, network=network)
             synced = max(st.dp_sync_s for st in sim.stages)
-            row = bounds.ring_row_s(network, A, [4], room, grad, 4)[0]
+            row = bounds.ring_row_s(network, A, 4, room, grad, 4)
             assert row[0] == np.inf and len(row) == 5
             assert row[len(cuts)] <= synced * (1 + 1e-9)
             block_bytes = layer_table(kind.profile).params(1, L - 1) * kind.regime.grad_bytes_per_param
-            curve = bounds.sync_curve_s(network, A, [4], room, block_bytes, [len(cuts)])[0][0]
+            curve = bounds.sync_curve_s(network, A, 4, room, block_bytes, [len(cuts)])[0]
             assert curve[0] == 0.0 and list(curve) == sorted(curve) and len(curve) == GRID + 1
             assert curve[GRID] <= synced * (1 + 1e-9)  # the segment holds all the blocks
 

@@ -355,32 +355,29 @@ def _line_pairs(num_lines: int, rising, falling):
 # ---- gradient sync: data-parallel rings -------------------------------------------------
 
 
-def rings_s(network, gpu: str, dp_degrees, room: dict[str, int], nbytes):
-    """The fastest ring of each of ``dp_degrees`` replicas of ``gpu`` (a row each) for each of
-    ``nbytes`` (numpy, a column each): a ring in one zone with ``room`` for them all, else one
-    over a set of zones that has room.  A ring is paced by the slowest of its hops (as
-    ``NetworkModel`` times it), and the planner visits a ring's zones in ring order
-    (``placement``), so over a set of zones it is at least the ring whose every hop is the
-    slowest between zones next to each other in that order (``network.model.ring_hop_pairs``).
-    ``room``: replicas each zone has room for.  Degrees on the same hops are timed at once."""
+def rings_s(network, gpu: str, dp_degree: int, room: dict[str, int], nbytes):
+    """The fastest ring ``dp_degree`` replicas of ``gpu`` can form, for each of ``nbytes``
+    (numpy): a ring in one zone with ``room`` for them all, else one over a set of zones that
+    has room.  A ring is paced by the slowest of its hops (as ``NetworkModel`` times it), and the
+    planner visits a ring's zones in ring order (``placement``), so over a set of zones it is at
+    least the ring whose every hop is the slowest between zones next to each other in that order
+    (``network.model.ring_hop_pairs``).  ``room``: replicas each zone has room for."""
     # lazy: numpy loads when a search runs, not when the CLI checks a request
     import numpy as np
 
-    nbytes, out, groups = np.asarray(nbytes, dtype=float), np.empty((len(dp_degrees), len(nbytes))), {}
-    for i, d in enumerate(dp_degrees):
-        groups.setdefault(tuple(z for z, c in room.items() if c >= d), []).append(i)  # (): spread
-    for alone, at in groups.items():
-        # The sets of zones share their hops: every (sender, receiver) pair is timed once, all at
-        # once (one numpy pass instead of one per pair), then each set's ring is its slowest hop.
-        pairs, sets = ([(z, z) for z in alone], ()) if alone else _zone_sets(tuple(sorted(room)))
-        times = network.paced_allreduce_times_s(
-            np.tile(nbytes, len(at)), [(Endpoint(zone=a, gpu=gpu), Endpoint(zone=b, gpu=gpu)) for a, b in pairs],
-            np.repeat([dp_degrees[i] for i in at], len(nbytes))).reshape(len(pairs), len(at), len(nbytes))
-        for j, i in enumerate(at):
-            rows = [hops for zones, hops in sets if sum([room[z] for z in zones]) >= dp_degrees[i]]
-            assert alone or rows, "a segment's replicas fit its GPU type's zones"
-            out[i] = times[:, j].min(axis=0) if alone else times[np.array(rows), j].max(axis=1).min(axis=0)
-    return out
+    d = dp_degree
+    alone = [z for z, c in room.items() if c >= d]
+    if alone:
+        return network.paced_allreduce_times_s(
+            nbytes, [(Endpoint(zone=z, gpu=gpu), Endpoint(zone=z, gpu=gpu)) for z in alone], d).min(axis=0)
+    # The sets of zones share their hops: every (sender, receiver) pair is timed once, all at
+    # once (one numpy pass instead of one per pair), then each set's ring is its slowest hop.
+    pairs, sets = _zone_sets(tuple(sorted(room)))
+    rows = [hops for zones, hops in sets if sum([room[z] for z in zones]) >= d]
+    assert rows, "a segment's replicas fit its GPU type's zones"
+    times = network.paced_allreduce_times_s(nbytes, [(Endpoint(zone=a, gpu=gpu), Endpoint(zone=b, gpu=gpu))
+                                                     for a, b in pairs], d)
+    return times[np.array(rows)].max(axis=1).min(axis=0)
 
 
 @functools.lru_cache(maxsize=256)
@@ -397,28 +394,28 @@ def _zone_sets(zones: tuple[str, ...]) -> tuple[tuple, tuple]:
     return tuple(pairs), tuple((combo, tuple(hops + hops[:1] * (widest - len(hops)))) for combo, hops in sets)
 
 
-def ring_row_s(network, gpu: str, dp_degrees, room: dict[str, int], grad_bytes: float,
-               max_stages: int) -> list[list[float]]:
-    """Per DP degree of ``dp_degrees``, the sync of a pipeline of P stages, P = 1..max_stages (index
-    0: inf): the stage holding the most parameters holds at least 1/P of the model's ``grad_bytes``,
-    and its ring is at best ``rings_s`` of its segment's replicas.  (Up to TP-sharding rounding.)"""
+def ring_row_s(network, gpu: str, dp_degree: int, room: dict[str, int], grad_bytes: float,
+               max_stages: int) -> list[float]:
+    """The sync of a pipeline of P stages, P = 1..max_stages (index 0: inf): the stage holding
+    the most parameters holds at least 1/P of the model's ``grad_bytes``, and its ring is at
+    best ``rings_s`` of its segment's replicas.  (A bound up to TP-sharding rounding.)"""
     # lazy: numpy loads when a search runs, not when the CLI checks a request
     import numpy as np
 
     depths = np.arange(1, max_stages + 1, dtype=float)
-    return [[math.inf] + row for row in rings_s(network, gpu, dp_degrees, room, grad_bytes / depths).tolist()]
+    return [math.inf] + rings_s(network, gpu, dp_degree, room, grad_bytes / depths).tolist()
 
 
-def sync_curve_s(network, gpu: str, dp_degrees, room: dict[str, int], blocks_grad_bytes: float,
-                 stage_counts) -> list[list[tuple[float, ...]]]:
-    """Per DP degree and stage count, the slowest ring of a segment of that many stages holding k /
-    GRID of the blocks (gradient ``blocks_grad_bytes``), k = 0..GRID: one stage holds >= 1 / stages of it."""
+def sync_curve_s(network, gpu: str, dp_degree: int, room: dict[str, int], blocks_grad_bytes: float,
+                 stage_counts) -> list[tuple[float, ...]]:
+    """Per stage count of ``stage_counts``, the slowest ring of a segment of that many stages holding
+    k / GRID of the blocks (gradient ``blocks_grad_bytes``), k = 0..GRID: one stage holds >= 1 / stages of it."""
     # lazy: numpy loads when a search runs, not when the CLI checks a request
     import numpy as np
 
     shares = blocks_grad_bytes * np.arange(GRID + 1) / GRID  # (one call for all: the same figures)
-    rings = rings_s(network, gpu, dp_degrees, room, np.concatenate([shares / n for n in stage_counts]))
-    return [[tuple(row) for row in per_dp.reshape(len(stage_counts), GRID + 1).tolist()] for per_dp in rings]
+    rings = rings_s(network, gpu, dp_degree, room, np.concatenate([shares / n for n in stage_counts]))
+    return [tuple(row) for row in rings.reshape(len(stage_counts), GRID + 1).tolist()]
 
 
 def sync_lb(shape: tuple[Segment, ...], ring_lb) -> float:

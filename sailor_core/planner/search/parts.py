@@ -151,38 +151,20 @@ class SegmentParts:
     def ring_row(self, seg: Segment) -> list[float]:
         """``ring_lb`` of the segment's GPU type, TP and DP degree at every depth 1..max_stages
         (index 0: inf), at once (``bounds.ring_row_s``)."""
-        row = self.memos.types.ring_rows.get((seg.gpu, seg.tp_degree, seg.dp_degree))
+        memo = self.memos.types.ring_rows
+        key = (seg.gpu, seg.tp_degree, seg.dp_degree)
+        row = memo.get(key)
         if row is None:
-            self.ring_rows([seg])
-            row = self.memos.types.ring_rows[(seg.gpu, seg.tp_degree, seg.dp_degree)]
-        return row
-
-    def ring_rows(self, segs) -> None:
-        """``ring_row`` of the segments ``segs`` into the memos, those missing on one type's pools
-        and TP degree all in one ``bounds.ring_row_s`` (the same figures; a two-type search asks
-        for a hundred rows, each call's fixed cost the most of it)."""
-        memo, rings = self.memos.types.ring_rows, self.memos.process.rings
-        missing: dict = {}  # the process memo's key -> (TP degree of the room, the search's keys)
-        for seg in segs:
-            key = (seg.gpu, seg.tp_degree, seg.dp_degree)
-            if key in memo:
-                continue
             grad_bytes = min(v.total_params * v.regime.grad_bytes_per_param for v in self.figures.variants(seg.kind))
             full = ("sync", seg.gpu, seg.dp_degree, self.ring_zones(seg), self.max_stages, grad_bytes)
-            if full in rings:
-                memo[key] = rings[full]
-            else:
-                missing.setdefault(full, (seg.tp_degree, []))[1].append(key)
-        groups: dict = {}  # (GPU, TP of the room, gradient bytes) -> the process memo's keys
-        for full, (tp, _) in missing.items():
-            groups.setdefault((full[1], tp, full[-1]), []).append(full)
-        for (gpu, tp, grad_bytes), fulls in groups.items():
-            rows = bounds.ring_row_s(self.network, gpu, [full[2] for full in fulls],
-                                     ring_room(self.zone_gpus[gpu], tp), grad_bytes, self.max_stages)
-            for full, row in zip(fulls, rows):
-                rings[full] = row
-                for key in missing[full][1]:
-                    memo[key] = row
+            rings = self.memos.process.rings
+            row = rings.get(full)
+            if row is None:
+                row = rings[full] = bounds.ring_row_s(
+                    self.network, seg.gpu, seg.dp_degree, ring_room(self.zone_gpus[seg.gpu], seg.tp_degree),
+                    grad_bytes, self.max_stages)
+            memo[key] = row
+        return row
 
     def ring_lb(self, seg: Segment, num_stages: int) -> float:
         """The sync of a pipeline of ``num_stages`` holding this segment (``bounds.ring_row_s``)."""
@@ -190,44 +172,30 @@ class SegmentParts:
 
     def sync_curve(self, seg: Segment) -> tuple[float, ...]:
         """The segment's slowest ring per share k / GRID of the blocks (``bounds.sync_curve_s``)."""
+        memo = self.memos.types.sync_curves
         key = (seg.gpu, seg.tp_degree, seg.dp_degree, seg.num_stages)
-        curve = self.memos.types.sync_curves.get(key)
+        curve = memo.get(key)
         if curve is None:
-            self.sync_curves([seg])
-            curve = self.memos.types.sync_curves[key]
-        return curve
-
-    def sync_curves(self, segs) -> None:
-        """``sync_curve`` of the segments ``segs`` into the memos, those missing of one type's pools
-        and TP degree all in one ``bounds.sync_curve_s`` for every depth (the same figures; a
-        two-type search asks for most depths, and 74 calls' fixed costs were most of their time)."""
-        memo, rings, L = self.memos.types.sync_curves, self.memos.process.rings, self.num_layers
-        missing: dict = {}  # (GPU, TP of the room, block gradient) -> DP degree -> (zones, keys)
-        for seg in segs:
-            key = (seg.gpu, seg.tp_degree, seg.dp_degree, seg.num_stages)
-            if key in memo:
-                continue
+            L = self.num_layers
             if seg.dp_degree <= 1 or L < 3:
-                memo[key] = (0.0,) * (bounds.GRID + 1)
-                continue
+                curve = memo[key] = (0.0,) * (bounds.GRID + 1)
+                return curve
             blocks = min(layer_table(v.profile).params(1, L - 1) * v.regime.grad_bytes_per_param
                          for v in self.figures.variants(seg.kind))
             zones = self.ring_zones(seg)
+            rings = self.memos.process.rings
             curve = rings.get(("sync curve", seg.gpu, seg.dp_degree, seg.num_stages, zones, blocks))
-            if curve is not None:
-                memo[key] = curve
-            else:
-                by_dp = missing.setdefault((seg.gpu, seg.tp_degree, blocks), {})
-                by_dp.setdefault(seg.dp_degree, (zones, []))[1].append(key)
-        for (gpu, tp, blocks), by_dp in missing.items():
-            depths = range(1, max(self.max_stages, *(k[3] for _, keys in by_dp.values() for k in keys)) + 1)
-            curves = bounds.sync_curve_s(self.network, gpu, list(by_dp), ring_room(self.zone_gpus[gpu], tp), blocks,
-                                         depths)
-            for (dp, (zones, keys)), per_depth in zip(by_dp.items(), curves):
-                for p, curve in zip(depths, per_depth):
-                    rings[("sync curve", gpu, dp, p, zones, blocks)] = curve
-                for key in keys:
-                    memo[key] = per_depth[key[3] - 1]
+            if curve is None:
+                # Every depth's at once (the same figures): a two-type search asks for most of them,
+                # and one call for them all costs about what one costs (the floor row: 298 -> 74).
+                depths = range(1, max(self.max_stages, seg.num_stages) + 1)
+                curves = bounds.sync_curve_s(self.network, seg.gpu, seg.dp_degree,
+                                             ring_room(self.zone_gpus[seg.gpu], seg.tp_degree), blocks, depths)
+                for p, c in zip(depths, curves):
+                    rings[("sync curve", seg.gpu, seg.dp_degree, p, zones, blocks)] = c
+                curve = curves[seg.num_stages - 1]
+            memo[key] = curve
+        return curve
 
     def joint_lb(self, work_s: float, shape: tuple[Segment, ...], floor_s: float) -> float:
         """``bounds.joint_lb`` of a two-segment shape."""

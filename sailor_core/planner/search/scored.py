@@ -254,7 +254,7 @@ def _rings_of(x: dict, idx, parts):
     else:
         need = np.flatnonzero(np.bincount(idx[~have[idx]], minlength=len(have)))
     rows: dict = {}  # ring_row by (TP, DP degree): the same for every stage count
-    at, depths, alone = [], [], []
+    at, depths, values = [], [], []
     for i in need.tolist():
         seg = segs[i] if i < len(segs) else None
         if seg is None or seg.dp_degree <= 1:
@@ -262,12 +262,11 @@ def _rings_of(x: dict, idx, parts):
         if x["alone"]:
             at.append(i)
             depths.append(seg.num_stages)
-            alone.append(seg)
+            values.append(parts.ring_lb(seg, seg.num_stages))
         else:
             rows.setdefault((seg.tp_degree, seg.dp_degree), (seg, []))[1].append(i)
-    parts.ring_rows(alone + [seg for seg, _ in rows.values()])  # (all at once)
     if at:
-        ring[at, depths] = [parts.ring_lb(seg, seg.num_stages) for seg in alone]
+        ring[at, depths] = values
     for seg, where in rows.values():
         ring[where] = parts.ring_row(seg)[: x["max_p"] + 1]
     have[need] = True
@@ -444,7 +443,7 @@ class ScoredShapes:
         if not len(two):
             return
         # Rings only for the segments these shapes use (the curves cost a few rings each).
-        c1, c2 = (_curves_of(x, idx[two], self.parts) for x, idx in ((a, ia), (b, ib)))
+        c1, c2 = (_curves_of(x, idx[two], self.parts.sync_curve) for x, idx in ((a, ia), (b, ib)))
         work_s = self.work_s
         a1, a2 = work_s / a["cap"][ia[two]], work_s / b["cap"][ib[two]]
         k1, k2 = a["steady"][ia[two]], b["steady"][ib[two]]
@@ -487,16 +486,15 @@ class ScoredShapes:
         self.egress[two] = np.maximum(self.egress[two], usd + fixed - rate[two] * self.t_lb[two] / 3600)
 
 
-def _curves_of(x: dict, idx, parts):
-    """``SegmentParts.sync_curve`` of the segments ``idx`` of a list's columns (past its end: no
-    segment, no ring), filling the columns' curves as needed."""
+def _curves_of(x: dict, idx, sync_curve):
+    """``sync_curve`` of the segments ``idx`` of a list's columns (past its end: no segment, no
+    ring), filling the columns' curves as needed."""
     # lazy: numpy loads when a search runs, not when the CLI checks a request
     import numpy as np
 
     need = np.flatnonzero(np.bincount(idx[~x["have_curve"][idx]], minlength=len(x["have_curve"])))
-    held = [i for i in need.tolist() if i < len(x["segs"])]
-    parts.sync_curves([x["segs"][i] for i in held])  # (all at once)
-    for i in held:
-        x["curves"][i] = parts.sync_curve(x["segs"][i])
+    for i in need.tolist():
+        if i < len(x["segs"]):
+            x["curves"][i] = sync_curve(x["segs"][i])
     x["have_curve"][need] = True
     return x["curves"][idx]
