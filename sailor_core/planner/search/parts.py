@@ -237,8 +237,8 @@ class SegmentParts:
         memo = self.memos.process.granular_bounds
         codes = a["gid"][ia] * (1 << 32) + b["gid"][ib]
         uniq, at, inverse = np.unique(codes, return_index=True, return_inverse=True)
-        # The process's as two sorted arrays, looked up all at once (a dict code by code took a
-        # third of the time on the floor row, where nearly every code is new).
+        # The process's as two sorted arrays, looked up all at once (a dict read and written code
+        # by code took a third of this on the floor row, where nearly every code is new).
         keys, values = memo.get("codes", np.empty(0, dtype=np.int64)), memo.get("values", np.empty(0))
         pos = np.searchsorted(keys, uniq).clip(max=max(len(keys) - 1, 0))
         hit = keys[pos] == uniq if len(keys) else np.zeros(len(uniq), dtype=bool)
