@@ -175,9 +175,9 @@ def _pipeline(parts, lists, a: dict, b: dict, pairs: Pairs, work_s: float, num_m
     both = (ia < na) & (ib < nb)
     cross = np.zeros(len(ia))
     if na and nb:
-        lmat = np.array([[min(parts.link_s(probe(lists[0], ta), probe(lists[1], tb)),
-                              parts.link_s(probe(lists[1], tb), probe(lists[0], ta)))
-                          for tb in b["tps"]] for ta in a["tps"]])
+        pa, pb = ({tp: probe(segs, tp) for tp in x["tps"]} for segs, x in ((lists[0], a), (lists[1], b)))
+        lmat = np.array([[min(parts.link_s(pa[ta], pb[tb]), parts.link_s(pb[tb], pa[ta])) for tb in b["tps"]]
+                         for ta in a["tps"]])
         n = -(-num_mb // np.minimum(a["dp"][ia], b["dp"][ib]))
         cross = np.where(both, (n - 1) * lmat[a["tpi"][ia], b["tpi"][ib]] / 2, 0.0)
     else:
