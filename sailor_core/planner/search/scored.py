@@ -144,7 +144,7 @@ def score_shapes(searcher: Searcher, present: list[list[Segment]], *, mbs: int, 
     limit = searcher.threshold()
     pairs = pairs_within(searcher, a, b, work_s, limits, limit)
     kinds = _meeting_kinds(lists, a, b, pairs) if cost_matters else None
-    pipe, lmat = _pipeline(searcher.parts, lists, a, b, pairs, work_s, num_mb)
+    pipe, lmat = _pipeline(searcher.parts, lists, a, b, pairs, work_s)
     # The pipeline bound rules out most pairs a cap, a floor or the top N leave on capacity and
     # rent (the floor row: 469,000 of 2.5 million -> 72,000); the sync and egress bounds, which
     # only raise a bound, are needed for the rest alone (same figures and order as for all).
@@ -163,7 +163,7 @@ def score_shapes(searcher: Searcher, present: list[list[Segment]], *, mbs: int, 
                         defer=defer)
 
 
-def _pipeline(parts, lists, a: dict, b: dict, pairs: Pairs, work_s: float, num_mb: int):
+def _pipeline(parts, lists, a: dict, b: dict, pairs: Pairs, work_s: float):
     """(pipeline bound whatever the split, matrix of links between the types' TP degrees) of
     the pairs: links, the warm-up in the better order (``pipe_lb``), and for one segment its
     compute with its links (``steady_links_s``, ``warm_up_with_links_s``)."""
@@ -178,7 +178,8 @@ def _pipeline(parts, lists, a: dict, b: dict, pairs: Pairs, work_s: float, num_m
         pa, pb = ({tp: probe(segs, tp) for tp in x["tps"]} for segs, x in ((lists[0], a), (lists[1], b)))
         lmat = np.array([[min(parts.link_s(pa[ta], pb[tb]), parts.link_s(pb[tb], pa[ta])) for tb in b["tps"]]
                          for ta in a["tps"]])
-        n = -(-num_mb // np.minimum(a["dp"][ia], b["dp"][ib]))
+        # the micro-batches of the narrower segment's replicas, ceil(num_mb / min(DP degrees))
+        n = np.maximum(a["nmb"][ia], b["nmb"][ib])
         cross = np.where(both, (n - 1) * lmat[a["tpi"][ia], b["tpi"][ib]] / 2, 0.0)
     else:
         lmat = np.zeros((1, 1))
