@@ -69,17 +69,21 @@ def granular_busiest_s(segments, num_blocks: int) -> float:
         t = nxt
 
 
-def granular_many(sa, ra, ha, sb, rb, hb, num_blocks: int, iterations: int = 24):
+def granular_many(sa, ra, ha, sb, rb, hb, num_blocks: int, iterations: int = 24, start=None, ends: bool = False):
     """``granular_busiest_s`` of many two-segment shapes at once (numpy bisection; an absent
-    segment has 0 stages).  Returns the low end of the last interval: a bound, to ~1e-7."""
+    segment has 0 stages).  Returns the low end of the last interval: a bound, to ~1e-7 (a bound
+    after any number of steps); ``ends``: the interval's (low, high) ends, which as ``start`` go
+    on where they stopped (each shape's steps its own: what taking all of them at once gives)."""
     # lazy: numpy loads when a search runs, not when the CLI checks a request
     import numpy as np
 
     if num_blocks <= 0:
-        return np.zeros(len(sa))
-    inv = np.where(sa > 0, sa / ra, 0.0) + np.where(sb > 0, sb / rb, 0.0)
-    lo = num_blocks / inv
-    hi = lo + np.where(sa > 0, ra + ha, 0.0) + np.where(sb > 0, rb + hb, 0.0)
+        return (np.zeros(len(sa)),) * 2 if ends else np.zeros(len(sa))
+    if start is None:
+        inv = np.where(sa > 0, sa / ra, 0.0) + np.where(sb > 0, sb / rb, 0.0)
+        lo = num_blocks / inv
+        start = lo, lo + np.where(sa > 0, ra + ha, 0.0) + np.where(sb > 0, rb + hb, 0.0)
+    lo, hi = start
 
     has_a, has_b = sa > 0, sb > 0
     ra1, rb1 = np.where(has_a, ra, 1.0), np.where(has_b, rb, 1.0)
@@ -101,7 +105,7 @@ def granular_many(sa, ra, ha, sb, rb, hb, num_blocks: int, iterations: int = 24)
         ok = base - loss >= num_blocks
         hi = np.where(ok, t, hi)
         lo = np.where(ok, lo, t)
-    return lo
+    return (lo, hi) if ends else lo
 
 
 def pipe_work_rate(order: tuple[Segment, ...]) -> float:

@@ -13,6 +13,7 @@ from sailor_core.simulator import compose
 from sailor_core.simulator.stage import boundary_transfer_s, endpoint
 from sailor_core.simulator.tables import layer_table
 
+GRANULAR_STEPS = 16  # of the granular bound's bisection (``bounds.granular_many``)
 _GRANULAR_MEMO_SIZE = 1 << 16  # two-segment granular bounds the process keeps (then starts afresh)
 
 
@@ -223,17 +224,19 @@ class SegmentParts:
         ids = self.memos.process.granular_ids
         return ids.setdefault((num_stages, block_s, head_s), len(ids))
 
-    def granular_of(self, a: dict, ia, b: dict, ib, *, steps: int | None = None):
+    def granular_of(self, a: dict, ia, b: dict, ib, *, steps: int | None = None, start=None):
         """``bounds.granular_many`` of the shapes (ia, ib) of two lists' columns (``scored``), each
         pair of segment numbers worked out once (in one batch: each shape's figures depend on its
-        own inputs alone), kept by pair of numbers for the process; with ``steps``, a lower bound
-        after that many of its steps, for each shape (not kept)."""
+        own inputs alone), kept by pair of numbers for the process; with ``steps``, the ends of
+        each shape's interval after that many of its steps from ``start`` (not kept: the low end
+        is a bound, and after ``GRANULAR_STEPS`` in all it is the bound)."""
         # lazy: numpy loads when a search runs, not when the CLI checks a request
         import numpy as np
 
         if steps is not None:
             return bounds.granular_many(a["stages"][ia], a["block"][ia], a["head"][ia], b["stages"][ib],
-                                        b["block"][ib], b["head"][ib], self.num_blocks, iterations=steps)
+                                        b["block"][ib], b["head"][ib], self.num_blocks, iterations=steps,
+                                        start=start, ends=True)
         memo = self.memos.process.granular_bounds
         codes = a["gid"][ia] * (1 << 32) + b["gid"][ib]
         uniq, at, inverse = np.unique(codes, return_index=True, return_inverse=True)
@@ -248,7 +251,7 @@ class SegmentParts:
             m = at[miss]
             known[miss] = bounds.granular_many(a["stages"][ia[m]], a["block"][ia[m]], a["head"][ia[m]],
                                                b["stages"][ib[m]], b["block"][ib[m]], b["head"][ib[m]],
-                                               self.num_blocks, iterations=16)
+                                               self.num_blocks, iterations=GRANULAR_STEPS)
             if len(keys) > _GRANULAR_MEMO_SIZE:
                 keys, values = keys[:0], values[:0]
             where = np.searchsorted(keys, uniq[miss])  # (both sorted, none in common)

@@ -27,11 +27,12 @@ from sailor_core.planner.search.bounds import (
     warm_up_with_links_s,
 )
 from sailor_core.planner.search.grid import Limits, Pairs, pairs_within
+from sailor_core.planner.search.parts import GRANULAR_STEPS
 from sailor_core.planner.search.searcher import Searcher
 from sailor_core.planner.search.shapes import Segment
 from sailor_core.planner.search.streams import ShapeStream, SortedShapes
 
-ROUGH_STEPS = 6  # of the granular bound's bisection, before all of them (``ScoredShapes._refine_bounds``)
+ROUGH_STEPS = 6  # of the granular bound's bisection, before the rest (``ScoredShapes._refine_bounds``)
 FIRST_REFINED = 20000  # shapes given the costly bounds; the rest keep the cheap one (weaker, still a bound)
 _NO_SEGMENTS: list[Segment] = []  # the second type's list of a one-type space (never changed)
 _INTERVALS = [(k / GRID, (k + 1) / GRID) for k in range(GRID)]
@@ -433,11 +434,18 @@ class ScoredShapes:
             self.sync[sel] = _sync(self.parts, a, b, sub)
         exact = sel
         if below < math.inf:
-            # A few bisection steps first (a lower bound) leave most at or above ``below`` (floor row: 30 % not)
-            tau[sel] = np.maximum(tau[sel], self.parts.granular_of(a, ia[sel], b, ib[sel], steps=ROUGH_STEPS))
+            # A few bisection steps first (a lower bound) leave most at or above ``below`` (floor row:
+            # 30 % not); those below take the other steps from there (the same bound as all at once)
+            lo, hi = self.parts.granular_of(a, ia[sel], b, ib[sel], steps=ROUGH_STEPS)
+            tau[sel] = np.maximum(tau[sel], lo)
             t_lb[sel] = np.maximum(tau[sel], self.pipe[sel]) + self.sync[sel]
-            exact = sel[self._alive(sel, below)]
-        tau[exact] = np.maximum(tau[exact], self.parts.granular_of(a, ia[exact], b, ib[exact]))
+            alive = self._alive(sel, below)
+            exact = sel[alive]
+            granular = self.parts.granular_of(a, ia[exact], b, ib[exact], steps=GRANULAR_STEPS - ROUGH_STEPS,
+                                              start=(lo[alive], hi[alive]))[0]
+        else:
+            granular = self.parts.granular_of(a, ia[exact], b, ib[exact])
+        tau[exact] = np.maximum(tau[exact], granular)
         t_lb[exact] = np.maximum(tau[exact], self.pipe[exact]) + self.sync[exact]
         alive = self._alive(sel, below)
         two = sel[alive & (ia[sel] < len(a["segs"])) & (ib[sel] < len(b["segs"]))]  # (the rest keep the weaker bound)
