@@ -110,9 +110,7 @@ class ProcessMemos:
     small: dict  # ("gradient bytes" | "ideal GPU-seconds", ...) -> figures of the kinds alone
     # Never emptied: (stages, block busy s, head busy s) -> number; cached columns hold the numbers.
     granular_ids: dict
-    # "codes": sorted (number a << 32) + number b, "values": their two-segment granular bounds
-    # (numpy arrays, emptied past 1 << 16)
-    granular_bounds: dict
+    granular_bounds: dict  # (number a << 32) + number b -> two-segment granular bound (emptied past 1 << 16)
 
     @classmethod
     def fetch(cls, kinds, network, num_blocks: int) -> ProcessMemos:

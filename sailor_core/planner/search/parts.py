@@ -4,6 +4,9 @@ keeps the answers in the search's ``SearchMemos``)."""
 
 from __future__ import annotations
 
+import itertools
+import math
+
 from sailor_core.planner.search import bounds
 from sailor_core.planner.search.alone import blocked_pipeline_s
 from sailor_core.planner.search.figures import KindFigures
@@ -240,20 +243,17 @@ class SegmentParts:
         memo = self.memos.process.granular_bounds
         codes = a["gid"][ia] * (1 << 32) + b["gid"][ib]
         uniq, at, inverse = np.unique(codes, return_index=True, return_inverse=True)
-        # The process's as two sorted arrays, looked up all at once (a dict read and written code
-        # by code took a third of this on the floor row, where nearly every code is new).
-        keys, values = memo.get("codes", np.empty(0, dtype=np.int64)), memo.get("values", np.empty(0))
-        pos = np.searchsorted(keys, uniq).clip(max=max(len(keys) - 1, 0))
-        hit = keys[pos] == uniq if len(keys) else np.zeros(len(uniq), dtype=bool)
-        known = np.where(hit, values[pos], 0.0) if len(keys) else np.zeros(len(uniq))
-        miss = np.flatnonzero(~hit)
+        # Read and written a list at a time, nan where missing (code by code took a third of this
+        # on the floor row, where nearly every code is new; the bounds are never nan).
+        keys = uniq.tolist()
+        known = np.array(list(map(memo.get, keys, itertools.repeat(math.nan))), dtype=float)
+        miss = np.flatnonzero(np.isnan(known))
         if len(miss):
             m = at[miss]
             known[miss] = bounds.granular_many(a["stages"][ia[m]], a["block"][ia[m]], a["head"][ia[m]],
                                                b["stages"][ib[m]], b["block"][ib[m]], b["head"][ib[m]],
                                                self.num_blocks, iterations=GRANULAR_STEPS)
-            if len(keys) > _GRANULAR_MEMO_SIZE:
-                keys, values = keys[:0], values[:0]
-            where = np.searchsorted(keys, uniq[miss])  # (both sorted, none in common)
-            memo["codes"], memo["values"] = np.insert(keys, where, uniq[miss]), np.insert(values, where, known[miss])
+            if len(memo) > _GRANULAR_MEMO_SIZE:
+                memo.clear()
+            memo.update(zip(uniq[miss].tolist(), known[miss].tolist()))
         return known[inverse]

@@ -187,7 +187,7 @@ def _pipeline(parts, lists, a: dict, b: dict, pairs: Pairs, work_s: float):
     link = np.maximum(np.maximum(a["self_link"][ia], b["self_link"][ib]), cross)
     pipe = np.maximum(link, work_s / pipe_work_rate_many(a["inv"][ia], a["drain"][ia], b["inv"][ib], b["drain"][ib]))
     # One segment alone (a few of two types' pairs): its compute with its links, and its warm-up.
-    lone = np.flatnonzero(~both)
+    lone = np.flatnonzero(~both) if both.any() else slice(None)  # (one type: all of them, as views)
     la, lb = ia[lone], ib[lone]
     pipe[lone] = np.maximum(np.maximum(pipe[lone], tau[lone] + a["steady"][la] + b["steady"][lb]),
                             np.where(la < na, a["warm"][la], b["warm"][lb]))
