@@ -300,7 +300,7 @@ def _egress(searcher: Searcher, lists, a: dict, b: dict, pairs: Pairs, num_mb: i
     ia, ib = pairs.ia, pairs.ib
     na, nb = len(a["segs"]), len(b["segs"])
     both = (ia < na) & (ib < nb)
-    meeting = np.zeros((1, 1)), np.zeros(na + 1, dtype=int), np.zeros(nb + 1, dtype=int)  # (all 0)
+    meeting = None  # (nothing where they meet)
     if kinds is not None and both.any():
         # Only for the segments of the shapes left (the others: a zero row or column).
         ua, ub = (np.flatnonzero(np.bincount(idx[both], minlength=n)) for idx, n in ((ia, na), (ib, nb)))
@@ -314,9 +314,11 @@ def _egress(searcher: Searcher, lists, a: dict, b: dict, pairs: Pairs, num_mb: i
     return a["p2p_usd"][ia] + b["p2p_usd"][ib] + rings + _meeting_usd(meeting, ia, ib), meeting
 
 
-def _meeting_usd(meeting: tuple, ia, ib):
+def _meeting_usd(meeting: tuple | None, ia, ib):
     """The between-segments egress of the pairs (ia, ib): (matrix, row per segment of the first
-    type, column per segment of the second), as ``_egress`` keeps it."""
+    type, column per segment of the second), as ``_egress`` keeps it (None: 0)."""
+    if meeting is None:
+        return 0.0
     usd, rows, cols = meeting
     return usd[rows[ia], cols[ib]]
 
