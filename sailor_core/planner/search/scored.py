@@ -377,8 +377,9 @@ class ScoredShapes:
         return self.kept(sel)
 
     def kept(self, sel):
-        ok = self._alive(sel, math.inf)
-        return sel[ok], self.limits.score(self.t_lb[sel], self.rate[sel], self.egress[sel])[ok]
+        score = self.limits.score(self.t_lb[sel], self.rate[sel], self.egress[sel])
+        ok = self.limits.within(self.t_lb[sel], self.rate[sel], self.egress[sel]) & (score < self.limit)
+        return sel[ok], score[ok]
 
     def never_kept(self):
         """``kept`` of the shapes never refined."""
