@@ -104,11 +104,11 @@ def test_granular_bisection_stopped_and_resumed_is_all_of_it_bit_for_bit():
         rb, hb = np.where(sb > 0, rb, np.inf), np.where(sb > 0, hb, np.inf)
         blocks, first = int(rng.integers(1, 100)), int(rng.integers(0, 16))
         whole = bounds.granular_many(sa, ra, ha, sb, rb, hb, blocks, iterations=16)
-        lo, hi = bounds.granular_many(sa, ra, ha, sb, rb, hb, blocks, iterations=first, ends=True)
+        lo, hi = bounds.granular_steps(sa, ra, ha, sb, rb, hb, blocks, first)
         assert (lo <= whole).all()
         part = rng.random(n) < 0.5
-        rest = bounds.granular_many(sa[part], ra[part], ha[part], sb[part], rb[part], hb[part], blocks,
-                                    iterations=16 - first, start=(lo[part], hi[part]))
+        rest, _ = bounds.granular_steps(sa[part], ra[part], ha[part], sb[part], rb[part], hb[part], blocks, 16 - first,
+                                        start=(lo[part], hi[part]))
         assert rest.tobytes() == whole[part].tobytes()
 
 

@@ -69,22 +69,25 @@ def granular_busiest_s(segments, num_blocks: int) -> float:
         t = nxt
 
 
-def granular_many(sa, ra, ha, sb, rb, hb, num_blocks: int, iterations: int = 24, start=None, ends: bool = False):
+def granular_many(sa, ra, ha, sb, rb, hb, num_blocks: int, iterations: int = 24):
     """``granular_busiest_s`` of many two-segment shapes at once (numpy bisection; an absent
-    segment has 0 stages).  Returns the low end of the last interval: a bound, to ~1e-7 (a bound
-    after any number of steps); ``ends``: the interval's (low, high) ends, which as ``start`` go
-    on where they stopped (each shape's steps its own: what taking all of them at once gives)."""
+    segment has 0 stages).  Returns the low end of the last interval: a bound, to ~1e-7."""
+    return granular_steps(sa, ra, ha, sb, rb, hb, num_blocks, iterations)[0]
+
+
+def granular_steps(sa, ra, ha, sb, rb, hb, num_blocks: int, iterations: int, start=None):
+    """``granular_many``'s bisection: each shape's interval's (low, high) ends after ``iterations`` steps
+    from ``start`` (else its first); the low end a bound after any step, steps in parts all at once's."""
     # lazy: numpy loads when a search runs, not when the CLI checks a request
     import numpy as np
 
     if num_blocks <= 0:
-        return (np.zeros(len(sa)),) * 2 if ends else np.zeros(len(sa))
+        return np.zeros(len(sa)), np.zeros(len(sa))
     if start is None:
         inv = np.where(sa > 0, sa / ra, 0.0) + np.where(sb > 0, sb / rb, 0.0)
         lo = num_blocks / inv
         start = lo, lo + np.where(sa > 0, ra + ha, 0.0) + np.where(sb > 0, rb + hb, 0.0)
     lo, hi = start
-
     has_a, has_b = sa > 0, sb > 0
     ra1, rb1 = np.where(has_a, ra, 1.0), np.where(has_b, rb, 1.0)
     # One segment each (one GPU type): the same bits without the absent one's terms (+ 0.0, min with inf)
@@ -105,7 +108,7 @@ def granular_many(sa, ra, ha, sb, rb, hb, num_blocks: int, iterations: int = 24,
         ok = base - loss >= num_blocks
         hi = np.where(ok, t, hi)
         lo = np.where(ok, lo, t)
-    return (lo, hi) if ends else lo
+    return lo, hi
 
 
 def pipe_work_rate(order: tuple[Segment, ...]) -> float:
@@ -536,10 +539,9 @@ def rings_egress_lb_many(fa, fb, stages_a, stages_b, both, whole_bytes: float, b
 
 
 def boundary_crossings(num_mb: int, zones: list[str], routes_a: list, routes_b: list):
-    """Micro-batches that must cross zones where a segment of ``routes_a`` meets one of
-    ``routes_b`` (0 where unknown), or None when no route is known: (a numpy matrix over the
-    distinct routes, each route's row of it, each one's column), route i of ``routes_a`` meeting
-    route j of ``routes_b``: ``matrix[rows[i], cols[j]]``.
+    """Micro-batches that must cross zones where a segment of ``routes_a`` meets one of ``routes_b``
+    (0 where unknown), or None when no route is known: (a numpy matrix over the distinct routes, each
+    route's row, each route's column), route i of ``routes_a`` meeting j: ``matrix[rows[i], cols[j]]``.
 
     A route is "one zone" (every stage of the segment in one zone, which at best is the zone
     the other segment routes the most micro-batches to), None (unknown), or the replicas per
@@ -552,10 +554,9 @@ def boundary_crossings(num_mb: int, zones: list[str], routes_a: list, routes_b: 
     (ia, ra), (ib, rb) = _route_rows(routes_a, zones, m), _route_rows(routes_b, zones, m)
     if not (len(ra) or len(rb)):
         return None
-    # Crossings between rows, and between a row and a one-zone stage (the row / column after
-    # them; two one-zone stages may share a zone; the last: unknown, nothing counted): per zone,
-    # which micro-batches each row has there (summed products count the ones two rows keep in
-    # one zone: exact integers; ``einsum``, not BLAS, whose threads cost more than they save).
+    # Crossings between rows, and with a one-zone stage (the row / column after them; two one-zone
+    # stages may share a zone; the last: unknown): per zone, which micro-batches each row has there
+    # (summed products count those two rows keep in a zone, exact; ``einsum``: BLAS threads cost more).
     in_a, in_b = ([(rows == z).astype(np.int32) for z in range(len(zones))] for rows in (ra, rb))
     crossing = np.zeros((len(ra) + 2, len(rb) + 2))
     crossing[:-2, :-2] = len(m) - sum(np.einsum("im,jm->ij", x, y) for x, y in zip(in_a, in_b))

@@ -231,15 +231,14 @@ class SegmentParts:
         """``bounds.granular_many`` of the shapes (ia, ib) of two lists' columns (``scored``), each
         pair of segment numbers worked out once (in one batch: each shape's figures depend on its
         own inputs alone), kept by pair of numbers for the process; with ``steps``, the ends of
-        each shape's interval after that many of its steps from ``start`` (not kept: the low end
-        is a bound, and after ``GRANULAR_STEPS`` in all it is the bound)."""
+        each shape's interval after that many of its steps from ``start`` (``bounds.granular_steps``;
+        not kept: the low end is a bound, and after ``GRANULAR_STEPS`` in all it is the bound)."""
         # lazy: numpy loads when a search runs, not when the CLI checks a request
         import numpy as np
 
         if steps is not None:
-            return bounds.granular_many(a["stages"][ia], a["block"][ia], a["head"][ia], b["stages"][ib],
-                                        b["block"][ib], b["head"][ib], self.num_blocks, iterations=steps,
-                                        start=start, ends=True)
+            return bounds.granular_steps(a["stages"][ia], a["block"][ia], a["head"][ia], b["stages"][ib],
+                                         b["block"][ib], b["head"][ib], self.num_blocks, steps, start=start)
         memo = self.memos.process.granular_bounds
         codes = a["gid"][ia] * (1 << 32) + b["gid"][ib]
         uniq, at, inverse = np.unique(codes, return_index=True, return_inverse=True)

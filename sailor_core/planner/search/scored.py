@@ -4,8 +4,9 @@ bound, and for two segments the joint time and cost bounds) in order of that fir
 as far as the search walks (``streams.ShapeStream``) or a cut needs (``cut.settle_cut``).
 
 The cheap parts (capacity, rent, links, warm-up, the smallest ring, egress) are scored for every
-pair of segments on a grid (``grid.pairs_within`` first); the costly ones for the best ``FIRST_REFINED`` shapes by the cheap bound,
-in chunks: each shape's figures depend on its own inputs alone, so chunks give what all at once does.
+pair of segments on a grid (``grid.pairs_within`` first); the costly ones for the best
+``FIRST_REFINED`` shapes by the cheap bound, in chunks: each shape's figures depend on its own
+inputs alone, so chunks give what all at once does.
 """
 
 from __future__ import annotations
