@@ -55,10 +55,10 @@ def test_refining_on_demand_keeps_what_refining_everything_keeps(limits, fewer, 
 
 
 def _whole_grid(searcher, a, b, work_s, limits, limit):
-    """``scored._capacity_and_rent`` over every pair of segments (the yardstick)."""
+    """``grid.pairs_within`` over every pair of segments (the yardstick)."""
     import numpy as np
 
-    from sailor_core.planner.search.scored import Pairs
+    from sailor_core.planner.search.grid import Pairs
 
     na, nb = len(a["segs"]), len(b["segs"])
     stages = a["stages"][:, None] + b["stages"][None, :]
@@ -85,9 +85,10 @@ def _whole_grid(searcher, a, b, work_s, limits, limit):
 def test_pairs_of_the_segments_that_may_pair_are_the_whole_grids(limits, profiles, network, monkeypatch):
     import numpy as np
 
+    import sailor_core.planner.search.grid as grid
     import sailor_core.planner.search.scored as scored
 
-    built, checked, cells = scored._capacity_and_rent, [], [0, 0]
+    built, checked, cells = scored.pairs_within, [], [0, 0]
 
     def both(searcher, a, b, work_s, lim, limit):
         got, want = built(searcher, a, b, work_s, lim, limit), _whole_grid(searcher, a, b, work_s, lim, limit)
@@ -95,13 +96,13 @@ def test_pairs_of_the_segments_that_may_pair_are_the_whole_grids(limits, profile
             x, y = getattr(got, name), getattr(want, name)
             assert x.dtype == y.dtype and np.array_equal(x, y), name
         checked.append(len(want.ia))
-        rows = scored._may_pair(a, b, work_s, lim, limit, searcher.max_stages)
-        cols = scored._may_pair(b, a, work_s, lim, limit, searcher.max_stages)
+        rows = grid.may_pair(a, b, work_s, lim, limit, searcher.max_stages)
+        cols = grid.may_pair(b, a, work_s, lim, limit, searcher.max_stages)
         cells[0] += int(rows.sum()) * int(cols.sum())
         cells[1] += len(rows) * len(cols)
         return got
 
-    monkeypatch.setattr(scored, "_capacity_and_rent", both)
+    monkeypatch.setattr(scored, "pairs_within", both)
     avail = {(A, ZA): 64, (A, ZB): 64, (V, ZA): 64, (V, ZB): 64}
     try:
         plan_job(make_request(model="opt-350m", availability=avail, global_batch_size=1024, **limits),

@@ -72,15 +72,22 @@ def granular_busiest_s(segments, num_blocks: int) -> float:
 def granular_many(sa, ra, ha, sb, rb, hb, num_blocks: int, iterations: int = 24):
     """``granular_busiest_s`` of many two-segment shapes at once (numpy bisection; an absent
     segment has 0 stages).  Returns the low end of the last interval: a bound, to ~1e-7."""
+    return granular_steps(sa, ra, ha, sb, rb, hb, num_blocks, iterations)[0]
+
+
+def granular_steps(sa, ra, ha, sb, rb, hb, num_blocks: int, iterations: int, start=None):
+    """``granular_many``'s bisection: each shape's interval's (low, high) ends after ``iterations`` steps
+    from ``start`` (else its first); the low end a bound after any step, steps in parts all at once's."""
     # lazy: numpy loads when a search runs, not when the CLI checks a request
     import numpy as np
 
     if num_blocks <= 0:
-        return np.zeros(len(sa))
-    inv = np.where(sa > 0, sa / ra, 0.0) + np.where(sb > 0, sb / rb, 0.0)
-    lo = num_blocks / inv
-    hi = lo + np.where(sa > 0, ra + ha, 0.0) + np.where(sb > 0, rb + hb, 0.0)
-
+        return np.zeros(len(sa)), np.zeros(len(sa))
+    if start is None:
+        inv = np.where(sa > 0, sa / ra, 0.0) + np.where(sb > 0, sb / rb, 0.0)
+        lo = num_blocks / inv
+        start = lo, lo + np.where(sa > 0, ra + ha, 0.0) + np.where(sb > 0, rb + hb, 0.0)
+    lo, hi = start
     has_a, has_b = sa > 0, sb > 0
     ra1, rb1 = np.where(has_a, ra, 1.0), np.where(has_b, rb, 1.0)
     # One segment each (one GPU type): the same bits without the absent one's terms (+ 0.0, min with inf)
@@ -101,7 +108,7 @@ def granular_many(sa, ra, ha, sb, rb, hb, num_blocks: int, iterations: int = 24)
         ok = base - loss >= num_blocks
         hi = np.where(ok, t, hi)
         lo = np.where(ok, lo, t)
-    return lo
+    return lo, hi
 
 
 def pipe_work_rate(order: tuple[Segment, ...]) -> float:
@@ -410,12 +417,15 @@ def ring_rows_s(network, gpu: str, dp_degrees, room: dict[str, int], grad_bytes:
 
 
 def sync_curve_s(network, gpu: str, dp_degree: int, room: dict[str, int], blocks_grad_bytes: float,
-                 num_stages: int) -> tuple[float, ...]:
-    """The slowest ring of a segment of ``num_stages`` stages holding the share k / GRID of the
-    blocks (whose gradient is ``blocks_grad_bytes``), k = 0..GRID: one of its stages holds at
-    least 1 / stages of that share's gradient, and its ring is at best ``rings_s``."""
-    shares = [blocks_grad_bytes * k / GRID / num_stages for k in range(GRID + 1)]
-    return tuple(rings_s(network, gpu, [dp_degree], room, shares)[0].tolist())
+                 stage_counts) -> list[tuple[float, ...]]:
+    """Per stage count of ``stage_counts``, the slowest ring of a segment of that many stages holding
+    k / GRID of the blocks (gradient ``blocks_grad_bytes``), k = 0..GRID: one stage holds >= 1 / stages of it."""
+    # lazy: numpy loads when a search runs, not when the CLI checks a request
+    import numpy as np
+
+    shares = blocks_grad_bytes * np.arange(GRID + 1) / GRID  # (one call for all: the same figures)
+    rings = rings_s(network, gpu, [dp_degree], room, np.concatenate([shares / n for n in stage_counts]))[0]
+    return [tuple(row) for row in rings.reshape(len(stage_counts), GRID + 1).tolist()]
 
 
 def sync_lb(shape: tuple[Segment, ...], ring_lb) -> float:
@@ -532,8 +542,9 @@ def rings_egress_lb_many(fa, fb, stages_a, stages_b, both, whole_bytes: float, b
 
 
 def boundary_crossings(num_mb: int, zones: list[str], routes_a: list, routes_b: list):
-    """Micro-batches that must cross zones where a segment of ``routes_a`` meets one of
-    ``routes_b`` (numpy matrix; 0 where unknown), or None when no route is known.
+    """Micro-batches that must cross zones where a segment of ``routes_a`` meets one of ``routes_b``
+    (0 where unknown), or None when no route is known: (a numpy matrix over the distinct routes, each
+    route's row, each route's column), route i of ``routes_a`` meeting j: ``matrix[rows[i], cols[j]]``.
 
     A route is "one zone" (every stage of the segment in one zone, which at best is the zone
     the other segment routes the most micro-batches to), None (unknown), or the replicas per
@@ -546,19 +557,18 @@ def boundary_crossings(num_mb: int, zones: list[str], routes_a: list, routes_b: 
     (ia, ra), (ib, rb) = _route_rows(routes_a, zones, m), _route_rows(routes_b, zones, m)
     if not (len(ra) or len(rb)):
         return None
-    # Crossings between rows, and between a row and a one-zone stage (the last column/row).
-    crossing = np.zeros((len(ra) + 1, len(rb) + 1))
-    crossing[:-1, :-1] = (ra[:, None, :] != rb[None, :, :]).sum(axis=2)
+    # Crossings between rows, and with a one-zone stage (the row / column after them; two one-zone
+    # stages may share a zone; the last: unknown): per zone, which micro-batches each row has there
+    # (summed products count those two rows keep in a zone, exact; ``einsum``: BLAS threads cost more).
+    in_a, in_b = ([(rows == z).astype(np.int32) for z in range(len(zones))] for rows in (ra, rb))
+    crossing = np.zeros((len(ra) + 2, len(rb) + 2))
+    crossing[:-2, :-2] = len(m) - sum(np.einsum("im,jm->ij", x, y) for x, y in zip(in_a, in_b))
     if len(ra):
-        crossing[:-1, -1] = _off_the_busiest_zone(ra, len(zones), len(m))
+        crossing[:-2, -2] = len(m) - np.max([x.sum(axis=1) for x in in_a], axis=0)  # off the busiest zone
     if len(rb):
-        crossing[-1, :-1] = _off_the_busiest_zone(rb, len(zones), len(m))
-    ra_of = np.where(ia == -2, len(ra), ia)  # -2: the one-zone row/column; -1 stays unknown
-    rb_of = np.where(ib == -2, len(rb), ib)
-    known = (ia[:, None] != -1) & (ib[None, :] != -1) & ~((ia[:, None] == -2) & (ib[None, :] == -2))
-    out = np.zeros((len(routes_a), len(routes_b)))
-    out[known] = crossing[ra_of[:, None], rb_of[None, :]][known]
-    return out
+        crossing[-2, :-2] = len(m) - np.max([y.sum(axis=1) for y in in_b], axis=0)
+    return (crossing, np.where(ia == -2, len(ra), np.where(ia == -1, len(ra) + 1, ia)),
+            np.where(ib == -2, len(rb), np.where(ib == -1, len(rb) + 1, ib)))
 
 
 def _route_rows(routes: list, zones: list[str], m):
@@ -580,13 +590,6 @@ def _route_rows(routes: list, zones: list[str], m):
             rows.append(of_replica[m % len(of_replica)])
         index[i] = seen[key]
     return np.array(index, dtype=int), np.array(rows, dtype=int).reshape(len(rows), len(m))
-
-
-def _off_the_busiest_zone(rows, num_zones: int, num_mb: int):
-    # lazy: numpy loads when a search runs, not when the CLI checks a request
-    import numpy as np
-
-    return num_mb - np.stack([(rows == z).sum(axis=1) for z in range(num_zones)], axis=1).max(axis=1)
 
 
 # ---- the whole request ------------------------------------------------------------------

@@ -17,10 +17,10 @@ if TYPE_CHECKING:
 
 def settle_cut(scored: list[ScoredShapes], keep: int, chunk: int = CHUNK) -> float:
     """The (keep + 1)-th best final bound over every shape of ``scored`` (inf if there are no
-    more than ``keep``), refining shapes only as far as that needs: best first bound first,
-    until the next first bound is no better than the (keep + 1)-th best final bound known.
-    Refining only raises a bound, so the shapes left unrefined cannot come below it (and the
-    shapes below it are exactly those a full refinement would put there)."""
+    more than ``keep``), refining shapes only as far as that needs: best first bound first, those
+    below the (keep + 1)-th best final bound known (it only falls), until the next first bound is
+    no better.  Refining only raises a bound, so the shapes left unrefined cannot come below it
+    (and the shapes below it are exactly those a full refinement would put there)."""
     # lazy: numpy loads when a search runs, not when the CLI checks a request
     import numpy as np
 
@@ -32,8 +32,10 @@ def settle_cut(scored: list[ScoredShapes], keep: int, chunk: int = CHUNK) -> flo
         if nxt is None or nxt.next_pre() >= cut:
             return cut
         # A shape whose granular bound is not below the cut known stays at least that cut with
-        # or without its joint bounds: the (keep + 1)-th best, now and after, is the same.
-        nxt.refine_next(chunk, below=cut)
+        # or without its joint bounds: the (keep + 1)-th best, now and after, is the same.  Nor is
+        # one whose first bound is not below it needed (the floor row: 23,100 -> 19,000 refined).
+        ahead = nxt.pre[nxt.first[nxt.num_refined:nxt.num_refined + chunk]]
+        nxt.refine_next(int(np.searchsorted(ahead, cut, side="left")), below=cut)
 
 
 class LazyCut:

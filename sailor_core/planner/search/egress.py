@@ -125,9 +125,9 @@ class EgressParts:
 
     def between_segments_usd(self, num_mb: int, first: list[Segment], second: list[Segment], *, kinds=None):
         """USD per iteration, at the least, of the micro-batches crossing zones between two
-        segments, per pair (numpy matrix; ``bounds.boundary_crossings``), each crossing carrying
-        the smallest boundary activation both ways (over ``kinds``, else the segments' own) at the
-        cheapest price."""
+        segments (``bounds.boundary_crossings``, in its form: (matrix, row of each of ``first``,
+        column of each of ``second``)), each crossing carrying the smallest boundary activation
+        both ways (over ``kinds``, else the segments' own) at the cheapest price."""
         # lazy: numpy loads when a search runs, not when the CLI checks a request
         import numpy as np
 
@@ -136,14 +136,15 @@ class EgressParts:
         crossings = bounds.boundary_crossings(num_mb, zones, [self.route(s) for s in first],
                                               [self.route(s) for s in second])
         if crossings is None:
-            return np.zeros((len(first), len(second)))
+            return np.zeros((1, 1)), np.zeros(len(first), dtype=int), np.zeros(len(second), dtype=int)
         live = {z for gpu in gpus for z, n in self.zone_gpus[gpu].items() if n > 0}
         price = min(self.round_trip_usd_per_byte(x, y) for x in live for y in live if x != y)
         figures = self.figures
         if kinds is None:
             kinds = {id(seg.kind): seg.kind for seg in (*first, *second)}.values()
         nbytes = min(figures.min_boundary_bytes(v) for kind in kinds for v in figures.variants(kind))
-        return crossings * nbytes * price
+        matrix, rows, cols = crossings
+        return matrix * nbytes * price, rows, cols
 
 
 def fewest_crossings(zones: dict[str, int], pools_key: tuple, places: dict, memo: dict, gpu: str, tp: int, d: int,

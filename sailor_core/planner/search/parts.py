@@ -4,6 +4,9 @@ keeps the answers in the search's ``SearchMemos``)."""
 
 from __future__ import annotations
 
+import itertools
+import math
+
 from sailor_core.planner.search import bounds
 from sailor_core.planner.search.alone import blocked_pipeline_s
 from sailor_core.planner.search.figures import KindFigures
@@ -13,7 +16,8 @@ from sailor_core.simulator import compose
 from sailor_core.simulator.stage import boundary_transfer_s, endpoint
 from sailor_core.simulator.tables import layer_table
 
-_GRANULAR_MEMO_SIZE = 1 << 16  # the second type's list of a one-type space (never changed)
+GRANULAR_STEPS = 16  # of the granular bound's bisection (``bounds.granular_many``)
+_GRANULAR_MEMO_SIZE = 1 << 16  # two-segment granular bounds the process keeps (then starts afresh)
 
 
 def ring_room(pools: dict[str, int], tp_degree: int) -> dict[str, int]:
@@ -207,13 +211,18 @@ class SegmentParts:
                 return curve
             blocks = min(layer_table(v.profile).params(1, L - 1) * v.regime.grad_bytes_per_param
                          for v in self.figures.variants(seg.kind))
-            full = ("sync curve", seg.gpu, seg.dp_degree, seg.num_stages, self.ring_zones(seg), blocks)
+            zones = self.ring_zones(seg)
             rings = self.memos.process.rings
-            curve = rings.get(full)
+            curve = rings.get(("sync curve", seg.gpu, seg.dp_degree, seg.num_stages, zones, blocks))
             if curve is None:
-                curve = rings[full] = bounds.sync_curve_s(
-                    self.network, seg.gpu, seg.dp_degree, ring_room(self.zone_gpus[seg.gpu], seg.tp_degree), blocks,
-                    seg.num_stages)
+                # Every depth's at once (the same figures): a two-type search asks for most of them,
+                # and one call for them all costs about what one costs (the floor row: 298 -> 74).
+                depths = range(1, max(self.max_stages, seg.num_stages) + 1)
+                curves = bounds.sync_curve_s(self.network, seg.gpu, seg.dp_degree,
+                                             ring_room(self.zone_gpus[seg.gpu], seg.tp_degree), blocks, depths)
+                for p, c in zip(depths, curves):
+                    rings[("sync curve", seg.gpu, seg.dp_degree, p, zones, blocks)] = c
+                curve = curves[seg.num_stages - 1]
             memo[key] = curve
         return curve
 
@@ -259,25 +268,32 @@ class SegmentParts:
             got = gid[idx]
         return got
 
-    def granular_of(self, a: dict, ia, b: dict, ib):
+    def granular_of(self, a: dict, ia, b: dict, ib, *, steps: int | None = None, start=None):
         """``bounds.granular_many`` of the shapes (ia, ib) of two lists' columns (``scored``), each
         pair of segment numbers worked out once (in one batch: each shape's figures depend on its
-        own inputs alone), kept by pair of numbers for the process."""
+        own inputs alone), kept by pair of numbers for the process; with ``steps``, the ends of
+        each shape's interval after that many of its steps from ``start`` (``bounds.granular_steps``;
+        not kept: the low end is a bound, and after ``GRANULAR_STEPS`` in all it is the bound)."""
         # lazy: numpy loads when a search runs, not when the CLI checks a request
         import numpy as np
 
+        if steps is not None:
+            return bounds.granular_steps(a["stages"][ia], a["block"][ia], a["head"][ia], b["stages"][ib],
+                                         b["block"][ib], b["head"][ib], self.num_blocks, steps, start=start)
         memo = self.memos.process.granular_bounds
         codes = self.granular_column(a, ia) * (1 << 32) + self.granular_column(b, ib)
         uniq, at, inverse = np.unique(codes, return_index=True, return_inverse=True)
-        known = [memo.get(c) for c in uniq.tolist()]
-        miss = [j for j, v in enumerate(known) if v is None]
-        if miss:
+        # Read and written a list at a time, nan where missing (code by code took a third of this
+        # on the floor row, where nearly every code is new; the bounds are never nan).
+        keys = uniq.tolist()
+        known = np.array(list(map(memo.get, keys, itertools.repeat(math.nan))), dtype=float)
+        miss = np.flatnonzero(np.isnan(known))
+        if len(miss):
             m = at[miss]
-            got = bounds.granular_many(a["stages"][ia[m]], a["block"][ia[m]], a["head"][ia[m]],
-                                       b["stages"][ib[m]], b["block"][ib[m]], b["head"][ib[m]],
-                                       self.num_blocks, iterations=16).tolist()
+            known[miss] = bounds.granular_many(a["stages"][ia[m]], a["block"][ia[m]], a["head"][ia[m]],
+                                               b["stages"][ib[m]], b["block"][ib[m]], b["head"][ib[m]],
+                                               self.num_blocks, iterations=GRANULAR_STEPS)
             if len(memo) > _GRANULAR_MEMO_SIZE:
                 memo.clear()
-            for j, v in zip(miss, got):
-                known[j] = memo[int(uniq[j])] = v
-        return np.array(known, dtype=float)[inverse]
+            memo.update(zip(uniq[miss].tolist(), known[miss].tolist()))
+        return known[inverse]

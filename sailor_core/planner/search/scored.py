@@ -4,8 +4,9 @@ bound, and for two segments the joint time and cost bounds) in order of that fir
 as far as the search walks (``streams.ShapeStream``) or a cut needs (``cut.settle_cut``).
 
 The cheap parts (capacity, rent, links, warm-up, the smallest ring, egress) are scored for every
-pair of segments on a grid; the costly ones for the best ``FIRST_REFINED`` shapes by the cheap bound,
-in chunks: each shape's figures depend on its own inputs alone, so chunks give what all at once does.
+pair of segments on a grid (``grid.pairs_within`` first); the costly ones for the best
+``FIRST_REFINED`` shapes by the cheap bound, in chunks: each shape's figures depend on its own
+inputs alone, so chunks give what all at once does.
 """
 
 from __future__ import annotations
@@ -26,66 +27,24 @@ from sailor_core.planner.search.bounds import (
     steady_links_s,
     warm_up_with_links_s,
 )
+from sailor_core.planner.search.grid import Limits, Pairs, pairs_within
+from sailor_core.planner.search.parts import GRANULAR_STEPS
 from sailor_core.planner.search.searcher import Searcher
 from sailor_core.planner.search.shapes import Segment
 from sailor_core.planner.search.streams import ShapeStream, SortedShapes
 
+ROUGH_STEPS = 6  # of the granular bound's bisection, before the rest (``ScoredShapes._refine_bounds``)
 FIRST_REFINED = 20000  # shapes given the costly bounds; the rest keep the cheap one (weaker, still a bound)
 _NO_SEGMENTS: list[Segment] = []  # the second type's list of a one-type space (never changed)
 _INTERVALS = [(k / GRID, (k + 1) / GRID) for k in range(GRID)]
-
-
-class Limits:
-    """A request's caps, floor and objective, as the numpy scoring checks them on the bounds'
-    (iteration s, USD per hour, egress USD per iteration)."""
-
-    __slots__ = ("max_usd_per_hour", "max_usd_per_iteration", "min_throughput", "gbs", "throughput")
-
-    def __init__(self, request, throughput: bool) -> None:
-        self.max_usd_per_hour = request.max_usd_per_hour
-        self.max_usd_per_iteration = request.max_usd_per_iteration
-        self.min_throughput = request.min_throughput_samples_per_s
-        self.gbs = request.global_batch_size
-        self.throughput = throughput
-
-    def unlimited(self) -> bool:
-        return self.max_usd_per_hour is None and self.max_usd_per_iteration is None and self.min_throughput is None
-
-    def within(self, t_lb, rate, egress):
-        # lazy: numpy loads when a search runs, not when the CLI checks a request
-        import numpy as np
-
-        ok = np.ones(np.shape(t_lb), dtype=bool)
-        if self.max_usd_per_hour is not None:
-            ok &= rate <= self.max_usd_per_hour * (1 + 1e-9)
-        if self.max_usd_per_iteration is not None:
-            ok &= rate * t_lb / 3600 + egress <= self.max_usd_per_iteration * (1 + 1e-9)
-        if self.min_throughput is not None:
-            ok &= self.gbs / t_lb >= self.min_throughput * (1 - 1e-9)
-        return ok
-
-    def score(self, t_lb, rate, egress):
-        return -self.gbs / t_lb if self.throughput else rate * t_lb / 3600 + egress
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Pairs:
-    """The pairs of segments (index na / nb: that type unused) within the limits on capacity and
-    rent, as numpy columns: each type's segment, the stages, the capacity bound and the rent."""
-
-    ia: Any
-    ib: Any
-    stages: Any
-    tau: Any
-    rate: Any
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Refining:
     """What refining a space's shapes reads besides their columns: each type's segments and
     their columns (``segment_columns``), the links between the types' TP degrees (``lmat``),
-    the egress where two segments meet, the block work, the gradient's block and the least
-    blocks per segment, whether cost matters, and the planner's bound parts."""
+    the egress where two segments meet (``_meeting_usd``), the block work, the gradient's block
+    and the least blocks per segment, whether cost matters, and the planner's bound parts."""
 
     lists: list
     a: dict
@@ -181,9 +140,9 @@ def score_shapes(searcher: Searcher, present: list[list[Segment]], *, mbs: int, 
     a, b = _columns_of(lists[0], context, searcher, **kwargs), _columns_of(lists[1], context, searcher, **kwargs)
     limits = Limits(req, not req.ranking.by_cost)
     limit = searcher.threshold()
-    pairs = _capacity_and_rent(searcher, a, b, work_s, limits, limit)
+    pairs = pairs_within(searcher, a, b, work_s, limits, limit)
     kinds = _meeting_kinds(lists, a, b, pairs) if cost_matters else None
-    pipe, lmat = _pipeline(searcher.parts, lists, a, b, pairs, work_s, num_mb)
+    pipe, lmat = _pipeline(searcher.parts, lists, a, b, pairs, work_s)
     # The pipeline bound rules out most pairs a cap, a floor or the top N leave on capacity and
     # rent (the floor row: 469,000 of 2.5 million -> 72,000); the sync and egress bounds, which
     # only raise a bound, are needed for the rest alone (same figures and order as for all).
@@ -202,97 +161,33 @@ def score_shapes(searcher: Searcher, present: list[list[Segment]], *, mbs: int, 
                         defer=defer)
 
 
-def _capacity_and_rent(searcher: Searcher, a: dict, b: dict, work_s: float, limits: Limits, limit: float) -> Pairs:
-    """Every pair of segments (index na / nb: that type unused) as a grid, where the cheapest
-    terms are broadcast sums: the pairs within the limits on capacity and rent alone (most
-    shapes miss there), in the grid's order."""
-    # lazy: numpy loads when a search runs, not when the CLI checks a request
-    import numpy as np
-
-    na, nb = len(a["segs"]), len(b["segs"])
-    # Only the segments some pair may hold (``_may_pair``): the same pairs, figures and order as
-    # the whole grid, which on two types is mostly segments no pair within the limits holds (on
-    # one type's column the test would cost more than it saves).
-    if na and nb:
-        ra, rb = (np.flatnonzero(_may_pair(x, y, work_s, limits, limit, searcher.max_stages))
-                  for x, y in ((a, b), (b, a)))
-    else:
-        ra, rb = np.arange(na + 1), np.arange(nb + 1)
-    # Small integers, in-place tests and one flat index: the grid is the costly part (250,000
-    # cells per micro-batch size on the floor row), each pass over it a memory-bound sweep.
-    stages = a["stages"][ra].astype(np.int16)[:, None] + b["stages"][rb].astype(np.int16)[None, :]
-    keep = (stages >= 1) & (stages <= searcher.max_stages)
-    # One-type shapes of a type whose own search proved its best (see plan_job) are settled.
-    if len(searcher.gpu_types) == 2:
-        if searcher.gpu_types[0] in searcher.settled_types:
-            keep[:, rb == nb] = False
-        if searcher.gpu_types[1] in searcher.settled_types:
-            keep[ra == na, :] = False
-    with np.errstate(divide="ignore", invalid="ignore"):  # (no segment at all: not kept)
-        tau = work_s / (a["cap"][ra][:, None] + b["cap"][rb][None, :])
-        rate = a["rate"][ra][:, None] + b["rate"][rb][None, :]
-        keep &= limits.within(tau, rate, 0.0)
-        keep &= limits.score(tau, rate, 0.0) < limit
-    flat = np.flatnonzero(keep)
-    ia, ib = np.divmod(flat, len(rb))
-    return Pairs(ia=ra[ia], ib=rb[ib], stages=stages.ravel()[flat].astype(np.int64), tau=tau.ravel()[flat],
-                 rate=rate.ravel()[flat])
-
-
-def _may_pair(x: dict, y: dict, work_s: float, limits: Limits, limit: float, max_stages: int):
-    """Per segment of ``x`` (and its last index, the type unused, always), whether a pair with some
-    segment of ``y`` (or none) may be within the limits on capacity and rent: its depth with
-    the shallowest and deepest of ``y``, the floor and the throughput objective at ``y``'s most
-    capacity and the hourly cap at its least rent (the same float operations as the grid's,
-    which are monotone in each), and the cost per iteration under its cap or the threshold as
-    a sum of one term per segment (with a margin for rounding)."""
-    # lazy: numpy loads when a search runs, not when the CLI checks a request
-    import numpy as np
-
-    cap, rate, stages = x["cap"], x["rate"], x["stages"]
-    ok = (stages + y["stages"].min() <= max_stages) & (stages + y["stages"].max() >= 1)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        tau = work_s / (cap + y["cap"].max())
-        if limits.min_throughput is not None:
-            ok &= limits.gbs / tau >= limits.min_throughput * (1 - 1e-9)
-        if limits.throughput:
-            ok &= -limits.gbs / tau < limit
-        if limits.max_usd_per_hour is not None:
-            ok &= rate + y["rate"].min() <= limits.max_usd_per_hour * (1 + 1e-9)
-        for most in (limits.max_usd_per_iteration, None if limits.throughput else limit):
-            if most is not None and most < math.inf:
-                # (ra + rb) work / (ca + cb) < most <=> (ra work - most ca) + (rb work - most cb) < 0
-                most *= (1 + 1e-9) * (1 + 1e-6) * 3600 / work_s
-                ok &= rate - most * cap + (y["rate"] - most * y["cap"]).min() < 0
-    ok[-1] = True
-    return ok
-
-
-def _pipeline(parts, lists, a: dict, b: dict, pairs: Pairs, work_s: float, num_mb: int):
+def _pipeline(parts, lists, a: dict, b: dict, pairs: Pairs, work_s: float):
     """(pipeline bound whatever the split, matrix of links between the types' TP degrees) of
     the pairs: links, the warm-up in the better order (``pipe_lb``), and for one segment its
     compute with its links (``steady_links_s``, ``warm_up_with_links_s``)."""
     # lazy: numpy loads when a search runs, not when the CLI checks a request
     import numpy as np
 
-    ia, ib, stages, tau = pairs.ia, pairs.ib, pairs.stages, pairs.tau
+    ia, ib, tau = pairs.ia, pairs.ib, pairs.tau
     na, nb = len(a["segs"]), len(b["segs"])
     both = (ia < na) & (ib < nb)
     cross = np.zeros(len(ia))
     if na and nb:
-        lmat = np.array([[min(parts.link_s(probe(lists[0], ta), probe(lists[1], tb)),
-                              parts.link_s(probe(lists[1], tb), probe(lists[0], ta)))
-                          for tb in b["tps"]] for ta in a["tps"]])
-        n = -(-num_mb // np.minimum(a["dp"][ia], b["dp"][ib]))
+        pa, pb = ({tp: probe(segs, tp) for tp in x["tps"]} for segs, x in ((lists[0], a), (lists[1], b)))
+        lmat = np.array([[min(parts.link_s(pa[ta], pb[tb]), parts.link_s(pb[tb], pa[ta])) for tb in b["tps"]]
+                         for ta in a["tps"]])
+        # the micro-batches of the narrower segment's replicas, ceil(num_mb / min(DP degrees))
+        n = np.maximum(a["nmb"][ia], b["nmb"][ib])
         cross = np.where(both, (n - 1) * lmat[a["tpi"][ia], b["tpi"][ib]] / 2, 0.0)
     else:
         lmat = np.zeros((1, 1))
     link = np.maximum(np.maximum(a["self_link"][ia], b["self_link"][ib]), cross)
     pipe = np.maximum(link, work_s / pipe_work_rate_many(a["inv"][ia], a["drain"][ia], b["inv"][ib], b["drain"][ib]))
-    pipe = np.maximum(pipe, np.where(both, 0.0, tau + a["steady"][ia] + b["steady"][ib]))
-    alone_a, alone_b = ia[~both], ib[~both]
-    warm = np.where(alone_a < na, a["warm"][alone_a], b["warm"][alone_b])
-    pipe[~both] = np.maximum(pipe[~both], warm)
+    # One segment alone (a few of two types' pairs): its compute with its links, and its warm-up.
+    lone = np.flatnonzero(~both) if both.any() else slice(None)  # (one type: all of them, as views)
+    la, lb = ia[lone], ib[lone]
+    pipe[lone] = np.maximum(np.maximum(pipe[lone], tau[lone] + a["steady"][la] + b["steady"][lb]),
+                            np.where(la < na, a["warm"][la], b["warm"][lb]))
     return pipe, lmat
 
 
@@ -393,25 +288,36 @@ def _meeting_kinds(lists, a: dict, b: dict, pairs: Pairs) -> list:
 
 
 def _egress(searcher: Searcher, lists, a: dict, b: dict, pairs: Pairs, num_mb: int, mbs: int, kinds: list | None):
-    """(egress USD per iteration bound, matrix of the between-segments part) of the pairs: each
-    segment's own p2p, the rings (``rings_egress_lb``) and where two segments meet (``kinds``:
-    whose boundary activations price it; None: cost does not matter)."""
+    """(egress USD per iteration bound, the between-segments part as ``_meeting_usd`` reads it) of
+    the pairs: each segment's own p2p, the rings (``rings_egress_lb``) and where two segments
+    meet (``kinds``: whose boundary activations price it; None: cost does not matter)."""
     # lazy: numpy loads when a search runs, not when the CLI checks a request
     import numpy as np
 
     ia, ib = pairs.ia, pairs.ib
     na, nb = len(a["segs"]), len(b["segs"])
     both = (ia < na) & (ib < nb)
-    rings_p2p = np.zeros((na + 1, nb + 1))
+    meeting = None  # (nothing where they meet)
     if kinds is not None and both.any():
-        # Only for the segments of the shapes left.
+        # Only for the segments of the shapes left (the others: a zero row or column).
         ua, ub = (np.flatnonzero(np.bincount(idx[both], minlength=n)) for idx, n in ((ia, na), (ib, nb)))
-        rings_p2p[np.ix_(ua, ub)] = searcher.egress.between_segments_usd(
+        usd, rows, cols = searcher.egress.between_segments_usd(
             num_mb, [lists[0][i] for i in ua.tolist()], [lists[1][i] for i in ub.tolist()], kinds=kinds)
+        meeting = np.pad(usd, ((0, 1), (0, 1))), np.full(na + 1, len(usd)), np.full(nb + 1, usd.shape[1])
+        meeting[1][ua], meeting[2][ub] = rows, cols
     whole, block = searcher.figures.gradient_bytes_lb(mbs)
     rings = rings_egress_lb_many(a["ring_usd"][ia], b["ring_usd"][ib], a["stages"][ia], b["stages"][ib], both,
                                  whole, block)
-    return a["p2p_usd"][ia] + b["p2p_usd"][ib] + rings + rings_p2p[ia, ib], rings_p2p
+    return a["p2p_usd"][ia] + b["p2p_usd"][ib] + rings + _meeting_usd(meeting, ia, ib), meeting
+
+
+def _meeting_usd(meeting: tuple | None, ia, ib):
+    """The between-segments egress of the pairs (ia, ib): (matrix, row per segment of the first
+    type, column per segment of the second), as ``_egress`` keeps it (None: 0)."""
+    if meeting is None:
+        return 0.0
+    usd, rows, cols = meeting
+    return usd[rows[ia], cols[ib]]
 
 
 class ScoredShapes:
@@ -527,10 +433,22 @@ class ScoredShapes:
             self.pipe[sel] = _with_blocked(self.parts, a, b, sub, self.pipe[sel], self.work_s)
             if "ring" in self.defer:
                 self.sync[sel] = _sync(self.parts, a, b, sub)
-        tau[sel] = np.maximum(tau[sel], self.parts.granular_of(a, ia[sel], b, ib[sel]))
-        t_lb[sel] = np.maximum(tau[sel], self.pipe[sel]) + self.sync[sel]
-        alive = self.limits.within(t_lb[sel], self.rate[sel], self.egress[sel]) & (
-            self.limits.score(t_lb[sel], self.rate[sel], self.egress[sel]) < min(self.limit, below))
+        exact = sel
+        if below < math.inf:
+            # A few bisection steps first (a lower bound) leave most at or above ``below`` (floor row:
+            # 30 % not); those below take the other steps from there (the same bound as all at once)
+            lo, hi = self.parts.granular_of(a, ia[sel], b, ib[sel], steps=ROUGH_STEPS)
+            tau[sel] = np.maximum(tau[sel], lo)
+            t_lb[sel] = np.maximum(tau[sel], self.pipe[sel]) + self.sync[sel]
+            alive = self._alive(sel, below)
+            exact = sel[alive]
+            granular = self.parts.granular_of(a, ia[exact], b, ib[exact], steps=GRANULAR_STEPS - ROUGH_STEPS,
+                                              start=(lo[alive], hi[alive]))[0]
+        else:
+            granular = self.parts.granular_of(a, ia[exact], b, ib[exact])
+        tau[exact] = np.maximum(tau[exact], granular)
+        t_lb[exact] = np.maximum(tau[exact], self.pipe[exact]) + self.sync[exact]
+        alive = self._alive(sel, below)
         two = sel[alive & (ia[sel] < len(a["segs"])) & (ib[sel] < len(b["segs"]))]  # (the rest keep the weaker bound)
         if not len(two):
             return
@@ -553,6 +471,11 @@ class ScoredShapes:
         if self.cost_matters:
             self._refine_cost(two, u, v, rings)
 
+    def _alive(self, sel, below: float):
+        """Of the shapes ``sel``: whether their ``t_lb`` is within the limits and below ``below``."""
+        t_lb, rate, egress = self.t_lb[sel], self.rate[sel], self.egress[sel]
+        return self.limits.within(t_lb, rate, egress) & (self.limits.score(t_lb, rate, egress) < min(self.limit, below))
+
     def _refine_cost(self, two, u, v, rings) -> None:
         """Rent, time and the rings' egress together (``bounds.joint_cost_lb``), in the egress."""
         # lazy: numpy loads when a search runs, not when the CLI checks a request
@@ -569,7 +492,7 @@ class ScoredShapes:
         cu = np.vstack([per_s * u[flat].max(axis=0), per_s * np.delete(u, flat, axis=0)]) + e2
         cv = np.vstack([np.zeros((1, len(two))), per_s * np.delete(v, flat, axis=0)]) + (e1 - e2)
         usd = np.min([h + per_s * ring for h, ring in zip(min_max_lines(cu, cv, _INTERVALS), rings)], axis=0)
-        fixed = a["p2p_usd"][ia[two]] + b["p2p_usd"][ib[two]] + self.rings_p2p[ia[two], ib[two]]
+        fixed = a["p2p_usd"][ia[two]] + b["p2p_usd"][ib[two]] + _meeting_usd(self.rings_p2p, ia[two], ib[two])
         self.egress[two] = np.maximum(self.egress[two], usd + fixed - rate[two] * self.t_lb[two] / 3600)
 
 
