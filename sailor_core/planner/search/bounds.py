@@ -7,9 +7,8 @@ for one search; ``tight`` composes them into a shape's bound; ``scored`` does th
 numpy for every shape of one or two GPU types.  Reference: ``simulator/pipeline_time.py`` (1F1B),
 ``planner/fastsim.py`` (what a plan costs).
 
-Time units: a *block* is a transformer block; *work* is in seconds of the fastest kind, per
-micro-batch (``slowness`` scales it to a kind); a segment's ``capacity`` is
-``stages / (micro-batches per replica x slowness)``.
+Time units: a *block* is a transformer block; *work* is in seconds of the fastest kind, per micro-batch
+(``slowness`` scales it to a kind); a segment's ``capacity`` is ``stages / (micro-batches per replica x slowness)``.
 """
 
 from __future__ import annotations
@@ -364,12 +363,12 @@ def _line_pairs(num_lines: int, rising, falling):
 
 
 def rings_s(network, gpu: str, dp_degrees, room: dict[str, int], nbytes):
-    """Per ``d`` of ``dp_degrees`` (a row each; every pair of zones timed once for all), the fastest
-    ring ``d`` replicas of ``gpu`` can form, for each of ``nbytes`` (numpy): a ring in one zone with
-    ``room`` (replicas each zone has room for) for them all, else one over a set of zones that has
-    room.  A ring is paced by the slowest of its hops (as ``NetworkModel`` times it), and the planner
-    visits a ring's zones in ring order (``placement``), so over a set of zones it is at least the
-    ring whose every hop is the slowest between zones next to each other in that order."""
+    """Per ``d`` of ``dp_degrees`` (a row each; every pair of zones timed once for all), the fastest ring
+    ``d`` replicas of ``gpu`` can form, for each of ``nbytes`` (numpy): a ring in one zone with ``room``
+    (replicas each zone has room for) for them all, else one over a set of zones that has room.  A ring
+    is paced by the slowest of its hops (as ``NetworkModel`` times it), and the planner visits a ring's
+    zones in ring order (``placement``), so over a set of zones it is at least the ring whose every hop
+    is the slowest between zones next to each other in that order."""
     # lazy: numpy loads when a search runs, not when the CLI checks a request
     import numpy as np
 
@@ -409,9 +408,8 @@ def _zone_sets(gpu: str, zones: tuple[str, ...]) -> tuple[tuple, tuple, tuple]:
 
 def ring_rows_s(network, gpu: str, dp_degrees, room: dict[str, int], grad_bytes: float,
                 max_stages: int) -> list[list[float]]:
-    """Per degree of ``dp_degrees``, the sync of a pipeline of P stages, P = 1..max_stages (index
-    0: inf): the stage holding the most parameters holds at least 1/P of the model's
-    ``grad_bytes``, and its ring is at best ``rings_s``.  (A bound up to TP-sharding rounding.)"""
+    """Per degree of ``dp_degrees``, the sync of a pipeline of P = 1..max_stages stages (index 0: inf): its
+    largest stage holds >= 1/P of ``grad_bytes``, its ring at best ``rings_s`` (up to TP-sharding rounding)."""
     shares = [grad_bytes / p for p in range(1, max_stages + 1)]
     return [[math.inf, *row] for row in rings_s(network, gpu, dp_degrees, room, shares).tolist()]
 
@@ -429,9 +427,8 @@ def sync_curve_s(network, gpu: str, dp_degree: int, room: dict[str, int], blocks
 
 
 def sync_lb(shape: tuple[Segment, ...], ring_lb) -> float:
-    """An iteration's gradient sync at the least: the least over the shape's segments of the
-    ring of the stage holding the most parameters (``ring_lb(seg, depth)``); 0 when a segment
-    has one replica per stage (its stages may hold nearly all the parameters)."""
+    """An iteration's gradient sync at the least: the least over the shape's segments of the ring of the
+    largest stage (``ring_lb(seg, depth)``); 0 where a segment has one replica per stage (it may hold all)."""
     num_stages = sum(s.num_stages for s in shape)
     if any(seg.dp_degree == 1 for seg in shape):
         return 0.0
