@@ -131,25 +131,74 @@ _NO_FIT = BandwidthFit(a=0.0, b=0.0, c=1.0, max_bw_bytes_per_s=1e12)  # a placeh
 def _links_times_s(links: Sequence[_Link], num_bytes):
     """``_Link.time_s`` of each of the sizes ``num_bytes`` (numpy) over each of ``links``: a row
     per link, the arithmetic of one link element by element."""
+    return _columns_times_s(_link_columns(links), num_bytes)
+
+
+def _link_columns(links: Sequence[_Link]) -> tuple:
+    """What ``_columns_times_s`` reads of ``links``, as numpy columns (a row per link)."""
     import numpy as np  # lazy: numpy (~0.15 s) only when arrays are computed; importing this module stays light
 
     def column(values) -> object:
         return np.array(values, dtype=float)[:, None]
 
-    nb = np.asarray(num_bytes, dtype=float)
-    safe = np.maximum(nb, 1e-300)
     fitted = [link.fit is not None for link in links]
-    t = None
+    fit_cols = plain_cols = None
     if any(fitted):
         fits = [link.fit or _NO_FIT for link in links]
-        t = nb / fitted_bandwidths_bytes_per_s(
-            column([f.a for f in fits]), column([f.b for f in fits]), column([f.c for f in fits]),
-            column([f.max_bw_bytes_per_s for f in fits]), safe / column([link.num_pairs for link in links]))
+        fit_cols = (column([f.a for f in fits]), column([f.b for f in fits]), column([f.c for f in fits]),
+                    column([f.max_bw_bytes_per_s for f in fits]), column([link.num_pairs for link in links]))
     if not all(fitted):
-        latency = column([link.latency_s for link in links])
-        plain = latency + nb / column([link.default_bw_bytes_per_s or 1.0 for link in links])
-        t = plain if t is None else np.where(np.array(fitted)[:, None], t, plain)
+        plain_cols = (column([link.latency_s for link in links]),
+                      column([link.default_bw_bytes_per_s or 1.0 for link in links]), np.array(fitted)[:, None])
+    return fit_cols, plain_cols
+
+
+def _columns_times_s(columns: tuple, num_bytes):
+    """``_links_times_s`` of links given as their ``_link_columns``."""
+    import numpy as np  # lazy: numpy (~0.15 s) only when arrays are computed; importing this module stays light
+
+    fit_cols, plain_cols = columns
+    nb = np.asarray(num_bytes, dtype=float)
+    safe = np.maximum(nb, 1e-300)
+    t = None
+    if fit_cols is not None:
+        a, b, c, max_bw, num_pairs = fit_cols
+        t = nb / fitted_bandwidths_bytes_per_s(a, b, c, max_bw, safe / num_pairs)
+    if plain_cols is not None:
+        latency, bw, fitted = plain_cols
+        plain = latency + nb / bw
+        t = plain if t is None else np.where(fitted, t, plain)
     return np.where(nb > 0, t, 0.0)
+
+
+class _PacedLinks:
+    """Links a ring bound times together (``NetworkModel.zone_pairs_allreduce_times_s``): their
+    ``_link_columns`` and their full-bucket times per (members, bucket bytes), kept with them."""
+
+    __slots__ = ("columns", "full")
+
+    def __init__(self, links: Sequence[_Link]) -> None:
+        self.columns = _link_columns(links)
+        self.full: dict = {}
+
+
+def _paced_times_s(num_bytes, columns: tuple, n: int, bucket_bytes: float, full_memo: dict, full_key):
+    """``NetworkModel.paced_allreduce_times_s`` (n >= 2) of links given as their ``_link_columns``,
+    the full-bucket column kept in ``full_memo`` under ``full_key``."""
+    import numpy as np  # lazy: numpy (~0.15 s) only when arrays are computed; importing this module stays light
+
+    nb = np.asarray(num_bytes, dtype=float)
+    num_full = np.floor(nb / bucket_bytes)
+    rest = nb - num_full * bucket_bytes
+    steps = 2 * (n - 1)
+    full = full_memo.get(full_key)
+    if full is None:
+        if len(full_memo) > 65536:
+            full_memo.clear()
+        full = full_memo[full_key] = steps * _columns_times_s(columns, np.array([bucket_bytes / n]))
+        full.flags.writeable = False
+    part = steps * _columns_times_s(columns, rest / n)
+    return np.where(nb > 0, num_full * full + part, 0.0)
 
 
 @dataclass(slots=True, kw_only=True)
@@ -311,22 +360,32 @@ class NetworkModel:
         every pair of zones at once: ``planner/search/bounds.rings_s``)."""
         import numpy as np  # lazy: numpy (~0.15 s) only when arrays are computed; importing this module stays light
 
-        nb = np.asarray(num_bytes, dtype=float)
         if n <= 1:
-            return np.zeros((len(pairs), *nb.shape))
+            return np.zeros((len(pairs), *np.shape(num_bytes)))
         links = [self.link(a, b) for a, b in pairs]
-        num_full = np.floor(nb / bucket_bytes)
-        rest = nb - num_full * bucket_bytes
-        steps = 2 * (n - 1)
         # A column: one bucket per link, whatever the sizes (the planner times the same rings at
         # the gradient sizes of every TP degree and depth).
         key = ("full bucket", tuple(links), n, bucket_bytes)
-        full = self._rings.get(key)
-        if full is None:
-            full = self._rings[key] = steps * _links_times_s(links, np.array([bucket_bytes / n]))
-            full.flags.writeable = False
-        part = steps * _links_times_s(links, rest / n)
-        return np.where(nb > 0, num_full * full + part, 0.0)
+        return _paced_times_s(num_bytes, _link_columns(links), n, bucket_bytes, self._rings, key)
+
+    def zone_pairs_allreduce_times_s(self, num_bytes, gpu: str, zone_pairs: tuple[tuple[str, str], ...], n: int, *,
+                                     bucket_bytes: float = ALLREDUCE_BUCKET_BYTES):
+        """``paced_allreduce_times_s`` of the pairs of one-GPU endpoints of ``gpu`` in the zones
+        ``zone_pairs`` (sender, receiver): the ring bounds ask for the same pairs of a type's
+        zones at every DP degree, so their links, their columns and full buckets are kept by the
+        zones' names (hashing two endpoints and a link per pair cost more than the arithmetic)."""
+        import numpy as np  # lazy: numpy (~0.15 s) only when arrays are computed; importing this module stays light
+
+        if n <= 1:
+            return np.zeros((len(zone_pairs), *np.shape(num_bytes)))
+        key = ("zone pairs", gpu, zone_pairs)
+        paced = self._ring_parts.get(key)
+        if paced is None:
+            if len(self._ring_parts) > 4096:
+                self._ring_parts.clear()
+            paced = self._ring_parts[key] = _PacedLinks(
+                [self.link(Endpoint(zone=a, gpu=gpu), Endpoint(zone=b, gpu=gpu)) for a, b in zone_pairs])
+        return _paced_times_s(num_bytes, paced.columns, n, bucket_bytes, paced.full, (n, bucket_bytes))
 
     def least_allreduce_runs_time_s(self, num_bytes: float, runs: tuple[tuple[Endpoint, int], ...], *,
                                     bucket_bytes: float = ALLREDUCE_BUCKET_BYTES) -> float:

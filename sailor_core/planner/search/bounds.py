@@ -20,7 +20,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from sailor_core.network.model import Endpoint, ring_hop_pairs
+from sailor_core.network.model import ring_hop_pairs
 from sailor_core.planner.search.shapes import Segment, orders
 from sailor_core.simulator import compose
 from sailor_core.simulator.stage import boundary_transfer_s, endpoint
@@ -368,15 +368,13 @@ def rings_s(network, gpu: str, dp_degree: int, room: dict[str, int], nbytes):
     d = dp_degree
     alone = [z for z, c in room.items() if c >= d]
     if alone:
-        return network.paced_allreduce_times_s(
-            nbytes, [(Endpoint(zone=z, gpu=gpu), Endpoint(zone=z, gpu=gpu)) for z in alone], d).min(axis=0)
+        return network.zone_pairs_allreduce_times_s(nbytes, gpu, tuple((z, z) for z in alone), d).min(axis=0)
     # The sets of zones share their hops: every (sender, receiver) pair is timed once, all at
     # once (one numpy pass instead of one per pair), then each set's ring is its slowest hop.
     pairs, sets = _zone_sets(tuple(sorted(room)))
     rows = [hops for zones, hops in sets if sum([room[z] for z in zones]) >= d]
     assert rows, "a segment's replicas fit its GPU type's zones"
-    times = network.paced_allreduce_times_s(nbytes, [(Endpoint(zone=a, gpu=gpu), Endpoint(zone=b, gpu=gpu))
-                                                     for a, b in pairs], d)
+    times = network.zone_pairs_allreduce_times_s(nbytes, gpu, pairs, d)
     return times[np.array(rows)].max(axis=1).min(axis=0)
 
 
