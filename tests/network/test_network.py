@@ -190,6 +190,30 @@ def test_a_rings_full_buckets_kept_between_calls_time_it_as_a_fresh_network_does
             assert got.tobytes() == default_network().paced_allreduce_times_s(sizes, [(a, a), (a, b)], n).tobytes()
 
 
+def test_rings_paced_by_zone_pairs_are_the_pairs_of_one_gpu_endpoints_bit_for_bit():
+    # zone_pairs_allreduce_times_s (the planner's ring bounds) keeps a type's links, their columns
+    # and full buckets by the zones' names: every call, fresh or kept, is bit for bit
+    # paced_allreduce_times_s of the one-GPU endpoints of those zones (links with fits and without).
+    import random
+
+    import numpy as np
+
+    net = default_network()
+    rng = random.Random(11)
+    zones = ["us-central1-a", "us-central1-b", "us-west1-b", "us-east-1a", "europe-west4-a", "asia-east1-a"]
+    asked = [(rng.choice(["A100-40", "V100-16", "T4"]),
+              tuple((rng.choice(zones), rng.choice(zones)) for _ in range(rng.randint(1, 9)))) for _ in range(8)]
+    for _ in range(60):
+        gpu, zone_pairs = rng.choice(asked)
+        n = rng.randint(1, 64)
+        sizes = np.array([0.0, 1e3, 6e4, 2e7, 5e8, 7.5e8, 3e9]) * rng.uniform(0.5, 2.0)
+        got = net.zone_pairs_allreduce_times_s(sizes, gpu, zone_pairs, n)
+        pairs = [(Endpoint(zone=a, gpu=gpu), Endpoint(zone=b, gpu=gpu)) for a, b in zone_pairs]
+        want = default_network().paced_allreduce_times_s(sizes, pairs, n)
+        assert got.shape == want.shape == (len(zone_pairs), len(sizes))
+        assert got.tobytes() == want.tobytes()
+
+
 def test_a_ring_keyed_by_its_runs_is_timed_by_every_hop_of_the_whole_ring():
     # allreduce_time_s keys and paces a ring by its runs of equal members; the figure is the
     # bucketed ring paced by the slowest pair ring_hop_pairs gives for the whole member list
