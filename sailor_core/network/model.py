@@ -131,25 +131,56 @@ _NO_FIT = BandwidthFit(a=0.0, b=0.0, c=1.0, max_bw_bytes_per_s=1e12)  # a placeh
 def _links_times_s(links: Sequence[_Link], num_bytes):
     """``_Link.time_s`` of each of the sizes ``num_bytes`` (numpy) over each of ``links``: a row
     per link, the arithmetic of one link element by element."""
+    return _columns_times_s(_link_columns(links), num_bytes)
+
+
+def _link_columns(links: Sequence[_Link]) -> tuple:
+    """What ``_columns_times_s`` reads of ``links``, as numpy columns (a row per link)."""
     import numpy as np  # lazy: numpy (~0.15 s) only when arrays are computed; importing this module stays light
 
     def column(values) -> object:
         return np.array(values, dtype=float)[:, None]
 
-    nb = np.asarray(num_bytes, dtype=float)
-    safe = np.maximum(nb, 1e-300)
     fitted = [link.fit is not None for link in links]
-    t = None
+    fit_cols = plain_cols = None
     if any(fitted):
         fits = [link.fit or _NO_FIT for link in links]
-        t = nb / fitted_bandwidths_bytes_per_s(
-            column([f.a for f in fits]), column([f.b for f in fits]), column([f.c for f in fits]),
-            column([f.max_bw_bytes_per_s for f in fits]), safe / column([link.num_pairs for link in links]))
+        fit_cols = (column([f.a for f in fits]), column([f.b for f in fits]), column([f.c for f in fits]),
+                    column([f.max_bw_bytes_per_s for f in fits]), column([link.num_pairs for link in links]))
     if not all(fitted):
-        latency = column([link.latency_s for link in links])
-        plain = latency + nb / column([link.default_bw_bytes_per_s or 1.0 for link in links])
-        t = plain if t is None else np.where(np.array(fitted)[:, None], t, plain)
+        plain_cols = (column([link.latency_s for link in links]),
+                      column([link.default_bw_bytes_per_s or 1.0 for link in links]), np.array(fitted)[:, None])
+    return fit_cols, plain_cols
+
+
+def _columns_times_s(columns: tuple, num_bytes):
+    """``_links_times_s`` of links given as their ``_link_columns``."""
+    import numpy as np  # lazy: numpy (~0.15 s) only when arrays are computed; importing this module stays light
+
+    fit_cols, plain_cols = columns
+    nb = np.asarray(num_bytes, dtype=float)
+    safe = np.maximum(nb, 1e-300)
+    t = None
+    if fit_cols is not None:
+        a, b, c, max_bw, num_pairs = fit_cols
+        t = nb / fitted_bandwidths_bytes_per_s(a, b, c, max_bw, safe / num_pairs)
+    if plain_cols is not None:
+        latency, bw, fitted = plain_cols
+        plain = latency + nb / bw
+        t = plain if t is None else np.where(fitted, t, plain)
     return np.where(nb > 0, t, 0.0)
+
+
+class _PacedLinks:
+    """Links a ring bound times together (``NetworkModel.paced_allreduce_times_many``): their
+    ``_link_columns`` and their full-bucket times per (ring sizes, bucket bytes), kept with them."""
+
+    __slots__ = ("columns", "num_links", "full")
+
+    def __init__(self, links: Sequence[_Link]) -> None:
+        self.columns = _link_columns(links)
+        self.num_links = len(links)
+        self.full: dict = {}
 
 
 @dataclass(slots=True, kw_only=True)
@@ -312,10 +343,9 @@ class NetworkModel:
         every pair of zones at once: ``planner/search/bounds.rings_s``)."""
         import numpy as np  # lazy: numpy (~0.15 s) only when arrays are computed; importing this module stays light
 
-        nb = np.asarray(num_bytes, dtype=float)
         if n <= 1:
-            return np.zeros((len(pairs), *nb.shape))
-        return self.paced_allreduce_times_many(nb, pairs, [n], bucket_bytes=bucket_bytes)[:, 0]
+            return np.zeros((len(pairs), *np.shape(num_bytes)))
+        return self.paced_allreduce_times_many(num_bytes, pairs, [n], bucket_bytes=bucket_bytes)[:, 0]
 
     def paced_allreduce_times_many(self, num_bytes, pairs: Sequence[tuple[Endpoint, Endpoint]], ns: Sequence[int],
                                    *, bucket_bytes: float = ALLREDUCE_BUCKET_BYTES):
@@ -326,23 +356,23 @@ class NetworkModel:
 
         nb = np.asarray(num_bytes, dtype=float)
         n = np.asarray(ns, dtype=float).reshape(-1, *(1,) * nb.ndim)  # a ring size per row
-        links = self._links_of(pairs)
+        paced = self._paced_links(pairs)
         num_full = np.floor(nb / bucket_bytes)
         rest = nb - num_full * bucket_bytes
         steps = 2 * (n - 1)
         # One bucket per link and ring size, whatever the sizes: kept (the planner times the same
         # rings at the gradient sizes of every TP degree and depth); then the rest. Timed as flat
         # arrays, shaped back.
-        key = ("full bucket", tuple(links), tuple(ns), bucket_bytes, nb.ndim)
-        full = self._rings.get(key)
+        key = (tuple(ns), bucket_bytes, nb.ndim)
+        full = paced.full.get(key)
         if full is None:
-            full = steps * _links_times_s(links, (bucket_bytes / n).ravel()).reshape(len(links), *n.shape)
+            if len(paced.full) > 4096:
+                paced.full.clear()
+            full = steps * _columns_times_s(paced.columns, (bucket_bytes / n).ravel()).reshape(paced.num_links, *n.shape)
             full.flags.writeable = False
-            if len(self._rings) > 65536:
-                self._rings.clear()
-            self._rings[key] = full
+            paced.full[key] = full
         per_rest = rest / n
-        part = steps * _links_times_s(links, per_rest.ravel()).reshape(len(links), *per_rest.shape)
+        part = steps * _columns_times_s(paced.columns, per_rest.ravel()).reshape(paced.num_links, *per_rest.shape)
         return np.where(nb > 0, num_full * full + part, 0.0)
 
     def least_allreduce_runs_time_s(self, num_bytes: float, runs: tuple[tuple[Endpoint, int], ...], *,
@@ -384,16 +414,16 @@ class NetworkModel:
             links = self._ring_parts[key] = tuple(dict.fromkeys(self.link(a, b) for a, b in pairs))
         return links
 
-    def _links_of(self, pairs: Sequence[tuple[Endpoint, Endpoint]]) -> list[_Link]:
-        """The links of ``pairs``, those of a tuple asked for again (the planner's ring bounds ask
-        for one tuple per GPU type and set of zones) looked up once."""
-        if type(pairs) is not tuple:
-            return [self.link(a, b) for a, b in pairs]
-        hit = self._pair_links.get(id(pairs))
-        if hit is None or hit[0] is not pairs:
+    def _paced_links(self, pairs: Sequence[tuple[Endpoint, Endpoint]]) -> _PacedLinks:
+        """The links of ``pairs`` as ``_PacedLinks``, kept: a tuple asked for again by identity (the
+        planner's ring bounds ask for one tuple per GPU type and set of zones; hashing its endpoints
+        and links cost more than the arithmetic), any other sequence by its pairs."""
+        key = id(pairs) if type(pairs) is tuple else tuple(pairs)
+        hit = self._pair_links.get(key)
+        if hit is None or (type(pairs) is tuple and hit[0] is not pairs):
             if len(self._pair_links) > 4096:
                 self._pair_links.clear()
-            hit = self._pair_links[id(pairs)] = (pairs, [self.link(a, b) for a, b in pairs])
+            hit = self._pair_links[key] = (pairs, _PacedLinks([self.link(a, b) for a, b in pairs]))
         return hit[1]
 
     def _ring_s(self, num_bytes: float, runs: tuple[tuple[Endpoint, int], ...], n: int, bucket_bytes: float,

@@ -39,7 +39,18 @@ def _place_stages(zone_gpus: tuple[tuple[str, int], ...], tp_degree: int, dp_deg
     regions = {z: _region(z) for z in rem}  # (the sort keys below ask for them per stage)
     out: list[StagePlacement] = []
     prev = prev_zone
-    for _ in range(num_stages):
+    if num_stages > 1:
+        # Stage by stage, each from the room the earlier ones left: the first num_stages - 1 are
+        # the shorter segment's placement (the bounds place a degree at every depth in turn).
+        head = _place_stages(zone_gpus, tp_degree, dp_degree, num_stages - 1, prev_zone)
+        if head is None:
+            return None
+        for stage in head:
+            for z, n in stage:
+                rem[z] -= n
+        out.extend(head)
+        prev = max(head[-1], key=lambda p: (p[1], p[0]))[0]
+    for _ in range(min(num_stages, 1)):
         prev_region = _region(prev) if prev else None
 
         def near(z: str) -> tuple:

@@ -212,6 +212,32 @@ def test_rings_of_several_sizes_at_once_are_each_size_alone_bit_for_bit():
             assert many[:, j].tobytes() == net.paced_allreduce_times_s(sizes, pairs, n).tobytes()
 
 
+def test_rings_of_kept_pair_tuples_time_as_a_fresh_network_does():
+    # paced_allreduce_times_many keeps a tuple of pairs' link columns and full buckets by the
+    # tuple's identity (the planner's ring bounds ask for the same tuples at every DP degree): every
+    # call, fresh or kept, is bit for bit what a network asked once gives (links with fits and without)
+    import random
+
+    import numpy as np
+
+    net = default_network()
+    rng = random.Random(5)
+    zones = ["us-central1-a", "us-central1-b", "us-west1-b", "us-east-1a", "europe-west4-a", "asia-east1-a"]
+    asked = []
+    for _ in range(8):
+        gpu = rng.choice(["A100-40", "V100-16", "T4"])
+        asked.append(tuple((Endpoint(zone=rng.choice(zones), gpu=gpu), Endpoint(zone=rng.choice(zones), gpu=gpu))
+                           for _ in range(rng.randint(1, 9))))
+    for _ in range(60):
+        pairs = rng.choice(asked)
+        ns = [rng.randint(2, 64) for _ in range(rng.randint(1, 4))]
+        sizes = np.array([0.0, 1e3, 6e4, 2e7, 5e8, 7.5e8, 3e9]) * rng.uniform(0.5, 2.0)
+        got = net.paced_allreduce_times_many(sizes, pairs, ns)
+        want = default_network().paced_allreduce_times_many(sizes, list(pairs), ns)
+        assert got.shape == want.shape == (len(pairs), len(ns), len(sizes))
+        assert got.tobytes() == want.tobytes()
+
+
 def test_a_ring_keyed_by_its_runs_is_timed_by_every_hop_of_the_whole_ring():
     # allreduce_time_s keys and paces a ring by its runs of equal members; the figure is the
     # bucketed ring paced by the slowest pair ring_hop_pairs gives for the whole member list

@@ -132,15 +132,27 @@ class SegmentParts:
         if seg.num_stages > 1 and pairs and (seg.rule == "pipeline" or len(self._zone_names[seg.gpu]) == 1):
             links = (pairs["own"],) * (seg.num_stages - 1)  # (every stage in the same zones: no crossing)
         elif seg.num_stages > 1 and pairs:
-            placed = place_run(seg.gpu, self.zone_gpus[seg.gpu], seg.tp_degree, seg.dp_degree, seg.num_stages,
-                               seg.rule, None, self.memos.process.segment_places)
-            if placed is not None:
+            crossings = self._crossings(seg)
+            if crossings is not None:
                 own = pairs["own"]
-                links = tuple(self._zone_link(seg, pairs, a[0][0], b[0][0])
-                              if len(a) == 1 and len(b) == 1 and a[0][0] != b[0][0] else own
-                              for a, b in zip(placed, placed[1:]))
+                links = tuple(own if c is None else self._zone_link(seg, pairs, *c) for c in crossings)
         memo[key] = links
         return links
+
+    def _crossings(self, seg: Segment) -> tuple | None:
+        """Per boundary of the segment placed alone, (zone a, zone b) where stages placed whole in
+        two zones meet, else None; None if it cannot be placed.  The placement does not depend on
+        the micro-batch size: each list of a search (one per size) asks for the same ones."""
+        memo = self.memos.types.blocked_links
+        key = ("crossings", seg.gpu, seg.tp_degree, seg.dp_degree, seg.num_stages, seg.rule)
+        if key in memo:
+            return memo[key]
+        placed = place_run(seg.gpu, self.zone_gpus[seg.gpu], seg.tp_degree, seg.dp_degree, seg.num_stages,
+                           seg.rule, None, self.memos.process.segment_places)
+        out = memo[key] = None if placed is None else tuple(
+            (a[0][0], b[0][0]) if len(a) == 1 and len(b) == 1 and a[0][0] != b[0][0] else None
+            for a, b in zip(placed, placed[1:]))
+        return out
 
     def _zone_link(self, seg: Segment, pairs: dict, zone_a: str, zone_b: str) -> float:
         """The link of ``seg``'s kind from a replica in ``zone_a`` to one in ``zone_b`` (``bounds.link_s``'s
