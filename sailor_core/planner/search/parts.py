@@ -232,11 +232,41 @@ class SegmentParts:
         miss = [j for j, v in enumerate(known) if v is None]
         if miss:
             m = at[miss]
-            got = bounds.granular_many(a["stages"][ia[m]], a["block"][ia[m]], a["head"][ia[m]],
-                                       b["stages"][ib[m]], b["block"][ib[m]], b["head"][ib[m]],
-                                       self.num_blocks, iterations=16).tolist()
-            if len(memo) > _GRANULAR_MEMO_SIZE:
-                memo.clear()
+            got = self._granular_many([a["stages"][ia[m]], a["block"][ia[m]], a["head"][ia[m]],
+                                       b["stages"][ib[m]], b["block"][ib[m]], b["head"][ib[m]]])
             for j, v in zip(miss, got):
                 known[j] = memo[int(uniq[j])] = v
         return np.array(known, dtype=float)[inverse]
+
+    def granular_ahead(self, batches: list[tuple]) -> None:
+        """``granular_of``'s figures of several lists' shapes (``batches``: (a, ia, b, ib) each) put
+        in its memo in one ``bounds.granular_many`` (each shape's figure depends on its own inputs
+        alone): the micro-batch sizes' spaces each refine their first shapes, a few dozen each on
+        the homogeneous rows, where numpy's cost per call is most of it."""
+        # lazy: numpy loads when a search runs, not when the CLI checks a request
+        import numpy as np
+
+        memo = self.memos.process.granular_bounds
+        batches = [(a, ia, b, ib) for a, ia, b, ib in batches if len(ia)]
+        if not batches:
+            return
+        codes = np.concatenate([a["gid"][ia] * (1 << 32) + b["gid"][ib] for a, ia, b, ib in batches])
+        uniq, at = np.unique(codes, return_index=True)
+        miss = [j for j, c in enumerate(uniq.tolist()) if c not in memo]
+        if miss:
+            m = at[miss]
+            got = self._granular_many([np.concatenate([x[name][idx] for x, idx in cols])[m]
+                                       for cols in ([(a, ia) for a, ia, _, _ in batches],
+                                                    [(b, ib) for _, _, b, ib in batches])
+                                       for name in ("stages", "block", "head")])
+            for j, v in zip(miss, got):
+                memo[int(uniq[j])] = v
+
+    def _granular_many(self, columns: list) -> list[float]:
+        """``bounds.granular_many`` of (stages, block s, head s) of each type's segments, as a list,
+        the memo cleared first when full."""
+        got = bounds.granular_many(*columns, self.num_blocks, iterations=16).tolist()
+        memo = self.memos.process.granular_bounds
+        if len(memo) > _GRANULAR_MEMO_SIZE:
+            memo.clear()
+        return got
