@@ -170,9 +170,9 @@ def warm_up_with_links_s(steps_s, num_microbatches, num_stages, link_s):
     n = np.asarray(num_microbatches, dtype=float)
     s = np.asarray(num_stages)
     keep = 1 - 1 / n
-    reached = np.zeros(np.broadcast(n, s).shape)
-    for k in range(int(np.max(s))):
-        reached = np.where(k < s, reached * keep - k / n, reached)
+    # (each element's recursion as the scalar form runs it, cached per (n, s): a numpy loop cost more)
+    n_all, s_all = (x.ravel().tolist() for x in np.broadcast_arrays(n, s))
+    reached = np.reshape([_warm_up_coefficients(a, b)[1] for a, b in zip(n_all, s_all)], np.broadcast(n, s).shape)
     alpha = 1 - keep ** s
     return (steps_s - reached * link_s) / alpha
 
