@@ -364,16 +364,24 @@ def _rings_of(x: dict, idx, parts):
     else:
         need = np.flatnonzero(np.bincount(idx[~have[idx]], minlength=len(have)))
     rows: dict = {}  # ring_row by (TP, DP degree): the same for every stage count
+    at, depths, values = [], [], []
     for i in need.tolist():
         seg = segs[i] if i < len(segs) else None
-        if seg is not None and seg.dp_degree > 1:
-            rows.setdefault((seg.tp_degree, seg.dp_degree), (seg, []))[1].append(i)
-    for seg, where in rows.values():
-        row = parts.ring_row(seg)
-        if x["alone"]:  # (``ring_lb``: the row at each segment's own depth)
-            ring[where, [segs[i].num_stages for i in where]] = [row[segs[i].num_stages] for i in where]
+        if seg is None or seg.dp_degree <= 1:
+            continue
+        if x["alone"]:  # (``ring_lb``: the row at the segment's own depth)
+            row = rows.get((seg.tp_degree, seg.dp_degree))
+            if row is None:
+                row = rows[(seg.tp_degree, seg.dp_degree)] = parts.ring_row(seg)
+            at.append(i)
+            depths.append(seg.num_stages)
+            values.append(row[seg.num_stages])
         else:
-            ring[where] = row[: x["max_p"] + 1]
+            rows.setdefault((seg.tp_degree, seg.dp_degree), (seg, []))[1].append(i)
+    if at:
+        ring[at, depths] = values
+    for seg, where in ([] if x["alone"] else rows.values()):
+        ring[where] = parts.ring_row(seg)[: x["max_p"] + 1]
     have[need] = True
     return ring
 
