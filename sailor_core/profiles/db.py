@@ -283,24 +283,20 @@ class ProfileDB:
         cal = self.calibration(ref.gpu, ref.regime)
         shapes = layer_shapes(ref.model, tp_degree=tp, seq_len=seq, regime=ref.regime)
 
-        def analytic(b: int) -> list[tuple[float, ...]]:
-            """Per layer, what the micro-batch size drives on the target: fwd s, bwd s, bytes."""
-            times = est.predict_model(ref.model, g, tp, b, seq, ref.regime, cal)
-            return [(f, bw, s.activation_bytes(b), s.output_bytes(b)) for (f, bw), s in zip(times, shapes, strict=True)]
-
-        points = self._curve_points(curve, g, tp, seq, shapes, cal)
+        # (the target's analytic values at the measured sizes, with the points: every size reads them)
+        points, at_sizes = self._curve_points(curve, g, tp, seq, shapes, cal)
         sizes = [p.micro_batch_size for p in curve]
         hi = bisect.bisect_left(sizes, mbs)  # the first measured size >= mbs
-        now = analytic(mbs)
+        now = at_sizes[hi] if hi < len(sizes) and sizes[hi] == mbs else _analytic_at(ref, g, tp, mbs, seq, shapes, cal)
         if hi == len(sizes) or sizes[hi] == mbs or hi == 0:
             at = min(hi, len(sizes) - 1)
             used = [curve[at]]
-            values = _in_proportion(points[at], now, analytic(sizes[at]))
+            values = _in_proportion(points[at], now, at_sizes[at])
         else:
             at, lo = hi, hi - 1
             used = [curve[lo], curve[hi]]
             w = math.log(mbs / sizes[lo]) / math.log(sizes[hi] / sizes[lo])
-            values = _between(points[lo], points[hi], now, analytic(sizes[lo]), analytic(sizes[hi]), w)
+            values = _between(points[lo], points[hi], now, at_sizes[lo], at_sizes[hi], w)
         if g == ref.gpu:
             rate, fixed = used[0].update_s_per_param, used[0].update_fixed_s
         else:
@@ -331,17 +327,18 @@ class ProfileDB:
         )
 
     def _curve_points(self, curve: list[ModelProfile], g: str, tp: int, seq: int,
-                      target_s: tuple[LayerShape, ...], cal: est.Calibration) -> list[list[tuple]]:
-        """``curve``'s points carried to (g, tp, seq), never decreasing (``_scaled_point``,
-        ``_never_decreasing``), memoised: every micro-batch size of a target reads them, and
-        ``target_s`` and ``cal`` follow from the key (the shapes of the curve's model at (tp, seq)
-        in its regime; the calibration of its GPU)."""
+                      target_s: tuple[LayerShape, ...], cal: est.Calibration) -> tuple[list, list]:
+        """(``curve``'s points carried to (g, tp, seq), never decreasing (``_scaled_point``,
+        ``_never_decreasing``); the target's ``_analytic_at`` each point's size), memoised: every
+        micro-batch size of a target reads them, and ``target_s`` and ``cal`` follow from the
+        key (the shapes of the curve's model at (tp, seq) in its regime; the calibration of its GPU)."""
         key = (tuple((p.key, p.regime) for p in curve), g, tp, seq)
         hit = self._points.get(key)
         if hit is None or any(a is not b for a, b in zip(hit[0], curve)) or hit[1] != cal:
             points = _never_decreasing([self._scaled_point(p, g, tp, seq, target_s, cal) for p in curve])
-            hit = self._points[key] = (tuple(curve), cal, points)
-        return hit[2]
+            at_sizes = [_analytic_at(curve[0], g, tp, p.micro_batch_size, seq, target_s, cal) for p in curve]
+            hit = self._points[key] = (tuple(curve), cal, points, at_sizes)
+        return hit[2], hit[3]
 
     def _scaled_point(
         self, ref: ModelProfile, g: str, tp: int, seq: int, target_s: tuple[LayerShape, ...], cal: est.Calibration
@@ -362,6 +359,14 @@ class ProfileDB:
             )
             for layer, (tf, tb), (rf, rb), ts, rs in zip(ref.layers, target_t, ref_t, target_s, ref_s, strict=True)
         ]
+
+
+def _analytic_at(ref: ModelProfile, g: str, tp: int, b: int, seq: int, shapes: tuple[LayerShape, ...],
+                 cal: est.Calibration) -> list[tuple[float, ...]]:
+    """Per layer, what the micro-batch size ``b`` drives on the target (g, tp, seq) of a curve
+    whose first profile is ``ref`` (``shapes``: its model's layers there): fwd s, bwd s, bytes."""
+    times = est.predict_model(ref.model, g, tp, b, seq, ref.regime, cal)
+    return [(f, bw, s.activation_bytes(b), s.output_bytes(b)) for (f, bw), s in zip(times, shapes, strict=True)]
 
 
 def _layer_from_shape(shape: LayerShape, mbs: int, fwd_s: float, bwd_s: float) -> LayerProfile:

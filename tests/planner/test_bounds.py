@@ -385,6 +385,28 @@ def test_warm_up_with_links_never_exceeds_the_1f1b_schedule():
     assert np.allclose(vector, cols[:, 4], rtol=1e-12, atol=0.0)
 
 
+def test_warm_up_with_links_numpy_form_is_the_stage_by_stage_recursion_bit_for_bit():
+    # On a few segments the numpy form reads each one's recursion off the scalar form's cache; on
+    # many it runs it in numpy stage by stage (the yardstick, as it always did).
+    def recursion(steps_s, num_microbatches, num_stages, link_s):
+        n, s = np.asarray(num_microbatches, dtype=float), np.asarray(num_stages)
+        keep = 1 - 1 / n
+        reached = np.zeros(np.broadcast(n, s).shape)
+        for k in range(int(np.max(s))):
+            reached = np.where(k < s, reached * keep - k / n, reached)
+        return (steps_s - reached * link_s) / (1 - keep ** s)
+
+    rng = np.random.default_rng(5)
+    for trial in range(500):
+        m = int(rng.integers(1, 300))
+        n = rng.integers(1, 600, m).astype(float if trial % 2 else int)
+        s = rng.integers(1, 40, m)
+        steps = rng.uniform(0, 2, m) * 10.0 ** rng.integers(-4, 2, m)
+        link = rng.uniform(0, 0.1, m) * rng.integers(0, 2, m)
+        got = bounds.warm_up_with_links_s(steps, n, s, link)
+        assert got.tobytes() == recursion(steps, n, s, link).tobytes()
+
+
 # ---- each bound of ``bounds`` alone: exact on a hand-computed case, or below what it bounds ----
 
 

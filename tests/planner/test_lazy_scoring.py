@@ -188,3 +188,35 @@ def test_widening_pass_with_the_alone_bound_added_as_walked_walks_what_scoring_i
     kinds._SHARED.clear()
     assert lazy[4] and lazy == eager  # same plans, evaluations, proof, degrees, shapes walked with bounds
     assert lazy_asked <= eager_asked
+
+
+@pytest.mark.parametrize("avail", [{(A, ZA): 32}, {(A, ZA): 16, (V, ZA): 16}])
+def test_granular_bounds_worked_out_ahead_for_every_size_change_nothing(avail, profiles, network, monkeypatch):
+    # ``parts.granular_ahead`` gives the spaces' first granular bounds in one batch, which each
+    # stream then finds in the memo: the same shapes, bounds, order and plans as without it,
+    # from fewer numpy bisections (each run with fresh process memos: a new kind cache).
+    import sailor_core.planner.kinds as kinds_mod
+    import sailor_core.planner.search.bounds as bounds_mod
+    from sailor_core.planner.search.parts import SegmentParts
+
+    req = make_request(model="opt-350m", availability=avail, global_batch_size=512)
+    calls = []
+    original_many = bounds_mod.granular_many
+
+    def counted(*args, **kwargs):
+        calls.append(len(args[0]))
+        return original_many(*args, **kwargs)
+
+    monkeypatch.setattr(bounds_mod, "granular_many", counted)
+    runs = []
+    for ahead in (True, False):
+        with monkeypatch.context() as m:
+            m.setattr(kinds_mod, "_SHARED", {})
+            if not ahead:
+                m.setattr(SegmentParts, "granular_ahead", lambda self, batches: None)
+            calls.clear()
+            runs.append((_run(req, profiles, network, refine_all=False), len(calls)))
+    (with_ahead, n_with), (without, n_without) = runs
+    assert with_ahead[0] == without[0] and with_ahead[1] == without[1]  # same plans, same number simulated
+    assert with_ahead[2] == without[2]  # the same shapes kept, in the same order, with the same bounds
+    assert n_with < n_without

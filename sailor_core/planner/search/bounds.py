@@ -173,11 +173,11 @@ def warm_up_with_links_s(steps_s, num_microbatches, num_stages, link_s):
     if not isinstance(steps_s, np.ndarray):
         alpha, reached = _warm_up_coefficients(int(num_microbatches), int(num_stages))
         return (steps_s - reached * link_s) / alpha
-    n = np.asarray(num_microbatches, dtype=float)
-    s = np.asarray(num_stages)
-    keep = 1 - 1 / n
-    reached = np.zeros(np.broadcast(n, s).shape)
-    for k in range(int(np.max(s))):
+    n, s = np.asarray(num_microbatches, dtype=float), np.asarray(num_stages)
+    keep, few = 1 - 1 / n, n.ndim == 1 and n.shape == s.shape and len(n) <= 128
+    reached = np.array([_warm_up_coefficients(a, b)[1] for a, b in zip(n.tolist(), s.tolist())], dtype=float) \
+        if few else np.zeros(np.broadcast(n, s).shape)  # (few: the scalar form's recursions, cached: cheaper)
+    for k in range(0 if few else int(np.max(s))):
         reached = np.where(k < s, reached * keep - k / n, reached)
     alpha = 1 - keep ** s
     return (steps_s - reached * link_s) / alpha

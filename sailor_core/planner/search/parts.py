@@ -309,3 +309,29 @@ class SegmentParts:
                 memo.clear()
             memo.update(zip(uniq[miss].tolist(), known[miss].tolist()))
         return known[inverse]
+
+    def granular_ahead(self, batches: list[tuple]) -> None:
+        """``granular_of``'s figures of several lists' shapes (``batches``: (a, ia, b, ib) each) put
+        in its memo in one ``bounds.granular_many`` (each shape's figure depends on its own inputs
+        alone): the micro-batch sizes' spaces each refine their first shapes, a few dozen each on
+        the homogeneous rows, where numpy's cost per call is most of it."""
+        # lazy: numpy loads when a search runs, not when the CLI checks a request
+        import numpy as np
+
+        memo = self.memos.process.granular_bounds
+        batches = [(a, ia, b, ib) for a, ia, b, ib in batches if len(ia)]
+        if not batches:
+            return
+        codes = np.concatenate([self.granular_column(a, ia) * (1 << 32) + self.granular_column(b, ib)
+                                for a, ia, b, ib in batches])
+        uniq, at = np.unique(codes, return_index=True)
+        miss = [j for j, c in enumerate(uniq.tolist()) if c not in memo]
+        if miss:
+            m = at[miss]
+            columns = [np.concatenate([x[name][idx] for x, idx in cols])[m]
+                       for cols in ([(a, ia) for a, ia, _, _ in batches], [(b, ib) for _, _, b, ib in batches])
+                       for name in ("stages", "block", "head")]
+            got = bounds.granular_many(*columns, self.num_blocks, iterations=GRANULAR_STEPS)
+            if len(memo) > _GRANULAR_MEMO_SIZE:
+                memo.clear()
+            memo.update(zip(uniq[miss].tolist(), got.tolist()))

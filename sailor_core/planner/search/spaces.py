@@ -11,7 +11,7 @@ from sailor_core.planner.search.cut import LazyCut, settle_cut
 from sailor_core.planner.search.scored import score_shapes
 from sailor_core.planner.search.searcher import Searcher
 from sailor_core.planner.search.shapes import NO_SEGMENT, Segment
-from sailor_core.planner.search.streams import ProductHeap, SortedShapes
+from sailor_core.planner.search.streams import FIRST_CHUNK, ProductHeap, SortedShapes
 
 # Under a cap, a floor or the cost objective, only the best this many bounds over all
 # micro-batch sizes are queued (see ``attach_sorted``).
@@ -113,6 +113,9 @@ def attach_sorted(searcher: Searcher, spaces: list[Space]) -> None:
             cut = settle_cut(list(fresh.values()), BANDED_KEEP) if banded else math.inf
             for mbs, scored in fresh.items():
                 memo[mbs] = scored.sorted_below(cut) if banded else scored.streamed()
+            if not banded:  # (each stream's first refinement: its granular bounds, all sizes at once)
+                searcher.parts.granular_ahead([(s.a, s.ia[s.first[:FIRST_CHUNK]], s.b, s.ib[s.first[:FIRST_CHUNK]])
+                                               for s in fresh.values()])
     for space in spaces:
         if len(space.lists) <= 2:
             space.sorted = memo[space.mbs].fresh()

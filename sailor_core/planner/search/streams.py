@@ -11,6 +11,7 @@ import math
 from sailor_core.planner.search.shapes import Segment
 
 CHUNK = 2048  # shapes refined at once (numpy temporaries of a few lines x this stay in cache)
+FIRST_CHUNK = 256  # shapes a stream refines first (then doubling to CHUNK)
 
 
 class ProductHeap:
@@ -136,7 +137,7 @@ class ShapeStream:
         self.never_added = False
         # Shapes refined at once, doubling to CHUNK (few are needed at first; fewer where the
         # refinement also places lone segments and their rings, ``ScoredShapes.defer``).
-        self.chunk = 64 if scored.defer else 256
+        self.chunk = 64 if scored.defer else FIRST_CHUNK
 
     def _next_unplaced_lb(self) -> float:
         """A bound on every shape not in the pool or placed yet (inf: none)."""
