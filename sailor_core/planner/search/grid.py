@@ -1,5 +1,5 @@
 """The first scoring of one or two GPU types' shapes (``scored.score_shapes``): every pair of
-segments whose capacity and rent leave it within a request's limits (``pairs_within``), as numpy
+segments whose capacity and rent leave it within a request's limits (``pair_blocks``), as numpy
 columns (``Pairs``), and those limits as the numpy scoring checks them (``Limits``)."""
 
 from __future__ import annotations
