@@ -104,19 +104,17 @@ def pair_blocks(searcher: Searcher, a: dict, b: dict, work_s: float, limits: Lim
             settled_row = ra == na
     cols = (a["stages"][ra].astype(np.int16), b["stages"][rb].astype(np.int16), a["cap"][ra], b["cap"][rb],
             a["rate"][ra], b["rate"][rb])
-    for flat in _grid_within(cols, settled_row, settled_col, work_s, limits, limit, searcher.max_stages):
+    for flat, stages, tau, rate in _grid_within(cols, settled_row, settled_col, work_s, limits, limit,
+                                                searcher.max_stages):
         ia, ib = np.divmod(flat, len(rb))
-        ia, ib = ra[ia], rb[ib]
-        # each kept cell's figures again from its two segments: the grid's operations, elementwise
-        with np.errstate(divide="ignore", invalid="ignore"):
-            tau = work_s / (a["cap"][ia] + b["cap"][ib])
-        yield Pairs(ia=ia, ib=ib, stages=a["stages"][ia] + b["stages"][ib], tau=tau, rate=a["rate"][ia] + b["rate"][ib])
+        yield Pairs(ia=ra[ia], ib=rb[ib], stages=stages, tau=tau, rate=rate)
 
 
 def _grid_within(cols: tuple, settled_row, settled_col, work_s: float, limits: Limits, limit: float,
                  max_stages: int):
-    """The flat indexes of the grid's cells (rows: the first type's segments, columns: the
-    second's) whose depth, capacity and rent are within the limits and beat ``limit``.  The grid
+    """Per block of rows, (flat indexes, stages, capacity bound, rent) of the grid's cells (rows:
+    the first type's segments, columns: the second's) whose depth, capacity and rent are within
+    the limits and beat ``limit``.  The grid
     is swept in blocks of rows through buffers reused from block to block: a whole grid's
     temporaries (up to 300,000 cells on the floor row, a dozen arrays) are fresh memory the system
     hands over page by page, which cost more than the sweep itself."""
@@ -140,7 +138,8 @@ def _grid_within(cols: tuple, settled_row, settled_col, work_s: float, limits: L
             np.divide(work_s, np.add(ca[r0:r0 + n, None], cb[None, :], out=f[v]), out=tau[v])
             np.add(rta[r0:r0 + n, None], rtb[None, :], out=rate[v])
             limits.keep_within(keep[v], tau[v], rate[v], limit, f[v], ok[v])
-        yield np.flatnonzero(keep[v]) + r0 * len(sb)
+        flat = np.flatnonzero(keep[v])
+        yield flat + r0 * len(sb), st[v].ravel()[flat].astype(np.int64), tau[v].ravel()[flat], rate[v].ravel()[flat]
 
 
 def may_pair(x: dict, y: dict, work_s: float, limits: Limits, limit: float, max_stages: int):
