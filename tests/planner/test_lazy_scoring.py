@@ -54,8 +54,30 @@ def test_refining_on_demand_keeps_what_refining_everything_keeps(limits, fewer, 
     assert (sum(lazy[3]) < sum(full[3])) if fewer else (sum(lazy[3]) <= sum(full[3]))
 
 
+@pytest.mark.parametrize("limits", [
+    {"objective": "cost", "min_throughput_samples_per_s": 100.0},
+    {"max_usd_per_hour": 150.0, "min_throughput_samples_per_s": 150.0},
+])
+def test_the_grid_and_the_lines_in_blocks_keep_what_all_at_once_keeps(limits, profiles, network, monkeypatch):
+    """``grid.GRID_BLOCK`` and ``scored.LINE_COLUMNS`` (how much of the grid, how many shapes'
+    lines, are taken at once) change no shape, bound, order or plan: tiny blocks against blocks
+    larger than any grid or chunk here."""
+    import sailor_core.planner.search.grid as grid
+    import sailor_core.planner.search.scored as scored
+
+    avail = {(A, ZA): 64, (A, ZB): 64, (V, ZA): 64, (V, ZB): 64}
+    req = make_request(model="opt-350m", availability=avail, global_batch_size=1024, **limits)
+    runs = []
+    for cells, columns in ((97, 7), (1 << 30, 1 << 30)):
+        with monkeypatch.context() as patch:
+            patch.setattr(grid, "GRID_BLOCK", cells)
+            patch.setattr(scored, "LINE_COLUMNS", columns)
+            runs.append(_run(req, profiles, network, refine_all=False))
+    assert runs[0][2] and runs[0][:3] == runs[1][:3]
+
+
 def _whole_grid(searcher, a, b, work_s, limits, limit):
-    """``grid.pairs_within`` over every pair of segments (the yardstick)."""
+    """``grid.pair_blocks`` over every pair of segments, all at once (the yardstick)."""
     import numpy as np
 
     from sailor_core.planner.search.grid import Pairs
@@ -88,21 +110,23 @@ def test_pairs_of_the_segments_that_may_pair_are_the_whole_grids(limits, profile
     import sailor_core.planner.search.grid as grid
     import sailor_core.planner.search.scored as scored
 
-    built, checked, cells = scored.pairs_within, [], [0, 0]
+    built, checked, cells = scored.pair_blocks, [], [0, 0]
 
     def both(searcher, a, b, work_s, lim, limit):
-        got, want = built(searcher, a, b, work_s, lim, limit), _whole_grid(searcher, a, b, work_s, lim, limit)
+        blocks = list(built(searcher, a, b, work_s, lim, limit))
+        want = _whole_grid(searcher, a, b, work_s, lim, limit)
         for name in ("ia", "ib", "stages", "tau", "rate"):
-            x, y = getattr(got, name), getattr(want, name)
+            x, y = np.concatenate([getattr(got, name) for got in blocks]), getattr(want, name)
             assert x.dtype == y.dtype and np.array_equal(x, y), name
         checked.append(len(want.ia))
         rows = grid.may_pair(a, b, work_s, lim, limit, searcher.max_stages)
         cols = grid.may_pair(b, a, work_s, lim, limit, searcher.max_stages)
         cells[0] += int(rows.sum()) * int(cols.sum())
         cells[1] += len(rows) * len(cols)
-        return got
+        return iter(blocks)
 
-    monkeypatch.setattr(scored, "pairs_within", both)
+    monkeypatch.setattr(scored, "pair_blocks", both)
+    monkeypatch.setattr(grid, "GRID_BLOCK", 1000)  # (several blocks a grid, of rows that don't divide it)
     avail = {(A, ZA): 64, (A, ZB): 64, (V, ZA): 64, (V, ZB): 64}
     try:
         plan_job(make_request(model="opt-350m", availability=avail, global_batch_size=1024, **limits),

@@ -1,5 +1,5 @@
 """The first scoring of one or two GPU types' shapes (``scored.score_shapes``): every pair of
-segments whose capacity and rent leave it within a request's limits (``pairs_within``), as numpy
+segments whose capacity and rent leave it within a request's limits (``pair_blocks``), as numpy
 columns (``Pairs``), and those limits as the numpy scoring checks them (``Limits``)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Any
 
 from sailor_core.planner.search.searcher import Searcher
 
-GRID_BLOCK = 65536  # cells of the grid tested at once (``pairs_within``)
+GRID_BLOCK = 16000  # cells of the grid tested at once (``pair_blocks``): its buffers and pairs under 128 KB
 
 
 class Limits:
@@ -42,6 +42,26 @@ class Limits:
             ok &= self.gbs / t_lb >= self.min_throughput * (1 - 1e-9)
         return ok
 
+    def keep_within(self, keep, tau, rate, limit: float, f, ok) -> None:
+        """``keep &= within(tau, rate, 0.0) & (score(tau, rate, 0.0) < limit)``, in place through
+        the scratch arrays ``f`` (float) and ``ok`` (bool) of their shape: the same float
+        operations (an egress of 0.0 added changes no comparison)."""
+        # lazy: numpy loads when a search runs, not when the CLI checks a request
+        import numpy as np
+
+        if self.max_usd_per_hour is not None:
+            keep &= np.less_equal(rate, self.max_usd_per_hour * (1 + 1e-9), out=ok)
+        if self.min_throughput is not None:
+            keep &= np.greater_equal(np.divide(self.gbs, tau, out=f), self.min_throughput * (1 - 1e-9), out=ok)
+        if self.throughput:
+            keep &= np.less(np.divide(-self.gbs, tau, out=f), limit, out=ok)
+        if self.max_usd_per_iteration is not None or not self.throughput:
+            np.divide(np.multiply(rate, tau, out=f), 3600, out=f)  # USD per iteration
+            if self.max_usd_per_iteration is not None:
+                keep &= np.less_equal(f, self.max_usd_per_iteration * (1 + 1e-9), out=ok)
+            if not self.throughput:
+                keep &= np.less(f, limit, out=ok)
+
     def score(self, t_lb, rate, egress):
         return -self.gbs / t_lb if self.throughput else rate * t_lb / 3600 + egress
 
@@ -58,10 +78,11 @@ class Pairs:
     rate: Any
 
 
-def pairs_within(searcher: Searcher, a: dict, b: dict, work_s: float, limits: Limits, limit: float) -> Pairs:
+def pair_blocks(searcher: Searcher, a: dict, b: dict, work_s: float, limits: Limits, limit: float):
     """Every pair of segments of two lists' columns (``scored.segment_columns``; index na / nb:
     that type unused) as a grid, where the cheapest terms are broadcast sums: the pairs within
-    the limits on capacity and rent alone (most shapes miss there), in the grid's order."""
+    the limits on capacity and rent alone (most shapes miss there), in the grid's order, as
+    ``Pairs`` of a block of the grid's rows at a time (``_grid_within``)."""
     # lazy: numpy loads when a search runs, not when the CLI checks a request
     import numpy as np
 
@@ -74,25 +95,51 @@ def pairs_within(searcher: Searcher, a: dict, b: dict, work_s: float, limits: Li
                   for x, y in ((a, b), (b, a)))
     else:
         ra, rb = np.arange(na + 1), np.arange(nb + 1)
-    # Small integers, in-place tests and one flat index: the grid is the costly part (250,000
-    # cells per micro-batch size on the floor row), each pass over it a memory-bound sweep.
-    stages = a["stages"][ra].astype(np.int16)[:, None] + b["stages"][rb].astype(np.int16)[None, :]
-    keep = (stages >= 1) & (stages <= searcher.max_stages)
     # One-type shapes of a type whose own search proved its best (see plan_job) are settled.
+    settled_row, settled_col = np.zeros(len(ra), dtype=bool), np.zeros(len(rb), dtype=bool)
     if len(searcher.gpu_types) == 2:
         if searcher.gpu_types[0] in searcher.settled_types:
-            keep[:, rb == nb] = False
+            settled_col = rb == nb
         if searcher.gpu_types[1] in searcher.settled_types:
-            keep[ra == na, :] = False
-    with np.errstate(divide="ignore", invalid="ignore"):  # (no segment at all: not kept)
-        tau = work_s / (a["cap"][ra][:, None] + b["cap"][rb][None, :])
-        rate = a["rate"][ra][:, None] + b["rate"][rb][None, :]
-        keep &= limits.within(tau, rate, 0.0)
-        keep &= limits.score(tau, rate, 0.0) < limit
-    flat = np.flatnonzero(keep)
-    ia, ib = np.divmod(flat, len(rb))
-    return Pairs(ia=ra[ia], ib=rb[ib], stages=stages.ravel()[flat].astype(np.int64), tau=tau.ravel()[flat],
-                 rate=rate.ravel()[flat])
+            settled_row = ra == na
+    cols = (a["stages"][ra].astype(np.int16), b["stages"][rb].astype(np.int16), a["cap"][ra], b["cap"][rb],
+            a["rate"][ra], b["rate"][rb])
+    for flat, stages, tau, rate in _grid_within(cols, settled_row, settled_col, work_s, limits, limit,
+                                                searcher.max_stages):
+        ia, ib = np.divmod(flat, len(rb))
+        yield Pairs(ia=ra[ia], ib=rb[ib], stages=stages, tau=tau, rate=rate)
+
+
+def _grid_within(cols: tuple, settled_row, settled_col, work_s: float, limits: Limits, limit: float,
+                 max_stages: int):
+    """Per block of rows, (flat indexes, stages, capacity bound, rent) of the grid's cells (rows:
+    the first type's segments, columns: the second's) whose depth, capacity and rent are within
+    the limits and beat ``limit``.  The grid
+    is swept in blocks of rows through buffers reused from block to block: a whole grid's
+    temporaries (up to 300,000 cells on the floor row, a dozen arrays) are fresh memory the system
+    hands over page by page, which cost more than the sweep itself."""
+    # lazy: numpy loads when a search runs, not when the CLI checks a request
+    import numpy as np
+
+    sa, sb, ca, cb, rta, rtb = cols
+    rows = max(1, GRID_BLOCK // len(sb))
+    shape = (min(rows, len(sa)), len(sb))
+    st, keep, ok = np.empty(shape, dtype=np.int16), np.empty(shape, dtype=bool), np.empty(shape, dtype=bool)
+    tau, rate, f = np.empty(shape), np.empty(shape), np.empty(shape)
+    for r0 in range(0, len(sa), rows):
+        n = min(rows, len(sa) - r0)
+        v = slice(0, n)
+        np.add(sa[r0:r0 + n, None], sb[None, :], out=st[v])
+        np.greater_equal(st[v], 1, out=keep[v])
+        keep[v] &= np.less_equal(st[v], max_stages, out=ok[v])
+        keep[v, settled_col] = False
+        keep[v][settled_row[r0:r0 + n]] = False
+        with np.errstate(divide="ignore", invalid="ignore"):  # (no segment at all: not kept)
+            np.divide(work_s, np.add(ca[r0:r0 + n, None], cb[None, :], out=f[v]), out=tau[v])
+            np.add(rta[r0:r0 + n, None], rtb[None, :], out=rate[v])
+            limits.keep_within(keep[v], tau[v], rate[v], limit, f[v], ok[v])
+        flat = np.flatnonzero(keep[v])
+        yield flat + r0 * len(sb), st[v].ravel()[flat].astype(np.int64), tau[v].ravel()[flat], rate[v].ravel()[flat]
 
 
 def may_pair(x: dict, y: dict, work_s: float, limits: Limits, limit: float, max_stages: int):

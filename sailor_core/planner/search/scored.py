@@ -4,7 +4,7 @@ bound, and for two segments the joint time and cost bounds) in order of that fir
 as far as the search walks (``streams.ShapeStream``) or a cut needs (``cut.settle_cut``).
 
 The cheap parts (capacity, rent, links, warm-up, the smallest ring, egress) are scored for every
-pair of segments on a grid (``grid.pairs_within`` first); the costly ones for the best
+pair of segments on a grid (``grid.pair_blocks`` first); the costly ones for the best
 ``FIRST_REFINED`` shapes by the cheap bound, in chunks: each shape's figures depend on its own
 inputs alone, so chunks give what all at once does.
 """
@@ -27,13 +27,14 @@ from sailor_core.planner.search.bounds import (
     steady_links_s,
     warm_up_with_links_s,
 )
-from sailor_core.planner.search.grid import Limits, Pairs, pairs_within
+from sailor_core.planner.search.grid import Limits, Pairs, pair_blocks
 from sailor_core.planner.search.parts import GRANULAR_STEPS
 from sailor_core.planner.search.searcher import Searcher
 from sailor_core.planner.search.shapes import Segment
 from sailor_core.planner.search.streams import ShapeStream, SortedShapes
 
 ROUGH_STEPS = 6  # of the granular bound's bisection, before the rest (``ScoredShapes._refine_bounds``)
+LINE_COLUMNS = 256  # shapes per ``bounds.min_max_lines`` call (``_min_max_lines``)
 FIRST_REFINED = 20000  # shapes given the costly bounds; the rest keep the cheap one (weaker, still a bound)
 _NO_SEGMENTS: list[Segment] = []  # the second type's list of a one-type space (never changed)
 _INTERVALS = [(k / GRID, (k + 1) / GRID) for k in range(GRID)]
@@ -140,13 +141,7 @@ def score_shapes(searcher: Searcher, present: list[list[Segment]], *, mbs: int, 
     a, b = _columns_of(lists[0], context, searcher, **kwargs), _columns_of(lists[1], context, searcher, **kwargs)
     limits = Limits(req, not req.ranking.by_cost)
     limit = searcher.threshold()
-    pairs = pairs_within(searcher, a, b, work_s, limits, limit)
-    kinds = _meeting_kinds(lists, a, b, pairs) if cost_matters else None
-    pipe, lmat = _pipeline(searcher.parts, lists, a, b, pairs, work_s)
-    # The pipeline bound rules out most pairs a cap, a floor or the top N leave on capacity and
-    # rent (the floor row: 469,000 of 2.5 million -> 72,000); the sync and egress bounds, which
-    # only raise a bound, are needed for the rest alone (same figures and order as for all).
-    pairs, pipe = _within_on_pipeline(pairs, pipe, limits, limit)
+    pairs, pipe, lmat, kinds = _within_on_grid(searcher, lists, a, b, work_s, limits, limit)
     if defer == ("alone",) and len(pairs.ia) > FIRST_REFINED:
         defer = ()  # (past the first refined, shapes keep their first bound: it must hold it)
     if "alone" not in defer:
@@ -161,10 +156,50 @@ def score_shapes(searcher: Searcher, present: list[list[Segment]], *, mbs: int, 
                         defer=defer)
 
 
-def _pipeline(parts, lists, a: dict, b: dict, pairs: Pairs, work_s: float):
-    """(pipeline bound whatever the split, matrix of links between the types' TP degrees) of
-    the pairs: links, the warm-up in the better order (``pipe_lb``), and for one segment its
-    compute with its links (``steady_links_s``, ``warm_up_with_links_s``)."""
+def _within_on_grid(searcher: Searcher, lists, a: dict, b: dict, work_s: float, limits: Limits, limit: float):
+    """(pairs, their pipeline bounds, ``_pipeline``'s links matrix, ``_meeting_kinds``) of the
+    pairs within the limits on capacity, rent and the pipeline bound, in the grid's order.  The
+    pipeline bound rules out most pairs a cap, a floor or the top N leave on capacity and rent
+    (the floor row: 469,000 of 2.5 million -> 72,000); the sync and egress bounds, which only
+    raise a bound, are needed for the rest alone (same figures and order as for all).  Taken a
+    block of the grid at a time (``grid.pair_blocks``): each pair's figures are its own, and
+    small arrays are memory reused, where the whole grid's pairs are fresh pages each time."""
+    # lazy: numpy loads when a search runs, not when the CLI checks a request
+    import numpy as np
+
+    lmat = _links_between(searcher.parts, lists, a, b)
+    seen = np.zeros(len(a["segs"]) + 1, dtype=bool), np.zeros(len(b["segs"]) + 1, dtype=bool)
+    kept = []
+    for block in pair_blocks(searcher, a, b, work_s, limits, limit):
+        if searcher.cost_matters:
+            _note_meeting(seen, a, b, block)
+        kept.append(_within_on_pipeline(block, _pipeline(a, b, block, work_s, lmat), limits, limit))
+    kinds = _meeting_kinds(lists, seen) if searcher.cost_matters else None
+    if len(kept) == 1:
+        return *kept[0], lmat, kinds
+    pipe = np.concatenate([p for _, p in kept])
+    pairs = Pairs(**{name: np.concatenate([getattr(q, name) for q, _ in kept])
+                     for name in ("ia", "ib", "stages", "tau", "rate")})
+    return pairs, pipe, lmat, kinds
+
+
+def _links_between(parts, lists, a: dict, b: dict):
+    """The links between the two types' TP degrees (rows: the first's, columns: the second's;
+    one type: a 1 x 1 zero), the shorter way of each."""
+    # lazy: numpy loads when a search runs, not when the CLI checks a request
+    import numpy as np
+
+    if not (a["segs"] and b["segs"]):
+        return np.zeros((1, 1))
+    pa, pb = ({tp: probe(segs, tp) for tp in x["tps"]} for segs, x in ((lists[0], a), (lists[1], b)))
+    return np.array([[min(parts.link_s(pa[ta], pb[tb]), parts.link_s(pb[tb], pa[ta])) for tb in b["tps"]]
+                     for ta in a["tps"]])
+
+
+def _pipeline(a: dict, b: dict, pairs: Pairs, work_s: float, lmat):
+    """The pipeline bound whatever the split of the pairs: links (``lmat``: between the types'
+    TP degrees), the warm-up in the better order (``pipe_lb``), and for one segment its compute
+    with its links (``steady_links_s``, ``warm_up_with_links_s``)."""
     # lazy: numpy loads when a search runs, not when the CLI checks a request
     import numpy as np
 
@@ -173,14 +208,9 @@ def _pipeline(parts, lists, a: dict, b: dict, pairs: Pairs, work_s: float):
     both = (ia < na) & (ib < nb)
     cross = np.zeros(len(ia))
     if na and nb:
-        pa, pb = ({tp: probe(segs, tp) for tp in x["tps"]} for segs, x in ((lists[0], a), (lists[1], b)))
-        lmat = np.array([[min(parts.link_s(pa[ta], pb[tb]), parts.link_s(pb[tb], pa[ta])) for tb in b["tps"]]
-                         for ta in a["tps"]])
         # the micro-batches of the narrower segment's replicas, ceil(num_mb / min(DP degrees))
         n = np.maximum(a["nmb"][ia], b["nmb"][ib])
         cross = np.where(both, (n - 1) * lmat[a["tpi"][ia], b["tpi"][ib]] / 2, 0.0)
-    else:
-        lmat = np.zeros((1, 1))
     link = np.maximum(np.maximum(a["self_link"][ia], b["self_link"][ib]), cross)
     pipe = np.maximum(link, work_s / pipe_work_rate_many(a["inv"][ia], a["drain"][ia], b["inv"][ib], b["drain"][ib]))
     # One segment alone (a few of two types' pairs): its compute with its links, and its warm-up.
@@ -188,7 +218,7 @@ def _pipeline(parts, lists, a: dict, b: dict, pairs: Pairs, work_s: float):
     la, lb = ia[lone], ib[lone]
     pipe[lone] = np.maximum(np.maximum(pipe[lone], tau[lone] + a["steady"][la] + b["steady"][lb]),
                             np.where(la < na, a["warm"][la], b["warm"][lb]))
-    return pipe, lmat
+    return pipe
 
 
 def _with_blocked(parts, a: dict, b: dict, pairs: Pairs, pipe, work_s: float):
@@ -272,17 +302,24 @@ def _rings_of(x: dict, idx, parts):
     return ring
 
 
-def _meeting_kinds(lists, a: dict, b: dict, pairs: Pairs) -> list:
-    """The kinds of the segments that meet one of the other type in the pairs within the limits
-    on capacity and rent: the least boundary activation over them prices where segments meet
-    (``between_segments_usd``), the same however many of the pairs the pipeline bound rules out."""
+def _note_meeting(seen: tuple, a: dict, b: dict, pairs: Pairs) -> None:
+    """Marks in ``seen`` (per segment of each type) those that meet one of the other type in
+    ``pairs`` (``_meeting_kinds``)."""
     ia, ib = pairs.ia, pairs.ib
-    na, nb = len(a["segs"]), len(b["segs"])
-    both = (ia < na) & (ib < nb)
+    both = (ia < len(a["segs"])) & (ib < len(b["segs"]))
+    seen[0][ia[both]] = True
+    seen[1][ib[both]] = True
+
+
+def _meeting_kinds(lists, seen: tuple) -> list:
+    """The kinds of the segments that meet one of the other type in the pairs within the limits
+    on capacity and rent (``seen``, ``_note_meeting``): the least boundary activation over them
+    prices where segments meet (``between_segments_usd``), the same however many of the pairs
+    the pipeline bound rules out."""
     # lazy: numpy loads when a search runs, not when the CLI checks a request
     import numpy as np
 
-    ua, ub = (np.flatnonzero(np.bincount(idx[both], minlength=n)) for idx, n in ((ia, na), (ib, nb)))
+    ua, ub = (np.flatnonzero(x) for x in seen)
     segs = [lists[0][i] for i in ua.tolist()] + [lists[1][i] for i in ub.tolist()]
     return list({id(seg.kind): seg.kind for seg in segs}.values())
 
@@ -466,7 +503,7 @@ class ScoredShapes:
         u, v = pipeline_lines(floor_s, side_a, side_b, self.lmat[a["tpi"][ia[two]], b["tpi"][ib[two]]])
         rings = [np.maximum(c1[:, k], c2[:, GRID - 1 - k]) for k in range(GRID)]
         joint = np.min([h + ring for h, ring in zip(
-            min_max_lines(u, v, _INTERVALS, PIPELINE_RISING, PIPELINE_FALLING), rings)], axis=0)
+            _min_max_lines(u, v, PIPELINE_RISING, PIPELINE_FALLING), rings)], axis=0)
         t_lb[two] = np.maximum(t_lb[two], joint)
         if self.cost_matters:
             self._refine_cost(two, u, v, rings)
@@ -491,9 +528,24 @@ class ScoredShapes:
         flat = [0, 3, 7]
         cu = np.vstack([per_s * u[flat].max(axis=0), per_s * np.delete(u, flat, axis=0)]) + e2
         cv = np.vstack([np.zeros((1, len(two))), per_s * np.delete(v, flat, axis=0)]) + (e1 - e2)
-        usd = np.min([h + per_s * ring for h, ring in zip(min_max_lines(cu, cv, _INTERVALS), rings)], axis=0)
+        usd = np.min([h + per_s * ring for h, ring in zip(_min_max_lines(cu, cv), rings)], axis=0)
         fixed = a["p2p_usd"][ia[two]] + b["p2p_usd"][ib[two]] + _meeting_usd(self.rings_p2p, ia[two], ib[two])
         self.egress[two] = np.maximum(self.egress[two], usd + fixed - rate[two] * self.t_lb[two] / 3600)
+
+
+def _min_max_lines(u, v, rising=None, falling=None) -> list:
+    """``bounds.min_max_lines`` over ``_INTERVALS``, ``LINE_COLUMNS`` shapes (columns) at a time:
+    each column's figures are its own, and its temporaries (one row per pair of lines) stay small
+    enough to be memory reused, where a whole chunk's are fresh pages each call."""
+    # lazy: numpy loads when a search runs, not when the CLI checks a request
+    import numpy as np
+
+    n = u.shape[1]
+    if n <= LINE_COLUMNS:
+        return min_max_lines(u, v, _INTERVALS, rising, falling)
+    parts = [min_max_lines(u[:, k:k + LINE_COLUMNS], v[:, k:k + LINE_COLUMNS], _INTERVALS, rising, falling)
+             for k in range(0, n, LINE_COLUMNS)]
+    return [np.concatenate(column) for column in zip(*parts)]
 
 
 def _curves_of(x: dict, idx, sync_curve):
