@@ -1,7 +1,8 @@
 """What the lever phase (``levers``) can leave out, proven: the sync a placed shape ends on at the
-least, which the ``pays`` rungs' bounds add (``least_sync_s``, ``synced_tight``), and the stronger
+least, which the ``pays`` rungs' bounds add (``least_sync_s``, ``synced_tight``), a two-stage
+shape's pipeline and sync at one boundary together (``two_stage_s``), and the stronger
 settings that cannot score ``MIN_GAIN`` better, which ``strengthen`` and ``relax`` do not try
-(``zero_cannot_pay``, ``stronger_cannot_pay``).  docs/benchmarks/planner.md ("rungbound")."""
+(``zero_cannot_pay``, ``stronger_cannot_pay``).  docs/benchmarks/planner.md ("rungbound", "h0rest")."""
 
 from __future__ import annotations
 

@@ -40,7 +40,8 @@ searches without levers; then, under ``memory_levers``:
   and evaluated as the rung's search would, best bound first, until none left can beat the N-th
   plan; complete over the shapes the rung's search could use, where it stopped at its patience.
   The walk is tried first, ``cannot_pay`` where it does not apply; both also bound a shape by
-  the sync its placed stages end on at the least (``lever_bounds.least_sync_s``);
+  the sync its placed stages end on at the least (``lever_bounds.least_sync_s``), the walk a
+  two-stage shape by its pipeline and sync at one boundary together (``lever_bounds.two_stage_s``);
 * ``always``: every rung is searched in full and its plans compete with those without levers
   (search time grows 1.2-11x: docs/benchmarks/planner.md).
 
