@@ -59,23 +59,22 @@ def least_sync_s(searcher: Searcher, placed, zero_stage: int) -> float:
 
 
 def two_stage_s(searcher: Searcher, mbs: int, placed, zero_stage: int) -> float:
-    """A lower bound on the iteration of every split of ``placed`` (two stages of equal replica
-    counts, on the kinds it is evaluated on) with any ZeRO stage up to ``zero_stage``; 0 for other
-    shapes.  The
-    least over the split's boundary of its pipeline and its slowest stage's end together, where
-    the shape's bounds and ``least_sync_s`` take each at its own least (the pipeline at a balanced
-    split, the sync at the split syncing the fewest parameters, the links apart): on homogeneous
-    AE row 0 each was 5-15 % under simulated, and a balanced split syncs half the model.
+    """A lower bound on the iteration of every split of ``placed`` (two stages of equal replica counts, on
+    the kinds it is evaluated on) with any ZeRO stage up to ``zero_stage``; 0 for other shapes.  The
+    least over the split's boundary of its pipeline and its slowest stage's end together, where the
+    shape's bounds and ``least_sync_s`` take each at its own least (the pipeline at a balanced
+    split, the sync at the split syncing the fewest parameters, the links apart): on homogeneous AE
+    row 0 each was 5-15 % under simulated, and a balanced split syncs half the model.
 
     1F1B (``pipeline_time``: ``T_k = B_k + G_k + b_k + S_k + w_k C_k``; ``G_k`` at least ``f_k``
     plus the round trip beyond k, ``S_k`` at least ``R_k - w_k t_k`` and, blocking, ``(n_k - 1 -
     w_k)`` times both links, ``C_k`` at least ``b_k`` and, blocking, half the links): with ``n``
     micro-batches a replica (at least ``ceil(M / D)``), ``w_0`` 0 or 1 and the link at most its
-    slowest replica pair's (``stage.boundary_transfer_s``: the least over the zone pairs; ``_pipe_s``); then the
-    slowest stage's end (``compose.iteration_s``): each stage's sync at its least for the bytes it
-    holds (``stage.stage_dp_sync_runs_least_s``), at the least ZeRO factor, and the embedding
-    group's sum, which ends both.  Boundaries are taken by their pipeline bound, the syncs
-    computed until that alone reaches the least found."""
+    slowest replica pair's (``stage.boundary_transfer_s``: the least over the zone pairs;
+    ``_pipe_s``); then the slowest stage's end (``compose.iteration_s``): each stage's sync at its
+    least for the bytes it holds (``stage.stage_dp_sync_runs_least_s``), at the least ZeRO factor,
+    and the embedding group's sum, which ends both.  Boundaries are taken by their pipeline bound,
+    the syncs computed until that alone reaches the least found."""
     if len(placed) != 2:
         return 0.0
     (k0, z0), (k1, z1) = placed
