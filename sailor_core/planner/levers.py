@@ -40,7 +40,8 @@ searches without levers; then, under ``memory_levers``:
   and evaluated as the rung's search would, best bound first, until none left can beat the N-th
   plan; complete over the shapes the rung's search could use, where it stopped at its patience.
   The walk is tried first, ``cannot_pay`` where it does not apply; both also bound a shape by
-  the sync its placed stages end on at the least (``lever_bounds.least_sync_s``);
+  the sync its placed stages end on at the least (``lever_bounds.least_sync_s``), the walk a
+  two-stage shape by its pipeline and sync at one boundary together (``lever_bounds.two_stage_s``);
 * ``always``: every rung is searched in full and its plans compete with those without levers
   (search time grows 1.2-11x: docs/benchmarks/planner.md).
 
@@ -64,7 +65,7 @@ from sailor_core.planner.explain import relaxed
 from sailor_core.planner.fastsim import FastStage
 from sailor_core.planner.kinds import LEVER_LADDER, KindCache, shared_kind_cache
 from sailor_core.planner.lever_bounds import (MIN_GAIN, least_sync_s, stage_levers, stronger_cannot_pay,
-                                              synced_tight, zero_cannot_pay)
+                                              synced_tight, two_stage_s, zero_cannot_pay)
 from sailor_core.planner.ranking import FASTEST
 from sailor_core.planner.search import Evaluated, Searcher, better
 from sailor_core.planner.search.shape_bound import ShapeBounds
@@ -237,6 +238,9 @@ def _rung_candidates(searcher: Searcher, kinds: KindCache, bounds: ShapeBounds, 
         if t is None or t[0] >= limit:
             continue
         sync_s = least_sync_s(searcher, placed, zero_stage)
+        stages = _rung_stages(searcher, kinds, placed)
+        if stages is not None:
+            t_lb = max(t_lb, two_stage_s(searcher, space.mbs, stages, zero_stage) * (1 - _ROUNDING))
         t = synced_tight(bounds, space, rung_shape, g, t_lb, sync_s)
         if t is not None and t[0] < limit:
             if len(out) == DIRECT_MAX_SHAPES:
@@ -244,6 +248,12 @@ def _rung_candidates(searcher: Searcher, kinds: KindCache, bounds: ShapeBounds, 
             out.append((t[0], len(out), g, None, (t_lb, space, rung_shape, placed, sync_s)))
     heapq.heapify(out)
     return out
+
+
+def _rung_stages(searcher: Searcher, kinds: KindCache, placed) -> list | None:
+    """``placed`` (stages of plain kinds) on the rung's kinds; None where one has no profile."""
+    out = [(kinds.get(k.gpu, k.tp_degree, k.micro_batch_size, searcher.req.regime), p) for k, p in placed]
+    return None if any(kind is None for kind, _ in out) else out
 
 
 def _on_rung(searcher: Searcher, kinds: KindCache, shape, ratios: dict) -> tuple:
@@ -271,6 +281,10 @@ def _time_ratios(searcher: Searcher, kinds: KindCache, kind) -> tuple[float, flo
         return 1.0, 1.0
     block = min(rung.time_s(i, i + 1) / kind.time_s(i, i + 1) for i in range(1, L - 1))
     return max(1.0, block), max(1.0, rung.time_s(L - 1, L) / kind.time_s(L - 1, L))
+
+
+# A margin on ``lever_bounds.two_stage_s`` against the rounding of sums taken in other orders.
+_ROUNDING = 1e-9
 
 
 # ``split.min_max_split``'s default tolerance (the rung's splits'): its busiest stage, less this

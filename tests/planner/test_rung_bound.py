@@ -67,10 +67,16 @@ def _check(searcher, rung, found: dict) -> None:
             continue
         rung_shape = levers._on_rung(searcher, kinds, shape, {})
         split_busiest = prep[2] * (1 - levers._RUNG_SPLIT_TOL)
-        walk = lever_bounds.synced_tight(bounds, space, rung_shape, split_busiest, t_lb, sync_s)
+        paired = lever_bounds.two_stage_s(searcher, space.mbs, rung_stages, rung[1]) * (1 - levers._ROUNDING)
+        found["paired"] += paired > t_lb
+        walk = lever_bounds.synced_tight(bounds, space, rung_shape, split_busiest, max(t_lb, paired), sync_s)
         proof = lever_bounds.synced_tight(bounds, space, shape, busiest, t_lb, sync_s)
         found["raised"] += walk is not None and walk[2][0] > bounds.tight(
             space, rung_shape, split_busiest, known=(t_lb, 0.0))[2][0]
+        if len(placed) == 2:  # two_stage_s bounds every split of the shape on the rung's kinds
+            for e in range(1, searcher.num_layers):
+                ev = searcher.evaluate(space.mbs, fast_stages(rung_stages, [e, searcher.num_layers]))
+                assert paired <= ev.res.iteration_time_s * (1 + 1e-9), (space.mbs, placed, e, paired, ev.res)
         for ends in _neighbours(prep[1]):
             for setting in settings if ends == prep[1] else settings[:1]:
                 stages = [(setting.get(k.gpu, k.tp_degree, k.micro_batch_size, regime), z) for k, z in placed]
@@ -94,7 +100,7 @@ def _check(searcher, rung, found: dict) -> None:
 @pytest.mark.parametrize("name", sorted(REQUESTS))
 def test_rung_bounds_never_exceed_the_simulated_time(monkeypatch, name):
     make, args = REQUESTS[name]
-    found = {"plans": 0, "raised": 0, "rungs": 0}
+    found = {"plans": 0, "raised": 0, "rungs": 0, "paired": 0}
     directly = levers.search_rung_directly
 
     def spied(searcher, rung, req):
@@ -107,6 +113,8 @@ def test_rung_bounds_never_exceed_the_simulated_time(monkeypatch, name):
     assert found["rungs"] == len(levers.PAYS_RUNGS) and found["plans"] > 0
     if name.startswith("AE geo"):
         assert found["raised"] > 0  # stages placed over us-west1-b: the least sync raises their bound
+    if name.startswith("AE homog"):
+        assert found["paired"] > 0  # two-stage shapes: pipeline and sync of one split together
 
 
 # (and where the optimizer step is long enough that ZeRO may pay: bf16 on L4, 0.25 ms + 0.17 ns a
