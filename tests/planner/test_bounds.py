@@ -440,14 +440,15 @@ def test_warm_up_bound_on_a_hand_computed_pipeline():
     assert one_f_one_b_time(stages, [0.0], [2]).total_s >= 4.0 * (1 - 1e-12)
 
 
-def test_link_bound_is_the_transfer_in_a_shared_zone_or_between_the_first_zones(network):
+def test_link_bound_is_the_least_transfer_over_the_types_zones(network):
     # (In the shipped measurements a link between two zones of one region can be a few percent
-    # faster than one inside a zone: the bound takes the shared zone all the same.)
+    # faster than one inside a zone, and one zone's inside link faster than another's: the bound
+    # takes the least pair; test_link_bound.py checks it against every link fastsim times.)
     from sailor_core.simulator.stage import boundary_transfer_s, endpoint
 
     nbytes = 8 << 20
     shared = bounds.link_s(network, nbytes, {ZA: 8, ZB: 8}, {ZB: 8}, A, 2, V, 1)
-    assert shared == boundary_transfer_s(network, nbytes, endpoint(ZB, A, 2), endpoint(ZB, V, 1))
+    assert shared == min(boundary_transfer_s(network, nbytes, endpoint(z, A, 2), endpoint(ZB, V, 1)) for z in (ZA, ZB))
     apart = bounds.link_s(network, nbytes, {ZA: 8}, {"us-east1-b": 8}, A, 2, V, 1)
     assert apart == boundary_transfer_s(network, nbytes, endpoint(ZA, A, 2), endpoint("us-east1-b", V, 1))
     assert shared < apart  # across regions

@@ -188,13 +188,13 @@ def warm_up_with_links_s(steps_s, num_microbatches, num_stages, link_s):
 
 def link_s(network, nbytes: float, zones_a, zones_b, gpu_a: str, tp_a: int, gpu_b: str, tp_b: int) -> float:
     """Activation forward and gradient back of one micro-batch of ``nbytes`` between a replica
-    of (``gpu_a``, ``tp_a``) and one of (``gpu_b``, ``tp_b``), in the same zone if their types
-    share one (the first such), else in the first zone of each: the fastest link two stages of
-    these types can have, given the smallest boundary activation of ``nbytes``."""
-    za, zb = sorted(zones_a), sorted(zones_b)
-    common = sorted(set(za) & set(zb))
-    pair = (common[0], common[0]) if common else (za[0], zb[0])
-    return boundary_transfer_s(network, nbytes, endpoint(pair[0], gpu_a, tp_a), endpoint(pair[1], gpu_b, tp_b))
+    of (``gpu_a``, ``tp_a``) and one of (``gpu_b``, ``tp_b``), the least over every pair of their
+    types' zones: the fastest link two stages of these types can have, given the smallest boundary
+    activation of ``nbytes``.  (Not a shared zone's: the measured links differ by zone, and one
+    inside a zone can be slower than another zone's, or than one between two zones; fastsim
+    charges a boundary its slowest replica pair, which is no faster than the least pair.)"""
+    return min(boundary_transfer_s(network, nbytes, endpoint(za, gpu_a, tp_a), endpoint(zb, gpu_b, tp_b))
+               for za in sorted(zones_a) for zb in sorted(zones_b))
 
 
 def link_lb(num_mb: int, shape: tuple[Segment, ...], link_s) -> float:
