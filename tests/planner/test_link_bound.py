@@ -8,7 +8,10 @@ Each of those bounds is proven for links of *at least* ``l`` (their algebra is c
 span zones (the geo rows: five zones; floor and cap: two) and the completeness scenarios: every
 boundary fastsim times during the search (its slowest replica pair is what it charges) is at least
 the link bound of the two stages' types over the request's zones; and no evaluated plan's
-simulated iteration beats its shape's link steady-state bound (``bounds.link_lb``)."""
+simulated iteration beats its shape's link steady-state bound (``bounds.link_lb``) or the whole
+iteration bound its shape was queued with (``ShapeBounds.time_lb``: capacity, links, warm-up,
+blocked sends, sync, the joint bound).  (Shapes pruned unevaluated are not simulated here: their
+bounds rest on the same premise, checked above.)"""
 
 import importlib.util
 from pathlib import Path
@@ -17,6 +20,7 @@ import pytest
 
 import sailor_core.planner.fastsim as fastsim
 import sailor_core.planner.search as search
+import sailor_core.planner.search.shape_bound as shape_bound
 from sailor_core.planner import make_request, plan_job
 from sailor_core.planner.search import bounds
 from tests.planner.test_completeness import MIXED, SCENARIOS
@@ -52,8 +56,9 @@ def test_every_link_fastsim_charges_is_at_least_the_link_bound(name, profiles, n
     zones: dict[str, dict[str, int]] = {}
     for (gpu, zone), n in req.availability.items():
         zones.setdefault(gpu, {})[zone] = n
-    timed, shapes = [], []
+    timed, shapes, queued = [], [], {}
     transfer, evaluate_shape = fastsim.FastSim._transfer_s, search.Searcher.evaluate_shape
+    time_lb = shape_bound.ShapeBounds.time_lb
 
     def spy_transfer(self, nbytes, ends, partitioned):
         t = transfer(self, nbytes, ends, partitioned)
@@ -63,11 +68,17 @@ def test_every_link_fastsim_charges_is_at_least_the_link_bound(name, profiles, n
     def spy_shape(self, mbs, shape, tau_lb, prepared=None):
         ev = evaluate_shape(self, mbs, shape, tau_lb, prepared)
         if ev is not None:
-            shapes.append((ev, bounds.link_lb(self.req.global_batch_size // mbs, shape, self.parts.link_s)))
+            shapes.append((ev, shape, bounds.link_lb(self.req.global_batch_size // mbs, shape, self.parts.link_s)))
         return ev
+
+    def spy_bound(self, space, shape, busiest, known_s):
+        out = time_lb(self, space, shape, busiest, known_s)
+        queued[shape] = max(queued.get(shape, 0.0), out[2])  # the whole iteration bound it was queued with
+        return out
 
     monkeypatch.setattr(fastsim.FastSim, "_transfer_s", spy_transfer)
     monkeypatch.setattr(search.Searcher, "evaluate_shape", spy_shape)
+    monkeypatch.setattr(shape_bound.ShapeBounds, "time_lb", spy_bound)
     try:
         plan_job(req, profiles=profiles, network=network)
     except Exception as err:  # an infeasible request still times its links
@@ -76,8 +87,11 @@ def test_every_link_fastsim_charges_is_at_least_the_link_bound(name, profiles, n
     for nbytes, (ga, ta, za, gb, tb, zb), t in timed:
         least = bounds.link_s(network, nbytes, zones[ga], zones[gb], ga, ta, gb, tb)
         assert least <= t * (1 + 1e-12), (name, ga, ta, za, gb, tb, zb, least, t)
-    for ev, link_lb in shapes:
-        assert link_lb <= ev.res.iteration_time_s * (1 + 1e-9), (name, ev.key, link_lb, ev.res.iteration_time_s)
+    for ev, shape, link_lb in shapes:
+        t = ev.res.iteration_time_s
+        assert link_lb <= t * (1 + 1e-9), (name, ev.key, link_lb, t)
+        assert queued.get(shape, 0.0) <= t * (1 + 1e-9), (name, ev.key, queued[shape], t)
+    assert any(shape in queued for _, shape, _ in shapes)
 
 
 def test_link_bound_is_the_least_over_the_zone_pairs_not_a_shared_zone(network):
