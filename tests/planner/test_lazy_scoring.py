@@ -98,19 +98,15 @@ def _whole_grid(searcher, a, b, work_s, limits, limit):
     return Pairs(ia=ia, ib=ib, stages=stages[ia, ib], tau=tau[ia, ib], rate=rate[ia, ib])
 
 
-@pytest.mark.parametrize("limits", [
-    {"objective": "cost", "min_throughput_samples_per_s": 100.0},
-    {"max_usd_per_iteration": 0.5},
-    {"max_usd_per_hour": 150.0, "min_throughput_samples_per_s": 150.0},
-    {"objective": "cost"},
-])
-def test_pairs_of_the_segments_that_may_pair_are_the_whole_grids(limits, profiles, network, monkeypatch):
+def _checked_against_whole_grid(monkeypatch, checked: list, cells: list) -> None:
+    """Make every scoring's ``pair_blocks`` checked against ``_whole_grid`` (dtypes too): the
+    pairs it finds (``checked``) and the cells ``may_pair`` leaves of the grids' (``cells``)."""
     import numpy as np
 
     import sailor_core.planner.search.grid as grid
     import sailor_core.planner.search.scored as scored
 
-    built, checked, cells = scored.pair_blocks, [], [0, 0]
+    built = scored.pair_blocks
 
     def both(searcher, a, b, work_s, lim, limit):
         blocks = list(built(searcher, a, b, work_s, lim, limit))
@@ -126,6 +122,19 @@ def test_pairs_of_the_segments_that_may_pair_are_the_whole_grids(limits, profile
         return iter(blocks)
 
     monkeypatch.setattr(scored, "pair_blocks", both)
+
+
+@pytest.mark.parametrize("limits", [
+    {"objective": "cost", "min_throughput_samples_per_s": 100.0},
+    {"max_usd_per_iteration": 0.5},
+    {"max_usd_per_hour": 150.0, "min_throughput_samples_per_s": 150.0},
+    {"objective": "cost"},
+])
+def test_pairs_of_the_segments_that_may_pair_are_the_whole_grids(limits, profiles, network, monkeypatch):
+    import sailor_core.planner.search.grid as grid
+
+    checked, cells = [], [0, 0]
+    _checked_against_whole_grid(monkeypatch, checked, cells)
     monkeypatch.setattr(grid, "GRID_BLOCK", 1000)  # (several blocks a grid, of rows that don't divide it)
     avail = {(A, ZA): 64, (A, ZB): 64, (V, ZA): 64, (V, ZB): 64}
     try:
@@ -135,6 +144,25 @@ def test_pairs_of_the_segments_that_may_pair_are_the_whole_grids(limits, profile
         assert "no feasible plan" in str(exc)
     assert checked and sum(checked) > 0
     assert cells[0] <= cells[1]
+
+
+@pytest.mark.parametrize("limits", [
+    {},  # (the throughput objective: the main search, the widening pass and the lever rungs)
+    {"objective": "cost", "min_throughput_samples_per_s": 100.0},
+    {"max_usd_per_hour": 150.0},
+])
+def test_pairs_of_one_type_column_are_the_whole_grids(limits, profiles, network, monkeypatch):
+    """One GPU type's lists are scored as a column (``grid._column_within``): the same pairs,
+    figures and dtypes as the whole grid."""
+    import sailor_core.planner.search.grid as grid
+
+    checked, cells, columns = [], [0, 0], []
+    _checked_against_whole_grid(monkeypatch, checked, cells)
+    column_within = grid._column_within
+    monkeypatch.setattr(grid, "_column_within", lambda *a, **k: columns.append(1) or column_within(*a, **k))
+    plan_job(make_request(model="opt-350m", availability={(A, ZA): 32, (A, ZB): 16}, global_batch_size=1024,
+                          **limits), profiles=profiles, network=network)
+    assert len(columns) == len(checked) and sum(checked) > 0
 
 
 def _one_type(req, profiles, network, monkeypatch, *, lazy: bool, keep: int):

@@ -87,6 +87,9 @@ def pair_blocks(searcher: Searcher, a: dict, b: dict, work_s: float, limits: Lim
     import numpy as np
 
     na, nb = len(a["segs"]), len(b["segs"])
+    if not nb and len(searcher.gpu_types) != 2 and na < GRID_BLOCK:
+        yield _column_within(a, b, work_s, limits, limit, searcher.max_stages)  # (one type: a column)
+        return
     # Only the segments some pair may hold (``may_pair``): the same pairs, figures and order as
     # the whole grid, which on two types is mostly segments no pair within the limits holds (on
     # one type's column the test would cost more than it saves).
@@ -140,6 +143,25 @@ def _grid_within(cols: tuple, settled_row, settled_col, work_s: float, limits: L
             limits.keep_within(keep[v], tau[v], rate[v], limit, f[v], ok[v])
         flat = np.flatnonzero(keep[v])
         yield flat + r0 * len(sb), st[v].ravel()[flat].astype(np.int64), tau[v].ravel()[flat], rate[v].ravel()[flat]
+
+
+def _column_within(a: dict, b: dict, work_s: float, limits: Limits, limit: float, max_stages: int) -> Pairs:
+    """``pair_blocks`` of one type's segments and the unused second type's one entry (no stage,
+    capacity or rent), a grid of one column: the same figures cell by cell (each the sum with that
+    entry's, as broadcast) without the grid's set-up, a fixed cost paid per micro-batch size and
+    pass (seven one-type lists a search on the homogeneous rows; the widening pass's seven more)."""
+    # lazy: numpy loads when a search runs, not when the CLI checks a request
+    import numpy as np
+
+    st = a["stages"].astype(np.int16) + b["stages"][:1].astype(np.int16)
+    keep = (st >= 1) & (st <= max_stages)
+    with np.errstate(divide="ignore", invalid="ignore"):  # (no segment at all: not kept)
+        tau = np.divide(work_s, a["cap"] + b["cap"][:1])
+        rate = a["rate"] + b["rate"][:1]
+        limits.keep_within(keep, tau, rate, limit, np.empty(len(st)), np.empty(len(st), dtype=bool))
+    flat = np.flatnonzero(keep)
+    return Pairs(ia=flat, ib=np.zeros(len(flat), dtype=flat.dtype), stages=st[flat].astype(np.int64), tau=tau[flat],
+                 rate=rate[flat])
 
 
 def may_pair(x: dict, y: dict, work_s: float, limits: Limits, limit: float, max_stages: int):

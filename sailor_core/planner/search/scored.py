@@ -205,6 +205,11 @@ def _pipeline(a: dict, b: dict, pairs: Pairs, work_s: float, lmat):
 
     ia, ib, tau = pairs.ia, pairs.ib, pairs.tau
     na, nb = len(a["segs"]), len(b["segs"])
+    if not nb:  # one type: every pair is one segment alone (the unused type's terms as scalars)
+        link = np.maximum(np.maximum(a["self_link"][ia], b["self_link"][nb]), 0.0)
+        rate = pipe_work_rate_many(a["inv"][ia], a["drain"][ia], b["inv"][nb], b["drain"][nb])
+        pipe = np.maximum(link, work_s / rate)
+        return np.maximum(np.maximum(pipe, tau + a["steady"][ia] + b["steady"][nb]), a["warm"][ia])
     both = (ia < na) & (ib < nb)
     cross = np.zeros(len(ia))
     if na and nb:
@@ -262,6 +267,8 @@ def _sync(parts, a: dict, b: dict, pairs: Pairs):
     import numpy as np
 
     ia, ib, stages = pairs.ia, pairs.ib, pairs.stages
+    if not b["segs"]:  # one type: the unused type's ring is inf, its d1 false
+        return np.where(a["d1"][ia], 0.0, _rings_of(a, ia, parts)[ia, stages])
     return np.where(a["d1"][ia] | b["d1"][ib], 0.0, np.minimum(_rings_of(a, ia, parts)[ia, stages],
                                                                _rings_of(b, ib, parts)[ib, stages]))
 
