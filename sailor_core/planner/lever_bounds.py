@@ -14,7 +14,7 @@ from sailor_core.planner.search.shape_bound import ShapeBounds
 from sailor_core.simulator import compose
 from sailor_core.simulator.levers import zero_sync_factor
 from sailor_core.simulator.memory import dp_synced_params
-from sailor_core.simulator.stage import (boundary_bytes, boundary_transfer_s, endpoint, member_runs,
+from sailor_core.simulator.stage import (boundary_transfer_s, endpoint, member_runs,
                                          stage_dp_sync_runs_least_s, stage_update_s, tied_sync_bytes, tied_sync_runs_s)
 from sailor_core.simulator.tables import layer_table
 
@@ -89,15 +89,18 @@ def two_stage_s(searcher: Searcher, mbs: int, placed, zero_stage: int) -> float:
     pairs = [(endpoint(a, k0.gpu, k0.tp_degree), endpoint(b, k1.gpu, k1.tp_degree)) for a, _ in z0 for b, _ in z1]
     links: dict[int, float] = {}
     pipes = []
+    # (the tables' prefix sums read directly, as ``LayerTable.fwd_s`` and ``stage.boundary_bytes`` do)
+    fc0, bc0, fc1, bc1, out0 = t0.fwd_cum, t0.bwd_cum, t1.fwd_cum, t1.bwd_cum, t0.output_bytes
     for e in range(1, last):
-        f0 = t0.fwd_s(0, e)
-        nbytes = boundary_bytes(k0.profile, e)
+        f0 = fc0[e] - fc0[0]
+        nbytes = out0[e - 1]
         link_s = links.get(nbytes)
         if link_s is None:
             link_s = links[nbytes] = min(boundary_transfer_s(searcher.network, nbytes, src, dst,
                                                              partitioned=compose.partitions_boundaries(regime))
                                          for src, dst in pairs)
-        pipes.append((_pipe_s(f0 + t0.bwd_s(0, e), f0, t1.fwd_s(e, last) + t1.bwd_s(e, last), n, link_s, blocking), e))
+        s1 = (fc1[last] - fc1[e]) + (bc1[last] - bc1[e])
+        pipes.append((_pipe_s(f0 + (bc0[e] - bc0[0]), f0, s1, n, link_s, blocking), e))
     pipes.sort()
     tied_s = _tied_s(searcher, placed)
     if d < 2:

@@ -279,8 +279,9 @@ def _time_ratios(searcher: Searcher, kinds: KindCache, kind) -> tuple[float, flo
     rung = kinds.get(kind.gpu, kind.tp_degree, kind.micro_batch_size, searcher.req.regime)
     if L < 3 or rung is None or searcher.figures.variants(kind) != [kind]:
         return 1.0, 1.0
-    block = min(rung.time_s(i, i + 1) / kind.time_s(i, i + 1) for i in range(1, L - 1))
-    return max(1.0, block), max(1.0, rung.time_s(L - 1, L) / kind.time_s(L - 1, L))
+    rc, kc = rung.comp_cum, kind.comp_cum  # (``Kind.time_s``'s differences, read directly)
+    block = min([(rc[i + 1] - rc[i]) / (kc[i + 1] - kc[i]) for i in range(1, L - 1)])
+    return max(1.0, block), max(1.0, (rc[L] - rc[L - 1]) / (kc[L] - kc[L - 1]))
 
 
 # A margin on ``lever_bounds.two_stage_s`` against the rounding of sums taken in other orders.

@@ -79,19 +79,28 @@ def _derive(profile: ModelProfile, mode: str) -> ModelProfile:
     spec = get_model(profile.model)
     layers = list(profile.layers)
     shares: dict[str, tuple[int, float]] = {}  # blocks of one attention kind are alike (catalog.layers)
+    # A derived block is a function of the block and what it reads besides (its attention kind's
+    # share; the previous layer's output under full recomputation), and a profile's blocks repeat
+    # a few values (opt-350m's 24: 2): each is built once (the constructor is most of the cost).
+    made: dict[tuple, LayerProfile] = {}
     for i in range(1, spec.num_layers + 1):
         layer = layers[i]
+        context = layers[i - 1].output_bytes if mode == RECOMPUTE_FULL else spec.attention_kind(i)
+        hit = made.get((layer, context))
+        if hit is not None:
+            layers[i] = hit
+            continue
         if mode == RECOMPUTE_FULL:
             # the block's input: the previous layer's output (the residual stream)
-            kept, extra_s = min(layer.activation_bytes, layers[i - 1].output_bytes), layer.fwd_s
+            kept, extra_s = min(layer.activation_bytes, context), layer.fwd_s
         else:
-            kind = spec.attention_kind(i)
-            saved, share = shares.get(kind) or shares.setdefault(kind, attention_core_share(profile, i))
+            saved, share = shares.get(context) or shares.setdefault(context, attention_core_share(profile, i))
             kept, extra_s = max(0, layer.activation_bytes - saved), layer.fwd_s * share
         # a derived profile is built for every kind a lever search meets: the constructor, not
         # dataclasses.replace (which inspects the fields each call)
-        layers[i] = LayerProfile(fwd_s=layer.fwd_s, bwd_s=layer.bwd_s + extra_s, params=layer.params,
-                                 activation_bytes=kept, output_bytes=layer.output_bytes, measured=layer.measured)
+        layers[i] = made[(layer, context)] = LayerProfile(
+            fwd_s=layer.fwd_s, bwd_s=layer.bwd_s + extra_s, params=layer.params, activation_bytes=kept,
+            output_bytes=layer.output_bytes, measured=layer.measured)
     # the base profile's layers stay the ones read for a block's full activations
     return dataclasses.replace(profile, layers=tuple(layers), source=f"{profile.source}; recompute {mode}")
 
