@@ -21,7 +21,7 @@ import pytest
 import sailor_core.planner.fastsim as fastsim
 import sailor_core.planner.search as search
 import sailor_core.planner.search.shape_bound as shape_bound
-from sailor_core.planner import make_request, plan_job
+from sailor_core.planner import kinds, make_request, plan_job
 from sailor_core.planner.search import bounds
 from tests.planner.test_completeness import MIXED, SCENARIOS
 
@@ -76,6 +76,8 @@ def test_every_link_fastsim_charges_is_at_least_the_link_bound(name, profiles, n
         queued[shape] = max(queued.get(shape, 0.0), out[2])  # the whole iteration bound it was queued with
         return out
 
+    # fresh process memos (the kinds' caches keep what fastsim timed): a fresh process's search
+    monkeypatch.setattr(kinds, "_SHARED", {})
     monkeypatch.setattr(fastsim.FastSim, "_transfer_s", spy_transfer)
     monkeypatch.setattr(search.Searcher, "evaluate_shape", spy_shape)
     monkeypatch.setattr(shape_bound.ShapeBounds, "time_lb", spy_bound)
