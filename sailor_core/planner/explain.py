@@ -47,18 +47,17 @@ def why_infeasible(searcher: Searcher) -> str:
 def _floor_reasons(searcher: Searcher) -> list[str]:
     """The floor against the fastest plan there is (within the caps when something meets them)."""
     req = searcher.req
-    best = relaxed(searcher, FASTEST, keep_caps=True, keep_floor=False)
-    if best is None:  # the caps alone already rule everything out
-        best = relaxed(searcher, FASTEST, keep_caps=False, keep_floor=False)
-        caps_too = True
-    else:
-        caps_too = False
+    caps_too = relaxed(searcher, FASTEST, keep_caps=True, keep_floor=False) is None  # the caps alone rule all out
+    best = relaxed(searcher, FASTEST, keep_caps=not caps_too, keep_floor=False)
     if best is None or best.res.throughput_samples_per_s >= req.min_throughput_samples_per_s:
         return []
     within = " within the cost caps" if not caps_too and req.has_cost_caps else ""
+    # "achievable" only where that search was exhausted; else what a budgeted search found
+    proven = relaxed_proven(searcher, FASTEST, keep_caps=not caps_too, keep_floor=False)
     return [
         f"the throughput floor {req.min_throughput_samples_per_s:.4g} samples/s is above the best "
-        f"achievable{within}, {best.res.throughput_samples_per_s:.4g} samples/s "
+        f"{'achievable' if proven else 'found (the search stopped before proving it the best)'}{within}, "
+        f"{best.res.throughput_samples_per_s:.4g} samples/s "
         f"({best.num_gpus} GPUs, {best.res.usd_per_iteration:.4g} USD/iteration)"
     ]
 
@@ -93,6 +92,16 @@ def _cap_reasons(searcher: Searcher) -> list[str]:
 def relaxed(searcher: Searcher, ranking: PlanRanking, *, keep_caps: bool, keep_floor: bool) -> Evaluated | None:
     """The best plan of the request with some of its limits dropped (memoised on the searcher:
     keeping limits the request does not set changes nothing, so each variant is searched once)."""
+    return _relaxed_entry(searcher, ranking, keep_caps=keep_caps, keep_floor=keep_floor)[0]
+
+
+def relaxed_proven(searcher: Searcher, ranking: PlanRanking, *, keep_caps: bool, keep_floor: bool) -> bool:
+    """Whether ``relaxed``'s search was exhausted: its plan is the best there is, not the best found."""
+    return _relaxed_entry(searcher, ranking, keep_caps=keep_caps, keep_floor=keep_floor)[1]
+
+
+def _relaxed_entry(searcher: Searcher, ranking: PlanRanking, *, keep_caps: bool,
+                   keep_floor: bool) -> tuple[Evaluated | None, bool]:
     req = searcher.req
     key = (ranking.objective, keep_caps and req.has_cost_caps, keep_floor and req.min_throughput_samples_per_s is not None)
     memo = searcher.memos.own.relaxed
@@ -102,7 +111,7 @@ def relaxed(searcher: Searcher, ranking: PlanRanking, *, keep_caps: bool, keep_f
 
 
 def _relaxed_search(searcher: Searcher, *, ranking: PlanRanking, keep_caps: bool,
-                    keep_floor: bool) -> Evaluated | None:
+                    keep_floor: bool) -> tuple[Evaluated | None, bool]:
     req = searcher.req
     request = dataclasses.replace(
         req,
@@ -123,7 +132,7 @@ def _relaxed_search(searcher: Searcher, *, ranking: PlanRanking, keep_caps: bool
     run_search(s)
     s.done_searching()
     top = [e for e in s.top if e.feasible]
-    return top[0] if top else None
+    return (top[0] if top else None), s.stats.exhausted
 
 
 def _memory_reason(searcher: Searcher) -> str:

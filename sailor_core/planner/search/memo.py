@@ -93,7 +93,7 @@ class OwnMemos:
     # mbs -> every shape of one or two types scored (SortedShapes), pruned by this search's top N
     # when scored: kept across its passes, dropped by Searcher.done_searching.
     scored: dict = field(default_factory=dict)
-    relaxed: dict = field(default_factory=dict)  # (objective, caps kept, floor kept) -> best plan (explain.relaxed)
+    relaxed: dict = field(default_factory=dict)  # (objective, caps kept, floor kept) -> (best plan, exhausted) (explain.relaxed)
 
 
 @dataclass(slots=True, eq=False)
