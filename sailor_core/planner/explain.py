@@ -65,13 +65,15 @@ def _floor_reasons(searcher: Searcher) -> list[str]:
 def _cap_reasons(searcher: Searcher) -> list[str]:
     """The caps against the cheapest plan there is (meeting the floor when something does)."""
     req = searcher.req
-    cheapest = relaxed(searcher, CHEAPEST, keep_caps=False, keep_floor=True)
-    if cheapest is None:
-        cheapest = relaxed(searcher, CHEAPEST, keep_caps=False, keep_floor=False)
+    with_floor = relaxed(searcher, CHEAPEST, keep_caps=False, keep_floor=True) is not None
+    cheapest = relaxed(searcher, CHEAPEST, keep_caps=False, keep_floor=with_floor)
     if cheapest is None:
         return []
     out = []
-    floor = " meeting the throughput floor" if req.min_throughput_samples_per_s else ""
+    floor = " meeting the throughput floor" if with_floor and req.min_throughput_samples_per_s else ""
+    # "the cheapest plan" only where that search was exhausted; else what a budgeted search found
+    if not relaxed_proven(searcher, CHEAPEST, keep_caps=False, keep_floor=with_floor):
+        floor = f" found{floor} (the search stopped before proving it the cheapest)"
     if req.max_usd_per_iteration is not None and cheapest.res.usd_per_iteration > req.max_usd_per_iteration:
         out.append(
             f"the cap {req.max_usd_per_iteration:.4g} USD/iteration is below the cheapest plan{floor}, "

@@ -135,3 +135,15 @@ def test_planner_imports_no_torch_or_prefect():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_a_floor_above_the_best_found_says_found_where_no_proof_was_completed(profiles, network):
+    # "achievable" is the claim of the search for the fastest plan, made without the floor; one
+    # stopped by its budget found a plan, which the message says it is (a cap's "cheapest plan"
+    # reads the same way: explain._cap_reasons)
+    limits = {"objective": "cost", "min_throughput_samples_per_s": 1e9}
+    with pytest.raises(InfeasibleError, match="above the best achievable"):
+        plan_job(_small(**limits), profiles=profiles, network=network)
+    with pytest.raises(InfeasibleError, match="above the best found") as exc:
+        plan_job(_small(max_evaluations=2, patience=1, **limits), profiles=profiles, network=network)
+    assert "the search stopped before proving it the best" in str(exc.value)
