@@ -25,7 +25,7 @@ from sailor_core.planner.mixing import mix_leftovers
 from sailor_core.planner.ranking import FASTEST
 from sailor_core.planner.request import GpuZone, PlanRequest
 from sailor_core.planner.result import ParetoPoint, PlannedCandidate, PlanResult, pareto_front
-from sailor_core.planner.search import Evaluated, Searcher, proof_possible, run_search
+from sailor_core.planner.search import Evaluated, Searcher, proof_in_reach, run_search
 from sailor_core.planner.search.bounds import ideal_iteration
 from sailor_core.planner.search.shapes import DP_SPACES
 from sailor_core.planner.simpler import SIMPLER_WITHIN, prefer_simpler
@@ -279,7 +279,7 @@ def _search(searcher: Searcher, *, prove: bool = True) -> None:
         searcher.estimate_limits = True
         run_search(searcher, budget=request.max_evaluations // 2)
         searcher.estimate_limits = False
-        if not prove or not (request.collect_pareto or proof_possible(searcher)):
+        if not prove or not (request.collect_pareto or proof_in_reach(searcher)):
             searcher.stats.exhausted = False  # shapes the estimate ruled out were never bounded
             return
         run_search(searcher, budget=request.max_evaluations // 4, by_bound_only=True)

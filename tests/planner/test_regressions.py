@@ -61,3 +61,17 @@ def test_a_cap_below_every_plan_is_explained_not_a_crash(profiles, network, cap)
     req = make_request(model="tiny", availability={("T4", "us-central1-a"): 4}, **cap)
     with pytest.raises(InfeasibleError, match=r"the cap .* is below the cheapest plan"):
         plan_job(req, profiles=profiles, network=network)
+
+
+def test_one_plan_under_a_floor_costs_no_more_than_five(profiles, network):
+    # The AE floor row at top 1 once evaluated 272 plans (98 at top 5) for the same answer and no
+    # proof: the A100 sub-search's proof left the top 1 provable on paper, so two walks in bound
+    # order ran over ~3,000 shapes below the threshold each, to their patience (loop.proof_in_reach).
+    five = make_request(model="opt-350m", availability=TWO_ZONES, global_batch_size=1024, spot=False,
+                        objective="cost", min_throughput_samples_per_s=204.8)
+    one = dataclasses.replace(five, top_n=1)
+    got_five = plan_job(five, profiles=profiles, network=network)
+    got_one = plan_job(one, profiles=profiles, network=network)
+    assert got_one.best.usd_per_iteration == got_five.best.usd_per_iteration
+    assert got_one.best.throughput_samples_per_s == got_five.best.throughput_samples_per_s
+    assert got_one.num_evaluated <= got_five.num_evaluated

@@ -60,8 +60,8 @@ The package, one part at a time (each module's docstring says more):
 * ``loop``: the best-first loop (``run_search``).
 """
 
-from sailor_core.planner.search.loop import proof_possible, run_search
+from sailor_core.planner.search.loop import proof_in_reach, proof_possible, run_search
 from sailor_core.planner.search.searcher import Evaluated, Searcher, SearchStats, better
 from sailor_core.planner.search.shapes import Segment, orders
 
-__all__ = ["Evaluated", "SearchStats", "Searcher", "Segment", "better", "orders", "proof_possible", "run_search"]
+__all__ = ["Evaluated", "SearchStats", "Searcher", "Segment", "better", "orders", "proof_in_reach", "proof_possible", "run_search"]
