@@ -31,17 +31,26 @@ def why_infeasible(searcher: Searcher) -> str:
     if req.has_cost_caps:
         reasons += _cap_reasons(searcher)
     if not reasons and (st.best_throughput is None or st.cheapest is None):
-        reasons.append(f"the search found no plan meeting the caps and the floor together within its budget "
+        reasons.append(f"the search found no plan meeting {_limits_words(req)} within its budget "
                        f"({st.num_evaluated} plans evaluated)")
     if not reasons:
         best, cheap = st.best_throughput, st.cheapest
         reasons.append(
-            "the search found no plan meeting the caps and the floor together within its budget "
+            f"the search found no plan meeting {_limits_words(req)} within its budget "
             f"({st.num_evaluated} plans; the fastest reached {best.res.throughput_samples_per_s:.4g} samples/s "
             f"at {best.res.usd_per_iteration:.4g} USD/iteration, the cheapest cost "
             f"{cheap.res.usd_per_iteration:.4g} USD/iteration at {cheap.res.throughput_samples_per_s:.4g} samples/s)"
         )
     return "no feasible plan: " + "; ".join(reasons)
+
+
+def _limits_words(req) -> str:
+    """The limits the request sets, as the messages name them."""
+    caps = [req.max_usd_per_iteration, req.max_usd_per_hour]
+    words = ["the cost caps" if all(c is not None for c in caps) else "the cost cap"] if req.has_cost_caps else []
+    if req.min_throughput_samples_per_s is not None:
+        words.append("the throughput floor")
+    return " and ".join(words) + (" together" if len(words) > 1 else "")
 
 
 def _floor_reasons(searcher: Searcher) -> list[str]:

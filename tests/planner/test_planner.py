@@ -147,3 +147,12 @@ def test_a_floor_above_the_best_found_says_found_where_no_proof_was_completed(pr
     with pytest.raises(InfeasibleError, match="above the best found") as exc:
         plan_job(_small(max_evaluations=2, patience=1, **limits), profiles=profiles, network=network)
     assert "the search stopped before proving it the best" in str(exc.value)
+
+
+def test_a_search_out_of_budget_names_only_the_limits_the_request_sets(profiles, network):
+    # a cap alone once read "no plan meeting the caps and the floor together"
+    req = make_request(model="opt-350m", availability={(A, ZA): 32}, global_batch_size=64,
+                       max_usd_per_iteration=1e-12, max_evaluations=1, patience=1)
+    with pytest.raises(InfeasibleError, match="no plan meeting the cost cap within its budget") as exc:
+        plan_job(req, profiles=profiles, network=network)
+    assert "floor" not in str(exc.value)
