@@ -128,12 +128,6 @@ class _Link:
 _NO_FIT = BandwidthFit(a=0.0, b=0.0, c=1.0, max_bw_bytes_per_s=1e12)  # a placeholder row, never read
 
 
-def _links_times_s(links: Sequence[_Link], num_bytes):
-    """``_Link.time_s`` of each of the sizes ``num_bytes`` (numpy) over each of ``links``: a row
-    per link, the arithmetic of one link element by element."""
-    return _columns_times_s(_link_columns(links), num_bytes)
-
-
 def _link_columns(links: Sequence[_Link]) -> tuple:
     """What ``_columns_times_s`` reads of ``links``, as numpy columns (a row per link)."""
     import numpy as np  # lazy: numpy (~0.15 s) only when arrays are computed; importing this module stays light
@@ -154,7 +148,8 @@ def _link_columns(links: Sequence[_Link]) -> tuple:
 
 
 def _columns_times_s(columns: tuple, num_bytes):
-    """``_links_times_s`` of links given as their ``_link_columns``."""
+    """``_Link.time_s`` of each of the sizes ``num_bytes`` (numpy) over links given as their
+    ``_link_columns``: a row per link, the arithmetic of one link element by element."""
     import numpy as np  # lazy: numpy (~0.15 s) only when arrays are computed; importing this module stays light
 
     fit_cols, plain_cols = columns
