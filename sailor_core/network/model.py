@@ -15,7 +15,6 @@ internet 0.09 USD/GB).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from enum import Enum
 from functools import lru_cache
@@ -476,13 +475,6 @@ def default_network() -> NetworkModel:
         intra_fits=load_intra_fits(),
         egress_usd_per_gb=load_egress_table(),
     )
-
-
-def effective_bandwidth_bytes_per_s(network: NetworkModel, num_bytes: float,
-                                    src: Endpoint, dst: Endpoint) -> float:
-    """``num_bytes / time``: handy for tables and docs."""
-    t = network.p2p_time_s(num_bytes, src, dst)
-    return num_bytes / t if t > 0 else math.inf
 
 
 def ring_hop_pairs(members: Sequence) -> list[tuple]:

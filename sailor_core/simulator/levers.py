@@ -67,14 +67,6 @@ def recomputed_profile(profile: ModelProfile, mode: str) -> ModelProfile:
     return derived
 
 
-def base_profile(profile: ModelProfile) -> tuple[ModelProfile, str]:
-    """(the profile without recomputation, the recomputation) of any profile."""
-    hit = _BASE.get(id(profile))
-    if hit is None or hit[2] is not profile:
-        return profile, RECOMPUTE_NONE
-    return hit[0], hit[1]
-
-
 def _derive(profile: ModelProfile, mode: str) -> ModelProfile:
     spec = get_model(profile.model)
     layers = list(profile.layers)
