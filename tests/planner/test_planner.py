@@ -149,6 +149,19 @@ def test_a_floor_above_the_best_found_says_found_where_no_proof_was_completed(pr
     assert "the search stopped before proving it the best" in str(exc.value)
 
 
+def test_a_cap_below_the_cheapest_found_says_found_where_no_proof_was_completed(profiles, network):
+    # the cap's twin of the floor test above: "the cheapest plan" is the claim of an exhausted
+    # search for the cheapest plan, made without the cap; a budgeted one names what it found
+    req = dict(model="opt-1.3b", availability={(A, ZA): 64, (V, ZB): 64, (A, ZB): 16},
+               global_batch_size=64, max_usd_per_iteration=1e-6)
+    with pytest.raises(InfeasibleError, match="below the cheapest plan, which costs") as proven:
+        plan_job(make_request(**req), profiles=profiles, network=network)
+    with pytest.raises(InfeasibleError, match="below the cheapest plan found") as found:
+        plan_job(make_request(max_evaluations=5, patience=1, **req), profiles=profiles, network=network)
+    assert "the search stopped before proving it the cheapest" in str(found.value)
+    assert "stopped" not in str(proven.value)
+
+
 def test_a_search_out_of_budget_names_only_the_limits_the_request_sets(profiles, network):
     # a cap alone once read "no plan meeting the caps and the floor together"
     req = make_request(model="opt-350m", availability={(A, ZA): 32}, global_batch_size=64,
