@@ -11,7 +11,9 @@ step it stopped (``events/preemption``).
   worker stops, the file so far is closed and uploaded once to ``<job url>/tensorboard/``
   (``sailor_core/storage.py``) under a name that sorts by creation time, the order TensorBoard
   reads a folder's files in, and the next one begins.  The steps after the last checkpoint
-  of a worker that dies are lost with it, as its training is: the next attempt redoes them.  Each attempt's file starts with a ``SessionLog.START`` at its first new step:
+  of a worker that dies are lost with it, as its training is: the next attempt redoes them.
+  Its local folder (``sailor-tb-<pid>-*`` in the temp folder) is removed by the next worker
+  to start a TensorBoard sink on that machine.  Each attempt's file starts with a ``SessionLog.START`` at its first new step:
   TensorBoard drops the steps after it that an earlier attempt logged past its last
   checkpoint (a peer lost mid-way), so each step shows once.
 - Weights & Biases (``wandb``; on with ``--wandb PROJECT``, or when ``WANDB_PROJECT`` or
@@ -37,6 +39,7 @@ from sailor_core import settings
 from sailor_core.storage import open_storage
 
 MLFLOW_DEFAULT_EXPERIMENT = "sailor"
+_SCRATCH = "sailor-tb-"  # a worker's local TensorBoard folders: sailor-tb-<pid>-<random>
 
 
 class Trackers:
@@ -105,7 +108,8 @@ class _TensorBoard:
     that sorts by its creation, and opens the next (a job's upload stays linear in its steps)."""
 
     def __init__(self, url: str, attempt: int) -> None:
-        self.local = Path(tempfile.mkdtemp(prefix="sailor-tb-"))
+        _sweep_dead_scratch()
+        self.local = Path(tempfile.mkdtemp(prefix=_scratch_prefix()))
         self.storage = open_storage(url.rstrip("/"))
         self.attempt = attempt
         self.writer = None
@@ -227,6 +231,32 @@ class _MLflow:
 ATTEMPTS_RUN = "attempts"  # the flow's TensorBoard run beside the workers': <job url>/tensorboard/attempts
 
 
+def _scratch_prefix() -> str:
+    # the owner's pid in the name: a process killed before its close (SIGKILL) leaves its folder,
+    # and the next one to start sees whose it was
+    return f"{_SCRATCH}{os.getpid()}-"
+
+
+def _sweep_dead_scratch() -> None:
+    """Remove the scratch folders of processes that are gone (their un-uploaded steps died with
+    them, as their training did).  Folders of live processes, and older ones named without a
+    pid, stay."""
+    for folder in Path(tempfile.gettempdir()).glob(f"{_SCRATCH}*-*"):
+        pid = folder.name[len(_SCRATCH):].split("-", 1)[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: alive
+        return True
+    return True
+
+
 def write_attempt_events(tensorboard_url: str, *, step: int, attempt: int, scalars: dict[str, float],
                          text: str) -> None:
     """The flow's record of one attempt (what the workers cannot know: the spend, the preemptions so
@@ -242,7 +272,7 @@ def write_attempt_events(tensorboard_url: str, *, step: int, attempt: int, scala
     values = [Summary.Value(tag=f"attempt/{k}", simple_value=float(v)) for k, v in scalars.items()]
     values.append(Summary.Value(tag="attempt/plan", metadata=create_summary_metadata("plan", ""),
                                 tensor=TensorProto(dtype=7, string_val=[text.encode()])))  # 7: DT_STRING
-    with tempfile.TemporaryDirectory(prefix="sailor-tb-") as folder:
+    with tempfile.TemporaryDirectory(prefix=_scratch_prefix()) as folder:
         writer = EventFileWriter(folder)
         writer.add_event(Event(step=step, wall_time=time.time(), summary=Summary(value=values)))
         writer.close()

@@ -177,3 +177,31 @@ def test_tensorboard_uploads_every_segment_and_leaves_no_local_copy(tmp_path, mo
     assert [e.value for e in read_tensorboard(tmp_path / "tb").Scalars("train/loss")] == [2.5, 2.0]
     assert len(list((tmp_path / "tb").glob("events.out.tfevents.*"))) == 2
     assert list((tmp_path / "scratch").iterdir()) == []  # nothing of the worker's left in the temp folder
+
+
+def test_a_new_tensorboard_sink_removes_the_scratch_of_killed_workers_only(tmp_path, monkeypatch):
+    # a SIGKILLed worker never reaches its close: the next worker to start on the machine sweeps
+    import os
+    import subprocess
+    import tempfile
+
+    from sailor_core.runtime.trackers import Trackers
+
+    for name in ("WANDB_PROJECT", "WANDB_MODE", "MLFLOW_TRACKING_URI"):
+        monkeypatch.delenv(name, raising=False)
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    dead = scratch / f"sailor-tb-{gone.pid}-k1ll3d"
+    live = scratch / f"sailor-tb-{os.getpid()}-l1v3"
+    unnamed = scratch / "sailor-tb-0ld_n4me"  # an older worker's name, without its pid: not ours to judge
+    for folder in (dead, live, unnamed):
+        (folder / "segment").mkdir(parents=True)
+    trackers = Trackers(job_id=None, tensorboard_url=str(tmp_path / "tb"), attempt=1, config={},
+                        wandb_project="", mlflow_uri="")
+    assert not dead.exists()
+    assert live.exists() and unnamed.exists()
+    trackers.close()
+    assert sorted(p.name for p in scratch.iterdir()) == sorted([live.name, unnamed.name])
