@@ -22,7 +22,7 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from infra import config
-from infra.buckets import ensure_private_bucket
+from infra.buckets import bucket_region, ensure_private_bucket
 from infra.code import upload_code
 from infra.errors import CloudConfigError
 from infra.provider import CloudProvider
@@ -121,11 +121,24 @@ def open_session(mode: str, *, job_id: str, jobs_url: str, spec: JobSpec) -> Clo
 
 def job_bucket_spec(state: js.JobState, session: CloudSession) -> js.JobState:
     """The job's state with its checkpoints where the instances keep them: a local default
-    (the job's folder on this machine) becomes the job's prefix in the bucket."""
+    (the job's folder on this machine) becomes the job's prefix in the bucket; and the bucket's
+    region, unless the job names it, as the cloud tells it (an s3:// bucket; a gs:// one stays
+    unknown and its bytes are priced as the farthest: ``network/storage_egress.py``)."""
     url = session.checkpoint_url(state.spec.checkpoint_url)
-    if url == state.spec.checkpoint_url:
+    region = state.spec.checkpoint_region or checkpoint_bucket_region(url, session)
+    if (url, region) == (state.spec.checkpoint_url, state.spec.checkpoint_region):
         return state
-    return dataclasses.replace(state, spec=dataclasses.replace(state.spec, checkpoint_url=url))
+    return dataclasses.replace(state, spec=dataclasses.replace(state.spec, checkpoint_url=url,
+                                                               checkpoint_region=region))
+
+
+def checkpoint_bucket_region(url: str, session: CloudSession) -> str:
+    """The region of the s3:// bucket behind ``url`` (the embedded cloud's S3 or the real one's);
+    '' for another URL."""
+    if not url.startswith("s3://"):
+        return ""
+    client = embedded_s3_client(config.embedded_endpoints()) if session.mode == "embedded" else None
+    return bucket_region(url, client=client)
 
 
 def close_session(session: CloudSession) -> None:
