@@ -1,0 +1,66 @@
+"""Checkpoints to a bucket in another region are charged as egress, on the embedded cloud.
+
+Real parts: the train-job flow under a real Prefect server, moto's S3 keeping the buckets'
+regions (GetBucketLocation), the embedded object store holding the checkpoints, the agent and the
+engine's gloo workers writing them.  The job trains in us-east-1a; the embedded jobs bucket is in
+us-east-1 (its bytes cost nothing), the far bucket in us-west-2 (each save's bytes are charged,
+as many as the store holds).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from sailor_core.job import state as js
+from sailor_core.network.model import DEFAULT_EGRESS_USD_PER_GB
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+ZONE = "us-east-1a"
+FAR = "sailor-far-checkpoints"
+
+
+def _s3():
+    from infra import config
+    from tasks.embedded_bucket import embedded_s3_client
+
+    return embedded_s3_client(config.embedded_endpoints())
+
+
+def _stored_bytes(s3, bucket: str, prefix: str) -> int:
+    pages = s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
+    return sum(o["Size"] for page in pages for o in page.get("Contents", []))
+
+
+def _train(job_id: str, **extra) -> js.JobState:
+    from flows.train_job import train_job
+
+    summary = train_job(model="tiny", budget_usd=0.05, steps=10, checkpoint_every_steps=5, global_batch_size=16,
+                        validation_fraction=0.0, validate_every_steps=0, cloud="embedded", gpus=("T4",),
+                        zones=(ZONE,), max_gpus=1, job_id=job_id, **extra)
+    assert summary["status"] == "succeeded", summary
+    assert 0 < summary["usd_spent"] <= 0.05
+    return js.JobStore().load(job_id)
+
+
+def test_checkpoints_in_another_region_are_charged_their_bytes_and_in_the_same_region_nothing(prefect_api):
+    from infra.buckets import ensure_private_bucket
+
+    s3 = _s3()
+    ensure_private_bucket(f"s3://{FAR}", client=s3, region="us-west-2")
+    assert s3.get_bucket_location(Bucket=FAR)["LocationConstraint"] == "us-west-2"
+
+    far = _train("ckpt-far", checkpoint_url=f"s3://{FAR}/ckpt-far")
+    assert far.spec.checkpoint_region == "us-west-2"  # asked of the cloud
+    pairs = far.ledger().egress_by_pair()
+    num_bytes, usd = pairs[(ZONE, "bucket:aws:us-west-2")]
+    # both saves (steps 5 and 10) are kept (two by default): every byte on the store was written once
+    assert num_bytes == _stored_bytes(s3, FAR, "ckpt-far/")
+    assert usd == pytest.approx(num_bytes * DEFAULT_EGRESS_USD_PER_GB["cross_region"] / 1e9)
+    assert far.ledger().checkpoint_egress_usd() == pytest.approx(usd)
+    assert far.ledger().egress_usd() == pytest.approx(usd)  # one zone: nothing else crossed
+
+    near = _train("ckpt-near")  # the job's folder in the embedded jobs bucket, us-east-1
+    assert near.spec.checkpoint_region == "us-east-1"
+    assert near.last_checkpoint_step == 10
+    assert near.ledger().egress_by_pair() == {} and near.ledger().checkpoint_egress_usd() == 0.0
