@@ -331,7 +331,7 @@ def _connect(run: _Run, world: int, carry: _Carry) -> None:
     run.heartbeat = Heartbeat(rank, world, addr, port, prefix=prefix).start()
     run.trainer = StageTrainer(plan=plan, spec=run.spec, rank=rank, data=run.data, recipe=run.recipe,
                                seed=args.seed, device=run.device, groups=make_groups(plan, rank))
-    info = _agreed_checkpoint(args.ckpt_dir, rank) if args.resume and run.storage is not None else None
+    info = _agreed_checkpoint(run.storage, args.ckpt_dir, rank) if args.resume and run.storage is not None else None
     run.egress = EgressSlots.of(plan, _MEMORY_SLOT + world, rank,  # metered from the handover on: see _one_step
                                 bucket=bucket_place(args.ckpt_dir, args.checkpoint_region) if args.ckpt_dir else None)
     links.meter_zones([r.zone for r in rank_layout(plan)] if run.egress.num_slots else ())
@@ -568,16 +568,16 @@ def _die_on_failure(run: _Run, exc: Exception) -> None:
     os._exit(EXIT_PEER_LOST)  # destroy_process_group could block on the dead peer
 
 
-def _agreed_checkpoint(url: str, rank: int):
-    """Rank 0 picks the latest valid checkpoint; everyone loads that same one."""
+def _agreed_checkpoint(storage, url: str, rank: int):
+    """Rank 0 picks the latest valid checkpoint (reading it all to verify); everyone loads that same one."""
     pick = [None]
     if rank == 0:
-        info = ckpt.latest_valid_checkpoint(url)
+        info = ckpt.latest_valid_checkpoint(url, storage=storage)
         pick = [info.dirname if info else None]
     dist.broadcast_object_list(pick, src=0)
     if pick[0] is None:
         return None
-    return ckpt.read_checkpoint(ckpt.open_storage(url), pick[0], url, verify=False)
+    return ckpt.read_checkpoint(storage, pick[0], url, verify=False)
 
 
 def _finish(dist) -> None:

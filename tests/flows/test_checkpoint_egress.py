@@ -9,6 +9,8 @@ as many as the store holds).
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from sailor_core.job import state as js
@@ -64,3 +66,27 @@ def test_checkpoints_in_another_region_are_charged_their_bytes_and_in_the_same_r
     assert near.spec.checkpoint_region == "us-east-1"
     assert near.last_checkpoint_step == 10
     assert near.ledger().egress_by_pair() == {} and near.ledger().checkpoint_egress_usd() == 0.0
+
+
+def test_a_restore_from_a_far_bucket_is_charged_the_bytes_it_reads(prefect_api):
+    from infra.buckets import ensure_private_bucket
+
+    s3 = _s3()
+    ensure_private_bucket(f"s3://{FAR}", client=s3, region="us-west-2")
+    state = _train("ckpt-far-restore", checkpoint_url=f"s3://{FAR}/ckpt-far-restore", preempt_at_steps=(5,))
+    assert state.num_preemptions == 1 and state.replans[-1].state_from == "checkpoint"
+    resumed = state.replans[-1].at_step
+    pairs = state.ledger().egress_by_pair()
+    read_bytes, usd = pairs[("bucket:aws:us-west-2", ZONE)]
+    # what the worker reads of the checkpoint it resumes from, each object as large as on the store:
+    # rank 0 verifies it (the manifest, every file it lists, the meta), the ranks agree on it (the
+    # manifest and the meta again), then load their layers
+    folder = f"ckpt-far-restore/step_{resumed:08d}"
+    size = {o["Key"].rsplit("/", 1)[1]: o["Size"] for o in s3.list_objects_v2(Bucket=FAR, Prefix=folder)["Contents"]}
+    listed = json.loads(s3.get_object(Bucket=FAR, Key=f"{folder}/MANIFEST.json")["Body"].read())["files"]
+    layers = sum(n for name, n in size.items() if name.startswith("layer_"))
+    assert layers > 0 and set(listed) <= set(size)
+    verify = size["MANIFEST.json"] + sum(size[name] for name in listed) + size["meta.json"]
+    assert read_bytes == verify + size["MANIFEST.json"] + size["meta.json"] + layers
+    assert usd == pytest.approx(read_bytes * DEFAULT_EGRESS_USD_PER_GB["cross_region"] / 1e9)
+    assert pairs[(ZONE, "bucket:aws:us-west-2")][0] >= _stored_bytes(s3, FAR, "ckpt-far-restore/")
