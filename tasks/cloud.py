@@ -10,6 +10,7 @@ the job's result and stays.  Each task below wraps one provider call.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import sys
 import threading
 import time
@@ -40,6 +41,8 @@ from tasks.job_resources import delete_job_resources, open_job_resources
 from tasks.workers import Assignment
 
 OFFERS_TTL = timedelta(minutes=10)
+
+_log = logging.getLogger(__name__)
 
 
 def node_dict(node: NodeRequest) -> dict[str, Any]:
@@ -134,11 +137,17 @@ def job_bucket_spec(state: js.JobState, session: CloudSession) -> js.JobState:
 
 def checkpoint_bucket_region(url: str, session: CloudSession) -> str:
     """The region of the s3:// bucket behind ``url`` (the embedded cloud's S3 or the real one's);
-    '' for another URL."""
+    '' for another URL, or when S3 will not say (no s3:GetBucketLocation): its bytes are then
+    priced as the farthest region's, and the job's log says so."""
     if not url.startswith("s3://"):
         return ""
     client = embedded_s3_client(config.embedded_endpoints()) if session.mode == "embedded" else None
-    return bucket_region(url, client=client)
+    try:
+        return bucket_region(url, client=client)
+    except CloudConfigError as exc:
+        _log.warning("%s; its checkpoints' egress is priced as the farthest region's "
+                     "(--checkpoint-region names it)", exc)
+        return ""
 
 
 def close_session(session: CloudSession) -> None:

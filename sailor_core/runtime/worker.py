@@ -72,6 +72,7 @@ from sailor_core.catalog.models import get_model
 from sailor_core.errors import SailorError
 from sailor_core.job.protocol import EXIT_BAD_INPUT, EXIT_OK, EXIT_PEER_LOST, EXIT_PREEMPTED, EXIT_PREEMPTED_NO_CKPT
 from sailor_core.job.worker_args import add_worker_arguments, worker_values
+from sailor_core.network.storage_egress import bucket_place
 from sailor_core.plan.layout import rank_layout, world_size
 from sailor_core.plan.types import load_plan
 from sailor_core.runtime import checkpoint as ckpt
@@ -91,7 +92,6 @@ from sailor_core.runtime.rendezvous import private_store, uses_agent_store
 from sailor_core.runtime.stage_checkpoint import kept_state
 from sailor_core.runtime.trackers import Trackers
 from sailor_core.runtime.trainer import StageTrainer
-from sailor_core.network.storage_egress import bucket_place
 
 _PARKED = -1  # not an exit: the generation ended and this worker waits for the next
 _STATE_SAID = {state_handover.FROM_MEMORY: "kept in memory", state_handover.FROM_PEERS: "handed over by its peers",
