@@ -78,16 +78,13 @@ def ensure_private_bucket(url: str, *, client=None, region: str | None = None) -
     return report
 
 
-def bucket_region(url: str, *, client=None) -> str:
-    """The region of the S3 bucket behind an ``s3://`` URL, as S3 tells it (GetBucketLocation:
-    none means us-east-1); '' for other URLs (a gs:// bucket's location is not asked)."""
-    from botocore.exceptions import ClientError  # lazy: botocore, only for s3:// URLs
+def bucket_location(bucket: str, *, client=None) -> str | None:
+    """The bucket's LocationConstraint as S3's GetBucketLocation answers it (None: made without one,
+    which on AWS means us-east-1)."""
+    from botocore.exceptions import ClientError  # lazy: botocore, only for S3 buckets
 
-    bucket = bucket_of(url)
-    if bucket is None:
-        return ""
     try:
-        return _client(client).get_bucket_location(Bucket=bucket).get("LocationConstraint") or "us-east-1"
+        return _client(client).get_bucket_location(Bucket=bucket).get("LocationConstraint") or None
     except ClientError as exc:
         raise CloudConfigError(f"cannot ask where bucket {bucket!r} is: {exc}", cloud="aws") from None
 

@@ -23,7 +23,7 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from infra import config
-from infra.buckets import bucket_region, ensure_private_bucket
+from infra.buckets import bucket_location, ensure_private_bucket
 from infra.code import upload_code
 from infra.errors import CloudConfigError
 from infra.provider import CloudProvider
@@ -35,6 +35,7 @@ from sailor_core.errors import InfeasibleError
 from sailor_core.job import state as js
 from sailor_core.job.nodes import NodeRequest, RunningInstance, match_instances
 from sailor_core.job.spec import JobSpec
+from sailor_core.network.storage_egress import LOCAL_REGION
 from tasks.cloud_session import CloudSession
 from tasks.embedded_bucket import EMBEDDED_BUCKET, embedded_s3_client
 from tasks.job_resources import delete_job_resources, open_job_resources
@@ -125,8 +126,7 @@ def open_session(mode: str, *, job_id: str, jobs_url: str, spec: JobSpec) -> Clo
 def job_bucket_spec(state: js.JobState, session: CloudSession) -> js.JobState:
     """The job's state with its checkpoints where the instances keep them: a local default
     (the job's folder on this machine) becomes the job's prefix in the bucket; and the bucket's
-    region, unless the job names it, as the cloud tells it (an s3:// bucket; a gs:// one stays
-    unknown and its bytes are priced as the farthest: ``network/storage_egress.py``)."""
+    region, unless the job names it, as the cloud tells it (``checkpoint_bucket_region``)."""
     url = session.checkpoint_url(state.spec.checkpoint_url)
     region = state.spec.checkpoint_region or checkpoint_bucket_region(url, session)
     if (url, region) == (state.spec.checkpoint_url, state.spec.checkpoint_region):
@@ -136,18 +136,24 @@ def job_bucket_spec(state: js.JobState, session: CloudSession) -> js.JobState:
 
 
 def checkpoint_bucket_region(url: str, session: CloudSession) -> str:
-    """The region of the s3:// bucket behind ``url`` (the embedded cloud's S3 or the real one's);
-    '' for another URL, or when S3 will not say (no s3:GetBucketLocation): its bytes are then
-    priced as the farthest region's, and the job's log says so."""
-    if not url.startswith("s3://"):
+    """The region of the bucket behind ``url`` as S3 tells it: on a real cloud an ``s3://`` bucket's
+    (made without a location: us-east-1); on the embedded cloud any bucket's, whose ``s3://`` and
+    ``gs://`` fronts serve one folder of this machine: one made in a region is there, one made
+    without (its jobs bucket, ``sailor cloud bucket create``) is ``local``, reached by every zone for
+    nothing.  '' for a gs:// bucket on a real cloud, or when S3 will not say (no s3:GetBucketLocation):
+    its bytes are then priced as the farthest region's, and the job's log says so."""
+    scheme, _, rest = url.partition("://")
+    embedded = session.mode == "embedded"
+    if not rest or scheme not in (("s3", "gs") if embedded else ("s3",)):
         return ""
-    client = embedded_s3_client(config.embedded_endpoints()) if session.mode == "embedded" else None
+    client = embedded_s3_client(config.embedded_endpoints()) if embedded else None
     try:
-        return bucket_region(url, client=client)
+        location = bucket_location(rest.split("/", 1)[0], client=client)
     except CloudConfigError as exc:
         _log.warning("%s; its checkpoints' egress is priced as the farthest region's "
                      "(--checkpoint-region names it)", exc)
         return ""
+    return location or (LOCAL_REGION if embedded else "us-east-1")
 
 
 def close_session(session: CloudSession) -> None:

@@ -10,7 +10,9 @@ A bucket's cloud is its URL's (the scheme each cloud's ``storage_scheme`` in ``c
 names); its region is what the flow asked of the cloud or what ``--checkpoint-region`` says.  A
 region not known is priced as the farthest its cloud can be from the rank: across continents on
 the rank's own cloud, over the internet from another (``UNKNOWN_REGION``).  A folder on this
-machine (a path, ``file://``) is billed by no cloud and never metered.
+machine (a path, ``file://``, or a bucket of region ``local``: the embedded cloud's buckets made
+without a region, which serve every zone from this machine's disk) is billed by no cloud and
+never metered.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from sailor_core.zones import Zone, parse_zone
 
 BUCKET_PREFIX = "bucket:"
 UNKNOWN_REGION = "?"
-_LOCAL = "local"
+_LOCAL = LOCAL_REGION = "local"  # a bucket of this machine (a folder; the embedded cloud's), whatever its URL
 _REGION = re.compile(r"^[a-z]+(-[a-z]+)*-?\d+$")
 
 
@@ -69,7 +71,7 @@ def bucket_place(url: str, region: str = "") -> BucketPlace:
     """The place of the bucket behind ``url`` (a path, ``file://``, ``s3://``, ``gs://``), in
     ``region`` when given (one of the URL's cloud's region names), else not known."""
     scheme = urllib.parse.urlsplit(url).scheme if "://" in url else ""
-    if scheme in ("", "file"):
+    if scheme in ("", "file") or region == LOCAL_REGION:
         return BucketPlace(cloud=_LOCAL, region=_LOCAL)
     clouds = [c.name for c in all_clouds() if c.storage_scheme == scheme]
     if not clouds:
@@ -81,8 +83,8 @@ def bucket_place(url: str, region: str = "") -> BucketPlace:
 
 def region_problem(region: str) -> str:
     """What is wrong with ``region`` as a bucket's region name ('' when nothing, or when empty)."""
-    if region and not _REGION.match(region):
-        return f"expected a cloud's region name such as us-west-2 or us-central1, got {region!r}"
+    if region and region != LOCAL_REGION and not _REGION.match(region):
+        return f"expected a cloud's region name such as us-west-2 or us-central1 (or local), got {region!r}"
     return ""
 
 

@@ -2,9 +2,9 @@
 
 Real parts: the train-job flow under a real Prefect server, moto's S3 keeping the buckets'
 regions (GetBucketLocation), the embedded object store holding the checkpoints, the agent and the
-engine's gloo workers writing them.  The job trains in us-east-1a; the embedded jobs bucket is in
-us-east-1 (its bytes cost nothing), the far bucket in us-west-2 (each save's bytes are charged,
-as many as the store holds).
+engine's gloo workers writing them.  The job trains in us-east-1a; the embedded jobs bucket, made
+without a region, is this machine's (its bytes cost nothing), the far bucket was made in us-west-2
+(each save's bytes are charged, as many as the store holds).
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ def test_checkpoints_in_another_region_are_charged_their_bytes_and_in_the_same_r
     assert far.ledger().egress_usd() == pytest.approx(usd)  # one zone: nothing else crossed
 
     near = _train("ckpt-near")  # the job's folder in the embedded jobs bucket, us-east-1
-    assert near.spec.checkpoint_region == "us-east-1"
+    assert near.spec.checkpoint_region == "local"  # the embedded cloud's jobs bucket: this machine's
     assert near.last_checkpoint_step == 10
     assert near.ledger().egress_by_pair() == {} and near.ledger().checkpoint_egress_usd() == 0.0
 
@@ -90,3 +90,27 @@ def test_a_restore_from_a_far_bucket_is_charged_the_bytes_it_reads(prefect_api):
     assert read_bytes == verify + size["MANIFEST.json"] + size["meta.json"] + layers
     assert usd == pytest.approx(read_bytes * DEFAULT_EGRESS_USD_PER_GB["cross_region"] / 1e9)
     assert pairs[(ZONE, "bucket:aws:us-west-2")][0] >= _stored_bytes(s3, FAR, "ckpt-far-restore/")
+
+
+
+def test_the_save_a_budget_stop_makes_is_charged_and_the_spend_stays_within_the_budget(prefect_api):
+    """A budget for about 90 s of the instance: the controller stops the job with one save's egress
+    kept back, the stop's save to the far bucket is charged, and the spend stays within the budget."""
+    from flows.train_job import train_job
+    from infra.buckets import ensure_private_bucket
+    from sailor_core.catalog.instances import catalog_offers
+
+    ensure_private_bucket(f"s3://{FAR}", client=_s3(), region="us-west-2")
+    price = min(o.spot_usd_per_hr for o in catalog_offers(gpus=["T4"], zones=[ZONE]) if o.gpus_per_node == 1)
+    budget = price * 90.0 / 3600.0
+    summary = train_job(model="tiny", budget_usd=budget, steps=100_000, checkpoint_every_steps=100_000,
+                        global_batch_size=8, validation_fraction=0.0, validate_every_steps=0, cloud="embedded",
+                        gpus=("T4",), zones=(ZONE,), max_gpus=1, job_id="ckpt-budget",
+                        checkpoint_url=f"s3://{FAR}/ckpt-budget")
+    state = js.JobStore().load(summary["job_id"])
+    assert summary["status"] == "stopped_budget", summary
+    ledger, end = state.ledger(), state.updated_unix_s
+    assert 0 < summary["steps"] < 100_000 and state.last_checkpoint_step == summary["steps"]  # the stop's save
+    assert ledger.spent_usd(end) <= budget and summary["usd_spent"] <= budget
+    num_bytes, usd = ledger.egress_by_pair()[(ZONE, "bucket:aws:us-west-2")]
+    assert num_bytes == _stored_bytes(_s3(), FAR, "ckpt-budget/") and usd > 0

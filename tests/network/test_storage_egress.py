@@ -42,6 +42,7 @@ def test_a_region_not_known_is_priced_as_the_farthest_and_a_local_folder_never()
     for url in ("/tmp/ckpt", "file:///tmp/ckpt"):
         assert not bucket_place(url).metered and not bucket_place(url).crosses("us-east-1a")
     assert not bucket_place("s3://b", "us-west-2").crosses("local")  # this machine: billed by no cloud
+    assert not bucket_place("s3://sailor-jobs/j", "local").metered  # the embedded cloud's jobs bucket
 
 
 def test_bad_places_are_one_line_errors():
