@@ -103,7 +103,7 @@ def test_the_save_a_budget_stop_makes_is_charged_and_the_spend_stays_within_the_
     ensure_private_bucket(f"s3://{FAR}", client=_s3(), region="us-west-2")
     price = min(o.spot_usd_per_hr for o in catalog_offers(gpus=["T4"], zones=[ZONE]) if o.gpus_per_node == 1)
     budget = price * 90.0 / 3600.0
-    summary = train_job(model="tiny", budget_usd=budget, steps=100_000, checkpoint_every_steps=100_000,
+    summary = train_job(model="tiny", budget_usd=budget, steps=100_000, checkpoint_every_steps=1000,
                         global_batch_size=8, validation_fraction=0.0, validate_every_steps=0, cloud="embedded",
                         gpus=("T4",), zones=(ZONE,), max_gpus=1, job_id="ckpt-budget",
                         checkpoint_url=f"s3://{FAR}/ckpt-budget")
@@ -113,4 +113,4 @@ def test_the_save_a_budget_stop_makes_is_charged_and_the_spend_stays_within_the_
     assert 0 < summary["steps"] < 100_000 and state.last_checkpoint_step == summary["steps"]  # the stop's save
     assert ledger.spent_usd(end) <= budget and summary["usd_spent"] <= budget
     num_bytes, usd = ledger.egress_by_pair()[(ZONE, "bucket:aws:us-west-2")]
-    assert num_bytes == _stored_bytes(_s3(), FAR, "ckpt-budget/") and usd > 0
+    assert num_bytes >= _stored_bytes(_s3(), FAR, "ckpt-budget/") > 0 and usd > 0  # older saves pruned
