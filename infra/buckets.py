@@ -78,6 +78,17 @@ def ensure_private_bucket(url: str, *, client=None, region: str | None = None) -
     return report
 
 
+def bucket_location(bucket: str, *, client=None) -> str | None:
+    """The bucket's LocationConstraint as S3's GetBucketLocation answers it (None: made without one,
+    which on AWS means us-east-1)."""
+    from botocore.exceptions import ClientError  # lazy: botocore, only for S3 buckets
+
+    try:
+        return _client(client).get_bucket_location(Bucket=bucket).get("LocationConstraint") or None
+    except ClientError as exc:
+        raise CloudConfigError(f"cannot ask where bucket {bucket!r} is: {exc}", cloud="aws") from None
+
+
 def check_private_bucket(bucket: str, *, client=None, created: bool = False) -> BucketReport:
     from botocore.exceptions import ClientError  # lazy: botocore, only for s3:// URLs
 

@@ -10,6 +10,7 @@ the job's result and stays.  Each task below wraps one provider call.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import sys
 import threading
 import time
@@ -22,7 +23,7 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from infra import config
-from infra.buckets import ensure_private_bucket
+from infra.buckets import bucket_location, ensure_private_bucket
 from infra.code import upload_code
 from infra.errors import CloudConfigError
 from infra.provider import CloudProvider
@@ -34,12 +35,15 @@ from sailor_core.errors import InfeasibleError
 from sailor_core.job import state as js
 from sailor_core.job.nodes import NodeRequest, RunningInstance, match_instances
 from sailor_core.job.spec import JobSpec
+from sailor_core.network.storage_egress import LOCAL_REGION
 from tasks.cloud_session import CloudSession
 from tasks.embedded_bucket import EMBEDDED_BUCKET, embedded_s3_client
 from tasks.job_resources import delete_job_resources, open_job_resources
 from tasks.workers import Assignment
 
 OFFERS_TTL = timedelta(minutes=10)
+
+_log = logging.getLogger(__name__)
 
 
 def node_dict(node: NodeRequest) -> dict[str, Any]:
@@ -121,11 +125,35 @@ def open_session(mode: str, *, job_id: str, jobs_url: str, spec: JobSpec) -> Clo
 
 def job_bucket_spec(state: js.JobState, session: CloudSession) -> js.JobState:
     """The job's state with its checkpoints where the instances keep them: a local default
-    (the job's folder on this machine) becomes the job's prefix in the bucket."""
+    (the job's folder on this machine) becomes the job's prefix in the bucket; and the bucket's
+    region, unless the job names it, as the cloud tells it (``checkpoint_bucket_region``)."""
     url = session.checkpoint_url(state.spec.checkpoint_url)
-    if url == state.spec.checkpoint_url:
+    region = state.spec.checkpoint_region or checkpoint_bucket_region(url, session)
+    if (url, region) == (state.spec.checkpoint_url, state.spec.checkpoint_region):
         return state
-    return dataclasses.replace(state, spec=dataclasses.replace(state.spec, checkpoint_url=url))
+    return dataclasses.replace(state, spec=dataclasses.replace(state.spec, checkpoint_url=url,
+                                                               checkpoint_region=region))
+
+
+def checkpoint_bucket_region(url: str, session: CloudSession) -> str:
+    """The region of the bucket behind ``url`` as S3 tells it: on a real cloud an ``s3://`` bucket's
+    (made without a location: us-east-1); on the embedded cloud any bucket's, whose ``s3://`` and
+    ``gs://`` fronts serve one folder of this machine: one made in a region is there, one made
+    without (its jobs bucket, ``sailor cloud bucket create``) is ``local``, reached by every zone for
+    nothing.  '' for a gs:// bucket on a real cloud, or when S3 will not say (no s3:GetBucketLocation):
+    its bytes are then priced as the farthest region's, and the job's log says so."""
+    scheme, _, rest = url.partition("://")
+    embedded = session.mode == "embedded"
+    if not rest or scheme not in (("s3", "gs") if embedded else ("s3",)):
+        return ""
+    client = embedded_s3_client(config.embedded_endpoints()) if embedded else None
+    try:
+        location = bucket_location(rest.split("/", 1)[0], client=client)
+    except CloudConfigError as exc:
+        _log.warning("%s; its checkpoints' egress is priced as the farthest region's "
+                     "(--checkpoint-region names it)", exc)
+        return ""
+    return location or (LOCAL_REGION if embedded else "us-east-1")
 
 
 def close_session(session: CloudSession) -> None:

@@ -56,10 +56,12 @@ from sailor_core.controller import (
     plan_option,
     planner_plan_fn,
 )
+from sailor_core.controller.checkpoint_egress import CheckpointEgress
 from sailor_core.controller.economics import job_costs
 from sailor_core.controller.interim import interim_option, interim_pays
 from sailor_core.controller.options import egress_rate_usd_per_hr
 from sailor_core.errors import InfeasibleError
+from sailor_core.network.storage_egress import bucket_place
 from sailor_core.objective import Objective
 from sailor_core.planner.ranking import CHEAPEST, FASTEST
 from sailor_core.planner.request import DEFAULT_MAX_TP_DEGREE, PlanQuery, SearchSettings
@@ -123,9 +125,15 @@ class Planner:
     pricing: OfferPricing
     cheap: CheapestPlanner | None = None
     caps: Mapping[tuple[str, str], int] | None = None  # most GPUs per pool, of both markets (None: no caps)
+    checkpoint: CheckpointEgress | None = None  # the saves' egress each option is weighed with
 
     def __call__(self, available: Mapping[tuple[str, str], int]) -> tuple[PlanOption, ...]:
-        return self.cached(self._capped(available))
+        return self._with_saves(self.cached(self._capped(available)))
+
+    def _with_saves(self, options: Sequence[PlanOption]) -> tuple[PlanOption, ...]:
+        if self.checkpoint is None:
+            return tuple(options)
+        return tuple(self.checkpoint.with_egress(o) for o in options)
 
     def within(self, caps: Mapping[tuple[str, str], int]) -> Planner:
         """This planner asked within ``caps``: the controller asks about spot and on-demand GPUs
@@ -139,7 +147,7 @@ class Planner:
 
     def _cheapest(self, available: Mapping[tuple[str, str], int], floor: float | None = None
                   ) -> tuple[PlanOption, ...]:
-        return self.cheap(self._capped(available), floor)
+        return self._with_saves(self.cheap(self._capped(available), floor))
 
     def _capped(self, available: Mapping[tuple[str, str], int]) -> dict[tuple[str, str], int]:
         if self.caps is None:
@@ -159,8 +167,8 @@ class Planner:
     def option(self, plan, throughput_samples_per_s: float) -> PlanOption:
         """``plan`` at ``throughput_samples_per_s``, priced as its instances, with the simulator's egress."""
         egress = plan_egress_usd_per_hr(plan, throughput_samples_per_s, spot=self.pricing.spot)
-        return plan_option(plan, throughput_samples_per_s=throughput_samples_per_s, usd_per_hr=self.pricing(plan),
-                           egress_usd_per_hr=egress)
+        return self._with_saves([plan_option(plan, throughput_samples_per_s=throughput_samples_per_s,
+                                             usd_per_hr=self.pricing(plan), egress_usd_per_hr=egress)])[0]
 
     def nodes(self, option: PlanOption) -> tuple[NodeRequest, ...]:
         return self.pricing.nodes(option.plan)
@@ -208,7 +216,13 @@ def job_planner(spec: JobSpec, offers: Sequence[Offer]) -> Planner:
                                     search=SearchSettings(max_tp_degree=max_tp_degree(offers)))
         return planner_plan_fn(query, pricing=planner.pricing, on_infeasible=_log_infeasible)
 
-    return dataclasses.replace(planner, cheap=CheapestPlanner(make=cheapest_above))
+    return dataclasses.replace(planner, cheap=CheapestPlanner(make=cheapest_above), checkpoint=checkpoint_egress(spec))
+
+
+def checkpoint_egress(spec: JobSpec) -> CheckpointEgress:
+    """The job's checkpoint bucket (where its spec says: ``tasks.cloud.job_bucket_spec``) and saves."""
+    return CheckpointEgress(place=bucket_place(spec.checkpoint_url, spec.checkpoint_region),
+                            every_steps=spec.checkpoint_every_steps)
 
 
 def _log_infeasible(exc: InfeasibleError) -> None:
@@ -229,7 +243,8 @@ def controller_state(state: js.JobState, *, available: Mapping[tuple[str, str], 
     deadline_h = state.spec.deadline_h
     return ControllerState(
         plan=current, available=dict(available),
-        budget_left_usd=state.ledger().budget_left_usd(now_unix_s),
+        # one save's egress kept back: the save a stop makes, or the next interval's, must fit too
+        budget_left_usd=state.ledger().budget_left_usd(now_unix_s) - checkpoint_egress(state.spec).reserve_usd(current),
         time_left_s=(state.created_unix_s + deadline_h * 3600.0 - now_unix_s) if deadline_h else math.inf,
         samples_done=float((state.last_checkpoint_step or 0) * gbs),
         samples_target=float(state.spec.steps * gbs),

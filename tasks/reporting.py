@@ -196,10 +196,12 @@ def publish_cost_report(state: JobState) -> None:
     ledger = state.ledger()
     rows = report.cost_rows(state.instances, ledger.by_instance(now), now)
     # egress rows after the instances', in the same table: one artifact, its columns the union
+    # (a checkpoint's to or from its bucket in another region: the row's "from" or "to" is bucket:<cloud>:<region>)
     rows += [{"instance": "egress", **r} for r in report.egress_rows(ledger.egress_by_pair())]
+    parts = report.rent_and_egress(ledger.rent_usd(now), ledger.egress_usd(), ledger.checkpoint_egress_usd())
     create_table_artifact(key=artifact_key("cost", state.job_id), table=rows or [{"instance": "none", "USD": "0"}],
                           description=(f"{state.status}: {report.spend(ledger.spent_usd(now), state.spec.budget_usd)} "
-                                       f"({report.rent_and_egress(ledger.rent_usd(now), ledger.egress_usd())}) "
+                                       f"({parts}) "
                                        f"over {len(state.instances)} instances, {state.num_preemptions} preemptions"))
 
 
@@ -372,6 +374,7 @@ class JobReporter:
                                        state.last_checkpoint.at_unix_s if state.last_checkpoint else None))
         return report.status_markdown(
             progress=progress, budget=report.BudgetUse(spent_usd=ledger.spent_usd(now), egress_usd=ledger.egress_usd(),
+                                                       checkpoint_egress_usd=ledger.checkpoint_egress_usd(),
                                                        budget_usd=state.spec.budget_usd),
             usd_per_hr_now=ledger.usd_per_hr(), attempt=state.attempt, status=state.status,
             plan=report.plan_line(state.plan, usd_per_hr=record.usd_per_hr if record else None),

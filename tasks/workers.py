@@ -14,6 +14,7 @@ events that write was refused as busy (503), to be retried 2 s later, on a recov
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -49,6 +50,7 @@ from sailor_core.job.protocol import (
 )
 from sailor_core.job.worker_args import worker_argv
 from sailor_core.network.model import default_network
+from sailor_core.network.storage_egress import pair_usd_per_byte
 from sailor_core.plan.layout import world_size
 from sailor_core.plan.types import plan_from_dict
 from tasks.agent_watch import CLOUD_POLL_S, POLL_S, AgentPoll, Listeners, Poll, watch_agents
@@ -188,8 +190,9 @@ def _merge_progress(state: js.JobState, statuses: dict[str, AgentStatus | None],
         if st.checkpoint is not None and (checkpoint is None or st.checkpoint.step >= checkpoint.step):
             checkpoint = st.checkpoint
     state = _note_reported_checkpoint(state, checkpoint)
-    # the bytes the engine sent across zones, priced per pair from the network model
-    state = js.with_egress(state, reports, usd_per_byte=default_network().egress_usd_per_byte, now_unix_s=time.time())
+    # the bytes the engine sent across zones and to and from its checkpoint bucket, priced per pair
+    state = js.with_egress(state, reports, usd_per_byte=functools.partial(pair_usd_per_byte, default_network()),
+                           now_unix_s=time.time())
     if not losses and step == state.steps_done:
         return state
     return js.with_progress(state, steps_done=step, losses=losses, val_losses=val_losses)

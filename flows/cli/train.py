@@ -312,6 +312,7 @@ def status(job_id: str = typer.Argument(..., help="job id (see `sailor jobs`)"),
     ledger, now = state.ledger(), time.time()
     by_instance = ledger.by_instance(now)
     row["usd_rent"], row["usd_egress"] = ledger.rent_usd(now), ledger.egress_usd()
+    row["usd_checkpoint_egress"] = ledger.checkpoint_egress_usd()  # of usd_egress
     row["egress"] = [{"from": src, "to": dst, "bytes": b, "usd": c} for (src, dst), (b, c) in
                      sorted(ledger.egress_by_pair().items())]
     row["instances"] = [{"instance_id": i.instance_id, "zone": i.zone, "instance_type": i.instance_type,
@@ -330,7 +331,8 @@ def status(job_id: str = typer.Argument(..., help="job id (see `sailor jobs`)"),
               f"{report.checkpoint_words(state.last_checkpoint_step, row['last_checkpoint_unix_s'])}{where}, "
               f"loss {report.sig(state.last_loss, 4)}{val}, spent "
               f"{report.spend(row['usd_spent'], state.spec.budget_usd)} "
-              f"({report.rent_and_egress(row['usd_rent'], row['usd_egress'])})", highlight=False)
+              f"({report.rent_and_egress(row['usd_rent'], row['usd_egress'], row['usd_checkpoint_egress'])})",
+              highlight=False)
     for e in row["egress"]:
         out.print(f"  egress {e['from']} -> {e['to']}: {report.sig(e['bytes'] / 1e9)} GB, {report.usd(e['usd'])}",
                   highlight=False)

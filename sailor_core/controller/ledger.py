@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sailor_core.errors import InputError
+from sailor_core.network.storage_egress import is_bucket_pair
 
 _S_PER_HR = 3600.0
 # The pair of an egress charge the simulator priced for a whole plan (the replay charges its
@@ -152,6 +153,10 @@ class CostLedger:
 
     def egress_usd(self) -> float:
         return sum(c.usd for c in self._egress)
+
+    def checkpoint_egress_usd(self) -> float:
+        """Of ``egress_usd``: the bytes checkpoints moved to and from a bucket outside the ranks' regions."""
+        return sum(c.usd for c in self._egress if is_bucket_pair(c.src_zone, c.dst_zone))
 
     def egress_by_pair(self) -> dict[tuple[str, str], tuple[float, float]]:
         """(bytes, USD) sent from each zone to each other zone."""

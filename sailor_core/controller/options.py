@@ -29,7 +29,8 @@ class PlanOption:
     ``on_demand_premium_usd_per_hr`` says what moving one GPU of a pool from spot to on
     demand adds per hour (empty: the option cannot be moved).  ``usd_per_hr`` is the rent;
     ``egress_usd_per_hr`` what its bytes across zones and clouds cost per hour of training
-    (the simulator's egress per iteration x iterations per hour); every ranking and budget
+    (the simulator's egress per iteration x iterations per hour; the flow adds its saves to a
+    checkpoint bucket in another region: ``checkpoint_egress.py``); every ranking and budget
     test weighs both (``cost_usd_per_hr``).
     """
 

@@ -198,6 +198,12 @@ def _survivors(holder: Any, lost: Mapping[GpuZone, int]) -> dict[tuple[int, int,
     return out
 
 
+def stage_state_bytes(model: str, regime: str | None, layer_start: int, layer_end: int) -> float:
+    """The whole state of layers ``[layer_start, layer_end)`` (weights and optimizer state, no
+    TP split): what a stage's checkpoint files hold."""
+    return _rank_bytes(model, regime, layer_start, layer_end, 1)
+
+
 @lru_cache(maxsize=4096)
 def _rank_bytes(model: str, regime: str | None, layer_start: int, layer_end: int, tp_degree: int) -> float:
     """The state one rank of a stage holds: its layers' TP shard of weights and optimizer state."""

@@ -38,9 +38,11 @@ def spend(spent_usd: float, budget_usd: float) -> str:
     return f"{sig(spent_usd)} of {sig(budget_usd)} USD{share}"
 
 
-def rent_and_egress(rent_usd: float, egress_usd: float) -> str:
-    """``GPU rent 0.0123 USD + egress 0.00456 USD``: a spend's two parts."""
-    return f"GPU rent {usd(rent_usd)} + egress {usd(egress_usd)}"
+def rent_and_egress(rent_usd: float, egress_usd: float, checkpoint_egress_usd: float = 0.0) -> str:
+    """``GPU rent 0.0123 USD + egress 0.00456 USD (checkpoints 0.001 USD)``: a spend's parts, the
+    egress of checkpoints to and from a bucket in another region said apart when there is any."""
+    of = f" (checkpoints {usd(checkpoint_egress_usd)})" if checkpoint_egress_usd else ""
+    return f"GPU rent {usd(rent_usd)} + egress {usd(egress_usd)}{of}"
 
 
 def egress_rows(by_pair: Mapping[tuple[str, str], tuple[float, float]]) -> list[dict[str, Any]]:
@@ -150,6 +152,7 @@ class BudgetUse:
     spent_usd: float
     budget_usd: float
     egress_usd: float = 0.0  # of spent_usd
+    checkpoint_egress_usd: float = 0.0  # of egress_usd: checkpoints to and from a bucket in another region
 
 
 def checkpoint_words(step: int | None, at_unix_s: float | None = None) -> str:
@@ -173,7 +176,9 @@ def status_markdown(*, progress: Progress, budget: BudgetUse, usd_per_hr_now: fl
         train.append(checkpoint_words(*p.checkpoint))
     lines = [" · ".join(train),
              f"**Spent** {spend(budget.spent_usd, budget.budget_usd)}"
-             + (f" (egress {usd(budget.egress_usd)})" if budget.egress_usd else "")
+             + (f" (egress {usd(budget.egress_usd)}" if budget.egress_usd else "")
+             + (f", checkpoints {usd(budget.checkpoint_egress_usd)}" if budget.checkpoint_egress_usd else "")
+             + (")" if budget.egress_usd else "")
              + f" · {sig(usd_per_hr_now)} USD/h now · {status}",
              f"**Plan** (attempt {attempt}): {plan}"]
     if last_event is not None:

@@ -25,6 +25,7 @@ from sailor_core.catalog.instances import catalog_zones, rentable_gpus
 from sailor_core.catalog.hf_config import is_model_url, resolve_model
 from sailor_core.catalog.models import model_names
 from sailor_core.errors import InputError, UnknownNameError
+from sailor_core.network.storage_egress import region_problem
 from sailor_core.objective import JobTerms, Objective, TermsError
 from sailor_core.specs.fields import SpecField, option, spec_fields
 
@@ -94,6 +95,9 @@ class JobSpec:
     checkpoint_url: str = option("", help="where checkpoints go (path, s3://, gs://); default: the job's folder")
     checkpoint_every_steps: int = option(5, help="steps between checkpoints", unit="steps",
                                          cli=("--checkpoint-every",))
+    checkpoint_region: str = option("", help="the checkpoint bucket's region (e.g. us-west-2), whose bytes to and "
+                                            "from workers in other regions are charged as egress; default: asked of "
+                                            "the cloud for s3://, else priced as the farthest region", worker=True)
     preempt_at_steps: tuple[int, ...] = option((), help="inject preemptions at these steps (embedded cloud)",
                                                unit="steps", cli=("--preempt-at",))
     tensorboard: bool = option(True, help="rank 0 writes TensorBoard event files to the job's <url>/tensorboard "
@@ -240,6 +244,8 @@ def check_worker_options(spec: Any) -> None:
         if not getattr(spec, name) >= 0:
             raise JobSpecError(name, f"must be at least 0, got {getattr(spec, name)}")
     _check_trackers(spec.wandb_project, spec.mlflow_tracking_uri)
+    if region_problem(spec.checkpoint_region):
+        raise JobSpecError("checkpoint_region", region_problem(spec.checkpoint_region))
 
 
 def _check_trackers(wandb_project: str, mlflow_uri: str) -> None:
@@ -293,7 +299,7 @@ def continued_spec(recorded: JobSpec, given: dict[str, Any]) -> JobSpec:
     changes: dict[str, Any] = {}
     for name, value in given.items():
         was = getattr(recorded, name)
-        if value == was or (name == "checkpoint_url" and not value):
+        if value == was or (name in ("checkpoint_url", "checkpoint_region") and not value):
             continue
         if name not in RAISABLE:
             raise JobSpecError(name, f"is {value!r} for the job, which keeps the settings it started with "

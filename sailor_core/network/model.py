@@ -23,7 +23,7 @@ from typing import Sequence
 from sailor_core.catalog.gpus import get_gpu
 from sailor_core.network._data import load_egress_table, load_inter_fits, load_intra_fits, load_user_inter_fits
 from sailor_core.network.fits import BandwidthFit, fitted_bandwidths_bytes_per_s
-from sailor_core.zones import parse_zone
+from sailor_core.zones import Zone, parse_zone
 
 # Sailor's data-parallel sync splits gradients into buckets of this size (DeepSpeed's default).
 ALLREDUCE_BUCKET_BYTES = 5e8
@@ -461,9 +461,19 @@ def _egress_usd_per_gb(table: dict[tuple[str, str], float], src_zone: str, dst_z
 def _default_egress_usd_per_gb(src_zone: str, dst_zone: str) -> float:
     cls = link_class(src_zone, dst_zone)
     if cls is LinkClass.CROSS_REGION:
-        same = parse_zone(src_zone).continent == parse_zone(dst_zone).continent
-        return DEFAULT_EGRESS_USD_PER_GB["cross_region" if same else "cross_continent"]
+        return regions_egress_usd_per_gb(parse_zone(src_zone), parse_zone(dst_zone))
     return DEFAULT_EGRESS_USD_PER_GB[cls.value]
+
+
+def regions_egress_usd_per_gb(src: Zone, dst: Zone) -> float:
+    """The class price between two regions (``Zone``s read for their cloud, region and continent):
+    nothing inside a region (object storage there is reached free from its every zone), else across
+    regions, continents or clouds as ``DEFAULT_EGRESS_USD_PER_GB`` says."""
+    if src.cloud != dst.cloud:
+        return DEFAULT_EGRESS_USD_PER_GB["cross_cloud"]
+    if src.region == dst.region:
+        return 0.0
+    return DEFAULT_EGRESS_USD_PER_GB["cross_region" if src.continent == dst.continent else "cross_continent"]
 
 
 @lru_cache(maxsize=1)

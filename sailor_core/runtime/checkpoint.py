@@ -122,9 +122,10 @@ def _check(data: bytes, want: dict[str, Any], where: str) -> None:
         raise CheckpointError(f"checkpoint file {where} does not match its manifest checksum")
 
 
-def latest_valid_checkpoint(url: str, *, verify: bool = True) -> CheckpointInfo | None:
-    """The newest step directory whose manifest exists and whose files match it; None if none."""
-    storage = open_storage(url)
+def latest_valid_checkpoint(url: str, *, verify: bool = True, storage: Storage | None = None) -> CheckpointInfo | None:
+    """The newest step directory whose manifest exists and whose files match it; None if none.
+    ``storage``: the URL's, opened by the caller (a worker's is metered: ``runtime/storage_meter.py``)."""
+    storage = storage or open_storage(url)
     names = sorted((name for name in storage.list_dirs() if _STEP_DIR.match(name)), reverse=True)
     for name in names:
         if not storage.exists(f"{name}/{MANIFEST}"):

@@ -10,6 +10,8 @@ slots also carry the state handed over at the resume (``runtime/handover.py``: t
 from before it).  What no step's all-reduce carried (a generation that ends before its first step, a
 validation after the last) each rank writes in its own ``{"event": "egress", "rank", "egress_bytes"}``
 line as its generation ends (``worker._report_unsent_egress``); its agent adds those too.
+Checkpoint bytes to and from a bucket outside a rank's region ride the same slots, the bucket one
+more "zone" of the vector (``runtime/storage_meter.py``).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from sailor_core.network.storage_egress import BucketPlace
 from sailor_core.plan.layout import rank_layout
 from sailor_core.plan.types import Plan
 
@@ -30,9 +33,14 @@ class EgressSlots:
     zone: str  # this rank's
 
     @classmethod
-    def of(cls, plan: Plan, offset: int, rank: int) -> EgressSlots:
+    def of(cls, plan: Plan, offset: int, rank: int, *, bucket: BucketPlace | None = None) -> EgressSlots:
+        """The slots of ``plan``'s zones, and of its checkpoint ``bucket`` when that lies outside
+        some zone's region (every rank decides alike: the vector's length must agree)."""
         layout = rank_layout(plan)
-        return cls(zones=tuple(sorted({r.zone for r in layout})), offset=offset, zone=layout[rank].zone)
+        zones = sorted({r.zone for r in layout})
+        if bucket is not None and any(bucket.crosses(z) for z in zones):
+            zones.append(bucket.name)
+        return cls(zones=tuple(zones), offset=offset, zone=layout[rank].zone)
 
     @property
     def num_slots(self) -> int:
@@ -40,15 +48,18 @@ class EgressSlots:
         n = len(self.zones)
         return n * n if n > 1 else 0
 
-    def fill(self, status, sent_bytes: Mapping[str, float]) -> None:
-        """Add this rank's bytes sent per destination zone (``links.take_sent_bytes``) to ``status``."""
-        i = self.zones.index(self.zone)
-        for dst, num_bytes in sent_bytes.items():
-            status[self.offset + i * len(self.zones) + self.zones.index(dst)] += num_bytes
+    def fill(self, status, sent_bytes: Mapping[str, float],
+             moved_bytes: Mapping[tuple[str, str], float] | None = None) -> None:
+        """Add this rank's bytes sent per destination zone (``links.take_sent_bytes``) and moved
+        to and from its checkpoint bucket (``storage_meter.take_moved_bytes``) to ``status``."""
+        for (src, dst), num_bytes in _all_pairs(self.zone, sent_bytes, moved_bytes).items():
+            status[self.offset + self.zones.index(src) * len(self.zones) + self.zones.index(dst)] += num_bytes
 
-    def own_pairs(self, sent_bytes: Mapping[str, float]) -> list[list]:
-        """This rank's bytes sent per destination zone as ``[src, dst, bytes]`` (an ``egress`` line's)."""
-        return [[self.zone, dst, num_bytes] for dst, num_bytes in sorted(sent_bytes.items()) if num_bytes > 0]
+    def own_pairs(self, sent_bytes: Mapping[str, float],
+                  moved_bytes: Mapping[tuple[str, str], float] | None = None) -> list[list]:
+        """This rank's bytes as ``[src, dst, bytes]`` (an ``egress`` line's), as ``fill`` takes them."""
+        pairs = _all_pairs(self.zone, sent_bytes, moved_bytes)
+        return [[src, dst, num_bytes] for (src, dst), num_bytes in sorted(pairs.items()) if num_bytes > 0]
 
     def pairs(self, values: Sequence[float]) -> list[list]:
         """The reduced slots as ``[src, dst, bytes]``, the pairs that moved bytes only."""
@@ -58,3 +69,11 @@ class EgressSlots:
             if num_bytes > 0:
                 out.append([self.zones[i // n], self.zones[i % n], num_bytes])
         return out
+
+
+def _all_pairs(zone: str, sent_bytes: Mapping[str, float],
+               moved_bytes: Mapping[tuple[str, str], float] | None) -> dict[tuple[str, str], float]:
+    out = {(zone, dst): float(num_bytes) for dst, num_bytes in sent_bytes.items()}
+    for pair, num_bytes in (moved_bytes or {}).items():
+        out[pair] = out.get(pair, 0.0) + num_bytes
+    return out

@@ -68,8 +68,8 @@ class _RecipeRules:
         return dataclasses.replace(self, **{k: v for k, v in kept.items() if k in names})
 
 
-# Where the metrics go is no part of the training: the workers log where this attempt was told.
-_ASKED_EACH_ATTEMPT = {"wandb_project", "mlflow_tracking_uri"}
+# Where the metrics and checkpoints go is no part of the training: the workers do as this attempt was told.
+_ASKED_EACH_ATTEMPT = {"wandb_project", "mlflow_tracking_uri", "checkpoint_region"}
 
 
 # The job's total steps, then JobSpec's worker options with their types and defaults.

@@ -72,10 +72,11 @@ from sailor_core.catalog.models import get_model
 from sailor_core.errors import SailorError
 from sailor_core.job.protocol import EXIT_BAD_INPUT, EXIT_OK, EXIT_PEER_LOST, EXIT_PREEMPTED, EXIT_PREEMPTED_NO_CKPT
 from sailor_core.job.worker_args import add_worker_arguments, worker_values
+from sailor_core.network.storage_egress import bucket_place
 from sailor_core.plan.layout import rank_layout, world_size
 from sailor_core.plan.types import load_plan
 from sailor_core.runtime import checkpoint as ckpt
-from sailor_core.runtime import faults, links, park, save_note, standby
+from sailor_core.runtime import faults, links, park, save_note, standby, storage_meter
 from sailor_core.runtime import handover as state_handover
 from sailor_core.runtime.checkpoint_writer import CheckpointWriter
 from sailor_core.runtime.data import DEFAULT_CACHE_MAX_BYTES, SpanCache, TokenDataset
@@ -91,7 +92,6 @@ from sailor_core.runtime.rendezvous import private_store, uses_agent_store
 from sailor_core.runtime.stage_checkpoint import kept_state
 from sailor_core.runtime.trackers import Trackers
 from sailor_core.runtime.trainer import StageTrainer
-from sailor_core.storage import open_storage
 
 _PARKED = -1  # not an exit: the generation ended and this worker waits for the next
 _STATE_SAID = {state_handover.FROM_MEMORY: "kept in memory", state_handover.FROM_PEERS: "handed over by its peers",
@@ -290,7 +290,8 @@ def _load_inputs(args, rank: int, world: int, metrics: MetricsFile, stop: dict) 
                         validation_fraction=recipe.validation_fraction, min_val_samples=plan.global_batch_size,
                         cache=cache)
     return _Run(args=args, rank=rank, plan=plan, spec=spec, data=data, recipe=recipe, metrics=metrics, stop=stop,
-                storage=open_storage(args.ckpt_dir) if args.ckpt_dir else None,
+                storage=storage_meter.open_checkpoints(args.ckpt_dir, args.checkpoint_region,
+                                                       zone=rank_layout(plan)[rank].zone) if args.ckpt_dir else None,
                 flops_per_step=model_flops_per_step(plan), peak_flops=peak_flops(plan))
 
 
@@ -330,8 +331,9 @@ def _connect(run: _Run, world: int, carry: _Carry) -> None:
     run.heartbeat = Heartbeat(rank, world, addr, port, prefix=prefix).start()
     run.trainer = StageTrainer(plan=plan, spec=run.spec, rank=rank, data=run.data, recipe=run.recipe,
                                seed=args.seed, device=run.device, groups=make_groups(plan, rank))
-    info = _agreed_checkpoint(args.ckpt_dir, rank) if args.resume and run.storage is not None else None
-    run.egress = EgressSlots.of(plan, _MEMORY_SLOT + world, rank)  # metered from the handover on: see _one_step
+    info = _agreed_checkpoint(run.storage, args.ckpt_dir, rank) if args.resume and run.storage is not None else None
+    run.egress = EgressSlots.of(plan, _MEMORY_SLOT + world, rank,  # metered from the handover on: see _one_step
+                                bucket=bucket_place(args.ckpt_dir, args.checkpoint_region) if args.ckpt_dir else None)
     links.meter_zones([r.zone for r in rank_layout(plan)] if run.egress.num_slots else ())
     if info is not None:
         # its own kept state, its peers' (runtime/handover.py) or the checkpoint's files
@@ -439,7 +441,7 @@ def _one_step(run: _Run, status, preempt_file: str | None) -> bool:
         status[2] = trainer.grad_sq_share
     status[_MEMORY_SLOT + rank] = peak_memory_bytes(run.device)
     if run.egress.num_slots:
-        run.egress.fill(status, links.take_sent_bytes())
+        run.egress.fill(status, links.take_sent_bytes(), storage_meter.take_moved_bytes())
     dist.all_reduce(status)
     # Reading the agreed status waits for the device, so the step time covers the GPU's
     # queued kernels too (CUDA runs ahead of the host until something is read back).
@@ -523,7 +525,7 @@ def _report_unsent_egress(run: _Run) -> None:
     all-reduce then failed are not (rank 0 may have reported them)."""
     if run.egress is None or not run.egress.num_slots:
         return
-    pairs = run.egress.own_pairs(links.take_sent_bytes())
+    pairs = run.egress.own_pairs(links.take_sent_bytes(), storage_meter.take_moved_bytes())
     if pairs:
         run.metrics.any_rank({"event": "egress", "rank": run.rank, "egress_bytes": pairs})
 
@@ -566,16 +568,16 @@ def _die_on_failure(run: _Run, exc: Exception) -> None:
     os._exit(EXIT_PEER_LOST)  # destroy_process_group could block on the dead peer
 
 
-def _agreed_checkpoint(url: str, rank: int):
-    """Rank 0 picks the latest valid checkpoint; everyone loads that same one."""
+def _agreed_checkpoint(storage, url: str, rank: int):
+    """Rank 0 picks the latest valid checkpoint (reading it all to verify); everyone loads that same one."""
     pick = [None]
     if rank == 0:
-        info = ckpt.latest_valid_checkpoint(url)
+        info = ckpt.latest_valid_checkpoint(url, storage=storage)
         pick = [info.dirname if info else None]
     dist.broadcast_object_list(pick, src=0)
     if pick[0] is None:
         return None
-    return ckpt.read_checkpoint(ckpt.open_storage(url), pick[0], url, verify=False)
+    return ckpt.read_checkpoint(storage, pick[0], url, verify=False)
 
 
 def _finish(dist) -> None:

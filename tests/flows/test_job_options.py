@@ -142,7 +142,8 @@ def test_data_and_the_recipe_reach_the_flow_and_the_workers(sailor_cli, monkeypa
     flags = dict(zip(args[::2], args[1::2]))
     assert flags == {"--lr": "0.0003", "--warmup-steps": "4", "--min-lr-ratio": "0.05", "--weight-decay": "0.01",
                      "--grad-clip-norm": "0.5", "--val-fraction": "0.02", "--validate-every": "7",
-                     "--val-batches": "3", "--init-from": "s3://b/llama", "--wandb": "", "--mlflow": ""}
+                     "--val-batches": "3", "--init-from": "s3://b/llama", "--checkpoint-region": "", "--wandb": "",
+                     "--mlflow": ""}
     # the worker understands every flag the flow passes
     from sailor_core.runtime.worker import parse_args
 
@@ -183,7 +184,8 @@ def _unlike_the_default(f) -> object:
     """A valid value of worker option ``f`` other than its default (by its type and its check's
     bounds: fractions below 1, counts above 0)."""
     if isinstance(f.default, str):  # a new text option names its own here
-        return {"wandb_project": "team-runs", "mlflow_tracking_uri": "file:///tmp/mlruns"}.get(
+        return {"wandb_project": "team-runs", "mlflow_tracking_uri": "file:///tmp/mlruns",
+                "checkpoint_region": "us-west-2"}.get(
             f.name, "s3://bucket/model")  # init_from's and tokenizer's form
     if isinstance(f.default, float):
         return f.default / 2

@@ -42,6 +42,18 @@ def test_the_status_says_step_loss_throughput_spend_plan_and_last_event():
     assert lines[3].startswith("**Last event** ") and lines[3].endswith(": re-planned on 2 T4 in us-central1-b")
 
 
+def test_the_spend_says_egress_and_the_checkpoints_share_of_it_apart():
+    assert report.rent_and_egress(0.0123, 0.0) == "GPU rent 0.0123 USD + egress 0 USD"
+    assert report.rent_and_egress(0.0123, 0.005, 0.002) == (
+        "GPU rent 0.0123 USD + egress 0.00500 USD (checkpoints 0.00200 USD)")
+    progress = report.Progress(steps_done=12, steps_target=30, loss=5.4)
+    budget = report.BudgetUse(spent_usd=0.0173, budget_usd=0.05, egress_usd=0.005, checkpoint_egress_usd=0.002)
+    text = report.status_markdown(progress=progress, budget=budget, usd_per_hr_now=0.3, attempt=1,
+                                  status="running", plan="1 T4 in us-east-1a", last_event=None)
+    assert text.split("\n\n")[1] == ("**Spent** 0.0173 of 0.0500 USD (35 %) (egress 0.00500 USD, checkpoints "
+                                      "0.00200 USD) · 0.300 USD/h now · running")
+
+
 def test_the_cost_table_is_short_enough_for_a_laptop():
     s = js.new_job(JobSpec(budget_usd=0.05), job_id="tiny-20261201-224834-c3d1")
     s = js.with_instances_launched(s, (js.InstanceRecord(
