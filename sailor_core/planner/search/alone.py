@@ -51,19 +51,21 @@ def blocked_pipeline_s(steps_s: float, num_microbatches: int, links_s: Sequence[
 
 
 def blocked_pair_many(work_s: float, first: tuple, second: tuple, links_between):
-    """``blocked_pipeline_s`` of shapes of two segments, in numpy, the lesser of their two orders:
-    ``first``, ``second`` each (stages, micro-batches per replica, slowness, own link) as arrays,
-    one entry per shape; ``links_between`` the link where they meet.
+    """A lower bound on the blocking 1F1B pipeline of shapes of two segments, in numpy, the lesser
+    of their two orders: ``first``, ``second`` each (stages, micro-batches per replica, slowness,
+    own link) as arrays, one entry per shape; ``links_between`` the link where they meet.
 
-    Every stage k of a blocking pipeline is at least ``sum_{j<k} l_j + n_k t_k + (n_k - 1)(l_{k-1}
-    + l_k) + l_k / 2`` (``blocked_pipeline_s``: its own micro-batches, whatever the other stages'
-    counts), and the steps of a segment's stages hold its share of the work at its slowness, so at
-    a level T stage k holds at most ``max(0, T - c_k) / (n_k slowness)`` of the reference work:
-    the bound is the least T at which the stages of both segments hold all of it.  The split
-    (and the share of each segment) is free, so one level serves for every split.  Where a stage
-    of few replicas meets many (a V100 stage of 171 micro-batches per replica before A100 stages
-    of 43: each micro-batch pays the link both ways), the compute-and-prefetch bounds saw a
-    quarter of the links and the floor row's two-type shapes simulated 1.6-2.6x their bound."""
+    Every stage k of a blocking pipeline is at least ``c_k + n_k t_k`` with ``c_k = sum_{j<k} l_j
+    + (n_k - 1)(l_{k-1} + l_k) + l_k / 2`` (``blocked_pipeline_s``: its own micro-batches, whatever
+    the other stages' counts), so the pipeline T is at least every ``c_k`` (a stage of no work
+    still pays its links), and the steps of a segment's stages hold its share of the reference
+    work at its slowness, ``t_k >= (work on k) x slowness``: summed, ``sum_k (T - c_k) / (n_k
+    slowness_k) >= W``.  The split (and each segment's share) is free, so the bound is the larger
+    of the largest ``c_k`` and the level ``(W + sum_k w_k c_k) / sum_k w_k``, ``w_k = 1 / (n_k
+    slowness_k)``.  Where a stage of few replicas meets many (a V100 stage of 171 micro-batches
+    per replica before A100 stages of 43: each micro-batch pays the link both ways), the
+    compute-and-prefetch bounds saw a quarter of the links and the floor row's two-type shapes
+    simulated 1.6-2.6x their bound."""
     # lazy: numpy loads when a search runs, not when the CLI checks a request
     import numpy as np
 
@@ -90,14 +92,8 @@ def _blocked_ordered(work_s: float, first: tuple, second: tuple, l_xy):
         y0 + np.where(one_y, my * l_xy, my * (l_xy + lyy) + lyy / 2),  # the second's first stage
         y0 + lyy + 2 * my * lyy + lyy / 2,  # its middle ones (sy - 2)
         y0 + (sy - 1) * lyy + my * lyy])  # its last (sy > 1)
-    wx, wy = 1.0 / (nx * slow_x), 1.0 / (ny * slow_y)
     count = np.stack([np.ones(len(sx)), np.maximum(sx - 2, 0), ~one_x, np.ones(len(sx)), np.maximum(sy - 2, 0), ~one_y])
+    wx, wy = 1.0 / (nx * slow_x), 1.0 / (ny * slow_y)
     weight = count * np.stack([wx, wx, wx, wy, wy, wy])
-    # Water-filling: the least level T with sum_k w_k max(0, T - c_k) >= W is the least over the
-    # classes taken cheapest first of (W + sum w c) / sum w (each such level is at least T).
-    key = np.where(weight > 0, cost, np.inf)
-    at = np.argsort(key, axis=0, kind="stable")
-    weight, weighted = np.take_along_axis(weight, at, axis=0), np.take_along_axis(weight * cost, at, axis=0)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        level = (work_s + np.cumsum(weighted, axis=0)) / np.cumsum(weight, axis=0)
-    return np.nanmin(np.where(weight > 0, level, np.inf), axis=0)
+    level = (work_s + (weight * cost).sum(axis=0)) / weight.sum(axis=0)
+    return np.maximum(level, np.where(count > 0, cost, 0.0).max(axis=0))

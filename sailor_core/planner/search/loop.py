@@ -145,7 +145,7 @@ class SearchLoop:
                 searcher.stats.exhausted = self.proven_done(searcher.threshold())
                 return
             if self.since_gain >= req.patience and not self.by_bound:
-                if not (req.collect_pareto or (self.second_pass_in_reach() if searcher.estimate_limits
+                if not (req.collect_pareto or (proof_in_reach(searcher, self) if searcher.estimate_limits
                                                else proof_possible(searcher))):
                     # The bound's order is for the proof; with none to be had, the estimate's
                     # order was the better one to spend the search on, and it has run dry (a
@@ -363,16 +363,6 @@ class SearchLoop:
             return False
         left = len(self.pending) + sum(sp.sorted.count_below(threshold) for sp in self.spaces)
         return left <= REACH * self.req.patience
-
-    def second_pass_in_reach(self) -> bool:
-        """Under a cap or a floor the proof is the second pass's (``api._search``: the limits on
-        the bound alone), which runs only where ``proof_in_reach`` counts few enough shapes in
-        all the search scored; this pass's walk in bound order is for that proof, so it also
-        needs the shapes ahead of it to be few (``proof_in_reach`` of this loop).  Once the
-        blocked-sends bound of two segments made the floor row's proof possible at top 5, this
-        pass walked its 423 shapes under the threshold in bound order (167 evaluations, was 99)
-        towards a second pass that did not run."""
-        return proof_in_reach(self.searcher, self) and proof_in_reach(self.searcher)
 
     def left_below(self, threshold: float, limit: float) -> int:
         """Shapes queued or still in the (scored) spaces whose bound beats ``threshold``, counted
