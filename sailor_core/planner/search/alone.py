@@ -11,6 +11,10 @@ so a stage pays its links ``n - 1`` times; the prefetch-based link bounds
 (``bounds.steady_links_s``, ``bounds.warm_up_with_links_s``) count a quarter of that, over the
 fastest link only.  (A ring bound over a stage's placed zones was tried too: it cost more to
 compute for every segment than the evaluations it saved, docs/benchmarks/planner.md.)
+
+``blocked_pair_many``: the same per-stage argument for shapes of two segments, whose stages'
+zones are not known before placement, so every link is taken at its ``link_s``; in numpy, for the
+two types' scoring (``scored._with_blocked_pair``).
 """
 
 from __future__ import annotations
