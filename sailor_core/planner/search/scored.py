@@ -174,11 +174,19 @@ def _within_on_grid(searcher: Searcher, lists, a: dict, b: dict, work_s: float, 
     lmat = _links_between(searcher.parts, lists, a, b)
     seen = np.zeros(len(a["segs"]) + 1, dtype=bool), np.zeros(len(b["segs"]) + 1, dtype=bool)
     kept = []
+    # Two segments' blocked sends where a cap, a floor or the cost objective binds (the floor row's
+    # proof rests on it); a throughput search without them keeps its bounds: its walk is an
+    # estimate-ordered heuristic under a budget, which the bound reorders (the replay's requests,
+    # 200 evaluations each: 11 of 429 answered worse, 19 better; docs/benchmarks/planner.md)
+    blocked = searcher.cost_matters or not limits.unlimited()
     for block in pair_blocks(searcher, a, b, work_s, limits, limit):
         if searcher.cost_matters:
             _note_meeting(seen, a, b, block)
         block, pipe = _within_on_pipeline(block, _pipeline(a, b, block, work_s, lmat), limits, limit)
-        kept.append(_within_on_pipeline(block, _with_blocked_pair(a, b, block, pipe, work_s, lmat), limits, limit))
+        if blocked:
+            block, pipe = _within_on_pipeline(block, _with_blocked_pair(a, b, block, pipe, work_s, lmat), limits,
+                                              limit)
+        kept.append((block, pipe))
     kinds = _meeting_kinds(lists, seen) if searcher.cost_matters else None
     if len(kept) == 1:
         return *kept[0], lmat, kinds
