@@ -53,7 +53,6 @@ def blocked_pipeline_s(steps_s: float, num_microbatches: int, links_s: Sequence[
     return 0.0  # (no stage: not reached)
 
 
-
 def blocked_pair_many(work_s: float, first: tuple, second: tuple, links_between):
     """A lower bound on the blocking 1F1B pipeline of shapes of two segments, in numpy, the lesser
     of their two orders: ``first``, ``second`` each (stages, micro-batches per replica, slowness,
