@@ -123,11 +123,7 @@ class SegmentParts:
         key = (*kind_key, seg.dp_degree, seg.num_stages, seg.rule)
         if key in memo:
             return memo[key]
-        pairs = memo.get(kind_key)
-        if pairs is None:  # {(zone a, zone b): link s} of the kind, with its own link and bytes
-            blocking = all(compose.p2p_schedule(v.regime) == "blocking" for v in self.figures.variants(seg.kind))
-            pairs = memo[kind_key] = {"own": self.link_s(seg, seg), "bytes": self.figures.link_bytes(seg.kind)} \
-                if blocking else {}
+        pairs = self._kind_links(seg)
         links = None
         if seg.num_stages > 1 and pairs and (seg.rule == "pipeline" or len(self._zone_names[seg.gpu]) == 1):
             links = (pairs["own"],) * (seg.num_stages - 1)  # (every stage in the same zones: no crossing)
@@ -138,6 +134,23 @@ class SegmentParts:
                 links = tuple(own if c is None else self._zone_link(seg, pairs, *c) for c in crossings)
         memo[key] = links
         return links
+
+    def _kind_links(self, seg: Segment) -> dict:
+        """{(zone a, zone b): link s} of ``seg``'s kind, with its own link and bytes, where every
+        regime a plan holding it may run in blocks on its sends; else empty."""
+        memo = self.memos.types.blocked_links
+        kind_key = (seg.gpu, seg.tp_degree, seg.kind.micro_batch_size)
+        pairs = memo.get(kind_key)
+        if pairs is None:
+            blocking = all(compose.p2p_schedule(v.regime) == "blocking" for v in self.figures.variants(seg.kind))
+            pairs = memo[kind_key] = {"own": self.link_s(seg, seg), "bytes": self.figures.link_bytes(seg.kind)} \
+                if blocking else {}
+        return pairs
+
+    def blocks_sends(self, seg: Segment) -> bool:
+        """Whether the blocked-sends bounds hold for ``seg``'s kind (every regime a plan holding it
+        may run in blocks on its sends) and are taken (``placed``: not for a Pareto front)."""
+        return self.placed and bool(self._kind_links(seg))
 
     def _crossings(self, seg: Segment) -> tuple | None:
         """Per boundary of the segment placed alone, (zone a, zone b) where stages placed whole in

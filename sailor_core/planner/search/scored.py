@@ -27,6 +27,7 @@ from sailor_core.planner.search.bounds import (
     steady_links_s,
     warm_up_with_links_s,
 )
+from sailor_core.planner.search.alone import blocked_pair_many
 from sailor_core.planner.search.grid import Limits, Pairs, pair_blocks
 from sailor_core.planner.search.parts import GRANULAR_STEPS
 from sailor_core.planner.search.searcher import Searcher
@@ -81,6 +82,8 @@ def segment_columns(segs: list[Segment], *, alone: bool, max_p: int, cost_matter
     # A segment's own link depends on its GPU type, TP and micro-batch size only.
     tp_link = np.array([parts.link_s(seg, seg) for tp in tps for seg in (probe(segs, tp),)] or [0.0])
     tp_at = {tp: i for i, tp in enumerate(tps)}
+    # Where every regime blocks on its sends, two segments' shapes take ``alone.blocked_pair_many``.
+    tp_blocks = np.array([parts.blocks_sends(probe(segs, tp)) for tp in tps] or [False])
     # One pass over the segments' fields, then whole columns: the same float operations as on
     # each segment, element by element.
     cap, rate, stages, dp, tpi, nmb, slow, block, head, p2p = np.array(
@@ -94,7 +97,8 @@ def segment_columns(segs: list[Segment], *, alone: bool, max_p: int, cost_matter
         curves=curves, have_curve=np.zeros(len(segs) + 1, dtype=bool),
         cap=np.append(cap, 0.0), rate=np.append(rate, 0.0), stages=np.append(stages, 0), dp=np.append(dp, 1 << 30),
         d1=np.append(dp == 1, False), tpi=np.append(tpi, 0), self_link=np.append(self_link, 0.0),
-        steady=np.append(steady_links_s(nmb, links, stages), 0.0),
+        steady=np.append(steady_links_s(nmb, links, stages), 0.0), link=np.append(links, 0.0),
+        blocks=np.append(tp_blocks[tpi], False),
         # (raised by ``SegmentParts.blocked_s`` where the cheaper bounds leave a shape within
         # the limits, ``_with_blocked``: one segment alone, as ``ShapeBounds.time_lb`` has it)
         warm=np.append(warm_up_with_links_s(work_s * slow, nmb, stages, links), 0.0) if segs else np.zeros(1),
@@ -170,10 +174,19 @@ def _within_on_grid(searcher: Searcher, lists, a: dict, b: dict, work_s: float, 
     lmat = _links_between(searcher.parts, lists, a, b)
     seen = np.zeros(len(a["segs"]) + 1, dtype=bool), np.zeros(len(b["segs"]) + 1, dtype=bool)
     kept = []
+    # Two segments' blocked sends where a cap, a floor or the cost objective binds (the floor row's
+    # proof rests on it); a throughput search without them keeps its bounds: its walk is an
+    # estimate-ordered heuristic under a budget, which the bound reorders (the replay's requests,
+    # 200 evaluations each: 11 of 429 answered worse, 19 better; docs/benchmarks/planner.md)
+    blocked = searcher.cost_matters or not limits.unlimited()
     for block in pair_blocks(searcher, a, b, work_s, limits, limit):
         if searcher.cost_matters:
             _note_meeting(seen, a, b, block)
-        kept.append(_within_on_pipeline(block, _pipeline(a, b, block, work_s, lmat), limits, limit))
+        block, pipe = _within_on_pipeline(block, _pipeline(a, b, block, work_s, lmat), limits, limit)
+        if blocked:
+            block, pipe = _within_on_pipeline(block, _with_blocked_pair(a, b, block, pipe, work_s, lmat), limits,
+                                              limit)
+        kept.append((block, pipe))
     kinds = _meeting_kinds(lists, seen) if searcher.cost_matters else None
     if len(kept) == 1:
         return *kept[0], lmat, kinds
@@ -239,6 +252,22 @@ def _with_blocked(parts, a: dict, b: dict, pairs: Pairs, pipe, work_s: float):
     ia, ib, pipe = pairs.ia[alone], pairs.ib[alone], pipe.copy()
     pipe[alone] = np.maximum(pipe[alone], np.where(ia < na, parts.blocked_column(a, ia, work_s)[ia],
                                                    parts.blocked_column(b, ib, work_s)[ib]))
+    return pipe
+
+
+def _with_blocked_pair(a: dict, b: dict, pairs: Pairs, pipe, work_s: float, lmat):
+    """The pairs' pipeline bounds, those of two segments whose kinds block on their sends raised
+    by ``alone.blocked_pair_many`` (asked where the cheaper bounds left them within the limits)."""
+    # lazy: numpy loads when a search runs, not when the CLI checks a request
+    import numpy as np
+
+    ia, ib = pairs.ia, pairs.ib
+    both = np.flatnonzero((ia < len(a["segs"])) & (ib < len(b["segs"])) & a["blocks"][ia] & b["blocks"][ib])
+    if not len(both):
+        return pipe
+    ia, ib, pipe = ia[both], ib[both], pipe.copy()
+    first, second = ((x["stages"][i], x["nmb"][i], x["slow"][i], x["link"][i]) for x, i in ((a, ia), (b, ib)))
+    pipe[both] = np.maximum(pipe[both], blocked_pair_many(work_s, first, second, lmat[a["tpi"][ia], b["tpi"][ib]]))
     return pipe
 
 
