@@ -106,12 +106,13 @@ def segment_columns(segs: list[Segment], *, alone: bool, max_p: int, cost_matter
         warm=np.append(warm_up_with_links_s(work_s * slow[own], nmb[own], stages[own], links[own]), 0.0)
         if segs else np.zeros(1),
         p2p_usd=p2p if cost_matters else np.zeros(n + 1),
-        ring_usd=np.array([egress.ring_usd_per_byte(seg) if cost_matters else 0.0 for seg in segs] + [0.0]),
+        ring_usd=np.array([egress.ring_usd_per_byte(seg) for seg in segs] + [0.0]) if cost_matters else np.zeros(n + 1),
         inv=np.append(1.0 / slow[own], 0.0), slow=slow, nmb=nmb.astype(np.int64),
         drain=np.array([(1 - 1 / seg.num_microbatches) ** seg.num_stages for seg in segs] + [1.0]),
         block=block, head=head,
-        gid=np.array([-1 if alone else parts.granular_id(seg.num_stages, seg.block_busy_s, seg.head_busy_s)
-                      for seg in segs] + [parts.granular_id(0, math.inf, math.inf)], dtype=np.int64),
+        gid=np.array(([-1] * n if alone else [parts.granular_id(seg.num_stages, seg.block_busy_s, seg.head_busy_s)
+                                              for seg in segs]) + [parts.granular_id(0, math.inf, math.inf)],
+                     dtype=np.int64),
     )
 
 
@@ -346,6 +347,8 @@ def _egress(searcher: Searcher, lists, a: dict, b: dict, pairs: Pairs, num_mb: i
     import numpy as np
 
     ia, ib = pairs.ia, pairs.ib
+    if kinds is None and not searcher.cost_matters:
+        return np.zeros(len(ia)), None  # (every part's price is 0 then: ``segment_columns``)
     na, nb = len(a["segs"]), len(b["segs"])
     both = (ia < na) & (ib < nb)
     meeting = None  # (nothing where they meet)
@@ -499,6 +502,8 @@ class ScoredShapes:
             granular = self.parts.granular_of(a, ia[exact], b, ib[exact])
         tau[exact] = np.maximum(tau[exact], granular)
         t_lb[exact] = np.maximum(tau[exact], self.pipe[exact]) + self.sync[exact]
+        if not (a["segs"] and b["segs"]):
+            return  # (one type: no shape of two segments)
         alive = self._alive(sel, below)
         two = sel[alive & (ia[sel] < len(a["segs"])) & (ib[sel] < len(b["segs"]))]  # (the rest keep the weaker bound)
         if not len(two):
