@@ -41,6 +41,7 @@ def least_sync_s(searcher: Searcher, placed, zero_stage: int) -> float:
     The search's bounds take a ring over the fastest zones with room for it: a stage placed over
     a slow link (geo AE row 0: us-west1-b with us-central1's zones) simulated 2-3x its bound."""
     memo, last, worst = searcher.memos.model.least_syncs, len(placed) - 1, 0.0
+    factors: dict[int, float] = {}  # id(regime) -> the least ZeRO factor (the stages share a few regimes)
     for index, (kind, zones) in enumerate(placed):
         where = "alone" if not last else "first" if index == 0 else "last" if index == last else "inner"
         key = (kind, zones, where)
@@ -52,7 +53,10 @@ def least_sync_s(searcher: Searcher, placed, zero_stage: int) -> float:
             sync_s = memo[key] = 0.0 if sum(n for _, n in zones) < 2 else stage_dp_sync_runs_least_s(
                 searcher.network, params * kind.regime.grad_bytes_per_param,
                 member_runs([((zone, kind.gpu, kind.tp_degree), n) for zone, n in zones]))
-        sync_s *= min(zero_sync_factor(z, kind.regime) for z in range(zero_stage + 1))
+        factor = factors.get(id(kind.regime))
+        if factor is None:
+            factor = factors[id(kind.regime)] = min(zero_sync_factor(z, kind.regime) for z in range(zero_stage + 1))
+        sync_s *= factor
         if sync_s > worst:
             worst = sync_s
     return worst

@@ -69,7 +69,7 @@ from sailor_core.planner.lever_bounds import (MIN_GAIN, least_sync_s, stage_leve
 from sailor_core.planner.ranking import FASTEST
 from sailor_core.planner.search import Evaluated, Searcher, better
 from sailor_core.planner.search.shape_bound import ShapeBounds
-from sailor_core.planner.search.shapes import placed_key
+from sailor_core.planner.search.shapes import Segment, placed_key
 from sailor_core.planner.simpler import SIMPLER_WITHIN
 from sailor_core.planner.split import StageSlot, busiest_s, min_max_split
 from sailor_core.simulator.levers import lever_label
@@ -197,7 +197,7 @@ def search_rung_directly(searcher: Searcher, rung: tuple[str, int], req) -> Sear
     if not _proof_applies(searcher) or searcher.threshold() == math.inf:
         return None
     kinds, bounds = lever_kinds(searcher, rung), ShapeBounds(searcher)
-    queue = _rung_candidates(searcher, kinds, bounds, rung[1])
+    queue = _rung_candidates(searcher, kinds, bounds, rung)
     if queue is None:
         return None
     sub = Searcher(req, profiles=searcher.profiles, network=searcher.network, kinds=kinds)
@@ -219,34 +219,73 @@ def search_rung_directly(searcher: Searcher, rung: tuple[str, int], req) -> Sear
     return sub
 
 
-def _rung_candidates(searcher: Searcher, kinds: KindCache, bounds: ShapeBounds, zero_stage: int) -> list | None:
+def _rung_candidates(searcher: Searcher, kinds: KindCache, bounds: ShapeBounds, rung: tuple[str, int]) -> list | None:
     """The shapes where the rung's search can find a plan (``search_rung_directly``), as a heap of
     (score bound on the rung's kinds with their granular bound on the busiest stage, tie, that
     granular bound, None, (iteration time bound without levers, space, the shape on the rung's
     figures, placed stages, their least sync: ``least_sync_s``)); None when more than
-    ``DIRECT_MAX_SHAPES``."""
+    ``DIRECT_MAX_SHAPES``.  Shapes a faster rung's scan ruled out are not bounded again
+    (``_ruled_out_by_faster``); those this one rules out are noted for slower rungs."""
     limit, freely, seen, ratios = searcher.threshold(), searcher.fit_freely or {}, set(), {}
+    loose = limit + _COVER_MARGIN * abs(limit)
+    faster = _ruled_out_by_faster(searcher, rung)
+    ruled_out = searcher.memos.model.rung_scans[rung] = set()
     out: list = []
-    for score, t_lb, space, shape, order in searcher.split_orders:
+    for i, (score, t_lb, space, shape, order) in enumerate(searcher.split_orders):
         placed = searcher.build_stages(order) if score < limit else None
         if placed is None or (key := placed_key(space.mbs, placed)) in freely or key in seen:
             continue
         seen.add(key)
+        if i in faster:
+            ruled_out.add(i)
+            continue
         rung_shape = _on_rung(searcher, kinds, shape, ratios)
         g = searcher.parts.granular_busiest_s(rung_shape)
         t = bounds.tight(space, rung_shape, g, known=(t_lb, 0.0))
         if t is None or t[0] >= limit:
+            if t is not None and t[0] >= loose:
+                ruled_out.add(i)
             continue
-        sync_s = least_sync_s(searcher, placed, zero_stage)
+        sync_s = least_sync_s(searcher, placed, rung[1])
         stages = _rung_stages(searcher, kinds, placed)
         if stages is not None:
-            t_lb = max(t_lb, two_stage_s(searcher, space.mbs, stages, zero_stage) * (1 - _ROUNDING))
+            t_lb = max(t_lb, two_stage_s(searcher, space.mbs, stages, rung[1]) * (1 - _ROUNDING))
         t = synced_tight(bounds, space, rung_shape, g, t_lb, sync_s)
         if t is not None and t[0] < limit:
             if len(out) == DIRECT_MAX_SHAPES:
                 return None
             out.append((t[0], len(out), g, None, (t_lb, space, rung_shape, placed, sync_s)))
+        elif t is not None and t[0] >= loose:
+            ruled_out.add(i)
     heapq.heapify(out)
+    return out
+
+
+# How far past its limit a rung's bound of a shape must be for the shape to be ruled out on every
+# slower rung (``_ruled_out_by_faster``): room for the rounding of sums taken over other layer
+# times and the granular bound's 1e-9 (``bounds.granular_busiest_s``), many orders below it.
+_COVER_MARGIN = 1e-6
+
+
+def _ruled_out_by_faster(searcher: Searcher, rung: tuple[str, int]) -> set:
+    """The entries of ``Searcher.split_orders`` a scan of a faster rung (``_rung_candidates``: less
+    recomputation, the same ZeRO stage; the ``pays`` rungs selective, then full) bounded past its
+    limit by ``_COVER_MARGIN``: on this rung they cannot beat the limit, which has not risen since.
+
+    Recomputation only adds backward time, and full recomputation adds each block's whole forward
+    where selective adds a share of it (``simulator.levers``); the embedding and the LM head are
+    the same under both.  So every block is at least as slow on the slower rung and nothing else
+    the scan reads changes: ``_on_rung``'s block ratio is at least as large (its head ratio equal
+    but for rounding), and with it the slowness, capacity and busy times of the rung's shape;
+    ``two_stage_s``' stage steps (its forwards equal); the sync (``least_sync_s``, ``two_stage_s``'
+    rings) at the same ZeRO stage is the same.  Each bound of the scan is a sum, product, quotient,
+    maximum or minimum of those, none falling as a step grows, so the slower rung's bound of a
+    shape is at least the faster one's less rounding; and the threshold only falls."""
+    order = RECOMPUTE_MODES.index(rung[0])
+    out: set = set()
+    for (mode, zero_stage), ruled_out in searcher.memos.model.rung_scans.items():
+        if zero_stage == rung[1] and RECOMPUTE_MODES.index(mode) < order:
+            out |= ruled_out
     return out
 
 
@@ -268,8 +307,10 @@ def _on_rung(searcher: Searcher, kinds: KindCache, shape, ratios: dict) -> tuple
         r = ratios.get(key)
         if r is None:
             r = ratios[key] = _time_ratios(searcher, kinds, seg.kind)
-        out.append(dataclasses.replace(seg, slowness=seg.slowness * r[0], capacity=seg.capacity / r[0],
-                                       block_busy_s=seg.block_busy_s * r[0], head_busy_s=seg.head_busy_s * r[1]))
+        # (the constructor, not dataclasses.replace, which inspects the fields on every call)
+        out.append(Segment(seg.gpu, seg.kind, seg.tp_degree, seg.dp_degree, seg.num_stages, seg.rule,
+                           seg.capacity / r[0], seg.slowness * r[0], seg.num_microbatches, seg.min_usd_per_hr,
+                           seg.block_busy_s * r[0], seg.head_busy_s * r[1], seg.egress_usd))
     return tuple(out)
 
 

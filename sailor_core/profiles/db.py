@@ -301,16 +301,15 @@ class ProfileDB:
             rate, fixed = used[0].update_s_per_param, used[0].update_fixed_s
         else:
             rate, fixed, _ = self._update_rate(g, ref.regime)
+        # Equal layers (a model's alike blocks: opt-350m's 24 hold 2 values) share one LayerProfile:
+        # the frozen constructor was most of an estimate's cost.
+        made: dict[tuple, LayerProfile] = {}
         layers = tuple(
-            LayerProfile(
-                fwd_s=f,
-                bwd_s=b,
-                params=params,
-                activation_bytes=int(round(a)),
-                output_bytes=int(round(o)),
-                measured=False,
-            )
-            for (f, b, a, o), (params, *_) in zip(values, points[at], strict=True)
+            made.get(key) or made.setdefault(key, LayerProfile(fwd_s=key[0], bwd_s=key[1], params=key[2],
+                                                              activation_bytes=key[3], output_bytes=key[4],
+                                                              measured=False))
+            for key in ((f, b, params, int(round(a)), int(round(o)))
+                        for (f, b, a, o), (params, *_) in zip(values, points[at], strict=True))
         )
         return ModelProfile(
             model=ref.model,

@@ -69,3 +69,31 @@ def test_one_segment_bounds_hold_for_their_splits_across_zones(profiles, network
             blocked = searcher.parts.blocked_s(seg, space.ref_total_s * seg.slowness)
             raised += blocked > 1.5 * bounds.time_lb(space, (seg,), 0.0, None)[0]
     assert checked > 100 and raised > 20
+
+
+def _blocked_by_definition(steps_s, n, links):
+    """``blocked_pipeline_s`` as its docstring states it: every stage's link part, sorted, the
+    steps poured over them, one stage at a time."""
+    costs, before, l_in = [], 0.0, 0.0
+    for l_out in (*links, 0.0):
+        costs.append(before + (n - 1) * (l_in + l_out) + l_out / 2)
+        before += l_out
+        l_in = l_out
+    costs.sort()
+    total = 0.0
+    for i, c in enumerate(costs):
+        total += c
+        level = (steps_s * n + total) / (i + 1)
+        if i + 1 == len(costs) or level <= costs[i + 1]:
+            return level
+
+
+def test_blocked_bound_is_its_definition_bit_for_bit():
+    rng = random.Random(36)
+    for _ in range(20000):
+        s, n = rng.randint(1, 26), rng.choice([1, 2, 3, 4, 8, 16, 32, 64, 1024])
+        link = rng.choice([0.0, rng.uniform(0.0, 0.01), rng.uniform(0.01, 0.5)])
+        links = [link] * (s - 1) if rng.random() < 0.5 else \
+            [rng.choice([0.0, rng.uniform(0.0, 0.3)]) for _ in range(s - 1)]
+        steps = rng.choice([0.0, rng.uniform(0.0, 1e-3), rng.uniform(0.0, 10.0), rng.uniform(0.0, 1000.0)])
+        assert blocked_pipeline_s(steps, n, links) == _blocked_by_definition(steps, n, links)

@@ -66,3 +66,51 @@ def test_many_shapes_fall_back_to_the_rung_search(monkeypatch):
     walked, fallen, searched = _walked_and_searched(monkeypatch, request)
     assert False in walked
     assert _answer(fallen) == _answer(searched)
+
+
+def _scanned(monkeypatch) -> list:
+    """Per ``pays`` rung scan: (its candidates as scanned, the same scan's with no faster rung's
+    rulings, entries it skipped on those rulings)."""
+    scans = []
+    orig = levers._rung_candidates
+
+    def both(searcher, kinds, bounds, rung):
+        ruled = searcher.memos.model.rung_scans
+        faster = dict(ruled)
+        ruled.clear()
+        every = orig(searcher, kinds, bounds, rung)
+        ruled.clear()
+        ruled.update(faster)
+        skipping = levers._ruled_out_by_faster(searcher, rung)
+        scans.append((_figures(orig(searcher, kinds, bounds, rung)), _figures(every), len(skipping)))
+        return every
+
+    monkeypatch.setattr(levers, "_rung_candidates", both)
+    return scans
+
+
+def _figures(queue) -> list | None:
+    """A candidate heap's figures (its shapes' segments are built afresh by each scan)."""
+    if queue is None:
+        return None
+    return [(score, tie, g, t_lb, space.mbs, placed, sync_s,
+             [(s.gpu, s.tp_degree, s.dp_degree, s.num_stages, s.rule, s.capacity, s.slowness, s.block_busy_s,
+               s.head_busy_s) for s in shape])
+            for score, tie, g, _, (t_lb, space, shape, placed, sync_s) in sorted(queue)]
+
+
+def test_a_slower_rung_skips_only_shapes_it_cannot_keep(monkeypatch):
+    # full recomputation after selective (both ZeRO-2): the shapes selective's scan bounded past its
+    # limit are not bounded again, and the full rung keeps the candidates a scan of every shape keeps,
+    # where it has none (opt-350m on 16 A100-40) and where it has some (opt-2.7b on 8 A100-40)
+    skipped = 0
+    for model, gpus, batch in (("opt-350m", 16, 256), ("opt-2.7b", 8, 256)):
+        scans = _scanned(monkeypatch)
+        plan_job(make_request(model=model, availability={(A, ZA): gpus}, global_batch_size=batch, top_n=5))
+        assert len(scans) == len(levers.PAYS_RUNGS)
+        for got, every, _ in scans:
+            assert got == every
+        skipped += scans[-1][2]
+        if model == "opt-2.7b":
+            assert scans[-1][1]  # (the full rung has candidates there)
+    assert skipped > 0

@@ -36,21 +36,24 @@ def blocked_pipeline_s(steps_s: float, num_microbatches: int, links_s: Sequence[
     c_k) / n >= steps_s`` (c_k the link part): the steps poured over the stages' link parts."""
     n = num_microbatches
     m = n - 1
-    costs = []
+    costs: list[float] = []
+    append = costs.append
     before = l_in = 0.0
-    for l_out in (*links_s, 0.0):  # stage k's links: l_in = links_s[k - 1], l_out = links_s[k] (0: none)
-        costs.append(before + m * (l_in + l_out) + l_out / 2)
+    for l_out in links_s:  # stage k's links: l_in = links_s[k - 1], l_out = links_s[k]
+        append(before + m * (l_in + l_out) + l_out / 2)
         before += l_out
         l_in = l_out
+    append(before + m * l_in)  # (the last stage: no link out, l_out = 0 adds exactly nothing)
     costs.sort()
     need = steps_s * n
     total = 0.0
-    for i, c in enumerate(costs):
-        total += c
+    last = len(costs) - 1
+    for i in range(last):
+        total += costs[i]
         level = (need + total) / (i + 1)
-        if i + 1 == len(costs) or level <= costs[i + 1]:
+        if level <= costs[i + 1]:
             return level
-    return 0.0  # (no stage: not reached)
+    return (need + (total + costs[last])) / (last + 1)
 
 
 def blocked_pair_many(work_s: float, first: tuple, second: tuple, links_between):

@@ -220,8 +220,8 @@ def steady_links_s(num_microbatches, link_s, num_stages):
     largest sum an iteration lasts at least n (t + t') / 2 + (n - 1) l / 2, and at least
     n t_max.  The largest neighbour sum is at least (2 sum t - 2 t_max) / (s - 1); the least
     over t_max of the larger of the two is n sum(t) / s + (n - 1) l / 2 (s - 1) / s."""
-    if not hasattr(num_stages, "shape") and num_stages < 2:
-        return 0.0
+    if type(num_stages) is int or not hasattr(num_stages, "shape"):  # (a number: as each element below)
+        return 0.0 if num_stages < 2 else (num_microbatches - 1) * link_s / 2 * (num_stages - 1) / num_stages
     return (num_microbatches - 1) * link_s / 2 * (num_stages - 1) / num_stages * (num_stages >= 2)
 
 

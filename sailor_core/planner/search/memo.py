@@ -59,6 +59,9 @@ class ModelMemos:
     # (kind, its replicas per zone, the stage's place: lever_bounds._least_synced_params) -> the least
     # DP sync of such a stage without ZeRO (lever_bounds.least_sync_s); (kind, place) -> those parameters.
     least_syncs: dict = field(default_factory=dict)
+    # ``pays`` rung (recomputation, ZeRO stage) -> indices of ``Searcher.split_orders`` its candidate
+    # scan bounded past its limit with room to spare (levers._rung_candidates): no slower rung's can beat it.
+    rung_scans: dict = field(default_factory=dict)
 
 
 @dataclass(slots=True, eq=False)

@@ -38,6 +38,9 @@ ROUGH_STEPS = 6  # of the granular bound's bisection, before the rest (``ScoredS
 LINE_COLUMNS = 256  # shapes per ``bounds.min_max_lines`` call (``_min_max_lines``)
 FIRST_REFINED = 20000  # shapes given the costly bounds; the rest keep the cheap one (weaker, still a bound)
 _NO_SEGMENTS: list[Segment] = []  # the second type's list of a one-type space (never changed)
+# The unused type's row of a list's columns (``segment_columns``): capacity, rent, stages, DP degree (never
+# one replica, never a shorter ring), TP index, micro-batches, slowness, block and head busy times, egress.
+_UNUSED_ROW = (0.0, 0.0, 0, 1 << 30, 0, 1, 0.0, math.inf, math.inf, 0.0)
 _INTERVALS = [(k / GRID, (k + 1) / GRID) for k in range(GRID)]
 
 
@@ -85,30 +88,35 @@ def segment_columns(segs: list[Segment], *, alone: bool, max_p: int, cost_matter
     # Where every regime blocks on its sends, two segments' shapes take ``alone.blocked_pair_many``.
     tp_blocks = np.array([parts.blocks_sends(probe(segs, tp)) for tp in tps] or [False])
     # One pass over the segments' fields, then whole columns: the same float operations as on
-    # each segment, element by element.
+    # each segment, element by element.  The last row is the unused type's (``_UNUSED_ROW``); the
+    # columns whose arithmetic would not give its figure are computed on the segments' rows alone.
+    n = len(segs)
     cap, rate, stages, dp, tpi, nmb, slow, block, head, p2p = np.array(
         [(seg.capacity, seg.min_usd_per_hr, seg.num_stages, seg.dp_degree, tp_at[seg.tp_degree], seg.num_microbatches,
-          seg.slowness, seg.block_busy_s, seg.head_busy_s, seg.egress_usd) for seg in segs], dtype=float).reshape(-1, 10).T
+          seg.slowness, seg.block_busy_s, seg.head_busy_s, seg.egress_usd) for seg in segs] + [_UNUSED_ROW],
+        dtype=float).reshape(-1, 10).T.copy()
     stages, dp, tpi = stages.astype(np.int64), dp.astype(np.int64), tpi.astype(np.int64)
     links = tp_link[tpi]
-    self_link = np.where(stages > 1, (nmb - 1) * links / 2, 0.0)
+    own = slice(0, n)
     return dict(
-        segs=segs, tps=tps, ring=ring, have_ring=np.zeros(len(segs) + 1, dtype=bool), alone=alone, max_p=max_p,
-        curves=curves, have_curve=np.zeros(len(segs) + 1, dtype=bool),
-        cap=np.append(cap, 0.0), rate=np.append(rate, 0.0), stages=np.append(stages, 0), dp=np.append(dp, 1 << 30),
-        d1=np.append(dp == 1, False), tpi=np.append(tpi, 0), self_link=np.append(self_link, 0.0),
-        steady=np.append(steady_links_s(nmb, links, stages), 0.0), link=np.append(links, 0.0),
-        blocks=np.append(tp_blocks[tpi], False),
+        segs=segs, tps=tps, ring=ring, have_ring=np.zeros(n + 1, dtype=bool), alone=alone, max_p=max_p,
+        curves=curves, have_curve=np.zeros(n + 1, dtype=bool),
+        cap=cap, rate=rate, stages=stages, dp=dp, d1=dp == 1, tpi=tpi,
+        self_link=np.where(stages > 1, (nmb - 1) * links / 2, 0.0),
+        steady=np.append(steady_links_s(nmb[own], links[own], stages[own]), 0.0),
+        link=np.append(links[own], 0.0), blocks=np.append(tp_blocks[tpi[own]], False),
         # (raised by ``SegmentParts.blocked_s`` where the cheaper bounds leave a shape within
         # the limits, ``_with_blocked``: one segment alone, as ``ShapeBounds.time_lb`` has it)
-        warm=np.append(warm_up_with_links_s(work_s * slow, nmb, stages, links), 0.0) if segs else np.zeros(1),
-        p2p_usd=np.append(p2p if cost_matters else np.zeros(len(segs)), 0.0),
-        ring_usd=np.array([egress.ring_usd_per_byte(seg) if cost_matters else 0.0 for seg in segs] + [0.0]),
-        inv=np.append(1.0 / slow, 0.0), slow=np.append(slow, 0.0), nmb=np.append(nmb.astype(np.int64), 1),
+        warm=np.append(warm_up_with_links_s(work_s * slow[own], nmb[own], stages[own], links[own]), 0.0)
+        if segs else np.zeros(1),
+        p2p_usd=p2p if cost_matters else np.zeros(n + 1),
+        ring_usd=np.array([egress.ring_usd_per_byte(seg) for seg in segs] + [0.0]) if cost_matters else np.zeros(n + 1),
+        inv=np.append(1.0 / slow[own], 0.0), slow=slow, nmb=nmb.astype(np.int64),
         drain=np.array([(1 - 1 / seg.num_microbatches) ** seg.num_stages for seg in segs] + [1.0]),
-        block=np.append(block, np.inf), head=np.append(head, np.inf),
-        gid=np.array([-1 if alone else parts.granular_id(seg.num_stages, seg.block_busy_s, seg.head_busy_s)
-                      for seg in segs] + [parts.granular_id(0, math.inf, math.inf)], dtype=np.int64),
+        block=block, head=head,
+        gid=np.array(([-1] * n if alone else [parts.granular_id(seg.num_stages, seg.block_busy_s, seg.head_busy_s)
+                                              for seg in segs]) + [parts.granular_id(0, math.inf, math.inf)],
+                     dtype=np.int64),
     )
 
 
@@ -368,6 +376,8 @@ def _egress(searcher: Searcher, lists, a: dict, b: dict, pairs: Pairs, num_mb: i
     import numpy as np
 
     ia, ib = pairs.ia, pairs.ib
+    if kinds is None and not searcher.cost_matters:
+        return np.zeros(len(ia)), None  # (every part's price is 0 then: ``segment_columns``)
     na, nb = len(a["segs"]), len(b["segs"])
     both = (ia < na) & (ib < nb)
     meeting = None  # (nothing where they meet)
@@ -521,6 +531,8 @@ class ScoredShapes:
             granular = self.parts.granular_of(a, ia[exact], b, ib[exact])
         tau[exact] = np.maximum(tau[exact], granular)
         t_lb[exact] = np.maximum(tau[exact], self.pipe[exact]) + self.sync[exact]
+        if not (a["segs"] and b["segs"]):
+            return  # (one type: no shape of two segments)
         alive = self._alive(sel, below)
         two = sel[alive & (ia[sel] < len(a["segs"])) & (ib[sel] < len(b["segs"]))]  # (the rest keep the weaker bound)
         if not len(two):

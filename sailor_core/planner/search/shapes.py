@@ -138,13 +138,10 @@ def build_segments(gpu: str, pools: dict[str, int], *, spot: bool, num_mb: int, 
                     # (its p2p stays in a zone) or for a one-zone type.
                     egress = fewest_crossings(gpu, tp, d, num_stages) * num_mb * per_byte \
                         if per_byte is not None and rule == "stage" and num_stages > 1 else 0.0
-                    out.append(Segment(
-                        gpu=gpu, kind=kind, tp_degree=tp, dp_degree=d, num_stages=num_stages,
-                        rule=rule, capacity=cap, slowness=ratio, num_microbatches=n_per_rep,
-                        min_usd_per_hr=num_stages * d * tp * min_price,
-                        block_busy_s=n_per_rep * block_s, head_busy_s=n_per_rep * head_s,
-                        egress_usd=egress,
-                    ))
+                    # (positionally, in the fields' order: keywords made the constructor 3-4x slower)
+                    out.append(Segment(gpu, kind, tp, d, num_stages, rule, cap, ratio, n_per_rep,
+                                       num_stages * d * tp * min_price, n_per_rep * block_s, n_per_rep * head_s,
+                                       egress))
     return out
 
 
