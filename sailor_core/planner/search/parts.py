@@ -115,44 +115,58 @@ class SegmentParts:
         return blocked
 
     def _blocked_links(self, seg: Segment) -> tuple[float, ...] | None:
-        """Per boundary of the segment placed alone (``shapes.place_run``: no stage before it),
-        a bound on its link: the segment's own (``link_s``), or between stages placed whole in
-        two zones that pair's; None (no bound) for one stage, a prefetching regime or no room."""
+        """Per boundary of the segment placed alone, a bound on its link (``placed_links``); None
+        (no bound) for one stage, a prefetching regime or no room."""
         memo = self.memos.types.blocked_links
         kind_key = (seg.gpu, seg.tp_degree, seg.kind.micro_batch_size)
-        key = (*kind_key, seg.dp_degree, seg.num_stages, seg.rule)
+        if kind_key not in memo:
+            blocking = all(compose.p2p_schedule(v.regime) == "blocking" for v in self.figures.variants(seg.kind))
+            memo[kind_key] = blocking
+        return self.placed_links(seg) if memo[kind_key] else None
+
+    def placed_links(self, seg: Segment) -> tuple[float, ...] | None:
+        """Per boundary of the segment placed alone (``shapes.place_run``: no stage before it), a
+        lower bound on the link fastsim charges it (``_boundary_link``), at least the segment's
+        own link (``link_s``); None for one stage or no room."""
+        memo = self.memos.types.blocked_links
+        key = ("placed", seg.gpu, seg.tp_degree, seg.kind.micro_batch_size, seg.dp_degree, seg.num_stages,
+               seg.rule, seg.num_microbatches > 1)
         if key in memo:
             return memo[key]
-        pairs = memo.get(kind_key)
-        if pairs is None:  # {(zone a, zone b): link s} of the kind, with its own link and bytes
-            blocking = all(compose.p2p_schedule(v.regime) == "blocking" for v in self.figures.variants(seg.kind))
-            pairs = memo[kind_key] = {"own": self.link_s(seg, seg), "bytes": self.figures.link_bytes(seg.kind)} \
-                if blocking else {}
         links = None
-        if seg.num_stages > 1 and pairs and (seg.rule == "pipeline" or len(self._zone_names[seg.gpu]) == 1):
-            links = (pairs["own"],) * (seg.num_stages - 1)  # (every stage in the same zones: no crossing)
-        elif seg.num_stages > 1 and pairs:
-            crossings = self._crossings(seg)
-            if crossings is not None:
-                own = pairs["own"]
-                links = tuple(own if c is None else self._zone_link(seg, pairs, *c) for c in crossings)
+        if seg.num_stages > 1 and len(self._zone_names[seg.gpu]) == 1:
+            links = (self.link_s(seg, seg),) * (seg.num_stages - 1)  # (one zone: its link is the least)
+        elif seg.num_stages > 1:
+            placed = place_run(seg.gpu, self.zone_gpus[seg.gpu], seg.tp_degree, seg.dp_degree, seg.num_stages,
+                               seg.rule, None, self.memos.process.segment_places)
+            if placed is not None:
+                pairs, every = self._zone_links(seg), seg.num_microbatches > 1
+                links = tuple([self._boundary_link(seg, pairs, a, b, every) for a, b in zip(placed, placed[1:])])
         memo[key] = links
         return links
 
-    def _crossings(self, seg: Segment) -> tuple | None:
-        """Per boundary of the segment placed alone, (zone a, zone b) where stages placed whole in
-        two zones meet, else None; None if it cannot be placed.  The placement does not depend on
-        the micro-batch size: each list of a search (one per size) asks for the same ones."""
+    def _boundary_link(self, seg: Segment, pairs: dict, a, b, every: bool) -> float:
+        """The slowest link of the zone pairs between stage placements ``a`` and ``b``'s replicas
+        that carry micro-batches: micro-batch m goes from replica m mod D of a stage to replica
+        m mod D of the next, so with more micro-batches than replicas (``every``) every replica
+        pair carries some, else at least replica 0's.  fastsim charges a boundary the slowest
+        pair it routes, so none is charged less.  Kept in ``pairs``."""
+        key = (a, b, every)
+        t = pairs.get(key)
+        if t is None:
+            zones = _replica_pairs(a, b) if every else ((a[0][0], b[0][0]),)
+            t = pairs[key] = max([self._zone_link(seg, pairs, za, zb) for za, zb in zones])
+        return t
+
+    def _zone_links(self, seg: Segment) -> dict:
+        """{(zone a, zone b): link s} of the segment's GPU type, TP degree and kind, with its own
+        link ("own") and smallest boundary bytes ("bytes")."""
         memo = self.memos.types.blocked_links
-        key = ("crossings", seg.gpu, seg.tp_degree, seg.dp_degree, seg.num_stages, seg.rule)
-        if key in memo:
-            return memo[key]
-        placed = place_run(seg.gpu, self.zone_gpus[seg.gpu], seg.tp_degree, seg.dp_degree, seg.num_stages,
-                           seg.rule, None, self.memos.process.segment_places)
-        out = memo[key] = None if placed is None else tuple(
-            (a[0][0], b[0][0]) if len(a) == 1 and len(b) == 1 and a[0][0] != b[0][0] else None
-            for a, b in zip(placed, placed[1:]))
-        return out
+        key = ("pairs", seg.gpu, seg.tp_degree, seg.kind.micro_batch_size)
+        pairs = memo.get(key)
+        if pairs is None:
+            pairs = memo[key] = {"own": self.link_s(seg, seg), "bytes": self.figures.link_bytes(seg.kind)}
+        return pairs
 
     def _zone_link(self, seg: Segment, pairs: dict, zone_a: str, zone_b: str) -> float:
         """The link of ``seg``'s kind from a replica in ``zone_a`` to one in ``zone_b`` (``bounds.link_s``'s
@@ -335,3 +349,22 @@ class SegmentParts:
             if len(memo) > _GRANULAR_MEMO_SIZE:
                 memo.clear()
             memo.update(zip(uniq[miss].tolist(), got.tolist()))
+
+
+def _replica_pairs(a, b) -> tuple[tuple[str, str], ...]:
+    """The distinct (zone of replica j of placement ``a``, zone of replica j of ``b``) over j (two
+    stages of one segment: as many replicas each), from their runs of replicas per zone."""
+    out: dict = {}
+    i = j = 0
+    left_a, left_b = a[0][1], b[0][1]
+    while i < len(a) and j < len(b):
+        out[(a[i][0], b[j][0])] = None
+        step = min(left_a, left_b)
+        left_a, left_b = left_a - step, left_b - step
+        if not left_a:
+            i += 1
+            left_a = a[i][1] if i < len(a) else 0
+        if not left_b:
+            j += 1
+            left_b = b[j][1] if j < len(b) else 0
+    return tuple(out)
