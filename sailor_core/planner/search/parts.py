@@ -137,13 +137,22 @@ class SegmentParts:
         if seg.num_stages > 1 and len(self._zone_names[seg.gpu]) == 1:
             links = (self.link_s(seg, seg),) * (seg.num_stages - 1)  # (one zone: its link is the least)
         elif seg.num_stages > 1:
-            placed = place_run(seg.gpu, self.zone_gpus[seg.gpu], seg.tp_degree, seg.dp_degree, seg.num_stages,
-                               seg.rule, None, self.memos.process.segment_places)
+            placed = self._placed(seg)
             if placed is not None:
                 pairs, every = self._zone_links(seg), seg.num_microbatches > 1
                 links = tuple([self._boundary_link(seg, pairs, a, b, every) for a, b in zip(placed, placed[1:])])
         memo[key] = links
         return links
+
+    def _placed(self, seg: Segment):
+        """The segment placed alone (``shapes.place_run``), kept by what it depends on: not the
+        micro-batch size (each list of a search, one per size, asks for the same ones)."""
+        memo = self.memos.types.blocked_links
+        key = ("placed at", seg.gpu, seg.tp_degree, seg.dp_degree, seg.num_stages, seg.rule)
+        if key not in memo:
+            memo[key] = place_run(seg.gpu, self.zone_gpus[seg.gpu], seg.tp_degree, seg.dp_degree, seg.num_stages,
+                                  seg.rule, None, self.memos.process.segment_places)
+        return memo[key]
 
     def _boundary_link(self, seg: Segment, pairs: dict, a, b, every: bool) -> float:
         """The slowest link of the zone pairs between stage placements ``a`` and ``b``'s replicas
