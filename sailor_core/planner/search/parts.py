@@ -126,46 +126,52 @@ class SegmentParts:
 
     def placed_links(self, seg: Segment) -> tuple[float, ...] | None:
         """Per boundary of the segment placed alone (``shapes.place_run``: no stage before it), a
-        lower bound on the link fastsim charges it (``_boundary_link``), at least the segment's
-        own link (``link_s``); None for one stage or no room."""
-        memo = self.memos.types.blocked_links
-        key = ("placed", seg.gpu, seg.tp_degree, seg.kind.micro_batch_size, seg.dp_degree, seg.num_stages,
-               seg.rule, seg.num_microbatches > 1)
-        if key in memo:
-            return memo[key]
-        links = None
-        if seg.num_stages > 1 and len(self._zone_names[seg.gpu]) == 1:
-            links = (self.link_s(seg, seg),) * (seg.num_stages - 1)  # (one zone: its link is the least)
-        elif seg.num_stages > 1:
-            placed = self._placed(seg)
-            if placed is not None:
-                pairs, every = self._zone_links(seg), seg.num_microbatches > 1
-                links = tuple([self._boundary_link(seg, pairs, a, b, every) for a, b in zip(placed, placed[1:])])
-        memo[key] = links
+        lower bound on the link fastsim charges it: the slowest pair of zones of its route
+        (``_routes_of``) at the kind's smallest boundary bytes, and at least the segment's own link
+        (``link_s``); None for one stage or no room."""
+        if seg.num_stages < 2:
+            return None
+        if len(self._zone_names[seg.gpu]) == 1:
+            return (self.link_s(seg, seg),) * (seg.num_stages - 1)  # (one zone: its link is the least)
+        routes = self._routes_of(seg.gpu, seg.tp_degree, seg.dp_degree, seg.num_stages, seg.rule)
+        if routes is None:
+            return None
+        pairs, every = self._zone_links(seg), seg.num_microbatches > 1
+        links = pairs.get((routes, every))  # (segments of other degrees and depths share routes)
+        if links is None:
+            each = [max([self._zone_link(seg, pairs, za, zb) for za, zb in (r if every else r[:1])])
+                    for r in routes[0]]
+            links = pairs[(routes, every)] = tuple([each[i] for i in routes[1]])
         return links
 
-    def _placed(self, seg: Segment):
-        """The segment placed alone (``shapes.place_run``), kept by what it depends on: not the
-        micro-batch size (each list of a search, one per size, asks for the same ones)."""
-        memo = self.memos.types.blocked_links
-        key = ("placed at", seg.gpu, seg.tp_degree, seg.dp_degree, seg.num_stages, seg.rule)
-        if key not in memo:
-            memo[key] = place_run(seg.gpu, self.zone_gpus[seg.gpu], seg.tp_degree, seg.dp_degree, seg.num_stages,
-                                  seg.rule, None, self.memos.process.segment_places)
-        return memo[key]
+    def _routes_of(self, gpu: str, tp: int, dp: int, num_stages: int, rule: str) -> tuple | None:
+        """(the distinct routes, each boundary's route) of a segment placed alone
+        (``shapes.place_run``), a route the distinct zone pairs of a boundary's replicas, replica
+        0's first (``_replica_pairs``); None if it cannot be placed.  Kept by what the placement
+        depends on, not the micro-batch size (each list of a search, one per size, asks for the
+        same ones).
 
-    def _boundary_link(self, seg: Segment, pairs: dict, a, b, every: bool) -> float:
-        """The slowest link of the zone pairs between stage placements ``a`` and ``b``'s replicas
-        that carry micro-batches: micro-batch m goes from replica m mod D of a stage to replica
-        m mod D of the next, so with more micro-batches than replicas (``every``) every replica
-        pair carries some, else at least replica 0's.  fastsim charges a boundary the slowest
-        pair it routes, so none is charged less.  Kept in ``pairs``."""
-        key = (a, b, every)
-        t = pairs.get(key)
-        if t is None:
-            zones = _replica_pairs(a, b) if every else ((a[0][0], b[0][0]),)
-            t = pairs[key] = max([self._zone_link(seg, pairs, za, zb) for za, zb in zones])
-        return t
+        Micro-batch m goes from replica m mod D of a stage to replica m mod D of the next, and
+        fastsim charges a boundary the slowest pair it routes: with more micro-batches than
+        replicas every pair of a route carries some, else at least replica 0's."""
+        memo = self.memos.types.blocked_links
+        key = ("routes", gpu, tp, dp, num_stages, rule)
+        if key in memo:
+            return memo[key]
+        placed = place_run(gpu, self.zone_gpus[gpu], tp, dp, num_stages, rule, None, self.memos.process.segment_places)
+        out = None
+        if placed is not None and rule == "pipeline":  # (every stage placed alike: one route)
+            out = ((_replica_pairs(placed[0], placed[0]),), (0,) * (num_stages - 1))
+        elif placed is not None:
+            # The stage rule places S stages as S - 1 and one more (``placement._place_stages``).
+            head = self._routes_of(gpu, tp, dp, num_stages - 1, rule) if num_stages > 2 else ((), ())
+            distinct, index = head
+            last = _replica_pairs(placed[-2], placed[-1])
+            if last not in distinct:
+                distinct = (*distinct, last)
+            out = (distinct, (*index, distinct.index(last)))
+        memo[key] = out
+        return out
 
     def _zone_links(self, seg: Segment) -> dict:
         """{(zone a, zone b): link s} of the segment's GPU type, TP degree and kind, with its own
@@ -363,6 +369,10 @@ class SegmentParts:
 def _replica_pairs(a, b) -> tuple[tuple[str, str], ...]:
     """The distinct (zone of replica j of placement ``a``, zone of replica j of ``b``) over j (two
     stages of one segment: as many replicas each), from their runs of replicas per zone."""
+    if len(a) == 1 and len(b) == 1:
+        return ((a[0][0], b[0][0]),)
+    if a == b:  # (whole pipelines per zone: every stage placed alike)
+        return tuple([(z, z) for z, _ in a])
     out: dict = {}
     i = j = 0
     left_a, left_b = a[0][1], b[0][1]
