@@ -11,7 +11,11 @@ the link bound of the two stages' types over the request's zones; and no evaluat
 simulated iteration beats its shape's link steady-state bound (``bounds.link_lb``) or the whole
 iteration bound its shape was queued with (``ShapeBounds.time_lb``: capacity, links, warm-up,
 blocked sends, sync, the joint bound).  (Shapes pruned unevaluated are not simulated here: their
-bounds rest on the same premise, checked above.)"""
+bounds rest on the same premise, checked above.)
+
+A one-segment shape's blocked bound takes, per boundary, the tighter link of the zones its placed
+replicas route through (``SegmentParts.placed_links``): every boundary of every evaluated
+one-segment plan (polish trials included) is checked against the link fastsim charged it."""
 
 import importlib.util
 from pathlib import Path
@@ -56,8 +60,9 @@ def test_every_link_fastsim_charges_is_at_least_the_link_bound(name, profiles, n
     zones: dict[str, dict[str, int]] = {}
     for (gpu, zone), n in req.availability.items():
         zones.setdefault(gpu, {})[zone] = n
-    timed, shapes, queued = [], [], {}
+    timed, shapes, queued, charged, now = [], [], {}, [], []
     transfer, evaluate_shape = fastsim.FastSim._transfer_s, search.Searcher.evaluate_shape
+    pipeline = fastsim.one_f_one_b_time
     time_lb = shape_bound.ShapeBounds.time_lb
 
     def spy_transfer(self, nbytes, ends, partitioned):
@@ -65,8 +70,17 @@ def test_every_link_fastsim_charges_is_at_least_the_link_bound(name, profiles, n
         timed.append((nbytes, ends, t))
         return t
 
+    def spy_pipeline(timings, link_s, *args, **kwargs):
+        if now:  # the links fastsim charged the boundaries of a plan of the shape being evaluated
+            charged.append((now[-1], tuple(link_s)))
+        return pipeline(timings, link_s, *args, **kwargs)
+
     def spy_shape(self, mbs, shape, tau_lb, prepared=None):
-        ev = evaluate_shape(self, mbs, shape, tau_lb, prepared)
+        now.append((self.parts, shape))
+        try:
+            ev = evaluate_shape(self, mbs, shape, tau_lb, prepared)
+        finally:
+            now.pop()
         if ev is not None:
             shapes.append((ev, shape, bounds.link_lb(self.req.global_batch_size // mbs, shape, self.parts.link_s)))
         return ev
@@ -80,6 +94,7 @@ def test_every_link_fastsim_charges_is_at_least_the_link_bound(name, profiles, n
     monkeypatch.setattr(kinds, "_SHARED", {})
     monkeypatch.setattr(fastsim.FastSim, "_transfer_s", spy_transfer)
     monkeypatch.setattr(search.Searcher, "evaluate_shape", spy_shape)
+    monkeypatch.setattr(fastsim, "one_f_one_b_time", spy_pipeline)
     monkeypatch.setattr(shape_bound.ShapeBounds, "time_lb", spy_bound)
     try:
         plan_job(req, profiles=profiles, network=network)
@@ -94,6 +109,18 @@ def test_every_link_fastsim_charges_is_at_least_the_link_bound(name, profiles, n
         assert link_lb <= t * (1 + 1e-9), (name, ev.key, link_lb, t)
         assert queued.get(shape, 0.0) <= t * (1 + 1e-9), (name, ev.key, queued[shape], t)
     assert any(shape in queued for _, shape, _ in shapes)
+    placed = raised = 0
+    for (parts, shape), links in charged:
+        bound = parts.placed_links(shape[0]) if len(shape) == 1 else None
+        if bound is None:
+            continue
+        assert len(bound) == len(links), (name, shape)
+        for b, t in zip(bound, links):
+            assert b <= t * (1 + 1e-12), (name, shape[0], bound, links)
+        placed += 1
+        raised += max(bound) > parts.link_s(shape[0], shape[0]) * 1.05
+    if isinstance(REQUESTS[name], str):  # every AE row evaluates some, some above the least link
+        assert placed and raised, (name, placed, raised)
 
 
 def test_link_bound_is_the_least_over_the_zone_pairs_not_a_shared_zone(network):
@@ -108,3 +135,12 @@ def test_link_bound_is_the_least_over_the_zone_pairs_not_a_shared_zone(network):
     pools = dict.fromkeys(zs, 8)
     assert bounds.link_s(network, nbytes, pools, pools, a100, 2, a100, 2) == min(each.values())
     assert min(each.values()) < each[(zs[0], zs[0])]  # the first shared zone's is not the least
+
+
+def test_replica_pairs_follow_the_runs_of_both_stages():
+    # Replica j of one stage sends to replica j of the next: runs a a a b b against a a c c c.
+    from sailor_core.planner.search.parts import _replica_pairs
+
+    pairs = _replica_pairs((("a", 3), ("b", 2)), (("a", 2), ("c", 3)))
+    assert pairs == (("a", "a"), ("a", "c"), ("b", "c"))
+    assert _replica_pairs((("z", 4),), (("z", 4),)) == (("z", "z"),)

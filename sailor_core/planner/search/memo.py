@@ -77,8 +77,8 @@ class TypeMemos:
     ring_usd: dict = field(default_factory=dict)  # (GPU, TP, DP, rule) -> rings' egress USD per gradient byte
     sync_curves: dict = field(default_factory=dict)  # (GPU, TP, DP, stages) -> ring s per block share
     routes: dict = field(default_factory=dict)  # (GPU, TP, DP, stages, rule) -> micro-batch route
-    # (GPU, TP, mbs, DP, stages, rule) -> link bounds or None; (GPU, TP, mbs) -> links between zones;
-    # ("crossings", GPU, TP, DP, stages, rule) -> the zones each boundary of the placed segment joins
+    # (GPU, TP, mbs) -> whether every regime blocks on its sends; ("pairs", GPU, TP, mbs) -> links
+    # between zones and per route; ("routes", GPU, TP, DP, stages, rule) -> each boundary's zone pairs
     blocked_links: dict = field(default_factory=dict)
     blocked_s: dict = field(default_factory=dict)  # (GPU, TP, mbs, DP, stages, rule, steps s) -> blocked bound s
     layer_refs: dict = field(default_factory=dict)  # mbs -> per layer, the fastest variant's time (spaces)

@@ -115,57 +115,81 @@ class SegmentParts:
         return blocked
 
     def _blocked_links(self, seg: Segment) -> tuple[float, ...] | None:
-        """Per boundary of the segment placed alone (``shapes.place_run``: no stage before it),
-        a bound on its link: the segment's own (``link_s``), or between stages placed whole in
-        two zones that pair's; None (no bound) for one stage, a prefetching regime or no room."""
-        memo = self.memos.types.blocked_links
-        kind_key = (seg.gpu, seg.tp_degree, seg.kind.micro_batch_size)
-        key = (*kind_key, seg.dp_degree, seg.num_stages, seg.rule)
-        if key in memo:
-            return memo[key]
-        pairs = self._kind_links(seg)
-        links = None
-        if seg.num_stages > 1 and pairs and (seg.rule == "pipeline" or len(self._zone_names[seg.gpu]) == 1):
-            links = (pairs["own"],) * (seg.num_stages - 1)  # (every stage in the same zones: no crossing)
-        elif seg.num_stages > 1 and pairs:
-            crossings = self._crossings(seg)
-            if crossings is not None:
-                own = pairs["own"]
-                links = tuple(own if c is None else self._zone_link(seg, pairs, *c) for c in crossings)
-        memo[key] = links
-        return links
-
-    def _kind_links(self, seg: Segment) -> dict:
-        """{(zone a, zone b): link s} of ``seg``'s kind, with its own link and bytes, where every
-        regime a plan holding it may run in blocks on its sends; else empty."""
-        memo = self.memos.types.blocked_links
-        kind_key = (seg.gpu, seg.tp_degree, seg.kind.micro_batch_size)
-        pairs = memo.get(kind_key)
-        if pairs is None:
-            blocking = all(compose.p2p_schedule(v.regime) == "blocking" for v in self.figures.variants(seg.kind))
-            pairs = memo[kind_key] = {"own": self.link_s(seg, seg), "bytes": self.figures.link_bytes(seg.kind)} \
-                if blocking else {}
-        return pairs
+        """Per boundary of the segment placed alone, a bound on its link (``placed_links``); None
+        (no bound) for one stage, a prefetching regime or no room."""
+        return self.placed_links(seg) if self._blocked_kind(seg) else None
 
     def blocks_sends(self, seg: Segment) -> bool:
         """Whether the blocked-sends bounds hold for ``seg``'s kind (every regime a plan holding it
         may run in blocks on its sends) and are taken (``placed``: not for a Pareto front)."""
-        return self.placed and bool(self._kind_links(seg))
+        return self.placed and self._blocked_kind(seg)
 
-    def _crossings(self, seg: Segment) -> tuple | None:
-        """Per boundary of the segment placed alone, (zone a, zone b) where stages placed whole in
-        two zones meet, else None; None if it cannot be placed.  The placement does not depend on
-        the micro-batch size: each list of a search (one per size) asks for the same ones."""
+    def _blocked_kind(self, seg: Segment) -> bool:
+        """Whether every regime a plan holding ``seg``'s kind may run in blocks on its sends."""
         memo = self.memos.types.blocked_links
-        key = ("crossings", seg.gpu, seg.tp_degree, seg.dp_degree, seg.num_stages, seg.rule)
+        kind_key = (seg.gpu, seg.tp_degree, seg.kind.micro_batch_size)
+        if kind_key not in memo:
+            memo[kind_key] = all(compose.p2p_schedule(v.regime) == "blocking" for v in self.figures.variants(seg.kind))
+        return memo[kind_key]
+
+    def placed_links(self, seg: Segment) -> tuple[float, ...] | None:
+        """Per boundary of the segment placed alone (``shapes.place_run``: no stage before it), a
+        lower bound on the link fastsim charges it: the slowest pair of zones of its route
+        (``_routes_of``) at the kind's smallest boundary bytes, and at least the segment's own link
+        (``link_s``); None for one stage or no room."""
+        if seg.num_stages < 2:
+            return None
+        if len(self._zone_names[seg.gpu]) == 1:
+            return (self.link_s(seg, seg),) * (seg.num_stages - 1)  # (one zone: its link is the least)
+        routes = self._routes_of(seg.gpu, seg.tp_degree, seg.dp_degree, seg.num_stages, seg.rule)
+        if routes is None:
+            return None
+        pairs, every = self._zone_links(seg), seg.num_microbatches > 1
+        links = pairs.get((routes, every))  # (segments of other degrees and depths share routes)
+        if links is None:
+            each = [max([self._zone_link(seg, pairs, za, zb) for za, zb in (r if every else r[:1])])
+                    for r in routes[0]]
+            links = pairs[(routes, every)] = tuple([each[i] for i in routes[1]])
+        return links
+
+    def _routes_of(self, gpu: str, tp: int, dp: int, num_stages: int, rule: str) -> tuple | None:
+        """(the distinct routes, each boundary's route) of a segment placed alone
+        (``shapes.place_run``), a route the distinct zone pairs of a boundary's replicas, replica
+        0's first (``_replica_pairs``); None if it cannot be placed.  Kept by what the placement
+        depends on, not the micro-batch size (each list of a search, one per size, asks for the
+        same ones).
+
+        Micro-batch m goes from replica m mod D of a stage to replica m mod D of the next, and
+        fastsim charges a boundary the slowest pair it routes: with more micro-batches than
+        replicas every pair of a route carries some, else at least replica 0's."""
+        memo = self.memos.types.blocked_links
+        key = ("routes", gpu, tp, dp, num_stages, rule)
         if key in memo:
             return memo[key]
-        placed = place_run(seg.gpu, self.zone_gpus[seg.gpu], seg.tp_degree, seg.dp_degree, seg.num_stages,
-                           seg.rule, None, self.memos.process.segment_places)
-        out = memo[key] = None if placed is None else tuple(
-            (a[0][0], b[0][0]) if len(a) == 1 and len(b) == 1 and a[0][0] != b[0][0] else None
-            for a, b in zip(placed, placed[1:]))
+        placed = place_run(gpu, self.zone_gpus[gpu], tp, dp, num_stages, rule, None, self.memos.process.segment_places)
+        out = None
+        if placed is not None and rule == "pipeline":  # (every stage placed alike: one route)
+            out = ((_replica_pairs(placed[0], placed[0]),), (0,) * (num_stages - 1))
+        elif placed is not None:
+            # The stage rule places S stages as S - 1 and one more (``placement._place_stages``).
+            head = self._routes_of(gpu, tp, dp, num_stages - 1, rule) if num_stages > 2 else ((), ())
+            distinct, index = head
+            last = _replica_pairs(placed[-2], placed[-1])
+            if last not in distinct:
+                distinct = (*distinct, last)
+            out = (distinct, (*index, distinct.index(last)))
+        memo[key] = out
         return out
+
+    def _zone_links(self, seg: Segment) -> dict:
+        """{(zone a, zone b): link s} of the segment's GPU type, TP degree and kind, with its own
+        link ("own") and smallest boundary bytes ("bytes")."""
+        memo = self.memos.types.blocked_links
+        key = ("pairs", seg.gpu, seg.tp_degree, seg.kind.micro_batch_size)
+        pairs = memo.get(key)
+        if pairs is None:
+            pairs = memo[key] = {"own": self.link_s(seg, seg), "bytes": self.figures.link_bytes(seg.kind)}
+        return pairs
 
     def _zone_link(self, seg: Segment, pairs: dict, zone_a: str, zone_b: str) -> float:
         """The link of ``seg``'s kind from a replica in ``zone_a`` to one in ``zone_b`` (``bounds.link_s``'s
@@ -348,3 +372,26 @@ class SegmentParts:
             if len(memo) > _GRANULAR_MEMO_SIZE:
                 memo.clear()
             memo.update(zip(uniq[miss].tolist(), got.tolist()))
+
+
+def _replica_pairs(a, b) -> tuple[tuple[str, str], ...]:
+    """The distinct (zone of replica j of placement ``a``, zone of replica j of ``b``) over j (two
+    stages of one segment: as many replicas each), from their runs of replicas per zone."""
+    if len(a) == 1 and len(b) == 1:
+        return ((a[0][0], b[0][0]),)
+    if a == b:  # (whole pipelines per zone: every stage placed alike)
+        return tuple([(z, z) for z, _ in a])
+    out: dict = {}
+    i = j = 0
+    left_a, left_b = a[0][1], b[0][1]
+    while i < len(a) and j < len(b):
+        out[(a[i][0], b[j][0])] = None
+        step = min(left_a, left_b)
+        left_a, left_b = left_a - step, left_b - step
+        if not left_a:
+            i += 1
+            left_a = a[i][1] if i < len(a) else 0
+        if not left_b:
+            j += 1
+            left_b = b[j][1] if j < len(b) else 0
+    return tuple(out)
