@@ -7,8 +7,8 @@ pair as the ledger charges what the engine meters (``network/storage_egress.py``
 controller weighs it per hour of training (``with_checkpoint_egress``: one save every
 ``checkpoint_every_steps`` iterations) and keeps one save's egress in reserve against the budget
 (the save a stop makes, or the next interval's: ``CheckpointEgress.reserve_usd``).  Restores are
-not in the expected cost (a change's load from storage, ``state_load``, weighs time only); the
-ledger charges them as metered.
+weighed with the change that makes them: a change's load (``StateLoad.restore_egress``, the bucket
+being ``place``: ``tasks.control.flow_costs``).
 """
 
 from __future__ import annotations
