@@ -66,6 +66,10 @@ class ReplayResult:
     # of ``egress_usd``: the state handed over across zones at the changes (StateLoad.handover_egress)
     handover_egress_usd: float = 0.0
     handover_egress_bytes: float = 0.0
+    # of ``egress_usd``: the checkpoint read from a bucket outside the readers' regions at the
+    # changes (StateLoad.restore_egress); the saves to it are in the training's egress
+    restore_egress_usd: float = 0.0
+    restore_egress_bytes: float = 0.0
 
     def to_dict(self, *, with_timeline: bool = False) -> dict:
         out = {
@@ -81,7 +85,9 @@ class ReplayResult:
             "gpu_s_by_activity": dict(self.gpu_s_by_activity), "num_interims": self.num_interims,
         } | ({"egress_usd": self.egress_usd} if self.egress_usd else {}) \
             | ({"handover_egress_usd": self.handover_egress_usd, "handover_egress_bytes": self.handover_egress_bytes}
-               if self.handover_egress_bytes else {})
+               if self.handover_egress_bytes else {}) \
+            | ({"restore_egress_usd": self.restore_egress_usd, "restore_egress_bytes": self.restore_egress_bytes}
+               if self.restore_egress_bytes else {})
         if with_timeline:
             out["timeline"] = [
                 {"time_s": p.time_s, "gpus_by_type": dict(p.gpus_by_type),
