@@ -77,7 +77,8 @@ def flow_costs(spec: JobSpec) -> Costs:
     memory, ``runtime/handover.py``, and the bytes that cross zones are priced, as the ledger
     charges them, as are what its ranks read from a checkpoint bucket in another region: the job's
     bucket, ``checkpoint_egress``); the check before renting charges the same start-up."""
-    return job_costs(spec.model, bucket=checkpoint_egress(spec).place)
+    place = checkpoint_egress(spec).place
+    return job_costs(spec.model, bucket=place if place.metered else None)
 
 
 def availability(offers: Sequence[Offer], *, max_gpus_per_zone: int, max_gpus: int | None,

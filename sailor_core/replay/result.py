@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from sailor_core.network.storage_egress import is_bucket_pair
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TimelinePoint:
@@ -98,3 +100,13 @@ class ReplayResult:
                 for d in self.decisions
             ]
         return out
+
+
+def load_egress_fields(pairs: Mapping[tuple[str, str], tuple[float, float]]) -> dict[str, float]:
+    """``ReplayResult``'s egress of the changes' loads from the (bytes, USD) charged per pair
+    besides the training's (the simulator's, with its saves to a far bucket): the handovers' per
+    zone pair, the restores' per bucket pair (``network/storage_egress.is_bucket_pair``)."""
+    handover = [v for pair, v in pairs.items() if not is_bucket_pair(*pair)]
+    restore = [v for pair, v in pairs.items() if is_bucket_pair(*pair)]
+    return {"handover_egress_usd": sum(usd for _, usd in handover), "handover_egress_bytes": sum(n for n, _ in handover),
+            "restore_egress_usd": sum(usd for _, usd in restore), "restore_egress_bytes": sum(n for n, _ in restore)}

@@ -34,12 +34,11 @@ from sailor_core.controller import (
     rate_window_s,
 )
 from sailor_core.controller.ledger import SIMULATED_PAIR
-from sailor_core.network.storage_egress import is_bucket_pair
 from sailor_core.controller.interim import interim_option, interim_pays, kept_gpus
 from sailor_core.replay.costs import ChangeCosts
 from sailor_core.replay.hits import gpus_lost
 from sailor_core.replay.lookahead import Position, TraceEvents, first_requests, upcoming_requests
-from sailor_core.replay.result import GPU_TIME_KINDS, DecisionRecord, ReplayResult, TimelinePoint
+from sailor_core.replay.result import GPU_TIME_KINDS, DecisionRecord, ReplayResult, TimelinePoint, load_egress_fields
 from sailor_core.replay.scenario import Goal, Lookahead, Market, PriceFn, ReplayPolicy
 from sailor_core.traces import AvailabilityTrace, GpuZone
 
@@ -533,18 +532,12 @@ class _Replay:
                        "provisioning": self.provisioning_gpu_s, "starting": self.starting_gpu_s}
         by_activity["other"] = max(0.0, paid_gpu_s - sum(by_activity.values()))
         assert tuple(by_activity) == GPU_TIME_KINDS
-        # (the training's egress is charged as the simulator's, per plan, its saves' to a far bucket
-        # with it; the handovers' per zone pair, the restores' per bucket pair)
-        pairs = {pair: v for pair, v in ledger.egress_by_pair().items() if pair != SIMULATED_PAIR}
-        handover = [v for pair, v in pairs.items() if not is_bucket_pair(*pair)]
-        restore = [v for pair, v in pairs.items() if is_bucket_pair(*pair)]
         return ReplayResult(
             policy=policy, finished=self.finished_at is not None, stop_reason=self.stop_reason,
             time_to_train_s=self.finished_at, end_s=end_s,
             samples_done=self.done, samples_target=self.setup.samples_target,
             usd_spent=ledger.spent_usd(end_s), budget_usd=budget_usd, egress_usd=ledger.egress_usd(),
-            handover_egress_usd=sum(usd for _, usd in handover), handover_egress_bytes=sum(n for n, _ in handover),
-            restore_egress_usd=sum(usd for _, usd in restore), restore_egress_bytes=sum(n for n, _ in restore),
+            **load_egress_fields({p: v for p, v in ledger.egress_by_pair().items() if p != SIMULATED_PAIR}),
             useful_work_fraction=useful_gpu_s / paid_gpu_s if paid_gpu_s > 0 else 0.0,
             num_replans=self.num_replans, num_restarts=self.num_restarts, num_preemptions_hit=self.num_hits,
             work_lost_samples=self.lost_samples, wait_s=self.wait_s,
@@ -576,8 +569,7 @@ def replay(
     config = policy.config
     setup = _setup(trace, seed=seed, max_time_s=max_time_s, price_change_times=market.price_change_times,
                    plan_fn=costs.with_saves(policy.plan_fn), cost_plan_fn=costs.with_saves(policy.cost_plan_fn),
-                   config=config, costs=costs,
-                   samples_target=goal.samples_target, price_fn=market.price_fn,
+                   config=config, costs=costs, samples_target=goal.samples_target, price_fn=market.price_fn,
                    on_demand_price_fn=market.on_demand_price_fn or market.price_fn,
                    on_demand_available=dict(market.on_demand_available),
                    deadline_s=math.inf if goal.deadline_s is None else float(goal.deadline_s), lookahead=lookahead)
