@@ -10,8 +10,8 @@ from sailor_core.catalog.clouds import cloud_facts
 from sailor_core.controller.checkpoint_egress import CheckpointEgress
 from sailor_core.controller.options import PlanFn
 from sailor_core.controller.state_load import DEFAULT_STORAGE_BW_BYTES_PER_S, StateLoad
-from sailor_core.network.storage_egress import BucketPlace
 from sailor_core.errors import InputError
+from sailor_core.network.storage_egress import BucketPlace
 from sailor_core.traces import GpuZone
 from sailor_core.zones import parse_zone
 
