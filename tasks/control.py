@@ -75,8 +75,10 @@ def flow_costs(spec: JobSpec) -> Costs:
     (``economics.job_costs``: the job's checkpoint reload included, which a change's
     ``state_load`` replaces with what its ranks must receive: the engine hands the state over in
     memory, ``runtime/handover.py``, and the bytes that cross zones are priced, as the ledger
-    charges them); the check before renting charges the same start-up."""
-    return job_costs(spec.model)
+    charges them, as are what its ranks read from a checkpoint bucket in another region: the job's
+    bucket, ``checkpoint_egress``); the check before renting charges the same start-up."""
+    place = checkpoint_egress(spec).place
+    return job_costs(spec.model, bucket=place if place.metered else None)
 
 
 def availability(offers: Sequence[Offer], *, max_gpus_per_zone: int, max_gpus: int | None,

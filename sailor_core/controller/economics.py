@@ -22,8 +22,9 @@ each with a meaning (``ControllerConfig``, ``ControllerState``):
   provisioning and start-up if it needs instances not held, else a rejoin of the workers held,
   which keep their processes; and the reload); C = rent/h x T + egress/h x the training in it
   (W / x and the work the hits redo: no bytes cross zones while the plan starts or restarts)
-  + the egress of the state handed over across zones, at the change and at each hit it expects
-  (``StateLoad.handover_usd``, what the replay and the ledger charge too).
+  + the egress of the state loaded, at the change and at each hit it expects: handed over across
+  zones, and read from a checkpoint bucket outside the readers' regions once there is a
+  checkpoint (``StateLoad.load_usd``, what the replay and the ledger charge too).
 
 * **Finishing by a deadline.** T is what the plan takes on average; a deadline must hold in
   most outcomes, not half of them.  Over its W / x of training the plan is hit N times, N a
@@ -49,6 +50,7 @@ from typing import Any
 
 from sailor_core.controller.options import GpuZone, PlanOption
 from sailor_core.controller.state_load import StateLoad
+from sailor_core.network.storage_egress import BucketPlace
 
 _S_PER_HR = 3600.0
 # The train-job flow's costs: seconds a plan change costs before training resumes (boot, torch
@@ -110,16 +112,17 @@ class Costs:
         return min(self.restart_s + extra, interim_s + 2 * extra) + self.work_lost_s
 
 
-def job_costs(model: str) -> Costs:
+def job_costs(model: str, bucket: BucketPlace | None = None) -> Costs:
     """The train-job flow's costs of change for a job of ``model`` (``tasks.control.flow_costs``),
     and the start-up the check before renting charges (``job/prerent.check_reach``: its
     ``restart_s``): half of ``CHANGE_COST_S`` provisioning, half start-up, ``REJOIN_COST_S`` a
     rejoin, each plus the job's whole checkpoint from storage (``StateLoad.of_checkpoint``, at
     the default storage bandwidth: the job records no timing of its own saves or loads), which a
-    change's ``state_load`` replaces with what its ranks must receive.  The constants were
+    change's ``state_load`` replaces with what its ranks must receive (and whose reads from
+    ``bucket``, the job's checkpoint bucket, it prices where it lies far).  The constants were
     measured on the embedded cloud's small models, whose reload is negligible, so the load is
     added, not taken out of them (as the replay's ``controller_costs``)."""
-    load = StateLoad.of_checkpoint(model)
+    load = StateLoad.of_checkpoint(model, bucket=bucket)
     return Costs(save_s=0.0, provisioning_s=CHANGE_COST_S / 2, startup_s=CHANGE_COST_S / 2 + load.storage_load_s,
                  work_lost_s=0.0, rejoin_s=REJOIN_COST_S + load.storage_load_s, state_load=load)
 
@@ -139,9 +142,9 @@ class Outlook:
     # change and the hits' restarts pay the rent but no egress (nothing trains: as the ledger and
     # the replay charge it)
     training_s: float = math.inf
-    # of cost_usd, the egress of the state handed over across zones: at the change and at the
-    # hits expected over the training (``StateLoad.handover_usd``)
-    handover_usd: float = 0.0
+    # of cost_usd, the egress of the state loaded (handed over across zones, restored from a far
+    # bucket): at the change and at the hits expected over the training (``StateLoad.load_usd``)
+    load_egress_usd: float = 0.0
 
     @property
     def useful_fraction(self) -> float:
@@ -199,30 +202,32 @@ def change_s(option: PlanOption, *, running: PlanOption | None, held: Mapping[Gp
 
 
 def change_usd(option: PlanOption, *, running: PlanOption | None, costs: Costs, holder: PlanOption | None = None,
-               lost: Mapping[GpuZone, int] | None = None) -> float:
-    """The egress of ``change_s``'s handover: what ``option``'s ranks receive across zones from
-    those of ``holder`` (less ``lost``); nothing for the plan running or without ``costs.state_load``."""
+               lost: Mapping[GpuZone, int] | None = None, restores: bool = True) -> float:
+    """The egress of ``change_s``'s load: what ``option``'s ranks receive across zones from those of
+    ``holder`` (less ``lost``) and, when there is a checkpoint to resume from (``restores``), what
+    they read from a bucket outside their regions; nothing for the plan running or without
+    ``costs.state_load``."""
     if costs.state_load is None or (running is not None and _same_gpus(option, running)):
         return 0.0
-    return costs.state_load.handover_usd(option.plan, holder=holder.plan if holder is not None else None,
-                                         lost=lost or {})
+    return costs.state_load.load_usd(option.plan, holder=holder.plan if holder is not None else None,
+                                     lost=lost or {}, restores=restores)
 
 
 def outlook(option: PlanOption, *, remaining: float, change: float, rates: Mapping[GpuZone, float],
             shares: Mapping[GpuZone, float], costs: Costs, change_usd: float = 0.0) -> Outlook:
-    """``option``'s outlook after a change of ``change`` seconds whose handover's egress is ``change_usd``."""
+    """``option``'s outlook after a change of ``change`` seconds whose load's egress is ``change_usd``."""
     h = hits_per_s(option, rates=rates, shares=shares)
     hit_s = costs.hit_s_at(share_per_hit(option, rates=rates, shares=shares), option.plan)
     x = option.throughput_samples_per_s
     eff = x / (1.0 + h * hit_s) if x > 0 else 0.0
     t = change + (remaining / eff if eff > 0 else math.inf)
     train_s = remaining / x * (1.0 + h * costs.work_lost_s) if eff > 0 else math.inf
-    handover = change_usd
-    if costs.state_load is not None and h > 0 and math.isfinite(train_s):  # each hit hands over again
-        handover += h * remaining / x * costs.state_load.hit_handover_usd(option.plan)
+    load_usd = change_usd
+    if costs.state_load is not None and h > 0 and math.isfinite(train_s):  # each hit loads again
+        load_usd += h * remaining / x * costs.state_load.hit_load_usd(option.plan)
     return Outlook(option=option, hits_per_s=h, effective_samples_per_s=eff, change_s=change, hit_s=hit_s, time_s=t,
-                   cost_usd=option.usd_for(t, train_s) + handover if math.isfinite(t) else math.inf,
-                   training_s=train_s, handover_usd=handover)
+                   cost_usd=option.usd_for(t, train_s) + load_usd if math.isfinite(t) else math.inf,
+                   training_s=train_s, load_egress_usd=load_usd)
 
 
 def deadline_margin_s(o: Outlook, *, quantile: float, costs: Costs) -> float:

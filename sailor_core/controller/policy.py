@@ -119,16 +119,17 @@ class _Ranking:
     def of(self, option: PlanOption) -> Outlook:
         change = change_s(option, running=self.running, held=self.held, held_on_demand=self.held_on_demand,
                           costs=self.config.costs, holder=self.holder, lost=self.lost)
-        usd = change_usd(option, running=self.running, costs=self.config.costs, holder=self.holder, lost=self.lost)
+        usd = change_usd(option, running=self.running, costs=self.config.costs, holder=self.holder, lost=self.lost,
+                         restores=self.state.samples_done > 0)  # (a first start has no checkpoint to read)
         return outlook(option, remaining=self.remaining, change=change, rates=self.state.preemption_rate_per_s,
                        shares=self.state.preemption_share, costs=self.config.costs, change_usd=usd)
 
     def finishes(self, o: Outlook) -> bool:
-        """Within the budget left: the expected cost to finish (the handovers' egress included),
-        then the shutdown."""
+        """Within the budget left: the expected cost to finish (the loads' egress included: handovers
+        and restores), then the shutdown."""
         if math.isinf(self.state.budget_left_usd):
             return True
-        need = o.option.usd_for(o.time_s + self.config.shutdown_s, o.training_s) + o.handover_usd
+        need = o.option.usd_for(o.time_s + self.config.shutdown_s, o.training_s) + o.load_egress_usd
         return need <= self.state.budget_left_usd
 
     def in_time(self, o: Outlook) -> bool:

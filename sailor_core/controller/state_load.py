@@ -23,6 +23,11 @@ never over-counted.  It does not follow ranks either: a rank whose new layers li
 held (the runtime serves it from its own memory) is charged its whole shard from a peer, and a
 shard that spans old stages is charged whole over the slowest of their nearest links.  Both err
 on the side of a longer load.  A plan without its ``Plan`` (a test planner's) reads the whole checkpoint.
+
+What a change's load sends and is billed for (``load_egress``): the handover's bytes across zones
+(``handover_egress``) and, with the checkpoint in a bucket outside a rank's region
+(``StateLoad.bucket``, priced by ``network/storage_egress.py`` as the ledger charges what the
+engine meters), what the resume reads from it (``restore_egress``).
 """
 
 from __future__ import annotations
@@ -33,7 +38,9 @@ from functools import lru_cache
 from typing import Any
 
 from sailor_core.catalog.layers import layer_shapes, total_params
+from sailor_core.catalog.models import get_model
 from sailor_core.network.model import Endpoint, default_network
+from sailor_core.network.storage_egress import BucketPlace
 from sailor_core.regimes import DEFAULT_REGIME, get_regime
 
 GpuZone = tuple[str, str]
@@ -57,14 +64,17 @@ class StateLoad:
     storage_load_s: float
     storage_bw_bytes_per_s: float
     handover: bool = True
+    # The checkpoint's bucket: what a resume reads from it is billed where it lies outside the
+    # reading rank's region (``restore_egress``).  None: nothing read is billed (a local folder).
+    bucket: BucketPlace | None = None
 
     @classmethod
     def of_checkpoint(cls, model: str, *, storage_bw_bytes_per_s: float = DEFAULT_STORAGE_BW_BYTES_PER_S,
-                      handover: bool = True) -> StateLoad:
+                      handover: bool = True, bucket: BucketPlace | None = None) -> StateLoad:
         """The load of ``model``'s job whose whole checkpoint (``checkpoint_bytes_for``) storage
-        serves at ``storage_bw_bytes_per_s``."""
+        serves at ``storage_bw_bytes_per_s``, from ``bucket``."""
         return cls(storage_load_s=checkpoint_bytes_for(model) / storage_bw_bytes_per_s,
-                   storage_bw_bytes_per_s=storage_bw_bytes_per_s, handover=handover)
+                   storage_bw_bytes_per_s=storage_bw_bytes_per_s, handover=handover, bucket=bucket)
 
     def load_s(self, new: Any, *, holder: Any, lost: Mapping[GpuZone, int]) -> float:
         """Seconds until ``new``'s ranks hold their state, from the ranks of ``holder`` (the layout
@@ -106,6 +116,40 @@ class StateLoad:
         """What ``handover_egress`` costs in all."""
         return sum(usd for _, usd in self.handover_egress(new, holder=holder, lost=lost).values())
 
+    def restore_egress(self, new: Any, *, holder: Any, lost: Mapping[GpuZone, int]) -> dict[tuple[str, str], tuple[float, float]]:
+        """(bytes, USD) per (bucket, zone) that a resume of ``new`` reads from ``bucket`` where it lies
+        outside the reading rank's region, as the engine reads it: rank 0 (stage 0's first replica)
+        reads the whole checkpoint to verify it before every rank agrees on it
+        (``runtime/worker._agreed_checkpoint``); every rank ``load_s`` weighs from storage (every
+        rank without the handover or a holder) reads its stage's layer files whole, each TP rank
+        its own copy, plus layer 0's for a tied head (``stage_checkpoint.weight_layers``).  The
+        manifest and meta every rank reads (a few KB) are left out; a plan without its ``Plan``
+        has no zones to price: nothing."""
+        if self.bucket is None or not self.bucket.metered or new is None:
+            return {}
+        read = {new.stages[0].replicas[0].zone: checkpoint_bytes_for(new.model, new.regime)}
+        if not self.handover or holder is None:
+            readers = [(stage, r) for stage in new.stages for r in stage.replicas]
+        else:
+            readers = [(stage, r) for _, stage, r, _, sources in _receivers(new, holder, lost) if sources is None]
+        for stage, r in readers:
+            read[r.zone] = read.get(r.zone, 0.0) + _files_bytes(new.model, new.regime, stage) * r.tp_degree
+        return {(self.bucket.name, zone): (n, n * self.bucket.usd_per_byte(zone))
+                for zone, n in sorted(read.items()) if self.bucket.crosses(zone)}
+
+    def load_egress(self, new: Any, *, holder: Any, lost: Mapping[GpuZone, int],
+                    restores: bool = True) -> dict[tuple[str, str], tuple[float, float]]:
+        """(bytes, USD) per pair that a change's load sends: ``handover_egress``'s, and
+        ``restore_egress``'s when there is a checkpoint to resume from (``restores``)."""
+        out = self.handover_egress(new, holder=holder, lost=lost)
+        if restores:
+            out.update(self.restore_egress(new, holder=holder, lost=lost))  # (a bucket's pairs: no zone pair's)
+        return out
+
+    def load_usd(self, new: Any, *, holder: Any, lost: Mapping[GpuZone, int], restores: bool = True) -> float:
+        """What ``load_egress`` costs in all: the egress the controller weighs for a change."""
+        return sum(usd for _, usd in self.load_egress(new, holder=holder, lost=lost, restores=restores).values())
+
     def hit_load_s(self, plan: Any) -> float:
         """The load after a hit on ``plan`` that takes one replica of its largest stage: the
         survivors keep their shards, the replacement receives its own (storage where that
@@ -115,11 +159,11 @@ class StateLoad:
         return _hit_load_s(self, plan)
 
 
-    def hit_handover_usd(self, plan: Any) -> float:
-        """The egress of ``hit_load_s``'s handover."""
-        if not self.handover or plan is None:
+    def hit_load_usd(self, plan: Any) -> float:
+        """The egress of ``hit_load_s``'s load: its handover and its restore (``load_usd``)."""
+        if plan is None:
             return 0.0
-        return _hit_handover_usd(self, plan)
+        return _hit_load_usd(self, plan)
 
 
 def _hit(plan: Any) -> dict[GpuZone, int]:
@@ -136,8 +180,8 @@ def _hit_load_s(load: StateLoad, plan: Any) -> float:
 
 
 @lru_cache(maxsize=4096)
-def _hit_handover_usd(load: StateLoad, plan: Any) -> float:
-    return load.handover_usd(plan, holder=plan, lost=_hit(plan))
+def _hit_load_usd(load: StateLoad, plan: Any) -> float:
+    return load.load_usd(plan, holder=plan, lost=_hit(plan))
 
 
 def _receivers(new: Any, holder: Any, lost: Mapping[GpuZone, int]):
@@ -202,6 +246,15 @@ def stage_state_bytes(model: str, regime: str | None, layer_start: int, layer_en
     """The whole state of layers ``[layer_start, layer_end)`` (weights and optimizer state, no
     TP split): what a stage's checkpoint files hold."""
     return _rank_bytes(model, regime, layer_start, layer_end, 1)
+
+
+def _files_bytes(model: str, regime: str | None, stage: Any) -> float:
+    """The layer files one rank of ``stage`` reads to load from the checkpoint: its layers' whole,
+    and layer 0's where its head is the tied copy of the embedding (never stored apart)."""
+    own = stage_state_bytes(model, regime, stage.layer_start, stage.layer_end)
+    tied = get_model(model).tie_embeddings and get_regime(regime or DEFAULT_REGIME).ties_embedding_across_stages
+    last = stage.layer_end == len(layer_shapes(model, seq_len=1))
+    return own + (stage_state_bytes(model, regime, 0, 1) if tied and last and stage.layer_start > 0 else 0.0)
 
 
 @lru_cache(maxsize=4096)

@@ -81,6 +81,20 @@ def bucket_place(url: str, region: str = "") -> BucketPlace:
     return BucketPlace(cloud=clouds[0], region=region or None)
 
 
+def place_named(text: str) -> BucketPlace:
+    """The place ``cloud:region`` (``aws:us-west-2``), ``cloud`` (region not known) or ``local``
+    names: the replay's checkpoint bucket, which has no URL."""
+    cloud, _, region = text.strip().partition(":")
+    if cloud == LOCAL_REGION:
+        return BucketPlace(cloud=_LOCAL, region=_LOCAL)
+    names = sorted(c.name for c in all_clouds() if c.name != _LOCAL)
+    if cloud not in names:
+        raise InputError(f"checkpoint bucket {text!r}: expected cloud:region (clouds: {', '.join(names)}) or local")
+    if region_problem(region) or region == LOCAL_REGION:
+        raise InputError(f"checkpoint bucket {text!r}: the region is not a cloud's region name such as us-west-2")
+    return BucketPlace(cloud=cloud, region=region or None)
+
+
 def region_problem(region: str) -> str:
     """What is wrong with ``region`` as a bucket's region name ('' when nothing, or when empty)."""
     if region and region != LOCAL_REGION and not _REGION.match(region):

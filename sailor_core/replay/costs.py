@@ -7,8 +7,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from sailor_core.catalog.clouds import cloud_facts
+from sailor_core.controller.checkpoint_egress import CheckpointEgress
+from sailor_core.controller.options import PlanFn
 from sailor_core.controller.state_load import DEFAULT_STORAGE_BW_BYTES_PER_S, StateLoad
 from sailor_core.errors import InputError
+from sailor_core.network.storage_egress import BucketPlace
 from sailor_core.traces import GpuZone
 from sailor_core.zones import parse_zone
 
@@ -33,6 +36,10 @@ class ChangeCosts:
     storage_bw_bytes_per_s: float = DEFAULT_STORAGE_BW_BYTES_PER_S  # aggregate write/read bandwidth to the checkpoint store
     checkpoint_interval_s: float = 1800.0  # periodic checkpoints while training
     terminate_s: float = 30.0             # instance shutdown after the final checkpoint
+    # Where the checkpoint bucket lies (network/storage_egress.py): from outside its region the
+    # saves and restores are egress, weighed and charged as the controller expects them (``saves``,
+    # ``load_egress_for``).  None: beside every zone, nothing billed.
+    bucket: BucketPlace | None = None
 
     def __post_init__(self) -> None:
         for name in ("provisioning_s", "startup_s", "rejoin_s", "checkpoint_bytes", "terminate_s"):
@@ -53,7 +60,7 @@ class ChangeCosts:
     def state_load(self) -> StateLoad:
         """The load of a change, as the controller weighs it too."""
         return StateLoad(storage_load_s=self.load_s, storage_bw_bytes_per_s=self.storage_bw_bytes_per_s,
-                         handover=self.handover)
+                         handover=self.handover, bucket=self.bucket)
 
     def load_for_s(self, new: Any, *, holder: Any, lost: Mapping[GpuZone, int]) -> float:
         """Seconds until ``new`` (a ``Plan``) holds the state, ``holder``'s ranks (less ``lost``)
@@ -62,10 +69,26 @@ class ChangeCosts:
             return self.load_s
         return self.state_load.load_s(new, holder=holder, lost=lost)
 
-    def handover_egress_for(self, new: Any, *, holder: Any,
-                            lost: Mapping[GpuZone, int]) -> dict[tuple[str, str], tuple[float, float]]:
-        """(bytes, USD) per zone pair that ``load_for_s``'s handover sends across zones."""
-        return self.state_load.handover_egress(new, holder=holder, lost=lost)
+    def load_egress_for(self, new: Any, *, holder: Any,
+                        lost: Mapping[GpuZone, int]) -> dict[tuple[str, str], tuple[float, float]]:
+        """(bytes, USD) per pair that ``load_for_s``'s load sends: its handover across zones, and
+        its restore from a bucket outside the readers' regions (``StateLoad.load_egress``)."""
+        return self.state_load.load_egress(new, holder=holder, lost=lost)
+
+    @property
+    def saves(self) -> CheckpointEgress | None:
+        """The periodic saves' egress to a bucket that bills them (None: it bills none)."""
+        if self.bucket is None or not self.bucket.metered:
+            return None
+        return CheckpointEgress(place=self.bucket, every_s=self.checkpoint_interval_s)
+
+    def with_saves(self, plan_fn: PlanFn | None) -> PlanFn | None:
+        """``plan_fn`` whose options carry their saves' egress per hour of training (``saves``), as
+        the train-job flow's planner does; unchanged where the bucket bills none."""
+        saves = self.saves
+        if saves is None or plan_fn is None:
+            return plan_fn
+        return lambda *args: tuple(saves.with_egress(o) for o in plan_fn(*args))
 
     @property
     def shutdown_s(self) -> float:

@@ -15,11 +15,13 @@ def controller_costs(costs: ChangeCosts, zones: Iterable[str] = ()) -> Costs:
     ``costs``): loading the checkpoint is part of a start-up and of a rejoin, and a preemption in
     ``zones`` loses the work since the last checkpoint where the notice is shorter than a save; new
     instances' start-up is their standby workers' handover where they have them; with the state
-    handed over in memory, a change's load is what its ranks must receive (``state_load``)."""
+    handed over in memory, a change's load is what its ranks must receive (``state_load``), and
+    with or without it what they read from a far checkpoint bucket is egress (its time stays the
+    start-up's whole reload without the handover)."""
     return Costs(save_s=costs.save_s, provisioning_s=costs.provisioning_s,
                  startup_s=costs.new_instance_start_s + costs.load_s,
                  rejoin_s=costs.rejoin_s + costs.load_s, work_lost_s=costs.work_lost_s(zones),
-                 state_load=costs.state_load if costs.handover else None)
+                 state_load=costs.state_load)
 
 
 def pick_single_type(trace: AvailabilityTrace, plan_fn: PlanFn) -> str:

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from sailor_core.network.storage_egress import is_bucket_pair
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TimelinePoint:
@@ -66,6 +68,10 @@ class ReplayResult:
     # of ``egress_usd``: the state handed over across zones at the changes (StateLoad.handover_egress)
     handover_egress_usd: float = 0.0
     handover_egress_bytes: float = 0.0
+    # of ``egress_usd``: the checkpoint read from a bucket outside the readers' regions at the
+    # changes (StateLoad.restore_egress); the saves to it are in the training's egress
+    restore_egress_usd: float = 0.0
+    restore_egress_bytes: float = 0.0
 
     def to_dict(self, *, with_timeline: bool = False) -> dict:
         out = {
@@ -81,7 +87,9 @@ class ReplayResult:
             "gpu_s_by_activity": dict(self.gpu_s_by_activity), "num_interims": self.num_interims,
         } | ({"egress_usd": self.egress_usd} if self.egress_usd else {}) \
             | ({"handover_egress_usd": self.handover_egress_usd, "handover_egress_bytes": self.handover_egress_bytes}
-               if self.handover_egress_bytes else {})
+               if self.handover_egress_bytes else {}) \
+            | ({"restore_egress_usd": self.restore_egress_usd, "restore_egress_bytes": self.restore_egress_bytes}
+               if self.restore_egress_bytes else {})
         if with_timeline:
             out["timeline"] = [
                 {"time_s": p.time_s, "gpus_by_type": dict(p.gpus_by_type),
@@ -92,3 +100,13 @@ class ReplayResult:
                 for d in self.decisions
             ]
         return out
+
+
+def load_egress_fields(pairs: Mapping[tuple[str, str], tuple[float, float]]) -> dict[str, float]:
+    """``ReplayResult``'s egress of the changes' loads from the (bytes, USD) charged per pair
+    besides the training's (the simulator's, with its saves to a far bucket): the handovers' per
+    zone pair, the restores' per bucket pair (``network/storage_egress.is_bucket_pair``)."""
+    handover = [v for pair, v in pairs.items() if not is_bucket_pair(*pair)]
+    restore = [v for pair, v in pairs.items() if is_bucket_pair(*pair)]
+    return {"handover_egress_usd": sum(usd for _, usd in handover), "handover_egress_bytes": sum(n for n, _ in handover),
+            "restore_egress_usd": sum(usd for _, usd in restore), "restore_egress_bytes": sum(n for n, _ in restore)}

@@ -27,6 +27,7 @@ from sailor_core.controller import (
 from sailor_core.controller.options import PlannerCall
 from sailor_core.errors import InputError
 from sailor_core.controller.state_load import checkpoint_bytes_for
+from sailor_core.network.storage_egress import BucketPlace, place_named
 from sailor_core.replay.costs import ChangeCosts
 from sailor_core.replay.lookahead import first_requests
 from sailor_core.replay.plan_cache import PersistentPlanner, _key, persistent
@@ -242,7 +243,14 @@ def _change_costs(spec: ReplaySpec, model: str) -> ChangeCosts:
     return ChangeCosts(provisioning_s=spec.provisioning_s, startup_s=spec.startup_s, rejoin_s=spec.rejoin_s,
                        standby_workers=spec.standby_workers, handover=spec.handover,
                        checkpoint_interval_s=spec.checkpoint_interval_s, checkpoint_bytes=checkpoint_bytes_for(model),
-                       storage_bw_bytes_per_s=spec.storage_gb_per_s * 1e9)
+                       storage_bw_bytes_per_s=spec.storage_gb_per_s * 1e9,
+                       bucket=_bucket(spec.checkpoint_bucket))
+
+
+def _bucket(text: str) -> BucketPlace | None:
+    """The replay's checkpoint bucket (None: beside every zone, as a local one)."""
+    place = place_named(text)
+    return place if place.metered else None
 
 
 def _checked_model(model: str, *, tokens: float, budget_usd: float | None, policies: Sequence[str]) -> ModelSpec:

@@ -38,7 +38,7 @@ from sailor_core.controller.interim import interim_option, interim_pays, kept_gp
 from sailor_core.replay.costs import ChangeCosts
 from sailor_core.replay.hits import gpus_lost
 from sailor_core.replay.lookahead import Position, TraceEvents, first_requests, upcoming_requests
-from sailor_core.replay.result import GPU_TIME_KINDS, DecisionRecord, ReplayResult, TimelinePoint
+from sailor_core.replay.result import GPU_TIME_KINDS, DecisionRecord, ReplayResult, TimelinePoint, load_egress_fields
 from sailor_core.replay.scenario import Goal, Lookahead, Market, PriceFn, ReplayPolicy
 from sailor_core.traces import AvailabilityTrace, GpuZone
 
@@ -323,10 +323,11 @@ class _Replay:
         return self.setup.costs.load_for_s(new.plan, holder=holder.plan if holder is not None else None, lost=lost)
 
     def charge_handover(self, new: PlanOption, *, holder: PlanOption | None, lost: Mapping[GpuZone, int]) -> None:
-        """The egress of the state ``new``'s ranks receive across zones from ``holder``'s, charged
-        when the change is decided (as the controller's expected cost counts it)."""
-        pairs = self.setup.costs.handover_egress_for(new.plan, holder=holder.plan if holder is not None else None,
-                                                     lost=lost)
+        """The egress of the state ``new``'s ranks receive across zones from ``holder``'s and read
+        from a far checkpoint bucket, charged when the change is decided (as the controller's
+        expected cost counts it)."""
+        pairs = self.setup.costs.load_egress_for(new.plan, holder=holder.plan if holder is not None else None,
+                                                 lost=lost)
         for (src, dst), (num_bytes, usd) in pairs.items():
             self.ledger.charge_egress(src, dst, num_bytes=num_bytes, usd=usd, at_s=self.t)
 
@@ -531,14 +532,12 @@ class _Replay:
                        "provisioning": self.provisioning_gpu_s, "starting": self.starting_gpu_s}
         by_activity["other"] = max(0.0, paid_gpu_s - sum(by_activity.values()))
         assert tuple(by_activity) == GPU_TIME_KINDS
-        # (the training's egress is charged as the simulator's, per plan; the handovers' per zone pair)
-        handover = [v for pair, v in ledger.egress_by_pair().items() if pair != SIMULATED_PAIR]
         return ReplayResult(
             policy=policy, finished=self.finished_at is not None, stop_reason=self.stop_reason,
             time_to_train_s=self.finished_at, end_s=end_s,
             samples_done=self.done, samples_target=self.setup.samples_target,
             usd_spent=ledger.spent_usd(end_s), budget_usd=budget_usd, egress_usd=ledger.egress_usd(),
-            handover_egress_usd=sum(usd for _, usd in handover), handover_egress_bytes=sum(n for n, _ in handover),
+            **load_egress_fields({p: v for p, v in ledger.egress_by_pair().items() if p != SIMULATED_PAIR}),
             useful_work_fraction=useful_gpu_s / paid_gpu_s if paid_gpu_s > 0 else 0.0,
             num_replans=self.num_replans, num_restarts=self.num_restarts, num_preemptions_hit=self.num_hits,
             work_lost_samples=self.lost_samples, wait_s=self.wait_s,
@@ -569,8 +568,8 @@ def replay(
     """
     config = policy.config
     setup = _setup(trace, seed=seed, max_time_s=max_time_s, price_change_times=market.price_change_times,
-                   plan_fn=policy.plan_fn, cost_plan_fn=policy.cost_plan_fn, config=config, costs=costs,
-                   samples_target=goal.samples_target, price_fn=market.price_fn,
+                   plan_fn=costs.with_saves(policy.plan_fn), cost_plan_fn=costs.with_saves(policy.cost_plan_fn),
+                   config=config, costs=costs, samples_target=goal.samples_target, price_fn=market.price_fn,
                    on_demand_price_fn=market.on_demand_price_fn or market.price_fn,
                    on_demand_available=dict(market.on_demand_available),
                    deadline_s=math.inf if goal.deadline_s is None else float(goal.deadline_s), lookahead=lookahead)

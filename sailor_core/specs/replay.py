@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from sailor_core.errors import InputError
+from sailor_core.network.storage_egress import place_named
 from sailor_core.objective import JobTerms, Objective
 from sailor_core.specs.fields import SpecError, at_least, option
 
@@ -55,6 +57,10 @@ class ReplaySpec:
                             cli=("--handover/--no-handover",))
     storage_gb_per_s: float = option(1.0, help="Checkpoint store bandwidth (GB/s).")
     checkpoint_interval_s: float = option(1800.0, help="Periodic checkpoints.")
+    checkpoint_bucket: str = option("local", help="Where the checkpoint bucket lies, cloud:region (e.g. "
+                                                  "aws:us-west-2; a cloud alone: region not known, priced as the "
+                                                  "farthest); saves and restores from outside its region are "
+                                                  "charged as egress (local: beside every zone, none).")
     exact_availability: bool = option(False, help="Plan on exact counts (slower; default rounds pools to a 1/8 grid).")
     seed: int = option(0, help="Seed of which of our GPUs a preemption picks.")
     plan_cache: str | None = option(None, help="JSON file keeping the planner's answers between replays (delete it "
@@ -81,6 +87,10 @@ class ReplaySpec:
         object.__setattr__(self, "objective", self.terms.objective)  # validates the terms (JobTerms)
         if self.workers is not None:
             at_least("workers", self.workers, 0)
+        try:
+            place_named(self.checkpoint_bucket)
+        except InputError as exc:
+            raise SpecError("checkpoint_bucket", str(exc)) from None
 
     @property
     def terms(self) -> JobTerms:

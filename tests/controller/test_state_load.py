@@ -208,10 +208,10 @@ def test_the_controller_s_expected_cost_includes_the_handover_it_charges():
     assert outlook(new, change_usd=usd, **calm).cost_usd == pytest.approx(outlook(new, **calm).cost_usd + usd)
     # a hit on the two-zone plan takes its replica in A (its only stage's first); the replacement
     # receives from B across zones: each expected hit adds that
-    hit_usd = LOAD.hit_handover_usd(new.plan)
+    hit_usd = LOAD.hit_load_usd(new.plan)
     assert hit_usd == pytest.approx(shard_bytes(0, NUM_LAYERS) * price(B, A))
     stormy = outlook(new, remaining=1e4, change=10.0, rates={A: 1e-3}, shares={A: 1.0}, costs=ctl)
-    assert stormy.handover_usd == pytest.approx(stormy.hits_per_s * 1e4 / 2.0 * hit_usd)
+    assert stormy.load_egress_usd == pytest.approx(stormy.hits_per_s * 1e4 / 2.0 * hit_usd)
 
 
 def test_the_budget_test_counts_the_change_s_handover():
@@ -233,7 +233,7 @@ def test_the_budget_test_counts_the_change_s_handover():
         return rank.finishes(rank.of(new))
 
     o = _ranking(state, config, 1e4, lost={}, broken=False).of(new)
-    assert o.handover_usd == pytest.approx(LOAD.handover_usd(new.plan, holder=held.plan, lost={})) and o.handover_usd > 0
+    assert o.load_egress_usd == pytest.approx(LOAD.handover_usd(new.plan, holder=held.plan, lost={})) and o.load_egress_usd > 0
     without = new.usd_for(o.time_s + config.shutdown_s, o.training_s)
-    assert not finishes(without + o.handover_usd / 2)
-    assert finishes(without + o.handover_usd * 1.01)
+    assert not finishes(without + o.load_egress_usd / 2)
+    assert finishes(without + o.load_egress_usd * 1.01)

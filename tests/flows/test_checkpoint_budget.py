@@ -49,3 +49,18 @@ def test_one_save_is_kept_back_from_the_budget_so_the_stop_comes_before_a_write_
         spent_by_stop = (option.cost_usd_per_hr * d.stop_in_s + option.usd_per_hr * 5.0) / 3600 + reserve
         assert spent_by_stop == pytest.approx(spec.budget_usd)
         assert (reserve > 0) == (spec is FAR)
+
+
+def test_the_flows_costs_of_a_change_read_the_checkpoint_from_the_job_s_bucket():
+    """A change's restore from the far bucket is in the controller's expected cost of the change
+    (``StateLoad.restore_egress``); from the near one, and from a local folder, it costs nothing."""
+    from sailor_core.network.storage_egress import BucketPlace
+
+    _, _, option = _setup(FAR)
+    far, near = control.flow_costs(FAR).state_load, control.flow_costs(NEAR).state_load
+    assert far.bucket == BucketPlace(cloud="aws", region="us-west-2")
+    assert near.bucket == BucketPlace(cloud="aws", region="us-east-1")
+    assert control.flow_costs(dataclasses.replace(FAR, checkpoint_url="", checkpoint_region="")).state_load.bucket is None
+    # a resume (nothing held): rank 0 verifies the whole checkpoint, then the one rank reads its stage's files
+    assert far.load_usd(option.plan, holder=None, lost={}) > 0
+    assert near.load_usd(option.plan, holder=None, lost={}) == 0.0
