@@ -84,17 +84,19 @@ class SegmentParts:
         return bounds.steady_links_s(seg.num_microbatches, self.link_s(seg, seg), seg.num_stages)
 
     def blocked_s(self, seg: Segment, steps_s: float) -> float:
-        """The pipeline of a shape of this segment alone, whose steps sum to ``steps_s``, at the
-        least, where every regime it may run in blocks on its sends (``blocked``); else 0 (also
+        """The pipeline of a shape of this segment alone, whose steps sum to ``steps_s`` and hold
+        whole blocks, at the least, where every regime it may run in blocks on its sends (``blocked``); else 0 (also
         when the search draws a Pareto front: see ``Searcher``)."""
         if not self.placed or seg.num_stages < 2:
             return 0.0
         memo = self.memos.types.blocked_s
-        key = (seg.gpu, seg.tp_degree, seg.kind.micro_batch_size, seg.dp_degree, seg.num_stages, seg.rule, steps_s)
+        key = (seg.gpu, seg.tp_degree, seg.kind.micro_batch_size, seg.dp_degree, seg.num_stages, seg.rule, steps_s,
+               seg.block_busy_s, seg.head_busy_s)
         t = memo.get(key)
         if t is None:
             links = self._blocked_links(seg)
-            t = memo[key] = blocked_pipeline_s(steps_s, seg.num_microbatches, links) if links else 0.0
+            t = memo[key] = blocked_pipeline_s(steps_s, seg.num_microbatches, links, (
+                seg.block_busy_s, seg.head_busy_s, self.num_blocks)) if links else 0.0
         return t
 
     def blocked_column(self, columns: dict, idx, work_s: float):
