@@ -158,10 +158,11 @@ def test_blocked_bound_is_its_definition():
         assert math.isclose(got, want, rel_tol=1e-9), (steps, n, links, block, head, num, got, want)
 
 
-@pytest.mark.parametrize("label", ["homog 0", "homog 1", "geo 0", "geo 1"])
+@pytest.mark.parametrize("label", ["homog 0", "geo 0", "floor", "cap"])
 def test_one_segment_blocked_bound_holds_for_every_pipeline_fastsim_times(label, profiles, network, monkeypatch):
     # Every blocking pipeline fastsim times for a one-segment shape during the search of an AE row
-    # (its min-max split and each polished neighbour) is at least the shape's blocked bound.
+    # (its min-max split and each polished neighbour) is at least the shape's blocked bound (with
+    # whole blocks on the floor and cap rows, every stage's link part on all).
     timed, current, works = [], {}, {}
     evaluate_shape, evaluate, pipe, score = (search.Searcher.evaluate_shape, fastsim.FastSim._evaluate,
                                              fastsim.one_f_one_b_time, spaces.score_shapes)
@@ -198,3 +199,5 @@ def test_one_segment_blocked_bound_holds_for_every_pipeline_fastsim_times(label,
         checked += 1
         closest = max(closest, bound / total)
     assert checked > 10 and closest > 0.9  # the AE rows block on their sends, and the bound comes near
+    # whole blocks where a floor, a cap or the cost objective binds (``SegmentParts.whole_blocks``)
+    assert searcher.parts.whole_blocks == (label in ("floor", "cap"))

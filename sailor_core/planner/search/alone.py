@@ -37,11 +37,12 @@ def blocked_pipeline_s(steps_s: float, num_microbatches: int, links_s: Sequence[
     micro-batches, each paying both its links (``G_k >= f + l_k/2 + w (f + lam_in + lam_out)``,
     ``S_k >= (n - 1 - w) (t + l_in + l_out)``, ``C_k >= b + lam_in + lam_out``).  Every
     candidate bounds the pipeline, so T is at least every ``c_k`` (a stage of no work still pays
-    its links, as ``blocked_pair_many``'s: every stage holds a layer), and the split decides the ``t_k``: ``sum_k (T -
-    c_k) / n >= steps_s``, the steps poured over every stage's link part.  With whole blocks,
-    stage k's busy time ``n t_k`` holds at most ``floor((T - c_k) / r)`` blocks, the last stage's
-    (it holds the last layer) ``floor((T - c_last - h) / r)``: T is also at least the least
-    level where they hold every block (``bounds.granular_busiest_s``'s steps, per stage)."""
+    its links, as ``blocked_pair_many``'s: every stage holds a layer), and the split decides the
+    ``t_k``: ``sum_k (T - c_k) / n >= steps_s``, the steps poured over every stage's link part.
+    With whole blocks, stage k's busy time ``n t_k`` holds at most ``floor((T - c_k) / r)``
+    blocks, the last stage's (it holds the last layer) ``floor((T - c_last - h) / r)``: T is also
+    at least the least level where they hold every block (``bounds.granular_busiest_s``'s steps,
+    per stage; the embedding left out, as there)."""
     n = num_microbatches
     m = n - 1
     costs: list[float] = []
@@ -59,7 +60,8 @@ def blocked_pipeline_s(steps_s: float, num_microbatches: int, links_s: Sequence[
     if block_s <= 0 or num_blocks <= 0:
         return level
     costs[-1] += head_s
-    t = max(level, costs[-1])
+    # (at least fractions of blocks poured over the link parts: at most one block short per stage)
+    t = max(level, costs[-1], (num_blocks * block_s + sum(costs)) / len(costs))
     while True:  # counts change only where some stage's (t - c_k) / r crosses an integer
         count, nxt = 0, math.inf
         for c in costs:
