@@ -1,7 +1,6 @@
 """The bound of a one-segment shape under blocking sends (``search/alone.py``) must never exceed
 the pipeline it bounds, on any split: a pruned shape is gone for good."""
 
-import itertools
 import math
 import random
 
@@ -42,31 +41,6 @@ def test_blocked_bound_never_exceeds_the_blocking_1f1b_schedule():
     assert tight > 80  # and not vacuous (random uneven steps: a median of 0.35 of the time)
 
 
-def test_whole_blocks_bound_never_exceeds_the_blocking_1f1b_schedule():
-    # Random splits of whole blocks (a heavier last layer on the last stage, an embedding on the
-    # first the bound leaves out, each stage slower than the fastest variant's blocks at random),
-    # links at or above their bounds.
-    rng = random.Random(37)
-    tight = raised = 0
-    for _ in range(800):
-        s, n = rng.randint(2, 12), rng.choice([1, 2, 3, 4, 8, 16, 32, 128])
-        num = rng.randint(s, 40)  # (every stage holds a layer, as every split does)
-        block, head = rng.uniform(0.001, 0.02), rng.choice([0.0, rng.uniform(0.0, 0.05)])
-        cut = sorted(rng.sample(range(1, num), s - 1)) if rng.random() < 0.5 else [k * num // s for k in range(1, s)]
-        held = [b - a for a, b in zip((0, *cut), (*cut, num))]
-        steps = [(k * block + (head if i == s - 1 else 0.0) + (block / 3 if i == 0 else 0.0)) * rng.uniform(1.0, 1.2)
-                 for i, k in enumerate(held)]
-        floor_links = [rng.choice([0.0, rng.uniform(0.0, 0.01), rng.uniform(0.01, 0.2)]) for _ in range(s - 1)]
-        links = [l + rng.choice([0.0, rng.uniform(0.0, 0.02)]) for l in floor_links]
-        total = _blocking_time([(t, rng.uniform(0.2, 0.5)) for t in steps], links, n)
-        fractional = blocked_pipeline_s(sum(steps), n, floor_links)
-        bound = blocked_pipeline_s(sum(steps), n, floor_links, (n * block, n * head, num))
-        assert bound <= total * (1 + 1e-9)
-        tight += bound >= 0.8 * total
-        raised += bound > 1.05 * fractional
-    assert tight > 150 and raised > 60  # and not vacuous
-
-
 def test_blocked_bound_on_a_hand_computed_pipeline():
     # Two stages, n = 3, a link of 1 s: stage 0 costs 2 x 1 + 1/2, stage 1 costs 1 + 2 x 1; 9 s of
     # steps x 3 poured over 2.5 and 3: T = (27 + 5.5) / 2 = 16.25 (both stages filled).
@@ -74,11 +48,6 @@ def test_blocked_bound_on_a_hand_computed_pipeline():
     # With 0.1 s of steps the level (27 x 0.1 / 9 ... (0.3 + 5.5) / 2 = 2.9) is under the last
     # stage's own link part, 3: a stage of no work still pays its links.
     assert blocked_pipeline_s(0.1, 3, [1.0]) == 3.0
-    # Whole blocks: 3 blocks of 2 s busy (the last stage's last layer 1 s more), link parts 2.5
-    # and 3 (+ 1): a level of 6.5 holds 2 blocks on stage 0 and 1 on stage 1 (6.5 - 4 = 2.5), where
-    # fractions of blocks (9 s of steps x 3 poured) would stop at 16.25; with 1 s of steps, 6.5.
-    assert blocked_pipeline_s(1.0, 3, [1.0], (2.0, 1.0, 3)) == 6.5
-    assert blocked_pipeline_s(9.0, 3, [1.0], (2.0, 1.0, 3)) == 16.25
     # No links: the steps of the busiest replica over the stages (the capacity bound).
     assert blocked_pipeline_s(8.0, 4, [0.0, 0.0, 0.0]) == 8.0
 
@@ -130,39 +99,22 @@ def _poured(steps_s, n, costs):
             return max(level, ordered[-1])
 
 
-def _best_whole_split(costs, block_s, head_s, num_blocks):
-    """The least pipeline bound of every split of whole blocks over the stages, by enumeration."""
-    best = math.inf
-    for cut in itertools.combinations(range(num_blocks + len(costs) - 1), len(costs) - 1):
-        held = [b - a - 1 for a, b in zip((-1, *cut), (*cut, num_blocks + len(costs) - 1))]
-        worst = max(c + k * block_s for c, k in zip(costs, held))
-        best = min(best, max(worst, costs[-1] + held[-1] * block_s + head_s))
-    return best
-
-
 def test_blocked_bound_is_its_definition():
-    # Fractions of blocks: the steps poured over every stage's link part, at least the largest;
-    # whole blocks: also the best split of whole blocks (enumerated), no more.
+    # The steps poured over every stage's link part, at least the largest (the closed form).
     rng = random.Random(36)
-    for _ in range(4000):
-        s, n = rng.randint(1, 5), rng.choice([1, 2, 3, 4, 8, 16, 32, 64, 1024])
+    for _ in range(20000):
+        s, n = rng.randint(1, 26), rng.choice([1, 2, 3, 4, 8, 16, 32, 64, 1024])
         link = rng.choice([0.0, rng.uniform(0.0, 0.01), rng.uniform(0.01, 0.5)])
         links = [link] * (s - 1) if rng.random() < 0.5 else \
             [rng.choice([0.0, rng.uniform(0.0, 0.3)]) for _ in range(s - 1)]
         steps = rng.choice([0.0, rng.uniform(0.0, 1e-3), rng.uniform(0.0, 10.0), rng.uniform(0.0, 1000.0)])
-        costs = _costs(n, links)
-        assert math.isclose(blocked_pipeline_s(steps, n, links), _poured(steps, n, costs), rel_tol=1e-12)
-        block, head, num = rng.uniform(1e-3, 2.0) * n, rng.choice([0.0, rng.uniform(0.0, 3.0)]) * n, rng.randint(1, 9)
-        got = blocked_pipeline_s(steps, n, links, (block, head, num))
-        want = max(_poured(steps, n, costs), _best_whole_split(costs, block, head, num))
-        assert math.isclose(got, want, rel_tol=1e-9), (steps, n, links, block, head, num, got, want)
+        assert math.isclose(blocked_pipeline_s(steps, n, links), _poured(steps, n, _costs(n, links)), rel_tol=1e-12)
 
 
-@pytest.mark.parametrize("label", ["homog 0", "geo 0", "floor", "cap"])
+@pytest.mark.parametrize("label", ["homog 0", "homog 1", "geo 0", "floor"])
 def test_one_segment_blocked_bound_holds_for_every_pipeline_fastsim_times(label, profiles, network, monkeypatch):
     # Every blocking pipeline fastsim times for a one-segment shape during the search of an AE row
-    # (its min-max split and each polished neighbour) is at least the shape's blocked bound (with
-    # whole blocks on the floor and cap rows, every stage's link part on all).
+    # (its min-max split and each polished neighbour) is at least the shape's blocked bound.
     timed, current, works = [], {}, {}
     evaluate_shape, evaluate, pipe, score = (search.Searcher.evaluate_shape, fastsim.FastSim._evaluate,
                                              fastsim.one_f_one_b_time, spaces.score_shapes)
@@ -198,6 +150,4 @@ def test_one_segment_blocked_bound_holds_for_every_pipeline_fastsim_times(label,
         assert bound <= total * (1 + 1e-9), (label, mbs, seg, bound, total)
         checked += 1
         closest = max(closest, bound / total)
-    assert checked > 10 and closest > 0.9  # the AE rows block on their sends, and the bound comes near
-    # whole blocks where a floor, a cap or the cost objective binds (``SegmentParts.whole_blocks``)
-    assert searcher.parts.whole_blocks == (label in ("floor", "cap"))
+    assert checked > 10 and closest > 0.85  # the AE rows block on their sends, and the bound comes near

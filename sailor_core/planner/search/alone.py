@@ -19,30 +19,24 @@ two types' scoring (``scored._with_blocked_pair``).
 
 from __future__ import annotations
 
-import math
 from typing import Sequence
 
 
-def blocked_pipeline_s(steps_s: float, num_microbatches: int, links_s: Sequence[float],
-                       blocks: tuple[float, float, int] | None = None) -> float:
+def blocked_pipeline_s(steps_s: float, num_microbatches: int, links_s: Sequence[float]) -> float:
     """A lower bound on the blocking 1F1B pipeline time of one segment (every stage's replicas
     get ``num_microbatches`` = n each) whose stage steps sum to at least ``steps_s``, with
-    link k (between stages k and k + 1) taking at least ``links_s[k]``; with ``blocks`` (busy
-    seconds per block, of the last layer, number of blocks: ``Segment.block_busy_s``,
-    ``head_busy_s``, ``SegmentParts.num_blocks``), also with every stage holding whole blocks.
+    link k (between stages k and k + 1) taking at least ``links_s[k]``.
 
     Stage k's candidate ``T_k = B_k + G_k + b_k + S_k + w_k C_k`` (``pipeline_time``) is, under
     the blocking schedule, at least ``c_k + n t_k``, ``c_k = sum_{j<k} l_j + (n - 1)(l_{k-1} +
     l_k) + l_k / 2``: its warm-up forwards, steady pairs and cool-down backwards are its n
     micro-batches, each paying both its links (``G_k >= f + l_k/2 + w (f + lam_in + lam_out)``,
     ``S_k >= (n - 1 - w) (t + l_in + l_out)``, ``C_k >= b + lam_in + lam_out``).  Every
-    candidate bounds the pipeline, so T is at least every ``c_k`` (a stage of no work still pays
-    its links, as ``blocked_pair_many``'s: every stage holds a layer), and the split decides the
-    ``t_k``: ``sum_k (T - c_k) / n >= steps_s``, the steps poured over every stage's link part.
-    With whole blocks, stage k's busy time ``n t_k`` holds at most ``floor((T - c_k) / r)``
-    blocks, the last stage's (it holds the last layer) ``floor((T - c_last - h) / r)``: T is also
-    at least the least level where they hold every block (``bounds.granular_busiest_s``'s steps,
-    per stage; the embedding left out, as there)."""
+    candidate bounds the pipeline, so T is at least every ``c_k`` (a stage's links are paid
+    whatever its share: every stage holds a layer, as ``blocked_pair_many``'s), and the split
+    decides the ``t_k``: ``sum_k (T - c_k) / n >= steps_s``, the steps poured over every stage's
+    link part, ``T = max(max_k c_k, (n steps_s + sum_k c_k) / S)``.  (Whole blocks per stage
+    would raise it further on the AE rows: not taken, docs/benchmarks/planner.md's sixteenth pass.)"""
     n = num_microbatches
     m = n - 1
     costs: list[float] = []
@@ -53,24 +47,7 @@ def blocked_pipeline_s(steps_s: float, num_microbatches: int, links_s: Sequence[
         before += l_out
         l_in = l_out
     append(before + m * l_in)  # (the last stage: no link out, l_out = 0 adds exactly nothing)
-    level = max(max(costs), (steps_s * n + sum(costs)) / len(costs))
-    if blocks is None:
-        return level
-    block_s, head_s, num_blocks = blocks
-    if block_s <= 0 or num_blocks <= 0:
-        return level
-    costs[-1] += head_s
-    # (at least fractions of blocks poured over the link parts: at most one block short per stage)
-    t = max(level, costs[-1], (num_blocks * block_s + sum(costs)) / len(costs))
-    while True:  # counts change only where some stage's (t - c_k) / r crosses an integer
-        count, nxt = 0, math.inf
-        for c in costs:
-            k = int((t - c) / block_s + 1e-9)
-            count += k
-            nxt = min(nxt, c + (k + 1) * block_s)
-        if count >= num_blocks:
-            return t
-        t = nxt
+    return max(max(costs), (steps_s * n + sum(costs)) / len(costs))
 
 
 def blocked_pair_many(work_s: float, first: tuple, second: tuple, links_between):

@@ -80,7 +80,7 @@ class TypeMemos:
     # (GPU, TP, mbs) -> whether every regime blocks on its sends; ("pairs", GPU, TP, mbs) -> links
     # between zones and per route; ("routes", GPU, TP, DP, stages, rule) -> each boundary's zone pairs
     blocked_links: dict = field(default_factory=dict)
-    blocked_s: dict = field(default_factory=dict)  # (GPU, TP, mbs, DP, stages, rule, steps s, whole blocks) -> bound s
+    blocked_s: dict = field(default_factory=dict)  # (GPU, TP, mbs, DP, stages, rule, steps s) -> blocked bound s
     layer_refs: dict = field(default_factory=dict)  # mbs -> per layer, the fastest variant's time (spaces)
 
 

@@ -36,10 +36,10 @@ class SegmentParts:
     memo's)."""
 
     __slots__ = ("network", "zone_gpus", "num_layers", "num_blocks", "max_stages", "figures", "memos",
-                 "placed", "whole_blocks", "_links", "_zone_names")
+                 "placed", "_links", "_zone_names")
 
     def __init__(self, *, network, zone_gpus: dict[str, dict[str, int]], num_layers: int, max_stages: int,
-                 figures: KindFigures, memos: SearchMemos, placed: bool = True, whole_blocks: bool = False) -> None:
+                 figures: KindFigures, memos: SearchMemos, placed: bool = True) -> None:
         self.network = network
         self.zone_gpus = zone_gpus
         self.num_layers = num_layers
@@ -48,9 +48,6 @@ class SegmentParts:
         self.figures = figures
         self.memos = memos
         self.placed = placed  # whether the bounds of a segment placed alone (``alone``) are taken
-        # whether ``blocked_s`` also holds whole blocks per stage: only where a cap, a floor or the
-        # cost objective binds (as ``scored``'s two-segment blocked bound; see ``blocked_s``)
-        self.whole_blocks = whole_blocks
         self._links = memos.types.links  # (the most asked: bound here)
         self._zone_names = {gpu: tuple(sorted(zones)) for gpu, zones in zone_gpus.items()}
 
@@ -87,22 +84,17 @@ class SegmentParts:
         return bounds.steady_links_s(seg.num_microbatches, self.link_s(seg, seg), seg.num_stages)
 
     def blocked_s(self, seg: Segment, steps_s: float) -> float:
-        """The pipeline of a shape of this segment alone, whose steps sum to ``steps_s`` (and, with
-        ``whole_blocks``, hold whole blocks), at the least, where every regime it may run in blocks
-        on its sends (``blocked``); else 0 (also when the search draws a Pareto front: see
-        ``Searcher``).  Whole blocks only where limits or cost bind: in every throughput search
-        the replay's budgeted requests (200 evaluations) answered 8 better and 6 worse of 429 with
-        them (docs/benchmarks/planner.md, sixteenth pass)."""
+        """The pipeline of a shape of this segment alone, whose steps sum to ``steps_s``, at the
+        least, where every regime it may run in blocks on its sends (``blocked``); else 0 (also
+        when the search draws a Pareto front: see ``Searcher``)."""
         if not self.placed or seg.num_stages < 2:
             return 0.0
         memo = self.memos.types.blocked_s
-        blocks = (seg.block_busy_s, seg.head_busy_s, self.num_blocks) if self.whole_blocks else None
-        key = (seg.gpu, seg.tp_degree, seg.kind.micro_batch_size, seg.dp_degree, seg.num_stages, seg.rule, steps_s,
-               blocks)
+        key = (seg.gpu, seg.tp_degree, seg.kind.micro_batch_size, seg.dp_degree, seg.num_stages, seg.rule, steps_s)
         t = memo.get(key)
         if t is None:
             links = self._blocked_links(seg)
-            t = memo[key] = blocked_pipeline_s(steps_s, seg.num_microbatches, links, blocks) if links else 0.0
+            t = memo[key] = blocked_pipeline_s(steps_s, seg.num_microbatches, links) if links else 0.0
         return t
 
     def blocked_column(self, columns: dict, idx, work_s: float):

@@ -141,8 +141,7 @@ class Searcher:
         # placement, which prove many of them worse without evaluating them, would narrow it)
         self.parts = SegmentParts(network=network, zone_gpus=self.zone_gpus, num_layers=self.num_layers,
                                   max_stages=self.max_stages, figures=self.figures, memos=self.memos,
-                                  placed=not request.collect_pareto,
-                                  whole_blocks=self.cost_matters or request.min_throughput_samples_per_s is not None)
+                                  placed=not request.collect_pareto)
         self.egress = EgressParts(network=network, zone_gpus=self.zone_gpus,
                                   global_batch_size=request.global_batch_size, fast=self.fast,
                                   figures=self.figures, memos=self.memos)
