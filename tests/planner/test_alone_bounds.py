@@ -45,8 +45,8 @@ def test_blocked_bound_on_a_hand_computed_pipeline():
     # Two stages, n = 3, a link of 1 s: stage 0 costs 2 x 1 + 1/2, stage 1 costs 1 + 2 x 1; 9 s of
     # steps x 3 poured over 2.5 and 3: T = (27 + 5.5) / 2 = 16.25 (both stages filled).
     assert blocked_pipeline_s(9.0, 3, [1.0]) == 16.25
-    # With 0.1 s of steps the level (27 x 0.1 / 9 ... (0.3 + 5.5) / 2 = 2.9) is under the last
-    # stage's own link part, 3: a stage of no work still pays its links.
+    # With 0.1 s of steps the level over both stages, (3 x 0.1 + 2.5 + 3) / 2 = 2.9, is under the last
+    # stage's own link part, 3: a stage pays its links whatever its share of the steps.
     assert blocked_pipeline_s(0.1, 3, [1.0]) == 3.0
     # No links: the steps of the busiest replica over the stages (the capacity bound).
     assert blocked_pipeline_s(8.0, 4, [0.0, 0.0, 0.0]) == 8.0
