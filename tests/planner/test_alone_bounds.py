@@ -1,13 +1,20 @@
 """The bound of a one-segment shape under blocking sends (``search/alone.py``) must never exceed
 the pipeline it bounds, on any split: a pruned shape is gone for good."""
 
+import math
 import random
 
-from sailor_core.planner import make_request
+import pytest
+
+import sailor_core.planner.fastsim as fastsim
+import sailor_core.planner.search as search
+import sailor_core.planner.search.spaces as spaces
+from sailor_core.planner import kinds, make_request, plan_job
 from sailor_core.planner.search import Searcher
 from sailor_core.planner.search.alone import blocked_pipeline_s
 from sailor_core.planner.search.shapes import fast_stages
 from sailor_core.simulator.pipeline_time import StageTiming, one_f_one_b_time
+from tests.planner.test_link_bound import _ae_request
 
 A = "A100-40"
 ZONES = ("us-central1-a", "us-central1-b", "us-central1-c", "us-west1-b")
@@ -38,8 +45,9 @@ def test_blocked_bound_on_a_hand_computed_pipeline():
     # Two stages, n = 3, a link of 1 s: stage 0 costs 2 x 1 + 1/2, stage 1 costs 1 + 2 x 1; 9 s of
     # steps x 3 poured over 2.5 and 3: T = (27 + 5.5) / 2 = 16.25 (both stages filled).
     assert blocked_pipeline_s(9.0, 3, [1.0]) == 16.25
-    # With 0.1 s of steps only the cheaper stage is filled: 2.5 + 3 x 0.1 = 2.8 <= 3.
-    assert abs(blocked_pipeline_s(0.1, 3, [1.0]) - 2.8) < 1e-12
+    # With 0.1 s of steps the level over both stages, (3 x 0.1 + 2.5 + 3) / 2 = 2.9, is under the last
+    # stage's own link part, 3: a stage pays its links whatever its share of the steps.
+    assert blocked_pipeline_s(0.1, 3, [1.0]) == 3.0
     # No links: the steps of the busiest replica over the stages (the capacity bound).
     assert blocked_pipeline_s(8.0, 4, [0.0, 0.0, 0.0]) == 8.0
 
@@ -71,24 +79,28 @@ def test_one_segment_bounds_hold_for_their_splits_across_zones(profiles, network
     assert checked > 100 and raised > 20
 
 
-def _blocked_by_definition(steps_s, n, links):
-    """``blocked_pipeline_s`` as its docstring states it: every stage's link part, sorted, the
-    steps poured over them, one stage at a time."""
+def _costs(n, links):
     costs, before, l_in = [], 0.0, 0.0
     for l_out in (*links, 0.0):
         costs.append(before + (n - 1) * (l_in + l_out) + l_out / 2)
         before += l_out
         l_in = l_out
-    costs.sort()
-    total = 0.0
-    for i, c in enumerate(costs):
+    return costs
+
+
+def _poured(steps_s, n, costs):
+    """The least T at or above every stage's link part with the steps poured over them, one
+    stage at a time from the cheapest (``blocked_pipeline_s`` in closed form)."""
+    ordered, total = sorted(costs), 0.0
+    for i, c in enumerate(ordered):
         total += c
         level = (steps_s * n + total) / (i + 1)
-        if i + 1 == len(costs) or level <= costs[i + 1]:
-            return level
+        if i + 1 == len(ordered) or level <= ordered[i + 1]:
+            return max(level, ordered[-1])
 
 
-def test_blocked_bound_is_its_definition_bit_for_bit():
+def test_blocked_bound_is_its_definition():
+    # The steps poured over every stage's link part, at least the largest (the closed form).
     rng = random.Random(36)
     for _ in range(20000):
         s, n = rng.randint(1, 26), rng.choice([1, 2, 3, 4, 8, 16, 32, 64, 1024])
@@ -96,4 +108,46 @@ def test_blocked_bound_is_its_definition_bit_for_bit():
         links = [link] * (s - 1) if rng.random() < 0.5 else \
             [rng.choice([0.0, rng.uniform(0.0, 0.3)]) for _ in range(s - 1)]
         steps = rng.choice([0.0, rng.uniform(0.0, 1e-3), rng.uniform(0.0, 10.0), rng.uniform(0.0, 1000.0)])
-        assert blocked_pipeline_s(steps, n, links) == _blocked_by_definition(steps, n, links)
+        assert math.isclose(blocked_pipeline_s(steps, n, links), _poured(steps, n, _costs(n, links)), rel_tol=1e-12)
+
+
+@pytest.mark.parametrize("label", ["homog 0", "homog 1", "geo 0", "floor"])
+def test_one_segment_blocked_bound_holds_for_every_pipeline_fastsim_times(label, profiles, network, monkeypatch):
+    # Every blocking pipeline fastsim times for a one-segment shape during the search of an AE row
+    # (its min-max split and each polished neighbour) is at least the shape's blocked bound.
+    timed, current, works = [], {}, {}
+    evaluate_shape, evaluate, pipe, score = (search.Searcher.evaluate_shape, fastsim.FastSim._evaluate,
+                                             fastsim.one_f_one_b_time, spaces.score_shapes)
+
+    def spy_shape(self, mbs, shape, tau_lb, prepared=None):
+        current["shape"] = (self, mbs, shape)
+        try:
+            return evaluate_shape(self, mbs, shape, tau_lb, prepared)
+        finally:
+            current.pop("shape")
+
+    def spy_pipe(*args, **kwargs):
+        out = pipe(*args, **kwargs)
+        if "shape" in current and args[3] == "blocking" and len(current["shape"][2]) == 1:
+            timed.append((current["shape"], out.total_s))
+        return out
+
+    def spy_score(searcher, present, **kw):  # the reference work of each micro-batch size's shapes
+        works[(id(searcher), kw["mbs"])] = kw["work_s"]
+        return score(searcher, present, **kw)
+
+    monkeypatch.setattr(spaces, "score_shapes", spy_score)
+    monkeypatch.setattr(kinds, "_SHARED", {})  # a fresh process's memos: every plan timed anew
+    monkeypatch.setattr(search.Searcher, "evaluate_shape", spy_shape)
+    monkeypatch.setattr(fastsim, "one_f_one_b_time", spy_pipe)
+    plan_job(_ae_request(label), profiles=profiles, network=network)
+    checked, closest = 0, 0.0
+    for (searcher, mbs, (seg,)), total in timed:
+        work_s = works.get((id(searcher), mbs))  # (None: a lever rung's search, scored its own way)
+        if seg.num_stages < 2 or not searcher.parts.blocks_sends(seg) or work_s is None:
+            continue
+        bound = searcher.parts.blocked_s(seg, work_s * seg.slowness)
+        assert bound <= total * (1 + 1e-9), (label, mbs, seg, bound, total)
+        checked += 1
+        closest = max(closest, bound / total)
+    assert checked > 10 and closest > 0.85  # the AE rows block on their sends, and the bound comes near

@@ -28,12 +28,15 @@ def blocked_pipeline_s(steps_s: float, num_microbatches: int, links_s: Sequence[
     link k (between stages k and k + 1) taking at least ``links_s[k]``.
 
     Stage k's candidate ``T_k = B_k + G_k + b_k + S_k + w_k C_k`` (``pipeline_time``) is, under
-    the blocking schedule, at least ``sum_{j<k} l_j + n t_k + (n - 1)(l_{k-1} + l_k) + l_k / 2``:
-    its warm-up forwards, steady pairs and cool-down backwards are its n micro-batches, each
-    paying both its links (``G_k >= f + l_k/2 + w (f + lam_in + lam_out)``, ``S_k >= (n - 1 - w)
-    (t + l_in + l_out)``, ``C_k >= b + lam_in + lam_out``).  Every candidate bounds the pipeline;
-    the split decides the ``t_k``, so the bound is the least level T with ``sum_k max(0, T -
-    c_k) / n >= steps_s`` (c_k the link part): the steps poured over the stages' link parts."""
+    the blocking schedule, at least ``c_k + n t_k``, ``c_k = sum_{j<k} l_j + (n - 1)(l_{k-1} +
+    l_k) + l_k / 2``: its warm-up forwards, steady pairs and cool-down backwards are its n
+    micro-batches, each paying both its links (``G_k >= f + l_k/2 + w (f + lam_in + lam_out)``,
+    ``S_k >= (n - 1 - w) (t + l_in + l_out)``, ``C_k >= b + lam_in + lam_out``).  Every
+    candidate bounds the pipeline, so T is at least every ``c_k`` (a stage's links are paid
+    whatever its share: every stage holds a layer, as ``blocked_pair_many``'s), and the split
+    decides the ``t_k``: ``sum_k (T - c_k) / n >= steps_s``, the steps poured over every stage's
+    link part, ``T = max(max_k c_k, (n steps_s + sum_k c_k) / S)``.  (Whole blocks per stage
+    would raise it further on the AE rows: not taken, docs/benchmarks/planner.md's sixteenth pass.)"""
     n = num_microbatches
     m = n - 1
     costs: list[float] = []
@@ -44,16 +47,7 @@ def blocked_pipeline_s(steps_s: float, num_microbatches: int, links_s: Sequence[
         before += l_out
         l_in = l_out
     append(before + m * l_in)  # (the last stage: no link out, l_out = 0 adds exactly nothing)
-    costs.sort()
-    need = steps_s * n
-    total = 0.0
-    last = len(costs) - 1
-    for i in range(last):
-        total += costs[i]
-        level = (need + total) / (i + 1)
-        if level <= costs[i + 1]:
-            return level
-    return (need + (total + costs[last])) / (last + 1)
+    return max(max(costs), (steps_s * n + sum(costs)) / len(costs))
 
 
 def blocked_pair_many(work_s: float, first: tuple, second: tuple, links_between):
