@@ -52,7 +52,7 @@ def least_sync_s(searcher: Searcher, placed, zero_stage: int) -> float:
                 params = memo[(kind, where)] = _least_synced_params(kind, where)
             sync_s = memo[key] = 0.0 if sum(n for _, n in zones) < 2 else stage_dp_sync_runs_least_s(
                 searcher.network, params * kind.regime.grad_bytes_per_param,
-                member_runs([((zone, kind.gpu, kind.tp_degree), n) for zone, n in zones]))
+                _runs(kind, zones))
         factor = factors.get(id(kind.regime))
         if factor is None:
             factor = factors[id(kind.regime)] = min(zero_sync_factor(z, kind.regime) for z in range(zero_stage + 1))
@@ -150,8 +150,13 @@ def _sync_s(searcher: Searcher, kind, zones, start: int, end: int) -> float:
     if hit is None:
         hit = memo[key] = stage_dp_sync_runs_least_s(
             searcher.network, dp_synced_params(layer_table(kind.profile), start, end) * kind.regime.grad_bytes_per_param,
-            member_runs([((zone, kind.gpu, kind.tp_degree), n) for zone, n in zones]))
+            _runs(kind, zones))
     return hit
+
+
+def _runs(kind, zones) -> list:
+    """``stage.member_runs`` of ``kind``'s replicas over ``zones`` ((zone, count) pairs)."""
+    return member_runs([((zone, kind.gpu, kind.tp_degree), n) for zone, n in zones])
 
 
 def _least_synced_params(kind, where: str) -> int:
