@@ -7,9 +7,7 @@ import random
 import pytest
 
 import sailor_core.planner.fastsim as fastsim
-import sailor_core.planner.search as search
-import sailor_core.planner.search.spaces as spaces
-from sailor_core.planner import kinds, make_request, plan_job
+from sailor_core.planner import make_request, plan_job
 from sailor_core.planner.search import Searcher
 from sailor_core.planner.search.alone import blocked_pipeline_s
 from sailor_core.planner.search.shapes import fast_stages
@@ -112,19 +110,11 @@ def test_blocked_bound_is_its_definition():
 
 
 @pytest.mark.parametrize("label", ["homog 0", "homog 1", "geo 0", "floor"])
-def test_one_segment_blocked_bound_holds_for_every_pipeline_fastsim_times(label, profiles, network, monkeypatch):
+def test_one_segment_blocked_bound_holds_for_every_pipeline_fastsim_times(label, profiles, network, monkeypatch,
+                                                                          search_spies):
     # Every blocking pipeline fastsim times for a one-segment shape during the search of an AE row
     # (its min-max split and each polished neighbour) is at least the shape's blocked bound.
-    timed, current, works = [], {}, {}
-    evaluate_shape, evaluate, pipe, score = (search.Searcher.evaluate_shape, fastsim.FastSim._evaluate,
-                                             fastsim.one_f_one_b_time, spaces.score_shapes)
-
-    def spy_shape(self, mbs, shape, tau_lb, prepared=None):
-        current["shape"] = (self, mbs, shape)
-        try:
-            return evaluate_shape(self, mbs, shape, tau_lb, prepared)
-        finally:
-            current.pop("shape")
+    (current, works), timed, pipe = search_spies, [], fastsim.one_f_one_b_time
 
     def spy_pipe(*args, **kwargs):
         out = pipe(*args, **kwargs)
@@ -132,13 +122,6 @@ def test_one_segment_blocked_bound_holds_for_every_pipeline_fastsim_times(label,
             timed.append((current["shape"], out.total_s))
         return out
 
-    def spy_score(searcher, present, **kw):  # the reference work of each micro-batch size's shapes
-        works[(id(searcher), kw["mbs"])] = kw["work_s"]
-        return score(searcher, present, **kw)
-
-    monkeypatch.setattr(spaces, "score_shapes", spy_score)
-    monkeypatch.setattr(kinds, "_SHARED", {})  # a fresh process's memos: every plan timed anew
-    monkeypatch.setattr(search.Searcher, "evaluate_shape", spy_shape)
     monkeypatch.setattr(fastsim, "one_f_one_b_time", spy_pipe)
     plan_job(_ae_request(label), profiles=profiles, network=network)
     checked, closest = 0, 0.0

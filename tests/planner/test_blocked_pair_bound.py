@@ -14,9 +14,7 @@ import numpy as np
 import pytest
 
 import sailor_core.planner.fastsim as fastsim
-import sailor_core.planner.search as search
-import sailor_core.planner.search.spaces as spaces
-from sailor_core.planner import kinds, make_request, plan_job
+from sailor_core.planner import make_request, plan_job
 from sailor_core.planner.search.alone import blocked_pair_many
 from sailor_core.simulator.pipeline_time import StageTiming, one_f_one_b_time
 from tests.planner.test_completeness import MIXED, SCENARIOS
@@ -85,20 +83,12 @@ TWO_TYPES = {
 
 
 @pytest.mark.parametrize("name", sorted(TWO_TYPES))
-def test_blocked_pair_bound_holds_for_every_pipeline_fastsim_times(name, profiles, network, monkeypatch):
+def test_blocked_pair_bound_holds_for_every_pipeline_fastsim_times(name, profiles, network, monkeypatch, search_spies):
     spec = TWO_TYPES[name]
     req = _ae_request(spec) if isinstance(spec, str) else make_request(
         max_stages=2, **({"mixed_stages": False} if name in SCENARIOS else {}), **spec)
-    checked, current = [], {}
-    evaluate_shape, evaluate = search.Searcher.evaluate_shape, fastsim.FastSim._evaluate
-    pipe = fastsim.one_f_one_b_time
-
-    def spy_shape(self, mbs, shape, tau_lb, prepared=None):
-        current["shape"] = (self, mbs, shape)
-        try:
-            return evaluate_shape(self, mbs, shape, tau_lb, prepared)
-        finally:
-            current.pop("shape")
+    (current, works), checked = search_spies, []
+    evaluate, pipe = fastsim.FastSim._evaluate, fastsim.one_f_one_b_time
 
     def spy_pipe(*args, **kwargs):
         out = pipe(*args, **kwargs)
@@ -113,15 +103,6 @@ def test_blocked_pair_bound_holds_for_every_pipeline_fastsim_times(name, profile
             checked.append((current["shape"], current["pipes"][-1] if current["pipes"] else None))
         return res
 
-    works, score = {}, spaces.score_shapes
-
-    def spy_score(searcher, present, **kw):  # the reference work of each micro-batch size's shapes
-        works[(id(searcher), kw["mbs"])] = kw["work_s"]
-        return score(searcher, present, **kw)
-
-    monkeypatch.setattr(spaces, "score_shapes", spy_score)
-    monkeypatch.setattr(kinds, "_SHARED", {})  # a fresh process's memos: every plan timed anew
-    monkeypatch.setattr(search.Searcher, "evaluate_shape", spy_shape)
     monkeypatch.setattr(fastsim.FastSim, "_evaluate", spy_evaluate)
     monkeypatch.setattr(fastsim, "one_f_one_b_time", spy_pipe)
     try:
