@@ -94,10 +94,14 @@ def prepare_data(dataset: str, model: str, seed: int, data_dir: str) -> str:
 
 @task(name="find-checkpoint", tags=["checkpoint"], retries=2, retry_delay_seconds=[1, 2], cache_policy=NO_CACHE)
 def note_checkpoint(state: js.JobState) -> js.JobState:
-    """Record the newest checkpoint whose manifest verifies (a torn one is skipped)."""
-    from sailor_core.runtime.checkpoint import latest_valid_checkpoint  # lazy: torch (~2 s), when the task runs
+    """Record the newest checkpoint whose files have the sizes its manifest says (a torn one is
+    skipped).  Sizes, not contents: this machine is not where the job trains, and reading a whole
+    checkpoint from the bucket at every attempt's end would cost minutes and internet egress on a
+    real model; the job's rank 0 reads and hashes every file before training on it."""
+    # lazy: torch (~2 s), when the task runs
+    from sailor_core.runtime.checkpoint import VERIFY_SIZES, latest_valid_checkpoint
 
-    info = latest_valid_checkpoint(state.spec.checkpoint_url)
+    info = latest_valid_checkpoint(state.spec.checkpoint_url, verify=VERIFY_SIZES)
     if info is None:
         return state
     known = state.last_checkpoint

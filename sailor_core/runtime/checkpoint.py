@@ -104,15 +104,24 @@ def prune(storage: Storage, keep: int) -> None:
             storage.delete_dir(name)
 
 
-def read_checkpoint(storage: Storage, dirname: str, url: str = "", verify: bool = True) -> CheckpointInfo:
+VERIFY_CONTENTS = "contents"  # every file read and hashed against the manifest
+VERIFY_SIZES = "sizes"  # every file's stored size against the manifest: catches a torn write, reads nothing
+VERIFY_NONE = "none"
+
+
+def read_checkpoint(storage: Storage, dirname: str, url: str = "", verify: str = VERIFY_CONTENTS) -> CheckpointInfo:
     try:
         manifest = json.loads(storage.get(f"{dirname}/{MANIFEST}"))
     except Exception as exc:
         raise CheckpointError(f"checkpoint {dirname} has no readable manifest: {exc}") from None
     files = manifest["files"]
-    if verify:
-        for name, want in files.items():
-            _check(storage.get(f"{dirname}/{name}"), want, f"{dirname}/{name}")
+    assert verify in (VERIFY_CONTENTS, VERIFY_SIZES, VERIFY_NONE), verify
+    for name, want in files.items() if verify != VERIFY_NONE else ():
+        where = f"{dirname}/{name}"
+        if verify == VERIFY_CONTENTS:
+            _check(storage.get(where), want, where)
+        elif storage.size(where) != want["bytes"]:
+            raise CheckpointError(f"checkpoint file {where} is not the size its manifest says")
     meta = json.loads(storage.get(f"{dirname}/{META}"))
     return CheckpointInfo(url=url, dirname=dirname, step=int(manifest["step"]), meta=meta, files=files)
 
@@ -122,9 +131,11 @@ def _check(data: bytes, want: dict[str, Any], where: str) -> None:
         raise CheckpointError(f"checkpoint file {where} does not match its manifest checksum")
 
 
-def latest_valid_checkpoint(url: str, *, verify: bool = True, storage: Storage | None = None) -> CheckpointInfo | None:
-    """The newest step directory whose manifest exists and whose files match it; None if none.
-    ``storage``: the URL's, opened by the caller (a worker's is metered: ``runtime/storage_meter.py``)."""
+def latest_valid_checkpoint(url: str, *, verify: str = VERIFY_CONTENTS,
+                            storage: Storage | None = None) -> CheckpointInfo | None:
+    """The newest step directory whose manifest exists and whose files match it (``verify``: their
+    contents, their sizes alone, or not at all); None if none.  ``storage``: the URL's, opened by the
+    caller (a worker's is metered: ``runtime/storage_meter.py``)."""
     storage = storage or open_storage(url)
     names = sorted((name for name in storage.list_dirs() if _STEP_DIR.match(name)), reverse=True)
     for name in names:

@@ -577,7 +577,7 @@ def _agreed_checkpoint(storage, url: str, rank: int):
     dist.broadcast_object_list(pick, src=0)
     if pick[0] is None:
         return None
-    return ckpt.read_checkpoint(storage, pick[0], url, verify=False)
+    return ckpt.read_checkpoint(storage, pick[0], url, verify=ckpt.VERIFY_NONE)
 
 
 def _finish(dist) -> None:

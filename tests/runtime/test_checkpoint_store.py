@@ -40,7 +40,36 @@ def _check_store(url: str) -> None:
     storage.put("step_00000003/layer_0001.pt", b"garbage")
     assert ckpt.latest_valid_checkpoint(url).step == 2
     with pytest.raises(ckpt.CheckpointError):
-        ckpt.read_layer(storage, ckpt.latest_valid_checkpoint(url, verify=False) or info, 1)
+        ckpt.read_layer(storage, ckpt.latest_valid_checkpoint(url, verify=ckpt.VERIFY_NONE) or info, 1)
+
+
+def test_a_size_check_skips_a_torn_checkpoint_and_reads_no_file_but_manifest_and_meta(tmp_path):
+    # the flow's check (tasks/jobs.note_checkpoint): it runs where the job does not train, so it
+    # must not pull a whole checkpoint from the bucket; rank 0 hashes every file before training
+    from sailor_core.runtime.storage_meter import MeteredStorage, take_moved_bytes
+
+    url = str(tmp_path / "ck")
+    for step in (1, 2):
+        _write(url, step)
+    storage = open_storage(url)
+    take_moved_bytes()
+    metered = MeteredStorage(storage, zone="here", bucket="there")
+    assert ckpt.latest_valid_checkpoint(url, verify=ckpt.VERIFY_SIZES, storage=metered).step == 2
+    read = take_moved_bytes()[("there", "here")]
+    assert read == storage.size("step_00000002/MANIFEST.json") + storage.size("step_00000002/meta.json")
+    layers = sum(storage.size(f"step_00000002/{name}") for name in storage.list_files("step_00000002")
+                 if name.startswith("layer_"))
+    ckpt.latest_valid_checkpoint(url, storage=metered)  # the contents' check reads every file
+    assert layers > 0 and take_moved_bytes()[("there", "here")] >= read + layers
+    # a file cut short: the size check skips its step, as the contents' check does
+    layer = storage.get("step_00000002/layer_0001.pt")
+    storage.put("step_00000002/layer_0001.pt", layer[:-1])
+    assert ckpt.latest_valid_checkpoint(url, verify=ckpt.VERIFY_SIZES).step == 1
+    assert ckpt.latest_valid_checkpoint(url).step == 1
+    # a file of the right size and wrong bytes passes sizes (rank 0's hashes catch it) but not contents
+    storage.put("step_00000002/layer_0001.pt", bytes(len(layer)))
+    assert ckpt.latest_valid_checkpoint(url, verify=ckpt.VERIFY_SIZES).step == 2
+    assert ckpt.latest_valid_checkpoint(url).step == 1
 
 
 def test_local_store(tmp_path):
