@@ -89,9 +89,9 @@ def place_named(text: str) -> BucketPlace:
         return BucketPlace(cloud=_LOCAL, region=_LOCAL)
     names = sorted(c.name for c in all_clouds() if c.name != _LOCAL)
     if cloud not in names:
-        raise InputError(f"checkpoint bucket {text!r}: expected cloud:region (clouds: {', '.join(names)}) or local")
+        raise InputError(f"{text!r}: expected cloud:region (clouds: {', '.join(names)}) or local")
     if region_problem(region) or region == LOCAL_REGION:
-        raise InputError(f"checkpoint bucket {text!r}: the region is not a cloud's region name such as us-west-2")
+        raise InputError(f"{text!r}: the region is not a cloud's region name such as us-west-2")
     return BucketPlace(cloud=cloud, region=region or None)
 
 
