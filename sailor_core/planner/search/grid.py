@@ -113,6 +113,25 @@ def pair_blocks(searcher: Searcher, a: dict, b: dict, work_s: float, limits: Lim
         yield Pairs(ia=ra[ia], ib=rb[ib], stages=stages, tau=tau, rate=rate)
 
 
+def within_on_pipeline(pairs: Pairs, pipe, limits: Limits, limit: float) -> tuple[Pairs, Any]:
+    """The pairs (and their pipeline bounds) that the limits and ``limit`` leave on the capacity
+    and pipeline bounds alone, in order: sync and egress only add to the time and the cost, and
+    every check and score grows with them, so a pair dropped here is one ``scored.ScoredShapes`` drops
+    (its rings, the costly part, are not computed)."""
+    # lazy: numpy loads when a search runs, not when the CLI checks a request
+    import numpy as np
+
+    if limit == math.inf and limits.unlimited():
+        return pairs, pipe  # (nothing to drop: a search's first pass)
+    t = np.maximum(pairs.tau, pipe)
+    ok = limits.within(t, pairs.rate, 0.0) & (limits.score(t, pairs.rate, 0.0) < limit)
+    if ok.all():
+        return pairs, pipe
+    ok = np.flatnonzero(ok)
+    return Pairs(ia=pairs.ia[ok], ib=pairs.ib[ok], stages=pairs.stages[ok], tau=pairs.tau[ok],
+                 rate=pairs.rate[ok]), pipe[ok]
+
+
 def _grid_within(cols: tuple, settled_row, settled_col, work_s: float, limits: Limits, limit: float,
                  max_stages: int):
     """Per block of rows, (flat indexes, stages, capacity bound, rent) of the grid's cells (rows:

@@ -28,7 +28,7 @@ from sailor_core.planner.search.bounds import (
     warm_up_with_links_s,
 )
 from sailor_core.planner.search.alone import blocked_pair_many
-from sailor_core.planner.search.grid import Limits, Pairs, pair_blocks
+from sailor_core.planner.search.grid import Limits, Pairs, pair_blocks, within_on_pipeline
 from sailor_core.planner.search.parts import GRANULAR_STEPS
 from sailor_core.planner.search.searcher import Searcher
 from sailor_core.planner.search.shapes import Segment
@@ -157,7 +157,7 @@ def score_shapes(searcher: Searcher, present: list[list[Segment]], *, mbs: int, 
     if defer == ("alone",) and len(pairs.ia) > FIRST_REFINED:
         defer = ()  # (past the first refined, shapes keep their first bound: it must hold it)
     if "alone" not in defer:
-        pairs, pipe = _within_on_pipeline(pairs, _with_blocked(searcher.parts, a, b, pairs, pipe, work_s), limits,
+        pairs, pipe = within_on_pipeline(pairs, _with_blocked(searcher.parts, a, b, pairs, pipe, work_s), limits,
                                           limit)
     sync = pairs.tau * 0.0 if "ring" in defer else _sync(searcher.parts, a, b, pairs)
     egress, rings_p2p = _egress(searcher, lists, a, b, pairs, num_mb, mbs, kinds)
@@ -190,9 +190,9 @@ def _within_on_grid(searcher: Searcher, lists, a: dict, b: dict, work_s: float, 
     for block in pair_blocks(searcher, a, b, work_s, limits, limit):
         if searcher.cost_matters:
             _note_meeting(seen, a, b, block)
-        block, pipe = _within_on_pipeline(block, _pipeline(a, b, block, work_s, lmat), limits, limit)
+        block, pipe = within_on_pipeline(block, _pipeline(a, b, block, work_s, lmat), limits, limit)
         if blocked:
-            block, pipe = _within_on_pipeline(block, _with_blocked_pair(a, b, block, pipe, work_s, lmat), limits,
+            block, pipe = within_on_pipeline(block, _with_blocked_pair(a, b, block, pipe, work_s, lmat), limits,
                                               limit)
         kept.append((block, pipe))
     kinds = _meeting_kinds(lists, seen) if searcher.cost_matters else None
@@ -277,25 +277,6 @@ def _with_blocked_pair(a: dict, b: dict, pairs: Pairs, pipe, work_s: float, lmat
     first, second = ((x["stages"][i], x["nmb"][i], x["slow"][i], x["link"][i]) for x, i in ((a, ia), (b, ib)))
     pipe[both] = np.maximum(pipe[both], blocked_pair_many(work_s, first, second, lmat[a["tpi"][ia], b["tpi"][ib]]))
     return pipe
-
-
-def _within_on_pipeline(pairs: Pairs, pipe, limits: Limits, limit: float) -> tuple[Pairs, Any]:
-    """The pairs (and their pipeline bounds) that the limits and ``limit`` leave on the capacity
-    and pipeline bounds alone, in order: sync and egress only add to the time and the cost, and
-    every check and score grows with them, so a pair dropped here is one ``ScoredShapes`` drops
-    (its rings, the costly part, are not computed)."""
-    # lazy: numpy loads when a search runs, not when the CLI checks a request
-    import numpy as np
-
-    if limit == math.inf and limits.unlimited():
-        return pairs, pipe  # (nothing to drop: a search's first pass)
-    t = np.maximum(pairs.tau, pipe)
-    ok = limits.within(t, pairs.rate, 0.0) & (limits.score(t, pairs.rate, 0.0) < limit)
-    if ok.all():
-        return pairs, pipe
-    ok = np.flatnonzero(ok)
-    return Pairs(ia=pairs.ia[ok], ib=pairs.ib[ok], stages=pairs.stages[ok], tau=pairs.tau[ok],
-                 rate=pairs.rate[ok]), pipe[ok]
 
 
 def _sync(parts, a: dict, b: dict, pairs: Pairs):
