@@ -290,10 +290,10 @@ class _Replay:
             self.plan_interim(new, held, switch_at, holder=holder, lost=lost)
         if self.interim is not None:  # the survivors load the interim's layout, then the new plan loads from it
             if self.ckpt_done > 0:
-                self.charge_handover(self.interim, holder=holder, lost=lost)
-            self.charge_handover(new, holder=self.interim, lost={})
+                self.charge_load(self.interim, holder=holder, lost=lost)
+            self.charge_load(new, holder=self.interim, lost={})
         elif self.ckpt_done > 0:
-            self.charge_handover(new, holder=holder, lost=lost)
+            self.charge_load(new, holder=holder, lost=lost)
         if self.launched:
             self.num_replans += 1
             self.num_restarts += after_loss or self.pending_restart
@@ -322,7 +322,7 @@ class _Replay:
     def load_s(self, new: PlanOption, *, holder: PlanOption | None, lost: Mapping[GpuZone, int]) -> float:
         return self.setup.costs.load_for_s(new.plan, holder=holder.plan if holder is not None else None, lost=lost)
 
-    def charge_handover(self, new: PlanOption, *, holder: PlanOption | None, lost: Mapping[GpuZone, int]) -> None:
+    def charge_load(self, new: PlanOption, *, holder: PlanOption | None, lost: Mapping[GpuZone, int]) -> None:
         """The egress of the state ``new``'s ranks receive across zones from ``holder``'s and read
         from a far checkpoint bucket, charged when the change is decided (as the controller's
         expected cost counts it)."""

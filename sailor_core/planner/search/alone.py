@@ -57,8 +57,8 @@ def blocked_pair_many(work_s: float, first: tuple, second: tuple, links_between)
 
     Every stage k of a blocking pipeline is at least ``c_k + n_k t_k`` with ``c_k = sum_{j<k} l_j
     + (n_k - 1)(l_{k-1} + l_k) + l_k / 2`` (``blocked_pipeline_s``: its own micro-batches, whatever
-    the other stages' counts), so the pipeline T is at least every ``c_k`` (a stage of no work
-    still pays its links), and the steps of a segment's stages hold its share of the reference
+    the other stages' counts), so the pipeline T is at least every ``c_k`` (every stage holds
+    a layer, so it pays its links: a stage of no work would not), and the steps of a segment's stages hold its share of the reference
     work at its slowness, ``t_k >= (work on k) x slowness``: summed, ``sum_k (T - c_k) / (n_k
     slowness_k) >= W``.  The split (and each segment's share) is free, so the bound is the larger
     of the largest ``c_k`` and the level ``(W + sum_k w_k c_k) / sum_k w_k``, ``w_k = 1 / (n_k
